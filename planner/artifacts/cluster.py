@@ -1,0 +1,203 @@
+"""The Cluster artifact and its presets.
+
+Bandwidths are in GB/s (10^9 bytes per second) per direction, latencies in microseconds.
+``relative_speed`` scales the profile's compute times: a layer profiled at ``t`` ms runs in
+``t / relative_speed`` ms on this cluster's devices (1.0: the profile was measured on this
+kind of device). Every preset number has a source in ``sources``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from planner import codec
+from planner.errors import PlannerInputError
+
+SCHEMA = "planner.cluster"
+VERSION = 1
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Nodes of identical devices joined by a fast intra-node and a slower inter-node link."""
+
+    name: str
+    device_name: str
+    num_nodes: int
+    devices_per_node: int
+    device_memory_bytes: int
+    relative_speed: float = 1.0
+    intra_node_bandwidth_gb_per_s: float
+    intra_node_latency_us: float
+    inter_node_bandwidth_gb_per_s: float
+    inter_node_latency_us: float
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("num_nodes", "devices_per_node", "device_memory_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("relative_speed", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0 (got {value!r})")
+        for name in ("intra_node_latency_us", "inter_node_latency_us"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be >= 0 (got {value!r})")
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def with_devices(self, num_devices: int) -> "Cluster":
+        """This cluster grown or shrunk to ``num_devices`` (whole nodes, or part of one)."""
+        if num_devices < 1:
+            raise PlannerInputError(f"--devices must be >= 1 (got {num_devices})")
+        if num_devices <= self.devices_per_node:
+            return replace(self, num_nodes=1, devices_per_node=num_devices)
+        if num_devices % self.devices_per_node:
+            raise PlannerInputError(
+                f"--devices {num_devices} is not a whole number of {self.devices_per_node}-device nodes "
+                f"of cluster {self.name!r}"
+            )
+        return replace(self, num_nodes=num_devices // self.devices_per_node)
+
+
+_NVIDIA_A100 = "NVIDIA A100 datasheet (80GB SXM: 80 GB HBM2e, NVLink 600 GB/s total = 300 GB/s per direction)"
+_NVIDIA_H100 = "NVIDIA H100 datasheet (SXM5: 80 GB HBM3, NVLink 900 GB/s total = 450 GB/s per direction)"
+_V100 = "NVIDIA V100 datasheet (16 GB HBM2); PipeDream (SOSP'19) cluster B/C: 8 GPUs per server, 25 Gbps between servers"
+_NCCL_LAT = "NCCL tests: ~10 us intra-node NVLink small-message latency"
+_IB_HDR = "Mellanox HDR InfiniBand 200 Gb/s per NIC x 8 NICs (DGX A100) = 200 GB/s per node, ~25 GB/s per GPU; ~5 us latency"
+_IB_NDR = "ConnectX-7 NDR 400 Gb/s per GPU (DGX H100) = 50 GB/s per GPU"
+
+
+def _preset(**kw: Any) -> Cluster:
+    return Cluster(**kw)
+
+
+PRESETS: dict[str, Cluster] = {
+    "a100-80gb-x8": _preset(
+        name="a100-80gb-x8",
+        device_name="NVIDIA A100-SXM4-80GB",
+        num_nodes=1,
+        devices_per_node=8,
+        device_memory_bytes=80 * 10**9,
+        intra_node_bandwidth_gb_per_s=300.0,
+        intra_node_latency_us=10.0,
+        inter_node_bandwidth_gb_per_s=25.0,
+        inter_node_latency_us=5.0,
+        sources={
+            "device_memory_bytes": _NVIDIA_A100,
+            "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
+            "intra_node_latency_us": _NCCL_LAT,
+            "inter_node_bandwidth_gb_per_s": _IB_HDR,
+            "inter_node_latency_us": _IB_HDR,
+        },
+    ),
+    "a100-80gb-2x8": _preset(
+        name="a100-80gb-2x8",
+        device_name="NVIDIA A100-SXM4-80GB",
+        num_nodes=2,
+        devices_per_node=8,
+        device_memory_bytes=80 * 10**9,
+        intra_node_bandwidth_gb_per_s=300.0,
+        intra_node_latency_us=10.0,
+        inter_node_bandwidth_gb_per_s=25.0,
+        inter_node_latency_us=5.0,
+        sources={
+            "device_memory_bytes": _NVIDIA_A100,
+            "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
+            "intra_node_latency_us": _NCCL_LAT,
+            "inter_node_bandwidth_gb_per_s": _IB_HDR,
+            "inter_node_latency_us": _IB_HDR,
+        },
+    ),
+    "h100-80gb-x8": _preset(
+        name="h100-80gb-x8",
+        device_name="NVIDIA H100-SXM5-80GB",
+        num_nodes=1,
+        devices_per_node=8,
+        device_memory_bytes=80 * 10**9,
+        intra_node_bandwidth_gb_per_s=450.0,
+        intra_node_latency_us=8.0,
+        inter_node_bandwidth_gb_per_s=50.0,
+        inter_node_latency_us=5.0,
+        sources={
+            "device_memory_bytes": _NVIDIA_H100,
+            "intra_node_bandwidth_gb_per_s": _NVIDIA_H100,
+            "intra_node_latency_us": _NCCL_LAT,
+            "inter_node_bandwidth_gb_per_s": _IB_NDR,
+            "inter_node_latency_us": _IB_NDR,
+        },
+    ),
+    "v100-16gb-2x8": _preset(
+        name="v100-16gb-2x8",
+        device_name="NVIDIA V100-SXM2-16GB",
+        num_nodes=2,
+        devices_per_node=8,
+        device_memory_bytes=16 * 10**9,
+        intra_node_bandwidth_gb_per_s=150.0,
+        intra_node_latency_us=10.0,
+        inter_node_bandwidth_gb_per_s=3.125,
+        inter_node_latency_us=10.0,
+        sources={
+            "device_memory_bytes": _V100,
+            "intra_node_bandwidth_gb_per_s": "NVIDIA V100 datasheet: NVLink 300 GB/s total = 150 GB/s per direction",
+            "intra_node_latency_us": _NCCL_LAT,
+            "inter_node_bandwidth_gb_per_s": _V100 + " = 3.125 GB/s",
+            "inter_node_latency_us": "typical 25 GbE TCP round trip / 2",
+        },
+    ),
+    "local-cpu": _preset(
+        name="local-cpu",
+        device_name="CPU process (gloo)",
+        num_nodes=1,
+        devices_per_node=4,
+        device_memory_bytes=4 * GIB,
+        intra_node_bandwidth_gb_per_s=2.0,
+        intra_node_latency_us=50.0,
+        inter_node_bandwidth_gb_per_s=1.0,
+        inter_node_latency_us=100.0,
+        sources={
+            "device_memory_bytes": "a 4 GiB share per process of a 24 GiB, 2-core development machine",
+            "intra_node_bandwidth_gb_per_s": "gloo over loopback TCP, order of magnitude measured on this kind of machine",
+            "intra_node_latency_us": "gloo over loopback TCP, order of magnitude measured on this kind of machine",
+            "inter_node_bandwidth_gb_per_s": "assumed 10 GbE-class link",
+            "inter_node_latency_us": "assumed 10 GbE-class link",
+        },
+    ),
+}
+
+DEFAULT_CLUSTER = "a100-80gb-x8"
+
+
+def load_cluster(name_or_path: str | Path) -> Cluster:
+    """A preset by name, or a cluster JSON file."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        return PRESETS[key]
+    path = Path(key)
+    if not path.exists() and not key.endswith(".json"):
+        raise PlannerInputError(f"unknown cluster {key!r}: not a preset ({', '.join(PRESETS)}) and not a file")
+    return cluster_from_json(codec.read_json(path), str(path))
+
+
+def cluster_from_json(data: Any, source: str = "<cluster>") -> Cluster:
+    return codec.decode_document(Cluster, data, SCHEMA, VERSION, source)
+
+
+def cluster_to_json(cluster: Cluster) -> dict[str, Any]:
+    return codec.encode_document(cluster, SCHEMA, VERSION)
+
+
+def save_cluster(cluster: Cluster, path: str | Path) -> None:
+    Path(path).write_text(codec.dumps_canonical(cluster_to_json(cluster)))

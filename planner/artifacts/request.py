@@ -1,0 +1,80 @@
+"""The PlanRequest: what the user asks the solver for."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class Objective(enum.Enum):
+    TIME = "time"  # least iteration time
+    MEMORY = "memory"  # least peak memory within time_budget_ms (or within 10% of the fastest)
+    ME = "me"  # highest memory-efficiency index against the fastest GPipe plan without recompute
+
+
+class ScheduleKind(enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+
+
+class OptimizerKind(enum.Enum):
+    """Optimizer and precision; fixes kappa, the bytes of model state per parameter."""
+
+    SGD_FP32 = "sgd-fp32"  # weights 4 + grads 4 + momentum 4
+    ADAM_FP32 = "adam-fp32"  # weights 4 + grads 4 + m 4 + v 4
+    ADAM_MIXED = "adam-mixed"  # fp16 w 2 + fp16 g 2 + fp32 master 4 + m 4 + v 4 (ZeRO paper, Rajbhandari et al. 2020)
+    ADAM_MIXED_FP32_GRAD = "adam-mixed-fp32-grad"  # as above + 2 for fp32 gradient accumulation
+
+
+# (weights, gradients, optimizer state) bytes per parameter for each optimizer kind.
+STATE_BYTES_PER_PARAM: dict[OptimizerKind, tuple[int, int, int]] = {
+    OptimizerKind.SGD_FP32: (4, 4, 4),
+    OptimizerKind.ADAM_FP32: (4, 4, 8),
+    OptimizerKind.ADAM_MIXED: (2, 2, 12),
+    OptimizerKind.ADAM_MIXED_FP32_GRAD: (2, 4, 12),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRequest:
+    """A planning request. Defaults give the fastest plan that fits with 10% headroom."""
+
+    global_batch: int = 512
+    num_devices: int = 8
+    objective: Objective = Objective.TIME
+    schedules: tuple[ScheduleKind, ...] = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
+    microbatch_sizes: tuple[int, ...] = field(
+        default=(), metadata={"doc": "micro-batch sizes to consider; empty = every size that divides the batch"}
+    )
+    max_stages: int = 0
+    recompute: bool = True
+    memory_headroom_fraction: float = 0.1
+    memory_cap_bytes: int = field(default=0, metadata={"doc": "per-device cap; 0 = device memory x (1 - headroom)"})
+    optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED
+    time_budget_ms: float = 0.0
+    fixed_boundaries: tuple[int, ...] = field(
+        default=(), metadata={"doc": "layer indices where a stage must start"}
+    )
+    solver: str = "dp"
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise ValueError(f"global_batch must be >= 1 (got {self.global_batch})")
+        if self.num_devices < 1:
+            raise ValueError(f"num_devices must be >= 1 (got {self.num_devices})")
+        if not self.schedules:
+            raise ValueError("schedules must name at least one schedule")
+        if any(b < 1 for b in self.microbatch_sizes):
+            raise ValueError(f"microbatch_sizes must be >= 1 (got {list(self.microbatch_sizes)})")
+        if self.max_stages < 0:
+            raise ValueError(f"max_stages must be >= 0 (got {self.max_stages})")
+        if not (math.isfinite(self.memory_headroom_fraction) and 0 <= self.memory_headroom_fraction < 1):
+            raise ValueError(f"memory_headroom_fraction must be in [0, 1) (got {self.memory_headroom_fraction})")
+        if self.memory_cap_bytes < 0:
+            raise ValueError(f"memory_cap_bytes must be >= 0 (got {self.memory_cap_bytes})")
+        if not (math.isfinite(self.time_budget_ms) and self.time_budget_ms >= 0):
+            raise ValueError(f"time_budget_ms must be >= 0 (got {self.time_budget_ms})")
+        if any(b < 1 for b in self.fixed_boundaries):
+            raise ValueError(f"fixed_boundaries must be layer indices >= 1 (got {list(self.fixed_boundaries)})")

@@ -1,0 +1,34 @@
+"""Errors the planner raises on purpose. The CLI maps each to an exit code.
+
+- :class:`PlannerInputError` (exit 2): a file, flag or value is invalid. The message is one
+  line naming the file, the field path and the offending value.
+- :class:`InfeasibleError` (exit 3): the request is valid but no plan satisfies it; the
+  message explains the tightest stage, how many bytes it is over, and what would make it fit.
+"""
+
+from __future__ import annotations
+
+
+class PlannerError(Exception):
+    """Base class of every error the planner raises deliberately."""
+
+    exit_code = 1
+
+
+class PlannerInputError(PlannerError, ValueError):
+    """Invalid input: a malformed or inconsistent document, flag or model spec."""
+
+    exit_code = 2
+
+
+class InfeasibleError(PlannerError):
+    """A valid request that no plan can satisfy (usually: does not fit in memory)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, suggestions: tuple[str, ...] = ()) -> None:
+        self.suggestions = suggestions
+        text = message
+        if suggestions:
+            text += "\n" + "\n".join(f"  - {s}" for s in suggestions)
+        super().__init__(text)

@@ -1,0 +1,56 @@
+"""The Workload contract: what a model factory hands to the profiler and the runtime.
+
+A workload is a model presented as an ordered list of *layers* (the units a stage boundary
+may fall between) plus what is needed to train it: a seeded batch generator and a loss.
+
+Contract (checked by the profiler and the runtime):
+
+- ``layers[0]`` takes the batch inputs; ``layers[i]`` takes the output of ``layers[i - 1]``
+  (a tensor, or a tuple of tensors when several tensors cross the boundary, e.g. a skip
+  connection that spans layers); the model's output is the output of ``layers[-1]``.
+- ``make_batch(batch_size, seed)`` returns ``(inputs, targets)`` deterministically for a seed;
+  samples are independent, so a batch split into micro-batches along dim 0 gives the same
+  samples.
+- ``loss_fn(outputs, targets)`` returns the *mean* loss over the samples of the batch, so that
+  the mean over M equal micro-batches equals the loss of the whole batch.
+- ``tied`` lists groups of parameters that are one tensor in the model, as
+  ``(layer_idx, parameter name within that layer)``, e.g. ``((0, "weight"), (5, "weight"))``
+  for an input embedding shared with the output head. When the layers of a group land on
+  different stages the runtime keeps one copy per stage and sums their gradients.
+
+This module does not import torch; the types are torch's at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+TiedGroup = tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """A model as an ordered list of layers, with a seeded batch generator and a mean loss."""
+
+    name: str
+    layers: tuple[Any, ...] = field(metadata={"doc": "torch.nn.Module per layer, in order"})
+    layer_names: tuple[str, ...]
+    make_batch: Callable[[int, int], tuple[Any, Any]]
+    loss_fn: Callable[[Any, Any], Any]
+    tied: tuple[TiedGroup, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError(f"workload {self.name!r} has no layers")
+        if len(self.layer_names) != len(self.layers):
+            raise ValueError(
+                f"workload {self.name!r}: {len(self.layer_names)} layer names for {len(self.layers)} layers"
+            )
+        if len(set(self.layer_names)) != len(self.layer_names):
+            raise ValueError(f"workload {self.name!r}: layer names must be unique")
+        for group in self.tied:
+            for layer_idx, _ in group:
+                if not 0 <= layer_idx < len(self.layers):
+                    raise ValueError(f"workload {self.name!r}: tied group names layer {layer_idx}")
