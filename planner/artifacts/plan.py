@@ -50,9 +50,12 @@ class PlanStage:
     ranks: tuple[int, ...]
     recompute: tuple[int, ...] = field(metadata={"doc": "layer indices recomputed in backward"})
     inflight_microbatches: int
+    activation_bytes_per_microbatch: int = field(
+        metadata={"doc": "bytes one in-flight micro-batch keeps on this stage (recomputed layers keep their input)"}
+    )
     fwd_ms: float
     bwd_ms: float
-    recompute_ms: float
+    recompute_ms: float = field(metadata={"doc": "re-running the recomputed layers' forward, per micro-batch"})
     send_fwd_ms: float = field(metadata={"doc": "activation send to the next stage, per micro-batch"})
     send_bwd_ms: float = field(metadata={"doc": "gradient send to the previous stage, per micro-batch"})
     allreduce_ms: float

@@ -1,0 +1,48 @@
+"""planner: an offline partition planner for pipeline + data parallel training.
+
+Public API (the CLI and the notebooks use only these). Names that need torch
+(``profile_model``, ``load_workload``) are imported lazily, so ``import planner`` and the
+planning path never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> "module:attribute"
+_LAZY = {
+    # artifacts
+    "Profile": "planner.artifacts.profile:Profile",
+    "Cluster": "planner.artifacts.cluster:Cluster",
+    "PlanRequest": "planner.artifacts.request:PlanRequest",
+    "Plan": "planner.artifacts.plan:Plan",
+    "Objective": "planner.artifacts.request:Objective",
+    "ScheduleKind": "planner.artifacts.request:ScheduleKind",
+    "OptimizerKind": "planner.artifacts.request:OptimizerKind",
+    "load_profile": "planner.artifacts.profile:load_profile",
+    "save_profile": "planner.artifacts.profile:save_profile",
+    "load_cluster": "planner.artifacts.cluster:load_cluster",
+    "load_plan": "planner.artifacts.plan:load_plan",
+    "save_plan": "planner.artifacts.plan:save_plan",
+    "CLUSTER_PRESETS": "planner.artifacts.cluster:PRESETS",
+    "Workload": "planner.workload:Workload",
+    "default_profile_path": "planner.defaults:default_profile_path",
+    # planning
+    "plan": "planner.solve:plan",
+    "format_plan": "planner.report.table:format_plan",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    module_name, attr = target.split(":")
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value
