@@ -1,0 +1,158 @@
+"""Analytic profiles of GPT-style decoders for devices you do not have (no torch).
+
+Layers: ``embed`` (token + position embedding), ``block_0 .. block_{L-1}``, ``head`` (final
+layer norm + LM head, its weight tied to the token embedding).
+
+Formulas, per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary ``V``:
+
+- forward FLOPs of one transformer block: ``24 s h^2 + 4 s^2 h`` (Narayanan et al. 2021,
+  "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. 3:
+  72 B s l h^2 (1 + s/6h + V/12hl) counts forward + backward + recompute = 4 x forward, with
+  matmuls at 2 FLOPs per multiply-add; without recompute the backward is 2 x forward);
+- forward FLOPs of the LM head: ``2 s h V`` (same source); the embedding is a lookup (0 FLOPs);
+- time = FLOPs / (peak dense bf16 FLOP/s x achieved efficiency). The efficiency is recorded in
+  the profile's metadata (default 0.5: Megatron-LM reports 52% of peak for GPT-3 175B on
+  A100s, Narayanan et al. 2021 table 1). Intercepts are 0 (no launch overhead modelled);
+- activations saved for backward by one block in 16-bit training without tensor/sequence
+  parallelism: ``s h (34 + 5 a s / h)`` bytes (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", eq. 1); a recomputed block keeps its input
+  ``2 s h`` bytes; the head keeps its input (2 s h), the norm output (2 s h) and fp32 logits
+  for the softmax cross-entropy (4 s V);
+- parameters: ``12 h^2 + 13 h`` per block (Narayanan et al. 2021), ``V h + s h`` for the
+  embeddings, ``2 h`` for the final norm plus the tied ``V h`` head; 2 bytes each (bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_fingerprint
+from planner.errors import PlannerInputError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DevicePreset:
+    name: str
+    peak_bf16_tflops: float
+    source: str
+
+
+DEVICE_PRESETS: dict[str, DevicePreset] = {
+    "a100-80gb": DevicePreset(
+        name="NVIDIA A100-SXM4-80GB",
+        peak_bf16_tflops=312.0,
+        source="NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
+    ),
+    "h100-80gb": DevicePreset(
+        name="NVIDIA H100-SXM5-80GB",
+        peak_bf16_tflops=989.0,
+        source="NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
+    ),
+}
+
+# GPT-3 family, Brown et al. 2020 ("Language Models are Few-Shot Learners"), table 2.1.
+GPT3_SIZES: dict[str, dict[str, int]] = {
+    "gpt3-1.3b": dict(layers=24, hidden=2048, heads=24, seq=2048, vocab=50257),
+    "gpt3-2.7b": dict(layers=32, hidden=2560, heads=32, seq=2048, vocab=50257),
+    "gpt3-6.7b": dict(layers=32, hidden=4096, heads=32, seq=2048, vocab=50257),
+    "gpt3-13b": dict(layers=40, hidden=5120, heads=40, seq=2048, vocab=50257),
+    "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
+}
+
+BYTES_PER_PARAM = 2  # bf16
+BYTES_PER_ACT = 2  # bf16 activations
+
+
+def _layer(name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, **kw: float) -> Layer:
+    return Layer(
+        name=name,
+        kind=kind,
+        fwd=TimeFit(intercept_ms=0.0, per_sample_ms=fwd_flops / flops_per_ms),
+        bwd=TimeFit(intercept_ms=0.0, per_sample_ms=bwd_flops / flops_per_ms),
+        param_count=int(kw["param_count"]),
+        param_bytes=int(kw["param_count"]) * BYTES_PER_PARAM,
+        saved_bytes_per_sample=float(kw["saved"]),
+        input_bytes_per_sample=float(kw["inp"]),
+        output_bytes_per_sample=float(kw["out"]),
+    )
+
+
+def gpt_profile(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    seq: int,
+    vocab: int,
+    device_preset: str = "a100-80gb",
+    efficiency: float = 0.5,
+    model: str = "",
+) -> Profile:
+    """An analytic Profile of a GPT-style decoder on a device preset (see module docstring)."""
+    if min(layers, hidden, heads, seq, vocab) < 1:
+        raise PlannerInputError("--layers, --hidden, --heads, --seq and --vocab must all be >= 1")
+    if hidden % heads:
+        raise PlannerInputError(f"--hidden {hidden} is not divisible by --heads {heads}")
+    if not 0 < efficiency <= 1:
+        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
+    if device_preset not in DEVICE_PRESETS:
+        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
+    device = DEVICE_PRESETS[device_preset]
+    s, h, a, V = seq, hidden, heads, vocab
+    flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
+    act_in = BYTES_PER_ACT * s * h
+    block_fwd = 24.0 * s * h * h + 4.0 * s * s * h
+    head_fwd = 2.0 * s * h * V
+    out: list[Layer] = [
+        _layer(
+            "embed", "Embedding", 0.0, 0.0, flops_per_ms,
+            param_count=V * h + s * h, saved=8.0 * s, inp=8.0 * s, out=act_in,
+        )
+    ]
+    for i in range(layers):
+        out.append(
+            _layer(
+                f"block_{i}", "TransformerBlock", block_fwd, 2 * block_fwd, flops_per_ms,
+                param_count=12 * h * h + 13 * h, saved=s * h * (34.0 + 5.0 * a * s / h), inp=act_in, out=act_in,
+            )
+        )
+    out.append(
+        _layer(
+            "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms,
+            param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
+        )
+    )
+    n = len(out)
+    edges = tuple(Edge(src=i, dst=i + 1, bytes_per_sample=out[i].output_bytes_per_sample) for i in range(n - 1))
+    name = model or f"gpt-l{layers}-h{hidden}-a{heads}-s{s}-v{V}"
+    return Profile(
+        model=name,
+        source="analytic",
+        device=device.name,
+        dtype="bfloat16",
+        microbatch_sizes=(1,),
+        versions={},
+        metadata={
+            "efficiency": efficiency,
+            "peak_bf16_tflops": device.peak_bf16_tflops,
+            "peak_source": device.source,
+            "flops_source": "Narayanan et al. 2021 (Megatron-LM), eq. 3",
+            "activation_source": "Korthikanti et al. 2022, eq. 1 (no tensor/sequence parallelism)",
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "seq": seq,
+            "vocab": vocab,
+        },
+        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in out), tuple(() for _ in out)),
+        layers=tuple(out),
+        edges=edges,
+        tied=(TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=V * h, param_bytes=V * h * BYTES_PER_PARAM),),
+    )
+
+
+def gpt3_profile(size: str, device_preset: str = "a100-80gb", efficiency: float = 0.5) -> Profile:
+    """A GPT-3 family member by name (``gpt3-1.3b``, ``gpt3-13b``, ``gpt3-175b``, ...)."""
+    if size not in GPT3_SIZES:
+        raise PlannerInputError(f"unknown GPT-3 size {size!r} (known: {', '.join(GPT3_SIZES)})")
+    return gpt_profile(**GPT3_SIZES[size], device_preset=device_preset, efficiency=efficiency, model=size)

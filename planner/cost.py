@@ -1,0 +1,245 @@
+"""Cost model: compute, communication and memory of a pipeline stage (pure functions, no torch).
+
+Notation (DESIGN.md section 5): a stage holds layers ``[start, stop)``, is replicated ``d``
+times, runs micro-batches of ``b`` samples and recomputes the layer set ``R``.
+
+- forward ``F = sum_l f_l(b)``; backward ``B = sum_l b_l(b)``; recompute ``RC = sum_{l in R} f_l(b)``
+  (the backward of a recomputed layer re-runs its forward first). Profile times are for the
+  profiled device and are divided by ``Cluster.relative_speed``.
+- point-to-point: ``alpha + bytes / beta`` on the link the two ranks share (intra- or inter-node).
+- all-reduce of the stage's gradients (ring, Patarasuk & Yuan 2009):
+  ``2 (d-1)/d x bytes/beta + 2 (d-1) alpha``; when the replicas span ``n`` nodes with ``k`` per
+  node, hierarchical (reduce-scatter in the node, ring across nodes on 1/k of the data,
+  all-gather in the node; as NCCL's tree/2D algorithms, Jia et al. 2018 "Highly Scalable Deep
+  Learning Training System with Mixed-Precision").
+- memory per device: kappa x params (weights, gradients, optimizer state by
+  :data:`STATE_BYTES_PER_PARAM`) + k x activations per micro-batch (k in-flight micro-batches;
+  a recomputed layer keeps only its input) + the largest recompute working set (the saved
+  tensors of one recomputed layer, live during its backward) + send/receive buffers (the
+  boundary activations in and out, and their gradients, one micro-batch each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.plan import StageMemory
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import STATE_BYTES_PER_PARAM, OptimizerKind
+from planner.graph import cut_bytes_per_sample
+
+
+def p2p_ms(num_bytes: float, *, bandwidth_gb_per_s: float, latency_us: float) -> float:
+    """Time of one point-to-point transfer: ``alpha + bytes / beta`` (0 for 0 bytes)."""
+    if num_bytes <= 0:
+        return 0.0
+    return latency_us / 1e3 + num_bytes / (bandwidth_gb_per_s * 1e9) * 1e3
+
+
+def ring_allreduce_ms(num_bytes: float, num_ranks: int, *, bandwidth_gb_per_s: float, latency_us: float) -> float:
+    """Ring all-reduce: ``2 (d-1)/d x bytes/beta + 2 (d-1) alpha`` (Patarasuk & Yuan 2009)."""
+    if num_ranks <= 1 or num_bytes <= 0:
+        return 0.0
+    d = num_ranks
+    return 2 * (d - 1) / d * num_bytes / (bandwidth_gb_per_s * 1e9) * 1e3 + 2 * (d - 1) * latency_us / 1e3
+
+
+def link_of(cluster: Cluster, rank_a: int, rank_b: int) -> tuple[float, float]:
+    """(bandwidth GB/s, latency us) of the link between two ranks."""
+    if cluster.node_of(rank_a) == cluster.node_of(rank_b):
+        return cluster.intra_node_bandwidth_gb_per_s, cluster.intra_node_latency_us
+    return cluster.inter_node_bandwidth_gb_per_s, cluster.inter_node_latency_us
+
+
+def allreduce_ms(cluster: Cluster, num_bytes: float, ranks: Sequence[int]) -> float:
+    """All-reduce of ``num_bytes`` over ``ranks``: ring inside a node, hierarchical across nodes."""
+    if len(ranks) <= 1 or num_bytes <= 0:
+        return 0.0
+    per_node: dict[int, int] = {}
+    for rank in ranks:
+        node = cluster.node_of(rank)
+        per_node[node] = per_node.get(node, 0) + 1
+    intra = dict(bandwidth_gb_per_s=cluster.intra_node_bandwidth_gb_per_s, latency_us=cluster.intra_node_latency_us)
+    inter = dict(bandwidth_gb_per_s=cluster.inter_node_bandwidth_gb_per_s, latency_us=cluster.inter_node_latency_us)
+    if len(per_node) == 1:
+        return ring_allreduce_ms(num_bytes, len(ranks), **intra)
+    k = max(per_node.values())
+    n = len(per_node)
+    if k == 1:
+        return ring_allreduce_ms(num_bytes, n, **inter)
+    # reduce-scatter + all-gather inside the node = one intra ring all-reduce's cost,
+    # plus a ring all-reduce across nodes on 1/k of the bytes.
+    return ring_allreduce_ms(num_bytes, k, **intra) + ring_allreduce_ms(num_bytes / k, n, **inter)
+
+
+def stage_ranks(stage_idx: int, dp_degree: int) -> tuple[int, ...]:
+    """Ranks of a stage under the placement rank = stage_idx x dp_degree + replica."""
+    return tuple(stage_idx * dp_degree + r for r in range(dp_degree))
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """Per-micro-batch times (ms) and per-device memory of one stage."""
+
+    fwd_ms: float
+    bwd_ms: float
+    recompute_ms: float
+    send_fwd_ms: float
+    send_bwd_ms: float
+    allreduce_ms: float
+    activation_bytes_per_microbatch: int
+    memory: StageMemory
+
+
+class CostModel:
+    """Prefix sums over a profile, so that any stage's cost is O(1) (plus its recompute set).
+
+    One instance per (profile, cluster, optimizer); per micro-batch size arrays are cached.
+    """
+
+    def __init__(self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED):
+        self.profile = profile
+        self.cluster = cluster
+        self.optimizer = optimizer
+        self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = STATE_BYTES_PER_PARAM[
+            optimizer
+        ]
+        layers = profile.layers
+        self.num_layers = len(layers)
+        self.cut_bytes_per_sample = cut_bytes_per_sample(profile)
+        self.param_count = np.array([layer.param_count for layer in layers], dtype=np.int64)
+        self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
+        self.input_per_sample = np.array([layer.input_bytes_per_sample for layer in layers])
+        self._param_prefix = np.concatenate([[0], np.cumsum(self.param_count)])
+        self._saved_prefix = np.concatenate([[0.0], np.cumsum(self.saved_per_sample)])
+        self._speed = cluster.relative_speed
+
+    # ---------------------------------------------------------------- compute
+    @lru_cache(maxsize=64)
+    def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster."""
+        fwd = np.array([layer.fwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
+        bwd = np.array([layer.bwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
+        return fwd, bwd
+
+    @lru_cache(maxsize=64)
+    def time_prefix(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        fwd, bwd = self.layer_times(microbatch_size)
+        return np.concatenate([[0.0], np.cumsum(fwd)]), np.concatenate([[0.0], np.cumsum(bwd)])
+
+    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        fp, _ = self.time_prefix(microbatch_size)
+        return float(fp[stop] - fp[start])
+
+    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        _, bp = self.time_prefix(microbatch_size)
+        return float(bp[stop] - bp[start])
+
+    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int) -> float:
+        fwd, _ = self.layer_times(microbatch_size)
+        return float(sum(fwd[i] for i in recompute))
+
+    # ---------------------------------------------------------------- parameters
+    def stage_param_count(self, start: int, stop: int) -> int:
+        """Parameters held by a stage; a tied tensor whose layers share the stage counts once."""
+        count = int(self._param_prefix[stop] - self._param_prefix[start])
+        for tie in self.profile.tied:
+            inside = sum(1 for i in tie.layers if start <= i < stop)
+            if inside >= 2:
+                count -= (inside - 1) * tie.param_count
+        return count
+
+    def tied_allreduce_bytes(self, start: int, stop: int) -> float:
+        """Gradient bytes of tied tensors this stage shares with another stage (summed across them)."""
+        total = 0.0
+        for tie in self.profile.tied:
+            inside = sum(1 for i in tie.layers if start <= i < stop)
+            if 0 < inside < len(tie.layers):
+                total += tie.param_count * self.grad_bytes_per_param
+        return total
+
+    # ---------------------------------------------------------------- activations
+    def activation_bytes(self, start: int, stop: int, recompute: Iterable[int], microbatch_size: int) -> float:
+        """Bytes one in-flight micro-batch keeps on a stage: saved tensors, or inputs if recomputed."""
+        total = float(self._saved_prefix[stop] - self._saved_prefix[start])
+        for i in recompute:
+            total += self.input_per_sample[i] - self.saved_per_sample[i]
+        return total * microbatch_size
+
+    def recompute_workspace_bytes(self, recompute: Iterable[int], microbatch_size: int) -> float:
+        """The largest recomputed layer's saved tensors, live while its backward runs."""
+        return max((float(self.saved_per_sample[i]) for i in recompute), default=0.0) * microbatch_size
+
+    def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Receive and send buffers: boundary activations in/out and their gradients, one micro-batch."""
+        cut = self.cut_bytes_per_sample
+        return 2.0 * (cut[start] + cut[stop]) * microbatch_size
+
+    # ---------------------------------------------------------------- assembled
+    def stage_memory(
+        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int
+    ) -> StageMemory:
+        params = self.stage_param_count(start, stop)
+        return StageMemory(
+            param_bytes=int(params * self.weight_bytes_per_param),
+            grad_bytes=int(params * self.grad_bytes_per_param),
+            optimizer_bytes=int(params * self.optim_bytes_per_param),
+            activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size))),
+            recompute_workspace_bytes=int(round(self.recompute_workspace_bytes(recompute, microbatch_size))),
+            buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
+        )
+
+    def boundary_transfer_ms(self, boundary: int, microbatch_size: int, upstream_stage_idx: int, dp_degree: int) -> float:
+        """Transfer of the tensors crossing the cut before layer ``boundary`` between stage
+        ``upstream_stage_idx`` and the next one (activations forward, their gradients backward:
+        same bytes), on the link their replica-0 ranks share."""
+        if boundary <= 0 or boundary >= self.num_layers:
+            return 0.0
+        nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
+        bw, lat = link_of(self.cluster, upstream_stage_idx * dp_degree, (upstream_stage_idx + 1) * dp_degree)
+        return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
+
+    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, dp_degree: int) -> float:
+        """Gradient all-reduce across the stage's replicas, plus the exchange of tied gradients
+        with the other stage holding the tied tensor (priced on the slowest link of the cluster,
+        since the partner stage is not known here)."""
+        grad_bytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param
+        total = allreduce_ms(self.cluster, grad_bytes, stage_ranks(stage_idx, dp_degree))
+        tied = self.tied_allreduce_bytes(start, stop)
+        if tied:
+            if self.cluster.num_nodes > 1:
+                bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
+            else:
+                bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
+            total += ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
+        return total
+
+    def stage_cost(
+        self,
+        start: int,
+        stop: int,
+        recompute: Sequence[int],
+        microbatch_size: int,
+        inflight: int,
+        stage_idx: int,
+        dp_degree: int,
+    ) -> StageCost:
+        return StageCost(
+            fwd_ms=self.stage_fwd_ms(start, stop, microbatch_size),
+            bwd_ms=self.stage_bwd_ms(start, stop, microbatch_size),
+            recompute_ms=self.recompute_ms(recompute, microbatch_size),
+            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, dp_degree),
+            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, dp_degree),
+            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, dp_degree),
+            activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size))),
+            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight),
+        )
+
+    @cached_property
+    def total_params(self) -> int:
+        return self.stage_param_count(0, self.num_layers)

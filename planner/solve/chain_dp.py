@@ -1,0 +1,222 @@
+"""Exact chain DP over cut points for one configuration (P stages, D replicas, micro-batch b,
+schedule), with per-stage recomputation.
+
+The objective (the 1F1B/GPipe pipeline time of Alpa's stage construction, Zheng et al. 2022,
+eq. 3, with the boundary transfers on the fill/drain path):
+
+    J = sum_s (T_s + c_s) + (M - 1) max_s T_s,   T_s = F_s + B_s + RC_s,
+
+where ``c_s`` is the forward + backward transfer across the boundary after stage ``s`` and
+``RC_s`` the least recompute time that makes stage ``s`` fit its memory cap with ``k_s``
+micro-batches in flight (``k_s = M`` for GPipe, ``min(P - s, M)`` for 1F1B): stages are
+known by index, so ``k_s`` is known when the stage is priced, which is why the table is
+filled from the last stage backwards.
+
+The DP table, for a bottleneck cap ``t``::
+
+    f[P][L] = 0
+    f[s][i] = min_{j > i, T_{k_s}(i, j) <= t} T_{k_s}(i, j) + c_s(j) + f[s + 1][j]
+
+and ``J = min_t f[0][0] + (M - 1) t`` over candidate caps ``t`` (the distinct stage times),
+enumerated upwards from the least feasible cap (found by bisection) and stopped once
+``(M - 1) t`` plus the least possible sum exceeds the best found. For the optimal partition
+its own max stage time is a candidate cap, so the minimum is exact. Each DP step is one
+vectorised min over an ``(L + 1) x (L + 1)`` matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from planner.artifacts.request import ScheduleKind
+from planner.cost import CostModel, link_of, p2p_ms
+from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
+
+
+def inflight_counts(schedule: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[int, ...]:
+    """Micro-batches whose activations stage ``s`` holds at its peak (DESIGN.md sec. 5)."""
+    if schedule is ScheduleKind.GPIPE:
+        return tuple(num_microbatches for _ in range(num_stages))
+    return tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSolution:
+    objective_ms: float
+    boundaries: tuple[int, ...]  # stage starts, first is 0
+    recompute: tuple[tuple[int, ...], ...]
+    stage_times_ms: tuple[float, ...]
+    exact: bool
+
+
+class StageTable:
+    """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size and
+    memory cap, per in-flight count ``k``; shared across P and schedules."""
+
+    def __init__(self, cm: CostModel, microbatch_size: int, cap_bytes: float, fixed_boundaries: Sequence[int] = ()):
+        self.cm = cm
+        self.b = microbatch_size
+        self.cap = cap_bytes
+        L = cm.num_layers
+        self.L = L
+        fwd, bwd = cm.layer_times(microbatch_size)
+        self.fwd = fwd
+        fp = np.concatenate([[0.0], np.cumsum(fwd)])
+        bp = np.concatenate([[0.0], np.cumsum(bwd)])
+        idx = np.arange(L + 1)
+        valid = idx[None, :] > idx[:, None]
+        for f in fixed_boundaries:
+            valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
+        self.valid = valid
+        self.compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
+        params = (cm._param_prefix[None, :] - cm._param_prefix[:, None]).astype(float)
+        for tie in cm.profile.tied:
+            inside = np.zeros((L + 1, L + 1))
+            for layer in tie.layers:
+                inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
+            params -= np.maximum(inside - 1, 0) * tie.param_count
+        kappa = cm.weight_bytes_per_param + cm.grad_bytes_per_param + cm.optim_bytes_per_param
+        cut = cm.cut_bytes_per_sample
+        self.static = params * kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
+        sp = cm._saved_prefix
+        self.act = (sp[None, :] - sp[:, None]) * microbatch_size
+        self.saved = cm.saved_per_sample * microbatch_size
+        self.inputs = cm.input_per_sample * microbatch_size
+        self._tables: dict[int, np.ndarray] = {}
+        self._choices: dict[tuple[int, int, int], RecomputeChoice] = {}
+        self.all_exact = True
+
+    def table(self, inflight: int) -> np.ndarray:
+        """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit."""
+        if inflight in self._tables:
+            return self._tables[inflight]
+        excess = self.static + inflight * self.act - self.cap
+        table = np.where(excess <= 0, self.compute, INF)
+        # pairs that do not fit as they are but might with recomputation
+        gains = np.maximum(self.saved - self.inputs, 0.0)
+        gp = np.concatenate([[0.0], np.cumsum(gains)])
+        max_gain = inflight * (gp[None, :] - gp[:, None])
+        need = self.valid & (excess > 0) & (max_gain >= excess)
+        cache: dict[tuple, RecomputeChoice] = {}
+        for i, j in zip(*np.nonzero(need)):
+            i, j = int(i), int(j)
+            key = (tuple(self.fwd[i:j]), tuple(self.saved[i:j]), tuple(self.inputs[i:j]), float(excess[i, j]))
+            choice = cache.get(key)
+            if choice is None:
+                choice = choose_recompute(
+                    fwd_ms=list(self.fwd[i:j]),
+                    saved_bytes=list(self.saved[i:j]),
+                    input_bytes=list(self.inputs[i:j]),
+                    first_layer=0,
+                    inflight=inflight,
+                    excess_bytes=float(excess[i, j]),
+                )
+                cache[key] = choice
+            if choice.time_ms < INF:
+                table[i, j] = self.compute[i, j] + choice.time_ms
+                self._choices[(inflight, i, j)] = RecomputeChoice(
+                    choice.time_ms, tuple(i + l for l in choice.layers), choice.exact
+                )
+                self.all_exact &= choice.exact
+        self._tables[inflight] = table
+        return table
+
+    def recompute_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
+        choice = self._choices.get((inflight, i, j))
+        return choice.layers if choice else ()
+
+
+def _comm_vectors(cm: CostModel, num_stages: int, dp_degree: int, b: int) -> list[np.ndarray]:
+    """c_s(j): forward + backward transfer across the cut before layer j after stage s."""
+    out = []
+    cut = cm.cut_bytes_per_sample
+    for s in range(num_stages):
+        if s == num_stages - 1:
+            out.append(np.zeros(cm.num_layers + 1))
+            continue
+        bw, lat = link_of(cm.cluster, s * dp_degree, (s + 1) * dp_degree)
+        vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
+        out.append(vec)
+    return out
+
+
+def _dp(tables: list[np.ndarray], comm: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
+    P = len(tables)
+    f = np.full(L + 1, INF)
+    f[L] = 0.0
+    args = []
+    for s in range(P - 1, -1, -1):
+        t = tables[s]
+        cand = np.where(t <= cap, t, INF) + comm[s][None, :] + f[None, :]
+        arg = np.argmin(cand, axis=1)
+        f = cand[np.arange(L + 1), arg]
+        args.append(arg)
+    args.reverse()
+    return float(f[0]), args
+
+
+def solve_chain(
+    table: StageTable,
+    *,
+    num_stages: int,
+    dp_degree: int,
+    num_microbatches: int,
+    schedule: ScheduleKind,
+) -> ChainSolution | None:
+    """The exact minimum of J for one configuration, or None if nothing fits."""
+    cm, L, P, M = table.cm, table.L, num_stages, num_microbatches
+    if P > L:
+        return None
+    ks = inflight_counts(schedule, P, M)
+    tables = [table.table(k) for k in ks]
+    comm = _comm_vectors(cm, P, dp_degree, table.b)
+    caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in tables]))
+    if caps.size == 0:
+        return None
+    total_compute = float(table.compute[0, L])
+    if M == 1:
+        best_sum, _ = _dp(tables, comm, INF, L)
+        if best_sum >= INF:
+            return None
+        best_cap = INF
+        best = best_sum
+    else:
+        # least feasible cap by bisection (feasibility is monotone in the cap)
+        lo, hi = 0, caps.size - 1
+        if _dp(tables, comm, caps[hi], L)[0] >= INF:
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _dp(tables, comm, caps[mid], L)[0] < INF:
+                hi = mid
+            else:
+                lo = mid + 1
+        best, best_cap = INF, INF
+        for cap in caps[lo:]:
+            if (M - 1) * cap + total_compute >= best:
+                break
+            s, _ = _dp(tables, comm, cap, L)
+            value = s + (M - 1) * cap
+            if value < best:
+                best, best_cap = value, float(cap)
+    _, args = _dp(tables, comm, best_cap, L)
+    bounds, recompute, times = [], [], []
+    i = 0
+    for s in range(P):
+        j = int(args[s][i])
+        bounds.append(i)
+        recompute.append(table.recompute_of(ks[s], i, j))
+        times.append(float(tables[s][i, j]))
+        i = j
+    assert i == L, "DP reconstruction did not cover the layers"
+    objective = sum(times) + sum(float(comm[s][b]) for s, b in enumerate(bounds[1:] + [L])) + (M - 1) * max(times)
+    return ChainSolution(
+        objective_ms=objective,
+        boundaries=tuple(bounds),
+        recompute=tuple(recompute),
+        stage_times_ms=tuple(times),
+        exact=table.all_exact,
+    )
