@@ -1,0 +1,199 @@
+"""``profile_model``: a :class:`Workload` measured layer by layer into a :class:`Profile`.
+
+Per micro-batch size, every layer runs alone on the input it receives inside the model
+(warm-up, then the median of repeats) for forward and backward times; one more pass at the
+largest size measures the activation bytes and the layer DAG exactly (see
+:mod:`planner.profiling.memory`). Times are fitted as ``a + b x micro-batch`` per layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import platform
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoint
+from planner.errors import PlannerInputError
+from planner.models import layer_param_shapes, workload_fingerprint
+from planner.models.common import DTYPES
+from planner.profiling.fit import fit_time
+from planner.profiling.memory import forward_outputs, layer_edges, measure_layer_bytes
+from planner.profiling.tensors import to_device
+from planner.profiling.timing import Clock, LayerTime, time_layer
+from planner.profiling.trace import op_graph
+from planner.workload import Workload
+
+BATCH_SEED = 0
+
+
+def detect_tied(workload: Workload) -> tuple[TiedParams, ...]:
+    """Parameters that are the same ``Parameter`` object in two or more layers."""
+    owners: dict[int, tuple[str, torch.nn.Parameter, list[int]]] = {}
+    for idx, layer in enumerate(workload.layers):
+        for pname, param in layer.named_parameters():
+            name, _, layers = owners.setdefault(id(param), (f"{workload.layer_names[idx]}.{pname}", param, []))
+            if idx not in layers:
+                layers.append(idx)
+    return tuple(
+        TiedParams(name=name, layers=tuple(layers), param_count=p.numel(), param_bytes=p.numel() * p.element_size())
+        for name, p, layers in owners.values()
+        if len(layers) > 1
+    )
+
+
+def _placed(workload: Workload, device: torch.device, dtype: torch.dtype) -> Workload:
+    """The workload on ``device`` in ``dtype``; the layers are copied (together, so tied
+    parameters stay tied) only when they must move or change dtype."""
+    params = [p for layer in workload.layers for p in layer.parameters()]
+    if all(p.device == device and (p.dtype == dtype or not p.is_floating_point()) for p in params):
+        return workload
+    layers = copy.deepcopy(workload.layers)
+    return dataclasses.replace(workload, layers=tuple(m.to(device=device, dtype=dtype) for m in layers))
+
+
+def _device(name: str) -> torch.device:
+    if name not in ("cpu", "cuda"):
+        raise PlannerInputError(f"device must be 'cpu' or 'cuda' (got {name!r})")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PlannerInputError("device 'cuda' requested but torch.cuda.is_available() is False")
+    return torch.device(name)
+
+
+def _versions() -> dict[str, str]:
+    from planner import __version__
+
+    return {
+        "planner": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+def profile_model(
+    workload: Workload,
+    *,
+    microbatch_sizes: Sequence[int] = (1, 2, 4),
+    device: str = "cpu",
+    dtype: str = "float32",
+    warmup: int = 2,
+    repeats: int = 5,
+    num_threads: int | None = None,
+    trace_ops: bool = True,
+    progress: bool = True,
+) -> Profile:
+    """Measure ``workload`` into a Profile (``source="measured"``).
+
+    ``num_threads`` fixes ``torch.set_num_threads`` for the CPU measurements (default: the
+    current setting); it is restored afterwards and recorded in the metadata. ``trace_ops``
+    traces each layer with torch.fx and records operator counts (untraceable layers warn).
+    """
+    sizes = sorted(set(int(b) for b in microbatch_sizes))
+    if not sizes or sizes[0] < 1:
+        raise PlannerInputError(f"micro-batch sizes must be positive integers (got {list(microbatch_sizes)})")
+    if dtype not in DTYPES:
+        raise PlannerInputError(f"dtype must be one of {sorted(DTYPES)} (got {dtype!r})")
+    if warmup < 0 or repeats < 1:
+        raise PlannerInputError(f"need warmup >= 0 and repeats >= 1 (got {warmup}, {repeats})")
+    dev = _device(device)
+    torch_dtype = DTYPES[dtype]
+    threads_before = torch.get_num_threads()
+    threads = num_threads or threads_before
+    torch.set_num_threads(threads)
+    try:
+        work = _placed(workload, dev, torch_dtype)
+        clock = Clock(dev)
+        bar = tqdm(
+            total=len(sizes) * len(work.layers) + 1,
+            desc=f"profile {work.name}",
+            disable=not progress or not sys.stderr.isatty(),
+        )
+        with bar:
+            times = {b: _time_layers(work, b, dev, torch_dtype, clock, warmup, repeats, bar) for b in sizes}
+            inputs, targets = to_device(work.make_batch(sizes[-1], BATCH_SEED), dev, torch_dtype)
+            layer_bytes = measure_layer_bytes(work, inputs, targets)
+            edges = layer_edges(work, inputs)
+            bar.update(1)
+        op_counts = _op_counts(work) if trace_ops else {}
+    finally:
+        torch.set_num_threads(threads_before)
+    per = float(sizes[-1])
+    shapes = layer_param_shapes(work)
+    layers = []
+    for idx, (name, module) in enumerate(zip(work.layer_names, work.layers)):
+        points = tuple(TimePoint(microbatch_size=b, fwd_ms=times[b][idx].fwd_ms, bwd_ms=times[b][idx].bwd_ms) for b in sizes)
+        params = list(module.parameters())
+        layers.append(
+            Layer(
+                name=name,
+                kind=type(module).__name__,
+                fwd=fit_time(sizes, [p.fwd_ms for p in points]),
+                bwd=fit_time(sizes, [p.bwd_ms for p in points]),
+                measured=points,
+                param_count=sum(p.numel() for p in params),
+                param_bytes=sum(p.numel() * p.element_size() for p in params),
+                param_shapes=shapes[idx],
+                saved_bytes_per_sample=layer_bytes[idx].saved_bytes / per,
+                input_bytes_per_sample=layer_bytes[idx].input_bytes / per,
+                output_bytes_per_sample=layer_bytes[idx].output_bytes / per,
+            )
+        )
+    metadata: dict[str, Any] = {
+        "clock": clock.name,
+        "torch_num_threads": threads,
+        "warmup": warmup,
+        "repeats": repeats,
+        "batch_seed": BATCH_SEED,
+        "bytes_measured_at_microbatch_size": sizes[-1],
+        "saved_bytes": "saved_tensors_hooks, numel*element_size per tensor, parameter aliases excluded",
+        "last_layer_includes_loss": True,
+        "processor": platform.processor() or platform.machine(),
+        **{f"option.{k}": v for k, v in work.options.items() if isinstance(v, (str, int, float, bool))},
+        **op_counts,
+    }
+    if dev.type == "cuda":
+        metadata["device_name"] = torch.cuda.get_device_name(dev)
+    return Profile(
+        model=work.name,
+        source="measured",
+        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        dtype=dtype,
+        microbatch_sizes=tuple(sizes),
+        versions=_versions(),
+        metadata=metadata,
+        fingerprint_sha256=workload_fingerprint(work),
+        layers=tuple(layers),
+        edges=tuple(Edge(src=s, dst=d, bytes_per_sample=b / per) for (s, d), b in sorted(edges.items())),
+        tied=detect_tied(work),
+    )
+
+
+def _time_layers(
+    work: Workload, size: int, dev: torch.device, dtype: torch.dtype, clock: Clock, warmup: int, repeats: int, bar: tqdm
+) -> list[LayerTime]:
+    inputs, targets = to_device(work.make_batch(size, BATCH_SEED), dev, dtype)
+    activations = [inputs, *forward_outputs(work, inputs)]
+    last = len(work.layers) - 1
+    result = []
+    for idx, layer in enumerate(work.layers):
+        loss = (lambda out: work.loss_fn(out, targets)) if idx == last else None
+        result.append(time_layer(layer, activations[idx], clock, warmup=warmup, repeats=repeats, loss=loss))
+        bar.update(1)
+    return result
+
+
+def _op_counts(work: Workload) -> dict[str, Any]:
+    """torch.fx operator counts per layer; untraceable layers warn and count as one module."""
+    graphs = [op_graph(layer, name) for layer, name in zip(work.layers, work.layer_names)]
+    untraced = [name for name, g in zip(work.layer_names, graphs) if g is None]
+    return {
+        "fx_traced_layers": sum(g is not None for g in graphs),
+        "fx_untraced_layers": ",".join(untraced),
+        "fx_op_nodes": sum(g.number_of_nodes() for g in graphs if g is not None),
+    }
