@@ -1,0 +1,1 @@
+"""Importers of profiles in other tools' formats (no torch)."""
