@@ -1,0 +1,25 @@
+"""Pipeline schedules as data: per-rank action orders, their rules, a dry run and torch's CSV.
+
+No torch here; ``torch.distributed.pipelining`` can load what :func:`write_schedule_csv` writes.
+"""
+
+from planner.schedule.actions import Action, ActionKind, Schedule, parse_action
+from planner.schedule.build import build_schedule, check_schedule_rules, num_ranks_of, rank_of_stage
+from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
+from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
+
+__all__ = [
+    "Action",
+    "ActionKind",
+    "Schedule",
+    "ScheduleError",
+    "build_schedule",
+    "check_schedule_rules",
+    "format_grid",
+    "num_ranks_of",
+    "parse_action",
+    "rank_of_stage",
+    "read_schedule_csv",
+    "validate_schedule",
+    "write_schedule_csv",
+]

@@ -1,0 +1,145 @@
+"""Per-rank action orders for GPipe, 1F1B and interleaved 1F1B, and each schedule's rules.
+
+Placement: with ``P`` pipeline ranks and ``v`` virtual stages per rank (``num_stages = P x v``),
+rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved1F1B``; for
+``v = 1`` stage ``s`` is rank ``s``).
+
+- GPipe (Huang et al. 2019; torch ``ScheduleGPipe``): all forwards ``0..M-1``, then all
+  backwards ``0..M-1``. Stage ``s`` holds up to ``M`` micro-batches of activations.
+- 1F1B (PipeDream-Flush, Narayanan et al. 2021; torch ``Schedule1F1B``): stage ``s`` runs
+  ``min(M, P - s)`` warm-up forwards, then alternates one backward, one forward, and drains
+  the remaining backwards. Holds at most ``min(P - s, M)`` micro-batches. Like torch, it
+  requires ``M >= P`` (torch raises "Number of microbatches must be greater than or equal to
+  the number of stages"); with ``M < P`` use GPipe, whose order is then the same.
+- Interleaved 1F1B (Narayanan et al. 2021, section 2.2; torch ``ScheduleInterleaved1F1B``,
+  the "flex" variant): ``rounds = max(1, M // P)``, ``M`` must be a multiple of ``rounds``;
+  the order is torch's ``_get_warmup_ops`` / ``_get_1f1b_rank_ops`` without their ``None``
+  padding (padding only aligns torch's lock-step grid; an event simulator does not need it).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from planner.artifacts.request import ScheduleKind
+from planner.errors import PlannerInputError
+from planner.schedule.actions import Action, ActionKind, Schedule
+
+__all__ = ["build_schedule", "check_schedule_rules", "num_ranks_of", "rank_of_stage"]
+
+F = ActionKind.FORWARD
+B = ActionKind.BACKWARD
+
+
+def num_ranks_of(num_stages: int, virtual_stages_per_rank: int = 1) -> int:
+    """Pipeline ranks holding ``num_stages`` stages, ``virtual_stages_per_rank`` each."""
+    return num_stages // virtual_stages_per_rank
+
+
+def rank_of_stage(stage_idx: int, num_stages: int, virtual_stages_per_rank: int = 1) -> int:
+    """The pipeline rank that runs ``stage_idx`` (round-robin placement, as torch's interleaved)."""
+    return stage_idx % num_ranks_of(num_stages, virtual_stages_per_rank)
+
+
+def check_schedule_rules(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1
+) -> None:
+    """Raise :class:`PlannerInputError` naming the values if ``kind`` cannot run this shape."""
+    if num_stages < 1:
+        raise PlannerInputError(f"num_stages must be >= 1 (got {num_stages})")
+    if num_microbatches < 1:
+        raise PlannerInputError(f"num_microbatches must be >= 1 (got {num_microbatches})")
+    if virtual_stages_per_rank < 1:
+        raise PlannerInputError(f"virtual_stages_per_rank must be >= 1 (got {virtual_stages_per_rank})")
+    if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) and virtual_stages_per_rank != 1:
+        raise PlannerInputError(
+            f"{kind.value} runs one stage per rank: virtual_stages_per_rank must be 1 "
+            f"(got {virtual_stages_per_rank}); use {ScheduleKind.INTERLEAVED_1F1B.value}"
+        )
+    if kind is ScheduleKind.ONE_F_ONE_B and num_microbatches < num_stages:
+        raise PlannerInputError(
+            f"1f1b needs num_microbatches >= num_stages (got M={num_microbatches} < P={num_stages}), "
+            "as torch's Schedule1F1B; use gpipe or more micro-batches"
+        )
+    if kind is ScheduleKind.INTERLEAVED_1F1B:
+        if num_stages % virtual_stages_per_rank:
+            raise PlannerInputError(
+                f"interleaved-1f1b needs num_stages divisible by virtual_stages_per_rank "
+                f"(got {num_stages} stages, {virtual_stages_per_rank} per rank)"
+            )
+        ranks = num_ranks_of(num_stages, virtual_stages_per_rank)
+        rounds = max(1, num_microbatches // ranks)
+        if num_microbatches % rounds:
+            raise PlannerInputError(
+                f"interleaved-1f1b needs num_microbatches a multiple of the number of rounds "
+                f"max(1, M // P) = {rounds} (got M={num_microbatches}, P={ranks} ranks), "
+                "as torch's ScheduleInterleaved1F1B"
+            )
+
+
+def build_schedule(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1
+) -> Schedule:
+    """One ordered tuple of actions per pipeline rank. Cached: schedules are immutable."""
+    check_schedule_rules(kind, num_stages, num_microbatches, virtual_stages_per_rank)
+    return _build(kind, num_stages, num_microbatches, virtual_stages_per_rank)
+
+
+@lru_cache(maxsize=256)
+def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> Schedule:
+    if kind is ScheduleKind.GPIPE:
+        return tuple(_gpipe_rank(s, num_microbatches) for s in range(num_stages))
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        return tuple(_one_f_one_b_rank(s, num_stages, num_microbatches) for s in range(num_stages))
+    ranks = num_stages // v
+    return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))
+
+
+def _gpipe_rank(stage: int, m: int) -> tuple[Action, ...]:
+    fwd = [Action(stage_idx=stage, kind=F, mb_idx=i) for i in range(m)]
+    bwd = [Action(stage_idx=stage, kind=B, mb_idx=i) for i in range(m)]
+    return tuple(fwd + bwd)
+
+
+def _one_f_one_b_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
+    """torch ``Schedule1F1B._step_microbatches``: warm-up ``min(M, P - s)`` forwards, then B, F, B, F..."""
+    warmup = min(m, p - stage)
+    ops = [Action(stage_idx=stage, kind=F, mb_idx=i) for i in range(warmup)]
+    next_fwd = warmup
+    for bwd in range(m):
+        ops.append(Action(stage_idx=stage, kind=B, mb_idx=bwd))
+        if next_fwd < m:
+            ops.append(Action(stage_idx=stage, kind=F, mb_idx=next_fwd))
+            next_fwd += 1
+    return tuple(ops)
+
+
+def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
+    """torch ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` (compute only)."""
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    # _get_warmup_ops(multiply_factor=2)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    total_mb_ops = v * m
+    fwd_bwd = total_mb_ops - warmup
+    cooldown = total_mb_ops - fwd_bwd
+
+    def fwd_stage(step: int) -> int:
+        return ((step // per_round) % v) * p + rank
+
+    def bwd_stage(step: int) -> int:
+        return (v - 1 - ((step - warmup) // per_round) % v) * p + rank
+
+    next_fwd: dict[int, int] = {}
+    next_bwd: dict[int, int] = {}
+    ops: list[Action] = []
+    for op in range(warmup + fwd_bwd + cooldown):
+        if op < warmup + fwd_bwd:
+            s = fwd_stage(op)
+            ops.append(Action(stage_idx=s, kind=F, mb_idx=next_fwd.get(s, 0)))
+            next_fwd[s] = next_fwd.get(s, 0) + 1
+        if op >= warmup:
+            s = bwd_stage(op)
+            ops.append(Action(stage_idx=s, kind=B, mb_idx=next_bwd.get(s, 0)))
+            next_bwd[s] = next_bwd.get(s, 0) + 1
+    return tuple(ops)

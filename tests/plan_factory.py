@@ -1,0 +1,92 @@
+"""Build small Plans directly from per-stage numbers, for the schedule/simulator/bounds tests."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance, StageMemory
+from planner.artifacts.request import PlanRequest, ScheduleKind
+
+
+def make_plan(
+    kind: ScheduleKind,
+    num_microbatches: int,
+    fwd_ms: Sequence[float],
+    bwd_ms: Sequence[float],
+    *,
+    recompute_ms: Sequence[float] | None = None,
+    send_fwd_ms: Sequence[float] | None = None,
+    send_bwd_ms: Sequence[float] | None = None,
+    allreduce_ms: Sequence[float] | None = None,
+    activation_bytes: Sequence[int] | None = None,
+    static_bytes: Sequence[int] | None = None,
+    workspace_bytes: Sequence[int] | None = None,
+    virtual_stages_per_rank: int = 1,
+    dp_degree: int = 1,
+) -> Plan:
+    n = len(fwd_ms)
+    zeros = [0.0] * n
+    rc = list(recompute_ms) if recompute_ms is not None else zeros
+    act = list(activation_bytes) if activation_bytes is not None else [1000] * n
+    static = list(static_bytes) if static_bytes is not None else [4000] * n
+    work = list(workspace_bytes) if workspace_bytes is not None else [0] * n
+    stages = []
+    for s in range(n):
+        memory = StageMemory(
+            param_bytes=static[s] // 4,
+            grad_bytes=static[s] // 4,
+            optimizer_bytes=static[s] // 4,
+            activation_bytes=act[s] * num_microbatches,
+            recompute_workspace_bytes=work[s],
+            buffer_bytes=static[s] - 3 * (static[s] // 4),
+        )
+        stages.append(
+            PlanStage(
+                stage_idx=s,
+                layer_start=s,
+                layer_stop=s + 1,
+                layer_names=(f"layer{s}",),
+                ranks=(s,),
+                recompute=(s,) if rc[s] > 0 else (),
+                inflight_microbatches=num_microbatches,
+                activation_bytes_per_microbatch=act[s],
+                fwd_ms=float(fwd_ms[s]),
+                bwd_ms=float(bwd_ms[s]),
+                recompute_ms=float(rc[s]),
+                send_fwd_ms=float((send_fwd_ms or zeros)[s]),
+                send_bwd_ms=float((send_bwd_ms or zeros)[s]),
+                allreduce_ms=float((allreduce_ms or zeros)[s]),
+                memory=memory,
+                memory_total_bytes=memory.total_bytes,
+                memory_cap_bytes=10**12,
+            )
+        )
+    provenance = Provenance(
+        model="toy",
+        profile_sha256="0" * 64,
+        cluster_name="toy",
+        cluster_sha256="0" * 64,
+        planner_version="test",
+        solver="hand",
+        request=PlanRequest(global_batch=num_microbatches * dp_degree, num_devices=n * dp_degree),
+    )
+    predicted = Prediction(
+        iteration_ms=0.0,
+        throughput_samples_per_s=0.0,
+        peak_memory_bytes=0,
+        bubble_fraction=0.0,
+        exposed_allreduce_ms=0.0,
+        lower_bound_ms=0.0,
+    )
+    return Plan(
+        provenance=provenance,
+        num_stages=n,
+        dp_degree=dp_degree,
+        num_microbatches=num_microbatches,
+        microbatch_size=1,
+        global_batch=num_microbatches * dp_degree,
+        schedule=kind,
+        virtual_stages_per_rank=virtual_stages_per_rank,
+        stages=tuple(stages),
+        predicted=predicted,
+    )
