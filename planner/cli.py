@@ -19,6 +19,8 @@ from planner.errors import PlannerError
 COMMANDS = (
     "plan",
     "show",
+    "profile",
+    "import_pipedream",
 )
 
 

@@ -1,0 +1,117 @@
+"""``planner profile``: measure a torch model (``--model SPEC``) or build an analytic GPT
+profile (``--analytic gpt``) and write the Profile JSON.
+
+Torch is imported only when a model is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.artifacts.profile import Profile, save_profile
+from planner.errors import PlannerInputError
+
+EPILOG = """\
+model specs:
+  gpt | bert | vgg | resnet [:key=value,...]   zoo models, e.g. gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256
+                                               (every zoo model also takes seed=N and dtype=float32|float64|bfloat16)
+  package.module:callable[:key=value,...]      a factory returning planner.Workload
+
+examples:
+  planner profile --model resnet:blocks=4,width=16 --microbatch-sizes 1,2,4 --out resnet.json
+  planner profile --analytic gpt --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 \\
+      --device-preset a100-80gb --out gpt3-1.3b.json
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure a model (or build an analytic GPT profile) into a profile JSON",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", metavar="SPEC", help="zoo model or package.module:callable (see below)")
+    what.add_argument("--analytic", choices=["gpt"], help="analytic profile from cited formulas (no torch)")
+    parser.add_argument("--out", metavar="PATH", help="profile JSON to write (default: <model>.profile.json)")
+    measured = parser.add_argument_group("measured (--model)")
+    measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
+    measured.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    measured.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
+    measured.add_argument("--warmup", type=int, default=2, help="untimed runs per layer (default 2)")
+    measured.add_argument("--repeats", type=int, default=5, help="timed runs per layer, median kept (default 5)")
+    measured.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    measured.add_argument("--no-progress", action="store_true", help="no progress bar")
+    analytic = parser.add_argument_group("analytic (--analytic gpt)")
+    for flag in ("layers", "hidden", "heads", "seq", "vocab"):
+        analytic.add_argument(f"--{flag}", type=int)
+    analytic.add_argument("--device-preset", default="a100-80gb", help="a100-80gb | h100-80gb (default a100-80gb)")
+    analytic.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak FLOP/s (default 0.5)")
+    parser.set_defaults(func=run)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; anything else is an input error."""
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise PlannerInputError(f"--microbatch-sizes must be integers like 1,2,4 (got {text!r})") from None
+    if not sizes or min(sizes) < 1:
+        raise PlannerInputError(f"--microbatch-sizes must be positive integers (got {text!r})")
+    return sizes
+
+
+def _analytic(args: argparse.Namespace) -> Profile:
+    from planner.analytic import gpt_profile
+
+    missing = [f"--{f}" for f in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, f) is None]
+    if missing:
+        raise PlannerInputError(f"--analytic gpt needs {', '.join(missing)}")
+    return gpt_profile(
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        seq=args.seq,
+        vocab=args.vocab,
+        device_preset=args.device_preset,
+        efficiency=args.efficiency,
+    )
+
+
+def _measured(args: argparse.Namespace) -> Profile:
+    from planner.models import load_workload
+    from planner.profiling import profile_model
+
+    sizes = parse_sizes(args.microbatch_sizes)
+    workload = load_workload(args.model)
+    return profile_model(
+        workload,
+        microbatch_sizes=sizes,
+        device=args.device,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        num_threads=args.threads,
+        progress=not args.no_progress,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = _analytic(args) if args.analytic else _measured(args)
+    out = Path(args.out or f"{profile.model}.profile.json")
+    try:
+        save_profile(profile, out)
+    except OSError as exc:
+        raise PlannerInputError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    b = profile.microbatch_sizes[0]
+    fwd = sum(layer.fwd_ms(b) for layer in profile.layers)
+    bwd = sum(layer.bwd_ms(b) for layer in profile.layers)
+    params = sum(layer.param_count for layer in profile.layers) - sum(t.param_count * (len(t.layers) - 1) for t in profile.tied)
+    print(
+        f"{profile.model}: {profile.num_layers} layers, {params:,} parameters, "
+        f"fwd {fwd:.3f} ms + bwd {bwd:.3f} ms at micro-batch {b} on {profile.device} -> {out}"
+    )
+    return 0
