@@ -1,0 +1,104 @@
+"""The RunReport artifact: what the runtime measured, beside what the plan predicted.
+
+Written by rank 0 of ``python -m planner.runtime`` (see ``planner/runtime``). Every measured
+figure that the plan also predicts sits next to the prediction and the relative error
+``(measured - predicted) / predicted`` (0 when nothing was predicted).
+
+Times are wall-clock milliseconds. ``compute_ms`` of a stage is the time its ranks spent
+inside forward and backward of their micro-batches in one iteration (mean over measured
+steps, max over the stage's replicas); ``idle_ms`` is the rest of the iteration (waiting
+for peers, communication, optimizer). ``saved_bytes_peak`` is the peak over the iteration
+of the bytes saved for backward (``torch.autograd.graph.saved_tensors_hooks``, per-tensor
+bytes, parameters excluded; a recomputed layer counts the inputs it keeps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner import codec
+
+SCHEMA = "planner.runreport"
+VERSION = 1
+
+
+def relative_error(measured: float, predicted: float) -> float:
+    """``(measured - predicted) / predicted``; 0 when there is no prediction."""
+    return (measured - predicted) / predicted if predicted else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One training iteration: the mean loss over the global batch and its wall time."""
+
+    step_idx: int
+    loss: float
+    wall_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageRecord:
+    """One pipeline stage, measured (over its replicas) beside the plan's predictions."""
+
+    stage_idx: int
+    ranks: tuple[int, ...]
+    compute_ms: float
+    idle_ms: float
+    compute_ms_predicted: float = field(metadata={"doc": "M x (fwd + bwd + recompute) from the plan"})
+    compute_rel_error: float
+    saved_bytes_peak: int
+    activation_bytes_predicted: int = field(
+        metadata={"doc": "activation_bytes_per_microbatch x inflight_microbatches from the plan"}
+    )
+    activation_rel_error: float
+    cuda_peak_bytes: int = field(default=0, metadata={"doc": "torch.cuda.max_memory_allocated; 0 on CPU"})
+    memory_total_bytes_predicted: int = 0
+    memory_rel_error: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunReport:
+    """Measured training run of a plan under the bundled runtime."""
+
+    model: str
+    plan_fingerprint_sha256: str
+    world_size: int
+    backend: str
+    device: str
+    dtype: str
+    optimizer: str
+    emulate: bool
+    num_stages: int
+    dp_degree: int
+    num_microbatches: int
+    microbatch_size: int
+    schedule: str
+    warmup_steps: int = field(metadata={"doc": "first steps left out of the timing summary"})
+    steps: tuple[StepRecord, ...]
+    stages: tuple[StageRecord, ...]
+    iteration_ms: float = field(metadata={"doc": "median wall time of the measured steps"})
+    iteration_ms_predicted: float
+    iteration_rel_error: float
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.stages) != self.num_stages:
+            raise ValueError(f"num_stages is {self.num_stages} but {len(self.stages)} stage records are listed")
+
+
+def load_report(path: str | Path) -> RunReport:
+    return report_from_json(codec.read_json(path), str(path))
+
+
+def report_from_json(data: Any, source: str = "<runreport>") -> RunReport:
+    return codec.decode_document(RunReport, data, SCHEMA, VERSION, source)
+
+
+def report_to_json(report: RunReport) -> dict[str, Any]:
+    return codec.encode_document(report, SCHEMA, VERSION)
+
+
+def save_report(report: RunReport, path: str | Path) -> None:
+    Path(path).write_text(codec.dumps_canonical(report_to_json(report)))

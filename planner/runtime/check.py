@@ -1,0 +1,55 @@
+"""Checks of a plan against the model and the world, run on every rank before any compute.
+
+Each refusal is a :class:`PlannerInputError` with one line naming what differs.
+"""
+
+from __future__ import annotations
+
+from planner.artifacts.plan import Plan
+from planner.artifacts.request import ScheduleKind
+from planner.errors import PlannerInputError
+from planner.runtime.model import workload_fingerprint
+from planner.workload import Workload
+
+SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
+
+
+def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan") -> None:
+    """Refuse a plan that does not match the model (layers, fingerprint) or the world size."""
+    if plan.num_devices != world_size:
+        raise PlannerInputError(
+            f"{source}: plan needs {plan.num_devices} processes ({plan.num_stages} stages x {plan.dp_degree} replicas) "
+            f"but the world size is {world_size}"
+        )
+    if plan.schedule not in SUPPORTED_SCHEDULES:
+        raise PlannerInputError(
+            f"{source}: schedule {plan.schedule.value!r} is not supported by the runtime "
+            f"(supported: {', '.join(s.value for s in SUPPORTED_SCHEDULES)})"
+        )
+    num_layers = len(workload.layers)
+    if plan.num_layers != num_layers:
+        raise PlannerInputError(
+            f"{source}: plan covers {plan.num_layers} layers but model {workload.name!r} has {num_layers}"
+        )
+    for stage in plan.stages:
+        names = workload.layer_names[stage.layer_start : stage.layer_stop]
+        if tuple(stage.layer_names) != names:
+            bad = next(i for i, (a, b) in enumerate(zip(stage.layer_names, names)) if a != b)
+            raise PlannerInputError(
+                f"{source}: stage {stage.stage_idx} layer {stage.layer_start + bad} is "
+                f"{stage.layer_names[bad]!r} in the plan but {names[bad]!r} in model {workload.name!r}"
+            )
+        expected_ranks = tuple(stage.stage_idx * plan.dp_degree + r for r in range(plan.dp_degree))
+        if tuple(stage.ranks) != expected_ranks:
+            raise PlannerInputError(
+                f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the placement "
+                f"rank = stage x D + replica {list(expected_ranks)}"
+            )
+    expected = plan.provenance.fingerprint_sha256
+    if expected:
+        got = workload_fingerprint(workload)
+        if got != expected:
+            raise PlannerInputError(
+                f"{source}: model fingerprint (layer names and parameter shapes) {got[:12]} "
+                f"does not match the plan's {expected[:12]} (model {workload.name!r})"
+            )

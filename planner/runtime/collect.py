@@ -1,0 +1,93 @@
+"""Gather every rank's measurements to rank 0 and build the RunReport.
+
+Gathered as one float64 tensor per rank (``all_gather``, no pickled objects); byte counts
+stay exact below 2**53.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from planner import __version__
+from planner.artifacts.plan import Plan
+from planner.artifacts.report import RunReport, StageRecord, StepRecord, relative_error
+from planner.runtime.engine import RankMeasure
+from planner.runtime.options import RuntimeOptions
+
+_FIELDS = 4  # compute_ms, idle_ms, saved_bytes_peak, cuda_peak_bytes
+
+
+def gather_measures(mine: RankMeasure, world_size: int) -> list[list[float]]:
+    row = torch.tensor(
+        [mine.compute_ms, mine.idle_ms, float(mine.saved_bytes_peak), float(mine.cuda_peak_bytes)], dtype=torch.float64
+    )
+    rows = [torch.zeros(_FIELDS, dtype=torch.float64) for _ in range(world_size)]
+    dist.all_gather(rows, row)
+    return [r.tolist() for r in rows]
+
+
+def build_report(
+    plan: Plan,
+    options: RuntimeOptions,
+    mine: RankMeasure,
+    rows: list[list[float]],
+    *,
+    model: str,
+    fingerprint: str,
+    backend: str,
+    device: str,
+) -> RunReport:
+    stages = []
+    for stage in plan.stages:
+        own = [rows[r] for r in stage.ranks]
+        compute = max(r[0] for r in own)
+        idle = max(r[1] for r in own)
+        saved = int(max(r[2] for r in own))
+        cuda = int(max(r[3] for r in own))
+        compute_pred = plan.num_microbatches * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
+        act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
+        stages.append(
+            StageRecord(
+                stage_idx=stage.stage_idx,
+                ranks=stage.ranks,
+                compute_ms=compute,
+                idle_ms=idle,
+                compute_ms_predicted=compute_pred,
+                compute_rel_error=relative_error(compute, compute_pred),
+                saved_bytes_peak=saved,
+                activation_bytes_predicted=act_pred,
+                activation_rel_error=relative_error(saved, act_pred),
+                cuda_peak_bytes=cuda,
+                memory_total_bytes_predicted=stage.memory_total_bytes,
+                memory_rel_error=relative_error(cuda, stage.memory_total_bytes) if cuda else 0.0,
+            )
+        )
+    steps = tuple(StepRecord(step_idx=s.step_idx, loss=s.loss, wall_ms=s.wall_ms) for s in mine.steps)
+    timed = [s.wall_ms for s in steps[options.warmup_steps :]] or [s.wall_ms for s in steps]
+    iteration = statistics.median(timed) if timed else 0.0
+    predicted = plan.predicted.iteration_ms
+    return RunReport(
+        model=model,
+        plan_fingerprint_sha256=fingerprint,
+        world_size=len(rows),
+        backend=backend,
+        device=device,
+        dtype=options.dtype,
+        optimizer=options.optimizer.value,
+        emulate=options.emulate,
+        num_stages=plan.num_stages,
+        dp_degree=plan.dp_degree,
+        num_microbatches=plan.num_microbatches,
+        microbatch_size=plan.microbatch_size,
+        schedule=plan.schedule.value,
+        warmup_steps=options.warmup_steps,
+        steps=steps,
+        stages=tuple(stages),
+        iteration_ms=iteration,
+        iteration_ms_predicted=predicted,
+        iteration_rel_error=relative_error(iteration, predicted),
+        versions={"planner": __version__, "torch": torch.__version__},
+    )

@@ -1,0 +1,283 @@
+"""One rank's training loop: build the stage, run the plan's schedule, measure.
+
+Built on ``torch.distributed.pipelining`` (checked with gloo on CPU, torch 2.13):
+
+- ``PipelineStage`` in *static* mode: the stage's input and output examples are computed
+  up front by a no-grad forward of the layers before and in the stage on one micro-batch,
+  so no metadata objects (pickles) cross ranks at run time.
+- ``ScheduleGPipe`` and ``Schedule1F1B`` with ``scale_grads=False`` and a loss of
+  ``loss_fn / M`` (the mean over micro-batches), because the schedule's in-place gradient
+  scaling would race with our async data-parallel all-reduces (``planner.runtime.grads``).
+  In ``Schedule1F1B`` stage s runs min(P - s, M) warm-up forwards, so it holds at most
+  min(P - s, M) micro-batches of activations, as the cost model assumes.
+- Interleaved 1F1B is not wired yet (the plan check refuses it).
+
+Data: step k uses ``make_batch(global_batch, seed + k)``; replica r takes samples
+[r M b, (r + 1) M b), which the schedule splits into M micro-batches along dim 0. So the
+run trains on exactly the batches one process would, in the same order.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import ScheduleKind
+from planner.runtime import checkpoint as ckpt
+from planner.runtime.grads import DataParallelHooks, sync_tied
+from planner.runtime.model import cast_batch
+from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
+from planner.runtime.stage import StageModule
+from planner.runtime.topology import Groups, Placement, build_groups
+from planner.workload import Workload
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that adds up the seconds spent in its forward and backward chunks."""
+
+    compute_s: float = 0.0
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().forward_one_chunk(*args, **kwargs)
+        finally:
+            self.compute_s += time.perf_counter() - start
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().backward_one_chunk(*args, **kwargs)
+        finally:
+            self.compute_s += time.perf_counter() - start
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepMeasure:
+    step_idx: int
+    loss: float
+    wall_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankMeasure:
+    """What one rank measured; gathered to rank 0 for the RunReport."""
+
+    steps: tuple[StepMeasure, ...]
+    compute_ms: float
+    idle_ms: float
+    saved_bytes_peak: int
+    cuda_peak_bytes: int
+
+
+def emulated_times(plan: Plan, profile: Profile | None) -> list[tuple[float, float]]:
+    """(fwd_ms, bwd_ms) per layer: the profile's at the plan's micro-batch size, else the
+    plan's per-stage times spread evenly over the stage's layers."""
+    if profile is not None:
+        b = plan.microbatch_size
+        return [(layer.fwd_ms(b), layer.bwd_ms(b)) for layer in profile.layers]
+    times: list[tuple[float, float]] = []
+    for stage in plan.stages:
+        n = stage.layer_stop - stage.layer_start
+        times.extend([(stage.fwd_ms / n, stage.bwd_ms / n)] * n)
+    return times
+
+
+def _boundary_examples(workload: Workload, start: int, stop: int, mb_inputs: Any) -> tuple[Any, Any]:
+    """Input of layer ``start`` and output of layer ``stop - 1`` for one micro-batch (no grad)."""
+    x = mb_inputs
+    stage_input = None
+    with torch.no_grad():
+        for idx in range(stop):
+            if idx == start:
+                stage_input = x
+            x = workload.layers[idx](x)
+    return stage_input, x
+
+
+def _as_args(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, tuple) else (value,)
+
+
+def _grad_examples(value: Any) -> tuple[Any, ...]:
+    """Example tensors marked as needing grad where floating (activations, not token ids):
+    static ``PipelineStage`` metadata decides from them which gradients cross stages."""
+    return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in _as_args(value))
+
+
+def _make_optimizer(options: RuntimeOptions, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if options.optimizer is RuntimeOptimizer.ADAMW:
+        return torch.optim.AdamW(params, lr=options.lr, foreach=False)
+    return torch.optim.SGD(params, lr=options.lr, foreach=False)
+
+
+def _tied_params(workload: Workload, plan: Plan, stage_idx: int) -> tuple[tuple[tuple[int, ...], ...], list[Any]]:
+    """Per tied group: the stages holding it, and this stage's copy when the group spans stages (else None)."""
+    stage = plan.stages[stage_idx]
+    stage_sets = []
+    mine: list[Any] = []
+    for group in workload.tied:
+        holders = sorted({s.stage_idx for s in plan.stages for layer_idx, _ in group if s.layer_start <= layer_idx < s.layer_stop})
+        stage_sets.append(tuple(holders))
+        local = [(i, name) for i, name in group if stage.layer_start <= i < stage.layer_stop]
+        split = len(holders) >= 2  # a tie inside one stage is one tensor: plain data parallel
+        mine.append(workload.layers[local[0][0]].get_parameter(local[0][1]) if local and split else None)
+    return tuple(stage_sets), mine
+
+
+def _maybe_fault(options: RuntimeOptions, rank: int, step_idx: int) -> None:
+    if options.fault is FaultKind.NONE or rank != options.fault_rank or step_idx != options.fault_step:
+        return
+    if options.fault is FaultKind.KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault (--fault raise) at step {step_idx}")
+
+
+class RankRunner:
+    """Everything one rank holds for a run: its stage, schedule, optimizer and groups."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        workload: Workload,
+        options: RuntimeOptions,
+        rank: int,
+        device: torch.device,
+        profile: Profile | None = None,
+    ) -> None:
+        self.plan = plan
+        self.workload = workload
+        self.options = options
+        self.device = device
+        self.place = Placement(num_stages=plan.num_stages, dp_degree=plan.dp_degree, rank=rank)
+        stage = plan.stages[self.place.stage_idx]
+        self.stage_plan = stage
+        tied_sets, self.tied_params = _tied_params(workload, plan, self.place.stage_idx)
+        self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s)
+        layers = list(workload.layers[stage.layer_start : stage.layer_stop])
+        recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
+        times = None
+        if options.emulate:
+            times = emulated_times(plan, profile)[stage.layer_start : stage.layer_stop]
+        self.module = StageModule(layers, recompute, times).to(device)
+        mb_inputs, _ = self._replica_batch(0)
+        example_in, example_out = _boundary_examples(
+            workload, stage.layer_start, stage.layer_stop, self._first_microbatch(mb_inputs)
+        )
+        self.pipe_stage = TimedStage(
+            self.module,
+            self.place.stage_idx,
+            plan.num_stages,
+            device,
+            input_args=_as_args(example_in) if self.place.stage_idx == 0 else _grad_examples(example_in),
+            output_args=_grad_examples(example_out),
+            group=self.groups.pipeline,
+        )
+        num_mb = plan.num_microbatches
+        loss_fn: Callable[[Any, Any], Any] = lambda out, target: workload.loss_fn(out, target) / num_mb
+        schedule_cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
+        self.schedule = schedule_cls(self.pipe_stage, num_mb, loss_fn=loss_fn, scale_grads=False)
+        tied_ids = {id(p) for p in self.tied_params if p is not None}
+        params = list(self.module.parameters())
+        self.dp_hooks = None
+        if self.groups.data_parallel is not None:
+            dp_params = [p for p in params if id(p) not in tied_ids]
+            self.dp_hooks = DataParallelHooks(dp_params, self.groups.data_parallel, plan.dp_degree)
+        self.optimizer = _make_optimizer(options, params)
+
+    def _first_microbatch(self, inputs: Any) -> Any:
+        b = self.plan.microbatch_size
+        if isinstance(inputs, tuple):
+            return tuple(t[:b] for t in inputs)
+        return inputs[:b]
+
+    def _replica_batch(self, step_idx: int) -> tuple[Any, Any]:
+        plan = self.plan
+        inputs, targets = self.workload.make_batch(plan.global_batch, self.options.seed + step_idx)
+        per_replica = plan.num_microbatches * plan.microbatch_size
+        lo, hi = self.place.replica * per_replica, (self.place.replica + 1) * per_replica
+
+        def take(value: Any) -> Any:
+            if isinstance(value, tuple):
+                return tuple(take(v) for v in value)
+            return value[lo:hi].to(self.device)
+
+        return cast_batch(take(inputs), self.options.dtype), take(targets)
+
+    def resume(self) -> int:
+        return ckpt.load_checkpoint(self.options.checkpoint_dir, self.place.stage_idx, self.module, self.optimizer)
+
+    def _run_schedule(self, step_idx: int) -> float:
+        """One iteration of the schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""
+        inputs, targets = self._replica_batch(step_idx)
+        losses: list[torch.Tensor] = []
+        if self.pipe_stage.is_first and self.pipe_stage.is_last:
+            self.schedule.step(*_as_args(inputs), target=targets, losses=losses, return_outputs=False)
+        elif self.pipe_stage.is_first:
+            self.schedule.step(*_as_args(inputs), return_outputs=False)
+        elif self.pipe_stage.is_last:
+            self.schedule.step(target=targets, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(return_outputs=False)
+        return float(sum(loss.detach().double() for loss in losses)) if losses else 0.0
+
+    def train_step(self, step_idx: int) -> StepMeasure:
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.barrier()
+        start = time.perf_counter()
+        if self.dp_hooks is not None:
+            self.dp_hooks.start_iteration(self.plan.num_microbatches)
+        loss_sum = self._run_schedule(step_idx)
+        if self.dp_hooks is not None:
+            self.dp_hooks.finish_iteration()
+        sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
+        self.optimizer.step()
+        wall_ms = (time.perf_counter() - start) * 1000.0
+        stats = torch.tensor([loss_sum, wall_ms], dtype=torch.float64)
+        loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
+        dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
+        return StepMeasure(step_idx=step_idx, loss=float(loss_t) / self.plan.dp_degree, wall_ms=float(wall_t))
+
+    def run(self) -> RankMeasure:
+        options = self.options
+        start_step = self.resume() if options.resume else 0
+        steps: list[StepMeasure] = []
+        compute_ms: list[float] = []
+        wall_ms: list[float] = []
+        peak = 0
+        for step_idx in range(start_step, options.num_steps):
+            _maybe_fault(options, self.place.rank, step_idx)
+            self.pipe_stage.compute_s = 0.0
+            self.module.meter.reset_peak()
+            measure = self.train_step(step_idx)
+            steps.append(measure)
+            if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
+                compute_ms.append(self.pipe_stage.compute_s * 1000.0)
+                wall_ms.append(measure.wall_ms)
+            peak = max(peak, self.module.meter.peak_bytes)
+            done = step_idx + 1
+            if options.checkpoint_every and done % options.checkpoint_every == 0:
+                ckpt.save_checkpoint(
+                    options.checkpoint_dir, done, self.place.stage_idx, self.place.replica, self.module, self.optimizer
+                )
+        compute = statistics.fmean(compute_ms) if compute_ms else 0.0
+        wall = statistics.fmean(wall_ms) if wall_ms else 0.0
+        cuda_peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
+        return RankMeasure(
+            steps=tuple(steps),
+            compute_ms=compute,
+            idle_ms=max(0.0, wall - compute),
+            saved_bytes_peak=peak,
+            cuda_peak_bytes=int(cuda_peak),
+        )

@@ -1,0 +1,60 @@
+"""Runtime options: what ``python -m planner.runtime`` is asked to do, as one frozen value."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class RuntimeOptimizer(enum.Enum):
+    SGD = "sgd"
+    ADAMW = "adamw"
+
+
+class FaultKind(enum.Enum):
+    """A deliberate failure, for testing fail-fast and resume: raise, or SIGKILL itself."""
+
+    NONE = "none"
+    RAISE = "raise"
+    KILL = "kill"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeOptions:
+    plan_path: str
+    model_spec: str
+    num_steps: int = 3
+    report_path: str = ""
+    emulate: bool = field(default=False, metadata={"doc": "layers sleep their profiled fwd/bwd time"})
+    profile_path: str = field(default="", metadata={"doc": "per-layer times for --emulate; else the plan's"})
+    timeout_s: float = 60.0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    resume: bool = False
+    dtype: str = "float32"
+    optimizer: RuntimeOptimizer = RuntimeOptimizer.SGD
+    lr: float = 0.01
+    seed: int = 0
+    warmup_steps: int = field(default=1, metadata={"doc": "steps left out of the timing summary"})
+    fault: FaultKind = FaultKind.NONE
+    fault_rank: int = 0
+    fault_step: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"--steps must be >= 1 (got {self.num_steps})")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"--timeout-s must be > 0 (got {self.timeout_s})")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every needs --checkpoint-dir")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"--dtype must be float32 or float64 (got {self.dtype!r})")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"--lr must be > 0 (got {self.lr})")
+        if self.warmup_steps < 0:
+            raise ValueError(f"--warmup-steps must be >= 0 (got {self.warmup_steps})")

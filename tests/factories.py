@@ -1,0 +1,228 @@
+"""Tiny workloads and hand-built plans for the runtime tests (``tests.factories:<name>`` specs).
+
+Each factory takes no arguments (the runtime seeds the global RNG before calling it) and
+returns a float32 Workload; the runtime casts it to ``--dtype``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance, StageMemory
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.workload import Workload
+
+WIDTH = 8
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out, target.to(out.dtype))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+def mlp() -> Workload:
+    """Four tanh blocks and a linear head: the plain chain."""
+    layers = tuple([Block(WIDTH) for _ in range(4)] + [nn.Linear(WIDTH, 4)])
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, WIDTH, generator=g), torch.randn(batch_size, 4, generator=g)
+
+    return Workload(
+        name="mlp",
+        layers=layers,
+        layer_names=tuple(f"block{i}" for i in range(4)) + ("head",),
+        make_batch=make_batch,
+        loss_fn=_mse,
+    )
+
+
+class Fork(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.fc(x))
+        return h, h
+
+
+class Carry(nn.Module):
+    """Transforms the main path, carries the skip tensor along."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h, skip = hx
+        return torch.tanh(self.fc(h)), skip
+
+
+class Join(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, 4)
+
+    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h, skip = hx
+        return self.fc(h + skip)
+
+
+def skip() -> Workload:
+    """A skip connection spanning three layers: tuples cross the stage boundaries."""
+    layers = (Fork(), Carry(), Carry(), Carry(), Join())
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, WIDTH, generator=g), torch.randn(batch_size, 4, generator=g)
+
+    return Workload(
+        name="skip",
+        layers=layers,
+        layer_names=("fork", "carry1", "carry2", "carry3", "join"),
+        make_batch=make_batch,
+        loss_fn=_mse,
+    )
+
+
+VOCAB = 16
+SEQ = 4
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, WIDTH)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens)
+
+
+class Head(nn.Module):
+    def __init__(self, tied: nn.Parameter) -> None:
+        super().__init__()
+        self.proj = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.proj.weight = tied
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+def tiny_gpt() -> Workload:
+    """Embedding, three residual blocks, a head tied to the embedding."""
+    embed = Embed()
+    layers = (embed, Block(WIDTH), Block(WIDTH), Block(WIDTH), Head(embed.tok.weight))
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        tokens = torch.randint(0, VOCAB, (batch_size, SEQ + 1), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+    return Workload(
+        name="tiny-gpt",
+        layers=layers,
+        layer_names=("embed", "block0", "block1", "block2", "head"),
+        make_batch=make_batch,
+        loss_fn=loss_fn,
+        tied=(((0, "tok.weight"), (4, "proj.weight")),),
+    )
+
+
+FACTORIES = {"mlp": mlp, "skip": skip, "tiny_gpt": tiny_gpt}
+
+
+def _memory() -> StageMemory:
+    return StageMemory(
+        param_bytes=0, grad_bytes=0, optimizer_bytes=0, activation_bytes=0, recompute_workspace_bytes=0, buffer_bytes=0
+    )
+
+
+def make_plan(
+    layer_names: tuple[str, ...],
+    boundaries: tuple[int, ...],
+    *,
+    dp_degree: int = 1,
+    num_microbatches: int = 2,
+    microbatch_size: int = 2,
+    schedule: ScheduleKind = ScheduleKind.GPIPE,
+    recompute: bool = False,
+    fingerprint: str = "",
+    model: str = "test",
+) -> Plan:
+    """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
+    every stage but the last recomputes all its layers (the last recomputes its first)."""
+    cuts = (0, *boundaries, len(layer_names))
+    num_stages = len(cuts) - 1
+    stages = []
+    for s in range(num_stages):
+        start, stop = cuts[s], cuts[s + 1]
+        rc = tuple(range(start, stop)) if recompute and s < num_stages - 1 else ((start,) if recompute else ())
+        stages.append(
+            PlanStage(
+                stage_idx=s,
+                layer_start=start,
+                layer_stop=stop,
+                layer_names=layer_names[start:stop],
+                ranks=tuple(s * dp_degree + r for r in range(dp_degree)),
+                recompute=rc,
+                inflight_microbatches=num_microbatches,
+                activation_bytes_per_microbatch=0,
+                fwd_ms=0.0,
+                bwd_ms=0.0,
+                recompute_ms=0.0,
+                send_fwd_ms=0.0,
+                send_bwd_ms=0.0,
+                allreduce_ms=0.0,
+                memory=_memory(),
+                memory_total_bytes=0,
+                memory_cap_bytes=0,
+            )
+        )
+    global_batch = num_microbatches * microbatch_size * dp_degree
+    return Plan(
+        provenance=Provenance(
+            model=model,
+            profile_sha256="",
+            cluster_name="local-cpu",
+            cluster_sha256="",
+            planner_version="test",
+            solver="hand",
+            request=PlanRequest(global_batch=global_batch, num_devices=num_stages * dp_degree),
+            fingerprint_sha256=fingerprint,
+        ),
+        num_stages=num_stages,
+        dp_degree=dp_degree,
+        num_microbatches=num_microbatches,
+        microbatch_size=microbatch_size,
+        global_batch=global_batch,
+        schedule=schedule,
+        stages=tuple(stages),
+        predicted=Prediction(
+            iteration_ms=0.0,
+            throughput_samples_per_s=0.0,
+            peak_memory_bytes=0,
+            bubble_fraction=0.0,
+            exposed_allreduce_ms=0.0,
+            lower_bound_ms=0.0,
+        ),
+    )
