@@ -42,7 +42,7 @@ class PlanRequest:
     """A planning request. Defaults give the fastest plan that fits with 10% headroom."""
 
     global_batch: int = 512
-    num_devices: int = 8
+    num_devices: int = field(default=0, metadata={"doc": "devices to plan for; 0 = every device of the cluster"})
     objective: Objective = Objective.TIME
     schedules: tuple[ScheduleKind, ...] = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
     microbatch_sizes: tuple[int, ...] = field(
@@ -62,8 +62,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if self.global_batch < 1:
             raise ValueError(f"global_batch must be >= 1 (got {self.global_batch})")
-        if self.num_devices < 1:
-            raise ValueError(f"num_devices must be >= 1 (got {self.num_devices})")
+        if self.num_devices < 0:
+            raise ValueError(f"num_devices must be >= 1, or 0 for the whole cluster (got {self.num_devices})")
         if not self.schedules:
             raise ValueError("schedules must name at least one schedule")
         if any(b < 1 for b in self.microbatch_sizes):

@@ -56,8 +56,16 @@ class StageTable:
     """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size and
     memory cap, per in-flight count ``k``; shared across P and schedules."""
 
-    def __init__(self, cm: CostModel, microbatch_size: int, cap_bytes: float, fixed_boundaries: Sequence[int] = ()):
+    def __init__(
+        self,
+        cm: CostModel,
+        microbatch_size: int,
+        cap_bytes: float,
+        fixed_boundaries: Sequence[int] = (),
+        allow_recompute: bool = True,
+    ):
         self.cm = cm
+        self.allow_recompute = allow_recompute
         self.b = microbatch_size
         self.cap = cap_bytes
         L = cm.num_layers
@@ -95,6 +103,9 @@ class StageTable:
             return self._tables[inflight]
         excess = self.static + inflight * self.act - self.cap
         table = np.where(excess <= 0, self.compute, INF)
+        if not self.allow_recompute:
+            self._tables[inflight] = table
+            return table
         # pairs that do not fit as they are but might with recomputation
         gains = np.maximum(self.saved - self.inputs, 0.0)
         gp = np.concatenate([[0.0], np.cumsum(gains)])

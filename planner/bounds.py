@@ -1,0 +1,136 @@
+"""Lower bounds on a plan's iteration time, and the memory-efficiency (ME) index.
+
+Notation (DESIGN.md section 5): ``M`` micro-batches, ``R`` pipeline ranks, stage ``s`` does
+``w_s = F_s + RC_s + B_s`` of compute per micro-batch.
+
+- average work: ``M x sum_s w_s / R`` -- the total work of one data-parallel replica spread
+  over its ``R`` devices (all replicas are identical, so this is total work / devices);
+- busiest rank: ``M x sum_{s on r} w_s`` (= the stage's work when ``v = 1``);
+- critical path through stage ``s``: micro-batch 0 must cross the stages before ``s``
+  forward (``sum_{s'<s} F + send``) before ``s`` can start, ``s`` then works ``M x w_s``, and
+  after its last backward that micro-batch's gradient must still cross the stages before it
+  (``sum_{s'<s} RC + B + send``) -- or ``s``'s own all-reduce must run, whichever is longer.
+  Without communication this is DESIGN's ``max_s [sum_{s'<s} (F + B) + M (F_s + B_s)]``;
+  communication and the all-reduce only tighten it. (Alpa, Zheng et al. 2022, uses the same
+  ``M x`` bottleneck argument in its stage construction.)
+
+The simulator can never beat the largest of these (tests check it on random stages).
+
+ME index (the seed, TPDS 35(4) 2024): ``(throughput / reference throughput) /
+(peak memory / reference peak memory)``; +80% throughput at -57% memory gives 1.80/0.43 = 4.19.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.artifacts.plan import Plan
+from planner.errors import PlannerInputError
+
+__all__ = ["LowerBounds", "lower_bound_ms", "lower_bounds", "lower_bounds_from_arrays", "me_index", "me_index_of"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LowerBounds:
+    average_work_ms: float
+    busiest_rank_ms: float
+    critical_path_ms: float
+    critical_stage_idx: int  # the stage that attains ``critical_path_ms``
+
+    @property
+    def lower_bound_ms(self) -> float:
+        return max(self.average_work_ms, self.busiest_rank_ms, self.critical_path_ms)
+
+
+def lower_bounds_from_arrays(
+    num_microbatches: int,
+    fwd_ms: Sequence[float],
+    bwd_ms: Sequence[float],
+    recompute_ms: Sequence[float] | None = None,
+    send_fwd_ms: Sequence[float] | None = None,
+    send_bwd_ms: Sequence[float] | None = None,
+    allreduce_ms: Sequence[float] | None = None,
+    virtual_stages_per_rank: int = 1,
+) -> LowerBounds:
+    """The bounds over per-stage arrays (``bwd_ms`` excludes ``recompute_ms``)."""
+    n = len(fwd_ms)
+    if n == 0 or num_microbatches < 1 or virtual_stages_per_rank < 1 or n % virtual_stages_per_rank:
+        raise PlannerInputError(
+            f"bounds need >= 1 stage, M >= 1 and stages divisible by v "
+            f"(got {n} stages, M={num_microbatches}, v={virtual_stages_per_rank})"
+        )
+    zeros = [0.0] * n
+    rc = recompute_ms if recompute_ms is not None else zeros
+    sf = send_fwd_ms if send_fwd_ms is not None else zeros
+    sb = send_bwd_ms if send_bwd_ms is not None else zeros
+    ar = allreduce_ms if allreduce_ms is not None else zeros
+    m = num_microbatches
+    ranks = n // virtual_stages_per_rank
+    work = [fwd_ms[s] + rc[s] + bwd_ms[s] for s in range(n)]
+    rank_work = [0.0] * ranks
+    for s in range(n):
+        rank_work[s % ranks] += work[s]
+    best, best_s = -1.0, 0
+    fwd_prefix = bwd_prefix = 0.0  # over stages < s, with the transfers between them and s
+    for s in range(n):
+        path = fwd_prefix + m * work[s] + max(bwd_prefix, ar[s])
+        if path > best:
+            best, best_s = path, s
+        fwd_prefix += fwd_ms[s] + sf[s]
+        bwd_prefix += rc[s] + bwd_ms[s] + (sb[s + 1] if s + 1 < n else 0.0)
+    return LowerBounds(
+        average_work_ms=m * sum(work) / ranks,
+        busiest_rank_ms=m * max(rank_work),
+        critical_path_ms=best,
+        critical_stage_idx=best_s,
+    )
+
+
+def lower_bounds(plan: Plan) -> LowerBounds:
+    """The bounds of ``plan``'s stages."""
+    st = plan.stages
+    return lower_bounds_from_arrays(
+        plan.num_microbatches,
+        [s.fwd_ms for s in st],
+        [s.bwd_ms for s in st],
+        [s.recompute_ms for s in st],
+        [s.send_fwd_ms for s in st],
+        [s.send_bwd_ms for s in st],
+        [s.allreduce_ms for s in st],
+        plan.virtual_stages_per_rank,
+    )
+
+
+def lower_bound_ms(plan: Plan) -> float:
+    return lower_bounds(plan).lower_bound_ms
+
+
+def me_index_of(
+    throughput: float, peak_memory_bytes: float, reference_throughput: float, reference_peak_memory_bytes: float
+) -> float:
+    """``(throughput / reference throughput) / (peak memory / reference peak memory)``."""
+    if min(throughput, peak_memory_bytes, reference_throughput, reference_peak_memory_bytes) <= 0:
+        raise PlannerInputError(
+            "ME index needs positive throughputs and peak memories (got "
+            f"{throughput}, {peak_memory_bytes}, {reference_throughput}, {reference_peak_memory_bytes})"
+        )
+    return (throughput / reference_throughput) / (peak_memory_bytes / reference_peak_memory_bytes)
+
+
+def _throughput_and_peak(plan: Plan) -> tuple[float, float]:
+    """From ``plan.predicted`` when filled in, else from the simulator."""
+    pred = plan.predicted
+    if pred.iteration_ms > 0 and pred.peak_memory_bytes > 0:
+        return plan.global_batch / pred.iteration_ms * 1e3, float(pred.peak_memory_bytes)
+    from planner.simulate import simulate
+
+    timeline = simulate(plan)
+    return plan.global_batch / timeline.iteration_ms * 1e3, float(timeline.peak_memory_bytes)
+
+
+def me_index(plan: Plan, reference_plan: Plan) -> float:
+    """The ME index of ``plan`` against ``reference_plan`` (samples/s over peak bytes per device)."""
+    thr, peak = _throughput_and_peak(plan)
+    ref_thr, ref_peak = _throughput_and_peak(reference_plan)
+    return me_index_of(thr, peak, ref_thr, ref_peak)

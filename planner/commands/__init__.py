@@ -1,0 +1,1 @@
+"""One module per ``planner`` subcommand; each exposes ``register(subparsers)``."""

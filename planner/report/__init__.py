@@ -1,0 +1,1 @@
+"""Reports: plan tables, comparisons and figures (no torch)."""

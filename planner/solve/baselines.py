@@ -1,0 +1,154 @@
+"""Baseline partitioners, each producing a Plan scored by the same simulator as ours.
+
+Every baseline searches the same configurations as the DP (P x D = N, micro-batch size,
+schedule) and differs only in how it cuts the layers:
+
+- ``uniform``: equal layer counts per stage (DeepSpeed ``partition_method="uniform"``);
+- ``parameters``: least maximum parameter count per stage (DeepSpeed ``"parameters"``);
+- ``time-balanced``: least maximum forward + backward time per stage (torchgpipe's
+  ``balance_by_time``; here solved exactly as a min-max contiguous partition);
+- ``pipedream``: PipeDream's objective (Narayanan et al. SOSP'19, sec. 3.1): least slowest
+  stage, where a stage's time is the larger of its compute and its boundary communication
+  plus its share of the weight synchronisation ``4 (r - 1) |w| / (r B)``, no micro-batching
+  term, no recomputation;
+- ``data-parallel``: one stage, every device a replica.
+
+No baseline chooses recomputation per layer: when a stage does not fit, it recomputes every
+layer of the stage (activation checkpointing as DeepSpeed and GPipe apply it), or the
+configuration is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel, link_of, p2p_ms
+from planner.errors import InfeasibleError
+from planner.solve.build import build_plan, memory_cap_bytes
+from planner.solve.chain_dp import inflight_counts
+from planner.solve.search import DP_SCHEDULES, configurations, microbatch_sizes, num_devices_of, select
+
+# weights(cm, b, P, D) -> per-(i, j) stage weight matrix whose max over stages is minimised
+WeightFn = Callable[[CostModel, int, int, int], np.ndarray]
+
+
+def minmax_partition(weight: np.ndarray, num_stages: int) -> tuple[int, ...] | None:
+    """Contiguous partition of L layers into P stages minimising the largest ``weight[i, j]``.
+
+    ``g[s][i] = min_j max(weight[i, j], g[s + 1][j])``, ties to the earliest cut.
+    """
+    L = weight.shape[0] - 1
+    if num_stages > L:
+        return None
+    g = np.full(L + 1, np.inf)
+    g[L] = 0.0
+    args = []
+    idx = np.arange(L + 1)
+    upper = idx[None, :] > idx[:, None]
+    for _ in range(num_stages):
+        cand = np.where(upper, np.maximum(weight, g[None, :]), np.inf)
+        arg = np.argmin(cand, axis=1)
+        g = cand[idx, arg]
+        args.append(arg)
+    args.reverse()
+    if not np.isfinite(g[0]):
+        return None
+    bounds, i = [], 0
+    for s in range(num_stages):
+        bounds.append(i)
+        i = int(args[s][i])
+    return tuple(bounds)
+
+
+def _prefix_weight(values: np.ndarray) -> np.ndarray:
+    p = np.concatenate([[0.0], np.cumsum(values)])
+    return p[None, :] - p[:, None]
+
+
+def _uniform(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    return _prefix_weight(np.ones(cm.num_layers))
+
+
+def _parameters(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    return _prefix_weight(cm.param_count.astype(float))
+
+
+def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    fwd, bwd = cm.layer_times(b)
+    return _prefix_weight(fwd + bwd)
+
+
+def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    fwd, bwd = cm.layer_times(b)
+    compute = _prefix_weight(fwd + bwd)
+    bw, lat = link_of(cm.cluster, 0, D) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
+    comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cm.cut_bytes_per_sample])
+    comm = comm_in[:, None] + comm_in[None, :]
+    params = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param
+    if D > 1:
+        sync = 4.0 * (D - 1) * params / (D * cm.cluster.intra_node_bandwidth_gb_per_s * 1e9) * 1e3
+    else:
+        sync = np.zeros_like(params)
+    return np.maximum(compute, comm) + sync
+
+
+WEIGHTS: dict[str, WeightFn] = {
+    "uniform": _uniform,
+    "parameters": _parameters,
+    "time-balanced": _time,
+    "pipedream": _pipedream,
+}
+
+
+def _recompute_if_needed(cm: CostModel, bounds, b: int, ks, cap: float) -> list[tuple[int, ...]] | None:
+    stops = list(bounds[1:]) + [cm.num_layers]
+    out = []
+    for s, (start, stop) in enumerate(zip(bounds, stops)):
+        if cm.stage_memory(start, stop, (), b, ks[s]).total_bytes <= cap:
+            out.append(())
+            continue
+        everything = tuple(range(start, stop))
+        if cm.stage_memory(start, stop, everything, b, ks[s]).total_bytes <= cap:
+            out.append(everything)
+        else:
+            return None
+    return out
+
+
+def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, name: str) -> Plan:
+    """The best plan (by simulation) that baseline ``name`` finds over all configurations."""
+    num_devices = num_devices_of(cluster, request)
+    cm = CostModel(profile, cluster, request.optimizer)
+    cap = memory_cap_bytes(cluster, request)
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    pairs = list(configurations(cm.num_layers, num_devices, request))
+    if name == "data-parallel":
+        pairs = [(P, D) for P, D in pairs if P == 1]
+    plans: list[Plan] = []
+    for P, D in pairs:
+        per_replica = request.global_batch // D
+        for b in microbatch_sizes(request, per_replica):
+            M = per_replica // b
+            bounds = (0,) if P == 1 else minmax_partition(WEIGHTS[name](cm, b, P, D), P)
+            if bounds is None:
+                continue
+            for schedule in schedules:
+                ks = inflight_counts(schedule, P, M)
+                rc = _recompute_if_needed(cm, bounds, b, ks, cap)
+                if rc is None:
+                    continue
+                plans.append(
+                    build_plan(
+                        cm, request, boundaries=bounds, recompute=rc, dp_degree=D,
+                        microbatch_size=b, schedule=schedule, solver=name,
+                    )
+                )
+    if not plans:
+        raise InfeasibleError(f"baseline {name!r}: no configuration fits in {cap / 1024**3:.2f} GiB per device")
+    return select(plans, request)

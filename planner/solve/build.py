@@ -1,0 +1,128 @@
+"""Assemble a Plan from a partition: price every stage with the cost model, then replay the
+schedule in the event simulator for the plan's ``predicted`` figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Sequence
+
+from planner import __version__, codec
+from planner.artifacts.cluster import Cluster, cluster_to_json
+from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance
+from planner.artifacts.profile import profile_to_json
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.cost import CostModel, stage_ranks
+from planner.solve.chain_dp import inflight_counts
+
+
+_SHAS: "weakref.WeakKeyDictionary[CostModel, tuple[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def artifact_shas(cm: CostModel) -> tuple[str, str]:
+    """sha256 of the canonical JSON of the profile and the cluster (computed once per model)."""
+    if cm not in _SHAS:
+        _SHAS[cm] = (codec.sha256_of(profile_to_json(cm.profile)), codec.sha256_of(cluster_to_json(cm.cluster)))
+    return _SHAS[cm]
+
+
+def memory_cap_bytes(cluster: Cluster, request: PlanRequest) -> int:
+    """The per-device memory the plan may use: an explicit cap, or device memory less headroom."""
+    if request.memory_cap_bytes:
+        return request.memory_cap_bytes
+    return int(cluster.device_memory_bytes * (1.0 - request.memory_headroom_fraction))
+
+
+def build_plan(
+    cm: CostModel,
+    request: PlanRequest,
+    *,
+    boundaries: Sequence[int],
+    recompute: Sequence[Sequence[int]],
+    dp_degree: int,
+    microbatch_size: int,
+    schedule: ScheduleKind,
+    solver: str,
+) -> Plan:
+    """A complete Plan (stages priced, predictions from the simulator) for one partition.
+
+    ``boundaries`` are the stage start layers (the first is 0); ``recompute`` the recomputed
+    layer indices of each stage.
+    """
+    profile, cluster = cm.profile, cm.cluster
+    num_stages = len(boundaries)
+    global_batch = request.global_batch
+    num_microbatches = global_batch // (dp_degree * microbatch_size)
+    ks = inflight_counts(schedule, num_stages, num_microbatches)
+    stops = list(boundaries[1:]) + [cm.num_layers]
+    cap = memory_cap_bytes(cluster, request)
+    stages = []
+    for s, (start, stop) in enumerate(zip(boundaries, stops)):
+        rc = tuple(sorted(recompute[s]))
+        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, dp_degree)
+        stages.append(
+            PlanStage(
+                stage_idx=s,
+                layer_start=start,
+                layer_stop=stop,
+                layer_names=profile.layer_names[start:stop],
+                ranks=stage_ranks(s, dp_degree),
+                recompute=rc,
+                inflight_microbatches=ks[s],
+                activation_bytes_per_microbatch=cost.activation_bytes_per_microbatch,
+                fwd_ms=cost.fwd_ms,
+                bwd_ms=cost.bwd_ms,
+                recompute_ms=cost.recompute_ms,
+                send_fwd_ms=cost.send_fwd_ms,
+                send_bwd_ms=cost.send_bwd_ms,
+                allreduce_ms=cost.allreduce_ms,
+                memory=cost.memory,
+                memory_total_bytes=cost.memory.total_bytes,
+                memory_cap_bytes=cap,
+            )
+        )
+    provenance = Provenance(
+        model=profile.model,
+        profile_sha256=artifact_shas(cm)[0],
+        cluster_name=cluster.name,
+        cluster_sha256=artifact_shas(cm)[1],
+        planner_version=__version__,
+        solver=solver,
+        request=request,
+        fingerprint_sha256=profile.fingerprint_sha256,
+    )
+    draft = Plan(
+        provenance=provenance,
+        num_stages=num_stages,
+        dp_degree=dp_degree,
+        num_microbatches=num_microbatches,
+        microbatch_size=microbatch_size,
+        global_batch=global_batch,
+        schedule=schedule,
+        stages=tuple(stages),
+        predicted=Prediction(
+            iteration_ms=0.0,
+            throughput_samples_per_s=0.0,
+            peak_memory_bytes=max(st.memory_total_bytes for st in stages),
+            bubble_fraction=0.0,
+            exposed_allreduce_ms=0.0,
+            lower_bound_ms=0.0,
+        ),
+    )
+    return dataclasses.replace(draft, predicted=predict(draft, cm))
+
+
+def predict(plan: Plan, cm: CostModel) -> Prediction:
+    """The plan's predicted figures, from the event simulator and the lower bounds."""
+    from planner.bounds import lower_bound_ms
+    from planner.simulate import simulate
+
+    timeline = simulate(plan)
+    return Prediction(
+        iteration_ms=timeline.iteration_ms,
+        throughput_samples_per_s=plan.global_batch / (timeline.iteration_ms / 1e3) if timeline.iteration_ms > 0 else 0.0,
+        peak_memory_bytes=int(timeline.peak_memory_bytes),
+        bubble_fraction=timeline.bubble_fraction,
+        exposed_allreduce_ms=timeline.exposed_allreduce_ms,
+        lower_bound_ms=lower_bound_ms(plan),
+    )

@@ -1,0 +1,86 @@
+"""Why a request cannot be planned, and the cheapest changes that would make it fit."""
+
+from __future__ import annotations
+
+import math
+
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.cost import CostModel
+from planner.errors import InfeasibleError
+from planner.solve.chain_dp import StageTable, solve_chain
+
+
+def _fits(cm: CostModel, request: PlanRequest, cap: float, P: int, b: int, recompute: bool) -> bool:
+    table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute)
+    M = max(1, request.global_batch // b)
+    return solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=M, schedule=ScheduleKind.ONE_F_ONE_B) is not None
+
+
+def least_cap_bytes(cm: CostModel, request: PlanRequest, P: int, b: int, recompute: bool) -> float:
+    """The smallest per-device memory cap under which P stages fit (bisection on the cap)."""
+    lo, hi = 0.0, float(max(1, cm.total_params)) * 64 + 1e12
+    while not _fits(cm, request, hi, P, b, recompute):
+        hi *= 4
+        if hi > 1e22:
+            return math.inf
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if _fits(cm, request, mid, P, b, recompute):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < 1e6:
+            break
+    return hi
+
+
+def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, cap: float) -> InfeasibleError:
+    """An InfeasibleError naming the tightest stage, the bytes over, and what would fit."""
+    P = min(num_devices, cm.num_layers)
+    if request.max_stages:
+        P = min(P, request.max_stages)
+    b = min(request.microbatch_sizes or (1,))
+    need = least_cap_bytes(cm, request, P, b, request.recompute)
+    gib = 1024**3
+    if not math.isfinite(need):
+        return InfeasibleError("no partition of this profile fits any memory cap (check the profile's sizes)")
+    table = StageTable(cm, b, need, request.fixed_boundaries, allow_recompute=request.recompute)
+    sol = solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=max(1, request.global_batch // b),
+                      schedule=ScheduleKind.ONE_F_ONE_B)
+    tight = ""
+    if sol is not None:
+        stops = list(sol.boundaries[1:]) + [cm.num_layers]
+        k = [min(P - s, request.global_batch // b) for s in range(P)]
+        mems = [
+            cm.stage_memory(a, z, sol.recompute[s], b, k[s]).total_bytes for s, (a, z) in enumerate(zip(sol.boundaries, stops))
+        ]
+        s = max(range(P), key=lambda i: mems[i])
+        tight = (
+            f" Tightest stage: stage {s} (layers {sol.boundaries[s]}..{stops[s] - 1}, "
+            f"{cm.profile.layer_names[sol.boundaries[s]]}..{cm.profile.layer_names[stops[s] - 1]}) "
+            f"needs {mems[s] / gib:.2f} GiB."
+        )
+    over = need - cap
+    msg = (
+        f"no plan fits: even with {P} pipeline stages, micro-batch size {b}, 1F1B"
+        f"{' and recomputation' if request.recompute else ''}, a device needs {need / gib:.2f} GiB "
+        f"but the cap is {cap / gib:.2f} GiB ({over / gib:.2f} GiB = {int(over)} bytes over).{tight}"
+    )
+    suggestions = []
+    for mult in (2, 4, 8, 16):
+        more = min(cm.num_layers, P * mult)
+        if more == P:
+            break
+        if least_cap_bytes(cm, request, more, b, request.recompute) <= cap:
+            suggestions.append(f"more devices: {num_devices * mult} (allows {more} pipeline stages)")
+            break
+    if not request.recompute:
+        with_rc = least_cap_bytes(cm, request, P, b, True)
+        if with_rc <= cap:
+            suggestions.append(f"allow recomputation (needs {with_rc / gib:.2f} GiB per device)")
+    if b > 1:
+        suggestions.append("a smaller micro-batch size (--microbatch-sizes 1)")
+    if request.memory_headroom_fraction > 0 and not request.memory_cap_bytes:
+        suggestions.append(f"less memory headroom (now {request.memory_headroom_fraction:.0%})")
+    suggestions.append("a device with more memory, or an optimizer with less state (e.g. --optimizer sgd-fp32)")
+    return InfeasibleError(msg, suggestions=tuple(suggestions))
