@@ -1,0 +1,135 @@
+"""PipeDream graph.txt import: the 14 published profiles, and malformed files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from planner.artifacts.profile import load_profile, profile_to_json
+from planner.cli import main
+from planner.codec import dumps_canonical
+from planner.errors import PlannerInputError
+from planner.graph import cut_bytes_per_sample
+from planner.importers.pipedream import import_pipedream, infer_batch_size, parse_graph
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "pipedream"
+needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"{REFERENCE} not present")
+# batch sizes stated in the reference README (gnmt's and nasnetalarge's are not stated there)
+README_BATCH = {
+    "alexnet": 256, "resnet18": 256, "squeezenet1_0": 256,
+    "vgg16": 128, "resnet50": 128, "resnext50": 128, "inception_v3": 128, "nasnetamobile": 128,
+    "densenet121": 64, "resnet101": 64, "resnext101": 64,
+}
+
+
+def readme_table() -> dict[str, tuple[int, int]]:
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \|$", (REFERENCE / "README.md").read_text(), re.M)
+    return {name: (int(n), int(e)) for name, n, e in rows}
+
+
+@needs_reference
+def test_readme_lists_fourteen_profiles() -> None:
+    table = readme_table()
+    assert len(table) == 14
+    assert sorted(table) == sorted(p.name for p in REFERENCE.iterdir() if (p / "graph.txt").is_file())
+
+
+@needs_reference
+@pytest.mark.parametrize("model", sorted(readme_table()) if REFERENCE.is_dir() else [])
+def test_import_matches_readme_and_round_trips(model: str, tmp_path: Path) -> None:
+    path = REFERENCE / model / "graph.txt"
+    graph = parse_graph(path)
+    assert graph.counts() == readme_table()[model]
+    profile = import_pipedream(path)
+    assert profile.model == model and profile.source == "pipedream"
+    assert (profile.metadata["raw_nodes"], profile.metadata["raw_edges"]) == readme_table()[model]
+    if model in README_BATCH:
+        assert infer_batch_size(graph) == README_BATCH[model]
+    batch = profile.microbatch_sizes[0]
+    # inputs merged into a zero-cost layer 0; every other node is one layer
+    inputs = [n for n in graph.nodes if n.is_input]
+    first = profile.layers[0]
+    assert first.name == "input" and first.fwd_ms(batch) == 0 and first.bwd_ms(batch) == 0
+    assert profile.num_layers == len(graph.nodes) - len(inputs) + 1 - profile.metadata["dropped_getitem_sinks"]
+    by_id = {n.node_id: n for n in graph.nodes}
+    for layer in profile.layers[1:]:
+        node = by_id[layer.name]
+        assert layer.fwd_ms(batch) == pytest.approx(node.fwd_ms)
+        assert layer.bwd_ms(batch) == pytest.approx(node.bwd_ms)
+        assert layer.output_bytes_per_sample * batch == pytest.approx(node.activation_bytes)
+        assert layer.param_bytes == round(node.param_bytes)
+    cuts = cut_bytes_per_sample(profile)
+    assert (cuts[1:-1] > 0).all() or model.startswith("gnmt")
+    saved = tmp_path / f"{model}.json"
+    assert main(["import-pipedream", str(path), "--out", str(saved)]) == 0
+    assert load_profile(saved) == profile
+    assert dumps_canonical(profile_to_json(import_pipedream(path))) == saved.read_text()  # deterministic
+
+
+@needs_reference
+def test_gnmt_tuples_and_getitem_sinks() -> None:
+    graph = parse_graph(REFERENCE / "gnmt" / "graph.txt")
+    lstm = next(n for n in graph.nodes if n.description.startswith("LSTM(2048"))
+    assert lstm.activation_parts_bytes == (6291456.0, 131072.0, 131072.0)
+    assert infer_batch_size(graph) == 32
+    profile = import_pipedream(REFERENCE / "gnmt" / "graph.txt")
+    assert profile.metadata["merged_inputs"] == 3 and profile.metadata["dropped_getitem_sinks"] == 8
+    assert profile.layers[profile.layer_names.index(lstm.node_id)].output_bytes_per_sample == 6553600.0 / 32
+    assert import_pipedream(REFERENCE / "gnmt" / "graph.txt", batch_size=64).layers[1].fwd.per_sample_ms == pytest.approx(
+        profile.layers[1].fwd.per_sample_ms / 2
+    )
+
+
+GOOD = (
+    "node1 -- Input -- forward_compute_time=5.0, backward_compute_time=0.000, activation_size=1204224.0, parameter_size=0.000\n"
+    "node2 -- Conv2d(3, 8) -- forward_compute_time=2.0, backward_compute_time=4.0, activation_size=[64.0; 64.0], parameter_size=16.0\n"
+    "node3 -- __getitem__(0) -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=64.0, parameter_size=0.0\n"
+    "node4 -- ReLU -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=32.0, parameter_size=0.0\n"
+    "\tnode1 -- node2\n"
+    "\tnode2 -- node4\n"
+    "\tnode2 -- node3\n"
+)
+
+
+def test_small_graph_converts(tmp_path: Path) -> None:
+    path = tmp_path / "graph.txt"
+    path.write_text(GOOD)
+    profile = import_pipedream(path)
+    assert profile.microbatch_sizes == (2,)  # 1204224 bytes = 2 fp32 224x224 RGB images
+    assert profile.layer_names == ("input", "node2", "node4")
+    assert profile.metadata["dropped_getitem_sinks"] == 1
+    assert profile.layers[1].param_count == 4 and profile.layers[1].output_bytes_per_sample == 64.0
+    assert profile.layers[1].input_bytes_per_sample == 1204224.0 / 2
+    assert [(e.src, e.dst, e.bytes_per_sample) for e in profile.edges] == [(0, 1, 602112.0), (1, 2, 64.0)]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (GOOD.replace("node2 -- Conv2d(3, 8) -- ", "node2 Conv2d "), "graph.txt:2: expected 'nodeN"),
+        (GOOD.replace("forward_compute_time=1.0", "forward_compute_time=abc"), "graph.txt:4: forward_compute_time is not a number"),
+        (GOOD.replace(", parameter_size=0.0\n\t", "\n\t"), "graph.txt:4: node node4 lacks parameter_size"),
+        (GOOD + "\tnode4 -- node9\n", "graph.txt:8: edge names unknown node node9"),
+        (GOOD + "\tnode4 -- \n", "graph.txt:8: expected an edge"),
+        (GOOD.replace("node3 --", "node2 --", 1), "graph.txt:3: node node2 is defined twice"),
+        (GOOD + "\tnode4 -- node2\n", "graph.txt: the graph has a cycle"),
+        ("", "graph.txt: no nodes"),
+        (GOOD.replace("activation_size=1204224.0", "activation_size=1000.0"), "cannot infer the batch size"),
+        (GOOD.replace("activation_size=32.0", "activation_size=-3"), "graph.txt:4: activation_size must be finite"),
+    ],
+)
+def test_malformed_files_name_file_and_line(text: str, words: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "graph.txt"
+    path.write_text(text)
+    with pytest.raises(PlannerInputError, match=re.escape(words)):
+        import_pipedream(path)
+    assert main(["import-pipedream", str(path), "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(path) in err
+
+
+def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(PlannerInputError, match="cannot read"):
+        import_pipedream(tmp_path / "nope.txt")
