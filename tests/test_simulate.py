@@ -1,0 +1,173 @@
+"""The event simulator against closed forms and hand-computed timelines."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.artifacts.request import ScheduleKind
+from planner.errors import PlannerInputError
+from planner.simulate import SegmentKind, simulate, simulate_iteration_ms
+from tests.plan_factory import make_plan
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
+
+small_ms = st.integers(min_value=0, max_value=9).map(float)
+
+
+def low_level(kind, m, fwd, bwd, *, rc=None, sf=None, sb=None, ar=None, v=1):
+    z = [0.0] * len(fwd)
+    return simulate_iteration_ms(kind, m, fwd, bwd, rc or z, sf or z, sb or z, ar or z, virtual_stages_per_rank=v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    stages=st.lists(st.tuples(small_ms, small_ms), min_size=1, max_size=6),
+    m=st.integers(min_value=1, max_value=10),
+)
+def test_gpipe_without_communication_is_its_closed_form(stages, m):
+    fwd = [f for f, _ in stages]
+    bwd = [b for _, b in stages]
+    closed = sum(fwd) + (m - 1) * max(fwd) + sum(bwd) + (m - 1) * max(bwd)
+    assert low_level(GPIPE, m, fwd, bwd) == closed
+    assert simulate(make_plan(GPIPE, m, fwd, bwd)).iteration_ms == closed
+
+
+def test_gpipe_closed_form_by_hand():
+    # F = (1, 3, 2), B = (2, 5, 1), M = 4: 6 + 3 x 3 + 8 + 3 x 5 = 38
+    assert low_level(GPIPE, 4, [1.0, 3.0, 2.0], [2.0, 5.0, 1.0]) == 38.0
+
+
+@pytest.mark.parametrize("p, m", [(1, 1), (1, 5), (2, 2), (3, 7), (4, 4), (4, 9), (6, 16)])
+@pytest.mark.parametrize("f, b", [(1.0, 2.0), (3.0, 3.0), (2.0, 0.5)])
+def test_1f1b_uniform_is_m_plus_p_minus_1_times_f_plus_b(p, m, f, b):
+    expected = (m + p - 1) * (f + b)
+    assert low_level(ONE_F_ONE_B, m, [f] * p, [b] * p) == expected
+    timeline = simulate(make_plan(ONE_F_ONE_B, m, [f] * p, [b] * p))
+    assert timeline.iteration_ms == expected
+    assert timeline.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p, m", [(1, 3), (3, 1), (4, 4), (4, 10), (5, 3)])
+def test_peak_inflight_is_m_for_gpipe(p, m):
+    timeline = simulate(make_plan(GPIPE, m, [1.0] * p, [2.0] * p))
+    assert [s.peak_inflight_microbatches for s in timeline.stages] == [m] * p
+
+
+@pytest.mark.parametrize("p, m", [(1, 3), (4, 4), (4, 10), (6, 7)])
+def test_peak_inflight_is_min_p_minus_s_m_for_1f1b(p, m):
+    # uneven stage times must not change the count
+    timeline = simulate(make_plan(ONE_F_ONE_B, m, [1.0 + s % 3 for s in range(p)], [2.0 + s % 2 for s in range(p)]))
+    assert [s.peak_inflight_microbatches for s in timeline.stages] == [min(p - s, m) for s in range(p)]
+
+
+def test_memory_over_time_and_peak_by_hand():
+    # 1F1B, P = 3, M = 4; static 4000 B, 1000 B per micro-batch; stage 0 recomputes (+300 B workspace).
+    plan = make_plan(
+        ONE_F_ONE_B, 4, [1.0] * 3, [2.0] * 3, recompute_ms=[0.5, 0.0, 0.0], workspace_bytes=[300, 0, 0]
+    )
+    timeline = simulate(plan)
+    assert [t.peak_bytes for t in timeline.memory] == [4000 + 3 * 1000 + 300, 4000 + 2 * 1000, 4000 + 1000]
+    assert timeline.peak_memory_bytes == 7300
+    trace = timeline.memory[2]  # last stage: F, B, F, B, ... 0 -> 1 -> 0 micro-batches
+    assert trace.bytes_[0] == 4000 and trace.times_ms[0] == 0.0
+    assert set(trace.bytes_) == {4000, 5000}
+    assert trace.bytes_[-1] == 4000  # everything freed at the end
+
+
+def test_recompute_is_its_own_segment_before_the_backward():
+    timeline = simulate(make_plan(GPIPE, 1, [1.0, 1.0], [2.0, 2.0], recompute_ms=[0.5, 0.0]))
+    segs = {(s.kind, s.stage_idx): s for s in timeline.segments()}
+    rc, bw = segs[(SegmentKind.RECOMPUTE, 0)], segs[(SegmentKind.BACKWARD, 0)]
+    # 0F0 [0,1], 1F0 [1,2], 1B0 [2,4], then stage 0 recomputes [4,4.5] and back-props [4.5,6.5]
+    assert (rc.start_ms, rc.end_ms, bw.start_ms, bw.end_ms) == (4.0, 4.5, 4.5, 6.5)
+    assert timeline.iteration_ms == 6.5
+
+
+def test_transfers_delay_dependants_but_take_no_compute():
+    # M = 1: 0F0 [0,1], send 0.25, 1F0 [1.25,3.25], 1B0 [3.25,6.25], send 0.5, 0B0 [6.75,8.75]
+    plan = make_plan(GPIPE, 1, [1.0, 2.0], [2.0, 3.0], send_fwd_ms=[0.25, 9.0], send_bwd_ms=[9.0, 0.5])
+    timeline = simulate(plan)
+    assert timeline.iteration_ms == 8.75
+    assert timeline.rank_busy_ms == (3.0, 5.0)
+    kinds = [s.kind for s in timeline.segments()]
+    assert kinds.count(SegmentKind.SEND_FWD) == 1 and kinds.count(SegmentKind.SEND_BWD) == 1
+
+
+def test_allreduce_hidden_in_the_cooldown_of_earlier_stages():
+    # 1F1B, P = 4, M = 8, F = 1, B = 2: stage s's last backward ends at 33 - 2 s, the pipeline at 33.
+    base = dict(kind=ONE_F_ONE_B, num_microbatches=8, fwd_ms=[1.0] * 4, bwd_ms=[2.0] * 4)
+    hidden = simulate(make_plan(**base, allreduce_ms=[0.0, 0.0, 0.0, 6.0]))  # fits 27 + 6 <= 33
+    assert hidden.stages[3].last_backward_end_ms == 27.0
+    assert hidden.exposed_allreduce_ms == 0.0
+    assert hidden.iteration_ms == 33.0
+    exposed = simulate(make_plan(**base, allreduce_ms=[0.0, 0.0, 0.0, 10.0]))  # 27 + 10 = 37
+    assert exposed.exposed_allreduce_ms == 4.0 and exposed.iteration_ms == 37.0
+    first = simulate(make_plan(**base, allreduce_ms=[1.5, 0.0, 0.0, 0.0]))  # stage 0 ends last: all exposed
+    assert first.exposed_allreduce_ms == 1.5 and first.iteration_ms == 34.5
+
+
+def test_pure_data_parallel_and_single_microbatch():
+    # P = 1 (pure data parallel): 4 x (1 + 2) compute, then the all-reduce
+    timeline = simulate(make_plan(GPIPE, 4, [1.0], [2.0], allreduce_ms=[5.0]))
+    assert timeline.iteration_ms == 17.0 and timeline.exposed_allreduce_ms == 5.0
+    assert timeline.bubble_fraction == 0.0
+    assert simulate(make_plan(ONE_F_ONE_B, 1, [1.0], [2.0])).iteration_ms == 3.0
+    # M = 1 through 3 stages is a single chain
+    assert simulate(make_plan(GPIPE, 1, [1.0, 2.0, 3.0], [4.0, 5.0, 6.0])).iteration_ms == 21.0
+
+
+def test_interleaving_shrinks_the_bubble():
+    # Same per-rank work (F = 2, B = 4 per rank and micro-batch) on 4 ranks, M = 8:
+    # 1F1B: (M + P - 1)(F + B) = 66; interleaved, v = 2: (M + (P - 1)/v)(F + B) = 57.
+    assert low_level(ONE_F_ONE_B, 8, [2.0] * 4, [4.0] * 4) == 66.0
+    timeline = simulate(make_plan(INTERLEAVED, 8, [1.0] * 8, [2.0] * 8, virtual_stages_per_rank=2))
+    assert timeline.iteration_ms == 57.0
+    assert timeline.num_ranks == 4 and timeline.stages[5].rank == 1
+    # a device holds its two stages' memory at once
+    assert timeline.rank_peak_memory_bytes[0] > max(timeline.memory[0].peak_bytes, timeline.memory[4].peak_bytes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from([GPIPE, ONE_F_ONE_B]),
+    stages=st.lists(st.tuples(*[st.floats(0, 5)] * 6), min_size=1, max_size=5),
+    extra=st.integers(0, 6),
+)
+def test_low_level_entry_agrees_with_the_timeline(kind, stages, extra):
+    m = len(stages) + extra
+    cols = [list(c) for c in zip(*stages)]
+    plan = make_plan(
+        kind, m, cols[0], cols[1], recompute_ms=cols[2], send_fwd_ms=cols[3], send_bwd_ms=cols[4], allreduce_ms=cols[5]
+    )
+    timeline = simulate(plan)
+    assert simulate_iteration_ms(kind, m, *cols) == timeline.iteration_ms
+    assert timeline.iteration_ms == pytest.approx(timeline.compute_end_ms + timeline.exposed_allreduce_ms)
+    for t in timeline.actions():  # per-rank order respected, no overlap on a rank
+        assert t.end_ms >= t.start_ms
+    for rank_starts, rank_ends in zip(timeline.start_ms, timeline.end_ms):
+        assert all(e <= s + 1e-12 for e, s in zip(rank_ends, rank_starts[1:]))
+
+
+def test_simulate_is_deterministic():
+    plan = make_plan(ONE_F_ONE_B, 6, [1.0, 2.5, 0.5], [2.0, 1.0, 3.0], send_fwd_ms=[0.1] * 3, allreduce_ms=[1.0] * 3)
+    assert simulate(plan) == simulate(plan)
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(PlannerInputError, match="bwd_ms has 1 entries, expected one per stage \\(2\\)"):
+        simulate_iteration_ms(GPIPE, 2, [1.0, 1.0], [1.0], [0.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2)
+    with pytest.raises(PlannerInputError, match="fwd_ms must be >= 0"):
+        simulate_iteration_ms(GPIPE, 2, [1.0, float("nan")], [1.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2)
+    with pytest.raises(PlannerInputError, match="M=2 < P=3"):
+        simulate(make_plan(ONE_F_ONE_B, 2, [1.0] * 3, [1.0] * 3))
+
+    @dataclasses.dataclass
+    class FakeProfile:  # only the layer count is read
+        layers: tuple
+
+    with pytest.raises(PlannerInputError, match="profile has 5 layers but the plan covers 2"):
+        simulate(make_plan(GPIPE, 2, [1.0] * 2, [1.0] * 2), profile=FakeProfile(layers=(0,) * 5))
