@@ -1,0 +1,88 @@
+"""Lower bounds (by hand, and never beaten by the simulator) and the ME index."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.artifacts.request import ScheduleKind
+from planner.bounds import lower_bound_ms, lower_bounds, lower_bounds_from_arrays, me_index, me_index_of
+from planner.errors import PlannerInputError
+from planner.simulate import simulate, simulate_iteration_ms
+from tests.plan_factory import make_plan
+
+GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
+
+
+def test_bounds_by_hand():
+    # M = 4; w = F + RC + B = (3, 6, 2); 3 ranks.
+    b = lower_bounds_from_arrays(4, [1.0, 2.0, 1.0], [2.0, 3.0, 1.0], [0.0, 1.0, 0.0])
+    assert b.average_work_ms == 4 * 11 / 3
+    assert b.busiest_rank_ms == 24.0  # stage 1: 4 x 6
+    # stage 0: 0 + 12 + 0; stage 1: 1 + 24 + 2 = 27; stage 2: 3 + 8 + 6 = 17
+    assert (b.critical_path_ms, b.critical_stage_idx) == (27.0, 1)
+    assert b.lower_bound_ms == 27.0
+
+
+def test_transfers_and_allreduce_tighten_the_critical_path():
+    # stage 1 of 2, M = 2, F = B = 1: send_fwd 0.5 before, 2 x 2 of work, then max(B0 + send_bwd 0.25, AR 3)
+    b = lower_bounds_from_arrays(2, [1.0, 1.0], [1.0, 1.0], None, [0.5, 0.0], [0.0, 0.25], [0.0, 3.0])
+    assert b.critical_path_ms == 1.5 + 4.0 + 3.0
+    b = lower_bounds_from_arrays(2, [1.0, 1.0], [1.0, 1.0], None, [0.5, 0.0], [0.0, 0.25], [0.0, 0.0])
+    assert b.critical_path_ms == 1.5 + 4.0 + 1.25
+
+
+def test_uniform_1f1b_meets_its_bound():
+    plan = make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4)
+    assert lower_bound_ms(plan) == simulate(plan).iteration_ms == (8 + 4 - 1) * 3.0
+
+
+def test_interleaved_bound_counts_a_rank_s_stages():
+    plan = make_plan(INTERLEAVED, 4, [1.0] * 4, [1.0] * 4, virtual_stages_per_rank=2)
+    assert lower_bounds(plan).busiest_rank_ms == 4 * 2 * 2.0
+    assert lower_bounds(plan).average_work_ms == 4 * 8.0 / 2
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    kind=st.sampled_from([GPIPE, ONE_F_ONE_B, INTERLEAVED]),
+    stages=st.lists(st.tuples(*[st.floats(0.0, 10.0)] * 6), min_size=1, max_size=6),
+    m_extra=st.integers(0, 8),
+    v=st.sampled_from([1, 2]),
+)
+def test_simulator_never_beats_the_lower_bounds(kind, stages, m_extra, v):
+    if kind is not INTERLEAVED or len(stages) % 2:
+        v = 1
+    m = len(stages) // v + m_extra
+    if kind is INTERLEAVED and m % max(1, m // (len(stages) // v)):
+        return
+    cols = [list(c) for c in zip(*stages)]
+    it = simulate_iteration_ms(kind, m, *cols, virtual_stages_per_rank=v)
+    bound = lower_bounds_from_arrays(m, *cols, virtual_stages_per_rank=v).lower_bound_ms
+    assert it >= bound - 1e-9 * max(1.0, bound)
+
+
+def test_me_index():
+    assert me_index_of(1.80, 0.43, 1.0, 1.0) == pytest.approx(4.186, abs=1e-3)  # the seed's +80% / -57%
+    gpipe = make_plan(GPIPE, 8, [1.0] * 4, [2.0] * 4, activation_bytes=[1000] * 4, static_bytes=[0] * 4)
+    one_f = make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4, activation_bytes=[1000] * 4, static_bytes=[0] * 4)
+    # same time (33 ms: GPipe 4 + 7 + 8 + 14 = 33, 1F1B 11 x 3); peaks 8000 vs 4000 bytes
+    assert me_index(one_f, gpipe) == pytest.approx(2.0)
+    assert me_index(gpipe, gpipe) == pytest.approx(1.0)
+    # numbers already in plan.predicted are used as they are
+    faster = dataclasses.replace(
+        one_f, predicted=dataclasses.replace(one_f.predicted, iteration_ms=16.5, peak_memory_bytes=4000)
+    )
+    assert me_index(faster, gpipe) == pytest.approx(4.0)
+    with pytest.raises(PlannerInputError, match="positive"):
+        me_index_of(1.0, 0.0, 1.0, 1.0)
+
+
+def test_bad_shapes_are_clear_errors():
+    with pytest.raises(PlannerInputError, match="divisible by v"):
+        lower_bounds_from_arrays(4, [1.0] * 3, [1.0] * 3, virtual_stages_per_rank=2)
+    with pytest.raises(PlannerInputError, match="M=0"):
+        lower_bounds_from_arrays(0, [1.0], [1.0])
