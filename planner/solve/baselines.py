@@ -32,7 +32,7 @@ from planner.cost import CostModel, link_of, p2p_ms
 from planner.errors import InfeasibleError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.solve.chain_dp import inflight_counts
-from planner.solve.search import DP_SCHEDULES, configurations, microbatch_sizes, num_devices_of, select
+from planner.solve.search import DP_SCHEDULES, configurations, microbatch_sizes, num_devices_of, schedule_valid, select
 
 # weights(cm, b, P, D) -> per-(i, j) stage weight matrix whose max over stages is minimised
 WeightFn = Callable[[CostModel, int, int, int], np.ndarray]
@@ -139,6 +139,8 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, n
             if bounds is None:
                 continue
             for schedule in schedules:
+                if not schedule_valid(schedule, P, M):
+                    continue
                 ks = inflight_counts(schedule, P, M)
                 rc = _recompute_if_needed(cm, bounds, b, ks, cap)
                 if rc is None:

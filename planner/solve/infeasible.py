@@ -13,7 +13,12 @@ from planner.solve.chain_dp import StageTable, solve_chain
 def _fits(cm: CostModel, request: PlanRequest, cap: float, P: int, b: int, recompute: bool) -> bool:
     table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute)
     M = max(1, request.global_batch // b)
-    return solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=M, schedule=ScheduleKind.ONE_F_ONE_B) is not None
+    return solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=M, schedule=_leanest(P, M)) is not None
+
+
+def _leanest(P: int, M: int) -> ScheduleKind:
+    """The schedule holding the fewest micro-batches in flight that is valid for (P, M)."""
+    return ScheduleKind.ONE_F_ONE_B if M >= P else ScheduleKind.GPIPE
 
 
 def least_cap_bytes(cm: CostModel, request: PlanRequest, P: int, b: int, recompute: bool) -> float:
@@ -45,12 +50,12 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
     if not math.isfinite(need):
         return InfeasibleError("no partition of this profile fits any memory cap (check the profile's sizes)")
     table = StageTable(cm, b, need, request.fixed_boundaries, allow_recompute=request.recompute)
-    sol = solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=max(1, request.global_batch // b),
-                      schedule=ScheduleKind.ONE_F_ONE_B)
+    M = max(1, request.global_batch // b)
+    sol = solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=M, schedule=_leanest(P, M))
     tight = ""
     if sol is not None:
         stops = list(sol.boundaries[1:]) + [cm.num_layers]
-        k = [min(P - s, request.global_batch // b) for s in range(P)]
+        k = [min(P - s, M) for s in range(P)]
         mems = [
             cm.stage_memory(a, z, sol.recompute[s], b, k[s]).total_bytes for s, (a, z) in enumerate(zip(sol.boundaries, stops))
         ]
@@ -80,7 +85,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             suggestions.append(f"allow recomputation (needs {with_rc / gib:.2f} GiB per device)")
     if b > 1:
         suggestions.append("a smaller micro-batch size (--microbatch-sizes 1)")
-    if request.memory_headroom_fraction > 0 and not request.memory_cap_bytes:
+    if request.memory_headroom_fraction > 0 and not request.memory_cap_bytes and need <= cm.cluster.device_memory_bytes:
         suggestions.append(f"less memory headroom (now {request.memory_headroom_fraction:.0%})")
     suggestions.append("a device with more memory, or an optimizer with less state (e.g. --optimizer sgd-fp32)")
     return InfeasibleError(msg, suggestions=tuple(suggestions))

@@ -48,6 +48,13 @@ class Candidate:
     solution: ChainSolution
 
 
+def schedule_valid(schedule: ScheduleKind, num_stages: int, num_microbatches: int) -> bool:
+    """The schedule's own rules (as torch.distributed.pipelining enforces them)."""
+    if schedule is ScheduleKind.ONE_F_ONE_B:
+        return num_microbatches >= num_stages
+    return True
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -99,6 +106,8 @@ def solve_candidates(
                 continue
             M = request.global_batch // (D * b)
             for schedule in schedules:
+                if not schedule_valid(schedule, P, M):
+                    continue
                 sol = chain_solver(table, num_stages=P, dp_degree=D, num_microbatches=M, schedule=schedule)
                 if sol is not None:
                     out.append(Candidate(Config(P, D, b, M, schedule), sol))

@@ -1,0 +1,4 @@
+from planner.schemas import write
+
+for path in write():
+    print(path)

@@ -1,0 +1,143 @@
+"""The planner CLI: exit codes, one-line errors, determinism, infeasible explanations."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from planner.artifacts.cluster import PRESETS, cluster_to_json
+from planner.artifacts.profile import profile_to_json, save_profile
+from planner.cli import main
+from tests.chains import chain_profile
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_default_plan_prints_table():
+    proc = run_cli("plan")
+    assert proc.returncode == 0, proc.stderr
+    assert "stage" in proc.stdout and "iteration" in proc.stdout and "throughput" in proc.stdout
+    assert "torch" not in sys.modules or True  # the subprocess is what matters, checked below
+
+
+def test_planning_path_does_not_import_torch():
+    code = (
+        "import sys, planner; from planner.cli import main; "
+        "rc = main(['plan', '--global-batch', '64']); "
+        "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_help_on_every_subcommand(capsys):
+    from planner.cli import COMMANDS
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exc:
+            main([name.replace("_", "-"), "--help"])
+        assert exc.value.code == 0
+        assert "usage" in capsys.readouterr().out
+
+
+def test_plan_files_are_byte_identical(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["plan", "--global-batch", "128", "--out", str(a)]) == 0
+    assert main(["plan", "--global-batch", "128", "--out", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_show_prints_saved_plan(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--global-batch", "64", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    assert "iteration" in capsys.readouterr().out
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _profile_doc():
+    return profile_to_json(chain_profile([dict(fwd=1, bwd=2, params=1000, saved=1e3, inp=1e2, out=1e2)] * 3))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing_field", "wrong_type", "negative_time", "nan_time", "unknown_version", "not_json", "zero_devices",
+     "bad_flag", "no_file", "cluster_zero_nodes"],
+)
+def test_invalid_input_exits_2_with_one_line(tmp_path, capsys, case):
+    doc = _profile_doc()
+    args = ["plan"]
+    if case == "missing_field":
+        del doc["layers"][0]["fwd"]
+    elif case == "wrong_type":
+        doc["layers"][0]["param_count"] = [1]
+    elif case == "negative_time":
+        doc["layers"][1]["bwd"]["per_sample_ms"] = -3.0
+    elif case == "nan_time":
+        pass
+    elif case == "unknown_version":
+        doc["version"] = 7
+    if case == "nan_time":
+        text = re.sub(r'"per_sample_ms": [0-9.]+', '"per_sample_ms": NaN', json.dumps(doc), count=1)
+        assert "NaN" in text
+        args += ["--profile", _write(tmp_path, "p.json", text)]
+    elif case == "not_json":
+        args += ["--profile", _write(tmp_path, "p.json", "{not json")]
+    elif case == "zero_devices":
+        args += ["--devices", "0"]
+    elif case == "bad_flag":
+        args += ["--global-batch", "lots"]
+    elif case == "no_file":
+        args += ["--profile", str(tmp_path / "absent.json")]
+    elif case == "cluster_zero_nodes":
+        cdoc = cluster_to_json(PRESETS["local-cpu"])
+        cdoc["num_nodes"] = 0
+        args += ["--cluster", _write(tmp_path, "c.json", json.dumps(cdoc))]
+    else:
+        args += ["--profile", _write(tmp_path, "p.json", json.dumps(doc))]
+    with pytest.raises(SystemExit) if case in ("zero_devices", "bad_flag") else _nullcontext() as ctx:
+        rc = main(args)
+    if case in ("zero_devices", "bad_flag"):
+        rc = ctx.value.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_invalid_input_subprocess_has_no_traceback(tmp_path):
+    proc = run_cli("plan", "--profile", _write(tmp_path, "p.json", '{"schema": "planner.profile", "version": 1}'))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "p.json" in proc.stderr and "missing required field" in proc.stderr
+
+
+def test_infeasible_exits_3_and_explains(tmp_path, capsys):
+    big = chain_profile([dict(fwd=1, bwd=2, params=400_000_000, saved=1e8, inp=1e6, out=1e6)] * 4)
+    path = tmp_path / "big.json"
+    save_profile(big, path)
+    rc = main(["plan", "--profile", str(path), "--cluster", "local-cpu", "--global-batch", "8"])
+    assert rc == 3
+    err = capsys.readouterr().err
+    assert "no plan fits" in err and "Tightest stage" in err and "bytes over" in err
+    assert "more devices" in err or "micro-batch" in err

@@ -1,0 +1,106 @@
+"""The chain DP against the brute-force oracle on random small chains (hypothesis)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.cost import CostModel
+from planner.solve import plan
+from planner.solve.bruteforce import solve_chain_bruteforce
+from planner.solve.chain_dp import StageTable, solve_chain
+from planner.solve.recompute import choose_recompute
+from tests.chains import chain_profile, layer_dicts, small_cluster
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(
+    layers=layer_dicts(6),
+    num_stages=st.integers(1, 4),
+    num_microbatches=st.integers(1, 6),
+    microbatch_size=st.sampled_from([1, 2]),
+    schedule=st.sampled_from([ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]),
+    cap_gb=st.floats(0.05, 2.0),
+)
+def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb):
+    prof = chain_profile(layers)
+    cm = CostModel(prof, small_cluster(4))
+    table = StageTable(cm, microbatch_size, cap_gb * 1e9)
+    kw = dict(num_stages=num_stages, dp_degree=1, num_microbatches=num_microbatches, schedule=schedule)
+    dp = solve_chain(table, **kw)
+    bf = solve_chain_bruteforce(table, **kw)
+    if bf is None:
+        assert dp is None
+        return
+    assert dp is not None
+    assert math.isclose(dp.objective_ms, bf.objective_ms, rel_tol=1e-9, abs_tol=1e-9)
+    # the DP's own partition really fits and really costs what it says
+    stops = list(dp.boundaries[1:]) + [cm.num_layers]
+    for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
+        k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
+        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k).total_bytes <= table.cap
+
+
+@SETTINGS
+@given(
+    fwd=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=8),
+    data=st.data(),
+    inflight=st.integers(1, 4),
+)
+def test_recompute_knapsack_is_exact(fwd, data, inflight):
+    import itertools
+
+    n = len(fwd)
+    saved = data.draw(st.lists(st.floats(0, 100.0), min_size=n, max_size=n))
+    inp = data.draw(st.lists(st.floats(0, 30.0), min_size=n, max_size=n))
+    excess = data.draw(st.floats(-10, 400.0))
+    got = choose_recompute(fwd_ms=fwd, saved_bytes=saved, input_bytes=inp, first_layer=0, inflight=inflight,
+                           excess_bytes=excess)
+    best = math.inf
+    for r in range(n + 1):
+        for mask in itertools.combinations(range(n), r):
+            gain = sum(inflight * (saved[i] - inp[i]) for i in mask)
+            ws = max((saved[i] for i in mask), default=0.0)
+            if gain - ws >= excess:
+                best = min(best, sum(fwd[i] for i in mask))
+    assert (got.time_ms == best) if best == math.inf else math.isclose(got.time_ms, best, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(layers=layer_dicts(5), devices=st.sampled_from([1, 2, 4]), batch=st.sampled_from([4, 8]))
+def test_plans_valid_and_deterministic(layers, devices, batch):
+    prof = chain_profile(layers)
+    cluster = small_cluster(devices, memory_bytes=4 * 10**9)
+    req = PlanRequest(global_batch=batch)
+    try:
+        first = plan(prof, cluster, req)
+    except Exception as exc:  # infeasible is a legitimate answer, anything else is a bug
+        from planner.errors import InfeasibleError
+
+        assert isinstance(exc, InfeasibleError)
+        return
+    assert first == plan(prof, cluster, req)
+    assert first.stages[0].layer_start == 0 and first.stages[-1].layer_stop == prof.num_layers
+    for prev, nxt in zip(first.stages, first.stages[1:]):
+        assert prev.layer_stop == nxt.layer_start
+    assert first.num_stages * first.dp_degree == devices
+    for st_ in first.stages:
+        assert st_.memory_total_bytes <= st_.memory_cap_bytes
+    assert first.predicted.lower_bound_ms <= first.predicted.iteration_ms * (1 + 1e-9)
+
+
+def test_dp_plan_equals_bruteforce_plan():
+    prof = chain_profile(
+        [dict(fwd=1.0 + i % 3, bwd=2.0 + i % 2, params=10_000_000 * (i % 4), saved=3e8, inp=2e7, out=2e7) for i in range(6)]
+    )
+    cluster = small_cluster(4, memory_bytes=3 * 10**9)
+    req = PlanRequest(global_batch=8)
+    a = plan(prof, cluster, req)
+    b = plan(prof, cluster, PlanRequest(global_batch=8, solver="brute-force"))
+    assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
+    assert any(s.recompute for s in a.stages), "the case should need recomputation"
