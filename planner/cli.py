@@ -21,6 +21,7 @@ COMMANDS = (
     "show",
     "profile",
     "import_pipedream",
+    "simulate",
 )
 
 

@@ -171,3 +171,20 @@ def test_bad_inputs_are_clear_errors():
 
     with pytest.raises(PlannerInputError, match="profile has 5 layers but the plan covers 2"):
         simulate(make_plan(GPIPE, 2, [1.0] * 2, [1.0] * 2), profile=FakeProfile(layers=(0,) * 5))
+
+
+def test_cli_prints_the_summary_and_writes_figures(tmp_path, capsys):
+    from planner.artifacts.plan import save_plan
+    from planner.cli import main
+
+    plan_path = tmp_path / "plan.json"
+    save_plan(make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4, allreduce_ms=[0.0, 0.0, 0.0, 10.0]), plan_path)
+    out = {name: tmp_path / f"{name}.{ext}" for name, ext in (("timeline", "png"), ("memory", "png"), ("csv", "csv"))}
+    argv = ["simulate", str(plan_path)] + [a for name, path in out.items() for a in (f"--{name}", str(path))]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "iteration        37 ms" in text and "exposed allreduce 4 ms" in text
+    assert all(path.stat().st_size > 0 for path in out.values())
+    assert out["csv"].read_text().splitlines()[3] == "3F0,3B0,3F1,3B1,3F2,3B2,3F3,3B3,3F4,3B4,3F5,3B5,3F6,3B6,3F7,3B7"
+    assert main(["simulate", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: no such file" in capsys.readouterr().err
