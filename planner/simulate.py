@@ -50,6 +50,7 @@ __all__ = [
     "SegmentKind",
     "StageTimeline",
     "Timeline",
+    "check_schedule",
     "simulate",
     "simulate_iteration_ms",
 ]
