@@ -1,7 +1,8 @@
 """``profile_model``: a :class:`Workload` measured layer by layer into a :class:`Profile`.
 
-Per micro-batch size, every layer runs alone on the input it receives inside the model
-(warm-up, then the median of repeats) for forward and backward times; one more pass at the
+Per micro-batch size, every layer is timed forward and backward within whole training
+steps cut at the layer boundaries (warm-up, then the median of repeats, see
+:func:`planner.profiling.timing.time_layers`); one more pass at the
 largest size measures the activation bytes and the layer DAG exactly (see
 :mod:`planner.profiling.memory`). Times are fitted as ``a + b x micro-batch`` per layer.
 """
@@ -23,9 +24,9 @@ from planner.errors import PlannerInputError
 from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
 from planner.profiling.fit import fit_time
-from planner.profiling.memory import forward_outputs, layer_edges, measure_layer_bytes
+from planner.profiling.memory import layer_edges, measure_layer_bytes
 from planner.profiling.tensors import to_device
-from planner.profiling.timing import Clock, LayerTime, time_layer
+from planner.profiling.timing import Clock, LayerTime, time_layers
 from planner.profiling.trace import op_graph
 from planner.workload import Workload
 
@@ -178,13 +179,8 @@ def _time_layers(
     work: Workload, size: int, dev: torch.device, dtype: torch.dtype, clock: Clock, warmup: int, repeats: int, bar: tqdm
 ) -> list[LayerTime]:
     inputs, targets = to_device(work.make_batch(size, BATCH_SEED), dev, dtype)
-    activations = [inputs, *forward_outputs(work, inputs)]
-    last = len(work.layers) - 1
-    result = []
-    for idx, layer in enumerate(work.layers):
-        loss = (lambda out: work.loss_fn(out, targets)) if idx == last else None
-        result.append(time_layer(layer, activations[idx], clock, warmup=warmup, repeats=repeats, loss=loss))
-        bar.update(1)
+    result = time_layers(work.layers, inputs, lambda out: work.loss_fn(out, targets), clock, warmup=warmup, repeats=repeats)
+    bar.update(len(work.layers))
     return result
 
 

@@ -1,4 +1,4 @@
-"""Forward and backward time of one layer, measured alone: warm-up, repeats, median.
+"""Forward and backward time of every layer, measured in model order: warm-up, repeats, median.
 
 On CUDA, CUDA events bracket the work (PyTorch docs, ``torch.cuda.Event``); on CPU a
 monotonic clock (``time.perf_counter``) with a fixed thread count set by the caller.
@@ -53,43 +53,57 @@ def _clear_grads(module: nn.Module) -> None:
         p.grad = None
 
 
-def backward_of(out: Any) -> Callable[[], None]:
-    """A closure running backward from ``out`` with fixed all-ones output gradients."""
-    tensors = [t for t in flatten(out) if t.requires_grad]
-    grads = [torch.ones_like(t) for t in tensors]
-    return lambda: torch.autograd.backward(tensors, grads) if tensors else None
+def _with_grad(out: Any, grad_source: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Pairs (output tensor, its gradient) for the tensors of ``out`` that got a gradient in
+    ``grad_source`` (the next layer's detached inputs, same structure)."""
+    pairs = [(t, g.grad) for t, g in zip(flatten(out), flatten(grad_source)) if t.requires_grad and g.grad is not None]
+    return [t for t, _ in pairs], [g for _, g in pairs]
 
 
-def time_layer(
-    layer: nn.Module,
-    layer_input: Any,
+def time_layers(
+    layers: tuple[nn.Module, ...],
+    inputs: Any,
+    loss: Callable[[Any], Any],
     clock: Clock,
     *,
     warmup: int,
     repeats: int,
-    loss: Callable[[Any], Any] | None = None,
-) -> LayerTime:
-    """Median forward and backward ms of ``layer`` on ``layer_input``.
+) -> list[LayerTime]:
+    """Median forward and backward ms of every layer, measured in model order.
 
-    ``loss``, for the last layer, maps the output to the scalar loss; forward and backward
-    then include it, as they do in a training step.
+    Each repeat is one training step cut at the layer boundaries, as a pipeline runs it: the
+    forward runs layer after layer on detached copies of the previous output (same
+    ``requires_grad``), then the backward runs layer after layer in reverse, each fed the
+    gradients the next layer produced for its inputs. Every layer is timed in the context of
+    the whole step (caches, allocator), so the per-layer times add up to a step. The last
+    layer includes the loss.
     """
-    fwd: list[float] = []
-    bwd: list[float] = []
-
-    def forward(x: Any) -> Any:
-        out = layer(x)
-        return loss(out) if loss is not None else out
-
+    num = len(layers)
+    fwd: list[list[float]] = [[] for _ in range(num)]
+    bwd: list[list[float]] = [[] for _ in range(num)]
     for rep in range(warmup + repeats):
-        x = fresh_like(layer_input)
-        _clear_grads(layer)
-        out, fwd_ms = clock.measure(lambda: forward(x))
-        _, bwd_ms = clock.measure(backward_of(out))
-        if rep >= warmup:
-            fwd.append(fwd_ms)
-            bwd.append(bwd_ms)
-    return LayerTime(fwd_ms=statistics.median(fwd), bwd_ms=statistics.median(bwd))
+        for layer in layers:
+            _clear_grads(layer)
+        received: list[Any] = []
+        outputs: list[Any] = []
+        x = inputs
+        for idx, layer in enumerate(layers):
+            x = fresh_like(x)
+            received.append(x)
+            out, ms = clock.measure(lambda: layer(x) if idx < num - 1 else loss(layer(x)))
+            outputs.append(out)
+            fwd[idx].append(ms)
+            x = out
+        for idx in reversed(range(num)):
+            if idx == num - 1:
+                tensors, grads = [outputs[idx]], [torch.ones_like(outputs[idx])]
+            else:
+                tensors, grads = _with_grad(outputs[idx], received[idx + 1])
+            _, ms = clock.measure(lambda: torch.autograd.backward(tensors, grads) if tensors else None)
+            bwd[idx].append(ms)
+    return [
+        LayerTime(fwd_ms=statistics.median(f[warmup:]), bwd_ms=statistics.median(b[warmup:])) for f, b in zip(fwd, bwd)
+    ]
 
 
 def time_step(layers: tuple[nn.Module, ...], inputs: Any, loss: Callable[[Any], Any], clock: Clock, *, warmup: int, repeats: int) -> float:

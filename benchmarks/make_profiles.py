@@ -1,0 +1,69 @@
+"""Regenerate the shipped profiles in ``profiles/``.
+
+- measured profiles of the four zoo models at their default (small) sizes:
+  ``zoo-<model>-<device>.json`` (CPU by default; ``--device cuda`` on a GPU machine);
+- analytic GPT-3 1.3B / 13B / 175B on A100 and H100: ``gpt3-<size>-<a100|h100>.json``
+  (planner.analytic, formulas cited there).
+
+Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
+       [--threads N] [--out-dir profiles]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from planner.artifacts.profile import save_profile  # noqa: E402
+
+ZOO_SPECS = ("gpt", "bert", "vgg", "resnet")
+GPT3 = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b")
+PRESETS = {"a100": "a100-80gb", "h100": "h100-80gb"}
+
+
+def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ...]) -> None:
+    from planner.models import load_workload
+    from planner.profiling import profile_model
+
+    for spec in ZOO_SPECS:
+        profile = profile_model(
+            load_workload(spec), microbatch_sizes=sizes, device=device, warmup=3, repeats=10, num_threads=threads
+        )
+        path = out_dir / f"zoo-{spec}-{device}.json"
+        save_profile(profile, path)
+        print(f"{path.relative_to(REPO)}: {profile.num_layers} layers, {path.stat().st_size / 1e3:.0f} KB")
+
+
+def make_analytic(out_dir: Path) -> None:
+    from planner.analytic import gpt3_profile
+
+    for size in GPT3:
+        for short, preset in PRESETS.items():
+            path = out_dir / f"{size}-{short}.json"
+            save_profile(gpt3_profile(size, device_preset=preset), path)
+            print(f"{path.relative_to(REPO)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=["measured", "analytic"])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadiest on a shared machine)")
+    parser.add_argument("--microbatch-sizes", default="1,2,4,8")
+    parser.add_argument("--out-dir", type=Path, default=REPO / "profiles")
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.only != "analytic":
+        sizes = tuple(int(s) for s in args.microbatch_sizes.split(","))
+        make_measured(args.out_dir, args.device, args.threads, sizes)
+    if args.only != "measured":
+        make_analytic(args.out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
