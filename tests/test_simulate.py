@@ -188,3 +188,15 @@ def test_cli_prints_the_summary_and_writes_figures(tmp_path, capsys):
     assert out["csv"].read_text().splitlines()[3] == "3F0,3B0,3F1,3B1,3F2,3B2,3F3,3B3,3F4,3B4,3F5,3B5,3F6,3B6,3F7,3B7"
     assert main(["simulate", str(tmp_path / "missing.json")]) == 2
     assert "missing.json: no such file" in capsys.readouterr().err
+
+
+def test_schedule_simulator_bounds_and_figures_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, planner.schedule, planner.simulate, planner.timeline, planner.bounds, "
+        "planner.report.figures, planner.commands.simulate; "
+        "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
