@@ -22,6 +22,7 @@ COMMANDS = (
     "profile",
     "import_pipedream",
     "simulate",
+    "run",
 )
 
 

@@ -1,0 +1,64 @@
+"""``planner run``: execute a plan with the bundled runtime under torchrun.
+
+Launches ``python -m torch.distributed.run --standalone --nproc-per-node N -m
+planner.runtime ...`` as a subprocess (this module does not import torch) and returns its
+exit code. N defaults to the plan's device count; for several nodes, call torchrun
+yourself with ``-m planner.runtime`` and the same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from planner.artifacts.plan import load_plan
+from planner.commands._args import positive_int
+
+
+def runtime_argv(args: argparse.Namespace) -> list[str]:
+    """The flags passed through to ``python -m planner.runtime``."""
+    argv = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps)]
+    argv += ["--timeout-s", str(args.timeout_s), "--dtype", args.dtype, "--optimizer", args.optimizer, "--lr", str(args.lr)]
+    if args.report:
+        argv += ["--report", args.report]
+    if args.emulate:
+        argv.append("--emulate")
+    if args.profile:
+        argv += ["--profile", args.profile]
+    if args.checkpoint_dir:
+        argv += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
+    if args.resume:
+        argv.append("--resume")
+    return argv
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
+    nproc = args.nproc or plan.num_devices
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    cmd += ["-m", "planner.runtime", *runtime_argv(args)]
+    return subprocess.run(cmd).returncode
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="execute a plan under torchrun",
+        description="Train with a plan on this machine (gloo on CPU, NCCL on GPU) and write a RunReport.",
+    )
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--model", required=True, help="zoo name or package.module:callable")
+    p.add_argument("--steps", type=positive_int, default=3, help="training steps (default: %(default)s)")
+    p.add_argument("--nproc", type=positive_int, default=0, help="processes (default: the plan's devices)")
+    p.add_argument("--report", default="", help="RunReport JSON to write")
+    p.add_argument("--emulate", action="store_true", help="layers sleep their profiled times (schedule validation)")
+    p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="process-group timeout (default: %(default)s)")
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    p.add_argument("--lr", type=float, default=0.01)
+    p.set_defaults(func=run)

@@ -1,0 +1,96 @@
+"""The runtime trains exactly as one process would: P in {1, 2, 4}, D in {1, 2} (within 4
+processes), GPipe and 1F1B, with and without recomputation, float64 to 1e-12 and float32 to
+1e-6 relative; plus the skip-connection model and the tied-embedding GPT.
+
+One torchrun launch per world size runs every configuration of that size
+(tests/runtime_driver.py), because starting processes and importing torch costs seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime_launch import torchrun
+
+MLP = "tests.factories:mlp"
+# (P, D) -> boundaries of the 5-layer test models
+SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}
+
+
+def _cfg(name: str, model: str, p: int, d: int, schedule: str, recompute: bool, **kw: Any) -> dict[str, Any]:
+    cfg = {
+        "name": name,
+        "model": model,
+        "boundaries": SPLITS[p],
+        "dp_degree": d,
+        "num_microbatches": 4,
+        "microbatch_size": 2,
+        "schedule": schedule,
+        "recompute": recompute,
+        "dtype": "float64",
+        "optimizer": "sgd",
+        "steps": 2,
+    }
+    cfg.update(kw)
+    return cfg
+
+
+def configs(world: int) -> list[dict[str, Any]]:
+    out = []
+    for (p, d), schedule, rc in itertools.product([(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)], ["gpipe", "1f1b"], [False, True]):
+        if p * d == world:
+            out.append(_cfg(f"mlp-P{p}-D{d}-{schedule}-rc{int(rc)}", MLP, p, d, schedule, rc))
+    extra = {
+        1: [_cfg("gpt-P1-D1-adamw", "tests.factories:tiny_gpt", 1, 1, "1f1b", True, optimizer="adamw")],
+        2: [
+            _cfg("gpt-tied-P2-D1-gpipe", "tests.factories:tiny_gpt", 2, 1, "gpipe", False, optimizer="adamw"),
+            _cfg("skip-P2-D1-1f1b-rc", "tests.factories:skip", 2, 1, "1f1b", True),
+            _cfg("mlp-P2-D1-float32", MLP, 2, 1, "1f1b", False, dtype="float32", num_microbatches=3),
+        ],
+        4: [
+            _cfg("gpt-tied-P2-D2-1f1b-rc", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, optimizer="adamw"),
+            _cfg("gpt-tied-P4-D1-gpipe", "tests.factories:tiny_gpt", 4, 1, "gpipe", True),
+            _cfg("skip-P4-D1-gpipe", "tests.factories:skip", 4, 1, "gpipe", False, num_microbatches=5),
+            _cfg("mlp-P2-D2-float32-adamw", MLP, 2, 2, "gpipe", True, dtype="float32", optimizer="adamw"),
+        ],
+    }
+    return out + extra[world]
+
+
+def _check(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    errors = []
+    if cfg["dtype"] == "float64":
+        if result["loss_abs_diff"] > 1e-12 or result["grad_abs_diff"] > 1e-12:
+            errors.append(f"{cfg['name']}: loss diff {result['loss_abs_diff']:.3g}, grad diff {result['grad_abs_diff']:.3g} > 1e-12")
+    elif result["loss_rel_diff"] > 1e-6 or result["grad_rel_diff"] > 1e-6:
+        errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, grad rel {result['grad_rel_diff']:.3g} > 1e-6")
+    if len(result["losses"]) != cfg["steps"]:
+        errors.append(f"{cfg['name']}: {len(result['losses'])} losses for {cfg['steps']} steps")
+    if result["saved_bytes_peak"] <= 0:
+        errors.append(f"{cfg['name']}: no saved bytes measured")
+    return errors
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
+    cfgs = configs(world)
+    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
+    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
+    assert not errors, "\n".join(errors)
+
+
+def test_configs_cover_the_issue_grid() -> None:
+    names = {c["name"] for w in (1, 2, 4) for c in configs(w)}
+    for p, d in [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]:
+        for schedule in ("gpipe", "1f1b"):
+            for rc in (0, 1):
+                assert f"mlp-P{p}-D{d}-{schedule}-rc{rc}" in names
