@@ -36,7 +36,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
-from planner.artifacts.plan import Plan
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.plan import Plan, Prediction
+from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
 from planner.schedule import ActionKind, build_schedule, validate_schedule
@@ -50,6 +52,7 @@ __all__ = [
     "StageTimeline",
     "Timeline",
     "check_schedule",
+    "predict",
     "simulate",
     "simulate_iteration_ms",
 ]
@@ -203,7 +206,9 @@ def simulate_iteration_ms(
 # ---------------------------------------------------------------- the Plan path
 
 
-def simulate(plan: Plan, profile: object | None = None, cluster: object | None = None, *, optimizer_ms: float = 0.0) -> Timeline:
+def simulate(
+    plan: Plan, profile: Profile | None = None, cluster: Cluster | None = None, *, optimizer_ms: float = 0.0
+) -> Timeline:
     """Replay ``plan``'s schedule and return its :class:`Timeline`. Deterministic.
 
     The Plan carries every per-stage cost (from :mod:`planner.cost`); ``profile`` and
@@ -259,13 +264,11 @@ def simulate(plan: Plan, profile: object | None = None, cluster: object | None =
     )
 
 
-def _check_context(plan: Plan, profile: object | None, cluster: object | None) -> None:
-    layers = getattr(profile, "layers", None)
-    if layers is not None and len(layers) != plan.num_layers:
-        raise PlannerInputError(f"the profile has {len(layers)} layers but the plan covers {plan.num_layers}")
-    devices = getattr(cluster, "num_devices", None)
-    if devices is not None and devices < plan.num_devices:
-        raise PlannerInputError(f"the plan needs {plan.num_devices} devices but the cluster has {devices}")
+def _check_context(plan: Plan, profile: Profile | None, cluster: Cluster | None) -> None:
+    if profile is not None and len(profile.layers) != plan.num_layers:
+        raise PlannerInputError(f"the profile has {len(profile.layers)} layers but the plan covers {plan.num_layers}")
+    if cluster is not None and cluster.num_devices < plan.num_devices:
+        raise PlannerInputError(f"the plan needs {plan.num_devices} devices but the cluster has {cluster.num_devices}")
 
 
 def _memory_trace(
@@ -336,3 +339,21 @@ def check_schedule(plan: Plan) -> None:
     """Dry-run ``plan``'s schedule (raises :class:`planner.schedule.ScheduleError`)."""
     validate_schedule(build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank),
                       plan.num_stages, plan.num_microbatches)
+
+
+def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:
+    """``plan.predicted`` from the simulator and :mod:`planner.bounds` (ME index left as in the plan:
+    it needs a reference plan, see :func:`planner.bounds.me_index`)."""
+    from planner.bounds import lower_bound_ms
+
+    t = timeline if timeline is not None else simulate(plan, optimizer_ms=optimizer_ms)
+    return Prediction(
+        iteration_ms=t.iteration_ms,
+        throughput_samples_per_s=plan.global_batch / t.iteration_ms * 1e3 if t.iteration_ms > 0 else 0.0,
+        peak_memory_bytes=t.peak_memory_bytes,
+        bubble_fraction=t.bubble_fraction,
+        exposed_allreduce_ms=t.exposed_allreduce_ms,
+        lower_bound_ms=lower_bound_ms(plan),
+        me_index=plan.predicted.me_index,
+        me_reference=plan.predicted.me_reference,
+    )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,12 +163,11 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(PlannerInputError, match="M=2 < P=3"):
         simulate(make_plan(ONE_F_ONE_B, 2, [1.0] * 3, [1.0] * 3))
 
-    @dataclasses.dataclass
-    class FakeProfile:  # only the layer count is read
-        layers: tuple
+    from planner.artifacts.cluster import PRESETS
 
-    with pytest.raises(PlannerInputError, match="profile has 5 layers but the plan covers 2"):
-        simulate(make_plan(GPIPE, 2, [1.0] * 2, [1.0] * 2), profile=FakeProfile(layers=(0,) * 5))
+    one_gpu = PRESETS["a100-80gb-x8"].with_devices(1)
+    with pytest.raises(PlannerInputError, match="the plan needs 2 devices but the cluster has 1"):
+        simulate(make_plan(GPIPE, 2, [1.0] * 2, [1.0] * 2), cluster=one_gpu)
 
 
 def test_cli_prints_the_summary_and_writes_figures(tmp_path, capsys):
@@ -200,3 +197,15 @@ def test_schedule_simulator_bounds_and_figures_do_not_import_torch():
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_predict_fills_the_plan_prediction():
+    from planner.simulate import predict
+
+    plan = make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4, allreduce_ms=[0.0, 0.0, 0.0, 10.0])
+    pred = predict(plan)
+    # bound via stage 3: 3 forwards before it + 8 x 3 of work + its 10 ms all-reduce = 37, tight here
+    assert (pred.iteration_ms, pred.exposed_allreduce_ms, pred.lower_bound_ms) == (37.0, 4.0, 37.0)
+    assert pred.throughput_samples_per_s == pytest.approx(8 / 37.0 * 1e3)
+    assert pred.peak_memory_bytes == 4000 + 4 * 1000
+    assert pred.bubble_fraction == pytest.approx(3 / 11)
