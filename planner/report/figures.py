@@ -59,11 +59,13 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, ax: Axes |
     for seg in segments:
         chunk = seg.stage_idx // timeline.num_ranks if seg.stage_idx >= 0 else 0
         bars[(seg.kind, seg.rank, chunk)].append((seg.start_ms, seg.end_ms - seg.start_ms))
+    # white separators between bars only where bars are several pixels wide (else they wash out)
+    edge = 0.4 if _ms_per_px(ax, timeline) * 4 < _median_compute_ms(timeline) else 0.0
     for (kind, rank, chunk), spans in bars.items():
         y = rank  # row centre; rank 0 at the top (axis inverted below)
         color = _tint(COLORS[kind], chunk, timeline.virtual_stages_per_rank)
         if kind in _COMPUTE:
-            ax.broken_barh(spans, (y - _MAIN_H / 2, _MAIN_H), facecolors=color, edgecolors="white", linewidths=0.4)
+            ax.broken_barh(spans, (y - _MAIN_H / 2, _MAIN_H), facecolors=color, edgecolors="white", linewidths=edge)
         else:
             ax.broken_barh(spans, (y + _MAIN_H / 2 + 0.02, _LANE_H), facecolors=color, alpha=0.85, linewidths=0)
     _label_microbatches(ax, timeline, segments)
@@ -92,6 +94,17 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, ax: Axes |
     return _finish(fig, own, path)
 
 
+def _ms_per_px(ax: Axes, timeline: Timeline) -> float:
+    fig = ax.figure
+    width_px = fig.get_figwidth() * fig.dpi * ax.get_position().width
+    return max(timeline.iteration_ms, 1e-12) * 1.01 / max(width_px, 1.0)
+
+
+def _median_compute_ms(timeline: Timeline) -> float:
+    widths = sorted(s.fwd_ms for s in timeline.stages) + sorted(s.bwd_ms for s in timeline.stages)
+    return widths[len(widths) // 2]
+
+
 def _tint(color: str, chunk: int, num_chunks: int) -> tuple[float, float, float]:
     """Lighter shades for later virtual stages of a rank (interleaved schedules)."""
     rgb = matplotlib.colors.to_rgb(color)
@@ -101,9 +114,7 @@ def _tint(color: str, chunk: int, num_chunks: int) -> tuple[float, float, float]
 
 def _label_microbatches(ax: Axes, timeline: Timeline, segments: tuple) -> None:
     """Put the micro-batch number on compute bars at least ~2 characters wide."""
-    fig = ax.figure
-    width_px = fig.get_figwidth() * fig.dpi * ax.get_position().width
-    ms_per_px = max(timeline.iteration_ms, 1e-12) * 1.01 / max(width_px, 1.0)
+    ms_per_px = _ms_per_px(ax, timeline)
     interleaved = timeline.virtual_stages_per_rank > 1
     for seg in segments:
         if seg.kind not in (SegmentKind.FORWARD, SegmentKind.BACKWARD):
@@ -136,7 +147,9 @@ def plot_memory(
         fig, ax = plt.subplots(figsize=(10, 4.5))
     else:
         fig = ax.figure  # type: ignore[assignment]
-    scale, unit = _unit(max(timeline.peak_memory_bytes, cap_bytes))
+    # a cap far above the peak would flatten the curves: then it is named in the title only
+    cap_on_scale = 0 < cap_bytes <= 2 * timeline.peak_memory_bytes
+    scale, unit = _unit(max(timeline.peak_memory_bytes, cap_bytes if cap_on_scale else 0))
     cmap = plt.get_cmap("viridis")
     n = timeline.num_stages
     for trace in timeline.memory:
@@ -146,14 +159,16 @@ def plot_memory(
         ax.step(times, values, where="post", color=color, lw=1.3, label=f"stage {trace.stage_idx} (peak {trace.peak_bytes / scale:.3g} {unit})")
         peak_at = trace.times_ms[trace.bytes_.index(trace.peak_bytes)]
         ax.plot([peak_at], [trace.peak_bytes / scale], marker="o", ms=3.5, color=color)
-    if cap_bytes:
+    if cap_on_scale:
         ax.axhline(cap_bytes / scale, color="#C44E52", ls="--", lw=1, label=f"cap {cap_bytes / scale:.3g} {unit}")
     ax.set_xlim(0, timeline.iteration_ms * 1.01)
-    ax.set_ylim(0, max(timeline.peak_memory_bytes, cap_bytes) / scale * 1.12)
+    ax.set_ylim(0, max(timeline.peak_memory_bytes, cap_bytes if cap_on_scale else 0) / scale * 1.12)
     ax.set_xlabel("time (ms)")
     ax.set_ylabel(f"memory per device ({unit})")
     ax.set_title(
-        title or f"{timeline.schedule.value}: memory per stage, peak {timeline.peak_memory_bytes / scale:.3g} {unit}",
+        title
+        or f"{timeline.schedule.value}: memory per stage, peak {timeline.peak_memory_bytes / scale:.3g} {unit}"
+        + (f" (cap {cap_bytes / scale:.3g} {unit}, off scale)" if cap_bytes and not cap_on_scale else ""),
         fontsize=9,
     )
     if n <= 16:
