@@ -40,11 +40,17 @@ def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ..
 
 def make_analytic(out_dir: Path) -> None:
     from planner.analytic import gpt3_profile
+    from planner.errors import PlannerInputError
 
     for size in GPT3:
         for short, preset in PRESETS.items():
             path = out_dir / f"{size}-{short}.json"
-            save_profile(gpt3_profile(size, device_preset=preset), path)
+            try:
+                profile = gpt3_profile(size, device_preset=preset)
+            except PlannerInputError as exc:
+                print(f"{path.relative_to(REPO)}: not written ({exc})", file=sys.stderr)
+                continue
+            save_profile(profile, path)
             print(f"{path.relative_to(REPO)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
 
 

@@ -199,3 +199,25 @@ def test_cli_profile_writes_a_loadable_profile(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "cannot import" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["resnet", "gpt"])
+def test_layer_by_layer_backward_gives_whole_model_gradients(name: str) -> None:
+    """The timed step, cut at layer boundaries, computes the same gradients as one backward."""
+    from planner.profiling.timing import Clock, time_layers
+
+    workload = load_workload(TINY[name], dtype="float64")
+    inputs, targets = workload.make_batch(2, 0)
+    times = time_layers(workload.layers, inputs, lambda out: workload.loss_fn(out, targets), Clock(torch.device("cpu")),
+                        warmup=0, repeats=1)
+    assert len(times) == len(workload.layers) and all(t.fwd_ms > 0 and t.bwd_ms > 0 for t in times)
+    params = [p for layer in workload.layers for p in layer.parameters()]
+    chained = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    out = inputs
+    for layer in workload.layers:
+        out = layer(out)
+    workload.loss_fn(out, targets).backward()
+    for got, p in zip(chained, params):
+        torch.testing.assert_close(got, p.grad, rtol=1e-10, atol=1e-12)
