@@ -30,9 +30,20 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, link_of, p2p_ms
 from planner.errors import InfeasibleError
-from planner.solve.build import build_plan, memory_cap_bytes
-from planner.solve.chain_dp import inflight_counts
-from planner.solve.search import DP_SCHEDULES, configurations, microbatch_sizes, num_devices_of, schedule_valid, select
+from planner.solve.build import memory_cap_bytes
+from planner.solve.chain_dp import ChainSolution, inflight_counts
+from planner.solve.search import (
+    DP_SCHEDULES,
+    RESCORE_TOP,
+    Candidate,
+    Config,
+    build_best,
+    configurations,
+    microbatch_sizes,
+    num_devices_of,
+    schedule_valid,
+    select,
+)
 
 # weights(cm, b, P, D) -> per-(i, j) stage weight matrix whose max over stages is minimised
 WeightFn = Callable[[CostModel, int, int, int], np.ndarray]
@@ -130,7 +141,7 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, n
     pairs = list(configurations(cm.num_layers, num_devices, request))
     if name == "data-parallel":
         pairs = [(P, D) for P, D in pairs if P == 1]
-    plans: list[Plan] = []
+    cands: list[Candidate] = []
     for P, D in pairs:
         per_replica = request.global_batch // D
         for b in microbatch_sizes(request, per_replica):
@@ -145,12 +156,18 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, n
                 rc = _recompute_if_needed(cm, bounds, b, ks, cap)
                 if rc is None:
                     continue
-                plans.append(
-                    build_plan(
-                        cm, request, boundaries=bounds, recompute=rc, dp_degree=D,
-                        microbatch_size=b, schedule=schedule, solver=name,
-                    )
-                )
-    if not plans:
+                cands.append(Candidate(Config(P, D, b, M, schedule), _solution(cm, bounds, rc, b, M, D)))
+    if not cands:
         raise InfeasibleError(f"baseline {name!r}: no configuration fits in {cap / 1024**3:.2f} GiB per device")
-    return select(plans, request)
+    return select(build_best(cm, request, cands, name, RESCORE_TOP), request)
+
+
+def _solution(cm: CostModel, bounds, recompute, b: int, M: int, D: int) -> ChainSolution:
+    """The chain objective J of a fixed partition (see :mod:`planner.solve.chain_dp`)."""
+    stops = list(bounds[1:]) + [cm.num_layers]
+    times = [
+        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(recompute[s], b)
+        for s, (a, z) in enumerate(zip(bounds, stops))
+    ]
+    comm = sum(2 * cm.boundary_transfer_ms(z, b, s, D) for s, z in enumerate(stops))
+    return ChainSolution(sum(times) + comm + (M - 1) * max(times), tuple(bounds), tuple(recompute), tuple(times), True)

@@ -1,0 +1,140 @@
+"""The chain problem as an OR-Tools CP-SAT model (``--solver ilp``).
+
+Same objective and constraints as :mod:`planner.solve.chain_dp`, for cross-checks and for
+side constraints the DP cannot express. Per configuration (P, D, b, M, schedule):
+
+- ``x[s, l]``: layer ``l`` on stage ``s`` (each layer on one stage; stage index
+  non-decreasing by at most one per layer, so stages are contiguous and non-empty);
+- ``r[l]``: layer ``l`` recomputed; ``z[s, l] = x[s, l] and r[l]``;
+- ``first[s, l]`` / ``last[s, l]``: stage ``s`` starts / ends at layer ``l`` (boundary buffers
+  and transfers);
+- memory of stage ``s`` (bytes, exact integers):
+  ``kappa params - tied duplicates + 2 b (cut_in + cut_out) + k_s b (saved - sum_z (saved - input)) + ws_s <= cap``
+  with ``ws_s >= b saved_l z[s, l]`` (the recompute working set);
+- ``T_s = sum x (f + b) + sum z f`` in integer nanoseconds, ``T_max >= T_s``;
+- minimise ``sum_s T_s + sum_s c_s + (M - 1) T_max``.
+
+Times are rounded to nanoseconds and bytes to whole bytes, so the model's optimum can differ
+from the DP's float optimum only by that rounding; the returned objective is re-priced in
+floats from the model's partition.
+"""
+
+from __future__ import annotations
+
+from ortools.sat.python import cp_model
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.cost import link_of, p2p_ms
+from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts
+from planner.solve.search import search_plan
+
+NS_PER_MS = 1_000_000
+TIME_LIMIT_S = 60.0
+
+
+def solve_chain_ilp(
+    table: StageTable, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind
+) -> ChainSolution | None:
+    cm, L, P, M, b = table.cm, table.L, num_stages, num_microbatches, table.b
+    if P > L:
+        return None
+    ks = inflight_counts(schedule, P, M)
+    fwd, bwd = cm.layer_times(b)
+    saved = [float(v) * b for v in cm.saved_per_sample]
+    inp = [float(v) * b for v in cm.input_per_sample]
+    cut = [float(c) * b for c in cm.cut_bytes_per_sample]
+    kappa = cm.weight_bytes_per_param + cm.grad_bytes_per_param + cm.optim_bytes_per_param
+    m = cp_model.CpModel()
+    x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
+    r = [m.new_bool_var(f"r{l}") for l in range(L)] if table.allow_recompute else None
+    for l in range(L):
+        m.add_exactly_one(x[s][l] for s in range(P))
+    stage_of = [sum(s * x[s][l] for s in range(P)) for l in range(L)]
+    m.add(stage_of[0] == 0)
+    m.add(stage_of[L - 1] == P - 1)
+    for l in range(1, L):
+        m.add(stage_of[l] - stage_of[l - 1] >= 0)
+        m.add(stage_of[l] - stage_of[l - 1] <= 1)
+    for f in table_fixed(table):
+        m.add(stage_of[f] - stage_of[f - 1] == 1)
+
+    def both(a, c, name):
+        v = m.new_bool_var(name)
+        m.add_bool_and([a, c]).only_enforce_if(v)
+        m.add_bool_or([a.Not(), c.Not()]).only_enforce_if(v.Not())
+        return v
+
+    first = [[x[s][l] if l == 0 else (both(x[s][l], x[s - 1][l - 1], f"f{s}_{l}") if s > 0 else None)
+              for l in range(L)] for s in range(P)]
+    last = [[x[s][l] if l == L - 1 else (both(x[s][l], x[s + 1][l + 1], f"e{s}_{l}") if s < P - 1 else None)
+             for l in range(L)] for s in range(P)]
+    times, comms = [], []
+    t_max = m.new_int_var(0, 10**15, "tmax")
+    for s in range(P):
+        z = [both(x[s][l], r[l], f"z{s}_{l}") for l in range(L)] if r is not None else [None] * L
+        t = sum(int(round((fwd[l] + bwd[l]) * NS_PER_MS)) * x[s][l] for l in range(L))
+        if r is not None:
+            t += sum(int(round(fwd[l] * NS_PER_MS)) * z[l] for l in range(L))
+        t_s = m.new_int_var(0, 10**15, f"t{s}")
+        m.add(t_s == t)
+        m.add(t_max >= t_s)
+        times.append(t_s)
+        mem = sum(int(cm.param_count[l]) * kappa * x[s][l] for l in range(L))
+        for i, tie in enumerate(cm.profile.tied):
+            inside = [x[s][l] for l in tie.layers]
+            # duplicates on this stage: (count inside - 1)^+ copies, linearised with a bool "any inside"
+            any_in = m.new_bool_var(f"tie{i}_{s}")
+            m.add_max_equality(any_in, inside)
+            mem -= tie.param_count * kappa * (sum(inside) - any_in)
+        mem += sum(int(round(2 * cut[l])) * first[s][l] for l in range(L) if first[s][l] is not None)
+        mem += sum(int(round(2 * cut[l + 1])) * last[s][l] for l in range(L) if last[s][l] is not None)
+        act = sum(int(round(ks[s] * saved[l])) * x[s][l] for l in range(L))
+        if r is not None:
+            act -= sum(int(round(ks[s] * (saved[l] - inp[l]))) * z[l] for l in range(L))
+            ws = m.new_int_var(0, int(max(saved, default=0)) + 1, f"ws{s}")
+            for l in range(L):
+                m.add(ws >= int(round(saved[l])) * z[l])
+            act += ws
+        m.add(mem + act <= int(table.cap))
+        if s < P - 1:
+            bw, lat = link_of(cm.cluster, s * dp_degree, (s + 1) * dp_degree)
+            comms.append(
+                sum(
+                    int(round(2 * p2p_ms(cut[l + 1], bandwidth_gb_per_s=bw, latency_us=lat) * NS_PER_MS)) * last[s][l]
+                    for l in range(L - 1)
+                )
+            )
+    m.minimize(sum(times) + sum(comms) + (M - 1) * t_max)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1  # deterministic
+    solver.parameters.random_seed = 0
+    solver.parameters.max_time_in_seconds = TIME_LIMIT_S
+    status = solver.solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    stages = [next(s for s in range(P) if solver.value(x[s][l])) for l in range(L)]
+    bounds = tuple(l for l in range(L) if l == 0 or stages[l] != stages[l - 1])
+    stops = list(bounds[1:]) + [L]
+    recompute = tuple(
+        tuple(l for l in range(a, z) if r is not None and solver.value(r[l])) for a, z in zip(bounds, stops)
+    )
+    t_float = [
+        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(recompute[s], b)
+        for s, (a, z) in enumerate(zip(bounds, stops))
+    ]
+    comm = sum(2 * cm.boundary_transfer_ms(z, b, s, dp_degree) for s, z in enumerate(stops))
+    objective = sum(t_float) + comm + (M - 1) * max(t_float)
+    return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL)
+
+
+def table_fixed(table: StageTable) -> list[int]:
+    """Layer indices where a stage must start (from the table's validity mask)."""
+    L = table.L
+    return [f for f in range(1, L) if not table.valid[f - 1, f + 1]] if L > 1 else []
+
+
+def solve_plan(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
+    return search_plan(profile, cluster, request, solver="ilp", chain_solver=solve_chain_ilp)
