@@ -53,6 +53,23 @@ def mlp() -> Workload:
     )
 
 
+def mlp_wide() -> Workload:
+    """Same layer names as :func:`mlp`, wider layers: a different fingerprint."""
+    layers = tuple([Block(2 * WIDTH)] + [Block(2 * WIDTH) for _ in range(3)] + [nn.Linear(2 * WIDTH, 4)])
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, 2 * WIDTH, generator=g), torch.randn(batch_size, 4, generator=g)
+
+    return Workload(
+        name="mlp-wide",
+        layers=layers,
+        layer_names=tuple(f"block{i}" for i in range(4)) + ("head",),
+        make_batch=make_batch,
+        loss_fn=_mse,
+    )
+
+
 class Fork(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -148,7 +165,7 @@ def tiny_gpt() -> Workload:
     )
 
 
-FACTORIES = {"mlp": mlp, "skip": skip, "tiny_gpt": tiny_gpt}
+FACTORIES = {"mlp": mlp, "mlp_wide": mlp_wide, "skip": skip, "tiny_gpt": tiny_gpt}
 
 
 def _memory() -> StageMemory:

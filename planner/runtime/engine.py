@@ -42,6 +42,14 @@ from planner.runtime.topology import Groups, Placement, build_groups
 from planner.workload import Workload
 
 
+class StepFailure(RuntimeError):
+    """An exception raised during a training step, tagged with the step index."""
+
+    def __init__(self, step_idx: int, cause: BaseException) -> None:
+        self.step_idx = step_idx
+        super().__init__(f"at step {step_idx}: {type(cause).__name__}: {cause}")
+
+
 class TimedStage(PipelineStage):
     """A ``PipelineStage`` that adds up the seconds spent in its forward and backward chunks."""
 
@@ -257,10 +265,13 @@ class RankRunner:
         wall_ms: list[float] = []
         peak = 0
         for step_idx in range(start_step, options.num_steps):
-            _maybe_fault(options, self.place.rank, step_idx)
-            self.pipe_stage.compute_s = 0.0
-            self.module.meter.reset_peak()
-            measure = self.train_step(step_idx)
+            try:
+                _maybe_fault(options, self.place.rank, step_idx)
+                self.pipe_stage.compute_s = 0.0
+                self.module.meter.reset_peak()
+                measure = self.train_step(step_idx)
+            except Exception as exc:
+                raise StepFailure(step_idx, exc) from exc
             steps.append(measure)
             if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
                 compute_ms.append(self.pipe_stage.compute_s * 1000.0)

@@ -12,9 +12,11 @@ Order of work on every rank:
    aborted intermittently on this machine).
 
 Faults: any exception prints ``planner.runtime: rank R failed at step K: ...`` on stderr
-and the process leaves at once (``os._exit``) with 1 (2 for invalid input). torchrun then
-tears the peers down and names the failed rank in its summary; a rank that hangs instead is
-ended by the process-group timeout (``--timeout-s``).
+and the process leaves at once (``os._exit``) with 1 (2 for invalid input). The first rank
+to fail records its line in the process group's store; a peer that then fails (broken
+connection, timeout) prints ``planner.runtime: rank Q stopped: rank R failed at step K:
+...``, naming the first. torchrun tears the remaining peers down; a rank that hangs instead
+is ended by the process-group timeout (``--timeout-s``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 from datetime import timedelta
 
@@ -139,6 +142,50 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 -- any failure must end this rank at once, loudly
         if os.environ.get("PLANNER_DEBUG"):
             traceback.print_exc()
-        print(f"planner.runtime: rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        message = f"{exc}" if isinstance(exc, _step_failure()) else f"{type(exc).__name__}: {exc}"
+        message = message if message.startswith("at step") else f"before training: {message}"
+        first = _first_failure(rank, message)
+        if first is None:
+            print(f"planner.runtime: rank {rank} failed {message}", file=sys.stderr, flush=True)
+        else:
+            print(f"planner.runtime: rank {rank} stopped: rank {first}", file=sys.stderr, flush=True)
         os._exit(1)
     return 0
+
+
+def _step_failure() -> type:
+    from planner.runtime.engine import StepFailure
+
+    return StepFailure
+
+
+_FAILED_KEY = "planner/runtime/first_failure"
+
+
+def _first_failure(rank: int, message: str) -> str | None:
+    """Tell peers through the process group's store that this rank failed, unless another
+    rank did first; then return that rank's line ("R failed at step K: ..."), else None.
+
+    The store (torchrun's agent store) outlives the ranks, so a peer that then sees a
+    broken connection or a timeout can name the rank that failed first. Best effort: with
+    no store, or none reachable, each rank just reports its own failure.
+    """
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        if not dist.is_initialized():
+            return None
+        store = distributed_c10d._get_default_store()
+        line = f"{rank} failed {message}"
+        if store.add(_FAILED_KEY + "/count", 1) == 1:
+            store.set(_FAILED_KEY, line)
+            return None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if store.check([_FAILED_KEY]):
+                return store.get(_FAILED_KEY).decode()
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 -- the store may be gone with the failed rank
+        return None
+    return None
