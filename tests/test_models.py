@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -17,6 +19,9 @@ SMALL = {
     "vgg": "vgg:convs=4,width=8,image=16",
     "resnet": "resnet:blocks=2,width=8,image=16",
 }
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+if HAS_TRANSFORMERS:  # the optional GPT-2 joins the zoo-wide checks when it can be built
+    SMALL["gpt2"] = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"
 
 
 def run(workload: Workload, inputs: torch.Tensor) -> torch.Tensor:
@@ -27,7 +32,7 @@ def run(workload: Workload, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def test_small_specs_cover_the_zoo() -> None:
-    assert set(SMALL) == set(ZOO)
+    assert set(SMALL) | {"gpt2"} == set(ZOO)
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -126,6 +131,8 @@ def test_user_factory_with_options(user_module: str) -> None:
         ("gpt:layers", "not key=value"),
         ("gpt:layers=0", "must be >= 1"),
         ("gpt:hidden=30,heads=4", "divisible"),
+        ("gpt2:hidden=30,heads=4", "divisible"),
+        ("gpt2:depth=1", "unknown option 'depth'"),
         ("gpt:dtype=float16", "dtype must be one of"),
         ("no_such_package_xyz.mod:make", "cannot import"),
         ("{mod}:boom", "factory raised RuntimeError: no GPU here second line"),
@@ -139,3 +146,23 @@ def test_bad_specs_raise_one_line_input_error(spec: str, words: str, user_module
         load_workload(spec.format(mod=user_module))
     message = str(info.value)
     assert words in message and "\n" not in message
+
+
+def test_gpt2_from_transformers_matches_the_hf_model() -> None:
+    pytest.importorskip("transformers")
+    from planner.models.hf_gpt2 import GPT2Options, build_hf_model
+    from planner.profiling import profile_model
+
+    spec = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"
+    w = load_workload(spec, dtype="float64")
+    assert w.tied == (((0, "wte.weight"), (3, "lm_head.weight")),)
+    x, y = w.make_batch(2, seed=0)
+    reference = build_hf_model(GPT2Options(layers=2, hidden=32, heads=2, seq=8, vocab=64, dtype="float64"))
+    torch.testing.assert_close(run(w, x), reference(input_ids=x).logits, rtol=0, atol=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = profile_model(w, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False)
+    untraced = [str(c.message) for c in caught if "cannot be traced" in str(c.message)]
+    assert [m.split()[1] for m in untraced] == ["'h0'", "'h1'"]  # GPT2Block: module granularity
+    assert profile.metadata["fx_untraced_layers"] == "h0,h1"
+    assert profile.tied[0].layers == (0, 3) and profile.model == "gpt2"

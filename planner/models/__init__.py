@@ -9,6 +9,8 @@ Spec syntax (``planner profile --model SPEC``, :func:`load_workload`):
   - ``bert``: layers, hidden, heads, seq, vocab, classes (BERT-style encoder, pooled classifier)
   - ``vgg``: convs, width, pool_every, image, classes (VGG-style CNN)
   - ``resnet``: blocks, width, image, classes (ResNet-style CNN, skips span layers)
+  - ``gpt2``: layers, hidden, heads, seq, vocab (``transformers`` GPT-2 from a GPT2Config,
+    random weights; needs the optional ``transformers``)
 
   every zoo model also takes ``seed`` (weights, default 0) and ``dtype``
   (``float32`` default, ``float64``, ``bfloat16``): the dtype of the parameters and of the
@@ -28,7 +30,7 @@ from typing import Any, Callable
 
 from planner.artifacts.profile import profile_fingerprint
 from planner.errors import PlannerInputError
-from planner.models import bert, gpt, resnet, vgg
+from planner.models import bert, gpt, hf_gpt2, resnet, vgg
 from planner.models.spec import build_config, load_factory, split_options
 from planner.workload import Workload
 
@@ -40,6 +42,7 @@ ZOO: dict[str, tuple[type, Callable[[Any], Workload]]] = {
     "bert": (bert.BERTConfig, bert.build),
     "vgg": (vgg.VGGConfig, vgg.build),
     "resnet": (resnet.ResNetConfig, resnet.build),
+    "gpt2": (hf_gpt2.GPT2Options, hf_gpt2.build),
 }
 
 
