@@ -41,7 +41,7 @@ def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optim
 
 def reference(cfg: dict[str, Any], global_batch: int) -> tuple[list[float], list[list[torch.Tensor]]]:
     """One process, whole model, whole global batch: losses per step and the last grads per layer."""
-    workload = load_workload(cfg["model"], 0)
+    workload = load_workload(cfg["model"], 0, cfg["dtype"])
     cast_workload(workload, cfg["dtype"])
     unique = list({id(p): p for layer in workload.layers for p in layer.parameters()}.values())
     opt = _optimizer(cfg["optimizer"], unique)
@@ -61,7 +61,7 @@ def reference(cfg: dict[str, Any], global_batch: int) -> tuple[list[float], list
 
 
 def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
-    workload = load_workload(cfg["model"], 0)
+    workload = load_workload(cfg["model"], 0, cfg["dtype"])
     plan = make_plan(
         workload.layer_names,
         tuple(cfg["boundaries"]),

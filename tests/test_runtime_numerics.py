@@ -18,6 +18,8 @@ import pytest
 from tests.runtime_launch import torchrun
 
 MLP = "tests.factories:mlp"
+ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, tied head
+ZOO_RESNET = "resnet:blocks=2,width=4,image=8,classes=4"  # stem, (a, b) x 2, head; skips a -> b
 # (P, D) -> boundaries of the 5-layer test models
 SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}
 
@@ -51,12 +53,16 @@ def configs(world: int) -> list[dict[str, Any]]:
             _cfg("gpt-tied-P2-D1-gpipe", "tests.factories:tiny_gpt", 2, 1, "gpipe", False, optimizer="adamw"),
             _cfg("skip-P2-D1-1f1b-rc", "tests.factories:skip", 2, 1, "1f1b", True),
             _cfg("mlp-P2-D1-float32", MLP, 2, 1, "1f1b", False, dtype="float32", num_microbatches=3),
+            _cfg("zoo-gpt-P2-D1-1f1b", ZOO_GPT, 2, 1, "1f1b", False, optimizer="adamw"),
+            _cfg("zoo-resnet-P2-D1-gpipe-rc", ZOO_RESNET, 2, 1, "gpipe", True),
         ],
         4: [
             _cfg("gpt-tied-P2-D2-1f1b-rc", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, optimizer="adamw"),
             _cfg("gpt-tied-P4-D1-gpipe", "tests.factories:tiny_gpt", 4, 1, "gpipe", True),
             _cfg("skip-P4-D1-gpipe", "tests.factories:skip", 4, 1, "gpipe", False, num_microbatches=5),
             _cfg("mlp-P2-D2-float32-adamw", MLP, 2, 2, "gpipe", True, dtype="float32", optimizer="adamw"),
+            _cfg("zoo-resnet-P4-D1-1f1b", ZOO_RESNET, 4, 1, "1f1b", False, boundaries=[1, 2, 4]),
+            _cfg("zoo-gpt-P2-D2-gpipe-rc", ZOO_GPT, 2, 2, "gpipe", True, boundaries=[3], dtype="float32"),
         ],
     }
     return out + extra[world]

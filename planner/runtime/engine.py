@@ -24,7 +24,7 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -192,7 +192,12 @@ class RankRunner:
             group=self.groups.pipeline,
         )
         num_mb = plan.num_microbatches
-        loss_fn: Callable[[Any, Any], Any] = lambda out, target: workload.loss_fn(out, target) / num_mb
+        meter = self.module.meter
+
+        def loss_fn(out: Any, target: Any) -> Any:
+            with meter.hooks():  # the loss's saved tensors belong to the last stage, as in the profile
+                return workload.loss_fn(out, target) / num_mb
+
         schedule_cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
         self.schedule = schedule_cls(self.pipe_stage, num_mb, loss_fn=loss_fn, scale_grads=False)
         tied_ids = {id(p) for p in self.tied_params if p is not None}

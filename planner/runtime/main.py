@@ -94,7 +94,7 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     from planner.runtime.model import cast_workload, load_workload, workload_fingerprint
 
     plan = load_plan(options.plan_path)
-    workload = load_workload(options.model_spec, options.seed)
+    workload = load_workload(options.model_spec, options.seed, options.dtype)
     check_plan(plan, workload, world_size, source=options.plan_path)
     profile = load_profile(options.profile_path) if options.profile_path else None
     if profile is not None and profile.layer_names != workload.layer_names:
