@@ -1,12 +1,13 @@
 """Regenerate the shipped profiles in ``profiles/``.
 
-- measured profiles of the four zoo models at their default (small) sizes:
+- measured profiles of the zoo models (gpt, bert, vgg, resnet, and gpt2 when transformers is
+  installed) at their default (small) sizes:
   ``zoo-<model>-<device>.json`` (CPU by default; ``--device cuda`` on a GPU machine);
 - analytic GPT-3 1.3B / 13B / 175B on A100 and H100: ``gpt3-<size>-<a100|h100>.json``
   (planner.analytic, formulas cited there).
 
 Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
-       [--threads N] [--out-dir profiles]
+       [--threads N] [--models gpt,bert,...] [--out-dir profiles]
 """
 
 from __future__ import annotations
@@ -20,16 +21,21 @@ sys.path.insert(0, str(REPO))
 
 from planner.artifacts.profile import save_profile  # noqa: E402
 
-ZOO_SPECS = ("gpt", "bert", "vgg", "resnet")
+ZOO_SPECS = ("gpt", "bert", "vgg", "resnet", "gpt2")  # gpt2 only when transformers is installed
 GPT3 = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b")
 PRESETS = {"a100": "a100-80gb", "h100": "h100-80gb"}
 
 
-def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ...]) -> None:
+def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ...], models: tuple[str, ...]) -> None:
+    import importlib.util
+
     from planner.models import load_workload
     from planner.profiling import profile_model
 
-    for spec in ZOO_SPECS:
+    for spec in models:
+        if spec == "gpt2" and importlib.util.find_spec("transformers") is None:
+            print("gpt2: skipped (transformers is not installed)", file=sys.stderr)
+            continue
         profile = profile_model(
             load_workload(spec), microbatch_sizes=sizes, device=device, warmup=3, repeats=10, num_threads=threads
         )
@@ -60,12 +66,13 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadiest on a shared machine)")
     parser.add_argument("--microbatch-sizes", default="1,2,4,8")
+    parser.add_argument("--models", default=",".join(ZOO_SPECS), help="zoo models to measure (default: all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "profiles")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.only != "analytic":
         sizes = tuple(int(s) for s in args.microbatch_sizes.split(","))
-        make_measured(args.out_dir, args.device, args.threads, sizes)
+        make_measured(args.out_dir, args.device, args.threads, sizes, tuple(args.models.split(",")))
     if args.only != "measured":
         make_analytic(args.out_dir)
     return 0

@@ -133,3 +133,25 @@ def test_malformed_files_name_file_and_line(text: str, words: str, tmp_path: Pat
 def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(PlannerInputError, match="cannot read"):
         import_pipedream(tmp_path / "nope.txt")
+
+
+@needs_reference
+@pytest.mark.parametrize("model", ["alexnet", "gnmt"])
+def test_imported_profile_plans(model: str, tmp_path: Path) -> None:
+    profile_path, plan_path = tmp_path / "p.json", tmp_path / "plan.json"
+    assert main(["import-pipedream", str(REFERENCE / model / "graph.txt"), "--out", str(profile_path)]) == 0
+    assert main(["plan", "--profile", str(profile_path), "--devices", "4", "--out", str(plan_path)]) == 0
+    assert plan_path.exists()
+
+
+def test_importer_and_cli_modules_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, planner, planner.importers.pipedream, planner.commands.profile, "
+        "planner.commands.import_pipedream, planner.cli; planner.cli.build_parser(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

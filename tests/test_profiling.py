@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -221,3 +222,21 @@ def test_layer_by_layer_backward_gives_whole_model_gradients(name: str) -> None:
     workload.loss_fn(out, targets).backward()
     for got, p in zip(chained, params):
         torch.testing.assert_close(got, p.grad, rtol=1e-10, atol=1e-12)
+
+
+SHIPPED = ["gpt", "bert", "vgg", "resnet"] + (["gpt2"] if importlib.util.find_spec("transformers") else [])
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_zoo_profiles_match_the_zoo_and_plan(name: str, tmp_path: Path) -> None:
+    """profiles/zoo-<name>-cpu.json is a profile of today's default zoo model, and it plans."""
+    from planner.artifacts.profile import load_profile
+
+    path = REPO / "profiles" / f"zoo-{name}-cpu.json"
+    profile = load_profile(path)
+    assert profile.source == "measured" and profile.device == "cpu"
+    assert profile.fingerprint_sha256 == workload_fingerprint(load_workload(name))
+    assert {"torch_num_threads", "clock"} <= set(profile.metadata) and "torch" in profile.versions
+    assert path.stat().st_size < 200_000
+    args = ["plan", "--profile", str(path), "--cluster", "local-cpu", "--global-batch", "16", "--out", str(tmp_path / "p.json")]
+    assert main(args) == 0

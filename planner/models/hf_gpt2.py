@@ -81,7 +81,7 @@ def build_hf_model(opts: GPT2Options) -> nn.Module:
         raise PlannerInputError("model 'gpt2' needs transformers (pip install 'planner[hf]')") from None
     config = GPT2Config(
         n_layer=opts.layers, n_embd=opts.hidden, n_head=opts.heads, n_positions=opts.seq, vocab_size=opts.vocab,
-        embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+        embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
     )
     config._attn_implementation = "sdpa"
     with seeded(opts.seed):
