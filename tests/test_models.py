@@ -166,3 +166,14 @@ def test_gpt2_from_transformers_matches_the_hf_model() -> None:
     assert [m.split()[1] for m in untraced] == ["'h0'", "'h1'"]  # GPT2Block: module granularity
     assert profile.metadata["fx_untraced_layers"] == "h0,h1"
     assert profile.tied[0].layers == (0, 3) and profile.model == "gpt2"
+
+
+def test_gpt_sublayer_granularity_is_the_same_model_cut_finer() -> None:
+    spec = "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64,dtype=float64"
+    coarse, fine = load_workload(spec), load_workload(spec + ",granularity=sublayer")
+    assert fine.layer_names == ("embed", "block0.attn", "block0.mlp", "block1.attn", "block1.mlp", "head")
+    assert fine.tied == (((0, "tok.weight"), (5, "proj.weight")),)
+    x, _ = coarse.make_batch(2, seed=3)
+    torch.testing.assert_close(run(fine, x), run(coarse, x), rtol=0, atol=0)
+    with pytest.raises(PlannerInputError, match="granularity must be"):
+        load_workload("gpt:granularity=op")

@@ -4,8 +4,9 @@ Spec syntax (``planner profile --model SPEC``, :func:`load_workload`):
 
 - ``NAME`` or ``NAME:key=value,key=value`` for a zoo model; names and options:
 
-  - ``gpt``: layers, hidden, heads, seq, vocab (GPT-style decoder, LM head tied to the
-    token embedding, recorded in ``Workload.tied``)
+  - ``gpt``: layers, hidden, heads, seq, vocab, granularity (GPT-style decoder, LM head tied
+    to the token embedding, recorded in ``Workload.tied``; ``granularity=sublayer`` makes the
+    attention and MLP halves of each block separate layers, for finer stage boundaries)
   - ``bert``: layers, hidden, heads, seq, vocab, classes (BERT-style encoder, pooled classifier)
   - ``vgg``: convs, width, pool_every, image, classes (VGG-style CNN)
   - ``resnet``: blocks, width, image, classes (ResNet-style CNN, skips span layers)

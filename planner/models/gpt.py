@@ -2,7 +2,8 @@
 
 After Radford et al. 2019 (GPT-2): pre-LayerNorm residual blocks, causal self-attention, a
 4x GELU MLP, and an output projection that shares its weight with the token embedding
-(Press & Wolf 2017). Layers: ``embed``, ``block0`` .. ``block{N-1}``, ``head``.
+(Press & Wolf 2017). Layers: ``embed``, ``block0`` .. ``block{N-1}``, ``head``; with
+``granularity=sublayer`` each block is two layers, ``block{i}.attn`` and ``block{i}.mlp``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from planner.errors import PlannerInputError
 from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, parse_dtype, seeded
 from planner.workload import Workload
 
@@ -34,6 +36,8 @@ class GPTConfig:
     """weight seed"""
     dtype: str = "float32"
     """parameter dtype: float32 | float64 | bfloat16"""
+    granularity: str = "block"
+    """layer unit: ``block`` (one layer per block) or ``sublayer`` (attention and MLP apart)"""
 
 
 class Embedding(nn.Module):
@@ -65,6 +69,32 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class PreLNResidual(nn.Module):
+    """One half of a block as its own layer: ``x + fn(norm(x))`` (same modules, same weights)."""
+
+    def __init__(self, norm: nn.LayerNorm, fn: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fn(self.norm(x))
+
+
+def block_layers(blocks: list[Block], granularity: str) -> tuple[list[nn.Module], list[str]]:
+    """The blocks as layers: whole, or split into their attention and MLP halves."""
+    if granularity == "block":
+        return list(blocks), [f"block{i}" for i in range(len(blocks))]
+    if granularity == "sublayer":
+        layers: list[nn.Module] = []
+        names: list[str] = []
+        for i, b in enumerate(blocks):
+            layers += [PreLNResidual(b.ln1, b.attn), PreLNResidual(b.ln2, b.mlp)]
+            names += [f"block{i}.attn", f"block{i}.mlp"]
+        return layers, names
+    raise PlannerInputError(f"granularity must be 'block' or 'sublayer' (got {granularity!r})")
+
+
 class Head(nn.Module):
     """Final LayerNorm and the LM head; ``proj.weight`` is the token embedding's weight."""
 
@@ -85,7 +115,8 @@ def build(cfg: GPTConfig) -> Workload:
         blocks = [Block(cfg) for _ in range(cfg.layers)]
         head = Head(cfg, embed.tok.weight)
     dtype = parse_dtype(cfg.dtype)
-    layers = tuple(m.to(dtype) for m in (embed, *blocks, head))
+    body, body_names = block_layers(blocks, cfg.granularity)
+    layers = tuple(m.to(dtype) for m in (embed, *body, head))
     # .to() keeps Parameter identity, so the head still shares the embedding's weight
     assert head.proj.weight is embed.tok.weight
 
@@ -93,7 +124,7 @@ def build(cfg: GPTConfig) -> Workload:
         tokens = torch.randint(cfg.vocab, (batch_size, cfg.seq + 1), generator=generator(seed))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    names = ("embed", *(f"block{i}" for i in range(cfg.layers)), "head")
+    names = ("embed", *body_names, "head")
     return Workload(
         name="gpt",
         layers=layers,
