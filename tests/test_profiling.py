@@ -240,3 +240,8 @@ def test_shipped_zoo_profiles_match_the_zoo_and_plan(name: str, tmp_path: Path) 
     assert path.stat().st_size < 200_000
     args = ["plan", "--profile", str(path), "--cluster", "local-cpu", "--global-batch", "16", "--out", str(tmp_path / "p.json")]
     assert main(args) == 0
+
+
+def test_default_dtype_is_the_models_own() -> None:
+    profile = profile_model(load_workload(TINY["vgg"] + ",dtype=float64"), **FAST)
+    assert profile.dtype == "float64" and profile.layers[0].param_bytes == 8 * profile.layers[0].param_count

@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measured = parser.add_argument_group("measured (--model)")
     measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
     measured.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    measured.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32")
+    measured.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default=None, help="default: the model's own")
     measured.add_argument("--warmup", type=int, default=2, help="untimed runs per layer (default 2)")
     measured.add_argument("--repeats", type=int, default=5, help="timed runs per layer, median kept (default 5)")
     measured.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")

@@ -58,6 +58,16 @@ def _placed(workload: Workload, device: torch.device, dtype: torch.dtype) -> Wor
     return dataclasses.replace(workload, layers=tuple(m.to(device=device, dtype=dtype) for m in layers))
 
 
+def _own_dtype(workload: Workload) -> str:
+    """Name of the workload's floating parameter dtype (float32 when it has none)."""
+    names = {v: k for k, v in DTYPES.items()}
+    for layer in workload.layers:
+        for p in layer.parameters():
+            if p.is_floating_point():
+                return names.get(p.dtype, str(p.dtype))
+    return "float32"
+
+
 def _device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise PlannerInputError(f"device must be 'cpu' or 'cuda' (got {name!r})")
@@ -82,7 +92,7 @@ def profile_model(
     *,
     microbatch_sizes: Sequence[int] = (1, 2, 4),
     device: str = "cpu",
-    dtype: str = "float32",
+    dtype: str | None = None,
     warmup: int = 2,
     repeats: int = 5,
     num_threads: int | None = None,
@@ -91,13 +101,15 @@ def profile_model(
 ) -> Profile:
     """Measure ``workload`` into a Profile (``source="measured"``).
 
-    ``num_threads`` fixes ``torch.set_num_threads`` for the CPU measurements (default: the
+    ``dtype`` (float32 | float64 | bfloat16) converts a copy of the layers and the floating
+    inputs; by default the workload's own parameter dtype is kept. ``num_threads`` fixes ``torch.set_num_threads`` for the CPU measurements (default: the
     current setting); it is restored afterwards and recorded in the metadata. ``trace_ops``
     traces each layer with torch.fx and records operator counts (untraceable layers warn).
     """
     sizes = sorted(set(int(b) for b in microbatch_sizes))
     if not sizes or sizes[0] < 1:
         raise PlannerInputError(f"micro-batch sizes must be positive integers (got {list(microbatch_sizes)})")
+    dtype = dtype or _own_dtype(workload)
     if dtype not in DTYPES:
         raise PlannerInputError(f"dtype must be one of {sorted(DTYPES)} (got {dtype!r})")
     if warmup < 0 or repeats < 1:
