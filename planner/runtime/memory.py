@@ -4,9 +4,10 @@ Every tensor autograd saves while a stage runs its forward is counted with its o
 (``numel x element_size``, views counted as themselves, as the profiler does) until the
 autograd node that saved it is freed (after its backward). Parameters (and views of them,
 e.g. the transposed weight ``mm`` saves) are left out: they are model state, not
-activations. A layer under non-reentrant checkpoint saves nothing through these hooks (the
-checkpoint installs its own); instead it keeps its inputs alive, and ``keep_alive`` counts
-those bytes for as long as the layer's output node lives.
+activations. A layer under non-reentrant ``torch.utils.checkpoint`` shows here only as its
+inputs: the checkpoint saves them through the ambient hooks (checked with torch 2.13), while
+the tensors of its recomputation go through the checkpoint's own hooks, so the count is
+what the cost model assumes for a recomputed layer (its inputs).
 """
 
 from __future__ import annotations
@@ -69,10 +70,3 @@ class SavedBytesMeter:
     def hooks(self) -> Iterator[None]:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
-
-    def keep_alive(self, output: Any, num_bytes: int) -> None:
-        """Count ``num_bytes`` while the autograd node of ``output`` lives (recomputed layers)."""
-        tensors = [output] if isinstance(output, torch.Tensor) else [t for t in output if isinstance(t, torch.Tensor)]
-        node = next((t.grad_fn for t in tensors if t.grad_fn is not None), None)
-        if node is not None:
-            node.metadata["planner_saved_inputs"] = _Held(None, num_bytes, self)

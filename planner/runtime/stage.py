@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.runtime.emulate import sleep_after
-from planner.runtime.memory import SavedBytesMeter, tensor_bytes
+from planner.runtime.emulate import run_emulated
+from planner.runtime.memory import SavedBytesMeter
 
 
 class StageModule(nn.Module):
@@ -37,20 +37,21 @@ class StageModule(nn.Module):
         self.meter = SavedBytesMeter([p for p in self.parameters()])
 
     def _run_layer(self, idx: int, x: Any) -> Any:
-        out = self.layers[idx](x)
-        if self.emulated_ms is not None:
-            fwd_ms, bwd_ms = self.emulated_ms[idx]
-            out = sleep_after(out, fwd_ms, bwd_ms)
-        return out
+        if self.emulated_ms is None:
+            return self.layers[idx](x)
+        fwd_ms, bwd_ms = self.emulated_ms[idx]
+        # a recomputed layer's forward re-runs inside its backward window (non-reentrant
+        # checkpoint recomputes when backward first unpacks a saved tensor), so the window
+        # is the recompute plus the backward
+        window_ms = bwd_ms + fwd_ms if self.recompute[idx] else bwd_ms
+        return run_emulated(self.layers[idx], x, fwd_ms, window_ms)
 
     def forward(self, *args: Any) -> Any:
         x: Any = args[0] if len(args) == 1 else tuple(args)
         with self.meter.hooks():
             for idx in range(len(self.layers)):
                 if self.recompute[idx] and torch.is_grad_enabled():
-                    kept = tensor_bytes(x)
                     x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
-                    self.meter.keep_alive(x, kept)
                 else:
                     x = self._run_layer(idx, x)
         return x

@@ -1,0 +1,84 @@
+"""Shared setup of the emulated-compute benchmarks: a tiny real model with synthetic layer times.
+
+The model is the zoo GPT at toy size (real tensors, real communication, negligible compute);
+its Profile is measured by the profiler for the memory figures (bytes saved for backward,
+inputs, outputs, edges), and its times are replaced by the synthetic ``LAYER_FWD_MS`` (backward
+twice the forward), which ``python -m planner.runtime --emulate --profile`` sleeps. Plans
+come from ``planner.solve.build.build_plan``, so their predictions are the simulator's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from planner.artifacts.cluster import load_cluster
+from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile, TimeFit
+from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
+from planner.cost import CostModel
+from planner.solve.build import build_plan
+
+MODEL_SPEC = "gpt:layers=6,hidden=16,heads=2,seq=8,vocab=64"  # embed, block0..5, head
+LAYER_FWD_MS = (2.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0, 4.0)
+BWD_OVER_FWD = 2.0
+MICROBATCH_SIZE = 2
+CLUSTER = "local-cpu"
+BOUNDARIES = {1: (0,), 2: (0, 4), 4: (0, 2, 4, 6)}
+
+
+def emulated_profile(microbatch_size: int = MICROBATCH_SIZE) -> Profile:
+    """The toy GPT profiled for memory, with the synthetic times in place of measured ones."""
+    from planner.models import load_workload
+    from planner.profiling import profile_model
+
+    workload = load_workload(MODEL_SPEC)
+    measured = profile_model(
+        workload, microbatch_sizes=(microbatch_size,), warmup=0, repeats=1, trace_ops=False, progress=False
+    )
+    layers = tuple(
+        dataclasses.replace(
+            layer,
+            fwd=TimeFit(intercept_ms=fwd, per_sample_ms=0.0),
+            bwd=TimeFit(intercept_ms=BWD_OVER_FWD * fwd, per_sample_ms=0.0),
+            measured=(),
+        )
+        for layer, fwd in zip(measured.layers, LAYER_FWD_MS, strict=True)
+    )
+    return dataclasses.replace(measured, layers=layers, source="analytic", metadata={**measured.metadata, "times": "synthetic, for --emulate"})
+
+
+def recompute_sets(boundaries: Sequence[int], num_layers: int, recompute: bool) -> list[tuple[int, ...]]:
+    """With ``recompute``, every stage but the last recomputes its transformer blocks."""
+    stops = [*boundaries[1:], num_layers]
+    sets = []
+    for s, (start, stop) in enumerate(zip(boundaries, stops)):
+        last = s == len(boundaries) - 1
+        sets.append(tuple(i for i in range(start, stop) if 1 <= i <= 6) if recompute and not last else ())
+    if recompute and len(boundaries) == 1:
+        sets = [tuple(range(1, 7))]  # one stage: recompute the blocks, keep the head (and its loss)
+    return sets
+
+
+def emulated_plan(
+    profile: Profile, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind, recompute: bool
+) -> Plan:
+    cluster = load_cluster(CLUSTER)
+    request = PlanRequest(
+        global_batch=num_microbatches * MICROBATCH_SIZE * dp_degree,
+        num_devices=num_stages * dp_degree,
+        schedules=(schedule,),
+        microbatch_sizes=(MICROBATCH_SIZE,),
+        optimizer=OptimizerKind.SGD_FP32,
+    )
+    boundaries = BOUNDARIES[num_stages]
+    return build_plan(
+        CostModel(profile, cluster, OptimizerKind.SGD_FP32),
+        request,
+        boundaries=boundaries,
+        recompute=recompute_sets(boundaries, profile.num_layers, recompute),
+        dp_degree=dp_degree,
+        microbatch_size=MICROBATCH_SIZE,
+        schedule=schedule,
+        solver="fixed",
+    )

@@ -1,0 +1,140 @@
+"""Cost-model fidelity: predicted vs measured iteration time and activation bytes, emulated.
+
+For each configuration (P stages x D replicas, M micro-batches, schedule, recompute), build
+the plan with ``build_plan`` (predictions from the event simulator), run it with
+``python -m planner.runtime --emulate`` (layers sleep their profile times; real tensors and
+gloo communication), and compare the RunReport with the plan. Targets (issue 6): iteration
+time error median <= 5%, max <= 15%; activation bytes within 1%.
+
+Usage: python benchmarks/fidelity.py [--steps 5] [--warmup 2] [--out results.json] [--only N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from emulated_setup import MODEL_SPEC, emulated_plan, emulated_profile  # noqa: E402
+
+from planner.artifacts.plan import save_plan  # noqa: E402
+from planner.artifacts.profile import save_profile  # noqa: E402
+from planner.artifacts.report import load_report  # noqa: E402
+from planner.artifacts.request import ScheduleKind  # noqa: E402
+
+G, F = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B
+
+
+@dataclass(frozen=True)
+class Config:
+    num_stages: int
+    dp_degree: int
+    num_microbatches: int
+    schedule: ScheduleKind
+    recompute: bool
+
+    @property
+    def name(self) -> str:
+        return f"P{self.num_stages} D{self.dp_degree} M{self.num_microbatches} {self.schedule.value:<5} rc={int(self.recompute)}"
+
+
+CONFIGS = (
+    Config(1, 1, 4, G, False),
+    Config(1, 2, 4, F, False),
+    Config(1, 2, 2, G, True),
+    Config(2, 1, 4, G, False),
+    Config(2, 1, 8, F, False),
+    Config(2, 1, 6, F, True),
+    Config(2, 2, 4, G, True),
+    Config(2, 2, 8, F, False),
+    Config(2, 2, 2, F, True),
+    Config(4, 1, 2, G, False),
+    Config(4, 1, 4, G, False),
+    Config(4, 1, 8, F, False),
+    Config(4, 1, 8, G, True),
+    Config(4, 1, 6, F, True),
+)
+
+
+def run_one(cfg: Config, profile_path: Path, work: Path, steps: int, warmup: int) -> dict[str, object]:
+    from planner.artifacts.profile import load_profile
+
+    plan = emulated_plan(
+        load_profile(profile_path),
+        num_stages=cfg.num_stages,
+        dp_degree=cfg.dp_degree,
+        num_microbatches=cfg.num_microbatches,
+        schedule=cfg.schedule,
+        recompute=cfg.recompute,
+    )
+    plan_path, report_path = work / "plan.json", work / "report.json"
+    save_plan(plan, plan_path)
+    nproc = cfg.num_stages * cfg.dp_degree
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    cmd += ["-m", "planner.runtime", "--plan", str(plan_path), "--model", MODEL_SPEC, "--emulate"]
+    cmd += ["--profile", str(profile_path), "--steps", str(steps), "--warmup-steps", str(warmup), "--report", str(report_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cfg.name}: runtime failed:\n{proc.stderr[-2000:]}")
+    report = load_report(report_path)
+    act_errors = [abs(s.activation_rel_error) for s in report.stages]
+    return {
+        "config": cfg.name,
+        "predicted_ms": report.iteration_ms_predicted,
+        "measured_ms": report.iteration_ms,
+        "time_error": report.iteration_rel_error,
+        "activation_predicted_bytes": [s.activation_bytes_predicted for s in report.stages],
+        "activation_measured_bytes": [s.saved_bytes_peak for s in report.stages],
+        "activation_max_error": max(act_errors),
+        "stage_compute_ms": [round(s.compute_ms, 2) for s in report.stages],
+        "stage_compute_predicted_ms": [round(s.compute_ms_predicted, 2) for s in report.stages],
+        "step_ms": [round(s.wall_ms, 2) for s in report.steps],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--only", type=int, default=0, help="run the first N configurations")
+    args = parser.parse_args()
+    configs = CONFIGS[: args.only] if args.only else CONFIGS
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        profile_path = work / "profile.json"
+        save_profile(emulated_profile(), profile_path)
+        print(f"{'config':<26} {'pred ms':>9} {'meas ms':>9} {'t err':>7}  {'act bytes pred/meas per stage':<40} {'a err':>6}")
+        for cfg in configs:
+            row = run_one(cfg, profile_path, work, args.steps, args.warmup)
+            rows.append(row)
+            acts = " ".join(f"{p}/{m}" for p, m in zip(row["activation_predicted_bytes"], row["activation_measured_bytes"]))  # type: ignore[call-overload]
+            print(
+                f"{row['config']:<26} {row['predicted_ms']:>9.1f} {row['measured_ms']:>9.1f} "
+                f"{100 * row['time_error']:>6.1f}%  {acts:<40} {100 * row['activation_max_error']:>5.2f}%",
+                flush=True,
+            )
+    errors = [abs(r["time_error"]) for r in rows]  # type: ignore[arg-type]
+    act = max(r["activation_max_error"] for r in rows)  # type: ignore[type-var]
+    print(
+        f"\n{len(rows)} configurations: time error median {100 * statistics.median(errors):.1f}% "
+        f"(target <= 5%), max {100 * max(errors):.1f}% (target <= 15%); activation bytes max error {100 * act:.2f}% (target <= 1%)"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

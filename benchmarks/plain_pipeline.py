@@ -1,0 +1,87 @@
+"""Baseline for runtime_overhead.py: plain ``torch.distributed.pipelining``, nothing of ours
+but the layer split and the emulated layers (so both sides do identical "compute").
+
+    torchrun --nproc-per-node P benchmarks/plain_pipeline.py PLAN MODEL PROFILE STEPS WARMUP OUT
+
+What a user would write by hand: one stage module per rank from the plan's layer range,
+``PipelineStage`` with run-time shape inference, ``ScheduleGPipe``/``Schedule1F1B`` with the
+default gradient scaling, SGD. No data parallelism (P x 1 plans only), no recompute, no
+measurements beyond the step wall time (barrier before, max over ranks after).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # noqa: E402
+
+from planner.artifacts.plan import load_plan  # noqa: E402
+from planner.artifacts.profile import load_profile  # noqa: E402
+from planner.artifacts.request import ScheduleKind  # noqa: E402
+from planner.models import load_workload  # noqa: E402
+from planner.runtime.emulate import run_emulated  # noqa: E402
+
+
+class Emulated(nn.Module):
+    def __init__(self, layers: list[nn.Module], times: list[tuple[float, float]]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.times = times
+
+    def forward(self, *args: Any) -> Any:
+        x: Any = args[0] if len(args) == 1 else tuple(args)
+        for layer, (fwd, bwd) in zip(self.layers, self.times):
+            x = run_emulated(layer, x, fwd, bwd)
+        return x
+
+
+def main() -> None:
+    plan_path, spec, profile_path, steps, warmup, out = sys.argv[1:7]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    plan, profile = load_plan(plan_path), load_profile(profile_path)
+    torch.manual_seed(0)
+    workload = load_workload(spec)
+    stage_plan = plan.stages[rank]
+    b = plan.microbatch_size
+    times = [(layer.fwd_ms(b), layer.bwd_ms(b)) for layer in profile.layers][stage_plan.layer_start : stage_plan.layer_stop]
+    module = Emulated(list(workload.layers[stage_plan.layer_start : stage_plan.layer_stop]), times)
+    stage = PipelineStage(module, rank, plan.num_stages, torch.device("cpu"))
+    cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
+    schedule = cls(stage, plan.num_microbatches, loss_fn=workload.loss_fn)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    walls = []
+    for step in range(int(steps)):
+        inputs, targets = workload.make_batch(plan.global_batch, step)
+        opt.zero_grad()
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            schedule.step(inputs)
+        elif rank == plan.num_stages - 1:
+            schedule.step(target=targets, losses=[])
+        else:
+            schedule.step()
+        opt.step()
+        wall = torch.tensor([(time.perf_counter() - start) * 1000.0], dtype=torch.float64)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        walls.append(float(wall))
+    if rank == 0:
+        Path(out).write_text(json.dumps({"step_ms": walls[int(warmup) :]}) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
