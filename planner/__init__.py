@@ -30,8 +30,17 @@ _LAZY = {
     "CLUSTER_PRESETS": "planner.artifacts.cluster:PRESETS",
     "Workload": "planner.workload:Workload",
     "default_profile_path": "planner.defaults:default_profile_path",
+    "profile_model": "planner.profiling:profile_model",
+    "load_workload": "planner.models:load_workload",
+    "analytic_gpt_profile": "planner.analytic:gpt_profile",
     # planning
     "plan": "planner.solve:plan",
+    "simulate": "planner.simulator:simulate",
+    "predict": "planner.simulator:predict",
+    "lower_bounds": "planner.bounds:lower_bounds",
+    "me_index": "planner.bounds:me_index",
+    "plot_timeline": "planner.report.figures:plot_timeline",
+    "plot_memory": "planner.report.figures:plot_memory",
     "format_plan": "planner.report.table:format_plan",
 }
 

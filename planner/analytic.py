@@ -52,7 +52,8 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
 
 # GPT-3 family, Brown et al. 2020 ("Language Models are Few-Shot Learners"), table 2.1.
 GPT3_SIZES: dict[str, dict[str, int]] = {
-    "gpt3-1.3b": dict(layers=24, hidden=2048, heads=24, seq=2048, vocab=50257),
+    # GPT-3 XL lists 24 heads of 128 with d_model 2048 (24 x 128 != 2048); 16 heads of 128 fit.
+    "gpt3-1.3b": dict(layers=24, hidden=2048, heads=16, seq=2048, vocab=50257),
     "gpt3-2.7b": dict(layers=32, hidden=2560, heads=32, seq=2048, vocab=50257),
     "gpt3-6.7b": dict(layers=32, hidden=4096, heads=32, seq=2048, vocab=50257),
     "gpt3-13b": dict(layers=40, hidden=5120, heads=40, seq=2048, vocab=50257),

@@ -123,7 +123,7 @@ def _throughput_and_peak(plan: Plan) -> tuple[float, float]:
     pred = plan.predicted
     if pred.iteration_ms > 0 and pred.peak_memory_bytes > 0:
         return plan.global_batch / pred.iteration_ms * 1e3, float(pred.peak_memory_bytes)
-    from planner.simulate import simulate
+    from planner.simulator import simulate
 
     timeline = simulate(plan)
     return plan.global_batch / timeline.iteration_ms * 1e3, float(timeline.peak_memory_bytes)

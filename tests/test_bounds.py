@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from planner.artifacts.request import ScheduleKind
 from planner.bounds import lower_bound_ms, lower_bounds, lower_bounds_from_arrays, me_index, me_index_of
 from planner.errors import PlannerInputError
-from planner.simulate import simulate, simulate_iteration_ms
+from planner.simulator import simulate, simulate_iteration_ms
 from tests.plan_factory import make_plan
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B

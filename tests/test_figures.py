@@ -9,7 +9,7 @@ import numpy as np
 
 from planner.artifacts.request import ScheduleKind
 from planner.report.figures import COLORS, plot_memory, plot_timeline
-from planner.simulate import SegmentKind, simulate
+from planner.simulator import SegmentKind, simulate
 from tests.plan_factory import make_plan
 
 

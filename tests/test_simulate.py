@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
-from planner.simulate import SegmentKind, simulate, simulate_iteration_ms
+from planner.simulator import SegmentKind, simulate, simulate_iteration_ms
 from tests.plan_factory import make_plan
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
@@ -192,7 +192,7 @@ def test_schedule_simulator_bounds_and_figures_do_not_import_torch():
     import sys
 
     code = (
-        "import sys, planner.schedule, planner.simulate, planner.timeline, planner.bounds, "
+        "import sys, planner.schedule, planner.simulator, planner.timeline, planner.bounds, "
         "planner.report.figures, planner.commands.simulate; "
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
     )
@@ -200,7 +200,7 @@ def test_schedule_simulator_bounds_and_figures_do_not_import_torch():
 
 
 def test_predict_fills_the_plan_prediction():
-    from planner.simulate import predict
+    from planner.simulator import predict
 
     plan = make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4, allreduce_ms=[0.0, 0.0, 0.0, 10.0])
     pred = predict(plan)

@@ -10,7 +10,7 @@ from planner.bounds import lower_bounds
 from planner.commands._args import nonneg_float
 from planner.errors import PlannerInputError
 from planner.schedule import build_schedule, write_schedule_csv
-from planner.simulate import Timeline, simulate
+from planner.simulator import Timeline, simulate
 
 MIB = 1024**2
 

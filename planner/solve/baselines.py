@@ -43,6 +43,7 @@ from planner.solve.search import (
     num_devices_of,
     schedule_valid,
     select,
+    stage_arrays,
 )
 
 # weights(cm, b, P, D) -> per-(i, j) stage weight matrix whose max over stages is minimised
@@ -159,7 +160,17 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, n
                 cands.append(Candidate(Config(P, D, b, M, schedule), _solution(cm, bounds, rc, b, M, D)))
     if not cands:
         raise InfeasibleError(f"baseline {name!r}: no configuration fits in {cap / 1024**3:.2f} GiB per device")
-    return select(build_best(cm, request, cands, name, RESCORE_TOP), request)
+    return select(build_best(cm, request, scored_by_simulation(cm, cands), name, RESCORE_TOP), request)
+
+
+def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[tuple[float, Candidate]]:
+    from planner.simulator import simulate_iteration_ms
+
+    scored = [
+        (simulate_iteration_ms(c.config.schedule, c.config.num_microbatches, **stage_arrays(cm, c)), c) for c in cands
+    ]
+    scored.sort(key=lambda tc: (tc[0], tc[1].config.num_stages, -tc[1].config.microbatch_size, tc[1].config.schedule.value))
+    return scored
 
 
 def _solution(cm: CostModel, bounds, recompute, b: int, M: int, D: int) -> ChainSolution:

@@ -109,20 +109,6 @@ def build_plan(
             lower_bound_ms=0.0,
         ),
     )
-    return dataclasses.replace(draft, predicted=predict(draft, cm))
+    from planner.simulator import predict
 
-
-def predict(plan: Plan, cm: CostModel) -> Prediction:
-    """The plan's predicted figures, from the event simulator and the lower bounds."""
-    from planner.bounds import lower_bound_ms
-    from planner.simulate import simulate
-
-    timeline = simulate(plan)
-    return Prediction(
-        iteration_ms=timeline.iteration_ms,
-        throughput_samples_per_s=plan.global_batch / (timeline.iteration_ms / 1e3) if timeline.iteration_ms > 0 else 0.0,
-        peak_memory_bytes=int(timeline.peak_memory_bytes),
-        bubble_fraction=timeline.bubble_fraction,
-        exposed_allreduce_ms=timeline.exposed_allreduce_ms,
-        lower_bound_ms=lower_bound_ms(plan),
-    )
+    return dataclasses.replace(draft, predicted=predict(draft))

@@ -93,46 +93,66 @@ class StageTable:
         self.act = (sp[None, :] - sp[:, None]) * microbatch_size
         self.saved = cm.saved_per_sample * microbatch_size
         self.inputs = cm.input_per_sample * microbatch_size
+        self._bases: dict[int, np.ndarray] = {}
         self._tables: dict[int, np.ndarray] = {}
+        self._pending: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+        self._cache: dict[tuple, RecomputeChoice] = {}
         self._choices: dict[tuple[int, int, int], RecomputeChoice] = {}
         self.all_exact = True
 
-    def table(self, inflight: int) -> np.ndarray:
-        """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit."""
-        if inflight in self._tables:
-            return self._tables[inflight]
-        excess = self.static + inflight * self.act - self.cap
-        table = np.where(excess <= 0, self.compute, INF)
+    def base(self, inflight: int) -> np.ndarray:
+        """``T_k`` without recomputation: compute time where the stage fits as it is, else inf."""
+        if inflight not in self._bases:
+            excess = self.static + inflight * self.act - self.cap
+            self._bases[inflight] = np.where(excess <= 0, self.compute, INF)
+        return self._bases[inflight]
+
+    def table(self, inflight: int, limit: float = INF) -> np.ndarray:
+        """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
+
+        Recompute choices are only worked out for stages whose compute time is at most
+        ``limit`` (others keep inf): callers pass a bound above which no stage can be part of
+        an optimal plan. Later calls with a larger limit fill in more.
+        """
+        base = self.base(inflight)
         if not self.allow_recompute:
-            self._tables[inflight] = table
+            return base
+        if inflight not in self._tables:
+            excess = self.static + inflight * self.act - self.cap
+            gains = np.maximum(self.saved - self.inputs, 0.0)
+            gp = np.concatenate([[0.0], np.cumsum(gains)])
+            max_gain = inflight * (gp[None, :] - gp[:, None])
+            # pairs that do not fit as they are but might with recomputation
+            need = self.valid & (excess > 0) & (max_gain >= excess)
+            self._tables[inflight] = base.copy()
+            self._pending[inflight] = (need, excess, -INF)
+        table = self._tables[inflight]
+        need, excess, done = self._pending[inflight]
+        if limit <= done:
             return table
-        # pairs that do not fit as they are but might with recomputation
-        gains = np.maximum(self.saved - self.inputs, 0.0)
-        gp = np.concatenate([[0.0], np.cumsum(gains)])
-        max_gain = inflight * (gp[None, :] - gp[:, None])
-        need = self.valid & (excess > 0) & (max_gain >= excess)
-        cache: dict[tuple, RecomputeChoice] = {}
-        for i, j in zip(*np.nonzero(need)):
+        todo = need & (self.compute > done) & (self.compute <= limit)
+        for i, j in zip(*np.nonzero(todo)):
             i, j = int(i), int(j)
-            key = (tuple(self.fwd[i:j]), tuple(self.saved[i:j]), tuple(self.inputs[i:j]), float(excess[i, j]))
-            choice = cache.get(key)
+            key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
+                   float(excess[i, j]))
+            choice = self._cache.get(key)
             if choice is None:
                 choice = choose_recompute(
-                    fwd_ms=list(self.fwd[i:j]),
-                    saved_bytes=list(self.saved[i:j]),
-                    input_bytes=list(self.inputs[i:j]),
+                    fwd_ms=self.fwd[i:j].tolist(),
+                    saved_bytes=self.saved[i:j].tolist(),
+                    input_bytes=self.inputs[i:j].tolist(),
                     first_layer=0,
                     inflight=inflight,
                     excess_bytes=float(excess[i, j]),
                 )
-                cache[key] = choice
+                self._cache[key] = choice
             if choice.time_ms < INF:
                 table[i, j] = self.compute[i, j] + choice.time_ms
                 self._choices[(inflight, i, j)] = RecomputeChoice(
                     choice.time_ms, tuple(i + l for l in choice.layers), choice.exact
                 )
                 self.all_exact &= choice.exact
-        self._tables[inflight] = table
+        self._pending[inflight] = (need, excess, limit)
         return table
 
     def recompute_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
@@ -169,6 +189,51 @@ def _dp(tables: list[np.ndarray], comm: list[np.ndarray], cap: float, L: int) ->
     return float(f[0]), args
 
 
+def _stage_times(tables: list[np.ndarray], args: list[np.ndarray], L: int) -> tuple[list[int], list[float]]:
+    bounds, times, i = [], [], 0
+    for s, arg in enumerate(args):
+        j = int(arg[i])
+        bounds.append(i)
+        times.append(float(tables[s][i, j]))
+        i = j
+    return bounds, times
+
+
+def _minimize(
+    tables: list[np.ndarray], comm: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float
+) -> tuple[float, float] | None:
+    """min over caps of J; returns (J, cap at which the optimal partition is found) or None.
+
+    Caps are visited downwards, jumping from a solution with largest stage time ``m`` to the
+    largest candidate cap below ``m`` (every cap in between gives the same solution), and
+    stopping once ``S + (M - 1) cap_lb`` cannot beat the best (S only grows as the cap falls).
+    """
+    if M == 1:
+        total, _ = _dp(tables, comm, INF, L)
+        return (total, INF) if total < INF else None
+    caps = np.unique(np.concatenate([t[np.isfinite(t) & (t <= cap_max)] for t in tables]))
+    if caps.size == 0:
+        return None
+    best: tuple[float, float] | None = None
+    cap = float(caps[-1])
+    while True:
+        total, args = _dp(tables, comm, cap, L)
+        if total >= INF:
+            break
+        _, times = _stage_times(tables, args, L)
+        m = max(times)
+        value = total + (M - 1) * m
+        if best is None or value < best[0]:
+            best = (value, cap)
+        if total + (M - 1) * cap_lb >= best[0]:
+            break
+        k = int(np.searchsorted(caps, m, side="left")) - 1
+        if k < 0:
+            break
+        cap = float(caps[k])
+    return best
+
+
 def solve_chain(
     table: StageTable,
     *,
@@ -182,37 +247,18 @@ def solve_chain(
     if P > L:
         return None
     ks = inflight_counts(schedule, P, M)
-    tables = [table.table(k) for k in ks]
     comm = _comm_vectors(cm, P, dp_degree, table.b)
-    caps = np.unique(np.concatenate([t[np.isfinite(t)] for t in tables]))
-    if caps.size == 0:
+    fwd, bwd = table.cm.layer_times(table.b)
+    cap_lb = max(float(np.max(fwd + bwd)), float(table.compute[0, L]) / P)
+    # an upper bound from the plan without recomputation bounds the useful stage times:
+    # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
+    first = _minimize([table.base(k) for k in ks], comm, L, M, INF, cap_lb)
+    limit = INF if first is None else (first[0] / M if M > 1 else first[0])
+    tables = [table.table(k, limit) for k in ks]
+    found = _minimize(tables, comm, L, M, limit, cap_lb)
+    if found is None:
         return None
-    total_compute = float(table.compute[0, L])
-    if M == 1:
-        best_sum, _ = _dp(tables, comm, INF, L)
-        if best_sum >= INF:
-            return None
-        best_cap = INF
-        best = best_sum
-    else:
-        # least feasible cap by bisection (feasibility is monotone in the cap)
-        lo, hi = 0, caps.size - 1
-        if _dp(tables, comm, caps[hi], L)[0] >= INF:
-            return None
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _dp(tables, comm, caps[mid], L)[0] < INF:
-                hi = mid
-            else:
-                lo = mid + 1
-        best, best_cap = INF, INF
-        for cap in caps[lo:]:
-            if (M - 1) * cap + total_compute >= best:
-                break
-            s, _ = _dp(tables, comm, cap, L)
-            value = s + (M - 1) * cap
-            if value < best:
-                best, best_cap = value, float(cap)
+    best_cap = found[1]
     _, args = _dp(tables, comm, best_cap, L)
     bounds, recompute, times = [], [], []
     i = 0

@@ -33,6 +33,8 @@ DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 MEMORY_CAP_FRACTIONS = (0.75, 0.5)
 #: candidates replayed in full (Plan + Timeline) after the fast simulation
 RESCORE_TOP = 4
+#: configurations re-solved under tighter memory caps for the Pareto front (time objective)
+PARETO_CONFIGS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,30 +91,69 @@ def configurations(num_layers: int, num_devices: int, request: PlanRequest) -> I
 ChainSolver = Callable[..., "ChainSolution | None"]
 
 
+def all_configs(cm: CostModel, request: PlanRequest, num_devices: int) -> list[Config]:
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    out = []
+    for P, D in configurations(cm.num_layers, num_devices, request):
+        for b in microbatch_sizes(request, request.global_batch // D):
+            M = request.global_batch // (D * b)
+            out.extend(Config(P, D, b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+    return out
+
+
+def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
+    """No plan of this configuration simulates faster: every replica does M micro-batches of
+    at least the profile's forward + backward work, spread over P devices at best, and one
+    micro-batch crosses all of it in sequence (planner.bounds' average-work bound)."""
+    fp, bp = cm.time_prefix(c.microbatch_size)
+    work = float(fp[-1] + bp[-1])
+    return max(c.num_microbatches * work / c.num_stages, work)
+
+
+def _sort_key(c: Config) -> tuple:
+    return (c.num_stages, -c.microbatch_size, c.schedule.value)
+
+
 def solve_candidates(
     cm: CostModel,
     request: PlanRequest,
     num_devices: int,
     cap_bytes: float,
     chain_solver: ChainSolver = solve_chain,
-) -> list[Candidate]:
-    """The J-optimum of every feasible configuration, by ``chain_solver``."""
-    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
-    pairs = list(configurations(cm.num_layers, num_devices, request))
-    sizes = sorted({b for _, D in pairs for b in microbatch_sizes(request, request.global_batch // D)})
-    out: list[Candidate] = []
-    for b in sizes:
-        table = StageTable(cm, b, cap_bytes, request.fixed_boundaries, allow_recompute=request.recompute)
-        for P, D in pairs:
-            if (request.global_batch // D) % b:
-                continue
-            M = request.global_batch // (D * b)
-            for schedule in schedules:
-                if not schedule_valid(schedule, P, M):
-                    continue
-                sol = chain_solver(table, num_stages=P, dp_degree=D, num_microbatches=M, schedule=schedule)
-                if sol is not None:
-                    out.append(Candidate(Config(P, D, b, M, schedule), sol))
+    *,
+    prune: bool = True,
+    configs: list[Config] | None = None,
+) -> list[tuple[float, Candidate]]:
+    """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
+
+    Configurations are visited by increasing lower bound; with ``prune``, one whose bound
+    exceeds the best simulated time so far is skipped (it cannot win on time).
+    """
+    from planner.simulator import simulate_iteration_ms
+
+    configs = configs if configs is not None else all_configs(cm, request, num_devices)
+    ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + _sort_key(c))
+    tables: dict[int, StageTable] = {}
+    best = float("inf")
+    out: list[tuple[float, Candidate]] = []
+    for c in ordered:
+        if prune and config_lower_bound_ms(cm, c) > best:
+            continue
+        if c.microbatch_size not in tables:
+            tables[c.microbatch_size] = StageTable(
+                cm, c.microbatch_size, cap_bytes, request.fixed_boundaries, allow_recompute=request.recompute
+            )
+        sol = chain_solver(
+            tables[c.microbatch_size], num_stages=c.num_stages, dp_degree=c.dp_degree,
+            num_microbatches=c.num_microbatches, schedule=c.schedule,
+        )
+        if sol is None:
+            continue
+        cand = Candidate(c, sol)
+        t = simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand))
+        out.append((t, cand))
+        best = min(best, t)
+    out.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
     return out
 
 
@@ -130,35 +171,6 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
         out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, D))
         out["allreduce_ms"].append(cm.stage_allreduce_ms(start, stop, s, D))
     return out
-
-
-def estimate_ms(cand: Candidate, arrays: dict[str, list[float]]) -> float:
-    """J plus the all-reduce the pipeline cannot hide: stage s's all-reduce starts after its
-    last backward, roughly the backward work of the stages before it ahead of the end."""
-    behind = 0.0
-    exposed = 0.0
-    for s, ar in enumerate(arrays["allreduce_ms"]):
-        exposed = max(exposed, ar - behind)
-        behind += arrays["bwd_ms"][s] + arrays["recompute_ms"][s] + arrays["send_bwd_ms"][s]
-    return cand.solution.objective_ms + exposed
-
-
-def rank_candidates(cm: CostModel, cands: list[Candidate], keep: int) -> list[tuple[float, Candidate]]:
-    """The ``keep`` best candidates by simulated iteration time (fast entry, no Plan built),
-    after a first cut to ``4 x keep`` by the estimate."""
-    from planner.simulate import simulate_iteration_ms
-
-    def key(c: Candidate) -> tuple:
-        return (c.config.num_stages, -c.config.microbatch_size, c.config.schedule.value)
-
-    with_arrays = [(c, stage_arrays(cm, c)) for c in cands]
-    with_arrays.sort(key=lambda ca: (estimate_ms(*ca),) + key(ca[0]))
-    scored = []
-    for cand, arrays in with_arrays[: 4 * keep]:
-        t = simulate_iteration_ms(cand.config.schedule, cand.config.num_microbatches, **arrays)
-        scored.append((t, cand))
-    scored.sort(key=lambda tc: (tc[0],) + key(tc[1]))
-    return scored[:keep]
 
 
 def _plan_of(cm: CostModel, request: PlanRequest, cand: Candidate, solver: str) -> Plan:
@@ -200,8 +212,11 @@ def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
     return tuple(front)
 
 
-def build_best(cm: CostModel, request: PlanRequest, cands: list[Candidate], solver: str, keep: int) -> list[Plan]:
-    return [_plan_of(cm, request, cand, solver) for _, cand in rank_candidates(cm, cands, keep)]
+def build_best(
+    cm: CostModel, request: PlanRequest, scored: list[tuple[float, Candidate]], solver: str, keep: int
+) -> list[Plan]:
+    """Full Plans (Timeline-based predictions) for the ``keep`` fastest candidates."""
+    return [_plan_of(cm, request, cand, solver) for _, cand in scored[:keep]]
 
 
 def search_plan(
@@ -211,17 +226,19 @@ def search_plan(
     num_devices = num_devices_of(cluster, request)
     cm = CostModel(profile, cluster, request.optimizer)
     cap = memory_cap_bytes(cluster, request)
-    cands = solve_candidates(cm, request, num_devices, cap, chain_solver)
-    if not cands:
+    by_time = request.objective is Objective.TIME
+    scored = solve_candidates(cm, request, num_devices, cap, chain_solver, prune=by_time)
+    if not scored:
         from planner.solve.infeasible import explain_infeasible
 
         raise explain_infeasible(cm, request, num_devices, cap)
-    plans = build_best(cm, request, cands, solver, RESCORE_TOP)
-    # more points on the memory axis (the Pareto front, and the memory / ME objectives):
-    # the same search under tighter memory caps
+    plans = build_best(cm, request, scored, solver, RESCORE_TOP if by_time else len(scored))
+    # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
+    # same search under tighter caps; for the time objective only over the best configurations
+    configs = [cand.config for _, cand in scored[:PARETO_CONFIGS]] if by_time else None
     for frac in MEMORY_CAP_FRACTIONS:
-        tighter = solve_candidates(cm, request, num_devices, cap * frac, chain_solver)
-        plans += build_best(cm, request, tighter, solver, 2 if request.objective is Objective.TIME else RESCORE_TOP)
+        tighter = solve_candidates(cm, request, num_devices, cap * frac, chain_solver, prune=False, configs=configs)
+        plans += build_best(cm, request, tighter, solver, 2 if by_time else len(tighter))
     front = pareto_front(plans)
     best = select(plans, request)
     return dataclasses.replace(best, pareto=front)
