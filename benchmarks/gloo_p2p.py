@@ -38,6 +38,29 @@ def one_way_s(num_bytes: int, rank: int) -> float:
     return statistics.median(times[2:])
 
 
+def one_way_batched_s(num_bytes: int, rank: int) -> float:
+    """Half round trip with ``batch_isend_irecv`` + wait, as torch.distributed.pipelining does."""
+    buf = torch.zeros(max(1, num_bytes // 4), dtype=torch.float32)
+    peer = 1 - rank
+    times = []
+    for _ in range(REPEATS + 2):
+        dist.barrier()
+        time.sleep(0.002)  # like a pipeline stage, the receiver arrives first and blocks
+        start = time.perf_counter()
+        if rank == 0:
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer)]):
+                work.wait()
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer)]):
+                work.wait()
+        else:
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer)]):
+                work.wait()
+            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer)]):
+                work.wait()
+        times.append((time.perf_counter() - start) / 2)
+    return statistics.median(times[2:])
+
+
 def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
@@ -49,6 +72,10 @@ def main() -> None:
         big = [(n, t) for n, t in results if n >= 65536]
         slope, intercept = np.polyfit([n for n, _ in big], [t for _, t in big], 1)
         print(f"alpha (4-byte one-way) = {results[0][1] * 1e6:.1f} us; beta (fit) = {1 / slope / 1e9:.3f} GB/s")
+    batched = [(n, one_way_batched_s(n, rank)) for n in SIZES[:3]]
+    if rank == 0:
+        for n, t in batched:
+            print(f"batch_isend_irecv {n:>8} B one-way {t * 1e6:.1f} us")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,5 +1,6 @@
 """Baseline for runtime_overhead.py: plain ``torch.distributed.pipelining``, nothing of ours
-but the layer split and the emulated layers (so both sides do identical "compute").
+but the layer split and the emulated compute (each chunk stretched to its profiled time,
+as ``planner.runtime.emulate`` does), so both sides do identical "compute".
 
     torchrun --nproc-per-node P benchmarks/plain_pipeline.py PLAN MODEL PROFILE STEPS WARMUP OUT
 
@@ -30,20 +31,25 @@ from planner.artifacts.plan import load_plan  # noqa: E402
 from planner.artifacts.profile import load_profile  # noqa: E402
 from planner.artifacts.request import ScheduleKind  # noqa: E402
 from planner.models import load_workload  # noqa: E402
-from planner.runtime.emulate import run_emulated  # noqa: E402
+from planner.runtime.emulate import sleep_until, stage_chunk_ms  # noqa: E402
 
 
-class Emulated(nn.Module):
-    def __init__(self, layers: list[nn.Module], times: list[tuple[float, float]]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.times = times
+class EmulatedStage(PipelineStage):
+    """Chunks stretched to their profiled time, as in ``planner.runtime.engine.TimedStage``."""
 
-    def forward(self, *args: Any) -> Any:
-        x: Any = args[0] if len(args) == 1 else tuple(args)
-        for layer, (fwd, bwd) in zip(self.layers, self.times):
-            x = run_emulated(layer, x, fwd, bwd)
-        return x
+    emulated_ms: tuple[float, float] = (0.0, 0.0)
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = super().forward_one_chunk(*args, **kwargs)
+        sleep_until(start + self.emulated_ms[0] / 1000.0)
+        return out
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = super().backward_one_chunk(*args, **kwargs)
+        sleep_until(start + self.emulated_ms[1] / 1000.0)
+        return out
 
 
 def main() -> None:
@@ -54,10 +60,9 @@ def main() -> None:
     torch.manual_seed(0)
     workload = load_workload(spec)
     stage_plan = plan.stages[rank]
-    b = plan.microbatch_size
-    times = [(layer.fwd_ms(b), layer.bwd_ms(b)) for layer in profile.layers][stage_plan.layer_start : stage_plan.layer_stop]
-    module = Emulated(list(workload.layers[stage_plan.layer_start : stage_plan.layer_stop]), times)
-    stage = PipelineStage(module, rank, plan.num_stages, torch.device("cpu"))
+    module = nn.Sequential(*workload.layers[stage_plan.layer_start : stage_plan.layer_stop])
+    stage = EmulatedStage(module, rank, plan.num_stages, torch.device("cpu"))
+    stage.emulated_ms = stage_chunk_ms(plan, rank, profile)
     cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
     schedule = cls(stage, plan.num_microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.SGD(module.parameters(), lr=0.01)

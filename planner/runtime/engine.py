@@ -34,6 +34,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
 from planner.runtime import checkpoint as ckpt
+from planner.runtime.emulate import sleep_until, stage_chunk_ms
 from planner.runtime.grads import DataParallelHooks, sync_tied
 from planner.runtime.model import cast_batch
 from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
@@ -51,23 +52,29 @@ class StepFailure(RuntimeError):
 
 
 class TimedStage(PipelineStage):
-    """A ``PipelineStage`` that adds up the seconds spent in its forward and backward chunks."""
+    """A ``PipelineStage`` that adds up the seconds spent in its forward and backward chunks,
+    and, when ``emulated_ms`` is set, stretches each chunk to its profiled (fwd, bwd) time
+    (see ``planner.runtime.emulate``)."""
 
     compute_s: float = 0.0
+    emulated_ms: tuple[float, float] | None = None
+
+    def _finish(self, start: float, which: int) -> None:
+        if self.emulated_ms is not None:
+            sleep_until(start + self.emulated_ms[which] / 1000.0)
+        self.compute_s += time.perf_counter() - start
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        try:
-            return super().forward_one_chunk(*args, **kwargs)
-        finally:
-            self.compute_s += time.perf_counter() - start
+        out = super().forward_one_chunk(*args, **kwargs)
+        self._finish(start, 0)
+        return out
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        try:
-            return super().backward_one_chunk(*args, **kwargs)
-        finally:
-            self.compute_s += time.perf_counter() - start
+        out = super().backward_one_chunk(*args, **kwargs)
+        self._finish(start, 1)
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,19 +93,6 @@ class RankMeasure:
     idle_ms: float
     saved_bytes_peak: int
     cuda_peak_bytes: int
-
-
-def emulated_times(plan: Plan, profile: Profile | None) -> list[tuple[float, float]]:
-    """(fwd_ms, bwd_ms) per layer: the profile's at the plan's micro-batch size, else the
-    plan's per-stage times spread evenly over the stage's layers."""
-    if profile is not None:
-        b = plan.microbatch_size
-        return [(layer.fwd_ms(b), layer.bwd_ms(b)) for layer in profile.layers]
-    times: list[tuple[float, float]] = []
-    for stage in plan.stages:
-        n = stage.layer_stop - stage.layer_start
-        times.extend([(stage.fwd_ms / n, stage.bwd_ms / n)] * n)
-    return times
 
 
 def _boundary_examples(workload: Workload, start: int, stop: int, mb_inputs: Any) -> tuple[Any, Any]:
@@ -174,10 +168,7 @@ class RankRunner:
         self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s)
         layers = list(workload.layers[stage.layer_start : stage.layer_stop])
         recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
-        times = None
-        if options.emulate:
-            times = emulated_times(plan, profile)[stage.layer_start : stage.layer_stop]
-        self.module = StageModule(layers, recompute, times).to(device)
+        self.module = StageModule(layers, recompute).to(device)
         mb_inputs, _ = self._replica_batch(0)
         example_in, example_out = _boundary_examples(
             workload, stage.layer_start, stage.layer_stop, self._first_microbatch(mb_inputs)
@@ -191,6 +182,8 @@ class RankRunner:
             output_args=_grad_examples(example_out),
             group=self.groups.pipeline,
         )
+        if options.emulate:
+            self.pipe_stage.emulated_ms = stage_chunk_ms(plan, self.place.stage_idx, profile)
         num_mb = plan.num_microbatches
         meter = self.module.meter
 

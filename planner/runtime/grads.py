@@ -1,10 +1,12 @@
 """Gradient synchronisation: data-parallel all-reduce and tied-parameter sums.
 
-Data parallel (DESIGN.md section 7; issue 6): each parameter's gradient is all-reduced
-across the stage's replicas as soon as it is final, that is when its post-accumulate-grad
-hook has fired once per micro-batch of the iteration. The all-reduce is asynchronous (it
-overlaps the rest of the pipeline, e.g. the cooldown of earlier stages) and is waited for
-before the optimizer step. The gradient is divided by D first and summed (gloo has no AVG).
+Data parallel (DESIGN.md section 7; issue 6): gradients are all-reduced across the stage's
+replicas per bucket (parameters in reverse order, <= 1 MiB, as DDP buckets them), as soon as
+every gradient of the bucket is final, that is when each one's post-accumulate-grad hook
+has fired once per micro-batch of the iteration. The all-reduce is asynchronous (it overlaps
+the rest of the pipeline, e.g. the cooldown of earlier stages) and is waited for before the
+optimizer step. Gradients are divided by D first and summed (gloo has no AVG). One
+all-reduce per parameter cost ~0.2 ms of gloo latency each here, tens of ms per step.
 
 Why not DDP around the stage: measured here, DDP around a pipeline stage fails with GPipe
 unless ``find_unused_parameters=True``, and ``static_graph=True`` silently skips the sync.
@@ -26,44 +28,82 @@ import torch
 import torch.distributed as dist
 
 
-class DataParallelHooks:
-    """Async all-reduce of each parameter's gradient once its M-th accumulation is done."""
+BUCKET_BYTES = 1 << 20  # gloo on loopback: 1 MiB costs ~0.6 ms at 1.7 GB/s against ~0.15 ms latency
 
-    def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup, dp_degree: int) -> None:
+
+def _buckets(params: list[torch.nn.Parameter], cap_bytes: int) -> list[list[torch.nn.Parameter]]:
+    """Parameters in reverse order (the order backward finishes them), cut into buckets of at
+    most ``cap_bytes`` (a larger parameter gets a bucket of its own), as DDP does."""
+    buckets: list[list[torch.nn.Parameter]] = []
+    size = cap_bytes
+    for param in reversed(params):
+        nbytes = param.numel() * param.element_size()
+        if size + nbytes > cap_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(param)
+        size += nbytes
+    return buckets
+
+
+class DataParallelHooks:
+    """Async all-reduce of each bucket of gradients once all its parameters have had their
+    M-th accumulation; gradients are copied back after the wait."""
+
+    def __init__(
+        self, params: list[torch.nn.Parameter], group: dist.ProcessGroup, dp_degree: int, bucket_bytes: int = BUCKET_BYTES
+    ) -> None:
         self._group = group
         self._dp_degree = dp_degree
         self._params = params
+        self._buckets = _buckets(params, bucket_bytes)
+        self._bucket_of = {id(p): i for i, bucket in enumerate(self._buckets) for p in bucket}
         self._num_microbatches = 1
         self._counts: dict[int, int] = {}
-        self._works: list[Any] = []
+        self._pending: list[int] = []
+        self._inflight: list[tuple[Any, torch.Tensor, int]] = []
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def start_iteration(self, num_microbatches: int) -> None:
         self._num_microbatches = num_microbatches
         self._counts = {id(p): 0 for p in self._params}
-        self._works = []
+        self._pending = [len(bucket) for bucket in self._buckets]
+        self._inflight = []
 
-    def _launch(self, param: torch.Tensor) -> None:
-        assert param.grad is not None
-        param.grad.div_(self._dp_degree)
-        self._works.append(dist.all_reduce(param.grad, group=self._group, async_op=True))
+    def _launch(self, bucket_idx: int) -> None:
+        self._pending[bucket_idx] = -1  # launched
+        grads = []
+        for param in self._buckets[bucket_idx]:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grads.append(param.grad.reshape(-1))
+        flat = torch.cat(grads).div_(self._dp_degree)
+        work = dist.all_reduce(flat, group=self._group, async_op=True)
+        self._inflight.append((work, flat, bucket_idx))
 
     def _on_grad(self, param: torch.Tensor) -> None:
         key = id(param)
-        self._counts[key] += 1
+        self._counts[key] = self._counts.get(key, 0) + 1
         if self._counts[key] == self._num_microbatches:
-            self._launch(param)
+            bucket_idx = self._bucket_of[key]
+            self._pending[bucket_idx] -= 1
+            if self._pending[bucket_idx] == 0:
+                self._launch(bucket_idx)
 
     def finish_iteration(self) -> None:
-        """Launch any all-reduce not started yet (a parameter unused by some micro-batch), wait all."""
-        for param in self._params:
-            if self._counts[id(param)] != self._num_microbatches:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                self._launch(param)
-        for work in self._works:
+        """Launch any bucket not started (a parameter unused by some micro-batch), wait, copy back."""
+        for bucket_idx, pending in enumerate(self._pending):
+            if pending >= 0:
+                self._launch(bucket_idx)
+        for work, flat, bucket_idx in self._inflight:
             work.wait()
-        self._works = []
+            offset = 0
+            for param in self._buckets[bucket_idx]:
+                n = param.numel()
+                assert param.grad is not None
+                param.grad.copy_(flat[offset : offset + n].view_as(param.grad))
+                offset += n
+        self._inflight = []
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -1,4 +1,4 @@
-"""A stage module: the plan's layer range, recomputation and (optionally) emulated compute.
+"""A stage module: the plan's layer range and its recomputation.
 
 The layers are the workload's own modules (``Workload.layers[start:stop]``), registered as
 ``layers.<k>`` so a stage's ``state_dict`` is the layers' state in order. Layer ``i`` takes
@@ -17,7 +17,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.runtime.emulate import run_emulated
 from planner.runtime.memory import SavedBytesMeter
 
 
@@ -26,25 +25,16 @@ class StageModule(nn.Module):
         self,
         layers: Sequence[nn.Module],
         recompute: Sequence[bool],
-        emulated_ms: Sequence[tuple[float, float]] | None = None,
     ) -> None:
         super().__init__()
         if len(recompute) != len(layers):
             raise ValueError("one recompute flag per layer")
         self.layers = nn.ModuleList(layers)
         self.recompute = tuple(recompute)
-        self.emulated_ms = tuple(emulated_ms) if emulated_ms is not None else None
         self.meter = SavedBytesMeter([p for p in self.parameters()])
 
     def _run_layer(self, idx: int, x: Any) -> Any:
-        if self.emulated_ms is None:
-            return self.layers[idx](x)
-        fwd_ms, bwd_ms = self.emulated_ms[idx]
-        # a recomputed layer's forward re-runs inside its backward window (non-reentrant
-        # checkpoint recomputes when backward first unpacks a saved tensor), so the window
-        # is the recompute plus the backward
-        window_ms = bwd_ms + fwd_ms if self.recompute[idx] else bwd_ms
-        return run_emulated(self.layers[idx], x, fwd_ms, window_ms)
+        return self.layers[idx](x)
 
     def forward(self, *args: Any) -> Any:
         x: Any = args[0] if len(args) == 1 else tuple(args)
