@@ -42,6 +42,7 @@ _LAZY = {
     "plot_timeline": "planner.report.figures:plot_timeline",
     "plot_memory": "planner.report.figures:plot_memory",
     "format_plan": "planner.report.table:format_plan",
+    "compare": "planner.report.compare:compare",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -1,0 +1,235 @@
+"""Compare plans side by side: one pandas DataFrame row per plan (no torch).
+
+``compare(plans_or_paths, baselines=..., reference=..., reports=...)`` reads every figure
+from the plans themselves (their ``predicted`` block, written by the simulator when the plan
+was made) -- nothing is re-derived here except ratios between plans.
+
+Columns (units in the names; memory in GiB = 2**30 bytes):
+
+- ``label`` (file stem, or the solver for in-memory plans; the index too), ``solver``,
+  ``P``, ``D``, ``M``, ``microbatch_size``, ``schedule``, ``stages`` (layer ranges
+  ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages);
+- ``iteration_ms``, ``throughput_samples_per_s``, ``speedup`` (reference time / time),
+  ``peak_memory_gib`` (the simulator's peak per device);
+- ``params_gib``, ``grads_gib``, ``optimizer_gib``, ``activations_gib``, ``other_gib``
+  (recompute workspace + send/receive buffers): the planned memory of the stage with the
+  largest total, by kind;
+- ``bubble_fraction``, ``exposed_allreduce_ms``, ``lower_bound_ms``, ``bound_over_time``
+  (lower bound / iteration time: 1 is optimal for the plan's own stage costs);
+- ``me_index`` against the reference row (``me_reference`` names it): the seed's
+  (throughput / reference throughput) / (peak memory / reference peak memory);
+- ``note``: why a baseline has no plan (infeasible), else empty;
+- with ``reports``: ``measured_runs``, ``measured_iteration_ms`` (median over the matched
+  reports of their median step), ``measured_throughput_samples_per_s``,
+  ``iteration_rel_error`` ((measured - predicted) / predicted), ``measured_activations_gib``
+  (largest per-stage peak of bytes saved for backward) and ``activation_rel_error``
+  (against the plan's largest ``activation_bytes_per_microbatch x in-flight``). Plans without
+  a report get NaN.
+
+Reports are matched to plans by signature (see :mod:`planner.report.resolve`); or pair them
+explicitly with a mapping ``{plan label or index: report or [reports]}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import pandas as pd
+
+from planner.artifacts.plan import Plan
+from planner.artifacts.report import RunReport, relative_error
+from planner.bounds import me_index_of
+from planner.errors import InfeasibleError, PlannerInputError
+from planner.report.resolve import (
+    ClusterLike,
+    PlanLike,
+    ProfileLike,
+    ReportLike,
+    find_cluster,
+    find_profile,
+    load_plans,
+    load_reports,
+    match_report,
+)
+
+__all__ = ["COLUMNS", "MEASURED_COLUMNS", "add_baselines", "compare"]
+
+GIB = 1024**3
+
+COLUMNS = (
+    "label", "solver", "P", "D", "M", "microbatch_size", "schedule", "stages", "recomputed_layers",
+    "iteration_ms", "throughput_samples_per_s", "speedup", "peak_memory_gib",
+    "params_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib",
+    "bubble_fraction", "exposed_allreduce_ms", "lower_bound_ms", "bound_over_time",
+    "me_index", "me_reference", "note",
+)
+MEASURED_COLUMNS = (
+    "measured_runs", "measured_iteration_ms", "measured_throughput_samples_per_s", "iteration_rel_error",
+    "measured_activations_gib", "activation_rel_error",
+)
+
+_INT_COLUMNS = ("P", "D", "M", "microbatch_size", "recomputed_layers", "measured_runs")
+
+Reports = Union[Sequence[ReportLike], Mapping[Union[str, int], Union[ReportLike, Sequence[ReportLike]]]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Entry:
+    label: str
+    solver: str
+    plan: Plan | None  # None: a baseline with no feasible plan
+    note: str = ""
+
+
+def add_baselines(plan: Plan, profile: ProfileLike | None = None, cluster: ClusterLike | None = None,
+                  plan_path: Path | None = None, skip: Sequence[str] = ()) -> list[tuple[str, Plan | None, str]]:
+    """Every built-in baseline (``planner.solve.BASELINES``) for ``plan``'s request, profile
+    and cluster: (solver, plan or None, note). An infeasible baseline gets None and the reason."""
+    from planner.solve import BASELINES, plan as solve
+
+    prof = find_profile(plan, profile, plan_path)
+    clus = find_cluster(plan, cluster)
+    if prof.num_layers != plan.num_layers:
+        raise PlannerInputError(f"the profile has {prof.num_layers} layers but the plan covers {plan.num_layers}")
+    out: list[tuple[str, Plan | None, str]] = []
+    for name in BASELINES:
+        if name in skip:
+            continue
+        request = dataclasses.replace(plan.provenance.request, solver=name)
+        try:
+            out.append((name, solve(prof, clus, request), ""))
+        except InfeasibleError as exc:
+            out.append((name, None, "infeasible: " + str(exc).splitlines()[0]))
+    return out
+
+
+def _layer_ranges(plan: Plan) -> str:
+    return "|".join(f"{s.layer_start}-{s.layer_stop - 1}" for s in plan.stages)
+
+
+def _plan_row(entry: _Entry) -> dict[str, Any]:
+    row: dict[str, Any] = {"label": entry.label, "solver": entry.solver, "note": entry.note}
+    plan = entry.plan
+    if plan is None:
+        return row
+    p = plan.predicted
+    big = max(plan.stages, key=lambda s: s.memory_total_bytes).memory
+    row.update(
+        P=plan.num_stages, D=plan.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
+        schedule=plan.schedule.value, stages=_layer_ranges(plan),
+        recomputed_layers=sum(len(s.recompute) for s in plan.stages),
+        iteration_ms=p.iteration_ms, throughput_samples_per_s=p.throughput_samples_per_s,
+        peak_memory_gib=p.peak_memory_bytes / GIB,
+        params_gib=big.param_bytes / GIB, grads_gib=big.grad_bytes / GIB, optimizer_gib=big.optimizer_bytes / GIB,
+        activations_gib=big.activation_bytes / GIB,
+        other_gib=(big.recompute_workspace_bytes + big.buffer_bytes) / GIB,
+        bubble_fraction=p.bubble_fraction, exposed_allreduce_ms=p.exposed_allreduce_ms,
+        lower_bound_ms=p.lower_bound_ms,
+        bound_over_time=p.lower_bound_ms / p.iteration_ms if p.iteration_ms > 0 else math.nan,
+    )
+    return row
+
+
+def _reference_index(entries: list[_Entry], reference: str | int | None) -> int:
+    if reference is None:
+        return 0
+    if isinstance(reference, int):
+        if not 0 <= reference < len(entries):
+            raise PlannerInputError(f"reference {reference} is not a row (0..{len(entries) - 1})")
+        return reference
+    for key in ("label", "solver"):
+        for i, e in enumerate(entries):
+            if getattr(e, key) == reference:
+                return i
+    raise PlannerInputError(
+        f"reference {reference!r} names no plan (labels: {', '.join(e.label for e in entries)})"
+    )
+
+
+def _measured(plan: Plan, reports: list[RunReport]) -> dict[str, Any]:
+    it = statistics.median(r.iteration_ms for r in reports)
+    act = statistics.median(max(s.saved_bytes_peak for s in r.stages) for r in reports)
+    act_pred = max(s.activation_bytes_per_microbatch * s.inflight_microbatches for s in plan.stages)
+    return {
+        "measured_runs": len(reports),
+        "measured_iteration_ms": it,
+        "measured_throughput_samples_per_s": plan.global_batch / it * 1e3 if it > 0 else math.nan,
+        "iteration_rel_error": relative_error(it, plan.predicted.iteration_ms),
+        "measured_activations_gib": act / GIB,
+        "activation_rel_error": relative_error(act, act_pred),
+    }
+
+
+def _pair_reports(entries: list[_Entry], reports: Reports) -> dict[int, list[RunReport]]:
+    """Plan row index -> its reports: explicit for a mapping, by signature for a sequence."""
+    paired: dict[int, list[RunReport]] = {}
+    if isinstance(reports, Mapping):
+        for key, value in reports.items():
+            idx = _reference_index(entries, key)
+            if entries[idx].plan is None:
+                raise PlannerInputError(f"reports given for {key!r}, which has no plan")
+            items = [value] if isinstance(value, (RunReport, str, Path)) else list(value)
+            paired.setdefault(idx, []).extend(load_reports(items))
+        return paired
+    plan_rows = [i for i, e in enumerate(entries) if e.plan is not None]
+    plans = [entries[i].plan for i in plan_rows]
+    for k, item in enumerate(reports):
+        (report,) = load_reports([item])
+        source = str(item) if isinstance(item, (str, Path)) else f"run report {k}"
+        idx = plan_rows[match_report(plans, report, source)]  # type: ignore[arg-type]
+        paired.setdefault(idx, []).append(report)
+    return paired
+
+
+def compare(
+    plans_or_paths: Sequence[PlanLike] | PlanLike,
+    *,
+    baselines: bool = False,
+    profile: ProfileLike | None = None,
+    cluster: ClusterLike | None = None,
+    reference: str | int | None = None,
+    reports: Reports | None = None,
+) -> pd.DataFrame:
+    """One row per plan (see the module docstring for the columns).
+
+    ``baselines=True`` appends every built-in baseline for the first plan's request (its
+    profile and cluster are ``profile``/``cluster`` or found from its provenance); a baseline
+    whose solver is already among the plans is not repeated. ``reference`` (a label, a solver
+    name or a row index; default: the first row) is the ME index's and the speedup's reference.
+    """
+    loaded = load_plans(plans_or_paths)  # type: ignore[arg-type]
+    entries = [_Entry(label=label, solver=plan.provenance.solver, plan=plan) for label, plan, _ in loaded]
+    if baselines:
+        first_label, first, first_path = loaded[0]
+        have = {e.solver for e in entries}
+        for name, base, note in add_baselines(first, profile, cluster, first_path, skip=tuple(have)):
+            entries.append(_Entry(label=name, solver=name, plan=base, note=note))
+    ref_idx = _reference_index(entries, reference)
+    ref = entries[ref_idx]
+    if ref.plan is None:
+        raise PlannerInputError(f"reference {ref.label!r} has no plan ({ref.note})")
+    rows = [_plan_row(e) for e in entries]
+    ref_p = ref.plan.predicted
+    for e, row in zip(entries, rows):
+        row["me_reference"] = ref.label
+        if e.plan is None:
+            continue
+        p = e.plan.predicted
+        row["speedup"] = ref_p.iteration_ms / p.iteration_ms if p.iteration_ms > 0 else math.nan
+        row["me_index"] = me_index_of(
+            p.throughput_samples_per_s, p.peak_memory_bytes, ref_p.throughput_samples_per_s, ref_p.peak_memory_bytes
+        )
+    columns = list(COLUMNS)
+    if reports is not None:
+        for idx, reps in _pair_reports(entries, reports).items():
+            rows[idx].update(_measured(entries[idx].plan, reps))  # type: ignore[arg-type]
+        columns += list(MEASURED_COLUMNS)
+    frame = pd.DataFrame(rows, columns=columns)
+    for name in _INT_COLUMNS:
+        if name in frame:
+            frame[name] = frame[name].astype("Int64")  # integers with NA for rows without a plan
+    return frame.set_index(pd.Index(frame["label"], name=None))

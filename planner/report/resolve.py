@@ -1,0 +1,161 @@
+"""Resolve what a comparison or a calibration is given: plans and run reports by value or path,
+the profile and cluster a plan was made from, and which run report measured which plan.
+
+No torch. Shared by :mod:`planner.report.compare` and :mod:`planner.calibrate`.
+
+Finding a plan's inputs (``plan.provenance`` records their sha256, not their paths):
+
+- profile: the one given (a :class:`Profile` or a path); else a JSON file in the plan file's
+  folder or in the shipped ``profiles/`` folder whose canonical sha256 equals
+  ``provenance.profile_sha256``;
+- cluster: the one given (a :class:`Cluster`, a preset name or a path); else the preset named
+  ``provenance.cluster_name`` when its sha256 matches ``provenance.cluster_sha256``.
+
+Matching a RunReport to a plan (a RunReport names the model's fingerprint, not the plan's
+sha): the plan's *signature* -- P, D, M, micro-batch size, schedule, the ranks of each stage,
+each stage's predicted compute ``M x (fwd + bwd + recompute)`` and the predicted iteration
+time -- must equal what the report copied from the plan it ran (floats to 1e-9 relative).
+Two plans with the same signature are the same plan for this purpose.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence, Union
+
+from planner import codec
+from planner.artifacts.cluster import PRESETS, Cluster, cluster_to_json, load_cluster
+from planner.artifacts.plan import Plan, load_plan
+from planner.artifacts.profile import Profile, load_profile, profile_to_json
+from planner.artifacts.report import RunReport, load_report
+from planner.defaults import profiles_dir
+from planner.errors import PlannerInputError
+
+__all__ = [
+    "ClusterLike",
+    "PlanLike",
+    "ProfileLike",
+    "ReportLike",
+    "find_cluster",
+    "find_profile",
+    "load_plans",
+    "load_reports",
+    "match_report",
+    "report_mismatch",
+]
+
+PlanLike = Union[Plan, str, Path]
+ProfileLike = Union[Profile, str, Path]
+ClusterLike = Union[Cluster, str, Path]
+ReportLike = Union[RunReport, str, Path]
+
+
+def load_plans(items: Sequence[PlanLike]) -> list[tuple[str, Plan, Path | None]]:
+    """(label, plan, path) for each item; the label is the file's stem or the plan's solver,
+    made unique with ``#2``, ``#3`` suffixes."""
+    if isinstance(items, (Plan, str, Path)):
+        items = [items]
+    out: list[tuple[str, Plan, Path | None]] = []
+    seen: dict[str, int] = {}
+    for item in items:
+        if isinstance(item, Plan):
+            plan, path, label = item, None, item.provenance.solver
+        elif isinstance(item, (str, Path)):
+            path = Path(item)
+            if not path.is_file():
+                raise PlannerInputError(f"plan {str(item)!r}: no such file")
+            plan, label = load_plan(path), path.stem
+        else:
+            raise PlannerInputError(f"expected a Plan or a path to a plan JSON, got {type(item).__name__}")
+        seen[label] = seen.get(label, 0) + 1
+        out.append((label if seen[label] == 1 else f"{label}#{seen[label]}", plan, path))
+    if not out:
+        raise PlannerInputError("no plans to compare")
+    return out
+
+
+def load_reports(items: Sequence[ReportLike]) -> list[RunReport]:
+    return [item if isinstance(item, RunReport) else load_report(item) for item in items]
+
+
+def _sha_profile(profile: Profile) -> str:
+    return codec.sha256_of(profile_to_json(profile))
+
+
+def find_profile(plan: Plan, given: ProfileLike | None = None, plan_path: Path | None = None) -> Profile:
+    """The profile ``plan`` was made from (see the module docstring)."""
+    if isinstance(given, Profile):
+        return given
+    if given is not None:
+        return load_profile(given)
+    want = plan.provenance.profile_sha256
+    folders = [p for p in (plan_path.parent if plan_path else None, profiles_dir()) if p is not None and p.is_dir()]
+    for folder in folders:
+        for path in sorted(folder.glob("*.json")):
+            try:
+                candidate = load_profile(path)
+            except PlannerInputError:
+                continue  # not a profile
+            if _sha_profile(candidate) == want:
+                return candidate
+    where = " or ".join(str(f) for f in folders)
+    raise PlannerInputError(
+        f"the profile of plan {plan.provenance.solver!r} ({plan.provenance.model}, sha256 {want[:12]}) "
+        f"is not in {where}; pass it (--profile)"
+    )
+
+
+def find_cluster(plan: Plan, given: ClusterLike | None = None) -> Cluster:
+    """The cluster ``plan`` was made for (see the module docstring)."""
+    if isinstance(given, Cluster):
+        return given
+    if given is not None:
+        return load_cluster(given)
+    prov = plan.provenance
+    preset = PRESETS.get(prov.cluster_name)
+    if preset is not None:
+        for devices in sorted({preset.num_devices, plan.num_devices}):
+            try:
+                candidate = preset.with_devices(devices)
+            except PlannerInputError:
+                continue
+            if codec.sha256_of(cluster_to_json(candidate)) == prov.cluster_sha256:
+                return candidate
+    raise PlannerInputError(
+        f"the cluster of plan {prov.solver!r} ({prov.cluster_name!r}, sha256 {prov.cluster_sha256[:12]}) "
+        "is not a preset; pass it (--cluster)"
+    )
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def report_mismatch(plan: Plan, report: RunReport) -> str:
+    """Why ``report`` is not a run of ``plan`` ('' when it is)."""
+    fp = plan.provenance.fingerprint_sha256
+    if fp and report.plan_fingerprint_sha256 and fp != report.plan_fingerprint_sha256:
+        return "model fingerprint differs"
+    got = (report.num_stages, report.dp_degree, report.num_microbatches, report.microbatch_size, report.schedule)
+    want = (plan.num_stages, plan.dp_degree, plan.num_microbatches, plan.microbatch_size, plan.schedule.value)
+    if got != want:
+        return f"(P, D, M, mb, schedule) {got} != plan's {want}"
+    if not _close(report.iteration_ms_predicted, plan.predicted.iteration_ms):
+        return f"predicted iteration {report.iteration_ms_predicted} ms != plan's {plan.predicted.iteration_ms} ms"
+    for rec, stage in zip(report.stages, plan.stages):
+        compute = plan.num_microbatches * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
+        if tuple(rec.ranks) != tuple(stage.ranks) or not _close(rec.compute_ms_predicted, compute):
+            return f"stage {stage.stage_idx}'s ranks or predicted compute differ"
+    return ""
+
+
+def match_report(plans: Sequence[Plan], report: RunReport, source: str = "run report") -> int:
+    """Index of the plan ``report`` measured; raises naming why the closest plan does not match."""
+    reasons = []
+    for i, plan in enumerate(plans):
+        why = report_mismatch(plan, report)
+        if not why:
+            return i
+        reasons.append(f"plan {i}: {why}")
+    raise PlannerInputError(f"{source} matches none of the plans ({'; '.join(reasons)})")
