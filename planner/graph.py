@@ -47,3 +47,83 @@ def cut_bytes_per_sample(profile: Profile) -> np.ndarray:
     cut[0] = 0.0
     cut[num_layers] = 0.0
     return cut
+
+
+def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profile:
+    """The profile with consecutive layers merged into groups beginning at ``starts``.
+
+    A group's times, parameters and saved bytes are sums; its bytes kept when recomputed are
+    the sum of its layers' inputs (recomputing a group = recomputing each of its layers, so a
+    plan over groups maps onto layers with the same or less memory); the tensors crossing a
+    group boundary are exactly those crossing that cut of the original DAG, so the merged
+    profile is a chain whose edges carry the original cut sizes. Tied tensors inside one
+    group are counted once.
+    """
+    from planner.artifacts.profile import Edge, Layer, TiedParams, TimeFit
+
+    L = profile.num_layers
+    starts = sorted(set(starts) | {0})
+    if starts[-1] >= L or starts[0] != 0:
+        raise ValueError(f"group starts must lie in [0, {L})")
+    cut = cut_bytes_per_sample(profile)
+    stops = starts[1:] + [L]
+    group_of = np.zeros(L, dtype=int)
+    for g, (a, z) in enumerate(zip(starts, stops)):
+        group_of[a:z] = g
+    layers = []
+    for g, (a, z) in enumerate(zip(starts, stops)):
+        members = profile.layers[a:z]
+        params = sum(m.param_count for m in members)
+        pbytes = sum(m.param_bytes for m in members)
+        for tie in profile.tied:
+            inside = sum(1 for i in tie.layers if a <= i < z)
+            if inside >= 2:
+                params -= (inside - 1) * tie.param_count
+                pbytes -= (inside - 1) * tie.param_bytes
+        layers.append(
+            Layer(
+                name=members[0].name if z - a == 1 else f"{members[0].name}..{members[-1].name}",
+                kind="group" if z - a > 1 else members[0].kind,
+                fwd=TimeFit(intercept_ms=sum(m.fwd.intercept_ms for m in members),
+                            per_sample_ms=sum(m.fwd.per_sample_ms for m in members)),
+                bwd=TimeFit(intercept_ms=sum(m.bwd.intercept_ms for m in members),
+                            per_sample_ms=sum(m.bwd.per_sample_ms for m in members)),
+                param_count=params,
+                param_bytes=pbytes,
+                saved_bytes_per_sample=sum(m.saved_bytes_per_sample for m in members),
+                input_bytes_per_sample=sum(m.input_bytes_per_sample for m in members),
+                output_bytes_per_sample=float(cut[z]) if z < L else members[-1].output_bytes_per_sample,
+            )
+        )
+    edges = tuple(Edge(src=g, dst=g + 1, bytes_per_sample=float(cut[stops[g]])) for g in range(len(starts) - 1))
+    tied = []
+    for tie in profile.tied:
+        groups = sorted({int(group_of[i]) for i in tie.layers})
+        if len(groups) >= 2:
+            tied.append(TiedParams(name=tie.name, layers=tuple(groups), param_count=tie.param_count,
+                                   param_bytes=tie.param_bytes))
+    from dataclasses import replace
+
+    return replace(profile, layers=tuple(layers), edges=edges, tied=tuple(tied))
+
+
+def coarse_starts(profile: Profile, max_groups: int, forced: tuple[int, ...] = ()) -> list[int]:
+    """At most ``max_groups`` group starts: near-equal compute per group, each boundary moved
+    to the cheapest cut (fewest bytes crossing) within a window around its ideal position.
+    ``forced`` starts (user-fixed stage boundaries) are always kept."""
+    L = profile.num_layers
+    if L <= max_groups:
+        return list(range(L))
+    work = np.array([lay.fwd_ms(1) + lay.bwd_ms(1) for lay in profile.layers]) + 1e-9
+    prefix = np.concatenate([[0.0], np.cumsum(work)])
+    cut = cut_bytes_per_sample(profile)
+    k = max(1, max_groups - len(forced))
+    ideal = np.searchsorted(prefix, prefix[-1] * np.arange(1, k) / k)
+    half = max(1, L // (2 * k))
+    starts = {0, *forced}
+    for pos in ideal:
+        lo, hi = max(1, int(pos) - half), min(L - 1, int(pos) + half)
+        window = np.arange(lo, hi + 1)
+        best = window[np.lexsort((np.abs(window - pos), cut[window]))[0]]
+        starts.add(int(best))
+    return sorted(starts)

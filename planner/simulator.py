@@ -63,7 +63,26 @@ __all__ = [
 
 @lru_cache(maxsize=256)
 def _encoded(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
-    """The schedule as (stage, is_backward, mb) integer triples, for the tight loop."""
+    """The schedule as (stage, is_backward, mb) integer triples, for the tight loop.
+
+    GPipe and 1F1B are generated directly as integers (the same orders as
+    :mod:`planner.schedule.build`, a test checks it); interleaved goes through the Actions."""
+    m = num_microbatches
+    if kind is ScheduleKind.GPIPE and v == 1:
+        return tuple(
+            tuple((s, False, i) for i in range(m)) + tuple((s, True, i) for i in range(m)) for s in range(num_stages)
+        )
+    if kind is ScheduleKind.ONE_F_ONE_B and v == 1 and m >= num_stages:
+        orders = []
+        for s in range(num_stages):
+            warmup = min(m, num_stages - s)
+            ops = [(s, False, i) for i in range(warmup)]
+            for i in range(m):
+                ops.append((s, True, i))
+                if warmup + i < m:
+                    ops.append((s, False, warmup + i))
+            orders.append(tuple(ops))
+        return tuple(orders)
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
     return tuple(tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts) for acts in schedule)
 

@@ -209,3 +209,18 @@ def test_predict_fills_the_plan_prediction():
     assert pred.throughput_samples_per_s == pytest.approx(8 / 37.0 * 1e3)
     assert pred.peak_memory_bytes == 4000 + 4 * 1000
     assert pred.bubble_fraction == pytest.approx(3 / 11)
+
+
+def test_integer_orders_match_the_schedule_builder():
+    from planner.schedule import build_schedule
+    from planner.schedule.actions import ActionKind
+    from planner.simulator import _encoded
+
+    for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+        for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:
+            expected = tuple(
+                tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts)
+                for acts in build_schedule(kind, p, m, 1)
+            )
+            _encoded.cache_clear()
+            assert _encoded(kind, p, m, 1) == expected, (kind, p, m)

@@ -253,7 +253,8 @@ def solve_chain(
     # an upper bound from the plan without recomputation bounds the useful stage times:
     # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
     first = _minimize([table.base(k) for k in ks], comm, L, M, INF, cap_lb)
-    limit = INF if first is None else (first[0] / M if M > 1 else first[0])
+    # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
+    limit = INF if first is None else (first[0] / M if M > 1 else first[0]) * (1 + 1e-9)
     tables = [table.table(k, limit) for k in ks]
     found = _minimize(tables, comm, L, M, limit, cap_lb)
     if found is None:

@@ -23,7 +23,8 @@ from planner.artifacts.request import Objective, PlanRequest, ScheduleKind
 from planner.cost import CostModel
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
-from planner.solve.chain_dp import ChainSolution, StageTable, solve_chain
+from planner.graph import coarse_starts, merge_layers
+from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
 
 #: schedules the DP prices (interleaving changes the in-flight pattern; see the solver issue)
 DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -35,6 +36,10 @@ MEMORY_CAP_FRACTIONS = (0.75, 0.5)
 RESCORE_TOP = 4
 #: configurations re-solved under tighter memory caps for the Pareto front (time objective)
 PARETO_CONFIGS = 3
+#: longest chain searched exactly over every configuration; longer profiles are grouped
+CHAIN_MAX = 64
+#: layers on each side of a coarse boundary that the refinement plans one by one
+REFINE_RADIUS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,26 +224,114 @@ def build_best(
     return [_plan_of(cm, request, cand, solver) for _, cand in scored[:keep]]
 
 
+def _simulated(cm: CostModel, cand: Candidate) -> float:
+    from planner.simulator import simulate_iteration_ms
+
+    return simulate_iteration_ms(cand.config.schedule, cand.config.num_microbatches, **stage_arrays(cm, cand))
+
+
+def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:
+    """A candidate over merged groups as one over the original layers: boundaries at the
+    groups' first layers, and per stage the least-time recompute set over its own layers
+    (or the groups' recompute sets mapped to their layers, if that is cheaper)."""
+    from planner.solve.recompute import choose_recompute
+
+    L = cm.num_layers
+    stops_of = starts[1:] + [L]
+    bounds = tuple(starts[g] for g in cand.solution.boundaries)
+    ends = list(bounds[1:]) + [L]
+    c = cand.config
+    ks = inflight_counts(c.schedule, c.num_stages, c.num_microbatches)
+    fwd, _ = cm.layer_times(c.microbatch_size)
+    b = c.microbatch_size
+    recompute = []
+    for s, (a, z) in enumerate(zip(bounds, ends)):
+        mapped = tuple(l for g in cand.solution.recompute[s] for l in range(starts[g], stops_of[g]))
+        excess = cm.stage_memory(a, z, (), b, ks[s]).total_bytes - cap
+        choice = choose_recompute(
+            fwd_ms=fwd[a:z].tolist(),
+            saved_bytes=(cm.saved_per_sample[a:z] * b).tolist(),
+            input_bytes=(cm.input_per_sample[a:z] * b).tolist(),
+            first_layer=a,
+            inflight=ks[s],
+            excess_bytes=float(excess),
+        )
+        fits = choice.time_ms < float("inf") and cm.stage_memory(a, z, choice.layers, b, ks[s]).total_bytes <= cap
+        if fits and choice.time_ms <= cm.recompute_ms(mapped, b):
+            recompute.append(choice.layers)
+        else:
+            recompute.append(mapped)
+    sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False)
+    return Candidate(c, sol)
+
+
+def refine(
+    cm: CostModel, starts: list[int], request: PlanRequest, cand: Candidate, cap: float, chain_solver: ChainSolver
+) -> Candidate:
+    """Re-solve one configuration over a finer chain: single layers within
+    :data:`REFINE_RADIUS` of each boundary the coarse solution chose, groups elsewhere."""
+    L = cm.num_layers
+    coarse = to_layers(cm, cand, starts, cap)
+    finer = set(starts)
+    for c in coarse.solution.boundaries[1:]:
+        finer.update(range(max(1, c - REFINE_RADIUS), min(L - 1, c + REFINE_RADIUS) + 1))
+    finer_starts = sorted(finer)
+    merged = CostModel(merge_layers(cm.profile, finer_starts), cm.cluster, cm.optimizer)
+    fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
+    table = StageTable(merged, cand.config.microbatch_size, cap, fixed, allow_recompute=request.recompute)
+    c = cand.config
+    sol = chain_solver(table, num_stages=c.num_stages, dp_degree=c.dp_degree,
+                       num_microbatches=c.num_microbatches, schedule=c.schedule)
+    if sol is None:
+        return coarse
+    fine = to_layers(cm, Candidate(c, sol), finer_starts, cap)
+    return min((coarse, fine), key=lambda x: _simulated(cm, x))
+
+
 def search_plan(
     profile: Profile, cluster: Cluster, request: PlanRequest, *, solver: str, chain_solver: ChainSolver
 ) -> Plan:
-    """Solve every configuration with ``chain_solver``, re-score by simulation, select."""
+    """Solve every configuration with ``chain_solver``, re-score by simulation, select.
+
+    Profiles with more than :data:`CHAIN_MAX` layers are searched over at most that many
+    groups of consecutive layers (cut where the fewest bytes cross), then the best
+    configurations are re-solved with single layers around their chosen boundaries.
+    """
     num_devices = num_devices_of(cluster, request)
     cm = CostModel(profile, cluster, request.optimizer)
     cap = memory_cap_bytes(cluster, request)
     by_time = request.objective is Objective.TIME
-    scored = solve_candidates(cm, request, num_devices, cap, chain_solver, prune=by_time)
+    starts: list[int] | None = None
+    cm_search, req_search = cm, request
+    if profile.num_layers > CHAIN_MAX:
+        starts = coarse_starts(profile, CHAIN_MAX, request.fixed_boundaries)
+        cm_search = CostModel(merge_layers(profile, starts), cluster, request.optimizer)
+        req_search = dataclasses.replace(request, fixed_boundaries=tuple(starts.index(f) for f in request.fixed_boundaries))
+
+    def fine(scored: list[tuple[float, Candidate]], keep: int, refined: bool) -> list[tuple[float, Candidate]]:
+        if starts is None:
+            return scored[:keep]
+        out = []
+        for _, cand in scored[:keep]:
+            mapped = refine(cm, starts, request, cand, cap, chain_solver) if refined else to_layers(cm, cand, starts, cap)
+            out.append((_simulated(cm, mapped), mapped))
+        out.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
+        return out
+
+    scored = solve_candidates(cm_search, req_search, num_devices, cap, chain_solver, prune=by_time)
     if not scored:
         from planner.solve.infeasible import explain_infeasible
 
-        raise explain_infeasible(cm, request, num_devices, cap)
-    plans = build_best(cm, request, scored, solver, RESCORE_TOP if by_time else len(scored))
+        raise explain_infeasible(cm_search, req_search, num_devices, cap)
+    keep = RESCORE_TOP if by_time else len(scored)
+    plans = build_best(cm, request, fine(scored, keep, True), solver, keep)
     # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
     # same search under tighter caps; for the time objective only over the best configurations
     configs = [cand.config for _, cand in scored[:PARETO_CONFIGS]] if by_time else None
     for frac in MEMORY_CAP_FRACTIONS:
-        tighter = solve_candidates(cm, request, num_devices, cap * frac, chain_solver, prune=False, configs=configs)
-        plans += build_best(cm, request, tighter, solver, 2 if by_time else len(tighter))
+        tighter = solve_candidates(cm_search, req_search, num_devices, cap * frac, chain_solver, prune=False, configs=configs)
+        k = 2 if by_time else len(tighter)
+        plans += build_best(cm, request, fine(tighter, k, False), solver, k)
     front = pareto_front(plans)
     best = select(plans, request)
     return dataclasses.replace(best, pareto=front)
