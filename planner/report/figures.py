@@ -46,8 +46,14 @@ def _finish(fig: Figure, own: bool, path: str | Path | None) -> Figure:
     return fig
 
 
-def plot_timeline(timeline: Timeline, path: str | Path | None = None, ax: Axes | None = None, *, title: str = "") -> Figure:
-    """Gantt chart of ``timeline``; saved to ``path`` when given. Returns the figure."""
+def plot_timeline(
+    timeline: Timeline, path: str | Path | None = None, ax: Axes | None = None, *, title: str = "", time_max_ms: float = 0.0
+) -> Figure:
+    """Gantt chart of ``timeline``; saved to ``path`` when given. Returns the figure.
+
+    ``time_max_ms`` widens the time axis (to draw several timelines on one scale).
+    """
+    span_ms = max(timeline.iteration_ms, time_max_ms)
     own = ax is None
     if ax is None:
         height = max(2.2, 0.55 * timeline.num_ranks + 1.4)
@@ -60,7 +66,7 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, ax: Axes |
         chunk = seg.stage_idx // timeline.num_ranks if seg.stage_idx >= 0 else 0
         bars[(seg.kind, seg.rank, chunk)].append((seg.start_ms, seg.end_ms - seg.start_ms))
     # white separators between bars only where bars are several pixels wide (else they wash out)
-    edge = 0.4 if _ms_per_px(ax, timeline) * 4 < _median_compute_ms(timeline) else 0.0
+    edge = 0.4 if _ms_per_px(ax, span_ms) * 4 < _median_compute_ms(timeline) else 0.0
     for (kind, rank, chunk), spans in bars.items():
         y = rank  # row centre; rank 0 at the top (axis inverted below)
         color = _tint(COLORS[kind], chunk, timeline.virtual_stages_per_rank)
@@ -68,9 +74,9 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, ax: Axes |
             ax.broken_barh(spans, (y - _MAIN_H / 2, _MAIN_H), facecolors=color, edgecolors="white", linewidths=edge)
         else:
             ax.broken_barh(spans, (y + _MAIN_H / 2 + 0.02, _LANE_H), facecolors=color, alpha=0.85, linewidths=0)
-    _label_microbatches(ax, timeline, segments)
+    _label_microbatches(ax, timeline, segments, span_ms)
     ax.set_ylim(timeline.num_ranks - 0.5 + _LANE_H, -0.6)
-    ax.set_xlim(0, timeline.iteration_ms * 1.01)
+    ax.set_xlim(0, span_ms * 1.01)
     ax.set_yticks(range(timeline.num_ranks))
     ax.set_yticklabels([f"rank {r}" for r in range(timeline.num_ranks)])
     ax.set_xlabel("time (ms)")
@@ -94,10 +100,10 @@ def plot_timeline(timeline: Timeline, path: str | Path | None = None, ax: Axes |
     return _finish(fig, own, path)
 
 
-def _ms_per_px(ax: Axes, timeline: Timeline) -> float:
+def _ms_per_px(ax: Axes, span_ms: float) -> float:
     fig = ax.figure
     width_px = fig.get_figwidth() * fig.dpi * ax.get_position().width
-    return max(timeline.iteration_ms, 1e-12) * 1.01 / max(width_px, 1.0)
+    return max(span_ms, 1e-12) * 1.01 / max(width_px, 1.0)
 
 
 def _median_compute_ms(timeline: Timeline) -> float:
@@ -112,9 +118,9 @@ def _tint(color: str, chunk: int, num_chunks: int) -> tuple[float, float, float]
     return tuple(c + (1.0 - c) * mix for c in rgb)  # type: ignore[return-value]
 
 
-def _label_microbatches(ax: Axes, timeline: Timeline, segments: tuple) -> None:
+def _label_microbatches(ax: Axes, timeline: Timeline, segments: tuple, span_ms: float) -> None:
     """Put the micro-batch number on compute bars at least ~2 characters wide."""
-    ms_per_px = _ms_per_px(ax, timeline)
+    ms_per_px = _ms_per_px(ax, span_ms)
     interleaved = timeline.virtual_stages_per_rank > 1
     for seg in segments:
         if seg.kind not in (SegmentKind.FORWARD, SegmentKind.BACKWARD):
