@@ -58,7 +58,7 @@ def format_plan(plan: Plan) -> str:
     tail = (
         f"iteration {p.iteration_ms:.2f} ms | throughput {p.throughput_samples_per_s:.1f} samples/s | "
         f"peak memory {_gib(p.peak_memory_bytes)} GiB of {_gib(cap)} GiB cap\n"
-        f"bubble {p.bubble_fraction:.1%} | exposed all-reduce {p.exposed_allreduce_ms:.2f} ms | "
+        f"bubble {max(0.0, p.bubble_fraction):.1%} | exposed all-reduce {p.exposed_allreduce_ms:.2f} ms | "
         f"lower bound {p.lower_bound_ms:.2f} ms (bound/time {p.lower_bound_ms / p.iteration_ms if p.iteration_ms else 0:.3f})"
     )
     if p.me_reference:
