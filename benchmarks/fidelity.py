@@ -2,7 +2,7 @@
 
 For each configuration (P stages x D replicas, M micro-batches, schedule, recompute), build
 the plan with ``build_plan`` (predictions from the event simulator), run it with
-``python -m planner.runtime --emulate`` (layers sleep their profile times; real tensors and
+``python -m planner.runtime --emulate`` (stage chunks stretched to their profile times; real tensors and
 gloo communication), and compare the RunReport with the plan. Targets (issue 6): iteration
 time error median <= 5%, max <= 15%; activation bytes within 1%.
 

@@ -2,7 +2,7 @@
 but the layer split and the emulated compute (each chunk stretched to its profiled time,
 as ``planner.runtime.emulate`` does), so both sides do identical "compute".
 
-    torchrun --nproc-per-node P benchmarks/plain_pipeline.py PLAN MODEL PROFILE STEPS WARMUP OUT
+    torchrun --nproc-per-node P benchmarks/plain_pipeline.py PLAN MODEL PROFILE STEPS WARMUP OUT {emulate|real}
 
 What a user would write by hand: one stage module per rank from the plan's layer range,
 ``PipelineStage`` with run-time shape inference, ``ScheduleGPipe``/``Schedule1F1B`` with the
@@ -53,7 +53,7 @@ class EmulatedStage(PipelineStage):
 
 
 def main() -> None:
-    plan_path, spec, profile_path, steps, warmup, out = sys.argv[1:7]
+    plan_path, spec, profile_path, steps, warmup, out, compute = sys.argv[1:8]
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     plan, profile = load_plan(plan_path), load_profile(profile_path)
@@ -62,7 +62,8 @@ def main() -> None:
     stage_plan = plan.stages[rank]
     module = nn.Sequential(*workload.layers[stage_plan.layer_start : stage_plan.layer_stop])
     stage = EmulatedStage(module, rank, plan.num_stages, torch.device("cpu"))
-    stage.emulated_ms = stage_chunk_ms(plan, rank, profile)
+    if compute == "emulate":
+        stage.emulated_ms = stage_chunk_ms(plan, rank, profile)
     cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
     schedule = cls(stage, plan.num_microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.SGD(module.parameters(), lr=0.01)

@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=positive_int, default=3, help="training steps (default: %(default)s)")
     p.add_argument("--nproc", type=positive_int, default=0, help="processes (default: the plan's devices)")
     p.add_argument("--report", default="", help="RunReport JSON to write")
-    p.add_argument("--emulate", action="store_true", help="layers sleep their profiled times (schedule validation)")
+    p.add_argument("--emulate", action="store_true", help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate")
     p.add_argument("--timeout-s", type=float, default=60.0, help="process-group timeout (default: %(default)s)")
     p.add_argument("--checkpoint-dir", default="")

@@ -20,11 +20,13 @@ from planner.runtime.options import RuntimeOptions
 _FIELDS = 4  # compute_ms, idle_ms, saved_bytes_peak, cuda_peak_bytes
 
 
-def gather_measures(mine: RankMeasure, world_size: int) -> list[list[float]]:
+def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) -> list[list[float]]:
     row = torch.tensor(
-        [mine.compute_ms, mine.idle_ms, float(mine.saved_bytes_peak), float(mine.cuda_peak_bytes)], dtype=torch.float64
+        [mine.compute_ms, mine.idle_ms, float(mine.saved_bytes_peak), float(mine.cuda_peak_bytes)],
+        dtype=torch.float64,
+        device=device,
     )
-    rows = [torch.zeros(_FIELDS, dtype=torch.float64) for _ in range(world_size)]
+    rows = [torch.zeros(_FIELDS, dtype=torch.float64, device=device) for _ in range(world_size)]
     dist.all_gather(rows, row)
     return [r.tolist() for r in rows]
 

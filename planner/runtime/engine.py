@@ -249,7 +249,7 @@ class RankRunner:
         sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
         self.optimizer.step()
         wall_ms = (time.perf_counter() - start) * 1000.0
-        stats = torch.tensor([loss_sum, wall_ms], dtype=torch.float64)
+        stats = torch.tensor([loss_sum, wall_ms], dtype=torch.float64, device=self.device)  # NCCL needs device tensors
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)

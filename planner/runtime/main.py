@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="zoo name or package.module:callable")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--report", default="", help="RunReport JSON to write (rank 0)")
-    p.add_argument("--emulate", action="store_true", help="layers sleep their profiled times")
+    p.add_argument("--emulate", action="store_true", help="each stage chunk takes its profiled time (sleeps); real tensors and communication")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate")
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--checkpoint-dir", default="")
@@ -113,7 +113,7 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
             layer.to(device)
     runner = RankRunner(plan, workload, options, rank, device, profile)
     measure = runner.run()
-    rows = gather_measures(measure, world_size)
+    rows = gather_measures(measure, world_size, device)
     if rank == 0 and options.report_path:
         report = build_report(
             plan,

@@ -26,7 +26,7 @@ class RuntimeOptions:
     model_spec: str
     num_steps: int = 3
     report_path: str = ""
-    emulate: bool = field(default=False, metadata={"doc": "layers sleep their profiled fwd/bwd time"})
+    emulate: bool = field(default=False, metadata={"doc": "each stage chunk takes its profiled fwd/bwd time (sleeps)"})
     profile_path: str = field(default="", metadata={"doc": "per-layer times for --emulate; else the plan's"})
     timeout_s: float = 60.0
     checkpoint_dir: str = ""
