@@ -23,6 +23,7 @@ COMMANDS = (
     "import_pipedream",
     "simulate",
     "run",
+    "compare",
 )
 
 

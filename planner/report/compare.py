@@ -56,7 +56,7 @@ from planner.report.resolve import (
     match_report,
 )
 
-__all__ = ["COLUMNS", "MEASURED_COLUMNS", "add_baselines", "compare"]
+__all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare", "compare_entries", "gather_plans"]
 
 GIB = 1024**3
 
@@ -78,10 +78,12 @@ Reports = Union[Sequence[ReportLike], Mapping[Union[str, int], Union[ReportLike,
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _Entry:
+class PlanEntry:
+    """One row to be: a labelled plan, or a baseline that found none (``plan`` None, ``note`` why)."""
+
     label: str
     solver: str
-    plan: Plan | None  # None: a baseline with no feasible plan
+    plan: Plan | None
     note: str = ""
 
 
@@ -111,7 +113,7 @@ def _layer_ranges(plan: Plan) -> str:
     return "|".join(f"{s.layer_start}-{s.layer_stop - 1}" for s in plan.stages)
 
 
-def _plan_row(entry: _Entry) -> dict[str, Any]:
+def _plan_row(entry: PlanEntry) -> dict[str, Any]:
     row: dict[str, Any] = {"label": entry.label, "solver": entry.solver, "note": entry.note}
     plan = entry.plan
     if plan is None:
@@ -134,7 +136,7 @@ def _plan_row(entry: _Entry) -> dict[str, Any]:
     return row
 
 
-def _reference_index(entries: list[_Entry], reference: str | int | None) -> int:
+def _reference_index(entries: list[PlanEntry], reference: str | int | None) -> int:
     if reference is None:
         return 0
     if isinstance(reference, int):
@@ -164,12 +166,15 @@ def _measured(plan: Plan, reports: list[RunReport]) -> dict[str, Any]:
     }
 
 
-def _pair_reports(entries: list[_Entry], reports: Reports) -> dict[int, list[RunReport]]:
+def _pair_reports(entries: list[PlanEntry], reports: Reports) -> dict[int, list[RunReport]]:
     """Plan row index -> its reports: explicit for a mapping, by signature for a sequence."""
     paired: dict[int, list[RunReport]] = {}
     if isinstance(reports, Mapping):
         for key, value in reports.items():
-            idx = _reference_index(entries, key)
+            try:
+                idx = _reference_index(entries, key)
+            except PlannerInputError:
+                raise PlannerInputError(f"reports given for plan {key!r}, which is not among the plans") from None
             if entries[idx].plan is None:
                 raise PlannerInputError(f"reports given for {key!r}, which has no plan")
             items = [value] if isinstance(value, (RunReport, str, Path)) else list(value)
@@ -185,6 +190,26 @@ def _pair_reports(entries: list[_Entry], reports: Reports) -> dict[int, list[Run
     return paired
 
 
+def gather_plans(
+    plans_or_paths: Sequence[PlanLike] | PlanLike,
+    *,
+    baselines: bool = False,
+    profile: ProfileLike | None = None,
+    cluster: ClusterLike | None = None,
+) -> list[PlanEntry]:
+    """The plans, labelled, then (``baselines=True``) every built-in baseline for the first
+    plan's request; its profile and cluster are ``profile``/``cluster`` or found from its
+    provenance. A baseline whose solver is already among the plans is not repeated."""
+    loaded = load_plans(plans_or_paths)  # type: ignore[arg-type]
+    entries = [PlanEntry(label=label, solver=plan.provenance.solver, plan=plan) for label, plan, _ in loaded]
+    if baselines:
+        _, first, first_path = loaded[0]
+        have = tuple(e.solver for e in entries)
+        for name, base, note in add_baselines(first, profile, cluster, first_path, skip=have):
+            entries.append(PlanEntry(label=name, solver=name, plan=base, note=note))
+    return entries
+
+
 def compare(
     plans_or_paths: Sequence[PlanLike] | PlanLike,
     *,
@@ -196,18 +221,19 @@ def compare(
 ) -> pd.DataFrame:
     """One row per plan (see the module docstring for the columns).
 
-    ``baselines=True`` appends every built-in baseline for the first plan's request (its
-    profile and cluster are ``profile``/``cluster`` or found from its provenance); a baseline
-    whose solver is already among the plans is not repeated. ``reference`` (a label, a solver
-    name or a row index; default: the first row) is the ME index's and the speedup's reference.
+    ``plans_or_paths``: plans or plan JSON paths. ``baselines``, ``profile``, ``cluster``: see
+    :func:`gather_plans`. ``reference`` (a label, a solver name or a row index; default: the
+    first row) is the ME index's and the speedup's reference. ``reports``: run reports (or
+    paths) matched by signature, or a mapping ``{label or row index: report(s)}``.
     """
-    loaded = load_plans(plans_or_paths)  # type: ignore[arg-type]
-    entries = [_Entry(label=label, solver=plan.provenance.solver, plan=plan) for label, plan, _ in loaded]
-    if baselines:
-        first_label, first, first_path = loaded[0]
-        have = {e.solver for e in entries}
-        for name, base, note in add_baselines(first, profile, cluster, first_path, skip=tuple(have)):
-            entries.append(_Entry(label=name, solver=name, plan=base, note=note))
+    entries = gather_plans(plans_or_paths, baselines=baselines, profile=profile, cluster=cluster)
+    return compare_entries(entries, reference=reference, reports=reports)
+
+
+def compare_entries(
+    entries: list[PlanEntry], *, reference: str | int | None = None, reports: Reports | None = None
+) -> pd.DataFrame:
+    """:func:`compare` over already gathered rows."""
     ref_idx = _reference_index(entries, reference)
     ref = entries[ref_idx]
     if ref.plan is None:
