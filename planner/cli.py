@@ -24,6 +24,8 @@ COMMANDS = (
     "simulate",
     "run",
     "compare",
+    "calibrate",
+    "export",
 )
 
 
@@ -58,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"planner {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
         return 130

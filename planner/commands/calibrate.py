@@ -1,0 +1,75 @@
+"""``planner calibrate RUNREPORT... --plan PLAN... --profile P --out P2 [--cluster C]
+[--cluster-out C2] [--granularity stage|global] [--no-links]``: refit the profile's layer
+times and the cluster's links to measured runs (:mod:`planner.calibrate`).
+
+A RunReport does not carry the partition it ran, so the plans are given too; each report is
+matched to its plan by signature. The cluster defaults to the preset the first plan names.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.artifacts.cluster import save_cluster
+from planner.artifacts.plan import load_plan
+from planner.artifacts.profile import load_profile, save_profile
+from planner.calibrate import GRANULARITIES, CalibrationResult, calibrate
+from planner.errors import PlannerInputError
+from planner.report.resolve import find_cluster, load_reports
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="refit a profile's layer times (and a cluster's links) to measured runs",
+        description="Scale the profile's layer times (least squares of measured vs predicted stage compute) and the "
+        "cluster's communication so that the measured plans, re-predicted, match their runs.",
+    )
+    p.add_argument("reports", nargs="+", metavar="RUNREPORT", help="RunReport JSON files")
+    p.add_argument("--plan", nargs="+", required=True, metavar="PLAN", help="the plans the reports ran")
+    p.add_argument("--profile", required=True, help="the profile the plans were made from")
+    p.add_argument("--out", required=True, help="calibrated profile JSON to write")
+    p.add_argument("--cluster", help="the plans' cluster (default: the preset the first plan names)")
+    p.add_argument("--cluster-out", help="calibrated cluster JSON to write")
+    p.add_argument("--granularity", default="stage", choices=GRANULARITIES, help="one time scale per stage or one overall (default: %(default)s)")
+    p.add_argument("--no-links", action="store_true", help="keep the cluster's links as they are")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for flag in ("out", "cluster_out"):
+        out = getattr(args, flag)
+        if out and not Path(out).resolve().parent.is_dir():
+            raise PlannerInputError(f"--{flag.replace('_', '-')} {out}: directory {Path(out).resolve().parent} does not exist")
+    plans = [load_plan(p) for p in args.plan]
+    profile = load_profile(args.profile)
+    cluster = find_cluster(plans[0], args.cluster)
+    result = calibrate(load_reports(args.reports), plans, profile, cluster,
+                       granularity=args.granularity, fit_links=not args.no_links, report_names=args.reports)
+    print(format_calibration(result, args.reports))
+    save_profile(result.profile, args.out)
+    print(f"\ncalibrated profile: {args.out}")
+    if args.cluster_out:
+        save_cluster(result.cluster, args.cluster_out)
+        print(f"calibrated cluster: {args.cluster_out}")
+    return 0
+
+
+def format_calibration(result: CalibrationResult, names: list[str]) -> str:
+    c = result.calibration
+    scales = c.layer_time_scales
+    lines = [
+        f"compute time scale {c.time_scale:.4f} overall; per layer ({c.granularity}) "
+        f"{min(scales):.4f} .. {max(scales):.4f}",
+        f"communication scale {c.link_scale:.4g} (latency x c, bandwidth / c)",
+        "",
+        "run                     measured ms  predicted before  error  predicted after  error",
+    ]
+    rows = zip(names, c.iteration_ms_measured, c.iteration_rel_error_before, c.iteration_rel_error_after, result.plans)
+    for name, measured, before, after, plan in rows:
+        lines.append(
+            f"{Path(name).name:<22}  {measured:11.2f}  {measured / (1 + before):16.2f}  {before:+6.1%}  "
+            f"{plan.predicted.iteration_ms:15.2f}  {after:+6.1%}"
+        )
+    return "\n".join(lines)

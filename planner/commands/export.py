@@ -1,0 +1,41 @@
+"""``planner export PLAN [--stages-json OUT] [--schedule-csv OUT]``: a plan in the forms other
+tools take (:mod:`planner.report.export`). With neither flag, prints the stage module names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from planner.artifacts.plan import load_plan
+from planner.errors import PlannerInputError
+from planner.report.export import stage_module_names, write_plan_schedule_csv, write_stage_module_names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a plan: per-stage module names (torchtitan), schedule CSV (torch.distributed.pipelining)",
+        description="Write a plan's per-stage layer names as a JSON list of lists and its per-rank schedule as CSV.",
+    )
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--stages-json", metavar="OUT", help="JSON list of lists of layer names, one list per stage")
+    p.add_argument("--schedule-csv", metavar="OUT", help="compute-only schedule CSV, one row per rank")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for flag in ("stages_json", "schedule_csv"):
+        out = getattr(args, flag)
+        if out and not Path(out).resolve().parent.is_dir():
+            raise PlannerInputError(f"--{flag.replace('_', '-')} {out}: directory {Path(out).resolve().parent} does not exist")
+    plan = load_plan(args.plan)
+    if args.stages_json:
+        write_stage_module_names(plan, args.stages_json)
+        print(f"stage module names: {args.stages_json}")
+    if args.schedule_csv:
+        write_plan_schedule_csv(plan, args.schedule_csv)
+        print(f"schedule CSV: {args.schedule_csv}")
+    if not (args.stages_json or args.schedule_csv):
+        print(json.dumps(stage_module_names(plan)))
+    return 0
