@@ -77,9 +77,16 @@ def allreduce_ms(cluster: Cluster, num_bytes: float, ranks: Sequence[int]) -> fl
     return ring_allreduce_ms(num_bytes, k, **intra) + ring_allreduce_ms(num_bytes / k, n, **inter)
 
 
-def stage_ranks(stage_idx: int, dp_degree: int) -> tuple[int, ...]:
-    """Ranks of a stage under the placement rank = stage_idx x dp_degree + replica."""
-    return tuple(stage_idx * dp_degree + r for r in range(dp_degree))
+def pipeline_rank(stage_idx: int, pipeline_ranks: int = 0) -> int:
+    """The pipeline rank running a stage: itself, or round-robin over ``pipeline_ranks`` ranks
+    when stages are virtual (interleaved schedules); 0 means one stage per rank."""
+    return stage_idx % pipeline_ranks if pipeline_ranks else stage_idx
+
+
+def stage_ranks(stage_idx: int, dp_degree: int, pipeline_ranks: int = 0) -> tuple[int, ...]:
+    """Ranks of a stage under the placement rank = pipeline rank x dp_degree + replica."""
+    p = pipeline_rank(stage_idx, pipeline_ranks)
+    return tuple(p * dp_degree + r for r in range(dp_degree))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,22 +201,26 @@ class CostModel:
             buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
         )
 
-    def boundary_transfer_ms(self, boundary: int, microbatch_size: int, upstream_stage_idx: int, dp_degree: int) -> float:
+    def boundary_transfer_ms(
+        self, boundary: int, microbatch_size: int, upstream_stage_idx: int, dp_degree: int, pipeline_ranks: int = 0
+    ) -> float:
         """Transfer of the tensors crossing the cut before layer ``boundary`` between stage
         ``upstream_stage_idx`` and the next one (activations forward, their gradients backward:
         same bytes), on the link their replica-0 ranks share."""
         if boundary <= 0 or boundary >= self.num_layers:
             return 0.0
         nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
-        bw, lat = link_of(self.cluster, upstream_stage_idx * dp_degree, (upstream_stage_idx + 1) * dp_degree)
+        src = pipeline_rank(upstream_stage_idx, pipeline_ranks) * dp_degree
+        dst = pipeline_rank(upstream_stage_idx + 1, pipeline_ranks) * dp_degree
+        bw, lat = link_of(self.cluster, src, dst)
         return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
 
-    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, dp_degree: int) -> float:
+    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, dp_degree: int, pipeline_ranks: int = 0) -> float:
         """Gradient all-reduce across the stage's replicas, plus the exchange of tied gradients
         with the other stage holding the tied tensor (priced on the slowest link of the cluster,
         since the partner stage is not known here)."""
         grad_bytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param
-        total = allreduce_ms(self.cluster, grad_bytes, stage_ranks(stage_idx, dp_degree))
+        total = allreduce_ms(self.cluster, grad_bytes, stage_ranks(stage_idx, dp_degree, pipeline_ranks))
         tied = self.tied_allreduce_bytes(start, stop)
         if tied:
             if self.cluster.num_nodes > 1:
@@ -228,14 +239,15 @@ class CostModel:
         inflight: int,
         stage_idx: int,
         dp_degree: int,
+        pipeline_ranks: int = 0,
     ) -> StageCost:
         return StageCost(
             fwd_ms=self.stage_fwd_ms(start, stop, microbatch_size),
             bwd_ms=self.stage_bwd_ms(start, stop, microbatch_size),
             recompute_ms=self.recompute_ms(recompute, microbatch_size),
-            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, dp_degree),
-            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, dp_degree),
-            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, dp_degree),
+            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, dp_degree, pipeline_ranks),
+            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, dp_degree, pipeline_ranks),
+            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, dp_degree, pipeline_ranks),
             activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size))),
             memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight),
         )

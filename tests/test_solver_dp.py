@@ -110,3 +110,18 @@ def test_dp_plan_equals_bruteforce_plan():
     assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
     assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
     assert any(s.recompute for s in a.stages), "the case should need recomputation"
+
+
+def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
+    from planner.defaults import default_profile
+
+    prof = default_profile()
+    base = plan(prof, None, PlanRequest(global_batch=16))
+    req = PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
+    inter = plan(prof, None, req)
+    assert inter.schedule is ScheduleKind.INTERLEAVED_1F1B and inter.virtual_stages_per_rank > 1
+    assert inter.predicted.iteration_ms < base.predicted.iteration_ms
+    assert inter.predicted.peak_memory_bytes <= inter.stages[0].memory_cap_bytes
+    ranks = inter.num_stages // inter.virtual_stages_per_rank
+    for st_ in inter.stages:
+        assert st_.ranks[0] // inter.dp_degree == st_.stage_idx % ranks

@@ -39,8 +39,13 @@ def format_plan(plan: Plan) -> str:
     prov = plan.provenance
     head = (
         f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver!r}\n"
-        f"P={plan.num_stages} stages x D={plan.dp_degree} replicas, schedule {plan.schedule.value}, "
-        f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})"
+        + (
+            f"P={plan.num_stages} stages x D={plan.dp_degree} replicas, schedule {plan.schedule.value}, "
+            if plan.virtual_stages_per_rank == 1
+            else f"{plan.num_stages} stages on P={plan.num_stages // plan.virtual_stages_per_rank} pipeline ranks "
+            f"({plan.virtual_stages_per_rank} each) x D={plan.dp_degree} replicas, schedule {plan.schedule.value}, "
+        )
+        + f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})"
     )
     headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", "allred ms",
                "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]

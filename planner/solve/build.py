@@ -43,6 +43,7 @@ def build_plan(
     microbatch_size: int,
     schedule: ScheduleKind,
     solver: str,
+    virtual_stages_per_rank: int = 1,
 ) -> Plan:
     """A complete Plan (stages priced, predictions from the simulator) for one partition.
 
@@ -53,20 +54,22 @@ def build_plan(
     num_stages = len(boundaries)
     global_batch = request.global_batch
     num_microbatches = global_batch // (dp_degree * microbatch_size)
-    ks = inflight_counts(schedule, num_stages, num_microbatches)
+    v = virtual_stages_per_rank
+    pr = num_stages // v if v > 1 else 0
+    ks = inflight_counts(schedule, num_stages, num_microbatches, v)
     stops = list(boundaries[1:]) + [cm.num_layers]
     cap = memory_cap_bytes(cluster, request)
     stages = []
     for s, (start, stop) in enumerate(zip(boundaries, stops)):
         rc = tuple(sorted(recompute[s]))
-        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, dp_degree)
+        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, dp_degree, pr)
         stages.append(
             PlanStage(
                 stage_idx=s,
                 layer_start=start,
                 layer_stop=stop,
                 layer_names=profile.layer_names[start:stop],
-                ranks=stage_ranks(s, dp_degree),
+                ranks=stage_ranks(s, dp_degree, pr),
                 recompute=rc,
                 inflight_microbatches=ks[s],
                 activation_bytes_per_microbatch=cost.activation_bytes_per_microbatch,
@@ -99,6 +102,7 @@ def build_plan(
         microbatch_size=microbatch_size,
         global_batch=global_batch,
         schedule=schedule,
+        virtual_stages_per_rank=v,
         stages=tuple(stages),
         predicted=Prediction(
             iteration_ms=0.0,

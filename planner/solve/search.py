@@ -28,6 +28,8 @@ from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, s
 
 #: schedules the DP prices (interleaving changes the in-flight pattern; see the solver issue)
 DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
+#: virtual stages per rank tried for interleaved 1F1B
+INTERLEAVE_FACTORS = (2, 4)
 
 
 #: tighter memory caps (fractions of the cap) searched for the Pareto front
@@ -38,6 +40,8 @@ RESCORE_TOP = 4
 PARETO_CONFIGS = 3
 #: longest chain searched exactly over every configuration; longer profiles are grouped
 CHAIN_MAX = 64
+#: longest profile the infeasibility explanation searches layer by layer (else over groups)
+EXPLAIN_MAX_LAYERS = 256
 #: layers on each side of a coarse boundary that the refinement plans one by one
 REFINE_RADIUS = 4
 
@@ -49,6 +53,11 @@ class Config:
     microbatch_size: int
     num_microbatches: int
     schedule: ScheduleKind
+    virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules)
+
+    @property
+    def total_stages(self) -> int:
+        return self.num_stages * self.virtual_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +105,37 @@ def configurations(num_layers: int, num_devices: int, request: PlanRequest) -> I
 ChainSolver = Callable[..., "ChainSolution | None"]
 
 
-def all_configs(cm: CostModel, request: PlanRequest, num_devices: int) -> list[Config]:
+def all_configs(cm: CostModel, request: PlanRequest, num_devices: int, interleaved: bool = True) -> list[Config]:
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     out = []
     for P, D in configurations(cm.num_layers, num_devices, request):
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
             out.extend(Config(P, D, b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+            if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
+                out.extend(
+                    Config(P, D, b, M, ScheduleKind.INTERLEAVED_1F1B, v)
+                    for v in INTERLEAVE_FACTORS
+                    if P * v <= cm.num_layers and interleaving_valid(P, M, v)
+                )
     return out
+
+
+def interleaving_valid(num_ranks: int, num_microbatches: int, v: int) -> bool:
+    from planner.schedule.build import check_schedule_rules
+
+    try:
+        check_schedule_rules(ScheduleKind.INTERLEAVED_1F1B, num_ranks * v, num_microbatches, v)
+    except PlannerInputError:
+        return False
+    return num_microbatches >= num_ranks
+
+
+def _solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> ChainSolution | None:
+    kw = dict(num_stages=c.total_stages, dp_degree=c.dp_degree, num_microbatches=c.num_microbatches, schedule=c.schedule)
+    if c.virtual_stages > 1:
+        kw["virtual_stages_per_rank"] = c.virtual_stages
+    return chain_solver(table, **kw)
 
 
 def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
@@ -116,7 +148,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
 
 
 def _sort_key(c: Config) -> tuple:
-    return (c.num_stages, -c.microbatch_size, c.schedule.value)
+    return (c.num_stages, -c.microbatch_size, c.schedule.value, c.virtual_stages)
 
 
 def solve_candidates(
@@ -136,26 +168,27 @@ def solve_candidates(
     """
     from planner.simulator import simulate_iteration_ms
 
-    configs = configs if configs is not None else all_configs(cm, request, num_devices)
+    interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
+    configs = configs if configs is not None else all_configs(cm, request, num_devices, interleaved_ok)
     ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + _sort_key(c))
-    tables: dict[int, StageTable] = {}
+    tables: dict[tuple[int, int], StageTable] = {}
     best = float("inf")
     out: list[tuple[float, Candidate]] = []
     for c in ordered:
         if prune and config_lower_bound_ms(cm, c) > best:
             continue
-        if c.microbatch_size not in tables:
-            tables[c.microbatch_size] = StageTable(
-                cm, c.microbatch_size, cap_bytes, request.fixed_boundaries, allow_recompute=request.recompute
+        key = (c.microbatch_size, c.virtual_stages)
+        if key not in tables:
+            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
+            tables[key] = StageTable(
+                cm, c.microbatch_size, cap_bytes / c.virtual_stages, request.fixed_boundaries,
+                allow_recompute=request.recompute,
             )
-        sol = chain_solver(
-            tables[c.microbatch_size], num_stages=c.num_stages, dp_degree=c.dp_degree,
-            num_microbatches=c.num_microbatches, schedule=c.schedule,
-        )
+        sol = _solve_config(chain_solver, tables[key], c)
         if sol is None:
             continue
         cand = Candidate(c, sol)
-        t = simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand))
+        t = _simulated(cm, cand)
         out.append((t, cand))
         best = min(best, t)
     out.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
@@ -167,14 +200,15 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     c, sol = cand.config, cand.solution
     stops = list(sol.boundaries[1:]) + [cm.num_layers]
     b, D = c.microbatch_size, c.dp_degree
+    pr = c.num_stages if c.virtual_stages > 1 else 0
     out: dict[str, list[float]] = {k: [] for k in ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")}
     for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
         out["fwd_ms"].append(cm.stage_fwd_ms(start, stop, b))
         out["bwd_ms"].append(cm.stage_bwd_ms(start, stop, b))
         out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b))
-        out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, D))
-        out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, D))
-        out["allreduce_ms"].append(cm.stage_allreduce_ms(start, stop, s, D))
+        out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, D, pr))
+        out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, D, pr))
+        out["allreduce_ms"].append(cm.stage_allreduce_ms(start, stop, s, D, pr))
     return out
 
 
@@ -189,6 +223,7 @@ def _plan_of(cm: CostModel, request: PlanRequest, cand: Candidate, solver: str) 
         microbatch_size=c.microbatch_size,
         schedule=c.schedule,
         solver=solver,
+        virtual_stages_per_rank=c.virtual_stages,
     )
 
 
@@ -227,7 +262,8 @@ def build_best(
 def _simulated(cm: CostModel, cand: Candidate) -> float:
     from planner.simulator import simulate_iteration_ms
 
-    return simulate_iteration_ms(cand.config.schedule, cand.config.num_microbatches, **stage_arrays(cm, cand))
+    c = cand.config
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand), virtual_stages_per_rank=c.virtual_stages)
 
 
 def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:
@@ -241,7 +277,8 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     bounds = tuple(starts[g] for g in cand.solution.boundaries)
     ends = list(bounds[1:]) + [L]
     c = cand.config
-    ks = inflight_counts(c.schedule, c.num_stages, c.num_microbatches)
+    ks = inflight_counts(c.schedule, c.total_stages, c.num_microbatches, c.virtual_stages)
+    cap = cap / c.virtual_stages
     fwd, _ = cm.layer_times(c.microbatch_size)
     b = c.microbatch_size
     recompute = []
@@ -278,10 +315,10 @@ def refine(
     finer_starts = sorted(finer)
     merged = CostModel(merge_layers(cm.profile, finer_starts), cm.cluster, cm.optimizer)
     fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
-    table = StageTable(merged, cand.config.microbatch_size, cap, fixed, allow_recompute=request.recompute)
+    table = StageTable(merged, cand.config.microbatch_size, cap / cand.config.virtual_stages, fixed,
+                       allow_recompute=request.recompute)
     c = cand.config
-    sol = chain_solver(table, num_stages=c.num_stages, dp_degree=c.dp_degree,
-                       num_microbatches=c.num_microbatches, schedule=c.schedule)
+    sol = _solve_config(chain_solver, table, c)
     if sol is None:
         return coarse
     fine = to_layers(cm, Candidate(c, sol), finer_starts, cap)
@@ -322,6 +359,9 @@ def search_plan(
     if not scored:
         from planner.solve.infeasible import explain_infeasible
 
+        # explained over the layers themselves unless the profile is very long
+        if profile.num_layers <= EXPLAIN_MAX_LAYERS:
+            raise explain_infeasible(cm, request, num_devices, cap)
         raise explain_infeasible(cm_search, req_search, num_devices, cap)
     keep = RESCORE_TOP if by_time else len(scored)
     plans = build_best(cm, request, fine(scored, keep, True), solver, keep)
