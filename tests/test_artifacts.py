@@ -124,3 +124,10 @@ def test_documents_satisfy_shipped_schemas(small_plan):
         bad = dict(doc, version=2)
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_shipped_default_profile_equals_its_formulas():
+    from planner.analytic import gpt3_profile
+    from planner.defaults import default_profile_path
+
+    assert load_profile(default_profile_path()) == gpt3_profile("gpt3-13b", "a100-80gb")

@@ -103,24 +103,6 @@ PRESETS: dict[str, Cluster] = {
             "inter_node_latency_us": _IB_HDR,
         },
     ),
-    "a100-80gb-2x8": _preset(
-        name="a100-80gb-2x8",
-        device_name="NVIDIA A100-SXM4-80GB",
-        num_nodes=2,
-        devices_per_node=8,
-        device_memory_bytes=80 * 10**9,
-        intra_node_bandwidth_gb_per_s=300.0,
-        intra_node_latency_us=10.0,
-        inter_node_bandwidth_gb_per_s=25.0,
-        inter_node_latency_us=5.0,
-        sources={
-            "device_memory_bytes": _NVIDIA_A100,
-            "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
-            "intra_node_latency_us": _NCCL_LAT,
-            "inter_node_bandwidth_gb_per_s": _IB_HDR,
-            "inter_node_latency_us": _IB_HDR,
-        },
-    ),
     "h100-80gb-x8": _preset(
         name="h100-80gb-x8",
         device_name="NVIDIA H100-SXM5-80GB",
@@ -178,6 +160,8 @@ PRESETS: dict[str, Cluster] = {
         },
     ),
 }
+
+PRESETS["a100-80gb-2x8"] = replace(PRESETS["a100-80gb-x8"], name="a100-80gb-2x8", num_nodes=2)
 
 DEFAULT_CLUSTER = "a100-80gb-x8"
 
