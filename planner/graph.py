@@ -9,14 +9,20 @@ to several consumers crosses once). Skip connections therefore count on every cu
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from planner.artifacts.profile import Profile
 
+if TYPE_CHECKING:
+    import networkx as nx
 
-def layer_graph(profile: Profile) -> nx.DiGraph:
+
+def layer_graph(profile: Profile) -> "nx.DiGraph":
     """The layer DAG: nodes are layer indices (with names), edges carry ``bytes_per_sample``."""
+    import networkx as nx  # imported here: planning itself never needs it
+
     graph = nx.DiGraph()
     for idx, layer in enumerate(profile.layers):
         graph.add_node(idx, name=layer.name)
