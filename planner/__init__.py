@@ -43,6 +43,10 @@ _LAZY = {
     "plot_memory": "planner.report.figures:plot_memory",
     "format_plan": "planner.report.table:format_plan",
     "compare": "planner.report.compare:compare",
+    "plot_timelines": "planner.report.figures_compare:plot_timelines",
+    "plot_stage_memory": "planner.report.figures_compare:plot_stage_memory",
+    "plot_pareto": "planner.report.figures_compare:plot_pareto",
+    "load_report": "planner.artifacts.report:load_report",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -258,4 +258,4 @@ def compare_entries(
     for name in _INT_COLUMNS:
         if name in frame:
             frame[name] = frame[name].astype("Int64")  # integers with NA for rows without a plan
-    return frame.set_index(pd.Index(frame["label"], name=None))
+    return frame.set_index("label", drop=False).rename_axis(None)

@@ -1,0 +1,63 @@
+"""Every notebook in notebooks/ executes top to bottom on CPU (nbclient), in under a minute each.
+
+The kernel is this interpreter (``sys.executable``), through a kernelspec written to a temporary
+folder: nothing is installed in the user's Jupyter paths, and the venv's packages are the ones
+the notebooks see. Notebooks are stored without outputs; the test checks that too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+EXPECTED = {"plan_a_model.ipynb", "compare_plans.ipynb", "predicted_vs_measured.ipynb"}
+BUDGET_S = 60.0
+
+
+def test_the_three_notebooks_are_there_without_outputs() -> None:
+    assert EXPECTED <= {p.name for p in NOTEBOOKS}
+    for path in NOTEBOOKS:
+        book = nbformat.read(path, as_version=4)
+        for cell in book.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, f"{path.name}: outputs not stripped"
+
+
+@pytest.fixture(scope="module")
+def kernel_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    spec = tmp_path_factory.mktemp("kernels") / "planner-python"
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "planner (this interpreter)",
+        "language": "python",
+        "env": {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    }))
+    return [str(spec.parent)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path: Path, kernel_dirs: list[str]) -> None:
+    book = nbformat.read(path, as_version=4)
+    km = KernelManager(kernel_name="planner-python", kernel_spec_manager=KernelSpecManager(kernel_dirs=kernel_dirs))
+    client = NotebookClient(book, km=km, timeout=120, resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError naming the cell on any exception
+    elapsed = time.perf_counter() - start
+    assert elapsed < BUDGET_S, f"{path.name} took {elapsed:.0f} s (budget {BUDGET_S:.0f} s)"
+    outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    figures = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert figures, f"{path.name} shows no figure"
+    assert os.environ.get("PLANNER_KEEP_NOTEBOOK") is None or nbformat.write(book, f"/tmp/{path.name}") is None
