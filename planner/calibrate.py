@@ -19,27 +19,37 @@ Inputs: run reports, the plans they ran (each report is matched to its plan by s
 
    Each layer's forward and backward fits (intercept and per-sample slope) and its measured
    points are multiplied by its scale: the shape in the micro-batch size is kept.
-2. **Link scale.** With the calibrated profile, each plan is re-predicted (same partition,
-   recomputation, replication, micro-batch size and schedule; :func:`repredict`) on the
-   cluster with every link's latency multiplied and bandwidth divided by ``c``: all
-   communication times scale by ``c``. ``c`` minimises ``sum (log simulated - log measured)^2``
-   of the iteration times over ``[1/64, 64]`` (a grid in ``log c``, then golden-section
-   search). Only links the runs used are changed: intra-node always, inter-node when a plan
-   spans nodes. Runs without any communication leave ``c = 1``. What the simulator does not
-   model (optimizer step, framework overhead between actions) lands in ``c``: it is the
-   factor that makes the cluster file reproduce the measured iteration.
+2. **The rest of the iteration.** With the calibrated profile each plan is re-predicted
+   (same partition, recomputation, replication, micro-batch size and schedule;
+   :func:`repredict`) and the time the simulator still misses is given to one of two
+   one-parameter models, each fitted by minimising ``sum (log re-predicted - log measured)^2``
+   over the runs' iteration times (a 25-point grid, then golden-section search):
+
+   - ``links``: every link's latency multiplied and bandwidth divided by ``c`` in
+     ``[1/64, 64]`` (all communication times scale by ``c``). Only links the runs used change:
+     intra-node always, inter-node when a plan spans nodes. Runs without communication keep
+     ``c = 1``.
+   - ``overhead``: ``o >= 0`` ms added to every layer's forward and backward per micro-batch
+     (the framework's cost per layer and action, serial on the rank). In a pipeline, transfers
+     overlap compute, so slower links lengthen the iteration only on its critical path; a
+     per-action cost outside the measured compute windows (a loaded machine, Python between
+     actions) is not communication and only this model can absorb it.
+
+   ``residual="auto"`` (default) takes ``links`` unless ``overhead`` fits at least twice as
+   well (half the log-loss); ``"links"``, ``"overhead"`` or ``"none"`` force a choice. What
+   neither models (optimizer step, noise) stays as error.
 
 The calibrated profile has ``source="calibrated"`` and records in its metadata the global
 time scale, the per-layer scales (``calibration.layer_time_scales``: one per layer in layer
-order, comma-separated), the link scale, the granularity, the number of runs and the sha256 of
-the profile it came from.
+order, comma-separated), the residual model with its link scale and per-layer overhead, the
+granularity, the number of runs and the sha256 of the profile it came from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from planner import codec
 from planner.artifacts.cluster import Cluster
@@ -51,10 +61,11 @@ from planner.errors import PlannerInputError
 from planner.report.resolve import match_report
 from planner.solve.build import build_plan
 
-__all__ = ["Calibration", "CalibrationResult", "calibrate", "fit_link_scale", "fit_time_scales", "repredict",
-           "scale_cluster_links", "scale_profile_times"]
+__all__ = ["Calibration", "CalibrationResult", "add_layer_overhead", "calibrate", "fit_layer_overhead", "fit_link_scale",
+           "fit_time_scales", "repredict", "scale_cluster_links", "scale_profile_times"]
 
 GRANULARITIES = ("global", "stage")
+RESIDUALS = ("auto", "links", "overhead", "none")
 LINK_SCALE_RANGE = (1 / 64, 64.0)
 
 
@@ -65,7 +76,9 @@ class Calibration:
     granularity: str
     time_scale: float = dataclasses.field(metadata={"doc": "global least-squares compute scale"})
     layer_time_scales: tuple[float, ...]
+    residual: str = dataclasses.field(metadata={"doc": "what explained the rest: links | overhead | none"})
     link_scale: float = dataclasses.field(metadata={"doc": "communication time multiplier (1: unchanged)"})
+    overhead_ms_per_layer: float = dataclasses.field(metadata={"doc": "added to each layer's fwd and bwd"})
     num_reports: int
     iteration_ms_measured: tuple[float, ...] = dataclasses.field(metadata={"doc": "per run, its median step"})
     iteration_rel_error_before: tuple[float, ...] = dataclasses.field(
@@ -76,7 +89,9 @@ class Calibration:
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES} (got {self.granularity!r})")
-        if not (self.time_scale > 0 and self.link_scale > 0):
+        if self.residual not in RESIDUALS[1:]:
+            raise ValueError(f"residual must be one of {RESIDUALS[1:]} (got {self.residual!r})")
+        if not (self.time_scale > 0 and self.link_scale > 0 and self.overhead_ms_per_layer >= 0):
             raise ValueError(f"scales must be > 0 (got {self.time_scale}, {self.link_scale})")
 
 
@@ -192,33 +207,71 @@ def _spans_nodes(plan: Plan, cluster: Cluster) -> bool:
     return plan.num_devices > cluster.devices_per_node
 
 
-def fit_link_scale(runs: Sequence[tuple[Plan, RunReport]], profile: Profile, cluster: Cluster) -> float:
-    """The communication multiplier ``c`` (see the module docstring); 1 without communication."""
-    runs = [(p, r) for p, r in runs if _has_communication(p) and r.iteration_ms > 0]
-    if not runs:
-        return 1.0
-    inter = any(_spans_nodes(p, cluster) for p, _ in runs)
+def _log_loss(runs: Sequence[tuple[Plan, RunReport]], profile: Profile, cluster: Cluster) -> float:
+    """``sum (log re-predicted - log measured)^2`` of the iteration times."""
+    return sum(
+        (math.log(repredict(p, profile, cluster).predicted.iteration_ms) - math.log(r.iteration_ms)) ** 2
+        for p, r in runs
+    )
 
-    def loss(log_c: float) -> float:
-        scaled = scale_cluster_links(cluster, math.exp(log_c), inter_node=inter)
-        return sum(
-            (math.log(repredict(p, profile, scaled).predicted.iteration_ms) - math.log(r.iteration_ms)) ** 2
-            for p, r in runs
-        )
 
-    lo, hi = (math.log(v) for v in LINK_SCALE_RANGE)
+def _minimise(loss: Callable[[float], float], lo: float, hi: float) -> tuple[float, float]:
+    """(argmin, min) of ``loss`` on ``[lo, hi]``: a 25-point grid, then golden-section search
+    inside the cells around the best grid point (ties to the lower end)."""
     grid = [lo + (hi - lo) * i / 24 for i in range(25)]
     values = [loss(x) for x in grid]
-    best = min(range(len(grid)), key=lambda i: (values[i], abs(grid[i])))
+    best = min(range(len(grid)), key=lambda i: (values[i], i))
     a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
     ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(30):  # golden-section search inside the bracketing grid cells
+    for _ in range(30):
         x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
         if loss(x1) <= loss(x2):
             b = x2
         else:
             a = x1
-    return math.exp((a + b) / 2)
+    x = (a + b) / 2
+    return (x, loss(x)) if loss(x) <= values[best] else (grid[best], values[best])
+
+
+def fit_link_scale(runs: Sequence[tuple[Plan, RunReport]], profile: Profile, cluster: Cluster) -> tuple[float, float]:
+    """(communication multiplier ``c``, its log-loss); ``(1, loss)`` without communication."""
+    runs = [(p, r) for p, r in runs if r.iteration_ms > 0]
+    if not any(_has_communication(p) for p, _ in runs):
+        return 1.0, _log_loss(runs, profile, cluster)
+    inter = any(_spans_nodes(p, cluster) for p, _ in runs)
+    lo, hi = (math.log(v) for v in LINK_SCALE_RANGE)
+    log_c, value = _minimise(
+        lambda x: _log_loss(runs, profile, scale_cluster_links(cluster, math.exp(x), inter_node=inter)), lo, hi
+    )
+    if abs(log_c) < 1e-12:
+        return 1.0, value
+    return math.exp(log_c), value
+
+
+def add_layer_overhead(profile: Profile, overhead_ms: float) -> Profile:
+    """``profile`` with ``overhead_ms`` added to every layer's forward and backward (per micro-batch)."""
+    if not (math.isfinite(overhead_ms) and overhead_ms >= 0):
+        raise PlannerInputError(f"overhead must be >= 0 ms (got {overhead_ms})")
+
+    def shifted(fit: TimeFit) -> TimeFit:
+        return TimeFit(intercept_ms=fit.intercept_ms + overhead_ms, per_sample_ms=fit.per_sample_ms)
+
+    layers = tuple(
+        dataclasses.replace(
+            layer, fwd=shifted(layer.fwd), bwd=shifted(layer.bwd),
+            measured=tuple(dataclasses.replace(q, fwd_ms=q.fwd_ms + overhead_ms, bwd_ms=q.bwd_ms + overhead_ms)
+                           for q in layer.measured),
+        )
+        for layer in profile.layers
+    )
+    return dataclasses.replace(profile, layers=layers)
+
+
+def fit_layer_overhead(runs: Sequence[tuple[Plan, RunReport]], profile: Profile, cluster: Cluster) -> tuple[float, float]:
+    """(per-layer, per-micro-batch overhead ms ``o`` >= 0, its log-loss); see the module docstring."""
+    runs = [(p, r) for p, r in runs if r.iteration_ms > 0]
+    hi = max(r.iteration_ms / (p.num_microbatches * p.num_layers) for p, r in runs)
+    return _minimise(lambda o: _log_loss(runs, add_layer_overhead(profile, o), cluster), 0.0, hi)
 
 
 # ---------------------------------------------------------------- the whole calibration
@@ -235,14 +288,17 @@ def calibrate(
     cluster: Cluster,
     *,
     granularity: str = "stage",
-    fit_links: bool = True,
+    residual: str = "auto",
     report_names: Sequence[str] = (),
 ) -> CalibrationResult:
     """Refit ``profile``'s layer times and ``cluster``'s links to the measured ``reports`` of
     ``plans`` (each report matched to its plan by signature; ``report_names`` name them in
-    errors). See the module docstring."""
+    errors). ``residual``: what explains the time left after the compute scale (``auto``,
+    ``links``, ``overhead``, ``none``). See the module docstring."""
     if not reports:
         raise PlannerInputError("calibration needs at least one run report")
+    if residual not in RESIDUALS:
+        raise PlannerInputError(f"residual must be one of {', '.join(RESIDUALS)} (got {residual!r})")
     names = list(report_names) or [f"run report {k}" for k in range(len(reports))]
     runs = _pair(plans, reports, names)
     for plan, _ in runs:
@@ -251,11 +307,22 @@ def calibrate(
     before = tuple(relative_error(r.iteration_ms, p.predicted.iteration_ms) for p, r in runs)
     overall, per_layer = fit_time_scales(runs, profile.num_layers, granularity)
     new_profile = scale_profile_times(profile, per_layer)
-    link = fit_link_scale(runs, new_profile, cluster) if fit_links else 1.0
+    link, overhead, chosen = 1.0, 0.0, "none"
+    if residual in ("auto", "links"):
+        link, link_loss = fit_link_scale(runs, new_profile, cluster)
+        chosen = "links"
+    if residual in ("auto", "overhead"):
+        overhead, overhead_loss = fit_layer_overhead(runs, new_profile, cluster)
+        if residual == "overhead" or (link_loss > 1e-6 and overhead_loss < 0.5 * link_loss):
+            link, chosen = 1.0, "overhead"
+        else:
+            overhead = 0.0
     inter = any(_spans_nodes(p, cluster) for p, _ in runs)
     new_cluster = scale_cluster_links(cluster, link, inter_node=inter) if link != 1.0 else cluster
+    new_profile = add_layer_overhead(new_profile, overhead) if overhead else new_profile
     calibration = Calibration(
-        granularity=granularity, time_scale=overall, layer_time_scales=per_layer, link_scale=link,
+        granularity=granularity, time_scale=overall, layer_time_scales=per_layer, residual=chosen,
+        link_scale=link, overhead_ms_per_layer=overhead,
         num_reports=len(runs), iteration_ms_measured=tuple(r.iteration_ms for _, r in runs),
         iteration_rel_error_before=before, iteration_rel_error_after=(),
     )
@@ -282,7 +349,9 @@ def _metadata(c: Calibration, source: Profile) -> dict[str, str | int | float | 
         "calibration.granularity": c.granularity,
         "calibration.time_scale": c.time_scale,
         "calibration.layer_time_scales": ",".join(repr(s) for s in c.layer_time_scales),
+        "calibration.residual": c.residual,
         "calibration.link_scale": c.link_scale,
+        "calibration.overhead_ms_per_layer": c.overhead_ms_per_layer,
         "calibration.reports": c.num_reports,
         "calibration.from_profile_sha256": codec.sha256_of(profile_to_json(source)),
         "calibration.from_source": source.source,

@@ -22,7 +22,16 @@ from planner.artifacts.cluster import load_cluster
 from planner.artifacts.profile import Profile, TimeFit
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, load_report
 from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
-from planner.calibrate import calibrate, fit_link_scale, fit_time_scales, repredict, scale_cluster_links, scale_profile_times
+from planner.calibrate import (
+    add_layer_overhead,
+    calibrate,
+    fit_layer_overhead,
+    fit_link_scale,
+    fit_time_scales,
+    repredict,
+    scale_cluster_links,
+    scale_profile_times,
+)
 from planner.cli import main
 from planner.errors import PlannerInputError
 
@@ -101,12 +110,36 @@ def test_repredict_reproduces_and_link_scale_recovers_slow_links(profiles: tuple
     slow = repredict(plan, true, scale_cluster_links(CLUSTER, 8.0, inter_node=False))
     assert slow.predicted.iteration_ms > plan.predicted.iteration_ms
     report = _synthetic_report(plan, [1.0, 1.0], slow.predicted.iteration_ms)
-    assert fit_link_scale([(plan, report)], true, CLUSTER) == pytest.approx(8.0, rel=1e-3)
+    assert fit_link_scale([(plan, report)], true, CLUSTER)[0] == pytest.approx(8.0, rel=1e-3)
     result = calibrate([report], [plan], true, CLUSTER)
+    assert result.calibration.residual == "links" and result.calibration.overhead_ms_per_layer == 0.0
     assert result.calibration.time_scale == pytest.approx(1.0)
     assert result.cluster.intra_node_latency_us == pytest.approx(8 * CLUSTER.intra_node_latency_us, rel=1e-3)
     assert result.cluster.inter_node_latency_us == CLUSTER.inter_node_latency_us  # not exercised: unchanged
     assert abs(result.calibration.iteration_rel_error_after[0]) < 1e-4
+
+
+def test_overhead_per_layer_recovered_and_preferred_when_links_cannot_explain_two_runs(
+    profiles: tuple[Profile, Profile],
+) -> None:
+    true, _ = profiles
+    plans = [_plan(true, global_batch=8, schedule=ScheduleKind.ONE_F_ONE_B, boundary=3),
+             _plan(true, global_batch=32, schedule=ScheduleKind.GPIPE, boundary=2)]
+    slow = add_layer_overhead(true, 1.5)  # 1.5 ms of framework per layer and action, outside the compute windows
+    reports = [_synthetic_report(p, [1.0, 1.0], repredict(p, slow, CLUSTER).predicted.iteration_ms) for p in plans]
+    overhead, loss = fit_layer_overhead(list(zip(plans, reports)), true, CLUSTER)
+    assert overhead == pytest.approx(1.5, rel=1e-3) and loss < 1e-9
+    result = calibrate(reports, plans, true, CLUSTER)  # residual="auto"
+    cal = result.calibration
+    assert cal.residual == "overhead" and cal.link_scale == 1.0 and result.cluster == CLUSTER
+    assert max(abs(e) for e in cal.iteration_rel_error_after) < 1e-4
+    assert result.profile.layers[1].fwd_ms(2) == pytest.approx(LAYER_FWD_MS[1] + 1.5)
+    forced = calibrate(reports, plans, true, CLUSTER, residual="links").calibration
+    assert forced.residual == "links" and max(abs(e) for e in forced.iteration_rel_error_after) > 0.01
+    none = calibrate(reports, plans, true, CLUSTER, residual="none").calibration
+    assert none.residual == "none" and none.iteration_rel_error_after == none.iteration_rel_error_before
+    with pytest.raises(PlannerInputError, match="residual"):
+        calibrate(reports, plans, true, CLUSTER, residual="magic")
 
 
 # ---------------------------------------------------------------- measured runs (emulated compute)

@@ -1,5 +1,5 @@
 """``planner calibrate RUNREPORT... --plan PLAN... --profile P --out P2 [--cluster C]
-[--cluster-out C2] [--granularity stage|global] [--no-links]``: refit the profile's layer
+[--cluster-out C2] [--granularity stage|global] [--residual auto|links|overhead|none]``: refit the profile's layer
 times and the cluster's links to measured runs (:mod:`planner.calibrate`).
 
 A RunReport does not carry the partition it ran, so the plans are given too; each report is
@@ -14,7 +14,7 @@ from pathlib import Path
 from planner.artifacts.cluster import save_cluster
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile, save_profile
-from planner.calibrate import GRANULARITIES, CalibrationResult, calibrate
+from planner.calibrate import GRANULARITIES, RESIDUALS, CalibrationResult, calibrate
 from planner.errors import PlannerInputError
 from planner.report.resolve import find_cluster, load_reports
 
@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster", help="the plans' cluster (default: the preset the first plan names)")
     p.add_argument("--cluster-out", help="calibrated cluster JSON to write")
     p.add_argument("--granularity", default="stage", choices=GRANULARITIES, help="one time scale per stage or one overall (default: %(default)s)")
-    p.add_argument("--no-links", action="store_true", help="keep the cluster's links as they are")
+    p.add_argument("--residual", default="auto", choices=RESIDUALS,
+                   help="what explains the time left after the compute scale: slower links, a per-layer overhead, "
+                   "the better fit of the two (auto), or nothing (default: %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     cluster = find_cluster(plans[0], args.cluster)
     result = calibrate(load_reports(args.reports), plans, profile, cluster,
-                       granularity=args.granularity, fit_links=not args.no_links, report_names=args.reports)
+                       granularity=args.granularity, residual=args.residual, report_names=args.reports)
     print(format_calibration(result, args.reports))
     save_profile(result.profile, args.out)
     print(f"\ncalibrated profile: {args.out}")
@@ -62,7 +64,9 @@ def format_calibration(result: CalibrationResult, names: list[str]) -> str:
     lines = [
         f"compute time scale {c.time_scale:.4f} overall; per layer ({c.granularity}) "
         f"{min(scales):.4f} .. {max(scales):.4f}",
-        f"communication scale {c.link_scale:.4g} (latency x c, bandwidth / c)",
+        {"links": f"rest of the iteration: communication x {c.link_scale:.4g} (latency x c, bandwidth / c)",
+         "overhead": f"rest of the iteration: {c.overhead_ms_per_layer:.4g} ms per layer and micro-batch, forward and backward",
+         "none": "rest of the iteration: not fitted"}[c.residual],
         "",
         "run                     measured ms  predicted before  error  predicted after  error",
     ]
