@@ -6,8 +6,9 @@ as ``planner.runtime.emulate`` does), so both sides do identical "compute".
 
 What a user would write by hand: one stage module per rank from the plan's layer range,
 ``PipelineStage`` with run-time shape inference, ``ScheduleGPipe``/``Schedule1F1B`` with the
-default gradient scaling, SGD. No data parallelism (P x 1 plans only), no recompute, no
-measurements beyond the step wall time (barrier before, max over ranks after).
+default gradient scaling, SGD, and the one all-reduce that keeps tied embedding / head
+copies in sync. No data parallelism (P x 1 plans only), no recompute, no measurements
+beyond the step wall time (barrier before, max over ranks after).
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def main() -> None:
     cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
     schedule = cls(stage, plan.num_microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    # the same training as ours: the tied embedding / head copies on the first and last stage
+    # get their gradients summed (one all-reduce), which plain pipelining leaves to the user
+    tied_group = dist.new_group([0, plan.num_stages - 1]) if workload.tied and plan.num_stages > 1 else None
+    tied_param = None
+    if tied_group is not None and rank in (0, plan.num_stages - 1):
+        layer_idx, name = next((i, n) for i, n in workload.tied[0] if stage_plan.layer_start <= i < stage_plan.layer_stop)
+        tied_param = workload.layers[layer_idx].get_parameter(name)
     walls = []
     for step in range(int(steps)):
         inputs, targets = workload.make_batch(plan.global_batch, step)
@@ -79,6 +87,8 @@ def main() -> None:
             schedule.step(target=targets, losses=[])
         else:
             schedule.step()
+        if tied_param is not None and tied_param.grad is not None:
+            dist.all_reduce(tied_param.grad, group=tied_group)
         opt.step()
         wall = torch.tensor([(time.perf_counter() - start) * 1000.0], dtype=torch.float64)
         dist.all_reduce(wall, op=dist.ReduceOp.MAX)

@@ -185,10 +185,12 @@ class RankRunner:
         if options.emulate:
             self.pipe_stage.emulated_ms = stage_chunk_ms(plan, self.place.stage_idx, profile)
         num_mb = plan.num_microbatches
-        meter = self.module.meter
+        module = self.module
 
         def loss_fn(out: Any, target: Any) -> Any:
-            with meter.hooks():  # the loss's saved tensors belong to the last stage, as in the profile
+            if not module.metering:
+                return workload.loss_fn(out, target) / num_mb
+            with module.meter.hooks():  # the loss's saved tensors belong to the last stage, as in the profile
                 return workload.loss_fn(out, target) / num_mb
 
         schedule_cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
@@ -223,9 +225,8 @@ class RankRunner:
     def resume(self) -> int:
         return ckpt.load_checkpoint(self.options.checkpoint_dir, self.place.stage_idx, self.module, self.optimizer)
 
-    def _run_schedule(self, step_idx: int) -> float:
+    def _run_schedule(self, inputs: Any, targets: Any) -> float:
         """One iteration of the schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""
-        inputs, targets = self._replica_batch(step_idx)
         losses: list[torch.Tensor] = []
         if self.pipe_stage.is_first and self.pipe_stage.is_last:
             self.schedule.step(*_as_args(inputs), target=targets, losses=losses, return_outputs=False)
@@ -239,11 +240,12 @@ class RankRunner:
 
     def train_step(self, step_idx: int) -> StepMeasure:
         self.optimizer.zero_grad(set_to_none=True)
+        inputs, targets = self._replica_batch(step_idx)  # data loading is not part of the timed step
         dist.barrier()
         start = time.perf_counter()
         if self.dp_hooks is not None:
             self.dp_hooks.start_iteration(self.plan.num_microbatches)
-        loss_sum = self._run_schedule(step_idx)
+        loss_sum = self._run_schedule(inputs, targets)
         if self.dp_hooks is not None:
             self.dp_hooks.finish_iteration()
         sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
@@ -266,6 +268,7 @@ class RankRunner:
             try:
                 _maybe_fault(options, self.place.rank, step_idx)
                 self.pipe_stage.compute_s = 0.0
+                self.module.metering = step_idx == start_step  # peak saved bytes: first step only
                 self.module.meter.reset_peak()
                 measure = self.train_step(step_idx)
             except Exception as exc:

@@ -6,11 +6,14 @@ the output of layer ``i - 1`` as one argument (a tensor or a tuple of tensors, a
 does); the stage's inputs arrive from ``torch.distributed.pipelining`` as ``*args``.
 
 Recomputed layers run under non-reentrant ``torch.utils.checkpoint`` (the plan's
-``stages[i].recompute``). Saved bytes are metered while the stage's forward runs.
+``stages[i].recompute``). Saved bytes are metered while the stage's forward runs, when
+``metering`` is on (the engine meters the first step of a run only: shapes do not change
+between steps, and the Python hooks would otherwise cost host time in every timed step).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -32,13 +35,14 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.recompute = tuple(recompute)
         self.meter = SavedBytesMeter([p for p in self.parameters()])
+        self.metering = True  # saved-tensor hooks on; the engine turns them off after the first step
 
     def _run_layer(self, idx: int, x: Any) -> Any:
         return self.layers[idx](x)
 
     def forward(self, *args: Any) -> Any:
         x: Any = args[0] if len(args) == 1 else tuple(args)
-        with self.meter.hooks():
+        with self.meter.hooks() if self.metering else contextlib.nullcontext():
             for idx in range(len(self.layers)):
                 if self.recompute[idx] and torch.is_grad_enabled():
                     x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
