@@ -90,3 +90,25 @@ def test_kill_and_resume_gives_identical_losses(tmp_path: Path) -> None:
     resumed_losses = [(s.step_idx, s.loss) for s in load_report(resumed_path).steps]
     assert [i for i, _ in resumed_losses] == [2, 3]
     assert resumed_losses == full_losses[2:]  # bit-identical floats
+
+
+def test_planner_run_refuses_a_bad_plan_file_without_launching(tmp_path: Path, capsys: object) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"schema": "planner.plan", "version": 99}')
+    assert planner_main(["run", str(bad), "--model", MLP]) == 2
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "planner run: error:" in err and "unsupported planner.plan version 99" in err
+
+
+def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
+    plan = _mlp_plan(tmp_path)
+    start = time.monotonic()
+    proc = runtime(
+        2,
+        ["--plan", plan, "--model", MLP, "--steps", "4", "--timeout-s", "8"]
+        + ["--fault", "hang", "--fault-rank", "1", "--fault-step", "1"],
+        timeout_s=90,
+    )
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    assert "planner.runtime: rank 0 failed at step 1:" in proc.stderr

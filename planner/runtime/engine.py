@@ -142,6 +142,9 @@ def _maybe_fault(options: RuntimeOptions, rank: int, step_idx: int) -> None:
         return
     if options.fault is FaultKind.KILL:
         os.kill(os.getpid(), signal.SIGKILL)
+    if options.fault is FaultKind.HANG:
+        while True:  # peers must give up after --timeout-s; torchrun then ends this process
+            time.sleep(1.0)
     raise RuntimeError(f"injected fault (--fault raise) at step {step_idx}")
 
 

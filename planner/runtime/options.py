@@ -13,11 +13,12 @@ class RuntimeOptimizer(enum.Enum):
 
 
 class FaultKind(enum.Enum):
-    """A deliberate failure, for testing fail-fast and resume: raise, or SIGKILL itself."""
+    """A deliberate failure, for testing fail-fast and resume: raise, SIGKILL itself, or hang."""
 
     NONE = "none"
     RAISE = "raise"
     KILL = "kill"
+    HANG = "hang"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
