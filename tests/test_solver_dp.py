@@ -27,12 +27,13 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
     microbatch_size=st.sampled_from([1, 2]),
     schedule=st.sampled_from([ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]),
     cap_gb=st.floats(0.05, 2.0),
+    dp_degree=st.sampled_from([1, 2, 3]),
 )
-def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb):
+def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb, dp_degree):
     prof = chain_profile(layers)
-    cm = CostModel(prof, small_cluster(4))
+    cm = CostModel(prof, small_cluster(8))
     table = StageTable(cm, microbatch_size, cap_gb * 1e9)
-    kw = dict(num_stages=num_stages, dp_degree=1, num_microbatches=num_microbatches, schedule=schedule)
+    kw = dict(num_stages=num_stages, dp_degree=dp_degree, num_microbatches=num_microbatches, schedule=schedule)
     dp = solve_chain(table, **kw)
     bf = solve_chain_bruteforce(table, **kw)
     ilp = solve_chain_ilp(table, **kw)

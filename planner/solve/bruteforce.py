@@ -14,7 +14,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import link_of, p2p_ms
 from planner.errors import PlannerInputError
-from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts
+from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms, inflight_counts
 from planner.solve.search import search_plan
 
 MAX_LAYERS = 12
@@ -62,7 +62,10 @@ def solve_chain_bruteforce(
             bw, lat = link_of(cm.cluster, s * dp_degree, (s + 1) * dp_degree)
             comm += 2.0 * p2p_ms(float(cm.cut_bytes_per_sample[z]) * b, bandwidth_gb_per_s=bw, latency_us=lat)
         times = [t for t, _ in stages]
-        value = sum(times) + comm + (M - 1) * max(times)
+        exposed = sum(
+            exposed_allreduce_ms(cm, a, z, s, dp_degree, b) for s, (a, z) in enumerate(zip(bounds, stops))
+        )
+        value = sum(times) + comm + exposed + (M - 1) * max(times)
         if best is None or value < best.objective_ms:
             best = ChainSolution(value, bounds, tuple(m for _, m in stages), tuple(times), True)
     return best

@@ -4,9 +4,12 @@ schedule), with per-stage recomputation.
 The objective (the 1F1B/GPipe pipeline time of Alpa's stage construction, Zheng et al. 2022,
 eq. 3, with the boundary transfers on the fill/drain path):
 
-    J = sum_s (T_s + c_s) + (M - 1) max_s T_s,   T_s = F_s + B_s + RC_s,
+    J = sum_s (T_s + c_s + X_s) + (M - 1) max_s T_s,   T_s = F_s + B_s + RC_s,
 
-where ``c_s`` is the forward + backward transfer across the boundary after stage ``s`` and
+where ``c_s`` is the forward + backward transfer across the boundary after stage ``s``,
+``X_s = max(0, AR_s - B_<s)`` the part of stage ``s``'s gradient all-reduce that the pipeline
+cannot hide (it starts after the stage's last backward, while the last micro-batch's
+backward still crosses the layers before the stage: the seed's gradient hiding), and
 ``RC_s`` the least recompute time that makes stage ``s`` fit its memory cap with ``k_s``
 micro-batches in flight (``k_s = M`` for GPipe, ``min(P - s, M)`` for 1F1B): stages are
 known by index, so ``k_s`` is known when the stage is priced, which is why the table is
@@ -33,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.artifacts.request import ScheduleKind
-from planner.cost import CostModel, link_of, p2p_ms, pipeline_rank
+from planner.cost import CostModel, allreduce_line, link_of, p2p_ms, pipeline_rank, stage_ranks
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
 
 
@@ -111,6 +114,8 @@ class StageTable:
         kappa = cm.weight_bytes_per_param + cm.grad_bytes_per_param + cm.optim_bytes_per_param
         cut = cm.cut_bytes_per_sample
         self.static = params * kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
+        self.grad_bytes = params * cm.grad_bytes_per_param
+        self.bwd_prefix = bp
         sp = cm._saved_prefix
         self.act = (sp[None, :] - sp[:, None]) * microbatch_size
         self.saved = cm.saved_per_sample * microbatch_size
@@ -182,6 +187,30 @@ class StageTable:
         return choice.layers if choice else ()
 
 
+def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, dp_degree: int,
+                         microbatch_size: int, pipeline_ranks: int = 0) -> float:
+    """``X_s``: the stage's all-reduce time (as a line in its gradient bytes) less the backward
+    work of the layers before it (the objective's proxy for what the pipeline cannot hide)."""
+    per_byte, fixed = allreduce_line(cm.cluster, stage_ranks(stage_idx, dp_degree, pipeline_ranks))
+    if per_byte == 0.0 and fixed == 0.0:
+        return 0.0
+    _, bp = cm.time_prefix(microbatch_size)
+    grad = cm.stage_param_count(start, stop) * cm.grad_bytes_per_param
+    return max(0.0, per_byte * grad + fixed - float(bp[start]))
+
+
+def _exposure_matrices(table: "StageTable", num_stages: int, dp_degree: int, pipeline_ranks: int) -> list[np.ndarray]:
+    """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`)."""
+    out = []
+    for s in range(num_stages):
+        per_byte, fixed = allreduce_line(table.cm.cluster, stage_ranks(s, dp_degree, pipeline_ranks))
+        if per_byte == 0.0 and fixed == 0.0:
+            out.append(np.zeros_like(table.grad_bytes))
+        else:
+            out.append(np.maximum(0.0, per_byte * table.grad_bytes + fixed - table.bwd_prefix[:, None]))
+    return out
+
+
 def _comm_vectors(cm: CostModel, num_stages: int, dp_degree: int, b: int, pipeline_ranks: int = 0) -> list[np.ndarray]:
     """c_s(j): forward + backward transfer across the cut before layer j after stage s."""
     out = []
@@ -198,14 +227,15 @@ def _comm_vectors(cm: CostModel, num_stages: int, dp_degree: int, b: int, pipeli
     return out
 
 
-def _dp(tables: list[np.ndarray], comm: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
+def _dp(tables: list[np.ndarray], extra: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
+    """One pass of the table for one cap; ``extra[s]`` = c_s + X_s as an (L+1) x (L+1) matrix."""
     P = len(tables)
     f = np.full(L + 1, INF)
     f[L] = 0.0
     args = []
     for s in range(P - 1, -1, -1):
         t = tables[s]
-        cand = np.where(t <= cap, t, INF) + comm[s][None, :] + f[None, :]
+        cand = np.where(t <= cap, t, INF) + extra[s] + f[None, :]
         arg = np.argmin(cand, axis=1)
         f = cand[np.arange(L + 1), arg]
         args.append(arg)
@@ -224,7 +254,7 @@ def _stage_times(tables: list[np.ndarray], args: list[np.ndarray], L: int) -> tu
 
 
 def _minimize(
-    tables: list[np.ndarray], comm: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float
+    tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float
 ) -> tuple[float, float] | None:
     """min over caps of J; returns (J, cap at which the optimal partition is found) or None.
 
@@ -233,7 +263,7 @@ def _minimize(
     stopping once ``S + (M - 1) cap_lb`` cannot beat the best (S only grows as the cap falls).
     """
     if M == 1:
-        total, _ = _dp(tables, comm, INF, L)
+        total, _ = _dp(tables, extra, INF, L)
         return (total, INF) if total < INF else None
     caps = np.unique(np.concatenate([t[np.isfinite(t) & (t <= cap_max)] for t in tables]))
     if caps.size == 0:
@@ -241,7 +271,7 @@ def _minimize(
     best: tuple[float, float] | None = None
     cap = float(caps[-1])
     while True:
-        total, args = _dp(tables, comm, cap, L)
+        total, args = _dp(tables, extra, cap, L)
         if total >= INF:
             break
         _, times = _stage_times(tables, args, L)
@@ -280,20 +310,23 @@ def solve_chain(
     ks = inflight_counts(schedule, P, num_microbatches, v)
     ranks = P // v
     M = num_microbatches if v == 1 else max(1, v * (num_microbatches - ranks) + ranks)
-    comm = _comm_vectors(cm, P, dp_degree, table.b, ranks if v > 1 else 0)
+    pr = ranks if v > 1 else 0
+    comm = _comm_vectors(cm, P, dp_degree, table.b, pr)
+    exposure = _exposure_matrices(table, P, dp_degree, pr)
+    extra = [comm[s][None, :] + exposure[s] for s in range(P)]
     fwd, bwd = table.cm.layer_times(table.b)
     cap_lb = max(float(np.max(fwd + bwd)), float(table.compute[0, L]) / P)
     # an upper bound from the plan without recomputation bounds the useful stage times:
     # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
-    first = _minimize([table.base(k) for k in ks], comm, L, M, INF, cap_lb)
+    first = _minimize([table.base(k) for k in ks], extra, L, M, INF, cap_lb)
     # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
     limit = INF if first is None else (first[0] / M if M > 1 else first[0]) * (1 + 1e-9)
     tables = [table.table(k, limit) for k in ks]
-    found = _minimize(tables, comm, L, M, limit, cap_lb)
+    found = _minimize(tables, extra, L, M, limit, cap_lb)
     if found is None:
         return None
     best_cap = found[1]
-    _, args = _dp(tables, comm, best_cap, L)
+    _, args = _dp(tables, extra, best_cap, L)
     bounds, recompute, times = [], [], []
     i = 0
     for s in range(P):
@@ -303,7 +336,8 @@ def solve_chain(
         times.append(float(tables[s][i, j]))
         i = j
     assert i == L, "DP reconstruction did not cover the layers"
-    objective = sum(times) + sum(float(comm[s][b]) for s, b in enumerate(bounds[1:] + [L])) + (M - 1) * max(times)
+    stops = bounds[1:] + [L]
+    objective = sum(times) + sum(float(extra[s][a, z]) for s, (a, z) in enumerate(zip(bounds, stops))) + (M - 1) * max(times)
     return ChainSolution(
         objective_ms=objective,
         boundaries=tuple(bounds),

@@ -27,8 +27,8 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import link_of, p2p_ms
-from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts
+from planner.cost import allreduce_line, link_of, p2p_ms, stage_ranks
+from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms, inflight_counts
 from planner.solve.search import search_plan
 
 NS_PER_MS = 1_000_000
@@ -71,7 +71,8 @@ def solve_chain_ilp(
               for l in range(L)] for s in range(P)]
     last = [[x[s][l] if l == L - 1 else (both(x[s][l], x[s + 1][l + 1], f"e{s}_{l}") if s < P - 1 else None)
              for l in range(L)] for s in range(P)]
-    times, comms = [], []
+    times, comms, exposures = [], [], []
+    _, bwd_prefix = cm.time_prefix(b)
     t_max = m.new_int_var(0, 10**15, "tmax")
     for s in range(P):
         z = [both(x[s][l], r[l], f"z{s}_{l}") for l in range(L)] if r is not None else [None] * L
@@ -82,13 +83,27 @@ def solve_chain_ilp(
         m.add(t_s == t)
         m.add(t_max >= t_s)
         times.append(t_s)
-        mem = sum(int(cm.param_count[l]) * kappa * x[s][l] for l in range(L))
+        params = sum(int(cm.param_count[l]) * x[s][l] for l in range(L))
+        dup_terms = []
         for i, tie in enumerate(cm.profile.tied):
             inside = [x[s][l] for l in tie.layers]
             # duplicates on this stage: (count inside - 1)^+ copies, linearised with a bool "any inside"
             any_in = m.new_bool_var(f"tie{i}_{s}")
             m.add_max_equality(any_in, inside)
-            mem -= tie.param_count * kappa * (sum(inside) - any_in)
+            dup_terms.append((tie.param_count, sum(inside) - any_in))
+        mem = params * kappa - sum(c * kappa * d for c, d in dup_terms)
+        # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
+        per_byte, fixed = allreduce_line(cm.cluster, stage_ranks(s, dp_degree))
+        if per_byte or fixed:
+            ns_per_param = per_byte * cm.grad_bytes_per_param * NS_PER_MS
+            ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
+            ar -= sum(int(round(c * ns_per_param)) * d for c, d in dup_terms)
+            before = sum(
+                int(round((bwd_prefix[l + 1] - bwd_prefix[l]) * NS_PER_MS)) * x[q][l] for q in range(s) for l in range(L)
+            )
+            e_s = m.new_int_var(0, 10**15, f"x_ar{s}")
+            m.add(e_s >= ar + int(round(fixed * NS_PER_MS)) - before)
+            exposures.append(e_s)
         mem += sum(int(round(2 * cut[l])) * first[s][l] for l in range(L) if first[s][l] is not None)
         mem += sum(int(round(2 * cut[l + 1])) * last[s][l] for l in range(L) if last[s][l] is not None)
         act = sum(int(round(ks[s] * saved[l])) * x[s][l] for l in range(L))
@@ -107,7 +122,7 @@ def solve_chain_ilp(
                     for l in range(L - 1)
                 )
             )
-    m.minimize(sum(times) + sum(comms) + (M - 1) * t_max)
+    m.minimize(sum(times) + sum(comms) + sum(exposures) + (M - 1) * t_max)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic
     solver.parameters.random_seed = 0
@@ -126,7 +141,8 @@ def solve_chain_ilp(
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, dp_degree) for s, z in enumerate(stops))
-    objective = sum(t_float) + comm + (M - 1) * max(t_float)
+    exposed = sum(exposed_allreduce_ms(cm, a, z, s, dp_degree, b) for s, (a, z) in enumerate(zip(bounds, stops)))
+    objective = sum(t_float) + comm + exposed + (M - 1) * max(t_float)
     return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL)
 
 

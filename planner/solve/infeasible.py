@@ -65,6 +65,18 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             f"{cm.profile.layer_names[sol.boundaries[s]]}..{cm.profile.layer_names[stops[s] - 1]}) "
             f"needs {mems[s] / gib:.2f} GiB."
         )
+    if need <= cap:
+        return InfeasibleError(
+            f"no configuration fits, although {P} stages of micro-batch {b} would need only {need / gib:.2f} GiB "
+            f"per device (cap {cap / gib:.2f} GiB): pipeline depths must divide the {num_devices} devices, "
+            f"the replicas must divide the global batch ({request.global_batch}), and 1F1B needs at least as "
+            "many micro-batches as stages.",
+            suggestions=(
+                f"a device count with more divisors up to {cm.num_layers} (e.g. a power of two)",
+                "a global batch divisible by more replica counts",
+                "allow gpipe (--schedules gpipe,1f1b)",
+            ),
+        )
     over = need - cap
     msg = (
         f"no plan fits: even with {P} pipeline stages, micro-batch size {b}, 1F1B"

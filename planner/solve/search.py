@@ -25,6 +25,7 @@ from planner.errors import InfeasibleError, PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
 from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
+from planner.solve.partitions import WEIGHTS, minmax_partition
 
 #: schedules the DP prices (interleaving changes the in-flight pattern; see the solver issue)
 DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -38,6 +39,8 @@ MEMORY_CAP_FRACTIONS = (0.75, 0.5)
 RESCORE_TOP = 4
 #: configurations re-solved under tighter memory caps for the Pareto front (time objective)
 PARETO_CONFIGS = 3
+#: baseline partitions also proposed for every configuration the DP solves
+ALTERNATIVE_PARTITIONS = ("time-balanced", "pipedream")
 #: longest chain searched exactly over every configuration; longer profiles are grouped
 CHAIN_MAX = 64
 #: longest profile the infeasibility explanation searches layer by layer (else over groups)
@@ -187,8 +190,18 @@ def solve_candidates(
         sol = _solve_config(chain_solver, tables[key], c)
         if sol is None:
             continue
-        cand = Candidate(c, sol)
-        t = _simulated(cm, cand)
+        proposals = [Candidate(c, sol)]
+        if chain_solver is solve_chain:
+            proposals += alternatives(cm, c, cap_bytes)
+        scored = []
+        for cand in proposals:
+            # the busiest rank does M x its stage's work: no faster than that
+            if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > best:
+                continue
+            scored.append((_simulated(cm, cand), cand))
+        if not scored:
+            continue
+        t, cand = min(scored, key=lambda tc: tc[0])
         out.append((t, cand))
         best = min(best, t)
     out.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
@@ -266,12 +279,29 @@ def _simulated(cm: CostModel, cand: Candidate) -> float:
     return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand), virtual_stages_per_rank=c.virtual_stages)
 
 
+def stage_recompute(cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float) -> tuple[int, ...] | None:
+    """The least-time recompute set that fits one stage in ``cap`` (None if none does)."""
+    from planner.solve.recompute import choose_recompute
+
+    excess = cm.stage_memory(start, stop, (), b, inflight).total_bytes - cap
+    fwd, _ = cm.layer_times(b)
+    choice = choose_recompute(
+        fwd_ms=fwd[start:stop].tolist(),
+        saved_bytes=(cm.saved_per_sample[start:stop] * b).tolist(),
+        input_bytes=(cm.input_per_sample[start:stop] * b).tolist(),
+        first_layer=start,
+        inflight=inflight,
+        excess_bytes=float(excess),
+    )
+    if choice.time_ms == float("inf") or cm.stage_memory(start, stop, choice.layers, b, inflight).total_bytes > cap:
+        return None
+    return choice.layers
+
+
 def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:
     """A candidate over merged groups as one over the original layers: boundaries at the
     groups' first layers, and per stage the least-time recompute set over its own layers
     (or the groups' recompute sets mapped to their layers, if that is cheaper)."""
-    from planner.solve.recompute import choose_recompute
-
     L = cm.num_layers
     stops_of = starts[1:] + [L]
     bounds = tuple(starts[g] for g in cand.solution.boundaries)
@@ -279,27 +309,39 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     c = cand.config
     ks = inflight_counts(c.schedule, c.total_stages, c.num_microbatches, c.virtual_stages)
     cap = cap / c.virtual_stages
-    fwd, _ = cm.layer_times(c.microbatch_size)
     b = c.microbatch_size
     recompute = []
     for s, (a, z) in enumerate(zip(bounds, ends)):
         mapped = tuple(l for g in cand.solution.recompute[s] for l in range(starts[g], stops_of[g]))
-        excess = cm.stage_memory(a, z, (), b, ks[s]).total_bytes - cap
-        choice = choose_recompute(
-            fwd_ms=fwd[a:z].tolist(),
-            saved_bytes=(cm.saved_per_sample[a:z] * b).tolist(),
-            input_bytes=(cm.input_per_sample[a:z] * b).tolist(),
-            first_layer=a,
-            inflight=ks[s],
-            excess_bytes=float(excess),
-        )
-        fits = choice.time_ms < float("inf") and cm.stage_memory(a, z, choice.layers, b, ks[s]).total_bytes <= cap
-        if fits and choice.time_ms <= cm.recompute_ms(mapped, b):
-            recompute.append(choice.layers)
-        else:
-            recompute.append(mapped)
+        chosen = stage_recompute(cm, a, z, b, ks[s], cap)
+        recompute.append(chosen if chosen is not None and cm.recompute_ms(chosen, b) <= cm.recompute_ms(mapped, b) else mapped)
     sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False)
     return Candidate(c, sol)
+
+
+def alternatives(cm: CostModel, c: Config, cap: float) -> list[Candidate]:
+    """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
+    with the least recompute that fits each stage: extra proposals for the simulator, which
+    judges the all-reduce overlap more finely than the DP objective does."""
+    if c.virtual_stages > 1 or c.num_stages == 1:
+        return []
+    ks = inflight_counts(c.schedule, c.num_stages, c.num_microbatches)
+    out = []
+    for name in ALTERNATIVE_PARTITIONS:
+        bounds = minmax_partition(WEIGHTS[name](cm, c.microbatch_size, c.num_stages, c.dp_degree), c.num_stages)
+        if bounds is None:
+            continue
+        stops = list(bounds[1:]) + [cm.num_layers]
+        rc = [stage_recompute(cm, a, z, c.microbatch_size, ks[s], cap) for s, (a, z) in enumerate(zip(bounds, stops))]
+        if any(r is None for r in rc):
+            continue
+        times = tuple(
+            cm.stage_fwd_ms(a, z, c.microbatch_size) + cm.stage_bwd_ms(a, z, c.microbatch_size)
+            + cm.recompute_ms(rc[s], c.microbatch_size)
+            for s, (a, z) in enumerate(zip(bounds, stops))
+        )
+        out.append(Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True)))  # type: ignore[arg-type]
+    return out
 
 
 def refine(
@@ -330,8 +372,8 @@ def search_plan(
 ) -> Plan:
     """Solve every configuration with ``chain_solver``, re-score by simulation, select.
 
-    Profiles with more than :data:`CHAIN_MAX` layers are searched over at most that many
-    groups of consecutive layers (cut where the fewest bytes cross), then the best
+    Profiles with more than :data:`CHAIN_MAX` layers (or twice the deepest pipeline searched)
+    are searched over at most that many groups of consecutive layers (cut where the fewest bytes cross), then the best
     configurations are re-solved with single layers around their chosen boundaries.
     """
     num_devices = num_devices_of(cluster, request)
@@ -340,8 +382,11 @@ def search_plan(
     by_time = request.objective is Objective.TIME
     starts: list[int] | None = None
     cm_search, req_search = cm, request
-    if profile.num_layers > CHAIN_MAX:
-        starts = coarse_starts(profile, CHAIN_MAX, request.fixed_boundaries)
+    # enough groups that the deepest pipeline searched still has two groups per stage
+    max_stages = max((P for P, _ in configurations(profile.num_layers, num_devices, request)), default=1)
+    chain_max = max(CHAIN_MAX, 2 * max_stages)
+    if profile.num_layers > chain_max:
+        starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
         cm_search = CostModel(merge_layers(profile, starts), cluster, request.optimizer)
         req_search = dataclasses.replace(request, fixed_boundaries=tuple(starts.index(f) for f in request.fixed_boundaries))
 

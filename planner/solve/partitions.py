@@ -1,0 +1,81 @@
+"""Contiguous min-max partitions by a per-stage weight: the rules of the baselines (see
+:mod:`planner.solve.baselines`), also proposed to the default search as extra candidates."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from planner.cost import CostModel, link_of, p2p_ms
+
+# weights(cm, b, P, D) -> per-(i, j) stage weight matrix whose max over stages is minimised
+WeightFn = Callable[[CostModel, int, int, int], np.ndarray]
+
+
+def minmax_partition(weight: np.ndarray, num_stages: int) -> tuple[int, ...] | None:
+    """Contiguous partition of L layers into P stages minimising the largest ``weight[i, j]``.
+
+    ``g[s][i] = min_j max(weight[i, j], g[s + 1][j])``, ties to the earliest cut.
+    """
+    L = weight.shape[0] - 1
+    if num_stages > L:
+        return None
+    g = np.full(L + 1, np.inf)
+    g[L] = 0.0
+    args = []
+    idx = np.arange(L + 1)
+    upper = idx[None, :] > idx[:, None]
+    for _ in range(num_stages):
+        cand = np.where(upper, np.maximum(weight, g[None, :]), np.inf)
+        arg = np.argmin(cand, axis=1)
+        g = cand[idx, arg]
+        args.append(arg)
+    args.reverse()
+    if not np.isfinite(g[0]):
+        return None
+    bounds, i = [], 0
+    for s in range(num_stages):
+        bounds.append(i)
+        i = int(args[s][i])
+    return tuple(bounds)
+
+
+def _prefix_weight(values: np.ndarray) -> np.ndarray:
+    p = np.concatenate([[0.0], np.cumsum(values)])
+    return p[None, :] - p[:, None]
+
+
+def _uniform(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    return _prefix_weight(np.ones(cm.num_layers))
+
+
+def _parameters(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    return _prefix_weight(cm.param_count.astype(float))
+
+
+def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    fwd, bwd = cm.layer_times(b)
+    return _prefix_weight(fwd + bwd)
+
+
+def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
+    fwd, bwd = cm.layer_times(b)
+    compute = _prefix_weight(fwd + bwd)
+    bw, lat = link_of(cm.cluster, 0, D) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
+    comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cm.cut_bytes_per_sample])
+    comm = comm_in[:, None] + comm_in[None, :]
+    params = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param
+    if D > 1:
+        sync = 4.0 * (D - 1) * params / (D * cm.cluster.intra_node_bandwidth_gb_per_s * 1e9) * 1e3
+    else:
+        sync = np.zeros_like(params)
+    return np.maximum(compute, comm) + sync
+
+
+WEIGHTS: dict[str, WeightFn] = {
+    "uniform": _uniform,
+    "parameters": _parameters,
+    "time-balanced": _time,
+    "pipedream": _pipedream,
+}
