@@ -146,15 +146,17 @@ PRESETS: dict[str, Cluster] = {
         devices_per_node=4,
         device_memory_bytes=4 * GIB,
         intra_node_bandwidth_gb_per_s=1.7,
-        intra_node_latency_us=150.0,
+        intra_node_latency_us=1760.0,
         inter_node_bandwidth_gb_per_s=1.0,
         inter_node_latency_us=100.0,
         sources={
             "device_memory_bytes": "a 4 GiB share per process of a 24 GiB, 2-core development machine",
             "intra_node_bandwidth_gb_per_s": "gloo send/recv over loopback, 2 processes, 1-16 MiB messages: 1.0-2.4 GB/s, "
             "typically 1.7 (benchmarks/gloo_p2p.py, 2-core machine shared with other jobs)",
-            "intra_node_latency_us": "gloo send/recv over loopback, half round trip of 4 B-64 KiB messages: 140-165 us "
-            "when quiet, spikes to 1.5 ms under load (benchmarks/gloo_p2p.py)",
+            "intra_node_latency_us": "effective pipeline hop inside a running pipeline (the receiver wakes from a "
+            "blocking wait on a busy core): 1761 us fit by benchmarks/calibrate_local_cpu.py (planner.calibrate, "
+            "links only) on two emulated runs held out of benchmarks/fidelity.py; an idle gloo ping-pong "
+            "measures 140-165 us (benchmarks/gloo_p2p.py)",
             "inter_node_bandwidth_gb_per_s": "assumed 10 GbE-class link",
             "inter_node_latency_us": "assumed 10 GbE-class link",
         },
