@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from planner.artifacts.plan import load_plan
+from planner.artifacts.report import RunReport, load_report
+from planner.report.table import format_table
 from planner.commands._args import positive_int
 
 
@@ -33,12 +37,41 @@ def runtime_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def format_report(report: RunReport) -> str:
+    """Measured beside predicted, per step and per stage."""
+    steps = ", ".join(f"{s.loss:.4f}" for s in report.steps)
+    head = (
+        f"ran {report.num_stages} stages x {report.dp_degree} replicas, {report.schedule}, "
+        f"M={report.num_microbatches} x {report.microbatch_size} on {report.world_size} {report.backend} processes"
+        f"{' (emulated compute)' if report.emulate else ''}\n"
+        f"losses per step: {steps}\n"
+        f"iteration: measured {report.iteration_ms:.1f} ms (median after {report.warmup_steps} warm-up), "
+        f"predicted {report.iteration_ms_predicted:.1f} ms, error {100 * report.iteration_rel_error:+.1f}%"
+    )
+    rows = [
+        [
+            str(s.stage_idx), f"{s.compute_ms:.1f}", f"{s.compute_ms_predicted:.1f}", f"{100 * s.compute_rel_error:+.1f}%",
+            f"{s.idle_ms:.1f}", str(s.saved_bytes_peak), str(s.activation_bytes_predicted),
+            f"{100 * s.activation_rel_error:+.2f}%",
+        ]
+        for s in report.stages
+    ]
+    headers = ["stage", "compute ms", "predicted", "err", "idle ms", "saved bytes", "predicted", "err"]
+    return head + "\n\n" + format_table(headers, rows)
+
+
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
     nproc = args.nproc or plan.num_devices
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    cmd += ["-m", "planner.runtime", *runtime_argv(args)]
-    return subprocess.run(cmd).returncode
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.report:
+            args.report = str(Path(tmp) / "report.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        cmd += ["-m", "planner.runtime", *runtime_argv(args)]
+        code = subprocess.run(cmd).returncode
+        if code == 0 and Path(args.report).exists():
+            print(format_report(load_report(args.report)))
+    return code
 
 
 def register(sub: argparse._SubParsersAction) -> None:
