@@ -33,6 +33,12 @@ def _fail(path: str, message: str, value: Any = dataclasses.MISSING) -> typing.N
     raise PlannerInputError(f"{path or '<document>'}: {message}{shown}")
 
 
+def _key(key: object) -> str:
+    """A field or key as it appears in an error path: as is if plain, else quoted (one line)."""
+    text = str(key)
+    return text if text.isprintable() and text and "." not in text else repr(text)
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -97,7 +103,7 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
         if not isinstance(value, dict):
             _fail(path, "must be an object", value)
         key_tp, val_tp = args
-        return {str(k): decode(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+        return {str(k): decode(val_tp, v, f"{path}.{_key(k)}") for k, v in value.items()}
     raise TypeError(f"codec cannot decode type {tp!r}")  # programming error, not input
 
 
@@ -108,7 +114,7 @@ def _decode_dataclass(cls: type[T], value: Any, path: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(value) - set(fields))
     if unknown:
-        _fail(f"{path}.{unknown[0]}" if path else unknown[0], f"unknown field in {cls.__name__}")
+        _fail(f"{path}.{_key(unknown[0])}" if path else _key(unknown[0]), f"unknown field in {cls.__name__}")
     kwargs = {}
     for name, field in fields.items():
         sub = f"{path}.{name}" if path else name
