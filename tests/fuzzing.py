@@ -60,7 +60,7 @@ def mutate(doc: dict, rng: random.Random) -> Any:
         elif op < 0.4 and isinstance(parent, list):
             parent.pop(key)
         elif op < 0.5 and isinstance(parent, dict):
-            parent[rng.choice(["extra", "🙂", ""])] = rng.choice(JUNK)
+            parent[rng.choice(["extra", "🙂", "", "a\nb", "x.y", "\x00"])] = rng.choice(JUNK)
         elif op < 0.6 and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
             parent[key] = parent[key] * rng.choice([-1, 0, 1e300, 0.5, -1e-9])
         else:
