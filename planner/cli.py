@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. piped into head
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a file that cannot be read or written: bad input, one line
+        if os.environ.get("PLANNER_DEBUG"):
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"planner {args.command}: error:{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
         return 130

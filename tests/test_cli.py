@@ -141,3 +141,10 @@ def test_infeasible_exits_3_and_explains(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no plan fits" in err and "Tightest stage" in err and "bytes over" in err
     assert "more devices" in err or "micro-batch" in err
+
+
+def test_unwritable_output_is_refused_before_planning(tmp_path, capsys):
+    rc = main(["plan", "--out", str(tmp_path / "missing" / "plan.json")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "folder does not exist" in err and len(err.strip().splitlines()) == 1

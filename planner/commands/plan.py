@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, load_cluster
@@ -72,6 +73,9 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        # checked before planning, so that no work is lost to a typo in the path
+        raise PlannerInputError(f"--out {args.out}: the folder does not exist")
     profile = load_profile(args.profile) if args.profile else default_profile()
     cluster = load_cluster(args.cluster)
     request = request_from_args(args)
