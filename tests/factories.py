@@ -185,11 +185,15 @@ def make_plan(
     recompute: bool = False,
     fingerprint: str = "",
     model: str = "test",
+    virtual_stages_per_rank: int = 1,
 ) -> Plan:
     """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
-    every stage but the last recomputes all its layers (the last recomputes its first)."""
+    every stage but the last recomputes all its layers (the last recomputes its first). With
+    ``virtual_stages_per_rank = v`` (interleaved 1F1B) stage s runs on pipeline rank s mod P,
+    P = num_stages / v."""
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
+    pipeline_size = num_stages // virtual_stages_per_rank
     stages = []
     for s in range(num_stages):
         start, stop = cuts[s], cuts[s + 1]
@@ -200,7 +204,7 @@ def make_plan(
                 layer_start=start,
                 layer_stop=stop,
                 layer_names=layer_names[start:stop],
-                ranks=tuple(s * dp_degree + r for r in range(dp_degree)),
+                ranks=tuple((s % pipeline_size) * dp_degree + r for r in range(dp_degree)),
                 recompute=rc,
                 inflight_microbatches=num_microbatches,
                 activation_bytes_per_microbatch=0,
@@ -224,7 +228,7 @@ def make_plan(
             cluster_sha256="",
             planner_version="test",
             solver="hand",
-            request=PlanRequest(global_batch=global_batch, num_devices=num_stages * dp_degree),
+            request=PlanRequest(global_batch=global_batch, num_devices=pipeline_size * dp_degree),
             fingerprint_sha256=fingerprint,
         ),
         num_stages=num_stages,
@@ -233,6 +237,7 @@ def make_plan(
         microbatch_size=microbatch_size,
         global_batch=global_batch,
         schedule=schedule,
+        virtual_stages_per_rank=virtual_stages_per_rank,
         stages=tuple(stages),
         predicted=Prediction(
             iteration_ms=0.0,

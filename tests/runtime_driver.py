@@ -6,7 +6,8 @@ Usage (what tests/test_runtime_numerics.py does)::
     torchrun --nproc-per-node N tests/runtime_driver.py CONFIGS.json OUT.json
 
 CONFIGS.json is a list of objects with: name, model (factory spec), boundaries, dp_degree,
-num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps. Every config
+num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps, and
+optionally virtual_stages_per_rank (interleaved 1F1B). Every config
 must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs and the
 max absolute and relative differences of losses and of every stage's final gradients.
 """
@@ -70,6 +71,7 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         microbatch_size=cfg["microbatch_size"],
         schedule=ScheduleKind(cfg["schedule"]),
         recompute=cfg["recompute"],
+        virtual_stages_per_rank=cfg.get("virtual_stages_per_rank", 1),
     )
     if plan.num_devices != dist.get_world_size():
         raise ValueError(f"config {cfg['name']} needs {plan.num_devices} processes")
@@ -87,12 +89,12 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     runner = RankRunner(plan, workload, options, rank, torch.device("cpu"))
     measure = runner.run()
     ref_losses, ref_grads = reference(cfg, plan.global_batch)
-    stage = runner.stage_plan
     abs_diff, scale = 0.0, 0.0
-    for k, layer in enumerate(runner.module.layers):
-        for p, ref in zip(layer.parameters(), ref_grads[stage.layer_start + k]):
-            abs_diff = max(abs_diff, float((p.grad.double() - ref.double()).abs().max()))
-            scale = max(scale, float(ref.double().abs().max()))
+    for chunk in runner.chunks:  # every stage the rank ran (several with interleaved 1F1B)
+        for k, layer in enumerate(chunk.module.layers):
+            for p, ref in zip(layer.parameters(), ref_grads[chunk.stage_plan.layer_start + k]):
+                abs_diff = max(abs_diff, float((p.grad.double() - ref.double()).abs().max()))
+                scale = max(scale, float(ref.double().abs().max()))
     stats = torch.tensor([abs_diff, abs_diff / scale if scale else 0.0], dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     losses = [s.loss for s in measure.steps]

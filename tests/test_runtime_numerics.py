@@ -1,6 +1,7 @@
 """The runtime trains exactly as one process would: P in {1, 2, 4}, D in {1, 2} (within 4
 processes), GPipe and 1F1B, with and without recomputation, float64 to 1e-12 and float32 to
-1e-6 relative; plus the skip-connection model and the tied-embedding GPT.
+1e-6 relative; plus the skip-connection model and the tied-embedding GPT; plus interleaved
+1F1B (P = 2 ranks x v = 2 stages each, 4 stages, D in {1, 2}), in the same launches.
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), because starting processes and importing torch costs seconds.
@@ -22,6 +23,12 @@ ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, ti
 ZOO_RESNET = "resnet:blocks=2,width=4,image=8,classes=4"  # stem, (a, b) x 2, head; skips a -> b
 # (P, D) -> boundaries of the 5-layer test models
 SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}
+IL = "interleaved-1f1b"
+
+
+def _il(name: str, model: str, d: int, recompute: bool, **kw: Any) -> dict[str, Any]:
+    """Interleaved 1F1B: 4 stages on P = 2 pipeline ranks (stages 0, 2 on rank 0; 1, 3 on rank 1)."""
+    return _cfg(name, model, 4, d, IL, recompute, virtual_stages_per_rank=2, **kw)
 
 
 def _cfg(name: str, model: str, p: int, d: int, schedule: str, recompute: bool, **kw: Any) -> dict[str, Any]:
@@ -55,6 +62,10 @@ def configs(world: int) -> list[dict[str, Any]]:
             _cfg("mlp-P2-D1-float32", MLP, 2, 1, "1f1b", False, dtype="float32", num_microbatches=3),
             _cfg("zoo-gpt-P2-D1-1f1b", ZOO_GPT, 2, 1, "1f1b", False, optimizer="adamw"),
             _cfg("zoo-resnet-P2-D1-gpipe-rc", ZOO_RESNET, 2, 1, "gpipe", True),
+            _il("il-mlp-P2v2-D1", MLP, 1, False),
+            _il("il-mlp-P2v2-D1-rc", MLP, 1, True),
+            _il("il-gpt-tied-P2v2-D1-adamw", "tests.factories:tiny_gpt", 1, False, optimizer="adamw"),
+            _il("il-skip-P2v2-D1-M6", "tests.factories:skip", 1, False, num_microbatches=6),
         ],
         4: [
             _cfg("gpt-tied-P2-D2-1f1b-rc", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, optimizer="adamw"),
@@ -63,6 +74,8 @@ def configs(world: int) -> list[dict[str, Any]]:
             _cfg("mlp-P2-D2-float32-adamw", MLP, 2, 2, "gpipe", True, dtype="float32", optimizer="adamw"),
             _cfg("zoo-resnet-P4-D1-1f1b", ZOO_RESNET, 4, 1, "1f1b", False, boundaries=[1, 2, 4]),
             _cfg("zoo-gpt-P2-D2-gpipe-rc", ZOO_GPT, 2, 2, "gpipe", True, boundaries=[3], dtype="float32"),
+            _il("il-mlp-P2v2-D2-rc", MLP, 2, True),
+            _il("il-gpt-tied-P2v2-D2-adamw", "tests.factories:tiny_gpt", 2, True, optimizer="adamw"),
         ],
     }
     return out + extra[world]
@@ -100,3 +113,14 @@ def test_configs_cover_the_issue_grid() -> None:
         for schedule in ("gpipe", "1f1b"):
             for rc in (0, 1):
                 assert f"mlp-P{p}-D{d}-{schedule}-rc{rc}" in names
+
+
+def test_interleaved_1f1b_is_covered() -> None:
+    """Interleaved 1F1B (ScheduleInterleaved1F1B, 2 stages per rank) is checked against
+    one-process training by the launches above: D = 1 in the 2-process launch, D = 2 in the
+    4-process one, with recompute, AdamW and the tie split across pipeline ranks."""
+    il = {c["name"]: c for w in (1, 2, 4) for c in configs(w) if c["schedule"] == IL}
+    assert {(c["dp_degree"], c["recompute"]) for c in il.values()} >= {(1, False), (1, True), (2, True)}
+    for cfg in il.values():
+        assert cfg["virtual_stages_per_rank"] == 2 and len(cfg["boundaries"]) + 1 == 4 and cfg["dtype"] == "float64"
+    assert any(c["model"] == "tests.factories:tiny_gpt" and c["dp_degree"] == 2 for c in il.values())

@@ -3,18 +3,24 @@ and the RunReport document."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import torch
 
 from planner.artifacts.profile import Layer, Profile, TimeFit
+from planner.artifacts.plan import Plan
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, report_from_json, report_to_json
+from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
 from planner.models import load_workload
 from planner.profiling.memory import measure_layer_bytes
 from planner.runtime.check import check_plan
+from planner.runtime.collect import build_report
+from planner.runtime.engine import RankMeasure, StepMeasure
 from planner.runtime.emulate import sleep_until, stage_chunk_ms
+from planner.runtime.options import RuntimeOptions
 from planner.runtime.stage import StageModule
 from tests.factories import make_plan
 
@@ -93,6 +99,47 @@ def test_check_plan_refusals() -> None:
         check_plan(make_plan(workload.layer_names, (2,)), load_workload("gpt:layers=1,hidden=8,heads=2,seq=4,vocab=16"), 2)
     with pytest.raises(PlannerInputError, match="fingerprint"):
         check_plan(make_plan(workload.layer_names, (2,), fingerprint="0" * 64), workload, 2)
+
+
+def _interleaved(layer_names: tuple[str, ...], num_microbatches: int, dp_degree: int = 1) -> Plan:
+    """4 stages of the 5-layer mlp on P = 2 pipeline ranks, v = 2 each."""
+    return make_plan(
+        layer_names,
+        (1, 2, 4),
+        schedule=ScheduleKind.INTERLEAVED_1F1B,
+        virtual_stages_per_rank=2,
+        num_microbatches=num_microbatches,
+        dp_degree=dp_degree,
+    )
+
+
+def test_check_plan_interleaved() -> None:
+    workload = load_workload("tests.factories:mlp")
+    plan = _interleaved(workload.layer_names, num_microbatches=4, dp_degree=2)
+    assert [s.ranks for s in plan.stages] == [(0, 1), (2, 3), (0, 1), (2, 3)]
+    check_plan(plan, workload, 4)
+    with pytest.raises(PlannerInputError, match=r"plan needs 4 processes \(4 stages on 2 pipeline ranks x 2 replicas\)"):
+        check_plan(plan, workload, 8)
+    with pytest.raises(PlannerInputError, match="multiple of the number of rounds .* M=5") as refused:
+        check_plan(_interleaved(workload.layer_names, num_microbatches=5), workload, 2)
+    assert "\n" not in str(refused.value)  # torch would raise at schedule construction
+    moved = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, ranks=(4, 5)) if s.stage_idx == 2 else s for s in plan.stages))
+    with pytest.raises(PlannerInputError, match=r"stage 2 ranks \[4, 5\] differ from the placement"):
+        check_plan(moved, workload, 4)
+
+
+def test_report_takes_each_stage_from_its_chunk_on_its_ranks() -> None:
+    workload = load_workload("tests.factories:mlp")
+    plan = _interleaved(workload.layer_names, num_microbatches=4)
+    steps = (StepMeasure(step_idx=0, loss=1.0, wall_ms=10.0),)
+    # rows: idle, cuda peak, then (compute, saved) for stages p and p + 2
+    rows = [[1.0, 0.0, 2.0, 20.0, 4.0, 40.0], [3.0, 0.0, 5.0, 50.0, 6.0, 60.0]]
+    mine = RankMeasure(steps=steps, compute_ms=6.0, idle_ms=1.0, saved_bytes_peak=40, cuda_peak_bytes=0)
+    options = RuntimeOptions(plan_path="p", model_spec="m", num_steps=1, warmup_steps=0)
+    report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")
+    got = [(s.stage_idx, s.ranks, s.compute_ms, s.idle_ms, s.saved_bytes_peak) for s in report.stages]
+    assert got == [(0, (0,), 2.0, 1.0, 20), (1, (1,), 5.0, 3.0, 50), (2, (0,), 4.0, 1.0, 40), (3, (1,), 6.0, 3.0, 60)]
+    assert report.schedule == "interleaved-1f1b" and report.num_stages == 4
 
 
 def test_report_round_trip() -> None:

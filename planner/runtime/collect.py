@@ -1,7 +1,10 @@
 """Gather every rank's measurements to rank 0 and build the RunReport.
 
 Gathered as one float64 tensor per rank (``all_gather``, no pickled objects); byte counts
-stay exact below 2**53.
+stay exact below 2**53. A row is the rank's idle ms and CUDA peak bytes, then compute ms and
+peak saved bytes of each stage it runs (v of them, in stage order p, p + P, ...); a stage's
+record takes the maximum over its replicas' ranks. Idle time is per rank: wall time less the
+compute of all the rank's stages.
 """
 
 from __future__ import annotations
@@ -17,16 +20,12 @@ from planner.artifacts.report import RunReport, StageRecord, StepRecord, relativ
 from planner.runtime.engine import RankMeasure
 from planner.runtime.options import RuntimeOptions
 
-_FIELDS = 4  # compute_ms, idle_ms, saved_bytes_peak, cuda_peak_bytes
-
-
 def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) -> list[list[float]]:
-    row = torch.tensor(
-        [mine.compute_ms, mine.idle_ms, float(mine.saved_bytes_peak), float(mine.cuda_peak_bytes)],
-        dtype=torch.float64,
-        device=device,
-    )
-    rows = [torch.zeros(_FIELDS, dtype=torch.float64, device=device) for _ in range(world_size)]
+    values = [mine.idle_ms, float(mine.cuda_peak_bytes)]
+    for compute, saved in zip(mine.stage_compute_ms, mine.stage_saved_bytes_peak):
+        values += [compute, float(saved)]
+    row = torch.tensor(values, dtype=torch.float64, device=device)
+    rows = [torch.zeros(len(values), dtype=torch.float64, device=device) for _ in range(world_size)]
     dist.all_gather(rows, row)
     return [r.tolist() for r in rows]
 
@@ -43,12 +42,14 @@ def build_report(
     device: str,
 ) -> RunReport:
     stages = []
+    pipeline_size = plan.num_stages // plan.virtual_stages_per_rank
     for stage in plan.stages:
         own = [rows[r] for r in stage.ranks]
-        compute = max(r[0] for r in own)
-        idle = max(r[1] for r in own)
-        saved = int(max(r[2] for r in own))
-        cuda = int(max(r[3] for r in own))
+        k = 2 + 2 * (stage.stage_idx // pipeline_size)  # this stage's chunk on its ranks
+        compute = max(r[k] for r in own)
+        idle = max(r[0] for r in own)
+        saved = int(max(r[k + 1] for r in own))
+        cuda = int(max(r[1] for r in own))
         compute_pred = plan.num_microbatches * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
         act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
         stages.append(

@@ -1,16 +1,22 @@
-"""One rank's training loop: build the stage, run the plan's schedule, measure.
+"""One rank's training loop: build the rank's stage(s), run the plan's schedule, measure.
 
 Built on ``torch.distributed.pipelining`` (checked with gloo on CPU, torch 2.13):
 
 - ``PipelineStage`` in *static* mode: the stage's input and output examples are computed
   up front by a no-grad forward of the layers before and in the stage on one micro-batch,
   so no metadata objects (pickles) cross ranks at run time.
-- ``ScheduleGPipe`` and ``Schedule1F1B`` with ``scale_grads=False`` and a loss of
-  ``loss_fn / M`` (the mean over micro-batches), because the schedule's in-place gradient
-  scaling would race with our async data-parallel all-reduces (``planner.runtime.grads``).
+- ``ScheduleGPipe``, ``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` with
+  ``scale_grads=False`` and a loss of ``loss_fn / M`` (the mean over micro-batches),
+  because the schedule's in-place gradient scaling would race with our async
+  data-parallel all-reduces (``planner.runtime.grads``).
   In ``Schedule1F1B`` stage s runs min(P - s, M) warm-up forwards, so it holds at most
   min(P - s, M) micro-batches of activations, as the cost model assumes.
-- Interleaved 1F1B is not wired yet (the plan check refuses it).
+- Interleaved 1F1B: the rank builds one ``PipelineStage`` per stage it runs (stages p,
+  p + P, ..., ``num_stages = P x v``, torch's looped placement) and hands them all to
+  ``ScheduleInterleaved1F1B``. Each stage is a *chunk* with its own module, meter, timer and
+  optimizer (the optimizers step the rank's unique parameters once each: a parameter two
+  chunks share, a tie within the rank, belongs to the first chunk's optimizer), so
+  checkpoints and measurements stay per stage. With v = 1 the rank has one chunk.
 
 Data: step k uses ``make_batch(global_batch, seed + k)``; replica r takes samples
 [r M b, (r + 1) M b), which the schedule splits into M micro-batches along dim 0. So the
@@ -28,9 +34,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from planner.artifacts.plan import Plan
+from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
 from planner.runtime import checkpoint as ckpt
@@ -89,10 +95,13 @@ class RankMeasure:
     """What one rank measured; gathered to rank 0 for the RunReport."""
 
     steps: tuple[StepMeasure, ...]
-    compute_ms: float
+    compute_ms: float  # all the rank's chunks together
     idle_ms: float
-    saved_bytes_peak: int
+    saved_bytes_peak: int  # the largest over the rank's chunks
     cuda_peak_bytes: int
+    stage_indices: tuple[int, ...] = ()
+    stage_compute_ms: tuple[float, ...] = ()  # per chunk, in ``stage_indices`` order
+    stage_saved_bytes_peak: tuple[int, ...] = ()
 
 
 def _boundary_examples(workload: Workload, start: int, stop: int, mb_inputs: Any) -> tuple[Any, Any]:
@@ -123,18 +132,21 @@ def _make_optimizer(options: RuntimeOptions, params: list[torch.nn.Parameter]) -
     return torch.optim.SGD(params, lr=options.lr, foreach=False)
 
 
-def _tied_params(workload: Workload, plan: Plan, stage_idx: int) -> tuple[tuple[tuple[int, ...], ...], list[Any]]:
-    """Per tied group: the stages holding it, and this stage's copy when the group spans stages (else None)."""
-    stage = plan.stages[stage_idx]
-    stage_sets = []
+def _tied_params(workload: Workload, plan: Plan, place: Placement) -> tuple[tuple[tuple[int, ...], ...], list[Any]]:
+    """Per tied group: the pipeline ranks holding it, and this rank's copy when the group spans
+    pipeline ranks (else None)."""
+    mine_stages = [plan.stages[s] for s in place.stage_indices]
+    rank_sets = []
     mine: list[Any] = []
     for group in workload.tied:
-        holders = sorted({s.stage_idx for s in plan.stages for layer_idx, _ in group if s.layer_start <= layer_idx < s.layer_stop})
-        stage_sets.append(tuple(holders))
-        local = [(i, name) for i, name in group if stage.layer_start <= i < stage.layer_stop]
-        split = len(holders) >= 2  # a tie inside one stage is one tensor: plain data parallel
+        holders = sorted(
+            {place.pipeline_rank_of(s.stage_idx) for s in plan.stages for i, _ in group if s.layer_start <= i < s.layer_stop}
+        )
+        rank_sets.append(tuple(holders))
+        local = [(i, name) for i, name in group for st in mine_stages if st.layer_start <= i < st.layer_stop]
+        split = len(holders) >= 2  # a tie inside one rank is one tensor: plain data parallel
         mine.append(workload.layers[local[0][0]].get_parameter(local[0][1]) if local and split else None)
-    return tuple(stage_sets), mine
+    return tuple(rank_sets), mine
 
 
 def _maybe_fault(options: RuntimeOptions, rank: int, step_idx: int) -> None:
@@ -148,8 +160,22 @@ def _maybe_fault(options: RuntimeOptions, rank: int, step_idx: int) -> None:
     raise RuntimeError(f"injected fault (--fault raise) at step {step_idx}")
 
 
+@dataclass(slots=True, kw_only=True)
+class Chunk:
+    """One stage run by this rank: its plan entry, module, pipelining stage and optimizer."""
+
+    stage_plan: PlanStage
+    module: StageModule
+    pipe_stage: TimedStage
+    optimizer: torch.optim.Optimizer | None  # None when another chunk of the rank owns all its parameters
+
+    @property
+    def stage_idx(self) -> int:
+        return self.stage_plan.stage_idx
+
+
 class RankRunner:
-    """Everything one rank holds for a run: its stage, schedule, optimizer and groups."""
+    """Everything one rank holds for a run: its stage chunk(s), schedule, optimizers and groups."""
 
     def __init__(
         self,
@@ -164,47 +190,76 @@ class RankRunner:
         self.workload = workload
         self.options = options
         self.device = device
-        self.place = Placement(num_stages=plan.num_stages, dp_degree=plan.dp_degree, rank=rank)
-        stage = plan.stages[self.place.stage_idx]
-        self.stage_plan = stage
-        tied_sets, self.tied_params = _tied_params(workload, plan, self.place.stage_idx)
+        self.place = Placement(
+            num_stages=plan.num_stages,
+            dp_degree=plan.dp_degree,
+            rank=rank,
+            virtual_stages_per_rank=plan.virtual_stages_per_rank,
+        )
+        tied_sets, self.tied_params = _tied_params(workload, plan, self.place)
         self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s)
-        layers = list(workload.layers[stage.layer_start : stage.layer_stop])
-        recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
-        self.module = StageModule(layers, recompute).to(device)
         mb_inputs, _ = self._replica_batch(0)
-        example_in, example_out = _boundary_examples(
-            workload, stage.layer_start, stage.layer_stop, self._first_microbatch(mb_inputs)
-        )
-        self.pipe_stage = TimedStage(
-            self.module,
-            self.place.stage_idx,
-            plan.num_stages,
-            device,
-            input_args=_as_args(example_in) if self.place.stage_idx == 0 else _grad_examples(example_in),
-            output_args=_grad_examples(example_out),
-            group=self.groups.pipeline,
-        )
-        if options.emulate:
-            self.pipe_stage.emulated_ms = stage_chunk_ms(plan, self.place.stage_idx, profile)
+        first_mb = self._first_microbatch(mb_inputs)
+        self.chunks: list[Chunk] = []
+        seen: set[int] = set()
+        uses: dict[int, int] = {}
+        for stage_idx in self.place.stage_indices:
+            stage = plan.stages[stage_idx]
+            layers = list(workload.layers[stage.layer_start : stage.layer_stop])
+            recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
+            module = StageModule(layers, recompute).to(device)
+            example_in, example_out = _boundary_examples(workload, stage.layer_start, stage.layer_stop, first_mb)
+            pipe_stage = TimedStage(
+                module,
+                stage_idx,
+                plan.num_stages,
+                device,
+                input_args=_as_args(example_in) if stage_idx == 0 else _grad_examples(example_in),
+                output_args=_grad_examples(example_out),
+                group=self.groups.pipeline,
+            )
+            if options.emulate:
+                pipe_stage.emulated_ms = stage_chunk_ms(plan, stage_idx, profile)
+            own = []
+            for param in module.parameters():
+                uses[id(param)] = uses.get(id(param), 0) + 1
+                if id(param) not in seen:  # a parameter two chunks share is stepped once
+                    seen.add(id(param))
+                    own.append(param)
+            optimizer = _make_optimizer(options, own) if own else None
+            self.chunks.append(Chunk(stage_plan=stage, module=module, pipe_stage=pipe_stage, optimizer=optimizer))
         num_mb = plan.num_microbatches
-        module = self.module
+        last = next((c.module for c in self.chunks if c.pipe_stage.is_last), self.chunks[-1].module)
 
         def loss_fn(out: Any, target: Any) -> Any:
-            if not module.metering:
+            if not last.metering:
                 return workload.loss_fn(out, target) / num_mb
-            with module.meter.hooks():  # the loss's saved tensors belong to the last stage, as in the profile
+            with last.meter.hooks():  # the loss's saved tensors belong to the last stage, as in the profile
                 return workload.loss_fn(out, target) / num_mb
 
-        schedule_cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
-        self.schedule = schedule_cls(self.pipe_stage, num_mb, loss_fn=loss_fn, scale_grads=False)
+        if plan.schedule is ScheduleKind.INTERLEAVED_1F1B:
+            stages = [c.pipe_stage for c in self.chunks]
+            self.schedule: Any = ScheduleInterleaved1F1B(stages, num_mb, loss_fn=loss_fn, scale_grads=False)
+        else:
+            schedule_cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
+            self.schedule = schedule_cls(self.chunks[0].pipe_stage, num_mb, loss_fn=loss_fn, scale_grads=False)
+        self.is_first = any(c.pipe_stage.is_first for c in self.chunks)
+        self.is_last = any(c.pipe_stage.is_last for c in self.chunks)
         tied_ids = {id(p) for p in self.tied_params if p is not None}
-        params = list(self.module.parameters())
+        params = [p for c in self.chunks if c.optimizer is not None for p in c.optimizer.param_groups[0]["params"]]
         self.dp_hooks = None
         if self.groups.data_parallel is not None:
             dp_params = [p for p in params if id(p) not in tied_ids]
-            self.dp_hooks = DataParallelHooks(dp_params, self.groups.data_parallel, plan.dp_degree)
-        self.optimizer = _make_optimizer(options, params)
+            self.dp_hooks = DataParallelHooks(dp_params, self.groups.data_parallel, plan.dp_degree, uses=uses)
+
+    @property
+    def stage_plan(self) -> PlanStage:
+        """The first stage this rank runs (its only one unless the schedule is interleaved)."""
+        return self.chunks[0].stage_plan
+
+    @property
+    def module(self) -> StageModule:
+        return self.chunks[0].module
 
     def _first_microbatch(self, inputs: Any) -> Any:
         b = self.plan.microbatch_size
@@ -226,23 +281,27 @@ class RankRunner:
         return cast_batch(take(inputs), self.options.dtype), take(targets)
 
     def resume(self) -> int:
-        return ckpt.load_checkpoint(self.options.checkpoint_dir, self.place.stage_idx, self.module, self.optimizer)
+        done = {
+            ckpt.load_checkpoint(self.options.checkpoint_dir, c.stage_idx, c.module, c.optimizer) for c in self.chunks
+        }
+        return done.pop()  # one latest.json: the same step for every chunk
 
     def _run_schedule(self, inputs: Any, targets: Any) -> float:
         """One iteration of the schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""
         losses: list[torch.Tensor] = []
-        if self.pipe_stage.is_first and self.pipe_stage.is_last:
+        if self.is_first and self.is_last:
             self.schedule.step(*_as_args(inputs), target=targets, losses=losses, return_outputs=False)
-        elif self.pipe_stage.is_first:
+        elif self.is_first:
             self.schedule.step(*_as_args(inputs), return_outputs=False)
-        elif self.pipe_stage.is_last:
+        elif self.is_last:
             self.schedule.step(target=targets, losses=losses, return_outputs=False)
         else:
             self.schedule.step(return_outputs=False)
         return float(sum(loss.detach().double() for loss in losses)) if losses else 0.0
 
     def train_step(self, step_idx: int) -> StepMeasure:
-        self.optimizer.zero_grad(set_to_none=True)
+        for c in self.chunks:
+            c.module.zero_grad(set_to_none=True)
         inputs, targets = self._replica_batch(step_idx)  # data loading is not part of the timed step
         dist.barrier()
         start = time.perf_counter()
@@ -252,7 +311,9 @@ class RankRunner:
         if self.dp_hooks is not None:
             self.dp_hooks.finish_iteration()
         sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
-        self.optimizer.step()
+        for c in self.chunks:
+            if c.optimizer is not None:
+                c.optimizer.step()
         wall_ms = (time.perf_counter() - start) * 1000.0
         stats = torch.tensor([loss_sum, wall_ms], dtype=torch.float64, device=self.device)  # NCCL needs device tensors
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
@@ -264,35 +325,43 @@ class RankRunner:
         options = self.options
         start_step = self.resume() if options.resume else 0
         steps: list[StepMeasure] = []
-        compute_ms: list[float] = []
+        compute_ms: list[list[float]] = []  # per timed step, per chunk
         wall_ms: list[float] = []
-        peak = 0
+        peaks = [0] * len(self.chunks)
         for step_idx in range(start_step, options.num_steps):
             try:
                 _maybe_fault(options, self.place.rank, step_idx)
-                self.pipe_stage.compute_s = 0.0
-                self.module.metering = step_idx == start_step  # peak saved bytes: first step only
-                self.module.meter.reset_peak()
+                for c in self.chunks:
+                    c.pipe_stage.compute_s = 0.0
+                    c.module.metering = step_idx == start_step  # peak saved bytes: first step only
+                    c.module.meter.reset_peak()
                 measure = self.train_step(step_idx)
             except Exception as exc:
                 raise StepFailure(step_idx, exc) from exc
             steps.append(measure)
             if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
-                compute_ms.append(self.pipe_stage.compute_s * 1000.0)
+                compute_ms.append([c.pipe_stage.compute_s * 1000.0 for c in self.chunks])
                 wall_ms.append(measure.wall_ms)
-            peak = max(peak, self.module.meter.peak_bytes)
+            peaks = [max(peak, c.module.meter.peak_bytes) for peak, c in zip(peaks, self.chunks)]
             done = step_idx + 1
             if options.checkpoint_every and done % options.checkpoint_every == 0:
                 ckpt.save_checkpoint(
-                    options.checkpoint_dir, done, self.place.stage_idx, self.place.replica, self.module, self.optimizer
+                    options.checkpoint_dir,
+                    done,
+                    [(c.stage_idx, c.module, c.optimizer) for c in self.chunks],
+                    self.place.replica,
                 )
-        compute = statistics.fmean(compute_ms) if compute_ms else 0.0
+        per_stage = tuple(statistics.fmean(col) for col in zip(*compute_ms)) if compute_ms else (0.0,) * len(self.chunks)
+        compute = sum(per_stage)
         wall = statistics.fmean(wall_ms) if wall_ms else 0.0
         cuda_peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
         return RankMeasure(
             steps=tuple(steps),
             compute_ms=compute,
             idle_ms=max(0.0, wall - compute),
-            saved_bytes_peak=peak,
+            saved_bytes_peak=max(peaks),
             cuda_peak_bytes=int(cuda_peak),
+            stage_indices=tuple(c.stage_idx for c in self.chunks),
+            stage_compute_ms=per_stage,
+            stage_saved_bytes_peak=tuple(peaks),
         )

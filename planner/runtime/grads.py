@@ -3,18 +3,21 @@
 Data parallel (DESIGN.md section 7; issue 6): gradients are all-reduced across the stage's
 replicas per bucket (parameters in reverse order, <= 1 MiB, as DDP buckets them), as soon as
 every gradient of the bucket is final, that is when each one's post-accumulate-grad hook
-has fired once per micro-batch of the iteration. The all-reduce is asynchronous (it overlaps
-the rest of the pipeline, e.g. the cooldown of earlier stages) and is waited for before the
-optimizer step. Gradients are divided by D first and summed (gloo has no AVG). One
-all-reduce per parameter cost ~0.2 ms of gloo latency each here, tens of ms per step.
+has fired once per micro-batch of the iteration and per stage chunk of the rank using it (a
+parameter shared by two chunks of an interleaved rank fires 2M times). The all-reduce is
+asynchronous (it overlaps the rest of the pipeline, e.g. the cooldown of earlier stages) and
+is waited for before the optimizer step. Gradients are divided by D first and summed (gloo
+has no AVG). One all-reduce per parameter cost ~0.2 ms of gloo latency each here, tens of ms
+per step.
 
 Why not DDP around the stage: measured here, DDP around a pipeline stage fails with GPipe
 unless ``find_unused_parameters=True``, and ``static_graph=True`` silently skips the sync.
 Why loss / M rather than the schedule's ``scale_grads``: the schedule scales gradients in
 place after the last backward, which races with all-reduces already in flight.
 
-Tied parameters (``Workload.tied``) held by several stages: each stage keeps its own copy;
-after the schedule, the copies' gradients are summed over the stages and averaged over the
+Tied parameters (``Workload.tied``) held by several pipeline ranks: each rank keeps its own
+copy (one tensor, shared by its chunks when it runs several stages holding it); after the
+schedule, the copies' gradients are summed over the pipeline ranks and averaged over the
 replicas with one all-reduce over every rank holding a copy; these parameters are left out
 of the data-parallel hooks. Identical gradients keep the copies identical under any
 deterministic optimizer.
@@ -51,9 +54,17 @@ class DataParallelHooks:
     M-th accumulation; gradients are copied back after the wait."""
 
     def __init__(
-        self, params: list[torch.nn.Parameter], group: dist.ProcessGroup, dp_degree: int, bucket_bytes: int = BUCKET_BYTES
+        self,
+        params: list[torch.nn.Parameter],
+        group: dist.ProcessGroup,
+        dp_degree: int,
+        bucket_bytes: int = BUCKET_BYTES,
+        uses: dict[int, int] | None = None,
     ) -> None:
+        """``uses``: per ``id(param)``, how many of the rank's stage chunks run it (default 1);
+        each chunk's backward of a micro-batch accumulates into it once."""
         self._group = group
+        self._uses = {id(p): (uses or {}).get(id(p), 1) for p in params}
         self._dp_degree = dp_degree
         self._params = params
         self._buckets = _buckets(params, bucket_bytes)
@@ -84,7 +95,7 @@ class DataParallelHooks:
     def _on_grad(self, param: torch.Tensor) -> None:
         key = id(param)
         self._counts[key] = self._counts.get(key, 0) + 1
-        if self._counts[key] == self._num_microbatches:
+        if self._counts[key] == self._num_microbatches * self._uses[key]:
             bucket_idx = self._bucket_of[key]
             self._pending[bucket_idx] -= 1
             if self._pending[bucket_idx] == 0:
