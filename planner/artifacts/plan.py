@@ -3,8 +3,8 @@
 Rank placement: rank = pipeline rank x dp_degree + replica; with one stage per rank the
 pipeline rank is the stage index; for interleaved schedules (``virtual_stages_per_rank`` = v)
 there are R = num_stages / v pipeline ranks and rank p holds stages p, p + R, p + 2R, ...
-Times in ``PlanStage`` are per micro-batch
-except ``allreduce_ms`` (once per iteration).
+
+Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 """
 
 from __future__ import annotations
