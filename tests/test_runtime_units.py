@@ -158,3 +158,16 @@ def test_report_round_trip() -> None:
     assert report_from_json(data) == report
     with pytest.raises(PlannerInputError, match="version"):
         report_from_json({**data, "version": 2})
+
+
+def test_sleep_until_a_deadline_already_passed_returns():
+    import time
+
+    from planner.runtime.emulate import _Sleeper
+
+    sleeper = _Sleeper()
+    sleeper.lag_s = 0.0
+    # a deadline in the past, and one so close that it passes before the sleep is computed
+    sleeper.until(time.perf_counter() - 1.0)
+    for _ in range(200):
+        sleeper.until(time.perf_counter() + 1e-7)

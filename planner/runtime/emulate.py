@@ -39,7 +39,7 @@ class _Sleeper:
             return
         if remaining > self.lag_s:
             target = deadline - self.lag_s
-            time.sleep(target - time.perf_counter())
+            time.sleep(max(0.0, target - time.perf_counter()))  # preemption may have used it up
             overshoot = time.perf_counter() - target
             self.lag_s = min(0.002, max(0.0, 0.9 * self.lag_s + 0.1 * overshoot))
         while time.perf_counter() < deadline:
