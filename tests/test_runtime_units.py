@@ -160,14 +160,16 @@ def test_report_round_trip() -> None:
         report_from_json({**data, "version": 2})
 
 
-def test_sleep_until_a_deadline_already_passed_returns():
-    import time
+def test_sleep_until_survives_preemption_before_the_sleep(monkeypatch):
+    """The process may be descheduled between computing the remaining time and sleeping:
+    the deadline has then passed and the sleep must be zero, not negative (a ValueError)."""
+    from planner.runtime import emulate
 
-    from planner.runtime.emulate import _Sleeper
+    clock = iter([0.0, 5.0])  # remaining computed at t=0; then preempted until t=5
 
-    sleeper = _Sleeper()
-    sleeper.lag_s = 0.0
-    # a deadline in the past, and one so close that it passes before the sleep is computed
-    sleeper.until(time.perf_counter() - 1.0)
-    for _ in range(200):
-        sleeper.until(time.perf_counter() + 1e-7)
+    def fake_counter() -> float:
+        return next(clock, 5.0)
+
+    monkeypatch.setattr(emulate.time, "perf_counter", fake_counter)
+    sleeper = emulate._Sleeper()
+    sleeper.until(1.0)  # raised "sleep length must be non-negative" before the fix
