@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance, StageMemory
-from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.artifacts.plan import Plan, PlanStage, StageMemory
+from planner.artifacts.request import ScheduleKind
 from planner.workload import Workload
+from tests.plan_factory import hand_plan
 
 WIDTH = 8
 
@@ -219,32 +220,14 @@ def make_plan(
                 memory_cap_bytes=0,
             )
         )
-    global_batch = num_microbatches * microbatch_size * dp_degree
-    return Plan(
-        provenance=Provenance(
-            model=model,
-            profile_sha256="",
-            cluster_name="local-cpu",
-            cluster_sha256="",
-            planner_version="test",
-            solver="hand",
-            request=PlanRequest(global_batch=global_batch, num_devices=pipeline_size * dp_degree),
-            fingerprint_sha256=fingerprint,
-        ),
-        num_stages=num_stages,
+    return hand_plan(
+        stages,
         dp_degree=dp_degree,
         num_microbatches=num_microbatches,
         microbatch_size=microbatch_size,
-        global_batch=global_batch,
         schedule=schedule,
         virtual_stages_per_rank=virtual_stages_per_rank,
-        stages=tuple(stages),
-        predicted=Prediction(
-            iteration_ms=0.0,
-            throughput_samples_per_s=0.0,
-            peak_memory_bytes=0,
-            bubble_fraction=0.0,
-            exposed_allreduce_ms=0.0,
-            lower_bound_ms=0.0,
-        ),
+        model=model,
+        cluster_name="local-cpu",
+        fingerprint=fingerprint,
     )

@@ -61,32 +61,60 @@ def make_plan(
                 memory_cap_bytes=10**12,
             )
         )
-    provenance = Provenance(
-        model="toy",
-        profile_sha256="0" * 64,
-        cluster_name="toy",
-        cluster_sha256="0" * 64,
-        planner_version="test",
-        solver="hand",
-        request=PlanRequest(global_batch=num_microbatches * dp_degree, num_devices=n * dp_degree),
-    )
-    predicted = Prediction(
-        iteration_ms=0.0,
-        throughput_samples_per_s=0.0,
-        peak_memory_bytes=0,
-        bubble_fraction=0.0,
-        exposed_allreduce_ms=0.0,
-        lower_bound_ms=0.0,
-    )
-    return Plan(
-        provenance=provenance,
-        num_stages=n,
+    return hand_plan(
+        stages,
         dp_degree=dp_degree,
         num_microbatches=num_microbatches,
         microbatch_size=1,
-        global_batch=num_microbatches * dp_degree,
         schedule=kind,
         virtual_stages_per_rank=virtual_stages_per_rank,
+        model="toy",
+        cluster_name="toy",
+        sha="0" * 64,
+    )
+
+
+def hand_plan(
+    stages: list[PlanStage],
+    *,
+    dp_degree: int,
+    num_microbatches: int,
+    microbatch_size: int,
+    schedule: ScheduleKind,
+    virtual_stages_per_rank: int = 1,
+    model: str = "toy",
+    cluster_name: str = "toy",
+    sha: str = "",
+    fingerprint: str = "",
+) -> Plan:
+    """A Plan around hand-made stages, with zero predictions (tests fill in what they need)."""
+    global_batch = num_microbatches * microbatch_size * dp_degree
+    pipeline_ranks = len(stages) // virtual_stages_per_rank
+    return Plan(
+        provenance=Provenance(
+            model=model,
+            profile_sha256=sha,
+            cluster_name=cluster_name,
+            cluster_sha256=sha,
+            planner_version="test",
+            solver="hand",
+            request=PlanRequest(global_batch=global_batch, num_devices=pipeline_ranks * dp_degree),
+            fingerprint_sha256=fingerprint,
+        ),
+        num_stages=len(stages),
+        dp_degree=dp_degree,
+        num_microbatches=num_microbatches,
+        microbatch_size=microbatch_size,
+        global_batch=global_batch,
+        schedule=schedule,
+        virtual_stages_per_rank=virtual_stages_per_rank,
         stages=tuple(stages),
-        predicted=predicted,
+        predicted=Prediction(
+            iteration_ms=0.0,
+            throughput_samples_per_s=0.0,
+            peak_memory_bytes=0,
+            bubble_fraction=0.0,
+            exposed_allreduce_ms=0.0,
+            lower_bound_ms=0.0,
+        ),
     )
