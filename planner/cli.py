@@ -30,7 +30,7 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with a one-line message (its default, kept explicit)."""
+    """argparse that exits 2 with a one-line message (argparse's default also prints the usage)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")

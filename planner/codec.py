@@ -57,14 +57,13 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return decode(arg, value, path)
-            except PlannerInputError as exc:
-                errors.append(str(exc))
+            except PlannerInputError:
+                continue
         _fail(path, "does not match any allowed type", value)
     if dataclasses.is_dataclass(tp):
         return _decode_dataclass(tp, value, path)
@@ -102,7 +101,7 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             _fail(path, "must be an object", value)
-        key_tp, val_tp = args
+        _, val_tp = args
         return {str(k): decode(val_tp, v, f"{path}.{_key(k)}") for k, v in value.items()}
     raise TypeError(f"codec cannot decode type {tp!r}")  # programming error, not input
 
@@ -275,7 +274,7 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
 
 def document_schema(cls: type, schema: str, version: int) -> dict[str, Any]:
     defs: dict[str, Any] = {}
-    ref = json_schema(cls, defs)
+    json_schema(cls, defs)
     body = defs[cls.__name__]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -289,5 +288,5 @@ def document_schema(cls: type, schema: str, version: int) -> dict[str, Any]:
         },
         "required": ["schema", "version", *body["required"]],
         "additionalProperties": False,
-        "$defs": {k: v for k, v in defs.items() if k != cls.__name__ or ref is None},
+        "$defs": {k: v for k, v in defs.items() if k != cls.__name__},
     }

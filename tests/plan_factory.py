@@ -109,12 +109,5 @@ def hand_plan(
         schedule=schedule,
         virtual_stages_per_rank=virtual_stages_per_rank,
         stages=tuple(stages),
-        predicted=Prediction(
-            iteration_ms=0.0,
-            throughput_samples_per_s=0.0,
-            peak_memory_bytes=0,
-            bubble_fraction=0.0,
-            exposed_allreduce_ms=0.0,
-            lower_bound_ms=0.0,
-        ),
+        predicted=Prediction.unset(),
     )

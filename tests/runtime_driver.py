@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.artifacts.request import ScheduleKind  # noqa: E402
 from planner.runtime.engine import RankRunner  # noqa: E402
-from planner.runtime.model import DTYPES, cast_batch, cast_workload, load_workload  # noqa: E402
+from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
 from tests.factories import make_plan  # noqa: E402
 

@@ -87,6 +87,18 @@ class Prediction:
     me_index: float = field(default=0.0, metadata={"doc": "against the reference plan named in me_reference; 0 if none"})
     me_reference: str = ""
 
+    @classmethod
+    def unset(cls, peak_memory_bytes: int = 0) -> "Prediction":
+        """Zeros, for a plan whose predictions are still to be made (or not needed)."""
+        return cls(
+            iteration_ms=0.0,
+            throughput_samples_per_s=0.0,
+            peak_memory_bytes=peak_memory_bytes,
+            bubble_fraction=0.0,
+            exposed_allreduce_ms=0.0,
+            lower_bound_ms=0.0,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParetoPoint:

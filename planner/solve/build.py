@@ -104,14 +104,7 @@ def build_plan(
         schedule=schedule,
         virtual_stages_per_rank=v,
         stages=tuple(stages),
-        predicted=Prediction(
-            iteration_ms=0.0,
-            throughput_samples_per_s=0.0,
-            peak_memory_bytes=max(st.memory_total_bytes for st in stages),
-            bubble_fraction=0.0,
-            exposed_allreduce_ms=0.0,
-            lower_bound_ms=0.0,
-        ),
+        predicted=Prediction.unset(max(st.memory_total_bytes for st in stages)),
     )
     from planner.simulator import predict
 

@@ -21,7 +21,7 @@ from planner.artifacts.plan import ParetoPoint, Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import Objective, PlanRequest, ScheduleKind
 from planner.cost import CostModel
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.errors import PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
 from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
@@ -169,8 +169,6 @@ def solve_candidates(
     Configurations are visited by increasing lower bound; with ``prune``, one whose bound
     exceeds the best simulated time so far is skipped (it cannot win on time).
     """
-    from planner.simulator import simulate_iteration_ms
-
     interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
     configs = configs if configs is not None else all_configs(cm, request, num_devices, interleaved_ok)
     ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + _sort_key(c))
