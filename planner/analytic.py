@@ -64,6 +64,42 @@ BYTES_PER_PARAM = 2  # bf16
 BYTES_PER_ACT = 2  # bf16 activations
 
 
+def block_fwd_flops(seq: int, hidden: int) -> float:
+    """Forward FLOPs of one transformer block per sample: ``24 s h^2 + 4 s^2 h`` (Narayanan et
+    al. 2021, eq. 3: the QKV, projection and MLP matmuls, and the attention scores and values)."""
+    return 24.0 * seq * hidden * hidden + 4.0 * seq * seq * hidden
+
+
+def head_fwd_flops(seq: int, hidden: int, vocab: int) -> float:
+    """Forward FLOPs of the LM head per sample: ``2 s h V`` (same source)."""
+    return 2.0 * seq * hidden * vocab
+
+
+def transformer_config(profile: Profile) -> dict[str, int] | None:
+    """``layers``, ``hidden``, ``seq``, ``vocab`` of a GPT-style decoder profile: an analytic
+    profile's metadata, or a measured zoo ``gpt``/``gpt2`` profile's model options; else None."""
+    meta = profile.metadata
+    keys = ("layers", "hidden", "seq", "vocab")
+    if profile.source == "analytic" and all(isinstance(meta.get(k), int) for k in keys):
+        return {k: int(meta[k]) for k in keys}  # type: ignore[arg-type]
+    if profile.model in ("gpt", "gpt2") and all(isinstance(meta.get(f"option.{k}"), int) for k in keys):
+        return {k: int(meta[f"option.{k}"]) for k in keys}  # type: ignore[arg-type]
+    return None
+
+
+def model_flops_per_sample(profile: Profile) -> float:
+    """Model FLOPs of one training sample (forward + backward, no recomputation) of a GPT-style
+    decoder, 0 when the profile is not one: ``3 x (l (24 s h^2 + 4 s^2 h) + 2 s h V)`` =
+    ``72 s l h^2 (1 + s / 6h + V / 12 l h)`` -- Narayanan et al. 2021 eq. 3 without its
+    recomputation forward (their 96 becomes 72), which is the "model FLOPs" of MFU
+    (Chowdhery et al. 2022, PaLM, appendix B: recomputation is not counted)."""
+    cfg = transformer_config(profile)
+    if cfg is None:
+        return 0.0
+    s, h = cfg["seq"], cfg["hidden"]
+    return 3.0 * (cfg["layers"] * block_fwd_flops(s, h) + head_fwd_flops(s, h, cfg["vocab"]))
+
+
 def _layer(name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, **kw: float) -> Layer:
     return Layer(
         name=name,
@@ -102,8 +138,7 @@ def gpt_profile(
     s, h, a, V = seq, hidden, heads, vocab
     flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
     act_in = BYTES_PER_ACT * s * h
-    block_fwd = 24.0 * s * h * h + 4.0 * s * s * h
-    head_fwd = 2.0 * s * h * V
+    block_fwd, head_fwd = block_fwd_flops(s, h), head_fwd_flops(s, h, V)
     out: list[Layer] = [
         _layer(
             "embed", "Embedding", 0.0, 0.0, flops_per_ms,

@@ -1,4 +1,18 @@
-"""Lower bounds on a plan's iteration time, and the memory-efficiency (ME) index.
+"""Lower bounds on iteration time, model FLOPs utilisation, and the memory-efficiency (ME) index.
+
+Two bounds, named for what they bound:
+
+- the **machine bound** (:func:`machine_bound_ms`) bounds every plan of any partition,
+  replication, schedule or recomputation on these devices: every sample of the global batch
+  needs one forward and one backward through every layer, at best at the profile's fastest
+  per-sample rate, spread perfectly over all ``N`` devices, with no bubble, no recomputation
+  and no communication: ``G x min_b sum_l (f_l(b) + b_l(b)) / b / N``. The minimum runs over
+  the profiled micro-batch sizes and every size a plan of this batch can use (the fitted
+  lines extrapolate), so no plan the cost model prices can beat it. ``machine bound / time``
+  is the fraction of the machine a plan uses ("limit/time" in the plan table).
+- the **partition bound** (:func:`partition_bounds`) bounds only schedules of one plan's own
+  stages, recomputation and communication; a plan at its partition bound can still be far
+  from the machine bound.
 
 Notation (DESIGN.md section 5): ``M`` micro-batches, ``R`` pipeline ranks, stage ``s`` does
 ``w_s = F_s + RC_s + B_s`` of compute per micro-batch.
@@ -25,10 +39,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
 from planner.errors import PlannerInputError
 
-__all__ = ["LowerBounds", "lower_bound_ms", "lower_bounds", "lower_bounds_from_arrays", "me_index", "me_index_of"]
+__all__ = [
+    "LowerBounds",
+    "flops_figures",
+    "machine_bound_ms",
+    "me_index",
+    "me_index_of",
+    "partition_bound_ms",
+    "partition_bounds",
+    "partition_bounds_from_arrays",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +68,7 @@ class LowerBounds:
         return max(self.average_work_ms, self.busiest_rank_ms, self.critical_path_ms)
 
 
-def lower_bounds_from_arrays(
+def partition_bounds_from_arrays(
     num_microbatches: int,
     fwd_ms: Sequence[float],
     bwd_ms: Sequence[float],
@@ -87,10 +112,13 @@ def lower_bounds_from_arrays(
     )
 
 
-def lower_bounds(plan: Plan) -> LowerBounds:
-    """The bounds of ``plan``'s stages."""
+def partition_bounds(plan: Plan) -> LowerBounds:
+    """The bounds of ``plan``'s own stages (a stage replicated R times inside the pipeline does
+    1/R of the micro-batches per device)."""
     st = plan.stages
-    return lower_bounds_from_arrays(
+    if plan.replicated_per_stage:
+        return _replicated_bounds(plan)
+    return partition_bounds_from_arrays(
         plan.num_microbatches,
         [s.fwd_ms for s in st],
         [s.bwd_ms for s in st],
@@ -102,8 +130,66 @@ def lower_bounds(plan: Plan) -> LowerBounds:
     )
 
 
-def lower_bound_ms(plan: Plan) -> float:
-    return lower_bounds(plan).lower_bound_ms
+def _replicated_bounds(plan: Plan) -> LowerBounds:
+    """Bounds of a pipeline replicated per stage: the busiest device does ``M / R_s`` micro-batches
+    of its stage; the total work is spread over every device; micro-batch 0 crosses the stages
+    before the busiest one forward first, and the last backward crosses them back after it."""
+    st, m = plan.stages, plan.num_microbatches
+    work = [s.fwd_ms + s.recompute_ms + s.bwd_ms for s in st]
+    busiest = [m // s.replicas * w for s, w in zip(st, work)]
+    best, best_s, fwd_prefix, bwd_prefix = -1.0, 0, 0.0, 0.0
+    for idx, stage in enumerate(st):
+        path = fwd_prefix + busiest[idx] + max(bwd_prefix, stage.allreduce_ms)
+        if path > best:
+            best, best_s = path, idx
+        fwd_prefix += stage.fwd_ms + stage.send_fwd_ms
+        bwd_prefix += stage.recompute_ms + stage.bwd_ms + (st[idx + 1].send_bwd_ms if idx + 1 < len(st) else 0.0)
+    return LowerBounds(
+        average_work_ms=m * sum(work) / plan.num_devices,
+        busiest_rank_ms=max(busiest),
+        critical_path_ms=best,
+        critical_stage_idx=best_s,
+    )
+
+
+def partition_bound_ms(plan: Plan) -> float:
+    return partition_bounds(plan).lower_bound_ms
+
+
+def machine_bound_ms(profile: Profile, cluster: Cluster, global_batch: int, num_devices: int) -> float:
+    """No plan on ``num_devices`` devices of ``cluster`` trains ``global_batch`` samples faster
+    (see the module docstring)."""
+    if global_batch < 1 or num_devices < 1:
+        raise PlannerInputError(f"machine bound needs a batch and devices >= 1 (got {global_batch}, {num_devices})")
+    sizes = set(profile.microbatch_sizes) | {b for b in range(1, global_batch + 1) if global_batch % b == 0}
+    per_sample = min(
+        sum(layer.fwd_ms(b) + layer.bwd_ms(b) for layer in profile.layers) / b for b in sorted(sizes)
+    )
+    return global_batch * per_sample / cluster.relative_speed / num_devices
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlopsFigures:
+    model_flops_per_iteration: float
+    achieved_tflops_per_device: float
+    mfu: float
+
+
+def flops_figures(
+    model_flops_per_iteration: float, iteration_ms: float, num_devices: int, peak_tflops: float
+) -> FlopsFigures:
+    """Achieved model TFLOP/s per device (model FLOPs / time / devices, recomputation not
+    counted) and MFU = achieved / peak (Chowdhery et al. 2022); zeros where unknown."""
+    achieved = (
+        model_flops_per_iteration / (iteration_ms / 1e3) / num_devices / 1e12
+        if model_flops_per_iteration > 0 and iteration_ms > 0 and num_devices > 0
+        else 0.0
+    )
+    return FlopsFigures(
+        model_flops_per_iteration=model_flops_per_iteration,
+        achieved_tflops_per_device=achieved,
+        mfu=achieved / peak_tflops if peak_tflops > 0 else 0.0,
+    )
 
 
 def me_index_of(

@@ -12,8 +12,17 @@ times, runs micro-batches of ``b`` samples and recomputes the layer set ``R``.
   node, hierarchical (reduce-scatter in the node, ring across nodes on 1/k of the data,
   all-gather in the node; as NCCL's tree/2D algorithms, Jia et al. 2018 "Highly Scalable Deep
   Learning Training System with Mixed-Precision").
+- ZeRO (Rajbhandari et al. 2020) over a stage's ``n`` ranks: stage 1 keeps 1/n of the optimizer
+  state per rank, stage 2 also 1/n of the gradients. The gradient all-reduce becomes a
+  reduce-scatter of the gradients and, after each rank steps its shard, an all-gather of the
+  weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
+  (Patarasuk & Yuan 2009), so the pair costs the all-reduce line at the mean of the two byte
+  counts: ``(grad bytes + weight bytes) / 2`` per parameter (the same time for ``adam-mixed``).
+  It is accounted like the all-reduce: it starts when the stage's last backward ends and
+  overlaps the other stages' cooldown (the weights' all-gather waits for the shard's step,
+  which the simulator, like the all-reduce path, does not price: ``optimizer_ms`` = 0).
 - memory per device: kappa x params (weights, gradients, optimizer state by
-  :data:`STATE_BYTES_PER_PARAM`) + k x activations per micro-batch (k in-flight micro-batches;
+  :data:`STATE_BYTES_PER_PARAM`, sharded as above) + k x activations per micro-batch (k in-flight micro-batches;
   a recomputed layer keeps only its input) + the largest recompute working set (the saved
   tensors of one recomputed layer, live during its backward) + send/receive buffers (the
   boundary activations in and out, and their gradients, one micro-batch each).
@@ -103,6 +112,28 @@ def stage_ranks(stage_idx: int, dp_degree: int, pipeline_ranks: int = 0) -> tupl
     return tuple(p * dp_degree + r for r in range(dp_degree))
 
 
+def replicated_ranks(replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Ranks of each stage of a pipeline replicated per stage: consecutive blocks, stage 0
+    first (replica r of stage s is rank ``sum(replicas[:s]) + r``)."""
+    out, offset = [], 0
+    for d in replicas:
+        out.append(tuple(range(offset, offset + d)))
+        offset += d
+    return tuple(out)
+
+
+def layout_ranks(
+    num_stages: int, dp_degree: int, pipeline_ranks: int = 0, replicas: Sequence[int] | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """Every stage's ranks: replicated per stage when ``replicas`` is given (``dp_degree`` 1),
+    else the replicated-pipeline placement of :func:`stage_ranks`."""
+    if replicas:
+        if dp_degree != 1:
+            raise ValueError(f"per-stage replication is laid out for dp_degree 1 (got {dp_degree})")
+        return replicated_ranks(replicas)
+    return tuple(stage_ranks(s, dp_degree, pipeline_ranks) for s in range(num_stages))
+
+
 @dataclass(frozen=True, slots=True)
 class StageCost:
     """Per-micro-batch times (ms) and per-device memory of one stage."""
@@ -139,6 +170,20 @@ class CostModel:
         self._param_prefix = np.concatenate([[0], np.cumsum(self.param_count)])
         self._saved_prefix = np.concatenate([[0.0], np.cumsum(self.saved_per_sample)])
         self._speed = cluster.relative_speed
+
+    # ---------------------------------------------------------------- ZeRO
+    def state_bytes_per_param(self, shard: int = 1, zero: int = 0) -> tuple[float, float, float]:
+        """(weights, gradients, optimizer state) bytes per parameter on one of ``shard`` ranks."""
+        w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
+        return float(w), g / shard if zero >= 2 else float(g), o / shard if zero >= 1 else float(o)
+
+    def sync_bytes_per_param(self, zero: int = 0) -> float:
+        """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
+        the gradients (all-reduce), or the mean of gradients and weights (reduce-scatter +
+        all-gather, ZeRO 1 and 2)."""
+        if zero == 0:
+            return float(self.grad_bytes_per_param)
+        return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
 
     # ---------------------------------------------------------------- compute
     @lru_cache(maxsize=64)
@@ -203,38 +248,52 @@ class CostModel:
 
     # ---------------------------------------------------------------- assembled
     def stage_memory(
-        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int
+        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int,
+        shard: int = 1, zero: int = 0,
     ) -> StageMemory:
+        """Memory of one device of the stage; ``shard`` = the stage's ranks, over which ZeRO
+        stage ``zero`` divides the optimizer state (and, for 2, the gradients)."""
         params = self.stage_param_count(start, stop)
+        w, g, o = self.state_bytes_per_param(shard, zero)
         return StageMemory(
-            param_bytes=int(params * self.weight_bytes_per_param),
-            grad_bytes=int(params * self.grad_bytes_per_param),
-            optimizer_bytes=int(params * self.optim_bytes_per_param),
+            param_bytes=int(params * w),
+            grad_bytes=int(params * g),
+            optimizer_bytes=int(params * o),
             activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size))),
             recompute_workspace_bytes=int(round(self.recompute_workspace_bytes(recompute, microbatch_size))),
             buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
         )
 
     def boundary_transfer_ms(
-        self, boundary: int, microbatch_size: int, upstream_stage_idx: int, dp_degree: int, pipeline_ranks: int = 0
+        self, boundary: int, microbatch_size: int, upstream_stage_idx: int, dp_degree: int, pipeline_ranks: int = 0,
+        *, ranks: tuple[tuple[int, ...], ...] | None = None,
     ) -> float:
         """Transfer of the tensors crossing the cut before layer ``boundary`` between stage
         ``upstream_stage_idx`` and the next one (activations forward, their gradients backward:
-        same bytes), on the link their replica-0 ranks share."""
+        same bytes), on the link their first ranks share (``ranks``: every stage's ranks, when
+        not the replicated-pipeline placement)."""
         if boundary <= 0 or boundary >= self.num_layers:
             return 0.0
         nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
-        src = pipeline_rank(upstream_stage_idx, pipeline_ranks) * dp_degree
-        dst = pipeline_rank(upstream_stage_idx + 1, pipeline_ranks) * dp_degree
+        if ranks is not None:
+            src, dst = ranks[upstream_stage_idx][0], ranks[upstream_stage_idx + 1][0]
+        else:
+            src = pipeline_rank(upstream_stage_idx, pipeline_ranks) * dp_degree
+            dst = pipeline_rank(upstream_stage_idx + 1, pipeline_ranks) * dp_degree
         bw, lat = link_of(self.cluster, src, dst)
         return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
 
-    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, dp_degree: int, pipeline_ranks: int = 0) -> float:
-        """Gradient all-reduce across the stage's replicas, plus the exchange of tied gradients
-        with the other stage holding the tied tensor (priced on the slowest link of the cluster,
-        since the partner stage is not known here)."""
-        grad_bytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param
-        total = allreduce_ms(self.cluster, grad_bytes, stage_ranks(stage_idx, dp_degree, pipeline_ranks))
+    def stage_allreduce_ms(
+        self, start: int, stop: int, stage_idx: int, dp_degree: int, pipeline_ranks: int = 0,
+        *, zero: int = 0, ranks: tuple[int, ...] | None = None,
+    ) -> float:
+        """Gradient synchronisation across the stage's ranks (all-reduce, or with ZeRO
+        reduce-scatter + all-gather), plus the exchange of tied gradients with the other stage
+        holding the tied tensor (priced on the slowest link of the cluster, since the partner
+        stage is not known here)."""
+        sync_bytes = self.stage_param_count(start, stop) * self.sync_bytes_per_param(zero)
+        own = ranks if ranks is not None else stage_ranks(stage_idx, dp_degree, pipeline_ranks)
+        total = allreduce_ms(self.cluster, sync_bytes, own)
         tied = self.tied_allreduce_bytes(start, stop)
         if tied:
             if self.cluster.num_nodes > 1:
@@ -254,16 +313,23 @@ class CostModel:
         stage_idx: int,
         dp_degree: int,
         pipeline_ranks: int = 0,
+        *,
+        zero: int = 0,
+        ranks: tuple[tuple[int, ...], ...] | None = None,
     ) -> StageCost:
+        """One stage priced; ``ranks`` (every stage's ranks) when the layout is not the
+        replicated-pipeline placement, e.g. replicated per stage."""
+        layout = ranks if ranks is not None else layout_ranks(stage_idx + 2, dp_degree, pipeline_ranks)
+        own = layout[stage_idx]
         return StageCost(
             fwd_ms=self.stage_fwd_ms(start, stop, microbatch_size),
             bwd_ms=self.stage_bwd_ms(start, stop, microbatch_size),
             recompute_ms=self.recompute_ms(recompute, microbatch_size),
-            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, dp_degree, pipeline_ranks),
-            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, dp_degree, pipeline_ranks),
-            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, dp_degree, pipeline_ranks),
+            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, dp_degree, pipeline_ranks, ranks=ranks),
+            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, dp_degree, pipeline_ranks, ranks=ranks),
+            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, dp_degree, pipeline_ranks, zero=zero, ranks=own),
             activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size))),
-            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight),
+            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, shard=len(own), zero=zero),
         )
 
     @cached_property

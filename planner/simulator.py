@@ -17,7 +17,10 @@ Model (DESIGN.md section 5; the seed's gradient hiding, Hippie / TPDS 35(4) 2024
   runs once its compute and all-reduces are done; the iteration ends when every rank's step
   does.
 
-All data-parallel replicas of a stage are identical, so one replica is simulated.
+All data-parallel pipelines (``dp_degree``) are identical, so one is simulated. A pipeline
+replicated per stage is simulated rank by rank: copy ``r`` of stage ``s`` is one rank running
+its share of the micro-batches (:func:`planner.schedule.build_replicated_schedule`); a stage's
+gradient synchronisation starts when its last backward on any copy ends.
 
 Definitions: ``compute_end_ms`` is the end of the last compute action; a rank's ``idle_ms``
 is ``compute_end_ms - busy_ms`` (its bubble); ``bubble_fraction`` is
@@ -41,7 +44,7 @@ from planner.artifacts.plan import Plan, Prediction
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
-from planner.schedule import ActionKind, build_schedule, validate_schedule
+from planner.schedule import ActionKind, Schedule, build_replicated_schedule, build_schedule, validate_schedule
 from planner.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
@@ -61,13 +64,25 @@ __all__ = [
 # ---------------------------------------------------------------- the core replay
 
 
+def _orders(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...]) -> Schedule:
+    if replicas:
+        return build_replicated_schedule(kind, replicas, num_microbatches)
+    return build_schedule(kind, num_stages, num_microbatches, v)
+
+
 @lru_cache(maxsize=256)
-def _encoded(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+def _encoded(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...] = ()
+) -> tuple[tuple[tuple[int, int, int], ...], ...]:
     """The schedule as (stage, is_backward, mb) integer triples, for the tight loop.
 
     GPipe and 1F1B are generated directly as integers (the same orders as
-    :mod:`planner.schedule.build`, a test checks it); interleaved goes through the Actions."""
+    :mod:`planner.schedule.build`, a test checks it); interleaved and replicated orders go
+    through the Actions."""
     m = num_microbatches
+    if replicas:
+        schedule = build_replicated_schedule(kind, replicas, m)
+        return tuple(tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts) for acts in schedule)
     if kind is ScheduleKind.GPIPE and v == 1:
         return tuple(
             tuple((s, False, i) for i in range(m)) + tuple((s, True, i) for i in range(m)) for s in range(num_stages)
@@ -162,12 +177,14 @@ def _finish(
     allreduce: Sequence[float],
     optimizer: Sequence[float],
 ) -> tuple[list[float], list[float], list[float], float]:
-    """All-reduce start/end per stage (serialised per rank, by readiness), and iteration end."""
+    """All-reduce start/end per stage (serialised per rank, by readiness), and iteration end.
+    A stage on several ranks (copies) has its collective on its first rank's stream."""
     n = len(allreduce)
-    rank_of = [0] * n
+    rank_of = [-1] * n
     for r, ops in enumerate(orders):
         for s, _, _ in ops:
-            rank_of[s] = r
+            if rank_of[s] < 0:
+                rank_of[s] = r
     last_b = [max(bend[s * m : (s + 1) * m]) for s in range(n)]
     ar_start = [0.0] * n
     ar_end = [0.0] * n
@@ -203,12 +220,14 @@ def simulate_iteration_ms(
     allreduce_ms: Sequence[float],
     virtual_stages_per_rank: int = 1,
     optimizer_ms: Sequence[float] | None = None,
+    replicas: Sequence[int] = (),
 ) -> float:
     """Iteration time of one schedule over per-stage times, without building a Plan or a Timeline.
 
     Same model as :func:`simulate` (which calls the same replay); for the solver's re-scoring.
     ``bwd_ms`` excludes ``recompute_ms``; ``send_fwd_ms[s]`` is stage s -> s+1,
-    ``send_bwd_ms[s]`` is stage s -> s-1 (the last and first entries are unused).
+    ``send_bwd_ms[s]`` is stage s -> s-1 (the last and first entries are unused); ``replicas``:
+    each stage's copies when replicated per stage (``num_microbatches`` is then global).
     """
     n = len(fwd_ms)
     opt = optimizer_ms if optimizer_ms is not None else [0.0] * n
@@ -216,7 +235,8 @@ def simulate_iteration_ms(
         n, bwd_ms=bwd_ms, recompute_ms=recompute_ms, send_fwd_ms=send_fwd_ms, send_bwd_ms=send_bwd_ms,
         allreduce_ms=allreduce_ms, optimizer_ms=opt, fwd_ms=fwd_ms,
     )
-    orders = _encoded(schedule_kind, n, num_microbatches, virtual_stages_per_rank)
+    reps = tuple(replicas) if replicas and max(replicas) > 1 else ()
+    orders = _encoded(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
     full_bwd = [b + rc for b, rc in zip(bwd_ms, recompute_ms)]
     _, _, _, bend, free = _replay(orders, num_microbatches, fwd_ms, full_bwd, send_fwd_ms, send_bwd_ms)
     return _finish(orders, num_microbatches, bend, free, allreduce_ms, opt)[3]
@@ -236,8 +256,9 @@ def simulate(
     """
     _check_context(plan, profile, cluster)
     kind, n, m, v = plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank
-    schedule = build_schedule(kind, n, m, v)
-    orders = _encoded(kind, n, m, v)
+    reps = plan.stage_replicas if plan.replicated_per_stage else ()
+    schedule = _orders(kind, n, m, v, reps)
+    orders = _encoded(kind, n, m, v, reps)
     st = plan.stages
     fwd = [s.fwd_ms for s in st]
     rc = [s.recompute_ms for s in st]
@@ -255,20 +276,36 @@ def simulate(
     starts = tuple(tuple(bstart[s * m + mb] if b else fstart[s * m + mb] for s, b, mb in ops) for ops in orders)
     ends = tuple(tuple(bend[s * m + mb] if b else fend[s * m + mb] for s, b, mb in ops) for ops in orders)
     compute_end = max(free)
-    busy_stage = [m * (fwd[s] + full_bwd[s]) for s in range(n)]
-    rank_of = [s % num_ranks for s in range(n)]
-    rank_busy = [0.0] * num_ranks
-    for s in range(n):
-        rank_busy[rank_of[s]] += busy_stage[s]
+    # each rank's stages, and the micro-batches it runs of each (all of them unless a copy)
+    rank_stage_mbs: list[dict[int, list[int]]] = [{} for _ in range(num_ranks)]
+    for r, ops in enumerate(orders):
+        for s, is_bwd, mb in ops:
+            if not is_bwd:
+                rank_stage_mbs[r].setdefault(s, []).append(mb)
+    stage_ranks: list[list[int]] = [[] for _ in range(n)]
+    for r, by_stage in enumerate(rank_stage_mbs):
+        for s in by_stage:
+            stage_ranks[s].append(r)
+    rank_busy = [sum(len(mbs) * (fwd[s] + full_bwd[s]) for s, mbs in by_stage.items()) for by_stage in rank_stage_mbs]
     rank_idle = [compute_end - b for b in rank_busy]
-    traces = tuple(_memory_trace(plan, s, rank_of[s], fstart, bstart, bend) for s in range(n))
-    rank_peak = _rank_peaks(traces, num_ranks)
+    rank_traces = [
+        [_memory_trace(plan, s, r, mbs, fstart, bstart, bend) for s, mbs in by_stage.items()]
+        for r, by_stage in enumerate(rank_stage_mbs)
+    ]
+    rank_peak = [_summed_peak(trs) for trs in rank_traces]
+    # a stage's trace: its copy with the highest peak
+    traces = tuple(
+        max((tr for trs in rank_traces for tr in trs if tr.stage_idx == s), key=lambda tr: (tr.peak_bytes, -tr.rank))
+        for s in range(n)
+    )
     stages = tuple(
         StageTimeline(
-            stage_idx=s, rank=rank_of[s], fwd_ms=fwd[s], bwd_ms=st[s].bwd_ms, recompute_ms=rc[s],
-            send_fwd_ms=sf[s], send_bwd_ms=sb[s], busy_ms=busy_stage[s], idle_ms=rank_idle[rank_of[s]],
+            stage_idx=s, rank=stage_ranks[s][0], fwd_ms=fwd[s], bwd_ms=st[s].bwd_ms, recompute_ms=rc[s],
+            send_fwd_ms=sf[s], send_bwd_ms=sb[s], busy_ms=len(rank_stage_mbs[stage_ranks[s][0]][s]) * (fwd[s] + full_bwd[s]),
+            idle_ms=rank_idle[stage_ranks[s][0]],
             last_backward_end_ms=last_b[s], allreduce_start_ms=ar_start[s], allreduce_end_ms=ar_end[s],
             peak_memory_bytes=traces[s].peak_bytes, peak_inflight_microbatches=traces[s].peak_inflight_microbatches,
+            ranks=tuple(stage_ranks[s]) if len(stage_ranks[s]) > 1 else (),
         )
         for s in range(n)
     )
@@ -280,6 +317,7 @@ def simulate(
         bubble_fraction=(sum(rank_idle) / (num_ranks * compute_end)) if compute_end > 0 else 0.0,
         exposed_allreduce_ms=max(0.0, max(ar_end) - compute_end),
         peak_memory_bytes=max(rank_peak),
+        zero=plan.zero,
     )
 
 
@@ -291,8 +329,9 @@ def _check_context(plan: Plan, profile: Profile | None, cluster: Cluster | None)
 
 
 def _memory_trace(
-    plan: Plan, s: int, rank: int, fstart: list[float], bstart: list[float], bend: list[float]
+    plan: Plan, s: int, rank: int, mbs: Sequence[int], fstart: list[float], bstart: list[float], bend: list[float]
 ) -> MemoryTrace:
+    """Memory of stage ``s`` on ``rank``, which runs micro-batches ``mbs`` of it."""
     stage = plan.stages[s]
     m = plan.num_microbatches
     mem = stage.memory
@@ -301,7 +340,7 @@ def _memory_trace(
     work = mem.recompute_workspace_bytes if (stage.recompute or stage.recompute_ms > 0) else 0
     # (time, order, d_bytes, d_inflight): at equal times frees (order 0) precede allocations.
     events: list[tuple[float, int, int, int]] = []
-    for mb in range(s * m, (s + 1) * m):
+    for mb in (s * m + i for i in mbs):
         events.append((fstart[mb], 1, act, 1))
         events.append((bend[mb], 0, -act - work, -1))
         if work:
@@ -325,54 +364,57 @@ def _memory_trace(
     )
 
 
-def _rank_peaks(traces: tuple[MemoryTrace, ...], num_ranks: int) -> list[int]:
-    """Peak of the summed memory of each rank's stages."""
-    peaks = [0] * num_ranks
-    by_rank: dict[int, list[MemoryTrace]] = {}
-    for tr in traces:
-        by_rank.setdefault(tr.rank, []).append(tr)
-    for r, trs in by_rank.items():
-        if len(trs) == 1:
-            peaks[r] = trs[0].peak_bytes
-            continue
-        deltas: list[tuple[float, int]] = []
-        for tr in trs:
-            prev = 0
-            for t, b in zip(tr.times_ms, tr.bytes_):
-                deltas.append((t, b - prev))
-                prev = b
-        deltas.sort()
-        cur = peak = 0
-        i = 0
-        while i < len(deltas):  # apply all changes at one instant before reading the level
-            t = deltas[i][0]
-            while i < len(deltas) and deltas[i][0] == t:
-                cur += deltas[i][1]
-                i += 1
-            peak = max(peak, cur)
-        peaks[r] = peak
-    return peaks
+def _summed_peak(trs: list[MemoryTrace]) -> int:
+    """Peak of the summed memory of one rank's stages."""
+    if len(trs) == 1:
+        return trs[0].peak_bytes
+    deltas: list[tuple[float, int]] = []
+    for tr in trs:
+        prev = 0
+        for t, b in zip(tr.times_ms, tr.bytes_):
+            deltas.append((t, b - prev))
+            prev = b
+    deltas.sort()
+    cur = peak = 0
+    i = 0
+    while i < len(deltas):  # apply all changes at one instant before reading the level
+        t = deltas[i][0]
+        while i < len(deltas) and deltas[i][0] == t:
+            cur += deltas[i][1]
+            i += 1
+        peak = max(peak, cur)
+    return peak
 
 
 def check_schedule(plan: Plan) -> None:
     """Dry-run ``plan``'s schedule (raises :class:`planner.schedule.ScheduleError`)."""
-    validate_schedule(build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank),
+    reps = plan.stage_replicas if plan.replicated_per_stage else ()
+    validate_schedule(_orders(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank, reps),
                       plan.num_stages, plan.num_microbatches)
 
 
 def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:
-    """``plan.predicted`` from the simulator and :mod:`planner.bounds` (ME index left as in the plan:
-    it needs a reference plan, see :func:`planner.bounds.me_index`)."""
-    from planner.bounds import lower_bound_ms
+    """``plan.predicted`` from the simulator and :mod:`planner.bounds`. Left as in the plan: the
+    ME index (it needs a reference plan, see :func:`planner.bounds.me_index`), the machine bound,
+    the model FLOPs and the device peak (they need the profile and cluster: ``build_plan``
+    fills them in); the achieved TFLOP/s and MFU follow the new iteration time."""
+    from planner.bounds import flops_figures, partition_bound_ms
 
     t = timeline if timeline is not None else simulate(plan, optimizer_ms=optimizer_ms)
+    old = plan.predicted
+    flops = flops_figures(old.model_flops_per_iteration, t.iteration_ms, plan.num_devices, old.device_peak_tflops)
     return Prediction(
         iteration_ms=t.iteration_ms,
         throughput_samples_per_s=plan.global_batch / t.iteration_ms * 1e3 if t.iteration_ms > 0 else 0.0,
         peak_memory_bytes=t.peak_memory_bytes,
         bubble_fraction=t.bubble_fraction,
         exposed_allreduce_ms=t.exposed_allreduce_ms,
-        lower_bound_ms=lower_bound_ms(plan),
-        me_index=plan.predicted.me_index,
-        me_reference=plan.predicted.me_reference,
+        partition_bound_ms=partition_bound_ms(plan),
+        machine_bound_ms=old.machine_bound_ms,
+        model_flops_per_iteration=flops.model_flops_per_iteration,
+        achieved_tflops_per_device=flops.achieved_tflops_per_device,
+        device_peak_tflops=old.device_peak_tflops,
+        mfu=flops.mfu,
+        me_index=old.me_index,
+        me_reference=old.me_reference,
     )

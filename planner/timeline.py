@@ -26,6 +26,8 @@ class SegmentKind(enum.Enum):
     SEND_FWD = "send-fwd"
     SEND_BWD = "send-bwd"
     ALLREDUCE = "allreduce"
+    REDUCE_SCATTER = "reduce-scatter"  # ZeRO: gradients, then ...
+    ALL_GATHER = "all-gather"  # ... the updated weights
     OPTIMIZER = "optimizer"
 
 
@@ -83,6 +85,7 @@ class StageTimeline:
     allreduce_end_ms: float
     peak_memory_bytes: int
     peak_inflight_microbatches: int
+    ranks: tuple[int, ...] = ()  # every rank running this stage (its copies), when more than ``rank``
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +113,7 @@ class Timeline:
     bubble_fraction: float
     exposed_allreduce_ms: float
     peak_memory_bytes: int
+    zero: int = 0  # ZeRO stage: the gradient synchronisation is drawn as reduce-scatter + all-gather
 
     def actions(self) -> Iterator[ActionTiming]:
         """Every action with its rank, start and end."""
@@ -139,11 +143,16 @@ class Timeline:
             if a.stage_idx > 0 and st.send_bwd_ms > 0:
                 out.append(Segment(kind=SegmentKind.SEND_BWD, start_ms=t.end_ms, end_ms=t.end_ms + st.send_bwd_ms, **seg))
         for st in self.stages:
-            if st.allreduce_end_ms > st.allreduce_start_ms:
-                out.append(
-                    Segment(kind=SegmentKind.ALLREDUCE, rank=st.rank, stage_idx=st.stage_idx, mb_idx=-1,
-                            start_ms=st.allreduce_start_ms, end_ms=st.allreduce_end_ms)
-                )
+            if st.allreduce_end_ms <= st.allreduce_start_ms:
+                continue
+            a, z = st.allreduce_start_ms, st.allreduce_end_ms
+            # ZeRO's pair moves (grad + weight bytes) / 2 each way at the all-reduce's rate
+            # (planner.cost): drawn as two halves
+            bars = [(SegmentKind.ALLREDUCE, a, z)] if not self.zero else [
+                (SegmentKind.REDUCE_SCATTER, a, (a + z) / 2), (SegmentKind.ALL_GATHER, (a + z) / 2, z)]
+            for rank in st.ranks or (st.rank,):
+                for kind, lo, hi in bars:
+                    out.append(Segment(kind=kind, rank=rank, stage_idx=st.stage_idx, mb_idx=-1, start_ms=lo, end_ms=hi))
         for rank, opt in enumerate(self.optimizer_ms):
             if opt > 0:
                 out.append(

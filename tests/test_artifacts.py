@@ -49,7 +49,7 @@ def test_plan_round_trip(tmp_path, small_plan):
         assert key in data
     for key in ("layer_start", "layer_stop", "layer_names", "ranks", "recompute"):
         assert key in data["stages"][0]
-    for key in ("iteration_ms", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "lower_bound_ms"):
+    for key in ("iteration_ms", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "partition_bound_ms", "machine_bound_ms"):
         assert key in data["predicted"]
 
 
@@ -119,11 +119,27 @@ def test_documents_satisfy_shipped_schemas(small_plan):
         "plan": plan_to_json(small_plan),
     }
     for name, doc in docs.items():
-        schema = json.loads((HERE / f"{name}.v1.schema.json").read_text())
+        schema = json.loads((HERE / f"{name}.v{doc['version']}.schema.json").read_text())
         jsonschema.validate(doc, schema)
-        bad = dict(doc, version=2)
+        bad = dict(doc, version=doc["version"] + 1)
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
+
+
+def test_version_1_plan_is_upgraded(small_plan):
+    """A plan written before the bounds were renamed still loads; its bound keeps its meaning."""
+    doc = plan_to_json(small_plan)
+    pred = dict(doc["predicted"])
+    for key in ("machine_bound_ms", "model_flops_per_iteration", "achieved_tflops_per_device", "device_peak_tflops", "mfu"):
+        pred.pop(key)
+    pred["lower_bound_ms"] = pred.pop("partition_bound_ms")
+    old = dict(doc, version=1, predicted=pred)
+    old.pop("zero")
+    for stage in old["stages"]:
+        stage.pop("replicas")
+    got = plan_from_json(json.loads(json.dumps(old)))
+    assert got.predicted.partition_bound_ms == small_plan.predicted.partition_bound_ms
+    assert got.predicted.machine_bound_ms == 0.0 and got.zero == 0
 
 
 def test_shipped_default_profile_equals_its_formulas():

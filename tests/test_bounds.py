@@ -9,7 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.request import ScheduleKind
-from planner.bounds import lower_bound_ms, lower_bounds, lower_bounds_from_arrays, me_index, me_index_of
+from planner.bounds import me_index, me_index_of
+from planner.bounds import partition_bound_ms as lower_bound_ms
+from planner.bounds import partition_bounds as lower_bounds
+from planner.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
 from planner.errors import PlannerInputError
 from planner.simulator import simulate, simulate_iteration_ms
 from tests.plan_factory import make_plan

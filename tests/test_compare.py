@@ -48,7 +48,8 @@ def test_columns_and_every_baseline_from_a_plan_file(plan_file: Path, gpt3_plan:
     assert (ours["P"], ours["D"], ours["M"]) == (gpt3_plan.num_stages, gpt3_plan.dp_degree, gpt3_plan.num_microbatches)
     assert ours["peak_memory_gib"] == pred.peak_memory_bytes / 1024**3
     assert ours["me_index"] == 1.0 and ours["speedup"] == 1.0
-    assert ours["bound_over_time"] == pytest.approx(pred.lower_bound_ms / pred.iteration_ms)
+    assert ours["partition_bound_over_time"] == pytest.approx(pred.partition_bound_ms / pred.iteration_ms)
+    assert ours["limit_over_time"] == pytest.approx(pred.machine_bound_ms / pred.iteration_ms)
     # the DP is never slower than a baseline on the same request
     feasible = df[df["note"] == ""]
     assert (feasible["iteration_ms"] >= pred.iteration_ms * (1 - 1e-9)).all()

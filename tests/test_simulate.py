@@ -205,7 +205,7 @@ def test_predict_fills_the_plan_prediction():
     plan = make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4, allreduce_ms=[0.0, 0.0, 0.0, 10.0])
     pred = predict(plan)
     # bound via stage 3: 3 forwards before it + 8 x 3 of work + its 10 ms all-reduce = 37, tight here
-    assert (pred.iteration_ms, pred.exposed_allreduce_ms, pred.lower_bound_ms) == (37.0, 4.0, 37.0)
+    assert (pred.iteration_ms, pred.exposed_allreduce_ms, pred.partition_bound_ms) == (37.0, 4.0, 37.0)
     assert pred.throughput_samples_per_s == pytest.approx(8 / 37.0 * 1e3)
     assert pred.peak_memory_bytes == 4000 + 4 * 1000
     assert pred.bubble_fraction == pytest.approx(3 / 11)

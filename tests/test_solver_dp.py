@@ -96,7 +96,7 @@ def test_plans_valid_and_deterministic(layers, devices, batch):
     assert first.num_stages * first.dp_degree == devices
     for st_ in first.stages:
         assert st_.memory_total_bytes <= st_.memory_cap_bytes
-    assert first.predicted.lower_bound_ms <= first.predicted.iteration_ms * (1 + 1e-9)
+    assert first.predicted.partition_bound_ms <= first.predicted.iteration_ms * (1 + 1e-9)
 
 
 def test_dp_plan_equals_bruteforce_plan():

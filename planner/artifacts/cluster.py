@@ -36,6 +36,9 @@ class Cluster:
     intra_node_latency_us: float
     inter_node_bandwidth_gb_per_s: float
     inter_node_latency_us: float
+    peak_tflops: float = field(
+        default=0.0, metadata={"doc": "peak dense 16-bit FLOP/s of one device, in 10^12 (for MFU); 0 = unknown"}
+    )
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -46,7 +49,7 @@ class Cluster:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be > 0 (got {value!r})")
-        for name in ("intra_node_latency_us", "inter_node_latency_us"):
+        for name in ("intra_node_latency_us", "inter_node_latency_us", "peak_tflops"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0 (got {value!r})")
@@ -95,7 +98,9 @@ PRESETS: dict[str, Cluster] = {
         intra_node_latency_us=10.0,
         inter_node_bandwidth_gb_per_s=25.0,
         inter_node_latency_us=5.0,
+        peak_tflops=312.0,
         sources={
+            "peak_tflops": "NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
             "device_memory_bytes": _NVIDIA_A100,
             "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
             "intra_node_latency_us": _NCCL_LAT,
@@ -113,7 +118,9 @@ PRESETS: dict[str, Cluster] = {
         intra_node_latency_us=8.0,
         inter_node_bandwidth_gb_per_s=50.0,
         inter_node_latency_us=5.0,
+        peak_tflops=989.0,
         sources={
+            "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
             "device_memory_bytes": _NVIDIA_H100,
             "intra_node_bandwidth_gb_per_s": _NVIDIA_H100,
             "intra_node_latency_us": _NCCL_LAT,
@@ -131,7 +138,9 @@ PRESETS: dict[str, Cluster] = {
         intra_node_latency_us=10.0,
         inter_node_bandwidth_gb_per_s=3.125,
         inter_node_latency_us=10.0,
+        peak_tflops=125.0,
         sources={
+            "peak_tflops": "NVIDIA V100 datasheet: 125 TFLOPS FP16 tensor core (SXM2)",
             "device_memory_bytes": _V100,
             "intra_node_bandwidth_gb_per_s": "NVIDIA V100 datasheet: NVLink 300 GB/s total = 150 GB/s per direction",
             "intra_node_latency_us": _NCCL_LAT,

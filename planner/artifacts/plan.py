@@ -4,7 +4,29 @@ Rank placement: rank = pipeline rank x dp_degree + replica; with one stage per r
 pipeline rank is the stage index; for interleaved schedules (``virtual_stages_per_rank`` = v)
 there are R = num_stages / v pipeline ranks and rank p holds stages p, p + R, p + 2R, ...
 
+Two kinds of data parallelism, which compose:
+
+- ``dp_degree`` = D replicated pipelines: the global batch is split into D contiguous parts,
+  one per pipeline, each run as ``num_microbatches`` micro-batches;
+- per-stage replication (PipeDream's optimizer, Narayanan et al. 2019): stage ``s`` has
+  ``replicas`` = R_s copies inside one pipeline and micro-batch ``m`` runs on copy ``m mod R_s``
+  (round-robin); ``num_microbatches`` must be a multiple of every R_s.
+
+A stage's ``ranks`` are its D x R_s devices; its gradients are synchronised over all of them.
+With per-stage replication the stages' ranks are consecutive blocks: stage 0 takes ranks
+0 .. R_0 - 1, stage 1 the next R_1, and so on (replica r of stage s is rank offset_s + r).
+
+``zero`` (Rajbhandari et al. 2020): 0 every rank of a stage keeps the stage's full optimizer
+state and gradients; 1 the optimizer state is sharded over the stage's ranks (each keeps
+1/|ranks|); 2 the gradients too. The stage's gradient synchronisation is then a
+reduce-scatter of the gradients and an all-gather of the updated weights instead of an
+all-reduce; ``allreduce_ms`` holds whichever the plan does.
+
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
+
+Version 2 (this one) renamed ``predicted.lower_bound_ms`` to ``partition_bound_ms`` and added
+``machine_bound_ms``, the FLOP figures, ``zero`` and ``replicas``; version-1 files are read
+and upgraded (their machine bound is left 0: unknown without the profile).
 """
 
 from __future__ import annotations
@@ -14,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from planner import codec
-from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.artifacts.request import ZERO_STAGES, PlanRequest, ScheduleKind
 
 SCHEMA = "planner.plan"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,12 +82,19 @@ class PlanStage:
     recompute_ms: float = field(metadata={"doc": "re-running the recomputed layers' forward, per micro-batch"})
     send_fwd_ms: float = field(metadata={"doc": "activation send to the next stage, per micro-batch"})
     send_bwd_ms: float = field(metadata={"doc": "gradient send to the previous stage, per micro-batch"})
-    allreduce_ms: float
+    allreduce_ms: float = field(
+        metadata={"doc": "gradient synchronisation once per iteration: all-reduce, or reduce-scatter + all-gather with ZeRO"}
+    )
     memory: StageMemory
     memory_total_bytes: int
     memory_cap_bytes: int
+    replicas: int = field(
+        default=1, metadata={"doc": "copies of this stage inside one pipeline; micro-batch m runs on copy m mod replicas"}
+    )
 
     def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"stage {self.stage_idx}: replicas must be >= 1 (got {self.replicas})")
         if not 0 <= self.layer_start < self.layer_stop:
             raise ValueError(f"stage {self.stage_idx}: layer range [{self.layer_start}, {self.layer_stop}) is empty")
         if len(self.layer_names) != self.layer_stop - self.layer_start:
@@ -83,7 +112,20 @@ class Prediction:
     peak_memory_bytes: int
     bubble_fraction: float
     exposed_allreduce_ms: float
-    lower_bound_ms: float
+    partition_bound_ms: float = field(
+        metadata={"doc": "no schedule of this plan's own stages, recompute and communication runs faster"}
+    )
+    machine_bound_ms: float = field(
+        default=0.0,
+        metadata={"doc": "no plan of any kind runs faster on these devices: global batch x the fastest per-sample "
+                         "forward + backward of the profile / devices (0 = unknown)"},
+    )
+    model_flops_per_iteration: float = field(
+        default=0.0, metadata={"doc": "model FLOPs of one iteration (transformer profiles; 0 = unknown)"}
+    )
+    achieved_tflops_per_device: float = field(default=0.0, metadata={"doc": "model FLOPs / iteration time / devices"})
+    device_peak_tflops: float = field(default=0.0, metadata={"doc": "the cluster's peak per device used for MFU (0 = unknown)"})
+    mfu: float = field(default=0.0, metadata={"doc": "model FLOPs utilisation: achieved / device_peak_tflops (0 = unknown)"})
     me_index: float = field(default=0.0, metadata={"doc": "against the reference plan named in me_reference; 0 if none"})
     me_reference: str = ""
 
@@ -96,7 +138,7 @@ class Prediction:
             peak_memory_bytes=peak_memory_bytes,
             bubble_fraction=0.0,
             exposed_allreduce_ms=0.0,
-            lower_bound_ms=0.0,
+            partition_bound_ms=0.0,
         )
 
 
@@ -109,6 +151,8 @@ class ParetoPoint:
     microbatch_size: int
     schedule: ScheduleKind
     num_recomputed_layers: int
+    zero: int = 0
+    stage_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +177,7 @@ class Plan:
     global_batch: int
     schedule: ScheduleKind
     virtual_stages_per_rank: int = 1
+    zero: int = field(default=0, metadata={"doc": "ZeRO stage: 0, 1 (optimizer state sharded) or 2 (and gradients)"})
     stages: tuple[PlanStage, ...]
     predicted: Prediction
     pareto: tuple[ParetoPoint, ...] = ()
@@ -140,6 +185,21 @@ class Plan:
     def __post_init__(self) -> None:
         if len(self.stages) != self.num_stages:
             raise ValueError(f"num_stages is {self.num_stages} but {len(self.stages)} stages are listed")
+        if self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero must be one of {list(ZERO_STAGES)} (got {self.zero})")
+        for stage in self.stages:
+            if stage.replicas > 1 and self.virtual_stages_per_rank > 1:
+                raise ValueError(f"stage {stage.stage_idx}: per-stage replication needs one stage per rank")
+            if self.num_microbatches % stage.replicas:
+                raise ValueError(
+                    f"stage {stage.stage_idx}: num_microbatches {self.num_microbatches} is not a multiple of "
+                    f"its replicas ({stage.replicas})"
+                )
+            if len(stage.ranks) != self.dp_degree * stage.replicas:
+                raise ValueError(
+                    f"stage {stage.stage_idx}: {len(stage.ranks)} ranks, expected dp_degree x replicas = "
+                    f"{self.dp_degree} x {stage.replicas}"
+                )
         if self.num_microbatches * self.microbatch_size * self.dp_degree != self.global_batch:
             raise ValueError(
                 f"num_microbatches x microbatch_size x dp_degree = "
@@ -153,7 +213,16 @@ class Plan:
 
     @property
     def num_devices(self) -> int:
-        return self.num_stages * self.dp_degree // self.virtual_stages_per_rank
+        return len({r for stage in self.stages for r in stage.ranks})
+
+    @property
+    def stage_replicas(self) -> tuple[int, ...]:
+        """Each stage's copies inside one pipeline (all 1 unless replicated per stage)."""
+        return tuple(stage.replicas for stage in self.stages)
+
+    @property
+    def replicated_per_stage(self) -> bool:
+        return any(r > 1 for r in self.stage_replicas)
 
     @property
     def num_layers(self) -> int:
@@ -165,7 +234,20 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
+    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
+        data = _upgrade_v1(data)
     return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 plan as version 2: ``lower_bound_ms`` was the partition bound."""
+    out = dict(data, version=VERSION)
+    pred = out.get("predicted")
+    if isinstance(pred, dict) and "lower_bound_ms" in pred:
+        pred = dict(pred)
+        pred["partition_bound_ms"] = pred.pop("lower_bound_ms")
+        out["predicted"] = pred
+    return out
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:

@@ -37,6 +37,11 @@ STATE_BYTES_PER_PARAM: dict[OptimizerKind, tuple[int, int, int]] = {
 }
 
 
+#: ZeRO stages (Rajbhandari et al. 2020): 0 plain data parallel, 1 optimizer state sharded
+#: across a stage's replicas, 2 optimizer state and gradients sharded
+ZERO_STAGES = (0, 1, 2)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanRequest:
     """A planning request. Defaults give the fastest plan that fits with 10% headroom."""
@@ -58,6 +63,15 @@ class PlanRequest:
         default=(), metadata={"doc": "layer indices where a stage must start"}
     )
     solver: str = "dp"
+    zero_stages: tuple[int, ...] = field(
+        default=(0, 1, 2),
+        metadata={"doc": "ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
+                         "2 also its gradients (Rajbhandari et al. 2020)"},
+    )
+    per_stage_replication: bool = field(
+        default=True,
+        metadata={"doc": "also search plans whose stages have their own replica counts (PipeDream's optimizer)"},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -78,3 +92,5 @@ class PlanRequest:
             raise ValueError(f"time_budget_ms must be >= 0 (got {self.time_budget_ms})")
         if any(b < 1 for b in self.fixed_boundaries):
             raise ValueError(f"fixed_boundaries must be layer indices >= 1 (got {list(self.fixed_boundaries)})")
+        if not self.zero_stages or any(z not in ZERO_STAGES for z in self.zero_stages):
+            raise ValueError(f"zero_stages must be a non-empty subset of {list(ZERO_STAGES)} (got {list(self.zero_stages)})")

@@ -24,9 +24,11 @@ _SHOWN = (
     ("solver", "solver", "s"),
     ("P", "P", "d"),
     ("D", "D", "d"),
+    ("replicas", "replicas", "s"),
     ("M", "M", "d"),
     ("microbatch_size", "mb", "d"),
     ("schedule", "schedule", "s"),
+    ("zero", "zero", "d"),
     ("recomputed_layers", "rc", "d"),
     ("iteration_ms", "iter ms", "ms"),
     ("throughput_samples_per_s", "samples/s", ".4g"),
@@ -35,7 +37,9 @@ _SHOWN = (
     ("activations_gib", "activ {unit}", "mem"),
     ("bubble_fraction", "bubble", ".1%"),
     ("exposed_allreduce_ms", "exp AR ms", ".3g"),
-    ("bound_over_time", "bound/time", ".3f"),
+    ("limit_over_time", "limit/time", ".3f"),
+    ("partition_bound_over_time", "part/time", ".3f"),
+    ("mfu", "MFU", ".1%"),
     ("me_index", "ME", ".3f"),
 )
 _SHOWN_MEASURED = (
@@ -94,7 +98,7 @@ def _cell(value: object, fmt: str, scale: float) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return "-"
     if fmt == "s":
-        return str(value)
+        return str(value) or "-"
     if fmt == "d":
         return str(int(value))  # type: ignore[call-overload]
     if fmt == "ms":
@@ -117,9 +121,13 @@ def format_comparison(frame: pd.DataFrame, *, markdown: bool = False) -> str:
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         text = "\n".join(lines)
     else:
-        text = format_table(headers, rows, right=set(range(2, len(headers))) - {6})
+        left = {i + 1 for i, (_, _, f) in enumerate(shown) if f == "s"}
+        text = format_table(headers, rows, right=set(range(1, len(headers))) - left)
     ref = frame["me_reference"].iloc[0]
-    text += f"\n\nspeedup and ME index against {ref!r}; bound/time = lower bound / predicted iteration"
+    text += (
+        f"\n\nspeedup and ME index against {ref!r}; limit/time = machine bound (any plan on these devices) / "
+        "predicted iteration; part/time = the plan's own partition bound / predicted iteration"
+    )
     notes = [f"{label}: {note}" for label, note in frame["note"].items() if note]
     return text + ("\n" + "\n".join(notes) if notes else "")
 

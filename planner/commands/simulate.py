@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.plan import Plan, load_plan
-from planner.bounds import lower_bounds
+from planner.bounds import partition_bounds
 from planner.commands._args import nonneg_float
 from planner.errors import PlannerInputError
 from planner.schedule import build_schedule, write_schedule_csv
@@ -55,14 +55,19 @@ def run(args: argparse.Namespace) -> int:
 
 def format_summary(plan: Plan, timeline: Timeline) -> str:
     """The iteration's numbers and one line per stage."""
-    bounds = lower_bounds(plan)
+    bounds = partition_bounds(plan)
     throughput = plan.global_batch / timeline.iteration_ms * 1e3 if timeline.iteration_ms > 0 else 0.0
     lines = [
         f"{plan.provenance.model}: {timeline.schedule.value}, {plan.num_stages} stages on {timeline.num_ranks} "
         f"pipeline ranks x {plan.dp_degree} replicas, M = {plan.num_microbatches} micro-batches of {plan.microbatch_size}",
         f"iteration        {timeline.iteration_ms:.4g} ms ({throughput:.4g} samples/s)",
-        f"lower bound      {bounds.lower_bound_ms:.4g} ms (work/device {bounds.average_work_ms:.4g}, "
+        f"partition bound  {bounds.lower_bound_ms:.4g} ms (this plan's stages; work/device {bounds.average_work_ms:.4g}, "
         f"critical path via stage {bounds.critical_stage_idx} {bounds.critical_path_ms:.4g})",
+        *(
+            [f"machine bound    {plan.predicted.machine_bound_ms:.4g} ms (any plan on these devices; "
+             f"limit/time {plan.predicted.machine_bound_ms / timeline.iteration_ms:.3f})"]
+            if plan.predicted.machine_bound_ms > 0 and timeline.iteration_ms > 0 else []
+        ),
         f"bubble           {timeline.bubble_fraction:.1%} of {timeline.num_ranks} ranks x {timeline.compute_end_ms:.4g} ms",
         f"exposed allreduce {timeline.exposed_allreduce_ms:.4g} ms",
         f"peak memory      {timeline.peak_memory_bytes / MIB:.1f} MiB per device",

@@ -7,15 +7,19 @@ was made) -- nothing is re-derived here except ratios between plans.
 Columns (units in the names; memory in GiB = 2**30 bytes):
 
 - ``label`` (file stem, or the solver for in-memory plans; the index too), ``solver``,
-  ``P``, ``D``, ``M``, ``microbatch_size``, ``schedule``, ``stages`` (layer ranges
-  ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages);
+  ``P``, ``D``, ``M``, ``microbatch_size``, ``schedule``, ``zero`` (ZeRO stage),
+  ``replicas`` (each stage's copies inside the pipeline, ``2|1|1``; empty when all are 1),
+  ``stages`` (layer ranges ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages);
 - ``iteration_ms``, ``throughput_samples_per_s``, ``speedup`` (reference time / time),
   ``peak_memory_gib`` (the simulator's peak per device);
 - ``params_gib``, ``grads_gib``, ``optimizer_gib``, ``activations_gib``, ``other_gib``
   (recompute workspace + send/receive buffers): the planned memory of the stage with the
   largest total, by kind;
-- ``bubble_fraction``, ``exposed_allreduce_ms``, ``lower_bound_ms``, ``bound_over_time``
-  (lower bound / iteration time: 1 is optimal for the plan's own stage costs);
+- ``bubble_fraction``, ``exposed_allreduce_ms``;
+- ``machine_bound_ms`` and ``limit_over_time`` (machine bound / iteration time: the fraction
+  of the machine's limit the plan reaches, comparable across plans), ``partition_bound_ms``
+  and ``partition_bound_over_time`` (1 is optimal only for the plan's own stages);
+- ``achieved_tflops_per_device`` and ``mfu`` (transformer profiles; NaN where unknown);
 - ``me_index`` against the reference row (``me_reference`` names it): the seed's
   (throughput / reference throughput) / (peak memory / reference peak memory);
 - ``note``: why a baseline has no plan (infeasible), else empty;
@@ -61,10 +65,11 @@ __all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare
 GIB = 1024**3
 
 COLUMNS = (
-    "label", "solver", "P", "D", "M", "microbatch_size", "schedule", "stages", "recomputed_layers",
+    "label", "solver", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages", "recomputed_layers",
     "iteration_ms", "throughput_samples_per_s", "speedup", "peak_memory_gib",
     "params_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib",
-    "bubble_fraction", "exposed_allreduce_ms", "lower_bound_ms", "bound_over_time",
+    "bubble_fraction", "exposed_allreduce_ms", "machine_bound_ms", "limit_over_time",
+    "partition_bound_ms", "partition_bound_over_time", "achieved_tflops_per_device", "mfu",
     "me_index", "me_reference", "note",
 )
 MEASURED_COLUMNS = (
@@ -72,7 +77,7 @@ MEASURED_COLUMNS = (
     "measured_activations_gib", "activation_rel_error",
 )
 
-_INT_COLUMNS = ("P", "D", "M", "microbatch_size", "recomputed_layers", "measured_runs")
+_INT_COLUMNS = ("P", "D", "M", "microbatch_size", "zero", "recomputed_layers", "measured_runs")
 
 Reports = Union[Sequence[ReportLike], Mapping[Union[str, int], Union[ReportLike, Sequence[ReportLike]]]]
 
@@ -122,7 +127,9 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
     big = max(plan.stages, key=lambda s: s.memory_total_bytes).memory
     row.update(
         P=plan.num_stages, D=plan.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
-        schedule=plan.schedule.value, stages=_layer_ranges(plan),
+        schedule=plan.schedule.value, zero=plan.zero,
+        replicas="|".join(map(str, plan.stage_replicas)) if plan.replicated_per_stage else "",
+        stages=_layer_ranges(plan),
         recomputed_layers=sum(len(s.recompute) for s in plan.stages),
         iteration_ms=p.iteration_ms, throughput_samples_per_s=p.throughput_samples_per_s,
         peak_memory_gib=p.peak_memory_bytes / GIB,
@@ -130,8 +137,12 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
         activations_gib=big.activation_bytes / GIB,
         other_gib=(big.recompute_workspace_bytes + big.buffer_bytes) / GIB,
         bubble_fraction=p.bubble_fraction, exposed_allreduce_ms=p.exposed_allreduce_ms,
-        lower_bound_ms=p.lower_bound_ms,
-        bound_over_time=p.lower_bound_ms / p.iteration_ms if p.iteration_ms > 0 else math.nan,
+        machine_bound_ms=p.machine_bound_ms if p.machine_bound_ms > 0 else math.nan,
+        limit_over_time=p.machine_bound_ms / p.iteration_ms if p.iteration_ms > 0 and p.machine_bound_ms > 0 else math.nan,
+        partition_bound_ms=p.partition_bound_ms,
+        partition_bound_over_time=p.partition_bound_ms / p.iteration_ms if p.iteration_ms > 0 else math.nan,
+        achieved_tflops_per_device=p.achieved_tflops_per_device if p.achieved_tflops_per_device > 0 else math.nan,
+        mfu=p.mfu if p.mfu > 0 else math.nan,
     )
     return row
 

@@ -31,6 +31,8 @@ COLORS: dict[SegmentKind, str] = {
     SegmentKind.SEND_FWD: "#64B5CD",
     SegmentKind.SEND_BWD: "#CCB974",
     SegmentKind.ALLREDUCE: "#C44E52",
+    SegmentKind.REDUCE_SCATTER: "#DD8452",
+    SegmentKind.ALL_GATHER: "#937860",
     SegmentKind.OPTIMIZER: "#333333",
 }
 _COMPUTE = (SegmentKind.FORWARD, SegmentKind.RECOMPUTE, SegmentKind.BACKWARD)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.artifacts.plan import ParetoPoint, Plan
+from planner.artifacts.plan import ParetoPoint, Plan, Prediction
 
 GIB = 1024**3
 
@@ -37,17 +37,22 @@ def format_plan(plan: Plan) -> str:
     """The plan as a table: one row per stage, then the predicted totals."""
     p = plan.predicted
     prov = plan.provenance
+    zero = f", ZeRO-{plan.zero}" if plan.zero else ", no ZeRO"
+    if plan.replicated_per_stage:
+        layout = (f"P={plan.num_stages} stages replicated per stage "
+                  f"({' + '.join(map(str, plan.stage_replicas))} devices), schedule {plan.schedule.value}{zero}, ")
+    elif plan.virtual_stages_per_rank == 1:
+        layout = f"P={plan.num_stages} stages x D={plan.dp_degree} replicas, schedule {plan.schedule.value}{zero}, "
+    else:
+        layout = (f"{plan.num_stages} stages on P={plan.num_stages // plan.virtual_stages_per_rank} pipeline ranks "
+                  f"({plan.virtual_stages_per_rank} each) x D={plan.dp_degree} replicas, schedule {plan.schedule.value}{zero}, ")
     head = (
         f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver!r}\n"
-        + (
-            f"P={plan.num_stages} stages x D={plan.dp_degree} replicas, schedule {plan.schedule.value}, "
-            if plan.virtual_stages_per_rank == 1
-            else f"{plan.num_stages} stages on P={plan.num_stages // plan.virtual_stages_per_rank} pipeline ranks "
-            f"({plan.virtual_stages_per_rank} each) x D={plan.dp_degree} replicas, schedule {plan.schedule.value}, "
-        )
+        + layout
         + f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})"
     )
-    headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", "allred ms",
+    sync = "sync ms" if plan.zero else "allred ms"
+    headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", sync,
                "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]
     rows = []
     for s in plan.stages:
@@ -60,22 +65,41 @@ def format_plan(plan: Plan) -> str:
         ])
     table = format_table(headers, rows, right=set(range(3, len(headers))))
     cap = plan.stages[0].memory_cap_bytes
+    exposed = "exposed reduce-scatter + all-gather" if plan.zero else "exposed all-reduce"
     tail = (
         f"iteration {p.iteration_ms:.2f} ms | throughput {p.throughput_samples_per_s:.1f} samples/s | "
         f"peak memory {_gib(p.peak_memory_bytes)} GiB of {_gib(cap)} GiB cap\n"
-        f"bubble {max(0.0, p.bubble_fraction):.1%} | exposed all-reduce {p.exposed_allreduce_ms:.2f} ms | "
-        f"lower bound {p.lower_bound_ms:.2f} ms (bound/time {p.lower_bound_ms / p.iteration_ms if p.iteration_ms else 0:.3f})"
+        f"bubble {max(0.0, p.bubble_fraction):.1%} | {exposed} {p.exposed_allreduce_ms:.2f} ms\n"
+        + format_bounds(p)
     )
     if p.me_reference:
         tail += f"\nME index {p.me_index:.2f} against the {p.me_reference}"
     return f"{head}\n\n{table}\n\n{tail}"
 
 
+def format_bounds(p: Prediction) -> str:
+    """The two bounds, each named for what it bounds, and the FLOP figures where known."""
+    t = p.iteration_ms
+    parts = []
+    if p.machine_bound_ms > 0:
+        parts.append(f"machine bound {p.machine_bound_ms:.2f} ms (any plan on these devices; limit/time "
+                     f"{p.machine_bound_ms / t if t else 0:.3f})")
+    parts.append(f"partition bound {p.partition_bound_ms:.2f} ms (this plan's own stages; "
+                 f"{p.partition_bound_ms / t if t else 0:.3f} of time)")
+    line = " | ".join(parts)
+    if p.achieved_tflops_per_device > 0:
+        mfu = f", MFU {p.mfu:.1%} of {p.device_peak_tflops:.0f} TFLOP/s" if p.mfu > 0 else ""
+        line += (f"\nmodel {p.model_flops_per_iteration / 1e15:.4g} PFLOP per iteration, "
+                 f"{p.achieved_tflops_per_device:.1f} TFLOP/s per device{mfu}")
+    return line
+
+
 def format_pareto(points: tuple[ParetoPoint, ...]) -> str:
-    headers = ["iteration ms", "peak GiB", "P", "D", "mb", "schedule", "recomputed layers"]
+    headers = ["iteration ms", "peak GiB", "P", "D", "mb", "schedule", "zero", "recomputed layers"]
     rows = [
-        [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes), str(q.num_stages), str(q.dp_degree),
-         str(q.microbatch_size), q.schedule.value, str(q.num_recomputed_layers)]
+        [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes), str(q.num_stages),
+         "|".join(map(str, q.stage_replicas)) if q.stage_replicas else str(q.dp_degree),
+         str(q.microbatch_size), q.schedule.value, str(q.zero), str(q.num_recomputed_layers)]
         for q in points
     ]
     return "Pareto front (iteration time vs peak memory):\n" + format_table(headers, rows, right={0, 1, 2, 3, 4, 6})

@@ -4,7 +4,14 @@ No torch here; ``torch.distributed.pipelining`` can load what :func:`write_sched
 """
 
 from planner.schedule.actions import Action, ActionKind, Schedule, parse_action
-from planner.schedule.build import build_schedule, check_schedule_rules, num_ranks_of, rank_of_stage
+from planner.schedule.build import (
+    build_replicated_schedule,
+    build_schedule,
+    check_schedule_rules,
+    num_ranks_of,
+    rank_of_stage,
+    replicated_warmup,
+)
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
@@ -13,6 +20,7 @@ __all__ = [
     "ActionKind",
     "Schedule",
     "ScheduleError",
+    "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
     "format_grid",
@@ -20,6 +28,7 @@ __all__ = [
     "parse_action",
     "rank_of_stage",
     "read_schedule_csv",
+    "replicated_warmup",
     "validate_schedule",
     "write_schedule_csv",
 ]

@@ -15,6 +15,13 @@ rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved
   the "flex" variant): ``rounds = max(1, M // P)``, ``M`` must be a multiple of ``rounds``;
   the order is torch's ``_get_warmup_ops`` / ``_get_1f1b_rank_ops`` without their ``None``
   padding (padding only aligns torch's lock-step grid; an event simulator does not need it).
+- Per-stage replication (PipeDream's round-robin, Narayanan et al. 2019, section 3.3; flushed
+  as PipeDream-Flush): stage ``s`` has ``R_s`` copies, one rank each (ranks stage-major:
+  stage 0's copies first), and micro-batch ``m`` (of ``M``, global) runs on copy
+  ``m mod R_s``. Each copy runs GPipe or 1F1B over its own micro-batches. Under 1F1B, copy
+  ``r`` of stage ``s`` warms up with ``ceil(K_s / R_s)`` forwards (at most its own count), where
+  ``K_s = min(M, R_s + R_{s+1} + ... + R_{P-1})`` is the number of micro-batches the devices
+  from ``s`` to the end keep busy (with one copy per stage: ``P - s``, plain 1F1B).
 """
 
 from __future__ import annotations
@@ -25,7 +32,14 @@ from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
 from planner.schedule.actions import Action, ActionKind, Schedule
 
-__all__ = ["build_schedule", "check_schedule_rules", "num_ranks_of", "rank_of_stage"]
+__all__ = [
+    "build_replicated_schedule",
+    "build_schedule",
+    "check_schedule_rules",
+    "num_ranks_of",
+    "rank_of_stage",
+    "replicated_warmup",
+]
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD
@@ -143,3 +157,52 @@ def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
             ops.append(Action(stage_idx=s, kind=B, mb_idx=next_bwd.get(s, 0)))
             next_bwd[s] = next_bwd.get(s, 0) + 1
     return tuple(ops)
+
+
+def check_replicated_rules(kind: ScheduleKind, replicas: tuple[int, ...], num_microbatches: int) -> None:
+    """Raise :class:`PlannerInputError` naming the values if the replicated shape cannot run."""
+    if not replicas or min(replicas) < 1:
+        raise PlannerInputError(f"replicas must be >= 1 per stage (got {list(replicas)})")
+    if kind is ScheduleKind.INTERLEAVED_1F1B:
+        raise PlannerInputError("per-stage replication runs gpipe or 1f1b (one stage per rank), not interleaved-1f1b")
+    bad = [d for d in replicas if num_microbatches % d]
+    if num_microbatches < 1 or bad:
+        raise PlannerInputError(
+            f"per-stage replication needs num_microbatches a multiple of every stage's replicas "
+            f"(got M={num_microbatches}, replicas {list(replicas)})"
+        )
+
+
+def replicated_warmup(replicas: tuple[int, ...], stage_idx: int, num_microbatches: int) -> int:
+    """1F1B warm-up forwards of each copy of stage ``stage_idx`` (see the module docstring);
+    also the micro-batches of activations a copy holds at its peak."""
+    d = replicas[stage_idx]
+    busy = min(num_microbatches, sum(replicas[stage_idx:]))
+    return min(num_microbatches // d, -(-busy // d))
+
+
+def build_replicated_schedule(kind: ScheduleKind, replicas: tuple[int, ...], num_microbatches: int) -> Schedule:
+    """One ordered tuple of actions per rank (stage-major: stage 0's copies first) of a
+    pipeline replicated per stage; micro-batch indices are global."""
+    check_replicated_rules(kind, tuple(replicas), num_microbatches)
+    return _build_replicated(kind, tuple(replicas), num_microbatches)
+
+
+@lru_cache(maxsize=256)
+def _build_replicated(kind: ScheduleKind, replicas: tuple[int, ...], m: int) -> Schedule:
+    out: list[tuple[Action, ...]] = []
+    for s, d in enumerate(replicas):
+        warmup = replicated_warmup(replicas, s, m)
+        for r in range(d):
+            mine = list(range(r, m, d))
+            if kind is ScheduleKind.GPIPE:
+                ops = [Action(stage_idx=s, kind=F, mb_idx=i) for i in mine]
+                ops += [Action(stage_idx=s, kind=B, mb_idx=i) for i in mine]
+            else:
+                ops = [Action(stage_idx=s, kind=F, mb_idx=i) for i in mine[:warmup]]
+                for k, i in enumerate(mine):
+                    ops.append(Action(stage_idx=s, kind=B, mb_idx=i))
+                    if warmup + k < len(mine):
+                        ops.append(Action(stage_idx=s, kind=F, mb_idx=mine[warmup + k]))
+            out.append(tuple(ops))
+    return tuple(out)

@@ -12,7 +12,9 @@ from planner.artifacts.cluster import Cluster, cluster_to_json
 from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance
 from planner.artifacts.profile import profile_to_json
 from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import CostModel, stage_ranks
+from planner.analytic import model_flops_per_sample
+from planner.bounds import machine_bound_ms
+from planner.cost import CostModel, layout_ranks
 from planner.solve.chain_dp import inflight_counts
 
 
@@ -44,11 +46,14 @@ def build_plan(
     schedule: ScheduleKind,
     solver: str,
     virtual_stages_per_rank: int = 1,
+    zero: int = 0,
+    replicas: Sequence[int] = (),
 ) -> Plan:
     """A complete Plan (stages priced, predictions from the simulator) for one partition.
 
     ``boundaries`` are the stage start layers (the first is 0); ``recompute`` the recomputed
-    layer indices of each stage.
+    layer indices of each stage; ``zero`` the ZeRO stage; ``replicas`` each stage's copies
+    inside the pipeline (per-stage replication, with ``dp_degree`` 1; empty: one each).
     """
     profile, cluster = cm.profile, cm.cluster
     num_stages = len(boundaries)
@@ -56,20 +61,24 @@ def build_plan(
     num_microbatches = global_batch // (dp_degree * microbatch_size)
     v = virtual_stages_per_rank
     pr = num_stages // v if v > 1 else 0
-    ks = inflight_counts(schedule, num_stages, num_microbatches, v)
+    reps = tuple(replicas) if replicas and max(replicas) > 1 else ()
+    ks = inflight_counts(schedule, num_stages, num_microbatches, v, reps)
+    layout = layout_ranks(num_stages, dp_degree, pr, reps)
     stops = list(boundaries[1:]) + [cm.num_layers]
     cap = memory_cap_bytes(cluster, request)
     stages = []
     for s, (start, stop) in enumerate(zip(boundaries, stops)):
         rc = tuple(sorted(recompute[s]))
-        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, dp_degree, pr)
+        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, dp_degree, pr, zero=zero,
+                             ranks=layout if reps else None)
         stages.append(
             PlanStage(
                 stage_idx=s,
                 layer_start=start,
                 layer_stop=stop,
                 layer_names=profile.layer_names[start:stop],
-                ranks=stage_ranks(s, dp_degree, pr),
+                ranks=layout[s],
+                replicas=reps[s] if reps else 1,
                 recompute=rc,
                 inflight_microbatches=ks[s],
                 activation_bytes_per_microbatch=cost.activation_bytes_per_microbatch,
@@ -103,8 +112,19 @@ def build_plan(
         global_batch=global_batch,
         schedule=schedule,
         virtual_stages_per_rank=v,
+        zero=zero,
         stages=tuple(stages),
         predicted=Prediction.unset(max(st.memory_total_bytes for st in stages)),
+    )
+    num_devices = draft.num_devices
+    draft = dataclasses.replace(
+        draft,
+        predicted=dataclasses.replace(
+            draft.predicted,
+            machine_bound_ms=machine_bound_ms(profile, cluster, global_batch, num_devices),
+            model_flops_per_iteration=model_flops_per_sample(profile) * global_batch,
+            device_peak_tflops=cluster.peak_tflops,
+        ),
     )
     from planner.simulator import predict
 

@@ -41,11 +41,21 @@ from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
 
 
 def inflight_counts(
-    schedule: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1
+    schedule: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1,
+    replicas: Sequence[int] = (),
 ) -> tuple[int, ...]:
-    """Micro-batches whose activations stage ``s`` holds at its peak (DESIGN.md sec. 5):
-    M for GPipe, min(P - s, M) for 1F1B; for interleaved 1F1B counted on the schedule itself
-    (forwards done minus backwards done, per virtual stage, along its rank's order)."""
+    """Micro-batches whose activations one device of stage ``s`` holds at its peak (DESIGN.md
+    sec. 5): M for GPipe, min(P - s, M) for 1F1B; for interleaved 1F1B counted on the schedule
+    itself (forwards done minus backwards done, per virtual stage, along its rank's order);
+    replicated per stage (``replicas``), each copy's share: M / R_s for GPipe, its 1F1B warm-up
+    (:func:`planner.schedule.replicated_warmup`)."""
+    if replicas:
+        from planner.schedule import replicated_warmup
+
+        reps = tuple(replicas)
+        if schedule is ScheduleKind.GPIPE:
+            return tuple(num_microbatches // d for d in reps)
+        return tuple(replicated_warmup(reps, s, num_microbatches) for s in range(len(reps)))
     if schedule is ScheduleKind.GPIPE:
         return tuple(num_microbatches for _ in range(num_stages))
     if schedule is ScheduleKind.ONE_F_ONE_B:
