@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
+
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,21 +108,52 @@ def test_dp_plan_equals_bruteforce_plan():
         [dict(fwd=1.0 + i % 3, bwd=2.0 + i % 2, params=10_000_000 * (i % 4), saved=3e8, inp=2e7, out=2e7) for i in range(6)]
     )
     cluster = small_cluster(4, memory_bytes=3 * 10**9)
-    req = PlanRequest(global_batch=8)
+    req = PlanRequest(global_batch=8, zero_stages=(0,))
     a = plan(prof, cluster, req)
-    b = plan(prof, cluster, PlanRequest(global_batch=8, solver="brute-force"))
-    c = plan(prof, cluster, PlanRequest(global_batch=8, solver="ilp"))
+    b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
+    c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))
     assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
     assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
     assert any(s.recompute for s in a.stages), "the case should need recomputation"
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_zero_priced_identically_by_dp_cpsat_and_bruteforce(zero):
+    """A case where ZeRO is what lets the stages fit: the three solvers agree on it, and the
+    plan it gives is faster than the best without sharding."""
+    prof = chain_profile(
+        [dict(fwd=1.0 + i % 3, bwd=2.0 + i % 2, params=40_000_000 * (1 + i % 2), saved=1e8, inp=2e7, out=2e7)
+         for i in range(6)]
+    )
+    cluster = small_cluster(4, memory_bytes=3 * 10**9)
+    req = PlanRequest(global_batch=8, zero_stages=(0, zero), per_stage_replication=False)
+    a = plan(prof, cluster, req)
+    b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
+    c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))
+    assert a.zero == zero and a.dp_degree > 1, (a.zero, a.dp_degree)
+    assert (b.zero, c.zero) == (zero, zero)
+    assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
+    assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
+    plain = plan(prof, cluster, dataclasses.replace(req, zero_stages=(0,)))
+    assert a.predicted.iteration_ms < plain.predicted.iteration_ms
+    for st_ in a.stages:
+        assert st_.memory_total_bytes <= st_.memory_cap_bytes
+        assert st_.memory.optimizer_bytes == pytest.approx(plain_optimizer_bytes(st_) / len(st_.ranks), abs=8)
+
+
+def plain_optimizer_bytes(stage) -> float:
+    """Adam-mixed keeps 12 bytes of optimizer state per parameter (the weights are 2)."""
+    return stage.memory.param_bytes / 2 * 12
 
 
 def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
     from planner.defaults import default_profile
 
     prof = default_profile()
-    base = plan(prof, None, PlanRequest(global_batch=16))
-    req = PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
+    # without ZeRO (which lets a shallower pipeline fit and wins here otherwise)
+    base = plan(prof, None, PlanRequest(global_batch=16, zero_stages=(0,)))
+    req = PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
+                      zero_stages=(0,))
     inter = plan(prof, None, req)
     assert inter.schedule is ScheduleKind.INTERLEAVED_1F1B and inter.virtual_stages_per_rank > 1
     assert inter.predicted.iteration_ms < base.predicted.iteration_ms

@@ -31,7 +31,7 @@ def best_stage(table: StageTable, start: int, stop: int, inflight: int) -> tuple
     )
     best = (INF, ())
     for mask in masks:
-        if cm.stage_memory(start, stop, mask, b, inflight).total_bytes > table.cap:
+        if cm.stage_memory(start, stop, mask, b, inflight, table.shard, table.zero).total_bytes > table.cap:
             continue
         t = compute + cm.recompute_ms(mask, b)
         if t < best[0]:
@@ -63,7 +63,7 @@ def solve_chain_bruteforce(
             comm += 2.0 * p2p_ms(float(cm.cut_bytes_per_sample[z]) * b, bandwidth_gb_per_s=bw, latency_us=lat)
         times = [t for t, _ in stages]
         exposed = sum(
-            exposed_allreduce_ms(cm, a, z, s, dp_degree, b) for s, (a, z) in enumerate(zip(bounds, stops))
+            exposed_allreduce_ms(cm, a, z, s, dp_degree, b, zero=table.zero) for s, (a, z) in enumerate(zip(bounds, stops))
         )
         value = sum(times) + comm + exposed + (M - 1) * max(times)
         if best is None or value < best.objective_ms:

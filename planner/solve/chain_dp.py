@@ -88,8 +88,9 @@ class ChainSolution:
 
 
 class StageTable:
-    """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size and
-    memory cap, per in-flight count ``k``; shared across P and schedules."""
+    """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
+    memory cap and ZeRO sharding (stage ``zero`` over ``shard`` ranks per stage), per in-flight
+    count ``k``; shared across P and schedules."""
 
     def __init__(
         self,
@@ -98,9 +99,14 @@ class StageTable:
         cap_bytes: float,
         fixed_boundaries: Sequence[int] = (),
         allow_recompute: bool = True,
+        *,
+        shard: int = 1,
+        zero: int = 0,
     ):
         self.cm = cm
         self.allow_recompute = allow_recompute
+        self.shard = shard
+        self.zero = zero
         self.b = microbatch_size
         self.cap = cap_bytes
         L = cm.num_layers
@@ -121,10 +127,11 @@ class StageTable:
             for layer in tie.layers:
                 inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
             params -= np.maximum(inside - 1, 0) * tie.param_count
-        kappa = cm.weight_bytes_per_param + cm.grad_bytes_per_param + cm.optim_bytes_per_param
+        self.kappa = sum(cm.state_bytes_per_param(shard, zero))
+        self.sync_bytes_per_param = cm.sync_bytes_per_param(zero)
         cut = cm.cut_bytes_per_sample
-        self.static = params * kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
-        self.grad_bytes = params * cm.grad_bytes_per_param
+        self.static = params * self.kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
+        self.sync_bytes = params * self.sync_bytes_per_param
         self.bwd_prefix = bp
         sp = cm._saved_prefix
         self.act = (sp[None, :] - sp[:, None]) * microbatch_size
@@ -198,15 +205,18 @@ class StageTable:
 
 
 def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, dp_degree: int,
-                         microbatch_size: int, pipeline_ranks: int = 0) -> float:
-    """``X_s``: the stage's all-reduce time (as a line in its gradient bytes) less the backward
-    work of the layers before it (the objective's proxy for what the pipeline cannot hide)."""
-    per_byte, fixed = allreduce_line(cm.cluster, stage_ranks(stage_idx, dp_degree, pipeline_ranks))
+                         microbatch_size: int, pipeline_ranks: int = 0, zero: int = 0,
+                         ranks: Sequence[int] | None = None) -> float:
+    """``X_s``: the stage's gradient synchronisation (all-reduce, or ZeRO's reduce-scatter +
+    all-gather: a line in its sync bytes) less the backward work of the layers before it (the
+    objective's proxy for what the pipeline cannot hide)."""
+    own = ranks if ranks is not None else stage_ranks(stage_idx, dp_degree, pipeline_ranks)
+    per_byte, fixed = allreduce_line(cm.cluster, own)
     if per_byte == 0.0 and fixed == 0.0:
         return 0.0
     _, bp = cm.time_prefix(microbatch_size)
-    grad = cm.stage_param_count(start, stop) * cm.grad_bytes_per_param
-    return max(0.0, per_byte * grad + fixed - float(bp[start]))
+    sync = cm.stage_param_count(start, stop) * cm.sync_bytes_per_param(zero)
+    return max(0.0, per_byte * sync + fixed - float(bp[start]))
 
 
 def _exposure_matrices(table: "StageTable", num_stages: int, dp_degree: int, pipeline_ranks: int) -> list[np.ndarray]:
@@ -215,9 +225,9 @@ def _exposure_matrices(table: "StageTable", num_stages: int, dp_degree: int, pip
     for s in range(num_stages):
         per_byte, fixed = allreduce_line(table.cm.cluster, stage_ranks(s, dp_degree, pipeline_ranks))
         if per_byte == 0.0 and fixed == 0.0:
-            out.append(np.zeros_like(table.grad_bytes))
+            out.append(np.zeros_like(table.sync_bytes))
         else:
-            out.append(np.maximum(0.0, per_byte * table.grad_bytes + fixed - table.bwd_prefix[:, None]))
+            out.append(np.maximum(0.0, per_byte * table.sync_bytes + fixed - table.bwd_prefix[:, None]))
     return out
 
 

@@ -10,7 +10,9 @@ side constraints the DP cannot express. Per configuration (P, D, b, M, schedule)
   and transfers);
 - memory of stage ``s`` (bytes, exact integers):
   ``kappa params - tied duplicates + 2 b (cut_in + cut_out) + k_s b (saved - sum_z (saved - input)) + ws_s <= cap``
-  with ``ws_s >= b saved_l z[s, l]`` (the recompute working set);
+  with ``ws_s >= b saved_l z[s, l]`` (the recompute working set); under ZeRO (stage ``z``
+  over the ``D`` replicas) ``kappa = w + g / D (z = 2) + o / D``, and the row is multiplied by
+  ``D`` to keep integer coefficients;
 - ``T_s = sum x (f + b) + sum z f`` in integer nanoseconds, ``T_max >= T_s``;
 - minimise ``sum_s T_s + sum_s c_s + (M - 1) T_max``.
 
@@ -46,7 +48,10 @@ def solve_chain_ilp(
     saved = [float(v) * b for v in cm.saved_per_sample]
     inp = [float(v) * b for v in cm.input_per_sample]
     cut = [float(c) * b for c in cm.cut_bytes_per_sample]
-    kappa = cm.weight_bytes_per_param + cm.grad_bytes_per_param + cm.optim_bytes_per_param
+    # bytes of model state per parameter, ZeRO-sharded as the table says: a fraction with the
+    # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
+    scale = table.shard if table.zero else 1
+    kappa = int(round(table.kappa * scale))
     m = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
     r = [m.new_bool_var(f"r{l}") for l in range(L)] if table.allow_recompute else None
@@ -91,11 +96,12 @@ def solve_chain_ilp(
             any_in = m.new_bool_var(f"tie{i}_{s}")
             m.add_max_equality(any_in, inside)
             dup_terms.append((tie.param_count, sum(inside) - any_in))
-        mem = params * kappa - sum(c * kappa * d for c, d in dup_terms)
+        state = params * kappa - sum(c * kappa * d for c, d in dup_terms)
+        mem = 0
         # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
         per_byte, fixed = allreduce_line(cm.cluster, stage_ranks(s, dp_degree))
         if per_byte or fixed:
-            ns_per_param = per_byte * cm.grad_bytes_per_param * NS_PER_MS
+            ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
             ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
             ar -= sum(int(round(c * ns_per_param)) * d for c, d in dup_terms)
             before = sum(
@@ -113,7 +119,7 @@ def solve_chain_ilp(
             for l in range(L):
                 m.add(ws >= int(round(saved[l])) * z[l])
             act += ws
-        m.add(mem + act <= int(table.cap))
+        m.add(state + scale * (mem + act) <= int(table.cap) * scale)
         if s < P - 1:
             bw, lat = link_of(cm.cluster, s * dp_degree, (s + 1) * dp_degree)
             comms.append(
@@ -141,7 +147,7 @@ def solve_chain_ilp(
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, dp_degree) for s, z in enumerate(stops))
-    exposed = sum(exposed_allreduce_ms(cm, a, z, s, dp_degree, b) for s, (a, z) in enumerate(zip(bounds, stops)))
+    exposed = sum(exposed_allreduce_ms(cm, a, z, s, dp_degree, b, zero=table.zero) for s, (a, z) in enumerate(zip(bounds, stops)))
     objective = sum(t_float) + comm + exposed + (M - 1) * max(t_float)
     return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL)
 

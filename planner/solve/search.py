@@ -20,7 +20,7 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import ParetoPoint, Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import Objective, PlanRequest, ScheduleKind
-from planner.cost import CostModel
+from planner.cost import CostModel, replicated_ranks
 from planner.errors import PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
@@ -57,10 +57,31 @@ class Config:
     num_microbatches: int
     schedule: ScheduleKind
     virtual_stages: int = 1  # stages per pipeline rank (interleaved schedules)
+    zero: int = 0  # ZeRO stage over each stage's ranks (0 when they are one)
+    replicas: tuple[int, ...] = ()  # per-stage copies (replicated per stage; dp_degree 1, M global)
 
     @property
     def total_stages(self) -> int:
         return self.num_stages * self.virtual_stages
+
+    @property
+    def shard(self) -> int:
+        """Ranks each stage's ZeRO-sharded state is divided over (uniform layouts)."""
+        return self.dp_degree if self.zero else 1
+
+    def stage_shard(self, stage_idx: int) -> int:
+        """Ranks stage ``stage_idx``'s ZeRO-sharded state is divided over."""
+        if not self.zero:
+            return 1
+        return self.replicas[stage_idx] if self.replicas else self.dp_degree
+
+    def inflight(self) -> tuple[int, ...]:
+        """Micro-batches one device of each stage holds at its peak."""
+        return inflight_counts(self.schedule, self.total_stages, self.num_microbatches, self.virtual_stages, self.replicas)
+
+    def layout(self) -> tuple[tuple[int, ...], ...] | None:
+        """Every stage's ranks when replicated per stage (None: the uniform placement)."""
+        return replicated_ranks(self.replicas) if self.replicas else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +129,25 @@ def configurations(num_layers: int, num_devices: int, request: PlanRequest) -> I
 ChainSolver = Callable[..., "ChainSolution | None"]
 
 
+def searched_zero(request: PlanRequest, dp_degree: int) -> int:
+    """The ZeRO stage a configuration is solved at: the deepest the request allows when there
+    are replicas to shard over. Sharding only frees memory and moves no more bytes (see
+    planner.cost), so its optimum is never slower; :func:`least_zero` then keeps the least
+    sharding under which the chosen plan still fits."""
+    return max(request.zero_stages) if dp_degree > 1 else 0
+
+
 def all_configs(cm: CostModel, request: PlanRequest, num_devices: int, interleaved: bool = True) -> list[Config]:
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     out = []
     for P, D in configurations(cm.num_layers, num_devices, request):
+        z = searched_zero(request, D)
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
-            out.extend(Config(P, D, b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+            out.extend(Config(P, D, b, M, sch, zero=z) for sch in schedules if schedule_valid(sch, P, M))
             if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
                 out.extend(
-                    Config(P, D, b, M, ScheduleKind.INTERLEAVED_1F1B, v)
+                    Config(P, D, b, M, ScheduleKind.INTERLEAVED_1F1B, v, zero=z)
                     for v in INTERLEAVE_FACTORS
                     if P * v <= cm.num_layers and interleaving_valid(P, M, v)
                 )
@@ -151,7 +181,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
 
 
 def _sort_key(c: Config) -> tuple:
-    return (c.num_stages, -c.microbatch_size, c.schedule.value, c.virtual_stages)
+    return (c.num_stages, -c.microbatch_size, c.schedule.value, c.virtual_stages, c.zero, c.replicas)
 
 
 def solve_candidates(
@@ -172,18 +202,18 @@ def solve_candidates(
     interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
     configs = configs if configs is not None else all_configs(cm, request, num_devices, interleaved_ok)
     ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + _sort_key(c))
-    tables: dict[tuple[int, int], StageTable] = {}
+    tables: dict[tuple[int, int, int, int], StageTable] = {}
     best = float("inf")
     out: list[tuple[float, Candidate]] = []
     for c in ordered:
         if prune and config_lower_bound_ms(cm, c) > best:
             continue
-        key = (c.microbatch_size, c.virtual_stages)
+        key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
         if key not in tables:
             # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
             tables[key] = StageTable(
                 cm, c.microbatch_size, cap_bytes / c.virtual_stages, request.fixed_boundaries,
-                allow_recompute=request.recompute,
+                allow_recompute=request.recompute, shard=c.shard, zero=c.zero,
             )
         sol = _solve_config(chain_solver, tables[key], c)
         if sol is None:
@@ -212,14 +242,17 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     stops = list(sol.boundaries[1:]) + [cm.num_layers]
     b, D = c.microbatch_size, c.dp_degree
     pr = c.num_stages if c.virtual_stages > 1 else 0
+    layout = c.layout()
     out: dict[str, list[float]] = {k: [] for k in ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")}
     for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
         out["fwd_ms"].append(cm.stage_fwd_ms(start, stop, b))
         out["bwd_ms"].append(cm.stage_bwd_ms(start, stop, b))
         out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b))
-        out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, D, pr))
-        out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, D, pr))
-        out["allreduce_ms"].append(cm.stage_allreduce_ms(start, stop, s, D, pr))
+        out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, D, pr, ranks=layout))
+        out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, D, pr, ranks=layout))
+        out["allreduce_ms"].append(
+            cm.stage_allreduce_ms(start, stop, s, D, pr, zero=c.zero, ranks=layout[s] if layout else None)
+        )
     return out
 
 
@@ -235,6 +268,8 @@ def _plan_of(cm: CostModel, request: PlanRequest, cand: Candidate, solver: str) 
         schedule=c.schedule,
         solver=solver,
         virtual_stages_per_rank=c.virtual_stages,
+        zero=c.zero,
+        replicas=c.replicas,
     )
 
 
@@ -258,30 +293,60 @@ def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
                     microbatch_size=p.microbatch_size,
                     schedule=p.schedule,
                     num_recomputed_layers=sum(len(s.recompute) for s in p.stages),
+                    zero=p.zero,
+                    stage_replicas=p.stage_replicas if p.replicated_per_stage else (),
                 )
             )
     return tuple(front)
+
+
+def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
+    """``cand`` with the least ZeRO stage the request allows under which its partition and
+    recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
+    memory objectives keep the deepest sharding, which is what they minimise)."""
+    c = cand.config
+    if not c.zero or request.objective is not Objective.TIME:
+        return cand
+    ks = c.inflight()
+    stops = list(cand.solution.boundaries[1:]) + [cm.num_layers]
+    base = _simulated(cm, cand)
+    for z in sorted(request.zero_stages):
+        if z >= c.zero:
+            break
+        lower = Candidate(dataclasses.replace(c, zero=z), cand.solution)
+        fits = all(
+            cm.stage_memory(a, e, cand.solution.recompute[s], c.microbatch_size, ks[s], lower.config.stage_shard(s), z).total_bytes
+            <= cap / c.virtual_stages
+            for s, (a, e) in enumerate(zip(cand.solution.boundaries, stops))
+        )
+        if fits and _simulated(cm, lower) <= base * (1 + 1e-12):
+            return lower
+    return cand
 
 
 def build_best(
     cm: CostModel, request: PlanRequest, scored: list[tuple[float, Candidate]], solver: str, keep: int
 ) -> list[Plan]:
     """Full Plans (Timeline-based predictions) for the ``keep`` fastest candidates."""
-    return [_plan_of(cm, request, cand, solver) for _, cand in scored[:keep]]
+    cap = memory_cap_bytes(cm.cluster, request)
+    return [_plan_of(cm, request, least_zero(cm, request, cand, cap), solver) for _, cand in scored[:keep]]
 
 
 def _simulated(cm: CostModel, cand: Candidate) -> float:
     from planner.simulator import simulate_iteration_ms
 
     c = cand.config
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand), virtual_stages_per_rank=c.virtual_stages)
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand),
+                                 virtual_stages_per_rank=c.virtual_stages, replicas=c.replicas)
 
 
-def stage_recompute(cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float) -> tuple[int, ...] | None:
+def stage_recompute(
+    cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, shard: int = 1, zero: int = 0
+) -> tuple[int, ...] | None:
     """The least-time recompute set that fits one stage in ``cap`` (None if none does)."""
     from planner.solve.recompute import choose_recompute
 
-    excess = cm.stage_memory(start, stop, (), b, inflight).total_bytes - cap
+    excess = cm.stage_memory(start, stop, (), b, inflight, shard, zero).total_bytes - cap
     fwd, _ = cm.layer_times(b)
     choice = choose_recompute(
         fwd_ms=fwd[start:stop].tolist(),
@@ -291,7 +356,7 @@ def stage_recompute(cm: CostModel, start: int, stop: int, b: int, inflight: int,
         inflight=inflight,
         excess_bytes=float(excess),
     )
-    if choice.time_ms == float("inf") or cm.stage_memory(start, stop, choice.layers, b, inflight).total_bytes > cap:
+    if choice.time_ms == float("inf") or cm.stage_memory(start, stop, choice.layers, b, inflight, shard, zero).total_bytes > cap:
         return None
     return choice.layers
 
@@ -305,13 +370,13 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     bounds = tuple(starts[g] for g in cand.solution.boundaries)
     ends = list(bounds[1:]) + [L]
     c = cand.config
-    ks = inflight_counts(c.schedule, c.total_stages, c.num_microbatches, c.virtual_stages)
+    ks = c.inflight()
     cap = cap / c.virtual_stages
     b = c.microbatch_size
     recompute = []
     for s, (a, z) in enumerate(zip(bounds, ends)):
         mapped = tuple(l for g in cand.solution.recompute[s] for l in range(starts[g], stops_of[g]))
-        chosen = stage_recompute(cm, a, z, b, ks[s], cap)
+        chosen = stage_recompute(cm, a, z, b, ks[s], cap, c.stage_shard(s), c.zero)
         recompute.append(chosen if chosen is not None and cm.recompute_ms(chosen, b) <= cm.recompute_ms(mapped, b) else mapped)
     sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False)
     return Candidate(c, sol)
@@ -321,7 +386,7 @@ def alternatives(cm: CostModel, c: Config, cap: float) -> list[Candidate]:
     """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
     with the least recompute that fits each stage: extra proposals for the simulator, which
     judges the all-reduce overlap more finely than the DP objective does."""
-    if c.virtual_stages > 1 or c.num_stages == 1:
+    if c.virtual_stages > 1 or c.num_stages == 1 or c.replicas:
         return []
     ks = inflight_counts(c.schedule, c.num_stages, c.num_microbatches)
     out = []
@@ -330,7 +395,8 @@ def alternatives(cm: CostModel, c: Config, cap: float) -> list[Candidate]:
         if bounds is None:
             continue
         stops = list(bounds[1:]) + [cm.num_layers]
-        rc = [stage_recompute(cm, a, z, c.microbatch_size, ks[s], cap) for s, (a, z) in enumerate(zip(bounds, stops))]
+        rc = [stage_recompute(cm, a, z, c.microbatch_size, ks[s], cap, c.shard, c.zero)
+              for s, (a, z) in enumerate(zip(bounds, stops))]
         if any(r is None for r in rc):
             continue
         times = tuple(
@@ -356,13 +422,75 @@ def refine(
     merged = CostModel(merge_layers(cm.profile, finer_starts), cm.cluster, cm.optimizer)
     fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
     table = StageTable(merged, cand.config.microbatch_size, cap / cand.config.virtual_stages, fixed,
-                       allow_recompute=request.recompute)
+                       allow_recompute=request.recompute, shard=cand.config.shard, zero=cand.config.zero)
     c = cand.config
+    if c.replicas:
+        again = solve_replicated_config(merged, request, c.microbatch_size, c.schedule, c.zero, sum(c.replicas), cap, fixed)
+        if again is None:
+            return coarse
+        fine = to_layers(cm, again, finer_starts, cap)
+        return min((coarse, fine), key=lambda x: _simulated(cm, x))
     sol = _solve_config(chain_solver, table, c)
     if sol is None:
         return coarse
     fine = to_layers(cm, Candidate(c, sol), finer_starts, cap)
     return min((coarse, fine), key=lambda x: _simulated(cm, x))
+
+
+def solve_replicated_config(
+    cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: int, num_devices: int, cap: float,
+    fixed: tuple[int, ...], limit_ms: float = float("inf"), tables: dict[int, StageTable] | None = None,
+) -> Candidate | None:
+    """The best pipeline replicated per stage for one micro-batch size, schedule and ZeRO stage
+    (:mod:`planner.solve.replicated`), as a Candidate (None if nothing fits)."""
+    from planner.solve.replicated import replica_counts, solve_replicated
+
+    m = request.global_batch // b
+    if tables is None:
+        tables = {}
+    for d in replica_counts(num_devices, m):
+        if d not in tables:
+            shared = tables.get(1) if not zero and 1 in tables else None
+            tables[d] = shared or StageTable(cm, b, cap, fixed, allow_recompute=request.recompute,
+                                             shard=d if zero else 1, zero=zero)
+    found = solve_replicated(tables, num_devices=num_devices, num_microbatches=m, schedule=schedule, limit_ms=limit_ms)
+    if found is None:
+        return None
+    config = Config(len(found.replicas), 1, b, m, schedule, zero=zero, replicas=found.replicas)
+    return Candidate(config, found.solution)
+
+
+def replicated_candidates(
+    cm: CostModel, request: PlanRequest, num_devices: int, cap: float, best_ms: float
+) -> list[tuple[float, Candidate]]:
+    """Pipelines whose stages have their own copy counts (PipeDream's optimizer), per
+    micro-batch size and schedule, with their simulated times; only layouts that are not
+    uniform (those are the P x D configurations already searched). Sizes whose average-work
+    bound cannot beat ``best_ms`` are skipped."""
+    if not request.per_stage_replication or num_devices < 2:
+        return []
+    zero = searched_zero(request, num_devices)
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    out: list[tuple[float, Candidate]] = []
+    fp, bp = None, None
+    for b in microbatch_sizes(request, request.global_batch):
+        m = request.global_batch // b
+        fp, bp = cm.time_prefix(b)
+        work = float(fp[-1] + bp[-1])
+        if m < 2 or max(m * work / num_devices, work) > best_ms:
+            continue
+        tables: dict[int, StageTable] = {}
+        for schedule in schedules:
+            cand = solve_replicated_config(cm, request, b, schedule, zero, num_devices, cap,
+                                           request.fixed_boundaries, best_ms, tables)
+            if cand is None or len(set(cand.config.replicas)) == 1:
+                continue
+            if request.max_stages and cand.config.num_stages > request.max_stages:
+                continue
+            t = _simulated(cm, cand)
+            out.append((t, cand))
+            best_ms = min(best_ms, t)
+    return out
 
 
 def search_plan(
@@ -399,6 +527,10 @@ def search_plan(
         return out
 
     scored = solve_candidates(cm_search, req_search, num_devices, cap, chain_solver, prune=by_time)
+    if chain_solver is solve_chain and by_time:
+        best_ms = scored[0][0] if scored else float("inf")
+        scored += replicated_candidates(cm_search, req_search, num_devices, cap, best_ms)
+        scored.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
     if not scored:
         from planner.solve.infeasible import explain_infeasible
 
@@ -410,7 +542,7 @@ def search_plan(
     plans = build_best(cm, request, fine(scored, keep, True), solver, keep)
     # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
     # same search under tighter caps; for the time objective only over the best configurations
-    configs = [cand.config for _, cand in scored[:PARETO_CONFIGS]] if by_time else None
+    configs = [cand.config for _, cand in scored if not cand.config.replicas][:PARETO_CONFIGS] if by_time else None
     for frac in MEMORY_CAP_FRACTIONS:
         tighter = solve_candidates(cm_search, req_search, num_devices, cap * frac, chain_solver, prune=False, configs=configs)
         k = 2 if by_time else len(tighter)
