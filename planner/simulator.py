@@ -390,7 +390,7 @@ def check_schedule(plan: Plan) -> None:
     """Dry-run ``plan``'s schedule (raises :class:`planner.schedule.ScheduleError`)."""
     reps = plan.stage_replicas if plan.replicated_per_stage else ()
     validate_schedule(_orders(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank, reps),
-                      plan.num_stages, plan.num_microbatches)
+                      plan.num_stages, plan.num_microbatches, replicated=bool(reps))
 
 
 def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:

@@ -57,8 +57,8 @@ def _as_rows(schedule: Schedule) -> list[list[Action | None]]:
     return [[r[i] if i < len(r) else None for r in schedule] for i in range(steps)]
 
 
-def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int) -> None:
-    owner: dict[int, int] = {}
+def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int, replicated: bool = False) -> None:
+    owner: dict[int | tuple[int, int], int] = {}
     seen: set[tuple[int, ActionKind, int]] = set()
     for rank, actions in enumerate(schedule):
         forwards_done: set[tuple[int, int]] = set()
@@ -74,8 +74,11 @@ def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int)
 
             if not (0 <= a.stage_idx < num_stages and 0 <= a.mb_idx < num_microbatches):
                 fail(f"{a} is outside {num_stages} stages x {num_microbatches} micro-batches")
-            if owner.setdefault(a.stage_idx, rank) != rank:
-                fail(f"{a}: stage {a.stage_idx} already runs on rank {owner[a.stage_idx]}")
+            # one rank per stage; replicated per stage: one rank per (stage, micro-batch)
+            where: int | tuple[int, int] = (a.stage_idx, a.mb_idx) if replicated else a.stage_idx
+            if owner.setdefault(where, rank) != rank:
+                what = f"micro-batch {a.mb_idx} of stage {a.stage_idx}" if replicated else f"stage {a.stage_idx}"
+                fail(f"{a}: {what} already runs on rank {owner[where]}")
             key = (a.stage_idx, a.kind, a.mb_idx)
             if key in seen:
                 fail(f"{a} appears twice")
@@ -105,13 +108,14 @@ def _needs(a: Action, num_stages: int) -> tuple[Action, ...]:
     return (own, Action(stage_idx=a.stage_idx + 1, kind=ActionKind.BACKWARD, mb_idx=a.mb_idx))
 
 
-def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int) -> Grid:
+def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int, *, replicated: bool = False) -> Grid:
     """Check ``schedule`` and return its lock-step dry run (steps x ranks; ``None`` = idle).
 
     Raises :class:`ScheduleError` (a :class:`PlannerInputError`) naming the rank and step of a
     misplaced, duplicated or out-of-range action, a backward before its forward, or a deadlock.
+    ``replicated``: a stage may run on several ranks (copies), each micro-batch on one of them.
     """
-    _check_structure(schedule, num_stages, num_microbatches)
+    _check_structure(schedule, num_stages, num_microbatches, replicated)
     heads = [0] * len(schedule)
     done: set[Action] = set()
     rows: list[tuple[Action | None, ...]] = []

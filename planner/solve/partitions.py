@@ -79,3 +79,56 @@ WEIGHTS: dict[str, WeightFn] = {
     "time-balanced": _time,
     "pipedream": _pipedream,
 }
+
+
+def pipedream_split(
+    cm: CostModel, b: int, num_devices: int, counts: "list[int] | None" = None
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """PipeDream's optimizer with per-stage replication (Narayanan et al. SOSP'19, sec. 3.1;
+    one level of its ``optimizer_graph_hierarchical.py``) on the chain: stage boundaries and
+    copy counts minimising the slowest stage, where ``r`` copies of layers ``[i, j)`` take
+    ``max(compute / r, boundary transfer) + 4 (r - 1) |w| / (r B)`` (the same stage weight as
+    the ``pipedream`` baseline). Over prefixes ``[0, j)`` on ``m`` devices::
+
+        A[j][m] = min( T(0, j, m), min_{i < j, r < m} max(A[i][m - r], T(i, j, r)) )
+
+    ``counts`` restricts the copy counts (round-robin needs them to divide M); returns
+    (stage starts, copies per stage), or None if no split uses exactly ``num_devices``."""
+    L, N = cm.num_layers, num_devices
+    allowed = sorted(set(counts)) if counts is not None else list(range(1, N + 1))
+    fwd, bwd = cm.layer_times(b)
+    compute = _prefix_weight(fwd + bwd)
+    bw = cm.cluster.intra_node_bandwidth_gb_per_s
+    comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=0.0) for c in cm.cut_bytes_per_sample])
+    comm = comm_in[:, None] + comm_in[None, :]
+    weights = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param
+
+    def stage(r: int) -> np.ndarray:
+        sync = 4.0 * (r - 1) * weights / (r * bw * 1e9) * 1e3
+        return np.maximum(compute / r, comm) + sync
+
+    times = {r: stage(r) for r in allowed}
+    A = np.full((L + 1, N + 1), np.inf)
+    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    for j in range(1, L + 1):
+        for m in range(1, N + 1):
+            best, arg = (times[m][0, j], (0, m)) if m in times else (np.inf, (0, 0))
+            for r in allowed:
+                if r >= m:
+                    break
+                cand = np.maximum(A[1:j, m - r], times[r][1:j, j])
+                if cand.size:
+                    i = int(np.argmin(cand))
+                    if cand[i] < best:
+                        best, arg = float(cand[i]), (i + 1, r)
+            A[j, m] = best
+            choice[(j, m)] = arg
+    if not np.isfinite(A[L, N]):
+        return None
+    starts, copies, j, m = [], [], L, N
+    while j > 0:
+        i, r = choice[(j, m)]
+        starts.append(i)
+        copies.append(r)
+        j, m = i, m - r
+    return tuple(reversed(starts)), tuple(reversed(copies))

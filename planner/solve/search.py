@@ -25,7 +25,7 @@ from planner.errors import PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
 from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
-from planner.solve.partitions import WEIGHTS, minmax_partition
+from planner.solve.partitions import WEIGHTS, minmax_partition, pipedream_split
 
 #: schedules the DP prices (interleaving changes the in-flight pattern; see the solver issue)
 DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -483,14 +483,43 @@ def replicated_candidates(
         for schedule in schedules:
             cand = solve_replicated_config(cm, request, b, schedule, zero, num_devices, cap,
                                            request.fixed_boundaries, best_ms, tables)
-            if cand is None or len(set(cand.config.replicas)) == 1:
-                continue
-            if request.max_stages and cand.config.num_stages > request.max_stages:
-                continue
-            t = _simulated(cm, cand)
-            out.append((t, cand))
-            best_ms = min(best_ms, t)
+            proposals = [cand] if cand is not None else []
+            proposals += pipedream_proposal(cm, request, b, schedule, zero, num_devices, cap)
+            for prop in proposals:
+                if len(set(prop.config.replicas)) == 1:
+                    continue
+                if request.max_stages and prop.config.num_stages > request.max_stages:
+                    continue
+                t = _simulated(cm, prop)
+                out.append((t, prop))
+                best_ms = min(best_ms, t)
     return out
+
+
+def pipedream_proposal(
+    cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: int, num_devices: int, cap: float
+) -> list[Candidate]:
+    """PipeDream's own replicated split (:func:`planner.solve.partitions.pipedream_split`, copy
+    counts dividing M) with the least recomputation that fits each stage: one more proposal
+    for the simulator, as :func:`alternatives` does for the uniform layouts."""
+    from planner.solve.replicated import replica_counts
+
+    m = request.global_batch // b
+    split = pipedream_split(cm, b, num_devices, replica_counts(num_devices, m))
+    if split is None or not all(f in split[0] for f in request.fixed_boundaries):
+        return []
+    bounds, reps = split
+    config = Config(len(reps), 1, b, m, schedule, zero=zero, replicas=reps)
+    ks = config.inflight()
+    stops = list(bounds[1:]) + [cm.num_layers]
+    rc = [stage_recompute(cm, a, e, b, ks[s], cap, config.stage_shard(s), zero) for s, (a, e) in enumerate(zip(bounds, stops))]
+    if any(r is None for r in rc):
+        return []
+    times = tuple(
+        cm.stage_fwd_ms(a, e, b) + cm.stage_bwd_ms(a, e, b) + cm.recompute_ms(rc[s], b)  # type: ignore[arg-type]
+        for s, (a, e) in enumerate(zip(bounds, stops))
+    )
+    return [Candidate(config, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True))]  # type: ignore[arg-type]
 
 
 def search_plan(
