@@ -45,6 +45,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
 from planner.schedule import ActionKind, Schedule, build_replicated_schedule, build_schedule, validate_schedule
+from planner.schedule.build import check_replicated_rules, replicated_triples
 from planner.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
@@ -81,8 +82,8 @@ def _encoded(
     through the Actions."""
     m = num_microbatches
     if replicas:
-        schedule = build_replicated_schedule(kind, replicas, m)
-        return tuple(tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts) for acts in schedule)
+        check_replicated_rules(kind, replicas, m)
+        return replicated_triples(kind, replicas, m)
     if kind is ScheduleKind.GPIPE and v == 1:
         return tuple(
             tuple((s, False, i) for i in range(m)) + tuple((s, True, i) for i in range(m)) for s in range(num_stages)

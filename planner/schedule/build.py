@@ -190,19 +190,28 @@ def build_replicated_schedule(kind: ScheduleKind, replicas: tuple[int, ...], num
 
 @lru_cache(maxsize=256)
 def _build_replicated(kind: ScheduleKind, replicas: tuple[int, ...], m: int) -> Schedule:
-    out: list[tuple[Action, ...]] = []
+    return tuple(
+        tuple(Action(stage_idx=s, kind=B if is_bwd else F, mb_idx=i) for s, is_bwd, i in ops)
+        for ops in replicated_triples(kind, replicas, m)
+    )
+
+
+@lru_cache(maxsize=256)
+def replicated_triples(kind: ScheduleKind, replicas: tuple[int, ...], m: int) -> tuple[tuple[tuple[int, bool, int], ...], ...]:
+    """The replicated orders as (stage, is_backward, micro-batch) triples (the simulator's
+    tight loop reads these; :func:`build_replicated_schedule` wraps them in Actions)."""
+    out: list[tuple[tuple[int, bool, int], ...]] = []
     for s, d in enumerate(replicas):
         warmup = replicated_warmup(replicas, s, m)
         for r in range(d):
-            mine = list(range(r, m, d))
+            mine = range(r, m, d)
             if kind is ScheduleKind.GPIPE:
-                ops = [Action(stage_idx=s, kind=F, mb_idx=i) for i in mine]
-                ops += [Action(stage_idx=s, kind=B, mb_idx=i) for i in mine]
+                ops = [(s, False, i) for i in mine] + [(s, True, i) for i in mine]
             else:
-                ops = [Action(stage_idx=s, kind=F, mb_idx=i) for i in mine[:warmup]]
+                ops = [(s, False, i) for i in mine[:warmup]]
                 for k, i in enumerate(mine):
-                    ops.append(Action(stage_idx=s, kind=B, mb_idx=i))
+                    ops.append((s, True, i))
                     if warmup + k < len(mine):
-                        ops.append(Action(stage_idx=s, kind=F, mb_idx=mine[warmup + k]))
+                        ops.append((s, False, mine[warmup + k]))
             out.append(tuple(ops))
     return tuple(out)

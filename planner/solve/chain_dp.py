@@ -144,6 +144,11 @@ class StageTable:
         self._choices: dict[tuple[int, int, int], RecomputeChoice] = {}
         self.all_exact = True
 
+    def fits_everywhere(self, inflight: int) -> bool:
+        """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
+        not constrain any partition (so sharding more could not make one faster)."""
+        return bool(np.all(~self.valid | (self.static + inflight * self.act <= self.cap)))
+
     def base(self, inflight: int) -> np.ndarray:
         """``T_k`` without recomputation: compute time where the stage fits as it is, else inf."""
         if inflight not in self._bases:

@@ -109,25 +109,28 @@ def pipedream_split(
 
     times = {r: stage(r) for r in allowed}
     A = np.full((L + 1, N + 1), np.inf)
-    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    arg_i = np.zeros((L + 1, N + 1), dtype=np.int64)  # 0: one stage [0, j) replicated m times
+    arg_r = np.zeros((L + 1, N + 1), dtype=np.int64)
     for j in range(1, L + 1):
-        for m in range(1, N + 1):
-            best, arg = (times[m][0, j], (0, m)) if m in times else (np.inf, (0, 0))
-            for r in allowed:
-                if r >= m:
-                    break
-                cand = np.maximum(A[1:j, m - r], times[r][1:j, j])
-                if cand.size:
-                    i = int(np.argmin(cand))
-                    if cand[i] < best:
-                        best, arg = float(cand[i]), (i + 1, r)
-            A[j, m] = best
-            choice[(j, m)] = arg
+        for r in allowed:
+            if r <= N:
+                A[j, r], arg_r[j, r] = times[r][0, j], r
+        for r in allowed:
+            if r >= N or j < 2:
+                continue
+            # last stage [i, j) with r copies after a prefix [0, i) on m - r devices, all m > r at once
+            cand = np.maximum(A[1:j, 1 : N + 1 - r], times[r][1:j, j][:, None])  # rows i = 1..j-1, cols m = r+1..N
+            i = np.argmin(cand, axis=0)
+            val = cand[i, np.arange(cand.shape[1])]
+            better = val < A[j, r + 1 :]
+            A[j, r + 1 :] = np.where(better, val, A[j, r + 1 :])
+            arg_i[j, r + 1 :] = np.where(better, i + 1, arg_i[j, r + 1 :])
+            arg_r[j, r + 1 :] = np.where(better, r, arg_r[j, r + 1 :])
     if not np.isfinite(A[L, N]):
         return None
     starts, copies, j, m = [], [], L, N
     while j > 0:
-        i, r = choice[(j, m)]
+        i, r = int(arg_i[j, m]), int(arg_r[j, m])
         starts.append(i)
         copies.append(r)
         j, m = i, m - r

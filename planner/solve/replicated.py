@@ -187,6 +187,11 @@ def solve_replicated(
     if not caps_set:
         return None
     caps = np.array(sorted(caps_set))
+    # J >= (M - 1) x the bottleneck: caps above limit / (M - 1) cannot give a better plan
+    if m > 1 and limit_ms < INF:
+        caps = caps[caps <= limit_ms / (m - 1) * (1 + 1e-9)]
+        if caps.size == 0:
+            return None
     best: tuple[float, float] | None = None
     cap = float(caps[-1])
     while True:

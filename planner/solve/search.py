@@ -26,6 +26,7 @@ from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
 from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
 from planner.solve.partitions import WEIGHTS, minmax_partition, pipedream_split
+from planner.solve.replicated import replica_counts
 
 #: schedules the DP prices (interleaving changes the in-flight pattern; see the solver issue)
 DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -47,6 +48,8 @@ CHAIN_MAX = 64
 EXPLAIN_MAX_LAYERS = 256
 #: layers on each side of a coarse boundary that the refinement plans one by one
 REFINE_RADIUS = 4
+#: micro-batch sizes (of the best uniform plans) for which per-stage replication is searched
+REPLICATED_SIZES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,13 +211,20 @@ def solve_candidates(
     for c in ordered:
         if prune and config_lower_bound_ms(cm, c) > best:
             continue
+        def table_of(c: Config) -> StageTable:
+            key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
+            if key not in tables:
+                # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
+                tables[key] = StageTable(
+                    cm, c.microbatch_size, cap_bytes / c.virtual_stages, request.fixed_boundaries,
+                    allow_recompute=request.recompute, shard=c.shard, zero=c.zero,
+                )
+            return tables[key]
+
+        if c.zero and table_of(dataclasses.replace(c, zero=0)).fits_everywhere(max(c.inflight())):
+            c = dataclasses.replace(c, zero=0)  # memory binds nowhere: sharding cannot help
         key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
-        if key not in tables:
-            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
-            tables[key] = StageTable(
-                cm, c.microbatch_size, cap_bytes / c.virtual_stages, request.fixed_boundaries,
-                allow_recompute=request.recompute, shard=c.shard, zero=c.zero,
-            )
+        table_of(c)
         sol = _solve_config(chain_solver, tables[key], c)
         if sol is None:
             continue
@@ -425,7 +435,8 @@ def refine(
                        allow_recompute=request.recompute, shard=cand.config.shard, zero=cand.config.zero)
     c = cand.config
     if c.replicas:
-        again = solve_replicated_config(merged, request, c.microbatch_size, c.schedule, c.zero, sum(c.replicas), cap, fixed)
+        again = solve_replicated_config(merged, request, c.microbatch_size, c.schedule, c.zero, sum(c.replicas), cap, fixed,
+                                        _simulated(cm, coarse))
         if again is None:
             return coarse
         fine = to_layers(cm, again, finer_starts, cap)
@@ -443,11 +454,15 @@ def solve_replicated_config(
 ) -> Candidate | None:
     """The best pipeline replicated per stage for one micro-batch size, schedule and ZeRO stage
     (:mod:`planner.solve.replicated`), as a Candidate (None if nothing fits)."""
-    from planner.solve.replicated import replica_counts, solve_replicated
+    from planner.solve.replicated import solve_replicated
 
     m = request.global_batch // b
     if tables is None:
         tables = {}
+    if zero:
+        plain = StageTable(cm, b, cap, fixed, allow_recompute=request.recompute)
+        if plain.fits_everywhere(m):  # memory binds nowhere: sharding cannot help
+            zero, tables = 0, {1: plain}
     for d in replica_counts(num_devices, m):
         if d not in tables:
             shared = tables.get(1) if not zero and 1 in tables else None
@@ -461,34 +476,47 @@ def solve_replicated_config(
 
 
 def replicated_candidates(
-    cm: CostModel, request: PlanRequest, num_devices: int, cap: float, best_ms: float
+    cm: CostModel, request: PlanRequest, num_devices: int, cap: float, uniform: list[tuple[float, Candidate]]
 ) -> list[tuple[float, Candidate]]:
-    """Pipelines whose stages have their own copy counts (PipeDream's optimizer), per
-    micro-batch size and schedule, with their simulated times; only layouts that are not
-    uniform (those are the P x D configurations already searched). Sizes whose average-work
-    bound cannot beat ``best_ms`` are skipped."""
+    """Pipelines whose stages have their own copy counts (PipeDream's optimizer), with their
+    simulated times; only layouts that are not uniform (those are the P x D configurations
+    already searched). Searched for the micro-batch sizes of the :data:`REPLICATED_SIZES`
+    best uniform plans (every size when none fits), each exactly over partitions and copy
+    counts; sizes whose average-work bound cannot beat the best plan so far are skipped."""
     if not request.per_stage_replication or num_devices < 2:
         return []
+    best_ms = uniform[0][0] if uniform else float("inf")
+    sizes = list(dict.fromkeys(cand.config.microbatch_size for _, cand in uniform))[:REPLICATED_SIZES]
     zero = searched_zero(request, num_devices)
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     out: list[tuple[float, Candidate]] = []
-    fp, bp = None, None
-    for b in microbatch_sizes(request, request.global_batch):
+    for b in sizes or microbatch_sizes(request, request.global_batch):
         m = request.global_batch // b
         fp, bp = cm.time_prefix(b)
         work = float(fp[-1] + bp[-1])
         if m < 2 or max(m * work / num_devices, work) > best_ms:
             continue
         tables: dict[int, StageTable] = {}
+        split = pipedream_split(cm, b, num_devices, replica_counts(num_devices, m))
+        # J is the same for both schedules and 1F1B holds fewer micro-batches, so its optimum is
+        # never worse: solved once (under 1F1B when allowed), the partition is proposed under
+        # every allowed schedule it fits
+        first = ScheduleKind.ONE_F_ONE_B if ScheduleKind.ONE_F_ONE_B in schedules else schedules[0]
+        solved = solve_replicated_config(cm, request, b, first, zero, num_devices, cap,
+                                         request.fixed_boundaries, best_ms, tables)
         for schedule in schedules:
-            cand = solve_replicated_config(cm, request, b, schedule, zero, num_devices, cap,
-                                           request.fixed_boundaries, best_ms, tables)
-            proposals = [cand] if cand is not None else []
-            proposals += pipedream_proposal(cm, request, b, schedule, zero, num_devices, cap)
+            proposals = [] if solved is None else [
+                c for c in [same_split(cm, solved, schedule, cap)] if c is not None
+            ]
+            proposals += pipedream_proposal(cm, request, b, schedule, zero, cap, split)
             for prop in proposals:
-                if len(set(prop.config.replicas)) == 1:
+                reps = prop.config.replicas
+                if len(set(reps)) == 1:
                     continue
                 if request.max_stages and prop.config.num_stages > request.max_stages:
+                    continue
+                # the busiest copy does (M / R) x its stage's work: no faster than that
+                if max(m // d * t for d, t in zip(reps, prop.solution.stage_times_ms)) > best_ms:
                     continue
                 t = _simulated(cm, prop)
                 out.append((t, prop))
@@ -496,16 +524,30 @@ def replicated_candidates(
     return out
 
 
-def pipedream_proposal(
-    cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: int, num_devices: int, cap: float
-) -> list[Candidate]:
-    """PipeDream's own replicated split (:func:`planner.solve.partitions.pipedream_split`, copy
-    counts dividing M) with the least recomputation that fits each stage: one more proposal
-    for the simulator, as :func:`alternatives` does for the uniform layouts."""
-    from planner.solve.replicated import replica_counts
+def same_split(cm: CostModel, cand: Candidate, schedule: ScheduleKind, cap: float) -> Candidate | None:
+    """``cand``'s partition and copies under ``schedule``, if its stages (recomputing as
+    before) still fit; None otherwise."""
+    c = cand.config
+    if schedule is c.schedule:
+        return cand
+    other = Candidate(dataclasses.replace(c, schedule=schedule), cand.solution)
+    ks = other.config.inflight()
+    stops = list(cand.solution.boundaries[1:]) + [cm.num_layers]
+    for s, (a, e) in enumerate(zip(cand.solution.boundaries, stops)):
+        mem = cm.stage_memory(a, e, cand.solution.recompute[s], c.microbatch_size, ks[s], c.stage_shard(s), c.zero)
+        if mem.total_bytes > cap:
+            return None
+    return other
 
+
+def pipedream_proposal(
+    cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: int, cap: float,
+    split: tuple[tuple[int, ...], tuple[int, ...]] | None,
+) -> list[Candidate]:
+    """PipeDream's own replicated ``split`` (:func:`planner.solve.partitions.pipedream_split`,
+    copy counts dividing M) with the least recomputation that fits each stage: one more
+    proposal for the simulator, as :func:`alternatives` does for the uniform layouts."""
     m = request.global_batch // b
-    split = pipedream_split(cm, b, num_devices, replica_counts(num_devices, m))
     if split is None or not all(f in split[0] for f in request.fixed_boundaries):
         return []
     bounds, reps = split
@@ -557,8 +599,7 @@ def search_plan(
 
     scored = solve_candidates(cm_search, req_search, num_devices, cap, chain_solver, prune=by_time)
     if chain_solver is solve_chain and by_time:
-        best_ms = scored[0][0] if scored else float("inf")
-        scored += replicated_candidates(cm_search, req_search, num_devices, cap, best_ms)
+        scored += replicated_candidates(cm_search, req_search, num_devices, cap, scored)
         scored.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
     if not scored:
         from planner.solve.infeasible import explain_infeasible
