@@ -181,6 +181,8 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
         microbatch_size=plan.microbatch_size,
         schedule=plan.schedule,
         solver=plan.provenance.solver,
+        zero=plan.zero,
+        replicas=plan.stage_replicas if plan.replicated_per_stage else (),
     )
 
 

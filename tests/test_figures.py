@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib.colors as mcolors
 import matplotlib.image as mimage
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 
 from planner.artifacts.request import ScheduleKind
 from planner.report.figures import COLORS, plot_memory, plot_timeline
@@ -32,9 +35,30 @@ def test_timeline_png(tmp_path):
     assert path.stat().st_size > 20_000
     pixels = mimage.imread(path)
     assert pixels.shape[0] > 300 and pixels.shape[1] > 1000
+    zero_kinds = (SegmentKind.REDUCE_SCATTER, SegmentKind.ALL_GATHER)
     for kind in SegmentKind:
-        if kind is not SegmentKind.OPTIMIZER:  # no optimizer time in this plan
+        if kind is not SegmentKind.OPTIMIZER and kind not in zero_kinds:  # no optimizer time, no ZeRO here
             assert has_colour(pixels, COLORS[kind]), kind
+    for kind in zero_kinds:
+        assert not has_colour(pixels, COLORS[kind]), kind
+
+
+def test_zero_plan_draws_reduce_scatter_and_all_gather(tmp_path):
+    """A ZeRO plan's gradient synchronisation is drawn as its two collectives, each half of the
+    time (planner.cost prices the pair on the all-reduce line), in place of the all-reduce."""
+    path = tmp_path / "zero.png"
+    timeline = simulate(dataclasses.replace(busy_plan(), zero=2))
+    segs = timeline.segments()
+    rs = [s for s in segs if s.kind is SegmentKind.REDUCE_SCATTER]
+    ag = [s for s in segs if s.kind is SegmentKind.ALL_GATHER]
+    assert len(rs) == len(ag) == 3 and not any(s.kind is SegmentKind.ALLREDUCE for s in segs)
+    for a, b in zip(rs, ag):
+        assert a.end_ms == b.start_ms and a.end_ms - a.start_ms == pytest.approx(1.5)
+    plot_timeline(timeline, path)
+    pixels = mimage.imread(path)
+    for kind in (SegmentKind.REDUCE_SCATTER, SegmentKind.ALL_GATHER):
+        assert has_colour(pixels, COLORS[kind]), kind
+    assert not has_colour(pixels, COLORS[SegmentKind.ALLREDUCE])
 
 
 def test_memory_png(tmp_path):

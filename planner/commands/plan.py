@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind], help="optimizer and precision (default: %(default)s)")
     p.add_argument("--time-budget-ms", type=nonneg_float, default=0.0, help="for --objective memory: slowest acceptable iteration")
     p.add_argument("--fixed-boundaries", type=int_list, default=(), help="comma-separated layer indices where a stage must start")
+    p.add_argument("--zero", type=int_list, default=(0, 1, 2),
+                   help="ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
+                        "2 also gradients (default: 0,1,2)")
+    p.add_argument("--no-stage-replication", action="store_true",
+                   help="only plans whose stages all have the same replica count (no PipeDream-style per-stage replication)")
     p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
@@ -67,6 +72,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             time_budget_ms=args.time_budget_ms,
             fixed_boundaries=args.fixed_boundaries,
             solver=args.solver,
+            zero_stages=args.zero,
+            per_stage_replication=not args.no_stage_replication,
         )
     except ValueError as exc:
         raise PlannerInputError(str(exc)) from None

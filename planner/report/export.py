@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from planner.artifacts.plan import Plan
+from planner.errors import PlannerInputError
 from planner.schedule import build_schedule, write_schedule_csv
 
 __all__ = ["stage_module_names", "write_plan_schedule_csv", "write_stage_module_names"]
@@ -29,5 +30,12 @@ def write_stage_module_names(plan: Plan, path: str | Path) -> None:
 
 
 def write_plan_schedule_csv(plan: Plan, path: str | Path) -> None:
+    if plan.replicated_per_stage:
+        raise PlannerInputError(
+            "the plan replicates stages per stage (copies "
+            f"{'+'.join(map(str, plan.stage_replicas))}): torch.distributed.pipelining's CSV schedules run one "
+            "stage per rank; its per-rank orders are planner.schedule.build_replicated_schedule's, run by "
+            "planner's own runtime"
+        )
     schedule = build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank)
     write_schedule_csv(schedule, path)

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.report.figures import _finish, _unit, plot_timeline  # noqa: E402
+from planner.report.table import layout_label  # noqa: E402
 from planner.simulator import simulate  # noqa: E402
 
 __all__ = ["MEMORY_COLORS", "plot_pareto", "plot_stage_memory", "plot_timelines"]
@@ -55,7 +56,7 @@ def _ms(value: float) -> str:
 
 def _describe(plan: Plan) -> str:
     rc = sum(len(s.recompute) for s in plan.stages)
-    return (f"P={plan.num_stages} x D={plan.dp_degree}, {plan.schedule.value}, M={plan.num_microbatches} x "
+    return (f"{layout_label(plan)}, {plan.schedule.value}, M={plan.num_microbatches} x "
             f"mb {plan.microbatch_size}, {rc} recomputed")
 
 
@@ -99,7 +100,7 @@ def plot_stage_memory(
         _stage_bars(ax, plan, scale)
         if cap_on_scale:
             ax.axhline(cap / scale, color="#C44E52", ls="--", lw=1)
-        ax.set_title(f"{name}\nP={plan.num_stages} x D={plan.dp_degree}, {plan.schedule.value}", fontsize=8)
+        ax.set_title(f"{name}\n{layout_label(plan)}, {plan.schedule.value}", fontsize=8)
         ax.set_xlabel("stage")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)

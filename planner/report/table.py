@@ -23,6 +23,15 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ",".join(map(str, ranks))
 
 
+def layout_label(plan: Plan) -> str:
+    """``P=4 x D=2, ZeRO-1`` or, replicated per stage, ``P=3 replicated 2+1+1``."""
+    if plan.replicated_per_stage:
+        text = f"P={plan.num_stages} replicated {'+'.join(map(str, plan.stage_replicas))}"
+    else:
+        text = f"P={plan.num_stages} x D={plan.dp_degree}"
+    return text + (f", ZeRO-{plan.zero}" if plan.zero else ", no ZeRO")
+
+
 def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
     right = right if right is not None else set(range(1, len(headers)))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
@@ -37,15 +46,12 @@ def format_plan(plan: Plan) -> str:
     """The plan as a table: one row per stage, then the predicted totals."""
     p = plan.predicted
     prov = plan.provenance
-    zero = f", ZeRO-{plan.zero}" if plan.zero else ", no ZeRO"
-    if plan.replicated_per_stage:
-        layout = (f"P={plan.num_stages} stages replicated per stage "
-                  f"({' + '.join(map(str, plan.stage_replicas))} devices), schedule {plan.schedule.value}{zero}, ")
-    elif plan.virtual_stages_per_rank == 1:
-        layout = f"P={plan.num_stages} stages x D={plan.dp_degree} replicas, schedule {plan.schedule.value}{zero}, "
+    if plan.virtual_stages_per_rank == 1:
+        layout = f"{layout_label(plan)}, schedule {plan.schedule.value}, "
     else:
         layout = (f"{plan.num_stages} stages on P={plan.num_stages // plan.virtual_stages_per_rank} pipeline ranks "
-                  f"({plan.virtual_stages_per_rank} each) x D={plan.dp_degree} replicas, schedule {plan.schedule.value}{zero}, ")
+                  f"({plan.virtual_stages_per_rank} each) x D={plan.dp_degree}"
+                  f"{f', ZeRO-{plan.zero}' if plan.zero else ', no ZeRO'}, schedule {plan.schedule.value}, ")
     head = (
         f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver!r}\n"
         + layout
