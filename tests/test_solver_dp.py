@@ -32,11 +32,15 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
     schedule=st.sampled_from([ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]),
     cap_gb=st.floats(0.05, 2.0),
     dp_degree=st.sampled_from([1, 2, 3]),
+    zero=st.sampled_from([0, 1, 2]),
 )
-def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb, dp_degree):
+def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb, dp_degree, zero):
+    """Also under ZeRO: the three solvers read the sharded memory and the reduce-scatter +
+    all-gather pricing from the same table."""
     prof = chain_profile(layers)
     cm = CostModel(prof, small_cluster(8))
-    table = StageTable(cm, microbatch_size, cap_gb * 1e9)
+    shard = dp_degree if zero else 1
+    table = StageTable(cm, microbatch_size, cap_gb * 1e9, shard=shard, zero=zero)
     kw = dict(num_stages=num_stages, dp_degree=dp_degree, num_microbatches=num_microbatches, schedule=schedule)
     dp = solve_chain(table, **kw)
     bf = solve_chain_bruteforce(table, **kw)
@@ -52,7 +56,7 @@ def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
         k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
-        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k).total_bytes <= table.cap
+        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, shard, zero).total_bytes <= table.cap
 
 
 @SETTINGS
