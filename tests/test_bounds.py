@@ -15,6 +15,8 @@ from planner.bounds import partition_bounds as lower_bounds
 from planner.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
 from planner.errors import PlannerInputError
 from planner.simulator import simulate, simulate_iteration_ms
+from planner.artifacts.request import PlanRequest
+from tests.chains import chain_profile, layer_dicts, small_cluster
 from tests.plan_factory import make_plan
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
@@ -89,3 +91,68 @@ def test_bad_shapes_are_clear_errors():
         lower_bounds_from_arrays(4, [1.0] * 3, [1.0] * 3, virtual_stages_per_rank=2)
     with pytest.raises(PlannerInputError, match="M=0"):
         lower_bounds_from_arrays(0, [1.0], [1.0])
+
+
+# ----------------------------------------------------------------- the machine bound and MFU
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=layer_dicts(5), n=st.sampled_from([1, 2, 4]), batch=st.sampled_from([4, 8]))
+def test_machine_bound_bounds_every_solver_and_baseline(layers, n, batch):
+    """No plan of any solver beats the machine bound; and it is the same number for all of them."""
+    from planner.bounds import machine_bound_ms
+    from planner.errors import InfeasibleError
+    from planner.solve import SOLVERS, plan as solve
+
+    prof = chain_profile(layers)
+    cluster = small_cluster(n, memory_bytes=10**11)
+    bound = machine_bound_ms(prof, cluster, batch, n)
+    for solver in SOLVERS:
+        if solver == "ilp":
+            continue  # slow; priced as dp (tests/test_solver_dp.py)
+        try:
+            p = solve(prof, cluster, PlanRequest(global_batch=batch, solver=solver))
+        except InfeasibleError:
+            continue
+        assert p.predicted.machine_bound_ms == pytest.approx(bound)
+        assert p.predicted.iteration_ms >= bound * (1 - 1e-9), solver
+
+
+def test_machine_bound_takes_the_best_micro_batch_size():
+    """Per-sample time falls with the micro-batch size when layers have a fixed cost: the bound
+    uses the cheapest size any plan of this batch could use, not the profiled ones only."""
+    from planner.bounds import machine_bound_ms
+
+    prof = chain_profile([dict(fwd=1.0, fwd0=4.0, bwd=2.0, bwd0=4.0, params=1, saved=1.0, inp=1.0, out=1.0)])
+    # b = 8 (the whole batch): (4 + 8) + (4 + 16) = 32 ms for 8 samples on one device; on 2, 16 ms
+    assert machine_bound_ms(prof, small_cluster(2), 8, 2) == pytest.approx(16.0)
+
+
+def test_default_plan_flops_and_mfu():
+    """GPT-3 13B: model FLOPs = 3 x forward (72 B s l h^2 (1 + s/6h + V/12lh)), within 15% of the
+    6 N tokens rule of thumb (attention and the head add to it); MFU = achieved / peak."""
+    from planner.analytic import model_flops_per_sample
+    from planner.defaults import default_profile
+    from planner.solve import plan as solve
+
+    prof = default_profile()
+    l, h, s, v = 40, 5120, 2048, 50257
+    want = 72 * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    assert model_flops_per_sample(prof) == pytest.approx(want, rel=1e-12)
+    params = sum(layer.param_count for layer in prof.layers) - prof.tied[0].param_count
+    ratio = model_flops_per_sample(prof) / (6 * params * s)
+    assert 1.0 < ratio < 1.15, ratio
+    p = solve(prof, None, PlanRequest(global_batch=64))
+    pred = p.predicted
+    assert pred.model_flops_per_iteration == pytest.approx(64 * want)
+    assert pred.achieved_tflops_per_device == pytest.approx(64 * want / (pred.iteration_ms / 1e3) / 8 / 1e12)
+    assert pred.mfu == pytest.approx(pred.achieved_tflops_per_device / 312.0)
+    assert 0 < pred.mfu < 0.5  # the profile assumes 50% of peak in compute; bubbles only lower it
+    assert pred.machine_bound_ms <= pred.iteration_ms
+
+
+def test_no_flops_for_a_model_that_is_not_a_decoder():
+    from planner.analytic import model_flops_per_sample
+
+    prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=1, saved=1.0, inp=1.0, out=1.0)])
+    assert model_flops_per_sample(prof) == 0.0
