@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import ParetoPoint, Plan
@@ -398,24 +398,32 @@ def alternatives(cm: CostModel, c: Config, cap: float) -> list[Candidate]:
     judges the all-reduce overlap more finely than the DP objective does."""
     if c.virtual_stages > 1 or c.num_stages == 1 or c.replicas:
         return []
-    ks = inflight_counts(c.schedule, c.num_stages, c.num_microbatches)
     out = []
     for name in ALTERNATIVE_PARTITIONS:
         bounds = minmax_partition(WEIGHTS[name](cm, c.microbatch_size, c.num_stages, c.dp_degree), c.num_stages)
-        if bounds is None:
-            continue
-        stops = list(bounds[1:]) + [cm.num_layers]
-        rc = [stage_recompute(cm, a, z, c.microbatch_size, ks[s], cap, c.shard, c.zero)
-              for s, (a, z) in enumerate(zip(bounds, stops))]
-        if any(r is None for r in rc):
-            continue
-        times = tuple(
-            cm.stage_fwd_ms(a, z, c.microbatch_size) + cm.stage_bwd_ms(a, z, c.microbatch_size)
-            + cm.recompute_ms(rc[s], c.microbatch_size)
-            for s, (a, z) in enumerate(zip(bounds, stops))
-        )
-        out.append(Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True)))  # type: ignore[arg-type]
+        cand = None if bounds is None else fixed_split(cm, c, bounds, cap)
+        if cand is not None:
+            out.append(cand)
     return out
+
+
+def fixed_split(cm: CostModel, c: Config, bounds: Sequence[int], cap: float) -> Candidate | None:
+    """A given partition under configuration ``c``, each stage with the least recomputation
+    that fits ``cap`` (None if a stage cannot fit)."""
+    ks = c.inflight()
+    b = c.microbatch_size
+    stops = list(bounds[1:]) + [cm.num_layers]
+    rc = []
+    for s, (a, z) in enumerate(zip(bounds, stops)):
+        chosen = stage_recompute(cm, a, z, b, ks[s], cap, c.stage_shard(s), c.zero)
+        if chosen is None:
+            return None
+        rc.append(chosen)
+    times = tuple(
+        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(rc[s], b)
+        for s, (a, z) in enumerate(zip(bounds, stops))
+    )
+    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True))
 
 
 def refine(
@@ -547,21 +555,12 @@ def pipedream_proposal(
     """PipeDream's own replicated ``split`` (:func:`planner.solve.partitions.pipedream_split`,
     copy counts dividing M) with the least recomputation that fits each stage: one more
     proposal for the simulator, as :func:`alternatives` does for the uniform layouts."""
-    m = request.global_batch // b
     if split is None or not all(f in split[0] for f in request.fixed_boundaries):
         return []
     bounds, reps = split
-    config = Config(len(reps), 1, b, m, schedule, zero=zero, replicas=reps)
-    ks = config.inflight()
-    stops = list(bounds[1:]) + [cm.num_layers]
-    rc = [stage_recompute(cm, a, e, b, ks[s], cap, config.stage_shard(s), zero) for s, (a, e) in enumerate(zip(bounds, stops))]
-    if any(r is None for r in rc):
-        return []
-    times = tuple(
-        cm.stage_fwd_ms(a, e, b) + cm.stage_bwd_ms(a, e, b) + cm.recompute_ms(rc[s], b)  # type: ignore[arg-type]
-        for s, (a, e) in enumerate(zip(bounds, stops))
-    )
-    return [Candidate(config, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True))]  # type: ignore[arg-type]
+    config = Config(len(reps), 1, b, request.global_batch // b, schedule, zero=zero, replicas=reps)
+    cand = fixed_split(cm, config, bounds, cap)
+    return [cand] if cand is not None else []
 
 
 def search_plan(
