@@ -7,13 +7,18 @@ Usage (what tests/test_runtime_numerics.py does)::
 
 CONFIGS.json is a list of objects with: name, model (factory spec), boundaries, dp_degree,
 num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps, and
-optionally virtual_stages_per_rank (interleaved 1F1B). Every config
-must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs and the
-max absolute and relative differences of losses and of every stage's final gradients.
+optionally virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), and checkpoint_dir
+with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes). Every config
+must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
+max absolute and relative differences of losses, of every stage's final gradients (with
+ZeRO, of each rank's gradient shard) and of the final parameters, and per rank the
+optimizer state bytes, gradient bytes after the sync, and the data-parallel parameters'
+element and tensor counts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from datetime import timedelta
@@ -29,6 +34,7 @@ from planner.artifacts.request import ScheduleKind  # noqa: E402
 from planner.runtime.engine import RankRunner  # noqa: E402
 from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
+from planner.runtime.zero import flatten  # noqa: E402
 from tests.factories import make_plan  # noqa: E402
 
 LR = 0.05
@@ -40,8 +46,11 @@ def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optim
     return torch.optim.SGD(params, lr=LR, foreach=False)
 
 
-def reference(cfg: dict[str, Any], global_batch: int) -> tuple[list[float], list[list[torch.Tensor]]]:
-    """One process, whole model, whole global batch: losses per step and the last grads per layer."""
+def reference(
+    cfg: dict[str, Any], global_batch: int
+) -> tuple[list[float], list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """One process, whole model, whole global batch: losses per step, the last grads and the
+    final parameters per layer."""
     workload = load_workload(cfg["model"], 0, cfg["dtype"])
     cast_workload(workload, cfg["dtype"])
     unique = list({id(p): p for layer in workload.layers for p in layer.parameters()}.values())
@@ -58,7 +67,75 @@ def reference(cfg: dict[str, Any], global_batch: int) -> tuple[list[float], list
         opt.step()
         losses.append(float(loss.detach().double()))
     grads = [[p.grad.detach().clone() for p in layer.parameters()] for layer in workload.layers]
-    return losses, grads
+    params = [[p.detach().clone() for p in layer.parameters()] for layer in workload.layers]
+    return losses, grads, params
+
+
+def _max_diff(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max |got - ref|, max |ref|)."""
+    return float((got.double() - ref.double()).abs().max()), float(ref.double().abs().max())
+
+
+def compare(runner: RankRunner, ref_grads: list[list[torch.Tensor]], ref_params: list[list[torch.Tensor]]) -> list[float]:
+    """Max abs grad diff and scale, max abs param diff and scale, over every stage the rank ran
+    (several with interleaved 1F1B). A parameter whose gradient ZeRO keeps only as the shard's
+    (``param.grad`` None) is compared through the shard: ``master.grad`` against the same slice
+    of the flattened reference gradients."""
+    out = [0.0, 0.0, 0.0, 0.0]
+
+    def add(at: int, diff: tuple[float, float]) -> None:
+        out[at], out[at + 1] = max(out[at], diff[0]), max(out[at + 1], diff[1])
+
+    for chunk in runner.chunks:
+        ref_grad_of = {}
+        for k, layer in enumerate(chunk.module.layers):
+            refs = zip(layer.parameters(), ref_grads[chunk.stage_plan.layer_start + k], ref_params[chunk.stage_plan.layer_start + k])
+            for p, ref_grad, ref_param in refs:
+                ref_grad_of[id(p)] = ref_grad
+                add(2, _max_diff(p.detach(), ref_param))
+                if p.grad is not None:
+                    add(0, _max_diff(p.grad, ref_grad))
+        if chunk.zero is not None:
+            layout = chunk.zero.layout
+            flat = flatten([ref_grad_of[id(p)] for p in chunk.zero.params], layout)
+            assert chunk.zero.master.grad is not None
+            add(0, _max_diff(chunk.zero.master.grad, flat[layout.shard_start : layout.shard_stop]))
+    return out
+
+
+STATE_KEYS = ("optimizer_bytes", "grad_bytes", "numel", "tensors")
+
+
+def model_state(runner: RankRunner, measure: Any) -> list[float]:
+    """Per stage chunk of this rank: optimizer state bytes, gradient bytes after the sync, and
+    the elements and tensors of the parameters its optimizer steps (for ZeRO: the
+    parameters behind the shard)."""
+    out: list[float] = []
+    for chunk, optim, grads in zip(runner.chunks, measure.stage_optimizer_state_bytes, measure.stage_grad_bytes):
+        params = [] if chunk.optimizer is None else list(chunk.optimizer.param_groups[0]["params"])
+        if chunk.zero is not None:
+            params = [p for p in params if p is not chunk.zero.master] + chunk.zero.params
+        out += [float(optim), float(grads), float(sum(p.numel() for p in params)), float(len(params))]
+    return out
+
+
+def _train(cfg: dict[str, Any], plan: Any, rank: int, *, num_steps: int, **kw: Any) -> tuple[RankRunner, Any]:
+    workload = load_workload(cfg["model"], 0, cfg["dtype"])
+    cast_workload(workload, cfg["dtype"])
+    options = RuntimeOptions(
+        plan_path="<driver>",
+        model_spec=cfg["model"],
+        num_steps=num_steps,
+        dtype=cfg["dtype"],
+        optimizer=RuntimeOptimizer(cfg["optimizer"]),
+        lr=LR,
+        warmup_steps=0,
+        timeout_s=60.0,
+        checkpoint_dir=cfg.get("checkpoint_dir", ""),
+        **kw,
+    )
+    runner = RankRunner(plan, workload, options, rank, torch.device("cpu"))
+    return runner, runner.run()
 
 
 def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -73,31 +150,26 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         recompute=cfg["recompute"],
         virtual_stages_per_rank=cfg.get("virtual_stages_per_rank", 1),
     )
+    plan = dataclasses.replace(plan, zero=cfg.get("zero", 0))
     if plan.num_devices != dist.get_world_size():
         raise ValueError(f"config {cfg['name']} needs {plan.num_devices} processes")
-    cast_workload(workload, cfg["dtype"])
-    options = RuntimeOptions(
-        plan_path="<driver>",
-        model_spec=cfg["model"],
-        num_steps=cfg["steps"],
-        dtype=cfg["dtype"],
-        optimizer=RuntimeOptimizer(cfg["optimizer"]),
-        lr=LR,
-        warmup_steps=0,
-        timeout_s=60.0,
+    resume_at = cfg.get("resume_at", 0)
+    earlier: list[float] = []
+    if resume_at:  # train to the checkpoint, then a fresh runner (new model, new optimizer) resumes
+        _, first_measure = _train(cfg, plan, rank, num_steps=resume_at, checkpoint_every=resume_at)
+        earlier = [s.loss for s in first_measure.steps]
+    runner, measure = _train(cfg, plan, rank, num_steps=cfg["steps"], resume=bool(resume_at))
+    ref_losses, ref_grads, ref_params = reference(cfg, plan.global_batch)
+    grad_abs, grad_scale, param_abs, param_scale = compare(runner, ref_grads, ref_params)
+    stats = torch.tensor(
+        [grad_abs, grad_abs / grad_scale if grad_scale else 0.0, param_abs, param_abs / param_scale if param_scale else 0.0],
+        dtype=torch.float64,
     )
-    runner = RankRunner(plan, workload, options, rank, torch.device("cpu"))
-    measure = runner.run()
-    ref_losses, ref_grads = reference(cfg, plan.global_batch)
-    abs_diff, scale = 0.0, 0.0
-    for chunk in runner.chunks:  # every stage the rank ran (several with interleaved 1F1B)
-        for k, layer in enumerate(chunk.module.layers):
-            for p, ref in zip(layer.parameters(), ref_grads[chunk.stage_plan.layer_start + k]):
-                abs_diff = max(abs_diff, float((p.grad.double() - ref.double()).abs().max()))
-                scale = max(scale, float(ref.double().abs().max()))
-    stats = torch.tensor([abs_diff, abs_diff / scale if scale else 0.0], dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    losses = [s.loss for s in measure.steps]
+    state = torch.tensor(model_state(runner, measure), dtype=torch.float64)
+    per_rank = [torch.zeros_like(state) for _ in range(dist.get_world_size())]
+    dist.all_gather(per_rank, state)
+    losses = earlier + [s.loss for s in measure.steps]
     loss_abs = max(abs(a - b) for a, b in zip(losses, ref_losses))
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     return {
@@ -108,7 +180,12 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         "loss_rel_diff": loss_rel,
         "grad_abs_diff": float(stats[0]),
         "grad_rel_diff": float(stats[1]),
+        "param_abs_diff": float(stats[2]),
+        "param_rel_diff": float(stats[3]),
         "saved_bytes_peak": measure.saved_bytes_peak,
+        "model_state": [  # per rank, per chunk
+            [dict(zip(STATE_KEYS, map(int, chunk.tolist()))) for chunk in r.view(-1, len(STATE_KEYS))] for r in per_rank
+        ],
     }
 
 

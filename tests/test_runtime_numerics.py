@@ -1,7 +1,12 @@
 """The runtime trains exactly as one process would: P in {1, 2, 4}, D in {1, 2} (within 4
 processes), GPipe and 1F1B, with and without recomputation, float64 to 1e-12 and float32 to
 1e-6 relative; plus the skip-connection model and the tied-embedding GPT; plus interleaved
-1F1B (P = 2 ranks x v = 2 stages each, 4 stages, D in {1, 2}), in the same launches.
+1F1B (P = 2 ranks x v = 2 stages each, 4 stages, D in {1, 2}), in the same launches; plus
+ZeRO 1 and 2 with AdamW (P in {1, 2}, D = 2, interleaved and a tie split over pipeline
+ranks too): losses and final parameters to 1e-12 relative in float64, and the optimizer
+state and gradient bytes each rank holds, exactly (``check_model_state``); one ZeRO 2 run
+resumes from a checkpoint of its first step, each rank reloading its own optimizer shard
+(step 2's loss depends on that state).
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), because starting processes and importing torch costs seconds.
@@ -49,6 +54,11 @@ def _cfg(name: str, model: str, p: int, d: int, schedule: str, recompute: bool, 
     return cfg
 
 
+def _zero(name: str, model: str, p: int, schedule: str, zero: int, **kw: Any) -> dict[str, Any]:
+    """ZeRO with AdamW (so the optimizer state matters) on D = 2 replicated pipelines."""
+    return _cfg(name, model, p, 2, schedule, kw.pop("recompute", False), optimizer="adamw", zero=zero, **kw)
+
+
 def configs(world: int) -> list[dict[str, Any]]:
     out = []
     for (p, d), schedule, rc in itertools.product([(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)], ["gpipe", "1f1b"], [False, True]):
@@ -66,6 +76,11 @@ def configs(world: int) -> list[dict[str, Any]]:
             _il("il-mlp-P2v2-D1-rc", MLP, 1, True),
             _il("il-gpt-tied-P2v2-D1-adamw", "tests.factories:tiny_gpt", 1, False, optimizer="adamw"),
             _il("il-skip-P2v2-D1-M6", "tests.factories:skip", 1, False, num_microbatches=6),
+            _zero("zero0-mlp-P1-D2-1f1b", MLP, 1, "1f1b", 0),
+            _zero("zero1-mlp-P1-D2-1f1b", MLP, 1, "1f1b", 1),
+            _zero("zero2-mlp-P1-D2-gpipe-rc", MLP, 1, "gpipe", 2, recompute=True),
+            _zero("zero2-gpt-P1-D2-1f1b", "tests.factories:tiny_gpt", 1, "1f1b", 2),
+            _zero("zero2-mlp-P1-D2-1f1b-resumed", MLP, 1, "1f1b", 2, steps=3, resume_at=1),
         ],
         4: [
             _cfg("gpt-tied-P2-D2-1f1b-rc", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, optimizer="adamw"),
@@ -76,6 +91,9 @@ def configs(world: int) -> list[dict[str, Any]]:
             _cfg("zoo-gpt-P2-D2-gpipe-rc", ZOO_GPT, 2, 2, "gpipe", True, boundaries=[3], dtype="float32"),
             _il("il-mlp-P2v2-D2-rc", MLP, 2, True),
             _il("il-gpt-tied-P2v2-D2-adamw", "tests.factories:tiny_gpt", 2, True, optimizer="adamw"),
+            _zero("zero1-mlp-P2-D2-gpipe-rc", MLP, 2, "gpipe", 1, recompute=True),
+            _zero("zero2-gpt-tied-P2-D2-1f1b", "tests.factories:tiny_gpt", 2, "1f1b", 2),
+            _il("zero2-il-mlp-P2v2-D2", MLP, 2, False, optimizer="adamw", zero=2),
         ],
     }
     return out + extra[world]
@@ -88,16 +106,47 @@ def _check(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             errors.append(f"{cfg['name']}: loss diff {result['loss_abs_diff']:.3g}, grad diff {result['grad_abs_diff']:.3g} > 1e-12")
     elif result["loss_rel_diff"] > 1e-6 or result["grad_rel_diff"] > 1e-6:
         errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, grad rel {result['grad_rel_diff']:.3g} > 1e-6")
+    if "zero" in cfg and (result["loss_rel_diff"] > 1e-12 or result["param_rel_diff"] > 1e-12):  # float64
+        errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, param rel {result['param_rel_diff']:.3g} > 1e-12")
     if len(result["losses"]) != cfg["steps"]:
         errors.append(f"{cfg['name']}: {len(result['losses'])} losses for {cfg['steps']} steps")
     if result["saved_bytes_peak"] <= 0:
         errors.append(f"{cfg['name']}: no saved bytes measured")
+    return errors + check_model_state(result, cfg)
+
+
+STEP_BYTES = 4  # AdamW's step counter: one float32 scalar per parameter tensor (default dtype float32)
+
+
+def check_model_state(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """AdamW on D = 2 ranks per stage, no tie split over pipeline ranks: a stage chunk's
+    optimizer state is 2 x N elements (exp_avg, exp_avg_sq) plus a step scalar per tensor;
+    with ZeRO 2 x ceil(N / D) elements and one step scalar, i.e. 1/D of it up to padding and
+    step scalars. Gradients held after the sync: N elements (ZeRO 0), the padded flat buffer
+    of D x ceil(N / D) (ZeRO 1), the shard of ceil(N / D) (ZeRO 2)."""
+    zero = cfg.get("zero")
+    if zero is None or (cfg["model"] == "tests.factories:tiny_gpt" and len(cfg["boundaries"]) > 0):
+        return []  # not a ZeRO config, or a tie split over pipeline ranks (stepped unsharded)
+    es, d = (8 if cfg["dtype"] == "float64" else 4), cfg["dp_degree"]
+    errors = []
+    for rank, chunks in enumerate(result["model_state"]):
+        for got in chunks:
+            n, shard = got["numel"], -(-got["numel"] // d)
+            if zero == 0:
+                expected = (2 * es * n + STEP_BYTES * got["tensors"], es * n)
+            else:
+                expected = (2 * es * shard + STEP_BYTES, es * shard * (d if zero == 1 else 1))
+            if (got["optimizer_bytes"], got["grad_bytes"]) != expected:
+                errors.append(f"{cfg['name']}: rank {rank} optimizer/grad bytes {got}, expected {expected}")
     return errors
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
     cfgs = configs(world)
+    for cfg in cfgs:
+        if cfg.get("resume_at"):
+            cfg["checkpoint_dir"] = str(tmp_path / cfg["name"])
     (tmp_path / "configs.json").write_text(json.dumps(cfgs))
     proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -105,6 +154,17 @@ def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
     assert [r["name"] for r in results] == [c["name"] for c in cfgs]
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
+    if world == 2:
+        # ZeRO 2 resumed from a checkpoint of its first step: each rank saved its own AdamW shard
+        saved = sorted(p.name for p in (tmp_path / "zero2-mlp-P1-D2-1f1b-resumed" / "step_1").iterdir())
+        assert saved == ["stage_0.optimizer_shard_0.pt", "stage_0.optimizer_shard_1.pt", "stage_0.pt"]
+        # the same stage unsharded and sharded over D = 2: half the optimizer state
+        by_name = {r["name"]: r for r in results}
+        for rank in range(2):
+            plain = by_name["zero0-mlp-P1-D2-1f1b"]["model_state"][rank][0]
+            sharded = by_name["zero1-mlp-P1-D2-1f1b"]["model_state"][rank][0]
+            assert plain["numel"] % 2 == 0  # no padding
+            assert plain["optimizer_bytes"] - STEP_BYTES * plain["tensors"] == 2 * (sharded["optimizer_bytes"] - STEP_BYTES)
 
 
 def test_configs_cover_the_issue_grid() -> None:
@@ -113,6 +173,15 @@ def test_configs_cover_the_issue_grid() -> None:
         for schedule in ("gpipe", "1f1b"):
             for rc in (0, 1):
                 assert f"mlp-P{p}-D{d}-{schedule}-rc{rc}" in names
+
+
+def test_zero_is_covered() -> None:
+    """ZeRO 1 and 2 run against one-process training with AdamW at P in {1, 2}, D = 2, with
+    interleaved 1F1B and with a tie split over pipeline ranks, in the launches above."""
+    zero = [c for w in (1, 2, 4) for c in configs(w) if c.get("zero")]
+    assert {(c["zero"], len(c["boundaries"]) + 1) for c in zero} >= {(1, 1), (2, 1), (1, 2), (2, 2)}
+    assert all(c["dp_degree"] == 2 and c["optimizer"] == "adamw" and c["steps"] >= 2 for c in zero)
+    assert any(c["schedule"] == IL for c in zero) and any(c["model"] == "tests.factories:tiny_gpt" for c in zero)
 
 
 def test_interleaved_1f1b_is_covered() -> None:

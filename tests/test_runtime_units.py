@@ -125,15 +125,15 @@ def test_check_plan_interleaved() -> None:
     assert "\n" not in str(refused.value)  # torch would raise at schedule construction
     moved = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, ranks=(4, 5)) if s.stage_idx == 2 else s for s in plan.stages))
     with pytest.raises(PlannerInputError, match=r"stage 2 ranks \[4, 5\] differ from the placement"):
-        check_plan(moved, workload, 4)
+        check_plan(moved, workload, 6)  # 6 distinct ranks; the layout, not the count, is refused
 
 
 def test_report_takes_each_stage_from_its_chunk_on_its_ranks() -> None:
     workload = load_workload("tests.factories:mlp")
     plan = _interleaved(workload.layer_names, num_microbatches=4)
     steps = (StepMeasure(step_idx=0, loss=1.0, wall_ms=10.0),)
-    # rows: idle, cuda peak, then (compute, saved) for stages p and p + 2
-    rows = [[1.0, 0.0, 2.0, 20.0, 4.0, 40.0], [3.0, 0.0, 5.0, 50.0, 6.0, 60.0]]
+    # rows: idle, cuda peak, then (compute, saved, optimizer bytes, grad bytes) for stages p and p + 2
+    rows = [[1.0, 0.0, 2.0, 20.0, 0.0, 0.0, 4.0, 40.0, 0.0, 0.0], [3.0, 0.0, 5.0, 50.0, 0.0, 0.0, 6.0, 60.0, 0.0, 0.0]]
     mine = RankMeasure(steps=steps, compute_ms=6.0, idle_ms=1.0, saved_bytes_peak=40, cuda_peak_bytes=0)
     options = RuntimeOptions(plan_path="p", model_spec="m", num_steps=1, warmup_steps=0)
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")

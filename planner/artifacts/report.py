@@ -10,6 +10,14 @@ steps, max over the stage's replicas); ``idle_ms`` is the rest of the iteration 
 for peers, communication, optimizer). ``saved_bytes_peak`` is the peak over the iteration
 of the bytes saved for backward (``torch.autograd.graph.saved_tensors_hooks``, per-tensor
 bytes, parameters excluded; a recomputed layer counts the inputs it keeps).
+
+Model state per rank: ``optimizer_state_bytes`` is the bytes of the tensors in the rank's
+optimizer state (after its steps), ``grad_bytes_after_sync`` the bytes of gradient storage
+the rank holds after the gradient synchronisation; both max over the stage's ranks. Their
+predictions use the runtime's optimizer, not the plan's optimizer kind (which the runtime
+does not run): the plan's parameters of the stage (``param_bytes`` / the plan's weight bytes
+per parameter) x ``RunReport.optimizer_state_bytes_per_param`` / ``optimizer_shards``, and x
+the runtime's element size (/ ``optimizer_shards`` with ZeRO 2) for gradients.
 """
 
 from __future__ import annotations
@@ -56,6 +64,17 @@ class StageRecord:
     cuda_peak_bytes: int = field(default=0, metadata={"doc": "torch.cuda.max_memory_allocated; 0 on CPU"})
     memory_total_bytes_predicted: int = 0
     memory_rel_error: float = 0.0
+    optimizer_shards: int = field(default=1, metadata={"doc": "ranks the optimizer state is sharded over (ZeRO >= 1), else 1"})
+    optimizer_state_bytes: int = field(default=0, metadata={"doc": "optimizer state tensors on one rank"})
+    optimizer_state_bytes_predicted: int = field(
+        default=0, metadata={"doc": "plan's stage parameters / optimizer_shards x the runtime optimizer's state bytes per parameter"}
+    )
+    optimizer_state_rel_error: float = 0.0
+    grad_bytes_after_sync: int = field(default=0, metadata={"doc": "gradient storage one rank holds after the sync"})
+    grad_bytes_predicted: int = field(
+        default=0, metadata={"doc": "plan's stage parameters x the runtime's element size (/ optimizer_shards with ZeRO 2)"}
+    )
+    grad_rel_error: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +94,10 @@ class RunReport:
     num_microbatches: int
     microbatch_size: int
     schedule: str
+    zero: int = field(default=0, metadata={"doc": "the plan's ZeRO stage, as run"})
+    optimizer_state_bytes_per_param: int = field(
+        default=0, metadata={"doc": "the runtime optimizer's state per parameter element: AdamW 2 x element size, SGD 0"}
+    )
     warmup_steps: int = field(metadata={"doc": "first steps left out of the timing summary"})
     steps: tuple[StepRecord, ...]
     stages: tuple[StageRecord, ...]
@@ -86,6 +109,8 @@ class RunReport:
     def __post_init__(self) -> None:
         if len(self.stages) != self.num_stages:
             raise ValueError(f"num_stages is {self.num_stages} but {len(self.stages)} stage records are listed")
+        if self.zero not in (0, 1, 2):
+            raise ValueError(f"zero must be 0, 1 or 2 (got {self.zero})")
 
 
 def load_report(path: str | Path) -> RunReport:

@@ -57,6 +57,33 @@ def format_report(report: RunReport) -> str:
         for s in report.stages
     ]
     headers = ["stage", "compute ms", "predicted", "err", "idle ms", "saved bytes", "predicted", "err"]
+    return head + "\n\n" + format_table(headers, rows) + "\n\n" + format_model_state(report)
+
+
+def _err(rel_error: float, predicted: int) -> str:
+    return f"{100 * rel_error:+.1f}%" if predicted else "-"
+
+
+def format_model_state(report: RunReport) -> str:
+    """Optimizer state and gradient bytes per rank, measured beside predicted. The runtime
+    runs fp SGD or AdamW, not the plan's optimizer kind, so the prediction takes the plan's
+    parameter count with the runtime optimizer's bytes per parameter."""
+    per_param = report.optimizer_state_bytes_per_param
+    sharding = {0: "none", 1: "optimizer state", 2: "optimizer state and gradients"}[report.zero]
+    head = (
+        f"model state per rank, ZeRO {report.zero} (sharded: {sharding}); predicted = the plan's stage parameters "
+        f"/ shards x {per_param} B/param, the runtime's {report.optimizer} {report.dtype} optimizer state "
+        f"(not the plan's optimizer kind); gradients x element size, / shards with ZeRO 2"
+    )
+    rows = [
+        [
+            str(s.stage_idx), str(s.optimizer_shards), str(s.optimizer_state_bytes), str(s.optimizer_state_bytes_predicted),
+            _err(s.optimizer_state_rel_error, s.optimizer_state_bytes_predicted), str(s.grad_bytes_after_sync),
+            str(s.grad_bytes_predicted), _err(s.grad_rel_error, s.grad_bytes_predicted),
+        ]
+        for s in report.stages
+    ]
+    headers = ["stage", "shards", "optimizer bytes", "predicted", "err", "grad bytes after sync", "predicted", "err"]
     return head + "\n\n" + format_table(headers, rows)
 
 

@@ -23,12 +23,17 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   with GPipe, and ``static_graph=True`` silently skipped the sync here).
 - Tied parameters split over pipeline ranks: one copy per rank, gradients summed over those
   ranks and averaged over replicas by one all-reduce after the schedule.
+- ZeRO 1 / 2 (``plan.zero``, D > 1): each stage's data-parallel parameters are flattened and
+  each rank's optimizer steps only its contiguous 1/D shard; gradients are reduce-scattered
+  after the schedule and the weights all-gathered after the step (``zero``; tied parameters
+  split over pipeline ranks stay whole). Checkpoints keep one optimizer file per shard.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
 
 Modules, one job each: ``options`` (flags), ``model`` (load, cast, fingerprint a workload),
 ``check`` (plan vs model and world, before compute), ``topology`` (placement and groups),
 ``stage`` (one stage's layer range and recompute), ``memory`` (bytes saved for backward), ``emulate``,
-``grads`` (data-parallel and tied gradients), ``engine`` (one rank's training loop),
+``grads`` (data-parallel and tied gradients), ``zero`` (sharded optimizer state and
+gradients), ``engine`` (one rank's training loop),
 ``checkpoint``, ``collect`` (RunReport), ``main`` (process lifecycle). Only this package,
 ``planner.models`` and ``planner.profiling`` import torch.
 """

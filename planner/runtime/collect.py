@@ -1,8 +1,9 @@
 """Gather every rank's measurements to rank 0 and build the RunReport.
 
 Gathered as one float64 tensor per rank (``all_gather``, no pickled objects); byte counts
-stay exact below 2**53. A row is the rank's idle ms and CUDA peak bytes, then compute ms and
-peak saved bytes of each stage it runs (v of them, in stage order p, p + P, ...); a stage's
+stay exact below 2**53. A row is the rank's idle ms and CUDA peak bytes, then compute ms,
+peak saved bytes, optimizer state bytes and gradient bytes held after the sync of each stage
+it runs (v of them, in stage order p, p + P, ...; ``PER_STAGE`` values each); a stage's
 record takes the maximum over its replicas' ranks. Idle time is per rank: wall time less the
 compute of all the rank's stages.
 """
@@ -15,19 +16,34 @@ import torch
 import torch.distributed as dist
 
 from planner import __version__
-from planner.artifacts.plan import Plan
+from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, relative_error
+from planner.artifacts.request import STATE_BYTES_PER_PARAM
 from planner.runtime.engine import RankMeasure
 from planner.runtime.options import RuntimeOptions
+from planner.runtime.zero import state_bytes_per_param
+
+PER_STAGE = 4  # compute ms, saved bytes, optimizer state bytes, gradient bytes
+
 
 def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) -> list[list[float]]:
     values = [mine.idle_ms, float(mine.cuda_peak_bytes)]
-    for compute, saved in zip(mine.stage_compute_ms, mine.stage_saved_bytes_peak):
-        values += [compute, float(saved)]
+    num = len(mine.stage_compute_ms)
+    optim = mine.stage_optimizer_state_bytes or (0,) * num  # runners that do not measure them report 0
+    grads = mine.stage_grad_bytes or (0,) * num
+    for compute, saved, opt, grad in zip(mine.stage_compute_ms, mine.stage_saved_bytes_peak, optim, grads):
+        values += [compute, float(saved), float(opt), float(grad)]
     row = torch.tensor(values, dtype=torch.float64, device=device)
     rows = [torch.zeros(len(values), dtype=torch.float64, device=device) for _ in range(world_size)]
     dist.all_gather(rows, row)
     return [r.tolist() for r in rows]
+
+
+def _plan_param_count(plan: Plan, stage: PlanStage) -> int:
+    """The stage's parameters as the plan counted them: its weight bytes / the plan's weight
+    bytes per parameter (0 when the plan has no memory figures)."""
+    weight_bytes = STATE_BYTES_PER_PARAM[plan.provenance.request.optimizer][0]
+    return stage.memory.param_bytes // weight_bytes
 
 
 def build_report(
@@ -43,15 +59,22 @@ def build_report(
 ) -> RunReport:
     stages = []
     pipeline_size = plan.num_stages // plan.virtual_stages_per_rank
+    element_size = 8 if options.dtype == "float64" else 4
+    optim_per_param = state_bytes_per_param(options.optimizer, element_size)
     for stage in plan.stages:
         own = [rows[r] for r in stage.ranks]
-        k = 2 + 2 * (stage.stage_idx // pipeline_size)  # this stage's chunk on its ranks
+        k = 2 + PER_STAGE * (stage.stage_idx // pipeline_size)  # this stage's chunk on its ranks
         compute = max(r[k] for r in own)
         idle = max(r[0] for r in own)
         saved = int(max(r[k + 1] for r in own))
         cuda = int(max(r[1] for r in own))
         compute_pred = plan.num_microbatches * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
         act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
+        shards = len(stage.ranks) if plan.zero else 1
+        params = _plan_param_count(plan, stage)
+        optim, grads = int(max(r[k + 2] for r in own)), int(max(r[k + 3] for r in own))
+        optim_pred = -(-params * optim_per_param // shards)  # ceil: the last shard is padded
+        grads_pred = -(-params * element_size // (shards if plan.zero >= 2 else 1))
         stages.append(
             StageRecord(
                 stage_idx=stage.stage_idx,
@@ -66,6 +89,13 @@ def build_report(
                 cuda_peak_bytes=cuda,
                 memory_total_bytes_predicted=stage.memory_total_bytes,
                 memory_rel_error=relative_error(cuda, stage.memory_total_bytes) if cuda else 0.0,
+                optimizer_shards=shards,
+                optimizer_state_bytes=optim,
+                optimizer_state_bytes_predicted=optim_pred,
+                optimizer_state_rel_error=relative_error(optim, optim_pred),
+                grad_bytes_after_sync=grads,
+                grad_bytes_predicted=grads_pred,
+                grad_rel_error=relative_error(grads, grads_pred),
             )
         )
     steps = tuple(StepRecord(step_idx=s.step_idx, loss=s.loss, wall_ms=s.wall_ms) for s in mine.steps)
@@ -86,6 +116,8 @@ def build_report(
         num_microbatches=plan.num_microbatches,
         microbatch_size=plan.microbatch_size,
         schedule=plan.schedule.value,
+        zero=plan.zero,
+        optimizer_state_bytes_per_param=optim_per_param,
         warmup_steps=options.warmup_steps,
         steps=steps,
         stages=tuple(stages),

@@ -17,6 +17,11 @@ Built on ``torch.distributed.pipelining`` (checked with gloo on CPU, torch 2.13)
   optimizer (the optimizers step the rank's unique parameters once each: a parameter two
   chunks share, a tie within the rank, belongs to the first chunk's optimizer), so
   checkpoints and measurements stay per stage. With v = 1 the rank has one chunk.
+- ZeRO 1 and 2 (``plan.zero``, with D > 1): each chunk's data-parallel parameters get a
+  ``planner.runtime.zero.ShardedState`` and the chunk's optimizer steps its master shard
+  (plus any parameter tied across pipeline ranks, unsharded) instead of the parameters; the
+  gradients are reduce-scattered after the schedule and the weights all-gathered after the
+  step, in place of the bucketed all-reduce.
 
 Data: step k uses ``make_batch(global_batch, seed + k)``; replica r takes samples
 [r M b, (r + 1) M b), which the schedule splits into M micro-batches along dim 0. So the
@@ -46,6 +51,7 @@ from planner.runtime.model import cast_batch
 from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
 from planner.runtime.stage import StageModule
 from planner.runtime.topology import Groups, Placement, build_groups
+from planner.runtime.zero import ShardedState, optimizer_state_bytes
 from planner.workload import Workload
 
 
@@ -102,6 +108,8 @@ class RankMeasure:
     stage_indices: tuple[int, ...] = ()
     stage_compute_ms: tuple[float, ...] = ()  # per chunk, in ``stage_indices`` order
     stage_saved_bytes_peak: tuple[int, ...] = ()
+    stage_optimizer_state_bytes: tuple[int, ...] = ()  # per chunk, after the last step
+    stage_grad_bytes: tuple[int, ...] = ()  # per chunk, held after the gradient sync of the last step
 
 
 def _boundary_examples(workload: Workload, start: int, stop: int, mb_inputs: Any) -> tuple[Any, Any]:
@@ -149,6 +157,20 @@ def _tied_params(workload: Workload, plan: Plan, place: Placement) -> tuple[tupl
     return tuple(rank_sets), mine
 
 
+def _held_grad_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the storages holding the gradients of the optimizer's parameters (each
+    storage once: with ZeRO 1 the shard's gradient is a view of the kept flat buffer)."""
+    if optimizer is None:
+        return 0
+    storages = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None:
+                storage = param.grad.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
 def _maybe_fault(options: RuntimeOptions, rank: int, step_idx: int) -> None:
     if options.fault is FaultKind.NONE or rank != options.fault_rank or step_idx != options.fault_step:
         return
@@ -168,6 +190,7 @@ class Chunk:
     module: StageModule
     pipe_stage: TimedStage
     optimizer: torch.optim.Optimizer | None  # None when another chunk of the rank owns all its parameters
+    zero: ShardedState | None = None  # ZeRO >= 1: the optimizer steps this shard (and the tied parameters)
 
     @property
     def stage_idx(self) -> int:
@@ -198,6 +221,8 @@ class RankRunner:
         )
         tied_sets, self.tied_params = _tied_params(workload, plan, self.place)
         self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s)
+        tied_ids = {id(p) for p in self.tied_params if p is not None}
+        shard_group = self.groups.data_parallel if plan.zero > 0 else None
         mb_inputs, _ = self._replica_batch(0)
         first_mb = self._first_microbatch(mb_inputs)
         self.chunks: list[Chunk] = []
@@ -226,8 +251,12 @@ class RankRunner:
                 if id(param) not in seen:  # a parameter two chunks share is stepped once
                     seen.add(id(param))
                     own.append(param)
+            sharded = [p for p in own if id(p) not in tied_ids and p.requires_grad] if shard_group is not None else []
+            zero = ShardedState(sharded, shard_group, zero=plan.zero, grad_divisor=plan.dp_degree) if sharded else None
+            if zero is not None:
+                own = [zero.master] + [p for p in own if id(p) in tied_ids or not p.requires_grad]
             optimizer = _make_optimizer(options, own) if own else None
-            self.chunks.append(Chunk(stage_plan=stage, module=module, pipe_stage=pipe_stage, optimizer=optimizer))
+            self.chunks.append(Chunk(stage_plan=stage, module=module, pipe_stage=pipe_stage, optimizer=optimizer, zero=zero))
         num_mb = plan.num_microbatches
         last = next((c.module for c in self.chunks if c.pipe_stage.is_last), self.chunks[-1].module)
 
@@ -245,10 +274,10 @@ class RankRunner:
             self.schedule = schedule_cls(self.chunks[0].pipe_stage, num_mb, loss_fn=loss_fn, scale_grads=False)
         self.is_first = any(c.pipe_stage.is_first for c in self.chunks)
         self.is_last = any(c.pipe_stage.is_last for c in self.chunks)
-        tied_ids = {id(p) for p in self.tied_params if p is not None}
         params = [p for c in self.chunks if c.optimizer is not None for p in c.optimizer.param_groups[0]["params"]]
         self.dp_hooks = None
-        if self.groups.data_parallel is not None:
+        self.grad_bytes: tuple[int, ...] = (0,) * len(self.chunks)
+        if self.groups.data_parallel is not None and shard_group is None:
             dp_params = [p for p in params if id(p) not in tied_ids]
             self.dp_hooks = DataParallelHooks(dp_params, self.groups.data_parallel, plan.dp_degree, uses=uses)
 
@@ -281,10 +310,26 @@ class RankRunner:
         return cast_batch(take(inputs), self.options.dtype), take(targets)
 
     def resume(self) -> int:
-        done = {
-            ckpt.load_checkpoint(self.options.checkpoint_dir, c.stage_idx, c.module, c.optimizer) for c in self.chunks
-        }
+        done = set()
+        for c in self.chunks:
+            done.add(
+                ckpt.load_checkpoint(
+                    self.options.checkpoint_dir,
+                    c.stage_idx,
+                    c.module,
+                    c.optimizer,
+                    replica=self.place.replica,
+                    optimizer_shards=self.optimizer_shards,
+                )
+            )
+            if c.zero is not None:
+                c.zero.reload_master()
         return done.pop()  # one latest.json: the same step for every chunk
+
+    @property
+    def optimizer_shards(self) -> int:
+        """Ranks each of this rank's optimizers is sharded over: D with ZeRO >= 1, else 1."""
+        return self.plan.dp_degree if any(c.zero is not None for c in self.chunks) else 1
 
     def _run_schedule(self, inputs: Any, targets: Any) -> float:
         """One iteration of the schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""
@@ -307,13 +352,23 @@ class RankRunner:
         start = time.perf_counter()
         if self.dp_hooks is not None:
             self.dp_hooks.start_iteration(self.plan.num_microbatches)
+        zero = [c.zero for c in self.chunks if c.zero is not None]
+        for z in zero:
+            z.start_iteration()
         loss_sum = self._run_schedule(inputs, targets)
         if self.dp_hooks is not None:
             self.dp_hooks.finish_iteration()
+        for z in zero:  # reduce-scatter every chunk's gradients, then wait
+            z.launch_sync()
+        for z in zero:
+            z.wait_sync()
         sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
+        self.grad_bytes = tuple(_held_grad_bytes(c.optimizer) for c in self.chunks)
         for c in self.chunks:
             if c.optimizer is not None:
                 c.optimizer.step()
+        for z in zero:
+            z.gather_params()
         wall_ms = (time.perf_counter() - start) * 1000.0
         stats = torch.tensor([loss_sum, wall_ms], dtype=torch.float64, device=self.device)  # NCCL needs device tensors
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
@@ -350,6 +405,7 @@ class RankRunner:
                     done,
                     [(c.stage_idx, c.module, c.optimizer) for c in self.chunks],
                     self.place.replica,
+                    optimizer_shards=self.optimizer_shards,
                 )
         per_stage = tuple(statistics.fmean(col) for col in zip(*compute_ms)) if compute_ms else (0.0,) * len(self.chunks)
         compute = sum(per_stage)
@@ -364,4 +420,6 @@ class RankRunner:
             stage_indices=tuple(c.stage_idx for c in self.chunks),
             stage_compute_ms=per_stage,
             stage_saved_bytes_peak=tuple(peaks),
+            stage_optimizer_state_bytes=tuple(optimizer_state_bytes(c.optimizer) for c in self.chunks),
+            stage_grad_bytes=self.grad_bytes,
         )

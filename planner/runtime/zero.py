@@ -1,0 +1,227 @@
+"""ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO: memory optimizations toward training
+trillion parameter models", section 5.1 P_os and 5.2 P_g) for one stage chunk of a rank.
+
+Layout (``FlatLayout``): the chunk's data-parallel parameters, in order, are laid end to end
+in one flat buffer padded with zeros to a multiple of n = the data-parallel group's size;
+group rank i owns the contiguous elements [i S, (i + 1) S), S = ceil(total / n). The rank
+keeps its shard of the weights as one master ``nn.Parameter`` of S elements (same dtype as
+the weights) and hands only that to the ordinary torch optimizer (SGD or AdamW, as
+``--optimizer`` says, ``foreach=False`` as the engine), so the optimizer state is 1/n of the
+unsharded one. SGD and AdamW update every element on its own, so stepping the shard gives
+the unsharded update bit for bit.
+
+One iteration (``ShardedState``):
+
+1. ``start_iteration``: every parameter's ``.grad`` becomes a zeroed view of one flat
+   gradient buffer, so backward accumulates the M micro-batches in place (autograd adds
+   into an existing ``.grad``; 0 + g = g exactly, so no value changes);
+2. ``launch_sync`` (after the schedule, i.e. once the stage's last backward has ended, while
+   other stages run their cooldown -- what the cost model assumes): the buffer is divided
+   by D (the engine's convention: loss / M per micro-batch, gradients / D, summed) and
+   reduce-scattered (``reduce_scatter_single``, async); ``wait_sync`` waits;
+3. the optimizer steps the master shard; ``gather_params`` all-gathers the updated shards
+   (``all_gather_single``) and copies them into the parameters.
+
+So the wire carries a reduce-scatter of the gradients and an all-gather of the weights, the
+traffic ``planner.cost`` prices for ZeRO 1 and 2 (``sync_bytes_per_param``) and the 2 x
+parameters of plain data parallel's ring all-reduce (ZeRO paper, section 7.2.1).
+
+ZeRO 1 vs 2: the full gradient buffer is needed while the schedule accumulates micro-batches
+(reduce-scattering every micro-batch instead would cost M times the traffic, which the plan
+does not price; DeepSpeed's pipeline engine refuses ZeRO 2 for this reason). ZeRO 1 keeps
+the buffer for the next iteration (as DDP keeps its buckets) and its shard's reduced
+gradient lives in it, so it holds the full gradients; ZeRO 2 frees the buffer after the
+reduce-scatter and keeps only the shard's gradient (S elements) through the optimizer step.
+Note the cost model divides ZeRO 2 gradients by n at the peak, which this runtime (and any
+pipeline accumulating M > 1 micro-batches with one reduce-scatter) reaches only after the
+sync. After the sync ``param.grad`` is ``None`` in both: the reduced gradient exists only
+for the shard, as ``master.grad``.
+
+Why this design: ``torch.distributed.optim.ZeroRedundancyOptimizer`` assigns whole
+parameters to ranks (uneven shards: one large embedding can leave a rank with most of the
+state), does only stage 1, and broadcasts each parameter from its owner; FSDP2
+(``fully_shard``) shards each parameter on dim 0 as DTensors and also shards the weights
+(ZeRO 3), which would put collectives inside the pipeline stage's forward and change how
+``torch.distributed.pipelining`` sees the module. A flat buffer gives even shards (padding
+< n elements), one collective each way per chunk, and leaves the parameters and module
+untouched (the saved-bytes meter and checkpoints see ordinary tensors).
+
+Collectives on gloo (CPU, torch 2.13, checked with 2 processes): ``reduce_scatter_single``
+(``reduce_scatter_tensor``, deprecated in its favour), ``reduce_scatter`` (list form),
+``all_gather_single`` (``all_gather_into_tensor``), ``all_gather`` all work, async too and on
+sub-groups; so no all-reduce fallback is needed.
+
+Scope: parameters tied across pipeline ranks (``planner.runtime.grads.sync_tied``) stay
+unsharded: they are stepped whole, by the same optimizer, on every rank holding them.
+Interleaved plans are supported: each stage chunk of a rank has its own ``ShardedState``
+over the same data-parallel group (the group's ranks run the same chunks in the same order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from planner.runtime.options import RuntimeOptimizer
+
+__all__ = ["FlatLayout", "ShardedState", "flatten", "optimizer_state_bytes", "state_bytes_per_param", "unflatten_into"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlatLayout:
+    """Parameters of ``numels`` elements laid end to end, padded to ``num_shards`` x
+    ``shard_numel``; shard ``shard_idx`` is elements [shard_start, shard_stop)."""
+
+    numels: tuple[int, ...]
+    num_shards: int
+    shard_idx: int
+
+    def __post_init__(self) -> None:
+        if self.num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1 (got {self.num_shards})")
+        if not 0 <= self.shard_idx < self.num_shards:
+            raise ValueError(f"shard_idx {self.shard_idx} is outside 0 .. {self.num_shards - 1}")
+        if any(n < 0 for n in self.numels):
+            raise ValueError(f"negative element count in {self.numels}")
+
+    @property
+    def total_numel(self) -> int:
+        return sum(self.numels)
+
+    @property
+    def shard_numel(self) -> int:
+        return -(-self.total_numel // self.num_shards)
+
+    @property
+    def padded_numel(self) -> int:
+        return self.shard_numel * self.num_shards
+
+    @property
+    def shard_start(self) -> int:
+        return self.shard_idx * self.shard_numel
+
+    @property
+    def shard_stop(self) -> int:
+        return self.shard_start + self.shard_numel
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Start of each parameter in the flat buffer."""
+        out, at = [], 0
+        for n in self.numels:
+            out.append(at)
+            at += n
+        return tuple(out)
+
+
+def flatten(tensors: Sequence[torch.Tensor], layout: FlatLayout) -> torch.Tensor:
+    """The tensors end to end, zero-padded to ``layout.padded_numel`` (a new tensor)."""
+    if tuple(t.numel() for t in tensors) != layout.numels:
+        raise ValueError(f"tensors of {[t.numel() for t in tensors]} elements do not match the layout {layout.numels}")
+    first = tensors[0]
+    pad = torch.zeros(layout.padded_numel - layout.total_numel, dtype=first.dtype, device=first.device)
+    return torch.cat([t.detach().reshape(-1) for t in tensors] + [pad])
+
+
+def unflatten_into(flat: torch.Tensor, params: Sequence[torch.Tensor], layout: FlatLayout) -> None:
+    """Copy each parameter's elements of ``flat`` into it (in place, outside autograd)."""
+    with torch.no_grad():
+        for param, start, n in zip(params, layout.offsets, layout.numels):
+            param.copy_(flat[start : start + n].view_as(param))
+
+
+def state_bytes_per_param(optimizer: RuntimeOptimizer, element_size: int) -> int:
+    """Optimizer state per parameter element in the runtime: AdamW keeps exp_avg and
+    exp_avg_sq (2 x the weights' element size; plus one scalar ``step`` per parameter tensor,
+    not counted here); SGD as the engine builds it (momentum 0) keeps none."""
+    return 2 * element_size if optimizer is RuntimeOptimizer.ADAMW else 0
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the tensors in the optimizer's state (numel x element size each)."""
+    if optimizer is None:
+        return 0
+    return sum(
+        v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+    )
+
+
+class ShardedState:
+    """This rank's shard of a chunk's data-parallel parameters over ``group`` (ZeRO ``zero``
+    in {1, 2}): the master shard, the flat gradient buffer and the two collectives."""
+
+    def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup, *, zero: int, grad_divisor: int) -> None:
+        """``grad_divisor``: what each rank's gradient is divided by before the sum (D for
+        replicated pipelines, so the sum is the mean over replicas)."""
+        if zero not in (1, 2):
+            raise ValueError(f"ShardedState needs zero 1 or 2 (got {zero})")
+        if not params:
+            raise ValueError("ShardedState needs at least one parameter")
+        kinds = {(p.dtype, p.device) for p in params}
+        if len(kinds) != 1:
+            raise ValueError(f"ZeRO needs one dtype and device for a stage's parameters (got {sorted(map(str, kinds))})")
+        self.params = list(params)
+        self.zero = zero
+        self._group = group
+        self._divisor = grad_divisor
+        self.layout = FlatLayout(
+            numels=tuple(p.numel() for p in params), num_shards=dist.get_world_size(group), shard_idx=dist.get_rank(group)
+        )
+        flat = flatten(self.params, self.layout)
+        self.master = torch.nn.Parameter(flat[self.layout.shard_start : self.layout.shard_stop].clone())
+        self._flat_grad: torch.Tensor | None = None
+        self._pending: tuple[Any, torch.Tensor] | None = None
+
+    def _empty(self, numel: int) -> torch.Tensor:
+        return torch.empty(numel, dtype=self.master.dtype, device=self.master.device)
+
+    def start_iteration(self) -> None:
+        """Point every parameter's ``.grad`` at a zeroed slice of the flat gradient buffer."""
+        if self._flat_grad is None:
+            self._flat_grad = torch.zeros(self.layout.padded_numel, dtype=self.master.dtype, device=self.master.device)
+        else:
+            self._flat_grad.zero_()
+        for param, start, n in zip(self.params, self.layout.offsets, self.layout.numels):
+            param.grad = self._flat_grad[start : start + n].view_as(param)
+
+    def launch_sync(self) -> None:
+        """Divide the accumulated gradients by ``grad_divisor`` and start the reduce-scatter."""
+        if self._flat_grad is None:
+            raise RuntimeError("launch_sync before start_iteration")
+        flat = self._flat_grad.div_(self._divisor)
+        out = self._empty(self.layout.shard_numel)
+        work = dist.reduce_scatter_single(out, flat, group=self._group, async_op=True)
+        self._pending = (work, out)
+
+    def wait_sync(self) -> None:
+        """Wait for the reduce-scatter; the shard's reduced gradient becomes ``master.grad``
+        (inside the kept buffer for ZeRO 1; the buffer is freed for ZeRO 2)."""
+        if self._pending is None:
+            raise RuntimeError("wait_sync without launch_sync")
+        work, out = self._pending
+        self._pending = None
+        work.wait()
+        for param in self.params:
+            param.grad = None
+        if self.zero == 2:
+            self._flat_grad = None
+            self.master.grad = out
+        else:
+            assert self._flat_grad is not None
+            shard = self._flat_grad[self.layout.shard_start : self.layout.shard_stop]
+            shard.copy_(out)
+            self.master.grad = shard
+
+    def gather_params(self) -> None:
+        """All-gather the updated shards and copy them into the parameters."""
+        flat = self._empty(self.layout.padded_numel)
+        dist.all_gather_single(flat, self.master.detach(), group=self._group)
+        unflatten_into(flat, self.params, self.layout)
+
+    def reload_master(self) -> None:
+        """Take the master shard from the parameters again (after loading a checkpoint)."""
+        with torch.no_grad():
+            self.master.copy_(flatten(self.params, self.layout)[self.layout.shard_start : self.layout.shard_stop])
