@@ -28,12 +28,17 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   after the schedule and the weights all-gathered after the step (``zero``; tied parameters
   split over pipeline ranks stay whole). Checkpoints keep one optimizer file per shard.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
+- Plans replicated per stage (``plan.replicated_per_stage``, PipeDream's round-robin) run on our
+  own executor (``replicated``): a ``PipelineStage`` has one fixed peer per direction, while
+  micro-batch m goes to copy m mod R_s of each stage; ``exchange`` lays out the
+  point-to-point messages and dry-runs them.
 
 Modules, one job each: ``options`` (flags), ``model`` (load, cast, fingerprint a workload),
 ``check`` (plan vs model and world, before compute), ``topology`` (placement and groups),
 ``stage`` (one stage's layer range and recompute), ``memory`` (bytes saved for backward), ``emulate``,
 ``grads`` (data-parallel and tied gradients), ``zero`` (sharded optimizer state and
 gradients), ``engine`` (one rank's training loop),
-``checkpoint``, ``collect`` (RunReport), ``main`` (process lifecycle). Only this package,
+``checkpoint``, ``collect`` (RunReport), ``main`` (process lifecycle), ``replicated`` (one rank's
+loop for plans replicated per stage), ``exchange`` (its messages and their dry run). Only this package,
 ``planner.models`` and ``planner.profiling`` import torch.
 """

@@ -1,6 +1,11 @@
 """Checks of a plan against the model and the world, run on every rank before any compute.
 
 Each refusal is a :class:`PlannerInputError` with one line naming what differs.
+
+Plans replicated per stage (``plan.replicated_per_stage``) run on ``planner.runtime.replicated``:
+world size = ``plan.num_devices``, GPipe or 1F1B (``check_replicated_rules``), one pipeline
+(``dp_degree`` 1), each stage's copies on the consecutive ranks the plan lays out; ZeRO shards
+over a stage's copies.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.request import ScheduleKind
 from planner.errors import PlannerInputError
 from planner.runtime.model import workload_fingerprint
-from planner.schedule.build import check_schedule_rules
+from planner.schedule.build import check_replicated_rules, check_schedule_rules
 from planner.workload import Workload
 
 SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
@@ -18,6 +23,9 @@ SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKin
 def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan") -> None:
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
     that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``)."""
+    replicated = plan.replicated_per_stage
+    if replicated:
+        _check_replicated(plan, world_size, source)
     if plan.num_devices != world_size:
         v = plan.virtual_stages_per_rank
         stages = f"{plan.num_stages} stages" if v == 1 else f"{plan.num_stages} stages on {plan.num_stages // v} pipeline ranks"
@@ -36,7 +44,8 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
             f"{source}: {plan.num_stages} stages cannot be spread {v} per rank (virtual_stages_per_rank)"
         )
     try:
-        check_schedule_rules(plan.schedule, plan.num_stages, plan.num_microbatches, v)
+        if not replicated:
+            check_schedule_rules(plan.schedule, plan.num_stages, plan.num_microbatches, v)
     except PlannerInputError as exc:
         raise PlannerInputError(f"{source}: {exc}") from None
     pipeline_size = plan.num_stages // v
@@ -55,7 +64,7 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
             )
         p = stage.stage_idx % pipeline_size
         expected_ranks = tuple(p * plan.dp_degree + r for r in range(plan.dp_degree))
-        if tuple(stage.ranks) != expected_ranks:
+        if not replicated and tuple(stage.ranks) != expected_ranks:
             raise PlannerInputError(
                 f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the placement "
                 f"rank = (stage mod P) x D + replica {list(expected_ranks)}"
@@ -67,4 +76,32 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
             raise PlannerInputError(
                 f"{source}: model fingerprint (layer names and parameter shapes) {got[:12]} "
                 f"does not match the plan's {expected[:12]} (model {workload.name!r})"
+            )
+
+
+def _check_replicated(plan: Plan, world_size: int, source: str) -> None:
+    """World size, schedule, and rank layout of a plan replicated per stage."""
+    replicas = list(plan.stage_replicas)
+    if plan.num_devices != world_size:
+        raise PlannerInputError(
+            f"{source}: plan needs {plan.num_devices} processes ({plan.num_stages} stages with replicas {replicas}) "
+            f"but the world size is {world_size}"
+        )
+    if plan.dp_degree != 1:
+        raise PlannerInputError(
+            f"{source}: per-stage replication (replicas {replicas}) inside dp_degree {plan.dp_degree} pipelines "
+            "is not supported by the runtime; use dp_degree 1"
+        )
+    try:
+        check_replicated_rules(plan.schedule, plan.stage_replicas, plan.num_microbatches)
+    except PlannerInputError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
+    offset = 0
+    for stage in plan.stages:
+        expected = tuple(range(offset, offset + stage.replicas))
+        offset += stage.replicas
+        if tuple(stage.ranks) != expected:
+            raise PlannerInputError(
+                f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the replicated placement "
+                f"(consecutive blocks, stage 0's copies first) {list(expected)}"
             )

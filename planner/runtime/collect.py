@@ -4,7 +4,8 @@ Gathered as one float64 tensor per rank (``all_gather``, no pickled objects); by
 stay exact below 2**53. A row is the rank's idle ms and CUDA peak bytes, then compute ms,
 peak saved bytes, optimizer state bytes and gradient bytes held after the sync of each stage
 it runs (v of them, in stage order p, p + P, ...; ``PER_STAGE`` values each); a stage's
-record takes the maximum over its replicas' ranks. Idle time is per rank: wall time less the
+record takes the maximum over its replicas' ranks (or copies': a stage replicated per stage
+predicts M / R_s micro-batches of compute per copy). Idle time is per rank: wall time less the
 compute of all the rank's stages.
 """
 
@@ -68,7 +69,8 @@ def build_report(
         idle = max(r[0] for r in own)
         saved = int(max(r[k + 1] for r in own))
         cuda = int(max(r[1] for r in own))
-        compute_pred = plan.num_microbatches * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
+        per_copy = plan.num_microbatches // stage.replicas  # a copy of a stage replicated per stage runs M / R_s
+        compute_pred = per_copy * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
         act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
         shards = len(stage.ranks) if plan.zero else 1
         params = _plan_param_count(plan, stage)

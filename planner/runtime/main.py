@@ -92,6 +92,7 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     from planner.runtime.collect import build_report, gather_measures
     from planner.runtime.engine import RankRunner
     from planner.runtime.model import cast_workload, load_workload, workload_fingerprint
+    from planner.runtime.replicated import ReplicatedRunner
 
     plan = load_plan(options.plan_path)
     workload = load_workload(options.model_spec, options.seed, options.dtype)
@@ -111,7 +112,8 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     if use_cuda:
         for layer in workload.layers:
             layer.to(device)
-    runner = RankRunner(plan, workload, options, rank, device, profile)
+    runner_cls = ReplicatedRunner if plan.replicated_per_stage else RankRunner  # our executor: torch's cannot route
+    runner = runner_cls(plan, workload, options, rank, device, profile)
     measure = runner.run()
     rows = gather_measures(measure, world_size, device)
     if rank == 0 and options.report_path:

@@ -1,0 +1,137 @@
+"""Run plans replicated per stage in one torchrun launch and compare each with one-process
+training on the same global batches (the reference is computed on every rank).
+
+Usage (what tests/test_runtime_replicated.py does)::
+
+    torchrun --nproc-per-node N tests/replicated_driver.py CONFIGS.json OUT.json
+
+CONFIGS.json is a list of objects with: name, plan (a plan JSON path), model, dtype,
+optimizer, steps, and optionally checkpoint_dir (then the run stops after step 1 with a
+checkpoint, and a fresh runner resumes from it for the remaining steps). Every plan must use
+all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the max
+differences of losses and of the final parameters, and each rank's peak saved bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.artifacts.plan import load_plan  # noqa: E402
+from planner.runtime.engine import RankMeasure  # noqa: E402
+from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
+from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
+from planner.runtime.replicated import ReplicatedRunner  # noqa: E402
+
+LR = 0.05
+
+
+def reference(
+    cfg: dict[str, Any], global_batch: int
+) -> tuple[list[float], list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """One process, whole model, whole global batch: losses per step, and the final parameters
+    and last gradients per layer."""
+    workload = load_workload(cfg["model"], 0, cfg["dtype"])
+    cast_workload(workload, cfg["dtype"])
+    unique = list({id(p): p for layer in workload.layers for p in layer.parameters()}.values())
+    if cfg["optimizer"] == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(unique, lr=LR, foreach=False)
+    else:
+        opt = torch.optim.SGD(unique, lr=LR, foreach=False)
+    losses = []
+    for step in range(cfg["steps"]):
+        opt.zero_grad(set_to_none=True)
+        inputs, targets = workload.make_batch(global_batch, step)
+        x = cast_batch(inputs, cfg["dtype"])
+        for layer in workload.layers:
+            x = layer(x)
+        loss = workload.loss_fn(x, targets)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach().double()))
+    params = [[p.detach().clone() for p in layer.parameters()] for layer in workload.layers]
+    grads = [[p.grad.detach().clone() for p in layer.parameters()] for layer in workload.layers]
+    return losses, params, grads
+
+
+def _runner(cfg: dict[str, Any], rank: int, **kw: Any) -> ReplicatedRunner:
+    plan = load_plan(cfg["plan"])
+    workload = load_workload(cfg["model"], 0, cfg["dtype"])
+    cast_workload(workload, cfg["dtype"])
+    options = RuntimeOptions(
+        plan_path=cfg["plan"],
+        model_spec=cfg["model"],
+        dtype=cfg["dtype"],
+        optimizer=RuntimeOptimizer(cfg["optimizer"]),
+        lr=LR,
+        warmup_steps=0,
+        timeout_s=60.0,
+        **kw,
+    )
+    return ReplicatedRunner(plan, workload, options, rank, torch.device("cpu"))
+
+
+def _train(cfg: dict[str, Any], rank: int) -> tuple[ReplicatedRunner, list[float], RankMeasure]:
+    """Train ``cfg["steps"]`` steps; with a checkpoint directory, as a run of one step that
+    saves and a fresh run that resumes."""
+    steps = cfg["steps"]
+    directory = cfg.get("checkpoint_dir", "")
+    if not directory:
+        runner = _runner(cfg, rank, num_steps=steps)
+        measure = runner.run()
+        return runner, [s.loss for s in measure.steps], measure
+    first = _runner(cfg, rank, num_steps=1, checkpoint_dir=directory, checkpoint_every=1).run()
+    dist.barrier()  # rank 0 writes latest.json after the checkpoint's own barrier
+    runner = _runner(cfg, rank, num_steps=steps, checkpoint_dir=directory, resume=True)
+    measure = runner.run()
+    return runner, [s.loss for s in first.steps] + [s.loss for s in measure.steps], first
+
+
+def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
+    runner, losses, measure = _train(cfg, rank)
+    ref_losses, ref_params, ref_grads = reference(cfg, runner.plan.global_batch)
+    diffs = [0.0, 0.0, 0.0, 0.0]  # params abs, params scale, grads abs, grads scale
+    for k, layer in enumerate(runner.module.layers):
+        idx = runner.stage_plan.layer_start + k
+        for p, ref, ref_grad in zip(layer.parameters(), ref_params[idx], ref_grads[idx], strict=True):
+            pairs = [(p.detach(), ref)] + ([(p.grad, ref_grad)] if p.grad is not None else [])  # ZeRO: shard only
+            for j, (got, want) in enumerate(pairs):
+                diffs[2 * j] = max(diffs[2 * j], float((got.double() - want.double()).abs().max()))
+                diffs[2 * j + 1] = max(diffs[2 * j + 1], float(want.double().abs().max()))
+    stats = torch.tensor(diffs, dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    saved = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(saved, torch.tensor([float(measure.saved_bytes_peak)], dtype=torch.float64))
+    return {
+        "name": cfg["name"],
+        "losses": losses,
+        "ref_losses": ref_losses,
+        "loss_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True)),
+        "param_rel_diff": float(stats[0] / stats[1]),
+        "grad_rel_diff": float(stats[2] / stats[3]),
+        "saved_bytes_peak": [int(t.item()) for t in saved],
+    }
+
+
+def main() -> None:
+    configs = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    results = [run_config(cfg, rank) for cfg in configs]
+    if rank == 0:
+        out.write_text(json.dumps(results, indent=2))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
