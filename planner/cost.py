@@ -13,7 +13,12 @@ times, runs micro-batches of ``b`` samples and recomputes the layer set ``R``.
   all-gather in the node; as NCCL's tree/2D algorithms, Jia et al. 2018 "Highly Scalable Deep
   Learning Training System with Mixed-Precision").
 - ZeRO (Rajbhandari et al. 2020) over a stage's ``n`` ranks: stage 1 keeps 1/n of the optimizer
-  state per rank, stage 2 also 1/n of the gradients. The gradient all-reduce becomes a
+  state per rank, stage 2 also 1/n of the gradients *between iterations*. At the peak it does
+  not: a pipeline accumulates its M micro-batches' gradients into the stage's whole gradient
+  buffer, and the one reduce-scatter per iteration priced below only shrinks it to 1/n after
+  the last backward (sharding it at the peak would take a reduce-scatter per micro-batch, M
+  times the traffic; DeepSpeed's pipeline engine refuses ZeRO 2 for this reason). So stage 2
+  is priced with full gradients at the peak, the same memory as stage 1. The gradient all-reduce becomes a
   reduce-scatter of the gradients and, after each rank steps its shard, an all-gather of the
   weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
   (Patarasuk & Yuan 2009), so the pair costs the all-reduce line at the mean of the two byte
@@ -173,9 +178,11 @@ class CostModel:
 
     # ---------------------------------------------------------------- ZeRO
     def state_bytes_per_param(self, shard: int = 1, zero: int = 0) -> tuple[float, float, float]:
-        """(weights, gradients, optimizer state) bytes per parameter on one of ``shard`` ranks."""
+        """(weights, gradients, optimizer state) bytes per parameter at the peak, on one of
+        ``shard`` ranks."""
         w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
-        return float(w), g / shard if zero >= 2 else float(g), o / shard if zero >= 1 else float(o)
+        # gradients: whole at the peak under every stage (see the module docstring on ZeRO 2)
+        return float(w), float(g), o / shard if zero >= 1 else float(o)
 
     def sync_bytes_per_param(self, zero: int = 0) -> float:
         """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:

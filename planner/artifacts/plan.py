@@ -18,7 +18,8 @@ With per-stage replication the stages' ranks are consecutive blocks: stage 0 tak
 
 ``zero`` (Rajbhandari et al. 2020): 0 every rank of a stage keeps the stage's full optimizer
 state and gradients; 1 the optimizer state is sharded over the stage's ranks (each keeps
-1/|ranks|); 2 the gradients too. The stage's gradient synchronisation is then a
+1/|ranks|); 2 the gradients too, once the iteration's micro-batches are reduce-scattered (the
+whole gradient buffer is live while they accumulate, so the peak memory of 2 is that of 1). The stage's gradient synchronisation is then a
 reduce-scatter of the gradients and an all-gather of the updated weights instead of an
 all-reduce; ``allreduce_ms`` holds whichever the plan does.
 

@@ -11,7 +11,8 @@ side constraints the DP cannot express. Per configuration (P, D, b, M, schedule)
 - memory of stage ``s`` (bytes, exact integers):
   ``kappa params - tied duplicates + 2 b (cut_in + cut_out) + k_s b (saved - sum_z (saved - input)) + ws_s <= cap``
   with ``ws_s >= b saved_l z[s, l]`` (the recompute working set); under ZeRO (stage ``z``
-  over the ``D`` replicas) ``kappa = w + g / D (z = 2) + o / D``, and the row is multiplied by
+  over the ``D`` replicas) ``kappa = w + g + o / D`` (gradients whole at the peak, see
+  planner.cost), and the row is multiplied by
   ``D`` to keep integer coefficients;
 - ``T_s = sum x (f + b) + sum z f`` in integer nanoseconds, ``T_max >= T_s``;
 - minimise ``sum_s T_s + sum_s c_s + (M - 1) T_max``.
