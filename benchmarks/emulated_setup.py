@@ -61,12 +61,15 @@ def recompute_sets(boundaries: Sequence[int], num_layers: int, recompute: bool) 
 
 
 def emulated_plan(
-    profile: Profile, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind, recompute: bool
+    profile: Profile, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind, recompute: bool,
+    zero: int = 0, replicas: Sequence[int] = (),
 ) -> Plan:
+    """The fixed split of ``BOUNDARIES``; ``zero`` and per-stage ``replicas`` (with
+    ``dp_degree`` 1 and ``num_microbatches`` global) as the plan format allows."""
     cluster = load_cluster(CLUSTER)
     request = PlanRequest(
         global_batch=num_microbatches * MICROBATCH_SIZE * dp_degree,
-        num_devices=num_stages * dp_degree,
+        num_devices=sum(replicas) if replicas else num_stages * dp_degree,
         schedules=(schedule,),
         microbatch_sizes=(MICROBATCH_SIZE,),
         optimizer=OptimizerKind.SGD_FP32,
@@ -81,4 +84,6 @@ def emulated_plan(
         microbatch_size=MICROBATCH_SIZE,
         schedule=schedule,
         solver="fixed",
+        zero=zero,
+        replicas=replicas,
     )

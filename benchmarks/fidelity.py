@@ -6,7 +6,11 @@ the plan with ``build_plan`` (predictions from the event simulator), run it with
 gloo communication), and compare the RunReport with the plan. Targets (issue 6): iteration
 time error median <= 5%, max <= 15%; activation bytes within 1%.
 
-Usage: python benchmarks/fidelity.py [--steps 5] [--warmup 2] [--out results.json] [--only N]
+Configurations with ``z=1``/``z=2`` run ZeRO (with AdamW, so that there is optimizer state to
+shard); ``R2+1`` is a pipeline replicated per stage (stage 0 on two processes, micro-batches
+round-robin), run by the planner's own executor.
+
+Usage: python benchmarks/fidelity.py [--steps 5] [--warmup 2] [--out results.json] [--only N] [--select 14,18]
 """
 
 from __future__ import annotations
@@ -42,10 +46,17 @@ class Config:
     num_microbatches: int
     schedule: ScheduleKind
     recompute: bool
+    zero: int = 0
+    replicas: tuple[int, ...] = ()  # per-stage copies (dp_degree 1, M global)
 
     @property
     def name(self) -> str:
-        return f"P{self.num_stages} D{self.dp_degree} M{self.num_microbatches} {self.schedule.value:<5} rc={int(self.recompute)}"
+        layout = f"P{self.num_stages} R{'+'.join(map(str, self.replicas))}" if self.replicas else f"P{self.num_stages} D{self.dp_degree}"
+        return f"{layout} M{self.num_microbatches} {self.schedule.value:<5} rc={int(self.recompute)} z={self.zero}"
+
+    @property
+    def num_processes(self) -> int:
+        return sum(self.replicas) if self.replicas else self.num_stages * self.dp_degree
 
 
 CONFIGS = (
@@ -63,6 +74,14 @@ CONFIGS = (
     Config(4, 1, 8, F, False),
     Config(4, 1, 8, G, True),
     Config(4, 1, 6, F, True),
+    # ZeRO (AdamW, so there is optimizer state to shard) and pipelines replicated per stage
+    Config(1, 2, 4, F, False, zero=1),
+    Config(1, 2, 4, G, True, zero=2),
+    Config(2, 2, 4, G, False, zero=1),
+    Config(2, 2, 8, F, False, zero=2),
+    Config(2, 1, 8, F, False, replicas=(2, 1)),
+    Config(2, 1, 8, G, False, replicas=(1, 2)),
+    Config(2, 1, 8, F, False, zero=1, replicas=(2, 1)),
 )
 
 
@@ -76,13 +95,17 @@ def run_one(cfg: Config, profile_path: Path, work: Path, steps: int, warmup: int
         num_microbatches=cfg.num_microbatches,
         schedule=cfg.schedule,
         recompute=cfg.recompute,
+        zero=cfg.zero,
+        replicas=cfg.replicas,
     )
     plan_path, report_path = work / "plan.json", work / "report.json"
     save_plan(plan, plan_path)
-    nproc = cfg.num_stages * cfg.dp_degree
+    nproc = cfg.num_processes
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
     cmd += ["-m", "planner.runtime", "--plan", str(plan_path), "--model", MODEL_SPEC, "--emulate"]
     cmd += ["--profile", str(profile_path), "--steps", str(steps), "--warmup-steps", str(warmup), "--report", str(report_path)]
+    if cfg.zero:
+        cmd += ["--optimizer", "adamw"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
@@ -109,20 +132,23 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--out", default="")
     parser.add_argument("--only", type=int, default=0, help="run the first N configurations")
+    parser.add_argument("--select", default="", help="comma-separated indices of configurations to run")
     args = parser.parse_args()
     configs = CONFIGS[: args.only] if args.only else CONFIGS
+    if args.select:
+        configs = tuple(CONFIGS[int(i)] for i in args.select.split(","))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         profile_path = work / "profile.json"
         save_profile(emulated_profile(), profile_path)
-        print(f"{'config':<26} {'pred ms':>9} {'meas ms':>9} {'t err':>7}  {'act bytes pred/meas per stage':<40} {'a err':>6}")
+        print(f"{'config':<32} {'pred ms':>9} {'meas ms':>9} {'t err':>7}  {'act bytes pred/meas per stage':<40} {'a err':>6}")
         for cfg in configs:
             row = run_one(cfg, profile_path, work, args.steps, args.warmup)
             rows.append(row)
             acts = " ".join(f"{p}/{m}" for p, m in zip(row["activation_predicted_bytes"], row["activation_measured_bytes"]))  # type: ignore[call-overload]
             print(
-                f"{row['config']:<26} {row['predicted_ms']:>9.1f} {row['measured_ms']:>9.1f} "
+                f"{row['config']:<32} {row['predicted_ms']:>9.1f} {row['measured_ms']:>9.1f} "
                 f"{100 * row['time_error']:>6.1f}%  {acts:<40} {100 * row['activation_max_error']:>5.2f}%",
                 flush=True,
             )

@@ -8,8 +8,8 @@ this module executes the rank's action order itself, on plain point-to-point ops
 - the order is ``planner.schedule.build_replicated_schedule`` (the one the simulator
   replays): GPipe or 1F1B, flushed, over the copy's micro-batches ``r, r + R_s, ...``;
 - before action ``i`` the rank posts the sends of action ``i - 1`` and the receives of
-  action ``i`` as one ``batch_isend_irecv`` group and waits for it (groups that only send
-  are waited at the end of the schedule); ``planner.runtime.exchange`` lays the messages out
+  action ``i`` as one ``batch_isend_irecv`` group and waits for the receives (sends are
+  waited at the end of the schedule; a coalesced NCCL group is waited whole, a stream wait); ``planner.runtime.exchange`` lays the messages out
   and its dry run shows the orders neither hang nor mismatch, with NCCL's rendezvous sends;
   tags (2m for activations, 2m + 1 for gradients) match micro-batches on gloo;
 - ``sF m``: the received tensors (floating ones as leaves needing grad; stage 0 slices
@@ -216,11 +216,21 @@ class ReplicatedRunner:
         specs = self.in_specs if msg.kind is ActionKind.FORWARD else self.out_grad_specs
         return tuple(torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in specs)
 
-    def _post(self, outbox: list[_Transfer], inbox: list[_Transfer]) -> list[Any]:
-        """Post one group: the previous action's sends, then this action's receives."""
-        ops = [dist.P2POp(dist.isend, t, msg.dst, tag=msg.tag) for msg, tensors in outbox for t in tensors]
-        ops += [dist.P2POp(dist.irecv, t, msg.src, tag=msg.tag) for msg, tensors in inbox for t in tensors]
-        return list(dist.batch_isend_irecv(ops)) if ops else []
+    def _post(self, outbox: list[_Transfer], inbox: list[_Transfer]) -> tuple[list[Any], list[Any]]:
+        """Post one group: the previous action's sends, then this action's receives. Returns
+        (works to wait for before computing, works to wait for by the end of the step): with one
+        work per op (gloo) only the receives hold up the compute -- a send completes only once
+        its peer reaches the matching receive, and waiting for that here would stall this rank
+        behind its peer's schedule; a coalesced group (NCCL: one work, a stream wait) is waited
+        whole."""
+        sends = [dist.P2POp(dist.isend, t, msg.dst, tag=msg.tag) for msg, tensors in outbox for t in tensors]
+        recvs = [dist.P2POp(dist.irecv, t, msg.src, tag=msg.tag) for msg, tensors in inbox for t in tensors]
+        if not sends and not recvs:
+            return [], []
+        works = list(dist.batch_isend_irecv(sends + recvs))
+        if len(works) == len(sends) + len(recvs):
+            return works[len(sends):], works[: len(sends)]
+        return (works, []) if recvs else ([], works)
 
     # ---------------------------------------------------------------- compute
     def _timed(self, which: int, start: float) -> None:
@@ -276,13 +286,11 @@ class ReplicatedRunner:
         outbox: list[_Transfer] = []
         for idx, action in enumerate(self.order):
             inbox = [(msg, self._buffers(msg)) for msg in self.exchanges[idx] if msg.dst == self.rank]
-            works = self._post(outbox, inbox)
+            now, later = self._post(outbox, inbox)
             sending += [tensors for _, tensors in outbox]
-            if inbox:
-                for work in works:
-                    work.wait()
-            else:
-                unwaited += works
+            for work in now:
+                work.wait()
+            unwaited += later
             received = inbox[0][1] if inbox else ()
             if action.kind is ActionKind.FORWARD:
                 saved, sent = self._forward(action.mb_idx, received, inputs, targets)
@@ -292,7 +300,7 @@ class ReplicatedRunner:
             else:
                 sent = self._backward(in_flight.pop(action.mb_idx), received)
             outbox = [(msg, sent) for msg in self.exchanges[idx + 1] if msg.src == self.rank and sent]
-        unwaited += self._post(outbox, [])
+        unwaited += sum(self._post(outbox, []), [])
         for work in unwaited:
             work.wait()
         sending.clear()
