@@ -27,39 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.artifacts.plan import load_plan  # noqa: E402
 from planner.runtime.engine import RankMeasure  # noqa: E402
-from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
+from planner.runtime.model import cast_workload, load_workload  # noqa: E402
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
 from planner.runtime.replicated import ReplicatedRunner  # noqa: E402
+from tests.runtime_driver import LR, reference  # noqa: E402  (the same one-process training)
 
-LR = 0.05
 
-
-def reference(
-    cfg: dict[str, Any], global_batch: int
-) -> tuple[list[float], list[list[torch.Tensor]], list[list[torch.Tensor]]]:
-    """One process, whole model, whole global batch: losses per step, and the final parameters
-    and last gradients per layer."""
-    workload = load_workload(cfg["model"], 0, cfg["dtype"])
-    cast_workload(workload, cfg["dtype"])
-    unique = list({id(p): p for layer in workload.layers for p in layer.parameters()}.values())
-    if cfg["optimizer"] == "adamw":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(unique, lr=LR, foreach=False)
-    else:
-        opt = torch.optim.SGD(unique, lr=LR, foreach=False)
-    losses = []
-    for step in range(cfg["steps"]):
-        opt.zero_grad(set_to_none=True)
-        inputs, targets = workload.make_batch(global_batch, step)
-        x = cast_batch(inputs, cfg["dtype"])
-        for layer in workload.layers:
-            x = layer(x)
-        loss = workload.loss_fn(x, targets)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach().double()))
-    params = [[p.detach().clone() for p in layer.parameters()] for layer in workload.layers]
-    grads = [[p.grad.detach().clone() for p in layer.parameters()] for layer in workload.layers]
-    return losses, params, grads
 
 
 def _runner(cfg: dict[str, Any], rank: int, **kw: Any) -> ReplicatedRunner:
@@ -97,7 +70,7 @@ def _train(cfg: dict[str, Any], rank: int) -> tuple[ReplicatedRunner, list[float
 
 def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     runner, losses, measure = _train(cfg, rank)
-    ref_losses, ref_params, ref_grads = reference(cfg, runner.plan.global_batch)
+    ref_losses, ref_grads, ref_params = reference(cfg, runner.plan.global_batch)
     diffs = [0.0, 0.0, 0.0, 0.0]  # params abs, params scale, grads abs, grads scale
     for k, layer in enumerate(runner.module.layers):
         idx = runner.stage_plan.layer_start + k
