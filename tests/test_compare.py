@@ -161,11 +161,18 @@ def test_cli_compare_bad_inputs_exit_2(plan_file: Path, tmp_path: Path, capsys: 
 
 def test_export_stage_names_and_schedule_csv(plan_file: Path, gpt3_plan: planner.Plan, tmp_path: Path) -> None:
     names, sched = tmp_path / "stages.json", tmp_path / "schedule.csv"
-    assert main(["export", str(plan_file), "--stages-json", str(names), "--schedule-csv", str(sched)]) == 0
+    uniform = planner.plan(planner.load_profile(GPT3), planner.load_cluster("a100-80gb-x8"),
+                           PlanRequest(global_batch=64, per_stage_replication=False))
+    uniform_file = tmp_path / "uniform.json"
+    planner.save_plan(uniform, uniform_file)
+    assert main(["export", str(uniform_file), "--stages-json", str(names), "--schedule-csv", str(sched)]) == 0
     stages = json.loads(names.read_text())
-    assert len(stages) == gpt3_plan.num_stages
+    assert len(stages) == uniform.num_stages
     assert [n for stage in stages for n in stage] == list(planner.load_profile(GPT3).layer_names)
-    assert read_schedule_csv(sched) == build_schedule(gpt3_plan.schedule, gpt3_plan.num_stages, gpt3_plan.num_microbatches)
+    assert read_schedule_csv(sched) == build_schedule(uniform.schedule, uniform.num_stages, uniform.num_microbatches)
+    if gpt3_plan.replicated_per_stage:  # torch's CSV runs one stage per rank: refused, one line, exit 2
+        assert main(["export", str(plan_file), "--schedule-csv", str(tmp_path / "r.csv")]) == 2
+        assert not (tmp_path / "r.csv").exists()
 
 
 def test_comparison_figures_draw_every_plan(gpt3_plan: planner.Plan, tmp_path: Path) -> None:
