@@ -50,6 +50,10 @@ EXPLAIN_MAX_LAYERS = 256
 REFINE_RADIUS = 4
 #: micro-batch sizes (of the best uniform plans) for which per-stage replication is searched
 REPLICATED_SIZES = 2
+#: most devices per-stage replication is searched for: its DP is over (layer, devices used),
+#: O(L^2 x N x copy counts) per cap; on 1,024 devices that took ~80 s (GPT-3 175B), while the
+#: clusters PipeDream's optimizer was built for (and evaluated on) have at most a few dozen
+REPLICATED_MAX_DEVICES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,10 +492,11 @@ def replicated_candidates(
 ) -> list[tuple[float, Candidate]]:
     """Pipelines whose stages have their own copy counts (PipeDream's optimizer), with their
     simulated times; only layouts that are not uniform (those are the P x D configurations
-    already searched). Searched for the micro-batch sizes of the :data:`REPLICATED_SIZES`
+    already searched), on at most :data:`REPLICATED_MAX_DEVICES` devices. Searched for the
+    micro-batch sizes of the :data:`REPLICATED_SIZES`
     best uniform plans (every size when none fits), each exactly over partitions and copy
     counts; sizes whose average-work bound cannot beat the best plan so far are skipped."""
-    if not request.per_stage_replication or num_devices < 2:
+    if not request.per_stage_replication or not 2 <= num_devices <= REPLICATED_MAX_DEVICES:
         return []
     best_ms = uniform[0][0] if uniform else float("inf")
     sizes = list(dict.fromkeys(cand.config.microbatch_size for _, cand in uniform))[:REPLICATED_SIZES]
