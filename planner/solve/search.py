@@ -8,6 +8,17 @@ configurations the objective alone is not comparable (it leaves out the data-par
 all-reduce and the schedule's exact overlap), so every configuration's optimum is replayed by
 the simulator and the fastest by simulation wins (ties: fewer stages, larger micro-batch,
 schedule name). The (iteration time, peak memory) points seen on the way form the Pareto front.
+
+Two more dimensions:
+
+- ZeRO: every configuration with D > 1 is solved at the deepest stage the request allows
+  (sharding frees memory and moves no more bytes, so that optimum is never slower), unless
+  memory binds nowhere; the plan then keeps the least stage under which its partition still
+  fits at the same time (:func:`least_zero`).
+- per-stage replication (time objective, at most :data:`REPLICATED_MAX_DEVICES` devices): the
+  exact DP over (layer, devices used) of :mod:`planner.solve.replicated` at the micro-batch
+  sizes of the best uniform plans, plus PipeDream's own split; non-uniform layouts are
+  simulated beside the uniform plans and win only by simulated time.
 """
 
 from __future__ import annotations
