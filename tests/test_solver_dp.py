@@ -165,3 +165,13 @@ def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
     ranks = inter.num_stages // inter.virtual_stages_per_rank
     for st_ in inter.stages:
         assert st_.ranks[0] // inter.dp_degree == st_.stage_idx % ranks
+
+
+@pytest.mark.parametrize("stages", [(0,), (1,), (2,), (1, 2), (0, 2)])
+def test_plan_zero_is_one_the_request_allows(stages):
+    """Whatever fits and wins, the plan's ZeRO stage is one the request asked for (also where
+    memory binds nowhere, and with one rank per stage, where sharding changes nothing)."""
+    roomy = chain_profile([dict(fwd=1.0, bwd=2.0, params=1000, saved=1e3, inp=1e2, out=1e2)] * 4)
+    for devices in (1, 4):
+        p = plan(roomy, small_cluster(devices), PlanRequest(global_batch=8, zero_stages=stages))
+        assert p.zero in stages, (devices, p.zero)

@@ -151,8 +151,9 @@ def searched_zero(request: PlanRequest, dp_degree: int) -> int:
     """The ZeRO stage a configuration is solved at: the deepest the request allows when there
     are replicas to shard over. Sharding only frees memory and moves no more bytes (see
     planner.cost), so its optimum is never slower; :func:`least_zero` then keeps the least
-    sharding under which the chosen plan still fits."""
-    return max(request.zero_stages) if dp_degree > 1 else 0
+    sharding under which the chosen plan still fits. With one rank per stage sharding changes
+    nothing; the plan records the least stage asked for."""
+    return max(request.zero_stages) if dp_degree > 1 else min(request.zero_stages)
 
 
 def all_configs(cm: CostModel, request: PlanRequest, num_devices: int, interleaved: bool = True) -> list[Config]:
@@ -236,7 +237,7 @@ def solve_candidates(
                 )
             return tables[key]
 
-        if c.zero and table_of(dataclasses.replace(c, zero=0)).fits_everywhere(max(c.inflight())):
+        if c.zero and 0 in request.zero_stages and table_of(dataclasses.replace(c, zero=0)).fits_everywhere(max(c.inflight())):
             c = dataclasses.replace(c, zero=0)  # memory binds nowhere: sharding cannot help
         key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
         table_of(c)
@@ -482,7 +483,7 @@ def solve_replicated_config(
     m = request.global_batch // b
     if tables is None:
         tables = {}
-    if zero:
+    if zero and 0 in request.zero_stages:
         plain = StageTable(cm, b, cap, fixed, allow_recompute=request.recompute)
         if plain.fits_everywhere(m):  # memory binds nowhere: sharding cannot help
             zero, tables = 0, {1: plain}
