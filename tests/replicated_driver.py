@@ -14,9 +14,7 @@ differences of losses and of the final parameters, and each rank's peak saved by
 
 from __future__ import annotations
 
-import json
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from planner.runtime.engine import RankMeasure  # noqa: E402
 from planner.runtime.model import cast_workload, load_workload  # noqa: E402
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
 from planner.runtime.replicated import ReplicatedRunner  # noqa: E402
-from tests.runtime_driver import LR, reference  # noqa: E402  (the same one-process training)
+from tests.runtime_driver import LR, reference, serve  # noqa: E402  (the same one-process training)
 
 
 
@@ -95,15 +93,7 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    configs = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(sys.argv[2])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    rank = dist.get_rank()
-    results = [run_config(cfg, rank) for cfg in configs]
-    if rank == 0:
-        out.write_text(json.dumps(results, indent=2))
-    dist.barrier()
-    dist.destroy_process_group()
+    serve(run_config)
 
 
 if __name__ == "__main__":

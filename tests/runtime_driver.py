@@ -23,7 +23,7 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -189,17 +189,23 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def serve(run: Callable[[dict[str, Any], int], dict[str, Any]]) -> None:
+    """``torchrun ... DRIVER CONFIGS.json OUT.json``: ``run`` every config on every rank in one
+    gloo process group; rank 0 writes the results."""
     configs = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     torch.set_default_dtype(torch.float32)
-    results = [run_config(cfg, rank) for cfg in configs]
+    results = [run(cfg, rank) for cfg in configs]
     if rank == 0:
         out.write_text(json.dumps(results, indent=2))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def main() -> None:
+    serve(run_config)
 
 
 if __name__ == "__main__":
