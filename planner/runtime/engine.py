@@ -376,50 +376,85 @@ class RankRunner:
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
         return StepMeasure(step_idx=step_idx, loss=float(loss_t) / self.plan.dp_degree, wall_ms=float(wall_t))
 
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
+    def checkpoint_replica(self) -> int:
+        """Which replica this rank is (replica 0 writes the model in checkpoints)."""
+        return self.place.replica
+
+    def step_units(self) -> list["StepUnit"]:
+        return [StepUnit(stage_idx=c.stage_idx, module=c.module, optimizer=c.optimizer, timer=c.pipe_stage)
+                for c in self.chunks]
+
     def run(self) -> RankMeasure:
-        options = self.options
-        start_step = self.resume() if options.resume else 0
-        steps: list[StepMeasure] = []
-        compute_ms: list[list[float]] = []  # per timed step, per chunk
-        wall_ms: list[float] = []
-        peaks = [0] * len(self.chunks)
-        for step_idx in range(start_step, options.num_steps):
-            try:
-                _maybe_fault(options, self.place.rank, step_idx)
-                for c in self.chunks:
-                    c.pipe_stage.compute_s = 0.0
-                    c.module.metering = step_idx == start_step  # peak saved bytes: first step only
-                    c.module.meter.reset_peak()
-                measure = self.train_step(step_idx)
-            except Exception as exc:
-                raise StepFailure(step_idx, exc) from exc
-            steps.append(measure)
-            if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
-                compute_ms.append([c.pipe_stage.compute_s * 1000.0 for c in self.chunks])
-                wall_ms.append(measure.wall_ms)
-            peaks = [max(peak, c.module.meter.peak_bytes) for peak, c in zip(peaks, self.chunks)]
-            done = step_idx + 1
-            if options.checkpoint_every and done % options.checkpoint_every == 0:
-                ckpt.save_checkpoint(
-                    options.checkpoint_dir,
-                    done,
-                    [(c.stage_idx, c.module, c.optimizer) for c in self.chunks],
-                    self.place.replica,
-                    optimizer_shards=self.optimizer_shards,
-                )
-        per_stage = tuple(statistics.fmean(col) for col in zip(*compute_ms)) if compute_ms else (0.0,) * len(self.chunks)
-        compute = sum(per_stage)
-        wall = statistics.fmean(wall_ms) if wall_ms else 0.0
-        cuda_peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
-        return RankMeasure(
-            steps=tuple(steps),
-            compute_ms=compute,
-            idle_ms=max(0.0, wall - compute),
-            saved_bytes_peak=max(peaks),
-            cuda_peak_bytes=int(cuda_peak),
-            stage_indices=tuple(c.stage_idx for c in self.chunks),
-            stage_compute_ms=per_stage,
-            stage_saved_bytes_peak=tuple(peaks),
-            stage_optimizer_state_bytes=tuple(optimizer_state_bytes(c.optimizer) for c in self.chunks),
-            stage_grad_bytes=self.grad_bytes,
-        )
+        return run_steps(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepUnit:
+    """What the step loop needs of one stage a rank runs: its module (meter), optimizer and the
+    object whose ``compute_s`` adds up the stage's compute seconds."""
+
+    stage_idx: int
+    module: StageModule
+    optimizer: torch.optim.Optimizer | None
+    timer: Any
+
+
+def run_steps(runner: Any) -> RankMeasure:
+    """The training loop of any runner (``RankRunner``, ``planner.runtime.replicated``'s):
+    faults, saved-bytes metering on the first step, timing after the warm-up, checkpoints, and
+    the rank's measures. ``runner`` has ``options``, ``device``, ``rank``,
+    ``checkpoint_replica``, ``optimizer_shards``, ``grad_bytes`` (per unit), ``resume()``,
+    ``train_step(step_idx)`` and ``step_units()``."""
+    options = runner.options
+    units: list[StepUnit] = runner.step_units()
+    start_step = runner.resume() if options.resume else 0
+    steps: list[StepMeasure] = []
+    compute_ms: list[list[float]] = []  # per timed step, per unit
+    wall_ms: list[float] = []
+    peaks = [0] * len(units)
+    for step_idx in range(start_step, options.num_steps):
+        try:
+            _maybe_fault(options, runner.rank, step_idx)
+            for u in units:
+                u.timer.compute_s = 0.0
+                u.module.metering = step_idx == start_step  # peak saved bytes: first step only
+                u.module.meter.reset_peak()
+            measure = runner.train_step(step_idx)
+        except Exception as exc:
+            raise StepFailure(step_idx, exc) from exc
+        steps.append(measure)
+        if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
+            compute_ms.append([u.timer.compute_s * 1000.0 for u in units])
+            wall_ms.append(measure.wall_ms)
+        peaks = [max(peak, u.module.meter.peak_bytes) for peak, u in zip(peaks, units)]
+        done = step_idx + 1
+        if options.checkpoint_every and done % options.checkpoint_every == 0:
+            ckpt.save_checkpoint(
+                options.checkpoint_dir,
+                done,
+                [(u.stage_idx, u.module, u.optimizer) for u in units],
+                runner.checkpoint_replica,
+                optimizer_shards=runner.optimizer_shards,
+            )
+    per_stage = tuple(statistics.fmean(col) for col in zip(*compute_ms)) if compute_ms else (0.0,) * len(units)
+    compute = sum(per_stage)
+    wall = statistics.fmean(wall_ms) if wall_ms else 0.0
+    device = runner.device
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    return RankMeasure(
+        steps=tuple(steps),
+        compute_ms=compute,
+        idle_ms=max(0.0, wall - compute),
+        saved_bytes_peak=max(peaks),
+        cuda_peak_bytes=int(cuda_peak),
+        stage_indices=tuple(u.stage_idx for u in units),
+        stage_compute_ms=per_stage,
+        stage_saved_bytes_peak=tuple(peaks),
+        stage_optimizer_state_bytes=tuple(optimizer_state_bytes(u.optimizer) for u in units),
+        stage_grad_bytes=tuple(runner.grad_bytes),
+    )

@@ -34,7 +34,6 @@ Measurements, checkpoints, faults and emulation are the engine's, per rank (one 
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,20 +48,20 @@ from planner.runtime import checkpoint as ckpt
 from planner.runtime.emulate import sleep_until, stage_chunk_ms
 from planner.runtime.engine import (
     RankMeasure,
-    StepFailure,
     StepMeasure,
+    StepUnit,
     _as_args,
     _boundary_examples,
     _held_grad_bytes,
     _make_optimizer,
-    _maybe_fault,
+    run_steps,
 )
 from planner.runtime.exchange import Message, exchange_groups
 from planner.runtime.grads import DataParallelHooks, sync_tied
 from planner.runtime.model import cast_batch
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.stage import StageModule
-from planner.runtime.zero import ShardedState, optimizer_state_bytes
+from planner.runtime.zero import ShardedState
 from planner.schedule.actions import ActionKind
 from planner.schedule.build import build_replicated_schedule
 from planner.workload import Workload
@@ -155,7 +154,7 @@ class ReplicatedRunner:
         self.out_grad_specs = tuple(s for s in _specs(example_out) if s.floating)
         self.emulated_ms = stage_chunk_ms(plan, self.stage_idx, profile) if options.emulate else None
         self.compute_s = 0.0
-        self.grad_bytes = 0
+        self.grad_bytes: tuple[int, ...] = (0,)  # held after the sync, per stage (one here)
         self.copy_group, self.tied_params, self.tied_groups = self._build_groups(layout)
         self.dp_hooks: DataParallelHooks | None = None
         self.zero: ShardedState | None = None
@@ -324,7 +323,7 @@ class ReplicatedRunner:
         sync_tied(self.tied_params, self.tied_groups, 1)  # while the reduce-scatter runs
         if self.zero is not None:
             self.zero.wait_sync()
-        self.grad_bytes = _held_grad_bytes(self.optimizer)
+        self.grad_bytes = (_held_grad_bytes(self.optimizer),)
         self.optimizer.step()
         if self.zero is not None:
             self.zero.gather_params()
@@ -353,48 +352,13 @@ class ReplicatedRunner:
             self.zero.reload_master()
         return done
 
+    @property
+    def checkpoint_replica(self) -> int:
+        """Which copy of its stage this rank is (copy 0 writes the model in checkpoints)."""
+        return self.copy_idx
+
+    def step_units(self) -> list[StepUnit]:
+        return [StepUnit(stage_idx=self.stage_idx, module=self.module, optimizer=self.optimizer, timer=self)]
+
     def run(self) -> RankMeasure:
-        options = self.options
-        start_step = self.resume() if options.resume else 0
-        steps: list[StepMeasure] = []
-        compute_ms: list[float] = []
-        wall_ms: list[float] = []
-        peak = 0
-        for step_idx in range(start_step, options.num_steps):
-            try:
-                _maybe_fault(options, self.rank, step_idx)
-                self.compute_s = 0.0
-                self.module.metering = step_idx == start_step  # peak saved bytes: first step only
-                self.module.meter.reset_peak()
-                measure = self.train_step(step_idx)
-            except Exception as exc:
-                raise StepFailure(step_idx, exc) from exc
-            steps.append(measure)
-            if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
-                compute_ms.append(self.compute_s * 1000.0)
-                wall_ms.append(measure.wall_ms)
-            peak = max(peak, self.module.meter.peak_bytes)
-            done = step_idx + 1
-            if options.checkpoint_every and done % options.checkpoint_every == 0:
-                ckpt.save_checkpoint(
-                    options.checkpoint_dir,
-                    done,
-                    [(self.stage_idx, self.module, self.optimizer)],
-                    self.copy_idx,
-                    optimizer_shards=self.optimizer_shards,
-                )
-        compute = statistics.fmean(compute_ms) if compute_ms else 0.0
-        wall = statistics.fmean(wall_ms) if wall_ms else 0.0
-        cuda_peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
-        return RankMeasure(
-            steps=tuple(steps),
-            compute_ms=compute,
-            idle_ms=max(0.0, wall - compute),
-            saved_bytes_peak=peak,
-            cuda_peak_bytes=int(cuda_peak),
-            stage_indices=(self.stage_idx,),
-            stage_compute_ms=(compute,),
-            stage_saved_bytes_peak=(peak,),
-            stage_optimizer_state_bytes=(optimizer_state_bytes(self.optimizer),),
-            stage_grad_bytes=(self.grad_bytes,),
-        )
+        return run_steps(self)
