@@ -160,3 +160,18 @@ def test_ours_at_least_as_fast_as_pipedreams_replicated_split_on_alexnet():
                         schedule=ScheduleKind.ONE_F_ONE_B, solver="pipedream-optimizer", replicas=reps)
     ours = plan(prof, cluster, req)
     assert ours.predicted.iteration_ms <= theirs.predicted.iteration_ms * (1 + 1e-9)
+
+
+def test_no_recompute_request_is_honoured_by_every_proposal():
+    """With recomputation off, neither our DP nor the proposals beside it (PipeDream's split,
+    the baselines' partitions) may recompute: found by benchmarks/memory_efficiency.py, where a
+    replicated GPipe plan with 33 recomputed layers came back for ``recompute=False``."""
+    from planner.errors import InfeasibleError
+    from planner.defaults import default_profile
+
+    req = PlanRequest(global_batch=64, schedules=(ScheduleKind.GPIPE,), recompute=False)
+    try:
+        p = plan(default_profile(), PRESETS["a100-80gb-2x8"], req)
+    except InfeasibleError:
+        return  # nothing fits without recomputation: also an honest answer
+    assert not any(s.recompute for s in p.stages), [s.recompute for s in p.stages]

@@ -246,7 +246,7 @@ def solve_candidates(
             continue
         proposals = [Candidate(c, sol)]
         if chain_solver is solve_chain:
-            proposals += alternatives(cm, c, cap_bytes)
+            proposals += alternatives(cm, c, cap_bytes, request.recompute)
         scored = []
         for cand in proposals:
             # the busiest rank does M x its stage's work: no faster than that
@@ -408,7 +408,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     return Candidate(c, sol)
 
 
-def alternatives(cm: CostModel, c: Config, cap: float) -> list[Candidate]:
+def alternatives(cm: CostModel, c: Config, cap: float, allow_recompute: bool = True) -> list[Candidate]:
     """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
     with the least recompute that fits each stage: extra proposals for the simulator, which
     judges the all-reduce overlap more finely than the DP objective does."""
@@ -417,22 +417,25 @@ def alternatives(cm: CostModel, c: Config, cap: float) -> list[Candidate]:
     out = []
     for name in ALTERNATIVE_PARTITIONS:
         bounds = minmax_partition(WEIGHTS[name](cm, c.microbatch_size, c.num_stages, c.dp_degree), c.num_stages)
-        cand = None if bounds is None else fixed_split(cm, c, bounds, cap)
+        cand = None if bounds is None else fixed_split(cm, c, bounds, cap, allow_recompute)
         if cand is not None:
             out.append(cand)
     return out
 
 
-def fixed_split(cm: CostModel, c: Config, bounds: Sequence[int], cap: float) -> Candidate | None:
+def fixed_split(
+    cm: CostModel, c: Config, bounds: Sequence[int], cap: float, allow_recompute: bool = True
+) -> Candidate | None:
     """A given partition under configuration ``c``, each stage with the least recomputation
-    that fits ``cap`` (None if a stage cannot fit)."""
+    that fits ``cap`` (None if a stage cannot fit, or would need recomputation that is not
+    allowed)."""
     ks = c.inflight()
     b = c.microbatch_size
     stops = list(bounds[1:]) + [cm.num_layers]
     rc = []
     for s, (a, z) in enumerate(zip(bounds, stops)):
         chosen = stage_recompute(cm, a, z, b, ks[s], cap, c.stage_shard(s), c.zero)
-        if chosen is None:
+        if chosen is None or (chosen and not allow_recompute):
             return None
         rc.append(chosen)
     times = tuple(
@@ -576,7 +579,7 @@ def pipedream_proposal(
         return []
     bounds, reps = split
     config = Config(len(reps), 1, b, request.global_batch // b, schedule, zero=zero, replicas=reps)
-    cand = fixed_split(cm, config, bounds, cap)
+    cand = fixed_split(cm, config, bounds, cap, request.recompute)
     return [cand] if cand is not None else []
 
 
