@@ -258,8 +258,9 @@ class CostModel:
         self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int,
         shard: int = 1, zero: int = 0,
     ) -> StageMemory:
-        """Memory of one device of the stage; ``shard`` = the stage's ranks, over which ZeRO
-        stage ``zero`` divides the optimizer state (and, for 2, the gradients)."""
+        """Memory of one device of the stage at its peak; ``shard`` = the stage's ranks, over
+        which ZeRO stage ``zero`` >= 1 divides the optimizer state (gradients stay whole at the
+        peak, see the module docstring)."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(shard, zero)
         return StageMemory(
@@ -326,8 +327,7 @@ class CostModel:
     ) -> StageCost:
         """One stage priced; ``ranks`` (every stage's ranks) when the layout is not the
         replicated-pipeline placement, e.g. replicated per stage."""
-        layout = ranks if ranks is not None else layout_ranks(stage_idx + 2, dp_degree, pipeline_ranks)
-        own = layout[stage_idx]
+        own = ranks[stage_idx] if ranks is not None else stage_ranks(stage_idx, dp_degree, pipeline_ranks)
         return StageCost(
             fwd_ms=self.stage_fwd_ms(start, stop, microbatch_size),
             bwd_ms=self.stage_bwd_ms(start, stop, microbatch_size),

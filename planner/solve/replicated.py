@@ -109,12 +109,12 @@ class _Pricing:
         return self._extra[key]
 
 
-def _dp(pr: _Pricing, counts: Sequence[int], cap: float) -> tuple[float, dict[tuple[int, int], tuple[int, int]]]:
-    """One pass of the table for one per-copy cap: f[0][N] and the argmins (j, R) per (i, n)."""
+def _dp(pr: _Pricing, counts: Sequence[int], cap: float) -> tuple[float, list[tuple[int, int, int, int]]]:
+    """One pass of the table for one per-copy cap: f[0][N] and its stages as (start, stop, R, n)
+    (n: the devices from this stage to the end; empty when nothing fits)."""
     L, N = pr.L, pr.N
     f = np.full((L + 1, N + 1), INF)
     f[L, 0] = 0.0
-    arg: dict[tuple[int, int], tuple[int, int]] = {}
     best_j = np.zeros((L + 1, N + 1), dtype=np.int64)
     best_d = np.zeros((L + 1, N + 1), dtype=np.int64)
     for n in range(1, N + 1):
@@ -135,23 +135,14 @@ def _dp(pr: _Pricing, counts: Sequence[int], cap: float) -> tuple[float, dict[tu
             best_d[:, n] = np.where(better, d, best_d[:, n])
         f[:, n] = col
     total = float(f[0, N])
+    stages: list[tuple[int, int, int, int]] = []
     if total < INF:
         i, n = 0, N
         while i < L:
             j, d = int(best_j[i, n]), int(best_d[i, n])
-            arg[(i, n)] = (j, d)
+            stages.append((i, j, d, n))
             i, n = j, n - d
-    return total, arg
-
-
-def _walk(pr: _Pricing, arg: dict[tuple[int, int], tuple[int, int]]) -> list[tuple[int, int, int, int]]:
-    """(start, stop, R, n) per stage of the solution the argmins describe."""
-    out, i, n = [], 0, pr.N
-    while i < pr.L:
-        j, d = arg[(i, n)]
-        out.append((i, j, d, n))
-        i, n = j, n - d
-    return out
+    return total, stages
 
 
 def solve_replicated(
@@ -195,10 +186,9 @@ def solve_replicated(
     best: tuple[float, float] | None = None
     cap = float(caps[-1])
     while True:
-        total, arg = _dp(pr, counts, cap)
+        total, stages = _dp(pr, counts, cap)
         if total >= INF:
             break
-        stages = _walk(pr, arg)
         per_copy = max(float(pr.times(n, d)[i, j]) / d for i, j, d, n in stages)
         value = total + (m - 1) * per_copy
         if best is None or value < best[0]:
@@ -211,8 +201,7 @@ def solve_replicated(
         cap = float(caps[k])
     if best is None:
         return None
-    _, arg = _dp(pr, counts, best[1])
-    stages = _walk(pr, arg)
+    _, stages = _dp(pr, counts, best[1])
     bounds = tuple(i for i, _, _, _ in stages)
     replicas = tuple(d for _, _, d, _ in stages)
     times = tuple(float(pr.times(n, d)[i, j]) for i, j, d, n in stages)

@@ -224,24 +224,23 @@ def solve_candidates(
     tables: dict[tuple[int, int, int, int], StageTable] = {}
     best = float("inf")
     out: list[tuple[float, Candidate]] = []
+
+    def table_of(c: Config) -> StageTable:
+        key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
+        if key not in tables:
+            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
+            tables[key] = StageTable(
+                cm, c.microbatch_size, cap_bytes / c.virtual_stages, request.fixed_boundaries,
+                allow_recompute=request.recompute, shard=c.shard, zero=c.zero,
+            )
+        return tables[key]
+
     for c in ordered:
         if prune and config_lower_bound_ms(cm, c) > best:
             continue
-        def table_of(c: Config) -> StageTable:
-            key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
-            if key not in tables:
-                # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
-                tables[key] = StageTable(
-                    cm, c.microbatch_size, cap_bytes / c.virtual_stages, request.fixed_boundaries,
-                    allow_recompute=request.recompute, shard=c.shard, zero=c.zero,
-                )
-            return tables[key]
-
         if c.zero and 0 in request.zero_stages and table_of(dataclasses.replace(c, zero=0)).fits_everywhere(max(c.inflight())):
             c = dataclasses.replace(c, zero=0)  # memory binds nowhere: sharding cannot help
-        key = (c.microbatch_size, c.virtual_stages, c.shard, c.zero)
-        table_of(c)
-        sol = _solve_config(chain_solver, tables[key], c)
+        sol = _solve_config(chain_solver, table_of(c), c)
         if sol is None:
             continue
         proposals = [Candidate(c, sol)]
@@ -326,6 +325,18 @@ def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
     return tuple(front)
 
 
+def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
+    """Every stage of ``solution``, with its recomputation, fits ``cap`` under ``c`` (schedule,
+    in-flight counts, ZeRO sharding; a rank holding v chunks gives each cap / v)."""
+    ks = c.inflight()
+    stops = list(solution.boundaries[1:]) + [cm.num_layers]
+    return all(
+        cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.stage_shard(s), c.zero).total_bytes
+        <= cap / c.virtual_stages
+        for s, (a, e) in enumerate(zip(solution.boundaries, stops))
+    )
+
+
 def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
     """``cand`` with the least ZeRO stage the request allows under which its partition and
     recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
@@ -333,19 +344,12 @@ def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float)
     c = cand.config
     if not c.zero or request.objective is not Objective.TIME:
         return cand
-    ks = c.inflight()
-    stops = list(cand.solution.boundaries[1:]) + [cm.num_layers]
     base = _simulated(cm, cand)
     for z in sorted(request.zero_stages):
         if z >= c.zero:
             break
         lower = Candidate(dataclasses.replace(c, zero=z), cand.solution)
-        fits = all(
-            cm.stage_memory(a, e, cand.solution.recompute[s], c.microbatch_size, ks[s], lower.config.stage_shard(s), z).total_bytes
-            <= cap / c.virtual_stages
-            for s, (a, e) in enumerate(zip(cand.solution.boundaries, stops))
-        )
-        if fits and _simulated(cm, lower) <= base * (1 + 1e-12):
+        if fits(cm, lower.config, cand.solution, cap) and _simulated(cm, lower) <= base * (1 + 1e-12):
             return lower
     return cand
 
@@ -477,24 +481,22 @@ def refine(
 
 def solve_replicated_config(
     cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: int, num_devices: int, cap: float,
-    fixed: tuple[int, ...], limit_ms: float = float("inf"), tables: dict[int, StageTable] | None = None,
+    fixed: tuple[int, ...], limit_ms: float = float("inf"),
 ) -> Candidate | None:
     """The best pipeline replicated per stage for one micro-batch size, schedule and ZeRO stage
     (:mod:`planner.solve.replicated`), as a Candidate (None if nothing fits)."""
     from planner.solve.replicated import solve_replicated
 
     m = request.global_batch // b
-    if tables is None:
-        tables = {}
-    if zero and 0 in request.zero_stages:
-        plain = StageTable(cm, b, cap, fixed, allow_recompute=request.recompute)
-        if plain.fits_everywhere(m):  # memory binds nowhere: sharding cannot help
-            zero, tables = 0, {1: plain}
-    for d in replica_counts(num_devices, m):
-        if d not in tables:
-            shared = tables.get(1) if not zero and 1 in tables else None
-            tables[d] = shared or StageTable(cm, b, cap, fixed, allow_recompute=request.recompute,
-                                             shard=d if zero else 1, zero=zero)
+
+    def table(shard: int, z: int) -> StageTable:
+        return StageTable(cm, b, cap, fixed, allow_recompute=request.recompute, shard=shard, zero=z)
+
+    plain = table(1, 0) if not zero or 0 in request.zero_stages else None
+    if zero and plain is not None and plain.fits_everywhere(m):
+        zero = 0  # memory binds nowhere: sharding cannot help
+    # without sharding a stage's copies all price as one table
+    tables = {d: plain if not zero and plain is not None else table(d, zero) for d in replica_counts(num_devices, m)}
     found = solve_replicated(tables, num_devices=num_devices, num_microbatches=m, schedule=schedule, limit_ms=limit_ms)
     if found is None:
         return None
@@ -524,14 +526,13 @@ def replicated_candidates(
         work = float(fp[-1] + bp[-1])
         if m < 2 or max(m * work / num_devices, work) > best_ms:
             continue
-        tables: dict[int, StageTable] = {}
         split = pipedream_split(cm, b, num_devices, replica_counts(num_devices, m))
         # J is the same for both schedules and 1F1B holds fewer micro-batches, so its optimum is
         # never worse: solved once (under 1F1B when allowed), the partition is proposed under
         # every allowed schedule it fits
         first = ScheduleKind.ONE_F_ONE_B if ScheduleKind.ONE_F_ONE_B in schedules else schedules[0]
         solved = solve_replicated_config(cm, request, b, first, zero, num_devices, cap,
-                                         request.fixed_boundaries, best_ms, tables)
+                                         request.fixed_boundaries, best_ms)
         for schedule in schedules:
             proposals = [] if solved is None else [
                 c for c in [same_split(cm, solved, schedule, cap)] if c is not None
@@ -555,17 +556,10 @@ def replicated_candidates(
 def same_split(cm: CostModel, cand: Candidate, schedule: ScheduleKind, cap: float) -> Candidate | None:
     """``cand``'s partition and copies under ``schedule``, if its stages (recomputing as
     before) still fit; None otherwise."""
-    c = cand.config
-    if schedule is c.schedule:
+    if schedule is cand.config.schedule:
         return cand
-    other = Candidate(dataclasses.replace(c, schedule=schedule), cand.solution)
-    ks = other.config.inflight()
-    stops = list(cand.solution.boundaries[1:]) + [cm.num_layers]
-    for s, (a, e) in enumerate(zip(cand.solution.boundaries, stops)):
-        mem = cm.stage_memory(a, e, cand.solution.recompute[s], c.microbatch_size, ks[s], c.stage_shard(s), c.zero)
-        if mem.total_bytes > cap:
-            return None
-    return other
+    other = Candidate(dataclasses.replace(cand.config, schedule=schedule), cand.solution)
+    return other if fits(cm, other.config, cand.solution, cap) else None
 
 
 def pipedream_proposal(
