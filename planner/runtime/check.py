@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from planner.artifacts.plan import Plan
 from planner.artifacts.request import ScheduleKind
+from planner.cost import replicated_ranks
 from planner.errors import PlannerInputError
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
@@ -96,10 +97,7 @@ def _check_replicated(plan: Plan, world_size: int, source: str) -> None:
         check_replicated_rules(plan.schedule, plan.stage_replicas, plan.num_microbatches)
     except PlannerInputError as exc:
         raise PlannerInputError(f"{source}: {exc}") from None
-    offset = 0
-    for stage in plan.stages:
-        expected = tuple(range(offset, offset + stage.replicas))
-        offset += stage.replicas
+    for stage, expected in zip(plan.stages, replicated_ranks(plan.stage_replicas)):
         if tuple(stage.ranks) != expected:
             raise PlannerInputError(
                 f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the replicated placement "
