@@ -12,7 +12,7 @@ chain. This benchmark takes its split on PipeDream's own vgg16 and alexnet profi
    that is >= N, so every stage's copies take the same number of micro-batches;
 2. prices PipeDream's split as a plan: micro-batch ``b0``, M micro-batches, 1F1B (PipeDream's
    own schedule), on each stage the least recomputation that fits under the memory cap
-   (``planner.solve.search.stage_recompute`` at the stage's in-flight count), simulated by
+   (``planner.solve.search.fixed_split`` at each stage's in-flight count), simulated by
    ``planner.solve.build.build_plan``; where no recomputation makes a stage fit (PipeDream's
    own memory check ignores weights and optimizer state and is off by default), it and ours
    are priced with the memory cap lifted as well (like for like), and labelled so;
@@ -50,7 +50,7 @@ from planner.importers.pipedream import import_pipedream  # noqa: E402
 from planner.solve import plan  # noqa: E402
 from planner.solve.build import build_plan, memory_cap_bytes  # noqa: E402
 from planner.solve.partitions import pipedream_split  # noqa: E402
-from planner.solve.search import Config, stage_recompute  # noqa: E402
+from planner.solve.search import Config, fixed_split  # noqa: E402
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)
@@ -70,20 +70,16 @@ def rounds_for(copies: tuple[int, ...], n: int) -> int:
 
 
 def price_split(cm: CostModel, request: PlanRequest, starts: tuple[int, ...], copies: tuple[int, ...], b: int) -> Plan | str:
-    """PipeDream's split as a plan (micro-batch ``b``, 1F1B, least recompute that fits), or why not."""
-    m = request.global_batch // b
+    """PipeDream's split as a plan (micro-batch ``b``, 1F1B, least recompute that fits: the
+    planner's own ``fixed_split``), or why not."""
     reps = copies if max(copies) > 1 else ()
-    config = Config(len(starts), 1, b, m, ScheduleKind.ONE_F_ONE_B, replicas=reps)
-    stops = list(starts[1:]) + [cm.num_layers]
+    config = Config(len(starts), 1, b, request.global_batch // b, ScheduleKind.ONE_F_ONE_B, replicas=reps)
     cap = memory_cap_bytes(cm.cluster, request)
-    recompute = []
-    for idx, (a, z, k) in enumerate(zip(starts, stops, config.inflight())):
-        rc = stage_recompute(cm, a, z, b, k, cap)
-        if rc is None:
-            return f"stage {idx} (layers {a}-{z - 1}, {k} micro-batches in flight) does not fit in {cap / 2**30:.2f} GiB"
-        recompute.append(rc)
-    return build_plan(cm, request, boundaries=starts, recompute=recompute, dp_degree=1, microbatch_size=b,
-                      schedule=ScheduleKind.ONE_F_ONE_B, solver="pipedream-optimizer", replicas=reps)
+    cand = fixed_split(cm, config, starts, cap, request.recompute)
+    if cand is None:
+        return f"a stage does not fit in {cap / 2**30:.2f} GiB per device, even recomputing"
+    return build_plan(cm, request, boundaries=starts, recompute=cand.solution.recompute, dp_degree=1,
+                      microbatch_size=b, schedule=ScheduleKind.ONE_F_ONE_B, solver="pipedream-optimizer", replicas=reps)
 
 
 def split_text(p: Plan) -> str:
