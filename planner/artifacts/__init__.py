@@ -11,12 +11,12 @@ from planner.artifacts.plan import (
     load_plan,
     save_plan,
 )
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, TimePoint, load_profile, save_profile
+from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, TimePoint, load_profile, save_profile
 from planner.artifacts.request import Objective, OptimizerKind, PlanRequest, ScheduleKind
 
 __all__ = [
     "PRESETS", "Cluster", "Edge", "Layer", "Objective", "OptimizerKind", "ParetoPoint", "Plan",
     "PlanRequest", "PlanStage", "Prediction", "Profile", "Provenance", "ScheduleKind", "StageMemory",
-    "TiedParams", "TimeFit", "TimePoint", "load_cluster", "load_plan", "load_profile", "save_cluster",
+    "TensorSplit", "TiedParams", "TimeFit", "TimePoint", "load_cluster", "load_plan", "load_profile", "save_cluster",
     "save_plan", "save_profile",
 ]

@@ -23,11 +23,24 @@ whole gradient buffer is live while they accumulate, so the peak memory of 2 is 
 reduce-scatter of the gradients and an all-gather of the updated weights instead of an
 all-reduce; ``allreduce_ms`` holds whichever the plan does.
 
+Tensor parallelism (Shoeybi et al. 2019, Megatron-LM): ``tp_degree`` = t devices run each
+stage replica together, each holding 1/t of every layer that declares a
+:class:`~planner.artifacts.profile.TensorSplit`; ``sequence_parallel`` also splits the
+remaining activations along the sequence (Korthikanti et al. 2022). The t devices of one
+tensor-parallel group are consecutive ranks (inside a node): rank = (pipeline rank x
+dp_degree + replica) x t + tp index -- a ("pp", "dp", "tp") device mesh of shape (P, D, t) in
+row-major order. A stage's ``ranks`` list all its D x t (x replicas) devices in rank order.
+
+``dtype`` and ``optimizer`` record what the plan's memory was priced for (the profile's dtype
+and the request's optimizer), so that a run with other settings can be told apart.
+
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
-Version 2 (this one) renamed ``predicted.lower_bound_ms`` to ``partition_bound_ms`` and added
+Version 2 renamed ``predicted.lower_bound_ms`` to ``partition_bound_ms`` and added
 ``machine_bound_ms``, the FLOP figures, ``zero`` and ``replicas``; version-1 files are read
-and upgraded (their machine bound is left 0: unknown without the profile).
+and upgraded (their machine bound is left 0: unknown without the profile). Version 3 (this
+one) added ``tp_degree``, ``sequence_parallel``, ``dtype`` and ``optimizer``; version-2 files
+are read as t = 1 with dtype and optimizer unknown ("").
 """
 
 from __future__ import annotations
@@ -40,7 +53,7 @@ from planner import codec
 from planner.artifacts.request import ZERO_STAGES, PlanRequest, ScheduleKind
 
 SCHEMA = "planner.plan"
-VERSION = 2
+VERSION = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,6 +192,12 @@ class Plan:
     schedule: ScheduleKind
     virtual_stages_per_rank: int = 1
     zero: int = field(default=0, metadata={"doc": "ZeRO stage: 0, 1 (optimizer state sharded) or 2 (and gradients)"})
+    tp_degree: int = field(default=1, metadata={"doc": "tensor-parallel devices per stage replica (t)"})
+    sequence_parallel: bool = field(
+        default=False, metadata={"doc": "activations outside the tensor-parallel matmuls split along the sequence"}
+    )
+    dtype: str = field(default="", metadata={"doc": "the profile's dtype the plan was priced for (\"\" = unknown)"})
+    optimizer: str = field(default="", metadata={"doc": "the optimizer the plan's memory was priced for (\"\" = unknown)"})
     stages: tuple[PlanStage, ...]
     predicted: Prediction
     pareto: tuple[ParetoPoint, ...] = ()
@@ -188,6 +207,10 @@ class Plan:
             raise ValueError(f"num_stages is {self.num_stages} but {len(self.stages)} stages are listed")
         if self.zero not in ZERO_STAGES:
             raise ValueError(f"zero must be one of {list(ZERO_STAGES)} (got {self.zero})")
+        if self.tp_degree < 1:
+            raise ValueError(f"tp_degree must be >= 1 (got {self.tp_degree})")
+        if self.sequence_parallel and self.tp_degree == 1:
+            raise ValueError("sequence_parallel needs tp_degree > 1")
         for stage in self.stages:
             if stage.replicas > 1 and self.virtual_stages_per_rank > 1:
                 raise ValueError(f"stage {stage.stage_idx}: per-stage replication needs one stage per rank")
@@ -196,10 +219,10 @@ class Plan:
                     f"stage {stage.stage_idx}: num_microbatches {self.num_microbatches} is not a multiple of "
                     f"its replicas ({stage.replicas})"
                 )
-            if len(stage.ranks) != self.dp_degree * stage.replicas:
+            if len(stage.ranks) != self.dp_degree * stage.replicas * self.tp_degree:
                 raise ValueError(
-                    f"stage {stage.stage_idx}: {len(stage.ranks)} ranks, expected dp_degree x replicas = "
-                    f"{self.dp_degree} x {stage.replicas}"
+                    f"stage {stage.stage_idx}: {len(stage.ranks)} ranks, expected dp_degree x replicas x tp_degree = "
+                    f"{self.dp_degree} x {stage.replicas} x {self.tp_degree}"
                 )
         if self.num_microbatches * self.microbatch_size * self.dp_degree != self.global_batch:
             raise ValueError(
@@ -237,12 +260,14 @@ def load_plan(path: str | Path) -> Plan:
 def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
     if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
         data = _upgrade_v1(data)
+    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 2:
+        data = dict(data, version=VERSION)  # v3 only added fields with defaults
     return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     """A version-1 plan as version 2: ``lower_bound_ms`` was the partition bound."""
-    out = dict(data, version=VERSION)
+    out = dict(data, version=2)
     pred = out.get("predicted")
     if isinstance(pred, dict) and "lower_bound_ms" in pred:
         pred = dict(pred)

@@ -67,6 +67,49 @@ class TimePoint:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TensorSplit:
+    """How a layer splits over ``t`` tensor-parallel devices (Megatron-LM: Shoeybi et al. 2019
+    column/row split of attention and MLP; activations per Korthikanti et al. 2022).
+
+    On each of the ``t`` devices, without sequence parallelism: ``split_time_fraction`` of the
+    forward and backward time runs on 1/t of the work (the rest, e.g. layer norms and dropout,
+    runs whole on every device); ``split_param_count`` parameters are divided by ``t`` (the rest
+    is replicated); ``split_saved_bytes_per_sample`` of the saved activations are divided by
+    ``t`` (the rest is replicated); the layer's input and output are whole. It runs
+    ``collectives_fwd`` all-reduces of ``collective_bytes_per_sample`` in forward and
+    ``collectives_bwd`` in backward, on the critical path.
+
+    With sequence parallelism (Korthikanti et al. 2022 section 4.2.2) every all-reduce becomes
+    a reduce-scatter + all-gather of the same bytes (the same ring time), and the remaining
+    work, saved activations, input and output are all divided by ``t`` along the sequence.
+    """
+
+    must_divide: tuple[int, ...] = field(
+        default=(), metadata={"doc": "sizes t must divide (attention heads, key/value heads)"}
+    )
+    split_time_fraction: float
+    split_param_count: int
+    split_saved_bytes_per_sample: float
+    collective_bytes_per_sample: float
+    collectives_fwd: int
+    collectives_bwd: int
+
+    def __post_init__(self) -> None:
+        _check_nonneg(
+            "TensorSplit",
+            split_param_count=self.split_param_count,
+            split_saved_bytes_per_sample=self.split_saved_bytes_per_sample,
+            collective_bytes_per_sample=self.collective_bytes_per_sample,
+            collectives_fwd=self.collectives_fwd,
+            collectives_bwd=self.collectives_bwd,
+        )
+        if not 0.0 <= self.split_time_fraction <= 1.0:
+            raise ValueError(f"split_time_fraction must be in [0, 1] (got {self.split_time_fraction!r})")
+        if any(n < 1 for n in self.must_divide):
+            raise ValueError(f"must_divide sizes must be >= 1 (got {list(self.must_divide)})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Layer:
     """One layer: times, parameters and the activation bytes it keeps and emits."""
 
@@ -83,10 +126,18 @@ class Layer:
         metadata={"doc": "bytes kept per sample when the layer is recomputed (its inputs)"}
     )
     output_bytes_per_sample: float
+    tp: TensorSplit | None = field(
+        default=None, metadata={"doc": "how the layer splits over tensor-parallel devices; null = it does not"}
+    )
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("layer name must not be empty")
+        if self.tp is not None:
+            if self.tp.split_param_count > self.param_count:
+                raise ValueError(f"layer {self.name!r}: tp.split_param_count exceeds param_count")
+            if self.tp.split_saved_bytes_per_sample > self.saved_bytes_per_sample:
+                raise ValueError(f"layer {self.name!r}: tp.split_saved_bytes_per_sample exceeds saved_bytes_per_sample")
         _check_nonneg(
             f"layer {self.name!r}",
             param_count=self.param_count,

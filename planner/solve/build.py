@@ -113,6 +113,8 @@ def build_plan(
         schedule=schedule,
         virtual_stages_per_rank=v,
         zero=zero,
+        dtype=profile.dtype,
+        optimizer=request.optimizer.value,
         stages=tuple(stages),
         predicted=Prediction.unset(max(st.memory_total_bytes for st in stages)),
     )
