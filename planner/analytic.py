@@ -20,13 +20,25 @@ Formulas, per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary
   for the softmax cross-entropy (4 s V);
 - parameters: ``12 h^2 + 13 h`` per block (Narayanan et al. 2021), ``V h + s h`` for the
   embeddings, ``2 h`` for the final norm plus the tied ``V h`` head; 2 bytes each (bf16).
+
+Tensor parallelism (``Layer.tp``, Megatron-LM's split, Shoeybi et al. 2019): a block's QKV
+and first MLP matmuls split by columns, its projection and second MLP matmuls by rows, so
+every counted FLOP divides by t; its parameters but the two layer norms and the two
+row-parallel biases (``6 h``) split, ``12 h^2 + 7 h``; of its saved activations
+``24 s h + 5 a s^2`` bytes split (Korthikanti et al. 2022 eq. 2: ``s h (10 + 24/t + 5 a s /
+h t)``); two all-reduces of the block's ``2 s h`` output in forward (after attention and
+after the MLP) and two in backward (Megatron's f/g operators). The embedding and the head
+are vocabulary-parallel (Megatron): the embedding's ``V h`` word table splits and its output
+is all-reduced in forward; the head's ``V h`` matmul and its fp32 logits ``4 s V`` split,
+its input's gradient is all-reduced in backward (the cross entropy's per-token all-reduces of
+``O(s)`` bytes are not priced). Heads must divide by t.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_fingerprint
+from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, profile_fingerprint
 from planner.errors import PlannerInputError
 
 
@@ -100,7 +112,10 @@ def model_flops_per_sample(profile: Profile) -> float:
     return 3.0 * (cfg["layers"] * block_fwd_flops(s, h) + head_fwd_flops(s, h, cfg["vocab"]))
 
 
-def _layer(name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, **kw: float) -> Layer:
+def _layer(
+    name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, tp: TensorSplit | None = None,
+    **kw: float,
+) -> Layer:
     return Layer(
         name=name,
         kind=kind,
@@ -111,6 +126,7 @@ def _layer(name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_m
         saved_bytes_per_sample=float(kw["saved"]),
         input_bytes_per_sample=float(kw["inp"]),
         output_bytes_per_sample=float(kw["out"]),
+        tp=tp,
     )
 
 
@@ -139,9 +155,15 @@ def gpt_profile(
     flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
     act_in = BYTES_PER_ACT * s * h
     block_fwd, head_fwd = block_fwd_flops(s, h), head_fwd_flops(s, h, V)
+    def split(params: int, saved: float, fwd: int, bwd: int, heads: tuple[int, ...] = ()) -> TensorSplit:
+        return TensorSplit(
+            must_divide=heads, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
+            collective_bytes_per_sample=act_in, collectives_fwd=fwd, collectives_bwd=bwd,
+        )
+
     out: list[Layer] = [
         _layer(
-            "embed", "Embedding", 0.0, 0.0, flops_per_ms,
+            "embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0),
             param_count=V * h + s * h, saved=8.0 * s, inp=8.0 * s, out=act_in,
         )
     ]
@@ -149,12 +171,13 @@ def gpt_profile(
         out.append(
             _layer(
                 f"block_{i}", "TransformerBlock", block_fwd, 2 * block_fwd, flops_per_ms,
+                split(12 * h * h + 7 * h, 24.0 * s * h + 5.0 * a * s * s, 2, 2, (a,)),
                 param_count=12 * h * h + 13 * h, saved=s * h * (34.0 + 5.0 * a * s / h), inp=act_in, out=act_in,
             )
         )
     out.append(
         _layer(
-            "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms,
+            "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1),
             param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
         )
     )

@@ -154,10 +154,10 @@ def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
     from planner.defaults import default_profile
 
     prof = default_profile()
-    # without ZeRO (which lets a shallower pipeline fit and wins here otherwise)
-    base = plan(prof, None, PlanRequest(global_batch=16, zero_stages=(0,)))
+    # without ZeRO or tensor parallelism (which let a shallower pipeline fit and win here otherwise)
+    base = plan(prof, None, PlanRequest(global_batch=16, zero_stages=(0,), tp_degrees=(1,)))
     req = PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
-                      zero_stages=(0,))
+                      zero_stages=(0,), tp_degrees=(1,))
     inter = plan(prof, None, req)
     assert inter.schedule is ScheduleKind.INTERLEAVED_1F1B and inter.virtual_stages_per_rank > 1
     assert inter.predicted.iteration_ms < base.predicted.iteration_ms

@@ -167,6 +167,8 @@ class ParetoPoint:
     num_recomputed_layers: int
     zero: int = 0
     stage_replicas: tuple[int, ...] = ()
+    tp_degree: int = 1
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -72,6 +72,15 @@ class PlanRequest:
         default=True,
         metadata={"doc": "also search plans whose stages have their own replica counts (PipeDream's optimizer)"},
     )
+    tp_degrees: tuple[int, ...] = field(
+        default=(),
+        metadata={"doc": "tensor-parallel degrees to consider; empty = every divisor of the devices per node that "
+                         "the profile's layers allow (1 only when no layer declares a split)"},
+    )
+    sequence_parallel: tuple[bool, ...] = field(
+        default=(False, True),
+        metadata={"doc": "with a tensor-parallel degree > 1: sequence parallelism off and/or on (both = searched)"},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -92,5 +101,9 @@ class PlanRequest:
             raise ValueError(f"time_budget_ms must be >= 0 (got {self.time_budget_ms})")
         if any(b < 1 for b in self.fixed_boundaries):
             raise ValueError(f"fixed_boundaries must be layer indices >= 1 (got {list(self.fixed_boundaries)})")
+        if any(t < 1 for t in self.tp_degrees):
+            raise ValueError(f"tp_degrees must be >= 1 (got {list(self.tp_degrees)})")
+        if not self.sequence_parallel:
+            raise ValueError("sequence_parallel must allow off, on, or both")
         if not self.zero_stages or any(z not in ZERO_STAGES for z in self.zero_stages):
             raise ValueError(f"zero_stages must be a non-empty subset of {list(ZERO_STAGES)} (got {list(self.zero_stages)})")

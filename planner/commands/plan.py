@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "2 also gradients (default: 0,1,2)")
     p.add_argument("--no-stage-replication", action="store_true",
                    help="only plans whose stages all have the same replica count (no PipeDream-style per-stage replication)")
+    p.add_argument("--tp", type=int_list, default=(),
+                   help="tensor-parallel degrees to consider (default: every divisor of the devices per node that the "
+                        "profile's layers allow; 1 = no tensor parallelism)")
+    p.add_argument("--sequence-parallel", default="auto", choices=["auto", "on", "off"],
+                   help="with tensor parallelism: search both (auto), or force sequence parallelism on/off (default: %(default)s)")
     p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
@@ -74,6 +79,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             solver=args.solver,
             zero_stages=args.zero,
             per_stage_replication=not args.no_stage_replication,
+            tp_degrees=args.tp,
+            sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],
         )
     except ValueError as exc:
         raise PlannerInputError(str(exc)) from None

@@ -24,11 +24,14 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 
 
 def layout_label(plan: Plan) -> str:
-    """``P=4 x D=2, ZeRO-1`` or, replicated per stage, ``P=3 replicated 2+1+1``."""
+    """``P=4 x D=2, ZeRO-1``, with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``, or,
+    replicated per stage, ``P=3 replicated 2+1+1``."""
     if plan.replicated_per_stage:
         text = f"P={plan.num_stages} replicated {'+'.join(map(str, plan.stage_replicas))}"
     else:
         text = f"P={plan.num_stages} x D={plan.dp_degree}"
+    if plan.tp_degree > 1:
+        text = f"T={plan.tp_degree}{' (seq-par)' if plan.sequence_parallel else ''} x {text}"
     return text + (f", ZeRO-{plan.zero}" if plan.zero else ", no ZeRO")
 
 
@@ -101,11 +104,12 @@ def format_bounds(p: Prediction) -> str:
 
 
 def format_pareto(points: tuple[ParetoPoint, ...]) -> str:
-    headers = ["iteration ms", "peak GiB", "P", "D", "mb", "schedule", "zero", "recomputed layers"]
+    headers = ["iteration ms", "peak GiB", "T", "P", "D", "mb", "schedule", "zero", "recomputed layers"]
     rows = [
-        [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes), str(q.num_stages),
+        [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes), f"{q.tp_degree}{'s' if q.sequence_parallel else ''}",
+         str(q.num_stages),
          "|".join(map(str, q.stage_replicas)) if q.stage_replicas else str(q.dp_degree),
          str(q.microbatch_size), q.schedule.value, str(q.zero), str(q.num_recomputed_layers)]
         for q in points
     ]
-    return "Pareto front (iteration time vs peak memory):\n" + format_table(headers, rows, right={0, 1, 2, 3, 4, 6})
+    return "Pareto front (iteration time vs peak memory):\n" + format_table(headers, rows, right={0, 1, 2, 3, 4, 5, 7})

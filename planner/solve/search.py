@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import ParetoPoint, Plan
@@ -322,6 +322,16 @@ def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
                     stage_replicas=p.stage_replicas if p.replicated_per_stage else (),
                 )
             )
+    return tuple(front)
+
+
+def merge_pareto(points: Iterable[ParetoPoint]) -> tuple[ParetoPoint, ...]:
+    """The non-dominated points among several fronts (e.g. one per tensor-parallel degree)."""
+    front, best_mem = [], None
+    for p in sorted(points, key=lambda p: (p.iteration_ms, p.peak_memory_bytes, p.tp_degree)):
+        if best_mem is None or p.peak_memory_bytes < best_mem:
+            best_mem = p.peak_memory_bytes
+            front.append(p)
     return tuple(front)
 
 

@@ -1,0 +1,147 @@
+"""Tensor parallelism in the cost model and the search: the per-device view of a layer against
+Megatron's formulas, the solvers agreeing with t > 1, the plan's rank layout, and refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from planner.analytic import gpt_profile
+from planner.artifacts.cluster import PRESETS
+from planner.artifacts.plan import dumps_plan, plan_from_json
+from planner.artifacts.request import PlanRequest
+from planner.codec import parse_text
+from planner.cost import allreduce_ms
+from planner.errors import PlannerInputError
+from planner.simulator import simulate
+from planner.solve import plan
+from planner.tensor_parallel import candidate_degrees, tensor_parallel_view
+from tests.chains import chain_profile, small_cluster
+
+S, H, A, V = 128, 256, 8, 1000
+
+
+def small_gpt(layers: int = 4):
+    return gpt_profile(layers=layers, hidden=H, heads=A, seq=S, vocab=V, device_preset="a100-80gb")
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_block_view_is_megatron_on_each_device(t):
+    prof, cluster = small_gpt(), PRESETS["a100-80gb-x8"]
+    block = prof.layers[1]
+    view, vc = tensor_parallel_view(prof, cluster, t, sp=False)
+    vb = view.layers[1]
+    # Korthikanti et al. 2022 eq. 2: s h (10 + 24 / t + 5 a s / (h t)) bytes per sample
+    assert vb.saved_bytes_per_sample == pytest.approx(S * H * (10 + 24 / t + 5 * A * S / (H * t)))
+    assert vb.param_count == (12 * H * H + 7 * H) // t + 6 * H
+    assert vb.input_bytes_per_sample == block.input_bytes_per_sample
+    # compute / t plus two all-reduces of the block's 2 s h bytes over t devices of one node
+    ar = allreduce_ms(cluster, 2 * S * H, tuple(range(t)))
+    assert vb.fwd_ms(1) == pytest.approx(block.fwd_ms(1) / t + 2 * ar)
+    assert vb.bwd_ms(1) == pytest.approx(block.bwd_ms(1) / t + 2 * ar)
+    ar4 = allreduce_ms(cluster, 4 * 2 * S * H, tuple(range(t)))
+    assert vb.fwd_ms(4) == pytest.approx(block.fwd_ms(4) / t + 2 * ar4)
+    assert view.edges[0].bytes_per_sample == prof.edges[0].bytes_per_sample / t
+    # the vocabulary-parallel embedding and head share one tied table, split t ways
+    assert view.tied[0].param_count == math.ceil(V * H / t)
+    assert vc.devices_per_node == 8 // t and vc.device_memory_bytes == cluster.device_memory_bytes
+    # sequence parallelism (eq. 4): everything saved, and the recompute input, split t ways
+    sp, _ = tensor_parallel_view(prof, cluster, t, sp=True)
+    assert sp.layers[1].saved_bytes_per_sample == pytest.approx(S * H * (34 + 5 * A * S / H) / t)
+    assert sp.layers[1].input_bytes_per_sample == block.input_bytes_per_sample / t
+    assert sp.layers[1].fwd_ms(1) == pytest.approx(vb.fwd_ms(1))
+
+
+def test_degrees_and_refusals():
+    prof, cluster = small_gpt(), PRESETS["a100-80gb-x8"]
+    assert candidate_degrees(prof, cluster, 8) == [1, 2, 4, 8]
+    assert candidate_degrees(prof, cluster, 4) == [1, 2, 4]
+    with pytest.raises(PlannerInputError, match="inside one node"):
+        candidate_degrees(prof, cluster, 8, (16,))
+    six_heads = gpt_profile(layers=2, hidden=96, heads=6, seq=16, vocab=50)
+    assert candidate_degrees(six_heads, cluster, 8) == [1, 2]
+    with pytest.raises(PlannerInputError, match="--tp 4: .*does not divide 6"):
+        plan(six_heads, cluster, PlanRequest(global_batch=8, tp_degrees=(4,)))
+    two_nodes = dataclasses.replace(small_cluster(8, per_node=4), name="2x4")
+    with pytest.raises(PlannerInputError, match="inside one node"):
+        plan(prof, two_nodes, PlanRequest(global_batch=8, tp_degrees=(8,)))
+    chain = chain_profile([dict(fwd=1.0, bwd=2.0, params=10, saved=1e3, inp=1e2, out=1e2)] * 3)
+    with pytest.raises(PlannerInputError, match="declares a tensor-parallel split"):
+        plan(chain, small_cluster(4), PlanRequest(global_batch=8, tp_degrees=(2,)))
+    with pytest.raises(PlannerInputError, match="baseline"):
+        plan(prof, cluster, PlanRequest(global_batch=8, tp_degrees=(2,), solver="uniform"))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_dp_cpsat_and_bruteforce_agree_with_tensor_parallelism(sp):
+    prof = gpt_profile(layers=4, hidden=1024, heads=16, seq=1024, vocab=8000)
+    cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], device_memory_bytes=3 * 10**9)
+    req = PlanRequest(global_batch=8, num_devices=4, tp_degrees=(2,), sequence_parallel=(sp,), zero_stages=(0,),
+                      per_stage_replication=False)
+    a = plan(prof, cluster, req)
+    b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
+    c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))
+    assert a.tp_degree == b.tp_degree == c.tp_degree == 2
+    assert a.sequence_parallel is sp
+    assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
+    assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
+
+
+def test_plan_with_tensor_parallelism_lays_out_real_ranks():
+    prof, cluster = small_gpt(6), PRESETS["a100-80gb-x8"]
+    req = PlanRequest(global_batch=16, tp_degrees=(2,), per_stage_replication=False)
+    p = plan(prof, cluster, req)
+    t, D = p.tp_degree, p.dp_degree
+    assert t == 2 and p.num_stages * D * t == p.num_devices == 8
+    for s, stage in enumerate(p.stages):
+        # rank = (pipeline rank x D + replica) x t + tp index: a (pp, dp, tp) mesh in row-major order
+        assert stage.ranks == tuple(range(s * D * t, (s + 1) * D * t))
+    assert p.provenance.cluster_name == cluster.name and p.provenance.request == req
+    again = plan_from_json(parse_text(dumps_plan(p), "plan"))
+    assert again == p
+    assert simulate(again).iteration_ms == pytest.approx(p.predicted.iteration_ms)
+    # the machine bound is over the 8 real devices, the same with or without t
+    one = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(1,)))
+    assert p.predicted.machine_bound_ms == pytest.approx(one.predicted.machine_bound_ms)
+    assert p.predicted.mfu == pytest.approx(
+        p.predicted.model_flops_per_iteration / (p.predicted.iteration_ms / 1e3) / 8 / 1e12 / 312.0
+    )
+
+
+def test_search_takes_the_fastest_degree_and_the_leaner_of_equal_times():
+    prof, cluster = gpt3_13b(), PRESETS["a100-80gb-x8"]
+    req = PlanRequest(global_batch=64)
+    best = plan(prof, cluster, req)
+    for t in (1, 2, 4, 8):
+        only = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(t,)))
+        assert best.predicted.iteration_ms <= only.predicted.iteration_ms * (1 + 1e-12)
+    off = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(best.tp_degree,), sequence_parallel=(False,)))
+    if best.tp_degree > 1 and math.isclose(off.predicted.iteration_ms, best.predicted.iteration_ms):
+        assert best.sequence_parallel and best.predicted.peak_memory_bytes < off.predicted.peak_memory_bytes
+    assert {(q.tp_degree, q.sequence_parallel) for q in best.pareto} - {(1, False)}, "t > 1 is on the front"
+
+
+def gpt3_13b():
+    from planner.analytic import gpt3_profile
+
+    return gpt3_profile("gpt3-13b")
+
+
+def test_cli_plan_shows_t_and_refuses_in_one_line(tmp_path):
+    out = tmp_path / "p.json"
+    ok = subprocess.run(
+        [sys.executable, "-m", "planner", "plan", "--global-batch", "64", "--tp", "2", "--sequence-parallel", "on",
+         "--no-stage-replication", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "T=2 (seq-par) x P=" in ok.stdout
+    saved = plan_from_json(parse_text(out.read_text(), "p"))
+    assert saved.tp_degree == 2 and saved.sequence_parallel
+    bad = subprocess.run([sys.executable, "-m", "planner", "plan", "--tp", "3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--tp 3" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
