@@ -145,3 +145,36 @@ def test_cli_plan_shows_t_and_refuses_in_one_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "planner", "plan", "--tp", "3"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--tp 3" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_torchtitan_export_carries_every_degree(tmp_path):
+    import tomllib
+
+    from planner.cli import main
+    from planner.report.export import torchtitan_config
+
+    prof, cluster = small_gpt(6), PRESETS["a100-80gb-x8"]
+    p = plan(prof, cluster, PlanRequest(global_batch=16, tp_degrees=(2,), sequence_parallel=(True,), zero_stages=(0,),
+                                        per_stage_replication=False, max_stages=2))
+    cfg = tomllib.loads(torchtitan_config(p))
+    par = cfg["parallelism"]
+    assert par["tensor_parallel_degree"] == 2 and par["enable_sequence_parallel"] is True
+    assert par["pipeline_parallel_degree"] == p.num_stages
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.dp_degree
+    assert par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * p.dp_degree == p.num_devices
+    assert par["pipeline_parallel_microbatch_size"] == p.microbatch_size
+    assert sum(par["module_fqns_per_model_part"], []) == list(prof.layer_names)
+    assert cfg["training"]["local_batch_size"] * p.dp_degree == cfg["training"]["global_batch_size"] == 16
+    path = tmp_path / "p.json"
+    path.write_text(dumps_plan(p))
+    assert main(["export", str(path), "--torchtitan", str(tmp_path / "t.toml")]) == 0
+    assert tomllib.loads((tmp_path / "t.toml").read_text()) == cfg
+    from planner.artifacts.request import ScheduleKind
+    from planner.cost import CostModel
+    from planner.solve.build import build_plan
+
+    replicated = build_plan(CostModel(prof, cluster), PlanRequest(global_batch=16), boundaries=(0, 4),
+                            recompute=[(), ()], dp_degree=1, microbatch_size=1, schedule=ScheduleKind.GPIPE,
+                            solver="hand", replicas=(2, 1))
+    with pytest.raises(PlannerInputError, match="per stage"):
+        torchtitan_config(replicated)

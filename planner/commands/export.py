@@ -1,4 +1,4 @@
-"""``planner export PLAN [--stages-json OUT] [--schedule-csv OUT]``: a plan in the forms other
+"""``planner export PLAN [--stages-json OUT] [--schedule-csv OUT] [--torchtitan OUT]``: a plan in the forms other
 tools take (:mod:`planner.report.export`). With neither flag, prints the stage module names."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from planner.artifacts.plan import load_plan
 from planner.errors import PlannerInputError
-from planner.report.export import stage_module_names, write_plan_schedule_csv, write_stage_module_names
+from planner.report.export import stage_module_names, torchtitan_config, write_plan_schedule_csv, write_stage_module_names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,11 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("plan", help="plan JSON")
     p.add_argument("--stages-json", metavar="OUT", help="JSON list of lists of layer names, one list per stage")
     p.add_argument("--schedule-csv", metavar="OUT", help="compute-only schedule CSV, one row per rank")
+    p.add_argument("--torchtitan", metavar="OUT",
+                   help="torchtitan job config TOML: parallelism degrees (tp, pp, dp), schedule, micro-batch, stage split")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    for flag in ("stages_json", "schedule_csv"):
+    for flag in ("stages_json", "schedule_csv", "torchtitan"):
         out = getattr(args, flag)
         if out and not Path(out).resolve().parent.is_dir():
             raise PlannerInputError(f"--{flag.replace('_', '-')} {out}: directory {Path(out).resolve().parent} does not exist")
@@ -36,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.schedule_csv:
         write_plan_schedule_csv(plan, args.schedule_csv)
         print(f"schedule CSV: {args.schedule_csv}")
-    if not (args.stages_json or args.schedule_csv):
+    if args.torchtitan:
+        Path(args.torchtitan).write_text(torchtitan_config(plan))
+        print(f"torchtitan config: {args.torchtitan}")
+    if not (args.stages_json or args.schedule_csv or args.torchtitan):
         print(json.dumps(stage_module_names(plan)))
     return 0

@@ -5,7 +5,21 @@
   (``module_names_per_model_chunk``) and our runtime consumes;
 - :func:`write_stage_module_names`: the same as a JSON document (a bare list of lists);
 - :func:`write_plan_schedule_csv`: the plan's per-rank compute schedule in the CSV
-  ``torch.distributed.pipelining`` loads (:func:`planner.schedule.write_schedule_csv`).
+  ``torch.distributed.pipelining`` loads (:func:`planner.schedule.write_schedule_csv`);
+- :func:`torchtitan_config`: the plan as the ``[training]``, ``[parallelism]`` and
+  ``[activation_checkpoint]`` tables of a torchtitan job config (TOML): its parallelism
+  degrees, pipeline schedule, micro-batch size and per-stage module names.
+
+torchtitan mapping (decisions): t -> ``tensor_parallel_degree`` (+ ``enable_sequence_parallel``);
+P -> ``pipeline_parallel_degree`` (interleaved: ranks, with one module list per virtual stage);
+D without ZeRO -> ``data_parallel_replicate_degree``; D with ZeRO 1/2 ->
+``data_parallel_shard_degree`` with ``fsdp_reshard_after_forward = "never"``: torchtitan shards
+with FSDP2, whose never-resharding mode keeps whole weights through the step like ZeRO 1/2 but
+also shards the gradients (ZeRO 2), so the memory it reaches is at most ours. Recomputation:
+``none``, ``full`` when every layer is recomputed, else ``selective`` every N-th layer
+(torchtitan's layer-wise option) with the exact per-stage sets in a comment. Module names are
+the profile's layer names: a model whose module FQNs differ (``tok_embeddings``, ``layers.0``,
+``norm``, ``output``) needs them renamed. Per-stage replication has no torchtitan form: refused.
 """
 
 from __future__ import annotations
@@ -17,7 +31,9 @@ from planner.artifacts.plan import Plan
 from planner.errors import PlannerInputError
 from planner.schedule import build_schedule, write_schedule_csv
 
-__all__ = ["stage_module_names", "write_plan_schedule_csv", "write_stage_module_names"]
+__all__ = ["stage_module_names", "torchtitan_config", "write_plan_schedule_csv", "write_stage_module_names"]
+
+_TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 
 
 def stage_module_names(plan: Plan) -> list[list[str]]:
@@ -39,3 +55,65 @@ def write_plan_schedule_csv(plan: Plan, path: str | Path) -> None:
         )
     schedule = build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank)
     write_schedule_csv(schedule, path)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def torchtitan_config(plan: Plan) -> str:
+    """The plan as torchtitan job-config TOML (see the module docstring for the mapping)."""
+    if plan.replicated_per_stage:
+        raise PlannerInputError(
+            f"the plan replicates stages per stage (copies {'+'.join(map(str, plan.stage_replicas))}): "
+            "torchtitan's pipelines have one copy of every stage"
+        )
+    pipeline = plan.num_stages // plan.virtual_stages_per_rank
+    rc = [list(s.recompute) for s in plan.stages]
+    n_rc = sum(map(len, rc))
+    if n_rc == 0:
+        ac = {"mode": "none"}
+    elif n_rc == plan.num_layers:
+        ac = {"mode": "full"}
+    else:
+        ac = {"mode": "selective", "selective_ac_option": str(max(1, round(plan.num_layers / n_rc)))}
+    tables = {
+        "training": {
+            "global_batch_size": plan.global_batch,
+            "local_batch_size": plan.global_batch // plan.dp_degree,
+        },
+        "parallelism": {
+            "data_parallel_replicate_degree": 1 if plan.zero else plan.dp_degree,
+            "data_parallel_shard_degree": plan.dp_degree if plan.zero else 1,
+            "tensor_parallel_degree": plan.tp_degree,
+            "enable_sequence_parallel": plan.sequence_parallel,
+            "pipeline_parallel_degree": pipeline,
+            "pipeline_parallel_schedule": _TITAN_SCHEDULES[plan.schedule.value],
+            "pipeline_parallel_microbatch_size": plan.microbatch_size,
+            "module_fqns_per_model_part": stage_module_names(plan),
+        },
+        "activation_checkpoint": ac,
+    }
+    if plan.zero:
+        tables["parallelism"]["fsdp_reshard_after_forward"] = "never"
+    prov = plan.provenance
+    lines = [
+        f"# torchtitan job config for the plan of {prov.model} on {prov.cluster_name} ({plan.num_devices} devices),",
+        f"# written by planner export; predicted {plan.predicted.iteration_ms:.2f} ms per iteration.",
+        f"# planner layout: T={plan.tp_degree} x P={plan.num_stages} x D={plan.dp_degree}, ZeRO-{plan.zero}, "
+        f"{plan.num_microbatches} micro-batches of {plan.microbatch_size}.",
+        "# Module names are the profile's layer names: rename them to your model's module FQNs.",
+    ]
+    if ac["mode"] == "selective":
+        lines.append(f"# planner recomputes, per stage: {rc}")
+    for name, table in tables.items():
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
