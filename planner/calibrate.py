@@ -172,9 +172,7 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
     if profile.num_layers != plan.num_layers:
         raise PlannerInputError(f"the profile has {profile.num_layers} layers but the plan covers {plan.num_layers}")
     request = plan.provenance.request
-    return build_plan(
-        CostModel(profile, cluster, request.optimizer),
-        request,
+    layout = dict(
         boundaries=[s.layer_start for s in plan.stages],
         recompute=[s.recompute for s in plan.stages],
         dp_degree=plan.dp_degree,
@@ -184,6 +182,12 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
         zero=plan.zero,
         replicas=plan.stage_replicas if plan.replicated_per_stage else (),
     )
+    if plan.tp_degree > 1:
+        from planner.tensor_parallel import build_tensor_parallel
+
+        return build_tensor_parallel(profile, cluster, request, tp_degree=plan.tp_degree,
+                                     sequence_parallel=plan.sequence_parallel, num_devices=plan.num_devices, **layout)
+    return build_plan(CostModel(profile, cluster, request.optimizer), request, **layout)
 
 
 def scale_cluster_links(cluster: Cluster, scale: float, *, inter_node: bool) -> Cluster:

@@ -47,13 +47,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from planner import codec
 from planner.artifacts.cluster import Cluster, cluster_to_json
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_to_json
 from planner.errors import PlannerInputError
+
+if TYPE_CHECKING:
+    from planner.artifacts.request import PlanRequest
 
 
 def splittable(profile: Profile) -> bool:
@@ -217,9 +220,30 @@ def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool) 
     return dataclasses.replace(plan, predicted=predict(plan))
 
 
-def view_of_plan(plan: Plan, profile: Profile, cluster: Cluster) -> tuple[Profile, Cluster]:
-    """The view a plan was priced in (its own ``tp_degree`` and ``sequence_parallel``)."""
-    return tensor_parallel_view(profile, cluster, plan.tp_degree, plan.sequence_parallel)
+def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
+    """The cluster a view of ``num_devices`` devices is taken of: part of one node when they fit
+    in one, else the whole cluster."""
+    return cluster.with_devices(num_devices) if num_devices <= cluster.devices_per_node else cluster
+
+
+def build_tensor_parallel(
+    profile: Profile, cluster: Cluster, request: "PlanRequest", *, tp_degree: int, sequence_parallel: bool,
+    num_devices: int, **layout: Any,
+) -> Plan:
+    """:func:`planner.solve.build.build_plan` for a given layout with tensor parallelism:
+    priced in the view of ``tp_degree`` (``num_devices`` real devices in all), lifted back.
+    ``layout`` is build_plan's keywords (boundaries, recompute, dp_degree, ...)."""
+    from planner.cost import CostModel
+    from planner.solve.build import build_plan
+
+    why = refusal(profile, cluster, num_devices, tp_degree)
+    if why:
+        raise PlannerInputError(why)
+    vp, vc = tensor_parallel_view(profile, base_cluster(cluster, num_devices), tp_degree, sequence_parallel)
+    view_request = dataclasses.replace(request, num_devices=num_devices // tp_degree)
+    built = build_plan(CostModel(vp, vc, request.optimizer), view_request, **layout)
+    built = dataclasses.replace(built, provenance=dataclasses.replace(built.provenance, request=request))
+    return lift(built, profile, cluster, tp_degree, sequence_parallel)
 
 
 def stage_view(stage: PlanStage, t: int) -> tuple[int, ...]:

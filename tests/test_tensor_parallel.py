@@ -104,6 +104,10 @@ def test_plan_with_tensor_parallelism_lays_out_real_ranks():
     again = plan_from_json(parse_text(dumps_plan(p), "plan"))
     assert again == p
     assert simulate(again).iteration_ms == pytest.approx(p.predicted.iteration_ms)
+    # re-pricing the plan's own layout (planner.calibrate.repredict) gives the plan back
+    from planner.calibrate import repredict
+
+    assert repredict(p, prof, cluster).predicted == p.predicted
     # the machine bound is over the 8 real devices, the same with or without t
     one = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(1,)))
     assert p.predicted.machine_bound_ms == pytest.approx(one.predicted.machine_bound_ms)

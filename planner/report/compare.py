@@ -7,7 +7,8 @@ was made) -- nothing is re-derived here except ratios between plans.
 Columns (units in the names; memory in GiB = 2**30 bytes):
 
 - ``label`` (file stem, or the solver for in-memory plans; the index too), ``solver``,
-  ``P``, ``D``, ``M``, ``microbatch_size``, ``schedule``, ``zero`` (ZeRO stage),
+  ``T`` (tensor-parallel degree), ``sequence_parallel``, ``P``, ``D``, ``M``,
+  ``microbatch_size``, ``schedule``, ``zero`` (ZeRO stage),
   ``replicas`` (each stage's copies inside the pipeline, ``2|1|1``; empty when all are 1),
   ``stages`` (layer ranges ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages);
 - ``iteration_ms``, ``throughput_samples_per_s``, ``speedup`` (reference time / time),
@@ -65,7 +66,7 @@ __all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare
 GIB = 1024**3
 
 COLUMNS = (
-    "label", "solver", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages", "recomputed_layers",
+    "label", "solver", "T", "sequence_parallel", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages", "recomputed_layers",
     "iteration_ms", "throughput_samples_per_s", "speedup", "peak_memory_gib",
     "params_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib",
     "bubble_fraction", "exposed_allreduce_ms", "machine_bound_ms", "limit_over_time",
@@ -77,7 +78,7 @@ MEASURED_COLUMNS = (
     "measured_activations_gib", "activation_rel_error",
 )
 
-_INT_COLUMNS = ("P", "D", "M", "microbatch_size", "zero", "recomputed_layers", "measured_runs")
+_INT_COLUMNS = ("T", "P", "D", "M", "microbatch_size", "zero", "recomputed_layers", "measured_runs")
 
 Reports = Union[Sequence[ReportLike], Mapping[Union[str, int], Union[ReportLike, Sequence[ReportLike]]]]
 
@@ -106,7 +107,8 @@ def add_baselines(plan: Plan, profile: ProfileLike | None = None, cluster: Clust
     for name in BASELINES:
         if name in skip:
             continue
-        request = dataclasses.replace(plan.provenance.request, solver=name)
+        # the baselines are the peers' methods as published: t = 1 (see planner.solve)
+        request = dataclasses.replace(plan.provenance.request, solver=name, tp_degrees=())
         try:
             out.append((name, solve(prof, clus, request), ""))
         except InfeasibleError as exc:
@@ -126,6 +128,7 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
     p = plan.predicted
     big = max(plan.stages, key=lambda s: s.memory_total_bytes).memory
     row.update(
+        T=plan.tp_degree, sequence_parallel=plan.sequence_parallel,
         P=plan.num_stages, D=plan.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
         schedule=plan.schedule.value, zero=plan.zero,
         replicas="|".join(map(str, plan.stage_replicas)) if plan.replicated_per_stage else "",

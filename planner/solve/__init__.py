@@ -65,10 +65,10 @@ def _over_tensor_parallel(
     import dataclasses
 
     from planner.solve.search import merge_pareto, num_devices_of, select
-    from planner.tensor_parallel import candidate_degrees, lift, tensor_parallel_view
+    from planner.tensor_parallel import base_cluster, candidate_degrees, lift, tensor_parallel_view
 
     n = num_devices_of(cluster, request)
-    base = cluster.with_devices(n) if n <= cluster.devices_per_node else cluster
+    base = base_cluster(cluster, n)
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
     for t in candidate_degrees(profile, base, n, request.tp_degrees):
