@@ -10,9 +10,16 @@ Formulas, per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary
   72 B s l h^2 (1 + s/6h + V/12hl) counts forward + backward + recompute = 4 x forward, with
   matmuls at 2 FLOPs per multiply-add; without recompute the backward is 2 x forward);
 - forward FLOPs of the LM head: ``2 s h V`` (same source); the embedding is a lookup (0 FLOPs);
-- time = FLOPs / (peak dense bf16 FLOP/s x achieved efficiency). The efficiency is recorded in
-  the profile's metadata (default 0.5: Megatron-LM reports 52% of peak for GPT-3 175B on
-  A100s, Narayanan et al. 2021 table 1). Intercepts are 0 (no launch overhead modelled);
+- time = FLOPs / (peak dense bf16 FLOP/s x achieved efficiency) + the memory-bound work: the
+  element-wise kernels around the matmuls (layer norms, dropout, GeLU, softmax, residual adds)
+  are bound by memory bandwidth (roofline, Williams et al. 2009), and the bytes they write in
+  forward are the activations the layer saves for backward (below), which backward reads back
+  and answers with gradients of the same size: ``saved / HBM bandwidth`` in forward, twice that
+  in backward (device datasheet bandwidth). This is what makes small hidden sizes run below
+  large ones (s h bytes against s h^2 FLOPs). The efficiency is recorded in the profile's
+  metadata (default 0.5: Megatron-LM reports 52% of peak for GPT-3 175B on A100s, Narayanan et
+  al. 2021 table 1; ``benchmarks/narayanan_table.py`` fits it to that table). Intercepts are 0
+  (no launch overhead modelled);
 - activations saved for backward by one block in 16-bit training without tensor/sequence
   parallelism: ``s h (34 + 5 a s / h)`` bytes (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", eq. 1); a recomputed block keeps its input
@@ -23,7 +30,9 @@ Formulas, per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary
 
 Tensor parallelism (``Layer.tp``, Megatron-LM's split, Shoeybi et al. 2019): a block's QKV
 and first MLP matmuls split by columns, its projection and second MLP matmuls by rows, so
-every counted FLOP divides by t; its parameters but the two layer norms and the two
+every counted FLOP divides by t, and so does the memory-bound work on the split activations
+(the rest, on the ``10 s h`` replicated bytes, runs whole on each device unless sequence
+parallel); its parameters but the two layer norms and the two
 row-parallel biases (``6 h``) split, ``12 h^2 + 7 h``; of its saved activations
 ``24 s h + 5 a s^2`` bytes split (Korthikanti et al. 2022 eq. 2: ``s h (10 + 24/t + 5 a s /
 h t)``); two all-reduces of the block's ``2 s h`` output in forward (after attention and
@@ -36,7 +45,8 @@ its input's gradient is all-reduced in backward (the cross entropy's per-token a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, profile_fingerprint
 from planner.errors import PlannerInputError
@@ -46,6 +56,7 @@ from planner.errors import PlannerInputError
 class DevicePreset:
     name: str
     peak_bf16_tflops: float
+    hbm_gb_per_s: float
     source: str
 
 
@@ -53,12 +64,14 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
     "a100-80gb": DevicePreset(
         name="NVIDIA A100-SXM4-80GB",
         peak_bf16_tflops=312.0,
-        source="NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
+        hbm_gb_per_s=2039.0,
+        source="NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core; 2,039 GB/s HBM2e (80GB SXM)",
     ),
     "h100-80gb": DevicePreset(
         name="NVIDIA H100-SXM5-80GB",
         peak_bf16_tflops=989.0,
-        source="NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
+        hbm_gb_per_s=3350.0,
+        source="NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core, 3.35 TB/s HBM3 (SXM5)",
     ),
 }
 
@@ -114,13 +127,21 @@ def model_flops_per_sample(profile: Profile) -> float:
 
 def _layer(
     name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, tp: TensorSplit | None = None,
-    **kw: float,
+    bytes_per_ms: float = math.inf, **kw: float,
 ) -> Layer:
+    """One analytic layer: matmul time ``flops / flops_per_ms`` plus memory-bound time, its saved
+    bytes ``kw["saved"] / bytes_per_ms`` in forward and twice that in backward (see the module
+    docstring); a ``tp`` split's time fraction is the share of both that divides by t."""
+    saved = float(kw["saved"])
+    mem_fwd = saved / bytes_per_ms
+    fwd_ms = fwd_flops / flops_per_ms + mem_fwd
+    if tp is not None and fwd_ms > 0:
+        tp = replace(tp, split_time_fraction=(fwd_flops / flops_per_ms + tp.split_saved_bytes_per_sample / bytes_per_ms) / fwd_ms)
     return Layer(
         name=name,
         kind=kind,
-        fwd=TimeFit(intercept_ms=0.0, per_sample_ms=fwd_flops / flops_per_ms),
-        bwd=TimeFit(intercept_ms=0.0, per_sample_ms=bwd_flops / flops_per_ms),
+        fwd=TimeFit(intercept_ms=0.0, per_sample_ms=fwd_ms),
+        bwd=TimeFit(intercept_ms=0.0, per_sample_ms=bwd_flops / flops_per_ms + 2.0 * mem_fwd),
         param_count=int(kw["param_count"]),
         param_bytes=int(kw["param_count"]) * BYTES_PER_PARAM,
         saved_bytes_per_sample=float(kw["saved"]),
@@ -153,6 +174,7 @@ def gpt_profile(
     device = DEVICE_PRESETS[device_preset]
     s, h, a, V = seq, hidden, heads, vocab
     flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
+    bytes_per_ms = device.hbm_gb_per_s * 1e9 / 1e3
     act_in = BYTES_PER_ACT * s * h
     block_fwd, head_fwd = block_fwd_flops(s, h), head_fwd_flops(s, h, V)
     def split(params: int, saved: float, fwd: int, bwd: int, heads: tuple[int, ...] = ()) -> TensorSplit:
@@ -163,7 +185,7 @@ def gpt_profile(
 
     out: list[Layer] = [
         _layer(
-            "embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0),
+            "embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
             param_count=V * h + s * h, saved=8.0 * s, inp=8.0 * s, out=act_in,
         )
     ]
@@ -171,13 +193,13 @@ def gpt_profile(
         out.append(
             _layer(
                 f"block_{i}", "TransformerBlock", block_fwd, 2 * block_fwd, flops_per_ms,
-                split(12 * h * h + 7 * h, 24.0 * s * h + 5.0 * a * s * s, 2, 2, (a,)),
+                split(12 * h * h + 7 * h, 24.0 * s * h + 5.0 * a * s * s, 2, 2, (a,)), bytes_per_ms,
                 param_count=12 * h * h + 13 * h, saved=s * h * (34.0 + 5.0 * a * s / h), inp=act_in, out=act_in,
             )
         )
     out.append(
         _layer(
-            "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1),
+            "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
             param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
         )
     )
@@ -194,6 +216,7 @@ def gpt_profile(
         metadata={
             "efficiency": efficiency,
             "peak_bf16_tflops": device.peak_bf16_tflops,
+            "hbm_gb_per_s": device.hbm_gb_per_s,
             "peak_source": device.source,
             "flops_source": "Narayanan et al. 2021 (Megatron-LM), eq. 3",
             "activation_source": "Korthikanti et al. 2022, eq. 1 (no tensor/sequence parallelism)",

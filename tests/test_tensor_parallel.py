@@ -39,12 +39,19 @@ def test_block_view_is_megatron_on_each_device(t):
     assert vb.saved_bytes_per_sample == pytest.approx(S * H * (10 + 24 / t + 5 * A * S / (H * t)))
     assert vb.param_count == (12 * H * H + 7 * H) // t + 6 * H
     assert vb.input_bytes_per_sample == block.input_bytes_per_sample
-    # compute / t plus two all-reduces of the block's 2 s h bytes over t devices of one node
+    # the matmuls and the memory-bound work on the split activations / t, the rest (on the
+    # 10 s h replicated bytes) whole, plus two all-reduces of the block's 2 s h bytes over t
+    # devices of one node
+    matmul_ms = (24 * S * H * H + 4 * S * S * H) / (312e12 * 0.5 / 1e3)
+    split_bytes, per_ms = 24 * S * H + 5 * A * S * S, 2039e9 / 1e3
+    f = block.tp.split_time_fraction
+    assert f == pytest.approx((matmul_ms + split_bytes / per_ms) / block.fwd_ms(1))
+    assert block.fwd_ms(1) == pytest.approx(matmul_ms + block.saved_bytes_per_sample / per_ms)
     ar = allreduce_ms(cluster, 2 * S * H, tuple(range(t)))
-    assert vb.fwd_ms(1) == pytest.approx(block.fwd_ms(1) / t + 2 * ar)
-    assert vb.bwd_ms(1) == pytest.approx(block.bwd_ms(1) / t + 2 * ar)
+    assert vb.fwd_ms(1) == pytest.approx(block.fwd_ms(1) * (1 - f + f / t) + 2 * ar)
+    assert vb.bwd_ms(1) == pytest.approx(block.bwd_ms(1) * (1 - f + f / t) + 2 * ar)
     ar4 = allreduce_ms(cluster, 4 * 2 * S * H, tuple(range(t)))
-    assert vb.fwd_ms(4) == pytest.approx(block.fwd_ms(4) / t + 2 * ar4)
+    assert vb.fwd_ms(4) == pytest.approx(block.fwd_ms(4) * (1 - f + f / t) + 2 * ar4)
     assert view.edges[0].bytes_per_sample == prof.edges[0].bytes_per_sample / t
     # the vocabulary-parallel embedding and head share one tied table, split t ways
     assert view.tied[0].param_count == math.ceil(V * H / t)
@@ -53,7 +60,8 @@ def test_block_view_is_megatron_on_each_device(t):
     sp, _ = tensor_parallel_view(prof, cluster, t, sp=True)
     assert sp.layers[1].saved_bytes_per_sample == pytest.approx(S * H * (34 + 5 * A * S / H) / t)
     assert sp.layers[1].input_bytes_per_sample == block.input_bytes_per_sample / t
-    assert sp.layers[1].fwd_ms(1) == pytest.approx(vb.fwd_ms(1))
+    assert sp.layers[1].fwd_ms(1) == pytest.approx(block.fwd_ms(1) / t + 2 * ar)
+    assert sp.layers[1].fwd_ms(1) < vb.fwd_ms(1)
 
 
 def test_degrees_and_refusals():
