@@ -30,6 +30,28 @@ TiedGroup = tuple[tuple[int, str], ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TensorParallel:
+    """How a workload's layers split over tensor-parallel devices (Megatron-LM)."""
+
+    styles: Callable[[Any, bool], dict[str, Any] | None] = field(
+        metadata={"doc": "(layer module, sequence_parallel) -> parallelize_module plan, or None (layer stays whole)"}
+    )
+    must_divide: tuple[int, ...] = field(default=(), metadata={"doc": "sizes t must divide (attention heads)"})
+    sequence_length: int = field(
+        default=0, metadata={"doc": "tokens per sample, split over t with sequence parallelism (0 = none)"}
+    )
+
+    def refusal(self, t: int, sequence_parallel: bool) -> str:
+        """Why this model cannot split over ``t`` devices ("" when it can)."""
+        for size in self.must_divide:
+            if size % t:
+                return f"tensor-parallel degree {t} does not divide the model's {size} attention heads"
+        if sequence_parallel and self.sequence_length % t:
+            return f"sequence parallelism over {t} devices does not divide the {self.sequence_length} tokens per sample"
+        return ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     """A model as an ordered list of layers, with a seeded batch generator and a mean loss."""
 
@@ -40,6 +62,7 @@ class Workload:
     loss_fn: Callable[[Any, Any], Any]
     tied: tuple[TiedGroup, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel: TensorParallel | None = None
 
     def __post_init__(self) -> None:
         if not self.layers:

@@ -187,11 +187,14 @@ def make_plan(
     fingerprint: str = "",
     model: str = "test",
     virtual_stages_per_rank: int = 1,
+    tp_degree: int = 1,
+    sequence_parallel: bool = False,
 ) -> Plan:
     """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
     every stage but the last recomputes all its layers (the last recomputes its first). With
     ``virtual_stages_per_rank = v`` (interleaved 1F1B) stage s runs on pipeline rank s mod P,
-    P = num_stages / v."""
+    P = num_stages / v. With ``tp_degree`` = t each stage replica is t consecutive ranks:
+    rank = (pipeline rank x D + replica) x t + tp index."""
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
     pipeline_size = num_stages // virtual_stages_per_rank
@@ -205,7 +208,9 @@ def make_plan(
                 layer_start=start,
                 layer_stop=stop,
                 layer_names=layer_names[start:stop],
-                ranks=tuple((s % pipeline_size) * dp_degree + r for r in range(dp_degree)),
+                ranks=tuple(
+                    ((s % pipeline_size) * dp_degree + r) * tp_degree + k for r in range(dp_degree) for k in range(tp_degree)
+                ),
                 recompute=rc,
                 inflight_microbatches=num_microbatches,
                 activation_bytes_per_microbatch=0,
@@ -230,4 +235,6 @@ def make_plan(
         model=model,
         cluster_name="local-cpu",
         fingerprint=fingerprint,
+        tp_degree=tp_degree,
+        sequence_parallel=sequence_parallel,
     )

@@ -86,8 +86,11 @@ def hand_plan(
     cluster_name: str = "toy",
     sha: str = "",
     fingerprint: str = "",
+    tp_degree: int = 1,
+    sequence_parallel: bool = False,
 ) -> Plan:
-    """A Plan around hand-made stages, with zero predictions (tests fill in what they need)."""
+    """A Plan around hand-made stages, with zero predictions (tests fill in what they need);
+    ``tp_degree`` tensor-parallel devices per stage replica (the stages' ranks must list them)."""
     global_batch = num_microbatches * microbatch_size * dp_degree
     pipeline_ranks = len(stages) // virtual_stages_per_rank
     return Plan(
@@ -98,7 +101,7 @@ def hand_plan(
             cluster_sha256=sha,
             planner_version="test",
             solver="hand",
-            request=PlanRequest(global_batch=global_batch, num_devices=pipeline_ranks * dp_degree),
+            request=PlanRequest(global_batch=global_batch, num_devices=pipeline_ranks * dp_degree * tp_degree),
             fingerprint_sha256=fingerprint,
         ),
         num_stages=len(stages),
@@ -108,6 +111,8 @@ def hand_plan(
         global_batch=global_batch,
         schedule=schedule,
         virtual_stages_per_rank=virtual_stages_per_rank,
+        tp_degree=tp_degree,
+        sequence_parallel=sequence_parallel,
         stages=tuple(stages),
         predicted=Prediction.unset(),
     )

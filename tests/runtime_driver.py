@@ -7,7 +7,8 @@ Usage (what tests/test_runtime_numerics.py does)::
 
 CONFIGS.json is a list of objects with: name, model (factory spec), boundaries, dp_degree,
 num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps, and
-optionally virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), and checkpoint_dir
+optionally virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), tp_degree and
+sequence_parallel (tensor parallelism; split parameters are compared whole), and checkpoint_dir
 with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes). Every config
 must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
 max absolute and relative differences of losses, of every stage's final gradients (with
@@ -34,6 +35,7 @@ from planner.artifacts.request import ScheduleKind  # noqa: E402
 from planner.runtime.engine import RankRunner  # noqa: E402
 from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
+from planner.runtime.tensor import full  # noqa: E402
 from planner.runtime.zero import flatten  # noqa: E402
 from tests.factories import make_plan  # noqa: E402
 
@@ -92,9 +94,9 @@ def compare(runner: RankRunner, ref_grads: list[list[torch.Tensor]], ref_params:
             refs = zip(layer.parameters(), ref_grads[chunk.stage_plan.layer_start + k], ref_params[chunk.stage_plan.layer_start + k])
             for p, ref_grad, ref_param in refs:
                 ref_grad_of[id(p)] = ref_grad
-                add(2, _max_diff(p.detach(), ref_param))
+                add(2, _max_diff(full(p.detach()), ref_param))  # full: a split parameter, gathered
                 if p.grad is not None:
-                    add(0, _max_diff(p.grad, ref_grad))
+                    add(0, _max_diff(full(p.grad), ref_grad))
         if chunk.zero is not None:
             layout = chunk.zero.layout
             flat = flatten([ref_grad_of[id(p)] for p in chunk.zero.params], layout)
@@ -149,6 +151,8 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         schedule=ScheduleKind(cfg["schedule"]),
         recompute=cfg["recompute"],
         virtual_stages_per_rank=cfg.get("virtual_stages_per_rank", 1),
+        tp_degree=cfg.get("tp_degree", 1),
+        sequence_parallel=cfg.get("sequence_parallel", False),
     )
     plan = dataclasses.replace(plan, zero=cfg.get("zero", 0))
     if plan.num_devices != dist.get_world_size():

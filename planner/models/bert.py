@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, parse_dtype, seeded
-from planner.workload import Workload
+from planner.models.common import MLP, SelfAttention, generator, megatron_styles, mean_cross_entropy, parse_dtype, seeded
+from planner.workload import TensorParallel, Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,4 +93,5 @@ def build(cfg: BERTConfig) -> Workload:
         make_batch=make_batch,
         loss_fn=mean_cross_entropy,
         options={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        tensor_parallel=TensorParallel(styles=megatron_styles, must_divide=(cfg.heads,), sequence_length=cfg.seq),
     )

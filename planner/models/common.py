@@ -7,7 +7,7 @@ option, never on the global RNG state of the caller.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -49,26 +49,42 @@ def mean_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention, fused QKV projection (Vaswani et al. 2017, sec. 3.2)."""
+    """Multi-head self-attention (Vaswani et al. 2017, sec. 3.2).
+
+    The query, key and value projections are three ``Linear`` layers (``q``, ``k``, ``v``)
+    whose weights are the three thirds of one fused ``Linear(hidden, 3 hidden)`` drawn at
+    construction, so the function and the seeded weights are those of a fused QKV
+    projection. Three layers, not one, because tensor parallelism (Megatron-LM's column
+    split, ``ColwiseParallel``) shards a weight's output rows contiguously: a fused QKV
+    weight would hand device 0 all the queries and half the keys. The forward infers the
+    heads it holds from its query width, so the same module runs whole or sharded.
+    """
 
     def __init__(self, hidden: int, heads: int, *, causal: bool) -> None:
         super().__init__()
         if hidden % heads:
             raise PlannerInputError(f"hidden ({hidden}) must be divisible by heads ({heads})")
         self.heads = heads
+        self.head_dim = hidden // heads
         self.causal = causal
-        self.qkv = nn.Linear(hidden, 3 * hidden)
+        fused = nn.Linear(hidden, 3 * hidden)
+        with torch.random.fork_rng(devices=[]):  # the fused draw alone consumes the RNG, as before
+            self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        with torch.no_grad():
+            for i, part in enumerate((self.q, self.k, self.v)):
+                part.weight.copy_(fused.weight[i * hidden : (i + 1) * hidden])
+                part.bias.copy_(fused.bias[i * hidden : (i + 1) * hidden])
         self.proj = nn.Linear(hidden, hidden)
 
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = t.shape
+        return t.reshape(batch, seq, width // self.head_dim, self.head_dim).transpose(1, 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, hidden = x.size(0), x.size(1), x.size(2)
-        head_dim = hidden // self.heads
-        q, k, v = self.qkv(x).chunk(3, dim=2)
-        q = q.reshape(batch, seq, self.heads, head_dim).transpose(1, 2)
-        k = k.reshape(batch, seq, self.heads, head_dim).transpose(1, 2)
-        v = v.reshape(batch, seq, self.heads, head_dim).transpose(1, 2)
+        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, hidden))
+        batch, local_heads, seq, head_dim = y.shape
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim))
 
 
 class MLP(nn.Module):
@@ -81,3 +97,58 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(F.gelu(self.fc(x)))
+
+
+def megatron_styles(layer: nn.Module, sequence_parallel: bool) -> dict[str, Any] | None:
+    """Megatron-LM's split (Shoeybi et al. 2019) of every :class:`SelfAttention` and
+    :class:`MLP` inside ``layer``, as a ``parallelize_module`` plan; None when it holds none.
+
+    Attention: ``q``, ``k``, ``v`` column-split (each device a contiguous block of heads),
+    ``proj`` row-split; MLP: ``fc`` column-split, ``out`` row-split. The input of each is
+    made one replicated DTensor first, so its three (or one) column-split layers share one
+    all-reduce of the input gradient in backward (Megatron's ``f``); the row-split output is
+    all-reduced in forward (``g``): two collectives each way per attention + MLP block.
+
+    With ``sequence_parallel`` (Korthikanti et al. 2022) the residual stream inside the
+    layer is split along the sequence (dim 1): the layer slices its whole input, its layer
+    norms run on their slice (``SequenceParallel``), each attention / MLP all-gathers its
+    input and reduce-scatters its output, and the layer all-gathers its output again, so it
+    still takes and returns whole tensors.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    stream = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, Any] = {}
+    for name, sub in layer.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(sub, SelfAttention):
+            cols, row = ("q", "k", "v"), "proj"
+        elif isinstance(sub, MLP):
+            cols, row = ("fc",), "out"
+        else:
+            if sequence_parallel and isinstance(sub, nn.LayerNorm):
+                plan[name] = SequenceParallel(use_local_output=True)
+            continue
+        plan[name] = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),))
+        for col in cols:
+            plan[prefix + col] = ColwiseParallel()
+        plan[prefix + row] = RowwiseParallel(output_layouts=stream)
+    if not any(isinstance(style, RowwiseParallel) for style in plan.values()):
+        return None
+    if sequence_parallel:
+        plan[""] = PrepareModuleInputOutput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Shard(1),),
+            use_local_input=True,
+            output_layouts=(Shard(1),),
+            desired_output_layouts=(Replicate(),),
+            use_local_output=True,
+        )
+    return plan

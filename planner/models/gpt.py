@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from planner.errors import PlannerInputError
-from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, parse_dtype, seeded
-from planner.workload import Workload
+from planner.models.common import MLP, SelfAttention, generator, megatron_styles, mean_cross_entropy, parse_dtype, seeded
+from planner.workload import TensorParallel, Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,4 +133,5 @@ def build(cfg: GPTConfig) -> Workload:
         loss_fn=mean_cross_entropy,
         tied=(((0, "tok.weight"), (len(layers) - 1, "proj.weight")),),
         options={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+        tensor_parallel=TensorParallel(styles=megatron_styles, must_divide=(cfg.heads,), sequence_length=cfg.seq),
     )

@@ -15,15 +15,22 @@ from planner.artifacts.request import ScheduleKind
 from planner.cost import replicated_ranks
 from planner.errors import PlannerInputError
 from planner.runtime.model import workload_fingerprint
+from planner.runtime.tensor import tensor_parallel_refusal
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
 from planner.workload import Workload
 
 SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
 
 
-def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan") -> None:
+def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", *, checkpoints: bool = False) -> None:
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
-    that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``)."""
+    that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
+    whose tensor parallelism the model or the runtime cannot do
+    (``planner.runtime.tensor.tensor_parallel_refusal``; ``checkpoints``: the run writes or
+    reads checkpoints)."""
+    why = tensor_parallel_refusal(plan, workload, checkpoints=checkpoints)
+    if why:
+        raise PlannerInputError(f"{source}: {why}")
     replicated = plan.replicated_per_stage
     if replicated:
         _check_replicated(plan, world_size, source)
@@ -31,7 +38,8 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
         v = plan.virtual_stages_per_rank
         stages = f"{plan.num_stages} stages" if v == 1 else f"{plan.num_stages} stages on {plan.num_stages // v} pipeline ranks"
         raise PlannerInputError(
-            f"{source}: plan needs {plan.num_devices} processes ({stages} x {plan.dp_degree} replicas) "
+            f"{source}: plan needs {plan.num_devices} processes ({stages} x {plan.dp_degree} replicas"
+            f"{f' x tp {plan.tp_degree}' if plan.tp_degree > 1 else ''}) "
             f"but the world size is {world_size}"
         )
     if plan.schedule not in SUPPORTED_SCHEDULES:
@@ -64,11 +72,13 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
                 f"{stage.layer_names[bad]!r} in the plan but {names[bad]!r} in model {workload.name!r}"
             )
         p = stage.stage_idx % pipeline_size
-        expected_ranks = tuple(p * plan.dp_degree + r for r in range(plan.dp_degree))
+        t = plan.tp_degree
+        expected_ranks = tuple((p * plan.dp_degree + r) * t + k for r in range(plan.dp_degree) for k in range(t))
         if not replicated and tuple(stage.ranks) != expected_ranks:
+            layout = "(stage mod P) x D + replica" if t == 1 else "((stage mod P) x D + replica) x t + tp index"
             raise PlannerInputError(
                 f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the placement "
-                f"rank = (stage mod P) x D + replica {list(expected_ranks)}"
+                f"rank = {layout} {list(expected_ranks)}"
             )
     expected = plan.provenance.fingerprint_sha256
     if expected:

@@ -50,6 +50,7 @@ from planner.runtime.grads import DataParallelHooks, sync_tied
 from planner.runtime.model import cast_batch
 from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
 from planner.runtime.stage import StageModule
+from planner.runtime.tensor import build_mesh, local, parallelize_layers
 from planner.runtime.topology import Groups, Placement, build_groups
 from planner.runtime.zero import ShardedState, optimizer_state_bytes
 from planner.workload import Workload
@@ -166,7 +167,7 @@ def _held_grad_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     for group in optimizer.param_groups:
         for param in group["params"]:
             if param.grad is not None:
-                storage = param.grad.untyped_storage()
+                storage = local(param.grad).untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
 
@@ -218,9 +219,11 @@ class RankRunner:
             dp_degree=plan.dp_degree,
             rank=rank,
             virtual_stages_per_rank=plan.virtual_stages_per_rank,
+            tp_degree=plan.tp_degree,
         )
         tied_sets, self.tied_params = _tied_params(workload, plan, self.place)
-        self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s)
+        mesh = build_mesh(plan, device) if plan.tp_degree > 1 else None
+        self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s, mesh)
         tied_ids = {id(p) for p in self.tied_params if p is not None}
         shard_group = self.groups.data_parallel if plan.zero > 0 else None
         mb_inputs, _ = self._replica_batch(0)
@@ -232,8 +235,10 @@ class RankRunner:
             stage = plan.stages[stage_idx]
             layers = list(workload.layers[stage.layer_start : stage.layer_stop])
             recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
-            module = StageModule(layers, recompute).to(device)
             example_in, example_out = _boundary_examples(workload, stage.layer_start, stage.layer_stop, first_mb)
+            if self.groups.tensor is not None:  # split after the examples: they come from whole layers
+                parallelize_layers(workload, range(stage.layer_start, stage.layer_stop), self.groups.tensor, plan.sequence_parallel)
+            module = StageModule(layers, recompute).to(device)
             pipe_stage = TimedStage(
                 module,
                 stage_idx,
@@ -374,7 +379,8 @@ class RankRunner:
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
-        return StepMeasure(step_idx=step_idx, loss=float(loss_t) / self.plan.dp_degree, wall_ms=float(wall_t))
+        copies = self.plan.dp_degree * self.plan.tp_degree  # every tp rank of a last stage has the loss
+        return StepMeasure(step_idx=step_idx, loss=float(loss_t) / copies, wall_ms=float(wall_t))
 
     @property
     def rank(self) -> int:

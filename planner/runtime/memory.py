@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import torch
 
+from planner.runtime.tensor import local
 
 class _Held:
     """A saved tensor's handle; releasing it (node freed) gives its bytes back."""
@@ -36,6 +37,7 @@ class _Held:
 def tensor_bytes(value: Any) -> int:
     """Bytes of a tensor or of the tensors in a tuple/list."""
     if isinstance(value, torch.Tensor):
+        value = local(value)  # a DTensor (tensor parallelism) holds only its shard here
         return value.numel() * value.element_size()
     if isinstance(value, (tuple, list)):
         return sum(tensor_bytes(v) for v in value)
@@ -46,7 +48,7 @@ class SavedBytesMeter:
     """Live and peak bytes saved for backward on one stage."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
-        self._param_storages = {p.untyped_storage().data_ptr() for p in params}
+        self._param_storages = {local(p).untyped_storage().data_ptr() for p in params}
         self.live_bytes = 0
         self.peak_bytes = 0
 
@@ -58,7 +60,7 @@ class SavedBytesMeter:
         self.peak_bytes = self.live_bytes
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        if tensor.untyped_storage().data_ptr() in self._param_storages:
+        if local(tensor).untyped_storage().data_ptr() in self._param_storages:
             return tensor
         return _Held(tensor, tensor_bytes(tensor), self)
 

@@ -66,6 +66,7 @@ import torch
 import torch.distributed as dist
 
 from planner.runtime.options import RuntimeOptimizer
+from planner.runtime.tensor import local
 
 __all__ = ["FlatLayout", "ShardedState", "flatten", "optimizer_state_bytes", "state_bytes_per_param", "unflatten_into"]
 
@@ -145,7 +146,10 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     if optimizer is None:
         return 0
     return sum(
-        v.numel() * v.element_size() for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+        local(v).numel() * v.element_size()  # a DTensor's state: this rank's shard
+        for state in optimizer.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
     )
 
 

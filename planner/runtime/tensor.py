@@ -1,0 +1,113 @@
+"""Tensor parallelism in the runtime: the 3-D device mesh and each stage's split layers.
+
+A plan with ``tp_degree`` = t > 1 runs every stage replica on t consecutive ranks (the
+Plan's layout: rank = (pipeline rank x D + replica) x t + tp index). The runtime builds
+``init_device_mesh(device, (P, D, t), mesh_dim_names=("pp", "dp", "tp"))`` over
+``arange(world)`` in row-major order, which is exactly that layout, and uses
+
+- ``mesh["pp"]``'s group for the pipeline's point-to-point messages (the ``PipelineStage``
+  group: the stages of one replica at one tp index);
+- ``mesh["dp"]``'s group for the gradient all-reduce (the replicas of one stage at one tp
+  index: they hold the same shard of every split parameter, so reducing the local shards
+  is the data-parallel sum);
+- ``mesh["tp"]`` for ``torch.distributed.tensor.parallel.parallelize_module`` of each layer
+  of the rank's stages, with the styles the workload declares
+  (:class:`planner.workload.TensorParallel`; the zoo transformers: Megatron-LM's column /
+  row split of attention and MLP, ``SequenceParallel`` layer norms with sequence
+  parallelism).
+
+A split layer takes and returns whole tensors, so stage boundaries, the static
+``PipelineStage`` shapes, the loss and the layers that stay whole (embeddings, heads: every
+tp rank computes them identically) do not change. With sequence parallelism each split layer
+slices the sequence at its input (no communication) and all-gathers it at its output; the
+planner's cost model instead keeps the sequence split across layers and sends 1/t of each
+boundary tensor per device (Narayanan et al. 2021 section 4.1), so the runtime moves more
+bytes than the plan prices there (one all-gather per split layer, and whole boundary tensors).
+
+Split parameters are ``DTensor`` s: the optimizer steps them as they are (SGD and AdamW run
+on DTensors); gradient buckets, the saved-bytes meter and the byte counts read their local
+shards (:func:`local`). Parameters tied across pipeline ranks (embedding and head) stay whole
+and are summed per tp index.
+
+Refused before any compute (:func:`tensor_parallel_refusal`): a model that declares no split;
+t not dividing the heads (or, with sequence parallelism, the tokens per sample); per-stage
+replication with t > 1 (not combined: the replicated executor routes whole stages); ZeRO with
+t > 1 (its flat shards would cut across DTensor shards); checkpoints with t > 1 (a checkpoint
+would hold DTensors, which ``torch.load(weights_only=True)`` does not read back).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
+
+from planner.artifacts.plan import Plan
+from planner.workload import Workload
+
+__all__ = ["build_mesh", "full", "local", "parallelize_layers", "split_layer_indices", "tensor_parallel_refusal"]
+
+
+def local(tensor: Any) -> Any:
+    """This rank's shard of a DTensor; any other value as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor (a collective over its mesh); a plain tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def tensor_parallel_refusal(plan: Plan, workload: Workload, *, checkpoints: bool = False) -> str:
+    """Why the runtime cannot run ``plan``'s tensor parallelism on ``workload`` ("" when it can)."""
+    t = plan.tp_degree
+    if t == 1:
+        return ""
+    spec = workload.tensor_parallel
+    if spec is None:
+        return f"tp_degree {t}: model {workload.name!r} declares no tensor-parallel split (Workload.tensor_parallel)"
+    why = spec.refusal(t, plan.sequence_parallel)
+    if why:
+        return why
+    if not split_layer_indices(workload, plan.sequence_parallel):
+        return f"tp_degree {t}: no layer of model {workload.name!r} splits"
+    if plan.replicated_per_stage:
+        return f"tp_degree {t} with per-stage replication (replicas {list(plan.stage_replicas)}) is not supported"
+    if plan.zero:
+        return f"tp_degree {t} with ZeRO {plan.zero} is not supported by the runtime; use zero 0"
+    if checkpoints:
+        return f"tp_degree {t}: checkpoints of tensor-parallel runs are not supported"
+    return ""
+
+
+def split_layer_indices(workload: Workload, sequence_parallel: bool) -> tuple[int, ...]:
+    """The layers the workload splits (its styles give a plan for them)."""
+    spec = workload.tensor_parallel
+    if spec is None:
+        return ()
+    return tuple(i for i, layer in enumerate(workload.layers) if spec.styles(layer, sequence_parallel))
+
+
+def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
+    """The ("pp", "dp", "tp") mesh of shape (P, D, t) over all ranks (collective)."""
+    pipeline_size = plan.num_stages // plan.virtual_stages_per_rank
+    return init_device_mesh(
+        device.type, (pipeline_size, plan.dp_degree, plan.tp_degree), mesh_dim_names=("pp", "dp", "tp")
+    )
+
+
+def parallelize_layers(workload: Workload, indices: Iterable[int], tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Split each listed layer over ``tp_mesh`` in place with the workload's styles (layers
+    the styles leave whole are left alone). Every rank holds the same seeded weights, so each
+    takes its shard locally (``src_data_rank=None``: no broadcast)."""
+    spec = workload.tensor_parallel
+    if spec is None:
+        return
+    for idx in indices:
+        layer = workload.layers[idx]
+        styles = spec.styles(layer, sequence_parallel)
+        if styles:
+            parallelize_module(layer, tp_mesh, styles, src_data_rank=None)

@@ -1,0 +1,95 @@
+"""Tensor parallelism in the runtime: the rank layout, and what is refused before any compute.
+
+The numerics (t = 2 against one process, float64) run in tests/test_runtime_numerics.py's
+launches; the profile-side split of the zoo blocks is checked in tests/test_tp_profile.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from planner.artifacts.plan import plan_to_json
+from planner.artifacts.request import ScheduleKind
+from planner.errors import PlannerInputError
+from planner.models import load_workload
+from planner.runtime.check import check_plan
+from planner.runtime.tensor import split_layer_indices, tensor_parallel_refusal
+from planner.runtime.topology import Placement
+from tests.factories import make_plan
+from tests.runtime_launch import runtime
+
+GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"
+GPT_3_HEADS = "gpt:layers=3,hidden=12,heads=3,seq=4,vocab=32"
+
+
+def test_placement_is_the_plans_mesh_layout() -> None:
+    """rank = (pipeline rank x D + replica) x t + tp index: the (P, D, t) mesh over arange(world)
+    in row-major order, which ``init_device_mesh`` builds; a stage's ranks are its D x t."""
+    P, D, t = 2, 2, 2
+    mesh = np.arange(P * D * t).reshape(P, D, t)
+    for rank in range(P * D * t):
+        place = Placement(num_stages=P, dp_degree=D, rank=rank, tp_degree=t)
+        assert mesh[place.pipeline_rank, place.replica, place.tp_index] == rank
+        assert place.pipeline_ranks(place.replica, place.tp_index) == tuple(mesh[:, place.replica, place.tp_index])
+        assert place.stage_ranks(place.pipeline_rank, place.tp_index) == tuple(mesh[place.pipeline_rank, :, place.tp_index])
+    workload = load_workload(GPT)
+    plan = make_plan(workload.layer_names, (2,), dp_degree=D, tp_degree=t)
+    assert [s.ranks for s in plan.stages] == [tuple(mesh[p].reshape(-1)) for p in range(P)]
+    check_plan(plan, workload, 8)
+    assert Placement(num_stages=2, dp_degree=2, rank=5).replica == 1  # t = 1 unchanged: rank = p D + r
+
+
+def test_zoo_transformers_declare_their_split() -> None:
+    gpt = load_workload(GPT)
+    assert split_layer_indices(gpt, False) == (1, 2, 3)  # the blocks; embedding and tied head stay whole
+    assert split_layer_indices(load_workload("gpt:layers=2,hidden=16,heads=2,seq=4,vocab=32,granularity=sublayer"), True) == (1, 2, 3, 4)
+    assert split_layer_indices(load_workload("bert:layers=2,hidden=16,heads=2,seq=4,vocab=32"), False) == (1, 2)
+    assert split_layer_indices(load_workload("tests.factories:mlp"), False) == ()
+
+
+def test_refusals_before_compute() -> None:
+    gpt = load_workload(GPT)
+    names = gpt.layer_names
+    with pytest.raises(PlannerInputError, match="tensor-parallel degree 2 does not divide the model's 3 attention heads"):
+        check_plan(make_plan(names, (2,), tp_degree=2), load_workload(GPT_3_HEADS), 4)
+    with pytest.raises(PlannerInputError, match="does not divide the 5 tokens per sample"):
+        check_plan(make_plan(names, (), tp_degree=2, sequence_parallel=True), load_workload("gpt:layers=3,hidden=16,heads=2,seq=5,vocab=32"), 2)
+    with pytest.raises(PlannerInputError, match="declares no tensor-parallel split"):
+        mlp = load_workload("tests.factories:mlp")
+        check_plan(make_plan(mlp.layer_names, (2,), tp_degree=2), mlp, 4)
+    zero = dataclasses.replace(make_plan(names, (), dp_degree=2, tp_degree=2), zero=1)
+    with pytest.raises(PlannerInputError, match="tp_degree 2 with ZeRO 1 is not supported by the runtime"):
+        check_plan(zero, gpt, 4)
+    with pytest.raises(PlannerInputError, match="checkpoints of tensor-parallel runs are not supported"):
+        check_plan(make_plan(names, (), tp_degree=2), gpt, 2, checkpoints=True)
+    plan = make_plan(names, (2,), tp_degree=2)
+    replicated = dataclasses.replace(
+        plan,
+        num_microbatches=2,
+        stages=(
+            dataclasses.replace(plan.stages[0], replicas=2, ranks=(0, 1, 2, 3)),
+            dataclasses.replace(plan.stages[1], ranks=(4, 5)),
+        ),
+    )
+    assert "per-stage replication" in tensor_parallel_refusal(replicated, gpt)
+    with pytest.raises(PlannerInputError, match=r"plan needs 4 processes \(2 stages x 1 replicas x tp 2\)"):
+        check_plan(plan, gpt, 2)
+
+
+def test_runtime_refuses_heads_not_divisible_with_one_line(tmp_path) -> None:
+    """Under torchrun: exit 2 with one line, before any process group or compute."""
+    workload = load_workload(GPT_3_HEADS)
+    plan = make_plan(workload.layer_names, (), tp_degree=2, schedule=ScheduleKind.ONE_F_ONE_B)
+    (tmp_path / "plan.json").write_text(json.dumps(plan_to_json(plan)))
+    proc = runtime(2, ["--plan", str(tmp_path / "plan.json"), "--model", GPT_3_HEADS, "--steps", "1"])
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("planner.runtime: rank")]
+    assert lines, proc.stderr[-2000:]  # torchrun may end the other rank before it prints
+    for line in lines:
+        assert line.endswith("tensor-parallel degree 2 does not divide the model's 3 attention heads"), line
+        assert ": error: " in line  # PlannerInputError (exit 2), not a failure during training
+    assert "before training" not in proc.stderr  # (torchrun's own ChildFailedError traceback follows)
