@@ -72,7 +72,9 @@ def _over_tensor_parallel(
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
     for t in candidate_degrees(profile, base, n, request.tp_degrees):
-        for sp in sorted(set(request.sequence_parallel)) if t > 1 else [False]:
+        # sequence parallelism is never slower and never larger under this cost model (same
+        # collective time, every split cost / t), so where both are allowed only "on" is searched
+        for sp in ([max(request.sequence_parallel)] if t > 1 else [False]):
             view_profile, view_cluster = tensor_parallel_view(profile, base, t, sp)
             sub = dataclasses.replace(
                 request, num_devices=n // t, per_stage_replication=request.per_stage_replication and t == 1
