@@ -319,6 +319,7 @@ def simulate(
         exposed_allreduce_ms=max(0.0, max(ar_end) - compute_end),
         peak_memory_bytes=max(rank_peak),
         zero=plan.zero,
+        tp_degree=plan.tp_degree,
     )
 
 

@@ -114,6 +114,7 @@ class Timeline:
     exposed_allreduce_ms: float
     peak_memory_bytes: int
     zero: int = 0  # ZeRO stage: the gradient synchronisation is drawn as reduce-scatter + all-gather
+    tp_degree: int = 1  # each rank row is a tensor-parallel group of this many devices acting as one
 
     def actions(self) -> Iterator[ActionTiming]:
         """Every action with its rank, start and end."""

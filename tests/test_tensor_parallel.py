@@ -112,6 +112,16 @@ def test_plan_with_tensor_parallelism_lays_out_real_ranks():
     again = plan_from_json(parse_text(dumps_plan(p), "plan"))
     assert again == p
     assert simulate(again).iteration_ms == pytest.approx(p.predicted.iteration_ms)
+    # the timeline's rows are tensor-parallel groups, and its figure says so
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from planner.report.figures import plot_timeline
+
+    tl = simulate(again)
+    assert tl.tp_degree == 2 and tl.num_ranks == p.num_stages  # one pipeline replica
+    fig = plot_timeline(tl)
+    assert "tensor-parallel group of 2 devices" in fig.axes[0].get_title()
     # re-pricing the plan's own layout (planner.calibrate.repredict) gives the plan back
     from planner.calibrate import repredict
 

@@ -92,7 +92,8 @@ def plot_timeline(
     )
     ax.set_title(
         title
-        or f"{timeline.schedule.value}: {timeline.num_stages} stages on {timeline.num_ranks} ranks, "
+        or f"{timeline.schedule.value}: {timeline.num_stages} stages on {timeline.num_ranks} ranks"
+        f"{f' (each a tensor-parallel group of {timeline.tp_degree} devices)' if timeline.tp_degree > 1 else ''}, "
         f"M = {timeline.num_microbatches}; iteration {timeline.iteration_ms:.3g} ms, "
         f"bubble {timeline.bubble_fraction:.1%}, exposed all-reduce {timeline.exposed_allreduce_ms:.3g} ms",
         fontsize=9,
