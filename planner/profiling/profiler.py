@@ -25,6 +25,7 @@ from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
 from planner.profiling.fit import fit_time
 from planner.profiling.memory import layer_edges, measure_layer_bytes
+from planner.profiling.tensor_split import layer_splits
 from planner.profiling.tensors import to_device
 from planner.profiling.timing import Clock, LayerTime, time_layers
 from planner.profiling.trace import op_graph
@@ -131,6 +132,7 @@ def profile_model(
             times = {b: _time_layers(work, b, dev, torch_dtype, clock, warmup, repeats, bar) for b in sizes}
             inputs, targets = to_device(work.make_batch(sizes[-1], BATCH_SEED), dev, torch_dtype)
             layer_bytes = measure_layer_bytes(work, inputs, targets)
+            splits = layer_splits(work, inputs, sizes[-1], [b.output_bytes / sizes[-1] for b in layer_bytes])
             edges = layer_edges(work, inputs)
             bar.update(1)
         op_counts = _op_counts(work) if trace_ops else {}
@@ -155,6 +157,7 @@ def profile_model(
                 saved_bytes_per_sample=layer_bytes[idx].saved_bytes / per,
                 input_bytes_per_sample=layer_bytes[idx].input_bytes / per,
                 output_bytes_per_sample=layer_bytes[idx].output_bytes / per,
+                tp=splits[idx],
             )
         )
     metadata: dict[str, Any] = {
