@@ -4,7 +4,9 @@
   installed) at their default (small) sizes:
   ``zoo-<model>-<device>.json`` (CPU by default; ``--device cuda`` on a GPU machine);
 - analytic GPT-3 1.3B / 13B / 175B on A100 and H100: ``gpt3-<size>-<a100|h100>.json``
-  (planner.analytic, formulas cited there).
+  (planner.analytic, formulas cited there);
+- analytic Llama-3 8B / 70B from ``configs/llama-3-*.json`` on A100 and H100:
+  ``llama-3-<size>-<a100|h100>.json`` (planner.analytic_llama, formulas cited there).
 
 Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
        [--threads N] [--models gpt,bert,...] [--out-dir profiles]
@@ -23,6 +25,7 @@ from planner.artifacts.profile import save_profile  # noqa: E402
 
 ZOO_SPECS = ("gpt", "bert", "vgg", "resnet", "gpt2")  # gpt2 only when transformers is installed
 GPT3 = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b")
+LLAMA3 = ("llama-3-8b", "llama-3-70b")  # configs/<name>.json
 PRESETS = {"a100": "a100-80gb", "h100": "h100-80gb"}
 
 
@@ -56,6 +59,19 @@ def make_analytic(out_dir: Path) -> None:
             except PlannerInputError as exc:
                 print(f"{path.relative_to(REPO)}: not written ({exc})", file=sys.stderr)
                 continue
+            save_profile(profile, path)
+            print(f"{path.relative_to(REPO)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
+    make_analytic_llama(out_dir)
+
+
+def make_analytic_llama(out_dir: Path) -> None:
+    from planner.analytic_llama import llama_profile, read_config
+
+    for name in LLAMA3:
+        config = REPO / "configs" / f"{name}.json"
+        for short, preset in PRESETS.items():
+            path = out_dir / f"{name}-{short}.json"
+            profile = llama_profile(read_config(config), device_preset=preset, model=name, source=f"configs/{name}.json")
             save_profile(profile, path)
             print(f"{path.relative_to(REPO)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
 

@@ -117,7 +117,12 @@ def model_flops_per_sample(profile: Profile) -> float:
     decoder, 0 when the profile is not one: ``3 x (l (24 s h^2 + 4 s^2 h) + 2 s h V)`` =
     ``72 s l h^2 (1 + s / 6h + V / 12 l h)`` -- Narayanan et al. 2021 eq. 3 without its
     recomputation forward (their 96 becomes 72), which is the "model FLOPs" of MFU
-    (Chowdhery et al. 2022, PaLM, appendix B: recomputation is not counted)."""
+    (Chowdhery et al. 2022, PaLM, appendix B: recomputation is not counted). Analytic Llama
+    profiles (``metadata["architecture"] == "llama"``) count with :mod:`planner.analytic_llama`."""
+    if profile.metadata.get("architecture") == "llama":
+        from planner.analytic_llama import model_flops_per_sample as llama_flops
+
+        return llama_flops(profile.metadata)
     cfg = transformer_config(profile)
     if cfg is None:
         return 0.0

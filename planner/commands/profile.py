@@ -1,5 +1,6 @@
 """``planner profile``: measure a torch model (``--model SPEC``) or build an analytic GPT
-profile (``--analytic gpt``) and write the Profile JSON.
+profile (``--analytic gpt``) or Llama-style one from a Hugging Face config (``--analytic hf
+--config config.json``) and write the Profile JSON.
 
 Torch is imported only when a model is measured.
 """
@@ -16,12 +17,16 @@ EPILOG = """\
 model specs:
   gpt | bert | vgg | resnet [:key=value,...]   zoo models, e.g. gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256
                                                (every zoo model also takes seed=N and dtype=float32|float64|bfloat16)
+  hf:CONFIG[:key=value,...]                     a transformers model from a config.json (or a directory holding one,
+                                               or a model_type: hf:llama:layers=2,hidden=64,heads=4,kv_heads=2),
+                                               random seeded weights; llama, mistral, qwen2, gpt2, bert
   package.module:callable[:key=value,...]      a factory returning planner.Workload
 
 examples:
   planner profile --model resnet:blocks=4,width=16 --microbatch-sizes 1,2,4 --out resnet.json
   planner profile --analytic gpt --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 \\
       --device-preset a100-80gb --out gpt3-1.3b.json
+  planner profile --analytic hf --config configs/llama-3-8b.json --device-preset h100-80gb --out llama-3-8b-h100.json
 """
 
 
@@ -35,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", metavar="SPEC", help="zoo model or package.module:callable (see below)")
-    what.add_argument("--analytic", choices=["gpt"], help="analytic profile from cited formulas (no torch)")
+    what.add_argument("--analytic", choices=["gpt", "hf"], help="analytic profile from cited formulas (no torch); hf: a Llama-style --config")
     parser.add_argument("--out", metavar="PATH", help="profile JSON to write (default: <model>.profile.json)")
     measured = parser.add_argument_group("measured (--model)")
     measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
@@ -45,9 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measured.add_argument("--repeats", type=int, default=5, help="timed runs per layer, median kept (default 5)")
     measured.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     measured.add_argument("--no-progress", action="store_true", help="no progress bar")
-    analytic = parser.add_argument_group("analytic (--analytic gpt)")
+    analytic = parser.add_argument_group("analytic (--analytic gpt | hf)")
     for flag in ("layers", "hidden", "heads", "seq", "vocab"):
         analytic.add_argument(f"--{flag}", type=int)
+    analytic.add_argument("--config", metavar="PATH", help="--analytic hf: a config.json or a directory holding one (--seq default: its max_position_embeddings)")
     analytic.add_argument("--device-preset", default="a100-80gb", help="a100-80gb | h100-80gb (default a100-80gb)")
     analytic.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak FLOP/s (default 0.5)")
     parser.set_defaults(func=run)
@@ -67,6 +73,8 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 def _analytic(args: argparse.Namespace) -> Profile:
     from planner.analytic import gpt_profile
 
+    if args.analytic == "hf":
+        return _analytic_hf(args)
     missing = [f"--{f}" for f in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, f) is None]
     if missing:
         raise PlannerInputError(f"--analytic gpt needs {', '.join(missing)}")
@@ -78,6 +86,24 @@ def _analytic(args: argparse.Namespace) -> Profile:
         vocab=args.vocab,
         device_preset=args.device_preset,
         efficiency=args.efficiency,
+    )
+
+
+def _analytic_hf(args: argparse.Namespace) -> Profile:
+    from planner.analytic_llama import llama_profile, read_config
+
+    if not args.config:
+        raise PlannerInputError("--analytic hf needs --config PATH (a config.json or a directory holding one)")
+    if args.seq is not None and args.seq < 1:
+        raise PlannerInputError(f"--seq must be >= 1 (got {args.seq})")
+    path = Path(args.config)
+    return llama_profile(
+        read_config(path),
+        seq=args.seq,
+        device_preset=args.device_preset,
+        efficiency=args.efficiency,
+        model=(path.name if path.is_dir() else path.stem),
+        source=str(args.config),
     )
 
 

@@ -16,6 +16,10 @@ Spec syntax (``planner profile --model SPEC``, :func:`load_workload`):
   every zoo model also takes ``seed`` (weights, default 0) and ``dtype``
   (``float32`` default, ``float64``, ``bfloat16``): the dtype of the parameters and of the
   floating inputs ``make_batch`` returns. Token ids and labels are always int64.
+- ``hf:CONFIG[:key=value,...]``: a Hugging Face ``transformers`` model from a ``config.json``,
+  a directory holding one, or a ``model_type`` with its fields inline, random seeded weights
+  (:mod:`planner.models.hf`; options: config fields or layers, hidden, heads, kv_heads,
+  intermediate, vocab, and seq, seed, dtype, padding)
 - ``package.module:callable`` or ``package.module:callable:key=value,...``: a user factory
   returning a :class:`planner.workload.Workload`; options become keyword arguments
   (``int`` if they parse as one, else ``float``, else ``str``).
@@ -31,7 +35,7 @@ from typing import Any, Callable
 
 from planner.artifacts.profile import profile_fingerprint
 from planner.errors import PlannerInputError
-from planner.models import bert, gpt, hf_gpt2, resnet, vgg
+from planner.models import bert, gpt, hf, hf_gpt2, resnet, vgg
 from planner.models.spec import build_config, load_factory, split_options
 from planner.workload import Workload
 
@@ -55,6 +59,8 @@ def load_workload(spec: str, *, dtype: str | None = None) -> Workload:
     """
     spec = spec.strip()
     head, _, rest = spec.partition(":")
+    if head == "hf":
+        return hf.build(hf.parse_spec(rest, spec, dtype), f"model spec {spec!r}")
     if head in ZOO:
         cls, builder = ZOO[head]
         options = split_options(rest, spec)

@@ -1,0 +1,290 @@
+"""Analytic profiles of Llama-style decoders from Hugging Face configs (no torch).
+
+For models too big to build here (Llama-3-8B, Llama-3-70B): the shape is read from the same
+``config.json`` that ``--model hf:CONFIG`` builds, and every layer's FLOPs, parameters and
+saved activations come from the formulas below; time is priced on a device preset exactly as
+:mod:`planner.analytic` prices GPT (matmul FLOPs at the preset's bf16 peak x efficiency, plus
+the memory-bound time of the bytes saved for backward, via its ``_layer``).
+
+Layers: ``embed`` (token embedding, no position embedding: rotary), ``block_0 ..
+block_{L-1}``, ``head`` (final RMSNorm + LM head; untied unless ``tie_word_embeddings``).
+
+Notation, per sample of ``s`` tokens: hidden ``h``, ``a`` query heads and ``k`` key/value
+heads of width ``d`` (``head_dim``, default ``h / a``), MLP width ``I``
+(``intermediate_size``), vocabulary ``V``, ``L`` blocks. A Llama block (Touvron et al.
+2023) is ``x + attn(rmsnorm(x))`` then ``x + mlp(rmsnorm(x))`` with grouped-query attention
+(Ainslie et al. 2023: ``k`` heads of keys and values shared by ``a / k`` query heads each),
+rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
+``down(silu(gate(x)) * up(x))``).
+
+- Forward FLOPs of a block, 2 FLOPs per multiply-add, matmuls only (the counting of Narayanan
+  et al. 2021 eq. 3, whose ``24 s h^2 + 4 s^2 h`` this becomes for ``k = a``, ``d a = h`` and a
+  two-matrix ``4h`` MLP): Q and O projections ``2 x 2 s h a d``, K and V ``2 x 2 s h k d``,
+  scores and values ``2 x 2 s^2 a d`` (the whole ``s x s`` square, as Narayanan et al. count
+  it; a causal kernel skips half), SwiGLU ``3 x 2 s h I``::
+
+      block_fwd = 4 s h a d + 4 s h k d + 4 s^2 a d + 6 s h I
+
+  backward is 2 x forward; the LM head ``2 s h V``; the embedding is a lookup (0). RMSNorm,
+  rotary and SiLU are memory-bound (priced by bytes, see :mod:`planner.analytic`).
+- Parameters of a block: ``h a d + 2 h k d + a d h`` (Q, K, V, O) ``+ 3 h I`` (gate, up,
+  down) ``+ 2 h`` (two RMSNorm weights), plus biases where the config has them
+  (``attention_bias``: Q, K, V, O; qwen2: Q, K, V; ``mlp_bias``); embedding ``V h``; head
+  ``h + V h`` (the ``V h`` tied to the embedding when ``tie_word_embeddings``). 2 bytes each.
+- Activations saved for backward by a block in bf16 training, counted tensor by tensor as
+  Korthikanti et al. 2022 (sec. 4.1) count them, for the kernels Llama-3 is trained with:
+  fused RMSNorm (saves its input; its per-token fp32 statistic, ``O(s)``, is not counted),
+  FlashAttention (Dao et al. 2022, sec. 3.1: keeps Q, K, V, its output O and the fp32
+  log-sum-exp per head and token, recomputes the ``s x s`` scores in backward), no dropout::
+
+      block_saved = 8 s h          (inputs of the two RMSNorms, = the block input and the
+                                    residual, and their outputs, the inputs of QKV and gate/up)
+                  + 4 s a d        (Q after rotary; O, also the input of the O projection)
+                  + 4 s k d        (K after rotary, V)
+                  + 4 a s          (log-sum-exp, fp32)
+                  + 8 s I          (gate output = SiLU input, SiLU output, up output,
+                                    their product = input of down)
+
+  (the ``5 a s^2`` of Korthikanti's eq. 1 is the materialised softmax of non-flash attention:
+  at Llama-3's ``s = 8192`` it would be 10x everything else). A recomputed block keeps its
+  input ``2 s h``. The head keeps its input (2 s h), the norm output (2 s h) and fp32 logits
+  for the cross entropy (4 s V); the embedding keeps its int64 token ids (8 s).
+
+Tensor parallelism (``Layer.tp``, Megatron-LM's split, Shoeybi et al. 2019): Q, K, V, gate
+and up split by columns (heads: ``t`` must divide ``a`` and ``k``), O and down by rows, so
+every counted FLOP divides by ``t``; the split parameters are all the block's matmul weights
+(``h a d + 2 h k d + a d h + 3 h I``; the two RMSNorm weights are replicated); of the saved
+activations all but the ``8 s h`` of the norms' inputs and outputs (which include the block
+input) split: ``4 s a d + 4 s k d + 4 a s + 8 s I``; two all-reduces of the block's ``2 s h``
+output in forward and two in backward (Megatron's f/g). The embedding is vocabulary-parallel
+(its ``V h`` table splits, its output is all-reduced in forward); the head's ``V h`` matmul
+and fp32 logits split and its input gradient is all-reduced in backward.
+
+Rule of thumb (Kaplan et al. 2020 sec. 2.1; Chowdhery et al. 2022 appendix B): training
+FLOPs per token ~ ``6 N + 12 L s a d``; :func:`flops_per_token` gives the count above and the
+ratio, which is below 1 by the embedding's ``6 V h`` (a lookup, not a matmul).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.analytic import BYTES_PER_ACT, BYTES_PER_PARAM, DEVICE_PRESETS, _layer
+from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, profile_fingerprint
+from planner.errors import PlannerInputError
+
+__all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
+
+LLAMA_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaShape:
+    """The numbers of a Llama-style config the formulas use (module docstring notation)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    seq: int
+    tied: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq"):
+            if getattr(self, name) < 1:
+                raise PlannerInputError(f"llama config: {name} must be >= 1 (got {getattr(self, name)})")
+        if self.heads % self.kv_heads:
+            raise PlannerInputError(f"llama config: num_key_value_heads {self.kv_heads} must divide num_attention_heads {self.heads}")
+
+    def block_params(self) -> tuple[int, int]:
+        """(all parameters of a block, its matmul weights)."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        matmul = h * q + 2 * h * kv + q * h + 3 * h * i
+        bias = (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0) + (2 * i + h if self.mlp_bias else 0)
+        return matmul + bias + 2 * h, matmul
+
+    def param_count(self) -> int:
+        """Parameters of the model (a tied head counted once)."""
+        v_h = self.vocab * self.hidden
+        return v_h + self.layers * self.block_params()[0] + self.hidden + (0 if self.tied else v_h)
+
+    def block_fwd_flops(self) -> float:
+        s, h, q, kv = self.seq, self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 4.0 * s * h * q + 4.0 * s * h * kv + 4.0 * s * s * q + 6.0 * s * h * self.intermediate
+
+    def head_fwd_flops(self) -> float:
+        return 2.0 * self.seq * self.hidden * self.vocab
+
+    def block_saved_bytes(self) -> tuple[float, float]:
+        """(bytes a block saves for backward per sample, the part tensor parallelism splits)."""
+        s, q, kv = self.seq, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        split = 4.0 * s * q + 4.0 * s * kv + 4.0 * self.heads * s + 8.0 * s * self.intermediate
+        return 8.0 * s * self.hidden + split, split
+
+    def model_flops_per_sample(self) -> float:
+        """Forward + backward FLOPs of one sample, no recomputation (MFU's model FLOPs)."""
+        return 3.0 * (self.layers * self.block_fwd_flops() + self.head_fwd_flops())
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` (or a directory holding one) as a dict."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PlannerInputError(f"--config {path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise PlannerInputError(f"--config {path}: cannot read it as JSON ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict):
+        raise PlannerInputError(f"--config {path}: not a JSON object")
+    return data
+
+
+def _int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlannerInputError(f"{where}: {key!r} must be an integer (got {value!r})")
+    return value
+
+
+def llama_shape(config: dict[str, Any], seq: int | None = None, where: str = "llama config") -> LlamaShape:
+    """The shape of a Llama-style (llama, mistral, qwen2) config dict; ``seq`` defaults to
+    ``max_position_embeddings``."""
+    model_type = config.get("model_type")
+    if model_type not in LLAMA_TYPES:
+        raise PlannerInputError(
+            f"{where}: model_type {model_type!r} has no analytic profile (Llama-style only: {', '.join(LLAMA_TYPES)})"
+        )
+    heads = _int(config, "num_attention_heads", where)
+    hidden = _int(config, "hidden_size", where)
+    head_dim = config.get("head_dim") or (hidden // heads if heads > 0 else 0)
+    tokens = seq if seq is not None else _int(config, "max_position_embeddings", where)
+    return LlamaShape(
+        layers=_int(config, "num_hidden_layers", where),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=heads if config.get("num_key_value_heads") is None else _int(config, "num_key_value_heads", where),
+        head_dim=int(head_dim),
+        intermediate=_int(config, "intermediate_size", where),
+        vocab=_int(config, "vocab_size", where),
+        seq=tokens,
+        tied=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+        o_bias=model_type != "qwen2" and bool(config.get("attention_bias", False)),
+        mlp_bias=bool(config.get("mlp_bias", False)),
+    )
+
+
+def flops_per_token(shape: LlamaShape) -> tuple[float, float, float]:
+    """(training FLOPs per token by the formulas above, ``6 N + 12 L s a d``, their ratio)."""
+    ours = shape.model_flops_per_sample() / shape.seq
+    rule = 6.0 * shape.param_count() + 12.0 * shape.layers * shape.seq * shape.heads * shape.head_dim
+    return ours, rule, ours / rule
+
+
+def llama_profile(
+    config: dict[str, Any],
+    *,
+    seq: int | None = None,
+    device_preset: str = "a100-80gb",
+    efficiency: float = 0.5,
+    model: str = "",
+    source: str = "",
+) -> Profile:
+    """An analytic Profile of a Llama-style config on a device preset (module docstring)."""
+    shape = llama_shape(config, seq)
+    if not 0 < efficiency <= 1:
+        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
+    if device_preset not in DEVICE_PRESETS:
+        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
+    device = DEVICE_PRESETS[device_preset]
+    s, h, V = shape.seq, shape.hidden, shape.vocab
+    flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
+    bytes_per_ms = device.hbm_gb_per_s * 1e9 / 1e3
+    act = BYTES_PER_ACT * s * h
+    block_params, block_matmul = shape.block_params()
+    block_saved, block_split = shape.block_saved_bytes()
+    block_fwd, head_fwd = shape.block_fwd_flops(), shape.head_fwd_flops()
+
+    def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
+        return TensorSplit(
+            must_divide=divide, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
+            collective_bytes_per_sample=act, collectives_fwd=fwd, collectives_bwd=bwd,
+        )
+
+    layers: list[Layer] = [
+        _layer("embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
+               param_count=V * h, saved=8.0 * s, inp=8.0 * s, out=act)
+    ]
+    for i in range(shape.layers):
+        layers.append(
+            _layer(f"block_{i}", "LlamaDecoderLayer", block_fwd, 2 * block_fwd, flops_per_ms,
+                   split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)), bytes_per_ms,
+                   param_count=block_params, saved=block_saved, inp=act, out=act)
+        )
+    layers.append(
+        _layer("head", "RMSNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
+               param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0)
+    )
+    n = len(layers)
+    ours, rule, ratio = flops_per_token(shape)
+    return Profile(
+        model=model or f"llama-l{shape.layers}-h{h}-a{shape.heads}-k{shape.kv_heads}-i{shape.intermediate}-s{s}-v{V}",
+        source="analytic",
+        device=device.name,
+        dtype="bfloat16",
+        microbatch_sizes=(1,),
+        versions={},
+        metadata={
+            "architecture": "llama",
+            "model_type": str(config.get("model_type")),
+            "config_source": source,
+            "efficiency": efficiency,
+            "peak_bf16_tflops": device.peak_bf16_tflops,
+            "hbm_gb_per_s": device.hbm_gb_per_s,
+            "peak_source": device.source,
+            "flops_source": "Narayanan et al. 2021 eq. 3 counting, with GQA (Ainslie et al. 2023) and SwiGLU (Shazeer 2020)",
+            "activation_source": "Korthikanti et al. 2022 sec. 4.1 counting with FlashAttention (Dao et al. 2022) and fused RMSNorm",
+            "layers": shape.layers,
+            "hidden": h,
+            "heads": shape.heads,
+            "kv_heads": shape.kv_heads,
+            "head_dim": shape.head_dim,
+            "intermediate": shape.intermediate,
+            "vocab": V,
+            "seq": s,
+            "tie_word_embeddings": shape.tied,
+            "rope_theta": float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 0.0),
+            "max_position_embeddings": int(config.get("max_position_embeddings") or 0),
+            "param_count": shape.param_count(),
+            "train_flops_per_token": ours,
+            "train_flops_per_token_6n_rule": rule,
+            "flops_ratio_to_6n_rule": ratio,
+        },
+        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
+        layers=tuple(layers),
+        edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
+        tied=(
+            (TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=V * h, param_bytes=V * h * BYTES_PER_PARAM),)
+            if shape.tied else ()
+        ),
+    )
+
+
+def model_flops_per_sample(metadata: dict[str, Any]) -> float:
+    """MFU model FLOPs of a sample from a :func:`llama_profile`'s metadata (0 if incomplete)."""
+    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq")
+    if not all(isinstance(metadata.get(k), int) and not isinstance(metadata.get(k), bool) for k in keys):
+        return 0.0
+    return LlamaShape(**{k: int(metadata[k]) for k in keys}).model_flops_per_sample()

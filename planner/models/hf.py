@@ -1,0 +1,426 @@
+"""Hugging Face ``transformers`` models from their configs: ``hf:CONFIG[:key=value,...]``.
+
+``CONFIG`` is a ``config.json``, a directory holding one, or a ``model_type`` known to
+transformers (an inline spec: ``hf:llama:layers=2,hidden=64,heads=4,kv_heads=2``). The model
+is built with ``AutoModelFor*.from_config`` under a seeded RNG (random weights; nothing is
+downloaded, the JSON is read here and handed to ``AutoConfig.for_model``) and cut into the
+planner's layers over its block list, found by architecture (:data:`FAMILIES`):
+
+=================  =========================  ====================  ==========  =============
+model_type         task (class)               embed                 blocks      norm / head
+=================  =========================  ====================  ==========  =============
+llama mistral      causal LM                  ``model.embed_tokens``  ``model.layers``  ``model.norm`` / ``lm_head``
+qwen2              (``AutoModelForCausalLM``)
+gpt2               causal LM                  ``transformer.wte`` + ``wpe``  ``transformer.h``  ``transformer.ln_f`` / ``lm_head``
+bert               masked LM                  ``bert.embeddings``   ``bert.encoder.layer``  none / ``cls``
+=================  =========================  ====================  ==========  =============
+
+Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a final norm),
+``head``. What each layer does that the whole model's ``forward`` would have done:
+
+- inputs are ``(input_ids, attention_mask)`` (int64, ``b x s``; 1 = token, 0 = padding, right
+  padded, so position ids are ``0 .. s-1`` for every real token); the padding mask travels
+  with the hidden states through the blocks (int64, 8 bytes a token, no gradient) and each
+  block builds its 4-D mask with transformers' own ``create_causal_mask`` /
+  ``create_sliding_window_causal_mask`` (per ``layer_types`` for qwen2) /
+  ``create_bidirectional_mask`` for the model's attention implementation (``sdpa``);
+- rotary position embeddings (llama family): every block holds the model's ``rotary_emb``
+  (buffers only, shared, not in the state dict) and computes ``(cos, sin)`` for positions
+  ``0 .. s-1`` itself, so no float tensor without a gradient crosses a stage boundary;
+- grouped-query attention (``num_key_value_heads`` < heads) is the model's own attention;
+- blocks that return a ``ModelOutput`` or a tuple hand on their first element (hidden states);
+- tied input/output embeddings (``tie_word_embeddings``, BERT's decoder): the parameters that
+  are one object in the built model are found by identity and listed in ``Workload.tied``;
+- dropout probabilities are set to 0 (deterministic runs); the model stays in train mode.
+
+Targets are token labels with ``-100`` where no loss is taken (padding; for the masked LM
+every position but the ~15% masked ones, whose input id becomes ``vocab - 1`` as ``[MASK]``).
+The loss is the summed token cross entropy divided by the number of label *positions*
+(``b x s``), not of labelled tokens: that keeps it the Workload contract's mean, whose mean
+over equal micro-batches is the whole batch's (HF's own loss divides by the labelled tokens,
+a count that differs between micro-batches).
+
+Encoder-decoder models (T5, BART, ...) are refused: every decoder block's cross-attention
+reads the encoder's final output, and T5's relative position bias is computed by the first
+block of each stack and reused by the others, so a pipeline cut would have to carry the
+encoder output and both biases (with their gradients) to every later stage; this adapter
+builds single-stack models only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import PlannerInputError
+from planner.models.common import generator, parse_dtype, seeded
+from planner.workload import Workload
+
+__all__ = ["FAMILIES", "HFSpec", "build", "parse_spec", "load_config_dict"]
+
+# short names accepted in specs -> transformers' standard config attribute names
+ALIASES = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "intermediate": "intermediate_size",
+    "vocab": "vocab_size",
+}
+PLANNER_OPTIONS = ("seq", "seed", "dtype", "padding")
+MASK_FRACTION = 0.15  # masked-LM positions per sample (Devlin et al. 2019, section 3.1)
+IGNORE = -100
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Family:
+    """Where an architecture keeps its pieces, and which task head it is trained with."""
+
+    task: str  # "causal-lm" | "masked-lm"
+    auto_class: str
+    embed: str
+    blocks: str
+    norm: str  # "" = no final norm
+    head: str
+    rotary: str = ""
+
+
+LLAMA = Family(task="causal-lm", auto_class="AutoModelForCausalLM", embed="model.embed_tokens",
+               blocks="model.layers", norm="model.norm", head="lm_head", rotary="model.rotary_emb")
+FAMILIES: dict[str, Family] = {
+    "llama": LLAMA,
+    "mistral": LLAMA,
+    "qwen2": LLAMA,
+    "gpt2": Family(task="causal-lm", auto_class="AutoModelForCausalLM", embed="transformer.wte",
+                   blocks="transformer.h", norm="transformer.ln_f", head="lm_head"),
+    "bert": Family(task="masked-lm", auto_class="AutoModelForMaskedLM", embed="bert.embeddings",
+                   blocks="bert.encoder.layer", norm="", head="cls"),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HFSpec:
+    """A parsed ``hf:`` spec: the config's fields and the planner's own options."""
+
+    source: str
+    config: dict[str, Any]
+    seq: int | None = None
+    seed: int = 0
+    dtype: str = "float32"
+    padding: bool = True
+
+
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for tp in (int, float):
+        try:
+            return tp(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_config_dict(source: str) -> dict[str, Any]:
+    """The config fields of ``source``: a ``config.json``, a directory holding one, or a
+    ``model_type`` (then just ``{"model_type": source}``)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise PlannerInputError(f"hf:{source}: directory has no config.json")
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise PlannerInputError(f"hf:{source}: cannot read {path} as JSON ({' '.join(str(exc).split())})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+            raise PlannerInputError(f"hf:{source}: {path} has no \"model_type\" string")
+        return data
+    if "/" in source or source.endswith(".json"):
+        raise PlannerInputError(f"hf:{source}: no such file or directory")
+    return {"model_type": source}
+
+
+def parse_spec(rest: str, spec: str, dtype: str | None = None) -> HFSpec:
+    """``CONFIG[:key=value,...]`` (the part after ``hf:``) -> :class:`HFSpec`. Keys are config
+    fields (or the short names in :data:`ALIASES`) and the planner options ``seq`` (tokens per
+    sample), ``seed`` (weights), ``dtype``, ``padding`` (0 = every sample full length)."""
+    source, _, opts = rest.rpartition(":") if ":" in rest and not Path(rest).exists() else (rest, "", "")
+    if not source:
+        raise PlannerInputError(f"model spec {spec!r}: give hf:CONFIG (a config.json, a directory, or a model_type)")
+    config = load_config_dict(source)
+    planner: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in opts.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise PlannerInputError(f"model spec {spec!r}: option {item!r} is not key=value")
+        key = key.strip()
+        if key in PLANNER_OPTIONS:
+            planner[key] = _value(value.strip())
+        else:
+            config[ALIASES.get(key, key)] = _value(value.strip())
+    if dtype is not None:
+        planner["dtype"] = dtype
+    for key in ("seq", "seed"):
+        if key in planner and (not isinstance(planner[key], int) or planner[key] < (0 if key == "seed" else 1)):
+            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be a {'non-negative' if key == 'seed' else 'positive'} integer")
+    parse_dtype(str(planner.get("dtype", "float32")))
+    return HFSpec(source=source, config=config, seq=planner.get("seq"), seed=int(planner.get("seed", 0)),
+                  dtype=str(planner.get("dtype", "float32")), padding=bool(planner.get("padding", 1)))
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise PlannerInputError("hf: models need transformers (pip install 'planner[hf]')") from None
+    return transformers
+
+
+def make_config(spec: HFSpec, where: str) -> Any:
+    """The transformers config: the spec's fields over the model type's defaults, dropout 0,
+    SDPA attention. Unknown fields, encoder-decoders and unsupported types are refused."""
+    transformers = _transformers()
+    fields = dict(spec.config)
+    model_type = fields.pop("model_type")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise PlannerInputError(f"{where}: unknown model_type {model_type!r} (supported: {', '.join(FAMILIES)})")
+    defaults = transformers.CONFIG_MAPPING[model_type]()
+    if getattr(defaults, "is_encoder_decoder", False) or model_type not in FAMILIES:
+        why = (
+            "it is an encoder-decoder: every decoder block's cross-attention needs the encoder's final output"
+            " (and T5 reuses the relative position bias its first block computes in every later block),"
+            " which would have to travel with the activations through every decoder stage; planner's hf adapter"
+            " builds single-stack models only"
+            if getattr(defaults, "is_encoder_decoder", False) else "no adapter for this architecture"
+        )
+        raise PlannerInputError(f"{where}: model_type {model_type!r} is not supported: {why} (supported: {', '.join(FAMILIES)})")
+    # bookkeeping fields of a published config.json, and "_"-prefixed notes such as "_source"
+    ignored = {"architectures", "transformers_version", "torch_dtype", "dtype", "auto_map", "use_cache"}
+    ignored |= {k for k in fields if k.startswith("_")}
+    legacy = {"rope_theta", "rope_scaling"}  # transformers 5 folds them into rope_parameters
+    unknown = sorted(k for k in fields if k not in ignored | legacy and not hasattr(defaults, k))
+    if unknown:
+        raise PlannerInputError(f"{where}: {model_type} config has no field {unknown[0]!r}")
+    for key in ignored:
+        fields.pop(key, None)
+    vocab = fields.get("vocab_size", defaults.vocab_size)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # GPT-2's 50256 in a small vocabulary
+        if isinstance(fields.get(key, getattr(defaults, key, None)), int) and fields.get(key, getattr(defaults, key)) >= vocab:
+            fields[key] = None
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    for key in list(vars(config)):
+        if ("dropout" in key or "pdrop" in key) and isinstance(getattr(config, key), float):
+            setattr(config, key, 0.0)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _get(model: nn.Module, path: str) -> Any:
+    return model.get_submodule(path)
+
+
+def _hidden(out: Any) -> torch.Tensor:
+    """The hidden states of a block's return value (a tensor, a tuple, or a ``ModelOutput``)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    return out[0]
+
+
+class Embed(nn.Module):
+    """``(input_ids, attention_mask)`` -> ``(hidden, attention_mask)``."""
+
+    def __init__(self, model_type: str, embed: nn.Module, positions: nn.Module | None) -> None:
+        super().__init__()
+        self.model_type = model_type
+        self.embed = embed
+        self.positions = positions  # GPT-2's wpe
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = batch
+        x = self.embed(ids)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(ids.size(1), device=ids.device))
+        return _hidden(x), mask
+
+
+class Block(nn.Module):
+    """One transformer block of the model, called as the model's own forward calls it."""
+
+    def __init__(self, model_type: str, block: nn.Module, layer_idx: int, config: Any, rotary: nn.Module | None) -> None:
+        super().__init__()
+        self.model_type = model_type
+        self.block = block
+        self.layer_idx = layer_idx
+        self.rotary = rotary
+        object.__setattr__(self, "_config", config)  # not a submodule
+
+    def _mask(self, x: torch.Tensor, pad: torch.Tensor, positions: torch.Tensor) -> Any:
+        from transformers import masking_utils as mu
+
+        cfg: Any = self._config
+        if self.model_type == "bert":
+            return mu.create_bidirectional_mask(config=cfg, inputs_embeds=x, attention_mask=pad)
+        sliding = self.model_type == "mistral" and cfg.sliding_window is not None
+        if self.model_type == "qwen2":
+            sliding = cfg.layer_types[self.layer_idx] == "sliding_attention"
+        make = mu.create_sliding_window_causal_mask if sliding else mu.create_causal_mask
+        return make(config=cfg, inputs_embeds=x, attention_mask=pad, cache=None, position_ids=positions)
+
+    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, pad = hx
+        positions = torch.arange(x.size(1), device=x.device).unsqueeze(0)
+        mask = self._mask(x, pad, positions)
+        if self.model_type == "bert":
+            out = self.block(x, mask)
+        elif self.model_type == "gpt2":
+            out = self.block(x, attention_mask=mask)
+        else:
+            assert self.rotary is not None
+            out = self.block(x, attention_mask=mask, position_ids=positions, position_embeddings=self.rotary(x, positions))
+        return _hidden(out), pad
+
+
+class Norm(nn.Module):
+    """The final norm; drops the padding mask (the head does not attend)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.norm(hx[0])
+
+
+class Head(nn.Module):
+    def __init__(self, head: nn.Module, takes_tuple: bool) -> None:
+        super().__init__()
+        self.head = head
+        self.takes_tuple = takes_tuple  # no final norm before it: it receives (hidden, mask)
+
+    def forward(self, x: Any) -> torch.Tensor:
+        return _hidden(self.head(x[0] if self.takes_tuple else x))
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed cross entropy of the labelled tokens / the number of label positions (see the
+    module docstring: a mean over a fixed count, so micro-batch means add up)."""
+    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return total / labels.numel()
+
+
+def _tied_groups(layers: tuple[nn.Module, ...]) -> tuple[tuple[tuple[int, str], ...], ...]:
+    owners: dict[int, list[tuple[int, str]]] = {}
+    for idx, layer in enumerate(layers):
+        for name, param in layer.named_parameters():
+            owners.setdefault(id(param), []).append((idx, name))
+    return tuple(tuple(g) for g in owners.values() if len({i for i, _ in g}) > 1)
+
+
+def _check_size(auto: Any, config: Any, where: str) -> int:
+    """Parameters of the model, counted on the meta device; refuse what would not fit in half
+    the machine's memory in float32 (use the analytic profile for those)."""
+    with torch.device("meta"):
+        count = sum(p.numel() for p in auto.from_config(config).parameters())
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 64 << 30
+    if 4 * count > memory // 2:
+        raise PlannerInputError(
+            f"{where}: {count:,} parameters do not fit this machine in float32 ({4 * count / 2**30:.1f} GiB);"
+            " plan it from an analytic profile (planner profile --analytic hf --config ...) or shrink it with"
+            " layers=/hidden= options"
+        )
+    return count
+
+
+def build(spec: HFSpec, where: str) -> Workload:
+    """The workload of an ``hf:`` spec (see the module docstring)."""
+    transformers = _transformers()
+    config = make_config(spec, where)
+    model_type = config.model_type
+    family = FAMILIES[model_type]
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    seq = spec.seq or min(int(max_positions or 128), 128)
+    if max_positions is not None and seq > max_positions:
+        raise PlannerInputError(f"{where}: seq={seq} exceeds the model's max_position_embeddings ({max_positions})")
+    auto = getattr(transformers, family.auto_class)
+    _check_size(auto, config, where)
+    try:
+        with seeded(spec.seed):
+            model = auto.from_config(config)
+    except (ValueError, TypeError, RuntimeError, AssertionError) as exc:
+        raise PlannerInputError(f"{where}: transformers cannot build it: {' '.join(str(exc).split())}") from None
+    model = model.to(parse_dtype(spec.dtype))
+    model.train()
+    rotary = _get(model, family.rotary) if family.rotary else None
+    positions = _get(model, "transformer.wpe") if model_type == "gpt2" else None
+    blocks = _get(model, family.blocks)
+    layers: list[nn.Module] = [Embed(model_type, _get(model, family.embed), positions)]
+    layers += [Block(model_type, b, i, config, rotary) for i, b in enumerate(blocks)]
+    names = ["embed", *(f"block_{i}" for i in range(len(blocks)))]
+    if family.norm:
+        layers.append(Norm(_get(model, family.norm)))
+        names.append("norm")
+    layers.append(Head(_get(model, family.head), takes_tuple=not family.norm))
+    names.append("head")
+    vocab = int(config.vocab_size)
+    make_batch = _batch_maker(family.task, vocab, seq, spec.padding, getattr(config, "pad_token_id", None) or 0)
+    options = {
+        "model_type": model_type,
+        "task": family.task,
+        "source": spec.source,
+        "layers": len(blocks),
+        "hidden": int(config.hidden_size),
+        "heads": int(config.num_attention_heads),
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+        "vocab": vocab,
+        "seq": seq,
+        "seed": spec.seed,
+        "dtype": spec.dtype,
+        "padding": int(spec.padding),
+        "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+        "blocks_path": family.blocks,
+    }
+    built = tuple(layers)
+    return Workload(
+        name=f"hf-{model_type}",
+        layers=built,
+        layer_names=tuple(names),
+        make_batch=make_batch,
+        loss_fn=token_loss,
+        tied=_tied_groups(built),
+        options=options,
+    )
+
+
+def _batch_maker(task: str, vocab: int, seq: int, padding: bool, pad_id: int) -> Callable[[int, int], Any]:
+    def make_batch(batch_size: int, seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        gen = generator(seed)
+        tokens = torch.randint(vocab, (batch_size, seq + 1), generator=gen)
+        lengths = torch.randint(seq // 2 + 1, seq + 1, (batch_size,), generator=gen) if padding else torch.full((batch_size,), seq)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        if task == "causal-lm":
+            ids, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
+        else:
+            ids = tokens[:, :-1].clone()
+            chosen = (torch.rand(batch_size, seq, generator=gen) < MASK_FRACTION) & mask.bool()
+            labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
+            ids = torch.where(chosen, torch.full_like(ids, vocab - 1), ids)
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad_id))
+        labels = torch.where(mask.bool(), labels, torch.full_like(labels, IGNORE))
+        return (ids, mask), labels
+
+    return make_batch
