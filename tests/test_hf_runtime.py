@@ -1,0 +1,95 @@
+"""Plans of Hugging Face models run with the losses of one process (issue 11).
+
+A Llama-style (grouped-query attention, rotary, RMSNorm, SwiGLU, untied head), a BERT-style
+(bidirectional, padding mask, masked LM, tied decoder) and a GPT-2 (causal, tied head) model
+from ``hf:`` specs, each cut into 5 layers, at P in {1, 2, 4}, D in {1, 2} (within 4
+processes), recomputation off and on (GPipe without, 1F1B with): float64 losses and
+gradients within 1e-12 relative of one-process training on the same global batches, and a
+float32 run of each model within 1e-5 relative. Padding masks cross every stage boundary
+(int64, no gradient); ties are split over pipeline ranks at P >= 2.
+
+One torchrun launch per world size runs every configuration of that size
+(tests/runtime_driver.py), as tests/test_runtime_numerics.py does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.runtime_launch import torchrun
+
+MODELS = {
+    "llama": "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8",
+    "bert": "hf:bert:layers=3,hidden=16,heads=4,intermediate=32,vocab=32,seq=8,max_position_embeddings=8",
+    "gpt2": "hf:gpt2:layers=2,hidden=16,heads=4,vocab=32,seq=8,n_positions=8",
+}
+SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}  # P -> boundaries of the 5-layer models
+GRID = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+FLOAT32 = {2: (2, 1), 4: (2, 2)}  # world -> (P, D) of the float32 runs
+
+
+def _cfg(name: str, model: str, p: int, d: int, recompute: bool, **kw: Any) -> dict[str, Any]:
+    cfg = {
+        "name": name,
+        "model": MODELS[model],
+        "boundaries": SPLITS[p],
+        "dp_degree": d,
+        "num_microbatches": 4,
+        "microbatch_size": 2,
+        "schedule": "1f1b" if recompute else "gpipe",
+        "recompute": recompute,
+        "dtype": "float64",
+        "optimizer": "sgd",
+        "steps": 2,
+    }
+    cfg.update(kw)
+    return cfg
+
+
+def configs(world: int) -> list[dict[str, Any]]:
+    out = []
+    for model, (p, d), rc in itertools.product(MODELS, GRID, [False, True]):
+        if p * d == world:
+            out.append(_cfg(f"{model}-P{p}-D{d}-rc{int(rc)}", model, p, d, rc))
+    if world in FLOAT32:
+        p, d = FLOAT32[world]
+        out += [_cfg(f"{m}-P{p}-D{d}-float32-adamw", m, p, d, False, dtype="float32", optimizer="adamw") for m in MODELS]
+    return out
+
+
+def _errors(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    tol = 1e-12 if cfg["dtype"] == "float64" else 1e-5
+    errors = []
+    if result["loss_rel_diff"] > tol or (cfg["dtype"] == "float64" and result["grad_rel_diff"] > tol):
+        errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, grad rel {result['grad_rel_diff']:.3g} > {tol}")
+    if len(result["losses"]) != cfg["steps"] or (result["saved_bytes_peak"] <= 0 and not cfg["recompute"]):
+        errors.append(f"{cfg['name']}: {len(result['losses'])} losses, {result['saved_bytes_peak']} saved bytes")
+    return errors
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_hf_models_train_as_one_process(world: int, tmp_path: Path) -> None:
+    cfgs = configs(world)
+    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
+    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")], timeout_s=240.0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out.json").read_text())
+    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    errors = [e for r, c in zip(results, cfgs) for e in _errors(r, c)]
+    assert not errors, "\n".join(errors)
+    for r in results:  # the models learn: SGD/AdamW steps change the loss
+        assert r["losses"][0] != r["losses"][1]
+
+
+def test_grid_covers_the_issue() -> None:
+    """Every model at every (P, D) of the issue within 4 processes, recompute off and on, and
+    a float32 run of each."""
+    names = {c["name"] for w in (1, 2, 4) for c in configs(w)}
+    for model, (p, d), rc in itertools.product(MODELS, GRID, (0, 1)):
+        assert f"{model}-P{p}-D{d}-rc{rc}" in names
+    assert sum("float32" in n for n in names) == 2 * len(MODELS)
