@@ -93,3 +93,26 @@ def test_runtime_refuses_heads_not_divisible_with_one_line(tmp_path) -> None:
         assert line.endswith("tensor-parallel degree 2 does not divide the model's 3 attention heads"), line
         assert ": error: " in line  # PlannerInputError (exit 2), not a failure during training
     assert "before training" not in proc.stderr  # (torchrun's own ChildFailedError traceback follows)
+
+
+def test_planner_run_reports_a_tensor_parallel_plan_per_stage(tmp_path, capsys) -> None:
+    """Measured zoo GPT profile -> ``planner plan --tp 2 --fixed-boundaries 2`` on 4 CPU devices (T=2 x P=2
+    x D=1) -> ``planner run``: the losses, and measured beside predicted per stage."""
+    from planner.artifacts.plan import load_plan
+    from planner.cli import main
+
+    model = "gpt:layers=2,hidden=32,heads=4,seq=8,vocab=64"
+    profile, plan = str(tmp_path / "p.json"), str(tmp_path / "plan.json")
+    assert main(["profile", "--model", model, "--microbatch-sizes", "1,2", "--warmup", "0", "--repeats", "1",
+                 "--no-progress", "--out", profile]) == 0
+    assert main(["plan", "--profile", profile, "--cluster", "local-cpu", "--devices", "4", "--global-batch", "4",
+                 "--tp", "2", "--fixed-boundaries", "2", "--out", plan]) == 0
+    made = load_plan(plan)
+    assert (made.tp_degree, made.num_stages, made.dp_degree) == (2, 2, 1)
+    capsys.readouterr()
+    assert main(["run", plan, "--model", model, "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "x 2 tensor-parallel" in out and "losses per step:" in out
+    table = out[out.index("stage  compute ms"):].splitlines()
+    assert [row.split()[0] for row in table[2:4]] == ["0", "1"]  # one row per stage, measured and predicted
+    assert all(len(row.split()) == 8 for row in table[2:4])

@@ -95,6 +95,8 @@ class RunReport:
     microbatch_size: int
     schedule: str
     zero: int = field(default=0, metadata={"doc": "the plan's ZeRO stage, as run"})
+    tp_degree: int = field(default=1, metadata={"doc": "the plan's tensor-parallel degree, as run"})
+    sequence_parallel: bool = field(default=False, metadata={"doc": "the plan's sequence parallelism, as run"})
     optimizer_state_bytes_per_param: int = field(
         default=0, metadata={"doc": "the runtime optimizer's state per parameter element: AdamW 2 x element size, SGD 0"}
     )

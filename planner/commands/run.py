@@ -40,10 +40,12 @@ def runtime_argv(args: argparse.Namespace) -> list[str]:
 def format_report(report: RunReport) -> str:
     """Measured beside predicted, per step and per stage."""
     steps = ", ".join(f"{s.loss:.4f}" for s in report.steps)
-    copies = [len(s.ranks) // max(report.dp_degree, 1) for s in report.stages]
+    copies = [len(s.ranks) // max(report.dp_degree * report.tp_degree, 1) for s in report.stages]
     layout = (f"{report.num_stages} stages replicated per stage ({'+'.join(map(str, copies))} processes)"
               if any(c > 1 for c in copies) and report.dp_degree == 1
               else f"{report.num_stages} stages x {report.dp_degree} replicas")
+    if report.tp_degree > 1:
+        layout += f" x {report.tp_degree} tensor-parallel{' (sequence parallel)' if report.sequence_parallel else ''}"
     head = (
         f"ran {layout}, {report.schedule}, "
         f"M={report.num_microbatches} x {report.microbatch_size} on {report.world_size} {report.backend} processes"

@@ -119,6 +119,8 @@ def build_report(
         microbatch_size=plan.microbatch_size,
         schedule=plan.schedule.value,
         zero=plan.zero,
+        tp_degree=plan.tp_degree,
+        sequence_parallel=plan.sequence_parallel,
         optimizer_state_bytes_per_param=optim_per_param,
         warmup_steps=options.warmup_steps,
         steps=steps,
