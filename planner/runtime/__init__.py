@@ -27,6 +27,13 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   each rank's optimizer steps only its contiguous 1/D shard; gradients are reduce-scattered
   after the schedule and the weights all-gathered after the step (``zero``; tied parameters
   split over pipeline ranks stay whole). Checkpoints keep one optimizer file per shard.
+- Tensor parallelism (``plan.tp_degree`` = t > 1, ``tensor``): a ("pp", "dp", "tp") device
+  mesh of shape (P, D, t) (rank = (p x D + replica) x t + tp index); each stage's layers are
+  split with ``parallelize_module`` and the styles the workload declares
+  (``Workload.tensor_parallel``; the zoo GPT and BERT: Megatron's column / row split,
+  ``SequenceParallel`` norms with sequence parallelism); pipeline messages over "pp", the
+  gradient all-reduce over "dp" on local shards; split layers take and return whole tensors.
+  Refused before compute: t not dividing the heads, per-stage replication, ZeRO, checkpoints.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
 - Plans replicated per stage (``plan.replicated_per_stage``, PipeDream's round-robin) run on our
   own executor (``replicated``): a ``PipelineStage`` has one fixed peer per direction, while
@@ -37,7 +44,7 @@ Modules, one job each: ``options`` (flags), ``model`` (load, cast, fingerprint a
 ``check`` (plan vs model and world, before compute), ``topology`` (placement and groups),
 ``stage`` (one stage's layer range and recompute), ``memory`` (bytes saved for backward), ``emulate``,
 ``grads`` (data-parallel and tied gradients), ``zero`` (sharded optimizer state and
-gradients), ``engine`` (one rank's training loop),
+gradients), ``tensor`` (tensor parallelism: mesh, split layers), ``engine`` (one rank's training loop),
 ``checkpoint``, ``collect`` (RunReport), ``main`` (process lifecycle), ``replicated`` (one rank's
 loop for plans replicated per stage), ``exchange`` (its messages and their dry run). Only this package,
 ``planner.models`` and ``planner.profiling`` import torch.
