@@ -33,6 +33,8 @@ _LAZY = {
     "profile_model": "planner.profiling:profile_model",
     "load_workload": "planner.models:load_workload",
     "analytic_gpt_profile": "planner.analytic:gpt_profile",
+    "analytic_llama_profile": "planner.analytic_llama:llama_profile",
+    "read_hf_config": "planner.analytic_llama:read_config",
     # planning
     "plan": "planner.solve:plan",
     "simulate": "planner.simulator:simulate",
@@ -61,3 +63,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module_name), attr)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The module's names with the lazily imported public API (``dir(planner)``, completion)."""
+    return sorted(set(globals()) | set(_LAZY))

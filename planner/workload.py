@@ -6,13 +6,26 @@ may fall between) plus what is needed to train it: a seeded batch generator and 
 Contract (checked by the profiler and the runtime):
 
 - ``layers[0]`` takes the batch inputs; ``layers[i]`` takes the output of ``layers[i - 1]``
-  (a tensor, or a tuple of tensors when several tensors cross the boundary, e.g. a skip
+  (a tensor, or a flat tuple of tensors when several tensors cross the boundary, e.g. a skip
   connection that spans layers); the model's output is the output of ``layers[-1]``.
+  ``planner profile`` refuses, naming the layer and the tensor, a layer output that is a dict
+  (a ``transformers`` ``ModelOutput`` is one), a list, ``None``, a nested tuple, or a tensor
+  of a dtype gloo and NCCL cannot send (complex, quantized). Accepted and documented: a
+  non-contiguous tensor (the runtime sends a contiguous copy, made at the end of each stage),
+  and a floating tensor that does not require grad (every floating boundary tensor is treated
+  as an activation and sent a gradient back, zeros if nothing depends on it: pass masks and
+  ids as bool or integer tensors, which carry none). ``planner.profiling.contract`` has it all.
 - ``make_batch(batch_size, seed)`` returns ``(inputs, targets)`` deterministically for a seed;
   samples are independent, so a batch split into micro-batches along dim 0 gives the same
   samples.
-- ``loss_fn(outputs, targets)`` returns the *mean* loss over the samples of the batch, so that
-  the mean over M equal micro-batches equals the loss of the whole batch.
+- ``loss_fn(outputs, targets)`` returns either the *mean* loss over the samples of the batch
+  (a scalar tensor: every micro-batch then weighs the same, and the mean over M equal
+  micro-batches equals the loss of the whole batch), or a pair ``(sum, count)``: the summed
+  loss of the batch's units (e.g. tokens that are not padding) and how many units there are
+  (a number or a scalar tensor; no gradient flows through it). With a pair, the training
+  loss of a step is the sum over all its micro-batches / the count over all of them, exactly
+  the one-process loss of a token-weighted objective (padded or masked language modelling),
+  whatever the units per micro-batch.
 - ``tied`` lists groups of parameters that are one tensor in the model, as
   ``(layer_idx, parameter name within that layer)``, e.g. ``((0, "weight"), (5, "weight"))``
   for an input embedding shared with the output head. When the layers of a group land on
@@ -53,7 +66,28 @@ class TensorParallel:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
-    """A model as an ordered list of layers, with a seeded batch generator and a mean loss."""
+    """A model as an ordered list of layers, with a seeded batch generator and a loss.
+
+    Fields (the module docstring states the contract each must keep):
+
+    - ``name``: the model's name, recorded in profiles, plans and run reports.
+    - ``layers``: one ``torch.nn.Module`` per layer, in order; a stage boundary may fall
+      between any two. ``layers[i]`` is called with the output of ``layers[i - 1]`` (a tensor
+      or a flat tuple of tensors), ``layers[0]`` with the batch inputs.
+    - ``layer_names``: one unique name per layer (plans and profiles name layers by them; the
+      model fingerprint is these names and the parameter shapes).
+    - ``make_batch``: ``make_batch(batch_size, seed) -> (inputs, targets)``, deterministic for
+      a seed, samples independent along dim 0 (the runtime trains step k on
+      ``make_batch(global_batch, seed + k)``).
+    - ``loss_fn``: ``loss_fn(outputs, targets)`` -> the mean loss of the batch (a scalar
+      tensor), or ``(sum, count)`` for a loss weighted by units such as tokens.
+    - ``tied``: groups of ``(layer_idx, parameter name)`` that are one parameter in the model
+      (e.g. an embedding tied to the LM head); default none.
+    - ``options``: the factory's options (e.g. ``{"layers": 4}``), recorded in the profile's
+      metadata; default empty.
+    - ``tensor_parallel``: how the layers split over tensor-parallel devices
+      (:class:`TensorParallel`), or None when the model does not split; default None.
+    """
 
     name: str
     layers: tuple[Any, ...] = field(metadata={"doc": "torch.nn.Module per layer, in order"})
@@ -77,3 +111,13 @@ class Workload:
             for layer_idx, _ in group:
                 if not 0 <= layer_idx < len(self.layers):
                     raise ValueError(f"workload {self.name!r}: tied group names layer {layer_idx}")
+
+
+def split_loss(value: Any) -> tuple[Any, Any | None]:
+    """What ``loss_fn`` returned, as ``(loss, None)`` for a mean loss or ``(sum, count)`` for a
+    loss weighted by units (see the module docstring)."""
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ValueError(f"loss_fn returned a tuple of {len(value)}; expected a mean loss or (sum, count)")
+        return value[0], value[1]
+    return value, None

@@ -37,6 +37,7 @@ from planner.runtime.model import cast_batch, cast_workload, load_workload  # no
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
 from planner.runtime.tensor import full  # noqa: E402
 from planner.runtime.zero import flatten  # noqa: E402
+from planner.workload import split_loss  # noqa: E402
 from tests.factories import make_plan  # noqa: E402
 
 LR = 0.05
@@ -64,7 +65,8 @@ def reference(
         x = cast_batch(inputs, cfg["dtype"])
         for layer in workload.layers:
             x = layer(x)
-        loss = workload.loss_fn(x, targets)
+        total, count = split_loss(workload.loss_fn(x, targets))
+        loss = total if count is None else total / count  # (sum, count): the mean over the batch's units
         loss.backward()
         opt.step()
         losses.append(float(loss.detach().double()))

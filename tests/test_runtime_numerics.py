@@ -35,6 +35,7 @@ ZOO_RESNET = "resnet:blocks=2,width=4,image=8,classes=4"  # stem, (a, b) x 2, he
 # (P, D) -> boundaries of the 5-layer test models
 SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}
 IL = "interleaved-1f1b"
+TOKENS = "tests.contract_factories:padded_lm"  # loss (sum, count) over the tokens that are not padding
 
 
 def _il(name: str, model: str, d: int, recompute: bool, **kw: Any) -> dict[str, Any]:
@@ -94,6 +95,10 @@ def configs(world: int) -> list[dict[str, Any]]:
             _zero("zero2-mlp-P1-D2-1f1b-resumed", MLP, 1, "1f1b", 2, steps=3, resume_at=1),
             _tp("tp2-gpt-P1-D1-1f1b", 1, 1, "1f1b", False, False),
             _tp("tp2-sp-gpt-P1-D1-gpipe-rc", 1, 1, "gpipe", True, True),
+            # issue 13: a (sum, count) token-weighted loss; a non-contiguous tensor crossing the boundary
+            _cfg("tokens-P2-D1-1f1b", TOKENS, 2, 1, "1f1b", False),
+            _zero("tokens-zero1-P1-D2-1f1b", TOKENS, 1, "1f1b", 1),
+            _cfg("transposed-P2-D1-gpipe", "tests.contract_factories:transposed", 2, 1, "gpipe", False),
         ],
         4: [
             _cfg("gpt-tied-P2-D2-1f1b-rc", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, optimizer="adamw"),
@@ -111,6 +116,7 @@ def configs(world: int) -> list[dict[str, Any]]:
             _tp("tp2-gpt-P1-D2-gpipe-rc", 1, 2, "gpipe", True, False),
             _tp("tp2-sp-gpt-P1-D2-1f1b-adamw", 1, 2, "1f1b", False, True, optimizer="adamw"),
             _tp("tp2-il-gpt-tied-P2v2-D1-rc", 4, 1, IL, True, False, virtual_stages_per_rank=2),
+            _cfg("tokens-P2-D2-gpipe-rc", TOKENS, 2, 2, "gpipe", True),
         ],
     }
     return out + extra[world]

@@ -180,6 +180,8 @@ def _configs(tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
         # lr x noise / eps ~ 5e-12, so AdamW parameters agree to ~4e-12 only (measured)
         "gpt-tied-21-gpipe": (ZOO_GPT, 2, (2, 1), GPIPE, False, "sgd", 0),
         "gpt-tied-12-1f1b-rc-zero1": (ZOO_GPT, 3, (1, 2), ONE_F_ONE_B, True, "sgd", 1),
+        # a (sum, count) loss over the tokens that are not padding (issue 13)
+        "tokens-21-1f1b": ("tests.contract_factories:padded_lm", 2, (2, 1), ONE_F_ONE_B, False, "sgd", 0),
         # one step with a checkpoint, then a fresh runner resumes (each copy its optimizer shard)
         "mlp-21-1f1b-adamw-zero1-resumed": (MLP, 2, (2, 1), ONE_F_ONE_B, False, "adamw", 1),
     }

@@ -132,8 +132,10 @@ def test_report_takes_each_stage_from_its_chunk_on_its_ranks() -> None:
     workload = load_workload("tests.factories:mlp")
     plan = _interleaved(workload.layer_names, num_microbatches=4)
     steps = (StepMeasure(step_idx=0, loss=1.0, wall_ms=10.0),)
-    # rows: idle, cuda peak, then (compute, saved, optimizer bytes, grad bytes) for stages p and p + 2
-    rows = [[1.0, 0.0, 2.0, 20.0, 0.0, 0.0, 4.0, 40.0, 0.0, 0.0], [3.0, 0.0, 5.0, 50.0, 0.0, 0.0, 6.0, 60.0, 0.0, 0.0]]
+    # rows: idle, cuda peak, then (compute, saved, optimizer bytes, grad bytes, overrun, max overrun,
+    # emulated ms) for stages p and p + 2
+    z = [0.0] * 5
+    rows = [[1.0, 0.0, 2.0, 20.0, *z, 4.0, 40.0, *z], [3.0, 0.0, 5.0, 50.0, *z, 6.0, 60.0, *z]]
     mine = RankMeasure(steps=steps, compute_ms=6.0, idle_ms=1.0, saved_bytes_peak=40, cuda_peak_bytes=0)
     options = RuntimeOptions(plan_path="p", model_spec="m", num_steps=1, warmup_steps=0)
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")

@@ -4,6 +4,13 @@ Written by rank 0 of ``python -m planner.runtime`` (see ``planner/runtime``). Ev
 figure that the plan also predicts sits next to the prediction and the relative error
 ``(measured - predicted) / predicted`` (0 when nothing was predicted).
 
+Emulated runs (``emulate``) record how far each stage's actions ran past their profiled times
+(``StageRecord.overrun_ms`` ...): emulation sleeps to the profiled time and cannot shorten an
+action whose real work took longer. A run whose stages overran by more than
+``OVERRUN_LIMIT`` (5%) of their emulated compute is flagged (``fidelity_sample`` False):
+its times measure the machine's load, not the cost model. (Fields added in place: version-1
+files written before them load with 0 overruns and ``fidelity_sample`` False.)
+
 Times are wall-clock milliseconds. ``compute_ms`` of a stage is the time its ranks spent
 inside forward and backward of their micro-batches in one iteration (mean over measured
 steps, max over the stage's replicas); ``idle_ms`` is the rest of the iteration (waiting
@@ -30,6 +37,23 @@ from planner import codec
 
 SCHEMA = "planner.runreport"
 VERSION = 1
+
+
+#: an emulated run whose stages overran their profiled compute by more than this fraction is not
+#: a valid fidelity sample (the emulation could not keep the profiled times; e.g. the CPU was busy)
+OVERRUN_LIMIT = 0.05
+
+
+def overrun_warning(report: "RunReport") -> str:
+    """One line when an emulated run overran (not a valid fidelity sample); "" otherwise."""
+    if not report.emulate or report.fidelity_sample:
+        return ""
+    worst = max(report.stages, key=lambda s: s.overrun_fraction)
+    return (
+        f"warning: emulated compute overran its profiled time by {100 * worst.overrun_fraction:.1f}% on stage "
+        f"{worst.stage_idx} ({worst.overrun_ms:.2f} ms per iteration, {worst.overrun_max_ms:.2f} ms at most in one action; "
+        f"limit {100 * OVERRUN_LIMIT:.0f}%): not a valid fidelity sample"
+    )
 
 
 def relative_error(measured: float, predicted: float) -> float:
@@ -75,6 +99,15 @@ class StageRecord:
         default=0, metadata={"doc": "plan's stage parameters x the runtime's element size (/ optimizer_shards with ZeRO 2)"}
     )
     grad_rel_error: float = 0.0
+    overrun_ms: float = field(
+        default=0.0,
+        metadata={"doc": "emulated compute: ms per iteration by which the stage's actions ran past their profiled "
+                         "times (summed over its forward and backward chunks; the rank that overran most); 0 without --emulate"},
+    )
+    overrun_max_ms: float = field(default=0.0, metadata={"doc": "emulated compute: the largest overrun of one action (ms)"})
+    overrun_fraction: float = field(
+        default=0.0, metadata={"doc": "overrun_ms / the stage's emulated compute ms per iteration (1 when that is 0)"}
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +140,15 @@ class RunReport:
     iteration_ms_predicted: float
     iteration_rel_error: float
     versions: dict[str, str] = field(default_factory=dict)
+    emulation_overrun_fraction: float = field(
+        default=0.0, metadata={"doc": "the largest overrun_fraction of a stage (emulated runs; 0 otherwise)"}
+    )
+    fidelity_sample: bool = field(
+        default=False,
+        metadata={"doc": "a valid sample of the cost model's fidelity: emulated compute that overran its profiled "
+                         "times by at most OVERRUN_LIMIT (5%) on every stage. False for real compute, for an emulated "
+                         "run that overran, and in reports written before overruns were measured"},
+    )
 
     def __post_init__(self) -> None:
         if len(self.stages) != self.num_stages:

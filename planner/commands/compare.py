@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from planner.errors import PlannerInputError
-from planner.report.compare import PlanEntry, compare_entries, gather_plans
 from planner.report.table import format_table
+
+if TYPE_CHECKING:  # pandas and the comparison load when the command runs, not with the CLI
+    import pandas as pd
+
+    from planner.report.compare import PlanEntry
 
 # (column, header, format) of the printed table; memory columns get a unit at print time
 _SHOWN = (
@@ -95,6 +98,8 @@ def _mem_unit(frame: pd.DataFrame) -> tuple[float, str]:
 
 
 def _cell(value: object, fmt: str, scale: float) -> str:
+    import pandas as pd
+
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return "-"
     if fmt == "s":
@@ -137,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         raise PlannerInputError(f"--csv {args.csv}: directory {Path(args.csv).resolve().parent} does not exist")
     if args.figures and not Path(args.figures).is_dir():
         raise PlannerInputError(f"--figures {args.figures}: no such directory")
+    from planner.report.compare import compare_entries, gather_plans
+
     entries = gather_plans(args.plans, baselines=args.baselines, profile=args.profile, cluster=args.cluster)
     frame = compare_entries(entries, reference=args.reference, reports=_reports(args.report))
     print(format_comparison(frame, markdown=args.markdown))

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from planner.artifacts.profile import save_profile
 from planner.errors import PlannerInputError
-from planner.importers.pipedream import import_pipedream
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.importers.pipedream import import_pipedream  # networkx and pandas: only when used
+
     profile = import_pipedream(args.graph, batch_size=args.batch_size, name=args.name)
     out = Path(args.out)
     try:

@@ -4,6 +4,10 @@ Launches ``python -m torch.distributed.run --standalone --nproc-per-node N -m
 planner.runtime ...`` as a subprocess (this module does not import torch) and returns its
 exit code. N defaults to the plan's device count; for several nodes, call torchrun
 yourself with ``-m planner.runtime`` and the same flags.
+
+Before torchrun starts, ``planner.runtime.preflight`` resolves the dtype and optimizer against
+the plan (refusing or warning on a mismatch) and checks the world size and the model against
+the plan in this process (torch is imported then, to build the model).
 """
 
 from __future__ import annotations
@@ -15,15 +19,28 @@ import tempfile
 from pathlib import Path
 
 from planner.artifacts.plan import load_plan
-from planner.artifacts.report import RunReport, load_report
+from planner.artifacts.report import RunReport, load_report, overrun_warning
 from planner.report.table import format_table
 from planner.commands._args import positive_int
+from planner.runtime.preflight import RUNTIME_DTYPES, RUNTIME_OPTIMIZERS, check_launch, run_settings
+
+EPILOG = """\
+before torchrun starts, in this process (one line, exit 2 on a refusal):
+  --dtype       a plan records its profile's dtype: the run takes it; another --dtype is refused
+                (bytes and times would be off by 2x); a bfloat16 plan runs in float32 with a warning
+  --optimizer   a plan records the optimizer it priced: the run takes its family (sgd | adamw);
+                the other family runs with a warning (the report prices the runtime's optimizer)
+  world size    --nproc must equal the plan's devices
+  model         layer count, names and fingerprint (names + parameter shapes) must match the plan's;
+                a factory that raises is refused; a --profile must have the model's layers
+"""
 
 
 def runtime_argv(args: argparse.Namespace) -> list[str]:
     """The flags passed through to ``python -m planner.runtime``."""
     argv = ["--plan", args.plan, "--model", args.model, "--steps", str(args.steps)]
     argv += ["--timeout-s", str(args.timeout_s), "--dtype", args.dtype, "--optimizer", args.optimizer, "--lr", str(args.lr)]
+    argv += ["--seed", str(args.seed), "--warmup-steps", str(args.warmup_steps)]
     if args.report:
         argv += ["--report", args.report]
     if args.emulate:
@@ -96,6 +113,11 @@ def format_model_state(report: RunReport) -> str:
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
     nproc = args.nproc or plan.num_devices
+    settings = run_settings(plan, args.dtype, args.optimizer, source=args.plan)
+    for line in settings.warnings:
+        print(line, file=sys.stderr)
+    args.dtype, args.optimizer = settings.dtype, settings.optimizer
+    check_launch(plan, args.model, nproc, seed=args.seed, dtype=args.dtype, profile_path=args.profile, source=args.plan)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.report:
             args.report = str(Path(tmp) / "report.json")
@@ -103,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
         cmd += ["-m", "planner.runtime", *runtime_argv(args)]
         code = subprocess.run(cmd).returncode
         if code == 0 and Path(args.report).exists():
-            print(format_report(load_report(args.report)))
+            report = load_report(args.report)
+            print(format_report(report))
+            if overrun_warning(report):
+                print(overrun_warning(report), file=sys.stderr)
     return code
 
 
@@ -112,19 +137,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         help="execute a plan under torchrun",
         description="Train with a plan on this machine (gloo on CPU, NCCL on GPU) and write a RunReport.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--model", required=True, help="zoo name or package.module:callable")
+    p.add_argument("--model", required=True, help="zoo name or package.module:callable (required)")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps (default: %(default)s)")
     p.add_argument("--nproc", type=positive_int, default=0, help="processes (default: the plan's devices)")
-    p.add_argument("--report", default="", help="RunReport JSON to write")
-    p.add_argument("--emulate", action="store_true", help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation")
-    p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate")
+    p.add_argument("--report", default="", help="RunReport JSON to write (default: none, the table is printed)")
+    p.add_argument("--emulate", action="store_true", help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation (default: off)")
+    p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate (default: the plan's stage times)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="process-group timeout (default: %(default)s)")
-    p.add_argument("--checkpoint-dir", default="")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--checkpoint-dir", default="", help="write checkpoints here (default: none)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (default: 0, never)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir (default: off)")
+    p.add_argument("--dtype", default=None, choices=list(RUNTIME_DTYPES),
+                   help="training dtype (default: the plan's, float32 when unknown; another is refused)")
+    p.add_argument("--optimizer", default=None, choices=list(RUNTIME_OPTIMIZERS),
+                   help="runtime optimizer (default: the plan's family, sgd for sgd-fp32, adamw for adam-*; sgd when unknown; the other warns)")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="weights: torch.manual_seed(seed) before the factory; batches: step k trains on make_batch(global batch, seed + k) (default: %(default)s)")
+    p.add_argument("--warmup-steps", type=int, default=1, help="first steps left out of the timing summary (default: %(default)s)")
     p.set_defaults(func=run)

@@ -23,13 +23,14 @@ from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoin
 from planner.errors import PlannerInputError
 from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
+from planner.profiling.contract import check_layer_contract
 from planner.profiling.fit import fit_time
 from planner.profiling.memory import layer_edges, measure_layer_bytes
 from planner.profiling.tensor_split import layer_splits
 from planner.profiling.tensors import to_device
 from planner.profiling.timing import Clock, LayerTime, time_layers
 from planner.profiling.trace import op_graph
-from planner.workload import Workload
+from planner.workload import Workload, split_loss
 
 BATCH_SEED = 0
 
@@ -102,6 +103,9 @@ def profile_model(
 ) -> Profile:
     """Measure ``workload`` into a Profile (``source="measured"``).
 
+    The layer contract is checked first (:mod:`planner.profiling.contract`): a layer output that
+    cannot cross a stage boundary is refused with the layer and the tensor named.
+
     ``dtype`` (float32 | float64 | bfloat16) converts a copy of the layers and the floating
     inputs; by default the workload's own parameter dtype is kept. ``num_threads`` fixes ``torch.set_num_threads`` for the CPU measurements (default: the
     current setting); it is restored afterwards and recorded in the metadata. ``trace_ops``
@@ -122,6 +126,7 @@ def profile_model(
     torch.set_num_threads(threads)
     try:
         work = _placed(workload, dev, torch_dtype)
+        check_layer_contract(work, *to_device(work.make_batch(sizes[0], BATCH_SEED), dev, torch_dtype))
         clock = Clock(dev)
         bar = tqdm(
             total=len(sizes) * len(work.layers) + 1,
@@ -194,7 +199,7 @@ def _time_layers(
     work: Workload, size: int, dev: torch.device, dtype: torch.dtype, clock: Clock, warmup: int, repeats: int, bar: tqdm
 ) -> list[LayerTime]:
     inputs, targets = to_device(work.make_batch(size, BATCH_SEED), dev, dtype)
-    result = time_layers(work.layers, inputs, lambda out: work.loss_fn(out, targets), clock, warmup=warmup, repeats=repeats)
+    result = time_layers(work.layers, inputs, lambda out: split_loss(work.loss_fn(out, targets))[0], clock, warmup=warmup, repeats=repeats)
     bar.update(len(work.layers))
     return result
 

@@ -15,7 +15,6 @@ from planner.artifacts.request import ScheduleKind
 from planner.cost import replicated_ranks
 from planner.errors import PlannerInputError
 from planner.runtime.model import workload_fingerprint
-from planner.runtime.tensor import tensor_parallel_refusal
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
 from planner.workload import Workload
 
@@ -28,9 +27,12 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     whose tensor parallelism the model or the runtime cannot do
     (``planner.runtime.tensor.tensor_parallel_refusal``; ``checkpoints``: the run writes or
     reads checkpoints)."""
-    why = tensor_parallel_refusal(plan, workload, checkpoints=checkpoints)
-    if why:
-        raise PlannerInputError(f"{source}: {why}")
+    if plan.tp_degree > 1:  # torch.distributed.tensor takes seconds to import: only for tensor parallelism
+        from planner.runtime.tensor import tensor_parallel_refusal
+
+        why = tensor_parallel_refusal(plan, workload, checkpoints=checkpoints)
+        if why:
+            raise PlannerInputError(f"{source}: {why}")
     replicated = plan.replicated_per_stage
     if replicated:
         _check_replicated(plan, world_size, source)

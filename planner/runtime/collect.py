@@ -6,7 +6,8 @@ peak saved bytes, optimizer state bytes and gradient bytes held after the sync o
 it runs (v of them, in stage order p, p + P, ...; ``PER_STAGE`` values each); a stage's
 record takes the maximum over its replicas' ranks (or copies': a stage replicated per stage
 predicts M / R_s micro-batches of compute per copy). Idle time is per rank: wall time less the
-compute of all the rank's stages.
+compute of all the rank's stages. With emulated compute, a stage's overrun is its rank that
+overran the largest fraction of its emulated time (``planner.runtime.emulate.finish_chunk``).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import torch.distributed as dist
 
 from planner import __version__
 from planner.artifacts.plan import Plan, PlanStage
-from planner.artifacts.report import RunReport, StageRecord, StepRecord, relative_error
+from planner.artifacts.report import OVERRUN_LIMIT, RunReport, StageRecord, StepRecord, relative_error
 from planner.artifacts.request import STATE_BYTES_PER_PARAM
 from planner.runtime.engine import RankMeasure
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.zero import state_bytes_per_param
 
-PER_STAGE = 4  # compute ms, saved bytes, optimizer state bytes, gradient bytes
+PER_STAGE = 7  # compute ms, saved bytes, optimizer state bytes, gradient bytes, overrun ms, max overrun ms, emulated ms
 
 
 def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) -> list[list[float]]:
@@ -32,8 +33,13 @@ def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) ->
     num = len(mine.stage_compute_ms)
     optim = mine.stage_optimizer_state_bytes or (0,) * num  # runners that do not measure them report 0
     grads = mine.stage_grad_bytes or (0,) * num
-    for compute, saved, opt, grad in zip(mine.stage_compute_ms, mine.stage_saved_bytes_peak, optim, grads):
-        values += [compute, float(saved), float(opt), float(grad)]
+    over = mine.stage_overrun_ms or (0.0,) * num
+    over_max = mine.stage_overrun_max_ms or (0.0,) * num
+    emulated = mine.stage_emulated_ms or (0.0,) * num
+    for compute, saved, opt, grad, o, o_max, e in zip(
+        mine.stage_compute_ms, mine.stage_saved_bytes_peak, optim, grads, over, over_max, emulated
+    ):
+        values += [compute, float(saved), float(opt), float(grad), o, o_max, e]
     row = torch.tensor(values, dtype=torch.float64, device=device)
     rows = [torch.zeros(len(values), dtype=torch.float64, device=device) for _ in range(world_size)]
     dist.all_gather(rows, row)
@@ -75,6 +81,8 @@ def build_report(
         shards = len(stage.ranks) if plan.zero else 1
         params = _plan_param_count(plan, stage)
         optim, grads = int(max(r[k + 2] for r in own)), int(max(r[k + 3] for r in own))
+        worst = max(own, key=lambda r: r[k + 4] / r[k + 6] if r[k + 6] > 0 else float(r[k + 4] > 0))  # overran most
+        overrun, overrun_max, emulated = worst[k + 4], max(r[k + 5] for r in own), worst[k + 6]
         optim_pred = -(-params * optim_per_param // shards)  # ceil: the last shard is padded
         grads_pred = -(-params * element_size // (shards if plan.zero >= 2 else 1))
         stages.append(
@@ -98,12 +106,16 @@ def build_report(
                 grad_bytes_after_sync=grads,
                 grad_bytes_predicted=grads_pred,
                 grad_rel_error=relative_error(grads, grads_pred),
+                overrun_ms=overrun,
+                overrun_max_ms=overrun_max,
+                overrun_fraction=overrun / emulated if emulated > 0 else float(overrun > 0),
             )
         )
     steps = tuple(StepRecord(step_idx=s.step_idx, loss=s.loss, wall_ms=s.wall_ms) for s in mine.steps)
     timed = [s.wall_ms for s in steps[options.warmup_steps :]] or [s.wall_ms for s in steps]
     iteration = statistics.median(timed) if timed else 0.0
     predicted = plan.predicted.iteration_ms
+    worst_overrun = max((s.overrun_fraction for s in stages), default=0.0)
     return RunReport(
         model=model,
         plan_fingerprint_sha256=fingerprint,
@@ -128,5 +140,7 @@ def build_report(
         iteration_ms=iteration,
         iteration_ms_predicted=predicted,
         iteration_rel_error=relative_error(iteration, predicted),
+        emulation_overrun_fraction=worst_overrun if options.emulate else 0.0,
+        fidelity_sample=options.emulate and worst_overrun <= OVERRUN_LIMIT,
         versions={"planner": __version__, "torch": torch.__version__},
     )

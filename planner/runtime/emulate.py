@@ -17,6 +17,7 @@ cores varies 1.3-1.4x (measured for issue 6).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
@@ -52,6 +53,35 @@ _SLEEPER = _Sleeper()  # one per process: the lag is a property of the machine a
 def sleep_until(deadline: float) -> None:
     """Return at ``deadline`` (a ``time.perf_counter()`` value), not before, barely after."""
     _SLEEPER.until(deadline)
+
+
+def finish_chunk(timer: Any, start: float, which: int) -> None:
+    """End a forward (``which`` 0) or backward (1) chunk that began at ``start``: with emulation
+    (``timer.emulated_ms`` set) sleep until its profiled time has passed and record how far it
+    ran past that time; add its seconds to ``timer.compute_s``.
+
+    Emulation can only stretch: when the chunk's real work (or a late wake-up under load) takes
+    longer than the profiled time, the chunk ends late and the run no longer measures the
+    cost model. ``timer.overrun_s`` adds up those excesses, ``timer.overrun_max_s`` keeps the
+    largest, ``timer.emulated_s`` the profiled seconds, so that the run report can say how much
+    of the emulated compute overran (``planner.artifacts.report.OVERRUN_LIMIT``).
+    """
+    if timer.emulated_ms is not None:
+        target_s = timer.emulated_ms[which] / 1000.0
+        sleep_until(start + target_s)
+        over = max(0.0, time.perf_counter() - start - target_s)
+        timer.overrun_s += over
+        timer.overrun_max_s = max(timer.overrun_max_s, over)
+        timer.emulated_s += target_s
+    timer.compute_s += time.perf_counter() - start
+
+
+def reset_chunk_timer(timer: Any) -> None:
+    """Zero what :func:`finish_chunk` adds up (at the start of every step)."""
+    timer.compute_s = 0.0
+    timer.overrun_s = 0.0
+    timer.overrun_max_s = 0.0
+    timer.emulated_s = 0.0
 
 
 def stage_chunk_ms(plan: Plan, stage_idx: int, profile: Profile | None) -> tuple[float, float]:

@@ -6,7 +6,9 @@ Built on ``torch.distributed.pipelining`` (checked with gloo on CPU, torch 2.13)
   up front by a no-grad forward of the layers before and in the stage on one micro-batch,
   so no metadata objects (pickles) cross ranks at run time.
 - ``ScheduleGPipe``, ``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` with
-  ``scale_grads=False`` and a loss of ``loss_fn / M`` (the mean over micro-batches),
+  ``scale_grads=False`` and a loss of ``loss_fn / M`` (the mean over micro-batches; a
+  ``(sum, count)`` loss back-propagates its sum and the gradients are scaled by D / the step's
+  count after the sync, ``planner.runtime.loss``),
   because the schedule's in-place gradient scaling would race with our async
   data-parallel all-reduces (``planner.runtime.grads``).
   In ``Schedule1F1B`` stage s runs min(P - s, M) warm-up forwards, so it holds at most
@@ -45,8 +47,9 @@ from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
 from planner.runtime import checkpoint as ckpt
-from planner.runtime.emulate import sleep_until, stage_chunk_ms
+from planner.runtime.emulate import finish_chunk, reset_chunk_timer, stage_chunk_ms
 from planner.runtime.grads import DataParallelHooks, sync_tied
+from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
 from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
 from planner.runtime.stage import StageModule
@@ -71,11 +74,12 @@ class TimedStage(PipelineStage):
 
     compute_s: float = 0.0
     emulated_ms: tuple[float, float] | None = None
+    overrun_s: float = 0.0  # emulated chunks only: seconds past their profiled time (planner.runtime.emulate)
+    overrun_max_s: float = 0.0
+    emulated_s: float = 0.0
 
     def _finish(self, start: float, which: int) -> None:
-        if self.emulated_ms is not None:
-            sleep_until(start + self.emulated_ms[which] / 1000.0)
-        self.compute_s += time.perf_counter() - start
+        finish_chunk(self, start, which)
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -111,6 +115,9 @@ class RankMeasure:
     stage_saved_bytes_peak: tuple[int, ...] = ()
     stage_optimizer_state_bytes: tuple[int, ...] = ()  # per chunk, after the last step
     stage_grad_bytes: tuple[int, ...] = ()  # per chunk, held after the gradient sync of the last step
+    stage_overrun_ms: tuple[float, ...] = ()  # per chunk, emulated: ms past the profiled times per timed step
+    stage_overrun_max_ms: tuple[float, ...] = ()  # per chunk, emulated: the largest overrun of one action
+    stage_emulated_ms: tuple[float, ...] = ()  # per chunk, emulated: the profiled ms of its actions per step
 
 
 def _boundary_examples(workload: Workload, start: int, stop: int, mb_inputs: Any) -> tuple[Any, Any]:
@@ -131,8 +138,10 @@ def _as_args(value: Any) -> tuple[Any, ...]:
 
 def _grad_examples(value: Any) -> tuple[Any, ...]:
     """Example tensors marked as needing grad where floating (activations, not token ids):
-    static ``PipelineStage`` metadata decides from them which gradients cross stages."""
-    return tuple(t.detach().requires_grad_(t.is_floating_point()) for t in _as_args(value))
+    static ``PipelineStage`` metadata decides from them which gradients cross stages. Contiguous,
+    as the stage module's outputs are: receive buffers are allocated like them, and gloo sends
+    and receives only contiguous tensors."""
+    return tuple(t.detach().contiguous().requires_grad_(t.is_floating_point()) for t in _as_args(value))
 
 
 def _make_optimizer(options: RuntimeOptions, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -263,13 +272,14 @@ class RankRunner:
             optimizer = _make_optimizer(options, own) if own else None
             self.chunks.append(Chunk(stage_plan=stage, module=module, pipe_stage=pipe_stage, optimizer=optimizer, zero=zero))
         num_mb = plan.num_microbatches
+        counts = self.loss_counts = LossCounts(num_mb, plan.tp_degree)
         last = next((c.module for c in self.chunks if c.pipe_stage.is_last), self.chunks[-1].module)
 
         def loss_fn(out: Any, target: Any) -> Any:
             if not last.metering:
-                return workload.loss_fn(out, target) / num_mb
+                return counts.micro_loss(workload.loss_fn(out, target))
             with last.meter.hooks():  # the loss's saved tensors belong to the last stage, as in the profile
-                return workload.loss_fn(out, target) / num_mb
+                return counts.micro_loss(workload.loss_fn(out, target))
 
         if plan.schedule is ScheduleKind.INTERLEAVED_1F1B:
             stages = [c.pipe_stage for c in self.chunks]
@@ -360,7 +370,9 @@ class RankRunner:
         zero = [c.zero for c in self.chunks if c.zero is not None]
         for z in zero:
             z.start_iteration()
+        self.loss_counts.start_step()
         loss_sum = self._run_schedule(inputs, targets)
+        count = self.loss_counts.total(self.device)  # (sum, count) losses: the step's count, else None
         if self.dp_hooks is not None:
             self.dp_hooks.finish_iteration()
         for z in zero:  # reduce-scatter every chunk's gradients, then wait
@@ -369,6 +381,8 @@ class RankRunner:
             z.wait_sync()
         sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
         self.grad_bytes = tuple(_held_grad_bytes(c.optimizer) for c in self.chunks)
+        if count is not None:  # the gradients are the average over D of summed losses: x D / count
+            scale_grads([c.optimizer for c in self.chunks], self.plan.dp_degree / count)
         for c in self.chunks:
             if c.optimizer is not None:
                 c.optimizer.step()
@@ -379,6 +393,8 @@ class RankRunner:
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
+        if count is not None:  # summed losses over D replicas: the step's loss is their sum / count
+            loss_t *= self.plan.dp_degree / count
         copies = self.plan.dp_degree * self.plan.tp_degree  # every tp rank of a last stage has the loss
         return StepMeasure(step_idx=step_idx, loss=float(loss_t) / copies, wall_ms=float(wall_t))
 
@@ -423,11 +439,12 @@ def run_steps(runner: Any) -> RankMeasure:
     compute_ms: list[list[float]] = []  # per timed step, per unit
     wall_ms: list[float] = []
     peaks = [0] * len(units)
+    overruns: list[list[tuple[float, float, float]]] = []  # per timed step, per unit: (total, max, emulated) ms
     for step_idx in range(start_step, options.num_steps):
         try:
             _maybe_fault(options, runner.rank, step_idx)
             for u in units:
-                u.timer.compute_s = 0.0
+                reset_chunk_timer(u.timer)
                 u.module.metering = step_idx == start_step  # peak saved bytes: first step only
                 u.module.meter.reset_peak()
             measure = runner.train_step(step_idx)
@@ -436,6 +453,7 @@ def run_steps(runner: Any) -> RankMeasure:
         steps.append(measure)
         if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
             compute_ms.append([u.timer.compute_s * 1000.0 for u in units])
+            overruns.append([(u.timer.overrun_s * 1e3, u.timer.overrun_max_s * 1e3, u.timer.emulated_s * 1e3) for u in units])
             wall_ms.append(measure.wall_ms)
         peaks = [max(peak, u.module.meter.peak_bytes) for peak, u in zip(peaks, units)]
         done = step_idx + 1
@@ -448,6 +466,7 @@ def run_steps(runner: Any) -> RankMeasure:
                 optimizer_shards=runner.optimizer_shards,
             )
     per_stage = tuple(statistics.fmean(col) for col in zip(*compute_ms)) if compute_ms else (0.0,) * len(units)
+    per_unit = list(zip(*overruns)) if overruns else [((0.0, 0.0, 0.0),)] * len(units)
     compute = sum(per_stage)
     wall = statistics.fmean(wall_ms) if wall_ms else 0.0
     device = runner.device
@@ -463,4 +482,7 @@ def run_steps(runner: Any) -> RankMeasure:
         stage_saved_bytes_peak=tuple(peaks),
         stage_optimizer_state_bytes=tuple(optimizer_state_bytes(u.optimizer) for u in units),
         stage_grad_bytes=tuple(runner.grad_bytes),
+        stage_overrun_ms=tuple(statistics.fmean(o[0] for o in col) for col in per_unit),
+        stage_overrun_max_ms=tuple(max(o[1] for o in col) for col in per_unit),
+        stage_emulated_ms=tuple(statistics.fmean(o[2] for o in col) for col in per_unit),
     )

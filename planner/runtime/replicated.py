@@ -14,7 +14,9 @@ this module executes the rank's action order itself, on plain point-to-point ops
   tags (2m for activations, 2m + 1 for gradients) match micro-batches on gloo;
 - ``sF m``: the received tensors (floating ones as leaves needing grad; stage 0 slices
   samples [m b, (m + 1) b) of the global batch) run through the ``StageModule`` (the plan's
-  recomputation); the last stage computes ``loss_fn(out, target) / M``, as the engine;
+  recomputation); the last stage computes ``loss_fn(out, target) / M``, as the engine (a
+  ``(sum, count)`` loss: its sum, the gradients scaled by 1 / the step's count after the
+  copies' sum, ``planner.runtime.loss``);
 - ``sB m``: backward of the loss or of the outputs against the received gradients, then
   the inputs' gradients (zeros where unused) go back; integer tensors carry no gradient;
 - shapes and dtypes are static, from a no-grad forward of micro-batch 0 at start-up
@@ -45,7 +47,7 @@ import torch.distributed as dist
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.runtime import checkpoint as ckpt
-from planner.runtime.emulate import sleep_until, stage_chunk_ms
+from planner.runtime.emulate import finish_chunk, reset_chunk_timer, stage_chunk_ms
 from planner.runtime.engine import (
     RankMeasure,
     StepMeasure,
@@ -58,6 +60,7 @@ from planner.runtime.engine import (
 )
 from planner.runtime.exchange import Message, exchange_groups
 from planner.runtime.grads import DataParallelHooks, sync_tied
+from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.stage import StageModule
@@ -153,7 +156,8 @@ class ReplicatedRunner:
         self.in_specs = _specs(example_in)
         self.out_grad_specs = tuple(s for s in _specs(example_out) if s.floating)
         self.emulated_ms = stage_chunk_ms(plan, self.stage_idx, profile) if options.emulate else None
-        self.compute_s = 0.0
+        reset_chunk_timer(self)  # compute_s and the emulation overruns of the step
+        self.loss_counts = LossCounts(plan.num_microbatches)
         self.grad_bytes: tuple[int, ...] = (0,)  # held after the sync, per stage (one here)
         self.copy_group, self.tied_params, self.tied_groups = self._build_groups(layout)
         self.dp_hooks: DataParallelHooks | None = None
@@ -233,9 +237,7 @@ class ReplicatedRunner:
 
     # ---------------------------------------------------------------- compute
     def _timed(self, which: int, start: float) -> None:
-        if self.emulated_ms is not None:
-            sleep_until(start + self.emulated_ms[which] / 1000.0)
-        self.compute_s += time.perf_counter() - start
+        finish_chunk(self, start, which)
 
     def _forward(
         self, mb_idx: int, received: tuple[torch.Tensor, ...], inputs: Any, targets: Any
@@ -251,7 +253,7 @@ class ReplicatedRunner:
         if self.is_last:
             meter = self.module.meter.hooks() if self.module.metering else contextlib.nullcontext()
             with meter:  # the loss's saved tensors belong to the last stage, as in the profile
-                loss = self.workload.loss_fn(out, _micro(targets, mb_idx, b)) / self.plan.num_microbatches
+                loss = self.loss_counts.micro_loss(self.workload.loss_fn(out, _micro(targets, mb_idx, b)))
             self._timed(0, start)
             return _Saved(inputs=args, outputs=(loss,)), ()
         outs = _as_args(out)
@@ -315,7 +317,9 @@ class ReplicatedRunner:
             self.dp_hooks.start_iteration(self.plan.num_microbatches // self.stage_plan.replicas)
         if self.zero is not None:
             self.zero.start_iteration()
+        self.loss_counts.start_step()
         loss_sum = self._run_schedule(inputs, targets)
+        count = self.loss_counts.total(self.device)  # (sum, count) losses: the step's count, else None
         if self.dp_hooks is not None:
             self.dp_hooks.finish_iteration()
         if self.zero is not None:
@@ -324,6 +328,8 @@ class ReplicatedRunner:
         if self.zero is not None:
             self.zero.wait_sync()
         self.grad_bytes = (_held_grad_bytes(self.optimizer),)
+        if count is not None:  # the copies summed their summed losses' gradients: / count
+            scale_grads([self.optimizer], 1.0 / count)
         self.optimizer.step()
         if self.zero is not None:
             self.zero.gather_params()
@@ -332,7 +338,8 @@ class ReplicatedRunner:
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
-        return StepMeasure(step_idx=step_idx, loss=float(loss_t), wall_ms=float(wall_t))
+        loss = float(loss_t) / count if count is not None else float(loss_t)
+        return StepMeasure(step_idx=step_idx, loss=loss, wall_ms=float(wall_t))
 
     @property
     def optimizer_shards(self) -> int:

@@ -3,7 +3,8 @@
 The layers are the workload's own modules (``Workload.layers[start:stop]``), registered as
 ``layers.<k>`` so a stage's ``state_dict`` is the layers' state in order. Layer ``i`` takes
 the output of layer ``i - 1`` as one argument (a tensor or a tuple of tensors, as the zoo
-does); the stage's inputs arrive from ``torch.distributed.pipelining`` as ``*args``.
+does); the stage's inputs arrive from ``torch.distributed.pipelining`` as ``*args``. The
+stage's outputs are made contiguous (they are sent to the next stage).
 
 Recomputed layers run under non-reentrant ``torch.utils.checkpoint`` (the plan's
 ``stages[i].recompute``). Saved bytes are metered while the stage's forward runs, when
@@ -48,4 +49,15 @@ class StageModule(nn.Module):
                     x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
                 else:
                     x = self._run_layer(idx, x)
-        return x
+        return _contiguous(x)
+
+
+def _contiguous(value: Any) -> Any:
+    """The stage's output with every tensor contiguous (a no-op for contiguous ones): what
+    crosses a boundary is sent, and gloo sends only contiguous tensors (a layer may return a
+    transposed view; the layer contract accepts it, ``planner.profiling.contract``)."""
+    if isinstance(value, torch.Tensor):
+        return value.contiguous()
+    if isinstance(value, tuple):
+        return tuple(_contiguous(v) for v in value)
+    return value
