@@ -231,7 +231,7 @@ class RankRunner:
             tp_degree=plan.tp_degree,
         )
         tied_sets, self.tied_params = _tied_params(workload, plan, self.place)
-        mesh = build_mesh(plan, device) if plan.tp_degree > 1 else None
+        mesh = build_mesh(plan, device, options.timeout_s) if plan.tp_degree > 1 else None
         self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s, mesh)
         tied_ids = {id(p) for p in self.tied_params if p is not None}
         shard_group = self.groups.data_parallel if plan.zero > 0 else None

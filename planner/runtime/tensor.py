@@ -2,8 +2,9 @@
 
 A plan with ``tp_degree`` = t > 1 runs every stage replica on t consecutive ranks (the
 Plan's layout: rank = (pipeline rank x D + replica) x t + tp index). The runtime builds
-``init_device_mesh(device, (P, D, t), mesh_dim_names=("pp", "dp", "tp"))`` over
-``arange(world)`` in row-major order, which is exactly that layout, and uses
+the device mesh of shape (P, D, t), ``mesh_dim_names=("pp", "dp", "tp")``, over
+``arange(world)`` in row-major order, which is exactly that layout (as
+``init_device_mesh`` would, but from groups made with the run's timeout), and uses
 
 - ``mesh["pp"]``'s group for the pipeline's point-to-point messages (the ``PipelineStage``
   group: the stages of one replica at one tp index);
@@ -38,10 +39,12 @@ would hold DTensors, which ``torch.load(weights_only=True)`` does not read back)
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Iterable
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -91,12 +94,24 @@ def split_layer_indices(workload: Workload, sequence_parallel: bool) -> tuple[in
     return tuple(i for i, layer in enumerate(workload.layers) if spec.styles(layer, sequence_parallel))
 
 
-def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
-    """The ("pp", "dp", "tp") mesh of shape (P, D, t) over all ranks (collective)."""
+def build_mesh(plan: Plan, device: torch.device, timeout_s: float) -> DeviceMesh:
+    """The ("pp", "dp", "tp") mesh of shape (P, D, t) over all ranks in row-major order
+    (collective). Its groups are made here with the run's timeout (``init_device_mesh`` would
+    give them c10d's default of 30 minutes), every rank creating every group in the same order."""
     pipeline_size = plan.num_stages // plan.virtual_stages_per_rank
-    return init_device_mesh(
-        device.type, (pipeline_size, plan.dp_degree, plan.tp_degree), mesh_dim_names=("pp", "dp", "tp")
+    layout = torch.arange(pipeline_size * plan.dp_degree * plan.tp_degree).reshape(
+        pipeline_size, plan.dp_degree, plan.tp_degree
     )
+    rank = dist.get_rank()
+    mine = []
+    for dim in range(3):  # the groups along each dimension: every line of the layout along it
+        lines = layout.movedim(dim, -1).reshape(-1, layout.size(dim))
+        group = None
+        for line in lines.tolist():
+            made = dist.new_group(line, timeout=timedelta(seconds=timeout_s))
+            group = made if rank in line else group
+        mine.append(group)
+    return DeviceMesh.from_group(mine, device.type, mesh=layout, mesh_dim_names=("pp", "dp", "tp"))
 
 
 def parallelize_layers(workload: Workload, indices: Iterable[int], tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
