@@ -21,11 +21,13 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXPECTED = {"plan_a_model.ipynb", "compare_plans.ipynb", "predicted_vs_measured.ipynb"}
+EXPECTED = {"plan_a_model.ipynb", "compare_plans.ipynb", "predicted_vs_measured.ipynb", "plan_a_hugging_face_model.ipynb"}
 BUDGET_S = 60.0
+# the Hugging Face notebook imports transformers (~5 s of CPU) in the kernel and in both runtime processes
+BUDGET_S_OF = {"plan_a_hugging_face_model.ipynb": 120.0}
 
 
-def test_the_three_notebooks_are_there_without_outputs() -> None:
+def test_the_notebooks_are_there_without_outputs() -> None:
     assert EXPECTED <= {p.name for p in NOTEBOOKS}
     for path in NOTEBOOKS:
         book = nbformat.read(path, as_version=4)
@@ -55,7 +57,8 @@ def test_notebook_executes(path: Path, kernel_dirs: list[str]) -> None:
     start = time.perf_counter()
     client.execute()  # raises CellExecutionError naming the cell on any exception
     elapsed = time.perf_counter() - start
-    assert elapsed < BUDGET_S, f"{path.name} took {elapsed:.0f} s (budget {BUDGET_S:.0f} s)"
+    budget = BUDGET_S_OF.get(path.name, BUDGET_S)
+    assert elapsed < budget, f"{path.name} took {elapsed:.0f} s (budget {budget:.0f} s)"
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     figures = [o for o in outputs if "image/png" in o.get("data", {})]

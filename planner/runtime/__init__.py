@@ -46,6 +46,8 @@ Modules, one job each: ``options`` (flags), ``model`` (load, cast, fingerprint a
 ``grads`` (data-parallel and tied gradients), ``zero`` (sharded optimizer state and
 gradients), ``tensor`` (tensor parallelism: mesh, split layers), ``engine`` (one rank's training loop),
 ``checkpoint``, ``collect`` (RunReport), ``main`` (process lifecycle), ``replicated`` (one rank's
-loop for plans replicated per stage), ``exchange`` (its messages and their dry run). Only this package,
+loop for plans replicated per stage), ``exchange`` (its messages and their dry run), ``loss``
+(``(sum, count)`` losses: the step's count and the gradient scale), ``preflight`` (what ``planner
+run`` checks in the launcher before torchrun: dtype, optimizer, world size, model). Only this package,
 ``planner.models`` and ``planner.profiling`` import torch.
 """
