@@ -24,7 +24,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED = {"plan_a_model.ipynb", "compare_plans.ipynb", "predicted_vs_measured.ipynb", "plan_a_hugging_face_model.ipynb"}
 BUDGET_S = 60.0
 # the Hugging Face notebook imports transformers (~5 s of CPU) in the kernel and in both runtime processes
-BUDGET_S_OF = {"plan_a_hugging_face_model.ipynb": 120.0}
+BUDGET_S_OF = {"plan_a_hugging_face_model.ipynb": 180.0}
 
 
 def test_the_notebooks_are_there_without_outputs() -> None:
