@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,7 +36,7 @@ from planner.artifacts.request import ScheduleKind  # noqa: E402
 from planner.runtime.engine import RankRunner  # noqa: E402
 from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
-from planner.runtime.tensor import full  # noqa: E402
+from planner.runtime.tensor import full, local  # noqa: E402
 from planner.runtime.zero import flatten  # noqa: E402
 from planner.workload import split_loss  # noqa: E402
 from tests.factories import make_plan  # noqa: E402
@@ -80,6 +81,14 @@ def _max_diff(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return float((got.double() - ref.double()).abs().max()), float(ref.double().abs().max())
 
 
+def local_reference(param: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """This rank's part of the whole reference tensor ``ref`` of a (tensor-parallel) parameter."""
+    if not isinstance(param, DTensor):
+        return ref
+    placements = [Replicate() if p.is_partial() else p for p in param.placements]
+    return distribute_tensor(ref, param.device_mesh, placements, src_data_rank=None).to_local()
+
+
 def compare(runner: RankRunner, ref_grads: list[list[torch.Tensor]], ref_params: list[list[torch.Tensor]]) -> list[float]:
     """Max abs grad diff and scale, max abs param diff and scale, over every stage the rank ran
     (several with interleaved 1F1B). A parameter whose gradient ZeRO keeps only as the shard's
@@ -101,7 +110,7 @@ def compare(runner: RankRunner, ref_grads: list[list[torch.Tensor]], ref_params:
                     add(0, _max_diff(full(p.grad), ref_grad))
         if chunk.zero is not None:
             layout = chunk.zero.layout
-            flat = flatten([ref_grad_of[id(p)] for p in chunk.zero.params], layout)
+            flat = flatten([local_reference(p, ref_grad_of[id(p)]) for p in chunk.zero.params], layout)
             assert chunk.zero.master.grad is not None
             add(0, _max_diff(chunk.zero.master.grad, flat[layout.shard_start : layout.shard_stop]))
     return out
@@ -119,7 +128,7 @@ def model_state(runner: RankRunner, measure: Any) -> list[float]:
         params = [] if chunk.optimizer is None else list(chunk.optimizer.param_groups[0]["params"])
         if chunk.zero is not None:
             params = [p for p in params if p is not chunk.zero.master] + chunk.zero.params
-        out += [float(optim), float(grads), float(sum(p.numel() for p in params)), float(len(params))]
+        out += [float(optim), float(grads), float(sum(local(p).numel() for p in params)), float(len(params))]
     return out
 
 

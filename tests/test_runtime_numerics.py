@@ -8,11 +8,12 @@ state and gradient bytes each rank holds, exactly (``check_model_state``); one Z
 resumes from a checkpoint of its first step, each rank reloading its own optimizer shard
 (step 2's loss depends on that state); plus tensor parallelism (t = 2) on the zoo GPT (tied
 embedding and head) at (t, P, D) in {(2, 1, 1), (2, 2, 1), (2, 1, 2)} and interleaved, with
-and without sequence parallelism and recomputation: losses, gradients and final parameters
-to 1e-12 relative in float64 with SGD. With AdamW the parameters agree to 1e-11 only: the
+and without sequence parallelism and recomputation, and with ZeRO 1 and 2 (each rank's
+shard of its local tensor-parallel shards): losses, gradients and final parameters to 1e-12
+relative in float64 with SGD. With AdamW the parameters agree to 1e-11 only: the
 split matmuls sum in another order (gradients differ by ~1e-16), and AdamW's m / sqrt(v)
 turns that into a relative change of the update wherever a gradient is near zero (measured
-5.6e-12 after 2 steps); the losses still agree to 1e-12.
+5.6e-12 to 6.7e-12 after 2 steps); the losses still agree to 1e-12.
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), because starting processes and importing torch costs seconds.
@@ -114,7 +115,8 @@ def configs(world: int) -> list[dict[str, Any]]:
             _il("zero2-il-mlp-P2v2-D2", MLP, 2, False, optimizer="adamw", zero=2),
             _tp("tp2-sp-gpt-tied-P2-D1-1f1b", 2, 1, "1f1b", False, True),
             _tp("tp2-gpt-P1-D2-gpipe-rc", 1, 2, "gpipe", True, False),
-            _tp("tp2-sp-gpt-P1-D2-1f1b-adamw", 1, 2, "1f1b", False, True, optimizer="adamw"),
+            _tp("zero1-tp2-gpt-P1-D2-1f1b", 1, 2, "1f1b", False, False, optimizer="adamw", zero=1),
+            _tp("zero2-tp2-sp-gpt-P1-D2-gpipe-rc", 1, 2, "gpipe", True, True, optimizer="adamw", zero=2),
             _tp("tp2-il-gpt-tied-P2v2-D1-rc", 4, 1, IL, True, False, virtual_stages_per_rank=2),
             _cfg("tokens-P2-D2-gpipe-rc", TOKENS, 2, 2, "gpipe", True),
         ],
@@ -129,7 +131,7 @@ def _check(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
             errors.append(f"{cfg['name']}: loss diff {result['loss_abs_diff']:.3g}, grad diff {result['grad_abs_diff']:.3g} > 1e-12")
     elif result["loss_rel_diff"] > 1e-6 or result["grad_rel_diff"] > 1e-6:
         errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, grad rel {result['grad_rel_diff']:.3g} > 1e-6")
-    if "zero" in cfg and (result["loss_rel_diff"] > 1e-12 or result["param_rel_diff"] > 1e-12):  # float64
+    if "zero" in cfg and cfg.get("tp_degree", 1) == 1 and (result["loss_rel_diff"] > 1e-12 or result["param_rel_diff"] > 1e-12):
         errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, param rel {result['param_rel_diff']:.3g} > 1e-12")
     if cfg.get("tp_degree", 1) > 1:
         param_tol = 1e-12 if cfg["optimizer"] == "sgd" else 1e-11  # AdamW: see the module docstring

@@ -55,6 +55,10 @@ Scope: parameters tied across pipeline ranks (``planner.runtime.grads.sync_tied`
 unsharded: they are stepped whole, by the same optimizer, on every rank holding them.
 Interleaved plans are supported: each stage chunk of a rank has its own ``ShardedState``
 over the same data-parallel group (the group's ranks run the same chunks in the same order).
+With tensor parallelism (t > 1) a split parameter is a DTensor: the flat buffer holds the
+rank's local shards (its data-parallel peers hold the same shards), each ``.grad`` is a DTensor
+of the parameter's placements over a view of the buffer, and the gathered weights are copied
+into the local shards.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from planner.runtime.options import RuntimeOptimizer
 from planner.runtime.tensor import local
@@ -128,10 +133,22 @@ def flatten(tensors: Sequence[torch.Tensor], layout: FlatLayout) -> torch.Tensor
 
 
 def unflatten_into(flat: torch.Tensor, params: Sequence[torch.Tensor], layout: FlatLayout) -> None:
-    """Copy each parameter's elements of ``flat`` into it (in place, outside autograd)."""
+    """Copy each parameter's elements of ``flat`` into it (in place, outside autograd; a
+    tensor-parallel DTensor parameter: into its local shard)."""
     with torch.no_grad():
         for param, start, n in zip(params, layout.offsets, layout.numels):
-            param.copy_(flat[start : start + n].view_as(param))
+            shard = local(param)
+            shard.copy_(flat[start : start + n].view_as(shard))
+
+
+def _grad_view(param: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """``view`` as ``param``'s gradient: a DTensor of the parameter's placements for a
+    tensor-parallel parameter (``view`` its local shard), else ``view`` itself."""
+    if isinstance(param, DTensor):
+        return DTensor.from_local(
+            view, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )
+    return view
 
 
 def state_bytes_per_param(optimizer: RuntimeOptimizer, element_size: int) -> int:
@@ -172,9 +189,9 @@ class ShardedState:
         self._group = group
         self._divisor = grad_divisor
         self.layout = FlatLayout(
-            numels=tuple(p.numel() for p in params), num_shards=dist.get_world_size(group), shard_idx=dist.get_rank(group)
+            numels=tuple(local(p).numel() for p in params), num_shards=dist.get_world_size(group), shard_idx=dist.get_rank(group)
         )
-        flat = flatten(self.params, self.layout)
+        flat = flatten([local(p) for p in self.params], self.layout)
         self.master = torch.nn.Parameter(flat[self.layout.shard_start : self.layout.shard_stop].clone())
         self._flat_grad: torch.Tensor | None = None
         self._pending: tuple[Any, torch.Tensor] | None = None
@@ -189,7 +206,7 @@ class ShardedState:
         else:
             self._flat_grad.zero_()
         for param, start, n in zip(self.params, self.layout.offsets, self.layout.numels):
-            param.grad = self._flat_grad[start : start + n].view_as(param)
+            param.grad = _grad_view(param, self._flat_grad[start : start + n].view_as(local(param)))
 
     def launch_sync(self) -> None:
         """Divide the accumulated gradients by ``grad_divisor`` and start the reduce-scatter."""
@@ -228,4 +245,4 @@ class ShardedState:
     def reload_master(self) -> None:
         """Take the master shard from the parameters again (after loading a checkpoint)."""
         with torch.no_grad():
-            self.master.copy_(flatten(self.params, self.layout)[self.layout.shard_start : self.layout.shard_stop])
+            self.master.copy_(flatten([local(p) for p in self.params], self.layout)[self.layout.shard_start : self.layout.shard_stop])
