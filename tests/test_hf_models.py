@@ -69,7 +69,8 @@ def test_layers_compute_the_models_forward(name: str) -> None:
     # every parameter of the model is in exactly one layer (ties: one object, several layers)
     ours_ids = {id(p) for layer in work.layers for p in layer.parameters()}
     assert len(ours_ids) == len(list(hf_model(spec).parameters()))
-    loss = work.loss_fn(ours, labels)
+    total, count = work.loss_fn(ours, labels)
+    loss = total / count
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for layer in work.layers for p in layer.parameters())
 
@@ -84,12 +85,20 @@ def test_padding_mask_reaches_every_block() -> None:
     assert not torch.equal(chain(work, (ids, torch.ones_like(mask)))[real], chain(work, (ids, mask))[real])
 
 
-def test_loss_is_a_mean_over_positions_so_microbatches_add_up() -> None:
-    work = load_workload(SPECS["llama"], dtype="float64")
-    inputs, labels = work.make_batch(6, 1)
-    whole = work.loss_fn(chain(work, inputs), labels)
-    parts = [work.loss_fn(chain(work, (inputs[0][i : i + 2], inputs[1][i : i + 2])), labels[i : i + 2]) for i in (0, 2, 4)]
-    assert float(abs(sum(parts) / 3 - whole).detach()) < 1e-14
+def test_loss_is_hfs_token_mean_as_sum_and_count() -> None:
+    """(sum, count) over micro-batches with different numbers of real tokens = the token mean
+    of the whole batch, which is F.cross_entropy's mean over the labelled tokens."""
+    for name in ("llama", "bert"):
+        work = load_workload(SPECS[name], dtype="float64")
+        inputs, labels = work.make_batch(6, 1)
+        logits = chain(work, inputs)
+        total, count = work.loss_fn(logits, labels)
+        mean = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), labels.reshape(-1), ignore_index=-100)
+        assert float(((total / count) - mean).abs().detach()) < 1e-15
+        parts = [work.loss_fn(chain(work, (inputs[0][i : i + 2], inputs[1][i : i + 2])), labels[i : i + 2]) for i in (0, 2, 4)]
+        assert len({int(c) for _, c in parts}) > 1  # the micro-batches differ in real tokens
+        assert float((sum(t for t, _ in parts) / sum(c for _, c in parts) - mean).abs().detach()) < 1e-14
+        assert all(int(c) > 0 for _, c in parts)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])

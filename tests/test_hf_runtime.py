@@ -4,9 +4,16 @@ A Llama-style (grouped-query attention, rotary, RMSNorm, SwiGLU, untied head), a
 (bidirectional, padding mask, masked LM, tied decoder) and a GPT-2 (causal, tied head) model
 from ``hf:`` specs, each cut into 5 layers, at P in {1, 2, 4}, D in {1, 2} (within 4
 processes), recomputation off and on (GPipe without, 1F1B with): float64 losses and
-gradients within 1e-12 relative of one-process training on the same global batches, and a
-float32 run of each model within 1e-5 relative. Padding masks cross every stage boundary
-(int64, no gradient); ties are split over pipeline ranks at P >= 2.
+gradients within 1e-12 relative of one-process training on the same global batches where the
+model allows it, and a float32 run of each model within 1e-5 relative. The loss is HF's token
+mean as ``(sum, count)``: each micro-batch back-propagates its sum and the gradients are
+scaled by 1 / count after the step, where one process scales before. Llama does not allow
+1e-12: transformers' ``LlamaRMSNorm`` computes in float32 whatever the model's dtype
+(``hidden_states.to(torch.float32)``), so a float64 Llama is float32-accurate inside its
+norms and differently scaled gradients round differently there (measured: loss 2e-10,
+gradients 8e-8 relative); its float64 bound is 1e-8 on the loss and 1e-6 on gradients.
+Padding masks cross every stage boundary (int64, no gradient); ties are split over pipeline
+ranks at P >= 2.
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), as tests/test_runtime_numerics.py does.
@@ -62,11 +69,18 @@ def configs(world: int) -> list[dict[str, Any]]:
     return out
 
 
+FLOAT32_NORMS = {MODELS["llama"]}  # float32 inside the norms whatever the dtype (module docstring)
+
+
 def _errors(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
-    tol = 1e-12 if cfg["dtype"] == "float64" else 1e-5
+    if cfg["dtype"] == "float32":
+        loss_tol, grad_tol = 1e-5, float("inf")
+    else:
+        loss_tol, grad_tol = (1e-8, 1e-6) if cfg["model"] in FLOAT32_NORMS else (1e-12, 1e-12)
     errors = []
-    if result["loss_rel_diff"] > tol or (cfg["dtype"] == "float64" and result["grad_rel_diff"] > tol):
-        errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, grad rel {result['grad_rel_diff']:.3g} > {tol}")
+    if result["loss_rel_diff"] > loss_tol or result["grad_rel_diff"] > grad_tol:
+        errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g} (<= {loss_tol}), "
+                      f"grad rel {result['grad_rel_diff']:.3g} (<= {grad_tol})")
     if len(result["losses"]) != cfg["steps"] or (result["saved_bytes_peak"] <= 0 and not cfg["recompute"]):
         errors.append(f"{cfg['name']}: {len(result['losses'])} losses, {result['saved_bytes_peak']} saved bytes")
     return errors

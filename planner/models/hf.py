@@ -34,11 +34,10 @@ Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a
 - dropout probabilities are set to 0 (deterministic runs); the model stays in train mode.
 
 Targets are token labels with ``-100`` where no loss is taken (padding; for the masked LM
-every position but the ~15% masked ones, whose input id becomes ``vocab - 1`` as ``[MASK]``).
-The loss is the summed token cross entropy divided by the number of label *positions*
-(``b x s``), not of labelled tokens: that keeps it the Workload contract's mean, whose mean
-over equal micro-batches is the whole batch's (HF's own loss divides by the labelled tokens,
-a count that differs between micro-batches).
+every position but the ~15% masked ones, at least one a sample, whose input id becomes
+``vocab - 1`` as ``[MASK]``). The loss is HF's: the mean cross entropy over the labelled
+tokens, returned as ``(sum, count)`` (the Workload contract's token-weighted form), so a step
+split into micro-batches with different numbers of real tokens has the loss of the whole batch.
 
 Encoder-decoder models (T5, BART, ...) are refused: every decoder block's cross-attention
 reads the encoder's final output, and T5's relative position bias is computed by the first
@@ -313,11 +312,11 @@ class Head(nn.Module):
         return _hidden(self.head(x[0] if self.takes_tuple else x))
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross entropy of the labelled tokens / the number of label positions (see the
-    module docstring: a mean over a fixed count, so micro-batch means add up)."""
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(summed cross entropy of the labelled tokens, their number)``: HF's token-mean loss
+    in the Workload contract's ``(sum, count)`` form."""
     total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
-    return total / labels.numel()
+    return total, (labels != IGNORE).sum()
 
 
 def _tied_groups(layers: tuple[nn.Module, ...]) -> tuple[tuple[tuple[int, str], ...], ...]:
@@ -417,6 +416,7 @@ def _batch_maker(task: str, vocab: int, seq: int, padding: bool, pad_id: int) ->
         else:
             ids = tokens[:, :-1].clone()
             chosen = (torch.rand(batch_size, seq, generator=gen) < MASK_FRACTION) & mask.bool()
+            chosen[:, 0] |= ~chosen.any(dim=1)  # at least one masked token a sample
             labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
             ids = torch.where(chosen, torch.full_like(ids, vocab - 1), ids)
         ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad_id))
