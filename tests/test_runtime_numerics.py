@@ -10,10 +10,11 @@ resumes from a checkpoint of its first step, each rank reloading its own optimiz
 embedding and head) at (t, P, D) in {(2, 1, 1), (2, 2, 1), (2, 1, 2)} and interleaved, with
 and without sequence parallelism and recomputation, and with ZeRO 1 and 2 (each rank's
 shard of its local tensor-parallel shards): losses, gradients and final parameters to 1e-12
-relative in float64 with SGD. With AdamW the parameters agree to 1e-11 only: the
+relative in float64 with SGD; two of them resume from a checkpoint of their first step (one
+file per tp index, and per ZeRO shard). With AdamW the parameters agree to 1e-10 only: the
 split matmuls sum in another order (gradients differ by ~1e-16), and AdamW's m / sqrt(v)
 turns that into a relative change of the update wherever a gradient is near zero (measured
-5.6e-12 to 6.7e-12 after 2 steps); the losses still agree to 1e-12.
+5.6e-12 to 6.7e-12 after 2 steps, 1.05e-11 after 3); the losses still agree to 1e-12.
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), because starting processes and importing torch costs seconds.
@@ -96,6 +97,7 @@ def configs(world: int) -> list[dict[str, Any]]:
             _zero("zero2-mlp-P1-D2-1f1b-resumed", MLP, 1, "1f1b", 2, steps=3, resume_at=1),
             _tp("tp2-gpt-P1-D1-1f1b", 1, 1, "1f1b", False, False),
             _tp("tp2-sp-gpt-P1-D1-gpipe-rc", 1, 1, "gpipe", True, True),
+            _tp("tp2-sp-gpt-P1-D1-1f1b-adamw-resumed", 1, 1, "1f1b", False, True, optimizer="adamw", steps=3, resume_at=1),
             # issue 13: a (sum, count) token-weighted loss; a non-contiguous tensor crossing the boundary
             _cfg("tokens-P2-D1-1f1b", TOKENS, 2, 1, "1f1b", False),
             _zero("tokens-zero1-P1-D2-1f1b", TOKENS, 1, "1f1b", 1),
@@ -116,7 +118,7 @@ def configs(world: int) -> list[dict[str, Any]]:
             _tp("tp2-sp-gpt-tied-P2-D1-1f1b", 2, 1, "1f1b", False, True),
             _tp("tp2-gpt-P1-D2-gpipe-rc", 1, 2, "gpipe", True, False),
             _tp("zero1-tp2-gpt-P1-D2-1f1b", 1, 2, "1f1b", False, False, optimizer="adamw", zero=1),
-            _tp("zero2-tp2-sp-gpt-P1-D2-gpipe-rc", 1, 2, "gpipe", True, True, optimizer="adamw", zero=2),
+            _tp("zero2-tp2-sp-gpt-P1-D2-gpipe-rc-resumed", 1, 2, "gpipe", True, True, optimizer="adamw", zero=2, steps=3, resume_at=1),
             _tp("tp2-il-gpt-tied-P2v2-D1-rc", 4, 1, IL, True, False, virtual_stages_per_rank=2),
             _cfg("tokens-P2-D2-gpipe-rc", TOKENS, 2, 2, "gpipe", True),
         ],
@@ -134,7 +136,7 @@ def _check(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     if "zero" in cfg and cfg.get("tp_degree", 1) == 1 and (result["loss_rel_diff"] > 1e-12 or result["param_rel_diff"] > 1e-12):
         errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, param rel {result['param_rel_diff']:.3g} > 1e-12")
     if cfg.get("tp_degree", 1) > 1:
-        param_tol = 1e-12 if cfg["optimizer"] == "sgd" else 1e-11  # AdamW: see the module docstring
+        param_tol = 1e-12 if cfg["optimizer"] == "sgd" else 1e-10  # AdamW: see the module docstring
         if result["loss_rel_diff"] > 1e-12 or result["param_rel_diff"] > param_tol:
             errors.append(f"{cfg['name']}: loss rel {result['loss_rel_diff']:.3g}, param rel {result['param_rel_diff']:.3g}")
     if len(result["losses"]) != cfg["steps"]:
@@ -183,10 +185,15 @@ def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
     assert [r["name"] for r in results] == [c["name"] for c in cfgs]
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
+    if world == 4:
+        saved = sorted(p.name for p in (tmp_path / "zero2-tp2-sp-gpt-P1-D2-gpipe-rc-resumed" / "step_1").iterdir())
+        assert saved == [f"stage_0.tp_{k}{s}.pt" for k in range(2) for s in (".optimizer_shard_0", ".optimizer_shard_1", "")]
     if world == 2:
         # ZeRO 2 resumed from a checkpoint of its first step: each rank saved its own AdamW shard
         saved = sorted(p.name for p in (tmp_path / "zero2-mlp-P1-D2-1f1b-resumed" / "step_1").iterdir())
         assert saved == ["stage_0.optimizer_shard_0.pt", "stage_0.optimizer_shard_1.pt", "stage_0.pt"]
+        saved = sorted(p.name for p in (tmp_path / "tp2-sp-gpt-P1-D1-1f1b-adamw-resumed" / "step_1").iterdir())
+        assert saved == ["stage_0.tp_0.pt", "stage_0.tp_1.pt"]  # each tp index its own shards
         # the same stage unsharded and sharded over D = 2: half the optimizer state
         by_name = {r["name"]: r for r in results}
         for rank in range(2):

@@ -62,8 +62,6 @@ def test_refusals_before_compute() -> None:
         mlp = load_workload("tests.factories:mlp")
         check_plan(make_plan(mlp.layer_names, (2,), tp_degree=2), mlp, 4)
     check_plan(dataclasses.replace(make_plan(names, (), dp_degree=2, tp_degree=2), zero=2), gpt, 4)  # ZeRO runs
-    with pytest.raises(PlannerInputError, match="checkpoints of tensor-parallel runs are not supported"):
-        check_plan(make_plan(names, (), tp_degree=2), gpt, 2, checkpoints=True)
     plan = make_plan(names, (2,), tp_degree=2)
     replicated = dataclasses.replace(
         plan,

@@ -33,8 +33,8 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   (``Workload.tensor_parallel``; the zoo GPT and BERT: Megatron's column / row split,
   ``SequenceParallel`` norms with sequence parallelism); pipeline messages over "pp", the
   gradient all-reduce over "dp" on local shards; split layers take and return whole tensors.
-  ZeRO shards the local shards. Refused before compute: t not dividing the heads, per-stage
-  replication, checkpoints.
+  ZeRO shards the local shards; checkpoints are per tp index. Refused before compute: t not
+  dividing the heads (or, with sequence parallelism, the tokens), per-stage replication.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
 - Plans replicated per stage (``plan.replicated_per_stage``, PipeDream's round-robin) run on our
   own executor (``replicated``): a ``PipelineStage`` has one fixed peer per direction, while

@@ -21,16 +21,15 @@ from planner.workload import Workload
 SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
 
 
-def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", *, checkpoints: bool = False) -> None:
+def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan") -> None:
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
     that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
     whose tensor parallelism the model or the runtime cannot do
-    (``planner.runtime.tensor.tensor_parallel_refusal``; ``checkpoints``: the run writes or
-    reads checkpoints)."""
+    (``planner.runtime.tensor.tensor_parallel_refusal``)."""
     if plan.tp_degree > 1:  # torch.distributed.tensor takes seconds to import: only for tensor parallelism
         from planner.runtime.tensor import tensor_parallel_refusal
 
-        why = tensor_parallel_refusal(plan, workload, checkpoints=checkpoints)
+        why = tensor_parallel_refusal(plan, workload)
         if why:
             raise PlannerInputError(f"{source}: {why}")
     replicated = plan.replicated_per_stage

@@ -335,6 +335,7 @@ class RankRunner:
                     c.optimizer,
                     replica=self.place.replica,
                     optimizer_shards=self.optimizer_shards,
+                    tp=self.checkpoint_tp,
                 )
             )
             if c.zero is not None:
@@ -407,6 +408,11 @@ class RankRunner:
         """Which replica this rank is (replica 0 writes the model in checkpoints)."""
         return self.place.replica
 
+    @property
+    def checkpoint_tp(self) -> tuple[int, int]:
+        """(tp index, tp degree): each tp index checkpoints its own shards."""
+        return self.place.tp_index, self.plan.tp_degree
+
     def step_units(self) -> list["StepUnit"]:
         return [StepUnit(stage_idx=c.stage_idx, module=c.module, optimizer=c.optimizer, timer=c.pipe_stage)
                 for c in self.chunks]
@@ -464,6 +470,7 @@ def run_steps(runner: Any) -> RankMeasure:
                 [(u.stage_idx, u.module, u.optimizer) for u in units],
                 runner.checkpoint_replica,
                 optimizer_shards=runner.optimizer_shards,
+                tp=getattr(runner, "checkpoint_tp", (0, 1)),  # the replicated executor has no tensor parallelism
             )
     per_stage = tuple(statistics.fmean(col) for col in zip(*compute_ms)) if compute_ms else (0.0,) * len(units)
     per_unit = list(zip(*overruns)) if overruns else [((0.0, 0.0, 0.0),)] * len(units)

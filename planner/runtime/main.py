@@ -96,7 +96,7 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
 
     plan = load_plan(options.plan_path)
     workload = load_workload(options.model_spec, options.seed, options.dtype)
-    check_plan(plan, workload, world_size, source=options.plan_path, checkpoints=bool(options.checkpoint_dir))
+    check_plan(plan, workload, world_size, source=options.plan_path)
     profile = load_profile(options.profile_path) if options.profile_path else None
     if profile is not None and profile.layer_names != workload.layer_names:
         raise PlannerInputError(f"{options.profile_path}: profile layers do not match model {workload.name!r}")

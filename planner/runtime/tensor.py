@@ -32,9 +32,8 @@ and are summed per tp index.
 
 Refused before any compute (:func:`tensor_parallel_refusal`): a model that declares no split;
 t not dividing the heads (or, with sequence parallelism, the tokens per sample); per-stage
-replication with t > 1 (not combined: the replicated executor routes whole stages);
-checkpoints with t > 1 (a checkpoint would hold DTensors, which ``torch.load(weights_only=True)``
-does not read back). ZeRO 1 and 2 run: ``planner.runtime.zero`` flattens each rank's local
+replication with t > 1 (not combined: the replicated executor routes whole stages). Checkpoints
+are written per tp index as local tensors (``planner.runtime.checkpoint``). ZeRO 1 and 2 run: ``planner.runtime.zero`` flattens each rank's local
 shards, so a rank's optimizer keeps 1/D of its 1/t of the split parameters.
 """
 
@@ -65,7 +64,7 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def tensor_parallel_refusal(plan: Plan, workload: Workload, *, checkpoints: bool = False) -> str:
+def tensor_parallel_refusal(plan: Plan, workload: Workload) -> str:
     """Why the runtime cannot run ``plan``'s tensor parallelism on ``workload`` ("" when it can)."""
     t = plan.tp_degree
     if t == 1:
@@ -80,8 +79,6 @@ def tensor_parallel_refusal(plan: Plan, workload: Workload, *, checkpoints: bool
         return f"tp_degree {t}: no layer of model {workload.name!r} splits"
     if plan.replicated_per_stage:
         return f"tp_degree {t} with per-stage replication (replicas {list(plan.stage_replicas)}) is not supported"
-    if checkpoints:
-        return f"tp_degree {t}: checkpoints of tensor-parallel runs are not supported"
     return ""
 
 
