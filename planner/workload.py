@@ -47,7 +47,10 @@ class TensorParallel:
     """How a workload's layers split over tensor-parallel devices (Megatron-LM)."""
 
     styles: Callable[[Any, bool], dict[str, Any] | None] = field(
-        metadata={"doc": "(layer module, sequence_parallel) -> parallelize_module plan, or None (layer stays whole)"}
+        metadata={
+            "doc": "(layer module, sequence_parallel) -> parallelize_module plan, or None (layer stays whole); "
+                   "with sequence parallelism a split layer takes and returns its device's slice of dim 1"
+        }
     )
     must_divide: tuple[int, ...] = field(default=(), metadata={"doc": "sizes t must divide (attention heads)"})
     sequence_length: int = field(

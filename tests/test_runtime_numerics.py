@@ -33,6 +33,7 @@ from tests.runtime_launch import torchrun
 
 MLP = "tests.factories:mlp"
 ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, tied head
+ZOO_BERT = "bert:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 post-LN blocks, head
 ZOO_RESNET = "resnet:blocks=2,width=4,image=8,classes=4"  # stem, (a, b) x 2, head; skips a -> b
 # (P, D) -> boundaries of the 5-layer test models
 SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}
@@ -69,8 +70,9 @@ def _zero(name: str, model: str, p: int, schedule: str, zero: int, **kw: Any) ->
 
 
 def _tp(name: str, p: int, d: int, schedule: str, recompute: bool, sp: bool, **kw: Any) -> dict[str, Any]:
-    """Tensor parallelism over t = 2 ranks per stage replica, zoo GPT (heads 2, tied head)."""
-    return _cfg(name, ZOO_GPT, p, d, schedule, recompute, tp_degree=2, sequence_parallel=sp, **kw)
+    """Tensor parallelism over t = 2 ranks per stage replica, zoo GPT (heads 2, tied head) unless
+    ``model`` says otherwise."""
+    return _cfg(name, kw.pop("model", ZOO_GPT), p, d, schedule, recompute, tp_degree=2, sequence_parallel=sp, **kw)
 
 
 def configs(world: int) -> list[dict[str, Any]]:
@@ -97,6 +99,7 @@ def configs(world: int) -> list[dict[str, Any]]:
             _zero("zero2-mlp-P1-D2-1f1b-resumed", MLP, 1, "1f1b", 2, steps=3, resume_at=1),
             _tp("tp2-gpt-P1-D1-1f1b", 1, 1, "1f1b", False, False),
             _tp("tp2-sp-gpt-P1-D1-gpipe-rc", 1, 1, "gpipe", True, True),
+            _tp("tp2-bert-P1-D1-gpipe-rc", 1, 1, "gpipe", True, False, model=ZOO_BERT),
             _tp("tp2-sp-gpt-P1-D1-1f1b-adamw-resumed", 1, 1, "1f1b", False, True, optimizer="adamw", steps=3, resume_at=1),
             # issue 13: a (sum, count) token-weighted loss; a non-contiguous tensor crossing the boundary
             _cfg("tokens-P2-D1-1f1b", TOKENS, 2, 1, "1f1b", False),

@@ -109,20 +109,14 @@ def megatron_styles(layer: nn.Module, sequence_parallel: bool) -> dict[str, Any]
     all-reduce of the input gradient in backward (Megatron's ``f``); the row-split output is
     all-reduced in forward (``g``): two collectives each way per attention + MLP block.
 
-    With ``sequence_parallel`` (Korthikanti et al. 2022) the residual stream inside the
-    layer is split along the sequence (dim 1): the layer slices its whole input, its layer
-    norms run on their slice (``SequenceParallel``), each attention / MLP all-gathers its
-    input and reduce-scatters its output, and the layer all-gathers its output again, so it
-    still takes and returns whole tensors.
+    With ``sequence_parallel`` (Korthikanti et al. 2022) the residual stream is split along
+    the sequence (dim 1): the layer takes and returns its device's slice, its layer norms run
+    on the slice (``SequenceParallel``), and each attention / MLP all-gathers its input and
+    reduce-scatters its output (the runtime slices the stream before a run of split layers
+    and gathers it after, see ``planner.runtime.tensor``).
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleInputOutput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     stream = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, Any] = {}
@@ -142,13 +136,4 @@ def megatron_styles(layer: nn.Module, sequence_parallel: bool) -> dict[str, Any]
         plan[prefix + row] = RowwiseParallel(output_layouts=stream)
     if not any(isinstance(style, RowwiseParallel) for style in plan.values()):
         return None
-    if sequence_parallel:
-        plan[""] = PrepareModuleInputOutput(
-            input_layouts=(Replicate(),),
-            desired_input_layouts=(Shard(1),),
-            use_local_input=True,
-            output_layouts=(Shard(1),),
-            desired_output_layouts=(Replicate(),),
-            use_local_output=True,
-        )
     return plan

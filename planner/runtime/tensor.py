@@ -17,13 +17,14 @@ the device mesh of shape (P, D, t), ``mesh_dim_names=("pp", "dp", "tp")``, over
   row split of attention and MLP, ``SequenceParallel`` layer norms with sequence
   parallelism).
 
-A split layer takes and returns whole tensors, so stage boundaries, the static
-``PipelineStage`` shapes, the loss and the layers that stay whole (embeddings, heads: every
-tp rank computes them identically) do not change. With sequence parallelism each split layer
-slices the sequence at its input (no communication) and all-gathers it at its output; the
-planner's cost model instead keeps the sequence split across layers and sends 1/t of each
-boundary tensor per device (Narayanan et al. 2021 section 4.1), so the runtime moves more
-bytes than the plan prices there (one all-gather per split layer, and whole boundary tensors).
+Stage boundaries carry whole tensors, so the static ``PipelineStage`` shapes, the loss and
+the layers that stay whole (embeddings, heads: every tp rank computes them identically) do not
+change. With sequence parallelism a split layer takes and returns its slice of the sequence
+(dim 1): each run of consecutive split layers of a stage slices the whole tensor at its start
+(no communication) and all-gathers it at its end; inside the run the layers pass slices. The
+planner's cost model instead also sends 1/t of each boundary tensor per device (Narayanan et
+al. 2021 section 4.1), so the runtime moves more bytes than the plan prices there (one
+all-gather per run of split layers, and whole boundary tensors).
 
 Split parameters are ``DTensor`` s: the optimizer steps them as they are (SGD and AdamW run
 on DTensors); gradient buckets, the saved-bytes meter and the byte counts read their local
@@ -45,8 +46,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
 from planner.artifacts.plan import Plan
 from planner.workload import Workload
@@ -117,8 +118,35 @@ def parallelize_layers(workload: Workload, indices: Iterable[int], tp_mesh: Devi
     spec = workload.tensor_parallel
     if spec is None:
         return
+    split = []
     for idx in indices:
         layer = workload.layers[idx]
         styles = spec.styles(layer, sequence_parallel)
         if styles:
             parallelize_module(layer, tp_mesh, styles, src_data_rank=None)
+            split.append(idx)
+    if sequence_parallel:
+        for first, last in _runs(split):
+            parallelize_module(workload.layers[first], tp_mesh, _slice_input(), src_data_rank=None)
+            parallelize_module(workload.layers[last], tp_mesh, _gather_output(), src_data_rank=None)
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """(first, last) of each run of consecutive indices."""
+    runs: list[tuple[int, int]] = []
+    for idx in indices:
+        if runs and runs[-1][1] == idx - 1:
+            runs[-1] = (runs[-1][0], idx)
+        else:
+            runs.append((idx, idx))
+    return runs
+
+
+def _slice_input() -> Any:
+    """The whole input -> this device's slice of dim 1 (no communication; backward all-gathers)."""
+    return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True)
+
+
+def _gather_output() -> Any:
+    """This device's slice of dim 1 -> the whole output (all-gather; backward slices)."""
+    return PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True)
