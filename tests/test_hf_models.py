@@ -24,6 +24,7 @@ from planner.profiling import profile_model
 from planner.profiling.memory import whole_model_saved_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
+LLAMA3_8B = ROOT / "configs" / "llama-3-8b.json"
 TINY = "layers=2,hidden=32,heads=4,intermediate=64,vocab=64,seq=16"
 SPECS = {
     "llama": f"hf:llama:{TINY},kv_heads=2",  # grouped-query attention: 2 key/value heads for 4
@@ -132,9 +133,9 @@ def test_config_file_directory_and_inline_agree(tmp_path: Path) -> None:
               (f"hf:{tmp_path}:seq=16", f"hf:{tmp_path / 'config.json'}:seq=16", SPECS["llama"])}
     assert len(prints) == 1
     # the published Llama-3-8B config, shrunk by overrides; its rotary base is the config's
-    work = load_workload("hf:configs/llama-3-8b.json:layers=1,hidden=64,heads=4,intermediate=96,vocab=128,seq=8")
+    work = load_workload(f"hf:{LLAMA3_8B}:layers=1,hidden=64,heads=4,intermediate=96,vocab=128,seq=8")
     assert work.layers[1].rotary.config.rope_parameters["rope_theta"] == 500000.0
-    assert work.options["kv_heads"] == 8 // 1 and work.options["source"] == "configs/llama-3-8b.json"
+    assert work.options["kv_heads"] == 8 and work.options["source"] == str(LLAMA3_8B)
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_config_file_directory_and_inline_agree(tmp_path: Path) -> None:
         ("hf:llama:seq=0", "'seq' must be a positive integer"),
         ("hf:llama:layers", "is not key=value"),
         ("hf:missing/config.json", "no such file or directory"),
-        ("hf:configs/llama-3-70b.json", "70,553,706,496 parameters do not fit"),
+        (f"hf:{ROOT / 'configs' / 'llama-3-70b.json'}", "70,553,706,496 parameters do not fit"),
         ("hf:", "give hf:CONFIG"),
     ],
 )
@@ -209,7 +210,7 @@ def test_llama_profile_declares_the_megatron_split() -> None:
 
 def test_cli_analytic_hf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "l.json"
-    assert main(["profile", "--analytic", "hf", "--config", "configs/llama-3-8b.json", "--seq", "2048",
+    assert main(["profile", "--analytic", "hf", "--config", str(LLAMA3_8B), "--seq", "2048",
                  "--device-preset", "a100-80gb", "--out", str(out)]) == 0
     assert "llama-3-8b: 34 layers, 8,030,261,248 parameters" in capsys.readouterr().out
     (tmp_path / "gpt2.json").write_text(json.dumps({"model_type": "gpt2"}))
