@@ -37,25 +37,38 @@ INFEASIBLE = RecomputeChoice(INF, (), True)
 
 
 def _cover(items: list[tuple[float, float, int]], target: float) -> tuple[float, tuple[int, ...]]:
-    """Least total cost of items (cost, gain, idx) whose gains sum to >= target (exact)."""
+    """Least total cost of items (cost, gain, idx) whose gains sum to >= target (exact).
+
+    Consecutive items with equal (cost, gain) -- a transformer's identical blocks -- are taken
+    as one group of k copies (k = 1 .. n, lowest indices first), so that n identical items
+    cost O(n) front updates instead of O(n^2)."""
     if target <= 0:
         return 0.0, ()
     if sum(g for _, g, _ in items) < target:
         return INF, ()
+    groups: list[tuple[float, float, list[int]]] = []
+    for cost, gain, idx in items:
+        if groups and groups[-1][0] == cost and groups[-1][1] == gain:
+            groups[-1][2].append(idx)
+        else:
+            groups.append((cost, gain, [idx]))
     # front: list of (cost, gain, chosen) with cost ascending and gain strictly ascending
     front: list[tuple[float, float, tuple[int, ...]]] = [(0.0, 0.0, ())]
-    best = (INF, ())
-    for cost, gain, idx in items:
+    best: tuple[float, tuple[int, ...]] = (INF, ())
+    for cost, gain, idxs in groups:
         shifted = []
         for c, g, chosen in front:
-            nc = c + cost
-            if nc >= best[0]:
+            if c + cost >= best[0]:
                 break
-            ng = g + gain
-            if ng >= target:
-                best = (nc, chosen + (idx,))
-                break
-            shifted.append((nc, ng, chosen + (idx,)))
+            for k in range(1, len(idxs) + 1):
+                nc = c + k * cost
+                if nc >= best[0]:
+                    break
+                ng = g + k * gain
+                if ng >= target:
+                    best = (nc, chosen + tuple(idxs[:k]))
+                    break
+                shifted.append((nc, ng, chosen + tuple(idxs[:k])))
         merged = sorted(front + shifted, key=lambda p: (p[0], -p[1]))
         front = []
         top = -1.0
