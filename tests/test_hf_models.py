@@ -216,3 +216,23 @@ def test_cli_analytic_hf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     (tmp_path / "gpt2.json").write_text(json.dumps({"model_type": "gpt2"}))
     assert main(["profile", "--analytic", "hf", "--config", str(tmp_path / "gpt2.json"), "--out", str(out)]) == 2
     assert "Llama-style only" in capsys.readouterr().err
+
+
+def test_llama_flop_formulas_count_the_built_models_matmuls() -> None:
+    """torch's FlopCounterMode on the transformers block: its matrix multiplies (Q, K, V, O
+    projections at GQA widths and the three SwiGLU matrices) are the formula's block FLOPs
+    without the attention term 4 s^2 a d; the head's are 2 s h V."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fields = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 128}
+    shape = llama_shape(fields, seq=16)
+    work = load_workload("hf:llama:layers=1,hidden=64,heads=8,kv_heads=2,intermediate=96,vocab=128,seq=16")
+    x = work.layers[0](work.make_batch(1, 0)[0])
+    with FlopCounterMode(display=False) as block:
+        y = work.layers[1](x)
+    with FlopCounterMode(display=False) as head:
+        work.layers[3](work.layers[2](y))
+    mm = torch.ops.aten.mm
+    assert block.get_flop_counts()["Global"][mm] == shape.block_fwd_flops() - 4 * 16**2 * 8 * 8
+    assert head.get_flop_counts()["Global"][mm] == shape.head_fwd_flops()
