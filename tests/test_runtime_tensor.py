@@ -20,7 +20,6 @@ from planner.runtime.check import check_plan
 from planner.runtime.tensor import split_layer_indices, tensor_parallel_refusal
 from planner.runtime.topology import Placement
 from tests.factories import make_plan
-from tests.runtime_launch import runtime
 
 GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"
 GPT_3_HEADS = "gpt:layers=3,hidden=12,heads=3,seq=4,vocab=32"
@@ -76,19 +75,20 @@ def test_refusals_before_compute() -> None:
         check_plan(plan, gpt, 2)
 
 
-def test_runtime_refuses_heads_not_divisible_with_one_line(tmp_path) -> None:
-    """Under torchrun: exit 2 with one line, before any process group or compute."""
+def test_planner_run_refuses_heads_not_divisible_with_one_line(tmp_path, capsys) -> None:
+    """``planner run``: exit 2 with one line, before torchrun starts (the launcher runs the
+    ranks' own check_plan; under torchrun each rank refuses the same way before joining a
+    process group, see test_refusals_before_compute)."""
+    from planner.cli import main
+
     workload = load_workload(GPT_3_HEADS)
     plan = make_plan(workload.layer_names, (), tp_degree=2, schedule=ScheduleKind.ONE_F_ONE_B)
     (tmp_path / "plan.json").write_text(json.dumps(plan_to_json(plan)))
-    proc = runtime(2, ["--plan", str(tmp_path / "plan.json"), "--model", GPT_3_HEADS, "--steps", "1"])
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("planner.runtime: rank")]
-    assert lines, proc.stderr[-2000:]  # torchrun may end the other rank before it prints
-    for line in lines:
-        assert line.endswith("tensor-parallel degree 2 does not divide the model's 3 attention heads"), line
-        assert ": error: " in line  # PlannerInputError (exit 2), not a failure during training
-    assert "before training" not in proc.stderr  # (torchrun's own ChildFailedError traceback follows)
+    capsys.readouterr()
+    code = main(["run", str(tmp_path / "plan.json"), "--model", GPT_3_HEADS, "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.rstrip().endswith("tensor-parallel degree 2 does not divide the model's 3 attention heads"), err
 
 
 def test_planner_run_reports_a_tensor_parallel_plan_per_stage(tmp_path, capsys) -> None:
