@@ -149,6 +149,7 @@ def test_config_file_directory_and_inline_agree(tmp_path: Path) -> None:
         ("hf:gpt2:seq=2048", "exceeds the model's max_position_embeddings (1024)"),
         ("hf:llama:seq=0", "'seq' must be a positive integer"),
         ("hf:llama:layers", "is not key=value"),
+        ("hf:llama:padding=yes", "'padding' must be 0 or 1"),
         ("hf:missing/config.json", "no such file or directory"),
         (f"hf:{ROOT / 'configs' / 'llama-3-70b.json'}", "70,553,706,496 parameters do not fit"),
         ("hf:", "give hf:CONFIG"),

@@ -6,14 +6,14 @@ is built with ``AutoModelFor*.from_config`` under a seeded RNG (random weights; 
 downloaded, the JSON is read here and handed to ``AutoConfig.for_model``) and cut into the
 planner's layers over its block list, found by architecture (:data:`FAMILIES`):
 
-=================  =========================  ====================  ==========  =============
-model_type         task (class)               embed                 blocks      norm / head
-=================  =========================  ====================  ==========  =============
-llama mistral      causal LM                  ``model.embed_tokens``  ``model.layers``  ``model.norm`` / ``lm_head``
-qwen2              (``AutoModelForCausalLM``)
-gpt2               causal LM                  ``transformer.wte`` + ``wpe``  ``transformer.h``  ``transformer.ln_f`` / ``lm_head``
-bert               masked LM                  ``bert.embeddings``   ``bert.encoder.layer``  none / ``cls``
-=================  =========================  ====================  ==========  =============
+- ``llama``, ``mistral``, ``qwen2``: causal LM (``AutoModelForCausalLM``); embedding
+  ``model.embed_tokens``, blocks ``model.layers``, final norm ``model.norm``, head ``lm_head``,
+  rotary ``model.rotary_emb``;
+- ``gpt2``: causal LM; embedding ``transformer.wte`` + ``transformer.wpe``, blocks
+  ``transformer.h``, final norm ``transformer.ln_f``, head ``lm_head`` (tied to ``wte``);
+- ``bert``: masked LM (``AutoModelForMaskedLM``); embedding ``bert.embeddings``, blocks
+  ``bert.encoder.layer``, no final norm (post-norm blocks), head ``cls`` (decoder tied to the
+  word embeddings).
 
 Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a final norm),
 ``head``. What each layer does that the whole model's ``forward`` would have done:
@@ -174,6 +174,8 @@ def parse_spec(rest: str, spec: str, dtype: str | None = None) -> HFSpec:
     for key in ("seq", "seed"):
         if key in planner and (not isinstance(planner[key], int) or planner[key] < (0 if key == "seed" else 1)):
             raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be a {'non-negative' if key == 'seed' else 'positive'} integer")
+    if planner.get("padding", 1) not in (0, 1):  # True/False compare equal to 1/0
+        raise PlannerInputError(f"model spec {spec!r}: option 'padding' must be 0 or 1 (got {planner['padding']!r})")
     parse_dtype(str(planner.get("dtype", "float32")))
     return HFSpec(source=source, config=config, seq=planner.get("seq"), seed=int(planner.get("seed", 0)),
                   dtype=str(planner.get("dtype", "float32")), padding=bool(planner.get("padding", 1)))
