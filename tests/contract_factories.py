@@ -37,9 +37,14 @@ class Unwrap(nn.Module):
         self.fc = nn.Linear(WIDTH, WIDTH)
 
     def forward(self, x: Any) -> torch.Tensor:
-        while not isinstance(x, torch.Tensor):
-            x = next(iter(x.values())) if isinstance(x, dict) else x[0]
-        return torch.tanh(self.fc(x.real if x.is_complex() else x))
+        for _ in range(3):  # bounded: under torch.fx tracing x is a Proxy, neither dict nor tuple
+            if isinstance(x, dict):
+                x = next(iter(x.values()))
+            elif isinstance(x, (tuple, list)):
+                x = x[0]
+        if isinstance(x, torch.Tensor) and x.is_complex():
+            x = x.real
+        return torch.tanh(self.fc(x))
 
 
 class Transposed(nn.Module):
