@@ -31,7 +31,11 @@ Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a
 - blocks that return a ``ModelOutput`` or a tuple hand on their first element (hidden states);
 - tied input/output embeddings (``tie_word_embeddings``, BERT's decoder): the parameters that
   are one object in the built model are found by identity and listed in ``Workload.tied``;
-- dropout probabilities are set to 0 (deterministic runs); the model stays in train mode.
+- dropout probabilities are set to 0 (deterministic runs); the model stays in train mode;
+- ``seq`` (tokens per sample) defaults to 128, or the model's ``max_position_embeddings`` when
+  smaller; a model whose float32 weights would take more than half the machine's memory is
+  refused before it is built (counted on the meta device) with a pointer to the analytic
+  profile (``planner profile --analytic hf --config ...``).
 
 Targets are token labels with ``-100`` where no loss is taken (padding; for the masked LM
 every position but the ~15% masked ones, at least one a sample, whose input id becomes
