@@ -207,6 +207,7 @@ def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool) 
     )
     plan = dataclasses.replace(
         view_plan, provenance=prov, stages=stages, tp_degree=t, sequence_parallel=sp,
+        devices_available=view_plan.devices_available * t,
         pareto=tuple(dataclasses.replace(p, tp_degree=t, sequence_parallel=sp) for p in view_plan.pareto),
     )
     num_devices = plan.num_devices

@@ -142,6 +142,11 @@ class Prediction:
     mfu: float = field(default=0.0, metadata={"doc": "model FLOPs utilisation: achieved / device_peak_tflops (0 = unknown)"})
     me_index: float = field(default=0.0, metadata={"doc": "against the reference plan named in me_reference; 0 if none"})
     me_reference: str = ""
+    all_devices_ms: float = field(
+        default=0.0,
+        metadata={"doc": "when the plan uses fewer devices than devices_available: the iteration time of the best "
+                         "plan the solver found on all of them (0 = none fits on all, or the plan uses them all)"},
+    )
 
     @classmethod
     def unset(cls, peak_memory_bytes: int = 0) -> "Prediction":
@@ -200,6 +205,11 @@ class Plan:
     )
     dtype: str = field(default="", metadata={"doc": "the profile's dtype the plan was priced for (\"\" = unknown)"})
     optimizer: str = field(default="", metadata={"doc": "the optimizer the plan's memory was priced for (\"\" = unknown)"})
+    devices_available: int = field(
+        default=0,
+        metadata={"doc": "devices the request made available (0 = unknown); the plan occupies num_devices of them, "
+                         "fewer only when that is faster (or better by the objective) than any plan found on all"},
+    )
     stages: tuple[PlanStage, ...]
     predicted: Prediction
     pareto: tuple[ParetoPoint, ...] = ()
@@ -213,6 +223,8 @@ class Plan:
             raise ValueError(f"tp_degree must be >= 1 (got {self.tp_degree})")
         if self.sequence_parallel and self.tp_degree == 1:
             raise ValueError("sequence_parallel needs tp_degree > 1")
+        if self.devices_available < 0:
+            raise ValueError(f"devices_available must be >= 0 (got {self.devices_available})")
         for stage in self.stages:
             if stage.replicas > 1 and self.virtual_stages_per_rank > 1:
                 raise ValueError(f"stage {stage.stage_idx}: per-stage replication needs one stage per rank")

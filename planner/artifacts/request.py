@@ -60,7 +60,20 @@ class PlanRequest:
     optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED
     time_budget_ms: float = 0.0
     fixed_boundaries: tuple[int, ...] = field(
-        default=(), metadata={"doc": "layer indices where a stage must start"}
+        default=(),
+        metadata={"doc": "layer indices where a stage must start: every plan has a stage starting at each of them "
+                         "(with an interleaved schedule: a model chunk); stages may also start elsewhere, unless "
+                         "num_stages is one more than their count. A request that cannot honour them is refused"},
+    )
+    num_stages: int = field(
+        default=0,
+        metadata={"doc": "pipeline stages P the plan must have (with an interleaved schedule: pipeline ranks, each "
+                         "holding virtual_stages_per_rank stages); 0 = searched"},
+    )
+    dp_degree: int = field(
+        default=0,
+        metadata={"doc": "replicated pipelines D the plan must have (then no per-stage replication is searched); "
+                         "0 = searched"},
     )
     solver: str = "dp"
     zero_stages: tuple[int, ...] = field(
@@ -101,6 +114,14 @@ class PlanRequest:
             raise ValueError(f"time_budget_ms must be >= 0 (got {self.time_budget_ms})")
         if any(b < 1 for b in self.fixed_boundaries):
             raise ValueError(f"fixed_boundaries must be layer indices >= 1 (got {list(self.fixed_boundaries)})")
+        if self.num_stages < 0:
+            raise ValueError(f"num_stages must be >= 1, or 0 to search (got {self.num_stages})")
+        if self.dp_degree < 0:
+            raise ValueError(f"dp_degree must be >= 1, or 0 to search (got {self.dp_degree})")
+        if self.num_stages and self.max_stages and self.num_stages > self.max_stages:
+            raise ValueError(f"num_stages {self.num_stages} is more than max_stages {self.max_stages}")
+        if self.dp_degree and self.global_batch % self.dp_degree:
+            raise ValueError(f"dp_degree {self.dp_degree} does not divide global_batch {self.global_batch}")
         if any(t < 1 for t in self.tp_degrees):
             raise ValueError(f"tp_degrees must be >= 1 (got {list(self.tp_degrees)})")
         if not self.sequence_parallel:

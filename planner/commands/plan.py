@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", help="profile JSON (default: the embedded GPT-3 13B A100 profile)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset ({', '.join(PRESETS)}) or cluster JSON (default: %(default)s)")
-    p.add_argument("--devices", type=positive_int, default=0, help="devices to use (default: all of the cluster)")
+    p.add_argument("--devices", type=positive_int, default=0, help="devices available (default: all of the cluster); the plan uses fewer only when that is "
+                        "faster, and its table says so")
     p.add_argument("--global-batch", type=positive_int, default=DEFAULT_GLOBAL_BATCH, help="samples per iteration (default: %(default)s)")
     p.add_argument("--solver", default="dp", choices=SOLVERS, help="solver or baseline (default: %(default)s)")
     p.add_argument("--objective", default="time", choices=[o.value for o in Objective], help="what to optimise (default: %(default)s)")
@@ -38,7 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-cap-gib", type=nonneg_float, default=0.0, help="per-device memory cap in GiB (overrides headroom)")
     p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind], help="optimizer and precision (default: %(default)s)")
     p.add_argument("--time-budget-ms", type=nonneg_float, default=0.0, help="for --objective memory: slowest acceptable iteration")
-    p.add_argument("--fixed-boundaries", type=int_list, default=(), help="comma-separated layer indices where a stage must start")
+    p.add_argument("--fixed-boundaries", type=int_list, default=(),
+                   help="comma-separated layer indices where a stage must start (stages may also start elsewhere; "
+                        "with --stages one more than their count, only there); refused (exit 3) if no plan can")
+    p.add_argument("--stages", type=positive_int, default=0,
+                   help="exactly this many pipeline stages (with an interleaved schedule: pipeline ranks) "
+                        "(default: searched)")
+    p.add_argument("--dp-degree", type=positive_int, default=0,
+                   help="exactly this many replicated pipelines (no per-stage replication) (default: searched)")
     p.add_argument("--zero", type=int_list, default=(0, 1, 2),
                    help="ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
                         "2 also gradients (default: 0,1,2)")
@@ -76,6 +84,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             optimizer=OptimizerKind(args.optimizer),
             time_budget_ms=args.time_budget_ms,
             fixed_boundaries=args.fixed_boundaries,
+            num_stages=args.stages,
+            dp_degree=args.dp_degree,
             solver=args.solver,
             zero_stages=args.zero,
             per_stage_replication=not args.no_stage_replication,

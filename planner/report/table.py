@@ -60,6 +60,9 @@ def format_plan(plan: Plan) -> str:
         + layout
         + f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})"
     )
+    fewer = devices_note(plan)
+    if fewer:
+        head += "\n" + fewer
     sync = "sync ms" if plan.zero else "allred ms"
     headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", sync,
                "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]
@@ -84,6 +87,20 @@ def format_plan(plan: Plan) -> str:
     if p.me_reference:
         tail += f"\nME index {p.me_index:.2f} against the {p.me_reference}"
     return f"{head}\n\n{table}\n\n{tail}"
+
+
+def devices_note(plan: Plan) -> str:
+    """Why a plan occupies fewer devices than were available ("" when it uses them all)."""
+    n = plan.devices_available
+    if not n or plan.num_devices >= n:
+        return ""
+    text = f"uses {plan.num_devices} of {n} devices: "
+    by_time = plan.provenance.request.objective.value == "time"
+    best = plan.predicted.all_devices_ms
+    if not best:
+        return text + f"no plan found on all {n} meets the request"
+    better = "faster than any plan" if by_time else f"better by the objective ({plan.provenance.request.objective.value}) than the plans"
+    return text + f"{better} on all {n} (best on {n}: {best:.2f} ms)"
 
 
 def format_bounds(p: Prediction) -> str:

@@ -15,7 +15,13 @@ schedule) and differs only in how it cuts the layers:
 
 No baseline chooses recomputation per layer: when a stage does not fit, it recomputes every
 layer of the stage (activation checkpointing as DeepSpeed and GPipe apply it), or the
-configuration is skipped.
+configuration is skipped (or, with recomputation off, only skipped). Every baseline keeps the
+least ZeRO stage the request allows (none unless ``zero_stages`` excludes 0).
+
+The request's layout constraints hold for every baseline: the configurations are those of the
+forced stage count and data-parallel degree, and each partition is the baseline's min-max over
+the partitions that start a stage at every fixed boundary (``uniform`` with boundaries at 2
+and 3 of 6 layers on 3 stages is 0-1 | 2 | 3-5); a request none can meet is refused.
 """
 
 from __future__ import annotations
@@ -25,10 +31,10 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerInputError
 from planner.solve.build import memory_cap_bytes
 from planner.solve.chain_dp import ChainSolution, inflight_counts
-from planner.solve.partitions import WEIGHTS, minmax_partition
+from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
 from planner.solve.search import (
     DP_SCHEDULES,
     RESCORE_TOP,
@@ -38,20 +44,23 @@ from planner.solve.search import (
     configurations,
     microbatch_sizes,
     num_devices_of,
+    refuse_unmeetable,
     schedule_valid,
     select,
     stage_arrays,
 )
 
-def _recompute_if_needed(cm: CostModel, bounds, b: int, ks, cap: float) -> list[tuple[int, ...]] | None:
+def _recompute_if_needed(
+    cm: CostModel, bounds, b: int, ks, cap: float, allow: bool = True, shard: int = 1, zero: int = 0
+) -> list[tuple[int, ...]] | None:
     stops = list(bounds[1:]) + [cm.num_layers]
     out = []
     for s, (start, stop) in enumerate(zip(bounds, stops)):
-        if cm.stage_memory(start, stop, (), b, ks[s]).total_bytes <= cap:
+        if cm.stage_memory(start, stop, (), b, ks[s], shard, zero).total_bytes <= cap:
             out.append(())
             continue
         everything = tuple(range(start, stop))
-        if cm.stage_memory(start, stop, everything, b, ks[s]).total_bytes <= cap:
+        if allow and cm.stage_memory(start, stop, everything, b, ks[s], shard, zero).total_bytes <= cap:
             out.append(everything)
         else:
             return None
@@ -61,31 +70,46 @@ def _recompute_if_needed(cm: CostModel, bounds, b: int, ks, cap: float) -> list[
 def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, name: str) -> Plan:
     """The best plan (by simulation) that baseline ``name`` finds over all configurations."""
     num_devices = num_devices_of(cluster, request)
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    if not schedules:
+        raise PlannerInputError(f"baseline {name!r} plans the gpipe and 1f1b schedules only "
+                                f"(asked: {', '.join(s.value for s in request.schedules)})")
+    if name == "data-parallel":
+        if request.num_stages > 1 or request.fixed_boundaries:
+            raise InfeasibleError(f"baseline 'data-parallel' plans one stage: it cannot honour "
+                                  f"{'--stages ' + str(request.num_stages) if request.num_stages > 1 else '--fixed-boundaries'}")
+    refuse_unmeetable(profile.num_layers, num_devices, request, interleaved=False)
     cm = CostModel(profile, cluster, request.optimizer)
     cap = memory_cap_bytes(cluster, request)
-    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     pairs = list(configurations(cm.num_layers, num_devices, request))
     if name == "data-parallel":
         pairs = [(P, D) for P, D in pairs if P == 1]
+    fixed = request.fixed_boundaries
+    zero = min(request.zero_stages)  # the least sharding the request allows (0 unless it is excluded)
     cands: list[Candidate] = []
     for P, D in pairs:
         per_replica = request.global_batch // D
         for b in microbatch_sizes(request, per_replica):
             M = per_replica // b
-            bounds = (0,) if P == 1 else minmax_partition(WEIGHTS[name](cm, b, P, D), P)
-            if bounds is None:
+            bounds = (0,) if P == 1 else minmax_partition(honouring(WEIGHTS[name](cm, b, P, D), fixed), P)
+            if bounds is None or not set(fixed) <= set(bounds):
                 continue
             for schedule in schedules:
                 if not schedule_valid(schedule, P, M):
                     continue
                 ks = inflight_counts(schedule, P, M)
-                rc = _recompute_if_needed(cm, bounds, b, ks, cap)
+                rc = _recompute_if_needed(cm, bounds, b, ks, cap, request.recompute, D if zero else 1, zero)
                 if rc is None:
                     continue
-                cands.append(Candidate(Config(P, D, b, M, schedule), _solution(cm, bounds, rc, b, M, D)))
+                cands.append(Candidate(Config(P, D, b, M, schedule, zero=zero), _solution(cm, bounds, rc, b, M, D)))
     if not cands:
         raise InfeasibleError(f"baseline {name!r}: no configuration fits in {cap / 1024**3:.2f} GiB per device")
-    return select(build_best(cm, request, scored_by_simulation(cm, cands), name, RESCORE_TOP), request)
+    scored = scored_by_simulation(cm, cands)
+    top = scored[:RESCORE_TOP]
+    on_all = [tc for tc in scored if tc[1].config.num_devices == num_devices]
+    if on_all and not any(tc is on_all[0] for tc in top):
+        top.append(on_all[0])  # the best on all the devices, which the plan table names
+    return select(build_best(cm, request, top, name, len(top)), request)
 
 
 def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[tuple[float, Candidate]]:

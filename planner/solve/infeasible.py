@@ -41,10 +41,19 @@ def least_cap_bytes(cm: CostModel, request: PlanRequest, P: int, b: int, recompu
 
 def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, cap: float) -> InfeasibleError:
     """An InfeasibleError naming the tightest stage, the bytes over, and what would fit."""
-    P = min(num_devices, cm.num_layers)
+    P = min(num_devices // max(1, request.dp_degree), cm.num_layers)
     if request.max_stages:
         P = min(P, request.max_stages)
+    if request.num_stages:
+        P = request.num_stages
     b = min(request.microbatch_sizes or (1,))
+    fixed = set(request.fixed_boundaries)
+    if len(fixed) + 1 > P:  # only interleaved stages could start at every fixed boundary
+        return InfeasibleError(
+            f"--fixed-boundaries {','.join(map(str, sorted(fixed)))} need at least {len(fixed) + 1} stages: more than "
+            f"the {P} pipeline ranks available, and no interleaved configuration (2 or 4 stages per rank) is valid",
+            suggestions=("fewer fixed boundaries", "more devices or stages (--stages, --max-stages)"),
+        )
     need = least_cap_bytes(cm, request, P, b, request.recompute)
     gib = 1024**3
     if not math.isfinite(need):
@@ -68,9 +77,13 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
     if need <= cap:
         return InfeasibleError(
             f"no configuration fits, although {P} stages of micro-batch {b} would need only {need / gib:.2f} GiB "
-            f"per device (cap {cap / gib:.2f} GiB): pipeline depths must divide the {num_devices} devices, "
+            f"per device (cap {cap / gib:.2f} GiB): a layout P x D occupies a divisor of the {num_devices} devices, "
             f"the replicas must divide the global batch ({request.global_batch}), and 1F1B needs at least as "
-            "many micro-batches as stages.",
+            "many micro-batches as stages"
+            + "".join(f"; {flag} {v} was asked" for flag, v in (("--stages", request.num_stages),
+                      ("--dp-degree", request.dp_degree), ("--max-stages", request.max_stages)) if v)
+            + (f"; micro-batch sizes {','.join(map(str, request.microbatch_sizes))} were asked"
+               if request.microbatch_sizes else "") + ".",
             suggestions=(
                 f"a device count with more divisors up to {cm.num_layers} (e.g. a power of two)",
                 "a global batch divisible by more replica counts",

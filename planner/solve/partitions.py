@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,18 @@ def minmax_partition(weight: np.ndarray, num_stages: int) -> tuple[int, ...] | N
         bounds.append(i)
         i = int(args[s][i])
     return tuple(bounds)
+
+
+def honouring(weight: np.ndarray, fixed: Sequence[int]) -> np.ndarray:
+    """``weight`` with every stage that spans a ``fixed`` boundary (starts before it and ends
+    after it) made impossible (inf), so that :func:`minmax_partition` starts a stage there."""
+    if not len(fixed):
+        return weight
+    idx = np.arange(weight.shape[0])
+    spans = np.zeros(weight.shape, dtype=bool)
+    for f in fixed:
+        spans |= (idx[:, None] < f) & (idx[None, :] > f)
+    return np.where(spans, np.inf, weight)
 
 
 def _prefix_weight(values: np.ndarray) -> np.ndarray:

@@ -109,12 +109,18 @@ class _Pricing:
         return self._extra[key]
 
 
-def _dp(pr: _Pricing, counts: Sequence[int], cap: float) -> tuple[float, list[tuple[int, int, int, int]]]:
+def _dp(
+    pr: _Pricing, counts: Sequence[int], cap: float, spare: bool = False
+) -> tuple[float, list[tuple[int, int, int, int]]]:
     """One pass of the table for one per-copy cap: f[0][N] and its stages as (start, stop, R, n)
-    (n: the devices from this stage to the end; empty when nothing fits)."""
+    (n: the devices from this stage to the end; empty when nothing fits). With ``spare`` the
+    last devices may stay idle (f[L][n] = 0 for every n)."""
     L, N = pr.L, pr.N
     f = np.full((L + 1, N + 1), INF)
-    f[L, 0] = 0.0
+    if spare:
+        f[L, :] = 0.0
+    else:
+        f[L, 0] = 0.0
     best_j = np.zeros((L + 1, N + 1), dtype=np.int64)
     best_d = np.zeros((L + 1, N + 1), dtype=np.int64)
     for n in range(1, N + 1):
@@ -133,7 +139,7 @@ def _dp(pr: _Pricing, counts: Sequence[int], cap: float) -> tuple[float, list[tu
             col = np.where(better, val, col)
             best_j[:, n] = np.where(better, j, best_j[:, n])
             best_d[:, n] = np.where(better, d, best_d[:, n])
-        f[:, n] = col
+        f[:L, n] = col[:L]
     total = float(f[0, N])
     stages: list[tuple[int, int, int, int]] = []
     if total < INF:
@@ -152,11 +158,15 @@ def solve_replicated(
     num_microbatches: int,
     schedule: ScheduleKind,
     limit_ms: float = INF,
+    spare: bool = False,
 ) -> ReplicatedSolution | None:
     """The exact minimum of J over partitions and per-stage copy counts (or None if nothing
     fits). ``tables[R]`` prices one copy of a stage with R copies (its ZeRO shard count);
     ``limit_ms`` bounds the iteration time worth finding (stages whose copies would alone
-    take longer are not priced with recomputation)."""
+    take longer are not priced with recomputation). With ``spare``, the copies may use fewer
+    than ``num_devices`` devices (the last ones stay idle); a 1F1B copy's in-flight count is
+    then priced as if the idle devices carried stages (an upper bound: its memory is safe,
+    and the plan built from it is priced exactly)."""
     m, N = num_microbatches, num_devices
     counts = [d for d in replica_counts(N, m) if d in tables]
     if not counts:
@@ -186,7 +196,7 @@ def solve_replicated(
     best: tuple[float, float] | None = None
     cap = float(caps[-1])
     while True:
-        total, stages = _dp(pr, counts, cap)
+        total, stages = _dp(pr, counts, cap, spare)
         if total >= INF:
             break
         per_copy = max(float(pr.times(n, d)[i, j]) / d for i, j, d, n in stages)
@@ -201,7 +211,7 @@ def solve_replicated(
         cap = float(caps[k])
     if best is None:
         return None
-    _, stages = _dp(pr, counts, best[1])
+    _, stages = _dp(pr, counts, best[1], spare)
     bounds = tuple(i for i, _, _, _ in stages)
     replicas = tuple(d for _, _, d, _ in stages)
     times = tuple(float(pr.times(n, d)[i, j]) for i, j, d, n in stages)

@@ -1,8 +1,20 @@
 """The default solver: an exact DP per configuration, configurations enumerated, the best few
 re-scored by the event simulator.
 
-Configurations: P x D = N (P <= layers), micro-batch size b dividing the per-replica batch
-(hence M = G / (D b)), schedule. For each, :func:`planner.solve.chain_dp.solve_chain` finds the
+Configurations: P x D = n for every divisor n of the N devices available (P <= layers),
+micro-batch size b dividing the per-replica batch (hence M = G / (D b)), schedule. A layout on
+fewer than N devices (ranks 0 .. n - 1) wins only by simulated time (on equal time the one on
+more devices); configurations on all N are pruned only against the best of those, so the best
+plan on all N is known and the plan records it (``predicted.all_devices_ms``). Device counts
+are restricted to divisors of N (not every n <= N) to keep the search time: every count took
+3x the solver time on GPT-3 175B over 1,024 devices, divisors about the same as N alone.
+Per-stage replication uses up to N devices (the last ones may stay idle).
+
+The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
+and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
+start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
+baseline partitions proposed beside it and in PipeDream's split; a request no plan can meet is
+refused before the search (:func:`refuse_unmeetable`) or by the infeasibility explanation. For each, :func:`planner.solve.chain_dp.solve_chain` finds the
 exact optimum of the pipeline objective J with per-stage recomputation. Across
 configurations the objective alone is not comparable (it leaves out the data-parallel
 all-reduce and the schedule's exact overlap), so every configuration's optimum is replayed by
@@ -32,11 +44,11 @@ from planner.artifacts.plan import ParetoPoint, Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import Objective, PlanRequest, ScheduleKind
 from planner.cost import CostModel, replicated_ranks
-from planner.errors import PlannerInputError
+from planner.errors import InfeasibleError, PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
 from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
-from planner.solve.partitions import WEIGHTS, minmax_partition, pipedream_split
+from planner.solve.partitions import WEIGHTS, honouring, minmax_partition, pipedream_split
 from planner.solve.replicated import replica_counts
 
 #: schedules the DP prices (interleaving changes the in-flight pattern; see the solver issue)
@@ -81,6 +93,11 @@ class Config:
     @property
     def total_stages(self) -> int:
         return self.num_stages * self.virtual_stages
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the layout occupies: P x D, or the sum of the stages' copies."""
+        return sum(self.replicas) if self.replicas else self.num_stages * self.dp_degree
 
     @property
     def shard(self) -> int:
@@ -133,15 +150,26 @@ def microbatch_sizes(request: PlanRequest, per_replica_batch: int) -> list[int]:
     return sorted(b for b in set(sizes) if per_replica_batch % b == 0)
 
 
+def device_counts(num_devices: int) -> list[int]:
+    """The device counts a uniform layout may occupy, most first: the divisors of
+    ``num_devices`` (a plan on fewer devices wins only by being faster; see the module
+    docstring)."""
+    return divisors(num_devices)[::-1]
+
+
 def configurations(num_layers: int, num_devices: int, request: PlanRequest) -> Iterator[tuple[int, int]]:
-    """(P, D) pairs in search order."""
-    for P in divisors(num_devices):
-        if P > num_layers or (request.max_stages and P > request.max_stages):
-            continue
-        D = num_devices // P
-        if request.global_batch % D:
-            continue
-        yield P, D
+    """(P, D) pairs with P x D <= N (every pair once), honouring the request's stage count,
+    data-parallel degree and stage limit, in search order (all N devices first)."""
+    for n in device_counts(num_devices):
+        for P in divisors(n):
+            D = n // P
+            if P > num_layers or (request.max_stages and P > request.max_stages):
+                continue
+            if (request.num_stages and P != request.num_stages) or (request.dp_degree and D != request.dp_degree):
+                continue
+            if request.global_batch % D:
+                continue
+            yield P, D
 
 
 ChainSolver = Callable[..., "ChainSolution | None"]
@@ -216,13 +244,15 @@ def solve_candidates(
     """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
 
     Configurations are visited by increasing lower bound; with ``prune``, one whose bound
-    exceeds the best simulated time so far is skipped (it cannot win on time).
+    exceeds the best simulated time so far is skipped (it cannot win on time); configurations
+    on all ``num_devices`` devices only against the best of those, so that the best plan on
+    all of them is known when one on fewer wins.
     """
     interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
     configs = configs if configs is not None else all_configs(cm, request, num_devices, interleaved_ok)
     ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + _sort_key(c))
     tables: dict[tuple[int, int, int, int], StageTable] = {}
-    best = float("inf")
+    best = best_all = float("inf")
     out: list[tuple[float, Candidate]] = []
 
     def table_of(c: Config) -> StageTable:
@@ -236,7 +266,8 @@ def solve_candidates(
         return tables[key]
 
     for c in ordered:
-        if prune and config_lower_bound_ms(cm, c) > best:
+        limit = best_all if c.num_devices == num_devices else best
+        if prune and config_lower_bound_ms(cm, c) > limit:
             continue
         if c.zero and 0 in request.zero_stages and table_of(dataclasses.replace(c, zero=0)).fits_everywhere(max(c.inflight())):
             c = dataclasses.replace(c, zero=0)  # memory binds nowhere: sharding cannot help
@@ -245,11 +276,11 @@ def solve_candidates(
             continue
         proposals = [Candidate(c, sol)]
         if chain_solver is solve_chain:
-            proposals += alternatives(cm, c, cap_bytes, request.recompute)
+            proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries)
         scored = []
         for cand in proposals:
             # the busiest rank does M x its stage's work: no faster than that
-            if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > best:
+            if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
                 continue
             scored.append((_simulated(cm, cand), cand))
         if not scored:
@@ -257,6 +288,8 @@ def solve_candidates(
         t, cand = min(scored, key=lambda tc: tc[0])
         out.append((t, cand))
         best = min(best, t)
+        if c.num_devices == num_devices:
+            best_all = min(best_all, t)
     out.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
     return out
 
@@ -299,7 +332,8 @@ def _plan_of(cm: CostModel, request: PlanRequest, cand: Candidate, solver: str) 
 
 
 def _tie_key(plan: Plan) -> tuple:
-    return (plan.predicted.iteration_ms, plan.num_stages, -plan.microbatch_size, plan.schedule.value)
+    # on equal time the plan on more devices (all of them, as asked) wins
+    return (plan.predicted.iteration_ms, -plan.num_devices, plan.num_stages, -plan.microbatch_size, plan.schedule.value)
 
 
 def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
@@ -422,15 +456,19 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     return Candidate(c, sol)
 
 
-def alternatives(cm: CostModel, c: Config, cap: float, allow_recompute: bool = True) -> list[Candidate]:
+def alternatives(
+    cm: CostModel, c: Config, cap: float, allow_recompute: bool = True, fixed: Sequence[int] = ()
+) -> list[Candidate]:
     """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
     with the least recompute that fits each stage: extra proposals for the simulator, which
-    judges the all-reduce overlap more finely than the DP objective does."""
+    judges the all-reduce overlap more finely than the DP objective does. Stages start at the
+    ``fixed`` boundaries (the min-max over the partitions that honour them)."""
     if c.virtual_stages > 1 or c.num_stages == 1 or c.replicas:
         return []
     out = []
     for name in ALTERNATIVE_PARTITIONS:
-        bounds = minmax_partition(WEIGHTS[name](cm, c.microbatch_size, c.num_stages, c.dp_degree), c.num_stages)
+        weight = honouring(WEIGHTS[name](cm, c.microbatch_size, c.num_stages, c.dp_degree), fixed)
+        bounds = minmax_partition(weight, c.num_stages)
         cand = None if bounds is None else fixed_split(cm, c, bounds, cap, allow_recompute)
         if cand is not None:
             out.append(cand)
@@ -491,10 +529,11 @@ def refine(
 
 def solve_replicated_config(
     cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: int, num_devices: int, cap: float,
-    fixed: tuple[int, ...], limit_ms: float = float("inf"),
+    fixed: tuple[int, ...], limit_ms: float = float("inf"), spare: bool = False,
 ) -> Candidate | None:
     """The best pipeline replicated per stage for one micro-batch size, schedule and ZeRO stage
-    (:mod:`planner.solve.replicated`), as a Candidate (None if nothing fits)."""
+    (:mod:`planner.solve.replicated`; on up to ``num_devices`` devices with ``spare``), as a
+    Candidate (None if nothing fits)."""
     from planner.solve.replicated import solve_replicated
 
     m = request.global_batch // b
@@ -507,7 +546,8 @@ def solve_replicated_config(
         zero = 0  # memory binds nowhere: sharding cannot help
     # without sharding a stage's copies all price as one table
     tables = {d: plain if not zero and plain is not None else table(d, zero) for d in replica_counts(num_devices, m)}
-    found = solve_replicated(tables, num_devices=num_devices, num_microbatches=m, schedule=schedule, limit_ms=limit_ms)
+    found = solve_replicated(tables, num_devices=num_devices, num_microbatches=m, schedule=schedule, limit_ms=limit_ms,
+                             spare=spare)
     if found is None:
         return None
     config = Config(len(found.replicas), 1, b, m, schedule, zero=zero, replicas=found.replicas)
@@ -523,12 +563,14 @@ def replicated_candidates(
     micro-batch sizes of the :data:`REPLICATED_SIZES`
     best uniform plans (every size when none fits), each exactly over partitions and copy
     counts; sizes whose average-work bound cannot beat the best plan so far are skipped."""
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     if not request.per_stage_replication or not 2 <= num_devices <= REPLICATED_MAX_DEVICES:
+        return []
+    if request.dp_degree or not schedules:  # a forced D means replicated pipelines only
         return []
     best_ms = uniform[0][0] if uniform else float("inf")
     sizes = list(dict.fromkeys(cand.config.microbatch_size for _, cand in uniform))[:REPLICATED_SIZES]
     zero = searched_zero(request, num_devices)
-    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     out: list[tuple[float, Candidate]] = []
     for b in sizes or microbatch_sizes(request, request.global_batch):
         m = request.global_batch // b
@@ -542,7 +584,7 @@ def replicated_candidates(
         # every allowed schedule it fits
         first = ScheduleKind.ONE_F_ONE_B if ScheduleKind.ONE_F_ONE_B in schedules else schedules[0]
         solved = solve_replicated_config(cm, request, b, first, zero, num_devices, cap,
-                                         request.fixed_boundaries, best_ms)
+                                         request.fixed_boundaries, best_ms, spare=True)
         for schedule in schedules:
             proposals = [] if solved is None else [
                 c for c in [same_split(cm, solved, schedule, cap)] if c is not None
@@ -553,6 +595,8 @@ def replicated_candidates(
                 if len(set(reps)) == 1:
                     continue
                 if request.max_stages and prop.config.num_stages > request.max_stages:
+                    continue
+                if request.num_stages and prop.config.num_stages != request.num_stages:
                     continue
                 # the busiest copy does (M / R) x its stage's work: no faster than that
                 if max(m // d * t for d, t in zip(reps, prop.solution.stage_times_ms)) > best_ms:
@@ -597,6 +641,10 @@ def search_plan(
     configurations are re-solved with single layers around their chosen boundaries.
     """
     num_devices = num_devices_of(cluster, request)
+    if chain_solver is not solve_chain and not any(s in DP_SCHEDULES for s in request.schedules):
+        raise PlannerInputError(f"solver {solver!r} plans the gpipe and 1f1b schedules only "
+                                f"(asked: {', '.join(s.value for s in request.schedules)})")
+    refuse_unmeetable(profile.num_layers, num_devices, request, interleaved=chain_solver is solve_chain)
     cm = CostModel(profile, cluster, request.optimizer)
     cap = memory_cap_bytes(cluster, request)
     by_time = request.objective is Objective.TIME
@@ -611,10 +659,14 @@ def search_plan(
         req_search = dataclasses.replace(request, fixed_boundaries=tuple(starts.index(f) for f in request.fixed_boundaries))
 
     def fine(scored: list[tuple[float, Candidate]], keep: int, refined: bool) -> list[tuple[float, Candidate]]:
+        top = scored[:keep]
+        on_all = [tc for tc in scored if tc[1].config.num_devices == num_devices]
+        if by_time and refined and on_all and not any(tc is on_all[0] for tc in top):
+            top.append(on_all[0])  # the best on all the devices, which the plan table names
         if starts is None:
-            return scored[:keep]
+            return top
         out = []
-        for _, cand in scored[:keep]:
+        for _, cand in top:
             mapped = refine(cm, starts, request, cand, cap, chain_solver) if refined else to_layers(cm, cand, starts, cap)
             out.append((_simulated(cm, mapped), mapped))
         out.sort(key=lambda tc: (tc[0],) + _sort_key(tc[1].config))
@@ -632,7 +684,7 @@ def search_plan(
             raise explain_infeasible(cm, request, num_devices, cap)
         raise explain_infeasible(cm_search, req_search, num_devices, cap)
     keep = RESCORE_TOP if by_time else len(scored)
-    plans = build_best(cm, request, fine(scored, keep, True), solver, keep)
+    plans = build_best(cm, request, fine(scored, keep, True), solver, keep + 1)
     # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
     # same search under tighter caps; for the time objective only over the best configurations
     configs = [cand.config for _, cand in scored if not cand.config.replicas][:PARETO_CONFIGS] if by_time else None
@@ -645,12 +697,72 @@ def search_plan(
     return dataclasses.replace(best, pareto=front)
 
 
+def refuse_unmeetable(num_layers: int, num_devices: int, request: PlanRequest, *, interleaved: bool = True) -> None:
+    """Refuse, before searching, a request whose layout constraints (fixed boundaries, stage
+    count, data-parallel degree) no plan on ``num_layers`` layers and ``num_devices`` devices can
+    meet: :class:`InfeasibleError` naming the constraint and the limit it runs into
+    (:class:`PlannerInputError` for a boundary that is not a layer). ``interleaved``: the
+    solver may interleave stages (a rank holding several model chunks)."""
+    fixed = sorted(set(request.fixed_boundaries))
+    beyond = [f for f in fixed if f >= num_layers]
+    if beyond:
+        raise PlannerInputError(
+            f"fixed boundaries {beyond}: a stage can start at layers 1..{num_layers - 1} ({num_layers} layers)"
+        )
+    P, D = request.num_stages, request.dp_degree
+    if P > num_layers:
+        raise InfeasibleError(f"--stages {P}: the profile has {num_layers} layers (a stage holds at least one)")
+    if P * max(D, 1) > num_devices or D > num_devices:
+        asked = " x ".join(f"{flag} {v}" for flag, v in (("--stages", P), ("--dp-degree", D)) if v)
+        raise InfeasibleError(f"{asked} needs {max(P, 1) * max(D, 1)} devices; {num_devices} are available")
+    if not fixed:
+        return
+    limits = [(num_layers, f"the profile's {num_layers} layers")]
+    ranks = [(num_devices // max(D, 1), f"{num_devices} devices" + (f" at --dp-degree {D}" if D else ""))]
+    if P:
+        ranks.append((P, f"--stages {P}"))
+    if request.max_stages:
+        ranks.append((request.max_stages, f"--max-stages {request.max_stages}"))
+    r, why = min(ranks)
+    # interleaving gives a rank several stages, on pipelines of more than one rank
+    v = max(INTERLEAVE_FACTORS) if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and r > 1 else 1
+    limits.append((r * v, why + (f" (x {v} interleaved stages per rank)" if v > 1 else "")))
+    most, why = min(limits)
+    if len(fixed) + 1 > most:
+        raise InfeasibleError(
+            f"--fixed-boundaries {','.join(map(str, fixed))} need at least {len(fixed) + 1} stages, "
+            f"but at most {most} are possible ({why})",
+            suggestions=("fewer fixed boundaries", "more stages (--stages, --max-stages) or more devices"),
+        )
+
+
 def dp_plan(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
     """Plan with the exact DP (see module docstring)."""
     return search_plan(profile, cluster, request, solver="dp", chain_solver=solve_chain)
 
 
 def select(plans: list[Plan], request: PlanRequest) -> Plan:
+    """The plan the request's objective prefers among ``plans``, noting the best plan on all
+    the devices when it uses fewer (:func:`note_devices`)."""
+    return note_devices(_select(plans, request), plans)
+
+
+def note_devices(best: Plan, plans: list[Plan]) -> Plan:
+    """``best`` with ``predicted.all_devices_ms``: when it occupies fewer devices than were
+    available, the fastest of ``plans`` on all of them (or the best such that any of them
+    noted); 0 otherwise."""
+    n = best.devices_available
+    found = 0.0
+    if n and best.num_devices < n:
+        times = [p.predicted.iteration_ms for p in plans if p.num_devices == n]
+        times += [p.predicted.all_devices_ms for p in plans if p.predicted.all_devices_ms > 0]
+        found = min(times, default=0.0)
+    if found == best.predicted.all_devices_ms:
+        return best
+    return dataclasses.replace(best, predicted=dataclasses.replace(best.predicted, all_devices_ms=found))
+
+
+def _select(plans: list[Plan], request: PlanRequest) -> Plan:
     fastest = min(plans, key=_tie_key)
     if request.objective is Objective.TIME:
         return fastest
