@@ -33,8 +33,10 @@ SPECS = {
     "qwen2": f"hf:qwen2:{TINY},kv_heads=2,use_sliding_window=true,sliding_window=4,max_window_layers=1",
     "gpt2": "hf:gpt2:layers=2,hidden=32,heads=4,vocab=64,seq=16",
     "bert": f"hf:bert:{TINY}",
+    "t5": "hf:t5:layers=2,hidden=32,heads=4,d_kv=8,d_ff=64,vocab=64,seq=16",  # encoder-decoder
 }
 TIED = {"llama-tied", "gpt2", "bert"}
+T5_NAMES = ("embed", "enc_block_0", "enc_block_1", "enc_norm", "dec_embed", "dec_block_0", "dec_block_1", "dec_norm", "head")
 
 
 def hf_model(spec: str) -> torch.nn.Module:
@@ -57,9 +59,23 @@ def test_layers_compute_the_models_forward(name: str) -> None:
     spec = SPECS[name]
     work = load_workload(spec, dtype="float64")
     model = hf_model(spec)
-    (ids, mask), labels = work.make_batch(4, 3)
+    inputs, labels = work.make_batch(4, 3)
+    ours = chain(work, inputs)
+    if name == "t5":  # source ids and mask, decoder ids (the shifted target) and mask
+        src, src_mask, dec, mask = inputs
+        ref = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=dec, decoder_attention_mask=mask)
+        assert (src_mask == 0).any() and (mask == 0).any()
+        real = mask.bool()  # to rounding: each block recomputes the relative bias HF computes once
+        torch.testing.assert_close(ours[real], ref.logits[real], rtol=1e-13, atol=1e-13)
+        total, count = work.loss_fn(ours, labels)  # T5's own loss is the same token mean
+        assert float((total.detach() / count - model(input_ids=src, attention_mask=src_mask, decoder_input_ids=dec,
+                                              decoder_attention_mask=mask, labels=labels).loss).abs()) < 1e-14
+        assert work.layer_names == T5_NAMES
+        # the shared embedding (encoder, decoder, head) and each stack's relative position bias
+        assert sorted(tuple(i for i, _ in g) for g in work.tied) == [(0, 4, 8), (1, 2), (5, 6)]
+        return
+    ids, mask = inputs
     assert ids.dtype == mask.dtype == labels.dtype == torch.int64 and (mask == 0).any()  # some samples padded
-    ours = chain(work, (ids, mask))
     ref = model(input_ids=ids, attention_mask=mask).logits  # a ModelOutput
     real = mask.bool()
     assert torch.equal(ours[real], ref[real])
@@ -102,18 +118,20 @@ def test_loss_is_hfs_token_mean_as_sum_and_count() -> None:
         assert all(int(c) > 0 for _, c in parts)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "t5"])
 def test_profile_accounts_for_every_parameter_and_saved_byte(name: str, tmp_path: Path) -> None:
     spec = SPECS[name]
     work = load_workload(spec)
     profile = profile_model(work, microbatch_sizes=(1, 2), warmup=0, repeats=1, progress=False, trace_ops=False)
     assert profile.layer_names == work.layer_names and profile.model == f"hf-{spec.split(':')[1]}"
     unique = sum(p.numel() * p.element_size() for p in hf_model(spec).float().parameters())
-    assert sum(layer.param_bytes for layer in profile.layers) - sum(t.param_bytes for t in profile.tied) == unique
+    assert sum(layer.param_bytes for layer in profile.layers) - sum(t.param_bytes * (len(t.layers) - 1) for t in profile.tied) == unique
     inputs, targets = work.make_batch(2, 0)
     assert sum(layer.saved_bytes_per_sample for layer in profile.layers) * 2 == whole_model_saved_bytes(work, inputs, targets)
     # the padding mask (int64, 8 bytes a token) travels from the embedding to every block
     assert {(e.src, e.dst) for e in profile.edges} >= {(0, 1), (0, 2)}
+    if name == "t5":  # the encoder output (made by enc_norm) is read by every decoder block
+        assert {(e.src, e.dst) for e in profile.edges} >= {(3, 5), (3, 6), (3, 7)}
     assert profile.metadata["option.model_type"] == spec.split(":")[1]
     assert profile.fingerprint_sha256 == workload_fingerprint(work)
     path = tmp_path / "p.json"
@@ -141,8 +159,7 @@ def test_config_file_directory_and_inline_agree(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("hf:t5", "encoder-decoder: every decoder block's cross-attention needs the encoder's final output"),
-        ("hf:bart", "encoder-decoder"),
+        ("hf:bart", "encoder-decoder other than t5: every decoder block's cross-attention needs the encoder's final output"),
         ("hf:resnet", "no adapter for this architecture"),
         ("hf:nonsense", "unknown model_type 'nonsense'"),
         ("hf:llama:hidden_sizes=64", "llama config has no field 'hidden_sizes'"),
@@ -161,8 +178,8 @@ def test_bad_specs_are_refused_clearly(spec: str, message: str) -> None:
     assert message in str(info.value)
 
 
-def test_cli_refuses_t5_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["profile", "--model", "hf:t5", "--out", "/dev/null"]) == 2
+def test_cli_refuses_bart_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--model", "hf:bart", "--out", "/dev/null"]) == 2
     assert "encoder-decoder" in capsys.readouterr().err
 
 

@@ -14,7 +14,9 @@ scaled by 1 / count after the step, where one process scales before. Llama does 
 norms and differently scaled gradients round differently there (measured: loss 2e-10,
 gradients 8e-8 relative); its float64 bound is 1e-8 on the loss and 1e-6 on gradients.
 Padding masks cross every stage boundary (int64, no gradient); ties are split over pipeline
-ranks at P >= 2.
+ranks at P >= 2. T5 (encoder-decoder, 9 layers) runs cut inside the decoder, so the encoder
+output crosses decoder stage boundaries forward and its gradient backward, at P = 2 and 4
+and D = 2; its T5LayerNorm computes in float32 too (same bound as Llama).
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), as tests/test_runtime_numerics.py does.
@@ -38,6 +40,12 @@ MODELS = {
 }
 SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}  # P -> boundaries of the 5-layer models
 GRID = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+T5 = "hf:t5:layers=2,hidden=16,heads=4,d_kv=4,d_ff=32,vocab=32,seq=8"
+# embed, enc_block_0, enc_block_1, enc_norm, dec_embed, dec_block_0, dec_block_1, dec_norm, head
+T5_RUNS = {
+    2: [("t5-P2-D1-rc0", [6], 1, False), ("t5-P2-D1-rc1", [4], 1, True)],
+    4: [("t5-P4-D1-rc0", [2, 5, 7], 1, False), ("t5-P2-D2-rc1", [6], 2, True)],
+}
 FLOAT32 = {2: ((2, 1), tuple(MODELS)), 4: ((2, 2), ("llama",))}  # world -> (P, D), models of the float32 runs
 
 
@@ -45,7 +53,7 @@ def _cfg(name: str, model: str, p: int, d: int, recompute: bool, **kw: Any) -> d
     cfg = {
         "name": name,
         "model": MODELS[model],
-        "boundaries": SPLITS[p],
+        "boundaries": SPLITS.get(p, []),
         "dp_degree": d,
         "num_microbatches": 4,
         "microbatch_size": 2,
@@ -64,13 +72,15 @@ def configs(world: int) -> list[dict[str, Any]]:
     for model, (p, d), rc in itertools.product(MODELS, GRID, [False, True]):
         if p * d == world:
             out.append(_cfg(f"{model}-P{p}-D{d}-rc{int(rc)}", model, p, d, rc))
+    for name, cuts, d, rc in T5_RUNS.get(world, []):
+        out.append({**_cfg(name, "llama", len(cuts) + 1, d, rc, boundaries=cuts), "model": T5})
     if world in FLOAT32:
         (p, d), models = FLOAT32[world]
         out += [_cfg(f"{m}-P{p}-D{d}-float32-adamw", m, p, d, False, dtype="float32", optimizer="adamw") for m in models]
     return out
 
 
-FLOAT32_NORMS = {MODELS["llama"]}  # float32 inside the norms whatever the dtype (module docstring)
+FLOAT32_NORMS = {MODELS["llama"], T5}  # float32 inside the norms whatever the dtype (module docstring)
 
 
 def _errors(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
@@ -108,3 +118,4 @@ def test_grid_covers_the_issue() -> None:
     for model, (p, d), rc in itertools.product(MODELS, GRID, (0, 1)):
         assert f"{model}-P{p}-D{d}-rc{rc}" in names
     assert {n.split("-")[0] for n in names if "float32" in n} == set(MODELS)
+    assert {"t5-P2-D1-rc0", "t5-P4-D1-rc0", "t5-P2-D2-rc1"} <= names

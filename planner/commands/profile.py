@@ -19,7 +19,7 @@ model specs:
                                                (every zoo model also takes seed=N and dtype=float32|float64|bfloat16)
   hf:CONFIG[:key=value,...]                     a transformers model from a config.json (or a directory holding one,
                                                or a model_type: hf:llama:layers=2,hidden=64,heads=4,kv_heads=2),
-                                               random seeded weights; llama, mistral, qwen2, gpt2, bert
+                                               random seeded weights; llama, mistral, qwen2, gpt2, bert, t5
   package.module:callable[:key=value,...]      a factory returning planner.Workload
 
 examples:

@@ -14,6 +14,8 @@ planner's layers over its block list, found by architecture (:data:`FAMILIES`):
 - ``bert``: masked LM (``AutoModelForMaskedLM``); embedding ``bert.embeddings``, blocks
   ``bert.encoder.layer``, no final norm (post-norm blocks), head ``cls`` (decoder tied to the
   word embeddings).
+- ``t5``: sequence-to-sequence LM (``AutoModelForSeq2SeqLM``): ``encoder.block`` and
+  ``decoder.block`` with their final norms, shared token embedding, ``lm_head`` (layers below).
 
 Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a final norm),
 ``head``. What each layer does that the whole model's ``forward`` would have done:
@@ -43,11 +45,11 @@ every position but the ~15% masked ones, at least one a sample, whose input id b
 tokens, returned as ``(sum, count)`` (the Workload contract's token-weighted form), so a step
 split into micro-batches with different numbers of real tokens has the loss of the whole batch.
 
-Encoder-decoder models (T5, BART, ...) are refused: every decoder block's cross-attention
-reads the encoder's final output, and T5's relative position bias is computed by the first
-block of each stack and reused by the others, so a pipeline cut would have to carry the
-encoder output and both biases (with their gradients) to every later stage; this adapter
-builds single-stack models only.
+Encoder-decoder: ``t5`` (``AutoModelForSeq2SeqLM``) is cut by :mod:`planner.models.hf_t5`
+into encoder and decoder layers, the encoder output carried through every decoder stage (its
+cross-attention reads it) and each stack's relative position bias recomputed per block from
+the stack's shared (tied) bias embedding. Other encoder-decoders (BART, ...) are refused,
+saying why.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from torch import nn
 
 from planner.errors import PlannerInputError
 from planner.models.common import generator, parse_dtype, seeded
+from planner.models.hf_t5 import t5_batch_maker, t5_layers
 from planner.workload import Workload
 
 __all__ = ["FAMILIES", "HFSpec", "build", "parse_spec", "load_config_dict"]
@@ -105,6 +108,8 @@ FAMILIES: dict[str, Family] = {
                    blocks="transformer.h", norm="transformer.ln_f", head="lm_head"),
     "bert": Family(task="masked-lm", auto_class="AutoModelForMaskedLM", embed="bert.embeddings",
                    blocks="bert.encoder.layer", norm="", head="cls"),
+    "t5": Family(task="seq2seq-lm", auto_class="AutoModelForSeq2SeqLM", embed="encoder.embed_tokens",
+                 blocks="encoder.block", norm="encoder.final_layer_norm", head="lm_head"),  # planner.models.hf_t5
 }
 
 
@@ -202,12 +207,11 @@ def make_config(spec: HFSpec, where: str) -> Any:
     if model_type not in transformers.CONFIG_MAPPING:
         raise PlannerInputError(f"{where}: unknown model_type {model_type!r} (supported: {', '.join(FAMILIES)})")
     defaults = transformers.CONFIG_MAPPING[model_type]()
-    if getattr(defaults, "is_encoder_decoder", False) or model_type not in FAMILIES:
+    if model_type not in FAMILIES:
         why = (
-            "it is an encoder-decoder: every decoder block's cross-attention needs the encoder's final output"
-            " (and T5 reuses the relative position bias its first block computes in every later block),"
-            " which would have to travel with the activations through every decoder stage; planner's hf adapter"
-            " builds single-stack models only"
+            "it is an encoder-decoder other than t5: every decoder block's cross-attention needs the encoder's"
+            " final output, which must travel with the activations through every decoder stage; planner carries it"
+            " for t5 only (planner/models/hf_t5.py)"
             if getattr(defaults, "is_encoder_decoder", False) else "no adapter for this architecture"
         )
         raise PlannerInputError(f"{where}: model_type {model_type!r} is not supported: {why} (supported: {', '.join(FAMILIES)})")
@@ -220,6 +224,9 @@ def make_config(spec: HFSpec, where: str) -> Any:
         raise PlannerInputError(f"{where}: {model_type} config has no field {unknown[0]!r}")
     for key in ignored:
         fields.pop(key, None)
+    if model_type == "t5" and "num_hidden_layers" in fields:  # layers= sets both stacks
+        fields["num_layers"] = fields.pop("num_hidden_layers")
+        fields.setdefault("num_decoder_layers", fields["num_layers"])
     vocab = fields.get("vocab_size", defaults.vocab_size)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # GPT-2's 50256 in a small vocabulary
         if isinstance(fields.get(key, getattr(defaults, key, None)), int) and fields.get(key, getattr(defaults, key)) >= vocab:
@@ -370,19 +377,16 @@ def build(spec: HFSpec, where: str) -> Workload:
         raise PlannerInputError(f"{where}: transformers cannot build it: {' '.join(str(exc).split())}") from None
     model = model.to(parse_dtype(spec.dtype))
     model.train()
-    rotary = _get(model, family.rotary) if family.rotary else None
-    positions = _get(model, "transformer.wpe") if model_type == "gpt2" else None
     blocks = _get(model, family.blocks)
-    layers: list[nn.Module] = [Embed(model_type, _get(model, family.embed), positions)]
-    layers += [Block(model_type, b, i, config, rotary) for i, b in enumerate(blocks)]
-    names = ["embed", *(f"block_{i}" for i in range(len(blocks)))]
-    if family.norm:
-        layers.append(Norm(_get(model, family.norm)))
-        names.append("norm")
-    layers.append(Head(_get(model, family.head), takes_tuple=not family.norm))
-    names.append("head")
     vocab = int(config.vocab_size)
-    make_batch = _batch_maker(family.task, vocab, seq, spec.padding, getattr(config, "pad_token_id", None) or 0)
+    pad_id = getattr(config, "pad_token_id", None) or 0
+    if model_type == "t5":
+        layers, names = t5_layers(model, config)
+        start_id = getattr(config, "decoder_start_token_id", None)
+        make_batch = t5_batch_maker(vocab, seq, spec.padding, pad_id, pad_id if start_id is None else start_id)
+    else:
+        layers, names = _single_stack(model, model_type, family, config, blocks)
+        make_batch = _batch_maker(family.task, vocab, seq, spec.padding, pad_id)
     options = {
         "model_type": model_type,
         "task": family.task,
@@ -399,6 +403,8 @@ def build(spec: HFSpec, where: str) -> Workload:
         "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
         "blocks_path": family.blocks,
     }
+    if model_type == "t5":
+        options["decoder_layers"] = len(_get(model, "decoder.block"))
     built = tuple(layers)
     return Workload(
         name=f"hf-{model_type}",
@@ -409,6 +415,20 @@ def build(spec: HFSpec, where: str) -> Workload:
         tied=_tied_groups(built),
         options=options,
     )
+
+
+def _single_stack(model: nn.Module, model_type: str, family: Family, config: Any, blocks: Any) -> tuple[list[nn.Module], list[str]]:
+    rotary = _get(model, family.rotary) if family.rotary else None
+    positions = _get(model, "transformer.wpe") if model_type == "gpt2" else None
+    layers: list[nn.Module] = [Embed(model_type, _get(model, family.embed), positions)]
+    layers += [Block(model_type, b, i, config, rotary) for i, b in enumerate(blocks)]
+    names = ["embed", *(f"block_{i}" for i in range(len(blocks)))]
+    if family.norm:
+        layers.append(Norm(_get(model, family.norm)))
+        names.append("norm")
+    layers.append(Head(_get(model, family.head), takes_tuple=not family.norm))
+    names.append("head")
+    return layers, names
 
 
 def _batch_maker(task: str, vocab: int, seq: int, padding: bool, pad_id: int) -> Callable[[int, int], Any]:
