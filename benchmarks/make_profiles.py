@@ -73,7 +73,7 @@ def make_analytic_llama(out_dir: Path) -> None:
             path = out_dir / f"{name}-{short}.json"
             profile = llama_profile(read_config(config), device_preset=preset, model=name, source=f"configs/{name}.json")
             save_profile(profile, path)
-            print(f"{path.relative_to(REPO)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
+            print(f"{path}: analytic, {path.stat().st_size / 1e3:.0f} KB")
 
 
 def main() -> int:
