@@ -68,8 +68,9 @@ def test_layers_compute_the_models_forward(name: str) -> None:
         real = mask.bool()  # to rounding: each block recomputes the relative bias HF computes once
         torch.testing.assert_close(ours[real], ref.logits[real], rtol=1e-13, atol=1e-13)
         total, count = work.loss_fn(ours, labels)  # T5's own loss is the same token mean
-        assert float((total.detach() / count - model(input_ids=src, attention_mask=src_mask, decoder_input_ids=dec,
-                                              decoder_attention_mask=mask, labels=labels).loss).abs()) < 1e-14
+        hf_loss = model(input_ids=src, attention_mask=src_mask, decoder_input_ids=dec, decoder_attention_mask=mask,
+                        labels=labels).loss
+        assert float((total / count - hf_loss).detach().abs()) < 1e-14
         assert work.layer_names == T5_NAMES
         # the shared embedding (encoder, decoder, head) and each stack's relative position bias
         assert sorted(tuple(i for i, _ in g) for g in work.tied) == [(0, 4, 8), (1, 2), (5, 6)]
