@@ -35,8 +35,6 @@ _LAZY = {
     "analytic_gpt_profile": "planner.analytic:gpt_profile",
     "analytic_llama_profile": "planner.analytic_llama:llama_profile",
     "read_hf_config": "planner.analytic_llama:read_config",
-    "analytic_llama_profile": "planner.analytic_llama:llama_profile",
-    "read_hf_config": "planner.analytic_llama:read_config",
     # planning
     "plan": "planner.solve:plan",
     "simulate": "planner.simulator:simulate",
