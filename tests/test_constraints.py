@@ -104,7 +104,7 @@ def requests(draw, num_layers: int, solver: str) -> PlanRequest:
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data(), layers=layer_dicts(6))
 def test_every_plan_honours_every_constraint_of_its_request(solver, data, layers):

@@ -207,8 +207,9 @@ class Plan:
     optimizer: str = field(default="", metadata={"doc": "the optimizer the plan's memory was priced for (\"\" = unknown)"})
     devices_available: int = field(
         default=0,
-        metadata={"doc": "devices the request made available (0 = unknown); the plan occupies num_devices of them, "
-                         "fewer only when that is faster (or better by the objective) than any plan found on all"},
+        metadata={"doc": "devices the solver had (0 = unknown: an older plan, or one priced outside a search); the "
+                         "plan occupies num_devices of them, fewer only when that is faster (or better by the "
+                         "objective) than any plan found on all"},
     )
     stages: tuple[PlanStage, ...]
     predicted: Prediction

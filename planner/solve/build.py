@@ -115,7 +115,6 @@ def build_plan(
         zero=zero,
         dtype=profile.dtype,
         optimizer=request.optimizer.value,
-        devices_available=request.num_devices or cluster.num_devices,
         stages=tuple(stages),
         predicted=Prediction.unset(max(st.memory_total_bytes for st in stages)),
     )

@@ -315,8 +315,9 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
 
 
 def _plan_of(cm: CostModel, request: PlanRequest, cand: Candidate, solver: str) -> Plan:
+    """The Plan of a candidate, recording the devices the search had (see :func:`note_devices`)."""
     c = cand.config
-    return build_plan(
+    built = build_plan(
         cm,
         request,
         boundaries=cand.solution.boundaries,
@@ -329,6 +330,7 @@ def _plan_of(cm: CostModel, request: PlanRequest, cand: Candidate, solver: str) 
         zero=c.zero,
         replicas=c.replicas,
     )
+    return dataclasses.replace(built, devices_available=request.num_devices or cm.cluster.num_devices)
 
 
 def _tie_key(plan: Plan) -> tuple:
