@@ -2,9 +2,16 @@
 re-scored by the event simulator.
 
 Configurations: P x D = n for every divisor n of the N devices available (P <= layers),
-micro-batch size b dividing the per-replica batch (hence M = G / (D b)), schedule. A layout on
-fewer than N devices (ranks 0 .. n - 1) wins only by simulated time (on equal time the one on
-more devices); configurations on all N are pruned only against the best of those, so the best
+micro-batch size b dividing the per-replica batch (hence M = G / (D b)), schedule. For each,
+:func:`planner.solve.chain_dp.solve_chain` finds the exact optimum of the pipeline objective J
+with per-stage recomputation. Across
+configurations the objective alone is not comparable (it leaves out the data-parallel
+all-reduce and the schedule's exact overlap), so every configuration's optimum is replayed by
+the simulator and the fastest by simulation wins (ties: fewer stages, larger micro-batch,
+schedule name). The (iteration time, peak memory) points seen on the way form the Pareto front.
+
+A layout on fewer than N devices (ranks 0 .. n - 1) wins only by simulated time (on equal time
+the one on more devices); configurations on all N are pruned only against the best of those, so the best
 plan on all N is known and the plan records it (``predicted.all_devices_ms``). Device counts
 are restricted to divisors of N (not every n <= N) to keep the search time: every count took
 3x the solver time on GPT-3 175B over 1,024 devices, divisors about the same as N alone.
@@ -14,12 +21,7 @@ The request's layout constraints hold for every candidate, not only the DP's: ``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
 start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
 baseline partitions proposed beside it and in PipeDream's split; a request no plan can meet is
-refused before the search (:func:`refuse_unmeetable`) or by the infeasibility explanation. For each, :func:`planner.solve.chain_dp.solve_chain` finds the
-exact optimum of the pipeline objective J with per-stage recomputation. Across
-configurations the objective alone is not comparable (it leaves out the data-parallel
-all-reduce and the schedule's exact overlap), so every configuration's optimum is replayed by
-the simulator and the fastest by simulation wins (ties: fewer stages, larger micro-batch,
-schedule name). The (iteration time, peak memory) points seen on the way form the Pareto front.
+refused before the search (:func:`refuse_unmeetable`) or by the infeasibility explanation.
 
 Two more dimensions:
 
