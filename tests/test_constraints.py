@@ -212,3 +212,20 @@ def test_never_slower_than_its_own_plan_on_fewer_devices(layers, batch):
     times = {n: plan(profile, cluster, PlanRequest(global_batch=batch, num_devices=n)) for n in (1, 2, 4)}
     for n, p in times.items():
         assert times[4].predicted.iteration_ms <= p.predicted.iteration_ms * (1 + 1e-9), n
+
+
+def test_constraints_hold_with_tensor_parallelism():
+    """The constraints reach every tensor-parallel degree searched around the solver: an
+    analytic GPT (6 layers: embedding, 4 blocks, head) on 8 A100s, t in {1, 2, 4}."""
+    from planner.analytic import gpt_profile
+
+    profile = gpt_profile(layers=4, hidden=1024, heads=16, seq=1024, vocab=8000)
+    cluster = PRESETS["a100-80gb-x8"]
+    for kw in (dict(fixed_boundaries=(3,), num_stages=2, dp_degree=2), dict(fixed_boundaries=(1, 4), dp_degree=1),
+               dict(num_stages=3, schedules=(ScheduleKind.GPIPE,))):
+        request = PlanRequest(global_batch=32, tp_degrees=(1, 2, 4), **kw)
+        got = plan(profile, cluster, request)
+        assert violations(got, request, 8, int(cluster.device_memory_bytes * 0.9)) == [], (kw, got.tp_degree)
+        assert got.num_devices <= 8 and got.devices_available == 8
+    with pytest.raises(InfeasibleError, match="need at least 4 stages"):
+        plan(profile, cluster, PlanRequest(global_batch=32, tp_degrees=(2,), fixed_boundaries=(1, 2, 3), num_stages=3))
