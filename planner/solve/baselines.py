@@ -1,6 +1,6 @@
 """Baseline partitioners, each producing a Plan scored by the same simulator as ours.
 
-Every baseline searches the same configurations as the DP (P x D = N, micro-batch size,
+Every baseline searches the same configurations as the DP (P x D = n for each divisor n of N, micro-batch size,
 schedule) and differs only in how it cuts the layers:
 
 - ``uniform``: equal layer counts per stage (DeepSpeed ``partition_method="uniform"``);
