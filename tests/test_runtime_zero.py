@@ -158,7 +158,9 @@ def test_report_predicts_model_state_from_the_plans_parameters() -> None:
                              optimizer=RuntimeOptimizer.ADAMW)
     mine = RankMeasure(steps=(StepMeasure(step_idx=0, loss=1.0, wall_ms=1.0),), compute_ms=1.0, idle_ms=0.0,
                        saved_bytes_peak=1, cuda_peak_bytes=0)
-    rows = [[0.0, 0.0, 1.0, 1.0, 2596.0, 1296.0], [0.0, 0.0, 1.0, 1.0, 2596.0, 1296.0]]  # measured by the D = 2 run
+    # measured by the D = 2 run: idle, cuda peak, then per stage compute, saved, optimizer and
+    # gradient bytes, emulation overrun (total, largest) and emulated ms (none here)
+    rows = [[0.0, 0.0, 1.0, 1.0, 2596.0, 1296.0, 0.0, 0.0, 0.0]] * 2
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")
     stage = report.stages[0]
     assert (report.zero, report.optimizer_state_bytes_per_param, stage.optimizer_shards) == (2, 16, 2)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pandas and the comparison load when the command runs, not w
 # (column, header, format) of the printed table; memory columns get a unit at print time
 _SHOWN = (
     ("solver", "solver", "s"),
+    ("T", "T", "d"),
     ("P", "P", "d"),
     ("D", "D", "d"),
     ("replicas", "replicas", "s"),
