@@ -170,7 +170,7 @@ def test_cli_stages_and_dp_degree_force_the_layout_or_refuse(tmp_path, capsys):
 
 
 def test_fewer_devices_when_faster_and_the_table_says_why(capsys):
-    """VGG on 4 CPU devices: its own plan on 2 is faster (16.45 vs 17.11 ms), so the plan for
+    """VGG on 4 CPU devices: its own plan on 2 is faster (16.40 vs 17.00 ms), so the plan for
     ``--devices 4`` uses 2 and the table says so, naming the best plan on all 4."""
     profile = load_profile(ROOT / "profiles" / "zoo-vgg-cpu.json")
     cluster = PRESETS["local-cpu"]
