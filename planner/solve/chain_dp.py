@@ -141,8 +141,17 @@ class StageTable:
         self._tables: dict[int, np.ndarray] = {}
         self._pending: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
         self._cache: dict[tuple, RecomputeChoice] = {}
-        self._choices: dict[tuple[int, int, int], RecomputeChoice] = {}
+        self._choices: dict[tuple[int, int, int], tuple[int, RecomputeChoice]] = {}
         self.all_exact = True
+        # identical consecutive layers (a transformer's blocks): a stage inside such a run is
+        # known by (kind, length), so its recompute choice is cached without hashing its arrays
+        kinds: dict[tuple[float, float, float], int] = {}
+        self._kind = [kinds.setdefault((float(f), float(a), float(b)), len(kinds))
+                      for f, a, b in zip(self.fwd, self.saved, self.inputs)]
+        self._run = [1] * L  # identical layers from i on (i included)
+        for i in range(L - 2, -1, -1):
+            if self._kind[i] == self._kind[i + 1]:
+                self._run[i] = self._run[i + 1] + 1
 
     def fits_everywhere(self, inflight: int) -> bool:
         """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
@@ -182,8 +191,11 @@ class StageTable:
         todo = need & (self.compute > done) & (self.compute <= limit)
         for i, j in zip(*np.nonzero(todo)):
             i, j = int(i), int(j)
-            key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
-                   float(excess[i, j]))
+            if j - i <= self._run[i]:
+                key = (inflight, self._kind[i], j - i, float(excess[i, j]))
+            else:
+                key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
+                       float(excess[i, j]))
             choice = self._cache.get(key)
             if choice is None:
                 choice = choose_recompute(
@@ -197,16 +209,14 @@ class StageTable:
                 self._cache[key] = choice
             if choice.time_ms < INF:
                 table[i, j] = self.compute[i, j] + choice.time_ms
-                self._choices[(inflight, i, j)] = RecomputeChoice(
-                    choice.time_ms, tuple(i + l for l in choice.layers), choice.exact
-                )
+                self._choices[(inflight, i, j)] = (i, choice)  # layers relative to i
                 self.all_exact &= choice.exact
         self._pending[inflight] = (need, excess, limit)
         return table
 
     def recompute_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
-        choice = self._choices.get((inflight, i, j))
-        return choice.layers if choice else ()
+        entry = self._choices.get((inflight, i, j))
+        return tuple(entry[0] + l for l in entry[1].layers) if entry else ()
 
 
 def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, dp_degree: int,
