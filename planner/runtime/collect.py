@@ -53,6 +53,11 @@ def _plan_param_count(plan: Plan, stage: PlanStage) -> int:
     return stage.memory.param_bytes // weight_bytes
 
 
+def _overrun_fraction(overrun_ms: float, emulated_ms: float) -> float:
+    """Overrun over the emulated time it stretched (1 when there was nothing to stretch)."""
+    return overrun_ms / emulated_ms if emulated_ms > 0 else float(overrun_ms > 0)
+
+
 def build_report(
     plan: Plan,
     options: RuntimeOptions,
@@ -81,7 +86,7 @@ def build_report(
         shards = len(stage.ranks) if plan.zero else 1
         params = _plan_param_count(plan, stage)
         optim, grads = int(max(r[k + 2] for r in own)), int(max(r[k + 3] for r in own))
-        worst = max(own, key=lambda r: r[k + 4] / r[k + 6] if r[k + 6] > 0 else float(r[k + 4] > 0))  # overran most
+        worst = max(own, key=lambda r: _overrun_fraction(r[k + 4], r[k + 6]))  # overran most
         overrun, overrun_max, emulated = worst[k + 4], max(r[k + 5] for r in own), worst[k + 6]
         optim_pred = -(-params * optim_per_param // shards)  # ceil: the last shard is padded
         grads_pred = -(-params * element_size // (shards if plan.zero >= 2 else 1))
@@ -108,7 +113,7 @@ def build_report(
                 grad_rel_error=relative_error(grads, grads_pred),
                 overrun_ms=overrun,
                 overrun_max_ms=overrun_max,
-                overrun_fraction=overrun / emulated if emulated > 0 else float(overrun > 0),
+                overrun_fraction=_overrun_fraction(overrun, emulated),
             )
         )
     steps = tuple(StepRecord(step_idx=s.step_idx, loss=s.loss, wall_ms=s.wall_ms) for s in mine.steps)
