@@ -117,9 +117,12 @@ def setting(name: str, n: int, reference: Path):
 
 
 def plan_text(p) -> str:
-    """``P4xD2 b1 M256 1f1b z1 rc0``, or replicated per stage ``P4 r1+1+2+4 b1 M512 1f1b z1 rc0``."""
+    """``P4xD2 b1 M256 1f1b z1 rc0``, with tensor parallelism ``T2sxP1xD4 ...`` (s: sequence
+    parallel), or replicated per stage ``P4 r1+1+2+4 b1 M512 1f1b z1 rc0``."""
     layout = (f"P{p.num_stages} r{'+'.join(map(str, p.stage_replicas))}" if p.replicated_per_stage
               else f"P{p.num_stages}xD{p.dp_degree}")
+    if p.tp_degree > 1:
+        layout = f"T{p.tp_degree}{'s' if p.sequence_parallel else ''}x{layout}"
     return (f"{layout} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} z{p.zero} "
             f"rc{sum(len(s.recompute) for s in p.stages)}")
 
