@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, profile_fingerprint
 from planner.errors import PlannerInputError
@@ -156,6 +157,52 @@ def _layer(
     )
 
 
+def _device_rates(device_preset: str, efficiency: float) -> tuple[DevicePreset, float, float]:
+    """The preset, its matmul FLOPs per ms at ``efficiency`` and its HBM bytes per ms."""
+    if not 0 < efficiency <= 1:
+        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
+    if device_preset not in DEVICE_PRESETS:
+        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
+    device = DEVICE_PRESETS[device_preset]
+    return device, device.peak_bf16_tflops * 1e12 * efficiency / 1e3, device.hbm_gb_per_s * 1e9 / 1e3
+
+
+def _split(
+    act_bytes: float, params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()
+) -> TensorSplit:
+    """Megatron's split of an analytic layer: every counted FLOP divides (the time fraction is
+    refined by :func:`_layer`), collectives of the ``act_bytes`` activation."""
+    return TensorSplit(
+        must_divide=divide, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
+        collective_bytes_per_sample=act_bytes, collectives_fwd=fwd, collectives_bwd=bwd,
+    )
+
+
+def _assemble(
+    *, model: str, device: DevicePreset, layers: list[Layer], tied_params: int, metadata: dict[str, Any]
+) -> Profile:
+    """An analytic chain profile: consecutive layers joined by their outputs, the embedding
+    and head tying ``tied_params`` parameters (0: untied)."""
+    n = len(layers)
+    return Profile(
+        model=model,
+        source="analytic",
+        device=device.name,
+        dtype="bfloat16",
+        microbatch_sizes=(1,),
+        versions={},
+        metadata=metadata,
+        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
+        layers=tuple(layers),
+        edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
+        tied=(
+            (TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=tied_params,
+                        param_bytes=tied_params * BYTES_PER_PARAM),)
+            if tied_params else ()
+        ),
+    )
+
+
 def gpt_profile(
     *,
     layers: int,
@@ -172,21 +219,13 @@ def gpt_profile(
         raise PlannerInputError("--layers, --hidden, --heads, --seq and --vocab must all be >= 1")
     if hidden % heads:
         raise PlannerInputError(f"--hidden {hidden} is not divisible by --heads {heads}")
-    if not 0 < efficiency <= 1:
-        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
-    if device_preset not in DEVICE_PRESETS:
-        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
-    device = DEVICE_PRESETS[device_preset]
+    device, flops_per_ms, bytes_per_ms = _device_rates(device_preset, efficiency)
     s, h, a, V = seq, hidden, heads, vocab
-    flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
-    bytes_per_ms = device.hbm_gb_per_s * 1e9 / 1e3
     act_in = BYTES_PER_ACT * s * h
     block_fwd, head_fwd = block_fwd_flops(s, h), head_fwd_flops(s, h, V)
-    def split(params: int, saved: float, fwd: int, bwd: int, heads: tuple[int, ...] = ()) -> TensorSplit:
-        return TensorSplit(
-            must_divide=heads, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
-            collective_bytes_per_sample=act_in, collectives_fwd=fwd, collectives_bwd=bwd,
-        )
+
+    def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
+        return _split(act_in, params, saved, fwd, bwd, divide)
 
     out: list[Layer] = [
         _layer(
@@ -208,16 +247,11 @@ def gpt_profile(
             param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
         )
     )
-    n = len(out)
-    edges = tuple(Edge(src=i, dst=i + 1, bytes_per_sample=out[i].output_bytes_per_sample) for i in range(n - 1))
-    name = model or f"gpt-l{layers}-h{hidden}-a{heads}-s{s}-v{V}"
-    return Profile(
-        model=name,
-        source="analytic",
-        device=device.name,
-        dtype="bfloat16",
-        microbatch_sizes=(1,),
-        versions={},
+    return _assemble(
+        model=model or f"gpt-l{layers}-h{hidden}-a{heads}-s{s}-v{V}",
+        device=device,
+        layers=out,
+        tied_params=V * h,
         metadata={
             "efficiency": efficiency,
             "peak_bf16_tflops": device.peak_bf16_tflops,
@@ -231,10 +265,6 @@ def gpt_profile(
             "seq": seq,
             "vocab": vocab,
         },
-        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in out), tuple(() for _ in out)),
-        layers=tuple(out),
-        edges=edges,
-        tied=(TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=V * h, param_bytes=V * h * BYTES_PER_PARAM),),
     )
 
 

@@ -72,8 +72,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.analytic import BYTES_PER_ACT, BYTES_PER_PARAM, DEVICE_PRESETS, _layer
-from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, profile_fingerprint
+from planner.analytic import BYTES_PER_ACT, _assemble, _device_rates, _layer, _split
+from planner.artifacts.profile import Layer, Profile, TensorSplit
 from planner.errors import PlannerInputError
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
@@ -204,24 +204,15 @@ def llama_profile(
 ) -> Profile:
     """An analytic Profile of a Llama-style config on a device preset (module docstring)."""
     shape = llama_shape(config, seq)
-    if not 0 < efficiency <= 1:
-        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
-    if device_preset not in DEVICE_PRESETS:
-        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
-    device = DEVICE_PRESETS[device_preset]
+    device, flops_per_ms, bytes_per_ms = _device_rates(device_preset, efficiency)
     s, h, V = shape.seq, shape.hidden, shape.vocab
-    flops_per_ms = device.peak_bf16_tflops * 1e12 * efficiency / 1e3
-    bytes_per_ms = device.hbm_gb_per_s * 1e9 / 1e3
     act = BYTES_PER_ACT * s * h
     block_params, block_matmul = shape.block_params()
     block_saved, block_split = shape.block_saved_bytes()
     block_fwd, head_fwd = shape.block_fwd_flops(), shape.head_fwd_flops()
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
-        return TensorSplit(
-            must_divide=divide, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
-            collective_bytes_per_sample=act, collectives_fwd=fwd, collectives_bwd=bwd,
-        )
+        return _split(act, params, saved, fwd, bwd, divide)
 
     layers: list[Layer] = [
         _layer("embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
@@ -237,15 +228,12 @@ def llama_profile(
         _layer("head", "RMSNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
                param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0)
     )
-    n = len(layers)
     ours, rule, ratio = flops_per_token(shape)
-    return Profile(
+    return _assemble(
         model=model or f"llama-l{shape.layers}-h{h}-a{shape.heads}-k{shape.kv_heads}-i{shape.intermediate}-s{s}-v{V}",
-        source="analytic",
-        device=device.name,
-        dtype="bfloat16",
-        microbatch_sizes=(1,),
-        versions={},
+        device=device,
+        layers=layers,
+        tied_params=V * h if shape.tied else 0,
         metadata={
             "architecture": "llama",
             "model_type": str(config.get("model_type")),
@@ -272,13 +260,6 @@ def llama_profile(
             "train_flops_per_token_6n_rule": rule,
             "flops_ratio_to_6n_rule": ratio,
         },
-        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
-        layers=tuple(layers),
-        edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
-        tied=(
-            (TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=V * h, param_bytes=V * h * BYTES_PER_PARAM),)
-            if shape.tied else ()
-        ),
     )
 
 
