@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from planner import codec
 from planner.artifacts.cluster import Cluster, cluster_to_json
-from planner.artifacts.plan import Plan, PlanStage
+from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_to_json
 from planner.errors import PlannerInputError
 
@@ -186,12 +186,13 @@ def real_ranks(view_ranks: Iterable[int], t: int) -> tuple[int, ...]:
     return tuple(sorted(v * t + k for v in view_ranks for k in range(t)))
 
 
-def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool) -> Plan:
+def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool, request: "PlanRequest") -> Plan:
     """A plan found in the view of ``t`` (and ``sp``) as a plan of ``cluster``'s devices:
-    ranks expanded, provenance naming the real profile and cluster, the machine bound and FLOP
-    figures over the real devices, predictions re-simulated."""
+    ranks expanded, provenance naming the real profile, cluster and ``request`` (the view's
+    request counts view devices), the machine bound and FLOP figures over the real devices,
+    predictions re-simulated."""
     if t == 1:
-        return view_plan
+        return dataclasses.replace(view_plan, provenance=dataclasses.replace(view_plan.provenance, request=request))
     if view_plan.replicated_per_stage:
         raise PlannerInputError("per-stage replication is not combined with tensor parallelism")
     from planner.analytic import model_flops_per_sample
@@ -204,6 +205,7 @@ def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool) 
         profile_sha256=codec.sha256_of(profile_to_json(profile)),
         cluster_name=cluster.name,
         cluster_sha256=codec.sha256_of(cluster_to_json(cluster)),
+        request=request,
     )
     plan = dataclasses.replace(
         view_plan, provenance=prov, stages=stages, tp_degree=t, sequence_parallel=sp,
@@ -243,10 +245,5 @@ def build_tensor_parallel(
     vp, vc = tensor_parallel_view(profile, base_cluster(cluster, num_devices), tp_degree, sequence_parallel)
     view_request = dataclasses.replace(request, num_devices=num_devices // tp_degree)
     built = build_plan(CostModel(vp, vc, request.optimizer), view_request, **layout)
-    built = dataclasses.replace(built, provenance=dataclasses.replace(built.provenance, request=request))
-    return lift(built, profile, cluster, tp_degree, sequence_parallel)
+    return lift(built, profile, cluster, tp_degree, sequence_parallel, request)
 
-
-def stage_view(stage: PlanStage, t: int) -> tuple[int, ...]:
-    """A stage's view devices (its real ranks // t, distinct, in order)."""
-    return tuple(sorted({r // t for r in stage.ranks}))

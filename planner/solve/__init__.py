@@ -84,8 +84,7 @@ def _over_tensor_parallel(
             except InfeasibleError as exc:
                 infeasible.append(exc)
                 continue
-            found = dataclasses.replace(found, provenance=dataclasses.replace(found.provenance, request=request))
-            plans.append(lift(found, profile, cluster, t, sp))
+            plans.append(lift(found, profile, cluster, t, sp, request))
     if not plans:
         raise infeasible[0]
     # equal times (sequence parallelism often costs no time): the leaner plan, then the smaller t
