@@ -119,12 +119,8 @@ def their_plan(r: Row, efficiency: float) -> Plan:
         if v > 1 and (r.p == 1 or m % r.p or r.layers % (r.p * v)):
             continue
         chunks = r.p * v
-        per = r.layers // chunks if r.layers % chunks == 0 else None
-        if per is None:  # uneven: spread the remainder over the first chunks
-            q, rem = divmod(r.layers, chunks)
-            sizes = [q + (1 if i < rem else 0) for i in range(chunks)]
-        else:
-            sizes = [per] * chunks
+        q, rem = divmod(r.layers, chunks)  # even, the remainder (if any) on the first chunks
+        sizes = [q + (1 if i < rem else 0) for i in range(chunks)]
         starts = [0] + [1 + sum(sizes[:i]) for i in range(1, chunks)]
         stops = starts[1:] + [r.layers + 2]
         recompute = [[i for i in range(a, b) if 1 <= i <= r.layers] for a, b in zip(starts, stops)]
