@@ -3,7 +3,7 @@
 A pipeline hop between two gloo processes on a small shared CPU costs more than an idle
 ping-pong shows (the receiver wakes from a blocking wait on a busy core). This measures it the
 way users would: run two emulated plans that are not among ``fidelity.py``'s configurations,
-and fit the links with ``planner.calibrate`` (compute scale global, residual on the links).
+and fit the links with ``planner.report.calibrate`` (compute scale global, residual on the links).
 Print the fitted intra-node latency and bandwidth, to be written into the preset with this
 script named as the source.
 
@@ -28,7 +28,7 @@ from planner.artifacts.cluster import load_cluster  # noqa: E402
 from planner.artifacts.profile import save_profile  # noqa: E402
 from planner.artifacts.report import load_report  # noqa: E402
 from planner.artifacts.request import ScheduleKind  # noqa: E402
-from planner.calibrate import calibrate  # noqa: E402
+from planner.report.calibrate import calibrate  # noqa: E402
 
 HELD_OUT = (
     Config(4, 1, 3, ScheduleKind.GPIPE, False),

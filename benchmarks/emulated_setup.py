@@ -30,7 +30,7 @@ BOUNDARIES = {1: (0,), 2: (0, 4), 4: (0, 2, 4, 6)}
 def emulated_profile(microbatch_size: int = MICROBATCH_SIZE) -> Profile:
     """The toy GPT profiled for memory, with the synthetic times in place of measured ones."""
     from planner.models import load_workload
-    from planner.profiling import profile_model
+    from planner.profiling.measured import profile_model
 
     workload = load_workload(MODEL_SPEC)
     measured = profile_model(

@@ -4,9 +4,9 @@
   installed) at their default (small) sizes:
   ``zoo-<model>-<device>.json`` (CPU by default; ``--device cuda`` on a GPU machine);
 - analytic GPT-3 1.3B / 13B / 175B on A100 and H100: ``gpt3-<size>-<a100|h100>.json``
-  (planner.analytic, formulas cited there);
+  (planner.profiling.analytic.gpt, formulas cited there);
 - analytic Llama-3 8B / 70B from ``configs/llama-3-*.json`` on A100 and H100:
-  ``llama-3-<size>-<a100|h100>.json`` (planner.analytic_llama, formulas cited there).
+  ``llama-3-<size>-<a100|h100>.json`` (planner.profiling.analytic.llama, formulas cited there).
 
 Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
        [--threads N] [--models gpt,bert,...] [--out-dir profiles]
@@ -33,7 +33,7 @@ def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ..
     import importlib.util
 
     from planner.models import load_workload
-    from planner.profiling import profile_model
+    from planner.profiling.measured import profile_model
 
     for spec in models:
         if spec == "gpt2" and importlib.util.find_spec("transformers") is None:
@@ -48,8 +48,8 @@ def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ..
 
 
 def make_analytic(out_dir: Path) -> None:
-    from planner.analytic import gpt3_profile
-    from planner.errors import PlannerInputError
+    from planner.profiling.analytic.gpt import gpt3_profile
+    from planner.artifacts.errors import PlannerInputError
 
     for size in GPT3:
         for short, preset in PRESETS.items():
@@ -65,7 +65,7 @@ def make_analytic(out_dir: Path) -> None:
 
 
 def make_analytic_llama(out_dir: Path) -> None:
-    from planner.analytic_llama import llama_profile, read_config
+    from planner.profiling.analytic.llama import llama_profile, read_config
 
     for name in LLAMA3:
         config = REPO / "configs" / f"{name}.json"

@@ -1,7 +1,7 @@
 """Memory efficiency: the ME index of our plans against GPipe without recomputation, on cases
 where GPipe without recomputation does not fit in device memory.
 
-ME index (the seed, TPDS 35(4) 2024; ``planner.bounds.me_index``):
+ME index (the seed, TPDS 35(4) 2024; ``planner.simulate.bounds.me_index``):
 ``(throughput / reference throughput) / (peak memory / reference peak memory)``; with the same
 global batch, throughput ratio = reference iteration time / our iteration time. The seed reports
 4.18x (+80% throughput at -57% memory).
@@ -44,8 +44,8 @@ from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.artifacts.profile import Profile  # noqa: E402
 from planner.artifacts.request import Objective, PlanRequest, ScheduleKind  # noqa: E402
-from planner.bounds import me_index  # noqa: E402
-from planner.errors import InfeasibleError  # noqa: E402
+from planner.simulate.bounds import me_index  # noqa: E402
+from planner.artifacts.errors import InfeasibleError  # noqa: E402
 from planner.solve import plan  # noqa: E402
 
 SEED_ME = 4.18
@@ -64,7 +64,7 @@ class Case:
 
 def _pipedream(model: str) -> Callable[[Path], Profile]:
     def load(reference: Path) -> Profile:
-        from planner.importers.pipedream import import_pipedream
+        from planner.profiling.imported.pipedream import import_pipedream
 
         return import_pipedream(reference / model / "graph.txt")
 
@@ -73,7 +73,7 @@ def _pipedream(model: str) -> Callable[[Path], Profile]:
 
 def _gpt3(size: str) -> Callable[[Path], Profile]:
     def load(reference: Path) -> Profile:
-        from planner.analytic import gpt3_profile
+        from planner.profiling.analytic.gpt import gpt3_profile
 
         return gpt3_profile(size, "a100-80gb")
 

@@ -21,7 +21,7 @@ per iteration (forward, backward and the recomputation forward); our predicted t
 GPU for their configuration is the same FLOP count / our predicted iteration time / N.
 
 Calibration: the one constant per device type is the analytic profiles' achieved fraction of
-peak matmul throughput (``efficiency``, planner.analytic); it is fitted on at most two rows
+peak matmul throughput (``efficiency``, planner.profiling.analytic.gpt); it is fitted on at most two rows
 (``--fit-rows``, default the first and the last, whose ratios are made to straddle 1
 geometrically) and then used unchanged for every row. Target: predicted / measured within 15%
 on every row.
@@ -47,14 +47,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.analytic import gpt_profile  # noqa: E402
+from planner.profiling.analytic.gpt import gpt_profile  # noqa: E402
 from planner.artifacts.cluster import PRESETS  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind  # noqa: E402
-from planner.errors import PlannerError  # noqa: E402
+from planner.artifacts.errors import PlannerError  # noqa: E402
 from planner.report.table import layout_label  # noqa: E402
 from planner.solve import plan as solve  # noqa: E402
-from planner.tensor_parallel import build_tensor_parallel  # noqa: E402
+from planner.cost.tensor_parallel import build_tensor_parallel  # noqa: E402
 
 SOURCE = "Narayanan et al. 2021 (SC'21), Table 1"
 SEQ, VOCAB = 2048, 51200

@@ -45,8 +45,8 @@ from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.artifacts.request import PlanRequest, ScheduleKind  # noqa: E402
 from planner.cost import CostModel  # noqa: E402
-from planner.errors import PlannerError  # noqa: E402
-from planner.importers.pipedream import import_pipedream  # noqa: E402
+from planner.artifacts.errors import PlannerError  # noqa: E402
+from planner.profiling.imported.pipedream import import_pipedream  # noqa: E402
 from planner.solve import plan  # noqa: E402
 from planner.solve.build import build_plan, memory_cap_bytes  # noqa: E402
 from planner.solve.partitions import pipedream_split  # noqa: E402

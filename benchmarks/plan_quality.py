@@ -1,7 +1,7 @@
 """Plan quality: how close each solver's plan comes to the machine's limit. For every case, the
 simulated iteration time of our plan (solver ``dp``) and of every baseline (``uniform``,
 ``parameters``, ``time-balanced``, ``pipedream``, ``data-parallel``) on the same profile,
-cluster and request, and each one's **machine bound / time** (``planner.bounds``): the
+cluster and request, and each one's **machine bound / time** (``planner.simulate.bounds``): the
 machine bound is ``G x`` the profile's fastest per-sample forward + backward ``/ N``, which no
 plan of any partition, replication, ZeRO stage, schedule or recomputation on these N devices
 beats, so ``machine / time`` is the fraction of the machine a plan uses (1.0 = no bubble, no
@@ -89,7 +89,7 @@ def batches_of(name: str, n: int, reference: Path, scaling: str, gpt3_batches: t
         return gpt3_batches
     per = n if scaling == "weak" else STRONG_DEVICES
     if name in PIPEDREAM:
-        from planner.importers.pipedream import import_pipedream
+        from planner.profiling.imported.pipedream import import_pipedream
 
         return (import_pipedream(reference / name / "graph.txt").microbatch_sizes[0] * per,)
     return (ZOO_BATCH_PER_DEVICE * per,)
@@ -103,7 +103,7 @@ def setting(name: str, n: int, reference: Path):
     from planner.artifacts.profile import load_profile
 
     if name in PIPEDREAM:
-        from planner.importers.pipedream import import_pipedream
+        from planner.profiling.imported.pipedream import import_pipedream
 
         profile, base = import_pipedream(reference / name / "graph.txt"), PRESETS["v100-16gb-2x8"]
     else:
@@ -130,8 +130,8 @@ def plan_text(p) -> str:
 def run_case(name: str, n: int, batch: int, reference: str) -> dict:
     """Every solver on one case (runs in the pool's worker)."""
     from planner.artifacts.request import PlanRequest
-    from planner.bounds import machine_bound_ms
-    from planner.errors import PlannerError
+    from planner.simulate.bounds import machine_bound_ms
+    from planner.artifacts.errors import PlannerError
     from planner.solve import plan
 
     profile, cluster = setting(name, n, Path(reference))

@@ -20,9 +20,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from planner.models import load_workload  # noqa: E402
-from planner.profiling import profile_model  # noqa: E402
-from planner.profiling.tensors import to_device  # noqa: E402
-from planner.profiling.timing import Clock, time_step  # noqa: E402
+from planner.profiling.measured import profile_model  # noqa: E402
+from planner.profiling.measured.tensors import to_device  # noqa: E402
+from planner.profiling.measured.timing import Clock, time_step  # noqa: E402
 
 SPECS = ("gpt", "bert", "vgg", "resnet")
 

@@ -109,19 +109,19 @@ def _run_case(spec: dict) -> dict:
     import networkx  # noqa: F401  (imported before timing: module loading is not solving)
 
     import planner
-    import planner.importers.pipedream  # noqa: F401
-    import planner.simulator  # noqa: F401
+    import planner.profiling.imported.pipedream  # noqa: F401
+    import planner.simulate  # noqa: F401
     import planner.solve.baselines  # noqa: F401
     import planner.solve.search  # noqa: F401
     from planner.artifacts.cluster import PRESETS
     from planner.artifacts.request import OptimizerKind, PlanRequest
-    from planner.errors import PlannerError
+    from planner.artifacts.errors import PlannerError
     from planner.solve import plan
 
     out: dict = {"planner": str(Path(planner.__file__).resolve().parents[1])}
     w0, c0 = time.perf_counter(), time.process_time()
     if spec["kind"] == "pipedream":
-        from planner.importers.pipedream import import_pipedream
+        from planner.profiling.imported.pipedream import import_pipedream
 
         profile = import_pipedream(Path(spec["reference"]) / spec["model"] / "graph.txt")
         base = PRESETS["v100-16gb-2x8"]
@@ -131,7 +131,7 @@ def _run_case(spec: dict) -> dict:
         batch = profile.microbatch_sizes[0] * n
         request = PlanRequest(global_batch=batch)
     else:
-        from planner.analytic import gpt3_profile
+        from planner.profiling.analytic.gpt import gpt3_profile
 
         profile = gpt3_profile("gpt3-175b", "a100-80gb")
         base = PRESETS["a100-80gb-x8"]

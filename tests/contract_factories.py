@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.workload import Workload
+from planner.models.workload import Workload
 from tests.factories import WIDTH, Block, _gen, _mse
 
 

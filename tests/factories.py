@@ -14,7 +14,7 @@ from torch import nn
 
 from planner.artifacts.plan import Plan, PlanStage, StageMemory
 from planner.artifacts.request import ScheduleKind
-from planner.workload import Workload
+from planner.models.workload import Workload
 from tests.plan_factory import hand_plan
 
 WIDTH = 8

@@ -11,8 +11,8 @@ from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_jso
 from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.profile import profile_from_json, profile_to_json
 from planner.artifacts.request import PlanRequest
-from planner.codec import parse_text
-from planner.errors import PlannerInputError
+from planner.artifacts.codec import parse_text
+from planner.artifacts.errors import PlannerInputError
 
 JUNK: list[Any] = [None, True, False, 0, -1, 1, 2**70, -1e308, 1e308, 0.5, "", "x", "NaN", [], {}, [1, 2], {"a": 1},
                    "planner.profile", "planner.plan", 1.0, -0.0]

@@ -129,10 +129,10 @@ def setting(case: Case) -> tuple[Any, Any, Any]:
     from planner.artifacts.cluster import PRESETS
     from planner.artifacts.profile import load_profile
     from planner.artifacts.request import PlanRequest
-    from planner.codec import decode
+    from planner.artifacts.codec import decode
 
     if case.needs_reference:
-        from planner.importers.pipedream import import_pipedream
+        from planner.profiling.imported.pipedream import import_pipedream
 
         profile = import_pipedream(PIPEDREAM_DIR / case.profile.split(":", 1)[1] / "graph.txt")
     else:
@@ -150,8 +150,8 @@ def setting(case: Case) -> tuple[Any, Any, Any]:
 def render(case: Case) -> str:
     """The canonical text of a case's plan (planner_version blanked), or of its refusal."""
     from planner.artifacts.plan import plan_to_json
-    from planner.codec import dumps_canonical
-    from planner.errors import InfeasibleError
+    from planner.artifacts.codec import dumps_canonical
+    from planner.artifacts.errors import InfeasibleError
     from planner.solve import plan
 
     profile, cluster, request = setting(case)

@@ -38,7 +38,7 @@ from planner.runtime.model import cast_batch, cast_workload, load_workload  # no
 from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
 from planner.runtime.tensor import full, local  # noqa: E402
 from planner.runtime.zero import flatten  # noqa: E402
-from planner.workload import split_loss  # noqa: E402
+from planner.models.workload import split_loss  # noqa: E402
 from tests.factories import make_plan  # noqa: E402
 
 LR = 0.05

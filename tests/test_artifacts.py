@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from planner import codec
+from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_json, load_cluster
 from planner.artifacts.plan import load_plan, plan_from_json, plan_to_json, save_plan
 from planner.artifacts.profile import load_profile, profile_from_json, profile_to_json, save_profile
 from planner.artifacts.request import PlanRequest
-from planner.defaults import default_profile
-from planner.errors import PlannerInputError
+from planner.profiling.defaults import default_profile
+from planner.artifacts.errors import PlannerInputError
 from planner.schemas import render
 from planner.solve import plan
 from tests.chains import chain_profile, small_cluster
@@ -143,7 +143,7 @@ def test_version_1_plan_is_upgraded(small_plan):
 
 
 def test_shipped_default_profile_equals_its_formulas():
-    from planner.analytic import gpt3_profile
-    from planner.defaults import default_profile_path
+    from planner.profiling.analytic.gpt import gpt3_profile
+    from planner.profiling.defaults import default_profile_path
 
     assert load_profile(default_profile_path()) == gpt3_profile("gpt3-13b", "a100-80gb")

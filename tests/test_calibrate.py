@@ -1,4 +1,4 @@
-"""planner.calibrate and ``planner calibrate``.
+"""planner.report.calibrate and ``planner calibrate``.
 
 The end-to-end check: a toy GPT whose true layer times are known (the runtime's emulated
 compute sleeps them, so the runs are stable on a loaded machine) is planned from a profile
@@ -22,7 +22,7 @@ from planner.artifacts.cluster import load_cluster
 from planner.artifacts.profile import Profile, TimeFit
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, load_report
 from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
-from planner.calibrate import (
+from planner.report.calibrate import (
     add_layer_overhead,
     calibrate,
     fit_layer_overhead,
@@ -32,8 +32,8 @@ from planner.calibrate import (
     scale_cluster_links,
     scale_profile_times,
 )
-from planner.cli import main
-from planner.errors import PlannerInputError
+from planner.commands.cli import main
+from planner.artifacts.errors import PlannerInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "gpt:layers=4,hidden=16,heads=2,seq=8,vocab=64"  # embed, block0..3, head

@@ -11,7 +11,7 @@ import pytest
 
 from planner.artifacts.cluster import PRESETS, cluster_to_json
 from planner.artifacts.profile import profile_to_json, save_profile
-from planner.cli import main
+from planner.commands.cli import main
 from tests.chains import chain_profile
 
 
@@ -28,7 +28,7 @@ def test_default_plan_prints_table():
 
 def test_planning_path_does_not_import_torch():
     code = (
-        "import sys, planner; from planner.cli import main; "
+        "import sys, planner; from planner.commands.cli import main; "
         "rc = main(['plan', '--global-batch', '64']); "
         "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)"
     )
@@ -37,7 +37,7 @@ def test_planning_path_does_not_import_torch():
 
 
 def test_help_on_every_subcommand(capsys):
-    from planner.cli import COMMANDS
+    from planner.commands.cli import COMMANDS
 
     for name in COMMANDS:
         with pytest.raises(SystemExit) as exc:

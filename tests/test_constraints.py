@@ -16,8 +16,8 @@ from planner.artifacts.cluster import PRESETS
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import load_profile
 from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cli import main
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.commands.cli import main
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.solve import plan
 from tests.chains import chain_profile, layer_dicts, small_cluster
 
@@ -217,7 +217,7 @@ def test_never_slower_than_its_own_plan_on_fewer_devices(layers, batch):
 def test_constraints_hold_with_tensor_parallelism():
     """The constraints reach every tensor-parallel degree searched around the solver: an
     analytic GPT (6 layers: embedding, 4 blocks, head) on 8 A100s, t in {1, 2, 4}."""
-    from planner.analytic import gpt_profile
+    from planner.profiling.analytic.gpt import gpt_profile
 
     profile = gpt_profile(layers=4, hidden=1024, heads=16, seq=1024, vocab=8000)
     cluster = PRESETS["a100-80gb-x8"]

@@ -13,7 +13,7 @@ import pytest
 
 from planner.artifacts.plan import save_plan
 from planner.artifacts.report import OVERRUN_LIMIT, load_report, report_from_json, report_to_json
-from planner.cli import main as planner_main
+from planner.commands.cli import main as planner_main
 from planner.runtime.model import load_workload, workload_fingerprint
 from tests.factories import make_plan
 

@@ -1,4 +1,4 @@
-"""Hugging Face configs in (planner.models.hf) and analytic Llama profiles (planner.analytic_llama).
+"""Hugging Face configs in (planner.models.hf) and analytic Llama profiles (planner.profiling.analytic.llama).
 
 Small configs of each supported architecture are built from transformers with random weights
 (no network): the planner's layer chain must compute exactly what the model's own forward
@@ -14,14 +14,14 @@ import pytest
 import torch
 import transformers
 
-from planner.analytic import block_fwd_flops, model_flops_per_sample
-from planner.analytic_llama import flops_per_token, llama_profile, llama_shape, read_config
-from planner.cli import main
-from planner.errors import PlannerInputError
+from planner.profiling.analytic.gpt import block_fwd_flops, model_flops_per_sample
+from planner.profiling.analytic.llama import flops_per_token, llama_profile, llama_shape, read_config
+from planner.commands.cli import main
+from planner.artifacts.errors import PlannerInputError
 from planner.models import hf, load_workload, workload_fingerprint
 from planner.models.common import seeded
-from planner.profiling import profile_model
-from planner.profiling.memory import whole_model_saved_bytes
+from planner.profiling.measured import profile_model
+from planner.profiling.measured.memory import whole_model_saved_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_8B = ROOT / "configs" / "llama-3-8b.json"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli import main as planner_main
+from planner.commands.cli import main as planner_main
 from planner.models import load_workload
-from planner.profiling.contract import check_layer_contract
+from planner.profiling.measured.contract import check_layer_contract
 
 REFUSED = {  # factory -> what the one-line refusal must say
     "returns_dict": "layer 'block_1' returns a dict (keys: last_hidden_state, hidden_states): "
@@ -72,7 +72,7 @@ def test_the_zoo_keeps_the_contract() -> None:
 
 
 def test_a_bad_loss_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.errors import PlannerInputError
+    from planner.artifacts.errors import PlannerInputError
 
     workload = load_workload("tests.factories:mlp")
     per_sample = dataclasses.replace(workload, loss_fn=lambda out, target: ((out - target) ** 2).mean(dim=1))

@@ -9,9 +9,9 @@ import warnings
 import pytest
 import torch
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models import ZOO, load_workload, workload_fingerprint
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 SMALL = {
     "gpt": "gpt:layers=2,hidden=32,heads=2,seq=8,vocab=64",
@@ -91,7 +91,7 @@ def test_options_change_sizes() -> None:
 FACTORY = textwrap.dedent(
     """
     import torch
-    from planner.workload import Workload
+    from planner.models.workload import Workload
 
     def good(width=4):
         layer = torch.nn.Linear(width, 2)
@@ -151,7 +151,7 @@ def test_bad_specs_raise_one_line_input_error(spec: str, words: str, user_module
 def test_gpt2_from_transformers_matches_the_hf_model() -> None:
     pytest.importorskip("transformers")
     from planner.models.hf_gpt2 import GPT2Options, build_hf_model
-    from planner.profiling import profile_model
+    from planner.profiling.measured import profile_model
 
     spec = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"
     w = load_workload(spec, dtype="float64")

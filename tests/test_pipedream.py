@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from planner.artifacts.profile import load_profile, profile_to_json
-from planner.cli import main
-from planner.codec import dumps_canonical
-from planner.errors import PlannerInputError
+from planner.commands.cli import main
+from planner.artifacts.codec import dumps_canonical
+from planner.artifacts.errors import PlannerInputError
 from planner.graph import cut_bytes_per_sample
-from planner.importers.pipedream import import_pipedream, infer_batch_size, parse_graph
+from planner.profiling.imported.pipedream import import_pipedream, infer_batch_size, parse_graph
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "pipedream"
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"{REFERENCE} not present")
@@ -149,8 +149,8 @@ def test_importer_and_cli_modules_do_not_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, planner, planner.importers.pipedream, planner.commands.profile, "
-        "planner.commands.import_pipedream, planner.cli; planner.cli.build_parser(); "
+        "import sys, planner, planner.profiling.imported.pipedream, planner.commands.profile, "
+        "planner.commands.import_pipedream, planner.commands.cli; planner.commands.cli.build_parser(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from planner.artifacts.profile import profile_from_json, profile_to_json
-from planner.cli import main
+from planner.commands.cli import main
 from planner.graph import cut_bytes_per_sample
 from planner.models import load_workload, workload_fingerprint
-from planner.profiling import detect_tied, profile_model
-from planner.profiling.fit import fit_time
-from planner.profiling.memory import measure_layer_bytes, whole_model_saved_bytes
-from planner.workload import Workload
+from planner.profiling.measured import detect_tied, profile_model
+from planner.profiling.measured.fit import fit_time
+from planner.profiling.measured.memory import measure_layer_bytes, whole_model_saved_bytes
+from planner.models.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -144,7 +144,7 @@ def test_untraceable_layer_warns_and_stays_a_module() -> None:
 
 
 def test_bad_profile_arguments() -> None:
-    from planner.errors import PlannerInputError
+    from planner.artifacts.errors import PlannerInputError
 
     workload = load_workload(TINY["vgg"])
     for kwargs in ({"microbatch_sizes": (0,)}, {"dtype": "int8"}, {"device": "tpu"}, {"repeats": 0}):
@@ -204,7 +204,7 @@ def test_cli_profile_writes_a_loadable_profile(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["resnet", "gpt"])
 def test_layer_by_layer_backward_gives_whole_model_gradients(name: str) -> None:
     """The timed step, cut at layer boundaries, computes the same gradients as one backward."""
-    from planner.profiling.timing import Clock, time_layers
+    from planner.profiling.measured.timing import Clock, time_layers
 
     workload = load_workload(TINY[name], dtype="float64")
     inputs, targets = workload.make_batch(2, 0)

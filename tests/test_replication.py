@@ -15,7 +15,7 @@ from planner.artifacts.cluster import PRESETS
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel, replicated_ranks
 from planner.schedule import build_replicated_schedule, validate_schedule
-from planner.simulator import simulate
+from planner.simulate import simulate
 from planner.solve import plan
 from planner.solve.bruteforce import best_stage
 from planner.solve.build import build_plan
@@ -141,7 +141,7 @@ def test_pipedream_split_on_a_chain_by_hand():
 def test_ours_at_least_as_fast_as_pipedreams_replicated_split_on_alexnet():
     """PipeDream's optimizer replicates alexnet's stages unequally on 8 V100s; priced by our
     simulator with the same micro-batches, our plan is no slower (and says which split it chose)."""
-    from planner.importers.pipedream import import_pipedream
+    from planner.profiling.imported.pipedream import import_pipedream
 
     prof = import_pipedream(REFERENCE / "alexnet" / "graph.txt")
     b0, n = prof.microbatch_sizes[0], 8
@@ -166,8 +166,8 @@ def test_no_recompute_request_is_honoured_by_every_proposal():
     """With recomputation off, neither our DP nor the proposals beside it (PipeDream's split,
     the baselines' partitions) may recompute: found by benchmarks/memory_efficiency.py, where a
     replicated GPipe plan with 33 recomputed layers came back for ``recompute=False``."""
-    from planner.errors import InfeasibleError
-    from planner.defaults import default_profile
+    from planner.artifacts.errors import InfeasibleError
+    from planner.profiling.defaults import default_profile
 
     req = PlanRequest(global_batch=64, schedules=(ScheduleKind.GPIPE,), recompute=False)
     try:

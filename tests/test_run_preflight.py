@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from planner.artifacts.plan import Plan, save_plan
-from planner.cli import main as planner_main
-from planner.errors import PlannerInputError
+from planner.commands.cli import main as planner_main
+from planner.artifacts.errors import PlannerInputError
 from planner.runtime.model import load_workload, workload_fingerprint
 from planner.runtime.preflight import run_settings
 from tests.factories import make_plan
@@ -119,7 +119,7 @@ def test_a_refusal_is_one_line_in_seconds_not_a_torchrun_traceback(tmp_path: Pat
     plan = _saved(tmp_path, _plan())
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
-        [sys.executable, "-m", "planner.cli", "run", plan, "--model", "tests.factories:mlp_wide"],
+        [sys.executable, "-m", "planner.commands.cli", "run", plan, "--model", "tests.factories:mlp_wide"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -9,7 +9,7 @@ from pathlib import Path
 from planner.artifacts.plan import save_plan
 from planner.artifacts.report import load_report
 from planner.artifacts.request import ScheduleKind
-from planner.cli import main as planner_main
+from planner.commands.cli import main as planner_main
 from planner.runtime.model import load_workload, workload_fingerprint
 from tests.factories import make_plan
 from tests.runtime_launch import runtime

@@ -28,8 +28,8 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.report import load_report
 from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
 from planner.cost import CostModel
-from planner.errors import PlannerInputError
-from planner.profiling import profile_model
+from planner.artifacts.errors import PlannerInputError
+from planner.profiling.measured import profile_model
 from planner.runtime.check import check_plan
 from planner.runtime.exchange import ExchangeError, copy_rank, dry_run_exchanges, exchange_groups
 from planner.runtime.model import load_workload

@@ -14,7 +14,7 @@ import pytest
 
 from planner.artifacts.plan import plan_to_json
 from planner.artifacts.request import ScheduleKind
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models import load_workload
 from planner.runtime.check import check_plan
 from planner.runtime.tensor import split_layer_indices, tensor_parallel_refusal
@@ -79,7 +79,7 @@ def test_planner_run_refuses_heads_not_divisible_with_one_line(tmp_path, capsys)
     """``planner run``: exit 2 with one line, before torchrun starts (the launcher runs the
     ranks' own check_plan; under torchrun each rank refuses the same way before joining a
     process group, see test_refusals_before_compute)."""
-    from planner.cli import main
+    from planner.commands.cli import main
 
     workload = load_workload(GPT_3_HEADS)
     plan = make_plan(workload.layer_names, (), tp_degree=2, schedule=ScheduleKind.ONE_F_ONE_B)
@@ -95,7 +95,7 @@ def test_planner_run_reports_a_tensor_parallel_plan_per_stage(tmp_path, capsys) 
     """Measured zoo GPT profile -> ``planner plan --tp 2 --fixed-boundaries 2`` on 4 CPU devices (T=2 x P=2
     x D=1) -> ``planner run``: the losses, and measured beside predicted per stage."""
     from planner.artifacts.plan import load_plan
-    from planner.cli import main
+    from planner.commands.cli import main
 
     model = "gpt:layers=2,hidden=32,heads=4,seq=8,vocab=64"
     profile, plan = str(tmp_path / "p.json"), str(tmp_path / "plan.json")

@@ -13,9 +13,9 @@ from planner.artifacts.profile import Layer, Profile, TimeFit
 from planner.artifacts.plan import Plan
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, report_from_json, report_to_json
 from planner.artifacts.request import ScheduleKind
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models import load_workload
-from planner.profiling.memory import measure_layer_bytes
+from planner.profiling.measured.memory import measure_layer_bytes
 from planner.runtime.check import check_plan
 from planner.runtime.collect import build_report
 from planner.runtime.engine import RankMeasure, StepMeasure

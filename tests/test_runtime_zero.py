@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from planner.artifacts.plan import StageMemory
 from planner.commands.run import format_model_state
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models import load_workload
 from planner.runtime.checkpoint import load_checkpoint
 from planner.runtime.collect import build_report

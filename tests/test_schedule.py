@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.artifacts.request import ScheduleKind
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule import (
     Action,
     ActionKind,

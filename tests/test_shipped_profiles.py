@@ -9,7 +9,7 @@ import pytest
 
 from planner.artifacts.cluster import PRESETS, save_cluster
 from planner.artifacts.profile import load_profile
-from planner.cli import main
+from planner.commands.cli import main
 
 PROFILES = sorted((Path(__file__).resolve().parents[1] / "profiles").glob("*.json"))
 

@@ -93,7 +93,7 @@ def test_plans_valid_and_deterministic(layers, devices, batch):
     try:
         first = plan(prof, cluster, req)
     except Exception as exc:  # infeasible is a legitimate answer, anything else is a bug
-        from planner.errors import InfeasibleError
+        from planner.artifacts.errors import InfeasibleError
 
         assert isinstance(exc, InfeasibleError)
         return
@@ -151,7 +151,7 @@ def plain_optimizer_bytes(stage) -> float:
 
 
 def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
-    from planner.defaults import default_profile
+    from planner.profiling.defaults import default_profile
 
     prof = default_profile()
     # without ZeRO or tensor parallelism (which let a shallower pipeline fit and win here otherwise)

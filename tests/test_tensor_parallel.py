@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-from planner.analytic import gpt_profile
+from planner.profiling.analytic.gpt import gpt_profile
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.plan import dumps_plan, plan_from_json
 from planner.artifacts.request import PlanRequest
-from planner.codec import parse_text
+from planner.artifacts.codec import parse_text
 from planner.cost import allreduce_ms
-from planner.errors import PlannerInputError
-from planner.simulator import simulate
+from planner.artifacts.errors import PlannerInputError
+from planner.simulate import simulate
 from planner.solve import plan
-from planner.tensor_parallel import candidate_degrees, tensor_parallel_view
+from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
 from tests.chains import chain_profile, small_cluster
 
 S, H, A, V = 128, 256, 8, 1000
@@ -122,8 +122,8 @@ def test_plan_with_tensor_parallelism_lays_out_real_ranks():
     assert tl.tp_degree == 2 and tl.num_ranks == p.num_stages  # one pipeline replica
     fig = plot_timeline(tl)
     assert "tensor-parallel group of 2 devices" in fig.axes[0].get_title()
-    # re-pricing the plan's own layout (planner.calibrate.repredict) gives the plan back
-    from planner.calibrate import repredict
+    # re-pricing the plan's own layout (planner.report.calibrate.repredict) gives the plan back
+    from planner.report.calibrate import repredict
 
     assert repredict(p, prof, cluster).predicted == p.predicted
     # the machine bound is over the 8 real devices, the same with or without t
@@ -148,7 +148,7 @@ def test_search_takes_the_fastest_degree_and_the_leaner_of_equal_times():
 
 
 def gpt3_13b():
-    from planner.analytic import gpt3_profile
+    from planner.profiling.analytic.gpt import gpt3_profile
 
     return gpt3_profile("gpt3-13b")
 
@@ -172,7 +172,7 @@ def test_cli_plan_shows_t_and_refuses_in_one_line(tmp_path):
 def test_torchtitan_export_carries_every_degree(tmp_path):
     import tomllib
 
-    from planner.cli import main
+    from planner.commands.cli import main
     from planner.report.export import torchtitan_config
 
     prof, cluster = small_gpt(6), PRESETS["a100-80gb-x8"]

@@ -1,5 +1,5 @@
 """The profile side of tensor parallelism for measured zoo transformers: ``Layer.tp`` is
-declared from the blocks' own modules (``planner.profiling.tensor_split``) and agrees with the
+declared from the blocks' own modules (``planner.profiling.measured.tensor_split``) and agrees with the
 blocks run sharded over t = 2 gloo ranks (tests/tp_profile_driver.py): per-rank parameters
 and saved bytes exactly as declared without sequence parallelism; with it, the documented
 difference (the column-split linears keep their gathered inputs whole)."""
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from planner.models import load_workload
-from planner.profiling.profiler import profile_model
+from planner.profiling.measured.profiler import profile_model
 from tests.runtime_launch import torchrun
 
 SPECS = [

@@ -1,6 +1,6 @@
 """Run zoo transformer layers sharded over the ranks of one gloo group (tensor parallelism)
 and count what each rank saves for backward and holds as parameters, beside the
-declaration the profiler makes (``planner.profiling.tensor_split``).
+declaration the profiler makes (``planner.profiling.measured.tensor_split``).
 
     torchrun --nproc-per-node T tests/tp_profile_driver.py SPECS.json OUT.json
 
@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.models import load_workload  # noqa: E402
-from planner.profiling.tensor_split import count_split, split_param_count  # noqa: E402
+from planner.profiling.measured.tensor_split import count_split, split_param_count  # noqa: E402
 from planner.runtime.memory import SavedBytesMeter  # noqa: E402
 from planner.runtime.tensor import local, parallelize_layers  # noqa: E402
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from planner import codec
-from planner.errors import PlannerInputError
+from planner.artifacts import codec
+from planner.artifacts.errors import PlannerInputError
 
 SCHEMA = "planner.cluster"
 VERSION = 1

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner import codec
+from planner.artifacts import codec
 from planner.artifacts.request import ZERO_STAGES, PlanRequest, ScheduleKind
 
 SCHEMA = "planner.plan"

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner import codec
-from planner.codec import JSONScalar
+from planner.artifacts import codec
+from planner.artifacts.codec import JSONScalar
 
 SCHEMA = "planner.profile"
 VERSION = 1

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner import codec
+from planner.artifacts import codec
 
 SCHEMA = "planner.runreport"
 VERSION = 1

@@ -93,7 +93,7 @@ class PlanRequest:
     sequence_parallel: tuple[bool, ...] = field(
         default=(False, True),
         metadata={"doc": "with a tensor-parallel degree > 1: sequence parallelism off and/or on; with both, on is "
-                         "planned (under the cost model it is never slower nor larger, see planner.tensor_parallel)"},
+                         "planned (under the cost model it is never slower nor larger, see planner.cost.tensor_parallel)"},
     )
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """``planner calibrate RUNREPORT... --plan PLAN... --profile P --out P2 [--cluster C]
 [--cluster-out C2] [--granularity stage|global] [--residual auto|links|overhead|none]``: refit the profile's layer
-times and the cluster's links to measured runs (:mod:`planner.calibrate`).
+times and the cluster's links to measured runs (:mod:`planner.report.calibrate`).
 
 A RunReport does not carry the partition it ran, so the plans are given too; each report is
 matched to its plan by signature. The cluster defaults to the preset the first plan names.
@@ -14,8 +14,8 @@ from pathlib import Path
 from planner.artifacts.cluster import save_cluster
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile, save_profile
-from planner.calibrate import GRANULARITIES, RESIDUALS, CalibrationResult, calibrate
-from planner.errors import PlannerInputError
+from planner.report.calibrate import GRANULARITIES, RESIDUALS, CalibrationResult, calibrate
+from planner.artifacts.errors import PlannerInputError
 from planner.report.resolve import find_cluster, load_reports
 
 

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.report.table import format_table
 
 if TYPE_CHECKING:  # pandas and the comparison load when the command runs, not with the CLI

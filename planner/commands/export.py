@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from planner.artifacts.plan import load_plan
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.report.export import stage_module_names, torchtitan_config, write_plan_schedule_csv, write_stage_module_names
 
 

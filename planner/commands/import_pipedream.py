@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.profile import save_profile
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.importers.pipedream import import_pipedream  # networkx and pandas: only when used
+    from planner.profiling.imported.pipedream import import_pipedream  # networkx and pandas: only when used
 
     profile = import_pipedream(args.graph, batch_size=args.batch_size, name=args.name)
     out = Path(args.out)

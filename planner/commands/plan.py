@@ -11,8 +11,8 @@ from planner.artifacts.plan import dumps_plan
 from planner.artifacts.profile import load_profile
 from planner.artifacts.request import Objective, OptimizerKind, PlanRequest, ScheduleKind
 from planner.commands._args import fraction, int_list, nonneg_float, positive_int
-from planner.defaults import DEFAULT_GLOBAL_BATCH, default_profile
-from planner.errors import PlannerInputError
+from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
+from planner.artifacts.errors import PlannerInputError
 from planner.report.table import format_pareto, format_plan
 from planner.solve import SOLVERS, plan
 

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.profile import Profile, save_profile
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 EPILOG = """\
 model specs:
@@ -71,7 +71,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def _analytic(args: argparse.Namespace) -> Profile:
-    from planner.analytic import gpt_profile
+    from planner.profiling.analytic.gpt import gpt_profile
 
     if args.analytic == "hf":
         return _analytic_hf(args)
@@ -90,7 +90,7 @@ def _analytic(args: argparse.Namespace) -> Profile:
 
 
 def _analytic_hf(args: argparse.Namespace) -> Profile:
-    from planner.analytic_llama import llama_profile, read_config
+    from planner.profiling.analytic.llama import llama_profile, read_config
 
     if not args.config:
         raise PlannerInputError("--analytic hf needs --config PATH (a config.json or a directory holding one)")
@@ -109,7 +109,7 @@ def _analytic_hf(args: argparse.Namespace) -> Profile:
 
 def _measured(args: argparse.Namespace) -> Profile:
     from planner.models import load_workload
-    from planner.profiling import profile_model
+    from planner.profiling.measured import profile_model
 
     sizes = parse_sizes(args.microbatch_sizes)
     workload = load_workload(args.model)

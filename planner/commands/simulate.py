@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.plan import Plan, load_plan
-from planner.bounds import partition_bounds
+from planner.simulate.bounds import partition_bounds
 from planner.commands._args import nonneg_float
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule import build_schedule, write_schedule_csv
-from planner.simulator import Timeline, simulate
+from planner.simulate import Timeline, simulate
 
 MIB = 1024**2
 

@@ -21,7 +21,7 @@ Spec syntax (``planner profile --model SPEC``, :func:`load_workload`):
   (:mod:`planner.models.hf`; options: config fields or layers, hidden, heads, kv_heads,
   intermediate, vocab, and seq, seed, dtype, padding)
 - ``package.module:callable`` or ``package.module:callable:key=value,...``: a user factory
-  returning a :class:`planner.workload.Workload`; options become keyword arguments
+  returning a :class:`planner.models.workload.Workload`; options become keyword arguments
   (``int`` if they parse as one, else ``float``, else ``str``).
 
 Layers are called as ``out = layers[i](out)``: a layer that returns a tuple hands the whole
@@ -34,10 +34,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from planner.artifacts.profile import profile_fingerprint
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models import bert, gpt, hf, hf_gpt2, resnet, vgg
 from planner.models.spec import build_config, load_factory, split_options
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 __all__ = ["ZOO", "load_workload", "workload_fingerprint", "layer_param_shapes"]
 

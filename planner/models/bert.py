@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from planner.models.common import MLP, SelfAttention, generator, megatron_styles, mean_cross_entropy, parse_dtype, seeded
-from planner.workload import TensorParallel, Workload
+from planner.models.workload import TensorParallel, Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

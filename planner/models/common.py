@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -64,10 +64,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, parse_dtype, seeded
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 __all__ = ["FAMILIES", "HFSpec", "build", "parse_spec", "load_config_dict"]
 

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, mean_cross_entropy, parse_dtype, seeded
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

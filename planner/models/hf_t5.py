@@ -6,7 +6,7 @@ final layer norm), ``dec_embed`` (decoder token embedding), ``dec_block_0 ..``, 
 ``head`` (LM head; with tied embeddings the decoder output is scaled by ``d_model^-0.5`` first,
 as ``T5ForConditionalGeneration`` does).
 
-What crosses each boundary (a flat tuple, :mod:`planner.workload`):
+What crosses each boundary (a flat tuple, :mod:`planner.models.workload`):
 
 - in the encoder: ``(hidden, enc_mask, dec_ids, dec_mask)``: the decoder's inputs ride along
   (int64, no gradient) until ``dec_embed`` needs them;

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.models.common import generator, mean_cross_entropy, parse_dtype, seeded
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

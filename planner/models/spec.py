@@ -8,8 +8,8 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
-from planner.errors import PlannerInputError
-from planner.workload import Workload
+from planner.artifacts.errors import PlannerInputError
+from planner.models.workload import Workload
 
 
 def _one_line(text: str) -> str:

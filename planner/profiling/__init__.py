@@ -1,5 +1,2 @@
-"""Measure a torch model into a :class:`planner.artifacts.profile.Profile` (imports torch)."""
-
-from planner.profiling.profiler import detect_tied, profile_model
-
-__all__ = ["profile_model", "detect_tied"]
+"""Where profiles come from: measured on a torch model (:mod:`.measured`, imports torch),
+built from formulas (:mod:`.analytic`) or imported from other tools (:mod:`.imported`)."""

@@ -47,8 +47,8 @@ import pandas as pd
 
 from planner.artifacts.plan import Plan
 from planner.artifacts.report import RunReport, relative_error
-from planner.bounds import me_index_of
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.simulate.bounds import me_index_of
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.report.resolve import (
     ClusterLike,
     PlanLike,

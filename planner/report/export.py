@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 from planner.artifacts.plan import Plan
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule import build_schedule, write_schedule_csv
 
 __all__ = ["stage_module_names", "torchtitan_config", "write_plan_schedule_csv", "write_stage_module_names"]

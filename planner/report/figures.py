@@ -20,7 +20,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from planner.simulator import SegmentKind, Timeline  # noqa: E402
+from planner.simulate import SegmentKind, Timeline  # noqa: E402
 
 __all__ = ["COLORS", "plot_memory", "plot_timeline"]
 

@@ -9,7 +9,7 @@
   (``plan.pareto``, from the solver's search) with the chosen plan starred, and other plans
   (e.g. baselines) as labelled markers.
 
-Every number is read from the plans or from :func:`planner.simulator.simulate`.
+Every number is read from the plans or from :func:`planner.simulate.simulate`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.report.figures import _finish, _unit, plot_timeline  # noqa: E402
 from planner.report.table import layout_label  # noqa: E402
-from planner.simulator import simulate  # noqa: E402
+from planner.simulate import simulate  # noqa: E402
 
 __all__ = ["MEMORY_COLORS", "plot_pareto", "plot_stage_memory", "plot_timelines"]
 

@@ -1,7 +1,7 @@
 """Resolve what a comparison or a calibration is given: plans and run reports by value or path,
 the profile and cluster a plan was made from, and which run report measured which plan.
 
-No torch. Shared by :mod:`planner.report.compare` and :mod:`planner.calibrate`.
+No torch. Shared by :mod:`planner.report.compare` and :mod:`planner.report.calibrate`.
 
 Finding a plan's inputs (``plan.provenance`` records their sha256, not their paths):
 
@@ -24,13 +24,13 @@ import math
 from pathlib import Path
 from typing import Sequence, Union
 
-from planner import codec
+from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, Cluster, cluster_to_json, load_cluster
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.profile import Profile, load_profile, profile_to_json
 from planner.artifacts.report import RunReport, load_report
-from planner.defaults import profiles_dir
-from planner.errors import PlannerInputError
+from planner.profiling.defaults import profiles_dir
+from planner.artifacts.errors import PlannerInputError
 
 __all__ = [
     "ClusterLike",

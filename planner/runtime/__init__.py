@@ -50,5 +50,5 @@ gradients), ``tensor`` (tensor parallelism: mesh, split layers), ``engine`` (one
 loop for plans replicated per stage), ``exchange`` (its messages and their dry run), ``loss``
 (``(sum, count)`` losses: the step's count and the gradient scale), ``preflight`` (what ``planner
 run`` checks in the launcher before torchrun: dtype, optimizer, world size, model). Only this package,
-``planner.models`` and ``planner.profiling`` import torch.
+``planner.models`` and ``planner.profiling.measured`` import torch.
 """

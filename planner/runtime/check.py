@@ -13,10 +13,10 @@ from __future__ import annotations
 from planner.artifacts.plan import Plan
 from planner.artifacts.request import ScheduleKind
 from planner.cost import replicated_ranks
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
 

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.runtime.tensor import local
 
 

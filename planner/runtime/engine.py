@@ -56,7 +56,7 @@ from planner.runtime.stage import StageModule
 from planner.runtime.tensor import build_mesh, local, parallelize_layers
 from planner.runtime.topology import Groups, Placement, build_groups
 from planner.runtime.zero import ShardedState, optimizer_state_bytes
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 
 class StepFailure(RuntimeError):

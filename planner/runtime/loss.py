@@ -1,4 +1,4 @@
-"""The loss of a step when ``loss_fn`` returns ``(sum, count)`` (``planner.workload``).
+"""The loss of a step when ``loss_fn`` returns ``(sum, count)`` (``planner.models.workload``).
 
 A mean loss is divided by M per micro-batch and the data-parallel sync averages over the D
 replicas (every micro-batch weighs 1 / (M D)). A ``(sum, count)`` loss is weighted by its units
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.workload import split_loss
+from planner.models.workload import split_loss
 
 
 class LossCounts:

@@ -31,7 +31,7 @@ from datetime import timedelta
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile
 from planner.artifacts.report import save_report
-from planner.errors import PlannerError, PlannerInputError
+from planner.artifacts.errors import PlannerError, PlannerInputError
 from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
 
 

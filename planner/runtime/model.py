@@ -15,7 +15,7 @@ import torch
 
 from planner.models import load_workload as zoo_load_workload
 from planner.models import workload_fingerprint
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 __all__ = ["DTYPES", "cast_batch", "cast_workload", "load_workload", "workload_fingerprint"]
 

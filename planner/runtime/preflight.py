@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.artifacts.plan import Plan
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 RUNTIME_DTYPES = ("float32", "float64")
 RUNTIME_OPTIMIZERS = ("sgd", "adamw")

@@ -67,7 +67,7 @@ from planner.runtime.stage import StageModule
 from planner.runtime.zero import ShardedState
 from planner.schedule.actions import ActionKind
 from planner.schedule.build import build_replicated_schedule
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 __all__ = ["ReplicatedRunner", "TensorSpec", "layout_of", "stage_copy_of"]
 

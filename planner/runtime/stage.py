@@ -55,7 +55,7 @@ class StageModule(nn.Module):
 def _contiguous(value: Any) -> Any:
     """The stage's output with every tensor contiguous (a no-op for contiguous ones): what
     crosses a boundary is sent, and gloo sends only contiguous tensors (a layer may return a
-    transposed view; the layer contract accepts it, ``planner.profiling.contract``)."""
+    transposed view; the layer contract accepts it, ``planner.profiling.measured.contract``)."""
     if isinstance(value, torch.Tensor):
         return value.contiguous()
     if isinstance(value, tuple):

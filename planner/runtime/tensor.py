@@ -13,7 +13,7 @@ the device mesh of shape (P, D, t), ``mesh_dim_names=("pp", "dp", "tp")``, over
   is the data-parallel sum);
 - ``mesh["tp"]`` for ``torch.distributed.tensor.parallel.parallelize_module`` of each layer
   of the rank's stages, with the styles the workload declares
-  (:class:`planner.workload.TensorParallel`; the zoo transformers: Megatron-LM's column /
+  (:class:`planner.models.workload.TensorParallel`; the zoo transformers: Megatron-LM's column /
   row split of attention and MLP, ``SequenceParallel`` layer norms with sequence
   parallelism).
 
@@ -50,7 +50,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
 
 from planner.artifacts.plan import Plan
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 __all__ = ["build_mesh", "full", "local", "parallelize_layers", "split_layer_indices", "tensor_parallel_refusal"]
 

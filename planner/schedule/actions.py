@@ -13,7 +13,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 __all__ = ["Action", "ActionKind", "Schedule", "parse_action"]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from planner.artifacts.request import ScheduleKind
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule.actions import Action, ActionKind, Schedule
 
 __all__ = [

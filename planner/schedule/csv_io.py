@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule.actions import Schedule, parse_action
 
 __all__ = ["read_schedule_csv", "write_schedule_csv"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule.actions import Action, ActionKind, Schedule
 
 __all__ = ["ScheduleError", "format_grid", "validate_schedule"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner import codec
+from planner.artifacts import codec
 
 HERE = Path(__file__).parent
 

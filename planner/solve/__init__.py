@@ -10,7 +10,7 @@
 
 The tensor-parallel degree t (and sequence parallelism) is searched around the chosen solver:
 for each t the solver plans the model and cluster as one tensor-parallel group sees them
-(:func:`planner.tensor_parallel.tensor_parallel_view`), the plan is lifted back onto real
+(:func:`planner.cost.tensor_parallel.tensor_parallel_view`), the plan is lifted back onto real
 devices, and the best over every t is selected by the request's objective. The baselines are
 the peers' partition methods as published: they plan t = 1 only.
 """
@@ -24,7 +24,7 @@ from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 
 BASELINES = ("uniform", "parameters", "time-balanced", "pipedream", "data-parallel")
 SOLVERS = ("dp", "ilp", "brute-force") + BASELINES
@@ -65,7 +65,7 @@ def _over_tensor_parallel(
     import dataclasses
 
     from planner.solve.search import merge_pareto, num_devices_of, select
-    from planner.tensor_parallel import base_cluster, candidate_degrees, lift, tensor_parallel_view
+    from planner.cost.tensor_parallel import base_cluster, candidate_degrees, lift, tensor_parallel_view
 
     n = num_devices_of(cluster, request)
     base = base_cluster(cluster, n)

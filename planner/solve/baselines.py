@@ -31,7 +31,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.solve.build import memory_cap_bytes
 from planner.solve.chain_dp import ChainSolution, inflight_counts
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
@@ -113,7 +113,7 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, n
 
 
 def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[tuple[float, Candidate]]:
-    from planner.simulator import simulate_iteration_ms
+    from planner.simulate import simulate_iteration_ms
 
     scored = [
         (simulate_iteration_ms(c.config.schedule, c.config.num_microbatches, **stage_arrays(cm, c)), c) for c in cands

@@ -13,7 +13,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import link_of, p2p_ms
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms, inflight_counts
 from planner.solve.search import search_plan
 

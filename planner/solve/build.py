@@ -7,13 +7,14 @@ import dataclasses
 import weakref
 from typing import Sequence
 
-from planner import __version__, codec
+from planner import __version__
+from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster, cluster_to_json
 from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance
 from planner.artifacts.profile import profile_to_json
 from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.analytic import model_flops_per_sample
-from planner.bounds import machine_bound_ms
+from planner.profiling.analytic.gpt import model_flops_per_sample
+from planner.simulate.bounds import machine_bound_ms
 from planner.cost import CostModel, layout_ranks
 from planner.solve.chain_dp import inflight_counts
 
@@ -128,6 +129,6 @@ def build_plan(
             device_peak_tflops=cluster.peak_tflops,
         ),
     )
-    from planner.simulator import predict
+    from planner.simulate import predict
 
     return dataclasses.replace(draft, predicted=predict(draft))

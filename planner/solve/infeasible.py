@@ -6,7 +6,7 @@ import math
 
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel
-from planner.errors import InfeasibleError
+from planner.artifacts.errors import InfeasibleError
 from planner.solve.chain_dp import StageTable, solve_chain
 
 

@@ -46,7 +46,7 @@ from planner.artifacts.plan import ParetoPoint, Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import Objective, PlanRequest, ScheduleKind
 from planner.cost import CostModel, replicated_ranks
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.solve.build import build_plan, memory_cap_bytes
 from planner.graph import coarse_starts, merge_layers
 from planner.solve.chain_dp import ChainSolution, StageTable, inflight_counts, solve_chain
@@ -223,7 +223,7 @@ def _solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Ch
 def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     """No plan of this configuration simulates faster: every replica does M micro-batches of
     at least the profile's forward + backward work, spread over P devices at best, and one
-    micro-batch crosses all of it in sequence (planner.bounds' average-work bound)."""
+    micro-batch crosses all of it in sequence (planner.simulate.bounds' average-work bound)."""
     fp, bp = cm.time_prefix(c.microbatch_size)
     work = float(fp[-1] + bp[-1])
     return max(c.num_microbatches * work / c.num_stages, work)
@@ -411,7 +411,7 @@ def build_best(
 
 
 def _simulated(cm: CostModel, cand: Candidate) -> float:
-    from planner.simulator import simulate_iteration_ms
+    from planner.simulate import simulate_iteration_ms
 
     c = cand.config
     return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand),

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from planner.profiling.tensors import flatten, fresh_like
+from planner.profiling.measured.tensors import flatten, fresh_like
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, profile_fingerprint
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,9 +119,9 @@ def model_flops_per_sample(profile: Profile) -> float:
     ``72 s l h^2 (1 + s / 6h + V / 12 l h)`` -- Narayanan et al. 2021 eq. 3 without its
     recomputation forward (their 96 becomes 72), which is the "model FLOPs" of MFU
     (Chowdhery et al. 2022, PaLM, appendix B: recomputation is not counted). Analytic Llama
-    profiles (``metadata["architecture"] == "llama"``) count with :mod:`planner.analytic_llama`."""
+    profiles (``metadata["architecture"] == "llama"``) count with :mod:`planner.profiling.analytic.llama`."""
     if profile.metadata.get("architecture") == "llama":
-        from planner.analytic_llama import model_flops_per_sample as llama_flops
+        from planner.profiling.analytic.llama import model_flops_per_sample as llama_flops
 
         return llama_flops(profile.metadata)
     cfg = transformer_config(profile)

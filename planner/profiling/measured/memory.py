@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from planner.profiling.tensors import flatten, fresh_like, tensor_bytes, tree_bytes
-from planner.workload import Workload
+from planner.profiling.measured.tensors import flatten, fresh_like, tensor_bytes, tree_bytes
+from planner.models.workload import Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

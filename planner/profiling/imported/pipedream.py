@@ -27,7 +27,7 @@ from pathlib import Path
 import networkx as nx
 
 from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 FP32_BYTES = 4
 # bytes per sample of an fp32 RGB image input at the sizes PipeDream's image models use

@@ -14,7 +14,7 @@ Contract (checked by the profiler and the runtime):
   non-contiguous tensor (the runtime sends a contiguous copy, made at the end of each stage),
   and a floating tensor that does not require grad (every floating boundary tensor is treated
   as an activation and sent a gradient back, zeros if nothing depends on it: pass masks and
-  ids as bool or integer tensors, which carry none). ``planner.profiling.contract`` has it all.
+  ids as bool or integer tensors, which carry none). ``planner.profiling.measured.contract`` has it all.
 - ``make_batch(batch_size, seed)`` returns ``(inputs, targets)`` deterministically for a seed;
   samples are independent, so a batch split into micro-batches along dim 0 gives the same
   samples.

@@ -51,13 +51,13 @@ import dataclasses
 import math
 from typing import Callable, Sequence
 
-from planner import codec
+from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit, TimePoint, profile_to_json
 from planner.artifacts.report import RunReport, relative_error
 from planner.cost import CostModel
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.report.resolve import match_report
 from planner.solve.build import build_plan
 
@@ -183,7 +183,7 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
         replicas=plan.stage_replicas if plan.replicated_per_stage else (),
     )
     if plan.tp_degree > 1:
-        from planner.tensor_parallel import build_tensor_parallel
+        from planner.cost.tensor_parallel import build_tensor_parallel
 
         return build_tensor_parallel(profile, cluster, request, tp_degree=plan.tp_degree,
                                      sequence_parallel=plan.sequence_parallel, num_devices=plan.num_devices, **layout)

@@ -13,7 +13,7 @@ DEFAULT_GLOBAL_BATCH = 512
 
 def profiles_dir() -> Path:
     """The repository's ``profiles/`` folder (shipped profiles)."""
-    return Path(__file__).resolve().parents[1] / "profiles"
+    return Path(__file__).resolve().parents[2] / "profiles"
 
 
 def default_profile_path() -> Path:
@@ -26,6 +26,6 @@ def default_profile() -> Profile:
     path = default_profile_path()
     if path.exists():
         return load_profile(path)
-    from planner.analytic import gpt3_profile
+    from planner.profiling.analytic.gpt import gpt3_profile
 
     return gpt3_profile("gpt3-13b", "a100-80gb")

@@ -42,7 +42,7 @@ from typing import Sequence
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 __all__ = [
     "LowerBounds",
@@ -209,7 +209,7 @@ def _throughput_and_peak(plan: Plan) -> tuple[float, float]:
     pred = plan.predicted
     if pred.iteration_ms > 0 and pred.peak_memory_bytes > 0:
         return plan.global_batch / pred.iteration_ms * 1e3, float(pred.peak_memory_bytes)
-    from planner.simulator import simulate
+    from planner.simulate import simulate
 
     timeline = simulate(plan)
     return plan.global_batch / timeline.iteration_ms * 1e3, float(timeline.peak_memory_bytes)

@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 T = TypeVar("T")
 

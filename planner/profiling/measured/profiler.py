@@ -2,9 +2,9 @@
 
 Per micro-batch size, every layer is timed forward and backward within whole training
 steps cut at the layer boundaries (warm-up, then the median of repeats, see
-:func:`planner.profiling.timing.time_layers`); one more pass at the
+:func:`planner.profiling.measured.timing.time_layers`); one more pass at the
 largest size measures the activation bytes and the layer DAG exactly (see
-:mod:`planner.profiling.memory`). Times are fitted as ``a + b x micro-batch`` per layer.
+:mod:`planner.profiling.measured.memory`). Times are fitted as ``a + b x micro-batch`` per layer.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import torch
 from tqdm import tqdm
 
 from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoint
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
-from planner.profiling.contract import check_layer_contract
-from planner.profiling.fit import fit_time
-from planner.profiling.memory import layer_edges, measure_layer_bytes
-from planner.profiling.tensor_split import layer_splits
-from planner.profiling.tensors import to_device
-from planner.profiling.timing import Clock, LayerTime, time_layers
-from planner.profiling.trace import op_graph
-from planner.workload import Workload, split_loss
+from planner.profiling.measured.contract import check_layer_contract
+from planner.profiling.measured.fit import fit_time
+from planner.profiling.measured.memory import layer_edges, measure_layer_bytes
+from planner.profiling.measured.tensor_split import layer_splits
+from planner.profiling.measured.tensors import to_device
+from planner.profiling.measured.timing import Clock, LayerTime, time_layers
+from planner.profiling.measured.trace import op_graph
+from planner.models.workload import Workload, split_loss
 
 BATCH_SEED = 0
 
@@ -103,7 +103,7 @@ def profile_model(
 ) -> Profile:
     """Measure ``workload`` into a Profile (``source="measured"``).
 
-    The layer contract is checked first (:mod:`planner.profiling.contract`): a layer output that
+    The layer contract is checked first (:mod:`planner.profiling.measured.contract`): a layer output that
     cannot cross a stage boundary is refused with the layer and the tensor named.
 
     ``dtype`` (float32 | float64 | bfloat16) converts a copy of the layers and the floating

@@ -3,7 +3,7 @@
 For models too big to build here (Llama-3-8B, Llama-3-70B): the shape is read from the same
 ``config.json`` that ``--model hf:CONFIG`` builds, and every layer's FLOPs, parameters and
 saved activations come from the formulas below; time is priced on a device preset exactly as
-:mod:`planner.analytic` prices GPT (matmul FLOPs at the preset's bf16 peak x efficiency, plus
+:mod:`planner.profiling.analytic.gpt` prices GPT (matmul FLOPs at the preset's bf16 peak x efficiency, plus
 the memory-bound time of the bytes saved for backward, via its ``_layer``).
 
 Layers: ``embed`` (token embedding, no position embedding: rotary), ``block_0 ..
@@ -26,7 +26,7 @@ rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
       block_fwd = 4 s h a d + 4 s h k d + 4 s^2 a d + 6 s h I
 
   backward is 2 x forward; the LM head ``2 s h V``; the embedding is a lookup (0). RMSNorm,
-  rotary and SiLU are memory-bound (priced by bytes, see :mod:`planner.analytic`).
+  rotary and SiLU are memory-bound (priced by bytes, see :mod:`planner.profiling.analytic.gpt`).
 - Parameters of a block: ``h a d + 2 h k d + a d h`` (Q, K, V, O) ``+ 3 h I`` (gate, up,
   down) ``+ 2 h`` (two RMSNorm weights), plus biases where the config has them
   (``attention_bias``: Q, K, V, O; qwen2: Q, K, V; ``mlp_bias``); embedding ``V h``; head
@@ -72,9 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.analytic import BYTES_PER_ACT, _assemble, _device_rates, _layer, _split
+from planner.profiling.analytic.gpt import BYTES_PER_ACT, _assemble, _device_rates, _layer, _split
 from planner.artifacts.profile import Layer, Profile, TensorSplit
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
 

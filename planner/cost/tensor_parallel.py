@@ -49,11 +49,11 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
-from planner import codec
+from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster, cluster_to_json
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_to_json
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 
 if TYPE_CHECKING:
     from planner.artifacts.request import PlanRequest
@@ -195,9 +195,9 @@ def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool, 
         return dataclasses.replace(view_plan, provenance=dataclasses.replace(view_plan.provenance, request=request))
     if view_plan.replicated_per_stage:
         raise PlannerInputError("per-stage replication is not combined with tensor parallelism")
-    from planner.analytic import model_flops_per_sample
-    from planner.bounds import machine_bound_ms
-    from planner.simulator import predict
+    from planner.profiling.analytic.gpt import model_flops_per_sample
+    from planner.simulate.bounds import machine_bound_ms
+    from planner.simulate import predict
 
     stages = tuple(dataclasses.replace(s, ranks=real_ranks(s.ranks, t)) for s in view_plan.stages)
     prov = dataclasses.replace(

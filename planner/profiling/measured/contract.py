@@ -1,5 +1,5 @@
 """The layer contract, checked before anything is measured (``planner profile``,
-:func:`planner.profiling.profile_model`).
+:func:`planner.profiling.measured.profile_model`).
 
 What crosses a layer boundary is what the runtime sends between stages, so every layer but
 the last must return a tensor or a flat tuple of tensors (``torch.distributed.pipelining``
@@ -8,7 +8,7 @@ NCCL send. Refused, with the layer and the tensor named: a dict (``transformers`
 ``ModelOutput`` is one), a list, ``None``, a nested tuple, anything else that is not a tensor,
 and complex, quantized or other unsendable dtypes. The batch inputs (``make_batch``) follow
 the same rule: stage 0 slices them into micro-batches. The loss must be a scalar tensor (a
-mean) or ``(sum, count)`` (``planner.workload``).
+mean) or ``(sum, count)`` (``planner.models.workload``).
 
 Decided and documented rather than refused:
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from planner.errors import PlannerInputError
-from planner.workload import Workload, split_loss
+from planner.artifacts.errors import PlannerInputError
+from planner.models.workload import Workload, split_loss
 
 #: dtypes gloo and NCCL send (``ProcessGroupGloo``'s and NCCL's type lists, torch 2.x)
 SENDABLE_DTYPES = frozenset(
@@ -85,7 +85,7 @@ def _check_tensor(tensor: torch.Tensor, where: str, which: str) -> None:
 
 def check_loss(value: Any, name: str) -> None:
     """``loss_fn`` must return a scalar tensor (the mean) or ``(sum, count)`` with a scalar
-    tensor sum (:func:`planner.workload.split_loss`)."""
+    tensor sum (:func:`planner.models.workload.split_loss`)."""
     try:
         total, count = split_loss(value)
     except ValueError as exc:

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from planner.errors import PlannerError
+from planner.artifacts.errors import PlannerError
 
 # Subcommand modules, in the order ``planner --help`` lists them.
 COMMANDS = (

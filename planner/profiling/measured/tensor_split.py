@@ -45,7 +45,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.artifacts.profile import TensorSplit
-from planner.workload import Workload
+from planner.models.workload import Workload
 
 __all__ = ["SplitCount", "count_split", "layer_split"]
 

@@ -43,10 +43,10 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.plan import Plan, Prediction
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import ScheduleKind
-from planner.errors import PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.schedule import ActionKind, Schedule, build_replicated_schedule, build_schedule, validate_schedule
 from planner.schedule.build import check_replicated_rules, replicated_triples
-from planner.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
+from planner.simulate.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
     "ActionTiming",
@@ -396,11 +396,11 @@ def check_schedule(plan: Plan) -> None:
 
 
 def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:
-    """``plan.predicted`` from the simulator and :mod:`planner.bounds`. Left as in the plan: the
-    ME index (it needs a reference plan, see :func:`planner.bounds.me_index`), the machine bound,
+    """``plan.predicted`` from the simulator and :mod:`planner.simulate.bounds`. Left as in the plan: the
+    ME index (it needs a reference plan, see :func:`planner.simulate.bounds.me_index`), the machine bound,
     the model FLOPs and the device peak (they need the profile and cluster: ``build_plan``
     fills them in); the achieved TFLOP/s and MFU follow the new iteration time."""
-    from planner.bounds import flops_figures, partition_bound_ms
+    from planner.simulate.bounds import flops_figures, partition_bound_ms
 
     t = timeline if timeline is not None else simulate(plan, optimizer_ms=optimizer_ms)
     old = plan.predicted

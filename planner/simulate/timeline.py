@@ -1,8 +1,8 @@
 """The simulator's result: when each action ran, what the ranks and stages did, memory over time.
 
-Produced by :func:`planner.simulator.simulate`; read by :mod:`planner.report.figures` and the
+Produced by :func:`planner.simulate.simulate`; read by :mod:`planner.report.figures` and the
 ``planner simulate`` command. Definitions (``bubble_fraction``, ``idle_ms``,
-``exposed_allreduce_ms``) are documented in :mod:`planner.simulator`.
+``exposed_allreduce_ms``) are documented in :mod:`planner.simulate`.
 """
 
 from __future__ import annotations

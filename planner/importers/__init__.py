@@ -1,1 +1,0 @@
-"""Importers of profiles in other tools' formats (no torch)."""

@@ -1,0 +1,1 @@
+"""Profiles imported from other tools' files: PipeDream's ``graph.txt`` (:mod:`.pipedream`)."""
