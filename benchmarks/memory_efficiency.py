@@ -1,7 +1,7 @@
 """Memory efficiency: the ME index of our plans against GPipe without recomputation, on cases
 where GPipe without recomputation does not fit in device memory.
 
-ME index (the seed, TPDS 35(4) 2024; ``planner.simulate.bounds.me_index``):
+ME index (the seed, TPDS 35(4) 2024; ``planner.simulation.bounds.me_index``):
 ``(throughput / reference throughput) / (peak memory / reference peak memory)``; with the same
 global batch, throughput ratio = reference iteration time / our iteration time. The seed reports
 4.18x (+80% throughput at -57% memory).
@@ -44,7 +44,7 @@ from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.artifacts.profile import Profile  # noqa: E402
 from planner.artifacts.request import Objective, PlanRequest, ScheduleKind  # noqa: E402
-from planner.simulate.bounds import me_index  # noqa: E402
+from planner.simulation.predict import me_index  # noqa: E402
 from planner.artifacts.errors import InfeasibleError  # noqa: E402
 from planner.solve import plan  # noqa: E402
 
@@ -100,7 +100,7 @@ GPIPE = dict(schedules=(ScheduleKind.GPIPE,), recompute=False)
 
 def describe(p: Plan) -> str:
     rc = sum(len(s.recompute) for s in p.stages)
-    return (f"P{p.num_stages}xD{p.dp_degree} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} rc{rc}: "
+    return (f"P{p.layout.num_stages}xD{p.layout.dp_degree} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} rc{rc}: "
             f"{p.predicted.iteration_ms:.1f} ms, peak {p.predicted.peak_memory_bytes / GIB:.2f} GiB")
 
 

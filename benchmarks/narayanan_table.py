@@ -174,7 +174,7 @@ def main() -> int:
         pred = predicted_tflops(r, theirs)
         ratio = pred / r.tflops_per_gpu
         ratios.append(ratio)
-        sched = "inter" if theirs.virtual_stages_per_rank > 1 else "1f1b"
+        sched = "inter" if theirs.layout.virtual_stages_per_rank > 1 else "1f1b"
         line = (f"{idx:>3} {r.params_b:>6.1f}B {r.t:>2} {r.p:>3} {r.gpus // (r.t * r.p):>4} {r.gpus:>5} {r.batch:>5} "
                 f"{sched:>6} {r.tflops_per_gpu:>7.0f} {pred:>7.1f} {ratio:>6.3f} | {theirs.predicted.iteration_ms / 1e3:>11.2f}")
         if not args.no_plan:

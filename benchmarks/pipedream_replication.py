@@ -84,12 +84,12 @@ def price_split(cm: CostModel, request: PlanRequest, starts: tuple[int, ...], co
 
 def split_text(p: Plan) -> str:
     """Each stage's layers ``[start, stop)`` and its copies (a P x D plan: D copies of every stage)."""
-    per = p.stage_replicas if p.replicated_per_stage else (p.dp_degree,) * p.num_stages
+    per = p.layout.stage_replicas if p.layout.replicated_per_stage else (p.layout.dp_degree,) * p.layout.num_stages
     rc = sum(len(s.recompute) for s in p.stages)
     stages = " ".join(f"[{s.layer_start},{s.layer_stop})x{r}" for s, r in zip(p.stages, per))
-    layout = "replicated per stage" if p.replicated_per_stage else f"P{p.num_stages}xD{p.dp_degree}"
+    layout = "replicated per stage" if p.layout.replicated_per_stage else f"P{p.layout.num_stages}xD{p.layout.dp_degree}"
     return (f"{stages}  ({layout}, b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} "
-            f"z{p.zero} rc{rc})")
+            f"z{p.layout.zero} rc{rc})")
 
 
 LIFTED_CAP_BYTES = 2**60  # "as if each device had the memory the plan needs"

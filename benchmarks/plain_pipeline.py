@@ -62,7 +62,7 @@ def main() -> None:
     workload = load_workload(spec)
     stage_plan = plan.stages[rank]
     module = nn.Sequential(*workload.layers[stage_plan.layer_start : stage_plan.layer_stop])
-    stage = EmulatedStage(module, rank, plan.num_stages, torch.device("cpu"))
+    stage = EmulatedStage(module, rank, plan.layout.num_stages, torch.device("cpu"))
     if compute == "emulate":
         stage.emulated_ms = stage_chunk_ms(plan, rank, profile)
     cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
@@ -70,9 +70,9 @@ def main() -> None:
     opt = torch.optim.SGD(module.parameters(), lr=0.01)
     # the same training as ours: the tied embedding / head copies on the first and last stage
     # get their gradients summed (one all-reduce), which plain pipelining leaves to the user
-    tied_group = dist.new_group([0, plan.num_stages - 1]) if workload.tied and plan.num_stages > 1 else None
+    tied_group = dist.new_group([0, plan.layout.num_stages - 1]) if workload.tied and plan.layout.num_stages > 1 else None
     tied_param = None
-    if tied_group is not None and rank in (0, plan.num_stages - 1):
+    if tied_group is not None and rank in (0, plan.layout.num_stages - 1):
         layer_idx, name = next((i, n) for i, n in workload.tied[0] if stage_plan.layer_start <= i < stage_plan.layer_stop)
         tied_param = workload.layers[layer_idx].get_parameter(name)
     walls = []
@@ -83,7 +83,7 @@ def main() -> None:
         start = time.perf_counter()
         if rank == 0:
             schedule.step(inputs)
-        elif rank == plan.num_stages - 1:
+        elif rank == plan.layout.num_stages - 1:
             schedule.step(target=targets, losses=[])
         else:
             schedule.step()

@@ -1,7 +1,7 @@
 """Plan quality: how close each solver's plan comes to the machine's limit. For every case, the
 simulated iteration time of our plan (solver ``dp``) and of every baseline (``uniform``,
 ``parameters``, ``time-balanced``, ``pipedream``, ``data-parallel``) on the same profile,
-cluster and request, and each one's **machine bound / time** (``planner.simulate.bounds``): the
+cluster and request, and each one's **machine bound / time** (``planner.simulation.bounds``): the
 machine bound is ``G x`` the profile's fastest per-sample forward + backward ``/ N``, which no
 plan of any partition, replication, ZeRO stage, schedule or recomputation on these N devices
 beats, so ``machine / time`` is the fraction of the machine a plan uses (1.0 = no bubble, no
@@ -119,18 +119,18 @@ def setting(name: str, n: int, reference: Path):
 def plan_text(p) -> str:
     """``P4xD2 b1 M256 1f1b z1 rc0``, with tensor parallelism ``T2sxP1xD4 ...`` (s: sequence
     parallel), or replicated per stage ``P4 r1+1+2+4 b1 M512 1f1b z1 rc0``."""
-    layout = (f"P{p.num_stages} r{'+'.join(map(str, p.stage_replicas))}" if p.replicated_per_stage
-              else f"P{p.num_stages}xD{p.dp_degree}")
-    if p.tp_degree > 1:
-        layout = f"T{p.tp_degree}{'s' if p.sequence_parallel else ''}x{layout}"
-    return (f"{layout} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} z{p.zero} "
+    layout = (f"P{p.layout.num_stages} r{'+'.join(map(str, p.layout.stage_replicas))}" if p.layout.replicated_per_stage
+              else f"P{p.layout.num_stages}xD{p.layout.dp_degree}")
+    if p.layout.tp_degree > 1:
+        layout = f"T{p.layout.tp_degree}{'s' if p.layout.sequence_parallel else ''}x{layout}"
+    return (f"{layout} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} z{p.layout.zero} "
             f"rc{sum(len(s.recompute) for s in p.stages)}")
 
 
 def run_case(name: str, n: int, batch: int, reference: str) -> dict:
     """Every solver on one case (runs in the pool's worker)."""
     from planner.artifacts.request import PlanRequest
-    from planner.simulate.bounds import machine_bound_ms
+    from planner.simulation.bounds import machine_bound_ms
     from planner.artifacts.errors import PlannerError
     from planner.solve import plan
 

@@ -88,8 +88,8 @@ TARGET_GPT3_S = 5.0
 def _summary(plan) -> dict:
     reps = getattr(plan, "stage_replicas", ())
     return {
-        "num_stages": plan.num_stages,
-        "dp_degree": plan.dp_degree,
+        "num_stages": plan.layout.num_stages,
+        "dp_degree": plan.layout.dp_degree,
         "replicas": list(reps) if getattr(plan, "replicated_per_stage", False) else [],
         "zero": getattr(plan, "zero", 0),
         "microbatch_size": plan.microbatch_size,
@@ -110,7 +110,7 @@ def _run_case(spec: dict) -> dict:
 
     import planner
     import planner.profiling.imported.pipedream  # noqa: F401
-    import planner.simulate  # noqa: F401
+    import planner.simulation  # noqa: F401
     import planner.solve.baselines  # noqa: F401
     import planner.solve.search  # noqa: F401
     from planner.artifacts.cluster import PRESETS

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import DType
 from planner.artifacts.profile import Edge, Layer, Profile, TimeFit
 
 
@@ -26,7 +27,7 @@ def chain_profile(layers: list[dict], name: str = "chain") -> Profile:
         )
     edges = tuple(Edge(src=i, dst=i + 1, bytes_per_sample=out[i].output_bytes_per_sample) for i in range(len(out) - 1))
     return Profile(
-        model=name, source="synthetic", device="test", dtype="float32", microbatch_sizes=(1,),
+        model=name, source="synthetic", device="test", dtype=DType.FLOAT32, microbatch_sizes=(1,),
         layers=tuple(out), edges=edges,
     )
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from planner.artifacts.kinds import ScheduleKind, SolverKind
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance, StageMemory
-from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.artifacts.request import PlanRequest
 
 
 def make_plan(
@@ -46,7 +48,8 @@ def make_plan(
                 layer_start=s,
                 layer_stop=s + 1,
                 layer_names=(f"layer{s}",),
-                ranks=(s,),
+                ranks=Layout(num_stages=n, virtual_stages_per_rank=virtual_stages_per_rank,
+                             dp_degree=dp_degree).stage_ranks(s),
                 recompute=(s,) if rc[s] > 0 else (),
                 inflight_microbatches=num_microbatches,
                 activation_bytes_per_microbatch=act[s],
@@ -92,7 +95,9 @@ def hand_plan(
     """A Plan around hand-made stages, with zero predictions (tests fill in what they need);
     ``tp_degree`` tensor-parallel devices per stage replica (the stages' ranks must list them)."""
     global_batch = num_microbatches * microbatch_size * dp_degree
-    pipeline_ranks = len(stages) // virtual_stages_per_rank
+    layout = Layout(num_stages=len(stages), virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
+                    stage_replicas=tuple(st.replicas for st in stages), tp_degree=tp_degree,
+                    sequence_parallel=sequence_parallel)
     return Plan(
         provenance=Provenance(
             model=model,
@@ -100,19 +105,15 @@ def hand_plan(
             cluster_name=cluster_name,
             cluster_sha256=sha,
             planner_version="test",
-            solver="hand",
-            request=PlanRequest(global_batch=global_batch, num_devices=pipeline_ranks * dp_degree * tp_degree),
+            solver=SolverKind.GIVEN,
+            request=PlanRequest(global_batch=global_batch, num_devices=layout.world_size),
             fingerprint_sha256=fingerprint,
         ),
-        num_stages=len(stages),
-        dp_degree=dp_degree,
+        layout=layout,
         num_microbatches=num_microbatches,
         microbatch_size=microbatch_size,
         global_batch=global_batch,
         schedule=schedule,
-        virtual_stages_per_rank=virtual_stages_per_rank,
-        tp_degree=tp_degree,
-        sequence_parallel=sequence_parallel,
         stages=tuple(stages),
         predicted=Prediction.unset(),
     )

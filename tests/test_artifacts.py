@@ -139,7 +139,7 @@ def test_version_1_plan_is_upgraded(small_plan):
         stage.pop("replicas")
     got = plan_from_json(json.loads(json.dumps(old)))
     assert got.predicted.partition_bound_ms == small_plan.predicted.partition_bound_ms
-    assert got.predicted.machine_bound_ms == 0.0 and got.zero == 0
+    assert got.predicted.machine_bound_ms == 0.0 and got.layout.zero == 0
 
 
 def test_shipped_default_profile_equals_its_formulas():

@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.request import ScheduleKind
-from planner.simulate.bounds import me_index, me_index_of
-from planner.simulate.bounds import partition_bound_ms as lower_bound_ms
-from planner.simulate.bounds import partition_bounds as lower_bounds
-from planner.simulate.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
+from planner.simulation.bounds import me_index_of
+from planner.simulation.predict import me_index
+from planner.simulation.bounds import partition_bound_ms as lower_bound_ms
+from planner.simulation.bounds import partition_bounds as lower_bounds
+from planner.simulation.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
 from planner.artifacts.errors import PlannerInputError
-from planner.simulate import simulate, simulate_iteration_ms
+from planner.simulation import simulate, simulate_iteration_ms
 from planner.artifacts.request import PlanRequest
 from tests.chains import chain_profile, layer_dicts, small_cluster
 from tests.plan_factory import make_plan
@@ -100,7 +101,7 @@ def test_bad_shapes_are_clear_errors():
 @given(layers=layer_dicts(5), n=st.sampled_from([1, 2, 4]), batch=st.sampled_from([4, 8]))
 def test_machine_bound_bounds_every_solver_and_baseline(layers, n, batch):
     """No plan of any solver beats the machine bound; and it is the same number for all of them."""
-    from planner.simulate.bounds import machine_bound_ms
+    from planner.simulation.bounds import machine_bound_ms
     from planner.artifacts.errors import InfeasibleError
     from planner.solve import SOLVERS, plan as solve
 
@@ -121,7 +122,7 @@ def test_machine_bound_bounds_every_solver_and_baseline(layers, n, batch):
 def test_machine_bound_takes_the_best_micro_batch_size():
     """Per-sample time falls with the micro-batch size when layers have a fixed cost: the bound
     uses the cheapest size any plan of this batch could use, not the profiled ones only."""
-    from planner.simulate.bounds import machine_bound_ms
+    from planner.simulation.bounds import machine_bound_ms
 
     prof = chain_profile([dict(fwd=1.0, fwd0=4.0, bwd=2.0, bwd0=4.0, params=1, saved=1.0, inp=1.0, out=1.0)])
     # b = 8 (the whole batch): (4 + 8) + (4 + 16) = 32 ms for 8 samples on one device; on 2, 16 ms
@@ -131,7 +132,7 @@ def test_machine_bound_takes_the_best_micro_batch_size():
 def test_default_plan_flops_and_mfu():
     """GPT-3 13B: model FLOPs = 3 x forward (72 B s l h^2 (1 + s/6h + V/12lh)), within 15% of the
     6 N tokens rule of thumb (attention and the head add to it); MFU = achieved / peak."""
-    from planner.profiling.analytic.gpt import model_flops_per_sample
+    from planner.profiling.analytic.flops import model_flops_per_sample
     from planner.profiling.defaults import default_profile
     from planner.solve import plan as solve
 
@@ -152,7 +153,7 @@ def test_default_plan_flops_and_mfu():
 
 
 def test_no_flops_for_a_model_that_is_not_a_decoder():
-    from planner.profiling.analytic.gpt import model_flops_per_sample
+    from planner.profiling.analytic.flops import model_flops_per_sample
 
     prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=1, saved=1.0, inp=1.0, out=1.0)])
     assert model_flops_per_sample(prof) == 0.0

@@ -77,8 +77,8 @@ def _synthetic_report(plan: planner.Plan, stage_scales: list[float], iteration_m
     )
     return RunReport(
         model=plan.provenance.model, plan_fingerprint_sha256=plan.provenance.fingerprint_sha256, world_size=2,
-        backend="gloo", device="cpu", dtype="float32", optimizer="sgd", emulate=True, num_stages=plan.num_stages,
-        dp_degree=plan.dp_degree, num_microbatches=plan.num_microbatches, microbatch_size=plan.microbatch_size,
+        backend="gloo", device="cpu", dtype="float32", optimizer="sgd", emulate=True, num_stages=plan.layout.num_stages,
+        dp_degree=plan.layout.dp_degree, num_microbatches=plan.num_microbatches, microbatch_size=plan.microbatch_size,
         schedule=plan.schedule.value, warmup_steps=0, steps=(StepRecord(step_idx=0, loss=1.0, wall_ms=iteration_ms),),
         stages=stages, iteration_ms=iteration_ms, iteration_ms_predicted=plan.predicted.iteration_ms,
         iteration_rel_error=0.0,

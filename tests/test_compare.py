@@ -45,7 +45,7 @@ def test_columns_and_every_baseline_from_a_plan_file(plan_file: Path, gpt3_plan:
     ours = df.loc["ours"]
     pred = gpt3_plan.predicted
     assert ours["iteration_ms"] == pred.iteration_ms
-    assert (ours["P"], ours["D"], ours["M"]) == (gpt3_plan.num_stages, gpt3_plan.dp_degree, gpt3_plan.num_microbatches)
+    assert (ours["P"], ours["D"], ours["M"]) == (gpt3_plan.layout.num_stages, gpt3_plan.layout.dp_degree, gpt3_plan.num_microbatches)
     assert ours["peak_memory_gib"] == pred.peak_memory_bytes / 1024**3
     assert ours["me_index"] == 1.0 and ours["speedup"] == 1.0
     assert ours["partition_bound_over_time"] == pytest.approx(pred.partition_bound_ms / pred.iteration_ms)
@@ -91,7 +91,7 @@ def _report(plan: planner.Plan, *, scale: float, saved_bytes: int, model_fp: str
     return RunReport(
         model=plan.provenance.model, plan_fingerprint_sha256=model_fp or plan.provenance.fingerprint_sha256,
         world_size=plan.num_devices, backend="gloo", device="cpu", dtype="float32", optimizer="sgd", emulate=True,
-        num_stages=plan.num_stages, dp_degree=plan.dp_degree, num_microbatches=plan.num_microbatches,
+        num_stages=plan.layout.num_stages, dp_degree=plan.layout.dp_degree, num_microbatches=plan.num_microbatches,
         microbatch_size=plan.microbatch_size, schedule=plan.schedule.value, warmup_steps=0,
         steps=(StepRecord(step_idx=0, loss=1.0, wall_ms=it),), stages=stages, iteration_ms=it,
         iteration_ms_predicted=plan.predicted.iteration_ms, iteration_rel_error=scale - 1,
@@ -167,10 +167,10 @@ def test_export_stage_names_and_schedule_csv(plan_file: Path, gpt3_plan: planner
     planner.save_plan(uniform, uniform_file)
     assert main(["export", str(uniform_file), "--stages-json", str(names), "--schedule-csv", str(sched)]) == 0
     stages = json.loads(names.read_text())
-    assert len(stages) == uniform.num_stages
+    assert len(stages) == uniform.layout.num_stages
     assert [n for stage in stages for n in stage] == list(planner.load_profile(GPT3).layer_names)
-    assert read_schedule_csv(sched) == build_schedule(uniform.schedule, uniform.num_stages, uniform.num_microbatches)
-    if gpt3_plan.replicated_per_stage:  # torch's CSV runs one stage per rank: refused, one line, exit 2
+    assert read_schedule_csv(sched) == build_schedule(uniform.schedule, uniform.layout.num_stages, uniform.num_microbatches)
+    if gpt3_plan.layout.replicated_per_stage:  # torch's CSV runs one stage per rank: refused, one line, exit 2
         assert main(["export", str(plan_file), "--schedule-csv", str(tmp_path / "r.csv")]) == 2
         assert not (tmp_path / "r.csv").exists()
 
@@ -185,7 +185,7 @@ def test_comparison_figures_draw_every_plan(gpt3_plan: planner.Plan, tmp_path: P
     assert fig.axes[1].get_xlim()[1] == pytest.approx(other.predicted.iteration_ms * 1.01)
     fig = plot_stage_memory([gpt3_plan, other], ["ours", "uniform"])
     bars = [len(ax.patches) for ax in fig.axes[:2]]
-    assert bars == [5 * gpt3_plan.num_stages, 5 * other.num_stages]  # five kinds stacked per stage
+    assert bars == [5 * gpt3_plan.layout.num_stages, 5 * other.layout.num_stages]  # five kinds stacked per stage
     tops = [max(p.get_y() + p.get_height() for p in ax.patches) for ax in fig.axes[:1]]
     assert tops[0] * 1024**3 == pytest.approx(max(s.memory_total_bytes for s in gpt3_plan.stages), rel=1e-9)
     fig = plot_pareto(gpt3_plan, tmp_path / "p.png", others={"uniform": other})

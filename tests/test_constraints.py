@@ -30,21 +30,21 @@ def violations(p: Plan, request: PlanRequest, num_devices: int, cap_bytes: int) 
     """Every constraint of ``request`` that plan ``p`` breaks (read from the plan alone)."""
     out = []
     starts = [s.layer_start for s in p.stages]
-    ranks = p.num_stages // p.virtual_stages_per_rank
+    ranks = p.layout.num_stages // p.layout.virtual_stages_per_rank
     if not set(request.fixed_boundaries) <= set(starts):
         out.append(f"stages start at {starts}, not at every fixed boundary {list(request.fixed_boundaries)}")
     if request.num_stages and ranks != request.num_stages:
         out.append(f"{ranks} pipeline stages, asked {request.num_stages}")
     if request.max_stages and ranks > request.max_stages:
         out.append(f"{ranks} pipeline stages, at most {request.max_stages} asked")
-    if request.dp_degree and (p.dp_degree != request.dp_degree or p.replicated_per_stage):
-        out.append(f"dp degree {p.dp_degree} (replicas {p.stage_replicas}), asked {request.dp_degree}")
-    if not request.per_stage_replication and p.replicated_per_stage:
+    if request.dp_degree and (p.layout.dp_degree != request.dp_degree or p.layout.replicated_per_stage):
+        out.append(f"dp degree {p.layout.dp_degree} (replicas {p.layout.stage_replicas}), asked {request.dp_degree}")
+    if not request.per_stage_replication and p.layout.replicated_per_stage:
         out.append("replicated per stage, not asked")
     if p.schedule not in request.schedules:
         out.append(f"schedule {p.schedule.value} not asked")
-    if p.zero not in request.zero_stages:
-        out.append(f"ZeRO {p.zero} not asked")
+    if p.layout.zero not in request.zero_stages:
+        out.append(f"ZeRO {p.layout.zero} not asked")
     if request.microbatch_sizes and p.microbatch_size not in request.microbatch_sizes:
         out.append(f"micro-batch {p.microbatch_size} not asked")
     if not request.recompute and any(s.recompute for s in p.stages):
@@ -59,7 +59,7 @@ def violations(p: Plan, request: PlanRequest, num_devices: int, cap_bytes: int) 
     if over:
         out.append(f"stages {over} over the {cap_bytes}-byte cap")
     for q in p.pareto:  # the front's points are plans of the same request
-        if request.num_stages and q.num_stages // p.virtual_stages_per_rank != request.num_stages and (
+        if request.num_stages and q.num_stages // p.layout.virtual_stages_per_rank != request.num_stages and (
             q.num_stages != request.num_stages
         ):
             out.append(f"Pareto point with {q.num_stages} stages")
@@ -154,7 +154,7 @@ def test_cli_stages_and_dp_degree_force_the_layout_or_refuse(tmp_path, capsys):
     from planner.artifacts.plan import load_plan
 
     got = load_plan(out)
-    assert (got.num_stages, got.dp_degree) == (2, 2)
+    assert (got.layout.num_stages, got.layout.dp_degree) == (2, 2)
     assert [s.layer_start for s in got.stages] == [0, 3]
     assert got.provenance.request.num_stages == 2 and got.provenance.request.dp_degree == 2
     capsys.readouterr()
@@ -225,7 +225,7 @@ def test_constraints_hold_with_tensor_parallelism():
                dict(num_stages=3, schedules=(ScheduleKind.GPIPE,))):
         request = PlanRequest(global_batch=32, tp_degrees=(1, 2, 4), **kw)
         got = plan(profile, cluster, request)
-        assert violations(got, request, 8, int(cluster.device_memory_bytes * 0.9)) == [], (kw, got.tp_degree)
+        assert violations(got, request, 8, int(cluster.device_memory_bytes * 0.9)) == [], (kw, got.layout.tp_degree)
         assert got.num_devices <= 8 and got.devices_available == 8
     with pytest.raises(InfeasibleError, match="need at least 4 stages"):
         plan(profile, cluster, PlanRequest(global_batch=32, tp_degrees=(2,), fixed_boundaries=(1, 2, 3), num_stages=3))

@@ -12,7 +12,7 @@ import pytest
 
 from planner.artifacts.request import ScheduleKind
 from planner.report.figures import COLORS, plot_memory, plot_timeline
-from planner.simulate import SegmentKind, simulate
+from planner.simulation import SegmentKind, simulate
 from tests.plan_factory import make_plan
 
 

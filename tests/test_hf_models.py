@@ -14,7 +14,8 @@ import pytest
 import torch
 import transformers
 
-from planner.profiling.analytic.gpt import block_fwd_flops, model_flops_per_sample
+from planner.profiling.analytic.flops import model_flops_per_sample
+from planner.profiling.analytic.gpt import block_fwd_flops
 from planner.profiling.analytic.llama import flops_per_token, llama_profile, llama_shape, read_config
 from planner.commands.cli import main
 from planner.artifacts.errors import PlannerInputError

@@ -15,7 +15,7 @@ from planner.artifacts.cluster import PRESETS
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel, replicated_ranks
 from planner.schedule import build_replicated_schedule, validate_schedule
-from planner.simulate import simulate
+from planner.simulation import simulate
 from planner.solve import plan
 from planner.solve.bruteforce import best_stage
 from planner.solve.build import build_plan

@@ -143,7 +143,7 @@ def test_dry_run_names_a_hang_and_a_mismatched_order() -> None:
 def test_check_plan_accepts_replicated_and_refuses_clearly() -> None:
     workload = load_workload(MLP, 0)
     plan = replicated_plan(MLP, 2, (2, 1), ONE_F_ONE_B)
-    assert [s.ranks for s in plan.stages] == [(0, 1), (2,)] and plan.replicated_per_stage
+    assert [s.ranks for s in plan.stages] == [(0, 1), (2,)] and plan.layout.replicated_per_stage
     check_plan(plan, workload, 3)
     check_plan(replicated_plan(MLP, 2, (1, 2), GPIPE, zero=2), workload, 3)  # ZeRO shards over a stage's copies
     stage0, stage1 = plan.stages

@@ -104,7 +104,7 @@ def test_planner_run_reports_a_tensor_parallel_plan_per_stage(tmp_path, capsys) 
     assert main(["plan", "--profile", profile, "--cluster", "local-cpu", "--devices", "4", "--global-batch", "4",
                  "--tp", "2", "--fixed-boundaries", "2", "--out", plan]) == 0
     made = load_plan(plan)
-    assert (made.tp_degree, made.num_stages, made.dp_degree) == (2, 2, 1)
+    assert (made.layout.tp_degree, made.layout.num_stages, made.layout.dp_degree) == (2, 2, 1)
     capsys.readouterr()
     assert main(["run", plan, "--model", model, "--steps", "2"]) == 0
     out = capsys.readouterr().out

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from planner.artifacts.kinds import DType
 from planner.artifacts.profile import Layer, Profile, TimeFit
 from planner.artifacts.plan import Plan
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, report_from_json, report_to_json
@@ -65,7 +66,7 @@ def _profile(names: tuple[str, ...]) -> Profile:
         )
 
     return Profile(
-        model="m", source="analytic", device="cpu", dtype="float32", microbatch_sizes=(1,),
+        model="m", source="analytic", device="cpu", dtype=DType.FLOAT32, microbatch_sizes=(1,),
         layers=tuple(layer(i, n) for i, n in enumerate(names)), edges=(),
     )
 

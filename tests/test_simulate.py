@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from planner.artifacts.request import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
-from planner.simulate import SegmentKind, simulate, simulate_iteration_ms
+from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
 from tests.plan_factory import make_plan
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
@@ -192,7 +192,7 @@ def test_schedule_simulator_bounds_and_figures_do_not_import_torch():
     import sys
 
     code = (
-        "import sys, planner.schedule, planner.simulate, planner.simulate.timeline, planner.simulate.bounds, "
+        "import sys, planner.schedule, planner.simulation, planner.simulation.timeline, planner.simulation.bounds, "
         "planner.report.figures, planner.commands.simulate; "
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]"
     )
@@ -200,7 +200,7 @@ def test_schedule_simulator_bounds_and_figures_do_not_import_torch():
 
 
 def test_predict_fills_the_plan_prediction():
-    from planner.simulate import predict
+    from planner.simulation import predict
 
     plan = make_plan(ONE_F_ONE_B, 8, [1.0] * 4, [2.0] * 4, allreduce_ms=[0.0, 0.0, 0.0, 10.0])
     pred = predict(plan)
@@ -214,7 +214,7 @@ def test_predict_fills_the_plan_prediction():
 def test_integer_orders_match_the_schedule_builder():
     from planner.schedule import build_schedule
     from planner.schedule.actions import ActionKind
-    from planner.simulate import _encoded
+    from planner.simulation import _encoded
 
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:

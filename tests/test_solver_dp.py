@@ -101,7 +101,7 @@ def test_plans_valid_and_deterministic(layers, devices, batch):
     assert first.stages[0].layer_start == 0 and first.stages[-1].layer_stop == prof.num_layers
     for prev, nxt in zip(first.stages, first.stages[1:]):
         assert prev.layer_stop == nxt.layer_start
-    assert first.num_stages * first.dp_degree == devices
+    assert first.layout.num_stages * first.layout.dp_degree == devices
     for st_ in first.stages:
         assert st_.memory_total_bytes <= st_.memory_cap_bytes
     assert first.predicted.partition_bound_ms <= first.predicted.iteration_ms * (1 + 1e-9)
@@ -134,8 +134,8 @@ def test_zero_priced_identically_by_dp_cpsat_and_bruteforce(zero):
     a = plan(prof, cluster, req)
     b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
     c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))
-    assert a.zero == zero and a.dp_degree > 1, (a.zero, a.dp_degree)
-    assert (b.zero, c.zero) == (zero, zero)
+    assert a.layout.zero == zero and a.layout.dp_degree > 1, (a.layout.zero, a.layout.dp_degree)
+    assert (b.layout.zero, c.layout.zero) == (zero, zero)
     assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
     assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
     plain = plan(prof, cluster, dataclasses.replace(req, zero_stages=(0,)))
@@ -159,12 +159,12 @@ def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
     req = PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
                       zero_stages=(0,), tp_degrees=(1,))
     inter = plan(prof, None, req)
-    assert inter.schedule is ScheduleKind.INTERLEAVED_1F1B and inter.virtual_stages_per_rank > 1
+    assert inter.schedule is ScheduleKind.INTERLEAVED_1F1B and inter.layout.virtual_stages_per_rank > 1
     assert inter.predicted.iteration_ms < base.predicted.iteration_ms
     assert inter.predicted.peak_memory_bytes <= inter.stages[0].memory_cap_bytes
-    ranks = inter.num_stages // inter.virtual_stages_per_rank
+    ranks = inter.layout.num_stages // inter.layout.virtual_stages_per_rank
     for st_ in inter.stages:
-        assert st_.ranks[0] // inter.dp_degree == st_.stage_idx % ranks
+        assert st_.ranks[0] // inter.layout.dp_degree == st_.stage_idx % ranks
 
 
 @pytest.mark.parametrize("stages", [(0,), (1,), (2,), (1, 2), (0, 2)])
@@ -174,4 +174,4 @@ def test_plan_zero_is_one_the_request_allows(stages):
     roomy = chain_profile([dict(fwd=1.0, bwd=2.0, params=1000, saved=1e3, inp=1e2, out=1e2)] * 4)
     for devices in (1, 4):
         p = plan(roomy, small_cluster(devices), PlanRequest(global_batch=8, zero_stages=stages))
-        assert p.zero in stages, (devices, p.zero)
+        assert p.layout.zero in stages, (devices, p.layout.zero)

@@ -17,7 +17,7 @@ from planner.artifacts.request import PlanRequest
 from planner.artifacts.codec import parse_text
 from planner.cost import allreduce_ms
 from planner.artifacts.errors import PlannerInputError
-from planner.simulate import simulate
+from planner.simulation import simulate
 from planner.solve import plan
 from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
 from tests.chains import chain_profile, small_cluster
@@ -33,7 +33,7 @@ def small_gpt(layers: int = 4):
 def test_block_view_is_megatron_on_each_device(t):
     prof, cluster = small_gpt(), PRESETS["a100-80gb-x8"]
     block = prof.layers[1]
-    view, vc = tensor_parallel_view(prof, cluster, t, sp=False)
+    view = tensor_parallel_view(prof, cluster, t, sp=False)
     vb = view.layers[1]
     # Korthikanti et al. 2022 eq. 2: s h (10 + 24 / t + 5 a s / (h t)) bytes per sample
     assert vb.saved_bytes_per_sample == pytest.approx(S * H * (10 + 24 / t + 5 * A * S / (H * t)))
@@ -55,9 +55,8 @@ def test_block_view_is_megatron_on_each_device(t):
     assert view.edges[0].bytes_per_sample == prof.edges[0].bytes_per_sample / t
     # the vocabulary-parallel embedding and head share one tied table, split t ways
     assert view.tied[0].param_count == math.ceil(V * H / t)
-    assert vc.devices_per_node == 8 // t and vc.device_memory_bytes == cluster.device_memory_bytes
     # sequence parallelism (eq. 4): everything saved, and the recompute input, split t ways
-    sp, _ = tensor_parallel_view(prof, cluster, t, sp=True)
+    sp = tensor_parallel_view(prof, cluster, t, sp=True)
     assert sp.layers[1].saved_bytes_per_sample == pytest.approx(S * H * (34 + 5 * A * S / H) / t)
     assert sp.layers[1].input_bytes_per_sample == block.input_bytes_per_sample / t
     assert sp.layers[1].fwd_ms(1) == pytest.approx(block.fwd_ms(1) / t + 2 * ar)
@@ -93,8 +92,8 @@ def test_dp_cpsat_and_bruteforce_agree_with_tensor_parallelism(sp):
     a = plan(prof, cluster, req)
     b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
     c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))
-    assert a.tp_degree == b.tp_degree == c.tp_degree == 2
-    assert a.sequence_parallel is sp
+    assert a.layout.tp_degree == b.layout.tp_degree == c.layout.tp_degree == 2
+    assert a.layout.sequence_parallel is sp
     assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
     assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
 
@@ -103,8 +102,8 @@ def test_plan_with_tensor_parallelism_lays_out_real_ranks():
     prof, cluster = small_gpt(6), PRESETS["a100-80gb-x8"]
     req = PlanRequest(global_batch=16, tp_degrees=(2,), per_stage_replication=False)
     p = plan(prof, cluster, req)
-    t, D = p.tp_degree, p.dp_degree
-    assert t == 2 and p.num_stages * D * t == p.num_devices == 8
+    t, D = p.layout.tp_degree, p.layout.dp_degree
+    assert t == 2 and p.layout.num_stages * D * t == p.num_devices == 8
     for s, stage in enumerate(p.stages):
         # rank = (pipeline rank x D + replica) x t + tp index: a (pp, dp, tp) mesh in row-major order
         assert stage.ranks == tuple(range(s * D * t, (s + 1) * D * t))
@@ -119,7 +118,7 @@ def test_plan_with_tensor_parallelism_lays_out_real_ranks():
     from planner.report.figures import plot_timeline
 
     tl = simulate(again)
-    assert tl.tp_degree == 2 and tl.num_ranks == p.num_stages  # one pipeline replica
+    assert tl.layout.tp_degree == 2 and tl.num_ranks == p.layout.num_stages  # one pipeline replica
     fig = plot_timeline(tl)
     assert "tensor-parallel group of 2 devices" in fig.axes[0].get_title()
     # re-pricing the plan's own layout (planner.report.calibrate.repredict) gives the plan back
@@ -141,9 +140,9 @@ def test_search_takes_the_fastest_degree_and_the_leaner_of_equal_times():
     for t in (1, 2, 4, 8):
         only = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(t,)))
         assert best.predicted.iteration_ms <= only.predicted.iteration_ms * (1 + 1e-12)
-    off = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(best.tp_degree,), sequence_parallel=(False,)))
-    if best.tp_degree > 1 and math.isclose(off.predicted.iteration_ms, best.predicted.iteration_ms):
-        assert best.sequence_parallel and best.predicted.peak_memory_bytes < off.predicted.peak_memory_bytes
+    off = plan(prof, cluster, dataclasses.replace(req, tp_degrees=(best.layout.tp_degree,), sequence_parallel=(False,)))
+    if best.layout.tp_degree > 1 and math.isclose(off.predicted.iteration_ms, best.predicted.iteration_ms):
+        assert best.layout.sequence_parallel and best.predicted.peak_memory_bytes < off.predicted.peak_memory_bytes
     assert {(q.tp_degree, q.sequence_parallel) for q in best.pareto} - {(1, False)}, "t > 1 is on the front"
 
 
@@ -163,7 +162,7 @@ def test_cli_plan_shows_t_and_refuses_in_one_line(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert "T=2 (seq-par) x P=" in ok.stdout
     saved = plan_from_json(parse_text(out.read_text(), "p"))
-    assert saved.tp_degree == 2 and saved.sequence_parallel
+    assert saved.layout.tp_degree == 2 and saved.layout.sequence_parallel
     bad = subprocess.run([sys.executable, "-m", "planner", "plan", "--tp", "3"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--tp 3" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
@@ -181,12 +180,12 @@ def test_torchtitan_export_carries_every_degree(tmp_path):
     cfg = tomllib.loads(torchtitan_config(p))
     par = cfg["parallelism"]
     assert par["tensor_parallel_degree"] == 2 and par["enable_sequence_parallel"] is True
-    assert par["pipeline_parallel_degree"] == p.num_stages
-    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.dp_degree
-    assert par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * p.dp_degree == p.num_devices
+    assert par["pipeline_parallel_degree"] == p.layout.num_stages
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.layout.dp_degree
+    assert par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * p.layout.dp_degree == p.num_devices
     assert par["pipeline_parallel_microbatch_size"] == p.microbatch_size
     assert sum(par["module_fqns_per_model_part"], []) == list(prof.layer_names)
-    assert cfg["training"]["local_batch_size"] * p.dp_degree == cfg["training"]["global_batch_size"] == 16
+    assert cfg["training"]["local_batch_size"] * p.layout.dp_degree == cfg["training"]["global_batch_size"] == 16
     path = tmp_path / "p.json"
     path.write_text(dumps_plan(p))
     assert main(["export", str(path), "--torchtitan", str(tmp_path / "t.toml")]) == 0

@@ -1,38 +1,27 @@
-"""The Plan artifact: stages, replication, micro-batching, schedule and predictions.
+"""The Plan artifact: stages, micro-batching, schedule and predictions, under a Layout.
 
-Rank placement: rank = pipeline rank x dp_degree + replica; with one stage per rank the
-pipeline rank is the stage index; for interleaved schedules (``virtual_stages_per_rank`` = v)
-there are R = num_stages / v pipeline ranks and rank p holds stages p, p + R, p + 2R, ...
+The plan's parallel dimensions (pipeline stages and chunks per rank, replicated pipelines,
+per-stage copies, tensor parallelism, ZeRO) are one :class:`~planner.artifacts.layout.Layout`
+(``Plan.layout``), which also places the ranks. Each stage lists its own ``ranks`` and
+``replicas`` for the reader; they must be the layout's (checked on construction and load).
 
-Two kinds of data parallelism, which compose:
-
-- ``dp_degree`` = D replicated pipelines: the global batch is split into D contiguous parts,
-  one per pipeline, each run as ``num_microbatches`` micro-batches;
-- per-stage replication (PipeDream's optimizer, Narayanan et al. 2019): stage ``s`` has
-  ``replicas`` = R_s copies inside one pipeline and micro-batch ``m`` runs on copy ``m mod R_s``
-  (round-robin); ``num_microbatches`` must be a multiple of every R_s.
-
-A stage's ``ranks`` are its D x R_s devices; its gradients are synchronised over all of them.
-With per-stage replication the stages' ranks are consecutive blocks: stage 0 takes ranks
-0 .. R_0 - 1, stage 1 the next R_1, and so on (replica r of stage s is rank offset_s + r).
-
-``zero`` (Rajbhandari et al. 2020): 0 every rank of a stage keeps the stage's full optimizer
-state and gradients; 1 the optimizer state is sharded over the stage's ranks (each keeps
-1/|ranks|); 2 the gradients too, once the iteration's micro-batches are reduce-scattered (the
-whole gradient buffer is live while they accumulate, so the peak memory of 2 is that of 1). The stage's gradient synchronisation is then a
-reduce-scatter of the gradients and an all-gather of the updated weights instead of an
-all-reduce; ``allreduce_ms`` holds whichever the plan does.
-
-Tensor parallelism (Shoeybi et al. 2019, Megatron-LM): ``tp_degree`` = t devices run each
-stage replica together, each holding 1/t of every layer that declares a
-:class:`~planner.artifacts.profile.TensorSplit`; ``sequence_parallel`` also splits the
-remaining activations along the sequence (Korthikanti et al. 2022). The t devices of one
-tensor-parallel group are consecutive ranks (inside a node): rank = (pipeline rank x
-dp_degree + replica) x t + tp index -- a ("pp", "dp", "tp") device mesh of shape (P, D, t) in
-row-major order. A stage's ``ranks`` list all its D x t (x replicas) devices in rank order.
+Data parallelism in two kinds, which compose: ``dp_degree`` = D replicated pipelines split the
+global batch into D contiguous parts, each run as ``num_microbatches`` micro-batches; a stage
+replicated per stage runs micro-batch ``m`` on its copy ``m mod R_s`` (``num_microbatches``
+is then global and a multiple of every R_s). A stage's gradients are synchronised over its
+D x R_s devices of each tensor-parallel shard: an all-reduce, or with ZeRO 1 and 2 a
+reduce-scatter of the gradients and an all-gather of the updated weights (``allreduce_ms``
+holds whichever the plan does; the peak memory of ZeRO 2 is that of ZeRO 1, see
+:mod:`planner.cost.model`).
 
 ``dtype`` and ``optimizer`` record what the plan's memory was priced for (the profile's dtype
-and the request's optimizer), so that a run with other settings can be told apart.
+and the request's optimizer), so that a run with other settings can be told apart; None
+(``""`` in the file) when unknown.
+
+The file keeps the layout's degrees at its top level (``num_stages``, ``dp_degree``,
+``virtual_stages_per_rank``, ``zero``, ``tp_degree``, ``sequence_parallel``; per-stage copies in
+each stage's ``replicas``), as version 3 wrote them before the Layout existed: files are
+unchanged by it.
 
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
@@ -50,7 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
-from planner.artifacts.request import ZERO_STAGES, PlanRequest, ScheduleKind
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import DType, OptimizerKind, ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.layout import Layout
+from planner.artifacts.request import PlanRequest
 
 SCHEMA = "planner.plan"
 VERSION = 3
@@ -163,6 +155,9 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParetoPoint:
+    """One point of the solver's (iteration time, peak memory) front: a row of the Pareto
+    table, its layout columns read from a plan's :class:`Layout` by :meth:`of`."""
+
     iteration_ms: float
     peak_memory_bytes: int
     num_stages: int
@@ -170,10 +165,27 @@ class ParetoPoint:
     microbatch_size: int
     schedule: ScheduleKind
     num_recomputed_layers: int
-    zero: int = 0
+    zero: ZeroStage = ZeroStage.NONE
     stage_replicas: tuple[int, ...] = ()
     tp_degree: int = 1
     sequence_parallel: bool = False
+
+    @classmethod
+    def of(cls, plan: "Plan") -> "ParetoPoint":
+        lay = plan.layout
+        return cls(
+            iteration_ms=plan.predicted.iteration_ms,
+            peak_memory_bytes=plan.predicted.peak_memory_bytes,
+            num_stages=lay.num_stages,
+            dp_degree=lay.dp_degree,
+            microbatch_size=plan.microbatch_size,
+            schedule=plan.schedule,
+            num_recomputed_layers=sum(len(s.recompute) for s in plan.stages),
+            zero=lay.zero,
+            stage_replicas=lay.stage_replicas,
+            tp_degree=lay.tp_degree,
+            sequence_parallel=lay.sequence_parallel,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,7 +195,7 @@ class Provenance:
     cluster_name: str
     cluster_sha256: str
     planner_version: str
-    solver: str
+    solver: SolverKind
     request: PlanRequest
     fingerprint_sha256: str = ""
 
@@ -191,20 +203,15 @@ class Provenance:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     provenance: Provenance
-    num_stages: int
-    dp_degree: int
+    layout: Layout
     num_microbatches: int
     microbatch_size: int
     global_batch: int
     schedule: ScheduleKind
-    virtual_stages_per_rank: int = 1
-    zero: int = field(default=0, metadata={"doc": "ZeRO stage: 0, 1 (optimizer state sharded) or 2 (and gradients)"})
-    tp_degree: int = field(default=1, metadata={"doc": "tensor-parallel devices per stage replica (t)"})
-    sequence_parallel: bool = field(
-        default=False, metadata={"doc": "activations outside the tensor-parallel matmuls split along the sequence"}
+    dtype: DType | None = field(default=None, metadata={"doc": "the profile's dtype the plan was priced for (None = unknown)"})
+    optimizer: OptimizerKind | None = field(
+        default=None, metadata={"doc": "the optimizer the plan's memory was priced for (None = unknown)"}
     )
-    dtype: str = field(default="", metadata={"doc": "the profile's dtype the plan was priced for (\"\" = unknown)"})
-    optimizer: str = field(default="", metadata={"doc": "the optimizer the plan's memory was priced for (\"\" = unknown)"})
     devices_available: int = field(
         default=0,
         metadata={"doc": "devices the solver had (0 = unknown: an older plan, or one priced outside a search); the "
@@ -216,33 +223,31 @@ class Plan:
     pareto: tuple[ParetoPoint, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.stages) != self.num_stages:
-            raise ValueError(f"num_stages is {self.num_stages} but {len(self.stages)} stages are listed")
-        if self.zero not in ZERO_STAGES:
-            raise ValueError(f"zero must be one of {list(ZERO_STAGES)} (got {self.zero})")
-        if self.tp_degree < 1:
-            raise ValueError(f"tp_degree must be >= 1 (got {self.tp_degree})")
-        if self.sequence_parallel and self.tp_degree == 1:
-            raise ValueError("sequence_parallel needs tp_degree > 1")
+        lay = self.layout
+        if len(self.stages) != lay.num_stages:
+            raise ValueError(f"num_stages is {lay.num_stages} but {len(self.stages)} stages are listed")
         if self.devices_available < 0:
             raise ValueError(f"devices_available must be >= 0 (got {self.devices_available})")
-        for stage in self.stages:
-            if stage.replicas > 1 and self.virtual_stages_per_rank > 1:
-                raise ValueError(f"stage {stage.stage_idx}: per-stage replication needs one stage per rank")
+        for s, stage in enumerate(self.stages):
+            if stage.stage_idx != s:
+                raise ValueError(f"stage {s} is listed as stage_idx {stage.stage_idx}")
+            if stage.replicas != lay.replicas_of(s):
+                raise ValueError(f"stage {s}: replicas {stage.replicas}, the layout has {lay.replicas_of(s)}")
             if self.num_microbatches % stage.replicas:
                 raise ValueError(
-                    f"stage {stage.stage_idx}: num_microbatches {self.num_microbatches} is not a multiple of "
-                    f"its replicas ({stage.replicas})"
+                    f"stage {s}: num_microbatches {self.num_microbatches} is not a multiple of its replicas ({stage.replicas})"
                 )
-            if len(stage.ranks) != self.dp_degree * stage.replicas * self.tp_degree:
+            if len(stage.ranks) != lay.dp_degree * stage.replicas * lay.tp_degree:
                 raise ValueError(
-                    f"stage {stage.stage_idx}: {len(stage.ranks)} ranks, expected dp_degree x replicas x tp_degree = "
-                    f"{self.dp_degree} x {stage.replicas} x {self.tp_degree}"
+                    f"stage {s}: {len(stage.ranks)} ranks, expected dp_degree x replicas x tp_degree = "
+                    f"{lay.dp_degree} x {stage.replicas} x {lay.tp_degree}"
                 )
-        if self.num_microbatches * self.microbatch_size * self.dp_degree != self.global_batch:
+            if tuple(stage.ranks) != lay.stage_ranks(s):
+                raise ValueError(f"stage {s}: ranks {list(stage.ranks)} differ from the layout's {list(lay.stage_ranks(s))}")
+        if self.num_microbatches * self.microbatch_size * lay.dp_degree != self.global_batch:
             raise ValueError(
                 f"num_microbatches x microbatch_size x dp_degree = "
-                f"{self.num_microbatches} x {self.microbatch_size} x {self.dp_degree} != global_batch {self.global_batch}"
+                f"{self.num_microbatches} x {self.microbatch_size} x {lay.dp_degree} != global_batch {self.global_batch}"
             )
         for prev, stage in zip(self.stages, self.stages[1:]):
             if stage.layer_start != prev.layer_stop:
@@ -252,20 +257,22 @@ class Plan:
 
     @property
     def num_devices(self) -> int:
-        return len({r for stage in self.stages for r in stage.ranks})
-
-    @property
-    def stage_replicas(self) -> tuple[int, ...]:
-        """Each stage's copies inside one pipeline (all 1 unless replicated per stage)."""
-        return tuple(stage.replicas for stage in self.stages)
-
-    @property
-    def replicated_per_stage(self) -> bool:
-        return any(r > 1 for r in self.stage_replicas)
+        """Devices the plan occupies (its layout's world size)."""
+        return self.layout.world_size
 
     @property
     def num_layers(self) -> int:
         return self.stages[-1].layer_stop
+
+
+#: the layout's fields as version 3 files hold them, at the top level (stage_replicas: in stages)
+_LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel")
+#: the top-level keys of a version-3 file, in order
+_WIRE_ORDER = (
+    "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
+    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "dtype", "optimizer", "devices_available",
+    "stages", "predicted", "pareto",
+)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -277,7 +284,36 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
         data = _upgrade_v1(data)
     if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 2:
         data = dict(data, version=VERSION)  # v3 only added fields with defaults
-    return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == VERSION:
+        data = _nested(data)
+    try:
+        return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+    except PlannerInputError as exc:
+        raise PlannerInputError(_wire_path(str(exc))) from None
+
+
+def _nested(data: dict[str, Any]) -> dict[str, Any]:
+    """A file's flat layout keys gathered into the ``layout`` field (the stages' copies into
+    ``stage_replicas``), and ``""`` (unknown dtype or optimizer) read as None."""
+    out = {k: v for k, v in data.items() if k not in _LAYOUT_KEYS}
+    layout = {k: data[k] for k in _LAYOUT_KEYS if k in data}
+    stages = data.get("stages")
+    if isinstance(stages, list) and all(isinstance(st, dict) for st in stages):
+        replicas = [st.get("replicas", 1) for st in stages]
+        if any(r != 1 for r in replicas):
+            layout["stage_replicas"] = replicas
+    out["layout"] = layout
+    for key in ("dtype", "optimizer"):
+        if out.get(key) == "":
+            out[key] = None
+    return out
+
+
+def _wire_path(message: str) -> str:
+    """An error about the ``layout`` field as the file's own field path names it."""
+    return message.replace(": layout.stage_replicas", ": stages[*].replicas").replace(": layout.", ": ").replace(
+        ": layout: ", ": <document>: "
+    )
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +328,30 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
-    return codec.encode_document(plan, SCHEMA, VERSION)
+    """The version-3 document: the layout's degrees at the top level (see the module docstring)."""
+    body = codec.encode(plan)
+    layout = body.pop("layout")
+    body.update({k: layout[k] for k in _LAYOUT_KEYS})
+    body["dtype"] = body["dtype"] or ""
+    body["optimizer"] = body["optimizer"] or ""
+    return {"schema": SCHEMA, "version": VERSION, **{k: body[k] for k in _WIRE_ORDER}}
+
+
+def plan_schema() -> dict[str, Any]:
+    """The JSON Schema of a version-3 file (the layout's fields at the top level)."""
+    doc = codec.document_schema(Plan, SCHEMA, VERSION)
+    props = doc["properties"]
+    layout = doc["$defs"].pop("Layout")
+    for key in ("dtype", "optimizer"):
+        props[key] = {**props[key], "anyOf": [a for a in props[key]["anyOf"] if a != {"type": "null"}] + [{"const": ""}]}
+    wire = {"schema": props["schema"], "version": props["version"]}
+    for key in _WIRE_ORDER:
+        wire[key] = layout["properties"][key] if key in _LAYOUT_KEYS else props[key]
+    doc["properties"] = wire
+    doc["required"] = ["schema", "version"] + [
+        k for k in _WIRE_ORDER if k in doc["required"] or k in layout["required"]
+    ]
+    return doc
 
 
 def dumps_plan(plan: Plan) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
+from planner.artifacts.kinds import DType
 
 SCHEMA = "planner.profile"
 VERSION = 1
@@ -190,7 +191,7 @@ class Profile:
     model: str
     source: str = field(metadata={"doc": "measured | analytic | pipedream | calibrated"})
     device: str
-    dtype: str
+    dtype: DType
     microbatch_sizes: tuple[int, ...]
     versions: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, JSONScalar] = field(default_factory=dict)

@@ -2,44 +2,24 @@
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 
+from planner.artifacts.kinds import (
+    REQUESTABLE_SOLVERS,
+    STATE_BYTES_PER_PARAM,
+    Objective,
+    OptimizerKind,
+    ScheduleKind,
+    SolverKind,
+    ZeroStage,
+)
 
-class Objective(enum.Enum):
-    TIME = "time"  # least iteration time
-    MEMORY = "memory"  # least peak memory within time_budget_ms (or within 10% of the fastest)
-    ME = "me"  # highest memory-efficiency index against the fastest GPipe plan without recompute
+__all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "ScheduleKind",
+           "SolverKind", "ZeroStage"]
 
-
-class ScheduleKind(enum.Enum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED_1F1B = "interleaved-1f1b"
-
-
-class OptimizerKind(enum.Enum):
-    """Optimizer and precision; fixes kappa, the bytes of model state per parameter."""
-
-    SGD_FP32 = "sgd-fp32"  # weights 4 + grads 4 + momentum 4
-    ADAM_FP32 = "adam-fp32"  # weights 4 + grads 4 + m 4 + v 4
-    ADAM_MIXED = "adam-mixed"  # fp16 w 2 + fp16 g 2 + fp32 master 4 + m 4 + v 4 (ZeRO paper, Rajbhandari et al. 2020)
-    ADAM_MIXED_FP32_GRAD = "adam-mixed-fp32-grad"  # as above + 2 for fp32 gradient accumulation
-
-
-# (weights, gradients, optimizer state) bytes per parameter for each optimizer kind.
-STATE_BYTES_PER_PARAM: dict[OptimizerKind, tuple[int, int, int]] = {
-    OptimizerKind.SGD_FP32: (4, 4, 4),
-    OptimizerKind.ADAM_FP32: (4, 4, 8),
-    OptimizerKind.ADAM_MIXED: (2, 2, 12),
-    OptimizerKind.ADAM_MIXED_FP32_GRAD: (2, 4, 12),
-}
-
-
-#: ZeRO stages (Rajbhandari et al. 2020): 0 plain data parallel, 1 optimizer state sharded
-#: across a stage's replicas, 2 optimizer state and gradients sharded
-ZERO_STAGES = (0, 1, 2)
+#: the ZeRO stages a request may ask for
+ZERO_STAGES = tuple(ZeroStage)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,9 +55,9 @@ class PlanRequest:
         metadata={"doc": "replicated pipelines D the plan must have (then no per-stage replication is searched); "
                          "0 = searched"},
     )
-    solver: str = "dp"
-    zero_stages: tuple[int, ...] = field(
-        default=(0, 1, 2),
+    solver: SolverKind = SolverKind.DP
+    zero_stages: tuple[ZeroStage, ...] = field(
+        default=tuple(ZeroStage),
         metadata={"doc": "ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
                          "2 also its gradients (Rajbhandari et al. 2020)"},
     )
@@ -127,5 +107,12 @@ class PlanRequest:
             raise ValueError(f"tp_degrees must be >= 1 (got {list(self.tp_degrees)})")
         if not self.sequence_parallel:
             raise ValueError("sequence_parallel must allow off, on, or both")
-        if not self.zero_stages or any(z not in ZERO_STAGES for z in self.zero_stages):
-            raise ValueError(f"zero_stages must be a non-empty subset of {list(ZERO_STAGES)} (got {list(self.zero_stages)})")
+        if not self.zero_stages or any(isinstance(z, bool) or z not in ZERO_STAGES for z in self.zero_stages):
+            raise ValueError(
+                f"zero_stages must be a non-empty subset of {[int(z) for z in ZERO_STAGES]} (got {list(self.zero_stages)})"
+            )
+        object.__setattr__(self, "zero_stages", tuple(ZeroStage(z) for z in self.zero_stages))
+        known = [k.value for k in REQUESTABLE_SOLVERS]
+        if getattr(self.solver, "value", self.solver) not in known:
+            raise ValueError(f"unknown solver {self.solver!r} (known: {', '.join(known)})")
+        object.__setattr__(self, "solver", SolverKind(getattr(self.solver, "value", self.solver)))

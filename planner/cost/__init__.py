@@ -1,9 +1,6 @@
 """The cost model: compute, communication and memory of a stage under a layout (no torch)."""
 
 from planner.cost.collectives import allreduce_line, allreduce_ms, link_of, p2p_ms, ring_allreduce_ms
-from planner.cost.model import CostModel, StageCost, layout_ranks, pipeline_rank, replicated_ranks, stage_ranks
+from planner.cost.model import CostModel, StageCost
 
-__all__ = [
-    "CostModel", "StageCost", "allreduce_line", "allreduce_ms", "layout_ranks", "link_of", "p2p_ms",
-    "pipeline_rank", "replicated_ranks", "ring_allreduce_ms", "stage_ranks",
-]
+__all__ = ["CostModel", "StageCost", "allreduce_line", "allreduce_ms", "link_of", "p2p_ms", "ring_allreduce_ms"]

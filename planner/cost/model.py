@@ -1,7 +1,11 @@
-"""Cost model: compute, communication and memory of a pipeline stage (pure functions, no torch).
+"""Cost model: compute, communication and memory of a pipeline stage under a Layout (no torch).
 
-Notation (DESIGN.md section 5): a stage holds layers ``[start, stop)``, is replicated ``d``
-times, runs micro-batches of ``b`` samples and recomputes the layer set ``R``.
+Notation (DESIGN.md section 5): a stage holds layers ``[start, stop)``, runs micro-batches of
+``b`` samples and recomputes the layer set ``R``; where its devices sit (which links its
+transfers cross, the ranks its gradients are synchronised over, how its state is sharded)
+comes from the plan's :class:`~planner.artifacts.layout.Layout`. The profile a CostModel prices
+is per device: with tensor parallelism, the per-device view of
+:mod:`planner.cost.tensor_parallel`.
 
 - forward ``F = sum_l f_l(b)``; backward ``B = sum_l b_l(b)``; recompute ``RC = sum_{l in R} f_l(b)``
   (the backward of a recomputed layer re-runs its forward first). Profile times are for the
@@ -42,45 +46,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import OptimizerKind, ZeroStage
+from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
-from planner.artifacts.request import STATE_BYTES_PER_PARAM, OptimizerKind
 from planner.cost.collectives import allreduce_ms, link_of, p2p_ms, ring_allreduce_ms
 from planner.graph import cut_bytes_per_sample
-
-
-def pipeline_rank(stage_idx: int, pipeline_ranks: int = 0) -> int:
-    """The pipeline rank running a stage: itself, or round-robin over ``pipeline_ranks`` ranks
-    when stages are virtual (interleaved schedules); 0 means one stage per rank."""
-    return stage_idx % pipeline_ranks if pipeline_ranks else stage_idx
-
-
-def stage_ranks(stage_idx: int, dp_degree: int, pipeline_ranks: int = 0) -> tuple[int, ...]:
-    """Ranks of a stage under the placement rank = pipeline rank x dp_degree + replica."""
-    p = pipeline_rank(stage_idx, pipeline_ranks)
-    return tuple(p * dp_degree + r for r in range(dp_degree))
-
-
-def replicated_ranks(replicas: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-    """Ranks of each stage of a pipeline replicated per stage: consecutive blocks, stage 0
-    first (replica r of stage s is rank ``sum(replicas[:s]) + r``)."""
-    out, offset = [], 0
-    for d in replicas:
-        out.append(tuple(range(offset, offset + d)))
-        offset += d
-    return tuple(out)
-
-
-def layout_ranks(
-    num_stages: int, dp_degree: int, pipeline_ranks: int = 0, replicas: Sequence[int] | None = None
-) -> tuple[tuple[int, ...], ...]:
-    """Every stage's ranks: replicated per stage when ``replicas`` is given (``dp_degree`` 1),
-    else the replicated-pipeline placement of :func:`stage_ranks`."""
-    if replicas:
-        if dp_degree != 1:
-            raise ValueError(f"per-stage replication is laid out for dp_degree 1 (got {dp_degree})")
-        return replicated_ranks(replicas)
-    return tuple(stage_ranks(s, dp_degree, pipeline_ranks) for s in range(num_stages))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +71,23 @@ class StageCost:
 class CostModel:
     """Prefix sums over a profile, so that any stage's cost is O(1) (plus its recompute set).
 
-    One instance per (profile, cluster, optimizer); per micro-batch size arrays are cached.
+    One instance per (per-device profile, cluster, optimizer); per micro-batch size arrays are
+    cached.
     """
 
-    def __init__(self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED):
+    def __init__(
+        self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
+        tp_degree: int = 1, sequence_parallel: bool = False,
+    ):
+        """``profile`` is what one device runs: the model itself, or with ``tp_degree`` > 1 its
+        per-device view (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), which the
+        layouts this model prices then have as their tensor-parallel degree."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
-        self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = STATE_BYTES_PER_PARAM[
-            optimizer
-        ]
+        self.tp_degree = tp_degree
+        self.sequence_parallel = sequence_parallel
+        self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         layers = profile.layers
         self.num_layers = len(layers)
         self.cut_bytes_per_sample = cut_bytes_per_sample(profile)
@@ -121,18 +99,18 @@ class CostModel:
         self._speed = cluster.relative_speed
 
     # ---------------------------------------------------------------- ZeRO
-    def state_bytes_per_param(self, shard: int = 1, zero: int = 0) -> tuple[float, float, float]:
-        """(weights, gradients, optimizer state) bytes per parameter at the peak, on one of
-        ``shard`` ranks."""
+    def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
+        """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
+        of a stage whose state is divided as ``sharding`` says."""
         w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
         # gradients: whole at the peak under every stage (see the module docstring on ZeRO 2)
-        return float(w), float(g), o / shard if zero >= 1 else float(o)
+        return float(w), float(g), o / sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else float(o)
 
-    def sync_bytes_per_param(self, zero: int = 0) -> float:
+    def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
         """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
         the gradients (all-reduce), or the mean of gradients and weights (reduce-scatter +
         all-gather, ZeRO 1 and 2)."""
-        if zero == 0:
+        if zero is ZeroStage.NONE:
             return float(self.grad_bytes_per_param)
         return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
 
@@ -200,13 +178,12 @@ class CostModel:
     # ---------------------------------------------------------------- assembled
     def stage_memory(
         self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int,
-        shard: int = 1, zero: int = 0,
+        sharding: Sharding = Sharding(),
     ) -> StageMemory:
-        """Memory of one device of the stage at its peak; ``shard`` = the stage's ranks, over
-        which ZeRO stage ``zero`` >= 1 divides the optimizer state (gradients stay whole at the
-        peak, see the module docstring)."""
+        """Memory of one device of the stage at its peak, its model state divided as ``sharding``
+        says (gradients stay whole at the peak, see the module docstring)."""
         params = self.stage_param_count(start, stop)
-        w, g, o = self.state_bytes_per_param(shard, zero)
+        w, g, o = self.state_bytes_per_param(sharding)
         return StageMemory(
             param_bytes=int(params * w),
             grad_bytes=int(params * g),
@@ -216,36 +193,25 @@ class CostModel:
             buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
         )
 
-    def boundary_transfer_ms(
-        self, boundary: int, microbatch_size: int, upstream_stage_idx: int, dp_degree: int, pipeline_ranks: int = 0,
-        *, ranks: tuple[tuple[int, ...], ...] | None = None,
-    ) -> float:
+    def boundary_transfer_ms(self, boundary: int, microbatch_size: int, upstream_stage_idx: int, layout: Layout) -> float:
         """Transfer of the tensors crossing the cut before layer ``boundary`` between stage
         ``upstream_stage_idx`` and the next one (activations forward, their gradients backward:
-        same bytes), on the link their first ranks share (``ranks``: every stage's ranks, when
-        not the replicated-pipeline placement)."""
+        same bytes), on the link between the first devices of the two stages."""
         if boundary <= 0 or boundary >= self.num_layers:
             return 0.0
         nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
-        if ranks is not None:
-            src, dst = ranks[upstream_stage_idx][0], ranks[upstream_stage_idx + 1][0]
-        else:
-            src = pipeline_rank(upstream_stage_idx, pipeline_ranks) * dp_degree
-            dst = pipeline_rank(upstream_stage_idx + 1, pipeline_ranks) * dp_degree
+        src = layout.rank_of(stage_idx=upstream_stage_idx)
+        dst = layout.rank_of(stage_idx=upstream_stage_idx + 1)
         bw, lat = link_of(self.cluster, src, dst)
         return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
 
-    def stage_allreduce_ms(
-        self, start: int, stop: int, stage_idx: int, dp_degree: int, pipeline_ranks: int = 0,
-        *, zero: int = 0, ranks: tuple[int, ...] | None = None,
-    ) -> float:
-        """Gradient synchronisation across the stage's ranks (all-reduce, or with ZeRO
-        reduce-scatter + all-gather), plus the exchange of tied gradients with the other stage
-        holding the tied tensor (priced on the slowest link of the cluster, since the partner
-        stage is not known here)."""
-        sync_bytes = self.stage_param_count(start, stop) * self.sync_bytes_per_param(zero)
-        own = ranks if ranks is not None else stage_ranks(stage_idx, dp_degree, pipeline_ranks)
-        total = allreduce_ms(self.cluster, sync_bytes, own)
+    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
+        """Gradient synchronisation across the stage's data-parallel group (all-reduce, or with
+        ZeRO reduce-scatter + all-gather), plus the exchange of tied gradients with the other
+        stage holding the tied tensor (priced on the slowest link of the cluster, since the
+        partner stage is not known here)."""
+        sync_bytes = self.stage_param_count(start, stop) * self.sync_bytes_per_param(layout.zero)
+        total = allreduce_ms(self.cluster, sync_bytes, layout.dp_group(stage_idx))
         tied = self.tied_allreduce_bytes(start, stop)
         if tied:
             if self.cluster.num_nodes > 1:
@@ -256,31 +222,19 @@ class CostModel:
         return total
 
     def stage_cost(
-        self,
-        start: int,
-        stop: int,
-        recompute: Sequence[int],
-        microbatch_size: int,
-        inflight: int,
-        stage_idx: int,
-        dp_degree: int,
-        pipeline_ranks: int = 0,
-        *,
-        zero: int = 0,
-        ranks: tuple[tuple[int, ...], ...] | None = None,
+        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int, stage_idx: int,
+        layout: Layout,
     ) -> StageCost:
-        """One stage priced; ``ranks`` (every stage's ranks) when the layout is not the
-        replicated-pipeline placement, e.g. replicated per stage."""
-        own = ranks[stage_idx] if ranks is not None else stage_ranks(stage_idx, dp_degree, pipeline_ranks)
+        """Stage ``stage_idx`` of ``layout`` priced."""
         return StageCost(
             fwd_ms=self.stage_fwd_ms(start, stop, microbatch_size),
             bwd_ms=self.stage_bwd_ms(start, stop, microbatch_size),
             recompute_ms=self.recompute_ms(recompute, microbatch_size),
-            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, dp_degree, pipeline_ranks, ranks=ranks),
-            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, dp_degree, pipeline_ranks, ranks=ranks),
-            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, dp_degree, pipeline_ranks, zero=zero, ranks=own),
+            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
+            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
+            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, layout),
             activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size))),
-            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, shard=len(own), zero=zero),
+            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx)),
         )
 
     @cached_property

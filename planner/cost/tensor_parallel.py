@@ -1,13 +1,13 @@
-"""Tensor parallelism as a view: a profile and cluster seen by one tensor-parallel group.
+"""Tensor parallelism in the cost model: the profile as one device of a tensor-parallel group sees it.
 
 A plan with tensor-parallel degree ``t`` (Shoeybi et al. 2019, Megatron-LM) runs every stage
-replica on ``t`` devices of one node. Seen from the pipeline and data-parallel axes, those
-``t`` devices behave as *one* device of a cluster with ``devices_per_node / t`` devices per
-node, running a model whose layers are the per-device shards. :func:`tensor_parallel_view`
-builds that model and that cluster; the whole pipeline + data-parallel machinery (cost model,
-DP / CP-SAT / brute-force solvers, simulator, bounds) then prices and searches it unchanged,
-and :func:`lift` turns the plan found in the view back into a plan of real devices. So t is one
-more dimension of the same search, not a special case beside it.
+replica on ``t`` devices of one node (the "tp" axis of its
+:class:`~planner.artifacts.layout.Layout`). Each of those devices runs the per-device shard of
+every layer: :func:`tensor_parallel_view` builds that per-device profile, and
+:func:`device_cost_model` the cost model that prices it on the cluster's real links and ranks
+(each layout it prices places its stages on real devices). The rest of the machinery (the
+DP / CP-SAT / brute-force solvers, the simulator, the bounds) is the same for every t: t is
+one more dimension of the same search.
 
 A layer that declares a :class:`~planner.artifacts.profile.TensorSplit` becomes, on each of
 the ``t`` devices (``f`` = split_time_fraction, ``S`` = split parameters, ``A`` = split saved
@@ -31,12 +31,12 @@ scatter/gather optimisation); the all-gather after the receive, over NVLink, is 
 A tied tensor whose every layer splits it (vocabulary-parallel embedding and head) is
 divided by ``t``.
 
-Devices: the view's device ``v`` is the real devices ``v t .. v t + t - 1`` (consecutive ranks,
-so inside a node). Per-device memory, link bandwidths and latencies are unchanged: every
-device of the group drives its own NVLink port and its own network interface (the cluster
-presets give per-device inter-node bandwidth), so the ``t`` gradient all-reduces of a
-tensor-parallel stage (one per shard, across its data-parallel replicas) run side by side,
-each on its own devices' links, at the cost the view prices for one.
+Devices: a group is ``t`` consecutive ranks (inside a node). Per-device memory, link
+bandwidths and latencies are unchanged: every device of the group drives its own NVLink port
+and its own network interface (the cluster presets give per-device inter-node bandwidth), so
+the ``t`` gradient all-reduces of a tensor-parallel stage (one per shard, across its
+data-parallel replicas, :meth:`Layout.dp_group`) run side by side, each on its own devices'
+links, at the cost priced for one.
 
 Decisions: ``t`` divides the devices per node (a tensor-parallel group never spans the slow
 inter-node link); it divides every ``must_divide`` size of every declared layer (attention
@@ -47,16 +47,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Iterable
 
-from planner.artifacts import codec
-from planner.artifacts.cluster import Cluster, cluster_to_json
-from planner.artifacts.plan import Plan
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_to_json
+from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
-
-if TYPE_CHECKING:
-    from planner.artifacts.request import PlanRequest
+from planner.artifacts.kinds import OptimizerKind
+from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit
+from planner.cost.collectives import allreduce_line
+from planner.cost.model import CostModel
 
 
 def splittable(profile: Profile) -> bool:
@@ -141,86 +139,29 @@ def _tie_view(profile: Profile, tie: TiedParams, t: int) -> TiedParams:
     return tie
 
 
-def cluster_view(cluster: Cluster, t: int) -> Cluster:
-    """``cluster`` with each group of ``t`` consecutive devices of a node as one device."""
+def tensor_parallel_view(profile: Profile, cluster: Cluster, t: int, sp: bool = False) -> Profile:
+    """The model as one device of a tensor-parallel group of ``t`` devices on ``cluster`` runs
+    it (see the module docstring); ``profile`` itself for ``t`` = 1."""
     if t == 1:
-        return cluster
+        if sp:
+            raise PlannerInputError("sequence parallelism needs a tensor-parallel degree > 1")
+        return profile
     if cluster.devices_per_node % t:
         raise PlannerInputError(
             f"tensor-parallel degree {t} does not divide the {cluster.devices_per_node} devices per node "
             f"of cluster {cluster.name!r}"
         )
-    return dataclasses.replace(
-        cluster,
-        name=f"{cluster.name}/tp{t}",
-        devices_per_node=cluster.devices_per_node // t,
-        peak_tflops=cluster.peak_tflops * t,
-    )
-
-
-def tensor_parallel_view(profile: Profile, cluster: Cluster, t: int, sp: bool = False) -> tuple[Profile, Cluster]:
-    """The model and cluster as one tensor-parallel group of ``t`` devices sees them (see the
-    module docstring); ``(profile, cluster)`` itself for ``t`` = 1."""
-    if t == 1:
-        if sp:
-            raise PlannerInputError("sequence parallelism needs a tensor-parallel degree > 1")
-        return profile, cluster
-    from planner.cost import allreduce_line
-
     ms_per_byte, fixed_ms = allreduce_line(cluster, tuple(range(t)))
     speed = cluster.relative_speed  # collective times are on this cluster; layer times are divided by speed later
     layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed) for layer in profile.layers)
     edges = tuple(Edge(src=e.src, dst=e.dst, bytes_per_sample=e.bytes_per_sample / t) for e in profile.edges)
-    view = dataclasses.replace(
+    return dataclasses.replace(
         profile,
         layers=layers,
         edges=edges,
         tied=tuple(_tie_view(profile, tie, t) for tie in profile.tied),
         metadata={**profile.metadata, "tp_degree": t, "sequence_parallel": sp},
     )
-    return view, cluster_view(cluster, t)
-
-
-def real_ranks(view_ranks: Iterable[int], t: int) -> tuple[int, ...]:
-    """The devices of view devices ``view_ranks``: ``v t .. v t + t - 1`` each, in rank order."""
-    return tuple(sorted(v * t + k for v in view_ranks for k in range(t)))
-
-
-def lift(view_plan: Plan, profile: Profile, cluster: Cluster, t: int, sp: bool, request: "PlanRequest") -> Plan:
-    """A plan found in the view of ``t`` (and ``sp``) as a plan of ``cluster``'s devices:
-    ranks expanded, provenance naming the real profile, cluster and ``request`` (the view's
-    request counts view devices), the machine bound and FLOP figures over the real devices,
-    predictions re-simulated."""
-    if t == 1:
-        return dataclasses.replace(view_plan, provenance=dataclasses.replace(view_plan.provenance, request=request))
-    if view_plan.replicated_per_stage:
-        raise PlannerInputError("per-stage replication is not combined with tensor parallelism")
-    from planner.profiling.analytic.gpt import model_flops_per_sample
-    from planner.simulate.bounds import machine_bound_ms
-    from planner.simulate import predict
-
-    stages = tuple(dataclasses.replace(s, ranks=real_ranks(s.ranks, t)) for s in view_plan.stages)
-    prov = dataclasses.replace(
-        view_plan.provenance,
-        profile_sha256=codec.sha256_of(profile_to_json(profile)),
-        cluster_name=cluster.name,
-        cluster_sha256=codec.sha256_of(cluster_to_json(cluster)),
-        request=request,
-    )
-    plan = dataclasses.replace(
-        view_plan, provenance=prov, stages=stages, tp_degree=t, sequence_parallel=sp,
-        devices_available=view_plan.devices_available * t,
-        pareto=tuple(dataclasses.replace(p, tp_degree=t, sequence_parallel=sp) for p in view_plan.pareto),
-    )
-    num_devices = plan.num_devices
-    pred = dataclasses.replace(
-        plan.predicted,
-        machine_bound_ms=machine_bound_ms(profile, cluster, plan.global_batch, num_devices),
-        model_flops_per_iteration=model_flops_per_sample(profile) * plan.global_batch,
-        device_peak_tflops=cluster.peak_tflops,
-    )
-    plan = dataclasses.replace(plan, predicted=pred)
-    return dataclasses.replace(plan, predicted=predict(plan))
 
 
 def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
@@ -229,21 +170,10 @@ def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
     return cluster.with_devices(num_devices) if num_devices <= cluster.devices_per_node else cluster
 
 
-def build_tensor_parallel(
-    profile: Profile, cluster: Cluster, request: "PlanRequest", *, tp_degree: int, sequence_parallel: bool,
-    num_devices: int, **layout: Any,
-) -> Plan:
-    """:func:`planner.solve.build.build_plan` for a given layout with tensor parallelism:
-    priced in the view of ``tp_degree`` (``num_devices`` real devices in all), lifted back.
-    ``layout`` is build_plan's keywords (boundaries, recompute, dp_degree, ...)."""
-    from planner.cost import CostModel
-    from planner.solve.build import build_plan
-
-    why = refusal(profile, cluster, num_devices, tp_degree)
-    if why:
-        raise PlannerInputError(why)
-    vp, vc = tensor_parallel_view(profile, base_cluster(cluster, num_devices), tp_degree, sequence_parallel)
-    view_request = dataclasses.replace(request, num_devices=num_devices // tp_degree)
-    built = build_plan(CostModel(vp, vc, request.optimizer), view_request, **layout)
-    return lift(built, profile, cluster, tp_degree, sequence_parallel, request)
-
+def device_cost_model(
+    profile: Profile, cluster: Cluster, optimizer: OptimizerKind, tp_degree: int = 1, sequence_parallel: bool = False
+) -> CostModel:
+    """The cost model of one device of a tensor-parallel group of ``tp_degree`` on ``cluster``:
+    the per-device view of ``profile`` priced on the cluster's own links and ranks."""
+    view = tensor_parallel_view(profile, cluster, tp_degree, sequence_parallel)
+    return CostModel(view, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel)

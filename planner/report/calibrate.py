@@ -167,7 +167,7 @@ def scale_profile_times(profile: Profile, scales: Sequence[float]) -> Profile:
 def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
     """``plan``'s partition, recomputation, replication, micro-batching and schedule, priced
     again on ``profile`` and ``cluster`` and replayed by the simulator."""
-    if plan.virtual_stages_per_rank != 1:
+    if plan.layout.virtual_stages_per_rank != 1:
         raise PlannerInputError("re-predicting interleaved plans is not supported")
     if profile.num_layers != plan.num_layers:
         raise PlannerInputError(f"the profile has {profile.num_layers} layers but the plan covers {plan.num_layers}")
@@ -175,18 +175,18 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
     layout = dict(
         boundaries=[s.layer_start for s in plan.stages],
         recompute=[s.recompute for s in plan.stages],
-        dp_degree=plan.dp_degree,
+        dp_degree=plan.layout.dp_degree,
         microbatch_size=plan.microbatch_size,
         schedule=plan.schedule,
         solver=plan.provenance.solver,
-        zero=plan.zero,
-        replicas=plan.stage_replicas if plan.replicated_per_stage else (),
+        zero=plan.layout.zero,
+        replicas=plan.layout.stage_replicas if plan.layout.replicated_per_stage else (),
     )
-    if plan.tp_degree > 1:
+    if plan.layout.tp_degree > 1:
         from planner.cost.tensor_parallel import build_tensor_parallel
 
-        return build_tensor_parallel(profile, cluster, request, tp_degree=plan.tp_degree,
-                                     sequence_parallel=plan.sequence_parallel, num_devices=plan.num_devices, **layout)
+        return build_tensor_parallel(profile, cluster, request, tp_degree=plan.layout.tp_degree,
+                                     sequence_parallel=plan.layout.sequence_parallel, num_devices=plan.num_devices, **layout)
     return build_plan(CostModel(profile, cluster, request.optimizer), request, **layout)
 
 

@@ -47,7 +47,7 @@ import pandas as pd
 
 from planner.artifacts.plan import Plan
 from planner.artifacts.report import RunReport, relative_error
-from planner.simulate.bounds import me_index_of
+from planner.simulation.bounds import me_index_of
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.report.resolve import (
     ClusterLike,
@@ -128,10 +128,10 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
     p = plan.predicted
     big = max(plan.stages, key=lambda s: s.memory_total_bytes).memory
     row.update(
-        T=plan.tp_degree, sequence_parallel=plan.sequence_parallel,
-        P=plan.num_stages, D=plan.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
-        schedule=plan.schedule.value, zero=plan.zero,
-        replicas="|".join(map(str, plan.stage_replicas)) if plan.replicated_per_stage else "",
+        T=plan.layout.tp_degree, sequence_parallel=plan.layout.sequence_parallel,
+        P=plan.layout.num_stages, D=plan.layout.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
+        schedule=plan.schedule.value, zero=plan.layout.zero,
+        replicas="|".join(map(str, plan.layout.stage_replicas)) if plan.layout.replicated_per_stage else "",
         stages=_layer_ranges(plan),
         recomputed_layers=sum(len(s.recompute) for s in plan.stages),
         iteration_ms=p.iteration_ms, throughput_samples_per_s=p.throughput_samples_per_s,

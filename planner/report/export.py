@@ -46,14 +46,14 @@ def write_stage_module_names(plan: Plan, path: str | Path) -> None:
 
 
 def write_plan_schedule_csv(plan: Plan, path: str | Path) -> None:
-    if plan.replicated_per_stage:
+    if plan.layout.replicated_per_stage:
         raise PlannerInputError(
             "the plan replicates stages per stage (copies "
-            f"{'+'.join(map(str, plan.stage_replicas))}): torch.distributed.pipelining's CSV schedules run one "
+            f"{'+'.join(map(str, plan.layout.stage_replicas))}): torch.distributed.pipelining's CSV schedules run one "
             "stage per rank; its per-rank orders are planner.schedule.build_replicated_schedule's, run by "
             "planner's own runtime"
         )
-    schedule = build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank)
+    schedule = build_schedule(plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank)
     write_schedule_csv(schedule, path)
 
 
@@ -71,12 +71,12 @@ def _toml(value: object) -> str:
 
 def torchtitan_config(plan: Plan) -> str:
     """The plan as torchtitan job-config TOML (see the module docstring for the mapping)."""
-    if plan.replicated_per_stage:
+    if plan.layout.replicated_per_stage:
         raise PlannerInputError(
-            f"the plan replicates stages per stage (copies {'+'.join(map(str, plan.stage_replicas))}): "
+            f"the plan replicates stages per stage (copies {'+'.join(map(str, plan.layout.stage_replicas))}): "
             "torchtitan's pipelines have one copy of every stage"
         )
-    pipeline = plan.num_stages // plan.virtual_stages_per_rank
+    pipeline = plan.layout.num_stages // plan.layout.virtual_stages_per_rank
     rc = [list(s.recompute) for s in plan.stages]
     n_rc = sum(map(len, rc))
     if n_rc == 0:
@@ -88,13 +88,13 @@ def torchtitan_config(plan: Plan) -> str:
     tables = {
         "training": {
             "global_batch_size": plan.global_batch,
-            "local_batch_size": plan.global_batch // plan.dp_degree,
+            "local_batch_size": plan.global_batch // plan.layout.dp_degree,
         },
         "parallelism": {
-            "data_parallel_replicate_degree": 1 if plan.zero else plan.dp_degree,
-            "data_parallel_shard_degree": plan.dp_degree if plan.zero else 1,
-            "tensor_parallel_degree": plan.tp_degree,
-            "enable_sequence_parallel": plan.sequence_parallel,
+            "data_parallel_replicate_degree": 1 if plan.layout.zero else plan.layout.dp_degree,
+            "data_parallel_shard_degree": plan.layout.dp_degree if plan.layout.zero else 1,
+            "tensor_parallel_degree": plan.layout.tp_degree,
+            "enable_sequence_parallel": plan.layout.sequence_parallel,
             "pipeline_parallel_degree": pipeline,
             "pipeline_parallel_schedule": _TITAN_SCHEDULES[plan.schedule.value],
             "pipeline_parallel_microbatch_size": plan.microbatch_size,
@@ -102,13 +102,13 @@ def torchtitan_config(plan: Plan) -> str:
         },
         "activation_checkpoint": ac,
     }
-    if plan.zero:
+    if plan.layout.zero:
         tables["parallelism"]["fsdp_reshard_after_forward"] = "never"
     prov = plan.provenance
     lines = [
         f"# torchtitan job config for the plan of {prov.model} on {prov.cluster_name} ({plan.num_devices} devices),",
         f"# written by planner export; predicted {plan.predicted.iteration_ms:.2f} ms per iteration.",
-        f"# planner layout: T={plan.tp_degree} x P={plan.num_stages} x D={plan.dp_degree}, ZeRO-{plan.zero}, "
+        f"# planner layout: T={plan.layout.tp_degree} x P={plan.layout.num_stages} x D={plan.layout.dp_degree}, ZeRO-{plan.layout.zero}, "
         f"{plan.num_microbatches} micro-batches of {plan.microbatch_size}.",
         "# Module names are the profile's layer names: rename them to your model's module FQNs.",
     ]

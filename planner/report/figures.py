@@ -20,7 +20,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from planner.simulate import SegmentKind, Timeline  # noqa: E402
+from planner.simulation import SegmentKind, Timeline  # noqa: E402
 
 __all__ = ["COLORS", "plot_memory", "plot_timeline"]
 
@@ -71,7 +71,7 @@ def plot_timeline(
     edge = 0.4 if _ms_per_px(ax, span_ms) * 4 < _median_compute_ms(timeline) else 0.0
     for (kind, rank, chunk), spans in bars.items():
         y = rank  # row centre; rank 0 at the top (axis inverted below)
-        color = _tint(COLORS[kind], chunk, timeline.virtual_stages_per_rank)
+        color = _tint(COLORS[kind], chunk, timeline.layout.virtual_stages_per_rank)
         if kind in _COMPUTE:
             ax.broken_barh(spans, (y - _MAIN_H / 2, _MAIN_H), facecolors=color, edgecolors="white", linewidths=edge)
         else:
@@ -84,7 +84,7 @@ def plot_timeline(
     ax.set_xlabel("time (ms)")
     present = {s.kind for s in segments}
     handles = [Patch(color=COLORS[k], label=k.value) for k in SegmentKind if k in present]
-    if timeline.virtual_stages_per_rank > 1:
+    if timeline.layout.virtual_stages_per_rank > 1:
         handles.append(Patch(color=_tint("#777777", 1, 2), label="lighter: later virtual stage"))
     ax.legend(
         handles=handles,
@@ -92,8 +92,8 @@ def plot_timeline(
     )
     ax.set_title(
         title
-        or f"{timeline.schedule.value}: {timeline.num_stages} stages on {timeline.num_ranks} ranks"
-        f"{f' (each a tensor-parallel group of {timeline.tp_degree} devices)' if timeline.tp_degree > 1 else ''}, "
+        or f"{timeline.schedule.value}: {timeline.layout.num_stages} stages on {timeline.num_ranks} ranks"
+        f"{f' (each a tensor-parallel group of {timeline.layout.tp_degree} devices)' if timeline.layout.tp_degree > 1 else ''}, "
         f"M = {timeline.num_microbatches}; iteration {timeline.iteration_ms:.3g} ms, "
         f"bubble {timeline.bubble_fraction:.1%}, exposed all-reduce {timeline.exposed_allreduce_ms:.3g} ms",
         fontsize=9,
@@ -124,7 +124,7 @@ def _tint(color: str, chunk: int, num_chunks: int) -> tuple[float, float, float]
 def _label_microbatches(ax: Axes, timeline: Timeline, segments: tuple, span_ms: float) -> None:
     """Put the micro-batch number on compute bars at least ~2 characters wide."""
     ms_per_px = _ms_per_px(ax, span_ms)
-    interleaved = timeline.virtual_stages_per_rank > 1
+    interleaved = timeline.layout.virtual_stages_per_rank > 1
     for seg in segments:
         if seg.kind not in (SegmentKind.FORWARD, SegmentKind.BACKWARD):
             continue
@@ -160,7 +160,7 @@ def plot_memory(
     cap_on_scale = 0 < cap_bytes <= 2 * timeline.peak_memory_bytes
     scale, unit = _unit(max(timeline.peak_memory_bytes, cap_bytes if cap_on_scale else 0))
     cmap = plt.get_cmap("viridis")
-    n = timeline.num_stages
+    n = timeline.layout.num_stages
     for trace in timeline.memory:
         color = cmap(trace.stage_idx / max(n - 1, 1) * 0.9)
         times = list(trace.times_ms) + [timeline.iteration_ms]

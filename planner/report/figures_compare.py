@@ -9,7 +9,7 @@
   (``plan.pareto``, from the solver's search) with the chosen plan starred, and other plans
   (e.g. baselines) as labelled markers.
 
-Every number is read from the plans or from :func:`planner.simulate.simulate`.
+Every number is read from the plans or from :func:`planner.simulation.simulate`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.report.figures import _finish, _unit, plot_timeline  # noqa: E402
 from planner.report.table import layout_label  # noqa: E402
-from planner.simulate import simulate  # noqa: E402
+from planner.simulation import simulate  # noqa: E402
 
 __all__ = ["MEMORY_COLORS", "plot_pareto", "plot_stage_memory", "plot_timelines"]
 
@@ -91,7 +91,7 @@ def plot_stage_memory(
     cap = min(s.memory_cap_bytes for p in plans for s in p.stages)
     cap_on_scale = 0 < cap <= 1.5 * peak
     scale, unit = _unit(max(peak, cap if cap_on_scale else 0))
-    widths = [max(1.6, 0.45 * p.num_stages + 0.8) for p in plans]
+    widths = [max(1.6, 0.45 * p.layout.num_stages + 0.8) for p in plans]
     fig, axes = plt.subplots(
         1, len(plans), figsize=(min(sum(widths) + 1.8, 40), 4.2), sharey=True, squeeze=False,
         gridspec_kw={"width_ratios": widths},
@@ -117,8 +117,8 @@ def plot_stage_memory(
 
 
 def _stage_bars(ax: Axes, plan: Plan, scale: float) -> None:
-    xs = list(range(plan.num_stages))
-    bottom = [0.0] * plan.num_stages
+    xs = list(range(plan.layout.num_stages))
+    bottom = [0.0] * plan.layout.num_stages
     for kind, color in MEMORY_COLORS.items():
         values = []
         for s in plan.stages:
@@ -130,7 +130,7 @@ def _stage_bars(ax: Axes, plan: Plan, scale: float) -> None:
         ax.bar(xs, values, bottom=bottom, color=color, width=0.7)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(xs)
-    ax.set_xlim(-0.6, plan.num_stages - 0.4)
+    ax.set_xlim(-0.6, plan.layout.num_stages - 0.4)
 
 
 def plot_pareto(

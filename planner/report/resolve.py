@@ -138,7 +138,7 @@ def report_mismatch(plan: Plan, report: RunReport) -> str:
     if fp and report.plan_fingerprint_sha256 and fp != report.plan_fingerprint_sha256:
         return "model fingerprint differs"
     got = (report.num_stages, report.dp_degree, report.num_microbatches, report.microbatch_size, report.schedule)
-    want = (plan.num_stages, plan.dp_degree, plan.num_microbatches, plan.microbatch_size, plan.schedule.value)
+    want = (plan.layout.num_stages, plan.layout.dp_degree, plan.num_microbatches, plan.microbatch_size, plan.schedule.value)
     if got != want:
         return f"(P, D, M, mb, schedule) {got} != plan's {want}"
     if not _close(report.iteration_ms_predicted, plan.predicted.iteration_ms):

@@ -26,13 +26,13 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 def layout_label(plan: Plan) -> str:
     """``P=4 x D=2, ZeRO-1``, with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``, or,
     replicated per stage, ``P=3 replicated 2+1+1``."""
-    if plan.replicated_per_stage:
-        text = f"P={plan.num_stages} replicated {'+'.join(map(str, plan.stage_replicas))}"
+    if plan.layout.replicated_per_stage:
+        text = f"P={plan.layout.num_stages} replicated {'+'.join(map(str, plan.layout.stage_replicas))}"
     else:
-        text = f"P={plan.num_stages} x D={plan.dp_degree}"
-    if plan.tp_degree > 1:
-        text = f"T={plan.tp_degree}{' (seq-par)' if plan.sequence_parallel else ''} x {text}"
-    return text + (f", ZeRO-{plan.zero}" if plan.zero else ", no ZeRO")
+        text = f"P={plan.layout.num_stages} x D={plan.layout.dp_degree}"
+    if plan.layout.tp_degree > 1:
+        text = f"T={plan.layout.tp_degree}{' (seq-par)' if plan.layout.sequence_parallel else ''} x {text}"
+    return text + (f", ZeRO-{plan.layout.zero}" if plan.layout.zero else ", no ZeRO")
 
 
 def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
@@ -49,12 +49,12 @@ def format_plan(plan: Plan) -> str:
     """The plan as a table: one row per stage, then the predicted totals."""
     p = plan.predicted
     prov = plan.provenance
-    if plan.virtual_stages_per_rank == 1:
+    if plan.layout.virtual_stages_per_rank == 1:
         layout = f"{layout_label(plan)}, schedule {plan.schedule.value}, "
     else:
-        layout = (f"{plan.num_stages} stages on P={plan.num_stages // plan.virtual_stages_per_rank} pipeline ranks "
-                  f"({plan.virtual_stages_per_rank} each) x D={plan.dp_degree}"
-                  f"{f', ZeRO-{plan.zero}' if plan.zero else ', no ZeRO'}, schedule {plan.schedule.value}, ")
+        layout = (f"{plan.layout.num_stages} stages on P={plan.layout.num_stages // plan.layout.virtual_stages_per_rank} pipeline ranks "
+                  f"({plan.layout.virtual_stages_per_rank} each) x D={plan.layout.dp_degree}"
+                  f"{f', ZeRO-{plan.layout.zero}' if plan.layout.zero else ', no ZeRO'}, schedule {plan.schedule.value}, ")
     head = (
         f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver!r}\n"
         + layout
@@ -63,7 +63,7 @@ def format_plan(plan: Plan) -> str:
     fewer = devices_note(plan)
     if fewer:
         head += "\n" + fewer
-    sync = "sync ms" if plan.zero else "allred ms"
+    sync = "sync ms" if plan.layout.zero else "allred ms"
     headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", sync,
                "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]
     rows = []
@@ -77,7 +77,7 @@ def format_plan(plan: Plan) -> str:
         ])
     table = format_table(headers, rows, right=set(range(3, len(headers))))
     cap = plan.stages[0].memory_cap_bytes
-    exposed = "exposed reduce-scatter + all-gather" if plan.zero else "exposed all-reduce"
+    exposed = "exposed reduce-scatter + all-gather" if plan.layout.zero else "exposed all-reduce"
     tail = (
         f"iteration {p.iteration_ms:.2f} ms | throughput {p.throughput_samples_per_s:.1f} samples/s | "
         f"peak memory {_gib(p.peak_memory_bytes)} GiB of {_gib(cap)} GiB cap\n"

@@ -23,11 +23,11 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   with GPipe, and ``static_graph=True`` silently skipped the sync here).
 - Tied parameters split over pipeline ranks: one copy per rank, gradients summed over those
   ranks and averaged over replicas by one all-reduce after the schedule.
-- ZeRO 1 / 2 (``plan.zero``, D > 1): each stage's data-parallel parameters are flattened and
+- ZeRO 1 / 2 (``plan.layout.zero``, D > 1): each stage's data-parallel parameters are flattened and
   each rank's optimizer steps only its contiguous 1/D shard; gradients are reduce-scattered
   after the schedule and the weights all-gathered after the step (``zero``; tied parameters
   split over pipeline ranks stay whole). Checkpoints keep one optimizer file per shard.
-- Tensor parallelism (``plan.tp_degree`` = t > 1, ``tensor``): a ("pp", "dp", "tp") device
+- Tensor parallelism (``plan.layout.tp_degree`` = t > 1, ``tensor``): a ("pp", "dp", "tp") device
   mesh of shape (P, D, t) (rank = (p x D + replica) x t + tp index); each stage's layers are
   split with ``parallelize_module`` and the styles the workload declares
   (``Workload.tensor_parallel``; the zoo GPT and BERT: Megatron's column / row split,
@@ -36,7 +36,7 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   ZeRO shards the local shards; checkpoints are per tp index. Refused before compute: t not
   dividing the heads (or, with sequence parallelism, the tokens), per-stage replication.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
-- Plans replicated per stage (``plan.replicated_per_stage``, PipeDream's round-robin) run on our
+- Plans replicated per stage (``plan.layout.replicated_per_stage``, PipeDream's round-robin) run on our
   own executor (``replicated``): a ``PipelineStage`` has one fixed peer per direction, while
   micro-batch m goes to copy m mod R_s of each stage; ``exchange`` lays out the
   point-to-point messages and dry-runs them.

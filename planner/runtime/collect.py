@@ -70,7 +70,7 @@ def build_report(
     device: str,
 ) -> RunReport:
     stages = []
-    pipeline_size = plan.num_stages // plan.virtual_stages_per_rank
+    pipeline_size = plan.layout.num_stages // plan.layout.virtual_stages_per_rank
     element_size = 8 if options.dtype == "float64" else 4
     optim_per_param = state_bytes_per_param(options.optimizer, element_size)
     for stage in plan.stages:
@@ -83,13 +83,13 @@ def build_report(
         per_copy = plan.num_microbatches // stage.replicas  # a copy of a stage replicated per stage runs M / R_s
         compute_pred = per_copy * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
         act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
-        shards = len(stage.ranks) if plan.zero else 1
+        shards = len(stage.ranks) if plan.layout.zero else 1
         params = _plan_param_count(plan, stage)
         optim, grads = int(max(r[k + 2] for r in own)), int(max(r[k + 3] for r in own))
         worst = max(own, key=lambda r: _overrun_fraction(r[k + 4], r[k + 6]))  # overran most
         overrun, overrun_max, emulated = worst[k + 4], max(r[k + 5] for r in own), worst[k + 6]
         optim_pred = -(-params * optim_per_param // shards)  # ceil: the last shard is padded
-        grads_pred = -(-params * element_size // (shards if plan.zero >= 2 else 1))
+        grads_pred = -(-params * element_size // (shards if plan.layout.zero >= 2 else 1))
         stages.append(
             StageRecord(
                 stage_idx=stage.stage_idx,
@@ -130,14 +130,14 @@ def build_report(
         dtype=options.dtype,
         optimizer=options.optimizer.value,
         emulate=options.emulate,
-        num_stages=plan.num_stages,
-        dp_degree=plan.dp_degree,
+        num_stages=plan.layout.num_stages,
+        dp_degree=plan.layout.dp_degree,
         num_microbatches=plan.num_microbatches,
         microbatch_size=plan.microbatch_size,
         schedule=plan.schedule.value,
-        zero=plan.zero,
-        tp_degree=plan.tp_degree,
-        sequence_parallel=plan.sequence_parallel,
+        zero=plan.layout.zero,
+        tp_degree=plan.layout.tp_degree,
+        sequence_parallel=plan.layout.sequence_parallel,
         optimizer_state_bytes_per_param=optim_per_param,
         warmup_steps=options.warmup_steps,
         steps=steps,

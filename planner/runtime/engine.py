@@ -19,7 +19,7 @@ Built on ``torch.distributed.pipelining`` (checked with gloo on CPU, torch 2.13)
   optimizer (the optimizers step the rank's unique parameters once each: a parameter two
   chunks share, a tie within the rank, belongs to the first chunk's optimizer), so
   checkpoints and measurements stay per stage. With v = 1 the rank has one chunk.
-- ZeRO 1 and 2 (``plan.zero``, with D > 1): each chunk's data-parallel parameters get a
+- ZeRO 1 and 2 (``plan.layout.zero``, with D > 1): each chunk's data-parallel parameters get a
   ``planner.runtime.zero.ShardedState`` and the chunk's optimizer steps its master shard
   (plus any parameter tied across pipeline ranks, unsharded) instead of the parameters; the
   gradients are reduce-scattered after the schedule and the weights all-gathered after the
@@ -224,17 +224,17 @@ class RankRunner:
         self.options = options
         self.device = device
         self.place = Placement(
-            num_stages=plan.num_stages,
-            dp_degree=plan.dp_degree,
+            num_stages=plan.layout.num_stages,
+            dp_degree=plan.layout.dp_degree,
             rank=rank,
-            virtual_stages_per_rank=plan.virtual_stages_per_rank,
-            tp_degree=plan.tp_degree,
+            virtual_stages_per_rank=plan.layout.virtual_stages_per_rank,
+            tp_degree=plan.layout.tp_degree,
         )
         tied_sets, self.tied_params = _tied_params(workload, plan, self.place)
-        mesh = build_mesh(plan, device, options.timeout_s) if plan.tp_degree > 1 else None
+        mesh = build_mesh(plan, device, options.timeout_s) if plan.layout.tp_degree > 1 else None
         self.groups: Groups = build_groups(self.place, tied_sets, options.timeout_s, mesh)
         tied_ids = {id(p) for p in self.tied_params if p is not None}
-        shard_group = self.groups.data_parallel if plan.zero > 0 else None
+        shard_group = self.groups.data_parallel if plan.layout.zero > 0 else None
         mb_inputs, _ = self._replica_batch(0)
         first_mb = self._first_microbatch(mb_inputs)
         self.chunks: list[Chunk] = []
@@ -246,12 +246,12 @@ class RankRunner:
             recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
             example_in, example_out = _boundary_examples(workload, stage.layer_start, stage.layer_stop, first_mb)
             if self.groups.tensor is not None:  # split after the examples: they come from whole layers
-                parallelize_layers(workload, range(stage.layer_start, stage.layer_stop), self.groups.tensor, plan.sequence_parallel)
+                parallelize_layers(workload, range(stage.layer_start, stage.layer_stop), self.groups.tensor, plan.layout.sequence_parallel)
             module = StageModule(layers, recompute).to(device)
             pipe_stage = TimedStage(
                 module,
                 stage_idx,
-                plan.num_stages,
+                plan.layout.num_stages,
                 device,
                 input_args=_as_args(example_in) if stage_idx == 0 else _grad_examples(example_in),
                 output_args=_grad_examples(example_out),
@@ -266,13 +266,13 @@ class RankRunner:
                     seen.add(id(param))
                     own.append(param)
             sharded = [p for p in own if id(p) not in tied_ids and p.requires_grad] if shard_group is not None else []
-            zero = ShardedState(sharded, shard_group, zero=plan.zero, grad_divisor=plan.dp_degree) if sharded else None
+            zero = ShardedState(sharded, shard_group, zero=plan.layout.zero, grad_divisor=plan.layout.dp_degree) if sharded else None
             if zero is not None:
                 own = [zero.master] + [p for p in own if id(p) in tied_ids or not p.requires_grad]
             optimizer = _make_optimizer(options, own) if own else None
             self.chunks.append(Chunk(stage_plan=stage, module=module, pipe_stage=pipe_stage, optimizer=optimizer, zero=zero))
         num_mb = plan.num_microbatches
-        counts = self.loss_counts = LossCounts(num_mb, plan.tp_degree)
+        counts = self.loss_counts = LossCounts(num_mb, plan.layout.tp_degree)
         last = next((c.module for c in self.chunks if c.pipe_stage.is_last), self.chunks[-1].module)
 
         def loss_fn(out: Any, target: Any) -> Any:
@@ -294,7 +294,7 @@ class RankRunner:
         self.grad_bytes: tuple[int, ...] = (0,) * len(self.chunks)
         if self.groups.data_parallel is not None and shard_group is None:
             dp_params = [p for p in params if id(p) not in tied_ids]
-            self.dp_hooks = DataParallelHooks(dp_params, self.groups.data_parallel, plan.dp_degree, uses=uses)
+            self.dp_hooks = DataParallelHooks(dp_params, self.groups.data_parallel, plan.layout.dp_degree, uses=uses)
 
     @property
     def stage_plan(self) -> PlanStage:
@@ -345,7 +345,7 @@ class RankRunner:
     @property
     def optimizer_shards(self) -> int:
         """Ranks each of this rank's optimizers is sharded over: D with ZeRO >= 1, else 1."""
-        return self.plan.dp_degree if any(c.zero is not None for c in self.chunks) else 1
+        return self.plan.layout.dp_degree if any(c.zero is not None for c in self.chunks) else 1
 
     def _run_schedule(self, inputs: Any, targets: Any) -> float:
         """One iteration of the schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""
@@ -380,10 +380,10 @@ class RankRunner:
             z.launch_sync()
         for z in zero:
             z.wait_sync()
-        sync_tied(self.tied_params, list(self.groups.tied), self.plan.dp_degree)
+        sync_tied(self.tied_params, list(self.groups.tied), self.plan.layout.dp_degree)
         self.grad_bytes = tuple(_held_grad_bytes(c.optimizer) for c in self.chunks)
         if count is not None:  # the gradients are the average over D of summed losses: x D / count
-            scale_grads([c.optimizer for c in self.chunks], self.plan.dp_degree / count)
+            scale_grads([c.optimizer for c in self.chunks], self.plan.layout.dp_degree / count)
         for c in self.chunks:
             if c.optimizer is not None:
                 c.optimizer.step()
@@ -395,8 +395,8 @@ class RankRunner:
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
         if count is not None:  # summed losses over D replicas: the step's loss is their sum / count
-            loss_t *= self.plan.dp_degree / count
-        copies = self.plan.dp_degree * self.plan.tp_degree  # every tp rank of a last stage has the loss
+            loss_t *= self.plan.layout.dp_degree / count
+        copies = self.plan.layout.dp_degree * self.plan.layout.tp_degree  # every tp rank of a last stage has the loss
         return StepMeasure(step_idx=step_idx, loss=float(loss_t) / copies, wall_ms=float(wall_t))
 
     @property
@@ -411,7 +411,7 @@ class RankRunner:
     @property
     def checkpoint_tp(self) -> tuple[int, int]:
         """(tp index, tp degree): each tp index checkpoints its own shards."""
-        return self.place.tp_index, self.plan.tp_degree
+        return self.place.tp_index, self.plan.layout.tp_degree
 
     def step_units(self) -> list["StepUnit"]:
         return [StepUnit(stage_idx=c.stage_idx, module=c.module, optimizer=c.optimizer, timer=c.pipe_stage)

@@ -112,7 +112,7 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     if use_cuda:
         for layer in workload.layers:
             layer.to(device)
-    runner_cls = ReplicatedRunner if plan.replicated_per_stage else RankRunner  # our executor: torch's cannot route
+    runner_cls = ReplicatedRunner if plan.layout.replicated_per_stage else RankRunner  # our executor: torch's cannot route
     runner = runner_cls(plan, workload, options, rank, device, profile)
     measure = runner.run()
     rows = gather_measures(measure, world_size, device)

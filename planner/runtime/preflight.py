@@ -103,8 +103,8 @@ def check_world_size(plan: Plan, nproc: int, source: str = "plan") -> None:
     """The process count against the plan's devices (no torch)."""
     if nproc != plan.num_devices:
         raise PlannerInputError(
-            f"{source}: plan needs {plan.num_devices} processes ({plan.num_stages} stages, dp_degree "
-            f"{plan.dp_degree}, replicas {list(plan.stage_replicas)}) but --nproc is {nproc}"
+            f"{source}: plan needs {plan.num_devices} processes ({plan.layout.num_stages} stages, dp_degree "
+            f"{plan.layout.dp_degree}, replicas {list(plan.layout.stage_replicas)}) but --nproc is {nproc}"
         )
 
 

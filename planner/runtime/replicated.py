@@ -25,7 +25,7 @@ this module executes the rank's action order itself, on plain point-to-point ops
   micro-batches of loss / M, so the sum is one process's gradient) with the engine's bucketed
   async all-reduce (``DataParallelHooks`` over the copies' group, divisor 1), and a tied
   parameter split over stages sums over every rank of every stage holding it (``sync_tied``);
-- ZeRO 1 / 2 (``plan.zero``): a stage's copies shard its optimizer state (and with 2 its
+- ZeRO 1 / 2 (``plan.layout.zero``): a stage's copies shard its optimizer state (and with 2 its
   gradients) among themselves with the engine's ``planner.runtime.zero.ShardedState`` (divisor
   1), in place of the all-reduce; a tied parameter stays whole; a stage with one copy has
   nothing to shard.
@@ -143,9 +143,9 @@ class ReplicatedRunner:
         self.stage_idx, self.copy_idx = stage_copy_of(plan, rank)
         self.stage_plan = stage = plan.stages[self.stage_idx]
         self.is_first = self.stage_idx == 0
-        self.is_last = self.stage_idx == plan.num_stages - 1
+        self.is_last = self.stage_idx == plan.layout.num_stages - 1
         layout = layout_of(plan)
-        self.order = build_replicated_schedule(plan.schedule, plan.stage_replicas, plan.num_microbatches)[rank]
+        self.order = build_replicated_schedule(plan.schedule, plan.layout.stage_replicas, plan.num_microbatches)[rank]
         self.exchanges = exchange_groups(layout, self.order)
         recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
         self.module = StageModule(list(workload.layers[stage.layer_start : stage.layer_stop]), recompute).to(device)
@@ -172,8 +172,8 @@ class ReplicatedRunner:
         synced = [p for p in params if id(p) not in tied_ids and p.requires_grad]
         if self.copy_group is None or not synced:
             return _make_optimizer(self.options, params)
-        if self.plan.zero:  # the copies' gradients summed (divisor 1), each copy steps its shard
-            self.zero = ShardedState(synced, self.copy_group, zero=self.plan.zero, grad_divisor=1)
+        if self.plan.layout.zero:  # the copies' gradients summed (divisor 1), each copy steps its shard
+            self.zero = ShardedState(synced, self.copy_group, zero=self.plan.layout.zero, grad_divisor=1)
             whole = [p for p in params if id(p) in tied_ids or not p.requires_grad]
             return _make_optimizer(self.options, [self.zero.master] + whole)
         self.dp_hooks = DataParallelHooks(synced, self.copy_group, 1)  # a sum: loss / M per micro-batch

@@ -67,19 +67,19 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 
 def tensor_parallel_refusal(plan: Plan, workload: Workload) -> str:
     """Why the runtime cannot run ``plan``'s tensor parallelism on ``workload`` ("" when it can)."""
-    t = plan.tp_degree
+    t = plan.layout.tp_degree
     if t == 1:
         return ""
     spec = workload.tensor_parallel
     if spec is None:
         return f"tp_degree {t}: model {workload.name!r} declares no tensor-parallel split (Workload.tensor_parallel)"
-    why = spec.refusal(t, plan.sequence_parallel)
+    why = spec.refusal(t, plan.layout.sequence_parallel)
     if why:
         return why
-    if not split_layer_indices(workload, plan.sequence_parallel):
+    if not split_layer_indices(workload, plan.layout.sequence_parallel):
         return f"tp_degree {t}: no layer of model {workload.name!r} splits"
-    if plan.replicated_per_stage:
-        return f"tp_degree {t} with per-stage replication (replicas {list(plan.stage_replicas)}) is not supported"
+    if plan.layout.replicated_per_stage:
+        return f"tp_degree {t} with per-stage replication (replicas {list(plan.layout.stage_replicas)}) is not supported"
     return ""
 
 
@@ -95,9 +95,9 @@ def build_mesh(plan: Plan, device: torch.device, timeout_s: float) -> DeviceMesh
     """The ("pp", "dp", "tp") mesh of shape (P, D, t) over all ranks in row-major order
     (collective). Its groups are made here with the run's timeout (``init_device_mesh`` would
     give them c10d's default of 30 minutes), every rank creating every group in the same order."""
-    pipeline_size = plan.num_stages // plan.virtual_stages_per_rank
-    layout = torch.arange(pipeline_size * plan.dp_degree * plan.tp_degree).reshape(
-        pipeline_size, plan.dp_degree, plan.tp_degree
+    pipeline_size = plan.layout.num_stages // plan.layout.virtual_stages_per_rank
+    layout = torch.arange(pipeline_size * plan.layout.dp_degree * plan.layout.tp_degree).reshape(
+        pipeline_size, plan.layout.dp_degree, plan.layout.tp_degree
     )
     rank = dist.get_rank()
     mine = []

@@ -8,10 +8,9 @@ from planner.schedule.build import (
     build_replicated_schedule,
     build_schedule,
     check_schedule_rules,
-    num_ranks_of,
-    rank_of_stage,
     replicated_warmup,
 )
+from planner.schedule.inflight import inflight_counts, layout_schedule, stage_inflight
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
@@ -24,11 +23,12 @@ __all__ = [
     "build_schedule",
     "check_schedule_rules",
     "format_grid",
-    "num_ranks_of",
+    "inflight_counts",
+    "layout_schedule",
     "parse_action",
-    "rank_of_stage",
     "read_schedule_csv",
     "replicated_warmup",
+    "stage_inflight",
     "validate_schedule",
     "write_schedule_csv",
 ]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from planner.artifacts.request import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
 from planner.schedule.actions import Action, ActionKind, Schedule
 
@@ -36,23 +36,11 @@ __all__ = [
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
-    "num_ranks_of",
-    "rank_of_stage",
     "replicated_warmup",
 ]
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD
-
-
-def num_ranks_of(num_stages: int, virtual_stages_per_rank: int = 1) -> int:
-    """Pipeline ranks holding ``num_stages`` stages, ``virtual_stages_per_rank`` each."""
-    return num_stages // virtual_stages_per_rank
-
-
-def rank_of_stage(stage_idx: int, num_stages: int, virtual_stages_per_rank: int = 1) -> int:
-    """The pipeline rank that runs ``stage_idx`` (round-robin placement, as torch's interleaved)."""
-    return stage_idx % num_ranks_of(num_stages, virtual_stages_per_rank)
 
 
 def check_schedule_rules(
@@ -81,7 +69,7 @@ def check_schedule_rules(
                 f"interleaved-1f1b needs num_stages divisible by virtual_stages_per_rank "
                 f"(got {num_stages} stages, {virtual_stages_per_rank} per rank)"
             )
-        ranks = num_ranks_of(num_stages, virtual_stages_per_rank)
+        ranks = num_stages // virtual_stages_per_rank
         rounds = max(1, num_microbatches // ranks)
         if num_microbatches % rounds:
             raise PlannerInputError(

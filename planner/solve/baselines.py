@@ -26,55 +26,62 @@ and 3 of 6 layers on 3 stages is 0-1 | 2 | 3-5); a request none can meet is refu
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.kinds import SolverKind, ZeroStage
+from planner.artifacts.layout import Sharding
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.artifacts.errors import InfeasibleError, PlannerInputError
-from planner.solve.build import memory_cap_bytes
-from planner.solve.chain_dp import ChainSolution, inflight_counts
+from planner.schedule import inflight_counts
+from planner.simulation import simulate_iteration_ms
+from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.candidates import Candidate, Scored, stage_arrays
+from planner.solve.chain_dp import ChainSolution
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
-from planner.solve.search import (
+from planner.solve.select import build_best, select
+from planner.solve.settings import SETTINGS
+from planner.solve.space import (
     DP_SCHEDULES,
-    RESCORE_TOP,
-    Candidate,
     Config,
-    build_best,
     configurations,
+    layout_of,
     microbatch_sizes,
     num_devices_of,
     refuse_unmeetable,
     schedule_valid,
-    select,
-    stage_arrays,
 )
 
+
 def _recompute_if_needed(
-    cm: CostModel, bounds, b: int, ks, cap: float, allow: bool = True, shard: int = 1, zero: int = 0
+    cm: CostModel, bounds: Sequence[int], b: int, ks: Sequence[int], cap: float, allow: bool, sharding: Sharding
 ) -> list[tuple[int, ...]] | None:
     stops = list(bounds[1:]) + [cm.num_layers]
-    out = []
+    out: list[tuple[int, ...]] = []
     for s, (start, stop) in enumerate(zip(bounds, stops)):
-        if cm.stage_memory(start, stop, (), b, ks[s], shard, zero).total_bytes <= cap:
+        if cm.stage_memory(start, stop, (), b, ks[s], sharding).total_bytes <= cap:
             out.append(())
             continue
         everything = tuple(range(start, stop))
-        if allow and cm.stage_memory(start, stop, everything, b, ks[s], shard, zero).total_bytes <= cap:
+        if allow and cm.stage_memory(start, stop, everything, b, ks[s], sharding).total_bytes <= cap:
             out.append(everything)
         else:
             return None
     return out
 
 
-def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, name: str) -> Plan:
-    """The best plan (by simulation) that baseline ``name`` finds over all configurations."""
+def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, kind: SolverKind) -> Plan:
+    """The best plan (by simulation) that baseline ``kind`` finds over all configurations."""
+    name = kind.value
     num_devices = num_devices_of(cluster, request)
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     if not schedules:
         raise PlannerInputError(f"baseline {name!r} plans the gpipe and 1f1b schedules only "
                                 f"(asked: {', '.join(s.value for s in request.schedules)})")
-    if name == "data-parallel":
+    if kind is SolverKind.DATA_PARALLEL:
         if request.num_stages > 1 or request.fixed_boundaries:
             raise InfeasibleError(f"baseline 'data-parallel' plans one stage: it cannot honour "
                                   f"{'--stages ' + str(request.num_stages) if request.num_stages > 1 else '--fixed-boundaries'}")
@@ -82,52 +89,55 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, n
     cm = CostModel(profile, cluster, request.optimizer)
     cap = memory_cap_bytes(cluster, request)
     pairs = list(configurations(cm.num_layers, num_devices, request))
-    if name == "data-parallel":
+    if kind is SolverKind.DATA_PARALLEL:
         pairs = [(P, D) for P, D in pairs if P == 1]
     fixed = request.fixed_boundaries
     zero = min(request.zero_stages)  # the least sharding the request allows (0 unless it is excluded)
     cands: list[Candidate] = []
     for P, D in pairs:
         per_replica = request.global_batch // D
+        layout = layout_of(cm, P, D, 1, zero)
         for b in microbatch_sizes(request, per_replica):
             M = per_replica // b
-            bounds = (0,) if P == 1 else minmax_partition(honouring(WEIGHTS[name](cm, b, P, D), fixed), P)
+            bounds = (0,) if P == 1 else minmax_partition(honouring(WEIGHTS[kind](cm, b, P, D), fixed), P)
             if bounds is None or not set(fixed) <= set(bounds):
                 continue
             for schedule in schedules:
                 if not schedule_valid(schedule, P, M):
                     continue
-                ks = inflight_counts(schedule, P, M)
-                rc = _recompute_if_needed(cm, bounds, b, ks, cap, request.recompute, D if zero else 1, zero)
+                ks = inflight_counts(schedule, layout, M)
+                sharding = Sharding(zero, D) if zero else Sharding()
+                rc = _recompute_if_needed(cm, bounds, b, ks, cap, request.recompute, sharding)
                 if rc is None:
                     continue
-                cands.append(Candidate(Config(P, D, b, M, schedule, zero=zero), _solution(cm, bounds, rc, b, M, D)))
+                config = Config(layout, b, M, schedule)
+                cands.append(Candidate(config, _solution(cm, config, bounds, rc)))
     if not cands:
         raise InfeasibleError(f"baseline {name!r}: no configuration fits in {cap / 1024**3:.2f} GiB per device")
     scored = scored_by_simulation(cm, cands)
-    top = scored[:RESCORE_TOP]
-    on_all = [tc for tc in scored if tc[1].config.num_devices == num_devices]
+    top = scored[: SETTINGS.rescore_top]
+    on_all = [tc for tc in scored if tc[1].config.num_groups == num_devices]
     if on_all and not any(tc is on_all[0] for tc in top):
         top.append(on_all[0])  # the best on all the devices, which the plan table names
-    return select(build_best(cm, request, top, name, len(top)), request)
+    problem = Problem.of(profile, cluster, request, kind, num_devices)
+    return select(build_best(problem, cm, top, len(top)), request)
 
 
-def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[tuple[float, Candidate]]:
-    from planner.simulate import simulate_iteration_ms
-
+def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[Scored]:
     scored = [
         (simulate_iteration_ms(c.config.schedule, c.config.num_microbatches, **stage_arrays(cm, c)), c) for c in cands
     ]
-    scored.sort(key=lambda tc: (tc[0], tc[1].config.num_stages, -tc[1].config.microbatch_size, tc[1].config.schedule.value))
+    scored.sort(key=lambda tc: (tc[0], tc[1].config.pipeline_size, -tc[1].config.microbatch_size, tc[1].config.schedule.value))
     return scored
 
 
-def _solution(cm: CostModel, bounds, recompute, b: int, M: int, D: int) -> ChainSolution:
+def _solution(cm: CostModel, config: Config, bounds: Sequence[int], recompute: Sequence[tuple[int, ...]]) -> ChainSolution:
     """The chain objective J of a fixed partition (see :mod:`planner.solve.chain_dp`)."""
+    b, M = config.microbatch_size, config.num_microbatches
     stops = list(bounds[1:]) + [cm.num_layers]
     times = [
         cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(recompute[s], b)
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
-    comm = sum(2 * cm.boundary_transfer_ms(z, b, s, D) for s, z in enumerate(stops))
+    comm = sum(2 * cm.boundary_transfer_ms(z, b, s, config.layout) for s, z in enumerate(stops))
     return ChainSolution(sum(times) + comm + (M - 1) * max(times), tuple(bounds), tuple(recompute), tuple(times), True)

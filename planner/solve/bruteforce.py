@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import itertools
 
-from planner.artifacts.cluster import Cluster
-from planner.artifacts.plan import Plan
-from planner.artifacts.profile import Profile
-from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import link_of, p2p_ms
 from planner.artifacts.errors import PlannerInputError
-from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms, inflight_counts
-from planner.solve.search import search_plan
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.cost import link_of, p2p_ms
+from planner.schedule import inflight_counts
+from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms
 
 MAX_LAYERS = 12
 INF = float("inf")
@@ -31,7 +29,7 @@ def best_stage(table: StageTable, start: int, stop: int, inflight: int) -> tuple
     )
     best = (INF, ())
     for mask in masks:
-        if cm.stage_memory(start, stop, mask, b, inflight, table.shard, table.zero).total_bytes > table.cap:
+        if cm.stage_memory(start, stop, mask, b, inflight, table.sharding).total_bytes > table.cap:
             continue
         t = compute + cm.recompute_ms(mask, b)
         if t < best[0]:
@@ -40,14 +38,16 @@ def best_stage(table: StageTable, start: int, stop: int, inflight: int) -> tuple
 
 
 def solve_chain_bruteforce(
-    table: StageTable, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind
+    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
 ) -> ChainSolution | None:
-    cm, L, P, M, b = table.cm, table.L, num_stages, num_microbatches, table.b
+    """The least J of one configuration over every cut set and recompute mask (one stage per
+    rank: GPipe and 1F1B)."""
+    cm, L, P, M, b = table.cm, table.L, layout.num_stages, num_microbatches, table.b
     if L > MAX_LAYERS:
         raise PlannerInputError(f"brute force handles at most {MAX_LAYERS} layers (profile has {L})")
     if P > L:
         return None
-    ks = inflight_counts(schedule, P, M)
+    ks = inflight_counts(schedule, layout, M)
     best: ChainSolution | None = None
     for cuts in itertools.combinations(range(1, L), P - 1):
         bounds = (0, *cuts)
@@ -59,17 +59,13 @@ def solve_chain_bruteforce(
             continue
         comm = 0.0
         for s, z in enumerate(stops[:-1]):
-            bw, lat = link_of(cm.cluster, s * dp_degree, (s + 1) * dp_degree)
+            bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
             comm += 2.0 * p2p_ms(float(cm.cut_bytes_per_sample[z]) * b, bandwidth_gb_per_s=bw, latency_us=lat)
         times = [t for t, _ in stages]
         exposed = sum(
-            exposed_allreduce_ms(cm, a, z, s, dp_degree, b, zero=table.zero) for s, (a, z) in enumerate(zip(bounds, stops))
+            exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops))
         )
         value = sum(times) + comm + exposed + (M - 1) * max(times)
         if best is None or value < best.objective_ms:
             best = ChainSolution(value, bounds, tuple(m for _, m in stages), tuple(times), True)
     return best
-
-
-def solve_plan(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
-    return search_plan(profile, cluster, request, solver="brute-force", chain_solver=solve_chain_bruteforce)

@@ -1,32 +1,49 @@
-"""Assemble a Plan from a partition: price every stage with the cost model, then replay the
-schedule in the event simulator for the plan's ``predicted`` figures."""
+"""Assemble a Plan from a partition under a layout: price every stage with the cost model,
+then replay the schedule in the event simulator for the plan's ``predicted`` figures."""
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 from planner import __version__
 from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster, cluster_to_json
+from planner.artifacts.kinds import ScheduleKind, SolverKind
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance
-from planner.artifacts.profile import profile_to_json
-from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.profiling.analytic.gpt import model_flops_per_sample
-from planner.simulate.bounds import machine_bound_ms
-from planner.cost import CostModel, layout_ranks
-from planner.solve.chain_dp import inflight_counts
+from planner.artifacts.profile import Profile, profile_to_json
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.cost.tensor_parallel import base_cluster, device_cost_model
+from planner.profiling.analytic.flops import model_flops_per_sample
+from planner.schedule import inflight_counts
+from planner.simulation.bounds import machine_bound_ms
+from planner.simulation.predict import predict
 
 
-_SHAS: "weakref.WeakKeyDictionary[CostModel, tuple[str, str]]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    """What plans are built for and record: the model and cluster as given (provenance, the
+    machine bound, model FLOPs), the request, the solver, and the devices it had."""
 
+    profile: Profile
+    cluster: Cluster
+    request: PlanRequest
+    solver: SolverKind
+    devices_available: int
+    profile_sha256: str
+    cluster_sha256: str
 
-def artifact_shas(cm: CostModel) -> tuple[str, str]:
-    """sha256 of the canonical JSON of the profile and the cluster (computed once per model)."""
-    if cm not in _SHAS:
-        _SHAS[cm] = (codec.sha256_of(profile_to_json(cm.profile)), codec.sha256_of(cluster_to_json(cm.cluster)))
-    return _SHAS[cm]
+    @classmethod
+    def of(
+        cls, profile: Profile, cluster: Cluster, request: PlanRequest, solver: SolverKind, devices_available: int
+    ) -> "Problem":
+        return cls(
+            profile=profile, cluster=cluster, request=request, solver=solver, devices_available=devices_available,
+            profile_sha256=codec.sha256_of(profile_to_json(profile)), cluster_sha256=codec.sha256_of(cluster_to_json(cluster)),
+        )
 
 
 def memory_cap_bytes(cluster: Cluster, request: PlanRequest) -> int:
@@ -37,49 +54,35 @@ def memory_cap_bytes(cluster: Cluster, request: PlanRequest) -> int:
 
 
 def build_plan(
+    problem: Problem,
     cm: CostModel,
-    request: PlanRequest,
     *,
+    layout: Layout,
     boundaries: Sequence[int],
     recompute: Sequence[Sequence[int]],
-    dp_degree: int,
     microbatch_size: int,
     schedule: ScheduleKind,
-    solver: str,
-    virtual_stages_per_rank: int = 1,
-    zero: int = 0,
-    replicas: Sequence[int] = (),
 ) -> Plan:
-    """A complete Plan (stages priced, predictions from the simulator) for one partition.
-
-    ``boundaries`` are the stage start layers (the first is 0); ``recompute`` the recomputed
-    layer indices of each stage; ``zero`` the ZeRO stage; ``replicas`` each stage's copies
-    inside the pipeline (per-stage replication, with ``dp_degree`` 1; empty: one each).
-    """
-    profile, cluster = cm.profile, cm.cluster
-    num_stages = len(boundaries)
-    global_batch = request.global_batch
-    num_microbatches = global_batch // (dp_degree * microbatch_size)
-    v = virtual_stages_per_rank
-    pr = num_stages // v if v > 1 else 0
-    reps = tuple(replicas) if replicas and max(replicas) > 1 else ()
-    ks = inflight_counts(schedule, num_stages, num_microbatches, v, reps)
-    layout = layout_ranks(num_stages, dp_degree, pr, reps)
+    """A complete Plan (stages priced by ``cm`` under ``layout``, predictions from the
+    simulator) for one partition: ``boundaries`` are the stage start layers (the first is 0),
+    ``recompute`` the recomputed layer indices of each stage."""
+    request = problem.request
+    num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
+    ks = inflight_counts(schedule, layout, num_microbatches)
     stops = list(boundaries[1:]) + [cm.num_layers]
-    cap = memory_cap_bytes(cluster, request)
+    cap = memory_cap_bytes(cm.cluster, request)
     stages = []
     for s, (start, stop) in enumerate(zip(boundaries, stops)):
         rc = tuple(sorted(recompute[s]))
-        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, dp_degree, pr, zero=zero,
-                             ranks=layout if reps else None)
+        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, layout)
         stages.append(
             PlanStage(
                 stage_idx=s,
                 layer_start=start,
                 layer_stop=stop,
-                layer_names=profile.layer_names[start:stop],
-                ranks=layout[s],
-                replicas=reps[s] if reps else 1,
+                layer_names=problem.profile.layer_names[start:stop],
+                ranks=layout.stage_ranks(s),
+                replicas=layout.replicas_of(s),
                 recompute=rc,
                 inflight_microbatches=ks[s],
                 activation_bytes_per_microbatch=cost.activation_bytes_per_microbatch,
@@ -94,41 +97,51 @@ def build_plan(
                 memory_cap_bytes=cap,
             )
         )
+    profile, cluster = problem.profile, problem.cluster
     provenance = Provenance(
         model=profile.model,
-        profile_sha256=artifact_shas(cm)[0],
+        profile_sha256=problem.profile_sha256,
         cluster_name=cluster.name,
-        cluster_sha256=artifact_shas(cm)[1],
+        cluster_sha256=problem.cluster_sha256,
         planner_version=__version__,
-        solver=solver,
+        solver=problem.solver,
         request=request,
         fingerprint_sha256=profile.fingerprint_sha256,
     )
     draft = Plan(
         provenance=provenance,
-        num_stages=num_stages,
-        dp_degree=dp_degree,
+        layout=layout,
         num_microbatches=num_microbatches,
         microbatch_size=microbatch_size,
-        global_batch=global_batch,
+        global_batch=request.global_batch,
         schedule=schedule,
-        virtual_stages_per_rank=v,
-        zero=zero,
         dtype=profile.dtype,
-        optimizer=request.optimizer.value,
+        optimizer=request.optimizer,
+        devices_available=problem.devices_available,
         stages=tuple(stages),
         predicted=Prediction.unset(max(st.memory_total_bytes for st in stages)),
     )
-    num_devices = draft.num_devices
     draft = dataclasses.replace(
         draft,
         predicted=dataclasses.replace(
             draft.predicted,
-            machine_bound_ms=machine_bound_ms(profile, cluster, global_batch, num_devices),
-            model_flops_per_iteration=model_flops_per_sample(profile) * global_batch,
+            machine_bound_ms=machine_bound_ms(profile, cluster, request.global_batch, layout.world_size),
+            model_flops_per_iteration=model_flops_per_sample(profile) * request.global_batch,
             device_peak_tflops=cluster.peak_tflops,
         ),
     )
-    from planner.simulate import predict
-
     return dataclasses.replace(draft, predicted=predict(draft))
+
+
+def rebuild_plan(
+    profile: Profile, cluster: Cluster, request: PlanRequest, *, layout: Layout, boundaries: Sequence[int],
+    recompute: Sequence[Sequence[int]], microbatch_size: int, schedule: ScheduleKind, solver: SolverKind,
+) -> Plan:
+    """A plan of a given layout and partition priced from scratch (calibration re-prices plans
+    this way): the cost model of one device of ``layout``'s tensor-parallel group."""
+    n = layout.world_size
+    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, layout.tp_degree,
+                           layout.sequence_parallel)
+    problem = Problem.of(profile, cluster, request, solver, request.num_devices or n)
+    return build_plan(problem, cm, layout=layout, boundaries=boundaries, recompute=recompute,
+                      microbatch_size=microbatch_size, schedule=schedule)

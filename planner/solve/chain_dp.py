@@ -30,52 +30,15 @@ vectorised min over an ``(L + 1) x (L + 1)`` matrix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 
-from planner.artifacts.request import ScheduleKind
-from planner.cost import CostModel, allreduce_line, link_of, p2p_ms, pipeline_rank, stage_ranks
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout, Sharding
+from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
+from planner.schedule import inflight_counts
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
-
-
-def inflight_counts(
-    schedule: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1,
-    replicas: Sequence[int] = (),
-) -> tuple[int, ...]:
-    """Micro-batches whose activations one device of stage ``s`` holds at its peak (DESIGN.md
-    sec. 5): M for GPipe, min(P - s, M) for 1F1B; for interleaved 1F1B counted on the schedule
-    itself (forwards done minus backwards done, per virtual stage, along its rank's order);
-    replicated per stage (``replicas``), each copy's share: M / R_s for GPipe, its 1F1B warm-up
-    (:func:`planner.schedule.replicated_warmup`)."""
-    if replicas:
-        from planner.schedule import replicated_warmup
-
-        reps = tuple(replicas)
-        if schedule is ScheduleKind.GPIPE:
-            return tuple(num_microbatches // d for d in reps)
-        return tuple(replicated_warmup(reps, s, num_microbatches) for s in range(len(reps)))
-    if schedule is ScheduleKind.GPIPE:
-        return tuple(num_microbatches for _ in range(num_stages))
-    if schedule is ScheduleKind.ONE_F_ONE_B:
-        return tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
-    return _counted_inflight(schedule, num_stages, num_microbatches, virtual_stages_per_rank)
-
-
-@lru_cache(maxsize=256)
-def _counted_inflight(schedule: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:
-    from planner.schedule import build_schedule
-    from planner.schedule.actions import ActionKind
-
-    live = [0] * num_stages
-    peak = [0] * num_stages
-    for order in build_schedule(schedule, num_stages, num_microbatches, v):
-        for action in order:
-            s = action.stage_idx
-            live[s] += 1 if action.kind is ActionKind.FORWARD else -1
-            peak[s] = max(peak[s], live[s])
-    return tuple(peak)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +52,8 @@ class ChainSolution:
 
 class StageTable:
     """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
-    memory cap and ZeRO sharding (stage ``zero`` over ``shard`` ranks per stage), per in-flight
-    count ``k``; shared across P and schedules."""
+    memory cap and division of the model state (``sharding``), per in-flight count ``k``;
+    shared across P and schedules."""
 
     def __init__(
         self,
@@ -100,13 +63,11 @@ class StageTable:
         fixed_boundaries: Sequence[int] = (),
         allow_recompute: bool = True,
         *,
-        shard: int = 1,
-        zero: int = 0,
+        sharding: Sharding = Sharding(),
     ):
         self.cm = cm
         self.allow_recompute = allow_recompute
-        self.shard = shard
-        self.zero = zero
+        self.sharding = sharding
         self.b = microbatch_size
         self.cap = cap_bytes
         L = cm.num_layers
@@ -127,8 +88,8 @@ class StageTable:
             for layer in tie.layers:
                 inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
             params -= np.maximum(inside - 1, 0) * tie.param_count
-        self.kappa = sum(cm.state_bytes_per_param(shard, zero))
-        self.sync_bytes_per_param = cm.sync_bytes_per_param(zero)
+        self.kappa = sum(cm.state_bytes_per_param(sharding))
+        self.sync_bytes_per_param = cm.sync_bytes_per_param(sharding.zero)
         cut = cm.cut_bytes_per_sample
         self.static = params * self.kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
         self.sync_bytes = params * self.sync_bytes_per_param
@@ -219,26 +180,24 @@ class StageTable:
         return tuple(entry[0] + l for l in entry[1].layers) if entry else ()
 
 
-def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, dp_degree: int,
-                         microbatch_size: int, pipeline_ranks: int = 0, zero: int = 0,
-                         ranks: Sequence[int] | None = None) -> float:
+def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, layout: Layout,
+                         microbatch_size: int) -> float:
     """``X_s``: the stage's gradient synchronisation (all-reduce, or ZeRO's reduce-scatter +
     all-gather: a line in its sync bytes) less the backward work of the layers before it (the
     objective's proxy for what the pipeline cannot hide)."""
-    own = ranks if ranks is not None else stage_ranks(stage_idx, dp_degree, pipeline_ranks)
-    per_byte, fixed = allreduce_line(cm.cluster, own)
+    per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(stage_idx))
     if per_byte == 0.0 and fixed == 0.0:
         return 0.0
     _, bp = cm.time_prefix(microbatch_size)
-    sync = cm.stage_param_count(start, stop) * cm.sync_bytes_per_param(zero)
+    sync = cm.stage_param_count(start, stop) * cm.sync_bytes_per_param(layout.zero)
     return max(0.0, per_byte * sync + fixed - float(bp[start]))
 
 
-def _exposure_matrices(table: "StageTable", num_stages: int, dp_degree: int, pipeline_ranks: int) -> list[np.ndarray]:
+def _exposure_matrices(table: "StageTable", layout: Layout) -> list[np.ndarray]:
     """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`)."""
     out = []
-    for s in range(num_stages):
-        per_byte, fixed = allreduce_line(table.cm.cluster, stage_ranks(s, dp_degree, pipeline_ranks))
+    for s in range(layout.num_stages):
+        per_byte, fixed = allreduce_line(table.cm.cluster, layout.dp_group(s))
         if per_byte == 0.0 and fixed == 0.0:
             out.append(np.zeros_like(table.sync_bytes))
         else:
@@ -246,17 +205,15 @@ def _exposure_matrices(table: "StageTable", num_stages: int, dp_degree: int, pip
     return out
 
 
-def _comm_vectors(cm: CostModel, num_stages: int, dp_degree: int, b: int, pipeline_ranks: int = 0) -> list[np.ndarray]:
+def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
     """c_s(j): forward + backward transfer across the cut before layer j after stage s."""
     out = []
     cut = cm.cut_bytes_per_sample
-    for s in range(num_stages):
-        if s == num_stages - 1:
+    for s in range(layout.num_stages):
+        if s == layout.num_stages - 1:
             out.append(np.zeros(cm.num_layers + 1))
             continue
-        src = pipeline_rank(s, pipeline_ranks) * dp_degree
-        dst = pipeline_rank(s + 1, pipeline_ranks) * dp_degree
-        bw, lat = link_of(cm.cluster, src, dst)
+        bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
         vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
         out.append(vec)
     return out
@@ -324,30 +281,24 @@ def _minimize(
 
 
 def solve_chain(
-    table: StageTable,
-    *,
-    num_stages: int,
-    dp_degree: int,
-    num_microbatches: int,
-    schedule: ScheduleKind,
-    virtual_stages_per_rank: int = 1,
+    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
 ) -> ChainSolution | None:
     """The exact minimum of J for one configuration, or None if nothing fits.
 
-    Interleaved 1F1B (``virtual_stages_per_rank = v > 1``, ``num_stages = P v``): the same DP
-    over the P v virtual stages with their counted in-flight micro-batches, and M replaced by
-    ``v (M - P) + P``, for which J equals the schedule's ``(M v + P - 1) t`` on uniform chunks
-    of time t; the simulator then judges it. The caller gives each chunk cap / v of memory.
+    Interleaved 1F1B (``layout.virtual_stages_per_rank = v > 1``, ``num_stages = P v``): the
+    same DP over the P v virtual stages with their counted in-flight micro-batches, and M
+    replaced by ``v (M - P) + P``, for which J equals the schedule's ``(M v + P - 1) t`` on
+    uniform chunks of time t; the simulator then judges it. The caller gives each chunk cap / v
+    of memory.
     """
-    cm, L, P, v = table.cm, table.L, num_stages, virtual_stages_per_rank
+    cm, L, P, v = table.cm, table.L, layout.num_stages, layout.virtual_stages_per_rank
     if P > L:
         return None
-    ks = inflight_counts(schedule, P, num_microbatches, v)
-    ranks = P // v
+    ks = inflight_counts(schedule, layout, num_microbatches)
+    ranks = layout.pipeline_size
     M = num_microbatches if v == 1 else max(1, v * (num_microbatches - ranks) + ranks)
-    pr = ranks if v > 1 else 0
-    comm = _comm_vectors(cm, P, dp_degree, table.b, pr)
-    exposure = _exposure_matrices(table, P, dp_degree, pr)
+    comm = _comm_vectors(cm, layout, table.b)
+    exposure = _exposure_matrices(table, layout)
     extra = [comm[s][None, :] + exposure[s] for s in range(P)]
     fwd, bwd = table.cm.layer_times(table.b)
     cap_lb = max(float(np.max(fwd + bwd)), float(table.compute[0, L]) / P)

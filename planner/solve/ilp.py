@@ -26,32 +26,31 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
-from planner.artifacts.cluster import Cluster
-from planner.artifacts.plan import Plan
-from planner.artifacts.profile import Profile
-from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import allreduce_line, link_of, p2p_ms, stage_ranks
-from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms, inflight_counts
-from planner.solve.search import search_plan
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.cost import allreduce_line, link_of, p2p_ms
+from planner.schedule import inflight_counts
+from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms
 
 NS_PER_MS = 1_000_000
 TIME_LIMIT_S = 60.0
 
 
 def solve_chain_ilp(
-    table: StageTable, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind
+    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
 ) -> ChainSolution | None:
-    cm, L, P, M, b = table.cm, table.L, num_stages, num_microbatches, table.b
+    """The least J of one configuration as a CP-SAT model (one stage per rank: GPipe and 1F1B)."""
+    cm, L, P, M, b = table.cm, table.L, layout.num_stages, num_microbatches, table.b
     if P > L:
         return None
-    ks = inflight_counts(schedule, P, M)
+    ks = inflight_counts(schedule, layout, M)
     fwd, bwd = cm.layer_times(b)
     saved = [float(v) * b for v in cm.saved_per_sample]
     inp = [float(v) * b for v in cm.input_per_sample]
     cut = [float(c) * b for c in cm.cut_bytes_per_sample]
     # bytes of model state per parameter, ZeRO-sharded as the table says: a fraction with the
     # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
-    scale = table.shard if table.zero else 1
+    scale = table.sharding.ranks if table.sharding.zero else 1
     kappa = int(round(table.kappa * scale))
     m = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
@@ -100,7 +99,7 @@ def solve_chain_ilp(
         state = params * kappa - sum(c * kappa * d for c, d in dup_terms)
         mem = 0
         # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
-        per_byte, fixed = allreduce_line(cm.cluster, stage_ranks(s, dp_degree))
+        per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(s))
         if per_byte or fixed:
             ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
             ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
@@ -122,7 +121,7 @@ def solve_chain_ilp(
             act += ws
         m.add(state + scale * (mem + act) <= int(table.cap) * scale)
         if s < P - 1:
-            bw, lat = link_of(cm.cluster, s * dp_degree, (s + 1) * dp_degree)
+            bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
             comms.append(
                 sum(
                     int(round(2 * p2p_ms(cut[l + 1], bandwidth_gb_per_s=bw, latency_us=lat) * NS_PER_MS)) * last[s][l]
@@ -147,8 +146,8 @@ def solve_chain_ilp(
         cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(recompute[s], b)
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
-    comm = sum(2 * cm.boundary_transfer_ms(z, b, s, dp_degree) for s, z in enumerate(stops))
-    exposed = sum(exposed_allreduce_ms(cm, a, z, s, dp_degree, b, zero=table.zero) for s, (a, z) in enumerate(zip(bounds, stops)))
+    comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops))
+    exposed = sum(exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
     objective = sum(t_float) + comm + exposed + (M - 1) * max(t_float)
     return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL)
 
@@ -157,7 +156,3 @@ def table_fixed(table: StageTable) -> list[int]:
     """Layer indices where a stage must start (from the table's validity mask)."""
     L = table.L
     return [f for f in range(1, L) if not table.valid[f - 1, f + 1]] if L > 1 else []
-
-
-def solve_plan(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
-    return search_plan(profile, cluster, request, solver="ilp", chain_solver=solve_chain_ilp)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 
-from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import CostModel
 from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
 from planner.solve.chain_dp import StageTable, solve_chain
+from planner.solve.space import layout_of
 
 
 def _fits(cm: CostModel, request: PlanRequest, cap: float, P: int, b: int, recompute: bool) -> bool:
     table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute)
     M = max(1, request.global_batch // b)
-    return solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=M, schedule=_leanest(P, M)) is not None
+    return solve_chain(table, layout=layout_of(cm, P), num_microbatches=M, schedule=_leanest(P, M)) is not None
 
 
 def _leanest(P: int, M: int) -> ScheduleKind:
@@ -60,7 +62,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
         return InfeasibleError("no partition of this profile fits any memory cap (check the profile's sizes)")
     table = StageTable(cm, b, need, request.fixed_boundaries, allow_recompute=request.recompute)
     M = max(1, request.global_batch // b)
-    sol = solve_chain(table, num_stages=P, dp_degree=1, num_microbatches=M, schedule=_leanest(P, M))
+    sol = solve_chain(table, layout=layout_of(cm, P), num_microbatches=M, schedule=_leanest(P, M))
     tight = ""
     if sol is not None:
         stops = list(sol.boundaries[1:]) + [cm.num_layers]

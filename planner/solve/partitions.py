@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from planner.artifacts.kinds import SolverKind
 from planner.cost import CostModel, link_of, p2p_ms
 
 # weights(cm, b, P, D) -> per-(i, j) stage weight matrix whose max over stages is minimised
@@ -74,7 +75,8 @@ def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
 def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
     fwd, bwd = cm.layer_times(b)
     compute = _prefix_weight(fwd + bwd)
-    bw, lat = link_of(cm.cluster, 0, D) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
+    # between the first devices of pipeline ranks 0 and 1 (D tensor-parallel groups apart)
+    bw, lat = link_of(cm.cluster, 0, D * cm.tp_degree) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
     comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cm.cut_bytes_per_sample])
     comm = comm_in[:, None] + comm_in[None, :]
     params = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param
@@ -85,11 +87,11 @@ def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
     return np.maximum(compute, comm) + sync
 
 
-WEIGHTS: dict[str, WeightFn] = {
-    "uniform": _uniform,
-    "parameters": _parameters,
-    "time-balanced": _time,
-    "pipedream": _pipedream,
+WEIGHTS: dict[SolverKind, WeightFn] = {
+    SolverKind.UNIFORM: _uniform,
+    SolverKind.PARAMETERS: _parameters,
+    SolverKind.TIME_BALANCED: _time,
+    SolverKind.PIPEDREAM: _pipedream,
 }
 
 

@@ -45,36 +45,18 @@ its input's gradient is all-reduced in backward (the cross entropy's per-token a
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
 from typing import Any
 
-from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, profile_fingerprint
-from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import Layer, Profile
+from planner.profiling.analytic.common import (
+    BYTES_PER_ACT,
+    DEVICE_PRESETS,
+    analytic_layer,
+    assemble,
+    device_rates,
+    megatron_split,
+)
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DevicePreset:
-    name: str
-    peak_bf16_tflops: float
-    hbm_gb_per_s: float
-    source: str
-
-
-DEVICE_PRESETS: dict[str, DevicePreset] = {
-    "a100-80gb": DevicePreset(
-        name="NVIDIA A100-SXM4-80GB",
-        peak_bf16_tflops=312.0,
-        hbm_gb_per_s=2039.0,
-        source="NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core; 2,039 GB/s HBM2e (80GB SXM)",
-    ),
-    "h100-80gb": DevicePreset(
-        name="NVIDIA H100-SXM5-80GB",
-        peak_bf16_tflops=989.0,
-        hbm_gb_per_s=3350.0,
-        source="NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core, 3.35 TB/s HBM3 (SXM5)",
-    ),
-}
 
 # GPT-3 family, Brown et al. 2020 ("Language Models are Few-Shot Learners"), table 2.1.
 GPT3_SIZES: dict[str, dict[str, int]] = {
@@ -85,10 +67,6 @@ GPT3_SIZES: dict[str, dict[str, int]] = {
     "gpt3-13b": dict(layers=40, hidden=5120, heads=40, seq=2048, vocab=50257),
     "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
 }
-
-BYTES_PER_PARAM = 2  # bf16
-BYTES_PER_ACT = 2  # bf16 activations
-
 
 def block_fwd_flops(seq: int, hidden: int) -> float:
     """Forward FLOPs of one transformer block per sample: ``24 s h^2 + 4 s^2 h`` (Narayanan et
@@ -113,96 +91,6 @@ def transformer_config(profile: Profile) -> dict[str, int] | None:
     return None
 
 
-def model_flops_per_sample(profile: Profile) -> float:
-    """Model FLOPs of one training sample (forward + backward, no recomputation) of a GPT-style
-    decoder, 0 when the profile is not one: ``3 x (l (24 s h^2 + 4 s^2 h) + 2 s h V)`` =
-    ``72 s l h^2 (1 + s / 6h + V / 12 l h)`` -- Narayanan et al. 2021 eq. 3 without its
-    recomputation forward (their 96 becomes 72), which is the "model FLOPs" of MFU
-    (Chowdhery et al. 2022, PaLM, appendix B: recomputation is not counted). Analytic Llama
-    profiles (``metadata["architecture"] == "llama"``) count with :mod:`planner.profiling.analytic.llama`."""
-    if profile.metadata.get("architecture") == "llama":
-        from planner.profiling.analytic.llama import model_flops_per_sample as llama_flops
-
-        return llama_flops(profile.metadata)
-    cfg = transformer_config(profile)
-    if cfg is None:
-        return 0.0
-    s, h = cfg["seq"], cfg["hidden"]
-    return 3.0 * (cfg["layers"] * block_fwd_flops(s, h) + head_fwd_flops(s, h, cfg["vocab"]))
-
-
-def _layer(
-    name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, tp: TensorSplit | None = None,
-    bytes_per_ms: float = math.inf, **kw: float,
-) -> Layer:
-    """One analytic layer: matmul time ``flops / flops_per_ms`` plus memory-bound time, its saved
-    bytes ``kw["saved"] / bytes_per_ms`` in forward and twice that in backward (see the module
-    docstring); a ``tp`` split's time fraction is the share of both that divides by t."""
-    saved = float(kw["saved"])
-    mem_fwd = saved / bytes_per_ms
-    fwd_ms = fwd_flops / flops_per_ms + mem_fwd
-    if tp is not None and fwd_ms > 0:
-        tp = replace(tp, split_time_fraction=(fwd_flops / flops_per_ms + tp.split_saved_bytes_per_sample / bytes_per_ms) / fwd_ms)
-    return Layer(
-        name=name,
-        kind=kind,
-        fwd=TimeFit(intercept_ms=0.0, per_sample_ms=fwd_ms),
-        bwd=TimeFit(intercept_ms=0.0, per_sample_ms=bwd_flops / flops_per_ms + 2.0 * mem_fwd),
-        param_count=int(kw["param_count"]),
-        param_bytes=int(kw["param_count"]) * BYTES_PER_PARAM,
-        saved_bytes_per_sample=float(kw["saved"]),
-        input_bytes_per_sample=float(kw["inp"]),
-        output_bytes_per_sample=float(kw["out"]),
-        tp=tp,
-    )
-
-
-def _device_rates(device_preset: str, efficiency: float) -> tuple[DevicePreset, float, float]:
-    """The preset, its matmul FLOPs per ms at ``efficiency`` and its HBM bytes per ms."""
-    if not 0 < efficiency <= 1:
-        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
-    if device_preset not in DEVICE_PRESETS:
-        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
-    device = DEVICE_PRESETS[device_preset]
-    return device, device.peak_bf16_tflops * 1e12 * efficiency / 1e3, device.hbm_gb_per_s * 1e9 / 1e3
-
-
-def _split(
-    act_bytes: float, params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()
-) -> TensorSplit:
-    """Megatron's split of an analytic layer: every counted FLOP divides (the time fraction is
-    refined by :func:`_layer`), collectives of the ``act_bytes`` activation."""
-    return TensorSplit(
-        must_divide=divide, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
-        collective_bytes_per_sample=act_bytes, collectives_fwd=fwd, collectives_bwd=bwd,
-    )
-
-
-def _assemble(
-    *, model: str, device: DevicePreset, layers: list[Layer], tied_params: int, metadata: dict[str, Any]
-) -> Profile:
-    """An analytic chain profile: consecutive layers joined by their outputs, the embedding
-    and head tying ``tied_params`` parameters (0: untied)."""
-    n = len(layers)
-    return Profile(
-        model=model,
-        source="analytic",
-        device=device.name,
-        dtype="bfloat16",
-        microbatch_sizes=(1,),
-        versions={},
-        metadata=metadata,
-        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
-        layers=tuple(layers),
-        edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
-        tied=(
-            (TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=tied_params,
-                        param_bytes=tied_params * BYTES_PER_PARAM),)
-            if tied_params else ()
-        ),
-    )
-
-
 def gpt_profile(
     *,
     layers: int,
@@ -219,35 +107,35 @@ def gpt_profile(
         raise PlannerInputError("--layers, --hidden, --heads, --seq and --vocab must all be >= 1")
     if hidden % heads:
         raise PlannerInputError(f"--hidden {hidden} is not divisible by --heads {heads}")
-    device, flops_per_ms, bytes_per_ms = _device_rates(device_preset, efficiency)
+    device, flops_per_ms, bytes_per_ms = device_rates(device_preset, efficiency)
     s, h, a, V = seq, hidden, heads, vocab
     act_in = BYTES_PER_ACT * s * h
     block_fwd, head_fwd = block_fwd_flops(s, h), head_fwd_flops(s, h, V)
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
-        return _split(act_in, params, saved, fwd, bwd, divide)
+        return megatron_split(act_in, params, saved, fwd, bwd, divide)
 
     out: list[Layer] = [
-        _layer(
+        analytic_layer(
             "embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
             param_count=V * h + s * h, saved=8.0 * s, inp=8.0 * s, out=act_in,
         )
     ]
     for i in range(layers):
         out.append(
-            _layer(
+            analytic_layer(
                 f"block_{i}", "TransformerBlock", block_fwd, 2 * block_fwd, flops_per_ms,
                 split(12 * h * h + 7 * h, 24.0 * s * h + 5.0 * a * s * s, 2, 2, (a,)), bytes_per_ms,
                 param_count=12 * h * h + 13 * h, saved=s * h * (34.0 + 5.0 * a * s / h), inp=act_in, out=act_in,
             )
         )
     out.append(
-        _layer(
+        analytic_layer(
             "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
             param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
         )
     )
-    return _assemble(
+    return assemble(
         model=model or f"gpt-l{layers}-h{hidden}-a{heads}-s{s}-v{V}",
         device=device,
         layers=out,

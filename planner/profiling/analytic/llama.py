@@ -4,7 +4,7 @@ For models too big to build here (Llama-3-8B, Llama-3-70B): the shape is read fr
 ``config.json`` that ``--model hf:CONFIG`` builds, and every layer's FLOPs, parameters and
 saved activations come from the formulas below; time is priced on a device preset exactly as
 :mod:`planner.profiling.analytic.gpt` prices GPT (matmul FLOPs at the preset's bf16 peak x efficiency, plus
-the memory-bound time of the bytes saved for backward, via its ``_layer``).
+the memory-bound time of the bytes saved for backward, via its ``analytic_layer``).
 
 Layers: ``embed`` (token embedding, no position embedding: rotary), ``block_0 ..
 block_{L-1}``, ``head`` (final RMSNorm + LM head; untied unless ``tie_word_embeddings``).
@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.profiling.analytic.gpt import BYTES_PER_ACT, _assemble, _device_rates, _layer, _split
+from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
 from planner.artifacts.profile import Layer, Profile, TensorSplit
 from planner.artifacts.errors import PlannerInputError
 
@@ -204,7 +204,7 @@ def llama_profile(
 ) -> Profile:
     """An analytic Profile of a Llama-style config on a device preset (module docstring)."""
     shape = llama_shape(config, seq)
-    device, flops_per_ms, bytes_per_ms = _device_rates(device_preset, efficiency)
+    device, flops_per_ms, bytes_per_ms = device_rates(device_preset, efficiency)
     s, h, V = shape.seq, shape.hidden, shape.vocab
     act = BYTES_PER_ACT * s * h
     block_params, block_matmul = shape.block_params()
@@ -212,24 +212,24 @@ def llama_profile(
     block_fwd, head_fwd = shape.block_fwd_flops(), shape.head_fwd_flops()
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
-        return _split(act, params, saved, fwd, bwd, divide)
+        return megatron_split(act, params, saved, fwd, bwd, divide)
 
     layers: list[Layer] = [
-        _layer("embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
+        analytic_layer("embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
                param_count=V * h, saved=8.0 * s, inp=8.0 * s, out=act)
     ]
     for i in range(shape.layers):
         layers.append(
-            _layer(f"block_{i}", "LlamaDecoderLayer", block_fwd, 2 * block_fwd, flops_per_ms,
+            analytic_layer(f"block_{i}", "LlamaDecoderLayer", block_fwd, 2 * block_fwd, flops_per_ms,
                    split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)), bytes_per_ms,
                    param_count=block_params, saved=block_saved, inp=act, out=act)
         )
     layers.append(
-        _layer("head", "RMSNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
+        analytic_layer("head", "RMSNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
                param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0)
     )
     ours, rule, ratio = flops_per_token(shape)
-    return _assemble(
+    return assemble(
         model=model or f"llama-l{shape.layers}-h{h}-a{shape.heads}-k{shape.kv_heads}-i{shape.intermediate}-s{s}-v{V}",
         device=device,
         layers=layers,

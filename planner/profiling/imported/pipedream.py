@@ -28,6 +28,7 @@ import networkx as nx
 
 from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import DType
 
 FP32_BYTES = 4
 # bytes per sample of an fp32 RGB image input at the sizes PipeDream's image models use
@@ -244,7 +245,7 @@ def to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile:
         model=name,
         source="pipedream",
         device="gpu (PipeDream published profile)",
-        dtype="float32",
+        dtype=DType.FLOAT32,
         microbatch_sizes=(batch_size,),
         metadata={
             "source_file": Path(graph.source).name,

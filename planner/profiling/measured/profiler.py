@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoint
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import DType
 from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
 from planner.profiling.measured.contract import check_layer_contract
@@ -184,7 +185,7 @@ def profile_model(
         model=work.name,
         source="measured",
         device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        dtype=dtype,
+        dtype=DType(dtype),
         microbatch_sizes=tuple(sizes),
         versions=_versions(),
         metadata=metadata,

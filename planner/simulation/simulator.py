@@ -40,13 +40,13 @@ from functools import lru_cache
 from typing import Sequence
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.plan import Plan, Prediction
+from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
-from planner.artifacts.request import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
-from planner.schedule import ActionKind, Schedule, build_replicated_schedule, build_schedule, validate_schedule
+from planner.schedule import ActionKind, build_schedule, layout_schedule, validate_schedule
 from planner.schedule.build import check_replicated_rules, replicated_triples
-from planner.simulate.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
+from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
     "ActionTiming",
@@ -56,19 +56,12 @@ __all__ = [
     "StageTimeline",
     "Timeline",
     "check_schedule",
-    "predict",
     "simulate",
     "simulate_iteration_ms",
 ]
 
 
 # ---------------------------------------------------------------- the core replay
-
-
-def _orders(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...]) -> Schedule:
-    if replicas:
-        return build_replicated_schedule(kind, replicas, num_microbatches)
-    return build_schedule(kind, num_stages, num_microbatches, v)
 
 
 @lru_cache(maxsize=256)
@@ -256,9 +249,9 @@ def simulate(
     ``optimizer_ms`` is the optimizer step of one rank (0: the Plan has no such field).
     """
     _check_context(plan, profile, cluster)
-    kind, n, m, v = plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank
-    reps = plan.stage_replicas if plan.replicated_per_stage else ()
-    schedule = _orders(kind, n, m, v, reps)
+    kind, n, m, v = plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank
+    reps = plan.layout.stage_replicas
+    schedule = layout_schedule(kind, plan.layout, m)
     orders = _encoded(kind, n, m, v, reps)
     st = plan.stages
     fwd = [s.fwd_ms for s in st]
@@ -311,15 +304,13 @@ def simulate(
         for s in range(n)
     )
     return Timeline(
-        schedule=kind, num_stages=n, num_ranks=num_ranks, num_microbatches=m, virtual_stages_per_rank=v,
+        schedule=kind, layout=plan.layout, num_ranks=num_ranks, num_microbatches=m,
         orders=schedule, start_ms=starts, end_ms=ends, stages=stages, memory=traces,
         rank_busy_ms=tuple(rank_busy), rank_idle_ms=tuple(rank_idle), rank_peak_memory_bytes=tuple(rank_peak),
         optimizer_ms=tuple(opt_rank), compute_end_ms=compute_end, iteration_ms=iteration,
         bubble_fraction=(sum(rank_idle) / (num_ranks * compute_end)) if compute_end > 0 else 0.0,
         exposed_allreduce_ms=max(0.0, max(ar_end) - compute_end),
         peak_memory_bytes=max(rank_peak),
-        zero=plan.zero,
-        tp_degree=plan.tp_degree,
     )
 
 
@@ -390,33 +381,5 @@ def _summed_peak(trs: list[MemoryTrace]) -> int:
 
 def check_schedule(plan: Plan) -> None:
     """Dry-run ``plan``'s schedule (raises :class:`planner.schedule.ScheduleError`)."""
-    reps = plan.stage_replicas if plan.replicated_per_stage else ()
-    validate_schedule(_orders(plan.schedule, plan.num_stages, plan.num_microbatches, plan.virtual_stages_per_rank, reps),
-                      plan.num_stages, plan.num_microbatches, replicated=bool(reps))
-
-
-def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:
-    """``plan.predicted`` from the simulator and :mod:`planner.simulate.bounds`. Left as in the plan: the
-    ME index (it needs a reference plan, see :func:`planner.simulate.bounds.me_index`), the machine bound,
-    the model FLOPs and the device peak (they need the profile and cluster: ``build_plan``
-    fills them in); the achieved TFLOP/s and MFU follow the new iteration time."""
-    from planner.simulate.bounds import flops_figures, partition_bound_ms
-
-    t = timeline if timeline is not None else simulate(plan, optimizer_ms=optimizer_ms)
-    old = plan.predicted
-    flops = flops_figures(old.model_flops_per_iteration, t.iteration_ms, plan.num_devices, old.device_peak_tflops)
-    return Prediction(
-        iteration_ms=t.iteration_ms,
-        throughput_samples_per_s=plan.global_batch / t.iteration_ms * 1e3 if t.iteration_ms > 0 else 0.0,
-        peak_memory_bytes=t.peak_memory_bytes,
-        bubble_fraction=t.bubble_fraction,
-        exposed_allreduce_ms=t.exposed_allreduce_ms,
-        partition_bound_ms=partition_bound_ms(plan),
-        machine_bound_ms=old.machine_bound_ms,
-        model_flops_per_iteration=flops.model_flops_per_iteration,
-        achieved_tflops_per_device=flops.achieved_tflops_per_device,
-        device_peak_tflops=old.device_peak_tflops,
-        mfu=flops.mfu,
-        me_index=old.me_index,
-        me_reference=old.me_reference,
-    )
+    validate_schedule(layout_schedule(plan.schedule, plan.layout, plan.num_microbatches),
+                      plan.layout.num_stages, plan.num_microbatches, replicated=plan.layout.replicated_per_stage)

@@ -1,17 +1,18 @@
 """The simulator's result: when each action ran, what the ranks and stages did, memory over time.
 
-Produced by :func:`planner.simulate.simulate`; read by :mod:`planner.report.figures` and the
+Produced by :func:`planner.simulation.simulate`; read by :mod:`planner.report.figures` and the
 ``planner simulate`` command. Definitions (``bubble_fraction``, ``idle_ms``,
-``exposed_allreduce_ms``) are documented in :mod:`planner.simulate`.
+``exposed_allreduce_ms``) are documented in :mod:`planner.simulation`.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
-from planner.artifacts.request import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
 from planner.schedule import Action, ActionKind, Schedule
 
 __all__ = ["ActionTiming", "MemoryTrace", "Segment", "SegmentKind", "StageTimeline", "Timeline"]
@@ -95,10 +96,9 @@ class Timeline:
     (all-reduces included); ``peak_memory_bytes`` is the largest device's peak."""
 
     schedule: ScheduleKind
-    num_stages: int
-    num_ranks: int
+    layout: Layout
+    num_ranks: int = field(metadata={"doc": "rows of ``orders``: pipeline ranks of one replica (devices when replicated per stage)"})
     num_microbatches: int
-    virtual_stages_per_rank: int
     orders: Schedule
     start_ms: tuple[tuple[float, ...], ...]  # aligned with ``orders``
     end_ms: tuple[tuple[float, ...], ...]
@@ -113,8 +113,6 @@ class Timeline:
     bubble_fraction: float
     exposed_allreduce_ms: float
     peak_memory_bytes: int
-    zero: int = 0  # ZeRO stage: the gradient synchronisation is drawn as reduce-scatter + all-gather
-    tp_degree: int = 1  # each rank row is a tensor-parallel group of this many devices acting as one
 
     def actions(self) -> Iterator[ActionTiming]:
         """Every action with its rank, start and end."""
@@ -126,7 +124,7 @@ class Timeline:
     def segments(self) -> tuple[Segment, ...]:
         """Compute, transfer, all-reduce and optimizer bars, for figures."""
         out: list[Segment] = []
-        last = self.num_stages - 1
+        last = self.layout.num_stages - 1
         for t in self.actions():
             a, st = t.action, self.stages[t.action.stage_idx]
             seg = dict(rank=t.rank, stage_idx=a.stage_idx, mb_idx=a.mb_idx)
@@ -149,7 +147,7 @@ class Timeline:
             a, z = st.allreduce_start_ms, st.allreduce_end_ms
             # ZeRO's pair moves (grad + weight bytes) / 2 each way at the all-reduce's rate
             # (planner.cost): drawn as two halves
-            bars = [(SegmentKind.ALLREDUCE, a, z)] if not self.zero else [
+            bars = [(SegmentKind.ALLREDUCE, a, z)] if not self.layout.zero else [
                 (SegmentKind.REDUCE_SCATTER, a, (a + z) / 2), (SegmentKind.ALL_GATHER, (a + z) / 2, z)]
             for rank in st.ranks or (st.rank,):
                 for kind, lo, hi in bars:

@@ -48,7 +48,6 @@ __all__ = [
     "LowerBounds",
     "flops_figures",
     "machine_bound_ms",
-    "me_index",
     "me_index_of",
     "partition_bound_ms",
     "partition_bounds",
@@ -116,7 +115,7 @@ def partition_bounds(plan: Plan) -> LowerBounds:
     """The bounds of ``plan``'s own stages (a stage replicated R times inside the pipeline does
     1/R of the micro-batches per device)."""
     st = plan.stages
-    if plan.replicated_per_stage:
+    if plan.layout.replicated_per_stage:
         return _replicated_bounds(plan)
     return partition_bounds_from_arrays(
         plan.num_microbatches,
@@ -126,7 +125,7 @@ def partition_bounds(plan: Plan) -> LowerBounds:
         [s.send_fwd_ms for s in st],
         [s.send_bwd_ms for s in st],
         [s.allreduce_ms for s in st],
-        plan.virtual_stages_per_rank,
+        plan.layout.virtual_stages_per_rank,
     )
 
 
@@ -202,21 +201,3 @@ def me_index_of(
             f"{throughput}, {peak_memory_bytes}, {reference_throughput}, {reference_peak_memory_bytes})"
         )
     return (throughput / reference_throughput) / (peak_memory_bytes / reference_peak_memory_bytes)
-
-
-def _throughput_and_peak(plan: Plan) -> tuple[float, float]:
-    """From ``plan.predicted`` when filled in, else from the simulator."""
-    pred = plan.predicted
-    if pred.iteration_ms > 0 and pred.peak_memory_bytes > 0:
-        return plan.global_batch / pred.iteration_ms * 1e3, float(pred.peak_memory_bytes)
-    from planner.simulate import simulate
-
-    timeline = simulate(plan)
-    return plan.global_batch / timeline.iteration_ms * 1e3, float(timeline.peak_memory_bytes)
-
-
-def me_index(plan: Plan, reference_plan: Plan) -> float:
-    """The ME index of ``plan`` against ``reference_plan`` (samples/s over peak bytes per device)."""
-    thr, peak = _throughput_and_peak(plan)
-    ref_thr, ref_peak = _throughput_and_peak(reference_plan)
-    return me_index_of(thr, peak, ref_thr, ref_peak)

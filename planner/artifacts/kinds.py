@@ -1,0 +1,120 @@
+"""The closed sets of choices a plan is made of, as enums (their values are what plan, profile
+and request files hold).
+
+- :class:`ScheduleKind`: the pipeline schedule;
+- :class:`Objective`: what the solver minimises or maximises;
+- :class:`OptimizerKind`: optimizer and precision the memory is priced for, and its
+  :class:`OptimizerFamily` (the optimizer the runtime runs: SGD or AdamW);
+- :class:`DType`: the element type of a profile's parameters and activations;
+- :class:`SolverKind`: the exact solvers and the peers' baseline partition methods;
+- :class:`ZeroStage`: how much model state is sharded over a stage's data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ScheduleKind(enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+
+
+class Objective(enum.Enum):
+    TIME = "time"  # least iteration time
+    MEMORY = "memory"  # least peak memory within time_budget_ms (or within 10% of the fastest)
+    ME = "me"  # highest memory-efficiency index against the fastest GPipe plan without recompute
+
+
+class OptimizerFamily(enum.Enum):
+    """The optimizer the bundled runtime runs (in the run's dtype; mixed precision is not run)."""
+
+    SGD = "sgd"
+    ADAMW = "adamw"
+
+
+class OptimizerKind(enum.Enum):
+    """Optimizer and precision; fixes kappa, the bytes of model state per parameter."""
+
+    SGD_FP32 = "sgd-fp32"  # weights 4 + grads 4 + momentum 4
+    ADAM_FP32 = "adam-fp32"  # weights 4 + grads 4 + m 4 + v 4
+    ADAM_MIXED = "adam-mixed"  # fp16 w 2 + fp16 g 2 + fp32 master 4 + m 4 + v 4 (ZeRO paper, Rajbhandari et al. 2020)
+    ADAM_MIXED_FP32_GRAD = "adam-mixed-fp32-grad"  # as above + 2 for fp32 gradient accumulation
+
+    @property
+    def family(self) -> OptimizerFamily:
+        """The runtime optimizer of this kind: SGD for ``sgd-fp32``, AdamW for the Adam kinds."""
+        return OptimizerFamily.SGD if self is OptimizerKind.SGD_FP32 else OptimizerFamily.ADAMW
+
+    @property
+    def state_bytes_per_param(self) -> tuple[int, int, int]:
+        """(weights, gradients, optimizer state) bytes per parameter."""
+        return STATE_BYTES_PER_PARAM[self]
+
+
+# (weights, gradients, optimizer state) bytes per parameter for each optimizer kind.
+STATE_BYTES_PER_PARAM: dict[OptimizerKind, tuple[int, int, int]] = {
+    OptimizerKind.SGD_FP32: (4, 4, 4),
+    OptimizerKind.ADAM_FP32: (4, 4, 8),
+    OptimizerKind.ADAM_MIXED: (2, 2, 12),
+    OptimizerKind.ADAM_MIXED_FP32_GRAD: (2, 4, 12),
+}
+
+
+class DType(enum.Enum):
+    """Element type of a profile (and of the plan priced from it)."""
+
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+    @property
+    def itemsize(self) -> int:
+        return {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}[self.value]
+
+
+#: the dtypes the bundled runtime trains in
+RUNTIME_DTYPES = (DType.FLOAT32, DType.FLOAT64)
+
+
+class SolverKind(enum.Enum):
+    """Who chooses the plan: an exact solver, or one of the peers' partition methods as published."""
+
+    DP = "dp"  # exact chain DP per configuration, re-scored by the simulator
+    ILP = "ilp"  # the same problem as an OR-Tools CP-SAT model
+    BRUTE_FORCE = "brute-force"  # every cut set and recompute mask (small cases)
+    UNIFORM = "uniform"
+    PARAMETERS = "parameters"
+    TIME_BALANCED = "time-balanced"
+    PIPEDREAM = "pipedream"
+    DATA_PARALLEL = "data-parallel"
+    GIVEN = "given"  # not searched: a layout and partition given to the planner to price
+
+    @property
+    def is_baseline(self) -> bool:
+        return self in BASELINES
+
+    @property
+    def searches(self) -> bool:
+        """One of the planner's own exact solvers (searched layouts, not a peer's rule)."""
+        return self in (SolverKind.DP, SolverKind.ILP, SolverKind.BRUTE_FORCE)
+
+
+#: the baseline partition methods (the peers' rules as published), in the order tables list them
+BASELINES: tuple[SolverKind, ...] = (
+    SolverKind.UNIFORM, SolverKind.PARAMETERS, SolverKind.TIME_BALANCED, SolverKind.PIPEDREAM, SolverKind.DATA_PARALLEL,
+)
+#: what ``PlanRequest.solver`` may name (``given`` is for plans priced outside a search)
+REQUESTABLE_SOLVERS: tuple[SolverKind, ...] = (SolverKind.DP, SolverKind.ILP, SolverKind.BRUTE_FORCE, *BASELINES)
+
+
+class ZeroStage(enum.IntEnum):
+    """ZeRO (Rajbhandari et al. 2020) over a stage's data-parallel ranks: 0 nothing sharded,
+    1 the optimizer state, 2 also the gradients (after the iteration's reduce-scatter; see
+    :mod:`planner.cost.model`)."""
+
+    NONE = 0
+    OPTIMIZER = 1
+    GRADIENTS = 2

@@ -1,0 +1,196 @@
+"""The Layout: a plan's parallel dimensions, in one frozen value.
+
+It plays the role torchtitan's ``ParallelDims`` plays: every axis a plan splits its devices
+along, the rank each device takes, the device mesh, and the checks that hold between them.
+The cost model prices a stage under a Layout, the solver searches Layouts, a Plan, its run
+report and the runtime's device mesh all hold or come from one.
+
+Axes (the mesh's dimensions, outermost first):
+
+- ``pp``: pipeline ranks. ``num_stages`` model chunks run on ``pipeline_size`` =
+  ``num_stages / virtual_stages_per_rank`` ranks; pipeline rank ``p`` holds chunks ``p``,
+  ``p + pipeline_size``, ... (interleaved 1F1B, Narayanan et al. 2021; v = 1 otherwise);
+- ``dp``: ``dp_degree`` replicated pipelines, the global batch split between them;
+- ``tp``: ``tp_degree`` devices of one node run each stage replica together (Megatron-LM,
+  Shoeybi et al. 2019), with ``sequence_parallel`` splitting the rest along the sequence
+  (Korthikanti et al. 2022).
+
+Two more properties of the data-parallel axis: ``zero`` (ZeRO, Rajbhandari et al. 2020: the
+model state sharded over a stage's data-parallel ranks) and ``stage_replicas`` (PipeDream's
+per-stage replication, Narayanan et al. 2019: stage ``s`` has its own ``R_s`` copies inside one
+pipeline, micro-batch ``m`` on copy ``m mod R_s``; with ``dp_degree`` 1, ``tp_degree`` 1, one
+chunk per rank).
+
+Ranks: a uniform layout is the row-major ("pp", "dp", "tp") mesh of shape
+``(pipeline_size, dp_degree, tp_degree)``: ``rank = (p x dp_degree + replica) x tp_degree +
+tp_index``, so a tensor-parallel group is consecutive ranks (inside a node). A layout
+replicated per stage places the stages' copies in consecutive blocks, stage 0's first: copy
+``r`` of stage ``s`` is rank ``R_0 + ... + R_{s-1} + r``.
+
+Adding an axis: a field here (with its check in ``__post_init__`` and its place in
+``rank_of``, ``mesh_shape`` and ``MESH_DIMS``), its terms in the cost model, and its entry in
+the solver's list of dimensions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.artifacts.kinds import ZeroStage
+
+#: the mesh dimensions of a uniform layout, outermost first
+MESH_DIMS = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """How one stage's model state is divided: ZeRO stage ``zero`` over ``ranks`` data-parallel
+    ranks (1 when nothing is sharded)."""
+
+    zero: ZeroStage = ZeroStage.NONE
+    ranks: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """A plan's parallel dimensions (see the module docstring)."""
+
+    num_stages: int = field(metadata={"doc": "model chunks (pipeline stages) in all"})
+    virtual_stages_per_rank: int = field(default=1, metadata={"doc": "chunks per pipeline rank (interleaved: > 1)"})
+    dp_degree: int = field(default=1, metadata={"doc": "replicated pipelines D"})
+    stage_replicas: tuple[int, ...] = field(
+        default=(), metadata={"doc": "copies of each stage inside one pipeline (PipeDream); () = one each"}
+    )
+    tp_degree: int = field(default=1, metadata={"doc": "tensor-parallel devices per stage replica t"})
+    sequence_parallel: bool = field(default=False, metadata={"doc": "the rest of the activations split along the sequence"})
+    zero: ZeroStage = field(default=ZeroStage.NONE, metadata={"doc": "ZeRO stage over a stage's data-parallel ranks"})
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1 (got {self.num_stages})")
+        v = self.virtual_stages_per_rank
+        if v < 1 or self.num_stages % v:
+            raise ValueError(f"virtual_stages_per_rank {v} must be >= 1 and divide num_stages {self.num_stages}")
+        if self.dp_degree < 1:
+            raise ValueError(f"dp_degree must be >= 1 (got {self.dp_degree})")
+        if self.tp_degree < 1:
+            raise ValueError(f"tp_degree must be >= 1 (got {self.tp_degree})")
+        if self.sequence_parallel and self.tp_degree == 1:
+            raise ValueError("sequence_parallel needs tp_degree > 1")
+        object.__setattr__(self, "zero", ZeroStage(self.zero))
+        reps = tuple(self.stage_replicas)
+        if reps:
+            if len(reps) != self.num_stages:
+                raise ValueError(f"stage_replicas has {len(reps)} entries for {self.num_stages} stages")
+            if min(reps) < 1:
+                raise ValueError(f"stage_replicas must be >= 1 (got {list(reps)})")
+            if max(reps) == 1:
+                reps = ()  # one copy each is the uniform layout
+        if reps and (v > 1 or self.dp_degree > 1 or self.tp_degree > 1):
+            raise ValueError(
+                f"per-stage replication (replicas {list(reps)}) needs one stage per rank, dp_degree 1 and tp_degree 1 "
+                f"(got virtual_stages_per_rank {v}, dp_degree {self.dp_degree}, tp_degree {self.tp_degree})"
+            )
+        object.__setattr__(self, "stage_replicas", reps)
+
+    # ---------------------------------------------------------------- sizes
+    @property
+    def pipeline_size(self) -> int:
+        """Pipeline ranks per replica: ``num_stages / virtual_stages_per_rank``."""
+        return self.num_stages // self.virtual_stages_per_rank
+
+    @property
+    def replicated_per_stage(self) -> bool:
+        return bool(self.stage_replicas)
+
+    @property
+    def world_size(self) -> int:
+        """Devices the layout occupies."""
+        if self.stage_replicas:
+            return sum(self.stage_replicas)
+        return self.pipeline_size * self.dp_degree * self.tp_degree
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """The ("pp", "dp", "tp") mesh of a uniform layout."""
+        if self.stage_replicas:
+            raise ValueError(f"a layout replicated per stage (replicas {list(self.stage_replicas)}) is not a mesh")
+        return (self.pipeline_size, self.dp_degree, self.tp_degree)
+
+    def replicas_of(self, stage_idx: int) -> int:
+        """Copies of stage ``stage_idx`` inside one pipeline (1 unless replicated per stage)."""
+        return self.stage_replicas[stage_idx] if self.stage_replicas else 1
+
+    def data_parallel_size(self, stage_idx: int) -> int:
+        """Ranks holding the same shard of stage ``stage_idx``: its gradients are synchronised
+        and its ZeRO state sharded over them (replicated pipelines x copies)."""
+        return self.dp_degree * self.replicas_of(stage_idx)
+
+    def sharding(self, stage_idx: int) -> Sharding:
+        """How stage ``stage_idx``'s model state is divided under ``zero``."""
+        if self.zero is ZeroStage.NONE:
+            return Sharding()
+        return Sharding(self.zero, self.data_parallel_size(stage_idx))
+
+    # ---------------------------------------------------------------- ranks
+    def pipeline_rank(self, stage_idx: int) -> int:
+        """The pipeline rank running chunk ``stage_idx`` (round-robin when interleaved)."""
+        return stage_idx % self.pipeline_size
+
+    def stage_indices(self, pipeline_rank: int) -> tuple[int, ...]:
+        """The chunks pipeline rank ``pipeline_rank`` runs, in order: p, p + pipeline_size, ..."""
+        return tuple(range(pipeline_rank, self.num_stages, self.pipeline_size))
+
+    def rank_of(self, *, stage_idx: int, replica: int = 0, tp_index: int = 0) -> int:
+        """The rank of copy ``replica`` (replicated pipeline, or copy inside the pipeline when
+        replicated per stage) of stage ``stage_idx``, tensor-parallel shard ``tp_index``."""
+        if not 0 <= stage_idx < self.num_stages:
+            raise ValueError(f"stage {stage_idx} is not one of the {self.num_stages} stages")
+        if not 0 <= replica < self.data_parallel_size(stage_idx) or not 0 <= tp_index < self.tp_degree:
+            raise ValueError(f"stage {stage_idx} has no replica {replica} / tp index {tp_index}")
+        if self.stage_replicas:
+            return sum(self.stage_replicas[:stage_idx]) + replica
+        return (self.pipeline_rank(stage_idx) * self.dp_degree + replica) * self.tp_degree + tp_index
+
+    def stage_ranks(self, stage_idx: int) -> tuple[int, ...]:
+        """Every device of stage ``stage_idx``, in rank order."""
+        return tuple(
+            self.rank_of(stage_idx=stage_idx, replica=r, tp_index=k)
+            for r in range(self.data_parallel_size(stage_idx))
+            for k in range(self.tp_degree)
+        )
+
+    def dp_group(self, stage_idx: int, tp_index: int = 0) -> tuple[int, ...]:
+        """The ranks of stage ``stage_idx`` holding tensor-parallel shard ``tp_index``: its
+        gradients are synchronised (and ZeRO-sharded) over them."""
+        return tuple(
+            self.rank_of(stage_idx=stage_idx, replica=r, tp_index=tp_index)
+            for r in range(self.data_parallel_size(stage_idx))
+        )
+
+    def all_stage_ranks(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.stage_ranks(s) for s in range(self.num_stages))
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pipeline rank, replica, tp index) of ``rank`` in a uniform layout (the inverse of
+        :meth:`rank_of`); a layout replicated per stage: (stage, copy, 0)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside the layout's {self.world_size} devices")
+        if self.stage_replicas:
+            offset = 0
+            for s, copies in enumerate(self.stage_replicas):
+                if rank < offset + copies:
+                    return s, rank - offset, 0
+                offset += copies
+        t, d = self.tp_degree, self.dp_degree
+        return rank // (d * t), (rank // t) % d, rank % t
+
+    def describe(self) -> str:
+        """``T=2 (seq-par) x P=1 x D=4, ZeRO-1``; replicated per stage ``P=4 (copies 1+1+2+4)``."""
+        if self.stage_replicas:
+            head = f"P={self.num_stages} (copies {'+'.join(map(str, self.stage_replicas))})"
+        else:
+            head = f"P={self.pipeline_size} x D={self.dp_degree}"
+            if self.tp_degree > 1:
+                head = f"T={self.tp_degree}{' (seq-par)' if self.sequence_parallel else ''} x {head}"
+        return f"{head}, {'no ZeRO' if self.zero is ZeroStage.NONE else f'ZeRO-{int(self.zero)}'}"

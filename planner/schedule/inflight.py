@@ -1,0 +1,61 @@
+"""A layout's schedule, and the micro-batches each stage holds at its peak under it.
+
+:func:`layout_schedule` is the one entry from a :class:`~planner.artifacts.layout.Layout` to its
+per-rank orders: replicated per stage or not, one chunk per rank or interleaved.
+:func:`inflight_counts` gives, per stage, the micro-batches whose activations one device of it
+holds at its peak (DESIGN.md sec. 5): M for GPipe, min(P - s, M) for 1F1B; for interleaved
+1F1B counted on the schedule itself (forwards done minus backwards done, per chunk, along its
+rank's order); replicated per stage, each copy's share: M / R_s for GPipe, its 1F1B warm-up
+(:func:`planner.schedule.build.replicated_warmup`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.schedule.actions import ActionKind, Schedule
+from planner.schedule.build import build_replicated_schedule, build_schedule, replicated_warmup
+
+
+def layout_schedule(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> Schedule:
+    """One ordered tuple of actions per pipeline rank of one pipeline replica of ``layout``
+    (per device when replicated per stage)."""
+    if layout.stage_replicas:
+        return build_replicated_schedule(kind, layout.stage_replicas, num_microbatches)
+    return build_schedule(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank)
+
+
+def inflight_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[int, ...]:
+    """Micro-batches one device of each stage holds at its peak (see the module docstring)."""
+    return stage_inflight(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank,
+                          layout.stage_replicas)
+
+
+def stage_inflight(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1,
+    replicas: tuple[int, ...] = (),
+) -> tuple[int, ...]:
+    """:func:`inflight_counts` by shape (``replicas``: each stage's copies, or () for one)."""
+    if replicas and max(replicas) > 1:
+        if kind is ScheduleKind.GPIPE:
+            return tuple(num_microbatches // d for d in replicas)
+        return tuple(replicated_warmup(tuple(replicas), s, num_microbatches) for s in range(len(replicas)))
+    if kind is ScheduleKind.GPIPE:
+        return tuple(num_microbatches for _ in range(num_stages))
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        return tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
+    return _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank)
+
+
+@lru_cache(maxsize=256)
+def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:
+    live = [0] * num_stages
+    peak = [0] * num_stages
+    for order in build_schedule(kind, num_stages, num_microbatches, v):
+        for action in order:
+            s = action.stage_idx
+            live[s] += 1 if action.kind is ActionKind.FORWARD else -1
+            peak[s] = max(peak[s], live[s])
+    return tuple(peak)

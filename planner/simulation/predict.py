@@ -1,0 +1,51 @@
+"""A plan's predictions: the simulator's replay with the bounds beside it, and the ME index."""
+
+from __future__ import annotations
+
+from planner.artifacts.plan import Plan, Prediction
+from planner.simulation.bounds import flops_figures, me_index_of, partition_bound_ms
+from planner.simulation.simulator import simulate
+from planner.simulation.timeline import Timeline
+
+__all__ = ["me_index", "predict"]
+
+
+def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:
+    """``plan.predicted`` from the simulator and :mod:`planner.simulation.bounds`. Left as in the plan: the
+    ME index (it needs a reference plan, see :func:`planner.simulation.bounds.me_index`), the machine bound,
+    the model FLOPs and the device peak (they need the profile and cluster: ``build_plan``
+    fills them in); the achieved TFLOP/s and MFU follow the new iteration time."""
+    t = timeline if timeline is not None else simulate(plan, optimizer_ms=optimizer_ms)
+    old = plan.predicted
+    flops = flops_figures(old.model_flops_per_iteration, t.iteration_ms, plan.num_devices, old.device_peak_tflops)
+    return Prediction(
+        iteration_ms=t.iteration_ms,
+        throughput_samples_per_s=plan.global_batch / t.iteration_ms * 1e3 if t.iteration_ms > 0 else 0.0,
+        peak_memory_bytes=t.peak_memory_bytes,
+        bubble_fraction=t.bubble_fraction,
+        exposed_allreduce_ms=t.exposed_allreduce_ms,
+        partition_bound_ms=partition_bound_ms(plan),
+        machine_bound_ms=old.machine_bound_ms,
+        model_flops_per_iteration=flops.model_flops_per_iteration,
+        achieved_tflops_per_device=flops.achieved_tflops_per_device,
+        device_peak_tflops=old.device_peak_tflops,
+        mfu=flops.mfu,
+        me_index=old.me_index,
+        me_reference=old.me_reference,
+    )
+
+
+def _throughput_and_peak(plan: Plan) -> tuple[float, float]:
+    """From ``plan.predicted`` when filled in, else from the simulator."""
+    pred = plan.predicted
+    if pred.iteration_ms > 0 and pred.peak_memory_bytes > 0:
+        return plan.global_batch / pred.iteration_ms * 1e3, float(pred.peak_memory_bytes)
+    timeline = simulate(plan)
+    return plan.global_batch / timeline.iteration_ms * 1e3, float(timeline.peak_memory_bytes)
+
+
+def me_index(plan: Plan, reference_plan: Plan) -> float:
+    """The ME index of ``plan`` against ``reference_plan`` (samples/s over peak bytes per device)."""
+    thr, peak = _throughput_and_peak(plan)
+    ref_thr, ref_peak = _throughput_and_peak(reference_plan)
+    return me_index_of(thr, peak, ref_thr, ref_peak)

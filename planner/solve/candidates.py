@@ -1,0 +1,228 @@
+"""Building candidates: each configuration's exact optimum of the chain objective J (and the
+baselines' partitions of it), with the least recomputation that fits and its simulated time.
+
+Across configurations J alone is not comparable (it leaves out the data-parallel all-reduce's
+exact overlap and the schedule's), so every candidate is replayed by the simulator's fast entry
+(:func:`simulated`), and candidates are compared by that time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from planner.artifacts.kinds import Objective, ZeroStage
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.simulation import simulate_iteration_ms
+from planner.solve.chain_dp import ChainSolution, StageTable, solve_chain
+from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
+from planner.solve.recompute import choose_recompute
+from planner.solve.settings import SETTINGS, SearchSettings
+from planner.solve.space import Config, all_configs, config_lower_bound_ms
+
+#: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
+ChainSolver = Callable[..., "ChainSolution | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    config: Config
+    solution: ChainSolution
+
+
+Scored = tuple[float, Candidate]
+
+
+def score_key(tc: Scored) -> tuple[object, ...]:
+    """Order of scored candidates: simulated time, then the configuration's tie-break."""
+    return (tc[0],) + tc[1].config.sort_key()
+
+
+def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> ChainSolution | None:
+    return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
+
+
+def solve_candidates(
+    cm: CostModel,
+    request: PlanRequest,
+    num_groups: int,
+    cap_bytes: float,
+    chain_solver: ChainSolver = solve_chain,
+    *,
+    prune: bool = True,
+    configs: list[Config] | None = None,
+    settings: SearchSettings = SETTINGS,
+) -> list[Scored]:
+    """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
+
+    Configurations are visited by increasing lower bound; with ``prune``, one whose bound
+    exceeds the best simulated time so far is skipped (it cannot win on time); configurations
+    on all ``num_groups`` groups only against the best of those, so that the best plan on
+    all of them is known when one on fewer wins.
+    """
+    interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
+    configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings)
+    ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + c.sort_key())
+    tables: dict[tuple[object, ...], StageTable] = {}
+    best = best_all = float("inf")
+    out: list[Scored] = []
+
+    def table_of(c: Config) -> StageTable:
+        v = c.layout.virtual_stages_per_rank
+        key = (c.microbatch_size, v, c.sharding())
+        if key not in tables:
+            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
+            tables[key] = StageTable(
+                cm, c.microbatch_size, cap_bytes / v, request.fixed_boundaries,
+                allow_recompute=request.recompute, sharding=c.sharding(),
+            )
+        return tables[key]
+
+    for c in ordered:
+        limit = best_all if c.num_groups == num_groups else best
+        if prune and config_lower_bound_ms(cm, c) > limit:
+            continue
+        if c.layout.zero and ZeroStage.NONE in request.zero_stages and table_of(
+            c.with_zero(ZeroStage.NONE)
+        ).fits_everywhere(max(c.inflight())):
+            c = c.with_zero(ZeroStage.NONE)  # memory binds nowhere: sharding cannot help
+        sol = solve_config(chain_solver, table_of(c), c)
+        if sol is None:
+            continue
+        proposals = [Candidate(c, sol)]
+        if chain_solver is solve_chain:
+            proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
+        scored = []
+        for cand in proposals:
+            # the busiest rank does M x its stage's work: no faster than that
+            if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
+                continue
+            scored.append((simulated(cm, cand), cand))
+        if not scored:
+            continue
+        t, cand = min(scored, key=lambda tc: tc[0])
+        out.append((t, cand))
+        best = min(best, t)
+        if c.num_groups == num_groups:
+            best_all = min(best_all, t)
+    out.sort(key=score_key)
+    return out
+
+
+def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
+    """Per-stage times of a candidate, in the form the simulator's fast entry takes."""
+    c, sol = cand.config, cand.solution
+    stops = list(sol.boundaries[1:]) + [cm.num_layers]
+    b, lay = c.microbatch_size, c.layout
+    keys = ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
+        out["fwd_ms"].append(cm.stage_fwd_ms(start, stop, b))
+        out["bwd_ms"].append(cm.stage_bwd_ms(start, stop, b))
+        out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b))
+        out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, lay))
+        out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, lay))
+        out["allreduce_ms"].append(cm.stage_allreduce_ms(start, stop, s, lay))
+    return out
+
+
+def simulated(cm: CostModel, cand: Candidate) -> float:
+    """The candidate's iteration time by the simulator's fast entry."""
+    c = cand.config
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand),
+                                 virtual_stages_per_rank=c.layout.virtual_stages_per_rank,
+                                 replicas=c.layout.stage_replicas)
+
+
+def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
+    """Every stage of ``solution``, with its recomputation, fits ``cap`` under ``c`` (schedule,
+    in-flight counts, ZeRO sharding; a rank holding v chunks gives each cap / v)."""
+    ks = c.inflight()
+    stops = list(solution.boundaries[1:]) + [cm.num_layers]
+    v = c.layout.virtual_stages_per_rank
+    return all(
+        cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s)).total_bytes <= cap / v
+        for s, (a, e) in enumerate(zip(solution.boundaries, stops))
+    )
+
+
+def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
+    """``cand`` with the least ZeRO stage the request allows under which its partition and
+    recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
+    memory objectives keep the deepest sharding, which is what they minimise)."""
+    c = cand.config
+    if not c.layout.zero or request.objective is not Objective.TIME:
+        return cand
+    base = simulated(cm, cand)
+    for z in sorted(request.zero_stages):
+        if z >= c.layout.zero:
+            break
+        lower = Candidate(c.with_zero(z), cand.solution)
+        if fits(cm, lower.config, cand.solution, cap) and simulated(cm, lower) <= base * (1 + 1e-12):
+            return lower
+    return cand
+
+
+def stage_recompute(
+    cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, c: Config, stage_idx: int
+) -> tuple[int, ...] | None:
+    """The least-time recompute set that fits stage ``stage_idx`` of ``c`` in ``cap`` (None if
+    none does)."""
+    sharding = c.sharding(stage_idx)
+    excess = cm.stage_memory(start, stop, (), b, inflight, sharding).total_bytes - cap
+    fwd, _ = cm.layer_times(b)
+    choice = choose_recompute(
+        fwd_ms=fwd[start:stop].tolist(),
+        saved_bytes=(cm.saved_per_sample[start:stop] * b).tolist(),
+        input_bytes=(cm.input_per_sample[start:stop] * b).tolist(),
+        first_layer=start,
+        inflight=inflight,
+        excess_bytes=float(excess),
+    )
+    if choice.time_ms == float("inf") or cm.stage_memory(start, stop, choice.layers, b, inflight, sharding).total_bytes > cap:
+        return None
+    return choice.layers
+
+
+def alternatives(
+    cm: CostModel, c: Config, cap: float, allow_recompute: bool = True, fixed: Sequence[int] = (),
+    settings: SearchSettings = SETTINGS,
+) -> list[Candidate]:
+    """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
+    with the least recompute that fits each stage: extra proposals for the simulator, which
+    judges the all-reduce overlap more finely than the DP objective does. Stages start at the
+    ``fixed`` boundaries (the min-max over the partitions that honour them)."""
+    lay = c.layout
+    if lay.virtual_stages_per_rank > 1 or lay.num_stages == 1 or lay.stage_replicas:
+        return []
+    out = []
+    for kind in settings.alternative_partitions:
+        weight = honouring(WEIGHTS[kind](cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree), fixed)
+        bounds = minmax_partition(weight, lay.pipeline_size)
+        cand = None if bounds is None else fixed_split(cm, c, bounds, cap, allow_recompute)
+        if cand is not None:
+            out.append(cand)
+    return out
+
+
+def fixed_split(
+    cm: CostModel, c: Config, bounds: Sequence[int], cap: float, allow_recompute: bool = True
+) -> Candidate | None:
+    """A given partition under configuration ``c``, each stage with the least recomputation
+    that fits ``cap`` (None if a stage cannot fit, or would need recomputation that is not
+    allowed)."""
+    ks = c.inflight()
+    b = c.microbatch_size
+    stops = list(bounds[1:]) + [cm.num_layers]
+    rc = []
+    for s, (a, z) in enumerate(zip(bounds, stops)):
+        chosen = stage_recompute(cm, a, z, b, ks[s], cap, c, s)
+        if chosen is None or (chosen and not allow_recompute):
+            return None
+        rc.append(chosen)
+    times = tuple(
+        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(rc[s], b)
+        for s, (a, z) in enumerate(zip(bounds, stops))
+    )
+    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True))

@@ -1,0 +1,79 @@
+"""Coarsening and refinement: long profiles are searched over groups of consecutive layers,
+then the best configurations re-solved with single layers around their chosen boundaries.
+
+A profile longer than :attr:`SearchSettings.chain_max` layers (or twice the deepest pipeline
+searched) is merged into at most that many groups, cut where the fewest bytes cross
+(:func:`planner.graph.coarse_starts`); :func:`to_layers` maps a candidate over groups back to
+layers, :func:`refine` re-solves one configuration on a finer chain (single layers within
+:attr:`SearchSettings.refine_radius` of each boundary, groups elsewhere).
+"""
+
+from __future__ import annotations
+
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.graph import merge_layers
+from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
+from planner.solve.chain_dp import ChainSolution, StageTable
+from planner.solve.replicated_search import solve_replicated_config
+from planner.solve.settings import SETTINGS, SearchSettings
+
+
+def merged_model(cm: CostModel, starts: list[int]) -> CostModel:
+    """``cm`` over groups of layers starting at ``starts``."""
+    return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, tp_degree=cm.tp_degree,
+                     sequence_parallel=cm.sequence_parallel)
+
+
+def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:
+    """A candidate over merged groups as one over the original layers: boundaries at the
+    groups' first layers, and per stage the least-time recompute set over its own layers
+    (or the groups' recompute sets mapped to their layers, if that is cheaper)."""
+    L = cm.num_layers
+    stops_of = starts[1:] + [L]
+    bounds = tuple(starts[g] for g in cand.solution.boundaries)
+    ends = list(bounds[1:]) + [L]
+    c = cand.config
+    ks = c.inflight()
+    cap = cap / c.layout.virtual_stages_per_rank
+    b = c.microbatch_size
+    recompute = []
+    for s, (a, z) in enumerate(zip(bounds, ends)):
+        mapped = tuple(layer for g in cand.solution.recompute[s] for layer in range(starts[g], stops_of[g]))
+        chosen = stage_recompute(cm, a, z, b, ks[s], cap, c, s)
+        cheaper = chosen is not None and cm.recompute_ms(chosen, b) <= cm.recompute_ms(mapped, b)
+        recompute.append(chosen if cheaper and chosen is not None else mapped)
+    sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False)
+    return Candidate(c, sol)
+
+
+def refine(
+    cm: CostModel, starts: list[int], request: PlanRequest, cand: Candidate, cap: float, chain_solver: ChainSolver,
+    settings: SearchSettings = SETTINGS,
+) -> Candidate:
+    """Re-solve one configuration over a finer chain: single layers within
+    :attr:`SearchSettings.refine_radius` of each boundary the coarse solution chose, groups elsewhere."""
+    L = cm.num_layers
+    coarse = to_layers(cm, cand, starts, cap)
+    finer = set(starts)
+    radius = settings.refine_radius
+    for c in coarse.solution.boundaries[1:]:
+        finer.update(range(max(1, c - radius), min(L - 1, c + radius) + 1))
+    finer_starts = sorted(finer)
+    merged = merged_model(cm, finer_starts)
+    fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
+    c = cand.config
+    table = StageTable(merged, c.microbatch_size, cap / c.layout.virtual_stages_per_rank, fixed,
+                       allow_recompute=request.recompute, sharding=c.sharding())
+    if c.layout.stage_replicas:
+        again = solve_replicated_config(merged, request, c.microbatch_size, c.schedule, c.layout.zero,
+                                        c.layout.world_size, cap, fixed, simulated(cm, coarse))
+        if again is None:
+            return coarse
+        fine = to_layers(cm, again, finer_starts, cap)
+        return min((coarse, fine), key=lambda x: simulated(cm, x))
+    sol = solve_config(chain_solver, table, c)
+    if sol is None:
+        return coarse
+    fine = to_layers(cm, Candidate(c, sol), finer_starts, cap)
+    return min((coarse, fine), key=lambda x: simulated(cm, x))

@@ -1,0 +1,125 @@
+"""Replicated proposals: pipelines whose stages have their own copy counts (PipeDream's
+optimizer, Narayanan et al. 2019), searched exactly by :mod:`planner.solve.replicated` and
+proposed beside the uniform layouts, which they beat only by simulated time."""
+
+from __future__ import annotations
+
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.layout import Sharding
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.solve.candidates import Candidate, Scored, fits, fixed_split, simulated
+from planner.solve.chain_dp import StageTable
+from planner.solve.partitions import pipedream_split
+from planner.solve.replicated import replica_counts, solve_replicated
+from planner.solve.settings import SETTINGS, SearchSettings
+from planner.solve.space import DP_SCHEDULES, Config, layout_of, microbatch_sizes, searched_zero
+
+
+def solve_replicated_config(
+    cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: ZeroStage, num_devices: int, cap: float,
+    fixed: tuple[int, ...], limit_ms: float = float("inf"), spare: bool = False,
+) -> Candidate | None:
+    """The best pipeline replicated per stage for one micro-batch size, schedule and ZeRO stage
+    (:mod:`planner.solve.replicated`; on up to ``num_devices`` devices with ``spare``), as a
+    Candidate (None if nothing fits)."""
+    m = request.global_batch // b
+
+    def table(sharding: Sharding) -> StageTable:
+        return StageTable(cm, b, cap, fixed, allow_recompute=request.recompute, sharding=sharding)
+
+    plain = table(Sharding()) if not zero or ZeroStage.NONE in request.zero_stages else None
+    if zero and plain is not None and plain.fits_everywhere(m):
+        zero = ZeroStage.NONE  # memory binds nowhere: sharding cannot help
+    # without sharding a stage's copies all price as one table
+    tables = {
+        d: plain if not zero and plain is not None else table(Sharding(zero, d) if zero else Sharding())
+        for d in replica_counts(num_devices, m)
+    }
+    found = solve_replicated(tables, num_devices=num_devices, num_microbatches=m, schedule=schedule, limit_ms=limit_ms,
+                             spare=spare)
+    if found is None:
+        return None
+    config = Config(layout_of(cm, len(found.replicas), zero=zero, replicas=found.replicas), b, m, schedule)
+    return Candidate(config, found.solution)
+
+
+def replicated_candidates(
+    cm: CostModel, request: PlanRequest, num_devices: int, cap: float, uniform: list[Scored],
+    settings: SearchSettings = SETTINGS,
+) -> list[Scored]:
+    """Pipelines whose stages have their own copy counts, with their simulated times; only
+    layouts that are not uniform (those are the P x D configurations already searched), on at
+    most :attr:`SearchSettings.replicated_max_devices` devices, without tensor parallelism.
+    Searched for the micro-batch sizes of the :attr:`SearchSettings.replicated_sizes` best
+    uniform plans (every size when none fits), each exactly over partitions and copy counts;
+    sizes whose average-work bound cannot beat the best plan so far are skipped."""
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    if not request.per_stage_replication or cm.tp_degree > 1:
+        return []
+    if not 2 <= num_devices <= settings.replicated_max_devices:
+        return []
+    if request.dp_degree or not schedules:  # a forced D means replicated pipelines only
+        return []
+    best_ms = uniform[0][0] if uniform else float("inf")
+    sizes = list(dict.fromkeys(cand.config.microbatch_size for _, cand in uniform))[: settings.replicated_sizes]
+    zero = searched_zero(request, num_devices)
+    out: list[Scored] = []
+    for b in sizes or microbatch_sizes(request, request.global_batch):
+        m = request.global_batch // b
+        fp, bp = cm.time_prefix(b)
+        work = float(fp[-1] + bp[-1])
+        if m < 2 or max(m * work / num_devices, work) > best_ms:
+            continue
+        split = pipedream_split(cm, b, num_devices, replica_counts(num_devices, m))
+        # J is the same for both schedules and 1F1B holds fewer micro-batches, so its optimum is
+        # never worse: solved once (under 1F1B when allowed), the partition is proposed under
+        # every allowed schedule it fits
+        first = ScheduleKind.ONE_F_ONE_B if ScheduleKind.ONE_F_ONE_B in schedules else schedules[0]
+        solved = solve_replicated_config(cm, request, b, first, zero, num_devices, cap,
+                                         request.fixed_boundaries, best_ms, spare=True)
+        for schedule in schedules:
+            proposals = [] if solved is None else [
+                c for c in [same_split(cm, solved, schedule, cap)] if c is not None
+            ]
+            proposals += pipedream_proposal(cm, request, b, schedule, zero, cap, split)
+            for prop in proposals:
+                lay = prop.config.layout
+                if len(set(lay.stage_replicas)) <= 1:
+                    continue
+                if request.max_stages and lay.num_stages > request.max_stages:
+                    continue
+                if request.num_stages and lay.num_stages != request.num_stages:
+                    continue
+                # the busiest copy does (M / R) x its stage's work: no faster than that
+                if max(m // d * t for d, t in zip(lay.stage_replicas, prop.solution.stage_times_ms)) > best_ms:
+                    continue
+                t = simulated(cm, prop)
+                out.append((t, prop))
+                best_ms = min(best_ms, t)
+    return out
+
+
+def same_split(cm: CostModel, cand: Candidate, schedule: ScheduleKind, cap: float) -> Candidate | None:
+    """``cand``'s partition and copies under ``schedule``, if its stages (recomputing as
+    before) still fit; None otherwise."""
+    if schedule is cand.config.schedule:
+        return cand
+    other = Candidate(cand.config.with_schedule(schedule), cand.solution)
+    return other if fits(cm, other.config, cand.solution, cap) else None
+
+
+def pipedream_proposal(
+    cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: ZeroStage, cap: float,
+    split: tuple[tuple[int, ...], tuple[int, ...]] | None,
+) -> list[Candidate]:
+    """PipeDream's own replicated ``split`` (:func:`planner.solve.partitions.pipedream_split`,
+    copy counts dividing M) with the least recomputation that fits each stage: one more
+    proposal for the simulator, as :func:`planner.solve.candidates.alternatives` does for the
+    uniform layouts."""
+    if split is None or not all(f in split[0] for f in request.fixed_boundaries):
+        return []
+    bounds, reps = split
+    config = Config(layout_of(cm, len(reps), zero=zero, replicas=reps), b, request.global_batch // b, schedule)
+    cand = fixed_split(cm, config, bounds, cap, request.recompute)
+    return [cand] if cand is not None else []

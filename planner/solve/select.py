@@ -1,0 +1,105 @@
+"""Selection: full plans for the best candidates, the plan the objective prefers, and the
+(iteration time, peak memory) Pareto front found on the way.
+
+A plan on fewer devices than were available wins only by simulated time (on equal time the one
+on more devices); the chosen plan records the best time found on all of them
+(``predicted.all_devices_ms``, :func:`note_devices`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+from planner.artifacts.kinds import Objective, ScheduleKind
+from planner.artifacts.plan import ParetoPoint, Plan
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.solve.build import Problem, build_plan, memory_cap_bytes
+from planner.solve.candidates import Candidate, Scored, least_zero
+
+
+def plan_of(problem: Problem, cm: CostModel, cand: Candidate) -> Plan:
+    """The Plan of a candidate."""
+    c = cand.config
+    return build_plan(problem, cm, layout=c.layout, boundaries=cand.solution.boundaries,
+                      recompute=cand.solution.recompute, microbatch_size=c.microbatch_size, schedule=c.schedule)
+
+
+def build_best(problem: Problem, cm: CostModel, scored: list[Scored], keep: int) -> list[Plan]:
+    """Full Plans (Timeline-based predictions) for the ``keep`` fastest candidates, each with
+    the least ZeRO stage that keeps its time."""
+    cap = memory_cap_bytes(cm.cluster, problem.request)
+    return [plan_of(problem, cm, least_zero(cm, problem.request, cand, cap)) for _, cand in scored[:keep]]
+
+
+def tie_key(plan: Plan) -> tuple[float, int, int, int, str]:
+    # on equal time the plan on more devices (all of them, as asked) wins
+    return (plan.predicted.iteration_ms, -plan.num_devices, plan.layout.num_stages, -plan.microbatch_size,
+            plan.schedule.value)
+
+
+def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
+    """Non-dominated (iteration time, peak memory) points, fastest first."""
+    pts = sorted(plans, key=lambda p: (p.predicted.iteration_ms, p.predicted.peak_memory_bytes))
+    front: list[ParetoPoint] = []
+    best_mem: int | None = None
+    for p in pts:
+        if best_mem is None or p.predicted.peak_memory_bytes < best_mem:
+            best_mem = p.predicted.peak_memory_bytes
+            front.append(ParetoPoint.of(p))
+    return tuple(front)
+
+
+def merge_pareto(points: Iterable[ParetoPoint]) -> tuple[ParetoPoint, ...]:
+    """The non-dominated points among several fronts (e.g. one per tensor-parallel degree)."""
+    front: list[ParetoPoint] = []
+    best_mem: int | None = None
+    for p in sorted(points, key=lambda p: (p.iteration_ms, p.peak_memory_bytes, p.tp_degree)):
+        if best_mem is None or p.peak_memory_bytes < best_mem:
+            best_mem = p.peak_memory_bytes
+            front.append(p)
+    return tuple(front)
+
+
+def select(plans: list[Plan], request: PlanRequest) -> Plan:
+    """The plan the request's objective prefers among ``plans``, noting the best plan on all
+    the devices when it uses fewer (:func:`note_devices`)."""
+    return note_devices(_select(plans, request), plans)
+
+
+def note_devices(best: Plan, plans: list[Plan]) -> Plan:
+    """``best`` with ``predicted.all_devices_ms``: when it occupies fewer devices than were
+    available, the fastest of ``plans`` on all of them (or the best such that any of them
+    noted); 0 otherwise."""
+    n = best.devices_available
+    found = 0.0
+    if n and best.num_devices < n:
+        times = [p.predicted.iteration_ms for p in plans if p.num_devices == n]
+        times += [p.predicted.all_devices_ms for p in plans if p.predicted.all_devices_ms > 0]
+        found = min(times, default=0.0)
+    if found == best.predicted.all_devices_ms:
+        return best
+    return dataclasses.replace(best, predicted=dataclasses.replace(best.predicted, all_devices_ms=found))
+
+
+def _select(plans: list[Plan], request: PlanRequest) -> Plan:
+    fastest = min(plans, key=tie_key)
+    if request.objective is Objective.TIME:
+        return fastest
+    if request.objective is Objective.MEMORY:
+        budget = request.time_budget_ms or fastest.predicted.iteration_ms * 1.10
+        within = [p for p in plans if p.predicted.iteration_ms <= budget] or [fastest]
+        return min(within, key=lambda p: (p.predicted.peak_memory_bytes,) + tie_key(p))
+    # ME index against the fastest GPipe plan without recomputation (the seed's baseline)
+    refs = [p for p in plans if p.schedule is ScheduleKind.GPIPE and not any(s.recompute for s in p.stages)]
+    ref = min(refs, key=tie_key) if refs else fastest
+
+    def me(p: Plan) -> float:
+        return (ref.predicted.iteration_ms / p.predicted.iteration_ms) / (
+            p.predicted.peak_memory_bytes / ref.predicted.peak_memory_bytes
+        )
+
+    best = max(plans, key=lambda p: (me(p), -p.predicted.iteration_ms))
+    pred = dataclasses.replace(best.predicted, me_index=me(best), me_reference="fastest gpipe plan without recompute")
+    return dataclasses.replace(best, predicted=pred)

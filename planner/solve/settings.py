@@ -1,0 +1,50 @@
+"""The search's tuning constants, in one frozen value (each with the reason for its value)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.artifacts.kinds import SolverKind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSettings:
+    """How hard the default search looks. ``SETTINGS`` is what ``planner plan`` uses."""
+
+    interleave_factors: tuple[int, ...] = field(
+        default=(2, 4), metadata={"doc": "virtual stages per rank tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4)"}
+    )
+    memory_cap_fractions: tuple[float, ...] = field(
+        default=(0.75, 0.5), metadata={"doc": "tighter memory caps (fractions of the cap) searched for the Pareto front"}
+    )
+    rescore_top: int = field(
+        default=4, metadata={"doc": "candidates replayed in full (Plan + Timeline) after the fast simulation"}
+    )
+    pareto_configs: int = field(
+        default=3, metadata={"doc": "configurations re-solved under tighter memory caps for the Pareto front (time objective)"}
+    )
+    alternative_partitions: tuple[SolverKind, ...] = field(
+        default=(SolverKind.TIME_BALANCED, SolverKind.PIPEDREAM),
+        metadata={"doc": "baseline partitions also proposed for every configuration the DP solves"},
+    )
+    chain_max: int = field(
+        default=64, metadata={"doc": "longest chain searched exactly over every configuration; longer profiles are grouped"}
+    )
+    explain_max_layers: int = field(
+        default=256, metadata={"doc": "longest profile the infeasibility explanation searches layer by layer (else over groups)"}
+    )
+    refine_radius: int = field(
+        default=4, metadata={"doc": "layers on each side of a coarse boundary that the refinement plans one by one"}
+    )
+    replicated_sizes: int = field(
+        default=2, metadata={"doc": "micro-batch sizes (of the best uniform plans) for which per-stage replication is searched"}
+    )
+    replicated_max_devices: int = field(
+        default=64,
+        metadata={"doc": "most devices per-stage replication is searched for: its DP is over (layer, devices used), "
+                         "O(L^2 x N x copy counts) per cap; on 1,024 devices that took ~80 s (GPT-3 175B), while the "
+                         "clusters PipeDream's optimizer was built for (and evaluated on) have at most a few dozen"},
+    )
+
+
+SETTINGS = SearchSettings()

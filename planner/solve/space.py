@@ -1,0 +1,224 @@
+"""The space of configurations the search visits, and the requests it refuses before searching.
+
+A configuration is a :class:`~planner.artifacts.layout.Layout` (pipeline ranks P and chunks per
+rank v, replicated pipelines D or per-stage copies, the tensor-parallel degree of the cost model
+searching it, ZeRO) with a micro-batch size b (hence M = G / (D b) micro-batches) and a schedule.
+Counts here are of *tensor-parallel groups* (devices / t): the cost model a search runs with
+prices one device of a group (:mod:`planner.cost.tensor_parallel`), and a layout of P x D
+groups occupies P x D x t devices.
+
+- P x D = n for every divisor n of the N groups available (P <= layers): a layout on fewer
+  groups wins only by simulated time (see :mod:`planner.solve.search`). Divisors, not every
+  n <= N: every count took 3x the solver time on GPT-3 175B over 1,024 devices, divisors about
+  the same as N alone;
+- b divides the per-replica batch;
+- the schedules the chain DP prices (GPipe, 1F1B), and interleaved 1F1B with the
+  :attr:`SearchSettings.interleave_factors` chunks per rank when asked for;
+- ZeRO: with D > 1 the deepest stage the request allows (:func:`searched_zero`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.schedule import check_schedule_rules, inflight_counts
+from planner.solve.settings import SETTINGS, SearchSettings
+
+#: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
+DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One point of the space: a layout, a micro-batch size and count, a schedule."""
+
+    layout: Layout
+    microbatch_size: int
+    num_microbatches: int
+    schedule: ScheduleKind
+
+    @property
+    def pipeline_size(self) -> int:
+        return self.layout.pipeline_size
+
+    @property
+    def num_groups(self) -> int:
+        """Tensor-parallel groups the layout occupies: P x D, or the sum of the stages' copies."""
+        return self.layout.world_size // self.layout.tp_degree
+
+    def inflight(self) -> tuple[int, ...]:
+        """Micro-batches one device of each stage holds at its peak."""
+        return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+
+    def sharding(self, stage_idx: int = 0) -> Sharding:
+        return self.layout.sharding(stage_idx)
+
+    def with_zero(self, zero: ZeroStage) -> "Config":
+        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero))
+
+    def with_schedule(self, schedule: ScheduleKind) -> "Config":
+        return dataclasses.replace(self, schedule=schedule)
+
+    def sort_key(self) -> tuple[int, int, str, int, int, tuple[int, ...]]:
+        """Ties broken towards fewer pipeline ranks, larger micro-batches, then by name."""
+        lay = self.layout
+        return (lay.pipeline_size, -self.microbatch_size, self.schedule.value, lay.virtual_stages_per_rank,
+                int(lay.zero), lay.stage_replicas)
+
+
+def layout_of(
+    cm: CostModel, pipeline_size: int, dp_degree: int = 1, virtual_stages: int = 1, zero: ZeroStage = ZeroStage.NONE,
+    replicas: tuple[int, ...] = (),
+) -> Layout:
+    """The layout of ``pipeline_size`` x ``dp_degree`` groups (or ``replicas`` copies per stage)
+    with ``cm``'s tensor-parallel degree."""
+    return Layout(
+        num_stages=len(replicas) if replicas else pipeline_size * virtual_stages,
+        virtual_stages_per_rank=virtual_stages,
+        dp_degree=dp_degree,
+        stage_replicas=tuple(replicas),
+        tp_degree=cm.tp_degree,
+        sequence_parallel=cm.sequence_parallel,
+        zero=zero,
+    )
+
+
+def schedule_valid(schedule: ScheduleKind, num_stages: int, num_microbatches: int) -> bool:
+    """The schedule's own rules (as torch.distributed.pipelining enforces them)."""
+    if schedule is ScheduleKind.ONE_F_ONE_B:
+        return num_microbatches >= num_stages
+    return True
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def num_devices_of(cluster: Cluster, request: PlanRequest) -> int:
+    n = request.num_devices or cluster.num_devices
+    if n > cluster.num_devices:
+        raise PlannerInputError(
+            f"--devices {n} is more than cluster {cluster.name!r} has ({cluster.num_devices})"
+        )
+    return n
+
+
+def microbatch_sizes(request: PlanRequest, per_replica_batch: int) -> list[int]:
+    sizes = request.microbatch_sizes or tuple(divisors(per_replica_batch))
+    return sorted(b for b in set(sizes) if per_replica_batch % b == 0)
+
+
+def device_counts(num_groups: int) -> list[int]:
+    """The group counts a uniform layout may occupy, most first: the divisors of ``num_groups``."""
+    return divisors(num_groups)[::-1]
+
+
+def configurations(num_layers: int, num_groups: int, request: PlanRequest) -> Iterator[tuple[int, int]]:
+    """(P, D) pairs with P x D <= N (every pair once), honouring the request's stage count,
+    data-parallel degree and stage limit, in search order (all N groups first)."""
+    for n in device_counts(num_groups):
+        for P in divisors(n):
+            D = n // P
+            if P > num_layers or (request.max_stages and P > request.max_stages):
+                continue
+            if (request.num_stages and P != request.num_stages) or (request.dp_degree and D != request.dp_degree):
+                continue
+            if request.global_batch % D:
+                continue
+            yield P, D
+
+
+def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
+    """The ZeRO stage a configuration is solved at: the deepest the request allows when there
+    are replicas to shard over. Sharding only frees memory and moves no more bytes (see
+    planner.cost), so its optimum is never slower; :func:`planner.solve.candidates.least_zero`
+    then keeps the least sharding under which the chosen plan still fits. With one rank per
+    stage sharding changes nothing; the plan records the least stage asked for."""
+    return max(request.zero_stages) if dp_degree > 1 else min(request.zero_stages)
+
+
+def all_configs(
+    cm: CostModel, request: PlanRequest, num_groups: int, interleaved: bool = True, settings: SearchSettings = SETTINGS
+) -> list[Config]:
+    """Every configuration of the space for ``cm`` (see the module docstring)."""
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    out = []
+    for P, D in configurations(cm.num_layers, num_groups, request):
+        z = searched_zero(request, D)
+        for b in microbatch_sizes(request, request.global_batch // D):
+            M = request.global_batch // (D * b)
+            out.extend(Config(layout_of(cm, P, D, 1, z), b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+            if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
+                out.extend(
+                    Config(layout_of(cm, P, D, v, z), b, M, ScheduleKind.INTERLEAVED_1F1B)
+                    for v in settings.interleave_factors
+                    if P * v <= cm.num_layers and interleaving_valid(P, M, v)
+                )
+    return out
+
+
+def interleaving_valid(num_ranks: int, num_microbatches: int, v: int) -> bool:
+    try:
+        check_schedule_rules(ScheduleKind.INTERLEAVED_1F1B, num_ranks * v, num_microbatches, v)
+    except PlannerInputError:
+        return False
+    return num_microbatches >= num_ranks
+
+
+def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
+    """No plan of this configuration simulates faster: every replica does M micro-batches of
+    at least the profile's forward + backward work, spread over P devices at best, and one
+    micro-batch crosses all of it in sequence (planner.simulation.bounds' average-work bound)."""
+    fp, bp = cm.time_prefix(c.microbatch_size)
+    work = float(fp[-1] + bp[-1])
+    return max(c.num_microbatches * work / c.pipeline_size, work)
+
+
+def refuse_unmeetable(
+    num_layers: int, num_groups: int, request: PlanRequest, *, interleaved: bool = True, settings: SearchSettings = SETTINGS
+) -> None:
+    """Refuse, before searching, a request whose layout constraints (fixed boundaries, stage
+    count, data-parallel degree) no plan on ``num_layers`` layers and ``num_groups`` groups can
+    meet: :class:`InfeasibleError` naming the constraint and the limit it runs into
+    (:class:`PlannerInputError` for a boundary that is not a layer). ``interleaved``: the
+    solver may interleave stages (a rank holding several model chunks)."""
+    fixed = sorted(set(request.fixed_boundaries))
+    beyond = [f for f in fixed if f >= num_layers]
+    if beyond:
+        raise PlannerInputError(
+            f"fixed boundaries {beyond}: a stage can start at layers 1..{num_layers - 1} ({num_layers} layers)"
+        )
+    P, D = request.num_stages, request.dp_degree
+    if P > num_layers:
+        raise InfeasibleError(f"--stages {P}: the profile has {num_layers} layers (a stage holds at least one)")
+    if P * max(D, 1) > num_groups or D > num_groups:
+        asked = " x ".join(f"{flag} {v}" for flag, v in (("--stages", P), ("--dp-degree", D)) if v)
+        raise InfeasibleError(f"{asked} needs {max(P, 1) * max(D, 1)} devices; {num_groups} are available")
+    if not fixed:
+        return
+    limits = [(num_layers, f"the profile's {num_layers} layers")]
+    ranks = [(num_groups // max(D, 1), f"{num_groups} devices" + (f" at --dp-degree {D}" if D else ""))]
+    if P:
+        ranks.append((P, f"--stages {P}"))
+    if request.max_stages:
+        ranks.append((request.max_stages, f"--max-stages {request.max_stages}"))
+    r, why = min(ranks)
+    # interleaving gives a rank several stages, on pipelines of more than one rank
+    inter = interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and r > 1
+    v = max(settings.interleave_factors) if inter else 1
+    limits.append((r * v, why + (f" (x {v} interleaved stages per rank)" if v > 1 else "")))
+    most, why = min(limits)
+    if len(fixed) + 1 > most:
+        raise InfeasibleError(
+            f"--fixed-boundaries {','.join(map(str, fixed))} need at least {len(fixed) + 1} stages, "
+            f"but at most {most} are possible ({why})",
+            suggestions=("fewer fixed boundaries", "more stages (--stages, --max-stages) or more devices"),
+        )
