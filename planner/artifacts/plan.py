@@ -267,6 +267,8 @@ class Plan:
 
 #: the layout's fields as version 3 files hold them, at the top level (stage_replicas: in stages)
 _LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel")
+#: layout keys a version-3 file must have (the others have defaults)
+_REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
 #: the top-level keys of a version-3 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
@@ -285,6 +287,9 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
     if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 2:
         data = dict(data, version=VERSION)  # v3 only added fields with defaults
     if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == VERSION:
+        missing = [k for k in _REQUIRED_LAYOUT_KEYS if k not in data]
+        if missing:
+            raise PlannerInputError(f"{source}: {missing[0]}: missing required field")
         data = _nested(data)
     try:
         return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
@@ -349,7 +354,7 @@ def plan_schema() -> dict[str, Any]:
         wire[key] = layout["properties"][key] if key in _LAYOUT_KEYS else props[key]
     doc["properties"] = wire
     doc["required"] = ["schema", "version"] + [
-        k for k in _WIRE_ORDER if k in doc["required"] or k in layout["required"]
+        k for k in _WIRE_ORDER if k in doc["required"] or k in _REQUIRED_LAYOUT_KEYS
     ]
     return doc
 

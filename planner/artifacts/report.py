@@ -9,7 +9,10 @@ Emulated runs (``emulate``) record how far each stage's actions ran past their p
 action whose real work took longer. A run whose stages overran by more than
 ``OVERRUN_LIMIT`` (5%) of their emulated compute is flagged (``fidelity_sample`` False):
 its times measure the machine's load, not the cost model. (Fields added in place: version-1
-files written before them load with 0 overruns and ``fidelity_sample`` False.)
+files written before them load with 0 overruns and ``fidelity_sample`` False.) Version 2 holds
+the plan's parallel dimensions as one ``layout``
+(:class:`~planner.artifacts.layout.Layout`); version-1 files, which had them at the top level,
+are read and upgraded.
 
 Times are wall-clock milliseconds. ``compute_ms`` of a stage is the time its ranks spent
 inside forward and backward of their micro-batches in one iteration (mean over measured
@@ -34,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
+from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
+from planner.artifacts.layout import Layout
 
 SCHEMA = "planner.runreport"
-VERSION = 1
+VERSION = 2
 
 
 #: an emulated run whose stages overran their profiled compute by more than this fraction is not
@@ -119,17 +124,13 @@ class RunReport:
     world_size: int
     backend: str
     device: str
-    dtype: str
-    optimizer: str
+    dtype: DType
+    optimizer: OptimizerFamily
     emulate: bool
-    num_stages: int
-    dp_degree: int
+    layout: Layout = field(metadata={"doc": "the plan's parallel dimensions, as run"})
     num_microbatches: int
     microbatch_size: int
-    schedule: str
-    zero: int = field(default=0, metadata={"doc": "the plan's ZeRO stage, as run"})
-    tp_degree: int = field(default=1, metadata={"doc": "the plan's tensor-parallel degree, as run"})
-    sequence_parallel: bool = field(default=False, metadata={"doc": "the plan's sequence parallelism, as run"})
+    schedule: ScheduleKind
     optimizer_state_bytes_per_param: int = field(
         default=0, metadata={"doc": "the runtime optimizer's state per parameter element: AdamW 2 x element size, SGD 0"}
     )
@@ -151,10 +152,10 @@ class RunReport:
     )
 
     def __post_init__(self) -> None:
-        if len(self.stages) != self.num_stages:
-            raise ValueError(f"num_stages is {self.num_stages} but {len(self.stages)} stage records are listed")
-        if self.zero not in (0, 1, 2):
-            raise ValueError(f"zero must be 0, 1 or 2 (got {self.zero})")
+        if len(self.stages) != self.layout.num_stages:
+            raise ValueError(f"the layout has {self.layout.num_stages} stages but {len(self.stages)} stage records are listed")
+        if self.world_size != self.layout.world_size:
+            raise ValueError(f"world_size {self.world_size} is not the layout's {self.layout.world_size} devices")
 
 
 def load_report(path: str | Path) -> RunReport:
@@ -162,7 +163,31 @@ def load_report(path: str | Path) -> RunReport:
 
 
 def report_from_json(data: Any, source: str = "<runreport>") -> RunReport:
+    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
+        data = _upgrade_v1(data)
     return codec.decode_document(RunReport, data, SCHEMA, VERSION, source)
+
+
+_V1_LAYOUT_KEYS = ("num_stages", "dp_degree", "zero", "tp_degree", "sequence_parallel")
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 report (the layout's degrees at the top level) as version 2: the layout
+    gathered, its chunks per rank and per-stage copies read off the stages' ranks."""
+    out = {k: v for k, v in data.items() if k not in _V1_LAYOUT_KEYS}
+    out["version"] = VERSION
+    layout: dict[str, Any] = {k: data[k] for k in _V1_LAYOUT_KEYS if k in data}
+    stages, world = data.get("stages"), data.get("world_size")
+    num, dp, tp = layout.get("num_stages"), layout.get("dp_degree", 1), layout.get("tp_degree", 1)
+    ints = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (num, dp, tp, world))
+    if ints and isinstance(stages, list) and all(isinstance(st, dict) and isinstance(st.get("ranks"), list) for st in stages):
+        copies = [len(st["ranks"]) // (dp * tp) for st in stages]
+        if any(c > 1 for c in copies) and dp == 1 and tp == 1:
+            layout["stage_replicas"] = copies
+        elif num * dp * tp != world and (num * dp * tp) % world == 0:
+            layout["virtual_stages_per_rank"] = num * dp * tp // world
+    out["layout"] = layout
+    return out
 
 
 def report_to_json(report: RunReport) -> dict[str, Any]:

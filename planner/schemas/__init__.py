@@ -8,35 +8,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner.artifacts import codec
+from typing import Any
+
+from planner.artifacts import cluster, codec, plan, profile, report
 
 HERE = Path(__file__).parent
 
 
-def documents() -> dict[str, tuple[type, str, int]]:
-    from planner.artifacts import cluster, plan, profile
-
-    docs = {
-        "profile": (profile.Profile, profile.SCHEMA, profile.VERSION),
-        "cluster": (cluster.Cluster, cluster.SCHEMA, cluster.VERSION),
-        "plan": (plan.Plan, plan.SCHEMA, plan.VERSION),
+def documents() -> dict[str, tuple[int, dict[str, Any]]]:
+    """Document name -> (version, JSON Schema)."""
+    return {
+        "profile": (profile.VERSION, codec.document_schema(profile.Profile, profile.SCHEMA, profile.VERSION)),
+        "cluster": (cluster.VERSION, codec.document_schema(cluster.Cluster, cluster.SCHEMA, cluster.VERSION)),
+        "plan": (plan.VERSION, plan.plan_schema()),
+        "runreport": (report.VERSION, codec.document_schema(report.RunReport, report.SCHEMA, report.VERSION)),
     }
-    try:
-        from planner.artifacts import report
-
-        docs["runreport"] = (report.RunReport, report.SCHEMA, report.VERSION)
-    except (ImportError, AttributeError):
-        pass
-    return docs
 
 
 def render() -> dict[str, str]:
     """File name -> text of every schema file."""
-    out = {}
-    for name, (cls, schema, version) in documents().items():
-        text = json.dumps(codec.document_schema(cls, schema, version), indent=2) + "\n"
-        out[f"{name}.v{version}.schema.json"] = text
-    return out
+    return {f"{name}.v{version}.schema.json": json.dumps(doc, indent=2) + "\n" for name, (version, doc) in documents().items()}
 
 
 def write() -> list[Path]:
