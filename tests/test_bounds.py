@@ -132,16 +132,15 @@ def test_machine_bound_takes_the_best_micro_batch_size():
 def test_default_plan_flops_and_mfu():
     """GPT-3 13B: model FLOPs = 3 x forward (72 B s l h^2 (1 + s/6h + V/12lh)), within 15% of the
     6 N tokens rule of thumb (attention and the head add to it); MFU = achieved / peak."""
-    from planner.profiling.analytic.flops import model_flops_per_sample
     from planner.profiling.defaults import default_profile
     from planner.solve import plan as solve
 
     prof = default_profile()
     l, h, s, v = 40, 5120, 2048, 50257
     want = 72 * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
-    assert model_flops_per_sample(prof) == pytest.approx(want, rel=1e-12)
+    assert prof.model_flops_per_sample == pytest.approx(want, rel=1e-12)
     params = sum(layer.param_count for layer in prof.layers) - prof.tied[0].param_count
-    ratio = model_flops_per_sample(prof) / (6 * params * s)
+    ratio = prof.model_flops_per_sample / (6 * params * s)
     assert 1.0 < ratio < 1.15, ratio
     p = solve(prof, None, PlanRequest(global_batch=64))
     pred = p.predicted
@@ -152,8 +151,11 @@ def test_default_plan_flops_and_mfu():
     assert pred.machine_bound_ms <= pred.iteration_ms
 
 
-def test_no_flops_for_a_model_that_is_not_a_decoder():
-    from planner.profiling.analytic.flops import model_flops_per_sample
+def test_no_flops_when_the_profile_does_not_know_them():
+    """A profile built without FLOPs (here a synthetic chain) plans with no MFU, not a guess."""
+    from planner.solve import plan as solve
 
     prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=1, saved=1.0, inp=1.0, out=1.0)])
-    assert model_flops_per_sample(prof) == 0.0
+    assert prof.model_flops_per_sample == 0.0
+    pred = solve(prof, small_cluster(1), PlanRequest(global_batch=2)).predicted
+    assert (pred.model_flops_per_iteration, pred.mfu) == (0.0, 0.0)

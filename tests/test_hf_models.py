@@ -14,7 +14,6 @@ import pytest
 import torch
 import transformers
 
-from planner.profiling.analytic.flops import model_flops_per_sample
 from planner.profiling.analytic.gpt import block_fwd_flops
 from planner.profiling.analytic.llama import flops_per_token, llama_profile, llama_shape, read_config
 from planner.commands.cli import main
@@ -201,7 +200,7 @@ def test_llama3_parameter_count_is_the_published_size(name: str) -> None:
         model = transformers.AutoModelForCausalLM.from_config(hf.make_config(hf.HFSpec(source=name, config=dict(config)), name))
     assert total == sum(p.numel() for p in model.parameters())
     ours, rule, ratio = flops_per_token(llama_shape(config))
-    assert model_flops_per_sample(profile) == pytest.approx(ours * 8192, rel=1e-12)
+    assert profile.model_flops_per_sample == pytest.approx(ours * 8192, rel=1e-12)
     assert 0.94 < ratio < 1.0  # below 6N + attention by the embedding lookup's 6 V h
 
 

@@ -12,14 +12,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.cluster import PRESETS
+from planner.artifacts.kinds import SolverKind, ZeroStage
+from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import CostModel, replicated_ranks
-from planner.schedule import build_replicated_schedule, validate_schedule
+from planner.cost import CostModel
+from planner.schedule import build_replicated_schedule, inflight_counts, validate_schedule
 from planner.simulation import simulate
 from planner.solve import plan
 from planner.solve.bruteforce import best_stage
-from planner.solve.build import build_plan
-from planner.solve.chain_dp import StageTable, exposed_allreduce_ms, inflight_counts
+from planner.solve.build import rebuild_plan
+from planner.solve.candidates import stage_recompute
+from planner.solve.chain_dp import StageTable, exposed_allreduce_ms
 from planner.solve.partitions import pipedream_split
 from planner.solve.replicated import replica_counts, solve_replicated
 from tests.chains import chain_profile, layer_dicts, small_cluster
@@ -51,16 +54,17 @@ def test_replicated_schedules_never_deadlock_and_hold_what_the_cost_model_says(r
     orders = build_replicated_schedule(kind, reps, m)
     assert len(orders) == sum(reps)
     validate_schedule(orders, len(reps), m, replicated=True)
-    for (s, d), ranks in zip(enumerate(reps), replicated_ranks(reps)):
+    layout = Layout(num_stages=len(reps), stage_replicas=reps)
+    for (s, d), ranks in zip(enumerate(reps), layout.all_stage_ranks()):
         for r, rank in enumerate(ranks):
             assert {a.mb_idx for a in orders[rank]} == set(range(r, m, d))
     # the simulator's per-copy peak of micro-batches in flight is the cost model's count
     prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=10, saved=100.0, inp=10.0, out=10.0)] * len(reps))
-    cm = CostModel(prof, small_cluster(sum(reps)))
-    p = build_plan(cm, PlanRequest(global_batch=m), boundaries=tuple(range(len(reps))), recompute=[()] * len(reps),
-                   dp_degree=1, microbatch_size=1, schedule=kind, solver="hand", replicas=reps)
+    p = rebuild_plan(prof, small_cluster(sum(reps)), PlanRequest(global_batch=m), layout=layout,
+                     boundaries=tuple(range(len(reps))), recompute=[()] * len(reps), microbatch_size=1, schedule=kind,
+                     solver=SolverKind.GIVEN)
     t = simulate(p)
-    ks = inflight_counts(kind, len(reps), m, replicas=reps) if max(reps) > 1 else inflight_counts(kind, len(reps), m)
+    ks = inflight_counts(kind, layout, m)
     assert tuple(st_.peak_inflight_microbatches for st_ in t.stages) == ks
     assert t.iteration_ms > 0 and len(t.rank_busy_ms) == sum(reps)
 
@@ -70,9 +74,9 @@ def test_replicated_simulation_by_hand():
     stage 0 does two forwards (0-2), stage 1 forwards 1-5, backwards 5-13, the copies' last
     backwards end at 13 + 2 = 15."""
     prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=0, saved=1.0, inp=1.0, out=0.0)] * 2)
-    cm = CostModel(prof, small_cluster(3))
-    p = build_plan(cm, PlanRequest(global_batch=4), boundaries=(0, 1), recompute=[(), ()], dp_degree=1,
-                   microbatch_size=1, schedule=ScheduleKind.GPIPE, solver="hand", replicas=(2, 1))
+    p = rebuild_plan(prof, small_cluster(3), PlanRequest(global_batch=4), layout=Layout(num_stages=2, stage_replicas=(2, 1)),
+                     boundaries=(0, 1), recompute=[(), ()], microbatch_size=1, schedule=ScheduleKind.GPIPE,
+                     solver=SolverKind.GIVEN)
     assert p.stages[0].ranks == (0, 1) and p.stages[1].ranks == (2,) and p.num_devices == 3
     t = simulate(p)
     assert t.iteration_ms == pytest.approx(15.0)
@@ -94,16 +98,14 @@ def _oracle(cm: CostModel, tables: dict[int, StageTable], n: int, m: int, kind: 
             for reps in itertools.product(counts, repeat=p):
                 if sum(reps) != n:
                     continue
-                ks = inflight_counts(kind, p, m, replicas=reps)
+                zero = next(iter(tables.values())).sharding.zero
+                layout = Layout(num_stages=p, stage_replicas=reps, zero=zero)
+                ks = inflight_counts(kind, layout, m)
                 stages = [best_stage(tables[d], a, z, k) for d, a, z, k in zip(reps, bounds, stops, ks)]
                 if any(t == math.inf for t, _ in stages):
                     continue
-                layout = replicated_ranks(reps)
-                comm = sum(2 * cm.boundary_transfer_ms(z, b, s, 1, ranks=layout) for s, z in enumerate(stops[:-1]))
-                exposed = sum(
-                    exposed_allreduce_ms(cm, a, z, s, 1, b, zero=tables[d].zero, ranks=layout[s])
-                    for s, (d, a, z) in enumerate(zip(reps, bounds, stops))
-                )
+                comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops[:-1]))
+                exposed = sum(exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
                 times = [t for t, _ in stages]
                 value = sum(times) + comm + exposed + (m - 1) * max(t / d for t, d in zip(times, reps))
                 best = min(best, value)
@@ -116,7 +118,8 @@ def _oracle(cm: CostModel, tables: dict[int, StageTable], n: int, m: int, kind: 
 def test_replicated_dp_equals_bruteforce(layers, n, m, kind, zero, mem):
     prof = chain_profile(layers)
     cm = CostModel(prof, small_cluster(n, memory_bytes=int(mem)))
-    tables = {d: StageTable(cm, 1, mem, shard=d if zero else 1, zero=zero) for d in replica_counts(n, m)}
+    tables = {d: StageTable(cm, 1, mem, sharding=Sharding(ZeroStage(zero), d) if zero else Sharding())
+              for d in replica_counts(n, m)}
     got = solve_replicated(tables, num_devices=n, num_microbatches=m, schedule=kind)
     want = _oracle(cm, tables, n, m, kind)
     if want == math.inf:
@@ -151,13 +154,15 @@ def test_ours_at_least_as_fast_as_pipedreams_replicated_split_on_alexnet():
     bounds, reps = pipedream_split(cm, b0, n)
     assert len(set(reps)) > 1, f"PipeDream's split is uniform here: {reps}"
     assert 24 % math.lcm(*reps) == 0
-    from planner.solve.search import Config, stage_recompute
+    from planner.solve.space import Config
 
-    config = Config(len(reps), 1, b0, 24, ScheduleKind.ONE_F_ONE_B, replicas=reps)
+    layout = Layout(num_stages=len(reps), stage_replicas=reps)
+    config = Config(layout, b0, 24, ScheduleKind.ONE_F_ONE_B)
     stops = list(bounds[1:]) + [cm.num_layers]
-    rc = [stage_recompute(cm, a, z, b0, k, 0.9 * cluster.device_memory_bytes) for a, z, k in zip(bounds, stops, config.inflight())]
-    theirs = build_plan(cm, req, boundaries=bounds, recompute=rc, dp_degree=1, microbatch_size=b0,
-                        schedule=ScheduleKind.ONE_F_ONE_B, solver="pipedream-optimizer", replicas=reps)
+    rc = [stage_recompute(cm, a, z, b0, k, 0.9 * cluster.device_memory_bytes, config, s)
+          for s, (a, z, k) in enumerate(zip(bounds, stops, config.inflight()))]
+    theirs = rebuild_plan(prof, cluster, req, layout=layout, boundaries=bounds, recompute=rc, microbatch_size=b0,
+                          schedule=ScheduleKind.ONE_F_ONE_B, solver=SolverKind.GIVEN)
     ours = plan(prof, cluster, req)
     assert ours.predicted.iteration_ms <= theirs.predicted.iteration_ms * (1 + 1e-9)
 

@@ -214,7 +214,7 @@ def test_predict_fills_the_plan_prediction():
 def test_integer_orders_match_the_schedule_builder():
     from planner.schedule import build_schedule
     from planner.schedule.actions import ActionKind
-    from planner.simulation import _encoded
+    from planner.simulation.simulator import _encoded
 
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.layout import Layout
 from planner.solve import plan
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.chain_dp import StageTable, solve_chain
@@ -39,9 +41,10 @@ def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_
     all-gather pricing from the same table."""
     prof = chain_profile(layers)
     cm = CostModel(prof, small_cluster(8))
-    shard = dp_degree if zero else 1
-    table = StageTable(cm, microbatch_size, cap_gb * 1e9, shard=shard, zero=zero)
-    kw = dict(num_stages=num_stages, dp_degree=dp_degree, num_microbatches=num_microbatches, schedule=schedule)
+    layout = Layout(num_stages=num_stages, dp_degree=dp_degree, zero=ZeroStage(zero))
+    sharding = layout.sharding(0)
+    table = StageTable(cm, microbatch_size, cap_gb * 1e9, sharding=sharding)
+    kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=schedule)
     dp = solve_chain(table, **kw)
     bf = solve_chain_bruteforce(table, **kw)
     ilp = solve_chain_ilp(table, **kw)
@@ -56,7 +59,7 @@ def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
         k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
-        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, shard, zero).total_bytes <= table.cap
+        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, sharding).total_bytes <= table.cap
 
 
 @SETTINGS

@@ -190,12 +190,12 @@ def test_torchtitan_export_carries_every_degree(tmp_path):
     path.write_text(dumps_plan(p))
     assert main(["export", str(path), "--torchtitan", str(tmp_path / "t.toml")]) == 0
     assert tomllib.loads((tmp_path / "t.toml").read_text()) == cfg
-    from planner.artifacts.request import ScheduleKind
-    from planner.cost import CostModel
-    from planner.solve.build import build_plan
+    from planner.artifacts.kinds import ScheduleKind, SolverKind
+    from planner.artifacts.layout import Layout
+    from planner.solve.build import rebuild_plan
 
-    replicated = build_plan(CostModel(prof, cluster), PlanRequest(global_batch=16), boundaries=(0, 4),
-                            recompute=[(), ()], dp_degree=1, microbatch_size=1, schedule=ScheduleKind.GPIPE,
-                            solver="hand", replicas=(2, 1))
+    replicated = rebuild_plan(prof, cluster, PlanRequest(global_batch=16), layout=Layout(num_stages=2, stage_replicas=(2, 1)),
+                              boundaries=(0, 4), recompute=[(), ()], microbatch_size=1, schedule=ScheduleKind.GPIPE,
+                              solver=SolverKind.GIVEN)
     with pytest.raises(PlannerInputError, match="per stage"):
         torchtitan_config(replicated)

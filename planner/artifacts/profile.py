@@ -22,7 +22,8 @@ from planner.artifacts.codec import JSONScalar
 from planner.artifacts.kinds import DType
 
 SCHEMA = "planner.profile"
-VERSION = 1
+#: version 2 added ``model_flops_per_sample``; version-1 files load with it 0 (unknown)
+VERSION = 2
 
 
 def _check_nonneg(owner: str, **values: float) -> None:
@@ -196,6 +197,11 @@ class Profile:
     versions: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, JSONScalar] = field(default_factory=dict)
     fingerprint_sha256: str = ""
+    model_flops_per_sample: float = field(
+        default=0.0,
+        metadata={"doc": "FLOPs of one training sample's forward and backward without recomputation (the count MFU "
+                         "uses), set by whoever builds the profile; 0 = unknown"},
+    )
     layers: tuple[Layer, ...]
     edges: tuple[Edge, ...]
     tied: tuple[TiedParams, ...] = ()
@@ -203,6 +209,7 @@ class Profile:
     def __post_init__(self) -> None:
         if not self.layers:
             raise ValueError("a profile needs at least one layer")
+        _check_nonneg("profile", model_flops_per_sample=self.model_flops_per_sample)
         if not self.microbatch_sizes or min(self.microbatch_sizes) < 1:
             raise ValueError(f"microbatch_sizes must be positive (got {list(self.microbatch_sizes)})")
         names = [layer.name for layer in self.layers]
@@ -237,6 +244,8 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
+    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
+        data = dict(data, version=VERSION)  # v2 only added a field with a default
     return codec.decode_document(Profile, data, SCHEMA, VERSION, source)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import MLP, SelfAttention, generator, megatron_styles, mean_cross_entropy, parse_dtype, seeded
+from planner.models.flops import gpt_model_flops_per_sample
 from planner.models.workload import TensorParallel, Workload
 
 
@@ -134,4 +135,5 @@ def build(cfg: GPTConfig) -> Workload:
         tied=(((0, "tok.weight"), (len(layers) - 1, "proj.weight")),),
         options={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         tensor_parallel=TensorParallel(styles=megatron_styles, must_divide=(cfg.heads,), sequence_length=cfg.seq),
+        model_flops_per_sample=gpt_model_flops_per_sample(layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq, vocab=cfg.vocab),
     )

@@ -17,6 +17,7 @@ from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, mean_cross_entropy, parse_dtype, seeded
+from planner.models.flops import gpt_model_flops_per_sample
 from planner.models.workload import Workload
 
 
@@ -110,4 +111,6 @@ def build(opts: GPT2Options) -> Workload:
         loss_fn=mean_cross_entropy,
         tied=(((0, "wte.weight"), (len(layers) - 1, "lm_head.weight")),),
         options={k: getattr(opts, k) for k in opts.__dataclass_fields__},
+        model_flops_per_sample=gpt_model_flops_per_sample(layers=opts.layers, hidden=opts.hidden, seq=opts.seq,
+                                                          vocab=opts.vocab),
     )

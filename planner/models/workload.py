@@ -90,6 +90,9 @@ class Workload:
       metadata; default empty.
     - ``tensor_parallel``: how the layers split over tensor-parallel devices
       (:class:`TensorParallel`), or None when the model does not split; default None.
+    - ``model_flops_per_sample``: FLOPs of one training sample's forward and backward without
+      recomputation (the count MFU uses), recorded in the profile; default 0 (unknown: the
+      plan then shows no MFU).
     """
 
     name: str
@@ -100,8 +103,12 @@ class Workload:
     tied: tuple[TiedGroup, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     tensor_parallel: TensorParallel | None = None
+    model_flops_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (self.model_flops_per_sample >= 0 and self.model_flops_per_sample < float("inf")):
+            raise ValueError(f"workload {self.name!r}: model_flops_per_sample must be finite and >= 0 "
+                             f"(got {self.model_flops_per_sample!r})")
         if not self.layers:
             raise ValueError(f"workload {self.name!r} has no layers")
         if len(self.layer_names) != len(self.layers):

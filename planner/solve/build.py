@@ -17,7 +17,7 @@ from planner.artifacts.profile import Profile, profile_to_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
-from planner.profiling.analytic.flops import model_flops_per_sample
+
 from planner.schedule import inflight_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
@@ -126,7 +126,7 @@ def build_plan(
         predicted=dataclasses.replace(
             draft.predicted,
             machine_bound_ms=machine_bound_ms(profile, cluster, request.global_batch, layout.world_size),
-            model_flops_per_iteration=model_flops_per_sample(profile) * request.global_batch,
+            model_flops_per_iteration=profile.model_flops_per_sample * request.global_batch,
             device_peak_tflops=cluster.peak_tflops,
         ),
     )

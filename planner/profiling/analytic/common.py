@@ -89,7 +89,8 @@ def megatron_split(
 
 
 def assemble(
-    *, model: str, device: DevicePreset, layers: list[Layer], tied_params: int, metadata: dict[str, Any]
+    *, model: str, device: DevicePreset, layers: list[Layer], tied_params: int, metadata: dict[str, Any],
+    model_flops_per_sample: float,
 ) -> Profile:
     """An analytic chain profile: consecutive layers joined by their outputs, the embedding
     and head tying ``tied_params`` parameters (0: untied)."""
@@ -103,6 +104,7 @@ def assemble(
         versions={},
         metadata=metadata,
         fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
+        model_flops_per_sample=model_flops_per_sample,
         layers=tuple(layers),
         edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
         tied=(

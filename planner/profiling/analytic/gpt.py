@@ -45,9 +45,9 @@ its input's gradient is all-reduced in backward (the cross entropy's per-token a
 
 from __future__ import annotations
 
-from typing import Any
-
-from planner.artifacts.profile import Layer, Profile
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import Layer, Profile, TensorSplit
+from planner.models.flops import block_fwd_flops, gpt_model_flops_per_sample, head_fwd_flops
 from planner.profiling.analytic.common import (
     BYTES_PER_ACT,
     DEVICE_PRESETS,
@@ -67,29 +67,6 @@ GPT3_SIZES: dict[str, dict[str, int]] = {
     "gpt3-13b": dict(layers=40, hidden=5120, heads=40, seq=2048, vocab=50257),
     "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
 }
-
-def block_fwd_flops(seq: int, hidden: int) -> float:
-    """Forward FLOPs of one transformer block per sample: ``24 s h^2 + 4 s^2 h`` (Narayanan et
-    al. 2021, eq. 3: the QKV, projection and MLP matmuls, and the attention scores and values)."""
-    return 24.0 * seq * hidden * hidden + 4.0 * seq * seq * hidden
-
-
-def head_fwd_flops(seq: int, hidden: int, vocab: int) -> float:
-    """Forward FLOPs of the LM head per sample: ``2 s h V`` (same source)."""
-    return 2.0 * seq * hidden * vocab
-
-
-def transformer_config(profile: Profile) -> dict[str, int] | None:
-    """``layers``, ``hidden``, ``seq``, ``vocab`` of a GPT-style decoder profile: an analytic
-    profile's metadata, or a measured zoo ``gpt``/``gpt2`` profile's model options; else None."""
-    meta = profile.metadata
-    keys = ("layers", "hidden", "seq", "vocab")
-    if profile.source == "analytic" and all(isinstance(meta.get(k), int) for k in keys):
-        return {k: int(meta[k]) for k in keys}  # type: ignore[arg-type]
-    if profile.model in ("gpt", "gpt2") and all(isinstance(meta.get(f"option.{k}"), int) for k in keys):
-        return {k: int(meta[f"option.{k}"]) for k in keys}  # type: ignore[arg-type]
-    return None
-
 
 def gpt_profile(
     *,
@@ -140,6 +117,7 @@ def gpt_profile(
         device=device,
         layers=out,
         tied_params=V * h,
+        model_flops_per_sample=gpt_model_flops_per_sample(layers=layers, hidden=hidden, seq=seq, vocab=vocab),
         metadata={
             "efficiency": efficiency,
             "peak_bf16_tflops": device.peak_bf16_tflops,

@@ -234,6 +234,7 @@ def llama_profile(
         device=device,
         layers=layers,
         tied_params=V * h if shape.tied else 0,
+        model_flops_per_sample=shape.model_flops_per_sample(),
         metadata={
             "architecture": "llama",
             "model_type": str(config.get("model_type")),
@@ -261,11 +262,3 @@ def llama_profile(
             "flops_ratio_to_6n_rule": ratio,
         },
     )
-
-
-def model_flops_per_sample(metadata: dict[str, Any]) -> float:
-    """MFU model FLOPs of a sample from a :func:`llama_profile`'s metadata (0 if incomplete)."""
-    keys = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq")
-    if not all(isinstance(metadata.get(k), int) and not isinstance(metadata.get(k), bool) for k in keys):
-        return 0.0
-    return LlamaShape(**{k: int(metadata[k]) for k in keys}).model_flops_per_sample()

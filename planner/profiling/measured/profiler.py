@@ -190,6 +190,7 @@ def profile_model(
         versions=_versions(),
         metadata=metadata,
         fingerprint_sha256=workload_fingerprint(work),
+        model_flops_per_sample=work.model_flops_per_sample,
         layers=tuple(layers),
         edges=tuple(Edge(src=s, dst=d, bytes_per_sample=b / per) for (s, d), b in sorted(edges.items())),
         tied=detect_tied(work),
