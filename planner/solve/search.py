@@ -77,22 +77,16 @@ def search_plan(
 ) -> Plan:
     """The best plan over every tensor-parallel degree (see the module docstring)."""
     n = num_devices_of(cluster, request)
-    base = base_cluster(cluster, n)
-    # the plans of t = 1 record the cluster the search ran on (part of a node when the devices
-    # fit in one), those of t > 1 the cluster as given, as plans before the Layout did
-    problems = {False: Problem.of(profile, base, request, solver, n), True: Problem.of(profile, cluster, request, solver, n)}
+    base = base_cluster(cluster, n)  # part of one node when the devices fit in one
+    problem = Problem.of(profile, cluster, request, solver, n)  # plans record the cluster as given
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
     for t, sp in tensor_settings(profile, base, n, request):
         cm = device_cost_model(profile, base, request.optimizer, t, sp)
         try:
-            found = search_layouts(problems[t > 1], cm, n // t, chain_solver, settings)
+            plans.append(search_layouts(problem, cm, n // t, chain_solver, settings))
         except InfeasibleError as exc:
             infeasible.append(exc)
-            continue
-        if t > 1:  # as plans before the Layout did: the best on all devices noted across degrees only
-            found = dataclasses.replace(found, predicted=dataclasses.replace(found.predicted, all_devices_ms=0.0))
-        plans.append(found)
     if not plans:
         raise infeasible[0]
     # equal times (sequence parallelism often costs no time): the leaner plan, then the smaller t
