@@ -29,6 +29,11 @@ LLAMA3 = ("llama-3-8b", "llama-3-70b")  # configs/<name>.json
 PRESETS = {"a100": "a100-80gb", "h100": "h100-80gb"}
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (as the shipped profiles are named)."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ...], models: tuple[str, ...]) -> None:
     import importlib.util
 
@@ -44,7 +49,7 @@ def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ..
         )
         path = out_dir / f"zoo-{spec}-{device}.json"
         save_profile(profile, path)
-        print(f"{path.relative_to(REPO)}: {profile.num_layers} layers, {path.stat().st_size / 1e3:.0f} KB")
+        print(f"{shown(path)}: {profile.num_layers} layers, {path.stat().st_size / 1e3:.0f} KB")
 
 
 def make_analytic(out_dir: Path) -> None:
@@ -57,10 +62,10 @@ def make_analytic(out_dir: Path) -> None:
             try:
                 profile = gpt3_profile(size, device_preset=preset)
             except PlannerInputError as exc:
-                print(f"{path.relative_to(REPO)}: not written ({exc})", file=sys.stderr)
+                print(f"{shown(path)}: not written ({exc})", file=sys.stderr)
                 continue
             save_profile(profile, path)
-            print(f"{path.relative_to(REPO)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
+            print(f"{shown(path)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
     make_analytic_llama(out_dir)
 
 
@@ -73,7 +78,7 @@ def make_analytic_llama(out_dir: Path) -> None:
             path = out_dir / f"{name}-{short}.json"
             profile = llama_profile(read_config(config), device_preset=preset, model=name, source=f"configs/{name}.json")
             save_profile(profile, path)
-            print(f"{path}: analytic, {path.stat().st_size / 1e3:.0f} KB")
+            print(f"{shown(path)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
 
 
 def main() -> int:
@@ -85,6 +90,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(ZOO_SPECS), help="zoo models to measure (default: all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "profiles")
     args = parser.parse_args()
+    args.out_dir = args.out_dir.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.only != "analytic":
         sizes = tuple(int(s) for s in args.microbatch_sizes.split(","))

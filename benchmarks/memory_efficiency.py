@@ -1,7 +1,7 @@
 """Memory efficiency: the ME index of our plans against GPipe without recomputation, on cases
 where GPipe without recomputation does not fit in device memory.
 
-ME index (the seed, TPDS 35(4) 2024; ``planner.simulation.bounds.me_index``):
+ME index (the seed, TPDS 35(4) 2024; ``planner.simulation.predict.me_index``):
 ``(throughput / reference throughput) / (peak memory / reference peak memory)``; with the same
 global batch, throughput ratio = reference iteration time / our iteration time. The seed reports
 4.18x (+80% throughput at -57% memory).
@@ -43,7 +43,8 @@ sys.path.insert(0, str(REPO))
 from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
 from planner.artifacts.profile import Profile  # noqa: E402
-from planner.artifacts.request import Objective, PlanRequest, ScheduleKind  # noqa: E402
+from planner.artifacts.kinds import Objective, ScheduleKind  # noqa: E402
+from planner.artifacts.request import PlanRequest  # noqa: E402
 from planner.simulation.predict import me_index  # noqa: E402
 from planner.artifacts.errors import InfeasibleError  # noqa: E402
 from planner.solve import plan  # noqa: E402

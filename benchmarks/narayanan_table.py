@@ -50,11 +50,13 @@ sys.path.insert(0, str(REPO))
 from planner.profiling.analytic.gpt import gpt_profile  # noqa: E402
 from planner.artifacts.cluster import PRESETS  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
-from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind  # noqa: E402
+from planner.artifacts.kinds import OptimizerKind, ScheduleKind, SolverKind  # noqa: E402
+from planner.artifacts.layout import Layout  # noqa: E402
+from planner.artifacts.request import PlanRequest  # noqa: E402
 from planner.artifacts.errors import PlannerError  # noqa: E402
 from planner.report.table import layout_label  # noqa: E402
 from planner.solve import plan as solve  # noqa: E402
-from planner.cost.tensor_parallel import build_tensor_parallel  # noqa: E402
+from planner.solve.build import rebuild_plan  # noqa: E402
 
 SOURCE = "Narayanan et al. 2021 (SC'21), Table 1"
 SEQ, VOCAB = 2048, 51200
@@ -124,11 +126,10 @@ def their_plan(r: Row, efficiency: float) -> Plan:
         starts = [0] + [1 + sum(sizes[:i]) for i in range(1, chunks)]
         stops = starts[1:] + [r.layers + 2]
         recompute = [[i for i in range(a, b) if 1 <= i <= r.layers] for a, b in zip(starts, stops)]
-        out.append(build_tensor_parallel(
-            prof, cluster, request, tp_degree=r.t, sequence_parallel=False, num_devices=r.gpus,
-            boundaries=starts, recompute=recompute, dp_degree=d, microbatch_size=MICROBATCH,
-            schedule=ScheduleKind.ONE_F_ONE_B if v == 1 else ScheduleKind.INTERLEAVED_1F1B, solver="megatron-table-1",
-            virtual_stages_per_rank=v,
+        layout = Layout(num_stages=chunks, virtual_stages_per_rank=v, dp_degree=d, tp_degree=r.t)
+        out.append(rebuild_plan(
+            prof, cluster, request, layout=layout, boundaries=starts, recompute=recompute, microbatch_size=MICROBATCH,
+            schedule=ScheduleKind.ONE_F_ONE_B if v == 1 else ScheduleKind.INTERLEAVED_1F1B, solver=SolverKind.GIVEN,
         ))
     return min(out, key=lambda p: p.predicted.iteration_ms)
 
@@ -187,7 +188,7 @@ def main() -> int:
                 rel = ours.predicted.iteration_ms / theirs.predicted.iteration_ms
                 speedups.append(rel)
                 rc = sum(len(s.recompute) for s in ours.stages)
-                line += (f" {ours.predicted.iteration_ms / 1e3:>10.2f} {rel:>11.3f}  {layout_label(ours)}, "
+                line += (f" {ours.predicted.iteration_ms / 1e3:>10.2f} {rel:>11.3f}  {layout_label(ours.layout)}, "
                          f"{ours.schedule.value}, b={ours.microbatch_size}, M={ours.num_microbatches}, "
                          f"recompute {rc}/{r.layers + 2} layers ({time.perf_counter() - t1:.1f} s)")
         print(line, flush=True)

@@ -12,7 +12,7 @@ chain. This benchmark takes its split on PipeDream's own vgg16 and alexnet profi
    that is >= N, so every stage's copies take the same number of micro-batches;
 2. prices PipeDream's split as a plan: micro-batch ``b0``, M micro-batches, 1F1B (PipeDream's
    own schedule), on each stage the least recomputation that fits under the memory cap
-   (``planner.solve.search.fixed_split`` at each stage's in-flight count), simulated by
+   (``planner.solve.candidates.fixed_split`` at each stage's in-flight count), simulated by
    ``planner.solve.build.build_plan``; where no recomputation makes a stage fit (PipeDream's
    own memory check ignores weights and optimizer state and is off by default), it and ours
    are priced with the memory cap lifted as well (like for like), and labelled so;
@@ -43,14 +43,17 @@ sys.path.insert(0, str(REPO))
 
 from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
 from planner.artifacts.plan import Plan  # noqa: E402
-from planner.artifacts.request import PlanRequest, ScheduleKind  # noqa: E402
+from planner.artifacts.kinds import ScheduleKind, SolverKind  # noqa: E402
+from planner.artifacts.layout import Layout  # noqa: E402
+from planner.artifacts.request import PlanRequest  # noqa: E402
 from planner.cost import CostModel  # noqa: E402
 from planner.artifacts.errors import PlannerError  # noqa: E402
 from planner.profiling.imported.pipedream import import_pipedream  # noqa: E402
 from planner.solve import plan  # noqa: E402
-from planner.solve.build import build_plan, memory_cap_bytes  # noqa: E402
+from planner.solve.build import Problem, build_plan, memory_cap_bytes  # noqa: E402
+from planner.solve.candidates import fixed_split  # noqa: E402
 from planner.solve.partitions import pipedream_split  # noqa: E402
-from planner.solve.search import Config, fixed_split  # noqa: E402
+from planner.solve.space import Config  # noqa: E402
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)
@@ -72,24 +75,26 @@ def rounds_for(copies: tuple[int, ...], n: int) -> int:
 def price_split(cm: CostModel, request: PlanRequest, starts: tuple[int, ...], copies: tuple[int, ...], b: int) -> Plan | str:
     """PipeDream's split as a plan (micro-batch ``b``, 1F1B, least recompute that fits: the
     planner's own ``fixed_split``), or why not."""
-    reps = copies if max(copies) > 1 else ()
-    config = Config(len(starts), 1, b, request.global_batch // b, ScheduleKind.ONE_F_ONE_B, replicas=reps)
+    layout = Layout(num_stages=len(starts), stage_replicas=copies)  # all copies 1: a plain pipeline
+    config = Config(layout, b, request.global_batch // b, ScheduleKind.ONE_F_ONE_B)
     cap = memory_cap_bytes(cm.cluster, request)
     cand = fixed_split(cm, config, starts, cap, request.recompute)
     if cand is None:
         return f"a stage does not fit in {cap / 2**30:.2f} GiB per device, even recomputing"
-    return build_plan(cm, request, boundaries=starts, recompute=cand.solution.recompute, dp_degree=1,
-                      microbatch_size=b, schedule=ScheduleKind.ONE_F_ONE_B, solver="pipedream-optimizer", replicas=reps)
+    problem = Problem.of(cm.profile, cm.cluster, request, SolverKind.GIVEN, 0)
+    return build_plan(problem, cm, layout=layout, boundaries=starts, recompute=cand.solution.recompute,
+                      microbatch_size=b, schedule=ScheduleKind.ONE_F_ONE_B)
 
 
 def split_text(p: Plan) -> str:
     """Each stage's layers ``[start, stop)`` and its copies (a P x D plan: D copies of every stage)."""
-    per = p.layout.stage_replicas if p.layout.replicated_per_stage else (p.layout.dp_degree,) * p.layout.num_stages
+    lay = p.layout
+    per = (lay.data_parallel_size(s) for s in range(lay.num_stages))
     rc = sum(len(s.recompute) for s in p.stages)
     stages = " ".join(f"[{s.layer_start},{s.layer_stop})x{r}" for s, r in zip(p.stages, per))
-    layout = "replicated per stage" if p.layout.replicated_per_stage else f"P{p.layout.num_stages}xD{p.layout.dp_degree}"
+    layout = "replicated per stage" if lay.replicated_per_stage else f"P{lay.num_stages}xD{lay.dp_degree}"
     return (f"{stages}  ({layout}, b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} "
-            f"z{p.layout.zero} rc{rc})")
+            f"z{int(lay.zero)} rc{rc})")
 
 
 LIFTED_CAP_BYTES = 2**60  # "as if each device had the memory the plan needs"

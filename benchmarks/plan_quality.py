@@ -72,7 +72,8 @@ QUICK_PROFILES = (
 QUICK_DEVICES = (4, 8, 64)
 QUICK_GPT3_BATCHES = (512,)
 GPT3_BATCHES = (64, 512, 1536)  # 1536: Brown et al. 2020, table 2.1
-SOLVERS = BASELINES + ("dp",)
+BASELINE_NAMES = tuple(k.value for k in BASELINES)
+SOLVERS = BASELINE_NAMES + ("dp",)  # names: the keys of the results (which cross a process pool)
 SHORT = {"uniform": "uniform", "parameters": "params", "time-balanced": "t-bal", "pipedream": "pdream",
          "data-parallel": "d-par", "dp": "ours"}
 ZOO_BATCH_PER_DEVICE = 8
@@ -119,11 +120,12 @@ def setting(name: str, n: int, reference: Path):
 def plan_text(p) -> str:
     """``P4xD2 b1 M256 1f1b z1 rc0``, with tensor parallelism ``T2sxP1xD4 ...`` (s: sequence
     parallel), or replicated per stage ``P4 r1+1+2+4 b1 M512 1f1b z1 rc0``."""
-    layout = (f"P{p.layout.num_stages} r{'+'.join(map(str, p.layout.stage_replicas))}" if p.layout.replicated_per_stage
-              else f"P{p.layout.num_stages}xD{p.layout.dp_degree}")
-    if p.layout.tp_degree > 1:
-        layout = f"T{p.layout.tp_degree}{'s' if p.layout.sequence_parallel else ''}x{layout}"
-    return (f"{layout} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} z{p.layout.zero} "
+    lay = p.layout
+    layout = (f"P{lay.num_stages} r{'+'.join(map(str, lay.stage_replicas))}" if lay.replicated_per_stage
+              else f"P{lay.num_stages}xD{lay.dp_degree}")
+    if lay.tp_degree > 1:
+        layout = f"T{lay.tp_degree}{'s' if lay.sequence_parallel else ''}x{layout}"
+    return (f"{layout} b{p.microbatch_size} M{p.num_microbatches} {p.schedule.value} z{int(lay.zero)} "
             f"rc{sum(len(s.recompute) for s in p.stages)}")
 
 
@@ -242,7 +244,7 @@ def main() -> int:
                 ratios = {s: (bound / ms[s] if ms[s] is not None else None) for s in SOLVERS}
                 ours = ms["dp"]
                 bad = []
-                for b in BASELINES:
+                for b in BASELINE_NAMES:
                     if ms[b] is None:
                         continue
                     if ours is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.artifacts.request import ScheduleKind  # noqa: E402
+from planner.artifacts.kinds import ScheduleKind  # noqa: E402
 from planner.simulation import simulate, simulate_iteration_ms  # noqa: E402
 from tests.plan_factory import make_plan  # noqa: E402
 

@@ -86,12 +86,13 @@ TARGET_GPT3_S = 5.0
 
 # ----------------------------------------------------------------------------- child side
 def _summary(plan) -> dict:
-    reps = getattr(plan, "stage_replicas", ())
+    lay = getattr(plan, "layout", plan)  # before the Layout, a plan held these fields itself
+    reps = getattr(lay, "stage_replicas", ())
     return {
-        "num_stages": plan.layout.num_stages,
-        "dp_degree": plan.layout.dp_degree,
-        "replicas": list(reps) if getattr(plan, "replicated_per_stage", False) else [],
-        "zero": getattr(plan, "zero", 0),
+        "num_stages": lay.num_stages,
+        "dp_degree": lay.dp_degree,
+        "replicas": list(reps) if getattr(lay, "replicated_per_stage", False) else [],
+        "zero": int(getattr(lay, "zero", 0)),
         "microbatch_size": plan.microbatch_size,
         "num_microbatches": plan.num_microbatches,
         "schedule": plan.schedule.value,

@@ -19,6 +19,7 @@ import pytest
 
 import planner
 from planner.artifacts.cluster import load_cluster
+from planner.artifacts.kinds import DType, OptimizerFamily
 from planner.artifacts.profile import Profile, TimeFit
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, load_report
 from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
@@ -77,9 +78,9 @@ def _synthetic_report(plan: planner.Plan, stage_scales: list[float], iteration_m
     )
     return RunReport(
         model=plan.provenance.model, plan_fingerprint_sha256=plan.provenance.fingerprint_sha256, world_size=2,
-        backend="gloo", device="cpu", dtype="float32", optimizer="sgd", emulate=True, num_stages=plan.layout.num_stages,
-        dp_degree=plan.layout.dp_degree, num_microbatches=plan.num_microbatches, microbatch_size=plan.microbatch_size,
-        schedule=plan.schedule.value, warmup_steps=0, steps=(StepRecord(step_idx=0, loss=1.0, wall_ms=iteration_ms),),
+        backend="gloo", device="cpu", dtype=DType.FLOAT32, optimizer=OptimizerFamily.SGD, emulate=True,
+        layout=plan.layout, num_microbatches=plan.num_microbatches, microbatch_size=plan.microbatch_size,
+        schedule=plan.schedule, warmup_steps=0, steps=(StepRecord(step_idx=0, loss=1.0, wall_ms=iteration_ms),),
         stages=stages, iteration_ms=iteration_ms, iteration_ms_predicted=plan.predicted.iteration_ms,
         iteration_rel_error=0.0,
     )
@@ -174,6 +175,7 @@ def runs(profiles: tuple[Profile, Profile], tmp_path_factory: pytest.TempPathFac
     return {"tmp": tmp, "plans": plans, "reports": {n: load_report(tmp / f"{n}.run.json") for n in plans}}
 
 
+@pytest.mark.slow  # two torchrun launches
 def test_calibration_cuts_the_error_of_a_deliberately_wrong_profile(profiles: tuple[Profile, Profile], runs: dict) -> None:
     _, wrong = profiles
     plans, reports = runs["plans"], runs["reports"]
@@ -194,6 +196,7 @@ def test_calibration_cuts_the_error_of_a_deliberately_wrong_profile(profiles: tu
     assert abs(after) < 0.15 and abs(after) < abs(before) / 3
 
 
+@pytest.mark.slow  # two torchrun launches
 def test_cli_calibrate_writes_a_calibrated_profile_and_cluster(runs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     tmp: Path = runs["tmp"]
     out, cluster_out = tmp / "calibrated.json", tmp / "cluster.json"

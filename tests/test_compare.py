@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import planner
+from planner.artifacts.kinds import DType, OptimizerFamily, SolverKind, ZeroStage
 from planner.artifacts.report import RunReport, StageRecord, StepRecord
 from planner.artifacts.request import PlanRequest
 from planner.commands.cli import main
@@ -19,6 +20,7 @@ from planner.report.compare import COLUMNS, MEASURED_COLUMNS
 from planner.schedule import build_schedule, read_schedule_csv
 from planner.solve import BASELINES
 
+BASELINE_NAMES = [k.value for k in BASELINES]  # the solver column and the labels hold names
 ROOT = Path(__file__).resolve().parents[1]
 GPT3 = ROOT / "profiles" / "gpt3-13b-a100.json"
 
@@ -40,8 +42,8 @@ def test_columns_and_every_baseline_from_a_plan_file(plan_file: Path, gpt3_plan:
     # the profile and cluster are found from the plan's provenance (shipped profile, preset)
     df = planner.compare([plan_file], baselines=True)
     assert tuple(df.columns) == COLUMNS
-    assert list(df["solver"]) == ["dp", *BASELINES]
-    assert list(df.index) == ["ours", *BASELINES]
+    assert list(df["solver"]) == ["dp", *BASELINE_NAMES]
+    assert list(df.index) == ["ours", *BASELINE_NAMES]
     ours = df.loc["ours"]
     pred = gpt3_plan.predicted
     assert ours["iteration_ms"] == pred.iteration_ms
@@ -68,7 +70,7 @@ def test_me_index_against_a_named_reference(gpt3_plan: planner.Plan) -> None:
     assert df.loc["uniform", "me_index"] == 1.0
     assert set(df["me_reference"]) == {"uniform"}
     uniform = planner.plan(planner.load_profile(GPT3), planner.load_cluster("a100-80gb-x8"),
-                           dataclasses.replace(gpt3_plan.provenance.request, solver="uniform"))
+                           dataclasses.replace(gpt3_plan.provenance.request, solver=SolverKind.UNIFORM))
     assert df.loc["dp", "me_index"] == pytest.approx(planner.me_index(gpt3_plan, uniform))
     assert df.loc["dp", "speedup"] == pytest.approx(uniform.predicted.iteration_ms / gpt3_plan.predicted.iteration_ms)
     with pytest.raises(PlannerInputError, match="names no plan"):
@@ -90,17 +92,32 @@ def _report(plan: planner.Plan, *, scale: float, saved_bytes: int, model_fp: str
     it = plan.predicted.iteration_ms * scale
     return RunReport(
         model=plan.provenance.model, plan_fingerprint_sha256=model_fp or plan.provenance.fingerprint_sha256,
-        world_size=plan.num_devices, backend="gloo", device="cpu", dtype="float32", optimizer="sgd", emulate=True,
-        num_stages=plan.layout.num_stages, dp_degree=plan.layout.dp_degree, num_microbatches=plan.num_microbatches,
-        microbatch_size=plan.microbatch_size, schedule=plan.schedule.value, warmup_steps=0,
+        world_size=plan.num_devices, backend="gloo", device="cpu", dtype=DType.FLOAT32, optimizer=OptimizerFamily.SGD,
+        emulate=True, layout=plan.layout, num_microbatches=plan.num_microbatches,
+        microbatch_size=plan.microbatch_size, schedule=plan.schedule, warmup_steps=0,
         steps=(StepRecord(step_idx=0, loss=1.0, wall_ms=it),), stages=stages, iteration_ms=it,
         iteration_ms_predicted=plan.predicted.iteration_ms, iteration_rel_error=scale - 1,
     )
 
 
+def test_layout_label_is_the_tables_text_of_every_layout() -> None:
+    from planner.artifacts.layout import Layout
+    from planner.report.table import layout_label
+
+    assert layout_label(Layout(num_stages=4, dp_degree=2, zero=ZeroStage.OPTIMIZER)) == "P=4 x D=2, ZeRO-1"
+    tp = Layout(num_stages=1, dp_degree=4, tp_degree=2, sequence_parallel=True, zero=ZeroStage.OPTIMIZER)
+    assert layout_label(tp) == "T=2 (seq-par) x P=1 x D=4, ZeRO-1"
+    assert layout_label(Layout(num_stages=2, tp_degree=4)) == "T=4 x P=2 x D=1, no ZeRO"
+    assert layout_label(Layout(num_stages=3, stage_replicas=(2, 1, 1))) == "P=3 replicated 2+1+1, no ZeRO"
+    interleaved = Layout(num_stages=8, virtual_stages_per_rank=2, dp_degree=2, zero=ZeroStage.GRADIENTS)
+    assert layout_label(interleaved) == "P=8 x D=2, ZeRO-2"  # figure titles count stages
+    assert layout_label(interleaved, pipeline_ranks=True) == "8 stages on P=4 pipeline ranks (2 each) x D=2, ZeRO-2"
+    assert layout_label(tp, pipeline_ranks=True) == layout_label(tp)  # one chunk per rank: the same text
+
+
 def test_reports_matched_by_signature_and_by_pairing(gpt3_plan: planner.Plan, tmp_path: Path) -> None:
     other = planner.plan(planner.load_profile(GPT3), planner.load_cluster("a100-80gb-x8"),
-                         PlanRequest(global_batch=64, solver="uniform"))
+                         PlanRequest(global_batch=64, solver=SolverKind.UNIFORM))
     act = max(s.activation_bytes_per_microbatch * s.inflight_microbatches for s in other.stages)
     df = planner.compare([gpt3_plan, other], reports=[_report(other, scale=1.25, saved_bytes=act)])
     assert tuple(df.columns) == COLUMNS + MEASURED_COLUMNS
@@ -129,12 +146,12 @@ def test_cli_compare_table_csv_markdown_figures(plan_file: Path, tmp_path: Path,
     figs.mkdir()
     assert main(["compare", str(plan_file), "--baselines", "--csv", str(out_csv), "--figures", str(figs)]) == 0
     text = capsys.readouterr().out
-    for name in ("ours", *BASELINES):
+    for name in ("ours", *BASELINE_NAMES):
         assert name in text
     assert "data-parallel: infeasible" in text
     with open(out_csv) as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == COLUMNS and [r["solver"] for r in rows] == ["dp", *BASELINES]
+    assert tuple(rows[0]) == COLUMNS and [r["solver"] for r in rows] == ["dp", *BASELINE_NAMES]
     for name in ("timelines.png", "memory.png", "pareto.png"):
         data = (figs / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
@@ -154,7 +171,7 @@ def test_cli_compare_bad_inputs_exit_2(plan_file: Path, tmp_path: Path, capsys: 
     lone = tmp_path / "lone" / "p.json"
     lone.parent.mkdir()
     profile = dataclasses.replace(planner.load_profile(GPT3), model="not-shipped")
-    planner.save_plan(planner.plan(profile, None, PlanRequest(global_batch=64, solver="uniform")), lone)
+    planner.save_plan(planner.plan(profile, None, PlanRequest(global_batch=64, solver=SolverKind.UNIFORM)), lone)
     assert main(["compare", str(lone), "--baselines"]) == 2
     assert "pass it (--profile)" in capsys.readouterr().err
 
@@ -179,7 +196,7 @@ def test_comparison_figures_draw_every_plan(gpt3_plan: planner.Plan, tmp_path: P
     from planner.report.figures_compare import plot_pareto, plot_stage_memory, plot_timelines
 
     other = planner.plan(planner.load_profile(GPT3), planner.load_cluster("a100-80gb-x8"),
-                         PlanRequest(global_batch=64, solver="uniform"))
+                         PlanRequest(global_batch=64, solver=SolverKind.UNIFORM))
     fig = plot_timelines([gpt3_plan, other], ["ours", "uniform"])
     assert len(fig.axes) == 2 and fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # one time scale
     assert fig.axes[1].get_xlim()[1] == pytest.approx(other.predicted.iteration_ms * 1.01)

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from planner.artifacts.request import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.report.figures import COLORS, plot_memory, plot_timeline
 from planner.simulation import SegmentKind, simulate
 from tests.plan_factory import make_plan
@@ -47,7 +47,8 @@ def test_zero_plan_draws_reduce_scatter_and_all_gather(tmp_path):
     """A ZeRO plan's gradient synchronisation is drawn as its two collectives, each half of the
     time (planner.cost prices the pair on the all-reduce line), in place of the all-reduce."""
     path = tmp_path / "zero.png"
-    timeline = simulate(dataclasses.replace(busy_plan(), zero=2))
+    plan = busy_plan()
+    timeline = simulate(dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=ZeroStage.GRADIENTS)))
     segs = timeline.segments()
     rs = [s for s in segs if s.kind is SegmentKind.REDUCE_SCATTER]
     ag = [s for s in segs if s.kind is SegmentKind.ALL_GATHER]

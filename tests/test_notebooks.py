@@ -49,6 +49,7 @@ def kernel_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [str(spec.parent)]
 
 
+@pytest.mark.slow  # a kernel per notebook; two of them launch torchrun
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path: Path, kernel_dirs: list[str]) -> None:
     book = nbformat.read(path, as_version=4)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.artifacts.kinds import DType
 from planner.artifacts.profile import profile_from_json, profile_to_json
 from planner.commands.cli import main
 from planner.graph import cut_bytes_per_sample
@@ -243,4 +244,4 @@ def test_shipped_zoo_profiles_match_the_zoo_and_plan(name: str, tmp_path: Path) 
 
 def test_default_dtype_is_the_models_own() -> None:
     profile = profile_model(load_workload(TINY["vgg"] + ",dtype=float64"), **FAST)
-    assert profile.dtype == "float64" and profile.layers[0].param_bytes == 8 * profile.layers[0].param_count
+    assert profile.dtype is DType.FLOAT64 and profile.layers[0].param_bytes == 8 * profile.layers[0].param_count

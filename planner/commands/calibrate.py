@@ -12,10 +12,10 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.cluster import save_cluster
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile, save_profile
 from planner.report.calibrate import GRANULARITIES, RESIDUALS, CalibrationResult, calibrate
-from planner.artifacts.errors import PlannerInputError
 from planner.report.resolve import find_cluster, load_reports
 
 

@@ -74,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _reports(items: list[str]) -> list[str] | dict[int, list[str]] | None:
+def _reports(items: list[str]) -> list[str] | dict[str | int, list[str]] | None:
     if not items:
         return None
     explicit = [i for i in items if "=" in i]
@@ -82,7 +82,7 @@ def _reports(items: list[str]) -> list[str] | dict[int, list[str]] | None:
         return items
     if len(explicit) != len(items):
         raise PlannerInputError("--report: give every report as N=PATH, or none")
-    paired: dict[int, list[str]] = {}
+    paired: dict[str | int, list[str]] = {}
     for item in items:
         index, _, path = item.partition("=")
         if not index.isdigit():

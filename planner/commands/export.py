@@ -7,9 +7,14 @@ import argparse
 import json
 from pathlib import Path
 
-from planner.artifacts.plan import load_plan
 from planner.artifacts.errors import PlannerInputError
-from planner.report.export import stage_module_names, torchtitan_config, write_plan_schedule_csv, write_stage_module_names
+from planner.artifacts.plan import load_plan
+from planner.report.export import (
+    stage_module_names,
+    torchtitan_config,
+    write_plan_schedule_csv,
+    write_stage_module_names,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.artifacts.profile import save_profile
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import save_profile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -7,12 +7,13 @@ import os
 import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, load_cluster
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, SolverKind
 from planner.artifacts.plan import dumps_plan
 from planner.artifacts.profile import load_profile
-from planner.artifacts.request import Objective, OptimizerKind, PlanRequest, ScheduleKind
+from planner.artifacts.request import PlanRequest
 from planner.commands._args import fraction, int_list, nonneg_float, positive_int
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
-from planner.artifacts.errors import PlannerInputError
 from planner.report.table import format_pareto, format_plan
 from planner.solve import SOLVERS, plan
 
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", type=positive_int, default=0, help="devices available (default: all of the cluster); the plan uses fewer only when that is "
                         "faster, and its table says so")
     p.add_argument("--global-batch", type=positive_int, default=DEFAULT_GLOBAL_BATCH, help="samples per iteration (default: %(default)s)")
-    p.add_argument("--solver", default="dp", choices=SOLVERS, help="solver or baseline (default: %(default)s)")
+    p.add_argument("--solver", default=SolverKind.DP.value, choices=SOLVERS, help="solver or baseline (default: %(default)s)")
     p.add_argument("--objective", default="time", choices=[o.value for o in Objective], help="what to optimise (default: %(default)s)")
     p.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated schedules to consider (gpipe, 1f1b) (default: %(default)s)")
     p.add_argument("--microbatch-sizes", type=int_list, default=(), help="comma-separated micro-batch sizes (default: every divisor)")
@@ -86,8 +87,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             fixed_boundaries=args.fixed_boundaries,
             num_stages=args.stages,
             dp_degree=args.dp_degree,
-            solver=args.solver,
-            zero_stages=args.zero,
+            solver=SolverKind(args.solver),
+            zero_stages=args.zero,  # ints: the request makes them ZeroStages, or refuses naming the known ones
             per_stage_replication=not args.no_stage_replication,
             tp_degrees=args.tp,
             sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.artifacts.profile import Profile, save_profile
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import Profile, save_profile
 
 EPILOG = """\
 model specs:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.artifacts.plan import Plan, load_plan
-from planner.simulation.bounds import partition_bounds
-from planner.commands._args import nonneg_float
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.plan import Plan, load_plan
+from planner.commands._args import nonneg_float
 from planner.schedule import build_schedule, write_schedule_csv
 from planner.simulation import Timeline, simulate
+from planner.simulation.bounds import partition_bounds
 
 MIB = 1024**2
 
@@ -38,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     timeline = simulate(plan, optimizer_ms=args.optimizer_ms)
     print(format_summary(plan, timeline))
     if args.csv:
-        write_schedule_csv(build_schedule(plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank), args.csv)
+        lay = plan.layout  # torch's CSV: one stage per rank (chunks per rank when interleaved), copies not drawn
+        write_schedule_csv(build_schedule(plan.schedule, lay.num_stages, plan.num_microbatches, lay.virtual_stages_per_rank),
+                           args.csv)
         print(f"schedule CSV: {args.csv}")
     if args.timeline or args.memory:
         from planner.report.figures import plot_memory, plot_timeline
@@ -58,8 +60,9 @@ def format_summary(plan: Plan, timeline: Timeline) -> str:
     bounds = partition_bounds(plan)
     throughput = plan.global_batch / timeline.iteration_ms * 1e3 if timeline.iteration_ms > 0 else 0.0
     lines = [
-        f"{plan.provenance.model}: {timeline.schedule.value}, {plan.layout.num_stages} stages on {timeline.num_ranks} "
-        f"pipeline ranks x {plan.layout.dp_degree} replicas, M = {plan.num_microbatches} micro-batches of {plan.microbatch_size}",
+        f"{plan.provenance.model}: {timeline.schedule.value}, {timeline.layout.num_stages} stages on {timeline.num_ranks} "
+        f"pipeline ranks x {timeline.layout.dp_degree} replicas, M = {plan.num_microbatches} micro-batches of "
+        f"{plan.microbatch_size}",
         f"iteration        {timeline.iteration_ms:.4g} ms ({throughput:.4g} samples/s)",
         f"partition bound  {bounds.lower_bound_ms:.4g} ms (this plan's stages; work/device {bounds.average_work_ms:.4g}, "
         f"critical path via stage {bounds.critical_stage_idx} {bounds.critical_path_ms:.4g})",

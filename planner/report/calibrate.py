@@ -49,17 +49,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit, TimePoint, profile_to_json
 from planner.artifacts.report import RunReport, relative_error
-from planner.cost import CostModel
-from planner.artifacts.errors import PlannerInputError
+from planner.cost.tensor_parallel import refusal
 from planner.report.resolve import match_report
-from planner.solve.build import build_plan
+from planner.solve.build import rebuild_plan
 
 __all__ = ["Calibration", "CalibrationResult", "add_layer_overhead", "calibrate", "fit_layer_overhead", "fit_link_scale",
            "fit_time_scales", "repredict", "scale_cluster_links", "scale_profile_times"]
@@ -165,29 +165,21 @@ def scale_profile_times(profile: Profile, scales: Sequence[float]) -> Profile:
 
 
 def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
-    """``plan``'s partition, recomputation, replication, micro-batching and schedule, priced
-    again on ``profile`` and ``cluster`` and replayed by the simulator."""
+    """``plan``'s layout (replication, tensor parallelism, ZeRO), partition, recomputation,
+    micro-batching and schedule, priced again on ``profile`` and ``cluster`` and replayed by the
+    simulator (:func:`planner.solve.build.rebuild_plan`; the plan keeps its solver)."""
     if plan.layout.virtual_stages_per_rank != 1:
         raise PlannerInputError("re-predicting interleaved plans is not supported")
     if profile.num_layers != plan.num_layers:
         raise PlannerInputError(f"the profile has {profile.num_layers} layers but the plan covers {plan.num_layers}")
-    request = plan.provenance.request
-    layout = dict(
-        boundaries=[s.layer_start for s in plan.stages],
-        recompute=[s.recompute for s in plan.stages],
-        dp_degree=plan.layout.dp_degree,
-        microbatch_size=plan.microbatch_size,
-        schedule=plan.schedule,
-        solver=plan.provenance.solver,
-        zero=plan.layout.zero,
-        replicas=plan.layout.stage_replicas if plan.layout.replicated_per_stage else (),
+    why = refusal(profile, cluster, plan.num_devices, plan.layout.tp_degree)
+    if why:
+        raise PlannerInputError(why)
+    return rebuild_plan(
+        profile, cluster, plan.provenance.request, layout=plan.layout,
+        boundaries=[s.layer_start for s in plan.stages], recompute=[s.recompute for s in plan.stages],
+        microbatch_size=plan.microbatch_size, schedule=plan.schedule, solver=plan.provenance.solver,
     )
-    if plan.layout.tp_degree > 1:
-        from planner.cost.tensor_parallel import build_tensor_parallel
-
-        return build_tensor_parallel(profile, cluster, request, tp_degree=plan.layout.tp_degree,
-                                     sequence_parallel=plan.layout.sequence_parallel, num_devices=plan.num_devices, **layout)
-    return build_plan(CostModel(profile, cluster, request.optimizer), request, **layout)
 
 
 def scale_cluster_links(cluster: Cluster, scale: float, *, inter_node: bool) -> Cluster:

@@ -40,15 +40,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any
 
 import pandas as pd
 
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.plan import Plan
 from planner.artifacts.report import RunReport, relative_error
-from planner.simulation.bounds import me_index_of
-from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.report.resolve import (
     ClusterLike,
     PlanLike,
@@ -60,6 +60,7 @@ from planner.report.resolve import (
     load_reports,
     match_report,
 )
+from planner.simulation.bounds import me_index_of
 
 __all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare", "compare_entries", "gather_plans"]
 
@@ -80,7 +81,7 @@ MEASURED_COLUMNS = (
 
 _INT_COLUMNS = ("T", "P", "D", "M", "microbatch_size", "zero", "recomputed_layers", "measured_runs")
 
-Reports = Union[Sequence[ReportLike], Mapping[Union[str, int], Union[ReportLike, Sequence[ReportLike]]]]
+Reports = Sequence[ReportLike] | Mapping[str | int, ReportLike | Sequence[ReportLike]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,31 +89,33 @@ class PlanEntry:
     """One row to be: a labelled plan, or a baseline that found none (``plan`` None, ``note`` why)."""
 
     label: str
-    solver: str
+    solver: str = dataclasses.field(metadata={"doc": "the solver's name (SolverKind value): dp, uniform, ..."})
     plan: Plan | None
     note: str = ""
 
 
 def add_baselines(plan: Plan, profile: ProfileLike | None = None, cluster: ClusterLike | None = None,
                   plan_path: Path | None = None, skip: Sequence[str] = ()) -> list[tuple[str, Plan | None, str]]:
-    """Every built-in baseline (``planner.solve.BASELINES``) for ``plan``'s request, profile
-    and cluster: (solver, plan or None, note). An infeasible baseline gets None and the reason."""
-    from planner.solve import BASELINES, plan as solve
+    """Every built-in baseline (``planner.solve.BASELINES``) but those named in ``skip``, for
+    ``plan``'s request, profile and cluster: (solver name, plan or None, note). An infeasible
+    baseline gets None and the reason."""
+    from planner.solve import BASELINES
+    from planner.solve import plan as solve
 
     prof = find_profile(plan, profile, plan_path)
     clus = find_cluster(plan, cluster)
     if prof.num_layers != plan.num_layers:
         raise PlannerInputError(f"the profile has {prof.num_layers} layers but the plan covers {plan.num_layers}")
     out: list[tuple[str, Plan | None, str]] = []
-    for name in BASELINES:
-        if name in skip:
+    for kind in BASELINES:
+        if kind.value in skip:
             continue
         # the baselines are the peers' methods as published: t = 1 (see planner.solve)
-        request = dataclasses.replace(plan.provenance.request, solver=name, tp_degrees=())
+        request = dataclasses.replace(plan.provenance.request, solver=kind, tp_degrees=())
         try:
-            out.append((name, solve(prof, clus, request), ""))
+            out.append((kind.value, solve(prof, clus, request), ""))
         except InfeasibleError as exc:
-            out.append((name, None, "infeasible: " + str(exc).splitlines()[0]))
+            out.append((kind.value, None, "infeasible: " + str(exc).splitlines()[0]))
     return out
 
 
@@ -125,13 +128,13 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
     plan = entry.plan
     if plan is None:
         return row
-    p = plan.predicted
+    p, lay = plan.predicted, plan.layout
     big = max(plan.stages, key=lambda s: s.memory_total_bytes).memory
     row.update(
-        T=plan.layout.tp_degree, sequence_parallel=plan.layout.sequence_parallel,
-        P=plan.layout.num_stages, D=plan.layout.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
-        schedule=plan.schedule.value, zero=plan.layout.zero,
-        replicas="|".join(map(str, plan.layout.stage_replicas)) if plan.layout.replicated_per_stage else "",
+        T=lay.tp_degree, sequence_parallel=lay.sequence_parallel,
+        P=lay.num_stages, D=lay.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
+        schedule=plan.schedule.value, zero=int(lay.zero),
+        replicas="|".join(map(str, lay.stage_replicas)),
         stages=_layer_ranges(plan),
         recomputed_layers=sum(len(s.recompute) for s in plan.stages),
         iteration_ms=p.iteration_ms, throughput_samples_per_s=p.throughput_samples_per_s,
@@ -215,7 +218,7 @@ def gather_plans(
     plan's request; its profile and cluster are ``profile``/``cluster`` or found from its
     provenance. A baseline whose solver is already among the plans is not repeated."""
     loaded = load_plans(plans_or_paths)  # type: ignore[arg-type]
-    entries = [PlanEntry(label=label, solver=plan.provenance.solver, plan=plan) for label, plan, _ in loaded]
+    entries = [PlanEntry(label=label, solver=plan.provenance.solver.value, plan=plan) for label, plan, _ in loaded]
     if baselines:
         _, first, first_path = loaded[0]
         have = tuple(e.solver for e in entries)

@@ -27,13 +27,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from planner.artifacts.plan import Plan
 from planner.artifacts.errors import PlannerInputError
-from planner.schedule import build_schedule, write_schedule_csv
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.plan import Plan
+from planner.schedule import layout_schedule, write_schedule_csv
 
 __all__ = ["stage_module_names", "torchtitan_config", "write_plan_schedule_csv", "write_stage_module_names"]
 
-_TITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+_TITAN_SCHEDULES = {
+    ScheduleKind.GPIPE: "GPipe", ScheduleKind.ONE_F_ONE_B: "1F1B", ScheduleKind.INTERLEAVED_1F1B: "Interleaved1F1B",
+}
 
 
 def stage_module_names(plan: Plan) -> list[list[str]]:
@@ -46,15 +49,15 @@ def write_stage_module_names(plan: Plan, path: str | Path) -> None:
 
 
 def write_plan_schedule_csv(plan: Plan, path: str | Path) -> None:
-    if plan.layout.replicated_per_stage:
+    lay = plan.layout
+    if lay.replicated_per_stage:
         raise PlannerInputError(
             "the plan replicates stages per stage (copies "
-            f"{'+'.join(map(str, plan.layout.stage_replicas))}): torch.distributed.pipelining's CSV schedules run one "
+            f"{'+'.join(map(str, lay.stage_replicas))}): torch.distributed.pipelining's CSV schedules run one "
             "stage per rank; its per-rank orders are planner.schedule.build_replicated_schedule's, run by "
             "planner's own runtime"
         )
-    schedule = build_schedule(plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank)
-    write_schedule_csv(schedule, path)
+    write_schedule_csv(layout_schedule(plan.schedule, lay, plan.num_microbatches), path)
 
 
 def _toml(value: object) -> str:
@@ -71,44 +74,44 @@ def _toml(value: object) -> str:
 
 def torchtitan_config(plan: Plan) -> str:
     """The plan as torchtitan job-config TOML (see the module docstring for the mapping)."""
-    if plan.layout.replicated_per_stage:
+    lay = plan.layout
+    if lay.replicated_per_stage:
         raise PlannerInputError(
-            f"the plan replicates stages per stage (copies {'+'.join(map(str, plan.layout.stage_replicas))}): "
+            f"the plan replicates stages per stage (copies {'+'.join(map(str, lay.stage_replicas))}): "
             "torchtitan's pipelines have one copy of every stage"
         )
-    pipeline = plan.layout.num_stages // plan.layout.virtual_stages_per_rank
     rc = [list(s.recompute) for s in plan.stages]
     n_rc = sum(map(len, rc))
     if n_rc == 0:
-        ac = {"mode": "none"}
+        ac: dict[str, object] = {"mode": "none"}
     elif n_rc == plan.num_layers:
         ac = {"mode": "full"}
     else:
         ac = {"mode": "selective", "selective_ac_option": str(max(1, round(plan.num_layers / n_rc)))}
-    tables = {
+    tables: dict[str, dict[str, object]] = {
         "training": {
             "global_batch_size": plan.global_batch,
-            "local_batch_size": plan.global_batch // plan.layout.dp_degree,
+            "local_batch_size": plan.global_batch // lay.dp_degree,
         },
         "parallelism": {
-            "data_parallel_replicate_degree": 1 if plan.layout.zero else plan.layout.dp_degree,
-            "data_parallel_shard_degree": plan.layout.dp_degree if plan.layout.zero else 1,
-            "tensor_parallel_degree": plan.layout.tp_degree,
-            "enable_sequence_parallel": plan.layout.sequence_parallel,
-            "pipeline_parallel_degree": pipeline,
-            "pipeline_parallel_schedule": _TITAN_SCHEDULES[plan.schedule.value],
+            "data_parallel_replicate_degree": 1 if lay.zero else lay.dp_degree,
+            "data_parallel_shard_degree": lay.dp_degree if lay.zero else 1,
+            "tensor_parallel_degree": lay.tp_degree,
+            "enable_sequence_parallel": lay.sequence_parallel,
+            "pipeline_parallel_degree": lay.pipeline_size,
+            "pipeline_parallel_schedule": _TITAN_SCHEDULES[plan.schedule],
             "pipeline_parallel_microbatch_size": plan.microbatch_size,
             "module_fqns_per_model_part": stage_module_names(plan),
         },
         "activation_checkpoint": ac,
     }
-    if plan.layout.zero:
+    if lay.zero:
         tables["parallelism"]["fsdp_reshard_after_forward"] = "never"
     prov = plan.provenance
     lines = [
         f"# torchtitan job config for the plan of {prov.model} on {prov.cluster_name} ({plan.num_devices} devices),",
         f"# written by planner export; predicted {plan.predicted.iteration_ms:.2f} ms per iteration.",
-        f"# planner layout: T={plan.layout.tp_degree} x P={plan.layout.num_stages} x D={plan.layout.dp_degree}, ZeRO-{plan.layout.zero}, "
+        f"# planner layout: T={lay.tp_degree} x P={lay.num_stages} x D={lay.dp_degree}, ZeRO-{int(lay.zero)}, "
         f"{plan.num_microbatches} micro-batches of {plan.microbatch_size}.",
         "# Module names are the profile's layer names: rename them to your model's module FQNs.",
     ]

@@ -14,8 +14,8 @@ Every number is read from the plans or from :func:`planner.simulation.simulate`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import matplotlib
 
@@ -43,7 +43,7 @@ MEMORY_COLORS = {
 
 def _labels(plans: Sequence[Plan], labels: Sequence[str] | None) -> list[str]:
     if labels is None:
-        return [p.provenance.solver for p in plans]
+        return [p.provenance.solver.value for p in plans]
     if len(labels) != len(plans):
         raise ValueError(f"{len(labels)} labels for {len(plans)} plans")
     return list(labels)
@@ -56,7 +56,7 @@ def _ms(value: float) -> str:
 
 def _describe(plan: Plan) -> str:
     rc = sum(len(s.recompute) for s in plan.stages)
-    return (f"{layout_label(plan)}, {plan.schedule.value}, M={plan.num_microbatches} x "
+    return (f"{layout_label(plan.layout)}, {plan.schedule.value}, M={plan.num_microbatches} x "
             f"mb {plan.microbatch_size}, {rc} recomputed")
 
 
@@ -100,7 +100,7 @@ def plot_stage_memory(
         _stage_bars(ax, plan, scale)
         if cap_on_scale:
             ax.axhline(cap / scale, color="#C44E52", ls="--", lw=1)
-        ax.set_title(f"{name}\n{layout_label(plan)}, {plan.schedule.value}", fontsize=8)
+        ax.set_title(f"{name}\n{layout_label(plan.layout)}, {plan.schedule.value}", fontsize=8)
         ax.set_xlabel("stage")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
@@ -171,7 +171,7 @@ def plot_pareto(
                    label=f"{name}: {_ms(other.predicted.iteration_ms)} ms, {other.predicted.peak_memory_bytes / scale:.3g} {unit}")
     ax.scatter([plan.predicted.iteration_ms], [plan.predicted.peak_memory_bytes / scale], marker="*", s=220,
                color="#C44E52", zorder=5, edgecolors="black", lw=0.5,
-               label=f"chosen ({plan.provenance.solver}): {_ms(plan.predicted.iteration_ms)} ms, "
+               label=f"chosen ({plan.provenance.solver.value}): {_ms(plan.predicted.iteration_ms)} ms, "
                f"{plan.predicted.peak_memory_bytes / scale:.3g} {unit}")
     ax.set_xlabel("predicted iteration time (ms)")
     ax.set_ylabel(f"peak memory per device ({unit})")

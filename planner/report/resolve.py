@@ -21,16 +21,16 @@ Two plans with the same signature are the same plan for this purpose.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
 
 from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, Cluster, cluster_to_json, load_cluster
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.profile import Profile, load_profile, profile_to_json
 from planner.artifacts.report import RunReport, load_report
 from planner.profiling.defaults import profiles_dir
-from planner.artifacts.errors import PlannerInputError
 
 __all__ = [
     "ClusterLike",
@@ -45,10 +45,10 @@ __all__ = [
     "report_mismatch",
 ]
 
-PlanLike = Union[Plan, str, Path]
-ProfileLike = Union[Profile, str, Path]
-ClusterLike = Union[Cluster, str, Path]
-ReportLike = Union[RunReport, str, Path]
+PlanLike = Plan | str | Path
+ProfileLike = Profile | str | Path
+ClusterLike = Cluster | str | Path
+ReportLike = RunReport | str | Path
 
 
 def load_plans(items: Sequence[PlanLike]) -> list[tuple[str, Plan, Path | None]]:
@@ -60,7 +60,7 @@ def load_plans(items: Sequence[PlanLike]) -> list[tuple[str, Plan, Path | None]]
     seen: dict[str, int] = {}
     for item in items:
         if isinstance(item, Plan):
-            plan, path, label = item, None, item.provenance.solver
+            plan, path, label = item, None, item.provenance.solver.value
         elif isinstance(item, (str, Path)):
             path = Path(item)
             if not path.is_file():
@@ -101,7 +101,7 @@ def find_profile(plan: Plan, given: ProfileLike | None = None, plan_path: Path |
                 return candidate
     where = " or ".join(str(f) for f in folders)
     raise PlannerInputError(
-        f"the profile of plan {plan.provenance.solver!r} ({plan.provenance.model}, sha256 {want[:12]}) "
+        f"the profile of plan {plan.provenance.solver.value!r} ({plan.provenance.model}, sha256 {want[:12]}) "
         f"is not in {where}; pass it (--profile)"
     )
 
@@ -123,7 +123,7 @@ def find_cluster(plan: Plan, given: ClusterLike | None = None) -> Cluster:
             if codec.sha256_of(cluster_to_json(candidate)) == prov.cluster_sha256:
                 return candidate
     raise PlannerInputError(
-        f"the cluster of plan {prov.solver!r} ({prov.cluster_name!r}, sha256 {prov.cluster_sha256[:12]}) "
+        f"the cluster of plan {prov.solver.value!r} ({prov.cluster_name!r}, sha256 {prov.cluster_sha256[:12]}) "
         "is not a preset; pass it (--cluster)"
     )
 
@@ -137,7 +137,8 @@ def report_mismatch(plan: Plan, report: RunReport) -> str:
     fp = plan.provenance.fingerprint_sha256
     if fp and report.plan_fingerprint_sha256 and fp != report.plan_fingerprint_sha256:
         return "model fingerprint differs"
-    got = (report.num_stages, report.dp_degree, report.num_microbatches, report.microbatch_size, report.schedule)
+    got = (report.layout.num_stages, report.layout.dp_degree, report.num_microbatches, report.microbatch_size,
+           report.schedule.value)
     want = (plan.layout.num_stages, plan.layout.dp_degree, plan.num_microbatches, plan.microbatch_size, plan.schedule.value)
     if got != want:
         return f"(P, D, M, mb, schedule) {got} != plan's {want}"

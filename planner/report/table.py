@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from planner.artifacts.plan import ParetoPoint, Plan, Prediction
+from planner.artifacts.kinds import Objective, ZeroStage
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import ParetoPoint, Plan, PlanStage, Prediction
 
 GIB = 1024**3
 
@@ -11,7 +13,7 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
-def _layers(stage) -> str:
+def _layers(stage: PlanStage) -> str:
     first, last = stage.layer_names[0], stage.layer_names[-1]
     span = f"{stage.layer_start}-{stage.layer_stop - 1}"
     return f"{span} ({first}..{last})" if first != last else f"{span} ({first})"
@@ -23,16 +25,33 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ",".join(map(str, ranks))
 
 
-def layout_label(plan: Plan) -> str:
-    """``P=4 x D=2, ZeRO-1``, with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``, or,
-    replicated per stage, ``P=3 replicated 2+1+1``."""
-    if plan.layout.replicated_per_stage:
-        text = f"P={plan.layout.num_stages} replicated {'+'.join(map(str, plan.layout.stage_replicas))}"
+def zero_label(zero: ZeroStage) -> str:
+    """``no ZeRO`` or ``ZeRO-1``."""
+    return f"ZeRO-{int(zero)}" if zero else "no ZeRO"
+
+
+def layout_label(layout: Layout, *, pipeline_ranks: bool = False) -> str:
+    """The layout as the tables and figure titles name it (the one place this text is built):
+    ``P=4 x D=2, ZeRO-1``; with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``;
+    replicated per stage ``P=3 replicated 2+1+1, no ZeRO``. P counts stages. With
+    ``pipeline_ranks``, an interleaved layout names its ranks as the plan table does:
+    ``8 stages on P=4 pipeline ranks (2 each) x D=1, no ZeRO`` (as the table has always printed
+    it: without T).
+
+    :meth:`Layout.describe` words two cases differently (P counts pipeline ranks; per-stage
+    copies read ``P=3 (copies 2+1+1)``); the tables keep this text."""
+    zero = zero_label(layout.zero)
+    v = layout.virtual_stages_per_rank
+    if pipeline_ranks and v > 1:
+        return (f"{layout.num_stages} stages on P={layout.pipeline_size} pipeline ranks ({v} each) "
+                f"x D={layout.dp_degree}, {zero}")
+    if layout.replicated_per_stage:
+        text = f"P={layout.num_stages} replicated {'+'.join(map(str, layout.stage_replicas))}"
     else:
-        text = f"P={plan.layout.num_stages} x D={plan.layout.dp_degree}"
-    if plan.layout.tp_degree > 1:
-        text = f"T={plan.layout.tp_degree}{' (seq-par)' if plan.layout.sequence_parallel else ''} x {text}"
-    return text + (f", ZeRO-{plan.layout.zero}" if plan.layout.zero else ", no ZeRO")
+        text = f"P={layout.num_stages} x D={layout.dp_degree}"
+    if layout.tp_degree > 1:
+        text = f"T={layout.tp_degree}{' (seq-par)' if layout.sequence_parallel else ''} x {text}"
+    return f"{text}, {zero}"
 
 
 def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
@@ -49,14 +68,9 @@ def format_plan(plan: Plan) -> str:
     """The plan as a table: one row per stage, then the predicted totals."""
     p = plan.predicted
     prov = plan.provenance
-    if plan.layout.virtual_stages_per_rank == 1:
-        layout = f"{layout_label(plan)}, schedule {plan.schedule.value}, "
-    else:
-        layout = (f"{plan.layout.num_stages} stages on P={plan.layout.num_stages // plan.layout.virtual_stages_per_rank} pipeline ranks "
-                  f"({plan.layout.virtual_stages_per_rank} each) x D={plan.layout.dp_degree}"
-                  f"{f', ZeRO-{plan.layout.zero}' if plan.layout.zero else ', no ZeRO'}, schedule {plan.schedule.value}, ")
+    layout = f"{layout_label(plan.layout, pipeline_ranks=True)}, schedule {plan.schedule.value}, "
     head = (
-        f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver!r}\n"
+        f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver.value!r}\n"
         + layout
         + f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})"
     )
@@ -95,7 +109,7 @@ def devices_note(plan: Plan) -> str:
     if not n or plan.num_devices >= n:
         return ""
     text = f"uses {plan.num_devices} of {n} devices: "
-    by_time = plan.provenance.request.objective.value == "time"
+    by_time = plan.provenance.request.objective is Objective.TIME
     best = plan.predicted.all_devices_ms
     if not best:
         return text + f"no plan found on all {n} meets the request"
@@ -126,7 +140,7 @@ def format_pareto(points: tuple[ParetoPoint, ...]) -> str:
         [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes), f"{q.tp_degree}{'s' if q.sequence_parallel else ''}",
          str(q.num_stages),
          "|".join(map(str, q.stage_replicas)) if q.stage_replicas else str(q.dp_degree),
-         str(q.microbatch_size), q.schedule.value, str(q.zero), str(q.num_recomputed_layers)]
+         str(q.microbatch_size), q.schedule.value, str(int(q.zero)), str(q.num_recomputed_layers)]
         for q in points
     ]
     return "Pareto front (iteration time vs peak memory):\n" + format_table(headers, rows, right={0, 1, 2, 3, 4, 5, 7})
