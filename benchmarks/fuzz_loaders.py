@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzzing import check_one, mutate, valid_documents  # noqa: E402
+from tests.fuzzing import check_one, mutate, valid_documents
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.artifacts.profile import save_profile  # noqa: E402
+from planner.artifacts.profile import save_profile
 
 ZOO_SPECS = ("gpt", "bert", "vgg", "resnet", "gpt2")  # gpt2 only when transformers is installed
 GPT3 = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b")
@@ -53,8 +53,8 @@ def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ..
 
 
 def make_analytic(out_dir: Path) -> None:
-    from planner.profiling.analytic.gpt import gpt3_profile
     from planner.artifacts.errors import PlannerInputError
+    from planner.profiling.analytic.gpt import gpt3_profile
 
     for size in GPT3:
         for short, preset in PRESETS.items():

@@ -33,21 +33,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
-from planner.artifacts.plan import Plan  # noqa: E402
-from planner.artifacts.profile import Profile  # noqa: E402
-from planner.artifacts.kinds import Objective, ScheduleKind  # noqa: E402
-from planner.artifacts.request import PlanRequest  # noqa: E402
-from planner.simulation.predict import me_index  # noqa: E402
-from planner.artifacts.errors import InfeasibleError  # noqa: E402
-from planner.solve import plan  # noqa: E402
+from planner.artifacts.cluster import PRESETS, Cluster
+from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.kinds import Objective, ScheduleKind
+from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import PlanRequest
+from planner.simulation.predict import me_index
+from planner.solve import plan
 
 SEED_ME = 4.18
 UNCAPPED = 2**60

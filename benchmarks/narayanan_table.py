@@ -47,16 +47,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.profiling.analytic.gpt import gpt_profile  # noqa: E402
-from planner.artifacts.cluster import PRESETS  # noqa: E402
-from planner.artifacts.plan import Plan  # noqa: E402
-from planner.artifacts.kinds import OptimizerKind, ScheduleKind, SolverKind  # noqa: E402
-from planner.artifacts.layout import Layout  # noqa: E402
-from planner.artifacts.request import PlanRequest  # noqa: E402
-from planner.artifacts.errors import PlannerError  # noqa: E402
-from planner.report.table import layout_label  # noqa: E402
-from planner.solve import plan as solve  # noqa: E402
-from planner.solve.build import rebuild_plan  # noqa: E402
+from planner.artifacts.cluster import PRESETS
+from planner.artifacts.errors import PlannerError
+from planner.artifacts.kinds import OptimizerKind, ScheduleKind, SolverKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import Plan
+from planner.artifacts.request import PlanRequest
+from planner.profiling.analytic.gpt import gpt_profile
+from planner.report.table import layout_label
+from planner.solve import plan as solve
+from planner.solve.build import rebuild_plan
 
 SOURCE = "Narayanan et al. 2021 (SC'21), Table 1"
 SEQ, VOCAB = 2048, 51200

@@ -41,19 +41,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.artifacts.cluster import PRESETS, Cluster  # noqa: E402
-from planner.artifacts.plan import Plan  # noqa: E402
-from planner.artifacts.kinds import ScheduleKind, SolverKind  # noqa: E402
-from planner.artifacts.layout import Layout  # noqa: E402
-from planner.artifacts.request import PlanRequest  # noqa: E402
-from planner.cost import CostModel  # noqa: E402
-from planner.artifacts.errors import PlannerError  # noqa: E402
-from planner.profiling.imported.pipedream import import_pipedream  # noqa: E402
-from planner.solve import plan  # noqa: E402
-from planner.solve.build import Problem, build_plan, memory_cap_bytes  # noqa: E402
-from planner.solve.candidates import fixed_split  # noqa: E402
-from planner.solve.partitions import pipedream_split  # noqa: E402
-from planner.solve.space import Config  # noqa: E402
+from planner.artifacts.cluster import PRESETS, Cluster
+from planner.artifacts.errors import PlannerError
+from planner.artifacts.kinds import ScheduleKind, SolverKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import Plan
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.profiling.imported.pipedream import import_pipedream
+from planner.solve import plan
+from planner.solve.build import Problem, build_plan, memory_cap_bytes
+from planner.solve.candidates import fixed_split
+from planner.solve.partitions import pipedream_split
+from planner.solve.space import Config
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)
@@ -214,7 +214,8 @@ def main() -> int:
                 met += bool(ok)
     print(f"summary: PipeDream replicates unequally with a split that fits in {unequal} case(s); ours at least as fast "
           f"(both requests) in "
-          f"{met}/{unequal} of them; ours slower than PipeDream's split under the same cap anywhere: {', '.join(missed) if missed else 'nowhere'}")
+          f"{met}/{unequal} of them; ours slower than PipeDream's split under the same cap anywhere: "
+          f"{', '.join(missed) if missed else 'nowhere'}")
     print(f"(load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     return 0
 

@@ -60,7 +60,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.solve import BASELINES  # noqa: E402
+from planner.solve import BASELINES
 
 PIPEDREAM = ("alexnet", "vgg16", "squeezenet1_0", "resnet18", "resnet50", "gnmt", "gnmt_large")
 ZOO = ("zoo-gpt-cpu", "zoo-gpt2-cpu", "zoo-bert-cpu", "zoo-vgg-cpu", "zoo-resnet-cpu")
@@ -131,9 +131,9 @@ def plan_text(p) -> str:
 
 def run_case(name: str, n: int, batch: int, reference: str) -> dict:
     """Every solver on one case (runs in the pool's worker)."""
+    from planner.artifacts.errors import PlannerError
     from planner.artifacts.request import PlanRequest
     from planner.simulation.bounds import machine_bound_ms
-    from planner.artifacts.errors import PlannerError
     from planner.solve import plan
 
     profile, cluster = setting(name, n, Path(reference))
@@ -232,7 +232,7 @@ def main() -> int:
                     timeouts.append(f"{name} N={n} G={batch}")
                     print(f"{name:15s} {n:3d} {batch:5d} TIMEOUT > {args.timeout_s:.0f} s (all six solvers together)", flush=True)
                     continue
-                except Exception as exc:  # noqa: BLE001  (a crash in one case is reported, the rest still run)
+                except Exception as exc:
                     timeouts.append(f"{name} N={n} G={batch} (crash: {type(exc).__name__}: {exc})")
                     print(f"{name:15s} {n:3d} {batch:5d} CRASH {type(exc).__name__}: {exc}", flush=True)
                     continue

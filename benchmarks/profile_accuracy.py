@@ -17,12 +17,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from planner.models import load_workload  # noqa: E402
-from planner.profiling.measured import profile_model  # noqa: E402
-from planner.profiling.measured.tensors import to_device  # noqa: E402
-from planner.profiling.measured.timing import Clock, time_step  # noqa: E402
+from planner.models import load_workload
+from planner.profiling.measured import profile_model
+from planner.profiling.measured.tensors import to_device
+from planner.profiling.measured.timing import Clock, time_step
 
 SPECS = ("gpt", "bert", "vgg", "resnet")
 
@@ -50,7 +50,7 @@ def measure(spec: str, batch: int, threads: int, rounds: int, device: str) -> tu
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            loss = lambda out: workload.loss_fn(out, targets)  # noqa: E731
+            loss = lambda out: workload.loss_fn(out, targets)
             steps.append(time_step(layers, inputs, loss, Clock(dev), warmup=1, repeats=1))
         finally:
             torch.set_num_threads(before)

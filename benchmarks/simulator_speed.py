@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.artifacts.kinds import ScheduleKind  # noqa: E402
-from planner.simulation import simulate, simulate_iteration_ms  # noqa: E402
-from tests.plan_factory import make_plan  # noqa: E402
+from planner.artifacts.kinds import ScheduleKind
+from planner.simulation import simulate, simulate_iteration_ms
+from tests.plan_factory import make_plan
 
 
 def stage_arrays(p: int, seed: int = 0) -> list[list[float]]:

@@ -110,13 +110,13 @@ def _run_case(spec: dict) -> dict:
     import networkx  # noqa: F401  (imported before timing: module loading is not solving)
 
     import planner
-    import planner.profiling.imported.pipedream  # noqa: F401
-    import planner.simulation  # noqa: F401
-    import planner.solve.baselines  # noqa: F401
-    import planner.solve.search  # noqa: F401
+    import planner.profiling.imported.pipedream
+    import planner.simulation
+    import planner.solve.baselines
+    import planner.solve.search
     from planner.artifacts.cluster import PRESETS
-    from planner.artifacts.request import OptimizerKind, PlanRequest
     from planner.artifacts.errors import PlannerError
+    from planner.artifacts.request import OptimizerKind, PlanRequest
     from planner.solve import plan
 
     out: dict = {"planner": str(Path(planner.__file__).resolve().parents[1])}

@@ -5,14 +5,15 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_json
+from planner.artifacts.codec import parse_text
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.profile import profile_from_json, profile_to_json
 from planner.artifacts.request import PlanRequest
-from planner.artifacts.codec import parse_text
-from planner.artifacts.errors import PlannerInputError
 
 JUNK: list[Any] = [None, True, False, 0, -1, 1, 2**70, -1e308, 1e308, 0.5, "", "x", "NaN", [], {}, [1, 2], {"a": 1},
                    "planner.profile", "planner.plan", 1.0, -0.0]
@@ -85,6 +86,6 @@ def check_one(doc: Any, loader: Callable[[Any, str], Any], rng: random.Random) -
     except PlannerInputError as exc:
         if "\n" in str(exc):
             return f"multi-line message: {exc!r}"
-    except Exception as exc:  # noqa: BLE001 - the point is to catch everything else
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -127,9 +127,9 @@ CASES: tuple[Case, ...] = tuple(_cases())
 def setting(case: Case) -> tuple[Any, Any, Any]:
     """(profile, cluster, request) of one case."""
     from planner.artifacts.cluster import PRESETS
+    from planner.artifacts.codec import decode
     from planner.artifacts.profile import load_profile
     from planner.artifacts.request import PlanRequest
-    from planner.artifacts.codec import decode
 
     if case.needs_reference:
         from planner.profiling.imported.pipedream import import_pipedream
@@ -149,9 +149,9 @@ def setting(case: Case) -> tuple[Any, Any, Any]:
 
 def render(case: Case) -> str:
     """The canonical text of a case's plan (planner_version blanked), or of its refusal."""
-    from planner.artifacts.plan import plan_to_json
     from planner.artifacts.codec import dumps_canonical
     from planner.artifacts.errors import InfeasibleError
+    from planner.artifacts.plan import plan_to_json
     from planner.solve import plan
 
     profile, cluster, request = setting(case)

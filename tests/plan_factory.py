@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from planner.artifacts.kinds import ScheduleKind, SolverKind
 from planner.artifacts.layout import Layout

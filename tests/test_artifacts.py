@@ -8,11 +8,11 @@ import pytest
 
 from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_json, load_cluster
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import load_plan, plan_from_json, plan_to_json, save_plan
 from planner.artifacts.profile import load_profile, profile_from_json, profile_to_json, save_profile
 from planner.artifacts.request import PlanRequest
 from planner.profiling.defaults import default_profile
-from planner.artifacts.errors import PlannerInputError
 from planner.schemas import render
 from planner.solve import plan
 from tests.chains import chain_profile, small_cluster
@@ -49,7 +49,8 @@ def test_plan_round_trip(tmp_path, small_plan):
         assert key in data
     for key in ("layer_start", "layer_stop", "layer_names", "ranks", "recompute"):
         assert key in data["stages"][0]
-    for key in ("iteration_ms", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "partition_bound_ms", "machine_bound_ms"):
+    for key in ("iteration_ms", "throughput_samples_per_s", "peak_memory_bytes", "bubble_fraction", "partition_bound_ms",
+                "machine_bound_ms"):
         assert key in data["predicted"]
 
 

@@ -8,15 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.artifacts.request import ScheduleKind
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.simulation import simulate, simulate_iteration_ms
 from planner.simulation.bounds import me_index_of
-from planner.simulation.predict import me_index
 from planner.simulation.bounds import partition_bound_ms as lower_bound_ms
 from planner.simulation.bounds import partition_bounds as lower_bounds
 from planner.simulation.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
-from planner.artifacts.errors import PlannerInputError
-from planner.simulation import simulate, simulate_iteration_ms
-from planner.artifacts.request import PlanRequest
+from planner.simulation.predict import me_index
 from tests.chains import chain_profile, layer_dicts, small_cluster
 from tests.plan_factory import make_plan
 
@@ -101,9 +100,10 @@ def test_bad_shapes_are_clear_errors():
 @given(layers=layer_dicts(5), n=st.sampled_from([1, 2, 4]), batch=st.sampled_from([4, 8]))
 def test_machine_bound_bounds_every_solver_and_baseline(layers, n, batch):
     """No plan of any solver beats the machine bound; and it is the same number for all of them."""
-    from planner.simulation.bounds import machine_bound_ms
     from planner.artifacts.errors import InfeasibleError
-    from planner.solve import SOLVERS, plan as solve
+    from planner.simulation.bounds import machine_bound_ms
+    from planner.solve import SOLVERS
+    from planner.solve import plan as solve
 
     prof = chain_profile(layers)
     cluster = small_cluster(n, memory_bytes=10**11)

@@ -19,10 +19,12 @@ import pytest
 
 import planner
 from planner.artifacts.cluster import load_cluster
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily
 from planner.artifacts.profile import Profile, TimeFit
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, load_report
 from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
+from planner.commands.cli import main
 from planner.report.calibrate import (
     add_layer_overhead,
     calibrate,
@@ -33,8 +35,6 @@ from planner.report.calibrate import (
     scale_cluster_links,
     scale_profile_times,
 )
-from planner.commands.cli import main
-from planner.artifacts.errors import PlannerInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "gpt:layers=4,hidden=16,heads=2,seq=8,vocab=64"  # embed, block0..3, head
@@ -169,7 +169,7 @@ def runs(profiles: tuple[Profile, Profile], tmp_path_factory: pytest.TempPathFac
     for name, plan in plans.items():
         planner.save_plan(plan, tmp / f"{name}.plan.json")
         procs[name] = _launch(tmp / f"{name}.plan.json", tmp / "true.json", tmp / f"{name}.run.json")
-    for name, proc in procs.items():  # the two runs overlap: emulated compute sleeps, leaving the CPUs free
+    for proc in procs.values():  # the two runs overlap: emulated compute sleeps, leaving the CPUs free
         out, _ = proc.communicate(timeout=150)
         assert proc.returncode == 0, out[-3000:]
     return {"tmp": tmp, "plans": plans, "reports": {n: load_report(tmp / f"{n}.run.json") for n in plans}}

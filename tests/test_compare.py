@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import planner
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily, SolverKind, ZeroStage
 from planner.artifacts.report import RunReport, StageRecord, StepRecord
 from planner.artifacts.request import PlanRequest
 from planner.commands.cli import main
-from planner.artifacts.errors import PlannerInputError
 from planner.report.compare import COLUMNS, MEASURED_COLUMNS
 from planner.schedule import build_schedule, read_schedule_csv
 from planner.solve import BASELINES

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.cluster import PRESETS
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import load_profile
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.commands.cli import main
-from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.solve import plan
 from tests.chains import chain_profile, layer_dicts, small_cluster
 

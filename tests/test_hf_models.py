@@ -14,12 +14,12 @@ import pytest
 import torch
 import transformers
 
-from planner.profiling.analytic.gpt import block_fwd_flops
-from planner.profiling.analytic.llama import flops_per_token, llama_profile, llama_shape, read_config
-from planner.commands.cli import main
 from planner.artifacts.errors import PlannerInputError
+from planner.commands.cli import main
 from planner.models import hf, load_workload, workload_fingerprint
 from planner.models.common import seeded
+from planner.profiling.analytic.gpt import block_fwd_flops
+from planner.profiling.analytic.llama import flops_per_token, llama_profile, llama_shape, read_config
 from planner.profiling.measured import profile_model
 from planner.profiling.measured.memory import whole_model_saved_bytes
 
@@ -199,7 +199,7 @@ def test_llama3_parameter_count_is_the_published_size(name: str) -> None:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(hf.make_config(hf.HFSpec(source=name, config=dict(config)), name))
     assert total == sum(p.numel() for p in model.parameters())
-    ours, rule, ratio = flops_per_token(llama_shape(config))
+    ours, _, ratio = flops_per_token(llama_shape(config))
     assert profile.model_flops_per_sample == pytest.approx(ours * 8192, rel=1e-12)
     assert 0.94 < ratio < 1.0  # below 6N + attention by the embedding lookup's 6 V h
 

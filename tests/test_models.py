@@ -156,7 +156,7 @@ def test_gpt2_from_transformers_matches_the_hf_model() -> None:
     spec = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"
     w = load_workload(spec, dtype="float64")
     assert w.tied == (((0, "wte.weight"), (3, "lm_head.weight")),)
-    x, y = w.make_batch(2, seed=0)
+    x, _ = w.make_batch(2, seed=0)
     reference = build_hf_model(GPT2Options(layers=2, hidden=32, heads=2, seq=8, vocab=64, dtype="float64"))
     torch.testing.assert_close(run(w, x), reference(input_ids=x).logits, rtol=0, atol=0)
     with warnings.catch_warnings(record=True) as caught:

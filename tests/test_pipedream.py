@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.artifacts.profile import load_profile, profile_to_json
-from planner.commands.cli import main
 from planner.artifacts.codec import dumps_canonical
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import load_profile, profile_to_json
+from planner.commands.cli import main
 from planner.graph import cut_bytes_per_sample
 from planner.profiling.imported.pipedream import import_pipedream, infer_batch_size, parse_graph
 

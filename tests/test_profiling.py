@@ -16,10 +16,10 @@ from planner.artifacts.profile import profile_from_json, profile_to_json
 from planner.commands.cli import main
 from planner.graph import cut_bytes_per_sample
 from planner.models import load_workload, workload_fingerprint
+from planner.models.workload import Workload
 from planner.profiling.measured import detect_tied, profile_model
 from planner.profiling.measured.fit import fit_time
 from planner.profiling.measured.memory import measure_layer_bytes, whole_model_saved_bytes
-from planner.models.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {

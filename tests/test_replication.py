@@ -55,7 +55,7 @@ def test_replicated_schedules_never_deadlock_and_hold_what_the_cost_model_says(r
     assert len(orders) == sum(reps)
     validate_schedule(orders, len(reps), m, replicated=True)
     layout = Layout(num_stages=len(reps), stage_replicas=reps)
-    for (s, d), ranks in zip(enumerate(reps), layout.all_stage_ranks()):
+    for d, ranks in zip(reps, layout.all_stage_ranks()):
         for r, rank in enumerate(ranks):
             assert {a.mb_idx for a in orders[rank]} == set(range(r, m, d))
     # the simulator's per-copy peak of micro-batches in flight is the cost model's count

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.artifacts.request import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.request import ScheduleKind
 from planner.schedule import (
     Action,
     ActionKind,

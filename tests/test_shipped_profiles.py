@@ -34,7 +34,8 @@ def test_plan_every_shipped_profile(path, tmp_path, capsys):
         cluster = "local-cpu"
     else:
         base = PRESETS["h100-80gb-x8" if "h100" in path.name else "a100-80gb-x8"]
-        # 175B needs more than one node: 8 nodes of 8; Llama-3-70B 4 nodes, searched at t = 8 with sequence parallelism and micro-batches of 1 only (test time)
+        # 175B needs more than one node: 8 nodes of 8; Llama-3-70B 4 nodes, searched at t = 8 with sequence
+        # parallelism and micro-batches of 1 only (test time)
         cluster_path = tmp_path / "cluster.json"
         nodes = 8 if "175b" in path.name else 4 if "70b" in path.name else 1
         save_cluster(dataclasses.replace(base, num_nodes=nodes), cluster_path)

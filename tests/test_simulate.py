@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.artifacts.request import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.request import ScheduleKind
 from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
 from tests.plan_factory import make_plan
 

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.artifacts.request import PlanRequest, ScheduleKind
-from planner.cost import CostModel
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.cost import CostModel
 from planner.solve import plan
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.chain_dp import StageTable, solve_chain

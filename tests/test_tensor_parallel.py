@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
-from planner.profiling.analytic.gpt import gpt_profile
 from planner.artifacts.cluster import PRESETS
+from planner.artifacts.codec import parse_text
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import dumps_plan, plan_from_json
 from planner.artifacts.request import PlanRequest
-from planner.artifacts.codec import parse_text
 from planner.cost import allreduce_ms
-from planner.artifacts.errors import PlannerInputError
+from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
+from planner.profiling.analytic.gpt import gpt_profile
 from planner.simulation import simulate
 from planner.solve import plan
-from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
 from tests.chains import chain_profile, small_cluster
 
 S, H, A, V = 128, 256, 8, 1000
@@ -71,7 +71,7 @@ def test_degrees_and_refusals():
         candidate_degrees(prof, cluster, 8, (16,))
     six_heads = gpt_profile(layers=2, hidden=96, heads=6, seq=16, vocab=50)
     assert candidate_degrees(six_heads, cluster, 8) == [1, 2]
-    with pytest.raises(PlannerInputError, match="--tp 4: .*does not divide 6"):
+    with pytest.raises(PlannerInputError, match=r"--tp 4: .*does not divide 6"):
         plan(six_heads, cluster, PlanRequest(global_batch=8, tp_degrees=(4,)))
     two_nodes = dataclasses.replace(small_cluster(8, per_node=4), name="2x4")
     with pytest.raises(PlannerInputError, match="inside one node"):
@@ -184,7 +184,7 @@ def test_torchtitan_export_carries_every_degree(tmp_path):
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.layout.dp_degree
     assert par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * p.layout.dp_degree == p.num_devices
     assert par["pipeline_parallel_microbatch_size"] == p.microbatch_size
-    assert sum(par["module_fqns_per_model_part"], []) == list(prof.layer_names)
+    assert [name for part in par["module_fqns_per_model_part"] for name in part] == list(prof.layer_names)
     assert cfg["training"]["local_batch_size"] * p.layout.dp_degree == cfg["training"]["global_batch_size"] == 16
     path = tmp_path / "p.json"
     path.write_text(dumps_plan(p))

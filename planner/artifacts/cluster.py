@@ -61,7 +61,7 @@ class Cluster:
     def node_of(self, rank: int) -> int:
         return rank // self.devices_per_node
 
-    def with_devices(self, num_devices: int) -> "Cluster":
+    def with_devices(self, num_devices: int) -> Cluster:
         """This cluster grown or shrunk to ``num_devices`` (whole nodes, or part of one)."""
         if num_devices < 1:
             raise PlannerInputError(f"--devices must be >= 1 (got {num_devices})")

@@ -25,7 +25,7 @@ from planner.artifacts.errors import PlannerInputError
 
 T = TypeVar("T")
 
-JSONScalar = Union[str, int, float, bool]
+JSONScalar = str | int | float | bool
 
 
 def _fail(path: str, message: str, value: Any = dataclasses.MISSING) -> typing.NoReturn:
@@ -65,7 +65,7 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
             except PlannerInputError:
                 continue
         _fail(path, "does not match any allowed type", value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _decode_dataclass(tp, value, path)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         allowed = [m.value for m in tp]
@@ -110,7 +110,7 @@ def _decode_dataclass(cls: type[T], value: Any, path: str) -> T:
     if not isinstance(value, dict):
         _fail(path, f"must be an object ({cls.__name__})", value)
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(value) - set(fields))
     if unknown:
         _fail(f"{path}.{_key(unknown[0])}" if path else _key(unknown[0]), f"unknown field in {cls.__name__}")
@@ -223,7 +223,7 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
         return {"anyOf": [json_schema(a, defs) for a in args]}
     if tp is type(None):
         return {"type": "null"}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         name = tp.__name__
         if name not in defs:
             defs[name] = {}  # placeholder against recursion
@@ -234,7 +234,7 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
                 if not f.init:
                     continue
                 sub = json_schema(hints[f.name], defs)
-                doc = (f.metadata or {}).get("doc")
+                doc = f.metadata.get("doc") if f.metadata else None
                 if doc:
                     sub = {**sub, "description": doc}
                 props[f.name] = sub

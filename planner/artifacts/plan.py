@@ -141,7 +141,7 @@ class Prediction:
     )
 
     @classmethod
-    def unset(cls, peak_memory_bytes: int = 0) -> "Prediction":
+    def unset(cls, peak_memory_bytes: int = 0) -> Prediction:
         """Zeros, for a plan whose predictions are still to be made (or not needed)."""
         return cls(
             iteration_ms=0.0,
@@ -171,7 +171,7 @@ class ParetoPoint:
     sequence_parallel: bool = False
 
     @classmethod
-    def of(cls, plan: "Plan") -> "ParetoPoint":
+    def of(cls, plan: Plan) -> ParetoPoint:
         lay = plan.layout
         return cls(
             iteration_ms=plan.predicted.iteration_ms,

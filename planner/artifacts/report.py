@@ -49,7 +49,7 @@ VERSION = 2
 OVERRUN_LIMIT = 0.05
 
 
-def overrun_warning(report: "RunReport") -> str:
+def overrun_warning(report: RunReport) -> str:
     """One line when an emulated run overran (not a valid fidelity sample); "" otherwise."""
     if not report.emulate or report.fidelity_sample:
         return ""

@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="calibrated profile JSON to write")
     p.add_argument("--cluster", help="the plans' cluster (default: the preset the first plan names)")
     p.add_argument("--cluster-out", help="calibrated cluster JSON to write")
-    p.add_argument("--granularity", default="stage", choices=GRANULARITIES, help="one time scale per stage or one overall (default: %(default)s)")
+    p.add_argument("--granularity", default="stage", choices=GRANULARITIES,
+                   help="one time scale per stage or one overall (default: %(default)s)")
     p.add_argument("--residual", default="auto", choices=RESIDUALS,
                    help="what explains the time left after the compute scale: slower links, a per-layer overhead, "
                    "the better fit of the two (auto), or nothing (default: %(default)s)")

@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", help="profile JSON (default: the embedded GPT-3 13B A100 profile)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset ({', '.join(PRESETS)}) or cluster JSON (default: %(default)s)")
-    p.add_argument("--devices", type=positive_int, default=0, help="devices available (default: all of the cluster); the plan uses fewer only when that is "
+    p.add_argument("--devices", type=positive_int, default=0,
+                   help="devices available (default: all of the cluster); the plan uses fewer only when that is "
                         "faster, and its table says so")
     p.add_argument("--global-batch", type=positive_int, default=DEFAULT_GLOBAL_BATCH, help="samples per iteration (default: %(default)s)")
     p.add_argument("--solver", default=SolverKind.DP.value, choices=SOLVERS, help="solver or baseline (default: %(default)s)")
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--memory-headroom", type=fraction, default=0.1, help="fraction of device memory kept free (default: %(default)s)")
     p.add_argument("--memory-cap-gib", type=nonneg_float, default=0.0, help="per-device memory cap in GiB (overrides headroom)")
-    p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind], help="optimizer and precision (default: %(default)s)")
+    p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind],
+                   help="optimizer and precision (default: %(default)s)")
     p.add_argument("--time-budget-ms", type=nonneg_float, default=0.0, help="for --objective memory: slowest acceptable iteration")
     p.add_argument("--fixed-boundaries", type=int_list, default=(),
                    help="comma-separated layer indices where a stage must start (stages may also start elsewhere; "

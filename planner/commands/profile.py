@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", metavar="SPEC", help="zoo model or package.module:callable (see below)")
-    what.add_argument("--analytic", choices=["gpt", "hf"], help="analytic profile from cited formulas (no torch); hf: a Llama-style --config")
+    what.add_argument("--analytic", choices=["gpt", "hf"],
+                      help="analytic profile from cited formulas (no torch); hf: a Llama-style --config")
     parser.add_argument("--out", metavar="PATH", help="profile JSON to write (default: <model>.profile.json)")
     measured = parser.add_argument_group("measured (--model)")
     measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
@@ -53,7 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analytic = parser.add_argument_group("analytic (--analytic gpt | hf)")
     for flag in ("layers", "hidden", "heads", "seq", "vocab"):
         analytic.add_argument(f"--{flag}", type=int)
-    analytic.add_argument("--config", metavar="PATH", help="--analytic hf: a config.json or a directory holding one (--seq default: its max_position_embeddings)")
+    analytic.add_argument("--config", metavar="PATH",
+                          help="--analytic hf: a config.json or a directory holding one "
+                               "(--seq default: its max_position_embeddings)")
     analytic.add_argument("--device-preset", default="a100-80gb", help="a100-80gb | h100-80gb (default a100-80gb)")
     analytic.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak FLOP/s (default 0.5)")
     parser.set_defaults(func=run)

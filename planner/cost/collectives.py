@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from planner.artifacts.cluster import Cluster
 

@@ -39,9 +39,9 @@ is per device: with tensor parallelism, the per-device view of
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
-from typing import Iterable, Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -97,6 +97,8 @@ class CostModel:
         self._param_prefix = np.concatenate([[0], np.cumsum(self.param_count)])
         self._saved_prefix = np.concatenate([[0.0], np.cumsum(self.saved_per_sample)])
         self._speed = cluster.relative_speed
+        self._layer_times: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._time_prefix: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     # ---------------------------------------------------------------- ZeRO
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
@@ -115,17 +117,21 @@ class CostModel:
         return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
 
     # ---------------------------------------------------------------- compute
-    @lru_cache(maxsize=64)
     def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster."""
-        fwd = np.array([layer.fwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
-        bwd = np.array([layer.bwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
-        return fwd, bwd
+        """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
+        on the instance, so a cost model and its arrays are freed together)."""
+        if microbatch_size not in self._layer_times:
+            fwd = np.array([layer.fwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
+            bwd = np.array([layer.bwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
+            self._layer_times[microbatch_size] = (fwd, bwd)
+        return self._layer_times[microbatch_size]
 
-    @lru_cache(maxsize=64)
     def time_prefix(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        fwd, bwd = self.layer_times(microbatch_size)
-        return np.concatenate([[0.0], np.cumsum(fwd)]), np.concatenate([[0.0], np.cumsum(bwd)])
+        if microbatch_size not in self._time_prefix:
+            fwd, bwd = self.layer_times(microbatch_size)
+            self._time_prefix[microbatch_size] = (np.concatenate([[0.0], np.cumsum(fwd)]),
+                                                  np.concatenate([[0.0], np.cumsum(bwd)]))
+        return self._time_prefix[microbatch_size]
 
     def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         fp, _ = self.time_prefix(microbatch_size)
@@ -173,7 +179,7 @@ class CostModel:
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one micro-batch."""
         cut = self.cut_bytes_per_sample
-        return 2.0 * (cut[start] + cut[stop]) * microbatch_size
+        return 2.0 * float(cut[start] + cut[stop]) * microbatch_size
 
     # ---------------------------------------------------------------- assembled
     def stage_memory(

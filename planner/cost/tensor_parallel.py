@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError

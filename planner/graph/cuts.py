@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 
-def layer_graph(profile: Profile) -> "nx.DiGraph":
+def layer_graph(profile: Profile) -> nx.DiGraph:
     """The layer DAG: nodes are layer indices (with names), edges carry ``bytes_per_sample``."""
     import networkx as nx  # imported here: planning itself never needs it
 
@@ -77,7 +77,7 @@ def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profi
     for g, (a, z) in enumerate(zip(starts, stops)):
         group_of[a:z] = g
     layers = []
-    for g, (a, z) in enumerate(zip(starts, stops)):
+    for a, z in zip(starts, stops):
         members = profile.layers[a:z]
         params = sum(m.param_count for m in members)
         pbytes = sum(m.param_bytes for m in members)

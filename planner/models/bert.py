@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from planner.models.common import MLP, SelfAttention, generator, megatron_styles, mean_cross_entropy, parse_dtype, seeded
+from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, megatron_styles, parse_dtype, seeded
 from planner.models.workload import TensorParallel, Workload
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
-from planner.models.common import MLP, SelfAttention, generator, megatron_styles, mean_cross_entropy, parse_dtype, seeded
+from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, megatron_styles, parse_dtype, seeded
 from planner.models.flops import gpt_model_flops_per_sample
 from planner.models.workload import TensorParallel, Workload
 

@@ -56,9 +56,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +70,7 @@ from planner.models.common import generator, parse_dtype, seeded
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
 from planner.models.workload import Workload
 
-__all__ = ["FAMILIES", "HFSpec", "build", "parse_spec", "load_config_dict"]
+__all__ = ["FAMILIES", "HFSpec", "build", "load_config_dict", "parse_spec"]
 
 # short names accepted in specs -> transformers' standard config attribute names
 ALIASES = {
@@ -182,7 +183,8 @@ def parse_spec(rest: str, spec: str, dtype: str | None = None) -> HFSpec:
         planner["dtype"] = dtype
     for key in ("seq", "seed"):
         if key in planner and (not isinstance(planner[key], int) or planner[key] < (0 if key == "seed" else 1)):
-            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be a {'non-negative' if key == 'seed' else 'positive'} integer")
+            kind = "non-negative" if key == "seed" else "positive"
+            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be a {kind} integer")
     if planner.get("padding", 1) not in (0, 1):  # True/False compare equal to 1/0
         raise PlannerInputError(f"model spec {spec!r}: option 'padding' must be 0 or 1 (got {planner['padding']!r})")
     parse_dtype(str(planner.get("dtype", "float32")))

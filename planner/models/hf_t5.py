@@ -27,7 +27,8 @@ cross-attention, causal for the decoder), built in each block from the carried p
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

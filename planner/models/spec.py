@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.workload import Workload
@@ -73,7 +74,7 @@ def load_factory(target: str, options: dict[str, str], spec: str) -> Workload:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is a bad spec
+    except Exception as exc:
         raise PlannerInputError(
             f"model spec {spec!r}: cannot import {module_name!r} ({type(exc).__name__}: {_one_line(str(exc))})"
         ) from None
@@ -82,7 +83,7 @@ def load_factory(target: str, options: dict[str, str], spec: str) -> Workload:
         raise PlannerInputError(f"model spec {spec!r}: {module_name!r} has no callable {attr!r}")
     try:
         workload = factory(**{k: _auto(v) for k, v in options.items()})
-    except Exception as exc:  # noqa: BLE001 - the user's factory failing is a bad spec
+    except Exception as exc:
         raise PlannerInputError(
             f"model spec {spec!r}: factory raised {type(exc).__name__}: {_one_line(str(exc))}"
         ) from None

@@ -36,8 +36,9 @@ This module does not import torch; the types are torch's at run time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 TiedGroup = tuple[tuple[int, str], ...]
 

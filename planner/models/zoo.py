@@ -31,15 +31,16 @@ downloaded.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from planner.artifacts.profile import profile_fingerprint
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import profile_fingerprint
 from planner.models import bert, gpt, hf, hf_gpt2, resnet, vgg
 from planner.models.spec import build_config, load_factory, split_options
 from planner.models.workload import Workload
 
-__all__ = ["ZOO", "load_workload", "workload_fingerprint", "layer_param_shapes"]
+__all__ = ["ZOO", "layer_param_shapes", "load_workload", "workload_fingerprint"]
 
 # zoo name -> (config dataclass, builder)
 ZOO: dict[str, tuple[type, Callable[[Any], Workload]]] = {

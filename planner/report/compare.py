@@ -67,7 +67,8 @@ __all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare
 GIB = 1024**3
 
 COLUMNS = (
-    "label", "solver", "T", "sequence_parallel", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages", "recomputed_layers",
+    "label", "solver", "T", "sequence_parallel", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages",
+    "recomputed_layers",
     "iteration_ms", "throughput_samples_per_s", "speedup", "peak_memory_gib",
     "params_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib",
     "bubble_fraction", "exposed_allreduce_ms", "machine_bound_ms", "limit_over_time",

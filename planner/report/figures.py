@@ -15,12 +15,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-from planner.simulation import SegmentKind, Timeline  # noqa: E402
+from planner.simulation import SegmentKind, Timeline
 
 __all__ = ["COLORS", "plot_memory", "plot_timeline"]
 
@@ -165,7 +165,8 @@ def plot_memory(
         color = cmap(trace.stage_idx / max(n - 1, 1) * 0.9)
         times = list(trace.times_ms) + [timeline.iteration_ms]
         values = [b / scale for b in trace.bytes_] + [trace.bytes_[-1] / scale]
-        ax.step(times, values, where="post", color=color, lw=1.3, label=f"stage {trace.stage_idx} (peak {trace.peak_bytes / scale:.3g} {unit})")
+        label = f"stage {trace.stage_idx} (peak {trace.peak_bytes / scale:.3g} {unit})"
+        ax.step(times, values, where="post", color=color, lw=1.3, label=label)
         peak_at = trace.times_ms[trace.bytes_.index(trace.peak_bytes)]
         ax.plot([peak_at], [trace.peak_bytes / scale], marker="o", ms=3.5, color=color)
     if cap_on_scale:

@@ -21,14 +21,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from planner.artifacts.plan import Plan  # noqa: E402
-from planner.report.figures import _finish, _unit, plot_timeline  # noqa: E402
-from planner.report.table import layout_label  # noqa: E402
-from planner.simulation import simulate  # noqa: E402
+from planner.artifacts.plan import Plan
+from planner.report.figures import _finish, _unit, plot_timeline
+from planner.report.table import layout_label
+from planner.simulation import simulate
 
 __all__ = ["MEMORY_COLORS", "plot_pareto", "plot_stage_memory", "plot_timelines"]
 

@@ -10,8 +10,8 @@ from planner.schedule.build import (
     check_schedule_rules,
     replicated_warmup,
 )
-from planner.schedule.inflight import inflight_counts, layout_schedule, stage_inflight
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
+from planner.schedule.inflight import inflight_counts, layout_schedule, stage_inflight
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
 __all__ = [

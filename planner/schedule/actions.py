@@ -44,7 +44,7 @@ class Action:
         return f"{self.stage_idx}{self.kind.value}{self.mb_idx}"
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         return parse_action(text)
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule
 
 __all__ = [

@@ -15,7 +15,7 @@ and the step and carry a step x rank grid (``ScheduleError.grid``) in torch's fo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from planner.artifacts.errors import PlannerInputError
 from planner.schedule.actions import Action, ActionKind, Schedule

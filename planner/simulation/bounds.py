@@ -36,13 +36,13 @@ ME index (the seed, TPDS 35(4) 2024): ``(throughput / reference throughput) /
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
-from planner.artifacts.errors import PlannerInputError
 
 __all__ = [
     "LowerBounds",

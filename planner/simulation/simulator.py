@@ -36,14 +36,14 @@ workspace while a recomputed backward runs. A device's memory is the sum over it
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
-from planner.artifacts.kinds import ScheduleKind
-from planner.artifacts.errors import PlannerInputError
 from planner.schedule import ActionKind, build_schedule, layout_schedule, validate_schedule
 from planner.schedule.build import check_replicated_rules, replicated_triples
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline

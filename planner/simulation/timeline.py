@@ -8,8 +8,8 @@ Produced by :func:`planner.simulation.simulate`; read by :mod:`planner.report.fi
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
@@ -144,14 +144,14 @@ class Timeline:
         for st in self.stages:
             if st.allreduce_end_ms <= st.allreduce_start_ms:
                 continue
-            a, z = st.allreduce_start_ms, st.allreduce_end_ms
+            lo, hi = st.allreduce_start_ms, st.allreduce_end_ms
             # ZeRO's pair moves (grad + weight bytes) / 2 each way at the all-reduce's rate
             # (planner.cost): drawn as two halves
-            bars = [(SegmentKind.ALLREDUCE, a, z)] if not self.layout.zero else [
-                (SegmentKind.REDUCE_SCATTER, a, (a + z) / 2), (SegmentKind.ALL_GATHER, (a + z) / 2, z)]
+            bars: list[tuple[SegmentKind, float, float]] = [(SegmentKind.ALLREDUCE, lo, hi)] if not self.layout.zero else [
+                (SegmentKind.REDUCE_SCATTER, lo, (lo + hi) / 2), (SegmentKind.ALL_GATHER, (lo + hi) / 2, hi)]
             for rank in st.ranks or (st.rank,):
-                for kind, lo, hi in bars:
-                    out.append(Segment(kind=kind, rank=rank, stage_idx=st.stage_idx, mb_idx=-1, start_ms=lo, end_ms=hi))
+                for kind, start, end in bars:
+                    out.append(Segment(kind=kind, rank=rank, stage_idx=st.stage_idx, mb_idx=-1, start_ms=start, end_ms=end))
         for rank, opt in enumerate(self.optimizer_ms):
             if opt > 0:
                 out.append(

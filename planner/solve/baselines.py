@@ -26,20 +26,19 @@ and 3 of 6 layers on 3 stages is 0-1 | 2 | 3-5); a request none can meet is refu
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
-from planner.artifacts.kinds import SolverKind, ZeroStage
+from planner.artifacts.kinds import SolverKind
 from planner.artifacts.layout import Sharding
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.schedule import inflight_counts
-from planner.simulation import simulate_iteration_ms
 from planner.solve.build import Problem, memory_cap_bytes
-from planner.solve.candidates import Candidate, Scored, stage_arrays
+from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain_dp import ChainSolution
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
 from planner.solve.select import build_best, select
@@ -124,9 +123,7 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
 
 
 def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[Scored]:
-    scored = [
-        (simulate_iteration_ms(c.config.schedule, c.config.num_microbatches, **stage_arrays(cm, c)), c) for c in cands
-    ]
+    scored = [(simulated(cm, c), c) for c in cands]
     scored.sort(key=lambda tc: (tc[0], tc[1].config.pipeline_size, -tc[1].config.microbatch_size, tc[1].config.schedule.value))
     return scored
 

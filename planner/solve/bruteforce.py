@@ -7,6 +7,7 @@ It prices the same objective as :mod:`planner.solve.chain_dp` directly from the 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
@@ -24,10 +25,10 @@ def best_stage(table: StageTable, start: int, stop: int, inflight: int) -> tuple
     cm, b = table.cm, table.b
     compute = cm.stage_fwd_ms(start, stop, b) + cm.stage_bwd_ms(start, stop, b)
     layers = range(start, stop)
-    masks = [()] if not table.allow_recompute else (
+    masks: Iterable[tuple[int, ...]] = [()] if not table.allow_recompute else (
         combo for r in range(len(layers) + 1) for combo in itertools.combinations(layers, r)
     )
-    best = (INF, ())
+    best: tuple[float, tuple[int, ...]] = (INF, ())
     for mask in masks:
         if cm.stage_memory(start, stop, mask, b, inflight, table.sharding).total_bytes > table.cap:
             continue

@@ -4,8 +4,8 @@ then replay the schedule in the event simulator for the plan's ``predicted`` fig
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from planner import __version__
 from planner.artifacts import codec
@@ -17,7 +17,6 @@ from planner.artifacts.profile import Profile, profile_to_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
-
 from planner.schedule import inflight_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
@@ -39,7 +38,7 @@ class Problem:
     @classmethod
     def of(
         cls, profile: Profile, cluster: Cluster, request: PlanRequest, solver: SolverKind, devices_available: int
-    ) -> "Problem":
+    ) -> Problem:
         return cls(
             profile=profile, cluster=cluster, request=request, solver=solver, devices_available=devices_available,
             profile_sha256=codec.sha256_of(profile_to_json(profile)), cluster_sha256=codec.sha256_of(cluster_to_json(cluster)),

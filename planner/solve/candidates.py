@@ -8,8 +8,8 @@ exact overlap and the schedule's), so every candidate is replayed by the simulat
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from planner.artifacts.kinds import Objective, ZeroStage
 from planner.artifacts.request import PlanRequest

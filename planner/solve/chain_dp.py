@@ -29,8 +29,8 @@ vectorised min over an ``(L + 1) x (L + 1)`` matrix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -101,7 +101,7 @@ class StageTable:
         self._bases: dict[int, np.ndarray] = {}
         self._tables: dict[int, np.ndarray] = {}
         self._pending: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
-        self._cache: dict[tuple, RecomputeChoice] = {}
+        self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
         self._choices: dict[tuple[int, int, int], tuple[int, RecomputeChoice]] = {}
         self.all_exact = True
         # identical consecutive layers (a transformer's blocks): a stage inside such a run is
@@ -152,6 +152,7 @@ class StageTable:
         todo = need & (self.compute > done) & (self.compute <= limit)
         for i, j in zip(*np.nonzero(todo)):
             i, j = int(i), int(j)
+            key: tuple[object, ...]
             if j - i <= self._run[i]:
                 key = (inflight, self._kind[i], j - i, float(excess[i, j]))
             else:
@@ -193,7 +194,7 @@ def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, l
     return max(0.0, per_byte * sync + fixed - float(bp[start]))
 
 
-def _exposure_matrices(table: "StageTable", layout: Layout) -> list[np.ndarray]:
+def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
     """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`)."""
     out = []
     for s in range(layout.num_stages):

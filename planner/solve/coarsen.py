@@ -57,8 +57,8 @@ def refine(
     coarse = to_layers(cm, cand, starts, cap)
     finer = set(starts)
     radius = settings.refine_radius
-    for c in coarse.solution.boundaries[1:]:
-        finer.update(range(max(1, c - radius), min(L - 1, c + radius) + 1))
+    for cut in coarse.solution.boundaries[1:]:
+        finer.update(range(max(1, cut - radius), min(L - 1, cut + radius) + 1))
     finer_starts = sorted(finer)
     merged = merged_model(cm, finer_starts)
     fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)

@@ -24,6 +24,8 @@ floats from the model's partition.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ortools.sat.python import cp_model
 
 from planner.artifacts.kinds import ScheduleKind
@@ -52,7 +54,9 @@ def solve_chain_ilp(
     # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
     scale = table.sharding.ranks if table.sharding.zero else 1
     kappa = int(round(table.kappa * scale))
-    m = cp_model.CpModel()
+    # OR-Tools' stubs type linear expressions more narrowly than its API accepts (sums of
+    # products with Python ints): the model is built untyped
+    m: Any = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
     r = [m.new_bool_var(f"r{l}") for l in range(L)] if table.allow_recompute else None
     for l in range(L):
@@ -66,21 +70,21 @@ def solve_chain_ilp(
     for f in table_fixed(table):
         m.add(stage_of[f] - stage_of[f - 1] == 1)
 
-    def both(a, c, name):
+    def both(a: Any, c: Any, name: str) -> Any:
         v = m.new_bool_var(name)
         m.add_bool_and([a, c]).only_enforce_if(v)
         m.add_bool_or([a.Not(), c.Not()]).only_enforce_if(v.Not())
         return v
 
-    first = [[x[s][l] if l == 0 else (both(x[s][l], x[s - 1][l - 1], f"f{s}_{l}") if s > 0 else None)
+    first: list[list[Any]] = [[x[s][l] if l == 0 else (both(x[s][l], x[s - 1][l - 1], f"f{s}_{l}") if s > 0 else None)
               for l in range(L)] for s in range(P)]
-    last = [[x[s][l] if l == L - 1 else (both(x[s][l], x[s + 1][l + 1], f"e{s}_{l}") if s < P - 1 else None)
+    last: list[list[Any]] = [[x[s][l] if l == L - 1 else (both(x[s][l], x[s + 1][l + 1], f"e{s}_{l}") if s < P - 1 else None)
              for l in range(L)] for s in range(P)]
     times, comms, exposures = [], [], []
     _, bwd_prefix = cm.time_prefix(b)
     t_max = m.new_int_var(0, 10**15, "tmax")
     for s in range(P):
-        z = [both(x[s][l], r[l], f"z{s}_{l}") for l in range(L)] if r is not None else [None] * L
+        z: list[Any] = [both(x[s][l], r[l], f"z{s}_{l}") for l in range(L)] if r is not None else [None] * L
         t = sum(int(round((fwd[l] + bwd[l]) * NS_PER_MS)) * x[s][l] for l in range(L))
         if r is not None:
             t += sum(int(round(fwd[l] * NS_PER_MS)) * z[l] for l in range(L))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -56,7 +56,8 @@ def honouring(weight: np.ndarray, fixed: Sequence[int]) -> np.ndarray:
 
 def _prefix_weight(values: np.ndarray) -> np.ndarray:
     p = np.concatenate([[0.0], np.cumsum(values)])
-    return p[None, :] - p[:, None]
+    out: np.ndarray = p[None, :] - p[:, None]
+    return out
 
 
 def _uniform(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
@@ -84,7 +85,8 @@ def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
         sync = 4.0 * (D - 1) * params / (D * cm.cluster.intra_node_bandwidth_gb_per_s * 1e9) * 1e3
     else:
         sync = np.zeros_like(params)
-    return np.maximum(compute, comm) + sync
+    weight: np.ndarray = np.maximum(compute, comm) + sync
+    return weight
 
 
 WEIGHTS: dict[SolverKind, WeightFn] = {
@@ -96,7 +98,7 @@ WEIGHTS: dict[SolverKind, WeightFn] = {
 
 
 def pipedream_split(
-    cm: CostModel, b: int, num_devices: int, counts: "list[int] | None" = None
+    cm: CostModel, b: int, num_devices: int, counts: list[int] | None = None
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """PipeDream's optimizer with per-stage replication (Narayanan et al. SOSP'19, sec. 3.1;
     one level of its ``optimizer_graph_hierarchical.py``) on the chain: stage boundaries and
@@ -119,7 +121,8 @@ def pipedream_split(
 
     def stage(r: int) -> np.ndarray:
         sync = 4.0 * (r - 1) * weights / (r * bw * 1e9) * 1e3
-        return np.maximum(compute / r, comm) + sync
+        weight: np.ndarray = np.maximum(compute / r, comm) + sync
+        return weight
 
     times = {r: stage(r) for r in allowed}
     A = np.full((L + 1, N + 1), np.inf)

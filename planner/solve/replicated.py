@@ -34,8 +34,8 @@ ZeRO stage; the simulator then judges the result beside the uniform plans.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

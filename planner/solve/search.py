@@ -39,7 +39,7 @@ infeasibility explanation (:mod:`planner.solve.infeasible`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError

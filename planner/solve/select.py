@@ -9,7 +9,7 @@ on more devices); the chosen plan records the best time found on all of them
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from planner.artifacts.kinds import Objective, ScheduleKind
 from planner.artifacts.plan import ParetoPoint, Plan

@@ -20,8 +20,8 @@ groups occupies P x D x t devices.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
@@ -61,10 +61,10 @@ class Config:
     def sharding(self, stage_idx: int = 0) -> Sharding:
         return self.layout.sharding(stage_idx)
 
-    def with_zero(self, zero: ZeroStage) -> "Config":
+    def with_zero(self, zero: ZeroStage) -> Config:
         return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero))
 
-    def with_schedule(self, schedule: ScheduleKind) -> "Config":
+    def with_schedule(self, schedule: ScheduleKind) -> Config:
         return dataclasses.replace(self, schedule=schedule)
 
     def sort_key(self) -> tuple[int, int, str, int, int, tuple[int, ...]]:
@@ -150,7 +150,7 @@ def all_configs(
 ) -> list[Config]:
     """Every configuration of the space for ``cm`` (see the module docstring)."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
-    out = []
+    out: list[Config] = []
     for P, D in configurations(cm.num_layers, num_groups, request):
         z = searched_zero(request, D)
         for b in microbatch_sizes(request, request.global_batch // D):

@@ -50,13 +50,11 @@ from planner.artifacts.profile import Layer, Profile, TensorSplit
 from planner.models.flops import block_fwd_flops, gpt_model_flops_per_sample, head_fwd_flops
 from planner.profiling.analytic.common import (
     BYTES_PER_ACT,
-    DEVICE_PRESETS,
     analytic_layer,
     assemble,
     device_rates,
     megatron_split,
 )
-
 
 # GPT-3 family, Brown et al. 2020 ("Language Models are Few-Shot Learners"), table 2.1.
 GPT3_SIZES: dict[str, dict[str, int]] = {

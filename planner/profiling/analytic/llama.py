@@ -72,9 +72,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
-from planner.artifacts.profile import Layer, Profile, TensorSplit
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.profile import Layer, Profile, TensorSplit
+from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import networkx as nx
 
-from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
+from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
 
 FP32_BYTES = 4
 # bytes per sample of an fp32 RGB image input at the sizes PipeDream's image models use

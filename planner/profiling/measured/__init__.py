@@ -2,4 +2,4 @@
 
 from planner.profiling.measured.profiler import detect_tied, profile_model
 
-__all__ = ["profile_model", "detect_tied"]
+__all__ = ["detect_tied", "profile_model"]

@@ -111,7 +111,7 @@ def check_layer_contract(workload: Workload, inputs: Any, targets: Any) -> None:
     for idx, (name, layer) in enumerate(zip(workload.layer_names, workload.layers)):
         try:
             x = layer(x)
-        except Exception as exc:  # noqa: BLE001 -- the user's layer failing is bad input, one line
+        except Exception as exc:
             detail = " ".join(str(exc).split())[:300]
             raise PlannerInputError(
                 f"layer {name!r} (layer {idx}) raised {type(exc).__name__} on the output of the layer before it: {detail}"

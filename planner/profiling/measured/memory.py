@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from planner.profiling.measured.tensors import flatten, fresh_like, tensor_bytes, tree_bytes
 from planner.models.workload import Workload
+from planner.profiling.measured.tensors import flatten, fresh_like, tensor_bytes, tree_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,7 +53,7 @@ class SavedBytesCounter:
     def _unpack(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
-    def __enter__(self) -> "SavedBytesCounter":
+    def __enter__(self) -> SavedBytesCounter:
         self._hooks.__enter__()
         return self
 

@@ -13,17 +13,19 @@ import copy
 import dataclasses
 import platform
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoint
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
+from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoint
 from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
+from planner.models.workload import Workload, split_loss
 from planner.profiling.measured.contract import check_layer_contract
 from planner.profiling.measured.fit import fit_time
 from planner.profiling.measured.memory import layer_edges, measure_layer_bytes
@@ -31,7 +33,6 @@ from planner.profiling.measured.tensor_split import layer_splits
 from planner.profiling.measured.tensors import to_device
 from planner.profiling.measured.timing import Clock, LayerTime, time_layers
 from planner.profiling.measured.trace import op_graph
-from planner.models.workload import Workload, split_loss
 
 BATCH_SEED = 0
 
@@ -41,7 +42,7 @@ def detect_tied(workload: Workload) -> tuple[TiedParams, ...]:
     owners: dict[int, tuple[str, torch.nn.Parameter, list[int]]] = {}
     for idx, layer in enumerate(workload.layers):
         for pname, param in layer.named_parameters():
-            name, _, layers = owners.setdefault(id(param), (f"{workload.layer_names[idx]}.{pname}", param, []))
+            _, _, layers = owners.setdefault(id(param), (f"{workload.layer_names[idx]}.{pname}", param, []))
             if idx not in layers:
                 layers.append(idx)
     return tuple(
@@ -108,7 +109,8 @@ def profile_model(
     cannot cross a stage boundary is refused with the layer and the tensor named.
 
     ``dtype`` (float32 | float64 | bfloat16) converts a copy of the layers and the floating
-    inputs; by default the workload's own parameter dtype is kept. ``num_threads`` fixes ``torch.set_num_threads`` for the CPU measurements (default: the
+    inputs; by default the workload's own parameter dtype is kept. ``num_threads`` fixes
+    ``torch.set_num_threads`` for the CPU measurements (default: the
     current setting); it is restored afterwards and recorded in the metadata. ``trace_ops``
     traces each layer with torch.fx and records operator counts (untraceable layers warn).
     """

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -81,7 +82,7 @@ def time_layers(
     num = len(layers)
     fwd: list[list[float]] = [[] for _ in range(num)]
     bwd: list[list[float]] = [[] for _ in range(num)]
-    for rep in range(warmup + repeats):
+    for _ in range(warmup + repeats):
         for layer in layers:
             _clear_grads(layer)
         received: list[Any] = []

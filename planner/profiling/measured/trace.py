@@ -18,7 +18,7 @@ def op_graph(layer: nn.Module, name: str) -> nx.DiGraph | None:
     with a warning when the layer cannot be traced."""
     try:
         traced = torch.fx.symbolic_trace(layer)
-    except Exception as exc:  # noqa: BLE001 - any tracing failure means: keep the module whole
+    except Exception as exc:
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
         warnings.warn(
             f"layer {name!r} ({type(layer).__name__}) cannot be traced by torch.fx ({reason}); "
