@@ -10,14 +10,16 @@ come from ``planner.solve.build.build_plan``, so their predictions are the simul
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from planner.artifacts.cluster import load_cluster
+from planner.artifacts.kinds import OptimizerKind, ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile, TimeFit
-from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
+from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.solve.build import build_plan
+from planner.solve.build import Problem, build_plan
 
 MODEL_SPEC = "gpt:layers=6,hidden=16,heads=2,seq=8,vocab=64"  # embed, block0..5, head
 LAYER_FWD_MS = (2.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0, 4.0)
@@ -60,30 +62,36 @@ def recompute_sets(boundaries: Sequence[int], num_layers: int, recompute: bool) 
     return sets
 
 
+def emulated_layout(num_stages: int, dp_degree: int, zero: int = 0, replicas: Sequence[int] = ()) -> Layout:
+    """The benchmark's Layout: ``num_stages`` stages, ``dp_degree`` replicated pipelines or
+    per-stage ``replicas`` (then ``dp_degree`` 1), ZeRO stage ``zero``."""
+    return Layout(num_stages=num_stages, dp_degree=dp_degree, stage_replicas=tuple(replicas), zero=ZeroStage(zero))
+
+
 def emulated_plan(
     profile: Profile, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind, recompute: bool,
     zero: int = 0, replicas: Sequence[int] = (),
 ) -> Plan:
-    """The fixed split of ``BOUNDARIES``; ``zero`` and per-stage ``replicas`` (with
-    ``dp_degree`` 1 and ``num_microbatches`` global) as the plan format allows."""
+    """The fixed split of ``BOUNDARIES`` under :func:`emulated_layout` (``num_microbatches``
+    per replicated pipeline; global with per-stage ``replicas``), priced with the cost model and
+    re-scored by the simulator (``planner.solve.build.build_plan``)."""
+    layout = emulated_layout(num_stages, dp_degree, zero, replicas)
     cluster = load_cluster(CLUSTER)
     request = PlanRequest(
         global_batch=num_microbatches * MICROBATCH_SIZE * dp_degree,
-        num_devices=sum(replicas) if replicas else num_stages * dp_degree,
+        num_devices=layout.world_size,
         schedules=(schedule,),
         microbatch_sizes=(MICROBATCH_SIZE,),
         optimizer=OptimizerKind.SGD_FP32,
     )
     boundaries = BOUNDARIES[num_stages]
+    problem = Problem.of(profile, cluster, request, SolverKind.GIVEN, layout.world_size)
     return build_plan(
+        problem,
         CostModel(profile, cluster, OptimizerKind.SGD_FP32),
-        request,
+        layout=layout,
         boundaries=boundaries,
         recompute=recompute_sets(boundaries, profile.num_layers, recompute),
-        dp_degree=dp_degree,
         microbatch_size=MICROBATCH_SIZE,
         schedule=schedule,
-        solver="fixed",
-        zero=zero,
-        replicas=replicas,
     )

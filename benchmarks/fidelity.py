@@ -29,12 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from emulated_setup import MODEL_SPEC, emulated_plan, emulated_profile  # noqa: E402
+from emulated_setup import MODEL_SPEC, emulated_layout, emulated_plan, emulated_profile
 
-from planner.artifacts.plan import save_plan  # noqa: E402
-from planner.artifacts.profile import save_profile  # noqa: E402
-from planner.artifacts.report import load_report  # noqa: E402
-from planner.artifacts.request import ScheduleKind  # noqa: E402
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import save_plan
+from planner.artifacts.profile import save_profile
+from planner.artifacts.report import load_report
 
 G, F = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B
 
@@ -55,8 +56,12 @@ class Config:
         return f"{layout} M{self.num_microbatches} {self.schedule.value:<5} rc={int(self.recompute)} z={self.zero}"
 
     @property
+    def layout(self) -> Layout:
+        return emulated_layout(self.num_stages, self.dp_degree, self.zero, self.replicas)
+
+    @property
     def num_processes(self) -> int:
-        return sum(self.replicas) if self.replicas else self.num_stages * self.dp_degree
+        return self.layout.world_size
 
 
 CONFIGS = (
@@ -107,7 +112,7 @@ def run_one(cfg: Config, profile_path: Path, work: Path, steps: int, warmup: int
     if cfg.zero:
         cmd += ["--optimizer", "adamw"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg.name}: runtime failed:\n{proc.stderr[-2000:]}")
     report = load_report(report_path)

@@ -1,6 +1,7 @@
 """Baseline for runtime_overhead.py: plain ``torch.distributed.pipelining``, nothing of ours
-but the layer split and the emulated compute (each chunk stretched to its profiled time,
-as ``planner.runtime.emulate`` does), so both sides do identical "compute".
+but the layer split, the plan's Layout (which stage a rank runs, where the tied copies are) and
+the emulated compute (each chunk stretched to its profiled time, as ``planner.runtime.emulate``
+does), so both sides do identical "compute".
 
     torchrun --nproc-per-node P benchmarks/plain_pipeline.py PLAN MODEL PROFILE STEPS WARMUP OUT {emulate|real}
 
@@ -23,20 +24,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from planner.artifacts.plan import load_plan  # noqa: E402
-from planner.artifacts.profile import load_profile  # noqa: E402
-from planner.artifacts.request import ScheduleKind  # noqa: E402
-from planner.models import load_workload  # noqa: E402
-from planner.runtime.emulate import sleep_until, stage_chunk_ms  # noqa: E402
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.plan import load_plan
+from planner.artifacts.profile import load_profile
+from planner.models import load_workload
+from planner.runtime.emulate import sleep_until, stage_chunk_ms
 
 
 class EmulatedStage(PipelineStage):
-    """Chunks stretched to their profiled time, as in ``planner.runtime.engine.TimedStage``."""
+    """Chunks stretched to their profiled time, as ``planner.runtime.engine.TimedStage`` does."""
 
     emulated_ms: tuple[float, float] = (0.0, 0.0)
 
@@ -58,21 +59,27 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     plan, profile = load_plan(plan_path), load_profile(profile_path)
+    layout = plan.layout
+    if layout.replicated_per_stage or layout.mesh_shape != (layout.num_stages, 1, 1):
+        raise SystemExit(f"plain_pipeline runs P x 1 plans of one stage per rank (got {layout.describe()})")
     torch.manual_seed(0)
     workload = load_workload(spec)
-    stage_plan = plan.stages[rank]
+    (stage_idx,) = layout.stage_indices(layout.coordinates(rank)[0])
+    stage_plan = plan.stages[stage_idx]
     module = nn.Sequential(*workload.layers[stage_plan.layer_start : stage_plan.layer_stop])
-    stage = EmulatedStage(module, rank, plan.layout.num_stages, torch.device("cpu"))
+    stage = EmulatedStage(module, stage_idx, layout.num_stages, torch.device("cpu"))
     if compute == "emulate":
-        stage.emulated_ms = stage_chunk_ms(plan, rank, profile)
+        stage.emulated_ms = stage_chunk_ms(plan, stage_idx, profile)
     cls = ScheduleGPipe if plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
     schedule = cls(stage, plan.num_microbatches, loss_fn=workload.loss_fn)
     opt = torch.optim.SGD(module.parameters(), lr=0.01)
     # the same training as ours: the tied embedding / head copies on the first and last stage
     # get their gradients summed (one all-reduce), which plain pipelining leaves to the user
-    tied_group = dist.new_group([0, plan.layout.num_stages - 1]) if workload.tied and plan.layout.num_stages > 1 else None
+    last = layout.num_stages - 1
+    ends = [layout.rank_of(stage_idx=0), layout.rank_of(stage_idx=last)]
+    tied_group = dist.new_group(ends) if workload.tied and last > 0 else None
     tied_param = None
-    if tied_group is not None and rank in (0, plan.layout.num_stages - 1):
+    if tied_group is not None and rank in ends:
         layer_idx, name = next((i, n) for i, n in workload.tied[0] if stage_plan.layer_start <= i < stage_plan.layer_stop)
         tied_param = workload.layers[layer_idx].get_parameter(name)
     walls = []
@@ -81,9 +88,9 @@ def main() -> None:
         opt.zero_grad()
         dist.barrier()
         start = time.perf_counter()
-        if rank == 0:
+        if stage_idx == 0:
             schedule.step(inputs)
-        elif rank == plan.layout.num_stages - 1:
+        elif stage_idx == last:
             schedule.step(target=targets, losses=[])
         else:
             schedule.step()

@@ -6,14 +6,16 @@ returns a float32 Workload; the runtime casts it to ``--dtype``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage, StageMemory
-from planner.artifacts.request import ScheduleKind
 from planner.models.workload import Workload
 from tests.plan_factory import hand_plan
 
@@ -189,15 +191,17 @@ def make_plan(
     virtual_stages_per_rank: int = 1,
     tp_degree: int = 1,
     sequence_parallel: bool = False,
+    zero: int = 0,
 ) -> Plan:
     """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
-    every stage but the last recomputes all its layers (the last recomputes its first). With
-    ``virtual_stages_per_rank = v`` (interleaved 1F1B) stage s runs on pipeline rank s mod P,
-    P = num_stages / v. With ``tp_degree`` = t each stage replica is t consecutive ranks:
-    rank = (pipeline rank x D + replica) x t + tp index."""
+    every stage but the last recomputes all its layers (the last recomputes its first). The
+    stages' ranks are the Layout's (``Layout.stage_ranks``): with ``virtual_stages_per_rank`` = v
+    (interleaved 1F1B) stage s runs on pipeline rank s mod P, P = num_stages / v; with
+    ``tp_degree`` = t each stage replica is t ranks. ``zero``: the ZeRO stage."""
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
-    pipeline_size = num_stages // virtual_stages_per_rank
+    layout = Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
+                    tp_degree=tp_degree, sequence_parallel=sequence_parallel, zero=ZeroStage(zero))
     stages = []
     for s in range(num_stages):
         start, stop = cuts[s], cuts[s + 1]
@@ -208,9 +212,7 @@ def make_plan(
                 layer_start=start,
                 layer_stop=stop,
                 layer_names=layer_names[start:stop],
-                ranks=tuple(
-                    ((s % pipeline_size) * dp_degree + r) * tp_degree + k for r in range(dp_degree) for k in range(tp_degree)
-                ),
+                ranks=layout.stage_ranks(s),
                 recompute=rc,
                 inflight_microbatches=num_microbatches,
                 activation_bytes_per_microbatch=0,
@@ -225,7 +227,7 @@ def make_plan(
                 memory_cap_bytes=0,
             )
         )
-    return hand_plan(
+    plan = hand_plan(
         stages,
         dp_degree=dp_degree,
         num_microbatches=num_microbatches,
@@ -238,3 +240,4 @@ def make_plan(
         tp_degree=tp_degree,
         sequence_parallel=sequence_parallel,
     )
+    return dataclasses.replace(plan, layout=layout)

@@ -23,25 +23,25 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.artifacts.plan import load_plan  # noqa: E402
-from planner.runtime.engine import RankMeasure  # noqa: E402
-from planner.runtime.model import cast_workload, load_workload  # noqa: E402
-from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
-from planner.runtime.replicated import ReplicatedRunner  # noqa: E402
-from tests.runtime_driver import LR, reference, serve  # noqa: E402  (the same one-process training)
-
-
+from planner.artifacts.kinds import DType, OptimizerFamily
+from planner.artifacts.plan import load_plan
+from planner.runtime.model import cast_workload, load_workload
+from planner.runtime.options import RuntimeOptions
+from planner.runtime.replicated import ReplicatedRunner
+from planner.runtime.runner import RankMeasure
+from tests.runtime_driver import LR, reference, serve
 
 
 def _runner(cfg: dict[str, Any], rank: int, **kw: Any) -> ReplicatedRunner:
     plan = load_plan(cfg["plan"])
-    workload = load_workload(cfg["model"], 0, cfg["dtype"])
-    cast_workload(workload, cfg["dtype"])
+    dtype = DType(cfg["dtype"])
+    workload = load_workload(cfg["model"], 0, dtype)
+    cast_workload(workload, dtype)
     options = RuntimeOptions(
         plan_path=cfg["plan"],
         model_spec=cfg["model"],
-        dtype=cfg["dtype"],
-        optimizer=RuntimeOptimizer(cfg["optimizer"]),
+        dtype=dtype,
+        optimizer=OptimizerFamily(cfg["optimizer"]),
         lr=LR,
         warmup_steps=0,
         timeout_s=60.0,
@@ -70,8 +70,9 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     runner, losses, measure = _train(cfg, rank)
     ref_losses, ref_grads, ref_params = reference(cfg, runner.plan.global_batch)
     diffs = [0.0, 0.0, 0.0, 0.0]  # params abs, params scale, grads abs, grads scale
-    for k, layer in enumerate(runner.module.layers):
-        idx = runner.stage_plan.layer_start + k
+    (chunk,) = runner.chunks  # one stage per rank
+    for k, layer in enumerate(chunk.module.layers):
+        idx = chunk.stage_plan.layer_start + k
         for p, ref, ref_grad in zip(layer.parameters(), ref_params[idx], ref_grads[idx], strict=True):
             pairs = [(p.detach(), ref)] + ([(p.grad, ref_grad)] if p.grad is not None else [])  # ZeRO: shard only
             for j, (got, want) in enumerate(pairs):

@@ -19,12 +19,12 @@ element and tensor counts.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,20 +32,20 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.artifacts.request import ScheduleKind  # noqa: E402
-from planner.runtime.engine import RankRunner  # noqa: E402
-from planner.runtime.model import cast_batch, cast_workload, load_workload  # noqa: E402
-from planner.runtime.options import RuntimeOptimizer, RuntimeOptions  # noqa: E402
-from planner.runtime.tensor import full, local  # noqa: E402
-from planner.runtime.zero import flatten  # noqa: E402
-from planner.models.workload import split_loss  # noqa: E402
-from tests.factories import make_plan  # noqa: E402
+from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
+from planner.models.workload import split_loss
+from planner.runtime.engine import RankRunner
+from planner.runtime.model import cast_batch, cast_workload, load_workload
+from planner.runtime.options import RuntimeOptions
+from planner.runtime.tensor import full, local
+from planner.runtime.zero import flatten
+from tests.factories import make_plan
 
 LR = 0.05
 
 
 def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    if kind == "adamw":
+    if OptimizerFamily(kind) is OptimizerFamily.ADAMW:
         return torch.optim.AdamW(params, lr=LR, foreach=False)
     return torch.optim.SGD(params, lr=LR, foreach=False)
 
@@ -55,15 +55,16 @@ def reference(
 ) -> tuple[list[float], list[list[torch.Tensor]], list[list[torch.Tensor]]]:
     """One process, whole model, whole global batch: losses per step, the last grads and the
     final parameters per layer."""
-    workload = load_workload(cfg["model"], 0, cfg["dtype"])
-    cast_workload(workload, cfg["dtype"])
+    dtype = DType(cfg["dtype"])
+    workload = load_workload(cfg["model"], 0, dtype)
+    cast_workload(workload, dtype)
     unique = list({id(p): p for layer in workload.layers for p in layer.parameters()}.values())
     opt = _optimizer(cfg["optimizer"], unique)
     losses = []
     for step in range(cfg["steps"]):
         opt.zero_grad(set_to_none=True)
         inputs, targets = workload.make_batch(global_batch, step)
-        x = cast_batch(inputs, cfg["dtype"])
+        x = cast_batch(inputs, dtype)
         for layer in workload.layers:
             x = layer(x)
         total, count = split_loss(workload.loss_fn(x, targets))
@@ -133,14 +134,15 @@ def model_state(runner: RankRunner, measure: Any) -> list[float]:
 
 
 def _train(cfg: dict[str, Any], plan: Any, rank: int, *, num_steps: int, **kw: Any) -> tuple[RankRunner, Any]:
-    workload = load_workload(cfg["model"], 0, cfg["dtype"])
-    cast_workload(workload, cfg["dtype"])
+    dtype = DType(cfg["dtype"])
+    workload = load_workload(cfg["model"], 0, dtype)
+    cast_workload(workload, dtype)
     options = RuntimeOptions(
         plan_path="<driver>",
         model_spec=cfg["model"],
         num_steps=num_steps,
-        dtype=cfg["dtype"],
-        optimizer=RuntimeOptimizer(cfg["optimizer"]),
+        dtype=dtype,
+        optimizer=OptimizerFamily(cfg["optimizer"]),
         lr=LR,
         warmup_steps=0,
         timeout_s=60.0,
@@ -152,7 +154,7 @@ def _train(cfg: dict[str, Any], plan: Any, rank: int, *, num_steps: int, **kw: A
 
 
 def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
-    workload = load_workload(cfg["model"], 0, cfg["dtype"])
+    workload = load_workload(cfg["model"], 0, DType(cfg["dtype"]))
     plan = make_plan(
         workload.layer_names,
         tuple(cfg["boundaries"]),
@@ -164,8 +166,8 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         virtual_stages_per_rank=cfg.get("virtual_stages_per_rank", 1),
         tp_degree=cfg.get("tp_degree", 1),
         sequence_parallel=cfg.get("sequence_parallel", False),
+        zero=cfg.get("zero", 0),
     )
-    plan = dataclasses.replace(plan, zero=cfg.get("zero", 0))
     if plan.num_devices != dist.get_world_size():
         raise ValueError(f"config {cfg['name']} needs {plan.num_devices} processes")
     resume_at = cfg.get("resume_at", 0)

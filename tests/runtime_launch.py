@@ -22,7 +22,7 @@ def torchrun(nproc: int, args: list[str], *, timeout_s: float = 120.0) -> subpro
         "--standalone",
         *args,
     ]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 def runtime(nproc: int, args: list[str], *, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 from planner.artifacts.plan import save_plan
-from planner.artifacts.report import OVERRUN_LIMIT, load_report, report_from_json, report_to_json
+from planner.artifacts.report import (
+    OVERRUN_LIMIT,
+    load_report,
+    report_from_json,
+    report_to_json,
+)
 from planner.commands.cli import main as planner_main
 from planner.runtime.model import load_workload, workload_fingerprint
 from tests.factories import make_plan
@@ -21,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MLP = "tests.factories:mlp"
 
 
+@pytest.mark.slow
 def test_an_overrunning_emulated_run_is_flagged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Stage 0 is emulated at 25 ms per chunk (its real work is far less: it sleeps the rest);
     stage 1 at 0.01 ms, less than its real work: every one of its actions overruns."""
@@ -44,6 +50,8 @@ def test_an_overrunning_emulated_run_is_flagged(tmp_path: Path, capsys: pytest.C
 
 
 def test_old_reports_load_and_fidelity_skips_flagged_samples(tmp_path: Path) -> None:
+    from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
+    from planner.artifacts.layout import Layout
     from planner.artifacts.report import RunReport, StageRecord, StepRecord
 
     stage = StageRecord(
@@ -51,9 +59,10 @@ def test_old_reports_load_and_fidelity_skips_flagged_samples(tmp_path: Path) -> 
         saved_bytes_peak=10, activation_bytes_predicted=10, activation_rel_error=0.0,
     )
     report = RunReport(
-        model="m", plan_fingerprint_sha256="", world_size=1, backend="gloo", device="cpu", dtype="float32",
-        optimizer="sgd", emulate=True, num_stages=1, dp_degree=1, num_microbatches=2, microbatch_size=1,
-        schedule="gpipe", warmup_steps=0, steps=(StepRecord(step_idx=0, loss=0.25, wall_ms=3.0),), stages=(stage,),
+        model="m", plan_fingerprint_sha256="", world_size=1, backend="gloo", device="cpu", dtype=DType.FLOAT32,
+        optimizer=OptimizerFamily.SGD, emulate=True, layout=Layout(num_stages=1), num_microbatches=2,
+        microbatch_size=1, schedule=ScheduleKind.GPIPE, warmup_steps=0,
+        steps=(StepRecord(step_idx=0, loss=0.25, wall_ms=3.0),), stages=(stage,),
         iteration_ms=3.0, iteration_ms_predicted=2.0, iteration_rel_error=0.5,
     )
     data = report_to_json(report)

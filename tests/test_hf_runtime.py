@@ -97,6 +97,7 @@ def _errors(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     return errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_hf_models_train_as_one_process(world: int, tmp_path: Path) -> None:
     cfgs = configs(world)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import DType, OptimizerFamily, OptimizerKind
 from planner.artifacts.plan import Plan, save_plan
 from planner.commands.cli import main as planner_main
-from planner.artifacts.errors import PlannerInputError
 from planner.runtime.model import load_workload, workload_fingerprint
 from planner.runtime.preflight import run_settings
 from tests.factories import make_plan
@@ -24,7 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MLP = "tests.factories:mlp"
 
 
-def _plan(dtype: str = "", optimizer: str = "") -> Plan:
+F32, F64, BF16 = DType.FLOAT32, DType.FLOAT64, DType.BFLOAT16
+SGD, ADAMW = OptimizerFamily.SGD, OptimizerFamily.ADAMW
+
+
+def _plan(dtype: DType | None = None, optimizer: OptimizerKind | None = None) -> Plan:
     workload = load_workload(MLP, 0)
     plan = make_plan(workload.layer_names, (2,), fingerprint=workload_fingerprint(workload))
     return dataclasses.replace(plan, dtype=dtype, optimizer=optimizer)
@@ -56,24 +61,27 @@ def test_run_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_run_settings_follow_the_plan_and_refuse_or_warn() -> None:
+    adam_mixed, adam_fp32, sgd_fp32 = OptimizerKind.ADAM_MIXED, OptimizerKind.ADAM_FP32, OptimizerKind.SGD_FP32
     # defaults: the plan's dtype and optimizer family
-    assert run_settings(_plan("float64", "adam-mixed"), None, None) == run_settings(_plan("float64", "adam-fp32"), None, "adamw")
-    got = run_settings(_plan("float64", "adam-mixed"), None, None)
-    assert (got.dtype, got.optimizer, got.warnings) == ("float64", "adamw", ())
-    got = run_settings(_plan("float32", "sgd-fp32"), None, None)
-    assert (got.dtype, got.optimizer, got.warnings) == ("float32", "sgd", ())
+    assert run_settings(_plan(F64, adam_mixed), None, None) == run_settings(_plan(F64, adam_fp32), None, ADAMW)
+    got = run_settings(_plan(F64, adam_mixed), None, None)
+    assert (got.dtype, got.optimizer, got.warnings) == (F64, ADAMW, ())
+    got = run_settings(_plan(F32, sgd_fp32), None, None)
+    assert (got.dtype, got.optimizer, got.warnings) == (F32, SGD, ())
     got = run_settings(_plan(), None, None)  # unknown (a version-2 plan): the runtime's own defaults
-    assert (got.dtype, got.optimizer, got.warnings) == ("float32", "sgd", ())
-    got = run_settings(_plan(), "float64", "adamw")
-    assert (got.dtype, got.optimizer, got.warnings) == ("float64", "adamw", ())
+    assert (got.dtype, got.optimizer, got.warnings) == (F32, SGD, ())
+    got = run_settings(_plan(), F64, ADAMW)
+    assert (got.dtype, got.optimizer, got.warnings) == (F64, ADAMW, ())
     # another dtype: refused; another optimizer family: warned
     with pytest.raises(PlannerInputError, match="--dtype float64 but the plan was priced for float32.*off by 2x"):
-        run_settings(_plan("float32", "adam-mixed"), "float64", None)
-    got = run_settings(_plan("float32", "adam-mixed"), None, "sgd")
-    assert got.optimizer == "sgd" and len(got.warnings) == 1 and "priced for adam-mixed but --optimizer sgd" in got.warnings[0]
-    # a dtype the runtime does not train in: float32, warned
-    got = run_settings(_plan("bfloat16", "adam-mixed"), None, None)
-    assert got.dtype == "float32" and "priced for bfloat16" in got.warnings[0]
+        run_settings(_plan(F32, adam_mixed), F64, None)
+    got = run_settings(_plan(F32, adam_mixed), None, SGD)
+    assert got.optimizer is SGD and len(got.warnings) == 1 and "priced for adam-mixed but --optimizer sgd" in got.warnings[0]
+    # a dtype the runtime does not train in: float32, warned; and not one to run in
+    got = run_settings(_plan(BF16, adam_mixed), None, None)
+    assert got.dtype is F32 and "priced for bfloat16" in got.warnings[0]
+    with pytest.raises(PlannerInputError, match="--dtype must be one of float32, float64 \\(got 'bfloat16'\\)"):
+        run_settings(_plan(), BF16, None)
 
 
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, float]:
@@ -83,7 +91,7 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_mismatches_are_refused_or_warned_before_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    plan = _saved(tmp_path, _plan("float32", "adam-mixed"))
+    plan = _saved(tmp_path, _plan(F32, OptimizerKind.ADAM_MIXED))
     code, err, _ = _cli(["run", plan, "--model", MLP, "--dtype", "float64"], capsys)
     assert code == 2 and err.count("\n") == 1 and "priced for float32" in err
     # the warning comes first, then the world-size refusal (so that no torchrun starts here)
@@ -120,7 +128,7 @@ def test_a_refusal_is_one_line_in_seconds_not_a_torchrun_traceback(tmp_path: Pat
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [sys.executable, "-m", "planner.commands.cli", "run", plan, "--model", "tests.factories:mlp_wide"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

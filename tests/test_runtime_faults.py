@@ -6,9 +6,11 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
+from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.plan import save_plan
 from planner.artifacts.report import load_report
-from planner.artifacts.request import ScheduleKind
 from planner.commands.cli import main as planner_main
 from planner.runtime.model import load_workload, workload_fingerprint
 from tests.factories import make_plan
@@ -25,6 +27,7 @@ def _mlp_plan(tmp_path: Path, boundaries: tuple[int, ...] = (2,), **kw: object) 
     return str(path)
 
 
+@pytest.mark.slow
 def test_fingerprint_mismatch_is_refused_before_compute(tmp_path: Path) -> None:
     plan = _mlp_plan(tmp_path)
     report = tmp_path / "r.json"
@@ -35,6 +38,7 @@ def test_fingerprint_mismatch_is_refused_before_compute(tmp_path: Path) -> None:
     assert not report.exists()
 
 
+@pytest.mark.slow
 def test_layer_name_mismatch_is_refused(tmp_path: Path) -> None:
     plan = _mlp_plan(tmp_path)
     proc = runtime(2, ["--plan", plan, "--model", "tests.factories:skip"])
@@ -42,6 +46,7 @@ def test_layer_name_mismatch_is_refused(tmp_path: Path) -> None:
     assert "layer 0 is 'block0' in the plan but 'fork' in model 'skip'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
     plan = _mlp_plan(tmp_path, boundaries=(2,), dp_degree=2)
     proc = runtime(1, ["--plan", plan, "--model", MLP])
@@ -49,6 +54,7 @@ def test_world_size_mismatch_is_refused(tmp_path: Path) -> None:
     assert "plan needs 4 processes (2 stages x 2 replicas) but the world size is 1" in proc.stderr
 
 
+@pytest.mark.slow
 def test_rank_raising_at_step_2_ends_every_process(tmp_path: Path) -> None:
     plan = _mlp_plan(tmp_path, boundaries=(1, 3))
     start = time.monotonic()
@@ -69,6 +75,7 @@ def test_rank_raising_at_step_2_ends_every_process(tmp_path: Path) -> None:
         assert line.endswith(f"stopped: {first}"), line
 
 
+@pytest.mark.slow
 def test_kill_and_resume_gives_identical_losses(tmp_path: Path) -> None:
     plan = _mlp_plan(tmp_path, boundaries=(2,), schedule=ScheduleKind.ONE_F_ONE_B, num_microbatches=3)
     common = ["--model", MLP, "--steps", "4", "--optimizer", "adamw", "--dtype", "float64"]
@@ -100,6 +107,7 @@ def test_planner_run_refuses_a_bad_plan_file_without_launching(tmp_path: Path, c
     assert "planner run: error:" in err and "unsupported planner.plan version 99" in err
 
 
+@pytest.mark.slow
 def test_a_hung_rank_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     plan = _mlp_plan(tmp_path)
     start = time.monotonic()

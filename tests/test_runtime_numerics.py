@@ -175,6 +175,7 @@ def check_model_state(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     return errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
     cfgs = configs(world)

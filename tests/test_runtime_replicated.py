@@ -12,29 +12,44 @@ the plan's activation_bytes_per_microbatch x in-flight micro-batches; and
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import itertools
 import json
 import math
-from functools import lru_cache
+import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from planner.artifacts.cluster import load_cluster
-from planner.artifacts.plan import Plan, save_plan
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import (
+    DType,
+    OptimizerKind,
+    ScheduleKind,
+    SolverKind,
+    ZeroStage,
+)
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import Plan, plan_to_json, save_plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.report import load_report
-from planner.artifacts.request import OptimizerKind, PlanRequest, ScheduleKind
+from planner.artifacts.request import PlanRequest
+from planner.commands.cli import main as planner_main
 from planner.cost import CostModel
-from planner.artifacts.errors import PlannerInputError
 from planner.profiling.measured import profile_model
 from planner.runtime.check import check_plan
-from planner.runtime.exchange import ExchangeError, copy_rank, dry_run_exchanges, exchange_groups
+from planner.runtime.exchange import (
+    ExchangeError,
+    copy_rank,
+    dry_run_exchanges,
+    exchange_groups,
+)
 from planner.runtime.model import load_workload
 from planner.schedule import build_replicated_schedule, parse_action
-from planner.solve.build import build_plan
+from planner.solve.build import Problem, build_plan
 from tests.runtime_launch import runtime, torchrun
 
 MLP = "tests.factories:mlp"  # block0..3, head
@@ -44,10 +59,10 @@ GPIPE, ONE_F_ONE_B = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B
 B = 2  # micro-batch size
 
 
-@lru_cache(maxsize=None)
-def _profile(model: str, dtype: str) -> Profile:
+@cache
+def _profile(model: str, dtype: DType) -> Profile:
     return profile_model(
-        load_workload(model, 0), microbatch_sizes=(B,), dtype=dtype, warmup=0, repeats=1, trace_ops=False,
+        load_workload(model, 0), microbatch_sizes=(B,), dtype=dtype.value, warmup=0, repeats=1, trace_ops=False,
         progress=False,
     )
 
@@ -60,7 +75,7 @@ def replicated_plan(
     *,
     recompute: bool = False,
     num_microbatches: int = 4,
-    dtype: str = "float64",
+    dtype: DType = DType.FLOAT64,
     zero: int = 0,
 ) -> Plan:
     """Two stages cut before layer ``cut``, priced on a profile of the model; with
@@ -70,18 +85,16 @@ def replicated_plan(
     request = PlanRequest(
         global_batch=num_microbatches * B, num_devices=devices, microbatch_sizes=(B,), optimizer=OptimizerKind.SGD_FP32
     )
-    cm = CostModel(profile, load_cluster("local-cpu").with_devices(devices), request.optimizer)
+    cluster = load_cluster("local-cpu").with_devices(devices)
+    problem = Problem.of(profile, cluster, request, SolverKind.GIVEN, devices)
     return build_plan(
-        cm,
-        request,
+        problem,
+        CostModel(profile, cluster, request.optimizer),
+        layout=Layout(num_stages=2, stage_replicas=replicas, zero=ZeroStage(zero)),
         boundaries=(0, cut),
         recompute=(tuple(range(cut)), (cut,)) if recompute else ((), ()),
-        dp_degree=1,
         microbatch_size=B,
         schedule=schedule,
-        solver="hand",
-        replicas=replicas,
-        zero=zero,
     )
 
 
@@ -140,29 +153,32 @@ def test_dry_run_names_a_hang_and_a_mismatched_order() -> None:
         dry_run_exchanges(layout, backward_first)
 
 
-def test_check_plan_accepts_replicated_and_refuses_clearly() -> None:
+def test_check_plan_accepts_replicated_and_refuses_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     workload = load_workload(MLP, 0)
     plan = replicated_plan(MLP, 2, (2, 1), ONE_F_ONE_B)
     assert [s.ranks for s in plan.stages] == [(0, 1), (2,)] and plan.layout.replicated_per_stage
     check_plan(plan, workload, 3)
     check_plan(replicated_plan(MLP, 2, (1, 2), GPIPE, zero=2), workload, 3)  # ZeRO shards over a stage's copies
-    stage0, stage1 = plan.stages
-    moved = dataclasses.replace(plan, stages=(stage0, dataclasses.replace(stage1, ranks=(5,))))
-    two_pipelines = dataclasses.replace(
-        plan,
-        dp_degree=2,
-        global_batch=2 * plan.global_batch,
-        stages=(dataclasses.replace(stage0, ranks=(0, 1, 2, 3)), dataclasses.replace(stage1, ranks=(4, 5))),
-    )
+    with pytest.raises(PlannerInputError, match=r"plan needs 3 processes \(2 stages with replicas \[2, 1\]\) but the world size is 2") as refused:
+        check_plan(plan, workload, 2)
+    assert "\n" not in str(refused.value)
+    # plan files whose ranks or replication no Layout has: refused when loaded, one line, exit 2
+    data = plan_to_json(plan)
+    moved = copy.deepcopy(data)
+    moved["stages"][1]["ranks"] = [5]
+    two_pipelines = copy.deepcopy(data)
+    two_pipelines.update(dp_degree=2, global_batch=2 * plan.global_batch)
+    two_pipelines["stages"][0]["ranks"], two_pipelines["stages"][1]["ranks"] = [0, 1, 2, 3], [4, 5]
     refusals = [
-        (plan, 2, r"plan needs 3 processes \(2 stages with replicas \[2, 1\]\) but the world size is 2"),
-        (moved, 3, r"stage 1 ranks \[5\] differ from the replicated placement .* \[2\]"),
-        (two_pipelines, 6, r"per-stage replication \(replicas \[2, 1\]\) inside dp_degree 2 pipelines is not supported"),
+        (moved, r"stage 1: ranks \[5\] differ from the layout's \[2\]"),
+        (two_pipelines, r"per-stage replication \(replicas \[2, 1\]\) needs one stage per rank, dp_degree 1 and tp_degree 1"),
     ]
-    for bad, world, pattern in refusals:
-        with pytest.raises(PlannerInputError, match=pattern) as refused:
-            check_plan(bad, workload, world)
-        assert "\n" not in str(refused.value)
+    capsys.readouterr()
+    for bad, pattern in refusals:
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        assert planner_main(["run", str(tmp_path / "bad.json"), "--model", MLP]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("planner run: error:") and re.search(pattern, err), err
 
 
 # ---------------------------------------------------------------- torchrun
@@ -195,6 +211,7 @@ def _configs(tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Plan]]:
     return configs, plans
 
 
+@pytest.mark.slow
 def test_replicated_training_matches_one_process(tmp_path: Path) -> None:
     configs, plans = _configs(tmp_path)
     (tmp_path / "configs.json").write_text(json.dumps(configs))
@@ -216,9 +233,10 @@ def test_replicated_training_matches_one_process(tmp_path: Path) -> None:
     assert not errors, "\n".join(errors)
 
 
+@pytest.mark.slow
 def test_runtime_runs_a_replicated_plan_and_reports(tmp_path: Path) -> None:
     workload = load_workload(MLP, 0)
-    plan = replicated_plan(MLP, 2, (2, 1), ONE_F_ONE_B, dtype="float32")
+    plan = replicated_plan(MLP, 2, (2, 1), ONE_F_ONE_B, dtype=DType.FLOAT32)
     save_plan(plan, tmp_path / "plan.json")
     report_path = tmp_path / "report.json"
     args = ["--plan", str(tmp_path / "plan.json"), "--model", MLP, "--steps", "2", "--report", str(report_path)]

@@ -1,4 +1,5 @@
-"""Tensor parallelism in the runtime: the rank layout, and what is refused before any compute.
+"""Tensor parallelism in the runtime: ranks placed by the plan's Layout, and what is refused
+before any compute.
 
 The numerics (t = 2 against one process, float64) run in tests/test_runtime_numerics.py's
 launches; the profile-side split of the zoo blocks is checked in tests/test_tp_profile.py.
@@ -6,40 +7,48 @@ launches; the profile-side split of the zoo blocks is checked in tests/test_tp_p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
 
-from planner.artifacts.plan import plan_to_json
-from planner.artifacts.request import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import plan_to_json
 from planner.models import load_workload
 from planner.runtime.check import check_plan
-from planner.runtime.tensor import split_layer_indices, tensor_parallel_refusal
-from planner.runtime.topology import Placement
+from planner.runtime.tensor import split_layer_indices
+from planner.runtime.topology import RankPosition, mesh_ranks
 from tests.factories import make_plan
 
 GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"
 GPT_3_HEADS = "gpt:layers=3,hidden=12,heads=3,seq=4,vocab=32"
 
 
-def test_placement_is_the_plans_mesh_layout() -> None:
-    """rank = (pipeline rank x D + replica) x t + tp index: the (P, D, t) mesh over arange(world)
-    in row-major order, which ``init_device_mesh`` builds; a stage's ranks are its D x t."""
+def test_ranks_are_placed_by_the_plans_layout() -> None:
+    """The runtime's mesh (``mesh_ranks``, from ``Layout.rank_of``) is arange(world) reshaped to
+    (P, D, t) in row-major order, which ``init_device_mesh`` builds; a rank's position is its
+    place in it; its lines are the pipeline (over p) and data-parallel (over replicas) groups;
+    a stage's ranks are its D x t."""
     P, D, t = 2, 2, 2
+    layout = Layout(num_stages=P, dp_degree=D, tp_degree=t)
     mesh = np.arange(P * D * t).reshape(P, D, t)
+    assert mesh_ranks(layout).tolist() == mesh.tolist()
     for rank in range(P * D * t):
-        place = Placement(num_stages=P, dp_degree=D, rank=rank, tp_degree=t)
-        assert mesh[place.pipeline_rank, place.replica, place.tp_index] == rank
-        assert place.pipeline_ranks(place.replica, place.tp_index) == tuple(mesh[:, place.replica, place.tp_index])
-        assert place.stage_ranks(place.pipeline_rank, place.tp_index) == tuple(mesh[place.pipeline_rank, :, place.tp_index])
+        pos = RankPosition.of(layout, rank)
+        assert mesh[pos.pipeline_rank, pos.replica, pos.tp_index] == rank
+        assert (pos.stage_indices, pos.data_replica) == ((pos.pipeline_rank,), pos.replica)
+        assert layout.dp_group(pos.pipeline_rank, pos.tp_index) == tuple(mesh[pos.pipeline_rank, :, pos.tp_index])
     workload = load_workload(GPT)
     plan = make_plan(workload.layer_names, (2,), dp_degree=D, tp_degree=t)
     assert [s.ranks for s in plan.stages] == [tuple(mesh[p].reshape(-1)) for p in range(P)]
     check_plan(plan, workload, 8)
-    assert Placement(num_stages=2, dp_degree=2, rank=5).replica == 1  # t = 1 unchanged: rank = p D + r
+    assert RankPosition.of(Layout(num_stages=2, dp_degree=2), 3).replica == 1  # t = 1: rank = p D + r
+    interleaved = RankPosition.of(Layout(num_stages=4, virtual_stages_per_rank=2, dp_degree=2), 1)
+    assert (interleaved.pipeline_rank, interleaved.replica, interleaved.stage_indices) == (0, 1, (0, 2))
+    copy = RankPosition.of(Layout(num_stages=2, stage_replicas=(2, 1)), 1)  # stage 0's second copy
+    assert (copy.pipeline_rank, copy.replica, copy.stage_indices, copy.data_replica) == (0, 1, (0,), 0)
 
 
 def test_zoo_transformers_declare_their_split() -> None:
@@ -60,19 +69,27 @@ def test_refusals_before_compute() -> None:
     with pytest.raises(PlannerInputError, match="declares no tensor-parallel split"):
         mlp = load_workload("tests.factories:mlp")
         check_plan(make_plan(mlp.layer_names, (2,), tp_degree=2), mlp, 4)
-    check_plan(dataclasses.replace(make_plan(names, (), dp_degree=2, tp_degree=2), zero=2), gpt, 4)  # ZeRO runs
+    check_plan(make_plan(names, (), dp_degree=2, tp_degree=2, zero=2), gpt, 4)  # ZeRO runs
     plan = make_plan(names, (2,), tp_degree=2)
-    replicated = dataclasses.replace(
-        plan,
-        num_microbatches=2,
-        stages=(
-            dataclasses.replace(plan.stages[0], replicas=2, ranks=(0, 1, 2, 3)),
-            dataclasses.replace(plan.stages[1], ranks=(4, 5)),
-        ),
-    )
-    assert "per-stage replication" in tensor_parallel_refusal(replicated, gpt)
     with pytest.raises(PlannerInputError, match=r"plan needs 4 processes \(2 stages x 1 replicas x tp 2\)"):
         check_plan(plan, gpt, 2)
+
+
+def test_planner_run_refuses_tensor_parallel_stages_replicated_per_stage(tmp_path, capsys) -> None:
+    """A plan file asking for per-stage copies of tensor-parallel stages is not a Layout: refused
+    when the plan is loaded, one line and exit 2, before any model is built."""
+    from planner.commands.cli import main
+
+    workload = load_workload(GPT)
+    data = plan_to_json(make_plan(workload.layer_names, (2,), tp_degree=2))
+    data["stages"][0].update(replicas=2, ranks=[0, 1, 2, 3])
+    data["stages"][1]["ranks"] = [4, 5]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "plan.json"), "--model", GPT, "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("planner run: error:"), err
+    assert "per-stage replication (replicas [2, 1]) needs one stage per rank, dp_degree 1 and tp_degree 1" in err
 
 
 def test_planner_run_refuses_heads_not_divisible_with_one_line(tmp_path, capsys) -> None:
@@ -91,6 +108,7 @@ def test_planner_run_refuses_heads_not_divisible_with_one_line(tmp_path, capsys)
     assert err.rstrip().endswith("tensor-parallel degree 2 does not divide the model's 3 attention heads"), err
 
 
+@pytest.mark.slow
 def test_planner_run_reports_a_tensor_parallel_plan_per_stage(tmp_path, capsys) -> None:
     """Measured zoo GPT profile -> ``planner plan --tp 2 --fixed-boundaries 2`` on 4 CPU devices (T=2 x P=2
     x D=1) -> ``planner run``: the losses, and measured beside predicted per stage."""

@@ -3,27 +3,40 @@ and the RunReport document."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from planner.artifacts.kinds import DType
-from planner.artifacts.profile import Layer, Profile, TimeFit
-from planner.artifacts.plan import Plan
-from planner.artifacts.report import RunReport, StageRecord, StepRecord, report_from_json, report_to_json
-from planner.artifacts.request import ScheduleKind
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import Plan, plan_to_json
+from planner.artifacts.profile import Layer, Profile, TimeFit
+from planner.artifacts.report import (
+    RunReport,
+    StageRecord,
+    StepRecord,
+    report_from_json,
+    report_to_json,
+)
+from planner.commands.cli import main as planner_main
 from planner.models import load_workload
 from planner.profiling.measured.memory import measure_layer_bytes
 from planner.runtime.check import check_plan
 from planner.runtime.collect import build_report
-from planner.runtime.engine import RankMeasure, StepMeasure
 from planner.runtime.emulate import sleep_until, stage_chunk_ms
 from planner.runtime.options import RuntimeOptions
+from planner.runtime.runner import RankMeasure, StepMeasure
 from planner.runtime.stage import StageModule
 from tests.factories import make_plan
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GPT = "gpt:layers=2,hidden=16,heads=2,seq=4,vocab=32"
 
@@ -124,9 +137,31 @@ def test_check_plan_interleaved() -> None:
     with pytest.raises(PlannerInputError, match="multiple of the number of rounds .* M=5") as refused:
         check_plan(_interleaved(workload.layer_names, num_microbatches=5), workload, 2)
     assert "\n" not in str(refused.value)  # torch would raise at schedule construction
-    moved = dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, ranks=(4, 5)) if s.stage_idx == 2 else s for s in plan.stages))
-    with pytest.raises(PlannerInputError, match=r"stage 2 ranks \[4, 5\] differ from the placement"):
-        check_plan(moved, workload, 6)  # 6 distinct ranks; the layout, not the count, is refused
+
+
+def test_a_plan_file_whose_ranks_are_not_its_layouts_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stage 2 of the interleaved plan moved to ranks 4 and 5 (6 distinct ranks: the layout,
+    not the count, is refused): ``planner run`` says so in one line with exit 2, and so does a
+    rank of ``python -m planner.runtime`` (the plan is loaded before any process group)."""
+    workload = load_workload("tests.factories:mlp")
+    data = plan_to_json(_interleaved(workload.layer_names, num_microbatches=4, dp_degree=2))
+    data["stages"][2]["ranks"] = [4, 5]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    expected = "stage 2: ranks [4, 5] differ from the layout's [0, 1]"
+    capsys.readouterr()
+    assert planner_main(["run", str(path), "--model", "tests.factories:mlp", "--nproc", "6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("planner run: error:") and expected in err, err
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner.runtime", "--plan", str(path), "--model", "tests.factories:mlp"],
+        cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("planner.runtime: rank 0: error:") and expected in proc.stderr
 
 
 def test_report_takes_each_stage_from_its_chunk_on_its_ranks() -> None:
@@ -142,7 +177,7 @@ def test_report_takes_each_stage_from_its_chunk_on_its_ranks() -> None:
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")
     got = [(s.stage_idx, s.ranks, s.compute_ms, s.idle_ms, s.saved_bytes_peak) for s in report.stages]
     assert got == [(0, (0,), 2.0, 1.0, 20), (1, (1,), 5.0, 3.0, 50), (2, (0,), 4.0, 1.0, 40), (3, (1,), 6.0, 3.0, 60)]
-    assert report.schedule == "interleaved-1f1b" and report.num_stages == 4
+    assert report.schedule is ScheduleKind.INTERLEAVED_1F1B and report.layout == plan.layout
 
 
 def test_report_round_trip() -> None:
@@ -151,16 +186,30 @@ def test_report_round_trip() -> None:
         saved_bytes_peak=10, activation_bytes_predicted=10, activation_rel_error=0.0,
     )
     report = RunReport(
-        model="m", plan_fingerprint_sha256="", world_size=1, backend="gloo", device="cpu", dtype="float32",
-        optimizer="sgd", emulate=False, num_stages=1, dp_degree=1, num_microbatches=2, microbatch_size=1,
-        schedule="gpipe", warmup_steps=0, steps=(StepRecord(step_idx=0, loss=0.25, wall_ms=3.0),), stages=(stage,),
+        model="m", plan_fingerprint_sha256="", world_size=1, backend="gloo", device="cpu", dtype=DType.FLOAT32,
+        optimizer=OptimizerFamily.SGD, emulate=False, layout=Layout(num_stages=1), num_microbatches=2,
+        microbatch_size=1, schedule=ScheduleKind.GPIPE, warmup_steps=0,
+        steps=(StepRecord(step_idx=0, loss=0.25, wall_ms=3.0),), stages=(stage,),
         iteration_ms=3.0, iteration_ms_predicted=2.0, iteration_rel_error=0.5,
     )
     data = report_to_json(report)
-    assert data["schema"] == "planner.runreport" and data["version"] == 1
+    assert data["schema"] == "planner.runreport" and data["version"] == 2
     assert report_from_json(data) == report
     with pytest.raises(PlannerInputError, match="version"):
-        report_from_json({**data, "version": 2})
+        report_from_json({**data, "version": 3})
+
+
+def test_both_executors_share_one_training_step() -> None:
+    """The step, the batch and the checkpoint slot are ``RankTrainer``'s alone; each executor
+    only prepares and executes its schedule (and mypy checks both against ``Runner``)."""
+    from planner.runtime.engine import RankRunner
+    from planner.runtime.replicated import ReplicatedRunner
+    from planner.runtime.trainer import RankTrainer
+
+    for cls in (RankRunner, ReplicatedRunner):
+        assert issubclass(cls, RankTrainer)
+        assert {"__init__", "train_step", "batch", "checkpoint_slot", "run"}.isdisjoint(vars(cls)), cls
+        assert {"prepare_schedule", "run_schedule"} <= set(vars(cls)), cls
 
 
 def test_sleep_until_survives_preemption_before_the_sleep(monkeypatch):

@@ -7,22 +7,30 @@ resume in tests/test_runtime_faults.py."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import DType, OptimizerFamily, ZeroStage
 from planner.artifacts.plan import StageMemory
 from planner.commands.run import format_model_state
-from planner.artifacts.errors import PlannerInputError
 from planner.models import load_workload
 from planner.runtime.checkpoint import load_checkpoint
 from planner.runtime.collect import build_report
-from planner.runtime.engine import RankMeasure, StepMeasure
-from planner.runtime.options import RuntimeOptimizer, RuntimeOptions
-from planner.runtime.zero import FlatLayout, ShardedState, flatten, optimizer_state_bytes, state_bytes_per_param, unflatten_into
+from planner.runtime.options import RuntimeOptions
+from planner.runtime.runner import RankMeasure, StepMeasure
+from planner.runtime.zero import (
+    FlatLayout,
+    ShardedState,
+    flatten,
+    optimizer_state_bytes,
+    state_bytes_per_param,
+    unflatten_into,
+)
 from tests.factories import make_plan
 
 
@@ -59,8 +67,8 @@ def test_flatten_pads_with_zeros_and_unflatten_copies_back() -> None:
     assert all(torch.equal(a, b) for a, b in zip(targets, params))
 
 
-@pytest.mark.parametrize("kind", list(RuntimeOptimizer))
-def test_stepping_the_shards_equals_stepping_the_parameters_bit_for_bit(kind: RuntimeOptimizer) -> None:
+@pytest.mark.parametrize("kind", list(OptimizerFamily))
+def test_stepping_the_shards_equals_stepping_the_parameters_bit_for_bit(kind: OptimizerFamily) -> None:
     """Each of n = 3 ranks steps its shard of the flat parameters with its own optimizer;
     put together they equal one optimizer stepping the parameters (float64, 3 steps)."""
     gen = torch.Generator().manual_seed(0)
@@ -69,7 +77,7 @@ def test_stepping_the_shards_equals_stepping_the_parameters_bit_for_bit(kind: Ru
     grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(3)]
 
     def make(ps: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cls = torch.optim.AdamW if kind is RuntimeOptimizer.ADAMW else torch.optim.SGD
+        cls = torch.optim.AdamW if kind is OptimizerFamily.ADAMW else torch.optim.SGD
         return cls(ps, lr=0.05, foreach=False)
 
     layouts = [FlatLayout(numels=tuple(p.numel() for p in params), num_shards=3, shard_idx=i) for i in range(3)]
@@ -89,7 +97,7 @@ def test_stepping_the_shards_equals_stepping_the_parameters_bit_for_bit(kind: Ru
     assert torch.equal(gathered[layouts[0].total_numel :], torch.zeros(1, dtype=torch.float64))  # padding stays 0
     sharded_state = sum(optimizer_state_bytes(opt) for opt in shards)
     element_bytes = state_bytes_per_param(kind, 8) * layouts[0].padded_numel
-    assert sharded_state == element_bytes + (3 * 4 if kind is RuntimeOptimizer.ADAMW else 0)  # + a float32 step each
+    assert sharded_state == element_bytes + (3 * 4 if kind is OptimizerFamily.ADAMW else 0)  # + a float32 step each
 
 
 @pytest.fixture
@@ -150,12 +158,12 @@ def test_report_predicts_model_state_from_the_plans_parameters() -> None:
     324 parameters (adam-mixed plans: 2 B of weights each), so 324 / 2 x 16 B of optimizer
     state and 324 / 2 x 8 B of gradients per rank."""
     names = load_workload("tests.factories:mlp").layer_names
-    plan = make_plan(names, (), dp_degree=2)
+    plan = make_plan(names, (), dp_degree=2, zero=2)
     memory = StageMemory(param_bytes=2 * 324, grad_bytes=0, optimizer_bytes=0, activation_bytes=0,
                          recompute_workspace_bytes=0, buffer_bytes=0)
-    plan = dataclasses.replace(plan, zero=2, stages=(dataclasses.replace(plan.stages[0], memory=memory),))
-    options = RuntimeOptions(plan_path="p", model_spec="m", num_steps=1, warmup_steps=0, dtype="float64",
-                             optimizer=RuntimeOptimizer.ADAMW)
+    plan = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], memory=memory),))
+    options = RuntimeOptions(plan_path="p", model_spec="m", num_steps=1, warmup_steps=0, dtype=DType.FLOAT64,
+                             optimizer=OptimizerFamily.ADAMW)
     mine = RankMeasure(steps=(StepMeasure(step_idx=0, loss=1.0, wall_ms=1.0),), compute_ms=1.0, idle_ms=0.0,
                        saved_bytes_peak=1, cuda_peak_bytes=0)
     # measured by the D = 2 run: idle, cuda peak, then per stage compute, saved, optimizer and
@@ -163,7 +171,7 @@ def test_report_predicts_model_state_from_the_plans_parameters() -> None:
     rows = [[0.0, 0.0, 1.0, 1.0, 2596.0, 1296.0, 0.0, 0.0, 0.0]] * 2
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")
     stage = report.stages[0]
-    assert (report.zero, report.optimizer_state_bytes_per_param, stage.optimizer_shards) == (2, 16, 2)
+    assert (report.layout.zero, report.optimizer_state_bytes_per_param, stage.optimizer_shards) == (ZeroStage.GRADIENTS, 16, 2)
     assert (stage.optimizer_state_bytes, stage.optimizer_state_bytes_predicted) == (2596, 2592)
     assert (stage.grad_bytes_after_sync, stage.grad_bytes_predicted, stage.grad_rel_error) == (1296, 1296, 0.0)
     text = format_model_state(report)

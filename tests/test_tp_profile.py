@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from planner.models import load_workload
 from planner.profiling.measured.profiler import profile_model
 from tests.runtime_launch import torchrun
@@ -41,6 +43,7 @@ def test_profile_declares_the_zoo_split() -> None:
     assert block.saved_bytes_per_sample - split.split_saved_bytes_per_sample == 4 * 6 * s * h + 4 * 4 * s
 
 
+@pytest.mark.slow
 def test_sharded_blocks_match_the_declaration(tmp_path: Path) -> None:
     (tmp_path / "specs.json").write_text(json.dumps(SPECS))
     proc = torchrun(T, ["tests/tp_profile_driver.py", str(tmp_path / "specs.json"), str(tmp_path / "out.json")])

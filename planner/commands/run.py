@@ -18,11 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from planner.artifacts.kinds import DType, OptimizerFamily, ZeroStage
 from planner.artifacts.plan import load_plan
 from planner.artifacts.report import RunReport, load_report, overrun_warning
-from planner.report.table import format_table
 from planner.commands._args import positive_int
-from planner.runtime.preflight import RUNTIME_DTYPES, RUNTIME_OPTIMIZERS, check_launch, run_settings
+from planner.report.table import format_table
+from planner.runtime.preflight import (
+    RUNTIME_DTYPES,
+    RUNTIME_OPTIMIZERS,
+    check_launch,
+    run_settings,
+)
 
 EPILOG = """\
 before torchrun starts, in this process (one line, exit 2 on a refusal):
@@ -57,14 +63,16 @@ def runtime_argv(args: argparse.Namespace) -> list[str]:
 def format_report(report: RunReport) -> str:
     """Measured beside predicted, per step and per stage."""
     steps = ", ".join(f"{s.loss:.4f}" for s in report.steps)
-    copies = [len(s.ranks) // max(report.dp_degree * report.tp_degree, 1) for s in report.stages]
-    layout = (f"{report.num_stages} stages replicated per stage ({'+'.join(map(str, copies))} processes)"
-              if any(c > 1 for c in copies) and report.dp_degree == 1
-              else f"{report.num_stages} stages x {report.dp_degree} replicas")
-    if report.tp_degree > 1:
-        layout += f" x {report.tp_degree} tensor-parallel{' (sequence parallel)' if report.sequence_parallel else ''}"
+    lay = report.layout
+    if lay.replicated_per_stage:
+        copies = "+".join(str(lay.replicas_of(s)) for s in range(lay.num_stages))
+        layout = f"{lay.num_stages} stages replicated per stage ({copies} processes)"
+    else:
+        layout = f"{lay.num_stages} stages x {lay.dp_degree} replicas"
+    if lay.tp_degree > 1:
+        layout += f" x {lay.tp_degree} tensor-parallel{' (sequence parallel)' if lay.sequence_parallel else ''}"
     head = (
-        f"ran {layout}, {report.schedule}, "
+        f"ran {layout}, {report.schedule.value}, "
         f"M={report.num_microbatches} x {report.microbatch_size} on {report.world_size} {report.backend} processes"
         f"{' (emulated compute)' if report.emulate else ''}\n"
         f"losses per step: {steps}\n"
@@ -92,10 +100,12 @@ def format_model_state(report: RunReport) -> str:
     runs fp SGD or AdamW, not the plan's optimizer kind, so the prediction takes the plan's
     parameter count with the runtime optimizer's bytes per parameter."""
     per_param = report.optimizer_state_bytes_per_param
-    sharding = {0: "none", 1: "optimizer state", 2: "optimizer state and gradients"}[report.zero]
+    zero = report.layout.zero
+    sharding = {ZeroStage.NONE: "none", ZeroStage.OPTIMIZER: "optimizer state",
+                ZeroStage.GRADIENTS: "optimizer state and gradients"}[zero]
     head = (
-        f"model state per rank, ZeRO {report.zero} (sharded: {sharding}); predicted = the plan's stage parameters "
-        f"/ shards x {per_param} B/param, the runtime's {report.optimizer} {report.dtype} optimizer state "
+        f"model state per rank, ZeRO {int(zero)} (sharded: {sharding}); predicted = the plan's stage parameters "
+        f"/ shards x {per_param} B/param, the runtime's {report.optimizer.value} {report.dtype.value} optimizer state "
         f"(not the plan's optimizer kind); gradients x element size, / shards with ZeRO 2"
     )
     rows = [
@@ -113,17 +123,19 @@ def format_model_state(report: RunReport) -> str:
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
     nproc = args.nproc or plan.num_devices
-    settings = run_settings(plan, args.dtype, args.optimizer, source=args.plan)
+    dtype = DType(args.dtype) if args.dtype is not None else None
+    optimizer = OptimizerFamily(args.optimizer) if args.optimizer is not None else None
+    settings = run_settings(plan, dtype, optimizer, source=args.plan)
     for line in settings.warnings:
         print(line, file=sys.stderr)
-    args.dtype, args.optimizer = settings.dtype, settings.optimizer
-    check_launch(plan, args.model, nproc, seed=args.seed, dtype=args.dtype, profile_path=args.profile, source=args.plan)
+    args.dtype, args.optimizer = settings.dtype.value, settings.optimizer.value  # passed on to every rank
+    check_launch(plan, args.model, nproc, seed=args.seed, dtype=settings.dtype, profile_path=args.profile, source=args.plan)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.report:
             args.report = str(Path(tmp) / "report.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
         cmd += ["-m", "planner.runtime", *runtime_argv(args)]
-        code = subprocess.run(cmd).returncode
+        code = subprocess.run(cmd, check=False).returncode
         if code == 0 and Path(args.report).exists():
             report = load_report(args.report)
             print(format_report(report))
@@ -151,9 +163,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-dir", default="", help="write checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (default: 0, never)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir (default: off)")
-    p.add_argument("--dtype", default=None, choices=list(RUNTIME_DTYPES),
+    p.add_argument("--dtype", default=None, choices=[d.value for d in RUNTIME_DTYPES],
                    help="training dtype (default: the plan's, float32 when unknown; another is refused)")
-    p.add_argument("--optimizer", default=None, choices=list(RUNTIME_OPTIMIZERS),
+    p.add_argument("--optimizer", default=None, choices=[o.value for o in RUNTIME_OPTIMIZERS],
                    help="runtime optimizer (default: the plan's family, sgd for sgd-fp32, adamw for adam-*; sgd when unknown; the other warns)")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="weights: torch.manual_seed(seed) before the factory; batches: step k trains on make_batch(global batch, seed + k) (default: %(default)s)")

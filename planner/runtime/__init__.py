@@ -27,14 +27,18 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   each rank's optimizer steps only its contiguous 1/D shard; gradients are reduce-scattered
   after the schedule and the weights all-gathered after the step (``zero``; tied parameters
   split over pipeline ranks stay whole). Checkpoints keep one optimizer file per shard.
-- Tensor parallelism (``plan.layout.tp_degree`` = t > 1, ``tensor``): a ("pp", "dp", "tp") device
-  mesh of shape (P, D, t) (rank = (p x D + replica) x t + tp index); each stage's layers are
+- Placement: every rank's coordinates, groups and device mesh come from the plan's
+  ``Layout`` (``planner.artifacts.layout``: ``coordinates``, ``stage_indices``, ``rank_of``,
+  ``dp_group``, ``mesh_shape``, ``MESH_DIMS``); nothing here computes a rank from the degrees.
+- Tensor parallelism (``plan.layout.tp_degree`` = t > 1, ``tensor``): the layout's ("pp", "dp",
+  "tp") device mesh of shape (P, D, t) (``topology.build_mesh``); each stage's layers are
   split with ``parallelize_module`` and the styles the workload declares
   (``Workload.tensor_parallel``; the zoo GPT and BERT: Megatron's column / row split,
   ``SequenceParallel`` norms with sequence parallelism); pipeline messages over "pp", the
   gradient all-reduce over "dp" on local shards; split layers take and return whole tensors.
   ZeRO shards the local shards; checkpoints are per tp index. Refused before compute: t not
-  dividing the heads (or, with sequence parallelism, the tokens), per-stage replication.
+  dividing the heads (or, with sequence parallelism, the tokens); per-stage replication with
+  t > 1 is not a Layout at all.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
 - Plans replicated per stage (``plan.layout.replicated_per_stage``, PipeDream's round-robin) run on our
   own executor (``replicated``): a ``PipelineStage`` has one fixed peer per direction, while
@@ -42,13 +46,17 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   point-to-point messages and dry-runs them.
 
 Modules, one job each: ``options`` (flags), ``model`` (load, cast, fingerprint a workload),
-``check`` (plan vs model and world, before compute), ``topology`` (placement and groups),
-``stage`` (one stage's layer range and recompute), ``memory`` (bytes saved for backward), ``emulate``,
-``grads`` (data-parallel and tied gradients), ``zero`` (sharded optimizer state and
-gradients), ``tensor`` (tensor parallelism: mesh, split layers), ``engine`` (one rank's training loop),
-``checkpoint``, ``collect`` (RunReport), ``main`` (process lifecycle), ``replicated`` (one rank's
-loop for plans replicated per stage), ``exchange`` (its messages and their dry run), ``loss``
-(``(sum, count)`` losses: the step's count and the gradient scale), ``preflight`` (what ``planner
-run`` checks in the launcher before torchrun: dtype, optimizer, world size, model). Only this package,
-``planner.models`` and ``planner.profiling.measured`` import torch.
+``check`` (plan vs model and world, before compute), ``topology`` (a rank's place in the
+Layout, its groups and device mesh), ``stage`` (one stage's layer range and recompute),
+``memory`` (bytes saved for backward), ``emulate``, ``grads`` (data-parallel and tied
+gradients, the rank's whole sync), ``zero`` (sharded optimizer state and gradients), ``tensor``
+(tensor parallelism: split layers), ``stage_helpers`` (what both executors do to a stage:
+boundary examples, chunks, optimizers, tied parameters, the loss), ``runner`` (the ``Runner``
+protocol and the step loop), ``trainer`` (the training step, once), ``engine`` (the executor
+on ``torch.distributed.pipelining``), ``replicated`` (our executor for plans replicated per
+stage), ``exchange`` (its messages and their dry run), ``checkpoint``, ``collect``
+(RunReport), ``main`` (process lifecycle), ``loss`` (``(sum, count)`` losses: the step's count
+and the gradient scale), ``preflight`` (what ``planner run`` checks in the launcher before
+torchrun: dtype, optimizer, world size, model). Only this package, ``planner.models`` and
+``planner.profiling.measured`` import torch.
 """

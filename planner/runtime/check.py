@@ -1,22 +1,24 @@
 """Checks of a plan against the model and the world, run on every rank before any compute.
 
-Each refusal is a :class:`PlannerInputError` with one line naming what differs.
+Each refusal is a :class:`PlannerInputError` with one line naming what differs. The plan's own
+consistency -- every stage's ranks and copies are its :class:`~planner.artifacts.layout.Layout`'s,
+the layout's axes combine (per-stage replication only with one stage per rank, dp_degree 1 and
+tp_degree 1) -- is checked when the plan is built or loaded (``Plan.__post_init__``,
+``load_plan``), so a bad plan file is refused there, before this.
 
-Plans replicated per stage (``plan.layout.replicated_per_stage``) run on ``planner.runtime.replicated``:
-world size = ``plan.num_devices``, GPipe or 1F1B (``check_replicated_rules``), one pipeline
-(``dp_degree`` 1), each stage's copies on the consecutive ranks the plan lays out; ZeRO shards
-over a stage's copies.
+Plans replicated per stage (``plan.layout.replicated_per_stage``) run on
+``planner.runtime.replicated``: world size = ``plan.num_devices`` and GPipe or 1F1B
+(``check_replicated_rules``); ZeRO shards over a stage's copies.
 """
 
 from __future__ import annotations
 
-from planner.artifacts.plan import Plan
-from planner.artifacts.request import ScheduleKind
-from planner.cost import replicated_ranks
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.plan import Plan
+from planner.models.workload import Workload
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
-from planner.models.workload import Workload
 
 SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
 
@@ -32,33 +34,46 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
         why = tensor_parallel_refusal(plan, workload)
         if why:
             raise PlannerInputError(f"{source}: {why}")
-    replicated = plan.layout.replicated_per_stage
-    if replicated:
-        _check_replicated(plan, world_size, source)
-    if plan.num_devices != world_size:
-        v = plan.layout.virtual_stages_per_rank
-        stages = f"{plan.layout.num_stages} stages" if v == 1 else f"{plan.layout.num_stages} stages on {plan.layout.num_stages // v} pipeline ranks"
-        raise PlannerInputError(
-            f"{source}: plan needs {plan.num_devices} processes ({stages} x {plan.layout.dp_degree} replicas"
-            f"{f' x tp {plan.layout.tp_degree}' if plan.layout.tp_degree > 1 else ''}) "
-            f"but the world size is {world_size}"
-        )
+    check_world_size(plan, world_size, source)
+    check_schedule(plan, source)
+    check_layers(plan, workload, source)
+
+
+def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
+    """The processes against the devices the plan's layout occupies."""
+    if plan.num_devices == world_size:
+        return
+    lay = plan.layout
+    if lay.replicated_per_stage:
+        shape = f"{lay.num_stages} stages with replicas {list(lay.stage_replicas)}"
+    else:
+        v = lay.virtual_stages_per_rank
+        stages = f"{lay.num_stages} stages" if v == 1 else f"{lay.num_stages} stages on {lay.pipeline_size} pipeline ranks"
+        shape = f"{stages} x {lay.dp_degree} replicas{f' x tp {lay.tp_degree}' if lay.tp_degree > 1 else ''}"
+    raise PlannerInputError(f"{source}: plan needs {plan.num_devices} processes ({shape}) but the world size is {world_size}")
+
+
+def check_schedule(plan: Plan, source: str = "plan") -> None:
+    """The plan's schedule is one the runtime runs, in a shape torch's schedule (or, replicated
+    per stage, the runtime's own executor) can run."""
     if plan.schedule not in SUPPORTED_SCHEDULES:
         raise PlannerInputError(
             f"{source}: schedule {plan.schedule.value!r} is not supported by the runtime "
             f"(supported: {', '.join(s.value for s in SUPPORTED_SCHEDULES)})"
         )
-    v = plan.layout.virtual_stages_per_rank
-    if v < 1 or plan.layout.num_stages % v:
-        raise PlannerInputError(
-            f"{source}: {plan.layout.num_stages} stages cannot be spread {v} per rank (virtual_stages_per_rank)"
-        )
+    lay = plan.layout
     try:
-        if not replicated:
-            check_schedule_rules(plan.schedule, plan.layout.num_stages, plan.num_microbatches, v)
+        if lay.replicated_per_stage:
+            check_replicated_rules(plan.schedule, lay.stage_replicas, plan.num_microbatches)
+        else:
+            check_schedule_rules(plan.schedule, lay.num_stages, plan.num_microbatches, lay.virtual_stages_per_rank)
     except PlannerInputError as exc:
         raise PlannerInputError(f"{source}: {exc}") from None
-    pipeline_size = plan.layout.num_stages // v
+
+
+def check_layers(plan: Plan, workload: Workload, source: str = "plan") -> None:
+    """The plan's layer count, each stage's layer names, and the fingerprint (layer names and
+    parameter shapes), against the model."""
     num_layers = len(workload.layers)
     if plan.num_layers != num_layers:
         raise PlannerInputError(
@@ -72,15 +87,6 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
                 f"{source}: stage {stage.stage_idx} layer {stage.layer_start + bad} is "
                 f"{stage.layer_names[bad]!r} in the plan but {names[bad]!r} in model {workload.name!r}"
             )
-        p = stage.stage_idx % pipeline_size
-        t = plan.layout.tp_degree
-        expected_ranks = tuple((p * plan.layout.dp_degree + r) * t + k for r in range(plan.layout.dp_degree) for k in range(t))
-        if not replicated and tuple(stage.ranks) != expected_ranks:
-            layout = "(stage mod P) x D + replica" if t == 1 else "((stage mod P) x D + replica) x t + tp index"
-            raise PlannerInputError(
-                f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the placement "
-                f"rank = {layout} {list(expected_ranks)}"
-            )
     expected = plan.provenance.fingerprint_sha256
     if expected:
         got = workload_fingerprint(workload)
@@ -88,29 +94,4 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
             raise PlannerInputError(
                 f"{source}: model fingerprint (layer names and parameter shapes) {got[:12]} "
                 f"does not match the plan's {expected[:12]} (model {workload.name!r})"
-            )
-
-
-def _check_replicated(plan: Plan, world_size: int, source: str) -> None:
-    """World size, schedule, and rank layout of a plan replicated per stage."""
-    replicas = list(plan.layout.stage_replicas)
-    if plan.num_devices != world_size:
-        raise PlannerInputError(
-            f"{source}: plan needs {plan.num_devices} processes ({plan.layout.num_stages} stages with replicas {replicas}) "
-            f"but the world size is {world_size}"
-        )
-    if plan.layout.dp_degree != 1:
-        raise PlannerInputError(
-            f"{source}: per-stage replication (replicas {replicas}) inside dp_degree {plan.layout.dp_degree} pipelines "
-            "is not supported by the runtime; use dp_degree 1"
-        )
-    try:
-        check_replicated_rules(plan.schedule, plan.layout.stage_replicas, plan.num_microbatches)
-    except PlannerInputError as exc:
-        raise PlannerInputError(f"{source}: {exc}") from None
-    for stage, expected in zip(plan.stages, replicated_ranks(plan.layout.stage_replicas)):
-        if tuple(stage.ranks) != expected:
-            raise PlannerInputError(
-                f"{source}: stage {stage.stage_idx} ranks {list(stage.ranks)} differ from the replicated placement "
-                f"(consecutive blocks, stage 0's copies first) {list(expected)}"
             )

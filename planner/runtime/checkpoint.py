@@ -24,14 +24,19 @@ so the files are per index, ``stage_<s>.tp_<k>.pt`` and ``stage_<s>.tp_<k>.optim
 loaded back into the local shards (and an optimizer's state re-wrapped as DTensors of its
 parameter's placements), so ``weights_only=True`` still reads every file. Resuming with
 another t is refused.
+
+A runner (:class:`planner.runtime.runner.Runner`) saves and resumes all its stage chunks with
+:func:`save_runner` and :func:`resume_runner`, at its :class:`CheckpointSlot` (which replica it
+is, the optimizer shards, its tp index and degree).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +44,25 @@ from torch.distributed.tensor import DTensor
 
 from planner.artifacts.errors import PlannerInputError
 from planner.runtime.tensor import local
+
+if TYPE_CHECKING:
+    from planner.runtime.runner import Runner
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointSlot:
+    """Which files a rank writes and reads: its ``replica`` (replica 0 writes the stage file;
+    with ``optimizer_shards`` > 1 each replica its own optimizer shard) and its tp index of
+    ``tp_degree``."""
+
+    replica: int = 0
+    optimizer_shards: int = 1
+    tp_index: int = 0
+    tp_degree: int = 1
+
+    @property
+    def tp(self) -> tuple[int, int]:
+        return self.tp_index, self.tp_degree
 
 
 def _stage_name(stage_idx: int, tp: tuple[int, int]) -> str:
@@ -181,3 +205,32 @@ def load_checkpoint(
         optimizer.load_state_dict(opt_state)
         _rewrap_optimizer_state(optimizer)
     return completed
+
+
+def save_runner(runner: Runner, completed_steps: int) -> None:
+    """Save every stage chunk of the runner after ``completed_steps`` (collective: see
+    :func:`save_checkpoint`)."""
+    slot = runner.checkpoint_slot
+    save_checkpoint(
+        runner.options.checkpoint_dir,
+        completed_steps,
+        [(c.stage_idx, c.module, c.optimizer) for c in runner.chunks],
+        slot.replica,
+        optimizer_shards=slot.optimizer_shards,
+        tp=slot.tp,
+    )
+
+
+def resume_runner(runner: Runner) -> int:
+    """Load the latest checkpoint into every stage chunk of the runner (each ZeRO master shard
+    taken again from the loaded parameters); return its completed steps."""
+    slot = runner.checkpoint_slot
+    done = set()
+    for c in runner.chunks:
+        done.add(load_checkpoint(
+            runner.options.checkpoint_dir, c.stage_idx, c.module, c.optimizer,
+            replica=slot.replica, optimizer_shards=slot.optimizer_shards, tp=slot.tp,
+        ))
+        if c.zero is not None:
+            c.zero.reload_master()
+    return done.pop()  # one latest.json: the same step for every chunk

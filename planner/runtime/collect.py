@@ -3,11 +3,12 @@
 Gathered as one float64 tensor per rank (``all_gather``, no pickled objects); byte counts
 stay exact below 2**53. A row is the rank's idle ms and CUDA peak bytes, then compute ms,
 peak saved bytes, optimizer state bytes and gradient bytes held after the sync of each stage
-it runs (v of them, in stage order p, p + P, ...; ``PER_STAGE`` values each); a stage's
-record takes the maximum over its replicas' ranks (or copies': a stage replicated per stage
-predicts M / R_s micro-batches of compute per copy). Idle time is per rank: wall time less the
-compute of all the rank's stages. With emulated compute, a stage's overrun is its rank that
-overran the largest fraction of its emulated time (``planner.runtime.emulate.finish_chunk``).
+it runs (v of them, in its order ``Layout.stage_indices``: p, p + P, ...; ``PER_STAGE`` values
+each); a stage's record takes the maximum over its replicas' ranks (or copies': a stage
+replicated per stage predicts M / R_s micro-batches of compute per copy). Idle time is per
+rank: wall time less the compute of all the rank's stages. With emulated compute, a stage's
+overrun is its rank that overran the largest fraction of its emulated time
+(``planner.runtime.emulate.finish_chunk``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ import torch
 import torch.distributed as dist
 
 from planner import __version__
+from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.plan import Plan, PlanStage
-from planner.artifacts.report import OVERRUN_LIMIT, RunReport, StageRecord, StepRecord, relative_error
-from planner.artifacts.request import STATE_BYTES_PER_PARAM
-from planner.runtime.engine import RankMeasure
+from planner.artifacts.report import (
+    OVERRUN_LIMIT,
+    RunReport,
+    StageRecord,
+    StepRecord,
+    relative_error,
+)
 from planner.runtime.options import RuntimeOptions
+from planner.runtime.runner import RankMeasure
 from planner.runtime.zero import state_bytes_per_param
 
 PER_STAGE = 7  # compute ms, saved bytes, optimizer state bytes, gradient bytes, overrun ms, max overrun ms, emulated ms
@@ -49,8 +56,14 @@ def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) ->
 def _plan_param_count(plan: Plan, stage: PlanStage) -> int:
     """The stage's parameters as the plan counted them: its weight bytes / the plan's weight
     bytes per parameter (0 when the plan has no memory figures)."""
-    weight_bytes = STATE_BYTES_PER_PARAM[plan.provenance.request.optimizer][0]
+    weight_bytes = plan.provenance.request.optimizer.state_bytes_per_param[0]
     return stage.memory.param_bytes // weight_bytes
+
+
+def _chunk_index(plan: Plan, stage_idx: int) -> int:
+    """Where stage ``stage_idx`` sits among the chunks its ranks run (``Layout.stage_indices``)."""
+    layout = plan.layout
+    return layout.stage_indices(layout.pipeline_rank(stage_idx)).index(stage_idx)
 
 
 def _overrun_fraction(overrun_ms: float, emulated_ms: float) -> float:
@@ -70,26 +83,26 @@ def build_report(
     device: str,
 ) -> RunReport:
     stages = []
-    pipeline_size = plan.layout.num_stages // plan.layout.virtual_stages_per_rank
-    element_size = 8 if options.dtype == "float64" else 4
+    layout = plan.layout
+    element_size = options.dtype.itemsize
     optim_per_param = state_bytes_per_param(options.optimizer, element_size)
     for stage in plan.stages:
         own = [rows[r] for r in stage.ranks]
-        k = 2 + PER_STAGE * (stage.stage_idx // pipeline_size)  # this stage's chunk on its ranks
+        k = 2 + PER_STAGE * _chunk_index(plan, stage.stage_idx)  # this stage's chunk on its ranks
         compute = max(r[k] for r in own)
         idle = max(r[0] for r in own)
         saved = int(max(r[k + 1] for r in own))
         cuda = int(max(r[1] for r in own))
-        per_copy = plan.num_microbatches // stage.replicas  # a copy of a stage replicated per stage runs M / R_s
+        per_copy = plan.num_microbatches // layout.replicas_of(stage.stage_idx)  # a stage's copy runs M / R_s
         compute_pred = per_copy * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
         act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
-        shards = len(stage.ranks) if plan.layout.zero else 1
+        shards = len(stage.ranks) if layout.zero else 1
         params = _plan_param_count(plan, stage)
         optim, grads = int(max(r[k + 2] for r in own)), int(max(r[k + 3] for r in own))
         worst = max(own, key=lambda r: _overrun_fraction(r[k + 4], r[k + 6]))  # overran most
         overrun, overrun_max, emulated = worst[k + 4], max(r[k + 5] for r in own), worst[k + 6]
         optim_pred = -(-params * optim_per_param // shards)  # ceil: the last shard is padded
-        grads_pred = -(-params * element_size // (shards if plan.layout.zero >= 2 else 1))
+        grads_pred = -(-params * element_size // (shards if layout.zero >= ZeroStage.GRADIENTS else 1))
         stages.append(
             StageRecord(
                 stage_idx=stage.stage_idx,
@@ -128,16 +141,12 @@ def build_report(
         backend=backend,
         device=device,
         dtype=options.dtype,
-        optimizer=options.optimizer.value,
+        optimizer=options.optimizer,
         emulate=options.emulate,
-        num_stages=plan.layout.num_stages,
-        dp_degree=plan.layout.dp_degree,
+        layout=layout,
         num_microbatches=plan.num_microbatches,
         microbatch_size=plan.microbatch_size,
-        schedule=plan.schedule.value,
-        zero=plan.layout.zero,
-        tp_degree=plan.layout.tp_degree,
-        sequence_parallel=plan.layout.sequence_parallel,
+        schedule=plan.schedule,
         optimizer_state_bytes_per_param=optim_per_param,
         warmup_steps=options.warmup_steps,
         steps=steps,

@@ -17,7 +17,7 @@ cores varies 1.3-1.4x (measured for issue 6).
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
@@ -55,7 +55,20 @@ def sleep_until(deadline: float) -> None:
     _SLEEPER.until(deadline)
 
 
-def finish_chunk(timer: Any, start: float, which: int) -> None:
+@dataclass(slots=True, kw_only=True)
+class ChunkTimer:
+    """The compute seconds of one stage chunk in the current step (mutable: :func:`finish_chunk`
+    adds to it, :func:`reset_chunk_timer` zeroes it), and its emulated (fwd, bwd) ms when the
+    run emulates compute."""
+
+    emulated_ms: tuple[float, float] | None = None
+    compute_s: float = 0.0
+    overrun_s: float = 0.0  # emulated chunks only: seconds past their profiled time
+    overrun_max_s: float = 0.0
+    emulated_s: float = 0.0
+
+
+def finish_chunk(timer: ChunkTimer, start: float, which: int) -> None:
     """End a forward (``which`` 0) or backward (1) chunk that began at ``start``: with emulation
     (``timer.emulated_ms`` set) sleep until its profiled time has passed and record how far it
     ran past that time; add its seconds to ``timer.compute_s``.
@@ -76,7 +89,7 @@ def finish_chunk(timer: Any, start: float, which: int) -> None:
     timer.compute_s += time.perf_counter() - start
 
 
-def reset_chunk_timer(timer: Any) -> None:
+def reset_chunk_timer(timer: ChunkTimer) -> None:
     """Zero what :func:`finish_chunk` adds up (at the start of every step)."""
     timer.compute_s = 0.0
     timer.overrun_s = 0.0

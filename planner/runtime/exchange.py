@@ -3,8 +3,8 @@
 Plain data, no torch: ``planner.runtime.replicated`` executes what this module lays out.
 
 Routing (PipeDream's round-robin, Narayanan et al. 2019, section 3.3): micro-batch ``m`` runs
-on copy ``m mod R_s`` of stage ``s``, the rank ``layout[s][m mod R_s]`` (``layout[s]`` is
-``plan.stages[s].ranks``, stage 0's copies first). So ``sF m`` receives its input from
+on copy ``m mod R_s`` of stage ``s``, the rank ``copies[s][m mod R_s]`` (``copies[s]`` is
+``Layout.stage_ranks(s)``, stage 0's copies first). So ``sF m`` receives its input from
 copy ``m mod R_{s-1}`` of stage ``s - 1`` and sends its output to copy ``m mod R_{s+1}`` of
 stage ``s + 1``; ``sB m`` receives the output gradient from copy ``m mod R_{s+1}`` and sends
 the input gradient to copy ``m mod R_{s-1}``. Each transfer is one :class:`Message`.
@@ -23,14 +23,14 @@ the same order on both sides (NCCL ignores tags and matches in order).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from planner.schedule.actions import Action, ActionKind
 
 __all__ = ["ExchangeError", "Message", "copy_rank", "dry_run_exchanges", "exchange_groups", "receives", "sends"]
 
-Layout = Sequence[Sequence[int]]  # per stage, its copies' ranks (copy r is layout[s][r])
+CopyRanks = Sequence[Sequence[int]]  # per stage, its copies' ranks (copy r is copies[s][r]): Layout.all_stage_ranks()
 
 
 class ExchangeError(RuntimeError):
@@ -58,55 +58,55 @@ class Message:
         return f"{self.stage_idx}{self.kind.value}{self.mb_idx} {self.src}->{self.dst}"
 
 
-def copy_rank(layout: Layout, stage_idx: int, mb_idx: int) -> int:
+def copy_rank(copies: CopyRanks, stage_idx: int, mb_idx: int) -> int:
     """The rank running micro-batch ``mb_idx`` on stage ``stage_idx``: copy ``mb_idx mod R_s``."""
-    ranks = layout[stage_idx]
+    ranks = copies[stage_idx]
     return ranks[mb_idx % len(ranks)]
 
 
-def _message(layout: Layout, kind: ActionKind, src_stage: int, dst_stage: int, mb_idx: int) -> Message:
+def _message(copies: CopyRanks, kind: ActionKind, src_stage: int, dst_stage: int, mb_idx: int) -> Message:
     return Message(
         kind=kind,
         stage_idx=src_stage,
         mb_idx=mb_idx,
-        src=copy_rank(layout, src_stage, mb_idx),
-        dst=copy_rank(layout, dst_stage, mb_idx),
+        src=copy_rank(copies, src_stage, mb_idx),
+        dst=copy_rank(copies, dst_stage, mb_idx),
     )
 
 
-def receives(layout: Layout, action: Action) -> tuple[Message, ...]:
+def receives(copies: CopyRanks, action: Action) -> tuple[Message, ...]:
     """What ``action`` must receive before it runs (nothing on stage 0's forward and the last
     stage's backward, which read the batch and the loss)."""
     s, m = action.stage_idx, action.mb_idx
     if action.kind is ActionKind.FORWARD:
-        return (_message(layout, ActionKind.FORWARD, s - 1, s, m),) if s > 0 else ()
-    return (_message(layout, ActionKind.BACKWARD, s + 1, s, m),) if s < len(layout) - 1 else ()
+        return (_message(copies, ActionKind.FORWARD, s - 1, s, m),) if s > 0 else ()
+    return (_message(copies, ActionKind.BACKWARD, s + 1, s, m),) if s < len(copies) - 1 else ()
 
 
-def sends(layout: Layout, action: Action) -> tuple[Message, ...]:
+def sends(copies: CopyRanks, action: Action) -> tuple[Message, ...]:
     """What ``action`` sends once it has run."""
     s, m = action.stage_idx, action.mb_idx
     if action.kind is ActionKind.FORWARD:
-        return (_message(layout, ActionKind.FORWARD, s, s + 1, m),) if s < len(layout) - 1 else ()
-    return (_message(layout, ActionKind.BACKWARD, s, s - 1, m),) if s > 0 else ()
+        return (_message(copies, ActionKind.FORWARD, s, s + 1, m),) if s < len(copies) - 1 else ()
+    return (_message(copies, ActionKind.BACKWARD, s, s - 1, m),) if s > 0 else ()
 
 
-def exchange_groups(layout: Layout, order: Sequence[Action]) -> tuple[tuple[Message, ...], ...]:
+def exchange_groups(copies: CopyRanks, order: Sequence[Action]) -> tuple[tuple[Message, ...], ...]:
     """``len(order) + 1`` groups: group ``i`` is the sends of ``order[i - 1]`` then the
     receives of ``order[i]``; the last group is the sends of the last action."""
     groups = []
     previous: tuple[Message, ...] = ()
     for action in order:
-        groups.append(previous + receives(layout, action))
-        previous = sends(layout, action)
+        groups.append(previous + receives(copies, action))
+        previous = sends(copies, action)
     groups.append(previous)
     return tuple(groups)
 
 
-def dry_run_exchanges(layout: Layout, schedule: Sequence[Sequence[Action]]) -> None:
+def dry_run_exchanges(copies: CopyRanks, schedule: Sequence[Sequence[Action]]) -> None:
     """Raise :class:`ExchangeError` if the ranks' orders (``schedule[rank]``) would hang
     under rendezvous semantics, or post a pair's messages in different orders."""
-    groups = [exchange_groups(layout, order) for order in schedule]
+    groups = [exchange_groups(copies, order) for order in schedule]
     posted_at: dict[tuple[Message, int], int] = {}  # (message, rank) -> the rank's group holding it
     per_pair: dict[tuple[int, int, int], list[Message]] = {}  # (src, dst, side rank) -> order
     for rank, rank_groups in enumerate(groups):

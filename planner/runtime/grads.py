@@ -21,6 +21,11 @@ schedule, the copies' gradients are summed over the pipeline ranks and averaged 
 replicas with one all-reduce over every rank holding a copy; these parameters are left out
 of the data-parallel hooks. Identical gradients keep the copies identical under any
 deterministic optimizer.
+
+:class:`GradientSync` runs a rank's whole synchronisation after its schedule, in the order
+both executors use: the buckets' all-reduces (or, with ZeRO 1 and 2, the reduce-scatters of
+``planner.runtime.zero``), the tied sums while the reduce-scatters run, then the waits; after
+the optimizer step, the ZeRO all-gathers of the weights.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from planner.runtime.tensor import local
+from planner.runtime.zero import ShardedState
 
 BUCKET_BYTES = 1 << 20  # gloo on loopback: 1 MiB costs ~0.6 ms at 1.7 GB/s against ~0.15 ms latency
 
@@ -132,3 +138,48 @@ def sync_tied(params: list[torch.nn.Parameter | None], groups: list[dist.Process
             param.grad = torch.zeros_like(param)
         param.grad.div_(dp_degree)
         dist.all_reduce(param.grad, group=group)
+
+
+class GradientSync:
+    """One rank's gradient synchronisation: bucketed all-reduce hooks (or ZeRO shards, one per
+    stage chunk that has parameters to shard), and the tied parameters' sums. ``divisor``
+    divides the tied gradients (D: the mean over replicated pipelines; 1 over a stage's copies,
+    whose micro-batch losses add up to one process's)."""
+
+    def __init__(
+        self,
+        *,
+        hooks: DataParallelHooks | None,
+        shards: list[ShardedState],
+        tied_params: list[torch.nn.Parameter | None],
+        tied_groups: list[dist.ProcessGroup | None],
+        divisor: int,
+    ) -> None:
+        self.hooks = hooks
+        self.shards = shards
+        self._tied_params = tied_params
+        self._tied_groups = tied_groups
+        self._divisor = divisor
+
+    def start_iteration(self, num_microbatches: int) -> None:
+        """Before the schedule: each chunk of the rank runs ``num_microbatches`` micro-batches."""
+        if self.hooks is not None:
+            self.hooks.start_iteration(num_microbatches)
+        for shard in self.shards:
+            shard.start_iteration()
+
+    def synchronise(self) -> None:
+        """After the schedule: finish the all-reduces, reduce-scatter every chunk's gradients and
+        sum the tied ones meanwhile, then wait."""
+        if self.hooks is not None:
+            self.hooks.finish_iteration()
+        for shard in self.shards:
+            shard.launch_sync()
+        sync_tied(self._tied_params, self._tied_groups, self._divisor)
+        for shard in self.shards:
+            shard.wait_sync()
+
+    def gather_params(self) -> None:
+        """After the optimizer step: the ZeRO shards' updated weights, all-gathered."""
+        for shard in self.shards:
+            shard.gather_params()

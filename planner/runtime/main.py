@@ -27,12 +27,20 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from planner.artifacts.plan import load_plan
-from planner.artifacts.profile import load_profile
-from planner.artifacts.report import save_report
 from planner.artifacts.errors import PlannerError, PlannerInputError
-from planner.runtime.options import FaultKind, RuntimeOptimizer, RuntimeOptions
+from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
+from planner.artifacts.plan import Plan, load_plan
+from planner.artifacts.profile import Profile, load_profile
+from planner.artifacts.report import save_report
+from planner.runtime.options import FaultKind, RuntimeOptions
+
+if TYPE_CHECKING:
+    import torch
+
+    from planner.models.workload import Workload
+    from planner.runtime.runner import Runner
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", default="")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--optimizer", default="sgd", choices=[o.value for o in RuntimeOptimizer])
+    p.add_argument("--dtype", default=DType.FLOAT32.value, choices=[d.value for d in RUNTIME_DTYPES])
+    p.add_argument("--optimizer", default=OptimizerFamily.SGD.value, choices=[o.value for o in OptimizerFamily])
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=1)
@@ -71,8 +79,8 @@ def options_from_args(args: argparse.Namespace) -> RuntimeOptions:
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every,
             resume=args.resume,
-            dtype=args.dtype,
-            optimizer=RuntimeOptimizer(args.optimizer),
+            dtype=DType(args.dtype),
+            optimizer=OptimizerFamily(args.optimizer),
             lr=args.lr,
             seed=args.seed,
             warmup_steps=args.warmup_steps,
@@ -84,15 +92,28 @@ def options_from_args(args: argparse.Namespace) -> RuntimeOptions:
         raise PlannerInputError(str(exc)) from None
 
 
+def make_runner(
+    plan: Plan, workload: Workload, options: RuntimeOptions, rank: int, device: torch.device,
+    profile: Profile | None = None,
+) -> Runner:
+    """The rank's executor: ``torch.distributed.pipelining`` (``engine``), or our own for a plan
+    replicated per stage (``replicated``: torch's stages cannot route micro-batches to copies)."""
+    from planner.runtime.engine import RankRunner
+    from planner.runtime.replicated import ReplicatedRunner
+
+    if plan.layout.replicated_per_stage:
+        return ReplicatedRunner(plan, workload, options, rank, device, profile)
+    return RankRunner(plan, workload, options, rank, device, profile)
+
+
 def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     import torch
     import torch.distributed as dist
 
     from planner.runtime.check import check_plan
     from planner.runtime.collect import build_report, gather_measures
-    from planner.runtime.engine import RankRunner
     from planner.runtime.model import cast_workload, load_workload, workload_fingerprint
-    from planner.runtime.replicated import ReplicatedRunner
+    from planner.runtime.runner import run_steps
 
     plan = load_plan(options.plan_path)
     workload = load_workload(options.model_spec, options.seed, options.dtype)
@@ -112,9 +133,7 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     if use_cuda:
         for layer in workload.layers:
             layer.to(device)
-    runner_cls = ReplicatedRunner if plan.layout.replicated_per_stage else RankRunner  # our executor: torch's cannot route
-    runner = runner_cls(plan, workload, options, rank, device, profile)
-    measure = runner.run()
+    measure = run_steps(make_runner(plan, workload, options, rank, device, profile))
     rows = gather_measures(measure, world_size, device)
     if rank == 0 and options.report_path:
         report = build_report(
@@ -156,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _step_failure() -> type:
-    from planner.runtime.engine import StepFailure
+    from planner.runtime.runner import StepFailure
 
     return StepFailure
 

@@ -13,18 +13,20 @@ what the cost model assumes for a recomputed layer (its inputs).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from planner.runtime.tensor import local
 
+
 class _Held:
     """A saved tensor's handle; releasing it (node freed) gives its bytes back."""
 
-    __slots__ = ("tensor", "num_bytes", "meter")
+    __slots__ = ("meter", "num_bytes", "tensor")
 
-    def __init__(self, tensor: torch.Tensor | None, num_bytes: int, meter: "SavedBytesMeter") -> None:
+    def __init__(self, tensor: torch.Tensor, num_bytes: int, meter: SavedBytesMeter) -> None:
         self.tensor = tensor
         self.num_bytes = num_bytes
         self.meter = meter

@@ -13,32 +13,34 @@ from typing import Any
 
 import torch
 
+from planner.artifacts.kinds import DType
 from planner.models import load_workload as zoo_load_workload
 from planner.models import workload_fingerprint
 from planner.models.workload import Workload
 
-__all__ = ["DTYPES", "cast_batch", "cast_workload", "load_workload", "workload_fingerprint"]
+__all__ = ["TORCH_DTYPES", "cast_batch", "cast_workload", "load_workload", "workload_fingerprint"]
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: the torch element type of each runtime dtype (``planner.artifacts.kinds.RUNTIME_DTYPES``)
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT64: torch.float64}
 
 
-def load_workload(spec: str, seed: int, dtype: str | None = None) -> Workload:
+def load_workload(spec: str, seed: int, dtype: DType | None = None) -> Workload:
     """The workload named by ``spec`` (zoo dtype option set to ``dtype`` when given)."""
     torch.manual_seed(seed)
-    return zoo_load_workload(spec, dtype=dtype)
+    return zoo_load_workload(spec, dtype=None if dtype is None else DType(dtype).value)
 
 
-def cast_workload(workload: Workload, dtype_name: str) -> None:
-    """Cast every layer's floating parameters and buffers to ``dtype_name`` in place."""
-    dtype = DTYPES[dtype_name]
+def cast_workload(workload: Workload, dtype: DType) -> None:
+    """Cast every layer's floating parameters and buffers to ``dtype`` in place."""
+    torch_dtype = TORCH_DTYPES[DType(dtype)]
     for layer in workload.layers:
-        layer.to(dtype)
+        layer.to(torch_dtype)
 
 
-def cast_batch(value: Any, dtype_name: str) -> Any:
-    """Floating tensors of a batch (or tuple of them) cast to ``dtype_name``; others untouched."""
+def cast_batch(value: Any, dtype: DType) -> Any:
+    """Floating tensors of a batch (or tuple of them) cast to ``dtype``; others untouched."""
     if isinstance(value, torch.Tensor):
-        return value.to(DTYPES[dtype_name]) if value.is_floating_point() else value
+        return value.to(TORCH_DTYPES[DType(dtype)]) if value.is_floating_point() else value
     if isinstance(value, tuple):
-        return tuple(cast_batch(v, dtype_name) for v in value)
+        return tuple(cast_batch(v, dtype) for v in value)
     return value

@@ -1,4 +1,9 @@
-"""Runtime options: what ``python -m planner.runtime`` is asked to do, as one frozen value."""
+"""Runtime options: what ``python -m planner.runtime`` is asked to do, as one frozen value.
+
+The run's element type is a :class:`~planner.artifacts.kinds.DType` of
+:data:`~planner.artifacts.kinds.RUNTIME_DTYPES` and its optimizer an
+:class:`~planner.artifacts.kinds.OptimizerFamily` (what a plan's ``OptimizerKind.family`` names).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-
-class RuntimeOptimizer(enum.Enum):
-    SGD = "sgd"
-    ADAMW = "adamw"
+from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 
 
 class FaultKind(enum.Enum):
@@ -33,8 +35,8 @@ class RuntimeOptions:
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     resume: bool = False
-    dtype: str = "float32"
-    optimizer: RuntimeOptimizer = RuntimeOptimizer.SGD
+    dtype: DType = field(default=DType.FLOAT32, metadata={"doc": "one of RUNTIME_DTYPES (its value is accepted too)"})
+    optimizer: OptimizerFamily = field(default=OptimizerFamily.SGD, metadata={"doc": "SGD or AdamW (its value is accepted too)"})
     lr: float = 0.01
     seed: int = 0
     warmup_steps: int = field(default=1, metadata={"doc": "steps left out of the timing summary"})
@@ -43,6 +45,8 @@ class RuntimeOptions:
     fault_step: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DType(self.dtype))
+        object.__setattr__(self, "optimizer", OptimizerFamily(self.optimizer))
         if self.num_steps < 1:
             raise ValueError(f"--steps must be >= 1 (got {self.num_steps})")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
@@ -53,8 +57,9 @@ class RuntimeOptions:
             raise ValueError("--checkpoint-every needs --checkpoint-dir")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"--dtype must be float32 or float64 (got {self.dtype!r})")
+        if self.dtype not in RUNTIME_DTYPES:
+            names = " or ".join(d.value for d in RUNTIME_DTYPES)
+            raise ValueError(f"--dtype must be {names} (got {self.dtype.value!r})")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"--lr must be > 0 (got {self.lr})")
         if self.warmup_steps < 0:

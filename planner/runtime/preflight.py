@@ -9,12 +9,13 @@ Settings (:func:`run_settings`), decided per case:
   time the plan predicts (activations, parameters, compute) scales with the element size, so
   the run's measured-against-predicted figures would be off by 2x without saying so. A plan
   priced for a dtype the runtime does not train in (``bfloat16``; the runtime runs float32 or
-  float64) runs in float32 with a *warning*. Plans of unknown dtype (version 2 files, ``""``)
-  run in float32, or in the ``--dtype`` asked for.
+  float64, ``RUNTIME_DTYPES``) runs in float32 with a *warning*. Plans of unknown dtype
+  (version 2 files, ``""``: ``Plan.dtype`` None) run in float32, or in the ``--dtype`` asked for.
 - **optimizer**: the plan records the optimizer its memory was priced for (``Plan.optimizer``:
   ``sgd-fp32``, ``adam-fp32``, ``adam-mixed``, ``adam-mixed-fp32-grad``). By default the run
-  takes the same family: ``sgd`` for ``sgd-fp32``, ``adamw`` for the Adam kinds (the runtime
-  keeps its optimizer state in the run's dtype; mixed precision is not run). An explicit
+  takes the same family (``OptimizerKind.family``): ``sgd`` for ``sgd-fp32``, ``adamw`` for the
+  Adam kinds (the runtime keeps its optimizer state in the run's dtype; mixed precision is not
+  run). An explicit
   ``--optimizer`` of the other family runs with a *warning*: the run report prices model
   state for the runtime's own optimizer, so no measured figure is compared with a wrong
   prediction, but the run does not train the way the plan was priced. Unknown: ``sgd``.
@@ -33,83 +34,90 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.artifacts.plan import Plan
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
+from planner.artifacts.plan import Plan
 
-RUNTIME_DTYPES = ("float32", "float64")
-RUNTIME_OPTIMIZERS = ("sgd", "adamw")
+__all__ = ["RUNTIME_DTYPES", "RUNTIME_OPTIMIZERS", "RunSettings", "check_launch", "check_world_size", "run_settings"]
 
-
-def optimizer_for(plan_optimizer: str) -> str:
-    """The runtime optimizer of the plan's optimizer kind's family ("" when unknown)."""
-    if plan_optimizer.startswith("sgd"):
-        return "sgd"
-    if plan_optimizer.startswith("adam"):
-        return "adamw"
-    return ""
+#: the optimizers the runtime runs (``--optimizer``)
+RUNTIME_OPTIMIZERS = tuple(OptimizerFamily)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
     """The dtype and optimizer a run uses, and the warnings to print before it starts."""
 
-    dtype: str
-    optimizer: str
+    dtype: DType
+    optimizer: OptimizerFamily
     warnings: tuple[str, ...] = ()
 
 
-def run_settings(plan: Plan, dtype: str | None, optimizer: str | None, source: str = "plan") -> RunSettings:
+def run_settings(
+    plan: Plan, dtype: DType | None, optimizer: OptimizerFamily | None, source: str = "plan"
+) -> RunSettings:
     """Resolve ``--dtype`` and ``--optimizer`` (None = not given) against the plan (see the module
     docstring); raises :class:`PlannerInputError` on a refused mismatch."""
-    warnings = []
+    dtype, warning = _run_dtype(plan, dtype, source)
+    optimizer, optimizer_warning = _run_optimizer(plan, optimizer, source)
+    return RunSettings(dtype=dtype, optimizer=optimizer, warnings=tuple(w for w in (warning, optimizer_warning) if w))
+
+
+def _run_dtype(plan: Plan, dtype: DType | None, source: str) -> tuple[DType, str]:
+    """The run's dtype and a warning ("" for none): the plan's, refused if another is asked."""
     if dtype is not None and dtype not in RUNTIME_DTYPES:
-        raise PlannerInputError(f"--dtype must be one of {', '.join(RUNTIME_DTYPES)} (got {dtype!r})")
+        names = ", ".join(d.value for d in RUNTIME_DTYPES)
+        raise PlannerInputError(f"--dtype must be one of {names} (got {dtype.value!r})")
     if plan.dtype in RUNTIME_DTYPES:
-        if dtype is not None and dtype != plan.dtype:
+        if dtype is not None and dtype is not plan.dtype:
             raise PlannerInputError(
-                f"{source}: --dtype {dtype} but the plan was priced for {plan.dtype} (its profile's dtype): "
+                f"{source}: --dtype {dtype.value} but the plan was priced for {plan.dtype.value} (its profile's dtype): "
                 f"its byte and time predictions would be off by {_ratio(dtype, plan.dtype)}; run with --dtype "
-                f"{plan.dtype}, or plan from a profile measured with --dtype {dtype}"
+                f"{plan.dtype.value}, or plan from a profile measured with --dtype {dtype.value}"
             )
-        dtype = plan.dtype
-    elif plan.dtype:
-        dtype = dtype or "float32"
-        warnings.append(
-            f"warning: {source}: the plan was priced for {plan.dtype}, which the runtime does not train in; "
-            f"running in {dtype} (measured bytes and times will not match the plan's)"
-        )
-    else:
-        dtype = dtype or "float32"
-    if optimizer is not None and optimizer not in RUNTIME_OPTIMIZERS:
-        raise PlannerInputError(f"--optimizer must be one of {', '.join(RUNTIME_OPTIMIZERS)} (got {optimizer!r})")
-    family = optimizer_for(plan.optimizer)
+        return plan.dtype, ""
+    run = dtype or DType.FLOAT32
+    if plan.dtype is None:  # unknown (a version-2 plan file)
+        return run, ""
+    return run, (
+        f"warning: {source}: the plan was priced for {plan.dtype.value}, which the runtime does not train in; "
+        f"running in {run.value} (measured bytes and times will not match the plan's)"
+    )
+
+
+def _run_optimizer(plan: Plan, optimizer: OptimizerFamily | None, source: str) -> tuple[OptimizerFamily, str]:
+    """The run's optimizer and a warning ("" for none): the family of the plan's optimizer kind
+    (``OptimizerKind.family``), SGD when unknown; the other family is warned about."""
+    family = plan.optimizer.family if plan.optimizer is not None else None
     if optimizer is None:
-        optimizer = family or "sgd"
-    elif family and optimizer != family:
-        warnings.append(
-            f"warning: {source}: the plan's memory was priced for {plan.optimizer} but --optimizer {optimizer} runs; "
-            f"the report predicts {optimizer}'s model state, not the plan's (use --optimizer {family} to match)"
-        )
-    return RunSettings(dtype=dtype, optimizer=optimizer, warnings=tuple(warnings))
+        return family or OptimizerFamily.SGD, ""
+    if family is None or optimizer is family:
+        return optimizer, ""
+    assert plan.optimizer is not None
+    return optimizer, (
+        f"warning: {source}: the plan's memory was priced for {plan.optimizer.value} but --optimizer {optimizer.value} "
+        f"runs; the report predicts {optimizer.value}'s model state, not the plan's (use --optimizer {family.value} to match)"
+    )
 
 
-def _ratio(a: str, b: str) -> str:
-    sizes = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-    r = sizes.get(a, 4) / sizes.get(b, 4)
+def _ratio(a: DType, b: DType) -> str:
+    r = a.itemsize / b.itemsize
     return f"{r:g}x" if r >= 1 else f"1/{1 / r:g}"
 
 
 def check_world_size(plan: Plan, nproc: int, source: str = "plan") -> None:
     """The process count against the plan's devices (no torch)."""
     if nproc != plan.num_devices:
+        lay = plan.layout
+        replicas = [lay.replicas_of(s) for s in range(lay.num_stages)]
         raise PlannerInputError(
-            f"{source}: plan needs {plan.num_devices} processes ({plan.layout.num_stages} stages, dp_degree "
-            f"{plan.layout.dp_degree}, replicas {list(plan.layout.stage_replicas)}) but --nproc is {nproc}"
+            f"{source}: plan needs {plan.num_devices} processes ({lay.num_stages} stages, dp_degree "
+            f"{lay.dp_degree}, replicas {replicas}) but --nproc is {nproc}"
         )
 
 
 def check_launch(
-    plan: Plan, model_spec: str, nproc: int, *, seed: int, dtype: str, profile_path: str = "", source: str = "plan"
+    plan: Plan, model_spec: str, nproc: int, *, seed: int, dtype: DType, profile_path: str = "", source: str = "plan"
 ) -> None:
     """Every check a rank would make before compute, in this process (see the module docstring)."""
     check_world_size(plan, nproc, source)

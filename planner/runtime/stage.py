@@ -15,7 +15,8 @@ between steps, and the Python hooks would otherwise cost host time in every time
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

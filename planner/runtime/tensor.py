@@ -1,10 +1,9 @@
-"""Tensor parallelism in the runtime: the 3-D device mesh and each stage's split layers.
+"""Tensor parallelism in the runtime: each stage's split layers over the mesh's "tp" dimension.
 
-A plan with ``tp_degree`` = t > 1 runs every stage replica on t consecutive ranks (the
-Plan's layout: rank = (pipeline rank x D + replica) x t + tp index). The runtime builds
-the device mesh of shape (P, D, t), ``mesh_dim_names=("pp", "dp", "tp")``, over
-``arange(world)`` in row-major order, which is exactly that layout (as
-``init_device_mesh`` would, but from groups made with the run's timeout), and uses
+A plan with ``tp_degree`` = t > 1 runs every stage replica on t ranks of one node, placed by
+the plan's :class:`~planner.artifacts.layout.Layout`. The runtime builds the layout's device
+mesh of shape ``Layout.mesh_shape`` = (P, D, t), ``mesh_dim_names=Layout.MESH_DIMS`` =
+("pp", "dp", "tp"), over ``Layout.rank_of`` (``planner.runtime.topology.build_mesh``), and uses
 
 - ``mesh["pp"]``'s group for the pipeline's point-to-point messages (the ``PipelineStage``
   group: the stages of one replica at one tp index);
@@ -32,27 +31,31 @@ shards (:func:`local`). Parameters tied across pipeline ranks (embedding and hea
 and are summed per tp index.
 
 Refused before any compute (:func:`tensor_parallel_refusal`): a model that declares no split;
-t not dividing the heads (or, with sequence parallelism, the tokens per sample); per-stage
-replication with t > 1 (not combined: the replicated executor routes whole stages). Checkpoints
-are written per tp index as local tensors (``planner.runtime.checkpoint``). ZeRO 1 and 2 run: ``planner.runtime.zero`` flattens each rank's local
-shards, so a rank's optimizer keeps 1/D of its 1/t of the split parameters.
+t not dividing the heads (or, with sequence parallelism, the tokens per sample). Per-stage
+replication with t > 1 is not a Layout (its own check: the replicated executor routes whole
+stages), so no plan asks for it. Checkpoints are written per tp index as local tensors
+(``planner.runtime.checkpoint``). ZeRO 1 and 2 run: ``planner.runtime.zero`` flattens each
+rank's local shards, so a rank's optimizer keeps 1/D of its 1/t of the split parameters.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
+from torch.distributed.tensor.parallel import (
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    parallelize_module,
+)
 
 from planner.artifacts.plan import Plan
 from planner.models.workload import Workload
 
-__all__ = ["build_mesh", "full", "local", "parallelize_layers", "split_layer_indices", "tensor_parallel_refusal"]
+__all__ = ["full", "local", "parallelize_layers", "split_layer_indices", "tensor_parallel_refusal"]
 
 
 def local(tensor: Any) -> Any:
@@ -78,8 +81,6 @@ def tensor_parallel_refusal(plan: Plan, workload: Workload) -> str:
         return why
     if not split_layer_indices(workload, plan.layout.sequence_parallel):
         return f"tp_degree {t}: no layer of model {workload.name!r} splits"
-    if plan.layout.replicated_per_stage:
-        return f"tp_degree {t} with per-stage replication (replicas {list(plan.layout.stage_replicas)}) is not supported"
     return ""
 
 
@@ -89,26 +90,6 @@ def split_layer_indices(workload: Workload, sequence_parallel: bool) -> tuple[in
     if spec is None:
         return ()
     return tuple(i for i, layer in enumerate(workload.layers) if spec.styles(layer, sequence_parallel))
-
-
-def build_mesh(plan: Plan, device: torch.device, timeout_s: float) -> DeviceMesh:
-    """The ("pp", "dp", "tp") mesh of shape (P, D, t) over all ranks in row-major order
-    (collective). Its groups are made here with the run's timeout (``init_device_mesh`` would
-    give them c10d's default of 30 minutes), every rank creating every group in the same order."""
-    pipeline_size = plan.layout.num_stages // plan.layout.virtual_stages_per_rank
-    layout = torch.arange(pipeline_size * plan.layout.dp_degree * plan.layout.tp_degree).reshape(
-        pipeline_size, plan.layout.dp_degree, plan.layout.tp_degree
-    )
-    rank = dist.get_rank()
-    mine = []
-    for dim in range(3):  # the groups along each dimension: every line of the layout along it
-        lines = layout.movedim(dim, -1).reshape(-1, layout.size(dim))
-        group = None
-        for line in lines.tolist():
-            made = dist.new_group(line, timeout=timedelta(seconds=timeout_s))
-            group = made if rank in line else group
-        mine.append(group)
-    return DeviceMesh.from_group(mine, device.type, mesh=layout, mesh_dim_names=("pp", "dp", "tp"))
 
 
 def parallelize_layers(workload: Workload, indices: Iterable[int], tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:

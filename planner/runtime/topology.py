@@ -1,134 +1,160 @@
-"""Rank placement and process groups.
+"""Where a rank sits in the plan's Layout, and its process groups.
 
-Placement (the Plan's convention): rank = p x dp_degree + replica, where pipeline rank p of
-P runs stages p, p + P, ..., p + (v - 1) P (``v = virtual_stages_per_rank``; v = 1 but for
-interleaved 1F1B, so then p is the stage, as torch's looped placement). The pipeline of
-replica r is ranks (r, D + r, 2D + r, ...); the data-parallel group of pipeline rank p is
-ranks (pD, ..., pD + D - 1). A tied parameter group spans every rank of every pipeline rank
-that holds one of its layers (all replicas), see ``planner.runtime.grads``.
+Every coordinate comes from ``plan.layout`` (:class:`planner.artifacts.layout.Layout`, the one
+owner of the rank formula): :meth:`Layout.coordinates` gives a rank's (pipeline rank, replica,
+tp index) -- (stage, copy, 0) in a layout replicated per stage --, :meth:`Layout.stage_indices`
+the stages (chunks) it runs, p, p + P, ... (interleaved 1F1B; one otherwise), and
+:meth:`Layout.rank_of` / :meth:`Layout.dp_group` its peers. The groups are lines of the
+("pp", "dp", "tp") mesh of shape :attr:`Layout.mesh_shape` (:data:`MESH_DIMS`):
 
-With tensor parallelism (``tp_degree`` = t > 1) each of those positions is t consecutive
-ranks: rank = (p x D + replica) x t + tp index. The pipeline, data-parallel and tied groups
-above exist once per tp index, and the groups come from the ("pp", "dp", "tp") device mesh
-(``planner.runtime.tensor.build_mesh``), whose "tp" dimension is the tensor-parallel group.
+- pipeline: one rank per pipeline rank, of one replica at one tp index (the ``PipelineStage``
+  group). None when replicated per stage: that executor sends on the default group, each
+  micro-batch to the copy that runs it (``planner.runtime.exchange``);
+- data parallel: the ranks holding the same shard of a stage (:meth:`Layout.dp_group`: its D
+  replicas, or its copies when replicated per stage), when there are two or more;
+- tied: per tied parameter group held by >= 2 pipeline ranks, the data-parallel groups of
+  those pipeline ranks at this rank's tp index (tied parameters stay whole, identical over tp
+  indices; see ``planner.runtime.grads``);
+- tensor (t > 1): the ("pp", "dp", "tp") ``DeviceMesh`` (:func:`build_mesh`), whose "pp" and
+  "dp" groups are the two above and whose "tp" dimension is the tensor-parallel group.
 
 ``torch.distributed.new_group`` is collective over the default group, so every rank creates
-every group in the same order and keeps the ones it belongs to.
+every group in the same order and keeps the ones it belongs to. The groups are made with the
+run's timeout (``init_device_mesh`` would give them c10d's default of 30 minutes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from planner.artifacts.layout import MESH_DIMS, Layout
+
+__all__ = ["Groups", "RankPosition", "build_groups", "build_mesh", "mesh_ranks"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
-    num_stages: int
-    dp_degree: int
+class RankPosition:
+    """One rank's coordinates in a layout (:meth:`Layout.coordinates`) and the stages it runs."""
+
     rank: int
-    virtual_stages_per_rank: int = 1
-    tp_degree: int = 1
+    pipeline_rank: int = 0
+    replica: int = 0  # the replicated pipeline, or the copy of its stage when replicated per stage
+    tp_index: int = 0
+    stage_indices: tuple[int, ...] = ()
+    data_replica: int = 0  # whose share of the global batch it trains on (0 when replicated per stage)
 
-    @property
-    def pipeline_size(self) -> int:
-        """P: pipeline ranks per replica."""
-        return self.num_stages // self.virtual_stages_per_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.pipeline_size * self.dp_degree * self.tp_degree
-
-    @property
-    def pipeline_rank(self) -> int:
-        return self.rank // (self.dp_degree * self.tp_degree)
-
-    @property
-    def stage_indices(self) -> tuple[int, ...]:
-        """The stages this rank runs, in order: p, p + P, ..."""
-        return tuple(range(self.pipeline_rank, self.num_stages, self.pipeline_size))
-
-    @property
-    def replica(self) -> int:
-        return (self.rank // self.tp_degree) % self.dp_degree
-
-    @property
-    def tp_index(self) -> int:
-        return self.rank % self.tp_degree
-
-    def rank_of(self, pipeline_rank: int, replica: int, tp_index: int = 0) -> int:
-        return (pipeline_rank * self.dp_degree + replica) * self.tp_degree + tp_index
-
-    def pipeline_rank_of(self, stage_idx: int) -> int:
-        return stage_idx % self.pipeline_size
-
-    def pipeline_ranks(self, replica: int, tp_index: int = 0) -> tuple[int, ...]:
-        return tuple(self.rank_of(p, replica, tp_index) for p in range(self.pipeline_size))
-
-    def stage_ranks(self, stage_idx: int, tp_index: int = 0) -> tuple[int, ...]:
-        p = self.pipeline_rank_of(stage_idx)
-        return tuple(self.rank_of(p, r, tp_index) for r in range(self.dp_degree))
+    @classmethod
+    def of(cls, layout: Layout, rank: int) -> RankPosition:
+        pipeline_rank, replica, tp_index = layout.coordinates(rank)
+        return cls(
+            rank=rank,
+            pipeline_rank=pipeline_rank,
+            replica=replica,
+            tp_index=tp_index,
+            stage_indices=layout.stage_indices(pipeline_rank),
+            # a stage's copies share one pipeline's batch, micro-batch by micro-batch
+            data_replica=0 if layout.replicated_per_stage else replica,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Groups:
-    pipeline: dist.ProcessGroup
+    pipeline: dist.ProcessGroup | None  # None when replicated per stage (point-to-point on the default group)
     data_parallel: dist.ProcessGroup | None
     tied: tuple[dist.ProcessGroup | None, ...]
-    tensor: Any = None  # the 1-D "tp" DeviceMesh when tp_degree > 1
+    tensor: DeviceMesh | None = None  # the 1-D "tp" mesh when tp_degree > 1
+
+
+def mesh_ranks(layout: Layout) -> torch.Tensor:
+    """The ranks of a uniform layout as a tensor of shape ``layout.mesh_shape``: entry
+    (p, r, k) is ``layout.rank_of`` of pipeline rank p (its first stage), replica r, tp index k."""
+    pipeline_size, dp_degree, tp_degree = layout.mesh_shape
+    return torch.tensor(
+        [
+            [
+                [layout.rank_of(stage_idx=layout.stage_indices(p)[0], replica=r, tp_index=k) for k in range(tp_degree)]
+                for r in range(dp_degree)
+            ]
+            for p in range(pipeline_size)
+        ],
+        dtype=torch.int64,
+    )
 
 
 def _new_group(ranks: tuple[int, ...], timeout_s: float) -> dist.ProcessGroup | None:
     return dist.new_group(list(ranks), timeout=timedelta(seconds=timeout_s))
 
 
-def build_groups(
-    place: Placement, tied_rank_sets: tuple[tuple[int, ...], ...], timeout_s: float, mesh: Any = None
-) -> Groups:
-    """Create all groups (collectively) and return this rank's; ``tied_rank_sets`` lists,
-    per tied parameter group, the pipeline ranks that hold it (only those with >= 2 need a group).
-    With tensor parallelism ``mesh`` is the ("pp", "dp", "tp") device mesh, whose groups are used."""
-    if mesh is not None:
-        return Groups(
-            pipeline=mesh.get_group("pp"),
-            data_parallel=mesh.get_group("dp") if place.dp_degree > 1 else None,
-            tied=_tied_groups(place, tied_rank_sets, timeout_s),
-            tensor=mesh["tp"],
-        )
-    pipeline = None
-    for replica in range(place.dp_degree):
-        ranks = place.pipeline_ranks(replica)
+def _own_group(rank_sets: list[tuple[int, ...]], rank: int, timeout_s: float) -> dist.ProcessGroup | None:
+    """Create a group for every rank set (collectively, in order); return the one holding ``rank``."""
+    mine = None
+    for ranks in rank_sets:
         group = _new_group(ranks, timeout_s)
-        if place.rank in ranks:
-            pipeline = group
-    data_parallel = None
-    if place.dp_degree > 1:
-        for p in range(place.pipeline_size):
-            ranks = place.stage_ranks(p)
-            group = _new_group(ranks, timeout_s)
-            if place.rank in ranks:
-                data_parallel = group
-    assert pipeline is not None
-    return Groups(pipeline=pipeline, data_parallel=data_parallel, tied=_tied_groups(place, tied_rank_sets, timeout_s))
+        mine = group if rank in ranks else mine
+    return mine
+
+
+def _lines(mesh: torch.Tensor, dim: int) -> list[tuple[int, ...]]:
+    """Every line of ``mesh`` along dimension ``dim`` (the groups of that mesh dimension)."""
+    return [tuple(line) for line in mesh.movedim(dim, -1).reshape(-1, mesh.size(dim)).tolist()]
+
+
+def build_mesh(layout: Layout, rank: int, device: torch.device, timeout_s: float) -> DeviceMesh:
+    """The ("pp", "dp", "tp") device mesh of a uniform layout (collective): the groups along
+    each dimension, then ``DeviceMesh.from_group`` over :func:`mesh_ranks`."""
+    mesh = mesh_ranks(layout)
+    mine = []
+    for dim, name in enumerate(MESH_DIMS):
+        group = _own_group(_lines(mesh, dim), rank, timeout_s)
+        if group is None:
+            raise ValueError(f"rank {rank} is on no {name!r} line of the mesh {mesh.tolist()}")
+        mine.append(group)
+    return DeviceMesh.from_group(mine, device.type, mesh=mesh, mesh_dim_names=MESH_DIMS)
+
+
+def build_groups(
+    layout: Layout,
+    rank: int,
+    tied_holders: tuple[tuple[int, ...], ...],
+    timeout_s: float,
+    device: torch.device,
+) -> Groups:
+    """Create all groups (collectively) and return this rank's; ``tied_holders`` lists, per
+    tied parameter group, the pipeline ranks that hold it (only those with >= 2 need a group)."""
+    if layout.replicated_per_stage:
+        copies = [layout.dp_group(s) for s in range(layout.num_stages)]
+        data_parallel = _own_group([c for c in copies if len(c) >= 2], rank, timeout_s)
+        return Groups(pipeline=None, data_parallel=data_parallel, tied=_tied_groups(layout, rank, tied_holders, timeout_s))
+    if layout.tp_degree > 1:
+        device_mesh = build_mesh(layout, rank, device, timeout_s)
+        return Groups(
+            pipeline=device_mesh.get_group("pp"),
+            data_parallel=device_mesh.get_group("dp") if layout.dp_degree > 1 else None,
+            tied=_tied_groups(layout, rank, tied_holders, timeout_s),
+            tensor=device_mesh["tp"],
+        )
+    mesh = mesh_ranks(layout)
+    pipeline = _own_group(_lines(mesh, 0), rank, timeout_s)
+    data_parallel = _own_group(_lines(mesh, 1), rank, timeout_s) if layout.dp_degree > 1 else None
+    return Groups(pipeline=pipeline, data_parallel=data_parallel, tied=_tied_groups(layout, rank, tied_holders, timeout_s))
 
 
 def _tied_groups(
-    place: Placement, tied_rank_sets: tuple[tuple[int, ...], ...], timeout_s: float
+    layout: Layout, rank: int, tied_holders: tuple[tuple[int, ...], ...], timeout_s: float
 ) -> tuple[dist.ProcessGroup | None, ...]:
-    """Per tied parameter group held by >= 2 pipeline ranks: every replica of those pipeline
-    ranks at this rank's tp index (tied parameters stay whole, identical over tp indices)."""
+    """Per tied parameter group held by >= 2 pipeline ranks: the data-parallel groups of those
+    pipeline ranks (of the first stage each runs) at each tp index; this rank's or None."""
     tied: list[dist.ProcessGroup | None] = []
-    for holders in tied_rank_sets:
+    for holders in tied_holders:
         if len(holders) < 2:
             tied.append(None)
             continue
-        mine = None
-        for k in range(place.tp_degree):
-            ranks = tuple(r for p in holders for r in place.stage_ranks(p, k))
-            group = _new_group(ranks, timeout_s)
-            mine = group if place.rank in ranks else mine
-        tied.append(mine)
+        firsts = [layout.stage_indices(p)[0] for p in holders]
+        rank_sets = [tuple(r for s in firsts for r in layout.dp_group(s, tp_index=k)) for k in range(layout.tp_degree)]
+        tied.append(_own_group(rank_sets, rank, timeout_s))
     return tuple(tied)

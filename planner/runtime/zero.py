@@ -63,14 +63,15 @@ into the local shards.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from planner.runtime.options import RuntimeOptimizer
+from planner.artifacts.kinds import OptimizerFamily
 from planner.runtime.tensor import local
 
 __all__ = ["FlatLayout", "ShardedState", "flatten", "optimizer_state_bytes", "state_bytes_per_param", "unflatten_into"]
@@ -151,11 +152,11 @@ def _grad_view(param: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def state_bytes_per_param(optimizer: RuntimeOptimizer, element_size: int) -> int:
+def state_bytes_per_param(optimizer: OptimizerFamily, element_size: int) -> int:
     """Optimizer state per parameter element in the runtime: AdamW keeps exp_avg and
     exp_avg_sq (2 x the weights' element size; plus one scalar ``step`` per parameter tensor,
     not counted here); SGD as the engine builds it (momentum 0) keeps none."""
-    return 2 * element_size if optimizer is RuntimeOptimizer.ADAMW else 0
+    return 2 * element_size if optimizer is OptimizerFamily.ADAMW else 0
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:
