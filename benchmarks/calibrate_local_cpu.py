@@ -21,14 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from emulated_setup import CLUSTER, emulated_plan, emulated_profile  # noqa: E402
-from fidelity import CONFIGS, Config, run_one  # noqa: E402
+from emulated_setup import CLUSTER, emulated_plan, emulated_profile
+from fidelity import CONFIGS, Config, run_one
 
-from planner.artifacts.cluster import load_cluster  # noqa: E402
-from planner.artifacts.profile import save_profile  # noqa: E402
-from planner.artifacts.report import load_report  # noqa: E402
-from planner.artifacts.request import ScheduleKind  # noqa: E402
-from planner.report.calibrate import calibrate  # noqa: E402
+from planner.artifacts.cluster import load_cluster
+from planner.artifacts.profile import save_profile
+from planner.artifacts.report import load_report
+from planner.artifacts.request import ScheduleKind
+from planner.report.calibrate import calibrate
 
 HELD_OUT = (
     Config(4, 1, 3, ScheduleKind.GPIPE, False),

@@ -47,7 +47,8 @@ def emulated_profile(microbatch_size: int = MICROBATCH_SIZE) -> Profile:
         )
         for layer, fwd in zip(measured.layers, LAYER_FWD_MS, strict=True)
     )
-    return dataclasses.replace(measured, layers=layers, source="analytic", metadata={**measured.metadata, "times": "synthetic, for --emulate"})
+    meta = {**measured.metadata, "times": "synthetic, for --emulate"}
+    return dataclasses.replace(measured, layers=layers, source="analytic", metadata=meta)
 
 
 def recompute_sets(boundaries: Sequence[int], num_layers: int, recompute: bool) -> list[tuple[int, ...]]:

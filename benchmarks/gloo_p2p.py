@@ -70,7 +70,7 @@ def main() -> None:
         for n, t in results:
             print(f"{n:>10} {t * 1e6:>11.1f} {n / t / 1e9:>7.3f}")
         big = [(n, t) for n, t in results if n >= 65536]
-        slope, intercept = np.polyfit([n for n, _ in big], [t for _, t in big], 1)
+        slope, _ = np.polyfit([n for n, _ in big], [t for _, t in big], 1)
         print(f"alpha (4-byte one-way) = {results[0][1] * 1e6:.1f} us; beta (fit) = {1 / slope / 1e9:.3f} GB/s")
     batched = [(n, one_way_batched_s(n, rank)) for n in SIZES[:3]]
     if rank == 0:

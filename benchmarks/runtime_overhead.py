@@ -27,12 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from emulated_setup import MODEL_SPEC, emulated_plan, emulated_profile  # noqa: E402
+from emulated_setup import MODEL_SPEC, emulated_plan, emulated_profile
 
-from planner.artifacts.plan import save_plan  # noqa: E402
-from planner.artifacts.profile import save_profile  # noqa: E402
-from planner.artifacts.report import load_report  # noqa: E402
-from planner.artifacts.request import ScheduleKind  # noqa: E402
+from planner.artifacts.plan import save_plan
+from planner.artifacts.profile import save_profile
+from planner.artifacts.report import load_report
+from planner.artifacts.request import ScheduleKind
 
 CONFIGS = ((2, 8, ScheduleKind.GPIPE), (2, 8, ScheduleKind.ONE_F_ONE_B), (4, 8, ScheduleKind.GPIPE), (4, 8, ScheduleKind.ONE_F_ONE_B))
 
@@ -64,14 +64,19 @@ def main() -> None:
             plain, ours = [], []
             emulate = ["--emulate", "--profile", str(work / "profile.json")] if args.compute == "emulate" else []
             for _ in range(args.rounds):
-                _torchrun(num_stages, ["benchmarks/plain_pipeline.py", str(work / "plan.json"), MODEL_SPEC, str(work / "profile.json"), str(args.steps), str(args.warmup), str(work / "plain.json"), args.compute])
+                _torchrun(num_stages, ["benchmarks/plain_pipeline.py", str(work / "plan.json"), MODEL_SPEC,
+                                       str(work / "profile.json"), str(args.steps), str(args.warmup),
+                                       str(work / "plain.json"), args.compute])
                 plain += json.loads((work / "plain.json").read_text())["step_ms"]
-                _torchrun(num_stages, ["-m", "planner.runtime", "--plan", str(work / "plan.json"), "--model", MODEL_SPEC, *emulate, "--steps", str(args.steps), "--warmup-steps", str(args.warmup), "--report", str(work / "ours.json")])
+                _torchrun(num_stages, ["-m", "planner.runtime", "--plan", str(work / "plan.json"), "--model", MODEL_SPEC,
+                                       *emulate, "--steps", str(args.steps), "--warmup-steps", str(args.warmup),
+                                       "--report", str(work / "ours.json")])
                 ours += [s.wall_ms for s in load_report(work / "ours.json").steps[args.warmup :]]
             p, o = statistics.median(plain), statistics.median(ours)
             ratios.append(o / p)
             print(f"P{num_stages} M{num_mb} {schedule.value:<6} {p:>9.1f} {o:>9.1f} {100 * (o / p - 1):>8.1f}%", flush=True)
-    print(f"\n{args.compute} compute: median overhead {100 * (statistics.median(ratios) - 1):.1f}% (target <= 5%), max {100 * (max(ratios) - 1):.1f}%")
+    median, worst = 100 * (statistics.median(ratios) - 1), 100 * (max(ratios) - 1)
+    print(f"\n{args.compute} compute: median overhead {median:.1f}% (target <= 5%), max {worst:.1f}%")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ loss is ``(sum, count)`` over the tokens that are not padding.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -76,7 +76,8 @@ def test_a_bad_loss_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
     workload = load_workload("tests.factories:mlp")
     per_sample = dataclasses.replace(workload, loss_fn=lambda out, target: ((out - target) ** 2).mean(dim=1))
-    with pytest.raises(PlannerInputError, match=r"loss_fn must return a scalar tensor \(the mean loss\) or \(sum, count\); it is a Tensor \[2\]"):
+    want = r"loss_fn must return a scalar tensor \(the mean loss\) or \(sum, count\); it is a Tensor \[2\]"
+    with pytest.raises(PlannerInputError, match=want):
         check_layer_contract(per_sample, *per_sample.make_batch(2, 0))
     triple = dataclasses.replace(workload, loss_fn=lambda out, target: (out.sum(), 1, 2))
     with pytest.raises(PlannerInputError, match="loss_fn returned a tuple of 3"):

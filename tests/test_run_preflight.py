@@ -73,7 +73,7 @@ def test_run_settings_follow_the_plan_and_refuse_or_warn() -> None:
     got = run_settings(_plan(), F64, ADAMW)
     assert (got.dtype, got.optimizer, got.warnings) == (F64, ADAMW, ())
     # another dtype: refused; another optimizer family: warned
-    with pytest.raises(PlannerInputError, match="--dtype float64 but the plan was priced for float32.*off by 2x"):
+    with pytest.raises(PlannerInputError, match=r"--dtype float64 but the plan was priced for float32.*off by 2x"):
         run_settings(_plan(F32, adam_mixed), F64, None)
     got = run_settings(_plan(F32, adam_mixed), None, SGD)
     assert got.optimizer is SGD and len(got.warnings) == 1 and "priced for adam-mixed but --optimizer sgd" in got.warnings[0]

@@ -159,7 +159,8 @@ def test_check_plan_accepts_replicated_and_refuses_clearly(tmp_path: Path, capsy
     assert [s.ranks for s in plan.stages] == [(0, 1), (2,)] and plan.layout.replicated_per_stage
     check_plan(plan, workload, 3)
     check_plan(replicated_plan(MLP, 2, (1, 2), GPIPE, zero=2), workload, 3)  # ZeRO shards over a stage's copies
-    with pytest.raises(PlannerInputError, match=r"plan needs 3 processes \(2 stages with replicas \[2, 1\]\) but the world size is 2") as refused:
+    want = r"plan needs 3 processes \(2 stages with replicas \[2, 1\]\) but the world size is 2"
+    with pytest.raises(PlannerInputError, match=want) as refused:
         check_plan(plan, workload, 2)
     assert "\n" not in str(refused.value)
     # plan files whose ranks or replication no Layout has: refused when loaded, one line, exit 2

@@ -65,7 +65,8 @@ def test_refusals_before_compute() -> None:
     with pytest.raises(PlannerInputError, match="tensor-parallel degree 2 does not divide the model's 3 attention heads"):
         check_plan(make_plan(names, (2,), tp_degree=2), load_workload(GPT_3_HEADS), 4)
     with pytest.raises(PlannerInputError, match="does not divide the 5 tokens per sample"):
-        check_plan(make_plan(names, (), tp_degree=2, sequence_parallel=True), load_workload("gpt:layers=3,hidden=16,heads=2,seq=5,vocab=32"), 2)
+        workload = load_workload("gpt:layers=3,hidden=16,heads=2,seq=5,vocab=32")
+        check_plan(make_plan(names, (), tp_degree=2, sequence_parallel=True), workload, 2)
     with pytest.raises(PlannerInputError, match="declares no tensor-parallel split"):
         mlp = load_workload("tests.factories:mlp")
         check_plan(make_plan(mlp.layer_names, (2,), tp_degree=2), mlp, 4)

@@ -107,7 +107,7 @@ def test_check_plan_refusals() -> None:
     workload = load_workload("tests.factories:mlp")
     plan = make_plan(workload.layer_names, (2,), dp_degree=2)
     check_plan(plan, workload, 4)
-    with pytest.raises(PlannerInputError, match="plan needs 4 processes .* world size is 2"):
+    with pytest.raises(PlannerInputError, match=r"plan needs 4 processes .* world size is 2"):
         check_plan(plan, workload, 2)
     with pytest.raises(PlannerInputError, match="covers 5 layers but model 'gpt' has"):
         check_plan(make_plan(workload.layer_names, (2,)), load_workload("gpt:layers=1,hidden=8,heads=2,seq=4,vocab=16"), 2)
@@ -134,7 +134,7 @@ def test_check_plan_interleaved() -> None:
     check_plan(plan, workload, 4)
     with pytest.raises(PlannerInputError, match=r"plan needs 4 processes \(4 stages on 2 pipeline ranks x 2 replicas\)"):
         check_plan(plan, workload, 8)
-    with pytest.raises(PlannerInputError, match="multiple of the number of rounds .* M=5") as refused:
+    with pytest.raises(PlannerInputError, match=r"multiple of the number of rounds .* M=5") as refused:
         check_plan(_interleaved(workload.layer_names, num_microbatches=5), workload, 2)
     assert "\n" not in str(refused.value)  # torch would raise at schedule construction
 

@@ -51,7 +51,7 @@ def test_flat_layout_pads_to_a_multiple_of_the_shards() -> None:
 def test_flat_layout_refusals() -> None:
     with pytest.raises(ValueError, match="num_shards must be >= 1"):
         FlatLayout(numels=(3,), num_shards=0, shard_idx=0)
-    with pytest.raises(ValueError, match="shard_idx 2 is outside 0 .. 1"):
+    with pytest.raises(ValueError, match=r"shard_idx 2 is outside 0 \.\. 1"):
         FlatLayout(numels=(3,), num_shards=2, shard_idx=2)
     with pytest.raises(ValueError, match="do not match the layout"):
         flatten([torch.zeros(2)], FlatLayout(numels=(3,), num_shards=1, shard_idx=0))
@@ -138,7 +138,8 @@ def test_sharded_state_trains_as_the_plain_optimizer(one_rank_group: dist.Proces
     assert kept is not None and kept.numel() == state.layout.padded_numel
     assert (state._flat_grad is None) == (zero == 2)
     with pytest.raises(ValueError, match="one dtype and device"):
-        ShardedState([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], one_rank_group, zero=1, grad_divisor=1)
+        mixed = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+        ShardedState(mixed, one_rank_group, zero=1, grad_divisor=1)
 
 
 def test_resume_refuses_a_checkpoint_of_another_shard_count(tmp_path: Path) -> None:

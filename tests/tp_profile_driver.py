@@ -25,10 +25,10 @@ from torch.distributed.device_mesh import init_device_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.models import load_workload  # noqa: E402
-from planner.profiling.measured.tensor_split import count_split, split_param_count  # noqa: E402
-from planner.runtime.memory import SavedBytesMeter  # noqa: E402
-from planner.runtime.tensor import local, parallelize_layers  # noqa: E402
+from planner.models import load_workload
+from planner.profiling.measured.tensor_split import count_split, split_param_count
+from planner.runtime.memory import SavedBytesMeter
+from planner.runtime.tensor import local, parallelize_layers
 
 BATCH = 2
 

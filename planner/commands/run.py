@@ -157,7 +157,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=positive_int, default=3, help="training steps (default: %(default)s)")
     p.add_argument("--nproc", type=positive_int, default=0, help="processes (default: the plan's devices)")
     p.add_argument("--report", default="", help="RunReport JSON to write (default: none, the table is printed)")
-    p.add_argument("--emulate", action="store_true", help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation (default: off)")
+    p.add_argument("--emulate", action="store_true",
+                   help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation (default: off)")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate (default: the plan's stage times)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="process-group timeout (default: %(default)s)")
     p.add_argument("--checkpoint-dir", default="", help="write checkpoints here (default: none)")
@@ -166,8 +167,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=[d.value for d in RUNTIME_DTYPES],
                    help="training dtype (default: the plan's, float32 when unknown; another is refused)")
     p.add_argument("--optimizer", default=None, choices=[o.value for o in RUNTIME_OPTIMIZERS],
-                   help="runtime optimizer (default: the plan's family, sgd for sgd-fp32, adamw for adam-*; sgd when unknown; the other warns)")
+                   help="runtime optimizer (default: the plan's family, sgd for sgd-fp32, adamw for adam-*; sgd when "
+                        "unknown; the other warns)")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="weights: torch.manual_seed(seed) before the factory; batches: step k trains on make_batch(global batch, seed + k) (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="weights: torch.manual_seed(seed) before the factory; batches: step k trains on "
+                        "make_batch(global batch, seed + k) (default: %(default)s)")
     p.add_argument("--warmup-steps", type=int, default=1, help="first steps left out of the timing summary (default: %(default)s)")
     p.set_defaults(func=run)

@@ -25,28 +25,27 @@ loaded back into the local shards (and an optimizer's state re-wrapped as DTenso
 parameter's placements), so ``weights_only=True`` still reads every file. Resuming with
 another t is refused.
 
-A runner (:class:`planner.runtime.runner.Runner`) saves and resumes all its stage chunks with
-:func:`save_runner` and :func:`resume_runner`, at its :class:`CheckpointSlot` (which replica it
-is, the optimizer shards, its tp index and degree).
+A rank saves and resumes all its stage chunks with :func:`save_chunks` and
+:func:`resume_chunks`, at its :class:`CheckpointSlot` (which replica it is, the optimizer shards,
+its tp index and degree).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from planner.artifacts.errors import PlannerInputError
+from planner.runtime.stage_helpers import Chunk
 from planner.runtime.tensor import local
-
-if TYPE_CHECKING:
-    from planner.runtime.runner import Runner
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,28 +206,26 @@ def load_checkpoint(
     return completed
 
 
-def save_runner(runner: Runner, completed_steps: int) -> None:
-    """Save every stage chunk of the runner after ``completed_steps`` (collective: see
+def save_chunks(directory: str, chunks: Sequence[Chunk], slot: CheckpointSlot, completed_steps: int) -> None:
+    """Save every stage chunk of a rank after ``completed_steps`` (collective: see
     :func:`save_checkpoint`)."""
-    slot = runner.checkpoint_slot
     save_checkpoint(
-        runner.options.checkpoint_dir,
+        directory,
         completed_steps,
-        [(c.stage_idx, c.module, c.optimizer) for c in runner.chunks],
+        [(c.stage_idx, c.module, c.optimizer) for c in chunks],
         slot.replica,
         optimizer_shards=slot.optimizer_shards,
         tp=slot.tp,
     )
 
 
-def resume_runner(runner: Runner) -> int:
-    """Load the latest checkpoint into every stage chunk of the runner (each ZeRO master shard
+def resume_chunks(directory: str, chunks: Sequence[Chunk], slot: CheckpointSlot) -> int:
+    """Load the latest checkpoint into every stage chunk of a rank (each ZeRO master shard
     taken again from the loaded parameters); return its completed steps."""
-    slot = runner.checkpoint_slot
     done = set()
-    for c in runner.chunks:
+    for c in chunks:
         done.add(load_checkpoint(
-            runner.options.checkpoint_dir, c.stage_idx, c.module, c.optimizer,
+            directory, c.stage_idx, c.module, c.optimizer,
             replica=slot.replica, optimizer_shards=slot.optimizer_shards, tp=slot.tp,
         ))
         if c.zero is not None:

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="zoo name or package.module:callable")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--report", default="", help="RunReport JSON to write (rank 0)")
-    p.add_argument("--emulate", action="store_true", help="each stage chunk takes its profiled time (sleeps); real tensors and communication")
+    p.add_argument("--emulate", action="store_true",
+                   help="each stage chunk takes its profiled time (sleeps); real tensors and communication")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate")
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--checkpoint-dir", default="")
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except PlannerError as exc:
         print(f"planner.runtime: rank {rank}: error: {exc}", file=sys.stderr, flush=True)
         os._exit(exc.exit_code)
-    except Exception as exc:  # noqa: BLE001 -- any failure must end this rank at once, loudly
+    except Exception as exc:
         if os.environ.get("PLANNER_DEBUG"):
             traceback.print_exc()
         message = f"{exc}" if isinstance(exc, _step_failure()) else f"{type(exc).__name__}: {exc}"
@@ -207,6 +208,6 @@ def _first_failure(rank: int, message: str) -> str | None:
             if store.check([_FAILED_KEY]):
                 return store.get(_FAILED_KEY).decode()
             time.sleep(0.05)
-    except Exception:  # noqa: BLE001 -- the store may be gone with the failed rank
+    except Exception:
         return None
     return None

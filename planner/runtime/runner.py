@@ -1,7 +1,7 @@
 """The contract between the step loop and a rank's executor, and the step loop itself.
 
-:class:`Runner` is what :func:`run_steps` (and ``planner.runtime.checkpoint.save_runner`` /
-``resume_runner``, and ``planner.runtime.main``) need of one rank: its options and device, the
+:class:`Runner` is what :func:`run_steps` (with ``planner.runtime.checkpoint.save_chunks`` /
+``resume_chunks``, and ``planner.runtime.main``) need of one rank: its options and device, the
 stage chunks it runs (``planner.runtime.stage_helpers.Chunk``), the gradient bytes it held
 after the last step's sync, where it checkpoints, and one training step. Both executors satisfy
 it through ``planner.runtime.trainer.RankTrainer``, which writes the step once:
@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from planner.runtime.checkpoint import CheckpointSlot, resume_runner, save_runner
+from planner.runtime.checkpoint import CheckpointSlot, resume_chunks, save_chunks
 from planner.runtime.emulate import reset_chunk_timer
 from planner.runtime.options import FaultKind, RuntimeOptions
 from planner.runtime.stage_helpers import Chunk
@@ -113,7 +113,7 @@ def run_steps(runner: Runner) -> RankMeasure:
     """The training loop of any runner (see the module docstring)."""
     options = runner.options
     chunks = list(runner.chunks)
-    start_step = resume_runner(runner) if options.resume else 0
+    start_step = resume_chunks(options.checkpoint_dir, runner.chunks, runner.checkpoint_slot) if options.resume else 0
     steps: list[StepMeasure] = []
     compute_ms: list[list[float]] = []  # per timed step, per chunk
     wall_ms: list[float] = []
@@ -137,7 +137,7 @@ def run_steps(runner: Runner) -> RankMeasure:
         peaks = [max(peak, c.module.meter.peak_bytes) for peak, c in zip(peaks, chunks)]
         done = step_idx + 1
         if options.checkpoint_every and done % options.checkpoint_every == 0:
-            save_runner(runner, done)
+            save_chunks(options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, done)
     return _rank_measure(runner, steps, compute_ms, wall_ms, peaks, overruns)
 
 
