@@ -33,6 +33,8 @@ import pytest
 
 from tests.runtime_launch import torchrun
 
+pytestmark = pytest.mark.hf
+
 MODELS = {
     "llama": "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8",
     "bert": "hf:bert:layers=3,hidden=16,heads=4,intermediate=32,vocab=32,seq=8,max_position_embeddings=8",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 import warnings
 
@@ -19,9 +18,9 @@ SMALL = {
     "vgg": "vgg:convs=4,width=8,image=16",
     "resnet": "resnet:blocks=2,width=8,image=16",
 }
-HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-if HAS_TRANSFORMERS:  # the optional GPT-2 joins the zoo-wide checks when it can be built
-    SMALL["gpt2"] = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"
+SMALL["gpt2"] = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"  # the optional GPT-2 (transformers)
+#: every zoo model, the one that needs transformers marked so
+NAMES = [pytest.param(n, marks=[pytest.mark.hf] if n == "gpt2" else []) for n in sorted(SMALL)]
 
 
 def run(workload: Workload, inputs: torch.Tensor) -> torch.Tensor:
@@ -32,10 +31,10 @@ def run(workload: Workload, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def test_small_specs_cover_the_zoo() -> None:
-    assert set(SMALL) | {"gpt2"} == set(ZOO)
+    assert set(SMALL) == set(ZOO)
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", NAMES)
 def test_zoo_model_trains_and_is_deterministic(name: str) -> None:
     a, b = load_workload(SMALL[name]), load_workload(SMALL[name])
     assert a.name == name and len(a.layers) == len(a.layer_names) >= 3
@@ -53,7 +52,7 @@ def test_zoo_model_trains_and_is_deterministic(name: str) -> None:
     assert workload_fingerprint(a) == workload_fingerprint(b)
 
 
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", NAMES)
 def test_float64_microbatches_match_whole_batch(name: str) -> None:
     """Samples are independent and the loss is a mean: M equal micro-batches = the batch."""
     w = load_workload(SMALL[name], dtype="float64")
@@ -148,8 +147,8 @@ def test_bad_specs_raise_one_line_input_error(spec: str, words: str, user_module
     assert words in message and "\n" not in message
 
 
+@pytest.mark.hf
 def test_gpt2_from_transformers_matches_the_hf_model() -> None:
-    pytest.importorskip("transformers")
     from planner.models.hf_gpt2 import GPT2Options, build_hf_model
     from planner.profiling.measured import profile_model
 

@@ -50,7 +50,9 @@ def kernel_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 @pytest.mark.slow  # a kernel per notebook; two of them launch torchrun
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, id=p.stem, marks=[pytest.mark.hf] if "hugging_face" in p.name else []) for p in NOTEBOOKS]
+)
 def test_notebook_executes(path: Path, kernel_dirs: list[str]) -> None:
     book = nbformat.read(path, as_version=4)
     km = KernelManager(kernel_name="planner-python", kernel_spec_manager=KernelSpecManager(kernel_dirs=kernel_dirs))

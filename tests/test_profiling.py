@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -224,7 +223,7 @@ def test_layer_by_layer_backward_gives_whole_model_gradients(name: str) -> None:
         torch.testing.assert_close(got, p.grad, rtol=1e-10, atol=1e-12)
 
 
-SHIPPED = ["gpt", "bert", "vgg", "resnet"] + (["gpt2"] if importlib.util.find_spec("transformers") else [])
+SHIPPED = [*("gpt", "bert", "vgg", "resnet"), pytest.param("gpt2", marks=pytest.mark.hf)]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
