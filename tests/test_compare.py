@@ -100,19 +100,18 @@ def _report(plan: planner.Plan, *, scale: float, saved_bytes: int, model_fp: str
     )
 
 
-def test_layout_label_is_the_tables_text_of_every_layout() -> None:
+def test_layout_text_is_the_tables_text_of_every_layout() -> None:
     from planner.artifacts.layout import Layout
-    from planner.report.table import layout_label
 
-    assert layout_label(Layout(num_stages=4, dp_degree=2, zero=ZeroStage.OPTIMIZER)) == "P=4 x D=2, ZeRO-1"
+    assert Layout(num_stages=4, dp_degree=2, zero=ZeroStage.OPTIMIZER).describe() == "P=4 x D=2, ZeRO-1"
     tp = Layout(num_stages=1, dp_degree=4, tp_degree=2, sequence_parallel=True, zero=ZeroStage.OPTIMIZER)
-    assert layout_label(tp) == "T=2 (seq-par) x P=1 x D=4, ZeRO-1"
-    assert layout_label(Layout(num_stages=2, tp_degree=4)) == "T=4 x P=2 x D=1, no ZeRO"
-    assert layout_label(Layout(num_stages=3, stage_replicas=(2, 1, 1))) == "P=3 replicated 2+1+1, no ZeRO"
+    assert tp.describe() == "T=2 (seq-par) x P=1 x D=4, ZeRO-1"
+    assert Layout(num_stages=2, tp_degree=4).describe() == "T=4 x P=2 x D=1, no ZeRO"
+    assert Layout(num_stages=3, stage_replicas=(2, 1, 1)).describe() == "P=3 replicated 2+1+1, no ZeRO"
     interleaved = Layout(num_stages=8, virtual_stages_per_rank=2, dp_degree=2, zero=ZeroStage.GRADIENTS)
-    assert layout_label(interleaved) == "P=8 x D=2, ZeRO-2"  # figure titles count stages
-    assert layout_label(interleaved, pipeline_ranks=True) == "8 stages on P=4 pipeline ranks (2 each) x D=2, ZeRO-2"
-    assert layout_label(tp, pipeline_ranks=True) == layout_label(tp)  # one chunk per rank: the same text
+    assert interleaved.describe() == "P=8 x D=2, ZeRO-2"  # figure titles count stages
+    assert interleaved.describe(pipeline_ranks=True) == "8 stages on P=4 pipeline ranks (2 each) x D=2, ZeRO-2"
+    assert tp.describe(pipeline_ranks=True) == tp.describe()  # one chunk per rank: the same text
 
 
 def test_reports_matched_by_signature_and_by_pairing(gpt3_plan: planner.Plan, tmp_path: Path) -> None:

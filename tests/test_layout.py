@@ -60,7 +60,7 @@ def test_replicated_stages_are_consecutive_blocks() -> None:
     assert [lay.stage_ranks(s) for s in range(3)] == [(0,), (1, 2), (3, 4, 5)]
     assert lay.sharding(2) == Sharding(ZeroStage.OPTIMIZER, 3) and lay.world_size == 6
     assert Layout(num_stages=2, stage_replicas=(1, 1)).stage_replicas == ()  # one copy each is uniform
-    assert lay.describe() == "P=3 (copies 1+2+3), ZeRO-1"
+    assert lay.describe() == "P=3 replicated 1+2+3, ZeRO-1"
 
 
 @pytest.mark.parametrize(
@@ -85,3 +85,6 @@ def test_sharding_follows_zero() -> None:
     assert Layout(num_stages=2, dp_degree=4, zero=ZeroStage.GRADIENTS).sharding(1) == Sharding(ZeroStage.GRADIENTS, 4)
     assert Layout(num_stages=1, dp_degree=4, tp_degree=2, sequence_parallel=True,
                   zero=ZeroStage.OPTIMIZER).describe() == "T=2 (seq-par) x P=1 x D=4, ZeRO-1"
+    interleaved = Layout(num_stages=8, virtual_stages_per_rank=2, tp_degree=2)
+    assert interleaved.describe() == "T=2 x P=8 x D=1, no ZeRO"
+    assert interleaved.describe(pipeline_ranks=True) == "T=2 x 8 stages on P=4 pipeline ranks (2 each) x D=1, no ZeRO"

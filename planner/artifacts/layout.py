@@ -185,12 +185,20 @@ class Layout:
         t, d = self.tp_degree, self.dp_degree
         return rank // (d * t), (rank // t) % d, rank % t
 
-    def describe(self) -> str:
-        """``T=2 (seq-par) x P=1 x D=4, ZeRO-1``; replicated per stage ``P=4 (copies 1+1+2+4)``."""
-        if self.stage_replicas:
-            head = f"P={self.num_stages} (copies {'+'.join(map(str, self.stage_replicas))})"
+    def describe(self, *, pipeline_ranks: bool = False) -> str:
+        """The layout as tables and figures name it (the one place this text is built):
+        ``P=4 x D=2, ZeRO-1``; with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``;
+        replicated per stage ``P=3 replicated 2+1+1, no ZeRO``. P counts stages; with
+        ``pipeline_ranks`` an interleaved layout names its ranks:
+        ``8 stages on P=4 pipeline ranks (2 each) x D=1, no ZeRO``."""
+        zero = "no ZeRO" if self.zero is ZeroStage.NONE else f"ZeRO-{int(self.zero)}"
+        v = self.virtual_stages_per_rank
+        if pipeline_ranks and v > 1:
+            text = f"{self.num_stages} stages on P={self.pipeline_size} pipeline ranks ({v} each) x D={self.dp_degree}"
+        elif self.stage_replicas:
+            text = f"P={self.num_stages} replicated {'+'.join(map(str, self.stage_replicas))}"
         else:
-            head = f"P={self.pipeline_size} x D={self.dp_degree}"
-            if self.tp_degree > 1:
-                head = f"T={self.tp_degree}{' (seq-par)' if self.sequence_parallel else ''} x {head}"
-        return f"{head}, {'no ZeRO' if self.zero is ZeroStage.NONE else f'ZeRO-{int(self.zero)}'}"
+            text = f"P={self.num_stages} x D={self.dp_degree}"
+        if self.tp_degree > 1:
+            text = f"T={self.tp_degree}{' (seq-par)' if self.sequence_parallel else ''} x {text}"
+        return f"{text}, {zero}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.artifacts.profile import Profile
+from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -65,8 +65,6 @@ def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profi
     profile is a chain whose edges carry the original cut sizes. Tied tensors inside one
     group are counted once.
     """
-    from planner.artifacts.profile import Edge, Layer, TiedParams, TimeFit
-
     L = profile.num_layers
     starts = sorted(set(starts) | {0})
     if starts[-1] >= L or starts[0] != 0:

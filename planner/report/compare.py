@@ -61,6 +61,8 @@ from planner.report.resolve import (
     match_report,
 )
 from planner.simulation.bounds import me_index_of
+from planner.solve import BASELINES
+from planner.solve import plan as solve
 
 __all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare", "compare_entries", "gather_plans"]
 
@@ -100,9 +102,6 @@ def add_baselines(plan: Plan, profile: ProfileLike | None = None, cluster: Clust
     """Every built-in baseline (``planner.solve.BASELINES``) but those named in ``skip``, for
     ``plan``'s request, profile and cluster: (solver name, plan or None, note). An infeasible
     baseline gets None and the reason."""
-    from planner.solve import BASELINES
-    from planner.solve import plan as solve
-
     prof = find_profile(plan, profile, plan_path)
     clus = find_cluster(plan, cluster)
     if prof.num_layers != plan.num_layers:

@@ -27,7 +27,6 @@ from matplotlib.figure import Figure
 
 from planner.artifacts.plan import Plan
 from planner.report.figures import _finish, _unit, plot_timeline
-from planner.report.table import layout_label
 from planner.simulation import simulate
 
 __all__ = ["MEMORY_COLORS", "plot_pareto", "plot_stage_memory", "plot_timelines"]
@@ -56,7 +55,7 @@ def _ms(value: float) -> str:
 
 def _describe(plan: Plan) -> str:
     rc = sum(len(s.recompute) for s in plan.stages)
-    return (f"{layout_label(plan.layout)}, {plan.schedule.value}, M={plan.num_microbatches} x "
+    return (f"{plan.layout.describe()}, {plan.schedule.value}, M={plan.num_microbatches} x "
             f"mb {plan.microbatch_size}, {rc} recomputed")
 
 
@@ -100,7 +99,7 @@ def plot_stage_memory(
         _stage_bars(ax, plan, scale)
         if cap_on_scale:
             ax.axhline(cap / scale, color="#C44E52", ls="--", lw=1)
-        ax.set_title(f"{name}\n{layout_label(plan.layout)}, {plan.schedule.value}", fontsize=8)
+        ax.set_title(f"{name}\n{plan.layout.describe()}, {plan.schedule.value}", fontsize=8)
         ax.set_xlabel("stage")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from planner.artifacts.kinds import Objective, ZeroStage
-from planner.artifacts.layout import Layout
 from planner.artifacts.plan import ParetoPoint, Plan, PlanStage, Prediction
 
 GIB = 1024**3
@@ -30,30 +29,6 @@ def zero_label(zero: ZeroStage) -> str:
     return f"ZeRO-{int(zero)}" if zero else "no ZeRO"
 
 
-def layout_label(layout: Layout, *, pipeline_ranks: bool = False) -> str:
-    """The layout as the tables and figure titles name it (the one place this text is built):
-    ``P=4 x D=2, ZeRO-1``; with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``;
-    replicated per stage ``P=3 replicated 2+1+1, no ZeRO``. P counts stages. With
-    ``pipeline_ranks``, an interleaved layout names its ranks as the plan table does:
-    ``8 stages on P=4 pipeline ranks (2 each) x D=1, no ZeRO`` (as the table has always printed
-    it: without T).
-
-    :meth:`Layout.describe` words two cases differently (P counts pipeline ranks; per-stage
-    copies read ``P=3 (copies 2+1+1)``); the tables keep this text."""
-    zero = zero_label(layout.zero)
-    v = layout.virtual_stages_per_rank
-    if pipeline_ranks and v > 1:
-        return (f"{layout.num_stages} stages on P={layout.pipeline_size} pipeline ranks ({v} each) "
-                f"x D={layout.dp_degree}, {zero}")
-    if layout.replicated_per_stage:
-        text = f"P={layout.num_stages} replicated {'+'.join(map(str, layout.stage_replicas))}"
-    else:
-        text = f"P={layout.num_stages} x D={layout.dp_degree}"
-    if layout.tp_degree > 1:
-        text = f"T={layout.tp_degree}{' (seq-par)' if layout.sequence_parallel else ''} x {text}"
-    return f"{text}, {zero}"
-
-
 def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
     right = right if right is not None else set(range(1, len(headers)))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
@@ -68,7 +43,7 @@ def format_plan(plan: Plan) -> str:
     """The plan as a table: one row per stage, then the predicted totals."""
     p = plan.predicted
     prov = plan.provenance
-    layout = f"{layout_label(plan.layout, pipeline_ranks=True)}, schedule {plan.schedule.value}, "
+    layout = f"{plan.layout.describe(pipeline_ranks=True)}, schedule {plan.schedule.value}, "
     head = (
         f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver.value!r}\n"
         + layout
