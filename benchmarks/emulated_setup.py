@@ -18,6 +18,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile, TimeFit
 from planner.artifacts.request import PlanRequest
+from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack
 from planner.cost import CostModel
 from planner.solve.build import Problem, build_plan
 
@@ -27,6 +28,13 @@ BWD_OVER_FWD = 2.0
 MICROBATCH_SIZE = 2
 CLUSTER = "local-cpu"
 BOUNDARIES = {1: (0,), 2: (0, 4), 4: (0, 2, 4, 6)}
+#: the benchmark's stacks: the bundled runtime's with 16 KiB buckets (about one block of the toy
+#: model each, so that several all-reduces overlap the last backward), and one overlapping nothing
+STACK_CHOICES = {
+    "": DEFAULT_STACK,
+    "16k": Stack(name="planner", grad_reduce_overlap=True, grad_bucket_bytes=16 * 1024),
+    "none": STACKS["none"],
+}
 
 
 def emulated_profile(microbatch_size: int = MICROBATCH_SIZE) -> Profile:
@@ -71,11 +79,11 @@ def emulated_layout(num_stages: int, dp_degree: int, zero: int = 0, replicas: Se
 
 def emulated_plan(
     profile: Profile, *, num_stages: int, dp_degree: int, num_microbatches: int, schedule: ScheduleKind, recompute: bool,
-    zero: int = 0, replicas: Sequence[int] = (),
+    zero: int = 0, replicas: Sequence[int] = (), stack: Stack = DEFAULT_STACK,
 ) -> Plan:
     """The fixed split of ``BOUNDARIES`` under :func:`emulated_layout` (``num_microbatches``
-    per replicated pipeline; global with per-stage ``replicas``), priced with the cost model and
-    re-scored by the simulator (``planner.solve.build.build_plan``)."""
+    per replicated pipeline; global with per-stage ``replicas``), priced with the cost model for
+    the training ``stack`` and re-scored by the simulator (``planner.solve.build.build_plan``)."""
     layout = emulated_layout(num_stages, dp_degree, zero, replicas)
     cluster = load_cluster(CLUSTER)
     request = PlanRequest(
@@ -84,12 +92,13 @@ def emulated_plan(
         schedules=(schedule,),
         microbatch_sizes=(MICROBATCH_SIZE,),
         optimizer=OptimizerKind.SGD_FP32,
+        stack=stack,
     )
     boundaries = BOUNDARIES[num_stages]
     problem = Problem.of(profile, cluster, request, SolverKind.GIVEN, layout.world_size)
     return build_plan(
         problem,
-        CostModel(profile, cluster, OptimizerKind.SGD_FP32),
+        CostModel(profile, cluster, OptimizerKind.SGD_FP32, stack=stack),
         layout=layout,
         boundaries=boundaries,
         recompute=recompute_sets(boundaries, profile.num_layers, recompute),

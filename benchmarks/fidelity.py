@@ -8,7 +8,13 @@ time error median <= 5%, max <= 15%; activation bytes within 1%.
 
 Configurations with ``z=1``/``z=2`` run ZeRO (with AdamW, so that there is optimizer state to
 shard); ``R2+1`` is a pipeline replicated per stage (stage 0 on two processes, micro-batches
-round-robin), run by the planner's own executor.
+round-robin), run by the planner's own executor. ``16k`` plans are priced for the bundled
+runtime's stack with 16 KiB buckets (the all-reduce in several buckets overlapping the last
+backward, as the runtime runs it), ``none`` for a stack overlapping nothing (run as one
+all-reduce after the schedule); the others for the default stack (1 MiB buckets: one per stage
+of this toy model). ``zb-h1`` runs zero bubble (issue 21); its activation bytes are predicted as
+every in-flight micro-batch whole (the planner's bound), so stages after the first measure
+less.
 
 Usage: python benchmarks/fidelity.py [--steps 5] [--warmup 2] [--out results.json] [--only N] [--select 14,18]
 """
@@ -29,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from emulated_setup import MODEL_SPEC, emulated_layout, emulated_plan, emulated_profile
+from emulated_setup import MODEL_SPEC, STACK_CHOICES, emulated_layout, emulated_plan, emulated_profile
 
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
@@ -37,7 +43,7 @@ from planner.artifacts.plan import save_plan
 from planner.artifacts.profile import save_profile
 from planner.artifacts.report import load_report
 
-G, F = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B
+G, F, Z = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1
 
 
 @dataclass(frozen=True)
@@ -49,11 +55,13 @@ class Config:
     recompute: bool
     zero: int = 0
     replicas: tuple[int, ...] = ()  # per-stage copies (dp_degree 1, M global)
+    stack: str = ""  # emulated_setup.STACK_CHOICES: "" the default, "16k" small buckets, "none"
 
     @property
     def name(self) -> str:
         layout = f"P{self.num_stages} R{'+'.join(map(str, self.replicas))}" if self.replicas else f"P{self.num_stages} D{self.dp_degree}"
-        return f"{layout} M{self.num_microbatches} {self.schedule.value:<5} rc={int(self.recompute)} z={self.zero}"
+        stack = f" {self.stack}" if self.stack else ""
+        return f"{layout} M{self.num_microbatches} {self.schedule.value:<5} rc={int(self.recompute)} z={self.zero}{stack}"
 
     @property
     def layout(self) -> Layout:
@@ -87,6 +95,20 @@ CONFIGS = (
     Config(2, 1, 8, F, False, replicas=(2, 1)),
     Config(2, 1, 8, G, False, replicas=(1, 2)),
     Config(2, 1, 8, F, False, zero=1, replicas=(2, 1)),
+    # issue 19: the all-reduce in 16 KiB buckets overlapping the last backward, and not overlapped
+    Config(1, 2, 4, F, False, stack="16k"),
+    Config(1, 2, 4, G, True, stack="16k"),
+    Config(2, 2, 4, F, False, stack="16k"),
+    Config(2, 2, 8, G, True, stack="16k"),
+    Config(1, 2, 4, F, False, stack="none"),
+    Config(2, 2, 4, F, False, stack="none"),
+    # issue 21: ZB-H1 (torch's ScheduleInterleavedZeroBubble), the backward's I and W chunks
+    # stretched to the plan's (bwd - wgrad, wgrad)
+    Config(2, 1, 8, Z, False),
+    Config(2, 1, 6, Z, True),
+    Config(4, 1, 8, Z, False),
+    Config(4, 1, 8, Z, True),
+    Config(2, 2, 8, Z, False),
 )
 
 
@@ -102,6 +124,7 @@ def run_one(cfg: Config, profile_path: Path, work: Path, steps: int, warmup: int
         recompute=cfg.recompute,
         zero=cfg.zero,
         replicas=cfg.replicas,
+        stack=STACK_CHOICES[cfg.stack],
     )
     plan_path, report_path = work / "plan.json", work / "report.json"
     save_plan(plan, plan_path)

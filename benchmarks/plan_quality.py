@@ -14,9 +14,10 @@ one-stage (pure data-parallel) plan it is 1.000 by construction, which is why th
 version of this benchmark (which reported only that ratio, as ``LB/ours``) read 1.000 on most
 cases.
 
-Profiles and settings (``default`` request otherwise: time objective, GPipe and 1F1B, recompute
-allowed, 10% memory headroom, Adam with mixed precision; ours also searches ZeRO 0/1/2 and
-per-stage replication, the baselines do not):
+Profiles and settings (``default`` request otherwise: time objective, GPipe, 1F1B and
+interleaved 1F1B, recompute allowed, 10% memory headroom, Adam with mixed precision, the
+``planner`` stack (the all-reduce overlapped with the last backward in 25 MiB buckets); ours
+also searches ZeRO 0/1/2, per-stage replication and interleaving, the baselines do not):
 
 - PipeDream's published V100 profiles (imported from ``--reference``) on the ``v100-16gb-2x8``
   preset grown to N devices (8 per server), global batch ``b0 x 8`` (``b0``: the minibatch the

@@ -153,3 +153,57 @@ def padded_lm() -> Workload:
         make_batch=make_batch,
         loss_fn=loss_fn,
     )
+
+
+# ---------------------------------------------------------------- the batch and the factory itself (issue 23)
+
+
+def swapped_batch() -> Workload:
+    """``make_batch(seed, n)``: the arguments swapped, so ``make_batch(b, 0)`` draws no samples."""
+    base = _workload("swapped-batch", Block(WIDTH))
+
+    def make_batch(seed: int, batch_size: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, WIDTH, generator=g), torch.randn(batch_size, 4, generator=g)
+
+    return Workload(name=base.name, layers=base.layers, layer_names=base.layer_names, make_batch=make_batch, loss_fn=_mse)
+
+
+def fixed_batch() -> Workload:
+    """Targets of three samples whatever the batch size asked for."""
+    base = _workload("fixed-batch", Block(WIDTH))
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, WIDTH, generator=g), torch.randn(3, generator=g)
+
+    return Workload(name=base.name, layers=base.layers, layer_names=base.layer_names, make_batch=make_batch,
+                    loss_fn=lambda out, target: out.sum() * 0 + target.sum() * 0 + out.pow(2).mean())
+
+
+class NoGrad(nn.Module):
+    """A layer with no parameters whose output needs no gradient: it saves nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach() * 2
+
+
+def saves_nothing() -> Workload:
+    """Every layer saves nothing for backward (nothing to train)."""
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, WIDTH, generator=g), torch.randn(batch_size, WIDTH, generator=g)
+
+    return Workload(name="saves-nothing", layers=(NoGrad(), NoGrad()), layer_names=("a", "b"), make_batch=make_batch,
+                    loss_fn=lambda out, target: (out - target).pow(2).mean())
+
+
+def interrupts() -> Workload:
+    """A factory that raises KeyboardInterrupt itself (not a Ctrl-C)."""
+    raise KeyboardInterrupt
+
+
+def recurses(depth: int = 0) -> Workload:
+    """A factory that recurses without end."""
+    return recurses(depth + 1)

@@ -16,6 +16,7 @@ from torch import nn
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage, StageMemory
+from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.models.workload import Workload
 from tests.plan_factory import hand_plan
 
@@ -145,14 +146,16 @@ class Head(nn.Module):
         return self.proj(x)
 
 
-def tiny_gpt() -> Workload:
-    """Embedding, three residual blocks, a head tied to the embedding."""
+def tiny_gpt(seq: int = SEQ) -> Workload:
+    """Embedding, three residual blocks, a head tied to the embedding; ``seq`` tokens per
+    sample (no parameter depends on it: ``tests.factories:tiny_gpt:seq=8`` has the same
+    fingerprint and twice the activations)."""
     embed = Embed()
     layers = (embed, Block(WIDTH), Block(WIDTH), Block(WIDTH), Head(embed.tok.weight))
 
     def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
         g = _gen(seed)
-        tokens = torch.randint(0, VOCAB, (batch_size, SEQ + 1), generator=g)
+        tokens = torch.randint(0, VOCAB, (batch_size, seq + 1), generator=g)
         return tokens[:, :-1], tokens[:, 1:]
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -168,7 +171,71 @@ def tiny_gpt() -> Workload:
     )
 
 
-FACTORIES = {"mlp": mlp, "mlp_wide": mlp_wide, "skip": skip, "tiny_gpt": tiny_gpt}
+def tiny_gpt_undeclared_tie() -> Workload:
+    """:func:`tiny_gpt` whose head shares the embedding's ``Parameter`` object without declaring
+    the tie (``tied`` empty): the runtime must find it by identity, as the profiler does."""
+    return dataclasses.replace(tiny_gpt(), name="tiny-gpt-undeclared-tie", tied=())
+
+
+class Down(nn.Module):
+    """U-Net encoder level: (pool,) 3x3 convolution, ReLU; carries the skip tensors along."""
+
+    def __init__(self, c_in: int, c_out: int, pool: bool, skip: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.pool = pool
+        self.skip = skip
+
+    def forward(self, x: Any) -> tuple[torch.Tensor, ...]:
+        h, skips = (x, ()) if isinstance(x, torch.Tensor) else (x[0], x[1:])
+        out = F.relu(self.conv(F.max_pool2d(h, 2) if self.pool else h))
+        return (out, *skips, out) if self.skip else (out, *skips)  # an encoder level's output is also its skip
+
+
+class Up(nn.Module):
+    """U-Net decoder level: upsample, concatenate the matching skip, 3x3 convolution, ReLU."""
+
+    def __init__(self, c_low: int, c_skip: int, c_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_low + c_skip, c_out, 3, padding=1)
+
+    def forward(self, x: tuple[torch.Tensor, ...]) -> Any:
+        h, *skips = x
+        up = F.interpolate(h, scale_factor=2.0, mode="nearest")
+        out = F.relu(self.conv(torch.cat([up, skips[-1]], dim=1)))
+        return (out, *skips[:-1]) if len(skips) > 1 else out
+
+
+UNET_CHANNELS, UNET_IMAGE = 8, 32
+
+
+def unet() -> Workload:
+    """A small U-Net (Ronneberger et al. 2015): two encoder levels and a bottleneck whose
+    outputs are concatenated into the decoder (skips crossing up to three layers), 32 x 32
+    images, per-pixel MSE. Its ReLU outputs are saved by the ReLU and by the next layer's
+    pooling / convolution: storages two layers share."""
+    c = UNET_CHANNELS
+    layers = (Down(1, c, False), Down(c, 2 * c, True), Down(2 * c, 4 * c, True, skip=False), Up(4 * c, 2 * c, 2 * c),
+              Up(2 * c, c, c), nn.Conv2d(c, 1, 1))
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        x = torch.randn(batch_size, 1, UNET_IMAGE, UNET_IMAGE, generator=g)
+        return x, torch.randn(batch_size, 1, UNET_IMAGE, UNET_IMAGE, generator=g)
+
+    return Workload(
+        name="unet",
+        layers=layers,
+        layer_names=("down0", "down1", "bottom", "up1", "up0", "head"),
+        make_batch=make_batch,
+        loss_fn=_mse,
+    )
+
+
+FACTORIES = {
+    "mlp": mlp, "mlp_wide": mlp_wide, "skip": skip, "tiny_gpt": tiny_gpt, "tiny_gpt_undeclared_tie": tiny_gpt_undeclared_tie,
+    "unet": unet,
+}
 
 
 def _memory() -> StageMemory:
@@ -186,18 +253,23 @@ def make_plan(
     microbatch_size: int = 2,
     schedule: ScheduleKind = ScheduleKind.GPIPE,
     recompute: bool = False,
+    selective: bool = False,
     fingerprint: str = "",
     model: str = "test",
     virtual_stages_per_rank: int = 1,
     tp_degree: int = 1,
     sequence_parallel: bool = False,
     zero: int = 0,
+    stack: Stack = DEFAULT_STACK,
 ) -> Plan:
     """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
-    every stage but the last recomputes all its layers (the last recomputes its first). The
+    every stage but the last recomputes all its layers (the last recomputes its first); with
+    ``selective`` every other layer recomputes its attention cores (selective recomputation;
+    a no-op in layers without one). The
     stages' ranks are the Layout's (``Layout.stage_ranks``): with ``virtual_stages_per_rank`` = v
     (interleaved 1F1B) stage s runs on pipeline rank s mod P, P = num_stages / v; with
-    ``tp_degree`` = t each stage replica is t ranks. ``zero``: the ZeRO stage."""
+    ``tp_degree`` = t each stage replica is t ranks. ``zero``: the ZeRO stage; ``stack``: the
+    training stack the plan is for (how the runtime buckets and overlaps the all-reduce)."""
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
     layout = Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
@@ -206,6 +278,7 @@ def make_plan(
     for s in range(num_stages):
         start, stop = cuts[s], cuts[s + 1]
         rc = tuple(range(start, stop)) if recompute and s < num_stages - 1 else ((start,) if recompute else ())
+        sel = tuple(i for i in range(start, stop) if i not in rc) if selective else ()
         stages.append(
             PlanStage(
                 stage_idx=s,
@@ -214,6 +287,7 @@ def make_plan(
                 layer_names=layer_names[start:stop],
                 ranks=layout.stage_ranks(s),
                 recompute=rc,
+                recompute_selective=sel,
                 inflight_microbatches=num_microbatches,
                 activation_bytes_per_microbatch=0,
                 fwd_ms=0.0,
@@ -240,4 +314,4 @@ def make_plan(
         tp_degree=tp_degree,
         sequence_parallel=sequence_parallel,
     )
-    return dataclasses.replace(plan, layout=layout)
+    return dataclasses.replace(plan, layout=layout, stack=stack)

@@ -7,8 +7,10 @@ Usage (what tests/test_runtime_numerics.py does)::
 
 CONFIGS.json is a list of objects with: name, model (factory spec), boundaries, dp_degree,
 num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps, and
-optionally virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), tp_degree and
-sequence_parallel (tensor parallelism; split parameters are compared whole), and checkpoint_dir
+optionally selective (selective recomputation of the layers not fully recomputed),
+virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), tp_degree and
+sequence_parallel (tensor parallelism; split parameters are compared whole), stack (the
+fields of a planner.artifacts.stack.Stack: how the all-reduce is bucketed and overlapped), and checkpoint_dir
 with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes). Every config
 must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
 max absolute and relative differences of losses, of every stage's final gradients (with
@@ -33,6 +35,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
+from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.models.workload import split_loss
 from planner.runtime.engine import RankRunner
 from planner.runtime.model import cast_batch, cast_workload, load_workload
@@ -117,19 +120,22 @@ def compare(runner: RankRunner, ref_grads: list[list[torch.Tensor]], ref_params:
     return out
 
 
-STATE_KEYS = ("optimizer_bytes", "grad_bytes", "numel", "tensors")
+STATE_KEYS = ("optimizer_bytes", "grad_bytes", "numel", "tensors", "param_bytes_between")
 
 
 def model_state(runner: RankRunner, measure: Any) -> list[float]:
     """Per stage chunk of this rank: optimizer state bytes, gradient bytes after the sync, and
     the elements and tensors of the parameters its optimizer steps (for ZeRO: the
-    parameters behind the shard)."""
+    parameters behind the shard), and under ZeRO 3 the most bytes its sharded parameters held
+    while the chunk was not computing (the master shard plus any whole weights, measured when
+    each forward starts; 0 otherwise)."""
     out: list[float] = []
     for chunk, optim, grads in zip(runner.chunks, measure.stage_optimizer_state_bytes, measure.stage_grad_bytes):
         params = [] if chunk.optimizer is None else list(chunk.optimizer.param_groups[0]["params"])
         if chunk.zero is not None:
             params = [p for p in params if p is not chunk.zero.master] + chunk.zero.params
-        out += [float(optim), float(grads), float(sum(local(p).numel() for p in params)), float(len(params))]
+        between = float(chunk.zero.between_bytes_peak) if chunk.zero is not None else 0.0
+        out += [float(optim), float(grads), float(sum(local(p).numel() for p in params)), float(len(params)), between]
     return out
 
 
@@ -163,10 +169,12 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         microbatch_size=cfg["microbatch_size"],
         schedule=ScheduleKind(cfg["schedule"]),
         recompute=cfg["recompute"],
+        selective=cfg.get("selective", False),
         virtual_stages_per_rank=cfg.get("virtual_stages_per_rank", 1),
         tp_degree=cfg.get("tp_degree", 1),
         sequence_parallel=cfg.get("sequence_parallel", False),
         zero=cfg.get("zero", 0),
+        stack=Stack(**cfg["stack"]) if "stack" in cfg else DEFAULT_STACK,
     )
     if plan.num_devices != dist.get_world_size():
         raise ValueError(f"config {cfg['name']} needs {plan.num_devices} processes")

@@ -164,7 +164,8 @@ def test_cli_compare_bad_inputs_exit_2(plan_file: Path, tmp_path: Path, capsys: 
     assert "no such file" in capsys.readouterr().err
     assert main(["compare", str(plan_file), "--reference", "nope"]) == 2
     assert main(["compare", str(plan_file), "--report", "x=run.json"]) == 2
-    assert main(["compare", str(plan_file), "--figures", str(tmp_path / "nodir")]) == 2
+    (tmp_path / "afile").write_text("")
+    assert main(["compare", str(plan_file), "--figures", str(tmp_path / "afile")]) == 2  # a missing folder is made
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("planner compare: error:") for line in err)
     lone = tmp_path / "lone" / "p.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import matplotlib.colors as mcolors
 import matplotlib.image as mimage
@@ -36,11 +37,27 @@ def test_timeline_png(tmp_path):
     pixels = mimage.imread(path)
     assert pixels.shape[0] > 300 and pixels.shape[1] > 1000
     zero_kinds = (SegmentKind.REDUCE_SCATTER, SegmentKind.ALL_GATHER)
+    split = (SegmentKind.BACKWARD_INPUT, SegmentKind.BACKWARD_WEIGHT)  # 1F1B's backward is whole
     for kind in SegmentKind:
-        if kind is not SegmentKind.OPTIMIZER and kind not in zero_kinds:  # no optimizer time, no ZeRO here
+        if kind is not SegmentKind.OPTIMIZER and kind not in zero_kinds + split:  # no optimizer time, no ZeRO here
             assert has_colour(pixels, COLORS[kind]), kind
-    for kind in zero_kinds:
+    for kind in zero_kinds + (SegmentKind.BACKWARD_WEIGHT,):
         assert not has_colour(pixels, COLORS[kind]), kind
+
+
+def test_zero_bubble_timeline_shows_f_b_and_w(tmp_path):
+    """A ZB-H1 plan draws its input-gradient (B) and weight-gradient (W) passes as their own bars."""
+    base = busy_plan(ScheduleKind.ZB_H1)
+    plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(st, wgrad_ms=st.bwd_ms / 2, wgrad_bytes_per_microbatch=400)
+                                                  for st in base.stages))
+    path = tmp_path / "zb.png"
+    timeline = simulate(plan)
+    plot_timeline(timeline, path)
+    pixels = mimage.imread(path)
+    for kind in (SegmentKind.FORWARD, SegmentKind.BACKWARD_INPUT, SegmentKind.BACKWARD_WEIGHT, SegmentKind.RECOMPUTE):
+        assert has_colour(pixels, COLORS[kind]), kind
+    w = [seg for seg in timeline.segments() if seg.kind is SegmentKind.BACKWARD_WEIGHT]
+    assert len(w) == 3 * 6 and all(math.isclose(seg.end_ms - seg.start_ms, plan.stages[seg.stage_idx].wgrad_ms) for seg in w)
 
 
 def test_zero_plan_draws_reduce_scatter_and_all_gather(tmp_path):

@@ -21,7 +21,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.commands.cli import main
 from planner.models import hf, load_workload, workload_fingerprint
 from planner.models.common import seeded
-from planner.profiling.analytic.gpt import block_fwd_flops
+from planner.models.flops import block_fwd_flops
 from planner.profiling.analytic.llama import flops_per_token, llama_profile, llama_shape, read_config
 from planner.profiling.measured import profile_model
 from planner.profiling.measured.memory import whole_model_saved_bytes
@@ -131,7 +131,8 @@ def test_profile_accounts_for_every_parameter_and_saved_byte(name: str, tmp_path
     unique = sum(p.numel() * p.element_size() for p in hf_model(spec).float().parameters())
     assert sum(layer.param_bytes for layer in profile.layers) - sum(t.param_bytes * (len(t.layers) - 1) for t in profile.tied) == unique
     inputs, targets = work.make_batch(2, 0)
-    assert sum(layer.saved_bytes_per_sample for layer in profile.layers) * 2 == whole_model_saved_bytes(work, inputs, targets)
+    total = sum(layer.saved_bytes(2) for layer in profile.layers) - sum(p.at(2) for p in profile.shared_saved)
+    assert total == whole_model_saved_bytes(work, inputs, targets)
     # the padding mask (int64, 8 bytes a token) travels from the embedding to every block
     assert {(e.src, e.dst) for e in profile.edges} >= {(0, 1), (0, 2)}
     if name == "t5":  # the encoder output (made by enc_norm) is read by every decoder block
@@ -165,7 +166,7 @@ def test_config_file_directory_and_inline_agree(tmp_path: Path) -> None:
     [
         ("hf:bart", "encoder-decoder other than t5: every decoder block's cross-attention needs the encoder's final output"),
         ("hf:resnet", "no adapter for this architecture"),
-        ("hf:nonsense", "unknown model_type 'nonsense'"),
+        ("hf:nonsense", "model_type 'nonsense' is not supported: no adapter for this architecture"),
         ("hf:llama:hidden_sizes=64", "llama config has no field 'hidden_sizes'"),
         ("hf:gpt2:seq=2048", "exceeds the model's max_position_embeddings (1024)"),
         ("hf:llama:seq=0", "'seq' must be a positive integer"),

@@ -16,7 +16,10 @@ gradients 8e-8 relative); its float64 bound is 1e-8 on the loss and 1e-6 on grad
 Padding masks cross every stage boundary (int64, no gradient); ties are split over pipeline
 ranks at P >= 2. T5 (encoder-decoder, 9 layers) runs cut inside the decoder, so the encoder
 output crosses decoder stage boundaries forward and its gradient backward, at P = 2 and 4
-and D = 2; its T5LayerNorm computes in float32 too (same bound as Llama).
+and D = 2; its T5LayerNorm computes in float32 too (same bound as Llama). Selective
+recomputation (every attention core re-run in backward, through the planner's registered SDPA
+attention function) of Llama, GPT-2 and BERT at P = 2, and with T5's self- and cross-attention
+cores at P = 2 and 4, same bounds.
 
 One torchrun launch per world size runs every configuration of that size
 (tests/runtime_driver.py), as tests/test_runtime_numerics.py does.
@@ -76,6 +79,9 @@ def configs(world: int) -> list[dict[str, Any]]:
             out.append(_cfg(f"{model}-P{p}-D{d}-rc{int(rc)}", model, p, d, rc))
     for name, cuts, d, rc in T5_RUNS.get(world, []):
         out.append({**_cfg(name, "llama", len(cuts) + 1, d, rc, boundaries=cuts), "model": T5})
+        out.append({**_cfg(f"{name}-sel", "llama", len(cuts) + 1, d, rc, boundaries=cuts, selective=True), "model": T5})
+    if world == 2:
+        out += [_cfg(f"{m}-P2-D1-sel", m, 2, 1, False, selective=True) for m in MODELS]
     if world in FLOAT32:
         (p, d), models = FLOAT32[world]
         out += [_cfg(f"{m}-P{p}-D{d}-float32-adamw", m, p, d, False, dtype="float32", optimizer="adamw") for m in models]

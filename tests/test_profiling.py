@@ -18,7 +18,7 @@ from planner.models import load_workload, workload_fingerprint
 from planner.models.workload import Workload
 from planner.profiling.measured import detect_tied, profile_model
 from planner.profiling.measured.fit import fit_time
-from planner.profiling.measured.memory import measure_layer_bytes, whole_model_saved_bytes
+from planner.profiling.measured.memory import measure_layer_bytes, measure_model_bytes, whole_model_saved_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {
@@ -33,12 +33,31 @@ FAST = dict(microbatch_sizes=(1, 3), warmup=0, repeats=1, progress=False, trace_
 @pytest.mark.parametrize("name", sorted(TINY))
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_layer_saved_bytes_add_up_to_whole_model(name: str, batch_size: int) -> None:
+    """Once per storage: the layers' bytes less what two layers share is the model's."""
     workload = load_workload(TINY[name])
     inputs, targets = workload.make_batch(batch_size, 0)
-    per_layer = measure_layer_bytes(workload, inputs, targets)
+    measured = measure_model_bytes(workload, inputs, targets)
     whole = whole_model_saved_bytes(workload, inputs, targets)
     assert whole > 0
-    assert sum(b.saved_bytes for b in per_layer) == whole
+    assert sum(b.saved_bytes for b in measured.layers) - sum(measured.shared.values()) == whole
+    assert [b.saved_bytes for b in measured.layers] == [b.saved_bytes for b in measure_layer_bytes(workload, inputs, targets)]
+    if name in ("vgg", "resnet"):  # a ReLU keeps its output, the next layer's conv or pool keeps it too
+        assert measured.shared
+
+
+def test_views_and_resaves_count_once() -> None:
+    """The q, k and v projections each save the block's normalised input: one storage."""
+    workload = load_workload(TINY["gpt"])
+    inputs, targets = workload.make_batch(2, 0)
+    block = measure_model_bytes(workload, inputs, targets).layers[1].saved_bytes
+    per_tensor = []
+    x = workload.layers[0](inputs).detach().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: per_tensor.append(t) or t, lambda t: t):
+        workload.layers[1](x)
+    params = {p.untyped_storage().data_ptr() for p in workload.layers[1].parameters()}
+    naive = sum(t.numel() * t.element_size() for t in per_tensor if t.untyped_storage().data_ptr() not in params)
+    ln_out = 2 * 8 * 16 * 4  # batch x seq x hidden float32, saved by q, k and v
+    assert naive - block >= 2 * ln_out
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -46,7 +65,7 @@ def test_profile_saved_bytes_match_one_pass(name: str) -> None:
     workload = load_workload(TINY[name])
     profile = profile_model(workload, **FAST)
     inputs, targets = workload.make_batch(3, 0)
-    total = sum(layer.saved_bytes_per_sample for layer in profile.layers) * 3
+    total = sum(layer.saved_bytes(3) for layer in profile.layers) - sum(p.at(3) for p in profile.shared_saved)
     assert total == pytest.approx(whole_model_saved_bytes(workload, inputs, targets), rel=1e-12)
 
 

@@ -2,6 +2,8 @@
 processes), GPipe and 1F1B, with and without recomputation, float64 to 1e-12 and float32 to
 1e-6 relative; plus the skip-connection model and the tied-embedding GPT; plus interleaved
 1F1B (P = 2 ranks x v = 2 stages each, 4 stages, D in {1, 2}), in the same launches; plus
+the all-reduce in 256-byte buckets started during the last backward (P in {1, 2}, D = 2,
+interleaved too) and a plan for the ``none`` stack (one all-reduce after the schedule); plus
 ZeRO 1 and 2 with AdamW (P in {1, 2}, D = 2, interleaved and a tie split over pipeline
 ranks too): losses and final parameters to 1e-12 relative in float64, and the optimizer
 state and gradient bytes each rank holds, exactly (``check_model_state``); one ZeRO 2 run
@@ -11,7 +13,10 @@ embedding and head) at (t, P, D) in {(2, 1, 1), (2, 2, 1), (2, 1, 2)} and interl
 and without sequence parallelism and recomputation, and with ZeRO 1 and 2 (each rank's
 shard of its local tensor-parallel shards): losses, gradients and final parameters to 1e-12
 relative in float64 with SGD; two of them resume from a checkpoint of their first step (one
-file per tp index, and per ZeRO shard). With AdamW the parameters agree to 1e-10 only: the
+file per tp index, and per ZeRO shard); plus selective recomputation (every attention core
+recomputed in backward, Korthikanti et al. 2022) of the zoo GPT at P in {1, 2} and t in {1, 2},
+alone and beside full recomputation, with and without sequence parallelism: float64 to 1e-12.
+With AdamW the parameters agree to 1e-10 only: the
 split matmuls sum in another order (gradients differ by ~1e-16), and AdamW's m / sqrt(v)
 turns that into a relative change of the update wherever a gradient is near zero (measured
 5.6e-12 to 6.7e-12 after 2 steps, 1.05e-11 after 3); the losses still agree to 1e-12.
@@ -38,6 +43,8 @@ ZOO_RESNET = "resnet:blocks=2,width=4,image=8,classes=4"  # stem, (a, b) x 2, he
 # (P, D) -> boundaries of the 5-layer test models
 SPLITS = {1: [], 2: [2], 4: [1, 2, 4]}
 IL = "interleaved-1f1b"
+#: the bundled runtime's stack with 256-byte buckets: many all-reduces launched during the last backward
+SMALL_BUCKETS = {"name": "planner", "grad_reduce_overlap": True, "grad_bucket_bytes": 256}
 TOKENS = "tests.contract_factories:padded_lm"  # loss (sum, count) over the tokens that are not padding
 
 
@@ -81,7 +88,10 @@ def configs(world: int) -> list[dict[str, Any]]:
         if p * d == world:
             out.append(_cfg(f"mlp-P{p}-D{d}-{schedule}-rc{int(rc)}", MLP, p, d, schedule, rc))
     extra = {
-        1: [_cfg("gpt-P1-D1-adamw", "tests.factories:tiny_gpt", 1, 1, "1f1b", True, optimizer="adamw")],
+        1: [
+            _cfg("gpt-P1-D1-adamw", "tests.factories:tiny_gpt", 1, 1, "1f1b", True, optimizer="adamw"),
+            _cfg("sel-zoo-gpt-P1-D1-t1-1f1b", ZOO_GPT, 1, 1, "1f1b", False, selective=True, optimizer="adamw"),
+        ],
         2: [
             _cfg("gpt-tied-P2-D1-gpipe", "tests.factories:tiny_gpt", 2, 1, "gpipe", False, optimizer="adamw"),
             _cfg("skip-P2-D1-1f1b-rc", "tests.factories:skip", 2, 1, "1f1b", True),
@@ -105,6 +115,15 @@ def configs(world: int) -> list[dict[str, Any]]:
             _cfg("tokens-P2-D1-1f1b", TOKENS, 2, 1, "1f1b", False),
             _zero("tokens-zero1-P1-D2-1f1b", TOKENS, 1, "1f1b", 1),
             _cfg("transposed-P2-D1-gpipe", "tests.contract_factories:transposed", 2, 1, "gpipe", False),
+            # selective recomputation: P = 2, t = 1 (beside full recomputation), and P = 1, t = 2
+            _cfg("sel-zoo-gpt-P2-D1-t1-gpipe-rc", ZOO_GPT, 2, 1, "gpipe", True, selective=True),
+            _tp("sel-tp2-gpt-P1-D1-1f1b", 1, 1, "1f1b", False, False, selective=True),
+            # issue 19: the all-reduce in buckets of 256 bytes (a few parameters each) started from the
+            # gradient hooks during the last backward; and a plan for a stack that does not overlap it
+            _cfg("mlp-P1-D2-1f1b-buckets", MLP, 1, 2, "1f1b", True, stack=SMALL_BUCKETS),
+            _cfg("gpt-tied-P1-D2-gpipe-buckets", "tests.factories:tiny_gpt", 1, 2, "gpipe", False,
+                 optimizer="adamw", stack=SMALL_BUCKETS),
+            _cfg("mlp-P1-D2-gpipe-stack-none", MLP, 1, 2, "gpipe", False, stack={"name": "none"}),
         ],
         4: [
             _cfg("gpt-tied-P2-D2-1f1b-rc", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, optimizer="adamw"),
@@ -124,6 +143,10 @@ def configs(world: int) -> list[dict[str, Any]]:
             _tp("zero2-tp2-sp-gpt-P1-D2-gpipe-rc-resumed", 1, 2, "gpipe", True, True, optimizer="adamw", zero=2, steps=3, resume_at=1),
             _tp("tp2-il-gpt-tied-P2v2-D1-rc", 4, 1, IL, True, False, virtual_stages_per_rank=2),
             _cfg("tokens-P2-D2-gpipe-rc", TOKENS, 2, 2, "gpipe", True),
+            # selective recomputation at P = 2, t = 2, with sequence parallelism
+            _tp("sel-tp2-sp-gpt-tied-P2-D1-1f1b", 2, 1, "1f1b", False, True, selective=True),
+            _cfg("gpt-tied-P2-D2-1f1b-buckets", "tests.factories:tiny_gpt", 2, 2, "1f1b", True, stack=SMALL_BUCKETS),
+            _il("il-mlp-P2v2-D2-buckets", MLP, 2, False, stack=SMALL_BUCKETS),
         ],
     }
     return out + extra[world]
@@ -191,13 +214,14 @@ def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
     assert not errors, "\n".join(errors)
     if world == 4:
         saved = sorted(p.name for p in (tmp_path / "zero2-tp2-sp-gpt-P1-D2-gpipe-rc-resumed" / "step_1").iterdir())
-        assert saved == [f"stage_0.tp_{k}{s}.pt" for k in range(2) for s in (".optimizer_shard_0", ".optimizer_shard_1", "")]
+        shards = (".optimizer_shard_0", ".optimizer_shard_1", "")
+        assert saved == ["manifest.json"] + [f"stage_0.tp_{k}{s}.pt" for k in range(2) for s in shards]
     if world == 2:
         # ZeRO 2 resumed from a checkpoint of its first step: each rank saved its own AdamW shard
         saved = sorted(p.name for p in (tmp_path / "zero2-mlp-P1-D2-1f1b-resumed" / "step_1").iterdir())
-        assert saved == ["stage_0.optimizer_shard_0.pt", "stage_0.optimizer_shard_1.pt", "stage_0.pt"]
+        assert saved == ["manifest.json", "stage_0.optimizer_shard_0.pt", "stage_0.optimizer_shard_1.pt", "stage_0.pt"]
         saved = sorted(p.name for p in (tmp_path / "tp2-sp-gpt-P1-D1-1f1b-adamw-resumed" / "step_1").iterdir())
-        assert saved == ["stage_0.tp_0.pt", "stage_0.tp_1.pt"]  # each tp index its own shards
+        assert saved == ["manifest.json", "stage_0.tp_0.pt", "stage_0.tp_1.pt"]  # each tp index its own shards
         # the same stage unsharded and sharded over D = 2: half the optimizer state
         by_name = {r["name"]: r for r in results}
         for rank in range(2):
@@ -233,6 +257,16 @@ def test_interleaved_1f1b_is_covered() -> None:
     for cfg in il.values():
         assert cfg["virtual_stages_per_rank"] == 2 and len(cfg["boundaries"]) + 1 == 4 and cfg["dtype"] == "float64"
     assert any(c["model"] == "tests.factories:tiny_gpt" and c["dp_degree"] == 2 for c in il.values())
+
+
+def test_selective_recomputation_is_covered() -> None:
+    """Selective recomputation runs against one-process training at P in {1, 2} x t in {1, 2}
+    (float64), beside full recomputation and with sequence parallelism in some."""
+    sel = [c for w in (1, 2, 4) for c in configs(w) if c.get("selective")]
+    grid = {((len(c["boundaries"]) + 1), c.get("tp_degree", 1)) for c in sel}
+    assert grid >= {(1, 1), (2, 1), (1, 2), (2, 2)}
+    assert any(c["recompute"] for c in sel) and any(c.get("sequence_parallel") for c in sel)
+    assert all(c["dtype"] == "float64" and c["model"] == ZOO_GPT for c in sel)
 
 
 def test_tensor_parallel_is_covered() -> None:

@@ -121,7 +121,7 @@ def test_planner_run_reports_a_tensor_parallel_plan_per_stage(tmp_path, capsys) 
     assert main(["profile", "--model", model, "--microbatch-sizes", "1,2", "--warmup", "0", "--repeats", "1",
                  "--no-progress", "--out", profile]) == 0
     assert main(["plan", "--profile", profile, "--cluster", "local-cpu", "--devices", "4", "--global-batch", "4",
-                 "--tp", "2", "--fixed-boundaries", "2", "--out", plan]) == 0
+                 "--tp", "2", "--fixed-boundaries", "2", "--schedules", "1f1b", "--out", plan]) == 0
     made = load_plan(plan)
     assert (made.layout.tp_degree, made.layout.num_stages, made.layout.dp_degree) == (2, 2, 1)
     capsys.readouterr()

@@ -3,6 +3,7 @@ and the RunReport document."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,6 +60,62 @@ def test_meter_matches_profiler_and_counts_only_inputs_of_recomputed_layers() ->
     assert recomputed.meter.live_bytes == 0 and recomputed.meter.peak_bytes > 0
 
 
+def test_selective_recomputation_keeps_the_layers_but_their_attention_cores() -> None:
+    """A selectively recomputed block keeps what the profiler counts at the selective level (its
+    saved bytes less its attention core's), recomputes the core in backward, and gives the
+    same gradients as without."""
+    workload = load_workload(GPT, dtype="float64")
+    inputs, targets = workload.make_batch(2, 0)
+    expected = measure_layer_bytes(workload, inputs, targets)
+    hidden = workload.layers[0](inputs).detach()
+    grads, kept = [], []
+    for selective in (False, True):
+        x = hidden.clone().requires_grad_()
+        module = StageModule(list(workload.layers[1:3]), [False, False], [selective, selective])
+        out = module(x)
+        kept.append(module.meter.live_bytes)
+        out.square().sum().backward()
+        grads.append((x.grad, [p.grad.clone() for p in module.parameters()]))
+        module.zero_grad(set_to_none=True)
+        assert module.meter.live_bytes == 0
+    assert kept[0] == expected[1].saved_bytes + expected[2].saved_bytes
+    assert kept[1] == expected[1].selective_saved_bytes + expected[2].selective_saved_bytes < kept[0]
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def test_sent_outputs_are_freed_unless_something_else_holds_them() -> None:
+    """Megatron-LM's deallocate_output_tensor: a block's output (a residual sum no node saved)
+    is freed and its backward still gives the same gradients; an output an autograd node saved
+    (tanh keeps its result), or a skip a later layer of the stage took as input, is kept."""
+    from planner.runtime.engine import deallocate_output
+    from tests.factories import skip
+
+    workload = load_workload(GPT, dtype="float64")
+    inputs, _ = workload.make_batch(2, 0)
+    hidden = workload.layers[0](inputs).detach()
+    grads = []
+    for free in (False, True):
+        x = hidden.clone().requires_grad_()
+        module = StageModule(list(workload.layers[1:3]), [False, False])
+        module.metering = False
+        out = module(x)
+        g = torch.ones_like(out)
+        if free:
+            assert deallocate_output(out) and out.untyped_storage().nbytes() == 8
+        torch.autograd.backward([out], grad_tensors=[g])
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
+    work = skip()
+    x = work.make_batch(2, 0)[0]
+    module = StageModule(list(work.layers[:2]), [False, False])
+    module.metering = False
+    main_out, skip_out = module(x)
+    assert not deallocate_output(main_out)  # tanh saved its result: the storage has two owners
+    assert not deallocate_output(skip_out)  # the second layer's linear saved it as its input
+    assert module.consumed(skip_out) and not module.consumed(main_out)  # the skip fed the second layer
+
+
 def test_recompute_keeps_gradients() -> None:
     workload = load_workload(GPT, dtype="float64")
     inputs, _ = workload.make_batch(2, 0)
@@ -91,9 +148,16 @@ def test_emulated_chunk_times_from_profile_and_from_plan() -> None:
     b = plan.microbatch_size
     fwd0 = (1.0 + 0.5 * b) + (2.0 + 0.5 * b)
     bwd0 = (0.0 + b) + (2.0 + b) + fwd0
-    assert stage_chunk_ms(plan, 0, profile) == pytest.approx((fwd0, bwd0))
+    assert stage_chunk_ms(plan, 0, profile) == pytest.approx((fwd0, bwd0, bwd0, 0.0))  # no W outside zero bubble
     stage = plan.stages[1]
-    assert stage_chunk_ms(plan, 1, None) == (stage.fwd_ms, stage.bwd_ms + stage.recompute_ms)
+    full = stage.bwd_ms + stage.recompute_ms
+    assert stage_chunk_ms(plan, 1, None) == (stage.fwd_ms, full, full, 0.0)
+    # zero bubble: W is each layer's weight_grad_fraction of its backward
+    zb = dataclasses.replace(plan, schedule=ScheduleKind.ZB_H1)
+    split = dataclasses.replace(profile, layers=tuple(dataclasses.replace(layer, weight_grad_fraction=0.25)
+                                                      for layer in profile.layers))
+    w0 = 0.25 * ((0.0 + b) + (2.0 + b))
+    assert stage_chunk_ms(zb, 0, split) == pytest.approx((fwd0, bwd0, bwd0 - w0, w0))
 
 
 def test_sleep_until_never_returns_early() -> None:
@@ -169,9 +233,10 @@ def test_report_takes_each_stage_from_its_chunk_on_its_ranks() -> None:
     plan = _interleaved(workload.layer_names, num_microbatches=4)
     steps = (StepMeasure(step_idx=0, loss=1.0, wall_ms=10.0),)
     # rows: idle, cuda peak, then (compute, saved, optimizer bytes, grad bytes, overrun, max overrun,
-    # emulated ms) for stages p and p + 2
+    # emulated ms, saved per micro-batch, the hooks' and the allocator's bytes) for stages p and p + 2
     z = [0.0] * 5
-    rows = [[1.0, 0.0, 2.0, 20.0, *z, 4.0, 40.0, *z], [3.0, 0.0, 5.0, 50.0, *z, 6.0, 60.0, *z]]
+    m = [2.0, 1.0, 1.0]
+    rows = [[1.0, 0.0, 2.0, 20.0, *z, *m, 4.0, 40.0, *z, *m], [3.0, 0.0, 5.0, 50.0, *z, *m, 6.0, 60.0, *z, *m]]
     mine = RankMeasure(steps=steps, compute_ms=6.0, idle_ms=1.0, saved_bytes_peak=40, cuda_peak_bytes=0)
     options = RuntimeOptions(plan_path="p", model_spec="m", num_steps=1, warmup_steps=0)
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")
@@ -193,10 +258,16 @@ def test_report_round_trip() -> None:
         iteration_ms=3.0, iteration_ms_predicted=2.0, iteration_rel_error=0.5,
     )
     data = report_to_json(report)
-    assert data["schema"] == "planner.runreport" and data["version"] == 2
+    assert data["schema"] == "planner.runreport" and data["version"] == 3
     assert report_from_json(data) == report
     with pytest.raises(PlannerInputError, match="version"):
-        report_from_json({**data, "version": 3})
+        report_from_json({**data, "version": 4})
+    old = json.loads(json.dumps(data))  # version 2: without the per-micro-batch and allocator fields
+    old["version"] = 2
+    for key in ("saved_bytes_per_microbatch", "activation_bytes_per_microbatch_predicted", "microbatch_rel_error",
+                "allocator_bytes_per_microbatch", "allocator_hook_bytes_per_microbatch", "allocator_rel_error"):
+        old["stages"][0].pop(key)
+    assert report_from_json(old) == report
 
 
 def test_both_executors_share_one_training_step() -> None:

@@ -20,6 +20,7 @@ from planner.artifacts.plan import StageMemory
 from planner.commands.run import format_model_state
 from planner.models import load_workload
 from planner.runtime.checkpoint import load_checkpoint
+from planner.runtime.checkpoint_files import CheckpointError
 from planner.runtime.collect import build_report
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure, StepMeasure
@@ -148,10 +149,10 @@ def test_resume_refuses_a_checkpoint_of_another_shard_count(tmp_path: Path) -> N
     module = torch.nn.Linear(2, 2)
     torch.save({"model": module.state_dict(), "optimizer": {}, "optimizer_shards": 2}, tmp_path / "step_2" / "stage_0.pt")
     with pytest.raises(PlannerInputError, match=r"holds optimizer state in 2 shard\(s\) but this run shards it over 1") as refused:
-        load_checkpoint(str(tmp_path), 0, module, None)
+        load_checkpoint(str(tmp_path), 0, module, None, completed=2)
     assert "\n" not in str(refused.value)
-    with pytest.raises(PlannerInputError, match=r"stage_0.optimizer_shard_1.pt is missing"):
-        load_checkpoint(str(tmp_path), 0, module, torch.optim.SGD(module.parameters()), replica=1, optimizer_shards=2)
+    with pytest.raises(CheckpointError, match=r"stage_0\.optimizer_shard_1\.pt: missing"):
+        load_checkpoint(str(tmp_path), 0, module, torch.optim.SGD(module.parameters()), completed=2, replica=1, optimizer_shards=2)
 
 
 def test_report_predicts_model_state_from_the_plans_parameters() -> None:
@@ -169,7 +170,7 @@ def test_report_predicts_model_state_from_the_plans_parameters() -> None:
                        saved_bytes_peak=1, cuda_peak_bytes=0)
     # measured by the D = 2 run: idle, cuda peak, then per stage compute, saved, optimizer and
     # gradient bytes, emulation overrun (total, largest) and emulated ms (none here)
-    rows = [[0.0, 0.0, 1.0, 1.0, 2596.0, 1296.0, 0.0, 0.0, 0.0]] * 2
+    rows = [[0.0, 0.0, 1.0, 1.0, 2596.0, 1296.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]] * 2  # + saved, hooks, allocator per micro-batch
     report = build_report(plan, options, mine, rows, model="mlp", fingerprint="", backend="gloo", device="cpu")
     stage = report.stages[0]
     assert (report.layout.zero, report.optimizer_state_bytes_per_param, stage.optimizer_shards) == (ZeroStage.GRADIENTS, 16, 2)

@@ -180,7 +180,7 @@ def test_cli_prints_the_summary_and_writes_figures(tmp_path, capsys):
     argv = ["simulate", str(plan_path)] + [a for name, path in out.items() for a in (f"--{name}", str(path))]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "iteration        37 ms" in text and "exposed allreduce 4 ms" in text
+    assert "iteration        37 ms" in text and "exposed all-reduce 4 ms" in text
     assert all(path.stat().st_size > 0 for path in out.values())
     assert out["csv"].read_text().splitlines()[3] == "3F0,3B0,3F1,3B1,3F2,3B2,3F3,3B3,3F4,3B4,3F5,3B5,3F6,3B6,3F7,3B7"
     assert main(["simulate", str(tmp_path / "missing.json")]) == 2

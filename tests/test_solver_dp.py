@@ -14,11 +14,9 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel
 from planner.solve import plan
-from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.chain_dp import StageTable, solve_chain
-from planner.solve.ilp import solve_chain_ilp
+from planner.solve.chain_dp import StageTable
 from planner.solve.recompute import choose_recompute
-from tests.chains import chain_profile, layer_dicts, small_cluster
+from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster, solve_three_ways
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -43,16 +41,9 @@ def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_
     sharding = layout.sharding(0)
     table = StageTable(cm, microbatch_size, cap_gb * 1e9, sharding=sharding)
     kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=schedule)
-    dp = solve_chain(table, **kw)
-    bf = solve_chain_bruteforce(table, **kw)
-    ilp = solve_chain_ilp(table, **kw)
-    if bf is None:
-        assert dp is None and ilp is None
+    dp = solve_three_ways(table, **kw)  # DP = brute force = CP-SAT (up to its integer rounding)
+    if dp is None:
         return
-    assert dp is not None and ilp is not None
-    assert math.isclose(dp.objective_ms, bf.objective_ms, rel_tol=1e-9, abs_tol=1e-9)
-    # CP-SAT works in integer ns and bytes: equal up to that rounding
-    assert math.isclose(ilp.objective_ms, bf.objective_ms, rel_tol=1e-6, abs_tol=1e-4)
     # the DP's own partition really fits and really costs what it says
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
@@ -83,6 +74,80 @@ def test_recompute_knapsack_is_exact(fwd, data, inflight):
             if gain >= excess + ws:  # same inequality, same float rounding as the solver
                 best = min(best, sum(fwd[i] for i in mask))
     assert (got.time_ms == best) if best == math.inf else math.isclose(got.time_ms, best, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@SETTINGS
+@given(
+    layers=layer_dicts(6, levels=True),
+    data=st.data(),
+    num_stages=st.integers(1, 3),
+    num_microbatches=st.integers(1, 6),
+    microbatch_size=st.sampled_from([1, 2, 3]),
+    schedule=st.sampled_from([ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]),
+    cap_gb=st.floats(0.05, 2.0),
+)
+def test_dp_equals_brute_force_with_recompute_levels(
+    layers, data, num_stages, num_microbatches, microbatch_size, schedule, cap_gb
+):
+    """Three recompute levels per layer (none, selective where a layer has an attention core,
+    full), saved bytes that do not grow with the micro-batch, and storages two layers share:
+    DP = CP-SAT = brute force, and the DP's choice fits and costs what it says."""
+    shared = [(a, b, min(v, layers[a]["saved"], layers[b]["saved"])) for a, b, v in data.draw(shared_pairs(len(layers)))]
+    prof = chain_profile(layers, shared=shared)
+    cm = CostModel(prof, small_cluster(8))
+    layout = Layout(num_stages=num_stages)
+    table = StageTable(cm, microbatch_size, cap_gb * 1e9)
+    kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=schedule)
+    dp = solve_three_ways(table, **kw)  # DP = brute force = CP-SAT (up to its integer rounding)
+    if dp is None:
+        return
+    stops = list(dp.boundaries[1:]) + [cm.num_layers]
+    for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
+        k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
+        sel = dp.selective_of(s)
+        assert not set(sel) & set(dp.recompute[s]) and all(cm.has_core[i] for i in sel)
+        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, selective=sel).total_bytes <= table.cap
+        t = cm.stage_fwd_ms(a, z, microbatch_size) + cm.stage_bwd_ms(a, z, microbatch_size)
+        assert math.isclose(t + cm.recompute_ms(dp.recompute[s], microbatch_size, sel), dp.stage_times_ms[s], rel_tol=1e-12)
+
+
+@SETTINGS
+@given(
+    fwd=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=7),
+    data=st.data(),
+    inflight=st.integers(1, 4),
+)
+def test_recompute_knapsack_with_selective_level_is_exact(fwd, data, inflight):
+    """Every assignment of none / selective / full per layer against the knapsack's choice
+    (runs of identical layers included: the drawn layers repeat)."""
+    import itertools
+
+    n = len(fwd)
+    kinds = data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))  # few kinds: identical runs
+    saved = [[100.0, 60.0, 30.0][k] for k in kinds]
+    inp = [data.draw(st.sampled_from([5.0, 20.0]))] * n
+    core = [[70.0, 0.0, 10.0][k] for k in kinds]  # kind 1 has no selective level
+    core_ms = [[0.4, 0.0, 0.2][k] for k in kinds]
+    fwd = [[1.0, 0.7, 0.5][k] for k in kinds]
+    excess = data.draw(st.floats(-10, 500.0))
+    got = choose_recompute(fwd_ms=fwd, saved_bytes=saved, input_bytes=inp, first_layer=0, inflight=inflight,
+                           excess_bytes=excess, core_ms=core_ms, core_bytes=core)
+    best = math.inf
+    for pick in itertools.product(*[(0, 1, 2) if core[i] > 0 else (0, 1) for i in range(n)]):
+        gain = sum(inflight * (saved[i] - inp[i]) if v == 1 else inflight * core[i] if v == 2 else 0.0
+                   for i, v in enumerate(pick))
+        ws = max([saved[i] for i, v in enumerate(pick) if v == 1] + [core[i] for i, v in enumerate(pick) if v == 2],
+                 default=0.0)
+        if gain >= excess + ws:
+            best = min(best, sum(fwd[i] if v == 1 else core_ms[i] if v == 2 else 0.0 for i, v in enumerate(pick)))
+    if excess <= 0:
+        best = 0.0
+    assert (got.time_ms == best) if best == math.inf else math.isclose(got.time_ms, best, rel_tol=1e-9, abs_tol=1e-12)
+    if best < math.inf:  # the choice itself covers the excess with its own working set
+        gain = sum(inflight * (saved[i] - inp[i]) for i in got.layers) + sum(inflight * core[i] for i in got.selective)
+        ws = max([saved[i] for i in got.layers] + [core[i] for i in got.selective], default=0.0)
+        assert excess <= 0 or gain >= excess + ws
+        assert not set(got.layers) & set(got.selective)
 
 
 @settings(max_examples=15, deadline=None)
@@ -156,7 +221,8 @@ def test_interleaved_is_searched_and_wins_when_micro_batches_are_few():
 
     prof = default_profile()
     # without ZeRO or tensor parallelism (which let a shallower pipeline fit and win here otherwise)
-    base = plan(prof, None, PlanRequest(global_batch=16, zero_stages=(0,), tp_degrees=(1,)))
+    base = plan(prof, None, PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B),
+                                        zero_stages=(0,), tp_degrees=(1,)))
     req = PlanRequest(global_batch=16, schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
                       zero_stages=(0,), tp_degrees=(1,))
     inter = plan(prof, None, req)

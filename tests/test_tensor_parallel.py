@@ -17,6 +17,7 @@ from planner.artifacts.plan import dumps_plan, plan_from_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import allreduce_ms
 from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
+from planner.profiling.analytic.gemm import GemmModel
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.simulation import simulate
 from planner.solve import plan
@@ -25,8 +26,15 @@ from tests.chains import chain_profile, small_cluster
 S, H, A, V = 128, 256, 8, 1000
 
 
+#: a device whose GEMMs all run at half of peak and whose element-wise work runs at the full
+#: HBM bandwidth (no shape dependence: the per-degree entries are the 1/t rule exactly)
+FLAT = GemmModel(max_efficiency=0.5, half_intensity=0.0, memory_efficiency=1.0)
+
+
 def small_gpt(layers: int = 4):
-    return gpt_profile(layers=layers, hidden=H, heads=A, seq=S, vocab=V, device_preset="a100-80gb")
+    """Materialised attention: the block Korthikanti et al. 2022 eq. 1 counts."""
+    return gpt_profile(layers=layers, hidden=H, heads=A, seq=S, vocab=V, device_preset="a100-80gb", gemm=FLAT,
+                       attention="materialised")
 
 
 @pytest.mark.parametrize("t", [2, 4])

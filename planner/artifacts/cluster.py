@@ -15,6 +15,7 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.limits import MAX_BYTES, MAX_DEVICES, MAX_MS, MAX_RATE, MIN_RATE, check_count, check_name, check_range
 
 SCHEMA = "planner.cluster"
 VERSION = 1
@@ -53,6 +54,18 @@ class Cluster:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0 (got {value!r})")
+        check_name("name", self.name)
+        check_count("num_nodes", self.num_nodes, 1, MAX_DEVICES)
+        check_count("devices_per_node", self.devices_per_node, 1, MAX_DEVICES)
+        check_count("num_nodes x devices_per_node", self.num_nodes * self.devices_per_node, 1, MAX_DEVICES)
+        check_count("device_memory_bytes", self.device_memory_bytes, 1, MAX_BYTES)
+        # rates divide: a denormal one makes inf as surely as a huge time (limits.MIN_RATE)
+        for name in ("relative_speed", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
+            check_range(name, getattr(self, name), MIN_RATE, MAX_RATE)
+        if self.peak_tflops:  # 0 = unknown
+            check_range("peak_tflops", self.peak_tflops, MIN_RATE, MAX_RATE)
+        for name in ("intra_node_latency_us", "inter_node_latency_us"):
+            check_range(name, getattr(self, name), 0, MAX_MS)
 
     @property
     def num_devices(self) -> int:
@@ -73,6 +86,15 @@ class Cluster:
                 f"of cluster {self.name!r}"
             )
         return replace(self, num_nodes=num_devices // self.devices_per_node)
+
+    def grown_to(self, num_devices: int) -> Cluster:
+        """This cluster with as many of its nodes as ``num_devices`` needs (at least its own):
+        ``h100-80gb-x8`` grown to 64 devices is 8 such nodes, to 12 devices 2 nodes (the plan then
+        says it may use 12 of the 16)."""
+        if num_devices <= self.num_devices:
+            return self
+        check_count("devices", num_devices, 1, MAX_DEVICES)
+        return replace(self, num_nodes=-(-num_devices // self.devices_per_node))
 
 
 _NVIDIA_A100 = "NVIDIA A100 datasheet (80GB SXM: 80 GB HBM2e, NVLink 600 GB/s total = 300 GB/s per direction)"

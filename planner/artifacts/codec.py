@@ -16,12 +16,16 @@ import enum
 import hashlib
 import json
 import math
+import os
+import re
+import stat
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.limits import MAX_INPUT_BYTES
 
 T = TypeVar("T")
 
@@ -40,6 +44,10 @@ def _key(key: object) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, (list, dict)) and len(value) > 8:  # a summary, not megabytes dumped to cut
+        return f"{'a list' if isinstance(value, list) else 'an object'} of {len(value):,} items"
+    if isinstance(value, str) and len(value) > 80:
+        value = value[:80]
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -69,7 +77,7 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
         return _decode_dataclass(tp, value, path)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         allowed = [m.value for m in tp]
-        if value not in allowed:
+        if not any(type(value) is type(a) and value == a for a in allowed):  # JSON's true is not the stage 1
             _fail(path, f"must be one of {allowed}", value)
         return tp(value)
     if tp is bool:
@@ -79,6 +87,8 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             _fail(path, "must be an integer", value)
+        if not -(2**63) <= value < 2**63:
+            _fail(path, "must fit in 64 bits", value)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -89,6 +99,7 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
     if tp is str:
         if not isinstance(value, str):
             _fail(path, "must be a string", value)
+        _check_text(value, "", path)
         return value
     if origin is tuple:
         if not isinstance(value, list):
@@ -102,6 +113,8 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
         if not isinstance(value, dict):
             _fail(path, "must be an object", value)
         _, val_tp = args
+        for k in value:
+            _check_text(str(k), "", f"{path}.{_key(k)}")
         return {str(k): decode(val_tp, v, f"{path}.{_key(k)}") for k, v in value.items()}
     raise TypeError(f"codec cannot decode type {tp!r}")  # programming error, not input
 
@@ -158,28 +171,165 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_text(text: str, source: str) -> Any:
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf
+        raise ValueError(f"number {text[:40]} is out of range (a finite float is at most ~1.8e308)")
+    return value
+
+
+class _Object(dict):  # type: ignore[type-arg]
+    """A JSON object as parsed on the slow path, remembering a key it repeats."""
+
+    duplicate: str | None = None
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object()
+    for key, value in pairs:
+        if key in obj and obj.duplicate is None:
+            obj.duplicate = key
+        obj[key] = value
+    return obj
+
+
+#: a JSON escape of a UTF-16 surrogate (a pair is two of them, a lone one is refused)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})|"
+                               r"(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _find_refused(value: Any, source: str) -> None:
+    """The slow path, run only when the text may hold a duplicate key or a lone surrogate:
+    walk the document (parsed with :class:`_Object`) depth first, with a frame per level, and
+    refuse the first such key or string naming its path."""
+    frames: list[tuple[Any, Any, str]] = [(iter([(None, value)]), None, "")]
+    while frames:
+        items, _, path = frames[-1]
+        step = next(items, None)
+        if step is None:
+            frames.pop()
+            continue
+        key, item = step
+        here = path if key is None else (f"{path}[{key}]" if isinstance(key, int) else _join(path, key))
+        if isinstance(key, str):
+            _check_text(key, source, here)
+        if isinstance(item, str):
+            _check_text(item, source, here)
+        elif isinstance(item, dict):
+            if isinstance(item, _Object) and item.duplicate is not None:
+                dup = item.duplicate
+                raise PlannerInputError(f"{source}: {_join(here, dup)}: key {_short(dup)} appears twice in one object")
+            frames.append((iter(item.items()), None, here))
+        elif isinstance(item, list):
+            frames.append((iter(enumerate(item)), None, here))
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{_key(key)}" if path else _key(key)
+
+
+def _check_text(text: str, source: str, path: str) -> None:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise PlannerInputError(f"{source}: not valid JSON: {exc}") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise PlannerInputError(
+            f"{source + ': ' if source else ''}{path or '<document>'}: a lone UTF-16 surrogate \\u{code:04x} is not a character "
+            f"(at character {exc.start} of {_short(text.encode('utf-8', 'backslashreplace').decode())})"
+        ) from None
+
+
+def parse_text(text: str, source: str) -> Any:
+    """JSON text -> plain data, refusing NaN/Infinity, numbers that overflow a float,
+    duplicate keys and lone surrogates (one line naming ``source``, the path and the value)."""
+    duplicates: list[int] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items):
+            duplicates.append(1)
+        return obj
+
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=pairs)
+    except RecursionError:
+        raise PlannerInputError(f"{source}: not valid JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise PlannerInputError(f"{source}: not valid JSON: {_one_line(str(exc))}") from None
+    # fast path: a duplicate was seen while parsing, or the text escapes a surrogate alone (a
+    # lone surrogate can enter only as an escape: raw ones are not UTF-8); only then is the
+    # document walked, to name the path
+    if duplicates or _SURROGATE_ESCAPE.search(text):
+        _find_refused(json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_pairs),
+                      source)
+    return data
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_input(path: str | Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of an input file: a regular file of at most ``limit`` bytes, else one line
+    (a FIFO, ``/dev/zero``, a directory or a socket is refused before anything is read, so
+    nothing blocks or fills memory). ``what`` names the file's role in messages."""
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise PlannerInputError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise PlannerInputError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise PlannerInputError(f"{p}: is {_kind(mode)}, expected a {what}")
+    try:  # O_NONBLOCK: a FIFO swapped in after the check still cannot block the open
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise PlannerInputError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise PlannerInputError(f"{p}: is {_kind(st.st_mode)}, expected a {what}")
+        if st.st_size > limit:
+            raise PlannerInputError(f"{p}: {st.st_size:,} bytes is larger than the {limit:,} bytes a {what} may have")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise PlannerInputError(f"{p}: larger than the {limit:,} bytes a {what} may have")
+    return data
+
+
+def read_text(path: str | Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> str:
+    """:func:`read_input` decoded as UTF-8 (a leading byte-order mark is dropped: RFC 8259
+    lets a parser ignore it); invalid bytes are refused naming their offset."""
+    raw = read_input(path, what, limit)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise PlannerInputError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 4]!r}); save it as UTF-8"
+        ) from None
 
 
 def read_json(path: str | Path) -> Any:
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise PlannerInputError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise PlannerInputError(f"{p}: is a directory, expected a JSON file") from None
-    except OSError as exc:
-        raise PlannerInputError(f"{p}: cannot read: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PlannerInputError(f"{p}: not valid JSON: not UTF-8 text") from None
-    return parse_text(text, str(p))
+    """A JSON document from a file (:func:`read_text`, :func:`parse_text`)."""
+    return parse_text(read_text(path, "JSON file"), str(path))
+
+
+def is_version(data: Any, schema: str, version: int) -> bool:
+    """``data`` is a document of ``schema`` at ``version`` (an integer: JSON's ``true`` is not 1)."""
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        return False
+    got = data.get("version")
+    return type(got) is int and got == version
 
 
 def decode_document(cls: type[T], data: Any, schema: str, version: int, source: str) -> T:
@@ -192,7 +342,7 @@ def decode_document(cls: type[T], data: Any, schema: str, version: int, source: 
             f"{source}: schema: expected {schema!r} (got {_short(got_schema) if 'schema' in data else 'nothing'})"
         )
     got_version = data.get("version")
-    if got_version != version:
+    if type(got_version) is not int or got_version != version:
         raise PlannerInputError(
             f"{source}: version: unsupported {schema} version {_short(got_version)}; "
             f"this planner reads version {version}"

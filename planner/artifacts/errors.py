@@ -26,8 +26,9 @@ class InfeasibleError(PlannerError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, suggestions: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, *, suggestions: tuple[str, ...] = (), need_bytes: float = float("inf")) -> None:
         self.suggestions = suggestions
+        self.need_bytes = need_bytes  # the least per-device memory the explanation found (inf: not measured)
         text = message
         if suggestions:
             text += "\n" + "\n".join(f"  - {s}" for s in suggestions)

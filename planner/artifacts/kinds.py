@@ -7,7 +7,9 @@ and request files hold).
   :class:`OptimizerFamily` (the optimizer the runtime runs: SGD or AdamW);
 - :class:`DType`: the element type of a profile's parameters and activations;
 - :class:`SolverKind`: the exact solvers and the peers' baseline partition methods;
-- :class:`ZeroStage`: how much model state is sharded over a stage's data-parallel ranks.
+- :class:`ZeroStage`: how much model state is sharded over a stage's data-parallel ranks;
+- :class:`AttentionKind`: how a profile's attention keeps its scores (flash or materialised);
+- :class:`RecomputeLevel`: how much of a layer is recomputed in backward (none, selective, full).
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ class ScheduleKind(enum.Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
+    ZB_H1 = "zb-h1"  # zero bubble, backward split into input (I) and weight (W) gradients (Qi et al. 2024)
+
+    @property
+    def splits_backward(self) -> bool:
+        """The schedule runs each backward as an input-gradient pass and a weight-gradient pass."""
+        return self is ScheduleKind.ZB_H1
 
 
 class Objective(enum.Enum):
@@ -113,8 +121,42 @@ REQUESTABLE_SOLVERS: tuple[SolverKind, ...] = (SolverKind.DP, SolverKind.ILP, So
 class ZeroStage(enum.IntEnum):
     """ZeRO (Rajbhandari et al. 2020) over a stage's data-parallel ranks: 0 nothing sharded,
     1 the optimizer state, 2 also the gradients (after the iteration's reduce-scatter; see
-    :mod:`planner.cost.model`)."""
+    :mod:`planner.cost.model`), 3 also the parameters (FSDP: each layer's weights all-gathered
+    before its forward and again before its backward, its gradients reduce-scattered after its
+    backward, every micro-batch; see :mod:`planner.cost.fsdp`)."""
 
     NONE = 0
     OPTIMIZER = 1
     GRADIENTS = 2
+    PARAMETERS = 3
+
+
+class AttentionKind(enum.Enum):
+    """How the attention of a profiled model keeps what its backward needs.
+
+    - ``flash``: FlashAttention (Dao et al. 2022, sec. 3.1; torch's flash, memory-efficient
+      and cuDNN SDPA backends): no ``s x s`` tensor is saved, only Q, K, V, the output and
+      the fp32 log-sum-exp per head and token; the backward recomputes the scores
+      (``2 s^2 h`` more FLOPs per sample than a materialised backward);
+    - ``materialised``: the softmax output and dropout mask are saved (``5 a s^2`` bytes per
+      sample in 16-bit, Korthikanti et al. 2022 eq. 1; torch's math SDPA backend, eager
+      attention);
+    - ``none``: the model has no attention;
+    - ``unknown``: not recorded (profiles written before version 3).
+    """
+
+    FLASH = "flash"
+    MATERIALISED = "materialised"
+    NONE = "none"
+    UNKNOWN = "unknown"
+
+
+class RecomputeLevel(enum.Enum):
+    """What of a layer's forward is re-run in its backward (Korthikanti et al. 2022 sec. 4):
+    nothing (it keeps everything it saves), its attention core only (``selective``: QK^T,
+    softmax, dropout and attention over V; it keeps the rest), or all of it (``full``: it
+    keeps only its input)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"

@@ -25,10 +25,18 @@ unchanged by it.
 
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
+Version 4 (this one) added ``stack``, the training stack the plan was priced for (what it
+overlaps: :mod:`planner.artifacts.stack`), also in the request, and per stage ``sync_early_ms``,
+``gather_ahead_ms`` and ``gather_bound_ms`` (when the synchronisation runs under that stack);
+older files are read as priced for the ``none`` stack (nothing overlapped beyond the
+pipeline), which is what they were, with those three 0. Version 4 also added each stage's
+``recompute_selective`` (the layers whose attention core is recomputed, Korthikanti et al.
+2022 sec. 4, beside ``recompute``, the fully recomputed ones); older files are read with none.
+
 Version 2 renamed ``predicted.lower_bound_ms`` to ``partition_bound_ms`` and added
 ``machine_bound_ms``, the FLOP figures, ``zero`` and ``replicas``; version-1 files are read
-and upgraded (their machine bound is left 0: unknown without the profile). Version 3 (this
-one) added ``tp_degree``, ``sequence_parallel``, ``dtype`` and ``optimizer``; version-2 files
+and upgraded (their machine bound is left 0: unknown without the profile). Version 3 added
+``tp_degree``, ``sequence_parallel``, ``dtype`` and ``optimizer``; version-2 files
 are read as t = 1 with dtype and optimizer unknown ("").
 """
 
@@ -40,12 +48,28 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import DType, OptimizerKind, ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.kinds import DType, OptimizerKind, RecomputeLevel, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import Layout
+from planner.artifacts.limits import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_FLOPS,
+    MAX_LAYERS,
+    MAX_MS,
+    MAX_RATE,
+    MAX_THROUGHPUT,
+    check_count,
+    check_fields,
+    check_name,
+    check_range,
+    first_duplicate,
+)
 from planner.artifacts.request import PlanRequest
+from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack
 
 SCHEMA = "planner.plan"
-VERSION = 3
+VERSION = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +82,10 @@ class StageMemory:
     activation_bytes: int
     recompute_workspace_bytes: int
     buffer_bytes: int
+
+    def __post_init__(self) -> None:
+        check_fields(self, 0, MAX_BYTES, "param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
+                     "recompute_workspace_bytes", "buffer_bytes")
 
     @property
     def total_bytes(self) -> int:
@@ -97,10 +125,54 @@ class PlanStage:
     replicas: int = field(
         default=1, metadata={"doc": "copies of this stage inside one pipeline; micro-batch m runs on copy m mod replicas"}
     )
+    recompute_selective: tuple[int, ...] = field(
+        default=(),
+        metadata={"doc": "layer indices whose attention core (QK^T, softmax, dropout, attention over V) is recomputed "
+                         "in backward (selective recomputation); disjoint from recompute"},
+    )
+    sync_early_ms: float = field(
+        default=0.0,
+        metadata={"doc": "how long before the stage's last backward ends its gradient reduction may start (buckets "
+                         "overlapping that backward, when the stack does so); 0: it starts at the end"},
+    )
+    gather_ahead_ms: float = field(
+        default=0.0,
+        metadata={"doc": "of allreduce_ms, ZeRO's all-gather of the weights run ahead of the next iteration's forward "
+                         "(when the stack does so); 0: it follows the reduction"},
+    )
+    gather_bound_ms: float = field(
+        default=0.0,
+        metadata={"doc": "with gather_ahead_ms: the earliest end of the stage's first forward after that gather starts"},
+    )
+    wgrad_ms: float = field(
+        default=0.0,
+        metadata={"doc": "of bwd_ms, the weight-gradient pass W a zero-bubble schedule runs apart from the input-gradient "
+                         "pass (Qi et al. 2024); 0 unless the plan's schedule splits the backward"},
+    )
+    wgrad_bytes_per_microbatch: int = field(
+        default=0,
+        metadata={"doc": "of activation_bytes_per_microbatch, what one micro-batch keeps from the end of its input-gradient "
+                         "pass until its W runs (its weight GEMMs' inputs); 0 unless the schedule splits the backward"},
+    )
 
     def __post_init__(self) -> None:
+        check_count("stage_idx", self.stage_idx, 0, MAX_LAYERS)
+        check_fields(self, 0, MAX_MS, "wgrad_ms")
+        check_fields(self, 0, MAX_BYTES, "wgrad_bytes_per_microbatch")
+        if self.wgrad_ms > self.bwd_ms * (1 + 1e-9) + 1e-12:
+            raise ValueError(f"stage {self.stage_idx}: wgrad_ms {self.wgrad_ms} exceeds bwd_ms {self.bwd_ms}")
         if self.replicas < 1:
             raise ValueError(f"stage {self.stage_idx}: replicas must be >= 1 (got {self.replicas})")
+        check_count("replicas", self.replicas, 1, MAX_DEVICES)
+        check_fields(self, 0, MAX_LAYERS, "layer_start", "layer_stop")
+        check_count("inflight_microbatches", self.inflight_microbatches, 0, MAX_BATCH)
+        check_fields(self, 0, MAX_MS, "fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")
+        check_fields(self, 0, MAX_MS, "sync_early_ms", "gather_ahead_ms", "gather_bound_ms")
+        check_fields(self, 0, MAX_BYTES, "activation_bytes_per_microbatch", "memory_total_bytes", "memory_cap_bytes")
+        for name in self.layer_names:
+            check_name(f"stage {self.stage_idx}: layer name", name)
+        for rank in self.ranks:
+            check_count("ranks[*]", rank, 0, MAX_DEVICES - 1)
         if not 0 <= self.layer_start < self.layer_stop:
             raise ValueError(f"stage {self.stage_idx}: layer range [{self.layer_start}, {self.layer_stop}) is empty")
         if len(self.layer_names) != self.layer_stop - self.layer_start:
@@ -109,6 +181,26 @@ class PlanStage:
             raise ValueError(f"stage {self.stage_idx}: no ranks")
         if any(not self.layer_start <= i < self.layer_stop for i in self.recompute):
             raise ValueError(f"stage {self.stage_idx}: recompute lists a layer outside the stage")
+        if len(set(self.recompute)) != len(self.recompute):
+            raise ValueError(f"stage {self.stage_idx}: recompute lists a layer twice")
+        if any(not self.layer_start <= i < self.layer_stop for i in self.recompute_selective):
+            raise ValueError(f"stage {self.stage_idx}: recompute_selective lists a layer outside the stage")
+        if len(set(self.recompute_selective)) != len(self.recompute_selective):
+            raise ValueError(f"stage {self.stage_idx}: recompute_selective lists a layer twice")
+        both = set(self.recompute) & set(self.recompute_selective)
+        if both:
+            raise ValueError(f"stage {self.stage_idx}: layer {min(both)} is in both recompute and recompute_selective")
+
+    def recompute_level(self, layer_idx: int) -> RecomputeLevel:
+        """How layer ``layer_idx`` of this stage is recomputed in backward."""
+        if layer_idx in self.recompute:
+            return RecomputeLevel.FULL
+        return RecomputeLevel.SELECTIVE if layer_idx in self.recompute_selective else RecomputeLevel.NONE
+        if not 0.0 <= self.gather_ahead_ms <= self.allreduce_ms + 1e-9 or self.sync_early_ms < 0 or self.gather_bound_ms < 0:
+            raise ValueError(
+                f"stage {self.stage_idx}: sync_early_ms {self.sync_early_ms}, gather_ahead_ms {self.gather_ahead_ms} and "
+                f"gather_bound_ms {self.gather_bound_ms} must be >= 0, gather_ahead_ms at most allreduce_ms {self.allreduce_ms}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +232,16 @@ class Prediction:
                          "plan the solver found on all of them (0 = none fits on all, or the plan uses them all)"},
     )
 
+    def __post_init__(self) -> None:
+        check_fields(self, 0, MAX_MS, "iteration_ms", "exposed_allreduce_ms", "partition_bound_ms", "machine_bound_ms",
+                     "all_devices_ms")
+        check_count("peak_memory_bytes", self.peak_memory_bytes, 0, MAX_BYTES)
+        check_range("bubble_fraction", self.bubble_fraction, -1e-9, 1 + 1e-9)  # the simulator's rounding: -4e-16 seen
+        check_range("throughput_samples_per_s", self.throughput_samples_per_s, 0, MAX_THROUGHPUT)
+        check_range("model_flops_per_iteration", self.model_flops_per_iteration, 0, MAX_FLOPS)
+        check_fields(self, 0, MAX_RATE, "achieved_tflops_per_device", "device_peak_tflops")
+        check_fields(self, 0, 1e15, "mfu", "me_index")  # ratios of bounded figures
+
     @classmethod
     def unset(cls, peak_memory_bytes: int = 0) -> Prediction:
         """Zeros, for a plan whose predictions are still to be made (or not needed)."""
@@ -164,11 +266,25 @@ class ParetoPoint:
     dp_degree: int
     microbatch_size: int
     schedule: ScheduleKind
-    num_recomputed_layers: int
+    num_recomputed_layers: int  # at either level, full or selective
     zero: ZeroStage = ZeroStage.NONE
     stage_replicas: tuple[int, ...] = ()
     tp_degree: int = 1
     sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        check_range("iteration_ms", self.iteration_ms, 0, MAX_MS)
+        check_count("peak_memory_bytes", self.peak_memory_bytes, 0, MAX_BYTES)
+        check_fields(self, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree")
+        check_count("microbatch_size", self.microbatch_size, 1, MAX_BATCH)
+        check_count("num_recomputed_layers", self.num_recomputed_layers, 0, MAX_LAYERS)
+        _ = self.layout  # its axes combine (the Layout's own checks)
+
+    @property
+    def layout(self) -> Layout:
+        """The point's parallel dimensions (chunks per rank are not recorded: 1)."""
+        return Layout(num_stages=self.num_stages, dp_degree=self.dp_degree, stage_replicas=self.stage_replicas,
+                      tp_degree=self.tp_degree, sequence_parallel=self.sequence_parallel, zero=self.zero)
 
     @classmethod
     def of(cls, plan: Plan) -> ParetoPoint:
@@ -180,7 +296,7 @@ class ParetoPoint:
             dp_degree=lay.dp_degree,
             microbatch_size=plan.microbatch_size,
             schedule=plan.schedule,
-            num_recomputed_layers=sum(len(s.recompute) for s in plan.stages),
+            num_recomputed_layers=sum(len(s.recompute) + len(s.recompute_selective) for s in plan.stages),
             zero=lay.zero,
             stage_replicas=lay.stage_replicas,
             tp_degree=lay.tp_degree,
@@ -218,12 +334,19 @@ class Plan:
                          "plan occupies num_devices of them, fewer only when that is faster (or better by the "
                          "objective) than any plan found on all"},
     )
+    stack: Stack = field(
+        default=DEFAULT_STACK,
+        metadata={"doc": "the training stack the plan was priced for: what it overlaps (planner.artifacts.stack)"},
+    )
     stages: tuple[PlanStage, ...]
     predicted: Prediction
     pareto: tuple[ParetoPoint, ...] = ()
 
     def __post_init__(self) -> None:
         lay = self.layout
+        check_fields(self, 1, MAX_BATCH, "global_batch", "num_microbatches", "microbatch_size")
+        check_count("devices_available", self.devices_available, 0, MAX_DEVICES)
+        check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "virtual_stages_per_rank")
         if len(self.stages) != lay.num_stages:
             raise ValueError(f"num_stages is {lay.num_stages} but {len(self.stages)} stages are listed")
         if self.devices_available < 0:
@@ -254,6 +377,9 @@ class Plan:
                 raise ValueError(f"stage {stage.stage_idx} starts at layer {stage.layer_start}, not {prev.layer_stop}")
         if self.stages and self.stages[0].layer_start != 0:
             raise ValueError("the first stage must start at layer 0")
+        dup = first_duplicate(n for stage in self.stages for n in stage.layer_names)
+        if dup is not None:
+            raise ValueError(f"layer name {dup!r} appears twice (in more than one stage, or twice in one)")
 
     @property
     def num_devices(self) -> int:
@@ -265,15 +391,15 @@ class Plan:
         return self.stages[-1].layer_stop
 
 
-#: the layout's fields as version 3 files hold them, at the top level (stage_replicas: in stages)
+#: the layout's fields as version 3 and 4 files hold them, at the top level (stage_replicas: in stages)
 _LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel")
-#: layout keys a version-3 file must have (the others have defaults)
+#: layout keys a version-3 or -4 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
-#: the top-level keys of a version-3 file, in order
+#: the top-level keys of a version-4 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
     "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "dtype", "optimizer", "devices_available",
-    "stages", "predicted", "pareto",
+    "stack", "stages", "predicted", "pareto",
 )
 
 
@@ -282,15 +408,20 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
-    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
+    if codec.is_version(data, SCHEMA, 1):
         data = _upgrade_v1(data)
-    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 2:
-        data = dict(data, version=VERSION)  # v3 only added fields with defaults
-    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == VERSION:
+    if codec.is_version(data, SCHEMA, 2):
+        data = dict(data, version=3)  # v3 only added fields with defaults
+    if codec.is_version(data, SCHEMA, 3):
+        data = _upgrade_v3(data)
+    if codec.is_version(data, SCHEMA, VERSION):
         missing = [k for k in _REQUIRED_LAYOUT_KEYS if k not in data]
         if missing:
             raise PlannerInputError(f"{source}: {missing[0]}: missing required field")
-        data = _nested(data)
+        try:
+            data = _nested(data)
+        except PlannerInputError as exc:
+            raise PlannerInputError(f"{source}: {exc}") from None
     try:
         return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
     except PlannerInputError as exc:
@@ -309,6 +440,8 @@ def _nested(data: dict[str, Any]) -> dict[str, Any]:
             layout["stage_replicas"] = replicas
     out["layout"] = layout
     for key in ("dtype", "optimizer"):
+        if key in out and out[key] is None:  # the file says "" for unknown; null is not the format
+            raise PlannerInputError(f"{key}: must be a {key} name, or \"\" for unknown (got null)")
         if out.get(key) == "":
             out[key] = None
     return out
@@ -319,6 +452,17 @@ def _wire_path(message: str) -> str:
     return message.replace(": layout.stage_replicas", ": stages[*].replicas").replace(": layout.", ": ").replace(
         ": layout: ", ": <document>: "
     )
+
+
+def _upgrade_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-3 plan as version 4: priced for the ``none`` stack (nothing overlapped beyond
+    the pipeline), in the plan and in its request."""
+    none = codec.encode(STACKS["none"])
+    out = dict(data, version=VERSION, stack=none)
+    prov = out.get("provenance")
+    if isinstance(prov, dict) and isinstance(prov.get("request"), dict):
+        out["provenance"] = dict(prov, request=dict(prov["request"], stack=none))
+    return out
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -333,7 +477,7 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """The version-3 document: the layout's degrees at the top level (see the module docstring)."""
+    """The version-4 document: the layout's degrees at the top level (see the module docstring)."""
     body = codec.encode(plan)
     layout = body.pop("layout")
     body.update({k: layout[k] for k in _LAYOUT_KEYS})
@@ -343,7 +487,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 
 def plan_schema() -> dict[str, Any]:
-    """The JSON Schema of a version-3 file (the layout's fields at the top level)."""
+    """The JSON Schema of a version-4 file (the layout's fields at the top level)."""
     doc = codec.document_schema(Plan, SCHEMA, VERSION)
     props = doc["properties"]
     layout = doc["$defs"].pop("Layout")

@@ -7,7 +7,32 @@ consumed after it (skip connections included). See ``planner.graph``.
 
 Times are for the device named in ``device``; each is a fitted line in the micro-batch size
 ``t(b) = intercept_ms + per_sample_ms * b`` with the measured points kept beside it. Memory
-figures are bytes *per sample* and scale linearly with the micro-batch size.
+figures are bytes *per sample*, plus for saved bytes an intercept that does not grow with the
+micro-batch (``saved_bytes_fixed``: e.g. rotary tables broadcast over the batch), fitted like
+the times: ``saved(b) = saved_bytes_fixed + saved_bytes_per_sample * b``.
+
+Saved bytes are counted once per storage (a view or a re-save of one tensor is one tensor,
+as the allocator holds it). Two layers that save one storage (a ReLU that keeps its output
+and the next layer's linear that keeps it as its input) each count it, and the pair is listed
+in ``Profile.shared_saved``: a stage holding both counts it once.
+
+Recompute levels per layer (Korthikanti et al. 2022 sec. 4; :class:`RecomputeLevel`): none
+keeps the saved bytes; selective (a layer with an ``attention_core``) re-runs the attention
+core in backward and keeps the saved bytes less the core's; full keeps the layer's input and
+re-runs its whole forward.
+
+Zero bubble (Qi et al., ICLR 2024) splits the backward into B (input gradient) and W (weight
+gradient): ``weight_grad_fraction`` is W's share of ``bwd``, ``weight_grad_saved_fraction`` the
+share of the saved bytes W keeps from the end of B until it runs. Unset (imported and older
+files; measured ones time W, not its bytes): a layer with parameters spends half its backward in
+W (dgrad + wgrad of one shape) and W keeps all it saved (torch's ``stage_backward_input`` retains
+the graph until W); one without parameters has no W. Analytic profiles compute both.
+
+Version 3 added ``saved_bytes_fixed``, ``attention_core``, ``Profile.attention``,
+``Profile.shared_saved`` and ``TensorSplit.degrees`` (version-1 and -2 files load with none of
+them: no intercept, no selective level, attention ``unknown``, nothing shared, the ``1/t``
+rule for tensor-parallel times); version 2 added
+``model_flops_per_sample``.
 """
 
 from __future__ import annotations
@@ -19,11 +44,30 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
-from planner.artifacts.kinds import DType
+from planner.artifacts.kinds import AttentionKind, DType
+from planner.artifacts.limits import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_FLOPS_PER_SAMPLE,
+    MAX_LAYERS,
+    MAX_MS,
+    check_count,
+    check_name,
+    check_range,
+    check_ranges,
+    first_duplicate,
+)
+
+#: W's share of a backward the profile does not split: a matmul's backward is two products of
+#: its forward's shape, dgrad (B) and wgrad (W) (Qi et al. 2024 sec. 2: T_B = T_W = T_F)
+DEFAULT_WEIGHT_GRAD_FRACTION = 0.5
 
 SCHEMA = "planner.profile"
-#: version 2 added ``model_flops_per_sample``; version-1 files load with it 0 (unknown)
-VERSION = 2
+#: version 2 added ``model_flops_per_sample``; version 3 the recompute levels, saved-byte
+#: intercepts, shared storages and ``TensorSplit.degrees`` (see the module docstring); older
+#: files load with defaults (``degrees`` none: the ``1/t`` rule)
+VERSION = 3
 
 
 def _check_nonneg(owner: str, **values: float) -> None:
@@ -32,6 +76,10 @@ def _check_nonneg(owner: str, **values: float) -> None:
             raise ValueError(f"{owner}.{name} must be finite (got {value!r})")
         if value < 0:
             raise ValueError(f"{owner}.{name} must be >= 0 (got {value!r})")
+
+
+def _check_bytes(**values: float) -> None:
+    check_ranges(0, MAX_BYTES, **values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +96,8 @@ class TimeFit:
             raise ValueError(f"per_sample_ms must be >= 0 (got {self.per_sample_ms!r})")
         if self.intercept_ms + self.per_sample_ms < 0:
             raise ValueError("time fit is negative at micro-batch size 1")
+        check_range("intercept_ms", self.intercept_ms, -MAX_MS, MAX_MS)
+        check_range("per_sample_ms", self.per_sample_ms, 0, MAX_MS)
 
     def at(self, microbatch_size: int) -> float:
         """Time in ms for one micro-batch of ``microbatch_size`` samples (never negative)."""
@@ -65,7 +115,34 @@ class TimePoint:
     def __post_init__(self) -> None:
         if self.microbatch_size < 1:
             raise ValueError(f"microbatch_size must be >= 1 (got {self.microbatch_size})")
-        _check_nonneg("TimePoint", fwd_ms=self.fwd_ms, bwd_ms=self.bwd_ms)
+        check_count("microbatch_size", self.microbatch_size, 1, MAX_BATCH)
+        check_ranges(0, MAX_MS, fwd_ms=self.fwd_ms, bwd_ms=self.bwd_ms)  # raw points too, though the fit is what plans use
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitDegree:
+    """A layer's split work on one of ``degree`` tensor-parallel devices, where whoever built the
+    profile knows it better than ``1/t`` of the whole (GEMMs whose achieved throughput depends on
+    their per-device shape, :mod:`planner.profiling.analytic.gemm`).
+
+    ``time_scale``: the split work takes ``time_scale x split_time_fraction x time / degree``
+    (1 = the ``1/t`` rule). ``fwd_overlap`` / ``bwd_overlap``: per forward / backward collective
+    of the layer, the time of the GEMMs that may run beside it, as a fraction of the split
+    work's forward / backward time at this degree (a stack that overlaps tensor-parallel
+    communication hides at most that much of each collective; empty: nothing)."""
+
+    degree: int
+    time_scale: float
+    fwd_overlap: tuple[float, ...] = ()
+    bwd_overlap: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.degree < 2:
+            raise ValueError(f"SplitDegree.degree must be >= 2 (got {self.degree})")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"SplitDegree.time_scale must be > 0 (got {self.time_scale!r})")
+        if any(not 0.0 <= f <= 1.0 for f in (*self.fwd_overlap, *self.bwd_overlap)):
+            raise ValueError("SplitDegree overlap fractions must be in [0, 1]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,8 +172,22 @@ class TensorSplit:
     collective_bytes_per_sample: float
     collectives_fwd: int
     collectives_bwd: int
+    degrees: tuple[SplitDegree, ...] = field(
+        default=(), metadata={"doc": "per tensor-parallel degree, the split work's time and the GEMMs beside each "
+                                     "collective (SplitDegree); a degree not listed follows the 1/t rule, nothing hidden"},
+    )
+
+    def degree(self, t: int) -> SplitDegree | None:
+        """The entry of degree ``t``, if listed."""
+        return next((d for d in self.degrees if d.degree == t), None)
 
     def __post_init__(self) -> None:
+        for d in self.degrees:
+            if len(d.fwd_overlap) not in (0, self.collectives_fwd) or len(d.bwd_overlap) not in (0, self.collectives_bwd):
+                raise ValueError(
+                    f"TensorSplit.degrees[t={d.degree}]: one overlap fraction per collective "
+                    f"({self.collectives_fwd} forward, {self.collectives_bwd} backward)"
+                )
         _check_nonneg(
             "TensorSplit",
             split_param_count=self.split_param_count,
@@ -109,6 +200,35 @@ class TensorSplit:
             raise ValueError(f"split_time_fraction must be in [0, 1] (got {self.split_time_fraction!r})")
         if any(n < 1 for n in self.must_divide):
             raise ValueError(f"must_divide sizes must be >= 1 (got {list(self.must_divide)})")
+        for i, n in enumerate(self.must_divide):
+            check_count(f"must_divide[{i}]", n, 1, MAX_COUNT)
+        check_count("split_param_count", self.split_param_count)
+        _check_bytes(split_saved_bytes_per_sample=self.split_saved_bytes_per_sample,
+                     collective_bytes_per_sample=self.collective_bytes_per_sample)
+        check_count("collectives_fwd", self.collectives_fwd, 0, 1000)
+        check_count("collectives_bwd", self.collectives_bwd, 0, 1000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionCore:
+    """The attention core of a layer (Korthikanti et al. 2022 sec. 4: QK^T, softmax, softmax
+    dropout and attention over V), which selective recomputation re-runs in backward: the bytes
+    it saves for backward (freed by the selective level, live again while its backward runs)
+    and its forward time (what the selective level costs in every backward). The core runs per
+    head, so with tensor parallelism all of it divides by t: its bytes are part of the layer's
+    ``TensorSplit.split_saved_bytes_per_sample``."""
+
+    saved_bytes_per_sample: float
+    saved_bytes_fixed: float = 0.0
+    fwd: TimeFit
+
+    def __post_init__(self) -> None:
+        _check_nonneg("AttentionCore", saved_bytes_per_sample=self.saved_bytes_per_sample,
+                      saved_bytes_fixed=self.saved_bytes_fixed)
+        _check_bytes(saved_bytes_per_sample=self.saved_bytes_per_sample, saved_bytes_fixed=self.saved_bytes_fixed)
+
+    def saved_bytes(self, microbatch_size: int) -> float:
+        return self.saved_bytes_fixed + self.saved_bytes_per_sample * microbatch_size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,7 +243,10 @@ class Layer:
     param_count: int
     param_bytes: int
     param_shapes: tuple[tuple[int, ...], ...] = ()
-    saved_bytes_per_sample: float = field(metadata={"doc": "bytes saved for backward per sample"})
+    saved_bytes_per_sample: float = field(metadata={"doc": "bytes saved for backward per sample (once per storage)"})
+    saved_bytes_fixed: float = field(
+        default=0.0, metadata={"doc": "bytes saved for backward whatever the micro-batch (the fit's intercept)"}
+    )
     input_bytes_per_sample: float = field(
         metadata={"doc": "bytes kept per sample when the layer is recomputed (its inputs)"}
     )
@@ -131,10 +254,34 @@ class Layer:
     tp: TensorSplit | None = field(
         default=None, metadata={"doc": "how the layer splits over tensor-parallel devices; null = it does not"}
     )
+    attention_core: AttentionCore | None = field(
+        default=None,
+        metadata={"doc": "what selective recomputation of this layer frees and costs; null = no selective level"},
+    )
+    weight_grad_fraction: float | None = field(default=None, metadata={
+        "doc": "W's share of bwd (the rest is B; Qi et al. 2024); null = the default: 0.5 with parameters, 0 without"})
+    weight_grad_saved_fraction: float | None = field(default=None, metadata={
+        "doc": "share of the saved bytes W keeps from the end of B until it runs; null = 1 with parameters, 0 without"})
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("layer name must not be empty")
+        check_name("layer name", self.name)
+        check_count("param_count", self.param_count)
+        _check_bytes(param_bytes=self.param_bytes, saved_bytes_per_sample=self.saved_bytes_per_sample,
+                     input_bytes_per_sample=self.input_bytes_per_sample, output_bytes_per_sample=self.output_bytes_per_sample,
+                     saved_bytes_fixed=self.saved_bytes_fixed)
+        for i, shape in enumerate(self.param_shapes):
+            for j, dim in enumerate(shape):
+                check_count(f"param_shapes[{i}][{j}]", dim)
+        for fname in ("weight_grad_fraction", "weight_grad_saved_fraction"):
+            if getattr(self, fname) is not None:
+                check_range(f"layer {self.name!r}: {fname}", getattr(self, fname), 0.0, 1.0)
+        core = self.attention_core
+        if core is not None and core.saved_bytes_per_sample > self.saved_bytes_per_sample * (1 + 1e-9) + 1e-9:
+            raise ValueError(f"layer {self.name!r}: attention_core.saved_bytes_per_sample exceeds saved_bytes_per_sample")
+        if core is not None and core.saved_bytes_fixed > self.saved_bytes_fixed * (1 + 1e-9) + 1e-9:
+            raise ValueError(f"layer {self.name!r}: attention_core.saved_bytes_fixed exceeds saved_bytes_fixed")
         if self.tp is not None:
             if self.tp.split_param_count > self.param_count:
                 raise ValueError(f"layer {self.name!r}: tp.split_param_count exceeds param_count")
@@ -145,6 +292,7 @@ class Layer:
             param_count=self.param_count,
             param_bytes=self.param_bytes,
             saved_bytes_per_sample=self.saved_bytes_per_sample,
+            saved_bytes_fixed=self.saved_bytes_fixed,
             input_bytes_per_sample=self.input_bytes_per_sample,
             output_bytes_per_sample=self.output_bytes_per_sample,
         )
@@ -154,6 +302,45 @@ class Layer:
 
     def bwd_ms(self, microbatch_size: int) -> float:
         return self.bwd.at(microbatch_size)
+
+    def saved_bytes(self, microbatch_size: int) -> float:
+        """Bytes saved for backward by one micro-batch of ``microbatch_size`` samples."""
+        return self.saved_bytes_fixed + self.saved_bytes_per_sample * microbatch_size
+
+    @property
+    def wgrad_fraction(self) -> float:
+        """:attr:`weight_grad_fraction`, or the default split (module docstring)."""
+        w = self.weight_grad_fraction
+        return w if w is not None else DEFAULT_WEIGHT_GRAD_FRACTION if self.param_count > 0 else 0.0
+
+    @property
+    def wgrad_saved_fraction(self) -> float:
+        """:attr:`weight_grad_saved_fraction`, or the default (module docstring)."""
+        w = self.weight_grad_saved_fraction
+        return w if w is not None else 1.0 if self.param_count > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedSaved:
+    """One storage (or several) that layers ``first`` < ``second`` both save for backward (each
+    layer's saved bytes count it): a stage holding both layers holds it once. Storages saved
+    by three layers are listed pairwise along the chain of their savers (a-b, b-c), so a stage
+    holding any run of them counts each once."""
+
+    first: int
+    second: int
+    bytes_per_sample: float
+    bytes_fixed: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_nonneg("shared_saved", first=self.first, second=self.second, bytes_per_sample=self.bytes_per_sample,
+                      bytes_fixed=self.bytes_fixed)
+        _check_bytes(bytes_per_sample=self.bytes_per_sample, bytes_fixed=self.bytes_fixed)
+        if self.first >= self.second:
+            raise ValueError(f"shared_saved {self.first}-{self.second}: first must come before second")
+
+    def at(self, microbatch_size: int) -> float:
+        return self.bytes_fixed + self.bytes_per_sample * microbatch_size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +353,7 @@ class Edge:
 
     def __post_init__(self) -> None:
         _check_nonneg("edge", src=self.src, dst=self.dst, bytes_per_sample=self.bytes_per_sample)
+        _check_bytes(bytes_per_sample=self.bytes_per_sample)
         if self.src >= self.dst:
             raise ValueError(f"edge {self.src}->{self.dst} must go forward (src < dst)")
 
@@ -183,6 +371,8 @@ class TiedParams:
         if len(self.layers) < 2:
             raise ValueError(f"tied parameter {self.name!r} needs at least two layers")
         _check_nonneg(f"tied {self.name!r}", param_count=self.param_count, param_bytes=self.param_bytes)
+        check_count("param_count", self.param_count)
+        _check_bytes(param_bytes=self.param_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,19 +392,31 @@ class Profile:
         metadata={"doc": "FLOPs of one training sample's forward and backward without recomputation (the count MFU "
                          "uses), set by whoever builds the profile; 0 = unknown"},
     )
+    attention: AttentionKind = field(
+        default=AttentionKind.UNKNOWN,
+        metadata={"doc": "how the model's attention keeps its scores: flash | materialised | none | unknown"},
+    )
     layers: tuple[Layer, ...]
     edges: tuple[Edge, ...]
     tied: tuple[TiedParams, ...] = ()
+    shared_saved: tuple[SharedSaved, ...] = field(
+        default=(), metadata={"doc": "storages two layers both save (counted once on a stage holding both)"}
+    )
 
     def __post_init__(self) -> None:
         if not self.layers:
             raise ValueError("a profile needs at least one layer")
+        check_name("model", self.model)
+        check_count("layers", len(self.layers), 1, MAX_LAYERS)
         _check_nonneg("profile", model_flops_per_sample=self.model_flops_per_sample)
+        check_range("model_flops_per_sample", self.model_flops_per_sample, 0, MAX_FLOPS_PER_SAMPLE)
         if not self.microbatch_sizes or min(self.microbatch_sizes) < 1:
             raise ValueError(f"microbatch_sizes must be positive (got {list(self.microbatch_sizes)})")
+        for i, b in enumerate(self.microbatch_sizes):
+            check_count(f"microbatch_sizes[{i}]", b, 1, MAX_BATCH)
         names = [layer.name for layer in self.layers]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
+        dup = first_duplicate(names)
+        if dup is not None:
             raise ValueError(f"layer names must be unique ({dup!r} repeats)")
         n = len(self.layers)
         for i, edge in enumerate(self.edges):
@@ -224,6 +426,10 @@ class Profile:
             bad = [i for i in tie.layers if not 0 <= i < n]
             if bad:
                 raise ValueError(f"tied {tie.name!r}: layer {bad[0]} does not exist ({n} layers)")
+        for i, shared in enumerate(self.shared_saved):
+            if shared.second >= n:
+                raise ValueError(f"shared_saved[{i}]: layer {shared.second} does not exist ({n} layers)")
+
 
     @property
     def num_layers(self) -> int:
@@ -244,8 +450,8 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
-    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
-        data = dict(data, version=VERSION)  # v2 only added a field with a default
+    if codec.is_version(data, SCHEMA, 1) or codec.is_version(data, SCHEMA, 2):
+        data = dict(data, version=VERSION)  # v2 and v3 only added fields with defaults
     return codec.decode_document(Profile, data, SCHEMA, VERSION, source)
 
 

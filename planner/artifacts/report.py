@@ -12,14 +12,25 @@ its times measure the machine's load, not the cost model. (Fields added in place
 files written before them load with 0 overruns and ``fidelity_sample`` False.) Version 2 holds
 the plan's parallel dimensions as one ``layout``
 (:class:`~planner.artifacts.layout.Layout`); version-1 files, which had them at the top level,
-are read and upgraded.
+are read and upgraded. Version 3 added the per-micro-batch memory of each stage and the
+allocator's measurement beside the hooks' (version-1 and -2 files load without them: 0, and
+-1 for "not measured").
 
 Times are wall-clock milliseconds. ``compute_ms`` of a stage is the time its ranks spent
 inside forward and backward of their micro-batches in one iteration (mean over measured
 steps, max over the stage's replicas); ``idle_ms`` is the rest of the iteration (waiting
 for peers, communication, optimizer). ``saved_bytes_peak`` is the peak over the iteration
-of the bytes saved for backward (``torch.autograd.graph.saved_tensors_hooks``, per-tensor
-bytes, parameters excluded; a recomputed layer counts the inputs it keeps).
+of the bytes saved for backward (``torch.autograd.graph.saved_tensors_hooks``, once per
+storage, parameters and buffers excluded; a recomputed layer counts the inputs it keeps, a
+selectively recomputed one its saved bytes less its attention core's).
+
+Memory per micro-batch, measured two independent ways (``planner.runtime.memory``):
+``saved_bytes_per_microbatch`` is the hooks' count of what one micro-batch's forward saves
+(the largest over the metered step; inputs included), beside the plan's
+``activation_bytes_per_microbatch``; ``allocator_bytes_per_microbatch`` is the allocator's own
+count (CPU: ``torch.profiler`` memory events; GPU: ``torch.cuda.memory_allocated``) of the bytes
+a forward left allocated, its output excepted, beside ``allocator_hook_bytes_per_microbatch``,
+the hooks' count of the same storages (the saved storages the forward created).
 
 Model state per rank: ``optimizer_state_bytes`` is the bytes of the tensors in the rank's
 optimizer state (after its steps), ``grad_bytes_after_sync`` the bytes of gradient storage
@@ -37,11 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
+from planner.artifacts.files import atomic_write_text
 from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
 from planner.artifacts.layout import Layout
+from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_FLOPS, MAX_MS, check_count, check_name, check_range
 
 SCHEMA = "planner.runreport"
-VERSION = 2
+VERSION = 3
 
 
 #: an emulated run whose stages overran their profiled compute by more than this fraction is not
@@ -73,6 +86,11 @@ class StepRecord:
     step_idx: int
     loss: float
     wall_ms: float
+
+    def __post_init__(self) -> None:
+        check_count("step_idx", self.step_idx, 0, 2**40)
+        check_range("loss", self.loss, -MAX_FLOPS, MAX_FLOPS)
+        check_range("wall_ms", self.wall_ms, 0, MAX_MS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +131,40 @@ class StageRecord:
     overrun_fraction: float = field(
         default=0.0, metadata={"doc": "overrun_ms / the stage's emulated compute ms per iteration (1 when that is 0)"}
     )
+    saved_bytes_per_microbatch: int = field(
+        default=0, metadata={"doc": "the hooks' bytes saved by one micro-batch's forward (once per storage, inputs included)"}
+    )
+    activation_bytes_per_microbatch_predicted: int = field(
+        default=0, metadata={"doc": "the plan's activation_bytes_per_microbatch"}
+    )
+    microbatch_rel_error: float = 0.0
+    allocator_bytes_per_microbatch: int = field(
+        default=-1,
+        metadata={"doc": "the allocator's bytes left allocated by one forward, its output excepted (CPU: torch.profiler "
+                         "memory events, GPU: torch.cuda.memory_allocated); -1 = not measured"},
+    )
+    allocator_hook_bytes_per_microbatch: int = field(
+        default=0, metadata={"doc": "the hooks' bytes of the storages the allocator counts (the saved storages a forward made)"}
+    )
+    allocator_rel_error: float = field(
+        default=0.0, metadata={"doc": "(hooks - allocator) / allocator for the same storages; 0 when not measured"}
+    )
+
+    def __post_init__(self) -> None:
+        check_count("stage_idx", self.stage_idx, 0, MAX_DEVICES)
+        for rank in self.ranks:
+            check_count("ranks[*]", rank, 0, MAX_DEVICES - 1)
+        for name in ("compute_ms", "idle_ms", "compute_ms_predicted", "overrun_ms", "overrun_max_ms"):
+            check_range(name, getattr(self, name), 0, MAX_MS)
+        for name in ("saved_bytes_peak", "activation_bytes_predicted", "cuda_peak_bytes", "memory_total_bytes_predicted",
+                     "optimizer_state_bytes", "optimizer_state_bytes_predicted", "grad_bytes_after_sync",
+                     "grad_bytes_predicted"):
+            check_count(name, getattr(self, name), 0, MAX_BYTES)
+        for name in ("compute_rel_error", "activation_rel_error", "memory_rel_error", "optimizer_state_rel_error",
+                     "grad_rel_error"):  # (measured - predicted) / predicted >= -1
+            check_range(name, getattr(self, name), -1, MAX_MS)
+        check_count("optimizer_shards", self.optimizer_shards, 1, MAX_DEVICES)
+        check_range("overrun_fraction", self.overrun_fraction, 0, MAX_MS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +204,22 @@ class RunReport:
     )
 
     def __post_init__(self) -> None:
+        check_name("model", self.model)
+        check_count("world_size", self.world_size, 1, MAX_DEVICES)
+        check_count("num_microbatches", self.num_microbatches, 1, MAX_BATCH)
+        check_count("microbatch_size", self.microbatch_size, 1, MAX_BATCH)
+        check_count("warmup_steps", self.warmup_steps, 0, 2**40)
+        check_count("optimizer_state_bytes_per_param", self.optimizer_state_bytes_per_param, 0, 1024)
+        for name in ("iteration_ms", "iteration_ms_predicted"):
+            check_range(name, getattr(self, name), 0, MAX_MS)
+        check_range("iteration_rel_error", self.iteration_rel_error, -1, MAX_MS)
+        check_range("emulation_overrun_fraction", self.emulation_overrun_fraction, 0, MAX_MS)
+        for name in ("num_stages", "dp_degree", "tp_degree", "virtual_stages_per_rank"):
+            check_count(f"layout.{name}", getattr(self.layout, name), 1, MAX_DEVICES)
+        for stage in self.stages:
+            bad = [r for r in stage.ranks if r >= self.world_size]
+            if bad:
+                raise ValueError(f"stage {stage.stage_idx}: rank {bad[0]} is outside the world of {self.world_size}")
         if len(self.stages) != self.layout.num_stages:
             raise ValueError(f"the layout has {self.layout.num_stages} stages but {len(self.stages)} stage records are listed")
         if self.world_size != self.layout.world_size:
@@ -163,8 +231,10 @@ def load_report(path: str | Path) -> RunReport:
 
 
 def report_from_json(data: Any, source: str = "<runreport>") -> RunReport:
-    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 1:
+    if codec.is_version(data, SCHEMA, 1):
         data = _upgrade_v1(data)
+    if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 2:
+        data = dict(data, version=VERSION)  # v3 only added fields with defaults
     return codec.decode_document(RunReport, data, SCHEMA, VERSION, source)
 
 
@@ -195,4 +265,6 @@ def report_to_json(report: RunReport) -> dict[str, Any]:
 
 
 def save_report(report: RunReport, path: str | Path) -> None:
-    Path(path).write_text(codec.dumps_canonical(report_to_json(report)))
+    """Write the report atomically (``planner.artifacts.files``): the old file or the whole new
+    one, never a part; raises ``OSError`` (a full disk, a directory gone) with nothing left behind."""
+    atomic_write_text(path, codec.dumps_canonical(report_to_json(report)))

@@ -14,9 +14,11 @@ from planner.artifacts.kinds import (
     SolverKind,
     ZeroStage,
 )
+from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_LAYERS, MAX_MS, check_count, check_range
+from planner.artifacts.stack import DEFAULT_STACK, Stack
 
 __all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "ScheduleKind",
-           "SolverKind", "ZeroStage"]
+           "SolverKind", "Stack", "ZeroStage"]
 
 #: the ZeRO stages a request may ask for
 ZERO_STAGES = tuple(ZeroStage)
@@ -29,7 +31,13 @@ class PlanRequest:
     global_batch: int = 512
     num_devices: int = field(default=0, metadata={"doc": "devices to plan for; 0 = every device of the cluster"})
     objective: Objective = Objective.TIME
-    schedules: tuple[ScheduleKind, ...] = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
+    schedules: tuple[ScheduleKind, ...] = field(
+        default=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
+        metadata={"doc": "schedules to consider; interleaved 1F1B with the chunks per rank the search settings "
+                         "allow (planner.solve.settings.SearchSettings.interleave_factors), chosen by the search; "
+                         "zb-h1 (zero bubble) only when named: it holds every micro-batch until its W on every stage, "
+                         "so it is asked for where memory allows (README, Zero bubble)"},
+    )
     microbatch_sizes: tuple[int, ...] = field(
         default=(), metadata={"doc": "micro-batch sizes to consider; empty = every size that divides the batch"}
     )
@@ -59,7 +67,7 @@ class PlanRequest:
     zero_stages: tuple[ZeroStage, ...] = field(
         default=tuple(ZeroStage),
         metadata={"doc": "ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                         "2 also its gradients (Rajbhandari et al. 2020)"},
+                         "2 also its gradients, 3 also its parameters (FSDP; Rajbhandari et al. 2020)"},
     )
     per_stage_replication: bool = field(
         default=True,
@@ -74,6 +82,11 @@ class PlanRequest:
         default=(False, True),
         metadata={"doc": "with a tensor-parallel degree > 1: sequence parallelism off and/or on; with both, on is "
                          "planned (under the cost model it is never slower nor larger, see planner.cost.tensor_parallel)"},
+    )
+    stack: Stack = field(
+        default=DEFAULT_STACK,
+        metadata={"doc": "the training stack planned for: which communication it overlaps with computation "
+                         "(planner.artifacts.stack; default: this package's runtime)"},
     )
 
     def __post_init__(self) -> None:
@@ -107,6 +120,15 @@ class PlanRequest:
             raise ValueError(f"tp_degrees must be >= 1 (got {list(self.tp_degrees)})")
         if not self.sequence_parallel:
             raise ValueError("sequence_parallel must allow off, on, or both")
+        check_count("global_batch", self.global_batch, 1, MAX_BATCH)
+        for name in ("num_devices", "max_stages", "num_stages", "dp_degree"):
+            check_count(name, getattr(self, name), 0, MAX_DEVICES)
+        for name, values, hi in (("microbatch_sizes", self.microbatch_sizes, MAX_BATCH), ("tp_degrees", self.tp_degrees, MAX_DEVICES),
+                                 ("fixed_boundaries", self.fixed_boundaries, MAX_LAYERS)):
+            for i, value in enumerate(values):
+                check_count(f"{name}[{i}]", value, 1, hi)
+        check_count("memory_cap_bytes", self.memory_cap_bytes, 0, MAX_BYTES)
+        check_range("time_budget_ms", self.time_budget_ms, 0, MAX_MS)
         if not self.zero_stages or any(isinstance(z, bool) or z not in ZERO_STAGES for z in self.zero_stages):
             raise ValueError(
                 f"zero_stages must be a non-empty subset of {[int(z) for z in ZERO_STAGES]} (got {list(self.zero_stages)})"

@@ -12,9 +12,9 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.cluster import save_cluster
-from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile, save_profile
+from planner.commands._args import check_output
 from planner.report.calibrate import GRANULARITIES, RESIDUALS, CalibrationResult, calibrate
 from planner.report.resolve import find_cluster, load_reports
 
@@ -42,9 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for flag in ("out", "cluster_out"):
-        out = getattr(args, flag)
-        if out and not Path(out).resolve().parent.is_dir():
-            raise PlannerInputError(f"--{flag.replace('_', '-')} {out}: directory {Path(out).resolve().parent} does not exist")
+        check_output(f"--{flag.replace('_', '-')}", getattr(args, flag))
     plans = [load_plan(p) for p in args.plan]
     profile = load_profile(args.profile)
     cluster = find_cluster(plans[0], args.cluster)

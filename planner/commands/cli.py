@@ -37,7 +37,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="planner", description="Pipeline + data parallel partition planner.")
+    parser = _Parser(
+        prog="planner",
+        description="Pipeline + data + tensor parallel planner (with ZeRO, per-stage replication and recomputation): "
+        "profile a model, plan it for a cluster, compare plans, and run a plan under torchrun.",
+    )
     from planner import __version__
 
     parser.add_argument("--version", action="version", version=f"planner {__version__}")

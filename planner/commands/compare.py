@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.artifacts.errors import PlannerInputError
+from planner.commands._args import check_output
 from planner.report.table import format_table
 
 if TYPE_CHECKING:  # pandas and the comparison load when the command runs, not with the CLI
@@ -70,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run reports; matched to plans by signature, or N=PATH for the N-th plan")
     p.add_argument("--csv", metavar="OUT", help="write every column as CSV")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    p.add_argument("--figures", metavar="DIR", help="write timelines.png, memory.png and pareto.png here")
+    p.add_argument("--figures", metavar="DIR",
+                   help="write timelines.png, memory.png and pareto.png here (the folder is made if it does not exist)")
     p.set_defaults(func=run)
 
 
@@ -119,6 +121,9 @@ def format_comparison(frame: pd.DataFrame, *, markdown: bool = False) -> str:
     """The headline columns as a text (or Markdown) table, then the notes."""
     scale, unit = _mem_unit(frame)
     shown = list(_SHOWN) + ([c for c in _SHOWN_MEASURED] if "measured_iteration_ms" in frame else [])
+    if "selective_layers" in frame and frame["selective_layers"].fillna(0).astype(int).any():
+        at = [c for c, _, _ in shown].index("recomputed_layers") + 1
+        shown.insert(at, ("selective_layers", "sel", "d"))  # shown where some plan recomputes selectively
     headers = ["plan"] + [h.format(unit=unit) for _, h, _ in shown]
     rows = [[str(label)] + [_cell(row[c], f, scale) for c, _, f in shown] for label, row in frame.iterrows()]
     if markdown:
@@ -139,10 +144,8 @@ def format_comparison(frame: pd.DataFrame, *, markdown: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.csv and not Path(args.csv).resolve().parent.is_dir():
-        raise PlannerInputError(f"--csv {args.csv}: directory {Path(args.csv).resolve().parent} does not exist")
-    if args.figures and not Path(args.figures).is_dir():
-        raise PlannerInputError(f"--figures {args.figures}: no such directory")
+    check_output("--csv", args.csv)
+    check_output("--figures", args.figures, directory=True)  # made (with its parents) when the figures are drawn
     from planner.report.compare import compare_entries, gather_plans
 
     entries = gather_plans(args.plans, baselines=args.baselines, profile=args.profile, cluster=args.cluster)
@@ -152,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         frame.to_csv(args.csv, index=False)
         print(f"\nCSV: {args.csv}")
     if args.figures:
+        Path(args.figures).mkdir(parents=True, exist_ok=True)
         for path in write_figures(entries, Path(args.figures)):
             print(f"figure: {path}")
     return 0

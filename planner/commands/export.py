@@ -7,8 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import load_plan
+from planner.commands._args import check_output
 from planner.report.export import (
     stage_module_names,
     torchtitan_config,
@@ -33,9 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for flag in ("stages_json", "schedule_csv", "torchtitan"):
-        out = getattr(args, flag)
-        if out and not Path(out).resolve().parent.is_dir():
-            raise PlannerInputError(f"--{flag.replace('_', '-')} {out}: directory {Path(out).resolve().parent} does not exist")
+        check_output(f"--{flag.replace('_', '-')}", getattr(args, flag))
     plan = load_plan(args.plan)
     if args.stages_json:
         write_stage_module_names(plan, args.stages_json)

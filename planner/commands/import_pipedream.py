@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.limits import MAX_BATCH
 from planner.artifacts.profile import save_profile
+from planner.commands._args import bounded_int, check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("graph", metavar="GRAPH.txt", help="PipeDream graph.txt")
-    parser.add_argument("--batch-size", type=int, default=None, help="minibatch size of the profile (default: inferred)")
+    parser.add_argument("--batch-size", type=bounded_int(1, MAX_BATCH), default=None,
+                        help="minibatch size of the profile (default: inferred)")
     parser.add_argument("--name", default=None, help="model name (default: the folder holding GRAPH.txt)")
     parser.add_argument("--out", required=True, metavar="PATH", help="profile JSON to write")
     parser.set_defaults(func=run)
@@ -29,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from planner.profiling.imported.pipedream import import_pipedream  # networkx and pandas: only when used
 
+    check_output("--out", args.out)
     profile = import_pipedream(args.graph, batch_size=args.batch_size, name=args.name)
     out = Path(args.out)
     try:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, load_cluster
+from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, SolverKind
+from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 from planner.artifacts.plan import dumps_plan
 from planner.artifacts.profile import load_profile
+from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
-from planner.commands._args import fraction, int_list, nonneg_float, positive_int
+from planner.artifacts.stack import DEFAULT_STACK, STACKS, stack_named
+from planner.commands._args import bounded_float, bounded_int, check_output, fraction, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
 from planner.report.table import format_pareto, format_plan
 from planner.solve import SOLVERS, plan
@@ -22,37 +24,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="plan a profile for a cluster",
-        description="Find the fastest (or leanest) pipeline + data parallel plan for a profiled model on a cluster. "
+        description="Find the fastest (or leanest) pipeline + data + tensor parallel plan (with ZeRO, per-stage "
+        "replication and recomputation) for a profiled model on a cluster. "
         "With no arguments, plans the embedded default profile (GPT-3 13B, analytic, A100) on an 8x A100-80GB node.",
     )
     p.add_argument("--profile", help="profile JSON (default: the embedded GPT-3 13B A100 profile)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset ({', '.join(PRESETS)}) or cluster JSON (default: %(default)s)")
-    p.add_argument("--devices", type=positive_int, default=0,
-                   help="devices available (default: all of the cluster); the plan uses fewer only when that is "
+    p.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=0,
+                   help="devices available (default: all of the cluster; more than a preset has adds its nodes, "
+                        "e.g. --devices 64 with h100-80gb-x8 plans on 8 nodes); the plan uses fewer only when that is "
                         "faster, and its table says so")
-    p.add_argument("--global-batch", type=positive_int, default=DEFAULT_GLOBAL_BATCH, help="samples per iteration (default: %(default)s)")
+    p.add_argument("--global-batch", type=bounded_int(1, MAX_BATCH), default=DEFAULT_GLOBAL_BATCH,
+                   help="samples per iteration (default: %(default)s)")
     p.add_argument("--solver", default=SolverKind.DP.value, choices=SOLVERS, help="solver or baseline (default: %(default)s)")
     p.add_argument("--objective", default="time", choices=[o.value for o in Objective], help="what to optimise (default: %(default)s)")
-    p.add_argument("--schedules", default="gpipe,1f1b", help="comma-separated schedules to consider (gpipe, 1f1b) (default: %(default)s)")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
+                   help="comma-separated schedules to consider (gpipe, 1f1b, interleaved-1f1b: the chunks per pipeline "
+                        "rank searched; zb-h1: zero bubble, backward split into input and weight gradients) "
+                        "(default: %(default)s)")
     p.add_argument("--microbatch-sizes", type=int_list, default=(), help="comma-separated micro-batch sizes (default: every divisor)")
-    p.add_argument("--max-stages", type=positive_int, default=0, help="at most this many pipeline stages")
+    p.add_argument("--max-stages", type=bounded_int(1, MAX_DEVICES), default=0, help="at most this many pipeline stages")
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--memory-headroom", type=fraction, default=0.1, help="fraction of device memory kept free (default: %(default)s)")
-    p.add_argument("--memory-cap-gib", type=nonneg_float, default=0.0, help="per-device memory cap in GiB (overrides headroom)")
+    p.add_argument("--memory-cap-gib", type=bounded_float(0.0, MAX_BYTES / 2**30), default=0.0,
+                   help="per-device memory cap in GiB (overrides headroom)")
     p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind],
                    help="optimizer and precision (default: %(default)s)")
-    p.add_argument("--time-budget-ms", type=nonneg_float, default=0.0, help="for --objective memory: slowest acceptable iteration")
+    p.add_argument("--time-budget-ms", type=bounded_float(0.0, MAX_MS), default=0.0,
+                   help="for --objective memory: slowest acceptable iteration")
     p.add_argument("--fixed-boundaries", type=int_list, default=(),
                    help="comma-separated layer indices where a stage must start (stages may also start elsewhere; "
                         "with --stages one more than their count, only there); refused (exit 3) if no plan can")
-    p.add_argument("--stages", type=positive_int, default=0,
+    p.add_argument("--stages", type=bounded_int(1, MAX_DEVICES), default=0,
                    help="exactly this many pipeline stages (with an interleaved schedule: pipeline ranks) "
                         "(default: searched)")
-    p.add_argument("--dp-degree", type=positive_int, default=0,
+    p.add_argument("--dp-degree", type=bounded_int(1, MAX_DEVICES), default=0,
                    help="exactly this many replicated pipelines (no per-stage replication) (default: searched)")
-    p.add_argument("--zero", type=int_list, default=(0, 1, 2),
+    p.add_argument("--zero", type=int_list, default=(0, 1, 2, 3),
                    help="ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                        "2 also gradients (default: 0,1,2)")
+                        "2 also gradients, 3 also parameters (FSDP; searched where memory binds) (default: 0,1,2,3)")
     p.add_argument("--no-stage-replication", action="store_true",
                    help="only plans whose stages all have the same replica count (no PipeDream-style per-stage replication)")
     p.add_argument("--tp", type=int_list, default=(),
@@ -60,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "profile's layers allow; 1 = no tensor parallelism)")
     p.add_argument("--sequence-parallel", default="auto", choices=["auto", "on", "off"],
                    help="with tensor parallelism: search both (auto), or force sequence parallelism on/off (default: %(default)s)")
+    p.add_argument("--stack", default=DEFAULT_STACK.name, choices=list(STACKS),
+                   help="the training stack planned for, i.e. what it overlaps with computation: none; planner (this "
+                        "package's runtime: the gradient all-reduce in 25 MiB buckets during the last backward); "
+                        "megatron-core (also ZeRO's all-gather with the next forward and tensor-parallel collectives "
+                        "with GEMMs, FSDP gathers one layer ahead); torchtitan (FSDP2 prefetching, gradient reduction "
+                        "during backward, ZeRO gathers ahead of the forward) (default: %(default)s)")
     p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
@@ -94,22 +110,33 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             per_stage_replication=not args.no_stage_replication,
             tp_degrees=args.tp,
             sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],
+            stack=stack_named(args.stack),
         )
     except ValueError as exc:
         raise PlannerInputError(str(exc)) from None
 
 
+def cluster_for(name: str, devices: int) -> Cluster:
+    """The cluster ``--cluster`` names, grown to ``--devices`` when that is more than it has and
+    it is a preset (a preset is a kind of node: more devices are more such nodes, see
+    :meth:`Cluster.grown_to`); a cluster file describes a machine as it is, so asking it for more
+    devices than it has stays an error."""
+    cluster = load_cluster(name)
+    if devices > cluster.num_devices and name in PRESETS:
+        return cluster.grown_to(devices)
+    return cluster
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        # checked before planning, so that no work is lost to a typo in the path
-        raise PlannerInputError(f"--out {args.out}: the folder does not exist")
-    profile = load_profile(args.profile) if args.profile else default_profile()
-    cluster = load_cluster(args.cluster)
+    check_output("--out", args.out)  # before planning, so that no work is lost to a typo in the path
     request = request_from_args(args)
+    profile = load_profile(args.profile) if args.profile else default_profile()
+    cluster = cluster_for(args.cluster, args.devices)
     for b in request.fixed_boundaries:
         if b >= profile.num_layers:
             raise PlannerInputError(f"--fixed-boundaries: layer {b} does not exist ({profile.num_layers} layers)")
-    result = plan(profile, cluster, request)
+    with Progress(f"plan {profile.model} on {cluster.name}"):  # a line every few seconds of a long search
+        result = plan(profile, cluster, request)
     text = dumps_plan(result)
     if args.out:
         with open(args.out, "w") as fh:

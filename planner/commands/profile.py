@@ -12,15 +12,23 @@ from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.profile import Profile, save_profile
+from planner.commands._args import bounded_int, check_output
+from planner.profiling.analytic.gemm import GemmModel
 
 EPILOG = """\
 model specs:
-  gpt | bert | vgg | resnet [:key=value,...]   zoo models, e.g. gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256
-                                               (every zoo model also takes seed=N and dtype=float32|float64|bfloat16)
+  gpt | bert | vgg | resnet | gpt2 [:key=value,...]
+                                               zoo models, e.g. gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256
+                                               (every zoo model also takes seed=N and dtype=float32|float64|bfloat16;
+                                               gpt2 is transformers' GPT-2 and needs the hf extra)
   hf:CONFIG[:key=value,...]                     a transformers model from a config.json (or a directory holding one,
                                                or a model_type: hf:llama:layers=2,hidden=64,heads=4,kv_heads=2),
                                                random seeded weights; llama, mistral, qwen2, gpt2, bert, t5
-  package.module:callable[:key=value,...]      a factory returning planner.Workload
+  package.module:callable[:key=value,...]      a factory returning planner.Workload; it runs in this process,
+                                               and whatever it does is reported in one line with exit 2: an
+                                               exception, sys.exit, os._exit / os.abort, calling the planner
+                                               again, or not returning within PLANNER_FACTORY_TIMEOUT_S seconds
+                                               (default 600)
 
 examples:
   planner profile --model resnet:blocks=4,width=16 --microbatch-sizes 1,2,4 --out resnet.json
@@ -39,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", metavar="SPEC", help="zoo model or package.module:callable (see below)")
+    what.add_argument("--model", metavar="SPEC",
+                      help="zoo model (gpt, bert, vgg, resnet, gpt2), hf:CONFIG, or package.module:callable (see below)")
     what.add_argument("--analytic", choices=["gpt", "hf"],
                       help="analytic profile from cited formulas (no torch); hf: a Llama-style --config")
     parser.add_argument("--out", metavar="PATH", help="profile JSON to write (default: <model>.profile.json)")
@@ -47,19 +56,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
     measured.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     measured.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default=None, help="default: the model's own")
-    measured.add_argument("--warmup", type=int, default=2, help="untimed runs per layer (default 2)")
-    measured.add_argument("--repeats", type=int, default=5, help="timed runs per layer, median kept (default 5)")
-    measured.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    measured.add_argument("--no-progress", action="store_true", help="no progress bar")
+    measured.add_argument("--warmup", type=bounded_int(0, 1000), default=2, help="untimed runs per layer (default 2)")
+    measured.add_argument("--repeats", type=bounded_int(1, 1000), default=5, help="timed runs per layer, median kept (default 5)")
+    measured.add_argument("--threads", type=bounded_int(1, 4096), default=None, help="torch CPU threads (default: torch's)")
+    measured.add_argument("--no-progress", action="store_true",
+                          help="no progress (default: a bar on a terminal, else a line every PLANNER_PROGRESS_EVERY_S "
+                               "seconds, default 5)")
     analytic = parser.add_argument_group("analytic (--analytic gpt | hf)")
     for flag in ("layers", "hidden", "heads", "seq", "vocab"):
-        analytic.add_argument(f"--{flag}", type=int)
+        analytic.add_argument(f"--{flag}", type=bounded_int(1, 2**24))
     analytic.add_argument("--config", metavar="PATH",
                           help="--analytic hf: a config.json or a directory holding one "
                                "(--seq default: its max_position_embeddings)")
     analytic.add_argument("--device-preset", default="a100-80gb", help="a100-80gb | h100-80gb (default a100-80gb)")
-    analytic.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak FLOP/s (default 0.5)")
+    analytic.add_argument("--attention", choices=["flash", "materialised"], default="flash",
+                          help="--analytic gpt: FlashAttention (no s x s tensor saved; default) or materialised "
+                               "scores (Korthikanti et al. 2022 eq. 1)")
+    analytic.add_argument("--gemm", metavar="E_MAX,I_HALF,MEM_EFF", default="",
+                          help="the device's GEMM model: the largest GEMMs' fraction of peak, the arithmetic intensity "
+                               "(FLOP/byte) at half of that, and the achieved fraction of HBM bandwidth "
+                               "(planner.profiling.analytic.gemm; default: the preset's constants fitted on published runs)")
     parser.set_defaults(func=run)
+
+
+#: the largest micro-batch measured (a batch of it is built in memory)
+MAX_MEASURED_MICROBATCH = 65_536
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -67,17 +88,39 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise PlannerInputError(f"--microbatch-sizes must be integers like 1,2,4 (got {text!r})") from None
-    if not sizes or min(sizes) < 1:
-        raise PlannerInputError(f"--microbatch-sizes must be positive integers (got {text!r})")
+        raise PlannerInputError(f"--microbatch-sizes must be integers like 1,2,4 (got {text[:40]!r})") from None
+    if not sizes or min(sizes) < 1 or max(sizes) > MAX_MEASURED_MICROBATCH:
+        raise PlannerInputError(f"--microbatch-sizes must be integers in [1, {MAX_MEASURED_MICROBATCH:,}] (got {text[:40]!r})")
     return sizes
 
 
+def parse_gemm(text: str) -> GemmModel | None:
+    """``--gemm E_MAX,I_HALF,MEM_EFF`` as a GEMM model (None when not given)."""
+    if not text:
+        return None
+    try:
+        e_max, half, mem = (float(part) for part in text.split(","))
+    except ValueError:
+        raise PlannerInputError(f"--gemm must be three numbers E_MAX,I_HALF,MEM_EFF like 0.8,150,0.5 (got {text!r})") from None
+    return GemmModel(max_efficiency=e_max, half_intensity=half, memory_efficiency=mem, source="--gemm")
+
+
 def _analytic(args: argparse.Namespace) -> Profile:
+    """The analytic profile the flags ask for; a size the formulas cannot hold (a count past
+    ``planner.artifacts.limits``) is an input error naming the flags' source."""
+    try:
+        return _analytic_gpt(args) if args.analytic == "gpt" else analytic_hf_profile(
+            args.config, seq=args.seq, device_preset=args.device_preset, gemm=parse_gemm(args.gemm))
+    except ValueError as exc:
+        if isinstance(exc, PlannerInputError):
+            raise
+        source = f"--config {args.config}" if args.analytic == "hf" else "--analytic gpt"
+        raise PlannerInputError(f"{source}: {' '.join(str(exc).split())}") from None
+
+
+def _analytic_gpt(args: argparse.Namespace) -> Profile:
     from planner.profiling.analytic.gpt import gpt_profile
 
-    if args.analytic == "hf":
-        return _analytic_hf(args)
     missing = [f"--{f}" for f in ("layers", "hidden", "heads", "seq", "vocab") if getattr(args, f) is None]
     if missing:
         raise PlannerInputError(f"--analytic gpt needs {', '.join(missing)}")
@@ -88,33 +131,46 @@ def _analytic(args: argparse.Namespace) -> Profile:
         seq=args.seq,
         vocab=args.vocab,
         device_preset=args.device_preset,
-        efficiency=args.efficiency,
+        attention=args.attention,
+        gemm=parse_gemm(args.gemm),
     )
 
 
-def _analytic_hf(args: argparse.Namespace) -> Profile:
+def analytic_hf_profile(config: str | None, *, seq: int | None = None, device_preset: str = "a100-80gb",
+                        gemm: GemmModel | None = None) -> Profile:
+    """``planner profile --analytic hf --config CONFIG``: the Llama-style analytic profile of a
+    Hugging Face config file (or a directory holding one)."""
     from planner.profiling.analytic.llama import llama_profile, read_config
 
-    if not args.config:
+    if not config:
         raise PlannerInputError("--analytic hf needs --config PATH (a config.json or a directory holding one)")
-    if args.seq is not None and args.seq < 1:
-        raise PlannerInputError(f"--seq must be >= 1 (got {args.seq})")
-    path = Path(args.config)
-    return llama_profile(
-        read_config(path),
-        seq=args.seq,
-        device_preset=args.device_preset,
-        efficiency=args.efficiency,
-        model=(path.name if path.is_dir() else path.stem),
-        source=str(args.config),
-    )
+    if seq is not None and seq < 1:
+        raise PlannerInputError(f"--seq must be >= 1 (got {seq})")
+    path = Path(config)
+    try:
+        return llama_profile(
+            read_config(path),
+            seq=seq,
+            device_preset=device_preset,
+            gemm=gemm,
+            model=(path.name if path.is_dir() else path.stem),
+            source=str(config),
+        )
+    except PlannerInputError as exc:  # the config's shape checks name "llama config": name the file
+        if str(config) in str(exc):
+            raise
+        raise PlannerInputError(f"--config {config}: {exc}") from None
 
 
 def _measured(args: argparse.Namespace) -> Profile:
+    from planner.models.spec import check_spec
+
+    sizes = parse_sizes(args.microbatch_sizes)
+    check_spec(args.model, dtype=args.dtype)  # what can be refused before torch is imported (seconds) is refused here
+
     from planner.models import load_workload
     from planner.profiling.measured import profile_model
 
-    sizes = parse_sizes(args.microbatch_sizes)
     workload = load_workload(args.model)
     return profile_model(
         workload,
@@ -129,6 +185,7 @@ def _measured(args: argparse.Namespace) -> Profile:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output("--out", args.out)
     profile = _analytic(args) if args.analytic else _measured(args)
     out = Path(args.out or f"{profile.model}.profile.json")
     try:
@@ -139,8 +196,10 @@ def run(args: argparse.Namespace) -> int:
     fwd = sum(layer.fwd_ms(b) for layer in profile.layers)
     bwd = sum(layer.bwd_ms(b) for layer in profile.layers)
     params = sum(layer.param_count for layer in profile.layers) - sum(t.param_count * (len(t.layers) - 1) for t in profile.tied)
+    selective = sum(layer.attention_core is not None for layer in profile.layers)
     print(
         f"{profile.model}: {profile.num_layers} layers, {params:,} parameters, "
-        f"fwd {fwd:.3f} ms + bwd {bwd:.3f} ms at micro-batch {b} on {profile.device} -> {out}"
+        f"fwd {fwd:.3f} ms + bwd {bwd:.3f} ms at micro-batch {b} on {profile.device}, "
+        f"attention {profile.attention.value} ({selective} layers with a selective level) -> {out}"
     )
     return 0

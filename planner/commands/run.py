@@ -1,34 +1,61 @@
 """``planner run``: execute a plan with the bundled runtime under torchrun.
 
-Launches ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-planner.runtime ...`` as a subprocess (this module does not import torch) and returns its
-exit code. N defaults to the plan's device count; for several nodes, call torchrun
-yourself with ``-m planner.runtime`` and the same flags.
+Launches ``python -m planner.runtime.launch --standalone --nproc-per-node N -m
+planner.runtime ...`` (torchrun, leaving through ``os._exit``: ``planner.runtime.launch``) as a
+subprocess (this module does not import torch) and returns its exit code. N defaults to the
+plan's device count; for several nodes, call torchrun yourself with ``-m planner.runtime`` and
+the same flags.
 
 Before torchrun starts, ``planner.runtime.preflight`` resolves the dtype and optimizer against
-the plan (refusing or warning on a mismatch) and checks the world size and the model against
-the plan in this process (torch is imported then, to build the model).
+the plan (refusing or warning on a mismatch), checks a ``--resume`` against the checkpoint's
+recorded settings, the world size and the model against the plan (torch is imported then, to
+build the model), and the outputs (report path, checkpoint directory: writable, room, lock).
+
+Signals: torchrun runs in its own session, with ``PR_SET_PDEATHSIG`` = SIGTERM on Linux (if
+this process dies, even by SIGKILL, torchrun is asked to stop its workers cleanly). SIGTERM,
+SIGINT or SIGHUP to this process is passed to torchrun once, which passes it to every worker:
+they stop at the next step boundary, write a final checkpoint when ``--checkpoint-dir`` is set
+and leave (``planner.runtime.lifecycle``); this process then exits with 128 + the signal. A
+second signal, or torchrun still running :data:`STOP_WAIT_S` seconds after the first, ends
+torchrun with SIGKILL, and its workers die with it (their own parent-death signal). A torchrun
+killed by a signal is said in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from types import FrameType
 
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily, ZeroStage
-from planner.artifacts.plan import load_plan
+from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.report import RunReport, load_report, overrun_warning
-from planner.commands._args import positive_int
+from planner.commands._args import nonneg_int, positive_int
+from planner.models.spec import check_spec
 from planner.report.table import format_table
+from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST
+from planner.runtime.lifecycle import STOP_GRACE_S
 from planner.runtime.preflight import (
     RUNTIME_DTYPES,
     RUNTIME_OPTIMIZERS,
     check_launch,
+    check_outputs,
+    check_resume,
     run_settings,
+    settings_of,
 )
+
+#: seconds torchrun may take to stop its workers after a forwarded signal (the workers' own
+#: grace to reach a step boundary, then torchrun's 30 s before SIGKILL is not waited for)
+STOP_WAIT_S = STOP_GRACE_S + 10.0
 
 EPILOG = """\
 before torchrun starts, in this process (one line, exit 2 on a refusal):
@@ -37,8 +64,17 @@ before torchrun starts, in this process (one line, exit 2 on a refusal):
   --optimizer   a plan records the optimizer it priced: the run takes its family (sgd | adamw);
                 the other family runs with a warning (the report prices the runtime's optimizer)
   world size    --nproc must equal the plan's devices
-  model         layer count, names and fingerprint (names + parameter shapes) must match the plan's;
-                a factory that raises is refused; a --profile must have the model's layers
+  model         layer count, names and fingerprint (names + parameter shapes) must match the plan's,
+                and the tensors crossing each stage boundary the plan's bytes per sample (a plan
+                profiled at another sequence length is refused); a factory that raises is
+                refused; a --profile must have the model's layers
+  outputs       --report writable (not a directory or device, its directory takes files), the
+                --checkpoint-dir writable, not used by another run (a lock), room for one checkpoint
+  --resume      a checkpoint exists; its recorded lr, dtype, optimizer, seed and plan match this
+                run's (lr may change with --allow-resume-change lr); --steps above the steps done
+
+signals: SIGTERM / SIGINT stop the workers at the next step boundary, after a final checkpoint
+when --checkpoint-dir is set (exit 128 + signal); a second signal kills them at once
 """
 
 
@@ -55,8 +91,11 @@ def runtime_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--profile", args.profile]
     if args.checkpoint_dir:
         argv += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
+        argv += ["--keep-last", str(args.keep_last)]
     if args.resume:
         argv.append("--resume")
+    for name in args.allow_resume_change:
+        argv += ["--allow-resume-change", name]
     return argv
 
 
@@ -88,7 +127,28 @@ def format_report(report: RunReport) -> str:
         for s in report.stages
     ]
     headers = ["stage", "compute ms", "predicted", "err", "idle ms", "saved bytes", "predicted", "err"]
-    return head + "\n\n" + format_table(headers, rows) + "\n\n" + format_model_state(report)
+    return (head + "\n\n" + format_table(headers, rows) + "\n\n" + format_microbatch_memory(report) + "\n\n"
+            + format_model_state(report))
+
+
+def format_microbatch_memory(report: RunReport) -> str:
+    """One micro-batch's activations per stage: the hooks' count against the plan, and the
+    allocator's own count against the hooks' count of the same storages."""
+    head = ("activations of one micro-batch per stage: saved = the saved-tensor hooks' count (once per storage), "
+            "predicted = the plan's; allocator = bytes a forward left allocated, its output excepted (torch.profiler "
+            "memory events on CPU, torch.cuda.memory_allocated on GPU), beside the hooks' count of those storages")
+    rows = [
+        [
+            str(s.stage_idx), str(s.saved_bytes_per_microbatch), str(s.activation_bytes_per_microbatch_predicted),
+            _err(s.microbatch_rel_error, s.activation_bytes_per_microbatch_predicted),
+            str(s.allocator_bytes_per_microbatch) if s.allocator_bytes_per_microbatch >= 0 else "-",
+            str(s.allocator_hook_bytes_per_microbatch),
+            _err(s.allocator_rel_error, max(0, s.allocator_bytes_per_microbatch)),
+        ]
+        for s in report.stages
+    ]
+    headers = ["stage", "saved bytes", "predicted", "err", "allocator bytes", "hooks", "err"]
+    return head + "\n\n" + format_table(headers, rows)
 
 
 def _err(rel_error: float, predicted: int) -> str:
@@ -102,7 +162,8 @@ def format_model_state(report: RunReport) -> str:
     per_param = report.optimizer_state_bytes_per_param
     zero = report.layout.zero
     sharding = {ZeroStage.NONE: "none", ZeroStage.OPTIMIZER: "optimizer state",
-                ZeroStage.GRADIENTS: "optimizer state and gradients"}[zero]
+                ZeroStage.GRADIENTS: "optimizer state and gradients",
+                ZeroStage.PARAMETERS: "optimizer state, gradients and parameters"}[zero]
     head = (
         f"model state per rank, ZeRO {int(zero)} (sharded: {sharding}); predicted = the plan's stage parameters "
         f"/ shards x {per_param} B/param, the runtime's {report.optimizer.value} {report.dtype.value} optimizer state "
@@ -120,7 +181,19 @@ def format_model_state(report: RunReport) -> str:
     return head + "\n\n" + format_table(headers, rows)
 
 
+def _plan_profile(plan: Plan, given: str, plan_path: str) -> str:
+    """The profile the model is checked against: ``--profile``, else the plan's own profile when
+    it lies beside the plan or in profiles/ (found by sha256; only to name a layer whose shapes
+    differ, not used for --emulate), else none."""
+    if given:
+        return given
+    from planner.report.resolve import find_profile_path
+
+    return find_profile_path(plan, Path(plan_path))
+
+
 def run(args: argparse.Namespace) -> int:
+    check_spec(args.model)  # an hf: spec is refused before torch and transformers are imported
     plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
     nproc = args.nproc or plan.num_devices
     dtype = DType(args.dtype) if args.dtype is not None else None
@@ -129,19 +202,78 @@ def run(args: argparse.Namespace) -> int:
     for line in settings.warnings:
         print(line, file=sys.stderr)
     args.dtype, args.optimizer = settings.dtype.value, settings.optimizer.value  # passed on to every rank
-    check_launch(plan, args.model, nproc, seed=args.seed, dtype=settings.dtype, profile_path=args.profile, source=args.plan)
+    if args.resume:
+        if not args.checkpoint_dir:
+            raise PlannerInputError("--resume needs --checkpoint-dir")
+        record = settings_of(plan, lr=args.lr, dtype=settings.dtype, optimizer=settings.optimizer, seed=args.seed)
+        check_resume(plan, args.checkpoint_dir, settings=record, num_steps=args.steps, allowed=tuple(args.allow_resume_change))
+    check_outputs(args.report, args.checkpoint_dir, 0)  # before torch is imported: a refusal comes at once
+    check_launch(
+        plan, args.model, nproc, seed=args.seed, dtype=settings.dtype,
+        profile_path=_plan_profile(plan, args.profile, args.plan), source=args.plan,
+        optimizer=settings.optimizer, report_path=args.report, checkpoint_dir=args.checkpoint_dir,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         if not args.report:
             args.report = str(Path(tmp) / "report.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        cmd = [sys.executable, "-m", "planner.runtime.launch", "--standalone", "--nproc-per-node", str(nproc)]
         cmd += ["-m", "planner.runtime", *runtime_argv(args)]
-        code = subprocess.run(cmd, check=False).returncode
+        code = supervise(cmd)
         if code == 0 and Path(args.report).exists():
             report = load_report(args.report)
             print(format_report(report))
             if overrun_warning(report):
                 print(overrun_warning(report), file=sys.stderr)
     return code
+
+
+def _torchrun_dies_with_us() -> None:
+    """In the child, before exec: SIGTERM when this process dies (Linux; see the module docstring)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+
+
+def supervise(cmd: list[str]) -> int:
+    """Run torchrun and pass it the first stop signal (see the module docstring); its exit
+    code, or 128 + the signal that stopped the run."""
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+    try:
+        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_torchrun_dies_with_us)
+        forwarded, deadline = 0, 0.0
+        while proc.poll() is None:
+            if received and not forwarded:
+                forwarded, deadline = received[0], time.monotonic() + STOP_WAIT_S
+                name = signal.Signals(forwarded).name
+                print(f"planner run: {name}: stopping the workers at the next step boundary", file=sys.stderr, flush=True)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(forwarded)
+            elif forwarded and (len(received) > 1 or time.monotonic() > deadline):
+                why = "a second signal" if len(received) > 1 else f"still running {STOP_WAIT_S:g} s after {signal.Signals(forwarded).name}"
+                print(f"planner run: {why}: killing torchrun and its workers", file=sys.stderr, flush=True)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"planner run: stopped by {name} (torchrun exit {proc.returncode})", file=sys.stderr, flush=True)
+        return 128 + received[0]
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        print(f"planner run: torchrun was killed by {name}; its workers ended with it", file=sys.stderr, flush=True)
+        return 128 - proc.returncode
+    return proc.returncode
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -153,17 +285,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--model", required=True, help="zoo name or package.module:callable (required)")
+    p.add_argument("--model", required=True,
+                   help="the plan's model: a zoo name (gpt, bert, vgg, resnet, gpt2), hf:CONFIG[:key=value,...] "
+                        "(a Hugging Face config, see planner profile --help), or package.module:callable (required)")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps (default: %(default)s)")
     p.add_argument("--nproc", type=positive_int, default=0, help="processes (default: the plan's devices)")
     p.add_argument("--report", default="", help="RunReport JSON to write (default: none, the table is printed)")
     p.add_argument("--emulate", action="store_true",
                    help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation (default: off)")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate (default: the plan's stage times)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="process-group timeout (default: %(default)s)")
+    p.add_argument("--timeout-s", type=float, default=60.0,
+                   help="seconds a collective may wait, and a rank may go without a heartbeat before it is named and "
+                        "killed; the run ends within this + 5 s of a rank stopping (default: %(default)s)")
     p.add_argument("--checkpoint-dir", default="", help="write checkpoints here (default: none)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (default: 0, never)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir (default: off)")
+    p.add_argument("--keep-last", type=nonneg_int, default=DEFAULT_KEEP_LAST,
+                   help="complete checkpoints kept in --checkpoint-dir, older ones removed; 0 keeps all (default: %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest intact checkpoint in --checkpoint-dir (default: off)")
+    p.add_argument("--allow-resume-change", action="append", default=[], choices=list(CHANGEABLE),
+                   help="a setting that may differ from the checkpoint's on --resume, applied explicitly (default: none)")
     p.add_argument("--dtype", default=None, choices=[d.value for d in RUNTIME_DTYPES],
                    help="training dtype (default: the plan's, float32 when unknown; another is refused)")
     p.add_argument("--optimizer", default=None, choices=[o.value for o in RUNTIME_OPTIMIZERS],

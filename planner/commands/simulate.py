@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.plan import Plan, load_plan
-from planner.commands._args import nonneg_float
+from planner.commands._args import check_output, nonneg_float
+from planner.report.table import sync_name
 from planner.schedule import build_schedule, write_schedule_csv
 from planner.simulation import Timeline, simulate
 from planner.simulation.bounds import partition_bounds
@@ -30,11 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = load_plan(args.plan)
     for flag in ("timeline", "memory", "csv"):
-        out = getattr(args, flag)
-        if out and not Path(out).resolve().parent.is_dir():
-            raise PlannerInputError(f"--{flag} {out}: directory {Path(out).resolve().parent} does not exist")
+        check_output(f"--{flag}", getattr(args, flag))
+    plan = load_plan(args.plan)
     timeline = simulate(plan, optimizer_ms=args.optimizer_ms)
     print(format_summary(plan, timeline))
     if args.csv:
@@ -55,37 +52,54 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ms(value: float, scale: float) -> str:
+    """A time to 4 significant digits; rounding noise of the event arithmetic (|x| below 1e-9 of
+    the iteration, e.g. 3.6e-12 ms of idle time) prints as 0."""
+    if abs(value) <= 1e-9 * max(scale, 1e-9):
+        return "0"
+    return f"{value:.4g}"
+
+
 def format_summary(plan: Plan, timeline: Timeline) -> str:
-    """The iteration's numbers and one line per stage."""
+    """The iteration's numbers and one line per stage. The first line names the plan's whole
+    layout (T, P, D, ZeRO: ``Layout.describe``) and the devices it occupies; the gradient
+    synchronisation is named as the plan runs it (all-reduce, or ZeRO's reduce-scatter +
+    all-gather)."""
     bounds = partition_bounds(plan)
-    throughput = plan.global_batch / timeline.iteration_ms * 1e3 if timeline.iteration_ms > 0 else 0.0
+    it = timeline.iteration_ms
+    throughput = plan.global_batch / it * 1e3 if it > 0 else 0.0
+    lay = plan.layout
+    sync = sync_name(lay.zero)
     lines = [
-        f"{plan.provenance.model}: {timeline.schedule.value}, {timeline.layout.num_stages} stages on {timeline.num_ranks} "
-        f"pipeline ranks x {timeline.layout.dp_degree} replicas, M = {plan.num_microbatches} micro-batches of "
-        f"{plan.microbatch_size}",
-        f"iteration        {timeline.iteration_ms:.4g} ms ({throughput:.4g} samples/s)",
-        f"partition bound  {bounds.lower_bound_ms:.4g} ms (this plan's stages; work/device {bounds.average_work_ms:.4g}, "
-        f"critical path via stage {bounds.critical_stage_idx} {bounds.critical_path_ms:.4g})",
+        f"{plan.provenance.model}: {timeline.schedule.value}, {lay.describe(pipeline_ranks=True)}, on {plan.num_devices} "
+        f"device{'s' if plan.num_devices != 1 else ''}; M = {plan.num_microbatches} micro-batches of {plan.microbatch_size}",
+        f"iteration        {_ms(it, it)} ms ({throughput:.4g} samples/s)",
+        f"partition bound  {_ms(bounds.lower_bound_ms, it)} ms (this plan's stages; work/device "
+        f"{_ms(bounds.average_work_ms, it)}, critical path via stage {bounds.critical_stage_idx} "
+        f"{_ms(bounds.critical_path_ms, it)})",
         *(
-            [f"machine bound    {plan.predicted.machine_bound_ms:.4g} ms (any plan on these devices; "
-             f"limit/time {plan.predicted.machine_bound_ms / timeline.iteration_ms:.3f})"]
-            if plan.predicted.machine_bound_ms > 0 and timeline.iteration_ms > 0 else []
+            [f"machine bound    {_ms(plan.predicted.machine_bound_ms, it)} ms (any plan on these devices; "
+             f"limit/time {plan.predicted.machine_bound_ms / it:.3f})"]
+            if plan.predicted.machine_bound_ms > 0 and it > 0 else []
         ),
-        f"bubble           {timeline.bubble_fraction:.1%} of {timeline.num_ranks} ranks x {timeline.compute_end_ms:.4g} ms",
-        f"exposed allreduce {timeline.exposed_allreduce_ms:.4g} ms",
+        f"bubble           {max(0.0, timeline.bubble_fraction):.1%} of {timeline.num_ranks} pipeline rank"
+        f"{'s' if timeline.num_ranks != 1 else ''} x {_ms(timeline.compute_end_ms, it)} ms",
+        f"exposed {sync} {_ms(timeline.exposed_allreduce_ms, it)} ms",
         f"peak memory      {timeline.peak_memory_bytes / MIB:.1f} MiB per device",
     ]
     if plan.predicted.iteration_ms > 0:
-        lines.append(f"plan predicted   {plan.predicted.iteration_ms:.4g} ms")
-    header = ("stage", "rank", "fwd ms", "bwd ms", "rc ms", "busy ms", "idle ms", "last B", "AR ms", "AR end", "in-flight", "peak MiB")
+        lines.append(f"plan predicted   {_ms(plan.predicted.iteration_ms, it)} ms")
+    sync_head = "sync ms" if lay.zero else "AR ms"
+    header = ("stage", "rank", "fwd ms", "bwd ms", "rc ms", "busy ms", "idle ms", "last B", sync_head, "sync end",
+              "in-flight", "peak MiB")
     rows = [
         (
-            str(s.stage_idx), str(s.rank), f"{s.fwd_ms:.3g}", f"{s.bwd_ms:.3g}", f"{s.recompute_ms:.3g}",
-            f"{s.busy_ms:.4g}", f"{s.idle_ms:.4g}", f"{s.last_backward_end_ms:.4g}",
-            f"{s.allreduce_end_ms - s.allreduce_start_ms:.3g}", f"{s.allreduce_end_ms:.4g}",
-            str(s.peak_inflight_microbatches), f"{s.peak_memory_bytes / MIB:.1f}",
+            str(st.stage_idx), str(st.rank), _ms(st.fwd_ms, it), _ms(st.bwd_ms, it), _ms(st.recompute_ms, it),
+            _ms(st.busy_ms, it), _ms(st.idle_ms, it), _ms(st.last_backward_end_ms, it),
+            _ms(st.allreduce_end_ms - st.allreduce_start_ms, it), _ms(st.allreduce_end_ms, it),
+            str(st.peak_inflight_microbatches), f"{st.peak_memory_bytes / MIB:.1f}",
         )
-        for s in timeline.stages
+        for st in timeline.stages
     ]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines.append("")

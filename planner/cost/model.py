@@ -10,6 +10,8 @@ is per device: with tensor parallelism, the per-device view of
 - forward ``F = sum_l f_l(b)``; backward ``B = sum_l b_l(b)``; recompute ``RC = sum_{l in R} f_l(b)``
   (the backward of a recomputed layer re-runs its forward first). Profile times are for the
   profiled device and are divided by ``Cluster.relative_speed``.
+- zero bubble (Qi et al. 2024) splits the backward into B and W: ``W = sum_l w_l b_l(b)``, and
+  a micro-batch keeps ``sum_l s_l A_l(b)`` from B to W (``w_l, s_l``: ``Layer.wgrad_*``).
 - point-to-point: ``alpha + bytes / beta`` on the link the two ranks share (intra- or inter-node).
 - all-reduce of the stage's gradients (ring, Patarasuk & Yuan 2009):
   ``2 (d-1)/d x bytes/beta + 2 (d-1) alpha``; when the replicas span ``n`` nodes with ``k`` per
@@ -35,6 +37,33 @@ is per device: with tensor parallelism, the per-device view of
   a recomputed layer keeps only its input) + the largest recompute working set (the saved
   tensors of one recomputed layer, live during its backward) + send/receive buffers (the
   boundary activations in and out, and their gradients, one micro-batch each).
+- recompute levels per layer (Korthikanti et al. 2022 sec. 4): a layer in ``R`` (full) keeps
+  its input ``in_l`` instead of its saved bytes ``A_l`` and re-runs its forward ``f_l``; a layer
+  in ``S`` (selective, one with a ``Layer.attention_core``) keeps ``A_l - C_l`` (its saved bytes
+  less its attention core's ``C_l``) and re-runs the core's forward ``c_l``; its working set is
+  ``C_l``. Per micro-batch of ``b`` samples, a stage's activations are
+
+      sum_l A_l(b) - sum_{pairs (p, q) in the stage, p not in R} shared(b) + sum_{l in R} (in_l(b) - A_l(b))
+      - sum_{l in S} C_l(b),
+
+  with ``A_l(b) = fixed_l + per_sample_l x b`` (bytes that do not grow with the micro-batch
+  fitted as such) and a storage two of the stage's layers ``p < q`` both save
+  (``Profile.shared_saved``) counted once -- unless ``p`` is fully recomputed: it then keeps its
+  input instead, and ``q`` alone holds the storage (``q``'s own level does not matter: fully
+  recomputed it keeps its input, which holds the storage too). So recomputing ``p`` fully frees
+  ``A_p - in_p`` less what later layers of the stage share with it: still one number per layer
+  and stage, so the knapsack stays a knapsack (:meth:`CostModel.shared_out`). The stage's output is freed once sent (the
+  runtime keeps only what autograd saved, as Megatron-LM's ``deallocate_output_tensor``): it
+  is the send buffer, one micro-batch, not ``k``.
+- ZeRO 3 (FSDP, :mod:`planner.cost.fsdp`): weights, gradients and optimizer state / n, plus
+  the gathered working set of the layers in flight; each layer's weights all-gathered before
+  its forward and its backward and its gradients reduce-scattered, every micro-batch, in the
+  stage's forward and backward times (:meth:`CostModel.stage_times_ms`), nothing after the last
+  backward but the tied exchange.
+- what the training stack overlaps (:class:`~planner.artifacts.stack.Stack`, recorded in the
+  request and the plan): the synchronisation is split into its reduction (all-reduce, or
+  ZeRO's reduce-scatter: half the all-reduce's line) and ZeRO's all-gather (the other half),
+  and :meth:`CostModel.stage_sync` prices when each may run (:mod:`planner.cost.overlap`).
 """
 
 from __future__ import annotations
@@ -49,8 +78,12 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import OptimizerKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.plan import StageMemory
-from planner.artifacts.profile import Profile
-from planner.cost.collectives import allreduce_ms, link_of, p2p_ms, ring_allreduce_ms
+from planner.artifacts.profile import AttentionCore, Profile
+from planner.artifacts.stack import DEFAULT_STACK, Stack
+from planner.cost.collectives import allreduce_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.fsdp import FsdpTerms, is_fsdp
+from planner.cost.overlap import overlapped_gather, overlapped_reduce
+from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
 
 
@@ -66,9 +99,25 @@ class StageCost:
     allreduce_ms: float
     activation_bytes_per_microbatch: int
     memory: StageMemory
+    sync: SyncCost
 
 
-class CostModel:
+@dataclass(frozen=True, slots=True)
+class SyncCost:
+    """One stage's gradient synchronisation per iteration, as the stack runs it (ms): the whole
+    of it (``total_ms``: reduction, ZeRO all-gather and the tied gradients' exchange); how long
+    before the stage's last backward ends the reduction may start (``early_ms``, its buckets
+    overlapping that backward); the part of ``total_ms`` that is the ZeRO all-gather run ahead
+    of the next iteration's forward (``gather_ahead_ms``), and the earliest end of the stage's
+    first forward after that gather starts (``gather_bound_ms``)."""
+
+    total_ms: float
+    early_ms: float = 0.0
+    gather_ahead_ms: float = 0.0
+    gather_bound_ms: float = 0.0
+
+
+class CostModel(ShardedState):
     """Prefix sums over a profile, so that any stage's cost is O(1) (plus its recompute set).
 
     One instance per (per-device profile, cluster, optimizer); per micro-batch size arrays are
@@ -77,14 +126,16 @@ class CostModel:
 
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
-        tp_degree: int = 1, sequence_parallel: bool = False,
+        tp_degree: int = 1, sequence_parallel: bool = False, stack: Stack = DEFAULT_STACK,
     ):
         """``profile`` is what one device runs: the model itself, or with ``tp_degree`` > 1 its
         per-device view (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), which the
-        layouts this model prices then have as their tensor-parallel degree."""
+        layouts this model prices then have as their tensor-parallel degree. ``stack``: what
+        the training stack overlaps (its tensor-parallel overlap is in the view's times)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
+        self.stack = stack
         self.tp_degree = tp_degree
         self.sequence_parallel = sequence_parallel
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
@@ -93,28 +144,32 @@ class CostModel:
         self.cut_bytes_per_sample = cut_bytes_per_sample(profile)
         self.param_count = np.array([layer.param_count for layer in layers], dtype=np.int64)
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
+        self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
         self.input_per_sample = np.array([layer.input_bytes_per_sample for layer in layers])
+        self.core_per_sample = np.array([c.saved_bytes_per_sample if c else 0.0 for c in self._cores()])
+        self.wgrad_fraction = np.array([layer.wgrad_fraction for layer in layers])
+        self.wgrad_saved_fraction = np.array([layer.wgrad_saved_fraction for layer in layers])
+        self.core_fixed = np.array([c.saved_bytes_fixed if c else 0.0 for c in self._cores()])
+        #: layers with a selective recompute level (an attention core)
+        self.has_core = np.array([c is not None for c in self._cores()], dtype=bool)
         self._param_prefix = np.concatenate([[0], np.cumsum(self.param_count)])
         self._saved_prefix = np.concatenate([[0.0], np.cumsum(self.saved_per_sample)])
+        self._fixed_prefix = np.concatenate([[0.0], np.cumsum(self.saved_fixed)])
         self._speed = cluster.relative_speed
         self._layer_times: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._time_prefix: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._core_times: dict[int, np.ndarray] = {}
+        self._shared: dict[int, np.ndarray] = {}
+        self._fsdp: dict[tuple[int, float, float], FsdpTerms] = {}
+        self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
 
-    # ---------------------------------------------------------------- ZeRO
-    def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
-        """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
-        of a stage whose state is divided as ``sharding`` says."""
-        w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
-        # gradients: whole at the peak under every stage (see the module docstring on ZeRO 2)
-        return float(w), float(g), o / sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else float(o)
+    def _cores(self) -> list[AttentionCore | None]:
+        return [layer.attention_core for layer in self.profile.layers]
 
-    def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
-        """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
-        the gradients (all-reduce), or the mean of gradients and weights (reduce-scatter +
-        all-gather, ZeRO 1 and 2)."""
-        if zero is ZeroStage.NONE:
-            return float(self.grad_bytes_per_param)
-        return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
+    @property
+    def selective(self) -> bool:
+        """Some layer has a selective recompute level."""
+        return bool(self.has_core.any())
 
     # ---------------------------------------------------------------- compute
     def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -141,9 +196,36 @@ class CostModel:
         _, bp = self.time_prefix(microbatch_size)
         return float(bp[stop] - bp[start])
 
-    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int) -> float:
+    def stage_wgrad_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (module docstring)."""
+        _, bwd = self.layer_times(microbatch_size)
+        return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
+
+    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
+        """What one micro-batch keeps from the end of B until its W (module docstring; a
+        recomputed layer's B recomputes what its W needs)."""
+        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
+        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
+
+    def core_ms(self, microbatch_size: int) -> np.ndarray:
+        """Per-layer forward ms of the attention core (0 where a layer has none): what the
+        selective level re-runs in every backward."""
+        if microbatch_size not in self._core_times:
+            self._core_times[microbatch_size] = np.array(
+                [c.fwd.at(microbatch_size) if c else 0.0 for c in self._cores()]
+            ) / self._speed
+        return self._core_times[microbatch_size]
+
+    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = ()) -> float:
+        """Re-running the forward of the fully recomputed layers and the attention core of the
+        selectively recomputed ones, per micro-batch."""
         fwd, _ = self.layer_times(microbatch_size)
-        return float(sum(fwd[i] for i in recompute))
+        total = float(sum(fwd[i] for i in recompute))
+        sel = tuple(selective)
+        if sel:
+            core = self.core_ms(microbatch_size)
+            total += float(sum(core[i] for i in sel))
+        return total
 
     # ---------------------------------------------------------------- parameters
     def stage_param_count(self, start: int, stop: int) -> int:
@@ -165,16 +247,66 @@ class CostModel:
         return total
 
     # ---------------------------------------------------------------- activations
-    def activation_bytes(self, start: int, stop: int, recompute: Iterable[int], microbatch_size: int) -> float:
-        """Bytes one in-flight micro-batch keeps on a stage: saved tensors, or inputs if recomputed."""
-        total = float(self._saved_prefix[stop] - self._saved_prefix[start])
-        for i in recompute:
-            total += self.input_per_sample[i] - self.saved_per_sample[i]
-        return total * microbatch_size
+    def saved_bytes(self, microbatch_size: int) -> np.ndarray:
+        """Per-layer bytes saved for backward by one micro-batch (no recomputation)."""
+        out: np.ndarray = self.saved_per_sample * microbatch_size + self.saved_fixed
+        return out
 
-    def recompute_workspace_bytes(self, recompute: Iterable[int], microbatch_size: int) -> float:
-        """The largest recomputed layer's saved tensors, live while its backward runs."""
-        return max((float(self.saved_per_sample[i]) for i in recompute), default=0.0) * microbatch_size
+    def core_bytes(self, microbatch_size: int) -> np.ndarray:
+        """Per-layer bytes of the attention core for one micro-batch (what selective frees)."""
+        out: np.ndarray = self.core_per_sample * microbatch_size + self.core_fixed
+        return out
+
+    def shared_matrix(self, microbatch_size: int) -> np.ndarray:
+        """``S[i, j]``: bytes of storages two layers of the stage ``[i, j)`` both save, one
+        micro-batch (counted once there, see the module docstring)."""
+        if microbatch_size not in self._shared:
+            n = self.num_layers
+            out = np.zeros((n + 1, n + 1))
+            for pair in self.profile.shared_saved:
+                out[: pair.first + 1, pair.second + 1 :] += pair.at(microbatch_size)
+            self._shared[microbatch_size] = out
+        return self._shared[microbatch_size]
+
+    def shared_out(self, start: int, stop: int, microbatch_size: int) -> np.ndarray:
+        """Per layer ``p`` of the stage ``[start, stop)``: bytes of its saves that a later layer
+        of the stage also saves (what recomputing ``p`` fully does not free), one micro-batch."""
+        out = np.zeros(stop - start)
+        for pair in self.profile.shared_saved:
+            if start <= pair.first and pair.second < stop:
+                out[pair.first - start] += pair.at(microbatch_size)
+        return out
+
+    def activation_bytes(
+        self, start: int, stop: int, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = ()
+    ) -> float:
+        """Bytes one in-flight micro-batch keeps on a stage: saved tensors (each shared storage
+        once, see the module docstring), inputs of the fully recomputed layers, saved less the
+        attention core of the selectively recomputed ones."""
+        full = tuple(recompute)
+        per_sample = float(self._saved_prefix[stop] - self._saved_prefix[start])
+        fixed = float(self._fixed_prefix[stop] - self._fixed_prefix[start])
+        for i in full:
+            per_sample += self.input_per_sample[i] - self.saved_per_sample[i]
+            fixed -= self.saved_fixed[i]
+        for i in selective:
+            per_sample -= self.core_per_sample[i]
+            fixed -= self.core_fixed[i]
+        total = per_sample * microbatch_size + fixed
+        if self.profile.shared_saved:
+            total -= float(self.shared_matrix(microbatch_size)[start, stop])
+            kept = self.shared_out(start, stop, microbatch_size)
+            total += float(sum(kept[i - start] for i in full))  # a fully recomputed layer no longer shares
+        return total
+
+    def recompute_workspace_bytes(
+        self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = ()
+    ) -> float:
+        """The largest working set of one recomputed layer, live while its backward runs: a
+        fully recomputed layer's saved tensors, a selectively recomputed one's attention core."""
+        full = max((float(self.saved_per_sample[i] * microbatch_size + self.saved_fixed[i]) for i in recompute), default=0.0)
+        core = max((float(self.core_per_sample[i] * microbatch_size + self.core_fixed[i]) for i in selective), default=0.0)
+        return max(full, core)
 
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one micro-batch."""
@@ -184,18 +316,20 @@ class CostModel:
     # ---------------------------------------------------------------- assembled
     def stage_memory(
         self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int,
-        sharding: Sharding = Sharding(),
+        sharding: Sharding = Sharding(), selective: Sequence[int] = (),
     ) -> StageMemory:
         """Memory of one device of the stage at its peak, its model state divided as ``sharding``
-        says (gradients stay whole at the peak, see the module docstring)."""
+        says (gradients stay whole at the peak, see the module docstring); ``recompute`` the
+        fully and ``selective`` the selectively recomputed layers."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
+        gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0
         return StageMemory(
-            param_bytes=int(params * w),
-            grad_bytes=int(params * g),
+            param_bytes=int(params * w) + gathered * self.weight_bytes_per_param,
+            grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
             optimizer_bytes=int(params * o),
-            activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size))),
-            recompute_workspace_bytes=int(round(self.recompute_workspace_bytes(recompute, microbatch_size))),
+            activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
+            recompute_workspace_bytes=int(round(self.recompute_workspace_bytes(recompute, microbatch_size, selective))),
             buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
         )
 
@@ -214,33 +348,92 @@ class CostModel:
     def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
         """Gradient synchronisation across the stage's data-parallel group (all-reduce, or with
         ZeRO reduce-scatter + all-gather), plus the exchange of tied gradients with the other
-        stage holding the tied tensor (priced on the slowest link of the cluster, since the
-        partner stage is not known here)."""
-        sync_bytes = self.stage_param_count(start, stop) * self.sync_bytes_per_param(layout.zero)
-        total = allreduce_ms(self.cluster, sync_bytes, layout.dp_group(stage_idx))
+        stage holding the tied tensor: :meth:`stage_sync`'s ``total_ms``."""
+        return self.stage_sync(start, stop, stage_idx, layout).total_ms
+
+    def tied_exchange_ms(self, start: int, stop: int) -> float:
+        """The exchange of tied gradients with the other stage holding the tied tensor (priced
+        on the slowest link of the cluster, since the partner stage is not known here)."""
         tied = self.tied_allreduce_bytes(start, stop)
-        if tied:
-            if self.cluster.num_nodes > 1:
-                bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
-            else:
-                bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
-            total += ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
-        return total
+        if not tied:
+            return 0.0
+        if self.cluster.num_nodes > 1:
+            bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
+        else:
+            bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
+        return ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
+
+    def layer_param_counts(self, start: int, stop: int) -> list[float]:
+        """Parameters per layer of a stage, a tied tensor whose layers share the stage counted
+        once, on the first of them (whose backward finishes its gradient last)."""
+        counts = [float(c) for c in self.param_count[start:stop]]
+        for tie in self.profile.tied:
+            inside = sorted(i for i in tie.layers if start <= i < stop)
+            for i in inside[1:]:
+                counts[i - start] -= tie.param_count
+        return counts
+
+    def stage_sync(
+        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),
+        microbatch_size: int = 1, selective: Sequence[int] = (),
+    ) -> SyncCost:
+        """The stage's synchronisation as :attr:`stack` runs it (module docstrings of this
+        module and :mod:`planner.cost.overlap`): the reduction (ring all-reduce of the gradients,
+        or ZeRO's reduce-scatter, half of that line) and ZeRO's all-gather of the weights (the
+        other half), each one collective, or in buckets overlapped with the last backward
+        (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
+        ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
+        tied = self.tied_exchange_ms(start, stop)
+        per_byte, fixed = allreduce_line(self.cluster, layout.dp_group(stage_idx))
+        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+            return SyncCost(tied)  # ZeRO 3's collectives are in the stage's forward and backward
+        zero = layout.zero is not ZeroStage.NONE
+        half = 0.5 if zero else 1.0  # a reduce-scatter or an all-gather: half a ring all-reduce
+        stack = self.stack
+        counts = self.layer_param_counts(start, stop)
+        params = sum(counts)
+        if params <= 0:
+            return SyncCost(tied)
+        early = 0.0
+        if stack.reduce_overlap(zero):
+            fwd, bwd = self.layer_times(microbatch_size)
+            rc, sel = set(recompute), set(selective)
+            core = self.core_ms(microbatch_size) if sel else None
+            durations = [float(bwd[i]) + (float(fwd[i]) if i in rc else 0.0) + (float(core[i]) if core is not None and i in sel else 0.0)
+                         for i in range(stop - 1, start - 1, -1)]
+            grads = [c * self.grad_bytes_per_param for c in reversed(counts)]
+            reduce_ms, early = overlapped_reduce(durations, grads, half * per_byte, half * fixed, stack.grad_bucket_bytes)
+        else:
+            reduce_ms = half * (per_byte * params * self.grad_bytes_per_param + fixed)
+        if not zero:
+            return SyncCost(reduce_ms + tied, early)
+        if stack.param_gather_overlap:
+            fwd, _ = self.layer_times(microbatch_size)
+            weights = [c * self.weight_bytes_per_param for c in counts]
+            gather_ms, bound = overlapped_gather(
+                [float(f) for f in fwd[start:stop]], weights, half * per_byte, half * fixed, stack.grad_bucket_bytes
+            )
+            return SyncCost(reduce_ms + gather_ms + tied, early, gather_ms, bound)
+        gather_ms = half * (per_byte * params * self.weight_bytes_per_param + fixed)
+        return SyncCost(reduce_ms + gather_ms + tied, early)
 
     def stage_cost(
         self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int, stage_idx: int,
-        layout: Layout,
+        layout: Layout, selective: Sequence[int] = (),
     ) -> StageCost:
-        """Stage ``stage_idx`` of ``layout`` priced."""
+        """Stage ``stage_idx`` of ``layout`` priced (``recompute`` full, ``selective`` selective)."""
+        sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
+        fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
         return StageCost(
-            fwd_ms=self.stage_fwd_ms(start, stop, microbatch_size),
-            bwd_ms=self.stage_bwd_ms(start, stop, microbatch_size),
-            recompute_ms=self.recompute_ms(recompute, microbatch_size),
+            fwd_ms=fwd,
+            bwd_ms=bwd,
+            recompute_ms=self.recompute_ms(recompute, microbatch_size, selective),
             send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
             send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
-            allreduce_ms=self.stage_allreduce_ms(start, stop, stage_idx, layout),
-            activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size))),
-            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx)),
+            allreduce_ms=sync.total_ms,
+            activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
+            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx), selective),
+            sync=sync,
         )
 
     @cached_property

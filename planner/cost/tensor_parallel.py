@@ -13,16 +13,35 @@ A layer that declares a :class:`~planner.artifacts.profile.TensorSplit` becomes,
 the ``t`` devices (``f`` = split_time_fraction, ``S`` = split parameters, ``A`` = split saved
 bytes; with sequence parallelism ``f`` = 1 and everything saved is split):
 
-- forward / backward time ``T x ((1 - f) + f / t)`` plus its collectives, each an all-reduce of
+- forward / backward time ``T x ((1 - f) + f / t)`` (see the split work below) plus its
+  collectives, each an all-reduce of
   ``collective_bytes_per_sample x b`` over the ``t`` devices on the intra-node ring
   (:func:`planner.cost.allreduce_line`): ``alpha`` terms in the intercept, bytes in the
   per-sample slope, so the time stays a line in the micro-batch size. With sequence
   parallelism each all-reduce is a reduce-scatter + all-gather of the same bytes, which a
   ring does in the same time (Korthikanti et al. 2022 section 4.2.2). They are on the
-  critical path of every layer: nothing hides them;
+  critical path of every layer unless the stack overlaps them (``comm_overlap``: forward,
+  backward; :class:`~planner.artifacts.stack.Stack`'s ``tp_overlap_*``): then each hides behind the GEMMs the
+  profile names beside it at this degree (``TensorSplit.degrees``: forward, the column- and
+  row-parallel GEMMs around it, as Megatron-Core's ``--tp-comm-overlap`` pipelines them;
+  backward, the weight-gradient GEMM of the layer whose input gradient it reduces, Korthikanti
+  et al. 2022 sec. 6.2), at most that GEMM time: ``min(c, window)`` per collective (the time
+  is then fitted as a line through micro-batch sizes 1 and 8);
+- the split work's time: ``f T / t`` by the rule, or ``time_scale x f T / t`` where the profile
+  lists the degree (GEMMs whose per-device shape runs at another efficiency,
+  :mod:`planner.profiling.analytic.gemm`); the rest ``(1 - f) T`` whole, or ``/ t`` with
+  sequence parallelism;
 - parameters ``P - S + ceil(S / t)``; saved activations ``(saved - A) + A / t`` (Korthikanti et
   al. 2022 eq. 2), or ``saved / t`` with sequence parallelism (eq. 4); the input kept by a
-  recomputed layer is whole, or ``1 / t`` with sequence parallelism.
+  recomputed layer is whole, or ``1 / t`` with sequence parallelism;
+- the recompute levels (Korthikanti et al. 2022 Table 2): the attention core runs per head,
+  so its saved bytes and its forward time divide by ``t`` with or without sequence parallelism
+  (its bytes are part of ``A``): the selective level keeps ``(saved - A) + (A - C) / t``, e.g.
+  ``s b h (10 + 24 / t)`` for a GPT block, or ``(saved - C) / t`` with sequence parallelism
+  (``34 s b h / t``); saved bytes that do not grow with the micro-batch (``saved_bytes_fixed``)
+  are whole, or ``1 / t`` with sequence parallelism; storages two layers share
+  (``Profile.shared_saved``) are counted ``1 / t`` (exact with sequence parallelism, and
+  without it never more than a device holds).
 
 A layer without a declaration runs whole on every device of the group (replicated; same time,
 same parameters, no collective). Tensors crossing a stage boundary are sent ``1 / t`` by
@@ -52,7 +71,8 @@ from collections.abc import Iterable
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import OptimizerKind
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit
+from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
+from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line
 from planner.cost.model import CostModel
 
@@ -106,28 +126,79 @@ def _line(fit: TimeFit, scale: float, collectives: int, fixed_ms: float, per_sam
     )
 
 
-def _layer_view(layer: Layer, t: int, sp: bool, ms_per_byte: float, fixed_ms: float) -> Layer:
+def _core_view(core: AttentionCore | None, t: int, time_scale: float = 1.0) -> AttentionCore | None:
+    """The attention core on one of ``t`` devices: its heads, bytes and time divided by ``t``
+    (the time also scaled as the layer's split work is, ``SplitDegree.time_scale``)."""
+    if core is None:
+        return None
+    return AttentionCore(
+        saved_bytes_per_sample=core.saved_bytes_per_sample / t,
+        saved_bytes_fixed=core.saved_bytes_fixed / t,
+        fwd=TimeFit(intercept_ms=core.fwd.intercept_ms * time_scale / t, per_sample_ms=core.fwd.per_sample_ms * time_scale / t),
+    )
+
+
+#: micro-batch sizes through which a time with hidden collectives (not a line in ``b``) is fitted
+FIT_SIZES = (1, 8)
+
+
+def _overlapped(
+    fit: TimeFit, rest: float, split: float, collectives: int, fixed_ms: float, per_sample_ms: float,
+    windows: tuple[float, ...],
+) -> TimeFit:
+    """``fit`` on one device (``rest`` and ``split``: the shares of its time that run there) plus
+    ``collectives`` collectives, each hiding up to its window (a fraction of the split work's
+    time) of GEMM beside it: ``min(c, w x split time)`` is not a line in the micro-batch size, so
+    the line through :data:`FIT_SIZES` is taken."""
+    ys = []
+    for b in FIT_SIZES:
+        t_split = split * fit.at(b)
+        coll = fixed_ms + per_sample_ms * b
+        hidden = sum(min(coll, w * t_split) for w in windows)
+        ys.append(rest * fit.at(b) + t_split + collectives * coll - hidden)
+    (b0, b1), (y0, y1) = FIT_SIZES, ys
+    slope = max(0.0, (y1 - y0) / (b1 - b0))
+    return TimeFit(intercept_ms=max(y0 - slope * b0, -slope), per_sample_ms=slope)
+
+
+def _layer_view(
+    layer: Layer, t: int, sp: bool, ms_per_byte: float, fixed_ms: float, comm_overlap: tuple[bool, bool] = (False, False)
+) -> Layer:
     split = layer.tp
     if split is None:
+        # a layer that does not split keeps its attention core whole (it runs every head)
         return dataclasses.replace(layer, output_bytes_per_sample=layer.output_bytes_per_sample / t, measured=())
-    f = 1.0 if sp else split.split_time_fraction
-    scale = (1.0 - f) + f / t
+    entry = split.degree(t)
+    f = split.split_time_fraction
+    rest = (1.0 - f) / t if sp else 1.0 - f
+    split_share = f * (entry.time_scale if entry is not None else 1.0) / t
+    scale = rest + split_share
     per_sample = ms_per_byte * split.collective_bytes_per_sample
     params = layer.param_count - split.split_param_count + math.ceil(split.split_param_count / t)
     saved = layer.saved_bytes_per_sample / t if sp else (
         layer.saved_bytes_per_sample - split.split_saved_bytes_per_sample + split.split_saved_bytes_per_sample / t
     )
+    if comm_overlap[0] and entry is not None and any(entry.fwd_overlap):
+        fwd = _overlapped(layer.fwd, rest, split_share, split.collectives_fwd, fixed_ms, per_sample, entry.fwd_overlap)
+    else:
+        fwd = _line(layer.fwd, scale, split.collectives_fwd, fixed_ms, per_sample)
+    if comm_overlap[1] and entry is not None and any(entry.bwd_overlap):
+        bwd = _overlapped(layer.bwd, rest, split_share, split.collectives_bwd, fixed_ms, per_sample, entry.bwd_overlap)
+    else:
+        bwd = _line(layer.bwd, scale, split.collectives_bwd, fixed_ms, per_sample)
     return dataclasses.replace(
         layer,
-        fwd=_line(layer.fwd, scale, split.collectives_fwd, fixed_ms, per_sample),
-        bwd=_line(layer.bwd, scale, split.collectives_bwd, fixed_ms, per_sample),
+        fwd=fwd,
+        bwd=bwd,
         measured=(),
         param_count=params,
         param_bytes=round(layer.param_bytes * params / layer.param_count) if layer.param_count else 0,
         saved_bytes_per_sample=saved,
+        saved_bytes_fixed=layer.saved_bytes_fixed / t if sp else layer.saved_bytes_fixed,
         input_bytes_per_sample=layer.input_bytes_per_sample / t if sp else layer.input_bytes_per_sample,
         output_bytes_per_sample=layer.output_bytes_per_sample / t,
         tp=None,
+        attention_core=_core_view(layer.attention_core, t, entry.time_scale if entry is not None else 1.0),
     )
 
 
@@ -139,7 +210,9 @@ def _tie_view(profile: Profile, tie: TiedParams, t: int) -> TiedParams:
     return tie
 
 
-def tensor_parallel_view(profile: Profile, cluster: Cluster, t: int, sp: bool = False) -> Profile:
+def tensor_parallel_view(
+    profile: Profile, cluster: Cluster, t: int, sp: bool = False, comm_overlap: tuple[bool, bool] = (False, False)
+) -> Profile:
     """The model as one device of a tensor-parallel group of ``t`` devices on ``cluster`` runs
     it (see the module docstring); ``profile`` itself for ``t`` = 1."""
     if t == 1:
@@ -153,13 +226,17 @@ def tensor_parallel_view(profile: Profile, cluster: Cluster, t: int, sp: bool = 
         )
     ms_per_byte, fixed_ms = allreduce_line(cluster, tuple(range(t)))
     speed = cluster.relative_speed  # collective times are on this cluster; layer times are divided by speed later
-    layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed) for layer in profile.layers)
+    layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed, comm_overlap) for layer in profile.layers)
     edges = tuple(Edge(src=e.src, dst=e.dst, bytes_per_sample=e.bytes_per_sample / t) for e in profile.edges)
     return dataclasses.replace(
         profile,
         layers=layers,
         edges=edges,
         tied=tuple(_tie_view(profile, tie, t) for tie in profile.tied),
+        shared_saved=tuple(
+            SharedSaved(first=p.first, second=p.second, bytes_per_sample=p.bytes_per_sample / t, bytes_fixed=p.bytes_fixed / t)
+            for p in profile.shared_saved
+        ),
         metadata={**profile.metadata, "tp_degree": t, "sequence_parallel": sp},
     )
 
@@ -171,9 +248,13 @@ def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
 
 
 def device_cost_model(
-    profile: Profile, cluster: Cluster, optimizer: OptimizerKind, tp_degree: int = 1, sequence_parallel: bool = False
+    profile: Profile, cluster: Cluster, optimizer: OptimizerKind, tp_degree: int = 1, sequence_parallel: bool = False,
+    stack: Stack = DEFAULT_STACK,
 ) -> CostModel:
     """The cost model of one device of a tensor-parallel group of ``tp_degree`` on ``cluster``:
-    the per-device view of ``profile`` priced on the cluster's own links and ranks."""
-    view = tensor_parallel_view(profile, cluster, tp_degree, sequence_parallel)
-    return CostModel(view, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel)
+    the per-device view of ``profile`` priced on the cluster's own links and ranks, for the
+    training ``stack`` (its tensor-parallel overlap in the view, the rest in the model)."""
+    view = tensor_parallel_view(
+        profile, cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
+    )
+    return CostModel(view, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel, stack=stack)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit
+from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -63,7 +63,9 @@ def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profi
     plan over groups maps onto layers with the same or less memory); the tensors crossing a
     group boundary are exactly those crossing that cut of the original DAG, so the merged
     profile is a chain whose edges carry the original cut sizes. Tied tensors inside one
-    group are counted once.
+    group are counted once, and so are storages two of its layers both save
+    (``Profile.shared_saved``); pairs across groups become pairs of groups. A group's attention
+    core (its selective level) is its members' cores together.
     """
     L = profile.num_layers
     starts = sorted(set(starts) | {0})
@@ -74,8 +76,19 @@ def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profi
     group_of = np.zeros(L, dtype=int)
     for g, (a, z) in enumerate(zip(starts, stops)):
         group_of[a:z] = g
+    inner = [0.0] * len(starts)
+    inner_fixed = [0.0] * len(starts)
+    shared: dict[tuple[int, int], tuple[float, float]] = {}
+    for pair in profile.shared_saved:
+        g1, g2 = int(group_of[pair.first]), int(group_of[pair.second])
+        if g1 == g2:
+            inner[g1] += pair.bytes_per_sample
+            inner_fixed[g1] += pair.bytes_fixed
+        else:
+            per, fixed = shared.get((g1, g2), (0.0, 0.0))
+            shared[(g1, g2)] = (per + pair.bytes_per_sample, fixed + pair.bytes_fixed)
     layers = []
-    for a, z in zip(starts, stops):
+    for g, (a, z) in enumerate(zip(starts, stops)):
         members = profile.layers[a:z]
         params = sum(m.param_count for m in members)
         pbytes = sum(m.param_bytes for m in members)
@@ -94,9 +107,11 @@ def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profi
                             per_sample_ms=sum(m.bwd.per_sample_ms for m in members)),
                 param_count=params,
                 param_bytes=pbytes,
-                saved_bytes_per_sample=sum(m.saved_bytes_per_sample for m in members),
+                saved_bytes_per_sample=max(0.0, sum(m.saved_bytes_per_sample for m in members) - inner[g]),
+                saved_bytes_fixed=max(0.0, sum(m.saved_bytes_fixed for m in members) - inner_fixed[g]),
                 input_bytes_per_sample=sum(m.input_bytes_per_sample for m in members),
                 output_bytes_per_sample=float(cut[z]) if z < L else members[-1].output_bytes_per_sample,
+                attention_core=_merged_core(members),
             )
         )
     edges = tuple(Edge(src=g, dst=g + 1, bytes_per_sample=float(cut[stops[g]])) for g in range(len(starts) - 1))
@@ -106,9 +121,23 @@ def merge_layers(profile: Profile, starts: list[int] | tuple[int, ...]) -> Profi
         if len(groups) >= 2:
             tied.append(TiedParams(name=tie.name, layers=tuple(groups), param_count=tie.param_count,
                                    param_bytes=tie.param_bytes))
+    pairs = tuple(SharedSaved(first=g1, second=g2, bytes_per_sample=per, bytes_fixed=fixed)
+                  for (g1, g2), (per, fixed) in sorted(shared.items()))
     from dataclasses import replace
 
-    return replace(profile, layers=tuple(layers), edges=edges, tied=tuple(tied))
+    return replace(profile, layers=tuple(layers), edges=edges, tied=tuple(tied), shared_saved=pairs)
+
+
+def _merged_core(members: tuple[Layer, ...]) -> AttentionCore | None:
+    """The attention cores of a group's layers as one (None when none has one)."""
+    cores = [m.attention_core for m in members if m.attention_core is not None]
+    if not cores:
+        return None
+    return AttentionCore(
+        saved_bytes_per_sample=sum(c.saved_bytes_per_sample for c in cores),
+        saved_bytes_fixed=sum(c.saved_bytes_fixed for c in cores),
+        fwd=TimeFit(intercept_ms=sum(c.fwd.intercept_ms for c in cores), per_sample_ms=sum(c.fwd.per_sample_ms for c in cores)),
+    )
 
 
 def coarse_starts(profile: Profile, max_groups: int, forced: tuple[int, ...] = ()) -> list[int]:

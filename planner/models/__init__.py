@@ -1,6 +1,7 @@
 """Models as the planner sees them: the :class:`~planner.models.workload.Workload` contract, the
-zoo and model specs (:mod:`.zoo`, which imports torch), Hugging Face configs (:mod:`.hf`), and
-the FLOP counts of the blocks they build (:mod:`.flops`, no torch).
+zoo and model specs (:mod:`.zoo`, which imports torch), Hugging Face configs (:mod:`.hf`), layer
+chains with skip connections carried for you (:func:`chain`, :mod:`.skips`), and the FLOP counts
+of the blocks they build (:mod:`.flops`, no torch).
 
 The names below are imported on first use, so that ``planner.models.flops`` and
 ``planner.models.workload`` stay free of torch.
@@ -12,6 +13,7 @@ import importlib
 from typing import Any
 
 _LAZY = {
+    "chain": "planner.models.skips",
     "ZOO": "planner.models.zoo",
     "load_workload": "planner.models.zoo",
     "workload_fingerprint": "planner.models.zoo",

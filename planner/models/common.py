@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
+from planner.models.selective import RECOMPUTE_ATTR, run_core
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -58,7 +59,9 @@ class SelfAttention(nn.Module):
     projection. Three layers, not one, because tensor parallelism (Megatron-LM's column
     split, ``ColwiseParallel``) shards a weight's output rows contiguously: a fused QKV
     weight would hand device 0 all the queries and half the keys. The forward infers the
-    heads it holds from its query width, so the same module runs whole or sharded.
+    heads it holds from its query width, so the same module runs whole or sharded. Its
+    attention core (``scaled_dot_product_attention``) is what selective recomputation re-runs
+    (:mod:`planner.models.selective`).
     """
 
     def __init__(self, hidden: int, heads: int, *, causal: bool) -> None:
@@ -76,6 +79,7 @@ class SelfAttention(nn.Module):
                 part.weight.copy_(fused.weight[i * hidden : (i + 1) * hidden])
                 part.bias.copy_(fused.bias[i * hidden : (i + 1) * hidden])
         self.proj = nn.Linear(hidden, hidden)
+        setattr(self, RECOMPUTE_ATTR, False)
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         batch, seq, width = t.shape
@@ -83,7 +87,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = run_core(self, F.scaled_dot_product_attention, q, k, v, is_causal=self.causal)
         batch, local_heads, seq, head_dim = y.shape
         return self.proj(y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim))
 

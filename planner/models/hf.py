@@ -34,6 +34,11 @@ Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a
 - tied input/output embeddings (``tie_word_embeddings``, BERT's decoder): the parameters that
   are one object in the built model are found by identity and listed in ``Workload.tied``;
 - dropout probabilities are set to 0 (deterministic runs); the model stays in train mode;
+- attention runs through ``planner_sdpa``, transformers' own SDPA attention function (and
+  mask) registered under the planner's name, which calls it through
+  :func:`planner.models.selective.run_core`: every attention module (the innermost module of a
+  block whose class name ends in ``Attention``) owns an attention core that selective
+  recomputation can re-run in backward;
 - ``seq`` (tokens per sample) defaults to 128, or the model's ``max_position_embeddings`` when
   smaller; a model whose float32 weights would take more than half the machine's memory is
   refused before it is built (counted on the meta device) with a pointer to the analytic
@@ -44,6 +49,12 @@ every position but the ~15% masked ones, at least one a sample, whose input id b
 ``vocab - 1`` as ``[MASK]``). The loss is HF's: the mean cross entropy over the labelled
 tokens, returned as ``(sum, count)`` (the Workload contract's token-weighted form), so a step
 split into micro-batches with different numbers of real tokens has the loss of the whole batch.
+
+Tensor parallelism (:func:`tensor_parallel`): the llama family's blocks split by their config's
+``base_model_tp_plan``, GPT-2's and BERT's by their recognised standard blocks
+(:mod:`planner.models.tp_plans`); with sequence parallelism a block receives its device's slice of
+the hidden states and the whole padding mask, so it builds the mask and the rotary positions of
+the whole sequence (the attention all-gathers the tokens).
 
 Encoder-decoder: ``t5`` (``AutoModelForSeq2SeqLM``) is cut by :mod:`planner.models.hf_t5`
 into encoder and decoder layers, the encoder output carried through every decoder stage (its
@@ -65,14 +76,40 @@ from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, parse_dtype, seeded
-from planner.models.hf_spec import HFSpec, load_config_dict, parse_spec
+from planner.models.hf_spec import HFSpec, check_config, load_config_dict, parse_spec
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
-from planner.models.workload import Workload
+from planner.models.selective import RECOMPUTE_ATTR, run_core
+from planner.models.workload import TensorParallel, Workload
 
-__all__ = ["FAMILIES", "HFSpec", "build", "load_config_dict", "parse_spec"]
+__all__ = ["ATTENTION", "FAMILIES", "HFSpec", "build", "load_config_dict", "mark_attention_cores", "parse_spec",
+           "register_attention"]
 
 MASK_FRACTION = 0.15  # masked-LM positions per sample (Devlin et al. 2019, section 3.1)
 IGNORE = -100
+ATTENTION = "planner_sdpa"  # transformers' SDPA attention, its core run by planner.models.selective
+
+
+def _planner_sdpa(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return run_core(module, sdpa_attention_forward, module, *args, **kwargs)
+
+
+def register_attention() -> None:
+    """``planner_sdpa`` in transformers' attention and mask registries (SDPA's own mask)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _planner_sdpa)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+def mark_attention_cores(model: nn.Module) -> None:
+    """The attention modules (innermost ``*Attention`` modules) own an attention core."""
+    for module in model.modules():
+        inner = any(type(c).__name__.endswith("Attention") for c in module.modules() if c is not module)
+        if type(module).__name__.endswith("Attention") and not inner:
+            setattr(module, RECOMPUTE_ATTR, False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,20 +151,11 @@ def _transformers() -> Any:
 def make_config(spec: HFSpec, where: str) -> Any:
     """The transformers config: the spec's fields over the model type's defaults, dropout 0,
     SDPA attention. Unknown fields, encoder-decoders and unsupported types are refused."""
+    check_config(spec.config, where)  # parse_spec did, before transformers was imported; a spec built by hand too
     transformers = _transformers()
     fields = dict(spec.config)
     model_type = fields.pop("model_type")
-    if model_type not in transformers.CONFIG_MAPPING:
-        raise PlannerInputError(f"{where}: unknown model_type {model_type!r} (supported: {', '.join(FAMILIES)})")
     defaults = transformers.CONFIG_MAPPING[model_type]()
-    if model_type not in FAMILIES:
-        why = (
-            "it is an encoder-decoder other than t5: every decoder block's cross-attention needs the encoder's"
-            " final output, which must travel with the activations through every decoder stage; planner carries it"
-            " for t5 only (planner/models/hf_t5.py)"
-            if getattr(defaults, "is_encoder_decoder", False) else "no adapter for this architecture"
-        )
-        raise PlannerInputError(f"{where}: model_type {model_type!r} is not supported: {why} (supported: {', '.join(FAMILIES)})")
     # bookkeeping fields of a published config.json, and "_"-prefixed notes such as "_source"
     ignored = {"architectures", "transformers_version", "torch_dtype", "dtype", "auto_map", "use_cache"}
     ignored |= {k for k in fields if k.startswith("_")}
@@ -148,7 +176,8 @@ def make_config(spec: HFSpec, where: str) -> Any:
     for key in list(vars(config)):
         if ("dropout" in key or "pdrop" in key) and isinstance(getattr(config, key), float):
             setattr(config, key, 0.0)
-    config._attn_implementation = "sdpa"
+    register_attention()
+    config._attn_implementation = ATTENTION
     return config
 
 
@@ -195,6 +224,9 @@ class Block(nn.Module):
         from transformers import masking_utils as mu
 
         cfg: Any = self._config
+        # the whole sequence's mask: with sequence parallelism x holds this device's slice of the
+        # tokens (the attention all-gathers them), the padding mask all of them
+        x = x[:, :1].expand(x.size(0), pad.size(1), x.size(2))
         if self.model_type == "bert":
             return mu.create_bidirectional_mask(config=cfg, inputs_embeds=x, attention_mask=pad)
         sliding = self.model_type == "mistral" and cfg.sliding_window is not None
@@ -205,7 +237,7 @@ class Block(nn.Module):
 
     def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, pad = hx
-        positions = torch.arange(x.size(1), device=x.device).unsqueeze(0)
+        positions = torch.arange(pad.size(1), device=x.device).unsqueeze(0)  # every token's (see _mask)
         mask = self._mask(x, pad, positions)
         if self.model_type == "bert":
             out = self.block(x, mask)
@@ -290,6 +322,7 @@ def build(spec: HFSpec, where: str) -> Workload:
         raise PlannerInputError(f"{where}: transformers cannot build it: {' '.join(str(exc).split())}") from None
     model = model.to(parse_dtype(spec.dtype))
     model.train()
+    mark_attention_cores(model)
     blocks = _get(model, family.blocks)
     vocab = int(config.vocab_size)
     pad_id = getattr(config, "pad_token_id", None) or 0
@@ -327,7 +360,29 @@ def build(spec: HFSpec, where: str) -> Workload:
         loss_fn=token_loss,
         tied=_tied_groups(built),
         options=options,
+        tensor_parallel=tensor_parallel(model_type, config, seq),
     )
+
+
+def tensor_parallel(model_type: str, config: Any, seq: int) -> TensorParallel | None:
+    """How the blocks split over tensor-parallel devices: the llama family by its config's
+    ``base_model_tp_plan`` (its ``layers.*.`` entries, ``colwise`` / ``rowwise``, on each block),
+    GPT-2 and BERT by their standard blocks (:meth:`TensorParallel.recognised`: GPT-2's fused
+    ``c_attn`` split within q, k and v); t must divide the heads (and the key/value heads). The
+    embedding, final norm and head stay whole; T5 (its attention reshapes by a fixed head count)
+    does not split."""
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    divide = (heads, kv) if kv != heads else (heads,)
+    if model_type in ("gpt2", "bert"):
+        return TensorParallel.recognised(must_divide=divide, sequence_length=seq)
+    if model_type not in ("llama", "mistral", "qwen2"):
+        return None
+    plan = {f"block.{key.removeprefix('layers.*.')}": kind for key, kind in (getattr(config, "base_model_tp_plan", None) or {}).items()
+            if key.startswith("layers.*.") and kind in ("colwise", "rowwise")}
+    if not plan:
+        return TensorParallel.recognised(must_divide=divide, sequence_length=seq)
+    return TensorParallel.from_plan(plan, must_divide=divide, sequence_length=seq)
 
 
 def _single_stack(model: nn.Module, model_type: str, family: Family, config: Any, blocks: Any) -> tuple[list[nn.Module], list[str]]:

@@ -18,6 +18,7 @@ from torch import nn
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, mean_cross_entropy, parse_dtype, seeded
 from planner.models.flops import gpt_model_flops_per_sample
+from planner.models.hf import ATTENTION, mark_attention_cores, register_attention
 from planner.models.workload import Workload
 
 
@@ -84,9 +85,11 @@ def build_hf_model(opts: GPT2Options) -> nn.Module:
         n_layer=opts.layers, n_embd=opts.hidden, n_head=opts.heads, n_positions=opts.seq, vocab_size=opts.vocab,
         embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
     )
-    config._attn_implementation = "sdpa"
+    register_attention()  # transformers' SDPA through planner.models.selective (its attention cores)
+    config._attn_implementation = ATTENTION
     with seeded(opts.seed):
         model = GPT2LMHeadModel(config)
+    mark_attention_cores(model)
     return model.to(parse_dtype(opts.dtype))
 
 

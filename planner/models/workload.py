@@ -36,7 +36,7 @@ This module does not import torch; the types are torch's at run time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,9 @@ TiedGroup = tuple[tuple[int, str], ...]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TensorParallel:
-    """How a workload's layers split over tensor-parallel devices (Megatron-LM)."""
+    """How a workload's layers split over tensor-parallel devices (Megatron-LM): a function
+    giving each layer's ``parallelize_module`` plan, or, simpler, :meth:`from_plan` (declared per
+    module) or :meth:`recognised` (standard attention and MLP blocks found by name)."""
 
     styles: Callable[[Any, bool], dict[str, Any] | None] = field(
         metadata={
@@ -57,6 +59,38 @@ class TensorParallel:
     sequence_length: int = field(
         default=0, metadata={"doc": "tokens per sample, split over t with sequence parallelism (0 = none)"}
     )
+
+    @classmethod
+    def from_plan(cls, plan: Mapping[str, str], *, must_divide: tuple[int, ...] = (), sequence_length: int = 0) -> TensorParallel:
+        """A split declared per module, in Hugging Face's ``tp_plan`` notation: module paths
+        inside each layer (``*`` for one path component) -> ``"colwise"`` (output features split:
+        q, k, v, an MLP's first projection), ``"colwise_qkv"`` (a fused q/k/v projection, split
+        within each part) or ``"rowwise"`` (input features split, the partial outputs all-reduced:
+        the attention's output projection, the MLP's second), e.g.
+        ``TensorParallel.from_plan({"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
+        "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}, must_divide=(heads,))``.
+        A layer with no row-split module stays whole. ``planner profile`` checks each split layer
+        computes the layer (:func:`planner.models.tp_plans.check_split`)."""
+        from planner.models.tp_plans import plan_styles  # torch: only when a split is declared
+
+        return cls(styles=plan_styles(plan), must_divide=must_divide, sequence_length=sequence_length)
+
+    @classmethod
+    def recognised(cls, *, must_divide: tuple[int, ...] = (), sequence_length: int = 0) -> TensorParallel:
+        """The standard blocks of each layer split where they are recognised by the names of
+        their projections (attention: ``q_proj/k_proj/v_proj`` + ``o_proj`` or ``out_proj``,
+        ``q/k/v`` + ``proj`` or ``o``, BERT's ``query/key/value`` + ``output.dense``, GPT-2's fused
+        ``c_attn`` + ``c_proj``; MLPs: ``gate_proj/up_proj`` + ``down_proj``, ``w1/w3`` + ``w2``,
+        ``fc1`` + ``fc2``, ``c_fc`` + ``c_proj``, ``fc`` + ``out``, BERT's ``intermediate.dense`` +
+        ``output.dense``; :mod:`planner.models.tp_plans`). ``planner profile`` computes every such
+        layer split over two emulated devices and refuses one whose output differs (e.g. an
+        attention that reshapes by a fixed head count), naming it."""
+        from planner.models.tp_plans import recognised_plan, styles_for
+
+        def styles(layer: Any, sequence_parallel: bool) -> dict[str, Any] | None:
+            return styles_for(layer, recognised_plan(layer), sequence_parallel)
+
+        return cls(styles=styles, must_divide=must_divide, sequence_length=sequence_length)
 
     def refusal(self, t: int, sequence_parallel: bool) -> str:
         """Why this model cannot split over ``t`` devices ("" when it can)."""
@@ -77,7 +111,12 @@ class Workload:
     - ``name``: the model's name, recorded in profiles, plans and run reports.
     - ``layers``: one ``torch.nn.Module`` per layer, in order; a stage boundary may fall
       between any two. ``layers[i]`` is called with the output of ``layers[i - 1]`` (a tensor
-      or a flat tuple of tensors), ``layers[0]`` with the batch inputs.
+      or a flat tuple of tensors), ``layers[0]`` with the batch inputs. A tuple reaches the next
+      layer as ONE argument, ``layers[i]((a, b))``, not unpacked as ``layers[i](a, b)``: a layer
+      that passes several tensors on (a skip connection spanning layers, a mask beside the
+      hidden states) returns a tuple and the next layer unpacks it. For skips between blocks,
+      :func:`planner.models.chain` (``chain(modules, skips=[(src, dst), ...])``) builds the layers
+      with every skip tensor carried through the layers in between (a U-Net in its docstring).
     - ``layer_names``: one unique name per layer (plans and profiles name layers by them; the
       model fingerprint is these names and the parameter shapes).
     - ``make_batch``: ``make_batch(batch_size, seed) -> (inputs, targets)``, deterministic for

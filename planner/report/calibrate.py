@@ -179,6 +179,7 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
         profile, cluster, plan.provenance.request, layout=plan.layout,
         boundaries=[s.layer_start for s in plan.stages], recompute=[s.recompute for s in plan.stages],
         microbatch_size=plan.microbatch_size, schedule=plan.schedule, solver=plan.provenance.solver,
+        selective=[s.recompute_selective for s in plan.stages],
     )
 
 

@@ -10,7 +10,8 @@ Columns (units in the names; memory in GiB = 2**30 bytes):
   ``T`` (tensor-parallel degree), ``sequence_parallel``, ``P``, ``D``, ``M``,
   ``microbatch_size``, ``schedule``, ``zero`` (ZeRO stage),
   ``replicas`` (each stage's copies inside the pipeline, ``2|1|1``; empty when all are 1),
-  ``stages`` (layer ranges ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages);
+  ``stages`` (layer ranges ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages,
+  recomputed whole) and ``selective_layers`` (how many recompute only their attention core);
 - ``iteration_ms``, ``throughput_samples_per_s``, ``speedup`` (reference time / time),
   ``peak_memory_gib`` (the simulator's peak per device);
 - ``params_gib``, ``grads_gib``, ``optimizer_gib``, ``activations_gib``, ``other_gib``
@@ -48,6 +49,7 @@ import pandas as pd
 
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.plan import Plan
+from planner.artifacts.progress import Progress
 from planner.artifacts.report import RunReport, relative_error
 from planner.report.resolve import (
     ClusterLike,
@@ -70,7 +72,7 @@ GIB = 1024**3
 
 COLUMNS = (
     "label", "solver", "T", "sequence_parallel", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages",
-    "recomputed_layers",
+    "recomputed_layers", "selective_layers",
     "iteration_ms", "throughput_samples_per_s", "speedup", "peak_memory_gib",
     "params_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib",
     "bubble_fraction", "exposed_allreduce_ms", "machine_bound_ms", "limit_over_time",
@@ -82,7 +84,7 @@ MEASURED_COLUMNS = (
     "measured_activations_gib", "activation_rel_error",
 )
 
-_INT_COLUMNS = ("T", "P", "D", "M", "microbatch_size", "zero", "recomputed_layers", "measured_runs")
+_INT_COLUMNS = ("T", "P", "D", "M", "microbatch_size", "zero", "recomputed_layers", "selective_layers", "measured_runs")
 
 Reports = Sequence[ReportLike] | Mapping[str | int, ReportLike | Sequence[ReportLike]]
 
@@ -107,15 +109,17 @@ def add_baselines(plan: Plan, profile: ProfileLike | None = None, cluster: Clust
     if prof.num_layers != plan.num_layers:
         raise PlannerInputError(f"the profile has {prof.num_layers} layers but the plan covers {plan.num_layers}")
     out: list[tuple[str, Plan | None, str]] = []
-    for kind in BASELINES:
-        if kind.value in skip:
-            continue
-        # the baselines are the peers' methods as published: t = 1 (see planner.solve)
-        request = dataclasses.replace(plan.provenance.request, solver=kind, tp_degrees=())
-        try:
-            out.append((kind.value, solve(prof, clus, request), ""))
-        except InfeasibleError as exc:
-            out.append((kind.value, None, "infeasible: " + str(exc).splitlines()[0]))
+    kinds = [kind for kind in BASELINES if kind.value not in skip]
+    with Progress("baselines", total=len(kinds), unit="planned") as progress:  # a line every few seconds when long
+        for kind in kinds:
+            progress.detail = f"planning {kind.value}"
+            # the baselines are the peers' methods as published: t = 1 (see planner.solve)
+            request = dataclasses.replace(plan.provenance.request, solver=kind, tp_degrees=())
+            try:
+                out.append((kind.value, solve(prof, clus, request), ""))
+            except InfeasibleError as exc:
+                out.append((kind.value, None, "infeasible: " + str(exc).splitlines()[0]))
+            progress.update(1)
     return out
 
 
@@ -137,6 +141,7 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
         replicas="|".join(map(str, lay.stage_replicas)),
         stages=_layer_ranges(plan),
         recomputed_layers=sum(len(s.recompute) for s in plan.stages),
+        selective_layers=sum(len(s.recompute_selective) for s in plan.stages),
         iteration_ms=p.iteration_ms, throughput_samples_per_s=p.throughput_samples_per_s,
         peak_memory_gib=p.peak_memory_bytes / GIB,
         params_gib=big.param_bytes / GIB, grads_gib=big.grad_bytes / GIB, optimizer_gib=big.optimizer_bytes / GIB,

@@ -15,9 +15,15 @@ P -> ``pipeline_parallel_degree`` (interleaved: ranks, with one module list per 
 D without ZeRO -> ``data_parallel_replicate_degree``; D with ZeRO 1/2 ->
 ``data_parallel_shard_degree`` with ``fsdp_reshard_after_forward = "never"``: torchtitan shards
 with FSDP2, whose never-resharding mode keeps whole weights through the step like ZeRO 1/2 but
-also shards the gradients (ZeRO 2), so the memory it reaches is at most ours. Recomputation:
+also shards the gradients (ZeRO 2), so the memory it reaches is at most ours; D with ZeRO 3 ->
+``data_parallel_shard_degree`` with ``fsdp_reshard_after_forward = "always"`` (weights gathered
+for each forward and backward; under pipelining torch defers the gradient reduce-scatter to
+the last micro-batch, so torchtitan then holds whole gradients, more than ZeRO 3 is priced
+with: :mod:`planner.cost.fsdp`). Recomputation:
 ``none``, ``full`` when every layer is recomputed, else ``selective`` every N-th layer
-(torchtitan's layer-wise option) with the exact per-stage sets in a comment. Module names are
+(torchtitan's layer-wise option) with the exact per-stage sets in a comment; a plan that
+recomputes attention cores only (selective, Korthikanti et al. 2022) maps to torchtitan's
+op-level ``selective`` option, the nearest it has, with the per-stage layers in a comment. Module names are
 the profile's layer names: a model whose module FQNs differ (``tok_embeddings``, ``layers.0``,
 ``norm``, ``output``) needs them renamed. Per-stage replication has no torchtitan form: refused.
 """
@@ -28,7 +34,7 @@ import json
 from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.plan import Plan
 from planner.schedule import layout_schedule, write_schedule_csv
 
@@ -81,9 +87,12 @@ def torchtitan_config(plan: Plan) -> str:
             "torchtitan's pipelines have one copy of every stage"
         )
     rc = [list(s.recompute) for s in plan.stages]
+    sel = [list(s.recompute_selective) for s in plan.stages]
     n_rc = sum(map(len, rc))
-    if n_rc == 0:
-        ac: dict[str, object] = {"mode": "none"}
+    if n_rc == 0 and any(sel):  # the attention core only: torchtitan's op-level selective AC is the nearest
+        ac: dict[str, object] = {"mode": "selective", "selective_ac_option": "op"}
+    elif n_rc == 0:
+        ac = {"mode": "none"}
     elif n_rc == plan.num_layers:
         ac = {"mode": "full"}
     else:
@@ -106,7 +115,7 @@ def torchtitan_config(plan: Plan) -> str:
         "activation_checkpoint": ac,
     }
     if lay.zero:
-        tables["parallelism"]["fsdp_reshard_after_forward"] = "never"
+        tables["parallelism"]["fsdp_reshard_after_forward"] = "always" if lay.zero is ZeroStage.PARAMETERS else "never"
     prov = plan.provenance
     lines = [
         f"# torchtitan job config for the plan of {prov.model} on {prov.cluster_name} ({plan.num_devices} devices),",
@@ -115,8 +124,10 @@ def torchtitan_config(plan: Plan) -> str:
         f"{plan.num_microbatches} micro-batches of {plan.microbatch_size}.",
         "# Module names are the profile's layer names: rename them to your model's module FQNs.",
     ]
-    if ac["mode"] == "selective":
+    if ac["mode"] == "selective" and n_rc:
         lines.append(f"# planner recomputes, per stage: {rc}")
+    if any(sel):
+        lines.append(f"# planner recomputes the attention core only (selective), per stage: {sel}")
     for name, table in tables.items():
         lines += ["", f"[{name}]"] + [f"{k} = {_toml(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"

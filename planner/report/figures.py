@@ -28,6 +28,8 @@ COLORS: dict[SegmentKind, str] = {
     SegmentKind.FORWARD: "#4C72B0",
     SegmentKind.RECOMPUTE: "#8172B2",
     SegmentKind.BACKWARD: "#55A868",
+    SegmentKind.BACKWARD_INPUT: "#55A868",  # zero bubble's B (torch's I): the backward's colour ...
+    SegmentKind.BACKWARD_WEIGHT: "#A1C9A4",  # ... and its W, lighter
     SegmentKind.SEND_FWD: "#64B5CD",
     SegmentKind.SEND_BWD: "#CCB974",
     SegmentKind.ALLREDUCE: "#C44E52",
@@ -35,7 +37,8 @@ COLORS: dict[SegmentKind, str] = {
     SegmentKind.ALL_GATHER: "#937860",
     SegmentKind.OPTIMIZER: "#333333",
 }
-_COMPUTE = (SegmentKind.FORWARD, SegmentKind.RECOMPUTE, SegmentKind.BACKWARD)
+_COMPUTE = (SegmentKind.FORWARD, SegmentKind.RECOMPUTE, SegmentKind.BACKWARD, SegmentKind.BACKWARD_INPUT,
+            SegmentKind.BACKWARD_WEIGHT)
 _MAIN_H = 0.56  # compute band height; the comm lane sits below it
 _LANE_H = 0.2
 
@@ -126,7 +129,8 @@ def _label_microbatches(ax: Axes, timeline: Timeline, segments: tuple, span_ms: 
     ms_per_px = _ms_per_px(ax, span_ms)
     interleaved = timeline.layout.virtual_stages_per_rank > 1
     for seg in segments:
-        if seg.kind not in (SegmentKind.FORWARD, SegmentKind.BACKWARD):
+        if seg.kind not in (SegmentKind.FORWARD, SegmentKind.BACKWARD, SegmentKind.BACKWARD_INPUT,
+                            SegmentKind.BACKWARD_WEIGHT):
             continue
         text = str(seg.mb_idx)
         if (seg.end_ms - seg.start_ms) / ms_per_px < 6.0 * len(text) + 2:

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from planner.artifacts.plan import Plan
 from planner.report.figures import _finish, _unit, plot_timeline
+from planner.report.table import pareto_label
 from planner.simulation import simulate
 
 __all__ = ["MEMORY_COLORS", "plot_pareto", "plot_stage_memory", "plot_timelines"]
@@ -55,8 +56,9 @@ def _ms(value: float) -> str:
 
 def _describe(plan: Plan) -> str:
     rc = sum(len(s.recompute) for s in plan.stages)
+    sel = sum(len(s.recompute_selective) for s in plan.stages)
     return (f"{plan.layout.describe()}, {plan.schedule.value}, M={plan.num_microbatches} x "
-            f"mb {plan.microbatch_size}, {rc} recomputed")
+            f"mb {plan.microbatch_size}, {rc} recomputed" + (f" + {sel} selective" if sel else ""))
 
 
 def plot_timelines(
@@ -157,12 +159,12 @@ def plot_pareto(
         ys = [q.peak_memory_bytes / scale for q in front]
         ax.step(xs, ys, where="post", color="#4C72B0", lw=1, alpha=0.6)
         ax.scatter(xs, ys, color="#4C72B0", s=28, zorder=3, label="Pareto front (solver's search)")
-        for q in front:
-            ax.annotate(
-                f"P{q.num_stages}xD{q.dp_degree} mb{q.microbatch_size} {q.schedule.value} rc{q.num_recomputed_layers}",
-                (q.iteration_ms, q.peak_memory_bytes / scale), textcoords="offset points", xytext=(5, 4), fontsize=7,
-                color="#4C72B0",
-            )
+        # numbers at the points, their layouts listed beside the axes: full labels at the points overlap
+        for i, q in enumerate(front, start=1):
+            ax.annotate(str(i), (q.iteration_ms, q.peak_memory_bytes / scale), textcoords="offset points",
+                        xytext=(4, 3), fontsize=7, color="#4C72B0")
+        ax.text(1.02, 1.0, "\n".join(f"{i}: {pareto_label(q)}" for i, q in enumerate(front, start=1)),
+                transform=ax.transAxes, va="top", ha="left", fontsize=6.5, color="#4C72B0", family="monospace")
     markers = "osD^vP<>Xh"
     for i, (name, other) in enumerate(others.items()):
         ax.scatter([other.predicted.iteration_ms], [other.predicted.peak_memory_bytes / scale], marker=markers[i % len(markers)],

@@ -7,9 +7,15 @@ Finding a plan's inputs (``plan.provenance`` records their sha256, not their pat
 
 - profile: the one given (a :class:`Profile` or a path); else a JSON file in the plan file's
   folder or in the shipped ``profiles/`` folder whose canonical sha256 equals
-  ``provenance.profile_sha256``;
+  ``provenance.profile_sha256``. Only what is needed is read: regular files of at most
+  ``MAX_INPUT_BYTES`` (a FIFO, a socket, a directory named ``*.json`` is passed over without
+  being opened), a file whose parsed JSON is not a profile is not decoded, and a canonical
+  file (what ``save_profile`` writes) is matched by the sha256 of its parsed text; only when
+  none matches so are the other profiles decoded (an older version's file hashes differently
+  until upgraded). A file that cannot be read or is no valid profile is skipped, never fatal;
 - cluster: the one given (a :class:`Cluster`, a preset name or a path); else the preset named
-  ``provenance.cluster_name`` when its sha256 matches ``provenance.cluster_sha256``.
+  ``provenance.cluster_name`` (as it is, cut to the plan's devices, or grown to the devices the
+  plan had, ``planner plan --devices N``) when its sha256 matches ``provenance.cluster_sha256``.
 
 Matching a RunReport to a plan (a RunReport names the model's fingerprint, not the plan's
 sha): the plan's *signature* -- P, D, M, micro-batch size, schedule, the ranks of each stage,
@@ -21,14 +27,18 @@ Two plans with the same signature are the same plan for this purpose.
 from __future__ import annotations
 
 import math
+import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, Cluster, cluster_to_json, load_cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.limits import MAX_INPUT_BYTES
 from planner.artifacts.plan import Plan, load_plan
-from planner.artifacts.profile import Profile, load_profile, profile_to_json
+from planner.artifacts.profile import SCHEMA as PROFILE_SCHEMA
+from planner.artifacts.profile import Profile, load_profile, profile_from_json, profile_to_json
 from planner.artifacts.report import RunReport, load_report
 from planner.profiling.defaults import profiles_dir
 
@@ -63,9 +73,7 @@ def load_plans(items: Sequence[PlanLike]) -> list[tuple[str, Plan, Path | None]]
             plan, path, label = item, None, item.provenance.solver.value
         elif isinstance(item, (str, Path)):
             path = Path(item)
-            if not path.is_file():
-                raise PlannerInputError(f"plan {str(item)!r}: no such file")
-            plan, label = load_plan(path), path.stem
+            plan, label = load_plan(path), path.stem  # a missing or special file: one line from the codec
         else:
             raise PlannerInputError(f"expected a Plan or a path to a plan JSON, got {type(item).__name__}")
         seen[label] = seen.get(label, 0) + 1
@@ -83,27 +91,68 @@ def _sha_profile(profile: Profile) -> str:
     return codec.sha256_of(profile_to_json(profile))
 
 
+def find_profile_path(plan: Plan, plan_path: Path | None = None) -> str:
+    """The path of the profile ``plan`` was made from, beside it or in profiles/ ("" when none
+    is found; see :func:`find_profile`)."""
+    try:
+        return str(_search_profile(plan, plan_path)[1])
+    except PlannerInputError:
+        return ""
+
+
 def find_profile(plan: Plan, given: ProfileLike | None = None, plan_path: Path | None = None) -> Profile:
     """The profile ``plan`` was made from (see the module docstring)."""
     if isinstance(given, Profile):
         return given
     if given is not None:
         return load_profile(given)
+    return _search_profile(plan, plan_path)[0]
+
+
+def _search_profile(plan: Plan, plan_path: Path | None) -> tuple[Profile, Path]:
     want = plan.provenance.profile_sha256
     folders = [p for p in (plan_path.parent if plan_path else None, profiles_dir()) if p is not None and p.is_dir()]
+    parsed: list[tuple[Path, Any]] = []
     for folder in folders:
-        for path in sorted(folder.glob("*.json")):
+        for path in _regular_json_files(folder):
             try:
-                candidate = load_profile(path)
+                data = codec.read_json(path)
             except PlannerInputError:
-                continue  # not a profile
-            if _sha_profile(candidate) == want:
-                return candidate
+                continue  # unreadable, not JSON: not the profile
+            if not isinstance(data, dict) or data.get("schema") != PROFILE_SCHEMA:
+                continue
+            if codec.sha256_of(data) == want:  # a canonical file: its text is its encoding
+                try:
+                    return profile_from_json(data, str(path)), path
+                except PlannerInputError:
+                    continue
+            parsed.append((path, data))
+    for path, data in parsed:  # older versions, hand-written files: decode, then hash the encoding
+        try:
+            candidate = profile_from_json(data, str(path))
+        except PlannerInputError:
+            continue
+        if _sha_profile(candidate) == want:
+            return candidate, path
     where = " or ".join(str(f) for f in folders)
     raise PlannerInputError(
         f"the profile of plan {plan.provenance.solver.value!r} ({plan.provenance.model}, sha256 {want[:12]}) "
         f"is not in {where}; pass it (--profile)"
     )
+
+
+def _regular_json_files(folder: Path) -> list[Path]:
+    """``folder/*.json`` that are regular files of at most ``MAX_INPUT_BYTES``, sorted; anything
+    else is passed over without being opened (a FIFO would block the read)."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_INPUT_BYTES:
+            out.append(path)
+    return out
 
 
 def find_cluster(plan: Plan, given: ClusterLike | None = None) -> Cluster:
@@ -114,14 +163,16 @@ def find_cluster(plan: Plan, given: ClusterLike | None = None) -> Cluster:
         return load_cluster(given)
     prov = plan.provenance
     preset = PRESETS.get(prov.cluster_name)
-    if preset is not None:
-        for devices in sorted({preset.num_devices, plan.num_devices}):
+    if preset is not None:  # as planned: the preset itself, cut to the plan's devices, or grown to --devices
+        for devices in sorted({preset.num_devices, plan.num_devices, plan.devices_available} - {0}):
+            candidates = [preset.grown_to(devices)]
             try:
-                candidate = preset.with_devices(devices)
+                candidates.append(preset.with_devices(devices))
             except PlannerInputError:
-                continue
-            if codec.sha256_of(cluster_to_json(candidate)) == prov.cluster_sha256:
-                return candidate
+                pass
+            for candidate in candidates:
+                if codec.sha256_of(cluster_to_json(candidate)) == prov.cluster_sha256:
+                    return candidate
     raise PlannerInputError(
         f"the cluster of plan {prov.solver.value!r} ({prov.cluster_name!r}, sha256 {prov.cluster_sha256[:12]}) "
         "is not a preset; pass it (--cluster)"

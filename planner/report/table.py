@@ -18,6 +18,14 @@ def _layers(stage: PlanStage) -> str:
     return f"{span} ({first}..{last})" if first != last else f"{span} ({first})"
 
 
+def recompute_text(stage: PlanStage) -> str:
+    """The stage's recomputed layers: their number, ``full + selective sel`` when some layers
+    recompute only their attention core."""
+    if not stage.recompute_selective:
+        return str(len(stage.recompute))
+    return f"{len(stage.recompute)} + {len(stage.recompute_selective)} sel"
+
+
 def _ranks(ranks: tuple[int, ...]) -> str:
     if len(ranks) > 2 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
@@ -27,6 +35,22 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 def zero_label(zero: ZeroStage) -> str:
     """``no ZeRO`` or ``ZeRO-1``."""
     return f"ZeRO-{int(zero)}" if zero else "no ZeRO"
+
+
+def sync_name(zero: ZeroStage) -> str:
+    """The gradient synchronisation a plan runs: ``all-reduce``, or under ZeRO
+    ``reduce-scatter + all-gather``; under ZeRO 3 (whose per-layer gathers and reduce-scatters
+    are in the stages' forward and backward times) the tied-gradient exchange only."""
+    if zero is ZeroStage.PARAMETERS:
+        return "sync after backward (FSDP gathers in fwd/bwd)"
+    return "reduce-scatter + all-gather" if zero else "all-reduce"
+
+
+def pareto_label(q: ParetoPoint) -> str:
+    """A Pareto point as figures and tables name it: its layout (T, P, D, ZeRO; Layout.describe),
+    micro-batch size, schedule and recomputed layers, e.g. ``T=2 (seq-par) x P=1 x D=4, ZeRO-1,
+    mb 1, 1f1b, rc 0``."""
+    return f"{q.layout.describe()}, mb {q.microbatch_size}, {q.schedule.value}, rc {q.num_recomputed_layers}"
 
 
 def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
@@ -47,7 +71,8 @@ def format_plan(plan: Plan) -> str:
     head = (
         f"plan for {prov.model} on {prov.cluster_name} ({plan.num_devices} devices) by solver {prov.solver.value!r}\n"
         + layout
-        + f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})"
+        + f"M={plan.num_microbatches} micro-batches of {plan.microbatch_size} (global batch {plan.global_batch})\n"
+        + f"stack {plan.stack.describe()}"
     )
     fewer = devices_note(plan)
     if fewer:
@@ -59,14 +84,17 @@ def format_plan(plan: Plan) -> str:
     for s in plan.stages:
         m = s.memory
         rows.append([
-            str(s.stage_idx), _layers(s), _ranks(s.ranks), str(len(s.recompute)),
+            str(s.stage_idx), _layers(s), _ranks(s.ranks), recompute_text(s),
             f"{s.fwd_ms:.3f}", f"{s.bwd_ms:.3f}", f"{s.recompute_ms:.3f}", f"{s.send_fwd_ms:.3f}",
             f"{s.allreduce_ms:.3f}", _gib(m.param_bytes), _gib(m.grad_bytes), _gib(m.optimizer_bytes),
             _gib(m.activation_bytes), _gib(m.recompute_workspace_bytes + m.buffer_bytes), _gib(s.memory_total_bytes),
         ])
     table = format_table(headers, rows, right=set(range(3, len(headers))))
+    if any(s.recompute_selective for s in plan.stages):
+        table += ("\nrecompute: layers recomputed whole + layers whose attention core only is recomputed (sel, "
+                  "Korthikanti et al. 2022 selective recomputation)")
     cap = plan.stages[0].memory_cap_bytes
-    exposed = "exposed reduce-scatter + all-gather" if plan.layout.zero else "exposed all-reduce"
+    exposed = f"exposed {sync_name(plan.layout.zero)}"
     tail = (
         f"iteration {p.iteration_ms:.2f} ms | throughput {p.throughput_samples_per_s:.1f} samples/s | "
         f"peak memory {_gib(p.peak_memory_bytes)} GiB of {_gib(cap)} GiB cap\n"

@@ -2,8 +2,8 @@
 
     torchrun --nproc-per-node N -m planner.runtime --plan PLAN.json --model SPEC [--steps N]
         [--report OUT.json] [--emulate [--profile PROFILE.json]] [--timeout-s S]
-        [--checkpoint-dir D --checkpoint-every K] [--resume] [--dtype float32|float64]
-        [--optimizer sgd|adamw] [--lr LR]
+        [--checkpoint-dir D --checkpoint-every K [--keep-last N]] [--resume
+        [--allow-resume-change lr]] [--dtype float32|float64] [--optimizer sgd|adamw] [--lr LR]
 
 or ``planner run PLAN.json --model SPEC ...``, which launches torchrun for you.
 
@@ -54,8 +54,11 @@ gradients, the rank's whole sync), ``zero`` (sharded optimizer state and gradien
 boundary examples, chunks, optimizers, tied parameters, the loss), ``runner`` (the ``Runner``
 protocol and the step loop), ``trainer`` (the training step, once), ``engine`` (the executor
 on ``torch.distributed.pipelining``), ``replicated`` (our executor for plans replicated per
-stage), ``exchange`` (its messages and their dry run), ``checkpoint``, ``collect``
-(RunReport), ``main`` (process lifecycle), ``loss`` (``(sum, count)`` losses: the step's count
+stage), ``exchange`` (its messages and their dry run), ``checkpoint`` (what a rank saves and
+resumes), ``checkpoint_files`` (hashed atomic writes, manifests, verification, pruning, the
+directory lock, the settings a resume must match), ``collect`` (RunReport), ``main`` (a rank's
+order of work), ``lifecycle`` (phases, signals, launcher death, the one way out),
+``liveness`` (heartbeats through torchrun's store, the rank at fault named), ``loss`` (``(sum, count)`` losses: the step's count
 and the gradient scale), ``preflight`` (what ``planner run`` checks in the launcher before
 torchrun: dtype, optimizer, world size, model). Only this package, ``planner.models`` and
 ``planner.profiling.measured`` import torch.

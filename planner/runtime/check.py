@@ -13,17 +13,26 @@ Plans replicated per stage (``plan.layout.replicated_per_stage``) run on
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import torch
+
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.kinds import DType, ScheduleKind
 from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
+from planner.graph.cuts import cut_bytes_per_sample
 from planner.models.workload import Workload
+from planner.profiling.measured.memory import layer_edges
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
 
-SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
+SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1)
+#: the torch.distributed.pipelining class each schedule needs beyond the ones every supported torch has
+TORCH_CLASS = {ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble"}
 
 
-def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan") -> None:
+def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", profile: Profile | None = None) -> None:
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
     that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
     whose tensor parallelism the model or the runtime cannot do
@@ -36,7 +45,8 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
             raise PlannerInputError(f"{source}: {why}")
     check_world_size(plan, world_size, source)
     check_schedule(plan, source)
-    check_layers(plan, workload, source)
+    check_layers(plan, workload, source, profile)
+    check_boundaries(plan, workload, source)
 
 
 def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
@@ -62,6 +72,15 @@ def check_schedule(plan: Plan, source: str = "plan") -> None:
             f"(supported: {', '.join(s.value for s in SUPPORTED_SCHEDULES)})"
         )
     lay = plan.layout
+    needed = TORCH_CLASS.get(plan.schedule)
+    if needed is not None and not lay.replicated_per_stage:
+        from torch.distributed.pipelining import schedules
+
+        if not hasattr(schedules, needed):
+            raise PlannerInputError(
+                f"{source}: schedule {plan.schedule.value!r} needs torch.distributed.pipelining.{needed}, which the "
+                f"installed torch {torch.__version__} lacks (torch 2.13 has it)"
+            )
     try:
         if lay.replicated_per_stage:
             check_replicated_rules(plan.schedule, lay.stage_replicas, plan.num_microbatches)
@@ -71,9 +90,11 @@ def check_schedule(plan: Plan, source: str = "plan") -> None:
         raise PlannerInputError(f"{source}: {exc}") from None
 
 
-def check_layers(plan: Plan, workload: Workload, source: str = "plan") -> None:
+def check_layers(plan: Plan, workload: Workload, source: str = "plan", profile: Profile | None = None) -> None:
     """The plan's layer count, each stage's layer names, and the fingerprint (layer names and
-    parameter shapes), against the model."""
+    parameter shapes), against the model. A plan holds only the fingerprint's hash; when the
+    plan's ``profile`` is given (it holds every layer's parameter shapes), a mismatch names the
+    first layer and parameter whose shape differs instead of two hashes."""
     num_layers = len(workload.layers)
     if plan.num_layers != num_layers:
         raise PlannerInputError(
@@ -91,7 +112,84 @@ def check_layers(plan: Plan, workload: Workload, source: str = "plan") -> None:
     if expected:
         got = workload_fingerprint(workload)
         if got != expected:
+            if profile is not None and profile.fingerprint_sha256 == expected:
+                where = shape_difference(profile, workload)
+                if where:
+                    raise PlannerInputError(f"{source}: model {workload.name!r} differs from the plan's: {where}")
             raise PlannerInputError(
                 f"{source}: model fingerprint (layer names and parameter shapes) {got[:12]} "
-                f"does not match the plan's {expected[:12]} (model {workload.name!r})"
+                f"does not match the plan's {expected[:12]} (model {workload.name!r}; the layer names match, so a "
+                "parameter shape differs: give the plan's profile with --profile to name it)"
+            )
+
+
+def shape_difference(profile: Profile, workload: Workload) -> str:
+    """The first layer and parameter whose shape differs between ``profile`` (what the plan was
+    made from) and ``workload``, in words ("" when none does or the profile has no shapes)."""
+    for idx, (name, layer, expected) in enumerate(zip(workload.layer_names, workload.layers, (lay.param_shapes for lay in profile.layers))):
+        got = [(pname, tuple(p.shape)) for pname, p in layer.named_parameters()]
+        if not expected and got:
+            return ""  # a profile without shapes (imported, analytic) cannot say
+        if [shape for _, shape in got] == [tuple(e) for e in expected]:
+            continue
+        for k, (pname, shape) in enumerate(got):
+            want = tuple(expected[k]) if k < len(expected) else None
+            if shape != want:
+                shown = "absent" if want is None else list(want)
+                return f"layer {name!r} (layer {idx}) parameter {pname!r} has shape {list(shape)}, the plan's profile {shown}"
+        return f"layer {name!r} (layer {idx}) has {len(got)} parameters, the plan's profile {len(expected)}"
+    return ""
+
+
+def _model_cuts(workload: Workload, microbatch_size: int, itemsize: int) -> list[float]:
+    """The model's bytes per sample crossing every cut, counted as the plan's profile counts
+    them: the layer DAG's edges from one no-grad forward of a micro-batch
+    (``planner.profiling.measured.memory.layer_edges``, floating tensors at ``itemsize`` bytes
+    an element), then ``planner.graph.cut_bytes_per_sample`` (per producer live across a cut,
+    its largest outgoing tensor). In eval mode (no running statistics updated) and with the
+    RNG state restored, so the run trains as it would have."""
+    modes = [layer.training for layer in workload.layers]
+    for layer in workload.layers:
+        layer.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            inputs, _ = workload.make_batch(microbatch_size, 0)
+            edges = layer_edges(workload, inputs, lambda t: t.numel() * (itemsize if t.is_floating_point() else t.element_size()))
+    finally:
+        for layer, mode in zip(workload.layers, modes):
+            layer.train(mode)
+    dag = SimpleNamespace(
+        num_layers=len(workload.layers),
+        edges=[SimpleNamespace(src=src, dst=dst, bytes_per_sample=b / microbatch_size) for (src, dst), b in edges.items()],
+    )
+    return [float(c) for c in cut_bytes_per_sample(dag)]  # type: ignore[arg-type]
+
+
+def check_boundaries(plan: Plan, workload: Workload, source: str = "plan") -> None:
+    """The tensors crossing each stage boundary of the model against the plan's: the plan's
+    stage s prices receive and send buffers of 2 mb (cut_s + cut_(s+1)) bytes
+    (``planner.cost.model.CostModel.buffer_bytes``), from which its bytes per sample at every
+    cut follow, stage by stage; the model's are measured the same way (:func:`_model_cuts`). A
+    plan profiled with other shapes (the same layers at 64 tokens per sample where the plan
+    was profiled at 32) is refused: every activation byte it predicts would be off. Skipped
+    for plans without memory figures (all buffers 0), one stage, or tensor parallelism (the
+    per-device cuts depend on the split)."""
+    lay = plan.layout
+    if len(plan.stages) < 2 or lay.tp_degree > 1 or not any(s.memory.buffer_bytes for s in plan.stages):
+        return
+    mb = plan.microbatch_size
+    planned: list[float] = []
+    cut = 0.0
+    for stage in plan.stages[:-1]:  # buffer_s / (2 mb) = cut_s + cut_(s+1)
+        cut = stage.memory.buffer_bytes / (2.0 * mb) - cut
+        planned.append(cut)
+    model = _model_cuts(workload, mb, (plan.dtype or DType.FLOAT32).itemsize)
+    for s, stage in enumerate(plan.stages[:-1]):
+        got, want = model[stage.layer_stop], planned[s]
+        if abs(got - want) > max(2.0 / mb, 0.005 * want):  # buffer bytes are rounded to whole bytes per micro-batch
+            last = stage.layer_stop - 1
+            raise PlannerInputError(
+                f"{source}: the tensors crossing from stage {s} to {s + 1} (after layer {last}, "
+                f"{workload.layer_names[last]!r}) are {got:g} bytes per sample in model {workload.name!r} but the plan "
+                f"priced {want:g}: it was planned for other shapes (sequence length, width?); profile and plan this model"
             )

@@ -6,7 +6,15 @@ Layout under the checkpoint directory::
     step_<k>/stage_<s>.pt   model + optimizer state of stage s after k completed steps
     step_<k>/stage_<s>.optimizer_shard_<r>.pt
                             ZeRO >= 1 only: optimizer state of shard r of stage s
-    latest.json             {"completed_steps": k}, written by rank 0 after every stage saved
+    step_<k>/manifest.json  sha256 and size of every file of the step, and the run's settings:
+                            written last, by rank 0, once every rank's files are in place
+    latest.json             {"completed_steps": k}, written by rank 0 after the manifest
+    .lock                   held by rank 0 of the run writing the directory
+
+How the files are written, verified, pruned (``--keep-last``) and locked, and what a resume
+must match, is ``planner.runtime.checkpoint_files``. A resume takes the newest step intact on
+every rank (:func:`choose_step`): a corrupt, truncated or missing file makes it fall back to
+the step before, with a warning naming the file.
 
 A rank running several stages (interleaved 1F1B) writes and reads one file per stage; each
 stage has its own optimizer (``{}`` when another stage of the rank owns all its parameters).
@@ -32,9 +40,10 @@ its tp index and degree).
 
 from __future__ import annotations
 
+import itertools
 import json
-import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +53,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from planner.artifacts.errors import PlannerInputError
+from planner.runtime import checkpoint_files as files
 from planner.runtime.stage_helpers import Chunk
 from planner.runtime.tensor import local
 
@@ -117,11 +127,23 @@ def _rewrap_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                     )
 
 
-def _write(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+def _stage_files(root: Path, completed_steps: int, chunks: Sequence[Chunk], slot: CheckpointSlot) -> list[Path]:
+    """The files a rank reads to resume its chunks: each stage file, and with ZeRO its shard."""
+    files = []
+    for c in chunks:
+        files.append(_stage_file(root, completed_steps, c.stage_idx, slot.tp))
+        if c.optimizer is not None and slot.optimizer_shards > 1:
+            files.append(_shard_file(root, completed_steps, c.stage_idx, slot.replica, slot.tp))
+    return files
+
+
+_SAVES = itertools.count()
+
+
+def _default_store() -> Any:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
 
 
 def save_checkpoint(
@@ -132,26 +154,109 @@ def save_checkpoint(
     *,
     optimizer_shards: int = 1,
     tp: tuple[int, int] = (0, 1),
+    settings: dict[str, Any] | None = None,
+    keep_last: int = files.DEFAULT_KEEP_LAST,
 ) -> None:
     """Save this rank's stages, (stage index, module, optimizer) each (replica 0 only; with
-    ``optimizer_shards`` > 1 every replica also writes its optimizer shard), then, after a
-    barrier, mark the step complete. ``tp``: this rank's (tp index, tp degree)."""
+    ``optimizer_shards`` > 1 every replica also writes its optimizer shard), each file hashed
+    on its way out; then rank 0 gathers the files' records through the process group's store,
+    writes the step's manifest (with ``settings``) and ``latest.json``, and prunes to
+    ``keep_last`` steps (``planner.runtime.checkpoint_files``). Collective. ``tp``: this rank's
+    (tp index, tp degree). A write that fails raises
+    :class:`~planner.runtime.checkpoint_files.CheckpointError` naming the file and the cause."""
     root = Path(directory)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        files.uncommit(root, completed_steps)  # a step written again is partial until its new manifest
+    dist.barrier()
     sharded = optimizer_shards > 1
+    records: dict[str, dict[str, Any]] = {}
     for stage_idx, module, optimizer in stages:
         opt_state = _local_state(optimizer.state_dict()) if optimizer is not None else {}
         if sharded:
             shard = {"optimizer": opt_state, "shard_idx": replica, "num_shards": optimizer_shards}
-            _write(_shard_file(root, completed_steps, stage_idx, replica, tp), shard)
+            path = _shard_file(root, completed_steps, stage_idx, replica, tp)
+            records[path.name] = files.write_hashed(path, lambda f, state=shard: torch.save(state, f))  # type: ignore[misc]
         if replica == 0:
             stage = {"model": _local_state(module.state_dict()), "optimizer": {} if sharded else opt_state}
             stage.update(optimizer_shards=optimizer_shards, tp_degree=tp[1])
-            _write(_stage_file(root, completed_steps, stage_idx, tp), stage)
+            path = _stage_file(root, completed_steps, stage_idx, tp)
+            records[path.name] = files.write_hashed(path, lambda f, state=stage: torch.save(state, f))  # type: ignore[misc]
+    store = _default_store()
+    key = f"planner/checkpoint/{next(_SAVES)}"
+    store.set(f"{key}/{rank}", json.dumps(records))
     dist.barrier()
-    if dist.get_rank() == 0:
-        tmp = root / "latest.json.tmp"
-        tmp.write_text(json.dumps({"completed_steps": completed_steps}) + "\n")
-        os.replace(tmp, root / "latest.json")
+    if rank == 0:
+        written: dict[str, dict[str, Any]] = {}
+        for r in range(world):
+            written.update(json.loads(store.get(f"{key}/{r}").decode()))
+        files.write_manifest(root, completed_steps, written, settings or {})
+        for line in files.prune(root, keep_last):
+            print(f"planner.runtime: {line}", file=sys.stderr, flush=True)
+
+
+def _all_min(value: int, device: torch.device) -> int:
+    """The minimum of ``value`` over the ranks (the value itself without a process group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def choose_step(root: Path, needed: Callable[[int], list[Path]], device: torch.device) -> tuple[int, files.Manifest | None]:
+    """The newest step whose manifest reads and whose files (``needed(step)``) verify on every
+    rank (collective: the ranks agree by ``all_reduce`` MIN); warnings name each skipped file.
+    Refuses when there is no checkpoint, or none intact."""
+    steps = files.complete_steps(root)
+    if not steps:
+        legacy = files.legacy_step(root)
+        if legacy is None:
+            raise PlannerInputError(f"--resume: no checkpoint in {root} (no step directory with a {files.MANIFEST})")
+        _warn(f"--resume: {root / files.LATEST} names step {legacy}, written without a manifest: its files are not verified")
+        return legacy, None
+    problems: dict[int, str] = {}
+    manifests: dict[int, files.Manifest] = {}
+
+    def intact(step: int) -> bool:
+        if step not in problems:
+            try:
+                manifests[step] = files.read_manifest(root, step)
+                problems[step] = next((why for why in (files.verify_file(manifests[step], p) for p in needed(step)) if why), "")
+            except files.CheckpointError as exc:
+                problems[step] = str(exc)
+        return not problems[step]
+
+    bound = steps[0]
+    while True:
+        mine = next((s for s in steps if s <= bound and intact(s)), -1)
+        agreed = _all_min(mine, device)
+        if agreed < 0:
+            mine_why = "; ".join(why for why in problems.values() if why) or "the other ranks' files failed verification"
+            raise files.CheckpointError(f"--resume: no intact checkpoint in {root}: {mine_why}")
+        if _all_min(1 if intact(agreed) else 0, device) == 1:
+            break
+        bound = agreed - 1
+    for step in steps:
+        if step > agreed and problems.get(step):
+            _warn(f"--resume: skipping step {step}: {problems[step]}")
+    if steps[0] > agreed and (not dist.is_initialized() or dist.get_rank() == 0):
+        _warn(f"--resume: resuming from {files.step_dir(root, agreed)}, the newest step intact on every rank")
+    return agreed, manifests[agreed]
+
+
+def _warn(line: str) -> None:
+    print(f"planner.runtime: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _check_dtype(path: Path, saved: dict[str, torch.Tensor], module: torch.nn.Module) -> None:
+    """Refuse a checkpoint whose floating tensors are of another dtype than the stage's."""
+    own = {local(v).dtype for v in module.state_dict().values() if local(v).is_floating_point()}
+    theirs = {v.dtype for v in saved.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if own and theirs and own != theirs:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in theirs))
+        mine = ", ".join(sorted(str(d).removeprefix("torch.") for d in own))
+        raise PlannerInputError(f"--resume: {path} holds {names} tensors but this run trains in {mine}; pass --dtype {names}")
 
 
 def load_checkpoint(
@@ -160,24 +265,21 @@ def load_checkpoint(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     *,
+    completed: int,
     replica: int = 0,
     optimizer_shards: int = 1,
     tp: tuple[int, int] = (0, 1),
-) -> int:
-    """Load the latest complete checkpoint into ``module`` and ``optimizer`` (with
-    ``optimizer_shards`` > 1, replica ``replica``'s shard; with ``tp`` = (k, t), t > 1, tp
-    index k's files); return its step count."""
+) -> None:
+    """Load step ``completed`` into ``module`` and ``optimizer`` (with ``optimizer_shards`` > 1,
+    replica ``replica``'s shard; with ``tp`` = (k, t), t > 1, tp index k's files); every refusal
+    names the file."""
     root = Path(directory)
-    marker = root / "latest.json"
-    if not marker.exists():
-        raise PlannerInputError(f"--resume: no checkpoint in {root} (no latest.json)")
-    completed = int(json.loads(marker.read_text())["completed_steps"])
     path = _stage_file(root, completed, stage_idx, tp)
     if not path.exists():
         others = sorted(p.name for p in path.parent.glob(f"stage_{stage_idx}*.pt"))
         hint = f" (the checkpointed run's tensor parallelism differs: found {others[:2]})" if others else ""
         raise PlannerInputError(f"--resume: {path} is missing{hint}")
-    state = torch.load(path, weights_only=True)
+    state = files.load_verified(path)
     saved_shards = int(state.get("optimizer_shards", 1))
     if saved_shards != optimizer_shards:
         raise PlannerInputError(
@@ -187,26 +289,54 @@ def load_checkpoint(
     saved_tp = int(state.get("tp_degree", 1))
     if saved_tp != tp[1]:
         raise PlannerInputError(f"--resume: {path} was written with tp_degree {saved_tp} but this run uses {tp[1]}")
-    _load_module(module, state["model"])
+    _check_dtype(path, state["model"], module)
+    try:
+        _load_module(module, state["model"])
+    except (RuntimeError, KeyError) as exc:
+        raise PlannerInputError(f"--resume: {path} does not fit stage {stage_idx}: {str(exc).splitlines()[0]}") from None
     if optimizer is not None:
-        opt_state = state["optimizer"]
+        opt_state, source = state["optimizer"], path
         if optimizer_shards > 1:
-            shard_path = _shard_file(root, completed, stage_idx, replica, tp)
-            if not shard_path.exists():
-                raise PlannerInputError(f"--resume: {shard_path} is missing")
-            shard = torch.load(shard_path, weights_only=True)
+            source = _shard_file(root, completed, stage_idx, replica, tp)
+            shard = files.load_verified(source)
             if (shard["shard_idx"], shard["num_shards"]) != (replica, optimizer_shards):
                 raise PlannerInputError(
-                    f"--resume: {shard_path} is shard {shard['shard_idx']} of {shard['num_shards']}, "
+                    f"--resume: {source} is shard {shard['shard_idx']} of {shard['num_shards']}, "
                     f"expected {replica} of {optimizer_shards}"
                 )
             opt_state = shard["optimizer"]
-        optimizer.load_state_dict(opt_state)
+        try:
+            optimizer.load_state_dict(opt_state)
+            _check_optimizer_state(optimizer)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise PlannerInputError(
+                f"--resume: {source}: its optimizer state does not fit this run's {type(optimizer).__name__} "
+                f"(--optimizer; {type(exc).__name__}: {exc})"
+            ) from None
         _rewrap_optimizer_state(optimizer)
-    return completed
 
 
-def save_chunks(directory: str, chunks: Sequence[Chunk], slot: CheckpointSlot, completed_steps: int) -> None:
+def _check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """The state keys of the run's optimizer kind (an SGD state in an AdamW fails at its first
+    step otherwise, with a bare ``KeyError``)."""
+    expected = {"exp_avg", "exp_avg_sq", "step"} if isinstance(optimizer, torch.optim.AdamW) else set()
+    for state in optimizer.state.values():
+        keys = set(state)
+        if expected and not expected <= keys:
+            raise KeyError(f"state has {sorted(keys)}, AdamW needs {sorted(expected)}")
+        if not expected and keys - {"momentum_buffer"}:
+            raise KeyError(f"state has {sorted(keys)}, which SGD does not keep")
+
+
+def save_chunks(
+    directory: str,
+    chunks: Sequence[Chunk],
+    slot: CheckpointSlot,
+    completed_steps: int,
+    *,
+    settings: dict[str, Any] | None = None,
+    keep_last: int = files.DEFAULT_KEEP_LAST,
+) -> None:
     """Save every stage chunk of a rank after ``completed_steps`` (collective: see
     :func:`save_checkpoint`)."""
     save_checkpoint(
@@ -216,18 +346,47 @@ def save_chunks(directory: str, chunks: Sequence[Chunk], slot: CheckpointSlot, c
         slot.replica,
         optimizer_shards=slot.optimizer_shards,
         tp=slot.tp,
+        settings=settings,
+        keep_last=keep_last,
     )
 
 
-def resume_chunks(directory: str, chunks: Sequence[Chunk], slot: CheckpointSlot) -> int:
-    """Load the latest checkpoint into every stage chunk of a rank (each ZeRO master shard
-    taken again from the loaded parameters); return its completed steps."""
-    done = set()
+def resume_chunks(
+    directory: str,
+    chunks: Sequence[Chunk],
+    slot: CheckpointSlot,
+    *,
+    settings: dict[str, Any] | None = None,
+    allowed: tuple[str, ...] = (),
+    num_steps: int | None = None,
+    lr: float | None = None,
+) -> int:
+    """Load the newest checkpoint intact on every rank (:func:`choose_step`, collective) into
+    every stage chunk of a rank (each ZeRO master shard taken again from the loaded
+    parameters), after comparing its recorded settings with the run's ``settings``
+    (:func:`~planner.runtime.checkpoint_files.compare_settings`: a difference not in
+    ``allowed`` is refused; an allowed learning rate ``lr`` is applied); return its completed
+    steps."""
+    root = Path(directory)
+    device = next((p.device for c in chunks for p in c.module.parameters()), torch.device("cpu"))
+    step, manifest = choose_step(root, lambda k: _stage_files(root, k, chunks, slot), device)
+    applied: list[str] = []
+    if manifest is not None and settings is not None:
+        source = str(files.step_dir(root, step) / files.MANIFEST)
+        applied = files.compare_settings(source, manifest.get("settings", {}), settings, allowed, step, num_steps or step + 1)
+    elif num_steps is not None and num_steps <= step:
+        files.compare_settings(str(root / files.LATEST), {}, {}, allowed, step, num_steps)
     for c in chunks:
-        done.add(load_checkpoint(
+        load_checkpoint(
             directory, c.stage_idx, c.module, c.optimizer,
-            replica=slot.replica, optimizer_shards=slot.optimizer_shards, tp=slot.tp,
-        ))
+            completed=step, replica=slot.replica, optimizer_shards=slot.optimizer_shards, tp=slot.tp,
+        )
+        if c.optimizer is not None and lr is not None and applied:
+            for group in c.optimizer.param_groups:
+                group["lr"] = lr
         if c.zero is not None:
             c.zero.reload_master()
-    return done.pop()  # one latest.json: the same step for every chunk
+    if applied and (not dist.is_initialized() or dist.get_rank() == 0):
+        for line in applied:
+            print(f"planner.runtime: {line}", file=sys.stderr, flush=True)
+    return step

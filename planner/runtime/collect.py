@@ -32,7 +32,9 @@ from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure
 from planner.runtime.zero import state_bytes_per_param
 
-PER_STAGE = 7  # compute ms, saved bytes, optimizer state bytes, gradient bytes, overrun ms, max overrun ms, emulated ms
+#: compute ms, saved bytes, optimizer state bytes, gradient bytes, overrun ms, max overrun ms, emulated ms, and per
+#: micro-batch: saved bytes, the hooks' bytes of the allocator's storages, the allocator's bytes
+PER_STAGE = 10
 
 
 def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) -> list[list[float]]:
@@ -43,10 +45,13 @@ def gather_measures(mine: RankMeasure, world_size: int, device: torch.device) ->
     over = mine.stage_overrun_ms or (0.0,) * num
     over_max = mine.stage_overrun_max_ms or (0.0,) * num
     emulated = mine.stage_emulated_ms or (0.0,) * num
-    for compute, saved, opt, grad, o, o_max, e in zip(
-        mine.stage_compute_ms, mine.stage_saved_bytes_peak, optim, grads, over, over_max, emulated
+    per_mb = mine.stage_saved_bytes_per_microbatch or (0,) * num
+    new = mine.stage_new_saved_bytes or (0,) * num
+    allocated = mine.stage_allocated_bytes or (-1,) * num
+    for compute, saved, opt, grad, o, o_max, e, mb, hook, alloc in zip(
+        mine.stage_compute_ms, mine.stage_saved_bytes_peak, optim, grads, over, over_max, emulated, per_mb, new, allocated
     ):
-        values += [compute, float(saved), float(opt), float(grad), o, o_max, e]
+        values += [compute, float(saved), float(opt), float(grad), o, o_max, e, float(mb), float(hook), float(alloc)]
     row = torch.tensor(values, dtype=torch.float64, device=device)
     rows = [torch.zeros(len(values), dtype=torch.float64, device=device) for _ in range(world_size)]
     dist.all_gather(rows, row)
@@ -102,6 +107,10 @@ def build_report(
         worst = max(own, key=lambda r: _overrun_fraction(r[k + 4], r[k + 6]))  # overran most
         overrun, overrun_max, emulated = worst[k + 4], max(r[k + 5] for r in own), worst[k + 6]
         optim_pred = -(-params * optim_per_param // shards)  # ceil: the last shard is padded
+        # per micro-batch: the rank whose allocator saw the most (the stage's replicas run the same shapes)
+        mb_saved = int(max(r[k + 7] for r in own))
+        by_alloc = max(own, key=lambda r: r[k + 9])
+        alloc, hook = int(by_alloc[k + 9]), int(by_alloc[k + 8])
         grads_pred = -(-params * element_size // (shards if layout.zero >= ZeroStage.GRADIENTS else 1))
         stages.append(
             StageRecord(
@@ -127,6 +136,12 @@ def build_report(
                 overrun_ms=overrun,
                 overrun_max_ms=overrun_max,
                 overrun_fraction=_overrun_fraction(overrun, emulated),
+                saved_bytes_per_microbatch=mb_saved,
+                activation_bytes_per_microbatch_predicted=stage.activation_bytes_per_microbatch,
+                microbatch_rel_error=relative_error(mb_saved, stage.activation_bytes_per_microbatch),
+                allocator_bytes_per_microbatch=alloc,
+                allocator_hook_bytes_per_microbatch=hook,
+                allocator_rel_error=relative_error(hook, alloc) if alloc > 0 else 0.0,
             )
         )
     steps = tuple(StepRecord(step_idx=s.step_idx, loss=s.loss, wall_ms=s.wall_ms) for s in mine.steps)

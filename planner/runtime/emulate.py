@@ -12,6 +12,12 @@ the ~1 ms of host work per chunk that torch.distributed.pipelining spends on thi
 machine then added 5-10% to every stage.) Sleeping processes leave the CPUs free, so
 timing is reproducible within 1-3% run to run where real compute across 4 processes on 2
 cores varies 1.3-1.4x (measured for issue 6).
+
+Gradients inside an emulated backward: on a GPU a layer's gradients are final when its own
+backward ends, which is what lets a stack reduce them in buckets during the backward
+(``planner.runtime.grads``). The chunk's real backward finishes them all at its very start,
+so the gradient hooks wait, before starting a bucket's reduction, until the profiled time at
+which the bucket's layer ends (:func:`layer_bwd_offsets_ms`, from ``ChunkTimer.bwd_start_s``).
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ class ChunkTimer:
     adds to it, :func:`reset_chunk_timer` zeroes it), and its emulated (fwd, bwd) ms when the
     run emulates compute."""
 
-    emulated_ms: tuple[float, float] | None = None
+    emulated_ms: tuple[float, ...] | None = None  # (fwd, bwd, its I pass, its W pass): stage_chunk_ms
+    bwd_start_s: float = 0.0  # perf_counter() at the start of the chunk's current (or last) backward
     compute_s: float = 0.0
     overrun_s: float = 0.0  # emulated chunks only: seconds past their profiled time
     overrun_max_s: float = 0.0
@@ -69,7 +76,8 @@ class ChunkTimer:
 
 
 def finish_chunk(timer: ChunkTimer, start: float, which: int) -> None:
-    """End a forward (``which`` 0) or backward (1) chunk that began at ``start``: with emulation
+    """End a forward (``which`` 0), backward (1), input-gradient (2) or weight-gradient (3)
+    chunk that began at ``start``: with emulation
     (``timer.emulated_ms`` set) sleep until its profiled time has passed and record how far it
     ran past that time; add its seconds to ``timer.compute_s``.
 
@@ -97,15 +105,38 @@ def reset_chunk_timer(timer: ChunkTimer) -> None:
     timer.emulated_s = 0.0
 
 
-def stage_chunk_ms(plan: Plan, stage_idx: int, profile: Profile | None) -> tuple[float, float]:
-    """(forward ms, backward ms including recompute) of one micro-batch on stage ``stage_idx``:
-    from the profile's layers at the plan's micro-batch size when given, else the plan's own
-    per-stage ``fwd_ms`` and ``bwd_ms + recompute_ms``."""
+def stage_chunk_ms(plan: Plan, stage_idx: int, profile: Profile | None) -> tuple[float, float, float, float]:
+    """(forward ms, backward ms including recompute, its input-gradient pass including
+    recompute, its weight-gradient pass) of one micro-batch on stage ``stage_idx``: from the
+    profile's layers at the plan's micro-batch size when given (W: each layer's
+    ``wgrad_fraction`` of its backward), else the plan's own per-stage ``fwd_ms``,
+    ``bwd_ms + recompute_ms`` and ``wgrad_ms``. The last two are what a zero-bubble schedule's
+    I and W chunks are stretched to."""
     stage = plan.stages[stage_idx]
     if profile is None:
-        return stage.fwd_ms, stage.bwd_ms + stage.recompute_ms
+        full = stage.bwd_ms + stage.recompute_ms
+        return stage.fwd_ms, full, full - stage.wgrad_ms, stage.wgrad_ms
     b = plan.microbatch_size
     layers = profile.layers[stage.layer_start : stage.layer_stop]
     fwd = sum(layer.fwd_ms(b) for layer in layers)
     recompute = sum(profile.layers[i].fwd_ms(b) for i in stage.recompute)
-    return fwd, sum(layer.bwd_ms(b) for layer in layers) + recompute
+    cores = (profile.layers[i].attention_core for i in stage.recompute_selective)
+    recompute += sum(core.fwd.at(b) for core in cores if core is not None)  # selective: the attention cores
+    full = sum(layer.bwd_ms(b) for layer in layers) + recompute
+    wgrad = sum(layer.bwd_ms(b) * layer.wgrad_fraction for layer in layers) if plan.schedule.splits_backward else 0.0
+    return fwd, full, full - wgrad, wgrad
+
+
+def layer_bwd_offsets_ms(plan: Plan, stage_idx: int, profile: Profile) -> list[float]:
+    """Per layer of stage ``stage_idx`` (in order): when its backward ends in an emulated
+    backward chunk, ms after the chunk starts -- backward runs the layers last first, each
+    taking its profiled backward, after its recomputed forward when it is recomputed."""
+    stage = plan.stages[stage_idx]
+    b = plan.microbatch_size
+    offsets: list[float] = []
+    at = 0.0
+    for i in range(stage.layer_stop - 1, stage.layer_start - 1, -1):
+        layer = profile.layers[i]
+        at += layer.bwd_ms(b) + (layer.fwd_ms(b) if i in stage.recompute else 0.0)
+        offsets.append(at)
+    return offsets[::-1]

@@ -21,11 +21,32 @@ Checked with gloo on CPU, torch 2.13:
   its own module, meter, timer and optimizer (the optimizers step the rank's unique parameters
   once each: a parameter two chunks share, a tie within the rank, belongs to the first chunk's
   optimizer), so checkpoints and measurements stay per stage. With v = 1 the rank has one chunk.
+- A stage's outputs are freed once sent (Megatron-LM's ``deallocate_output_tensor``): the send
+  takes a copy, held until torch's schedule waits for the send (1F1B and interleaved: before
+  the next one; GPipe: after its last forward, so under GPipe the copies of its M forward
+  sends are held through its forward phase, M - 1 outputs more than the cost model counts),
+  and each output tensor keeps only its autograd node, its data a one-element stand-in of its
+  shape (``torch.autograd.backward`` checks only the shape; the node holds what backward
+  needs). Only an output nothing else holds is freed: not a view, not a stage input passed
+  through (no autograd node of this stage), not a tensor a layer of the stage also took as its
+  input (a skip handed on: a checkpointed layer keeps it to recompute), not a tensor an
+  autograd node saved (as an input:
+  the same tensor; as its own output: its storage) -- read off the reference counts of the
+  tensor and its storage; the memory of a saved output stays with its node anyway.
+- ZB-H1 (``zb-h1``, Qi et al. 2024): torch's ``ScheduleInterleavedZeroBubble`` over the rank's
+  one stage (its "ZB1P"), the backward run as an input-gradient chunk (``I``: torch's
+  ``stage_backward_input``, recomputation included) and a weight-gradient chunk (``W``:
+  ``stage_backward_weight``); its order is checked against the plan's before the first step.
+  torch keeps the I pass's graph (``retain_graph=True``) until W, so a micro-batch between its I
+  and its W holds what autograd saved for the weight gradients, which the profile's
+  ``weight_grad_saved_fraction`` prices.
 - ZeRO 1 and 2 (``plan.layout.zero``, with D > 1): each chunk's data-parallel parameters get a
   ``planner.runtime.zero.ShardedState`` and the chunk's optimizer steps its master shard
   (plus any parameter tied across pipeline ranks, unsharded) instead of the parameters; the
   gradients are reduce-scattered after the schedule and the weights all-gathered after the
-  step, in place of the bucketed all-reduce.
+  step, in place of the bucketed all-reduce. ZeRO 3: the same shard, the weights gathered
+  around each micro-batch's forward and backward of the chunk and its gradients
+  reduce-scattered after each backward (``planner.runtime.zero``, t = 1).
 """
 
 from __future__ import annotations
@@ -41,10 +62,13 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.runtime.emulate import ChunkTimer, finish_chunk
+from planner.runtime.stage import StageModule
 from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
+from planner.schedule import build_schedule
 
 __all__ = ["RankRunner", "TimedStage"]
 
@@ -66,9 +90,46 @@ class TimedStage(PipelineStage):
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
+        self.timer.bwd_start_s = start
         out = super().backward_one_chunk(*args, **kwargs)
-        finish_chunk(self.timer, start, 1)
+        full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+        finish_chunk(self.timer, start, 1 if full else 2)
         return out
+
+    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        """A zero-bubble schedule's W pass (torch's ``BACKWARD_WEIGHT``)."""
+        start = time.perf_counter()
+        out = super().backward_weight_one_chunk(*args, **kwargs)
+        finish_chunk(self.timer, start, 3)
+        return out
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> Any:
+        """The sends of a forward's outputs, each of a copy; the outputs freed (module docstring)."""
+        ops = super().get_fwd_send_ops(fwd_chunk_id)
+        if not ops:  # the last stage: its output goes to the loss
+            return ops
+        for op in ops:
+            op.tensor = op.tensor.clone()
+        outputs, _ = self.fwd_cache[fwd_chunk_id]
+        module = self.submod
+        for idx, out in enumerate(outputs):
+            mine = not (isinstance(module, StageModule) and isinstance(out, torch.Tensor) and module.consumed(out))
+            if mine and any(dst is not None for dst in self.act_send_info[idx]):
+                deallocate_output(out)
+        return ops
+
+
+def deallocate_output(out: Any) -> bool:
+    """Free a sent output's data, keeping its autograd node (Megatron-LM's
+    ``deallocate_output_tensor``), when nothing else holds it (module docstring); True if freed."""
+    if not isinstance(out, torch.Tensor) or type(out) is not torch.Tensor or out.grad_fn is None or out._base is not None:
+        return False
+    # one owner of the tensor (its Python object) and of its storage (the tensor; + 1 for the
+    # storage object the query itself makes): no autograd node saved it, no view shares it
+    if out._use_count() != 1 or torch._C._storage_Use_Count(out.untyped_storage()._cdata) > 2:
+        return False
+    out.data = torch.empty(1, dtype=out.dtype, device=out.device).expand(out.shape)
+    return True
 
 
 class RankRunner(RankTrainer):
@@ -105,8 +166,28 @@ class RankRunner(RankTrainer):
         if self.plan.schedule is ScheduleKind.INTERLEAVED_1F1B:
             stages = cast("list[Any]", self.pipe_stages)  # torch types it as its private stage base class
             return ScheduleInterleaved1F1B(stages, num_mb, loss_fn=loss_fn, scale_grads=False)
+        if self.plan.schedule is ScheduleKind.ZB_H1:
+            return self._zero_bubble(loss_fn)
         schedule_cls = ScheduleGPipe if self.plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
         return schedule_cls(self.pipe_stages[0], num_mb, loss_fn=loss_fn, scale_grads=False)
+
+    def _zero_bubble(self, loss_fn: Any) -> Any:
+        """torch's ``ScheduleInterleavedZeroBubble`` over the rank's one stage (ZB-H1, its ZB1P),
+        its compute order checked against the plan's (``planner.schedule.build_schedule``): the
+        simulator priced that order, so a torch that orders differently is refused."""
+        from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+        stages = cast("list[Any]", self.pipe_stages)
+        sched = ScheduleInterleavedZeroBubble(stages, self.plan.num_microbatches, loss_fn=loss_fn, scale_grads=False)
+        ours = build_schedule(ScheduleKind.ZB_H1, self.plan.layout.num_stages, self.plan.num_microbatches)
+        for rank, order in enumerate(ours):
+            theirs = [str(a) for a in sched.pipeline_order[rank] if a is not None]
+            if theirs != [str(a) for a in order]:
+                raise PlannerInputError(
+                    f"torch {torch.__version__}'s ScheduleInterleavedZeroBubble orders rank {rank} as {' '.join(theirs)}, "
+                    f"not as the plan's zb-h1 ({' '.join(map(str, order))}): refusing to run an order the plan did not price"
+                )
+        return sched
 
     def run_schedule(self, inputs: Any, targets: Any) -> float:
         """One iteration of torch's schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""

@@ -1,14 +1,19 @@
 """Gradient synchronisation: data-parallel all-reduce and tied-parameter sums.
 
 Data parallel (DESIGN.md section 7; issue 6): gradients are all-reduced across the stage's
-replicas per bucket (parameters in reverse order, <= 1 MiB, as DDP buckets them), as soon as
+replicas per bucket (parameters in reverse order, at most the plan's stack's
+``grad_bucket_bytes``, 25 MiB for the ``planner`` stack, as DDP buckets them), as soon as
 every gradient of the bucket is final, that is when each one's post-accumulate-grad hook
 has fired once per micro-batch of the iteration and per stage chunk of the rank using it (a
-parameter shared by two chunks of an interleaved rank fires 2M times). The all-reduce is
+parameter shared by two chunks of an interleaved rank fires 2M times): during the last
+backward, which the reduction overlaps (the stack's ``grad_reduce_overlap``, what the cost
+model prices, ``planner.cost.overlap``). A plan priced for a stack that does not overlap it
+(``none``) is run so: one all-reduce of every gradient after the schedule. The all-reduce is
 asynchronous (it overlaps the rest of the pipeline, e.g. the cooldown of earlier stages) and
 is waited for before the optimizer step. Gradients are divided by D first and summed (gloo
 has no AVG). One all-reduce per parameter cost ~0.2 ms of gloo latency each here, tens of ms
-per step.
+per step. With emulated compute a bucket starts no earlier than its layer's profiled end in
+the backward (``planner.runtime.emulate``).
 
 Why not DDP around the stage: measured here, DDP around a pipeline stage fails with GPipe
 unless ``find_unused_parameters=True``, and ``static_graph=True`` silently skips the sync.
@@ -30,15 +35,17 @@ the optimizer step, the ZeRO all-gathers of the weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from planner.runtime.emulate import sleep_until
 from planner.runtime.tensor import local
 from planner.runtime.zero import ShardedState
 
-BUCKET_BYTES = 1 << 20  # gloo on loopback: 1 MiB costs ~0.6 ms at 1.7 GB/s against ~0.15 ms latency
+BUCKET_BYTES = 25 << 20  # PyTorch DDP's default bucket_cap_mb; a plan's stack sets its own (grad_bucket_bytes)
 
 
 def _buckets(params: list[torch.nn.Parameter], cap_bytes: int) -> list[list[torch.nn.Parameter]]:
@@ -67,14 +74,22 @@ class DataParallelHooks:
         dp_degree: int,
         bucket_bytes: int = BUCKET_BYTES,
         uses: dict[int, int] | None = None,
+        *,
+        overlap: bool = True,
+        ready_at: Callable[[torch.Tensor], float] | None = None,
     ) -> None:
         """``uses``: per ``id(param)``, how many of the rank's stage chunks run it (default 1);
-        each chunk's backward of a micro-batch accumulates into it once."""
+        each chunk's backward of a micro-batch accumulates into it once. ``overlap`` False:
+        one bucket, reduced after the schedule. ``ready_at`` (emulated compute): the
+        ``perf_counter`` time before which a bucket whose last gradient is this parameter's
+        does not start."""
         self._group = group
         self._uses = {id(p): (uses or {}).get(id(p), 1) for p in params}
         self._dp_degree = dp_degree
         self._params = params
-        self._buckets = _buckets(params, bucket_bytes)
+        self._overlap = overlap
+        self._ready_at = ready_at
+        self._buckets = _buckets(params, bucket_bytes if overlap else sum(p.numel() * p.element_size() for p in params))
         self._bucket_of = {id(p): i for i, bucket in enumerate(self._buckets) for p in bucket}
         self._num_microbatches = 1
         self._counts: dict[int, int] = {}
@@ -102,10 +117,12 @@ class DataParallelHooks:
     def _on_grad(self, param: torch.Tensor) -> None:
         key = id(param)
         self._counts[key] = self._counts.get(key, 0) + 1
-        if self._counts[key] == self._num_microbatches * self._uses[key]:
+        if self._overlap and self._counts[key] == self._num_microbatches * self._uses[key]:
             bucket_idx = self._bucket_of[key]
             self._pending[bucket_idx] -= 1
             if self._pending[bucket_idx] == 0:
+                if self._ready_at is not None:
+                    sleep_until(self._ready_at(param))
                 self._launch(bucket_idx)
 
     def finish_iteration(self) -> None:

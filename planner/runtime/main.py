@@ -2,44 +2,60 @@
 
 Order of work on every rank:
 
-1. parse flags; load the plan, the model (seeded) and the optional profile; check the plan
-   against the model and ``WORLD_SIZE`` -- all before any process group or compute, so a
-   mismatch exits 2 with one line and no rank waits on another;
-2. join the default group (gloo on CPU, NCCL on CUDA) with a finite timeout, then the
-   pipeline / data-parallel / tied groups; build the stage; train; gather; rank 0 writes the
-   RunReport;
-3. ``dist.barrier()`` then ``destroy_process_group()`` (without the barrier, teardown
+1. take over the signals, set the parent-death signal (``planner.runtime.lifecycle``);
+2. parse flags; load the plan, the model (seeded) and the optional profile; check the plan
+   against the model (layers, fingerprint, boundary tensor sizes) and ``WORLD_SIZE``; on rank
+   0, check the outputs (``planner.runtime.preflight.check_outputs``: the report path writable,
+   the checkpoint directory writable with room for one checkpoint, and locked for this run)
+   -- all before any process group or compute, so a mismatch exits 2 with one line;
+3. start liveness (``planner.runtime.liveness``: heartbeats through torchrun's store, the rank
+   at fault named), join the default group (gloo on CPU, NCCL on CUDA) with a finite
+   timeout, then the pipeline / data-parallel / tied groups; build the stage; train (resuming
+   first with ``--resume``); gather; rank 0 writes the RunReport atomically;
+4. ``dist.barrier()`` then ``destroy_process_group()`` (without the barrier, teardown
    aborted intermittently on this machine).
 
-Faults: any exception prints ``planner.runtime: rank R failed at step K: ...`` on stderr
-and the process leaves at once (``os._exit``) with 1 (2 for invalid input). The first rank
-to fail records its line in the process group's store; a peer that then fails (broken
-connection, timeout) prints ``planner.runtime: rank Q stopped: rank R failed at step K:
-...``, naming the first. torchrun tears the remaining peers down; a rank that hangs instead
-is ended by the process-group timeout (``--timeout-s``).
+Faults: every failure ends the rank through one line on stderr and ``os._exit``: 2 for invalid
+input (``planner.runtime: rank R: error: ...``), 1 otherwise, 128 + N after a signal N. The
+rank at fault is named once for the whole run (``planner.runtime.liveness``): ``rank R failed
+at step K: ...`` by the rank whose own work failed, ``rank Q stopped: rank R died at step K
+(...)`` by the others; a rank that stops answering is named and killed after ``--timeout-s``.
+A failure's place is ``before training`` (only before the first step), ``at step K``,
+``writing checkpoint step_K`` or ``after training``.
+
+If the report cannot be written after training (a full disk, its directory gone), the results
+are saved beside the checkpoints (``DIR/report-<time>.json``), else in the temporary
+directory, and the line names where; as a last resort the JSON is printed on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import signal
+import tempfile
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner.artifacts.codec import dumps_canonical
 from planner.artifacts.errors import PlannerError, PlannerInputError
+from planner.artifacts.files import os_error_text
 from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.profile import Profile, load_profile
-from planner.artifacts.report import save_report
+from planner.artifacts.report import RunReport, save_report
+from planner.runtime import lifecycle
+from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST, remove_temporaries_of
 from planner.runtime.options import FaultKind, RuntimeOptions
 
 if TYPE_CHECKING:
     import torch
 
     from planner.models.workload import Workload
+    from planner.runtime.liveness import Liveness
     from planner.runtime.runner import Runner
 
 
@@ -55,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=60.0)
     p.add_argument("--checkpoint-dir", default="")
     p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--keep-last", type=int, default=DEFAULT_KEEP_LAST)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--allow-resume-change", action="append", default=[], choices=list(CHANGEABLE))
     p.add_argument("--dtype", default=DType.FLOAT32.value, choices=[d.value for d in RUNTIME_DTYPES])
     p.add_argument("--optimizer", default=OptimizerFamily.SGD.value, choices=[o.value for o in OptimizerFamily])
     p.add_argument("--lr", type=float, default=0.01)
@@ -79,7 +97,9 @@ def options_from_args(args: argparse.Namespace) -> RuntimeOptions:
             timeout_s=args.timeout_s,
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every,
+            keep_last=args.keep_last,
             resume=args.resume,
+            allow_resume_change=tuple(args.allow_resume_change),
             dtype=DType(args.dtype),
             optimizer=OptimizerFamily(args.optimizer),
             lr=args.lr,
@@ -107,13 +127,22 @@ def make_runner(
     return RankRunner(plan, workload, options, rank, device, profile)
 
 
-def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
+class _Context:
+    """What the failure path needs of a rank's run: its liveness once started."""
+
+    liveness: Liveness | None = None
+    lock: object = None  # the checkpoint directory's lock, held for the process's life
+
+
+def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> None:
     import torch
     import torch.distributed as dist
 
     from planner.runtime.check import check_plan
     from planner.runtime.collect import build_report, gather_measures
+    from planner.runtime.liveness import StepControl, open_liveness
     from planner.runtime.model import cast_workload, load_workload, workload_fingerprint
+    from planner.runtime.preflight import check_outputs, checkpoint_bytes
     from planner.runtime.runner import run_steps
 
     plan = load_plan(options.plan_path)
@@ -122,6 +151,9 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     profile = load_profile(options.profile_path) if options.profile_path else None
     if profile is not None and profile.layer_names != workload.layer_names:
         raise PlannerInputError(f"{options.profile_path}: profile layers do not match model {workload.name!r}")
+    if rank == 0:
+        need = checkpoint_bytes(workload, options.dtype, options.optimizer)
+        ctx.lock = check_outputs(options.report_path, options.checkpoint_dir, need, hold_lock=True)
     cast_workload(workload, options.dtype)
 
     use_cuda = torch.cuda.is_available()
@@ -129,13 +161,19 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+    ctx.liveness = open_liveness(rank, world_size, options.timeout_s)
+    ctx.liveness.on_peer_gone = lambda pid: _remove_temporaries_of(options, pid)
+    ctx.liveness.start()
     backend = "nccl" if use_cuda else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=options.timeout_s))
     if use_cuda:
         for layer in workload.layers:
             layer.to(device)
-    measure = run_steps(make_runner(plan, workload, options, rank, device, profile))
+    runner = make_runner(plan, workload, options, rank, device, profile)
+    measure = run_steps(runner, StepControl(ctx.liveness, world_size, device))
+    lifecycle.set_phase(lifecycle.Phase.AFTER)
     rows = gather_measures(measure, world_size, device)
+    problem = ""
     if rank == 0 and options.report_path:
         report = build_report(
             plan,
@@ -147,67 +185,80 @@ def _run(options: RuntimeOptions, rank: int, world_size: int) -> None:
             backend=backend,
             device=str(device) if not use_cuda else torch.cuda.get_device_name(device),
         )
-        save_report(report, options.report_path)
+        problem = write_report(report, options)
     dist.barrier()
     dist.destroy_process_group()
+    ctx.liveness.finish()
+    if problem:
+        lifecycle.leave(1, f"planner.runtime: rank {rank} failed after training: {problem}")
+
+
+def _remove_temporaries_of(options: RuntimeOptions, pid: int) -> None:
+    """The temporary files a peer killed in a write left: its checkpoint files and rank 0's
+    report (``planner.artifacts.files.temp_path``)."""
+    if options.checkpoint_dir:
+        remove_temporaries_of(Path(options.checkpoint_dir), pid)
+    if options.report_path:
+        report = Path(options.report_path)
+        Path(report.parent, f".{report.name}.{pid}.tmp").unlink(missing_ok=True)
+
+
+def write_report(report: RunReport, options: RuntimeOptions) -> str:
+    """Write the report atomically; if that fails, save it beside the checkpoints (else in the
+    temporary directory, else on stdout) and return the line saying so ("" when written)."""
+    from planner.artifacts.report import report_to_json
+
+    try:
+        save_report(report, options.report_path)
+        return ""
+    except OSError as exc:
+        cause = f"cannot write the report {options.report_path}: {os_error_text(exc)}"
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    places = [Path(options.checkpoint_dir)] if options.checkpoint_dir else []
+    places.append(Path(tempfile.gettempdir()))
+    for place in places:
+        fallback = place / f"report-{stamp}.json" if place != places[-1] else place / f"planner-report-{stamp}.json"
+        try:
+            save_report(report, fallback)
+            return f"{cause}; the results were saved to {fallback}"
+        except OSError:
+            continue
+    print(dumps_canonical(report_to_json(report)), flush=True)
+    return f"{cause}; no fallback could be written either: the results are the JSON printed on stdout"
 
 
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    lifecycle.install(rank)
+    ctx = _Context()
     try:
         options = options_from_args(build_parser().parse_args(argv))
-        _run(options, rank, world_size)
+        _run(options, rank, world_size, ctx)
+    except lifecycle.StopRun as stop:
+        name = signal.Signals(stop.signum).name
+        saved = f"; checkpoint {stop.checkpoint} (continue with --resume)" if stop.checkpoint else "; no --checkpoint-dir, nothing saved"
+        line = f"planner.runtime: stopped by {name} after {stop.completed_steps} completed steps{saved}" if rank == 0 else ""
+        lifecycle.leave(128 + stop.signum, line)
     except PlannerError as exc:
-        print(f"planner.runtime: rank {rank}: error: {exc}", file=sys.stderr, flush=True)
-        os._exit(exc.exit_code)
+        line = f"rank {rank}: error: {exc}"
+        if ctx.liveness is not None:
+            ctx.liveness.announce(line)
+        lifecycle.leave(exc.exit_code, f"planner.runtime: {line}")
     except Exception as exc:
         if os.environ.get("PLANNER_DEBUG"):
             traceback.print_exc()
-        message = f"{exc}" if isinstance(exc, _step_failure()) else f"{type(exc).__name__}: {exc}"
-        message = message if message.startswith("at step") else f"before training: {message}"
-        first = _first_failure(rank, message)
-        if first is None:
-            print(f"planner.runtime: rank {rank} failed {message}", file=sys.stderr, flush=True)
+        if isinstance(exc, _step_failures()):
+            message = str(exc)
         else:
-            print(f"planner.runtime: rank {rank} stopped: rank {first}", file=sys.stderr, flush=True)
-        os._exit(1)
+            message = f"{lifecycle.phase().value}: {type(exc).__name__}: {exc}"
+        if ctx.liveness is not None:
+            ctx.liveness.fail(message, exc)
+        lifecycle.leave(1, f"planner.runtime: rank {rank} failed {message}")
     return 0
 
 
-def _step_failure() -> type:
-    from planner.runtime.runner import StepFailure
+def _step_failures() -> tuple[type, ...]:
+    from planner.runtime.runner import CheckpointFailure, StepFailure
 
-    return StepFailure
-
-
-_FAILED_KEY = "planner/runtime/first_failure"
-
-
-def _first_failure(rank: int, message: str) -> str | None:
-    """Tell peers through the process group's store that this rank failed, unless another
-    rank did first; then return that rank's line ("R failed at step K: ..."), else None.
-
-    The store (torchrun's agent store) outlives the ranks, so a peer that then sees a
-    broken connection or a timeout can name the rank that failed first. Best effort: with
-    no store, or none reachable, each rank just reports its own failure.
-    """
-    try:
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d
-
-        if not dist.is_initialized():
-            return None
-        store = distributed_c10d._get_default_store()
-        line = f"{rank} failed {message}"
-        if store.add(_FAILED_KEY + "/count", 1) == 1:
-            store.set(_FAILED_KEY, line)
-            return None
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            if store.check([_FAILED_KEY]):
-                return store.get(_FAILED_KEY).decode()
-            time.sleep(0.05)
-    except Exception:
-        return None
-    return None
+    return StepFailure, CheckpointFailure

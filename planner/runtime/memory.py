@@ -1,39 +1,44 @@
-"""Bytes saved for backward, measured with ``torch.autograd.graph.saved_tensors_hooks``.
+"""Bytes saved for backward, two ways: the saved-tensor hooks, and the allocator's own accounting.
 
-Every tensor autograd saves while a stage runs its forward is counted with its own bytes
-(``numel x element_size``, views counted as themselves, as the profiler does) until the
-autograd node that saved it is freed (after its backward). Parameters (and views of them,
-e.g. the transposed weight ``mm`` saves) are left out: they are model state, not
-activations. A layer under non-reentrant ``torch.utils.checkpoint`` shows here only as its
-inputs: the checkpoint saves them through the ambient hooks (checked with torch 2.13), while
-the tensors of its recomputation go through the checkpoint's own hooks, so the count is
-what the cost model assumes for a recomputed layer (its inputs).
+**The hook count** (:class:`SavedBytesMeter`, ``torch.autograd.graph.saved_tensors_hooks``):
+every tensor autograd saves while a stage runs its forward is held, as the allocator holds it,
+*once per storage* (the union of the byte spans saved of it,
+:func:`planner.profiling.measured.memory.saved_span`: a view, or a tensor several autograd
+nodes save, counts once, as the profiler counts it) until the last autograd node that saved
+it is freed (after its backward). Parameters and buffers (and views of them, e.g. the
+transposed weight ``mm`` saves) are left out: they are model state, not activations. A layer
+under non-reentrant ``torch.utils.checkpoint`` shows here only as its inputs: the checkpoint
+saves them through the ambient hooks (checked with torch 2.13), while the tensors of its
+recomputation go through the checkpoint's own hooks, so the count is what the cost model
+assumes for a recomputed layer (its inputs); an attention core recomputed selectively shows
+as its inputs likewise.
+
+**The allocator** (:class:`AllocatorProbe`), independent of the hooks: the bytes a stage's
+forward of one micro-batch allocated and did not free by its end, read from the allocator's
+own events -- on CPU the memory events ``torch.profiler`` records (one profiling session over
+the metered step, each forward a ``record_function`` range, its allocations minus frees), on
+GPU ``torch.cuda.memory_allocated`` before and after it. That is what the forward leaves for
+backward plus its output; the output's new storages are taken off (they are the next stage's
+to receive, and freed once sent, :mod:`planner.runtime.stage`). Against it the meter counts the
+same storages: those it holds after the forward that were neither held before, nor the
+forward's inputs (received before it, not allocated in it), nor its outputs
+(``ForwardRecord.new_saved_bytes``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from planner.profiling.measured.memory import saved_span, union_bytes
+from planner.profiling.measured.tensors import flatten
 from planner.runtime.tensor import local
 
-
-class _Held:
-    """A saved tensor's handle; releasing it (node freed) gives its bytes back."""
-
-    __slots__ = ("meter", "num_bytes", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, num_bytes: int, meter: SavedBytesMeter) -> None:
-        self.tensor = tensor
-        self.num_bytes = num_bytes
-        self.meter = meter
-        meter.add(num_bytes)
-
-    def __del__(self) -> None:
-        self.meter.add(-self.num_bytes)
+__all__ = ["AllocatorProbe", "ForwardRecord", "SavedBytesMeter", "storage_keys", "tensor_bytes"]
 
 
 def tensor_bytes(value: Any) -> int:
@@ -46,25 +51,83 @@ def tensor_bytes(value: Any) -> int:
     return 0
 
 
-class SavedBytesMeter:
-    """Live and peak bytes saved for backward on one stage."""
+def storage_keys(value: Any) -> set[int]:
+    """The storages of the tensors of ``value`` (a tensor or a tuple of them)."""
+    out = set()
+    for t in flatten(value):
+        span = saved_span(local(t))
+        if span is not None:
+            out.add(span[0])
+    return out
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
-        self._param_storages = {local(p).untyped_storage().data_ptr() for p in params}
+
+class _Held:
+    """A saved tensor's handle; releasing it (node freed) gives its span back."""
+
+    __slots__ = ("key", "meter", "span", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, key: int, span: tuple[int, int], meter: SavedBytesMeter) -> None:
+        self.tensor = tensor
+        self.key = key
+        self.span = span
+        self.meter = meter
+        meter.hold(key, span)
+
+    def __del__(self) -> None:
+        self.meter.release(self.key, self.span)
+
+
+class SavedBytesMeter:
+    """Live and peak bytes saved for backward on one stage, once per storage."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        """``tensors``: the stage's parameters and buffers (never counted)."""
+        self._excluded = {span[0] for t in tensors if (span := saved_span(local(t))) is not None}
+        self._spans: dict[int, list[tuple[int, int]]] = {}
+        self._bytes: dict[int, int] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
 
-    def add(self, num_bytes: int) -> None:
-        self.live_bytes += num_bytes
+    def hold(self, key: int, span: tuple[int, int]) -> None:
+        self._spans.setdefault(key, []).append(span)
+        self._update(key)
+
+    def release(self, key: int, span: tuple[int, int]) -> None:
+        spans = self._spans.get(key)
+        if spans is None:
+            return
+        spans.remove(span)
+        if not spans:
+            del self._spans[key]
+        self._update(key)
+
+    def _update(self, key: int) -> None:
+        now = union_bytes(self._spans[key]) if key in self._spans else 0
+        self.live_bytes += now - self._bytes.get(key, 0)
+        if now:
+            self._bytes[key] = now
+        else:
+            self._bytes.pop(key, None)
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def held(self) -> set[int]:
+        """The storages held now."""
+        return set(self._bytes)
+
+    def bytes_of(self, keys: Iterable[int]) -> int:
+        """Bytes held now of the storages ``keys``."""
+        return sum(self._bytes.get(k, 0) for k in keys)
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        if local(tensor).untyped_storage().data_ptr() in self._param_storages:
+        span = saved_span(local(tensor))
+        if span is None or span[0] in self._excluded:
             return tensor
-        return _Held(tensor, tensor_bytes(tensor), self)
+        # an alias of its own: a stage output autograd saved stays intact when the executor
+        # frees the output's data after sending it (planner.runtime.engine.deallocate_output)
+        return _Held(tensor.detach(), span[0], (span[1], span[2]), self)
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
@@ -74,3 +137,73 @@ class SavedBytesMeter:
     def hooks(self) -> Iterator[None]:
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
+
+
+@dataclass(slots=True)
+class ForwardRecord:
+    """One metered forward of one micro-batch on a stage (the last stage: with its loss)."""
+
+    saved_bytes: int = 0  # the meter's bytes held after it less before: everything it saved, inputs included
+    new_saved_bytes: int = 0  # the meter's bytes of the storages the allocator sees (module docstring)
+    output_bytes: int = 0  # the new storages of its output (taken off the allocator's count)
+    allocated_bytes: int = -1  # the allocator's count less the output; -1 until the probe reads it
+    windows: list[int] = field(default_factory=list)  # the probe's windows of this forward
+
+
+class AllocatorProbe:
+    """The allocator's bytes left allocated by forward windows (module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._session: Any = None
+        self._cuda_windows: list[int] = []
+        self._count = 0
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """One profiling session (CPU) over a metered step; windows are read at its end."""
+        if self.cuda:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            self._session = prof
+            yield
+        self._session = None
+        self._cpu_windows = _window_bytes(prof)
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[int]:
+        """A forward window; yields its index (read by :meth:`bytes_of`)."""
+        idx = self._count
+        self._count += 1
+        if self.cuda:
+            before = torch.cuda.memory_allocated(self.device)
+            yield idx
+            self._cuda_windows.append(torch.cuda.memory_allocated(self.device) - before)
+            return
+        with torch.profiler.record_function(f"planner::window::{idx}"):
+            yield idx
+
+    def bytes_of(self, idx: int) -> int | None:
+        """Bytes allocated and not freed in window ``idx`` (None when it was not recorded)."""
+        if self.cuda:
+            return self._cuda_windows[idx] if idx < len(self._cuda_windows) else None
+        return getattr(self, "_cpu_windows", {}).get(idx)
+
+
+def _window_bytes(prof: Any) -> dict[int, int]:
+    """Per window of a CPU profiling session: the memory events' bytes inside its range."""
+    events = prof.profiler.kineto_results.events()
+    ranges = []
+    for e in events:
+        name = e.name()
+        if name.startswith("planner::window::"):
+            ranges.append((e.start_ns(), e.end_ns(), int(name.rsplit("::", 1)[1])))
+    out = {idx: 0 for _, _, idx in ranges}
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    for start, end, idx in ranges:
+        out[idx] += sum(n for t, n in memory if start <= t <= end)
+    return out

@@ -15,11 +15,13 @@ from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 
 
 class FaultKind(enum.Enum):
-    """A deliberate failure, for testing fail-fast and resume: raise, SIGKILL itself, or hang."""
+    """A deliberate failure, for testing fail-fast and resume: raise, SIGKILL itself, SIGSTOP
+    itself (a process that stops answering), or hang (alive, in a loop that never returns)."""
 
     NONE = "none"
     RAISE = "raise"
     KILL = "kill"
+    STOP = "stop"
     HANG = "hang"
 
 
@@ -34,7 +36,9 @@ class RuntimeOptions:
     timeout_s: float = 60.0
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
+    keep_last: int = field(default=3, metadata={"doc": "complete checkpoints kept (0: all)"})
     resume: bool = False
+    allow_resume_change: tuple[str, ...] = field(default=(), metadata={"doc": "settings a resume may change: lr"})
     dtype: DType = field(default=DType.FLOAT32, metadata={"doc": "one of RUNTIME_DTYPES (its value is accepted too)"})
     optimizer: OptimizerFamily = field(default=OptimizerFamily.SGD, metadata={"doc": "SGD or AdamW (its value is accepted too)"})
     lr: float = 0.01
@@ -53,6 +57,8 @@ class RuntimeOptions:
             raise ValueError(f"--timeout-s must be > 0 (got {self.timeout_s})")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})")
+        if self.keep_last < 0:
+            raise ValueError(f"--keep-last must be >= 0 (got {self.keep_last})")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every needs --checkpoint-dir")
         if self.resume and not self.checkpoint_dir:

@@ -28,17 +28,46 @@ here too; and a ``--profile`` whose layers differ from the model's. Only torch a
 model's own modules are imported (``torch.distributed.tensor`` only for a tensor-parallel
 plan). Not on torch's ``meta`` device: its random initialisers import ``torch._dynamo``
 (4-6 s here), more than building a model that fits one process costs.
+
+Outputs (:func:`check_outputs`, here and again on rank 0 before training): the ``--report``
+path can be written atomically (``planner.artifacts.files.check_output_path``: not a directory
+or a device such as ``/dev/full``, its directory exists and takes a new file, ``/proc`` does
+not); the ``--checkpoint-dir`` is a directory that takes files, is not locked by another run
+(``planner.runtime.checkpoint_files.DirectoryLock``) and has room for one checkpoint
+(:func:`checkpoint_bytes`: every parameter and buffer, plus the optimizer's state, in the
+run's dtype). With ``--resume`` (:func:`check_resume`): a checkpoint exists, and the newest
+one's recorded settings match the run's (lr, dtype, optimizer, seed, plan; ``--steps`` above
+the steps done), refused in one line otherwise; the ranks check again against the step they
+actually load (the newest intact on every rank).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.files import check_output_path
 from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 from planner.artifacts.plan import Plan
+from planner.runtime import checkpoint_files as ckpt
 
-__all__ = ["RUNTIME_DTYPES", "RUNTIME_OPTIMIZERS", "RunSettings", "check_launch", "check_world_size", "run_settings"]
+__all__ = [
+    "RUNTIME_DTYPES",
+    "RUNTIME_OPTIMIZERS",
+    "RunSettings",
+    "check_launch",
+    "check_outputs",
+    "check_resume",
+    "check_world_size",
+    "checkpoint_bytes",
+    "run_settings",
+]
+
+#: room for a checkpoint's file headers and the manifest, beyond its tensors
+CHECKPOINT_OVERHEAD_BYTES = 1 << 16
 
 #: the optimizers the runtime runs (``--optimizer``)
 RUNTIME_OPTIMIZERS = tuple(OptimizerFamily)
@@ -116,10 +145,72 @@ def check_world_size(plan: Plan, nproc: int, source: str = "plan") -> None:
         )
 
 
+def checkpoint_bytes(workload: Any, dtype: DType, optimizer: OptimizerFamily) -> int:
+    """Bytes of one checkpoint of the whole model: each distinct parameter and buffer in
+    ``dtype``, plus AdamW's two moments per parameter (SGD without momentum keeps none), plus
+    :data:`CHECKPOINT_OVERHEAD_BYTES`."""
+    params: dict[int, int] = {}
+    buffers = 0
+    for layer in workload.layers:
+        for p in layer.parameters():
+            params[id(p)] = p.numel()
+        buffers += sum(b.numel() for b in layer.buffers())
+    states = 2 if optimizer is OptimizerFamily.ADAMW else 0
+    return (sum(params.values()) * (1 + states) + buffers) * dtype.itemsize + CHECKPOINT_OVERHEAD_BYTES
+
+
+def check_outputs(report_path: str, checkpoint_dir: str, checkpoint_need: int, *, hold_lock: bool = False) -> Any:
+    """Refuse, in one line, outputs the run could not write (see the module docstring); with
+    ``hold_lock`` return the checkpoint directory's lock, held (None without a directory)."""
+    if report_path:
+        check_output_path(report_path, "--report")
+    if not checkpoint_dir:
+        return None
+    root = Path(checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        raise PlannerInputError(f"--checkpoint-dir {root}: is not a directory")
+    lock = ckpt.DirectoryLock(root).acquire()
+    try:
+        check_output_path(root / ckpt.LATEST, "--checkpoint-dir", need_bytes=checkpoint_need)
+    except PlannerInputError:
+        lock.release()
+        raise
+    if not hold_lock:
+        lock.release()
+        return None
+    return lock
+
+
+def check_resume(plan: Plan, checkpoint_dir: str, *, settings: dict[str, Any], num_steps: int, allowed: tuple[str, ...]) -> None:
+    """With ``--resume``: a checkpoint exists and the newest readable manifest's settings match
+    the run's (``settings``: :func:`checkpoint_files.run_settings_record`)."""
+    root = Path(checkpoint_dir)
+    for step in ckpt.complete_steps(root):
+        try:
+            manifest = ckpt.read_manifest(root, step)
+        except ckpt.CheckpointError:
+            continue  # the ranks skip it too, with a warning naming it
+        source = str(ckpt.step_dir(root, step) / ckpt.MANIFEST)
+        ckpt.compare_settings(source, manifest.get("settings", {}), settings, allowed, step, num_steps)
+        return
+    legacy = ckpt.legacy_step(root)
+    if legacy is None:
+        raise PlannerInputError(f"--resume: no checkpoint in {root} (no step directory with a {ckpt.MANIFEST})")
+    ckpt.compare_settings(str(root / ckpt.LATEST), {}, {}, allowed, legacy, num_steps)
+
+
+def settings_of(plan: Plan, *, lr: float, dtype: DType, optimizer: OptimizerFamily, seed: int) -> dict[str, Any]:
+    """The settings record of a run with these flags (what its checkpoints record)."""
+    options = SimpleNamespace(lr=lr, dtype=dtype, optimizer=optimizer, seed=seed)
+    return ckpt.run_settings_record(options, plan)
+
+
 def check_launch(
-    plan: Plan, model_spec: str, nproc: int, *, seed: int, dtype: DType, profile_path: str = "", source: str = "plan"
+    plan: Plan, model_spec: str, nproc: int, *, seed: int, dtype: DType, profile_path: str = "", source: str = "plan",
+    optimizer: OptimizerFamily = OptimizerFamily.SGD, report_path: str = "", checkpoint_dir: str = "",
 ) -> None:
-    """Every check a rank would make before compute, in this process (see the module docstring)."""
+    """Every check a rank would make before compute, in this process, and the outputs (see the
+    module docstring)."""
     check_world_size(plan, nproc, source)
     profile = None
     if profile_path:
@@ -131,6 +222,7 @@ def check_launch(
 
     workload = load_workload(model_spec, seed, dtype)  # as every rank builds it; dropped on return
 
-    check_plan(plan, workload, nproc, source=source)
+    check_plan(plan, workload, nproc, source=source, profile=profile)
     if profile is not None and profile.layer_names != workload.layer_names:
         raise PlannerInputError(f"{profile_path}: profile layers do not match model {workload.name!r}")
+    check_outputs(report_path, checkpoint_dir, checkpoint_bytes(workload, dtype, optimizer))

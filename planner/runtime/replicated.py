@@ -147,6 +147,7 @@ class ReplicatedRunner(RankTrainer):
     def _backward(self, saved: _Saved, received: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """Runs backward; returns the input gradients to send (none on stage 0)."""
         start = time.perf_counter()
+        self.chunk.timer.bwd_start_s = start
         if self.is_last:
             saved.outputs[0].backward()
         else:

@@ -8,30 +8,39 @@ it through ``planner.runtime.trainer.RankTrainer``, which writes the step once:
 ``planner.runtime.engine.RankRunner`` (``torch.distributed.pipelining``) and
 ``planner.runtime.replicated.ReplicatedRunner`` (plans replicated per stage).
 
-:func:`run_steps`: faults (``--fault``), saved-bytes metering on the first step, timing after
+:func:`run_steps`: faults (``--fault``), saved-bytes metering on the first step (the hooks'
+count and, in the same forwards, the allocator's: ``planner.runtime.memory``), timing after
 the warm-up, checkpoints, and the rank's :class:`RankMeasure`, gathered to rank 0 for the
 RunReport (``planner.runtime.collect``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from planner.artifacts.plan import Plan
 from planner.runtime.checkpoint import CheckpointSlot, resume_chunks, save_chunks
+from planner.runtime.checkpoint_files import CheckpointError, run_settings_record, step_dir
 from planner.runtime.emulate import reset_chunk_timer
+from planner.runtime.lifecycle import StopRun
+from planner.runtime.liveness import StepControl
+from planner.runtime.memory import AllocatorProbe, ForwardRecord
 from planner.runtime.options import FaultKind, RuntimeOptions
 from planner.runtime.stage_helpers import Chunk
 from planner.runtime.zero import optimizer_state_bytes
 
-__all__ = ["RankMeasure", "Runner", "StepFailure", "StepMeasure", "run_steps"]
+__all__ = ["CheckpointFailure", "RankMeasure", "Runner", "StepFailure", "StepMeasure", "run_steps"]
 
 
 class StepFailure(RuntimeError):
@@ -40,6 +49,14 @@ class StepFailure(RuntimeError):
     def __init__(self, step_idx: int, cause: BaseException) -> None:
         self.step_idx = step_idx
         super().__init__(f"at step {step_idx}: {type(cause).__name__}: {cause}")
+
+
+class CheckpointFailure(RuntimeError):
+    """A checkpoint that could not be written after a step (the cause names the file)."""
+
+    def __init__(self, completed_steps: int, cause: BaseException) -> None:
+        self.completed_steps = completed_steps
+        super().__init__(f"writing checkpoint step_{completed_steps} (after {completed_steps} completed steps): {cause}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +83,11 @@ class RankMeasure:
     stage_overrun_ms: tuple[float, ...] = ()  # per chunk, emulated: ms past the profiled times per timed step
     stage_overrun_max_ms: tuple[float, ...] = ()  # per chunk, emulated: the largest overrun of one action
     stage_emulated_ms: tuple[float, ...] = ()  # per chunk, emulated: the profiled ms of its actions per step
+    # per chunk, over the micro-batches of the metered step (the largest): the hooks' bytes saved by one forward
+    # (inputs included), the hooks' bytes of the storages the allocator sees, and the allocator's own (-1: none)
+    stage_saved_bytes_per_microbatch: tuple[int, ...] = ()
+    stage_new_saved_bytes: tuple[int, ...] = ()
+    stage_allocated_bytes: tuple[int, ...] = ()
 
 
 class Runner(Protocol):
@@ -73,6 +95,9 @@ class Runner(Protocol):
 
     @property
     def options(self) -> RuntimeOptions: ...
+
+    @property
+    def plan(self) -> Plan: ...
 
     @property
     def device(self) -> torch.device: ...
@@ -101,34 +126,59 @@ class Runner(Protocol):
 def _maybe_fault(options: RuntimeOptions, rank: int, step_idx: int) -> None:
     if options.fault is FaultKind.NONE or rank != options.fault_rank or step_idx != options.fault_step:
         return
+    print(f"planner.runtime: rank {rank}: --fault {options.fault.value} at step {step_idx}", file=sys.stderr, flush=True)
     if options.fault is FaultKind.KILL:
         os.kill(os.getpid(), signal.SIGKILL)
+    if options.fault is FaultKind.STOP:
+        os.kill(os.getpid(), signal.SIGSTOP)
     if options.fault is FaultKind.HANG:
         while True:  # peers must give up after --timeout-s; torchrun then ends this process
             time.sleep(1.0)
     raise RuntimeError(f"injected fault (--fault raise) at step {step_idx}")
 
 
-def run_steps(runner: Runner) -> RankMeasure:
-    """The training loop of any runner (see the module docstring)."""
+def run_steps(runner: Runner, control: StepControl | None = None) -> RankMeasure:
+    """The training loop of any runner (see the module docstring). ``control`` (``main``'s)
+    hears of each step and says when the ranks agreed to stop on a signal: then, after a final
+    checkpoint when ``--checkpoint-dir`` is set, :class:`~planner.runtime.lifecycle.StopRun`
+    is raised on every rank."""
     options = runner.options
     chunks = list(runner.chunks)
-    start_step = resume_chunks(options.checkpoint_dir, runner.chunks, runner.checkpoint_slot) if options.resume else 0
+    settings = run_settings_record(options, runner.plan)
+    start_step = 0
+    if options.resume:
+        start_step = resume_chunks(
+            options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, settings=settings,
+            allowed=options.allow_resume_change, num_steps=options.num_steps, lr=options.lr,
+        )
     steps: list[StepMeasure] = []
     compute_ms: list[list[float]] = []  # per timed step, per chunk
     wall_ms: list[float] = []
     peaks = [0] * len(chunks)
+    records: list[list[ForwardRecord]] = [[] for _ in chunks]
     overruns: list[list[tuple[float, float, float]]] = []  # per timed step, per chunk: (total, max, emulated) ms
     for step_idx in range(start_step, options.num_steps):
+        if control is not None:
+            control.begin_step(step_idx)
+        metered = step_idx == start_step  # peak saved bytes and the allocator: first step only
+        probe = AllocatorProbe(runner.device) if metered else None
         try:
             _maybe_fault(options, runner.rank, step_idx)
             for c in chunks:
                 reset_chunk_timer(c.timer)
-                c.module.metering = step_idx == start_step  # peak saved bytes: first step only
+                c.module.metering = metered
+                c.module.probe = probe
+                c.module.records = []
                 c.module.meter.reset_peak()
-            measure = runner.train_step(step_idx)
+            with probe.session() if probe is not None else contextlib.nullcontext():
+                measure = runner.train_step(step_idx)
         except Exception as exc:
             raise StepFailure(step_idx, exc) from exc
+        if metered:
+            for c, mine in zip(chunks, records):
+                c.module.read_allocator()
+                mine.extend(c.module.records)
+                c.module.probe = None
         steps.append(measure)
         if len(steps) > options.warmup_steps or len(steps) == options.num_steps - start_step:
             compute_ms.append([c.timer.compute_s * 1000.0 for c in chunks])
@@ -136,9 +186,17 @@ def run_steps(runner: Runner) -> RankMeasure:
             wall_ms.append(measure.wall_ms)
         peaks = [max(peak, c.module.meter.peak_bytes) for peak, c in zip(peaks, chunks)]
         done = step_idx + 1
-        if options.checkpoint_every and done % options.checkpoint_every == 0:
-            save_chunks(options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, done)
-    return _rank_measure(runner, steps, compute_ms, wall_ms, peaks, overruns)
+        stop = control.end_step(done) if control is not None else 0
+        due = bool(options.checkpoint_every) and done % options.checkpoint_every == 0
+        if due or (stop and options.checkpoint_dir):
+            try:
+                save_chunks(options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, done,
+                            settings=settings, keep_last=options.keep_last)
+            except CheckpointError as exc:
+                raise CheckpointFailure(done, exc) from exc
+        if stop:
+            raise StopRun(stop, done, str(step_dir(Path(options.checkpoint_dir), done)) if options.checkpoint_dir else "")
+    return _rank_measure(runner, steps, compute_ms, wall_ms, peaks, overruns, records)
 
 
 def _rank_measure(
@@ -148,6 +206,7 @@ def _rank_measure(
     wall_ms: list[float],
     peaks: list[int],
     overruns: list[list[tuple[float, float, float]]],
+    records: list[list[ForwardRecord]],
 ) -> RankMeasure:
     """The loop's records as the rank's measures: means over the timed steps, per chunk."""
     chunks = runner.chunks
@@ -171,4 +230,7 @@ def _rank_measure(
         stage_overrun_ms=tuple(statistics.fmean(o[0] for o in col) for col in per_chunk),
         stage_overrun_max_ms=tuple(max(o[1] for o in col) for col in per_chunk),
         stage_emulated_ms=tuple(statistics.fmean(o[2] for o in col) for col in per_chunk),
+        stage_saved_bytes_per_microbatch=tuple(max((r.saved_bytes for r in rs), default=0) for rs in records),
+        stage_new_saved_bytes=tuple(max((r.new_saved_bytes for r in rs), default=0) for rs in records),
+        stage_allocated_bytes=tuple(max((r.allocated_bytes for r in rs), default=-1) for rs in records),
     )

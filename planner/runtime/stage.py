@@ -6,23 +6,34 @@ the output of layer ``i - 1`` as one argument (a tensor or a tuple of tensors, a
 does); the stage's inputs arrive from ``torch.distributed.pipelining`` as ``*args``. The
 stage's outputs are made contiguous (they are sent to the next stage).
 
-Recomputed layers run under non-reentrant ``torch.utils.checkpoint`` (the plan's
-``stages[i].recompute``). Saved bytes are metered while the stage's forward runs, when
-``metering`` is on (the engine meters the first step of a run only: shapes do not change
-between steps, and the Python hooks would otherwise cost host time in every timed step).
+Recompute levels (the plan's ``stages[i].recompute`` and ``recompute_selective``): a fully
+recomputed layer runs under non-reentrant ``torch.utils.checkpoint``; a selectively recomputed
+one has its attention cores switched to run under it (:mod:`planner.models.selective`: QK^T,
+softmax and attention over V re-run in backward, the rest kept, Korthikanti et al. 2022 sec. 4).
+
+Saved bytes are metered while the stage's forward runs, when ``metering`` is on (the engine
+meters the first step of a run only: shapes do not change between steps, and the Python hooks
+would otherwise cost host time in every timed step): per forward a
+:class:`~planner.runtime.memory.ForwardRecord` with the meter's count and, in the same window,
+the allocator's (:class:`~planner.runtime.memory.AllocatorProbe`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.runtime.memory import SavedBytesMeter
+from planner.models.selective import set_selective
+from planner.profiling.measured.memory import saved_span, union_bytes
+from planner.profiling.measured.tensors import flatten
+from planner.runtime.memory import AllocatorProbe, ForwardRecord, SavedBytesMeter, storage_keys
+from planner.runtime.tensor import local
 
 
 class StageModule(nn.Module):
@@ -30,27 +41,89 @@ class StageModule(nn.Module):
         self,
         layers: Sequence[nn.Module],
         recompute: Sequence[bool],
+        selective: Sequence[bool] = (),
     ) -> None:
         super().__init__()
-        if len(recompute) != len(layers):
-            raise ValueError("one recompute flag per layer")
+        if len(recompute) != len(layers) or (selective and len(selective) != len(layers)):
+            raise ValueError("one recompute flag (and one selective flag) per layer")
         self.layers = nn.ModuleList(layers)
         self.recompute = tuple(recompute)
-        self.meter = SavedBytesMeter([p for p in self.parameters()])
+        self.selective = tuple(selective) or (False,) * len(layers)
+        for layer, on in zip(self.layers, self.selective):
+            set_selective(layer, on)
+        self.meter = SavedBytesMeter([*self.parameters(), *self.buffers()])
         self.metering = True  # saved-tensor hooks on; the engine turns them off after the first step
+        self.probe: AllocatorProbe | None = None  # set by the runner for the metered step
+        self.records: list[ForwardRecord] = []
+        self._consumed: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors a layer of the stage took as input
+
+    def consumed(self, tensor: torch.Tensor) -> bool:
+        """``tensor`` was an input of one of the stage's layers (a skip it also hands on): a
+        checkpointed layer may still need it, so it is not the executor's to free."""
+        ref = self._consumed.get(id(tensor))
+        return ref is not None and ref() is tensor
 
     def _run_layer(self, idx: int, x: Any) -> Any:
         return self.layers[idx](x)
 
     def forward(self, *args: Any) -> Any:
         x: Any = args[0] if len(args) == 1 else tuple(args)
-        with self.meter.hooks() if self.metering else contextlib.nullcontext():
-            for idx in range(len(self.layers)):
-                if self.recompute[idx] and torch.is_grad_enabled():
-                    x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
-                else:
-                    x = self._run_layer(idx, x)
-        return _contiguous(x)
+        if not self.metering:
+            return _contiguous(self._layers(x))
+        with self.measured(args) as box:
+            box.append(_contiguous(self._layers(x)))
+        return box[0]
+
+    def _layers(self, x: Any) -> Any:
+        self._consumed = {}
+        for idx in range(len(self.layers)):
+            if idx:
+                self._consumed.update((id(t), weakref.ref(t)) for t in flatten(x))
+            if self.recompute[idx] and torch.is_grad_enabled():
+                x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
+            else:
+                x = self._run_layer(idx, x)
+        return x
+
+    @contextlib.contextmanager
+    def measured(self, inputs: Any, merge: bool = False) -> Iterator[list[Any]]:
+        """Meter what runs inside (its result appended to the yielded list) as one forward's
+        :class:`ForwardRecord` (``merge``: added to the last one: the last stage's loss)."""
+        before, live = self.meter.held(), self.meter.live_bytes
+        box: list[Any] = []
+        probe = self.probe
+        with self.meter.hooks(), probe.window() if probe is not None else contextlib.nullcontext(-1) as window:
+            yield box
+        received = storage_keys(inputs)
+        out_keys = storage_keys(box[0] if box else ()) - received
+        new = self.meter.held() - before - received - out_keys
+        record = self.records[-1] if merge and self.records else ForwardRecord()
+        record.saved_bytes += self.meter.live_bytes - live
+        record.new_saved_bytes += self.meter.bytes_of(new)
+        record.output_bytes += _storage_bytes(box[0] if box else (), out_keys)
+        if window >= 0:
+            record.windows.append(window)
+        if not (merge and self.records):
+            self.records.append(record)
+
+    def read_allocator(self) -> None:
+        """Fill in the allocator's bytes of the metered forwards (after the probe's session)."""
+        if self.probe is None:
+            return
+        for record in self.records:
+            counts = [self.probe.bytes_of(w) for w in record.windows]
+            if counts and all(c is not None for c in counts):
+                record.allocated_bytes = sum(c for c in counts if c is not None) - record.output_bytes
+
+
+def _storage_bytes(value: Any, keys: set[int]) -> int:
+    """Bytes of the storages ``keys`` spanned by the tensors of ``value``."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for t in flatten(value):
+        span = saved_span(local(t))
+        if span is not None and span[0] in keys:
+            spans.setdefault(span[0], []).append((span[1], span[2]))
+    return sum(union_bytes(v) for v in spans.values())
 
 
 def _contiguous(value: Any) -> Any:

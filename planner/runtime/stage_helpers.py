@@ -17,8 +17,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 from planner.artifacts.kinds import OptimizerFamily, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage
+from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.models.workload import Workload
 from planner.runtime.emulate import ChunkTimer
 from planner.runtime.grads import DataParallelHooks, GradientSync
@@ -42,6 +42,7 @@ __all__ = [
     "as_args",
     "boundary_examples",
     "build_sync",
+    "emulated_readiness",
     "grad_examples",
     "held_grad_bytes",
     "make_optimizer",
@@ -101,9 +102,30 @@ def grad_examples(value: Any) -> tuple[Any, ...]:
 
 
 def stage_module(workload: Workload, stage: PlanStage, device: torch.device) -> StageModule:
-    """The stage's layers with the plan's recomputation, on ``device``."""
-    recompute = [i in stage.recompute for i in range(stage.layer_start, stage.layer_stop)]
-    return StageModule(list(workload.layers[stage.layer_start : stage.layer_stop]), recompute).to(device)
+    """The stage's layers with the plan's recomputation (full and selective), on ``device``."""
+    layers = range(stage.layer_start, stage.layer_stop)
+    recompute = [i in stage.recompute for i in layers]
+    selective = [i in stage.recompute_selective for i in layers]
+    return StageModule(list(workload.layers[stage.layer_start : stage.layer_stop]), recompute, selective).to(device)
+
+
+def emulated_readiness(
+    modules: Sequence[StageModule], offsets_ms: Sequence[Sequence[float]], timers: Sequence[ChunkTimer]
+) -> Callable[[torch.Tensor], float]:
+    """For emulated compute: a parameter's gradient is final ``offsets_ms[c][l]`` after the
+    start of the backward of chunk ``c`` holding it in layer ``l`` (a parameter two chunks
+    share: the first, whose backward runs last); see ``planner.runtime.emulate``."""
+    when: dict[int, tuple[ChunkTimer, float]] = {}
+    for module, offsets, timer in zip(modules, offsets_ms, timers, strict=True):
+        for layer, offset in zip(module.layers, offsets, strict=True):
+            for param in layer.parameters():
+                when.setdefault(id(param), (timer, offset / 1000.0))
+
+    def ready_at(param: torch.Tensor) -> float:
+        timer, offset = when[id(param)]
+        return timer.bwd_start_s + offset
+
+    return ready_at
 
 
 def make_optimizer(options: RuntimeOptions, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -130,9 +152,14 @@ def held_grad_bytes(optimizer: torch.optim.Optimizer | None) -> int:
 
 def micro_loss(workload: Workload, counts: LossCounts, module: StageModule, out: Any, target: Any) -> torch.Tensor:
     """What one micro-batch back-propagates (``LossCounts.micro_loss``); its saved tensors are
-    metered with ``module``'s (the last stage's, as in the profile) while it meters."""
-    with module.meter.hooks() if module.metering else contextlib.nullcontext():
+    metered with ``module``'s (the last stage's, as in the profile: part of the micro-batch's
+    forward record) while it meters."""
+    if not module.metering:
         return counts.micro_loss(workload.loss_fn(out, target))
+    with module.measured((out, target), merge=True) as box:
+        box.append(counts.micro_loss(workload.loss_fn(out, target)))
+    loss: torch.Tensor = box[0]
+    return loss
 
 
 def tied_holders(plan: Plan, workload: Workload) -> tuple[tuple[int, ...], ...]:
@@ -167,10 +194,14 @@ def build_sync(
     layout: Layout,
     groups: Groups,
     tied: list[torch.nn.Parameter | None],
+    stack: Stack = DEFAULT_STACK,
+    ready_at: Callable[[torch.Tensor], float] | None = None,
 ) -> tuple[GradientSync, list[tuple[torch.optim.Optimizer | None, ShardedState | None]]]:
     """The rank's gradient synchronisation, and per module (stage chunk) its optimizer and ZeRO
     shard (see the module docstring). Gradients are divided by ``layout.dp_degree`` before the
-    sums: the mean over replicated pipelines (1 over a stage's copies)."""
+    sums: the mean over replicated pipelines (1 over a stage's copies). The all-reduce runs as
+    the plan's ``stack`` says (its buckets, overlapped with the last backward or not);
+    ``ready_at``: see :class:`DataParallelHooks`."""
     tied_ids = {id(p) for p in tied if p is not None}
     shard_group = groups.data_parallel if layout.zero > ZeroStage.NONE else None
     seen: set[int] = set()
@@ -187,13 +218,17 @@ def build_sync(
         zero = None
         if shard_group is not None and sharded:
             zero = ShardedState(sharded, shard_group, zero=int(layout.zero), grad_divisor=layout.dp_degree)
+            zero.attach(module)  # ZeRO 3: gathers around the chunk's forward and backward
             own = [zero.master] + [p for p in own if id(p) in tied_ids or not p.requires_grad]
         states.append((make_optimizer(options, own) if own else None, zero))
     hooks = None
     if groups.data_parallel is not None and shard_group is None:
         synced = [p for opt, _ in states if opt is not None for p in opt.param_groups[0]["params"]
                   if id(p) not in tied_ids and p.requires_grad]
-        hooks = DataParallelHooks(synced, groups.data_parallel, layout.dp_degree, uses=uses) if synced else None
+        hooks = DataParallelHooks(
+            synced, groups.data_parallel, layout.dp_degree, stack.grad_bucket_bytes, uses=uses,
+            overlap=stack.grad_reduce_overlap, ready_at=ready_at,
+        ) if synced else None
     sync = GradientSync(
         hooks=hooks,
         shards=[z for _, z in states if z is not None],

@@ -14,13 +14,16 @@ mesh of shape ``Layout.mesh_shape`` = (P, D, t), ``mesh_dim_names=Layout.MESH_DI
   of the rank's stages, with the styles the workload declares
   (:class:`planner.models.workload.TensorParallel`; the zoo transformers: Megatron-LM's column /
   row split of attention and MLP, ``SequenceParallel`` layer norms with sequence
-  parallelism).
+  parallelism; Hugging Face blocks and users' models: :mod:`planner.models.tp_plans`, GPT-2's
+  transposed ``Conv1D`` by its own styles there).
 
 Stage boundaries carry whole tensors, so the static ``PipelineStage`` shapes, the loss and
 the layers that stay whole (embeddings, heads: every tp rank computes them identically) do not
 change. With sequence parallelism a split layer takes and returns its slice of the sequence
 (dim 1): each run of consecutive split layers of a stage slices the whole tensor at its start
-(no communication) and all-gathers it at its end; inside the run the layers pass slices. The
+(no communication) and all-gathers it at its end; inside the run the layers pass slices. A layer
+that takes or returns a tuple (a Hugging Face block's hidden states and padding mask) has its
+first tensor sliced and gathered, the rest passed whole. The
 planner's cost model instead also sends 1/t of each boundary tensor per device (Narayanan et
 al. 2021 section 4.1), so the runtime moves more bytes than the plan prices there (one
 all-gather per run of split layers, and whole boundary tensors).
@@ -46,11 +49,8 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from planner.artifacts.plan import Plan
 from planner.models.workload import Workload
@@ -123,11 +123,39 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+class _FirstOfTuple(ParallelStyle):
+    """The first tensor of a layer's input (``slice``) or output (``gather``) moved between whole
+    and this device's slice of dim 1, when the layer takes or returns a tuple (a Hugging Face
+    block's ``(hidden, padding mask)``: the mask stays whole); a plain tensor as
+    :func:`_slice_input` / :func:`_gather_output` do."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def _apply(self, module: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
+        def move(value: Any, source: Any, target: Any) -> Any:
+            if isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+                return (move(value[0], source, target), *value[1:])
+            if not isinstance(value, torch.Tensor):
+                return value
+            dt = value if isinstance(value, DTensor) else DTensor.from_local(value, device_mesh, (source,), run_check=False)
+            return dt.redistribute(device_mesh, (target,)).to_local()
+
+        if self.where == "slice":
+            module.register_forward_pre_hook(lambda mod, args: (move(args[0], Replicate(), Shard(1)), *args[1:]))
+        else:
+            module.register_forward_hook(lambda mod, args, out: move(out, Shard(1), Replicate()))
+        return module
+
+
 def _slice_input() -> Any:
-    """The whole input -> this device's slice of dim 1 (no communication; backward all-gathers)."""
-    return PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True)
+    """The whole input -> this device's slice of dim 1 (no communication; backward all-gathers);
+    of a tuple input, its first tensor."""
+    return _FirstOfTuple("slice")
 
 
 def _gather_output() -> Any:
-    """This device's slice of dim 1 -> the whole output (all-gather; backward slices)."""
-    return PrepareModuleOutput(output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True)
+    """This device's slice of dim 1 -> the whole output (all-gather; backward slices); of a
+    tuple output, its first tensor."""
+    return _FirstOfTuple("gather")

@@ -39,7 +39,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.models.workload import Workload
 from planner.runtime.checkpoint import CheckpointSlot
-from planner.runtime.emulate import ChunkTimer, stage_chunk_ms
+from planner.runtime.emulate import ChunkTimer, layer_bwd_offsets_ms, stage_chunk_ms
 from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
 from planner.runtime.options import RuntimeOptions
@@ -48,6 +48,7 @@ from planner.runtime.stage_helpers import (
     Chunk,
     boundary_examples,
     build_sync,
+    emulated_readiness,
     held_grad_bytes,
     microbatch,
     stage_module,
@@ -92,16 +93,16 @@ class RankTrainer(abc.ABC):
                 parallelize_layers(workload, layers, self.groups.tensor, layout.sequence_parallel)
             modules.append(stage_module(workload, stage, device))
         tied = tied_params(plan, workload, self.position.stage_indices, holders)
-        self.sync, states = build_sync(modules, options=options, layout=layout, groups=self.groups, tied=tied)
+        stages = self.position.stage_indices
+        timers = [ChunkTimer(emulated_ms=stage_chunk_ms(plan, s, profile) if options.emulate else None) for s in stages]
+        ready_at = None
+        if options.emulate and profile is not None:  # gradients final at their layers' profiled ends
+            ready_at = emulated_readiness(modules, [layer_bwd_offsets_ms(plan, s, profile) for s in stages], timers)
+        self.sync, states = build_sync(modules, options=options, layout=layout, groups=self.groups, tied=tied,
+                                       stack=plan.stack, ready_at=ready_at)
         self.chunks: list[Chunk] = [
-            Chunk(
-                stage_plan=plan.stages[stage_idx],
-                module=module,
-                timer=ChunkTimer(emulated_ms=stage_chunk_ms(plan, stage_idx, profile) if options.emulate else None),
-                optimizer=optimizer,
-                zero=zero,
-            )
-            for stage_idx, module, (optimizer, zero) in zip(self.position.stage_indices, modules, states)
+            Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero)
+            for stage_idx, module, timer, (optimizer, zero) in zip(stages, modules, timers, states)
         ]
         self.loss_counts = LossCounts(plan.num_microbatches, layout.tp_degree)
         self.grad_bytes: tuple[int, ...] = (0,) * len(self.chunks)  # held after the sync, per chunk

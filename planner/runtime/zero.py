@@ -1,5 +1,5 @@
-"""ZeRO stages 1 and 2 (Rajbhandari et al. 2020, "ZeRO: memory optimizations toward training
-trillion parameter models", section 5.1 P_os and 5.2 P_g) for one stage chunk of a rank.
+"""ZeRO stages 1, 2 and 3 (Rajbhandari et al. 2020, "ZeRO: memory optimizations toward training
+trillion parameter models", section 5.1 P_os, 5.2 P_g and 5.3 P_p) for one stage chunk of a rank.
 
 Layout (``FlatLayout``): the chunk's data-parallel parameters, in order, are laid end to end
 in one flat buffer padded with zeros to a multiple of n = the data-parallel group's size;
@@ -50,6 +50,27 @@ Collectives on gloo (CPU, torch 2.13, checked with 2 processes): ``reduce_scatte
 (``reduce_scatter_tensor``, deprecated in its favour), ``reduce_scatter`` (list form),
 ``all_gather_single`` (``all_gather_into_tensor``), ``all_gather`` all work, async too and on
 sub-groups; so no all-reduce fallback is needed.
+
+ZeRO 3 (``zero=3``, :meth:`ShardedState.attach` to the chunk's module): the same flat shard
+and master, and during the schedule the parameters' storage is freed (``resize_(0)``, as FSDP
+frees its unsharded parameters) except while the chunk computes: a forward pre-hook all-gathers
+the weights into it, a forward hook frees it, a backward pre-hook gathers it again and gives
+the parameters a fresh flat gradient buffer, and once every sharded parameter's gradient has
+been accumulated (post-accumulate-grad hooks) the buffer is reduce-scattered into the shard's
+gradient sum and freed, with the weights -- every micro-batch, so gradients and weights are
+whole only inside the chunk's own forward or backward. The weights are copied in at the
+storage level, so the tensors autograd saved (the parameters, and views of them) see them
+again without a version bump. After the optimizer step the weights are gathered whole as in
+ZeRO 1/2 (checkpoints, tied exchanges and reports read ordinary tensors), and freed again when
+the next schedule starts. Why our flat shard rather than torch's ``fully_shard``: FSDP2 does
+run on gloo (torch 2.13, CPU: checked with 2 processes, forward and backward of a
+``fully_shard`` model), but it makes every parameter a DTensor and, under
+``torch.distributed.pipelining``, defers the reduce-scatter to the last micro-batch (whole
+gradients at the peak, the ZeRO 2 memory) -- this path keeps the runtime's parameters,
+checkpoints, saved-bytes meter and numerics checks as they are and reduce-scatters every
+micro-batch as the cost model prices ZeRO 3. Its unit is the whole stage chunk (one gather per
+chunk, the cost model's is one layer: :mod:`planner.cost.fsdp`); tensor-parallel (DTensor)
+parameters are not supported under ZeRO 3.
 
 Scope: parameters tied across pipeline ranks (``planner.runtime.grads.sync_tied``) stay
 unsharded: they are stepped whole, by the same optimizer, on every rank holding them.
@@ -178,8 +199,10 @@ class ShardedState:
     def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup, *, zero: int, grad_divisor: int) -> None:
         """``grad_divisor``: what each rank's gradient is divided by before the sum (D for
         replicated pipelines, so the sum is the mean over replicas)."""
-        if zero not in (1, 2):
-            raise ValueError(f"ShardedState needs zero 1 or 2 (got {zero})")
+        if zero not in (1, 2, 3):
+            raise ValueError(f"ShardedState needs zero 1, 2 or 3 (got {zero})")
+        if zero == 3 and any(isinstance(p, DTensor) for p in params):
+            raise ValueError("ZeRO 3 in the runtime does not support tensor-parallel (DTensor) parameters")
         if not params:
             raise ValueError("ShardedState needs at least one parameter")
         kinds = {(p.dtype, p.device) for p in params}
@@ -196,12 +219,84 @@ class ShardedState:
         self.master = torch.nn.Parameter(flat[self.layout.shard_start : self.layout.shard_stop].clone())
         self._flat_grad: torch.Tensor | None = None
         self._pending: tuple[Any, torch.Tensor] | None = None
+        self._sum: torch.Tensor | None = None  # ZeRO 3: the shard's reduced gradients, summed over micro-batches
+        self._whole = True  # ZeRO 3: the parameters hold their weights
+        self._ready = 0  # ZeRO 3: gradients accumulated in this backward
+        #: ZeRO 3: the most bytes the parameters and master shard held when a forward of the
+        #: chunk started inside the schedule (what the rank keeps between its uses of them)
+        self.between_bytes_peak = 0
+
+    # ------------------------------------------------------------ ZeRO 3
+    def attach(self, module: torch.nn.Module) -> None:
+        """ZeRO 3: gather the weights around the chunk's forward and backward (module docstring)."""
+        if self.zero != 3:
+            return
+        module.register_forward_pre_hook(lambda _m, _a: self._materialise())
+        module.register_forward_hook(lambda _m, _a, _o: self._free_weights() if torch.is_grad_enabled() else None)
+        module.register_full_backward_pre_hook(lambda _m, _g: self._before_backward())
+        for param in self.params:
+            param.register_post_accumulate_grad_hook(lambda _p: self._accumulated())
+
+    def _materialise(self) -> None:
+        if self._sum is not None and torch.is_grad_enabled():
+            held = self.whole_param_bytes() + self.master.untyped_storage().nbytes()
+            self.between_bytes_peak = max(self.between_bytes_peak, held)
+        if self._whole:
+            return
+        flat = self._empty(self.layout.padded_numel)
+        dist.all_gather_single(flat, self.master.detach(), group=self._group)
+        for param, start, n in zip(self.params, self.layout.offsets, self.layout.numels):
+            storage = param.untyped_storage()
+            storage.resize_(n * param.element_size())
+            storage.copy_(flat[start : start + n].clone().untyped_storage())  # no version bump
+        self._whole = True
+
+    def _free_weights(self) -> None:
+        if self.zero != 3 or self._sum is None:  # outside the schedule the weights stay whole
+            return
+        for param in self.params:
+            param.untyped_storage().resize_(0)
+        self._whole = False
+
+    def _before_backward(self) -> None:
+        self._materialise()
+        self._flat_grad = torch.zeros(self.layout.padded_numel, dtype=self.master.dtype, device=self.master.device)
+        for param, start, n in zip(self.params, self.layout.offsets, self.layout.numels):
+            param.grad = self._flat_grad[start : start + n].view_as(param)
+        self._ready = 0
+
+    def _accumulated(self) -> None:
+        self._ready += 1
+        if self._ready == len(self.params):
+            self._scatter()
+
+    def _scatter(self) -> None:
+        """ZeRO 3: reduce-scatter this micro-batch's gradients into the shard's sum; free the
+        whole gradients and weights."""
+        if self._flat_grad is None or self._sum is None:
+            return
+        out = self._empty(self.layout.shard_numel)
+        dist.reduce_scatter_single(out, self._flat_grad, group=self._group)
+        self._sum.add_(out)
+        self._flat_grad = None
+        for param in self.params:
+            param.grad = None
+        self._free_weights()
+
+    def whole_param_bytes(self) -> int:
+        """Bytes the parameters' own storage holds now (0 while ZeRO 3 has freed them)."""
+        return sum(p.untyped_storage().nbytes() for p in self.params)
 
     def _empty(self, numel: int) -> torch.Tensor:
         return torch.empty(numel, dtype=self.master.dtype, device=self.master.device)
 
     def start_iteration(self) -> None:
-        """Point every parameter's ``.grad`` at a zeroed slice of the flat gradient buffer."""
+        """Point every parameter's ``.grad`` at a zeroed slice of the flat gradient buffer
+        (ZeRO 3: zero the shard's gradient sum and free the weights until the first forward)."""
+        if self.zero == 3:
+            self._sum = torch.zeros(self.layout.shard_numel, dtype=self.master.dtype, device=self.master.device)
+            self._free_weights()
+            return
         if self._flat_grad is None:
             self._flat_grad = torch.zeros(self.layout.padded_numel, dtype=self.master.dtype, device=self.master.device)
         else:
@@ -211,6 +306,13 @@ class ShardedState:
 
     def launch_sync(self) -> None:
         """Divide the accumulated gradients by ``grad_divisor`` and start the reduce-scatter."""
+        if self.zero == 3:  # reduced every micro-batch: only the divisor is left
+            if self._sum is None:
+                raise RuntimeError("launch_sync before start_iteration")
+            self._scatter()  # a backward whose gradients did not all arrive (unused parameters)
+            self._pending = (None, self._sum.div_(self._divisor))
+            self._sum = None
+            return
         if self._flat_grad is None:
             raise RuntimeError("launch_sync before start_iteration")
         flat = self._flat_grad.div_(self._divisor)
@@ -225,10 +327,11 @@ class ShardedState:
             raise RuntimeError("wait_sync without launch_sync")
         work, out = self._pending
         self._pending = None
-        work.wait()
+        if work is not None:
+            work.wait()
         for param in self.params:
             param.grad = None
-        if self.zero == 2:
+        if self.zero >= 2:
             self._flat_grad = None
             self.master.grad = out
         else:
@@ -239,6 +342,10 @@ class ShardedState:
 
     def gather_params(self) -> None:
         """All-gather the updated shards and copy them into the parameters."""
+        if self.zero == 3:
+            self._whole = False
+            self._materialise()
+            return
         flat = self._empty(self.layout.padded_numel)
         dist.all_gather_single(flat, self.master.detach(), group=self._group)
         unflatten_into(flat, self.params, self.layout)

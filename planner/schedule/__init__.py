@@ -11,7 +11,7 @@ from planner.schedule.build import (
     replicated_warmup,
 )
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
-from planner.schedule.inflight import inflight_counts, layout_schedule, stage_inflight
+from planner.schedule.inflight import inflight_counts, layout_schedule, stage_inflight, weight_pending_counts
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
 __all__ = [
@@ -30,5 +30,6 @@ __all__ = [
     "replicated_warmup",
     "stage_inflight",
     "validate_schedule",
+    "weight_pending_counts",
     "write_schedule_csv",
 ]

@@ -2,9 +2,14 @@
 
 The text form is the one ``torch.distributed.pipelining`` prints and parses
 (``_Action.__repr__`` / ``_Action.from_str`` in ``torch/distributed/pipelining/schedules.py``):
-``[stage][kind][micro-batch]``. Only the compute kinds a full-backward schedule needs are
-modelled: ``F`` (forward) and ``B`` (full backward, which includes any recomputation of
-checkpointed layers, as ``torch.utils.checkpoint`` runs it inside the backward).
+``[stage][kind][micro-batch]``. The compute kinds: ``F`` (forward), ``B`` (full backward, which
+includes any recomputation of checkpointed layers, as ``torch.utils.checkpoint`` runs it inside
+the backward), and for zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism",
+ICLR 2024) the backward split in two: ``I``, the input-gradient pass (the paper's B: on the
+critical path, it sends the gradient upstream; recomputation runs in it), and ``W``, the
+weight-gradient pass. The letters are torch's (``BACKWARD_INPUT = "I"``, ``BACKWARD_WEIGHT =
+"W"``), so that the same text loads in ``torch.distributed.pipelining``; ``B`` keeps torch's
+meaning, the full backward.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ class ActionKind(enum.Enum):
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
+
+    @property
+    def sends_grad(self) -> bool:
+        """The pass that produces the gradient of the stage's input (B or I)."""
+        return self in (ActionKind.BACKWARD, ActionKind.BACKWARD_INPUT)
 
 
-_ACTION_RE = re.compile(r"^(\d+)([FB])(\d+)$")
+_ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,7 +64,7 @@ def parse_action(text: str) -> Action:
     """Inverse of ``str(action)``: ``"1B3"`` -> ``Action(stage_idx=1, kind=BACKWARD, mb_idx=3)``."""
     match = _ACTION_RE.match(text.strip())
     if match is None:
-        raise PlannerInputError(f"invalid action {text!r}: expected [stage][F|B][micro-batch], e.g. 2F0")
+        raise PlannerInputError(f"invalid action {text!r}: expected [stage][F|B|I|W][micro-batch], e.g. 2F0")
     stage, kind, mb = match.groups()
     return Action(stage_idx=int(stage), kind=ActionKind(kind), mb_idx=int(mb))
 

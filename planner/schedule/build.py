@@ -15,6 +15,16 @@ rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved
   the "flex" variant): ``rounds = max(1, M // P)``, ``M`` must be a multiple of ``rounds``;
   the order is torch's ``_get_warmup_ops`` / ``_get_1f1b_rank_ops`` without their ``None``
   padding (padding only aligns torch's lock-step grid; an event simulator does not need it).
+- ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3.1, the schedule
+  torch's ``ScheduleInterleavedZeroBubble`` builds with one stage per rank, its "ZB1P"): each
+  backward is split into the input-gradient pass ``I`` (on the critical path) and the
+  weight-gradient pass ``W``. Rank ``r`` runs ``min(M, P - 1 - r)`` warm-up forwards, then per
+  step one forward and one ``I``, and from its ``r``-th step on one ``W`` of the oldest pending
+  micro-batch, which fills the slot 1F1B leaves idle; the remaining ``W`` passes end the
+  iteration. The order is torch's ``_get_1f1b_rank_ops(..., enable_zero_bubble=True)`` with
+  its ``None`` padding dropped (a test compares the two). Micro-batches in flight (forwarded
+  and not yet ``W``-ed): at most ``min(M, P)`` on every stage, of which ``min(M, P - r)`` with
+  all their activations (see :mod:`planner.schedule.inflight`).
 - Per-stage replication (PipeDream's round-robin, Narayanan et al. 2019, section 3.3; flushed
   as PipeDream-Flush): stage ``s`` has ``R_s`` copies, one rank each (ranks stage-major:
   stage 0's copies first), and micro-batch ``m`` (of ``M``, global) runs on copy
@@ -41,6 +51,8 @@ __all__ = [
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD
+I = ActionKind.BACKWARD_INPUT
+W = ActionKind.BACKWARD_WEIGHT
 
 
 def check_schedule_rules(
@@ -53,7 +65,7 @@ def check_schedule_rules(
         raise PlannerInputError(f"num_microbatches must be >= 1 (got {num_microbatches})")
     if virtual_stages_per_rank < 1:
         raise PlannerInputError(f"virtual_stages_per_rank must be >= 1 (got {virtual_stages_per_rank})")
-    if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) and virtual_stages_per_rank != 1:
+    if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1) and virtual_stages_per_rank != 1:
         raise PlannerInputError(
             f"{kind.value} runs one stage per rank: virtual_stages_per_rank must be 1 "
             f"(got {virtual_stages_per_rank}); use {ScheduleKind.INTERLEAVED_1F1B.value}"
@@ -63,6 +75,13 @@ def check_schedule_rules(
             f"1f1b needs num_microbatches >= num_stages (got M={num_microbatches} < P={num_stages}), "
             "as torch's Schedule1F1B; use gpipe or more micro-batches"
         )
+    if kind is ScheduleKind.ZB_H1:
+        rounds = max(1, num_microbatches // num_stages)
+        if num_microbatches % rounds:
+            raise PlannerInputError(
+                f"zb-h1 needs num_microbatches a multiple of the number of rounds max(1, M // P) = {rounds} "
+                f"(got M={num_microbatches}, P={num_stages}), as torch's ScheduleInterleavedZeroBubble"
+            )
     if kind is ScheduleKind.INTERLEAVED_1F1B:
         if num_stages % virtual_stages_per_rank:
             raise PlannerInputError(
@@ -93,6 +112,8 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
         return tuple(_gpipe_rank(s, num_microbatches) for s in range(num_stages))
     if kind is ScheduleKind.ONE_F_ONE_B:
         return tuple(_one_f_one_b_rank(s, num_stages, num_microbatches) for s in range(num_stages))
+    if kind is ScheduleKind.ZB_H1:
+        return tuple(_zb_h1_rank(s, num_stages, num_microbatches) for s in range(num_stages))
     ranks = num_stages // v
     return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))
 
@@ -113,6 +134,24 @@ def _one_f_one_b_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
         if next_fwd < m:
             ops.append(Action(stage_idx=stage, kind=F, mb_idx=next_fwd))
             next_fwd += 1
+    return tuple(ops)
+
+
+def _zb_h1_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
+    """torch ``_get_1f1b_rank_ops`` with ``enable_zero_bubble=True``, one stage per rank
+    (warm-up ``_get_warmup_ops(multiply_factor=1)``, ``num_1f1b_microbatches = rank``)."""
+    warmup = min(p - 1 - stage, m)
+    ops = [Action(stage_idx=stage, kind=F, mb_idx=i) for i in range(warmup)]
+    next_w = 0
+    for step, bwd in enumerate(range(m)):
+        fwd = warmup + step
+        if fwd < m:
+            ops.append(Action(stage_idx=stage, kind=F, mb_idx=fwd))
+        ops.append(Action(stage_idx=stage, kind=I, mb_idx=bwd))
+        if step >= stage:
+            ops.append(Action(stage_idx=stage, kind=W, mb_idx=next_w))
+            next_w += 1
+    ops.extend(Action(stage_idx=stage, kind=W, mb_idx=i) for i in range(next_w, m))
     return tuple(ops)
 
 
@@ -151,8 +190,8 @@ def check_replicated_rules(kind: ScheduleKind, replicas: tuple[int, ...], num_mi
     """Raise :class:`PlannerInputError` naming the values if the replicated shape cannot run."""
     if not replicas or min(replicas) < 1:
         raise PlannerInputError(f"replicas must be >= 1 per stage (got {list(replicas)})")
-    if kind is ScheduleKind.INTERLEAVED_1F1B:
-        raise PlannerInputError("per-stage replication runs gpipe or 1f1b (one stage per rank), not interleaved-1f1b")
+    if kind not in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+        raise PlannerInputError(f"per-stage replication runs gpipe or 1f1b (one stage per rank), not {kind.value}")
     bad = [d for d in replicas if num_microbatches % d]
     if num_microbatches < 1 or bad:
         raise PlannerInputError(

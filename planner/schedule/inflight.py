@@ -7,6 +7,14 @@ holds at its peak (DESIGN.md sec. 5): M for GPipe, min(P - s, M) for 1F1B; for i
 1F1B counted on the schedule itself (forwards done minus backwards done, per chunk, along its
 rank's order); replicated per stage, each copy's share: M / R_s for GPipe, its 1F1B warm-up
 (:func:`planner.schedule.build.replicated_warmup`).
+
+Zero-bubble schedules (backward split into I and W, Qi et al. 2024): a micro-batch is in flight
+from its forward until its W, so :func:`inflight_counts` is the peak of forwards done minus W
+passes done, counted on the rank's order. The planner prices each of them with all its
+activations (the paper's ``p M_B`` accounting, sec. 3.1: exact while the micro-batches at the
+peak have not run I, as on stage 0, an upper bound elsewhere, where some hold only what W
+needs); :func:`weight_pending_counts` says how many of them wait only for W, and the simulator's
+memory trace frees each micro-batch's activations but W's inputs at the end of its I.
 """
 
 from __future__ import annotations
@@ -46,16 +54,38 @@ def stage_inflight(
         return tuple(num_microbatches for _ in range(num_stages))
     if kind is ScheduleKind.ONE_F_ONE_B:
         return tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
-    return _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank)
+    return tuple(x + y for x, y in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
+
+
+def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[int, ...]:
+    """Per stage, of the :func:`inflight_counts` micro-batches at the peak, how many have run
+    their input-gradient pass and wait for their weight-gradient pass (0 unless the schedule
+    splits the backward; see the module docstring)."""
+    if not kind.splits_backward or layout.stage_replicas:
+        return tuple(0 for _ in range(layout.num_stages))
+    return tuple(y for _, y in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
 
 
 @lru_cache(maxsize=256)
-def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:
-    live = [0] * num_stages
-    peak = [0] * num_stages
+def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[int, int], ...]:
+    """Per stage, (micro-batches holding all their activations, micro-batches past I waiting
+    for W) at the peak of their sum, the larger first count among peaks of equal sum."""
+    whole = [0] * num_stages
+    pending = [0] * num_stages
+    peak = [(0, 0)] * num_stages
     for order in build_schedule(kind, num_stages, num_microbatches, v):
         for action in order:
             s = action.stage_idx
-            live[s] += 1 if action.kind is ActionKind.FORWARD else -1
-            peak[s] = max(peak[s], live[s])
+            if action.kind is ActionKind.FORWARD:
+                whole[s] += 1
+            elif action.kind is ActionKind.BACKWARD_INPUT:
+                whole[s] -= 1
+                pending[s] += 1
+            elif action.kind is ActionKind.BACKWARD_WEIGHT:
+                pending[s] -= 1
+            else:
+                whole[s] -= 1
+            now = (whole[s], pending[s])
+            if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
+                peak[s] = now
     return tuple(peak)

@@ -5,8 +5,11 @@ pipelining/schedules.py): every rank is stepped in lock step; at each step a ran
 next action if that action's inputs were produced at an earlier step:
 
 - ``sF m`` needs ``(s-1)F m`` (stage 0 reads the batch);
-- ``sB m`` needs ``sF m`` (its saved activations) and ``(s+1)B m`` (the last stage's loss
-  gradient is local).
+- ``sB m`` (and the input-gradient pass ``sI m``) needs ``sF m`` (its saved activations) and
+  the gradient from ``(s+1)B m`` or ``(s+1)I m`` (the last stage's loss gradient is local);
+- ``sW m`` (the weight-gradient pass) needs ``sI m``, earlier on the same rank.
+
+A stage runs every micro-batch's backward either whole (``B``) or split (``I`` and ``W``).
 
 A step at which no rank can move while actions remain is a deadlock. Errors name the rank
 and the step and carry a step x rank grid (``ScheduleError.grid``) in torch's format, with
@@ -85,12 +88,22 @@ def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int,
             seen.add(key)
             if a.kind is ActionKind.FORWARD:
                 forwards_done.add((a.stage_idx, a.mb_idx))
+            elif a.kind is ActionKind.BACKWARD_WEIGHT:
+                if (a.stage_idx, ActionKind.BACKWARD_INPUT, a.mb_idx) not in seen:
+                    fail(f"weight gradient {a} runs before its input gradient {a.stage_idx}I{a.mb_idx}")
             elif (a.stage_idx, a.mb_idx) not in forwards_done:
                 fail(f"backward {a} runs before its forward {a.stage_idx}F{a.mb_idx}")
+    split = {s for s, k, _ in seen if k in (ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT)}
+    whole = {s for s, k, _ in seen if k is ActionKind.BACKWARD}
+    if split & whole:
+        s = min(split & whole)
+        raise PlannerInputError(f"stage {s} mixes whole backwards (B) with split ones (I, W): use one or the other")
+    kinds = {s: (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT) if s in split
+             else (ActionKind.FORWARD, ActionKind.BACKWARD) for s in range(num_stages)}
     missing = [
         f"{s}{k.value}{m}"
         for s in range(num_stages)
-        for k in ActionKind
+        for k in kinds[s]
         for m in range(num_microbatches)
         if (s, k, m) not in seen
     ]
@@ -99,13 +112,18 @@ def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int,
         raise PlannerInputError(f"schedule is missing {len(missing)} action(s): {shown}")
 
 
-def _needs(a: Action, num_stages: int) -> tuple[Action, ...]:
+def _needs(a: Action, num_stages: int, grad_kind: dict[int, ActionKind]) -> tuple[Action, ...]:
+    """What ``a`` waits for; ``grad_kind[s]``: the pass of stage ``s`` that sends its input's
+    gradient (B, or I when the stage splits its backward)."""
     if a.kind is ActionKind.FORWARD:
         return () if a.stage_idx == 0 else (Action(stage_idx=a.stage_idx - 1, kind=ActionKind.FORWARD, mb_idx=a.mb_idx),)
+    if a.kind is ActionKind.BACKWARD_WEIGHT:
+        return (Action(stage_idx=a.stage_idx, kind=ActionKind.BACKWARD_INPUT, mb_idx=a.mb_idx),)
     own = Action(stage_idx=a.stage_idx, kind=ActionKind.FORWARD, mb_idx=a.mb_idx)
     if a.stage_idx == num_stages - 1:
         return (own,)
-    return (own, Action(stage_idx=a.stage_idx + 1, kind=ActionKind.BACKWARD, mb_idx=a.mb_idx))
+    nxt = a.stage_idx + 1
+    return (own, Action(stage_idx=nxt, kind=grad_kind.get(nxt, ActionKind.BACKWARD), mb_idx=a.mb_idx))
 
 
 def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int, *, replicated: bool = False) -> Grid:
@@ -116,6 +134,7 @@ def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int
     ``replicated``: a stage may run on several ranks (copies), each micro-batch on one of them.
     """
     _check_structure(schedule, num_stages, num_microbatches, replicated)
+    grad_kind = {a.stage_idx: a.kind for acts in schedule for a in acts if a.kind.sends_grad}
     heads = [0] * len(schedule)
     done: set[Action] = set()
     rows: list[tuple[Action | None, ...]] = []
@@ -124,7 +143,7 @@ def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int
         row: list[Action | None] = []
         for rank, actions in enumerate(schedule):
             a = actions[heads[rank]] if heads[rank] < len(actions) else None
-            if a is not None and all(n in done for n in _needs(a, num_stages)):
+            if a is not None and all(n in done for n in _needs(a, num_stages, grad_kind)):
                 row.append(a)
                 heads[rank] += 1
             else:
@@ -134,7 +153,7 @@ def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int
             rank = next(r for r, acts in enumerate(schedule) if heads[r] < len(acts))
             stuck = [
                 f"rank {r} waits at {acts[heads[r]]} for "
-                + ", ".join(str(n) for n in _needs(acts[heads[r]], num_stages) if n not in done)
+                + ", ".join(str(n) for n in _needs(acts[heads[r]], num_stages, grad_kind) if n not in done)
                 for r, acts in enumerate(schedule)
                 if heads[r] < len(acts)
             ]

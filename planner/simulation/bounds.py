@@ -23,8 +23,14 @@ Notation (DESIGN.md section 5): ``M`` micro-batches, ``R`` pipeline ranks, stage
 - critical path through stage ``s``: micro-batch 0 must cross the stages before ``s``
   forward (``sum_{s'<s} F + send``) before ``s`` can start, ``s`` then works ``M x w_s``, and
   after its last backward that micro-batch's gradient must still cross the stages before it
-  (``sum_{s'<s} RC + B + send``) -- or ``s``'s own all-reduce must run, whichever is longer.
-  Without communication this is DESIGN's ``max_s [sum_{s'<s} (F + B) + M (F_s + B_s)]``;
+  (``sum_{s'<s} RC + B + send``) -- or ``s``'s own all-reduce must run, whichever is longer
+  (of the all-reduce, what the stack cannot run before the backward's end: ``allreduce_ms -
+  sync_early_ms - gather_ahead_ms``).
+  With the backward split (zero bubble), the gradient's path upstream runs only the
+  input-gradient passes ``I = B - W``: the bound is ``sum_{s'<s} (F + send) + max(M w_s +
+  all-reduce, M (w_s - W_s) + sum_{s'<s} (RC + I + send))`` (stage ``s``'s last I ends after
+  its M forwards and M I passes; its W passes may trail it).
+  Without communication and split this is DESIGN's ``max_s [sum_{s'<s} (F + B) + M (F_s + B_s)]``;
   communication and the all-reduce only tighten it. (Alpa, Zheng et al. 2022, uses the same
   ``M x`` bottleneck argument in its stage construction.)
 
@@ -76,8 +82,10 @@ def partition_bounds_from_arrays(
     send_bwd_ms: Sequence[float] | None = None,
     allreduce_ms: Sequence[float] | None = None,
     virtual_stages_per_rank: int = 1,
+    wgrad_ms: Sequence[float] | None = None,
 ) -> LowerBounds:
-    """The bounds over per-stage arrays (``bwd_ms`` excludes ``recompute_ms``)."""
+    """The bounds over per-stage arrays (``bwd_ms`` excludes ``recompute_ms``; ``wgrad_ms``:
+    the part of it a zero-bubble schedule runs apart, off the gradient's path)."""
     n = len(fwd_ms)
     if n == 0 or num_microbatches < 1 or virtual_stages_per_rank < 1 or n % virtual_stages_per_rank:
         raise PlannerInputError(
@@ -98,11 +106,14 @@ def partition_bounds_from_arrays(
     best, best_s = -1.0, 0
     fwd_prefix = bwd_prefix = 0.0  # over stages < s, with the transfers between them and s
     for s in range(n):
-        path = fwd_prefix + m * work[s] + max(bwd_prefix, ar[s])
+        if wgrad_ms is None:
+            path = fwd_prefix + m * work[s] + max(bwd_prefix, ar[s])
+        else:
+            path = fwd_prefix + max(m * work[s] + ar[s], m * (work[s] - wgrad_ms[s]) + bwd_prefix)
         if path > best:
             best, best_s = path, s
         fwd_prefix += fwd_ms[s] + sf[s]
-        bwd_prefix += rc[s] + bwd_ms[s] + (sb[s + 1] if s + 1 < n else 0.0)
+        bwd_prefix += rc[s] + bwd_ms[s] - (wgrad_ms[s] if wgrad_ms is not None else 0.0) + (sb[s + 1] if s + 1 < n else 0.0)
     return LowerBounds(
         average_work_ms=m * sum(work) / ranks,
         busiest_rank_ms=m * max(rank_work),
@@ -124,8 +135,9 @@ def partition_bounds(plan: Plan) -> LowerBounds:
         [s.recompute_ms for s in st],
         [s.send_fwd_ms for s in st],
         [s.send_bwd_ms for s in st],
-        [s.allreduce_ms for s in st],
+        [s.allreduce_ms - s.gather_ahead_ms - s.sync_early_ms for s in st],
         plan.layout.virtual_stages_per_rank,
+        [s.wgrad_ms for s in st] if plan.schedule.splits_backward else None,
     )
 
 
@@ -138,7 +150,7 @@ def _replicated_bounds(plan: Plan) -> LowerBounds:
     busiest = [m // s.replicas * w for s, w in zip(st, work)]
     best, best_s, fwd_prefix, bwd_prefix = -1.0, 0, 0.0, 0.0
     for idx, stage in enumerate(st):
-        path = fwd_prefix + busiest[idx] + max(bwd_prefix, stage.allreduce_ms)
+        path = fwd_prefix + busiest[idx] + max(bwd_prefix, stage.allreduce_ms - stage.gather_ahead_ms - stage.sync_early_ms)
         if path > best:
             best, best_s = path, idx
         fwd_prefix += stage.fwd_ms + stage.send_fwd_ms

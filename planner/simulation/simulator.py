@@ -6,6 +6,10 @@ Model (DESIGN.md section 5; the seed's gradient hiding, Hippie / TPDS 35(4) 2024
   at a time; an action starts when the rank is free and its input has arrived:
   ``sF m`` after ``(s-1)F m`` ends plus stage ``s-1``'s ``send_fwd_ms``; ``sB m`` after
   ``(s+1)B m`` ends plus stage ``s+1``'s ``send_bwd_ms`` (the last stage after its own ``sF m``);
+- a zero-bubble schedule splits each backward into ``sI m`` (input gradient: it waits for the
+  gradient like ``sB m`` and sends it upstream; recomputation runs in it) and ``sW m`` (weight
+  gradient, ``wgrad_ms`` of the stage's ``bwd_ms``), which waits only for its rank; a stage's
+  gradients are complete, and its synchronisation may start, when its last W ends;
 - a backward of a stage with recomputation first re-runs the checkpointed forward
   (``recompute_ms``, as ``torch.utils.checkpoint`` does once the gradient arrives), then the
   backward (``bwd_ms``); the two are separate segments of one action;
@@ -13,6 +17,13 @@ Model (DESIGN.md section 5; the seed's gradient hiding, Hippie / TPDS 35(4) 2024
 - each stage's gradient all-reduce (``allreduce_ms``) starts when its last backward ends and
   overlaps the other stages' remaining work; all-reduces of stages sharing a rank (interleaved)
   run one after another on that rank's communication stream;
+- what the plan's training stack overlaps (:mod:`planner.cost.overlap`): a stage's
+  synchronisation may start ``sync_early_ms`` before its last backward ends (buckets reduced
+  during that backward), so it ends at ``max(stream free, last backward end - sync_early_ms)``
+  plus its duration; of ``allreduce_ms``, ``gather_ahead_ms`` (ZeRO's all-gather of the
+  weights) runs instead at the start of the iteration, the rank's stages' gathers one after
+  another in the order of their first forwards, and the stage's first forward on the rank
+  ends no earlier than ``gather_bound_ms`` after its gather starts;
 - the optimizer step of a rank (``optimizer_ms``, 0 unless given: a Plan has no field for it)
   runs once its compute and all-reduces are done; the iteration ends when every rank's step
   does.
@@ -46,6 +57,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.schedule import ActionKind, build_schedule, layout_schedule, validate_schedule
 from planner.schedule.build import check_replicated_rules, replicated_triples
+from planner.simulation.memory import memory_trace, summed_peak
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
@@ -93,7 +105,12 @@ def _encoded(
             orders.append(tuple(ops))
         return tuple(orders)
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
-    return tuple(tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts) for acts in schedule)
+    return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
+
+
+#: the tight loop's action codes: 0 forward, 1 the pass that sends the input's gradient (B or
+#: I), 2 the weight-gradient pass W
+_CODE = {ActionKind.FORWARD: 0, ActionKind.BACKWARD: 1, ActionKind.BACKWARD_INPUT: 1, ActionKind.BACKWARD_WEIGHT: 2}
 
 
 def _replay(
@@ -103,18 +120,28 @@ def _replay(
     bwd: Sequence[float],
     send_fwd: Sequence[float],
     send_bwd: Sequence[float],
-) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
-    """Start/end of every action (flat ``stage x M + mb``) and each rank's free time.
+    fwd_min_end: Sequence[float] | None = None,
+    wgrad: Sequence[float] | None = None,
+) -> tuple[list[float], list[float], list[float], list[float], list[float], list[float], list[float]]:
+    """Start/end of every forward, backward (B or I) and W (flat ``stage x M + mb``), and each
+    rank's free time.
 
-    ``bwd`` includes recompute. Ranks advance round-robin as far as their inputs allow; a full
-    pass without progress is a deadlock (impossible for orders that pass ``validate_schedule``).
+    ``bwd`` includes recompute (for a split backward: the I pass, recompute included; ``wgrad``
+    the W pass, which waits only for its rank); ``fwd_min_end`` (flat, optional) the earliest end of each
+    forward (a stage's first forward waiting for its weights' gather). Ranks advance
+    round-robin as far as their inputs allow; a full pass without progress is a deadlock
+    (impossible for orders that pass ``validate_schedule``).
     """
     n = len(fwd)
     last = n - 1
+    gate = fwd_min_end if fwd_min_end is not None else [0.0] * (n * m)
     fstart = [0.0] * (n * m)
     fend = [-1.0] * (n * m)
     bstart = [0.0] * (n * m)
     bend = [-1.0] * (n * m)
+    wstart = [0.0] * (n * m)
+    wend = [-1.0] * (n * m)
+    wtime = wgrad if wgrad is not None else [0.0] * n
     heads = [0] * len(orders)
     free = [0.0] * len(orders)
     remaining = sum(len(o) for o in orders)
@@ -125,9 +152,15 @@ def _replay(
             t = free[r]
             size = len(ops)
             while i < size:
-                s, is_bwd, mb = ops[i]
+                s, code, mb = ops[i]
                 k = s * m + mb
-                if not is_bwd:
+                if code == 2:
+                    if bend[k] < 0.0:
+                        break
+                    wstart[k] = t
+                    t += wtime[s]
+                    wend[k] = t
+                elif not code:
                     if s:
                         d = fend[k - m]
                         if d < 0.0:
@@ -137,6 +170,8 @@ def _replay(
                             t = d
                     fstart[k] = t
                     t += fwd[s]
+                    if t < gate[k]:
+                        t = gate[k]
                     fend[k] = t
                 else:
                     if s < last:
@@ -160,7 +195,7 @@ def _replay(
         if not progress:
             raise PlannerInputError("schedule deadlocks; run planner.schedule.validate_schedule for the step and rank")
         remaining -= progress
-    return fstart, fend, bstart, bend, free
+    return fstart, fend, bstart, bend, wstart, wend, free
 
 
 def _finish(
@@ -170,9 +205,13 @@ def _finish(
     free: list[float],
     allreduce: Sequence[float],
     optimizer: Sequence[float],
+    early: Sequence[float] | None = None,
+    gather_ahead: Sequence[float] | None = None,
 ) -> tuple[list[float], list[float], list[float], float]:
     """All-reduce start/end per stage (serialised per rank, by readiness), and iteration end.
-    A stage on several ranks (copies) has its collective on its first rank's stream."""
+    A stage on several ranks (copies) has its collective on its first rank's stream. A stage's
+    synchronisation may start ``early[s]`` before its last backward ends; ``gather_ahead[s]``
+    of it ran at the start of the iteration instead (see the module docstring)."""
     n = len(allreduce)
     rank_of = [-1] * n
     for r, ops in enumerate(orders):
@@ -180,13 +219,15 @@ def _finish(
             if rank_of[s] < 0:
                 rank_of[s] = r
     last_b = [max(bend[s * m : (s + 1) * m]) for s in range(n)]
+    ready = [last_b[s] - early[s] for s in range(n)] if early is not None else last_b
+    post = [allreduce[s] - gather_ahead[s] for s in range(n)] if gather_ahead is not None else allreduce
     ar_start = [0.0] * n
     ar_end = [0.0] * n
     comm_free = [0.0] * len(orders)
-    for s in sorted(range(n), key=lambda s: (last_b[s], s)):
+    for s in sorted(range(n), key=lambda s: (ready[s], s)):
         r = rank_of[s]
-        ar_start[s] = max(last_b[s], comm_free[r])
-        ar_end[s] = ar_start[s] + allreduce[s]
+        ar_start[s] = max(ready[s], comm_free[r])
+        ar_end[s] = ar_start[s] + post[s]
         comm_free[r] = ar_end[s]
     rank_opt = [0.0] * len(orders)
     for s in range(n):
@@ -215,25 +256,79 @@ def simulate_iteration_ms(
     virtual_stages_per_rank: int = 1,
     optimizer_ms: Sequence[float] | None = None,
     replicas: Sequence[int] = (),
+    sync_early_ms: Sequence[float] | None = None,
+    gather_ahead_ms: Sequence[float] | None = None,
+    gather_bound_ms: Sequence[float] | None = None,
+    wgrad_ms: Sequence[float] | None = None,
 ) -> float:
     """Iteration time of one schedule over per-stage times, without building a Plan or a Timeline.
 
     Same model as :func:`simulate` (which calls the same replay); for the solver's re-scoring.
     ``bwd_ms`` excludes ``recompute_ms``; ``send_fwd_ms[s]`` is stage s -> s+1,
     ``send_bwd_ms[s]`` is stage s -> s-1 (the last and first entries are unused); ``replicas``:
-    each stage's copies when replicated per stage (``num_microbatches`` is then global).
+    each stage's copies when replicated per stage (``num_microbatches`` is then global); the
+    next three: what the stack overlaps (:class:`~planner.artifacts.plan.PlanStage`'s fields
+    of the same names; None: nothing); ``wgrad_ms``: the part of ``bwd_ms`` that is the
+    weight-gradient pass W, run apart when the schedule splits the backward (ignored otherwise).
     """
     n = len(fwd_ms)
     opt = optimizer_ms if optimizer_ms is not None else [0.0] * n
+    zeros = [0.0] * n
+    early = sync_early_ms if sync_early_ms is not None else zeros
+    ahead = gather_ahead_ms if gather_ahead_ms is not None else zeros
+    bound = gather_bound_ms if gather_bound_ms is not None else zeros
     _check_lengths(
         n, bwd_ms=bwd_ms, recompute_ms=recompute_ms, send_fwd_ms=send_fwd_ms, send_bwd_ms=send_bwd_ms,
-        allreduce_ms=allreduce_ms, optimizer_ms=opt, fwd_ms=fwd_ms,
+        allreduce_ms=allreduce_ms, optimizer_ms=opt, fwd_ms=fwd_ms, sync_early_ms=early, gather_ahead_ms=ahead,
+        gather_bound_ms=bound,
     )
     reps = tuple(replicas) if replicas and max(replicas) > 1 else ()
     orders = _encoded(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
-    full_bwd = [b + rc for b, rc in zip(bwd_ms, recompute_ms)]
-    _, _, _, bend, free = _replay(orders, num_microbatches, fwd_ms, full_bwd, send_fwd_ms, send_bwd_ms)
-    return _finish(orders, num_microbatches, bend, free, allreduce_ms, opt)[3]
+    first, second = _split_backward(schedule_kind, bwd_ms, recompute_ms, wgrad_ms)
+    gate = _gather_gate(orders, num_microbatches, ahead, bound)
+    _, _, _, bend, _, wend, free = _replay(orders, num_microbatches, fwd_ms, first, send_fwd_ms, send_bwd_ms, gate,
+                                           second)
+    return _finish(orders, num_microbatches, _grads_done(bend, wend), free, allreduce_ms, opt, early, ahead)[3]
+
+
+def _split_backward(
+    kind: ScheduleKind, bwd_ms: Sequence[float], recompute_ms: Sequence[float], wgrad_ms: Sequence[float] | None
+) -> tuple[list[float], list[float] | None]:
+    """(the pass that sends the gradient: B, or I with recomputation; W or None) per stage."""
+    if not kind.splits_backward or wgrad_ms is None:
+        return [b + rc for b, rc in zip(bwd_ms, recompute_ms)], None
+    _check_lengths(len(bwd_ms), wgrad_ms=wgrad_ms)
+    if any(w > b + 1e-9 for w, b in zip(wgrad_ms, bwd_ms)):
+        raise PlannerInputError(f"wgrad_ms must not exceed bwd_ms (got {list(wgrad_ms)} > {list(bwd_ms)})")
+    return [max(0.0, b - w) + rc for b, w, rc in zip(bwd_ms, wgrad_ms, recompute_ms)], list(wgrad_ms)
+
+
+def _grads_done(bend: list[float], wend: list[float]) -> list[float]:
+    """When each micro-batch's gradients are complete: its backward, or its W when split."""
+    return [w if w > b else b for b, w in zip(bend, wend)]
+
+
+def _gather_gate(
+    orders: tuple[tuple[tuple[int, int, int], ...], ...], m: int, ahead: Sequence[float], bound: Sequence[float]
+) -> list[float] | None:
+    """Earliest end of each forward (flat ``stage x M + mb``) when the stack gathers ZeRO's
+    weights ahead of the forward: a rank gathers its stages one after another from the start of
+    the iteration, in the order of their first forwards, and each stage's first forward on the
+    rank ends no earlier than ``bound`` after its own gather starts (None: no gather ahead)."""
+    if not any(ahead):
+        return None
+    gate = [0.0] * (len(ahead) * m)
+    for ops in orders:
+        started = 0.0
+        seen: set[int] = set()
+        for s, code, mb in ops:
+            if code or s in seen:
+                continue
+            seen.add(s)
+            if ahead[s] > 0.0:
+                gate[s * m + mb] = started + bound[s]
+                started += ahead[s]
+    return gate
 
 
 # ---------------------------------------------------------------- the Plan path
@@ -260,21 +355,26 @@ def simulate(
     sf = [s.send_fwd_ms for s in st]
     sb = [s.send_bwd_ms for s in st]
     ar = [s.allreduce_ms for s in st]
+    early = [s.sync_early_ms for s in st]
+    ahead = [s.gather_ahead_ms for s in st]
     _check_lengths(n, fwd_ms=fwd, bwd_ms=full_bwd, send_fwd_ms=sf, send_bwd_ms=sb, allreduce_ms=ar)
     num_ranks = len(orders)
     opt_rank = [optimizer_ms] * num_ranks
     opt_stage = [optimizer_ms / v] * n
-    fstart, fend, bstart, bend, free = _replay(orders, m, fwd, full_bwd, sf, sb)
-    last_b, ar_start, ar_end, iteration = _finish(orders, m, bend, free, ar, opt_stage)
+    gate = _gather_gate(orders, m, ahead, [s.gather_bound_ms for s in st])
+    first, second = _split_backward(kind, [s.bwd_ms for s in st], rc, [s.wgrad_ms for s in st])
+    fstart, fend, bstart, bend, wstart, wend, free = _replay(orders, m, fwd, first, sf, sb, gate, second)
+    last_b, ar_start, ar_end, iteration = _finish(orders, m, _grads_done(bend, wend), free, ar, opt_stage, early, ahead)
 
-    starts = tuple(tuple(bstart[s * m + mb] if b else fstart[s * m + mb] for s, b, mb in ops) for ops in orders)
-    ends = tuple(tuple(bend[s * m + mb] if b else fend[s * m + mb] for s, b, mb in ops) for ops in orders)
+    by_code = ((fstart, fend), (bstart, bend), (wstart, wend))
+    starts = tuple(tuple(by_code[c][0][s * m + mb] for s, c, mb in ops) for ops in orders)
+    ends = tuple(tuple(by_code[c][1][s * m + mb] for s, c, mb in ops) for ops in orders)
     compute_end = max(free)
     # each rank's stages, and the micro-batches it runs of each (all of them unless a copy)
     rank_stage_mbs: list[dict[int, list[int]]] = [{} for _ in range(num_ranks)]
     for r, ops in enumerate(orders):
-        for s, is_bwd, mb in ops:
-            if not is_bwd:
+        for s, code, mb in ops:
+            if not code:
                 rank_stage_mbs[r].setdefault(s, []).append(mb)
     stage_ranks: list[list[int]] = [[] for _ in range(n)]
     for r, by_stage in enumerate(rank_stage_mbs):
@@ -283,10 +383,11 @@ def simulate(
     rank_busy = [sum(len(mbs) * (fwd[s] + full_bwd[s]) for s, mbs in by_stage.items()) for by_stage in rank_stage_mbs]
     rank_idle = [compute_end - b for b in rank_busy]
     rank_traces = [
-        [_memory_trace(plan, s, r, mbs, fstart, bstart, bend) for s, mbs in by_stage.items()]
+        [memory_trace(plan, s, r, mbs, fstart, bstart, bend, wend if second is not None else None)
+         for s, mbs in by_stage.items()]
         for r, by_stage in enumerate(rank_stage_mbs)
     ]
-    rank_peak = [_summed_peak(trs) for trs in rank_traces]
+    rank_peak = [summed_peak(trs) for trs in rank_traces]
     # a stage's trace: its copy with the highest peak
     traces = tuple(
         max((tr for trs in rank_traces for tr in trs if tr.stage_idx == s), key=lambda tr: (tr.peak_bytes, -tr.rank))
@@ -295,6 +396,7 @@ def simulate(
     stages = tuple(
         StageTimeline(
             stage_idx=s, rank=stage_ranks[s][0], fwd_ms=fwd[s], bwd_ms=st[s].bwd_ms, recompute_ms=rc[s],
+            wgrad_ms=st[s].wgrad_ms if second is not None else 0.0,
             send_fwd_ms=sf[s], send_bwd_ms=sb[s], busy_ms=len(rank_stage_mbs[stage_ranks[s][0]][s]) * (fwd[s] + full_bwd[s]),
             idle_ms=rank_idle[stage_ranks[s][0]],
             last_backward_end_ms=last_b[s], allreduce_start_ms=ar_start[s], allreduce_end_ms=ar_end[s],
@@ -319,64 +421,6 @@ def _check_context(plan: Plan, profile: Profile | None, cluster: Cluster | None)
         raise PlannerInputError(f"the profile has {len(profile.layers)} layers but the plan covers {plan.num_layers}")
     if cluster is not None and cluster.num_devices < plan.num_devices:
         raise PlannerInputError(f"the plan needs {plan.num_devices} devices but the cluster has {cluster.num_devices}")
-
-
-def _memory_trace(
-    plan: Plan, s: int, rank: int, mbs: Sequence[int], fstart: list[float], bstart: list[float], bend: list[float]
-) -> MemoryTrace:
-    """Memory of stage ``s`` on ``rank``, which runs micro-batches ``mbs`` of it."""
-    stage = plan.stages[s]
-    m = plan.num_microbatches
-    mem = stage.memory
-    static = mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes + mem.buffer_bytes
-    act = stage.activation_bytes_per_microbatch
-    work = mem.recompute_workspace_bytes if (stage.recompute or stage.recompute_ms > 0) else 0
-    # (time, order, d_bytes, d_inflight): at equal times frees (order 0) precede allocations.
-    events: list[tuple[float, int, int, int]] = []
-    for mb in (s * m + i for i in mbs):
-        events.append((fstart[mb], 1, act, 1))
-        events.append((bend[mb], 0, -act - work, -1))
-        if work:
-            events.append((bstart[mb], 1, work, 0))
-    events.sort()
-    times = [0.0]
-    values = [static]
-    cur, inflight, peak_inflight = static, 0, 0
-    for t, _, d_bytes, d_inflight in events:
-        cur += d_bytes
-        inflight += d_inflight
-        peak_inflight = max(peak_inflight, inflight)
-        if t == times[-1]:
-            values[-1] = cur
-        else:
-            times.append(t)
-            values.append(cur)
-    return MemoryTrace(
-        stage_idx=s, rank=rank, static_bytes=static, times_ms=tuple(times), bytes_=tuple(values),
-        peak_bytes=max(values), peak_inflight_microbatches=peak_inflight,
-    )
-
-
-def _summed_peak(trs: list[MemoryTrace]) -> int:
-    """Peak of the summed memory of one rank's stages."""
-    if len(trs) == 1:
-        return trs[0].peak_bytes
-    deltas: list[tuple[float, int]] = []
-    for tr in trs:
-        prev = 0
-        for t, b in zip(tr.times_ms, tr.bytes_):
-            deltas.append((t, b - prev))
-            prev = b
-    deltas.sort()
-    cur = peak = 0
-    i = 0
-    while i < len(deltas):  # apply all changes at one instant before reading the level
-        t = deltas[i][0]
-        while i < len(deltas) and deltas[i][0] == t:
-            cur += deltas[i][1]
-            i += 1
-        peak = max(peak, cur)
-    return peak
 
 
 def check_schedule(plan: Plan) -> None:

@@ -24,6 +24,8 @@ class SegmentKind(enum.Enum):
     FORWARD = "forward"
     RECOMPUTE = "recompute"
     BACKWARD = "backward"
+    BACKWARD_INPUT = "backward-input"  # a zero-bubble schedule's I pass (the paper's B) ...
+    BACKWARD_WEIGHT = "backward-weight"  # ... and its W pass
     SEND_FWD = "send-fwd"
     SEND_BWD = "send-bwd"
     ALLREDUCE = "allreduce"
@@ -80,6 +82,7 @@ class StageTimeline:
     send_fwd_ms: float
     send_bwd_ms: float
     busy_ms: float
+    wgrad_ms: float = 0.0  # of bwd_ms, the W pass when the schedule splits the backward
     idle_ms: float  # of its rank, over [0, compute_end_ms]
     last_backward_end_ms: float
     allreduce_start_ms: float
@@ -118,7 +121,7 @@ class Timeline:
         """Every action with its rank, start and end."""
         for rank, acts in enumerate(self.orders):
             for a, start, end in zip(acts, self.start_ms[rank], self.end_ms[rank]):
-                rc = self.stages[a.stage_idx].recompute_ms if a.kind is ActionKind.BACKWARD else 0.0
+                rc = self.stages[a.stage_idx].recompute_ms if a.kind.sends_grad else 0.0
                 yield ActionTiming(action=a, rank=rank, start_ms=start, end_ms=end, recompute_ms=rc)
 
     def segments(self) -> tuple[Segment, ...]:
@@ -133,12 +136,16 @@ class Timeline:
                 if a.stage_idx < last and st.send_fwd_ms > 0:
                     out.append(Segment(kind=SegmentKind.SEND_FWD, start_ms=t.end_ms, end_ms=t.end_ms + st.send_fwd_ms, **seg))
                 continue
+            if a.kind is ActionKind.BACKWARD_WEIGHT:
+                out.append(Segment(kind=SegmentKind.BACKWARD_WEIGHT, start_ms=t.start_ms, end_ms=t.end_ms, **seg))
+                continue
+            bar = SegmentKind.BACKWARD_INPUT if a.kind is ActionKind.BACKWARD_INPUT else SegmentKind.BACKWARD
             if t.recompute_ms > 0:
                 mid = t.start_ms + t.recompute_ms
                 out.append(Segment(kind=SegmentKind.RECOMPUTE, start_ms=t.start_ms, end_ms=mid, **seg))
-                out.append(Segment(kind=SegmentKind.BACKWARD, start_ms=mid, end_ms=t.end_ms, **seg))
+                out.append(Segment(kind=bar, start_ms=mid, end_ms=t.end_ms, **seg))
             else:
-                out.append(Segment(kind=SegmentKind.BACKWARD, start_ms=t.start_ms, end_ms=t.end_ms, **seg))
+                out.append(Segment(kind=bar, start_ms=t.start_ms, end_ms=t.end_ms, **seg))
             if a.stage_idx > 0 and st.send_bwd_ms > 0:
                 out.append(Segment(kind=SegmentKind.SEND_BWD, start_ms=t.end_ms, end_ms=t.end_ms + st.send_bwd_ms, **seg))
         for st in self.stages:

@@ -85,7 +85,7 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
             raise InfeasibleError(f"baseline 'data-parallel' plans one stage: it cannot honour "
                                   f"{'--stages ' + str(request.num_stages) if request.num_stages > 1 else '--fixed-boundaries'}")
     refuse_unmeetable(profile.num_layers, num_devices, request, interleaved=False)
-    cm = CostModel(profile, cluster, request.optimizer)
+    cm = CostModel(profile, cluster, request.optimizer, stack=request.stack)
     cap = memory_cap_bytes(cluster, request)
     pairs = list(configurations(cm.num_layers, num_devices, request))
     if kind is SolverKind.DATA_PARALLEL:
@@ -133,7 +133,7 @@ def _solution(cm: CostModel, config: Config, bounds: Sequence[int], recompute: S
     b, M = config.microbatch_size, config.num_microbatches
     stops = list(bounds[1:]) + [cm.num_layers]
     times = [
-        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(recompute[s], b)
+        sum(cm.stage_times_ms(a, z, b, s, config.layout)) + cm.recompute_ms(recompute[s], b)
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, config.layout) for s, z in enumerate(stops))

@@ -1,4 +1,5 @@
-"""Brute-force oracle: every cut set and every recompute mask (small cases only).
+"""Brute-force oracle: every cut set and every recompute mask (small cases only); with
+selective recomputation, every assignment of a level (none, selective, full) to each layer.
 
 It prices the same objective as :mod:`planner.solve.chain_dp` directly from the cost model
 (``CostModel.stage_memory`` for feasibility), so tests can hold DP = CP-SAT = brute force.
@@ -13,28 +14,55 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.cost import link_of, p2p_ms
+from planner.cost.fsdp import replay
 from planner.schedule import inflight_counts
-from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms
+from planner.solve.chain_dp import ChainSolution, StageTable, bubble_fill_ms, exposed_allreduce_ms
 
 MAX_LAYERS = 12
 INF = float("inf")
 
 
-def best_stage(table: StageTable, start: int, stop: int, inflight: int) -> tuple[float, tuple[int, ...]]:
-    """Least T = F + B + RC over every recompute mask of one stage that fits (inf if none)."""
-    cm, b = table.cm, table.b
-    compute = cm.stage_fwd_ms(start, stop, b) + cm.stage_bwd_ms(start, stop, b)
+def _masks(table: StageTable, start: int, stop: int) -> Iterable[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Every (fully, selectively recomputed) pair of layer sets of a stage."""
     layers = range(start, stop)
-    masks: Iterable[tuple[int, ...]] = [()] if not table.allow_recompute else (
-        combo for r in range(len(layers) + 1) for combo in itertools.combinations(layers, r)
+    if not table.allow_recompute:
+        return [((), ())]
+    if not table.cm.selective:
+        return (((combo), ()) for r in range(len(layers) + 1) for combo in itertools.combinations(layers, r))
+    levels = [(0, 1, 2) if table.cm.has_core[i] else (0, 1) for i in layers]
+    return (
+        (tuple(i for i, v in zip(layers, pick) if v == 1), tuple(i for i, v in zip(layers, pick) if v == 2))
+        for pick in itertools.product(*levels)
     )
-    best: tuple[float, tuple[int, ...]] = (INF, ())
-    for mask in masks:
-        if cm.stage_memory(start, stop, mask, b, inflight, table.sharding).total_bytes > table.cap:
+
+
+def stage_compute_ms(table: StageTable, start: int, stop: int, line: tuple[float, float]) -> float:
+    """F + B of one stage; under ZeRO 3 by replaying its layers and collectives event by event
+    (:func:`planner.cost.fsdp.replay`, not the closed form the DP's table holds)."""
+    cm, b = table.cm, table.b
+    if not table.fsdp:
+        return cm.stage_fwd_ms(start, stop, b) + cm.stage_bwd_ms(start, stop, b)
+    fwd, bwd = cm.layer_times(b)
+    counts = cm.param_count[start:stop]
+    gather = [line[0] * n * cm.weight_bytes_per_param + line[1] if n else 0.0 for n in counts]
+    scatter = [line[0] * n * cm.grad_bytes_per_param + line[1] if n else 0.0 for n in counts]
+    return sum(replay(fwd[start:stop].tolist(), bwd[start:stop].tolist(), gather, scatter, cm.stack.fsdp_prefetch))
+
+
+def best_stage(
+    table: StageTable, start: int, stop: int, inflight: int, line: tuple[float, float] = (0.0, 0.0)
+) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
+    """Least T = F + B + RC over every recompute assignment of one stage that fits (inf if
+    none): (T, fully recomputed layers, selectively recomputed layers)."""
+    cm, b = table.cm, table.b
+    compute = stage_compute_ms(table, start, stop, line)
+    best: tuple[float, tuple[int, ...], tuple[int, ...]] = (INF, (), ())
+    for full, sel in _masks(table, start, stop):
+        if cm.stage_memory(start, stop, full, b, inflight, table.sharding, sel).total_bytes > table.cap:
             continue
-        t = compute + cm.recompute_ms(mask, b)
+        t = compute + cm.recompute_ms(full, b, sel)
         if t < best[0]:
-            best = (t, mask)
+            best = (t, full, sel)
     return best
 
 
@@ -42,31 +70,35 @@ def solve_chain_bruteforce(
     table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
 ) -> ChainSolution | None:
     """The least J of one configuration over every cut set and recompute mask (one stage per
-    rank: GPipe and 1F1B)."""
+    rank: GPipe, 1F1B and ZB-H1, whose objective subtracts each stage's bubble fill ``Z_s``)."""
     cm, L, P, M, b = table.cm, table.L, layout.num_stages, num_microbatches, table.b
     if L > MAX_LAYERS:
         raise PlannerInputError(f"brute force handles at most {MAX_LAYERS} layers (profile has {L})")
     if P > L:
         return None
     ks = inflight_counts(schedule, layout, M)
+    line = cm.fsdp_line(layout) if table.fsdp else (0.0, 0.0)
     best: ChainSolution | None = None
     for cuts in itertools.combinations(range(1, L), P - 1):
         bounds = (0, *cuts)
         stops = (*cuts, L)
         if any(not table.valid[a, z] for a, z in zip(bounds, stops)):
             continue
-        stages = [best_stage(table, a, z, ks[s]) for s, (a, z) in enumerate(zip(bounds, stops))]
-        if any(t == INF for t, _ in stages):
+        stages = [best_stage(table, a, z, ks[s], line) for s, (a, z) in enumerate(zip(bounds, stops))]
+        if any(t == INF for t, _, _ in stages):
             continue
         comm = 0.0
         for s, z in enumerate(stops[:-1]):
             bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
             comm += 2.0 * p2p_ms(float(cm.cut_bytes_per_sample[z]) * b, bandwidth_gb_per_s=bw, latency_us=lat)
-        times = [t for t, _ in stages]
+        times = [t for t, _, _ in stages]
         exposed = sum(
             exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops))
         )
-        value = sum(times) + comm + exposed + (M - 1) * max(times)
+        fill = sum(bubble_fill_ms(cm, a, z, b) for a, z in zip(bounds, stops)) if schedule.splits_backward else 0.0
+        value = sum(times) + comm + exposed - fill + (M - 1) * max(times)
         if best is None or value < best.objective_ms:
-            best = ChainSolution(value, bounds, tuple(m for _, m in stages), tuple(times), True)
+            selective = tuple(sel for _, _, sel in stages)
+            best = ChainSolution(value, bounds, tuple(full for _, full, _ in stages), tuple(times), True,
+                                 selective if any(selective) else ())
     return best

@@ -61,10 +61,12 @@ def build_plan(
     recompute: Sequence[Sequence[int]],
     microbatch_size: int,
     schedule: ScheduleKind,
+    selective: Sequence[Sequence[int]] = (),
 ) -> Plan:
     """A complete Plan (stages priced by ``cm`` under ``layout``, predictions from the
     simulator) for one partition: ``boundaries`` are the stage start layers (the first is 0),
-    ``recompute`` the recomputed layer indices of each stage."""
+    ``recompute`` the fully and ``selective`` the selectively recomputed layer indices of each
+    stage (``()``: none anywhere)."""
     request = problem.request
     num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
     ks = inflight_counts(schedule, layout, num_microbatches)
@@ -73,7 +75,8 @@ def build_plan(
     stages = []
     for s, (start, stop) in enumerate(zip(boundaries, stops)):
         rc = tuple(sorted(recompute[s]))
-        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, layout)
+        sel = tuple(sorted(selective[s])) if selective else ()
+        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, layout, sel)
         stages.append(
             PlanStage(
                 stage_idx=s,
@@ -83,6 +86,7 @@ def build_plan(
                 ranks=layout.stage_ranks(s),
                 replicas=layout.replicas_of(s),
                 recompute=rc,
+                recompute_selective=sel,
                 inflight_microbatches=ks[s],
                 activation_bytes_per_microbatch=cost.activation_bytes_per_microbatch,
                 fwd_ms=cost.fwd_ms,
@@ -91,6 +95,12 @@ def build_plan(
                 send_fwd_ms=cost.send_fwd_ms,
                 send_bwd_ms=cost.send_bwd_ms,
                 allreduce_ms=cost.allreduce_ms,
+                sync_early_ms=cost.sync.early_ms,
+                gather_ahead_ms=cost.sync.gather_ahead_ms,
+                gather_bound_ms=cost.sync.gather_bound_ms,
+                wgrad_ms=cm.stage_wgrad_ms(start, stop, microbatch_size) if schedule.splits_backward else 0.0,
+                wgrad_bytes_per_microbatch=min(cost.activation_bytes_per_microbatch, int(round(
+                    cm.wgrad_bytes(start, stop, microbatch_size)))) if schedule.splits_backward else 0,
                 memory=cost.memory,
                 memory_total_bytes=cost.memory.total_bytes,
                 memory_cap_bytes=cap,
@@ -117,6 +127,7 @@ def build_plan(
         dtype=profile.dtype,
         optimizer=request.optimizer,
         devices_available=problem.devices_available,
+        stack=cm.stack,
         stages=tuple(stages),
         predicted=Prediction.unset(max(st.memory_total_bytes for st in stages)),
     )
@@ -135,12 +146,15 @@ def build_plan(
 def rebuild_plan(
     profile: Profile, cluster: Cluster, request: PlanRequest, *, layout: Layout, boundaries: Sequence[int],
     recompute: Sequence[Sequence[int]], microbatch_size: int, schedule: ScheduleKind, solver: SolverKind,
+    selective: Sequence[Sequence[int]] = (),
 ) -> Plan:
     """A plan of a given layout and partition priced from scratch (calibration re-prices plans
-    this way): the cost model of one device of ``layout``'s tensor-parallel group."""
+    this way, ``benchmarks/published_runs.py`` prices published runs so): the cost model of
+    one device of ``layout``'s tensor-parallel group; ``recompute`` / ``selective`` the fully /
+    selectively recomputed layers of each stage."""
     n = layout.world_size
     cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, layout.tp_degree,
-                           layout.sequence_parallel)
+                           layout.sequence_parallel, request.stack)
     problem = Problem.of(profile, cluster, request, solver, request.num_devices or n)
     return build_plan(problem, cm, layout=layout, boundaries=boundaries, recompute=recompute,
-                      microbatch_size=microbatch_size, schedule=schedule)
+                      microbatch_size=microbatch_size, schedule=schedule, selective=selective)

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from planner.artifacts.kinds import Objective, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
+from planner.cost.fsdp import is_fsdp
 from planner.simulation import simulate_iteration_ms
+from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.chain_dp import ChainSolution, StageTable, solve_chain
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
 from planner.solve.recompute import choose_recompute
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import Config, all_configs, config_lower_bound_ms
+from planner.solve.space import Config, all_configs, config_lower_bound_ms, fsdp_searched
 
 #: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
 ChainSolver = Callable[..., "ChainSolution | None"]
@@ -53,16 +55,20 @@ def solve_candidates(
     prune: bool = True,
     configs: list[Config] | None = None,
     settings: SearchSettings = SETTINGS,
+    fsdp: bool = True,
 ) -> list[Scored]:
     """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
 
     Configurations are visited by increasing lower bound; with ``prune``, one whose bound
     exceeds the best simulated time so far is skipped (it cannot win on time); configurations
     on all ``num_groups`` groups only against the best of those, so that the best plan on
-    all of them is known when one on fewer wins.
+    all of them is known when one on fewer wins. ``fsdp``: also solve the ZeRO 3 variants
+    (:func:`variants`); the time objective's extra points on the memory axis do without them.
     """
     interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
-    configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings)
+    split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
+    configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
+                                                              split_ok)
     ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + c.sort_key())
     tables: dict[tuple[object, ...], StageTable] = {}
     best = best_all = float("inf")
@@ -70,42 +76,62 @@ def solve_candidates(
 
     def table_of(c: Config) -> StageTable:
         v = c.layout.virtual_stages_per_rank
-        key = (c.microbatch_size, v, c.sharding())
+        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
+        key = (c.microbatch_size, v, c.sharding(), line)
         if key not in tables:
             # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
             tables[key] = StageTable(
                 cm, c.microbatch_size, cap_bytes / v, request.fixed_boundaries,
-                allow_recompute=request.recompute, sharding=c.sharding(),
+                allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line,
             )
         return tables[key]
 
-    for c in ordered:
-        limit = best_all if c.num_groups == num_groups else best
-        if prune and config_lower_bound_ms(cm, c) > limit:
+    def variants(c: Config) -> list[Config]:
+        """``c`` at its searched ZeRO stage (none where memory binds nowhere) and, where memory
+        binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
+        configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
+        ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
+        only trade recomputation for gathers, and solving it there too took the solver 1.7 to 2.6x
+        its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
+        ZeRO 3 alone (``--zero 3``) solves it everywhere."""
+        fsdp_too = fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
+        if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
+            plain = c.with_zero(ZeroStage.NONE)
+            if table_of(plain).fits_everywhere(max(c.inflight())):
+                return [plain]  # memory binds nowhere: sharding cannot help
+        if fsdp_too and not table_of(c).fits_everywhere(max(c.inflight())):
+            return [c, c.with_zero(ZeroStage.PARAMETERS)]
+        return [c]
+
+    for c0 in ordered:
+        limit = best_all if c0.num_groups == num_groups else best
+        if prune and config_lower_bound_ms(cm, c0) > limit:
             continue
-        if c.layout.zero and ZeroStage.NONE in request.zero_stages and table_of(
-            c.with_zero(ZeroStage.NONE)
-        ).fits_everywhere(max(c.inflight())):
-            c = c.with_zero(ZeroStage.NONE)  # memory binds nowhere: sharding cannot help
-        sol = solve_config(chain_solver, table_of(c), c)
-        if sol is None:
-            continue
-        proposals = [Candidate(c, sol)]
-        if chain_solver is solve_chain:
-            proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
-        scored = []
-        for cand in proposals:
-            # the busiest rank does M x its stage's work: no faster than that
-            if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
+        fitted = False  # this configuration at its searched stage
+        for c in variants(c0):
+            if is_fsdp(c.sharding()) and (fitted or (prune and config_lower_bound_ms(cm, c) > limit)):
+                continue  # ZeRO 3 where nothing else fits (see variants), and where it may beat the best so far
+            sol = solve_config(chain_solver, table_of(c), c)
+            if sol is None:
                 continue
-            scored.append((simulated(cm, cand), cand))
-        if not scored:
-            continue
-        t, cand = min(scored, key=lambda tc: tc[0])
-        out.append((t, cand))
-        best = min(best, t)
-        if c.num_groups == num_groups:
-            best_all = min(best_all, t)
+            fitted = True
+            proposals = [Candidate(c, sol)]
+            if chain_solver is solve_chain:
+                proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
+            scored = []
+            for cand in proposals:
+                # the busiest rank does M x its stage's work: no faster than that
+                if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
+                    continue
+                scored.append((simulated(cm, cand), cand))
+            if not scored:
+                continue
+            t, cand = min(scored, key=lambda tc: tc[0])
+            out.append((t, cand))
+            best = min(best, t)
+            if c.num_groups == num_groups:
+                best_all = min(best_all, t)
+            limit = best_all if c0.num_groups == num_groups else best
     out.sort(key=score_key)
     return out
 
@@ -115,15 +141,22 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     c, sol = cand.config, cand.solution
     stops = list(sol.boundaries[1:]) + [cm.num_layers]
     b, lay = c.microbatch_size, c.layout
-    keys = ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")
+    keys = ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms", "sync_early_ms",
+            "gather_ahead_ms", "gather_bound_ms", "wgrad_ms")
     out: dict[str, list[float]] = {k: [] for k in keys}
     for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
-        out["fwd_ms"].append(cm.stage_fwd_ms(start, stop, b))
-        out["bwd_ms"].append(cm.stage_bwd_ms(start, stop, b))
-        out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b))
+        fwd, bwd = cm.stage_times_ms(start, stop, b, s, lay)
+        out["fwd_ms"].append(fwd)
+        out["bwd_ms"].append(bwd)
+        out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b, sol.selective_of(s)))
         out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, lay))
         out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, lay))
-        out["allreduce_ms"].append(cm.stage_allreduce_ms(start, stop, s, lay))
+        sync = cm.stage_sync(start, stop, s, lay, sol.recompute[s], b, sol.selective_of(s))
+        out["allreduce_ms"].append(sync.total_ms)
+        out["sync_early_ms"].append(sync.early_ms)
+        out["gather_ahead_ms"].append(sync.gather_ahead_ms)
+        out["gather_bound_ms"].append(sync.gather_bound_ms)
+        out["wgrad_ms"].append(cm.stage_wgrad_ms(start, stop, b) if c.schedule.splits_backward else 0.0)
     return out
 
 
@@ -142,7 +175,8 @@ def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     v = c.layout.virtual_stages_per_rank
     return all(
-        cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s)).total_bytes <= cap / v
+        cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
+                        solution.selective_of(s)).total_bytes <= cap / v
         for s, (a, e) in enumerate(zip(solution.boundaries, stops))
     )
 
@@ -166,23 +200,28 @@ def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float)
 
 def stage_recompute(
     cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, c: Config, stage_idx: int
-) -> tuple[int, ...] | None:
-    """The least-time recompute set that fits stage ``stage_idx`` of ``c`` in ``cap`` (None if
-    none does)."""
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The least-time recompute levels that fit stage ``stage_idx`` of ``c`` in ``cap``: (fully,
+    selectively recomputed layers), or None if none do."""
     sharding = c.sharding(stage_idx)
     excess = cm.stage_memory(start, stop, (), b, inflight, sharding).total_bytes - cap
     fwd, _ = cm.layer_times(b)
     choice = choose_recompute(
         fwd_ms=fwd[start:stop].tolist(),
-        saved_bytes=(cm.saved_per_sample[start:stop] * b).tolist(),
+        saved_bytes=cm.saved_bytes(b)[start:stop].tolist(),
         input_bytes=(cm.input_per_sample[start:stop] * b).tolist(),
         first_layer=start,
         inflight=inflight,
         excess_bytes=float(excess),
+        core_ms=cm.core_ms(b)[start:stop].tolist() if cm.selective else None,
+        core_bytes=cm.core_bytes(b)[start:stop].tolist() if cm.selective else None,
+        shared_bytes=cm.shared_out(start, stop, b).tolist() if cm.profile.shared_saved else None,
     )
-    if choice.time_ms == float("inf") or cm.stage_memory(start, stop, choice.layers, b, inflight, sharding).total_bytes > cap:
+    if choice.time_ms == float("inf") or cm.stage_memory(
+        start, stop, choice.layers, b, inflight, sharding, choice.selective
+    ).total_bytes > cap:
         return None
-    return choice.layers
+    return choice.layers, choice.selective
 
 
 def alternatives(
@@ -215,14 +254,15 @@ def fixed_split(
     ks = c.inflight()
     b = c.microbatch_size
     stops = list(bounds[1:]) + [cm.num_layers]
-    rc = []
+    rc, sel = [], []
     for s, (a, z) in enumerate(zip(bounds, stops)):
         chosen = stage_recompute(cm, a, z, b, ks[s], cap, c, s)
-        if chosen is None or (chosen and not allow_recompute):
+        if chosen is None or ((chosen[0] or chosen[1]) and not allow_recompute):
             return None
-        rc.append(chosen)
+        rc.append(chosen[0])
+        sel.append(chosen[1])
     times = tuple(
-        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(rc[s], b)
+        sum(cm.stage_times_ms(a, z, b, s, c.layout)) + cm.recompute_ms(rc[s], b, sel[s])
         for s, (a, z) in enumerate(zip(bounds, stops))
     )
-    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True))
+    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True, tuple(sel) if any(sel) else ()))

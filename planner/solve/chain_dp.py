@@ -13,7 +13,10 @@ backward still crosses the layers before the stage: the seed's gradient hiding),
 ``RC_s`` the least recompute time that makes stage ``s`` fit its memory cap with ``k_s``
 micro-batches in flight (``k_s = M`` for GPipe, ``min(P - s, M)`` for 1F1B): stages are
 known by index, so ``k_s`` is known when the stage is priced, which is why the table is
-filled from the last stage backwards.
+filled from the last stage backwards. Under ZeRO 3 ``F_s`` and ``B_s`` are the times with the
+per-layer all-gathers and reduce-scatters the stack does not hide (``F'``, ``B'`` of
+:mod:`planner.cost.fsdp`: prefix sums plus terms at a stage's first and last layer), its memory
+the sharded state plus the gathered working set, and ``X_s = 0``.
 
 The DP table, for a bottleneck cap ``t``::
 
@@ -25,6 +28,17 @@ enumerated upwards from the least feasible cap (found by bisection) and stopped 
 ``(M - 1) t`` plus the least possible sum exceeds the best found. For the optimal partition
 its own max stage time is a candidate cap, so the minimum is exact. Each DP step is one
 vectorised min over an ``(L + 1) x (L + 1)`` matrix.
+
+ZB-H1 (zero bubble, Qi et al., ICLR 2024, sec. 3.1): its bubble is ``(P - 1)(T_F + T_B - T_W)``
+where 1F1B's is ``(P - 1)(T_F + T_B + T_W)`` (B the input-gradient pass, W the weight-gradient
+pass): each stage's W fills ``2 W_s`` of the fill and drain. So its objective is
+
+    J_zb = sum_s (T_s - Z_s + c_s + X_s) + (M - 1) max_s T_s,   Z_s = min(2 W_s, F_s + B_s + W_s),
+
+with ``W_s`` the stage's weight-gradient time (:meth:`CostModel.stage_wgrad_ms`); every term
+stays per stage, so the same table solves it exactly, and ``T_s - Z_s >= RC_s >= 0`` keeps the
+bound ``J >= (M - 1) max_s T_s`` that limits the useful stage times. ``k_s`` is the schedule's
+count (:func:`planner.schedule.inflight_counts`, every micro-batch until its W).
 """
 
 from __future__ import annotations
@@ -34,9 +48,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
+from planner.cost.fsdp import is_fsdp, working_set_matrix
 from planner.schedule import inflight_counts
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
 
@@ -45,9 +60,14 @@ from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
 class ChainSolution:
     objective_ms: float
     boundaries: tuple[int, ...]  # stage starts, first is 0
-    recompute: tuple[tuple[int, ...], ...]
+    recompute: tuple[tuple[int, ...], ...]  # per stage, the fully recomputed layers
     stage_times_ms: tuple[float, ...]
     exact: bool
+    selective: tuple[tuple[int, ...], ...] = ()  # per stage, the selectively recomputed layers (() = none anywhere)
+
+    def selective_of(self, stage_idx: int) -> tuple[int, ...]:
+        """The selectively recomputed layers of stage ``stage_idx``."""
+        return self.selective[stage_idx] if self.selective else ()
 
 
 class StageTable:
@@ -64,7 +84,10 @@ class StageTable:
         allow_recompute: bool = True,
         *,
         sharding: Sharding = Sharding(),
+        fsdp_line: tuple[float, float] = (0.0, 0.0),
     ):
+        """``fsdp_line``: under ZeRO 3 (``sharding``), the layout's per-layer all-gather /
+        reduce-scatter line (:meth:`CostModel.fsdp_line`), whose exposed time is in ``T``."""
         self.cm = cm
         self.allow_recompute = allow_recompute
         self.sharding = sharding
@@ -81,7 +104,11 @@ class StageTable:
         for f in fixed_boundaries:
             valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
         self.valid = valid
-        self.compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
+        self.fsdp = is_fsdp(sharding)
+        if self.fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
+            self.compute = np.where(valid, cm.fsdp_terms(microbatch_size, fsdp_line).matrix(), INF)
+        else:
+            self.compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
         params = (cm._param_prefix[None, :] - cm._param_prefix[:, None]).astype(float)
         for tie in cm.profile.tied:
             inside = np.zeros((L + 1, L + 1))
@@ -89,15 +116,24 @@ class StageTable:
                 inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
             params -= np.maximum(inside - 1, 0) * tie.param_count
         self.kappa = sum(cm.state_bytes_per_param(sharding))
-        self.sync_bytes_per_param = cm.sync_bytes_per_param(sharding.zero)
+        self.sync_bytes_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
         cut = cm.cut_bytes_per_sample
         self.static = params * self.kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
+        if self.fsdp:  # the gathered weights and gradients of the layers in flight
+            self.static = self.static + working_set_matrix(
+                cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
         self.sync_bytes = params * self.sync_bytes_per_param
         self.bwd_prefix = bp
-        sp = cm._saved_prefix
-        self.act = (sp[None, :] - sp[:, None]) * microbatch_size
-        self.saved = cm.saved_per_sample * microbatch_size
+        sp, fp = cm._saved_prefix, cm._fixed_prefix
+        self.act = (sp[None, :] - sp[:, None]) * microbatch_size + (fp[None, :] - fp[:, None])
+        self.shared = bool(cm.profile.shared_saved)
+        if self.shared:  # storages two layers of a stage both save: once
+            self.act = self.act - cm.shared_matrix(microbatch_size)
+        self.saved = cm.saved_bytes(microbatch_size)
         self.inputs = cm.input_per_sample * microbatch_size
+        self.selective = cm.selective
+        self.core = cm.core_bytes(microbatch_size)
+        self.core_ms = cm.core_ms(microbatch_size)
         self._bases: dict[int, np.ndarray] = {}
         self._tables: dict[int, np.ndarray] = {}
         self._pending: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
@@ -106,13 +142,20 @@ class StageTable:
         self.all_exact = True
         # identical consecutive layers (a transformer's blocks): a stage inside such a run is
         # known by (kind, length), so its recompute choice is cached without hashing its arrays
-        kinds: dict[tuple[float, float, float], int] = {}
-        self._kind = [kinds.setdefault((float(f), float(a), float(b)), len(kinds))
-                      for f, a, b in zip(self.fwd, self.saved, self.inputs)]
+        kinds: dict[tuple[float, ...], int] = {}
+        self._kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
+                      for f, a, b, c, cm_ in zip(self.fwd, self.saved, self.inputs, self.core, self.core_ms)]
         self._run = [1] * L  # identical layers from i on (i included)
         for i in range(L - 2, -1, -1):
             if self._kind[i] == self._kind[i + 1]:
                 self._run[i] = self._run[i + 1] + 1
+
+    def hidden_backward(self) -> np.ndarray:
+        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
+        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
+        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
+        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
+        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
 
     def fits_everywhere(self, inflight: int) -> bool:
         """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
@@ -138,7 +181,7 @@ class StageTable:
             return base
         if inflight not in self._tables:
             excess = self.static + inflight * self.act - self.cap
-            gains = np.maximum(self.saved - self.inputs, 0.0)
+            gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
             gp = np.concatenate([[0.0], np.cumsum(gains)])
             max_gain = inflight * (gp[None, :] - gp[:, None])
             # pairs that do not fit as they are but might with recomputation
@@ -153,11 +196,13 @@ class StageTable:
         for i, j in zip(*np.nonzero(todo)):
             i, j = int(i), int(j)
             key: tuple[object, ...]
-            if j - i <= self._run[i]:
+            shared = self.cm.shared_out(i, j, self.b) if self.shared else None
+            if j - i <= self._run[i] and shared is None:
                 key = (inflight, self._kind[i], j - i, float(excess[i, j]))
             else:
                 key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
-                       float(excess[i, j]))
+                       self.core[i:j].tobytes(), self.core_ms[i:j].tobytes(), float(excess[i, j]),
+                       None if shared is None else shared.tobytes())
             choice = self._cache.get(key)
             if choice is None:
                 choice = choose_recompute(
@@ -167,6 +212,9 @@ class StageTable:
                     first_layer=0,
                     inflight=inflight,
                     excess_bytes=float(excess[i, j]),
+                    core_ms=self.core_ms[i:j].tolist() if self.selective else None,
+                    core_bytes=self.core[i:j].tolist() if self.selective else None,
+                    shared_bytes=None if shared is None else shared.tolist(),
                 )
                 self._cache[key] = choice
             if choice.time_ms < INF:
@@ -177,32 +225,43 @@ class StageTable:
         return table
 
     def recompute_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
+        """The fully recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
         entry = self._choices.get((inflight, i, j))
         return tuple(entry[0] + l for l in entry[1].layers) if entry else ()
+
+    def selective_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
+        """The selectively recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
+        entry = self._choices.get((inflight, i, j))
+        return tuple(entry[0] + l for l in entry[1].selective) if entry else ()
 
 
 def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, layout: Layout,
                          microbatch_size: int) -> float:
-    """``X_s``: the stage's gradient synchronisation (all-reduce, or ZeRO's reduce-scatter +
-    all-gather: a line in its sync bytes) less the backward work of the layers before it (the
-    objective's proxy for what the pipeline cannot hide)."""
+    """``X_s``: the part of the stage's gradient synchronisation that runs after its last
+    backward (all-reduce, or ZeRO's reduce-scatter + all-gather, or only the reduce-scatter when
+    the stack gathers ahead of the forward: a line in its bytes) less the backward work it can
+    overlap: the layers' before it, and when the stack overlaps the reduction also the stage's
+    own (the objective's proxy for what the pipeline cannot hide; the simulator prices
+    the buckets)."""
     per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(stage_idx))
-    if per_byte == 0.0 and fixed == 0.0:
-        return 0.0
+    if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+        return 0.0  # ZeRO 3: its collectives are in the stage's times
     _, bp = cm.time_prefix(microbatch_size)
-    sync = cm.stage_param_count(start, stop) * cm.sync_bytes_per_param(layout.zero)
-    return max(0.0, per_byte * sync + fixed - float(bp[start]))
+    sync = cm.stage_param_count(start, stop) * cm.post_backward_sync_bytes_per_param(layout.zero)
+    hidden = float(bp[stop] if cm.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
+    return max(0.0, per_byte * sync + fixed - hidden)
 
 
 def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
     """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`)."""
     out = []
+    hidden = table.hidden_backward()
     for s in range(layout.num_stages):
         per_byte, fixed = allreduce_line(table.cm.cluster, layout.dp_group(s))
-        if per_byte == 0.0 and fixed == 0.0:
+        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
             out.append(np.zeros_like(table.sync_bytes))
         else:
-            out.append(np.maximum(0.0, per_byte * table.sync_bytes + fixed - table.bwd_prefix[:, None]))
+            out.append(np.maximum(0.0, per_byte * table.sync_bytes + fixed - hidden))
     return out
 
 
@@ -218,6 +277,20 @@ def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
         vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
         out.append(vec)
     return out
+
+
+def bubble_fill_ms(cm: CostModel, start: int, stop: int, microbatch_size: int) -> float:
+    """``Z_s`` of ZB-H1's objective (module docstring) for the stage ``[start, stop)``."""
+    compute = cm.stage_fwd_ms(start, stop, microbatch_size) + cm.stage_bwd_ms(start, stop, microbatch_size)
+    return min(2.0 * cm.stage_wgrad_ms(start, stop, microbatch_size), compute)
+
+
+def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
+    """``Z_s(i, j)`` for every stage (0 where the stage is not valid)."""
+    _, bwd = table.cm.layer_times(table.b)
+    wp = np.concatenate([[0.0], np.cumsum(bwd * table.cm.wgrad_fraction)])
+    fill = np.minimum(2.0 * (wp[None, :] - wp[:, None]), np.where(table.valid, table.compute, 0.0))
+    return np.where(table.valid, fill, 0.0)
 
 
 def _dp(tables: list[np.ndarray], extra: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
@@ -301,25 +374,30 @@ def solve_chain(
     comm = _comm_vectors(cm, layout, table.b)
     exposure = _exposure_matrices(table, layout)
     extra = [comm[s][None, :] + exposure[s] for s in range(P)]
+    if schedule.splits_backward:
+        fill = _bubble_fill_matrix(table)
+        extra = [e - fill for e in extra]
     fwd, bwd = table.cm.layer_times(table.b)
     cap_lb = max(float(np.max(fwd + bwd)), float(table.compute[0, L]) / P)
     # an upper bound from the plan without recomputation bounds the useful stage times:
     # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
     first = _minimize([table.base(k) for k in ks], extra, L, M, INF, cap_lb)
     # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
-    limit = INF if first is None else (first[0] / M if M > 1 else first[0]) * (1 + 1e-9)
+    per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
+    limit = INF if first is None else first[0] / per * (1 + 1e-9)
     tables = [table.table(k, limit) for k in ks]
     found = _minimize(tables, extra, L, M, limit, cap_lb)
     if found is None:
         return None
     best_cap = found[1]
     _, args = _dp(tables, extra, best_cap, L)
-    bounds, recompute, times = [], [], []
+    bounds, recompute, selective, times = [], [], [], []
     i = 0
     for s in range(P):
         j = int(args[s][i])
         bounds.append(i)
         recompute.append(table.recompute_of(ks[s], i, j))
+        selective.append(table.selective_of(ks[s], i, j))
         times.append(float(tables[s][i, j]))
         i = j
     assert i == L, "DP reconstruction did not cover the layers"
@@ -331,4 +409,5 @@ def solve_chain(
         recompute=tuple(recompute),
         stage_times_ms=tuple(times),
         exact=table.all_exact,
+        selective=tuple(selective) if any(selective) else (),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
+from planner.cost.fsdp import is_fsdp
 from planner.graph import merge_layers
 from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
 from planner.solve.chain_dp import ChainSolution, StageTable
@@ -22,7 +23,7 @@ from planner.solve.settings import SETTINGS, SearchSettings
 def merged_model(cm: CostModel, starts: list[int]) -> CostModel:
     """``cm`` over groups of layers starting at ``starts``."""
     return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, tp_degree=cm.tp_degree,
-                     sequence_parallel=cm.sequence_parallel)
+                     sequence_parallel=cm.sequence_parallel, stack=cm.stack)
 
 
 def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:
@@ -37,13 +38,19 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     ks = c.inflight()
     cap = cap / c.layout.virtual_stages_per_rank
     b = c.microbatch_size
-    recompute = []
+    recompute, selective = [], []
     for s, (a, z) in enumerate(zip(bounds, ends)):
         mapped = tuple(layer for g in cand.solution.recompute[s] for layer in range(starts[g], stops_of[g]))
+        # a group recomputed selectively: the attention cores of its layers that have one
+        mapped_sel = tuple(layer for g in cand.solution.selective_of(s) for layer in range(starts[g], stops_of[g])
+                           if cm.has_core[layer])
         chosen = stage_recompute(cm, a, z, b, ks[s], cap, c, s)
-        cheaper = chosen is not None and cm.recompute_ms(chosen, b) <= cm.recompute_ms(mapped, b)
-        recompute.append(chosen if cheaper and chosen is not None else mapped)
-    sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False)
+        cheaper = chosen is not None and cm.recompute_ms(chosen[0], b, chosen[1]) <= cm.recompute_ms(mapped, b, mapped_sel)
+        full, sel = chosen if cheaper and chosen is not None else (mapped, mapped_sel)
+        recompute.append(full)
+        selective.append(sel)
+    sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False,
+                        tuple(selective) if any(selective) else ())
     return Candidate(c, sol)
 
 
@@ -63,8 +70,9 @@ def refine(
     merged = merged_model(cm, finer_starts)
     fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
     c = cand.config
+    line = merged.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
     table = StageTable(merged, c.microbatch_size, cap / c.layout.virtual_stages_per_rank, fixed,
-                       allow_recompute=request.recompute, sharding=c.sharding())
+                       allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line)
     if c.layout.stage_replicas:
         again = solve_replicated_config(merged, request, c.microbatch_size, c.schedule, c.layout.zero,
                                         c.layout.world_size, cap, fixed, simulated(cm, coarse))

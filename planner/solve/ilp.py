@@ -5,7 +5,11 @@ side constraints the DP cannot express. Per configuration (P, D, b, M, schedule)
 
 - ``x[s, l]``: layer ``l`` on stage ``s`` (each layer on one stage; stage index
   non-decreasing by at most one per layer, so stages are contiguous and non-empty);
-- ``r[l]``: layer ``l`` recomputed; ``z[s, l] = x[s, l] and r[l]``;
+- ``r[l]``: layer ``l`` recomputed; ``z[s, l] = x[s, l] and r[l]``; ``q[l]``: layer ``l``'s
+  attention core recomputed (selective, layers with a core; ``r[l] + q[l] <= 1``), ``y[s, l] =
+  x[s, l] and q[l]``, which frees ``k_s C_l``, costs ``c_l`` and has working set ``C_l``;
+- ``both[s, i]``: the two layers of ``Profile.shared_saved[i]`` on stage ``s``, the first not
+  fully recomputed (their shared storage counted once: ``- k_s shared_i``);
 - ``first[s, l]`` / ``last[s, l]``: stage ``s`` starts / ends at layer ``l`` (boundary buffers
   and transfers);
 - memory of stage ``s`` (bytes, exact integers):
@@ -15,7 +19,11 @@ side constraints the DP cannot express. Per configuration (P, D, b, M, schedule)
   planner.cost), and the row is multiplied by
   ``D`` to keep integer coefficients;
 - ``T_s = sum x (f + b) + sum z f`` in integer nanoseconds, ``T_max >= T_s``;
-- minimise ``sum_s T_s + sum_s c_s + (M - 1) T_max``.
+- minimise ``sum_s T_s + sum_s c_s + (M - 1) T_max``;
+- under ZeRO 3 (:mod:`planner.cost.fsdp`): ``T_s`` is ``sum x base + sum first head + sum last
+  tail + sum single solo + recompute`` (``single[s, l]``: stage ``s`` is layer ``l`` alone), the
+  state row ``kappa = w + g + o`` (over ``D``, so times ``D``: integer) plus ``D ws3_s`` with
+  ``ws3_s >= u (w + g) N_l x[s, l]`` (the gathered working set), and no ``X_s``.
 
 Times are rounded to nanoseconds and bytes to whole bytes, so the model's optimum can differ
 from the DP's float optimum only by that rounding; the returned objective is re-priced in
@@ -31,6 +39,7 @@ from ortools.sat.python import cp_model
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.cost import allreduce_line, link_of, p2p_ms
+from planner.cost.fsdp import units_in_flight
 from planner.schedule import inflight_counts
 from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms
 
@@ -47,8 +56,9 @@ def solve_chain_ilp(
         return None
     ks = inflight_counts(schedule, layout, M)
     fwd, bwd = cm.layer_times(b)
-    saved = [float(v) * b for v in cm.saved_per_sample]
+    saved = [float(v) for v in cm.saved_bytes(b)]
     inp = [float(v) * b for v in cm.input_per_sample]
+    core, core_ms = [float(v) for v in cm.core_bytes(b)], cm.core_ms(b)
     cut = [float(c) * b for c in cm.cut_bytes_per_sample]
     # bytes of model state per parameter, ZeRO-sharded as the table says: a fraction with the
     # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
@@ -59,6 +69,11 @@ def solve_chain_ilp(
     m: Any = cp_model.CpModel()
     x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
     r = [m.new_bool_var(f"r{l}") for l in range(L)] if table.allow_recompute else None
+    q = ({l: m.new_bool_var(f"q{l}") for l in range(L) if cm.has_core[l] and core[l] > 0}
+         if table.allow_recompute else {})
+    if r is not None:
+        for l, ql in q.items():
+            m.add(r[l] + ql <= 1)
     for l in range(L):
         m.add_exactly_one(x[s][l] for s in range(P))
     stage_of = [sum(s * x[s][l] for s in range(P)) for l in range(L)]
@@ -83,11 +98,26 @@ def solve_chain_ilp(
     times, comms, exposures = [], [], []
     _, bwd_prefix = cm.time_prefix(b)
     t_max = m.new_int_var(0, 10**15, "tmax")
+    terms = cm.fsdp_terms(b, cm.fsdp_line(layout)) if table.fsdp else None
+    unit_bytes = units_in_flight(cm.stack.fsdp_prefetch) * (cm.weight_bytes_per_param + cm.grad_bytes_per_param)
+
+    def ns(v: float) -> int:
+        return int(round(v * NS_PER_MS))
+
     for s in range(P):
         z: list[Any] = [both(x[s][l], r[l], f"z{s}_{l}") for l in range(L)] if r is not None else [None] * L
-        t = sum(int(round((fwd[l] + bwd[l]) * NS_PER_MS)) * x[s][l] for l in range(L))
+        y = {l: both(x[s][l], ql, f"y{s}_{l}") for l, ql in q.items()}
+        if terms is None:
+            t = sum(int(round((fwd[l] + bwd[l]) * NS_PER_MS)) * x[s][l] for l in range(L))
+        else:
+            t = sum(ns(terms.base[l]) * x[s][l] for l in range(L))
+            t += sum(ns(terms.head[l]) * first[s][l] for l in range(L) if first[s][l] is not None)
+            t += sum(ns(terms.tail[l]) * last[s][l] for l in range(L) if last[s][l] is not None)
+            t += sum(ns(terms.solo[l]) * both(first[s][l], last[s][l], f"one{s}_{l}")
+                     for l in range(L) if first[s][l] is not None and last[s][l] is not None)
         if r is not None:
             t += sum(int(round(fwd[l] * NS_PER_MS)) * z[l] for l in range(L))
+            t += sum(int(round(core_ms[l] * NS_PER_MS)) * yl for l, yl in y.items())
         t_s = m.new_int_var(0, 10**15, f"t{s}")
         m.add(t_s == t)
         m.add(t_max >= t_s)
@@ -102,9 +132,14 @@ def solve_chain_ilp(
             dup_terms.append((tie.param_count, sum(inside) - any_in))
         state = params * kappa - sum(c * kappa * d for c, d in dup_terms)
         mem = 0
+        if terms is not None:
+            ws3 = m.new_int_var(0, int(unit_bytes * max(cm.param_count.max(), 0)) + 1, f"ws3_{s}")
+            for l in range(L):
+                m.add(ws3 >= int(unit_bytes * cm.param_count[l]) * x[s][l])
+            mem += ws3
         # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
         per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(s))
-        if per_byte or fixed:
+        if (per_byte or fixed) and terms is None:
             ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
             ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
             ar -= sum(int(round(c * ns_per_param)) * d for c, d in dup_terms)
@@ -117,11 +152,19 @@ def solve_chain_ilp(
         mem += sum(int(round(2 * cut[l])) * first[s][l] for l in range(L) if first[s][l] is not None)
         mem += sum(int(round(2 * cut[l + 1])) * last[s][l] for l in range(L) if last[s][l] is not None)
         act = sum(int(round(ks[s] * saved[l])) * x[s][l] for l in range(L))
+        for i, pair in enumerate(cm.profile.shared_saved):  # a storage both layers save: once, unless the
+            on_both = both(x[s][pair.first], x[s][pair.second], f"sh{s}_{i}")  # first is fully recomputed
+            if r is not None:
+                on_both = both(on_both, r[pair.first].Not(), f"shk{s}_{i}")
+            act -= int(round(ks[s] * pair.at(b))) * on_both
         if r is not None:
             act -= sum(int(round(ks[s] * (saved[l] - inp[l]))) * z[l] for l in range(L))
+            act -= sum(int(round(ks[s] * core[l])) * yl for l, yl in y.items())
             ws = m.new_int_var(0, int(max(saved, default=0)) + 1, f"ws{s}")
             for l in range(L):
                 m.add(ws >= int(round(saved[l])) * z[l])
+            for l, yl in y.items():
+                m.add(ws >= int(round(core[l])) * yl)
             act += ws
         m.add(state + scale * (mem + act) <= int(table.cap) * scale)
         if s < P - 1:
@@ -146,14 +189,16 @@ def solve_chain_ilp(
     recompute = tuple(
         tuple(l for l in range(a, z) if r is not None and solver.value(r[l])) for a, z in zip(bounds, stops)
     )
+    selective = tuple(tuple(l for l in range(a, z) if l in q and solver.value(q[l])) for a, z in zip(bounds, stops))
     t_float = [
-        cm.stage_fwd_ms(a, z, b) + cm.stage_bwd_ms(a, z, b) + cm.recompute_ms(recompute[s], b)
+        sum(cm.stage_times_ms(a, z, b, s, layout)) + cm.recompute_ms(recompute[s], b, selective[s])
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops))
     exposed = sum(exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
     objective = sum(t_float) + comm + exposed + (M - 1) * max(t_float)
-    return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL)
+    return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL,
+                         selective if any(selective) else ())
 
 
 def table_fixed(table: StageTable) -> list[int]:

@@ -1,21 +1,60 @@
-"""Why a request cannot be planned, and the cheapest changes that would make it fit."""
+"""Why a request cannot be planned, and the cheapest changes that would make it fit.
+
+The leanest layouts are tried: every group a pipeline stage (no data parallelism), and, where
+the request allows ZeRO 3, each P x D split of the groups with the parameters sharded over the
+D replicas (FSDP); the one needing the least memory is named, with what would fit (more
+devices and the layout that fits on them, less headroom)."""
 
 from __future__ import annotations
 
 import math
 
 from planner.artifacts.errors import InfeasibleError
-from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.solve.chain_dp import StageTable, solve_chain
-from planner.solve.space import layout_of
+from planner.cost.fsdp import is_fsdp
+from planner.solve.chain_dp import ChainSolution, StageTable, solve_chain
+from planner.solve.space import divisors, layout_of
 
 
-def _fits(cm: CostModel, request: PlanRequest, cap: float, P: int, b: int, recompute: bool) -> bool:
-    table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute)
-    M = max(1, request.global_batch // b)
-    return solve_chain(table, layout=layout_of(cm, P), num_microbatches=M, schedule=_leanest(P, M)) is not None
+def _solve(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> ChainSolution | None:
+    sharding = layout.sharding(0)
+    line = cm.fsdp_line(layout) if is_fsdp(sharding) else (0.0, 0.0)
+    table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute, sharding=sharding, fsdp_line=line)
+    M = max(1, request.global_batch // (layout.dp_degree * b))
+    return solve_chain(table, layout=layout, num_microbatches=M, schedule=_leanest(layout.num_stages, M))
+
+
+def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> bool:
+    return _solve(cm, request, cap, layout, b, recompute) is not None
+
+
+def lean_layouts(cm: CostModel, request: PlanRequest, num_groups: int) -> list[Layout]:
+    """The layouts tried: ``num_groups`` pipeline stages (at most the layers, the request's
+    limits honoured), and with ZeRO 3 allowed every P x D = ``num_groups`` with D > 1 dividing
+    the global batch."""
+    P = min(num_groups // max(1, request.dp_degree), cm.num_layers)
+    if request.max_stages:
+        P = min(P, request.max_stages)
+    if request.num_stages:
+        P = request.num_stages
+    out = [layout_of(cm, max(P, 1))]
+    if ZeroStage.PARAMETERS in request.zero_stages:
+        for p in divisors(num_groups):
+            d = num_groups // p
+            if d < 2 or p > cm.num_layers or request.global_batch % d or (request.num_stages and p != request.num_stages) \
+                    or (request.dp_degree and d != request.dp_degree) or (request.max_stages and p > request.max_stages):
+                continue
+            out.append(layout_of(cm, p, d, 1, ZeroStage.PARAMETERS))
+    return out
+
+
+def least_need(cm: CostModel, request: PlanRequest, num_groups: int, b: int, recompute: bool) -> tuple[float, Layout]:
+    """The least per-device memory over :func:`lean_layouts`, and the layout needing it."""
+    return min(((least_cap_bytes(cm, request, lay, b, recompute), lay) for lay in lean_layouts(cm, request, num_groups)),
+               key=lambda nl: (nl[0], nl[1].dp_degree))
 
 
 def _leanest(P: int, M: int) -> ScheduleKind:
@@ -23,16 +62,16 @@ def _leanest(P: int, M: int) -> ScheduleKind:
     return ScheduleKind.ONE_F_ONE_B if M >= P else ScheduleKind.GPIPE
 
 
-def least_cap_bytes(cm: CostModel, request: PlanRequest, P: int, b: int, recompute: bool) -> float:
-    """The smallest per-device memory cap under which P stages fit (bisection on the cap)."""
+def least_cap_bytes(cm: CostModel, request: PlanRequest, layout: Layout, b: int, recompute: bool) -> float:
+    """The smallest per-device memory cap under which ``layout`` fits (bisection on the cap)."""
     lo, hi = 0.0, float(max(1, cm.total_params)) * 64 + 1e12
-    while not _fits(cm, request, hi, P, b, recompute):
+    while not _fits(cm, request, hi, layout, b, recompute):
         hi *= 4
         if hi > 1e22:
             return math.inf
     for _ in range(40):
         mid = (lo + hi) / 2
-        if _fits(cm, request, mid, P, b, recompute):
+        if _fits(cm, request, mid, layout, b, recompute):
             hi = mid
         else:
             lo = mid
@@ -56,19 +95,20 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             f"the {P} pipeline ranks available, and no interleaved configuration (2 or 4 stages per rank) is valid",
             suggestions=("fewer fixed boundaries", "more devices or stages (--stages, --max-stages)"),
         )
-    need = least_cap_bytes(cm, request, P, b, request.recompute)
+    need, lay = least_need(cm, request, num_devices, b, request.recompute)
+    P = lay.num_stages
     gib = 1024**3
     if not math.isfinite(need):
         return InfeasibleError("no partition of this profile fits any memory cap (check the profile's sizes)")
-    table = StageTable(cm, b, need, request.fixed_boundaries, allow_recompute=request.recompute)
-    M = max(1, request.global_batch // b)
-    sol = solve_chain(table, layout=layout_of(cm, P), num_microbatches=M, schedule=_leanest(P, M))
+    sol = _solve(cm, request, need, lay, b, request.recompute)
+    M = max(1, request.global_batch // (lay.dp_degree * b))
     tight = ""
     if sol is not None:
         stops = list(sol.boundaries[1:]) + [cm.num_layers]
         k = [min(P - s, M) for s in range(P)]
         mems = [
-            cm.stage_memory(a, z, sol.recompute[s], b, k[s]).total_bytes for s, (a, z) in enumerate(zip(sol.boundaries, stops))
+            cm.stage_memory(a, z, sol.recompute[s], b, k[s], lay.sharding(s), sol.selective_of(s)).total_bytes
+            for s, (a, z) in enumerate(zip(sol.boundaries, stops))
         ]
         s = max(range(P), key=lambda i: mems[i])
         tight = (
@@ -93,26 +133,32 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             ),
         )
     over = need - cap
+    t = cm.tp_degree
+    where = f"{P} pipeline stages" if lay.dp_degree == 1 and t == 1 else lay.describe()
     msg = (
-        f"no plan fits: even with {P} pipeline stages, micro-batch size {b}, 1F1B"
+        f"no plan fits: even with {where}, micro-batch size {b}, {_leanest(P, M).value}"
         f"{' and recomputation' if request.recompute else ''}, a device needs {need / gib:.2f} GiB "
         f"but the cap is {cap / gib:.2f} GiB ({over / gib:.2f} GiB = {int(over)} bytes over).{tight}"
     )
     suggestions = []
     for mult in (2, 4, 8, 16):
-        more = min(cm.num_layers, P * mult)
-        if more == P:
+        more_need, more = least_need(cm, request, num_devices * mult, b, request.recompute)
+        if more.num_stages == P and more.dp_degree == 1 and lay.dp_degree == 1:
             break
-        if least_cap_bytes(cm, request, more, b, request.recompute) <= cap:
-            suggestions.append(f"more devices: {num_devices * mult} (allows {more} pipeline stages)")
+        if more_need <= cap:
+            what = (f"allows {more.num_stages} pipeline stages" if more.dp_degree == 1 and t == 1
+                    else f"{more.describe()} needs {more_need / gib:.2f} GiB")
+            suggestions.append(f"more devices: {num_devices * mult * t} ({what})")
             break
     if not request.recompute:
-        with_rc = least_cap_bytes(cm, request, P, b, True)
+        with_rc = least_cap_bytes(cm, request, lay, b, True)
         if with_rc <= cap:
             suggestions.append(f"allow recomputation (needs {with_rc / gib:.2f} GiB per device)")
     if b > 1:
         suggestions.append("a smaller micro-batch size (--microbatch-sizes 1)")
     if request.memory_headroom_fraction > 0 and not request.memory_cap_bytes and need <= cm.cluster.device_memory_bytes:
-        suggestions.append(f"less memory headroom (now {request.memory_headroom_fraction:.0%})")
+        room = math.floor((1.0 - need / cm.cluster.device_memory_bytes) * 1000) / 1000
+        suggestions.append(f"less memory headroom: --memory-headroom {room:.3f} fits {lay.describe()} "
+                           f"(now {request.memory_headroom_fraction:.0%})")
     suggestions.append("a device with more memory, or an optimizer with less state (e.g. --optimizer sgd-fp32)")
-    return InfeasibleError(msg, suggestions=tuple(suggestions))
+    return InfeasibleError(msg, suggestions=tuple(suggestions), need_bytes=need)

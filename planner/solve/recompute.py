@@ -1,4 +1,4 @@
-"""Which layers of a stage to recompute: an exact 0/1 covering knapsack.
+"""Which layers of a stage to recompute, and how much of each: an exact covering knapsack.
 
 A stage holding ``k`` micro-batches of size ``b`` in flight must fit in ``cap`` bytes:
 
@@ -12,24 +12,40 @@ layers with ``saved_l <= saved_W`` may join, and the working set is ``b saved_W`
 (cost, gain) points, with gains above the target clipped (the standard exact DP over
 non-dominated states; Kellerer, Pferschy & Pisinger, *Knapsack Problems*, 2004, sec. 2.3).
 
-Above :data:`EXACT_MAX_ITEMS` candidate layers the front can grow exponentially; there a
-greedy by ms per byte saved gives a feasible (upper-bound) answer and the result says so.
+Three levels per layer (Korthikanti et al. 2022 sec. 4; :class:`RecomputeLevel`): a layer
+with an attention core may instead be recomputed *selectively*, re-running only the core
+(cost ``c_l``, its core forward) and freeing only the core's bytes ``C_l`` (gain ``k C_l``,
+working set ``C_l``). Then the knapsack is a multiple-choice cover (at most one of {selective,
+full} per layer, Kellerer et al. 2004 ch. 11): the same Pareto front, over which each layer
+(or run of identical layers taken together, with every split of the run into full /
+selective / none) adds one option; the workspace is enumerated over both levels' working
+sets. Without selective options the 0/1 cover above runs, unchanged.
+
+Above :data:`EXACT_MAX_ITEMS` candidate layers (with selective options: and more than
+:data:`EXACT_MAX_GROUPS` kinds of layer) the front can grow exponentially; there a greedy by ms
+per byte saved gives a feasible (upper-bound) answer and the result says so.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 EXACT_MAX_ITEMS = 64
+#: with selective options the cover is exact over at most this many kinds of layers (any number of each)
+EXACT_MAX_GROUPS = 8
 INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
 class RecomputeChoice:
-    time_ms: float  # sum of forward ms of the recomputed layers (INF if infeasible)
-    layers: tuple[int, ...]  # layer indices, ascending
+    time_ms: float  # recompute ms of the chosen layers (INF if infeasible)
+    layers: tuple[int, ...]  # fully recomputed layer indices, ascending
     exact: bool
+    selective: tuple[int, ...] = ()  # selectively recomputed layer indices, ascending
 
 
 NO_RECOMPUTE = RecomputeChoice(0.0, (), True)
@@ -100,19 +116,33 @@ def choose_recompute(
     first_layer: int,
     inflight: int,
     excess_bytes: float,
+    core_ms: list[float] | None = None,
+    core_bytes: list[float] | None = None,
+    shared_bytes: list[float] | None = None,
 ) -> RecomputeChoice:
-    """Least-time recompute set for one stage.
+    """Least-time recompute levels for one stage.
 
     ``saved_bytes``/``input_bytes`` are per micro-batch (already x b) for the stage's layers
     (``first_layer`` is the index of the first), ``excess_bytes`` = memory without recompute
-    minus the cap (<= 0 means it fits as is).
+    minus the cap (<= 0 means it fits as is). ``core_ms`` / ``core_bytes``: per layer the
+    attention core's forward ms and bytes per micro-batch (0 bytes: no selective level).
+    ``shared_bytes``: per layer the bytes of its saves a later layer of the stage also saves,
+    which recomputing it fully does not free (``CostModel.shared_out``; the working set is
+    still all it saves).
     """
     if excess_bytes <= 0:
         return NO_RECOMPUTE
+    if shared_bytes is not None and any(shared_bytes):
+        freed = [s - k for s, k in zip(saved_bytes, shared_bytes)]
+    else:
+        freed = saved_bytes
+    if core_ms is not None and core_bytes is not None and any(c > 0 for c in core_bytes):
+        return _choose_levels(fwd_ms, saved_bytes, input_bytes, core_ms, core_bytes, first_layer, inflight, excess_bytes,
+                              freed)
     candidates = [
-        (fwd_ms[i], inflight * (saved_bytes[i] - input_bytes[i]), first_layer + i, saved_bytes[i])
+        (fwd_ms[i], inflight * (freed[i] - input_bytes[i]), first_layer + i, saved_bytes[i])
         for i in range(len(fwd_ms))
-        if inflight * (saved_bytes[i] - input_bytes[i]) > 0
+        if inflight * (freed[i] - input_bytes[i]) > 0
     ]
     if not candidates:
         return INFEASIBLE
@@ -130,4 +160,166 @@ def choose_recompute(
         cost, chosen = solve(items, excess_bytes + ws)
         if cost < best.time_ms or (cost == best.time_ms and cost < INF and chosen < best.layers):
             best = RecomputeChoice(cost, chosen, exact)
+    return best
+
+
+#: one option of a layer: (cost ms, gain bytes, working set bytes, selective?)
+Option = tuple[float, float, float, bool]
+
+
+def _layer_options(
+    fwd_ms: list[float], saved: list[float], inputs: list[float], core_ms: list[float], core_bytes: list[float],
+    inflight: int, freed: list[float],
+) -> list[tuple[Option, ...]]:
+    """Per layer its recompute options with a positive gain: full, then selective."""
+    out = []
+    for i in range(len(fwd_ms)):
+        opts: list[Option] = []
+        if inflight * (freed[i] - inputs[i]) > 0:
+            opts.append((fwd_ms[i], inflight * (freed[i] - inputs[i]), saved[i], False))
+        if core_bytes[i] > 0:
+            opts.append((core_ms[i], inflight * core_bytes[i], core_bytes[i], True))
+        out.append(tuple(opts))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_combos(opts: tuple[Option, ...], n: int) -> list[tuple[float, float, int, int]]:
+    """The non-dominated ways to recompute ``n`` identical layers: (cost, gain, number full,
+    number selective), cost ascending and gain strictly ascending, nothing-at-all left out."""
+    full = next((o for o in opts if not o[3]), None)
+    sel = next((o for o in opts if o[3]), None)
+    combos = []
+    for kf in range(n + 1 if full else 1):
+        for ks in range(n - kf + 1 if sel else 1):
+            if kf or ks:
+                cost = (kf * full[0] if full else 0.0) + (ks * sel[0] if sel else 0.0)
+                gain = (kf * full[1] if full else 0.0) + (ks * sel[1] if sel else 0.0)
+                combos.append((cost, gain, kf, ks))
+    combos.sort(key=lambda c: (c[0], -c[1], -c[2]))
+    out: list[tuple[float, float, int, int]] = []
+    top = -1.0
+    for combo in combos:
+        if combo[1] > top:
+            out.append(combo)
+            top = combo[1]
+    return out
+
+
+def _least_in_group(
+    opts: tuple[Option, ...], n: int, bases: np.ndarray, target: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each gain in ``bases``, the cheapest split of ``n`` identical layers into full /
+    selective / none whose gains, added to it, reach ``target``: (cost, number full, number
+    selective), cost inf where none does. Every number of full layers, each with the fewest
+    selective ones that reach the target, vectorised."""
+    full = next((o for o in opts if not o[3]), None)
+    sel = next((o for o in opts if o[3]), None)
+    kf = np.arange(n + 1, dtype=float) if full else np.zeros(1)
+    got = bases[:, None] + kf[None, :] * (full[1] if full else 0.0)
+    cost = kf * (full[0] if full else 0.0)
+    if sel is None:
+        ks = np.zeros_like(got)
+        ok = got >= target
+    else:
+        ks = np.maximum(0.0, np.ceil((target - got) / sel[1]) - 1.0)
+        for _ in range(2):  # the float sum decides, as the oracles sum
+            ks = ks + (got + ks * sel[1] < target)
+        ks = np.where(got >= target, 0.0, ks)
+        ok = ks <= n - kf[None, :]
+    total = np.where(ok, cost[None, :] + ks * (sel[0] if sel else 0.0), INF)
+    best = np.argmin(total, axis=1)  # the fewest full layers among the cheapest
+    rows = np.arange(len(bases))
+    return total[rows, best], kf[best], ks[rows, best]
+
+
+def _cover_levels(
+    groups: list[tuple[tuple[Option, ...], list[int]]], target: float
+) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
+    """Least total cost of at most one option per layer whose gains sum to >= target (exact).
+
+    ``groups``: layers with the same options (a transformer's identical blocks), indices
+    ascending; a group's ways to split into full / selective / none are its non-dominated
+    combinations (:func:`_group_combos`; full on its lowest indices, then selective). The
+    largest group is searched directly for each point of the Pareto front of (cost, gain) over
+    the others (:func:`_least_in_group`)."""
+    if target <= 0:
+        return 0.0, (), ()
+    if sum(len(idxs) * max(o[1] for o in opts) for opts, idxs in groups) < target:
+        return INF, (), ()
+    big = max(range(len(groups)), key=lambda g: (len(groups[g][1]), -g))
+    combos = {g: [(0.0, 0.0, 0, 0), *_group_combos(opts, len(idxs))] for g, (opts, idxs) in enumerate(groups) if g != big}
+    # the front over the other groups: (cost, gain, the combination picked in each)
+    front: list[tuple[float, float, tuple[tuple[int, int, int], ...]]] = [(0.0, 0.0, ())]
+    for g, options in combos.items():
+        grown = [(c + cc, gg + ga, (*picks, (g, kf, ks))) for c, gg, picks in front for cc, ga, kf, ks in options]
+        grown.sort(key=lambda p: (p[0], -p[1]))
+        front, top = [], -1.0
+        for point in grown:
+            if point[1] > top:
+                front.append(point)
+                top = point[1]
+    opts, idxs = groups[big]
+    costs, kfs, kss = _least_in_group(opts, len(idxs), np.array([p[1] for p in front]), target)
+    totals = np.array([p[0] for p in front]) + costs
+    at = int(np.argmin(totals))  # the cheapest; on a tie, the front's cheaper point
+    if not totals[at] < INF:
+        return INF, (), ()
+    best = (float(totals[at]), (*front[at][2], (big, int(kfs[at]), int(kss[at]))))
+    full: list[int] = []
+    sel: list[int] = []
+    for g, kf, ks in best[1]:
+        full += groups[g][1][:kf]
+        sel += groups[g][1][kf : kf + ks]
+    return best[0], tuple(sorted(full)), tuple(sorted(sel))
+
+
+def _greedy_levels(
+    layers: list[tuple[int, tuple[Option, ...]]], target: float
+) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
+    """A feasible (not always least) choice: options by ms per byte, a layer's option replaced
+    by a later one of larger gain."""
+    if target <= 0:
+        return 0.0, (), ()
+    chosen: dict[int, Option] = {}
+    order = sorted(((o, idx) for idx, opts in layers for o in opts), key=lambda oi: (oi[0][0] / oi[0][1], oi[1]))
+    for opt, idx in order:
+        if idx in chosen and chosen[idx][1] >= opt[1]:
+            continue
+        chosen[idx] = opt
+        if sum(o[1] for o in chosen.values()) >= target:
+            full = tuple(sorted(i for i, o in chosen.items() if not o[3]))
+            sel = tuple(sorted(i for i, o in chosen.items() if o[3]))
+            return sum(o[0] for o in chosen.values()), full, sel
+    return INF, (), ()
+
+
+def _choose_levels(
+    fwd_ms: list[float], saved: list[float], inputs: list[float], core_ms: list[float], core_bytes: list[float],
+    first_layer: int, inflight: int, excess_bytes: float, freed: list[float],
+) -> RecomputeChoice:
+    """:func:`choose_recompute` with selective options: for each largest working set ``W``
+    (over both levels), the least-cost multiple-choice cover of ``excess + W`` by the options
+    whose working set is at most ``W``."""
+    members: dict[tuple[Option, ...], list[int]] = {}
+    for i, opts in enumerate(_layer_options(fwd_ms, saved, inputs, core_ms, core_bytes, inflight, freed)):
+        if opts:
+            members.setdefault(opts, []).append(first_layer + i)
+    if not members:
+        return INFEASIBLE
+    workspaces = sorted({o[2] for opts in members for o in opts})
+    exact = len(members) <= EXACT_MAX_GROUPS or sum(len(v) for v in members.values()) <= EXACT_MAX_ITEMS
+    best = INFEASIBLE
+    for ws in workspaces:
+        groups: dict[tuple[Option, ...], list[int]] = {}
+        for opts, idxs in members.items():
+            allowed = tuple(o for o in opts if o[2] <= ws)
+            if allowed:
+                groups.setdefault(allowed, []).extend(idxs)
+        if exact:
+            cost, full, sel = _cover_levels([(o, sorted(i)) for o, i in groups.items()], excess_bytes + ws)
+        else:
+            cost, full, sel = _greedy_levels([(i, o) for o, idxs in groups.items() for i in idxs], excess_bytes + ws)
+        if cost < best.time_ms or (cost == best.time_ms and cost < INF and (full, sel) < (best.layers, best.selective)):
+            best = RecomputeChoice(cost, full, exact, sel)
     return best

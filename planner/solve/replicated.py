@@ -104,7 +104,7 @@ class _Pricing:
         if per_byte == 0.0 and fixed == 0.0:
             exposure = np.zeros_like(table.sync_bytes)
         else:
-            exposure = np.maximum(0.0, per_byte * table.sync_bytes + fixed - table.bwd_prefix[:, None])
+            exposure = np.maximum(0.0, per_byte * table.sync_bytes + fixed - table.hidden_backward())
         self._extra[key] = comm[None, :] + exposure
         return self._extra[key]
 
@@ -216,5 +216,7 @@ def solve_replicated(
     replicas = tuple(d for _, _, d, _ in stages)
     times = tuple(float(pr.times(n, d)[i, j]) for i, j, d, n in stages)
     recompute = tuple(pr.tables[d].recompute_of(_inflight(schedule, m, n, d), i, j) for i, j, d, n in stages)
+    selective = tuple(pr.tables[d].selective_of(_inflight(schedule, m, n, d), i, j) for i, j, d, n in stages)
     exact = all(t.all_exact for t in tables.values())
-    return ReplicatedSolution(ChainSolution(best[0], bounds, recompute, times, exact), replicas)
+    return ReplicatedSolution(ChainSolution(best[0], bounds, recompute, times, exact,
+                                            selective if any(selective) else ()), replicas)

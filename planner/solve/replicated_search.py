@@ -64,6 +64,8 @@ def replicated_candidates(
     best_ms = uniform[0][0] if uniform else float("inf")
     sizes = list(dict.fromkeys(cand.config.microbatch_size for _, cand in uniform))[: settings.replicated_sizes]
     zero = searched_zero(request, num_devices)
+    if zero is ZeroStage.PARAMETERS:  # ZeRO 3 is not priced for per-stage replication
+        return []
     out: list[Scored] = []
     for b in sizes or microbatch_sizes(request, request.global_batch):
         m = request.global_batch // b

@@ -46,6 +46,7 @@ from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import Objective, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
+from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model
@@ -58,7 +59,7 @@ from planner.solve.infeasible import explain_infeasible
 from planner.solve.replicated_search import replicated_candidates
 from planner.solve.select import build_best, merge_pareto, pareto_front, select
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import DP_SCHEDULES, configurations, num_devices_of, refuse_unmeetable
+from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations, num_devices_of, refuse_unmeetable
 
 
 def tensor_settings(profile: Profile, cluster: Cluster, num_devices: int, request: PlanRequest) -> Iterator[tuple[int, bool]]:
@@ -82,13 +83,14 @@ def search_plan(
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
     for t, sp in tensor_settings(profile, base, n, request):
-        cm = device_cost_model(profile, base, request.optimizer, t, sp)
+        note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}")
+        cm = device_cost_model(profile, base, request.optimizer, t, sp, request.stack)
         try:
             plans.append(search_layouts(problem, cm, n // t, chain_solver, settings))
         except InfeasibleError as exc:
             infeasible.append(exc)
-    if not plans:
-        raise infeasible[0]
+    if not plans:  # the explanation of the degree that came closest to fitting
+        raise min(infeasible, key=lambda exc: exc.need_bytes)
     # equal times (sequence parallelism often costs no time): the leaner plan, then the smaller t
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.predicted.peak_memory_bytes, p.layout.tp_degree))
     best = select(plans, request)
@@ -108,8 +110,9 @@ def search_layouts(
     """
     request = problem.request
     profile = cm.profile
-    if chain_solver is not solve_chain and not any(s in DP_SCHEDULES for s in request.schedules):
-        raise PlannerInputError(f"solver {problem.solver.value!r} plans the gpipe and 1f1b schedules only "
+    oracle = DP_SCHEDULES + (SPLIT_SCHEDULES if problem.solver is SolverKind.BRUTE_FORCE else ())
+    if chain_solver is not solve_chain and not any(s in oracle for s in request.schedules):
+        raise PlannerInputError(f"solver {problem.solver.value!r} plans the {', '.join(s.value for s in oracle)} schedules only "
                                 f"(asked: {', '.join(s.value for s in request.schedules)})")
     refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain, settings=settings)
     cap = memory_cap_bytes(cm.cluster, request)
@@ -158,7 +161,7 @@ def search_layouts(
     configs = uniform[: settings.pareto_configs] if by_time else None
     for frac in settings.memory_cap_fractions:
         tighter = solve_candidates(cm_search, req_search, num_groups, cap * frac, chain_solver, prune=False,
-                                   configs=configs, settings=settings)
+                                   configs=configs, settings=settings, fsdp=not by_time)
         k = 2 if by_time else len(tighter)
         plans += build_best(problem, cm, fine(tighter, k, False), k)
     front = pareto_front(plans)

@@ -23,7 +23,8 @@ def plan_of(problem: Problem, cm: CostModel, cand: Candidate) -> Plan:
     """The Plan of a candidate."""
     c = cand.config
     return build_plan(problem, cm, layout=c.layout, boundaries=cand.solution.boundaries,
-                      recompute=cand.solution.recompute, microbatch_size=c.microbatch_size, schedule=c.schedule)
+                      recompute=cand.solution.recompute, microbatch_size=c.microbatch_size, schedule=c.schedule,
+                      selective=cand.solution.selective)
 
 
 def build_best(problem: Problem, cm: CostModel, scored: list[Scored], keep: int) -> list[Plan]:
@@ -92,7 +93,7 @@ def _select(plans: list[Plan], request: PlanRequest) -> Plan:
         within = [p for p in plans if p.predicted.iteration_ms <= budget] or [fastest]
         return min(within, key=lambda p: (p.predicted.peak_memory_bytes,) + tie_key(p))
     # ME index against the fastest GPipe plan without recomputation (the seed's baseline)
-    refs = [p for p in plans if p.schedule is ScheduleKind.GPIPE and not any(s.recompute for s in p.stages)]
+    refs = [p for p in plans if p.schedule is ScheduleKind.GPIPE and not any(s.recompute or s.recompute_selective for s in p.stages)]
     ref = min(refs, key=tie_key) if refs else fastest
 
     def me(p: Plan) -> float:

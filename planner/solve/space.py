@@ -12,9 +12,11 @@ groups occupies P x D x t devices.
   n <= N: every count took 3x the solver time on GPT-3 175B over 1,024 devices, divisors about
   the same as N alone;
 - b divides the per-replica batch;
-- the schedules the chain DP prices (GPipe, 1F1B), and interleaved 1F1B with the
-  :attr:`SearchSettings.interleave_factors` chunks per rank when asked for;
-- ZeRO: with D > 1 the deepest stage the request allows (:func:`searched_zero`).
+- the schedules the chain DP prices (GPipe, 1F1B; ZB-H1 when the request names it), and interleaved 1F1B (in the default
+  request) with each of the :attr:`SearchSettings.interleave_factors` chunks per rank: the
+  number of chunks is one more dimension of the search, chosen by simulated time;
+- ZeRO: with D > 1 the deepest of stages 0-2 the request allows (:func:`searched_zero`) and,
+  where memory binds, ZeRO 3 as a configuration of its own (:func:`fsdp_searched`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
+from planner.cost.fsdp import is_fsdp
 from planner.schedule import check_schedule_rules, inflight_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
 DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
+#: schedules the chain DP and the brute force also price with their own objective (one stage
+#: per rank, backward split: ZB-H1, planner.solve.chain_dp); not in the default request (see
+#: planner.artifacts.request)
+SPLIT_SCHEDULES = (ScheduleKind.ZB_H1,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +102,8 @@ def schedule_valid(schedule: ScheduleKind, num_stages: int, num_microbatches: in
     """The schedule's own rules (as torch.distributed.pipelining enforces them)."""
     if schedule is ScheduleKind.ONE_F_ONE_B:
         return num_microbatches >= num_stages
+    if schedule is ScheduleKind.ZB_H1:
+        return num_microbatches % max(1, num_microbatches // num_stages) == 0
     return True
 
 
@@ -137,19 +146,33 @@ def configurations(num_layers: int, num_groups: int, request: PlanRequest) -> It
 
 
 def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
-    """The ZeRO stage a configuration is solved at: the deepest the request allows when there
-    are replicas to shard over. Sharding only frees memory and moves no more bytes (see
-    planner.cost), so its optimum is never slower; :func:`planner.solve.candidates.least_zero`
-    then keeps the least sharding under which the chosen plan still fits. With one rank per
-    stage sharding changes nothing; the plan records the least stage asked for."""
-    return max(request.zero_stages) if dp_degree > 1 else min(request.zero_stages)
+    """The ZeRO stage a configuration is solved at: the deepest of 0, 1 and 2 the request allows
+    when there are replicas to shard over. Those only free memory and move no more bytes (see
+    planner.cost), so their optimum is never slower; :func:`planner.solve.candidates.least_zero`
+    then keeps the least sharding under which the chosen plan still fits. ZeRO 3 moves more (its
+    gathers every micro-batch), so it is a configuration of its own (:func:`fsdp_searched`), and
+    this stage only when the request allows nothing else. With one rank per stage sharding
+    changes nothing; the plan records the least stage asked for."""
+    if dp_degree <= 1:
+        return min(request.zero_stages)
+    return max((z for z in request.zero_stages if z is not ZeroStage.PARAMETERS), default=ZeroStage.PARAMETERS)
+
+
+def fsdp_searched(request: PlanRequest, layout: Layout) -> bool:
+    """ZeRO 3 is searched beside the configuration's own stage (:func:`searched_zero`): the
+    request allows it, there are replicas to shard over, and it is a uniform layout (per-stage
+    replication is not priced under ZeRO 3). The search solves it where memory binds under the
+    other stage (where it binds nowhere, ZeRO 3 could only add communication)."""
+    return ZeroStage.PARAMETERS in request.zero_stages and layout.dp_degree > 1 and not layout.stage_replicas
 
 
 def all_configs(
-    cm: CostModel, request: PlanRequest, num_groups: int, interleaved: bool = True, settings: SearchSettings = SETTINGS
+    cm: CostModel, request: PlanRequest, num_groups: int, interleaved: bool = True, settings: SearchSettings = SETTINGS,
+    split: bool = True,
 ) -> list[Config]:
-    """Every configuration of the space for ``cm`` (see the module docstring)."""
-    schedules = [s for s in request.schedules if s in DP_SCHEDULES]
+    """Every configuration of the space for ``cm`` (see the module docstring); ``split``: also
+    the schedules that split the backward (:data:`SPLIT_SCHEDULES`)."""
+    schedules = [s for s in request.schedules if s in DP_SCHEDULES or (split and s in SPLIT_SCHEDULES)]
     out: list[Config] = []
     for P, D in configurations(cm.num_layers, num_groups, request):
         z = searched_zero(request, D)
@@ -179,6 +202,13 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     micro-batch crosses all of it in sequence (planner.simulation.bounds' average-work bound)."""
     fp, bp = cm.time_prefix(c.microbatch_size)
     work = float(fp[-1] + bp[-1])
+    if is_fsdp(c.sharding()):
+        # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
+        # T >= max(compute, communication) with prefetching, their sum without, so the
+        # pipeline's sum of T is at least that of the totals
+        comm = cm.fsdp_comm_ms(c.microbatch_size, cm.fsdp_line(c.layout))
+        per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
+        return max(c.num_microbatches * per / c.pipeline_size, work)
     return max(c.num_microbatches * work / c.pipeline_size, work)
 
 

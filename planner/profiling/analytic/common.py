@@ -1,16 +1,29 @@
-"""What the analytic profiles share: device presets, one analytic layer (matmul time plus the
-memory-bound work of its saved bytes), Megatron's tensor-parallel split, and the chain profile
-they assemble (see :mod:`planner.profiling.analytic.gpt` for the formulas and their sources)."""
+"""What the analytic profiles share: device presets, one analytic layer (its GEMMs at the
+throughput their shapes achieve, :mod:`planner.profiling.analytic.gemm`, plus the memory-bound
+work of its saved bytes), Megatron's tensor-parallel split with the layer's time on one device
+of each degree, and the chain profile they assemble (see :mod:`planner.profiling.analytic.gpt`
+for the formulas and their sources)."""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import DType
-from planner.artifacts.profile import Edge, Layer, Profile, TensorSplit, TiedParams, TimeFit, profile_fingerprint
+from planner.artifacts.kinds import AttentionKind, DType
+from planner.artifacts.profile import (
+    AttentionCore,
+    Edge,
+    Layer,
+    Profile,
+    SplitDegree,
+    TensorSplit,
+    TiedParams,
+    TimeFit,
+    profile_fingerprint,
+)
+from planner.profiling.analytic.gemm import Gemm, GemmModel, gemm_model_of, gemms_ms, wgrad_ms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,41 +53,132 @@ BYTES_PER_PARAM = 2  # bf16
 BYTES_PER_ACT = 2  # bf16 activations
 
 
+#: tensor-parallel degrees whose per-device GEMM shapes an analytic split lists (the devices of
+#: one node of every shipped preset; another degree follows the 1/t rule)
+TP_DEGREES = (2, 4, 8)
+#: micro-batch sizes through which an analytic layer's time is fitted as a line (GEMMs on more
+#: tokens run at a higher efficiency, so the time is not exactly a line in the micro-batch)
+FIT_SIZES = (1, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRates:
+    """A device preset with its GEMM model: peak FLOPs and achieved HBM bytes per ms."""
+
+    device: DevicePreset
+    gemm: GemmModel
+    peak_flops_per_ms: float
+    bytes_per_ms: float
+
+    def gemms_ms(self, gemms: Sequence[Gemm], b: int, t: int = 1, split: bool | None = None, backward: bool = False) -> float:
+        return gemms_ms(gemms, self.gemm, self.peak_flops_per_ms, b, t, split, backward)
+
+
+def _line(y: dict[int, float]) -> TimeFit:
+    (b0, b1), (y0, y1) = FIT_SIZES, (y[FIT_SIZES[0]], y[FIT_SIZES[1]])
+    slope = max(0.0, (y1 - y0) / (b1 - b0))
+    return TimeFit(intercept_ms=max(y0 - slope * b0, -slope), per_sample_ms=slope)
+
 
 def analytic_layer(
-    name: str, kind: str, fwd_flops: float, bwd_flops: float, flops_per_ms: float, tp: TensorSplit | None = None,
-    bytes_per_ms: float = math.inf, **kw: float,
+    name: str, kind: str, gemms: Sequence[Gemm], rates: DeviceRates, tp: TensorSplit | None = None, *,
+    moved: tuple[float, float] | None = None, core: tuple[Sequence[Gemm], float] | None = None, **kw: float,
 ) -> Layer:
-    """One analytic layer: matmul time ``flops / flops_per_ms`` plus memory-bound time, its saved
-    bytes ``kw["saved"] / bytes_per_ms`` in forward and twice that in backward (see the module
-    docstring); a ``tp`` split's time fraction is the share of both that divides by t."""
+    """One analytic layer: its forward GEMMs at the throughput of their shapes plus the
+    memory-bound time of the bytes its element-wise kernels move, ``moved`` = (all, the part
+    tensor parallelism splits) per sample (default: its saved bytes ``kw["saved"]`` and the
+    split's saved bytes), at the achieved HBM rate (see the module docstring of
+    :mod:`planner.profiling.analytic.gpt`); backward: each GEMM's backward (twice its forward,
+    :class:`Gemm`) and twice the bytes (gradients as large). The time is the line through
+    :data:`FIT_SIZES`. A ``tp`` split gets its time fraction (the split GEMMs and bytes, at
+    micro-batch 1) and a :class:`SplitDegree` per degree of :data:`TP_DEGREES` that divides its
+    ``must_divide`` sizes. ``core``: the (GEMMs, saved bytes per sample) of its attention core,
+    its forward priced the same way: the selective recompute level
+    (:mod:`planner.profiling.analytic.attention`).
+
+    Backward split (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 2): W is one
+    product per weighted GEMM, as long as its forward (:func:`wgrad_ms`); everything else (the
+    input-gradient products, attention's products, the element-wise bytes) is B. Its share of
+    the backward is taken at the larger fit size; ``kw["wsaved"]`` (bytes per sample, default
+    0) is what W keeps alive after B: the inputs of the weight GEMMs."""
     saved = float(kw["saved"])
-    mem_fwd = saved / bytes_per_ms
-    fwd_ms = fwd_flops / flops_per_ms + mem_fwd
-    if tp is not None and fwd_ms > 0:
-        tp = replace(tp, split_time_fraction=(fwd_flops / flops_per_ms + tp.split_saved_bytes_per_sample / bytes_per_ms) / fwd_ms)
+    mem, split_mem = moved if moved is not None else (saved, tp.split_saved_bytes_per_sample if tp else 0.0)
+
+    def at(b: int, backward: bool) -> float:
+        return rates.gemms_ms(gemms, b, backward=backward) + (2.0 if backward else 1.0) * mem * b / rates.bytes_per_ms
+
+    fwd = {b: at(b, False) for b in FIT_SIZES}
+    big = FIT_SIZES[-1]
+    bwd_big = at(big, True)
+    w_share = min(1.0, wgrad_ms(gemms, rates.gemm, rates.peak_flops_per_ms, big) / bwd_big) if bwd_big > 0 else 0.0
+    w_saved = min(1.0, float(kw.get("wsaved", 0.0)) / saved) if saved > 0 else 0.0
+    if tp is not None and fwd[1] > 0:
+        tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem)
     return Layer(
         name=name,
         kind=kind,
-        fwd=TimeFit(intercept_ms=0.0, per_sample_ms=fwd_ms),
-        bwd=TimeFit(intercept_ms=0.0, per_sample_ms=bwd_flops / flops_per_ms + 2.0 * mem_fwd),
+        fwd=_line(fwd),
+        bwd=_line({b: at(b, True) for b in FIT_SIZES}),
         param_count=int(kw["param_count"]),
         param_bytes=int(kw["param_count"]) * BYTES_PER_PARAM,
-        saved_bytes_per_sample=float(kw["saved"]),
+        saved_bytes_per_sample=saved,
         input_bytes_per_sample=float(kw["inp"]),
         output_bytes_per_sample=float(kw["out"]),
         tp=tp,
+        weight_grad_fraction=w_share,
+        weight_grad_saved_fraction=w_saved,
+        attention_core=None if core is None else AttentionCore(
+            saved_bytes_per_sample=core[1],
+            fwd=_line({b: rates.gemms_ms(core[0], b) + core[1] * b / rates.bytes_per_ms for b in FIT_SIZES}),
+        ),
     )
 
 
-def device_rates(device_preset: str, efficiency: float) -> tuple[DevicePreset, float, float]:
-    """The preset, its matmul FLOPs per ms at ``efficiency`` and its HBM bytes per ms."""
-    if not 0 < efficiency <= 1:
-        raise PlannerInputError(f"--efficiency must be in (0, 1] (got {efficiency})")
+def _split_degrees(tp: TensorSplit, gemms: Sequence[Gemm], rates: DeviceRates, fwd_1: float, split_mem: float) -> TensorSplit:
+    """``tp`` with its time fraction and its per-degree entries (see :func:`analytic_layer`):
+    ``time_scale`` = the split work's time on one of ``t`` devices x t / its time on one, and
+    each collective's window = the GEMMs beside it / the split work's time (backward: their
+    weight gradients, each as long as its forward, / the split work's backward), means over
+    :data:`FIT_SIZES`."""
+
+    def split_ms(b: int, t: int, backward: bool = False) -> float:
+        return (rates.gemms_ms(gemms, b, t, split=True, backward=backward)
+                + (2.0 if backward else 1.0) * split_mem * b / rates.bytes_per_ms / t)
+
+    degrees = []
+    for t in TP_DEGREES:
+        if any(size % t for size in tp.must_divide):
+            continue
+        scale = sum(split_ms(b, t) * t / split_ms(b, 1) for b in FIT_SIZES) / len(FIT_SIZES) if split_ms(1, 1) else 1.0
+
+        def window(i: int, backward: bool, t: int = t) -> float:
+            fracs = []
+            for b in FIT_SIZES:  # backward: the weight gradient, one GEMM as long as the forward
+                beside = sum(g.ms(rates.gemm, rates.peak_flops_per_ms, b, t) for g in gemms
+                             if (g.bwd_window if backward else g.window) == i)
+                whole = split_ms(b, t, backward)
+                fracs.append(beside / whole if whole else 0.0)
+            return min(1.0, sum(fracs) / len(fracs))
+
+        degrees.append(SplitDegree(
+            degree=t, time_scale=scale,
+            fwd_overlap=tuple(window(i, False) for i in range(tp.collectives_fwd)),
+            bwd_overlap=tuple(window(i, True) for i in range(tp.collectives_bwd)),
+        ))
+    fraction = min(1.0, split_ms(1, 1) / fwd_1)
+    return replace(tp, split_time_fraction=fraction, degrees=tuple(degrees))
+
+
+def device_rates(device_preset: str, gemm: GemmModel | None = None) -> DeviceRates:
+    """The preset with its GEMM model (``gemm``, or the preset's fitted constants)."""
     if device_preset not in DEVICE_PRESETS:
         raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_PRESETS)})")
     device = DEVICE_PRESETS[device_preset]
-    return device, device.peak_bf16_tflops * 1e12 * efficiency / 1e3, device.hbm_gb_per_s * 1e9 / 1e3
+    model = gemm if gemm is not None else gemm_model_of(device_preset)
+    return DeviceRates(
+        device=device, gemm=model, peak_flops_per_ms=device.peak_bf16_tflops * 1e12 / 1e3,
+        bytes_per_ms=device.hbm_gb_per_s * 1e9 / 1e3 * model.memory_efficiency,
+    )
 
 
 def megatron_split(
@@ -90,7 +194,7 @@ def megatron_split(
 
 def assemble(
     *, model: str, device: DevicePreset, layers: list[Layer], tied_params: int, metadata: dict[str, Any],
-    model_flops_per_sample: float,
+    model_flops_per_sample: float, attention: AttentionKind = AttentionKind.UNKNOWN,
 ) -> Profile:
     """An analytic chain profile: consecutive layers joined by their outputs, the embedding
     and head tying ``tied_params`` parameters (0: untied)."""
@@ -105,6 +209,7 @@ def assemble(
         metadata=metadata,
         fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
         model_flops_per_sample=model_flops_per_sample,
+        attention=attention,
         layers=tuple(layers),
         edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
         tied=(

@@ -10,20 +10,31 @@ Formulas, per sample of ``s`` tokens, hidden size ``h``, ``a`` heads, vocabulary
   72 B s l h^2 (1 + s/6h + V/12hl) counts forward + backward + recompute = 4 x forward, with
   matmuls at 2 FLOPs per multiply-add; without recompute the backward is 2 x forward);
 - forward FLOPs of the LM head: ``2 s h V`` (same source); the embedding is a lookup (0 FLOPs);
-- time = FLOPs / (peak dense bf16 FLOP/s x achieved efficiency) + the memory-bound work: the
-  element-wise kernels around the matmuls (layer norms, dropout, GeLU, softmax, residual adds)
-  are bound by memory bandwidth (roofline, Williams et al. 2009), and the bytes they write in
-  forward are the activations the layer saves for backward (below), which backward reads back
-  and answers with gradients of the same size: ``saved / HBM bandwidth`` in forward, twice that
-  in backward (device datasheet bandwidth). This is what makes small hidden sizes run below
-  large ones (s h bytes against s h^2 FLOPs). The efficiency is recorded in the profile's
-  metadata (default 0.5: Megatron-LM reports 52% of peak for GPT-3 175B on A100s, Narayanan et
-  al. 2021 table 1; ``benchmarks/narayanan_table.py`` fits it to that table). Intercepts are 0
-  (no launch overhead modelled);
+- the block's matmuls one by one (per sample, ``d = h / a``): QKV ``s x h . h x 3h``, attention
+  scores ``a`` products ``s x d . d x s``, values ``a`` products ``s x s . s x d``, projection
+  ``s x h . h x h``, MLP ``s x h . h x 4h`` and ``s x 4h . 4h x h``; the head ``s x h . h x V``.
+  Their FLOPs add up to the counts above;
+- time = each GEMM's FLOPs at the throughput its shape achieves on the device
+  (:mod:`planner.profiling.analytic.gemm`: a saturating roofline on the GEMM's arithmetic
+  intensity, at most three constants per device, fitted on published runs and recorded in the
+  profile's metadata) + the memory-bound work: the element-wise kernels around the matmuls
+  (layer norms, dropout, GeLU, softmax, residual adds) are bound by memory bandwidth
+  (roofline, Williams et al. 2009), and the bytes they write in forward are the activations the
+  layer saves for backward (below), which backward reads back and answers with gradients of
+  the same size: ``saved / achieved HBM bandwidth`` in forward, twice that in backward. This is
+  what makes small hidden sizes run below large ones (s h bytes against s h^2 FLOPs, and GEMMs
+  of smaller intensity). The time at micro-batch ``b`` (the GEMMs' ``s`` becomes ``b s``) is
+  fitted as a line through ``b`` = 1 and 8 (no launch overhead modelled);
 - activations saved for backward by one block in 16-bit training without tensor/sequence
-  parallelism: ``s h (34 + 5 a s / h)`` bytes (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", eq. 1); a recomputed block keeps its input
-  ``2 s h`` bytes; the head keeps its input (2 s h), the norm output (2 s h) and fp32 logits
+  parallelism, by the attention kind (``attention=``, :mod:`planner.profiling.analytic.attention`):
+  materialised ``s h (34 + 5 a s / h)`` bytes (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", eq. 1), FlashAttention (the default: what current
+  stacks run) ``34 s h + 4 a s`` (no ``s x s`` tensor; the fp32 log-sum-exp instead, Dao et al.
+  2022), whose backward recomputes the scores (``2 s^2 h`` FLOPs more);
+- the three recompute levels of a block (Korthikanti et al. 2022 Table 2 and sec. 4): none
+  keeps the above; selective re-runs the attention core (``4 s^2 h`` FLOPs and its saved bytes
+  at HBM bandwidth) and keeps ``34 s h``; full re-runs the block and keeps its input ``2 s h``;
+  the head keeps its input (2 s h), the norm output (2 s h) and fp32 logits
   for the softmax cross-entropy (4 s V);
 - parameters: ``12 h^2 + 13 h`` per block (Narayanan et al. 2021), ``V h + s h`` for the
   embeddings, ``2 h`` for the final norm plus the tied ``V h`` head; 2 bytes each (bf16).
@@ -34,20 +45,31 @@ every counted FLOP divides by t, and so does the memory-bound work on the split 
 (the rest, on the ``10 s h`` replicated bytes, runs whole on each device unless sequence
 parallel); its parameters but the two layer norms and the two
 row-parallel biases (``6 h``) split, ``12 h^2 + 7 h``; of its saved activations
-``24 s h + 5 a s^2`` bytes split (Korthikanti et al. 2022 eq. 2: ``s h (10 + 24/t + 5 a s /
-h t)``); two all-reduces of the block's ``2 s h`` output in forward (after attention and
+``24 s h`` plus the attention core's (``5 a s^2`` materialised, ``4 a s`` flash) split
+(Korthikanti et al. 2022 eq. 2: ``s h (10 + 24/t + 5 a s / h t)``; Table 2: selective
+``s h (10 + 24/t)``, with sequence parallelism everything ``/ t``);
+two all-reduces of the block's ``2 s h`` output in forward (after attention and
 after the MLP) and two in backward (Megatron's f/g operators). The embedding and the head
 are vocabulary-parallel (Megatron): the embedding's ``V h`` word table splits and its output
 is all-reduced in forward; the head's ``V h`` matmul and its fp32 logits ``4 s V`` split,
 its input's gradient is all-reduced in backward (the cross entropy's per-token all-reduces of
-``O(s)`` bytes are not priced). Heads must divide by t.
+``O(s)`` bytes are not priced). Heads must divide by t. On one of ``t`` devices each split GEMM
+has its per-device shape (``3h / t`` columns, ``h / t`` rows, ``a / t`` heads, ...), hence its own
+efficiency: the split records, per degree, that time against ``1/t`` of the whole and the GEMMs
+beside each collective (QKV and projection beside the attention's, the MLP's two beside the
+MLP's, forward; the weight gradients of QKV and of the first MLP matmul beside the backward
+all-reduces of their inputs' gradients, Korthikanti et al. 2022 sec. 6.2; the head's weight
+gradient beside its input gradient's), which a stack overlapping tensor-parallel communication
+hides behind (``planner.cost.tensor_parallel``).
 """
 
 from __future__ import annotations
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import AttentionKind
 from planner.artifacts.profile import Layer, Profile, TensorSplit
-from planner.models.flops import block_fwd_flops, gpt_model_flops_per_sample, head_fwd_flops
+from planner.models.flops import gpt_model_flops_per_sample
+from planner.profiling.analytic.attention import attention_core_cost, parse_attention
 from planner.profiling.analytic.common import (
     BYTES_PER_ACT,
     analytic_layer,
@@ -55,6 +77,7 @@ from planner.profiling.analytic.common import (
     device_rates,
     megatron_split,
 )
+from planner.profiling.analytic.gemm import Gemm, GemmModel
 
 # GPT-3 family, Brown et al. 2020 ("Language Models are Few-Shot Learners"), table 2.1.
 GPT3_SIZES: dict[str, dict[str, int]] = {
@@ -66,6 +89,36 @@ GPT3_SIZES: dict[str, dict[str, int]] = {
     "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
 }
 
+def attention_gemms(s: int, a: int, d: int, flash: bool) -> tuple[Gemm, ...]:
+    """The attention core of ``a`` heads of width ``d``: the scores and values products, or
+    with FlashAttention one fused causal pair (:class:`Gemm`: its intensity without the ``s x
+    s`` scores, half the counted work executed, backward 2.5 x forward)."""
+    if flash:
+        return (Gemm(name="flash_attention", m=s, n=s, k=d, count=2 * a, batch="count", split="count", fused=True,
+                     work_fraction=0.5, bwd_factor=2.5, weighted=False),)
+    return (
+        Gemm(name="scores", m=s, n=s, k=d, count=a, batch="count", split="count", weighted=False),
+        Gemm(name="values", m=s, n=d, k=s, count=a, batch="count", split="count", weighted=False),
+    )
+
+
+def block_gemms(s: int, h: int, a: int, flash: bool = False) -> tuple[Gemm, ...]:
+    """The GEMMs of one GPT block's forward per sample (module docstring), with their
+    tensor-parallel split and the collective each may run beside."""
+    return (
+        Gemm(name="qkv", m=s, n=3 * h, k=h, split="n", window=0, bwd_window=0),
+        *attention_gemms(s, a, h // a, flash),
+        Gemm(name="proj", m=s, n=h, k=h, split="k", window=0),
+        Gemm(name="fc1", m=s, n=4 * h, k=h, split="n", window=1, bwd_window=1),
+        Gemm(name="fc2", m=s, n=h, k=4 * h, split="k", window=1),
+    )
+
+
+def head_gemms(s: int, h: int, vocab: int) -> tuple[Gemm, ...]:
+    """The LM head's GEMM (vocabulary-parallel; its weight gradient beside the backward all-reduce)."""
+    return (Gemm(name="logits", m=s, n=vocab, k=h, split="n", bwd_window=0),)
+
+
 def gpt_profile(
     *,
     layers: int,
@@ -74,40 +127,54 @@ def gpt_profile(
     seq: int,
     vocab: int,
     device_preset: str = "a100-80gb",
-    efficiency: float = 0.5,
+    gemm: GemmModel | None = None,
     model: str = "",
+    attention: AttentionKind | str = AttentionKind.FLASH,
 ) -> Profile:
-    """An analytic Profile of a GPT-style decoder on a device preset (see module docstring)."""
+    """An analytic Profile of a GPT-style decoder on a device preset (see module docstring):
+    ``attention``: FlashAttention (default: the attention core one fused causal kernel, no ``s x
+    s`` tensor saved or moved, :func:`attention_gemms`) or materialised scores (Korthikanti et
+    al. 2022 eq. 1); ``gemm``: the device's GEMM model (default: the preset's fitted constants)."""
     if min(layers, hidden, heads, seq, vocab) < 1:
         raise PlannerInputError("--layers, --hidden, --heads, --seq and --vocab must all be >= 1")
     if hidden % heads:
         raise PlannerInputError(f"--hidden {hidden} is not divisible by --heads {heads}")
-    device, flops_per_ms, bytes_per_ms = device_rates(device_preset, efficiency)
+    kind = parse_attention(attention)
+    flash = kind is AttentionKind.FLASH
+    rates = device_rates(device_preset, gemm)
+    device = rates.device
     s, h, a, V = seq, hidden, heads, vocab
     act_in = BYTES_PER_ACT * s * h
-    block_fwd, head_fwd = block_fwd_flops(s, h), head_fwd_flops(s, h, V)
+    core = attention_core_cost(kind, seq=s, heads=a, head_dim=h // a)
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
         return megatron_split(act_in, params, saved, fwd, bwd, divide)
 
     out: list[Layer] = [
         analytic_layer(
-            "embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
+            "embed", "Embedding", (), rates, split(V * h, 0.0, 1, 0),
             param_count=V * h + s * h, saved=8.0 * s, inp=8.0 * s, out=act_in,
         )
     ]
+    block = block_gemms(s, h, a, flash)
+    # bytes the element-wise kernels move: the saved activations; FlashAttention moves no s x s ones
+    moved = (34.0 * s * h, 24.0 * s * h) if flash else None
     for i in range(layers):
         out.append(
             analytic_layer(
-                f"block_{i}", "TransformerBlock", block_fwd, 2 * block_fwd, flops_per_ms,
-                split(12 * h * h + 7 * h, 24.0 * s * h + 5.0 * a * s * s, 2, 2, (a,)), bytes_per_ms,
-                param_count=12 * h * h + 13 * h, saved=s * h * (34.0 + 5.0 * a * s / h), inp=act_in, out=act_in,
+                f"block_{i}", "TransformerBlock", block, rates,
+                split(12 * h * h + 7 * h, 24.0 * s * h + core.saved_bytes, 2, 2, (a,)), moved=moved,
+                core=(attention_gemms(s, a, h // a, flash), core.saved_bytes),
+                param_count=12 * h * h + 13 * h, saved=34.0 * s * h + core.saved_bytes, inp=act_in, out=act_in,
+                # W's inputs (Korthikanti et al. 2022 sec. 4.1): QKV's and fc1's (the layer norms'
+                # outputs, 2sh each), the projection's (2sh) and fc2's (the GeLU's output, 8sh)
+                wsaved=14.0 * s * h,
             )
         )
     out.append(
         analytic_layer(
-            "head", "LayerNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
-            param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
+            "head", "LayerNorm+Linear", head_gemms(s, h, V), rates, split(V * h, 4.0 * s * V, 0, 1),
+            param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0, wsaved=act_in,
         )
     )
     return assemble(
@@ -116,13 +183,18 @@ def gpt_profile(
         layers=out,
         tied_params=V * h,
         model_flops_per_sample=gpt_model_flops_per_sample(layers=layers, hidden=hidden, seq=seq, vocab=vocab),
+        attention=kind,
         metadata={
-            "efficiency": efficiency,
+            **rates.gemm.metadata(),
             "peak_bf16_tflops": device.peak_bf16_tflops,
             "hbm_gb_per_s": device.hbm_gb_per_s,
             "peak_source": device.source,
             "flops_source": "Narayanan et al. 2021 (Megatron-LM), eq. 3",
-            "activation_source": "Korthikanti et al. 2022, eq. 1 (no tensor/sequence parallelism)",
+            "activation_source": (
+                "Korthikanti et al. 2022, eq. 1 and Table 2"
+                + (" with FlashAttention (Dao et al. 2022): no s x s tensor" if kind is AttentionKind.FLASH else "")
+            ),
+            "attention": kind.value,
             "layers": layers,
             "hidden": hidden,
             "heads": heads,
@@ -132,8 +204,11 @@ def gpt_profile(
     )
 
 
-def gpt3_profile(size: str, device_preset: str = "a100-80gb", efficiency: float = 0.5) -> Profile:
+def gpt3_profile(
+    size: str, device_preset: str = "a100-80gb", gemm: GemmModel | None = None,
+    attention: AttentionKind | str = AttentionKind.FLASH,
+) -> Profile:
     """A GPT-3 family member by name (``gpt3-1.3b``, ``gpt3-13b``, ``gpt3-175b``, ...)."""
     if size not in GPT3_SIZES:
         raise PlannerInputError(f"unknown GPT-3 size {size!r} (known: {', '.join(GPT3_SIZES)})")
-    return gpt_profile(**GPT3_SIZES[size], device_preset=device_preset, efficiency=efficiency, model=size)
+    return gpt_profile(**GPT3_SIZES[size], device_preset=device_preset, gemm=gemm, model=size, attention=attention)

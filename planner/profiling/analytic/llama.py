@@ -3,8 +3,12 @@
 For models too big to build here (Llama-3-8B, Llama-3-70B): the shape is read from the same
 ``config.json`` that ``--model hf:CONFIG`` builds, and every layer's FLOPs, parameters and
 saved activations come from the formulas below; time is priced on a device preset exactly as
-:mod:`planner.profiling.analytic.gpt` prices GPT (matmul FLOPs at the preset's bf16 peak x efficiency, plus
-the memory-bound time of the bytes saved for backward, via its ``analytic_layer``).
+:mod:`planner.profiling.analytic.gpt` prices GPT (each GEMM at the throughput its shape achieves,
+:mod:`planner.profiling.analytic.gemm`, plus the memory-bound time of the bytes saved for
+backward, via its ``analytic_layer``). The block's GEMMs per sample: Q ``s x h . h x a d``, K and
+V ``s x h . h x k d``, the attention core as FlashAttention runs it (one fused causal kernel,
+:func:`planner.profiling.analytic.gpt.attention_gemms`), O ``s x a d . a d x h``, gate and up
+``s x h . h x I``, down ``s x I . I x h``.
 
 Layers: ``embed`` (token embedding, no position embedding: rotary), ``block_0 ..
 block_{L-1}``, ``head`` (final RMSNorm + LM head; untied unless ``tie_word_embeddings``).
@@ -25,7 +29,8 @@ rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
 
       block_fwd = 4 s h a d + 4 s h k d + 4 s^2 a d + 6 s h I
 
-  backward is 2 x forward; the LM head ``2 s h V``; the embedding is a lookup (0). RMSNorm,
+  backward is 2 x forward plus FlashAttention's recomputation of the scores, ``2 s^2 a d``
+  (:mod:`planner.profiling.analytic.attention`); the LM head ``2 s h V``; the embedding is a lookup (0). RMSNorm,
   rotary and SiLU are memory-bound (priced by bytes, see :mod:`planner.profiling.analytic.gpt`).
 - Parameters of a block: ``h a d + 2 h k d + a d h`` (Q, K, V, O) ``+ 3 h I`` (gate, up,
   down) ``+ 2 h`` (two RMSNorm weights), plus biases where the config has them
@@ -46,9 +51,11 @@ rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
                                     their product = input of down)
 
   (the ``5 a s^2`` of Korthikanti's eq. 1 is the materialised softmax of non-flash attention:
-  at Llama-3's ``s = 8192`` it would be 10x everything else). A recomputed block keeps its
-  input ``2 s h``. The head keeps its input (2 s h), the norm output (2 s h) and fp32 logits
-  for the cross entropy (4 s V); the embedding keeps its int64 token ids (8 s).
+  at Llama-3's ``s = 8192`` it would be 10x everything else). A fully recomputed block keeps its
+  input ``2 s h``; a selectively recomputed one (Korthikanti et al. 2022 sec. 4: the
+  attention core re-run, ``4 s^2 a d`` FLOPs) frees only the log-sum-exp ``4 a s``. The head
+  keeps its input (2 s h), the norm output (2 s h) and fp32 logits for the cross entropy
+  (4 s V); the embedding keeps its int64 token ids (8 s).
 
 Tensor parallelism (``Layer.tp``, Megatron-LM's split, Shoeybi et al. 2019): Q, K, V, gate
 and up split by columns (heads: ``t`` must divide ``a`` and ``k``), O and down by rows, so
@@ -67,14 +74,18 @@ ratio, which is below 1 by the embedding's ``6 V h`` (a lookup, not a matmul).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import AttentionKind
 from planner.artifacts.profile import Layer, Profile, TensorSplit
+from planner.models.hf_spec import SIZE_LIMITS, read_config_file
+from planner.profiling.analytic.attention import attention_core_cost
 from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
+from planner.profiling.analytic.gemm import Gemm, GemmModel
+from planner.profiling.analytic.gpt import attention_gemms
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
 
@@ -124,6 +135,21 @@ class LlamaShape:
     def head_fwd_flops(self) -> float:
         return 2.0 * self.seq * self.hidden * self.vocab
 
+    def block_gemms(self) -> tuple[Gemm, ...]:
+        """The block's GEMMs per sample (module docstring): their FLOPs are :meth:`block_fwd_flops`."""
+        s, h, a, d, i = self.seq, self.hidden, self.heads, self.head_dim, self.intermediate
+        return (
+            Gemm(name="q", m=s, n=a * d, k=h, split="n", window=0, bwd_window=0),
+            Gemm(name="kv", m=s, n=self.kv_heads * d, k=h, count=2, split="n", window=0, bwd_window=0),
+            *attention_gemms(s, a, d, flash=True),
+            Gemm(name="o", m=s, n=h, k=a * d, split="k", window=0),
+            Gemm(name="gate_up", m=s, n=i, k=h, count=2, split="n", window=1, bwd_window=1),
+            Gemm(name="down", m=s, n=h, k=i, split="k", window=1),
+        )
+
+    def head_gemms(self) -> tuple[Gemm, ...]:
+        return (Gemm(name="logits", m=self.seq, n=self.vocab, k=self.hidden, split="n", bwd_window=0),)
+
     def block_saved_bytes(self) -> tuple[float, float]:
         """(bytes a block saves for backward per sample, the part tensor parallelism splits)."""
         s, q, kv = self.seq, self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -136,25 +162,27 @@ class LlamaShape:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """A Hugging Face ``config.json`` (or a directory holding one) as a dict."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlannerInputError(f"--config {path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise PlannerInputError(f"--config {path}: cannot read it as JSON ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict):
-        raise PlannerInputError(f"--config {path}: not a JSON object")
-    return data
+    """A Hugging Face ``config.json`` (or a directory holding one) as a dict (a regular UTF-8
+    JSON file of bounded size: :func:`planner.models.hf_spec.read_config_file`)."""
+    return read_config_file(path, f"--config {path}")
+
+
+def _rope_theta(config: dict[str, Any], where: str) -> float:
+    """The rotary base (``rope_theta``, or transformers 5's ``rope_parameters.rope_theta``); 0 if none."""
+    params = config.get("rope_parameters")
+    value = config.get("rope_theta") or (params.get("rope_theta") if isinstance(params, dict) else None) or 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e30:
+        raise PlannerInputError(f"{where}: rope_theta must be a number in [0, 1e30] (got {str(value)[:40]!r})")
+    return float(value)
 
 
 def _int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PlannerInputError(f"{where}: {key!r} must be an integer (got {value!r})")
+        raise PlannerInputError(f"{where}: {key!r} must be an integer (got {str(value)[:40]!r})")
+    limit = SIZE_LIMITS.get(key, 2**24)
+    if not 1 <= value <= limit:
+        raise PlannerInputError(f"{where}: {key!r} must be in [1, {limit:,}] (got {value})")
     return value
 
 
@@ -168,7 +196,7 @@ def llama_shape(config: dict[str, Any], seq: int | None = None, where: str = "ll
         )
     heads = _int(config, "num_attention_heads", where)
     hidden = _int(config, "hidden_size", where)
-    head_dim = config.get("head_dim") or (hidden // heads if heads > 0 else 0)
+    head_dim = _int(config, "head_dim", where) if config.get("head_dim") is not None else hidden // heads
     tokens = seq if seq is not None else _int(config, "max_position_embeddings", where)
     return LlamaShape(
         layers=_int(config, "num_hidden_layers", where),
@@ -198,35 +226,43 @@ def llama_profile(
     *,
     seq: int | None = None,
     device_preset: str = "a100-80gb",
-    efficiency: float = 0.5,
+    gemm: GemmModel | None = None,
     model: str = "",
     source: str = "",
 ) -> Profile:
-    """An analytic Profile of a Llama-style config on a device preset (module docstring)."""
-    shape = llama_shape(config, seq)
-    device, flops_per_ms, bytes_per_ms = device_rates(device_preset, efficiency)
+    """An analytic Profile of a Llama-style config on a device preset (module docstring);
+    ``source`` (the config's path) names it in refusals; ``gemm``: the device's GEMM model
+    (default: the preset's fitted constants)."""
+    where = f"--config {source}" if source else "llama config"
+    shape = llama_shape(config, seq, where)
+    rates = device_rates(device_preset, gemm)
+    device = rates.device
     s, h, V = shape.seq, shape.hidden, shape.vocab
     act = BYTES_PER_ACT * s * h
     block_params, block_matmul = shape.block_params()
     block_saved, block_split = shape.block_saved_bytes()
-    block_fwd, head_fwd = shape.block_fwd_flops(), shape.head_fwd_flops()
+    block = shape.block_gemms()
+    core = attention_core_cost(AttentionKind.FLASH, seq=s, heads=shape.heads, head_dim=shape.head_dim)
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
         return megatron_split(act, params, saved, fwd, bwd, divide)
 
     layers: list[Layer] = [
-        analytic_layer("embed", "Embedding", 0.0, 0.0, flops_per_ms, split(V * h, 0.0, 1, 0), bytes_per_ms,
-               param_count=V * h, saved=8.0 * s, inp=8.0 * s, out=act)
+        analytic_layer("embed", "Embedding", (), rates, split(V * h, 0.0, 1, 0),
+                       param_count=V * h, saved=8.0 * s, inp=8.0 * s, out=act)
     ]
     for i in range(shape.layers):
         layers.append(
-            analytic_layer(f"block_{i}", "LlamaDecoderLayer", block_fwd, 2 * block_fwd, flops_per_ms,
-                   split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)), bytes_per_ms,
-                   param_count=block_params, saved=block_saved, inp=act, out=act)
+            analytic_layer(f"block_{i}", "LlamaDecoderLayer", block, rates,
+                           split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)),
+                           core=(attention_gemms(s, shape.heads, shape.head_dim, flash=True), core.saved_bytes),
+                           param_count=block_params, saved=block_saved, inp=act, out=act,
+                           # W's inputs: q/kv's and gate_up's (the norms' outputs), o's, down's
+                           wsaved=2.0 * s * (2 * h + shape.heads * shape.head_dim + shape.intermediate))
         )
     layers.append(
-        analytic_layer("head", "RMSNorm+Linear", head_fwd, 2 * head_fwd, flops_per_ms, split(V * h, 4.0 * s * V, 0, 1), bytes_per_ms,
-               param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0)
+        analytic_layer("head", "RMSNorm+Linear", shape.head_gemms(), rates, split(V * h, 4.0 * s * V, 0, 1),
+                       param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0, wsaved=act)
     )
     ours, rule, ratio = flops_per_token(shape)
     return assemble(
@@ -235,11 +271,12 @@ def llama_profile(
         layers=layers,
         tied_params=V * h if shape.tied else 0,
         model_flops_per_sample=shape.model_flops_per_sample(),
+        attention=AttentionKind.FLASH,
         metadata={
             "architecture": "llama",
             "model_type": str(config.get("model_type")),
             "config_source": source,
-            "efficiency": efficiency,
+            **rates.gemm.metadata(),
             "peak_bf16_tflops": device.peak_bf16_tflops,
             "hbm_gb_per_s": device.hbm_gb_per_s,
             "peak_source": device.source,
@@ -254,8 +291,10 @@ def llama_profile(
             "vocab": V,
             "seq": s,
             "tie_word_embeddings": shape.tied,
-            "rope_theta": float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 0.0),
-            "max_position_embeddings": int(config.get("max_position_embeddings") or 0),
+            "rope_theta": _rope_theta(config, where),
+            "max_position_embeddings": (
+                _int(config, "max_position_embeddings", where) if config.get("max_position_embeddings") is not None else 0
+            ),
             "param_count": shape.param_count(),
             "train_flops_per_token": ours,
             "train_flops_per_token_6n_rule": rule,

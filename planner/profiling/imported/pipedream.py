@@ -26,8 +26,10 @@ from pathlib import Path
 
 import networkx as nx
 
+from planner.artifacts.codec import read_text
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
+from planner.artifacts.limits import MAX_BYTES, MAX_MS
 from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
 
 FP32_BYTES = 4
@@ -84,9 +86,12 @@ def _number(text: str, source: str, line: int, key: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise _fail(source, line, f"{key} is not a number ({text!r})") from None
+        raise _fail(source, line, f"{key} is not a number ({text[:40]!r})") from None
     if not math.isfinite(value) or value < 0:
-        raise _fail(source, line, f"{key} must be finite and >= 0 ({text!r})")
+        raise _fail(source, line, f"{key} must be finite and >= 0 ({text[:40]!r})")
+    limit = MAX_MS if key.endswith("_time") else MAX_BYTES  # planner.artifacts.limits
+    if value > limit:
+        raise _fail(source, line, f"{key} must be at most {limit:g} ({text[:40]!r})")
     return value
 
 
@@ -119,10 +124,7 @@ def _parse_node(text: str, source: str, line: int) -> PipeDreamNode:
 def parse_graph(path: str | Path) -> PipeDreamGraph:
     """Parse ``graph.txt``; malformed content raises PlannerInputError naming file and line."""
     source = str(path)
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise PlannerInputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    lines = read_text(path, "PipeDream graph.txt").splitlines()  # a regular UTF-8 file of bounded size
     nodes: dict[str, PipeDreamNode] = {}
     edges: list[tuple[str, str]] = []
     for number, raw in enumerate(lines, start=1):
@@ -190,9 +192,19 @@ def _kept_dag(graph: PipeDreamGraph) -> nx.DiGraph:
 
 
 def to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile:
-    """Convert a parsed graph into a Profile (see the module docstring for the choices)."""
+    """Convert a parsed graph into a Profile (see the module docstring for the choices); a
+    value the Profile refuses (e.g. a model name that is not one printable line) is an input error."""
     if batch_size < 1:
         raise PlannerInputError(f"--batch-size must be >= 1 (got {batch_size})")
+    try:
+        return _to_profile(graph, batch_size=batch_size, name=name)
+    except ValueError as exc:
+        if isinstance(exc, PlannerInputError):
+            raise
+        raise PlannerInputError(f"{graph.source}: {' '.join(str(exc).split())}") from None
+
+
+def _to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile:
     dag = _kept_dag(graph)
     if not nx.is_directed_acyclic_graph(dag):
         cycle = " -> ".join(u for u, _ in nx.find_cycle(dag))

@@ -10,6 +10,14 @@ and complex, quantized or other unsendable dtypes. The batch inputs (``make_batc
 the same rule: stage 0 slices them into micro-batches. The loss must be a scalar tensor (a
 mean) or ``(sum, count)`` (``planner.models.workload``).
 
+The batch itself (:func:`check_batch`): ``make_batch(batch_size, seed)`` must return
+``batch_size`` samples along dim 0 in every tensor of its inputs and targets, since stage 0
+splits the batch into micro-batches along dim 0 and every byte the profile records is per
+sample. A factory whose ``make_batch`` takes ``(seed, batch_size)`` (a batch of ``seed``
+samples, often none) is refused naming it, and so is a profile in which no layer saves a
+single byte for backward (:func:`check_activations`: nothing to train, or a batch of no
+samples), which would otherwise be planned as free and fail only under torchrun.
+
 Decided and documented rather than refused:
 
 - a non-contiguous tensor (a transposed view) is accepted: the runtime makes every stage's
@@ -96,8 +104,53 @@ def check_loss(value: Any, name: str) -> None:
             f"model {name!r}: loss_fn must return a scalar tensor (the mean loss) or (sum, count); {what} {_describe(total)}"
             + (f" {list(total.shape)}" if isinstance(total, torch.Tensor) else "")
         )
+    if not total.requires_grad:
+        raise PlannerInputError(
+            f"model {name!r}: the loss does not require a gradient: no parameter of the model reaches it (nothing to train)"
+        )
     if count is not None and isinstance(count, torch.Tensor) and count.numel() != 1:
         raise PlannerInputError(f"model {name!r}: loss_fn's count must be a number or a scalar tensor (got shape {list(count.shape)})")
+
+
+def _tensors(value: Any) -> list[tuple[str, Any]]:
+    """(where, tensor) for a tensor or the tensors of a flat tuple / list."""
+    if isinstance(value, torch.Tensor):
+        return [("", value)]
+    if isinstance(value, (tuple, list)):
+        return [(f"[{i}]", v) for i, v in enumerate(value) if isinstance(v, torch.Tensor)]
+    return []
+
+
+def check_batch(workload: Workload, batch_size: int, seed: int, batch: Any) -> None:
+    """``batch = make_batch(batch_size, seed)`` has ``batch_size`` samples along dim 0 in every
+    tensor of its inputs and targets (see the module docstring)."""
+    if not isinstance(batch, tuple) or len(batch) != 2:
+        raise PlannerInputError(
+            f"model {workload.name!r}: make_batch({batch_size}, {seed}) returned {_describe(batch)}; expected (inputs, targets)"
+        )
+    for part, value in zip(("inputs", "targets"), batch):
+        for where, tensor in _tensors(value):
+            samples = tensor.shape[0] if tensor.dim() else None
+            if samples == batch_size:
+                continue
+            hint = (" -- make_batch takes (batch_size, seed): are its arguments swapped?"
+                    if samples == seed or samples == 0 else "")
+            raise PlannerInputError(
+                f"model {workload.name!r}: make_batch({batch_size}, {seed}) returned {part}{where} with "
+                f"{'no dim 0' if samples is None else f'{samples} samples'} along dim 0 (shape {list(tensor.shape)}), "
+                f"expected {batch_size}{hint}"
+            )
+
+
+def check_activations(workload: Workload, saved_bytes: Any) -> None:
+    """Refuse a profile in which no layer saves any byte for backward (``saved_bytes``: the
+    measured ``LayerBytes`` per layer); see the module docstring."""
+    if all(b.saved_bytes == 0 for b in saved_bytes):
+        raise PlannerInputError(
+            f"model {workload.name!r}: no layer saves a single byte for backward (every activation measured 0 bytes): "
+            "a batch of no samples (make_batch(batch_size, seed) must return batch_size samples along dim 0), or "
+            "layers without parameters or gradients"
+        )
 
 
 def check_layer_contract(workload: Workload, inputs: Any, targets: Any) -> None:
@@ -118,4 +171,11 @@ def check_layer_contract(workload: Workload, inputs: Any, targets: Any) -> None:
             ) from None
         if idx < last:
             check_value(x, f"layer {name!r} returns")
-    check_loss(workload.loss_fn(x, targets), workload.name)
+    try:
+        loss = workload.loss_fn(x, targets)
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise PlannerInputError(
+            f"model {workload.name!r}: loss_fn raised {type(exc).__name__} on the last layer's output: {detail}"
+        ) from None
+    check_loss(loss, workload.name)

@@ -1,4 +1,6 @@
-"""Least-squares line ``t(b) = intercept + per_sample * b`` through measured (b, t) points,
+"""Least-squares lines through measured points: times (:func:`fit_time`) and bytes (:func:`fit_bytes`).
+
+``t(b) = intercept + per_sample * b`` through measured (b, t) points,
 in relative error: each point's residual is divided by its time, so that the small
 micro-batch sizes (milliseconds) weigh as much as the large ones (tens of milliseconds). On a
 CPU, times often grow faster than linearly in b (caches); an ordinary fit then follows the
@@ -28,3 +30,29 @@ def fit_time(microbatch_sizes: list[int], times_ms: list[float]) -> TimeFit:
         slope, intercept = 0.0, float(times.mean())
     intercept = max(float(intercept), -float(slope))
     return TimeFit(intercept_ms=intercept, per_sample_ms=float(slope))
+
+
+def fit_bytes(microbatch_sizes: list[int], num_bytes: list[int]) -> tuple[float, float]:
+    """(fixed, per sample) bytes of the least-squares line through (b, bytes): what does not
+    grow with the micro-batch and what does (bytes saved by a layer are such a line: a rotary
+    table broadcast over the batch, plus the activations). One size gives a line through the
+    origin; a negative intercept (never for bytes that are such a line) becomes a line through
+    the origin, a negative slope a constant. Integral results are kept exact."""
+    sizes = np.asarray(microbatch_sizes, dtype=float)
+    values = np.asarray(num_bytes, dtype=float)
+    if len(set(microbatch_sizes)) < 2:
+        return 0.0, float(values.mean() / sizes.mean())
+    slope, intercept = (float(v) for v in np.polyfit(sizes, values, 1))
+    slope, intercept = _snap(slope), _snap(intercept)
+    if intercept < 0:
+        slope, intercept = float(sizes @ values / (sizes @ sizes)), 0.0
+    if slope < 0:
+        slope, intercept = 0.0, float(values.mean())
+    return intercept, slope
+
+
+def _snap(value: float) -> float:
+    """``value`` rounded to a whole byte when within float noise of one (least squares leaves
+    relative errors near 1e-12)."""
+    nearest = round(value)
+    return float(nearest) if abs(value - nearest) < 1e-9 * abs(value) + 1e-6 else value

@@ -2,9 +2,13 @@
 
 Per micro-batch size, every layer is timed forward and backward within whole training
 steps cut at the layer boundaries (warm-up, then the median of repeats, see
-:func:`planner.profiling.measured.timing.time_layers`); one more pass at the
-largest size measures the activation bytes and the layer DAG exactly (see
-:mod:`planner.profiling.measured.memory`). Times are fitted as ``a + b x micro-batch`` per layer.
+:func:`planner.profiling.measured.timing.time_layers`), and so are its attention cores (their
+forward is what selective recomputation costs, :mod:`planner.profiling.measured.cores`); the
+bytes each layer saves for backward are counted exactly at every size, once per storage, with
+and without its attention cores recomputed, with the storages two layers share
+(:mod:`planner.profiling.measured.memory`); the layer DAG at the largest size. Times and saved
+bytes are fitted as ``a + b x micro-batch`` per layer (saved bytes that do not grow with the
+micro-batch are an intercept); input and output bytes scale with it.
 """
 
 from __future__ import annotations
@@ -12,23 +16,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import platform
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
-from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimePoint
+from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit, TimePoint
+from planner.artifacts.progress import Progress
 from planner.models import layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
 from planner.models.workload import Workload, split_loss
-from planner.profiling.measured.contract import check_layer_contract
-from planner.profiling.measured.fit import fit_time
-from planner.profiling.measured.memory import layer_edges, measure_layer_bytes
+from planner.profiling.measured.contract import check_activations, check_batch, check_layer_contract
+from planner.profiling.measured.cores import core_backend, record_cores, time_cores
+from planner.profiling.measured.fit import fit_bytes, fit_time
+from planner.profiling.measured.memory import ModelBytes, layer_edges, measure_model_bytes
 from planner.profiling.measured.tensor_split import layer_splits
 from planner.profiling.measured.tensors import to_device
 from planner.profiling.measured.timing import Clock, LayerTime, time_layers
@@ -129,17 +133,23 @@ def profile_model(
     torch.set_num_threads(threads)
     try:
         work = _placed(workload, dev, torch_dtype)
-        check_layer_contract(work, *to_device(work.make_batch(sizes[0], BATCH_SEED), dev, torch_dtype))
+        check_layer_contract(work, *to_device(_batch(work, sizes[0]), dev, torch_dtype))
         clock = Clock(dev)
-        bar = tqdm(
-            total=len(sizes) * len(work.layers) + 1,
-            desc=f"profile {work.name}",
-            disable=not progress or not sys.stderr.isatty(),
-        )
+        # a bar on a terminal, else a line every few seconds (planner.artifacts.progress)
+        bar = Progress(f"profile {work.name}", total=len(sizes) * len(work.layers) + 1, unit="layer timings", enabled=progress)
         with bar:
             times = {b: _time_layers(work, b, dev, torch_dtype, clock, warmup, repeats, bar) for b in sizes}
-            inputs, targets = to_device(work.make_batch(sizes[-1], BATCH_SEED), dev, torch_dtype)
-            layer_bytes = measure_layer_bytes(work, inputs, targets)
+            bar.detail = "attention cores and activation bytes"
+            core_ms, by_size = {}, {}
+            for b in sizes:
+                batch = to_device(_batch(work, b), dev, torch_dtype)
+                calls = record_cores(work, batch[0])
+                core_ms[b] = time_cores(calls, clock, warmup=warmup, repeats=repeats)
+                by_size[b] = measure_model_bytes(work, *batch)
+            attention, kernel = core_backend(calls, work, batch[0])
+            inputs, _ = to_device(_batch(work, sizes[-1]), dev, torch_dtype)
+            layer_bytes = by_size[sizes[-1]].layers
+            check_activations(work, layer_bytes)
             splits = layer_splits(work, inputs, sizes[-1], [b.output_bytes / sizes[-1] for b in layer_bytes])
             edges = layer_edges(work, inputs)
             bar.update(1)
@@ -152,6 +162,7 @@ def profile_model(
     for idx, (name, module) in enumerate(zip(work.layer_names, work.layers)):
         points = tuple(TimePoint(microbatch_size=b, fwd_ms=times[b][idx].fwd_ms, bwd_ms=times[b][idx].bwd_ms) for b in sizes)
         params = list(module.parameters())
+        fixed, per_sample = fit_bytes(sizes, [by_size[b].layers[idx].saved_bytes for b in sizes])
         layers.append(
             Layer(
                 name=name,
@@ -162,10 +173,13 @@ def profile_model(
                 param_count=sum(p.numel() for p in params),
                 param_bytes=sum(p.numel() * p.element_size() for p in params),
                 param_shapes=shapes[idx],
-                saved_bytes_per_sample=layer_bytes[idx].saved_bytes / per,
+                saved_bytes_per_sample=per_sample,
+                saved_bytes_fixed=fixed,
                 input_bytes_per_sample=layer_bytes[idx].input_bytes / per,
                 output_bytes_per_sample=layer_bytes[idx].output_bytes / per,
                 tp=splits[idx],
+                weight_grad_fraction=_wgrad_fraction(times[sizes[-1]][idx]),
+                attention_core=_core(sizes, by_size, core_ms, idx, (fixed, per_sample)),
             )
         )
     metadata: dict[str, Any] = {
@@ -175,7 +189,9 @@ def profile_model(
         "repeats": repeats,
         "batch_seed": BATCH_SEED,
         "bytes_measured_at_microbatch_size": sizes[-1],
-        "saved_bytes": "saved_tensors_hooks, numel*element_size per tensor, parameter aliases excluded",
+        "saved_bytes": "saved_tensors_hooks, once per storage (union of the spans saved), parameters and buffers "
+                       "excluded; fitted a + b x micro-batch over the measured sizes",
+        "sdpa_kernel": kernel,
         "last_layer_includes_loss": True,
         "processor": platform.processor() or platform.machine(),
         **{f"option.{k}": v for k, v in work.options.items() if isinstance(v, (str, int, float, bool))},
@@ -193,19 +209,73 @@ def profile_model(
         metadata=metadata,
         fingerprint_sha256=workload_fingerprint(work),
         model_flops_per_sample=work.model_flops_per_sample,
+        attention=attention,
         layers=tuple(layers),
         edges=tuple(Edge(src=s, dst=d, bytes_per_sample=b / per) for (s, d), b in sorted(edges.items())),
         tied=detect_tied(work),
+        shared_saved=_shared(sizes, by_size),
     )
 
 
+def _core(
+    sizes: list[int], by_size: dict[int, ModelBytes], core_ms: dict[int, list[float]], idx: int,
+    saved: tuple[float, float],
+) -> AttentionCore | None:
+    """The layer's attention core: the bytes its selective level frees (saved less saved with
+    the cores recomputed, fitted) and its cores' forward time (fitted); None without cores."""
+    if by_size[sizes[0]].layers[idx].selective_saved_bytes < 0:
+        return None
+    freed = [by_size[b].layers[idx].saved_bytes - by_size[b].layers[idx].selective_saved_bytes for b in sizes]
+    fixed, per_sample = fit_bytes(sizes, freed)
+    times = [core_ms[b][idx] for b in sizes]
+    return AttentionCore(
+        saved_bytes_per_sample=min(per_sample, saved[1]),
+        saved_bytes_fixed=min(fixed, saved[0]),
+        fwd=fit_time(sizes, times) if any(times) else TimeFit(intercept_ms=0.0, per_sample_ms=0.0),
+    )
+
+
+def _shared(sizes: list[int], by_size: dict[int, ModelBytes]) -> tuple[SharedSaved, ...]:
+    """The storages two layers both save, fitted over the sizes; a pair found at some sizes only
+    (the batch's token ids and targets, views of one tensor when a micro-batch is one sample)
+    is left out: counted twice, never under-counted."""
+    pairs = sorted(set.intersection(*(set(by_size[b].shared) for b in sizes)))
+    out = []
+    for first, second in pairs:
+        fixed, per_sample = fit_bytes(sizes, [by_size[b].shared.get((first, second), 0) for b in sizes])
+        out.append(SharedSaved(first=first, second=second, bytes_per_sample=per_sample, bytes_fixed=fixed))
+    return tuple(out)
+
+
+def _wgrad_fraction(t: LayerTime) -> float | None:
+    """W's share of a layer's backward at the largest micro-batch measured: what the backward
+    takes beyond its input-gradient pass alone (:func:`time_input_grads`), clamped to [0, 1]
+    (timing noise). What W keeps alive is not measured: the profile keeps the stated default
+    (everything the layer saved, as torch's ``stage_backward_input`` retains the graph)."""
+    if t.bwd_input_ms is None or t.bwd_ms <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - t.bwd_input_ms / t.bwd_ms))
+
+
 def _time_layers(
-    work: Workload, size: int, dev: torch.device, dtype: torch.dtype, clock: Clock, warmup: int, repeats: int, bar: tqdm
+    work: Workload, size: int, dev: torch.device, dtype: torch.dtype, clock: Clock, warmup: int, repeats: int, bar: Progress
 ) -> list[LayerTime]:
-    inputs, targets = to_device(work.make_batch(size, BATCH_SEED), dev, dtype)
+    bar.detail = f"timing micro-batch {size}"
+    inputs, targets = to_device(_batch(work, size), dev, dtype)
     result = time_layers(work.layers, inputs, lambda out: split_loss(work.loss_fn(out, targets))[0], clock, warmup=warmup, repeats=repeats)
     bar.update(len(work.layers))
     return result
+
+
+def _batch(work: Workload, size: int) -> Any:
+    """``make_batch(size, BATCH_SEED)``, its samples along dim 0 checked (:func:`check_batch`)."""
+    try:
+        batch = work.make_batch(size, BATCH_SEED)
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise PlannerInputError(f"model {work.name!r}: make_batch({size}, {BATCH_SEED}) raised {type(exc).__name__}: {detail}") from None
+    check_batch(work, size, BATCH_SEED, batch)
+    return batch
 
 
 def _op_counts(work: Workload) -> dict[str, Any]:

@@ -12,18 +12,24 @@ applied to the actual module structure rather than to the formula's idealised bl
   transformer block's matmuls, so 1.0 for the zoo blocks -- the layer norms, residual adds
   and GeLU count no FLOPs there, though they take time on a CPU;
 - ``split_saved_bytes_per_sample``: of the bytes the layer saves for backward (counted as the
-  profiler counts them: each saved tensor's ``numel x element_size``, parameters excluded),
-  those saved inside the split modules except the inputs of the column-parallel linears
-  (each device keeps the whole input of a column split). For a block this is Korthikanti et
-  al.'s split part ``24 s h + 5 a s^2`` of ``s h (34 + 5 a s / h)`` (16-bit, with dropout)
-  as this block really saves it: in its dtype, without dropout masks, with whatever the
-  attention kernel keeps (the CPU's fused attention keeps its output and log-sum-exp, not
-  the ``a s^2`` scores), and with the column-split input counted once per linear that saves
-  it (q, k and v each save it, as the profiler counts);
+  profiler counts them: once per storage, parameters excluded, each storage in the part where
+  it is first saved), those saved inside the split modules except the inputs of the
+  column-parallel linears (each device keeps the whole input of a column split). For a block
+  this is Korthikanti et al.'s split part ``24 s h + 5 a s^2`` of ``s h (34 + 5 a s / h)``
+  (16-bit, with dropout) as this block really saves it: in its dtype, without dropout masks,
+  with whatever the attention kernel keeps (the CPU's fused attention keeps its output and
+  log-sum-exp, not the ``a s^2`` scores), and with the column-split input once (q, k and v
+  each save it: one storage);
 - ``collective_bytes_per_sample``: the layer's output (one all-reduce of it after the
   attention and one after the MLP in forward, two of its gradient in backward:
   ``collectives_fwd = collectives_bwd = 2`` for a block; one each per attention or MLP layer);
 - ``must_divide``: the workload's sizes (attention heads).
+
+Before any figure is counted, one layer of each class and split is computed split over two
+emulated devices and compared with the whole layer (:func:`planner.models.tp_plans.check_split`):
+a declared or recognised split that does not compute the layer is refused, naming it.
+``collective_bytes_per_sample`` is the bytes of the layer's first output tensor (a Hugging Face
+block's hidden states; its padding mask beside them is not reduced).
 
 ``tests/test_tp_profile.py`` checks the parameter and saved-byte figures against the block
 run sharded over two gloo ranks (``tests/tp_profile_driver.py``): per rank, parameters
@@ -45,7 +51,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.artifacts.profile import TensorSplit
+from planner.models.tp_plans import check_split
 from planner.models.workload import Workload
+from planner.profiling.measured.memory import saved_span, union_bytes
 
 __all__ = ["SplitCount", "count_split", "layer_split"]
 
@@ -59,6 +67,7 @@ class SplitCount:
         self.column_input_bytes = 0  # the whole inputs the column-split linears save (part of the rest)
         self.flops = 0
         self.split_flops = 0
+        self.output_bytes = 0  # the layer's output (its first tensor when it returns a tuple)
 
 
 def _styles_kinds(styles: dict[str, Any]) -> tuple[set[str], set[str], set[str]]:
@@ -86,7 +95,7 @@ def count_split(layer: torch.nn.Module, styles: dict[str, Any], x: Any) -> Split
     """Run ``layer(x)`` once (with grad) and count its saved bytes and FLOPs, whole and split."""
     cols, _, parents = _styles_kinds(styles)
     modules = dict(layer.named_modules())
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in (*layer.parameters(), *layer.buffers()) if p.numel()}
     stack: list[str] = []
     col_inputs: list[int] = []  # storages of the inputs of the column-split linears running now
     out = SplitCount()
@@ -106,24 +115,29 @@ def count_split(layer: torch.nn.Module, styles: dict[str, Any], x: Any) -> Split
 
             handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
+    spans: dict[int, tuple[str, list[tuple[int, int]]]] = {}  # storage -> (part, byte intervals)
+
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage().data_ptr()
-        if storage in params:
+        span = saved_span(tensor)
+        if span is None or span[0] in params:
             return tensor
-        nbytes = tensor.numel() * tensor.element_size()
-        out.saved_bytes += nbytes
-        if col_inputs and storage == col_inputs[-1]:
-            out.column_input_bytes += nbytes
-        elif stack:
-            out.split_saved_bytes += nbytes
+        part = "column" if col_inputs and span[0] == col_inputs[-1] else "split" if stack else "rest"
+        spans.setdefault(span[0], (part, []))[1].append((span[1], span[2]))
         return tensor
 
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False) as flops:
-            layer(x)
+            result = layer(x)
+        first = result[0] if isinstance(result, tuple) else result
+        out.output_bytes = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
     finally:
         for handle in handles:
             handle.remove()
+    for part, intervals in spans.values():
+        nbytes = union_bytes(intervals)
+        out.saved_bytes += nbytes
+        out.column_input_bytes += nbytes if part == "column" else 0
+        out.split_saved_bytes += nbytes if part == "split" else 0
     counts = flops.get_flop_counts()
     root = type(layer).__name__
     out.flops = flops.get_total_flops()
@@ -131,11 +145,29 @@ def count_split(layer: torch.nn.Module, styles: dict[str, Any], x: Any) -> Split
     return out
 
 
+def split_kinds(styles: dict[str, Any]) -> dict[str, str]:
+    """A ``parallelize_module`` plan as path -> kind (``colwise``, ``colwise_qkv``, ``rowwise``)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    kinds = {}
+    for path, style in styles.items():
+        if isinstance(style, ColwiseParallel):
+            kinds[path] = "colwise_qkv" if getattr(style, "parts", 1) == 3 else "colwise"
+        elif isinstance(style, RowwiseParallel):
+            kinds[path] = "rowwise"
+    return kinds
+
+
 def layer_split(
-    workload: Workload, layer_idx: int, x: Any, batch_size: int, output_bytes_per_sample: float
+    workload: Workload, layer_idx: int, x: Any, batch_size: int, output_bytes_per_sample: float,
+    checked: set[Any] | None = None,
 ) -> TensorSplit | None:
     """The layer's :class:`TensorSplit` from one forward on its input ``x`` of ``batch_size``
-    samples; None when the workload does not split it."""
+    samples; None when the workload does not split it. The split is first computed over two
+    emulated devices and compared with the whole layer (:func:`planner.models.tp_plans.check_split`:
+    a plan that does not compute the layer is refused), once per layer class and split in
+    ``checked``."""
+    checked = set() if checked is None else checked
     spec = workload.tensor_parallel
     if spec is None:
         return None
@@ -146,6 +178,11 @@ def layer_split(
     x = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in x) if isinstance(x, tuple) else (
         x.detach().requires_grad_(x.is_floating_point())
     )
+    kinds = split_kinds(styles)
+    key = (type(layer), tuple(sorted(kinds.items())))
+    if key not in checked:  # one layer of each kind and split: the others are alike
+        check_split(layer, kinds, x, workload.layer_names[layer_idx])
+        checked.add(key)
     count = count_split(layer, styles, x)
     _, rows, _ = _styles_kinds(styles)
     return TensorSplit(
@@ -153,7 +190,8 @@ def layer_split(
         split_time_fraction=count.split_flops / count.flops if count.flops else 1.0,
         split_param_count=split_param_count(layer, styles),
         split_saved_bytes_per_sample=count.split_saved_bytes / batch_size,
-        collective_bytes_per_sample=output_bytes_per_sample,
+        # what the row splits all-reduce: the layer's (first) output tensor, not a mask carried beside it
+        collective_bytes_per_sample=count.output_bytes / batch_size if count.output_bytes else output_bytes_per_sample,
         collectives_fwd=len(rows),
         collectives_bwd=len(rows),
     )
@@ -166,8 +204,9 @@ def layer_splits(workload: Workload, inputs: Any, batch_size: int, output_bytes_
         return [None] * len(workload.layers)
     out: list[TensorSplit | None] = []
     x = inputs
+    checked: set[Any] = set()
     for idx, layer in enumerate(workload.layers):
-        out.append(layer_split(workload, idx, x, batch_size, output_bytes_per_sample[idx]))
+        out.append(layer_split(workload, idx, x, batch_size, output_bytes_per_sample[idx], checked))
         with torch.no_grad():
             x = layer(x)
     return out

@@ -24,6 +24,7 @@ class LayerTime:
 
     fwd_ms: float
     bwd_ms: float
+    bwd_input_ms: float | None = None  # the input-gradient pass alone (None: not measured)
 
 
 class Clock:
@@ -102,9 +103,47 @@ def time_layers(
                 tensors, grads = _with_grad(outputs[idx], received[idx + 1])
             _, ms = clock.measure(lambda: torch.autograd.backward(tensors, grads) if tensors else None)
             bwd[idx].append(ms)
+    inp = time_input_grads(layers, inputs, loss, clock, warmup=warmup, repeats=repeats)
     return [
-        LayerTime(fwd_ms=statistics.median(f[warmup:]), bwd_ms=statistics.median(b[warmup:])) for f, b in zip(fwd, bwd)
+        LayerTime(fwd_ms=statistics.median(f[warmup:]), bwd_ms=statistics.median(b[warmup:]), bwd_input_ms=i)
+        for f, b, i in zip(fwd, bwd, inp)
     ]
+
+
+def time_input_grads(
+    layers: tuple[nn.Module, ...], inputs: Any, loss: Callable[[Any], Any], clock: Clock, *, warmup: int, repeats: int
+) -> list[float]:
+    """Median ms of every layer's input-gradient pass alone (zero bubble's B, Qi et al. 2024):
+    the same cut step as :func:`time_layers`, each layer's backward run as
+    ``torch.autograd.grad`` with respect to its inputs only, so autograd skips the weight
+    gradients (their ``AccumulateGrad`` branches); the gradients it returns feed the layer
+    before. A layer whose inputs need no gradient (the first: the batch) has no such pass: 0.
+    Its own steps, after :func:`time_layers`' (which keep timing the whole backward as before)."""
+    num = len(layers)
+    out: list[list[float]] = [[] for _ in range(num)]
+    for _ in range(warmup + repeats):
+        received: list[Any] = []
+        outputs: list[Any] = []
+        x = inputs
+        for idx, layer in enumerate(layers):
+            x = fresh_like(x)
+            received.append(x)
+            x = layer(x) if idx < num - 1 else loss(layer(x))
+            outputs.append(x)
+        for idx in reversed(range(num)):
+            if idx == num - 1:
+                tensors, grads = [outputs[idx]], [torch.ones_like(outputs[idx])]
+            else:
+                tensors, grads = _with_grad(outputs[idx], received[idx + 1])
+            wanted = [t for t in flatten(received[idx]) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if not tensors or not wanted:
+                out[idx].append(0.0)
+                continue
+            got, ms = clock.measure(lambda: torch.autograd.grad(tensors, wanted, grads, allow_unused=True))
+            for t, g in zip(wanted, got):
+                t.grad = g
+            out[idx].append(ms)
+    return [statistics.median(v[warmup:]) for v in out]
 
 
 def time_step(layers: tuple[nn.Module, ...], inputs: Any, loss: Callable[[Any], Any], clock: Clock, *, warmup: int, repeats: int) -> float:

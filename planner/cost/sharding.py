@@ -1,0 +1,98 @@
+"""The ZeRO part of the cost model: model-state bytes per parameter under each sharding stage,
+the bytes the gradient synchronisation moves, and ZeRO 3's per-layer collectives and working
+set (a base class of :class:`planner.cost.model.CostModel`; formulas in that module's and
+:mod:`planner.cost.fsdp`'s docstrings)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.stack import Stack
+from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
+
+
+class ShardedState:
+    """ZeRO pricing over the attributes a :class:`~planner.cost.model.CostModel` sets."""
+
+    cluster: Cluster
+    stack: Stack
+    param_count: np.ndarray
+    weight_bytes_per_param: int
+    grad_bytes_per_param: int
+    optim_bytes_per_param: int
+    _fsdp: dict[tuple[int, float, float], FsdpTerms]
+    _fsdp_lines: dict[Layout, tuple[float, float]]
+
+    def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        raise NotImplementedError
+
+    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        raise NotImplementedError
+
+    def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
+        """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
+        of a stage whose state is divided as ``sharding`` says."""
+        w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
+        if is_fsdp(sharding):  # ZeRO 3: all of it (its gathered working set: fsdp_working_params)
+            return w / sharding.ranks, g / sharding.ranks, o / sharding.ranks
+        # gradients: whole at the peak under ZeRO 1 and 2 (see the module docstring on ZeRO 2)
+        return float(w), float(g), o / sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else float(o)
+
+    def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
+        """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
+        the gradients (all-reduce), or the mean of gradients and weights (reduce-scatter +
+        all-gather, ZeRO 1 and 2)."""
+        if zero is ZeroStage.NONE:
+            return float(self.grad_bytes_per_param)
+        return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
+
+    def post_backward_sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
+        """Of :meth:`sync_bytes_per_param`, what runs after the stage's last backward: all of
+        it, unless the stack gathers ZeRO's weights ahead of the next forward (then the
+        reduce-scatter's half); none under ZeRO 3 (its collectives run per layer and micro-batch)."""
+        if zero is ZeroStage.PARAMETERS:
+            return 0.0
+        if zero is not ZeroStage.NONE and self.stack.param_gather_overlap:
+            return self.grad_bytes_per_param / 2.0
+        return self.sync_bytes_per_param(zero)
+
+    def stage_times_ms(self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout) -> tuple[float, float]:
+        """(forward, backward) ms of one micro-batch on stage ``stage_idx`` of ``layout``: under
+        ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`)."""
+        if not is_fsdp(layout.sharding(stage_idx)):
+            return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
+        return self.fsdp_terms(microbatch_size, self.fsdp_line(layout)).stage(start, stop)
+
+    def fsdp_line(self, layout: Layout) -> tuple[float, float]:
+        """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""
+        if layout not in self._fsdp_lines:
+            self._fsdp_lines[layout] = fsdp_line(self.cluster, layout)
+        return self._fsdp_lines[layout]
+
+    def fsdp_terms(self, microbatch_size: int, line: tuple[float, float]) -> FsdpTerms:
+        """ZeRO 3's per-layer time terms at one micro-batch size and collective line (cached)."""
+        key = (microbatch_size, *line)
+        if key not in self._fsdp:
+            fwd, bwd = self.layer_times(microbatch_size)
+            moved = self.param_count > 0
+            gather = np.where(moved, line[0] * self.param_count * self.weight_bytes_per_param + line[1], 0.0)
+            scatter = np.where(moved, line[0] * self.param_count * self.grad_bytes_per_param + line[1], 0.0)
+            self._fsdp[key] = fsdp_terms(fwd, bwd, gather, scatter, self.stack.fsdp_prefetch)
+        return self._fsdp[key]
+
+    def fsdp_comm_ms(self, microbatch_size: int, line: tuple[float, float]) -> float:
+        """ZeRO 3's communication per micro-batch over the whole model: two gathers and one
+        reduce-scatter per layer (``sum_k 2 a_k + r_k``)."""
+        terms = self.fsdp_terms(microbatch_size, line)
+        return float(2.0 * terms.gather.sum() + terms.scatter.sum())
+
+    def fsdp_working_params(self, start: int, stop: int) -> int:
+        """Parameters gathered at once under ZeRO 3: the units in flight x the stage's largest layer."""
+        return units_in_flight(self.stack.fsdp_prefetch) * int(self.param_count[start:stop].max())
+

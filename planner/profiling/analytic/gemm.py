@@ -1,0 +1,175 @@
+"""Achieved GEMM throughput as a function of the GEMM's shape (no torch).
+
+A matrix product of an ``m x k`` by a ``k x n`` matrix in 16-bit does ``2 m n k`` FLOPs and
+moves at least ``2 (m k + k n + m n)`` bytes, so its arithmetic intensity is
+
+    I = m n k / (m k + k n + m n) = 1 / (1/m + 1/n + 1/k)   FLOP/byte,
+
+dominated by its smallest dimension. A roofline (Williams et al. 2009) makes small intensities
+bandwidth-bound and large ones compute-bound; measured GEMMs bend smoothly between the two
+and saturate below peak (tile and wave quantisation, the k loop's prologue and epilogue).
+The model here is that curve with two constants (a saturating, Michaelis-Menten form of the
+roofline):
+
+    achieved FLOP/s = peak x e_max x I / (I + I_half)
+
+``e_max``: the fraction of the datasheet peak the largest GEMMs reach; ``I_half``: the
+intensity at which a GEMM reaches half of that (its low-intensity asymptote is a bandwidth,
+``peak e_max / I_half``). The backward of a product is two products of the same three
+dimensions (input gradient ``m x n . n x k``, weight gradient ``k x m . m x n``), so the same
+intensity and twice the time. A third constant, ``memory_efficiency``, is the achieved
+fraction of the HBM datasheet bandwidth at which the element-wise work around the GEMMs runs
+(its bytes: the activations the layer saves, :mod:`planner.profiling.analytic.gpt`).
+
+Per device: at most these three constants, each with its source and the rows of published
+runs it was fitted on (:data:`DEVICE_GEMM`; ``benchmarks/published_runs.py --fit`` refits
+them, on at most a third of each device's rows). A profile records the ones it was built
+with in its metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.artifacts.errors import PlannerInputError
+
+__all__ = ["DEVICE_GEMM", "Gemm", "GemmModel", "gemm_model_of", "gemms_ms", "wgrad_ms"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmModel:
+    """One device's achieved throughput model (module docstring)."""
+
+    max_efficiency: float
+    half_intensity: float
+    memory_efficiency: float
+    source: str = ""
+    fitted_on: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_efficiency <= 1:
+            raise PlannerInputError(f"GEMM max_efficiency must be in (0, 1] (got {self.max_efficiency})")
+        if not self.half_intensity >= 0:
+            raise PlannerInputError(f"GEMM half_intensity must be >= 0 (got {self.half_intensity})")
+        if not 0 < self.memory_efficiency <= 1:
+            raise PlannerInputError(f"memory_efficiency must be in (0, 1] (got {self.memory_efficiency})")
+
+    def efficiency(self, m: float, n: float, k: float, fused: bool = False) -> float:
+        """Achieved fraction of peak of one ``m x k . k x n`` product (``fused``: FlashAttention's
+        pair, intensity ``1 / (1/m + 1/n)``, see :class:`Gemm`)."""
+        intensity = 1.0 / (1.0 / m + 1.0 / n + (0.0 if fused else 1.0 / k))
+        return self.max_efficiency * intensity / (intensity + self.half_intensity)
+
+    def metadata(self) -> dict[str, str | float]:
+        """The constants as a profile's metadata records them."""
+        return {
+            "gemm_max_efficiency": self.max_efficiency,
+            "gemm_half_intensity_flop_per_byte": self.half_intensity,
+            "memory_efficiency": self.memory_efficiency,
+            "gemm_model": "achieved = peak x e_max x I / (I + I_half), I = 1 / (1/m + 1/n + 1/k) "
+                          "(planner.profiling.analytic.gemm)",
+            "gemm_source": self.source,
+            "gemm_fitted_on": "; ".join(self.fitted_on),
+        }
+
+
+#: how a dimension of a layer's GEMM follows the micro-batch size ``b`` and the tensor-parallel degree ``t``
+Dim = Literal["m", "n", "k", "count", ""]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gemm:
+    """``count`` products of ``m x k . k x n`` in one sample's forward (at t = 1): ``batch`` is
+    the dimension that grows with the micro-batch (``m``: tokens, or ``count``: heads of
+    batched attention), ``split`` the one Megatron's tensor parallelism divides by ``t``
+    (``n`` column-parallel, ``k`` row-parallel, ``count`` heads; ``""`` none); ``window`` and
+    ``bwd_window``: the index of the forward / backward collective this GEMM may run beside
+    (-1: none; :mod:`planner.cost.tensor_parallel`).
+
+    ``fused``: the attention pair of FlashAttention (Dao et al. 2022): ``count`` products
+    ``s x d . d x s`` and ``s x s . s x d`` (m = n = s queries and keys, k = d) whose ``s x s``
+    scores never leave the chip, so its bytes are Q, K, V and O only and its intensity
+    ``m n k / (m k + n k) = 1 / (1/m + 1/n)``; ``work_fraction``: the share of the counted
+    FLOPs the kernel executes (a causal kernel skips the masked half: 0.5);
+    ``bwd_factor``: backward time over forward (2: input and weight gradients; FlashAttention's
+    backward also recomputes the scores: 2.5, Dao 2023 sec. 3.1); ``weighted``: one operand is
+    a weight, so the backward splits into the input gradient (B) and the weight gradient (W),
+    each one product of the forward's shape (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+    2024, sec. 2); False for attention's products of two activations, whose backward is all B."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    count: int = 1
+    batch: Dim = "m"
+    split: Dim = ""
+    window: int = -1
+    bwd_window: int = -1
+    fused: bool = False
+    work_fraction: float = 1.0
+    bwd_factor: float = 2.0
+    weighted: bool = True
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs per sample at t = 1, as counted (the whole of every product)."""
+        return 2.0 * self.m * self.n * self.k * self.count
+
+    def shape(self, b: int, t: int) -> tuple[float, float, float, float]:
+        """(m, n, k, count) at micro-batch ``b`` on one of ``t`` tensor-parallel devices."""
+        dims = {"m": float(self.m), "n": float(self.n), "k": float(self.k), "count": float(self.count)}
+        if self.batch:
+            dims[self.batch] *= b
+        if self.split:
+            dims[self.split] /= t
+        return dims["m"], dims["n"], dims["k"], dims["count"]
+
+    def ms(self, model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1, backward: bool = False) -> float:
+        """Forward (or backward) time at micro-batch ``b`` on one of ``t`` devices."""
+        m, n, k, count = self.shape(b, t)
+        fwd = 2.0 * m * n * k * count * self.work_fraction / (peak_flops_per_ms * model.efficiency(m, n, k, self.fused))
+        return fwd * self.bwd_factor if backward else fwd
+
+
+def wgrad_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1) -> float:
+    """Weight-gradient time W of ``gemms`` at micro-batch ``b``: one product of each weighted
+    GEMM's forward shape, as long as its forward (Qi et al. 2024 sec. 2)."""
+    return sum(g.ms(model, peak_flops_per_ms, b, t) for g in gemms if g.weighted)
+
+
+def gemms_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1,
+             split: bool | None = None, backward: bool = False) -> float:
+    """Forward (or backward) time of ``gemms`` (only the split ones with ``split`` True, the
+    others with False)."""
+    return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms if split is None or bool(g.split) == split)
+
+
+# Fitted by ``benchmarks/published_runs.py --fit`` (rounded to 4 digits; the table and the
+# out-of-sample rows: benchmarks/RESULTS.md, "Published runs").
+DEVICE_GEMM: dict[str, GemmModel] = {
+    "a100-80gb": GemmModel(
+        max_efficiency=0.6925, half_intensity=96.70, memory_efficiency=0.6763,
+        source="benchmarks/published_runs.py --fit: all three on 5 of the 23 A100 rows (Korthikanti et al. 2022 "
+               "table 4's per-layer times without recomputation, with and without sequence parallelism; Narayanan et al. "
+               "2021 table 1's first and last rows; Korthikanti et al. 2022 table 5's 175B with full recomputation)",
+        fitted_on=("K4 baseline", "K4 seq-par", "N1 1.7B", "N10 1008B", "K5 175B full"),
+    ),
+    "h100-80gb": GemmModel(
+        max_efficiency=0.7293, half_intensity=186.56, memory_efficiency=0.1873,
+        source="benchmarks/published_runs.py --fit: e_max and the HBM fraction on 3 of the 9 H100 rows (the Megatron-LM "
+               "README table's smallest, middle and largest models); I_half = the A100's x the ratio of the devices' "
+               "ridge points (989/3350 over 312/2039 FLOP/byte: 1.9294), not fitted. The HBM fraction also carries "
+               "what those throughputs include and the model does not price (data loading, optimizer step, logging)",
+        fitted_on=("M 1.7B", "M 32B", "M 462B"),
+    ),
+}
+
+
+def gemm_model_of(device_preset: str) -> GemmModel:
+    """The shipped constants of a device preset."""
+    if device_preset not in DEVICE_GEMM:
+        raise PlannerInputError(f"unknown --device-preset {device_preset!r} (known: {', '.join(DEVICE_GEMM)})")
+    return DEVICE_GEMM[device_preset]

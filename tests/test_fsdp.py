@@ -1,0 +1,142 @@
+"""ZeRO 3 (FSDP): the closed form of its times against an event replay, its memory formula,
+the three solvers agreeing under it, a plan it makes possible, its refusal, its exports."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import plan_from_json, plan_to_json
+from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.artifacts.stack import STACKS
+from planner.cost import CostModel
+from planner.cost.fsdp import fsdp_terms, replay
+from planner.report.export import torchtitan_config
+from planner.solve import plan
+from planner.solve.chain_dp import StageTable
+from tests.chains import chain_profile, layer_dicts, small_cluster, solve_three_ways
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+times = st.lists(st.floats(0.0, 5.0), min_size=1, max_size=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), prefetch=st.booleans())
+def test_closed_form_equals_event_replay(data, prefetch):
+    n = data.draw(st.integers(1, 7))
+    f, b, a, r = (np.array(data.draw(st.lists(st.floats(0.0, 5.0), min_size=n, max_size=n))) for _ in range(4))
+    terms = fsdp_terms(f, b, a, r, prefetch)
+    matrix = terms.matrix()
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            want = replay(f[i:j].tolist(), b[i:j].tolist(), a[i:j].tolist(), r[i:j].tolist(), prefetch)
+            got = terms.stage(i, j)
+            assert got == pytest.approx(want, abs=1e-9)
+            assert matrix[i, j] == pytest.approx(sum(want), abs=1e-9)
+    if not prefetch:  # each collective waits for and is waited for by its layer
+        assert terms.stage(0, n) == pytest.approx((f.sum() + a.sum(), b.sum() + a.sum() + r.sum()))
+    else:  # never slower than not overlapping, never faster than computing alone
+        no = fsdp_terms(f, b, a, r, False).stage(0, n)
+        assert sum(terms.stage(0, n)) <= sum(no) + 1e-9
+        assert sum(terms.stage(0, n)) >= f.sum() + b.sum() - 1e-9
+
+
+@pytest.mark.parametrize("stack", ["planner", "megatron-core"])
+def test_memory_is_sharded_state_plus_gathered_units(stack):
+    prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=p, saved=1e7, inp=1e6, out=1e6)
+                          for p in (10_000_000, 30_000_000, 20_000_000)])
+    cm = CostModel(prof, small_cluster(4), stack=STACKS[stack])
+    lay = Layout(num_stages=1, dp_degree=4, zero=ZeroStage.PARAMETERS)
+    mem = cm.stage_memory(0, 3, (), 1, 1, lay.sharding(0))
+    w, g, o = 2, 2, 12  # adam-mixed
+    units = 2 if stack == "megatron-core" else 1
+    assert mem.param_bytes == 60_000_000 * w // 4 + units * 30_000_000 * w
+    assert mem.grad_bytes == 60_000_000 * g // 4 + units * 30_000_000 * g
+    assert mem.optimizer_bytes == 60_000_000 * o // 4
+    one = Layout(num_stages=1, dp_degree=1, zero=ZeroStage.PARAMETERS)  # one rank shards nothing
+    assert cm.stage_memory(0, 3, (), 1, 1, one.sharding(0)) == cm.stage_memory(0, 3, (), 1, 1)
+    # ZeRO 3's collectives are in the stage's times, not after its last backward
+    assert cm.stage_sync(0, 3, 0, lay).total_ms == 0.0
+    fwd, bwd = cm.stage_times_ms(0, 3, 1, 0, lay)
+    assert fwd > cm.stage_fwd_ms(0, 3, 1) and bwd > cm.stage_bwd_ms(0, 3, 1)
+
+
+@SETTINGS
+@given(
+    layers=layer_dicts(6),
+    num_stages=st.integers(1, 3),
+    num_microbatches=st.integers(1, 5),
+    microbatch_size=st.sampled_from([1, 2]),
+    schedule=st.sampled_from([ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]),
+    cap_gb=st.floats(0.05, 2.0),
+    dp_degree=st.sampled_from([2, 3]),
+    stack=st.sampled_from(["planner", "megatron-core"]),
+)
+def test_dp_equals_cpsat_equals_brute_force_under_zero3(
+    layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb, dp_degree, stack
+):
+    """The DP's table (closed form, vectorised), CP-SAT (linear in first/last indicators) and the
+    brute force (event replay per stage) price ZeRO 3 alike and find the same optimum."""
+    prof = chain_profile(layers)
+    cm = CostModel(prof, small_cluster(8), stack=STACKS[stack])
+    layout = Layout(num_stages=num_stages, dp_degree=dp_degree, zero=ZeroStage.PARAMETERS)
+    sharding = layout.sharding(0)
+    table = StageTable(cm, microbatch_size, cap_gb * 1e9, sharding=sharding, fsdp_line=cm.fsdp_line(layout))
+    kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=schedule)
+    dp = solve_three_ways(table, **kw)
+    if dp is None:
+        return
+    stops = list(dp.boundaries[1:]) + [cm.num_layers]
+    for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
+        k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
+        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, sharding).total_bytes <= table.cap
+
+
+def _big_state_case():
+    """Six layers whose model state (adam-mixed, 16 bytes per parameter) cannot fit on 4 devices
+    of 2.92 GB unless the parameters are sharded too: 600M parameters are 9.6 GB (ZeRO 1 over
+    2 replicas of 2 stages: 3.0 GB; ZeRO 3: 2.4 GB + a gathered layer)."""
+    prof = chain_profile([dict(fwd=1.0 + i % 2, bwd=2.0, params=100_000_000, saved=2e7, inp=2e6, out=2e6)
+                          for i in range(6)])
+    return prof, small_cluster(4, memory_bytes=int(2.92e9))
+
+
+def test_zero3_plans_what_nothing_else_fits_and_the_solvers_agree():
+    prof, cluster = _big_state_case()
+    req = PlanRequest(global_batch=8, per_stage_replication=False, memory_headroom_fraction=0.0)
+    with pytest.raises(InfeasibleError):
+        plan(prof, cluster, dataclasses.replace(req, zero_stages=(0, 1, 2)))
+    a = plan(prof, cluster, req)
+    b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
+    c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))
+    assert a.layout.zero is ZeroStage.PARAMETERS and a.layout.dp_degree > 1
+    assert (b.layout.zero, c.layout.zero) == (ZeroStage.PARAMETERS, ZeroStage.PARAMETERS)
+    assert math.isclose(a.predicted.iteration_ms, b.predicted.iteration_ms, rel_tol=1e-9)
+    assert math.isclose(a.predicted.iteration_ms, c.predicted.iteration_ms, rel_tol=1e-6)
+    for stage in a.stages:
+        assert stage.memory_total_bytes <= stage.memory_cap_bytes
+        assert stage.allreduce_ms == 0.0  # its collectives are in fwd_ms / bwd_ms
+    # the plan carries it: JSON round trip, the layout's name, torchtitan's dp_shard
+    assert plan_from_json(plan_to_json(a)) == a
+    assert "ZeRO-3" in a.layout.describe()
+    toml = torchtitan_config(a)
+    assert f"data_parallel_shard_degree = {a.layout.dp_degree}" in toml
+    assert 'fsdp_reshard_after_forward = "always"' in toml
+
+
+def test_refusal_names_the_fsdp_layout_and_what_would_fit():
+    prof, cluster = _big_state_case()
+    tight = PlanRequest(global_batch=8, per_stage_replication=False, memory_cap_bytes=int(1.2e9))
+    with pytest.raises(InfeasibleError) as info:
+        plan(prof, cluster, tight)
+    text = str(info.value)
+    assert "ZeRO-3" in text, text  # the leanest layout tried is the sharded one
+    assert "more devices: 8" in text or "more devices: 16" in text, text

@@ -1,0 +1,259 @@
+"""Zero-bubble pipelines (Qi et al., ICLR 2024): the backward split into I (input gradient)
+and W (weight gradient) in profiles, schedules, the simulator and the solver."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.profile import DEFAULT_WEIGHT_GRAD_FRACTION, profile_from_json, profile_to_json
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.schedule import (
+    Action,
+    ActionKind,
+    ScheduleError,
+    build_schedule,
+    inflight_counts,
+    parse_action,
+    validate_schedule,
+    weight_pending_counts,
+)
+from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
+from planner.solve import plan
+from planner.solve.bruteforce import solve_chain_bruteforce
+from planner.solve.chain_dp import StageTable, solve_chain
+from tests.chains import chain_profile, layer_dicts, small_cluster
+
+ZB = ScheduleKind.ZB_H1
+
+
+def as_text(schedule):
+    return [" ".join(str(a) for a in rank) for rank in schedule]
+
+
+def test_input_and_weight_actions_print_and_parse_as_torch_does():
+    assert parse_action("1I3") == Action(stage_idx=1, kind=ActionKind.BACKWARD_INPUT, mb_idx=3)
+    assert str(Action(stage_idx=0, kind=ActionKind.BACKWARD_WEIGHT, mb_idx=2)) == "0W2"
+    from torch.distributed.pipelining.schedules import _Action
+
+    for text in ("1I3", "0W2", "2F0", "3B1"):
+        assert str(_Action.from_str(text)) == text
+
+
+def test_zb_h1_order_literal():
+    # rank 1 (last) runs W from its first step; rank 0 warms up with P - 1 forwards
+    assert as_text(build_schedule(ZB, 2, 4)) == [
+        "0F0 0F1 0I0 0W0 0F2 0I1 0W1 0F3 0I2 0W2 0I3 0W3",
+        "1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1F3 1I3 1W2 1W3",
+    ]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 6, 8, 10])
+def test_zb_h1_matches_torch_interleaved_zero_bubble_with_one_stage_per_rank(ranks, m):
+    from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+    rounds = max(1, m // ranks)
+    if m % rounds:
+        with pytest.raises(PlannerInputError, match="multiple of the number of rounds"):
+            build_schedule(ZB, ranks, m)
+        return
+    sched = ScheduleInterleavedZeroBubble.__new__(ScheduleInterleavedZeroBubble)
+    sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = ranks, 1, m
+    sched.number_of_rounds = rounds
+    sched.microbatches_per_round = m // rounds
+    theirs = [" ".join(str(a) for a in sched._calculate_single_rank_operations(r) if a is not None) for r in range(ranks)]
+    ours = build_schedule(ZB, ranks, m)
+    assert as_text(ours) == theirs
+    grid = validate_schedule(ours, ranks, m)
+    assert sum(a is not None for row in grid for a in row) == 3 * ranks * m
+
+
+def test_dry_run_rejects_w_before_i_and_mixed_backwards():
+    bad = ((Action(stage_idx=0, kind=ActionKind.FORWARD, mb_idx=0), Action(stage_idx=0, kind=ActionKind.BACKWARD_WEIGHT, mb_idx=0),
+            Action(stage_idx=0, kind=ActionKind.BACKWARD_INPUT, mb_idx=0)),)
+    with pytest.raises(ScheduleError, match="weight gradient 0W0 runs before its input gradient 0I0"):
+        validate_schedule(bad, 1, 1)
+    mixed = tuple(tuple(parse_action(t) for t in row.split()) for row in ("0F0 0F1 0B0 0I1 0W1",))
+    with pytest.raises(PlannerInputError, match="mixes whole backwards"):
+        validate_schedule(mixed, 1, 2)
+    missing = tuple(tuple(parse_action(t) for t in row.split()) for row in ("0F0 0I0",))
+    with pytest.raises(PlannerInputError, match=r"missing 1 action.*0W0"):
+        validate_schedule(missing, 1, 1)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("m", [1, 2, 4, 6, 12])
+def test_inflight_counted_until_w(p, m):
+    try:
+        sched = build_schedule(ZB, p, m)
+    except PlannerInputError:
+        return
+    layout = Layout(num_stages=p)
+    ks = inflight_counts(ZB, layout, m)
+    pending = weight_pending_counts(ZB, layout, m)
+    # counted independently here: the peak of (forwards - W passes) along each rank's order
+    for s, order in enumerate(sched):
+        live = peak = 0
+        for a in order:
+            live += 1 if a.kind is ActionKind.FORWARD else -1 if a.kind is ActionKind.BACKWARD_WEIGHT else 0
+            peak = max(peak, live)
+        assert ks[s] == peak
+    assert ks == tuple(min(p, m) for _ in range(p))
+    assert pending[0] == 0  # stage 0's peak holds whole micro-batches only: the count is exact there
+    assert weight_pending_counts(ScheduleKind.ONE_F_ONE_B, layout, max(m, p)) == (0,) * p
+
+
+def test_simulated_zb_h1_bubble_is_the_papers():
+    """Uniform stages, F = B(input) = W, no communication: 1F1B takes (M + P - 1)(F + B + W),
+    ZB-H1 M (F + B + W) + (P - 1)(F + B - W) (Qi et al. 2024 sec. 3.1, table 1)."""
+    p, m, f = 4, 8, 1.0
+    args = dict(fwd_ms=[f] * p, bwd_ms=[2 * f] * p, recompute_ms=[0.0] * p, send_fwd_ms=[0.0] * p,
+                send_bwd_ms=[0.0] * p, allreduce_ms=[0.0] * p)
+    one = simulate_iteration_ms(ScheduleKind.ONE_F_ONE_B, m, **args)
+    zb = simulate_iteration_ms(ZB, m, **args, wgrad_ms=[f] * p)
+    assert math.isclose(one, (m + p - 1) * 3 * f)
+    assert math.isclose(zb, m * 3 * f + (p - 1) * (f + f - f))
+    # without a W time the split changes nothing but the order
+    assert simulate_iteration_ms(ZB, m, **args) >= one - 1e-9
+
+
+def _zb_profile():
+    layers = [dict(fwd=1.0, bwd=2.0, params=1000, saved=1e6, inp=1e5, out=1e5, wfrac=0.5, wsaved=0.4)] * 8
+    return chain_profile(layers)
+
+
+def test_solver_picks_zb_h1_when_asked_and_it_is_faster():
+    prof = _zb_profile()
+    request = PlanRequest(global_batch=8, schedules=(ScheduleKind.ONE_F_ONE_B, ZB), num_stages=4, dp_degree=1)
+    best = plan(prof, small_cluster(4), request)
+    assert best.schedule is ZB
+    one = plan(prof, small_cluster(4), dataclasses.replace(request, schedules=(ScheduleKind.ONE_F_ONE_B,)))
+    assert best.predicted.iteration_ms < one.predicted.iteration_ms
+    assert best.predicted.bubble_fraction < one.predicted.bubble_fraction
+    for st_ in best.stages:
+        assert math.isclose(st_.wgrad_ms, 0.5 * st_.bwd_ms)
+        assert st_.wgrad_bytes_per_microbatch == round(0.4 * st_.activation_bytes_per_microbatch)
+    assert all(st_.wgrad_ms == 0.0 for st_ in one.stages)
+    timeline = simulate(best)
+    kinds = {seg.kind for seg in timeline.segments()}
+    assert {SegmentKind.FORWARD, SegmentKind.BACKWARD_INPUT, SegmentKind.BACKWARD_WEIGHT} <= kinds
+    assert SegmentKind.BACKWARD not in kinds
+    # memory over time: never above the planner's count of whole micro-batches, equal on stage 0
+    for s, st_ in enumerate(best.stages):
+        act = st_.activation_bytes_per_microbatch
+        static = timeline.memory[s].static_bytes
+        assert timeline.memory[s].peak_bytes <= static + st_.inflight_microbatches * act
+        if s == 0:
+            assert timeline.memory[s].peak_bytes == static + st_.inflight_microbatches * act
+    # the last stage holds one whole micro-batch and P - 1 waiting for W at its peak
+    last = best.stages[-1]
+    assert timeline.memory[-1].peak_bytes == timeline.memory[-1].static_bytes + last.activation_bytes_per_microbatch + (
+        3 * last.wgrad_bytes_per_microbatch)
+
+
+ZB_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@ZB_SETTINGS
+@given(
+    layers=layer_dicts(6),
+    wfracs=st.lists(st.floats(0.0, 1.0), min_size=6, max_size=6),
+    num_stages=st.integers(1, 4),
+    num_microbatches=st.integers(1, 8),
+    microbatch_size=st.sampled_from([1, 2]),
+    cap_gb=st.floats(0.05, 2.0),
+)
+def test_zb_h1_dp_equals_brute_force(layers, wfracs, num_stages, num_microbatches, microbatch_size, cap_gb):
+    """ZB-H1's objective (chain_dp's module docstring) with recomputation and the memory cap:
+    the DP equals the brute force over every cut set and recompute mask."""
+    layers = [dict(d, wfrac=w) for d, w in zip(layers, wfracs)]
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    layout = Layout(num_stages=num_stages)
+    table = StageTable(cm, microbatch_size, cap_gb * 1e9)
+    kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=ZB)
+    try:
+        build_schedule(ZB, num_stages, num_microbatches)
+    except PlannerInputError:
+        return
+    dp = solve_chain(table, **kw)
+    bf = solve_chain_bruteforce(table, **kw)
+    if bf is None:
+        assert dp is None
+        return
+    assert dp is not None
+    assert math.isclose(dp.objective_ms, bf.objective_ms, rel_tol=1e-9, abs_tol=1e-9)
+    ks = inflight_counts(ZB, layout, num_microbatches)
+    stops = list(dp.boundaries[1:]) + [cm.num_layers]
+    for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
+        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, ks[s]).total_bytes <= table.cap
+
+
+def test_profile_split_fields_default_and_bounds():
+    prof = _zb_profile()
+    data = profile_to_json(prof)
+    assert profile_from_json(data).layers[0].weight_grad_fraction == 0.5
+    for layer in data["layers"]:
+        layer.pop("weight_grad_fraction")
+        layer.pop("weight_grad_saved_fraction")
+    old = profile_from_json(data)  # files without the fields load, with the stated default
+    assert old.layers[0].wgrad_fraction == DEFAULT_WEIGHT_GRAD_FRACTION and old.layers[0].wgrad_saved_fraction == 1.0
+    data["layers"][0]["param_count"] = 0
+    data["layers"][0]["param_bytes"] = 0
+    assert profile_from_json(data).layers[0].wgrad_fraction == 0.0
+    data["layers"][1]["weight_grad_fraction"] = 1.5
+    with pytest.raises(PlannerInputError, match=r"weight_grad_fraction must be in \[0, 1\] \(got 1.5\)"):
+        profile_from_json(data, "p.json")
+
+
+def test_analytic_split_per_gemm():
+    """Each weighted GEMM's W is one product of its forward's shape (Qi et al. 2024): a GPT
+    block's W is its four weight GEMMs' forward time, under half its backward (attention's
+    products and the element-wise work are all B); W keeps the 14 s h bytes of their inputs."""
+    from planner.profiling.analytic.common import FIT_SIZES, device_rates
+    from planner.profiling.analytic.gemm import wgrad_ms
+    from planner.profiling.analytic.gpt import block_gemms, gpt_profile
+
+    prof = gpt_profile(layers=2, hidden=1024, heads=16, seq=1024, vocab=5000)
+    block = prof.layers[1]
+    rates = device_rates("a100-80gb")
+    big = FIT_SIZES[-1]
+    w = wgrad_ms(block_gemms(1024, 1024, 16, True), rates.gemm, rates.peak_flops_per_ms, big)
+    assert 0.0 < block.weight_grad_fraction < 0.5
+    assert math.isclose(block.weight_grad_fraction * block.bwd.at(big), w, rel_tol=1e-9)
+    assert math.isclose(block.weight_grad_saved_fraction * block.saved_bytes_per_sample, 14.0 * 1024 * 1024)
+    assert prof.layers[0].weight_grad_fraction == 0.0  # the embedding's gradient is a scatter: B
+
+
+def test_run_refuses_a_zero_bubble_shape_torch_cannot_run_in_one_line():
+    from planner.runtime.check import check_schedule
+    from tests.plan_factory import make_plan
+
+    check_schedule(make_plan(ZB, 8, [1.0] * 4, [2.0] * 4))  # torch's ScheduleInterleavedZeroBubble runs it
+    with pytest.raises(PlannerInputError) as exc:
+        check_schedule(make_plan(ZB, 9, [1.0] * 4, [2.0] * 4), "plan.json")
+    assert "\n" not in str(exc.value)
+    assert str(exc.value).startswith("plan.json: zb-h1 needs num_microbatches a multiple of the number of rounds")
+
+
+def test_measured_profile_times_the_input_gradient_pass_apart():
+    """The profiler times each layer's input-gradient pass alone (autograd.grad w.r.t. its
+    inputs): W's share is the rest of the backward; the first layer, whose input (the batch)
+    needs no gradient, is all W."""
+    from planner.models import load_workload
+    from planner.profiling.measured import profile_model
+
+    work = load_workload("tests.factories:mlp")
+    prof = profile_model(work, microbatch_sizes=(2,), warmup=1, repeats=3, num_threads=1, progress=False, trace_ops=False)
+    fractions = [layer.weight_grad_fraction for layer in prof.layers]
+    assert all(f is not None and 0.0 <= f <= 1.0 for f in fractions)
+    assert fractions[0] == 1.0
+    assert all(layer.weight_grad_saved_fraction is None for layer in prof.layers)  # not measured: the default
