@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from planner.artifacts.kinds import ScheduleKind, SolverKind
 from planner.artifacts.layout import Layout
-from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance, StageMemory
+from planner.artifacts.plan import Plan, PlanStage, StageMemory
+from planner.artifacts.plan_summary import Prediction, Provenance
 from planner.artifacts.request import PlanRequest
 
 

@@ -18,7 +18,8 @@ import pytest
 import planner.artifacts.progress as progress_module
 from planner.artifacts.cluster import PRESETS, cluster_to_json
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
-from planner.artifacts.plan import ParetoPoint, load_plan
+from planner.artifacts.plan import load_plan
+from planner.artifacts.plan_summary import ParetoPoint
 from planner.artifacts.progress import Progress, note
 from planner.commands.cli import build_parser, main
 from planner.report.table import format_pareto, pareto_label

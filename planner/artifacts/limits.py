@@ -125,3 +125,12 @@ def _g(value: float) -> str:
     if value >= 2**20 and value & (value - 1) == 0:
         return f"2^{value.bit_length() - 1}"
     return f"{value:,}"
+
+
+def check_nonneg(owner: str, **values: float) -> None:
+    """Raise ValueError naming ``owner.name`` for a value that is negative or not finite."""
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{owner}.{name} must be finite (got {value!r})")
+        if value < 0:
+            raise ValueError(f"{owner}.{name} must be >= 0 (got {value!r})")

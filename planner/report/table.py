@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from planner.artifacts.kinds import Objective, ZeroStage
-from planner.artifacts.plan import ParetoPoint, Plan, PlanStage, Prediction
+from planner.artifacts.plan import Plan, PlanStage
+from planner.artifacts.plan_summary import ParetoPoint, Prediction
 
 GIB = 1024**3
 

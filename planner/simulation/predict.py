@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from planner.artifacts.plan import Plan, Prediction
+from planner.artifacts.plan import Plan
+from planner.artifacts.plan_summary import Prediction
 from planner.simulation.bounds import flops_figures, me_index_of, partition_bound_ms
 from planner.simulation.simulator import simulate
 from planner.simulation.timeline import Timeline

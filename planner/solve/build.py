@@ -12,7 +12,8 @@ from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster, cluster_to_json
 from planner.artifacts.kinds import ScheduleKind, SolverKind
 from planner.artifacts.layout import Layout
-from planner.artifacts.plan import Plan, PlanStage, Prediction, Provenance
+from planner.artifacts.plan import Plan, PlanStage
+from planner.artifacts.plan_summary import Prediction, Provenance
 from planner.artifacts.profile import Profile, profile_to_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel

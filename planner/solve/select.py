@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Iterable
 
 from planner.artifacts.kinds import Objective, ScheduleKind
-from planner.artifacts.plan import ParetoPoint, Plan
+from planner.artifacts.plan import Plan
+from planner.artifacts.plan_summary import ParetoPoint
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.solve.build import Problem, build_plan, memory_cap_bytes
@@ -40,6 +41,24 @@ def tie_key(plan: Plan) -> tuple[float, int, int, int, str]:
             plan.schedule.value)
 
 
+def pareto_point(plan: Plan) -> ParetoPoint:
+    """The front's row for one plan: its predicted time and memory, and its layout."""
+    lay = plan.layout
+    return ParetoPoint(
+        iteration_ms=plan.predicted.iteration_ms,
+        peak_memory_bytes=plan.predicted.peak_memory_bytes,
+        num_stages=lay.num_stages,
+        dp_degree=lay.dp_degree,
+        microbatch_size=plan.microbatch_size,
+        schedule=plan.schedule,
+        num_recomputed_layers=sum(len(s.recompute) + len(s.recompute_selective) for s in plan.stages),
+        zero=lay.zero,
+        stage_replicas=lay.stage_replicas,
+        tp_degree=lay.tp_degree,
+        sequence_parallel=lay.sequence_parallel,
+    )
+
+
 def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
     """Non-dominated (iteration time, peak memory) points, fastest first."""
     pts = sorted(plans, key=lambda p: (p.predicted.iteration_ms, p.predicted.peak_memory_bytes))
@@ -48,7 +67,7 @@ def pareto_front(plans: list[Plan]) -> tuple[ParetoPoint, ...]:
     for p in pts:
         if best_mem is None or p.predicted.peak_memory_bytes < best_mem:
             best_mem = p.predicted.peak_memory_bytes
-            front.append(ParetoPoint.of(p))
+            front.append(pareto_point(p))
     return tuple(front)
 
 

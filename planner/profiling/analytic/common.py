@@ -17,12 +17,11 @@ from planner.artifacts.profile import (
     Edge,
     Layer,
     Profile,
-    SplitDegree,
-    TensorSplit,
     TiedParams,
     TimeFit,
     profile_fingerprint,
 )
+from planner.artifacts.tensor_split import SplitDegree, TensorSplit
 from planner.profiling.analytic.gemm import Gemm, GemmModel, gemm_model_of, gemms_ms, wgrad_ms
 
 

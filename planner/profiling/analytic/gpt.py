@@ -67,7 +67,8 @@ from __future__ import annotations
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind
-from planner.artifacts.profile import Layer, Profile, TensorSplit
+from planner.artifacts.profile import Layer, Profile
+from planner.artifacts.tensor_split import TensorSplit
 from planner.models.flops import gpt_model_flops_per_sample
 from planner.profiling.analytic.attention import attention_core_cost, parse_attention
 from planner.profiling.analytic.common import (

@@ -80,7 +80,8 @@ from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind
-from planner.artifacts.profile import Layer, Profile, TensorSplit
+from planner.artifacts.profile import Layer, Profile
+from planner.artifacts.tensor_split import TensorSplit
 from planner.models.hf_spec import SIZE_LIMITS, read_config_file
 from planner.profiling.analytic.attention import attention_core_cost
 from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split

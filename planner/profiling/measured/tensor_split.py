@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from planner.artifacts.profile import TensorSplit
+from planner.artifacts.tensor_split import TensorSplit
 from planner.models.tp_plans import check_split
 from planner.models.workload import Workload
 from planner.profiling.measured.memory import saved_span, union_bytes
