@@ -13,6 +13,7 @@ from planner.schedule import (
     build_schedule,
     parse_action,
     read_schedule_csv,
+    stage_inflight,
     validate_schedule,
     write_schedule_csv,
 )
@@ -202,3 +203,25 @@ def test_torch_loader_rejects_a_broken_csv(tmp_path, fake_process_group):
     path.write_text("\n".join(r.replace(" ", ",") for r in rows) + "\n")
     with pytest.raises(AssertionError, match="without first running Forward"):
         torch_load_csv(path, 4, 4)
+
+
+def test_interleaved_inflight_counts_equal_a_walk_over_the_actions():
+    """The in-flight counts of interleaved 1F1B come from the order's arrays; a walk over the
+    built Actions (forwards done minus backwards done, per stage, its peak) must agree."""
+    checked = 0
+    for ranks in range(1, 7):
+        for v in (2, 3, 4):
+            for m in range(1, 33):
+                try:
+                    sched = build_schedule(ScheduleKind.INTERLEAVED_1F1B, ranks * v, m, v)
+                except PlannerInputError:
+                    continue
+                live = [0] * (ranks * v)
+                peak = [0] * (ranks * v)
+                for order in sched:
+                    for a in order:
+                        live[a.stage_idx] += 1 if a.kind is ActionKind.FORWARD else -1
+                        peak[a.stage_idx] = max(peak[a.stage_idx], live[a.stage_idx])
+                assert stage_inflight(ScheduleKind.INTERLEAVED_1F1B, ranks * v, m, v) == tuple(peak), (ranks, v, m)
+                checked += 1
+    assert checked > 300

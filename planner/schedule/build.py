@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule
@@ -155,34 +157,32 @@ def _zb_h1_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
     return tuple(ops)
 
 
-def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
-    """torch ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` (compute only)."""
+def interleaved_events(rank: int, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's interleaved 1F1B order as (chunk, +1 forward / -1 backward) per action, the
+    order of torch ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` (compute only):
+    op ``i`` runs a forward while ``i < v M`` and then a backward from ``i = warm-up`` on."""
     rounds = max(1, m // p)
     per_round = m // rounds
     # _get_warmup_ops(multiply_factor=2)
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
-    total_mb_ops = v * m
-    fwd_bwd = total_mb_ops - warmup
-    cooldown = total_mb_ops - fwd_bwd
+    total = v * m
+    op = np.arange(total + warmup)
+    fwd = (op // per_round) % v
+    bwd = v - 1 - ((op - warmup) // per_round) % v
+    chunk = np.stack([fwd, bwd], axis=1).reshape(-1)
+    delta = np.stack([(op < total).astype(np.int64), -(op >= warmup).astype(np.int64)], axis=1).reshape(-1)
+    keep = delta != 0
+    return chunk[keep], delta[keep]
 
-    def fwd_stage(step: int) -> int:
-        return ((step // per_round) % v) * p + rank
 
-    def bwd_stage(step: int) -> int:
-        return (v - 1 - ((step - warmup) // per_round) % v) * p + rank
-
-    next_fwd: dict[int, int] = {}
-    next_bwd: dict[int, int] = {}
+def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
+    """The Actions of :func:`interleaved_events` (stage ``chunk x P + rank``, micro-batches in turn)."""
+    chunks, deltas = interleaved_events(rank, p, v, m)
+    done = {(c, d): 0 for c in range(v) for d in (1, -1)}
     ops: list[Action] = []
-    for op in range(warmup + fwd_bwd + cooldown):
-        if op < warmup + fwd_bwd:
-            s = fwd_stage(op)
-            ops.append(Action(stage_idx=s, kind=F, mb_idx=next_fwd.get(s, 0)))
-            next_fwd[s] = next_fwd.get(s, 0) + 1
-        if op >= warmup:
-            s = bwd_stage(op)
-            ops.append(Action(stage_idx=s, kind=B, mb_idx=next_bwd.get(s, 0)))
-            next_bwd[s] = next_bwd.get(s, 0) + 1
+    for c, d in zip(chunks.tolist(), deltas.tolist()):
+        ops.append(Action(stage_idx=c * p + rank, kind=F if d > 0 else B, mb_idx=done[c, d]))
+        done[c, d] += 1
     return tuple(ops)
 
 

@@ -21,10 +21,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.schedule.actions import ActionKind, Schedule
-from planner.schedule.build import build_replicated_schedule, build_schedule, replicated_warmup
+from planner.schedule.build import (
+    build_replicated_schedule,
+    build_schedule,
+    check_schedule_rules,
+    interleaved_events,
+    replicated_warmup,
+)
 
 
 def layout_schedule(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> Schedule:
@@ -70,6 +78,8 @@ def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: 
 def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[int, int], ...]:
     """Per stage, (micro-batches holding all their activations, micro-batches past I waiting
     for W) at the peak of their sum, the larger first count among peaks of equal sum."""
+    if kind is ScheduleKind.INTERLEAVED_1F1B:
+        return tuple((n, 0) for n in _interleaved_peaks(num_stages, num_microbatches, v))
     whole = [0] * num_stages
     pending = [0] * num_stages
     peak = [(0, 0)] * num_stages
@@ -89,3 +99,19 @@ def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int)
             if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
                 peak[s] = now
     return tuple(peak)
+
+
+def _interleaved_peaks(num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:
+    """Per stage, the peak of forwards done minus backwards done along its rank's interleaved
+    order (the count :func:`_counted` makes on the Actions, made on the order's arrays)."""
+    check_schedule_rules(ScheduleKind.INTERLEAVED_1F1B, num_stages, num_microbatches, v)
+    ranks = num_stages // v
+    peaks = [0] * num_stages
+    for rank in range(ranks):
+        chunks, deltas = interleaved_events(rank, ranks, v, num_microbatches)
+        per_chunk = np.zeros((v, len(chunks)), dtype=np.int64)
+        per_chunk[chunks, np.arange(len(chunks))] = deltas
+        highs = np.maximum(np.cumsum(per_chunk, axis=1).max(axis=1, initial=0), 0)
+        for c in range(v):
+            peaks[c * ranks + rank] = int(highs[c])
+    return tuple(peaks)

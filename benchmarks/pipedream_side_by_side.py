@@ -1,0 +1,153 @@
+"""PipeDream's own optimizer and ``planner`` side by side, whole processes, on PipeDream's profiles.
+
+Issue 24's measurement: for each model and device count, ``--pairs`` rounds that each start
+PipeDream's optimizer (``../shared/reference/pipedream/optimizer_src``, unmodified, run as its
+README says, with ``--use_memory_constraint``) and ``planner`` on the same ``graph.txt``, in
+alternating order (PipeDream first in even rounds, planner first in odd ones), so both see the
+same background load. Each side's figure is whole-process CPU time (user + sys of the child,
+interpreter start and imports included) and wall time; the table shows medians and the ratio
+PipeDream / planner (above 1: planner is faster; the issue's target is 10).
+
+The planner side is two processes, both counted: ``planner import-pipedream graph.txt`` (parse
+and convert, what PipeDream also does on every run) and ``planner plan`` on the written profile,
+with the default request (every schedule, micro-batch size, recomputation, ZeRO 0-2, per-stage
+replication) on V100-16GB nodes of 8 (``v100-16gb-2x8`` grown to N devices), global batch
+``b0 x N`` (``b0``: the minibatch the profile was measured at, PipeDream's own setting).
+
+PipeDream's side: ``python optimizer_graph_hierarchical.py -f graph.txt -n N -b 10000000000
+-s 16000000000 --activation_compression_ratio 1 --use_memory_constraint`` from its own folder
+(one level, 10 GB/s, 16 GB per device: the reference README's setting). Its ``graph`` module
+imports the ``graphviz`` package only to draw (``-o``, not used here); where that package is not
+installed a module of that name with nothing in it is put on PipeDream's path instead (PipeDream
+then skips the real package's import time: its figure is, if anything, a little low).
+
+Run: ``python benchmarks/pipedream_side_by_side.py [--reference ../shared/reference/pipedream]
+[--models alexnet,vgg16] [--devices 4,8,16,32] [--pairs 3] [--timeout-s 600]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("alexnet", "vgg16", "resnet50", "resnext101", "densenet121", "gnmt_large")
+TARGET_RATIO = 10.0
+
+
+@dataclass(frozen=True)
+class Run:
+    cpu_s: float
+    wall_s: float
+    ok: bool
+    summary: str
+
+
+def timed(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None) -> Run:
+    """One whole child process: its user + sys CPU (``RUSAGE_CHILDREN`` before and after, the
+    children run one at a time) and wall time; ``summary``: its output's last meaningful line."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    w0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        ok, out = proc.returncode == 0, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        ok, out = False, f"timed out after {timeout_s:.0f} s"
+    wall = time.perf_counter() - w0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return Run(cpu_s=cpu, wall_s=wall, ok=ok, summary=lines[-1] if lines else "(no output)")
+
+
+def pipedream_cmd(reference: Path, model: str, devices: int) -> list[str]:
+    return [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(reference / model / "graph.txt"),
+            "-n", str(devices), "-b", "10000000000", "-s", "16000000000",
+            "--activation_compression_ratio", "1", "--use_memory_constraint"]
+
+
+def pipedream_env(shim_dir: Path) -> dict[str, str]:
+    """PipeDream's environment: the real ``graphviz`` when installed, else an empty module of that name."""
+    env = dict(os.environ)
+    try:
+        import graphviz  # noqa: F401
+    except ImportError:
+        (shim_dir / "graphviz.py").write_text('"""Empty: PipeDream imports graphviz only to draw (-o)."""\n')
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim_dir), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def planner_run(graph: Path, devices: int, work: Path, timeout_s: float) -> Run:
+    """``planner import-pipedream`` then ``planner plan``: CPU and wall of both processes."""
+    exe = str(Path(sys.executable).with_name("planner"))
+    prof = work / f"{graph.parent.name}.json"
+    conv = timed([exe, "import-pipedream", str(graph), "--out", str(prof)], ROOT, timeout_s)
+    if not conv.ok:
+        return Run(conv.cpu_s, conv.wall_s, False, conv.summary)
+    b0 = _profile_minibatch(prof)
+    plan = timed([exe, "plan", "--profile", str(prof), "--cluster", "v100-16gb-2x8", "--devices", str(devices),
+                  "--global-batch", str(b0 * devices)], ROOT, timeout_s)
+    return Run(conv.cpu_s + plan.cpu_s, conv.wall_s + plan.wall_s, plan.ok, plan.summary)
+
+
+def _profile_minibatch(profile_json: Path) -> int:
+    return int(json.loads(profile_json.read_text())["microbatch_sizes"][0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reference", type=Path, default=ROOT.parent / "shared" / "reference" / "pipedream")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--devices", default="4,8,16,32")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--timeout-s", type=float, default=600.0)
+    args = ap.parse_args()
+    opt_dir = args.reference / "optimizer_src" / "optimizer"
+    if not (opt_dir / "optimizer_graph_hierarchical.py").is_file():
+        raise SystemExit(f"{opt_dir}: PipeDream's optimizer is not there (see ../shared/reference/pipedream/README.md)")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}, "
+          f"{args.pairs} pairs per case, medians; CPU = whole-process user + sys")
+    print(f"{'model':12s} {'N':>3s} {'PD cpu s':>8s} {'ours cpu s':>10s} {'PD/ours cpu':>11s} "
+          f"{'PD wall s':>9s} {'ours wall s':>11s} {'PD/ours wall':>12s}  PipeDream's last line | ours")
+    ratios: list[tuple[str, int, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = pipedream_env(work)
+        for model in args.models.split(","):
+            graph = args.reference / model / "graph.txt"
+            for n in (int(x) for x in args.devices.split(",")):
+                pd_runs: list[Run] = []
+                our_runs: list[Run] = []
+                for r in range(args.pairs):
+                    for side in (("pd", "ours") if r % 2 == 0 else ("ours", "pd")):
+                        if side == "pd":
+                            pd_runs.append(timed(pipedream_cmd(args.reference, model, n), opt_dir, args.timeout_s, env))
+                        else:
+                            our_runs.append(planner_run(graph, n, work, args.timeout_s))
+                pd_cpu = statistics.median(x.cpu_s for x in pd_runs)
+                our_cpu = statistics.median(x.cpu_s for x in our_runs)
+                pd_wall = statistics.median(x.wall_s for x in pd_runs)
+                our_wall = statistics.median(x.wall_s for x in our_runs)
+                pd_ok = all(x.ok for x in pd_runs)
+                note = "" if pd_ok else " (PipeDream failed or timed out: its figure is a lower bound)"
+                ratios.append((model, n, pd_cpu / our_cpu))
+                print(f"{model:12s} {n:3d} {pd_cpu:8.2f} {our_cpu:10.2f} {pd_cpu / our_cpu:11.2f} "
+                      f"{pd_wall:9.2f} {our_wall:11.2f} {pd_wall / our_wall:12.2f}  "
+                      f"{pd_runs[-1].summary[:60]} | {our_runs[-1].summary[:70]}{note}", flush=True)
+    below = [f"{m} N={n} ({r:.2f})" for m, n, r in ratios if r < TARGET_RATIO]
+    print(f"\nPD/ours CPU: median {statistics.median(r for _, _, r in ratios):.2f}, "
+          f"min {min(r for _, _, r in ratios):.2f}; below the target {TARGET_RATIO:.0f}x: "
+          f"{', '.join(below) if below else 'none'}")
+
+
+if __name__ == "__main__":
+    main()
