@@ -175,15 +175,22 @@ def interleaved_events(rank: int, p: int, v: int, m: int) -> tuple[np.ndarray, n
     return chunk[keep], delta[keep]
 
 
-def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
-    """The Actions of :func:`interleaved_events` (stage ``chunk x P + rank``, micro-batches in turn)."""
+def interleaved_triples(rank: int, p: int, v: int, m: int) -> tuple[tuple[int, int, int], ...]:
+    """One rank's interleaved order as (stage ``chunk x P + rank``, 0 forward / 1 backward,
+    micro-batch) triples: each stage's forwards and its backwards take the micro-batches in turn."""
     chunks, deltas = interleaved_events(rank, p, v, m)
-    done = {(c, d): 0 for c in range(v) for d in (1, -1)}
-    ops: list[Action] = []
-    for c, d in zip(chunks.tolist(), deltas.tolist()):
-        ops.append(Action(stage_idx=c * p + rank, kind=F if d > 0 else B, mb_idx=done[c, d]))
-        done[c, d] += 1
-    return tuple(ops)
+    back = (deltas < 0).astype(np.int64)
+    key = chunks * 2 + back
+    mb = np.zeros_like(key)
+    for k in range(2 * v):
+        idx = np.flatnonzero(key == k)
+        mb[idx] = np.arange(len(idx))
+    return tuple(zip((chunks * p + rank).tolist(), back.tolist(), mb.tolist()))
+
+
+def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
+    """The Actions of :func:`interleaved_triples`."""
+    return tuple(Action(stage_idx=s, kind=B if b else F, mb_idx=i) for s, b, i in interleaved_triples(rank, p, v, m))
 
 
 def check_replicated_rules(kind: ScheduleKind, replicas: tuple[int, ...], num_microbatches: int) -> None:

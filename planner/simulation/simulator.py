@@ -56,7 +56,7 @@ from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.schedule import ActionKind, build_schedule, layout_schedule, validate_schedule
-from planner.schedule.build import check_replicated_rules, replicated_triples
+from planner.schedule.build import check_replicated_rules, check_schedule_rules, interleaved_triples, replicated_triples
 from planner.simulation.memory import memory_trace, summed_peak
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
@@ -83,8 +83,8 @@ def _encoded(
     """The schedule as (stage, is_backward, mb) integer triples, for the tight loop.
 
     GPipe and 1F1B are generated directly as integers (the same orders as
-    :mod:`planner.schedule.build`, a test checks it); interleaved and replicated orders go
-    through the Actions."""
+    :mod:`planner.schedule.build`, a test checks it), interleaved ones from the integers its
+    Actions are made of; zero-bubble orders go through the Actions."""
     m = num_microbatches
     if replicas:
         check_replicated_rules(kind, replicas, m)
@@ -104,6 +104,10 @@ def _encoded(
                     ops.append((s, False, warmup + i))
             orders.append(tuple(ops))
         return tuple(orders)
+    if kind is ScheduleKind.INTERLEAVED_1F1B:
+        check_schedule_rules(kind, num_stages, m, v)
+        ranks = num_stages // v
+        return tuple(interleaved_triples(r, ranks, v, m) for r in range(ranks))
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
     return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
 
