@@ -8,9 +8,9 @@ same background load. Each side's figure is whole-process CPU time (user + sys o
 interpreter start and imports included) and wall time; the table shows medians and the ratio
 PipeDream / planner (above 1: planner is faster; the issue's target is 10).
 
-The planner side is two processes, both counted: ``planner import-pipedream graph.txt`` (parse
-and convert, what PipeDream also does on every run) and ``planner plan`` on the written profile,
-with the default request (every schedule, micro-batch size, recomputation, ZeRO 0-2, per-stage
+The planner side is one process, ``planner plan --profile graph.txt`` (it parses and converts
+the graph as ``planner import-pipedream`` does; PipeDream parses it on every run too), with the
+default request (every schedule, micro-batch size, recomputation, ZeRO 0-2, per-stage
 replication) on V100-16GB nodes of 8 (``v100-16gb-2x8`` grown to N devices), global batch
 ``b0 x N`` (``b0``: the minibatch the profile was measured at, PipeDream's own setting).
 
@@ -28,7 +28,6 @@ Run: ``python benchmarks/pipedream_side_by_side.py [--reference ../shared/refere
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -38,6 +37,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from planner.profiling.imported.pipedream import import_pipedream
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("alexnet", "vgg16", "resnet50", "resnext101", "densenet121", "gnmt_large")
@@ -86,21 +87,12 @@ def pipedream_env(shim_dir: Path) -> dict[str, str]:
     return env
 
 
-def planner_run(graph: Path, devices: int, work: Path, timeout_s: float) -> Run:
-    """``planner import-pipedream`` then ``planner plan``: CPU and wall of both processes."""
+def planner_run(graph: Path, devices: int, timeout_s: float) -> Run:
+    """``planner plan --profile graph.txt`` (it converts the graph as ``import-pipedream`` does)."""
     exe = str(Path(sys.executable).with_name("planner"))
-    prof = work / f"{graph.parent.name}.json"
-    conv = timed([exe, "import-pipedream", str(graph), "--out", str(prof)], ROOT, timeout_s)
-    if not conv.ok:
-        return Run(conv.cpu_s, conv.wall_s, False, conv.summary)
-    b0 = _profile_minibatch(prof)
-    plan = timed([exe, "plan", "--profile", str(prof), "--cluster", "v100-16gb-2x8", "--devices", str(devices),
+    b0 = import_pipedream(graph).microbatch_sizes[0]  # the global batch, b0 x N (not timed)
+    return timed([exe, "plan", "--profile", str(graph), "--cluster", "v100-16gb-2x8", "--devices", str(devices),
                   "--global-batch", str(b0 * devices)], ROOT, timeout_s)
-    return Run(conv.cpu_s + plan.cpu_s, conv.wall_s + plan.wall_s, plan.ok, plan.summary)
-
-
-def _profile_minibatch(profile_json: Path) -> int:
-    return int(json.loads(profile_json.read_text())["microbatch_sizes"][0])
 
 
 def main() -> None:
@@ -132,7 +124,7 @@ def main() -> None:
                         if side == "pd":
                             pd_runs.append(timed(pipedream_cmd(args.reference, model, n), opt_dir, args.timeout_s, env))
                         else:
-                            our_runs.append(planner_run(graph, n, work, args.timeout_s))
+                            our_runs.append(planner_run(graph, n, args.timeout_s))
                 pd_cpu = statistics.median(x.cpu_s for x in pd_runs)
                 our_cpu = statistics.median(x.cpu_s for x in our_runs)
                 pd_wall = statistics.median(x.wall_s for x in pd_runs)

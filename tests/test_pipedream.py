@@ -155,3 +155,18 @@ def test_importer_and_cli_modules_do_not_import_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@needs_reference
+def test_plan_takes_a_graph_txt_as_its_profile(tmp_path: Path, capsys) -> None:
+    """``planner plan --profile graph.txt`` plans what import-pipedream's JSON plans, byte for byte."""
+    graph = REFERENCE / "alexnet" / "graph.txt"
+    common = ["--cluster", "v100-16gb-2x8", "--devices", "4", "--global-batch", "1024"]
+    assert main(["import-pipedream", str(graph), "--out", str(tmp_path / "alexnet.json")]) == 0
+    assert main(["plan", "--profile", str(tmp_path / "alexnet.json"), *common, "--out", str(tmp_path / "a.json")]) == 0
+    assert main(["plan", "--profile", str(graph), *common, "--out", str(tmp_path / "b.json")]) == 0
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    bad = tmp_path / "graph.txt"
+    bad.write_text(GOOD.replace("forward_compute_time=1.0", "forward_compute_time=abc"))
+    assert main(["plan", "--profile", str(bad)]) == 2
+    assert "graph.txt:4: forward_compute_time is not a number" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, SolverKind
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 from planner.artifacts.plan import dumps_plan
-from planner.artifacts.profile import load_profile
+from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, stack_named
@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "replication and recomputation) for a profiled model on a cluster. "
         "With no arguments, plans the embedded default profile (GPT-3 13B, analytic, A100) on an 8x A100-80GB node.",
     )
-    p.add_argument("--profile", help="profile JSON (default: the embedded GPT-3 13B A100 profile)")
+    p.add_argument("--profile", help="profile JSON, or a PipeDream graph.txt (converted as import-pipedream does, "
+                   "batch size inferred) (default: the embedded GPT-3 13B A100 profile)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset ({', '.join(PRESETS)}) or cluster JSON (default: %(default)s)")
     p.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=0,
                    help="devices available (default: all of the cluster; more than a preset has adds its nodes, "
@@ -127,10 +128,21 @@ def cluster_for(name: str, devices: int) -> Cluster:
     return cluster
 
 
+def profile_from_arg(path: str | None) -> Profile:
+    """The embedded default, a profile JSON, or a PipeDream ``graph.txt`` (by its ``.txt`` suffix)."""
+    if not path:
+        return default_profile()
+    if path.endswith(".txt"):
+        from planner.profiling.imported.pipedream import import_pipedream  # networkx only for this input
+
+        return import_pipedream(path)
+    return load_profile(path)
+
+
 def run(args: argparse.Namespace) -> int:
     check_output("--out", args.out)  # before planning, so that no work is lost to a typo in the path
     request = request_from_args(args)
-    profile = load_profile(args.profile) if args.profile else default_profile()
+    profile = profile_from_arg(args.profile)
     cluster = cluster_for(args.cluster, args.devices)
     for b in request.fixed_boundaries:
         if b >= profile.num_layers:
