@@ -8,7 +8,9 @@ written ``[a; b; c]``), then tab-indented edge lines ``src -- dst``.
 Conversion choices:
 
 - every node is one layer, in a deterministic topological order
-  (``networkx.lexicographical_topological_sort`` keyed by the numeric node id);
+  (Kahn's algorithm taking the smallest numeric node id first, input nodes before the rest:
+  the order ``networkx.lexicographical_topological_sort`` gives with that key, without
+  importing networkx on the planning path);
 - the input nodes are merged into layer 0, ``input``, with zero cost: their "forward time"
   is data loading, and they are pinned to the first stage;
 - ``__getitem__`` nodes left without consumers are dropped (repeatedly);
@@ -19,12 +21,11 @@ Conversion choices:
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import networkx as nx
 
 from planner.artifacts.codec import read_text
 from planner.artifacts.errors import PlannerInputError
@@ -176,19 +177,71 @@ def _numeric(node_id: str) -> int:
     return int(node_id[4:])
 
 
-def _kept_dag(graph: PipeDreamGraph) -> nx.DiGraph:
-    """The node DAG without leftover ``__getitem__`` sinks (dropped until none is left)."""
-    dag = nx.DiGraph()
-    for node in graph.nodes:
-        dag.add_node(node.node_id, node=node)
-    dag.add_edges_from(graph.edges)
+@dataclass
+class _Dag:
+    """The node graph: nodes and each node's successors and predecessors in the file's order
+    (a repeated edge counts once)."""
+
+    nodes: dict[str, PipeDreamNode]
+    succ: dict[str, dict[str, None]] = field(default_factory=dict)
+    pred: dict[str, dict[str, None]] = field(default_factory=dict)
+
+    def edges(self) -> list[tuple[str, str]]:
+        return [(u, v) for u in self.nodes for v in self.succ[u]]
+
+    def remove(self, dropped: list[str]) -> None:
+        for n in dropped:
+            for p in self.pred.pop(n):
+                del self.succ[p][n]
+            for c in self.succ.pop(n):
+                del self.pred[c][n]
+            del self.nodes[n]
+
+    def order(self, source: Path | str) -> list[str]:
+        """Kahn's algorithm, the smallest key (input nodes first, then by numeric id) first;
+        a cycle is an input error naming it."""
+        index = {n: i for i, n in enumerate(self.nodes)}
+
+        def entry(n: str) -> tuple[bool, int, int, str]:
+            return (not self.nodes[n].is_input, _numeric(n), index[n], n)
+
+        waiting = {n: len(self.pred[n]) for n in self.nodes}
+        ready = [entry(n) for n, k in waiting.items() if k == 0]
+        heapq.heapify(ready)
+        order: list[str] = []
+        while ready:
+            n = heapq.heappop(ready)[-1]
+            order.append(n)
+            for c in self.succ[n]:
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    heapq.heappush(ready, entry(c))
+        if len(order) < len(self.nodes):
+            left = set(self.nodes) - set(order)
+            walk = [min(left, key=_numeric)]
+            while True:  # every node left has a predecessor left: walk back until one repeats
+                prev = next(p for p in self.pred[walk[-1]] if p in left)
+                if prev in walk:
+                    cycle = walk[walk.index(prev):][::-1]
+                    break
+                walk.append(prev)
+            raise PlannerInputError(f"{source}: the graph has a cycle ({' -> '.join(cycle)})")
+        return order
+
+
+def _kept_dag(graph: PipeDreamGraph) -> _Dag:
+    """The node graph without leftover ``__getitem__`` sinks (dropped until none is left)."""
+    dag = _Dag(nodes={node.node_id: node for node in graph.nodes})
+    dag.succ = {n: {} for n in dag.nodes}
+    dag.pred = {n: {} for n in dag.nodes}
+    for u, v in graph.edges:
+        dag.succ[u][v] = None
+        dag.pred[v][u] = None
     while True:
-        sinks = [
-            n for n in dag.nodes if dag.out_degree(n) == 0 and dag.nodes[n]["node"].description.startswith("__getitem__")
-        ]
+        sinks = [n for n in dag.nodes if not dag.succ[n] and dag.nodes[n].description.startswith("__getitem__")]
         if not sinks:
             return dag
-        dag.remove_nodes_from(sinks)
+        dag.remove(sinks)
 
 
 def to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile:
@@ -206,11 +259,8 @@ def to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile:
 
 def _to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile:
     dag = _kept_dag(graph)
-    if not nx.is_directed_acyclic_graph(dag):
-        cycle = " -> ".join(u for u, _ in nx.find_cycle(dag))
-        raise PlannerInputError(f"{graph.source}: the graph has a cycle ({cycle})")
-    nodes: dict[str, PipeDreamNode] = nx.get_node_attributes(dag, "node")
-    order = list(nx.lexicographical_topological_sort(dag, key=lambda n: (not nodes[n].is_input, _numeric(n))))
+    nodes = dag.nodes
+    order = dag.order(graph.source)
     inputs = [n for n in order if nodes[n].is_input]
     if not inputs:
         raise PlannerInputError(f"{graph.source}: no Input node")
@@ -219,7 +269,7 @@ def _to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile
     for idx, n in enumerate(computes, start=1):
         layer_of[n] = idx
     per = float(batch_size)
-    incoming = {n: sum(nodes[p].activation_bytes for p in dag.predecessors(n)) for n in computes}
+    incoming = {n: sum(nodes[p].activation_bytes for p in dag.pred[n]) for n in computes}
     layers = [
         Layer(
             name="input",
@@ -250,7 +300,7 @@ def _to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile
             )
         )
     edges = sorted(
-        {(layer_of[u], layer_of[v]): nodes[u].activation_bytes / per for u, v in dag.edges if layer_of[u] != layer_of[v]}.items()
+        {(layer_of[u], layer_of[v]): nodes[u].activation_bytes / per for u, v in dag.edges() if layer_of[u] != layer_of[v]}.items()
     )
     raw_nodes, raw_edges = graph.counts()
     return Profile(
@@ -263,7 +313,7 @@ def _to_profile(graph: PipeDreamGraph, *, batch_size: int, name: str) -> Profile
             "source_file": Path(graph.source).name,
             "raw_nodes": raw_nodes,
             "raw_edges": raw_edges,
-            "dropped_getitem_sinks": raw_nodes - dag.number_of_nodes(),
+            "dropped_getitem_sinks": raw_nodes - len(dag.nodes),
             "merged_inputs": len(inputs),
             "batch_size": batch_size,
             "per_sample": "minibatch times and bytes divided by batch_size",
