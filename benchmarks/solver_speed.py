@@ -1,7 +1,9 @@
 """Solver speed: our default solver (``dp``) on PipeDream's 14 published profiles, the code
 before the "closer to the machine's limit" change (``--base``, a checkout of fb39801: no ZeRO,
 no per-stage replication) beside the code now (this repository), alternating in one run; beside
-PipeDream's own optimizer (``../shared/reference/pipedream/README.md``); and on a
+the wall times the reference README gives for PipeDream's own optimizer (``PD s``: figures from
+another machine and day, not side by side: ``benchmarks/pipedream_side_by_side.py`` runs that
+optimizer itself beside ``planner plan``, alternating whole processes); and on a
 GPT-3-175B-class analytic profile (96 blocks) on 1,024 devices (target under 5 s).
 
 Setting (PipeDream's own): V100s, 8 per server (the ``v100-16gb-2x8`` preset grown to as many
