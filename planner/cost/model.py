@@ -282,7 +282,8 @@ class CostModel(ShardedState):
     ) -> float:
         """Bytes one in-flight micro-batch keeps on a stage: saved tensors (each shared storage
         once, see the module docstring), inputs of the fully recomputed layers, saved less the
-        attention core of the selectively recomputed ones."""
+        attention core of the selectively recomputed ones (a core's tensors are its own: none of
+        them is a storage another layer shares)."""
         full = tuple(recompute)
         per_sample = float(self._saved_prefix[stop] - self._saved_prefix[start])
         fixed = float(self._fixed_prefix[stop] - self._fixed_prefix[start])
