@@ -16,6 +16,7 @@ from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, stack_named
 from planner.commands._args import bounded_float, bounded_int, check_output, fraction, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
+from planner.profiling.imported.pipedream import import_pipedream
 from planner.report.table import format_pareto, format_plan
 from planner.solve import SOLVERS, plan
 
@@ -133,8 +134,6 @@ def profile_from_arg(path: str | None) -> Profile:
     if not path:
         return default_profile()
     if path.endswith(".txt"):
-        from planner.profiling.imported.pipedream import import_pipedream  # networkx only for this input
-
         return import_pipedream(path)
     return load_profile(path)
 

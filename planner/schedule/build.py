@@ -188,6 +188,12 @@ def interleaved_triples(rank: int, p: int, v: int, m: int) -> tuple[tuple[int, i
     return tuple(zip((chunks * p + rank).tolist(), back.tolist(), mb.tolist()))
 
 
+def interleaved_schedule_triples(num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """:func:`interleaved_triples` of every rank, after the schedule's rules (as :func:`build_schedule`)."""
+    check_schedule_rules(ScheduleKind.INTERLEAVED_1F1B, num_stages, num_microbatches, v)
+    return tuple(interleaved_triples(r, num_stages // v, v, num_microbatches) for r in range(num_stages // v))
+
+
 def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
     """The Actions of :func:`interleaved_triples`."""
     return tuple(Action(stage_idx=s, kind=B if b else F, mb_idx=i) for s, b, i in interleaved_triples(rank, p, v, m))

@@ -111,7 +111,7 @@ def _interleaved_peaks(num_stages: int, num_microbatches: int, v: int) -> tuple[
         chunks, deltas = interleaved_events(rank, ranks, v, num_microbatches)
         per_chunk = np.zeros((v, len(chunks)), dtype=np.int64)
         per_chunk[chunks, np.arange(len(chunks))] = deltas
-        highs = np.maximum(np.cumsum(per_chunk, axis=1).max(axis=1, initial=0), 0)
+        highs = np.cumsum(per_chunk, axis=1).max(axis=1, initial=0)
         for c in range(v):
             peaks[c * ranks + rank] = int(highs[c])
     return tuple(peaks)

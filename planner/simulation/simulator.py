@@ -56,7 +56,7 @@ from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.schedule import ActionKind, build_schedule, layout_schedule, validate_schedule
-from planner.schedule.build import check_replicated_rules, check_schedule_rules, interleaved_triples, replicated_triples
+from planner.schedule.build import check_replicated_rules, interleaved_schedule_triples, replicated_triples
 from planner.simulation.memory import memory_trace, summed_peak
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
@@ -105,9 +105,7 @@ def _encoded(
             orders.append(tuple(ops))
         return tuple(orders)
     if kind is ScheduleKind.INTERLEAVED_1F1B:
-        check_schedule_rules(kind, num_stages, m, v)
-        ranks = num_stages // v
-        return tuple(interleaved_triples(r, ranks, v, m) for r in range(ranks))
+        return interleaved_schedule_triples(num_stages, m, v)
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
     return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.artifacts.codec import read_text
@@ -183,8 +183,18 @@ class _Dag:
     (a repeated edge counts once)."""
 
     nodes: dict[str, PipeDreamNode]
-    succ: dict[str, dict[str, None]] = field(default_factory=dict)
-    pred: dict[str, dict[str, None]] = field(default_factory=dict)
+    succ: dict[str, dict[str, None]]
+    pred: dict[str, dict[str, None]]
+
+    @classmethod
+    def of(cls, graph: PipeDreamGraph) -> _Dag:
+        dag = cls(nodes={node.node_id: node for node in graph.nodes}, succ={}, pred={})
+        dag.succ = {n: {} for n in dag.nodes}
+        dag.pred = {n: {} for n in dag.nodes}
+        for u, v in graph.edges:
+            dag.succ[u][v] = None
+            dag.pred[v][u] = None
+        return dag
 
     def edges(self) -> list[tuple[str, str]]:
         return [(u, v) for u in self.nodes for v in self.succ[u]]
@@ -231,12 +241,7 @@ class _Dag:
 
 def _kept_dag(graph: PipeDreamGraph) -> _Dag:
     """The node graph without leftover ``__getitem__`` sinks (dropped until none is left)."""
-    dag = _Dag(nodes={node.node_id: node for node in graph.nodes})
-    dag.succ = {n: {} for n in dag.nodes}
-    dag.pred = {n: {} for n in dag.nodes}
-    for u, v in graph.edges:
-        dag.succ[u][v] = None
-        dag.pred[v][u] = None
+    dag = _Dag.of(graph)
     while True:
         sinks = [n for n in dag.nodes if not dag.succ[n] and dag.nodes[n].description.startswith("__getitem__")]
         if not sinks:
