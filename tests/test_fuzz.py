@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -61,21 +60,33 @@ def test_arbitrary_json_never_crashes(doc: object, tmp_path_factory: pytest.Temp
 # ---------------------------------------------------------------- through the CLI: exit 2, time and memory
 
 
+#: A small launcher process that starts ``planner`` and reports its rusage. Linux records the
+#: old address space's high-water RSS into ``ru_maxrss`` at exec, and subprocess starts children
+#: with vfork: measured straight from the test process, a child's peak would include the pytest
+#: process's own RSS (over 1 GiB after the golden-plan tests). Started from this launcher (a
+#: fresh, small interpreter), the child's figure is its own.
+_LAUNCHER = """
+import json, os, subprocess, sys, threading
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+deadline = threading.Timer(120.0, proc.kill)  # a hang ends as a kill, and fails the test
+deadline.start()
+_, status, usage = os.wait4(proc.pid, 0)
+deadline.cancel()
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024]))
+"""
+
+
 def _cli(argv: list[str], cwd: Path) -> tuple[int, str, float, float]:
     """(exit code, stderr, CPU seconds, peak resident MiB) of ``planner ARGV`` in a fresh process,
-    its own resource usage (``os.wait4``), not that of other children of this process."""
+    its own resource usage (``os.wait4`` in :data:`_LAUNCHER`), not that of other processes."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANNER_PROGRESS": "0"}
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "planner", *argv], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=err)
-        deadline = threading.Timer(120.0, proc.kill)  # a hang ends as a kill, and fails the test
-        deadline.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        deadline.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        out = subprocess.run([sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "planner", *argv], cwd=cwd,
+                             env=env, stdout=subprocess.PIPE, stderr=err, timeout=180, check=True)
+        code, cpu, rss = json.loads(out.stdout)
         err.seek(0)
         text = err.read().decode(errors="replace")
-    return proc.returncode, text, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+    return code, text, cpu, rss
 
 
 def test_cli_refuses_special_files_fast(tmp_path: Path) -> None:
