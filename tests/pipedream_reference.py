@@ -1,0 +1,141 @@
+"""Running PipeDream's own optimizer (``../shared/reference/pipedream/optimizer_src``, unmodified)
+and reading its choice back: which stage each node went to (its ``-o`` output, ``gpus=N.txt``),
+each stage's replication factor and its objective (the lines it prints). Used by
+``tests/test_pipedream_optimizer.py`` and ``benchmarks/pipedream_replication.py``.
+
+Its ``graph`` module imports ``graphviz`` and ``-o`` renders a drawing with it; where the package
+is missing, a module of that name whose ``Digraph`` draws nothing is put on its path instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "pipedream"
+OPTIMIZER_DIR = REFERENCE / "optimizer_src" / "optimizer"
+# the side-by-side setting (benchmarks/pipedream_side_by_side.py): 10 GB/s, 16 GB per device
+BANDWIDTH_BYTES_PER_S = 10_000_000_000.0
+MEMORY_BYTES = 16_000_000_000.0
+
+_SHIM = '''"""Stands in for graphviz: PipeDream's optimizer draws its partition with it (-o)."""
+
+
+class Digraph:
+    def node(self, *args, **kwargs):
+        pass
+
+    def edge(self, *args, **kwargs):
+        pass
+
+    def render(self, *args, **kwargs):
+        pass
+'''
+
+
+@dataclass(frozen=True)
+class RealChoice:
+    """PipeDream's answer: per stage its node ids (inputs left out) and copies; its objective."""
+
+    stage_nodes: tuple[frozenset[str], ...]
+    replicas: tuple[int, ...]
+    objective_s: float
+
+
+def require_reference() -> Path:
+    """The optimizer's folder, or a clear failure: these checks are not skipped (CI keeps
+    ``../shared/reference`` beside the clone)."""
+    if not (OPTIMIZER_DIR / "optimizer_graph_hierarchical.py").is_file():
+        raise AssertionError(f"PipeDream's optimizer is not at {OPTIMIZER_DIR}: this check runs it; "
+                             f"put ../shared/reference/pipedream beside the clone")
+    return OPTIMIZER_DIR
+
+
+def run_real(model: str, num_machines: int, *, timeout_s: float = 600.0) -> RealChoice:
+    """Run the optimizer on ``model``'s graph.txt with the side-by-side flags (``-b 1e10 -s 1.6e10
+    --activation_compression_ratio 1 --use_memory_constraint``) and parse its choice."""
+    opt_dir = require_reference()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ)
+        if importlib.util.find_spec("graphviz") is None:
+            (Path(tmp) / "graphviz.py").write_text(_SHIM)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH", "")) if p)
+        out_dir = Path(tmp) / "out"
+        out_dir.mkdir()
+        cmd = [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(REFERENCE / model / "graph.txt"),
+               "-n", str(num_machines), "-b", f"{BANDWIDTH_BYTES_PER_S:.0f}", "-s", f"{MEMORY_BYTES:.0f}",
+               "--activation_compression_ratio", "1", "--use_memory_constraint", "-o", str(out_dir)]
+        proc = subprocess.run(cmd, cwd=opt_dir, capture_output=True, text=True, timeout=timeout_s, env=env)
+        if proc.returncode:
+            raise RuntimeError(f"PipeDream's optimizer failed on {model} N={num_machines}: {proc.stderr[-500:]}")
+        return parse_choice(proc.stdout, (out_dir / f"gpus={num_machines}.txt").read_text())
+
+
+def parse_choice(stdout: str, partitioned_graph: str) -> RealChoice:
+    """The optimizer's printed table ``(start, end) time replication`` and objective, and the
+    ``stage_id`` of every node in its output graph."""
+    table = stdout.split("(Split start, split end)", 1)[1]
+    replicas = tuple(int(r) for r in re.findall(r"^\(\d+, \d+\) \S+ (\d+)$", table, re.M))
+    objective = float(re.search(r"^Time per stage in pipeline: (\S+)$", stdout, re.M).group(1))  # type: ignore[union-attr]
+    stages: dict[int, set[str]] = {}
+    for line in partitioned_graph.splitlines():
+        if line.startswith("\t"):
+            continue
+        parts = line.split(" -- ")
+        if parts[1].startswith("Input"):
+            continue
+        stages.setdefault(int(parts[-1].split("=")[1]), set()).add(parts[0])
+    if sorted(stages) != list(range(len(replicas))):
+        raise ValueError(f"stage ids {sorted(stages)} do not match {len(replicas)} printed stages")
+    return RealChoice(tuple(frozenset(stages[s]) for s in range(len(replicas))), replicas, objective)
+
+
+REL_TIE = 1e-9  # "a tie": equal objectives within 1e-9 relative
+
+
+def same_value(a: float, b: float) -> bool:
+    return abs(a - b) <= REL_TIE * max(abs(a), abs(b))
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One case: the real choice, ours, and the verdict: ``agree`` (same stages, same copies,
+    same objective), ``tie`` (different split, but the real split scores ours's objective under
+    our reimplementation and both objectives are equal, all within :data:`REL_TIE`), ``no``."""
+
+    verdict: str
+    real: RealChoice
+    ours_nodes: tuple[frozenset[str], ...]
+    ours_replicas: tuple[int, ...]
+    ours_objective_s: float
+    real_under_ours_s: float
+
+
+def compare(model: str, num_machines: int) -> Compared:
+    from planner.profiling.imported.pipedream import import_pipedream
+    from planner.solve.pipedream_optimizer import OptimizerArgs, antichain_states, nodes_of_profile, objective_of, optimize
+
+    real = run_real(model, num_machines)
+    graph = nodes_of_profile(import_pipedream(REFERENCE / model / "graph.txt"))
+    args = OptimizerArgs(num_machines=num_machines, bandwidth_bytes_per_s=BANDWIDTH_BYTES_PER_S, memory_bytes=MEMORY_BYTES)
+    states = antichain_states(graph)
+    ours = optimize(graph, args, states)
+    if ours is None:
+        raise AssertionError(f"{model} N={num_machines}: our reimplementation finds no split; PipeDream's: {real}")
+    names = tuple(frozenset(graph.names[i] for i in stage) for stage in ours.stage_nodes)
+    index = {name: i for i, name in enumerate(graph.names)}
+    real_idx = [frozenset(index[n] for n in stage if n in index) for stage in real.stage_nodes]
+    real_under_ours = objective_of(graph, args, real_idx, real.replicas, states)
+    if names == real.stage_nodes and ours.replicas == real.replicas and same_value(ours.objective_s, real.objective_s):
+        verdict = "agree"
+    elif same_value(ours.objective_s, real.objective_s) and same_value(real_under_ours, ours.objective_s):
+        verdict = "tie"
+    else:
+        verdict = "no"
+    return Compared(verdict, real, names, ours.replicas, ours.objective_s, real_under_ours)
