@@ -7,10 +7,14 @@ schedule) and differs only in how it cuts the layers:
 - ``parameters``: least maximum parameter count per stage (DeepSpeed ``"parameters"``);
 - ``time-balanced``: least maximum forward + backward time per stage (torchgpipe's
   ``balance_by_time``; here solved exactly as a min-max contiguous partition);
-- ``pipedream``: PipeDream's objective (Narayanan et al. SOSP'19, sec. 3.1): least slowest
-  stage, where a stage's time is the larger of its compute and its boundary communication
-  plus its share of the weight synchronisation ``4 (r - 1) |w| / (r B)``, no micro-batching
-  term, no recomputation;
+- ``pipedream``: on a profile imported from a PipeDream ``graph.txt`` (and a request that
+  leaves the layout free), the choice of PipeDream's own optimizer, stage boundaries and copies
+  per stage, reimplemented on the graph's antichain DAG (:mod:`planner.solve.pipedream_baseline`
+  says when it applies and how its inputs come from the cluster); otherwise PipeDream's
+  objective (Narayanan et al. SOSP'19, sec. 3.1) on the chain: least slowest stage, where a
+  stage's time is the larger of its compute and its boundary communication plus its share of
+  the weight synchronisation ``4 (r - 1) |w| / (r B)``, no micro-batching term, no
+  recomputation;
 - ``data-parallel``: one stage, every device a replica.
 
 No baseline chooses recomputation per layer: when a stage does not fit, it recomputes every
@@ -37,6 +41,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.schedule import inflight_counts
+from planner.solve import pipedream_baseline
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain_dp import ChainSolution
@@ -56,16 +61,20 @@ from planner.solve.space import (
 
 
 def _recompute_if_needed(
-    cm: CostModel, bounds: Sequence[int], b: int, ks: Sequence[int], cap: float, allow: bool, sharding: Sharding
+    cm: CostModel, bounds: Sequence[int], b: int, ks: Sequence[int], cap: float, allow: bool,
+    sharding: Sharding | Sequence[Sharding],
 ) -> list[tuple[int, ...]] | None:
+    """Per stage no recomputation, or all of its layers, whichever fits first (``sharding``: one
+    for every stage, or each stage's own)."""
     stops = list(bounds[1:]) + [cm.num_layers]
     out: list[tuple[int, ...]] = []
     for s, (start, stop) in enumerate(zip(bounds, stops)):
-        if cm.stage_memory(start, stop, (), b, ks[s], sharding).total_bytes <= cap:
+        sh = sharding if isinstance(sharding, Sharding) else sharding[s]
+        if cm.stage_memory(start, stop, (), b, ks[s], sh).total_bytes <= cap:
             out.append(())
             continue
         everything = tuple(range(start, stop))
-        if allow and cm.stage_memory(start, stop, everything, b, ks[s], sharding).total_bytes <= cap:
+        if allow and cm.stage_memory(start, stop, everything, b, ks[s], sh).total_bytes <= cap:
             out.append(everything)
         else:
             return None
@@ -93,6 +102,17 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
     fixed = request.fixed_boundaries
     zero = min(request.zero_stages)  # the least sharding the request allows (0 unless it is excluded)
     cands: list[Candidate] = []
+    split = pipedream_baseline.choose(profile, cluster, request, cm, num_devices) if kind is SolverKind.PIPEDREAM else None
+    if split is not None:
+        pairs = []  # the optimizer's own choice replaces the configurations' min-max partitions
+        for config in pipedream_baseline.configs_of(split, cm, request, zero):
+            sharding = [config.sharding(s) for s in range(config.layout.num_stages)]
+            rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.inflight(), cap,
+                                      request.recompute, sharding)
+            if rc is not None:
+                cands.append(Candidate(config, _solution(cm, config, split.starts, rc)))
+        if not cands:
+            raise InfeasibleError(pipedream_baseline.refusal(split, cm, request, cap))
     for P, D in pairs:
         per_replica = request.global_batch // D
         layout = layout_of(cm, P, D, 1, zero)

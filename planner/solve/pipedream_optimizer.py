@@ -40,6 +40,7 @@ smallest node id, which is the file's first source on all 14 published profiles)
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ import numpy as np
 
 from planner.artifacts.profile import Profile
 
-__all__ = ["NodeGraph", "OptimizerArgs", "Choice", "antichain_states", "nodes_of_profile", "optimize", "objective_of"]
+__all__ = ["NodeGraph", "OptimizerArgs", "Choice", "States", "TooManyStates", "antichain_states", "nodes_of_profile", "optimize", "objective_of"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,9 +178,15 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def antichain_states(graph: NodeGraph) -> States:
+class TooManyStates(ValueError):
+    """The antichain DAG grows past the limit asked for (graphs with much branching, e.g.
+    Inception and NASNet: PipeDream's README says its optimizer does not work on them)."""
+
+
+def antichain_states(graph: NodeGraph, max_states: int | None = None) -> States:
     """The antichain DAG from node 0 (``graph.py``'s ``antichain_dag``, see the module docstring),
-    its states numbered in breadth-first discovery order, then put in topological order."""
+    its states numbered in breadth-first discovery order, then put in topological order;
+    :class:`TooManyStates` once it passes ``max_states``."""
     anc, desc = _closures(graph)
 
     def augment(antichain: frozenset[int]) -> frozenset[int]:
@@ -204,6 +211,8 @@ def antichain_states(graph: NodeGraph) -> States:
                     continue
                 nxt = deaugment((aug - {a}) | {v})
                 if nxt not in index:
+                    if max_states is not None and len(keys) >= max_states:
+                        raise TooManyStates(f"the antichain DAG has more than {max_states} states")
                     index[nxt] = len(keys)
                     keys.append(nxt)
                     succ.append([])
@@ -228,8 +237,6 @@ def antichain_states(graph: NodeGraph) -> States:
 
 def _topological(succ: list[list[int]]) -> list[int]:
     """Kahn's algorithm over state indices, the smallest ready index first."""
-    import heapq
-
     indeg = [0] * len(succ)
     for vs in succ:
         for v in vs:
@@ -302,20 +309,23 @@ def optimize(graph: NodeGraph, args: OptimizerArgs, states: States | None = None
             stashed = math.ceil((N - (m + 1)) / (m + 1)) * (s.activation + s.params)
             one = np.where(stashed > args.memory_bytes, np.inf, one)
         A[:, m], arg_r[:, m] = one, m + 1
+    rs = np.arange(1, 2 if args.straight_pipeline else N)  # copies of the last stage
+    ms = np.arange(1, N)  # machines index m: m + 1 machines in all
+    before = ms[:, None] - rs[None, :]  # (m, r): the machines index of the part before
     for j in range(1, S):
         ks = np.array(states.ancestors[j], dtype=np.int64)
+        if len(ks):
+            # (k, m, r): the pipeline of k on m - r, then the last stage k -> j on r copies
+            prev = np.where(before >= 0, A[ks[:, None, None], np.maximum(before, 0)[None]], np.inf)
+            last = _stage_terms(s, args, j, ks[:, None, None], rs[None, None, :], ms[None, :, None] + 1, j == S - 1)
+            t = np.maximum(prev, last).transpose(1, 0, 2).reshape(len(ms), -1)  # per m, in (k, r) order
+            flat = np.argmin(t, axis=1)  # the first least, the original's loop order
         for m in range(1, N):
             if args.use_fewer_machines and A[j, m - 1] < A[j, m]:  # also when A[j, m] is None (inf)
                 A[j, m], arg_k[j, m], arg_m[j, m], arg_r[j, m] = A[j, m - 1], arg_k[j, m - 1], arg_m[j, m - 1], arg_r[j, m - 1]
-            if not len(ks):
-                continue
-            r = np.arange(1, 2 if args.straight_pipeline else m + 1)[None, :]  # rows: k in order; columns: r
-            t = np.maximum(A[ks[:, None], m - r], _stage_terms(s, args, j, ks[:, None], r, np.array(m + 1), j == S - 1))
-            flat = int(np.argmin(t))  # the first least in (k, r) order, the original's loop order
-            best = t.flat[flat]
-            if best < A[j, m]:
-                k_at, r_at = divmod(flat, r.shape[1])
-                A[j, m], arg_k[j, m], arg_m[j, m], arg_r[j, m] = best, ks[k_at], m - (r_at + 1), r_at + 1
+            if len(ks) and t[m - 1, flat[m - 1]] < A[j, m]:
+                k_at, r_at = divmod(int(flat[m - 1]), len(rs))
+                A[j, m], arg_k[j, m], arg_m[j, m], arg_r[j, m] = t[m - 1, flat[m - 1]], ks[k_at], m - rs[r_at], rs[r_at]
     if not np.isfinite(A[S - 1, N - 1]):
         return None
     bounds, reps, j, m = [], [], S - 1, N - 1
@@ -364,3 +374,22 @@ def objective_of(
         term = _stage_terms(s, args, j, np.array(k), np.array(r), np.array(used), j == last)
         worst = max(worst, float(term))
     return float(worst) if used <= n else math.inf
+
+
+def restricted(states: States, keep: Sequence[bool]) -> States:
+    """The states kept (in the same order), each with its kept ancestors: the DP over them
+    chooses among the splits whose boundaries are all kept states."""
+    new = {old: i for i, old in enumerate(i for i, k in enumerate(keep) if k)}
+    return States(downsets=tuple(states.downsets[i] for i in new), augmented=tuple(states.augmented[i] for i in new),
+                  ancestors=tuple(tuple(new[a] for a in states.ancestors[i] if a in new) for i in new))
+
+
+def prefix_bounds(choice: Choice) -> tuple[int, ...] | None:
+    """Stage starts as node indices where every stage boundary is a prefix of the node order
+    (downset = nodes ``0 .. c - 1``), else None."""
+    starts = [0]
+    for d in choice.boundary_downsets[:-1]:
+        if d & (d + 1):  # not of the form 2^c - 1
+            return None
+        starts.append(d.bit_length())
+    return tuple(starts)

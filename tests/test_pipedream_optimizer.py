@@ -1,0 +1,124 @@
+"""PipeDream's optimizer reimplemented (planner.solve.pipedream_optimizer): the antichain DAG and
+the DP by hand on a small graph, the same choices as the real optimizer on its own profiles (run
+as a subprocess; the reference must be there: CI keeps ../shared/reference beside the clone), and
+the ``pipedream`` baseline turning the choice into a plan (planner.solve.pipedream_baseline)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from planner.artifacts.cluster import PRESETS
+from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.kinds import SolverKind
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.profiling.imported.pipedream import import_pipedream
+from planner.solve import plan
+from planner.solve.pipedream_baseline import choose
+from planner.solve.pipedream_optimizer import (
+    NodeGraph,
+    OptimizerArgs,
+    antichain_states,
+    objective_of,
+    optimize,
+    prefix_bounds,
+)
+from tests.pipedream_reference import REFERENCE, compare, require_reference
+
+A, B, C, D, E = range(5)
+
+
+def diamond(param_e: float = 1.0) -> NodeGraph:
+    """a -> b -> d -> e and a -> c -> d; compute 1, 4, 1, 1, 4 s; only e has parameters."""
+    return NodeGraph(names=("a", "b", "c", "d", "e"), compute_s=(1.0, 4.0, 1.0, 1.0, 4.0),
+                     activation_bytes=(1.0,) * 5, param_bytes=(0.0, 0.0, 0.0, 0.0, param_e),
+                     succ=((B, C), (D,), (D,), (E,), ()))
+
+
+def mask(*nodes: int) -> int:
+    return sum(1 << n for n in nodes)
+
+
+def test_antichain_dag_of_a_diamond_by_hand() -> None:
+    """States {a}, {b}, {c}, {b, c}, {d}, {e} (breadth-first from a); {b} is augmented with a
+    (a still feeds c), and from {b} replacing b by d reaches {d} (a drops out: an ancestor of d)."""
+    states = antichain_states(diamond())
+    assert states.downsets == (mask(A), mask(A, B), mask(A, C), mask(A, B, C), mask(A, B, C, D), mask(A, B, C, D, E))
+    assert states.augmented[1] == {A, B} and states.augmented[3] == {A, B, C} and states.augmented[4] == {D}
+    assert states.ancestors == ((), (0,), (0,), (0, 1, 2), (0, 1, 2, 3), (0, 1, 2, 3, 4))
+
+
+def test_dp_on_a_diamond_by_hand() -> None:
+    """Parameters only on e, |w| / B = 1 s, no transfers, no memory limit.
+
+    2 machines: one stage twice costs (11 + 4 x 1 x 1 / 2) / 2 = 6.5; {a, b} | {c, d, e} and
+    {a, b, c} | {d, e} both cost 6: the first found (the earlier state) stays.
+    3 machines: {a, b, c, d} twice (3.5, nothing to synchronise) then {e} once (4): 4."""
+    args = dict(bandwidth_bytes_per_s=1.0, use_memory_constraint=False, activation_compression_ratio=None)
+    graph = diamond()
+    two = optimize(graph, OptimizerArgs(num_machines=2, **args))
+    assert two is not None
+    assert two.stage_nodes == ({A, B}, {C, D, E}) and two.replicas == (1, 1) and two.objective_s == 6.0
+    other = objective_of(graph, OptimizerArgs(num_machines=2, **args), [frozenset({A, B, C}), frozenset({D, E})], (1, 1))
+    assert other == 6.0  # the tie the DP broke
+    three = optimize(graph, OptimizerArgs(num_machines=3, **args))
+    assert three is not None
+    assert three.stage_nodes == ({A, B, C, D}, {E}) and three.replicas == (2, 1) and three.objective_s == 4.0
+    assert prefix_bounds(three) == (0, 4)
+    assert objective_of(graph, OptimizerArgs(num_machines=3, **args), three.stage_nodes, three.replicas) == 4.0
+    # {a, c} is not a prefix of the order a, b, c, d, e; a cut there is no layer range
+    assert objective_of(graph, OptimizerArgs(num_machines=2, **args), [frozenset({A, C}), frozenset({B, D, E})],
+                        (1, 1)) == pytest.approx(max(2.0, 9.0))
+
+
+def test_memory_constraint_and_transfers_by_hand() -> None:
+    """Transfers: a stage's input and output cross at 2 x bytes / (B x copies); the memory
+    constraint drops a stage whose stashed bytes (activations + parameters) x ceil((N - used) /
+    copies) exceed the memory size."""
+    graph = dataclasses.replace(diamond(param_e=0.0), activation_bytes=(1.0, 1.0, 1.0, 10.0, 1.0))
+    # one machine each: the cut after d sends 2 x 10 / 1 = 20 s: worse than any cut before d
+    args = OptimizerArgs(num_machines=2, bandwidth_bytes_per_s=1.0, use_memory_constraint=False)
+    got = optimize(graph, args)
+    assert got is not None and got.objective_s == 11.0 / 2  # one stage on both beats every cut
+    # one stage on 2 stashes ceil(0 / 2) = 0: allowed; a 2-stage split's first stage stashes
+    # its bytes x ceil((2 - 1) / 1): with memory 4, only cuts with at most 4 bytes up front
+    tight = OptimizerArgs(num_machines=2, bandwidth_bytes_per_s=1.0, memory_bytes=4.0,
+                          activation_compression_ratio=None)
+    assert objective_of(graph, tight, [frozenset({A, B, C, D}), frozenset({E})], (1, 1)) == float("inf")
+    assert objective_of(graph, tight, [frozenset({A, B}), frozenset({C, D, E})], (1, 1)) == 6.0
+
+
+@pytest.mark.parametrize("model,num_machines", [(m, n) for m in ("alexnet", "vgg16", "resnet50") for n in (4, 8)])
+def test_same_choice_as_the_real_optimizer(model: str, num_machines: int) -> None:
+    """The real optimizer (a subprocess, unmodified) and ours on its own profile: the same stages
+    and copies, or a tie (tests/pipedream_reference.py defines it: equal objectives within 1e-9
+    relative, the real split scoring ours's objective)."""
+    require_reference()
+    got = compare(model, num_machines)
+    assert got.verdict in ("agree", "tie"), (
+        f"{model} N={num_machines}: real {got.real.replicas} {[sorted(s) for s in got.real.stage_nodes]} "
+        f"objective {got.real.objective_s!r}; ours {got.ours_replicas} {[sorted(s) for s in got.ours_nodes]} "
+        f"objective {got.ours_objective_s!r}; the real split under ours {got.real_under_ours_s!r}")
+
+
+def test_pipedream_baseline_plans_the_optimizers_choice() -> None:
+    """On alexnet at 8 V100s the baseline's plan has the optimizer's stages and copies (no longer
+    pure data parallelism); where no micro-batch count suits the copies it refuses, saying so."""
+    require_reference()
+    prof = import_pipedream(REFERENCE / "alexnet" / "graph.txt")
+    cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
+    cm = CostModel(prof, cluster)
+    split = choose(prof, cluster, PlanRequest(), cm, 8)
+    assert split is not None and len(split.replicas) > 1 and not split.prefix_only, split
+    step = math.lcm(*split.replicas)
+    b0 = prof.microbatch_sizes[0]
+    got = plan(prof, cluster, PlanRequest(global_batch=b0 * step, solver=SolverKind.PIPEDREAM))
+    assert tuple(s.layer_start for s in got.stages) == split.starts
+    assert got.layout.stage_replicas == split.replicas
+    assert got.num_microbatches % step == 0 and got.predicted.iteration_ms > 0
+    if step > 1:
+        with pytest.raises(InfeasibleError, match="round-robin over its copies"):
+            plan(prof, cluster, PlanRequest(global_batch=b0 * step + 1, solver=SolverKind.PIPEDREAM))
