@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
-from planner.artifacts.kinds import SolverKind
+from planner.artifacts.kinds import SolverKind, ZeroStage
 from planner.artifacts.layout import Sharding
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
@@ -105,14 +105,7 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
     split = pipedream_baseline.choose(profile, cluster, request, cm, num_devices) if kind is SolverKind.PIPEDREAM else None
     if split is not None:
         pairs = []  # the optimizer's own choice replaces the configurations' min-max partitions
-        for config in pipedream_baseline.configs_of(split, cm, request, zero):
-            sharding = [config.sharding(s) for s in range(config.layout.num_stages)]
-            rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.inflight(), cap,
-                                      request.recompute, sharding)
-            if rc is not None:
-                cands.append(Candidate(config, _solution(cm, config, split.starts, rc)))
-        if not cands:
-            raise InfeasibleError(pipedream_baseline.refusal(split, cm, request, cap))
+        cands = _split_candidates(cm, split, request, zero, cap)
     for P, D in pairs:
         per_replica = request.global_batch // D
         layout = layout_of(cm, P, D, 1, zero)
@@ -140,6 +133,23 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
         top.append(on_all[0])  # the best on all the devices, which the plan table names
     problem = Problem.of(profile, cluster, request, kind, num_devices)
     return select(build_best(problem, cm, top, len(top)), request)
+
+
+def _split_candidates(
+    cm: CostModel, split: pipedream_baseline.Split, request: PlanRequest, zero: ZeroStage, cap: float
+) -> list[Candidate]:
+    """PipeDream's optimizer's split under each configuration it suits (InfeasibleError, saying
+    why, when none is left)."""
+    cands = []
+    for config in pipedream_baseline.configs_of(split, cm, request, zero):
+        shardings = [config.sharding(s) for s in range(config.layout.num_stages)]
+        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.inflight(), cap,
+                                  request.recompute, shardings)
+        if rc is not None:
+            cands.append(Candidate(config, _solution(cm, config, split.starts, rc)))
+    if not cands:
+        raise InfeasibleError(pipedream_baseline.refusal(split, cm, request, cap))
+    return cands
 
 
 def scored_by_simulation(cm: CostModel, cands: list[Candidate]) -> list[Scored]:

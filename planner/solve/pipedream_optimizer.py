@@ -41,6 +41,7 @@ smallest node id, which is the file's first source on all 14 published profiles)
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,7 +50,19 @@ import numpy as np
 
 from planner.artifacts.profile import Profile
 
-__all__ = ["NodeGraph", "OptimizerArgs", "Choice", "States", "TooManyStates", "antichain_states", "nodes_of_profile", "optimize", "objective_of"]
+__all__ = [
+    "Choice",
+    "NodeGraph",
+    "OptimizerArgs",
+    "States",
+    "TooManyStates",
+    "antichain_states",
+    "nodes_of_profile",
+    "objective_of",
+    "optimize",
+    "prefix_bounds",
+    "restricted",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -361,7 +374,7 @@ def objective_of(
     last = len(states.downsets) - 1
     if len(path) != len(replicas) or path[-1] != last:
         return math.inf
-    if any(k not in states.ancestors[j] for k, j in zip(path, path[1:])):
+    if any(k not in states.ancestors[j] for k, j in itertools.pairwise(path)):
         return math.inf
     n, bw = args.num_machines, args.bandwidth_bytes_per_s
     used = replicas[0]
