@@ -26,6 +26,17 @@ fast under our simulator.
 
 Run: ``python benchmarks/pipedream_replication.py [--reference ../shared/reference/pipedream]
 [--models vgg16,alexnet] [--devices 8,16]``
+
+``--reproduce`` (issue 24): instead, PipeDream's optimizer itself (a subprocess, unmodified, the
+side-by-side flags: one level, 10 GB/s, 16 GB, ``--activation_compression_ratio 1
+--use_memory_constraint``) against our reimplementation
+(:mod:`planner.solve.pipedream_optimizer`) on the same graph.txt, for every profile
+(``--models``, default all 14) at ``--devices`` (default 4,8,16,32): each side's copies per stage,
+nodes per stage and objective, and ``agree`` (same stages, copies and objective), ``tie``
+(different split, equal objectives within 1e-9 relative, the real split scoring the same under
+ours) or ``no``. Ours stops past ``--max-states`` antichain states and the real one is given
+``--timeout-s`` (``--hopeless-timeout-s`` where ours stopped: PipeDream's README says its optimizer
+does not work on Inception or NASNets).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import argparse
 import dataclasses
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,7 +65,10 @@ from planner.solve import plan
 from planner.solve.build import Problem, build_plan, memory_cap_bytes
 from planner.solve.candidates import fixed_split
 from planner.solve.partitions import pipedream_split
+from planner.solve.pipedream_baseline import MAX_STATES
+from planner.solve.pipedream_optimizer import TooManyStates
 from planner.solve.space import Config
+from tests.pipedream_reference import judge, ours_of, run_real
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)
@@ -192,12 +207,72 @@ def verdict(res: dict) -> tuple[bool, bool | None]:
     return len(set(res["copies"])) > 1 and "does_not_fit" not in res, ok
 
 
+ALL_MODELS = ("alexnet", "vgg16", "squeezenet1_0", "resnet18", "resnet50", "resnet101", "resnext50", "resnext101",
+              "densenet121", "inception_v3", "nasnetamobile", "nasnetalarge", "gnmt", "gnmt_large")
+
+
+def _stages(copies: tuple[int, ...], nodes: tuple[frozenset[str], ...]) -> str:
+    return " ".join(f"{len(n)}x{r}" for n, r in zip(nodes, copies))
+
+
+def reproduce_case(model: str, n: int, args: argparse.Namespace) -> str:
+    """One line: the real optimizer's choice, ours, the verdict (see ``--reproduce``)."""
+    t0 = time.perf_counter()
+    try:
+        graph, opt_args, states, ours = ours_of(model, n, args.reference, args.max_states)
+        ours_s, hopeless = time.perf_counter() - t0, False
+    except TooManyStates:
+        ours, ours_s, hopeless = None, time.perf_counter() - t0, True
+    t0 = time.perf_counter()
+    try:
+        real = run_real(model, n, timeout_s=args.hopeless_timeout_s if hopeless else args.timeout_s,
+                        reference=args.reference)
+    except subprocess.TimeoutExpired as exc:
+        real = None
+        real_text = f"did not finish in {exc.timeout:.0f} s"
+    real_s = time.perf_counter() - t0
+    head = f"{model:13s} {n:3d}"
+    if hopeless:
+        return (f"{head}  real: {real_text if real is None else _stages(real.replicas, real.stage_nodes)}"
+                f"  | ours: > {args.max_states} antichain states ({ours_s:.1f} s)  -> not run")
+    if real is None:
+        return f"{head}  real: {real_text}  | ours: {ours.replicas if ours else None}  -> not run"
+    got = judge(graph, opt_args, states, ours, real)
+    return (f"{head}  real: {_stages(real.replicas, real.stage_nodes):28s} {real.objective_s:.12g} s ({real_s:5.1f} s)"
+            f"  | ours: {_stages(got.ours_replicas, got.ours_nodes):28s} {got.ours_objective_s:.12g} s ({ours_s:5.2f} s)"
+            f"  -> {got.verdict}")
+
+
+def reproduce(args: argparse.Namespace) -> int:
+    models = args.models.split(",") if args.models != ",".join(MODELS) else list(ALL_MODELS)
+    devices = [int(d) for d in args.devices.split(",")] if args.devices != ",".join(map(str, DEVICES)) else [4, 8, 16, 32]
+    print(f"pipedream_replication --reproduce: {time.strftime('%Y-%m-%d %H:%M')}; PipeDream's optimizer (subprocess) vs "
+          f"planner.solve.pipedream_optimizer; stages as nodes x copies; objective = slowest stage, s per minibatch; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    counts: dict[str, int] = {}
+    for model in models:
+        for n in devices:
+            line = reproduce_case(model, n, args)
+            print(line, flush=True)
+            verdict_ = line.rsplit("-> ", 1)[1]
+            counts[verdict_] = counts.get(verdict_, 0) + 1
+    total = sum(counts.values())
+    print(f"summary over {total} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "pipedream")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--devices", default=",".join(map(str, DEVICES)))
+    ap.add_argument("--reproduce", action="store_true", help="PipeDream's optimizer itself vs our reimplementation")
+    ap.add_argument("--max-states", type=int, default=MAX_STATES)
+    ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--hopeless-timeout-s", type=float, default=30.0)
     args = ap.parse_args()
+    if args.reproduce:
+        return reproduce(args)
     print(f"pipedream_replication: {time.strftime('%Y-%m-%d %H:%M')}; v100-16gb-2x8 grown to N; PipeDream's split "
           f"priced by our simulator (b0, 1F1B, least recompute that fits) vs our planner on the same G; "
           f"load average {os.getloadavg()[0]:.1f}")

@@ -10,6 +10,7 @@ is missing, a module of that name whose ``Digraph`` draws nothing is put on its 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -17,9 +18,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "pipedream"
-OPTIMIZER_DIR = REFERENCE / "optimizer_src" / "optimizer"
 # the side-by-side setting (benchmarks/pipedream_side_by_side.py): 10 GB/s, 16 GB per device
 BANDWIDTH_BYTES_PER_S = 10_000_000_000.0
 MEMORY_BYTES = 16_000_000_000.0
@@ -48,19 +49,21 @@ class RealChoice:
     objective_s: float
 
 
-def require_reference() -> Path:
+def require_reference(reference: Path = REFERENCE) -> Path:
     """The optimizer's folder, or a clear failure: these checks are not skipped (CI keeps
     ``../shared/reference`` beside the clone)."""
-    if not (OPTIMIZER_DIR / "optimizer_graph_hierarchical.py").is_file():
-        raise AssertionError(f"PipeDream's optimizer is not at {OPTIMIZER_DIR}: this check runs it; "
+    opt_dir = reference / "optimizer_src" / "optimizer"
+    if not (opt_dir / "optimizer_graph_hierarchical.py").is_file():
+        raise AssertionError(f"PipeDream's optimizer is not at {opt_dir}: this check runs it; "
                              f"put ../shared/reference/pipedream beside the clone")
-    return OPTIMIZER_DIR
+    return opt_dir
 
 
-def run_real(model: str, num_machines: int, *, timeout_s: float = 600.0) -> RealChoice:
+def run_real(model: str, num_machines: int, *, timeout_s: float = 600.0, reference: Path = REFERENCE) -> RealChoice:
     """Run the optimizer on ``model``'s graph.txt with the side-by-side flags (``-b 1e10 -s 1.6e10
-    --activation_compression_ratio 1 --use_memory_constraint``) and parse its choice."""
-    opt_dir = require_reference()
+    --activation_compression_ratio 1 --use_memory_constraint``) and parse its choice
+    (``subprocess.TimeoutExpired`` past ``timeout_s``)."""
+    opt_dir = require_reference(reference)
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
         if importlib.util.find_spec("graphviz") is None:
@@ -68,7 +71,7 @@ def run_real(model: str, num_machines: int, *, timeout_s: float = 600.0) -> Real
             env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH", "")) if p)
         out_dir = Path(tmp) / "out"
         out_dir.mkdir()
-        cmd = [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(REFERENCE / model / "graph.txt"),
+        cmd = [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(reference / model / "graph.txt"),
                "-n", str(num_machines), "-b", f"{BANDWIDTH_BYTES_PER_S:.0f}", "-s", f"{MEMORY_BYTES:.0f}",
                "--activation_compression_ratio", "1", "--use_memory_constraint", "-o", str(out_dir)]
         proc = subprocess.run(cmd, cwd=opt_dir, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -117,21 +120,36 @@ class Compared:
     real_under_ours_s: float
 
 
-def compare(model: str, num_machines: int) -> Compared:
+def ours_of(model: str, num_machines: int, reference: Path = REFERENCE, max_states: int | None = None) -> tuple[Any, ...]:
+    """(graph, args, states, our choice) on ``model`` at the side-by-side setting."""
     from planner.profiling.imported.pipedream import import_pipedream
-    from planner.solve.pipedream_optimizer import OptimizerArgs, antichain_states, nodes_of_profile, objective_of, optimize
+    from planner.solve.pipedream_optimizer import OptimizerArgs, antichain_states, nodes_of_profile, optimize
 
-    real = run_real(model, num_machines)
-    graph = nodes_of_profile(import_pipedream(REFERENCE / model / "graph.txt"))
+    graph = nodes_of_profile(import_pipedream(reference / model / "graph.txt"))
     args = OptimizerArgs(num_machines=num_machines, bandwidth_bytes_per_s=BANDWIDTH_BYTES_PER_S, memory_bytes=MEMORY_BYTES)
-    states = antichain_states(graph)
-    ours = optimize(graph, args, states)
-    if ours is None:
-        raise AssertionError(f"{model} N={num_machines}: our reimplementation finds no split; PipeDream's: {real}")
-    names = tuple(frozenset(graph.names[i] for i in stage) for stage in ours.stage_nodes)
+    states = antichain_states(graph, max_states)
+    return graph, args, states, optimize(graph, args, states)
+
+
+def compare(model: str, num_machines: int, *, timeout_s: float = 600.0, reference: Path = REFERENCE,
+            max_states: int | None = None) -> Compared:
+    """The real optimizer's choice and ours on one case (``TooManyStates`` from ours beyond
+    ``max_states``, ``subprocess.TimeoutExpired`` from the real one past ``timeout_s``)."""
+    graph, args, states, ours = ours_of(model, num_machines, reference, max_states)
+    real = run_real(model, num_machines, timeout_s=timeout_s, reference=reference)
+    return judge(graph, args, states, ours, real)
+
+
+def judge(graph: Any, args: Any, states: Any, ours: Any, real: RealChoice) -> Compared:
+    """The verdict of :class:`Compared` on our choice ``ours`` and the real one."""
+    from planner.solve.pipedream_optimizer import objective_of
+
     index = {name: i for i, name in enumerate(graph.names)}
     real_idx = [frozenset(index[n] for n in stage if n in index) for stage in real.stage_nodes]
     real_under_ours = objective_of(graph, args, real_idx, real.replicas, states)
+    if ours is None:
+        return Compared("no", real, (), (), math.inf, real_under_ours)
+    names = tuple(frozenset(graph.names[i] for i in stage) for stage in ours.stage_nodes)
     if names == real.stage_nodes and ours.replicas == real.replicas and same_value(ours.objective_s, real.objective_s):
         verdict = "agree"
     elif same_value(ours.objective_s, real.objective_s) and same_value(real_under_ours, ours.objective_s):
