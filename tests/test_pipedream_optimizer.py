@@ -68,6 +68,8 @@ def test_dp_on_a_diamond_by_hand() -> None:
     assert three is not None
     assert three.stage_nodes == ({A, B, C, D}, {E}) and three.replicas == (2, 1) and three.objective_s == 4.0
     assert prefix_bounds(three) == (0, 4)
+    one = optimize(graph, OptimizerArgs(num_machines=1, **args))
+    assert one is not None and one.stage_nodes == ({A, B, C, D, E},) and one.replicas == (1,) and one.objective_s == 11.0
     assert objective_of(graph, OptimizerArgs(num_machines=3, **args), three.stage_nodes, three.replicas) == 4.0
     # {a, c} is not a prefix of the order a, b, c, d, e; a cut there is no layer range
     assert objective_of(graph, OptimizerArgs(num_machines=2, **args), [frozenset({A, C}), frozenset({B, D, E})],

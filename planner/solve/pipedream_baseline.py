@@ -5,7 +5,8 @@ candidate plans that our simulator scores like every baseline's.
 When it applies: the profile was imported from a PipeDream ``graph.txt`` (``source ==
 "pipedream"``: the optimizer needs the node graph, which such a profile keeps as layers and
 edges), the request leaves the layout free (no ``--stages``, ``--dp``, ``--max-stages``, fixed
-boundaries, tensor parallelism; per-stage replication allowed), and the antichain DAG has at most
+boundaries, tensor parallelism; per-stage replication allowed; not ZeRO 3 only, which per-stage
+replication is not priced with), and the antichain DAG has at most
 :data:`MAX_STATES` states. Otherwise :func:`choose` returns None and the baseline keeps its
 weight rule (:func:`planner.solve.partitions.WEIGHTS`), which works on any chain.
 
@@ -78,7 +79,7 @@ def optimizer_args(cluster: Cluster, num_devices: int) -> OptimizerArgs:
 def applies(profile: Profile, request: PlanRequest, cm: CostModel) -> bool:
     return (profile.source == "pipedream" and profile.num_layers >= 2 and cm.tp_degree == 1
             and not (request.num_stages or request.dp_degree or request.max_stages or request.fixed_boundaries)
-            and request.per_stage_replication)
+            and request.per_stage_replication and min(request.zero_stages) != ZeroStage.PARAMETERS)
 
 
 def choose(profile: Profile, cluster: Cluster, request: PlanRequest, cm: CostModel, num_devices: int) -> Split | None:

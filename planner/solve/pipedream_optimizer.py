@@ -325,7 +325,7 @@ def optimize(graph: NodeGraph, args: OptimizerArgs, states: States | None = None
     rs = np.arange(1, 2 if args.straight_pipeline else N)  # copies of the last stage
     ms = np.arange(1, N)  # machines index m: m + 1 machines in all
     before = ms[:, None] - rs[None, :]  # (m, r): the machines index of the part before
-    for j in range(1, S):
+    for j in range(1, S if N > 1 else 1):
         ks = np.array(states.ancestors[j], dtype=np.int64)
         if len(ks):
             # (k, m, r): the pipeline of k on m - r, then the last stage k -> j on r copies
