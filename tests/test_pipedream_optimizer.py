@@ -25,6 +25,7 @@ from planner.solve.pipedream_optimizer import (
     objective_of,
     optimize,
     prefix_bounds,
+    restricted,
 )
 from tests.pipedream_reference import REFERENCE, compare, require_reference
 
@@ -74,6 +75,25 @@ def test_dp_on_a_diamond_by_hand() -> None:
     # {a, c} is not a prefix of the order a, b, c, d, e; a cut there is no layer range
     assert objective_of(graph, OptimizerArgs(num_machines=2, **args), [frozenset({A, C}), frozenset({B, D, E})],
                         (1, 1)) == pytest.approx(max(2.0, 9.0))
+
+
+def test_a_cut_that_is_no_layer_prefix_and_the_prefix_only_rerun() -> None:
+    """c heavy (8 s), b holding parameters (100 bytes at 1 B/s): the best cut on 2 machines is
+    after {a, c} (9 s), which is no prefix of the order a, b, c, d, e; over the prefix states
+    only, {a, b} | {c, d, e} (10 s; {a, b, c} | {d, e} ties at 10, the earlier state stays)."""
+    graph = dataclasses.replace(diamond(param_e=0.0), compute_s=(1.0, 1.0, 8.0, 1.0, 1.0),
+                                param_bytes=(0.0, 100.0, 0.0, 0.0, 0.0))
+    args = OptimizerArgs(num_machines=2, bandwidth_bytes_per_s=1.0, use_memory_constraint=False,
+                         activation_compression_ratio=None)
+    states = antichain_states(graph)
+    full = optimize(graph, args, states)
+    assert full is not None and full.stage_nodes == ({A, C}, {B, D, E}) and full.objective_s == 9.0
+    assert prefix_bounds(full) is None
+    keep = [not (d & (d + 1)) for d in states.downsets]
+    assert keep == [True, True, False, True, True, True]
+    prefix = optimize(graph, args, restricted(states, keep))
+    assert prefix is not None and prefix.stage_nodes == ({A, B}, {C, D, E}) and prefix.objective_s == 10.0
+    assert prefix_bounds(prefix) == (0, 2)
 
 
 def test_memory_constraint_and_transfers_by_hand() -> None:
