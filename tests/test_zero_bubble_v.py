@@ -228,9 +228,21 @@ def test_solver_searches_zbv_and_zb_h2_when_named():
         seg.kind for seg in timeline.segments()}
     p = after.layout.pipeline_size
     assert after.stages[p - 1].send_fwd_ms == 0.0 and after.stages[p].send_bwd_ms == 0.0
+    # the busiest-rank bound sums each rank's own chunks (the V's, not round-robin)
+    from planner.simulation.bounds import partition_bounds
+
+    work = [s.fwd_ms + s.recompute_ms + s.bwd_ms for s in after.stages]
+    per_rank = [work[r] + work[2 * p - 1 - r] for r in range(p)]
+    assert math.isclose(partition_bounds(after).busiest_rank_ms, after.num_microbatches * max(per_rank))
     only_h2 = plan(prof, cluster, dataclasses.replace(base, schedules=(H2,), num_stages=4))
     assert only_h2.schedule is H2
     assert only_h2.stages[0].inflight_microbatches == min(only_h2.num_microbatches, 8)
+    # torchtitan runs ZBV by torch's class; nothing runs ZB-H2
+    from planner.report.export import torchtitan_config
+
+    assert 'pipeline_parallel_schedule = "ZBVZeroBubble"' in torchtitan_config(after)
+    with pytest.raises(PlannerInputError, match="schedule zb-h2: torch.distributed.pipelining has no class"):
+        torchtitan_config(only_h2)
 
 
 def test_plan_refuses_a_placement_its_schedule_does_not_use():
