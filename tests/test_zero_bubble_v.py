@@ -241,7 +241,7 @@ def test_solver_searches_zbv_and_zb_h2_when_named():
     from planner.report.export import torchtitan_config
 
     assert 'pipeline_parallel_schedule = "ZBVZeroBubble"' in torchtitan_config(after)
-    with pytest.raises(PlannerInputError, match="schedule zb-h2: torch.distributed.pipelining has no class"):
+    with pytest.raises(PlannerInputError, match=r"schedule zb-h2: torch\.distributed\.pipelining has no class"):
         torchtitan_config(only_h2)
 
 
