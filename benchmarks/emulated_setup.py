@@ -27,7 +27,7 @@ LAYER_FWD_MS = (2.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0, 4.0)
 BWD_OVER_FWD = 2.0
 MICROBATCH_SIZE = 2
 CLUSTER = "local-cpu"
-BOUNDARIES = {1: (0,), 2: (0, 4), 4: (0, 2, 4, 6)}
+BOUNDARIES = {1: (0,), 2: (0, 4), 4: (0, 2, 4, 6), 8: (0, 1, 2, 3, 4, 5, 6, 7)}
 #: the benchmark's stacks: the bundled runtime's with 16 KiB buckets (about one block of the toy
 #: model each, so that several all-reduces overlap the last backward), and one overlapping nothing
 STACK_CHOICES = {
@@ -71,10 +71,16 @@ def recompute_sets(boundaries: Sequence[int], num_layers: int, recompute: bool) 
     return sets
 
 
-def emulated_layout(num_stages: int, dp_degree: int, zero: int = 0, replicas: Sequence[int] = ()) -> Layout:
+def emulated_layout(
+    num_stages: int, dp_degree: int, zero: int = 0, replicas: Sequence[int] = (),
+    schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B,
+) -> Layout:
     """The benchmark's Layout: ``num_stages`` stages, ``dp_degree`` replicated pipelines or
-    per-stage ``replicas`` (then ``dp_degree`` 1), ZeRO stage ``zero``."""
-    return Layout(num_stages=num_stages, dp_degree=dp_degree, stage_replicas=tuple(replicas), zero=ZeroStage(zero))
+    per-stage ``replicas`` (then ``dp_degree`` 1), ZeRO stage ``zero``; under ZBV the stages
+    are chunks, two per rank in a V."""
+    v = 2 if schedule is ScheduleKind.ZBV else 1
+    return Layout(num_stages=num_stages, virtual_stages_per_rank=v, dp_degree=dp_degree,
+                  stage_replicas=tuple(replicas), zero=ZeroStage(zero), placement=schedule.placement)
 
 
 def emulated_plan(
@@ -84,7 +90,7 @@ def emulated_plan(
     """The fixed split of ``BOUNDARIES`` under :func:`emulated_layout` (``num_microbatches``
     per replicated pipeline; global with per-stage ``replicas``), priced with the cost model for
     the training ``stack`` and re-scored by the simulator (``planner.solve.build.build_plan``)."""
-    layout = emulated_layout(num_stages, dp_degree, zero, replicas)
+    layout = emulated_layout(num_stages, dp_degree, zero, replicas, schedule)
     cluster = load_cluster(CLUSTER)
     request = PlanRequest(
         global_batch=num_microbatches * MICROBATCH_SIZE * dp_degree,

@@ -43,7 +43,7 @@ from planner.artifacts.plan import save_plan
 from planner.artifacts.profile import save_profile
 from planner.artifacts.report import load_report
 
-G, F, Z = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1
+G, F, Z, V = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1, ScheduleKind.ZBV
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Config:
 
     @property
     def layout(self) -> Layout:
-        return emulated_layout(self.num_stages, self.dp_degree, self.zero, self.replicas)
+        return emulated_layout(self.num_stages, self.dp_degree, self.zero, self.replicas, self.schedule)
 
     @property
     def num_processes(self) -> int:
@@ -109,6 +109,10 @@ CONFIGS = (
     Config(4, 1, 8, Z, False),
     Config(4, 1, 8, Z, True),
     Config(2, 2, 8, Z, False),
+    # issue 21: ZBV (torch's ScheduleZBVZeroBubble), P counting chunks: two per rank in a V
+    Config(4, 1, 8, V, False),
+    Config(4, 1, 6, V, True),
+    Config(8, 1, 8, V, False),
 )
 
 

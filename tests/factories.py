@@ -273,7 +273,8 @@ def make_plan(
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
     layout = Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
-                    tp_degree=tp_degree, sequence_parallel=sequence_parallel, zero=ZeroStage(zero))
+                    tp_degree=tp_degree, sequence_parallel=sequence_parallel, zero=ZeroStage(zero),
+                    placement=schedule.placement)
     stages = []
     for s in range(num_stages):
         start, stop = cuts[s], cuts[s + 1]

@@ -50,7 +50,7 @@ def make_plan(
                 layer_stop=s + 1,
                 layer_names=(f"layer{s}",),
                 ranks=Layout(num_stages=n, virtual_stages_per_rank=virtual_stages_per_rank,
-                             dp_degree=dp_degree).stage_ranks(s),
+                             dp_degree=dp_degree, placement=kind.placement).stage_ranks(s),
                 recompute=(s,) if rc[s] > 0 else (),
                 inflight_microbatches=num_microbatches,
                 activation_bytes_per_microbatch=act[s],
@@ -98,7 +98,7 @@ def hand_plan(
     global_batch = num_microbatches * microbatch_size * dp_degree
     layout = Layout(num_stages=len(stages), virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
                     stage_replicas=tuple(st.replicas for st in stages), tp_degree=tp_degree,
-                    sequence_parallel=sequence_parallel)
+                    sequence_parallel=sequence_parallel, placement=schedule.placement)
     return Plan(
         provenance=Provenance(
             model=model,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
-from planner.report.figures import COLORS, plot_memory, plot_timeline
+from planner.report.figures import COLORS, _tint, plot_memory, plot_timeline
 from planner.simulation import SegmentKind, simulate
 from tests.plan_factory import make_plan
 
@@ -58,6 +58,28 @@ def test_zero_bubble_timeline_shows_f_b_and_w(tmp_path):
         assert has_colour(pixels, COLORS[kind]), kind
     w = [seg for seg in timeline.segments() if seg.kind is SegmentKind.BACKWARD_WEIGHT]
     assert len(w) == 3 * 6 and all(math.isclose(seg.end_ms - seg.start_ms, plan.stages[seg.stage_idx].wgrad_ms) for seg in w)
+
+
+@pytest.mark.parametrize("kind", [ScheduleKind.ZBV, ScheduleKind.ZB_H2])
+def test_zbv_and_zb_h2_timelines_show_f_i_and_w(tmp_path, kind):
+    """ZBV (two chunks per rank in a V: the later chunk lighter) and ZB-H2 draw F, I and W
+    bars; ZBV's rank 0 runs the first and the last chunk."""
+    v = 2 if kind is ScheduleKind.ZBV else 1
+    n = 4 if v == 2 else 3
+    base = make_plan(kind, 6, [1.0] * n, [2.0] * n, send_fwd_ms=[0.2] * n, send_bwd_ms=[0.2] * n,
+                     virtual_stages_per_rank=v)
+    plan = dataclasses.replace(base, stages=tuple(dataclasses.replace(st, wgrad_ms=1.0) for st in base.stages))
+    timeline = simulate(plan)
+    path = tmp_path / f"{kind.value}.png"
+    plot_timeline(timeline, path)
+    pixels = mimage.imread(path)
+    for seg_kind in (SegmentKind.FORWARD, SegmentKind.BACKWARD_INPUT, SegmentKind.BACKWARD_WEIGHT):
+        assert has_colour(pixels, COLORS[seg_kind]), seg_kind
+    segs = timeline.segments()
+    assert sum(seg.kind is SegmentKind.BACKWARD_WEIGHT for seg in segs) == n * 6
+    if v == 2:
+        assert {seg.stage_idx for seg in segs if seg.rank == 0 and seg.kind is SegmentKind.FORWARD} == {0, 3}
+        assert has_colour(pixels, mcolors.to_hex(_tint(COLORS[SegmentKind.FORWARD], 1, 2)))
 
 
 def test_zero_plan_draws_reduce_scatter_and_all_gather(tmp_path):

@@ -1,7 +1,7 @@
 """The closed sets of choices a plan is made of, as enums (their values are what plan, profile
 and request files hold).
 
-- :class:`ScheduleKind`: the pipeline schedule;
+- :class:`ScheduleKind`: the pipeline schedule, and its :class:`ChunkPlacement`;
 - :class:`Objective`: what the solver minimises or maximises;
 - :class:`OptimizerKind`: optimizer and precision the memory is priced for, and its
   :class:`OptimizerFamily` (the optimizer the runtime runs: SGD or AdamW);
@@ -22,11 +22,31 @@ class ScheduleKind(enum.Enum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved-1f1b"
     ZB_H1 = "zb-h1"  # zero bubble, backward split into input (I) and weight (W) gradients (Qi et al. 2024)
+    ZB_H2 = "zb-h2"  # zero bubble with more warm-up forwards: ~no bubble, more memory (Qi et al. 2024 sec. 3.2)
+    ZBV = "zbv"  # zero bubble on two chunks per rank placed in a V (Qi et al. 2024 sec. 6)
 
     @property
     def splits_backward(self) -> bool:
         """The schedule runs each backward as an input-gradient pass and a weight-gradient pass."""
-        return self is ScheduleKind.ZB_H1
+        return self in (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+
+    @property
+    def placement(self) -> ChunkPlacement:
+        """How the schedule places a rank's chunks: in a V for ZBV, round-robin otherwise."""
+        return ChunkPlacement.V if self is ScheduleKind.ZBV else ChunkPlacement.LOOP
+
+
+class ChunkPlacement(enum.Enum):
+    """Which chunks a pipeline rank holds when it holds several (torch's
+    ``generate_stage_to_rank_mapping`` styles): ``loop``, rank ``p`` of ``P`` holds chunks
+    ``p, p + P, p + 2P, ...`` (interleaved 1F1B, Narayanan et al. 2021); ``v``, the chunks go
+    down the ranks and back up: chunk ``s`` is on rank ``s mod P`` in an even round and
+    ``P - 1 - s mod P`` in an odd one, so with two chunks rank ``p`` holds ``p`` and
+    ``2P - 1 - p`` (ZBV, Qi et al. 2024 sec. 6: the last chunk ends on rank 0, where the
+    backward starts without a transfer)."""
+
+    LOOP = "loop"
+    V = "v"
 
 
 class Objective(enum.Enum):

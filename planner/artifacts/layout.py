@@ -9,7 +9,10 @@ Axes (the mesh's dimensions, outermost first):
 
 - ``pp``: pipeline ranks. ``num_stages`` model chunks run on ``pipeline_size`` =
   ``num_stages / virtual_stages_per_rank`` ranks; pipeline rank ``p`` holds chunks ``p``,
-  ``p + pipeline_size``, ... (interleaved 1F1B, Narayanan et al. 2021; v = 1 otherwise);
+  ``p + pipeline_size``, ... (interleaved 1F1B, Narayanan et al. 2021; v = 1 otherwise), or,
+  with ``placement`` ``v``, chunks ``p`` and ``2 pipeline_size - 1 - p`` (ZBV, Qi et al. 2024
+  sec. 6; see :class:`~planner.artifacts.kinds.ChunkPlacement`). :meth:`Layout.pipeline_rank`
+  is the one formula for both;
 - ``dp``: ``dp_degree`` replicated pipelines, the global batch split between them;
 - ``tp``: ``tp_degree`` devices of one node run each stage replica together (Megatron-LM,
   Shoeybi et al. 2019), with ``sequence_parallel`` splitting the rest along the sequence
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.kinds import ChunkPlacement, ZeroStage
 
 #: the mesh dimensions of a uniform layout, outermost first
 MESH_DIMS = ("pp", "dp", "tp")
@@ -64,6 +67,10 @@ class Layout:
     tp_degree: int = field(default=1, metadata={"doc": "tensor-parallel devices per stage replica t"})
     sequence_parallel: bool = field(default=False, metadata={"doc": "the rest of the activations split along the sequence"})
     zero: ZeroStage = field(default=ZeroStage.NONE, metadata={"doc": "ZeRO stage over a stage's data-parallel ranks"})
+    placement: ChunkPlacement = field(
+        default=ChunkPlacement.LOOP,
+        metadata={"doc": "which chunks a rank holds: loop (p, p + P, ...) or v (p, 2P - 1 - p, ...; ZBV)"},
+    )
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -78,6 +85,9 @@ class Layout:
         if self.sequence_parallel and self.tp_degree == 1:
             raise ValueError("sequence_parallel needs tp_degree > 1")
         object.__setattr__(self, "zero", ZeroStage(self.zero))
+        object.__setattr__(self, "placement", ChunkPlacement(self.placement))
+        if self.placement is ChunkPlacement.V and v % 2:
+            raise ValueError(f"a V placement needs an even virtual_stages_per_rank (got {v})")
         reps = tuple(self.stage_replicas)
         if reps:
             if len(reps) != self.num_stages:
@@ -134,12 +144,19 @@ class Layout:
 
     # ---------------------------------------------------------------- ranks
     def pipeline_rank(self, stage_idx: int) -> int:
-        """The pipeline rank running chunk ``stage_idx`` (round-robin when interleaved)."""
-        return stage_idx % self.pipeline_size
+        """The pipeline rank running chunk ``stage_idx``: round-robin when interleaved, going
+        back up the ranks in odd rounds under a V placement (torch's "v" style)."""
+        p = self.pipeline_size
+        if self.placement is ChunkPlacement.V and (stage_idx // p) % 2:
+            return p - 1 - stage_idx % p
+        return stage_idx % p
 
     def stage_indices(self, pipeline_rank: int) -> tuple[int, ...]:
-        """The chunks pipeline rank ``pipeline_rank`` runs, in order: p, p + pipeline_size, ..."""
-        return tuple(range(pipeline_rank, self.num_stages, self.pipeline_size))
+        """The chunks pipeline rank ``pipeline_rank`` runs, in order: p, p + pipeline_size, ...
+        (V placement: p, 2 pipeline_size - 1 - p, ...)."""
+        if self.placement is ChunkPlacement.LOOP:
+            return tuple(range(pipeline_rank, self.num_stages, self.pipeline_size))
+        return tuple(s for s in range(self.num_stages) if self.pipeline_rank(s) == pipeline_rank)
 
     def rank_of(self, *, stage_idx: int, replica: int = 0, tp_index: int = 0) -> int:
         """The rank of copy ``replica`` (replicated pipeline, or copy inside the pipeline when
@@ -194,7 +211,8 @@ class Layout:
         zero = "no ZeRO" if self.zero is ZeroStage.NONE else f"ZeRO-{int(self.zero)}"
         v = self.virtual_stages_per_rank
         if pipeline_ranks and v > 1:
-            text = f"{self.num_stages} stages on P={self.pipeline_size} pipeline ranks ({v} each) x D={self.dp_degree}"
+            shape = ", in a V" if self.placement is ChunkPlacement.V else ""
+            text = f"{self.num_stages} stages on P={self.pipeline_size} pipeline ranks ({v} each{shape}) x D={self.dp_degree}"
         elif self.stage_replicas:
             text = f"P={self.num_stages} replicated {'+'.join(map(str, self.stage_replicas))}"
         else:

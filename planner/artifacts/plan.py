@@ -21,7 +21,9 @@ and the request's optimizer), so that a run with other settings can be told apar
 The file keeps the layout's degrees at its top level (``num_stages``, ``dp_degree``,
 ``virtual_stages_per_rank``, ``zero``, ``tp_degree``, ``sequence_parallel``; per-stage copies in
 each stage's ``replicas``), as version 3 wrote them before the Layout existed: files are
-unchanged by it.
+unchanged by it. The layout's ``placement`` is not written: the schedule implies it
+(:attr:`ScheduleKind.placement`: a V for ``zbv``, round-robin otherwise), and the plan checks
+that its layout's is the schedule's.
 
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
@@ -232,6 +234,11 @@ class Plan:
         check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "virtual_stages_per_rank")
         if len(self.stages) != lay.num_stages:
             raise ValueError(f"num_stages is {lay.num_stages} but {len(self.stages)} stages are listed")
+        if lay.placement is not self.schedule.placement:
+            raise ValueError(
+                f"schedule {self.schedule.value} places chunks {self.schedule.placement.value}, "
+                f"the layout {lay.placement.value}"
+            )
         if self.devices_available < 0:
             raise ValueError(f"devices_available must be >= 0 (got {self.devices_available})")
         for s, stage in enumerate(self.stages):
@@ -321,6 +328,8 @@ def _nested(data: dict[str, Any]) -> dict[str, Any]:
         replicas = [st.get("replicas", 1) for st in stages]
         if any(r != 1 for r in replicas):
             layout["stage_replicas"] = replicas
+    if data.get("schedule") in {k.value for k in ScheduleKind}:
+        layout["placement"] = ScheduleKind(data["schedule"]).placement.value  # implied by the schedule
     out["layout"] = layout
     for key in ("dtype", "optimizer"):
         if key in out and out[key] is None:  # the file says "" for unknown; null is not the format
@@ -363,7 +372,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The version-4 document: the layout's degrees at the top level (see the module docstring)."""
     body = codec.encode(plan)
     layout = body.pop("layout")
-    body.update({k: layout[k] for k in _LAYOUT_KEYS})
+    body.update({k: layout[k] for k in _LAYOUT_KEYS})  # not placement: the schedule implies it
     body["dtype"] = body["dtype"] or ""
     body["optimizer"] = body["optimizer"] or ""
     return {"schema": SCHEMA, "version": VERSION, **{k: body[k] for k in _WIRE_ORDER}}

@@ -35,8 +35,9 @@ class PlanRequest:
         default=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
         metadata={"doc": "schedules to consider; interleaved 1F1B with the chunks per rank the search settings "
                          "allow (planner.solve.settings.SearchSettings.interleave_factors), chosen by the search; "
-                         "zb-h1 (zero bubble) only when named: it holds every micro-batch until its W on every stage, "
-                         "so it is asked for where memory allows (README, Zero bubble)"},
+                         "zb-h1, zb-h2 and zbv (zero bubble) only when named: they hold every micro-batch until its W, "
+                         "zb-h2 about twice 1F1B's on the first stage, so they are asked for where memory allows "
+                         "(README, Zero bubble)"},
     )
     microbatch_sizes: tuple[int, ...] = field(
         default=(), metadata={"doc": "micro-batch sizes to consider; empty = every size that divides the batch"}

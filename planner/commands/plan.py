@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", default="time", choices=[o.value for o in Objective], help="what to optimise (default: %(default)s)")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                    help="comma-separated schedules to consider (gpipe, 1f1b, interleaved-1f1b: the chunks per pipeline "
-                        "rank searched; zb-h1: zero bubble, backward split into input and weight gradients) "
+                        "rank searched; zb-h1, zb-h2, zbv: zero bubble, backward split into input and weight gradients; "
+                        "zbv runs two chunks per rank in a V) "
                         "(default: %(default)s)")
     p.add_argument("--microbatch-sizes", type=int_list, default=(), help="comma-separated micro-batch sizes (default: every divisor)")
     p.add_argument("--max-stages", type=bounded_int(1, MAX_DEVICES), default=0, help="at most this many pipeline stages")

@@ -343,6 +343,8 @@ class CostModel(ShardedState):
         nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
         src = layout.rank_of(stage_idx=upstream_stage_idx)
         dst = layout.rank_of(stage_idx=upstream_stage_idx + 1)
+        if src == dst:
+            return 0.0  # the two chunks share the rank (the turn of a V placement): no transfer
         bw, lat = link_of(self.cluster, src, dst)
         return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
 

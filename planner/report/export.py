@@ -42,6 +42,7 @@ __all__ = ["stage_module_names", "torchtitan_config", "write_plan_schedule_csv",
 
 _TITAN_SCHEDULES = {
     ScheduleKind.GPIPE: "GPipe", ScheduleKind.ONE_F_ONE_B: "1F1B", ScheduleKind.INTERLEAVED_1F1B: "Interleaved1F1B",
+    ScheduleKind.ZB_H1: "InterleavedZeroBubble", ScheduleKind.ZBV: "ZBVZeroBubble",  # torch's class names less "Schedule"
 }
 
 
@@ -86,6 +87,9 @@ def torchtitan_config(plan: Plan) -> str:
             f"the plan replicates stages per stage (copies {'+'.join(map(str, lay.stage_replicas))}): "
             "torchtitan's pipelines have one copy of every stage"
         )
+    if plan.schedule not in _TITAN_SCHEDULES:
+        raise PlannerInputError(f"schedule {plan.schedule.value}: torch.distributed.pipelining has no class for it, "
+                                "so torchtitan cannot run it")
     rc = [list(s.recompute) for s in plan.stages]
     sel = [list(s.recompute_selective) for s in plan.stages]
     n_rc = sum(map(len, rc))

@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from planner.artifacts.kinds import ChunkPlacement
 from planner.simulation import SegmentKind, Timeline
 
 __all__ = ["COLORS", "plot_memory", "plot_timeline"]
@@ -96,6 +97,7 @@ def plot_timeline(
     ax.set_title(
         title
         or f"{timeline.schedule.value}: {timeline.layout.num_stages} stages on {timeline.num_ranks} ranks"
+        f"{' (two each, in a V)' if timeline.layout.placement is ChunkPlacement.V else ''}"
         f"{f' (each a tensor-parallel group of {timeline.layout.tp_degree} devices)' if timeline.layout.tp_degree > 1 else ''}, "
         f"M = {timeline.num_microbatches}; iteration {timeline.iteration_ms:.3g} ms, "
         f"bubble {timeline.bubble_fraction:.1%}, exposed all-reduce {timeline.exposed_allreduce_ms:.3g} ms",

@@ -27,9 +27,22 @@ from planner.profiling.measured.memory import layer_edges
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
 
-SUPPORTED_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1)
+SUPPORTED_SCHEDULES = (
+    ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZBV,
+)
 #: the torch.distributed.pipelining class each schedule needs beyond the ones every supported torch has
-TORCH_CLASS = {ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble"}
+TORCH_CLASS = {ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble", ScheduleKind.ZBV: "ScheduleZBVZeroBubble"}
+#: schedules the planner plans and simulates but the runtime does not run, and why (one line).
+#: ZB-H2: no torch release has a class for it (torch 2.13 ships ZB-H1's ScheduleInterleavedZeroBubble,
+#: ScheduleZBVZeroBubble and ScheduleDualPipeV). torch's generic action-list runtime
+#: (_PipelineScheduleRuntime, which loads a compute-only CSV) could replay our order, but it is a
+#: private class whose contract changes between releases, and the planner's ZB-H2 prices a
+#: synchronous optimizer step that the paper's ZB-H2 bypasses (its post-update validation): a run
+#: would measure a schedule no one ships. Decided: refused at `planner run` time.
+UNRUN_SCHEDULES = {
+    ScheduleKind.ZB_H2: "no torch.distributed.pipelining class runs zb-h2 (torch 2.13 has zb-h1 and zbv); "
+                        "plan with --schedules zb-h1 or zbv to run, or keep this plan for its simulated figures",
+}
 
 
 def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", profile: Profile | None = None) -> None:
@@ -66,6 +79,8 @@ def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
 def check_schedule(plan: Plan, source: str = "plan") -> None:
     """The plan's schedule is one the runtime runs, in a shape torch's schedule (or, replicated
     per stage, the runtime's own executor) can run."""
+    if plan.schedule in UNRUN_SCHEDULES:
+        raise PlannerInputError(f"{source}: schedule {plan.schedule.value!r} is not run: {UNRUN_SCHEDULES[plan.schedule]}")
     if plan.schedule not in SUPPORTED_SCHEDULES:
         raise PlannerInputError(
             f"{source}: schedule {plan.schedule.value!r} is not supported by the runtime "

@@ -40,6 +40,11 @@ Checked with gloo on CPU, torch 2.13:
   torch keeps the I pass's graph (``retain_graph=True``) until W, so a micro-batch between its I
   and its W holds what autograd saved for the weight gradients, which the profile's
   ``weight_grad_saved_fraction`` prices.
+- ZBV (``zbv``, Qi et al. 2024 sec. 6): torch's ``ScheduleZBVZeroBubble`` over the rank's two
+  chunks, ``p`` and ``2P - 1 - p`` (``Layout.stage_indices`` under the V placement, torch's
+  "v" style); rank 0 holds the first and the last chunk. Its order is checked against the
+  plan's as for ZB-H1. ZB-H2 has no torch class: ``planner run`` refuses it
+  (``planner.runtime.check``).
 - ZeRO 1 and 2 (``plan.layout.zero``, with D > 1): each chunk's data-parallel parameters get a
   ``planner.runtime.zero.ShardedState`` and the chunk's optimizer steps its master shard
   (plus any parameter tied across pipeline ranks, unsharded) instead of the parameters; the
@@ -70,7 +75,10 @@ from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
 from planner.schedule import build_schedule
 
-__all__ = ["RankRunner", "TimedStage"]
+__all__ = ["ZERO_BUBBLE_CLASS", "RankRunner", "TimedStage"]
+
+#: the torch.distributed.pipelining class that runs each zero-bubble schedule
+ZERO_BUBBLE_CLASS = {ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble", ScheduleKind.ZBV: "ScheduleZBVZeroBubble"}
 
 
 class TimedStage(PipelineStage):
@@ -166,26 +174,30 @@ class RankRunner(RankTrainer):
         if self.plan.schedule is ScheduleKind.INTERLEAVED_1F1B:
             stages = cast("list[Any]", self.pipe_stages)  # torch types it as its private stage base class
             return ScheduleInterleaved1F1B(stages, num_mb, loss_fn=loss_fn, scale_grads=False)
-        if self.plan.schedule is ScheduleKind.ZB_H1:
+        if self.plan.schedule in ZERO_BUBBLE_CLASS:
             return self._zero_bubble(loss_fn)
         schedule_cls = ScheduleGPipe if self.plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
         return schedule_cls(self.pipe_stages[0], num_mb, loss_fn=loss_fn, scale_grads=False)
 
     def _zero_bubble(self, loss_fn: Any) -> Any:
-        """torch's ``ScheduleInterleavedZeroBubble`` over the rank's one stage (ZB-H1, its ZB1P),
-        its compute order checked against the plan's (``planner.schedule.build_schedule``): the
-        simulator priced that order, so a torch that orders differently is refused."""
-        from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+        """torch's zero-bubble schedule of the plan's kind over the rank's stages
+        (:data:`ZERO_BUBBLE_CLASS`), its compute order checked against the plan's
+        (``planner.schedule.build_schedule``): the simulator priced that order, so a torch that
+        orders differently is refused."""
+        from torch.distributed.pipelining import schedules
 
+        kind, lay = self.plan.schedule, self.plan.layout
+        name = ZERO_BUBBLE_CLASS[kind]
         stages = cast("list[Any]", self.pipe_stages)
-        sched = ScheduleInterleavedZeroBubble(stages, self.plan.num_microbatches, loss_fn=loss_fn, scale_grads=False)
-        ours = build_schedule(ScheduleKind.ZB_H1, self.plan.layout.num_stages, self.plan.num_microbatches)
+        sched = getattr(schedules, name)(stages, self.plan.num_microbatches, loss_fn=loss_fn, scale_grads=False)
+        ours = build_schedule(kind, lay.num_stages, self.plan.num_microbatches, lay.virtual_stages_per_rank)
         for rank, order in enumerate(ours):
             theirs = [str(a) for a in sched.pipeline_order[rank] if a is not None]
             if theirs != [str(a) for a in order]:
                 raise PlannerInputError(
-                    f"torch {torch.__version__}'s ScheduleInterleavedZeroBubble orders rank {rank} as {' '.join(theirs)}, "
-                    f"not as the plan's zb-h1 ({' '.join(map(str, order))}): refusing to run an order the plan did not price"
+                    f"torch {torch.__version__}'s {name} orders rank {rank} as {' '.join(theirs)}, "
+                    f"not as the plan's {kind.value} ({' '.join(map(str, order))}): refusing to run an order the plan "
+                    "did not price"
                 )
         return sched
 

@@ -1,8 +1,10 @@
-"""Per-rank action orders for GPipe, 1F1B and interleaved 1F1B, and each schedule's rules.
+"""Per-rank action orders for GPipe, 1F1B, interleaved 1F1B and the zero-bubble schedules, and
+each schedule's rules.
 
 Placement: with ``P`` pipeline ranks and ``v`` virtual stages per rank (``num_stages = P x v``),
 rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved1F1B``; for
-``v = 1`` stage ``s`` is rank ``s``).
+``v = 1`` stage ``s`` is rank ``s``); under ZBV (``v = 2``) rank ``p`` holds stages ``p`` and
+``2P - 1 - p`` (:meth:`planner.artifacts.layout.Layout.pipeline_rank`).
 
 - GPipe (Huang et al. 2019; torch ``ScheduleGPipe``): all forwards ``0..M-1``, then all
   backwards ``0..M-1``. Stage ``s`` holds up to ``M`` micro-batches of activations.
@@ -15,16 +17,10 @@ rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved
   the "flex" variant): ``rounds = max(1, M // P)``, ``M`` must be a multiple of ``rounds``;
   the order is torch's ``_get_warmup_ops`` / ``_get_1f1b_rank_ops`` without their ``None``
   padding (padding only aligns torch's lock-step grid; an event simulator does not need it).
-- ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3.1, the schedule
-  torch's ``ScheduleInterleavedZeroBubble`` builds with one stage per rank, its "ZB1P"): each
-  backward is split into the input-gradient pass ``I`` (on the critical path) and the
-  weight-gradient pass ``W``. Rank ``r`` runs ``min(M, P - 1 - r)`` warm-up forwards, then per
-  step one forward and one ``I``, and from its ``r``-th step on one ``W`` of the oldest pending
-  micro-batch, which fills the slot 1F1B leaves idle; the remaining ``W`` passes end the
-  iteration. The order is torch's ``_get_1f1b_rank_ops(..., enable_zero_bubble=True)`` with
-  its ``None`` padding dropped (a test compares the two). Micro-batches in flight (forwarded
-  and not yet ``W``-ed): at most ``min(M, P)`` on every stage, of which ``min(M, P - r)`` with
-  all their activations (see :mod:`planner.schedule.inflight`).
+- zero bubble (Qi et al., ICLR 2024): ZB-H1 (``ScheduleInterleavedZeroBubble``, one stage per
+  rank), ZB-H2 (more warm-up, one stage per rank) and ZBV (two chunks per rank in a V,
+  ``ScheduleZBVZeroBubble``), each backward split into ``I`` and ``W``: their orders and
+  in-flight counts are in :mod:`planner.schedule.zero_bubble`.
 - Per-stage replication (PipeDream's round-robin, Narayanan et al. 2019, section 3.3; flushed
   as PipeDream-Flush): stage ``s`` has ``R_s`` copies, one rank each (ranks stage-major:
   stage 0's copies first), and micro-batch ``m`` (of ``M``, global) runs on copy
@@ -43,6 +39,7 @@ import numpy as np
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule
+from planner.schedule.zero_bubble import zb_h1_rank, zb_h2_rank, zbv_rank
 
 __all__ = [
     "build_replicated_schedule",
@@ -53,8 +50,10 @@ __all__ = [
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD
-I = ActionKind.BACKWARD_INPUT
-W = ActionKind.BACKWARD_WEIGHT
+
+
+#: the schedules that run one stage per rank
+_ONE_PER_RANK = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2)
 
 
 def check_schedule_rules(
@@ -67,7 +66,12 @@ def check_schedule_rules(
         raise PlannerInputError(f"num_microbatches must be >= 1 (got {num_microbatches})")
     if virtual_stages_per_rank < 1:
         raise PlannerInputError(f"virtual_stages_per_rank must be >= 1 (got {virtual_stages_per_rank})")
-    if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1) and virtual_stages_per_rank != 1:
+    if kind is ScheduleKind.ZBV and (virtual_stages_per_rank != 2 or num_stages % 2):
+        raise PlannerInputError(
+            f"zbv runs two chunks per rank in a V: virtual_stages_per_rank must be 2 and num_stages even "
+            f"(got {num_stages} stages, {virtual_stages_per_rank} per rank), as torch's ScheduleZBVZeroBubble"
+        )
+    if kind in _ONE_PER_RANK and virtual_stages_per_rank != 1:
         raise PlannerInputError(
             f"{kind.value} runs one stage per rank: virtual_stages_per_rank must be 1 "
             f"(got {virtual_stages_per_rank}); use {ScheduleKind.INTERLEAVED_1F1B.value}"
@@ -115,7 +119,11 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
     if kind is ScheduleKind.ONE_F_ONE_B:
         return tuple(_one_f_one_b_rank(s, num_stages, num_microbatches) for s in range(num_stages))
     if kind is ScheduleKind.ZB_H1:
-        return tuple(_zb_h1_rank(s, num_stages, num_microbatches) for s in range(num_stages))
+        return tuple(zb_h1_rank(s, num_stages, num_microbatches) for s in range(num_stages))
+    if kind is ScheduleKind.ZB_H2:
+        return tuple(zb_h2_rank(s, num_stages, num_microbatches) for s in range(num_stages))
+    if kind is ScheduleKind.ZBV:
+        return tuple(zbv_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
     ranks = num_stages // v
     return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))
 
@@ -136,24 +144,6 @@ def _one_f_one_b_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
         if next_fwd < m:
             ops.append(Action(stage_idx=stage, kind=F, mb_idx=next_fwd))
             next_fwd += 1
-    return tuple(ops)
-
-
-def _zb_h1_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
-    """torch ``_get_1f1b_rank_ops`` with ``enable_zero_bubble=True``, one stage per rank
-    (warm-up ``_get_warmup_ops(multiply_factor=1)``, ``num_1f1b_microbatches = rank``)."""
-    warmup = min(p - 1 - stage, m)
-    ops = [Action(stage_idx=stage, kind=F, mb_idx=i) for i in range(warmup)]
-    next_w = 0
-    for step, bwd in enumerate(range(m)):
-        fwd = warmup + step
-        if fwd < m:
-            ops.append(Action(stage_idx=stage, kind=F, mb_idx=fwd))
-        ops.append(Action(stage_idx=stage, kind=I, mb_idx=bwd))
-        if step >= stage:
-            ops.append(Action(stage_idx=stage, kind=W, mb_idx=next_w))
-            next_w += 1
-    ops.extend(Action(stage_idx=stage, kind=W, mb_idx=i) for i in range(next_w, m))
     return tuple(ops)
 
 

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ChunkPlacement
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 
@@ -83,9 +85,11 @@ def partition_bounds_from_arrays(
     allreduce_ms: Sequence[float] | None = None,
     virtual_stages_per_rank: int = 1,
     wgrad_ms: Sequence[float] | None = None,
+    placement: ChunkPlacement = ChunkPlacement.LOOP,
 ) -> LowerBounds:
     """The bounds over per-stage arrays (``bwd_ms`` excludes ``recompute_ms``; ``wgrad_ms``:
-    the part of it a zero-bubble schedule runs apart, off the gradient's path)."""
+    the part of it a zero-bubble schedule runs apart, off the gradient's path; ``placement``:
+    which rank holds each chunk, :meth:`Layout.pipeline_rank`)."""
     n = len(fwd_ms)
     if n == 0 or num_microbatches < 1 or virtual_stages_per_rank < 1 or n % virtual_stages_per_rank:
         raise PlannerInputError(
@@ -101,8 +105,9 @@ def partition_bounds_from_arrays(
     ranks = n // virtual_stages_per_rank
     work = [fwd_ms[s] + rc[s] + bwd_ms[s] for s in range(n)]
     rank_work = [0.0] * ranks
+    layout = Layout(num_stages=n, virtual_stages_per_rank=virtual_stages_per_rank, placement=placement)
     for s in range(n):
-        rank_work[s % ranks] += work[s]
+        rank_work[layout.pipeline_rank(s)] += work[s]
     best, best_s = -1.0, 0
     fwd_prefix = bwd_prefix = 0.0  # over stages < s, with the transfers between them and s
     for s in range(n):
@@ -138,6 +143,7 @@ def partition_bounds(plan: Plan) -> LowerBounds:
         [s.allreduce_ms - s.gather_ahead_ms - s.sync_early_ms for s in st],
         plan.layout.virtual_stages_per_rank,
         [s.wgrad_ms for s in st] if plan.schedule.splits_backward else None,
+        plan.layout.placement,
     )
 
 

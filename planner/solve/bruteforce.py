@@ -16,7 +16,13 @@ from planner.artifacts.layout import Layout
 from planner.cost import link_of, p2p_ms
 from planner.cost.fsdp import replay
 from planner.schedule import inflight_counts
-from planner.solve.chain_dp import ChainSolution, StageTable, bubble_fill_ms, exposed_allreduce_ms
+from planner.solve.chain_dp import (
+    ChainSolution,
+    StageTable,
+    bubble_fill_ms,
+    exposed_allreduce_ms,
+    objective_microbatches,
+)
 
 MAX_LAYERS = 12
 INF = float("inf")
@@ -69,9 +75,12 @@ def best_stage(
 def solve_chain_bruteforce(
     table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
 ) -> ChainSolution | None:
-    """The least J of one configuration over every cut set and recompute mask (one stage per
-    rank: GPipe, 1F1B and ZB-H1, whose objective subtracts each stage's bubble fill ``Z_s``)."""
-    cm, L, P, M, b = table.cm, table.L, layout.num_stages, num_microbatches, table.b
+    """The least J of one configuration over every cut set and recompute mask (GPipe, 1F1B,
+    ZB-H1 and ZB-H2, whose objective subtracts each stage's bubble fill ``Z_s``; with several
+    chunks per rank, ZBV and interleaved, the DP's ``M`` of :func:`objective_microbatches`), and
+    the in-flight counts the schedule's)."""
+    cm, L, P, b = table.cm, table.L, layout.num_stages, table.b
+    M = objective_microbatches(layout, num_microbatches)
     if L > MAX_LAYERS:
         raise PlannerInputError(f"brute force handles at most {MAX_LAYERS} layers (profile has {L})")
     if P > L:
@@ -89,7 +98,10 @@ def solve_chain_bruteforce(
             continue
         comm = 0.0
         for s, z in enumerate(stops[:-1]):
-            bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
+            src, dst = layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1)
+            if src == dst:
+                continue  # the turn of a V placement: no transfer
+            bw, lat = link_of(cm.cluster, src, dst)
             comm += 2.0 * p2p_ms(float(cm.cut_bytes_per_sample[z]) * b, bandwidth_gb_per_s=bw, latency_us=lat)
         times = [t for t, _, _ in stages]
         exposed = sum(

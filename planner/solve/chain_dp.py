@@ -273,7 +273,11 @@ def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
         if s == layout.num_stages - 1:
             out.append(np.zeros(cm.num_layers + 1))
             continue
-        bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
+        src, dst = layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1)
+        if src == dst:  # the turn of a V placement: both chunks on one rank, nothing crosses a link
+            out.append(np.zeros(cm.num_layers + 1))
+            continue
+        bw, lat = link_of(cm.cluster, src, dst)
         vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
         out.append(vec)
     return out
@@ -354,6 +358,13 @@ def _minimize(
     return best
 
 
+def objective_microbatches(layout: Layout, num_microbatches: int) -> int:
+    """The ``M`` of J: the micro-batches, or with ``v > 1`` chunks per rank ``v (M - P) + P``
+    (:func:`solve_chain`)."""
+    v, ranks = layout.virtual_stages_per_rank, layout.pipeline_size
+    return num_microbatches if v == 1 else max(1, v * (num_microbatches - ranks) + ranks)
+
+
 def solve_chain(
     table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
 ) -> ChainSolution | None:
@@ -363,14 +374,14 @@ def solve_chain(
     same DP over the P v virtual stages with their counted in-flight micro-batches, and M
     replaced by ``v (M - P) + P``, for which J equals the schedule's ``(M v + P - 1) t`` on
     uniform chunks of time t; the simulator then judges it. The caller gives each chunk cap / v
-    of memory.
+    of memory. ZBV (two chunks per rank in a V) is solved the same way, with ZB-H1's bubble
+    fill; the turn of the V (chunks ``P - 1`` and ``P`` on one rank) has no transfer.
     """
-    cm, L, P, v = table.cm, table.L, layout.num_stages, layout.virtual_stages_per_rank
+    cm, L, P = table.cm, table.L, layout.num_stages
     if P > L:
         return None
     ks = inflight_counts(schedule, layout, num_microbatches)
-    ranks = layout.pipeline_size
-    M = num_microbatches if v == 1 else max(1, v * (num_microbatches - ranks) + ranks)
+    M = objective_microbatches(layout, num_microbatches)
     comm = _comm_vectors(cm, layout, table.b)
     exposure = _exposure_matrices(table, layout)
     extra = [comm[s][None, :] + exposure[s] for s in range(P)]

@@ -12,9 +12,11 @@ groups occupies P x D x t devices.
   n <= N: every count took 3x the solver time on GPT-3 175B over 1,024 devices, divisors about
   the same as N alone;
 - b divides the per-replica batch;
-- the schedules the chain DP prices (GPipe, 1F1B; ZB-H1 when the request names it), and interleaved 1F1B (in the default
+- the schedules the chain DP prices (GPipe, 1F1B; ZB-H1 and ZB-H2 when the request names them), and interleaved 1F1B (in the default
   request) with each of the :attr:`SearchSettings.interleave_factors` chunks per rank: the
-  number of chunks is one more dimension of the search, chosen by simulated time;
+  number of chunks is one more dimension of the search, chosen by simulated time; ZBV (when
+  named) with its two chunks per rank in a V, priced like interleaving (the DP over the ``2P``
+  chunks with their counted in-flight micro-batches and ZB-H1's bubble fill, then simulated);
 - ZeRO: with D > 1 the deepest of stages 0-2 the request allows (:func:`searched_zero`) and,
   where memory binds, ZeRO 3 as a configuration of its own (:func:`fsdp_searched`).
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
-from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
@@ -40,7 +42,7 @@ DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 #: schedules the chain DP and the brute force also price with their own objective (one stage
 #: per rank, backward split: ZB-H1, planner.solve.chain_dp); not in the default request (see
 #: planner.artifacts.request)
-SPLIT_SCHEDULES = (ScheduleKind.ZB_H1,)
+SPLIT_SCHEDULES = (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ class Config:
 
 def layout_of(
     cm: CostModel, pipeline_size: int, dp_degree: int = 1, virtual_stages: int = 1, zero: ZeroStage = ZeroStage.NONE,
-    replicas: tuple[int, ...] = (),
+    replicas: tuple[int, ...] = (), placement: ChunkPlacement = ChunkPlacement.LOOP,
 ) -> Layout:
     """The layout of ``pipeline_size`` x ``dp_degree`` groups (or ``replicas`` copies per stage)
     with ``cm``'s tensor-parallel degree."""
@@ -95,6 +97,7 @@ def layout_of(
         tp_degree=cm.tp_degree,
         sequence_parallel=cm.sequence_parallel,
         zero=zero,
+        placement=placement,
     )
 
 
@@ -185,6 +188,8 @@ def all_configs(
                     for v in settings.interleave_factors
                     if P * v <= cm.num_layers and interleaving_valid(P, M, v)
                 )
+            if interleaved and ScheduleKind.ZBV in request.schedules and P > 1 and 2 * P <= cm.num_layers:
+                out.append(Config(layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V), b, M, ScheduleKind.ZBV))
     return out
 
 
