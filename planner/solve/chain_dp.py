@@ -118,7 +118,7 @@ class StageTable:
         self.kappa = sum(cm.state_bytes_per_param(sharding))
         self.sync_bytes_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
         cut = cm.cut_bytes_per_sample
-        self.static = params * self.kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
+        self.static = params * self.kappa + (2.0 * (cut[:, None] + cut[None, :]) + cm.gather_bytes_per_sample) * microbatch_size
         if self.fsdp:  # the gathered weights and gradients of the layers in flight
             self.static = self.static + working_set_matrix(
                 cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
@@ -243,7 +243,7 @@ def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, l
     overlap: the layers' before it, and when the stack overlaps the reduction also the stage's
     own (the objective's proxy for what the pipeline cannot hide; the simulator prices
     the buckets)."""
-    per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(stage_idx))
+    per_byte, fixed = allreduce_line(cm.cluster, layout.grad_group(stage_idx))
     if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO 3: its collectives are in the stage's times
     _, bp = cm.time_prefix(microbatch_size)
@@ -257,7 +257,7 @@ def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
     out = []
     hidden = table.hidden_backward()
     for s in range(layout.num_stages):
-        per_byte, fixed = allreduce_line(table.cm.cluster, layout.dp_group(s))
+        per_byte, fixed = allreduce_line(table.cm.cluster, layout.grad_group(s))
         if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
             out.append(np.zeros_like(table.sync_bytes))
         else:
