@@ -15,6 +15,7 @@ from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, megatron_styles, parse_dtype, seeded
+from planner.models.context import context_of
 from planner.models.flops import gpt_model_flops_per_sample
 from planner.models.workload import TensorParallel, Workload
 
@@ -51,7 +52,11 @@ class Embedding(nn.Module):
         nn.init.normal_(self.pos.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.size(1), device=tokens.device)
+        shard = context_of(self)  # context parallelism: the global positions of this rank's tokens
+        if shard is None:
+            positions = torch.arange(tokens.size(1), device=tokens.device)
+        else:
+            positions = shard.positions(tokens.size(1), tokens.device)
         return self.tok(tokens) + self.pos(positions)
 
 
