@@ -80,7 +80,7 @@ from planner.models.context import SequenceShard, context_of
 from planner.models.hf_spec import HFSpec, check_config, load_config_dict, parse_spec
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
 from planner.models.selective import RECOMPUTE_ATTR, run_core
-from planner.models.workload import TensorParallel, Workload
+from planner.models.workload import ContextParallel, TensorParallel, Workload
 
 __all__ = ["ATTENTION", "FAMILIES", "HFSpec", "build", "load_config_dict", "mark_attention_cores", "parse_spec",
            "register_attention"]
@@ -382,6 +382,8 @@ def build(spec: HFSpec, where: str) -> Workload:
         tied=_tied_groups(built),
         options=options,
         tensor_parallel=tensor_parallel(model_type, config, seq),
+        # the llama family's blocks take their shard of the tokens; the padding mask travels whole
+        context_parallel=ContextParallel(sequence_length=seq, whole_inputs=(1,)) if family is LLAMA else None,
     )
 
 

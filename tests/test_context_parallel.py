@@ -1,0 +1,88 @@
+"""Context parallelism (issue 20, the runtime side): the load-balanced split of a sequence, the
+batch split, and what is refused before any compute.
+
+The numerics (cp = 2 against one process, float64) and the activation bytes per rank run in
+tests/test_runtime_context.py's launches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.models import load_workload
+from planner.models.context import SequenceShard, context_of, set_context
+from planner.runtime.context import split_batch
+
+GPT = "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32"
+LLAMA = "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8,padding=1"
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+def test_split_is_load_balanced_and_covers_the_sequence(cp: int) -> None:
+    """Rank i holds chunks i and 2cp - 1 - i: the ranks' positions are the sequence once each,
+    every rank attends to the same number of (query, key) pairs under the causal mask, and the
+    gathered keys' positions are the ranks' in rank order."""
+    seq = 4 * cp * 3
+    shards = [SequenceShard(degree=cp, index=i) for i in range(cp)]
+    local = seq // cp
+    positions = [s.positions(local) for s in shards]
+    assert sorted(torch.cat(positions).tolist()) == list(range(seq))
+    keys = shards[0].key_positions(local)
+    assert keys.tolist() == torch.cat(positions).tolist()
+    pairs = {int(s.causal_mask(p, keys).sum()) for s, p in zip(shards, positions)}
+    assert pairs == {seq * (seq + 1) // 2 // cp}  # the causal triangle, split evenly
+    tokens = torch.arange(seq).repeat(2, 1)
+    for s, p in zip(shards, positions):
+        assert torch.equal(s.split(tokens, dim=1), p.repeat(2, 1))  # the split takes the positions' tokens
+    assert shards[0].causal_mask(positions[0], keys, window=3).sum(dim=1).max() <= 3
+
+
+def test_split_chunks_literally() -> None:
+    """cp = 2 over 8 tokens: chunks of 2; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2."""
+    assert SequenceShard(degree=2, index=0).positions(4).tolist() == [0, 1, 6, 7]
+    assert SequenceShard(degree=2, index=1).positions(4).tolist() == [2, 3, 4, 5]
+    assert SequenceShard(degree=2, index=1).key_positions(4).tolist() == [0, 1, 6, 7, 2, 3, 4, 5]
+
+
+def test_a_sequence_2cp_does_not_divide_is_refused() -> None:
+    with pytest.raises(ValueError, match="cuts a sequence into 4 chunks: 6 tokens per sample do not divide"):
+        SequenceShard(degree=2, index=0).split(torch.zeros(1, 6))
+    with pytest.raises(ValueError, match="cp index 2 is not one of 2"):
+        SequenceShard(degree=2, index=2)
+    assert load_workload(GPT).context_parallel.refusal(3) == (
+        "context parallelism over 3 ranks cuts each sequence into 6 chunks: the model's 8 tokens per sample do not divide"
+    )
+
+
+def test_batches_split_the_tokens_and_keep_the_padding_mask_whole() -> None:
+    shard = SequenceShard(degree=2, index=1)
+    gpt = load_workload(GPT)
+    tokens, targets = gpt.make_batch(2, 0)
+    got_in, got_t = split_batch(tokens, targets, gpt, shard)
+    assert torch.equal(got_in, tokens[:, 2:6]) and torch.equal(got_t, targets[:, 2:6])
+    llama = load_workload(LLAMA)
+    (ids, pad), labels = llama.make_batch(2, 0)
+    (got_ids, got_pad), got_labels = split_batch((ids, pad), labels, llama, shard)
+    assert torch.equal(got_ids, ids[:, 2:6]) and got_pad is pad and torch.equal(got_labels, labels[:, 2:6])
+
+
+def test_models_declare_their_sequence_split() -> None:
+    assert load_workload(GPT).context_parallel is not None
+    assert load_workload(LLAMA).context_parallel.whole_inputs == (1,)
+    assert load_workload("bert:layers=2,hidden=16,heads=2,seq=8,vocab=32").context_parallel is None
+    assert load_workload("hf:gpt2:layers=2,hidden=16,heads=4,vocab=32,seq=8,n_positions=8").context_parallel is None
+
+
+def test_a_layer_learns_its_shard_and_positions_follow_it() -> None:
+    """The zoo embedding adds the position embeddings of the global positions of its tokens."""
+    gpt = load_workload(GPT)
+    embed = gpt.layers[0]
+    tokens, _ = gpt.make_batch(1, 0)
+    whole = embed(tokens)
+    shard = SequenceShard(degree=2, index=0)
+    set_context(embed, shard)
+    assert context_of(embed.pos) is shard
+    assert torch.equal(embed(shard.split(tokens)), shard.split(whole))
+    set_context(embed, None)
+    assert context_of(embed) is None
