@@ -261,6 +261,7 @@ def make_plan(
     sequence_parallel: bool = False,
     zero: int = 0,
     stack: Stack = DEFAULT_STACK,
+    cp_degree: int = 1,
 ) -> Plan:
     """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
     every stage but the last recomputes all its layers (the last recomputes its first); with
@@ -268,12 +269,13 @@ def make_plan(
     a no-op in layers without one). The
     stages' ranks are the Layout's (``Layout.stage_ranks``): with ``virtual_stages_per_rank`` = v
     (interleaved 1F1B) stage s runs on pipeline rank s mod P, P = num_stages / v; with
-    ``tp_degree`` = t each stage replica is t ranks. ``zero``: the ZeRO stage; ``stack``: the
+    ``tp_degree`` = t (and ``cp_degree`` = c) each stage replica is t (x c) ranks. ``zero``: the ZeRO stage; ``stack``: the
     training stack the plan is for (how the runtime buckets and overlaps the all-reduce)."""
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
     layout = Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
-                    tp_degree=tp_degree, sequence_parallel=sequence_parallel, zero=ZeroStage(zero))
+                    tp_degree=tp_degree, sequence_parallel=sequence_parallel, cp_degree=cp_degree,
+                    zero=ZeroStage(zero))
     stages = []
     for s in range(num_stages):
         start, stop = cuts[s], cuts[s + 1]
@@ -313,5 +315,6 @@ def make_plan(
         fingerprint=fingerprint,
         tp_degree=tp_degree,
         sequence_parallel=sequence_parallel,
+        cp_degree=cp_degree,
     )
     return dataclasses.replace(plan, layout=layout, stack=stack)

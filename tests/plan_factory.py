@@ -92,13 +92,15 @@ def hand_plan(
     fingerprint: str = "",
     tp_degree: int = 1,
     sequence_parallel: bool = False,
+    cp_degree: int = 1,
 ) -> Plan:
     """A Plan around hand-made stages, with zero predictions (tests fill in what they need);
-    ``tp_degree`` tensor-parallel devices per stage replica (the stages' ranks must list them)."""
+    ``tp_degree`` tensor-parallel (``cp_degree`` context-parallel) devices per stage replica
+    (the stages' ranks must list them)."""
     global_batch = num_microbatches * microbatch_size * dp_degree
     layout = Layout(num_stages=len(stages), virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
                     stage_replicas=tuple(st.replicas for st in stages), tp_degree=tp_degree,
-                    sequence_parallel=sequence_parallel)
+                    sequence_parallel=sequence_parallel, cp_degree=cp_degree)
     return Plan(
         provenance=Provenance(
             model=model,

@@ -61,7 +61,7 @@ def test_stack_none_prices_one_collective_after_the_backward(zero: ZeroStage) ->
     sync bytes per parameter (the mean of gradients and weights with ZeRO), once."""
     cm = _model(STACKS["none"])
     layout = Layout(num_stages=2, dp_degree=2, zero=zero)
-    per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(0))
+    per_byte, fixed = allreduce_line(cm.cluster, layout.grad_group(0))
     sync = cm.stage_sync(0, 3, 0, layout)
     assert sync.total_ms == pytest.approx(per_byte * cm.stage_param_count(0, 3) * cm.sync_bytes_per_param(zero) + fixed)
     assert (sync.early_ms, sync.gather_ahead_ms, sync.gather_bound_ms) == (0.0, 0.0, 0.0)
@@ -73,7 +73,7 @@ def test_overlapped_reduction_starts_during_the_backward_and_pays_a_latency_per_
     small = Stack(name="planner", grad_reduce_overlap=True, grad_bucket_bytes=100_000_000)  # one layer a bucket
     cm = _model(small)
     sync = cm.stage_sync(0, 6, 0, lay)
-    _, fixed = allreduce_line(cm.cluster, lay.dp_group(0))
+    _, fixed = allreduce_line(cm.cluster, lay.grad_group(0))
     assert sync.total_ms == pytest.approx(none.total_ms + 5 * fixed)  # six collectives instead of one
     assert 0.0 < sync.early_ms < sync.total_ms
     # ZeRO's reduce-scatter is not overlapped by the planner's runtime: early 0, the same total as none

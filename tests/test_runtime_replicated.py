@@ -172,7 +172,7 @@ def test_check_plan_accepts_replicated_and_refuses_clearly(tmp_path: Path, capsy
     two_pipelines["stages"][0]["ranks"], two_pipelines["stages"][1]["ranks"] = [0, 1, 2, 3], [4, 5]
     refusals = [
         (moved, r"stage 1: ranks \[5\] differ from the layout's \[2\]"),
-        (two_pipelines, r"per-stage replication \(replicas \[2, 1\]\) needs one stage per rank, dp_degree 1 and tp_degree 1"),
+        (two_pipelines, r"per-stage replication \(replicas \[2, 1\]\) needs one stage per rank, dp_degree 1, tp_degree 1 and cp_degree 1"),
     ]
     capsys.readouterr()
     for bad, pattern in refusals:

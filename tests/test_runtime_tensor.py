@@ -34,7 +34,7 @@ def test_ranks_are_placed_by_the_plans_layout() -> None:
     P, D, t = 2, 2, 2
     layout = Layout(num_stages=P, dp_degree=D, tp_degree=t)
     mesh = np.arange(P * D * t).reshape(P, D, t)
-    assert mesh_ranks(layout).tolist() == mesh.tolist()
+    assert mesh_ranks(layout).tolist() == mesh.reshape(P, D, 1, t).tolist()  # ("pp", "dp", "cp", "tp"), cp 1
     for rank in range(P * D * t):
         pos = RankPosition.of(layout, rank)
         assert mesh[pos.pipeline_rank, pos.replica, pos.tp_index] == rank
@@ -90,7 +90,7 @@ def test_planner_run_refuses_tensor_parallel_stages_replicated_per_stage(tmp_pat
     assert main(["run", str(tmp_path / "plan.json"), "--model", GPT, "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("planner run: error:"), err
-    assert "per-stage replication (replicas [2, 1]) needs one stage per rank, dp_degree 1 and tp_degree 1" in err
+    assert "per-stage replication (replicas [2, 1]) needs one stage per rank, dp_degree 1, tp_degree 1 and cp_degree 1" in err
 
 
 def test_planner_run_refuses_heads_not_divisible_with_one_line(tmp_path, capsys) -> None:

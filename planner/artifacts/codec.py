@@ -142,9 +142,15 @@ def _decode_dataclass(cls: type[T], value: Any, path: str) -> T:
 
 
 def encode(obj: Any) -> Any:
-    """Convert a dataclass tree to plain JSON data (field order kept, tuples as lists)."""
+    """Convert a dataclass tree to plain JSON data (field order kept, tuples as lists). A field
+    whose metadata says ``omit_if_default`` is left out while it holds its default (a field
+    added to a document without a new version: files without it read the same)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        return {
+            f.name: encode(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if f.init and not (f.metadata.get("omit_if_default") and getattr(obj, f.name) == f.default)
+        }
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):

@@ -11,6 +11,10 @@ Axes (the mesh's dimensions, outermost first):
   ``num_stages / virtual_stages_per_rank`` ranks; pipeline rank ``p`` holds chunks ``p``,
   ``p + pipeline_size``, ... (interleaved 1F1B, Narayanan et al. 2021; v = 1 otherwise);
 - ``dp``: ``dp_degree`` replicated pipelines, the global batch split between them;
+- ``cp``: ``cp_degree`` devices split each sample's sequence (context parallelism, as Llama 3
+  trains long contexts: keys and values all-gathered over the group, the causal sequence cut
+  into 2 cp chunks, rank i holding chunks i and 2 cp - 1 - i). Parameters are replicated over
+  the cp ranks; a micro-batch is the same samples on all of them;
 - ``tp``: ``tp_degree`` devices of one node run each stage replica together (Megatron-LM,
   Shoeybi et al. 2019), with ``sequence_parallel`` splitting the rest along the sequence
   (Korthikanti et al. 2022).
@@ -21,9 +25,14 @@ per-stage replication, Narayanan et al. 2019: stage ``s`` has its own ``R_s`` co
 pipeline, micro-batch ``m`` on copy ``m mod R_s``; with ``dp_degree`` 1, ``tp_degree`` 1, one
 chunk per rank).
 
-Ranks: a uniform layout is the row-major ("pp", "dp", "tp") mesh of shape
-``(pipeline_size, dp_degree, tp_degree)``: ``rank = (p x dp_degree + replica) x tp_degree +
-tp_index``, so a tensor-parallel group is consecutive ranks (inside a node). A layout
+Gradients are synchronised, and ZeRO state sharded, over a stage's data-parallel and
+context-parallel ranks together (:meth:`Layout.grad_group`, as torchtitan's ``dp_shard_cp``):
+the cp ranks hold the same parameters and each computes gradients of its part of the sequence.
+
+Ranks: a uniform layout is the row-major ("pp", "dp", "cp", "tp") mesh of shape
+``(pipeline_size, dp_degree, cp_degree, tp_degree)``: ``rank = ((p x dp_degree + replica) x
+cp_degree + cp_index) x tp_degree + tp_index``, so a tensor-parallel group is consecutive ranks
+(inside a node) and a context-parallel group the next-nearest (torchtitan's order). A layout
 replicated per stage places the stages' copies in consecutive blocks, stage 0's first: copy
 ``r`` of stage ``s`` is rank ``R_0 + ... + R_{s-1} + r``.
 
@@ -39,7 +48,7 @@ from dataclasses import dataclass, field
 from planner.artifacts.kinds import ZeroStage
 
 #: the mesh dimensions of a uniform layout, outermost first
-MESH_DIMS = ("pp", "dp", "tp")
+MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,11 @@ class Layout:
         default=(), metadata={"doc": "copies of each stage inside one pipeline (PipeDream); () = one each"}
     )
     tp_degree: int = field(default=1, metadata={"doc": "tensor-parallel devices per stage replica t"})
+    cp_degree: int = field(
+        default=1,
+        metadata={"doc": "context-parallel devices per stage replica: each sample's sequence split over them "
+                         "(absent from a plan file when 1)", "omit_if_default": True},
+    )
     sequence_parallel: bool = field(default=False, metadata={"doc": "the rest of the activations split along the sequence"})
     zero: ZeroStage = field(default=ZeroStage.NONE, metadata={"doc": "ZeRO stage over a stage's data-parallel ranks"})
 
@@ -75,6 +89,8 @@ class Layout:
             raise ValueError(f"dp_degree must be >= 1 (got {self.dp_degree})")
         if self.tp_degree < 1:
             raise ValueError(f"tp_degree must be >= 1 (got {self.tp_degree})")
+        if self.cp_degree < 1:
+            raise ValueError(f"cp_degree must be >= 1 (got {self.cp_degree})")
         if self.sequence_parallel and self.tp_degree == 1:
             raise ValueError("sequence_parallel needs tp_degree > 1")
         object.__setattr__(self, "zero", ZeroStage(self.zero))
@@ -86,10 +102,11 @@ class Layout:
                 raise ValueError(f"stage_replicas must be >= 1 (got {list(reps)})")
             if max(reps) == 1:
                 reps = ()  # one copy each is the uniform layout
-        if reps and (v > 1 or self.dp_degree > 1 or self.tp_degree > 1):
+        if reps and (v > 1 or self.dp_degree > 1 or self.tp_degree > 1 or self.cp_degree > 1):
             raise ValueError(
-                f"per-stage replication (replicas {list(reps)}) needs one stage per rank, dp_degree 1 and tp_degree 1 "
-                f"(got virtual_stages_per_rank {v}, dp_degree {self.dp_degree}, tp_degree {self.tp_degree})"
+                f"per-stage replication (replicas {list(reps)}) needs one stage per rank, dp_degree 1, tp_degree 1 "
+                f"and cp_degree 1 (got virtual_stages_per_rank {v}, dp_degree {self.dp_degree}, "
+                f"tp_degree {self.tp_degree}, cp_degree {self.cp_degree})"
             )
         object.__setattr__(self, "stage_replicas", reps)
 
@@ -108,29 +125,34 @@ class Layout:
         """Devices the layout occupies."""
         if self.stage_replicas:
             return sum(self.stage_replicas)
-        return self.pipeline_size * self.dp_degree * self.tp_degree
+        return self.pipeline_size * self.dp_degree * self.cp_degree * self.tp_degree
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int]:
-        """The ("pp", "dp", "tp") mesh of a uniform layout."""
+    def mesh_shape(self) -> tuple[int, int, int, int]:
+        """The ("pp", "dp", "cp", "tp") mesh of a uniform layout."""
         if self.stage_replicas:
             raise ValueError(f"a layout replicated per stage (replicas {list(self.stage_replicas)}) is not a mesh")
-        return (self.pipeline_size, self.dp_degree, self.tp_degree)
+        return (self.pipeline_size, self.dp_degree, self.cp_degree, self.tp_degree)
 
     def replicas_of(self, stage_idx: int) -> int:
         """Copies of stage ``stage_idx`` inside one pipeline (1 unless replicated per stage)."""
         return self.stage_replicas[stage_idx] if self.stage_replicas else 1
 
     def data_parallel_size(self, stage_idx: int) -> int:
-        """Ranks holding the same shard of stage ``stage_idx``: its gradients are synchronised
-        and its ZeRO state sharded over them (replicated pipelines x copies)."""
+        """Ranks of stage ``stage_idx`` that split the global batch between them, at one cp and
+        tp index (replicated pipelines x copies)."""
         return self.dp_degree * self.replicas_of(stage_idx)
+
+    def grad_group_size(self, stage_idx: int) -> int:
+        """Ranks holding the same shard of stage ``stage_idx``: its gradients are synchronised
+        and its ZeRO state sharded over them (data-parallel x context-parallel ranks)."""
+        return self.data_parallel_size(stage_idx) * self.cp_degree
 
     def sharding(self, stage_idx: int) -> Sharding:
         """How stage ``stage_idx``'s model state is divided under ``zero``."""
         if self.zero is ZeroStage.NONE:
             return Sharding()
-        return Sharding(self.zero, self.data_parallel_size(stage_idx))
+        return Sharding(self.zero, self.grad_group_size(stage_idx))
 
     # ---------------------------------------------------------------- ranks
     def pipeline_rank(self, stage_idx: int) -> int:
@@ -141,53 +163,77 @@ class Layout:
         """The chunks pipeline rank ``pipeline_rank`` runs, in order: p, p + pipeline_size, ..."""
         return tuple(range(pipeline_rank, self.num_stages, self.pipeline_size))
 
-    def rank_of(self, *, stage_idx: int, replica: int = 0, tp_index: int = 0) -> int:
+    def rank_of(self, *, stage_idx: int, replica: int = 0, cp_index: int = 0, tp_index: int = 0) -> int:
         """The rank of copy ``replica`` (replicated pipeline, or copy inside the pipeline when
-        replicated per stage) of stage ``stage_idx``, tensor-parallel shard ``tp_index``."""
+        replicated per stage) of stage ``stage_idx``, context-parallel part ``cp_index``,
+        tensor-parallel shard ``tp_index``."""
         if not 0 <= stage_idx < self.num_stages:
             raise ValueError(f"stage {stage_idx} is not one of the {self.num_stages} stages")
-        if not 0 <= replica < self.data_parallel_size(stage_idx) or not 0 <= tp_index < self.tp_degree:
-            raise ValueError(f"stage {stage_idx} has no replica {replica} / tp index {tp_index}")
+        if (not 0 <= replica < self.data_parallel_size(stage_idx) or not 0 <= cp_index < self.cp_degree
+                or not 0 <= tp_index < self.tp_degree):
+            raise ValueError(f"stage {stage_idx} has no replica {replica} / cp index {cp_index} / tp index {tp_index}")
         if self.stage_replicas:
             return sum(self.stage_replicas[:stage_idx]) + replica
-        return (self.pipeline_rank(stage_idx) * self.dp_degree + replica) * self.tp_degree + tp_index
+        row = self.pipeline_rank(stage_idx) * self.dp_degree + replica
+        return (row * self.cp_degree + cp_index) * self.tp_degree + tp_index
 
     def stage_ranks(self, stage_idx: int) -> tuple[int, ...]:
         """Every device of stage ``stage_idx``, in rank order."""
         return tuple(
-            self.rank_of(stage_idx=stage_idx, replica=r, tp_index=k)
+            self.rank_of(stage_idx=stage_idx, replica=r, cp_index=c, tp_index=k)
             for r in range(self.data_parallel_size(stage_idx))
+            for c in range(self.cp_degree)
             for k in range(self.tp_degree)
         )
 
-    def dp_group(self, stage_idx: int, tp_index: int = 0) -> tuple[int, ...]:
-        """The ranks of stage ``stage_idx`` holding tensor-parallel shard ``tp_index``: its
-        gradients are synchronised (and ZeRO-sharded) over them."""
+    def dp_group(self, stage_idx: int, tp_index: int = 0, cp_index: int = 0) -> tuple[int, ...]:
+        """The ranks of stage ``stage_idx`` at context-parallel index ``cp_index`` and
+        tensor-parallel index ``tp_index``: the replicas that split the global batch."""
         return tuple(
-            self.rank_of(stage_idx=stage_idx, replica=r, tp_index=tp_index)
+            self.rank_of(stage_idx=stage_idx, replica=r, cp_index=cp_index, tp_index=tp_index)
             for r in range(self.data_parallel_size(stage_idx))
+        )
+
+    def cp_group(self, stage_idx: int, replica: int = 0, tp_index: int = 0) -> tuple[int, ...]:
+        """The ranks that split the sequence of replica ``replica`` of stage ``stage_idx`` at
+        tensor-parallel index ``tp_index`` (keys and values are gathered over them)."""
+        return tuple(
+            self.rank_of(stage_idx=stage_idx, replica=replica, cp_index=c, tp_index=tp_index)
+            for c in range(self.cp_degree)
+        )
+
+    def grad_group(self, stage_idx: int, tp_index: int = 0) -> tuple[int, ...]:
+        """The ranks of stage ``stage_idx`` holding tensor-parallel shard ``tp_index``, over every
+        replica and cp index, in rank order: its gradients are synchronised (and ZeRO-sharded)
+        over them (:meth:`grad_group_size` ranks)."""
+        return tuple(
+            self.rank_of(stage_idx=stage_idx, replica=r, cp_index=c, tp_index=tp_index)
+            for r in range(self.data_parallel_size(stage_idx))
+            for c in range(self.cp_degree)
         )
 
     def all_stage_ranks(self) -> tuple[tuple[int, ...], ...]:
         return tuple(self.stage_ranks(s) for s in range(self.num_stages))
 
-    def coordinates(self, rank: int) -> tuple[int, int, int]:
-        """(pipeline rank, replica, tp index) of ``rank`` in a uniform layout (the inverse of
-        :meth:`rank_of`); a layout replicated per stage: (stage, copy, 0)."""
+    def coordinates(self, rank: int) -> tuple[int, int, int, int]:
+        """(pipeline rank, replica, cp index, tp index) of ``rank`` in a uniform layout (the
+        inverse of :meth:`rank_of`); a layout replicated per stage: (stage, copy, 0, 0)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside the layout's {self.world_size} devices")
         if self.stage_replicas:
             offset = 0
             for s, copies in enumerate(self.stage_replicas):
                 if rank < offset + copies:
-                    return s, rank - offset, 0
+                    return s, rank - offset, 0, 0
                 offset += copies
-        t, d = self.tp_degree, self.dp_degree
-        return rank // (d * t), (rank // t) % d, rank % t
+        t, c, d = self.tp_degree, self.cp_degree, self.dp_degree
+        return rank // (d * c * t), (rank // (c * t)) % d, (rank // t) % c, rank % t
 
     def describe(self, *, pipeline_ranks: bool = False) -> str:
         """The layout as tables and figures name it (the one place this text is built):
         ``P=4 x D=2, ZeRO-1``; with tensor parallelism ``T=2 (seq-par) x P=4 x D=1, ZeRO-1``;
+        with context parallelism ``T=8 x CP=4 x P=2 x D=4, ZeRO-1`` (the axes inside a stage
+        replica first);
         replicated per stage ``P=3 replicated 2+1+1, no ZeRO``. P counts stages; with
         ``pipeline_ranks`` an interleaved layout names its ranks:
         ``8 stages on P=4 pipeline ranks (2 each) x D=1, no ZeRO``."""
@@ -199,6 +245,8 @@ class Layout:
             text = f"P={self.num_stages} replicated {'+'.join(map(str, self.stage_replicas))}"
         else:
             text = f"P={self.num_stages} x D={self.dp_degree}"
+        if self.cp_degree > 1:
+            text = f"CP={self.cp_degree} x {text}"
         if self.tp_degree > 1:
             text = f"T={self.tp_degree}{' (seq-par)' if self.sequence_parallel else ''} x {text}"
         return f"{text}, {zero}"

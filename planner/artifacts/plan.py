@@ -21,7 +21,9 @@ and the request's optimizer), so that a run with other settings can be told apar
 The file keeps the layout's degrees at its top level (``num_stages``, ``dp_degree``,
 ``virtual_stages_per_rank``, ``zero``, ``tp_degree``, ``sequence_parallel``; per-stage copies in
 each stage's ``replicas``), as version 3 wrote them before the Layout existed: files are
-unchanged by it.
+unchanged by it. ``cp_degree`` (context parallelism) is written only when > 1, so a file
+without it is a plan with cp 1 and every plan without context parallelism reads and writes
+the same bytes as before the field (no new version).
 
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
@@ -229,7 +231,7 @@ class Plan:
         lay = self.layout
         check_fields(self, 1, MAX_BATCH, "global_batch", "num_microbatches", "microbatch_size")
         check_count("devices_available", self.devices_available, 0, MAX_DEVICES)
-        check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "virtual_stages_per_rank")
+        check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "cp_degree", "virtual_stages_per_rank")
         if len(self.stages) != lay.num_stages:
             raise ValueError(f"num_stages is {lay.num_stages} but {len(self.stages)} stages are listed")
         if self.devices_available < 0:
@@ -243,10 +245,10 @@ class Plan:
                 raise ValueError(
                     f"stage {s}: num_microbatches {self.num_microbatches} is not a multiple of its replicas ({stage.replicas})"
                 )
-            if len(stage.ranks) != lay.dp_degree * stage.replicas * lay.tp_degree:
+            if len(stage.ranks) != lay.dp_degree * stage.replicas * lay.cp_degree * lay.tp_degree:
                 raise ValueError(
-                    f"stage {s}: {len(stage.ranks)} ranks, expected dp_degree x replicas x tp_degree = "
-                    f"{lay.dp_degree} x {stage.replicas} x {lay.tp_degree}"
+                    f"stage {s}: {len(stage.ranks)} ranks, expected dp_degree x replicas x cp_degree x tp_degree = "
+                    f"{lay.dp_degree} x {stage.replicas} x {lay.cp_degree} x {lay.tp_degree}"
                 )
             if tuple(stage.ranks) != lay.stage_ranks(s):
                 raise ValueError(f"stage {s}: ranks {list(stage.ranks)} differ from the layout's {list(lay.stage_ranks(s))}")
@@ -275,14 +277,14 @@ class Plan:
 
 
 #: the layout's fields as version 3 and 4 files hold them, at the top level (stage_replicas: in stages)
-_LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel")
+_LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree")
 #: layout keys a version-3 or -4 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
 #: the top-level keys of a version-4 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
-    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "dtype", "optimizer", "devices_available",
-    "stack", "stages", "predicted", "pareto",
+    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "dtype", "optimizer",
+    "devices_available", "stack", "stages", "predicted", "pareto",
 )
 
 
@@ -363,10 +365,10 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The version-4 document: the layout's degrees at the top level (see the module docstring)."""
     body = codec.encode(plan)
     layout = body.pop("layout")
-    body.update({k: layout[k] for k in _LAYOUT_KEYS})
+    body.update({k: layout[k] for k in _LAYOUT_KEYS if k in layout})  # cp_degree: only when > 1
     body["dtype"] = body["dtype"] or ""
     body["optimizer"] = body["optimizer"] or ""
-    return {"schema": SCHEMA, "version": VERSION, **{k: body[k] for k in _WIRE_ORDER}}
+    return {"schema": SCHEMA, "version": VERSION, **{k: body[k] for k in _WIRE_ORDER if k in body}}
 
 
 def plan_schema() -> dict[str, Any]:

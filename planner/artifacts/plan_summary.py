@@ -92,11 +92,12 @@ class ParetoPoint:
     stage_replicas: tuple[int, ...] = ()
     tp_degree: int = 1
     sequence_parallel: bool = False
+    cp_degree: int = field(default=1, metadata={"doc": "context-parallel degree (absent when 1)", "omit_if_default": True})
 
     def __post_init__(self) -> None:
         check_range("iteration_ms", self.iteration_ms, 0, MAX_MS)
         check_count("peak_memory_bytes", self.peak_memory_bytes, 0, MAX_BYTES)
-        check_fields(self, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree")
+        check_fields(self, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "cp_degree")
         check_count("microbatch_size", self.microbatch_size, 1, MAX_BATCH)
         check_count("num_recomputed_layers", self.num_recomputed_layers, 0, MAX_LAYERS)
         _ = self.layout  # its axes combine (the Layout's own checks)
@@ -105,7 +106,8 @@ class ParetoPoint:
     def layout(self) -> Layout:
         """The point's parallel dimensions (chunks per rank are not recorded: 1)."""
         return Layout(num_stages=self.num_stages, dp_degree=self.dp_degree, stage_replicas=self.stage_replicas,
-                      tp_degree=self.tp_degree, sequence_parallel=self.sequence_parallel, zero=self.zero)
+                      tp_degree=self.tp_degree, sequence_parallel=self.sequence_parallel, cp_degree=self.cp_degree,
+                      zero=self.zero)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

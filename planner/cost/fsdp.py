@@ -67,9 +67,10 @@ def is_fsdp(sharding: Sharding) -> bool:
 
 
 def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
-    """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's data-parallel
-    group: half the all-reduce line, of the layout's slowest group."""
-    lines = [allreduce_line(cluster, layout.dp_group(s)) for s in range(layout.num_stages)]
+    """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
+    group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
+    all-reduce line, of the layout's slowest group."""
+    lines = [allreduce_line(cluster, layout.grad_group(s)) for s in range(layout.num_stages)]
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
 

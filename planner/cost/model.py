@@ -385,7 +385,7 @@ class CostModel(ShardedState):
         (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
         ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
         tied = self.tied_exchange_ms(start, stop)
-        per_byte, fixed = allreduce_line(self.cluster, layout.dp_group(stage_idx))
+        per_byte, fixed = allreduce_line(self.cluster, layout.grad_group(stage_idx))
         if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
             return SyncCost(tied)  # ZeRO 3's collectives are in the stage's forward and backward
         zero = layout.zero is not ZeroStage.NONE

@@ -29,9 +29,9 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   split over pipeline ranks stay whole). Checkpoints keep one optimizer file per shard.
 - Placement: every rank's coordinates, groups and device mesh come from the plan's
   ``Layout`` (``planner.artifacts.layout``: ``coordinates``, ``stage_indices``, ``rank_of``,
-  ``dp_group``, ``mesh_shape``, ``MESH_DIMS``); nothing here computes a rank from the degrees.
+  ``grad_group``, ``mesh_shape``, ``MESH_DIMS``); nothing here computes a rank from the degrees.
 - Tensor parallelism (``plan.layout.tp_degree`` = t > 1, ``tensor``): the layout's ("pp", "dp",
-  "tp") device mesh of shape (P, D, t) (``topology.build_mesh``); each stage's layers are
+  "cp", "tp") device mesh of shape (P, D, 1, t) (``topology.build_mesh``); each stage's layers are
   split with ``parallelize_module`` and the styles the workload declares
   (``Workload.tensor_parallel``; the zoo GPT and BERT: Megatron's column / row split,
   ``SequenceParallel`` norms with sequence parallelism); pipeline messages over "pp", the

@@ -36,7 +36,13 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
     that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
     whose tensor parallelism the model or the runtime cannot do
-    (``planner.runtime.tensor.tensor_parallel_refusal``)."""
+    (``planner.runtime.tensor.tensor_parallel_refusal``), or that splits sequences (context
+    parallelism is planned, not yet run)."""
+    if plan.layout.cp_degree > 1:
+        raise PlannerInputError(
+            f"{source}: cp_degree: {plan.layout.cp_degree}: this runtime does not run context parallelism yet "
+            f"(plan with --cp 1)"
+        )
     if plan.layout.tp_degree > 1:  # torch.distributed.tensor takes seconds to import: only for tensor parallelism
         from planner.runtime.tensor import tensor_parallel_refusal
 

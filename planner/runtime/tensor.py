@@ -2,8 +2,8 @@
 
 A plan with ``tp_degree`` = t > 1 runs every stage replica on t ranks of one node, placed by
 the plan's :class:`~planner.artifacts.layout.Layout`. The runtime builds the layout's device
-mesh of shape ``Layout.mesh_shape`` = (P, D, t), ``mesh_dim_names=Layout.MESH_DIMS`` =
-("pp", "dp", "tp"), over ``Layout.rank_of`` (``planner.runtime.topology.build_mesh``), and uses
+mesh of shape ``Layout.mesh_shape`` = (P, D, cp, t), ``mesh_dim_names=Layout.MESH_DIMS`` =
+("pp", "dp", "cp", "tp"; cp is 1 in this runtime), over ``Layout.rank_of`` (``planner.runtime.topology.build_mesh``), and uses
 
 - ``mesh["pp"]``'s group for the pipeline's point-to-point messages (the ``PipelineStage``
   group: the stages of one replica at one tp index);

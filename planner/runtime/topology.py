@@ -2,21 +2,22 @@
 
 Every coordinate comes from ``plan.layout`` (:class:`planner.artifacts.layout.Layout`, the one
 owner of the rank formula): :meth:`Layout.coordinates` gives a rank's (pipeline rank, replica,
-tp index) -- (stage, copy, 0) in a layout replicated per stage --, :meth:`Layout.stage_indices`
-the stages (chunks) it runs, p, p + P, ... (interleaved 1F1B; one otherwise), and
-:meth:`Layout.rank_of` / :meth:`Layout.dp_group` its peers. The groups are lines of the
-("pp", "dp", "tp") mesh of shape :attr:`Layout.mesh_shape` (:data:`MESH_DIMS`):
+cp index, tp index) -- (stage, copy, 0, 0) in a layout replicated per stage --,
+:meth:`Layout.stage_indices` the stages (chunks) it runs, p, p + P, ... (interleaved 1F1B; one
+otherwise), and :meth:`Layout.rank_of` / :meth:`Layout.grad_group` its peers. The groups are
+lines of the ("pp", "dp", "cp", "tp") mesh of shape :attr:`Layout.mesh_shape` (:data:`MESH_DIMS`;
+this runtime runs cp 1 only, ``planner.runtime.check`` refuses more):
 
 - pipeline: one rank per pipeline rank, of one replica at one tp index (the ``PipelineStage``
   group). None when replicated per stage: that executor sends on the default group, each
   micro-batch to the copy that runs it (``planner.runtime.exchange``);
-- data parallel: the ranks holding the same shard of a stage (:meth:`Layout.dp_group`: its D
+- data parallel: the ranks holding the same shard of a stage (:meth:`Layout.grad_group`: its D
   replicas, or its copies when replicated per stage), when there are two or more;
 - tied: per tied parameter group held by >= 2 pipeline ranks, the data-parallel groups of
   those pipeline ranks at this rank's tp index (tied parameters stay whole, identical over tp
   indices; see ``planner.runtime.grads``);
-- tensor (t > 1): the ("pp", "dp", "tp") ``DeviceMesh`` (:func:`build_mesh`), whose "pp" and
-  "dp" groups are the two above and whose "tp" dimension is the tensor-parallel group.
+- tensor (t > 1): the ("pp", "dp", "cp", "tp") ``DeviceMesh`` (:func:`build_mesh`), whose "pp"
+  and "dp" groups are the two above and whose "tp" dimension is the tensor-parallel group.
 
 ``torch.distributed.new_group`` is collective over the default group, so every rank creates
 every group in the same order and keeps the ones it belongs to. The groups are made with the
@@ -44,17 +45,19 @@ class RankPosition:
     rank: int
     pipeline_rank: int = 0
     replica: int = 0  # the replicated pipeline, or the copy of its stage when replicated per stage
+    cp_index: int = 0
     tp_index: int = 0
     stage_indices: tuple[int, ...] = ()
     data_replica: int = 0  # whose share of the global batch it trains on (0 when replicated per stage)
 
     @classmethod
     def of(cls, layout: Layout, rank: int) -> RankPosition:
-        pipeline_rank, replica, tp_index = layout.coordinates(rank)
+        pipeline_rank, replica, cp_index, tp_index = layout.coordinates(rank)
         return cls(
             rank=rank,
             pipeline_rank=pipeline_rank,
             replica=replica,
+            cp_index=cp_index,
             tp_index=tp_index,
             stage_indices=layout.stage_indices(pipeline_rank),
             # a stage's copies share one pipeline's batch, micro-batch by micro-batch
@@ -72,12 +75,17 @@ class Groups:
 
 def mesh_ranks(layout: Layout) -> torch.Tensor:
     """The ranks of a uniform layout as a tensor of shape ``layout.mesh_shape``: entry
-    (p, r, k) is ``layout.rank_of`` of pipeline rank p (its first stage), replica r, tp index k."""
-    pipeline_size, dp_degree, tp_degree = layout.mesh_shape
+    (p, r, c, k) is ``layout.rank_of`` of pipeline rank p (its first stage), replica r, cp index
+    c, tp index k."""
+    pipeline_size, dp_degree, cp_degree, tp_degree = layout.mesh_shape
     return torch.tensor(
         [
             [
-                [layout.rank_of(stage_idx=layout.stage_indices(p)[0], replica=r, tp_index=k) for k in range(tp_degree)]
+                [
+                    [layout.rank_of(stage_idx=layout.stage_indices(p)[0], replica=r, cp_index=c, tp_index=k)
+                     for k in range(tp_degree)]
+                    for c in range(cp_degree)
+                ]
                 for r in range(dp_degree)
             ]
             for p in range(pipeline_size)
@@ -105,7 +113,7 @@ def _lines(mesh: torch.Tensor, dim: int) -> list[tuple[int, ...]]:
 
 
 def build_mesh(layout: Layout, rank: int, device: torch.device, timeout_s: float) -> DeviceMesh:
-    """The ("pp", "dp", "tp") device mesh of a uniform layout (collective): the groups along
+    """The ("pp", "dp", "cp", "tp") device mesh of a uniform layout (collective): the groups along
     each dimension, then ``DeviceMesh.from_group`` over :func:`mesh_ranks`."""
     mesh = mesh_ranks(layout)
     mine = []
@@ -127,7 +135,7 @@ def build_groups(
     """Create all groups (collectively) and return this rank's; ``tied_holders`` lists, per
     tied parameter group, the pipeline ranks that hold it (only those with >= 2 need a group)."""
     if layout.replicated_per_stage:
-        copies = [layout.dp_group(s) for s in range(layout.num_stages)]
+        copies = [layout.grad_group(s) for s in range(layout.num_stages)]
         data_parallel = _own_group([c for c in copies if len(c) >= 2], rank, timeout_s)
         return Groups(pipeline=None, data_parallel=data_parallel, tied=_tied_groups(layout, rank, tied_holders, timeout_s))
     if layout.tp_degree > 1:
@@ -155,6 +163,6 @@ def _tied_groups(
             tied.append(None)
             continue
         firsts = [layout.stage_indices(p)[0] for p in holders]
-        rank_sets = [tuple(r for s in firsts for r in layout.dp_group(s, tp_index=k)) for k in range(layout.tp_degree)]
+        rank_sets = [tuple(r for s in firsts for r in layout.grad_group(s, tp_index=k)) for k in range(layout.tp_degree)]
         tied.append(_own_group(rank_sets, rank, timeout_s))
     return tuple(tied)

@@ -175,11 +175,11 @@ class RankTrainer(abc.ABC):
 
     @property
     def optimizer_shards(self) -> int:
-        """Ranks each of this rank's optimizers is sharded over: the stage's data-parallel
-        ranks (D, or its copies) with ZeRO >= 1, else 1."""
+        """Ranks each of this rank's optimizers is sharded over: the stage's gradient group
+        (D, or its copies; x cp) with ZeRO >= 1, else 1."""
         if not any(c.zero is not None for c in self.chunks):
             return 1
-        return self.plan.layout.data_parallel_size(self.position.stage_indices[0])
+        return self.plan.layout.grad_group_size(self.position.stage_indices[0])
 
     @property
     def checkpoint_slot(self) -> CheckpointSlot:

@@ -243,7 +243,7 @@ def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, l
     overlap: the layers' before it, and when the stack overlaps the reduction also the stage's
     own (the objective's proxy for what the pipeline cannot hide; the simulator prices
     the buckets)."""
-    per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(stage_idx))
+    per_byte, fixed = allreduce_line(cm.cluster, layout.grad_group(stage_idx))
     if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO 3: its collectives are in the stage's times
     _, bp = cm.time_prefix(microbatch_size)
@@ -257,7 +257,7 @@ def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
     out = []
     hidden = table.hidden_backward()
     for s in range(layout.num_stages):
-        per_byte, fixed = allreduce_line(table.cm.cluster, layout.dp_group(s))
+        per_byte, fixed = allreduce_line(table.cm.cluster, layout.grad_group(s))
         if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
             out.append(np.zeros_like(table.sync_bytes))
         else:

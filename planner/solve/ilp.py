@@ -138,7 +138,7 @@ def solve_chain_ilp(
                 m.add(ws3 >= int(unit_bytes * cm.param_count[l]) * x[s][l])
             mem += ws3
         # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
-        per_byte, fixed = allreduce_line(cm.cluster, layout.dp_group(s))
+        per_byte, fixed = allreduce_line(cm.cluster, layout.grad_group(s))
         if (per_byte or fixed) and terms is None:
             ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
             ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))

@@ -56,6 +56,7 @@ def pareto_point(plan: Plan) -> ParetoPoint:
         stage_replicas=lay.stage_replicas,
         tp_degree=lay.tp_degree,
         sequence_parallel=lay.sequence_parallel,
+        cp_degree=lay.cp_degree,
     )
 
 
