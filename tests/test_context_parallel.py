@@ -7,12 +7,18 @@ tests/test_runtime_context.py's launches.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.layout import Layout
 from planner.models import load_workload
 from planner.models.context import SequenceShard, context_of, set_context
+from planner.runtime.check import check_plan
 from planner.runtime.context import split_batch
+from planner.runtime.topology import RankPosition, _grad_lines, mesh_ranks
+from tests.factories import make_plan
 
 GPT = "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32"
 LLAMA = "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8,padding=1"
@@ -86,3 +92,36 @@ def test_a_layer_learns_its_shard_and_positions_follow_it() -> None:
     assert torch.equal(embed(shard.split(tokens)), shard.split(whole))
     set_context(embed, None)
     assert context_of(embed) is None
+
+
+def test_plans_the_runtime_cannot_split_are_refused_before_compute() -> None:
+    """``check_plan`` (each rank's, and ``planner run``'s before torchrun starts): one line naming
+    the field and the value."""
+    gpt = load_workload(GPT)
+    names = gpt.layer_names
+    check_plan(make_plan(names, (2,), cp_degree=2, tp_degree=2, zero=1, dp_degree=2), gpt, 16)  # runs
+    with pytest.raises(PlannerInputError, match="plan: context parallelism over 3 ranks cuts each sequence into 6 chunks"):
+        check_plan(make_plan(names, (), cp_degree=3), gpt, 3)
+    mlp = load_workload("tests.factories:mlp")
+    with pytest.raises(PlannerInputError, match="cp_degree 2: model 'mlp' declares no context-parallel split"):
+        check_plan(make_plan(mlp.layer_names, (), cp_degree=2), mlp, 2)
+    with pytest.raises(PlannerInputError, match="cp_degree 2 with sequence parallelism: both cut the sequence"):
+        check_plan(make_plan(names, (), cp_degree=2, tp_degree=2, sequence_parallel=True), gpt, 4)
+    with pytest.raises(PlannerInputError, match=r"plan needs 4 processes \(2 stages x 1 replicas x cp 2\)"):
+        check_plan(make_plan(names, (2,), cp_degree=2), gpt, 2)
+
+
+def test_ranks_and_groups_follow_the_layout() -> None:
+    """The (P, D, c, t) mesh is arange(world) in row-major order; a rank's gradient group is its
+    stage's D x c ranks at its tp index (``Layout.grad_group``), its cp group the c ranks of its
+    replica (``Layout.cp_group``), and its checkpoint slot its place in the gradient group."""
+    layout = Layout(num_stages=2, dp_degree=2, cp_degree=2, tp_degree=2)
+    mesh = np.arange(16).reshape(2, 2, 2, 2)
+    assert mesh_ranks(layout).tolist() == mesh.tolist()
+    grads = [tuple(line) for line in mesh.transpose(0, 3, 1, 2).reshape(-1, 4).tolist()]
+    assert _grad_lines(mesh_ranks(layout)) == grads
+    for rank in range(16):
+        pos = RankPosition.of(layout, rank)
+        assert mesh[pos.pipeline_rank, pos.replica, pos.cp_index, pos.tp_index] == rank
+        assert layout.grad_group(pos.pipeline_rank, pos.tp_index) in grads
+        assert layout.cp_group(pos.pipeline_rank, pos.replica, pos.tp_index) == tuple(mesh[pos.pipeline_rank, pos.replica, :, pos.tp_index])

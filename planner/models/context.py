@@ -134,7 +134,7 @@ class _GatherDim0(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         grad = grad.contiguous()
         out = grad.new_empty((grad.size(0) // ctx.degree, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        dist.reduce_scatter_single(out, grad, op=dist.ReduceOp.SUM, group=ctx.group)
         return out, None, None
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan
 from planner.models.context import SequenceShard, set_context
 from planner.models.workload import Workload
@@ -58,11 +59,11 @@ def context_parallel_refusal(plan: Plan, workload: Workload) -> str:
     return spec.refusal(c)
 
 
-def grad_divisor(plan: Plan) -> int:
-    """What a stage's summed gradients are divided by: its D replicated pipelines x c cp ranks
-    (each an equal share of the batch's tokens); 1 when replicated per stage (copies add up)."""
-    layout = plan.layout
-    return 1 if layout.replicated_per_stage else layout.dp_degree * layout.cp_degree
+def grad_divisor(layout: Layout) -> int:
+    """What a stage's summed gradients are divided by: its D replicated pipelines x c cp ranks,
+    each of which saw an equal share of the batch's tokens (1 when replicated per stage: a
+    stage's copies add up to one pipeline, D = c = 1 there)."""
+    return layout.dp_degree * layout.cp_degree
 
 
 def install(layers: Iterable[torch.nn.Module], shard: SequenceShard) -> None:
