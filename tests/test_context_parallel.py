@@ -7,12 +7,15 @@ tests/test_runtime_context.py's launches.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.layout import Layout
+from planner.artifacts.plan import plan_to_json
 from planner.models import load_workload
 from planner.models.context import SequenceShard, context_of, set_context
 from planner.runtime.check import check_plan
@@ -125,3 +128,18 @@ def test_ranks_and_groups_follow_the_layout() -> None:
         assert mesh[pos.pipeline_rank, pos.replica, pos.cp_index, pos.tp_index] == rank
         assert layout.grad_group(pos.pipeline_rank, pos.tp_index) in grads
         assert layout.cp_group(pos.pipeline_rank, pos.replica, pos.tp_index) == tuple(mesh[pos.pipeline_rank, pos.replica, :, pos.tp_index])
+
+
+def test_planner_run_refuses_a_model_without_a_sequence_split_with_one_line(tmp_path, capsys) -> None:
+    """``planner run``: exit 2 with one line before torchrun starts (the launcher runs the ranks'
+    own ``check_plan``)."""
+    from planner.commands.cli import main
+
+    bert = "bert:layers=2,hidden=16,heads=2,seq=8,vocab=32"
+    plan = make_plan(load_workload(bert).layer_names, (), cp_degree=2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan_to_json(plan)))
+    capsys.readouterr()
+    code = main(["run", str(tmp_path / "plan.json"), "--model", bert, "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.rstrip().endswith("cp_degree 2: model 'bert' declares no context-parallel split (Workload.context_parallel)"), err
