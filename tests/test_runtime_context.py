@@ -15,13 +15,14 @@ train as one process does, float64, SGD, losses and gradients compared after 2 s
   split differ by its rounding; the same Llama at cp = 1, D = 2 in the same launch measures
   that floor, and cp = 2 must not exceed it (both 2.6e-11 on losses, 1.0e-7 on gradients).
 - Activation bytes per rank (the saved-tensor hooks' count of one micro-batch's forward, the
-  runtime's meter): at cp = 2 a rank holds what one rank of the whole sequence holds / 2, plus
-  exactly what the split adds: the gathered keys and values beyond the rank's own share
-  (L x b x S x kv_width x 8 bytes at float64) and, for the zoo GPT, the attention mask the
-  split needs where one process runs ``is_causal`` without one (L x S/2 x S x 8 bytes, the
-  float mask SDPA's math path keeps). Checked to 0.1% on the zoo GPT and on a Llama with
-  grouped-query attention (1 K/V head for 4 queries: the gathered K and V are small, Llama 3's
-  reason for the all-gather).
+  runtime's meter): at cp = 2 a rank holds what one rank of the whole sequence holds / 2 when
+  the plan recomputes the attention cores selectively (the K/V gather re-runs with them in
+  backward); with the cores kept, plus exactly what the split adds: the gathered keys and
+  values beyond the rank's own share (L x b x S x kv_width x 8 bytes at float64) and, for the
+  zoo GPT, the attention mask the split needs where one process runs ``is_causal`` without one
+  (L x S/2 x S x 8 bytes, the float mask SDPA's math path keeps). Checked to 0.1% on the zoo
+  GPT and on a Llama with grouped-query attention (1 K/V head for 4 queries: the gathered K
+  and V are small, Llama 3's reason for the all-gather).
 """
 
 from __future__ import annotations
@@ -54,9 +55,13 @@ def _cfg(name: str, model: str, *, cp: int = 2, p: int = 1, d: int = 1, schedule
 
 
 def _memory(model: str, tag: str) -> list[dict[str, Any]]:
-    """The same micro-batch of 2 samples whole on each of D = 2 ranks, and split over cp = 2."""
+    """The same micro-batch of 2 samples whole on each of D = 2 ranks, and split over cp = 2;
+    with the attention cores kept, and recomputed selectively (``-sel``)."""
     one = {"num_microbatches": 1, "steps": 1}
-    return [_cfg(f"{tag}-mem-whole", model, cp=1, d=2, **one), _cfg(f"{tag}-mem-cp2", model, **one)]
+    return [
+        _cfg(f"{tag}-mem-whole{sel}", model, cp=1, d=2, selective=bool(sel), **one)
+        for sel in ("", "-sel")
+    ] + [_cfg(f"{tag}-mem-cp2{sel}", model, selective=bool(sel), **one) for sel in ("", "-sel")]
 
 
 def _launch(world: int, cfgs: list[dict[str, Any]], tmp_path: Path) -> dict[str, dict[str, Any]]:
@@ -85,13 +90,16 @@ def _kv_gather_bytes(layers: int, batch: int, seq: int, kv_width: int) -> int:
 
 
 def _check_memory(results: dict[str, dict[str, Any]], tag: str, extra: int) -> list[str]:
-    whole = results[f"{tag}-mem-whole"]["saved_bytes_per_microbatch"]
-    split = results[f"{tag}-mem-cp2"]["saved_bytes_per_microbatch"]
+    """Per rank at cp = 2: what one rank of the whole sequence saves / 2, plus ``extra`` where the
+    attention cores are kept; exactly / 2 where they are recomputed (the gather with them)."""
     errors = []
-    for rank, got in enumerate(split):
-        expected = whole[rank] // 2 + extra
-        if abs(got - expected) > 0.001 * expected:
-            errors.append(f"{tag}: rank {rank} saved {got} B a micro-batch at cp = 2, expected {whole[rank]} / 2 + {extra}")
+    for sel, plus in (("", extra), ("-sel", 0)):
+        whole = results[f"{tag}-mem-whole{sel}"]["saved_bytes_per_microbatch"]
+        split = results[f"{tag}-mem-cp2{sel}"]["saved_bytes_per_microbatch"]
+        for rank, got in enumerate(split):
+            expected = whole[rank] // 2 + plus
+            if abs(got - expected) > 0.001 * expected:
+                errors.append(f"{tag}{sel}: rank {rank} saved {got} B a micro-batch at cp = 2, expected {whole[rank]} / 2 + {plus}")
     return errors
 
 

@@ -17,7 +17,12 @@ and torchtitan:
   (:meth:`SequenceShard.positions`, :meth:`SequenceShard.key_positions`): key j is visible to
   query i iff pos(j) <= pos(i). The gathered keys stay in rank order (the mask, not a
   reordering, puts them in place: softmax does not care about the keys' order), which
-  saves a copy of K and V per layer.
+  saves a copy of K and V per layer. The gather is part of the attention core
+  (:meth:`SequenceShard.gathered`): where the core is kept, autograd keeps the whole
+  sequence's K and V of every layer until its backward (1 - 1/cp of them beyond the rank's
+  share); where the plan recomputes the core selectively, the gather re-runs with it in
+  backward and a rank keeps only its own K and V (torch's experimental context parallelism
+  likewise re-gathers in backward).
 
 Why all-gather and not ring attention (Liu et al. 2023; torchtitan's default rotates K/V
 blocks over the ring): Llama 3 chose the all-gather because it supports any mask (document
@@ -36,6 +41,7 @@ attribute :data:`CONTEXT_ATTR`, which the runtime sets on every module of the la
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +116,19 @@ class SequenceShard:
             return tensor
         moved = tensor.movedim(dim, 0)
         return _GatherDim0.apply(moved, self.group, self.degree).movedim(0, dim)
+
+    def gathered(self, fn: Callable[..., Any], at: int = 0) -> Callable[..., Any]:
+        """``fn`` (an attention core taking query, key, value as its positional arguments ``at``,
+        ``at + 1``, ``at + 2``) called with the key and value of the whole sequence
+        (:meth:`gather` along dim 2, the sequence of ``(b, heads, s, d)``). Run as the core
+        (``planner.models.selective.run_core``), the gather is part of what selective
+        recomputation re-runs in backward, so a recomputed core keeps only the rank's own K and V."""
+
+        def core(*args: Any, **kwargs: Any) -> Any:
+            key, value = self.gather(args[at + 1], dim=2), self.gather(args[at + 2], dim=2)
+            return fn(*args[: at + 1], key, value, *args[at + 3 :], **kwargs)
+
+        return core
 
     def causal_mask(self, q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None = None) -> torch.Tensor:
         """Boolean (queries x keys) mask: key j visible to query i iff pos(j) <= pos(i) (and,

@@ -93,10 +93,9 @@ ATTENTION = "planner_sdpa"  # transformers' SDPA attention, its core run by plan
 def _planner_sdpa(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    shard = context_of(module)
-    if shard is not None:  # context parallelism: every rank's keys and values (the block built the mask)
-        key, value = shard.gather(key, dim=2), shard.gather(value, dim=2)
-    return run_core(module, sdpa_attention_forward, module, query, key, value, *args, **kwargs)
+    shard = context_of(module)  # context parallelism: every rank's keys and values (the block built the mask)
+    core = sdpa_attention_forward if shard is None else shard.gathered(sdpa_attention_forward, at=1)
+    return run_core(module, core, module, query, key, value, *args, **kwargs)
 
 
 def register_attention() -> None:
