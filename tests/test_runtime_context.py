@@ -23,6 +23,8 @@ train as one process does, float64, SGD, losses and gradients compared after 2 s
   (L x S/2 x S x 8 bytes, the float mask SDPA's math path keeps). Checked to 0.1% on the zoo
   GPT and on a Llama with grouped-query attention (1 K/V head for 4 queries: the gathered K
   and V are small, Llama 3's reason for the all-gather).
+- ``planner run`` of a cp = 2 plan end to end (launcher, preflight, each rank's ``main``, the
+  RunReport), its saved bytes against a D = 2 run of the same micro-batch.
 """
 
 from __future__ import annotations
