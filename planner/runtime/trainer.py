@@ -18,7 +18,7 @@ bookkeeping (``planner.runtime.loss``) -- and runs a step:
    order); each micro-batch's loss is divided by M (or, a ``(sum, count)`` loss, is its sum);
 4. the step's count of a ``(sum, count)`` loss (one all-reduce), the gradient sync
    (``planner.runtime.grads.GradientSync``), the bytes of gradients held, the scale by
-   D / count of a ``(sum, count)`` loss, the optimizer steps, the ZeRO all-gathers;
+   D c / count of a ``(sum, count)`` loss (c: the cp degree, 1 without context parallelism), the optimizer steps, the ZeRO all-gathers;
 5. the step's loss (summed over the last stage's ranks, / D replicas x c cp ranks (each the
    mean of an equal share of the tokens) x t tensor-parallel copies, each of which has it) and
    wall time (max over ranks).
