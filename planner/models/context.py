@@ -21,8 +21,10 @@ and torchtitan:
   (:meth:`SequenceShard.gathered`): where the core is kept, autograd keeps the whole
   sequence's K and V of every layer until its backward (1 - 1/cp of them beyond the rank's
   share); where the plan recomputes the core selectively, the gather re-runs with it in
-  backward and a rank keeps only its own K and V (torch's experimental context parallelism
-  likewise re-gathers in backward).
+  backward and a rank keeps only its own K and V. (torch's experimental context parallelism,
+  ``torch.distributed.tensor.experimental._context_parallel``, re-gathers in backward too,
+  but from the saved local K/V, output and log-sum-exp straight into the flash backward kernel,
+  without re-running the forward; that needs the kernels' private aten ops.)
 
 Why all-gather and not ring attention (Liu et al. 2023; torchtitan's default rotates K/V
 blocks over the ring): Llama 3 chose the all-gather because it supports any mask (document
