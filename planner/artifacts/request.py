@@ -88,6 +88,12 @@ class PlanRequest:
         metadata={"doc": "the training stack planned for: which communication it overlaps with computation "
                          "(planner.artifacts.stack; default: this package's runtime)"},
     )
+    cp_degrees: tuple[int, ...] = field(
+        default=(),
+        metadata={"doc": "context-parallel degrees to consider; empty = 1 and every degree that cuts the profile's "
+                         "sequence into 2 cp whole chunks and divides the devices (profiles that declare what scales "
+                         "with the sequence: analytic GPT and Llama; else 1)", "omit_if_default": True},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -118,12 +124,15 @@ class PlanRequest:
             raise ValueError(f"dp_degree {self.dp_degree} does not divide global_batch {self.global_batch}")
         if any(t < 1 for t in self.tp_degrees):
             raise ValueError(f"tp_degrees must be >= 1 (got {list(self.tp_degrees)})")
+        if any(c < 1 for c in self.cp_degrees):
+            raise ValueError(f"cp_degrees must be >= 1 (got {list(self.cp_degrees)})")
         if not self.sequence_parallel:
             raise ValueError("sequence_parallel must allow off, on, or both")
         check_count("global_batch", self.global_batch, 1, MAX_BATCH)
         for name in ("num_devices", "max_stages", "num_stages", "dp_degree"):
             check_count(name, getattr(self, name), 0, MAX_DEVICES)
         for name, values, hi in (("microbatch_sizes", self.microbatch_sizes, MAX_BATCH), ("tp_degrees", self.tp_degrees, MAX_DEVICES),
+                                 ("cp_degrees", self.cp_degrees, MAX_DEVICES),
                                  ("fixed_boundaries", self.fixed_boundaries, MAX_LAYERS)):
             for i, value in enumerate(values):
                 check_count(f"{name}[{i}]", value, 1, hi)

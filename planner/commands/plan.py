@@ -70,6 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int_list, default=(),
                    help="tensor-parallel degrees to consider (default: every divisor of the devices per node that the "
                         "profile's layers allow; 1 = no tensor parallelism)")
+    p.add_argument("--cp", type=int_list, default=(),
+                   help="context-parallel degrees to consider (default: 1 and every degree that cuts the sequence into "
+                        "2 cp whole chunks and divides the devices, for profiles that declare what scales with the "
+                        "sequence: analytic GPT and Llama; 1 = no context parallelism)")
     p.add_argument("--sequence-parallel", default="auto", choices=["auto", "on", "off"],
                    help="with tensor parallelism: search both (auto), or force sequence parallelism on/off (default: %(default)s)")
     p.add_argument("--stack", default=DEFAULT_STACK.name, choices=list(STACKS),
@@ -111,6 +115,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             zero_stages=args.zero,  # ints: the request makes them ZeroStages, or refuses naming the known ones
             per_stage_replication=not args.no_stage_replication,
             tp_degrees=args.tp,
+            cp_degrees=args.cp,
             sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],
             stack=stack_named(args.stack),
         )

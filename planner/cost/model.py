@@ -126,18 +126,22 @@ class CostModel(ShardedState):
 
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
-        tp_degree: int = 1, sequence_parallel: bool = False, stack: Stack = DEFAULT_STACK,
+        tp_degree: int = 1, sequence_parallel: bool = False, stack: Stack = DEFAULT_STACK, cp_degree: int = 1,
+        gather_bytes_per_sample: float = 0.0,
     ):
         """``profile`` is what one device runs: the model itself, or with ``tp_degree`` > 1 its
         per-device view (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), which the
         layouts this model prices then have as their tensor-parallel degree. ``stack``: what
-        the training stack overlaps (its tensor-parallel overlap is in the view's times)."""
+        the training stack overlaps (its tensor-parallel overlap is in the view's times). With
+        ``cp_degree`` > 1 the view is also context-parallel (:mod:`planner.cost.context`), and
+        ``gather_bytes_per_sample`` one layer's gathered keys and values (in the buffers)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
         self.stack = stack
         self.tp_degree = tp_degree
         self.sequence_parallel = sequence_parallel
+        self.cp_degree, self.gather_bytes_per_sample = cp_degree, gather_bytes_per_sample
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         layers = profile.layers
         self.num_layers = len(layers)
@@ -310,9 +314,10 @@ class CostModel(ShardedState):
         return max(full, core)
 
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Receive and send buffers: boundary activations in/out and their gradients, one micro-batch."""
+        """Receive and send buffers: boundary activations in/out and their gradients, one
+        micro-batch; with context parallelism also one layer's gathered keys and values."""
         cut = self.cut_bytes_per_sample
-        return 2.0 * float(cut[start] + cut[stop]) * microbatch_size
+        return (2.0 * float(cut[start] + cut[stop]) + self.gather_bytes_per_sample) * microbatch_size
 
     # ---------------------------------------------------------------- assembled
     def stage_memory(

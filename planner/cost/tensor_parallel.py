@@ -74,6 +74,7 @@ from planner.artifacts.kinds import OptimizerKind
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line
+from planner.cost.context import context_parallel_view
 from planner.cost.model import CostModel
 
 
@@ -249,12 +250,15 @@ def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
 
 def device_cost_model(
     profile: Profile, cluster: Cluster, optimizer: OptimizerKind, tp_degree: int = 1, sequence_parallel: bool = False,
-    stack: Stack = DEFAULT_STACK,
+    stack: Stack = DEFAULT_STACK, cp_degree: int = 1,
 ) -> CostModel:
-    """The cost model of one device of a tensor-parallel group of ``tp_degree`` on ``cluster``:
-    the per-device view of ``profile`` priced on the cluster's own links and ranks, for the
-    training ``stack`` (its tensor-parallel overlap in the view, the rest in the model)."""
+    """The cost model of one device of a tensor-parallel group of ``tp_degree`` (inside a
+    context-parallel group of ``cp_degree`` such groups, :mod:`planner.cost.context`) on
+    ``cluster``: the per-device view of ``profile`` priced on the cluster's own links and ranks,
+    for the training ``stack`` (its tensor-parallel overlap in the view, the rest in the model)."""
     view = tensor_parallel_view(
         profile, cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
     )
-    return CostModel(view, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel, stack=stack)
+    ctx = context_parallel_view(view, cluster, cp_degree, tp_degree, stack)
+    return CostModel(ctx.profile, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
+                     stack=stack, cp_degree=cp_degree, gather_bytes_per_sample=ctx.gather_bytes_per_sample)

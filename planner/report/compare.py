@@ -7,7 +7,7 @@ was made) -- nothing is re-derived here except ratios between plans.
 Columns (units in the names; memory in GiB = 2**30 bytes):
 
 - ``label`` (file stem, or the solver for in-memory plans; the index too), ``solver``,
-  ``T`` (tensor-parallel degree), ``sequence_parallel``, ``P``, ``D``, ``M``,
+  ``T`` (tensor-parallel degree), ``sequence_parallel``, ``CP`` (context-parallel degree), ``P``, ``D``, ``M``,
   ``microbatch_size``, ``schedule``, ``zero`` (ZeRO stage),
   ``replicas`` (each stage's copies inside the pipeline, ``2|1|1``; empty when all are 1),
   ``stages`` (layer ranges ``0-5|6-11``), ``recomputed_layers`` (how many, over all stages,
@@ -71,7 +71,7 @@ __all__ = ["COLUMNS", "MEASURED_COLUMNS", "PlanEntry", "add_baselines", "compare
 GIB = 1024**3
 
 COLUMNS = (
-    "label", "solver", "T", "sequence_parallel", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages",
+    "label", "solver", "T", "sequence_parallel", "CP", "P", "D", "M", "microbatch_size", "schedule", "zero", "replicas", "stages",
     "recomputed_layers", "selective_layers",
     "iteration_ms", "throughput_samples_per_s", "speedup", "peak_memory_gib",
     "params_gib", "grads_gib", "optimizer_gib", "activations_gib", "other_gib",
@@ -135,7 +135,7 @@ def _plan_row(entry: PlanEntry) -> dict[str, Any]:
     p, lay = plan.predicted, plan.layout
     big = max(plan.stages, key=lambda s: s.memory_total_bytes).memory
     row.update(
-        T=lay.tp_degree, sequence_parallel=lay.sequence_parallel,
+        T=lay.tp_degree, sequence_parallel=lay.sequence_parallel, CP=lay.cp_degree,
         P=lay.num_stages, D=lay.dp_degree, M=plan.num_microbatches, microbatch_size=plan.microbatch_size,
         schedule=plan.schedule.value, zero=int(lay.zero),
         replicas="|".join(map(str, lay.stage_replicas)),

@@ -11,6 +11,8 @@
   degrees, pipeline schedule, micro-batch size and per-stage module names.
 
 torchtitan mapping (decisions): t -> ``tensor_parallel_degree`` (+ ``enable_sequence_parallel``);
+cp > 1 -> ``context_parallel_degree`` (torchtitan's FSDP then shards over dp_shard x cp, the
+group the plan synchronises gradients over);
 P -> ``pipeline_parallel_degree`` (interleaved: ranks, with one module list per virtual stage);
 D without ZeRO -> ``data_parallel_replicate_degree``; D with ZeRO 1/2 ->
 ``data_parallel_shard_degree`` with ``fsdp_reshard_after_forward = "never"``: torchtitan shards
@@ -114,13 +116,16 @@ def torchtitan_config(plan: Plan) -> str:
         },
         "activation_checkpoint": ac,
     }
+    if lay.cp_degree > 1:  # torchtitan shards FSDP over dp_shard x cp, as the plan synchronises over dp x cp
+        tables["parallelism"]["context_parallel_degree"] = lay.cp_degree
     if lay.zero:
         tables["parallelism"]["fsdp_reshard_after_forward"] = "always" if lay.zero is ZeroStage.PARAMETERS else "never"
     prov = plan.provenance
     lines = [
         f"# torchtitan job config for the plan of {prov.model} on {prov.cluster_name} ({plan.num_devices} devices),",
         f"# written by planner export; predicted {plan.predicted.iteration_ms:.2f} ms per iteration.",
-        f"# planner layout: T={lay.tp_degree} x P={lay.num_stages} x D={lay.dp_degree}, ZeRO-{int(lay.zero)}, "
+        f"# planner layout: T={lay.tp_degree} x {f'CP={lay.cp_degree} x ' if lay.cp_degree > 1 else ''}"
+        f"P={lay.num_stages} x D={lay.dp_degree}, ZeRO-{int(lay.zero)}, "
         f"{plan.num_microbatches} micro-batches of {plan.microbatch_size}.",
         "# Module names are the profile's layer names: rename them to your model's module FQNs.",
     ]

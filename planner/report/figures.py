@@ -51,6 +51,15 @@ def _finish(fig: Figure, own: bool, path: str | Path | None) -> Figure:
     return fig
 
 
+
+def _group_note(t: int, cp: int) -> str:
+    """What one rank of the figure stands for: a tensor-parallel group, cp of them splitting the
+    sequence (their collectives are inside the stage's times, as tensor parallelism's are)."""
+    if cp > 1:
+        groups = f"{cp} tensor-parallel groups of {t}" if t > 1 else f"{cp} devices"
+        return f" (each {groups} splitting the sequence)"
+    return f" (each a tensor-parallel group of {t} devices)" if t > 1 else ""
+
 def plot_timeline(
     timeline: Timeline, path: str | Path | None = None, ax: Axes | None = None, *, title: str = "", time_max_ms: float = 0.0
 ) -> Figure:
@@ -96,7 +105,7 @@ def plot_timeline(
     ax.set_title(
         title
         or f"{timeline.schedule.value}: {timeline.layout.num_stages} stages on {timeline.num_ranks} ranks"
-        f"{f' (each a tensor-parallel group of {timeline.layout.tp_degree} devices)' if timeline.layout.tp_degree > 1 else ''}, "
+        f"{_group_note(timeline.layout.tp_degree, timeline.layout.cp_degree)}, "
         f"M = {timeline.num_microbatches}; iteration {timeline.iteration_ms:.3g} ms, "
         f"bubble {timeline.bubble_fraction:.1%}, exposed all-reduce {timeline.exposed_allreduce_ms:.3g} ms",
         fontsize=9,

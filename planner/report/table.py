@@ -141,7 +141,8 @@ def format_bounds(p: Prediction) -> str:
 def format_pareto(points: tuple[ParetoPoint, ...]) -> str:
     headers = ["iteration ms", "peak GiB", "T", "P", "D", "mb", "schedule", "zero", "recomputed layers"]
     rows = [
-        [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes), f"{q.tp_degree}{'s' if q.sequence_parallel else ''}",
+        [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes),
+         f"{q.tp_degree}{'s' if q.sequence_parallel else ''}{f' cp{q.cp_degree}' if q.cp_degree > 1 else ''}",
          str(q.num_stages),
          "|".join(map(str, q.stage_replicas)) if q.stage_replicas else str(q.dp_degree),
          str(q.microbatch_size), q.schedule.value, str(int(q.zero)), str(q.num_recomputed_layers)]

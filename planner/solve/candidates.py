@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from planner.artifacts.kinds import Objective, ZeroStage
+from planner.artifacts.kinds import Objective, ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
@@ -23,6 +23,8 @@ from planner.solve.recompute import choose_recompute
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms, fsdp_searched
 
+#: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
+FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 #: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
 ChainSolver = Callable[..., "ChainSolution | None"]
 
@@ -56,6 +58,7 @@ def solve_candidates(
     configs: list[Config] | None = None,
     settings: SearchSettings = SETTINGS,
     fsdp: bool = True,
+    incumbent_ms: float = float("inf"),
 ) -> list[Scored]:
     """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
 
@@ -64,14 +67,27 @@ def solve_candidates(
     on all ``num_groups`` groups only against the best of those, so that the best plan on
     all of them is known when one on fewer wins. ``fsdp``: also solve the ZeRO 3 variants
     (:func:`variants`); the time objective's extra points on the memory axis do without them.
+    ``incumbent_ms``: with ``prune``, the best time of another search (another context-parallel
+    degree), which every configuration is also pruned against.
     """
     interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
     split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
     configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
                                                               split_ok)
-    ordered = sorted(configs, key=lambda c: (config_lower_bound_ms(cm, c),) + c.sort_key())
+    def bound(c: Config) -> float:
+        """:func:`config_lower_bound_ms`; against an incumbent (a context-parallel search) also
+        the fill of a one-chunk GPipe / 1F1B pipeline: a micro-batch crosses every stage, the
+        other M - 1 wait behind the busiest, ``work + (M - 1) work / P`` at best."""
+        lb = config_lower_bound_ms(cm, c)
+        if incumbent_ms < float("inf") and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
+            fp, bp = cm.time_prefix(c.microbatch_size)
+            work = float(fp[-1] + bp[-1])
+            lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
+        return lb
+
+    ordered = sorted(configs, key=lambda c: (bound(c),) + c.sort_key())
     tables: dict[tuple[object, ...], StageTable] = {}
-    best = best_all = float("inf")
+    best = best_all = incumbent_ms if prune else float("inf")
     out: list[Scored] = []
 
     def table_of(c: Config) -> StageTable:
@@ -105,7 +121,7 @@ def solve_candidates(
 
     for c0 in ordered:
         limit = best_all if c0.num_groups == num_groups else best
-        if prune and config_lower_bound_ms(cm, c0) > limit:
+        if prune and bound(c0) > limit:
             continue
         fitted = False  # this configuration at its searched stage
         for c in variants(c0):

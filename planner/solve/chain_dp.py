@@ -118,7 +118,7 @@ class StageTable:
         self.kappa = sum(cm.state_bytes_per_param(sharding))
         self.sync_bytes_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
         cut = cm.cut_bytes_per_sample
-        self.static = params * self.kappa + 2.0 * (cut[:, None] + cut[None, :]) * microbatch_size
+        self.static = params * self.kappa + (2.0 * (cut[:, None] + cut[None, :]) + cm.gather_bytes_per_sample) * microbatch_size
         if self.fsdp:  # the gathered weights and gradients of the layers in flight
             self.static = self.static + working_set_matrix(
                 cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)

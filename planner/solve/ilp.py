@@ -149,6 +149,7 @@ def solve_chain_ilp(
             e_s = m.new_int_var(0, 10**15, f"x_ar{s}")
             m.add(e_s >= ar + int(round(fixed * NS_PER_MS)) - before)
             exposures.append(e_s)
+        mem += int(round(cm.gather_bytes_per_sample * b))  # context parallelism: one layer's gathered K/V
         mem += sum(int(round(2 * cut[l])) * first[s][l] for l in range(L) if first[s][l] is not None)
         mem += sum(int(round(2 * cut[l + 1])) * last[s][l] for l in range(L) if last[s][l] is not None)
         act = sum(int(round(ks[s] * saved[l])) * x[s][l] for l in range(L))

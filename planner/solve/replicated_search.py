@@ -55,7 +55,7 @@ def replicated_candidates(
     uniform plans (every size when none fits), each exactly over partitions and copy counts;
     sizes whose average-work bound cannot beat the best plan so far are skipped."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
-    if not request.per_stage_replication or cm.tp_degree > 1:
+    if not request.per_stage_replication or cm.tp_degree > 1 or cm.cp_degree > 1:
         return []
     if not 2 <= num_devices <= settings.replicated_max_devices:
         return []

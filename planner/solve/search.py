@@ -3,10 +3,14 @@ re-scored by the event simulator; the same search for every tensor-parallel degr
 
 Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one degree):
 
-- tensor-parallel degree t and sequence parallelism (:func:`tensor_settings`): for each, a cost
-  model of one device of a t-device group (:func:`planner.cost.tensor_parallel.device_cost_model`)
-  and the search below over layouts of t-device groups; the best over every t is selected by
-  the request's objective;
+- tensor-parallel degree t and sequence parallelism (:func:`tensor_settings`), and the
+  context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
+  model of one device of a t-device group, cp such groups splitting each sequence
+  (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
+  t x cp-device groups; the best over every (t, cp) is selected by the request's objective.
+  Every cp = 1 search runs first; a cp > 1 search then prunes against the fastest plan found
+  so far (a configuration whose lower bound exceeds it is not solved) and adds nothing when
+  none of its configurations can beat it; on equal times cp = 1 wins;
 - pipeline ranks P, replicated pipelines D (P x D groups, every divisor of the N available),
   chunks per rank v (interleaved 1F1B), micro-batch size b (hence M = G / (D b)), schedule;
 - ZeRO: every configuration with D > 1 is solved at the deepest stage the request allows
@@ -49,6 +53,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
+from planner.cost.context import candidate_cp_degrees
 from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
@@ -82,26 +87,54 @@ def search_plan(
     problem = Problem.of(profile, cluster, request, solver, n)  # plans record the cluster as given
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
-    for t, sp in tensor_settings(profile, base, n, request):
-        note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}")
-        cm = device_cost_model(profile, base, request.optimizer, t, sp, request.stack)
+    tensor = list(tensor_settings(profile, base, n, request))
+    degrees = sorted(((cp, t, sp) for t, sp in tensor for cp in candidate_cp_degrees(profile, n, t, request.cp_degrees)),
+                     key=lambda d: d[0])  # every cp = 1 first: the incumbent a cp > 1 search prunes against
+    if not degrees:
+        raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {n} devices with a "
+                                f"tensor-parallel degree searched")
+    for cp, t, sp in degrees:
+        note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}{f', context-parallel {cp}' if cp > 1 else ''}")
+        cm = device_cost_model(profile, base, request.optimizer, t, sp, request.stack, cp)
+        incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
+        if request.objective is Objective.TIME and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent:
+            continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
-            plans.append(search_layouts(problem, cm, n // t, chain_solver, settings))
+            found = search_layouts(problem, cm, n // (t * cp), chain_solver, settings, incumbent)
         except InfeasibleError as exc:
             infeasible.append(exc)
+            continue
+        if found is not None:
+            plans.append(found)
     if not plans:  # the explanation of the degree that came closest to fitting
         raise min(infeasible, key=lambda exc: exc.need_bytes)
-    # equal times (sequence parallelism often costs no time): the leaner plan, then the smaller t
-    plans.sort(key=lambda p: (p.predicted.iteration_ms, p.predicted.peak_memory_bytes, p.layout.tp_degree))
+    # equal times (sequence parallelism often costs no time): no context parallelism, the leaner
+    # plan, then the smaller t
+    plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
+                              p.layout.tp_degree))
     best = select(plans, request)
     return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
 
 
+def machine_bound_ms(cm: CostModel, global_batch: int, num_groups: int) -> float:
+    """No plan priced by ``cm`` on ``num_groups`` groups runs faster: every sample's forward and
+    backward on one of them, at the cheapest per-sample rate any micro-batch size gives (the
+    lines' slopes, plus their intercepts where negative: ``(c + s b) / b >= s + min(c, 0)``).
+    For views whose layer times are lines (the context-parallel ones)."""
+    layers = cm.profile.layers
+    slope = sum(layer.fwd.per_sample_ms + layer.bwd.per_sample_ms for layer in layers)
+    intercept = sum(layer.fwd.intercept_ms + layer.bwd.intercept_ms for layer in layers)
+    return global_batch * max(0.0, slope + min(intercept, 0.0)) / cm.cluster.relative_speed / num_groups
+
+
 def search_layouts(
-    problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS
-) -> Plan:
-    """The best plan of ``cm``'s tensor-parallel degree on ``num_groups`` groups: solve every
-    configuration with ``chain_solver``, re-score by simulation, select.
+    problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS,
+    incumbent_ms: float = float("inf"),
+) -> Plan | None:
+    """The best plan of ``cm``'s tensor- and context-parallel degrees on ``num_groups`` groups:
+    solve every configuration with ``chain_solver``, re-score by simulation, select. With a
+    finite ``incumbent_ms`` (the time objective only) configurations that cannot beat it are
+    not solved, and None is returned when none can.
 
     Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
     pipeline searched) are searched over at most that many groups of consecutive layers (cut
@@ -144,7 +177,13 @@ def search_layouts(
         out.sort(key=score_key)
         return out
 
-    scored = solve_candidates(cm_search, req_search, num_groups, cap, chain_solver, prune=by_time, settings=settings)
+    pruning = by_time and incumbent_ms < float("inf")
+    scored = solve_candidates(cm_search, req_search, num_groups, cap, chain_solver, prune=by_time, settings=settings,
+                              incumbent_ms=incumbent_ms if by_time else float("inf"))
+    if pruning:
+        scored = [tc for tc in scored if tc[0] < incumbent_ms]
+        if not scored:
+            return None  # no configuration of these degrees beats the incumbent
     if chain_solver is solve_chain and by_time:
         scored += replicated_candidates(cm_search, req_search, num_groups, cap, scored, settings)
         scored.sort(key=score_key)
@@ -159,7 +198,7 @@ def search_layouts(
     # same search under tighter caps; for the time objective only over the best configurations
     uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
     configs = uniform[: settings.pareto_configs] if by_time else None
-    for frac in settings.memory_cap_fractions:
+    for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
         tighter = solve_candidates(cm_search, req_search, num_groups, cap * frac, chain_solver, prune=False,
                                    configs=configs, settings=settings, fsdp=not by_time)
         k = 2 if by_time else len(tighter)

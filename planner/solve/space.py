@@ -58,8 +58,9 @@ class Config:
 
     @property
     def num_groups(self) -> int:
-        """Tensor-parallel groups the layout occupies: P x D, or the sum of the stages' copies."""
-        return self.layout.world_size // self.layout.tp_degree
+        """Tensor- (x context-) parallel groups the layout occupies: P x D, or the sum of the
+        stages' copies."""
+        return self.layout.world_size // (self.layout.tp_degree * self.layout.cp_degree)
 
     def inflight(self) -> tuple[int, ...]:
         """Micro-batches one device of each stage holds at its peak."""
@@ -94,6 +95,7 @@ def layout_of(
         stage_replicas=tuple(replicas),
         tp_degree=cm.tp_degree,
         sequence_parallel=cm.sequence_parallel,
+        cp_degree=cm.cp_degree,
         zero=zero,
     )
 
