@@ -9,12 +9,14 @@ CONFIGS.json is a list of objects with: name, model (factory spec), boundaries, 
 num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps, and
 optionally selective (selective recomputation of the layers not fully recomputed),
 virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), tp_degree and
-sequence_parallel (tensor parallelism; split parameters are compared whole), stack (the
+sequence_parallel (tensor parallelism; split parameters are compared whole), cp_degree
+(context parallelism: each sequence split over the cp ranks), stack (the
 fields of a planner.artifacts.stack.Stack: how the all-reduce is bucketed and overlapped), and checkpoint_dir
 with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes). Every config
 must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
 max absolute and relative differences of losses, of every stage's final gradients (with
-ZeRO, of each rank's gradient shard) and of the final parameters, and per rank the
+ZeRO, of each rank's gradient shard) and of the final parameters, and per rank the bytes one
+forward of a micro-batch saved for backward (the saved-tensor hooks' count), the
 optimizer state bytes, gradient bytes after the sync, and the data-parallel parameters'
 element and tensor counts.
 """
@@ -173,6 +175,7 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         virtual_stages_per_rank=cfg.get("virtual_stages_per_rank", 1),
         tp_degree=cfg.get("tp_degree", 1),
         sequence_parallel=cfg.get("sequence_parallel", False),
+        cp_degree=cfg.get("cp_degree", 1),
         zero=cfg.get("zero", 0),
         stack=Stack(**cfg["stack"]) if "stack" in cfg else DEFAULT_STACK,
     )
@@ -194,6 +197,9 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     state = torch.tensor(model_state(runner, measure), dtype=torch.float64)
     per_rank = [torch.zeros_like(state) for _ in range(dist.get_world_size())]
     dist.all_gather(per_rank, state)
+    saved = torch.tensor([float(max(measure.stage_saved_bytes_per_microbatch, default=0))], dtype=torch.float64)
+    saved_per_rank = [torch.zeros_like(saved) for _ in range(dist.get_world_size())]
+    dist.all_gather(saved_per_rank, saved)
     losses = earlier + [s.loss for s in measure.steps]
     loss_abs = max(abs(a - b) for a, b in zip(losses, ref_losses))
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
@@ -208,6 +214,7 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         "param_abs_diff": float(stats[2]),
         "param_rel_diff": float(stats[3]),
         "saved_bytes_peak": measure.saved_bytes_peak,
+        "saved_bytes_per_microbatch": [int(t.item()) for t in saved_per_rank],  # per rank, its largest chunk's
         "model_state": [  # per rank, per chunk
             [dict(zip(STATE_KEYS, map(int, chunk.tolist()))) for chunk in r.view(-1, len(STATE_KEYS))] for r in per_rank
         ],

@@ -145,9 +145,10 @@ def test_dp_equals_brute_force_over_cp(cp, num_stages, num_microbatches, microba
 
 def test_search_splits_a_long_sequence_and_the_plan_says_so() -> None:
     """A 4-layer GPT (h = 4096) at 131,072 tokens on 8 GPUs: with --cp 1 its activations need
-    recomputation; with cp searched the plan has cp > 1 and is faster; its file records cp_degree and reads back; planner run
-    refuses it; a cp = 1 plan has no cp_degree key, a default request no cp_degrees (the golden
-    corpus's case)."""
+    recomputation; with cp searched the plan has cp > 1 and is faster; its file records cp_degree
+    and reads back; the runtime's check refuses it for the tiny zoo model's layers, not for its
+    cp; a cp = 1 plan has no cp_degree key, a default request no cp_degrees (the golden corpus's
+    case)."""
     prof = _long(hidden=4096, heads=32, seq=131072)
     cluster = PRESETS["h100-80gb-x8"]
     request = PlanRequest(global_batch=8, tp_degrees=(1,))
@@ -163,5 +164,6 @@ def test_search_splits_a_long_sequence_and_the_plan_says_so() -> None:
     from planner.models import load_workload
     from planner.runtime.check import check_plan
 
-    with pytest.raises(PlannerInputError, match="does not run context parallelism yet"):
+    # the runtime runs cp plans (tests/test_runtime_context.py); this one is refused for its layers, not its cp
+    with pytest.raises(PlannerInputError, match="plan covers 6 layers but model 'gpt' has 4"):
         check_plan(best, load_workload("gpt:layers=2,hidden=16,heads=2,seq=4,vocab=32"), best.num_devices)

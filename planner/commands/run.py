@@ -108,6 +108,8 @@ def format_report(report: RunReport) -> str:
         layout = f"{lay.num_stages} stages replicated per stage ({copies} processes)"
     else:
         layout = f"{lay.num_stages} stages x {lay.dp_degree} replicas"
+    if lay.cp_degree > 1:
+        layout += f" x {lay.cp_degree} context-parallel"
     if lay.tp_degree > 1:
         layout += f" x {lay.tp_degree} tensor-parallel{' (sequence parallel)' if lay.sequence_parallel else ''}"
     head = (

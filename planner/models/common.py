@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
+from planner.models.context import context_of
 from planner.models.selective import RECOMPUTE_ATTR, run_core
 
 DTYPES: dict[str, torch.dtype] = {
@@ -61,7 +62,8 @@ class SelfAttention(nn.Module):
     weight would hand device 0 all the queries and half the keys. The forward infers the
     heads it holds from its query width, so the same module runs whole or sharded. Its
     attention core (``scaled_dot_product_attention``) is what selective recomputation re-runs
-    (:mod:`planner.models.selective`).
+    (:mod:`planner.models.selective`). Under context parallelism (:mod:`planner.models.context`)
+    it attends its share of the queries to the keys and values gathered from the whole sequence.
     """
 
     def __init__(self, hidden: int, heads: int, *, causal: bool) -> None:
@@ -87,7 +89,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
-        y = run_core(self, F.scaled_dot_product_attention, q, k, v, is_causal=self.causal)
+        shard = context_of(self)
+        if shard is None:
+            y = run_core(self, F.scaled_dot_product_attention, q, k, v, is_causal=self.causal)
+        else:  # context parallelism: this rank's queries over every key (planner.models.context)
+            seq = x.size(1)
+            mask = shard.causal_mask(shard.positions(seq, x.device), shard.key_positions(seq, x.device)) if self.causal else None
+            y = run_core(self, shard.gathered(F.scaled_dot_product_attention), q, k, v, attn_mask=mask)
         batch, local_heads, seq, head_dim = y.shape
         return self.proj(y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim))
 

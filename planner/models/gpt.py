@@ -15,8 +15,9 @@ from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import MLP, SelfAttention, generator, mean_cross_entropy, megatron_styles, parse_dtype, seeded
+from planner.models.context import context_of
 from planner.models.flops import gpt_model_flops_per_sample
-from planner.models.workload import TensorParallel, Workload
+from planner.models.workload import ContextParallel, TensorParallel, Workload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +52,11 @@ class Embedding(nn.Module):
         nn.init.normal_(self.pos.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.size(1), device=tokens.device)
+        shard = context_of(self)  # context parallelism: the global positions of this rank's tokens
+        if shard is None:
+            positions = torch.arange(tokens.size(1), device=tokens.device)
+        else:
+            positions = shard.positions(tokens.size(1), tokens.device)
         return self.tok(tokens) + self.pos(positions)
 
 
@@ -135,5 +140,6 @@ def build(cfg: GPTConfig) -> Workload:
         tied=(((0, "tok.weight"), (len(layers) - 1, "proj.weight")),),
         options={k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
         tensor_parallel=TensorParallel(styles=megatron_styles, must_divide=(cfg.heads,), sequence_length=cfg.seq),
+        context_parallel=ContextParallel(sequence_length=cfg.seq),
         model_flops_per_sample=gpt_model_flops_per_sample(layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq, vocab=cfg.vocab),
     )

@@ -76,10 +76,11 @@ from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, parse_dtype, seeded
+from planner.models.context import SequenceShard, context_of
 from planner.models.hf_spec import HFSpec, check_config, load_config_dict, parse_spec
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
 from planner.models.selective import RECOMPUTE_ATTR, run_core
-from planner.models.workload import TensorParallel, Workload
+from planner.models.workload import ContextParallel, TensorParallel, Workload
 
 __all__ = ["ATTENTION", "FAMILIES", "HFSpec", "build", "load_config_dict", "mark_attention_cores", "parse_spec",
            "register_attention"]
@@ -89,10 +90,12 @@ IGNORE = -100
 ATTENTION = "planner_sdpa"  # transformers' SDPA attention, its core run by planner.models.selective
 
 
-def _planner_sdpa(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+def _planner_sdpa(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return run_core(module, sdpa_attention_forward, module, *args, **kwargs)
+    shard = context_of(module)  # context parallelism: every rank's keys and values (the block built the mask)
+    core = sdpa_attention_forward if shard is None else shard.gathered(sdpa_attention_forward, at=1)
+    return run_core(module, core, module, query, key, value, *args, **kwargs)
 
 
 def register_attention() -> None:
@@ -235,10 +238,27 @@ class Block(nn.Module):
         make = mu.create_sliding_window_causal_mask if sliding else mu.create_causal_mask
         return make(config=cfg, inputs_embeds=x, attention_mask=pad, cache=None, position_ids=positions)
 
+    def _context_mask(self, shard: SequenceShard, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """Context parallelism: the (b, 1, local queries, every key) boolean mask of this rank's
+        tokens over the gathered keys (``SequenceShard.key_positions``), from global positions: causal,
+        the sliding window where the model's layer has one, the keys' padding (``pad`` is whole)."""
+        cfg: Any = self._config
+        window = None
+        if self.model_type == "mistral" or (self.model_type == "qwen2" and cfg.layer_types[self.layer_idx] == "sliding_attention"):
+            window = cfg.sliding_window
+        keys = shard.key_positions(x.size(1), x.device)
+        visible = shard.causal_mask(shard.positions(x.size(1), x.device), keys, window)
+        return visible[None, None] & pad[:, keys].bool()[:, None, None, :]
+
     def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, pad = hx
-        positions = torch.arange(pad.size(1), device=x.device).unsqueeze(0)  # every token's (see _mask)
-        mask = self._mask(x, pad, positions)
+        shard = context_of(self)
+        if shard is not None:  # x holds this rank's chunks of the tokens, pad the whole padding mask
+            positions = shard.positions(x.size(1), x.device).unsqueeze(0)
+            mask = self._context_mask(shard, x, pad)
+        else:
+            positions = torch.arange(pad.size(1), device=x.device).unsqueeze(0)  # every token's (see _mask)
+            mask = self._mask(x, pad, positions)
         if self.model_type == "bert":
             out = self.block(x, mask)
         elif self.model_type == "gpt2":
@@ -361,6 +381,8 @@ def build(spec: HFSpec, where: str) -> Workload:
         tied=_tied_groups(built),
         options=options,
         tensor_parallel=tensor_parallel(model_type, config, seq),
+        # the llama family's blocks take their shard of the tokens; the padding mask travels whole
+        context_parallel=ContextParallel(sequence_length=seq, whole_inputs=(1,)) if family is LLAMA else None,
     )
 
 

@@ -103,6 +103,26 @@ class TensorParallel:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ContextParallel:
+    """How a workload's samples split along the sequence over context-parallel ranks (Llama 3's
+    context parallelism, ``planner.models.context``): every input tensor and the targets are cut
+    along dim 1 into 2 cp chunks, rank i keeping chunks i and 2 cp - 1 - i, except the inputs
+    listed in ``whole_inputs`` (a tuple input's positions, e.g. a padding mask the attention
+    reads for every key), which every rank receives whole. The model's layers take their shard
+    from ``planner.models.context.context_of`` (positions, the K/V all-gather, the mask)."""
+
+    sequence_length: int = field(metadata={"doc": "tokens per sample, cut into 2 cp chunks"})
+    whole_inputs: tuple[int, ...] = field(default=(), metadata={"doc": "positions of a tuple input passed whole"})
+
+    def refusal(self, cp: int) -> str:
+        """Why this model cannot split its sequence over ``cp`` ranks ("" when it can)."""
+        if self.sequence_length % (2 * cp):
+            return (f"context parallelism over {cp} ranks cuts each sequence into {2 * cp} chunks: "
+                    f"the model's {self.sequence_length} tokens per sample do not divide")
+        return ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     """A model as an ordered list of layers, with a seeded batch generator and a loss.
 
@@ -130,6 +150,9 @@ class Workload:
       metadata; default empty.
     - ``tensor_parallel``: how the layers split over tensor-parallel devices
       (:class:`TensorParallel`), or None when the model does not split; default None.
+    - ``context_parallel``: how its samples split along the sequence over context-parallel
+      ranks (:class:`ContextParallel`), or None when the model does not run context parallel;
+      default None.
     - ``model_flops_per_sample``: FLOPs of one training sample's forward and backward without
       recomputation (the count MFU uses), recorded in the profile; default 0 (unknown: the
       plan then shows no MFU).
@@ -144,6 +167,7 @@ class Workload:
     options: dict[str, Any] = field(default_factory=dict)
     tensor_parallel: TensorParallel | None = None
     model_flops_per_sample: float = 0.0
+    context_parallel: ContextParallel | None = None
 
     def __post_init__(self) -> None:
         if not (self.model_flops_per_sample >= 0 and self.model_flops_per_sample < float("inf")):

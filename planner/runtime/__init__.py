@@ -39,6 +39,13 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   ZeRO shards the local shards; checkpoints are per tp index. Refused before compute: t not
   dividing the heads (or, with sequence parallelism, the tokens); per-stage replication with
   t > 1 is not a Layout at all.
+- Context parallelism (``plan.layout.cp_degree`` = c > 1, ``context``): each stage replica's
+  sequences split over the mesh's "cp" line, rank i holding chunks i and 2c - 1 - i of 2c;
+  keys and values all-gathered in attention (autograd; backward reduce-scatters), masks and
+  positions global (``planner.models.context``); gradients averaged over a stage's D x c
+  ranks, ZeRO sharded over them. Refused before compute: a model that declares no split
+  (``Workload.context_parallel``: the zoo GPT, the Hugging Face llama family), 2c not
+  dividing the tokens, c with sequence parallelism.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
 - Plans replicated per stage (``plan.layout.replicated_per_stage``, PipeDream's round-robin) run on our
   own executor (``replicated``): a ``PipelineStage`` has one fixed peer per direction, while
@@ -50,7 +57,8 @@ Modules, one job each: ``options`` (flags), ``model`` (load, cast, fingerprint a
 Layout, its groups and device mesh), ``stage`` (one stage's layer range and recompute),
 ``memory`` (bytes saved for backward), ``emulate``, ``grads`` (data-parallel and tied
 gradients, the rank's whole sync), ``zero`` (sharded optimizer state and gradients), ``tensor``
-(tensor parallelism: split layers), ``stage_helpers`` (what both executors do to a stage:
+(tensor parallelism: split layers), ``context`` (context parallelism: split sequences),
+``stage_helpers`` (what both executors do to a stage:
 boundary examples, chunks, optimizers, tied parameters, the loss), ``runner`` (the ``Runner``
 protocol and the step loop), ``trainer`` (the training step, once), ``engine`` (the executor
 on ``torch.distributed.pipelining``), ``replicated`` (our executor for plans replicated per

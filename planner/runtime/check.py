@@ -24,6 +24,7 @@ from planner.artifacts.profile import Profile
 from planner.graph.cuts import cut_bytes_per_sample
 from planner.models.workload import Workload
 from planner.profiling.measured.memory import layer_edges
+from planner.runtime.context import context_parallel_refusal
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
 
@@ -49,13 +50,11 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
     that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
     whose tensor parallelism the model or the runtime cannot do
-    (``planner.runtime.tensor.tensor_parallel_refusal``), or that splits sequences (context
-    parallelism is planned, not yet run)."""
-    if plan.layout.cp_degree > 1:
-        raise PlannerInputError(
-            f"{source}: cp_degree: {plan.layout.cp_degree}: this runtime does not run context parallelism yet "
-            f"(plan with --cp 1)"
-        )
+    (``planner.runtime.tensor.tensor_parallel_refusal``), or whose context parallelism
+    (``planner.runtime.context.context_parallel_refusal``)."""
+    why = context_parallel_refusal(plan, workload)
+    if why:
+        raise PlannerInputError(f"{source}: {why}")
     if plan.layout.tp_degree > 1:  # torch.distributed.tensor takes seconds to import: only for tensor parallelism
         from planner.runtime.tensor import tensor_parallel_refusal
 
@@ -78,7 +77,8 @@ def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
     else:
         v = lay.virtual_stages_per_rank
         stages = f"{lay.num_stages} stages" if v == 1 else f"{lay.num_stages} stages on {lay.pipeline_size} pipeline ranks"
-        shape = f"{stages} x {lay.dp_degree} replicas{f' x tp {lay.tp_degree}' if lay.tp_degree > 1 else ''}"
+        shape = f"{stages} x {lay.dp_degree} replicas{f' x cp {lay.cp_degree}' if lay.cp_degree > 1 else ''}"
+        shape += f"{f' x tp {lay.tp_degree}' if lay.tp_degree > 1 else ''}"
     raise PlannerInputError(f"{source}: plan needs {plan.num_devices} processes ({shape}) but the world size is {world_size}")
 
 

@@ -28,6 +28,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.models.workload import Workload
+from planner.runtime.context import grad_divisor
 from planner.runtime.emulate import ChunkTimer
 from planner.runtime.grads import DataParallelHooks, GradientSync
 from planner.runtime.loss import LossCounts
@@ -198,10 +199,12 @@ def build_sync(
     ready_at: Callable[[torch.Tensor], float] | None = None,
 ) -> tuple[GradientSync, list[tuple[torch.optim.Optimizer | None, ShardedState | None]]]:
     """The rank's gradient synchronisation, and per module (stage chunk) its optimizer and ZeRO
-    shard (see the module docstring). Gradients are divided by ``layout.dp_degree`` before the
-    sums: the mean over replicated pipelines (1 over a stage's copies). The all-reduce runs as
+    shard (see the module docstring). Gradients are divided by ``layout.dp_degree`` x
+    ``layout.cp_degree`` before the sums: the mean over replicated pipelines and the ranks
+    splitting their sequences (1 over a stage's copies). The all-reduce runs as
     the plan's ``stack`` says (its buckets, overlapped with the last backward or not);
     ``ready_at``: see :class:`DataParallelHooks`."""
+    divisor = grad_divisor(layout)  # the mean over a stage's D x c ranks (1 over its copies)
     tied_ids = {id(p) for p in tied if p is not None}
     shard_group = groups.data_parallel if layout.zero > ZeroStage.NONE else None
     seen: set[int] = set()
@@ -217,7 +220,7 @@ def build_sync(
         sharded = [p for p in own if id(p) not in tied_ids and p.requires_grad]
         zero = None
         if shard_group is not None and sharded:
-            zero = ShardedState(sharded, shard_group, zero=int(layout.zero), grad_divisor=layout.dp_degree)
+            zero = ShardedState(sharded, shard_group, zero=int(layout.zero), grad_divisor=divisor)
             zero.attach(module)  # ZeRO 3: gathers around the chunk's forward and backward
             own = [zero.master] + [p for p in own if id(p) in tied_ids or not p.requires_grad]
         states.append((make_optimizer(options, own) if own else None, zero))
@@ -226,7 +229,7 @@ def build_sync(
         synced = [p for opt, _ in states if opt is not None for p in opt.param_groups[0]["params"]
                   if id(p) not in tied_ids and p.requires_grad]
         hooks = DataParallelHooks(
-            synced, groups.data_parallel, layout.dp_degree, stack.grad_bucket_bytes, uses=uses,
+            synced, groups.data_parallel, divisor, stack.grad_bucket_bytes, uses=uses,
             overlap=stack.grad_reduce_overlap, ready_at=ready_at,
         ) if synced else None
     sync = GradientSync(
@@ -234,6 +237,6 @@ def build_sync(
         shards=[z for _, z in states if z is not None],
         tied_params=tied,
         tied_groups=list(groups.tied),
-        divisor=layout.dp_degree,
+        divisor=divisor,
     )
     return sync, states

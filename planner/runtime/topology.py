@@ -6,18 +6,21 @@ cp index, tp index) -- (stage, copy, 0, 0) in a layout replicated per stage --,
 :meth:`Layout.stage_indices` the stages (chunks) it runs, p, p + P, ... (interleaved 1F1B; one
 otherwise), and :meth:`Layout.rank_of` / :meth:`Layout.grad_group` its peers. The groups are
 lines of the ("pp", "dp", "cp", "tp") mesh of shape :attr:`Layout.mesh_shape` (:data:`MESH_DIMS`;
-this runtime runs cp 1 only, ``planner.runtime.check`` refuses more):
+``planner.runtime.context`` runs c > 1):
 
 - pipeline: one rank per pipeline rank, of one replica at one tp index (the ``PipelineStage``
   group). None when replicated per stage: that executor sends on the default group, each
   micro-batch to the copy that runs it (``planner.runtime.exchange``);
 - data parallel: the ranks holding the same shard of a stage (:meth:`Layout.grad_group`: its D
-  replicas, or its copies when replicated per stage), when there are two or more;
+  replicas x c cp ranks, or its copies when replicated per stage), when there are two or more;
+- context (c > 1): the "cp" line of a rank, the ranks splitting its replica's sequences
+  (:meth:`Layout.cp_group`; ``planner.runtime.context``);
 - tied: per tied parameter group held by >= 2 pipeline ranks, the data-parallel groups of
   those pipeline ranks at this rank's tp index (tied parameters stay whole, identical over tp
   indices; see ``planner.runtime.grads``);
 - tensor (t > 1): the ("pp", "dp", "cp", "tp") ``DeviceMesh`` (:func:`build_mesh`), whose "pp"
-  and "dp" groups are the two above and whose "tp" dimension is the tensor-parallel group.
+  group is the pipeline group above ("dp" the data-parallel one when c = 1, "cp" the context
+  one) and whose "tp" dimension is the tensor-parallel group.
 
 ``torch.distributed.new_group`` is collective over the default group, so every rank creates
 every group in the same order and keeps the ones it belongs to. The groups are made with the
@@ -71,6 +74,7 @@ class Groups:
     data_parallel: dist.ProcessGroup | None
     tied: tuple[dist.ProcessGroup | None, ...]
     tensor: DeviceMesh | None = None  # the 1-D "tp" mesh when tp_degree > 1
+    context: dist.ProcessGroup | None = None  # the "cp" group (keys and values gathered over it) when cp_degree > 1
 
 
 def mesh_ranks(layout: Layout) -> torch.Tensor:
@@ -138,18 +142,34 @@ def build_groups(
         copies = [layout.grad_group(s) for s in range(layout.num_stages)]
         data_parallel = _own_group([c for c in copies if len(c) >= 2], rank, timeout_s)
         return Groups(pipeline=None, data_parallel=data_parallel, tied=_tied_groups(layout, rank, tied_holders, timeout_s))
-    if layout.tp_degree > 1:
-        device_mesh = build_mesh(layout, rank, device, timeout_s)
-        return Groups(
-            pipeline=device_mesh.get_group("pp"),
-            data_parallel=device_mesh.get_group("dp") if layout.dp_degree > 1 else None,
-            tied=_tied_groups(layout, rank, tied_holders, timeout_s),
-            tensor=device_mesh["tp"],
-        )
     mesh = mesh_ranks(layout)
-    pipeline = _own_group(_lines(mesh, 0), rank, timeout_s)
-    data_parallel = _own_group(_lines(mesh, 1), rank, timeout_s) if layout.dp_degree > 1 else None
-    return Groups(pipeline=pipeline, data_parallel=data_parallel, tied=_tied_groups(layout, rank, tied_holders, timeout_s))
+    device_mesh = build_mesh(layout, rank, device, timeout_s) if layout.tp_degree > 1 else None
+    if device_mesh is not None:
+        pipeline = device_mesh.get_group("pp")
+    else:
+        pipeline = _own_group(_lines(mesh, 0), rank, timeout_s)
+    data_parallel = None
+    if layout.cp_degree > 1:  # a stage's gradients are synchronised over its dp x cp ranks
+        data_parallel = _own_group(_grad_lines(mesh), rank, timeout_s)
+    elif layout.dp_degree > 1:
+        data_parallel = device_mesh.get_group("dp") if device_mesh is not None else _own_group(_lines(mesh, 1), rank, timeout_s)
+    context = None
+    if layout.cp_degree > 1:
+        context = device_mesh.get_group("cp") if device_mesh is not None else _own_group(_lines(mesh, 2), rank, timeout_s)
+    return Groups(
+        pipeline=pipeline,
+        data_parallel=data_parallel,
+        tied=_tied_groups(layout, rank, tied_holders, timeout_s),
+        tensor=device_mesh["tp"] if device_mesh is not None else None,
+        context=context,
+    )
+
+
+def _grad_lines(mesh: torch.Tensor) -> list[tuple[int, ...]]:
+    """The gradient groups of a (P, D, c, t) mesh: per pipeline rank and tp index, its D x c
+    ranks in rank order (:meth:`Layout.grad_group`)."""
+    pipeline_size, dp_degree, cp_degree, tp_degree = mesh.shape
+    return _lines(mesh.reshape(pipeline_size, dp_degree * cp_degree, tp_degree), 1)
 
 
 def _tied_groups(

@@ -8,7 +8,8 @@ bookkeeping (``planner.runtime.loss``) -- and runs a step:
 1. zero the gradients; load step k's batch, ``make_batch(global_batch, seed + k)``: replicated
    pipeline r takes samples [r M b, (r + 1) M b) (the whole batch when replicated per stage,
    where each copy takes its own micro-batches from it), so the run trains on exactly the
-   batches one process would, in the same order (loading is not timed);
+   batches one process would, in the same order (loading is not timed); with context
+   parallelism each cp rank keeps its two chunks of every sequence (``planner.runtime.context``);
 2. barrier, then start the clock and the synchronisation (buckets count M micro-batches per
    chunk; M / R_s on a copy of a stage replicated per stage);
 3. **execute the schedule**: the one part that differs, :meth:`RankTrainer.run_schedule`
@@ -17,9 +18,10 @@ bookkeeping (``planner.runtime.loss``) -- and runs a step:
    order); each micro-batch's loss is divided by M (or, a ``(sum, count)`` loss, is its sum);
 4. the step's count of a ``(sum, count)`` loss (one all-reduce), the gradient sync
    (``planner.runtime.grads.GradientSync``), the bytes of gradients held, the scale by
-   D / count of a ``(sum, count)`` loss, the optimizer steps, the ZeRO all-gathers;
-5. the step's loss (summed over the last stage's ranks, / D replicas x t tensor-parallel
-   copies, each of which has it) and wall time (max over ranks).
+   D c / count of a ``(sum, count)`` loss (c: the cp degree, 1 without context parallelism), the optimizer steps, the ZeRO all-gathers;
+5. the step's loss (summed over the last stage's ranks, / D replicas x c cp ranks (each the
+   mean of an equal share of the tokens) x t tensor-parallel copies, each of which has it) and
+   wall time (max over ranks).
 
 The Layout makes the two executors one computation: replicated per stage, D = 1 and t = 1,
 a stage's copies sum their gradients (divisor D = 1) where replicated pipelines average
@@ -37,8 +39,10 @@ import torch.distributed as dist
 
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
+from planner.models.context import SequenceShard
 from planner.models.workload import Workload
 from planner.runtime.checkpoint import CheckpointSlot
+from planner.runtime.context import grad_divisor, install, split_batch
 from planner.runtime.emulate import ChunkTimer, layer_bwd_offsets_ms, stage_chunk_ms
 from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
@@ -82,6 +86,10 @@ class RankTrainer(abc.ABC):
         self.position = RankPosition.of(layout, rank)
         holders = tied_holders(plan, workload)
         self.groups: Groups = build_groups(layout, rank, holders, options.timeout_s, device)
+        self.shard: SequenceShard | None = None  # context parallelism: this rank's share of each sequence
+        if layout.cp_degree > 1:  # before the examples: their forward runs on the rank's tokens
+            self.shard = SequenceShard(degree=layout.cp_degree, index=self.position.cp_index, group=self.groups.context)
+            install(workload.layers, self.shard)
         first_mb = microbatch(self.batch(0)[0], 0, plan.microbatch_size)
         modules = []
         examples: list[tuple[Any, Any]] = []  # per chunk: its input and output for one micro-batch
@@ -132,7 +140,10 @@ class RankTrainer(abc.ABC):
                 return tuple(take(v) for v in value)
             return value[lo : lo + per_replica].to(self.device)
 
-        return cast_batch(take(inputs), self.options.dtype), take(targets)
+        inputs, targets = take(inputs), take(targets)
+        if self.shard is not None:  # context parallelism: the rank's chunks of every sequence
+            inputs, targets = split_batch(inputs, targets, self.workload, self.shard)
+        return cast_batch(inputs, self.options.dtype), targets
 
     @property
     def microbatches_per_chunk(self) -> int:
@@ -151,9 +162,9 @@ class RankTrainer(abc.ABC):
         count = self.loss_counts.total(self.device)  # (sum, count) losses: the step's count, else None
         self.sync.synchronise()
         self.grad_bytes = tuple(held_grad_bytes(c.optimizer) for c in self.chunks)
-        dp_degree = self.plan.layout.dp_degree
-        if count is not None:  # the gradients are the average over D of summed losses: x D / count
-            scale_grads([c.optimizer for c in self.chunks], dp_degree / count)
+        divisor = grad_divisor(self.plan.layout)  # D x c: each of a stage's dp x cp ranks saw an equal share
+        if count is not None:  # the gradients are the average over D c of summed losses: x D c / count
+            scale_grads([c.optimizer for c in self.chunks], divisor / count)
         for c in self.chunks:
             if c.optimizer is not None:
                 c.optimizer.step()
@@ -163,9 +174,9 @@ class RankTrainer(abc.ABC):
         loss_t, wall_t = stats[:1].clone(), stats[1:].clone()
         dist.all_reduce(loss_t, op=dist.ReduceOp.SUM)
         dist.all_reduce(wall_t, op=dist.ReduceOp.MAX)
-        if count is not None:  # summed losses over D replicas: the step's loss is their sum / count
-            loss_t *= dp_degree / count
-        copies = dp_degree * self.plan.layout.tp_degree  # every tp rank of a last stage has the loss
+        if count is not None:  # summed losses over D c ranks: the step's loss is their sum / count
+            loss_t *= divisor / count
+        copies = divisor * self.plan.layout.tp_degree  # every tp rank of a last stage has the loss
         return StepMeasure(step_idx=step_idx, loss=float(loss_t) / copies, wall_ms=float(wall_t))
 
     # ---------------------------------------------------------------- the Runner protocol
@@ -185,7 +196,7 @@ class RankTrainer(abc.ABC):
     def checkpoint_slot(self) -> CheckpointSlot:
         """Replica (or copy) 0 writes the model; each tp index checkpoints its own shards."""
         return CheckpointSlot(
-            replica=self.position.replica,
+            replica=self.position.replica * self.plan.layout.cp_degree + self.position.cp_index,  # in the gradient group
             optimizer_shards=self.optimizer_shards,
             tp_index=self.position.tp_index,
             tp_degree=self.plan.layout.tp_degree,
