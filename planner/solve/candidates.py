@@ -142,7 +142,7 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     stops = list(sol.boundaries[1:]) + [cm.num_layers]
     b, lay = c.microbatch_size, c.layout
     keys = ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms", "sync_early_ms",
-            "gather_ahead_ms", "gather_bound_ms", "wgrad_ms")
+            "gather_ahead_ms", "gather_bound_ms", "wgrad_ms", "optimizer_ms")
     out: dict[str, list[float]] = {k: [] for k in keys}
     for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
         fwd, bwd = cm.stage_times_ms(start, stop, b, s, lay)
@@ -157,6 +157,7 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
         out["gather_ahead_ms"].append(sync.gather_ahead_ms)
         out["gather_bound_ms"].append(sync.gather_bound_ms)
         out["wgrad_ms"].append(cm.stage_wgrad_ms(start, stop, b) if c.schedule.splits_backward else 0.0)
+        out["optimizer_ms"].append(cm.optimizer_step_ms(start, stop, c.sharding(s)))
     return out
 
 
