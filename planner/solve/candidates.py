@@ -115,7 +115,7 @@ def solve_candidates(
             if sol is None:
                 continue
             fitted = True
-            proposals = [Candidate(c, sol)]
+            proposals = [Candidate(c, sol)] + rebalanced(cm, request, c, sol, cap_bytes, settings.rebalance_rounds)
             if chain_solver is solve_chain:
                 proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
             scored = []
@@ -169,17 +169,62 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
                                  replicas=c.layout.stage_replicas)
 
 
-def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
-    """Every stage of ``solution``, with its recomputation, fits ``cap`` under ``c`` (schedule,
-    in-flight counts, ZeRO sharding; a rank holding v chunks gives each cap / v)."""
+def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
+    """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
+    recomputation, in-flight count and ZeRO sharding)."""
     ks = c.inflight()
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    v = c.layout.virtual_stages_per_rank
-    return all(
-        cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
-                        solution.selective_of(s)).total_bytes <= cap / v
-        for s, (a, e) in enumerate(zip(solution.boundaries, stops))
-    )
+    return [cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
+                            solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+
+
+def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
+    """Every device of ``solution`` fits ``cap`` under ``c`` (a rank holding v chunks: their
+    memory summed; a stage's copies: each)."""
+    need, lay = stage_needs(cm, c, solution), c.layout
+    if lay.stage_replicas:
+        return max(need) <= cap
+    return all(sum(need[s] for s in lay.stage_indices(r)) <= cap for r in range(lay.pipeline_size))
+
+
+def rebalanced(
+    cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int
+) -> list[Candidate]:
+    """An interleaved configuration re-solved with its chunks' memory rebalanced. The chain DP
+    checks one stage at a time, so it first gives each of a rank's v chunks cap / v; but
+    interleaved 1F1B keeps more micro-batches in flight on a rank's first chunk than on its last
+    (:func:`planner.schedule.inflight_counts`), so that split starves the first chunk (more
+    recomputation, or no plan) while the last leaves memory unused. Each round splits every
+    rank's ``cap`` over its chunks in proportion to what each stage of the last solution needs
+    at the cheapest level that recomputes no layer fully (selective where a layer has an
+    attention core, else none), and solves again, until the solution repeats or ``rounds`` are
+    done. A rank's shares sum to ``cap``, so every solution fits; all are proposed to the
+    simulator, which judges them with the first."""
+    lay = c.layout
+    if lay.virtual_stages_per_rank == 1 or lay.stage_replicas:
+        return []
+    line = cm.fsdp_line(lay) if is_fsdp(c.sharding()) else (0.0, 0.0)
+    ks = c.inflight()
+    out: list[Candidate] = []
+    for _ in range(rounds):
+        stops = list(solution.boundaries[1:]) + [cm.num_layers]
+        lean = [cm.stage_memory(a, e, (), c.microbatch_size, ks[s], c.sharding(s),
+                                [i for i in range(a, e) if cm.has_core[i]]).total_bytes
+                for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+        caps = [0.0] * len(lean)
+        for r in range(lay.pipeline_size):
+            chunks = lay.stage_indices(r)
+            for s in chunks:
+                caps[s] = cap * lean[s] / sum(lean[x] for x in chunks)
+        table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
+                           allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line, stage_caps=caps)
+        again = solve_config(solve_chain, table, c)
+        if again is None or (again.boundaries, again.recompute, again.selective) == (
+                solution.boundaries, solution.recompute, solution.selective):
+            break
+        out.append(Candidate(c, again))
+        solution = again
+    return out
 
 
 def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
-from planner.artifacts.kinds import Objective, SolverKind
+from planner.artifacts.kinds import Objective, ScheduleKind, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.progress import note
@@ -97,6 +97,13 @@ def search_plan(
     return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
 
 
+def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings: SearchSettings) -> tuple[int, ...]:
+    """Chunks per rank the search tries (none unless it may interleave)."""
+    if chain_solver is not solve_chain or ScheduleKind.INTERLEAVED_1F1B not in request.schedules:
+        return ()
+    return settings.interleave_factors
+
+
 def search_layouts(
     problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS
 ) -> Plan:
@@ -119,9 +126,14 @@ def search_layouts(
     by_time = request.objective is Objective.TIME
     starts: list[int] | None = None
     cm_search, req_search = cm, request
-    # enough groups that the deepest pipeline searched still has two groups per stage
-    max_stages = max((P for P, _ in configurations(profile.num_layers, num_groups, request)), default=1)
-    chain_max = max(settings.chain_max, 2 * max_stages)
+    # enough groups that the deepest pipeline searched still has two groups per stage, an
+    # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
+    # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
+    depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
+    max_stages = max(depths, default=1)
+    chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
+              if P * v <= profile.num_layers]
+    chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
     if profile.num_layers > chain_max:
         starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
         cm_search = merged_model(cm, starts)
