@@ -8,6 +8,7 @@ exact overlap and the schedule's), so every candidate is replayed by the simulat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -115,7 +116,9 @@ def solve_candidates(
             if sol is None:
                 continue
             fitted = True
-            proposals = [Candidate(c, sol)] + rebalanced(cm, request, c, sol, cap_bytes, settings.rebalance_rounds)
+            proposals = [Candidate(c, sol)]
+            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
+                proposals += rebalanced(cm, request, c, sol, cap_bytes, settings.rebalance_rounds)
             if chain_solver is solve_chain:
                 proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
             scored = []
@@ -161,6 +164,16 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     return out
 
 
+def unrecomputed(cm: CostModel, cand: Candidate) -> float:
+    """The candidate's simulated time were nothing recomputed (a memory rebalancing's best case
+    on its partition)."""
+    c = cand.config
+    arrays = stage_arrays(cm, cand)
+    arrays["recompute_ms"] = [0.0] * len(arrays["recompute_ms"])
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, **arrays,
+                                 virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
+
+
 def simulated(cm: CostModel, cand: Candidate) -> float:
     """The candidate's iteration time by the simulator's fast entry."""
     c = cand.config
@@ -201,8 +214,8 @@ def rebalanced(
     done. A rank's shares sum to ``cap``, so every solution fits; all are proposed to the
     simulator, which judges them with the first."""
     lay = c.layout
-    if lay.virtual_stages_per_rank == 1 or lay.stage_replicas:
-        return []
+    if lay.virtual_stages_per_rank == 1 or lay.stage_replicas or not (any(solution.recompute) or solution.selective):
+        return []  # nothing recomputed: no share binds
     line = cm.fsdp_line(lay) if is_fsdp(c.sharding()) else (0.0, 0.0)
     ks = c.inflight()
     out: list[Candidate] = []
@@ -214,8 +227,8 @@ def rebalanced(
         caps = [0.0] * len(lean)
         for r in range(lay.pipeline_size):
             chunks = lay.stage_indices(r)
-            for s in chunks:
-                caps[s] = cap * lean[s] / sum(lean[x] for x in chunks)
+            for s in chunks:  # rounded down to 1/256 of the cap: tables and knapsacks shared
+                caps[s] = math.floor(256 * lean[s] / sum(lean[x] for x in chunks)) * cap / 256
         table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
                            allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line, stage_caps=caps)
         again = solve_config(solve_chain, table, c)
