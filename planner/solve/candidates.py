@@ -88,7 +88,8 @@ def solve_candidates(
         return tables[key]
 
     def variants(c: Config) -> list[Config]:
-        """``c`` at its searched ZeRO stage (none where memory binds nowhere) and, where memory
+        """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
+        prices the optimizer step, which sharding shortens) and, where memory
         binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
         configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
         ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
@@ -99,7 +100,8 @@ def solve_candidates(
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
             if table_of(plain).fits_everywhere(max(c.inflight())):
-                return [plain]  # memory binds nowhere: sharding cannot help
+                # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
+                return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
         if fsdp_too and not table_of(c).fits_everywhere(max(c.inflight())):
             return [c, c.with_zero(ZeroStage.PARAMETERS)]
         return [c]
