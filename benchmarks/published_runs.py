@@ -45,7 +45,7 @@ backward then includes the core's forward again (``CostModel.core_ms``).
 Last line: ``published runs: N rows, median |error| X%, worst Y%, fits F/N, ours faster on K/N``
 ("faster": no slower, within 1e-9).
 
-Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit]``
+Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit] [--jobs N]``
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ import math
 import statistics
 import sys
 import time
-from functools import lru_cache
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from functools import lru_cache, partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -350,11 +352,25 @@ def error_summary(errors: list[float]) -> str:
 
 
 
+def price_row(run: PublishedRun, models: dict[str, GemmModel], plans: bool) -> tuple[Priced, Plan | str | None, float]:
+    """One row priced, and the planner's own plan (or why there is none), and the seconds both took."""
+    t0 = time.perf_counter()
+    priced = price(run, models[run.device])
+    ours: Plan | str | None = None
+    if plans:
+        try:
+            ours = own_plan(run, models[run.device])
+        except PlannerError as exc:
+            ours = str(exc).splitlines()[0]
+    return priced, ours, time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="", help="comma-separated row labels (default: all)")
     ap.add_argument("--no-plan", action="store_true", help="skip the planner's own plans")
     ap.add_argument("--fit", action="store_true", help="refit each device's constants on FIT_ROWS first")
+    ap.add_argument("--jobs", type=int, default=1, help="rows priced in this many processes at once (printed in order)")
     args = ap.parse_args()
     rows = all_rows()
     models = dict(DEVICE_GEMM)
@@ -382,42 +398,41 @@ def main() -> int:
     over: list[str] = []
     slower: list[str] = []
     priced_all: list[Priced] = []
-    for run in rows:
-        t0 = time.perf_counter()
-        priced = price(run, models[run.device])
-        priced_all.append(priced)
-        r = ratio(run, priced)
-        ratios.append(r)
-        fits += priced.fits
-        in_fit = run.label in models[run.device].fitted_on
-        (fit_err if in_fit else out_err).append(abs(r - 1))
-        if abs(r - 1) > 0.10:
-            over.append(f"{run.label} {100 * (r - 1):+.1f}%")
-        mark = "*" if in_fit else " "
-        v = priced.plan.layout.virtual_stages_per_rank
-        line = (f"{run.label + mark:<17} {run.t:>2} {run.p:>3} {run.d:>3} {run.gpus:>5} {run.batch:>5} {run.microbatch:>2} "
-                f"{v:>1} {run.recompute.value[:5]:<5} {run.metric.value[:16]:<16} {run.published:>9.4g} "
-                f"{priced.predicted:>9.4g} {r:>6.3f} {priced.peak_bytes / GIB:>5.1f} {'yes' if priced.fits else 'NO':>4} |")
-        if not args.no_plan:
-            try:
-                ours = own_plan(run, models[run.device])
-            except PlannerError as exc:
-                line += f" {'-':>11}  no plan: {str(exc).splitlines()[0]}"
-            else:
-                rel = ours.predicted.iteration_ms / priced.plan.predicted.iteration_ms
-                faster += rel <= 1 + 1e-9
-                if rel > 1 + 1e-9:
-                    slower.append(f"{run.label} {rel:.3f}")
-                line += f" {rel:>11.3f}  {describe_plan(ours)}"
-        print(line + f" ({time.perf_counter() - t0:.1f} s)", flush=True)
-        notes = list(priced.notes) + list(run.assumed)
-        if not priced.fits:
-            notes.insert(0, f"DOES NOT FIT: {priced.over_bytes / GIB:.2f} GiB over 80 GB; {priced.reason}")
-        if run.metric is Metric.LAYER_MS:
-            notes.insert(0, f"fwd {priced.fwd_ms:.2f} / {run.published_fwd_ms} ms, bwd {priced.bwd_ms:.2f} / "
-                            f"{run.published_bwd_ms} ms (predicted / published)")
-        if notes:
-            print(f"{'':<17} assumed/notes: {'; '.join(notes)}")
+    work = partial(price_row, models=models, plans=not args.no_plan)
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+        results = pool.map(work, rows) if pool is not None else map(work, rows)
+        for run, (priced, ours, seconds) in zip(rows, results):
+            priced_all.append(priced)
+            r = ratio(run, priced)
+            ratios.append(r)
+            fits += priced.fits
+            in_fit = run.label in models[run.device].fitted_on
+            (fit_err if in_fit else out_err).append(abs(r - 1))
+            if abs(r - 1) > 0.10:
+                over.append(f"{run.label} {100 * (r - 1):+.1f}%")
+            mark = "*" if in_fit else " "
+            v = priced.plan.layout.virtual_stages_per_rank
+            line = (f"{run.label + mark:<17} {run.t:>2} {run.p:>3} {run.d:>3} {run.gpus:>5} {run.batch:>5} {run.microbatch:>2} "
+                    f"{v:>1} {run.recompute.value[:5]:<5} {run.metric.value[:16]:<16} {run.published:>9.4g} "
+                    f"{priced.predicted:>9.4g} {r:>6.3f} {priced.peak_bytes / GIB:>5.1f} {'yes' if priced.fits else 'NO':>4} |")
+            if not args.no_plan:
+                if isinstance(ours, str):
+                    line += f" {'-':>11}  no plan: {ours}"
+                elif ours is not None:
+                    rel = ours.predicted.iteration_ms / priced.plan.predicted.iteration_ms
+                    faster += rel <= 1 + 1e-9
+                    if rel > 1 + 1e-9:
+                        slower.append(f"{run.label} {rel:.3f}")
+                    line += f" {rel:>11.3f}  {describe_plan(ours)}"
+            print(line + f" ({seconds:.1f} s)", flush=True)
+            notes = list(priced.notes) + list(run.assumed)
+            if not priced.fits:
+                notes.insert(0, f"DOES NOT FIT: {priced.over_bytes / GIB:.2f} GiB over 80 GB; {priced.reason}")
+            if run.metric is Metric.LAYER_MS:
+                notes.insert(0, f"fwd {priced.fwd_ms:.2f} / {run.published_fwd_ms} ms, bwd {priced.bwd_ms:.2f} / "
+                                f"{run.published_bwd_ms} ms (predicted / published)")
+            if notes:
+                print(f"{'':<17} assumed/notes: {'; '.join(notes)}")
     errors = [abs(x - 1) for x in ratios]
     n = len(rows)
     print(f"\nfit rows ({len(fit_err)}): {error_summary(fit_err)}; out of sample ({len(out_err)}): {error_summary(out_err)}")

@@ -115,12 +115,12 @@ def test_megatron_core_gathers_weights_ahead_of_the_forward() -> None:
             stage.allreduce_ms - stage.gather_ahead_ms)
 
 
-def test_plan_v4_round_trip_and_stack_recorded() -> None:
+def test_plan_v5_round_trip_and_stack_recorded() -> None:
     lay = Layout(num_stages=2, dp_degree=2, zero=ZeroStage.OPTIMIZER)
     plan = _plan(STACKS["megatron-core"], lay)
     again = plan_from_json(parse_text(dumps_plan(plan), "plan"))
     assert again == plan and again.stack == STACKS["megatron-core"] == again.provenance.request.stack
-    assert json.loads(dumps_plan(plan))["version"] == 4
+    assert json.loads(dumps_plan(plan))["version"] == 5
     assert simulate(again).iteration_ms == pytest.approx(plan.predicted.iteration_ms)
 
 

@@ -40,6 +40,11 @@ class Cluster:
     peak_tflops: float = field(
         default=0.0, metadata={"doc": "peak dense 16-bit FLOP/s of one device, in 10^12 (for MFU); 0 = unknown"}
     )
+    memory_bandwidth_gb_per_s: float = field(
+        default=0.0,
+        metadata={"doc": "device memory (HBM) bandwidth of one device, GB/s: prices the optimizer step (bytes it "
+                         "streams / this); 0 = unknown, the step not priced"},
+    )
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -50,7 +55,7 @@ class Cluster:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be > 0 (got {value!r})")
-        for name in ("intra_node_latency_us", "inter_node_latency_us", "peak_tflops"):
+        for name in ("intra_node_latency_us", "inter_node_latency_us", "peak_tflops", "memory_bandwidth_gb_per_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0 (got {value!r})")
@@ -62,8 +67,9 @@ class Cluster:
         # rates divide: a denormal one makes inf as surely as a huge time (limits.MIN_RATE)
         for name in ("relative_speed", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
             check_range(name, getattr(self, name), MIN_RATE, MAX_RATE)
-        if self.peak_tflops:  # 0 = unknown
-            check_range("peak_tflops", self.peak_tflops, MIN_RATE, MAX_RATE)
+        for name in ("peak_tflops", "memory_bandwidth_gb_per_s"):
+            if getattr(self, name):  # 0 = unknown
+                check_range(name, getattr(self, name), MIN_RATE, MAX_RATE)
         for name in ("intra_node_latency_us", "inter_node_latency_us"):
             check_range(name, getattr(self, name), 0, MAX_MS)
 
@@ -121,8 +127,10 @@ PRESETS: dict[str, Cluster] = {
         inter_node_bandwidth_gb_per_s=25.0,
         inter_node_latency_us=5.0,
         peak_tflops=312.0,
+        memory_bandwidth_gb_per_s=2039.0,
         sources={
             "peak_tflops": "NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
+            "memory_bandwidth_gb_per_s": "NVIDIA A100 datasheet: 2,039 GB/s HBM2e (80GB SXM)",
             "device_memory_bytes": _NVIDIA_A100,
             "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
             "intra_node_latency_us": _NCCL_LAT,
@@ -141,8 +149,10 @@ PRESETS: dict[str, Cluster] = {
         inter_node_bandwidth_gb_per_s=50.0,
         inter_node_latency_us=5.0,
         peak_tflops=989.0,
+        memory_bandwidth_gb_per_s=3350.0,
         sources={
             "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
+            "memory_bandwidth_gb_per_s": "NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM5)",
             "device_memory_bytes": _NVIDIA_H100,
             "intra_node_bandwidth_gb_per_s": _NVIDIA_H100,
             "intra_node_latency_us": _NCCL_LAT,
@@ -161,8 +171,10 @@ PRESETS: dict[str, Cluster] = {
         inter_node_bandwidth_gb_per_s=3.125,
         inter_node_latency_us=10.0,
         peak_tflops=125.0,
+        memory_bandwidth_gb_per_s=900.0,
         sources={
             "peak_tflops": "NVIDIA V100 datasheet: 125 TFLOPS FP16 tensor core (SXM2)",
+            "memory_bandwidth_gb_per_s": "NVIDIA V100 datasheet: 900 GB/s HBM2 (SXM2)",
             "device_memory_bytes": _V100,
             "intra_node_bandwidth_gb_per_s": "NVIDIA V100 datasheet: NVLink 300 GB/s total = 150 GB/s per direction",
             "intra_node_latency_us": _NCCL_LAT,

@@ -80,6 +80,19 @@ class OptimizerKind(enum.Enum):
         """(weights, gradients, optimizer state) bytes per parameter."""
         return STATE_BYTES_PER_PARAM[self]
 
+    @property
+    def step_bytes_per_param(self) -> int:
+        """Bytes the optimizer step reads and writes per parameter it updates: the gradient read,
+        the optimizer state read and written (moments, and the fp32 master weights of the mixed
+        kinds), the weights written (also read where they are the master copy: the fp32 kinds).
+        Adam mixed: 2 + 2 x 12 + 2 = 28; with fp32 gradients 30; Adam fp32 4 + 2 x 8 + 2 x 4 =
+        28; SGD with momentum 4 + 2 x 4 + 2 x 4 = 20. The update itself, as a fused
+        (multi-tensor) kernel streams it once; a gradient-norm pass for clipping would add a
+        gradient read."""
+        w, g, o = self.state_bytes_per_param
+        master = self in (OptimizerKind.SGD_FP32, OptimizerKind.ADAM_FP32)
+        return g + 2 * o + (2 * w if master else w)
+
 
 # (weights, gradients, optimizer state) bytes per parameter for each optimizer kind.
 STATE_BYTES_PER_PARAM: dict[OptimizerKind, tuple[int, int, int]] = {

@@ -29,13 +29,17 @@ and writes the same bytes as before the field (no new version).
 
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
-Version 4 (this one) added ``stack``, the training stack the plan was priced for (what it
+Version 4 added ``stack``, the training stack the plan was priced for (what it
 overlaps: :mod:`planner.artifacts.stack`), also in the request, and per stage ``sync_early_ms``,
 ``gather_ahead_ms`` and ``gather_bound_ms`` (when the synchronisation runs under that stack);
 older files are read as priced for the ``none`` stack (nothing overlapped beyond the
 pipeline), which is what they were, with those three 0. Version 4 also added each stage's
 ``recompute_selective`` (the layers whose attention core is recomputed, Korthikanti et al.
 2022 sec. 4, beside ``recompute``, the fully recomputed ones); older files are read with none.
+
+Version 5 (this one) added each stage's ``optimizer_ms``, the optimizer step of one of its
+devices (:mod:`planner.cost.sharding`), which the simulator runs after the stage's gradient
+synchronisation; version-4 files are read with 0 (not priced, which is what they were).
 
 Version 2 renamed ``predicted.lower_bound_ms`` to ``partition_bound_ms`` and added
 ``machine_bound_ms``, the FLOP figures, ``zero`` and ``replicas``; version-1 files are read
@@ -69,7 +73,7 @@ from planner.artifacts.plan_summary import ParetoPoint, Prediction, Provenance
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack
 
 SCHEMA = "planner.plan"
-VERSION = 4
+VERSION = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +153,11 @@ class PlanStage:
         metadata={"doc": "of bwd_ms, the weight-gradient pass W a zero-bubble schedule runs apart from the input-gradient "
                          "pass (Qi et al. 2024); 0 unless the plan's schedule splits the backward"},
     )
+    optimizer_ms: float = field(
+        default=0.0,
+        metadata={"doc": "one device's optimizer step per iteration over the parameters whose state it holds "
+                         "(memory-bound: bytes streamed / the device's memory bandwidth); 0: not priced"},
+    )
     wgrad_bytes_per_microbatch: int = field(
         default=0,
         metadata={"doc": "of activation_bytes_per_microbatch, what one micro-batch keeps from the end of its input-gradient "
@@ -167,7 +176,7 @@ class PlanStage:
         check_fields(self, 0, MAX_LAYERS, "layer_start", "layer_stop")
         check_count("inflight_microbatches", self.inflight_microbatches, 0, MAX_BATCH)
         check_fields(self, 0, MAX_MS, "fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")
-        check_fields(self, 0, MAX_MS, "sync_early_ms", "gather_ahead_ms", "gather_bound_ms")
+        check_fields(self, 0, MAX_MS, "sync_early_ms", "gather_ahead_ms", "gather_bound_ms", "optimizer_ms")
         check_fields(self, 0, MAX_BYTES, "activation_bytes_per_microbatch", "memory_total_bytes", "memory_cap_bytes")
         for name in self.layer_names:
             check_name(f"stage {self.stage_idx}: layer name", name)
@@ -283,11 +292,11 @@ class Plan:
         return self.stages[-1].layer_stop
 
 
-#: the layout's fields as version 3 and 4 files hold them, at the top level (stage_replicas: in stages)
+#: the layout's fields as version 3 to 5 files hold them, at the top level (stage_replicas: in stages)
 _LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree")
-#: layout keys a version-3 or -4 file must have (the others have defaults)
+#: layout keys a version-3 to -5 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
-#: the top-level keys of a version-4 file, in order
+#: the top-level keys of a version-5 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
     "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "dtype", "optimizer",
@@ -306,6 +315,8 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
         data = dict(data, version=3)  # v3 only added fields with defaults
     if codec.is_version(data, SCHEMA, 3):
         data = _upgrade_v3(data)
+    if codec.is_version(data, SCHEMA, 4):
+        data = dict(data, version=VERSION)  # v5 only added a field with a default
     if codec.is_version(data, SCHEMA, VERSION):
         missing = [k for k in _REQUIRED_LAYOUT_KEYS if k not in data]
         if missing:
@@ -349,7 +360,7 @@ def _wire_path(message: str) -> str:
 
 
 def _upgrade_v3(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-3 plan as version 4: priced for the ``none`` stack (nothing overlapped beyond
+    """A version-3 plan as version 5 (optimizer steps 0): priced for the ``none`` stack (nothing overlapped beyond
     the pipeline), in the plan and in its request."""
     none = codec.encode(STACKS["none"])
     out = dict(data, version=VERSION, stack=none)
@@ -371,7 +382,7 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """The version-4 document: the layout's degrees at the top level (see the module docstring)."""
+    """The version-5 document: the layout's degrees at the top level (see the module docstring)."""
     body = codec.encode(plan)
     layout = body.pop("layout")
     body.update({k: layout[k] for k in _LAYOUT_KEYS if k in layout})  # placement: implied; cp_degree: if > 1

@@ -31,7 +31,7 @@ is per device: with tensor parallelism, the per-device view of
   counts: ``(grad bytes + weight bytes) / 2`` per parameter (the same time for ``adam-mixed``).
   It is accounted like the all-reduce: it starts when the stage's last backward ends and
   overlaps the other stages' cooldown (the weights' all-gather waits for the shard's step,
-  which the simulator, like the all-reduce path, does not price: ``optimizer_ms`` = 0).
+  which the simulator runs after the sync: ``optimizer_ms``, :mod:`planner.cost.sharding`).
 - memory per device: kappa x params (weights, gradients, optimizer state by
   :data:`STATE_BYTES_PER_PARAM`, sharded as above) + k x activations per micro-batch (k in-flight micro-batches;
   a recomputed layer keeps only its input) + the largest recompute working set (the saved
@@ -100,6 +100,7 @@ class StageCost:
     activation_bytes_per_microbatch: int
     memory: StageMemory
     sync: SyncCost
+    optimizer_ms: float = 0.0  # one device's optimizer step per iteration (planner.cost.sharding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,7 @@ class CostModel(ShardedState):
         self.sequence_parallel = sequence_parallel
         self.cp_degree, self.gather_bytes_per_sample = cp_degree, gather_bytes_per_sample
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
+        self.step_bytes_per_param = optimizer.step_bytes_per_param
         layers = profile.layers
         self.num_layers = len(layers)
         self.cut_bytes_per_sample = cut_bytes_per_sample(profile)
@@ -442,6 +444,7 @@ class CostModel(ShardedState):
             activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
             memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx), selective),
             sync=sync,
+            optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx)),
         )
 
     @cached_property

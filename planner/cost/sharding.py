@@ -1,7 +1,16 @@
 """The ZeRO part of the cost model: model-state bytes per parameter under each sharding stage,
-the bytes the gradient synchronisation moves, and ZeRO 3's per-layer collectives and working
+the bytes the gradient synchronisation moves, ZeRO 3's per-layer collectives and working
 set (a base class of :class:`planner.cost.model.CostModel`; formulas in that module's and
-:mod:`planner.cost.fsdp`'s docstrings)."""
+:mod:`planner.cost.fsdp`'s docstrings), and the optimizer step over a device's shard.
+
+Optimizer step: once per iteration each device updates the parameters whose optimizer state it
+holds (all of its stage's, or 1/n of them under ZeRO over n ranks), a memory-bound pass
+streaming :attr:`~planner.artifacts.kinds.OptimizerKind.step_bytes_per_param` per parameter
+(gradient read, state read and written, weights written) at the device's memory bandwidth
+(``Cluster.memory_bandwidth_gb_per_s``, the datasheet figure: a lower bound on the step, no
+fitted constant); ``params / n x bytes / bandwidth``. 0 where the cluster does not give its
+bandwidth. The simulator runs it on each rank after the rank's compute and gradient
+synchronisation (:mod:`planner.simulation.simulator`)."""
 
 from __future__ import annotations
 
@@ -34,6 +43,20 @@ class ShardedState:
 
     def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         raise NotImplementedError
+
+    step_bytes_per_param: int
+
+    def stage_param_count(self, start: int, stop: int) -> int:
+        raise NotImplementedError
+
+    def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding()) -> float:
+        """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
+        parameters, divided by the ZeRO group when the optimizer state is sharded."""
+        bandwidth = self.cluster.memory_bandwidth_gb_per_s
+        if not bandwidth:
+            return 0.0
+        shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
+        return self.stage_param_count(start, stop) / shard * self.step_bytes_per_param / (bandwidth * 1e6)
 
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
         """(weights, gradients, optimizer state) bytes per parameter at the peak on one device

@@ -99,7 +99,9 @@ def format_plan(plan: Plan) -> str:
     tail = (
         f"iteration {p.iteration_ms:.2f} ms | throughput {p.throughput_samples_per_s:.1f} samples/s | "
         f"peak memory {_gib(p.peak_memory_bytes)} GiB of {_gib(cap)} GiB cap\n"
-        f"bubble {max(0.0, p.bubble_fraction):.1%} | {exposed} {p.exposed_allreduce_ms:.2f} ms\n"
+        f"bubble {max(0.0, p.bubble_fraction):.1%} | {exposed} {p.exposed_allreduce_ms:.2f} ms"
+        + (f" | optimizer step {max(s.optimizer_ms for s in plan.stages):.2f} ms" if any(s.optimizer_ms for s in plan.stages) else "")
+        + "\n"
         + format_bounds(p)
     )
     if p.me_reference:

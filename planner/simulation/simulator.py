@@ -24,9 +24,9 @@ Model (DESIGN.md section 5; the seed's gradient hiding, Hippie / TPDS 35(4) 2024
   weights) runs instead at the start of the iteration, the rank's stages' gathers one after
   another in the order of their first forwards, and the stage's first forward on the rank
   ends no earlier than ``gather_bound_ms`` after its gather starts;
-- the optimizer step of a rank (``optimizer_ms``, 0 unless given: a Plan has no field for it)
-  runs once its compute and all-reduces are done; the iteration ends when every rank's step
-  does.
+- the optimizer step of a rank (the sum of its stages' ``optimizer_ms``, priced by the cost
+  model: :mod:`planner.cost.sharding`) runs once its compute and all-reduces are done; the
+  iteration ends when every rank's step does.
 
 All data-parallel pipelines (``dp_degree``) are identical, so one is simulated. A pipeline
 replicated per stage is simulated rank by rank: copy ``r`` of stage ``s`` is one rank running
@@ -343,7 +343,8 @@ def simulate(
 
     The Plan carries every per-stage cost (from :mod:`planner.cost`); ``profile`` and
     ``cluster``, if given, are only checked against it (layer count, device count).
-    ``optimizer_ms`` is the optimizer step of one rank (0: the Plan has no such field).
+    ``optimizer_ms``: an optimizer step of one rank added to the one the plan prices (its
+    stages' ``optimizer_ms``).
     """
     _check_context(plan, profile, cluster)
     kind, n, m, v = plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank
@@ -361,8 +362,7 @@ def simulate(
     ahead = [s.gather_ahead_ms for s in st]
     _check_lengths(n, fwd_ms=fwd, bwd_ms=full_bwd, send_fwd_ms=sf, send_bwd_ms=sb, allreduce_ms=ar)
     num_ranks = len(orders)
-    opt_rank = [optimizer_ms] * num_ranks
-    opt_stage = [optimizer_ms / v] * n
+    opt_stage = [s.optimizer_ms + optimizer_ms / v for s in st]
     gate = _gather_gate(orders, m, ahead, [s.gather_bound_ms for s in st])
     first, second = _split_backward(kind, [s.bwd_ms for s in st], rc, [s.wgrad_ms for s in st])
     fstart, fend, bstart, bend, wstart, wend, free = _replay(orders, m, fwd, first, sf, sb, gate, second)
@@ -390,6 +390,7 @@ def simulate(
         for r, by_stage in enumerate(rank_stage_mbs)
     ]
     rank_peak = [summed_peak(trs) for trs in rank_traces]
+    opt_rank = [sum(opt_stage[s] for s in by_stage if stage_ranks[s][0] == r) for r, by_stage in enumerate(rank_stage_mbs)]
     # a stage's trace: its copy with the highest peak
     traces = tuple(
         max((tr for trs in rank_traces for tr in trs if tr.stage_idx == s), key=lambda tr: (tr.peak_bytes, -tr.rank))

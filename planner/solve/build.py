@@ -99,6 +99,7 @@ def build_plan(
                 sync_early_ms=cost.sync.early_ms,
                 gather_ahead_ms=cost.sync.gather_ahead_ms,
                 gather_bound_ms=cost.sync.gather_bound_ms,
+                optimizer_ms=cost.optimizer_ms,
                 wgrad_ms=cm.stage_wgrad_ms(start, stop, microbatch_size) if schedule.splits_backward else 0.0,
                 wgrad_bytes_per_microbatch=min(cost.activation_bytes_per_microbatch, int(round(
                     cm.wgrad_bytes(start, stop, microbatch_size)))) if schedule.splits_backward else 0,

@@ -8,6 +8,7 @@ exact overlap and the schedule's), so every candidate is replayed by the simulat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -103,7 +104,8 @@ def solve_candidates(
         return tables[key]
 
     def variants(c: Config) -> list[Config]:
-        """``c`` at its searched ZeRO stage (none where memory binds nowhere) and, where memory
+        """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
+        prices the optimizer step, which sharding shortens) and, where memory
         binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
         configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
         ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
@@ -114,7 +116,8 @@ def solve_candidates(
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
             if table_of(plain).fits_everywhere(max(c.inflight())):
-                return [plain]  # memory binds nowhere: sharding cannot help
+                # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
+                return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
         if fsdp_too and not table_of(c).fits_everywhere(max(c.inflight())):
             return [c, c.with_zero(ZeroStage.PARAMETERS)]
         return [c]
@@ -132,6 +135,8 @@ def solve_candidates(
                 continue
             fitted = True
             proposals = [Candidate(c, sol)]
+            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
+                proposals += rebalanced(cm, request, c, sol, cap_bytes, settings.rebalance_rounds)
             if chain_solver is solve_chain:
                 proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
             scored = []
@@ -158,7 +163,7 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     stops = list(sol.boundaries[1:]) + [cm.num_layers]
     b, lay = c.microbatch_size, c.layout
     keys = ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms", "sync_early_ms",
-            "gather_ahead_ms", "gather_bound_ms", "wgrad_ms")
+            "gather_ahead_ms", "gather_bound_ms", "wgrad_ms", "optimizer_ms")
     out: dict[str, list[float]] = {k: [] for k in keys}
     for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
         fwd, bwd = cm.stage_times_ms(start, stop, b, s, lay)
@@ -173,7 +178,18 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
         out["gather_ahead_ms"].append(sync.gather_ahead_ms)
         out["gather_bound_ms"].append(sync.gather_bound_ms)
         out["wgrad_ms"].append(cm.stage_wgrad_ms(start, stop, b) if c.schedule.splits_backward else 0.0)
+        out["optimizer_ms"].append(cm.optimizer_step_ms(start, stop, c.sharding(s)))
     return out
+
+
+def unrecomputed(cm: CostModel, cand: Candidate) -> float:
+    """The candidate's simulated time were nothing recomputed (a memory rebalancing's best case
+    on its partition)."""
+    c = cand.config
+    arrays = stage_arrays(cm, cand)
+    arrays["recompute_ms"] = [0.0] * len(arrays["recompute_ms"])
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, **arrays,
+                                 virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
 
 
 def simulated(cm: CostModel, cand: Candidate) -> float:
@@ -184,17 +200,62 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
                                  replicas=c.layout.stage_replicas)
 
 
-def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
-    """Every stage of ``solution``, with its recomputation, fits ``cap`` under ``c`` (schedule,
-    in-flight counts, ZeRO sharding; a rank holding v chunks gives each cap / v)."""
+def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
+    """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
+    recomputation, in-flight count and ZeRO sharding)."""
     ks = c.inflight()
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    v = c.layout.virtual_stages_per_rank
-    return all(
-        cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
-                        solution.selective_of(s)).total_bytes <= cap / v
-        for s, (a, e) in enumerate(zip(solution.boundaries, stops))
-    )
+    return [cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
+                            solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+
+
+def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
+    """Every device of ``solution`` fits ``cap`` under ``c`` (a rank holding v chunks: their
+    memory summed; a stage's copies: each)."""
+    need, lay = stage_needs(cm, c, solution), c.layout
+    if lay.stage_replicas:
+        return max(need) <= cap
+    return all(sum(need[s] for s in lay.stage_indices(r)) <= cap for r in range(lay.pipeline_size))
+
+
+def rebalanced(
+    cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int
+) -> list[Candidate]:
+    """An interleaved configuration re-solved with its chunks' memory rebalanced. The chain DP
+    checks one stage at a time, so it first gives each of a rank's v chunks cap / v; but
+    interleaved 1F1B keeps more micro-batches in flight on a rank's first chunk than on its last
+    (:func:`planner.schedule.inflight_counts`), so that split starves the first chunk (more
+    recomputation, or no plan) while the last leaves memory unused. Each round splits every
+    rank's ``cap`` over its chunks in proportion to what each stage of the last solution needs
+    at the cheapest level that recomputes no layer fully (selective where a layer has an
+    attention core, else none), and solves again, until the solution repeats or ``rounds`` are
+    done. A rank's shares sum to ``cap``, so every solution fits; all are proposed to the
+    simulator, which judges them with the first."""
+    lay = c.layout
+    if lay.virtual_stages_per_rank == 1 or lay.stage_replicas or not (any(solution.recompute) or solution.selective):
+        return []  # nothing recomputed: no share binds
+    line = cm.fsdp_line(lay) if is_fsdp(c.sharding()) else (0.0, 0.0)
+    ks = c.inflight()
+    out: list[Candidate] = []
+    for _ in range(rounds):
+        stops = list(solution.boundaries[1:]) + [cm.num_layers]
+        lean = [cm.stage_memory(a, e, (), c.microbatch_size, ks[s], c.sharding(s),
+                                [i for i in range(a, e) if cm.has_core[i]]).total_bytes
+                for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+        caps = [0.0] * len(lean)
+        for r in range(lay.pipeline_size):
+            chunks = lay.stage_indices(r)
+            for s in chunks:  # rounded down to 1/256 of the cap: tables and knapsacks shared
+                caps[s] = math.floor(256 * lean[s] / sum(lean[x] for x in chunks)) * cap / 256
+        table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
+                           allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line, stage_caps=caps)
+        again = solve_config(solve_chain, table, c)
+        if again is None or (again.boundaries, again.recompute, again.selective) == (
+                solution.boundaries, solution.recompute, solution.selective):
+            break
+        out.append(Candidate(c, again))
+        solution = again
+    return out
 
 
 def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:

@@ -85,6 +85,7 @@ class StageTable:
         *,
         sharding: Sharding = Sharding(),
         fsdp_line: tuple[float, float] = (0.0, 0.0),
+        stage_caps: Sequence[float] = (),
     ):
         """``fsdp_line``: under ZeRO 3 (``sharding``), the layout's per-layer all-gather /
         reduce-scatter line (:meth:`CostModel.fsdp_line`), whose exposed time is in ``T``."""
@@ -93,6 +94,7 @@ class StageTable:
         self.sharding = sharding
         self.b = microbatch_size
         self.cap = cap_bytes
+        self.stage_caps = tuple(stage_caps)  # per stage (chunks of a rank share its memory), else cap each
         L = cm.num_layers
         self.L = L
         fwd, bwd = cm.layer_times(microbatch_size)
@@ -134,11 +136,11 @@ class StageTable:
         self.selective = cm.selective
         self.core = cm.core_bytes(microbatch_size)
         self.core_ms = cm.core_ms(microbatch_size)
-        self._bases: dict[int, np.ndarray] = {}
-        self._tables: dict[int, np.ndarray] = {}
-        self._pending: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+        self._bases: dict[tuple[int, float], np.ndarray] = {}
+        self._tables: dict[tuple[int, float], np.ndarray] = {}
+        self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = {}
         self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
-        self._choices: dict[tuple[int, int, int], tuple[int, RecomputeChoice]] = {}
+        self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self.all_exact = True
         # identical consecutive layers (a transformer's blocks): a stage inside such a run is
         # known by (kind, length), so its recompute choice is cached without hashing its arrays
@@ -162,34 +164,41 @@ class StageTable:
         not constrain any partition (so sharding more could not make one faster)."""
         return bool(np.all(~self.valid | (self.static + inflight * self.act <= self.cap)))
 
-    def base(self, inflight: int) -> np.ndarray:
-        """``T_k`` without recomputation: compute time where the stage fits as it is, else inf."""
-        if inflight not in self._bases:
-            excess = self.static + inflight * self.act - self.cap
-            self._bases[inflight] = np.where(excess <= 0, self.compute, INF)
-        return self._bases[inflight]
+    def cap_of(self, stage_idx: int) -> float:
+        """The memory stage ``stage_idx`` may use: its share (``stage_caps``), else the cap."""
+        return self.stage_caps[stage_idx] if self.stage_caps else self.cap
 
-    def table(self, inflight: int, limit: float = INF) -> np.ndarray:
+    def base(self, inflight: int, cap: float | None = None) -> np.ndarray:
+        """``T_k`` without recomputation: compute time where the stage fits as it is (in ``cap``,
+        default the table's), else inf."""
+        key = (inflight, self.cap if cap is None else cap)
+        if key not in self._bases:
+            excess = self.static + inflight * self.act - key[1]
+            self._bases[key] = np.where(excess <= 0, self.compute, INF)
+        return self._bases[key]
+
+    def table(self, inflight: int, limit: float = INF, cap: float | None = None) -> np.ndarray:
         """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
 
         Recompute choices are only worked out for stages whose compute time is at most
         ``limit`` (others keep inf): callers pass a bound above which no stage can be part of
         an optimal plan. Later calls with a larger limit fill in more.
         """
-        base = self.base(inflight)
+        at = (inflight, self.cap if cap is None else cap)
+        base = self.base(*at)
         if not self.allow_recompute:
             return base
-        if inflight not in self._tables:
-            excess = self.static + inflight * self.act - self.cap
+        if at not in self._tables:
+            excess = self.static + inflight * self.act - at[1]
             gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
             gp = np.concatenate([[0.0], np.cumsum(gains)])
             max_gain = inflight * (gp[None, :] - gp[:, None])
             # pairs that do not fit as they are but might with recomputation
             need = self.valid & (excess > 0) & (max_gain >= excess)
-            self._tables[inflight] = base.copy()
-            self._pending[inflight] = (need, excess, -INF)
-        table = self._tables[inflight]
-        need, excess, done = self._pending[inflight]
+            self._tables[at] = base.copy()
+            self._pending[at] = (need, excess, -INF)
+        table = self._tables[at]
+        need, excess, done = self._pending[at]
         if limit <= done:
             return table
         todo = need & (self.compute > done) & (self.compute <= limit)
@@ -219,19 +228,19 @@ class StageTable:
                 self._cache[key] = choice
             if choice.time_ms < INF:
                 table[i, j] = self.compute[i, j] + choice.time_ms
-                self._choices[(inflight, i, j)] = (i, choice)  # layers relative to i
+                self._choices[(at, i, j)] = (i, choice)  # layers relative to i
                 self.all_exact &= choice.exact
-        self._pending[inflight] = (need, excess, limit)
+        self._pending[at] = (need, excess, limit)
         return table
 
-    def recompute_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
+    def recompute_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
         """The fully recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
-        entry = self._choices.get((inflight, i, j))
+        entry = self._choices.get(((inflight, self.cap if cap is None else cap), i, j))
         return tuple(entry[0] + l for l in entry[1].layers) if entry else ()
 
-    def selective_of(self, inflight: int, i: int, j: int) -> tuple[int, ...]:
+    def selective_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
         """The selectively recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
-        entry = self._choices.get((inflight, i, j))
+        entry = self._choices.get(((inflight, self.cap if cap is None else cap), i, j))
         return tuple(entry[0] + l for l in entry[1].selective) if entry else ()
 
 
@@ -373,9 +382,10 @@ def solve_chain(
     Interleaved 1F1B (``layout.virtual_stages_per_rank = v > 1``, ``num_stages = P v``): the
     same DP over the P v virtual stages with their counted in-flight micro-batches, and M
     replaced by ``v (M - P) + P``, for which J equals the schedule's ``(M v + P - 1) t`` on
-    uniform chunks of time t; the simulator then judges it. The caller gives each chunk cap / v
-    of memory. ZBV (two chunks per rank in a V) is solved the same way, with ZB-H1's bubble
-    fill; the turn of the V (chunks ``P - 1`` and ``P`` on one rank) has no transfer.
+    uniform chunks of time t; the simulator then judges it. The caller gives each chunk its
+    share of a rank's memory (``StageTable.stage_caps``; :func:`planner.solve.candidates.rebalanced`).
+    ZBV (two chunks per rank in a V) is solved the same way, with ZB-H1's bubble fill; the turn
+    of the V (chunks ``P - 1`` and ``P`` on one rank) has no transfer.
     """
     cm, L, P = table.cm, table.L, layout.num_stages
     if P > L:
@@ -392,11 +402,11 @@ def solve_chain(
     cap_lb = max(float(np.max(fwd + bwd)), float(table.compute[0, L]) / P)
     # an upper bound from the plan without recomputation bounds the useful stage times:
     # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
-    first = _minimize([table.base(k) for k in ks], extra, L, M, INF, cap_lb)
+    first = _minimize([table.base(k, table.cap_of(s)) for s, k in enumerate(ks)], extra, L, M, INF, cap_lb)
     # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
     per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
     limit = INF if first is None else first[0] / per * (1 + 1e-9)
-    tables = [table.table(k, limit) for k in ks]
+    tables = [table.table(k, limit, table.cap_of(s)) for s, k in enumerate(ks)]
     found = _minimize(tables, extra, L, M, limit, cap_lb)
     if found is None:
         return None
@@ -407,8 +417,8 @@ def solve_chain(
     for s in range(P):
         j = int(args[s][i])
         bounds.append(i)
-        recompute.append(table.recompute_of(ks[s], i, j))
-        selective.append(table.selective_of(ks[s], i, j))
+        recompute.append(table.recompute_of(ks[s], i, j, table.cap_of(s)))
+        selective.append(table.selective_of(ks[s], i, j, table.cap_of(s)))
         times.append(float(tables[s][i, j]))
         i = j
     assert i == L, "DP reconstruction did not cover the layers"

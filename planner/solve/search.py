@@ -47,7 +47,7 @@ from collections.abc import Iterator
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
-from planner.artifacts.kinds import Objective, SolverKind
+from planner.artifacts.kinds import Objective, ScheduleKind, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.progress import note
@@ -127,6 +127,13 @@ def machine_bound_ms(cm: CostModel, global_batch: int, num_groups: int) -> float
     return global_batch * max(0.0, slope + min(intercept, 0.0)) / cm.cluster.relative_speed / num_groups
 
 
+def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings: SearchSettings) -> tuple[int, ...]:
+    """Chunks per rank the search tries (none unless it may interleave)."""
+    if chain_solver is not solve_chain or ScheduleKind.INTERLEAVED_1F1B not in request.schedules:
+        return ()
+    return settings.interleave_factors
+
+
 def search_layouts(
     problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS,
     incumbent_ms: float = float("inf"),
@@ -152,9 +159,14 @@ def search_layouts(
     by_time = request.objective is Objective.TIME
     starts: list[int] | None = None
     cm_search, req_search = cm, request
-    # enough groups that the deepest pipeline searched still has two groups per stage
-    max_stages = max((P for P, _ in configurations(profile.num_layers, num_groups, request)), default=1)
-    chain_max = max(settings.chain_max, 2 * max_stages)
+    # enough groups that the deepest pipeline searched still has two groups per stage, an
+    # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
+    # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
+    depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
+    max_stages = max(depths, default=1)
+    chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
+              if P * v <= profile.num_layers]
+    chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
     if profile.num_layers > chain_max:
         starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
         cm_search = merged_model(cm, starts)

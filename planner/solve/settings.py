@@ -12,7 +12,15 @@ class SearchSettings:
     """How hard the default search looks. ``SETTINGS`` is what ``planner plan`` uses."""
 
     interleave_factors: tuple[int, ...] = field(
-        default=(2, 4), metadata={"doc": "virtual stages per rank tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4)"}
+        default=(2, 3, 4),
+        metadata={"doc": "virtual stages per rank tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4, Korthikanti "
+                         "et al. 2022 3 for 175B and 530B)"},
+    )
+    rebalance_rounds: int = field(
+        default=3,
+        metadata={"doc": "re-solves of an interleaved configuration with each chunk's memory set from the last "
+                         "solution's need plus its rank's slack (planner.solve.candidates.rebalanced); each stops "
+                         "early once the solution repeats"},
     )
     memory_cap_fractions: tuple[float, ...] = field(
         default=(0.75, 0.5), metadata={"doc": "tighter memory caps (fractions of the cap) searched for the Pareto front"}
