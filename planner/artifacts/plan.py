@@ -392,7 +392,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 
 def plan_schema() -> dict[str, Any]:
-    """The JSON Schema of a version-4 file (the layout's fields at the top level)."""
+    """The JSON Schema of a version-5 file (the layout's fields at the top level)."""
     doc = codec.document_schema(Plan, SCHEMA, VERSION)
     props = doc["properties"]
     layout = doc["$defs"].pop("Layout")
