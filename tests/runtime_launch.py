@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,3 +121,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return text[text.rfind(")") + 2 :].split()[0] not in "ZX"
+
+
+def drive(world: int, cfgs: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
+    """``tests/runtime_driver.py`` over ``cfgs`` on ``world`` processes: its results, one per
+    config in order (the run must exit 0)."""
+    (folder / "configs.json").write_text(json.dumps(cfgs))
+    proc = torchrun(world, ["tests/runtime_driver.py", str(folder / "configs.json"), str(folder / "out.json")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads((folder / "out.json").read_text())
+    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    return results

@@ -28,13 +28,12 @@ One torchrun launch per world size runs every configuration of that size
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import drive
 
 MLP = "tests.factories:mlp"
 ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, tied head
@@ -205,11 +204,7 @@ def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
     for cfg in cfgs:
         if cfg.get("resume_at"):
             cfg["checkpoint_dir"] = str(tmp_path / cfg["name"])
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    results = drive(world, cfgs, tmp_path)
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
     if world == 4:

@@ -9,12 +9,11 @@ P = 4 (eight chunks of a six-block GPT); and its saved bytes against the plan.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import drive
 from tests.test_runtime_numerics import MLP, SMALL_BUCKETS, ZOO_GPT, _cfg, _check
 
 ZB = "zb-h1"
@@ -56,11 +55,7 @@ def zbv_configs(world: int) -> list[dict]:
 @pytest.mark.parametrize("world", [2, 4])
 def test_zbv_matches_one_process_training(world: int, tmp_path: Path) -> None:
     cfgs = zbv_configs(world)
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    results = drive(world, cfgs, tmp_path)
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
 
@@ -69,11 +64,7 @@ def test_zbv_matches_one_process_training(world: int, tmp_path: Path) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_zb_h1_matches_one_process_training(world: int, tmp_path: Path) -> None:
     cfgs = configs(world)
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    results = drive(world, cfgs, tmp_path)
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
 
