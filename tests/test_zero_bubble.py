@@ -184,6 +184,14 @@ def test_zb_h1_dp_equals_brute_force(layers, wfracs, num_stages, num_microbatche
         build_schedule(ZB, num_stages, num_microbatches)
     except PlannerInputError:
         return
+    assert_dp_is_bruteforce(table, kw, microbatch_size)
+
+
+
+def assert_dp_is_bruteforce(table, kw, microbatch_size):
+    """The chain DP and the brute force agree on ``kw``'s request (both none, or equal
+    objectives), and the DP's stages fit the table's cap with the schedule's in-flight counts."""
+    cm, layout, num_microbatches = table.cm, kw["layout"], kw["num_microbatches"]
     dp = solve_chain(table, **kw)
     bf = solve_chain_bruteforce(table, **kw)
     if bf is None:
@@ -191,7 +199,7 @@ def test_zb_h1_dp_equals_brute_force(layers, wfracs, num_stages, num_microbatche
         return
     assert dp is not None
     assert math.isclose(dp.objective_ms, bf.objective_ms, rel_tol=1e-9, abs_tol=1e-9)
-    ks = inflight_counts(ZB, layout, num_microbatches)
+    ks = inflight_counts(kw["schedule"], layout, num_microbatches)
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
         assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, ks[s]).total_bytes <= table.cap

@@ -20,9 +20,9 @@ from planner.cost import CostModel
 from planner.schedule import ActionKind, ScheduleError, build_schedule, inflight_counts, parse_action, validate_schedule
 from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
 from planner.solve import plan
-from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.chain_dp import StageTable, solve_chain
+from planner.solve.chain_dp import StageTable
 from tests.chains import chain_profile, layer_dicts, small_cluster
+from tests.test_zero_bubble import assert_dp_is_bruteforce
 
 ZBV, H1, H2 = ScheduleKind.ZBV, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2
 
@@ -189,17 +189,7 @@ def test_dp_equals_brute_force(layers, wfracs, ranks, num_microbatches, microbat
     layout = v_layout(ranks) if kind is ZBV else Layout(num_stages=ranks)
     table = StageTable(cm, microbatch_size, cap_gb * 1e9 / layout.virtual_stages_per_rank)
     kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=kind)
-    dp = solve_chain(table, **kw)
-    bf = solve_chain_bruteforce(table, **kw)
-    if bf is None:
-        assert dp is None
-        return
-    assert dp is not None
-    assert math.isclose(dp.objective_ms, bf.objective_ms, rel_tol=1e-9, abs_tol=1e-9)
-    ks = inflight_counts(kind, layout, num_microbatches)
-    stops = list(dp.boundaries[1:]) + [cm.num_layers]
-    for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
-        assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, ks[s]).total_bytes <= table.cap
+    assert_dp_is_bruteforce(table, kw, microbatch_size)
 
 
 # ---------------------------------------------------------------- search and plan
