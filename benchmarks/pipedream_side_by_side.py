@@ -16,10 +16,14 @@ replication) on V100-16GB nodes of 8 (``v100-16gb-2x8`` grown to N devices), glo
 
 PipeDream's side: ``python optimizer_graph_hierarchical.py -f graph.txt -n N -b 10000000000
 -s 16000000000 --activation_compression_ratio 1 --use_memory_constraint`` from its own folder
-(one level, 10 GB/s, 16 GB per device: the reference README's setting). Its ``graph`` module
+(one level, 10 GB/s, 16 GB per device: the reference README's setting), the command line and
+environment ``tests/pipedream_reference.py`` runs it with (one definition). Its ``graph`` module
 imports the ``graphviz`` package only to draw (``-o``, not used here); where that package is not
-installed a module of that name with nothing in it is put on PipeDream's path instead (PipeDream
-then skips the real package's import time: its figure is, if anything, a little low).
+installed a stand-in module of that name is put on PipeDream's path instead (PipeDream then skips
+the real package's import time: its figure is, if anything, a little low).
+
+:func:`side_by_side` is the measurement of one case; ``benchmarks/solver_speed.py`` calls it for
+its PipeDream columns.
 
 Run: ``python benchmarks/pipedream_side_by_side.py [--reference ../shared/reference/pipedream]
 [--models alexnet,vgg16] [--devices 4,8,16,32] [--pairs 3] [--timeout-s 600]``
@@ -38,9 +42,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.profiling.imported.pipedream import import_pipedream
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.profiling.imported.pipedream import import_pipedream
+from tests.pipedream_reference import optimizer_command, optimizer_env, require_reference
+
 MODELS = ("alexnet", "vgg16", "resnet50", "resnext101", "densenet121", "gnmt_large")
 TARGET_RATIO = 10.0
 
@@ -51,6 +58,27 @@ class Run:
     wall_s: float
     ok: bool
     summary: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model at one device count: medians over the pairs, and the last run of each side."""
+
+    pd_cpu_s: float
+    our_cpu_s: float
+    pd_wall_s: float
+    our_wall_s: float
+    pd_ok: bool
+    pd_last: Run
+    our_last: Run
+
+    @property
+    def cpu_ratio(self) -> float:
+        return self.pd_cpu_s / self.our_cpu_s
+
+    @property
+    def wall_ratio(self) -> float:
+        return self.pd_wall_s / self.our_wall_s
 
 
 def timed(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None) -> Run:
@@ -70,29 +98,32 @@ def timed(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | Non
     return Run(cpu_s=cpu, wall_s=wall, ok=ok, summary=lines[-1] if lines else "(no output)")
 
 
-def pipedream_cmd(reference: Path, model: str, devices: int) -> list[str]:
-    return [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(reference / model / "graph.txt"),
-            "-n", str(devices), "-b", "10000000000", "-s", "16000000000",
-            "--activation_compression_ratio", "1", "--use_memory_constraint"]
-
-
-def pipedream_env(shim_dir: Path) -> dict[str, str]:
-    """PipeDream's environment: the real ``graphviz`` when installed, else an empty module of that name."""
-    env = dict(os.environ)
-    try:
-        import graphviz  # noqa: F401
-    except ImportError:
-        (shim_dir / "graphviz.py").write_text('"""Empty: PipeDream imports graphviz only to draw (-o)."""\n')
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim_dir), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def planner_run(graph: Path, devices: int, timeout_s: float) -> Run:
     """``planner plan --profile graph.txt`` (it converts the graph as ``import-pipedream`` does)."""
     exe = str(Path(sys.executable).with_name("planner"))
     b0 = import_pipedream(graph).microbatch_sizes[0]  # the global batch, b0 x N (not timed)
     return timed([exe, "plan", "--profile", str(graph), "--cluster", "v100-16gb-2x8", "--devices", str(devices),
                   "--global-batch", str(b0 * devices)], ROOT, timeout_s)
+
+
+def side_by_side(reference: Path, model: str, devices: int, pairs: int, timeout_s: float, env: dict[str, str]) -> Case:
+    """``pairs`` rounds of PipeDream's optimizer and ``planner plan`` on ``model`` at ``devices``,
+    alternating which goes first (``env``: :func:`optimizer_env`'s, for PipeDream)."""
+    opt_dir = require_reference(reference)
+    graph = reference / model / "graph.txt"
+    pd_runs: list[Run] = []
+    our_runs: list[Run] = []
+    for r in range(pairs):
+        for side in (("pd", "ours") if r % 2 == 0 else ("ours", "pd")):
+            if side == "pd":
+                pd_runs.append(timed(optimizer_command(model, devices, reference), opt_dir, timeout_s, env))
+            else:
+                our_runs.append(planner_run(graph, devices, timeout_s))
+    return Case(
+        pd_cpu_s=statistics.median(x.cpu_s for x in pd_runs), our_cpu_s=statistics.median(x.cpu_s for x in our_runs),
+        pd_wall_s=statistics.median(x.wall_s for x in pd_runs), our_wall_s=statistics.median(x.wall_s for x in our_runs),
+        pd_ok=all(x.ok for x in pd_runs), pd_last=pd_runs[-1], our_last=our_runs[-1],
+    )
 
 
 def main() -> None:
@@ -103,38 +134,25 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=600.0)
     args = ap.parse_args()
-    opt_dir = args.reference / "optimizer_src" / "optimizer"
-    if not (opt_dir / "optimizer_graph_hierarchical.py").is_file():
-        raise SystemExit(f"{opt_dir}: PipeDream's optimizer is not there (see ../shared/reference/pipedream/README.md)")
+    try:
+        require_reference(args.reference)
+    except AssertionError as exc:
+        raise SystemExit(str(exc)) from None
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}, "
           f"{args.pairs} pairs per case, medians; CPU = whole-process user + sys")
     print(f"{'model':12s} {'N':>3s} {'PD cpu s':>8s} {'ours cpu s':>10s} {'PD/ours cpu':>11s} "
           f"{'PD wall s':>9s} {'ours wall s':>11s} {'PD/ours wall':>12s}  PipeDream's last line | ours")
     ratios: list[tuple[str, int, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        env = pipedream_env(work)
+        env = optimizer_env(Path(tmp))
         for model in args.models.split(","):
-            graph = args.reference / model / "graph.txt"
             for n in (int(x) for x in args.devices.split(",")):
-                pd_runs: list[Run] = []
-                our_runs: list[Run] = []
-                for r in range(args.pairs):
-                    for side in (("pd", "ours") if r % 2 == 0 else ("ours", "pd")):
-                        if side == "pd":
-                            pd_runs.append(timed(pipedream_cmd(args.reference, model, n), opt_dir, args.timeout_s, env))
-                        else:
-                            our_runs.append(planner_run(graph, n, args.timeout_s))
-                pd_cpu = statistics.median(x.cpu_s for x in pd_runs)
-                our_cpu = statistics.median(x.cpu_s for x in our_runs)
-                pd_wall = statistics.median(x.wall_s for x in pd_runs)
-                our_wall = statistics.median(x.wall_s for x in our_runs)
-                pd_ok = all(x.ok for x in pd_runs)
-                note = "" if pd_ok else " (PipeDream failed or timed out: its figure is a lower bound)"
-                ratios.append((model, n, pd_cpu / our_cpu))
-                print(f"{model:12s} {n:3d} {pd_cpu:8.2f} {our_cpu:10.2f} {pd_cpu / our_cpu:11.2f} "
-                      f"{pd_wall:9.2f} {our_wall:11.2f} {pd_wall / our_wall:12.2f}  "
-                      f"{pd_runs[-1].summary[:60]} | {our_runs[-1].summary[:70]}{note}", flush=True)
+                c = side_by_side(args.reference, model, n, args.pairs, args.timeout_s, env)
+                note = "" if c.pd_ok else " (PipeDream failed or timed out: its figure is a lower bound)"
+                ratios.append((model, n, c.cpu_ratio))
+                print(f"{model:12s} {n:3d} {c.pd_cpu_s:8.2f} {c.our_cpu_s:10.2f} {c.cpu_ratio:11.2f} "
+                      f"{c.pd_wall_s:9.2f} {c.our_wall_s:11.2f} {c.wall_ratio:12.2f}  "
+                      f"{c.pd_last.summary[:60]} | {c.our_last.summary[:70]}{note}", flush=True)
     below = [f"{m} N={n} ({r:.2f})" for m, n, r in ratios if r < TARGET_RATIO]
     print(f"\nPD/ours CPU: median {statistics.median(r for _, _, r in ratios):.2f}, "
           f"min {min(r for _, _, r in ratios):.2f}; below the target {TARGET_RATIO:.0f}x: "

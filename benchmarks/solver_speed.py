@@ -1,10 +1,16 @@
 """Solver speed: our default solver (``dp``) on PipeDream's 14 published profiles, the code
 before the "closer to the machine's limit" change (``--base``, a checkout of fb39801: no ZeRO,
 no per-stage replication) beside the code now (this repository), alternating in one run; beside
-the wall times the reference README gives for PipeDream's own optimizer (``PD s``: figures from
-another machine and day, not side by side: ``benchmarks/pipedream_side_by_side.py`` runs that
-optimizer itself beside ``planner plan``, alternating whole processes); and on a
-GPT-3-175B-class analytic profile (96 blocks) on 1,024 devices (target under 5 s).
+PipeDream's own optimizer, run here in the same run when ``--reference`` holds it
+(``optimizer_src/``): ``benchmarks/pipedream_side_by_side.py``'s measurement of a case
+(:func:`side_by_side`: ``--pd-pairs`` rounds of whole processes, PipeDream's optimizer and
+``planner plan --profile graph.txt`` of this repository, alternating which goes first; medians
+of each process's user + sys CPU and wall time, interpreter start and imports included), with
+the ratios PipeDream / ours of CPU and of wall time per case (target 10); and on a
+GPT-3-175B-class analytic profile (96 blocks) on 1,024 devices (target under 5 s). (Earlier
+versions divided the wall times the reference README gives for PipeDream, from another machine
+and the variant without ``--use_memory_constraint``, by a time measured here; those figures
+stay in the README, not here.)
 
 Setting (PipeDream's own): V100s, 8 per server (the ``v100-16gb-2x8`` preset grown to as many
 servers as the device count needs), 4, 8, 16 and 32 devices.
@@ -39,7 +45,7 @@ maximum resident set (``ru_maxrss``).
 
 Run: ``python benchmarks/solver_speed.py [--reference ../shared/reference/pipedream]
 [--base /tmp/base] [--devices 4,8,16,32] [--models alexnet,vgg16] [--repeats 3] [--inner 3]
-[--timeout-s 120] [--no-gpt3] [--no-base]``
+[--timeout-s 120] [--pd-pairs 3] [--no-pipedream] [--no-gpt3] [--no-base]``
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,13 +66,6 @@ MODELS = (
     "alexnet", "vgg16", "squeezenet1_0", "resnet18", "resnet50", "resnext50", "resnet101", "resnext101",
     "densenet121", "inception_v3", "nasnetamobile", "nasnetalarge", "gnmt", "gnmt_large",
 )
-#: PipeDream optimizer wall times in seconds, from the reference README's table (model, devices)
-PIPEDREAM_WALL_S: dict[tuple[str, int], float] = {
-    ("resnet50", 16): 7.1, ("resnet50", 32): 14.8,
-    ("resnext101", 16): 11.9, ("resnext101", 32): 57.8,
-    ("densenet121", 16): 19.8, ("densenet121", 32): 93.8,
-    ("gnmt_large", 16): 66.8, ("gnmt_large", 32): 192.6,
-}
 #: our import + plan seconds as RESULTS.md recorded them on 2026-12-02 (solver 175b4c5, load 0.1-0.8)
 RECORDED_S: dict[str, tuple[float, float, float, float]] = {  # N = 4, 8, 16, 32
     "alexnet": (0.039, 0.076, 0.118, 0.136), "vgg16": (0.077, 0.140, 0.183, 0.260),
@@ -77,8 +77,6 @@ RECORDED_S: dict[str, tuple[float, float, float, float]] = {  # N = 4, 8, 16, 32
     "gnmt": (0.051, 0.100, 0.137, 0.239), "gnmt_large": (0.082, 0.140, 0.168, 0.181),
 }
 RECORDED_DEVICES = (4, 8, 16, 32)
-#: what the README says PipeDream does on cases without a figure
-PIPEDREAM_NOTES = {"inception_v3": "OOM"}
 GPT3_DEVICES = 1024
 GPT3_GLOBAL_BATCH = 1536  # Brown et al. 2020, table 2.1 (3.2M tokens / 2048)
 TARGET_RATIO = 10.0
@@ -227,24 +225,32 @@ def _x(a: float | None, b: float | None) -> str:
 
 
 HEADER = (f"{'model':14s} {'N':>3s} {'G':>5s} | {'old s':>6s} {'new s':>6s} {'new/old':>7s} | {'old cpu':>7s} "
-          f"{'new cpu':>7s} {'new/old':>7s} | {'cold new/old':>12s} | {'12-02 s':>7s} {'new/12-02':>9s} | {'PD s':>6s} {'PD/new':>7s} | "
+          f"{'new cpu':>7s} {'new/old':>7s} | {'cold new/old':>12s} | {'12-02 s':>7s} {'new/12-02':>9s} | {'PD cpu':>6s} {'plan cpu':>8s} "
+          f"{'PD/plan cpu':>11s} {'PD/plan wall':>12s} | "
           f"{'load':>4s} {'RSS MB':>6s}  old plan -> new plan")
 
 
-def row(model: str, n: int, runs: dict[str, list[dict]]) -> tuple[str, dict]:
+def row(model: str, n: int, runs: dict[str, list[dict]], pd=None) -> tuple[str, dict]:
+    """One case's line; ``pd``: its side-by-side measurement against PipeDream (a
+    ``pipedream_side_by_side.Case``), or None where it was not run."""
     old, new = runs.get("old", []), runs["new"]
     ow, nw, oc, nc = med(old, "wall_s"), med(new, "wall_s"), med(old, "cpu_s"), med(new, "cpu_s")
     cold = _x(med(new, "cold_s"), med(old, "cold_s"))
     recorded = RECORDED_S[model][RECORDED_DEVICES.index(n)] if model in RECORDED_S and n in RECORDED_DEVICES else None
-    pd = PIPEDREAM_WALL_S.get((model, n))
-    pd_text = f"{pd:6.1f}" if pd is not None else f"{PIPEDREAM_NOTES.get(model, '-'):>6s}"
+    if pd is None:
+        pd_text = f"{'-':>6s} {'-':>8s} {'-':>11s} {'-':>12s}"
+    else:
+        failed = "" if pd.pd_ok else ">"  # PipeDream failed or timed out: its figure is a lower bound
+        pd_text = (f"{pd.pd_cpu_s:6.2f} {pd.our_cpu_s:8.2f} {failed + f'{pd.cpu_ratio:.2f}x':>11s} "
+                   f"{failed + f'{pd.wall_ratio:.2f}x':>12s}")
     load = statistics.mean(r["load"] for r in old + new)
     g = next((r["global_batch"] for r in new + old if "global_batch" in r), 0)
     rss = max((r.get("peak_rss_mb", 0) for r in new), default=0)
     plans = f"{plan_text(old[-1]) if old else '-'} -> {plan_text(new[-1])}"
     text = (f"{model:14s} {n:3d} {g:5d} | {_s(ow)} {_s(nw)} {_x(nw, ow):>7s} | {_s(oc, 7)} {_s(nc, 7)} {_x(nc, oc):>7s} | {cold:>12s} | "
-            f"{_s(recorded, 7, 3)} {_x(nw, recorded):>9s} | {pd_text} {_x(pd, nw):>7s} | {load:4.1f} {rss:6.0f}  {plans}")
-    return text, {"old_wall": ow, "new_wall": nw, "old_cpu": oc, "new_cpu": nc, "recorded": recorded, "pd": pd}
+            f"{_s(recorded, 7, 3)} {_x(nw, recorded):>9s} | {pd_text} | {load:4.1f} {rss:6.0f}  {plans}")
+    return text, {"old_wall": ow, "new_wall": nw, "old_cpu": oc, "new_cpu": nc, "recorded": recorded,
+                  "pd_cpu_ratio": pd.cpu_ratio if pd else None, "pd_wall_ratio": pd.wall_ratio if pd else None}
 
 
 def main() -> int:
@@ -257,6 +263,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="subprocesses per case and code version (medians reported)")
     ap.add_argument("--inner", type=int, default=3, help="plan runs per subprocess (median; the 12-02 definition)")
     ap.add_argument("--repeat-below-s", type=float, default=2.0, help="a subprocess repeats plan only below this")
+    ap.add_argument("--pd-pairs", type=int, default=3, help="rounds of PipeDream's optimizer and planner plan per case")
+    ap.add_argument("--no-pipedream", action="store_true", help="do not run PipeDream's optimizer beside ours")
     ap.add_argument("--no-gpt3", action="store_true", help="skip the GPT-3 175B case")
     ap.add_argument("--no-base", action="store_true", help="time only the code in this repository")
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -273,6 +281,18 @@ def main() -> int:
     print(f"solver_speed: {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} CPUs; v100-16gb-2x8 grown to N devices; "
           f"G = b0 x N; old = {args.base}, new = {REPO}; {args.repeats} runs each, alternating, medians; "
           f"s = import + plan; timeout {args.timeout_s:.0f} s per run; load average {os.getloadavg()[0]:.1f}")
+    pd_env, sbs, shim = None, None, None
+    have_pd = (args.reference / "optimizer_src" / "optimizer" / "optimizer_graph_hierarchical.py").is_file()
+    if not args.no_pipedream and have_pd:
+        # here, not at the top: a --case child imports the planner of its own --code only
+        import pipedream_side_by_side as sbs
+
+        shim = tempfile.TemporaryDirectory()  # the graphviz stand-in, removed at exit
+        pd_env = sbs.optimizer_env(Path(shim.name))
+        print(f"PipeDream: its optimizer from {args.reference / 'optimizer_src'} beside `planner plan` (this repository), "
+              f"{args.pd_pairs} pairs of whole processes per case, alternating; medians; PD/plan above 1: ours faster")
+    elif not args.no_pipedream:
+        print(f"PipeDream: its optimizer is not under {args.reference / 'optimizer_src'}: not run (no PipeDream columns)")
     print(HEADER)
     figures: list[tuple[str, int, dict]] = []
     inner = {"inner": args.inner, "repeat_below_s": args.repeat_below_s}
@@ -282,7 +302,11 @@ def main() -> int:
             continue
         for n in devices:
             spec = {"kind": "pipedream", "reference": str(args.reference), "model": model, "devices": n} | inner
-            text, fig = row(model, n, run_pair(spec, codes, args.repeats, args.timeout_s))
+            runs = run_pair(spec, codes, args.repeats, args.timeout_s)
+            pd = None
+            if sbs is not None and pd_env is not None:
+                pd = sbs.side_by_side(args.reference, model, n, args.pd_pairs, args.timeout_s, pd_env)
+            text, fig = row(model, n, runs, pd)
             print(text, flush=True)
             figures.append((model, n, fig))
 
@@ -321,12 +345,13 @@ def main() -> int:
         over = [f"{m} N={n} {r:.2f}x" for m, n, r in rec if r > TARGET_SLOWDOWN]
         parts.append(f"new wall / 12-02 figure: max {worst[2]:.2f}x ({worst[0]} N={worst[1]}); over "
                      f"{TARGET_SLOWDOWN:.0f}x: {', '.join(over) if over else 'none'}")
-    timed = [(m, n, f["pd"] / f["new_wall"]) for m, n, f in figures if f["pd"] is not None and f["new_wall"]]
-    if timed:
-        worst = min(timed, key=lambda x: x[2])
-        met = sum(r >= TARGET_RATIO for *_, r in timed)
-        parts.append(f">= {TARGET_RATIO:.0f}x faster than PipeDream: {met}/{len(timed)} cases with a figure; "
-                     f"min {worst[2]:.1f}x ({worst[0]} N={worst[1]})")
+    for key in ("cpu", "wall"):
+        side = [(m, n, f[f"pd_{key}_ratio"]) for m, n, f in figures if f[f"pd_{key}_ratio"] is not None]
+        if side:
+            worst = min(side, key=lambda x: x[2])
+            met = sum(r >= TARGET_RATIO for *_, r in side)
+            parts.append(f"PipeDream / planner plan, whole-process {key}, same run: >= {TARGET_RATIO:.0f}x in {met}/{len(side)} "
+                         f"cases; median {statistics.median(r for *_, r in side):.2f}x, min {worst[2]:.2f}x ({worst[0]} N={worst[1]})")
     for opt, runs in gpt3.items():
         t = med(runs["new"], "plan_s")
         parts.append(f"175B/{GPT3_DEVICES} {opt}: new {'-' if t is None else f'{t:.2f} s'} "

@@ -1,7 +1,9 @@
 """Running PipeDream's own optimizer (``../shared/reference/pipedream/optimizer_src``, unmodified)
 and reading its choice back: which stage each node went to (its ``-o`` output, ``gpus=N.txt``),
 each stage's replication factor and its objective (the lines it prints). Used by
-``tests/test_pipedream_optimizer.py`` and ``benchmarks/pipedream_replication.py``.
+``tests/test_pipedream_optimizer.py`` and ``benchmarks/pipedream_replication.py``; its command
+line and environment (:func:`optimizer_command`, :func:`optimizer_env`) also by the benchmarks
+that time the optimizer (``benchmarks/pipedream_side_by_side.py`` and those built on it).
 
 Its ``graph`` module imports ``graphviz`` and ``-o`` renders a drawing with it; where the package
 is missing, a module of that name whose ``Digraph`` draws nothing is put on its path instead.
@@ -59,21 +61,35 @@ def require_reference(reference: Path = REFERENCE) -> Path:
     return opt_dir
 
 
+def optimizer_command(model: str, num_machines: int, reference: Path = REFERENCE, out_dir: Path | None = None) -> list[str]:
+    """The optimizer's command line with the side-by-side flags (``-b 1e10 -s 1.6e10
+    --activation_compression_ratio 1 --use_memory_constraint``, one level), to run from
+    :func:`require_reference`'s folder; ``-o out_dir`` (write its partition) when given."""
+    cmd = [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(reference / model / "graph.txt"),
+           "-n", str(num_machines), "-b", f"{BANDWIDTH_BYTES_PER_S:.0f}", "-s", f"{MEMORY_BYTES:.0f}",
+           "--activation_compression_ratio", "1", "--use_memory_constraint"]
+    return cmd + ["-o", str(out_dir)] if out_dir is not None else cmd
+
+
+def optimizer_env(shim_dir: Path) -> dict[str, str]:
+    """The optimizer's environment: this one, with the ``graphviz`` stand-in written to
+    ``shim_dir`` and put on its path when the real package is not installed."""
+    env = dict(os.environ)
+    if importlib.util.find_spec("graphviz") is None:
+        (shim_dir / "graphviz.py").write_text(_SHIM)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim_dir), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def run_real(model: str, num_machines: int, *, timeout_s: float = 600.0, reference: Path = REFERENCE) -> RealChoice:
-    """Run the optimizer on ``model``'s graph.txt with the side-by-side flags (``-b 1e10 -s 1.6e10
-    --activation_compression_ratio 1 --use_memory_constraint``) and parse its choice
-    (``subprocess.TimeoutExpired`` past ``timeout_s``)."""
+    """Run the optimizer on ``model``'s graph.txt (:func:`optimizer_command`) and parse its
+    choice (``subprocess.TimeoutExpired`` past ``timeout_s``)."""
     opt_dir = require_reference(reference)
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ)
-        if importlib.util.find_spec("graphviz") is None:
-            (Path(tmp) / "graphviz.py").write_text(_SHIM)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (tmp, env.get("PYTHONPATH", "")) if p)
+        env = optimizer_env(Path(tmp))
         out_dir = Path(tmp) / "out"
         out_dir.mkdir()
-        cmd = [sys.executable, "optimizer_graph_hierarchical.py", "-f", str(reference / model / "graph.txt"),
-               "-n", str(num_machines), "-b", f"{BANDWIDTH_BYTES_PER_S:.0f}", "-s", f"{MEMORY_BYTES:.0f}",
-               "--activation_compression_ratio", "1", "--use_memory_constraint", "-o", str(out_dir)]
+        cmd = optimizer_command(model, num_machines, reference, out_dir)
         proc = subprocess.run(cmd, cwd=opt_dir, capture_output=True, text=True, timeout=timeout_s, env=env)
         if proc.returncode:
             raise RuntimeError(f"PipeDream's optimizer failed on {model} N={num_machines}: {proc.stderr[-500:]}")

@@ -36,6 +36,38 @@ def test_planning_path_does_not_import_torch():
     assert proc.returncode == 0, proc.stderr
 
 
+def _modules_after(*argv: str) -> set[str]:
+    """The modules a ``planner`` process with ``argv`` has imported when it ends (its own entry
+    point, ``python -m planner``, so with its own environment handling)."""
+    code = (
+        "import json, runpy, sys\n"
+        f"sys.argv = ['planner', *{list(argv)!r}]\n"
+        "try:\n    runpy.run_module('planner', run_name='__main__')\n"
+        "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "finally:\n    print(json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_commands_import_only_what_they_use():
+    """``planner --help`` builds every parser without the solver or NumPy; ``planner plan``
+    imports the solver but no other command's modules (runtime, calibration, export) and none
+    of the heavy packages planning does not use (cli module docstring)."""
+    heavy = {"numpy", "networkx", "ortools", "pandas", "matplotlib", "torch", "scipy"}
+    help_mods = _modules_after("--help")
+    assert not help_mods & heavy, sorted(help_mods & heavy)
+    assert not {m for m in help_mods if m.startswith(("planner.solve", "planner.cost", "planner.simulation"))}
+    plan_mods = _modules_after("plan", "--global-batch", "64", "--tp", "1", "--zero", "0", "--schedules", "1f1b")
+    assert "planner.solve.search" in plan_mods and "numpy" in plan_mods
+    assert not plan_mods & (heavy - {"numpy"}), sorted(plan_mods & heavy)
+    unused = {m for m in plan_mods if m.startswith(("planner.runtime", "planner.report.calibrate", "planner.report.export",
+                                                    "planner.solve.pipedream", "planner.solve.baselines",
+                                                    "planner.profiling.analytic.gpt"))}
+    assert not unused, sorted(unused)
+
+
 def test_help_on_every_subcommand(capsys):
     from planner.commands.cli import COMMANDS
 

@@ -193,3 +193,10 @@ class RecomputeLevel(enum.Enum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+#: ``planner calibrate``'s time scales (:mod:`planner.report.calibrate`): one overall, or one per stage
+CALIBRATION_GRANULARITIES: tuple[str, ...] = ("global", "stage")
+#: what explains the time a calibration's compute scale leaves: slower links, a per-layer
+#: overhead, the better fit of the two (``auto``), or nothing
+CALIBRATION_RESIDUALS: tuple[str, ...] = ("auto", "links", "overhead", "none")

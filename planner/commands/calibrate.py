@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner.artifacts.cluster import save_cluster
+from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESIDUALS
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile, save_profile
 from planner.commands._args import check_output
-from planner.report.calibrate import GRANULARITIES, RESIDUALS, CalibrationResult, calibrate
-from planner.report.resolve import find_cluster, load_reports
+
+if TYPE_CHECKING:
+    from planner.report.calibrate import CalibrationResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,15 +35,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="calibrated profile JSON to write")
     p.add_argument("--cluster", help="the plans' cluster (default: the preset the first plan names)")
     p.add_argument("--cluster-out", help="calibrated cluster JSON to write")
-    p.add_argument("--granularity", default="stage", choices=GRANULARITIES,
+    p.add_argument("--granularity", default="stage", choices=CALIBRATION_GRANULARITIES,
                    help="one time scale per stage or one overall (default: %(default)s)")
-    p.add_argument("--residual", default="auto", choices=RESIDUALS,
+    p.add_argument("--residual", default="auto", choices=CALIBRATION_RESIDUALS,
                    help="what explains the time left after the compute scale: slower links, a per-layer overhead, "
                    "the better fit of the two (auto), or nothing (default: %(default)s)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.report.calibrate import calibrate  # here, not at the top: see planner.commands.cli
+    from planner.report.resolve import find_cluster, load_reports
+
     for flag in ("out", "cluster_out"):
         check_output(f"--{flag.replace('_', '-')}", getattr(args, flag))
     plans = [load_plan(p) for p in args.plan]

@@ -4,6 +4,18 @@ and exposes ``register(subparsers)``, which adds its parser and sets ``func``.
 Exit codes: 0 success, 2 invalid input, 3 infeasible request, 1 anything else the planner
 reports deliberately. Errors are one line on stderr, never a traceback (set
 ``PLANNER_DEBUG=1`` to see one).
+
+Start-up cost: a command line that names a subcommand builds only that subcommand's parser
+(argparse needs no other to parse it), so ``planner plan`` imports neither the runtime's
+nor the report's modules; ``planner --help`` and a line naming no known subcommand build them
+all. The subcommand modules import what they plan or run with inside their ``run`` functions,
+so building every parser (``--help``) imports no solver, simulator or NumPy
+(``benchmarks/import_cost.py`` measures both). Run as a process, the subcommands that neither
+run nor profile a model (:data:`NUMPY_ONE_THREAD`) load NumPy with one BLAS thread unless the
+environment says otherwise: their arrays are a profile's layers long (the only BLAS calls are
+dot products of such vectors, below OpenBLAS's threading threshold), and starting OpenBLAS's
+thread pool is about a quarter of NumPy's import CPU (``import numpy``: 0.13 s of process CPU,
+0.09 s with one thread, on the 2-core development machine).
 """
 
 from __future__ import annotations
@@ -29,6 +41,11 @@ COMMANDS = (
 )
 
 
+#: subcommands whose NumPy gets one BLAS thread (``OPENBLAS_NUM_THREADS=1`` unless set): not
+#: ``run`` and ``profile``, which start torch (its processes inherit the environment)
+NUMPY_ONE_THREAD = ("plan", "show", "import_pipedream", "simulate", "compare", "calibrate", "export")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with a one-line message (argparse's default also prints the usage)."""
 
@@ -36,7 +53,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``planner`` parser with every subcommand, or with just ``only`` (a name of
+    :data:`COMMANDS`) when given."""
     parser = _Parser(
         prog="planner",
         description="Pipeline + data + tensor parallel planner (with ZeRO, per-stage replication and recomputation): "
@@ -46,17 +65,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         importlib.import_module(f"planner.commands.{name}").register(sub)
     return parser
 
 
+def command_named(argv: list[str]) -> str | None:
+    """The module of the subcommand ``argv`` names first (``import-pipedream`` ->
+    ``import_pipedream``), or None when its first argument is an option or no subcommand."""
+    modules = {name.replace("_", "-"): name for name in COMMANDS}
+    return modules.get(argv[0]) if argv else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    """Run one command line: ``argv``, or this process's own when None (then, for the
+    subcommands of :data:`NUMPY_ONE_THREAD`, with one BLAS thread; a call from Python with its
+    own ``argv`` leaves the caller's environment as it is)."""
+    own_process = argv is None
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_named(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if own_process and command_named(argv) in NUMPY_ONE_THREAD:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before NumPy's first import (module docstring)
     try:
         return int(args.func(args) or 0)
     except PlannerError as exc:

@@ -9,12 +9,6 @@ from pathlib import Path
 
 from planner.artifacts.plan import load_plan
 from planner.commands._args import check_output
-from planner.report.export import (
-    stage_module_names,
-    torchtitan_config,
-    write_plan_schedule_csv,
-    write_stage_module_names,
-)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.report.export import (  # here, not at the top: see planner.commands.cli
+        stage_module_names,
+        torchtitan_config,
+        write_plan_schedule_csv,
+        write_stage_module_names,
+    )
+
     for flag in ("stages_json", "schedule_csv", "torchtitan"):
         check_output(f"--{flag.replace('_', '-')}", getattr(args, flag))
     plan = load_plan(args.plan)

@@ -1,4 +1,7 @@
-"""``planner plan``: plan a profile for a cluster and print the plan table."""
+"""``planner plan``: plan a profile for a cluster and print the plan table.
+
+The solver, the report and the PipeDream importer are imported in :func:`run`, when a plan is
+made (``planner --help`` builds this parser without them: see ``planner.commands.cli``)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, SolverKind
+from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, ScheduleKind, SolverKind
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 from planner.artifacts.plan import dumps_plan
 from planner.artifacts.profile import Profile, load_profile
@@ -16,9 +19,6 @@ from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, stack_named
 from planner.commands._args import bounded_float, bounded_int, check_output, fraction, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
-from planner.profiling.imported.pipedream import import_pipedream
-from planner.report.table import format_pareto, format_plan
-from planner.solve import SOLVERS, plan
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "faster, and its table says so")
     p.add_argument("--global-batch", type=bounded_int(1, MAX_BATCH), default=DEFAULT_GLOBAL_BATCH,
                    help="samples per iteration (default: %(default)s)")
-    p.add_argument("--solver", default=SolverKind.DP.value, choices=SOLVERS, help="solver or baseline (default: %(default)s)")
+    p.add_argument("--solver", default=SolverKind.DP.value, choices=[k.value for k in REQUESTABLE_SOLVERS],
+                   help="solver or baseline (default: %(default)s)")
     p.add_argument("--objective", default="time", choices=[o.value for o in Objective], help="what to optimise (default: %(default)s)")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                    help="comma-separated schedules to consider (gpipe, 1f1b, interleaved-1f1b: the chunks per pipeline "
@@ -140,11 +141,16 @@ def profile_from_arg(path: str | None) -> Profile:
     if not path:
         return default_profile()
     if path.endswith(".txt"):
+        from planner.profiling.imported.pipedream import import_pipedream
+
         return import_pipedream(path)
     return load_profile(path)
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.report.table import format_pareto, format_plan
+    from planner.solve import plan
+
     check_output("--out", args.out)  # before planning, so that no work is lost to a typo in the path
     request = request_from_args(args)
     profile = profile_from_arg(args.profile)

@@ -33,13 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily, ZeroStage
 from planner.artifacts.plan import Plan, load_plan
-from planner.artifacts.report import RunReport, load_report, overrun_warning
 from planner.commands._args import nonneg_int, positive_int
-from planner.models.spec import check_spec
 from planner.report.table import format_table
 from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST
 from planner.runtime.lifecycle import STOP_GRACE_S
@@ -52,6 +51,9 @@ from planner.runtime.preflight import (
     run_settings,
     settings_of,
 )
+
+if TYPE_CHECKING:
+    from planner.artifacts.report import RunReport
 
 #: seconds torchrun may take to stop its workers after a forwarded signal (the workers' own
 #: grace to reach a step boundary, then torchrun's 30 s before SIGKILL is not waited for)
@@ -195,6 +197,9 @@ def _plan_profile(plan: Plan, given: str, plan_path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.artifacts.report import load_report, overrun_warning  # here, not at the top: see planner.commands.cli
+    from planner.models.spec import check_spec
+
     check_spec(args.model)  # an hf: spec is refused before torch and transformers are imported
     plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
     nproc = args.nproc or plan.num_devices

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from planner.artifacts.plan import Plan, load_plan
 from planner.commands._args import check_output, nonneg_float
 from planner.report.table import sync_name
-from planner.schedule import build_schedule, write_schedule_csv
-from planner.simulation import Timeline, simulate
-from planner.simulation.bounds import partition_bounds
+
+if TYPE_CHECKING:
+    from planner.simulation import Timeline
 
 MIB = 1024**2
 
@@ -29,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.schedule import build_schedule, write_schedule_csv  # here, not at the top: see planner.commands.cli
+    from planner.simulation import simulate
+
     for flag in ("timeline", "memory", "csv"):
         check_output(f"--{flag}", getattr(args, flag))
     plan = load_plan(args.plan)
@@ -65,6 +69,8 @@ def format_summary(plan: Plan, timeline: Timeline) -> str:
     layout (T, P, D, ZeRO: ``Layout.describe``) and the devices it occupies; the gradient
     synchronisation is named as the plan runs it (all-reduce, or ZeRO's reduce-scatter +
     all-gather)."""
+    from planner.simulation.bounds import partition_bounds
+
     bounds = partition_bounds(plan)
     it = timeline.iteration_ms
     throughput = plan.global_batch / it * 1e3 if it > 0 else 0.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.artifacts.profile import Profile, load_profile
-from planner.profiling.analytic.gpt import gpt3_profile
 
 #: GPT-3 13B (analytic, A100-80GB): it needs pipeline parallelism on one 8-GPU node.
 DEFAULT_PROFILE = "gpt3-13b-a100.json"
@@ -27,4 +26,6 @@ def default_profile() -> Profile:
     path = default_profile_path()
     if path.exists():
         return load_profile(path)
+    from planner.profiling.analytic.gpt import gpt3_profile  # only here: the formulas cost imports
+
     return gpt3_profile("gpt3-13b", "a100-80gb")

@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESIDUALS
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit, TimePoint, profile_to_json
 from planner.artifacts.report import RunReport, relative_error
@@ -64,8 +65,8 @@ from planner.solve.build import rebuild_plan
 __all__ = ["Calibration", "CalibrationResult", "add_layer_overhead", "calibrate", "fit_layer_overhead", "fit_link_scale",
            "fit_time_scales", "repredict", "scale_cluster_links", "scale_profile_times"]
 
-GRANULARITIES = ("global", "stage")
-RESIDUALS = ("auto", "links", "overhead", "none")
+GRANULARITIES = CALIBRATION_GRANULARITIES
+RESIDUALS = CALIBRATION_RESIDUALS
 LINK_SCALE_RANGE = (1 / 64, 64.0)
 
 

@@ -31,7 +31,6 @@ from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.solve.baselines import baseline_plan
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
 from planner.solve.chain_dp import solve_chain
@@ -63,5 +62,7 @@ def plan(profile: Profile, cluster: Cluster | None = None, request: PlanRequest 
     if kind.is_baseline:
         if any(t != 1 for t in request.tp_degrees):
             raise PlannerInputError(f"solver {kind.value!r} is a baseline partition method: it plans --tp 1 only")
+        from planner.solve.baselines import baseline_plan  # with PipeDream's optimizer: not imported for the search
+
         return baseline_plan(profile, cluster, request, kind=kind)
     return search_plan(profile, cluster, request, solver=kind, chain_solver=chain_solver_of(kind))
