@@ -94,8 +94,10 @@ def _planner_sdpa(module: nn.Module, query: Any, key: Any, value: Any, *args: An
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     shard = context_of(module)  # context parallelism: every rank's keys and values (the block built the mask)
-    core = sdpa_attention_forward if shard is None else shard.gathered(sdpa_attention_forward, at=1)
-    return run_core(module, core, module, query, key, value, *args, **kwargs)
+    if shard is None:
+        return run_core(module, sdpa_attention_forward, module, query, key, value, *args, **kwargs)
+    with shard.regathering():  # a kept core: its saved K/V re-gathered in backward
+        return run_core(module, shard.gathered(sdpa_attention_forward, at=1), module, query, key, value, *args, **kwargs)
 
 
 def register_attention() -> None:
