@@ -76,6 +76,9 @@ class SequenceShard:
     degree: int
     index: int
     group: Any = None  # torch.distributed.ProcessGroup of the cp ranks, in cp index order
+    #: False: a kept core keeps the gathered K/V of every layer until its backward (the runtime
+    #: before the re-gather; not what the cost model prices: benchmarks/context_regather.py only)
+    regather: bool = True
 
     def __post_init__(self) -> None:
         if self.degree < 1 or not 0 <= self.index < self.degree:
@@ -140,8 +143,8 @@ class SequenceShard:
         the hooks around the block (the runtime's saved-bytes meter, a checkpoint's), as if
         this were not there; under non-reentrant checkpoint (a core recomputed selectively)
         the checkpoint's own hooks see the kernel's tensors and this scope only the core's
-        inputs. A no-op for ``degree`` 1."""
-        if self.degree == 1:
+        inputs. A no-op for ``degree`` 1 (and without :attr:`regather`)."""
+        if self.degree == 1 or not self.regather:
             yield
             return
         scope = _Regathering(torch._C._autograd._top_saved_tensors_default_hooks(False))
