@@ -140,12 +140,12 @@ def main() -> None:
         ranks = json.loads(out.read_text())
     predicted, masks = _prediction()
     print(f"cp = 2, 2 gloo processes, attention cores kept; median process CPU s of a forward + backward over {args.steps} steps")
-    print(f"{"model":<62} {'rank':>4} {'K/V held':>12} {'re-gathered':>12} {'held s':>8} {'re-g. s':>8} {'overhead':>8}")
+    print(f"{'model':<62} {'rank':>4} {'K/V held':>12} {'re-gathered':>12} {'held s':>8} {'re-g. s':>8} {'overhead':>8}")
     for name, (spec, b) in MODELS.items():
         for rank, rows in enumerate(ranks):
             held, regathered = rows[name]["False"], rows[name]["True"]
             over = regathered["cpu_s"] / held["cpu_s"] - 1.0
-            print(f"{spec + f" b={b}":<62} {rank:>4} {held['saved']:>12,} {regathered['saved']:>12,} "
+            print(f"{spec + f' b={b}':<62} {rank:>4} {held['saved']:>12,} {regathered['saved']:>12,} "
                   f"{held['cpu_s']:>8.4f} {regathered['cpu_s']:>8.4f} {over:>+8.1%}")
     print("saved bytes of one micro-batch per rank (meter); re-gathered K/V live at once in backward, held / re-gathered:")
     for name in MODELS:
