@@ -26,8 +26,10 @@ process on the whole global batches).
   own shard, re-gathered in backward); for the zoo GPT plus the attention mask the split needs
   where one process runs ``is_causal`` without one (L x S/2 x S x 8 bytes, the float mask the
   CPU kernel keeps). Checked to 0.1% on the zoo GPT and on a Llama with grouped-query
-  attention (1 K/V head for 4 queries). In backward the K and V re-gathered of one layer
-  only are live at once (L x 2 x b x S x kv_width x 8 bytes never are).
+  attention (1 K/V head for 4 queries; with 2, one process's masked SDPA saves transformers'
+  4-heads-wide copies of K and V, ``repeat_kv``, which the cp core does not make, so a cp rank
+  saves less than half). In backward the K and V re-gathered of one layer only are live at
+  once (L x 2 x b x S x kv_width x 8 bytes never are).
 - The same zoo GPT bytes against the cost model's prediction for the stage
   (``planner.cost.context``): its measured profile, declared to scale with the sequence,
   viewed at cp = 2: the activation bytes of the stage, and one layer's gathered K/V in the

@@ -32,9 +32,10 @@ and torchtitan:
   core would have to re-run its forward in backward (that is selective recomputation)
   unless it called the kernels' private backward ops. The cost: one more all-gather of K
   and of V per layer in backward (priced by the cost model; on gloo measured in
-  benchmarks/RESULTS.md). A kernel that saves a *copy* of the gathered K/V (Hugging Face's
-  ``repeat_kv`` before a masked SDPA when ``kv_heads`` < ``heads`` and > 1: the copy is
-  ``heads`` wide) keeps that copy: only tensors sharing the gathered storage are re-gathered.
+  benchmarks/RESULTS.md). Only tensors sharing the gathered storage are re-gathered: a kernel
+  that saved a *copy* would keep it (why the Hugging Face decoders' cp core runs grouped-query
+  attention in the kernel rather than through transformers' ``repeat_kv`` copy,
+  ``planner.models.hf``).
 
 Why all-gather and not ring attention (Liu et al. 2023; torchtitan's default rotates K/V
 blocks over the ring): Llama 3 chose the all-gather because it supports any mask (document
