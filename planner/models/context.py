@@ -144,7 +144,13 @@ class SequenceShard:
         the hooks around the block (the runtime's saved-bytes meter, a checkpoint's), as if
         this were not there; under non-reentrant checkpoint (a core recomputed selectively)
         the checkpoint's own hooks see the kernel's tensors and this scope only the core's
-        inputs. A no-op for ``degree`` 1 (and without :attr:`regather`)."""
+        inputs. A no-op for ``degree`` 1 (and without :attr:`regather`).
+
+        Only the innermost pair of saved-tensor hooks applies (torch's documentation), so the
+        outer pair is read with ``torch._C._autograd._top_saved_tensors_default_hooks`` (private;
+        torch's own AOT autograd reads it the same way; typed in torch's stubs, checked with
+        torch 2.13) and called for everything but the gathered tensors, and for the local
+        shards that stand for them (so the meter counts a rank's own K and V)."""
         if self.degree == 1 or not self.regather:
             yield
             return
