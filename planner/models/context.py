@@ -251,8 +251,8 @@ class _Regathering:
 
     def pack(self, tensor: torch.Tensor) -> Any:
         entry = self.gathered.get(_storage_key(tensor)) if self.gathered else None
-        if entry is None:
-            return tensor if self.outer is None else self.outer[0](tensor)
+        if entry is None:  # detached without outer hooks: a node's own output saved must not hold the node
+            return tensor.detach() if self.outer is None else self.outer[0](tensor)
         local, dim, shard = entry
         packed = local.detach() if self.outer is None else self.outer[0](local)
         return _Saved(packed, None if self.outer is None else self.outer[1], shard, dim,
