@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
 from planner.artifacts.stack import DEFAULT_STACK, Stack
+from planner.models.context import observing_regathers
 from planner.models.workload import split_loss
 from planner.runtime.engine import RankRunner
 from planner.runtime.model import cast_batch, cast_workload, load_workload
@@ -161,6 +162,23 @@ def _train(cfg: dict[str, Any], plan: Any, rank: int, *, num_steps: int, **kw: A
     return runner, runner.run()
 
 
+class RegatherMeter:
+    """Bytes of the keys and values re-gathered in backward (``planner.models.context``) live
+    at once. Each is live from its all-gather until autograd drops it (after its kernel's
+    backward): the meter keeps each one's storage and, at every new one, counts those some
+    tensor still uses besides the meter (the storage's use count; the Python tensor objects
+    die at once, autograd's C++ copies do not), then lets the others go."""
+
+    def __init__(self) -> None:
+        self.held: list[torch.UntypedStorage] = []
+        self.peak_bytes = 0
+
+    def observe(self, tensor: torch.Tensor) -> None:
+        self.held = [s for s in self.held if torch._C._storage_Use_Count(s._cdata) > 1]
+        self.held.append(tensor.untyped_storage())
+        self.peak_bytes = max(self.peak_bytes, sum(s.nbytes() for s in self.held))
+
+
 def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     workload = load_workload(cfg["model"], 0, DType(cfg["dtype"]))
     plan = make_plan(
@@ -186,7 +204,9 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     if resume_at:  # train to the checkpoint, then a fresh runner (new model, new optimizer) resumes
         _, first_measure = _train(cfg, plan, rank, num_steps=resume_at, checkpoint_every=resume_at)
         earlier = [s.loss for s in first_measure.steps]
-    runner, measure = _train(cfg, plan, rank, num_steps=cfg["steps"], resume=bool(resume_at))
+    regathered = RegatherMeter()
+    with observing_regathers(regathered.observe):
+        runner, measure = _train(cfg, plan, rank, num_steps=cfg["steps"], resume=bool(resume_at))
     ref_losses, ref_grads, ref_params = reference(cfg, plan.global_batch)
     grad_abs, grad_scale, param_abs, param_scale = compare(runner, ref_grads, ref_params)
     stats = torch.tensor(
@@ -200,6 +220,9 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     saved = torch.tensor([float(max(measure.stage_saved_bytes_per_microbatch, default=0))], dtype=torch.float64)
     saved_per_rank = [torch.zeros_like(saved) for _ in range(dist.get_world_size())]
     dist.all_gather(saved_per_rank, saved)
+    peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(peaks, torch.tensor([float(regathered.peak_bytes)], dtype=torch.float64))
+    regathered.held.clear()
     losses = earlier + [s.loss for s in measure.steps]
     loss_abs = max(abs(a - b) for a, b in zip(losses, ref_losses))
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
@@ -215,6 +238,7 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         "param_rel_diff": float(stats[3]),
         "saved_bytes_peak": measure.saved_bytes_peak,
         "saved_bytes_per_microbatch": [int(t.item()) for t in saved_per_rank],  # per rank, its largest chunk's
+        "regathered_bytes_peak": [int(t.item()) for t in peaks],  # per rank, K/V re-gathered in backward live at once
         "model_state": [  # per rank, per chunk
             [dict(zip(STATE_KEYS, map(int, chunk.tolist()))) for chunk in r.view(-1, len(STATE_KEYS))] for r in per_rank
         ],

@@ -34,7 +34,11 @@ solvers, the simulator and the bounds price ``cp`` with no change. Per layer and
   tensor crossing a stage boundary ``/ cp``; parameters whole (replicated over the group:
   gradients are synchronised and ZeRO-sharded over dp x cp, :meth:`Layout.grad_group`); plus
   the gathered keys and values of one layer in flight, ``K b`` per device on every stage
-  (:attr:`ContextView.gather_bytes_per_sample`).
+  (:attr:`ContextView.gather_bytes_per_sample`). The runtime does what this prices: a kept
+  attention core saves only the rank's own K and V and re-gathers them in its backward
+  (``planner.models.context.SequenceShard.regathering``), a recomputed one re-runs the gather
+  with the core; tests/test_runtime_context.py measures a rank's saved bytes against this
+  view's activation bytes and the re-gathered K/V live at once against one layer's.
 
 What scales with the sequence must be declared: the analytic GPT and Llama profiles
 (:mod:`planner.profiling.analytic`) record their generator's parameters in their metadata

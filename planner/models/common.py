@@ -95,7 +95,8 @@ class SelfAttention(nn.Module):
         else:  # context parallelism: this rank's queries over every key (planner.models.context)
             seq = x.size(1)
             mask = shard.causal_mask(shard.positions(seq, x.device), shard.key_positions(seq, x.device)) if self.causal else None
-            y = run_core(self, shard.gathered(F.scaled_dot_product_attention), q, k, v, attn_mask=mask)
+            with shard.regathering():  # a kept core: its saved K/V re-gathered in backward
+                y = run_core(self, shard.gathered(F.scaled_dot_product_attention), q, k, v, attn_mask=mask)
         batch, local_heads, seq, head_dim = y.shape
         return self.proj(y.transpose(1, 2).reshape(batch, seq, local_heads * head_dim))
 

@@ -94,8 +94,26 @@ def _planner_sdpa(module: nn.Module, query: Any, key: Any, value: Any, *args: An
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     shard = context_of(module)  # context parallelism: every rank's keys and values (the block built the mask)
-    core = sdpa_attention_forward if shard is None else shard.gathered(sdpa_attention_forward, at=1)
-    return run_core(module, core, module, query, key, value, *args, **kwargs)
+    if shard is None:
+        return run_core(module, sdpa_attention_forward, module, query, key, value, *args, **kwargs)
+    with shard.regathering():  # a kept core: its saved K/V re-gathered in backward
+        return run_core(module, shard.gathered(_context_sdpa, at=1), module, query, key, value, *args, **kwargs)
+
+
+def _context_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  **_: Any) -> tuple[torch.Tensor, None]:
+    """The attention core under context parallelism: SDPA of the rank's queries over the gathered
+    keys and values under the block's boolean mask (``_context_mask``), as transformers'
+    ``sdpa_attention_forward`` computes it with a mask, but with grouped-query attention done by
+    the kernel (``enable_gqa``) where transformers copies K and V ``heads`` wide first
+    (``repeat_kv``, whenever a mask is given): the kernel then saves the gathered K and V
+    themselves, which :meth:`SequenceShard.regathering` re-gathers in backward, not a copy it
+    would keep (``planner.models.context``)."""
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+                                         enable_gqa=groups > 1)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def register_attention() -> None:

@@ -41,9 +41,10 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   t > 1 is not a Layout at all.
 - Context parallelism (``plan.layout.cp_degree`` = c > 1, ``context``): each stage replica's
   sequences split over the mesh's "cp" line, rank i holding chunks i and 2c - 1 - i of 2c;
-  keys and values all-gathered in attention (autograd; backward reduce-scatters), masks and
-  positions global (``planner.models.context``); gradients averaged over a stage's D x c
-  ranks, ZeRO sharded over them. Refused before compute: a model that declares no split
+  keys and values all-gathered in attention (autograd; backward reduce-scatters; a kept
+  core saves only the rank's own and re-gathers them in backward), masks and positions
+  global (``planner.models.context``); gradients averaged over a stage's D x c ranks, ZeRO
+  sharded over them. Refused before compute: a model that declares no split
   (``Workload.context_parallel``: the zoo GPT, the Hugging Face llama family), 2c not
   dividing the tokens, c with sequence parallelism.
 - Emulation stretches each stage chunk to its profiled time (``emulate``).
