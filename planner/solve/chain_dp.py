@@ -456,16 +456,26 @@ def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
 
 
 def _dp(tables: list[np.ndarray], extra: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
-    """One pass of the table for one cap; ``extra[s]`` = c_s + X_s as an (L+1) x (L+1) matrix."""
+    """One pass of the table for one cap; ``extra[s]`` = c_s + X_s as an (L+1) x (L+1) matrix.
+
+    Stage ``s`` of ``P`` starts at a layer in ``[s, L - P + s]`` and stops in ``[s + 1,
+    L - P + s + 1]`` (every stage holds a layer), so only that band is searched: outside it
+    ``f`` stays inf and ``arg`` 0, and inside it every finite entry is in the band (so the
+    first least entry is the one the whole row would give)."""
     P = len(tables)
     f = np.full(L + 1, INF)
     f[L] = 0.0
     args = []
+    width = L - P + 1
     for s in range(P - 1, -1, -1):
-        t = tables[s]
-        cand = np.where(t <= cap, t, INF) + extra[s] + f[None, :]
-        arg = np.argmin(cand, axis=1)
-        f = cand[np.arange(L + 1), arg]
+        t = tables[s][s:s + width, s + 1:s + 1 + width]
+        cand = np.where(t <= cap, t, INF) + extra[s][s:s + width, s + 1:s + 1 + width] + f[None, s + 1:s + 1 + width]
+        arg_band = np.argmin(cand, axis=1)
+        new = np.full(L + 1, INF)
+        new[s:s + width] = cand[np.arange(width), arg_band]
+        arg = np.zeros(L + 1, dtype=np.intp)
+        arg[s:s + width] = arg_band + (s + 1)
+        f = new
         args.append(arg)
     args.reverse()
     return float(f[0]), args

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -342,6 +343,14 @@ class LevelCover:
     full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
     sel: tuple[float, float] | None  # the same for its selective level
 
+    @property
+    def params(self) -> tuple[float, ...]:
+        """(count, most full layers, full ms, full gain, has selective, selective ms, selective
+        gain (1 where none: never used), most gain): one row of :func:`level_cover_costs`."""
+        full, sel = self.full, self.sel
+        return (float(self.count), float(self.count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
+                1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, self.most_gain_bytes)
+
 
 def layer_options(fwd_ms: float, saved_bytes: float, input_bytes: float, core_ms: float, core_bytes: float,
                   inflight: int) -> tuple[Option, ...]:
@@ -413,19 +422,17 @@ def level_cover_costs(covers: Sequence[LevelCover], targets: np.ndarray) -> np.n
 
 def _cover_block(covers: Sequence[LevelCover], targets: np.ndarray, F: int, K: int) -> np.ndarray:
     R = len(covers)
+    lens = np.array([len(c.front_ms) for c in covers])
     fc = np.full((R, F), INF)
     fg = np.zeros((R, F))
-    for r, c in enumerate(covers):
-        fc[r, :len(c.front_ms)] = c.front_ms
-        fg[r, :len(c.front_gain_bytes)] = c.front_gain_bytes
-    n = np.array([c.count for c in covers], dtype=float)[:, None, None]
-    kf_max = np.array([c.count if c.full else 0 for c in covers], dtype=float)[:, None, None]
-    full_ms = np.array([c.full[0] if c.full else 0.0 for c in covers])[:, None, None]
-    full_gain = np.array([c.full[1] if c.full else 0.0 for c in covers])[:, None, None]
-    has_sel = np.array([c.sel is not None for c in covers])[:, None, None]
-    sel_ms = np.array([c.sel[0] if c.sel else 0.0 for c in covers])[:, None, None]
-    sel_gain = np.array([c.sel[1] if c.sel else 1.0 for c in covers])[:, None, None]
-    most = np.array([c.most_gain_bytes for c in covers])
+    at_row = np.repeat(np.arange(R), lens)
+    at_col = np.arange(len(at_row)) - np.repeat(np.cumsum(lens) - lens, lens)
+    fc[at_row, at_col] = list(itertools.chain.from_iterable(c.front_ms for c in covers))
+    fg[at_row, at_col] = list(itertools.chain.from_iterable(c.front_gain_bytes for c in covers))
+    n, kf_max, full_ms, full_gain, has_sel, sel_ms, sel_gain, most = (
+        col[:, None, None] for col in np.array([c.params for c in covers]).T)
+    has_sel = has_sel > 0
+    most = most[:, 0, 0]
     target = targets[:, None, None]
     kf = np.arange(K, dtype=float)[None, None, :]
     got = fg[:, :, None] + kf * full_gain
