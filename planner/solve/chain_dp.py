@@ -121,8 +121,7 @@ class _Layers:
     def covers(self, seq: tuple[int, ...], inflight: int) -> tuple[LevelCover, ...] | None:
         """:func:`level_covers` of the stage known by ``seq`` (:meth:`sequence_keys`)."""
         key = (seq, inflight)
-        found = self._covers.get(key, False)
-        if found is False:
+        if key not in self._covers:
             if seq[2] < 0:
                 runs = [(self.options(seq[0], inflight), seq[1])]
             else:
@@ -130,8 +129,8 @@ class _Layers:
                 counts = [seq[1], *(int(self.run_stop[r] - self.run_start[r]) for r in range(a + 1, b)), seq[3]]
                 runs = [(self.options(self.kind[int(self.run_start[r])], inflight), n)
                         for r, n in zip(range(a, b + 1), counts)]
-            found = self._covers[key] = level_covers(runs)
-        return found
+            self._covers[key] = level_covers(runs)
+        return self._covers[key]
 
     def options(self, kind: int, inflight: int) -> tuple[Option, ...]:
         """:func:`layer_options` of a layer of ``kind``."""
