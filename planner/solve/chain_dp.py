@@ -27,7 +27,16 @@ and ``J = min_t f[0][0] + (M - 1) t`` over candidate caps ``t`` (the distinct st
 enumerated upwards from the least feasible cap (found by bisection) and stopped once
 ``(M - 1) t`` plus the least possible sum exceeds the best found. For the optimal partition
 its own max stage time is a candidate cap, so the minimum is exact. Each DP step is one
-vectorised min over an ``(L + 1) x (L + 1)`` matrix.
+vectorised min over the band of an ``(L + 1) x (L + 1)`` matrix that a stage of index ``s`` can
+start and stop in (every stage holds a layer).
+
+Recompute prices: where a layer has a selective level, the least recompute time of every stage
+a table call must price is worked out at once (:func:`planner.solve.recompute.level_covers`,
+the excess-free part, shared by every table with the same layers;
+:func:`planner.solve.recompute.level_cover_costs`, the excess-dependent part, vectorised over
+the stages); the layers of a stage are chosen (:func:`choose_recompute`, the same least time
+bit for bit) only when a plan asks for them. Without selective levels, or with shared saves, a
+stage at a time as before.
 
 ZB-H1 (zero bubble, Qi et al., ICLR 2024, sec. 3.1): its bubble is ``(P - 1)(T_F + T_B - T_W)``
 where 1F1B's is ``(P - 1)(T_F + T_B + T_W)`` (B the input-gradient pass, W the weight-gradient
@@ -48,6 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
@@ -376,8 +386,7 @@ class StageTable:
         entry = self._choices.get((at, i, j))
         if entry is None and at in self._lazy and self._lazy[at][i, j]:
             choice = self._choose(inflight, i, j, float(self._pending[at][1][i, j]))
-            assert choice.time_ms == self._tables[at][i, j] - self.compute[i, j] or \
-                self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
+            assert self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
             entry = self._choices[(at, i, j)] = (i, choice)
         return entry
 
@@ -409,34 +418,64 @@ def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, l
     return max(0.0, per_byte * sync + fixed - hidden)
 
 
+#: per layout (of one cluster object) its stages' gradient lines and boundary links: rank
+#: arithmetic the search would otherwise redo for every table a layout is solved on
+_LINKS: dict[Layout, tuple[Cluster, list[tuple[float, float]], list[tuple[float, float] | None]]] = {}
+_LINKS_KEPT = 4096
+
+
+def _links(cluster: Cluster, layout: Layout) -> tuple[list[tuple[float, float]], list[tuple[float, float] | None]]:
+    """Per stage ``allreduce_line`` of its gradient group, and ``link_of`` to the next stage
+    (None for the last stage and the turn of a V, where nothing crosses a link)."""
+    found = _LINKS.get(layout)
+    if found is None or found[0] is not cluster:
+        lines = [allreduce_line(cluster, layout.grad_group(s)) for s in range(layout.num_stages)]
+        links: list[tuple[float, float] | None] = []
+        for s in range(layout.num_stages):
+            src = layout.rank_of(stage_idx=s)
+            dst = layout.rank_of(stage_idx=s + 1) if s + 1 < layout.num_stages else src
+            links.append(None if src == dst else link_of(cluster, src, dst))
+        if len(_LINKS) >= _LINKS_KEPT:
+            _LINKS.clear()
+        found = _LINKS[layout] = (cluster, lines, links)
+    return found[1], found[2]
+
+
 def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
-    """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`)."""
+    """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`);
+    stages with the same gradient line share one (read-only) matrix."""
     out = []
     hidden = table.hidden_backward()
-    for s in range(layout.num_stages):
-        per_byte, fixed = allreduce_line(table.cm.cluster, layout.grad_group(s))
-        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
-            out.append(np.zeros_like(table.sync_bytes))
-        else:
-            out.append(np.maximum(0.0, per_byte * table.sync_bytes + fixed - hidden))
+    by_line: dict[tuple[float, float], np.ndarray] = {}
+    for per_byte, fixed in _links(table.cm.cluster, layout)[0]:
+        if (per_byte, fixed) not in by_line:
+            if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+                m = np.zeros_like(table.sync_bytes)
+            else:
+                m = np.maximum(0.0, per_byte * table.sync_bytes + fixed - hidden)
+            m.flags.writeable = False
+            by_line[(per_byte, fixed)] = m
+        out.append(by_line[(per_byte, fixed)])
     return out
 
 
 def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
-    """c_s(j): forward + backward transfer across the cut before layer j after stage s."""
-    out = []
+    """c_s(j): forward + backward transfer across the cut before layer j after stage s (zero
+    after the last stage and at the turn of a V placement: both chunks on one rank); boundaries
+    over the same link share one (read-only) vector."""
     cut = cm.cut_bytes_per_sample
-    for s in range(layout.num_stages):
-        if s == layout.num_stages - 1:
-            out.append(np.zeros(cm.num_layers + 1))
-            continue
-        src, dst = layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1)
-        if src == dst:  # the turn of a V placement: both chunks on one rank, nothing crosses a link
-            out.append(np.zeros(cm.num_layers + 1))
-            continue
-        bw, lat = link_of(cm.cluster, src, dst)
-        vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
-        out.append(vec)
+    by_link: dict[tuple[float, float] | None, np.ndarray] = {}
+    out = []
+    for link in _links(cm.cluster, layout)[1]:
+        if link not in by_link:
+            if link is None:
+                vec = np.zeros(cm.num_layers + 1)
+            else:
+                bw, lat = link
+                vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
+            vec.flags.writeable = False
+            by_link[link] = vec
+        out.append(by_link[link])
     return out
 
 
