@@ -27,7 +27,16 @@ and ``J = min_t f[0][0] + (M - 1) t`` over candidate caps ``t`` (the distinct st
 enumerated upwards from the least feasible cap (found by bisection) and stopped once
 ``(M - 1) t`` plus the least possible sum exceeds the best found. For the optimal partition
 its own max stage time is a candidate cap, so the minimum is exact. Each DP step is one
-vectorised min over an ``(L + 1) x (L + 1)`` matrix.
+vectorised min over the band of an ``(L + 1) x (L + 1)`` matrix that a stage of index ``s`` can
+start and stop in (every stage holds a layer).
+
+Recompute prices: where a layer has a selective level, the least recompute time of every stage
+a table call must price is worked out at once (:func:`planner.solve.recompute.level_covers`,
+the excess-free part, shared by every table with the same layers;
+:func:`planner.solve.recompute.level_cover_costs`, the excess-dependent part, vectorised over
+the stages); the layers of a stage are chosen (:func:`choose_recompute`, the same least time
+bit for bit) only when a plan asks for them. Without selective levels, or with shared saves, a
+stage at a time as before.
 
 ZB-H1 (zero bubble, Qi et al., ICLR 2024, sec. 3.1): its bubble is ``(P - 1)(T_F + T_B - T_W)``
 where 1F1B's is ``(P - 1)(T_F + T_B + T_W)`` (B the input-gradient pass, W the weight-gradient
@@ -48,12 +57,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
 from planner.cost.fsdp import is_fsdp, working_set_matrix
 from planner.schedule import inflight_counts
-from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
+from planner.solve.recompute import (
+    INF,
+    LevelCover,
+    Option,
+    RecomputeChoice,
+    choose_recompute,
+    layer_options,
+    level_cover_costs,
+    level_covers,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +87,87 @@ class ChainSolution:
     def selective_of(self, stage_idx: int) -> tuple[int, ...]:
         """The selectively recomputed layers of stage ``stage_idx``."""
         return self.selective[stage_idx] if self.selective else ()
+
+
+class _Layers:
+    """What a stage's recompute choice depends on besides the in-flight count and the excess:
+    its layers' times and bytes. Shared by every :class:`StageTable` with the same layer arrays
+    (caps, shardings and schedules differ only in the excess), so a stage's
+    :class:`LevelCover` per in-flight count is worked out once for all of them."""
+
+    def __init__(self, fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray,
+                 core_ms: np.ndarray):
+        self.arrays = (fwd, saved, inputs, core, core_ms)
+        L = len(fwd)
+        kinds: dict[tuple[float, ...], int] = {}
+        self.kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
+                     for f, a, b, c, cm_ in zip(fwd, saved, inputs, core, core_ms)]
+        self.run = [1] * L  # identical layers from i on (i included)
+        for i in range(L - 2, -1, -1):
+            if self.kind[i] == self.kind[i + 1]:
+                self.run[i] = self.run[i + 1] + 1
+        # maximal runs of identical layers: each layer's run, and each run's first and last + 1
+        new = np.concatenate([[True], np.diff(np.array(self.kind, dtype=np.int64)) != 0]) if L else np.zeros(0, bool)
+        self.run_of = np.cumsum(new) - 1
+        self.run_start = np.flatnonzero(new)
+        self.run_stop = np.append(self.run_start[1:], L)
+        self.kind_arr = np.array(self.kind, dtype=np.int64)
+        self._covers: dict[tuple[tuple[int, ...], int], tuple[LevelCover, ...] | None] = {}
+        self._options: dict[tuple[int, int], tuple[Option, ...]] = {}
+
+    def sequence_keys(self, I: np.ndarray, J: np.ndarray) -> np.ndarray:
+        """Per stage ``[I, J)`` four integers equal only for stages with the same layers: inside
+        one run (kind, length, -1, -1), else (first run, layers taken from it, last run, layers
+        taken from it); the runs between are whole."""
+        a, b = self.run_of[I], self.run_of[J - 1]
+        same = a == b
+        return np.column_stack([
+            np.where(same, self.kind_arr[I], a),
+            np.where(same, J - I, self.run_stop[a] - I),
+            np.where(same, -1, b),
+            np.where(same, -1, J - self.run_start[b]),
+        ]).astype(np.int64)
+
+    def covers(self, seq: tuple[int, ...], inflight: int) -> tuple[LevelCover, ...] | None:
+        """:func:`level_covers` of the stage known by ``seq`` (:meth:`sequence_keys`)."""
+        key = (seq, inflight)
+        if key not in self._covers:
+            if seq[2] < 0:
+                runs = [(self.options(seq[0], inflight), seq[1])]
+            else:
+                a, b = seq[0], seq[2]
+                counts = [seq[1], *(int(self.run_stop[r] - self.run_start[r]) for r in range(a + 1, b)), seq[3]]
+                runs = [(self.options(self.kind[int(self.run_start[r])], inflight), n)
+                        for r, n in zip(range(a, b + 1), counts)]
+            self._covers[key] = level_covers(runs)
+        return self._covers[key]
+
+    def options(self, kind: int, inflight: int) -> tuple[Option, ...]:
+        """:func:`layer_options` of a layer of ``kind``."""
+        key = (kind, inflight)
+        found = self._options.get(key)
+        if found is None:
+            i = self.kind.index(kind)
+            fwd, saved, inputs, core, core_ms = self.arrays
+            found = self._options[key] = layer_options(float(fwd[i]), float(saved[i]), float(inputs[i]),
+                                                       float(core_ms[i]), float(core[i]), inflight)
+        return found
+
+
+#: :class:`_Layers` by the bytes of their arrays (a search builds tables for few micro-batch sizes)
+_LAYERS: dict[bytes, _Layers] = {}
+_LAYERS_KEPT = 64
+
+
+def _layers_of(fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray,
+               core_ms: np.ndarray) -> _Layers:
+    key = b"".join(np.ascontiguousarray(a, dtype=float).tobytes() for a in (fwd, saved, inputs, core, core_ms))
+    found = _LAYERS.get(key)
+    if found is None:
+        if len(_LAYERS) >= _LAYERS_KEPT:
+            _LAYERS.clear()
+        found = _LAYERS[key] = _Layers(fwd, saved, inputs, core, core_ms)
+    return found
 
 
 class StageTable:
@@ -141,16 +241,14 @@ class StageTable:
         self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = {}
         self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
+        self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
         self.all_exact = True
-        # identical consecutive layers (a transformer's blocks): a stage inside such a run is
-        # known by (kind, length), so its recompute choice is cached without hashing its arrays
-        kinds: dict[tuple[float, ...], int] = {}
-        self._kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
-                      for f, a, b, c, cm_ in zip(self.fwd, self.saved, self.inputs, self.core, self.core_ms)]
-        self._run = [1] * L  # identical layers from i on (i included)
-        for i in range(L - 2, -1, -1):
-            if self._kind[i] == self._kind[i + 1]:
-                self._run[i] = self._run[i + 1] + 1
+        self._layers = _layers_of(self.fwd, self.saved, self.inputs, self.core, self.core_ms)
+        self._kind = self._layers.kind
+        self._run = self._layers.run
+        has_core = np.concatenate([[0], np.cumsum(self.core > 0)])
+        # pairs whose choice is the selective cover, priced for many pairs at once
+        self._levels = (has_core[None, :] - has_core[:, None] > 0) if self.selective and not self.shared else None
 
     def hidden_backward(self) -> np.ndarray:
         """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
@@ -202,6 +300,11 @@ class StageTable:
         if limit <= done:
             return table
         todo = need & (self.compute > done) & (self.compute <= limit)
+        if self._levels is not None:
+            batch = todo & self._levels
+            todo = todo & ~self._levels
+            if batch.any():
+                self._price_levels(at, inflight, batch, excess, table)
         for i, j in zip(*np.nonzero(todo)):
             i, j = int(i), int(j)
             key: tuple[object, ...]
@@ -214,17 +317,7 @@ class StageTable:
                        None if shared is None else shared.tobytes())
             choice = self._cache.get(key)
             if choice is None:
-                choice = choose_recompute(
-                    fwd_ms=self.fwd[i:j].tolist(),
-                    saved_bytes=self.saved[i:j].tolist(),
-                    input_bytes=self.inputs[i:j].tolist(),
-                    first_layer=0,
-                    inflight=inflight,
-                    excess_bytes=float(excess[i, j]),
-                    core_ms=self.core_ms[i:j].tolist() if self.selective else None,
-                    core_bytes=self.core[i:j].tolist() if self.selective else None,
-                    shared_bytes=None if shared is None else shared.tolist(),
-                )
+                choice = self._choose(inflight, i, j, float(excess[i, j]), shared)
                 self._cache[key] = choice
             if choice.time_ms < INF:
                 table[i, j] = self.compute[i, j] + choice.time_ms
@@ -233,14 +326,78 @@ class StageTable:
         self._pending[at] = (need, excess, limit)
         return table
 
+    def _choose(self, inflight: int, i: int, j: int, excess: float, shared: np.ndarray | None = None) -> RecomputeChoice:
+        """:func:`choose_recompute` for stage ``[i, j)`` (layers relative to ``i``)."""
+        return choose_recompute(
+            fwd_ms=self.fwd[i:j].tolist(),
+            saved_bytes=self.saved[i:j].tolist(),
+            input_bytes=self.inputs[i:j].tolist(),
+            first_layer=0,
+            inflight=inflight,
+            excess_bytes=excess,
+            core_ms=self.core_ms[i:j].tolist() if self.selective else None,
+            core_bytes=self.core[i:j].tolist() if self.selective else None,
+            shared_bytes=None if shared is None else shared.tolist(),
+        )
+
+    def _price_levels(self, at: tuple[int, float], inflight: int, batch: np.ndarray, excess: np.ndarray,
+                      table: np.ndarray) -> None:
+        """Least recompute times of the stages ``batch`` (selective levels, no shared saves), all
+        at once: stages with the same layers and excess share one problem, and the problems'
+        excess-free parts (:func:`level_covers`) are shared by every table with these layers."""
+        I, J = np.nonzero(batch)
+        seqs = self._layers.sequence_keys(I, J)
+        ex = excess[I, J]
+        order = np.lexsort((ex, seqs[:, 3], seqs[:, 2], seqs[:, 1], seqs[:, 0]))
+        s_seq, s_ex = seqs[order], ex[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_ex[1:] != s_ex[:-1])
+        starts = np.flatnonzero(first)
+        problem = np.cumsum(first) - 1  # per sorted pair, its problem
+        costs = np.full(len(starts), INF)
+        rows: list[LevelCover] = []
+        targets: list[float] = []
+        owners: list[int] = []
+        for u, (seq, e, k) in enumerate(zip(s_seq[starts].tolist(), s_ex[starts].tolist(), order[starts].tolist())):
+            covers = self._layers.covers(tuple(seq), inflight)
+            if covers is None:  # not exact there: the greedy, one stage at a time
+                choice = self._choose(inflight, int(I[k]), int(J[k]), e)
+                self.all_exact &= choice.exact or not choice.time_ms < INF
+                costs[u] = choice.time_ms
+                continue
+            for c in covers:
+                rows.append(c)
+                targets.append(e + c.workspace_bytes)
+                owners.append(u)
+        if rows:
+            np.minimum.at(costs, np.array(owners), level_cover_costs(rows, np.array(targets)))
+        pair_costs = np.empty(len(order))
+        pair_costs[order] = costs[problem]
+        ok = pair_costs < INF
+        table[I[ok], J[ok]] = self.compute[I[ok], J[ok]] + pair_costs[ok]
+        lazy = self._lazy.setdefault(at, np.zeros_like(batch))
+        lazy[I[ok], J[ok]] = True
+
+    def _entry(self, inflight: int, i: int, j: int, cap: float | None) -> tuple[int, RecomputeChoice] | None:
+        """The recompute choice of stage ``[i, j)`` (layers relative to the first), None if
+        it was not priced or cannot fit; a stage priced by :meth:`_price_levels` gets its layers
+        here, from :func:`choose_recompute` (the same least time, bit for bit)."""
+        at = (inflight, self.cap if cap is None else cap)
+        entry = self._choices.get((at, i, j))
+        if entry is None and at in self._lazy and self._lazy[at][i, j]:
+            choice = self._choose(inflight, i, j, float(self._pending[at][1][i, j]))
+            assert self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
+            entry = self._choices[(at, i, j)] = (i, choice)
+        return entry
+
     def recompute_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
         """The fully recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
-        entry = self._choices.get(((inflight, self.cap if cap is None else cap), i, j))
+        entry = self._entry(inflight, i, j, cap)
         return tuple(entry[0] + l for l in entry[1].layers) if entry else ()
 
     def selective_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
         """The selectively recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
-        entry = self._choices.get(((inflight, self.cap if cap is None else cap), i, j))
+        entry = self._entry(inflight, i, j, cap)
         return tuple(entry[0] + l for l in entry[1].selective) if entry else ()
 
 
@@ -261,34 +418,64 @@ def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, l
     return max(0.0, per_byte * sync + fixed - hidden)
 
 
+#: per layout (of one cluster object) its stages' gradient lines and boundary links: rank
+#: arithmetic the search would otherwise redo for every table a layout is solved on
+_LINKS: dict[Layout, tuple[Cluster, list[tuple[float, float]], list[tuple[float, float] | None]]] = {}
+_LINKS_KEPT = 4096
+
+
+def _links(cluster: Cluster, layout: Layout) -> tuple[list[tuple[float, float]], list[tuple[float, float] | None]]:
+    """Per stage ``allreduce_line`` of its gradient group, and ``link_of`` to the next stage
+    (None for the last stage and the turn of a V, where nothing crosses a link)."""
+    found = _LINKS.get(layout)
+    if found is None or found[0] is not cluster:
+        lines = [allreduce_line(cluster, layout.grad_group(s)) for s in range(layout.num_stages)]
+        links: list[tuple[float, float] | None] = []
+        for s in range(layout.num_stages):
+            src = layout.rank_of(stage_idx=s)
+            dst = layout.rank_of(stage_idx=s + 1) if s + 1 < layout.num_stages else src
+            links.append(None if src == dst else link_of(cluster, src, dst))
+        if len(_LINKS) >= _LINKS_KEPT:
+            _LINKS.clear()
+        found = _LINKS[layout] = (cluster, lines, links)
+    return found[1], found[2]
+
+
 def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
-    """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`)."""
+    """``X_s(i, j)`` for every stage, vectorised (same formula as :func:`exposed_allreduce_ms`);
+    stages with the same gradient line share one (read-only) matrix."""
     out = []
     hidden = table.hidden_backward()
-    for s in range(layout.num_stages):
-        per_byte, fixed = allreduce_line(table.cm.cluster, layout.grad_group(s))
-        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
-            out.append(np.zeros_like(table.sync_bytes))
-        else:
-            out.append(np.maximum(0.0, per_byte * table.sync_bytes + fixed - hidden))
+    by_line: dict[tuple[float, float], np.ndarray] = {}
+    for per_byte, fixed in _links(table.cm.cluster, layout)[0]:
+        if (per_byte, fixed) not in by_line:
+            if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+                m = np.zeros_like(table.sync_bytes)
+            else:
+                m = np.maximum(0.0, per_byte * table.sync_bytes + fixed - hidden)
+            m.flags.writeable = False
+            by_line[(per_byte, fixed)] = m
+        out.append(by_line[(per_byte, fixed)])
     return out
 
 
 def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
-    """c_s(j): forward + backward transfer across the cut before layer j after stage s."""
-    out = []
+    """c_s(j): forward + backward transfer across the cut before layer j after stage s (zero
+    after the last stage and at the turn of a V placement: both chunks on one rank); boundaries
+    over the same link share one (read-only) vector."""
     cut = cm.cut_bytes_per_sample
-    for s in range(layout.num_stages):
-        if s == layout.num_stages - 1:
-            out.append(np.zeros(cm.num_layers + 1))
-            continue
-        src, dst = layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1)
-        if src == dst:  # the turn of a V placement: both chunks on one rank, nothing crosses a link
-            out.append(np.zeros(cm.num_layers + 1))
-            continue
-        bw, lat = link_of(cm.cluster, src, dst)
-        vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
-        out.append(vec)
+    by_link: dict[tuple[float, float] | None, np.ndarray] = {}
+    out = []
+    for link in _links(cm.cluster, layout)[1]:
+        if link not in by_link:
+            if link is None:
+                vec = np.zeros(cm.num_layers + 1)
+            else:
+                bw, lat = link
+                vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
+            vec.flags.writeable = False
+            by_link[link] = vec
+        out.append(by_link[link])
     return out
 
 
@@ -307,16 +494,26 @@ def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
 
 
 def _dp(tables: list[np.ndarray], extra: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
-    """One pass of the table for one cap; ``extra[s]`` = c_s + X_s as an (L+1) x (L+1) matrix."""
+    """One pass of the table for one cap; ``extra[s]`` = c_s + X_s as an (L+1) x (L+1) matrix.
+
+    Stage ``s`` of ``P`` starts at a layer in ``[s, L - P + s]`` and stops in ``[s + 1,
+    L - P + s + 1]`` (every stage holds a layer), so only that band is searched: outside it
+    ``f`` stays inf and ``arg`` 0, and inside it every finite entry is in the band (so the
+    first least entry is the one the whole row would give)."""
     P = len(tables)
     f = np.full(L + 1, INF)
     f[L] = 0.0
     args = []
+    width = L - P + 1
     for s in range(P - 1, -1, -1):
-        t = tables[s]
-        cand = np.where(t <= cap, t, INF) + extra[s] + f[None, :]
-        arg = np.argmin(cand, axis=1)
-        f = cand[np.arange(L + 1), arg]
+        t = tables[s][s:s + width, s + 1:s + 1 + width]
+        cand = np.where(t <= cap, t, INF) + extra[s][s:s + width, s + 1:s + 1 + width] + f[None, s + 1:s + 1 + width]
+        arg_band = np.argmin(cand, axis=1)
+        new = np.full(L + 1, INF)
+        new[s:s + width] = cand[np.arange(width), arg_band]
+        arg = np.zeros(L + 1, dtype=np.intp)
+        arg[s:s + width] = arg_band + (s + 1)
+        f = new
         args.append(arg)
     args.reverse()
     return float(f[0]), args

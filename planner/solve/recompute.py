@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -323,3 +325,126 @@ def _choose_levels(
         if cost < best.time_ms or (cost == best.time_ms and cost < INF and (full, sel) < (best.layers, best.selective)):
             best = RecomputeChoice(cost, full, exact, sel)
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCover:
+    """One workspace's cover of :func:`_choose_levels` for one stage and in-flight count, with
+    everything that does not depend on the excess worked out: the front over the groups other
+    than the largest, and that group's options. :func:`level_cover_costs` prices it for many
+    targets at once with the same float operations as :func:`_cover_levels` (the same least
+    cost, bit for bit); which layers reach it is left to :func:`choose_recompute`."""
+
+    workspace_bytes: float
+    most_gain_bytes: float  # every layer's largest gain summed: above it nothing covers
+    front_ms: tuple[float, ...]  # the front over the other groups, cost ascending
+    front_gain_bytes: tuple[float, ...]
+    count: int  # layers in the largest group
+    full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
+    sel: tuple[float, float] | None  # the same for its selective level
+
+    @property
+    def params(self) -> tuple[float, ...]:
+        """(count, most full layers, full ms, full gain, has selective, selective ms, selective
+        gain (1 where none: never used), most gain): one row of :func:`level_cover_costs`."""
+        full, sel = self.full, self.sel
+        return (float(self.count), float(self.count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
+                1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, self.most_gain_bytes)
+
+
+def layer_options(fwd_ms: float, saved_bytes: float, input_bytes: float, core_ms: float, core_bytes: float,
+                  inflight: int) -> tuple[Option, ...]:
+    """One layer's recompute options with a positive gain (full, then selective), as
+    :func:`choose_recompute` makes them where no save is shared."""
+    return _layer_options([fwd_ms], [saved_bytes], [input_bytes], [core_ms], [core_bytes], inflight, [saved_bytes])[0]
+
+
+def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelCover, ...] | None:
+    """The excess-free part of :func:`choose_recompute`'s selective path for a stage given as
+    runs of identical layers in order, ``(options, count)`` (:func:`layer_options`), one
+    :class:`LevelCover` per workspace (``()``: no layer can free anything; None: the cover is
+    not exact there, the greedy runs, so :func:`choose_recompute` must be called)."""
+    members: dict[tuple[Option, ...], int] = {}  # layers per options, in order of first appearance
+    for opts, count in runs:
+        if opts:
+            members[opts] = members.get(opts, 0) + count
+    if not members:
+        return ()
+    if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
+        return None
+    out = []
+    for ws in sorted({o[2] for opts in members for o in opts}):
+        by_opts: dict[tuple[Option, ...], int] = {}
+        for opts, count in members.items():
+            allowed = tuple(o for o in opts if o[2] <= ws)
+            if allowed:
+                by_opts[allowed] = by_opts.get(allowed, 0) + count
+        groups = list(by_opts.items())
+        most = sum(count * max(o[1] for o in opts) for opts, count in groups)
+        big = max(range(len(groups)), key=lambda g: (groups[g][1], -g))
+        front = [(0.0, 0.0)]  # as _cover_levels builds it, without the picks
+        for g, (opts, count) in enumerate(groups):
+            if g == big:
+                continue
+            options = [(0.0, 0.0), *((c, gain) for c, gain, _, _ in _group_combos(opts, count))]
+            grown = sorted(((c + cc, gg + ga) for c, gg in front for cc, ga in options), key=lambda p: (p[0], -p[1]))
+            front, top = [], -1.0
+            for point in grown:
+                if point[1] > top:
+                    front.append(point)
+                    top = point[1]
+        opts, count = groups[big]
+        full = next(((o[0], o[1]) for o in opts if not o[3]), None)
+        sel = next(((o[0], o[1]) for o in opts if o[3]), None)
+        out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
+    return tuple(out)
+
+
+#: elements per block of :func:`level_cover_costs` (rows x front x counts), to bound its memory
+_BLOCK_ELEMENTS = 1 << 20
+
+
+def level_cover_costs(covers: Sequence[LevelCover], targets: np.ndarray) -> np.ndarray:
+    """Per row the least cost of ``covers[r]`` reaching ``targets[r]`` bytes (inf where nothing
+    does): :func:`_cover_levels`'s cost, with :func:`_least_in_group`'s operations on arrays
+    padded over the rows (padding costs inf, so it never wins)."""
+    out = np.full(len(covers), INF)
+    if not covers:
+        return out
+    F = max(len(c.front_ms) for c in covers)
+    K = max(c.count if c.full else 0 for c in covers) + 1
+    step = max(1, _BLOCK_ELEMENTS // (F * K))
+    for lo in range(0, len(covers), step):
+        block = covers[lo:lo + step]
+        out[lo:lo + len(block)] = _cover_block(block, targets[lo:lo + len(block)], F, K)
+    return out
+
+
+def _cover_block(covers: Sequence[LevelCover], targets: np.ndarray, F: int, K: int) -> np.ndarray:
+    R = len(covers)
+    lens = np.array([len(c.front_ms) for c in covers])
+    fc = np.full((R, F), INF)
+    fg = np.zeros((R, F))
+    at_row = np.repeat(np.arange(R), lens)
+    at_col = np.arange(len(at_row)) - np.repeat(np.cumsum(lens) - lens, lens)
+    fc[at_row, at_col] = list(itertools.chain.from_iterable(c.front_ms for c in covers))
+    fg[at_row, at_col] = list(itertools.chain.from_iterable(c.front_gain_bytes for c in covers))
+    n, kf_max, full_ms, full_gain, has_sel, sel_ms, sel_gain, most = (
+        col[:, None, None] for col in np.array([c.params for c in covers]).T)
+    has_sel = has_sel > 0
+    most = most[:, 0, 0]
+    target = targets[:, None, None]
+    kf = np.arange(K, dtype=float)[None, None, :]
+    got = fg[:, :, None] + kf * full_gain
+    cost = kf * full_ms
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ks = np.maximum(0.0, np.ceil((target - got) / sel_gain) - 1.0)
+        for _ in range(2):  # the float sum decides, as _least_in_group
+            ks = ks + (got + ks * sel_gain < target)
+    ks = np.where(got >= target, 0.0, ks)
+    ok = np.where(has_sel, ks <= n - kf, got >= target) & (kf <= kf_max)
+    ks = np.where(has_sel, ks, 0.0)
+    total = np.where(ok, cost + ks * sel_ms, INF)
+    least = total.min(axis=2)
+    best = (fc + least).min(axis=1)
+    return np.where((most < targets) | ~(best < INF), INF, np.where(targets <= 0, 0.0, best))

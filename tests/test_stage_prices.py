@@ -1,0 +1,92 @@
+"""The stage tables' vectorised recompute prices (issue 24): the least recompute time of a stage
+priced for many stages at once (:func:`level_covers` + :func:`level_cover_costs`) is the one
+:func:`choose_recompute` finds, bit for bit, and the least over every choice of levels
+(brute force); a table's layers, chosen afterwards, reach that price."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.artifacts.cluster import PRESETS
+from planner.cost import CostModel
+from planner.profiling.analytic.gpt import gpt3_profile
+from planner.solve.chain_dp import StageTable
+from planner.solve.recompute import choose_recompute, layer_options, level_cover_costs, level_covers
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+#: a layer kind: (fwd ms, saved bytes, input bytes, core ms, core bytes)
+kinds = st.tuples(st.floats(0.1, 5.0), st.floats(0.0, 100.0), st.floats(0.0, 30.0), st.floats(0.05, 2.0),
+                  st.sampled_from([0.0, 0.0, 5.0, 20.0, 60.0]))
+
+
+def brute_force(layers: list[tuple[float, float, float, float, float]], inflight: int, excess: float) -> float:
+    """The least recompute ms over every level per layer (none, full, selective where it has a
+    core) whose freed bytes cover the excess plus the largest recomputed working set."""
+    best = math.inf
+    for levels in itertools.product((0, 1, 2), repeat=len(layers)):
+        gain = ms = ws = 0.0
+        ok = True
+        for (f, saved, inp, core_ms, core), level in zip(layers, levels):
+            if level == 1:
+                ok &= inflight * (saved - inp) > 0
+                gain, ms, ws = gain + inflight * (saved - inp), ms + f, max(ws, saved)
+            elif level == 2:
+                ok &= core > 0
+                gain, ms, ws = gain + inflight * core, ms + core_ms, max(ws, core)
+        if ok and gain >= excess + ws:
+            best = min(best, ms)
+    return best
+
+
+@SETTINGS
+@given(
+    runs=st.lists(st.tuples(kinds, st.integers(1, 3)), min_size=1, max_size=3),
+    inflight=st.integers(1, 4),
+    excesses=st.lists(st.floats(0.001, 500.0), min_size=1, max_size=6),
+)
+def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses):
+    layers = [kind for kind, count in runs for _ in range(count)]
+    if not any(kind[4] > 0 for kind in layers):
+        return  # without a selective level the 0/1 cover runs, one stage at a time
+    covers = level_covers([(layer_options(*kind[:3], kind[3], kind[4], inflight), count) for kind, count in runs])
+    assert covers is not None  # a handful of kinds: exact
+    rows = [c for _ in excesses for c in covers]
+    targets = np.array([e + c.workspace_bytes for e in excesses for c in covers])
+    costs = level_cover_costs(rows, targets).reshape(len(excesses), len(covers)) if covers else None
+    for at, excess in enumerate(excesses):
+        got = math.inf if costs is None else float(costs[at].min())
+        want = choose_recompute(
+            fwd_ms=[k[0] for k in layers], saved_bytes=[k[1] for k in layers], input_bytes=[k[2] for k in layers],
+            first_layer=0, inflight=inflight, excess_bytes=excess, core_ms=[k[3] for k in layers],
+            core_bytes=[k[4] for k in layers])
+        assert got == want.time_ms  # the same floats, so the same plans
+        oracle = brute_force(layers, inflight, excess)
+        assert (got == oracle == math.inf) or math.isclose(got, oracle, rel_tol=1e-9)
+
+
+def test_gpt3_table_prices_are_its_recompute_choices():
+    """Every stage a GPT-3 table prices with recomputation costs its compute plus
+    :func:`choose_recompute`'s time, and its chosen layers are that choice's."""
+    cm = CostModel(gpt3_profile("gpt3-1.3b", "a100-80gb"), PRESETS["a100-80gb-x8"])
+    table = StageTable(cm, 4, 20e9)
+    priced = 0
+    for inflight in (1, 3, 8):
+        t = table.table(inflight)
+        excess = table.static + inflight * table.act - table.cap
+        for i, j in zip(*np.nonzero(np.isfinite(t) & table.valid & (excess > 0))):
+            i, j = int(i), int(j)
+            choice = choose_recompute(
+                fwd_ms=table.fwd[i:j].tolist(), saved_bytes=table.saved[i:j].tolist(),
+                input_bytes=table.inputs[i:j].tolist(), first_layer=i, inflight=inflight,
+                excess_bytes=float(excess[i, j]), core_ms=table.core_ms[i:j].tolist(), core_bytes=table.core[i:j].tolist())
+            assert t[i, j] == table.compute[i, j] + choice.time_ms
+            assert table.recompute_of(inflight, i, j) == choice.layers
+            assert table.selective_of(inflight, i, j) == choice.selective
+            priced += 1
+    assert priced > 100  # the cap binds: many stages need recomputation
