@@ -48,6 +48,168 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
 
 
+@dataclass(slots=True)
+class Incumbent:
+    """The best simulated times found so far, shared by the searches of several degrees (one
+    per tensor- x context-parallel degree, :func:`planner.solve.search.search_plan`): ``best``
+    over every candidate, ``best_all`` over those on all the devices. Mutable on purpose: every
+    search prunes against what the others found."""
+
+    best: float = float("inf")
+    best_all: float = float("inf")
+
+    def note(self, time_ms: float, on_all: bool) -> None:
+        self.best = min(self.best, time_ms)
+        if on_all:
+            self.best_all = min(self.best_all, time_ms)
+
+
+class ConfigSearch:
+    """The configurations of one cost model visited by increasing lower bound, one step at a
+    time (:meth:`step`), so that several such searches can be interleaved in one order
+    (:func:`planner.solve.search.search_plan`); :func:`solve_candidates` runs one to the end.
+    Arguments as :func:`solve_candidates`'s; ``shared``: the incumbent pruned against (and
+    updated), else one of its own starting at ``incumbent_ms``; ``fill``: the one-chunk fill
+    bound (:meth:`bound`) also without an outside incumbent."""
+
+    def __init__(
+        self,
+        cm: CostModel,
+        request: PlanRequest,
+        num_groups: int,
+        cap_bytes: float,
+        chain_solver: ChainSolver = solve_chain,
+        *,
+        prune: bool = True,
+        configs: list[Config] | None = None,
+        settings: SearchSettings = SETTINGS,
+        fsdp: bool = True,
+        incumbent_ms: float = float("inf"),
+        shared: Incumbent | None = None,
+        fill: bool = False,
+    ) -> None:
+        self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
+        self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
+        self.fill = fill or incumbent_ms < float("inf")
+        interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
+        split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
+        configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
+                                                                  split_ok)
+        keyed = sorted(((self.bound(c),) + c.sort_key(), i) for i, c in enumerate(configs))
+        self.ordered = [configs[i] for _, i in keyed]
+        self.bounds = [k[0] for k, _ in keyed]
+        self.next = 0
+        self.pruned = 0  # configurations skipped by their bound
+        start = incumbent_ms if prune else float("inf")
+        self.incumbent = shared if shared is not None and prune else Incumbent(start, start)
+        self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.out: list[Scored] = []
+
+    def bound(self, c: Config) -> float:
+        """:func:`config_lower_bound_ms`; with ``fill`` also the fill of a one-chunk GPipe /
+        1F1B pipeline: a micro-batch crosses every stage, the other M - 1 wait behind the
+        busiest, ``work + (M - 1) work / P`` at best."""
+        cm = self.cm
+        lb = config_lower_bound_ms(cm, c)
+        if self.fill and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
+            fp, bp = cm.time_prefix(c.microbatch_size)
+            work = float(fp[-1] + bp[-1])
+            lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
+        return lb
+
+    def next_bound(self) -> float:
+        """The bound of the next configuration to visit (inf when all are visited)."""
+        return self.bounds[self.next] if self.next < len(self.ordered) else float("inf")
+
+    @property
+    def done(self) -> bool:
+        return self.next >= len(self.ordered)
+
+    def limit(self, c: Config) -> float:
+        """What ``c`` must beat: the best on all the groups for a configuration on all of them
+        (so that the best plan on all of them is known), else the best of any."""
+        inc = self.incumbent
+        return inc.best_all if c.num_groups == self.num_groups else inc.best
+
+    def table_of(self, c: Config) -> StageTable:
+        cm, tables = self.cm, self.tables
+        v = c.layout.virtual_stages_per_rank
+        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
+        key = (c.microbatch_size, v, c.sharding(), line)
+        if key not in tables:
+            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
+            tables[key] = StageTable(
+                cm, c.microbatch_size, self.cap_bytes / v, self.request.fixed_boundaries,
+                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line,
+            )
+        return tables[key]
+
+    def variants(self, c: Config) -> list[Config]:
+        """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
+        prices the optimizer step, which sharding shortens) and, where memory
+        binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
+        configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
+        ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
+        only trade recomputation for gathers, and solving it there too took the solver 1.7 to 2.6x
+        its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
+        ZeRO 3 alone (``--zero 3``) solves it everywhere."""
+        request, cm = self.request, self.cm
+        fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
+        if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
+            plain = c.with_zero(ZeroStage.NONE)
+            if self.table_of(plain).fits_everywhere(max(c.inflight())):
+                # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
+                return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
+        if fsdp_too and not self.table_of(c).fits_everywhere(max(c.inflight())):
+            return [c, c.with_zero(ZeroStage.PARAMETERS)]
+        return [c]
+
+    def step(self) -> None:
+        """Visit the next configuration: skip it if its bound exceeds what it must beat, else
+        solve its variants and keep the fastest candidate."""
+        cm, request, prune, settings = self.cm, self.request, self.prune, self.settings
+        c0, lb = self.ordered[self.next], self.bounds[self.next]
+        self.next += 1
+        limit = self.limit(c0)
+        if prune and lb > limit:
+            self.pruned += 1
+            return
+        fitted = False  # this configuration at its searched stage
+        for c in self.variants(c0):
+            if is_fsdp(c.sharding()) and (fitted or (prune and config_lower_bound_ms(cm, c) > limit)):
+                continue  # ZeRO 3 where nothing else fits (see variants), and where it may beat the best so far
+            sol = solve_config(self.chain_solver, self.table_of(c), c)
+            if sol is None:
+                continue
+            fitted = True
+            proposals = [Candidate(c, sol)]
+            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
+                proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds)
+            if self.chain_solver is solve_chain:
+                proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
+            scored = []
+            for cand in proposals:
+                # the busiest rank does M x its stage's work: no faster than that
+                if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
+                    continue
+                scored.append((simulated(cm, cand), cand))
+            if not scored:
+                continue
+            t, cand = min(scored, key=lambda tc: tc[0])
+            self.out.append((t, cand))
+            self.incumbent.note(t, c.num_groups == self.num_groups)
+            limit = self.limit(c0)
+
+    def run(self) -> list[Scored]:
+        """Visit every configuration left; the candidates found, fastest first."""
+        while not self.done:
+            self.step()
+        return self.result()
+
+    def result(self) -> list[Scored]:
+        return sorted(self.out, key=score_key)
+
+
 def solve_candidates(
     cm: CostModel,
     request: PlanRequest,
@@ -67,94 +229,12 @@ def solve_candidates(
     exceeds the best simulated time so far is skipped (it cannot win on time); configurations
     on all ``num_groups`` groups only against the best of those, so that the best plan on
     all of them is known when one on fewer wins. ``fsdp``: also solve the ZeRO 3 variants
-    (:func:`variants`); the time objective's extra points on the memory axis do without them.
-    ``incumbent_ms``: with ``prune``, the best time of another search (another context-parallel
-    degree), which every configuration is also pruned against.
+    (:meth:`ConfigSearch.variants`); the time objective's extra points on the memory axis do
+    without them. ``incumbent_ms``: with ``prune``, the best time of another search (another
+    context-parallel degree), which every configuration is also pruned against.
     """
-    interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
-    split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
-    configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
-                                                              split_ok)
-    def bound(c: Config) -> float:
-        """:func:`config_lower_bound_ms`; against an incumbent (a context-parallel search) also
-        the fill of a one-chunk GPipe / 1F1B pipeline: a micro-batch crosses every stage, the
-        other M - 1 wait behind the busiest, ``work + (M - 1) work / P`` at best."""
-        lb = config_lower_bound_ms(cm, c)
-        if incumbent_ms < float("inf") and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
-            fp, bp = cm.time_prefix(c.microbatch_size)
-            work = float(fp[-1] + bp[-1])
-            lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
-        return lb
-
-    ordered = sorted(configs, key=lambda c: (bound(c),) + c.sort_key())
-    tables: dict[tuple[object, ...], StageTable] = {}
-    best = best_all = incumbent_ms if prune else float("inf")
-    out: list[Scored] = []
-
-    def table_of(c: Config) -> StageTable:
-        v = c.layout.virtual_stages_per_rank
-        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
-        key = (c.microbatch_size, v, c.sharding(), line)
-        if key not in tables:
-            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
-            tables[key] = StageTable(
-                cm, c.microbatch_size, cap_bytes / v, request.fixed_boundaries,
-                allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line,
-            )
-        return tables[key]
-
-    def variants(c: Config) -> list[Config]:
-        """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
-        prices the optimizer step, which sharding shortens) and, where memory
-        binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
-        configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
-        ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
-        only trade recomputation for gathers, and solving it there too took the solver 1.7 to 2.6x
-        its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
-        ZeRO 3 alone (``--zero 3``) solves it everywhere."""
-        fsdp_too = fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
-        if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
-            plain = c.with_zero(ZeroStage.NONE)
-            if table_of(plain).fits_everywhere(max(c.inflight())):
-                # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
-                return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not table_of(c).fits_everywhere(max(c.inflight())):
-            return [c, c.with_zero(ZeroStage.PARAMETERS)]
-        return [c]
-
-    for c0 in ordered:
-        limit = best_all if c0.num_groups == num_groups else best
-        if prune and bound(c0) > limit:
-            continue
-        fitted = False  # this configuration at its searched stage
-        for c in variants(c0):
-            if is_fsdp(c.sharding()) and (fitted or (prune and config_lower_bound_ms(cm, c) > limit)):
-                continue  # ZeRO 3 where nothing else fits (see variants), and where it may beat the best so far
-            sol = solve_config(chain_solver, table_of(c), c)
-            if sol is None:
-                continue
-            fitted = True
-            proposals = [Candidate(c, sol)]
-            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
-                proposals += rebalanced(cm, request, c, sol, cap_bytes, settings.rebalance_rounds)
-            if chain_solver is solve_chain:
-                proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
-            scored = []
-            for cand in proposals:
-                # the busiest rank does M x its stage's work: no faster than that
-                if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
-                    continue
-                scored.append((simulated(cm, cand), cand))
-            if not scored:
-                continue
-            t, cand = min(scored, key=lambda tc: tc[0])
-            out.append((t, cand))
-            best = min(best, t)
-            if c.num_groups == num_groups:
-                best_all = min(best_all, t)
-            limit = best_all if c0.num_groups == num_groups else best
-    out.sort(key=score_key)
-    return out
+    return ConfigSearch(cm, request, num_groups, cap_bytes, chain_solver, prune=prune, configs=configs,
+                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms).run()
 
 
 def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:

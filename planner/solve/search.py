@@ -43,6 +43,7 @@ infeasibility explanation (:mod:`planner.solve.infeasible`).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Iterator
 
 from planner.artifacts.cluster import Cluster
@@ -57,7 +58,7 @@ from planner.cost.context import candidate_cp_degrees
 from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
-from planner.solve.candidates import ChainSolver, Scored, score_key, simulated, solve_candidates
+from planner.solve.candidates import ChainSolver, ConfigSearch, Incumbent, Scored, score_key, simulated, solve_candidates
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
 from planner.solve.infeasible import explain_infeasible
@@ -85,19 +86,47 @@ def search_plan(
     n = num_devices_of(cluster, request)
     base = base_cluster(cluster, n)  # part of one node when the devices fit in one
     problem = Problem.of(profile, cluster, request, solver, n)  # plans record the cluster as given
-    plans: list[Plan] = []
-    infeasible: list[InfeasibleError] = []
     tensor = list(tensor_settings(profile, base, n, request))
     degrees = sorted(((cp, t, sp) for t, sp in tensor for cp in candidate_cp_degrees(profile, n, t, request.cp_degrees)),
                      key=lambda d: d[0])  # every cp = 1 first: the incumbent a cp > 1 search prunes against
     if not degrees:
         raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {n} devices with a "
                                 f"tensor-parallel degree searched")
+    if request.objective is Objective.TIME and settings.prune_degrees and settings.prune_configs:
+        plans = pruned_degrees(problem, base, degrees, n, chain_solver, settings)
+    else:
+        plans = degree_by_degree(problem, base, degrees, n, chain_solver, settings)
+    # equal times (sequence parallelism often costs no time): no context parallelism, the leaner
+    # plan, then the smaller t
+    plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
+                              p.layout.tp_degree))
+    best = select(plans, request)
+    return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
+
+
+Degree = tuple[int, int, bool]  # (cp, t, sequence parallel)
+
+
+def degree_model(problem: Problem, base: Cluster, degree: Degree) -> CostModel:
+    cp, t, sp = degree
+    request = problem.request
+    note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}{f', context-parallel {cp}' if cp > 1 else ''}")
+    return device_cost_model(problem.profile, base, request.optimizer, t, sp, request.stack, cp)
+
+
+def degree_by_degree(
+    problem: Problem, base: Cluster, degrees: list[Degree], n: int, chain_solver: ChainSolver, settings: SearchSettings,
+) -> list[Plan]:
+    """Each degree searched on its own, in order (the search with ``prune_degrees`` off): every
+    cp = 1 degree in full, each cp > 1 one against the fastest plan of those before it."""
+    request = problem.request
+    plans: list[Plan] = []
+    infeasible: list[InfeasibleError] = []
     for cp, t, sp in degrees:
-        note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}{f', context-parallel {cp}' if cp > 1 else ''}")
-        cm = device_cost_model(profile, base, request.optimizer, t, sp, request.stack, cp)
+        cm = degree_model(problem, base, (cp, t, sp))
         incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
-        if request.objective is Objective.TIME and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent:
+        if (request.objective is Objective.TIME and settings.prune_configs
+                and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
             found = search_layouts(problem, cm, n // (t * cp), chain_solver, settings, incumbent)
@@ -108,12 +137,61 @@ def search_plan(
             plans.append(found)
     if not plans:  # the explanation of the degree that came closest to fitting
         raise min(infeasible, key=lambda exc: exc.need_bytes)
-    # equal times (sequence parallelism often costs no time): no context parallelism, the leaner
-    # plan, then the smaller t
-    plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
-                              p.layout.tp_degree))
-    best = select(plans, request)
-    return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
+    return plans
+
+
+def pruned_degrees(
+    problem: Problem, base: Cluster, degrees: list[Degree], n: int, chain_solver: ChainSolver, settings: SearchSettings,
+) -> list[Plan]:
+    """Every degree's configurations visited in one order, by increasing lower bound, against
+    one incumbent (the time objective; see the module docstring): a degree is opened (its cost
+    model built, its configurations bounded) when its machine bound comes up, and the visit
+    stops when the next bound exceeds the best time on all the devices (every configuration
+    left is then pruned). Then each opened degree that found a candidate builds its plans, the
+    cp = 1 ones first; a cp > 1 degree keeps only candidates faster than their best plan."""
+    request = problem.request
+    shared = Incumbent()
+    # (bound, order, degree index): a degree's machine bound before it is opened, then the bound
+    # of its next configuration
+    heap: list[tuple[float, int, int]] = []
+    models: dict[int, CostModel] = {}
+    for i, degree in enumerate(degrees):
+        cp, t, _ = degree
+        cm = device_cost_model(problem.profile, base, request.optimizer, t, degree[2], request.stack, cp)
+        models[i] = cm
+        heapq.heappush(heap, (machine_bound_ms(cm, request.global_batch, n // (t * cp)), 0, i))
+    searches: dict[int, LayoutSearch] = {}
+    infeasible: list[InfeasibleError] = []
+    while heap:
+        bound, opened, i = heapq.heappop(heap)
+        if bound > shared.best_all:
+            break  # every configuration left is bounded above the best on all the devices (>= the best)
+        if not opened:
+            cp, t, _ = degrees[i]
+            degree_model(problem, base, degrees[i])  # the progress note
+            try:
+                searches[i] = LayoutSearch(problem, models[i], n // (t * cp), chain_solver, settings, shared=shared)
+            except InfeasibleError as exc:
+                infeasible.append(exc)
+                continue
+        else:
+            searches[i].configs.step()
+        if not searches[i].configs.done:
+            heapq.heappush(heap, (searches[i].configs.next_bound(), 1, i))
+    plans: list[Plan] = []
+    for i in sorted(searches, key=lambda i: (degrees[i][0] > 1, i)):  # cp = 1 first: the incumbent of cp > 1
+        cp = degrees[i][0]
+        incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
+        try:
+            found = searches[i].finish(incumbent, shared)
+        except InfeasibleError as exc:
+            infeasible.append(exc)
+            continue
+        if found is not None:
+            plans.append(found)
+    if not plans:  # the explanation of the degree that came closest to fitting
+        raise min(infeasible, key=lambda exc: exc.need_bytes)
+    return plans
 
 
 def machine_bound_ms(cm: CostModel, global_batch: int, num_groups: int) -> float:
@@ -134,6 +212,113 @@ def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings
     return settings.interleave_factors
 
 
+class LayoutSearch:
+    """The search over layouts of one tensor- and context-parallel degree (``cm``) on
+    ``num_groups`` groups, in two halves: the constructor prepares the configurations (and the
+    coarse chain, see :func:`search_layouts`) into :attr:`configs`, a
+    :class:`~planner.solve.candidates.ConfigSearch` that the caller steps (alone, or
+    interleaved with other degrees' against one shared incumbent); :meth:`finish` turns the
+    candidates found into the degree's best plan, with its Pareto points."""
+
+    def __init__(
+        self, problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver,
+        settings: SearchSettings = SETTINGS, incumbent_ms: float = float("inf"), shared: Incumbent | None = None,
+    ) -> None:
+        request = problem.request
+        profile = cm.profile
+        self.problem, self.cm, self.num_groups, self.chain_solver, self.settings = (
+            problem, cm, num_groups, chain_solver, settings)
+        oracle = DP_SCHEDULES + (SPLIT_SCHEDULES if problem.solver is SolverKind.BRUTE_FORCE else ())
+        if chain_solver is not solve_chain and not any(s in oracle for s in request.schedules):
+            raise PlannerInputError(f"solver {problem.solver.value!r} plans the {', '.join(s.value for s in oracle)} "
+                                    f"schedules only (asked: {', '.join(s.value for s in request.schedules)})")
+        refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain,
+                          settings=settings)
+        self.cap = memory_cap_bytes(cm.cluster, request)
+        self.by_time = request.objective is Objective.TIME
+        self.starts: list[int] | None = None
+        self.cm_search, self.req_search = cm, request
+        # enough groups that the deepest pipeline searched still has two groups per stage, an
+        # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
+        # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
+        depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
+        max_stages = max(depths, default=1)
+        chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
+                  if P * v <= profile.num_layers]
+        chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
+        if profile.num_layers > chain_max:
+            self.starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
+            self.cm_search = merged_model(cm, self.starts)
+            self.req_search = dataclasses.replace(
+                request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
+        prune = self.by_time and settings.prune_configs
+        self.configs = ConfigSearch(
+            self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
+            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared, fill=shared is not None)
+
+    def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
+        """The ``keep`` best candidates over the layers themselves (re-solved around their
+        boundaries with ``refined``, else mapped), and with ``refined`` the best on all the
+        groups too (which the plan table names)."""
+        cm, starts = self.cm, self.starts
+        top = scored[:keep]
+        on_all = [tc for tc in scored if tc[1].config.num_groups == self.num_groups]
+        if self.by_time and refined and on_all and not any(tc is on_all[0] for tc in top):
+            top.append(on_all[0])
+        if starts is None:
+            return top
+        out = []
+        for _, cand in top:
+            if refined:
+                mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings)
+            else:
+                mapped = to_layers(cm, cand, starts, self.cap)
+            out.append((simulated(cm, mapped), mapped))
+        out.sort(key=score_key)
+        return out
+
+    def finish(self, incumbent_ms: float = float("inf"), shared: Incumbent | None = None) -> Plan | None:
+        """The degree's best plan from the candidates its configuration search found, with the
+        Pareto points of its best configurations under tighter caps; with a finite
+        ``incumbent_ms`` only candidates faster than it count, None when there are none (and no
+        tighter caps are searched). ``shared``: the incumbent the configuration search pruned
+        against; None is returned (not a refusal) when it found nothing because of it."""
+        problem, cm, settings, request = self.problem, self.cm, self.settings, self.problem.request
+        by_time, num_groups, cap = self.by_time, self.num_groups, self.cap
+        pruning = by_time and incumbent_ms < float("inf")
+        scored = self.configs.result()
+        if pruning:
+            scored = [tc for tc in scored if tc[0] < incumbent_ms]
+            if not scored:
+                return None  # no configuration of these degrees beats the incumbent
+        if self.chain_solver is solve_chain and by_time:
+            limit = shared.best if shared is not None else float("inf")
+            scored += replicated_candidates(self.cm_search, self.req_search, num_groups, cap, scored, settings,
+                                            incumbent_ms=limit)
+            scored.sort(key=score_key)
+        if not scored:
+            if self.configs.pruned or not self.configs.done:
+                return None  # every configuration pruned against another degree's plans
+            # explained over the layers themselves unless the profile is very long
+            if cm.profile.num_layers <= settings.explain_max_layers:
+                raise explain_infeasible(cm, request, num_groups, cap)
+            raise explain_infeasible(self.cm_search, self.req_search, num_groups, cap)
+        keep = settings.rescore_top if by_time else len(scored)
+        plans = build_best(problem, cm, self.fine(scored, keep, True), keep + 1)
+        # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
+        # same search under tighter caps; for the time objective only over the best configurations
+        uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
+        configs = uniform[: settings.pareto_configs] if by_time else None
+        for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
+            tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
+                                       prune=False, configs=configs, settings=settings, fsdp=not by_time)
+            k = 2 if by_time else len(tighter)
+            plans += build_best(problem, cm, self.fine(tighter, k, False), k)
+        front = pareto_front(plans)
+        best = select(plans, request)
+        return dataclasses.replace(best, pareto=front)
+
+
 def search_layouts(
     problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS,
     incumbent_ms: float = float("inf"),
@@ -148,73 +333,6 @@ def search_layouts(
     where the fewest bytes cross), then the best configurations are re-solved with single
     layers around their chosen boundaries (:mod:`planner.solve.coarsen`).
     """
-    request = problem.request
-    profile = cm.profile
-    oracle = DP_SCHEDULES + (SPLIT_SCHEDULES if problem.solver is SolverKind.BRUTE_FORCE else ())
-    if chain_solver is not solve_chain and not any(s in oracle for s in request.schedules):
-        raise PlannerInputError(f"solver {problem.solver.value!r} plans the {', '.join(s.value for s in oracle)} schedules only "
-                                f"(asked: {', '.join(s.value for s in request.schedules)})")
-    refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain, settings=settings)
-    cap = memory_cap_bytes(cm.cluster, request)
-    by_time = request.objective is Objective.TIME
-    starts: list[int] | None = None
-    cm_search, req_search = cm, request
-    # enough groups that the deepest pipeline searched still has two groups per stage, an
-    # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
-    # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
-    depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
-    max_stages = max(depths, default=1)
-    chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
-              if P * v <= profile.num_layers]
-    chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
-    if profile.num_layers > chain_max:
-        starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
-        cm_search = merged_model(cm, starts)
-        req_search = dataclasses.replace(request, fixed_boundaries=tuple(starts.index(f) for f in request.fixed_boundaries))
-
-    def fine(scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
-        top = scored[:keep]
-        on_all = [tc for tc in scored if tc[1].config.num_groups == num_groups]
-        if by_time and refined and on_all and not any(tc is on_all[0] for tc in top):
-            top.append(on_all[0])  # the best on all the devices, which the plan table names
-        if starts is None:
-            return top
-        out = []
-        for _, cand in top:
-            if refined:
-                mapped = refine(cm, starts, request, cand, cap, chain_solver, settings)
-            else:
-                mapped = to_layers(cm, cand, starts, cap)
-            out.append((simulated(cm, mapped), mapped))
-        out.sort(key=score_key)
-        return out
-
-    pruning = by_time and incumbent_ms < float("inf")
-    scored = solve_candidates(cm_search, req_search, num_groups, cap, chain_solver, prune=by_time, settings=settings,
-                              incumbent_ms=incumbent_ms if by_time else float("inf"))
-    if pruning:
-        scored = [tc for tc in scored if tc[0] < incumbent_ms]
-        if not scored:
-            return None  # no configuration of these degrees beats the incumbent
-    if chain_solver is solve_chain and by_time:
-        scored += replicated_candidates(cm_search, req_search, num_groups, cap, scored, settings)
-        scored.sort(key=score_key)
-    if not scored:
-        # explained over the layers themselves unless the profile is very long
-        if profile.num_layers <= settings.explain_max_layers:
-            raise explain_infeasible(cm, request, num_groups, cap)
-        raise explain_infeasible(cm_search, req_search, num_groups, cap)
-    keep = settings.rescore_top if by_time else len(scored)
-    plans = build_best(problem, cm, fine(scored, keep, True), keep + 1)
-    # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
-    # same search under tighter caps; for the time objective only over the best configurations
-    uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
-    configs = uniform[: settings.pareto_configs] if by_time else None
-    for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
-        tighter = solve_candidates(cm_search, req_search, num_groups, cap * frac, chain_solver, prune=False,
-                                   configs=configs, settings=settings, fsdp=not by_time)
-        k = 2 if by_time else len(tighter)
-        plans += build_best(problem, cm, fine(tighter, k, False), k)
-    front = pareto_front(plans)
-    best = select(plans, request)
-    return dataclasses.replace(best, pareto=front)
+    search = LayoutSearch(problem, cm, num_groups, chain_solver, settings, incumbent_ms)
+    search.configs.run()
+    return search.finish(incumbent_ms)
