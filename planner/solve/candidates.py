@@ -91,6 +91,9 @@ class ConfigSearch:
         self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
         self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
         self.fill = fill or incumbent_ms < float("inf")
+        self.tight = fill  # also the memory floor (memory_bound)
+        self.per_size: dict[int, tuple[float, float, float]] = {}
+        self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
         configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
@@ -115,7 +118,41 @@ class ConfigSearch:
             fp, bp = cm.time_prefix(c.microbatch_size)
             work = float(fp[-1] + bp[-1])
             lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
+        if self.tight and self.request.recompute:
+            lb = max(lb, self.memory_bound(c))
         return lb
+
+    def memory_bound(self, c: Config) -> float:
+        """The memory floor as time: every stage of ``c`` fits its share of the ranks' memory,
+        which sums to ``P x cap``, so the recomputation of all stages together frees at least
+        ``floor - P cap``, where ``floor`` is what the stages would hold without any (the model
+        state once, sharded as the leanest variant solved, plus every layer's saved bytes for the
+        fewest micro-batches any stage holds). Recomputing frees at most ``k`` (the most any stage
+        holds) times a layer's per-micro-batch gain, at no less than the cheapest ms per byte of
+        any layer (full or selective); the busiest rank does at least 1 / P of the pipeline's
+        ``M x (work + recomputation)``. 0 for profiles with shared saved storages (not
+        bounded here)."""
+        cm, b = self.cm, c.microbatch_size
+        if cm.profile.shared_saved:
+            return 0.0
+        if b not in self.per_size:
+            fwd, bwd = cm.layer_times(b)
+            gain_full = cm.saved_bytes(b) - cm.input_per_sample * b
+            rates = [f / g for f, g in zip(fwd.tolist(), gain_full.tolist()) if g > 0]
+            if cm.selective:
+                rates += [t / g for t, g in zip(cm.core_ms(b).tolist(), cm.core_bytes(b).tolist()) if g > 0]
+            work = float(fwd.sum() + bwd.sum())
+            self.per_size[b] = (work, float(cm.saved_bytes(b).sum()), min(rates, default=0.0))
+        work, saved, rate = self.per_size[b]
+        lay = c.layout
+        leanest = c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, lay)) else c
+        ks = c.inflight()
+        state = sum(cm.state_bytes_per_param(leanest.sharding())) * self.unique_params
+        floor = state + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved
+        excess = floor - lay.pipeline_size * self.cap_bytes
+        if excess <= 0 or rate <= 0:
+            return 0.0
+        return c.num_microbatches * (work + rate * excess / max(ks)) / lay.pipeline_size
 
     def next_bound(self) -> float:
         """The bound of the next configuration to visit (inf when all are visited)."""
@@ -189,8 +226,8 @@ class ConfigSearch:
                 proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
             scored = []
             for cand in proposals:
-                # the busiest rank does M x its stage's work: no faster than that
-                if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
+                # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
+                if prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit:
                     continue
                 scored.append((simulated(cm, cand), cand))
             if not scored:
@@ -199,6 +236,15 @@ class ConfigSearch:
             self.out.append((t, cand))
             self.incumbent.note(t, c.num_groups == self.num_groups)
             limit = self.limit(c0)
+
+    def busiest_ms(self, c: Config, solution: ChainSolution) -> float:
+        """The most per-micro-batch work of one rank: its stage's (with ``tight``, the sum of
+        its chunks' when it holds several)."""
+        times = solution.stage_times_ms
+        lay = c.layout
+        if not self.tight or lay.virtual_stages_per_rank == 1 or lay.stage_replicas:
+            return max(times)
+        return max(sum(times[s] for s in lay.stage_indices(r)) for r in range(lay.pipeline_size))
 
     def run(self) -> list[Scored]:
         """Visit every configuration left; the candidates found, fastest first."""
