@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.artifacts.kinds import Objective, ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
@@ -92,7 +94,7 @@ class ConfigSearch:
         self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
         self.fill = fill or incumbent_ms < float("inf")
         self.tight = fill  # also the memory floor (memory_bound)
-        self.per_size: dict[int, tuple[float, float, float]] = {}
+        self.per_size: dict[tuple[int, float], tuple[float, float, float, float, float]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
@@ -123,36 +125,85 @@ class ConfigSearch:
         return lb
 
     def memory_bound(self, c: Config) -> float:
-        """The memory floor as time: every stage of ``c`` fits its share of the ranks' memory,
-        which sums to ``P x cap``, so the recomputation of all stages together frees at least
-        ``floor - P cap``, where ``floor`` is what the stages would hold without any (the model
-        state once, sharded as the leanest variant solved, plus every layer's saved bytes for the
-        fewest micro-batches any stage holds). Recomputing frees at most ``k`` (the most any stage
-        holds) times a layer's per-micro-batch gain, at no less than the cheapest ms per byte of
-        any layer (full or selective); the busiest rank does at least 1 / P of the pipeline's
-        ``M x (work + recomputation)``. 0 for profiles with shared saved storages (not
-        bounded here)."""
-        cm, b = self.cm, c.microbatch_size
-        if cm.profile.shared_saved:
+        """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
+        saved storages, not bounded here). A stage short of memory recomputes:
+        freeing ``x`` bytes from a stage holding ``k`` micro-batches costs at least ``rho x / k``
+        ms per micro-batch, ``rho`` the cheapest ms per byte any layer's recomputation (full or
+        selective) frees. Two relaxations, the larger counts:
+
+        - summed over the ranks: every rank fits ``cap``, so all recomputation together frees
+          at least what the stages would hold without any (the model state once, sharded as
+          the leanest variant solved, plus every layer's saved bytes for the fewest
+          micro-batches any stage holds) less ``P x cap``; the busiest rank does at least 1 / P
+          of the pipeline's ``M x (work + recomputation)``;
+        - rank by rank: a rank given work ``w`` holds at least ``sigma w`` of state and ``alpha
+          w`` per micro-batch in flight (the least bytes per ms of work of any layer), so it
+          takes ``g_r(w) = w + rho / k_max max(0, (sigma + k_min alpha) w - cap)`` per
+          micro-batch; the ranks' works sum to the profile's, so the busiest takes at least the
+          ``t`` at which the works ``g_r^-1(t)`` sum to it; the iteration ``M t``."""
+        cm, b, lay = self.cm, c.microbatch_size, c.layout
+        if (cm.profile.shared_saved or lay.stage_replicas
+                or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
-        if b not in self.per_size:
+        leanest = c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, lay)) else c
+        kappa = sum(cm.state_bytes_per_param(leanest.sharding()))
+        key = (b, kappa)
+        if key not in self.per_size:
             fwd, bwd = cm.layer_times(b)
-            gain_full = cm.saved_bytes(b) - cm.input_per_sample * b
+            saved = cm.saved_bytes(b)
+            gain_full = saved - cm.input_per_sample * b
             rates = [f / g for f, g in zip(fwd.tolist(), gain_full.tolist()) if g > 0]
             if cm.selective:
                 rates += [t / g for t, g in zip(cm.core_ms(b).tolist(), cm.core_bytes(b).tolist()) if g > 0]
-            work = float(fwd.sum() + bwd.sum())
-            self.per_size[b] = (work, float(cm.saved_bytes(b).sum()), min(rates, default=0.0))
-        work, saved, rate = self.per_size[b]
-        lay = c.layout
-        leanest = c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, lay)) else c
-        ks = c.inflight()
-        state = sum(cm.state_bytes_per_param(leanest.sharding())) * self.unique_params
-        floor = state + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved
-        excess = floor - lay.pipeline_size * self.cap_bytes
-        if excess <= 0 or rate <= 0:
+            work = fwd + bwd
+            busy = work > 0
+            params = cm.param_count.astype(float)
+            for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
+                params[list(tie.layers)] -= tie.param_count
+            params = np.maximum(params, 0.0)
+            sigma = float(np.min(kappa * params[busy] / work[busy])) if busy.any() else 0.0
+            alpha = float(np.min(saved[busy] / work[busy])) if busy.any() else 0.0
+            self.per_size[key] = (float(work.sum()), float(saved.sum()), min(rates, default=0.0), sigma, alpha)
+        work, saved, rate, sigma, alpha = self.per_size[key]
+        if rate <= 0:
             return 0.0
-        return c.num_microbatches * (work + rate * excess / max(ks)) / lay.pipeline_size
+        ks = c.inflight()
+        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
+        out = 0.0
+        floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved
+        if floor > P * cap:
+            out = M * (work + rate * (floor - P * cap) / max(ks)) / P
+        # rank by rank: (w0, slope) of g_r per distinct (k_min, k_max), with its count of ranks
+        groups: dict[tuple[int, int], int] = {}
+        for r in range(P):
+            chunk = [ks[s] for s in lay.stage_indices(r)]
+            kk = (min(chunk), max(chunk))
+            groups[kk] = groups.get(kk, 0) + 1
+        lines = []
+        for (kmin, kmax), count in groups.items():
+            per_work = sigma + kmin * alpha
+            if per_work <= 0:
+                lines.append((math.inf, 1.0, count))
+                continue
+            lines.append((cap / per_work, 1.0 + rate / kmax * per_work, count))
+
+        def works(t: float) -> float:
+            return sum(n * (t if t <= w0 else w0 + (t - w0) / slope) for w0, slope, n in lines)
+
+        lo, hi = work / P, work  # works(lo) <= work (each g_r^-1(t) <= t)
+        if works(lo) >= work:
+            return out
+        for _ in range(64):
+            if works(hi) >= work:
+                break
+            lo, hi = hi, 2 * hi
+        for _ in range(48):
+            mid = (lo + hi) / 2
+            if works(mid) >= work:
+                hi = mid
+            else:
+                lo = mid
+        return max(out, M * lo)
 
     def next_bound(self) -> float:
         """The bound of the next configuration to visit (inf when all are visited)."""
