@@ -8,6 +8,8 @@ exact overlap and the schedule's), so every candidate is replayed by the simulat
 
 from __future__ import annotations
 
+import copy
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,10 +102,11 @@ class ConfigSearch:
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
         configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
                                                                   split_ok)
-        keyed = sorted(((self.bound(c),) + c.sort_key(), i) for i, c in enumerate(configs))
-        self.ordered = [configs[i] for _, i in keyed]
-        self.bounds = [k[0] for k, _ in keyed]
-        self.next = 0
+        self.configs = configs
+        # (bound, tie-break, index, memory bound worked in): a heap, so that a configuration
+        # whose memory bound (worked out when the order reaches it) is higher goes back in
+        self.heap = [(self.bound(c), c.sort_key(), i, False) for i, c in enumerate(configs)]
+        heapq.heapify(self.heap)
         self.pruned = 0  # configurations skipped by their bound
         start = incumbent_ms if prune else float("inf")
         self.incumbent = shared if shared is not None and prune else Incumbent(start, start)
@@ -120,8 +123,6 @@ class ConfigSearch:
             fp, bp = cm.time_prefix(c.microbatch_size)
             work = float(fp[-1] + bp[-1])
             lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
-        if self.tight and self.request.recompute:
-            lb = max(lb, self.memory_bound(c))
         return lb
 
     def memory_bound(self, c: Config) -> float:
@@ -207,11 +208,11 @@ class ConfigSearch:
 
     def next_bound(self) -> float:
         """The bound of the next configuration to visit (inf when all are visited)."""
-        return self.bounds[self.next] if self.next < len(self.ordered) else float("inf")
+        return self.heap[0][0] if self.heap else float("inf")
 
     @property
     def done(self) -> bool:
-        return self.next >= len(self.ordered)
+        return not self.heap
 
     def limit(self, c: Config) -> float:
         """What ``c`` must beat: the best on all the groups for a configuration on all of them
@@ -256,9 +257,16 @@ class ConfigSearch:
         """Visit the next configuration: skip it if its bound exceeds what it must beat, else
         solve its variants and keep the fastest candidate."""
         cm, request, prune, settings = self.cm, self.request, self.prune, self.settings
-        c0, lb = self.ordered[self.next], self.bounds[self.next]
-        self.next += 1
+        lb, key, i, refined = heapq.heappop(self.heap)
+        c0 = self.configs[i]
         limit = self.limit(c0)
+        if prune and self.tight and self.request.recompute and not refined and lb <= limit:
+            # the memory bound, worked out only for configurations the order reaches: higher, the
+            # configuration goes back in its place
+            mem = self.memory_bound(c0)
+            if mem > lb:
+                heapq.heappush(self.heap, (mem, key, i, True))
+                return
         if prune and lb > limit:
             self.pruned += 1
             return
@@ -272,7 +280,8 @@ class ConfigSearch:
             fitted = True
             proposals = [Candidate(c, sol)]
             if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
-                proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds)
+                proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
+                                        self.table_of(c))
             if self.chain_solver is solve_chain:
                 proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
             scored = []
@@ -396,7 +405,8 @@ def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
 
 
 def rebalanced(
-    cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int
+    cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int,
+    base: StageTable | None = None,
 ) -> list[Candidate]:
     """An interleaved configuration re-solved with its chunks' memory rebalanced. The chain DP
     checks one stage at a time, so it first gives each of a rank's v chunks cap / v; but
@@ -407,7 +417,10 @@ def rebalanced(
     at the cheapest level that recomputes no layer fully (selective where a layer has an
     attention core, else none), and solves again, until the solution repeats or ``rounds`` are
     done. A rank's shares sum to ``cap``, so every solution fits; all are proposed to the
-    simulator, which judges them with the first."""
+    simulator, which judges them with the first. ``base``: the configuration's own table (each
+    chunk ``cap / v``); each round's table is a shallow copy of it with the chunks' shares, so
+    that the stage times and recomputation choices worked out for one cap are shared by every
+    round and configuration that meets it again (they are kept per cap)."""
     lay = c.layout
     if lay.virtual_stages_per_rank == 1 or lay.stage_replicas or not (any(solution.recompute) or solution.selective):
         return []  # nothing recomputed: no share binds
@@ -424,8 +437,13 @@ def rebalanced(
             chunks = lay.stage_indices(r)
             for s in chunks:  # rounded down to 1/256 of the cap: tables and knapsacks shared
                 caps[s] = math.floor(256 * lean[s] / sum(lean[x] for x in chunks)) * cap / 256
-        table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
-                           allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line, stage_caps=caps)
+        if base is not None:
+            table = copy.copy(base)
+            table.stage_caps = tuple(caps)
+        else:
+            table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
+                               allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line,
+                               stage_caps=caps)
         again = solve_config(solve_chain, table, c)
         if again is None or (again.boundaries, again.recompute, again.selective) == (
                 solution.boundaries, solution.recompute, solution.selective):

@@ -7,10 +7,9 @@ Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one de
   context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
   model of one device of a t-device group, cp such groups splitting each sequence
   (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
-  t x cp-device groups; the best over every (t, cp) is selected by the request's objective.
-  Every cp = 1 search runs first; a cp > 1 search then prunes against the fastest plan found
-  so far (a configuration whose lower bound exceeds it is not solved) and adds nothing when
-  none of its configurations can beat it; on equal times cp = 1 wins;
+  t x cp-device groups; the best over every (t, cp) is selected by the request's objective
+  (on equal times cp = 1 wins, then the leaner plan, then the smaller t). How the degrees are
+  searched together: see "Pruning across degrees" below;
 - pipeline ranks P, replicated pipelines D (P x D groups, every divisor of the N available),
   chunks per rank v (interleaved 1F1B), micro-batch size b (hence M = G / (D b)), schedule;
 - ZeRO: every configuration with D > 1 is solved at the deepest stage the request allows
@@ -31,6 +30,38 @@ on the way, and the same search under tighter memory caps, form the Pareto front
 A layout on fewer than N groups (ranks 0 .. n - 1) wins only by simulated time (on equal time
 the one on more devices); configurations on all N are pruned only against the best of those, so
 the best plan on all N is known and the plan records it (``predicted.all_devices_ms``).
+
+Pruning across degrees (issue 24; the time objective, :func:`pruned_degrees`): the
+configurations of every (t, cp) are visited in one order, by increasing lower bound, against
+one incumbent (:class:`planner.solve.candidates.Incumbent`: the fastest simulated time found in
+any degree, and the fastest on all the devices). A degree is opened (its cost model's
+configurations listed and bounded, the coarse chain built) only when its machine bound
+(:func:`machine_bound_ms`, which no configuration of it beats) comes up in that order, and the
+visit stops when the next bound exceeds the best time on all the devices. A configuration is
+solved only if its bound does not exceed what it must beat (the best on all the devices for one
+on all of them, else the best of any: ties are solved, so equal-time plans still meet the
+tie-breaks). The bounds, each valid for every partition, recomputation and ZeRO variant solved:
+:func:`planner.solve.space.config_lower_bound_ms` (average work), the fill of a one-chunk GPipe /
+1F1B pipeline, and the memory floor (:meth:`planner.solve.candidates.ConfigSearch.memory_bound`:
+the recomputation a rank must do to fit, at the cheapest ms per byte freed); a solved
+configuration's proposals are simulated only if its busiest rank's ``M x`` work (the sum of its
+chunks') does not exceed it. Then every opened degree with candidates builds its plans as before
+(refinement of coarse candidates, re-scoring, the tighter memory caps over its best
+configurations), the cp = 1 degrees first; a cp > 1 degree keeps only candidates faster than the
+best cp = 1 plan and searches no tighter caps (as before issue 24). When no degree finds a
+candidate nothing was pruned, and the refusal explains the degree that came closest, as before.
+``SearchSettings(prune_degrees=False)`` restores the search before issue 24 (every cp = 1
+degree searched on its own in full, :func:`degree_by_degree`); with ``prune_configs=False``
+too, nothing is pruned (the exhaustive search :mod:`tests.test_search_pruning` compares with).
+
+Decision (the Pareto front): a degree whose configurations are all pruned contributes no
+points, and a degree's "best configurations" re-solved under tighter caps are the best of
+those solved under the shared incumbent, so the front can differ from the per-degree search's
+(fewer points at the lean-memory end, where a larger t that never competes on time had them).
+Keeping every degree's own front would need every degree's own search, the cost this removes;
+the chosen plan and ``all_devices_ms`` are the same (pruning never skips a configuration that
+could beat, or tie, the incumbent it is bounded against). The golden corpus's differing fronts
+are listed in RESULTS section 22.
 
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
