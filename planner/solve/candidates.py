@@ -156,22 +156,22 @@ class ConfigSearch:
             rates = [f / g for f, g in zip(fwd.tolist(), gain_full.tolist()) if g > 0]
             if cm.selective:
                 rates += [t / g for t, g in zip(cm.core_ms(b).tolist(), cm.core_bytes(b).tolist()) if g > 0]
-            work = fwd + bwd
-            busy = work > 0
+            layer_work = fwd + bwd
+            busy = layer_work > 0
             params = cm.param_count.astype(float)
             for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
                 params[list(tie.layers)] -= tie.param_count
             params = np.maximum(params, 0.0)
-            sigma = float(np.min(kappa * params[busy] / work[busy])) if busy.any() else 0.0
-            alpha = float(np.min(saved[busy] / work[busy])) if busy.any() else 0.0
-            self.per_size[key] = (float(work.sum()), float(saved.sum()), min(rates, default=0.0), sigma, alpha)
-        work, saved, rate, sigma, alpha = self.per_size[key]
+            sigma = float(np.min(kappa * params[busy] / layer_work[busy])) if busy.any() else 0.0
+            alpha = float(np.min(saved[busy] / layer_work[busy])) if busy.any() else 0.0
+            self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), min(rates, default=0.0), sigma, alpha)
+        work, saved_total, rate, sigma, alpha = self.per_size[key]
         if rate <= 0:
             return 0.0
         ks = c.inflight()
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
-        floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved
+        floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
             out = M * (work + rate * (floor - P * cap) / max(ks)) / P
         # rank by rank: (w0, slope) of g_r per distinct (k_min, k_max), with its count of ranks
