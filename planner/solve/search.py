@@ -35,8 +35,8 @@ Pruning across degrees (issue 24; the time objective, :func:`pruned_degrees`): t
 configurations of every (t, cp) are visited in one order, by increasing lower bound, against
 one incumbent (:class:`planner.solve.candidates.Incumbent`: the fastest simulated time found in
 any degree, and the fastest on all the devices). A degree is opened (its cost model's
-configurations listed and bounded, the coarse chain built) only when its machine bound
-(:func:`machine_bound_ms`, which no configuration of it beats) comes up in that order, and the
+configurations listed and bounded, the coarse chain built) only when its bound
+(:func:`degree_bound_ms`, below every configuration's) comes up in that order, and the
 visit stops when the next bound exceeds the best time on all the devices. A configuration is
 solved only if its bound does not exceed what it must beat (the best on all the devices for one
 on all of them, else the best of any: ties are solved, so equal-time plans still meet the
@@ -96,7 +96,14 @@ from planner.solve.infeasible import explain_infeasible
 from planner.solve.replicated_search import replicated_candidates
 from planner.solve.select import build_best, merge_pareto, pareto_front, select
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations, num_devices_of, refuse_unmeetable
+from planner.solve.space import (
+    DP_SCHEDULES,
+    SPLIT_SCHEDULES,
+    configurations,
+    microbatch_sizes,
+    num_devices_of,
+    refuse_unmeetable,
+)
 
 
 def tensor_settings(profile: Profile, cluster: Cluster, num_devices: int, request: PlanRequest) -> Iterator[tuple[int, bool]]:
@@ -176,7 +183,7 @@ def pruned_degrees(
 ) -> list[Plan]:
     """Every degree's configurations visited in one order, by increasing lower bound, against
     one incumbent (the time objective; see the module docstring): a degree is opened (its cost
-    model built, its configurations bounded) when its machine bound comes up, and the visit
+    model built, its configurations bounded) when its bound (:func:`degree_bound_ms`) comes up, and the visit
     stops when the next bound exceeds the best time on all the devices (every configuration
     left is then pruned). Then each opened degree that found a candidate builds its plans, the
     cp = 1 ones first; a cp > 1 degree keeps only candidates faster than their best plan."""
@@ -190,7 +197,7 @@ def pruned_degrees(
         cp, t, _ = degree
         cm = device_cost_model(problem.profile, base, request.optimizer, t, degree[2], request.stack, cp)
         models[i] = cm
-        heapq.heappush(heap, (machine_bound_ms(cm, request.global_batch, n // (t * cp)), 0, i))
+        heapq.heappush(heap, (degree_bound_ms(cm, request, n // (t * cp)), 0, i))
     searches: dict[int, LayoutSearch] = {}
     infeasible: list[InfeasibleError] = []
     while heap:
@@ -223,6 +230,19 @@ def pruned_degrees(
     if not plans:  # the explanation of the degree that came closest to fitting
         raise min(infeasible, key=lambda exc: exc.need_bytes)
     return plans
+
+
+def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> float:
+    """No configuration of ``cm`` on at most ``num_groups`` groups has a lower bound below this
+    (:func:`planner.solve.space.config_lower_bound_ms`, which the other bounds only raise): its
+    ``M x work / P`` is ``G x work(b) / (b x P x D)`` with ``P x D <= num_groups``, at its
+    micro-batch size ``b``, one of those dividing the global batch ``G``."""
+    G = request.global_batch
+    out = float("inf")
+    for b in microbatch_sizes(request, G):
+        fp, bp = cm.time_prefix(b)
+        out = min(out, G * float(fp[-1] + bp[-1]) / (b * num_groups))
+    return out
 
 
 def machine_bound_ms(cm: CostModel, global_batch: int, num_groups: int) -> float:
