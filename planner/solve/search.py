@@ -199,7 +199,7 @@ def pruned_degrees(
         models[i] = cm
         heapq.heappush(heap, (degree_bound_ms(cm, request, n // (t * cp)), 0, i))
     searches: dict[int, LayoutSearch] = {}
-    infeasible: list[InfeasibleError] = []
+    infeasible: dict[int, InfeasibleError] = {}  # by degree, as degree_by_degree meets them
     while heap:
         bound, opened, i = heapq.heappop(heap)
         if bound > shared.best_all:
@@ -210,7 +210,7 @@ def pruned_degrees(
             try:
                 searches[i] = LayoutSearch(problem, models[i], n // (t * cp), chain_solver, settings, shared=shared)
             except InfeasibleError as exc:
-                infeasible.append(exc)
+                infeasible[i] = exc
                 continue
         else:
             searches[i].configs.step()
@@ -223,12 +223,12 @@ def pruned_degrees(
         try:
             found = searches[i].finish(incumbent, shared)
         except InfeasibleError as exc:
-            infeasible.append(exc)
+            infeasible[i] = exc
             continue
         if found is not None:
             plans.append(found)
-    if not plans:  # the explanation of the degree that came closest to fitting
-        raise min(infeasible, key=lambda exc: exc.need_bytes)
+    if not plans:  # the explanation of the degree that came closest to fitting (the first of equals)
+        raise min((infeasible[i] for i in sorted(infeasible)), key=lambda exc: exc.need_bytes)
     return plans
 
 
