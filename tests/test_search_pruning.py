@@ -1,4 +1,5 @@
-"""The pruned outer search (issue 24) chooses the plan the exhaustive search chooses.
+"""The pruned outer search (issue 24) chooses the plan the exhaustive search chooses, and its
+bounds are below every configuration's time.
 
 The exhaustive search (``SearchSettings(prune_degrees=False, prune_configs=False)``) solves
 every configuration of every tensor- x context-parallel degree; the default search visits all
@@ -108,3 +109,32 @@ def test_settings_switch_back_to_the_search_degree_by_degree() -> None:
     chosen plan as the pruned search on these cases."""
     before = _search("tensor-zero-interleaved", dataclasses.replace(PRUNED, prune_degrees=False))
     assert _chosen(before) == _chosen(_search("tensor-zero-interleaved", PRUNED))
+
+
+def test_every_bound_is_below_every_configurations_best_time() -> None:
+    """The bounds the pruned search orders and prunes by (average work, one-chunk fill, the
+    memory floor) never exceed the simulated time of any candidate of the configuration (its
+    ZeRO variants included), at every tensor-parallel degree of a case where memory binds
+    (recomputation, ZeRO 3); and the memory bound is the highest somewhere."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.candidates import ConfigSearch, solve_candidates
+    from planner.solve.space import all_configs
+
+    profile, cluster, request = CASES["tensor-zero-interleaved"]
+    n = 8
+    bounded = 0
+    for tp in (1, 2, 4):
+        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, tp, tp > 1, request.stack, 1)
+        cap = memory_cap_bytes(cm.cluster, request)
+        search = ConfigSearch(cm, request, n // tp, cap, shared=None, fill=True)
+        for c in all_configs(cm, request, n // tp):
+            found = solve_candidates(cm, request, n // tp, cap, prune=False, configs=[c])
+            if not found:
+                continue
+            fastest = min(t for t, _ in found)
+            assert search.bound(c) <= fastest * (1 + 1e-9), c
+            memory = search.memory_bound(c)
+            assert memory <= fastest * (1 + 1e-9), c
+            bounded += memory > search.bound(c)
+    assert bounded > 0
