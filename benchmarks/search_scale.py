@@ -10,8 +10,9 @@ Three searches of the same request:
   degree on its own (every cp = 1 degree in full, pruning only against its own best), cp > 1
   against the best cp = 1 plan;
 - ``exhaustive``: ``SearchSettings(prune_degrees=False, prune_configs=False)``: every
-  configuration of every degree solved (the reference the tests compare with; hours on the
-  large cases, so only where ``--exhaustive`` names the case).
+  configuration of every degree solved (the reference the tests compare with; on the large
+  cases tens of thousands of configurations over ~40 degrees, not run here, so only where
+  ``--exhaustive`` names the case).
 
 Cases, every axis searched (tensor t, context cp, pipeline P, data D, ZeRO 0-3, micro-batch,
 GPipe / 1F1B / interleaved 1F1B with 2-4 chunks per rank, the default request's schedules):
