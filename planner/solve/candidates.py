@@ -8,9 +8,13 @@ exact overlap and the schedule's), so every candidate is replayed by the simulat
 
 from __future__ import annotations
 
+import copy
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from planner.artifacts.kinds import Objective, ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
@@ -48,6 +52,270 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
 
 
+@dataclass(slots=True)
+class Incumbent:
+    """The best simulated times found so far, shared by the searches of several degrees (one
+    per tensor- x context-parallel degree, :func:`planner.solve.search.search_plan`): ``best``
+    over every candidate, ``best_all`` over those on all the devices. Mutable on purpose: every
+    search prunes against what the others found."""
+
+    best: float = float("inf")
+    best_all: float = float("inf")
+
+    def note(self, time_ms: float, on_all: bool) -> None:
+        self.best = min(self.best, time_ms)
+        if on_all:
+            self.best_all = min(self.best_all, time_ms)
+
+
+class ConfigSearch:
+    """The configurations of one cost model visited by increasing lower bound, one step at a
+    time (:meth:`step`), so that several such searches can be interleaved in one order
+    (:func:`planner.solve.search.search_plan`); :func:`solve_candidates` runs one to the end.
+    Arguments as :func:`solve_candidates`'s; ``shared``: the incumbent pruned against (and
+    updated), else one of its own starting at ``incumbent_ms``; ``fill``: the one-chunk fill
+    bound (:meth:`bound`) also without an outside incumbent."""
+
+    def __init__(
+        self,
+        cm: CostModel,
+        request: PlanRequest,
+        num_groups: int,
+        cap_bytes: float,
+        chain_solver: ChainSolver = solve_chain,
+        *,
+        prune: bool = True,
+        configs: list[Config] | None = None,
+        settings: SearchSettings = SETTINGS,
+        fsdp: bool = True,
+        incumbent_ms: float = float("inf"),
+        shared: Incumbent | None = None,
+        fill: bool = False,
+    ) -> None:
+        self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
+        self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
+        self.fill = fill or incumbent_ms < float("inf")
+        self.tight = fill  # also the memory floor (memory_bound)
+        self.per_size: dict[tuple[int, float], tuple[float, float, float, float, float]] = {}
+        self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
+        interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
+        split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
+        configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
+                                                                  split_ok)
+        self.configs = configs
+        # (bound, tie-break, index, memory bound worked in): a heap, so that a configuration
+        # whose memory bound (worked out when the order reaches it) is higher goes back in
+        self.heap = [(self.bound(c), c.sort_key(), i, False) for i, c in enumerate(configs)]
+        heapq.heapify(self.heap)
+        self.pruned = 0  # configurations skipped by their bound
+        start = incumbent_ms if prune else float("inf")
+        self.incumbent = shared if shared is not None and prune else Incumbent(start, start)
+        self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.out: list[Scored] = []
+
+    def bound(self, c: Config) -> float:
+        """:func:`config_lower_bound_ms`; with ``fill`` also the fill of a one-chunk GPipe /
+        1F1B pipeline: a micro-batch crosses every stage, the other M - 1 wait behind the
+        busiest, ``work + (M - 1) work / P`` at best."""
+        cm = self.cm
+        lb = config_lower_bound_ms(cm, c)
+        if self.fill and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
+            fp, bp = cm.time_prefix(c.microbatch_size)
+            work = float(fp[-1] + bp[-1])
+            lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
+        return lb
+
+    def memory_bound(self, c: Config) -> float:
+        """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
+        saved storages, not bounded here). A stage short of memory recomputes:
+        freeing ``x`` bytes from a stage holding ``k`` micro-batches costs at least ``rho x / k``
+        ms per micro-batch, ``rho`` the cheapest ms per byte any layer's recomputation (full or
+        selective) frees. Two relaxations, the larger counts:
+
+        - summed over the ranks: every rank fits ``cap``, so all recomputation together frees
+          at least what the stages would hold without any (the model state once, sharded as
+          the leanest variant solved, plus every layer's saved bytes for the fewest
+          micro-batches any stage holds) less ``P x cap``; the busiest rank does at least 1 / P
+          of the pipeline's ``M x (work + recomputation)``;
+        - rank by rank: a rank given work ``w`` holds at least ``sigma w`` of state and ``alpha
+          w`` per micro-batch in flight (the least bytes per ms of work of any layer), so it
+          takes ``g_r(w) = w + rho / k_max max(0, (sigma + k_min alpha) w - cap)`` per
+          micro-batch; the ranks' works sum to the profile's, so the busiest takes at least the
+          ``t`` at which the works ``g_r^-1(t)`` sum to it; the iteration ``M t``."""
+        cm, b, lay = self.cm, c.microbatch_size, c.layout
+        if (cm.profile.shared_saved or lay.stage_replicas
+                or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
+            return 0.0
+        leanest = c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, lay)) else c
+        kappa = sum(cm.state_bytes_per_param(leanest.sharding()))
+        key = (b, kappa)
+        if key not in self.per_size:
+            fwd, bwd = cm.layer_times(b)
+            saved = cm.saved_bytes(b)
+            gain_full = saved - cm.input_per_sample * b
+            rates = [f / g for f, g in zip(fwd.tolist(), gain_full.tolist()) if g > 0]
+            if cm.selective:
+                rates += [t / g for t, g in zip(cm.core_ms(b).tolist(), cm.core_bytes(b).tolist()) if g > 0]
+            layer_work = fwd + bwd
+            busy = layer_work > 0
+            params = cm.param_count.astype(float)
+            for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
+                params[list(tie.layers)] -= tie.param_count
+            params = np.maximum(params, 0.0)
+            sigma = float(np.min(kappa * params[busy] / layer_work[busy])) if busy.any() else 0.0
+            alpha = float(np.min(saved[busy] / layer_work[busy])) if busy.any() else 0.0
+            self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), min(rates, default=0.0), sigma, alpha)
+        work, saved_total, rate, sigma, alpha = self.per_size[key]
+        if rate <= 0:
+            return 0.0
+        ks = c.inflight()
+        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
+        out = 0.0
+        floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
+        if floor > P * cap:
+            out = M * (work + rate * (floor - P * cap) / max(ks)) / P
+        # rank by rank: (w0, slope) of g_r per distinct (k_min, k_max), with its count of ranks
+        groups: dict[tuple[int, int], int] = {}
+        for r in range(P):
+            chunk = [ks[s] for s in lay.stage_indices(r)]
+            kk = (min(chunk), max(chunk))
+            groups[kk] = groups.get(kk, 0) + 1
+        lines = []
+        for (kmin, kmax), count in groups.items():
+            per_work = sigma + kmin * alpha
+            if per_work <= 0:
+                lines.append((math.inf, 1.0, count))
+                continue
+            lines.append((cap / per_work, 1.0 + rate / kmax * per_work, count))
+
+        def works(t: float) -> float:
+            return sum(n * (t if t <= w0 else w0 + (t - w0) / slope) for w0, slope, n in lines)
+
+        lo, hi = work / P, work  # works(lo) <= work (each g_r^-1(t) <= t)
+        if works(lo) >= work:
+            return out
+        for _ in range(64):
+            if works(hi) >= work:
+                break
+            lo, hi = hi, 2 * hi
+        for _ in range(48):
+            mid = (lo + hi) / 2
+            if works(mid) >= work:
+                hi = mid
+            else:
+                lo = mid
+        return max(out, M * lo)
+
+    def next_bound(self) -> float:
+        """The bound of the next configuration to visit (inf when all are visited)."""
+        return self.heap[0][0] if self.heap else float("inf")
+
+    @property
+    def done(self) -> bool:
+        return not self.heap
+
+    def limit(self, c: Config) -> float:
+        """What ``c`` must beat: the best on all the groups for a configuration on all of them
+        (so that the best plan on all of them is known), else the best of any."""
+        inc = self.incumbent
+        return inc.best_all if c.num_groups == self.num_groups else inc.best
+
+    def table_of(self, c: Config) -> StageTable:
+        cm, tables = self.cm, self.tables
+        v = c.layout.virtual_stages_per_rank
+        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
+        key = (c.microbatch_size, v, c.sharding(), line)
+        if key not in tables:
+            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
+            tables[key] = StageTable(
+                cm, c.microbatch_size, self.cap_bytes / v, self.request.fixed_boundaries,
+                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line,
+            )
+        return tables[key]
+
+    def variants(self, c: Config) -> list[Config]:
+        """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
+        prices the optimizer step, which sharding shortens) and, where memory
+        binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
+        configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
+        ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
+        only trade recomputation for gathers, and solving it there too took the solver 1.7 to 2.6x
+        its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
+        ZeRO 3 alone (``--zero 3``) solves it everywhere."""
+        request, cm = self.request, self.cm
+        fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
+        if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
+            plain = c.with_zero(ZeroStage.NONE)
+            if self.table_of(plain).fits_everywhere(max(c.inflight())):
+                # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
+                return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
+        if fsdp_too and not self.table_of(c).fits_everywhere(max(c.inflight())):
+            return [c, c.with_zero(ZeroStage.PARAMETERS)]
+        return [c]
+
+    def step(self) -> None:
+        """Visit the next configuration: skip it if its bound exceeds what it must beat, else
+        solve its variants and keep the fastest candidate."""
+        cm, request, prune, settings = self.cm, self.request, self.prune, self.settings
+        lb, key, i, refined = heapq.heappop(self.heap)
+        c0 = self.configs[i]
+        limit = self.limit(c0)
+        if prune and self.tight and self.request.recompute and not refined and lb <= limit:
+            # the memory bound, worked out only for configurations the order reaches: higher, the
+            # configuration goes back in its place
+            mem = self.memory_bound(c0)
+            if mem > lb:
+                heapq.heappush(self.heap, (mem, key, i, True))
+                return
+        if prune and lb > limit:
+            self.pruned += 1
+            return
+        fitted = False  # this configuration at its searched stage
+        for c in self.variants(c0):
+            if is_fsdp(c.sharding()) and (fitted or (prune and config_lower_bound_ms(cm, c) > limit)):
+                continue  # ZeRO 3 where nothing else fits (see variants), and where it may beat the best so far
+            sol = solve_config(self.chain_solver, self.table_of(c), c)
+            if sol is None:
+                continue
+            fitted = True
+            proposals = [Candidate(c, sol)]
+            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
+                proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
+                                        self.table_of(c))
+            if self.chain_solver is solve_chain:
+                proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
+            scored = []
+            for cand in proposals:
+                # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
+                if prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit:
+                    continue
+                scored.append((simulated(cm, cand), cand))
+            if not scored:
+                continue
+            t, cand = min(scored, key=lambda tc: tc[0])
+            self.out.append((t, cand))
+            self.incumbent.note(t, c.num_groups == self.num_groups)
+            limit = self.limit(c0)
+
+    def busiest_ms(self, c: Config, solution: ChainSolution) -> float:
+        """The most per-micro-batch work of one rank: its stage's (with ``tight``, the sum of
+        its chunks' when it holds several)."""
+        times = solution.stage_times_ms
+        lay = c.layout
+        if not self.tight or lay.virtual_stages_per_rank == 1 or lay.stage_replicas:
+            return max(times)
+        return max(sum(times[s] for s in lay.stage_indices(r)) for r in range(lay.pipeline_size))
+
+    def run(self) -> list[Scored]:
+        """Visit every configuration left; the candidates found, fastest first."""
+        while not self.done:
+            self.step()
+        return self.result()
+
+    def result(self) -> list[Scored]:
+        return sorted(self.out, key=score_key)
+
+
 def solve_candidates(
     cm: CostModel,
     request: PlanRequest,
@@ -67,94 +335,12 @@ def solve_candidates(
     exceeds the best simulated time so far is skipped (it cannot win on time); configurations
     on all ``num_groups`` groups only against the best of those, so that the best plan on
     all of them is known when one on fewer wins. ``fsdp``: also solve the ZeRO 3 variants
-    (:func:`variants`); the time objective's extra points on the memory axis do without them.
-    ``incumbent_ms``: with ``prune``, the best time of another search (another context-parallel
-    degree), which every configuration is also pruned against.
+    (:meth:`ConfigSearch.variants`); the time objective's extra points on the memory axis do
+    without them. ``incumbent_ms``: with ``prune``, the best time of another search (another
+    context-parallel degree), which every configuration is also pruned against.
     """
-    interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
-    split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
-    configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
-                                                              split_ok)
-    def bound(c: Config) -> float:
-        """:func:`config_lower_bound_ms`; against an incumbent (a context-parallel search) also
-        the fill of a one-chunk GPipe / 1F1B pipeline: a micro-batch crosses every stage, the
-        other M - 1 wait behind the busiest, ``work + (M - 1) work / P`` at best."""
-        lb = config_lower_bound_ms(cm, c)
-        if incumbent_ms < float("inf") and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
-            fp, bp = cm.time_prefix(c.microbatch_size)
-            work = float(fp[-1] + bp[-1])
-            lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
-        return lb
-
-    ordered = sorted(configs, key=lambda c: (bound(c),) + c.sort_key())
-    tables: dict[tuple[object, ...], StageTable] = {}
-    best = best_all = incumbent_ms if prune else float("inf")
-    out: list[Scored] = []
-
-    def table_of(c: Config) -> StageTable:
-        v = c.layout.virtual_stages_per_rank
-        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
-        key = (c.microbatch_size, v, c.sharding(), line)
-        if key not in tables:
-            # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
-            tables[key] = StageTable(
-                cm, c.microbatch_size, cap_bytes / v, request.fixed_boundaries,
-                allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line,
-            )
-        return tables[key]
-
-    def variants(c: Config) -> list[Config]:
-        """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
-        prices the optimizer step, which sharding shortens) and, where memory
-        binds and the request allows it, at ZeRO 3 too (its collectives cost time: it is a
-        configuration of its own, not a free deepening). The ZeRO 3 variant is solved only if
-        ``c`` does not fit at its own stage: where ZeRO 1/2 fits (with recomputation), ZeRO 3 could
-        only trade recomputation for gathers, and solving it there too took the solver 1.7 to 2.6x
-        its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
-        ZeRO 3 alone (``--zero 3``) solves it everywhere."""
-        fsdp_too = fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
-        if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
-            plain = c.with_zero(ZeroStage.NONE)
-            if table_of(plain).fits_everywhere(max(c.inflight())):
-                # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
-                return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not table_of(c).fits_everywhere(max(c.inflight())):
-            return [c, c.with_zero(ZeroStage.PARAMETERS)]
-        return [c]
-
-    for c0 in ordered:
-        limit = best_all if c0.num_groups == num_groups else best
-        if prune and bound(c0) > limit:
-            continue
-        fitted = False  # this configuration at its searched stage
-        for c in variants(c0):
-            if is_fsdp(c.sharding()) and (fitted or (prune and config_lower_bound_ms(cm, c) > limit)):
-                continue  # ZeRO 3 where nothing else fits (see variants), and where it may beat the best so far
-            sol = solve_config(chain_solver, table_of(c), c)
-            if sol is None:
-                continue
-            fitted = True
-            proposals = [Candidate(c, sol)]
-            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
-                proposals += rebalanced(cm, request, c, sol, cap_bytes, settings.rebalance_rounds)
-            if chain_solver is solve_chain:
-                proposals += alternatives(cm, c, cap_bytes, request.recompute, request.fixed_boundaries, settings)
-            scored = []
-            for cand in proposals:
-                # the busiest rank does M x its stage's work: no faster than that
-                if prune and c.num_microbatches * max(cand.solution.stage_times_ms) > limit:
-                    continue
-                scored.append((simulated(cm, cand), cand))
-            if not scored:
-                continue
-            t, cand = min(scored, key=lambda tc: tc[0])
-            out.append((t, cand))
-            best = min(best, t)
-            if c.num_groups == num_groups:
-                best_all = min(best_all, t)
-            limit = best_all if c0.num_groups == num_groups else best
-    out.sort(key=score_key)
-    return out
+    return ConfigSearch(cm, request, num_groups, cap_bytes, chain_solver, prune=prune, configs=configs,
+                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms).run()
 
 
 def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
@@ -219,7 +405,8 @@ def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
 
 
 def rebalanced(
-    cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int
+    cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int,
+    base: StageTable | None = None,
 ) -> list[Candidate]:
     """An interleaved configuration re-solved with its chunks' memory rebalanced. The chain DP
     checks one stage at a time, so it first gives each of a rank's v chunks cap / v; but
@@ -230,7 +417,10 @@ def rebalanced(
     at the cheapest level that recomputes no layer fully (selective where a layer has an
     attention core, else none), and solves again, until the solution repeats or ``rounds`` are
     done. A rank's shares sum to ``cap``, so every solution fits; all are proposed to the
-    simulator, which judges them with the first."""
+    simulator, which judges them with the first. ``base``: the configuration's own table (each
+    chunk ``cap / v``); each round's table is a shallow copy of it with the chunks' shares, so
+    that the stage times and recomputation choices worked out for one cap are shared by every
+    round and configuration that meets it again (they are kept per cap)."""
     lay = c.layout
     if lay.virtual_stages_per_rank == 1 or lay.stage_replicas or not (any(solution.recompute) or solution.selective):
         return []  # nothing recomputed: no share binds
@@ -247,8 +437,13 @@ def rebalanced(
             chunks = lay.stage_indices(r)
             for s in chunks:  # rounded down to 1/256 of the cap: tables and knapsacks shared
                 caps[s] = math.floor(256 * lean[s] / sum(lean[x] for x in chunks)) * cap / 256
-        table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
-                           allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line, stage_caps=caps)
+        if base is not None:
+            table = copy.copy(base)
+            table.stage_caps = tuple(caps)
+        else:
+            table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
+                               allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line,
+                               stage_caps=caps)
         again = solve_config(solve_chain, table, c)
         if again is None or (again.boundaries, again.recompute, again.selective) == (
                 solution.boundaries, solution.recompute, solution.selective):

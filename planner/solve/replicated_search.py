@@ -46,14 +46,15 @@ def solve_replicated_config(
 
 def replicated_candidates(
     cm: CostModel, request: PlanRequest, num_devices: int, cap: float, uniform: list[Scored],
-    settings: SearchSettings = SETTINGS,
+    settings: SearchSettings = SETTINGS, *, incumbent_ms: float = float("inf"),
 ) -> list[Scored]:
     """Pipelines whose stages have their own copy counts, with their simulated times; only
     layouts that are not uniform (those are the P x D configurations already searched), on at
     most :attr:`SearchSettings.replicated_max_devices` devices, without tensor parallelism.
     Searched for the micro-batch sizes of the :attr:`SearchSettings.replicated_sizes` best
     uniform plans (every size when none fits), each exactly over partitions and copy counts;
-    sizes whose average-work bound cannot beat the best plan so far are skipped."""
+    sizes whose average-work bound cannot beat the best plan so far (or ``incumbent_ms``, the
+    best of every degree searched) are skipped."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
     if not request.per_stage_replication or cm.tp_degree > 1 or cm.cp_degree > 1:
         return []
@@ -61,7 +62,7 @@ def replicated_candidates(
         return []
     if request.dp_degree or not schedules:  # a forced D means replicated pipelines only
         return []
-    best_ms = uniform[0][0] if uniform else float("inf")
+    best_ms = min(uniform[0][0] if uniform else float("inf"), incumbent_ms)
     sizes = list(dict.fromkeys(cand.config.microbatch_size for _, cand in uniform))[: settings.replicated_sizes]
     zero = searched_zero(request, num_devices)
     if zero is ZeroStage.PARAMETERS:  # ZeRO 3 is not priced for per-stage replication

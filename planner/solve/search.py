@@ -7,10 +7,9 @@ Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one de
   context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
   model of one device of a t-device group, cp such groups splitting each sequence
   (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
-  t x cp-device groups; the best over every (t, cp) is selected by the request's objective.
-  Every cp = 1 search runs first; a cp > 1 search then prunes against the fastest plan found
-  so far (a configuration whose lower bound exceeds it is not solved) and adds nothing when
-  none of its configurations can beat it; on equal times cp = 1 wins;
+  t x cp-device groups; the best over every (t, cp) is selected by the request's objective
+  (on equal times cp = 1 wins, then the leaner plan, then the smaller t). How the degrees are
+  searched together: see "Pruning across degrees" below;
 - pipeline ranks P, replicated pipelines D (P x D groups, every divisor of the N available),
   chunks per rank v (interleaved 1F1B), micro-batch size b (hence M = G / (D b)), schedule;
 - ZeRO: every configuration with D > 1 is solved at the deepest stage the request allows
@@ -32,6 +31,38 @@ A layout on fewer than N groups (ranks 0 .. n - 1) wins only by simulated time (
 the one on more devices); configurations on all N are pruned only against the best of those, so
 the best plan on all N is known and the plan records it (``predicted.all_devices_ms``).
 
+Pruning across degrees (issue 24; the time objective, :func:`pruned_degrees`): the
+configurations of every (t, cp) are visited in one order, by increasing lower bound, against
+one incumbent (:class:`planner.solve.candidates.Incumbent`: the fastest simulated time found in
+any degree, and the fastest on all the devices). A degree is opened (its cost model's
+configurations listed and bounded, the coarse chain built) only when its bound
+(:func:`degree_bound_ms`, below every configuration's) comes up in that order, and the
+visit stops when the next bound exceeds the best time on all the devices. A configuration is
+solved only if its bound does not exceed what it must beat (the best on all the devices for one
+on all of them, else the best of any: ties are solved, so equal-time plans still meet the
+tie-breaks). The bounds, each valid for every partition, recomputation and ZeRO variant solved:
+:func:`planner.solve.space.config_lower_bound_ms` (average work), the fill of a one-chunk GPipe /
+1F1B pipeline, and the memory floor (:meth:`planner.solve.candidates.ConfigSearch.memory_bound`:
+the recomputation a rank must do to fit, at the cheapest ms per byte freed); a solved
+configuration's proposals are simulated only if its busiest rank's ``M x`` work (the sum of its
+chunks') does not exceed it. Then every opened degree with candidates builds its plans as before
+(refinement of coarse candidates, re-scoring, the tighter memory caps over its best
+configurations), the cp = 1 degrees first; a cp > 1 degree keeps only candidates faster than the
+best cp = 1 plan and searches no tighter caps (as before issue 24). When no degree finds a
+candidate nothing was pruned, and the refusal explains the degree that came closest, as before.
+``SearchSettings(prune_degrees=False)`` restores the search before issue 24 (every cp = 1
+degree searched on its own in full, :func:`degree_by_degree`); with ``prune_configs=False``
+too, nothing is pruned (the exhaustive search :mod:`tests.test_search_pruning` compares with).
+
+Decision (the Pareto front): a degree whose configurations are all pruned contributes no
+points, and a degree's "best configurations" re-solved under tighter caps are the best of
+those solved under the shared incumbent, so the front can differ from the per-degree search's
+(fewer points at the lean-memory end, where a larger t that never competes on time had them).
+Keeping every degree's own front would need every degree's own search, the cost this removes;
+the chosen plan and ``all_devices_ms`` are the same (pruning never skips a configuration that
+could beat, or tie, the incumbent it is bounded against). The golden corpus's differing fronts
+are listed in RESULTS section 22.
+
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
 start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
@@ -43,6 +74,7 @@ infeasibility explanation (:mod:`planner.solve.infeasible`).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Iterator
 
 from planner.artifacts.cluster import Cluster
@@ -57,14 +89,21 @@ from planner.cost.context import candidate_cp_degrees
 from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
-from planner.solve.candidates import ChainSolver, Scored, score_key, simulated, solve_candidates
+from planner.solve.candidates import ChainSolver, ConfigSearch, Incumbent, Scored, score_key, simulated, solve_candidates
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.replicated_search import replicated_candidates
 from planner.solve.select import build_best, merge_pareto, pareto_front, select
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations, num_devices_of, refuse_unmeetable
+from planner.solve.space import (
+    DP_SCHEDULES,
+    SPLIT_SCHEDULES,
+    configurations,
+    microbatch_sizes,
+    num_devices_of,
+    refuse_unmeetable,
+)
 
 
 def tensor_settings(profile: Profile, cluster: Cluster, num_devices: int, request: PlanRequest) -> Iterator[tuple[int, bool]]:
@@ -85,19 +124,47 @@ def search_plan(
     n = num_devices_of(cluster, request)
     base = base_cluster(cluster, n)  # part of one node when the devices fit in one
     problem = Problem.of(profile, cluster, request, solver, n)  # plans record the cluster as given
-    plans: list[Plan] = []
-    infeasible: list[InfeasibleError] = []
     tensor = list(tensor_settings(profile, base, n, request))
     degrees = sorted(((cp, t, sp) for t, sp in tensor for cp in candidate_cp_degrees(profile, n, t, request.cp_degrees)),
                      key=lambda d: d[0])  # every cp = 1 first: the incumbent a cp > 1 search prunes against
     if not degrees:
         raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {n} devices with a "
                                 f"tensor-parallel degree searched")
+    if request.objective is Objective.TIME and settings.prune_degrees and settings.prune_configs:
+        plans = pruned_degrees(problem, base, degrees, n, chain_solver, settings)
+    else:
+        plans = degree_by_degree(problem, base, degrees, n, chain_solver, settings)
+    # equal times (sequence parallelism often costs no time): no context parallelism, the leaner
+    # plan, then the smaller t
+    plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
+                              p.layout.tp_degree))
+    best = select(plans, request)
+    return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
+
+
+Degree = tuple[int, int, bool]  # (cp, t, sequence parallel)
+
+
+def degree_model(problem: Problem, base: Cluster, degree: Degree) -> CostModel:
+    cp, t, sp = degree
+    request = problem.request
+    note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}{f', context-parallel {cp}' if cp > 1 else ''}")
+    return device_cost_model(problem.profile, base, request.optimizer, t, sp, request.stack, cp)
+
+
+def degree_by_degree(
+    problem: Problem, base: Cluster, degrees: list[Degree], n: int, chain_solver: ChainSolver, settings: SearchSettings,
+) -> list[Plan]:
+    """Each degree searched on its own, in order (the search with ``prune_degrees`` off): every
+    cp = 1 degree in full, each cp > 1 one against the fastest plan of those before it."""
+    request = problem.request
+    plans: list[Plan] = []
+    infeasible: list[InfeasibleError] = []
     for cp, t, sp in degrees:
-        note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}{f', context-parallel {cp}' if cp > 1 else ''}")
-        cm = device_cost_model(profile, base, request.optimizer, t, sp, request.stack, cp)
+        cm = degree_model(problem, base, (cp, t, sp))
         incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
-        if request.objective is Objective.TIME and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent:
+        if (request.objective is Objective.TIME and settings.prune_configs
+                and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
             found = search_layouts(problem, cm, n // (t * cp), chain_solver, settings, incumbent)
@@ -108,12 +175,74 @@ def search_plan(
             plans.append(found)
     if not plans:  # the explanation of the degree that came closest to fitting
         raise min(infeasible, key=lambda exc: exc.need_bytes)
-    # equal times (sequence parallelism often costs no time): no context parallelism, the leaner
-    # plan, then the smaller t
-    plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
-                              p.layout.tp_degree))
-    best = select(plans, request)
-    return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
+    return plans
+
+
+def pruned_degrees(
+    problem: Problem, base: Cluster, degrees: list[Degree], n: int, chain_solver: ChainSolver, settings: SearchSettings,
+) -> list[Plan]:
+    """Every degree's configurations visited in one order, by increasing lower bound, against
+    one incumbent (the time objective; see the module docstring): a degree is opened (its cost
+    model built, its configurations bounded) when its bound (:func:`degree_bound_ms`) comes up, and the visit
+    stops when the next bound exceeds the best time on all the devices (every configuration
+    left is then pruned). Then each opened degree that found a candidate builds its plans, the
+    cp = 1 ones first; a cp > 1 degree keeps only candidates faster than their best plan."""
+    request = problem.request
+    shared = Incumbent()
+    # (bound, order, degree index): a degree's machine bound before it is opened, then the bound
+    # of its next configuration
+    heap: list[tuple[float, int, int]] = []
+    models: dict[int, CostModel] = {}
+    for i, degree in enumerate(degrees):
+        cp, t, _ = degree
+        cm = device_cost_model(problem.profile, base, request.optimizer, t, degree[2], request.stack, cp)
+        models[i] = cm
+        heapq.heappush(heap, (degree_bound_ms(cm, request, n // (t * cp)), 0, i))
+    searches: dict[int, LayoutSearch] = {}
+    infeasible: dict[int, InfeasibleError] = {}  # by degree, as degree_by_degree meets them
+    while heap:
+        bound, opened, i = heapq.heappop(heap)
+        if bound > shared.best_all:
+            break  # every configuration left is bounded above the best on all the devices (>= the best)
+        if not opened:
+            cp, t, _ = degrees[i]
+            degree_model(problem, base, degrees[i])  # the progress note
+            try:
+                searches[i] = LayoutSearch(problem, models[i], n // (t * cp), chain_solver, settings, shared=shared)
+            except InfeasibleError as exc:
+                infeasible[i] = exc
+                continue
+        else:
+            searches[i].configs.step()
+        if not searches[i].configs.done:
+            heapq.heappush(heap, (searches[i].configs.next_bound(), 1, i))
+    plans: list[Plan] = []
+    for i in sorted(searches, key=lambda i: (degrees[i][0] > 1, i)):  # cp = 1 first: the incumbent of cp > 1
+        cp = degrees[i][0]
+        incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
+        try:
+            found = searches[i].finish(incumbent, shared)
+        except InfeasibleError as exc:
+            infeasible[i] = exc
+            continue
+        if found is not None:
+            plans.append(found)
+    if not plans:  # the explanation of the degree that came closest to fitting (the first of equals)
+        raise min((infeasible[i] for i in sorted(infeasible)), key=lambda exc: exc.need_bytes)
+    return plans
+
+
+def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> float:
+    """No configuration of ``cm`` on at most ``num_groups`` groups has a lower bound below this
+    (:func:`planner.solve.space.config_lower_bound_ms`, which the other bounds only raise): its
+    ``M x work / P`` is ``G x work(b) / (b x P x D)`` with ``P x D <= num_groups``, at its
+    micro-batch size ``b``, one of those dividing the global batch ``G``."""
+    G = request.global_batch
+    out = float("inf")
+    for b in microbatch_sizes(request, G):
+        fp, bp = cm.time_prefix(b)
+        out = min(out, G * float(fp[-1] + bp[-1]) / (b * num_groups))
+    return out
 
 
 def machine_bound_ms(cm: CostModel, global_batch: int, num_groups: int) -> float:
@@ -134,6 +263,113 @@ def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings
     return settings.interleave_factors
 
 
+class LayoutSearch:
+    """The search over layouts of one tensor- and context-parallel degree (``cm``) on
+    ``num_groups`` groups, in two halves: the constructor prepares the configurations (and the
+    coarse chain, see :func:`search_layouts`) into :attr:`configs`, a
+    :class:`~planner.solve.candidates.ConfigSearch` that the caller steps (alone, or
+    interleaved with other degrees' against one shared incumbent); :meth:`finish` turns the
+    candidates found into the degree's best plan, with its Pareto points."""
+
+    def __init__(
+        self, problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver,
+        settings: SearchSettings = SETTINGS, incumbent_ms: float = float("inf"), shared: Incumbent | None = None,
+    ) -> None:
+        request = problem.request
+        profile = cm.profile
+        self.problem, self.cm, self.num_groups, self.chain_solver, self.settings = (
+            problem, cm, num_groups, chain_solver, settings)
+        oracle = DP_SCHEDULES + (SPLIT_SCHEDULES if problem.solver is SolverKind.BRUTE_FORCE else ())
+        if chain_solver is not solve_chain and not any(s in oracle for s in request.schedules):
+            raise PlannerInputError(f"solver {problem.solver.value!r} plans the {', '.join(s.value for s in oracle)} "
+                                    f"schedules only (asked: {', '.join(s.value for s in request.schedules)})")
+        refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain,
+                          settings=settings)
+        self.cap = memory_cap_bytes(cm.cluster, request)
+        self.by_time = request.objective is Objective.TIME
+        self.starts: list[int] | None = None
+        self.cm_search, self.req_search = cm, request
+        # enough groups that the deepest pipeline searched still has two groups per stage, an
+        # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
+        # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
+        depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
+        max_stages = max(depths, default=1)
+        chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
+                  if P * v <= profile.num_layers]
+        chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
+        if profile.num_layers > chain_max:
+            self.starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
+            self.cm_search = merged_model(cm, self.starts)
+            self.req_search = dataclasses.replace(
+                request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
+        prune = self.by_time and settings.prune_configs
+        self.configs = ConfigSearch(
+            self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
+            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared, fill=shared is not None)
+
+    def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
+        """The ``keep`` best candidates over the layers themselves (re-solved around their
+        boundaries with ``refined``, else mapped), and with ``refined`` the best on all the
+        groups too (which the plan table names)."""
+        cm, starts = self.cm, self.starts
+        top = scored[:keep]
+        on_all = [tc for tc in scored if tc[1].config.num_groups == self.num_groups]
+        if self.by_time and refined and on_all and not any(tc is on_all[0] for tc in top):
+            top.append(on_all[0])
+        if starts is None:
+            return top
+        out = []
+        for _, cand in top:
+            if refined:
+                mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings)
+            else:
+                mapped = to_layers(cm, cand, starts, self.cap)
+            out.append((simulated(cm, mapped), mapped))
+        out.sort(key=score_key)
+        return out
+
+    def finish(self, incumbent_ms: float = float("inf"), shared: Incumbent | None = None) -> Plan | None:
+        """The degree's best plan from the candidates its configuration search found, with the
+        Pareto points of its best configurations under tighter caps; with a finite
+        ``incumbent_ms`` only candidates faster than it count, None when there are none (and no
+        tighter caps are searched). ``shared``: the incumbent the configuration search pruned
+        against; None is returned (not a refusal) when it found nothing because of it."""
+        problem, cm, settings, request = self.problem, self.cm, self.settings, self.problem.request
+        by_time, num_groups, cap = self.by_time, self.num_groups, self.cap
+        pruning = by_time and incumbent_ms < float("inf")
+        scored = self.configs.result()
+        if pruning:
+            scored = [tc for tc in scored if tc[0] < incumbent_ms]
+            if not scored:
+                return None  # no configuration of these degrees beats the incumbent
+        if self.chain_solver is solve_chain and by_time:
+            limit = shared.best if shared is not None else float("inf")
+            scored += replicated_candidates(self.cm_search, self.req_search, num_groups, cap, scored, settings,
+                                            incumbent_ms=limit)
+            scored.sort(key=score_key)
+        if not scored:
+            if self.configs.pruned or not self.configs.done:
+                return None  # every configuration pruned against another degree's plans
+            # explained over the layers themselves unless the profile is very long
+            if cm.profile.num_layers <= settings.explain_max_layers:
+                raise explain_infeasible(cm, request, num_groups, cap)
+            raise explain_infeasible(self.cm_search, self.req_search, num_groups, cap)
+        keep = settings.rescore_top if by_time else len(scored)
+        plans = build_best(problem, cm, self.fine(scored, keep, True), keep + 1)
+        # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
+        # same search under tighter caps; for the time objective only over the best configurations
+        uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
+        configs = uniform[: settings.pareto_configs] if by_time else None
+        for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
+            tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
+                                       prune=False, configs=configs, settings=settings, fsdp=not by_time)
+            k = 2 if by_time else len(tighter)
+            plans += build_best(problem, cm, self.fine(tighter, k, False), k)
+        front = pareto_front(plans)
+        best = select(plans, request)
+        return dataclasses.replace(best, pareto=front)
+
+
 def search_layouts(
     problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS,
     incumbent_ms: float = float("inf"),
@@ -148,73 +384,6 @@ def search_layouts(
     where the fewest bytes cross), then the best configurations are re-solved with single
     layers around their chosen boundaries (:mod:`planner.solve.coarsen`).
     """
-    request = problem.request
-    profile = cm.profile
-    oracle = DP_SCHEDULES + (SPLIT_SCHEDULES if problem.solver is SolverKind.BRUTE_FORCE else ())
-    if chain_solver is not solve_chain and not any(s in oracle for s in request.schedules):
-        raise PlannerInputError(f"solver {problem.solver.value!r} plans the {', '.join(s.value for s in oracle)} schedules only "
-                                f"(asked: {', '.join(s.value for s in request.schedules)})")
-    refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain, settings=settings)
-    cap = memory_cap_bytes(cm.cluster, request)
-    by_time = request.objective is Objective.TIME
-    starts: list[int] | None = None
-    cm_search, req_search = cm, request
-    # enough groups that the deepest pipeline searched still has two groups per stage, an
-    # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
-    # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
-    depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
-    max_stages = max(depths, default=1)
-    chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
-              if P * v <= profile.num_layers]
-    chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
-    if profile.num_layers > chain_max:
-        starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
-        cm_search = merged_model(cm, starts)
-        req_search = dataclasses.replace(request, fixed_boundaries=tuple(starts.index(f) for f in request.fixed_boundaries))
-
-    def fine(scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
-        top = scored[:keep]
-        on_all = [tc for tc in scored if tc[1].config.num_groups == num_groups]
-        if by_time and refined and on_all and not any(tc is on_all[0] for tc in top):
-            top.append(on_all[0])  # the best on all the devices, which the plan table names
-        if starts is None:
-            return top
-        out = []
-        for _, cand in top:
-            if refined:
-                mapped = refine(cm, starts, request, cand, cap, chain_solver, settings)
-            else:
-                mapped = to_layers(cm, cand, starts, cap)
-            out.append((simulated(cm, mapped), mapped))
-        out.sort(key=score_key)
-        return out
-
-    pruning = by_time and incumbent_ms < float("inf")
-    scored = solve_candidates(cm_search, req_search, num_groups, cap, chain_solver, prune=by_time, settings=settings,
-                              incumbent_ms=incumbent_ms if by_time else float("inf"))
-    if pruning:
-        scored = [tc for tc in scored if tc[0] < incumbent_ms]
-        if not scored:
-            return None  # no configuration of these degrees beats the incumbent
-    if chain_solver is solve_chain and by_time:
-        scored += replicated_candidates(cm_search, req_search, num_groups, cap, scored, settings)
-        scored.sort(key=score_key)
-    if not scored:
-        # explained over the layers themselves unless the profile is very long
-        if profile.num_layers <= settings.explain_max_layers:
-            raise explain_infeasible(cm, request, num_groups, cap)
-        raise explain_infeasible(cm_search, req_search, num_groups, cap)
-    keep = settings.rescore_top if by_time else len(scored)
-    plans = build_best(problem, cm, fine(scored, keep, True), keep + 1)
-    # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
-    # same search under tighter caps; for the time objective only over the best configurations
-    uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
-    configs = uniform[: settings.pareto_configs] if by_time else None
-    for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
-        tighter = solve_candidates(cm_search, req_search, num_groups, cap * frac, chain_solver, prune=False,
-                                   configs=configs, settings=settings, fsdp=not by_time)
-        k = 2 if by_time else len(tighter)
-        plans += build_best(problem, cm, fine(tighter, k, False), k)
-    front = pareto_front(plans)
-    best = select(plans, request)
-    return dataclasses.replace(best, pareto=front)
+    search = LayoutSearch(problem, cm, num_groups, chain_solver, settings, incumbent_ms)
+    search.configs.run()
+    return search.finish(incumbent_ms)

@@ -11,6 +11,17 @@ from planner.artifacts.kinds import SolverKind
 class SearchSettings:
     """How hard the default search looks. ``SETTINGS`` is what ``planner plan`` uses."""
 
+    prune_degrees: bool = field(
+        default=True,
+        metadata={"doc": "visit every tensor- x context-parallel degree's configurations in one order by lower bound, "
+                         "against one incumbent (planner.solve.search.pruned_degrees); off: each degree searched on "
+                         "its own, every cp = 1 degree in full (the search before issue 24)"},
+    )
+    prune_configs: bool = field(
+        default=True,
+        metadata={"doc": "skip configurations (and whole degrees) whose lower bound cannot beat the best time so far "
+                         "(time objective); off, with prune_degrees off: the exhaustive search the tests compare with"},
+    )
     interleave_factors: tuple[int, ...] = field(
         default=(2, 3, 4),
         metadata={"doc": "virtual stages per rank tried for interleaved 1F1B (Narayanan et al. 2021 use 2-4, Korthikanti "

@@ -1,0 +1,140 @@
+"""The pruned outer search (issue 24) chooses the plan the exhaustive search chooses, and its
+bounds are below every configuration's time.
+
+The exhaustive search (``SearchSettings(prune_degrees=False, prune_configs=False)``) solves
+every configuration of every tensor- x context-parallel degree; the default search visits all
+degrees' configurations in one order by lower bound against one incumbent and skips what
+cannot beat it (:func:`planner.solve.search.pruned_degrees`). On small cases with tensor
+parallelism, context parallelism, ZeRO 3 and interleaving in play, both must choose the same
+plan: the same layout, boundaries, recomputation, schedule, micro-batch and predicted time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.artifacts.cluster import PRESETS, Cluster
+from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import PlanRequest
+from planner.profiling.analytic.gpt import gpt_profile
+from planner.solve.chain_dp import solve_chain
+from planner.solve.search import search_plan
+from planner.solve.settings import SearchSettings
+
+EXHAUSTIVE = SearchSettings(prune_degrees=False, prune_configs=False)
+PRUNED = SearchSettings()
+GIB = 2**30
+
+
+def _node(devices: int) -> Cluster:
+    return PRESETS["h100-80gb-x8"].with_devices(devices)
+
+
+def _cases() -> dict[str, tuple[Profile, Cluster, PlanRequest]]:
+    small = gpt_profile(layers=6, hidden=2048, heads=16, seq=2048, vocab=32000, device_preset="h100-80gb")
+    wide = gpt_profile(layers=8, hidden=4096, heads=32, seq=2048, vocab=32000, device_preset="h100-80gb")
+    long = gpt_profile(layers=4, hidden=4096, heads=32, seq=131072, vocab=32000, device_preset="h100-80gb")
+    return {
+        # every tensor degree, ZeRO 0-3 and interleaving, memory tight enough to recompute
+        "tensor-zero-interleaved": (wide, _node(8), PlanRequest(global_batch=16, memory_cap_bytes=4 * GIB)),
+        "tensor-zero-interleaved-roomy": (wide, _node(8), PlanRequest(global_batch=64, memory_cap_bytes=8 * GIB)),
+        # ZeRO 3 only (every configuration with D > 1 sharded fully)
+        "zero3": (small, _node(8), PlanRequest(global_batch=16, memory_cap_bytes=5 * GIB,
+                                                zero_stages=(ZeroStage.PARAMETERS,))),
+        # interleaved only, plenty of memory
+        "interleaved": (small, _node(4), PlanRequest(global_batch=32, schedules=(ScheduleKind.INTERLEAVED_1F1B,))),
+        # long sequences: context parallelism beside tensor parallelism
+        "context": (long, _node(8), PlanRequest(global_batch=8, tp_degrees=(1, 2))),
+    }
+
+
+CASES = _cases()
+
+
+def _search(case: str, settings: SearchSettings) -> Plan:
+    profile, cluster, request = CASES[case]
+    return search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings)
+
+
+def _chosen(p: Plan) -> tuple[object, ...]:
+    return (p.layout, p.schedule, p.microbatch_size, tuple((s.layer_start, s.layer_stop, s.recompute,
+                                                              s.recompute_selective) for s in p.stages))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pruned_search_chooses_the_exhaustive_plan(case: str) -> None:
+    exhaustive = _search(case, EXHAUSTIVE)
+    pruned = _search(case, PRUNED)
+    assert pruned.predicted.iteration_ms == exhaustive.predicted.iteration_ms
+    assert _chosen(pruned) == _chosen(exhaustive)
+    assert pruned.predicted.all_devices_ms == exhaustive.predicted.all_devices_ms
+
+
+def test_cases_exercise_the_axes_pruned_across() -> None:
+    """The cases are not trivial: the exhaustive searches' plans use tensor parallelism,
+    context parallelism, ZeRO 3 and interleaving between them, and recomputation."""
+    plans = {case: _search(case, EXHAUSTIVE) for case in ("context", "zero3")}
+    assert plans["context"].layout.cp_degree > 1
+    assert plans["zero3"].layout.zero is ZeroStage.PARAMETERS or plans["zero3"].layout.dp_degree == 1
+    first = _search("tensor-zero-interleaved", EXHAUSTIVE)
+    assert first.layout.tp_degree > 1 and any(s.recompute or s.recompute_selective for s in first.stages)
+    inter = _search("interleaved", EXHAUSTIVE)
+    assert inter.layout.virtual_stages_per_rank > 1
+
+
+def test_pruning_solves_fewer_configurations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pruned search reaches the same plan with fewer chain solves than the exhaustive."""
+    import planner.solve.candidates as candidates
+
+    counts: list[int] = []
+    real = candidates.solve_config
+
+    def counting(*args: object, **kwargs: object) -> object:
+        counts[-1] += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(candidates, "solve_config", counting)
+    for settings in (EXHAUSTIVE, PRUNED):
+        counts.append(0)
+        _search("tensor-zero-interleaved", settings)
+    assert 0 < counts[1] < counts[0]
+
+
+def test_settings_switch_back_to_the_search_degree_by_degree() -> None:
+    """``prune_degrees=False`` is the search before issue 24 (each degree on its own): the same
+    chosen plan as the pruned search on these cases."""
+    before = _search("tensor-zero-interleaved", dataclasses.replace(PRUNED, prune_degrees=False))
+    assert _chosen(before) == _chosen(_search("tensor-zero-interleaved", PRUNED))
+
+
+def test_every_bound_is_below_every_configurations_best_time() -> None:
+    """The bounds the pruned search orders and prunes by (average work, one-chunk fill, the
+    memory floor) never exceed the simulated time of any candidate of the configuration (its
+    ZeRO variants included), at every tensor-parallel degree of a case where memory binds
+    (recomputation, ZeRO 3); and the memory bound is the highest somewhere."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.candidates import ConfigSearch, solve_candidates
+    from planner.solve.space import all_configs
+
+    profile, cluster, request = CASES["tensor-zero-interleaved"]
+    n = 8
+    bounded = 0
+    for tp in (1, 2, 4):
+        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, tp, tp > 1, request.stack, 1)
+        cap = memory_cap_bytes(cm.cluster, request)
+        search = ConfigSearch(cm, request, n // tp, cap, shared=None, fill=True)
+        for c in all_configs(cm, request, n // tp):
+            found = solve_candidates(cm, request, n // tp, cap, prune=False, configs=[c])
+            if not found:
+                continue
+            fastest = min(t for t, _ in found)
+            assert search.bound(c) <= fastest * (1 + 1e-9), c
+            memory = search.memory_bound(c)
+            assert memory <= fastest * (1 + 1e-9), c
+            bounded += memory > search.bound(c)
+    assert bounded > 0
