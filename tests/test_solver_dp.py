@@ -53,6 +53,29 @@ def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_
 
 @SETTINGS
 @given(
+    layers=layer_dicts(7),
+    num_stages=st.integers(2, 4),
+    num_microbatches=st.integers(2, 6),
+    schedule=st.sampled_from([ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B]),
+    cap_gb=st.floats(0.05, 2.0),
+    data=st.data(),
+)
+def test_dp_equals_brute_force_with_fixed_boundaries(layers, num_stages, num_microbatches, schedule, cap_gb, data):
+    """Fixed boundaries make the whole model's span invalid (``compute[0, L] = inf``): the DP's
+    bound on the largest stage used to become inf there, which stopped its scan of caps at the
+    first and returned a partition short of the optimum."""
+    prof = chain_profile(layers)
+    L = prof.num_layers
+    if L < 2:
+        return  # no boundary to fix
+    fixed = data.draw(st.lists(st.integers(1, L - 1), min_size=1, max_size=num_stages - 1, unique=True))
+    cm = CostModel(prof, small_cluster(8))
+    table = StageTable(cm, 1, cap_gb * 1e9, sorted(fixed))
+    solve_three_ways(table, layout=Layout(num_stages=num_stages), num_microbatches=num_microbatches, schedule=schedule)
+
+
+@SETTINGS
+@given(
     fwd=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=8),
     data=st.data(),
     inflight=st.integers(1, 4),

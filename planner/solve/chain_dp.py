@@ -24,8 +24,9 @@ The DP table, for a bottleneck cap ``t``::
     f[s][i] = min_{j > i, T_{k_s}(i, j) <= t} T_{k_s}(i, j) + c_s(j) + f[s + 1][j]
 
 and ``J = min_t f[0][0] + (M - 1) t`` over candidate caps ``t`` (the distinct stage times),
-enumerated upwards from the least feasible cap (found by bisection) and stopped once
-``(M - 1) t`` plus the least possible sum exceeds the best found. For the optimal partition
+enumerated downwards from the largest that can still win (:func:`_minimize`: above it, the
+least possible sum plus ``(M - 1) t`` exceeds the objective at the least feasible cap) and
+stopped once ``(M - 1) t`` plus the sum found exceeds the best found. For the optimal partition
 its own max stage time is a candidate cap, so the minimum is exact. Each DP step is one
 vectorised min over the band of an ``(L + 1) x (L + 1)`` matrix that a stage of index ``s`` can
 start and stop in (every stage holds a layer).
@@ -242,6 +243,8 @@ class StageTable:
         self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
+        self._could: dict[tuple[int, float, bool], np.ndarray] = {}
+        self._gains: dict[int, np.ndarray] = {}  # per in-flight count, the most recomputation frees
         self.all_exact = True
         self._layers = _layers_of(self.fwd, self.saved, self.inputs, self.core, self.core_ms)
         self._kind = self._layers.kind
@@ -275,6 +278,33 @@ class StageTable:
             self._bases[key] = np.where(excess <= 0, self.compute, INF)
         return self._bases[key]
 
+    def _max_gain(self, inflight: int) -> np.ndarray:
+        """The most bytes recomputation can free from each stage with ``inflight`` micro-batches
+        (every layer at its leanest level)."""
+        found = self._gains.get(inflight)
+        if found is None:
+            gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
+            gp = np.concatenate([[0.0], np.cumsum(gains)])
+            found = self._gains[inflight] = inflight * (gp[None, :] - gp[:, None])
+        return found
+
+    def could_fit(self, inflight: int, cap: float | None = None, recompute: bool = True) -> np.ndarray:
+        """Stages that might fit ``cap`` (default the table's) with ``inflight`` micro-batches: as
+        they are, or (with ``recompute``, where the table allows it) with every layer at its
+        leanest level. Every finite entry of :meth:`table` is one of these; without
+        ``recompute`` they are exactly the finite entries of :meth:`base`."""
+        recompute = recompute and self.allow_recompute
+        key = (inflight, self.cap if cap is None else cap, recompute)
+        found = self._could.get(key)
+        if found is None:
+            excess = self.static + inflight * self.act - key[1]
+            if recompute:  # the same test as :meth:`table`'s ``need``
+                found = self.valid & (self._max_gain(inflight) >= excess)
+            else:
+                found = np.isfinite(self.base(inflight, key[1]))
+            self._could[key] = found
+        return found
+
     def table(self, inflight: int, limit: float = INF, cap: float | None = None) -> np.ndarray:
         """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
 
@@ -288,11 +318,8 @@ class StageTable:
             return base
         if at not in self._tables:
             excess = self.static + inflight * self.act - at[1]
-            gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
-            gp = np.concatenate([[0.0], np.cumsum(gains)])
-            max_gain = inflight * (gp[None, :] - gp[:, None])
             # pairs that do not fit as they are but might with recomputation
-            need = self.valid & (excess > 0) & (max_gain >= excess)
+            need = self.valid & (excess > 0) & (self._max_gain(inflight) >= excess)
             self._tables[at] = base.copy()
             self._pending[at] = (need, excess, -INF)
         table = self._tables[at]
@@ -519,6 +546,21 @@ def _dp(tables: list[np.ndarray], extra: list[np.ndarray], cap: float, L: int) -
     return float(f[0]), args
 
 
+def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool = True) -> bool:
+    """Some partition into ``len(inflight)`` stages might fit (:meth:`StageTable.could_fit`,
+    stage ``s`` with ``inflight[s]`` micro-batches and its share of the memory): when none does,
+    the configuration has no plan, which this finds without pricing any recomputation. Without
+    ``recompute``: some partition fits with none (then :func:`solve_chain` finds a plan)."""
+    L = table.L
+    reach = np.zeros(L + 1, dtype=bool)
+    reach[L] = True
+    for s in range(len(inflight) - 1, -1, -1):
+        reach = np.any(table.could_fit(inflight[s], table.cap_of(s), recompute) & reach[None, :], axis=1)
+        if not reach.any():
+            return False
+    return bool(reach[0])
+
+
 def _stage_times(tables: list[np.ndarray], args: list[np.ndarray], L: int) -> tuple[list[int], list[float]]:
     bounds, times, i = [], [], 0
     for s, arg in enumerate(args):
@@ -529,6 +571,22 @@ def _stage_times(tables: list[np.ndarray], args: list[np.ndarray], L: int) -> tu
     return bounds, times
 
 
+def _bottleneck(tables: list[np.ndarray], cap_max: float, L: int) -> float:
+    """The least largest stage time of any partition with every stage at most ``cap_max``
+    (inf when there is none): the min-max DP over the same band as :func:`_dp`."""
+    P = len(tables)
+    width = L - P + 1
+    g = np.full(L + 1, INF)
+    g[L] = -INF
+    for s in range(P - 1, -1, -1):
+        t = tables[s][s:s + width, s + 1:s + 1 + width]
+        cand = np.maximum(np.where(t <= cap_max, t, INF), g[None, s + 1:s + 1 + width])
+        new = np.full(L + 1, INF)
+        new[s:s + width] = cand.min(axis=1)
+        g = new
+    return float(g[0])
+
+
 def _minimize(
     tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float
 ) -> tuple[float, float] | None:
@@ -537,15 +595,32 @@ def _minimize(
     Caps are visited downwards, jumping from a solution with largest stage time ``m`` to the
     largest candidate cap below ``m`` (every cap in between gives the same solution), and
     stopping once ``S + (M - 1) cap_lb`` cannot beat the best (S only grows as the cap falls).
-    """
+
+    The visit starts below the top: with ``S_min`` the least sum of any partition (the DP at the
+    largest cap) and ``J_b`` the objective of the DP's solution at the least feasible cap
+    (:func:`_bottleneck`), a solution whose largest stage exceeds ``(J_b - S_min) / (M - 1)``
+    has ``J > J_b`` and cannot be the minimum (nor tie it), so the visit starts at the largest
+    candidate cap below that. The caps visited from there, their solutions and the one returned
+    are those of a visit from the top (whose solutions above it only ever lost to ``J_b``)."""
     if M == 1:
         total, _ = _dp(tables, extra, INF, L)
         return (total, INF) if total < INF else None
     caps = np.unique(np.concatenate([t[np.isfinite(t) & (t <= cap_max)] for t in tables]))
     if caps.size == 0:
         return None
+    least_sum, _ = _dp(tables, extra, float(caps[-1]), L)
+    if least_sum >= INF:
+        return None
+    c_min = _bottleneck(tables, float(caps[-1]), L)
+    if c_min >= INF:
+        return None
+    total, args = _dp(tables, extra, c_min, L)
+    _, times = _stage_times(tables, args, L)
+    ceiling = (total + (M - 1) * max(times) - least_sum) / (M - 1)
+    k = int(np.searchsorted(caps, ceiling * (1 + 1e-12), side="right")) - 1
+    k = max(k, int(np.searchsorted(caps, c_min, side="left")))
     best: tuple[float, float] | None = None
-    cap = float(caps[-1])
+    cap = float(caps[k])
     while True:
         total, args = _dp(tables, extra, cap, L)
         if total >= INF:
@@ -588,22 +663,39 @@ def solve_chain(
     if P > L:
         return None
     ks = inflight_counts(schedule, layout, num_microbatches)
+    if not could_partition(table, ks):
+        return None  # no partition fits even with every layer at its leanest level
     M = objective_microbatches(layout, num_microbatches)
     comm = _comm_vectors(cm, layout, table.b)
     exposure = _exposure_matrices(table, layout)
-    extra = [comm[s][None, :] + exposure[s] for s in range(P)]
-    if schedule.splits_backward:
-        fill = _bubble_fill_matrix(table)
-        extra = [e - fill for e in extra]
+    fill = _bubble_fill_matrix(table) if schedule.splits_backward else None
+    by_parts: dict[tuple[int, int], np.ndarray] = {}  # stages over the same link and line share one
+    extra = []
+    for s in range(P):
+        key = (id(comm[s]), id(exposure[s]))
+        if key not in by_parts:
+            e = comm[s][None, :] + exposure[s]
+            by_parts[key] = e if fill is None else e - fill
+        extra.append(by_parts[key])
     fwd, bwd = table.cm.layer_times(table.b)
-    cap_lb = max(float(np.max(fwd + bwd)), float(table.compute[0, L]) / P)
+    whole = float(table.compute[0, L])  # inf when fixed boundaries cut the model: then the layers' sum
+    cap_lb = max(float(np.max(fwd + bwd)), (whole if whole < INF else float(np.sum(fwd + bwd))) / P)
+    at = [(k, table.cap_of(s)) for s, k in enumerate(ks)]
+    bases = {a: table.base(*a) for a in dict.fromkeys(at)}
     # an upper bound from the plan without recomputation bounds the useful stage times:
     # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
-    first = _minimize([table.base(k, table.cap_of(s)) for s, k in enumerate(ks)], extra, L, M, INF, cap_lb)
+    first = _minimize([bases[a] for a in at], extra, L, M, INF, cap_lb)
     # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
     per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
     limit = INF if first is None else first[0] / per * (1 + 1e-9)
-    tables = [table.table(k, limit, table.cap_of(s)) for s, k in enumerate(ks)]
+    if first is not None and M > 1:
+        # tighter: J >= S + (M - 1) max_s T_s with S at least the least sum of compute and
+        # transfers of any partition (recomputation only adds), so a stage slower than
+        # (J_ub - S_least) / (M - 1) makes J > J_ub
+        least, _ = _dp([table.compute] * P, extra, INF, L)
+        limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
+    priced = {a: table.table(a[0], limit, a[1]) for a in dict.fromkeys(at)}
+    tables = [priced[a] for a in at]
     found = _minimize(tables, extra, L, M, limit, cap_lb)
     if found is None:
         return None

@@ -15,7 +15,8 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.solve.chain_dp import ChainSolution, StageTable, solve_chain
+from planner.schedule import inflight_counts
+from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, solve_chain
 from planner.solve.space import divisors, layout_of
 
 
@@ -28,7 +29,20 @@ def _solve(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: i
 
 
 def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> bool:
-    return _solve(cm, request, cap, layout, b, recompute) is not None
+    """``_solve(...) is not None``, answered without pricing recomputation where a partition
+    fits without any (the solver then finds a plan) or none fits even with every layer at its
+    leanest level (it finds none); only the cases between are solved."""
+    sharding = layout.sharding(0)
+    line = cm.fsdp_line(layout) if is_fsdp(sharding) else (0.0, 0.0)
+    table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute, sharding=sharding, fsdp_line=line)
+    M = max(1, request.global_batch // (layout.dp_degree * b))
+    schedule = _leanest(layout.num_stages, M)
+    ks = inflight_counts(schedule, layout, M)
+    if not could_partition(table, ks):
+        return False
+    if could_partition(table, ks, recompute=False):
+        return True
+    return solve_chain(table, layout=layout, num_microbatches=M, schedule=schedule) is not None
 
 
 def lean_layouts(cm: CostModel, request: PlanRequest, num_groups: int) -> list[Layout]:
