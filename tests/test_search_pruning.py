@@ -113,28 +113,34 @@ def test_settings_switch_back_to_the_search_degree_by_degree() -> None:
 
 def test_every_bound_is_below_every_configurations_best_time() -> None:
     """The bounds the pruned search orders and prunes by (average work, one-chunk fill, the
-    memory floor) never exceed the simulated time of any candidate of the configuration (its
-    ZeRO variants included), at every tensor-parallel degree of a case where memory binds
-    (recomputation, ZeRO 3); and the memory bound is the highest somewhere."""
+    interleaved fill, the memory floor) never exceed the simulated time of any candidate of the
+    configuration (its ZeRO variants included), at every tensor-parallel degree of a case where
+    memory binds (recomputation, ZeRO 3) and on one with room; the memory bound and the
+    interleaved fill bound are each the highest somewhere."""
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import ConfigSearch, solve_candidates
-    from planner.solve.space import all_configs
+    from planner.solve.candidates import ConfigSearch, chunk_fill_bound_ms, solve_candidates
+    from planner.solve.space import all_configs, config_lower_bound_ms
 
-    profile, cluster, request = CASES["tensor-zero-interleaved"]
     n = 8
-    bounded = 0
-    for tp in (1, 2, 4):
-        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, tp, tp > 1, request.stack, 1)
-        cap = memory_cap_bytes(cm.cluster, request)
-        search = ConfigSearch(cm, request, n // tp, cap, shared=None, fill=True)
-        for c in all_configs(cm, request, n // tp):
-            found = solve_candidates(cm, request, n // tp, cap, prune=False, configs=[c])
-            if not found:
-                continue
-            fastest = min(t for t, _ in found)
-            assert search.bound(c) <= fastest * (1 + 1e-9), c
-            memory = search.memory_bound(c)
-            assert memory <= fastest * (1 + 1e-9), c
-            bounded += memory > search.bound(c)
+    bounded = chunk_filled = 0
+    for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
+        profile, cluster, request = CASES[case]
+        for tp in degrees:
+            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, tp, tp > 1, request.stack, 1)
+            cap = memory_cap_bytes(cm.cluster, request)
+            search = ConfigSearch(cm, request, n // tp, cap, shared=None, fill=True)
+            for c in all_configs(cm, request, n // tp):
+                found = solve_candidates(cm, request, n // tp, cap, prune=False, configs=[c])
+                if not found:
+                    continue
+                fastest = min(t for t, _ in found)
+                assert search.bound(c) <= fastest * (1 + 1e-9), c
+                memory = search.memory_bound(c)
+                assert memory <= fastest * (1 + 1e-9), c
+                bounded += memory > search.bound(c)
+                if c.schedule is ScheduleKind.INTERLEAVED_1F1B:
+                    assert chunk_fill_bound_ms(cm, c) <= fastest * (1 + 1e-9), c
+                    chunk_filled += chunk_fill_bound_ms(cm, c) > config_lower_bound_ms(cm, c)
     assert bounded > 0
+    assert chunk_filled > 0  # the interleaved fill bound is higher than the average work somewhere
