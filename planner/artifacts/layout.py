@@ -194,40 +194,43 @@ class Layout:
         row = self.pipeline_rank(stage_idx) * self.dp_degree + replica
         return (row * self.cp_degree + cp_index) * self.tp_degree + tp_index
 
+    def _ranks(self, stage_idx: int, replicas: range, cps: range, tps: range) -> tuple[int, ...]:
+        """:meth:`rank_of` over the product of ``replicas``, ``cps`` and ``tps`` (in that order),
+        their ranges checked once instead of per rank."""
+        if not 0 <= stage_idx < self.num_stages:
+            raise ValueError(f"stage {stage_idx} is not one of the {self.num_stages} stages")
+        for name, got, size in (("replica", replicas, self.data_parallel_size(stage_idx)),
+                                ("cp index", cps, self.cp_degree), ("tp index", tps, self.tp_degree)):
+            if len(got) and not (0 <= got[0] and got[-1] < size):
+                raise ValueError(f"stage {stage_idx} has no {name} {got[0] if got[0] < 0 else got[-1]}")
+        if self.stage_replicas:
+            first = sum(self.stage_replicas[:stage_idx])
+            return tuple(first + r for r in replicas for _ in cps for _ in tps)
+        row, cp, tp = self.pipeline_rank(stage_idx) * self.dp_degree, self.cp_degree, self.tp_degree
+        return tuple(((row + r) * cp + c) * tp + k for r in replicas for c in cps for k in tps)
+
     def stage_ranks(self, stage_idx: int) -> tuple[int, ...]:
         """Every device of stage ``stage_idx``, in rank order."""
-        return tuple(
-            self.rank_of(stage_idx=stage_idx, replica=r, cp_index=c, tp_index=k)
-            for r in range(self.data_parallel_size(stage_idx))
-            for c in range(self.cp_degree)
-            for k in range(self.tp_degree)
-        )
+        return self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)), range(self.cp_degree),
+                           range(self.tp_degree))
 
     def dp_group(self, stage_idx: int, tp_index: int = 0, cp_index: int = 0) -> tuple[int, ...]:
         """The ranks of stage ``stage_idx`` at context-parallel index ``cp_index`` and
         tensor-parallel index ``tp_index``: the replicas that split the global batch."""
-        return tuple(
-            self.rank_of(stage_idx=stage_idx, replica=r, cp_index=cp_index, tp_index=tp_index)
-            for r in range(self.data_parallel_size(stage_idx))
-        )
+        return self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)), range(cp_index, cp_index + 1),
+                           range(tp_index, tp_index + 1))
 
     def cp_group(self, stage_idx: int, replica: int = 0, tp_index: int = 0) -> tuple[int, ...]:
         """The ranks that split the sequence of replica ``replica`` of stage ``stage_idx`` at
         tensor-parallel index ``tp_index`` (keys and values are gathered over them)."""
-        return tuple(
-            self.rank_of(stage_idx=stage_idx, replica=replica, cp_index=c, tp_index=tp_index)
-            for c in range(self.cp_degree)
-        )
+        return self._ranks(stage_idx, range(replica, replica + 1), range(self.cp_degree), range(tp_index, tp_index + 1))
 
     def grad_group(self, stage_idx: int, tp_index: int = 0) -> tuple[int, ...]:
         """The ranks of stage ``stage_idx`` holding tensor-parallel shard ``tp_index``, over every
         replica and cp index, in rank order: its gradients are synchronised (and ZeRO-sharded)
         over them (:meth:`grad_group_size` ranks)."""
-        return tuple(
-            self.rank_of(stage_idx=stage_idx, replica=r, cp_index=c, tp_index=tp_index)
-            for r in range(self.data_parallel_size(stage_idx))
-            for c in range(self.cp_degree)
-        )
+        return self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)), range(self.cp_degree),
+                           range(tp_index, tp_index + 1))
 
     def all_stage_ranks(self) -> tuple[tuple[int, ...], ...]:
         return tuple(self.stage_ranks(s) for s in range(self.num_stages))

@@ -168,6 +168,7 @@ class CostModel(ShardedState):
         self._shared: dict[int, np.ndarray] = {}
         self._fsdp: dict[tuple[int, float, float], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
+        self._grad_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
 
     def _cores(self) -> list[AttentionCore | None]:
         return [layer.attention_core for layer in self.profile.layers]
@@ -383,6 +384,17 @@ class CostModel(ShardedState):
                 counts[i - start] -= tie.param_count
         return counts
 
+    def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
+        """:func:`allreduce_line` of stage ``stage_idx``'s gradient group (cached per layout
+        and stage: a search prices the stages of one layout many times)."""
+        key = (layout, stage_idx)
+        found = self._grad_lines.get(key)
+        if found is None:
+            if len(self._grad_lines) >= 1 << 16:
+                self._grad_lines.clear()
+            found = self._grad_lines[key] = allreduce_line(self.cluster, layout.grad_group(stage_idx))
+        return found
+
     def stage_sync(
         self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),
         microbatch_size: int = 1, selective: Sequence[int] = (),
@@ -394,7 +406,7 @@ class CostModel(ShardedState):
         (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
         ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
         tied = self.tied_exchange_ms(start, stop)
-        per_byte, fixed = allreduce_line(self.cluster, layout.grad_group(stage_idx))
+        per_byte, fixed = self.grad_line(layout, stage_idx)
         if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
             return SyncCost(tied)  # ZeRO 3's collectives are in the stage's forward and backward
         zero = layout.zero is not ZeroStage.NONE
