@@ -114,9 +114,13 @@ class ConfigSearch:
         incumbent_ms: float = float("inf"),
         shared: Incumbent | None = None,
         fill: bool = False,
+        slack: float = 1.0,
     ) -> None:
         self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
         self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
+        # a proposal is simulated unless its busiest rank exceeds what it must beat times this
+        # (a grouped profile's best candidates are refined, which can reorder them)
+        self.slack = slack
         self.fill = fill or incumbent_ms < float("inf")
         self.tight = fill  # also the memory floor (memory_bound)
         self.per_size: dict[tuple[int, float], tuple[float, float, float, float, float]] = {}
@@ -312,7 +316,7 @@ class ConfigSearch:
             scored = []
             for cand in proposals:
                 # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
-                if prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit:
+                if prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit * self.slack:
                     continue
                 scored.append((simulated(cm, cand), cand))
             if not scored:

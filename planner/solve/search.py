@@ -305,7 +305,8 @@ class LayoutSearch:
         prune = self.by_time and settings.prune_configs
         self.configs = ConfigSearch(
             self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
-            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared, fill=shared is not None)
+            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared, fill=shared is not None,
+            slack=1.0 if self.starts is None else 1.0 + settings.refine_slack)
 
     def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
