@@ -308,7 +308,7 @@ class ConfigSearch:
                 continue
             fitted = True
             proposals = [Candidate(c, sol)]
-            if unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
+            if rebalances(c, sol) and unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                         self.table_of(c))
             if self.chain_solver is solve_chain:
@@ -433,6 +433,13 @@ def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
     return all(sum(need[s] for s in lay.stage_indices(r)) <= cap for r in range(lay.pipeline_size))
 
 
+def rebalances(c: Config, solution: ChainSolution) -> bool:
+    """:func:`rebalanced` has something to re-solve: an interleaved configuration (not replicated
+    per stage) whose solution recomputes something (else no chunk's share of memory binds)."""
+    lay = c.layout
+    return lay.virtual_stages_per_rank > 1 and not lay.stage_replicas and bool(any(solution.recompute) or solution.selective)
+
+
 def rebalanced(
     cm: CostModel, request: PlanRequest, c: Config, solution: ChainSolution, cap: float, rounds: int,
     base: StageTable | None = None,
@@ -451,7 +458,7 @@ def rebalanced(
     that the stage times and recomputation choices worked out for one cap are shared by every
     round and configuration that meets it again (they are kept per cap)."""
     lay = c.layout
-    if lay.virtual_stages_per_rank == 1 or lay.stage_replicas or not (any(solution.recompute) or solution.selective):
+    if not rebalances(c, solution):
         return []  # nothing recomputed: no share binds
     line = cm.fsdp_line(lay) if is_fsdp(c.sharding()) else (0.0, 0.0)
     ks = c.inflight()
