@@ -20,23 +20,26 @@ from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, s
 from planner.solve.space import divisors, layout_of
 
 
-def _solve(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> ChainSolution | None:
+def _chain(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int,
+           recompute: bool) -> tuple[StageTable, int, ScheduleKind]:
+    """The stage table, micro-batch count and (leanest) schedule ``layout`` is tried with."""
     sharding = layout.sharding(0)
     line = cm.fsdp_line(layout) if is_fsdp(sharding) else (0.0, 0.0)
     table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute, sharding=sharding, fsdp_line=line)
     M = max(1, request.global_batch // (layout.dp_degree * b))
-    return solve_chain(table, layout=layout, num_microbatches=M, schedule=_leanest(layout.num_stages, M))
+    return table, M, _leanest(layout.num_stages, M)
+
+
+def _solve(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> ChainSolution | None:
+    table, M, schedule = _chain(cm, request, cap, layout, b, recompute)
+    return solve_chain(table, layout=layout, num_microbatches=M, schedule=schedule)
 
 
 def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> bool:
     """``_solve(...) is not None``, answered without pricing recomputation where a partition
     fits without any (the solver then finds a plan) or none fits even with every layer at its
     leanest level (it finds none); only the cases between are solved."""
-    sharding = layout.sharding(0)
-    line = cm.fsdp_line(layout) if is_fsdp(sharding) else (0.0, 0.0)
-    table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute, sharding=sharding, fsdp_line=line)
-    M = max(1, request.global_batch // (layout.dp_degree * b))
-    schedule = _leanest(layout.num_stages, M)
+    table, M, schedule = _chain(cm, request, cap, layout, b, recompute)
     ks = inflight_counts(schedule, layout, M)
     if not could_partition(table, ks):
         return False
