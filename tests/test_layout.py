@@ -149,3 +149,19 @@ def test_plan_file_writes_cp_only_when_above_one() -> None:
     jsonschema.validate(doc, schema)
     with pytest.raises(PlannerInputError, match=r"p.json: .*cp_degree must be >= 1 \(got 0\)"):
         plan_from_json(dict(doc, cp_degree=0), "p.json")
+
+
+@settings(max_examples=300, deadline=None)
+@given(layout=layouts(), per_node=st.sampled_from([1, 2, 3, 4, 8]), nodes=st.integers(1, 64))
+def test_gradient_group_line_without_listing_ranks(layout: Layout, per_node: int, nodes: int) -> None:
+    """The cost model's line of a stage's gradient group (worked out from where the group's
+    arithmetic progression of ranks falls in the nodes, cached per shape) is the all-reduce line
+    over the group's ranks themselves, on clusters whose nodes the groups fill in any way."""
+    import dataclasses
+
+    from planner.artifacts.cluster import PRESETS
+    from planner.cost.collectives import allreduce_line, grad_group_line
+
+    cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=nodes, devices_per_node=per_node)
+    for s in range(layout.num_stages):
+        assert grad_group_line(cluster, layout, s) == allreduce_line(cluster, layout.grad_group(s))

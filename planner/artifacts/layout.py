@@ -54,6 +54,11 @@ from planner.artifacts.kinds import ChunkPlacement, ZeroStage
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
+#: Layout.stage_ranks by (layout, stage)
+_STAGE_RANKS: dict[tuple["Layout", int], tuple[int, ...]] = {}
+_STAGE_RANKS_KEPT = 1 << 10
+
+
 @dataclass(frozen=True, slots=True)
 class Sharding:
     """How one stage's model state is divided: ZeRO stage ``zero`` over ``ranks`` data-parallel
@@ -210,9 +215,16 @@ class Layout:
         return tuple(((row + r) * cp + c) * tp + k for r in replicas for c in cps for k in tps)
 
     def stage_ranks(self, stage_idx: int) -> tuple[int, ...]:
-        """Every device of stage ``stage_idx``, in rank order."""
-        return self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)), range(self.cp_degree),
-                           range(self.tp_degree))
+        """Every device of stage ``stage_idx``, in rank order (kept per layout and stage: a plan
+        lists them, and checks them against this, for every stage)."""
+        key = (self, stage_idx)
+        found = _STAGE_RANKS.get(key)
+        if found is None:
+            if len(_STAGE_RANKS) >= _STAGE_RANKS_KEPT:
+                _STAGE_RANKS.clear()
+            found = _STAGE_RANKS[key] = self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)),
+                                                    range(self.cp_degree), range(self.tp_degree))
+        return found
 
     def dp_group(self, stage_idx: int, tp_index: int = 0, cp_index: int = 0) -> tuple[int, ...]:
         """The ranks of stage ``stage_idx`` at context-parallel index ``cp_index`` and

@@ -180,8 +180,10 @@ class PlanStage:
         check_fields(self, 0, MAX_BYTES, "activation_bytes_per_microbatch", "memory_total_bytes", "memory_cap_bytes")
         for name in self.layer_names:
             check_name(f"stage {self.stage_idx}: layer name", name)
-        for rank in self.ranks:
-            check_count("ranks[*]", rank, 0, MAX_DEVICES - 1)
+        ranks = self.ranks
+        if not (ranks and all(type(r) is int for r in ranks) and min(ranks) >= 0 and max(ranks) < MAX_DEVICES):
+            for rank in ranks:  # the first bad one named (a plan of 16,384 devices lists them all)
+                check_count("ranks[*]", rank, 0, MAX_DEVICES - 1)
         if not 0 <= self.layer_start < self.layer_stop:
             raise ValueError(f"stage {self.stage_idx}: layer range [{self.layer_start}, {self.layer_stop}) is empty")
         if len(self.layer_names) != self.layer_stop - self.layer_start:

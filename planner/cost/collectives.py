@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from planner.artifacts.cluster import Cluster
+from planner.artifacts.layout import Layout
 
 
 def p2p_ms(num_bytes: float, *, bandwidth_gb_per_s: float, latency_us: float) -> float:
@@ -69,3 +70,30 @@ def allreduce_ms(cluster: Cluster, num_bytes: float, ranks: Sequence[int]) -> fl
         return 0.0
     per_byte, fixed = allreduce_line(cluster, ranks)
     return per_byte * num_bytes + fixed
+
+
+#: allreduce_line of arithmetic progressions of ranks, by (the links, the first rank's place in
+#: its node, stride, count): a search prices the gradient groups of thousands of layouts
+_PROGRESSIONS: dict[tuple[float | int, ...], tuple[float, float]] = {}
+_PROGRESSIONS_KEPT = 1 << 14
+
+
+def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int) -> tuple[float, float]:
+    """:func:`allreduce_line` of stage ``stage_idx``'s gradient group (:meth:`Layout.grad_group`,
+    tensor-parallel shard 0), without listing its ranks for a uniform layout: they are
+    ``D x cp`` ranks from ``pipeline rank x D x cp x t`` in steps of ``t``, and the line depends
+    only on how they fall into nodes, the same for every shift by whole nodes."""
+    if layout.stage_replicas:
+        return allreduce_line(cluster, layout.grad_group(stage_idx))
+    n = layout.dp_degree * layout.cp_degree
+    stride, per_node = layout.tp_degree, cluster.devices_per_node
+    first = layout.pipeline_rank(stage_idx) * n * stride
+    key = (cluster.intra_node_bandwidth_gb_per_s, cluster.intra_node_latency_us, cluster.inter_node_bandwidth_gb_per_s,
+           cluster.inter_node_latency_us, per_node, first % per_node, stride, n)
+    found = _PROGRESSIONS.get(key)
+    if found is None:
+        if len(_PROGRESSIONS) >= _PROGRESSIONS_KEPT:
+            _PROGRESSIONS.clear()
+        offset = first % per_node
+        found = _PROGRESSIONS[key] = allreduce_line(cluster, range(offset, offset + n * stride, stride))
+    return found

@@ -56,7 +56,7 @@ import numpy as np
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line
+from planner.cost.collectives import grad_group_line
 
 __all__ = ["FsdpTerms", "fsdp_line", "fsdp_terms", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
 
@@ -70,7 +70,7 @@ def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
     """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
     group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
     all-reduce line, of the layout's slowest group."""
-    lines = [allreduce_line(cluster, layout.grad_group(s)) for s in range(layout.num_stages)]
+    lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
 

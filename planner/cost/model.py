@@ -80,7 +80,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import AttentionCore, Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
-from planner.cost.collectives import allreduce_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.collectives import grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
@@ -392,7 +392,7 @@ class CostModel(ShardedState):
         if found is None:
             if len(self._grad_lines) >= 1 << 16:
                 self._grad_lines.clear()
-            found = self._grad_lines[key] = allreduce_line(self.cluster, layout.grad_group(stage_idx))
+            found = self._grad_lines[key] = grad_group_line(self.cluster, layout, stage_idx)
         return found
 
     def stage_sync(

@@ -75,6 +75,21 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
 
 
+def least_bytes(work: np.ndarray, nbytes: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """The least bytes any share of the layers with total work ``w`` holds, ``H(w)``, layer
+    ``i`` holding ``nbytes[i]`` for its ``work[i] > 0`` and taken in any fraction (so the fewest
+    bytes per ms first): breakpoints ``(w, H(w))`` of a convex piecewise-linear function from
+    ``(0, 0)`` to the whole profile, with the point where ``H`` reaches ``cap`` among them."""
+    order = np.argsort(nbytes / work, kind="stable")
+    w = np.concatenate([[0.0], np.cumsum(work[order])])
+    h = np.concatenate([[0.0], np.cumsum(nbytes[order])])
+    k = int(np.searchsorted(h, cap))
+    if 0 < k < len(h) and h[k] > cap > h[k - 1]:
+        at = w[k - 1] + (w[k] - w[k - 1]) * (cap - h[k - 1]) / (h[k] - h[k - 1])
+        w, h = np.insert(w, k, at), np.insert(h, k, cap)
+    return w, h
+
+
 @dataclass(slots=True)
 class Incumbent:
     """The best simulated times found so far, shared by the searches of several degrees (one
@@ -123,7 +138,7 @@ class ConfigSearch:
         self.slack = slack
         self.fill = fill or incumbent_ms < float("inf")
         self.tight = fill  # also the memory floor (memory_bound)
-        self.per_size: dict[tuple[int, float], tuple[float, float, float, float, float]] = {}
+        self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
@@ -166,11 +181,16 @@ class ConfigSearch:
           the leanest variant solved, plus every layer's saved bytes for the fewest
           micro-batches any stage holds) less ``P x cap``; the busiest rank does at least 1 / P
           of the pipeline's ``M x (work + recomputation)``;
-        - rank by rank: a rank given work ``w`` holds at least ``sigma w`` of state and ``alpha
-          w`` per micro-batch in flight (the least bytes per ms of work of any layer), so it
-          takes ``g_r(w) = w + rho / k_max max(0, (sigma + k_min alpha) w - cap)`` per
-          micro-batch; the ranks' works sum to the profile's, so the busiest takes at least the
-          ``t`` at which the works ``g_r^-1(t)`` sum to it; the iteration ``M t``."""
+        - rank by rank: a rank given work ``w`` holding at least ``k_min`` micro-batches in every
+          stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
+          holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
+          saved activations; fractions of layers allowed, so the lightest bytes per ms are
+          taken first: a convex piecewise-linear ``H``, :func:`least_bytes`). It takes ``g_r(w) =
+          w + rho / k_max max(0, H(w) - cap)`` per micro-batch; the ranks' works sum to the
+          profile's, so the busiest takes at least the ``t`` at which the works ``g_r^-1(t)``
+          sum to it; the iteration ``M t``. (Taking each layer's share at the least bytes per ms
+          of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
+          per ms, made the floor vanish.)"""
         cm, b, lay = self.cm, c.microbatch_size, c.layout
         if (cm.profile.shared_saved or lay.stage_replicas
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
@@ -191,10 +211,9 @@ class ConfigSearch:
             for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
                 params[list(tie.layers)] -= tie.param_count
             params = np.maximum(params, 0.0)
-            sigma = float(np.min(kappa * params[busy] / layer_work[busy])) if busy.any() else 0.0
-            alpha = float(np.min(saved[busy] / layer_work[busy])) if busy.any() else 0.0
-            self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), min(rates, default=0.0), sigma, alpha)
-        work, saved_total, rate, sigma, alpha = self.per_size[key]
+            self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), min(rates, default=0.0),
+                                  layer_work[busy], kappa * params[busy], saved[busy])
+        work, saved_total, rate, layer_work, state, saved = self.per_size[key]
         if rate <= 0:
             return 0.0
         ks = c.inflight()
@@ -203,37 +222,27 @@ class ConfigSearch:
         floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
             out = M * (work + rate * (floor - P * cap) / max(ks)) / P
-        # rank by rank: (w0, slope) of g_r per distinct (k_min, k_max), with its count of ranks
+        # rank by rank: each distinct (k_min, k_max) with its count of ranks, and the breakpoints
+        # (t, w) of its g^-1, a piecewise-linear increasing function (w <= the profile's work)
         groups: dict[tuple[int, int], int] = {}
         for r in range(P):
             chunk = [ks[s] for s in lay.stage_indices(r)]
             kk = (min(chunk), max(chunk))
             groups[kk] = groups.get(kk, 0) + 1
-        lines = []
+        inverses = []
         for (kmin, kmax), count in groups.items():
-            per_work = sigma + kmin * alpha
-            if per_work <= 0:
-                lines.append((math.inf, 1.0, count))
-                continue
-            lines.append((cap / per_work, 1.0 + rate / kmax * per_work, count))
-
-        def works(t: float) -> float:
-            return sum(n * (t if t <= w0 else w0 + (t - w0) / slope) for w0, slope, n in lines)
-
-        lo, hi = work / P, work  # works(lo) <= work (each g_r^-1(t) <= t)
-        if works(lo) >= work:
+            w, h = least_bytes(layer_work, state + kmin * saved, cap)
+            inverses.append((w + rate / kmax * np.maximum(0.0, h - cap), w, count))
+        # works(t) = sum of count g^-1(t): piecewise linear between the groups' breakpoints
+        ts = np.unique(np.concatenate([g for g, _, _ in inverses]))
+        works = sum(n * np.interp(ts, g, w) for g, w, n in inverses)
+        k = int(np.searchsorted(works, work * (1 - 1e-12)))
+        if k == 0:
+            return max(out, M * float(ts[0]))
+        if k >= len(ts):  # unreachable: at the largest breakpoint some rank takes all the work
             return out
-        for _ in range(64):
-            if works(hi) >= work:
-                break
-            lo, hi = hi, 2 * hi
-        for _ in range(48):
-            mid = (lo + hi) / 2
-            if works(mid) >= work:
-                hi = mid
-            else:
-                lo = mid
-        return max(out, M * lo)
+        t0, t1, w0, w1 = float(ts[k - 1]), float(ts[k]), float(works[k - 1]), float(works[k])
+        return max(out, M * (t0 + (t1 - t0) * (work - w0) / (w1 - w0)))
 
     def next_bound(self) -> float:
         """The bound of the next configuration to visit (inf when all are visited)."""

@@ -61,7 +61,7 @@ import numpy as np
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
+from planner.cost import CostModel, grad_group_line, link_of, p2p_ms
 from planner.cost.fsdp import is_fsdp, working_set_matrix
 from planner.schedule import inflight_counts
 from planner.solve.recompute import (
@@ -436,7 +436,7 @@ def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, l
     overlap: the layers' before it, and when the stack overlaps the reduction also the stage's
     own (the objective's proxy for what the pipeline cannot hide; the simulator prices
     the buckets)."""
-    per_byte, fixed = allreduce_line(cm.cluster, layout.grad_group(stage_idx))
+    per_byte, fixed = grad_group_line(cm.cluster, layout, stage_idx)
     if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
         return 0.0  # ZeRO 3: its collectives are in the stage's times
     _, bp = cm.time_prefix(microbatch_size)
@@ -456,7 +456,7 @@ def _links(cluster: Cluster, layout: Layout) -> tuple[list[tuple[float, float]],
     (None for the last stage and the turn of a V, where nothing crosses a link)."""
     found = _LINKS.get(layout)
     if found is None or found[0] is not cluster:
-        lines = [allreduce_line(cluster, layout.grad_group(s)) for s in range(layout.num_stages)]
+        lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
         links: list[tuple[float, float] | None] = []
         for s in range(layout.num_stages):
             src = layout.rank_of(stage_idx=s)
@@ -520,30 +520,63 @@ def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
     return np.where(table.valid, fill, 0.0)
 
 
-def _dp(tables: list[np.ndarray], extra: list[np.ndarray], cap: float, L: int) -> tuple[float, list[np.ndarray]]:
-    """One pass of the table for one cap; ``extra[s]`` = c_s + X_s as an (L+1) x (L+1) matrix.
+class _Bands:
+    """Every stage's band of its table and of its table plus ``extra`` (``c_s + X_s``), stacked
+    ``P x width x width`` once for the DP passes of one set of tables (:meth:`dp` at each cap,
+    :meth:`bottleneck`). Stage ``s`` of ``P`` starts at a layer in ``[s, L - P + s]`` and stops in
+    ``[s + 1, L - P + s + 1]`` (every stage holds a layer), so only that band is searched: row
+    ``i`` of stage ``s``'s band is the stage starting at layer ``s + i``, column ``a`` the one
+    stopping at ``s + 1 + a``."""
 
-    Stage ``s`` of ``P`` starts at a layer in ``[s, L - P + s]`` and stops in ``[s + 1,
-    L - P + s + 1]`` (every stage holds a layer), so only that band is searched: outside it
-    ``f`` stays inf and ``arg`` 0, and inside it every finite entry is in the band (so the
-    first least entry is the one the whole row would give)."""
-    P = len(tables)
-    f = np.full(L + 1, INF)
-    f[L] = 0.0
-    args = []
-    width = L - P + 1
-    for s in range(P - 1, -1, -1):
-        t = tables[s][s:s + width, s + 1:s + 1 + width]
-        cand = np.where(t <= cap, t, INF) + extra[s][s:s + width, s + 1:s + 1 + width] + f[None, s + 1:s + 1 + width]
-        arg_band = np.argmin(cand, axis=1)
-        new = np.full(L + 1, INF)
-        new[s:s + width] = cand[np.arange(width), arg_band]
-        arg = np.zeros(L + 1, dtype=np.intp)
-        arg[s:s + width] = arg_band + (s + 1)
-        f = new
-        args.append(arg)
-    args.reverse()
-    return float(f[0]), args
+    def __init__(self, tables: list[np.ndarray], extra: list[np.ndarray], L: int):
+        P = len(tables)
+        w = L - P + 1
+        self.P, self.L, self.width = P, L, w
+        self.t = np.stack([t[s:s + w, s + 1:s + 1 + w] for s, t in enumerate(tables)])
+        self.te = self.t + np.stack([e[s:s + w, s + 1:s + 1 + w] for s, e in enumerate(extra)])
+        self.rows = np.arange(w)
+
+    def caps(self, cap_max: float) -> np.ndarray:
+        """The distinct finite stage times at most ``cap_max`` (the candidate caps)."""
+        t = self.t
+        return np.unique(t[np.isfinite(t) & (t <= cap_max)])
+
+    def dp(self, cap: float) -> tuple[float, np.ndarray]:
+        """One pass of the table for one cap: the least sum of ``T_s + c_s + X_s`` over the
+        partitions with every stage at most ``cap`` (inf if none), and each stage's choice
+        (``P x width``: at row ``i`` of stage ``s``, its stop less ``s + 1``; the first least
+        entry of the row)."""
+        cand_all = np.where(self.t <= cap, self.te, INF)
+        g = np.full(self.width, INF)  # f[s + 1] over the layers stage s may stop at
+        g[-1] = 0.0
+        args = np.empty((self.P, self.width), dtype=np.intp)
+        rows = self.rows
+        for s in range(self.P - 1, -1, -1):
+            cand = cand_all[s] + g
+            arg = cand.argmin(axis=1)
+            args[s] = arg
+            g = cand[rows, arg]
+        return float(g[0]), args
+
+    def stage_times(self, args: np.ndarray) -> tuple[list[int], list[float]]:
+        """The partition ``args`` chooses from layer 0: its stage starts and stage times."""
+        bounds, times, i = [], [], 0
+        for s in range(self.P):
+            a = int(args[s][i - s])
+            bounds.append(i)
+            times.append(float(self.t[s][i - s, a]))
+            i = s + 1 + a
+        return bounds, times
+
+    def bottleneck(self, cap_max: float) -> float:
+        """The least largest stage time of any partition with every stage at most ``cap_max``
+        (inf when there is none): the min-max DP over the same bands as :meth:`dp`."""
+        capped = np.where(self.t <= cap_max, self.t, INF)
+        g = np.full(self.width, INF)
+        g[-1] = -INF
+        for s in range(self.P - 1, -1, -1):
+            g = np.maximum(capped[s], g).min(axis=1)
+        return float(g[0])
 
 
 def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool = True) -> bool:
@@ -561,36 +594,11 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     return bool(reach[0])
 
 
-def _stage_times(tables: list[np.ndarray], args: list[np.ndarray], L: int) -> tuple[list[int], list[float]]:
-    bounds, times, i = [], [], 0
-    for s, arg in enumerate(args):
-        j = int(arg[i])
-        bounds.append(i)
-        times.append(float(tables[s][i, j]))
-        i = j
-    return bounds, times
-
-
-def _bottleneck(tables: list[np.ndarray], cap_max: float, L: int) -> float:
-    """The least largest stage time of any partition with every stage at most ``cap_max``
-    (inf when there is none): the min-max DP over the same band as :func:`_dp`."""
-    P = len(tables)
-    width = L - P + 1
-    g = np.full(L + 1, INF)
-    g[L] = -INF
-    for s in range(P - 1, -1, -1):
-        t = tables[s][s:s + width, s + 1:s + 1 + width]
-        cand = np.maximum(np.where(t <= cap_max, t, INF), g[None, s + 1:s + 1 + width])
-        new = np.full(L + 1, INF)
-        new[s:s + width] = cand.min(axis=1)
-        g = new
-    return float(g[0])
-
-
 def _minimize(
     tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float
-) -> tuple[float, float] | None:
-    """min over caps of J; returns (J, cap at which the optimal partition is found) or None.
+) -> tuple[float, float, np.ndarray] | None:
+    """min over caps of J; returns (J, cap at which the optimal partition is found, its
+    :meth:`_Bands.dp` choices) or None.
 
     Caps are visited downwards, jumping from a solution with largest stage time ``m`` to the
     largest candidate cap below ``m`` (every cap in between gives the same solution), and
@@ -598,38 +606,39 @@ def _minimize(
 
     The visit starts below the top: with ``S_min`` the least sum of any partition (the DP at the
     largest cap) and ``J_b`` the objective of the DP's solution at the least feasible cap
-    (:func:`_bottleneck`), a solution whose largest stage exceeds ``(J_b - S_min) / (M - 1)``
+    (:meth:`_Bands.bottleneck`), a solution whose largest stage exceeds ``(J_b - S_min) / (M - 1)``
     has ``J > J_b`` and cannot be the minimum (nor tie it), so the visit starts at the largest
     candidate cap below that. The caps visited from there, their solutions and the one returned
     are those of a visit from the top (whose solutions above it only ever lost to ``J_b``)."""
+    bands = _Bands(tables, extra, L)
     if M == 1:
-        total, _ = _dp(tables, extra, INF, L)
-        return (total, INF) if total < INF else None
-    caps = np.unique(np.concatenate([t[np.isfinite(t) & (t <= cap_max)] for t in tables]))
+        total, args = bands.dp(INF)
+        return (total, INF, args) if total < INF else None
+    caps = bands.caps(cap_max)
     if caps.size == 0:
         return None
-    least_sum, _ = _dp(tables, extra, float(caps[-1]), L)
+    least_sum, _ = bands.dp(float(caps[-1]))
     if least_sum >= INF:
         return None
-    c_min = _bottleneck(tables, float(caps[-1]), L)
+    c_min = bands.bottleneck(float(caps[-1]))
     if c_min >= INF:
         return None
-    total, args = _dp(tables, extra, c_min, L)
-    _, times = _stage_times(tables, args, L)
+    total, args = bands.dp(c_min)
+    _, times = bands.stage_times(args)
     ceiling = (total + (M - 1) * max(times) - least_sum) / (M - 1)
     k = int(np.searchsorted(caps, ceiling * (1 + 1e-12), side="right")) - 1
     k = max(k, int(np.searchsorted(caps, c_min, side="left")))
-    best: tuple[float, float] | None = None
+    best: tuple[float, float, np.ndarray] | None = None
     cap = float(caps[k])
     while True:
-        total, args = _dp(tables, extra, cap, L)
+        total, args = bands.dp(cap)
         if total >= INF:
             break
-        _, times = _stage_times(tables, args, L)
+        _, times = bands.stage_times(args)
         m = max(times)
         value = total + (M - 1) * m
         if best is None or value < best[0]:
-            best = (value, cap)
+            best = (value, cap, args)
         if total + (M - 1) * cap_lb >= best[0]:
             break
         k = int(np.searchsorted(caps, m, side="left")) - 1
@@ -692,19 +701,18 @@ def solve_chain(
         # tighter: J >= S + (M - 1) max_s T_s with S at least the least sum of compute and
         # transfers of any partition (recomputation only adds), so a stage slower than
         # (J_ub - S_least) / (M - 1) makes J > J_ub
-        least, _ = _dp([table.compute] * P, extra, INF, L)
+        least, _ = _Bands([table.compute] * P, extra, L).dp(INF)
         limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
     priced = {a: table.table(a[0], limit, a[1]) for a in dict.fromkeys(at)}
     tables = [priced[a] for a in at]
     found = _minimize(tables, extra, L, M, limit, cap_lb)
     if found is None:
         return None
-    best_cap = found[1]
-    _, args = _dp(tables, extra, best_cap, L)
+    args = found[2]
     bounds, recompute, selective, times = [], [], [], []
     i = 0
     for s in range(P):
-        j = int(args[s][i])
+        j = s + 1 + int(args[s][i - s])
         bounds.append(i)
         recompute.append(table.recompute_of(ks[s], i, j, table.cap_of(s)))
         selective.append(table.selective_of(ks[s], i, j, table.cap_of(s)))

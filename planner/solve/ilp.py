@@ -38,7 +38,7 @@ from ortools.sat.python import cp_model
 
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
-from planner.cost import allreduce_line, link_of, p2p_ms
+from planner.cost import grad_group_line, link_of, p2p_ms
 from planner.cost.fsdp import units_in_flight
 from planner.schedule import inflight_counts
 from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms
@@ -138,7 +138,7 @@ def solve_chain_ilp(
                 m.add(ws3 >= int(unit_bytes * cm.param_count[l]) * x[s][l])
             mem += ws3
         # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
-        per_byte, fixed = allreduce_line(cm.cluster, layout.grad_group(s))
+        per_byte, fixed = grad_group_line(cm.cluster, layout, s)
         if (per_byte or fixed) and terms is None:
             ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
             ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
