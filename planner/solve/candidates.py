@@ -28,6 +28,9 @@ from planner.solve.recompute import choose_recompute
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms, fsdp_searched
 
+#: a configuration's place in the order (ConfigSearch.heap): its first bound; its memory floor
+#: worked in; its ZeRO 3 variant alone, its own stage found not to fit
+FRESH, MEMORY, FSDP = 0, 1, 2
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 #: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
@@ -145,9 +148,10 @@ class ConfigSearch:
         configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
                                                                   split_ok)
         self.configs = configs
-        # (bound, tie-break, index, memory bound worked in): a heap, so that a configuration
-        # whose memory bound (worked out when the order reaches it) is higher goes back in
-        self.heap = [(self.bound(c), c.sort_key(), i, False) for i, c in enumerate(configs)]
+        # (bound, tie-break, index, phase): a heap, so that a configuration whose memory bound
+        # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
+        # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP)
+        self.heap = [(self.bound(c), c.sort_key(), i, FRESH) for i, c in enumerate(configs)]
         heapq.heapify(self.heap)
         self.pruned = 0  # configurations skipped by their bound
         start = incumbent_ms if prune else float("inf")
@@ -295,23 +299,30 @@ class ConfigSearch:
         """Visit the next configuration: skip it if its bound exceeds what it must beat, else
         solve its variants and keep the fastest candidate."""
         cm, request, prune, settings = self.cm, self.request, self.prune, self.settings
-        lb, key, i, refined = heapq.heappop(self.heap)
+        lb, key, i, phase = heapq.heappop(self.heap)
         c0 = self.configs[i]
         limit = self.limit(c0)
-        if prune and self.tight and self.request.recompute and not refined and lb <= limit:
+        if prune and self.tight and self.request.recompute and phase == FRESH and lb <= limit:
             # the memory bound, worked out only for configurations the order reaches: higher, the
             # configuration goes back in its place
             mem = self.memory_bound(c0)
             if mem > lb:
-                heapq.heappush(self.heap, (mem, key, i, True))
+                heapq.heappush(self.heap, (mem, key, i, MEMORY))
                 return
         if prune and lb > limit:
             self.pruned += 1
             return
         fitted = False  # this configuration at its searched stage
-        for c in self.variants(c0):
-            if is_fsdp(c.sharding()) and (fitted or (prune and config_lower_bound_ms(cm, c) > limit)):
-                continue  # ZeRO 3 where nothing else fits (see variants), and where it may beat the best so far
+        for c in [c0.with_zero(ZeroStage.PARAMETERS)] if phase == FSDP else self.variants(c0):
+            if is_fsdp(c.sharding()) and phase != FSDP:
+                # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
+                # too; the memory floor already counts its sharding) is higher, back in the order
+                if fitted:
+                    continue
+                own = max(lb, config_lower_bound_ms(cm, c))
+                if prune and own > lb:
+                    heapq.heappush(self.heap, (own, key, i, FSDP))
+                    continue
             sol = solve_config(self.chain_solver, self.table_of(c), c)
             if sol is None:
                 continue

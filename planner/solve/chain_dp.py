@@ -171,6 +171,19 @@ def _layers_of(fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.
     return found
 
 
+#: per L, the layers of each stage (i, j): j - i (an (L + 1) x (L + 1) matrix, read-only)
+_LENGTHS: dict[int, np.ndarray] = {}
+
+
+def _lengths(L: int) -> np.ndarray:
+    found = _LENGTHS.get(L)
+    if found is None:
+        idx = np.arange(L + 1)
+        found = _LENGTHS[L] = idx[None, :] - idx[:, None]
+        found.flags.writeable = False
+    return found
+
+
 class StageTable:
     """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
     memory cap and division of the model state (``sharding``), per in-flight count ``k``;
@@ -244,6 +257,7 @@ class StageTable:
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
         self._could: dict[tuple[int, float, bool], np.ndarray] = {}
+        self._longest: dict[tuple[int, float, bool], int] = {}
         self._gains: dict[int, np.ndarray] = {}  # per in-flight count, the most recomputation frees
         self.all_exact = True
         self._layers = _layers_of(self.fwd, self.saved, self.inputs, self.core, self.core_ms)
@@ -305,6 +319,18 @@ class StageTable:
             self._could[key] = found
         return found
 
+    def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
+        """The most layers of any stage that :meth:`could_fit` (0 if none)."""
+        key = (inflight, self.cap if cap is None else cap, recompute)
+        found = self._longest.get(key)
+        if found is None:
+            found = self._longest[key] = int(np.max(self.could_fit(*key) * _lengths(self.L)))
+        return found
+
+    def longest_within(self, limit: float) -> int:
+        """The most layers of any stage whose compute time is at most ``limit`` (0 if none)."""
+        return int(np.max((self.compute <= limit) * _lengths(self.L)))
+
     def table(self, inflight: int, limit: float = INF, cap: float | None = None) -> np.ndarray:
         """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
 
@@ -334,24 +360,30 @@ class StageTable:
                 self._price_levels(at, inflight, batch, excess, table)
         for i, j in zip(*np.nonzero(todo)):
             i, j = int(i), int(j)
-            key: tuple[object, ...]
             shared = self.cm.shared_out(i, j, self.b) if self.shared else None
-            if j - i <= self._run[i] and shared is None:
-                key = (inflight, self._kind[i], j - i, float(excess[i, j]))
-            else:
-                key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
-                       self.core[i:j].tobytes(), self.core_ms[i:j].tobytes(), float(excess[i, j]),
-                       None if shared is None else shared.tobytes())
-            choice = self._cache.get(key)
-            if choice is None:
-                choice = self._choose(inflight, i, j, float(excess[i, j]), shared)
-                self._cache[key] = choice
+            choice = self._cached_choice(inflight, i, j, float(excess[i, j]), shared)
             if choice.time_ms < INF:
                 table[i, j] = self.compute[i, j] + choice.time_ms
                 self._choices[(at, i, j)] = (i, choice)  # layers relative to i
                 self.all_exact &= choice.exact
         self._pending[at] = (need, excess, limit)
         return table
+
+    def _cached_choice(self, inflight: int, i: int, j: int, excess: float,
+                       shared: np.ndarray | None = None) -> RecomputeChoice:
+        """:meth:`_choose`, shared by every stage with the same layers (times, bytes) and excess
+        (its layers are relative to the stage's first)."""
+        key: tuple[object, ...]
+        if j - i <= self._run[i] and shared is None:
+            key = (inflight, self._kind[i], j - i, excess)
+        else:
+            key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
+                   self.core[i:j].tobytes(), self.core_ms[i:j].tobytes(), excess,
+                   None if shared is None else shared.tobytes())
+        choice = self._cache.get(key)
+        if choice is None:
+            choice = self._cache[key] = self._choose(inflight, i, j, excess, shared)
+        return choice
 
     def _choose(self, inflight: int, i: int, j: int, excess: float, shared: np.ndarray | None = None) -> RecomputeChoice:
         """:func:`choose_recompute` for stage ``[i, j)`` (layers relative to ``i``)."""
@@ -412,7 +444,7 @@ class StageTable:
         at = (inflight, self.cap if cap is None else cap)
         entry = self._choices.get((at, i, j))
         if entry is None and at in self._lazy and self._lazy[at][i, j]:
-            choice = self._choose(inflight, i, j, float(self._pending[at][1][i, j]))
+            choice = self._cached_choice(inflight, i, j, float(self._pending[at][1][i, j]))
             assert self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
             entry = self._choices[(at, i, j)] = (i, choice)
         return entry
@@ -521,20 +553,28 @@ def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
 
 
 class _Bands:
-    """Every stage's band of its table and of its table plus ``extra`` (``c_s + X_s``), stacked
-    ``P x width x width`` once for the DP passes of one set of tables (:meth:`dp` at each cap,
-    :meth:`bottleneck`). Stage ``s`` of ``P`` starts at a layer in ``[s, L - P + s]`` and stops in
-    ``[s + 1, L - P + s + 1]`` (every stage holds a layer), so only that band is searched: row
-    ``i`` of stage ``s``'s band is the stage starting at layer ``s + i``, column ``a`` the one
-    stopping at ``s + 1 + a``."""
+    """Every stage's table, and table plus ``extra`` (``c_s + X_s``), over the stages the DP can
+    use, stacked ``P x width x K`` once for the DP passes of one set of tables (:meth:`dp` at
+    each cap, :meth:`bottleneck`). Stage ``s`` of ``P`` starts at a layer in ``[s, L - P + s]``
+    and stops in ``[s + 1, L - P + s + 1]`` (every stage holds a layer; ``width = L - P + 1``
+    starts), and holds at most ``K`` layers (``longest``: the caller knows that no longer stage
+    is finite at the caps asked); entry ``[s, a, l]`` is the stage starting at ``s + a`` with
+    ``l + 1`` layers (inf where that stops beyond the stage's range)."""
 
-    def __init__(self, tables: list[np.ndarray], extra: list[np.ndarray], L: int):
+    def __init__(self, tables: list[np.ndarray], extra: list[np.ndarray], L: int, longest: int | None = None):
         P = len(tables)
         w = L - P + 1
-        self.P, self.L, self.width = P, L, w
-        self.t = np.stack([t[s:s + w, s + 1:s + 1 + w] for s, t in enumerate(tables)])
-        self.te = self.t + np.stack([e[s:s + w, s + 1:s + 1 + w] for s, e in enumerate(extra)])
+        K = w if longest is None else max(1, min(w, longest))
+        self.P, self.L, self.width, self.K = P, L, w, K
+        self.t = _skewed(tables, L, w, K)
+        self.t[:, _beyond(w, K)] = INF
+        self.te = self.t + _skewed(extra, L, w, K)  # inf where t is (extra is finite)
         self.rows = np.arange(w)
+        # f of the stops of the stage after, at the stops a stage from each start may reach:
+        # row a of `ahead` is g[a:a + K] (a view of the buffer, past its end inf)
+        self.buffer = np.full(w + K, INF)
+        self.ahead = np.lib.stride_tricks.as_strided(self.buffer, shape=(w, K), strides=(self.buffer.strides[0],) * 2,
+                                                     writeable=False)
 
     def caps(self, cap_max: float) -> np.ndarray:
         """The distinct finite stage times at most ``cap_max`` (the candidate caps)."""
@@ -544,19 +584,19 @@ class _Bands:
     def dp(self, cap: float) -> tuple[float, np.ndarray]:
         """One pass of the table for one cap: the least sum of ``T_s + c_s + X_s`` over the
         partitions with every stage at most ``cap`` (inf if none), and each stage's choice
-        (``P x width``: at row ``i`` of stage ``s``, its stop less ``s + 1``; the first least
-        entry of the row)."""
+        (``P x width``: at start ``s + a`` of stage ``s``, its layers less one; the first least
+        entry, i.e. the earliest stop)."""
         cand_all = np.where(self.t <= cap, self.te, INF)
-        g = np.full(self.width, INF)  # f[s + 1] over the layers stage s may stop at
-        g[-1] = 0.0
-        args = np.empty((self.P, self.width), dtype=np.intp)
-        rows = self.rows
+        buffer, ahead, rows, w = self.buffer, self.ahead, self.rows, self.width
+        buffer[:w] = INF  # f[P] over the stops of the last stage: 0 at L only
+        buffer[w - 1] = 0.0
+        args = np.empty((self.P, w), dtype=np.intp)
         for s in range(self.P - 1, -1, -1):
-            cand = cand_all[s] + g
+            cand = cand_all[s] + ahead
             arg = cand.argmin(axis=1)
             args[s] = arg
-            g = cand[rows, arg]
-        return float(g[0]), args
+            buffer[:w] = cand[rows, arg]
+        return float(buffer[0]), args
 
     def stage_times(self, args: np.ndarray) -> tuple[list[int], list[float]]:
         """The partition ``args`` chooses from layer 0: its stage starts and stage times."""
@@ -565,18 +605,41 @@ class _Bands:
             a = int(args[s][i - s])
             bounds.append(i)
             times.append(float(self.t[s][i - s, a]))
-            i = s + 1 + a
+            i += a + 1
         return bounds, times
 
     def bottleneck(self, cap_max: float) -> float:
         """The least largest stage time of any partition with every stage at most ``cap_max``
-        (inf when there is none): the min-max DP over the same bands as :meth:`dp`."""
+        (inf when there is none): the min-max DP over the same stages as :meth:`dp`."""
         capped = np.where(self.t <= cap_max, self.t, INF)
-        g = np.full(self.width, INF)
-        g[-1] = -INF
+        buffer, ahead, w = self.buffer, self.ahead, self.width
+        buffer[:w] = INF
+        buffer[w - 1] = -INF
         for s in range(self.P - 1, -1, -1):
-            g = np.maximum(capped[s], g).min(axis=1)
-        return float(g[0])
+            buffer[:w] = np.maximum(capped[s], ahead).min(axis=1)
+        return float(buffer[0])
+
+
+def _skewed(matrices: list[np.ndarray], L: int, w: int, K: int) -> np.ndarray:
+    """``matrices[s][s + a, s + a + 1 + l]`` at ``[s, a, l]`` (``a < w``, ``l < K``), through a
+    view whose rows step down the diagonal (entries stopping beyond ``L`` read other entries of
+    the matrix: :func:`_beyond` marks them)."""
+    views: dict[int, np.ndarray] = {}
+    out = []
+    for s, m in enumerate(matrices):
+        view = views.get(id(m))
+        if view is None:
+            m = np.ascontiguousarray(m)
+            step = m.strides[0] + m.strides[1]  # one row down, one column right
+            view = views[id(matrices[s])] = np.lib.stride_tricks.as_strided(
+                m.reshape(-1)[1:], shape=(len(matrices), w, K), strides=(step, step, m.strides[1]), writeable=False)
+        out.append(view[s])
+    return np.stack(out)
+
+
+def _beyond(w: int, K: int) -> np.ndarray:
+    """``[a, l]`` whose stage stops beyond its range (``a + l >= w``)."""
+    return np.add.outer(np.arange(w), np.arange(K)) >= w
 
 
 def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool = True) -> bool:
@@ -584,18 +647,23 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     stage ``s`` with ``inflight[s]`` micro-batches and its share of the memory): when none does,
     the configuration has no plan, which this finds without pricing any recomputation. Without
     ``recompute``: some partition fits with none (then :func:`solve_chain` finds a plan)."""
-    L = table.L
-    reach = np.zeros(L + 1, dtype=bool)
-    reach[L] = True
-    for s in range(len(inflight) - 1, -1, -1):
-        reach = np.any(table.could_fit(inflight[s], table.cap_of(s), recompute) & reach[None, :], axis=1)
+    L, P = table.L, len(inflight)
+    w = L - P + 1  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w) (as _Bands)
+    if w < 1:
+        return False
+    reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest
+    reach[-1] = True
+    for s in range(P - 1, -1, -1):
+        fit = table.could_fit(inflight[s], table.cap_of(s), recompute)[s:s + w, s + 1:s + 1 + w]
+        reach = np.any(fit & reach[None, :], axis=1)
         if not reach.any():
             return False
     return bool(reach[0])
 
 
 def _minimize(
-    tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float
+    tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float,
+    longest: int | None = None,
 ) -> tuple[float, float, np.ndarray] | None:
     """min over caps of J; returns (J, cap at which the optimal partition is found, its
     :meth:`_Bands.dp` choices) or None.
@@ -610,7 +678,7 @@ def _minimize(
     has ``J > J_b`` and cannot be the minimum (nor tie it), so the visit starts at the largest
     candidate cap below that. The caps visited from there, their solutions and the one returned
     are those of a visit from the top (whose solutions above it only ever lost to ``J_b``)."""
-    bands = _Bands(tables, extra, L)
+    bands = _Bands(tables, extra, L, longest)
     if M == 1:
         total, args = bands.dp(INF)
         return (total, INF, args) if total < INF else None
@@ -693,7 +761,9 @@ def solve_chain(
     bases = {a: table.base(*a) for a in dict.fromkeys(at)}
     # an upper bound from the plan without recomputation bounds the useful stage times:
     # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
-    first = _minimize([bases[a] for a in at], extra, L, M, INF, cap_lb)
+    # (no stage longer than any that fits without recomputation is finite there)
+    first = _minimize([bases[a] for a in at], extra, L, M, INF, cap_lb,
+                      max(table.longest(*a, recompute=False) for a in bases))
     # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
     per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
     limit = INF if first is None else first[0] / per * (1 + 1e-9)
@@ -705,14 +775,19 @@ def solve_chain(
         limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
     priced = {a: table.table(a[0], limit, a[1]) for a in dict.fromkeys(at)}
     tables = [priced[a] for a in at]
-    found = _minimize(tables, extra, L, M, limit, cap_lb)
+    # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
+    # count (the caps), and those compute within it
+    longest = max(table.longest(*a) for a in priced)
+    if M > 1:
+        longest = min(longest, table.longest_within(limit))
+    found = _minimize(tables, extra, L, M, limit, cap_lb, longest)
     if found is None:
         return None
     args = found[2]
     bounds, recompute, selective, times = [], [], [], []
     i = 0
     for s in range(P):
-        j = s + 1 + int(args[s][i - s])
+        j = i + 1 + int(args[s][i - s])
         bounds.append(i)
         recompute.append(table.recompute_of(ks[s], i, j, table.cap_of(s)))
         selective.append(table.selective_of(ks[s], i, j, table.cap_of(s)))
