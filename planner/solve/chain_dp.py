@@ -576,10 +576,31 @@ class _Bands:
         self.ahead = np.lib.stride_tricks.as_strided(self.buffer, shape=(w, K), strides=(self.buffer.strides[0],) * 2,
                                                      writeable=False)
 
-    def caps(self, cap_max: float) -> np.ndarray:
-        """The distinct finite stage times at most ``cap_max`` (the candidate caps)."""
+    def largest(self, cap_max: float) -> float | None:
+        """The largest finite stage time at most ``cap_max`` (None if none)."""
         t = self.t
-        return np.unique(t[np.isfinite(t) & (t <= cap_max)])
+        found = float(np.max(np.where((t <= cap_max) & (t < INF), t, -INF), initial=-INF))
+        return found if found > -INF else None
+
+    def caps_between(self, lo: float, hi: float) -> np.ndarray:
+        """The distinct stage times in ``[lo, hi]`` (candidate caps), ascending."""
+        t = self.t
+        return np.unique(t[(t >= lo) & (t <= hi)])
+
+    def narrowed(self, cap_max: float) -> _Bands:
+        """The same bands over the stages no longer than the longest of any stage time at most
+        ``cap_max`` (a view: the DP at any cap up to ``cap_max`` is the same)."""
+        fits = np.flatnonzero((self.t <= cap_max).any(axis=(0, 1)))
+        K = int(fits[-1]) + 1 if fits.size else 1
+        if K == self.K:
+            return self
+        out = object.__new__(_Bands)
+        out.P, out.L, out.width, out.K = self.P, self.L, self.width, K
+        out.t, out.te, out.rows = self.t[:, :, :K], self.te[:, :, :K], self.rows
+        out.buffer = np.full(self.width + K, INF)
+        out.ahead = np.lib.stride_tricks.as_strided(out.buffer, shape=(self.width, K),
+                                                    strides=(out.buffer.strides[0],) * 2, writeable=False)
+        return out
 
     def dp(self, cap: float) -> tuple[float, np.ndarray]:
         """One pass of the table for one cap: the least sum of ``T_s + c_s + X_s`` over the
@@ -625,16 +646,20 @@ def _skewed(matrices: list[np.ndarray], L: int, w: int, K: int) -> np.ndarray:
     view whose rows step down the diagonal (entries stopping beyond ``L`` read other entries of
     the matrix: :func:`_beyond` marks them)."""
     views: dict[int, np.ndarray] = {}
-    out = []
+    users: dict[int, list[int]] = {}
     for s, m in enumerate(matrices):
-        view = views.get(id(m))
-        if view is None:
-            m = np.ascontiguousarray(m)
-            step = m.strides[0] + m.strides[1]  # one row down, one column right
-            view = views[id(matrices[s])] = np.lib.stride_tricks.as_strided(
-                m.reshape(-1)[1:], shape=(len(matrices), w, K), strides=(step, step, m.strides[1]), writeable=False)
-        out.append(view[s])
-    return np.stack(out)
+        if id(m) not in views:
+            c = np.ascontiguousarray(m)
+            step = c.strides[0] + c.strides[1]  # one row down, one column right
+            views[id(m)] = np.lib.stride_tricks.as_strided(
+                c.reshape(-1)[1:], shape=(len(matrices), w, K), strides=(step, step, c.strides[1]), writeable=False)
+        users.setdefault(id(m), []).append(s)
+    if len(views) > 3:  # many distinct matrices (1F1B's in-flight counts): one slice each
+        return np.stack([views[id(m)][s] for s, m in enumerate(matrices)])
+    out = np.empty((len(matrices), w, K))
+    for key, stages in users.items():
+        out[stages] = views[key][stages]
+    return out
 
 
 def _beyond(w: int, K: int) -> np.ndarray:
@@ -682,20 +707,24 @@ def _minimize(
     if M == 1:
         total, args = bands.dp(INF)
         return (total, INF, args) if total < INF else None
-    caps = bands.caps(cap_max)
-    if caps.size == 0:
+    top = bands.largest(cap_max)
+    if top is None:
         return None
-    least_sum, _ = bands.dp(float(caps[-1]))
+    least_sum, _ = bands.dp(top)
     if least_sum >= INF:
         return None
-    c_min = bands.bottleneck(float(caps[-1]))
+    c_min = bands.bottleneck(top)
     if c_min >= INF:
         return None
     total, args = bands.dp(c_min)
     _, times = bands.stage_times(args)
     ceiling = (total + (M - 1) * max(times) - least_sum) / (M - 1)
-    k = int(np.searchsorted(caps, ceiling * (1 + 1e-12), side="right")) - 1
-    k = max(k, int(np.searchsorted(caps, c_min, side="left")))
+    # the visit only meets caps in [c_min, ceiling]: the candidate caps there, and bands cut to
+    # the stages no slower than the ceiling (the solutions and caps are those of the full bands)
+    hi = max(ceiling * (1 + 1e-12), c_min)
+    bands = bands.narrowed(hi)
+    caps = bands.caps_between(c_min, hi)
+    k = len(caps) - 1
     best: tuple[float, float, np.ndarray] | None = None
     cap = float(caps[k])
     while True:

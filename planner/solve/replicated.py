@@ -179,15 +179,15 @@ def solve_replicated(
         return None
     fwd, bwd = pr.cm.layer_times(pr.b)
     cap_lb = max(float(np.max(fwd + bwd)) / max(counts), float(np.sum(fwd + bwd)) / N)
-    caps_set: set[float] = set()
+    parts = []
     for n in range(1, N + 1):
         for d in counts:
             if d <= n:
                 t = pr.times(n, d)
-                caps_set.update((t[np.isfinite(t)] / d).tolist())
-    if not caps_set:
+                parts.append(t[np.isfinite(t)] / d)
+    caps = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+    if not caps.size:
         return None
-    caps = np.array(sorted(caps_set))
     # J >= (M - 1) x the bottleneck: caps above limit / (M - 1) cannot give a better plan
     if m > 1 and limit_ms < INF:
         caps = caps[caps <= limit_ms / (m - 1) * (1 + 1e-9)]
