@@ -339,35 +339,47 @@ class StageTable:
         an optimal plan. Later calls with a larger limit fill in more.
         """
         at = (inflight, self.cap if cap is None else cap)
-        base = self.base(*at)
-        if not self.allow_recompute:
-            return base
-        if at not in self._tables:
-            excess = self.static + inflight * self.act - at[1]
-            # pairs that do not fit as they are but might with recomputation
-            need = self.valid & (excess > 0) & (self._max_gain(inflight) >= excess)
-            self._tables[at] = base.copy()
-            self._pending[at] = (need, excess, -INF)
-        table = self._tables[at]
-        need, excess, done = self._pending[at]
-        if limit <= done:
-            return table
-        todo = need & (self.compute > done) & (self.compute <= limit)
-        if self._levels is not None:
-            batch = todo & self._levels
-            todo = todo & ~self._levels
-            if batch.any():
-                self._price_levels(at, inflight, batch, excess, table)
-        for i, j in zip(*np.nonzero(todo)):
-            i, j = int(i), int(j)
-            shared = self.cm.shared_out(i, j, self.b) if self.shared else None
-            choice = self._cached_choice(inflight, i, j, float(excess[i, j]), shared)
-            if choice.time_ms < INF:
-                table[i, j] = self.compute[i, j] + choice.time_ms
-                self._choices[(at, i, j)] = (i, choice)  # layers relative to i
-                self.all_exact &= choice.exact
-        self._pending[at] = (need, excess, limit)
-        return table
+        return self.tables([at], limit)[at]
+
+    def tables(self, ats: Sequence[tuple[int, float]], limit: float = INF) -> dict[tuple[int, float], np.ndarray]:
+        """:meth:`table` of each ``(inflight, cap)`` of ``ats`` at one ``limit``, the stages of all
+        of them with selective levels priced together (:meth:`_price_levels`)."""
+        out: dict[tuple[int, float], np.ndarray] = {}
+        batches = []
+        for at in dict.fromkeys(ats):
+            inflight = at[0]
+            base = self.base(*at)
+            if not self.allow_recompute:
+                out[at] = base
+                continue
+            if at not in self._tables:
+                excess = self.static + inflight * self.act - at[1]
+                # pairs that do not fit as they are but might with recomputation
+                need = self.valid & (excess > 0) & (self._max_gain(inflight) >= excess)
+                self._tables[at] = base.copy()
+                self._pending[at] = (need, excess, -INF)
+            table = out[at] = self._tables[at]
+            need, excess, done = self._pending[at]
+            if limit <= done:
+                continue
+            todo = need & (self.compute > done) & (self.compute <= limit)
+            if self._levels is not None:
+                batch = todo & self._levels
+                todo = todo & ~self._levels
+                if batch.any():
+                    batches.append((at, batch, excess, table))
+            for i, j in zip(*np.nonzero(todo)):
+                i, j = int(i), int(j)
+                shared = self.cm.shared_out(i, j, self.b) if self.shared else None
+                choice = self._cached_choice(inflight, i, j, float(excess[i, j]), shared)
+                if choice.time_ms < INF:
+                    table[i, j] = self.compute[i, j] + choice.time_ms
+                    self._choices[(at, i, j)] = (i, choice)  # layers relative to i
+                    self.all_exact &= choice.exact
+            self._pending[at] = (need, excess, limit)
+        if batches:
+            self._price_levels(batches)
+        return out
 
     def _cached_choice(self, inflight: int, i: int, j: int, excess: float,
                        shared: np.ndarray | None = None) -> RecomputeChoice:
@@ -399,28 +411,33 @@ class StageTable:
             shared_bytes=None if shared is None else shared.tolist(),
         )
 
-    def _price_levels(self, at: tuple[int, float], inflight: int, batch: np.ndarray, excess: np.ndarray,
-                      table: np.ndarray) -> None:
-        """Least recompute times of the stages ``batch`` (selective levels, no shared saves), all
-        at once: stages with the same layers and excess share one problem, and the problems'
-        excess-free parts (:func:`level_covers`) are shared by every table with these layers."""
-        I, J = np.nonzero(batch)
+    def _price_levels(self, batches: list[tuple[tuple[int, float], np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Least recompute times of the stages of each ``(at, batch, excess, table)`` (selective
+        levels, no shared saves), all at once: stages with the same layers, in-flight count and
+        excess share one problem, and the problems' excess-free parts (:func:`level_covers`)
+        are shared by every table with these layers."""
+        parts = [np.nonzero(batch) for _, batch, _, _ in batches]
+        I = np.concatenate([i for i, _ in parts])
+        J = np.concatenate([j for _, j in parts])
+        sizes = [len(i) for i, _ in parts]
+        ks = np.repeat([at[0] for at, _, _, _ in batches], sizes)
+        ex = np.concatenate([excess[i, j] for (i, j), (_, _, excess, _) in zip(parts, batches)])
         seqs = self._layers.sequence_keys(I, J)
-        ex = excess[I, J]
-        order = np.lexsort((ex, seqs[:, 3], seqs[:, 2], seqs[:, 1], seqs[:, 0]))
-        s_seq, s_ex = seqs[order], ex[order]
+        order = np.lexsort((ex, ks, seqs[:, 3], seqs[:, 2], seqs[:, 1], seqs[:, 0]))
+        s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
         first = np.ones(len(order), dtype=bool)
-        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_ex[1:] != s_ex[:-1])
+        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
         starts = np.flatnonzero(first)
         problem = np.cumsum(first) - 1  # per sorted pair, its problem
         costs = np.full(len(starts), INF)
         rows: list[LevelCover] = []
         targets: list[float] = []
         owners: list[int] = []
-        for u, (seq, e, k) in enumerate(zip(s_seq[starts].tolist(), s_ex[starts].tolist(), order[starts].tolist())):
-            covers = self._layers.covers(tuple(seq), inflight)
+        for u, (seq, k, e, at_pair) in enumerate(zip(s_seq[starts].tolist(), s_k[starts].tolist(),
+                                                     s_ex[starts].tolist(), order[starts].tolist())):
+            covers = self._layers.covers(tuple(seq), k)
             if covers is None:  # not exact there: the greedy, one stage at a time
-                choice = self._choose(inflight, int(I[k]), int(J[k]), e)
+                choice = self._choose(k, int(I[at_pair]), int(J[at_pair]), e)
                 self.all_exact &= choice.exact or not choice.time_ms < INF
                 costs[u] = choice.time_ms
                 continue
@@ -432,10 +449,14 @@ class StageTable:
             np.minimum.at(costs, np.array(owners), level_cover_costs(rows, np.array(targets)))
         pair_costs = np.empty(len(order))
         pair_costs[order] = costs[problem]
-        ok = pair_costs < INF
-        table[I[ok], J[ok]] = self.compute[I[ok], J[ok]] + pair_costs[ok]
-        lazy = self._lazy.setdefault(at, np.zeros_like(batch))
-        lazy[I[ok], J[ok]] = True
+        lo = 0
+        for (at, batch, _, table), (i, j), n in zip(batches, parts, sizes):
+            cost = pair_costs[lo:lo + n]
+            lo += n
+            ok = cost < INF
+            table[i[ok], j[ok]] = self.compute[i[ok], j[ok]] + cost[ok]
+            lazy = self._lazy.setdefault(at, np.zeros_like(batch))
+            lazy[i[ok], j[ok]] = True
 
     def _entry(self, inflight: int, i: int, j: int, cap: float | None) -> tuple[int, RecomputeChoice] | None:
         """The recompute choice of stage ``[i, j)`` (layers relative to the first), None if
@@ -802,7 +823,7 @@ def solve_chain(
         # (J_ub - S_least) / (M - 1) makes J > J_ub
         least, _ = _Bands([table.compute] * P, extra, L).dp(INF)
         limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
-    priced = {a: table.table(a[0], limit, a[1]) for a in dict.fromkeys(at)}
+    priced = table.tables(at, limit)
     tables = [priced[a] for a in at]
     # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
     # count (the caps), and those compute within it
