@@ -142,6 +142,8 @@ class ConfigSearch:
         self.fill = fill or incumbent_ms < float("inf")
         self.tight = fill  # also the memory floor (memory_bound)
         self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
+        # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min, k_max)
+        self.inverses: dict[tuple[tuple[int, float], int, int], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
@@ -235,8 +237,11 @@ class ConfigSearch:
             groups[kk] = groups.get(kk, 0) + 1
         inverses = []
         for (kmin, kmax), count in groups.items():
-            w, h = least_bytes(layer_work, state + kmin * saved, cap)
-            inverses.append((w + rate / kmax * np.maximum(0.0, h - cap), w, count))
+            found = self.inverses.get((key, kmin, kmax))
+            if found is None:
+                w, h = least_bytes(layer_work, state + kmin * saved, cap)
+                found = self.inverses[(key, kmin, kmax)] = (w + rate / kmax * np.maximum(0.0, h - cap), w)
+            inverses.append((*found, count))
         # works(t) = sum of count g^-1(t): piecewise linear between the groups' breakpoints
         ts = np.unique(np.concatenate([g for g, _, _ in inverses]))
         works = sum(n * np.interp(ts, g, w) for g, w, n in inverses)
@@ -328,7 +333,10 @@ class ConfigSearch:
                 continue
             fitted = True
             proposals = [Candidate(c, sol)]
-            if rebalances(c, sol) and unrecomputed(cm, proposals[0]) < limit:  # what rebalancing could win at most
+            # what rebalancing could win at most: the candidate without its recomputation, which is
+            # no faster than M x its busiest rank's compute (checked first: no simulation)
+            if (rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit
+                    and unrecomputed(cm, proposals[0]) < limit):
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                         self.table_of(c))
             if self.chain_solver is solve_chain:
@@ -415,6 +423,19 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
         out["wgrad_ms"].append(cm.stage_wgrad_ms(start, stop, b) if c.schedule.splits_backward else 0.0)
         out["optimizer_ms"].append(cm.optimizer_step_ms(start, stop, c.sharding(s)))
     return out
+
+
+def busiest_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> float:
+    """The most compute (forward + backward as the simulator takes them, no recomputation) per
+    micro-batch of one rank of ``solution`` (its chunks' summed): every rank runs it M times, so
+    no replay of the solution, with or without its recomputation, is faster than M times this."""
+    stops = list(solution.boundaries[1:]) + [cm.num_layers]
+    times = [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, c.layout))
+             for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+    lay = c.layout
+    if lay.stage_replicas:
+        return max(times)
+    return max(sum(times[s] for s in lay.stage_indices(r)) for r in range(lay.pipeline_size))
 
 
 def unrecomputed(cm: CostModel, cand: Candidate) -> float:
