@@ -55,7 +55,7 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 #: Layout.stage_ranks by (layout, stage)
-_STAGE_RANKS: dict[tuple["Layout", int], tuple[int, ...]] = {}
+_STAGE_RANKS: dict[tuple[Layout, int], tuple[int, ...]] = {}
 _STAGE_RANKS_KEPT = 1 << 10
 
 
