@@ -168,7 +168,6 @@ class CostModel(ShardedState):
         self._shared: dict[int, np.ndarray] = {}
         self._fsdp: dict[tuple[int, float, float], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
-        self._grad_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
 
     def _cores(self) -> list[AttentionCore | None]:
         return [layer.attention_core for layer in self.profile.layers]
@@ -385,15 +384,9 @@ class CostModel(ShardedState):
         return counts
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
-        """:func:`allreduce_line` of stage ``stage_idx``'s gradient group (cached per layout
-        and stage: a search prices the stages of one layout many times)."""
-        key = (layout, stage_idx)
-        found = self._grad_lines.get(key)
-        if found is None:
-            if len(self._grad_lines) >= 1 << 16:
-                self._grad_lines.clear()
-            found = self._grad_lines[key] = grad_group_line(self.cluster, layout, stage_idx)
-        return found
+        """The all-reduce line of stage ``stage_idx``'s gradient group (:func:`grad_group_line`,
+        which keeps it per shape of the group)."""
+        return grad_group_line(self.cluster, layout, stage_idx)
 
     def stage_sync(
         self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.artifacts.kinds import Objective, ScheduleKind, ZeroStage
+from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
@@ -358,10 +359,7 @@ class ConfigSearch:
         """The most per-micro-batch work of one rank: its stage's (with ``tight``, the sum of
         its chunks' when it holds several)."""
         times = solution.stage_times_ms
-        lay = c.layout
-        if not self.tight or lay.virtual_stages_per_rank == 1 or lay.stage_replicas:
-            return max(times)
-        return max(sum(times[s] for s in lay.stage_indices(r)) for r in range(lay.pipeline_size))
+        return busiest_rank(c.layout, times) if self.tight else max(times)
 
     def run(self) -> list[Scored]:
         """Visit every configuration left; the candidates found, fastest first."""
@@ -430,12 +428,16 @@ def busiest_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> flo
     micro-batch of one rank of ``solution`` (its chunks' summed): every rank runs it M times, so
     no replay of the solution, with or without its recomputation, is faster than M times this."""
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    times = [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, c.layout))
-             for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
-    lay = c.layout
-    if lay.stage_replicas:
-        return max(times)
-    return max(sum(times[s] for s in lay.stage_indices(r)) for r in range(lay.pipeline_size))
+    return busiest_rank(c.layout, [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, c.layout))
+                                   for s, (a, e) in enumerate(zip(solution.boundaries, stops))])
+
+
+def busiest_rank(layout: Layout, per_stage: Sequence[float]) -> float:
+    """The largest sum of ``per_stage`` over one device's stages: a pipeline rank's chunks (one
+    stage each without interleaving), or one copy of a stage replicated per stage."""
+    if layout.stage_replicas:
+        return max(per_stage)
+    return max(sum(per_stage[s] for s in layout.stage_indices(r)) for r in range(layout.pipeline_size))
 
 
 def unrecomputed(cm: CostModel, cand: Candidate) -> float:
@@ -468,10 +470,7 @@ def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
 def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
     """Every device of ``solution`` fits ``cap`` under ``c`` (a rank holding v chunks: their
     memory summed; a stage's copies: each)."""
-    need, lay = stage_needs(cm, c, solution), c.layout
-    if lay.stage_replicas:
-        return max(need) <= cap
-    return all(sum(need[s] for s in lay.stage_indices(r)) <= cap for r in range(lay.pipeline_size))
+    return busiest_rank(c.layout, stage_needs(cm, c, solution)) <= cap
 
 
 def rebalances(c: Config, solution: ChainSolution) -> bool:

@@ -591,11 +591,7 @@ class _Bands:
         self.t[:, _beyond(w, K)] = INF
         self.te = self.t + _skewed(extra, L, w, K)  # inf where t is (extra is finite)
         self.rows = np.arange(w)
-        # f of the stops of the stage after, at the stops a stage from each start may reach:
-        # row a of `ahead` is g[a:a + K] (a view of the buffer, past its end inf)
-        self.buffer = np.full(w + K, INF)
-        self.ahead = np.lib.stride_tricks.as_strided(self.buffer, shape=(w, K), strides=(self.buffer.strides[0],) * 2,
-                                                     writeable=False)
+        self.buffer, self.ahead = _window(w, K)
 
     def largest(self, cap_max: float) -> float | None:
         """The largest finite stage time at most ``cap_max`` (None if none)."""
@@ -618,9 +614,7 @@ class _Bands:
         out = object.__new__(_Bands)
         out.P, out.L, out.width, out.K = self.P, self.L, self.width, K
         out.t, out.te, out.rows = self.t[:, :, :K], self.te[:, :, :K], self.rows
-        out.buffer = np.full(self.width + K, INF)
-        out.ahead = np.lib.stride_tricks.as_strided(out.buffer, shape=(self.width, K),
-                                                    strides=(out.buffer.strides[0],) * 2, writeable=False)
+        out.buffer, out.ahead = _window(self.width, K)
         return out
 
     def dp(self, cap: float) -> tuple[float, np.ndarray]:
@@ -648,6 +642,7 @@ class _Bands:
             bounds.append(i)
             times.append(float(self.t[s][i - s, a]))
             i += a + 1
+        assert i == self.L, "DP reconstruction did not cover the layers"
         return bounds, times
 
     def bottleneck(self, cap_max: float) -> float:
@@ -660,6 +655,14 @@ class _Bands:
         for s in range(self.P - 1, -1, -1):
             buffer[:w] = np.maximum(capped[s], ahead).min(axis=1)
         return float(buffer[0])
+
+
+def _window(w: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """A buffer for ``f`` of the stops of the stage after (``w`` of them, past its end inf), and
+    a view of it whose row ``a`` is ``f[a:a + K]``: the stops a stage from each start may reach."""
+    buffer = np.full(w + K, INF)
+    return buffer, np.lib.stride_tricks.as_strided(buffer, shape=(w, K), strides=(buffer.strides[0],) * 2,
+                                                   writeable=False)
 
 
 def _skewed(matrices: list[np.ndarray], L: int, w: int, K: int) -> np.ndarray:
@@ -710,9 +713,9 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
 def _minimize(
     tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float,
     longest: int | None = None,
-) -> tuple[float, float, np.ndarray] | None:
-    """min over caps of J; returns (J, cap at which the optimal partition is found, its
-    :meth:`_Bands.dp` choices) or None.
+) -> tuple[float, float, list[int]] | None:
+    """min over caps of J; returns (J, cap at which the optimal partition is found, its stage
+    starts) or None.
 
     Caps are visited downwards, jumping from a solution with largest stage time ``m`` to the
     largest candidate cap below ``m`` (every cap in between gives the same solution), and
@@ -727,7 +730,7 @@ def _minimize(
     bands = _Bands(tables, extra, L, longest)
     if M == 1:
         total, args = bands.dp(INF)
-        return (total, INF, args) if total < INF else None
+        return (total, INF, bands.stage_times(args)[0]) if total < INF else None
     top = bands.largest(cap_max)
     if top is None:
         return None
@@ -746,17 +749,17 @@ def _minimize(
     bands = bands.narrowed(hi)
     caps = bands.caps_between(c_min, hi)
     k = len(caps) - 1
-    best: tuple[float, float, np.ndarray] | None = None
+    best: tuple[float, float, list[int]] | None = None
     cap = float(caps[k])
     while True:
         total, args = bands.dp(cap)
         if total >= INF:
             break
-        _, times = bands.stage_times(args)
+        bounds, times = bands.stage_times(args)
         m = max(times)
         value = total + (M - 1) * m
         if best is None or value < best[0]:
-            best = (value, cap, args)
+            best = (value, cap, bounds)
         if total + (M - 1) * cap_lb >= best[0]:
             break
         k = int(np.searchsorted(caps, m, side="left")) - 1
@@ -833,18 +836,11 @@ def solve_chain(
     found = _minimize(tables, extra, L, M, limit, cap_lb, longest)
     if found is None:
         return None
-    args = found[2]
-    bounds, recompute, selective, times = [], [], [], []
-    i = 0
-    for s in range(P):
-        j = i + 1 + int(args[s][i - s])
-        bounds.append(i)
-        recompute.append(table.recompute_of(ks[s], i, j, table.cap_of(s)))
-        selective.append(table.selective_of(ks[s], i, j, table.cap_of(s)))
-        times.append(float(tables[s][i, j]))
-        i = j
-    assert i == L, "DP reconstruction did not cover the layers"
+    bounds = found[2]
     stops = bounds[1:] + [L]
+    recompute = [table.recompute_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    selective = [table.selective_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    times = [float(tables[s][i, j]) for s, (i, j) in enumerate(zip(bounds, stops))]
     objective = sum(times) + sum(float(extra[s][a, z]) for s, (a, z) in enumerate(zip(bounds, stops))) + (M - 1) * max(times)
     return ChainSolution(
         objective_ms=objective,
