@@ -178,22 +178,28 @@ class ConfigSearch:
 
     def memory_bound(self, c: Config) -> float:
         """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
-        saved storages, not bounded here). A stage short of memory recomputes:
-        freeing ``x`` bytes from a stage holding ``k`` micro-batches costs at least ``rho x / k``
-        ms per micro-batch, ``rho`` the cheapest ms per byte any layer's recomputation (full or
-        selective) frees. Two relaxations, the larger counts:
+        saved storages, not bounded here). Devices short of memory recompute: a layer
+        recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
+        of its saved bytes ``a`` per micro-batch in flight (``g``: what that level frees), at
+        ``z f`` ms per micro-batch. Counting every layer's held bytes for ``k_min`` micro-batches,
+        no more than any stage of the devices holds, they still fit ``cap`` only if the
+        recomputation frees at least ``(H - cap) / k_min`` bytes per micro-batch (``H``: their
+        bytes counted so, without any), at ``rho`` ms per byte at least, ``rho`` the cheapest
+        ms per byte any layer's recomputation frees. (Counted at ``k_min``, freeing is priced at
+        ``k_min`` too: pricing it at the largest count, as before, divided this floor by up to
+        ``k_max / k_min``, 16 on an interleaved rank.) Two relaxations, the larger counts:
 
         - summed over the ranks: every rank fits ``cap``, so all recomputation together frees
           at least what the stages would hold without any (the model state once, sharded as
           the leanest variant solved, plus every layer's saved bytes for the fewest
-          micro-batches any stage holds) less ``P x cap``; the busiest rank does at least 1 / P
-          of the pipeline's ``M x (work + recomputation)``;
+          micro-batches any stage holds) less ``P x cap``, over that fewest count; the busiest
+          rank does at least 1 / P of the pipeline's ``M x (work + recomputation)``;
         - rank by rank: a rank given work ``w`` holding at least ``k_min`` micro-batches in every
           stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
           holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
           saved activations; fractions of layers allowed, so the lightest bytes per ms are
           taken first: a convex piecewise-linear ``H``, :func:`least_bytes`). It takes ``g_r(w) =
-          w + rho / k_max max(0, H(w) - cap)`` per micro-batch; the ranks' works sum to the
+          w + rho / k_min max(0, H(w) - cap)`` per micro-batch; the ranks' works sum to the
           profile's, so the busiest takes at least the ``t`` at which the works ``g_r^-1(t)``
           sum to it; the iteration ``M t``. (Taking each layer's share at the least bytes per ms
           of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
@@ -228,7 +234,7 @@ class ConfigSearch:
         out = 0.0
         floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
-            out = M * (work + rate * (floor - P * cap) / max(ks)) / P
+            out = M * (work + rate * (floor - P * cap) / min(ks)) / P
         # rank by rank: each distinct (k_min, k_max) with its count of ranks, and the breakpoints
         # (t, w) of its g^-1, a piecewise-linear increasing function (w <= the profile's work)
         groups: dict[tuple[int, int], int] = {}
@@ -241,7 +247,7 @@ class ConfigSearch:
             found = self.inverses.get((key, kmin, kmax))
             if found is None:
                 w, h = least_bytes(layer_work, state + kmin * saved, cap)
-                found = self.inverses[(key, kmin, kmax)] = (w + rate / kmax * np.maximum(0.0, h - cap), w)
+                found = self.inverses[(key, kmin, kmax)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
             inverses.append((*found, count))
         # works(t) = sum of count g^-1(t): piecewise linear between the groups' breakpoints
         ts = np.unique(np.concatenate([g for g, _, _ in inverses]))

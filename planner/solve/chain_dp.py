@@ -34,10 +34,10 @@ start and stop in (every stage holds a layer).
 Recompute prices: where a layer has a selective level, the least recompute time of every stage
 a table call must price is worked out at once (:func:`planner.solve.recompute.level_covers`,
 the excess-free part, shared by every table with the same layers;
-:func:`planner.solve.recompute.level_cover_costs`, the excess-dependent part, vectorised over
-the stages); the layers of a stage are chosen (:func:`choose_recompute`, the same least time
-bit for bit) only when a plan asks for them. Without selective levels, or with shared saves, a
-stage at a time as before.
+:meth:`planner.solve.recompute.CoverRows.costs`, the excess-dependent part, vectorised over
+the stages, each cover kept as a row of arrays); the layers of a stage are chosen
+(:func:`choose_recompute`, the same least time bit for bit) only when a plan asks for them.
+Without selective levels, or with shared saves, a stage at a time as before.
 
 ZB-H1 (zero bubble, Qi et al., ICLR 2024, sec. 3.1): its bubble is ``(P - 1)(T_F + T_B - T_W)``
 where 1F1B's is ``(P - 1)(T_F + T_B + T_W)`` (B the input-gradient pass, W the weight-gradient
@@ -66,12 +66,12 @@ from planner.cost.fsdp import is_fsdp, working_set_matrix
 from planner.schedule import inflight_counts
 from planner.solve.recompute import (
     INF,
+    CoverRows,
     LevelCover,
     Option,
     RecomputeChoice,
     choose_recompute,
     layer_options,
-    level_cover_costs,
     level_covers,
 )
 
@@ -115,6 +115,8 @@ class _Layers:
         self.kind_arr = np.array(self.kind, dtype=np.int64)
         self._covers: dict[tuple[tuple[int, ...], int], tuple[LevelCover, ...] | None] = {}
         self._options: dict[tuple[int, int], tuple[Option, ...]] = {}
+        self.rows = CoverRows()  # every cover worked out, one row each
+        self._row_spans: dict[tuple[tuple[int, ...], int], tuple[int, int] | None] = {}
 
     def sequence_keys(self, I: np.ndarray, J: np.ndarray) -> np.ndarray:
         """Per stage ``[I, J)`` four integers equal only for stages with the same layers: inside
@@ -142,6 +144,15 @@ class _Layers:
                         for r, n in zip(range(a, b + 1), counts)]
             self._covers[key] = level_covers(runs)
         return self._covers[key]
+
+    def cover_rows(self, seq: tuple[int, ...], inflight: int) -> tuple[int, int] | None:
+        """The rows of :attr:`rows` holding :meth:`covers` of this stage (first, count), None
+        where the cover is not exact."""
+        key = (seq, inflight)
+        if key not in self._row_spans:
+            covers = self.covers(seq, inflight)
+            self._row_spans[key] = None if covers is None else (self.rows.add(covers), len(covers))
+        return self._row_spans[key]
 
     def options(self, kind: int, inflight: int) -> tuple[Option, ...]:
         """:func:`layer_options` of a layer of ``kind``."""
@@ -429,24 +440,27 @@ class StageTable:
         first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
         starts = np.flatnonzero(first)
         problem = np.cumsum(first) - 1  # per sorted pair, its problem
+        p_seq, p_k, p_ex, p_pair = s_seq[starts], s_k[starts], s_ex[starts], order[starts]
+        # problems with the same layers and in-flight count (consecutive) share their cover rows
+        new = np.ones(len(starts), dtype=bool)
+        new[1:] = np.any(p_seq[1:] != p_seq[:-1], axis=1) | (p_k[1:] != p_k[:-1])
+        heads = np.flatnonzero(new)
+        per_head = np.diff(np.append(heads, len(starts)))
+        spans = [self._layers.cover_rows(tuple(q), k) for q, k in zip(p_seq[heads].tolist(), p_k[heads].tolist())]
+        exact = np.repeat([span is not None for span in spans], per_head)
+        first_row = np.repeat([span[0] if span else 0 for span in spans], per_head)
+        n_rows = np.repeat([span[1] if span else 0 for span in spans], per_head)
         costs = np.full(len(starts), INF)
-        rows: list[LevelCover] = []
-        targets: list[float] = []
-        owners: list[int] = []
-        for u, (seq, k, e, at_pair) in enumerate(zip(s_seq[starts].tolist(), s_k[starts].tolist(),
-                                                     s_ex[starts].tolist(), order[starts].tolist())):
-            covers = self._layers.covers(tuple(seq), k)
-            if covers is None:  # not exact there: the greedy, one stage at a time
-                choice = self._choose(k, int(I[at_pair]), int(J[at_pair]), e)
-                self.all_exact &= choice.exact or not choice.time_ms < INF
-                costs[u] = choice.time_ms
-                continue
-            for c in covers:
-                rows.append(c)
-                targets.append(e + c.workspace_bytes)
-                owners.append(u)
-        if rows:
-            np.minimum.at(costs, np.array(owners), level_cover_costs(rows, np.array(targets)))
+        for u in np.flatnonzero(~exact).tolist():  # not exact there: the greedy, one stage at a time
+            at_pair = int(p_pair[u])
+            choice = self._choose(int(p_k[u]), int(I[at_pair]), int(J[at_pair]), float(p_ex[u]))
+            self.all_exact &= choice.exact or not choice.time_ms < INF
+            costs[u] = choice.time_ms
+        owners = np.repeat(np.arange(len(starts)), n_rows)
+        if len(owners):  # every problem's cover rows, priced at its excess plus each row's workspace
+            rows = np.repeat(first_row, n_rows) + (np.arange(len(owners)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows))
+            held = self._layers.rows
+            np.minimum.at(costs, owners, held.costs(rows, p_ex[owners] + held.workspace_bytes(rows)))
         pair_costs = np.empty(len(order))
         pair_costs[order] = costs[problem]
         lo = 0

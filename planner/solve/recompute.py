@@ -404,40 +404,90 @@ def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelC
 _BLOCK_ELEMENTS = 1 << 20
 
 
+class CoverRows:
+    """:class:`LevelCover` rows held as arrays (row ``r``: its front padded with inf, its
+    :attr:`LevelCover.params`, its workspace), so that the covers of many stages are priced by
+    their row numbers (:meth:`costs`) without a pass over them in Python. Rows are only added."""
+
+    def __init__(self) -> None:
+        self._workspace = np.zeros(0)
+        self._params = np.zeros((0, 8))
+        self._lens = np.zeros(0, dtype=np.int64)
+        self._front_ms = np.full((0, 1), INF)
+        self._front_gain = np.zeros((0, 1))
+        self._pending: list[LevelCover] = []
+
+    def __len__(self) -> int:
+        return len(self._lens) + len(self._pending)
+
+    def add(self, covers: Sequence[LevelCover]) -> int:
+        """Add ``covers`` as consecutive rows; the first one's number."""
+        first = len(self)
+        self._pending.extend(covers)
+        return first
+
+    def _flush(self) -> None:
+        new = self._pending
+        if not new:
+            return
+        self._pending = []
+        lens = np.array([len(c.front_ms) for c in new], dtype=np.int64)
+        F = max(self._front_ms.shape[1], int(lens.max()))
+        fc = np.full((len(new), F), INF)
+        fg = np.zeros((len(new), F))
+        at_row = np.repeat(np.arange(len(new)), lens)
+        at_col = np.arange(len(at_row)) - np.repeat(np.cumsum(lens) - lens, lens)
+        fc[at_row, at_col] = list(itertools.chain.from_iterable(c.front_ms for c in new))
+        fg[at_row, at_col] = list(itertools.chain.from_iterable(c.front_gain_bytes for c in new))
+        pad = F - self._front_ms.shape[1]
+        self._front_ms = np.concatenate([np.pad(self._front_ms, ((0, 0), (0, pad)), constant_values=INF), fc])
+        self._front_gain = np.concatenate([np.pad(self._front_gain, ((0, 0), (0, pad))), fg])
+        self._params = np.concatenate([self._params, np.array([c.params for c in new])])
+        self._lens = np.concatenate([self._lens, lens])
+        self._workspace = np.concatenate([self._workspace, [c.workspace_bytes for c in new]])
+
+    def workspace_bytes(self, rows: np.ndarray) -> np.ndarray:
+        """:attr:`LevelCover.workspace_bytes` of each of ``rows``."""
+        self._flush()
+        out: np.ndarray = self._workspace[rows]
+        return out
+
+    def costs(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Per entry the least cost of row ``rows[e]`` reaching ``targets[e]`` bytes (inf where
+        nothing does): :func:`_cover_levels`'s cost, with :func:`_least_in_group`'s operations
+        on arrays padded over the rows (padding costs inf, so it never wins)."""
+        self._flush()
+        out = np.full(len(rows), INF)
+        if not len(rows):
+            return out
+        params = self._params[rows]
+        F = int(self._lens[rows].max())
+        K = int(np.max(params[:, 1])) + 1  # most full layers of any row, + 1
+        step = max(1, _BLOCK_ELEMENTS // (F * K))
+        for lo in range(0, len(rows), step):
+            at = rows[lo:lo + step]
+            out[lo:lo + len(at)] = _cover_block(self._front_ms[at, :F], self._front_gain[at, :F], params[lo:lo + step],
+                                                targets[lo:lo + len(at)], K)
+        return out
+
+
 def level_cover_costs(covers: Sequence[LevelCover], targets: np.ndarray) -> np.ndarray:
     """Per row the least cost of ``covers[r]`` reaching ``targets[r]`` bytes (inf where nothing
-    does): :func:`_cover_levels`'s cost, with :func:`_least_in_group`'s operations on arrays
-    padded over the rows (padding costs inf, so it never wins)."""
-    out = np.full(len(covers), INF)
-    if not covers:
-        return out
-    F = max(len(c.front_ms) for c in covers)
-    K = max(c.count if c.full else 0 for c in covers) + 1
-    step = max(1, _BLOCK_ELEMENTS // (F * K))
-    for lo in range(0, len(covers), step):
-        block = covers[lo:lo + step]
-        out[lo:lo + len(block)] = _cover_block(block, targets[lo:lo + len(block)], F, K)
-    return out
+    does): :meth:`CoverRows.costs` of these covers."""
+    rows = CoverRows()
+    rows.add(covers)
+    return rows.costs(np.arange(len(covers)), targets)
 
 
-def _cover_block(covers: Sequence[LevelCover], targets: np.ndarray, F: int, K: int) -> np.ndarray:
-    R = len(covers)
-    lens = np.array([len(c.front_ms) for c in covers])
-    fc = np.full((R, F), INF)
-    fg = np.zeros((R, F))
-    at_row = np.repeat(np.arange(R), lens)
-    at_col = np.arange(len(at_row)) - np.repeat(np.cumsum(lens) - lens, lens)
-    fc[at_row, at_col] = list(itertools.chain.from_iterable(c.front_ms for c in covers))
-    fg[at_row, at_col] = list(itertools.chain.from_iterable(c.front_gain_bytes for c in covers))
-    n, kf_max, full_ms, full_gain, has_sel, sel_ms, sel_gain, most = (
-        col[:, None, None] for col in np.array([c.params for c in covers]).T)
+def _cover_block(fc: np.ndarray, fg: np.ndarray, params: np.ndarray, targets: np.ndarray, K: int) -> np.ndarray:
+    n, kf_max, full_ms, full_gain, has_sel, sel_ms, sel_gain, most = (col[:, None, None] for col in params.T)
     has_sel = has_sel > 0
     most = most[:, 0, 0]
     target = targets[:, None, None]
     kf = np.arange(K, dtype=float)[None, None, :]
     got = fg[:, :, None] + kf * full_gain
     cost = kf * full_ms
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         ks = np.maximum(0.0, np.ceil((target - got) / sel_gain) - 1.0)
         for _ in range(2):  # the float sum decides, as _least_in_group
             ks = ks + (got + ks * sel_gain < target)
