@@ -223,3 +223,34 @@ def test_memory_floor_rises_on_a_gpt_and_stays_below_its_plans() -> None:
             found = solve_candidates(cm, request, 4, cap, prune=False, configs=[c])
             assert all(floor <= t * (1 + 1e-9) for t, _ in found), c
     assert raised > 0
+
+
+def test_memory_floor_counts_each_ranks_fill() -> None:
+    """Rank ``r`` waits the first ``r`` layers' forward and backward besides ``M`` times its
+    floored work, and the ranks' works sum to the model's: on a memory-bound GPT over 8 devices
+    the floor is at least the interleaved fill bound of every interleaved configuration (the
+    same water level without the memory), above both it and the average-work bound somewhere,
+    and below every configuration's best simulated time."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.candidates import ConfigSearch, chunk_fill_bound_ms, solve_candidates
+    from planner.solve.space import all_configs, config_lower_bound_ms
+
+    profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
+                          attention="materialised")
+    request = PlanRequest(global_batch=64, num_devices=8)
+    cluster = PRESETS["a100-80gb-x8"].with_devices(8)
+    cm = device_cost_model(profile, base_cluster(cluster, 8), request.optimizer, 1, False, request.stack, 1)
+    cap = memory_cap_bytes(cm.cluster, request)
+    search = ConfigSearch(cm, request, 8, cap, shared=None, fill=True)
+    both = 0
+    for c in all_configs(cm, request, 8):
+        if c.schedule is not ScheduleKind.INTERLEAVED_1F1B or c.layout.stage_replicas:
+            continue
+        floor, fill = search.memory_bound(c), chunk_fill_bound_ms(cm, c)
+        assert floor >= fill * (1 - 1e-9), c
+        if floor > max(fill, config_lower_bound_ms(cm, c)) * (1 + 1e-9):
+            both += 1
+            found = solve_candidates(cm, request, 8, cap, prune=False, configs=[c])
+            assert all(floor <= t * (1 + 1e-9) for t, _ in found), c
+    assert both > 0

@@ -143,8 +143,8 @@ class ConfigSearch:
         self.fill = fill or incumbent_ms < float("inf")
         self.tight = fill  # also the memory floor (memory_bound)
         self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
-        # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min, k_max)
-        self.inverses: dict[tuple[tuple[int, float], int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
+        self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
@@ -199,9 +199,14 @@ class ConfigSearch:
           holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
           saved activations; fractions of layers allowed, so the lightest bytes per ms are
           taken first: a convex piecewise-linear ``H``, :func:`least_bytes`). It takes ``g_r(w) =
-          w + rho / k_min max(0, H(w) - cap)`` per micro-batch; the ranks' works sum to the
-          profile's, so the busiest takes at least the ``t`` at which the works ``g_r^-1(t)``
-          sum to it; the iteration ``M t``. (Taking each layer's share at the least bytes per ms
+          w + rho / k_min max(0, H(w) - cap)`` per micro-batch, ``M g_r(w)`` between its first
+          operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
+          backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at
+          least a layer each; one stage per rank alike), so ``T >= a_r + M g_r(w_r)``. The
+          ranks' works sum to the profile's, so ``T`` is at least the ``T`` at which the works
+          ``g_r^-1((T - a_r) / M)`` sum to it: both the fill and the memory floor of each rank
+          count (the deep ranks, whose last chunks hold few micro-batches and so bound little
+          memory, are the ones that wait). (Taking each layer's share at the least bytes per ms
           of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
           per ms, made the floor vanish.)"""
         cm, b, lay = self.cm, c.microbatch_size, c.layout
@@ -235,30 +240,32 @@ class ConfigSearch:
         floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
             out = M * (work + rate * (floor - P * cap) / min(ks)) / P
-        # rank by rank: each distinct (k_min, k_max) with its count of ranks, and the breakpoints
-        # (t, w) of its g^-1, a piecewise-linear increasing function (w <= the profile's work)
-        groups: dict[tuple[int, int], int] = {}
+        # rank by rank: rank r waits a_r (the first r layers' forward and backward, see
+        # chunk_fill_bound_ms) besides M g_r(w_r); each distinct k_min's breakpoints (t, w) of its
+        # g^-1, a piecewise-linear increasing function (w <= the profile's work)
+        fp, bp = cm.time_prefix(b)
+        ranks: dict[int, list[float]] = {}
         for r in range(P):
-            chunk = [ks[s] for s in lay.stage_indices(r)]
-            kk = (min(chunk), max(chunk))
-            groups[kk] = groups.get(kk, 0) + 1
+            kmin = min(ks[s] for s in lay.stage_indices(r))
+            ranks.setdefault(kmin, []).append(float(fp[r] + bp[r]))  # r < P <= the layers
         inverses = []
-        for (kmin, kmax), count in groups.items():
-            found = self.inverses.get((key, kmin, kmax))
+        for kmin, fills in ranks.items():
+            found = self.inverses.get((key, kmin))
             if found is None:
                 w, h = least_bytes(layer_work, state + kmin * saved, cap)
-                found = self.inverses[(key, kmin, kmax)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
-            inverses.append((*found, count))
-        # works(t) = sum of count g^-1(t): piecewise linear between the groups' breakpoints
-        ts = np.unique(np.concatenate([g for g, _, _ in inverses]))
-        works = sum(n * np.interp(ts, g, w) for g, w, n in inverses)
+                found = self.inverses[(key, kmin)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
+            inverses.append((*found, np.array(fills)))
+        # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
+        # breakpoints a_r + M t
+        Ts = np.unique(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))
+        works = sum(np.interp((Ts[None, :] - a[:, None]) / M, g, w).sum(axis=0) for g, w, a in inverses)
         k = int(np.searchsorted(works, work * (1 - 1e-12)))
         if k == 0:
-            return max(out, M * float(ts[0]))
-        if k >= len(ts):  # unreachable: at the largest breakpoint some rank takes all the work
+            return max(out, float(Ts[0]))
+        if k >= len(Ts):  # unreachable: at the largest breakpoint some rank takes all the work
             return out
-        t0, t1, w0, w1 = float(ts[k - 1]), float(ts[k]), float(works[k - 1]), float(works[k])
-        return max(out, M * (t0 + (t1 - t0) * (work - w0) / (w1 - w0)))
+        T0, T1, w0, w1 = float(Ts[k - 1]), float(Ts[k]), float(works[k - 1]), float(works[k])
+        return max(out, T0 + (T1 - T0) * (work - w0) / (w1 - w0))
 
     def next_bound(self) -> float:
         """The bound of the next configuration to visit (inf when all are visited)."""
