@@ -198,23 +198,31 @@ def test_least_bytes_is_below_every_share_of_the_layers() -> None:
                 assert np.interp(work[sub].sum(), w, h) <= nbytes[sub].sum() * (1 + 1e-9) + 1e-9
 
 
+def _memory_bound_gpt(n: int):
+    """A memory-bound GPT with its embedding on ``n`` A100s at t = 1: its cost model, request, cap
+    and a configuration search with every bound."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.candidates import ConfigSearch
+
+    profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
+                          attention="materialised")
+    request = PlanRequest(global_batch=64, num_devices=n)
+    cluster = PRESETS["a100-80gb-x8"].with_devices(n)
+    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, 1, False, request.stack, 1)
+    cap = memory_cap_bytes(cm.cluster, request)
+    return cm, request, cap, ConfigSearch(cm, request, n, cap, shared=None, fill=True)
+
+
 def test_memory_floor_rises_on_a_gpt_and_stays_below_its_plans() -> None:
     """A GPT's embedding saves a few bytes per ms of work, its blocks ~10^5 times more: the floor
     takes each rank's share of the layers (one layer's ratio standing for all made it vanish on
     GPT-3 175B, RESULTS 27). On a memory-bound GPT with its embedding the floor rises above the
     average-work bound of some configurations, and stays below each one's best time."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
-    from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import ConfigSearch, solve_candidates
+    from planner.solve.candidates import solve_candidates
     from planner.solve.space import all_configs
 
-    profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
-                          attention="materialised")
-    request = PlanRequest(global_batch=64, num_devices=4)
-    cluster = PRESETS["a100-80gb-x8"].with_devices(4)
-    cm = device_cost_model(profile, base_cluster(cluster, 4), request.optimizer, 1, False, request.stack, 1)
-    cap = memory_cap_bytes(cm.cluster, request)
-    search = ConfigSearch(cm, request, 4, cap, shared=None, fill=True)
+    cm, request, cap, search = _memory_bound_gpt(4)
     raised = 0
     for c in all_configs(cm, request, 4):
         floor = search.memory_bound(c)
@@ -231,18 +239,10 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
     the floor is at least the interleaved fill bound of every interleaved configuration (the
     same water level without the memory), above both it and the average-work bound somewhere,
     and below every configuration's best simulated time."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
-    from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import ConfigSearch, chunk_fill_bound_ms, solve_candidates
+    from planner.solve.candidates import chunk_fill_bound_ms, solve_candidates
     from planner.solve.space import all_configs, config_lower_bound_ms
 
-    profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
-                          attention="materialised")
-    request = PlanRequest(global_batch=64, num_devices=8)
-    cluster = PRESETS["a100-80gb-x8"].with_devices(8)
-    cm = device_cost_model(profile, base_cluster(cluster, 8), request.optimizer, 1, False, request.stack, 1)
-    cap = memory_cap_bytes(cm.cluster, request)
-    search = ConfigSearch(cm, request, 8, cap, shared=None, fill=True)
+    cm, request, cap, search = _memory_bound_gpt(8)
     both = 0
     for c in all_configs(cm, request, 8):
         if c.schedule is not ScheduleKind.INTERLEAVED_1F1B or c.layout.stage_replicas:

@@ -64,15 +64,24 @@ def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
     = M W`` (recomputation, transfers and synchronisation only add). Against the average-work
     bound ``M W / P`` it adds about half the interleaved bubble when chunks are about a layer each
     (deep pipelines: e.g. +24% at P = 64, v = 2, M = 64)."""
+    a = [float(x) for x in rank_fills_ms(cm, c)]  # ascending: layer work >= 0
     fp, bp = cm.time_prefix(c.microbatch_size)
-    P = c.layout.pipeline_size
-    a = [float(fp[r] + bp[r]) for r in range(min(P, len(fp)))]  # ascending: layer work >= 0
     need = c.num_microbatches * float(fp[-1] + bp[-1])
     for k in range(len(a), 0, -1):  # the ranks whose a_r is below T share the work
         t = (need + sum(a[:k])) / k
         if t >= a[k - 1]:
             return t
     return need
+
+
+def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
+    """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
+    ``r`` waits at least before its first operation and after its last (the chunks before its
+    first hold a layer each)."""
+    fp, bp = cm.time_prefix(c.microbatch_size)
+    P = min(c.layout.pipeline_size, len(fp))
+    fills: np.ndarray = fp[:P] + bp[:P]
+    return fills
 
 
 def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> ChainSolution | None:
@@ -243,18 +252,17 @@ class ConfigSearch:
         # rank by rank: rank r waits a_r (the first r layers' forward and backward, see
         # chunk_fill_bound_ms) besides M g_r(w_r); each distinct k_min's breakpoints (t, w) of its
         # g^-1, a piecewise-linear increasing function (w <= the profile's work)
-        fp, bp = cm.time_prefix(b)
+        fills = rank_fills_ms(cm, c)  # P of them: a stage holds a layer
         ranks: dict[int, list[float]] = {}
         for r in range(P):
-            kmin = min(ks[s] for s in lay.stage_indices(r))
-            ranks.setdefault(kmin, []).append(float(fp[r] + bp[r]))  # r < P <= the layers
+            ranks.setdefault(min(ks[s] for s in lay.stage_indices(r)), []).append(float(fills[r]))
         inverses = []
-        for kmin, fills in ranks.items():
+        for kmin, waits in ranks.items():
             found = self.inverses.get((key, kmin))
             if found is None:
                 w, h = least_bytes(layer_work, state + kmin * saved, cap)
                 found = self.inverses[(key, kmin)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
-            inverses.append((*found, np.array(fills)))
+            inverses.append((*found, np.array(waits)))
         # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
         # breakpoints a_r + M t
         Ts = np.unique(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))

@@ -67,7 +67,6 @@ from planner.schedule import inflight_counts
 from planner.solve.recompute import (
     INF,
     CoverRows,
-    LevelCover,
     Option,
     RecomputeChoice,
     choose_recompute,
@@ -94,7 +93,7 @@ class _Layers:
     """What a stage's recompute choice depends on besides the in-flight count and the excess:
     its layers' times and bytes. Shared by every :class:`StageTable` with the same layer arrays
     (caps, shardings and schedules differ only in the excess), so a stage's
-    :class:`LevelCover` per in-flight count is worked out once for all of them."""
+    :class:`LevelCover` rows per in-flight count are worked out once for all of them."""
 
     def __init__(self, fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray,
                  core_ms: np.ndarray):
@@ -113,7 +112,6 @@ class _Layers:
         self.run_start = np.flatnonzero(new)
         self.run_stop = np.append(self.run_start[1:], L)
         self.kind_arr = np.array(self.kind, dtype=np.int64)
-        self._covers: dict[tuple[tuple[int, ...], int], tuple[LevelCover, ...] | None] = {}
         self._options: dict[tuple[int, int], tuple[Option, ...]] = {}
         self.rows = CoverRows()  # every cover worked out, one row each
         self._row_spans: dict[tuple[tuple[int, ...], int], tuple[int, int] | None] = {}
@@ -131,10 +129,11 @@ class _Layers:
             np.where(same, -1, J - self.run_start[b]),
         ]).astype(np.int64)
 
-    def covers(self, seq: tuple[int, ...], inflight: int) -> tuple[LevelCover, ...] | None:
-        """:func:`level_covers` of the stage known by ``seq`` (:meth:`sequence_keys`)."""
+    def cover_rows(self, seq: tuple[int, ...], inflight: int) -> tuple[int, int] | None:
+        """The rows of :attr:`rows` (first, count) holding :func:`level_covers` of the stage known
+        by ``seq`` (:meth:`sequence_keys`), None where the cover is not exact."""
         key = (seq, inflight)
-        if key not in self._covers:
+        if key not in self._row_spans:
             if seq[2] < 0:
                 runs = [(self.options(seq[0], inflight), seq[1])]
             else:
@@ -142,15 +141,7 @@ class _Layers:
                 counts = [seq[1], *(int(self.run_stop[r] - self.run_start[r]) for r in range(a + 1, b)), seq[3]]
                 runs = [(self.options(self.kind[int(self.run_start[r])], inflight), n)
                         for r, n in zip(range(a, b + 1), counts)]
-            self._covers[key] = level_covers(runs)
-        return self._covers[key]
-
-    def cover_rows(self, seq: tuple[int, ...], inflight: int) -> tuple[int, int] | None:
-        """The rows of :attr:`rows` holding :meth:`covers` of this stage (first, count), None
-        where the cover is not exact."""
-        key = (seq, inflight)
-        if key not in self._row_spans:
-            covers = self.covers(seq, inflight)
+            covers = level_covers(runs)
             self._row_spans[key] = None if covers is None else (self.rows.add(covers), len(covers))
         return self._row_spans[key]
 
