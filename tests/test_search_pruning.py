@@ -154,7 +154,9 @@ def test_grouped_profile_keeps_the_candidates_refinement_reorders() -> None:
     loses to on the groups. The busiest-rank check (a solved configuration's proposals are not
     simulated when ``M x`` its busiest rank's work exceeds the best so far) dropped it; with
     ``refine_slack`` the pruned search chooses what the per-degree and the exhaustive searches
-    choose."""
+    choose. (Since rebalancings wait for their turn in the order, the incumbent is higher when
+    that configuration is solved, and the search without the slack finds the plan too: it is no
+    faster than the pruned one, and no longer slower.)"""
     from planner.artifacts.kinds import OptimizerKind
     from planner.artifacts.stack import Stack
 
@@ -168,7 +170,7 @@ def test_grouped_profile_keeps_the_candidates_refinement_reorders() -> None:
                             ("no slack", dataclasses.replace(PRUNED, refine_slack=0.0)))}
     assert _chosen(runs["pruned"]) == _chosen(runs["per-degree"])
     assert runs["pruned"].layout.virtual_stages_per_rank == 4
-    assert runs["no slack"].predicted.iteration_ms > runs["pruned"].predicted.iteration_ms  # what the slack keeps
+    assert runs["no slack"].predicted.iteration_ms >= runs["pruned"].predicted.iteration_ms  # the slack loses nothing
 
 
 def test_least_bytes_is_below_every_share_of_the_layers() -> None:

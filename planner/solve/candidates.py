@@ -30,8 +30,9 @@ from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms, fsdp_searched
 
 #: a configuration's place in the order (ConfigSearch.heap): its first bound; its memory floor
-#: worked in; its ZeRO 3 variant alone, its own stage found not to fit
-FRESH, MEMORY, FSDP = 0, 1, 2
+#: worked in; its ZeRO 3 variant alone, its own stage found not to fit; a solution's rebalancing
+#: (:func:`rebalanced`), at the time the solution's partition simulates without recomputation
+FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 #: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
@@ -170,6 +171,9 @@ class ConfigSearch:
         self.incumbent = shared if shared is not None and prune else Incumbent(start, start)
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.out: list[Scored] = []
+        # rebalancings waiting in the order (phase REBALANCE, by index): the configuration, its
+        # solution, and the place in ``out`` of the candidate kept for it (None: none was)
+        self.pending: list[tuple[Config, ChainSolution, int | None] | None] = []
 
     def bound(self, c: Config) -> float:
         """:func:`config_lower_bound_ms`; with ``fill`` also the fill of a one-chunk GPipe /
@@ -324,9 +328,12 @@ class ConfigSearch:
 
     def step(self) -> None:
         """Visit the next configuration: skip it if its bound exceeds what it must beat, else
-        solve its variants and keep the fastest candidate."""
+        solve its variants and keep the fastest candidate (or run a rebalancing that waited)."""
         cm, request, prune, settings = self.cm, self.request, self.prune, self.settings
         lb, key, i, phase = heapq.heappop(self.heap)
+        if phase == REBALANCE:
+            self.rebalance(lb, i)
+            return
         c0 = self.configs[i]
         limit = self.limit(c0)
         if prune and self.tight and self.request.recompute and phase == FRESH and lb <= limit:
@@ -357,24 +364,56 @@ class ConfigSearch:
             proposals = [Candidate(c, sol)]
             # what rebalancing could win at most: the candidate without its recomputation, which is
             # no faster than M x its busiest rank's compute (checked first: no simulation)
-            if (rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit
-                    and unrecomputed(cm, proposals[0]) < limit):
+            unrec = float("inf")
+            if rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
+                unrec = unrecomputed(cm, proposals[0])
+            if unrec < limit and not prune:
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                         self.table_of(c))
             if self.chain_solver is solve_chain:
                 proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
-            scored = []
-            for cand in proposals:
-                # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
-                if prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit * self.slack:
-                    continue
-                scored.append((simulated(cm, cand), cand))
-            if not scored:
-                continue
-            t, cand = min(scored, key=lambda tc: tc[0])
-            self.out.append((t, cand))
-            self.incumbent.note(t, c.num_groups == self.num_groups)
+            kept = self.keep(c, proposals, limit)
+            if unrec < limit and prune:
+                # rebalanced when the order reaches that time, if it still could win then: no rebalancing
+                # of a configuration beaten meanwhile
+                heapq.heappush(self.heap, (unrec, key, len(self.pending), REBALANCE))
+                self.pending.append((c, sol, kept))
             limit = self.limit(c0)
+
+    def keep(self, c: Config, proposals: list[Candidate], limit: float, slot: int | None = None) -> int | None:
+        """Simulate ``proposals`` of ``c`` and keep the fastest (the first of equals) as its
+        candidate, in place of the one at ``slot`` of :attr:`out` when faster than it; the
+        candidate's place in :attr:`out` (None: none kept)."""
+        scored = []
+        for cand in proposals:
+            # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
+            if self.prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit * self.slack:
+                continue
+            scored.append((simulated(self.cm, cand), cand))
+        if not scored:
+            return slot
+        t, cand = min(scored, key=lambda tc: tc[0])
+        if slot is None:
+            self.out.append((t, cand))
+            slot = len(self.out) - 1
+        elif t < self.out[slot][0]:
+            self.out[slot] = (t, cand)
+        self.incumbent.note(t, c.num_groups == self.num_groups)
+        return slot
+
+    def rebalance(self, unrec: float, index: int) -> None:
+        """Run the rebalancing waiting at ``index`` of :attr:`pending` if its solution without
+        recomputation (``unrec``) still beats what its configuration must beat."""
+        found = self.pending[index]
+        self.pending[index] = None
+        assert found is not None, "a rebalancing was visited twice"
+        c, sol, slot = found
+        limit = self.limit(c)
+        if not unrec < limit:
+            return
+        proposals = rebalanced(self.cm, self.request, c, sol, self.cap_bytes, self.settings.rebalance_rounds,
+                               self.table_of(c))
+        self.keep(c, proposals, limit, slot)
 
     def busiest_ms(self, c: Config, solution: ChainSolution) -> float:
         """The most per-micro-batch work of one rank: its stage's (with ``tight``, the sum of
