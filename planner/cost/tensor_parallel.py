@@ -248,17 +248,25 @@ def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
     return cluster.with_devices(num_devices) if num_devices <= cluster.devices_per_node else cluster
 
 
+def stack_tp_view(profile: Profile, cluster: Cluster, tp_degree: int, sequence_parallel: bool, stack: Stack) -> Profile:
+    """:func:`tensor_parallel_view` with ``stack``'s tensor-parallel overlap (what
+    :func:`device_cost_model` prices)."""
+    return tensor_parallel_view(
+        profile, cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
+    )
+
+
 def device_cost_model(
     profile: Profile, cluster: Cluster, optimizer: OptimizerKind, tp_degree: int = 1, sequence_parallel: bool = False,
-    stack: Stack = DEFAULT_STACK, cp_degree: int = 1,
+    stack: Stack = DEFAULT_STACK, cp_degree: int = 1, *, tp_view: Profile | None = None,
 ) -> CostModel:
     """The cost model of one device of a tensor-parallel group of ``tp_degree`` (inside a
     context-parallel group of ``cp_degree`` such groups, :mod:`planner.cost.context`) on
     ``cluster``: the per-device view of ``profile`` priced on the cluster's own links and ranks,
-    for the training ``stack`` (its tensor-parallel overlap in the view, the rest in the model)."""
-    view = tensor_parallel_view(
-        profile, cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
-    )
+    for the training ``stack`` (its tensor-parallel overlap in the view, the rest in the model).
+    ``tp_view``: :func:`stack_tp_view` of these arguments, when the caller has it already (a
+    search builds it once for every context-parallel degree)."""
+    view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, tp_degree, sequence_parallel, stack)
     ctx = context_parallel_view(view, cluster, cp_degree, tp_degree, stack)
     return CostModel(ctx.profile, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
                      stack=stack, cp_degree=cp_degree, gather_bytes_per_sample=ctx.gather_bytes_per_sample)

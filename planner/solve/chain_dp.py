@@ -253,6 +253,7 @@ class StageTable:
         self.core = cm.core_bytes(microbatch_size)
         self.core_ms = cm.core_ms(microbatch_size)
         self._bases: dict[tuple[int, float], np.ndarray] = {}
+        self._excesses: dict[tuple[int, float], np.ndarray] = {}
         self._tables: dict[tuple[int, float], np.ndarray] = {}
         self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = {}
         self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
@@ -290,9 +291,18 @@ class StageTable:
         default the table's), else inf."""
         key = (inflight, self.cap if cap is None else cap)
         if key not in self._bases:
-            excess = self.static + inflight * self.act - key[1]
-            self._bases[key] = np.where(excess <= 0, self.compute, INF)
+            self._bases[key] = np.where(self.excess(*key) <= 0, self.compute, INF)
         return self._bases[key]
+
+    def excess(self, inflight: int, cap: float) -> np.ndarray:
+        """Each stage's bytes without recomputation over ``cap`` with ``inflight`` micro-batches
+        (read-only; worked out once per ``(inflight, cap)``)."""
+        key = (inflight, cap)
+        found = self._excesses.get(key)
+        if found is None:
+            found = self._excesses[key] = self.static + inflight * self.act - cap
+            found.flags.writeable = False
+        return found
 
     def _max_gain(self, inflight: int) -> np.ndarray:
         """The most bytes recomputation can free from each stage with ``inflight`` micro-batches
@@ -313,9 +323,8 @@ class StageTable:
         key = (inflight, self.cap if cap is None else cap, recompute)
         found = self._could.get(key)
         if found is None:
-            excess = self.static + inflight * self.act - key[1]
             if recompute:  # the same test as :meth:`table`'s ``need``
-                found = self.valid & (self._max_gain(inflight) >= excess)
+                found = self.valid & (self._max_gain(inflight) >= self.excess(*key[:2]))
             else:
                 found = np.isfinite(self.base(inflight, key[1]))
             self._could[key] = found
@@ -355,7 +364,7 @@ class StageTable:
                 out[at] = base
                 continue
             if at not in self._tables:
-                excess = self.static + inflight * self.act - at[1]
+                excess = self.excess(*at)
                 # pairs that do not fit as they are but might with recomputation
                 need = self.valid & (excess > 0) & (self._max_gain(inflight) >= excess)
                 self._tables[at] = base.copy()

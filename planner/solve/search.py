@@ -86,7 +86,7 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.context import candidate_cp_degrees
-from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model
+from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model, stack_tp_view
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import ChainSolver, ConfigSearch, Incumbent, Scored, score_key, simulated, solve_candidates
@@ -145,11 +145,22 @@ def search_plan(
 Degree = tuple[int, int, bool]  # (cp, t, sequence parallel)
 
 
-def degree_model(problem: Problem, base: Cluster, degree: Degree) -> CostModel:
+def note_degree(degree: Degree) -> None:
+    """The progress note of a degree's search."""
     cp, t, sp = degree
-    request = problem.request
     note(f"searching tensor-parallel degree {t}{' (seq-par)' if sp else ''}{f', context-parallel {cp}' if cp > 1 else ''}")
-    return device_cost_model(problem.profile, base, request.optimizer, t, sp, request.stack, cp)
+
+
+def degree_models(problem: Problem, base: Cluster, degrees: list[Degree]) -> Iterator[CostModel]:
+    """Each degree's cost model in order, built as it is asked for; the tensor-parallel view of
+    each ``(t, sp)`` built once for all its context-parallel degrees."""
+    request = problem.request
+    views: dict[tuple[int, bool], Profile] = {}
+    for cp, t, sp in degrees:
+        if (t, sp) not in views:
+            views[(t, sp)] = stack_tp_view(problem.profile, base, t, sp, request.stack)
+        yield device_cost_model(problem.profile, base, request.optimizer, t, sp, request.stack, cp,
+                                tp_view=views[(t, sp)])
 
 
 def degree_by_degree(
@@ -160,8 +171,8 @@ def degree_by_degree(
     request = problem.request
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
-    for cp, t, sp in degrees:
-        cm = degree_model(problem, base, (cp, t, sp))
+    for (cp, t, sp), cm in zip(degrees, degree_models(problem, base, degrees)):
+        note_degree((cp, t, sp))
         incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
         if (request.objective is Objective.TIME and settings.prune_configs
                 and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent):
@@ -193,9 +204,8 @@ def pruned_degrees(
     # of its next configuration
     heap: list[tuple[float, int, int]] = []
     models: dict[int, CostModel] = {}
-    for i, degree in enumerate(degrees):
+    for i, (degree, cm) in enumerate(zip(degrees, degree_models(problem, base, degrees))):
         cp, t, _ = degree
-        cm = device_cost_model(problem.profile, base, request.optimizer, t, degree[2], request.stack, cp)
         models[i] = cm
         heapq.heappush(heap, (degree_bound_ms(cm, request, n // (t * cp)), 0, i))
     searches: dict[int, LayoutSearch] = {}
@@ -206,7 +216,7 @@ def pruned_degrees(
             break  # every configuration left is bounded above the best on all the devices (>= the best)
         if not opened:
             cp, t, _ = degrees[i]
-            degree_model(problem, base, degrees[i])  # the progress note
+            note_degree(degrees[i])
             try:
                 searches[i] = LayoutSearch(problem, models[i], n // (t * cp), chain_solver, settings, shared=shared)
             except InfeasibleError as exc:
