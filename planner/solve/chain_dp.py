@@ -53,6 +53,7 @@ count (:func:`planner.schedule.inflight_counts`, every micro-batch until its W).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -255,7 +256,9 @@ class StageTable:
         self._bases: dict[tuple[int, float], np.ndarray] = {}
         self._excesses: dict[tuple[int, float], np.ndarray] = {}
         self._tables: dict[tuple[int, float], np.ndarray] = {}
-        self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = {}
+        # per (inflight, cap): the stages that need recomputation to fit, their excess bytes, and
+        # those of them priced so far
+        self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
@@ -309,10 +312,16 @@ class StageTable:
         (every layer at its leanest level)."""
         found = self._gains.get(inflight)
         if found is None:
-            gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
-            gp = np.concatenate([[0.0], np.cumsum(gains)])
-            found = self._gains[inflight] = inflight * (gp[None, :] - gp[:, None])
+            found = self._gains[inflight] = inflight * self._gain_per_microbatch
         return found
+
+    @functools.cached_property
+    def _gain_per_microbatch(self) -> np.ndarray:
+        """The most bytes recomputation can free from each stage per micro-batch in flight."""
+        gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
+        gp = np.concatenate([[0.0], np.cumsum(gains)])
+        out: np.ndarray = gp[None, :] - gp[:, None]
+        return out
 
     def could_fit(self, inflight: int, cap: float | None = None, recompute: bool = True) -> np.ndarray:
         """Stages that might fit ``cap`` (default the table's) with ``inflight`` micro-batches: as
@@ -352,9 +361,13 @@ class StageTable:
         at = (inflight, self.cap if cap is None else cap)
         return self.tables([at], limit)[at]
 
-    def tables(self, ats: Sequence[tuple[int, float]], limit: float = INF) -> dict[tuple[int, float], np.ndarray]:
+    def tables(self, ats: Sequence[tuple[int, float]], limit: float = INF,
+               bands: dict[tuple[int, float], np.ndarray] | None = None) -> dict[tuple[int, float], np.ndarray]:
         """:meth:`table` of each ``(inflight, cap)`` of ``ats`` at one ``limit``, the stages of all
-        of them with selective levels priced together (:meth:`_price_levels`)."""
+        of them with selective levels priced together (:meth:`_price_levels`). ``bands``: per
+        ``(inflight, cap)``, the stages a caller reads (a boolean ``(L + 1) x (L + 1)`` mask):
+        only those are priced (the rest of the table is priced when a later call asks for it);
+        None: every stage."""
         out: dict[tuple[int, float], np.ndarray] = {}
         batches = []
         for at in dict.fromkeys(ats):
@@ -368,12 +381,15 @@ class StageTable:
                 # pairs that do not fit as they are but might with recomputation
                 need = self.valid & (excess > 0) & (self._max_gain(inflight) >= excess)
                 self._tables[at] = base.copy()
-                self._pending[at] = (need, excess, -INF)
+                self._pending[at] = (need, excess, np.zeros_like(need))
             table = out[at] = self._tables[at]
-            need, excess, done = self._pending[at]
-            if limit <= done:
+            need, excess, priced = self._pending[at]
+            todo = need & ~priced & (self.compute <= limit)
+            if bands is not None:
+                todo &= bands[at]
+            if not todo.any():
                 continue
-            todo = need & (self.compute > done) & (self.compute <= limit)
+            priced |= todo
             if self._levels is not None:
                 batch = todo & self._levels
                 todo = todo & ~self._levels
@@ -387,7 +403,6 @@ class StageTable:
                     table[i, j] = self.compute[i, j] + choice.time_ms
                     self._choices[(at, i, j)] = (i, choice)  # layers relative to i
                     self.all_exact &= choice.exact
-            self._pending[at] = (need, excess, limit)
         if batches:
             self._price_levels(batches)
         return out
@@ -714,10 +729,14 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     w = L - P + 1  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w) (as _Bands)
     if w < 1:
         return False
+    fits = [table.could_fit(inflight[s], table.cap_of(s), recompute) for s in range(P)]
+    cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
+    if all(fits[s][cuts[s], cuts[s + 1]] for s in range(P)):
+        return True
     reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest
     reach[-1] = True
     for s in range(P - 1, -1, -1):
-        fit = table.could_fit(inflight[s], table.cap_of(s), recompute)[s:s + w, s + 1:s + 1 + w]
+        fit = fits[s][s:s + w, s + 1:s + 1 + w]
         reach = np.any(fit & reach[None, :], axis=1)
         if not reach.any():
             return False
@@ -783,6 +802,23 @@ def _minimize(
     return best
 
 
+def _stage_bands(at: Sequence[tuple[int, float]], L: int, longest: int) -> dict[tuple[int, float], np.ndarray]:
+    """Per ``(inflight, cap)`` of ``at`` (one per stage of ``len(at)``), the stages ``(i, j)`` the
+    DP reads from its table (:class:`_Bands`): stage ``s`` starts in ``[s, s + w)`` and stops in
+    ``[s + 1, s + w]`` (``w = L - P + 1``), at most ``longest`` layers long."""
+    w = L - len(at) + 1
+    out: dict[tuple[int, float], np.ndarray] = {}
+    for s, a in enumerate(at):
+        mask = out.get(a)
+        if mask is None:
+            mask = out[a] = np.zeros((L + 1, L + 1), dtype=bool)
+        mask[s:s + w, s + 1:s + w + 1] = True
+    short = _lengths(L) <= max(1, longest)
+    for mask in out.values():
+        mask &= short
+    return out
+
+
 def objective_microbatches(layout: Layout, num_microbatches: int) -> int:
     """The ``M`` of J: the micro-batches, or with ``v > 1`` chunks per rank ``v (M - P) + P``
     (:func:`solve_chain`)."""
@@ -840,13 +876,13 @@ def solve_chain(
         # (J_ub - S_least) / (M - 1) makes J > J_ub
         least, _ = _Bands([table.compute] * P, extra, L).dp(INF)
         limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
-    priced = table.tables(at, limit)
-    tables = [priced[a] for a in at]
     # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
     # count (the caps), and those compute within it
-    longest = max(table.longest(*a) for a in priced)
+    longest = max(table.longest(*a) for a in bases)
     if M > 1:
         longest = min(longest, table.longest_within(limit))
+    priced = table.tables(at, limit, _stage_bands(at, L, longest))
+    tables = [priced[a] for a in at]
     found = _minimize(tables, extra, L, M, limit, cap_lb, longest)
     if found is None:
         return None
