@@ -268,3 +268,54 @@ def test_plan_zero_is_one_the_request_allows(stages):
     for devices in (1, 4):
         p = plan(roomy, small_cluster(devices), PlanRequest(global_batch=8, zero_stages=stages))
         assert p.layout.zero in stages, (devices, p.layout.zero)
+
+
+@SETTINGS
+@given(
+    layers=layer_dicts(9, levels=True),
+    ranks=st.integers(2, 3),
+    chunks=st.integers(1, 3),
+    rounds=st.integers(1, 3),
+    microbatch_size=st.sampled_from([1, 2]),
+    cap_gb=st.floats(0.05, 2.0),
+)
+def test_band_priced_tables_solve_as_fully_priced_ones(layers, ranks, chunks, rounds, microbatch_size, cap_gb):
+    """``solve_chain`` prices recomputation only over the stages its DP reads (each stage's band,
+    :func:`planner.solve.chain_dp._stage_bands`): the same solution, bit for bit, as on a table
+    whose every stage was priced first, interleaved (in-flight counts differ per chunk) or not;
+    and a second configuration on the band-priced table (other bands) solves as on a fresh one."""
+    from planner.schedule import inflight_counts
+    from planner.solve.chain_dp import solve_chain
+
+    prof = chain_profile(layers)
+    cm = CostModel(prof, small_cluster(8))
+    num_microbatches = ranks * rounds  # interleaved 1F1B runs rounds of one micro-batch per rank
+    if ranks * chunks > cm.num_layers:
+        return
+    schedule = ScheduleKind.INTERLEAVED_1F1B if chunks > 1 else ScheduleKind.ONE_F_ONE_B
+    layout = Layout(num_stages=ranks * chunks, virtual_stages_per_rank=chunks)
+    kw = dict(layout=layout, num_microbatches=num_microbatches, schedule=schedule)
+    full = StageTable(cm, microbatch_size, cap_gb * 1e9 / chunks)
+    for k in set(inflight_counts(schedule, layout, num_microbatches)):
+        full.table(k)  # every stage priced
+    banded = StageTable(cm, microbatch_size, cap_gb * 1e9 / chunks)
+    assert solve_chain(banded, **kw) == solve_chain(full, **kw)
+    other = dict(layout=Layout(num_stages=2), num_microbatches=num_microbatches, schedule=ScheduleKind.ONE_F_ONE_B)
+    assert solve_chain(banded, **other) == solve_chain(StageTable(cm, microbatch_size, cap_gb * 1e9 / chunks), **other)
+
+
+@pytest.mark.parametrize(("L", "P", "longest"), [(9, 3, 9), (9, 3, 2), (12, 6, 4), (7, 7, 1), (10, 1, 10)])
+def test_stage_bands_are_the_stages_the_dp_reads(L, P, longest):
+    """Each stage's band is exactly the (start, stop) pairs :class:`planner.solve.chain_dp._Bands`
+    reads for it: start ``s + a`` (``a < w``), ``l + 1`` layers (``l < K``), not past the stage's
+    last stop (``a + l < w``); stages with the same (in-flight count, cap) share one mask."""
+    from planner.solve.chain_dp import _stage_bands
+
+    at = [(k % 2, 1.0) for k in range(P)]  # two tables, alternating stages
+    bands = _stage_bands(at, L, longest)
+    w = L - P + 1
+    K = max(1, min(w, longest))
+    for key in set(at):
+        read = {(s + a, s + a + 1 + l) for s in range(P) if at[s] == key
+                for a in range(w) for l in range(K) if a + l < w}
+        assert {(int(i), int(j)) for i, j in zip(*bands[key].nonzero())} == read

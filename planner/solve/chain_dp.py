@@ -813,7 +813,8 @@ def _stage_bands(at: Sequence[tuple[int, float]], L: int, longest: int) -> dict[
         if mask is None:
             mask = out[a] = np.zeros((L + 1, L + 1), dtype=bool)
         mask[s:s + w, s + 1:s + w + 1] = True
-    short = _lengths(L) <= max(1, longest)
+    lengths = _lengths(L)
+    short = (lengths >= 1) & (lengths <= max(1, longest))
     for mask in out.values():
         mask &= short
     return out
