@@ -339,6 +339,12 @@ class StageTable:
             self._could[key] = found
         return found
 
+    def recomputes(self, bands: dict[tuple[int, float], np.ndarray]) -> bool:
+        """Some stage of ``bands`` (per ``(inflight, cap)``, a mask as :meth:`tables` takes) fits
+        only with recomputation, which the table allows (:meth:`tables` would price it)."""
+        return self.allow_recompute and any(
+            bool(np.any(band & self.could_fit(*at) & (self.excess(*at) > 0))) for at, band in bands.items())
+
     def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
         """The most layers of any stage that :meth:`could_fit` (0 if none)."""
         key = (inflight, self.cap if cap is None else cap, recompute)
@@ -863,28 +869,34 @@ def solve_chain(
     cap_lb = max(float(np.max(fwd + bwd)), (whole if whole < INF else float(np.sum(fwd + bwd))) / P)
     at = [(k, table.cap_of(s)) for s, k in enumerate(ks)]
     bases = {a: table.base(*a) for a in dict.fromkeys(at)}
-    # an upper bound from the plan without recomputation bounds the useful stage times:
-    # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
-    # (no stage longer than any that fits without recomputation is finite there)
-    first = _minimize([bases[a] for a in at], extra, L, M, INF, cap_lb,
-                      max(table.longest(*a, recompute=False) for a in bases))
-    # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
-    per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
-    limit = INF if first is None else first[0] / per * (1 + 1e-9)
-    if first is not None and M > 1:
-        # tighter: J >= S + (M - 1) max_s T_s with S at least the least sum of compute and
-        # transfers of any partition (recomputation only adds), so a stage slower than
-        # (J_ub - S_least) / (M - 1) makes J > J_ub
-        least, _ = _Bands([table.compute] * P, extra, L).dp(INF)
-        limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
-    # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
-    # count (the caps), and those compute within it
-    longest = max(table.longest(*a) for a in bases)
-    if M > 1:
-        longest = min(longest, table.longest_within(limit))
-    priced = table.tables(at, limit, _stage_bands(at, L, longest))
-    tables = [priced[a] for a in at]
-    found = _minimize(tables, extra, L, M, limit, cap_lb, longest)
+    longest = max(table.longest(*a) for a in bases)  # of any stage that might fit
+    bands = _stage_bands(at, L, longest)
+    if not table.recomputes(bands):
+        # no stage the DP reads fits only with recomputation: its tables are the bases
+        tables = [bases[a] for a in at]
+        found = _minimize(tables, extra, L, M, INF, cap_lb, max(table.longest(*a, recompute=False) for a in bases))
+    else:
+        # an upper bound from the plan without recomputation bounds the useful stage times:
+        # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
+        # (no stage longer than any that fits without recomputation is finite there)
+        first = _minimize([bases[a] for a in at], extra, L, M, INF, cap_lb,
+                          max(table.longest(*a, recompute=False) for a in bases))
+        # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
+        per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
+        limit = INF if first is None else first[0] / per * (1 + 1e-9)
+        if first is not None and M > 1:
+            # tighter: J >= S + (M - 1) max_s T_s with S at least the least sum of compute and
+            # transfers of any partition (recomputation only adds), so a stage slower than
+            # (J_ub - S_least) / (M - 1) makes J > J_ub
+            least, _ = _Bands([table.compute] * P, extra, L).dp(INF)
+            limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
+        # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
+        # count (the caps), and those compute within it (the bands' longer stages compute above it)
+        if M > 1:
+            longest = min(longest, table.longest_within(limit))
+        priced = table.tables(at, limit, bands)
+        tables = [priced[a] for a in at]
+        found = _minimize(tables, extra, L, M, limit, cap_lb, longest)
     if found is None:
         return None
     bounds = found[2]
