@@ -45,6 +45,22 @@ class Problem:
             profile_sha256=codec.sha256_of(profile_to_json(profile)), cluster_sha256=codec.sha256_of(cluster_to_json(cluster)),
         )
 
+    def machine_bound_ms(self, num_devices: int) -> float:
+        """:func:`planner.simulation.bounds.machine_bound_ms` of the model, cluster and global
+        batch on ``num_devices`` (worked out once per problem and count: every plan built)."""
+        key = (self.profile_sha256, self.cluster_sha256, self.request.global_batch, num_devices)
+        found = _MACHINE_BOUNDS.get(key)
+        if found is None:
+            if len(_MACHINE_BOUNDS) >= 256:
+                _MACHINE_BOUNDS.clear()
+            found = _MACHINE_BOUNDS[key] = machine_bound_ms(self.profile, self.cluster, self.request.global_batch,
+                                                            num_devices)
+        return found
+
+
+#: :meth:`Problem.machine_bound_ms` by (profile, cluster, global batch, devices)
+_MACHINE_BOUNDS: dict[tuple[str, str, int, int], float] = {}
+
 
 def memory_cap_bytes(cluster: Cluster, request: PlanRequest) -> int:
     """The per-device memory the plan may use: an explicit cap, or device memory less headroom."""
@@ -137,7 +153,7 @@ def build_plan(
         draft,
         predicted=dataclasses.replace(
             draft.predicted,
-            machine_bound_ms=machine_bound_ms(profile, cluster, request.global_batch, layout.world_size),
+            machine_bound_ms=problem.machine_bound_ms(layout.world_size),
             model_flops_per_iteration=profile.model_flops_per_sample * request.global_batch,
             device_peak_tflops=cluster.peak_tflops,
         ),
