@@ -332,18 +332,23 @@ class StageTable:
         key = (inflight, self.cap if cap is None else cap, recompute)
         found = self._could.get(key)
         if found is None:
-            if recompute:  # the same test as :meth:`table`'s ``need``
+            if recompute:
                 found = self.valid & (self._max_gain(inflight) >= self.excess(*key[:2]))
             else:
                 found = np.isfinite(self.base(inflight, key[1]))
             self._could[key] = found
         return found
 
+    def _needs(self, at: tuple[int, float]) -> np.ndarray:
+        """Stages that do not fit ``at = (inflight, cap)`` as they are but might with
+        recomputation (what :meth:`tables` prices; the table allows recomputation)."""
+        out: np.ndarray = self.could_fit(*at) & (self.excess(*at) > 0)
+        return out
+
     def recomputes(self, bands: dict[tuple[int, float], np.ndarray]) -> bool:
         """Some stage of ``bands`` (per ``(inflight, cap)``, a mask as :meth:`tables` takes) fits
         only with recomputation, which the table allows (:meth:`tables` would price it)."""
-        return self.allow_recompute and any(
-            bool(np.any(band & self.could_fit(*at) & (self.excess(*at) > 0))) for at, band in bands.items())
+        return self.allow_recompute and any(bool(np.any(band & self._needs(at))) for at, band in bands.items())
 
     def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
         """The most layers of any stage that :meth:`could_fit` (0 if none)."""
@@ -383,11 +388,9 @@ class StageTable:
                 out[at] = base
                 continue
             if at not in self._tables:
-                excess = self.excess(*at)
-                # pairs that do not fit as they are but might with recomputation
-                need = self.valid & (excess > 0) & (self._max_gain(inflight) >= excess)
+                need = self._needs(at)
                 self._tables[at] = base.copy()
-                self._pending[at] = (need, excess, np.zeros_like(need))
+                self._pending[at] = (need, self.excess(*at), np.zeros_like(need))
             table = out[at] = self._tables[at]
             need, excess, priced = self._pending[at]
             todo = need & ~priced & (self.compute <= limit)
@@ -870,17 +873,18 @@ def solve_chain(
     at = [(k, table.cap_of(s)) for s, k in enumerate(ks)]
     bases = {a: table.base(*a) for a in dict.fromkeys(at)}
     longest = max(table.longest(*a) for a in bases)  # of any stage that might fit
+    plain_longest = max(table.longest(*a, recompute=False) for a in bases)  # of any that fits as it is
+    plain = [bases[a] for a in at]
     bands = _stage_bands(at, L, longest)
     if not table.recomputes(bands):
         # no stage the DP reads fits only with recomputation: its tables are the bases
-        tables = [bases[a] for a in at]
-        found = _minimize(tables, extra, L, M, INF, cap_lb, max(table.longest(*a, recompute=False) for a in bases))
+        tables = plain
+        found = _minimize(tables, extra, L, M, INF, cap_lb, plain_longest)
     else:
         # an upper bound from the plan without recomputation bounds the useful stage times:
         # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
         # (no stage longer than any that fits without recomputation is finite there)
-        first = _minimize([bases[a] for a in at], extra, L, M, INF, cap_lb,
-                          max(table.longest(*a, recompute=False) for a in bases))
+        first = _minimize(plain, extra, L, M, INF, cap_lb, plain_longest)
         # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
         per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
         limit = INF if first is None else first[0] / per * (1 + 1e-9)
