@@ -132,7 +132,7 @@ def _dp(
             if not np.isfinite(rest).any():
                 continue
             t = pr.times(n, d)
-            cand = np.where(t <= cap * d, t, INF) + pr.extra(n, d) + rest[None, :]
+            cand = np.where(t / d <= cap, t, INF) + pr.extra(n, d) + rest[None, :]  # as the caps: t / d
             j = np.argmin(cand, axis=1)
             val = cand[np.arange(L + 1), j]
             better = val < col
