@@ -164,3 +164,19 @@ def test_solver_picks_selective_where_it_is_enough():
     roomy = plan(prof, CLUSTER, dataclasses.replace(req, memory_cap_bytes=32 * 1024**3))
     assert roomy.stages[0].recompute_selective == () and math.isfinite(roomy.predicted.iteration_ms)
     assert roomy.predicted.iteration_ms < got.predicted.iteration_ms
+
+
+def test_profile_refuses_shared_storages_beyond_a_layers_saves():
+    """A layer's storages shared with later layers are bytes it saves (outside its attention
+    core): a profile listing more is refused, naming the layer (two copies of one pair once
+    made a stage's bytes negative); each pair alone, and a storage three layers save listed
+    a-b, b-c, load."""
+    doc = profile_to_json(gpt_profile(layers=3, hidden=64, heads=4, seq=8, vocab=10))
+    layers = doc["layers"]
+    free = min(layer["saved_bytes_per_sample"] - (layer["attention_core"] or {}).get("saved_bytes_per_sample", 0.0)
+               for layer in layers[1:4])
+    pair = {"first": 1, "second": 2, "bytes_per_sample": 0.75 * free, "bytes_fixed": 0.0}
+    chain = [pair, {**pair, "first": 2, "second": 3}]  # the middle layer's on both sides: fine
+    assert len(profile_from_json({**doc, "shared_saved": chain}).shared_saved) == 2
+    with pytest.raises(PlannerInputError, match=f"layer {layers[1]['name']!r} shares .* with later layers, more than"):
+        profile_from_json({**doc, "shared_saved": [pair, pair]})

@@ -116,9 +116,17 @@ def test_dp_equals_brute_force_with_recompute_levels(
     full), saved bytes that do not grow with the micro-batch, and storages two layers share
     (outside their cores: a shared storage inside a core made a stage's bytes negative):
     DP = CP-SAT = brute force, and the DP's choice fits and costs what it says."""
-    # a shared storage lies outside both layers' attention cores (what a core saves is its own)
-    free = [d["saved"] - (d.get("core") or 0.0) for d in layers]
-    shared = [(a, b, min(v, free[a], free[b])) for a, b, v in data.draw(shared_pairs(len(layers)))]
+    # a shared storage lies outside both layers' attention cores (what a core saves is its own),
+    # and a layer's storages shared with later (earlier) layers are no more than it saves (the
+    # profile refuses more: two draws of one pair once made a stage's bytes negative)
+    later = [d["saved"] - (d.get("core") or 0.0) for d in layers]
+    earlier = list(later)
+    shared = []
+    for a, b, v in data.draw(shared_pairs(len(layers))):
+        v = min(v, later[a], earlier[b])
+        later[a] -= v
+        earlier[b] -= v
+        shared.append((a, b, v))
     prof = chain_profile(layers, shared=shared)
     cm = CostModel(prof, small_cluster(8))
     layout = Layout(num_stages=num_stages)

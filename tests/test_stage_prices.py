@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from planner.artifacts.cluster import PRESETS
 from planner.cost import CostModel
 from planner.profiling.analytic.gpt import gpt3_profile
+from planner.solve import chain_dp
 from planner.solve.chain_dp import StageTable
 from planner.solve.recompute import choose_recompute, layer_options, level_cover_costs, level_covers
+from tests.chains import chain_profile, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -90,3 +92,47 @@ def test_gpt3_table_prices_are_its_recompute_choices():
             assert table.selective_of(inflight, i, j) == choice.selective
             priced += 1
     assert priced > 100  # the cap binds: many stages need recomputation
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds_drawn=st.lists(st.tuples(st.floats(0.5, 4.0), st.floats(1e6, 40e6), st.floats(0.05, 0.9), st.floats(0.05, 0.6)),
+                         min_size=2, max_size=3),
+    order=st.lists(st.integers(0, 2), min_size=6, max_size=18),
+    inflight=st.integers(1, 6),
+    cap_mb=st.floats(5.0, 200.0),
+)
+def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, order, inflight, cap_mb):
+    """A chain of a few kinds of layer in any order (a grouped transformer's one- and two-block
+    groups): every stage's price keyed by what it holds (each kind's layers, in the order the
+    kinds first appear) is the price keyed by its runs of layers, bit for bit, and
+    :func:`choose_recompute`'s; stages at different places with the same layers share rows."""
+    layers = []
+    for k in order:
+        f, saved, core_frac, core_ms = kinds_drawn[k % len(kinds_drawn)]
+        layers.append({"fwd": f, "bwd": 2 * f, "params": 1000, "saved": saved, "inp": saved / 8, "out": saved / 8,
+                       "core": saved * core_frac, "core_ms": f * core_ms})
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    got = {}
+    kept = chain_dp.CONTENT_KINDS
+    for limit in (kept, 0):
+        chain_dp._LAYERS.clear()
+        chain_dp.CONTENT_KINDS = limit
+        try:
+            table = StageTable(cm, 1, cap_mb * 1e6)
+        finally:
+            chain_dp.CONTENT_KINDS = kept
+        got[limit] = (table.table(inflight).copy(), len(table._layers.rows))
+        excess = table.static + inflight * table.act - table.cap
+        for i, j in zip(*np.nonzero(np.isfinite(got[limit][0]) & table.valid & (excess > 0))):
+            i, j = int(i), int(j)
+            want = choose_recompute(
+                fwd_ms=table.fwd[i:j].tolist(), saved_bytes=table.saved[i:j].tolist(),
+                input_bytes=table.inputs[i:j].tolist(), first_layer=i, inflight=inflight,
+                excess_bytes=float(excess[i, j]), core_ms=table.core_ms[i:j].tolist(), core_bytes=table.core[i:j].tolist())
+            assert got[limit][0][i, j] == table.compute[i, j] + want.time_ms
+            assert (table.recompute_of(inflight, i, j), table.selective_of(inflight, i, j)) == (want.layers, want.selective)
+    chain_dp._LAYERS.clear()
+    by_content, by_runs = got[kept], got[0]
+    assert np.array_equal(by_content[0], by_runs[0])
+    assert by_content[1] <= by_runs[1]  # never more covers worked out

@@ -332,6 +332,28 @@ class Profile:
         for i, shared in enumerate(self.shared_saved):
             if shared.second >= n:
                 raise ValueError(f"shared_saved[{i}]: layer {shared.second} does not exist ({n} layers)")
+        self._check_shared_within_saves()
+
+    def _check_shared_within_saves(self) -> None:
+        """A layer's storages shared with later layers are bytes it saves, outside its attention
+        core (a core's tensors are its own), so together no more than that; the same for those
+        shared with earlier layers (each side on its own: a storage three layers save is listed
+        a-b, b-c, the middle one's on both sides). More would make a stage's bytes negative."""
+        for side, other in (("first", "later"), ("second", "earlier")):
+            totals: dict[int, list[float]] = {}
+            for shared in self.shared_saved:
+                at = totals.setdefault(getattr(shared, side), [0.0, 0.0])
+                at[0] += shared.bytes_per_sample
+                at[1] += shared.bytes_fixed
+            for index, (per_sample, fixed) in sorted(totals.items()):
+                layer = self.layers[index]
+                core = layer.attention_core
+                for what, got, saved, in_core in (
+                        ("per sample", per_sample, layer.saved_bytes_per_sample, core.saved_bytes_per_sample if core else 0.0),
+                        ("fixed", fixed, layer.saved_bytes_fixed, core.saved_bytes_fixed if core else 0.0)):
+                    if got > (saved - in_core) * (1 + 1e-9) + 1e-9:
+                        raise ValueError(f"shared_saved: layer {layer.name!r} shares {got:g} bytes {what} with {other} "
+                                         f"layers, more than it saves outside its attention core ({saved - in_core:g})")
 
 
     @property

@@ -113,14 +113,39 @@ class _Layers:
         self.run_start = np.flatnonzero(new)
         self.run_stop = np.append(self.run_start[1:], L)
         self.kind_arr = np.array(self.kind, dtype=np.int64)
+        # few kinds (a transformer's blocks, its embedding and head, a grouped chain's merged
+        # blocks): stages are known by what they hold, each kind's layers and the order in which
+        # the kinds first appear, so stages anywhere in the chain with the same layers share rows
+        self.by_content = len(kinds) <= CONTENT_KINDS
+        if self.by_content:
+            ids = np.arange(len(kinds))
+            self.kind_prefix = np.concatenate([np.zeros((len(kinds), 1), dtype=np.int64),
+                                               np.cumsum(self.kind_arr[None, :] == ids[:, None], axis=1)], axis=1)
+            # per kind and layer i, the first layer of that kind at or after i (L: none)
+            self.next_of = np.full((len(kinds), L + 1), L, dtype=np.int64)
+            for k in ids:
+                at = np.flatnonzero(self.kind_arr == k)
+                pos = np.searchsorted(at, np.arange(L + 1))
+                self.next_of[k] = np.where(pos < len(at), at[np.minimum(pos, len(at) - 1)], L)
         self._options: dict[tuple[int, int], tuple[Option, ...]] = {}
         self.rows = CoverRows()  # every cover worked out, one row each
         self._row_spans: dict[tuple[tuple[int, ...], int], tuple[int, int] | None] = {}
 
     def sequence_keys(self, I: np.ndarray, J: np.ndarray) -> np.ndarray:
-        """Per stage ``[I, J)`` four integers equal only for stages with the same layers: inside
-        one run (kind, length, -1, -1), else (first run, layers taken from it, last run, layers
-        taken from it); the runs between are whole."""
+        """Per stage ``[I, J)`` a row of integers equal only for stages whose covers
+        (:func:`level_covers`) are the same. With :attr:`by_content`: each kind's count of layers,
+        then each kind's place in the order of first appearance (-1: absent), which is all a
+        cover reads (its groups are the layers of each kind of options, in order of first
+        appearance). Else: inside one run (kind, length, -1, -1), otherwise (first run, layers
+        taken from it, last run, layers taken from it), the runs between whole."""
+        if self.by_content:
+            counts = (self.kind_prefix[:, J] - self.kind_prefix[:, I]).T
+            first = self.next_of[:, I].T
+            present = first < J[:, None]
+            order = np.argsort(np.where(present, first, len(self.kind) + 1), axis=1, kind="stable")
+            rank = np.empty_like(order)
+            np.put_along_axis(rank, order, np.broadcast_to(np.arange(order.shape[1]), order.shape), axis=1)
+            return np.concatenate([counts, np.where(present, rank, -1)], axis=1).astype(np.int64)
         a, b = self.run_of[I], self.run_of[J - 1]
         same = a == b
         return np.column_stack([
@@ -135,7 +160,12 @@ class _Layers:
         by ``seq`` (:meth:`sequence_keys`), None where the cover is not exact."""
         key = (seq, inflight)
         if key not in self._row_spans:
-            if seq[2] < 0:
+            runs: list[tuple[tuple[Option, ...], int]]
+            if self.by_content:
+                n = len(seq) // 2
+                present = sorted((seq[n + kind], kind) for kind in range(n) if seq[n + kind] >= 0)
+                runs = [(self.options(kind, inflight), seq[kind]) for _, kind in present]
+            elif seq[2] < 0:
                 runs = [(self.options(seq[0], inflight), seq[1])]
             else:
                 a, b = seq[0], seq[2]
@@ -157,6 +187,10 @@ class _Layers:
                                                        float(core_ms[i]), float(core[i]), inflight)
         return found
 
+
+#: profiles with at most this many kinds of layer key a stage's recompute covers by what it holds
+#: (:attr:`_Layers.by_content`), else by its runs
+CONTENT_KINDS = 16
 
 #: :class:`_Layers` by the bytes of their arrays (a search builds tables for few micro-batch sizes)
 _LAYERS: dict[bytes, _Layers] = {}
@@ -458,7 +492,7 @@ class StageTable:
         ks = np.repeat([at[0] for at, _, _, _ in batches], sizes)
         ex = np.concatenate([excess[i, j] for (i, j), (_, _, excess, _) in zip(parts, batches)])
         seqs = self._layers.sequence_keys(I, J)
-        order = np.lexsort((ex, ks, seqs[:, 3], seqs[:, 2], seqs[:, 1], seqs[:, 0]))
+        order = np.lexsort((ex, ks, *seqs.T[::-1]))
         s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
         first = np.ones(len(order), dtype=bool)
         first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
