@@ -22,6 +22,7 @@ from planner.cost.fsdp import fsdp_terms, replay
 from planner.report.export import torchtitan_config
 from planner.solve import plan
 from planner.solve.chain_dp import StageTable
+from planner.solve.infeasible import explain_infeasible
 from tests.chains import chain_profile, layer_dicts, small_cluster, solve_three_ways
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -140,3 +141,12 @@ def test_refusal_names_the_fsdp_layout_and_what_would_fit():
     text = str(info.value)
     assert "ZeRO-3" in text, text  # the leanest layout tried is the sharded one
     assert "more devices: 8" in text or "more devices: 16" in text, text
+    # measured without its suggestions (a search measures every degree and explains the closest),
+    # the same refusal once completed
+    cm = CostModel(prof, cluster)
+    n = cluster.num_devices
+    cap = float(tight.memory_cap_bytes)
+    full = explain_infeasible(cm, tight, n, cap)
+    short = explain_infeasible(cm, tight, n, cap, suggest=False)
+    assert not short.suggestions and short.need_bytes == full.need_bytes and str(short) == str(full).split("\n")[0]
+    assert str(short.complete()) == str(full) and full.complete() is full

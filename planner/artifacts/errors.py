@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class PlannerError(Exception):
     """Base class of every error the planner raises deliberately."""
@@ -26,10 +28,18 @@ class InfeasibleError(PlannerError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, suggestions: tuple[str, ...] = (), need_bytes: float = float("inf")) -> None:
+    def __init__(self, message: str, *, suggestions: tuple[str, ...] = (), need_bytes: float = float("inf"),
+                 more: Callable[[], InfeasibleError] | None = None) -> None:
         self.suggestions = suggestions
         self.need_bytes = need_bytes  # the least per-device memory the explanation found (inf: not measured)
+        # where set: the same refusal with the suggestions that cost more searching worked out (a
+        # search measures every degree's refusal but shows only the closest: :meth:`complete`)
+        self.more = more
         text = message
         if suggestions:
             text += "\n" + "\n".join(f"  - {s}" for s in suggestions)
         super().__init__(text)
+
+    def complete(self) -> InfeasibleError:
+        """This refusal with all its suggestions (itself when it has them all)."""
+        return self.more() if self.more is not None else self

@@ -178,14 +178,14 @@ def degree_by_degree(
                 and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
-            found = search_layouts(problem, cm, n // (t * cp), chain_solver, settings, incumbent)
+            found = search_layouts(problem, cm, n // (t * cp), chain_solver, settings, incumbent, suggest=False)
         except InfeasibleError as exc:
             infeasible.append(exc)
             continue
         if found is not None:
             plans.append(found)
-    if not plans:  # the explanation of the degree that came closest to fitting
-        raise min(infeasible, key=lambda exc: exc.need_bytes)
+    if not plans:  # the explanation of the degree that came closest to fitting, with its suggestions
+        raise min(infeasible, key=lambda exc: exc.need_bytes).complete()
     return plans
 
 
@@ -231,14 +231,14 @@ def pruned_degrees(
         cp = degrees[i][0]
         incumbent = min((p.predicted.iteration_ms for p in plans), default=float("inf")) if cp > 1 else float("inf")
         try:
-            found = searches[i].finish(incumbent, shared)
+            found = searches[i].finish(incumbent, shared, suggest=False)
         except InfeasibleError as exc:
             infeasible[i] = exc
             continue
         if found is not None:
             plans.append(found)
-    if not plans:  # the explanation of the degree that came closest to fitting (the first of equals)
-        raise min((infeasible[i] for i in sorted(infeasible)), key=lambda exc: exc.need_bytes)
+    if not plans:  # the explanation of the degree that came closest to fitting (the first of equals), in full
+        raise min((infeasible[i] for i in sorted(infeasible)), key=lambda exc: exc.need_bytes).complete()
     return plans
 
 
@@ -339,12 +339,15 @@ class LayoutSearch:
         out.sort(key=score_key)
         return out
 
-    def finish(self, incumbent_ms: float = float("inf"), shared: Incumbent | None = None) -> Plan | None:
+    def finish(self, incumbent_ms: float = float("inf"), shared: Incumbent | None = None,
+               suggest: bool = True) -> Plan | None:
         """The degree's best plan from the candidates its configuration search found, with the
         Pareto points of its best configurations under tighter caps; with a finite
         ``incumbent_ms`` only candidates faster than it count, None when there are none (and no
         tighter caps are searched). ``shared``: the incumbent the configuration search pruned
-        against; None is returned (not a refusal) when it found nothing because of it."""
+        against; None is returned (not a refusal) when it found nothing because of it.
+        ``suggest``: a refusal comes with its suggestions (else they wait for
+        :meth:`~planner.artifacts.errors.InfeasibleError.complete`, :func:`explain_infeasible`)."""
         problem, cm, settings, request = self.problem, self.cm, self.settings, self.problem.request
         by_time, num_groups, cap = self.by_time, self.num_groups, self.cap
         pruning = by_time and incumbent_ms < float("inf")
@@ -363,8 +366,8 @@ class LayoutSearch:
                 return None  # every configuration pruned against another degree's plans
             # explained over the layers themselves unless the profile is very long
             if cm.profile.num_layers <= settings.explain_max_layers:
-                raise explain_infeasible(cm, request, num_groups, cap)
-            raise explain_infeasible(self.cm_search, self.req_search, num_groups, cap)
+                raise explain_infeasible(cm, request, num_groups, cap, suggest=suggest)
+            raise explain_infeasible(self.cm_search, self.req_search, num_groups, cap, suggest=suggest)
         keep = settings.rescore_top if by_time else len(scored)
         plans = build_best(problem, cm, self.fine(scored, keep, True), keep + 1)
         # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
@@ -383,7 +386,7 @@ class LayoutSearch:
 
 def search_layouts(
     problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS,
-    incumbent_ms: float = float("inf"),
+    incumbent_ms: float = float("inf"), *, suggest: bool = True,
 ) -> Plan | None:
     """The best plan of ``cm``'s tensor- and context-parallel degrees on ``num_groups`` groups:
     solve every configuration with ``chain_solver``, re-score by simulation, select. With a
@@ -397,4 +400,4 @@ def search_layouts(
     """
     search = LayoutSearch(problem, cm, num_groups, chain_solver, settings, incumbent_ms)
     search.configs.run()
-    return search.finish(incumbent_ms)
+    return search.finish(incumbent_ms, suggest=suggest)
