@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.request import ScheduleKind
+from planner.artifacts.kinds import SolverKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import load_plan
+from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
+from planner.simulation.simulator import simulate_summary
+from planner.solve import plan as solve
+from planner.solve.build import rebuild_plan
+from tests.chains import chain_profile, small_cluster
+from tests.golden_plans import GOLDEN
 from tests.plan_factory import make_plan
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
@@ -224,3 +234,47 @@ def test_integer_orders_match_the_schedule_builder():
             )
             _encoded.cache_clear()
             assert _encoded(kind, p, m, 1) == expected, (kind, p, m)
+
+
+def _figures(summary_or_timeline) -> tuple[float, int, float, float]:
+    t = summary_or_timeline
+    return t.iteration_ms, t.peak_memory_bytes, t.bubble_fraction, t.exposed_allreduce_ms
+
+
+def test_summary_is_the_timelines_figures_on_the_golden_plans():
+    """:func:`simulate_summary` (what plans are predicted with) gives every golden plan the
+    iteration time, peak memory, bubble and exposed synchronisation its full Timeline has,
+    exactly (interleaved ranks, recomputation, ZeRO's gathers ahead among them)."""
+    paths = sorted(GOLDEN.glob("*.json"))
+    assert len(paths) > 50
+    for path in paths:
+        plan = load_plan(path)
+        assert _figures(simulate_summary(plan)) == _figures(simulate(plan)), path.name
+
+
+@pytest.mark.parametrize("kind", [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B,
+                                  ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV])
+def test_summary_is_the_timelines_figures_for_every_schedule(kind):
+    """The same on solved plans of every schedule (split backwards keeping part of their saves
+    until W), with and without recomputation, and replicated per stage."""
+    layers = [dict(fwd=1.0 + i % 3, bwd=2.0 + i % 2, params=1000, saved=1e6 * (1 + i % 2), inp=1e5, out=1e5,
+                   wfrac=0.5, wsaved=0.4) for i in range(8)]
+    prof = chain_profile(layers)
+    base = PlanRequest(global_batch=16, schedules=(kind,), dp_degree=1, num_stages=4, per_stage_replication=False)
+    recomputed = 0
+    for cap in (None, 9e6, 6e6):
+        request = base if cap is None else dataclasses.replace(base, memory_cap_bytes=int(cap))
+        try:
+            found = solve(prof, small_cluster(4, memory_bytes=10**9), request)
+        except Exception:  # too tight for this schedule
+            continue
+        recomputed += any(s.recompute for s in found.stages)
+        assert _figures(simulate_summary(found)) == _figures(simulate(found)), (kind, cap)
+    assert recomputed or kind is ScheduleKind.ZBV
+    if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+        copies = solve(prof, small_cluster(3), PlanRequest(global_batch=12, schedules=(kind,), microbatch_sizes=(1,)))
+        replicated = rebuild_plan(prof, small_cluster(3), PlanRequest(global_batch=12), schedule=kind,
+                                  layout=Layout(num_stages=2, stage_replicas=(2, 1)), boundaries=(0, 4),
+                                  recompute=[(1,), ()], microbatch_size=1, solver=SolverKind.GIVEN)
+        for p in (copies, replicated):
+            assert _figures(simulate_summary(p)) == _figures(simulate(p))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.artifacts.plan import Plan
 from planner.artifacts.plan_summary import Prediction
 from planner.simulation.bounds import flops_figures, me_index_of, partition_bound_ms
-from planner.simulation.simulator import simulate
+from planner.simulation.simulator import Summary, simulate, simulate_summary
 from planner.simulation.timeline import Timeline
 
 __all__ = ["me_index", "predict"]
@@ -15,8 +15,10 @@ def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None 
     """``plan.predicted`` from the simulator and :mod:`planner.simulation.bounds`. Left as in the plan: the
     ME index (it needs a reference plan, see :func:`planner.simulation.bounds.me_index`), the machine bound,
     the model FLOPs and the device peak (they need the profile and cluster: ``build_plan``
-    fills them in); the achieved TFLOP/s and MFU follow the new iteration time."""
-    t = timeline if timeline is not None else simulate(plan, optimizer_ms=optimizer_ms)
+    fills them in); the achieved TFLOP/s and MFU follow the new iteration time. Without a
+    ``timeline`` the replay's figures come from :func:`simulate_summary` (the same numbers,
+    without building the Timeline)."""
+    t: Timeline | Summary = timeline if timeline is not None else simulate_summary(plan, optimizer_ms=optimizer_ms)
     old = plan.predicted
     flops = flops_figures(old.model_flops_per_iteration, t.iteration_ms, plan.num_devices, old.device_peak_tflops)
     return Prediction(

@@ -48,7 +48,10 @@ workspace while a recomputed backward runs. A device's memory is the sum over it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
@@ -56,20 +59,29 @@ from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.schedule import ActionKind, build_schedule, layout_schedule, validate_schedule
-from planner.schedule.build import check_replicated_rules, interleaved_schedule_triples, replicated_triples
+from planner.schedule.build import (
+    check_replicated_rules,
+    check_schedule_rules,
+    interleaved_schedule_triples,
+    replicated_triples,
+)
 from planner.simulation.memory import memory_trace, summed_peak
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
     "ActionTiming",
     "MemoryTrace",
+    "Replayed",
     "Segment",
     "SegmentKind",
     "StageTimeline",
+    "Summary",
     "Timeline",
     "check_schedule",
+    "replay_plan",
     "simulate",
     "simulate_iteration_ms",
+    "simulate_summary",
 ]
 
 
@@ -336,20 +348,57 @@ def _gather_gate(
 # ---------------------------------------------------------------- the Plan path
 
 
-def simulate(
-    plan: Plan, profile: Profile | None = None, cluster: Cluster | None = None, *, optimizer_ms: float = 0.0
-) -> Timeline:
-    """Replay ``plan``'s schedule and return its :class:`Timeline`. Deterministic.
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What a plan's replay gives :func:`simulate` and :func:`simulate_summary` alike: each
+    action's start and end (flat ``stage x M + mb``; the W lists all 0 / -1 unless the
+    schedule splits the backward), each rank's stages and the micro-batches it runs of each,
+    its busy time, and the synchronisation and iteration end (:func:`_finish`)."""
 
-    The Plan carries every per-stage cost (from :mod:`planner.cost`); ``profile`` and
-    ``cluster``, if given, are only checked against it (layer count, device count).
-    ``optimizer_ms``: an optimizer step of one rank added to the one the plan prices (its
-    stages' ``optimizer_ms``).
-    """
-    _check_context(plan, profile, cluster)
+    orders: tuple[tuple[tuple[int, int, int], ...], ...]
+    fwd: list[float]
+    full_bwd: list[float]
+    fstart: list[float]
+    fend: list[float]
+    bstart: list[float]
+    bend: list[float]
+    wstart: list[float]
+    wend: list[float]
+    split: bool  # the schedule runs W apart
+    free: list[float]
+    last_b: list[float]
+    ar_start: list[float]
+    ar_end: list[float]
+    iteration: float
+    opt_stage: list[float]
+    rank_stage_mbs: list[dict[int, list[int]]]
+    stage_ranks: list[list[int]]
+    rank_busy: list[float]
+
+    @property
+    def compute_end(self) -> float:
+        return max(self.free)
+
+    @property
+    def rank_idle(self) -> list[float]:
+        return [self.compute_end - b for b in self.rank_busy]
+
+    @property
+    def bubble_fraction(self) -> float:
+        end = self.compute_end
+        return (sum(self.rank_idle) / (len(self.orders) * end)) if end > 0 else 0.0
+
+    @property
+    def exposed_allreduce_ms(self) -> float:
+        return max(0.0, max(self.ar_end) - self.compute_end)
+
+
+def replay_plan(plan: Plan, optimizer_ms: float = 0.0) -> Replayed:
+    """Replay ``plan``'s schedule (its rules checked as :func:`simulate` checks them)."""
     kind, n, m, v = plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank
     reps = plan.layout.stage_replicas
-    schedule = layout_schedule(kind, plan.layout, m)
+    if not reps:
+        check_schedule_rules(kind, n, m, v)
     orders = _encoded(kind, n, m, v, reps)
     st = plan.stages
     fwd = [s.fwd_ms for s in st]
@@ -361,19 +410,13 @@ def simulate(
     early = [s.sync_early_ms for s in st]
     ahead = [s.gather_ahead_ms for s in st]
     _check_lengths(n, fwd_ms=fwd, bwd_ms=full_bwd, send_fwd_ms=sf, send_bwd_ms=sb, allreduce_ms=ar)
-    num_ranks = len(orders)
     opt_stage = [s.optimizer_ms + optimizer_ms / v for s in st]
     gate = _gather_gate(orders, m, ahead, [s.gather_bound_ms for s in st])
     first, second = _split_backward(kind, [s.bwd_ms for s in st], rc, [s.wgrad_ms for s in st])
     fstart, fend, bstart, bend, wstart, wend, free = _replay(orders, m, fwd, first, sf, sb, gate, second)
     last_b, ar_start, ar_end, iteration = _finish(orders, m, _grads_done(bend, wend), free, ar, opt_stage, early, ahead)
-
-    by_code = ((fstart, fend), (bstart, bend), (wstart, wend))
-    starts = tuple(tuple(by_code[c][0][s * m + mb] for s, c, mb in ops) for ops in orders)
-    ends = tuple(tuple(by_code[c][1][s * m + mb] for s, c, mb in ops) for ops in orders)
-    compute_end = max(free)
     # each rank's stages, and the micro-batches it runs of each (all of them unless a copy)
-    rank_stage_mbs: list[dict[int, list[int]]] = [{} for _ in range(num_ranks)]
+    rank_stage_mbs: list[dict[int, list[int]]] = [{} for _ in range(len(orders))]
     for r, ops in enumerate(orders):
         for s, code, mb in ops:
             if not code:
@@ -383,14 +426,94 @@ def simulate(
         for s in by_stage:
             stage_ranks[s].append(r)
     rank_busy = [sum(len(mbs) * (fwd[s] + full_bwd[s]) for s, mbs in by_stage.items()) for by_stage in rank_stage_mbs]
-    rank_idle = [compute_end - b for b in rank_busy]
+    return Replayed(orders, fwd, full_bwd, fstart, fend, bstart, bend, wstart, wend, second is not None, free, last_b,
+                    ar_start, ar_end, iteration, opt_stage, rank_stage_mbs, stage_ranks, rank_busy)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The figures of a replay a plan's prediction needs (:func:`simulate_summary`), each the
+    same number :func:`simulate`'s :class:`Timeline` holds."""
+
+    iteration_ms: float
+    peak_memory_bytes: int
+    bubble_fraction: float
+    exposed_allreduce_ms: float
+
+
+def simulate_summary(plan: Plan, *, optimizer_ms: float = 0.0) -> Summary:
+    """:func:`simulate`'s iteration time, peak memory, bubble and exposed synchronisation,
+    without the Timeline (no action list, no per-stage traces): each rank's peak from its
+    stages' memory events at once (integer bytes, so the same peak in any order of summing)."""
+    r = replay_plan(plan, optimizer_ms)
+    m = plan.num_microbatches
+    arrays = {name: np.asarray(getattr(r, name)) for name in ("fstart", "bstart", "bend", "wend")}
+    peak = max(_rank_peak(plan, by_stage, m, arrays, r.split) for by_stage in r.rank_stage_mbs)
+    return Summary(iteration_ms=r.iteration, peak_memory_bytes=peak, bubble_fraction=r.bubble_fraction,
+                   exposed_allreduce_ms=r.exposed_allreduce_ms)
+
+
+def _rank_peak(plan: Plan, by_stage: dict[int, list[int]], m: int, at: dict[str, np.ndarray], split: bool) -> int:
+    """:func:`summed_peak` of the rank's memory traces (:func:`memory_trace`), from their events: the level
+    after all the changes of each instant (frees and allocations alike), at its highest."""
+    static_total = 0
+    times: list[np.ndarray] = []
+    deltas: list[np.ndarray] = []
+    for s, mbs in by_stage.items():
+        stage = plan.stages[s]
+        mem = stage.memory
+        static_total += mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes + mem.buffer_bytes
+        act = stage.activation_bytes_per_microbatch
+        recomputes = stage.recompute or stage.recompute_selective or stage.recompute_ms > 0
+        work = mem.recompute_workspace_bytes if recomputes else 0
+        keep = min(stage.wgrad_bytes_per_microbatch, act) if split else 0
+        idx = s * m + np.asarray(mbs, dtype=np.int64)
+        events = [(at["fstart"], act), (at["bend"], -(act - keep) - work)]
+        if split:
+            events.append((at["wend"], -keep))
+        if work:
+            events.append((at["bstart"], work))
+        for when, change in events:
+            times.append(when[idx])
+            deltas.append(np.full(len(idx), change, dtype=np.int64))
+    t = np.concatenate(times)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    level = np.cumsum(np.concatenate(deltas)[order])
+    last = np.append(t[1:] != t[:-1], True)  # each instant's last change
+    return static_total + max(0, int(level[last].max()))
+
+
+def simulate(
+    plan: Plan, profile: Profile | None = None, cluster: Cluster | None = None, *, optimizer_ms: float = 0.0
+) -> Timeline:
+    """Replay ``plan``'s schedule and return its :class:`Timeline`. Deterministic.
+
+    The Plan carries every per-stage cost (from :mod:`planner.cost`); ``profile`` and
+    ``cluster``, if given, are only checked against it (layer count, device count).
+    ``optimizer_ms``: an optimizer step of one rank added to the one the plan prices (its
+    stages' ``optimizer_ms``).
+    """
+    _check_context(plan, profile, cluster)
+    kind, n, m = plan.schedule, plan.layout.num_stages, plan.num_microbatches
+    schedule = layout_schedule(kind, plan.layout, m)
+    r = replay_plan(plan, optimizer_ms)
+    orders, fwd, full_bwd, st = r.orders, r.fwd, r.full_bwd, plan.stages
+    fstart, bstart, bend = r.fstart, r.bstart, r.bend
+    wend = r.wend if r.split else None
+    by_code = ((r.fstart, r.fend), (r.bstart, r.bend), (r.wstart, r.wend))
+    starts = tuple(tuple(by_code[c][0][s * m + mb] for s, c, mb in ops) for ops in orders)
+    ends = tuple(tuple(by_code[c][1][s * m + mb] for s, c, mb in ops) for ops in orders)
+    compute_end = r.compute_end
+    rank_stage_mbs, stage_ranks, rank_busy, rank_idle = r.rank_stage_mbs, r.stage_ranks, r.rank_busy, r.rank_idle
     rank_traces = [
-        [memory_trace(plan, s, r, mbs, fstart, bstart, bend, wend if second is not None else None)
-         for s, mbs in by_stage.items()]
-        for r, by_stage in enumerate(rank_stage_mbs)
+        [memory_trace(plan, s, rank, mbs, fstart, bstart, bend, wend) for s, mbs in by_stage.items()]
+        for rank, by_stage in enumerate(rank_stage_mbs)
     ]
     rank_peak = [summed_peak(trs) for trs in rank_traces]
-    opt_rank = [sum(opt_stage[s] for s in by_stage if stage_ranks[s][0] == r) for r, by_stage in enumerate(rank_stage_mbs)]
+    opt_stage = r.opt_stage
+    opt_rank = [sum(opt_stage[s] for s in by_stage if stage_ranks[s][0] == rank)
+                for rank, by_stage in enumerate(rank_stage_mbs)]
     # a stage's trace: its copy with the highest peak
     traces = tuple(
         max((tr for trs in rank_traces for tr in trs if tr.stage_idx == s), key=lambda tr: (tr.peak_bytes, -tr.rank))
@@ -398,23 +521,23 @@ def simulate(
     )
     stages = tuple(
         StageTimeline(
-            stage_idx=s, rank=stage_ranks[s][0], fwd_ms=fwd[s], bwd_ms=st[s].bwd_ms, recompute_ms=rc[s],
-            wgrad_ms=st[s].wgrad_ms if second is not None else 0.0,
-            send_fwd_ms=sf[s], send_bwd_ms=sb[s], busy_ms=len(rank_stage_mbs[stage_ranks[s][0]][s]) * (fwd[s] + full_bwd[s]),
+            stage_idx=s, rank=stage_ranks[s][0], fwd_ms=fwd[s], bwd_ms=st[s].bwd_ms, recompute_ms=st[s].recompute_ms,
+            wgrad_ms=st[s].wgrad_ms if r.split else 0.0,
+            send_fwd_ms=st[s].send_fwd_ms, send_bwd_ms=st[s].send_bwd_ms,
+            busy_ms=len(rank_stage_mbs[stage_ranks[s][0]][s]) * (fwd[s] + full_bwd[s]),
             idle_ms=rank_idle[stage_ranks[s][0]],
-            last_backward_end_ms=last_b[s], allreduce_start_ms=ar_start[s], allreduce_end_ms=ar_end[s],
+            last_backward_end_ms=r.last_b[s], allreduce_start_ms=r.ar_start[s], allreduce_end_ms=r.ar_end[s],
             peak_memory_bytes=traces[s].peak_bytes, peak_inflight_microbatches=traces[s].peak_inflight_microbatches,
             ranks=tuple(stage_ranks[s]) if len(stage_ranks[s]) > 1 else (),
         )
         for s in range(n)
     )
     return Timeline(
-        schedule=kind, layout=plan.layout, num_ranks=num_ranks, num_microbatches=m,
+        schedule=kind, layout=plan.layout, num_ranks=len(orders), num_microbatches=m,
         orders=schedule, start_ms=starts, end_ms=ends, stages=stages, memory=traces,
         rank_busy_ms=tuple(rank_busy), rank_idle_ms=tuple(rank_idle), rank_peak_memory_bytes=tuple(rank_peak),
-        optimizer_ms=tuple(opt_rank), compute_end_ms=compute_end, iteration_ms=iteration,
-        bubble_fraction=(sum(rank_idle) / (num_ranks * compute_end)) if compute_end > 0 else 0.0,
-        exposed_allreduce_ms=max(0.0, max(ar_end) - compute_end),
+        optimizer_ms=tuple(opt_rank), compute_end_ms=compute_end, iteration_ms=r.iteration,
+        bubble_fraction=r.bubble_fraction, exposed_allreduce_ms=r.exposed_allreduce_ms,
         peak_memory_bytes=max(rank_peak),
     )
 
