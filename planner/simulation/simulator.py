@@ -127,8 +127,53 @@ def _encoded(
 _CODE = {ActionKind.FORWARD: 0, ActionKind.BACKWARD: 1, ActionKind.BACKWARD_INPUT: 1, ActionKind.BACKWARD_WEIGHT: 2}
 
 
+@lru_cache(maxsize=128)
+def _flat_order(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...] = ()
+) -> tuple[tuple[int, int, int, int], ...]:
+    """Every action of :func:`_encoded`'s orders as ``(rank, stage, code, stage x M + mb)``, in
+    an order where each comes after its rank's previous action and after the action whose
+    output it waits for: the ranks advanced round-robin as far as their inputs allow (what the
+    replay needs is known from the orders alone, not the times). A full pass without progress
+    is a deadlock (impossible for orders that pass ``validate_schedule``)."""
+    orders = _encoded(kind, num_stages, num_microbatches, v, replicas)
+    m, last = num_microbatches, num_stages - 1
+    done_f = [False] * (num_stages * m)
+    done_b = [False] * (num_stages * m)
+    heads = [0] * len(orders)
+    out: list[tuple[int, int, int, int]] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progress = 0
+        for r, ops in enumerate(orders):
+            i = heads[r]
+            while i < len(ops):
+                s, code, mb = ops[i]
+                k = s * m + mb
+                if code == 2:
+                    if not done_b[k]:
+                        break
+                elif not code:
+                    if s and not done_f[k - m]:
+                        break
+                    done_f[k] = True
+                else:
+                    if not (done_b[k + m] if s < last else done_f[k]):
+                        break
+                    done_b[k] = True
+                out.append((r, s, code, k))
+                i += 1
+            progress += i - heads[r]
+            heads[r] = i
+        if not progress:
+            raise PlannerInputError("schedule deadlocks; run planner.schedule.validate_schedule for the step and rank")
+        remaining -= progress
+    return tuple(out)
+
+
 def _replay(
-    orders: tuple[tuple[tuple[int, int, int], ...], ...],
+    flat: tuple[tuple[int, int, int, int], ...],
+    num_ranks: int,
     m: int,
     fwd: Sequence[float],
     bwd: Sequence[float],
@@ -138,13 +183,14 @@ def _replay(
     wgrad: Sequence[float] | None = None,
 ) -> tuple[list[float], list[float], list[float], list[float], list[float], list[float], list[float]]:
     """Start/end of every forward, backward (B or I) and W (flat ``stage x M + mb``), and each
-    rank's free time.
+    rank's free time, one pass over :func:`_flat_order`'s actions.
 
     ``bwd`` includes recompute (for a split backward: the I pass, recompute included; ``wgrad``
     the W pass, which waits only for its rank); ``fwd_min_end`` (flat, optional) the earliest end of each
-    forward (a stage's first forward waiting for its weights' gather). Ranks advance
-    round-robin as far as their inputs allow; a full pass without progress is a deadlock
-    (impossible for orders that pass ``validate_schedule``).
+    forward (a stage's first forward waiting for its weights' gather). An action starts when its
+    rank is free and its input has arrived: ``sF m`` after ``(s-1)F m`` ends plus
+    ``send_fwd[s - 1]``, ``sB m`` after ``(s+1)B m`` ends plus ``send_bwd[s + 1]`` (the last
+    stage after its own ``sF m``), ``sW m`` when its rank is free.
     """
     n = len(fwd)
     last = n - 1
@@ -156,59 +202,31 @@ def _replay(
     wstart = [0.0] * (n * m)
     wend = [-1.0] * (n * m)
     wtime = wgrad if wgrad is not None else [0.0] * n
-    heads = [0] * len(orders)
-    free = [0.0] * len(orders)
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progress = 0
-        for r, ops in enumerate(orders):
-            i = heads[r]
-            t = free[r]
-            size = len(ops)
-            while i < size:
-                s, code, mb = ops[i]
-                k = s * m + mb
-                if code == 2:
-                    if bend[k] < 0.0:
-                        break
-                    wstart[k] = t
-                    t += wtime[s]
-                    wend[k] = t
-                elif not code:
-                    if s:
-                        d = fend[k - m]
-                        if d < 0.0:
-                            break
-                        d += send_fwd[s - 1]
-                        if d > t:
-                            t = d
-                    fstart[k] = t
-                    t += fwd[s]
-                    if t < gate[k]:
-                        t = gate[k]
-                    fend[k] = t
-                else:
-                    if s < last:
-                        d = bend[k + m]
-                        if d < 0.0:
-                            break
-                        d += send_bwd[s + 1]
-                    else:
-                        d = fend[k]
-                        if d < 0.0:
-                            break
-                    if d > t:
-                        t = d
-                    bstart[k] = t
-                    t += bwd[s]
-                    bend[k] = t
-                i += 1
-            progress += i - heads[r]
-            heads[r] = i
-            free[r] = t
-        if not progress:
-            raise PlannerInputError("schedule deadlocks; run planner.schedule.validate_schedule for the step and rank")
-        remaining -= progress
+    free = [0.0] * num_ranks
+    for r, s, code, k in flat:
+        t = free[r]
+        if code == 2:
+            wstart[k] = t
+            t += wtime[s]
+            wend[k] = t
+        elif not code:
+            if s:
+                d = fend[k - m] + send_fwd[s - 1]
+                if d > t:
+                    t = d
+            fstart[k] = t
+            t += fwd[s]
+            if t < gate[k]:
+                t = gate[k]
+            fend[k] = t
+        else:
+            d = bend[k + m] + send_bwd[s + 1] if s < last else fend[k]
+            if d > t:
+                t = d
+            bstart[k] = t
+            t += bwd[s]
+            bend[k] = t
+        free[r] = t
     return fstart, fend, bstart, bend, wstart, wend, free
 
 
@@ -298,10 +316,11 @@ def simulate_iteration_ms(
     )
     reps = tuple(replicas) if replicas and max(replicas) > 1 else ()
     orders = _encoded(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
+    flat = _flat_order(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
     first, second = _split_backward(schedule_kind, bwd_ms, recompute_ms, wgrad_ms)
     gate = _gather_gate(orders, num_microbatches, ahead, bound)
-    _, _, _, bend, _, wend, free = _replay(orders, num_microbatches, fwd_ms, first, send_fwd_ms, send_bwd_ms, gate,
-                                           second)
+    _, _, _, bend, _, wend, free = _replay(flat, len(orders), num_microbatches, fwd_ms, first, send_fwd_ms, send_bwd_ms,
+                                           gate, second)
     return _finish(orders, num_microbatches, _grads_done(bend, wend), free, allreduce_ms, opt, early, ahead)[3]
 
 
@@ -413,7 +432,8 @@ def replay_plan(plan: Plan, optimizer_ms: float = 0.0) -> Replayed:
     opt_stage = [s.optimizer_ms + optimizer_ms / v for s in st]
     gate = _gather_gate(orders, m, ahead, [s.gather_bound_ms for s in st])
     first, second = _split_backward(kind, [s.bwd_ms for s in st], rc, [s.wgrad_ms for s in st])
-    fstart, fend, bstart, bend, wstart, wend, free = _replay(orders, m, fwd, first, sf, sb, gate, second)
+    fstart, fend, bstart, bend, wstart, wend, free = _replay(_flat_order(kind, n, m, v, reps), len(orders), m, fwd, first,
+                                                             sf, sb, gate, second)
     last_b, ar_start, ar_end, iteration = _finish(orders, m, _grads_done(bend, wend), free, ar, opt_stage, early, ahead)
     # each rank's stages, and the micro-batches it runs of each (all of them unless a copy)
     rank_stage_mbs: list[dict[int, list[int]]] = [{} for _ in range(len(orders))]
