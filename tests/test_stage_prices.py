@@ -112,17 +112,16 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
         f, saved, core_frac, core_ms = kinds_drawn[k % len(kinds_drawn)]
         layers.append({"fwd": f, "bwd": 2 * f, "params": 1000, "saved": saved, "inp": saved / 8, "out": saved / 8,
                        "core": saved * core_frac, "core_ms": f * core_ms})
-    cm = CostModel(chain_profile(layers), small_cluster(8))
     got = {}
     kept = chain_dp.CONTENT_KINDS
     for limit in (kept, 0):
         chain_dp._LAYERS.clear()
         chain_dp.CONTENT_KINDS = limit
-        try:
-            table = StageTable(cm, 1, cap_mb * 1e6)
+        try:  # a cost model of its own: tables share their layers' covers per cost model
+            table = StageTable(CostModel(chain_profile(layers), small_cluster(8)), 1, cap_mb * 1e6)
         finally:
             chain_dp.CONTENT_KINDS = kept
-        got[limit] = (table.table(inflight).copy(), len(table._layers.rows))
+        got[limit] = (table.table(inflight).copy(), len(table._layers.rows), table._layers.by_content)
         excess = table.static + inflight * table.act - table.cap
         for i, j in zip(*np.nonzero(np.isfinite(got[limit][0]) & table.valid & (excess > 0))):
             i, j = int(i), int(j)
@@ -134,5 +133,6 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
             assert (table.recompute_of(inflight, i, j), table.selective_of(inflight, i, j)) == (want.layers, want.selective)
     chain_dp._LAYERS.clear()
     by_content, by_runs = got[kept], got[0]
+    assert by_content[2] and not by_runs[2]
     assert np.array_equal(by_content[0], by_runs[0])
     assert by_content[1] <= by_runs[1]  # never more covers worked out

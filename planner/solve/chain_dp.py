@@ -54,6 +54,7 @@ count (:func:`planner.schedule.inflight_counts`, every micro-batch until its W).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -221,6 +222,96 @@ def _lengths(L: int) -> np.ndarray:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """What a :class:`StageTable` holds that its cap does not change (read-only arrays, and the
+    recompute choices worked out so far, which depend on a stage's layers, in-flight count and
+    excess only): shared by every table of one cost model, micro-batch size, sharding, ZeRO 3
+    line and fixed boundaries (a search's tighter caps, the bisections of a refusal)."""
+
+    fwd: np.ndarray
+    valid: np.ndarray
+    fsdp: bool
+    compute: np.ndarray
+    kappa: float
+    sync_bytes_per_param: float
+    static: np.ndarray
+    sync_bytes: np.ndarray
+    bwd_prefix: np.ndarray
+    act: np.ndarray
+    shared: bool
+    saved: np.ndarray
+    inputs: np.ndarray
+    core: np.ndarray
+    core_ms: np.ndarray
+    choices: dict[tuple[object, ...], RecomputeChoice]
+    layers: _Layers
+    levels: np.ndarray | None  # pairs whose choice is the selective cover, priced for many pairs at once
+
+
+#: per cost model, its tables' fixed parts by (micro-batch size, sharding, ZeRO 3 line, fixed boundaries)
+_FIXED: weakref.WeakKeyDictionary[CostModel, dict[tuple[object, ...], _Fixed]] = weakref.WeakKeyDictionary()
+
+
+def _fixed_part(cm: CostModel, b: int, sharding: Sharding, fsdp_line: tuple[float, float],
+                fixed_boundaries: tuple[int, ...]) -> _Fixed:
+    by_key = _FIXED.setdefault(cm, {})
+    key = (b, sharding, fsdp_line, fixed_boundaries)
+    found = by_key.get(key)
+    if found is None:
+        found = by_key[key] = _build_fixed(cm, b, sharding, fsdp_line, fixed_boundaries)
+    return found
+
+
+def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_line: tuple[float, float],
+                 fixed_boundaries: tuple[int, ...]) -> _Fixed:
+    L = cm.num_layers
+    fwd, bwd = cm.layer_times(microbatch_size)
+    fp = np.concatenate([[0.0], np.cumsum(fwd)])
+    bp = np.concatenate([[0.0], np.cumsum(bwd)])
+    idx = np.arange(L + 1)
+    valid = idx[None, :] > idx[:, None]
+    for f in fixed_boundaries:
+        valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
+    fsdp = is_fsdp(sharding)
+    if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
+        compute = np.where(valid, cm.fsdp_terms(microbatch_size, fsdp_line).matrix(), INF)
+    else:
+        compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
+    params = (cm._param_prefix[None, :] - cm._param_prefix[:, None]).astype(float)
+    for tie in cm.profile.tied:
+        inside = np.zeros((L + 1, L + 1))
+        for layer in tie.layers:
+            inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
+        params -= np.maximum(inside - 1, 0) * tie.param_count
+    kappa = sum(cm.state_bytes_per_param(sharding))
+    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
+    cut = cm.cut_bytes_per_sample
+    static = params * kappa + (2.0 * (cut[:, None] + cut[None, :]) + cm.gather_bytes_per_sample) * microbatch_size
+    if fsdp:  # the gathered weights and gradients of the layers in flight
+        static = static + working_set_matrix(
+            cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
+    sp, fxp = cm._saved_prefix, cm._fixed_prefix
+    act = (sp[None, :] - sp[:, None]) * microbatch_size + (fxp[None, :] - fxp[:, None])
+    shared = bool(cm.profile.shared_saved)
+    if shared:  # storages two layers of a stage both save: once
+        act = act - cm.shared_matrix(microbatch_size)
+    arrays = dict(fwd=fwd, valid=valid, compute=compute, static=static, sync_bytes=params * sync_per_param,
+                  bwd_prefix=bp, act=act, saved=cm.saved_bytes(microbatch_size),
+                  inputs=cm.input_per_sample * microbatch_size, core=cm.core_bytes(microbatch_size),
+                  core_ms=cm.core_ms(microbatch_size))
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.flags.owndata:  # the cost model's own cached arrays are its to guard
+            array.flags.writeable = False
+        arrays[name] = array
+    has_core = np.concatenate([[0], np.cumsum(arrays["core"] > 0)])
+    levels = (has_core[None, :] - has_core[:, None] > 0) if cm.selective and not shared else None
+    layers = _layers_of(arrays["fwd"], arrays["saved"], arrays["inputs"], arrays["core"], arrays["core_ms"])
+    return _Fixed(fsdp=fsdp, kappa=kappa, sync_bytes_per_param=sync_per_param, shared=shared, choices={},
+                  layers=layers, levels=levels, **arrays)
+
+
 class StageTable:
     """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
     memory cap and division of the model state (``sharding``), per in-flight count ``k``;
@@ -246,66 +337,30 @@ class StageTable:
         self.b = microbatch_size
         self.cap = cap_bytes
         self.stage_caps = tuple(stage_caps)  # per stage (chunks of a rank share its memory), else cap each
-        L = cm.num_layers
-        self.L = L
-        fwd, bwd = cm.layer_times(microbatch_size)
-        self.fwd = fwd
-        fp = np.concatenate([[0.0], np.cumsum(fwd)])
-        bp = np.concatenate([[0.0], np.cumsum(bwd)])
-        idx = np.arange(L + 1)
-        valid = idx[None, :] > idx[:, None]
-        for f in fixed_boundaries:
-            valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
-        self.valid = valid
-        self.fsdp = is_fsdp(sharding)
-        if self.fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
-            self.compute = np.where(valid, cm.fsdp_terms(microbatch_size, fsdp_line).matrix(), INF)
-        else:
-            self.compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
-        params = (cm._param_prefix[None, :] - cm._param_prefix[:, None]).astype(float)
-        for tie in cm.profile.tied:
-            inside = np.zeros((L + 1, L + 1))
-            for layer in tie.layers:
-                inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
-            params -= np.maximum(inside - 1, 0) * tie.param_count
-        self.kappa = sum(cm.state_bytes_per_param(sharding))
-        self.sync_bytes_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
-        cut = cm.cut_bytes_per_sample
-        self.static = params * self.kappa + (2.0 * (cut[:, None] + cut[None, :]) + cm.gather_bytes_per_sample) * microbatch_size
-        if self.fsdp:  # the gathered weights and gradients of the layers in flight
-            self.static = self.static + working_set_matrix(
-                cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
-        self.sync_bytes = params * self.sync_bytes_per_param
-        self.bwd_prefix = bp
-        sp, fp = cm._saved_prefix, cm._fixed_prefix
-        self.act = (sp[None, :] - sp[:, None]) * microbatch_size + (fp[None, :] - fp[:, None])
-        self.shared = bool(cm.profile.shared_saved)
-        if self.shared:  # storages two layers of a stage both save: once
-            self.act = self.act - cm.shared_matrix(microbatch_size)
-        self.saved = cm.saved_bytes(microbatch_size)
-        self.inputs = cm.input_per_sample * microbatch_size
-        self.selective = cm.selective
-        self.core = cm.core_bytes(microbatch_size)
-        self.core_ms = cm.core_ms(microbatch_size)
+        self.L = cm.num_layers
+        fixed = _fixed_part(cm, microbatch_size, sharding, fsdp_line, tuple(fixed_boundaries))
+        self.fwd, self.valid, self.fsdp, self.compute = fixed.fwd, fixed.valid, fixed.fsdp, fixed.compute
+        self.kappa, self.sync_bytes_per_param, self.static = fixed.kappa, fixed.sync_bytes_per_param, fixed.static
+        self.sync_bytes, self.bwd_prefix, self.act, self.shared = fixed.sync_bytes, fixed.bwd_prefix, fixed.act, fixed.shared
+        self.saved, self.inputs, self.selective = fixed.saved, fixed.inputs, cm.selective
+        self.core, self.core_ms = fixed.core, fixed.core_ms
+        self._cache = fixed.choices  # a stage's recompute choice by its layers, in-flight count and excess
         self._bases: dict[tuple[int, float], np.ndarray] = {}
         self._excesses: dict[tuple[int, float], np.ndarray] = {}
         self._tables: dict[tuple[int, float], np.ndarray] = {}
         # per (inflight, cap): the stages that need recomputation to fit, their excess bytes, and
         # those of them priced so far
         self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._cache: dict[tuple[object, ...], RecomputeChoice] = {}
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
         self._could: dict[tuple[int, float, bool], np.ndarray] = {}
         self._longest: dict[tuple[int, float, bool], int] = {}
         self._gains: dict[int, np.ndarray] = {}  # per in-flight count, the most recomputation frees
         self.all_exact = True
-        self._layers = _layers_of(self.fwd, self.saved, self.inputs, self.core, self.core_ms)
+        self._layers = fixed.layers
         self._kind = self._layers.kind
         self._run = self._layers.run
-        has_core = np.concatenate([[0], np.cumsum(self.core > 0)])
-        # pairs whose choice is the selective cover, priced for many pairs at once
-        self._levels = (has_core[None, :] - has_core[:, None] > 0) if self.selective and not self.shared else None
+        self._levels = fixed.levels
 
     def hidden_backward(self) -> np.ndarray:
         """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
