@@ -189,6 +189,9 @@ class _Layers:
         return found
 
 
+#: :meth:`StageTable.least_bytes` is worked out over at most this many distinct working sets
+LEAST_BYTES_WORKSPACES = 32
+
 #: profiles with at most this many kinds of layer key a stage's recompute covers by what it holds
 #: (:attr:`_Layers.by_content`), else by its runs
 CONTENT_KINDS = 16
@@ -356,6 +359,7 @@ class StageTable:
         self._could: dict[tuple[int, float, bool], np.ndarray] = {}
         self._longest: dict[tuple[int, float, bool], int] = {}
         self._gains: dict[int, np.ndarray] = {}  # per in-flight count, the most recomputation frees
+        self._everywhere: dict[int, bool] = {}  # per in-flight count, fits_everywhere
         self.all_exact = True
         self._layers = fixed.layers
         self._kind = self._layers.kind
@@ -372,7 +376,10 @@ class StageTable:
     def fits_everywhere(self, inflight: int) -> bool:
         """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
         not constrain any partition (so sharding more could not make one faster)."""
-        return bool(np.all(~self.valid | (self.static + inflight * self.act <= self.cap)))
+        found = self._everywhere.get(inflight)
+        if found is None:
+            found = self._everywhere[inflight] = bool(np.all(~self.valid | (self.static + inflight * self.act <= self.cap)))
+        return found
 
     def cap_of(self, stage_idx: int) -> float:
         """The memory stage ``stage_idx`` may use: its share (``stage_caps``), else the cap."""
@@ -427,6 +434,31 @@ class StageTable:
                 found = np.isfinite(self.base(inflight, key[1]))
             self._could[key] = found
         return found
+
+    def least_bytes(self, inflight: int) -> np.ndarray | None:
+        """Per stage the fewest bytes it needs with ``inflight`` micro-batches, at its leanest
+        recomputation where the table allows it (inf where not a stage): at a cap of at least this
+        the stage fits (:func:`choose_recompute` covers ``excess + W`` by the options whose working
+        set is at most ``W``, for some ``W``: it can iff every such option together frees that
+        much). None where this is not worked out (saved storages shared between layers, or more
+        than :data:`LEAST_BYTES_WORKSPACES` distinct working sets)."""
+        need = self.static + inflight * self.act
+        if self.allow_recompute:
+            if self.shared:
+                return None
+            full = np.maximum(self.saved - self.inputs, 0.0)
+            sel = self.core if self.selective else np.zeros_like(self.core)
+            sizes = np.unique(np.concatenate([self.saved[full > 0], self.core[sel > 0]]))
+            if len(sizes) > LEAST_BYTES_WORKSPACES:
+                return None
+            freed = np.zeros_like(need)
+            for w in sizes.tolist():  # every option with a working set of at most w, its larger gain per layer
+                gain = np.maximum(np.where(self.saved <= w, full, 0.0), np.where(self.core <= w, sel, 0.0))
+                prefix = np.concatenate([[0.0], np.cumsum(gain)])
+                freed = np.maximum(freed, inflight * (prefix[None, :] - prefix[:, None]) - w)
+            need = need - freed
+        out: np.ndarray = np.where(self.valid, need, INF)
+        return out
 
     def _needs(self, at: tuple[int, float]) -> np.ndarray:
         """Stages that do not fit ``at = (inflight, cap)`` as they are but might with
@@ -782,6 +814,13 @@ class _Bands:
         for s in range(self.P - 1, -1, -1):
             buffer[:w] = np.maximum(capped[s], ahead).min(axis=1)
         return float(buffer[0])
+
+
+def least_largest(tables: list[np.ndarray], L: int) -> float:
+    """The least over the partitions of ``L`` layers into ``len(tables)`` stages (stage ``s``
+    priced by ``tables[s][i, j]``, every stage a layer at least) of their largest entry (inf
+    where none is finite): the min-max DP of :class:`_Bands`."""
+    return _Bands(tables, [np.zeros_like(tables[0])] * len(tables), L).bottleneck(INF)
 
 
 def _window(w: int, K: int) -> tuple[np.ndarray, np.ndarray]:

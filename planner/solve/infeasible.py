@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from planner.artifacts.errors import InfeasibleError
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
@@ -16,7 +18,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.schedule import inflight_counts
-from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, solve_chain
+from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, least_largest, solve_chain
 from planner.solve.space import divisors, layout_of
 
 
@@ -80,7 +82,15 @@ def _leanest(P: int, M: int) -> ScheduleKind:
 
 
 def least_cap_bytes(cm: CostModel, request: PlanRequest, layout: Layout, b: int, recompute: bool) -> float:
-    """The smallest per-device memory cap under which ``layout`` fits (bisection on the cap)."""
+    """The smallest per-device memory cap under which ``layout`` fits: the least over its
+    partitions of its largest stage's fewest bytes (:meth:`StageTable.least_bytes`, the min-max
+    DP over them), where the solver agrees that the layout fits there; else a bisection on the
+    cap (to within a megabyte above)."""
+    direct = _least_cap_direct(cm, request, layout, b, recompute)
+    if direct is not None:
+        for cap in (direct, direct * (1 + 1e-9) + 1.0):  # the float sums of the solver's covers
+            if _fits(cm, request, cap, layout, b, recompute):
+                return cap
     lo, hi = 0.0, float(max(1, cm.total_params)) * 64 + 1e12
     while not _fits(cm, request, hi, layout, b, recompute):
         hi *= 4
@@ -95,6 +105,22 @@ def least_cap_bytes(cm: CostModel, request: PlanRequest, layout: Layout, b: int,
         if hi - lo < 1e6:
             break
     return hi
+
+
+def _least_cap_direct(cm: CostModel, request: PlanRequest, layout: Layout, b: int, recompute: bool) -> float | None:
+    """:func:`least_cap_bytes` as the min-max over partitions of the stages' fewest bytes (None
+    where a stage's fewest bytes are not worked out)."""
+    table, M, schedule = _chain(cm, request, 0.0, layout, b, recompute)
+    ks = inflight_counts(schedule, layout, M)
+    if len(ks) > cm.num_layers:
+        return math.inf
+    needs: dict[int, np.ndarray] = {}
+    for k in dict.fromkeys(ks):
+        found = table.least_bytes(k)
+        if found is None:
+            return None
+        needs[k] = found
+    return max(least_largest([needs[k] for k in ks], cm.num_layers), 0.0)
 
 
 def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, cap: float,
