@@ -230,6 +230,27 @@ def _replay(
     return fstart, fend, bstart, bend, wstart, wend, free
 
 
+_FIRST_RANKS: dict[int, tuple[tuple[tuple[tuple[int, int, int], ...], ...], list[int]]] = {}
+
+
+def _first_ranks(orders: tuple[tuple[tuple[int, int, int], ...], ...]) -> list[int]:
+    """Each stage's first rank in ``orders`` (the ranks holding a copy: the first), kept per
+    orders object (:func:`_encoded`'s are cached, so the same object comes back)."""
+    found = _FIRST_RANKS.get(id(orders))
+    if found is not None and found[0] is orders:
+        return found[1]
+    n = 1 + max((s for ops in orders for s, _, _ in ops), default=-1)
+    rank_of = [-1] * n
+    for r, ops in enumerate(orders):
+        for s, _, _ in ops:
+            if rank_of[s] < 0:
+                rank_of[s] = r
+    if len(_FIRST_RANKS) >= 256:
+        _FIRST_RANKS.clear()
+    _FIRST_RANKS[id(orders)] = (orders, rank_of)  # the orders kept alive with their id
+    return rank_of
+
+
 def _finish(
     orders: tuple[tuple[tuple[int, int, int], ...], ...],
     m: int,
@@ -245,11 +266,7 @@ def _finish(
     synchronisation may start ``early[s]`` before its last backward ends; ``gather_ahead[s]``
     of it ran at the start of the iteration instead (see the module docstring)."""
     n = len(allreduce)
-    rank_of = [-1] * n
-    for r, ops in enumerate(orders):
-        for s, _, _ in ops:
-            if rank_of[s] < 0:
-                rank_of[s] = r
+    rank_of = _first_ranks(orders)
     last_b = [max(bend[s * m : (s + 1) * m]) for s in range(n)]
     ready = [last_b[s] - early[s] for s in range(n)] if early is not None else last_b
     post = [allreduce[s] - gather_ahead[s] for s in range(n)] if gather_ahead is not None else allreduce
