@@ -230,7 +230,7 @@ class _Fixed:
     """What a :class:`StageTable` holds that its cap does not change (read-only arrays, and the
     recompute choices worked out so far, which depend on a stage's layers, in-flight count and
     excess only): shared by every table of one cost model, micro-batch size, sharding, ZeRO 3
-    line and fixed boundaries (a search's tighter caps, the bisections of a refusal)."""
+    line and fixed boundaries (a search's tighter caps, the layouts a refusal measures)."""
 
     fwd: np.ndarray
     valid: np.ndarray
