@@ -5,10 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from planner.artifacts.plan import Plan
+import numpy as np
+
+from planner.artifacts.plan import Plan, PlanStage
 from planner.simulation.timeline import MemoryTrace
 
-__all__ = ["memory_trace", "summed_peak"]
+__all__ = ["memory_trace", "rank_peak", "summed_peak"]
+
+
+def _stage_bytes(stage: PlanStage, split: bool) -> tuple[int, int, int, int]:
+    """A stage's bytes over a replay: its static bytes, what a micro-batch in flight holds, the
+    recompute workspace while a recomputed backward runs, and (``split``: the schedule runs W
+    apart) what a micro-batch keeps from the end of its I pass until its W ends."""
+    mem = stage.memory
+    static = mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes + mem.buffer_bytes
+    act = stage.activation_bytes_per_microbatch
+    recomputes = stage.recompute or stage.recompute_selective or stage.recompute_ms > 0
+    work = mem.recompute_workspace_bytes if recomputes else 0
+    keep = min(stage.wgrad_bytes_per_microbatch, act) if split else 0
+    return static, act, work, keep
 
 
 def memory_trace(
@@ -18,16 +33,10 @@ def memory_trace(
     """Memory of stage ``s`` on ``rank``, which runs micro-batches ``mbs`` of it; with a split
     backward (``wend``), a micro-batch frees its activations at the end of its I pass but what
     W needs (``wgrad_bytes_per_microbatch``), which it frees at the end of its W."""
-    stage = plan.stages[s]
     m = plan.num_microbatches
-    mem = stage.memory
-    static = mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes + mem.buffer_bytes
-    act = stage.activation_bytes_per_microbatch
-    recomputes = stage.recompute or stage.recompute_selective or stage.recompute_ms > 0
-    work = mem.recompute_workspace_bytes if recomputes else 0
+    static, act, work, keep = _stage_bytes(plan.stages[s], wend is not None)
     # (time, order, d_bytes, d_inflight): at equal times frees (order 0) precede allocations.
     events: list[tuple[float, int, int, int]] = []
-    keep = min(stage.wgrad_bytes_per_microbatch, act) if wend is not None else 0
     for mb in (s * m + i for i in mbs):
         events.append((fstart[mb], 1, act, 1))
         if wend is not None:
@@ -76,3 +85,32 @@ def summed_peak(trs: list[MemoryTrace]) -> int:
             i += 1
         peak = max(peak, cur)
     return peak
+
+
+def rank_peak(plan: Plan, by_stage: dict[int, list[int]], at: dict[str, np.ndarray], split: bool) -> int:
+    """:func:`summed_peak` of one rank's memory traces (:func:`memory_trace`; its stages ``by_stage``, each with the
+    micro-batches it runs there; ``at``: the replay's ``fstart``, ``bstart``, ``bend`` and
+    ``wend`` as arrays), from their events at once: the level after all the changes of each
+    instant, at its highest (integer bytes: the same peak in any order of summing)."""
+    m = plan.num_microbatches
+    static_total = 0
+    times: list[np.ndarray] = []
+    deltas: list[np.ndarray] = []
+    for s, mbs in by_stage.items():
+        static, act, work, keep = _stage_bytes(plan.stages[s], split)
+        static_total += static
+        idx = s * m + np.asarray(mbs, dtype=np.int64)
+        events = [(at["fstart"], act), (at["bend"], -(act - keep) - work)]
+        if split:
+            events.append((at["wend"], -keep))
+        if work:
+            events.append((at["bstart"], work))
+        for when, change in events:
+            times.append(when[idx])
+            deltas.append(np.full(len(idx), change, dtype=np.int64))
+    t = np.concatenate(times)
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    level = np.cumsum(np.concatenate(deltas)[order])
+    last = np.append(t[1:] != t[:-1], True)  # each instant's last change
+    return static_total + max(0, int(level[last].max()))

@@ -65,7 +65,7 @@ from planner.schedule.build import (
     interleaved_schedule_triples,
     replicated_triples,
 )
-from planner.simulation.memory import memory_trace, summed_peak
+from planner.simulation.memory import memory_trace, rank_peak, summed_peak
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline
 
 __all__ = [
@@ -127,16 +127,38 @@ def _encoded(
 _CODE = {ActionKind.FORWARD: 0, ActionKind.BACKWARD: 1, ActionKind.BACKWARD_INPUT: 1, ActionKind.BACKWARD_WEIGHT: 2}
 
 
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """A schedule as the replay walks it: each rank's orders (:func:`_encoded`), every action
+    in one order the replay can follow (:func:`_flat_order`), and each stage's first rank (the
+    ranks holding a copy: the first, whose stream runs its synchronisation)."""
+
+    orders: tuple[tuple[tuple[int, int, int], ...], ...]
+    flat: tuple[tuple[int, int, int, int], ...]
+    first_rank: tuple[int, ...]
+
+
 @lru_cache(maxsize=128)
-def _flat_order(
+def _compiled(
     kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...] = ()
-) -> tuple[tuple[int, int, int, int], ...]:
-    """Every action of :func:`_encoded`'s orders as ``(rank, stage, code, stage x M + mb)``, in
-    an order where each comes after its rank's previous action and after the action whose
-    output it waits for: the ranks advanced round-robin as far as their inputs allow (what the
-    replay needs is known from the orders alone, not the times). A full pass without progress
-    is a deadlock (impossible for orders that pass ``validate_schedule``)."""
+) -> _Compiled:
     orders = _encoded(kind, num_stages, num_microbatches, v, replicas)
+    first_rank = [-1] * num_stages
+    for r, ops in enumerate(orders):
+        for s, _, _ in ops:
+            if first_rank[s] < 0:
+                first_rank[s] = r
+    return _Compiled(orders, _flat_order(orders, num_stages, num_microbatches), tuple(first_rank))
+
+
+def _flat_order(
+    orders: tuple[tuple[tuple[int, int, int], ...], ...], num_stages: int, num_microbatches: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """Every action of ``orders`` as ``(rank, stage, code, stage x M + mb)``, in an order where
+    each comes after its rank's previous action and after the action whose output it waits
+    for: the ranks advanced round-robin as far as their inputs allow (what the replay needs is
+    known from the orders alone, not the times). A full pass without progress is a deadlock
+    (impossible for orders that pass ``validate_schedule``)."""
     m, last = num_microbatches, num_stages - 1
     done_f = [False] * (num_stages * m)
     done_b = [False] * (num_stages * m)
@@ -183,7 +205,7 @@ def _replay(
     wgrad: Sequence[float] | None = None,
 ) -> tuple[list[float], list[float], list[float], list[float], list[float], list[float], list[float]]:
     """Start/end of every forward, backward (B or I) and W (flat ``stage x M + mb``), and each
-    rank's free time, one pass over :func:`_flat_order`'s actions.
+    rank's free time, one pass over ``flat`` (:func:`_flat_order`).
 
     ``bwd`` includes recompute (for a split backward: the I pass, recompute included; ``wgrad``
     the W pass, which waits only for its rank); ``fwd_min_end`` (flat, optional) the earliest end of each
@@ -230,29 +252,8 @@ def _replay(
     return fstart, fend, bstart, bend, wstart, wend, free
 
 
-_FIRST_RANKS: dict[int, tuple[tuple[tuple[tuple[int, int, int], ...], ...], list[int]]] = {}
-
-
-def _first_ranks(orders: tuple[tuple[tuple[int, int, int], ...], ...]) -> list[int]:
-    """Each stage's first rank in ``orders`` (the ranks holding a copy: the first), kept per
-    orders object (:func:`_encoded`'s are cached, so the same object comes back)."""
-    found = _FIRST_RANKS.get(id(orders))
-    if found is not None and found[0] is orders:
-        return found[1]
-    n = 1 + max((s for ops in orders for s, _, _ in ops), default=-1)
-    rank_of = [-1] * n
-    for r, ops in enumerate(orders):
-        for s, _, _ in ops:
-            if rank_of[s] < 0:
-                rank_of[s] = r
-    if len(_FIRST_RANKS) >= 256:
-        _FIRST_RANKS.clear()
-    _FIRST_RANKS[id(orders)] = (orders, rank_of)  # the orders kept alive with their id
-    return rank_of
-
-
 def _finish(
-    orders: tuple[tuple[tuple[int, int, int], ...], ...],
+    schedule: _Compiled,
     m: int,
     bend: list[float],
     free: list[float],
@@ -266,7 +267,7 @@ def _finish(
     synchronisation may start ``early[s]`` before its last backward ends; ``gather_ahead[s]``
     of it ran at the start of the iteration instead (see the module docstring)."""
     n = len(allreduce)
-    rank_of = _first_ranks(orders)
+    orders, rank_of = schedule.orders, schedule.first_rank
     last_b = [max(bend[s * m : (s + 1) * m]) for s in range(n)]
     ready = [last_b[s] - early[s] for s in range(n)] if early is not None else last_b
     post = [allreduce[s] - gather_ahead[s] for s in range(n)] if gather_ahead is not None else allreduce
@@ -332,13 +333,25 @@ def simulate_iteration_ms(
         gather_bound_ms=bound,
     )
     reps = tuple(replicas) if replicas and max(replicas) > 1 else ()
-    orders = _encoded(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
-    flat = _flat_order(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
-    first, second = _split_backward(schedule_kind, bwd_ms, recompute_ms, wgrad_ms)
-    gate = _gather_gate(orders, num_microbatches, ahead, bound)
-    _, _, _, bend, _, wend, free = _replay(flat, len(orders), num_microbatches, fwd_ms, first, send_fwd_ms, send_bwd_ms,
-                                           gate, second)
-    return _finish(orders, num_microbatches, _grads_done(bend, wend), free, allreduce_ms, opt, early, ahead)[3]
+    schedule = _compiled(schedule_kind, n, num_microbatches, virtual_stages_per_rank, reps)
+    _, _, finished = _run(schedule_kind, schedule, num_microbatches, fwd_ms, bwd_ms, recompute_ms, send_fwd_ms,
+                          send_bwd_ms, allreduce_ms, opt, early, ahead, bound, wgrad_ms)
+    return finished[3]
+
+
+def _run(
+    kind: ScheduleKind, schedule: _Compiled, m: int, fwd: Sequence[float], bwd: Sequence[float],
+    recompute: Sequence[float], send_fwd: Sequence[float], send_bwd: Sequence[float], allreduce: Sequence[float],
+    optimizer: Sequence[float], early: Sequence[float], ahead: Sequence[float], bound: Sequence[float],
+    wgrad: Sequence[float] | None,
+) -> tuple[tuple[list[float], ...], bool, tuple[list[float], list[float], list[float], float]]:
+    """The replay (:func:`_replay`: its seven lists) of per-stage times (``bwd`` without
+    recomputation), whether W ran apart, and the synchronisation pass (:func:`_finish`)."""
+    first, second = _split_backward(kind, bwd, recompute, wgrad)
+    gate = _gather_gate(schedule.orders, m, ahead, bound)
+    times = _replay(schedule.flat, len(schedule.orders), m, fwd, first, send_fwd, send_bwd, gate, second)
+    finished = _finish(schedule, m, _grads_done(times[3], times[5]), times[6], allreduce, optimizer, early, ahead)
+    return times, second is not None, finished
 
 
 def _split_backward(
@@ -435,23 +448,21 @@ def replay_plan(plan: Plan, optimizer_ms: float = 0.0) -> Replayed:
     reps = plan.layout.stage_replicas
     if not reps:
         check_schedule_rules(kind, n, m, v)
-    orders = _encoded(kind, n, m, v, reps)
+    schedule = _compiled(kind, n, m, v, reps)
+    orders = schedule.orders
     st = plan.stages
     fwd = [s.fwd_ms for s in st]
-    rc = [s.recompute_ms for s in st]
     full_bwd = [s.bwd_ms + s.recompute_ms for s in st]
     sf = [s.send_fwd_ms for s in st]
     sb = [s.send_bwd_ms for s in st]
     ar = [s.allreduce_ms for s in st]
-    early = [s.sync_early_ms for s in st]
-    ahead = [s.gather_ahead_ms for s in st]
     _check_lengths(n, fwd_ms=fwd, bwd_ms=full_bwd, send_fwd_ms=sf, send_bwd_ms=sb, allreduce_ms=ar)
     opt_stage = [s.optimizer_ms + optimizer_ms / v for s in st]
-    gate = _gather_gate(orders, m, ahead, [s.gather_bound_ms for s in st])
-    first, second = _split_backward(kind, [s.bwd_ms for s in st], rc, [s.wgrad_ms for s in st])
-    fstart, fend, bstart, bend, wstart, wend, free = _replay(_flat_order(kind, n, m, v, reps), len(orders), m, fwd, first,
-                                                             sf, sb, gate, second)
-    last_b, ar_start, ar_end, iteration = _finish(orders, m, _grads_done(bend, wend), free, ar, opt_stage, early, ahead)
+    times, split, (last_b, ar_start, ar_end, iteration) = _run(
+        kind, schedule, m, fwd, [s.bwd_ms for s in st], [s.recompute_ms for s in st], sf, sb, ar, opt_stage,
+        [s.sync_early_ms for s in st], [s.gather_ahead_ms for s in st], [s.gather_bound_ms for s in st],
+        [s.wgrad_ms for s in st])
+    fstart, fend, bstart, bend, wstart, wend, free = times
     # each rank's stages, and the micro-batches it runs of each (all of them unless a copy)
     rank_stage_mbs: list[dict[int, list[int]]] = [{} for _ in range(len(orders))]
     for r, ops in enumerate(orders):
@@ -463,7 +474,7 @@ def replay_plan(plan: Plan, optimizer_ms: float = 0.0) -> Replayed:
         for s in by_stage:
             stage_ranks[s].append(r)
     rank_busy = [sum(len(mbs) * (fwd[s] + full_bwd[s]) for s, mbs in by_stage.items()) for by_stage in rank_stage_mbs]
-    return Replayed(orders, fwd, full_bwd, fstart, fend, bstart, bend, wstart, wend, second is not None, free, last_b,
+    return Replayed(orders, fwd, full_bwd, fstart, fend, bstart, bend, wstart, wend, split, free, last_b,
                     ar_start, ar_end, iteration, opt_stage, rank_stage_mbs, stage_ranks, rank_busy)
 
 
@@ -480,45 +491,13 @@ class Summary:
 
 def simulate_summary(plan: Plan, *, optimizer_ms: float = 0.0) -> Summary:
     """:func:`simulate`'s iteration time, peak memory, bubble and exposed synchronisation,
-    without the Timeline (no action list, no per-stage traces): each rank's peak from its
-    stages' memory events at once (integer bytes, so the same peak in any order of summing)."""
+    without the Timeline (no action list, no per-stage traces; each rank's peak by
+    :func:`planner.simulation.memory.rank_peak`)."""
     r = replay_plan(plan, optimizer_ms)
-    m = plan.num_microbatches
     arrays = {name: np.asarray(getattr(r, name)) for name in ("fstart", "bstart", "bend", "wend")}
-    peak = max(_rank_peak(plan, by_stage, m, arrays, r.split) for by_stage in r.rank_stage_mbs)
+    peak = max(rank_peak(plan, by_stage, arrays, r.split) for by_stage in r.rank_stage_mbs)
     return Summary(iteration_ms=r.iteration, peak_memory_bytes=peak, bubble_fraction=r.bubble_fraction,
                    exposed_allreduce_ms=r.exposed_allreduce_ms)
-
-
-def _rank_peak(plan: Plan, by_stage: dict[int, list[int]], m: int, at: dict[str, np.ndarray], split: bool) -> int:
-    """:func:`summed_peak` of the rank's memory traces (:func:`memory_trace`), from their events: the level
-    after all the changes of each instant (frees and allocations alike), at its highest."""
-    static_total = 0
-    times: list[np.ndarray] = []
-    deltas: list[np.ndarray] = []
-    for s, mbs in by_stage.items():
-        stage = plan.stages[s]
-        mem = stage.memory
-        static_total += mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes + mem.buffer_bytes
-        act = stage.activation_bytes_per_microbatch
-        recomputes = stage.recompute or stage.recompute_selective or stage.recompute_ms > 0
-        work = mem.recompute_workspace_bytes if recomputes else 0
-        keep = min(stage.wgrad_bytes_per_microbatch, act) if split else 0
-        idx = s * m + np.asarray(mbs, dtype=np.int64)
-        events = [(at["fstart"], act), (at["bend"], -(act - keep) - work)]
-        if split:
-            events.append((at["wend"], -keep))
-        if work:
-            events.append((at["bstart"], work))
-        for when, change in events:
-            times.append(when[idx])
-            deltas.append(np.full(len(idx), change, dtype=np.int64))
-    t = np.concatenate(times)
-    order = np.argsort(t, kind="stable")
-    t = t[order]
-    level = np.cumsum(np.concatenate(deltas)[order])
-    last = np.append(t[1:] != t[:-1], True)  # each instant's last change
-    return static_total + max(0, int(level[last].max()))
 
 
 def simulate(
@@ -547,7 +526,7 @@ def simulate(
         [memory_trace(plan, s, rank, mbs, fstart, bstart, bend, wend) for s, mbs in by_stage.items()]
         for rank, by_stage in enumerate(rank_stage_mbs)
     ]
-    rank_peak = [summed_peak(trs) for trs in rank_traces]
+    rank_peaks = [summed_peak(trs) for trs in rank_traces]
     opt_stage = r.opt_stage
     opt_rank = [sum(opt_stage[s] for s in by_stage if stage_ranks[s][0] == rank)
                 for rank, by_stage in enumerate(rank_stage_mbs)]
@@ -572,10 +551,10 @@ def simulate(
     return Timeline(
         schedule=kind, layout=plan.layout, num_ranks=len(orders), num_microbatches=m,
         orders=schedule, start_ms=starts, end_ms=ends, stages=stages, memory=traces,
-        rank_busy_ms=tuple(rank_busy), rank_idle_ms=tuple(rank_idle), rank_peak_memory_bytes=tuple(rank_peak),
+        rank_busy_ms=tuple(rank_busy), rank_idle_ms=tuple(rank_idle), rank_peak_memory_bytes=tuple(rank_peaks),
         optimizer_ms=tuple(opt_rank), compute_end_ms=compute_end, iteration_ms=r.iteration,
         bubble_fraction=r.bubble_fraction, exposed_allreduce_ms=r.exposed_allreduce_ms,
-        peak_memory_bytes=max(rank_peak),
+        peak_memory_bytes=max(rank_peaks),
     )
 
 

@@ -188,11 +188,11 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
         f"{' and recomputation' if request.recompute else ''}, a device needs {need / gib:.2f} GiB "
         f"but the cap is {cap / gib:.2f} GiB ({over / gib:.2f} GiB = {int(over)} bytes over).{tight}"
     )
-    if not suggest:
-        return InfeasibleError(msg, need_bytes=need,
-                               more=lambda: InfeasibleError(msg, suggestions=_suggestions(cm, request, num_devices, cap, need,
-                                                                                          lay, b), need_bytes=need))
-    return InfeasibleError(msg, suggestions=_suggestions(cm, request, num_devices, cap, need, lay, b), need_bytes=need)
+
+    def explained() -> InfeasibleError:
+        return InfeasibleError(msg, suggestions=_suggestions(cm, request, num_devices, cap, need, lay, b), need_bytes=need)
+
+    return explained() if suggest else InfeasibleError(msg, need_bytes=need, more=explained)
 
 
 def _suggestions(cm: CostModel, request: PlanRequest, num_devices: int, cap: float, need: float, lay: Layout,
