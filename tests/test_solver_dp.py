@@ -327,3 +327,45 @@ def test_stage_bands_are_the_stages_the_dp_reads(L, P, longest):
         read = {(s + a, s + a + 1 + l) for s in range(P) if at[s] == key
                 for a in range(w) for l in range(K) if a + l < w}
         assert {(int(i), int(j)) for i, j in zip(*bands[key].nonzero())} == read
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), L=st.integers(2, 11), P=st.integers(1, 5), M=st.integers(1, 9))
+def test_useful_limit_keeps_the_dps_solution(data, L, P, M):
+    """The chain DP visits no stage longer than any whose compute is within
+    :func:`planner.solve.chain_dp._useful_limit` (a partition cutting at equal shares of the work
+    bounds the optimum) and no cap above it: the same objective and partition, bit for bit, as
+    over every stage, on integer times (many ties), random extra terms and infinite entries.
+    Fails with the limit's ``sum_lb`` above the least sum (it would drop optimal stages)."""
+    import numpy as np
+
+    from planner.solve.chain_dp import INF, _heuristic_starts, _minimize, _useful_limit
+
+    if P > L:
+        return
+    ints = st.integers(0, 6)
+    work = np.array(data.draw(st.lists(st.integers(1, 9), min_size=L, max_size=L)), dtype=float)
+    prefix = np.concatenate([[0.0], np.cumsum(work)])
+    idx = np.arange(L + 1)
+    valid = idx[None, :] > idx[:, None]
+    compute = np.where(valid, prefix[None, :] - prefix[:, None], INF)
+    tables, extra = [], []
+    for _ in range(data.draw(st.integers(1, 3))):  # a few distinct tables, shared by several stages
+        more = np.array(data.draw(st.lists(ints, min_size=(L + 1) ** 2, max_size=(L + 1) ** 2)), dtype=float)
+        gone = np.array(data.draw(st.lists(st.booleans(), min_size=(L + 1) ** 2, max_size=(L + 1) ** 2)))
+        table = compute + more.reshape(L + 1, L + 1)
+        tables.append(np.where(gone.reshape(L + 1, L + 1) & (data.draw(st.integers(0, 3)) == 0), INF, table))
+        extra.append(np.array(data.draw(st.lists(ints, min_size=(L + 1) ** 2, max_size=(L + 1) ** 2)),
+                              dtype=float).reshape(L + 1, L + 1))
+    pick = data.draw(st.lists(st.integers(0, len(tables) - 1), min_size=P, max_size=P))
+    tables, extra = [tables[k] for k in pick], [extra[k] for k in pick]
+    cap_lb = max(float(work.max()), float(work.sum()) / P)
+    full = _minimize(tables, extra, L, M, INF, cap_lb)
+    limit = _useful_limit(tables, extra, _heuristic_starts(work, L, P), L, M, float(work.sum()))
+    longest = int(np.max((compute <= limit) * (idx[None, :] - idx[:, None]))) if limit < INF else None
+    narrowed = _minimize(tables, extra, L, M, limit, cap_lb, longest)
+    if full is None:
+        assert narrowed is None or limit == INF
+        return
+    assert narrowed is not None
+    assert (narrowed[0], narrowed[2]) == (full[0], full[2])

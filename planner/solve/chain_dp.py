@@ -915,7 +915,7 @@ def _minimize(
     ceiling = (total + (M - 1) * max(times) - least_sum) / (M - 1)
     # the visit only meets caps in [c_min, ceiling]: the candidate caps there, and bands cut to
     # the stages no slower than the ceiling (the solutions and caps are those of the full bands)
-    hi = max(ceiling * (1 + 1e-12), c_min)
+    hi = min(max(ceiling * (1 + 1e-12), c_min), cap_max)
     bands = bands.narrowed(hi)
     caps = bands.caps_between(c_min, hi)
     k = len(caps) - 1
@@ -955,6 +955,37 @@ def _stage_bands(at: Sequence[tuple[int, float]], L: int, longest: int) -> dict[
     for mask in out.values():
         mask &= short
     return out
+
+
+def _heuristic_starts(work: np.ndarray, L: int, P: int) -> list[list[int]]:
+    """Two partitions of ``L`` layers of ``work`` into ``P`` stages of a layer at least, by their
+    starts: cut at equal shares of the work (nearest), and at equal numbers of layers."""
+    cum = np.concatenate([[0.0], np.cumsum(work)])
+    target = cum[-1] * np.arange(1, P) / P
+    at = np.clip(np.searchsorted(cum, target), 1, L)
+    nearest = np.where(np.abs(cum[at - 1] - target) <= np.abs(cum[at] - target), at - 1, at).tolist()
+    by_work = [0]
+    for s, x in enumerate(nearest, start=1):
+        by_work.append(min(max(int(x), by_work[-1] + 1), L - P + s))
+    return [by_work, [s * L // P for s in range(P)]]
+
+
+def _useful_limit(tables: list[np.ndarray], extra: list[np.ndarray], starts: list[list[int]], L: int, M: int,
+                  sum_lb: float | None) -> float:
+    """A stage time above which no stage is in an optimal partition (inf where none is known):
+    with ``J_h`` the objective of the best of the partitions ``starts`` and ``sum_lb`` a lower
+    bound of any partition's sum, an optimum has ``sum_lb + (M - 1) max_s T_s <= J <= J_h``
+    (:func:`_minimize` takes it as its largest cap; with a relative slack of 1e-9)."""
+    if M == 1 or sum_lb is None:
+        return INF
+    best = INF
+    for cut in starts:
+        stops = cut[1:] + [L]
+        times = [float(tables[s][i, j]) for s, (i, j) in enumerate(zip(cut, stops))]
+        if max(times) < INF:
+            value = sum(times) + sum(float(extra[s][i, j]) for s, (i, j) in enumerate(zip(cut, stops))) + (M - 1) * max(times)
+            best = min(best, value)
+    return INF if best == INF else (best - sum_lb) / (M - 1) * (1 + 1e-9)
 
 
 def objective_microbatches(layout: Layout, num_microbatches: int) -> int:
@@ -998,29 +1029,39 @@ def solve_chain(
     fwd, bwd = table.cm.layer_times(table.b)
     whole = float(table.compute[0, L])  # inf when fixed boundaries cut the model: then the layers' sum
     cap_lb = max(float(np.max(fwd + bwd)), (whole if whole < INF else float(np.sum(fwd + bwd))) / P)
+    # a lower bound of any partition's sum of T_s + c_s + X_s (- Z_s): its compute is the layers'
+    # (prefix sums; not under ZeRO 3, whose terms at a stage's ends are not), recomputation only
+    # adds, and each stage's extra is at least its matrix's least entry
+    least_extra = {id(e): min(0.0, float(np.min(e))) for e in by_parts.values()}
+    sum_lb = None if table.fsdp else float(np.sum(fwd + bwd)) * (1 - 1e-9) + sum(least_extra[id(e)] for e in extra)
+    starts = _heuristic_starts(fwd + bwd, L, P)
     at = [(k, table.cap_of(s)) for s, k in enumerate(ks)]
     bases = {a: table.base(*a) for a in dict.fromkeys(at)}
     longest = max(table.longest(*a) for a in bases)  # of any stage that might fit
     plain_longest = max(table.longest(*a, recompute=False) for a in bases)  # of any that fits as it is
     plain = [bases[a] for a in at]
     bands = _stage_bands(at, L, longest)
+    # the DP over the bases reads no stage longer than any whose compute is within what a
+    # partition cutting at equal shares of the work bounds (:func:`_useful_limit`)
+    plain_cap = _useful_limit(plain, extra, starts, L, M, sum_lb)
+    plain_longest = min(plain_longest, table.longest_within(plain_cap)) if plain_cap < INF else plain_longest
     if not table.recomputes(bands):
         # no stage the DP reads fits only with recomputation: its tables are the bases
         tables = plain
-        found = _minimize(tables, extra, L, M, INF, cap_lb, plain_longest)
+        found = _minimize(tables, extra, L, M, plain_cap, cap_lb, plain_longest)
     else:
         # an upper bound from the plan without recomputation bounds the useful stage times:
         # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
         # (no stage longer than any that fits without recomputation is finite there)
-        first = _minimize(plain, extra, L, M, INF, cap_lb, plain_longest)
+        first = _minimize(plain, extra, L, M, plain_cap, cap_lb, plain_longest)
         # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
         per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
         limit = INF if first is None else first[0] / per * (1 + 1e-9)
         if first is not None and M > 1:
-            # tighter: J >= S + (M - 1) max_s T_s with S at least the least sum of compute and
-            # transfers of any partition (recomputation only adds), so a stage slower than
-            # (J_ub - S_least) / (M - 1) makes J > J_ub
-            least, _ = _Bands([table.compute] * P, extra, L).dp(INF)
+            # tighter: J >= S + (M - 1) max_s T_s with S at least ``sum_lb`` (else the least sum
+            # of compute and transfers of any partition: recomputation only adds), so a stage
+            # slower than (J_ub - S_least) / (M - 1) makes J > J_ub
+            least = sum_lb if sum_lb is not None else _Bands([table.compute] * P, extra, L).dp(INF)[0]
             limit = min(limit, (first[0] - least) / (M - 1) * (1 + 1e-9))
         # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
         # count (the caps), and those compute within it (the bands' longer stages compute above it)
