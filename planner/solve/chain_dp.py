@@ -896,7 +896,10 @@ def _minimize(
     (:meth:`_Bands.bottleneck`), a solution whose largest stage exceeds ``(J_b - S_min) / (M - 1)``
     has ``J > J_b`` and cannot be the minimum (nor tie it), so the visit starts at the largest
     candidate cap below that. The caps visited from there, their solutions and the one returned
-    are those of a visit from the top (whose solutions above it only ever lost to ``J_b``)."""
+    are those of a visit from the top (whose solutions above it only ever lost to ``J_b``).
+    ``cap_max``: a stage time no optimal partition exceeds (the caller's bound: a solution with
+    a stage above it has ``J`` above an objective the caller knows), so no cap above it is
+    visited; ``longest``: no stage with more layers is finite at any cap visited."""
     bands = _Bands(tables, extra, L, longest)
     if M == 1:
         total, args = bands.dp(INF)
