@@ -18,7 +18,7 @@ from planner.profiling.analytic.gpt import gpt3_profile
 from planner.solve import chain_dp
 from planner.solve.chain_dp import StageTable
 from planner.solve.recompute import choose_recompute, layer_options, level_cover_costs, level_covers
-from tests.chains import chain_profile, small_cluster
+from tests.chains import chain_profile, layer_dicts, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -136,3 +136,32 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
     assert by_content[2] and not by_runs[2]
     assert np.array_equal(by_content[0], by_runs[0])
     assert by_content[1] <= by_runs[1]  # never more covers worked out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), scale=st.floats(0.3, 3.0))
+def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
+    """:class:`planner.solve.chain_dp._CapView`: a stage fits as it is with ``k`` micro-batches in
+    flight exactly where its bytes ``static + k act`` are within the cap, evaluated as before (bit
+    for bit on the comparison, ties at the cap included), and might fit at its leanest wherever
+    every layer at its leanest level would bring it within the cap (never the other way); the
+    longest stages of each alike. Caps around one stage's own bytes at ``k`` (the boundary, and
+    the float just below it). Fails with the count's settling removed (the division's rounding
+    alone misplaces the boundary)."""
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    b = data.draw(st.sampled_from([1, 2, 3]))
+    L = cm.num_layers
+    i = data.draw(st.integers(0, L - 1))
+    j = data.draw(st.integers(i + 1, L))
+    table = StageTable(cm, b, 1e9)
+    own = float(table.static[i, j] + inflight * table.act[i, j])
+    lengths = np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None]
+    for cap in (own, float(np.nextafter(own, 0.0)), own * scale):
+        table = StageTable(cm, b, cap)
+        bytes_ok = table.valid & (table.static + inflight * table.act - cap <= 0)
+        assert np.array_equal(table.could_fit(inflight, recompute=False), bytes_ok)
+        assert np.array_equal(np.isfinite(table.base(inflight)), bytes_ok)
+        leanest = table.valid & (inflight * table._gain_per_microbatch >= table.static + inflight * table.act - cap)
+        assert not np.any(leanest & ~table.could_fit(inflight))
+        assert table.longest(inflight, recompute=False) == int(np.max(bytes_ok * lengths))
+        assert table.longest(inflight) >= int(np.max(leanest * lengths))

@@ -315,6 +315,79 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
                   layers=layers, levels=levels, **arrays)
 
 
+#: the most micro-batches in flight a cap view counts (a stage that fits this many fits any count asked)
+MOST_INFLIGHT = float(2**40)
+
+
+@dataclass(frozen=True, slots=True)
+class _CapView:
+    """What one memory cap lets each stage ``(i, j)`` hold, as in-flight counts, so that a count's
+    tables are a comparison each (:meth:`StageTable.base`, :meth:`StageTable.could_fit`):
+    ``plain``, the most micro-batches it holds without recomputation (``static + k act - cap <= 0``
+    exactly as :meth:`StageTable.base` evaluates it: that is monotone in ``k``, ``act >= 0``; -1
+    where none or not a stage); ``leanest``, a count above which it cannot fit even with every
+    layer at its leanest level (``k (act - gain) <= cap - static``, with 1e-9 of the cap to spare
+    for rounding: :meth:`StageTable.could_fit` may only err towards "might fit"; -inf where not a
+    stage); and per number of layers the largest of each over the stages that long."""
+
+    plain: np.ndarray
+    leanest: np.ndarray
+    plain_by_length: np.ndarray
+    leanest_by_length: np.ndarray
+
+
+def _cap_view(static: np.ndarray, act: np.ndarray, gain: np.ndarray, valid: np.ndarray, cap: float) -> _CapView:
+    def fits(k: np.ndarray, at: tuple[np.ndarray, ...] | slice = slice(None)) -> np.ndarray:
+        out: np.ndarray = static[at] + k * act[at] - cap <= 0  # StageTable.base's test, element by element
+        return out
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        guess = np.where(act > 0, np.floor((cap - static) / act), np.where(static - cap <= 0, MOST_INFLIGHT, -1.0))
+        k = np.clip(guess, -1.0, MOST_INFLIGHT)
+        for _ in range(2):  # the guess is off by the division's rounding: settle it on the exact test
+            up = (k < MOST_INFLIGHT) & fits(k + 1)
+            k = np.where(up, k + 1, np.where((k >= 0) & ~fits(k), k - 1, k))
+        wrong = np.nonzero(((k < MOST_INFLIGHT) & fits(k + 1)) | ((k >= 0) & ~fits(k)))
+        if len(wrong[0]):  # k act below the rounding of static (tiny act): bisect those
+            lo, hi = np.full(len(wrong[0]), -1.0), np.full(len(wrong[0]), MOST_INFLIGHT + 1)
+            while np.any(hi - lo > 1):
+                mid = np.floor((lo + hi) / 2)
+                ok = fits(mid, wrong)
+                lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+            k[wrong] = lo
+        spare = cap - static + 1e-9 * abs(cap)
+        tight = act - gain
+        leanest = np.where(tight > 0, spare / tight, np.where(spare >= 0, np.inf, -np.inf))
+    plain = np.where(valid, k, -1.0)
+    leanest = np.where(valid, leanest, -np.inf)
+    L = len(static) - 1
+    return _CapView(plain, leanest, _by_length(plain, L), _by_length(leanest, L))
+
+
+def _by_length(m: np.ndarray, L: int) -> np.ndarray:
+    """Per number of layers ``l`` (0 to ``L``), the largest ``m[i, i + l]`` (-inf for 0)."""
+    order, starts = _diagonals(L)
+    out = np.full(L + 1, -np.inf)
+    out[1:] = np.maximum.reduceat(m.reshape(-1)[order], starts)
+    return out
+
+
+#: per L, the flat indices of an (L + 1) x (L + 1) matrix's entries above its diagonal, by
+#: number of layers (j - i) and then by i, and where each number of layers starts among them
+_DIAGONALS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _diagonals(L: int) -> tuple[np.ndarray, np.ndarray]:
+    found = _DIAGONALS.get(L)
+    if found is None:
+        lengths = np.repeat(np.arange(1, L + 1), np.arange(L, 0, -1))
+        first = np.concatenate([np.arange(L + 1 - n) for n in range(1, L + 1)])  # i of each entry
+        order = first * (L + 1) + first + lengths
+        starts = np.concatenate([[0], np.cumsum(np.arange(L, 1, -1))])
+        found = _DIAGONALS[L] = (order, starts)
+    return found
+
+
 class StageTable:
     """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
     memory cap and division of the model state (``sharding``), per in-flight count ``k``;
@@ -349,16 +422,13 @@ class StageTable:
         self.core, self.core_ms = fixed.core, fixed.core_ms
         self._cache = fixed.choices  # a stage's recompute choice by its layers, in-flight count and excess
         self._bases: dict[tuple[int, float], np.ndarray] = {}
-        self._excesses: dict[tuple[int, float], np.ndarray] = {}
+        self._views: dict[float, _CapView] = {}
         self._tables: dict[tuple[int, float], np.ndarray] = {}
-        # per (inflight, cap): the stages that need recomputation to fit, their excess bytes, and
-        # those of them priced so far
-        self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # per (inflight, cap): the stages that need recomputation to fit, and those of them priced so far
+        self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
         self._could: dict[tuple[int, float, bool], np.ndarray] = {}
-        self._longest: dict[tuple[int, float, bool], int] = {}
-        self._gains: dict[int, np.ndarray] = {}  # per in-flight count, the most recomputation frees
         self._everywhere: dict[int, bool] = {}  # per in-flight count, fits_everywhere
         self.all_exact = True
         self._layers = fixed.layers
@@ -390,26 +460,21 @@ class StageTable:
         default the table's), else inf."""
         key = (inflight, self.cap if cap is None else cap)
         if key not in self._bases:
-            self._bases[key] = np.where(self.excess(*key) <= 0, self.compute, INF)
+            self._bases[key] = np.where(self._view(key[1]).plain >= inflight, self.compute, INF)
         return self._bases[key]
 
-    def excess(self, inflight: int, cap: float) -> np.ndarray:
-        """Each stage's bytes without recomputation over ``cap`` with ``inflight`` micro-batches
-        (read-only; worked out once per ``(inflight, cap)``)."""
-        key = (inflight, cap)
-        found = self._excesses.get(key)
+    def _view(self, cap: float) -> _CapView:
+        """:class:`_CapView` of ``cap`` (worked out once per cap)."""
+        found = self._views.get(cap)
         if found is None:
-            found = self._excesses[key] = self.static + inflight * self.act - cap
-            found.flags.writeable = False
+            found = self._views[cap] = _cap_view(self.static, self.act, self._gain_per_microbatch, self.valid, cap)
         return found
 
-    def _max_gain(self, inflight: int) -> np.ndarray:
-        """The most bytes recomputation can free from each stage with ``inflight`` micro-batches
-        (every layer at its leanest level)."""
-        found = self._gains.get(inflight)
-        if found is None:
-            found = self._gains[inflight] = inflight * self._gain_per_microbatch
-        return found
+    def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
+        count of ``at = (inflight, cap)`` (what recomputation must free)."""
+        out: np.ndarray = self.static[i, j] + at[0] * self.act[i, j] - at[1]
+        return out
 
     @functools.cached_property
     def _gain_per_microbatch(self) -> np.ndarray:
@@ -428,11 +493,8 @@ class StageTable:
         key = (inflight, self.cap if cap is None else cap, recompute)
         found = self._could.get(key)
         if found is None:
-            if recompute:
-                found = self.valid & (self._max_gain(inflight) >= self.excess(*key[:2]))
-            else:
-                found = np.isfinite(self.base(inflight, key[1]))
-            self._could[key] = found
+            view = self._view(key[1])
+            found = self._could[key] = (view.leanest if recompute else view.plain) >= inflight
         return found
 
     def least_bytes(self, inflight: int) -> np.ndarray | None:
@@ -463,7 +525,7 @@ class StageTable:
     def _needs(self, at: tuple[int, float]) -> np.ndarray:
         """Stages that do not fit ``at = (inflight, cap)`` as they are but might with
         recomputation (what :meth:`tables` prices; the table allows recomputation)."""
-        out: np.ndarray = self.could_fit(*at) & (self.excess(*at) > 0)
+        out: np.ndarray = self.could_fit(*at) & (self._view(at[1]).plain < at[0])
         return out
 
     def recomputes(self, bands: dict[tuple[int, float], np.ndarray]) -> bool:
@@ -473,11 +535,10 @@ class StageTable:
 
     def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
         """The most layers of any stage that :meth:`could_fit` (0 if none)."""
-        key = (inflight, self.cap if cap is None else cap, recompute)
-        found = self._longest.get(key)
-        if found is None:
-            found = self._longest[key] = int(np.max(self.could_fit(*key) * _lengths(self.L)))
-        return found
+        view = self._view(self.cap if cap is None else cap)
+        recompute = recompute and self.allow_recompute
+        lengths = np.flatnonzero((view.leanest_by_length if recompute else view.plain_by_length) >= inflight)
+        return int(lengths[-1]) if len(lengths) else 0
 
     def longest_within(self, limit: float) -> int:
         """The most layers of any stage whose compute time is at most ``limit`` (0 if none)."""
@@ -511,9 +572,9 @@ class StageTable:
             if at not in self._tables:
                 need = self._needs(at)
                 self._tables[at] = base.copy()
-                self._pending[at] = (need, self.excess(*at), np.zeros_like(need))
+                self._pending[at] = (need, np.zeros_like(need))
             table = out[at] = self._tables[at]
-            need, excess, priced = self._pending[at]
+            need, priced = self._pending[at]
             todo = need & ~priced & (self.compute <= limit)
             if bands is not None:
                 todo &= bands[at]
@@ -524,11 +585,11 @@ class StageTable:
                 batch = todo & self._levels
                 todo = todo & ~self._levels
                 if batch.any():
-                    batches.append((at, batch, excess, table))
+                    batches.append((at, batch, table))
             for i, j in zip(*np.nonzero(todo)):
                 i, j = int(i), int(j)
                 shared = self.cm.shared_out(i, j, self.b) if self.shared else None
-                choice = self._cached_choice(inflight, i, j, float(excess[i, j]), shared)
+                choice = self._cached_choice(inflight, i, j, float(self.excess_at(at, i, j)), shared)
                 if choice.time_ms < INF:
                     table[i, j] = self.compute[i, j] + choice.time_ms
                     self._choices[(at, i, j)] = (i, choice)  # layers relative to i
@@ -567,17 +628,17 @@ class StageTable:
             shared_bytes=None if shared is None else shared.tolist(),
         )
 
-    def _price_levels(self, batches: list[tuple[tuple[int, float], np.ndarray, np.ndarray, np.ndarray]]) -> None:
-        """Least recompute times of the stages of each ``(at, batch, excess, table)`` (selective
+    def _price_levels(self, batches: list[tuple[tuple[int, float], np.ndarray, np.ndarray]]) -> None:
+        """Least recompute times of the stages of each ``(at, batch, table)`` (selective
         levels, no shared saves), all at once: stages with the same layers, in-flight count and
         excess share one problem, and the problems' excess-free parts (:func:`level_covers`)
         are shared by every table with these layers."""
-        parts = [np.nonzero(batch) for _, batch, _, _ in batches]
+        parts = [np.nonzero(batch) for _, batch, _ in batches]
         I = np.concatenate([i for i, _ in parts])
         J = np.concatenate([j for _, j in parts])
         sizes = [len(i) for i, _ in parts]
-        ks = np.repeat([at[0] for at, _, _, _ in batches], sizes)
-        ex = np.concatenate([excess[i, j] for (i, j), (_, _, excess, _) in zip(parts, batches)])
+        ks = np.repeat([at[0] for at, _, _ in batches], sizes)
+        ex = np.concatenate([self.excess_at(at, i, j) for (i, j), (at, _, _) in zip(parts, batches)])
         seqs = self._layers.sequence_keys(I, J)
         order = np.lexsort((ex, ks, *seqs.T[::-1]))
         s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
@@ -609,7 +670,7 @@ class StageTable:
         pair_costs = np.empty(len(order))
         pair_costs[order] = costs[problem]
         lo = 0
-        for (at, batch, _, table), (i, j), n in zip(batches, parts, sizes):
+        for (at, batch, table), (i, j), n in zip(batches, parts, sizes):
             cost = pair_costs[lo:lo + n]
             lo += n
             ok = cost < INF
@@ -624,7 +685,7 @@ class StageTable:
         at = (inflight, self.cap if cap is None else cap)
         entry = self._choices.get((at, i, j))
         if entry is None and at in self._lazy and self._lazy[at][i, j]:
-            choice = self._cached_choice(inflight, i, j, float(self._pending[at][1][i, j]))
+            choice = self._cached_choice(inflight, i, j, float(self.excess_at(at, i, j)))
             assert self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
             entry = self._choices[(at, i, j)] = (i, choice)
         return entry
