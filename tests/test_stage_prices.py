@@ -157,11 +157,12 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
     own = float(table.static[i, j] + inflight * table.act[i, j])
     lengths = np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None]
     for cap in (own, float(np.nextafter(own, 0.0)), own * scale):
-        table = StageTable(cm, b, cap)
         bytes_ok = table.valid & (table.static + inflight * table.act - cap <= 0)
-        assert np.array_equal(table.could_fit(inflight, recompute=False), bytes_ok)
-        assert np.array_equal(np.isfinite(table.base(inflight)), bytes_ok)
         leanest = table.valid & (inflight * table._gain_per_microbatch >= table.static + inflight * table.act - cap)
-        assert not np.any(leanest & ~table.could_fit(inflight))
-        assert table.longest(inflight, recompute=False) == int(np.max(bytes_ok * lengths))
-        assert table.longest(inflight) >= int(np.max(leanest * lengths))
+        # the table's own cap (its view), and a cap it is asked besides (a chunk's share: worked out alone)
+        for t in (StageTable(cm, b, cap), StageTable(cm, b, 2 * cap + 1.0)):
+            assert np.array_equal(t.could_fit(inflight, cap, recompute=False), bytes_ok)
+            assert np.array_equal(np.isfinite(t.base(inflight, cap)), bytes_ok)
+            assert not np.any(leanest & ~t.could_fit(inflight, cap))
+            assert t.longest(inflight, cap, recompute=False) == int(np.max(bytes_ok * lengths))
+            assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))

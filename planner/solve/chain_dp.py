@@ -429,6 +429,7 @@ class StageTable:
         self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
         self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
         self._could: dict[tuple[int, float, bool], np.ndarray] = {}
+        self._longest: dict[tuple[int, float, bool], int] = {}
         self._everywhere: dict[int, bool] = {}  # per in-flight count, fits_everywhere
         self.all_exact = True
         self._layers = fixed.layers
@@ -460,11 +461,15 @@ class StageTable:
         default the table's), else inf."""
         key = (inflight, self.cap if cap is None else cap)
         if key not in self._bases:
-            self._bases[key] = np.where(self._view(key[1]).plain >= inflight, self.compute, INF)
+            self._bases[key] = np.where(self.could_fit(*key, recompute=False), self.compute, INF)
         return self._bases[key]
 
-    def _view(self, cap: float) -> _CapView:
-        """:class:`_CapView` of ``cap`` (worked out once per cap)."""
+    def _view(self, cap: float) -> _CapView | None:
+        """:class:`_CapView` of ``cap`` if it is the table's own (worked out once): the cap its
+        configurations ask at many in-flight counts (interleaved ones, one per chunk); None for
+        another (a chunk's share of a rank's memory), asked at few, each worked out alone."""
+        if cap != self.cap:
+            return None
         found = self._views.get(cap)
         if found is None:
             found = self._views[cap] = _cap_view(self.static, self.act, self._gain_per_microbatch, self.valid, cap)
@@ -494,7 +499,12 @@ class StageTable:
         found = self._could.get(key)
         if found is None:
             view = self._view(key[1])
-            found = self._could[key] = (view.leanest if recompute else view.plain) >= inflight
+            if view is not None:
+                found = (view.leanest if recompute else view.plain) >= inflight
+            else:
+                excess = self.static + inflight * self.act - key[1]  # as the view's exact test
+                found = self.valid & ((inflight * self._gain_per_microbatch >= excess) if recompute else (excess <= 0))
+            self._could[key] = found
         return found
 
     def least_bytes(self, inflight: int) -> np.ndarray | None:
@@ -525,7 +535,7 @@ class StageTable:
     def _needs(self, at: tuple[int, float]) -> np.ndarray:
         """Stages that do not fit ``at = (inflight, cap)`` as they are but might with
         recomputation (what :meth:`tables` prices; the table allows recomputation)."""
-        out: np.ndarray = self.could_fit(*at) & (self._view(at[1]).plain < at[0])
+        out: np.ndarray = self.could_fit(*at) & ~self.could_fit(*at, recompute=False)
         return out
 
     def recomputes(self, bands: dict[tuple[int, float], np.ndarray]) -> bool:
@@ -535,10 +545,16 @@ class StageTable:
 
     def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
         """The most layers of any stage that :meth:`could_fit` (0 if none)."""
-        view = self._view(self.cap if cap is None else cap)
         recompute = recompute and self.allow_recompute
-        lengths = np.flatnonzero((view.leanest_by_length if recompute else view.plain_by_length) >= inflight)
-        return int(lengths[-1]) if len(lengths) else 0
+        key = (inflight, self.cap if cap is None else cap, recompute)
+        view = self._view(key[1])
+        if view is not None:
+            lengths = np.flatnonzero((view.leanest_by_length if recompute else view.plain_by_length) >= inflight)
+            return int(lengths[-1]) if len(lengths) else 0
+        found = self._longest.get(key)
+        if found is None:
+            found = self._longest[key] = int(np.max(self.could_fit(*key) * _lengths(self.L)))
+        return found
 
     def longest_within(self, limit: float) -> int:
         """The most layers of any stage whose compute time is at most ``limit`` (0 if none)."""
