@@ -343,7 +343,7 @@ def test_useful_limit_keeps_the_dps_solution(data, L, P, M):
 
     if P > L:
         return
-    ints = st.integers(0, 6)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))  # integer entries: many ties
     work = np.array(data.draw(st.lists(st.integers(1, 9), min_size=L, max_size=L)), dtype=float)
     prefix = np.concatenate([[0.0], np.cumsum(work)])
     idx = np.arange(L + 1)
@@ -351,12 +351,10 @@ def test_useful_limit_keeps_the_dps_solution(data, L, P, M):
     compute = np.where(valid, prefix[None, :] - prefix[:, None], INF)
     tables, extra = [], []
     for _ in range(data.draw(st.integers(1, 3))):  # a few distinct tables, shared by several stages
-        more = np.array(data.draw(st.lists(ints, min_size=(L + 1) ** 2, max_size=(L + 1) ** 2)), dtype=float)
-        gone = np.array(data.draw(st.lists(st.booleans(), min_size=(L + 1) ** 2, max_size=(L + 1) ** 2)))
-        table = compute + more.reshape(L + 1, L + 1)
-        tables.append(np.where(gone.reshape(L + 1, L + 1) & (data.draw(st.integers(0, 3)) == 0), INF, table))
-        extra.append(np.array(data.draw(st.lists(ints, min_size=(L + 1) ** 2, max_size=(L + 1) ** 2)),
-                              dtype=float).reshape(L + 1, L + 1))
+        table = compute + rng.integers(0, 7, (L + 1, L + 1))
+        gone = rng.random((L + 1, L + 1)) < data.draw(st.sampled_from([0.0, 0.0, 0.2, 0.6]))
+        tables.append(np.where(gone, INF, table))
+        extra.append(rng.integers(0, 7, (L + 1, L + 1)).astype(float))
     pick = data.draw(st.lists(st.integers(0, len(tables) - 1), min_size=P, max_size=P))
     tables, extra = [tables[k] for k in pick], [extra[k] for k in pick]
     cap_lb = max(float(work.max()), float(work.sum()) / P)

@@ -138,7 +138,7 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
     assert by_content[1] <= by_runs[1]  # never more covers worked out
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), scale=st.floats(0.3, 3.0))
 def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
     """:class:`planner.solve.chain_dp._CapView`: a stage fits as it is with ``k`` micro-batches in

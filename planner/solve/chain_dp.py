@@ -1133,7 +1133,8 @@ def solve_chain(
         # an upper bound from the plan without recomputation bounds the useful stage times:
         # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
         # (no stage longer than any that fits without recomputation is finite there)
-        first = _minimize(plain, extra, L, M, plain_cap, cap_lb, plain_longest)
+        # (none where no partition fits without recomputation: found without building the bands)
+        first = _minimize(plain, extra, L, M, plain_cap, cap_lb, plain_longest) if could_partition(table, ks, False) else None
         # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
         per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
         limit = INF if first is None else first[0] / per * (1 + 1e-9)
