@@ -58,8 +58,12 @@ def test_notebook_executes(path: Path, kernel_dirs: list[str]) -> None:
     km = KernelManager(kernel_name="planner-python", kernel_spec_manager=KernelSpecManager(kernel_dirs=kernel_dirs))
     client = NotebookClient(book, km=km, timeout=120, resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    client.execute()  # raises CellExecutionError naming the cell on any exception
-    elapsed = time.perf_counter() - start
+    try:
+        client.execute()  # raises CellExecutionError naming the cell on any exception
+        elapsed = time.perf_counter() - start
+    finally:  # a kernel manager given to nbclient is ours to stop (else each kernel lives until pytest exits)
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     budget = BUDGET_S_OF.get(path.name, BUDGET_S)
     assert elapsed < budget, f"{path.name} took {elapsed:.0f} s (budget {budget:.0f} s)"
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.outputs]
