@@ -159,10 +159,18 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
     for cap in (own, float(np.nextafter(own, 0.0)), own * scale):
         bytes_ok = table.valid & (table.static + inflight * table.act - cap <= 0)
         leanest = table.valid & (inflight * table._gain_per_microbatch >= table.static + inflight * table.act - cap)
-        # the table's own cap (its view), and a cap it is asked besides (a chunk's share: worked out alone)
-        for t in (StageTable(cm, b, cap), StageTable(cm, b, 2 * cap + 1.0)):
-            assert np.array_equal(t.could_fit(inflight, cap, recompute=False), bytes_ok)
-            assert np.array_equal(np.isfinite(t.base(inflight, cap)), bytes_ok)
-            assert not np.any(leanest & ~t.could_fit(inflight, cap))
-            assert t.longest(inflight, cap, recompute=False) == int(np.max(bytes_ok * lengths))
-            assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))
+        # the table's own cap (its view, here on any chain), and a cap it is asked besides (a
+        # chunk's share: worked out alone)
+        kept = chain_dp.VIEW_MIN_LAYERS
+        chain_dp.VIEW_MIN_LAYERS = 0
+        try:
+            tables = (StageTable(cm, b, cap), StageTable(cm, b, 2 * cap + 1.0))
+            assert tables[0]._view(cap) is not None and tables[1]._view(cap) is None
+            for t in tables:
+                assert np.array_equal(t.could_fit(inflight, cap, recompute=False), bytes_ok)
+                assert np.array_equal(np.isfinite(t.base(inflight, cap)), bytes_ok)
+                assert not np.any(leanest & ~t.could_fit(inflight, cap))
+                assert t.longest(inflight, cap, recompute=False) == int(np.max(bytes_ok * lengths))
+                assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))
+        finally:
+            chain_dp.VIEW_MIN_LAYERS = kept

@@ -317,6 +317,10 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
 
 #: the most micro-batches in flight a cap view counts (a stage that fits this many fits any count asked)
 MOST_INFLIGHT = float(2**40)
+#: tables of fewer layers work each count out alone: their matrices are small enough that numpy's
+#: fixed cost per operation, not their size, is what a view would save on (default-memory, 42
+#: layers: 4% slower with views)
+VIEW_MIN_LAYERS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,8 +471,9 @@ class StageTable:
     def _view(self, cap: float) -> _CapView | None:
         """:class:`_CapView` of ``cap`` if it is the table's own (worked out once): the cap its
         configurations ask at many in-flight counts (interleaved ones, one per chunk); None for
-        another (a chunk's share of a rank's memory), asked at few, each worked out alone."""
-        if cap != self.cap:
+        another (a chunk's share of a rank's memory), asked at few, each worked out alone, and
+        on chains of fewer than :data:`VIEW_MIN_LAYERS` layers."""
+        if cap != self.cap or self.L < VIEW_MIN_LAYERS:
             return None
         found = self._views.get(cap)
         if found is None:
