@@ -141,16 +141,31 @@ def _decode_dataclass(cls: type[T], value: Any, path: str) -> T:
         _fail(path, str(exc))
 
 
+#: per type, its dataclass fields as :func:`encode` writes them: (name, omitted while default?,
+#: default), init fields in order; None for a type that is not a dataclass
+_ENCODED_FIELDS: dict[type, tuple[tuple[str, bool, Any], ...] | None] = {}
+
+
+def _encoded_fields(cls: type) -> tuple[tuple[str, bool, Any], ...] | None:
+    if cls not in _ENCODED_FIELDS:
+        _ENCODED_FIELDS[cls] = tuple(
+            (f.name, bool(f.metadata.get("omit_if_default")), f.default) for f in dataclasses.fields(cls) if f.init
+        ) if dataclasses.is_dataclass(cls) else None
+    return _ENCODED_FIELDS[cls]
+
+
 def encode(obj: Any) -> Any:
     """Convert a dataclass tree to plain JSON data (field order kept, tuples as lists). A field
     whose metadata says ``omit_if_default`` is left out while it holds its default (a field
     added to a document without a new version: files without it read the same)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {
-            f.name: encode(getattr(obj, f.name))
-            for f in dataclasses.fields(obj)
-            if f.init and not (f.metadata.get("omit_if_default") and getattr(obj, f.name) == f.default)
-        }
+    spec = _encoded_fields(type(obj))
+    if spec is not None:
+        out = {}
+        for name, omit, default in spec:
+            value = getattr(obj, name)
+            if not (omit and value == default):
+                out[name] = encode(value)
+        return out
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, (list, tuple)):
