@@ -192,6 +192,23 @@ def test_dp_equals_brute_force(layers, wfracs, ranks, num_microbatches, microbat
     assert_dp_is_bruteforce(table, kw, microbatch_size)
 
 
+def test_bruteforce_counts_the_schedules_own_microbatches_in_flight():
+    """Found by the test above: the brute force took ZBV's in-flight counts at J's ``M`` (``v (M -
+    P) + P``, 4 here) instead of the schedule's 3 micro-batches, so the first chunk held one more
+    than it does and nothing fitted where the DP's plan does (its stages checked at the real
+    counts by :func:`assert_dp_is_bruteforce`)."""
+    layers = [dict(fwd=1.0, bwd=1.0, params=0, saved=18509140.0, inp=7996953.0, out=1e7, wfrac=0.0),
+              dict(fwd=1.0, bwd=3.0, params=1, saved=0.0, inp=3.0, out=2.0, wfrac=0.0),
+              dict(fwd=4.0, bwd=3.0, params=1, saved=0.0, inp=3.0, out=2.0, wfrac=0.0),
+              dict(fwd=1.0, bwd=1.0, params=0, saved=0.0, inp=0.0, out=0.0, wfrac=0.0)]
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    layout = v_layout(2)
+    table = StageTable(cm, 1, 0.125e9 / 2)
+    kw = dict(layout=layout, num_microbatches=3, schedule=ZBV)
+    assert inflight_counts(ZBV, layout, 3) != inflight_counts(ZBV, layout, 4)
+    assert_dp_is_bruteforce(table, kw, 1)
+
+
 # ---------------------------------------------------------------- search and plan
 
 

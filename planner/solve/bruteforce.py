@@ -85,7 +85,7 @@ def solve_chain_bruteforce(
         raise PlannerInputError(f"brute force handles at most {MAX_LAYERS} layers (profile has {L})")
     if P > L:
         return None
-    ks = inflight_counts(schedule, layout, M)
+    ks = inflight_counts(schedule, layout, num_microbatches)  # the schedule's own micro-batches (not J's M)
     line = cm.fsdp_line(layout) if table.fsdp else (0.0, 0.0)
     best: ChainSolution | None = None
     for cuts in itertools.combinations(range(1, L), P - 1):
