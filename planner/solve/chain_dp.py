@@ -340,9 +340,17 @@ class _CapView:
     leanest_by_length: np.ndarray
 
 
+def _excess_bytes(static: np.ndarray, act: np.ndarray, inflight: np.ndarray | int, cap: float) -> np.ndarray:
+    """A stage's bytes without recomputation over ``cap`` with ``inflight`` micro-batches, element
+    by element: the one expression every fit test and recompute price reads (the same floats
+    whichever stages it is worked out for)."""
+    out: np.ndarray = static + inflight * act - cap
+    return out
+
+
 def _cap_view(static: np.ndarray, act: np.ndarray, gain: np.ndarray, valid: np.ndarray, cap: float) -> _CapView:
     def fits(k: np.ndarray, at: tuple[np.ndarray, ...] | slice = slice(None)) -> np.ndarray:
-        out: np.ndarray = static[at] + k * act[at] - cap <= 0  # StageTable.base's test, element by element
+        out: np.ndarray = _excess_bytes(static[at], act[at], k, cap) <= 0
         return out
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -483,8 +491,7 @@ class StageTable:
     def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
         """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
         count of ``at = (inflight, cap)`` (what recomputation must free)."""
-        out: np.ndarray = self.static[i, j] + at[0] * self.act[i, j] - at[1]
-        return out
+        return _excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
 
     @functools.cached_property
     def _gain_per_microbatch(self) -> np.ndarray:
@@ -507,7 +514,7 @@ class StageTable:
             if view is not None:
                 found = (view.leanest if recompute else view.plain) >= inflight
             else:
-                excess = self.static + inflight * self.act - key[1]  # as the view's exact test
+                excess = _excess_bytes(self.static, self.act, inflight, key[1])
                 found = self.valid & ((inflight * self._gain_per_microbatch >= excess) if recompute else (excess <= 0))
             self._could[key] = found
         return found
@@ -1055,6 +1062,16 @@ def _heuristic_starts(work: np.ndarray, L: int, P: int) -> list[list[int]]:
     return [by_work, [s * L // P for s in range(P)]]
 
 
+def _objective(tables: list[np.ndarray], extra: list[np.ndarray], starts: Sequence[int], L: int, M: int
+               ) -> tuple[float, list[float]]:
+    """J of the partition with stage starts ``starts`` (inf if a stage is), and its stage times."""
+    stops = list(starts[1:]) + [L]
+    times = [float(tables[s][i, j]) for s, (i, j) in enumerate(zip(starts, stops))]
+    if max(times) == INF:
+        return INF, times
+    return sum(times) + sum(float(extra[s][i, j]) for s, (i, j) in enumerate(zip(starts, stops))) + (M - 1) * max(times), times
+
+
 def _useful_limit(tables: list[np.ndarray], extra: list[np.ndarray], starts: list[list[int]], L: int, M: int,
                   sum_lb: float | None) -> float:
     """A stage time above which no stage is in an optimal partition (inf where none is known):
@@ -1063,13 +1080,7 @@ def _useful_limit(tables: list[np.ndarray], extra: list[np.ndarray], starts: lis
     (:func:`_minimize` takes it as its largest cap; with a relative slack of 1e-9)."""
     if M == 1 or sum_lb is None:
         return INF
-    best = INF
-    for cut in starts:
-        stops = cut[1:] + [L]
-        times = [float(tables[s][i, j]) for s, (i, j) in enumerate(zip(cut, stops))]
-        if max(times) < INF:
-            value = sum(times) + sum(float(extra[s][i, j]) for s, (i, j) in enumerate(zip(cut, stops))) + (M - 1) * max(times)
-            best = min(best, value)
+    best = min(_objective(tables, extra, cut, L, M)[0] for cut in starts)
     return INF if best == INF else (best - sum_lb) / (M - 1) * (1 + 1e-9)
 
 
@@ -1162,8 +1173,7 @@ def solve_chain(
     stops = bounds[1:] + [L]
     recompute = [table.recompute_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
     selective = [table.selective_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
-    times = [float(tables[s][i, j]) for s, (i, j) in enumerate(zip(bounds, stops))]
-    objective = sum(times) + sum(float(extra[s][a, z]) for s, (a, z) in enumerate(zip(bounds, stops))) + (M - 1) * max(times)
+    objective, times = _objective(tables, extra, bounds, L, M)
     return ChainSolution(
         objective_ms=objective,
         boundaries=tuple(bounds),
