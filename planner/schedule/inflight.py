@@ -30,7 +30,6 @@ from planner.schedule.build import (
     build_replicated_schedule,
     build_schedule,
     check_schedule_rules,
-    interleaved_events,
     replicated_warmup,
 )
 
@@ -103,15 +102,23 @@ def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int)
 
 def _interleaved_peaks(num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:
     """Per stage, the peak of forwards done minus backwards done along its rank's interleaved
-    order (the count :func:`_counted` makes on the Actions, made on the order's arrays)."""
+    order (the count :func:`_counted` makes on the Actions, made on the order's arrays): the
+    orders of :func:`~planner.schedule.build.interleaved_events`, every rank's at once. Op ``i``
+    of a rank runs a forward then a backward, so a chunk's count peaks just after a forward:
+    at ``F(i) - B(i - 1)`` (forwards done through op ``i``, backwards through op ``i - 1``)."""
     check_schedule_rules(ScheduleKind.INTERLEAVED_1F1B, num_stages, num_microbatches, v)
     ranks = num_stages // v
+    rounds = max(1, num_microbatches // ranks)
+    per_round = num_microbatches // rounds
+    total = v * num_microbatches
+    warmup = np.minimum((v - 1) * per_round + 2 * (ranks - 1 - np.arange(ranks)[:, None]), total)
+    op = np.arange(total + int(warmup.max()))[None, :]
+    forward = np.where(op < total, (op // per_round) % v, -1)  # the chunk of op i's forward (-1: none)
+    backward = np.where((op >= warmup) & (op < total + warmup), v - 1 - ((op - warmup) // per_round) % v, -1)
     peaks = [0] * num_stages
-    for rank in range(ranks):
-        chunks, deltas = interleaved_events(rank, ranks, v, num_microbatches)
-        per_chunk = np.zeros((v, len(chunks)), dtype=np.int64)
-        per_chunk[chunks, np.arange(len(chunks))] = deltas
-        highs = np.cumsum(per_chunk, axis=1).max(axis=1, initial=0)
-        for c in range(v):
-            peaks[c * ranks + rank] = int(highs[c])
+    for c in range(v):
+        mine = backward == c
+        held = np.cumsum(forward == c, axis=1) - (np.cumsum(mine, axis=1) - mine)
+        for rank, high in enumerate(np.maximum(held.max(axis=1), 0).tolist()):
+            peaks[c * ranks + rank] = int(high)
     return tuple(peaks)
