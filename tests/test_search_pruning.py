@@ -256,3 +256,30 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
             found = solve_candidates(cm, request, 8, cap, prune=False, configs=[c])
             assert all(floor <= t * (1 + 1e-9) for t, _ in found), c
     assert both > 0
+
+
+def test_best_time_on_all_the_devices_survives_a_context_parallel_winner() -> None:
+    """A plan on fewer devices than were available records the best time found on all of them
+    (``predicted.all_devices_ms``). A context-parallel degree is searched against the best plan
+    before it and keeps only candidates faster than that, which dropped its candidates on all
+    the devices too: here (a small GPT on 32 A100s, interleaved only, 8 GiB per device) the
+    winner is t = 2, cp = 2 on 16 devices, and the best plan on all 32 is a t = 4, cp = 2 one,
+    which the pruned search reported as none ("no plan found on all 32") and the exhaustive
+    search as the slower t = 8 plan. Both must record it, the same, and it must be a real plan's
+    time on all 32 devices: no slower than the best plan that degree alone finds on them."""
+    profile = gpt_profile(layers=8, hidden=1024, heads=8, seq=1024, vocab=32000, device_preset="a100-80gb")
+    cluster = PRESETS["a100-80gb-x8"].with_devices(32)
+    request = PlanRequest(global_batch=4, memory_cap_bytes=8 * GIB, schedules=(ScheduleKind.INTERLEAVED_1F1B,))
+    runs = [search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=s)
+            for s in (PRUNED, EXHAUSTIVE)]
+    for p in runs:
+        assert p.num_devices < 32 and p.layout.cp_degree > 1
+        assert p.predicted.all_devices_ms > p.predicted.iteration_ms
+    assert runs[0].predicted.all_devices_ms == runs[1].predicted.all_devices_ms
+    alone = search_plan(profile, cluster, dataclasses.replace(request, tp_degrees=(4,), cp_degrees=(2,)),
+                        solver=SolverKind.DP, chain_solver=solve_chain, settings=EXHAUSTIVE)
+    on_all = alone.predicted.iteration_ms if alone.num_devices == 32 else alone.predicted.all_devices_ms
+    assert 0 < runs[0].predicted.all_devices_ms <= on_all
+    tp8 = search_plan(profile, cluster, dataclasses.replace(request, tp_degrees=(8,)), solver=SolverKind.DP,
+                      chain_solver=solve_chain, settings=EXHAUSTIVE)
+    assert tp8.num_devices == 32 and runs[0].predicted.all_devices_ms < tp8.predicted.iteration_ms

@@ -48,7 +48,9 @@ configuration's proposals are simulated only if its busiest rank's ``M x`` work 
 chunks') does not exceed it. Then every opened degree with candidates builds its plans as before
 (refinement of coarse candidates, re-scoring, the tighter memory caps over its best
 configurations), the cp = 1 degrees first; a cp > 1 degree keeps only candidates faster than the
-best cp = 1 plan and searches no tighter caps (as before issue 24). When no degree finds a
+best plan before it and searches no tighter caps (as before issue 24), and builds its best
+candidate on all the devices whatever its time (else a plan on fewer devices could record no
+plan, or a slower one, as the best on all of them). When no degree finds a
 candidate nothing was pruned, and the refusal explains the degree that came closest, as before.
 ``SearchSettings(prune_degrees=False)`` restores the search before issue 24 (every cp = 1
 degree searched on its own in full, :func:`degree_by_degree`); with ``prune_configs=False``
@@ -343,8 +345,10 @@ class LayoutSearch:
                suggest: bool = True) -> Plan | None:
         """The degree's best plan from the candidates its configuration search found, with the
         Pareto points of its best configurations under tighter caps; with a finite
-        ``incumbent_ms`` only candidates faster than it count, None when there are none (and no
-        tighter caps are searched). ``shared``: the incumbent the configuration search pruned
+        ``incumbent_ms`` only candidates faster than it count (and no tighter caps are searched),
+        besides the best on all the groups, whose plan is built for its time there (the chosen
+        plan records the best time on all the devices when it uses fewer), None when there are
+        neither. ``shared``: the incumbent the configuration search pruned
         against; None is returned (not a refusal) when it found nothing because of it.
         ``suggest``: a refusal comes with its suggestions (else they wait for
         :meth:`~planner.artifacts.errors.InfeasibleError.complete`, :func:`explain_infeasible`)."""
@@ -352,15 +356,20 @@ class LayoutSearch:
         by_time, num_groups, cap = self.by_time, self.num_groups, self.cap
         pruning = by_time and incumbent_ms < float("inf")
         scored = self.configs.result()
+        # the best candidate on all the groups, built whatever its time: the chosen plan records the
+        # best time on all the devices when it uses fewer (select.note_devices)
+        on_all = next((tc for tc in scored if tc[1].config.num_groups == num_groups), None)
         if pruning:
             scored = [tc for tc in scored if tc[0] < incumbent_ms]
-            if not scored:
+            if not scored and on_all is None:
                 return None  # no configuration of these degrees beats the incumbent
-        if self.chain_solver is solve_chain and by_time:
+        if self.chain_solver is solve_chain and by_time and (scored or not pruning):
             limit = shared.best if shared is not None else float("inf")
             scored += replicated_candidates(self.cm_search, self.req_search, num_groups, cap, scored, settings,
                                             incumbent_ms=limit)
             scored.sort(key=score_key)
+        if pruning and on_all is not None and not any(tc is on_all for tc in scored):
+            scored.append(on_all)  # slower than the incumbent: built for its time on all the devices only
         if not scored:
             if self.configs.pruned or not self.configs.done:
                 return None  # every configuration pruned against another degree's plans
