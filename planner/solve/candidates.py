@@ -362,8 +362,10 @@ class ConfigSearch:
                 continue
             fitted = True
             proposals = [Candidate(c, sol)]
-            # what rebalancing could win at most: the candidate without its recomputation, which is
-            # no faster than M x its busiest rank's compute (checked first: no simulation)
+            # the gate of a rebalancing: the candidate without its recomputation (no faster than M x
+            # its busiest rank's compute, checked first: no simulation). A heuristic, not a bound: a
+            # rebalancing re-solves the partition, which can then simulate faster than this one
+            # unrecomputed (RESULTS 25, 33); always rebalancing took 2x the CPU
             unrec = float("inf")
             if rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
                 unrec = unrecomputed(cm, proposals[0])
