@@ -263,10 +263,11 @@ def test_best_time_on_all_the_devices_survives_a_context_parallel_winner() -> No
     (``predicted.all_devices_ms``). A context-parallel degree is searched against the best plan
     before it and keeps only candidates faster than that, which dropped its candidates on all
     the devices too: here (a small GPT on 32 A100s, interleaved only, 8 GiB per device) the
-    winner is t = 2, cp = 2 on 16 devices, and the best plan on all 32 is a t = 4, cp = 2 one,
-    which the pruned search reported as none ("no plan found on all 32") and the exhaustive
-    search as the slower t = 8 plan. Both must record it, the same, and it must be a real plan's
-    time on all 32 devices: no slower than the best plan that degree alone finds on them."""
+    winner is t = 2, cp = 2 on 16 devices, and the best plans on all 32 are context-parallel
+    ones (t = 2, cp = 4; t = 4, cp = 2), which the pruned search reported as none ("no plan found
+    on all 32") and the exhaustive search as the slower t = 8 plan. Both must record the same
+    time, no slower than the best plan the t = 4, cp = 2 degree alone finds on all 32 devices,
+    and faster than the t = 8 one."""
     profile = gpt_profile(layers=8, hidden=1024, heads=8, seq=1024, vocab=32000, device_preset="a100-80gb")
     cluster = PRESETS["a100-80gb-x8"].with_devices(32)
     request = PlanRequest(global_batch=4, memory_cap_bytes=8 * GIB, schedules=(ScheduleKind.INTERLEAVED_1F1B,))
