@@ -178,7 +178,7 @@ def degree_by_degree(
     cp = 1 degree in full, each cp > 1 one against the fastest plan of those before it. (With
     ``prune_configs`` on, such a degree's configurations on all the devices are pruned against
     that plan too, and a degree whose machine bound is above it is skipped: a plan on fewer
-    devices may then record a slower best on all of them than the default search, which prunes
+    devices may then record a slower best on all of them, or none, than the default search, which prunes
     those against the best on all the devices, and the exhaustive one.)"""
     request = problem.request
     plans: list[Plan] = []
