@@ -178,8 +178,9 @@ def degree_by_degree(
     cp = 1 degree in full, each cp > 1 one against the fastest plan of those before it. (With
     ``prune_configs`` on, such a degree's configurations on all the devices are pruned against
     that plan too, and a degree whose machine bound is above it is skipped: a plan on fewer
-    devices may then record a slower best on all of them, or none, than the default search, which prunes
-    those against the best on all the devices, and the exhaustive one.)"""
+    devices may then record no best time on all of them, or a slower one, where the default
+    search (which prunes those against the best on all the devices) and the exhaustive one
+    record the best.)"""
     request = problem.request
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
