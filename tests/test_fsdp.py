@@ -133,6 +133,31 @@ def test_zero3_plans_what_nothing_else_fits_and_the_solvers_agree():
     assert 'fsdp_reshard_after_forward = "always"' in toml
 
 
+def test_refusal_says_its_schedule_was_not_asked_and_counts_context_parallel_devices():
+    """The explanation prices the leanest schedule (1F1B where it runs): a request for interleaved
+    1F1B only is told that its figures are 1F1B's, a lower bound of what it needs, and so is each
+    "more devices" suggestion; and a suggestion for a context-parallel layout counts its groups'
+    devices (t x cp, not t alone: it said "more devices: 8" to a request already on 16). Drawn
+    case: a GPT of 11 layers (hidden 4,096, sequence 8,192) on 16 H100s, 6 GiB per device,
+    interleaved only, two replicas."""
+    from planner.artifacts.cluster import PRESETS
+    from planner.profiling.analytic.gpt import gpt_profile
+
+    profile = gpt_profile(layers=11, hidden=4096, heads=32, seq=8192, vocab=32000, device_preset="h100-80gb",
+                          attention="materialised")
+    request = PlanRequest(global_batch=64, memory_cap_bytes=6 * 2**30, schedules=(ScheduleKind.INTERLEAVED_1F1B,),
+                          dp_degree=2)
+    with pytest.raises(InfeasibleError) as info:
+        plan(profile, PRESETS["h100-80gb-x8"].with_devices(16), request)
+    exc = info.value.complete()
+    text = str(exc)
+    assert "CP=4" in text and "1f1b" in text
+    assert "Priced with 1f1b, which was not asked (interleaved-1f1b)" in text
+    more = [s for s in exc.suggestions if s.startswith("more devices: ")]
+    assert more and all("with 1f1b, which was not asked" in s for s in more)
+    assert all(int(s.split()[2]) > 16 for s in more)  # more than the 16 it has
+
+
 def test_refusal_names_the_fsdp_layout_and_what_would_fit():
     prof, cluster = _big_state_case()
     tight = PlanRequest(global_batch=8, per_stage_replication=False, memory_cap_bytes=int(1.2e9))

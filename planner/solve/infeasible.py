@@ -81,6 +81,19 @@ def _leanest(P: int, M: int) -> ScheduleKind:
     return ScheduleKind.ONE_F_ONE_B if M >= P else ScheduleKind.GPIPE
 
 
+def _unasked(request: PlanRequest, schedule: ScheduleKind) -> str:
+    """What the explanation's figures mean when they are priced with a schedule the request does
+    not allow (the explanation prices the one holding the fewest micro-batches in flight; "" when
+    it is asked for)."""
+    if schedule in request.schedules:
+        return ""
+    asked = ", ".join(s.value for s in request.schedules)
+    if schedule is ScheduleKind.ONE_F_ONE_B:  # every other schedule holds at least 1F1B's micro-batches
+        return (f" (Priced with 1f1b, which was not asked ({asked}): the schedules asked hold at least as many "
+                "micro-batches in flight, so they need at least this much.)")
+    return f" (Priced with {schedule.value}, which was not asked ({asked}).)"
+
+
 def least_cap_bytes(cm: CostModel, request: PlanRequest, layout: Layout, b: int, recompute: bool) -> float:
     """The smallest per-device memory cap under which ``layout`` fits: the least over its
     partitions of its largest stage's fewest bytes (:meth:`StageTable.least_bytes`, the min-max
@@ -153,7 +166,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
     tight = ""
     if sol is not None:
         stops = list(sol.boundaries[1:]) + [cm.num_layers]
-        k = [min(P - s, M) for s in range(P)]
+        k = inflight_counts(_leanest(P, M), lay, M)  # the schedule the layout was priced with
         mems = [
             cm.stage_memory(a, z, sol.recompute[s], b, k[s], lay.sharding(s), sol.selective_of(s)).total_bytes
             for s, (a, z) in enumerate(zip(sol.boundaries, stops))
@@ -164,16 +177,18 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             f"{cm.profile.layer_names[sol.boundaries[s]]}..{cm.profile.layer_names[stops[s] - 1]}) "
             f"needs {mems[s] / gib:.2f} GiB."
         )
+    group = cm.tp_degree * cm.cp_degree  # devices per group: a layout's rank
     if need <= cap:
+        counted = f"{num_devices} devices" if group == 1 else f"{num_devices} groups of {group} devices"
         return InfeasibleError(
             f"no configuration fits, although {P} stages of micro-batch {b} would need only {need / gib:.2f} GiB "
-            f"per device (cap {cap / gib:.2f} GiB): a layout P x D occupies a divisor of the {num_devices} devices, "
+            f"per device (cap {cap / gib:.2f} GiB): a layout P x D occupies a divisor of the {counted}, "
             f"the replicas must divide the global batch ({request.global_batch}), and 1F1B needs at least as "
             "many micro-batches as stages"
             + "".join(f"; {flag} {v} was asked" for flag, v in (("--stages", request.num_stages),
                       ("--dp-degree", request.dp_degree), ("--max-stages", request.max_stages)) if v)
             + (f"; micro-batch sizes {','.join(map(str, request.microbatch_sizes))} were asked"
-               if request.microbatch_sizes else "") + ".",
+               if request.microbatch_sizes else "") + "." + _unasked(request, _leanest(P, M)),
             suggestions=(
                 f"a device count with more divisors up to {cm.num_layers} (e.g. a power of two)",
                 "a global batch divisible by more replica counts",
@@ -181,12 +196,12 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             ),
         )
     over = need - cap
-    t = cm.tp_degree
-    where = f"{P} pipeline stages" if lay.dp_degree == 1 and t == 1 else lay.describe()
+    where = f"{P} pipeline stages" if lay.dp_degree == 1 and group == 1 else lay.describe()
     msg = (
         f"no plan fits: even with {where}, micro-batch size {b}, {_leanest(P, M).value}"
         f"{' and recomputation' if request.recompute else ''}, a device needs {need / gib:.2f} GiB "
         f"but the cap is {cap / gib:.2f} GiB ({over / gib:.2f} GiB = {int(over)} bytes over).{tight}"
+        + _unasked(request, _leanest(P, M))
     )
 
     def explained() -> InfeasibleError:
@@ -199,16 +214,20 @@ def _suggestions(cm: CostModel, request: PlanRequest, num_devices: int, cap: flo
                  b: int) -> tuple[str, ...]:
     """What would make a layout needing ``need`` bytes per device (``lay``, micro-batch ``b``) fit ``cap``."""
     gib = 1024**3
-    P, t = lay.num_stages, cm.tp_degree
+    P, group = lay.num_stages, cm.tp_degree * cm.cp_degree  # devices per group
     suggestions = []
     for mult in (2, 4, 8, 16):
         more_need, more = least_need(cm, request, num_devices * mult, b, request.recompute)
         if more.num_stages == P and more.dp_degree == 1 and lay.dp_degree == 1:
             break
         if more_need <= cap:
-            what = (f"allows {more.num_stages} pipeline stages" if more.dp_degree == 1 and t == 1
+            what = (f"allows {more.num_stages} pipeline stages" if more.dp_degree == 1 and group == 1
                     else f"{more.describe()} needs {more_need / gib:.2f} GiB")
-            suggestions.append(f"more devices: {num_devices * mult * t} ({what})")
+            M = max(1, request.global_batch // (more.dp_degree * b))
+            schedule = _leanest(more.num_stages, M)
+            if schedule not in request.schedules:  # priced with a schedule not asked: it may not fit as asked
+                what += f" with {schedule.value}, which was not asked"
+            suggestions.append(f"more devices: {num_devices * mult * group} ({what})")
             break
     if not request.recompute:
         with_rc = least_cap_bytes(cm, request, lay, b, True)
