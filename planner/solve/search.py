@@ -16,7 +16,8 @@ Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one de
   (sharding frees memory and moves no more bytes, so that optimum is never slower), unless
   memory binds nowhere; the plan then keeps the least stage under which its partition still
   fits at the same time (:func:`planner.solve.candidates.least_zero`);
-- per-stage replication (time objective, t = 1, at most
+- per-stage replication (every objective: the memory objective's 10% counts from the fastest plan,
+  replicated or not; t = 1, at most
   :attr:`SearchSettings.replicated_max_devices` devices): the exact DP over (layer, devices
   used) of :mod:`planner.solve.replicated` at the micro-batch sizes of the best uniform plans,
   plus PipeDream's own split (:mod:`planner.solve.replicated_search`).
@@ -191,12 +192,19 @@ def degree_by_degree(
                 and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
-            found = search_layouts(problem, cm, n // (t * cp), chain_solver, settings, incumbent, suggest=False)
+            search = LayoutSearch(problem, cm, n // (t * cp), chain_solver, settings, incumbent)
+            search.configs.run()
+            found = search.finish(incumbent, suggest=False)
         except InfeasibleError as exc:
             infeasible.append(exc)
             continue
         if found is not None:
             plans.append(found)
+            if request.objective is not Objective.TIME:
+                # the memory and ME objectives choose among every degree's plans: the least memory
+                # within 10% of the fastest of all of them, the ME index against the fastest GPipe
+                # plan of all of them (a degree's own choice is against its own fastest)
+                plans += search.built
     if not plans:  # the explanation of the degree that came closest to fitting, with its suggestions
         raise min(infeasible, key=lambda exc: exc.need_bytes).complete()
     return plans
@@ -310,6 +318,7 @@ class LayoutSearch:
                           settings=settings)
         self.cap = memory_cap_bytes(cm.cluster, request)
         self.by_time = request.objective is Objective.TIME
+        self.built: list[Plan] = []  # every plan :meth:`finish` built (the fastest candidates', the tighter caps')
         self.starts: list[int] | None = None
         self.cm_search, self.req_search = cm, request
         # enough groups that the deepest pipeline searched still has two groups per stage, an
@@ -374,7 +383,7 @@ class LayoutSearch:
             scored = [tc for tc in scored if tc[0] < incumbent_ms]
             if not scored and on_all is None:
                 return None  # no configuration of these degrees beats the incumbent
-        if self.chain_solver is solve_chain and by_time and (scored or not pruning):
+        if self.chain_solver is solve_chain and (scored or not pruning):
             limit = shared.best if shared is not None else float("inf")
             scored += replicated_candidates(self.cm_search, self.req_search, num_groups, cap, scored, settings,
                                             incumbent_ms=limit)
@@ -401,6 +410,7 @@ class LayoutSearch:
             plans += build_best(problem, cm, self.fine(tighter, k, False), k)
         front = pareto_front(plans)
         best = select(plans, request)
+        self.built = plans
         return dataclasses.replace(best, pareto=front)
 
 
