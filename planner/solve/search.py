@@ -69,7 +69,8 @@ configurations the searches rank differently), or a memory rebalancing whose gat
 candidate without its recomputation, a heuristic and not a bound: the rebalancing re-solves the
 partition) the pruned search tests against a lower incumbent. Measured on 3,000 drawn small
 GPT cases: 6 differ (the pruned plan 0.01-5.8% slower), each asking for interleaved 1F1B only
-(460 of the 3,000 did; RESULTS 33). The golden corpus's
+(460 of the 3,000 did); on 400 drawn requests with more of the request's knobs, 2 (0.4%, 0.5%),
+each asking for ZBV only (two chunks per rank, rebalanced alike; RESULTS 33). The golden corpus's
 differing fronts are listed in RESULTS section 22.
 
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
