@@ -16,23 +16,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.artifacts.cluster import PRESETS
+from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.kinds import Objective
-from planner.artifacts.profile import load_profile
+from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.request import PlanRequest
 from planner.profiling.defaults import default_profile_path
 from planner.solve import plan
 from tests.pipedream_reference import REFERENCE, require_reference
 
 
-def _default() -> tuple[object, object]:
+def _default() -> tuple[Profile, Cluster]:
     return load_profile(default_profile_path()), PRESETS["a100-80gb-x8"]
 
 
 def test_memory_objective_stays_within_ten_percent_of_the_fastest_plan() -> None:
     profile, cluster = _default()
-    fastest = plan(profile, cluster, PlanRequest(global_batch=512))  # type: ignore[arg-type]
-    lean = plan(profile, cluster, PlanRequest(global_batch=512, objective=Objective.MEMORY))  # type: ignore[arg-type]
+    fastest = plan(profile, cluster, PlanRequest(global_batch=512))
+    lean = plan(profile, cluster, PlanRequest(global_batch=512, objective=Objective.MEMORY))
     assert lean.predicted.iteration_ms <= fastest.predicted.iteration_ms * 1.10
     assert lean.predicted.peak_memory_bytes < fastest.predicted.peak_memory_bytes
     # no point of the time search's front within the budget holds less memory

@@ -147,20 +147,29 @@ def _one_f_one_b_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
     return tuple(ops)
 
 
-def interleaved_events(rank: int, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's interleaved 1F1B order as (chunk, +1 forward / -1 backward) per action, the
-    order of torch ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` (compute only):
-    op ``i`` runs a forward while ``i < v M`` and then a backward from ``i = warm-up`` on."""
+def interleaved_ops(ranks: np.ndarray, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The interleaved 1F1B orders of the pipeline ranks ``ranks`` (a column), the order of torch
+    ``ScheduleInterleaved1F1B._calculate_single_rank_operations`` (compute only): op ``i`` of a
+    rank runs a forward while ``i < v M`` and then a backward from ``i = warm-up`` on. Per rank
+    and op (columns up to the longest rank's), the chunk of its forward and of its backward (-1:
+    none)."""
     rounds = max(1, m // p)
     per_round = m // rounds
-    # _get_warmup_ops(multiply_factor=2)
-    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     total = v * m
-    op = np.arange(total + warmup)
-    fwd = (op // per_round) % v
-    bwd = v - 1 - ((op - warmup) // per_round) % v
-    chunk = np.stack([fwd, bwd], axis=1).reshape(-1)
-    delta = np.stack([(op < total).astype(np.int64), -(op >= warmup).astype(np.int64)], axis=1).reshape(-1)
+    # _get_warmup_ops(multiply_factor=2)
+    warmup = np.minimum((v - 1) * per_round + 2 * (p - 1 - ranks), total)
+    op = np.arange(total + int(warmup.max()))[None, :]
+    forward = np.where(op < total, (op // per_round) % v, -1)
+    backward = np.where((op >= warmup) & (op < total + warmup), v - 1 - ((op - warmup) // per_round) % v, -1)
+    return np.broadcast_to(forward, backward.shape), backward
+
+
+def interleaved_events(rank: int, p: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's interleaved 1F1B order (:func:`interleaved_ops`) as (chunk, +1 forward / -1
+    backward) per action, each op's forward before its backward."""
+    forward, backward = (a[0] for a in interleaved_ops(np.array([[rank]]), p, v, m))
+    chunk = np.stack([forward, backward], axis=1).reshape(-1)
+    delta = np.stack([(forward >= 0).astype(np.int64), -(backward >= 0).astype(np.int64)], axis=1).reshape(-1)
     keep = delta != 0
     return chunk[keep], delta[keep]
 

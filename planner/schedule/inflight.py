@@ -30,6 +30,7 @@ from planner.schedule.build import (
     build_replicated_schedule,
     build_schedule,
     check_schedule_rules,
+    interleaved_ops,
     replicated_warmup,
 )
 
@@ -103,18 +104,12 @@ def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int)
 def _interleaved_peaks(num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:
     """Per stage, the peak of forwards done minus backwards done along its rank's interleaved
     order (the count :func:`_counted` makes on the Actions, made on the order's arrays): the
-    orders of :func:`~planner.schedule.build.interleaved_events`, every rank's at once. Op ``i``
+    orders of :func:`~planner.schedule.build.interleaved_ops`, every rank's at once. Op ``i``
     of a rank runs a forward then a backward, so a chunk's count peaks just after a forward:
     at ``F(i) - B(i - 1)`` (forwards done through op ``i``, backwards through op ``i - 1``)."""
     check_schedule_rules(ScheduleKind.INTERLEAVED_1F1B, num_stages, num_microbatches, v)
     ranks = num_stages // v
-    rounds = max(1, num_microbatches // ranks)
-    per_round = num_microbatches // rounds
-    total = v * num_microbatches
-    warmup = np.minimum((v - 1) * per_round + 2 * (ranks - 1 - np.arange(ranks)[:, None]), total)
-    op = np.arange(total + int(warmup.max()))[None, :]
-    forward = np.where(op < total, (op // per_round) % v, -1)  # the chunk of op i's forward (-1: none)
-    backward = np.where((op >= warmup) & (op < total + warmup), v - 1 - ((op - warmup) // per_round) % v, -1)
+    forward, backward = interleaved_ops(np.arange(ranks)[:, None], ranks, v, num_microbatches)
     peaks = [0] * num_stages
     for c in range(v):
         mine = backward == c

@@ -28,8 +28,13 @@ def _chain(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: i
     sharding = layout.sharding(0)
     line = cm.fsdp_line(layout) if is_fsdp(sharding) else (0.0, 0.0)
     table = StageTable(cm, b, cap, request.fixed_boundaries, allow_recompute=recompute, sharding=sharding, fsdp_line=line)
+    return (table, *_priced(request, layout, b))
+
+
+def _priced(request: PlanRequest, layout: Layout, b: int) -> tuple[int, ScheduleKind]:
+    """The micro-batch count and the (leanest) schedule ``layout`` is priced with."""
     M = max(1, request.global_batch // (layout.dp_degree * b))
-    return table, M, _leanest(layout.num_stages, M)
+    return M, _leanest(layout.num_stages, M)
 
 
 def _solve(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> ChainSolution | None:
@@ -162,11 +167,12 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
     if not math.isfinite(need):
         return InfeasibleError("no partition of this profile fits any memory cap (check the profile's sizes)")
     sol = _solve(cm, request, need, lay, b, request.recompute)
-    M = max(1, request.global_batch // (lay.dp_degree * b))
+    M, schedule = _priced(request, lay, b)
+    unasked = _unasked(request, schedule)
     tight = ""
     if sol is not None:
         stops = list(sol.boundaries[1:]) + [cm.num_layers]
-        k = inflight_counts(_leanest(P, M), lay, M)  # the schedule the layout was priced with
+        k = inflight_counts(schedule, lay, M)
         mems = [
             cm.stage_memory(a, z, sol.recompute[s], b, k[s], lay.sharding(s), sol.selective_of(s)).total_bytes
             for s, (a, z) in enumerate(zip(sol.boundaries, stops))
@@ -188,7 +194,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             + "".join(f"; {flag} {v} was asked" for flag, v in (("--stages", request.num_stages),
                       ("--dp-degree", request.dp_degree), ("--max-stages", request.max_stages)) if v)
             + (f"; micro-batch sizes {','.join(map(str, request.microbatch_sizes))} were asked"
-               if request.microbatch_sizes else "") + "." + _unasked(request, _leanest(P, M)),
+               if request.microbatch_sizes else "") + "." + unasked,
             suggestions=(
                 f"a device count with more divisors up to {cm.num_layers} (e.g. a power of two)",
                 "a global batch divisible by more replica counts",
@@ -198,10 +204,9 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
     over = need - cap
     where = f"{P} pipeline stages" if lay.dp_degree == 1 and group == 1 else lay.describe()
     msg = (
-        f"no plan fits: even with {where}, micro-batch size {b}, {_leanest(P, M).value}"
+        f"no plan fits: even with {where}, micro-batch size {b}, {schedule.value}"
         f"{' and recomputation' if request.recompute else ''}, a device needs {need / gib:.2f} GiB "
-        f"but the cap is {cap / gib:.2f} GiB ({over / gib:.2f} GiB = {int(over)} bytes over).{tight}"
-        + _unasked(request, _leanest(P, M))
+        f"but the cap is {cap / gib:.2f} GiB ({over / gib:.2f} GiB = {int(over)} bytes over).{tight}{unasked}"
     )
 
     def explained() -> InfeasibleError:
@@ -223,8 +228,7 @@ def _suggestions(cm: CostModel, request: PlanRequest, num_devices: int, cap: flo
         if more_need <= cap:
             what = (f"allows {more.num_stages} pipeline stages" if more.dp_degree == 1 and group == 1
                     else f"{more.describe()} needs {more_need / gib:.2f} GiB")
-            M = max(1, request.global_batch // (more.dp_degree * b))
-            schedule = _leanest(more.num_stages, M)
+            schedule = _priced(request, more, b)[1]
             if schedule not in request.schedules:  # priced with a schedule not asked: it may not fit as asked
                 what += f" with {schedule.value}, which was not asked"
             suggestions.append(f"more devices: {num_devices * mult * group} ({what})")

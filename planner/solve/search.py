@@ -298,10 +298,16 @@ def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings
 class LayoutSearch:
     """The search over layouts of one tensor- and context-parallel degree (``cm``) on
     ``num_groups`` groups, in two halves: the constructor prepares the configurations (and the
-    coarse chain, see :func:`search_layouts`) into :attr:`configs`, a
-    :class:`~planner.solve.candidates.ConfigSearch` that the caller steps (alone, or
-    interleaved with other degrees' against one shared incumbent); :meth:`finish` turns the
-    candidates found into the degree's best plan, with its Pareto points."""
+    coarse chain) into :attr:`configs`, a :class:`~planner.solve.candidates.ConfigSearch` that
+    the caller steps (alone, or interleaved with other degrees' against one shared incumbent);
+    :meth:`finish` turns the candidates found into the degree's best plan, with its Pareto
+    points. With a finite incumbent (the time objective only) configurations that cannot beat it
+    are not solved.
+
+    Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
+    pipeline searched) are searched over at most that many groups of consecutive layers (cut
+    where the fewest bytes cross), then the best configurations are re-solved with single
+    layers around their chosen boundaries (:mod:`planner.solve.coarsen`)."""
 
     def __init__(
         self, problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver,
@@ -414,21 +420,3 @@ class LayoutSearch:
         self.built = plans
         return dataclasses.replace(best, pareto=front)
 
-
-def search_layouts(
-    problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, settings: SearchSettings = SETTINGS,
-    incumbent_ms: float = float("inf"), *, suggest: bool = True,
-) -> Plan | None:
-    """The best plan of ``cm``'s tensor- and context-parallel degrees on ``num_groups`` groups:
-    solve every configuration with ``chain_solver``, re-score by simulation, select. With a
-    finite ``incumbent_ms`` (the time objective only) configurations that cannot beat it are
-    not solved, and None is returned when none can.
-
-    Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
-    pipeline searched) are searched over at most that many groups of consecutive layers (cut
-    where the fewest bytes cross), then the best configurations are re-solved with single
-    layers around their chosen boundaries (:mod:`planner.solve.coarsen`).
-    """
-    search = LayoutSearch(problem, cm, num_groups, chain_solver, settings, incumbent_ms)
-    search.configs.run()
-    return search.finish(incumbent_ms, suggest=suggest)

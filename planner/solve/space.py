@@ -27,8 +27,6 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
@@ -216,10 +214,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     configuration that simulates 19% below it)."""
     fp, bp = cm.time_prefix(c.microbatch_size)
     work = float(fp[-1] + bp[-1])
-    crossing = work
-    if c.schedule.splits_backward:
-        _, bwd = cm.layer_times(c.microbatch_size)
-        crossing = work - float(np.dot(bwd, cm.wgrad_fraction))
+    crossing = work - cm.stage_wgrad_ms(0, cm.num_layers, c.microbatch_size) if c.schedule.splits_backward else work
     if is_fsdp(c.sharding()):
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
