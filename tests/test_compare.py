@@ -176,6 +176,27 @@ def test_cli_compare_bad_inputs_exit_2(plan_file: Path, tmp_path: Path, capsys: 
     assert "pass it (--profile)" in capsys.readouterr().err
 
 
+def test_a_plans_profile_is_found_decoding_only_the_files_naming_its_model(
+    gpt3_plan: planner.Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped profiles are older versions (not canonical): each one found is decoded, so
+    the files naming the plan's model are tried first (``planner run`` looks the profile up on
+    every launch; decoding all 15 cost about 1 s)."""
+    from planner.report import resolve
+
+    decoded: list[str] = []
+    real = resolve.profile_from_json
+
+    def counting(data: object, where: str) -> planner.Profile:
+        decoded.append(Path(where).name)
+        return real(data, where)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(resolve, "profile_from_json", counting)
+    assert resolve.find_profile(gpt3_plan) == planner.load_profile(GPT3)
+    assert decoded and {d.split("-a100")[0].split("-h100")[0] for d in decoded} == {"gpt3-13b"}, decoded
+    assert len(decoded) <= 2  # the A100 and H100 profiles of the same model
+
+
 def test_export_stage_names_and_schedule_csv(plan_file: Path, gpt3_plan: planner.Plan, tmp_path: Path) -> None:
     names, sched = tmp_path / "stages.json", tmp_path / "schedule.csv"
     uniform = planner.plan(planner.load_profile(GPT3), planner.load_cluster("a100-80gb-x8"),
