@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from planner.artifacts.cluster import PRESETS, Cluster
-from planner.artifacts.kinds import Objective
+from planner.artifacts.kinds import Objective, SolverKind
+from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.request import PlanRequest
 from planner.profiling.defaults import default_profile_path
 from planner.solve import plan
+from planner.solve.chain_dp import solve_chain
+from planner.solve.search import search_plan
 from tests.pipedream_reference import REFERENCE, require_reference
 
 
@@ -59,3 +64,63 @@ def test_memory_objective_counts_per_stage_replication_in_the_fastest() -> None:
     assert fastest.layout.stage_replicas  # the case is the one it claims
     assert lean.predicted.iteration_ms <= fastest.predicted.iteration_ms * 1.10
     assert lean.predicted.peak_memory_bytes < fastest.predicted.peak_memory_bytes
+
+
+#: drawn cases of test_search_pruning._random_case whose search without pruning takes under a second
+MEMORY_SEEDS = (1, 2, 6, 7, 8, 9, 13, 15, 17, 22, 24, 27, 28, 29, 34, 36)
+
+
+@pytest.mark.parametrize("seed", MEMORY_SEEDS)
+def test_memory_objective_pruned_to_its_budget_chooses_the_unpruned_plan(seed: int) -> None:
+    """The memory objective prunes configurations against 1.1 x the fastest time found (and
+    builds plans only for candidates within that): the same plan, time, memory and best time on
+    all the devices as its search without pruning, or the same refusal (40 drawn cases measured,
+    RESULTS 34; these 16 run fast)."""
+    from planner.artifacts.errors import InfeasibleError
+    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, _random_case
+
+    profile, cluster, request = _random_case(seed)
+    request = dataclasses.replace(request, objective=Objective.MEMORY)
+    found = []
+    for settings in (EXHAUSTIVE, PRUNED):
+        try:
+            p = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings)
+        except InfeasibleError as exc:
+            found.append(("refused", str(exc)))
+            continue
+        found.append((p.predicted.iteration_ms, p.predicted.peak_memory_bytes, p.predicted.all_devices_ms, _chosen(p)))
+    assert found[0] == found[1]
+
+
+def test_memory_objective_with_a_time_budget_prunes_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a time budget the memory objective keeps what lies within it (or, with none within
+    it, the fastest): the unpruned search's plan, from fewer plans built."""
+    from planner.solve import select
+    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, _random_case
+
+    profile, cluster, request = _random_case(18)
+    fastest = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain)
+    built = {"n": 0}
+    real = select.build_plan
+
+    def counting(*args: object, **kwargs: object) -> Plan:
+        built["n"] += 1
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(select, "build_plan", counting)
+    for budget in (fastest.predicted.iteration_ms * 1.02, fastest.predicted.iteration_ms * 0.5):
+        lean = dataclasses.replace(request, objective=Objective.MEMORY, time_budget_ms=budget)
+        runs, counts = [], []
+        for settings in (EXHAUSTIVE, PRUNED):
+            built["n"] = 0
+            runs.append(search_plan(profile, cluster, lean, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings))
+            counts.append(built["n"])
+        exhaustive, pruned = runs
+        assert _chosen(pruned) == _chosen(exhaustive)
+        assert pruned.predicted.peak_memory_bytes == exhaustive.predicted.peak_memory_bytes
+        assert counts[1] < counts[0] / 2, counts
+        if budget < fastest.predicted.iteration_ms:  # none within: the fastest
+            assert pruned.predicted.iteration_ms == fastest.predicted.iteration_ms
+        else:
+            assert pruned.predicted.iteration_ms <= budget
+            assert pruned.predicted.peak_memory_bytes <= fastest.predicted.peak_memory_bytes

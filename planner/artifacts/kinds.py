@@ -55,6 +55,10 @@ class Objective(enum.Enum):
     ME = "me"  # highest memory-efficiency index against the fastest GPipe plan without recompute
 
 
+#: the memory objective without a time budget: the least memory among plans at most this times the fastest
+MEMORY_OBJECTIVE_FACTOR = 1.10
+
+
 class OptimizerFamily(enum.Enum):
     """The optimizer the bundled runtime runs (in the run's dtype; mixed precision is not run)."""
 

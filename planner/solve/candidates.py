@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.kinds import Objective, ScheduleKind, ZeroStage
+from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
@@ -120,6 +120,37 @@ class Incumbent:
             self.best_all = min(self.best_all, time_ms)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What a search keeps beside the fastest: every candidate no slower than ``factor`` x the
+    fastest found, or than ``floor_ms`` where that is more (the memory objective: the least
+    memory within 10% of the fastest plan, or within its time budget). A configuration is
+    pruned only when its bound exceeds that, so every candidate the objective could choose is
+    still found; such a search rebalances every configuration whose solution recomputes, as the
+    search without pruning does (the time objective's gate, the candidate without its
+    recomputation against the incumbent, is a heuristic: RESULTS 25, 33)."""
+
+    factor: float = 1.0
+    floor_ms: float = 0.0
+
+    @property
+    def widened(self) -> bool:
+        return self.factor != 1.0 or self.floor_ms > 0.0
+
+    def of(self, fastest_ms: float) -> float:
+        """The slowest time kept when the fastest found is ``fastest_ms``."""
+        return max(self.floor_ms, fastest_ms * self.factor) if self.widened else fastest_ms
+
+    @classmethod
+    def of_request(cls, request: PlanRequest) -> Budget:
+        """The memory objective's budget (none for the other objectives)."""
+        if request.objective is not Objective.MEMORY:
+            return cls()
+        if request.time_budget_ms:
+            return cls(1.0, request.time_budget_ms)
+        return cls(MEMORY_OBJECTIVE_FACTOR, 0.0)
+
+
 class ConfigSearch:
     """The configurations of one cost model visited by increasing lower bound, one step at a
     time (:meth:`step`), so that several such searches can be interleaved in one order
@@ -144,8 +175,10 @@ class ConfigSearch:
         shared: Incumbent | None = None,
         fill: bool = False,
         slack: float = 1.0,
+        budget: Budget | None = None,
     ) -> None:
         self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
+        self.budget = budget if budget is not None else Budget()
         self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
         # a proposal is simulated unless its busiest rank exceeds what it must beat times this
         # (a grouped profile's best candidates are refined, which can reorder them)
@@ -289,9 +322,10 @@ class ConfigSearch:
 
     def limit(self, c: Config) -> float:
         """What ``c`` must beat: the best on all the groups for a configuration on all of them
-        (so that the best plan on all of them is known), else the best of any."""
+        (so that the best plan on all of them is known), else the best of any; widened to the
+        search's :class:`Budget` (the memory objective's)."""
         inc = self.incumbent
-        return inc.best_all if c.num_groups == self.num_groups else inc.best
+        return self.budget.of(inc.best_all if c.num_groups == self.num_groups else inc.best)
 
     def table_of(self, c: Config) -> StageTable:
         cm, tables = self.cm, self.tables
@@ -367,15 +401,16 @@ class ConfigSearch:
             # rebalancing re-solves the partition, which can then simulate faster than this one
             # unrecomputed (RESULTS 25, 33); always rebalancing took 2x the CPU
             unrec = float("inf")
-            if rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
+            widened = self.budget.widened  # no gate: rebalanced now, as the search without pruning does
+            if rebalances(c, sol) and (widened or c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit):
                 unrec = unrecomputed(cm, proposals[0])
-            if unrec < limit and not prune:
+            if unrec < (float("inf") if widened else limit) and (not prune or widened):
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                         self.table_of(c))
             if self.chain_solver is solve_chain:
                 proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
             kept = self.keep(c, proposals, limit)
-            if unrec < limit and prune:
+            if unrec < limit and prune and not widened:
                 # rebalanced when the order reaches that time, if it still could win then: no rebalancing
                 # of a configuration beaten meanwhile
                 heapq.heappush(self.heap, (unrec, key, len(self.pending), REBALANCE))
@@ -445,6 +480,7 @@ def solve_candidates(
     settings: SearchSettings = SETTINGS,
     fsdp: bool = True,
     incumbent_ms: float = float("inf"),
+    budget: Budget | None = None,
 ) -> list[Scored]:
     """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
 
@@ -454,10 +490,13 @@ def solve_candidates(
     all of them is known when one on fewer wins. ``fsdp``: also solve the ZeRO 3 variants
     (:meth:`ConfigSearch.variants`); the time objective's extra points on the memory axis do
     without them. ``incumbent_ms``: with ``prune``, the best time of another search (another
-    context-parallel degree), which every configuration is also pruned against.
+    context-parallel degree), which every configuration is also pruned against. ``budget``:
+    with ``prune``, what is kept beside the fastest (:class:`Budget`; with it the fill and
+    memory bounds are used too).
     """
     return ConfigSearch(cm, request, num_groups, cap_bytes, chain_solver, prune=prune, configs=configs,
-                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms).run()
+                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms, budget=budget,
+                        fill=budget is not None and budget.widened).run()
 
 
 def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:

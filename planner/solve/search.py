@@ -73,6 +73,19 @@ GPT cases: 6 differ (the pruned plan 0.01-5.8% slower), each asking for interlea
 each asking for ZBV only (two chunks per rank, rebalanced alike; RESULTS 33). The golden corpus's
 differing fronts are listed in RESULTS section 22.
 
+The memory objective (the least memory within 10% of the fastest plan, or within its time
+budget; :class:`planner.solve.candidates.Budget`) prunes each degree's configurations with the
+same bounds against its budget of the fastest found (``1.1 x`` it, or the time budget where
+that is more), as do its tighter-cap passes; it builds plans only for the candidates within
+that budget (and the best on all the devices), and rebalances every configuration whose
+solution recomputes, pruned or not (the time objective's gate is a heuristic). Every candidate
+it could choose is still found, so its plan is the search without pruning's
+(``prune_configs=False``); its Pareto front holds the points within the budget only. On a
+grouped profile (more layers than ``chain_max``) it does not prune: the refinement of a
+candidate over the layers can speed it up by more than ``refine_slack`` (9% on a drawn
+ResNet-18). The ME objective (its index weighs time against memory anywhere on the front) is
+searched without pruning.
+
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
 start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
@@ -99,7 +112,16 @@ from planner.cost.context import candidate_cp_degrees
 from planner.cost.tensor_parallel import base_cluster, candidate_degrees, device_cost_model, stack_tp_view
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
-from planner.solve.candidates import ChainSolver, ConfigSearch, Incumbent, Scored, score_key, simulated, solve_candidates
+from planner.solve.candidates import (
+    Budget,
+    ChainSolver,
+    ConfigSearch,
+    Incumbent,
+    Scored,
+    score_key,
+    simulated,
+    solve_candidates,
+)
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
 from planner.solve.infeasible import explain_infeasible
@@ -302,7 +324,7 @@ class LayoutSearch:
     the caller steps (alone, or interleaved with other degrees' against one shared incumbent);
     :meth:`finish` turns the candidates found into the degree's best plan, with its Pareto
     points. With a finite incumbent (the time objective only) configurations that cannot beat it
-    are not solved.
+    are not solved; the memory objective prunes against its budget of the fastest it finds.
 
     Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
     pipeline searched) are searched over at most that many groups of consecutive layers (cut
@@ -325,6 +347,7 @@ class LayoutSearch:
                           settings=settings)
         self.cap = memory_cap_bytes(cm.cluster, request)
         self.by_time = request.objective is Objective.TIME
+        self.budget = Budget.of_request(request)  # the memory objective's: what it may choose among
         self.built: list[Plan] = []  # every plan :meth:`finish` built (the fastest candidates', the tighter caps')
         self.starts: list[int] | None = None
         self.cm_search, self.req_search = cm, request
@@ -341,11 +364,16 @@ class LayoutSearch:
             self.cm_search = merged_model(cm, self.starts)
             self.req_search = dataclasses.replace(
                 request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
-        prune = self.by_time and settings.prune_configs
+        # the memory objective prunes only where candidates are solved over the layers themselves
+        # (see the module docstring; the time objective's pruning takes refine_slack as a heuristic)
+        prune = (self.by_time or (self.budget.widened and self.starts is None)) and settings.prune_configs
+        if not self.by_time:
+            incumbent_ms = float("inf")  # the memory objective prunes within each degree (its budget)
         self.configs = ConfigSearch(
             self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
-            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared, fill=shared is not None,
-            slack=1.0 if self.starts is None else 1.0 + settings.refine_slack)
+            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared,
+            fill=shared is not None or self.budget.widened,
+            slack=1.0 if self.starts is None else 1.0 + settings.refine_slack, budget=self.budget)
 
     def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
@@ -404,6 +432,16 @@ class LayoutSearch:
             if cm.profile.num_layers <= settings.explain_max_layers:
                 raise explain_infeasible(cm, request, num_groups, cap, suggest=suggest)
             raise explain_infeasible(self.cm_search, self.req_search, num_groups, cap, suggest=suggest)
+        budget, within = self.budget, float("inf")
+        if budget.widened and self.configs.prune:
+            # the memory objective builds only the candidates its budget can hold: no slower than
+            # the budget of the fastest found (the fastest of every degree is no slower; a candidate's
+            # simulated time is its plan's), and the best on all the groups
+            within = budget.of(min(scored[0][0], incumbent_ms)) * (1 + 1e-9)
+            kept = [tc for tc in scored if tc[0] <= within]
+            scored = kept + [on_all] if on_all is not None and not any(tc is on_all for tc in kept) else kept
+            if not scored:
+                return None  # a cp > 1 degree with nothing within the budget of the degrees before it
         keep = settings.rescore_top if by_time else len(scored)
         plans = build_best(problem, cm, self.fine(scored, keep, True), keep + 1)
         # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
@@ -411,8 +449,15 @@ class LayoutSearch:
         uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
         configs = uniform[: settings.pareto_configs] if by_time else None
         for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
-            tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
-                                       prune=False, configs=configs, settings=settings, fsdp=not by_time)
+            if within < float("inf"):  # pruned to the budget (a tighter cap is never faster)
+                tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
+                                           settings=settings, incumbent_ms=min(p.predicted.iteration_ms for p in plans),
+                                           budget=budget)
+                tighter = [tc for tc in tighter if tc[0] <= within]
+            else:
+                tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
+                                           prune=False, configs=configs, settings=settings, fsdp=not by_time,
+                                           budget=budget)
             k = 2 if by_time else len(tighter)
             plans += build_best(problem, cm, self.fine(tighter, k, False), k)
         front = pareto_front(plans)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from planner.artifacts.kinds import Objective, ScheduleKind
+from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective, ScheduleKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.plan_summary import ParetoPoint
 from planner.artifacts.request import PlanRequest
@@ -109,7 +109,7 @@ def _select(plans: list[Plan], request: PlanRequest) -> Plan:
     if request.objective is Objective.TIME:
         return fastest
     if request.objective is Objective.MEMORY:
-        budget = request.time_budget_ms or fastest.predicted.iteration_ms * 1.10
+        budget = request.time_budget_ms or fastest.predicted.iteration_ms * MEMORY_OBJECTIVE_FACTOR
         within = [p for p in plans if p.predicted.iteration_ms <= budget] or [fastest]
         return min(within, key=lambda p: (p.predicted.peak_memory_bytes,) + tie_key(p))
     # ME index against the fastest GPipe plan without recomputation (the seed's baseline)
