@@ -401,10 +401,10 @@ class ConfigSearch:
             # rebalancing re-solves the partition, which can then simulate faster than this one
             # unrecomputed (RESULTS 25, 33); always rebalancing took 2x the CPU
             unrec = float("inf")
-            widened = self.budget.widened  # no gate: rebalanced now, as the search without pruning does
-            if rebalances(c, sol) and (widened or c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit):
+            widened = self.budget.widened  # no gate: rebalanced now, pruned or not
+            if not widened and rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
                 unrec = unrecomputed(cm, proposals[0])
-            if unrec < (float("inf") if widened else limit) and (not prune or widened):
+            if (widened and rebalances(c, sol)) or (unrec < limit and not prune):
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                         self.table_of(c))
             if self.chain_solver is solve_chain:
