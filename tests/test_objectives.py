@@ -76,19 +76,15 @@ def test_memory_objective_pruned_to_its_budget_chooses_the_unpruned_plan(seed: i
     builds plans only for candidates within that): the same plan, time, memory and best time on
     all the devices as its search without pruning, or the same refusal (40 drawn cases measured,
     RESULTS 34; these 16 run fast)."""
-    from planner.artifacts.errors import InfeasibleError
-    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, _random_case
+    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, _random_case, plan_or_refusal
 
     profile, cluster, request = _random_case(seed)
     request = dataclasses.replace(request, objective=Objective.MEMORY)
     found = []
     for settings in (EXHAUSTIVE, PRUNED):
-        try:
-            p = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings)
-        except InfeasibleError as exc:
-            found.append(("refused", str(exc)))
-            continue
-        found.append((p.predicted.iteration_ms, p.predicted.peak_memory_bytes, p.predicted.all_devices_ms, _chosen(p)))
+        p = plan_or_refusal(profile, cluster, request, settings)
+        found.append(p if isinstance(p, tuple) else
+                     (p.predicted.iteration_ms, p.predicted.peak_memory_bytes, p.predicted.all_devices_ms, _chosen(p)))
     assert found[0] == found[1]
 
 

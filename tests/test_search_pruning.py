@@ -338,6 +338,17 @@ def _random_case(seed: int) -> tuple[Profile, Cluster, PlanRequest]:
     return profile, cluster, PlanRequest(**kw)  # type: ignore[arg-type]
 
 
+def plan_or_refusal(profile: Profile, cluster: Cluster, request: PlanRequest,
+                    settings: SearchSettings) -> Plan | tuple[str, str]:
+    """The plan the search with ``settings`` chooses, or ("refused", its explanation)."""
+    from planner.artifacts.errors import InfeasibleError
+
+    try:
+        return search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings)
+    except InfeasibleError as exc:
+        return ("refused", str(exc))
+
+
 @pytest.mark.parametrize("seed", range(28))
 def test_pruned_search_chooses_the_exhaustive_plan_on_random_cases(seed: int) -> None:
     """Beside the hand-made cases, 28 drawn ones (tensor, context and data parallelism,
@@ -345,15 +356,9 @@ def test_pruned_search_chooses_the_exhaustive_plan_on_random_cases(seed: int) ->
     and best time on all the devices, or the same refusal. (Random draws of interleaved-only
     requests do differ, rarely: the plan then comes from a tighter cap's Pareto pass or a memory
     rebalancing, see planner.solve.search's docstring; not drawn here.)"""
-    from planner.artifacts.errors import InfeasibleError
-
     profile, cluster, request = _random_case(seed)
     found = []
     for settings in (EXHAUSTIVE, PRUNED):
-        try:
-            p = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings)
-        except InfeasibleError as exc:
-            found.append(("refused", str(exc)))
-            continue
-        found.append((p.predicted.iteration_ms, p.predicted.all_devices_ms, _chosen(p)))
+        p = plan_or_refusal(profile, cluster, request, settings)
+        found.append(p if isinstance(p, tuple) else (p.predicted.iteration_ms, p.predicted.all_devices_ms, _chosen(p)))
     assert found[0] == found[1]

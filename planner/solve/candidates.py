@@ -139,7 +139,7 @@ class Budget:
 
     def of(self, fastest_ms: float) -> float:
         """The slowest time kept when the fastest found is ``fastest_ms``."""
-        return max(self.floor_ms, fastest_ms * self.factor) if self.widened else fastest_ms
+        return max(self.floor_ms, fastest_ms * self.factor)
 
     @classmethod
     def of_request(cls, request: PlanRequest) -> Budget:
@@ -183,8 +183,9 @@ class ConfigSearch:
         # a proposal is simulated unless its busiest rank exceeds what it must beat times this
         # (a grouped profile's best candidates are refined, which can reorder them)
         self.slack = slack
-        self.fill = fill or incumbent_ms < float("inf")
-        self.tight = fill  # also the memory floor (memory_bound)
+        bounded = fill or self.budget.widened  # a budget prunes with every bound from the start
+        self.fill = bounded or incumbent_ms < float("inf")
+        self.tight = bounded  # also the memory floor (memory_bound)
         self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
         # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
         self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
@@ -402,9 +403,10 @@ class ConfigSearch:
             # unrecomputed (RESULTS 25, 33); always rebalancing took 2x the CPU
             unrec = float("inf")
             widened = self.budget.widened  # no gate: rebalanced now, pruned or not
-            if not widened and rebalances(c, sol) and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
+            rebalancing = rebalances(c, sol)
+            if not widened and rebalancing and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
                 unrec = unrecomputed(cm, proposals[0])
-            if (widened and rebalances(c, sol)) or (unrec < limit and not prune):
+            if (widened and rebalancing) or (unrec < limit and not prune):
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                         self.table_of(c))
             if self.chain_solver is solve_chain:
@@ -495,8 +497,7 @@ def solve_candidates(
     memory bounds are used too).
     """
     return ConfigSearch(cm, request, num_groups, cap_bytes, chain_solver, prune=prune, configs=configs,
-                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms, budget=budget,
-                        fill=budget is not None and budget.widened).run()
+                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms, budget=budget).run()
 
 
 def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:

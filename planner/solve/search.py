@@ -367,13 +367,11 @@ class LayoutSearch:
         # the memory objective prunes only where candidates are solved over the layers themselves
         # (see the module docstring; the time objective's pruning takes refine_slack as a heuristic)
         prune = (self.by_time or (self.budget.widened and self.starts is None)) and settings.prune_configs
-        if not self.by_time:
-            incumbent_ms = float("inf")  # the memory objective prunes within each degree (its budget)
-        self.configs = ConfigSearch(
+        self.configs = ConfigSearch(  # the memory objective prunes within each degree, against its budget
             self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
-            incumbent_ms=incumbent_ms if prune else float("inf"), shared=shared,
-            fill=shared is not None or self.budget.widened,
-            slack=1.0 if self.starts is None else 1.0 + settings.refine_slack, budget=self.budget)
+            incumbent_ms=incumbent_ms if prune and self.by_time else float("inf"), shared=shared,
+            fill=shared is not None, slack=1.0 if self.starts is None else 1.0 + settings.refine_slack,
+            budget=self.budget)
 
     def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
@@ -449,15 +447,12 @@ class LayoutSearch:
         uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
         configs = uniform[: settings.pareto_configs] if by_time else None
         for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
-            if within < float("inf"):  # pruned to the budget (a tighter cap is never faster)
-                tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
-                                           settings=settings, incumbent_ms=min(p.predicted.iteration_ms for p in plans),
-                                           budget=budget)
-                tighter = [tc for tc in tighter if tc[0] <= within]
-            else:
-                tighter = solve_candidates(self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
-                                           prune=False, configs=configs, settings=settings, fsdp=not by_time,
-                                           budget=budget)
+            bounded = within < float("inf")  # pruned to the memory objective's budget (a tighter cap is never faster)
+            tighter = solve_candidates(
+                self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver, prune=bounded,
+                configs=configs, settings=settings, fsdp=not by_time, budget=budget,
+                incumbent_ms=min(p.predicted.iteration_ms for p in plans) if bounded else float("inf"))
+            tighter = [tc for tc in tighter if tc[0] <= within]
             k = 2 if by_time else len(tighter)
             plans += build_best(problem, cm, self.fine(tighter, k, False), k)
         front = pareto_front(plans)
