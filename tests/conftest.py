@@ -13,6 +13,8 @@ import importlib.util
 
 import pytest
 
+from tests.runtime_launch import SharedLaunches
+
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
@@ -25,3 +27,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "hf" in item.keywords:
             item.add_marker(skip)
+
+
+
+LAUNCHES = pytest.StashKey[SharedLaunches]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Plan the runtime driver's launches: every configuration of the selected (not skipped)
+    tests marked ``driver``, by world size (:class:`tests.runtime_launch.SharedLaunches`)."""
+    launches = session.config.stash[LAUNCHES] = SharedLaunches()
+    for item in session.items:
+        marker = item.get_closest_marker("driver")
+        if marker is None or item.get_closest_marker("skip") is not None:
+            continue
+        world = marker.kwargs.get("world") or item.callspec.params["world"]  # type: ignore[attr-defined]
+        launches.plan(world, marker.kwargs["configs"](world))
+
+
+@pytest.fixture(scope="session")
+def driven(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedLaunches:
+    """The session's runtime driver launches (one per world size, shared by the tests marked ``driver``)."""
+    launches = request.config.stash.get(LAUNCHES, None) or SharedLaunches()
+    launches.folder = tmp_path_factory.mktemp("driver")
+    return launches

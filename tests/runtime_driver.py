@@ -12,8 +12,10 @@ virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), tp_degree and
 sequence_parallel (tensor parallelism; split parameters are compared whole), cp_degree
 (context parallelism: each sequence split over the cp ranks), stack (the
 fields of a planner.artifacts.stack.Stack: how the all-reduce is bucketed and overlapped), and checkpoint_dir
-with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes). Every config
-must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
+with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes); or, instead
+of the layout's fields, plan (a plan as ``planner plan`` writes it) with model, dtype,
+optimizer and steps, whose result adds the runtime's run report (``planner run --report``'s
+JSON). Every config must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
 max absolute and relative differences of losses, of every stage's final gradients (with
 ZeRO, of each rank's gradient shard) and of the final parameters, and per rank the bytes one
 forward of a micro-batch saved for backward (the saved-tensor hooks' count), the
@@ -37,11 +39,14 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
+from planner.artifacts.plan import Plan, plan_from_json
+from planner.artifacts.report import report_to_json
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.models.context import observing_regathers
 from planner.models.workload import split_loss
+from planner.runtime.collect import build_report, gather_measures
 from planner.runtime.engine import RankRunner
-from planner.runtime.model import cast_batch, cast_workload, load_workload
+from planner.runtime.model import cast_batch, cast_workload, load_workload, workload_fingerprint
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.tensor import full, local
 from planner.runtime.zero import flatten
@@ -179,10 +184,12 @@ class RegatherMeter:
         self.peak_bytes = max(self.peak_bytes, sum(s.nbytes() for s in self.held))
 
 
-def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
-    workload = load_workload(cfg["model"], 0, DType(cfg["dtype"]))
-    plan = make_plan(
-        workload.layer_names,
+def _plan_of(cfg: dict[str, Any], layer_names: tuple[str, ...]) -> Plan:
+    """The config's plan: ``planner plan``'s own (``plan``, its JSON), or one made of its fields."""
+    if "plan" in cfg:
+        return plan_from_json(cfg["plan"], source=cfg["name"])
+    return make_plan(
+        layer_names,
         tuple(cfg["boundaries"]),
         dp_degree=cfg["dp_degree"],
         num_microbatches=cfg["num_microbatches"],
@@ -197,6 +204,11 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         zero=cfg.get("zero", 0),
         stack=Stack(**cfg["stack"]) if "stack" in cfg else DEFAULT_STACK,
     )
+
+
+def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
+    workload = load_workload(cfg["model"], 0, DType(cfg["dtype"]))
+    plan = _plan_of(cfg, workload.layer_names)
     if plan.num_devices != dist.get_world_size():
         raise ValueError(f"config {cfg['name']} needs {plan.num_devices} processes")
     resume_at = cfg.get("resume_at", 0)
@@ -223,6 +235,11 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
     peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
     dist.all_gather(peaks, torch.tensor([float(regathered.peak_bytes)], dtype=torch.float64))
     regathered.held.clear()
+    report = None
+    if "plan" in cfg:  # the runtime's own report of a planner-made plan, as ``planner run --report`` writes it
+        rows = gather_measures(measure, dist.get_world_size(), torch.device("cpu"))
+        report = report_to_json(build_report(plan, runner.options, measure, rows, model=workload.name,
+                                             fingerprint=workload_fingerprint(workload), backend="gloo", device="cpu"))
     losses = earlier + [s.loss for s in measure.steps]
     loss_abs = max(abs(a - b) for a, b in zip(losses, ref_losses))
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
@@ -239,6 +256,7 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
         "saved_bytes_peak": measure.saved_bytes_peak,
         "saved_bytes_per_microbatch": [int(t.item()) for t in saved_per_rank],  # per rank, its largest chunk's
         "regathered_bytes_peak": [int(t.item()) for t in peaks],  # per rank, K/V re-gathered in backward live at once
+        "report": report,  # a planner-made plan's run report (``plan`` configs), else None
         "model_state": [  # per rank, per chunk
             [dict(zip(STATE_KEYS, map(int, chunk.tolist()))) for chunk in r.view(-1, len(STATE_KEYS))] for r in per_rank
         ],
@@ -247,15 +265,18 @@ def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
 
 def serve(run: Callable[[dict[str, Any], int], dict[str, Any]]) -> None:
     """``torchrun ... DRIVER CONFIGS.json OUT.json``: ``run`` every config on every rank in one
-    gloo process group; rank 0 writes the results."""
+    gloo process group; rank 0 writes the results (those so far, after each config)."""
     configs = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     torch.set_default_dtype(torch.float32)
-    results = [run(cfg, rank) for cfg in configs]
-    if rank == 0:
-        out.write_text(json.dumps(results, indent=2))
+    results = []
+    for cfg in configs:  # written after each: a launch that fails part-way keeps what finished
+        results.append(run(cfg, rank))
+        if rank == 0:
+            out.with_suffix(".part").write_text(json.dumps(results, indent=2))
+            out.with_suffix(".part").replace(out)
     dist.barrier()
     dist.destroy_process_group()
 

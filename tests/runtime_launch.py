@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,12 +124,68 @@ def alive(pid: int) -> bool:
     return text[text.rfind(")") + 2 :].split()[0] not in "ZX"
 
 
-def drive(world: int, cfgs: list[dict[str, Any]], folder: Path) -> list[dict[str, Any]]:
-    """``tests/runtime_driver.py`` over ``cfgs`` on ``world`` processes: its results, one per
-    config in order (the run must exit 0)."""
-    (folder / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(folder / "configs.json"), str(folder / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results: list[dict[str, Any]] = json.loads((folder / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
-    return results
+class SharedLaunches:
+    """One launch of ``tests/runtime_driver.py`` per world size for every driver configuration of
+    the session's selected tests (a torchrun launch costs 5.5 s at 2 processes and 8.7 s at 4
+    on 2 cores before any configuration runs: torchrun's and each worker's imports).
+
+    Tests marked ``driver`` (``@pytest.mark.driver(configs=configs)``, ``configs(world)`` the list they
+    check; ``world`` from the test's ``world`` parameter or the marker's ``world=``) are planned
+    at collection (``tests/conftest.py``); the first test to ask for a world size launches every
+    planned configuration of it, the others read the results. A configuration the test asks for
+    that was not planned is launched on its own. The driver writes its results after every
+    configuration, so a launch that fails part-way fails only the tests whose configurations
+    did not finish (their message holds the launch's stderr)."""
+
+    def __init__(self) -> None:
+        self.folder = Path()  # set by the session's fixture before any launch
+        self.planned: dict[int, dict[str, dict[str, Any]]] = {}
+        self.done: dict[str, dict[str, Any]] = {}  # by name
+        self.launched: dict[int, str] = {}  # world -> the last launch's stderr tail, if it failed
+
+    def plan(self, world: int, cfgs: list[dict[str, Any]]) -> None:
+        planned = self.planned.setdefault(world, {})
+        for cfg in cfgs:
+            same = planned.get(cfg["name"], cfg)
+            if same != cfg:
+                raise ValueError(f"two driver configurations named {cfg['name']!r} differ")
+            planned[cfg["name"]] = cfg
+
+    def results(self, world: int, cfgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The driver's results for ``cfgs`` (in their order), launching what has not run; a
+        configuration that resumes (``resume_at``) gets a checkpoint folder of its name under
+        the launch's, in its result's ``checkpoint_dir``."""
+        if world not in self.launched:
+            self.plan(world, cfgs)
+            self._launch(world, list(self.planned[world].values()))
+        missing = [c for c in cfgs if c["name"] not in self.done]
+        if missing and not self.launched[world]:
+            self._launch(world, missing)  # asked for, not planned
+        missing = [c["name"] for c in cfgs if c["name"] not in self.done]
+        assert not missing, f"the {world}-process launch did not run {missing}:\n{self.launched[world]}"
+        return [self.done[c["name"]] for c in cfgs]
+
+    def _launch(self, world: int, cfgs: list[dict[str, Any]]) -> None:
+        folder = self.folder / f"world{world}-{len(self.done)}"
+        folder.mkdir(parents=True)
+        cfgs = [{**c, "checkpoint_dir": str(folder / c["name"])} if c.get("resume_at") else c for c in cfgs]
+        (folder / "configs.json").write_text(json.dumps(cfgs))
+        out = folder / "out.json"
+        proc = torchrun(world, ["tests/runtime_driver.py", str(folder / "configs.json"), str(out)], timeout_s=1800.0)
+        results = json.loads(out.read_text()) if out.exists() else []
+        for cfg, result in zip(cfgs, results):
+            assert result["name"] == cfg["name"]
+            self.done[cfg["name"]] = {**result, "checkpoint_dir": cfg.get("checkpoint_dir", "")}
+        if proc.returncode == 0:
+            self.launched[world] = ""
+            return
+        at = cfgs[len(results)]["name"] if len(results) < len(cfgs) else "after the last configuration"
+        # the workers' own exception lines first (torchrun's ChildFailedError comes last)
+        raised = [ln for ln in proc.stderr.splitlines() if re.search(r"\w(Error|Exception)\b.*:", ln)]
+        raised = [ln for ln in raised if ln.startswith("[rank")] or raised
+        self.launched[world] = f"exit {proc.returncode} at {at}: {raised[-1] if raised else ''}\n{proc.stderr[-3000:]}"
+
+
+def step_files(result: dict[str, Any], step: int = 1) -> list[str]:
+    """The files of a resumed driver configuration's checkpoint of ``step``, sorted."""
+    return sorted(p.name for p in (Path(result["checkpoint_dir"]) / f"step_{step}").iterdir())

@@ -28,13 +28,11 @@ One torchrun launch per world size runs every configuration of that size
 from __future__ import annotations
 
 import itertools
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import SharedLaunches
 
 pytestmark = pytest.mark.hf
 
@@ -106,14 +104,11 @@ def _errors(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.driver(configs=configs)
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_hf_models_train_as_one_process(world: int, tmp_path: Path) -> None:
+def test_hf_models_train_as_one_process(world: int, driven: SharedLaunches) -> None:
     cfgs = configs(world)
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")], timeout_s=240.0)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+    results = driven.results(world, cfgs)
     errors = [e for r, c in zip(results, cfgs) for e in _errors(r, c)]
     assert not errors, "\n".join(errors)
     for r in results:  # the models learn: SGD/AdamW steps change the loss

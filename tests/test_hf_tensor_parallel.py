@@ -34,7 +34,7 @@ from planner.models import load_workload
 from planner.models.tp_plans import check_split, recognised_plan
 from planner.models.workload import TensorParallel, Workload
 from planner.profiling.measured import profile_model
-from tests.runtime_launch import ROOT, torchrun
+from tests.runtime_launch import ROOT, SharedLaunches
 
 pytestmark = pytest.mark.hf
 
@@ -205,13 +205,11 @@ def _errors(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.driver(configs=configs)
 @pytest.mark.parametrize("world", [2, 4])
-def test_tensor_parallel_runs_equal_one_process(world: int, tmp_path: Path) -> None:
+def test_tensor_parallel_runs_equal_one_process(world: int, driven: SharedLaunches) -> None:
     cfgs = configs(world)
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")], timeout_s=600.0)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
+    results = driven.results(world, cfgs)
     errors = [e for r, c in zip(results, cfgs) for e in _errors(r, c)]
     assert not errors, "\n".join(errors)
     assert all(r["losses"][0] != r["losses"][1] for r in results)

@@ -58,7 +58,7 @@ from planner.runtime.check import check_plan
 from planner.runtime.context import split_batch
 from planner.runtime.topology import RankPosition, _grad_lines, mesh_ranks
 from tests.factories import make_plan
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import SharedLaunches, step_files
 
 SMALL_GPT = "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=32"
 SMALL_LLAMA = "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8,padding=1"
@@ -212,17 +212,8 @@ def _memory(model: str, tag: str) -> list[dict[str, Any]]:
     ] + [_cfg(f"{tag}-mem-cp2{sel}", model, selective=bool(sel), **one) for sel in ("", "-sel")]
 
 
-def _launch(world: int, cfgs: list[dict[str, Any]], tmp_path: Path) -> dict[str, dict[str, Any]]:
-    for cfg in cfgs:
-        if cfg.get("resume_at"):
-            cfg["checkpoint_dir"] = str(tmp_path / cfg["name"])
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")],
-                    timeout_s=300.0)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
-    return {r["name"]: r for r in results}
+def _launch(driven: SharedLaunches, world: int, cfgs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in driven.results(world, cfgs)}
 
 
 def _exact(result: dict[str, Any]) -> list[str]:
@@ -261,21 +252,26 @@ def _check_memory(results: dict[str, dict[str, Any]], tag: str, extra: int) -> l
     return errors
 
 
-@pytest.mark.slow
-def test_zoo_gpt_with_context_parallelism_matches_one_process(tmp_path: Path) -> None:
-    cfgs = [
+def zoo_gpt_configs(world: int = 2) -> list[dict[str, Any]]:
+    return [
         _cfg("cp2-gpt", GPT),
         _cfg("cp2-gpt-recompute-selective", GPT, schedule="1f1b", recompute=True, selective=True),
         _cfg("cp2-gpt-zero3", GPT, schedule="1f1b", zero=3),
         _cfg("cp2-gpt-zero1-adamw-resumed", GPT, zero=1, optimizer="adamw", resume_at=1),
         *_memory(MEM_GPT, "gpt"),
     ]
-    results = _launch(2, cfgs, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.driver(configs=zoo_gpt_configs, world=2)
+def test_zoo_gpt_with_context_parallelism_matches_one_process(driven: SharedLaunches) -> None:
+    cfgs = zoo_gpt_configs()
+    results = _launch(driven, 2, cfgs)
     errors = [e for c in cfgs[:3] for e in _exact(results[c["name"]])]
     resumed = results["cp2-gpt-zero1-adamw-resumed"]  # AdamW: 1e-10 on parameters (tests/test_runtime_numerics.py)
     if max(resumed["loss_rel_diff"], resumed["grad_rel_diff"]) > 1e-12 or resumed["param_rel_diff"] > 1e-10:
         errors.append(f"resumed: {resumed['loss_rel_diff']:.3g} {resumed['grad_rel_diff']:.3g} {resumed['param_rel_diff']:.3g}")
-    saved = sorted(p.name for p in (tmp_path / "cp2-gpt-zero1-adamw-resumed" / "step_1").iterdir())
+    saved = step_files(resumed)
     assert saved == ["manifest.json", "stage_0.optimizer_shard_0.pt", "stage_0.optimizer_shard_1.pt", "stage_0.pt"]
     for rank in results["cp2-gpt-zero3"]["model_state"]:  # ZeRO 3 over dp x cp = 2: each rank keeps its half between uses
         (chunk,) = rank
@@ -346,36 +342,47 @@ def _check_predicted(result: dict[str, Any], masks: int) -> list[str]:
     return errors
 
 
-@pytest.mark.slow
-def test_combinations_with_pipeline_tensor_and_data_parallelism(tmp_path: Path) -> None:
+def combination_configs(world: int = 4) -> list[dict[str, Any]]:
+    """With a Hugging Face Llama pipelined too where the optional ``transformers`` is installed."""
     cfgs = [
         _cfg("cp2-P2-gpt-1f1b", GPT, p=2, schedule="1f1b", num_microbatches=4, microbatch_size=1),
         _cfg("cp2-tp2-gpt", GPT, tp_degree=2),
         _cfg("cp2-D2-gpt-zero1", GPT, d=2, zero=1, schedule="1f1b", microbatch_size=1),
     ]
-    hf = importlib.util.find_spec("transformers") is not None  # the optional extra; the 2-process HF launch below needs it
-    if hf:
+    if importlib.util.find_spec("transformers") is not None:
         cfgs.append(_cfg("cp2-P2-llama-1f1b", LLAMA, p=2, schedule="1f1b"))
-    results = _launch(4, cfgs, tmp_path)
+    return cfgs
+
+
+@pytest.mark.slow
+@pytest.mark.driver(configs=combination_configs, world=4)
+def test_combinations_with_pipeline_tensor_and_data_parallelism(driven: SharedLaunches) -> None:
+    cfgs = combination_configs()
+    results = _launch(driven, 4, cfgs)
     errors = [e for c in cfgs[:3] for e in _exact(results[c["name"]])]
-    if hf:
+    if len(cfgs) > 3:
         llama = results["cp2-P2-llama-1f1b"]
         if llama["loss_rel_diff"] > 1e-8 or llama["grad_rel_diff"] > 1e-6:
             errors.append(f"llama P2: {llama['loss_rel_diff']:.3g} {llama['grad_rel_diff']:.3g}")
     assert not errors, "\n".join(errors)
 
 
-@pytest.mark.slow
-@pytest.mark.hf
-def test_hugging_face_decoders_with_context_parallelism_match_one_process(tmp_path: Path) -> None:
-    cfgs = [
+def hugging_face_configs(world: int = 2) -> list[dict[str, Any]]:
+    return [
         _cfg("floor-llama-D2", LLAMA, cp=1, d=2, num_microbatches=1),
         _cfg("cp2-llama", LLAMA),
         _cfg("cp2-qwen2-window", f"hf:qwen2:{HF},use_sliding_window=true,sliding_window=3,max_window_layers=1"),
         _cfg("cp2-mistral-window", f"hf:mistral:{HF},sliding_window=3"),
         *_memory(MEM_LLAMA, "llama"),
     ]
-    results = _launch(2, cfgs, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.hf
+@pytest.mark.driver(configs=hugging_face_configs, world=2)
+def test_hugging_face_decoders_with_context_parallelism_match_one_process(driven: SharedLaunches) -> None:
+    cfgs = hugging_face_configs()
+    results = _launch(driven, 2, cfgs)
     floor = results["floor-llama-D2"]
     errors = []
     for cfg in cfgs[1:4]:

@@ -5,13 +5,11 @@ each rank holds between its uses of a stage measured against the cost model's ``
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import SharedLaunches
 
 MLP = "tests.factories:mlp"
 ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, tied head
@@ -31,14 +29,10 @@ CONFIGS = {
 
 
 @pytest.mark.slow
+@pytest.mark.driver(configs=CONFIGS.__getitem__)
 @pytest.mark.parametrize("world", [2, 4])
-def test_zero3_matches_one_process_training(world: int, tmp_path: Path) -> None:
-    cfgs = CONFIGS[world]
-    (tmp_path / "configs.json").write_text(json.dumps(cfgs))
-    proc = torchrun(world, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.json").read_text())
-    assert [r["name"] for r in results] == [c["name"] for c in cfgs]
+def test_zero3_matches_one_process_training(world: int, driven: SharedLaunches) -> None:
+    results = driven.results(world, CONFIGS[world])
     for r in results:
         assert len(r["losses"]) == 2
         assert r["loss_abs_diff"] <= 1e-12 and r["grad_abs_diff"] <= 1e-12 and r["param_abs_diff"] <= 1e-12, r

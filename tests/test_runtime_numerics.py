@@ -21,19 +21,19 @@ split matmuls sum in another order (gradients differ by ~1e-16), and AdamW's m /
 turns that into a relative change of the update wherever a gradient is near zero (measured
 5.6e-12 to 6.7e-12 after 2 steps, 1.05e-11 after 3); the losses still agree to 1e-12.
 
-One torchrun launch per world size runs every configuration of that size
-(tests/runtime_driver.py), because starting processes and importing torch costs seconds.
+One torchrun launch per world size runs every configuration of that size, these and the other
+test files' (tests/runtime_driver.py, ``SharedLaunches``), because starting processes and
+importing torch costs seconds.
 """
 
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.runtime_launch import drive
+from tests.runtime_launch import SharedLaunches, step_files
 
 MLP = "tests.factories:mlp"
 ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, tied head
@@ -198,27 +198,25 @@ def check_model_state(result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.driver(configs=configs)
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_matches_one_process_training(world: int, tmp_path: Path) -> None:
+def test_matches_one_process_training(world: int, driven: SharedLaunches) -> None:
     cfgs = configs(world)
-    for cfg in cfgs:
-        if cfg.get("resume_at"):
-            cfg["checkpoint_dir"] = str(tmp_path / cfg["name"])
-    results = drive(world, cfgs, tmp_path)
+    results = driven.results(world, cfgs)
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
+    by_name = {r["name"]: r for r in results}
     if world == 4:
-        saved = sorted(p.name for p in (tmp_path / "zero2-tp2-sp-gpt-P1-D2-gpipe-rc-resumed" / "step_1").iterdir())
+        saved = step_files(by_name["zero2-tp2-sp-gpt-P1-D2-gpipe-rc-resumed"])
         shards = (".optimizer_shard_0", ".optimizer_shard_1", "")
         assert saved == ["manifest.json"] + [f"stage_0.tp_{k}{s}.pt" for k in range(2) for s in shards]
     if world == 2:
         # ZeRO 2 resumed from a checkpoint of its first step: each rank saved its own AdamW shard
-        saved = sorted(p.name for p in (tmp_path / "zero2-mlp-P1-D2-1f1b-resumed" / "step_1").iterdir())
+        saved = step_files(by_name["zero2-mlp-P1-D2-1f1b-resumed"])
         assert saved == ["manifest.json", "stage_0.optimizer_shard_0.pt", "stage_0.optimizer_shard_1.pt", "stage_0.pt"]
-        saved = sorted(p.name for p in (tmp_path / "tp2-sp-gpt-P1-D1-1f1b-adamw-resumed" / "step_1").iterdir())
+        saved = step_files(by_name["tp2-sp-gpt-P1-D1-1f1b-adamw-resumed"])
         assert saved == ["manifest.json", "stage_0.tp_0.pt", "stage_0.tp_1.pt"]  # each tp index its own shards
         # the same stage unsharded and sharded over D = 2: half the optimizer state
-        by_name = {r["name"]: r for r in results}
         for rank in range(2):
             plain = by_name["zero0-mlp-P1-D2-1f1b"]["model_state"][rank][0]
             sharded = by_name["zero1-mlp-P1-D2-1f1b"]["model_state"][rank][0]
@@ -274,3 +272,34 @@ def test_tensor_parallel_is_covered() -> None:
     assert any(c["sequence_parallel"] for c in tp) and any(c["recompute"] for c in tp)
     assert any(c["model"] == ZOO_GPT and c["boundaries"] for c in tp)  # embedding and head on different ranks
     assert all(c["dtype"] == "float64" for c in tp)
+
+
+def test_driver_configurations_share_launches_without_clashing() -> None:
+    """Every file's driver configurations run in one launch per world size (``SharedLaunches``):
+    their names are unique across files, and a name given twice with other fields is refused."""
+    from tests import (
+        test_hf_runtime,
+        test_hf_tensor_parallel,
+        test_runtime_context,
+        test_runtime_fsdp,
+        test_runtime_survival,
+        test_runtime_zero_bubble,
+    )
+
+    by_world = {
+        1: configs(1) + test_hf_runtime.configs(1),
+        2: configs(2) + test_hf_runtime.configs(2) + test_hf_tensor_parallel.configs(2) + test_runtime_fsdp.CONFIGS[2]
+        + test_runtime_zero_bubble.configs(2) + test_runtime_zero_bubble.zbv_configs(2) + test_runtime_survival.undeclared_tie()
+        + test_runtime_context.zoo_gpt_configs() + test_runtime_context.hugging_face_configs(),
+        4: configs(4) + test_hf_runtime.configs(4) + test_hf_tensor_parallel.configs(4) + test_runtime_fsdp.CONFIGS[4]
+        + test_runtime_zero_bubble.configs(4) + test_runtime_zero_bubble.zbv_configs(4) + test_runtime_context.combination_configs(),
+    }
+    launches = SharedLaunches()
+    for world, cfgs in by_world.items():
+        names = [c["name"] for c in cfgs]
+        assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+        launches.plan(world, cfgs)
+        launches.plan(world, cfgs)  # the same again: planned once
+        assert list(launches.planned[world]) == names
+    with pytest.raises(ValueError, match="named 'mlp-P1-D1-gpipe-rc0' differ"):
+        launches.plan(1, [{**configs(1)[0], "steps": 9}])

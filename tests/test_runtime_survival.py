@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from planner.artifacts.plan import save_plan
 from planner.runtime.lifecycle import named_at_fault
 from planner.runtime.model import load_workload, workload_fingerprint
 from tests.factories import make_plan
-from tests.runtime_launch import Launched, alive, descendants, runtime_launched, torchrun
+from tests.runtime_launch import Launched, SharedLaunches, alive, descendants, runtime_launched
 
 MLP = "tests.factories:mlp"
 TIMEOUT_S = 5.0
@@ -126,17 +127,18 @@ def test_sigterm_to_planner_run_stops_the_workers_after_a_final_checkpoint(tmp_p
     assert not [pid for pid in workers if alive(pid)]
 
 
-@pytest.mark.slow
-def test_a_tie_found_by_identity_is_synchronised_like_a_declared_one(tmp_path: Path) -> None:
-    """tiny_gpt with its head sharing the embedding's Parameter but no ``tied`` entry, split
-    over 2 pipeline ranks: losses and parameters as one process (float64, 1e-12)."""
-    cfg = {
+def undeclared_tie(world: int = 2) -> list[dict[str, Any]]:
+    return [{
         "name": "undeclared-tie-P2", "model": "tests.factories:tiny_gpt_undeclared_tie", "boundaries": [2], "dp_degree": 1,
         "num_microbatches": 2, "microbatch_size": 2, "schedule": "1f1b", "recompute": False, "dtype": "float64",
         "optimizer": "sgd", "steps": 3,
-    }
-    (tmp_path / "configs.json").write_text(json.dumps([cfg]))
-    proc = torchrun(2, ["tests/runtime_driver.py", str(tmp_path / "configs.json"), str(tmp_path / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (result,) = json.loads((tmp_path / "out.json").read_text())
+    }]
+
+
+@pytest.mark.slow
+@pytest.mark.driver(configs=undeclared_tie, world=2)
+def test_a_tie_found_by_identity_is_synchronised_like_a_declared_one(driven: SharedLaunches) -> None:
+    """tiny_gpt with its head sharing the embedding's Parameter but no ``tied`` entry, split
+    over 2 pipeline ranks: losses and parameters as one process (float64, 1e-12)."""
+    (result,) = driven.results(2, undeclared_tie())
     assert result["loss_rel_diff"] < 1e-12 and result["param_rel_diff"] < 1e-12, result

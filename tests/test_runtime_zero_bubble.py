@@ -5,15 +5,19 @@ the gradient hooks, which fire in the W passes) and P = 4, on gloo; the order to
 checked against the plan's before the first step (``planner.runtime.engine``). ZBV (sec. 6)
 through ``ScheduleZBVZeroBubble`` the same way, two chunks per rank in a V, at P = 2 (with and
 without recomputation, the tied GPT whose embedding and head share rank 0, D = 2 in buckets) and
-P = 4 (eight chunks of a six-block GPT); and its saved bytes against the plan."""
+P = 4 (eight chunks of a six-block GPT); and the bytes saved for backward against the plan, for
+``planner plan``'s own ZB-H1 and ZBV plans run by the runtime (its report, in the same launches)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
+from typing import Any
 
 import pytest
 
-from tests.runtime_launch import drive
+from planner.artifacts.plan import Plan, plan_from_json
+from planner.artifacts.report import RunReport, report_from_json
+from tests.runtime_launch import ROOT, SharedLaunches
 from tests.test_runtime_numerics import MLP, SMALL_BUCKETS, ZOO_GPT, _cfg, _check
 
 ZB = "zb-h1"
@@ -52,58 +56,77 @@ def zbv_configs(world: int) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.driver(configs=zbv_configs)
 @pytest.mark.parametrize("world", [2, 4])
-def test_zbv_matches_one_process_training(world: int, tmp_path: Path) -> None:
+def test_zbv_matches_one_process_training(world: int, driven: SharedLaunches) -> None:
     cfgs = zbv_configs(world)
-    results = drive(world, cfgs, tmp_path)
+    results = driven.results(world, cfgs)
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
 
 
 @pytest.mark.slow
+@pytest.mark.driver(configs=configs)
 @pytest.mark.parametrize("world", [2, 4])
-def test_zb_h1_matches_one_process_training(world: int, tmp_path: Path) -> None:
+def test_zb_h1_matches_one_process_training(world: int, driven: SharedLaunches) -> None:
     cfgs = configs(world)
-    results = drive(world, cfgs, tmp_path)
+    results = driven.results(world, cfgs)
     errors = [e for r, c in zip(results, cfgs) for e in _check(r, c)]
     assert not errors, "\n".join(errors)
 
 
-def _plan_and_run(tmp_path: Path, devices: int, extra: list[str], schedule: str = ZB, model: str = "gpt") -> tuple:
-    """``planner plan`` a ``schedule`` plan of the zoo ``model``'s profile and ``planner run`` it (gloo, CPU)."""
-    import os
-    import subprocess
-    import sys
+@functools.cache
+def _planned(schedule: str, model: str, devices: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A driver config of ``planner plan``'s own ``schedule`` plan (one stage per rank) of the zoo
+    ``model``'s profile on ``devices`` local CPUs, float32 SGD for 2 steps, as ``planner run``
+    would run it (the driver returns the runtime's report). Planned once per session."""
+    from planner.artifacts.plan import plan_to_json
+    from planner.commands.cli import build_parser
+    from planner.commands.plan import cluster_for, profile_from_arg, request_from_args
+    from planner.solve import plan
 
-    from planner.artifacts.plan import load_plan
-    from planner.artifacts.report import load_report
+    argv = ["plan", "--profile", str(ROOT / "profiles" / f"zoo-{model}-cpu.json"), "--cluster", "local-cpu",
+            "--devices", str(devices), "--global-batch", str(4 * devices), "--schedules", schedule,
+            "--stages", str(devices), *extra]
+    args = build_parser("plan").parse_args(argv)
+    made = plan(profile_from_arg(args.profile), cluster_for(args.cluster, args.devices), request_from_args(args))
+    name = f"planned-{schedule}-{model}-P{devices}" + "".join(extra).replace("--", "-")
+    return {"name": name, "model": model, "plan": plan_to_json(made), "dtype": "float32", "optimizer": "sgd", "steps": 2}
 
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    plan_cmd = [sys.executable, "-m", "planner", "plan", "--profile", str(root / "profiles" / f"zoo-{model}-cpu.json"),
-                "--cluster", "local-cpu", "--devices", str(devices), "--global-batch", str(4 * devices),
-                "--schedules", schedule, "--stages", str(devices), "--out", "plan.json", *extra]
-    done = subprocess.run(plan_cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    run_cmd = [sys.executable, "-m", "planner", "run", "plan.json", "--model", model, "--steps", "2", "--report", "report.json"]
-    done = subprocess.run(run_cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return load_plan(tmp_path / "plan.json"), load_report(tmp_path / "report.json")
+
+def planned_zb_h1(world: int) -> list[dict[str, Any]]:
+    return [_planned(ZB, "gpt", 2, ("--fixed-boundaries", "3"))] if world == 2 else [_planned(ZB, "gpt", 4)]
+
+
+def planned_zbv(world: int) -> list[dict[str, Any]]:
+    return [_planned(ZBV, "gpt", 2)] if world == 2 else [_planned(ZBV, "resnet", 4)]
+
+
+def _plan_and_report(driven: SharedLaunches, world: int, cfg: dict[str, Any]) -> tuple[Plan, RunReport]:
+    """The plan and the runtime's report of its run on ``world`` processes (its losses one
+    process's, to float32's rounding: float32 gradients differ by up to 3e-4 relative on the
+    zoo ResNet, summed in another order)."""
+    (result,) = driven.results(world, [cfg])
+    assert len(result["losses"]) == 2 and result["loss_rel_diff"] <= 1e-5, (result["losses"], result["ref_losses"])
+    return plan_from_json(cfg["plan"]), report_from_json(result["report"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("devices", "extra"), [(2, ["--fixed-boundaries", "3"]), (4, [])])
-def test_zb_h1_saved_bytes_against_the_plan(tmp_path: Path, devices: int, extra: list[str]) -> None:
+@pytest.mark.driver(configs=planned_zb_h1)
+@pytest.mark.parametrize("world", [2, 4])
+def test_zb_h1_saved_bytes_against_the_plan(world: int, driven: SharedLaunches) -> None:
     """The bytes saved for backward, measured by the runtime's hooks over the step, against the
     plan: equal on stage 0 (its peak holds whole micro-batches only), at most the plan's bound
     on every stage (every micro-batch in flight whole), and at least the micro-batches the
-    schedule holds whole at that peak (``weight_pending_counts``: the rest keep part)."""
+    schedule holds whole at that peak (``weight_pending_counts``: the rest keep part). P = 2
+    with the zoo GPT cut after layer 3, P = 4 as planned."""
     from planner.schedule import weight_pending_counts
 
-    plan, report = _plan_and_run(tmp_path, devices, extra)
-    assert plan.schedule.value == ZB and report.schedule.value == ZB
+    (cfg,) = planned_zb_h1(world)
+    plan, report = _plan_and_report(driven, world, cfg)
+    assert plan.schedule.value == ZB and report.schedule.value == ZB and plan.num_devices == world
     pending = weight_pending_counts(plan.schedule, plan.layout, plan.num_microbatches)
-    for stage, got in zip(plan.stages, report.stages):
+    for stage, got in zip(plan.stages, report.stages, strict=True):
         predicted = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
         assert got.activation_bytes_predicted == predicted
         whole = (stage.inflight_microbatches - pending[stage.stage_idx]) * stage.activation_bytes_per_microbatch
@@ -113,8 +136,9 @@ def test_zb_h1_saved_bytes_against_the_plan(tmp_path: Path, devices: int, extra:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("devices", "model"), [(2, "gpt"), (4, "resnet")])
-def test_zbv_saved_bytes_against_the_plan(tmp_path: Path, devices: int, model: str) -> None:
+@pytest.mark.driver(configs=planned_zbv)
+@pytest.mark.parametrize("world", [2, 4])
+def test_zbv_saved_bytes_against_the_plan(world: int, driven: SharedLaunches) -> None:
     """ZBV's bytes saved for backward, measured by the runtime's hooks over the step, equal the
     plan's on every chunk: at each chunk's peak no micro-batch waits only for its W
     (``weight_pending_counts`` is 0), so the count of whole micro-batches is exact. P = 2 on the
@@ -122,11 +146,12 @@ def test_zbv_saved_bytes_against_the_plan(tmp_path: Path, devices: int, model: s
     from planner.artifacts.kinds import ChunkPlacement
     from planner.schedule import weight_pending_counts
 
-    plan, report = _plan_and_run(tmp_path, devices, [], schedule=ZBV, model=model)
+    (cfg,) = planned_zbv(world)
+    plan, report = _plan_and_report(driven, world, cfg)
     assert plan.schedule.value == ZBV and report.schedule.value == ZBV
-    assert plan.layout.placement is ChunkPlacement.V and plan.layout.num_stages == 2 * devices
+    assert plan.layout.placement is ChunkPlacement.V and plan.layout.num_stages == 2 * world
     assert set(weight_pending_counts(plan.schedule, plan.layout, plan.num_microbatches)) == {0}
-    for stage, got in zip(plan.stages, report.stages):
+    for stage, got in zip(plan.stages, report.stages, strict=True):
         predicted = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
         assert got.activation_bytes_predicted == predicted
         assert got.saved_bytes_peak == predicted, (stage.stage_idx, got.saved_bytes_peak, predicted)
