@@ -19,8 +19,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ from planner.models import load_workload
 from planner.models.tp_plans import check_split, recognised_plan
 from planner.models.workload import TensorParallel, Workload
 from planner.profiling.measured import profile_model
-from tests.runtime_launch import ROOT, SharedLaunches
+from tests.runtime_launch import SharedLaunches
 
 pytestmark = pytest.mark.hf
 
@@ -79,17 +77,20 @@ def test_gpt2_splits_its_fused_qkv_within_each_part() -> None:
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_planner_plan_tp_2(model: str, tmp_path: Path) -> None:
-    """``planner profile`` then ``planner plan --tp 2``: a T = 2 plan."""
-    env = {"PYTHONPATH": str(ROOT), "PLANNER_PROGRESS": "0", "PATH": "/usr/bin:/bin"}
+def test_planner_plan_tp_2(model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``planner profile`` then ``planner plan --tp 2``: a T = 2 plan (the CLI in this process:
+    a subprocess would import torch and transformers again, 4 s of each case)."""
+    from planner.commands.cli import main
+
+    monkeypatch.setenv("PLANNER_PROGRESS", "0")
     prof, plan = tmp_path / "p.json", tmp_path / "plan.json"
     steps = [["profile", "--model", MODELS[model], "--microbatch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "--out", str(prof)],
              ["plan", "--profile", str(prof), "--cluster", "local-cpu", "--devices", "2", "--tp", "2", "--global-batch", "4",
               "--out", str(plan)]]
     for argv in steps:
-        proc = subprocess.run([sys.executable, "-m", "planner", *argv], env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-    assert "T=2" in proc.stdout
+        assert main(argv) == 0, capsys.readouterr().err
+    assert "T=2" in capsys.readouterr().out
     assert json.loads(plan.read_text())["tp_degree"] == 2
     assert sum(layer.tp is not None for layer in load_profile(prof).layers) >= 2
 
