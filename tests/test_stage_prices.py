@@ -72,6 +72,38 @@ def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses
         assert (got == oracle == math.inf) or math.isclose(got, oracle, rel_tol=1e-9)
 
 
+@SETTINGS
+@given(
+    stages=st.lists(st.lists(st.tuples(kinds, st.integers(1, 40)), min_size=1, max_size=3), min_size=2, max_size=8),
+    inflight=st.integers(1, 4),
+    excess=st.floats(0.001, 5000.0),
+)
+def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, excess):
+    """Rows of very different sizes (full-layer counts 1-120, fronts of 1 to dozens of points)
+    priced in size classes (:func:`planner.solve.recompute._size_classes`, as a call with large
+    padded arrays is) cost what one padded block gives, bit for bit."""
+    from planner.solve import recompute
+
+    rows = []
+    for runs in stages:
+        covers = level_covers([(layer_options(*kind[:3], kind[3], kind[4], inflight), count) for kind, count in runs])
+        rows += list(covers or ())
+    if len(rows) < 2:
+        return
+    targets = np.array([excess * (1 + k % 3) + c.workspace_bytes for k, c in enumerate(rows)])
+    kept = recompute._CLASS_MIN_ELEMENTS
+    try:
+        recompute._CLASS_MIN_ELEMENTS = 1 << 60  # one block, padded to the largest row
+        whole = level_cover_costs(rows, targets)
+        recompute._CLASS_MIN_ELEMENTS = 0  # always by size class
+        assert len(recompute._size_classes(np.array([len(c.front_ms) for c in rows]),
+                                           np.array([int(c.params[1]) + 1 for c in rows]))) >= 1
+        by_class = level_cover_costs(rows, targets)
+    finally:
+        recompute._CLASS_MIN_ELEMENTS = kept
+    assert by_class.tolist() == whole.tolist()
+
+
 def test_gpt3_table_prices_are_its_recompute_choices():
     """Every stage a GPT-3 table prices with recomputation costs its compute plus
     :func:`choose_recompute`'s time, and its chosen layers are that choice's."""

@@ -461,14 +461,33 @@ class CoverRows:
         if not len(rows):
             return out
         params = self._params[rows]
-        F = int(self._lens[rows].max())
-        K = int(np.max(params[:, 1])) + 1  # most full layers of any row, + 1
-        step = max(1, _BLOCK_ELEMENTS // (F * K))
-        for lo in range(0, len(rows), step):
-            at = rows[lo:lo + step]
-            out[lo:lo + len(at)] = _cover_block(self._front_ms[at, :F], self._front_gain[at, :F], params[lo:lo + step],
-                                                targets[lo:lo + len(at)], K)
+        lens = self._lens[rows]
+        counts = params[:, 1].astype(np.int64) + 1  # per row its most full layers + 1
+        for idx in _size_classes(lens, counts):
+            F, K = int(lens[idx].max()), int(counts[idx].max())
+            step = max(1, _BLOCK_ELEMENTS // (F * K))
+            for lo in range(0, len(idx), step):
+                at = idx[lo:lo + step]
+                r = rows[at]
+                out[at] = _cover_block(self._front_ms[r, :F], self._front_gain[r, :F], params[at], targets[at], K)
         return out
+
+
+#: below this many padded elements (rows x front x counts) a call is priced in one size class
+_CLASS_MIN_ELEMENTS = 1 << 17
+
+
+def _size_classes(lens: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """The rows (positions) priced together: all at once when the padded arrays are small, else
+    by powers of two of their full-layer counts and front lengths, so that a long stage's row
+    (GPT-3 175B's 98 single layers: counts up to 97) does not pad every short one to its size
+    (each row's cost is the same whatever the padding: padded entries cost inf)."""
+    if len(lens) * int(lens.max()) * int(counts.max()) <= _CLASS_MIN_ELEMENTS:
+        return [np.arange(len(lens))]
+    key = np.ceil(np.log2(counts)).astype(np.int64) * 64 + np.ceil(np.log2(lens)).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    return np.split(order, cuts)
 
 
 def level_cover_costs(covers: Sequence[LevelCover], targets: np.ndarray) -> np.ndarray:
