@@ -17,6 +17,9 @@ Cases:
 - ``default-budget``: the same with ``--time-budget-ms 70000``;
 - ``gpt3-13b-64``: the shipped ``profiles/gpt3-13b-a100.json`` on 64 A100s (``a100-80gb-x8``
   grown to 8 nodes), global batch 512;
+- ``gpt3-175b-64`` (only when named in ``--cases``): the shipped ``profiles/gpt3-175b-a100.json``
+  (98 layers: searched over groups, then refined; pruned against the budget widened by
+  ``budget_refine_slack``, a heuristic) on 64 A100s, global batch 1536;
 - ``alexnet-8``: PipeDream's alexnet profile (``../shared/reference``, skipped with that reason
   when absent) on 8 V100s, 8 GiB per device, Adam with fp32 gradients, stages starting at layers
   9 and 21 (the case ``tests/test_objectives.py`` draws).
@@ -43,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES = ("default", "default-budget", "gpt3-13b-64", "alexnet-8")
+MORE = ("gpt3-175b-64",)  # run when named: its search without pruning takes minutes
 
 
 def _case(name: str) -> tuple[Any, Any, Any] | str:
@@ -60,6 +64,9 @@ def _case(name: str) -> tuple[Any, Any, Any] | str:
         return load_profile(default_profile_path()), PRESETS["a100-80gb-x8"], dataclasses.replace(memory, time_budget_ms=70000.0)
     if name == "gpt3-13b-64":
         return load_profile(ROOT / "profiles" / "gpt3-13b-a100.json"), PRESETS["a100-80gb-x8"].grown_to(64), memory
+    if name == "gpt3-175b-64":
+        return load_profile(ROOT / "profiles" / "gpt3-175b-a100.json"), PRESETS["a100-80gb-x8"].grown_to(64), \
+            dataclasses.replace(memory, global_batch=1536)
     if name == "alexnet-8":
         graph = ROOT.parent / "shared" / "reference" / "pipedream" / "alexnet" / "graph.txt"
         if not graph.is_file():
@@ -69,7 +76,7 @@ def _case(name: str) -> tuple[Any, Any, Any] | str:
         request = PlanRequest(global_batch=4096, memory_cap_bytes=8 * 2**30, fixed_boundaries=(9, 21),
                               optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD, objective=Objective.MEMORY)
         return import_pipedream(graph), PRESETS["v100-16gb-2x8"].with_devices(8), request
-    raise SystemExit(f"memory_objective.py: --cases: unknown case {name!r} (known: {', '.join(CASES)})")
+    raise SystemExit(f"memory_objective.py: --cases: unknown case {name!r} (known: {', '.join(CASES + MORE)})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,6 +141,10 @@ class Budget:
         """The slowest time kept when the fastest found is ``fastest_ms``."""
         return max(self.floor_ms, fastest_ms * self.factor)
 
+    def widened_by(self, slack: float) -> Budget:
+        """This budget kept ``slack`` x wider (the same where it keeps only the fastest)."""
+        return Budget(self.factor * slack, self.floor_ms * slack) if self.widened else self
+
     @classmethod
     def of_request(cls, request: PlanRequest) -> Budget:
         """The memory objective's budget (none for the other objectives)."""
