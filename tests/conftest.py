@@ -29,7 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-
 LAUNCHES = pytest.StashKey[SharedLaunches]()
 
 

@@ -129,8 +129,8 @@ class SharedLaunches:
     the session's selected tests (a torchrun launch costs 5.5 s at 2 processes and 8.7 s at 4
     on 2 cores before any configuration runs: torchrun's and each worker's imports).
 
-    Tests marked ``driver`` (``@pytest.mark.driver(configs=configs)``, ``configs(world)`` the list they
-    check; ``world`` from the test's ``world`` parameter or the marker's ``world=``) are planned
+    Tests marked ``driver`` (``@pytest.mark.driver(configs=f)``, ``f(world)`` the configurations
+    they check; ``world`` from the test's ``world`` parameter or the marker's ``world=``) are planned
     at collection (``tests/conftest.py``); the first test to ask for a world size launches every
     planned configuration of it, the others read the results. A configuration the test asks for
     that was not planned is launched on its own. The driver writes its results after every
@@ -141,7 +141,7 @@ class SharedLaunches:
         self.folder = Path()  # set by the session's fixture before any launch
         self.planned: dict[int, dict[str, dict[str, Any]]] = {}
         self.done: dict[str, dict[str, Any]] = {}  # by name
-        self.launched: dict[int, str] = {}  # world -> the last launch's stderr tail, if it failed
+        self.launched: dict[int, str] = {}  # world -> "" after a launch that exited 0, else why it failed
 
     def plan(self, world: int, cfgs: list[dict[str, Any]]) -> None:
         planned = self.planned.setdefault(world, {})
