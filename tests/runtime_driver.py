@@ -271,12 +271,12 @@ def serve(run: Callable[[dict[str, Any], int], dict[str, Any]]) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     torch.set_default_dtype(torch.float32)
-    results = []
+    results, part = [], out.with_suffix(".part")
     for cfg in configs:  # written after each: a launch that fails part-way keeps what finished
         results.append(run(cfg, rank))
         if rank == 0:
-            out.with_suffix(".part").write_text(json.dumps(results, indent=2))
-            out.with_suffix(".part").replace(out)
+            part.write_text(json.dumps(results, indent=2))
+            part.replace(out)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -82,14 +82,12 @@ def _planned(schedule: str, model: str, devices: int, extra: tuple[str, ...] = (
     would run it (the driver returns the runtime's report). Planned once per session."""
     from planner.artifacts.plan import plan_to_json
     from planner.commands.cli import build_parser
-    from planner.commands.plan import cluster_for, profile_from_arg, request_from_args
-    from planner.solve import plan
+    from planner.commands.plan import plan_of_args
 
     argv = ["plan", "--profile", str(ROOT / "profiles" / f"zoo-{model}-cpu.json"), "--cluster", "local-cpu",
             "--devices", str(devices), "--global-batch", str(4 * devices), "--schedules", schedule,
             "--stages", str(devices), *extra]
-    args = build_parser("plan").parse_args(argv)
-    made = plan(profile_from_arg(args.profile), cluster_for(args.cluster, args.devices), request_from_args(args))
+    made = plan_of_args(build_parser("plan").parse_args(argv))
     name = f"planned-{schedule}-{model}-P{devices}" + "".join(extra).replace("--", "-")
     return {"name": name, "model": model, "plan": plan_to_json(made), "dtype": "float32", "optimizer": "sgd", "steps": 2}
 

@@ -1,7 +1,8 @@
 """``planner plan``: plan a profile for a cluster and print the plan table.
 
-The solver, the report and the PipeDream importer are imported in :func:`run`, when a plan is
-made (``planner --help`` builds this parser without them: see ``planner.commands.cli``)."""
+The solver, the report and the PipeDream importer are imported in :func:`run` and
+:func:`plan_of_args`, when a plan is made (``planner --help`` builds this parser without them:
+see ``planner.commands.cli``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cl
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, ScheduleKind, SolverKind
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
-from planner.artifacts.plan import dumps_plan
+from planner.artifacts.plan import Plan, dumps_plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
@@ -149,11 +150,10 @@ def profile_from_arg(path: str | None) -> Profile:
     return load_profile(path)
 
 
-def run(args: argparse.Namespace) -> int:
-    from planner.report.table import format_pareto, format_plan
+def plan_of_args(args: argparse.Namespace) -> Plan:
+    """The plan ``planner plan`` makes of its parsed arguments (nothing printed or written)."""
     from planner.solve import plan
 
-    check_output("--out", args.out)  # before planning, so that no work is lost to a typo in the path
     request = request_from_args(args)
     profile = profile_from_arg(args.profile)
     cluster = cluster_for(args.cluster, args.devices)
@@ -161,7 +161,14 @@ def run(args: argparse.Namespace) -> int:
         if b >= profile.num_layers:
             raise PlannerInputError(f"--fixed-boundaries: layer {b} does not exist ({profile.num_layers} layers)")
     with Progress(f"plan {profile.model} on {cluster.name}"):  # a line every few seconds of a long search
-        result = plan(profile, cluster, request)
+        return plan(profile, cluster, request)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.report.table import format_pareto, format_plan
+
+    check_output("--out", args.out)  # before planning, so that no work is lost to a typo in the path
+    result = plan_of_args(args)
     text = dumps_plan(result)
     if args.out:
         with open(args.out, "w") as fh:

@@ -356,7 +356,6 @@ class LayoutSearch:
                           settings=settings)
         self.cap = memory_cap_bytes(cm.cluster, request)
         self.by_time = request.objective is Objective.TIME
-        self.budget = Budget.of_request(request)  # the memory objective's: what it may choose among
         self.built: list[Plan] = []  # every plan :meth:`finish` built (the fastest candidates', the tighter caps')
         self.starts: list[int] | None = None
         self.cm_search, self.req_search = cm, request
@@ -377,12 +376,13 @@ class LayoutSearch:
         # by budget_refine_slack (the refinement can speed a candidate up: a heuristic, as the time
         # objective's pruning of a grouped profile; see the module docstring)
         slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
-        self.search_budget = self.budget if self.starts is None else self.budget.widened_by(1.0 + settings.budget_refine_slack)
+        chooses = Budget.of_request(request)  # the memory objective's: what it may choose among
+        self.budget = chooses if self.starts is None else chooses.widened_by(1.0 + settings.budget_refine_slack)
         prune = (self.by_time or self.budget.widened) and settings.prune_configs
         self.configs = ConfigSearch(
             self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
             incumbent_ms=incumbent_ms if prune and self.by_time else float("inf"), shared=shared,
-            fill=shared is not None, slack=slack, budget=self.search_budget)
+            fill=shared is not None, slack=slack, budget=self.budget)
 
     def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
@@ -428,7 +428,7 @@ class LayoutSearch:
             if not scored and on_all is None:
                 return None  # no configuration of these degrees beats the incumbent
         if self.chain_solver is solve_chain and (scored or not pruning):
-            limit = self.search_budget.of(shared.best) if shared is not None else float("inf")
+            limit = self.budget.of(shared.best) if shared is not None else float("inf")
             scored += replicated_candidates(self.cm_search, self.req_search, num_groups, cap, scored, settings,
                                             incumbent_ms=limit)
             scored.sort(key=score_key)
@@ -441,7 +441,7 @@ class LayoutSearch:
             if cm.profile.num_layers <= settings.explain_max_layers:
                 raise explain_infeasible(cm, request, num_groups, cap, suggest=suggest)
             raise explain_infeasible(self.cm_search, self.req_search, num_groups, cap, suggest=suggest)
-        budget, within = self.search_budget, float("inf")
+        budget, within = self.budget, float("inf")
         if budget.widened and self.configs.prune:
             # the memory objective builds only the candidates its budget can hold: no slower than
             # the budget of the fastest found (the fastest of every degree is no slower; a candidate's
