@@ -1,5 +1,5 @@
-"""The memory objective pruned to its budget beside its search without pruning, side by side in
-one run, process CPU seconds (``time.process_time``, user + sys of this process).
+"""The memory (or ME) objective pruned beside its search without pruning, side by side in one
+run, process CPU seconds (``time.process_time``, user + sys of this process).
 
 ``--objective memory`` chooses the least peak memory among plans within 10% of the fastest (or
 within ``--time-budget-ms``). Two searches of the same request:
@@ -24,12 +24,17 @@ Cases:
   when absent) on 8 V100s, 8 GiB per device, Adam with fp32 gradients, stages starting at layers
   9 and 21 (the case ``tests/test_objectives.py`` draws).
 
+``--objective me``: the same cases under the ME objective (the least iteration time x peak memory;
+``pruned`` prunes every configuration whose time bound x memory floor exceeds the least product
+found, unless it could give the index's reference, :class:`planner.solve.candidates.MeIncumbent`);
+the ME index is printed too.
+
 Each search runs ``--repeats`` times per case (rotating: pruned, unpruned, pruned, ...); the
 median CPU is printed with the plan's predicted time and peak memory, whether both searches
 chose the same plan, and the Pareto front's length of each (the pruned front holds the points
 within the budget only).
 
-Run: ``python benchmarks/memory_objective.py [--cases default,...] [--repeats 3]``
+Run: ``python benchmarks/memory_objective.py [--cases default,...] [--repeats 3] [--objective me]``
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ CASES = ("default", "default-budget", "gpt3-13b-64", "alexnet-8")
 MORE = ("gpt3-175b-64",)  # run when named: its search without pruning takes minutes
 
 
-def _case(name: str) -> tuple[Any, Any, Any] | str:
+def _case(name: str, objective: Any) -> tuple[Any, Any, Any] | str:
     """(profile, cluster, request), or why the case cannot run here."""
     from planner.artifacts.cluster import PRESETS
     from planner.artifacts.kinds import Objective, OptimizerKind
@@ -57,7 +62,9 @@ def _case(name: str) -> tuple[Any, Any, Any] | str:
     from planner.artifacts.request import PlanRequest
     from planner.profiling.defaults import default_profile_path
 
-    memory = PlanRequest(global_batch=512, objective=Objective.MEMORY)
+    memory = PlanRequest(global_batch=512, objective=objective)
+    if objective is not Objective.MEMORY and name == "default-budget":
+        return "a time budget is the memory objective's"
     if name == "default":
         return load_profile(default_profile_path()), PRESETS["a100-80gb-x8"], memory
     if name == "default-budget":
@@ -74,13 +81,13 @@ def _case(name: str) -> tuple[Any, Any, Any] | str:
         from planner.profiling.imported.pipedream import import_pipedream
 
         request = PlanRequest(global_batch=4096, memory_cap_bytes=8 * 2**30, fixed_boundaries=(9, 21),
-                              optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD, objective=Objective.MEMORY)
+                              optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD, objective=objective)
         return import_pipedream(graph), PRESETS["v100-16gb-2x8"].with_devices(8), request
     raise SystemExit(f"memory_objective.py: --cases: unknown case {name!r} (known: {', '.join(CASES + MORE)})")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from planner.artifacts.kinds import SolverKind
+    from planner.artifacts.kinds import Objective, SolverKind
     from planner.solve.chain_dp import solve_chain
     from planner.solve.search import search_plan
     from planner.solve.settings import SETTINGS, SearchSettings
@@ -88,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--objective", choices=("memory", "me"), default="memory")
     args = ap.parse_args(argv)
+    objective = Objective(args.objective)
     searches = {"pruned": SETTINGS, "unpruned": SearchSettings(prune_degrees=False, prune_configs=False)}
-    print("case            search     CPU s (median)  iteration ms  peak GiB  front  same plan")
+    print(f"objective {objective.value}")
+    print("case            search     CPU s (median)  iteration ms  peak GiB  front  same plan  ME index")
     for name in args.cases.split(","):
-        case = _case(name)
+        case = _case(name, objective)
         if isinstance(case, str):
             print(f"{name:<15} skipped: {case}")
             continue
@@ -110,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             b.layout, b.schedule, b.microbatch_size, b.stages, b.predicted)
         for label, p in plans.items():
             print(f"{name:<15} {label:<10} {statistics.median(cpu[label]):14.2f}  {p.predicted.iteration_ms:12.1f}  "
-                  f"{p.predicted.peak_memory_bytes / 2**30:8.2f}  {len(p.pareto):5d}  {'yes' if same else 'NO'}")
+                  f"{p.predicted.peak_memory_bytes / 2**30:8.2f}  {len(p.pareto):5d}  {'yes' if same else 'NO':<9}  "
+                  f"{p.predicted.me_index:.4f}")
         ratio = statistics.median(cpu["unpruned"]) / statistics.median(cpu["pruned"])
         print(f"{name:<15} unpruned / pruned CPU: {ratio:.1f}x")
     return 0

@@ -23,7 +23,7 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.simulation import simulate_iteration_ms
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.chain_dp import ChainSolution, StageTable, solve_chain
+from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, least_largest, solve_chain
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
 from planner.solve.recompute import choose_recompute
 from planner.solve.settings import SETTINGS, SearchSettings
@@ -155,6 +155,66 @@ class Budget:
         return cls(MEMORY_OBJECTIVE_FACTOR, 0.0)
 
 
+#: the ME objective's memory figures agree to this fraction: a stage's peak (its parts each rounded
+#: to bytes) against its plan's (rounded once), e.g. 1,073,456,098 against 1,073,456,096 bytes
+BYTES_SLACK = 1e-6
+
+
+@dataclass(slots=True)
+class MeIncumbent:
+    """The ME objective's pruning state, shared by every configuration search of one request
+    (every degree, every memory cap). The index is ``(ref time / t) / (m / ref memory)``, so the
+    plan it chooses has the least ``t x m`` (iteration time x peak memory) whatever the
+    reference: ``product`` is the least ``t x m`` of a candidate found so far, its memory each
+    rank's chunks' peaks summed (no less than its plan's peak, so the winner's product is at most
+    this); ``reference_ms`` the fastest GPipe candidate without recomputation so far (the index's
+    reference, :func:`planner.solve.select.select`). A configuration is solved only if it could
+    hold the winner (its time bound x its memory floor at most ``product``), a faster
+    reference (a GPipe one with a partition that fits without recomputation, its time bound at
+    most ``reference_ms``), the fastest candidate
+    (while no reference is known: the reference falls back to it) or the fastest on all the
+    devices (the plan records it): :meth:`limit_ms`, the time its bound must not exceed."""
+
+    product: float = math.inf
+    reference_ms: float = math.inf
+
+    def limit_ms(self, floor_bytes: float, reference: bool, inc: Incumbent, on_all: bool) -> float:
+        """The time bound above which a configuration cannot hold any of those, its plans' peak
+        memory at least ``floor_bytes``, ``reference``: it might give a reference (with a
+        relative 1e-9 to spare for rounding)."""
+        out = self.product / floor_bytes if floor_bytes > 0 else math.inf
+        if reference:
+            out = max(out, self.reference_ms)
+        if self.reference_ms == math.inf:
+            out = max(out, inc.best)
+        if on_all:
+            out = max(out, inc.best_all)
+        return out * (1 + 1e-9)
+
+    def note(self, cand: Candidate, time_ms: float, product: float) -> None:
+        """A candidate kept, simulated at ``time_ms``, ``product`` its time x its busiest rank's
+        memory (its chunks' peaks summed; with a relative 1e-6 to spare for the bytes each stage's
+        parts are rounded to)."""
+        c, sol = cand.config, cand.solution
+        self.product = min(self.product, product * (1 + BYTES_SLACK))
+        if c.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective:
+            self.reference_ms = min(self.reference_ms, time_ms)
+
+    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool) -> bool:
+        """The candidate could be the plan the objective chooses, its reference, the fastest
+        while no reference is known, or the fastest on all the devices (else no plan is built for
+        it): its memory at least its largest stage's peak."""
+        t, cand = scored
+        c, sol = cand.config, cand.solution
+        slack = 1 + 1e-9
+        if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK):
+            return True
+        if c.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective \
+                and t <= self.reference_ms * slack:
+            return True
+        return (self.reference_ms == math.inf and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
+
+
 class ConfigSearch:
     """The configurations of one cost model visited by increasing lower bound, one step at a
     time (:meth:`step`), so that several such searches can be interleaved in one order
@@ -180,29 +240,42 @@ class ConfigSearch:
         fill: bool = False,
         slack: float = 1.0,
         budget: Budget | None = None,
+        me: MeIncumbent | None = None,
     ) -> None:
         self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
         self.budget = budget if budget is not None else Budget()
+        self.me = me if prune else None  # the ME objective's pruning (:class:`MeIncumbent`)
+        # the ME objective (pruned or not): every configuration whose solution recomputes rebalanced,
+        # and the proposal of the least time x memory kept beside the fastest (:meth:`keep`)
+        self.lean = request.objective is Objective.ME
+        self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
+        self.references: dict[Config, bool] = {}  # per configuration, whether it might give the ME reference
+        self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
         self.chain_solver, self.prune, self.settings, self.fsdp = chain_solver, prune, settings, fsdp
         # a proposal is simulated unless its busiest rank exceeds what it must beat times this
         # (a grouped profile's best candidates are refined, which can reorder them)
         self.slack = slack
-        bounded = fill or self.budget.widened  # a budget prunes with every bound from the start
+        # a budget, or the ME objective, prunes with every bound from the start
+        bounded = fill or self.budget.widened or self.me is not None
         self.fill = bounded or incumbent_ms < float("inf")
         self.tight = bounded  # also the memory floor (memory_bound)
         self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
         # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
-        self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
+        self.inverses: dict[tuple[tuple[int, float], int, float], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
         configs = configs if configs is not None else all_configs(cm, request, num_groups, interleaved_ok, settings,
                                                                   split_ok)
         self.configs = configs
-        # (bound, tie-break, index, phase): a heap, so that a configuration whose memory bound
+        # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
         # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
         # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP)
-        self.heap = [(self.bound(c), c.sort_key(), i, FRESH) for i, c in enumerate(configs)]
+        # (the ME objective orders by bound x the state's share of memory, its leanest candidates first:
+        # (order, tie-break, index, phase, bound))
+        self.scales = [self.state_floor_bytes(c) if self.me is not None else 1.0 for c in configs]
+        self.heap = [(self.order(lb, i), c.sort_key(), i, FRESH, lb)
+                     for i, (c, lb) in enumerate((c, self.bound(c)) for c in configs)]
         heapq.heapify(self.heap)
         self.pruned = 0  # configurations skipped by their bound
         start = incumbent_ms if prune else float("inf")
@@ -227,7 +300,7 @@ class ConfigSearch:
             lb = max(lb, chunk_fill_bound_ms(cm, c))
         return lb
 
-    def memory_bound(self, c: Config) -> float:
+    def memory_bound(self, c: Config, cap: float | None = None) -> float:
         """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
         saved storages, not bounded here). Devices short of memory recompute: a layer
         recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
@@ -286,7 +359,8 @@ class ConfigSearch:
         if rate <= 0:
             return 0.0
         ks = c.inflight()
-        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
+        P, M = lay.pipeline_size, c.num_microbatches
+        cap = self.cap_bytes if cap is None else cap
         out = 0.0
         floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
@@ -300,10 +374,10 @@ class ConfigSearch:
             ranks.setdefault(min(ks[s] for s in lay.stage_indices(r)), []).append(float(fills[r]))
         inverses = []
         for kmin, waits in ranks.items():
-            found = self.inverses.get((key, kmin))
+            found = self.inverses.get((key, kmin, cap))
             if found is None:
                 w, h = least_bytes(layer_work, state + kmin * saved, cap)
-                found = self.inverses[(key, kmin)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
+                found = self.inverses[(key, kmin, cap)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
             inverses.append((*found, np.array(waits)))
         # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
         # breakpoints a_r + M t
@@ -317,6 +391,11 @@ class ConfigSearch:
         T0, T1, w0, w1 = float(Ts[k - 1]), float(Ts[k]), float(works[k - 1]), float(works[k])
         return max(out, T0 + (T1 - T0) * (work - w0) / (w1 - w0))
 
+    def order(self, lb: float, i: int) -> float:
+        """Configuration ``i``'s place in the order at bound ``lb``: the bound, or for the ME
+        objective the bound x its state floor (a bound of its product, no floor: first)."""
+        return lb * self.scales[i]
+
     def next_bound(self) -> float:
         """The bound of the next configuration to visit (inf when all are visited)."""
         return self.heap[0][0] if self.heap else float("inf")
@@ -325,12 +404,71 @@ class ConfigSearch:
     def done(self) -> bool:
         return not self.heap
 
-    def limit(self, c: Config) -> float:
+    def limit(self, c: Config, lb: float | None = None) -> float:
         """What ``c`` must beat: the best on all the groups for a configuration on all of them
         (so that the best plan on all of them is known), else the best of any; widened to the
-        search's :class:`Budget` (the memory objective's)."""
+        search's :class:`Budget` (the memory objective's). The ME objective's
+        (:meth:`MeIncumbent.limit_ms`) counts ``c``'s memory floor: the state's share
+        (:meth:`state_floor_bytes`), and where ``c``'s bound ``lb`` is within that, the stages'
+        least bytes too (:meth:`memory_floor_bytes`, worked out once per configuration)."""
         inc = self.incumbent
-        return self.budget.of(inc.best_all if c.num_groups == self.num_groups else inc.best)
+        on_all = c.num_groups == self.num_groups
+        if self.me is None:
+            return self.budget.of(inc.best_all if on_all else inc.best)
+        reference = self.references.get(c)
+        if reference is None:
+            # a GPipe configuration gives a reference only if some partition fits without recomputation
+            reference = self.references[c] = c.schedule is ScheduleKind.GPIPE and could_partition(
+                self.table_of(self.leanest(c)), c.inflight(), recompute=False)
+        floor = self.floors.get(c)
+        if floor is None:
+            floor = self.state_floor_bytes(c)
+            limit = self.me.limit_ms(floor, reference, inc, on_all)
+            if lb is None or lb > limit:
+                return limit
+            floor = self.floors[c] = max(floor, self.memory_floor_bytes(c))
+        return self.me.limit_ms(floor, reference, inc, on_all)
+
+    def leanest(self, c: Config) -> Config:
+        """``c`` at the deepest sharding any of its variants is solved at (:meth:`variants`)."""
+        return c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, c.layout)) else c
+
+    def state_floor_bytes(self, c: Config) -> float:
+        """No plan of ``c`` (any variant, partition, recomputation or cap) peaks below this on its
+        busiest device: the ranks hold the model state at least once between them, sharded as
+        the leanest variant (0 for per-stage replication, not bounded here)."""
+        lay = c.layout
+        if lay.stage_replicas:
+            return 0.0
+        kappa = sum(self.cm.state_bytes_per_param(self.leanest(c).sharding()))
+        return kappa * self.unique_params / lay.pipeline_size * (1 - 1e-9)
+
+    def memory_floor_bytes(self, c: Config) -> float:
+        """No plan of ``c`` peaks below this on its busiest device: the least over the partitions
+        of the largest stage's fewest bytes with its in-flight count, at its leanest recomputation
+        (:meth:`StageTable.least_bytes`; a rank's chunks hold at least their largest), the less of
+        ``c``'s own sharding and its ZeRO 3 variant's where that is solved too (ZeRO 3 gathers each
+        layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
+        it); 0 where those are not worked out."""
+        lay, L = c.layout, self.cm.num_layers
+        ks = c.inflight()
+        if lay.stage_replicas or len(ks) > L:
+            return 0.0
+        variants = dict.fromkeys([c, self.leanest(c)])
+        out = math.inf
+        for v in variants:
+            table = self.table_of(v)
+            needs = []
+            for k in ks:
+                key = (id(table), k)
+                if key not in self.least:
+                    self.least[key] = table.least_bytes(k)
+                found = self.least[key]
+                if found is None:
+                    return 0.0
+                needs.append(found)
+            out = min(out, least_largest(needs, L))
+        return max(out, 0.0) * (1 - 1e-9)
 
     def table_of(self, c: Config) -> StageTable:
         cm, tables = self.cm, self.tables
@@ -369,18 +507,18 @@ class ConfigSearch:
         """Visit the next configuration: skip it if its bound exceeds what it must beat, else
         solve its variants and keep the fastest candidate (or run a rebalancing that waited)."""
         cm, request, prune, settings = self.cm, self.request, self.prune, self.settings
-        lb, key, i, phase = heapq.heappop(self.heap)
+        _, key, i, phase, lb = heapq.heappop(self.heap)
         if phase == REBALANCE:
             self.rebalance(lb, i)
             return
         c0 = self.configs[i]
-        limit = self.limit(c0)
+        limit = self.limit(c0, lb)
         if prune and self.tight and self.request.recompute and phase == FRESH and lb <= limit:
             # the memory bound, worked out only for configurations the order reaches: higher, the
             # configuration goes back in its place
             mem = self.memory_bound(c0)
             if mem > lb:
-                heapq.heappush(self.heap, (mem, key, i, MEMORY))
+                heapq.heappush(self.heap, (self.order(mem, i), key, i, MEMORY, mem))
                 return
         if prune and lb > limit:
             self.pruned += 1
@@ -394,7 +532,7 @@ class ConfigSearch:
                     continue
                 own = max(lb, config_lower_bound_ms(cm, c))
                 if prune and own > lb:
-                    heapq.heappush(self.heap, (own, key, i, FSDP))
+                    heapq.heappush(self.heap, (self.order(own, i), key, i, FSDP, own))
                     continue
             sol = solve_config(self.chain_solver, self.table_of(c), c)
             if sol is None:
@@ -406,7 +544,7 @@ class ConfigSearch:
             # rebalancing re-solves the partition, which can then simulate faster than this one
             # unrecomputed (RESULTS 25, 33); always rebalancing took 2x the CPU
             unrec = float("inf")
-            widened = self.budget.widened  # no gate: rebalanced now, pruned or not
+            widened = self.budget.widened or self.lean  # no gate: rebalanced now, pruned or not
             rebalancing = rebalances(c, sol)
             if not widened and rebalancing and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
                 unrec = unrecomputed(cm, proposals[0])
@@ -419,14 +557,16 @@ class ConfigSearch:
             if unrec < limit and prune and not widened:
                 # rebalanced when the order reaches that time, if it still could win then: no rebalancing
                 # of a configuration beaten meanwhile
-                heapq.heappush(self.heap, (unrec, key, len(self.pending), REBALANCE))
+                heapq.heappush(self.heap, (unrec, key, len(self.pending), REBALANCE, unrec))
                 self.pending.append((c, sol, kept))
-            limit = self.limit(c0)
+            limit = self.limit(c0, lb)
 
     def keep(self, c: Config, proposals: list[Candidate], limit: float, slot: int | None = None) -> int | None:
         """Simulate ``proposals`` of ``c`` and keep the fastest (the first of equals) as its
         candidate, in place of the one at ``slot`` of :attr:`out` when faster than it; the
-        candidate's place in :attr:`out` (None: none kept)."""
+        candidate's place in :attr:`out` (None: none kept). The ME objective also keeps the
+        proposal of the least time x memory beside it (a rebalancing or another partition can be
+        slower and leaner: on a drawn case the winner was such a one, its index 1.5% better)."""
         scored = []
         for cand in proposals:
             # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
@@ -436,6 +576,18 @@ class ConfigSearch:
         if not scored:
             return slot
         t, cand = min(scored, key=lambda tc: tc[0])
+        if self.lean:
+            # the ME objective: also the proposal of the least time x memory (its busiest rank's),
+            # where that is not the fastest (rebalanced at once: a kept candidate is never replaced)
+            products = [tc[0] * busiest_rank(c.layout, stage_needs(self.cm, c, tc[1].solution)) for tc in scored]
+            fastest = next(j for j, tc in enumerate(scored) if tc[1] is cand)
+            least = min(range(len(scored)), key=lambda j: (products[j], scored[j][0]))
+            for j in [fastest] + ([least] if least != fastest else []):
+                self.out.append(scored[j])
+                if self.me is not None:
+                    self.me.note(scored[j][1], scored[j][0], products[j])
+            self.incumbent.note(t, c.num_groups == self.num_groups)
+            return len(self.out) - 1
         if slot is None:
             self.out.append((t, cand))
             slot = len(self.out) - 1
@@ -487,6 +639,8 @@ def solve_candidates(
     fsdp: bool = True,
     incumbent_ms: float = float("inf"),
     budget: Budget | None = None,
+    me: MeIncumbent | None = None,
+    shared: Incumbent | None = None,
 ) -> list[Scored]:
     """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
 
@@ -498,10 +652,12 @@ def solve_candidates(
     without them. ``incumbent_ms``: with ``prune``, the best time of another search (another
     context-parallel degree), which every configuration is also pruned against. ``budget``:
     with ``prune``, what is kept beside the fastest (:class:`Budget`; with it the fill and
-    memory bounds are used too).
+    memory bounds are used too). ``me``, ``shared``: with ``prune``, the ME objective's pruning
+    state and the incumbent of times it goes with (:class:`MeIncumbent`).
     """
     return ConfigSearch(cm, request, num_groups, cap_bytes, chain_solver, prune=prune, configs=configs,
-                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms, budget=budget).run()
+                        settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms, budget=budget, me=me,
+                        shared=shared).run()
 
 
 def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:

@@ -87,8 +87,20 @@ than ``chain_max``) the candidates over groups are pruned against the budget wid
 ``budget_refine_slack`` (20%) and every one within it is refined and built: a heuristic, as the
 time objective's pruning there (the refinement of a candidate can speed it up by more than
 ``refine_slack``; on a drawn ResNet-18 the leanest plan within the budget needed 10%). GPT-3
-175B on 64 A100s: 224 s of CPU before, 25 s (RESULTS 35). The ME objective (its index weighs
-time against memory anywhere on the front) is searched without pruning.
+175B on 64 A100s: 224 s of CPU before, 25 s (RESULTS 35).
+
+The ME objective (the index ``(t_ref / t) / (m / m_ref)`` against the fastest GPipe plan without
+recomputation, so the plan with the least ``t x m``) searches the degrees one by one against one
+:class:`planner.solve.candidates.MeIncumbent` (with one incumbent of times): a configuration, in
+every pass (the cap and the tighter caps), is solved only if its time bound times its memory floor
+(the state's share of a rank, then the least over partitions of the largest stage's fewest bytes at
+its leanest recomputation) is at most the least ``t x m`` found, or it could give a faster
+reference (GPipe with a partition that fits without recomputation), the fastest plan (while no
+reference is known) or the fastest on all the devices; configurations are visited by time bound
+x state share, the leanest first; every configuration whose solution recomputes is rebalanced (as
+without pruning); plans are built only for the candidates that could be one of those. Its plan,
+index and reference are the search without pruning's; its Pareto front holds fewer points (those
+built). On a grouped profile it searches without pruning.
 
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
@@ -121,6 +133,7 @@ from planner.solve.candidates import (
     ChainSolver,
     ConfigSearch,
     Incumbent,
+    MeIncumbent,
     Scored,
     score_key,
     simulated,
@@ -215,7 +228,9 @@ def degree_by_degree(
     # the memory objective prunes every degree against the fastest candidates of all of them
     # (what it keeps is within the budget of the fastest of all): one incumbent, shared
     memory = request.objective is Objective.MEMORY and settings.prune_configs
-    shared = Incumbent() if memory else None
+    # the ME objective prunes every degree against what it found in all of them (MeIncumbent)
+    me = MeIncumbent() if request.objective is Objective.ME and settings.prune_configs else None
+    shared = Incumbent() if memory or me is not None else None
     for (cp, t, sp), cm in zip(degrees, degree_models(problem, base, degrees)):
         note_degree((cp, t, sp))
         earlier = min((p.predicted.iteration_ms for p in plans), default=float("inf"))
@@ -224,7 +239,7 @@ def degree_by_degree(
                 and machine_bound_ms(cm, request.global_batch, n // (t * cp)) >= incumbent):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
-            search = LayoutSearch(problem, cm, n // (t * cp), chain_solver, settings, incumbent, shared)
+            search = LayoutSearch(problem, cm, n // (t * cp), chain_solver, settings, incumbent, shared, me)
             search.configs.run()
             found = search.finish(incumbent, suggest=False)
         except InfeasibleError as exc:
@@ -343,6 +358,7 @@ class LayoutSearch:
     def __init__(
         self, problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver,
         settings: SearchSettings = SETTINGS, incumbent_ms: float = float("inf"), shared: Incumbent | None = None,
+        me: MeIncumbent | None = None,
     ) -> None:
         request = problem.request
         profile = cm.profile
@@ -378,11 +394,14 @@ class LayoutSearch:
         slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
         chooses = Budget.of_request(request)  # the memory objective's: what it may choose among
         self.budget = chooses if self.starts is None else chooses.widened_by(1.0 + settings.budget_refine_slack)
-        prune = (self.by_time or self.budget.widened) and settings.prune_configs
+        # the ME objective prunes over the layers themselves only (a grouped profile is searched in full)
+        self.me = me if self.starts is None and settings.prune_configs else None
+        self.shared = shared
+        prune = (self.by_time or self.budget.widened or self.me is not None) and settings.prune_configs
         self.configs = ConfigSearch(
             self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
             incumbent_ms=incumbent_ms if prune and self.by_time else float("inf"), shared=shared,
-            fill=shared is not None, slack=slack, budget=self.budget)
+            fill=shared is not None, slack=slack, budget=self.budget, me=self.me)
 
     def fine(self, scored: list[Scored], keep: int, refined: bool) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
@@ -428,7 +447,7 @@ class LayoutSearch:
             if not scored and on_all is None:
                 return None  # no configuration of these degrees beats the incumbent
         if self.chain_solver is solve_chain and (scored or not pruning):
-            limit = self.budget.of(shared.best) if shared is not None else float("inf")
+            limit = self.budget.of(shared.best) if shared is not None and self.me is None else float("inf")
             scored += replicated_candidates(self.cm_search, self.req_search, num_groups, cap, scored, settings,
                                             incumbent_ms=limit)
             scored.sort(key=score_key)
@@ -451,6 +470,12 @@ class LayoutSearch:
             scored = kept + [on_all] if on_all is not None and not any(tc is on_all for tc in kept) else kept
             if not scored:
                 return None  # a cp > 1 degree with nothing within the budget of the degrees before it
+        me = self.me
+        if me is not None:
+            # the ME objective builds only the candidates that could be its choice, its reference,
+            # the fastest (while no reference is known) or the fastest on all the groups
+            inc = self.configs.incumbent
+            scored = [tc for tc in scored if me.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
         keep = settings.rescore_top if by_time else len(scored)
         plans = build_best(problem, cm, self.fine(scored, keep, True), keep + 1)
         # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
@@ -460,12 +485,18 @@ class LayoutSearch:
         for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
             bounded = within < float("inf")  # pruned to the memory objective's budget (a tighter cap is never faster)
             tighter = solve_candidates(
-                self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver, prune=bounded,
-                configs=configs, settings=settings, fsdp=not by_time, budget=budget,
-                incumbent_ms=min(p.predicted.iteration_ms for p in plans) if bounded else float("inf"))
+                self.cm_search, self.req_search, num_groups, cap * frac, self.chain_solver,
+                prune=bounded or me is not None, configs=configs, settings=settings, fsdp=not by_time, budget=budget,
+                incumbent_ms=min(p.predicted.iteration_ms for p in plans) if bounded else float("inf"),
+                me=me, shared=self.configs.incumbent if me is not None else None)
             tighter = [tc for tc in tighter if tc[0] <= within]
+            if me is not None:
+                inc = self.configs.incumbent
+                tighter = [tc for tc in tighter if me.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
             k = 2 if by_time else len(tighter)
             plans += build_best(problem, cm, self.fine(tighter, k, False), k)
+        if not plans:
+            return None  # the ME objective: nothing of these degrees could be its choice (nor its references)
         front = pareto_front(plans)
         best = select(plans, request)
         self.built = plans
