@@ -178,17 +178,18 @@ class MeIncumbent:
     product: float = math.inf
     reference_ms: float = math.inf
 
-    def limit_ms(self, floor_bytes: float, reference: bool, inc: Incumbent, on_all: bool) -> float:
+    def limit_ms(self, floor_bytes: float, reference: bool, inc: Incumbent, on_all: bool, widen: float = 1.0) -> float:
         """The time bound above which a configuration cannot hold any of those, its plans' peak
         memory at least ``floor_bytes``, ``reference``: it might give a reference (with a
-        relative 1e-9 to spare for rounding)."""
-        out = self.product / floor_bytes if floor_bytes > 0 else math.inf
+        relative 1e-9 to spare for rounding); ``widen``: every figure it must beat that much
+        wider (over groups of layers, whose candidates the refinement changes)."""
+        out = self.product * widen / floor_bytes if floor_bytes > 0 else math.inf
         if reference:
-            out = max(out, self.reference_ms)
+            out = max(out, self.reference_ms * widen)
         if self.reference_ms == math.inf:
-            out = max(out, inc.best)
+            out = max(out, inc.best * widen)
         if on_all:
-            out = max(out, inc.best_all)
+            out = max(out, inc.best_all * widen)
         return out * (1 + 1e-9)
 
     def note(self, cand: Candidate, time_ms: float, product: float) -> None:
@@ -200,14 +201,14 @@ class MeIncumbent:
         if c.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective:
             self.reference_ms = min(self.reference_ms, time_ms)
 
-    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool) -> bool:
+    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool, widen: float = 1.0) -> bool:
         """The candidate could be the plan the objective chooses, its reference, the fastest
         while no reference is known, or the fastest on all the devices (else no plan is built for
-        it): its memory at least its largest stage's peak."""
+        it): its memory at least its largest stage's peak; ``widen`` as :meth:`limit_ms`'s."""
         t, cand = scored
         c, sol = cand.config, cand.solution
-        slack = 1 + 1e-9
-        if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK):
+        slack = (1 + 1e-9) * widen
+        if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK) * widen:
             return True
         if c.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective \
                 and t <= self.reference_ms * slack:
@@ -241,10 +242,12 @@ class ConfigSearch:
         slack: float = 1.0,
         budget: Budget | None = None,
         me: MeIncumbent | None = None,
+        me_widen: float = 1.0,
     ) -> None:
         self.cm, self.request, self.num_groups, self.cap_bytes = cm, request, num_groups, cap_bytes
         self.budget = budget if budget is not None else Budget()
         self.me = me if prune else None  # the ME objective's pruning (:class:`MeIncumbent`)
+        self.me_widen = me_widen  # its figures widened (over groups of layers: MeIncumbent.limit_ms)
         # the ME objective (pruned or not): every configuration whose solution recomputes rebalanced,
         # and the proposal of the least time x memory kept beside the fastest (:meth:`keep`)
         self.lean = request.objective is Objective.ME
@@ -423,11 +426,11 @@ class ConfigSearch:
         floor = self.floors.get(c)
         if floor is None:
             floor = self.state_floor_bytes(c)
-            limit = self.me.limit_ms(floor, reference, inc, on_all)
+            limit = self.me.limit_ms(floor, reference, inc, on_all, self.me_widen)
             if lb is None or lb > limit:
                 return limit
             floor = self.floors[c] = max(floor, self.memory_floor_bytes(c))
-        return self.me.limit_ms(floor, reference, inc, on_all)
+        return self.me.limit_ms(floor, reference, inc, on_all, self.me_widen)
 
     def leanest(self, c: Config) -> Config:
         """``c`` at the deepest sharding any of its variants is solved at (:meth:`variants`)."""
@@ -641,6 +644,7 @@ def solve_candidates(
     budget: Budget | None = None,
     me: MeIncumbent | None = None,
     shared: Incumbent | None = None,
+    me_widen: float = 1.0,
 ) -> list[Scored]:
     """The J-optimum of each configuration by ``chain_solver``, with its simulated time.
 
@@ -653,11 +657,11 @@ def solve_candidates(
     context-parallel degree), which every configuration is also pruned against. ``budget``:
     with ``prune``, what is kept beside the fastest (:class:`Budget`; with it the fill and
     memory bounds are used too). ``me``, ``shared``: with ``prune``, the ME objective's pruning
-    state and the incumbent of times it goes with (:class:`MeIncumbent`).
+    state and the incumbent of times it goes with (:class:`MeIncumbent`), ``me_widen`` its widening.
     """
     return ConfigSearch(cm, request, num_groups, cap_bytes, chain_solver, prune=prune, configs=configs,
                         settings=settings, fsdp=fsdp, incumbent_ms=incumbent_ms, budget=budget, me=me,
-                        shared=shared).run()
+                        shared=shared, me_widen=me_widen).run()
 
 
 def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:

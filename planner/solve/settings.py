@@ -65,7 +65,8 @@ class SearchSettings:
         metadata={"doc": "on a grouped profile, the memory objective's budget (10% over the fastest, or the time "
                          "budget) is widened by this fraction for the candidates over groups of layers, which are "
                          "refined before it chooses: a heuristic (on a drawn ResNet-18 of 71 layers the leanest plan within "
-                         "the budget was lost at 0.05 and kept at 0.1)"},
+                         "the budget was lost at 0.05 and kept at 0.1); the ME objective's figures (least time x memory, "
+                         "reference, fastest) are widened alike there"},
     )
     refine_radius: int = field(
         default=4, metadata={"doc": "layers on each side of a coarse boundary that the refinement plans one by one"}
