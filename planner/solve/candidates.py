@@ -248,9 +248,9 @@ class ConfigSearch:
         self.budget = budget if budget is not None else Budget()
         self.me = me if prune else None  # the ME objective's pruning (:class:`MeIncumbent`)
         self.me_widen = me_widen  # its figures widened (over groups of layers: MeIncumbent.limit_ms)
-        # the ME objective (pruned or not): every configuration whose solution recomputes rebalanced,
-        # and the proposal of the least time x memory kept beside the fastest (:meth:`keep`)
-        self.lean = request.objective is Objective.ME
+        # the memory and ME objectives (pruned or not): every configuration whose solution recomputes
+        # rebalanced, and every proposal leaner than the faster ones kept beside the fastest (:meth:`keep`)
+        self.lean = request.objective in (Objective.MEMORY, Objective.ME)
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.references: dict[Config, bool] = {}  # per configuration, whether it might give the ME reference
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
@@ -567,9 +567,9 @@ class ConfigSearch:
     def keep(self, c: Config, proposals: list[Candidate], limit: float, slot: int | None = None) -> int | None:
         """Simulate ``proposals`` of ``c`` and keep the fastest (the first of equals) as its
         candidate, in place of the one at ``slot`` of :attr:`out` when faster than it; the
-        candidate's place in :attr:`out` (None: none kept). The ME objective also keeps the
-        proposal of the least time x memory beside it (a rebalancing or another partition can be
-        slower and leaner: on a drawn case the winner was such a one, its index 1.5% better)."""
+        candidate's place in :attr:`out` (None: none kept). The memory and ME objectives also keep
+        every proposal leaner than each faster one (a rebalancing or another partition can be
+        slower and leaner: on a drawn case the ME objective's winner was such a one, RESULTS 36)."""
         scored = []
         for cand in proposals:
             # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
@@ -580,15 +580,20 @@ class ConfigSearch:
             return slot
         t, cand = min(scored, key=lambda tc: tc[0])
         if self.lean:
-            # the ME objective: also the proposal of the least time x memory (its busiest rank's),
-            # where that is not the fastest (rebalanced at once: a kept candidate is never replaced)
-            products = [tc[0] * busiest_rank(c.layout, stage_needs(self.cm, c, tc[1].solution)) for tc in scored]
+            # the memory objectives: the fastest and every proposal leaner than each faster one (the
+            # proposals' time x memory front, memory as the busiest rank's chunks' peaks summed;
+            # rebalanced at once, so a kept candidate is never replaced)
+            mems = [busiest_rank(c.layout, stage_needs(self.cm, c, tc[1].solution)) for tc in scored]
             fastest = next(j for j, tc in enumerate(scored) if tc[1] is cand)
-            least = min(range(len(scored)), key=lambda j: (products[j], scored[j][0]))
-            for j in [fastest] + ([least] if least != fastest else []):
+            front, least = [fastest], mems[fastest]
+            for j in sorted(range(len(scored)), key=lambda j: (scored[j][0], mems[j])):
+                if mems[j] < least:
+                    front.append(j)
+                    least = mems[j]
+            for j in front:
                 self.out.append(scored[j])
                 if self.me is not None:
-                    self.me.note(scored[j][1], scored[j][0], products[j])
+                    self.me.note(scored[j][1], scored[j][0], scored[j][0] * mems[j])
             self.incumbent.note(t, c.num_groups == self.num_groups)
             return len(self.out) - 1
         if slot is None:

@@ -79,9 +79,12 @@ incumbent, the fastest candidates of every degree so far: each configuration is 
 the same bounds against the budget of that (``1.1 x`` it, or the time budget where that is
 more; a configuration on all the devices against the fastest on all of them), as are the
 tighter-cap passes; it builds plans only for the candidates within that budget (and each
-degree's best on all the devices), and rebalances every configuration whose solution
-recomputes, pruned or not (the time objective's gate is a heuristic). Every candidate it could
-choose is still found, so its plan is the search without pruning's (``prune_configs=False``);
+degree's best on all the devices). Pruned or not, it rebalances every configuration whose
+solution recomputes (the time objective's gate is a heuristic, and it depends on the order of the
+visit) and keeps, beside each configuration's fastest proposal, every proposal leaner than each
+faster one (a rebalancing or another partition can be slower and leaner; the ME objective
+alike). Every candidate it could choose is still found, so its plan is the search without
+pruning's (``prune_configs=False``);
 its Pareto front holds the points within the budget only. On a grouped profile (more layers
 than ``chain_max``) the candidates over groups are pruned against the budget widened by
 ``budget_refine_slack`` (20%) and every one within it is refined and built: a heuristic, as the
