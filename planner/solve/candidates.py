@@ -155,6 +155,12 @@ class Budget:
         return cls(MEMORY_OBJECTIVE_FACTOR, 0.0)
 
 
+def gives_reference(cand: Candidate) -> bool:
+    """The candidate's plan could be the ME index's reference: GPipe, nothing recomputed."""
+    sol = cand.solution
+    return cand.config.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective
+
+
 #: the ME objective's memory figures agree to this fraction: a stage's peak (its parts each rounded
 #: to bytes) against its plan's (rounded once), e.g. 1,073,456,098 against 1,073,456,096 bytes
 BYTES_SLACK = 1e-6
@@ -196,9 +202,8 @@ class MeIncumbent:
         """A candidate kept, simulated at ``time_ms``, ``product`` its time x its busiest rank's
         memory (its chunks' peaks summed; with a relative 1e-6 to spare for the bytes each stage's
         parts are rounded to)."""
-        c, sol = cand.config, cand.solution
         self.product = min(self.product, product * (1 + BYTES_SLACK))
-        if c.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective:
+        if gives_reference(cand):
             self.reference_ms = min(self.reference_ms, time_ms)
 
     def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool, widen: float = 1.0) -> bool:
@@ -210,8 +215,7 @@ class MeIncumbent:
         slack = (1 + 1e-9) * widen
         if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK) * widen:
             return True
-        if c.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective \
-                and t <= self.reference_ms * slack:
+        if gives_reference(cand) and t <= self.reference_ms * slack:
             return True
         return (self.reference_ms == math.inf and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
 
@@ -264,7 +268,7 @@ class ConfigSearch:
         self.tight = bounded  # also the memory floor (memory_bound)
         self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
         # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
-        self.inverses: dict[tuple[tuple[int, float], int, float], tuple[np.ndarray, np.ndarray]] = {}
+        self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
@@ -273,9 +277,8 @@ class ConfigSearch:
         self.configs = configs
         # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
         # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
-        # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP)
-        # (the ME objective orders by bound x the state's share of memory, its leanest candidates first:
-        # (order, tie-break, index, phase, bound))
+        # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP);
+        # the order is the bound, for the ME objective the bound x the state's share of memory (:meth:`order`)
         self.scales = [self.state_floor_bytes(c) if self.me is not None else 1.0 for c in configs]
         self.heap = [(self.order(lb, i), c.sort_key(), i, FRESH, lb)
                      for i, (c, lb) in enumerate((c, self.bound(c)) for c in configs)]
@@ -303,7 +306,7 @@ class ConfigSearch:
             lb = max(lb, chunk_fill_bound_ms(cm, c))
         return lb
 
-    def memory_bound(self, c: Config, cap: float | None = None) -> float:
+    def memory_bound(self, c: Config) -> float:
         """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
         saved storages, not bounded here). Devices short of memory recompute: a layer
         recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
@@ -362,8 +365,7 @@ class ConfigSearch:
         if rate <= 0:
             return 0.0
         ks = c.inflight()
-        P, M = lay.pipeline_size, c.num_microbatches
-        cap = self.cap_bytes if cap is None else cap
+        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
         floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
@@ -377,10 +379,10 @@ class ConfigSearch:
             ranks.setdefault(min(ks[s] for s in lay.stage_indices(r)), []).append(float(fills[r]))
         inverses = []
         for kmin, waits in ranks.items():
-            found = self.inverses.get((key, kmin, cap))
+            found = self.inverses.get((key, kmin))
             if found is None:
                 w, h = least_bytes(layer_work, state + kmin * saved, cap)
-                found = self.inverses[(key, kmin, cap)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
+                found = self.inverses[(key, kmin)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
             inverses.append((*found, np.array(waits)))
         # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
         # breakpoints a_r + M t

@@ -403,7 +403,6 @@ class LayoutSearch:
         # budget_refine_slack (a heuristic, as the memory objective's)
         self.me = me if settings.prune_configs else None
         self.me_widen = 1.0 if self.starts is None else 1.0 + settings.budget_refine_slack
-        self.shared = shared
         prune = (self.by_time or self.budget.widened or self.me is not None) and settings.prune_configs
         self.configs = ConfigSearch(
             self.cm_search, self.req_search, num_groups, self.cap, chain_solver, prune=prune, settings=settings,
@@ -430,6 +429,16 @@ class LayoutSearch:
             out.append((simulated(cm, mapped), mapped))
         out.sort(key=score_key)
         return out
+
+    def could_matter(self, scored: list[Scored]) -> list[Scored]:
+        """The ME objective builds only the candidates that could be its choice, its reference, the
+        fastest (while no reference is known) or the fastest on all the groups
+        (:meth:`~planner.solve.candidates.MeIncumbent.matters`); the other objectives all."""
+        me, inc = self.me, self.configs.incumbent
+        if me is None:
+            return scored
+        return [tc for tc in scored
+                if me.matters(self.cm_search, tc, inc, tc[1].config.num_groups == self.num_groups, self.me_widen)]
 
     def finish(self, incumbent_ms: float = float("inf"), shared: Incumbent | None = None,
                suggest: bool = True) -> Plan | None:
@@ -478,12 +487,7 @@ class LayoutSearch:
             if not scored:
                 return None  # a cp > 1 degree with nothing within the budget of the degrees before it
         me = self.me
-        if me is not None:
-            # the ME objective builds only the candidates that could be its choice, its reference,
-            # the fastest (while no reference is known) or the fastest on all the groups
-            inc = self.configs.incumbent
-            scored = [tc for tc in scored
-                      if me.matters(self.cm_search, tc, inc, tc[1].config.num_groups == num_groups, self.me_widen)]
+        scored = self.could_matter(scored)
         keep = settings.rescore_top if by_time else len(scored)
         plans = build_best(problem, cm, self.fine(scored, keep, True), keep + 1)
         # more points on the memory axis (the Pareto front, and the memory / ME objectives): the
@@ -497,11 +501,7 @@ class LayoutSearch:
                 prune=bounded or me is not None, configs=configs, settings=settings, fsdp=not by_time, budget=budget,
                 incumbent_ms=min(p.predicted.iteration_ms for p in plans) if bounded else float("inf"),
                 me=me, shared=self.configs.incumbent if me is not None else None, me_widen=self.me_widen)
-            tighter = [tc for tc in tighter if tc[0] <= within]
-            if me is not None:
-                inc = self.configs.incumbent
-                tighter = [tc for tc in tighter
-                           if me.matters(self.cm_search, tc, inc, tc[1].config.num_groups == num_groups, self.me_widen)]
+            tighter = self.could_matter([tc for tc in tighter if tc[0] <= within])
             k = 2 if by_time else len(tighter)
             plans += build_best(problem, cm, self.fine(tighter, k, False), k)
         if not plans:
