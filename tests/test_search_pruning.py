@@ -123,7 +123,7 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     from planner.solve.space import all_configs, config_lower_bound_ms
 
     n = 8
-    bounded = chunk_filled = 0
+    bounded = chunk_filled = floored = 0
     for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
         profile, cluster, request = CASES[case]
         for tp in degrees:
@@ -139,11 +139,42 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
                 memory = search.memory_bound(c)
                 assert memory <= fastest * (1 + 1e-9), c
                 bounded += memory > search.bound(c)
+                # the rank floor: every candidate runs its busiest rank M times at least that
+                assert search.rank_floor_ms(c) <= fastest * (1 + 1e-9), c
+                floored += search.rank_floor_ms(c) > search.bound(c)
                 if c.schedule is ScheduleKind.INTERLEAVED_1F1B:
                     assert chunk_fill_bound_ms(cm, c) <= fastest * (1 + 1e-9), c
                     chunk_filled += chunk_fill_bound_ms(cm, c) > config_lower_bound_ms(cm, c)
     assert bounded > 0
     assert chunk_filled > 0  # the interleaved fill bound is higher than the average work somewhere
+    assert floored > 0  # and the rank floor higher than both somewhere
+
+
+def test_rank_floor_is_below_every_assignment_of_whole_layers() -> None:
+    """:func:`busiest_rank_floor_ms` never exceeds the busiest rank of any assignment of whole
+    layers to the ranks (every one enumerated on small cases), equals it on equal layers
+    (``ceil(L / R)`` of them), and beats the average where the layers do not divide evenly."""
+    import itertools
+    import math
+
+    import numpy as np
+
+    from planner.solve.candidates import busiest_rank_floor_ms
+
+    rng = np.random.default_rng(11)
+    tight = 0
+    for _ in range(200):
+        n, ranks = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        work = rng.uniform(0.0, 5.0, n) * rng.choice([1.0, 10.0], n)
+        best = min(max(sum(work[i] for i in range(n) if owner[i] == r) for r in range(ranks))
+                   for owner in itertools.product(range(ranks), repeat=n))
+        floor = busiest_rank_floor_ms(work, ranks)
+        assert floor <= best * (1 + 1e-9) + 1e-12
+        tight += math.isclose(floor, best, rel_tol=1e-6)
+    assert tight > 50  # often exact on so few layers
+    for L, R in ((98, 64), (98, 32), (96, 32), (7, 3)):
+        assert math.isclose(busiest_rank_floor_ms(np.full(L, 2.0), R), 2.0 * math.ceil(L / R), rel_tol=1e-6)
+    assert busiest_rank_floor_ms(np.full(98, 1.0), 64) > 98 / 64 * 1.3
 
 
 def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> None:

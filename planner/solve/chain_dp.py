@@ -955,7 +955,9 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     w = L - P + 1  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w) (as _Bands)
     if w < 1:
         return False
-    fits = [table.could_fit(inflight[s], table.cap_of(s), recompute) for s in range(P)]
+    ats = [(inflight[s], table.cap_of(s)) for s in range(P)]
+    found = {at: table.could_fit(*at, recompute) for at in dict.fromkeys(ats)}  # few distinct: one lookup each
+    fits = [found[at] for at in ats]
     cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
     if all(fits[s][cuts[s], cuts[s + 1]] for s in range(P)):
         return True

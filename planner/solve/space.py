@@ -181,17 +181,20 @@ def all_configs(
     out: list[Config] = []
     for P, D in configurations(cm.num_layers, num_groups, request):
         z = searched_zero(request, D)
+        # one layout per chunk count, shared by every micro-batch size
+        plain = layout_of(cm, P, D, 1, z)
+        chunked = {v: layout_of(cm, P, D, v, z) for v in settings.interleave_factors if P * v <= cm.num_layers}
+        zbv = layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V) if 2 * P <= cm.num_layers else None
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
-            out.extend(Config(layout_of(cm, P, D, 1, z), b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+            out.extend(Config(plain, b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
             if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
                 out.extend(
-                    Config(layout_of(cm, P, D, v, z), b, M, ScheduleKind.INTERLEAVED_1F1B)
-                    for v in settings.interleave_factors
-                    if P * v <= cm.num_layers and interleaving_valid(P, M, v)
+                    Config(lay, b, M, ScheduleKind.INTERLEAVED_1F1B)
+                    for v, lay in chunked.items() if interleaving_valid(P, M, v)
                 )
-            if interleaved and ScheduleKind.ZBV in request.schedules and P > 1 and 2 * P <= cm.num_layers:
-                out.append(Config(layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V), b, M, ScheduleKind.ZBV))
+            if interleaved and ScheduleKind.ZBV in request.schedules and P > 1 and zbv is not None:
+                out.append(Config(zbv, b, M, ScheduleKind.ZBV))
     return out
 
 
