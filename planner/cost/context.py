@@ -167,17 +167,14 @@ def _with_collective(rest: TimeFit, core: TimeFit, coll: tuple[float, float], hi
     return TimeFit(intercept_ms=max(y0 - slope * b0, -slope), per_sample_ms=slope)
 
 
-def _layer_view(layer: Layer, cp: int, r: float, bwd_factor: float, kv: float, line: tuple[float, float],
-                stack: Stack) -> Layer:
+def _view_times(layer: Layer, cp: int, r: float, bwd_factor: float, kv: float, line: tuple[float, float],
+                stack: Stack) -> tuple[TimeFit, TimeFit, AttentionCore | None]:
+    """One device's forward and backward lines of ``layer`` in a ``cp`` group, and its attention
+    core's (see the module docstring)."""
     core = layer.attention_core
     token = r / cp
     if core is None:
-        return dataclasses.replace(
-            layer, fwd=_scaled(layer.fwd, token), bwd=_scaled(layer.bwd, token), measured=(), tp=None,
-            saved_bytes_per_sample=layer.saved_bytes_per_sample / cp,
-            input_bytes_per_sample=layer.input_bytes_per_sample / cp,
-            output_bytes_per_sample=layer.output_bytes_per_sample / cp,
-        )
+        return _scaled(layer.fwd, token), _scaled(layer.bwd, token), None
     c_fwd = core.fwd
     c_bwd = TimeFit(intercept_ms=c_fwd.intercept_ms * bwd_factor, per_sample_ms=c_fwd.per_sample_ms * bwd_factor)
     rest_f = TimeFit(intercept_ms=max(0.0, layer.fwd.intercept_ms - c_fwd.intercept_ms),
@@ -189,13 +186,19 @@ def _layer_view(layer: Layer, cp: int, r: float, bwd_factor: float, kv: float, l
     fwd = _with_collective(rest_f, _scaled(c_fwd, 1.0 / cp), gather, stack.tp_overlap_forward)
     # backward: the keys and values gathered again, their gradients reduce-scattered
     bwd = _with_collective(rest_b, _scaled(c_bwd, 1.0 / cp), (2 * gather[0], 2 * gather[1]), stack.tp_overlap_backward)
+    return fwd, bwd, AttentionCore(saved_bytes_per_sample=core.saved_bytes_per_sample / cp,
+                                   saved_bytes_fixed=core.saved_bytes_fixed, fwd=_scaled(c_fwd, 1.0 / cp))
+
+
+def _layer_view(layer: Layer, cp: int, times: tuple[TimeFit, TimeFit, AttentionCore | None]) -> Layer:
+    fwd, bwd, core = times
+    extra = {} if core is None else {"attention_core": core}
     return dataclasses.replace(
         layer, fwd=fwd, bwd=bwd, measured=(), tp=None,
         saved_bytes_per_sample=layer.saved_bytes_per_sample / cp,
         input_bytes_per_sample=layer.input_bytes_per_sample / cp,
         output_bytes_per_sample=layer.output_bytes_per_sample / cp,
-        attention_core=AttentionCore(saved_bytes_per_sample=core.saved_bytes_per_sample / cp,
-                                     saved_bytes_fixed=core.saved_bytes_fixed, fwd=_scaled(c_fwd, 1.0 / cp)),
+        **extra,
     )
 
 
@@ -224,11 +227,16 @@ def context_parallel_view(profile: Profile, cluster: Cluster, cp: int, tp_degree
     kv = shape.kv_bytes_per_sample(tp_degree)
     r = gemm_ratio(shape, cp, tp_degree)
     factor = CORE_BWD_FACTOR[profile.attention]
-    layers = tuple(_layer_view(layer, cp, r, factor, kv, (per_byte * speed, fixed * speed), stack)
-                   for layer in profile.layers)
+    times: dict[tuple[object, ...], tuple[TimeFit, TimeFit, AttentionCore | None]] = {}  # equal layers: worked out once
+    layers = []
+    for layer in profile.layers:
+        key = (layer.fwd, layer.bwd, layer.attention_core)
+        if key not in times:
+            times[key] = _view_times(layer, cp, r, factor, kv, (per_byte * speed, fixed * speed), stack)
+        layers.append(_layer_view(layer, cp, times[key]))
     view = dataclasses.replace(
         profile,
-        layers=layers,
+        layers=tuple(layers),
         edges=tuple(Edge(src=e.src, dst=e.dst, bytes_per_sample=e.bytes_per_sample / cp) for e in profile.edges),
         shared_saved=tuple(
             SharedSaved(first=p.first, second=p.second, bytes_per_sample=p.bytes_per_sample / cp, bytes_fixed=p.bytes_fixed)

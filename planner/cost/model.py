@@ -182,10 +182,19 @@ class CostModel(ShardedState):
         """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
         on the instance, so a cost model and its arrays are freed together)."""
         if microbatch_size not in self._layer_times:
-            fwd = np.array([layer.fwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
-            bwd = np.array([layer.bwd_ms(microbatch_size) for layer in self.profile.layers]) / self._speed
+            # Layer.fwd_ms / bwd_ms (TimeFit.at: the line, never negative) over every layer at once
+            (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
+            fwd = np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed
+            bwd = np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed
             self._layer_times[microbatch_size] = (fwd, bwd)
         return self._layer_times[microbatch_size]
+
+    @cached_property
+    def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """(intercepts, ms per sample) of the layers' forward and backward lines."""
+        layers = self.profile.layers
+        return ((np.array([x.fwd.intercept_ms for x in layers]), np.array([x.fwd.per_sample_ms for x in layers])),
+                (np.array([x.bwd.intercept_ms for x in layers]), np.array([x.bwd.per_sample_ms for x in layers])))
 
     def time_prefix(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
         if microbatch_size not in self._time_prefix:
