@@ -191,14 +191,12 @@ def _view_times(layer: Layer, cp: int, r: float, bwd_factor: float, kv: float, l
 
 
 def _layer_view(layer: Layer, cp: int, times: tuple[TimeFit, TimeFit, AttentionCore | None]) -> Layer:
-    fwd, bwd, core = times
-    extra = {} if core is None else {"attention_core": core}
+    fwd, bwd, core = times  # core None: the layer has none
     return dataclasses.replace(
         layer, fwd=fwd, bwd=bwd, measured=(), tp=None,
         saved_bytes_per_sample=layer.saved_bytes_per_sample / cp,
         input_bytes_per_sample=layer.input_bytes_per_sample / cp,
-        output_bytes_per_sample=layer.output_bytes_per_sample / cp,
-        **extra,
+        output_bytes_per_sample=layer.output_bytes_per_sample / cp, attention_core=core,
     )
 
 
