@@ -393,3 +393,32 @@ def test_pruned_search_chooses_the_exhaustive_plan_on_random_cases(seed: int) ->
         p = plan_or_refusal(profile, cluster, request, settings)
         found.append(p if isinstance(p, tuple) else (p.predicted.iteration_ms, p.predicted.all_devices_ms, _chosen(p)))
     assert found[0] == found[1]
+
+
+def test_recompute_curve_is_below_every_choice_of_levels() -> None:
+    """The memory floor's ``R(x)`` (:func:`recompute_curve`) never exceeds the time of any
+    choice of levels (each layer none, selective or full) freeing at least ``x`` bytes per
+    micro-batch (every choice enumerated on small cases), starts at the cheapest ms per byte
+    of any level (the single rate the floor took before) and is convex."""
+    import itertools
+
+    import numpy as np
+
+    from planner.solve.candidates import recompute_curve, recompute_ms
+
+    rng = np.random.default_rng(5)
+    for _ in range(100):
+        n = int(rng.integers(1, 6))
+        fwd, gain = rng.uniform(0.0, 5.0, n), rng.uniform(0.0, 10.0, n) * rng.choice([0.0, 1.0], n, p=[0.2, 0.8])
+        core_ms, core = rng.uniform(0.0, 2.0, n), rng.uniform(0.0, 12.0, n) * rng.choice([0.0, 1.0], n)
+        curve = recompute_curve(fwd, gain, core_ms, core)
+        xs, ys = curve
+        slopes = np.diff(ys) / np.diff(xs)
+        assert np.all(np.diff(slopes) >= -1e-9)  # convex
+        rates = [f / g for f, g in zip(fwd, gain) if g > 0] + [t / c for t, c in zip(core_ms, core) if c > 0]
+        if rates:
+            assert np.isclose(slopes[0], min(rates))
+        for levels in itertools.product(range(3), repeat=n):  # 0 none, 1 selective, 2 full
+            freed = sum((0.0, core[i], gain[i])[lv] for i, lv in enumerate(levels))
+            ms = sum((0.0, core_ms[i], fwd[i])[lv] for i, lv in enumerate(levels))
+            assert float(recompute_ms(curve, freed)) <= ms * (1 + 1e-9) + 1e-12

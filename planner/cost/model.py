@@ -164,6 +164,7 @@ class CostModel(ShardedState):
         self._speed = cluster.relative_speed
         self._layer_times: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._time_prefix: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._work: dict[int, float] = {}
         self._core_times: dict[int, np.ndarray] = {}
         self._shared: dict[int, np.ndarray] = {}
         self._fsdp: dict[tuple[int, float, float], FsdpTerms] = {}
@@ -202,6 +203,15 @@ class CostModel(ShardedState):
             self._time_prefix[microbatch_size] = (np.concatenate([[0.0], np.cumsum(fwd)]),
                                                   np.concatenate([[0.0], np.cumsum(bwd)]))
         return self._time_prefix[microbatch_size]
+
+    def work_ms(self, microbatch_size: int) -> float:
+        """Every layer's forward + backward of one micro-batch (cached: the bounds read it per
+        configuration)."""
+        found = self._work.get(microbatch_size)
+        if found is None:
+            fp, bp = self.time_prefix(microbatch_size)
+            found = self._work[microbatch_size] = float(fp[-1] + bp[-1])
+        return found
 
     def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         fp, _ = self.time_prefix(microbatch_size)

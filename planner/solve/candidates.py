@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,8 +67,7 @@ def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
     bound ``M W / P`` it adds about half the interleaved bubble when chunks are about a layer each
     (deep pipelines: e.g. +24% at P = 64, v = 2, M = 64)."""
     a = [float(x) for x in rank_fills_ms(cm, c)]  # ascending: layer work >= 0
-    fp, bp = cm.time_prefix(c.microbatch_size)
-    need = c.num_microbatches * float(fp[-1] + bp[-1])
+    need = c.num_microbatches * cm.work_ms(c.microbatch_size)
     for k in range(len(a), 0, -1):  # the ranks whose a_r is below T share the work
         t = (need + sum(a[:k])) / k
         if t >= a[k - 1]:
@@ -87,6 +87,49 @@ def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
     k = np.arange(1, len(desc) + 1)
     q = -(-k // num_ranks)
     return float(np.max(prefix[k] - prefix[k - q], initial=0.0)) * (1 - 1e-9)
+
+
+#: breakpoints (bytes freed per micro-batch, ms) of recompute_curve
+Curve = tuple[np.ndarray, np.ndarray]
+
+
+def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core_bytes: np.ndarray) -> Curve:
+    """Breakpoints ``(x, R(x))`` of the least ms per micro-batch in which recomputation frees
+    ``x`` bytes per micro-batch, each layer at most once and in any fraction: a layer frees
+    ``gain`` at its forward's ``fwd`` ms (full), or ``core_bytes`` at ``core_ms`` (selective),
+    or nothing; its lower convex hull of those three points, every layer's segments taken
+    cheapest first (a convex piecewise-linear ``R`` from ``(0, 0)``; past the last point, where
+    nothing frees more, :func:`recompute_ms` goes on at the last slope)."""
+    segments: list[tuple[float, float]] = []  # (ms per byte, bytes)
+    for f, g, t, c in zip(fwd.tolist(), np.maximum(gain, 0.0).tolist(), core_ms.tolist(), core_bytes.tolist()):
+        hull = [(0.0, 0.0)]
+        for x, y in sorted(p for p in ((c, t), (g, f)) if p[0] > 0):
+            while len(hull) > 1 and _turn(hull[-2], hull[-1], (x, y)) <= 0:
+                hull.pop()  # the point before lies on or above the chord: not on the lower hull
+            if x > hull[-1][0]:
+                hull.append((x, y))
+            elif y < hull[-1][1]:
+                hull[-1] = (x, y)
+        segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)]
+    segments.sort()
+    xs = np.concatenate([[0.0], np.cumsum([n for _, n in segments])])
+    ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in segments])])
+    return xs, ys
+
+
+def _turn(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
+    """Positive when ``a -> b -> c`` turns left (``b`` below the chord ``a c``)."""
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+
+def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
+    """``R(freed)`` of :func:`recompute_curve`, past its last point at its last slope (a floor:
+    nothing frees that much)."""
+    xs, ys = curve
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    x = np.asarray(freed, dtype=float)
+    out: np.ndarray = np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
+    return out
 
 
 def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
@@ -280,10 +323,11 @@ class ConfigSearch:
         bounded = fill or self.budget.widened or self.me is not None
         self.fill = bounded or incumbent_ms < float("inf")
         self.tight = bounded  # also the memory floor (memory_bound)
-        self.per_size: dict[tuple[int, float], tuple[float, float, float, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.per_size: dict[tuple[int, float], tuple[float, float, Curve, np.ndarray, np.ndarray, np.ndarray]] = {}
         # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
         self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
+        self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         interleaved_ok = chain_solver is solve_chain  # the oracles price one stage per rank only
         split_ok = chain_solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
@@ -314,11 +358,14 @@ class ConfigSearch:
         cm = self.cm
         lb = config_lower_bound_ms(cm, c)
         if self.fill and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
-            fp, bp = cm.time_prefix(c.microbatch_size)
-            work = float(fp[-1] + bp[-1])
+            work = cm.work_ms(c.microbatch_size)
             lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
         elif self.fill and c.schedule is ScheduleKind.INTERLEAVED_1F1B and not c.layout.stage_replicas:
-            lb = max(lb, chunk_fill_bound_ms(cm, c))
+            # the same for every chunk count (and ZeRO stage): worked out once per (b, P, M)
+            key = (c.microbatch_size, c.pipeline_size, c.num_microbatches)
+            if key not in self.chunk_fills:
+                self.chunk_fills[key] = chunk_fill_bound_ms(cm, c)
+            lb = max(lb, self.chunk_fills[key])
         return lb
 
     def rank_floor_ms(self, c: Config) -> float:
@@ -342,8 +389,11 @@ class ConfigSearch:
         ``z f`` ms per micro-batch. Counting every layer's held bytes for ``k_min`` micro-batches,
         no more than any stage of the devices holds, they still fit ``cap`` only if the
         recomputation frees at least ``(H - cap) / k_min`` bytes per micro-batch (``H``: their
-        bytes counted so, without any), at ``rho`` ms per byte at least, ``rho`` the cheapest
-        ms per byte any layer's recomputation frees. (Counted at ``k_min``, freeing is priced at
+        bytes counted so, without any), which takes at least ``R`` of it: the least time any
+        layers' recomputation freeing that much per micro-batch takes (:func:`recompute_curve`,
+        each layer once, fractions allowed; its first slope is the cheapest ms per byte of any
+        layer, the one figure this took before: GPT-3's head frees bytes at 28 ms / GB, its blocks
+        at 50, so past the head's 0.1 GB the old floor counted half). (Counted at ``k_min``, freeing is priced at
         ``k_min`` too: pricing it at the largest count, as before, divided this floor by up to
         ``k_max / k_min``, 16 on an interleaved rank.) Two relaxations, the larger counts:
 
@@ -357,7 +407,7 @@ class ConfigSearch:
           holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
           saved activations; fractions of layers allowed, so the lightest bytes per ms are
           taken first: a convex piecewise-linear ``H``, :func:`least_bytes`). It takes ``g_r(w) =
-          w + rho / k_min max(0, H(w) - cap)`` per micro-batch, ``M g_r(w)`` between its first
+          w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
           operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
           backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at
           least a layer each; one stage per rank alike), so ``T >= a_r + M g_r(w_r)``. The
@@ -378,39 +428,43 @@ class ConfigSearch:
             fwd, bwd = cm.layer_times(b)
             saved = cm.saved_bytes(b)
             gain_full = saved - cm.input_per_sample * b
-            rates = [f / g for f, g in zip(fwd.tolist(), gain_full.tolist()) if g > 0]
-            if cm.selective:
-                rates += [t / g for t, g in zip(cm.core_ms(b).tolist(), cm.core_bytes(b).tolist()) if g > 0]
+            cores = (cm.core_ms(b), cm.core_bytes(b)) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
+            curve = recompute_curve(fwd, gain_full, *cores)
             layer_work = fwd + bwd
             busy = layer_work > 0
             params = cm.param_count.astype(float)
             for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
                 params[list(tie.layers)] -= tie.param_count
             params = np.maximum(params, 0.0)
-            self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), min(rates, default=0.0),
+            self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), curve,
                                   layer_work[busy], kappa * params[busy], saved[busy])
-        work, saved_total, rate, layer_work, state, saved = self.per_size[key]
-        if rate <= 0:
-            return 0.0
+        work, saved_total, curve, layer_work, state, saved = self.per_size[key]
+        if curve[1][-1] <= 0:
+            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
         ks = c.inflight()
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
         floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
-            out = M * (work + rate * (floor - P * cap) / min(ks)) / P
+            out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
         # rank by rank: rank r waits a_r (the first r layers' forward and backward, see
         # chunk_fill_bound_ms) besides M g_r(w_r); each distinct k_min's breakpoints (t, w) of its
         # g^-1, a piecewise-linear increasing function (w <= the profile's work)
         fills = rank_fills_ms(cm, c)  # P of them: a stage holds a layer
         ranks: dict[int, list[float]] = {}
-        for r in range(P):
-            ranks.setdefault(min(ks[s] for s in lay.stage_indices(r)), []).append(float(fills[r]))
+        # rank r holds chunks r, r + P, ... (GPipe, 1F1B, interleaved: the loop placement)
+        for r, kmin in enumerate(np.asarray(ks).reshape(-1, P).min(axis=0).tolist()):
+            ranks.setdefault(kmin, []).append(float(fills[r]))
         inverses = []
         for kmin, waits in ranks.items():
             found = self.inverses.get((key, kmin))
             if found is None:
-                w, h = least_bytes(layer_work, state + kmin * saved, cap)
-                found = self.inverses[(key, kmin)] = (w + rate / kmin * np.maximum(0.0, h - cap), w)
+                at_w, at_h = least_bytes(layer_work, state + kmin * saved, cap)
+                # g at H's breakpoints and where (H - cap) / k_min reaches the curve's: linear between
+                xs = cap + kmin * curve[0][1:]
+                w = np.union1d(at_w, np.interp(xs[(xs > cap) & (xs < at_h[-1])], at_h, at_w))
+                h = np.interp(w, at_w, at_h)
+                found = self.inverses[(key, kmin)] = (w + recompute_ms(curve, np.maximum(0.0, h - cap) / kmin), w)
             inverses.append((*found, np.array(waits)))
         # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
         # breakpoints a_r + M t

@@ -323,8 +323,7 @@ def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> flo
     G = request.global_batch
     out = float("inf")
     for b in microbatch_sizes(request, G):
-        fp, bp = cm.time_prefix(b)
-        out = min(out, G * float(fp[-1] + bp[-1]) / (b * num_groups))
+        out = min(out, G * cm.work_ms(b) / (b * num_groups))
     return out
 
 
