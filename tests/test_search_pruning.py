@@ -119,11 +119,18 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     interleaved fill bound are each the highest somewhere."""
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import ConfigSearch, chunk_fill_bound_ms, solve_candidates
+    from planner.solve.candidates import (
+        ConfigSearch,
+        busiest_compute_ms,
+        chunk_fill_bound_ms,
+        solve_candidates,
+        unrecomputed,
+        unrecomputed_floor_ms,
+    )
     from planner.solve.space import all_configs, config_lower_bound_ms
 
     n = 8
-    bounded = chunk_filled = floored = 0
+    bounded = chunk_filled = floored = gated = 0
     for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
         profile, cluster, request = CASES[case]
         for tp in degrees:
@@ -136,6 +143,10 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
                     continue
                 fastest = min(t for t, _ in found)
                 assert search.bound(c) <= fastest * (1 + 1e-9), c
+                for _, cand in found:  # the rebalancing gate's floor: below the candidate replayed unrecomputed
+                    gate = unrecomputed_floor_ms(cm, cand.config, cand.solution)
+                    assert gate <= unrecomputed(cm, cand) * (1 + 1e-9), cand.config
+                    gated += gate > cand.config.num_microbatches * busiest_compute_ms(cm, cand.config, cand.solution) * 1.01
                 memory = search.memory_bound(c)
                 assert memory <= fastest * (1 + 1e-9), c
                 bounded += memory > search.bound(c)
@@ -148,6 +159,7 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     assert bounded > 0
     assert chunk_filled > 0  # the interleaved fill bound is higher than the average work somewhere
     assert floored > 0  # and the rank floor higher than both somewhere
+    assert gated > 0  # the gate's fill counts somewhere
 
 
 def test_rank_floor_is_below_every_assignment_of_whole_layers() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective, ScheduleKind, ZeroStage
+from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, ChunkPlacement, Objective, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
@@ -636,7 +636,7 @@ class ConfigSearch:
             unrec = float("inf")
             widened = self.budget.widened or self.lean  # no gate: rebalanced now, pruned or not
             rebalancing = rebalances(c, sol)
-            if not widened and rebalancing and c.num_microbatches * busiest_compute_ms(cm, c, sol) < limit:
+            if not widened and rebalancing and unrecomputed_floor_ms(cm, c, sol) < limit:
                 unrec = unrecomputed(cm, proposals[0])
             if (widened and rebalancing) or (unrec < limit and not prune):
                 proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
@@ -788,6 +788,23 @@ def busiest_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> flo
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     return busiest_rank(c.layout, [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, c.layout))
                                    for s, (a, e) in enumerate(zip(solution.boundaries, stops))])
+
+
+def unrecomputed_floor_ms(cm: CostModel, c: Config, solution: ChainSolution) -> float:
+    """No replay of ``solution`` without its recomputation (:func:`unrecomputed`) is faster, on
+    one chunk or several per rank in the loop placement: rank ``r`` runs its chunks' compute M
+    times, after the forwards of chunks ``0 .. r - 1`` of the first micro-batch and before the
+    backwards of chunks ``r - 1 .. 0`` of the last (:func:`chunk_fill_bound_ms`'s argument, on
+    the solution's own chunks): at least ``M x`` :func:`busiest_compute_ms`, and on uniform
+    chunks of ``t`` the interleaved schedule's ``(M v + P - 1) t``."""
+    lay = c.layout
+    stops = list(solution.boundaries[1:]) + [cm.num_layers]
+    work = [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, lay)) for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+    if lay.stage_replicas or lay.placement is not ChunkPlacement.LOOP or c.schedule.splits_backward:
+        return c.num_microbatches * busiest_rank(lay, work)  # (a split backward's W can run after)
+    before = np.concatenate([[0.0], np.cumsum(work)])  # the first r chunks' forward + backward
+    P = lay.pipeline_size
+    return max(float(before[r]) + c.num_microbatches * sum(work[s] for s in lay.stage_indices(r)) for r in range(P))
 
 
 def busiest_rank(layout: Layout, per_stage: Sequence[float]) -> float:
