@@ -143,9 +143,10 @@ class _Layers:
             counts = (self.kind_prefix[:, J] - self.kind_prefix[:, I]).T
             first = self.next_of[:, I].T
             present = first < J[:, None]
-            order = np.argsort(np.where(present, first, len(self.kind) + 1), axis=1, kind="stable")
-            rank = np.empty_like(order)
-            np.put_along_axis(rank, order, np.broadcast_to(np.arange(order.shape[1]), order.shape), axis=1)
+            # a present kind's place: the present kinds appearing before it (each layer is of one
+            # kind, so two kinds never first appear at the same layer)
+            key = np.where(present, first, len(self.kind) + 1)
+            rank = (key[:, None, :] < key[:, :, None]).sum(axis=2)
             return np.concatenate([counts, np.where(present, rank, -1)], axis=1).astype(np.int64)
         a, b = self.run_of[I], self.run_of[J - 1]
         same = a == b
@@ -518,6 +519,21 @@ class StageTable:
                 found = self.valid & ((inflight * self._gain_per_microbatch >= excess) if recompute else (excess <= 0))
             self._could[key] = found
         return found
+
+    def might_fit_all(self, ats: Sequence[tuple[int, float]], starts: Sequence[int], recompute: bool = True) -> bool:
+        """Stage ``s``, layers ``starts[s]`` to ``starts[s + 1]``, :meth:`could_fit` ``ats[s] =
+        (inflight, cap)``, for every ``s``: read from the table's own cap's view where there is one
+        (without a matrix per in-flight count), else from :meth:`could_fit`."""
+        view = self._view(self.cap)
+        own = [s for s, at in enumerate(ats) if at[1] == self.cap] if view is not None else []
+        if own:
+            test = view.leanest if recompute and self.allow_recompute else view.plain
+            ks = np.array([ats[s][0] for s in own])
+            if not np.all(test[[starts[s] for s in own], [starts[s + 1] for s in own]] >= ks):
+                return False
+        done = set(own)
+        return all(bool(self.could_fit(*ats[s], recompute)[starts[s], starts[s + 1]])
+                   for s in range(len(ats)) if s not in done)
 
     def least_bytes(self, inflight: int) -> np.ndarray | None:
         """Per stage the fewest bytes it needs with ``inflight`` micro-batches, at its leanest
@@ -956,11 +972,11 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     if w < 1:
         return False
     ats = [(inflight[s], table.cap_of(s)) for s in range(P)]
+    cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
+    if table.might_fit_all(ats, cuts, recompute):
+        return True
     found = {at: table.could_fit(*at, recompute) for at in dict.fromkeys(ats)}  # few distinct: one lookup each
     fits = [found[at] for at in ats]
-    cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
-    if all(fits[s][cuts[s], cuts[s + 1]] for s in range(P)):
-        return True
     reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest
     reach[-1] = True
     for s in range(P - 1, -1, -1):
