@@ -526,7 +526,7 @@ class StageTable:
         (without a matrix per in-flight count), else from :meth:`could_fit`."""
         view = self._view(self.cap)
         own = [s for s, at in enumerate(ats) if at[1] == self.cap] if view is not None else []
-        if own:
+        if view is not None and own:
             test = view.leanest if recompute and self.allow_recompute else view.plain
             ks = np.array([ats[s][0] for s in own])
             if not np.all(test[[starts[s] for s in own], [starts[s + 1] for s in own]] >= ks):
