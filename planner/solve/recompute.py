@@ -416,9 +416,10 @@ class CoverRows:
         self._front_ms = np.full((0, 1), INF)
         self._front_gain = np.zeros((0, 1))
         self._pending: list[LevelCover] = []
+        self._n = 0  # rows held; the arrays have room for more (grown by doubling: no copy per flush)
 
     def __len__(self) -> int:
-        return len(self._lens) + len(self._pending)
+        return self._n + len(self._pending)
 
     def add(self, covers: Sequence[LevelCover]) -> int:
         """Add ``covers`` as consecutive rows; the first one's number."""
@@ -439,12 +440,25 @@ class CoverRows:
         at_col = np.arange(len(at_row)) - np.repeat(np.cumsum(lens) - lens, lens)
         fc[at_row, at_col] = list(itertools.chain.from_iterable(c.front_ms for c in new))
         fg[at_row, at_col] = list(itertools.chain.from_iterable(c.front_gain_bytes for c in new))
-        pad = F - self._front_ms.shape[1]
-        self._front_ms = np.concatenate([np.pad(self._front_ms, ((0, 0), (0, pad)), constant_values=INF), fc])
-        self._front_gain = np.concatenate([np.pad(self._front_gain, ((0, 0), (0, pad))), fg])
-        self._params = np.concatenate([self._params, np.array([c.params for c in new])])
-        self._lens = np.concatenate([self._lens, lens])
-        self._workspace = np.concatenate([self._workspace, [c.workspace_bytes for c in new]])
+        n, m = self._n, self._n + len(new)
+        room = len(self._lens)
+        if m > room or F > self._front_ms.shape[1]:
+            room = max(m, 2 * room) if m > room else room
+            grown_ms, grown_gain = np.full((room, F), INF), np.zeros((room, F))
+            grown_ms[:n, :self._front_ms.shape[1]] = self._front_ms[:n]
+            grown_gain[:n, :self._front_gain.shape[1]] = self._front_gain[:n]
+            self._front_ms, self._front_gain = grown_ms, grown_gain
+            self._params = np.concatenate([self._params[:n], np.zeros((room - n, 8))])
+            self._lens = np.concatenate([self._lens[:n], np.zeros(room - n, dtype=np.int64)])
+            self._workspace = np.concatenate([self._workspace[:n], np.zeros(room - n)])
+        self._front_ms[n:m] = INF
+        self._front_ms[n:m, :fc.shape[1]] = fc
+        self._front_gain[n:m] = 0.0
+        self._front_gain[n:m, :fg.shape[1]] = fg
+        self._params[n:m] = np.array([c.params for c in new])
+        self._lens[n:m] = lens
+        self._workspace[n:m] = [c.workspace_bytes for c in new]
+        self._n = m
 
     def workspace_bytes(self, rows: np.ndarray) -> np.ndarray:
         """:attr:`LevelCover.workspace_bytes` of each of ``rows``."""
