@@ -1189,8 +1189,10 @@ def solve_chain(
         return None
     bounds = found[2]
     stops = bounds[1:] + [L]
-    recompute = [table.recompute_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
-    selective = [table.selective_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    # each stage's choice looked up once (StageTable.recompute_of and selective_of, both read from it)
+    entries = [table._entry(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    recompute = [tuple(e[0] + x for x in e[1].layers) if e else () for e in entries]
+    selective = [tuple(e[0] + x for x in e[1].selective) if e else () for e in entries]
     objective, times = _objective(tables, extra, bounds, L, M)
     return ChainSolution(
         objective_ms=objective,
