@@ -12,6 +12,7 @@ import copy
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -101,7 +102,8 @@ def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core
     cheapest first (a convex piecewise-linear ``R`` from ``(0, 0)``; past the last point, where
     nothing frees more, :func:`recompute_ms` goes on at the last slope)."""
     segments: list[tuple[float, float]] = []  # (ms per byte, bytes)
-    for f, g, t, c in zip(fwd.tolist(), np.maximum(gain, 0.0).tolist(), core_ms.tolist(), core_bytes.tolist()):
+    layers = zip(fwd.tolist(), np.maximum(gain, 0.0).tolist(), core_ms.tolist(), core_bytes.tolist())
+    for (f, g, t, c), count in Counter(layers).items():  # equal layers: one hull, its segments that many times
         hull = [(0.0, 0.0)]
         for x, y in sorted(p for p in ((c, t), (g, f)) if p[0] > 0):
             while len(hull) > 1 and _turn(hull[-2], hull[-1], (x, y)) <= 0:
@@ -110,7 +112,7 @@ def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core
                 hull.append((x, y))
             elif y < hull[-1][1]:
                 hull[-1] = (x, y)
-        segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)]
+        segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)] * count
     segments.sort()
     xs = np.concatenate([[0.0], np.cumsum([n for _, n in segments])])
     ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in segments])])
@@ -469,14 +471,27 @@ class ConfigSearch:
         # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
         # breakpoints a_r + M t
         Ts = np.unique(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))
-        works = sum(np.interp((Ts[None, :] - a[:, None]) / M, g, w).sum(axis=0) for g, w, a in inverses)
-        k = int(np.searchsorted(works, work * (1 - 1e-12)))
+
+        def works(at: list[int]) -> np.ndarray:  # works(T) at breakpoints Ts[at] (two or more, one array)
+            T = Ts[at]
+            total: np.ndarray = sum(np.interp((T[None, :] - a[:, None]) / M, g, w).sum(axis=0) for g, w, a in inverses)
+            return total
+
+        # the first breakpoint where the works reach the profile's: works(T) is increasing, bisected
+        target, lo, hi = work * (1 - 1e-12), 0, len(Ts)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if works([mid, mid])[0] >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        k = lo
         if k == 0:
             return max(out, float(Ts[0]))
         if k >= len(Ts):  # unreachable: at the largest breakpoint some rank takes all the work
             return out
-        T0, T1, w0, w1 = float(Ts[k - 1]), float(Ts[k]), float(works[k - 1]), float(works[k])
-        return max(out, T0 + (T1 - T0) * (work - w0) / (w1 - w0))
+        (w0, w1), T0, T1 = works([k - 1, k]), float(Ts[k - 1]), float(Ts[k])
+        return max(out, T0 + (T1 - T0) * (float(work) - float(w0)) / (float(w1) - float(w0)))
 
     def order(self, lb: float, i: int) -> float:
         """Configuration ``i``'s place in the order at bound ``lb``: the bound, or for the ME
