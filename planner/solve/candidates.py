@@ -472,25 +472,28 @@ class ConfigSearch:
         # breakpoints a_r + M t
         Ts = np.unique(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))
 
-        def works(at: list[int]) -> np.ndarray:  # works(T) at breakpoints Ts[at] (two or more, one array)
+        def works(at: np.ndarray) -> np.ndarray:  # works(T) at breakpoints Ts[at]
             T = Ts[at]
             total: np.ndarray = sum(np.interp((T[None, :] - a[:, None]) / M, g, w).sum(axis=0) for g, w, a in inverses)
             return total
 
-        # the first breakpoint where the works reach the profile's: works(T) is increasing, bisected
+        # the first breakpoint where the works reach the profile's: works(T) is increasing, so a
+        # search over at most 32 probes a round (a call per group of ranks a round, not per probe)
         target, lo, hi = work * (1 - 1e-12), 0, len(Ts)
         while lo < hi:
-            mid = (lo + hi) // 2
-            if works([mid, mid])[0] >= target:
-                hi = mid
+            probes = np.unique(np.linspace(lo, hi - 1, num=min(32, hi - lo)).astype(np.int64))
+            reached = np.flatnonzero(works(probes) >= target)
+            if not len(reached):
+                lo = int(probes[-1]) + 1
             else:
-                lo = mid + 1
+                j = int(reached[0])
+                lo, hi = (int(probes[j - 1]) + 1 if j else lo), int(probes[j])
         k = lo
         if k == 0:
             return max(out, float(Ts[0]))
         if k >= len(Ts):  # unreachable: at the largest breakpoint some rank takes all the work
             return out
-        (w0, w1), T0, T1 = works([k - 1, k]), float(Ts[k - 1]), float(Ts[k])
+        (w0, w1), T0, T1 = works(np.array([k - 1, k])), float(Ts[k - 1]), float(Ts[k])
         return max(out, T0 + (T1 - T0) * (float(work) - float(w0)) / (float(w1) - float(w0)))
 
     def order(self, lb: float, i: int) -> float:
