@@ -803,9 +803,15 @@ def busiest_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> flo
     """The most compute (forward + backward as the simulator takes them, no recomputation) per
     micro-batch of one rank of ``solution`` (its chunks' summed): every rank runs it M times, so
     no replay of the solution, with or without its recomputation, is faster than M times this."""
+    return busiest_rank(c.layout, stage_compute_ms(cm, c, solution))
+
+
+def stage_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> list[float]:
+    """Per stage of ``solution``, its forward + backward per micro-batch as the simulator takes
+    them (no recomputation)."""
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    return busiest_rank(c.layout, [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, c.layout))
-                                   for s, (a, e) in enumerate(zip(solution.boundaries, stops))])
+    return [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, c.layout))
+            for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
 
 
 def unrecomputed_floor_ms(cm: CostModel, c: Config, solution: ChainSolution) -> float:
@@ -816,8 +822,7 @@ def unrecomputed_floor_ms(cm: CostModel, c: Config, solution: ChainSolution) -> 
     the solution's own chunks): at least ``M x`` :func:`busiest_compute_ms`, and on uniform
     chunks of ``t`` the interleaved schedule's ``(M v + P - 1) t``."""
     lay = c.layout
-    stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    work = [sum(cm.stage_times_ms(a, e, c.microbatch_size, s, lay)) for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+    work = stage_compute_ms(cm, c, solution)
     if lay.stage_replicas or lay.placement is not ChunkPlacement.LOOP or c.schedule.splits_backward:
         return c.num_microbatches * busiest_rank(lay, work)  # (a split backward's W can run after)
     before = np.concatenate([[0.0], np.cumsum(work)])  # the first r chunks' forward + backward

@@ -734,15 +734,23 @@ class StageTable:
             entry = self._choices[(at, i, j)] = (i, choice)
         return entry
 
+    def choice_of(self, inflight: int, i: int, j: int, cap: float | None = None
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The (fully, selectively) recomputed layers of stage ``[i, j)`` with ``inflight``
+        micro-batches (its choice looked up once for both)."""
+        entry = self._entry(inflight, i, j, cap)
+        if entry is None:
+            return (), ()
+        first, choice = entry
+        return tuple(first + l for l in choice.layers), tuple(first + l for l in choice.selective)
+
     def recompute_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
         """The fully recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
-        entry = self._entry(inflight, i, j, cap)
-        return tuple(entry[0] + l for l in entry[1].layers) if entry else ()
+        return self.choice_of(inflight, i, j, cap)[0]
 
     def selective_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
         """The selectively recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
-        entry = self._entry(inflight, i, j, cap)
-        return tuple(entry[0] + l for l in entry[1].selective) if entry else ()
+        return self.choice_of(inflight, i, j, cap)[1]
 
 
 def exposed_allreduce_ms(cm: CostModel, start: int, stop: int, stage_idx: int, layout: Layout,
@@ -1189,10 +1197,9 @@ def solve_chain(
         return None
     bounds = found[2]
     stops = bounds[1:] + [L]
-    # each stage's choice looked up once (StageTable.recompute_of and selective_of, both read from it)
-    entries = [table._entry(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
-    recompute = [tuple(e[0] + x for x in e[1].layers) if e else () for e in entries]
-    selective = [tuple(e[0] + x for x in e[1].selective) if e else () for e in entries]
+    choices = [table.choice_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    recompute = [full for full, _ in choices]
+    selective = [sel for _, sel in choices]
     objective, times = _objective(tables, extra, bounds, L, M)
     return ChainSolution(
         objective_ms=objective,

@@ -215,8 +215,9 @@ def solve_replicated(
     bounds = tuple(i for i, _, _, _ in stages)
     replicas = tuple(d for _, _, d, _ in stages)
     times = tuple(float(pr.times(n, d)[i, j]) for i, j, d, n in stages)
-    recompute = tuple(pr.tables[d].recompute_of(_inflight(schedule, m, n, d), i, j) for i, j, d, n in stages)
-    selective = tuple(pr.tables[d].selective_of(_inflight(schedule, m, n, d), i, j) for i, j, d, n in stages)
+    choices = [pr.tables[d].choice_of(_inflight(schedule, m, n, d), i, j) for i, j, d, n in stages]
+    recompute = tuple(full for full, _ in choices)
+    selective = tuple(sel for _, sel in choices)
     exact = all(t.all_exact for t in tables.values())
     return ReplicatedSolution(ChainSolution(best[0], bounds, recompute, times, exact,
                                             selective if any(selective) else ()), replicas)

@@ -217,7 +217,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     configuration that simulates 19% below it)."""
     work = cm.work_ms(c.microbatch_size)
     crossing = work - cm.stage_wgrad_ms(0, cm.num_layers, c.microbatch_size) if c.schedule.splits_backward else work
-    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.sharding()):
+    if is_fsdp(c.sharding()):
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals
