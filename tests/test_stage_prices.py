@@ -190,7 +190,7 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
     lengths = np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None]
     for cap in (own, float(np.nextafter(own, 0.0)), own * scale):
         bytes_ok = table.valid & (table.static + inflight * table.act - cap <= 0)
-        leanest = table.valid & (inflight * table._gain_per_microbatch >= table.static + inflight * table.act - cap)
+        leanest = table.valid & (inflight * table.gain >= table.static + inflight * table.act - cap)
         # the table's own cap (its view, here on any chain), and a cap it is asked besides (a
         # chunk's share: worked out alone)
         kept = chain_dp.VIEW_MIN_LAYERS

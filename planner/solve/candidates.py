@@ -25,7 +25,14 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.simulation import simulate_iteration_ms
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, least_largest, solve_chain
+from planner.solve.chain_dp import (
+    ChainSolution,
+    RecentEntries,
+    StageTable,
+    could_partition,
+    least_largest,
+    solve_chain,
+)
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
 from planner.solve.recompute import choose_recompute
 from planner.solve.settings import SETTINGS, SearchSettings
@@ -348,6 +355,7 @@ class ConfigSearch:
         start = incumbent_ms if prune else float("inf")
         self.incumbent = shared if shared is not None and prune else Incumbent(start, start)
         self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.recent = RecentEntries()  # their entries per in-flight count and cap, the recent ones kept
         self.out: list[Scored] = []
         # rebalancings waiting in the order (phase REBALANCE, by index): the configuration, its
         # solution, and the place in ``out`` of the candidate kept for it (None: none was)
@@ -584,7 +592,7 @@ class ConfigSearch:
             # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
             tables[key] = StageTable(
                 cm, c.microbatch_size, self.cap_bytes / v, self.request.fixed_boundaries,
-                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line,
+                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line, recent=self.recent,
             )
         return tables[key]
 

@@ -53,7 +53,6 @@ count (:func:`planner.schedule.inflight_counts`, every micro-batch until its W).
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -251,6 +250,7 @@ class _Fixed:
     choices: dict[tuple[object, ...], RecomputeChoice]
     layers: _Layers
     levels: np.ndarray | None  # pairs whose choice is the selective cover, priced for many pairs at once
+    gain: np.ndarray  # the most bytes recomputation can free from each stage per micro-batch in flight
 
 
 #: per cost model, its tables' fixed parts by (micro-batch size, sharding, ZeRO 3 line, fixed boundaries)
@@ -312,8 +312,10 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     has_core = np.concatenate([[0], np.cumsum(arrays["core"] > 0)])
     levels = (has_core[None, :] - has_core[:, None] > 0) if cm.selective and not shared else None
     layers = _layers_of(arrays["fwd"], arrays["saved"], arrays["inputs"], arrays["core"], arrays["core_ms"])
+    gains = np.maximum(np.maximum(arrays["saved"] - arrays["inputs"], 0.0), arrays["core"] if cm.selective else 0.0)
+    gp = np.concatenate([[0.0], np.cumsum(gains)])
     return _Fixed(fsdp=fsdp, kappa=kappa, sync_bytes_per_param=sync_per_param, shared=shared, choices={},
-                  layers=layers, levels=levels, **arrays)
+                  layers=layers, levels=levels, gain=gp[None, :] - gp[:, None], **arrays)
 
 
 #: the most micro-batches in flight a cap view counts (a stage that fits this many fits any count asked)
@@ -401,6 +403,60 @@ def _diagonals(L: int) -> tuple[np.ndarray, np.ndarray]:
     return found
 
 
+class _Entries:
+    """A :class:`StageTable`'s entries per ``(inflight, cap)`` (shared by its copies for a
+    rebalancing): bases, tables, the stages priced and pending, recompute choices, fit masks and
+    longest stages (these two per ``(inflight, cap, recompute)``), and its own cap's view at
+    ``(-1, cap)``."""
+
+    __slots__ = ("bases", "choices", "could", "lazy", "longest", "pending", "tables", "views")
+
+    def __init__(self) -> None:
+        self.bases: dict[tuple[int, float], np.ndarray] = {}
+        self.tables: dict[tuple[int, float], np.ndarray] = {}
+        # the stages that need recomputation to fit, and those of them priced so far
+        self.pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        self.lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
+        self.choices: dict[tuple[int, float], dict[tuple[int, int], tuple[int, RecomputeChoice]]] = {}
+        self.could: dict[tuple[int, float, bool], np.ndarray] = {}
+        self.longest: dict[tuple[int, float, bool], int] = {}
+        self.views: dict[tuple[int, float], _CapView] = {}  # at (-1, cap)
+
+    def forget(self, at: tuple[int, float]) -> None:
+        """Drop everything worked out for ``at`` (asked again, it is worked out again, the same)."""
+        for store in (self.bases, self.tables, self.pending, self.lazy, self.choices, self.views):
+            store.pop(at, None)
+        for recompute in (False, True):
+            self.could.pop((*at, recompute), None)
+            self.longest.pop((*at, recompute), None)
+
+
+class RecentEntries:
+    """The entries per ``(inflight, cap)`` of several :class:`StageTable` (bases, tables, fit
+    masks, recompute choices, cap views: a few matrices each), least recently used first, of which
+    at most ``keep`` are kept: a search asks each count and cap a few times, close together (GPT-3
+    175B on 1,024 GPUs: 7 of 1,504 tables at a table's own cap asked again, 172 of 673 at a chunk's
+    share, each within the last 32 asked; 2 of 271 views worked out again), while keeping every one
+    held 420 MB of the search's 460 MB peak (resident; 184 MB with 32 kept, and 0.1 to 0.2 s less of
+    the kernel's page faults). Forgotten entries are worked out again when asked, the same.
+    Forgetting happens only between solves (:meth:`StageTable.settle`, at the start of
+    :func:`solve_chain`), since a solve reads its entries until it returns."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._order: dict[tuple[int, tuple[int, float]], _Entries] = {}  # by (entries, at), oldest first
+
+    def touch(self, entries: _Entries, at: tuple[int, float]) -> None:
+        key = (id(entries), at)
+        self._order.pop(key, None)
+        self._order[key] = entries
+
+    def trim(self) -> None:
+        while len(self._order) > self.keep:
+            key = next(iter(self._order))
+            self._order.pop(key).forget(key[1])
+
+
 class StageTable:
     """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
     memory cap and division of the model state (``sharding``), per in-flight count ``k``;
@@ -417,9 +473,12 @@ class StageTable:
         sharding: Sharding = Sharding(),
         fsdp_line: tuple[float, float] = (0.0, 0.0),
         stage_caps: Sequence[float] = (),
+        recent: RecentEntries | None = None,
     ):
         """``fsdp_line``: under ZeRO 3 (``sharding``), the layout's per-layer all-gather /
-        reduce-scatter line (:meth:`CostModel.fsdp_line`), whose exposed time is in ``T``."""
+        reduce-scatter line (:meth:`CostModel.fsdp_line`), whose exposed time is in ``T``.
+        ``recent``: where the table's entries per in-flight count and cap are counted with
+        other tables' (those least recently used forgotten between solves), else all kept."""
         self.cm = cm
         self.allow_recompute = allow_recompute
         self.sharding = sharding
@@ -432,18 +491,13 @@ class StageTable:
         self.kappa, self.sync_bytes_per_param, self.static = fixed.kappa, fixed.sync_bytes_per_param, fixed.static
         self.sync_bytes, self.bwd_prefix, self.act, self.shared = fixed.sync_bytes, fixed.bwd_prefix, fixed.act, fixed.shared
         self.saved, self.inputs, self.selective = fixed.saved, fixed.inputs, cm.selective
-        self.core, self.core_ms = fixed.core, fixed.core_ms
+        self.core, self.core_ms, self.gain = fixed.core, fixed.core_ms, fixed.gain
         self._cache = fixed.choices  # a stage's recompute choice by its layers, in-flight count and excess
-        self._bases: dict[tuple[int, float], np.ndarray] = {}
-        self._views: dict[float, _CapView] = {}
-        self._tables: dict[tuple[int, float], np.ndarray] = {}
-        # per (inflight, cap): the stages that need recomputation to fit, and those of them priced so far
-        self._pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
-        self._choices: dict[tuple[tuple[int, float], int, int], tuple[int, RecomputeChoice]] = {}
-        self._lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
-        self._could: dict[tuple[int, float, bool], np.ndarray] = {}
-        self._longest: dict[tuple[int, float, bool], int] = {}
+        entries = self._entries = _Entries()  # per (inflight, cap)
+        self._bases, self._tables, self._pending, self._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
+        self._choices, self._could, self._longest = entries.choices, entries.could, entries.longest
         self._everywhere: dict[int, bool] = {}  # per in-flight count, fits_everywhere
+        self._recent = recent
         self.all_exact = True
         self._layers = fixed.layers
         self._kind = self._layers.kind
@@ -473,34 +527,38 @@ class StageTable:
         """``T_k`` without recomputation: compute time where the stage fits as it is (in ``cap``,
         default the table's), else inf."""
         key = (inflight, self.cap if cap is None else cap)
-        if key not in self._bases:
-            self._bases[key] = np.where(self.could_fit(*key, recompute=False), self.compute, INF)
-        return self._bases[key]
+        found = self._bases.get(key)
+        if found is None:
+            found = self._bases[key] = np.where(self.could_fit(*key, recompute=False), self.compute, INF)
+        elif self._recent is not None:
+            self._recent.touch(self._entries, key)
+        return found
+
+    def settle(self) -> None:
+        """Forget the entries least recently used beyond what ``recent`` keeps (between solves:
+        a solve reads its entries until it returns)."""
+        if self._recent is not None:
+            self._recent.trim()
 
     def _view(self, cap: float) -> _CapView | None:
-        """:class:`_CapView` of ``cap`` if it is the table's own (worked out once): the cap its
+        """:class:`_CapView` of ``cap`` if it is the table's own (an entry at ``(-1, cap)``): the cap its
         configurations ask at many in-flight counts (interleaved ones, one per chunk); None for
         another (a chunk's share of a rank's memory), asked at few, each worked out alone, and
         on chains of fewer than :data:`VIEW_MIN_LAYERS` layers."""
         if cap != self.cap or self.L < VIEW_MIN_LAYERS:
             return None
-        found = self._views.get(cap)
+        views = self._entries.views
+        found = views.get((-1, cap))
         if found is None:
-            found = self._views[cap] = _cap_view(self.static, self.act, self._gain_per_microbatch, self.valid, cap)
+            found = views[(-1, cap)] = _cap_view(self.static, self.act, self.gain, self.valid, cap)
+        if self._recent is not None:
+            self._recent.touch(self._entries, (-1, cap))
         return found
 
     def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
         """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
         count of ``at = (inflight, cap)`` (what recomputation must free)."""
         return _excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
-
-    @functools.cached_property
-    def _gain_per_microbatch(self) -> np.ndarray:
-        """The most bytes recomputation can free from each stage per micro-batch in flight."""
-        gains = np.maximum(np.maximum(self.saved - self.inputs, 0.0), self.core if self.selective else 0.0)
-        gp = np.concatenate([[0.0], np.cumsum(gains)])
-        out: np.ndarray = gp[None, :] - gp[:, None]
-        return out
 
     def could_fit(self, inflight: int, cap: float | None = None, recompute: bool = True) -> np.ndarray:
         """Stages that might fit ``cap`` (default the table's) with ``inflight`` micro-batches: as
@@ -509,6 +567,8 @@ class StageTable:
         ``recompute`` they are exactly the finite entries of :meth:`base`."""
         recompute = recompute and self.allow_recompute
         key = (inflight, self.cap if cap is None else cap, recompute)
+        if self._recent is not None:
+            self._recent.touch(self._entries, key[:2])
         found = self._could.get(key)
         if found is None:
             view = self._view(key[1])
@@ -516,7 +576,7 @@ class StageTable:
                 found = (view.leanest if recompute else view.plain) >= inflight
             else:
                 excess = _excess_bytes(self.static, self.act, inflight, key[1])
-                found = self.valid & ((inflight * self._gain_per_microbatch >= excess) if recompute else (excess <= 0))
+                found = self.valid & ((inflight * self.gain >= excess) if recompute else (excess <= 0))
             self._could[key] = found
         return found
 
@@ -636,7 +696,7 @@ class StageTable:
                 choice = self._cached_choice(inflight, i, j, float(self.excess_at(at, i, j)), shared)
                 if choice.time_ms < INF:
                     table[i, j] = self.compute[i, j] + choice.time_ms
-                    self._choices[(at, i, j)] = (i, choice)  # layers relative to i
+                    self._choices.setdefault(at, {})[(i, j)] = (i, choice)  # layers relative to i
                     self.all_exact &= choice.exact
         if batches:
             self._price_levels(batches)
@@ -727,11 +787,12 @@ class StageTable:
         it was not priced or cannot fit; a stage priced by :meth:`_price_levels` gets its layers
         here, from :func:`choose_recompute` (the same least time, bit for bit)."""
         at = (inflight, self.cap if cap is None else cap)
-        entry = self._choices.get((at, i, j))
+        chosen = self._choices.setdefault(at, {})
+        entry = chosen.get((i, j))
         if entry is None and at in self._lazy and self._lazy[at][i, j]:
             choice = self._cached_choice(inflight, i, j, float(self.excess_at(at, i, j)))
             assert self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
-            entry = self._choices[(at, i, j)] = (i, choice)
+            entry = chosen[(i, j)] = (i, choice)
         return entry
 
     def choice_of(self, inflight: int, i: int, j: int, cap: float | None = None
@@ -1133,6 +1194,7 @@ def solve_chain(
     cm, L, P = table.cm, table.L, layout.num_stages
     if P > L:
         return None
+    table.settle()
     ks = inflight_counts(schedule, layout, num_microbatches)
     if not could_partition(table, ks):
         return None  # no partition fits even with every layer at its leanest level
