@@ -690,6 +690,8 @@ class StageTable:
                 todo = todo & ~self._levels
                 if batch.any():
                     batches.append((at, batch, table))
+                if not todo.any():
+                    continue
             for i, j in zip(*np.nonzero(todo)):
                 i, j = int(i), int(j)
                 shared = self.cm.shared_out(i, j, self.b) if self.shared else None
