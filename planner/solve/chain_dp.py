@@ -56,6 +56,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -230,7 +231,9 @@ class _Fixed:
     """What a :class:`StageTable` holds that its cap does not change (read-only arrays, and the
     recompute choices worked out so far, which depend on a stage's layers, in-flight count and
     excess only): shared by every table of one cost model, micro-batch size, sharding, ZeRO 3
-    line and fixed boundaries (a search's tighter caps, the layouts a refusal measures)."""
+    line and fixed boundaries (a search's tighter caps, the layouts a refusal measures); what
+    the sharding and line do not change, and the choices, by every one of the same micro-batch
+    size and fixed boundaries (:func:`_build_fixed`)."""
 
     fwd: np.ndarray
     valid: np.ndarray
@@ -267,8 +270,62 @@ def _fixed_part(cm: CostModel, b: int, sharding: Sharding, fsdp_line: tuple[floa
     return found
 
 
+#: per cost model, the parts of its fixed parts that several of them share (by what each reads)
+_SHARED_PARTS: weakref.WeakKeyDictionary[CostModel, dict[tuple[object, ...], Any]] = weakref.WeakKeyDictionary()
+
+
 def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_line: tuple[float, float],
                  fixed_boundaries: tuple[int, ...]) -> _Fixed:
+    """A fixed part: what only the sharding and ZeRO 3 line change (the static bytes, the
+    synchronised bytes, ZeRO 3's compute) worked out for it, the rest (each a matrix of the
+    (L + 1)^2 stages, or the layers') shared with every fixed part of the same micro-batch size
+    and fixed boundaries (GPT-3 175B on 1,024 GPUs: 120 fixed parts, 25
+    shared parts)."""
+    shared_parts = _SHARED_PARTS.setdefault(cm, {})
+    key = ("batch", microbatch_size, fixed_boundaries)
+    batch = shared_parts.get(key)
+    if batch is None:
+        batch = shared_parts[key] = _batch_part(cm, microbatch_size, fixed_boundaries)
+    L = cm.num_layers
+    idx = np.arange(L + 1)
+    params = shared_parts.get(("params",))
+    if params is None:
+        params = (cm._param_prefix[None, :] - cm._param_prefix[:, None]).astype(float)
+        for tie in cm.profile.tied:
+            inside = np.zeros((L + 1, L + 1))
+            for layer in tie.layers:
+                inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
+            params -= np.maximum(inside - 1, 0) * tie.param_count
+        params.flags.writeable = False
+        shared_parts[("params",)] = params
+    fsdp = is_fsdp(sharding)
+    compute = batch["compute"]
+    if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
+        compute = np.where(batch["valid"], cm.fsdp_terms(microbatch_size, fsdp_line).matrix(), INF)
+    kappa = sum(cm.state_bytes_per_param(sharding))
+    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
+    sync_bytes = shared_parts.get(("sync", sync_per_param))
+    if sync_bytes is None:
+        sync_bytes = shared_parts[("sync", sync_per_param)] = params * sync_per_param
+    cut = cm.cut_bytes_per_sample
+    static = params * kappa + (2.0 * (cut[:, None] + cut[None, :]) + cm.gather_bytes_per_sample) * microbatch_size
+    if fsdp:  # the gathered weights and gradients of the layers in flight
+        static = static + working_set_matrix(
+            cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
+    arrays = dict(compute=compute, static=static, sync_bytes=sync_bytes)
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.flags.owndata:
+            array.flags.writeable = False
+        arrays[name] = array
+    return _Fixed(fsdp=fsdp, kappa=kappa, sync_bytes_per_param=sync_per_param, **arrays,
+                  **{k: v for k, v in batch.items() if k != "compute"})
+
+
+def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int, ...]) -> dict[str, Any]:
+    """The fields of a :class:`_Fixed` that depend on the micro-batch size and fixed boundaries
+    only (``compute`` outside ZeRO 3), and the recompute choices they share (a stage's choice
+    reads its layers, in-flight count and excess only)."""
     L = cm.num_layers
     fwd, bwd = cm.layer_times(microbatch_size)
     fp = np.concatenate([[0.0], np.cumsum(fwd)])
@@ -277,31 +334,13 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     valid = idx[None, :] > idx[:, None]
     for f in fixed_boundaries:
         valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
-    fsdp = is_fsdp(sharding)
-    if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
-        compute = np.where(valid, cm.fsdp_terms(microbatch_size, fsdp_line).matrix(), INF)
-    else:
-        compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
-    params = (cm._param_prefix[None, :] - cm._param_prefix[:, None]).astype(float)
-    for tie in cm.profile.tied:
-        inside = np.zeros((L + 1, L + 1))
-        for layer in tie.layers:
-            inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
-        params -= np.maximum(inside - 1, 0) * tie.param_count
-    kappa = sum(cm.state_bytes_per_param(sharding))
-    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
-    cut = cm.cut_bytes_per_sample
-    static = params * kappa + (2.0 * (cut[:, None] + cut[None, :]) + cm.gather_bytes_per_sample) * microbatch_size
-    if fsdp:  # the gathered weights and gradients of the layers in flight
-        static = static + working_set_matrix(
-            cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
+    compute = np.where(valid, (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), INF)
     sp, fxp = cm._saved_prefix, cm._fixed_prefix
     act = (sp[None, :] - sp[:, None]) * microbatch_size + (fxp[None, :] - fxp[:, None])
     shared = bool(cm.profile.shared_saved)
     if shared:  # storages two layers of a stage both save: once
         act = act - cm.shared_matrix(microbatch_size)
-    arrays = dict(fwd=fwd, valid=valid, compute=compute, static=static, sync_bytes=params * sync_per_param,
-                  bwd_prefix=bp, act=act, saved=cm.saved_bytes(microbatch_size),
+    arrays = dict(fwd=fwd, valid=valid, compute=compute, bwd_prefix=bp, act=act, saved=cm.saved_bytes(microbatch_size),
                   inputs=cm.input_per_sample * microbatch_size, core=cm.core_bytes(microbatch_size),
                   core_ms=cm.core_ms(microbatch_size))
     for name, array in arrays.items():
@@ -314,8 +353,7 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     layers = _layers_of(arrays["fwd"], arrays["saved"], arrays["inputs"], arrays["core"], arrays["core_ms"])
     gains = np.maximum(np.maximum(arrays["saved"] - arrays["inputs"], 0.0), arrays["core"] if cm.selective else 0.0)
     gp = np.concatenate([[0.0], np.cumsum(gains)])
-    return _Fixed(fsdp=fsdp, kappa=kappa, sync_bytes_per_param=sync_per_param, shared=shared, choices={},
-                  layers=layers, levels=levels, gain=gp[None, :] - gp[:, None], **arrays)
+    return dict(arrays, shared=shared, choices={}, layers=layers, levels=levels, gain=gp[None, :] - gp[:, None])
 
 
 #: the most micro-batches in flight a cap view counts (a stage that fits this many fits any count asked)
