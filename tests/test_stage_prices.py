@@ -206,3 +206,29 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
                 assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))
         finally:
             chain_dp.VIEW_MIN_LAYERS = kept
+
+
+def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():
+    """Tables of one cost model and micro-batch size share what the sharding does not change
+    (times, activation bytes, recompute choices: ``chain_dp._build_fixed``), each its own static
+    bytes: a table built after others of other shardings prices every stage and chooses every
+    recomputation as the same table built alone (a cost model of its own), ZeRO 3 included."""
+    from planner.artifacts.kinds import ZeroStage
+    from planner.artifacts.layout import Sharding
+
+    profile = gpt3_profile("gpt3-1.3b", "a100-80gb")
+    shardings = [Sharding(), Sharding(ZeroStage.OPTIMIZER, 4), Sharding(ZeroStage.PARAMETERS, 4)]
+    cm = CostModel(profile, PRESETS["a100-80gb-x8"])
+    together = [StageTable(cm, 4, 12e9, sharding=s) for s in shardings]
+    assert together[0].act is together[1].act and together[0]._cache is together[2]._cache
+    assert not np.array_equal(together[0].static, together[1].static)
+    for inflight in (1, 4):
+        for s, table in zip(shardings, together):
+            got = table.table(inflight)
+            alone = StageTable(CostModel(profile, PRESETS["a100-80gb-x8"]), 4, 12e9, sharding=s)
+            want = alone.table(inflight)
+            assert np.array_equal(got, want)
+            priced = np.argwhere(np.isfinite(want) & (alone.static + inflight * alone.act > alone.cap))
+            assert len(priced) > 0
+            for i, j in priced.tolist():
+                assert table.choice_of(inflight, i, j) == alone.choice_of(inflight, i, j)
