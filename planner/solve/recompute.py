@@ -370,6 +370,10 @@ def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelC
             members[opts] = members.get(opts, 0) + count
     if not members:
         return ()
+    if len(members) == 1:  # one kind of layer (a run of identical blocks): no front over other groups
+        ((opts, count),) = members.items()
+        return tuple(LevelCover(ws, count * most, (0.0,), (0.0,), count, full, sel)
+                     for ws, most, full, sel in _one_group_levels(opts))
     if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
         return None
     out = []
@@ -397,6 +401,21 @@ def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelC
         full = next(((o[0], o[1]) for o in opts if not o[3]), None)
         sel = next(((o[0], o[1]) for o in opts if o[3]), None)
         out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_group_levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float, tuple[float, float] | None,
+                                                            tuple[float, float] | None], ...]:
+    """Per workspace of ``opts`` (ascending), as :func:`level_covers` builds a stage of layers
+    all with ``opts``: the workspace, the largest gain of an option within it, and the (ms, gain)
+    of its full and selective levels within it (None: none)."""
+    out = []
+    for ws in sorted({o[2] for o in opts}):
+        allowed = tuple(o for o in opts if o[2] <= ws)
+        full = next(((o[0], o[1]) for o in allowed if not o[3]), None)
+        sel = next(((o[0], o[1]) for o in allowed if o[3]), None)
+        out.append((ws, max(o[1] for o in allowed), full, sel))
     return tuple(out)
 
 
