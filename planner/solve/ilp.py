@@ -36,7 +36,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.cost import grad_group_line, link_of, p2p_ms
 from planner.cost.fsdp import units_in_flight
@@ -97,6 +97,7 @@ def solve_chain_ilp(
              for l in range(L)] for s in range(P)]
     times, comms, exposures = [], [], []
     _, bwd_prefix = cm.time_prefix(b)
+    overlap = cm.stack.reduce_overlap(table.sharding.zero is not ZeroStage.NONE)  # as StageTable.hidden_backward
     t_max = m.new_int_var(0, 10**15, "tmax")
     terms = cm.fsdp_terms(b, cm.fsdp_line(layout)) if table.fsdp else None
     unit_bytes = units_in_flight(cm.stack.fsdp_prefetch) * (cm.weight_bytes_per_param + cm.grad_bytes_per_param)
@@ -137,14 +138,16 @@ def solve_chain_ilp(
             for l in range(L):
                 m.add(ws3 >= int(unit_bytes * cm.param_count[l]) * x[s][l])
             mem += ws3
-        # X_s >= AR_s - (backward of the layers before stage s), X_s >= 0 (see chain_dp)
+        # X_s >= AR_s - (backward of the layers before stage s, and of its own where the stack
+        # overlaps the reduction with it: StageTable.hidden_backward), X_s >= 0 (see chain_dp)
         per_byte, fixed = grad_group_line(cm.cluster, layout, s)
         if (per_byte or fixed) and terms is None:
             ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
             ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
             ar -= sum(int(round(c * ns_per_param)) * d for c, d in dup_terms)
+            hiding = s + 1 if overlap else s
             before = sum(
-                int(round((bwd_prefix[l + 1] - bwd_prefix[l]) * NS_PER_MS)) * x[q][l] for q in range(s) for l in range(L)
+                int(round((bwd_prefix[l + 1] - bwd_prefix[l]) * NS_PER_MS)) * x[q][l] for q in range(hiding) for l in range(L)
             )
             e_s = m.new_int_var(0, 10**15, f"x_ar{s}")
             m.add(e_s >= ar + int(round(fixed * NS_PER_MS)) - before)
