@@ -397,11 +397,19 @@ def _cap_view(static: np.ndarray, act: np.ndarray, gain: np.ndarray, valid: np.n
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         guess = np.where(act > 0, np.floor((cap - static) / act), np.where(static - cap <= 0, MOST_INFLIGHT, -1.0))
         k = np.clip(guess, -1.0, MOST_INFLIGHT)
-        for _ in range(2):  # the guess is off by the division's rounding: settle it on the exact test
-            up = (k < MOST_INFLIGHT) & fits(k + 1)
-            k = np.where(up, k + 1, np.where((k >= 0) & ~fits(k), k - 1, k))
+        # the guess is off by the division's rounding where k + 1 fits or k does not (the test is
+        # monotone in k, act >= 0): settle those few on the exact test, a step at a time, then
+        # bisect any still off (k act below the rounding of static: tiny act)
         wrong = np.nonzero(((k < MOST_INFLIGHT) & fits(k + 1)) | ((k >= 0) & ~fits(k)))
-        if len(wrong[0]):  # k act below the rounding of static (tiny act): bisect those
+        if len(wrong[0]):
+            kw = k[wrong]
+            for _ in range(2):
+                up = (kw < MOST_INFLIGHT) & fits(kw + 1, wrong)
+                kw = np.where(up, kw + 1, np.where((kw >= 0) & ~fits(kw, wrong), kw - 1, kw))
+            k[wrong] = kw
+            off = ((kw < MOST_INFLIGHT) & fits(kw + 1, wrong)) | ((kw >= 0) & ~fits(kw, wrong))
+            wrong = (wrong[0][off], wrong[1][off])
+        if len(wrong[0]):
             lo, hi = np.full(len(wrong[0]), -1.0), np.full(len(wrong[0]), MOST_INFLIGHT + 1)
             while np.any(hi - lo > 1):
                 mid = np.floor((lo + hi) / 2)
