@@ -72,6 +72,7 @@ def test_commands_import_only_what_they_use():
     plan_mods = _modules_after("plan", "--global-batch", "64", "--tp", "1", "--zero", "0", "--schedules", "1f1b")
     assert "planner.solve.search" in plan_mods and "numpy" in plan_mods
     assert not plan_mods & (heavy - {"numpy"}), sorted(plan_mods & heavy)
+    assert "numpy.ma" not in plan_mods  # np.unique imports it (planner.solve.arrays.distinct)
     unused = {m for m in plan_mods if m.startswith(("planner.runtime", "planner.report.calibrate", "planner.report.export",
                                                     "planner.solve.pipedream", "planner.solve.baselines",
                                                     "planner.profiling.analytic.gpt"))}

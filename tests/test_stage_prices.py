@@ -232,3 +232,19 @@ def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():
             assert len(priced) > 0
             for i, j in priced.tolist():
                 assert table.choice_of(inflight, i, j) == alone.choice_of(inflight, i, j)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(-1e12, 1e12), st.sampled_from([0.0, 1.5, math.inf, -math.inf])), max_size=40),
+       as_int=st.booleans(), rows=st.sampled_from([1, 2]))
+def test_distinct_is_numpys_unique(values, as_int, rows):
+    """``planner.solve.arrays.distinct`` (the search's ``np.unique`` without importing
+    ``numpy.ma``) gives ``np.unique``'s values, dtype and order, flattening a matrix."""
+    from planner.solve.arrays import distinct
+
+    a = np.array(values[: len(values) // rows * rows], dtype=float)
+    if as_int:
+        a = np.nan_to_num(a, posinf=1e12, neginf=-1e12).astype(np.int64)
+    a = a.reshape(rows, -1)
+    got, want = distinct(a), np.unique(a)
+    assert got.dtype == want.dtype and got.tolist() == want.tolist()

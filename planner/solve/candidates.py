@@ -24,6 +24,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.simulation import simulate_iteration_ms
+from planner.solve.arrays import distinct
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.chain_dp import (
     ChainSolution,
@@ -472,13 +473,13 @@ class ConfigSearch:
                 at_w, at_h = least_bytes(layer_work, state + kmin * saved, cap)
                 # g at H's breakpoints and where (H - cap) / k_min reaches the curve's: linear between
                 xs = cap + kmin * curve[0][1:]
-                w = np.union1d(at_w, np.interp(xs[(xs > cap) & (xs < at_h[-1])], at_h, at_w))
+                w = distinct(np.concatenate([at_w, np.interp(xs[(xs > cap) & (xs < at_h[-1])], at_h, at_w)]))
                 h = np.interp(w, at_w, at_h)
                 found = self.inverses[(key, kmin)] = (w + recompute_ms(curve, np.maximum(0.0, h - cap) / kmin), w)
             inverses.append((*found, np.array(waits)))
         # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
         # breakpoints a_r + M t
-        Ts = np.unique(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))
+        Ts = distinct(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))
 
         def works(at: np.ndarray) -> np.ndarray:  # works(T) at breakpoints Ts[at]
             T = Ts[at]
@@ -489,7 +490,7 @@ class ConfigSearch:
         # search over at most 32 probes a round (a call per group of ranks a round, not per probe)
         target, lo, hi = work * (1 - 1e-12), 0, len(Ts)
         while lo < hi:
-            probes = np.unique(np.linspace(lo, hi - 1, num=min(32, hi - lo)).astype(np.int64))
+            probes = distinct(np.linspace(lo, hi - 1, num=min(32, hi - lo)).astype(np.int64))
             reached = np.flatnonzero(works(probes) >= target)
             if not len(reached):
                 lo = int(probes[-1]) + 1

@@ -66,6 +66,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.cost import CostModel, grad_group_line, link_of, p2p_ms
 from planner.cost.fsdp import is_fsdp, working_set_matrix
 from planner.schedule import inflight_counts
+from planner.solve.arrays import distinct
 from planner.solve.recompute import (
     INF,
     CoverRows,
@@ -654,7 +655,7 @@ class StageTable:
                 return None
             full = np.maximum(self.saved - self.inputs, 0.0)
             sel = self.core if self.selective else np.zeros_like(self.core)
-            sizes = np.unique(np.concatenate([self.saved[full > 0], self.core[sel > 0]]))
+            sizes = distinct(np.concatenate([self.saved[full > 0], self.core[sel > 0]]))
             if len(sizes) > LEAST_BYTES_WORKSPACES:
                 return None
             freed = np.zeros_like(need)
@@ -983,7 +984,7 @@ class _Bands:
     def caps_between(self, lo: float, hi: float) -> np.ndarray:
         """The distinct stage times in ``[lo, hi]`` (candidate caps), ascending."""
         t = self.t
-        return np.unique(t[(t >= lo) & (t <= hi)])
+        return distinct(t[(t >= lo) & (t <= hi)])
 
     def narrowed(self, cap_max: float) -> _Bands:
         """The same bands over the stages no longer than the longest of any stage time at most

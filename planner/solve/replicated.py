@@ -41,6 +41,7 @@ import numpy as np
 
 from planner.artifacts.request import ScheduleKind
 from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
+from planner.solve.arrays import distinct
 from planner.solve.chain_dp import ChainSolution, StageTable
 from planner.solve.recompute import INF
 
@@ -185,7 +186,7 @@ def solve_replicated(
             if d <= n:
                 t = pr.times(n, d)
                 parts.append(t[np.isfinite(t)] / d)
-    caps = np.unique(np.concatenate(parts)) if parts else np.zeros(0)
+    caps = distinct(np.concatenate(parts)) if parts else np.zeros(0)
     if not caps.size:
         return None
     # J >= (M - 1) x the bottleneck: caps above limit / (M - 1) cannot give a better plan
