@@ -68,6 +68,9 @@ class PublishedRun:
     batch: int
     microbatch: int
     chunks: tuple[int, ...]  # chunks per pipeline rank tried (several: the faster that fits is priced, assumed)
+    # micro-batch sizes tried where the source gives none (the faster that fits is priced, assumed);
+    # (): ``microbatch`` as published
+    microbatches: tuple[int, ...] = ()
     recompute: Recompute
     sequence_parallel: bool
     zero: int
@@ -186,11 +189,17 @@ _M_ROWS = (
     ("314B", 128, 16384, 96, 8, 8, 48, 1536, 474.4),
     ("462B", 144, 18432, 112, 8, 16, 48, 3072, 459.9),
 )
-_M_ASSUMED = ("micro-batch 1", "no recomputation", "distributed optimizer (ZeRO-1, fp32 gradients: 6 + 12/d B/param)",
+_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in 80 GB", "no recomputation",
+              "distributed optimizer (ZeRO-1, fp32 gradients: 6 + 12/d B/param)",
               "sequence parallelism with t > 1",
               "1F1B, not interleaved (Megatron-LM's default)", "bf16 (no FP8)",
               "inter-node fabric: the h100 preset's 50 GB/s per GPU", "GPT blocks (4h GeLU MLP, learned positions)",
               "fused causal attention (FlashAttention / cuDNN)")
+
+
+#: the Megatron-LM rows' micro-batch sizes tried (the README table gives none; every row's batch
+#: per replica is a multiple of 4)
+_M_MICROBATCHES = (1, 2, 4)
 
 
 def megatron_rows() -> list[PublishedRun]:
@@ -200,7 +209,8 @@ def megatron_rows() -> list[PublishedRun]:
     return [
         PublishedRun(
             source="Megatron-LM README", label=f"M {size}", device="h100-80gb", layers=l, hidden=h, heads=a, seq=4096,
-            vocab=131072, t=t, p=p, d=d, batch=batch, microbatch=1, chunks=(1,), recompute=Recompute.NONE,
+            vocab=131072, t=t, p=p, d=d, batch=batch, microbatch=1, microbatches=_M_MICROBATCHES, chunks=(1,),
+            recompute=Recompute.NONE,
             sequence_parallel=t > 1, zero=1, stack=STACKS["megatron-core"], metric=Metric.TFLOPS, published=tflops,
             flops_per_iteration=eq3_flops(batch, l, h, 4096, 131072, False), assumed=_M_ASSUMED, flash_attention=True,
             optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,

@@ -18,7 +18,8 @@ terms of its tightest device (its chunks summed). Korthikanti et al. 2022 Table 
 Table 5 "present work" rows (sequence parallelism and selective recomputation of every block's
 attention core, materialised attention as their Table 2 counts it, 18 bytes per parameter);
 the Megatron-LM README rows run FlashAttention, no recomputation, the distributed optimizer
-(ZeRO-1 over d, fp32 gradients: 6 + 12 / d bytes per parameter) at micro-batch 1. Table 4's
+(ZeRO-1 over d, fp32 gradients: 6 + 12 / d bytes per parameter) at the faster of micro-batches 1,
+2 and 4 that fits (the table gives none; as the 1T row's chunks per rank). Table 4's
 rows time one layer: their ``fits`` is the whole 22B model at that layout, which the source
 does not claim ran.
 
@@ -26,10 +27,12 @@ Constants: the GEMM model of each device (``planner.profiling.analytic.gemm``: a
 constants, its largest GEMMs' fraction of peak, the intensity at half of it, the achieved HBM
 fraction) is fitted on at most a third of that device's rows (``FIT_ROWS``, marked ``*``);
 every other row is out of sample. ``--fit`` refits them (Nelder-Mead on the squared log
-ratios of the fit rows) and prints them. The shipped A100 constants are the fit of these rows
-as priced here; the shipped H100 ones were fitted with the Megatron-LM rows' gradients reduced in
-bf16 (16 B/param): priced as Megatron-LM runs bf16 (fp32 gradient reduction, as now), ``--fit``
-moves the H100 e_max, which is not shipped (``benchmarks/RESULTS.md`` section 10 says why).
+ratios of the fit rows) and prints them. The shipped H100 e_max and HBM fraction are the fit of
+its rows as priced here (each at its faster micro-batch), its I_half the shipped A100's scaled
+by the ridge points (``benchmarks/RESULTS.md`` section 38). The shipped A100 constants are the fit
+of its rows as they were priced in section 10; ``--fit`` now moves them (to e_max 0.6874, I_half
+82.86, HBM fraction 0.6486 on 2026-12-06), not shipped: they would move every A100 profile and
+plan, and with them the H100's I_half.
 
 Then, per row, the planner's own plan for the same GPUs, batch and stack (default request:
 t, p, d, ZeRO, micro-batch, schedule with chunks, partition and recomputation searched, 10%
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import statistics
 import sys
@@ -187,24 +191,25 @@ def config_plan(run: PublishedRun, gemm: GemmModel) -> Plan:
 
 def config_options(run: PublishedRun, gemm: GemmModel) -> list[Plan]:
     """The published configuration priced by the cost model and the simulator, layers split
-    evenly (:func:`partition`). Where the source gives the chunks per rank (one option) that
-    schedule; where it does not (several options: interleaved only where M is a multiple of p),
-    the faster of those that fit in 80 GB (a run that trained fit; the faster overall when none
-    does, then reported as not fitting). The one priced first, then the other options."""
+    evenly (:func:`partition`). Where the source gives the chunks per rank and the micro-batch
+    (one option) that schedule; where it does not (several options: interleaved only where M is a
+    multiple of p, micro-batches that leave M >= p), the faster of those that fit in 80 GB (a run
+    that trained fit; the faster overall when none does, then reported as not fitting). The one
+    priced first, then the other options."""
     prof, cluster = profile_for(run, gemm), cluster_for(run)
     request = request_for(run, tp_degrees=(run.t,), zero_stages=(ZeroStage(run.zero),),
                           sequence_parallel=(run.sequence_parallel,))
-    m = run.batch // (run.d * run.microbatch)
     out = []
-    for v in run.chunks:
-        if v > 1 and (run.p == 1 or m % run.p or run.layers % (run.p * v)):
-            continue
+    for b, v in itertools.product(run.microbatches or (run.microbatch,), run.chunks):
+        m = run.batch // (run.d * b)
+        if run.batch % (run.d * b) or m < run.p or (v > 1 and (run.p == 1 or m % run.p or run.layers % (run.p * v))):
+            continue  # 1F1B keeps M >= P; interleaving where M is a multiple of p
         starts, full, selective = partition(run, run.p * v)
         layout = Layout(num_stages=run.p * v, virtual_stages_per_rank=v, dp_degree=run.d, tp_degree=run.t,
                         sequence_parallel=run.sequence_parallel, zero=ZeroStage(run.zero))
         schedule = ScheduleKind.INTERLEAVED_1F1B if v > 1 else ScheduleKind.ONE_F_ONE_B
         out.append(rebuild_plan(prof, cluster, request, layout=layout, boundaries=starts,
-                                recompute=full, selective=selective, microbatch_size=run.microbatch,
+                                recompute=full, selective=selective, microbatch_size=b,
                                 schedule=schedule, solver=SolverKind.GIVEN))
     if not out:
         raise ValueError(f"{run.label}: no valid schedule among chunks {run.chunks}")
@@ -217,7 +222,8 @@ def price(run: PublishedRun, gemm: GemmModel) -> Priced:
     """The row's figure as the cost model predicts it for the published configuration."""
     options = config_options(run, gemm)
     plan = options[0]
-    notes = tuple(f"v={p.layout.virtual_stages_per_rank} would be {p.predicted.iteration_ms / 1e3:.4g} s but needs "
+    notes = tuple(f"v={p.layout.virtual_stages_per_rank}{f' b={p.microbatch_size}' if run.microbatches else ''} would be "
+                  f"{p.predicted.iteration_ms / 1e3:.4g} s but needs "
                   f"{p.predicted.peak_memory_bytes / GIB:.1f} GiB" for p in options[1:]
                   if p.predicted.iteration_ms < plan.predicted.iteration_ms)
     secs = plan.predicted.iteration_ms / 1e3
@@ -412,7 +418,8 @@ def main() -> int:
                 over.append(f"{run.label} {100 * (r - 1):+.1f}%")
             mark = "*" if in_fit else " "
             v = priced.plan.layout.virtual_stages_per_rank
-            line = (f"{run.label + mark:<17} {run.t:>2} {run.p:>3} {run.d:>3} {run.gpus:>5} {run.batch:>5} {run.microbatch:>2} "
+            b = priced.plan.microbatch_size
+            line = (f"{run.label + mark:<17} {run.t:>2} {run.p:>3} {run.d:>3} {run.gpus:>5} {run.batch:>5} {b:>2} "
                     f"{v:>1} {run.recompute.value[:5]:<5} {run.metric.value[:16]:<16} {run.published:>9.4g} "
                     f"{priced.predicted:>9.4g} {r:>6.3f} {priced.peak_bytes / GIB:>5.1f} {'yes' if priced.fits else 'NO':>4} |")
             if not args.no_plan:
