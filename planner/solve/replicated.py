@@ -180,13 +180,14 @@ def solve_replicated(
         return None
     fwd, bwd = pr.cm.layer_times(pr.b)
     cap_lb = max(float(np.max(fwd + bwd)) / max(counts), float(np.sum(fwd + bwd)) / N)
-    parts = []
+    parts = {}  # per (table, copies): its finite stage times over the copies (one table serves many n)
     for n in range(1, N + 1):
         for d in counts:
             if d <= n:
                 t = pr.times(n, d)
-                parts.append(t[np.isfinite(t)] / d)
-    caps = distinct(np.concatenate(parts)) if parts else np.zeros(0)
+                if (id(t), d) not in parts:
+                    parts[(id(t), d)] = distinct(t[np.isfinite(t)]) / d
+    caps = distinct(np.concatenate(list(parts.values()))) if parts else np.zeros(0)
     if not caps.size:
         return None
     # J >= (M - 1) x the bottleneck: caps above limit / (M - 1) cannot give a better plan
