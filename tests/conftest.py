@@ -12,6 +12,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import importlib.util
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (seeded by a hash of each test), so that a
+# run's verdict is the code's, not the draw's: random draws found two float ties in oracles in
+# one session (benchmarks/RESULTS.md section 38), each of which would have failed a landing at
+# random. HYPOTHESIS_PROFILE=explore draws new examples on every run (to hunt for such cases).
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from tests.runtime_launch import SharedLaunches
 
