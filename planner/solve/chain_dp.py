@@ -313,12 +313,7 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     if fsdp:  # the gathered weights and gradients of the layers in flight
         static = static + working_set_matrix(
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
-    arrays = dict(compute=compute, static=static, sync_bytes=sync_bytes)
-    for name, array in arrays.items():
-        array = np.asarray(array)
-        if array.flags.owndata:
-            array.flags.writeable = False
-        arrays[name] = array
+    arrays = _read_only(dict(compute=compute, static=static, sync_bytes=sync_bytes))
     return _Fixed(fsdp=fsdp, kappa=kappa, sync_bytes_per_param=sync_per_param, **arrays,
                   **{k: v for k, v in batch.items() if k != "compute"})
 
@@ -344,17 +339,23 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
     arrays = dict(fwd=fwd, valid=valid, compute=compute, bwd_prefix=bp, act=act, saved=cm.saved_bytes(microbatch_size),
                   inputs=cm.input_per_sample * microbatch_size, core=cm.core_bytes(microbatch_size),
                   core_ms=cm.core_ms(microbatch_size))
-    for name, array in arrays.items():
-        array = np.asarray(array)
-        if array.flags.owndata:  # the cost model's own cached arrays are its to guard
-            array.flags.writeable = False
-        arrays[name] = array
+    arrays = _read_only(arrays)
     has_core = np.concatenate([[0], np.cumsum(arrays["core"] > 0)])
     levels = (has_core[None, :] - has_core[:, None] > 0) if cm.selective and not shared else None
     layers = _layers_of(arrays["fwd"], arrays["saved"], arrays["inputs"], arrays["core"], arrays["core_ms"])
     gains = np.maximum(np.maximum(arrays["saved"] - arrays["inputs"], 0.0), arrays["core"] if cm.selective else 0.0)
     gp = np.concatenate([[0.0], np.cumsum(gains)])
     return dict(arrays, shared=shared, choices={}, layers=layers, levels=levels, gain=gp[None, :] - gp[:, None])
+
+
+def _read_only(arrays: dict[str, Any]) -> dict[str, Any]:
+    """``arrays`` as NumPy arrays, those owning their data made read-only (views into the cost
+    model's own cached arrays are its to guard)."""
+    out = {name: np.asarray(array) for name, array in arrays.items()}
+    for array in out.values():
+        if array.flags.owndata:
+            array.flags.writeable = False
+    return out
 
 
 #: the most micro-batches in flight a cap view counts (a stage that fits this many fits any count asked)

@@ -398,8 +398,7 @@ def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelC
                     front.append(point)
                     top = point[1]
         opts, count = groups[big]
-        full = next(((o[0], o[1]) for o in opts if not o[3]), None)
-        sel = next(((o[0], o[1]) for o in opts if o[3]), None)
+        full, sel = _levels(opts)
         out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
     return tuple(out)
 
@@ -413,10 +412,15 @@ def _one_group_levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float, tup
     out = []
     for ws in sorted({o[2] for o in opts}):
         allowed = tuple(o for o in opts if o[2] <= ws)
-        full = next(((o[0], o[1]) for o in allowed if not o[3]), None)
-        sel = next(((o[0], o[1]) for o in allowed if o[3]), None)
-        out.append((ws, max(o[1] for o in allowed), full, sel))
+        out.append((ws, max(o[1] for o in allowed), *_levels(allowed)))
     return tuple(out)
+
+
+def _levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The (ms, gain) of the full and of the selective level among ``opts`` (None: none)."""
+    full = next(((o[0], o[1]) for o in opts if not o[3]), None)
+    sel = next(((o[0], o[1]) for o in opts if o[3]), None)
+    return full, sel
 
 
 #: elements per block of :func:`level_cover_costs` (rows x front x counts), to bound its memory
@@ -470,10 +474,8 @@ class CoverRows:
             self._params = np.concatenate([self._params[:n], np.zeros((room - n, 8))])
             self._lens = np.concatenate([self._lens[:n], np.zeros(room - n, dtype=np.int64)])
             self._workspace = np.concatenate([self._workspace[:n], np.zeros(room - n)])
-        self._front_ms[n:m] = INF
-        self._front_ms[n:m, :fc.shape[1]] = fc
-        self._front_gain[n:m] = 0.0
-        self._front_gain[n:m, :fg.shape[1]] = fg
+        self._front_ms[n:m] = fc  # F columns, as wide as the arrays (grown to F above)
+        self._front_gain[n:m] = fg
         self._params[n:m] = np.array([c.params for c in new])
         self._lens[n:m] = lens
         self._workspace[n:m] = [c.workspace_bytes for c in new]
