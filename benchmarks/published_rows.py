@@ -105,7 +105,7 @@ def eq3_flops(batch: int, layers: int, hidden: int, seq: int, vocab: int, recomp
 
 _NARAYANAN_ASSUMED = ("micro-batch 1", "fp16 with fp16 gradients (adam-mixed, 16 B/param)",
                       "schedule: the faster of 1F1B and interleaved with 2 chunks (where M is a "
-                      "multiple of p) that fits in 80 GB", "even split of the layers", "no ZeRO", "stack none (no overlap described)")
+                      "multiple of p) that fits in its memory", "even split of the layers", "no ZeRO", "stack none (no overlap described)")
 
 
 def narayanan_rows() -> list[PublishedRun]:
@@ -141,7 +141,7 @@ def korthikanti_t5_rows() -> list[PublishedRun]:
     for size, a, h, l, t, p, batch, mb, v in _K_CONFIGS:
         assumed = ["no ZeRO", "bf16 with fp32 gradients (adam-mixed-fp32-grad, 18 B/param)",
                    "attention materialised (their Table 2 counts the 5as/h scores)"]
-        assumed += (["1T: chunks not given, the faster of 1 and 2 per rank that fits in 80 GB"] if size == "1T" else [])
+        assumed += (["1T: chunks not given, the faster of 1 and 2 per rank that fits in its memory"] if size == "1T" else [])
         for present, secs in zip((False, True), _K_TABLE5[size]):
             out.append(PublishedRun(
                 source="Korthikanti 2022 T5", label=f"K5 {size} {'sp+sel' if present else 'full'}", device="a100-80gb",
@@ -189,7 +189,7 @@ _M_ROWS = (
     ("314B", 128, 16384, 96, 8, 8, 48, 1536, 474.4),
     ("462B", 144, 18432, 112, 8, 16, 48, 3072, 459.9),
 )
-_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in 80 GB", "no recomputation",
+_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in its memory", "no recomputation",
               "distributed optimizer (ZeRO-1, fp32 gradients: 6 + 12/d B/param)",
               "sequence parallelism with t > 1",
               "1F1B, not interleaved (Megatron-LM's default)", "bf16 (no FP8)",

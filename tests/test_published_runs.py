@@ -19,8 +19,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from published_rows import PublishedRun, Recompute, all_rows
-from published_runs import DEVICE_MEMORY_BYTES, GIB, cluster_for, config_options, config_plan, main, price, profile_for
+from published_runs import GIB, cluster_for, config_options, config_plan, main, price, profile_for, usable_bytes
 
+from planner.artifacts.cluster import PRESETS
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.gemm import DEVICE_GEMM
 
@@ -40,7 +41,7 @@ def test_memory_rows_are_the_issue_rows() -> None:
 def test_published_configuration_fits_in_80_gb(run: PublishedRun) -> None:
     got = price(run, DEVICE_GEMM[run.device])
     assert got.fits, f"{run.label}: {got.peak_bytes / GIB:.2f} GiB: {got.reason}"
-    assert got.plan.predicted.peak_memory_bytes <= DEVICE_MEMORY_BYTES
+    assert got.plan.predicted.peak_memory_bytes <= usable_bytes(run) < PRESETS[run.preset].device_memory_bytes
     selective = run.recompute is Recompute.SELECTIVE
     for stage in got.plan.stages:
         blocks = [i for i in range(stage.layer_start, stage.layer_stop) if 1 <= i <= run.layers]
@@ -97,7 +98,7 @@ def test_a_micro_batch_the_source_leaves_out_is_the_faster_that_fits() -> None:
     run = ROWS["M 32B"]
     options = config_options(run, DEVICE_GEMM[run.device])
     assert sorted(p.microbatch_size for p in options) == [1, 2, 4]
-    fitting = [p for p in options if p.predicted.peak_memory_bytes <= DEVICE_MEMORY_BYTES]
+    fitting = [p for p in options if p.predicted.peak_memory_bytes <= usable_bytes(run)]
     assert options[0] is min(fitting, key=lambda p: p.predicted.iteration_ms)
     by_b = {p.microbatch_size: p.predicted.iteration_ms for p in options}
     assert options[0].microbatch_size == 4 and by_b[4] < 0.8 * by_b[1]

@@ -105,6 +105,15 @@ class Cluster:
 
 _NVIDIA_A100 = "NVIDIA A100 datasheet (80GB SXM: 80 GB HBM2e, NVLink 600 GB/s total = 300 GB/s per direction)"
 _NVIDIA_H100 = "NVIDIA H100 datasheet (SXM5: 80 GB HBM3, NVLink 900 GB/s total = 450 GB/s per direction)"
+#: device memory of the "80 GB" parts as the CUDA runtime reports it (``torch.cuda.get_device_properties(0).
+#: total_memory``, the "total capacity" of PyTorch's out-of-memory message): what one process can allocate
+#: in, CUDA context included. Not the datasheet's 80 GB read as 80e9 bytes (74.51 GiB), which left ~4.6 GiB
+#: of every GPU unplanned (benchmarks/RESULTS.md section 39).
+_A100_80GB_CUDA_BYTES = int(79.14 * GIB)
+_H100_80GB_CUDA_BYTES = int(79.11 * GIB)
+_A100_MEMORY = ("CUDA-reported total of an A100-SXM4-80GB: 79.14 GiB (PyTorch OOM messages, CUDA 12; 79.35 GiB "
+                "under older drivers) of its 80 GiB HBM2e")
+_H100_MEMORY = "CUDA-reported total of an H100 80GB HBM3 (SXM5): 79.11 GiB (PyTorch OOM messages; nvidia-smi 81,559 MiB)"
 _V100 = "NVIDIA V100 datasheet (16 GB HBM2); PipeDream (SOSP'19) cluster B/C: 8 GPUs per server, 25 Gbps between servers"
 _NCCL_LAT = "NCCL tests: ~10 us intra-node NVLink small-message latency"
 _IB_HDR = "Mellanox HDR InfiniBand 200 Gb/s per NIC x 8 NICs (DGX A100) = 200 GB/s per node, ~25 GB/s per GPU; ~5 us latency"
@@ -121,7 +130,7 @@ PRESETS: dict[str, Cluster] = {
         device_name="NVIDIA A100-SXM4-80GB",
         num_nodes=1,
         devices_per_node=8,
-        device_memory_bytes=80 * 10**9,
+        device_memory_bytes=_A100_80GB_CUDA_BYTES,
         intra_node_bandwidth_gb_per_s=300.0,
         intra_node_latency_us=10.0,
         inter_node_bandwidth_gb_per_s=25.0,
@@ -131,7 +140,7 @@ PRESETS: dict[str, Cluster] = {
         sources={
             "peak_tflops": "NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
             "memory_bandwidth_gb_per_s": "NVIDIA A100 datasheet: 2,039 GB/s HBM2e (80GB SXM)",
-            "device_memory_bytes": _NVIDIA_A100,
+            "device_memory_bytes": _A100_MEMORY,
             "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
             "intra_node_latency_us": _NCCL_LAT,
             "inter_node_bandwidth_gb_per_s": _IB_HDR,
@@ -143,7 +152,7 @@ PRESETS: dict[str, Cluster] = {
         device_name="NVIDIA H100-SXM5-80GB",
         num_nodes=1,
         devices_per_node=8,
-        device_memory_bytes=80 * 10**9,
+        device_memory_bytes=_H100_80GB_CUDA_BYTES,
         intra_node_bandwidth_gb_per_s=450.0,
         intra_node_latency_us=8.0,
         inter_node_bandwidth_gb_per_s=50.0,
@@ -153,7 +162,7 @@ PRESETS: dict[str, Cluster] = {
         sources={
             "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
             "memory_bandwidth_gb_per_s": "NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM5)",
-            "device_memory_bytes": _NVIDIA_H100,
+            "device_memory_bytes": _H100_MEMORY,
             "intra_node_bandwidth_gb_per_s": _NVIDIA_H100,
             "intra_node_latency_us": _NCCL_LAT,
             "inter_node_bandwidth_gb_per_s": _IB_NDR,
