@@ -192,7 +192,8 @@ _M_ROWS = (
 _M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in its memory", "no recomputation",
               "distributed optimizer (ZeRO-1, fp32 gradients: 6 + 12/d B/param)",
               "sequence parallelism with t > 1",
-              "1F1B, not interleaved (Megatron-LM's default)", "bf16 (no FP8)",
+              "schedule not given: the faster of 1F1B and interleaved with 2 chunks (where M is a multiple of p "
+              "and p x 2 divides the layers) that fits in its memory, as the Narayanan rows", "bf16 (no FP8)",
               "inter-node fabric: the h100 preset's 50 GB/s per GPU", "GPT blocks (4h GeLU MLP, learned positions)",
               "fused causal attention (FlashAttention / cuDNN)")
 
@@ -209,7 +210,7 @@ def megatron_rows() -> list[PublishedRun]:
     return [
         PublishedRun(
             source="Megatron-LM README", label=f"M {size}", device="h100-80gb", layers=l, hidden=h, heads=a, seq=4096,
-            vocab=131072, t=t, p=p, d=d, batch=batch, microbatch=1, microbatches=_M_MICROBATCHES, chunks=(1,),
+            vocab=131072, t=t, p=p, d=d, batch=batch, microbatch=1, microbatches=_M_MICROBATCHES, chunks=(1, 2) if p > 1 else (1,),
             recompute=Recompute.NONE,
             sequence_parallel=t > 1, zero=1, stack=STACKS["megatron-core"], metric=Metric.TFLOPS, published=tflops,
             flops_per_iteration=eq3_flops(batch, l, h, 4096, 131072, False), assumed=_M_ASSUMED, flash_attention=True,

@@ -21,7 +21,9 @@ Table 5 "present work" rows (sequence parallelism and selective recomputation of
 attention core, materialised attention as their Table 2 counts it, 18 bytes per parameter);
 the Megatron-LM README rows run FlashAttention, no recomputation, the distributed optimizer
 (ZeRO-1 over d, fp32 gradients: 6 + 12 / d bytes per parameter) at the faster of micro-batches 1,
-2 and 4 that fits (the table gives none; as the 1T row's chunks per rank). Table 4's
+2 and 4 and, with p > 1, of 1F1B and 2 chunks per rank that fits (the table gives neither; as the
+1T row's chunks per rank and the Narayanan rows' schedule), their tensor-parallel collectives
+hidden behind GEMMs at the cost the h100 preset's ``overlap_compute_loss`` says. Table 4's
 rows time one layer: their ``fits`` is the whole 22B model at that layout, which the source
 does not claim ran.
 

@@ -207,3 +207,39 @@ def test_torchtitan_export_carries_every_degree(tmp_path):
                               solver=SolverKind.GIVEN)
     with pytest.raises(PlannerInputError, match="per stage"):
         torchtitan_config(replicated)
+
+
+@pytest.mark.parametrize("loss", [0.0, 24 / 132, 0.5])
+def test_hidden_collectives_take_their_share_of_the_gemms_beside_them(loss):
+    """With the stack's tensor-parallel overlap each collective hides behind GEMMs; a cluster's
+    ``overlap_compute_loss`` charges that share of every hidden ms back (the SMs the collective's
+    kernels hold): the layer's time is the overlapped time + loss x what overlap hid, for every
+    micro-batch size whose hidden time is a line (all of them here: the collectives are shorter
+    than their windows)."""
+    prof = gpt_profile(layers=2, hidden=2048, heads=16, seq=2048, vocab=V, device_preset="h100-80gb")
+    cluster = dataclasses.replace(PRESETS["h100-80gb-x8"], overlap_compute_loss=loss)
+    plain = tensor_parallel_view(prof, cluster, 4, True, (False, False)).layers[1]
+    free = tensor_parallel_view(prof, dataclasses.replace(cluster, overlap_compute_loss=0.0), 4, True, (True, True)).layers[1]
+    got = tensor_parallel_view(prof, cluster, 4, True, (True, True)).layers[1]
+    for b in (1, 2, 8):
+        for kind in ("fwd", "bwd"):
+            hidden = getattr(plain, kind).at(b) - getattr(free, kind).at(b)
+            assert hidden > 0
+            assert getattr(got, kind).at(b) == pytest.approx(getattr(free, kind).at(b) + loss * hidden, rel=1e-9)
+
+
+def test_overlap_compute_loss_is_a_cluster_field_checked_and_kept():
+    """The presets' value is NCCL's 24 blocks over the device's SMs; a cluster file without the
+    field (written before it existed) reads as 0; out of [0, 1) is refused naming the field."""
+    from planner.artifacts.cluster import cluster_from_json, cluster_to_json
+
+    assert PRESETS["a100-80gb-x8"].overlap_compute_loss == pytest.approx(24 / 108)
+    assert PRESETS["h100-80gb-x8"].overlap_compute_loss == pytest.approx(24 / 132)
+    assert PRESETS["local-cpu"].overlap_compute_loss == 0.0
+    data = cluster_to_json(PRESETS["h100-80gb-x8"])
+    assert cluster_from_json(data) == PRESETS["h100-80gb-x8"]
+    old = dict(data)
+    del old["overlap_compute_loss"]
+    assert cluster_from_json(old).overlap_compute_loss == 0.0
+    with pytest.raises(ValueError, match="overlap_compute_loss"):
+        dataclasses.replace(PRESETS["h100-80gb-x8"], overlap_compute_loss=1.0)

@@ -45,6 +45,12 @@ class Cluster:
         metadata={"doc": "device memory (HBM) bandwidth of one device, GB/s: prices the optimizer step (bytes it "
                          "streams / this); 0 = unknown, the step not priced"},
     )
+    overlap_compute_loss: float = field(
+        default=0.0,
+        metadata={"doc": "the share of a device's compute a collective running beside it takes (the SMs its kernels "
+                         "hold): a tensor-parallel collective hidden behind GEMMs for c ms lengthens them by this x c; "
+                         "0 = overlap is free"},
+    )
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,6 +78,8 @@ class Cluster:
                 check_range(name, getattr(self, name), MIN_RATE, MAX_RATE)
         for name in ("intra_node_latency_us", "inter_node_latency_us"):
             check_range(name, getattr(self, name), 0, MAX_MS)
+        if not (math.isfinite(self.overlap_compute_loss) and 0 <= self.overlap_compute_loss < 1):
+            raise ValueError(f"overlap_compute_loss must be in [0, 1) (got {self.overlap_compute_loss!r})")
 
     @property
     def num_devices(self) -> int:
@@ -113,6 +121,12 @@ _A100_80GB_CUDA_BYTES = int(79.14 * GIB)
 _H100_80GB_CUDA_BYTES = int(79.11 * GIB)
 _A100_MEMORY = ("CUDA-reported total of an A100-SXM4-80GB: 79.14 GiB (PyTorch OOM messages, CUDA 12; 79.35 GiB "
                 "under older drivers) of its 80 GiB HBM2e")
+#: the SMs an NCCL collective's kernels hold while it runs beside a GEMM: 24 thread blocks (an all-gather on
+#: an H100, one block per SM; NVIDIA developer forum, "Compute-communication overlap causes severe GEMM
+#: performance degradation because of tail effect", 2025), of the A100's 108 and the H100's 132 SMs
+_NCCL_BLOCKS = 24
+_OVERLAP_LOSS = ("an NCCL collective's 24 thread blocks (an all-gather beside a GEMM on an H100, NVIDIA developer "
+                 "forum 2025) of the device's {sms} SMs: the GEMMs beside it run on the rest")
 _H100_MEMORY = "CUDA-reported total of an H100 80GB HBM3 (SXM5): 79.11 GiB (PyTorch OOM messages; nvidia-smi 81,559 MiB)"
 _V100 = "NVIDIA V100 datasheet (16 GB HBM2); PipeDream (SOSP'19) cluster B/C: 8 GPUs per server, 25 Gbps between servers"
 _NCCL_LAT = "NCCL tests: ~10 us intra-node NVLink small-message latency"
@@ -137,10 +151,12 @@ PRESETS: dict[str, Cluster] = {
         inter_node_latency_us=5.0,
         peak_tflops=312.0,
         memory_bandwidth_gb_per_s=2039.0,
+        overlap_compute_loss=_NCCL_BLOCKS / 108,
         sources={
             "peak_tflops": "NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
             "memory_bandwidth_gb_per_s": "NVIDIA A100 datasheet: 2,039 GB/s HBM2e (80GB SXM)",
             "device_memory_bytes": _A100_MEMORY,
+            "overlap_compute_loss": _OVERLAP_LOSS.format(sms=108),
             "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
             "intra_node_latency_us": _NCCL_LAT,
             "inter_node_bandwidth_gb_per_s": _IB_HDR,
@@ -159,10 +175,12 @@ PRESETS: dict[str, Cluster] = {
         inter_node_latency_us=5.0,
         peak_tflops=989.0,
         memory_bandwidth_gb_per_s=3350.0,
+        overlap_compute_loss=_NCCL_BLOCKS / 132,
         sources={
             "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
             "memory_bandwidth_gb_per_s": "NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM5)",
             "device_memory_bytes": _H100_MEMORY,
+            "overlap_compute_loss": _OVERLAP_LOSS.format(sms=132),
             "intra_node_bandwidth_gb_per_s": _NVIDIA_H100,
             "intra_node_latency_us": _NCCL_LAT,
             "inter_node_bandwidth_gb_per_s": _IB_NDR,

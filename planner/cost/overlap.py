@@ -25,8 +25,11 @@ What the :class:`~planner.artifacts.stack.Stack` overlaps decides when each part
 
 Layer granularity: a layer's gradients are taken as final when its backward (with its
 recomputation, re-run just before it) ends, and its weights as needed when its forward
-starts. Not modelled: the slowdown of compute kernels that share the GPU with a concurrent
-collective, and buckets that a framework pads or aligns.
+starts. Not modelled: the slowdown of compute kernels that share the GPU with these
+concurrent collectives (charged only where tensor-parallel collectives hide behind GEMMs,
+``Cluster.overlap_compute_loss``, :mod:`planner.cost.tensor_parallel`: the data-parallel buckets
+cross the inter-node fabric at a ninth of NVLink's bandwidth and hold fewer SMs), and buckets
+that a framework pads or aligns.
 """
 
 from __future__ import annotations

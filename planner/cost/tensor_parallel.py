@@ -26,7 +26,9 @@ bytes; with sequence parallelism ``f`` = 1 and everything saved is split):
   row-parallel GEMMs around it, as Megatron-Core's ``--tp-comm-overlap`` pipelines them;
   backward, the weight-gradient GEMM of the layer whose input gradient it reduces, Korthikanti
   et al. 2022 sec. 6.2), at most that GEMM time: ``min(c, window)`` per collective (the time
-  is then fitted as a line through micro-batch sizes 1 and 8);
+  is then fitted as a line through micro-batch sizes 1 and 8), and the GEMMs beside it run
+  slower by ``Cluster.overlap_compute_loss`` of the time hidden (the SMs the collective's
+  kernels hold: each hidden ms costs that share of a ms back);
 - the split work's time: ``f T / t`` by the rule, or ``time_scale x f T / t`` where the profile
   lists the degree (GEMMs whose per-device shape runs at another efficiency,
   :mod:`planner.profiling.analytic.gemm`); the rest ``(1 - f) T`` whole, or ``/ t`` with
@@ -145,17 +147,18 @@ FIT_SIZES = (1, 8)
 
 def _overlapped(
     fit: TimeFit, rest: float, split: float, collectives: int, fixed_ms: float, per_sample_ms: float,
-    windows: tuple[float, ...],
+    windows: tuple[float, ...], loss: float = 0.0,
 ) -> TimeFit:
     """``fit`` on one device (``rest`` and ``split``: the shares of its time that run there) plus
     ``collectives`` collectives, each hiding up to its window (a fraction of the split work's
-    time) of GEMM beside it: ``min(c, w x split time)`` is not a line in the micro-batch size, so
-    the line through :data:`FIT_SIZES` is taken."""
+    time) of GEMM beside it, the GEMM slowed by ``loss`` x the time hidden
+    (``Cluster.overlap_compute_loss``): ``min(c, w x split time)`` is not a line in the
+    micro-batch size, so the line through :data:`FIT_SIZES` is taken."""
     ys = []
     for b in FIT_SIZES:
         t_split = split * fit.at(b)
         coll = fixed_ms + per_sample_ms * b
-        hidden = sum(min(coll, w * t_split) for w in windows)
+        hidden = (1.0 - loss) * sum(min(coll, w * t_split) for w in windows)
         ys.append(rest * fit.at(b) + t_split + collectives * coll - hidden)
     (b0, b1), (y0, y1) = FIT_SIZES, ys
     slope = max(0.0, (y1 - y0) / (b1 - b0))
@@ -163,7 +166,8 @@ def _overlapped(
 
 
 def _layer_view(
-    layer: Layer, t: int, sp: bool, ms_per_byte: float, fixed_ms: float, comm_overlap: tuple[bool, bool] = (False, False)
+    layer: Layer, t: int, sp: bool, ms_per_byte: float, fixed_ms: float, comm_overlap: tuple[bool, bool] = (False, False),
+    loss: float = 0.0,
 ) -> Layer:
     split = layer.tp
     if split is None:
@@ -180,11 +184,13 @@ def _layer_view(
         layer.saved_bytes_per_sample - split.split_saved_bytes_per_sample + split.split_saved_bytes_per_sample / t
     )
     if comm_overlap[0] and entry is not None and any(entry.fwd_overlap):
-        fwd = _overlapped(layer.fwd, rest, split_share, split.collectives_fwd, fixed_ms, per_sample, entry.fwd_overlap)
+        fwd = _overlapped(layer.fwd, rest, split_share, split.collectives_fwd, fixed_ms, per_sample, entry.fwd_overlap,
+                          loss)
     else:
         fwd = _line(layer.fwd, scale, split.collectives_fwd, fixed_ms, per_sample)
     if comm_overlap[1] and entry is not None and any(entry.bwd_overlap):
-        bwd = _overlapped(layer.bwd, rest, split_share, split.collectives_bwd, fixed_ms, per_sample, entry.bwd_overlap)
+        bwd = _overlapped(layer.bwd, rest, split_share, split.collectives_bwd, fixed_ms, per_sample, entry.bwd_overlap,
+                          loss)
     else:
         bwd = _line(layer.bwd, scale, split.collectives_bwd, fixed_ms, per_sample)
     return dataclasses.replace(
@@ -227,7 +233,9 @@ def tensor_parallel_view(
         )
     ms_per_byte, fixed_ms = allreduce_line(cluster, tuple(range(t)))
     speed = cluster.relative_speed  # collective times are on this cluster; layer times are divided by speed later
-    layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed, comm_overlap) for layer in profile.layers)
+    loss = cluster.overlap_compute_loss
+    layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed, comm_overlap, loss)
+                   for layer in profile.layers)
     edges = tuple(Edge(src=e.src, dst=e.dst, bytes_per_sample=e.bytes_per_sample / t) for e in profile.edges)
     return dataclasses.replace(
         profile,

@@ -158,10 +158,12 @@ DEVICE_GEMM: dict[str, GemmModel] = {
         fitted_on=("K4 baseline", "K4 seq-par", "N1 1.7B", "N10 1008B", "K5 175B full"),
     ),
     "h100-80gb": GemmModel(
-        max_efficiency=0.6724, half_intensity=186.56, memory_efficiency=0.1905,
+        max_efficiency=0.7037, half_intensity=186.56, memory_efficiency=0.1796,
         source="benchmarks/published_runs.py --fit: e_max and the HBM fraction on 3 of the 9 H100 rows (the Megatron-LM "
                "README table's smallest, middle and largest models, each at the faster of micro-batches 1, 2 and 4 "
-               "that fits: the table gives none); I_half = the A100's x the ratio of the devices' "
+               "and of 1F1B and 2 chunks per rank that fits: the table gives neither; their hidden "
+               "tensor-parallel collectives taking the h100 preset's overlap_compute_loss, 24/132, of the GEMMs "
+               "beside them); I_half = the A100's x the ratio of the devices' "
                "ridge points (989/3350 over 312/2039 FLOP/byte: 1.9294), not fitted. The HBM fraction also carries "
                "what those throughputs include and the model does not price (data loading, optimizer step, logging)",
         fitted_on=("M 1.7B", "M 32B", "M 462B"),
