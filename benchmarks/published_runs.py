@@ -32,8 +32,9 @@ constants, its largest GEMMs' fraction of peak, the intensity at half of it, the
 fraction) is fitted on at most a third of that device's rows (``FIT_ROWS``, marked ``*``);
 every other row is out of sample. ``--fit`` refits them (Nelder-Mead on the squared log
 ratios of the fit rows) and prints them. The shipped H100 e_max and HBM fraction are the fit of
-its rows as priced here (each at its faster micro-batch), its I_half the shipped A100's scaled
-by the ridge points (``benchmarks/RESULTS.md`` section 38). The shipped A100 constants are the fit
+its rows as priced here (each at its faster micro-batch and schedule, its hidden tensor-parallel
+collectives charged the preset's ``overlap_compute_loss``), its I_half the shipped A100's scaled
+by the ridge points (``benchmarks/RESULTS.md`` section 39). The shipped A100 constants are the fit
 of its rows as they were priced in section 10; ``--fit`` now moves them (to e_max 0.6874, I_half
 82.86, HBM fraction 0.6486 on 2026-12-06), not shipped: they would move every A100 profile and
 plan, and with them the H100's I_half.

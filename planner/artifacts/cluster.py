@@ -121,13 +121,18 @@ _A100_80GB_CUDA_BYTES = int(79.14 * GIB)
 _H100_80GB_CUDA_BYTES = int(79.11 * GIB)
 _A100_MEMORY = ("CUDA-reported total of an A100-SXM4-80GB: 79.14 GiB (PyTorch OOM messages, CUDA 12; 79.35 GiB "
                 "under older drivers) of its 80 GiB HBM2e")
-#: the SMs an NCCL collective's kernels hold while it runs beside a GEMM: 24 thread blocks (an all-gather on
-#: an H100, one block per SM; NVIDIA developer forum, "Compute-communication overlap causes severe GEMM
-#: performance degradation because of tail effect", 2025), of the A100's 108 and the H100's 132 SMs
-_NCCL_BLOCKS = 24
-_OVERLAP_LOSS = ("an NCCL collective's 24 thread blocks (an all-gather beside a GEMM on an H100, NVIDIA developer "
-                 "forum 2025) of the device's {sms} SMs: the GEMMs beside it run on the rest")
 _H100_MEMORY = "CUDA-reported total of an H100 80GB HBM3 (SXM5): 79.11 GiB (PyTorch OOM messages; nvidia-smi 81,559 MiB)"
+#: the SMs an NCCL collective's kernels hold while it runs beside a GEMM (NVIDIA developer forum,
+#: "Compute-communication overlap causes severe GEMM performance degradation because of tail effect", 2025)
+_NCCL_BLOCKS = 24
+_A100_SMS, _H100_SMS = 108, 132
+
+
+def _overlap_loss_source(sms: int) -> str:
+    return (f"an NCCL collective's {_NCCL_BLOCKS} thread blocks (an all-gather beside a GEMM on an H100, NVIDIA "
+            f"developer forum 2025) of the device's {sms} SMs: the GEMMs beside it run on the rest")
+
+
 _V100 = "NVIDIA V100 datasheet (16 GB HBM2); PipeDream (SOSP'19) cluster B/C: 8 GPUs per server, 25 Gbps between servers"
 _NCCL_LAT = "NCCL tests: ~10 us intra-node NVLink small-message latency"
 _IB_HDR = "Mellanox HDR InfiniBand 200 Gb/s per NIC x 8 NICs (DGX A100) = 200 GB/s per node, ~25 GB/s per GPU; ~5 us latency"
@@ -151,12 +156,12 @@ PRESETS: dict[str, Cluster] = {
         inter_node_latency_us=5.0,
         peak_tflops=312.0,
         memory_bandwidth_gb_per_s=2039.0,
-        overlap_compute_loss=_NCCL_BLOCKS / 108,
+        overlap_compute_loss=_NCCL_BLOCKS / _A100_SMS,
         sources={
             "peak_tflops": "NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
             "memory_bandwidth_gb_per_s": "NVIDIA A100 datasheet: 2,039 GB/s HBM2e (80GB SXM)",
             "device_memory_bytes": _A100_MEMORY,
-            "overlap_compute_loss": _OVERLAP_LOSS.format(sms=108),
+            "overlap_compute_loss": _overlap_loss_source(_A100_SMS),
             "intra_node_bandwidth_gb_per_s": _NVIDIA_A100,
             "intra_node_latency_us": _NCCL_LAT,
             "inter_node_bandwidth_gb_per_s": _IB_HDR,
@@ -175,12 +180,12 @@ PRESETS: dict[str, Cluster] = {
         inter_node_latency_us=5.0,
         peak_tflops=989.0,
         memory_bandwidth_gb_per_s=3350.0,
-        overlap_compute_loss=_NCCL_BLOCKS / 132,
+        overlap_compute_loss=_NCCL_BLOCKS / _H100_SMS,
         sources={
             "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
             "memory_bandwidth_gb_per_s": "NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM5)",
             "device_memory_bytes": _H100_MEMORY,
-            "overlap_compute_loss": _OVERLAP_LOSS.format(sms=132),
+            "overlap_compute_loss": _overlap_loss_source(_H100_SMS),
             "intra_node_bandwidth_gb_per_s": _NVIDIA_H100,
             "intra_node_latency_us": _NCCL_LAT,
             "inter_node_bandwidth_gb_per_s": _IB_NDR,

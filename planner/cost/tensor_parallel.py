@@ -147,7 +147,7 @@ FIT_SIZES = (1, 8)
 
 def _overlapped(
     fit: TimeFit, rest: float, split: float, collectives: int, fixed_ms: float, per_sample_ms: float,
-    windows: tuple[float, ...], loss: float = 0.0,
+    windows: tuple[float, ...], loss: float,
 ) -> TimeFit:
     """``fit`` on one device (``rest`` and ``split``: the shares of its time that run there) plus
     ``collectives`` collectives, each hiding up to its window (a fraction of the split work's
@@ -166,8 +166,7 @@ def _overlapped(
 
 
 def _layer_view(
-    layer: Layer, t: int, sp: bool, ms_per_byte: float, fixed_ms: float, comm_overlap: tuple[bool, bool] = (False, False),
-    loss: float = 0.0,
+    layer: Layer, t: int, sp: bool, ms_per_byte: float, fixed_ms: float, comm_overlap: tuple[bool, bool], loss: float
 ) -> Layer:
     split = layer.tp
     if split is None:
@@ -233,9 +232,8 @@ def tensor_parallel_view(
         )
     ms_per_byte, fixed_ms = allreduce_line(cluster, tuple(range(t)))
     speed = cluster.relative_speed  # collective times are on this cluster; layer times are divided by speed later
-    loss = cluster.overlap_compute_loss
-    layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed, comm_overlap, loss)
-                   for layer in profile.layers)
+    layers = tuple(_layer_view(layer, t, sp, ms_per_byte * speed, fixed_ms * speed, comm_overlap,
+                               cluster.overlap_compute_loss) for layer in profile.layers)
     edges = tuple(Edge(src=e.src, dst=e.dst, bytes_per_sample=e.bytes_per_sample / t) for e in profile.edges)
     return dataclasses.replace(
         profile,
