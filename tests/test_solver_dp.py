@@ -14,7 +14,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel
 from planner.solve import plan
-from planner.solve.chain_dp import StageTable
+from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute
 from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster, solve_three_ways
 

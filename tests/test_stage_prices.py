@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from planner.artifacts.cluster import PRESETS
 from planner.cost import CostModel
 from planner.profiling.analytic.gpt import gpt3_profile
-from planner.solve import chain_dp
-from planner.solve.chain_dp import StageTable
-from planner.solve.recompute import choose_recompute, layer_options, level_cover_costs, level_covers
+from planner.solve.prices import StageTable
+from planner.solve.prices import fits as prices_fits
+from planner.solve.prices import layers as prices_layers
+from planner.solve.prices.covers import level_cover_costs, level_covers
+from planner.solve.recompute import choose_recompute, layer_options
 from tests.chains import chain_profile, layer_dicts, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -80,9 +82,9 @@ def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses
 )
 def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, excess):
     """Rows of very different sizes (full-layer counts 1-120, fronts of 1 to dozens of points)
-    priced in size classes (:func:`planner.solve.recompute._size_classes`, as a call with large
+    priced in size classes (:func:`planner.solve.prices.covers._size_classes`, as a call with large
     padded arrays is) cost what one padded block gives, bit for bit."""
-    from planner.solve import recompute
+    from planner.solve.prices import covers as prices_covers
 
     rows = []
     for runs in stages:
@@ -91,16 +93,16 @@ def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, ex
     if len(rows) < 2:
         return
     targets = np.array([excess * (1 + k % 3) + c.workspace_bytes for k, c in enumerate(rows)])
-    kept = recompute._CLASS_MIN_ELEMENTS
+    kept = prices_covers._CLASS_MIN_ELEMENTS
     try:
-        recompute._CLASS_MIN_ELEMENTS = 1 << 60  # one block, padded to the largest row
+        prices_covers._CLASS_MIN_ELEMENTS = 1 << 60  # one block, padded to the largest row
         whole = level_cover_costs(rows, targets)
-        recompute._CLASS_MIN_ELEMENTS = 0  # always by size class
-        assert len(recompute._size_classes(np.array([len(c.front_ms) for c in rows]),
+        prices_covers._CLASS_MIN_ELEMENTS = 0  # always by size class
+        assert len(prices_covers._size_classes(np.array([len(c.front_ms) for c in rows]),
                                            np.array([int(c.params[1]) + 1 for c in rows]))) >= 1
         by_class = level_cover_costs(rows, targets)
     finally:
-        recompute._CLASS_MIN_ELEMENTS = kept
+        prices_covers._CLASS_MIN_ELEMENTS = kept
     assert by_class.tolist() == whole.tolist()
 
 
@@ -145,14 +147,14 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
         layers.append({"fwd": f, "bwd": 2 * f, "params": 1000, "saved": saved, "inp": saved / 8, "out": saved / 8,
                        "core": saved * core_frac, "core_ms": f * core_ms})
     got = {}
-    kept = chain_dp.CONTENT_KINDS
+    kept = prices_layers.CONTENT_KINDS
     for limit in (kept, 0):
-        chain_dp._LAYERS.clear()
-        chain_dp.CONTENT_KINDS = limit
+        prices_layers._LAYERS.clear()
+        prices_layers.CONTENT_KINDS = limit
         try:  # a cost model of its own: tables share their layers' covers per cost model
             table = StageTable(CostModel(chain_profile(layers), small_cluster(8)), 1, cap_mb * 1e6)
         finally:
-            chain_dp.CONTENT_KINDS = kept
+            prices_layers.CONTENT_KINDS = kept
         got[limit] = (table.table(inflight).copy(), len(table._layers.rows), table._layers.by_content)
         excess = table.static + inflight * table.act - table.cap
         for i, j in zip(*np.nonzero(np.isfinite(got[limit][0]) & table.valid & (excess > 0))):
@@ -163,7 +165,7 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
                 excess_bytes=float(excess[i, j]), core_ms=table.core_ms[i:j].tolist(), core_bytes=table.core[i:j].tolist())
             assert got[limit][0][i, j] == table.compute[i, j] + want.time_ms
             assert (table.recompute_of(inflight, i, j), table.selective_of(inflight, i, j)) == (want.layers, want.selective)
-    chain_dp._LAYERS.clear()
+    prices_layers._LAYERS.clear()
     by_content, by_runs = got[kept], got[0]
     assert by_content[2] and not by_runs[2]
     assert np.array_equal(by_content[0], by_runs[0])
@@ -173,7 +175,7 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), scale=st.floats(0.3, 3.0))
 def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
-    """:class:`planner.solve.chain_dp._CapView`: a stage fits as it is with ``k`` micro-batches in
+    """:class:`planner.solve.prices.capview.CapView`: a stage fits as it is with ``k`` micro-batches in
     flight exactly where its bytes ``static + k act`` are within the cap, evaluated as before (bit
     for bit on the comparison, ties at the cap included), and might fit at its leanest wherever
     every layer at its leanest level would bring it within the cap (never the other way); the
@@ -193,8 +195,8 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
         leanest = table.valid & (inflight * table.gain >= table.static + inflight * table.act - cap)
         # the table's own cap (its view, here on any chain), and a cap it is asked besides (a
         # chunk's share: worked out alone)
-        kept = chain_dp.VIEW_MIN_LAYERS
-        chain_dp.VIEW_MIN_LAYERS = 0
+        kept = prices_fits.VIEW_MIN_LAYERS
+        prices_fits.VIEW_MIN_LAYERS = 0
         try:
             tables = (StageTable(cm, b, cap), StageTable(cm, b, 2 * cap + 1.0))
             assert tables[0]._view(cap) is not None and tables[1]._view(cap) is None
@@ -205,12 +207,12 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
                 assert t.longest(inflight, cap, recompute=False) == int(np.max(bytes_ok * lengths))
                 assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))
         finally:
-            chain_dp.VIEW_MIN_LAYERS = kept
+            prices_fits.VIEW_MIN_LAYERS = kept
 
 
 def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():
     """Tables of one cost model and micro-batch size share what the sharding does not change
-    (times, activation bytes, recompute choices: ``chain_dp._build_fixed``), each its own static
+    (times, activation bytes, recompute choices: ``planner.solve.prices.fixed``), each its own static
     bytes: a table built after others of other shardings prices every stage and chooses every
     recomputation as the same table built alone (a cost model of its own), ZeRO 3 included."""
     from planner.artifacts.kinds import ZeroStage
