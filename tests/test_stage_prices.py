@@ -5,6 +5,7 @@ priced for many stages at once (:func:`level_covers` + :func:`level_cover_costs`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -20,7 +21,7 @@ from planner.solve.prices import fits as prices_fits
 from planner.solve.prices import layers as prices_layers
 from planner.solve.prices.covers import level_cover_costs, level_covers
 from planner.solve.recompute import choose_recompute, layer_options
-from tests.chains import chain_profile, layer_dicts, small_cluster
+from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -250,3 +251,107 @@ def test_distinct_is_numpys_unique(values, as_int, rows):
     a = a.reshape(rows, -1)
     got, want = distinct(a), np.unique(a)
     assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(8, levels=True), data=st.data(), b=st.sampled_from([1, 2, 3]))
+def test_cost_models_stage_matrices_are_its_per_stage_methods(layers, data, b):
+    """The cost model's vectorised per-stage sums (:class:`planner.cost.prefix.PrefixSums`, what
+    the stage tables are built from) equal its per-stage methods at every stage ``[i, j)``, bit
+    for bit: parameters (a tied tensor counted once), F + B, activation bytes without
+    recomputation (a shared storage counted once), buffers."""
+    from planner.artifacts.profile import TiedParams
+
+    later = [d["saved"] - (d.get("core") or 0.0) for d in layers]  # what a profile lets layers share
+    earlier = list(later)
+    shared = []
+    for a, z, v in data.draw(shared_pairs(len(layers))):
+        v = min(v, later[a], earlier[z])
+        later[a] -= v
+        earlier[z] -= v
+        shared.append((a, z, v))
+    prof = chain_profile(layers, shared=shared)
+    L = prof.num_layers
+    if L >= 3 and data.draw(st.booleans()):  # a tied tensor over two or three layers
+        tied = tuple(sorted(data.draw(st.sets(st.integers(0, L - 1), min_size=2, max_size=3))))
+        count = min(prof.layers[t].param_count for t in tied)
+        prof = dataclasses.replace(prof, tied=(TiedParams(name="tie", layers=tied, param_count=count, param_bytes=4 * count),))
+    cm = CostModel(prof, small_cluster(8), gather_bytes_per_sample=data.draw(st.sampled_from([0.0, 3e5])))
+    params, compute = cm.stage_param_matrix(), cm.stage_compute_matrix(b)
+    act, buffers = cm.stage_activation_matrix(b), cm.stage_buffer_matrix(b)
+    for i in range(L):
+        for j in range(i + 1, L + 1):
+            assert params[i, j] == cm.stage_param_count(i, j)
+            assert compute[i, j] == cm.stage_fwd_ms(i, j, b) + cm.stage_bwd_ms(i, j, b)
+            assert act[i, j] == cm.activation_bytes(i, j, (), b)
+            assert buffers[i, j] == cm.buffer_bytes(i, j, b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(7), data=st.data(), b=st.sampled_from([1, 2]))
+def test_stage_extras_are_the_cost_models_per_stage_terms(layers, data, b):
+    """:func:`planner.solve.prices.stage_extras` (``c_s + X_s - Z_s`` per stage, the DP's terms
+    beside the stage times) against the cost model's per-stage methods the oracles read
+    (``boundary_transfer_ms``, ``stage_exposed_sync_ms``, ``stage_bubble_fill_ms``): equal to
+    within ``DP_REL_TOL`` (``Z_s`` is a prefix of products there and ``np.dot`` here), under
+    every ZeRO stage, with and without a split backward, a V placement's turn included."""
+    from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
+    from planner.artifacts.layout import Layout
+    from planner.solve.prices import stage_extras
+    from tests.chains import DP_REL_TOL
+
+    for d in layers:
+        d["wfrac"] = 0.4
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    L = cm.num_layers
+    P = data.draw(st.integers(1, min(4, L)))
+    zero = data.draw(st.sampled_from(list(ZeroStage)))
+    v = 2 if P % 2 == 0 and data.draw(st.booleans()) else 1
+    layout = Layout(num_stages=P, dp_degree=data.draw(st.sampled_from([1, 2])), zero=zero, virtual_stages_per_rank=v,
+                    placement=ChunkPlacement.V if v == 2 else ChunkPlacement.LOOP)
+    schedule = data.draw(st.sampled_from([ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1]))
+    table = StageTable(cm, b, 1e12, sharding=layout.sharding(0), fsdp_line=cm.fsdp_line(layout))
+    extras = stage_extras(table, layout, schedule)
+    for s in range(P):
+        for i in range(L):
+            for j in range(i + 1, L + 1):
+                want = 2.0 * cm.boundary_transfer_ms(j, b, s, layout) if s < P - 1 else 0.0
+                want += cm.stage_exposed_sync_ms(i, j, s, layout, b)
+                if schedule.splits_backward:
+                    want -= cm.stage_bubble_fill_ms(i, j, b)
+                assert math.isclose(extras[s][i, j], want, rel_tol=DP_REL_TOL, abs_tol=1e-9), (s, i, j)
+
+
+def test_the_oracles_import_nothing_from_the_dp_or_its_prices():
+    """The brute force and the CP-SAT model (and every planner module they import, followed
+    through) import nothing from :mod:`planner.solve.chain_dp` nor :mod:`planner.solve.prices`:
+    their stage costs come from the cost model, so that DP = brute force checks the prices."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def imports(module: str) -> set[str]:
+        path = root / Path(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("planner"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    is_module = (root / Path(*full.split("."))).with_suffix(".py").exists() or \
+                        (root / Path(*full.split(".")) / "__init__.py").exists()
+                    out.add(full if is_module else node.module)
+        return out
+
+    for oracle in ("planner.solve.bruteforce", "planner.solve.ilp"):
+        seen, todo = set(), [oracle]
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            todo.extend(imports(module))
+        bad = sorted(m for m in seen if m == "planner.solve.chain_dp" or m.startswith("planner.solve.prices"))
+        assert not bad, f"{oracle} reaches {bad}"
+        assert "planner.solve.chain" in seen and "planner.cost.model" in seen
