@@ -20,11 +20,13 @@ from planner.solve import plan
 from planner.solve.prices import fits as prices_fits
 from tests.chains import chain_profile, small_cluster
 
-#: caches the stage prices and the solver's rank arithmetic hold (registered on import)
+#: caches of the stage prices, the recompute knapsack, the rank arithmetic and the schedules
+#: (registered when their modules are imported)
 PRICE_CACHES = ("solve.prices.layers", "solve.prices.fixed", "solve.prices.batches", "solve.prices.sync",
                 "solve.prices.lengths", "solve.prices.diagonals", "solve.prices.links",
                 "solve.prices.covers.one_group_levels", "solve.recompute.group_combos",
-                "cost.collectives.progressions", "artifacts.layout.stage_ranks")
+                "cost.collectives.progressions", "artifacts.layout.stage_ranks", "schedule.inflight.counted",
+                "schedule.build.build", "schedule.build.build_replicated", "schedule.build.replicated_triples")
 
 
 def _request(rng: random.Random, k: int) -> tuple[object, object, PlanRequest]:
@@ -89,14 +91,18 @@ def test_a_hundred_requests_keep_every_cache_within_its_bound(monkeypatch: pytes
 
 
 def test_reset_changes_no_plan() -> None:
-    """The caches memoise pure functions: a request planned cold (after :func:`caches.reset`)
-    and warm gives the same plan, byte for byte."""
+    """The caches memoise pure functions: a request planned cold (after the public
+    ``planner.reset_caches``) and warm gives the same plan, byte for byte."""
+    import planner
+
     profile, cluster, request = _request(random.Random(7), 0)
-    caches.reset()
+    planner.reset_caches()
     cold = _plan_json(profile, cluster, request)
+    assert any(size.entries for size in planner.cache_sizes())
     warm = _plan_json(profile, cluster, request)
     assert cold is not None and cold == warm
-    caches.reset()
+    planner.reset_caches()
+    assert not any(size.entries for size in planner.cache_sizes())
     assert _plan_json(profile, cluster, request) == cold
 
 
@@ -125,7 +131,7 @@ def test_cache_bounds_and_owners() -> None:
         del a
         gc.collect()
         assert len(owned) <= 2
-        with pytest.raises(ValueError, match="'test.bad': bound must be at least 1"):
+        with pytest.raises(ValueError, match=r"'test\.bad': bound must be at least 1"):
             Cache("test.bad", key="int", bound=0)
     finally:
         for name in ("test.plain", "test.owned"):

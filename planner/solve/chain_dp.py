@@ -68,9 +68,11 @@ __all__ = ["could_partition", "least_largest", "solve_chain"]
 # Each DP step is one vectorised min over the band of an ``(L + 1) x (L + 1)`` matrix that a stage
 # of index ``s`` can start and stop in (every stage holds a layer): :class:`_Bands` holds the
 # bands skewed so that a stage's starts are rows and its lengths columns.
-# Pruning only skips: a bound (``limit``, ``longest``, the caps' range) leaves out stages or caps
-# that no optimum uses; it never changes a price (tests/test_solver_dp.py holds the pruned DP to
-# the unpruned one and to the brute force).
+# Pruning only skips: a bound (``limit``, ``longest``, the caps' range, the bands) leaves out
+# stages or caps that no optimum uses and never changes a price; ties resolve as without it
+# (tests/test_solver_dp.py: test_useful_limit_keeps_the_dps_solution, on integer times with many
+# ties, and test_band_priced_tables_solve_as_fully_priced_ones, bit for bit; the brute force
+# besides).
 
 
 class _Bands:
