@@ -355,3 +355,24 @@ def test_the_oracles_import_nothing_from_the_dp_or_its_prices():
         bad = sorted(m for m in seen if m == "planner.solve.chain_dp" or m.startswith("planner.solve.prices"))
         assert not bad, f"{oracle} reaches {bad}"
         assert "planner.solve.chain" in seen and "planner.cost.model" in seen
+
+
+def test_a_table_carries_its_question_and_a_question_refuses_a_bad_batch():
+    """A stage table's question is what it was built for (the oracles read nothing else), and a
+    question with no sample per micro-batch is refused, naming the field and the value."""
+    import pytest
+
+    from planner.artifacts.kinds import ZeroStage
+    from planner.artifacts.layout import Sharding
+    from planner.solve.chain import StageQuestion
+
+    cm = CostModel(chain_profile([{"fwd": 1.0, "bwd": 2.0, "params": 10, "saved": 1e6, "inp": 1e5, "out": 1e5}] * 4),
+                   small_cluster(4))
+    table = StageTable(cm, 2, 5e8, (2,), allow_recompute=False, sharding=Sharding(ZeroStage.OPTIMIZER, 2))
+    assert table.question == StageQuestion(cost_model=cm, microbatch_size=2, cap_bytes=5e8, fixed_boundaries=(2,),
+                                           allow_recompute=False, sharding=Sharding(ZeroStage.OPTIMIZER, 2))
+    assert table.question.question is table.question
+    assert [(i, j) for i in range(5) for j in range(5) if table.valid[i, j]] == \
+        [(i, j) for i in range(5) for j in range(5) if table.question.stage_valid(i, j)]
+    with pytest.raises(ValueError, match=r"StageQuestion\.microbatch_size must be at least 1 \(got 0\)"):
+        StageQuestion(cost_model=cm, microbatch_size=0, cap_bytes=1.0)

@@ -46,7 +46,7 @@ class StageQuestion:
 
     cost_model: CostModel
     microbatch_size: int
-    cap_bytes: float = 0.0  # per device (a stage's memory must be at most this)
+    cap_bytes: float  # per device (a stage's memory must be at most this)
     sharding: Sharding = Sharding()  # how a stage's model state is divided (every stage alike)
     fsdp_line: tuple[float, float] = (0.0, 0.0)  # under ZeRO 3, the per-layer collectives' line (ms/byte, ms)
     fixed_boundaries: tuple[int, ...] = ()  # layers where a stage must start (one at or past the last layer: none)
