@@ -11,7 +11,8 @@ from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
 from planner.solve.candidates import Candidate, fits, rebalanced, simulated, solve_config, stage_needs
-from planner.solve.chain_dp import StageTable, solve_chain
+from planner.solve.chain_dp import solve_chain
+from planner.solve.prices import StageTable
 from planner.solve.space import Config
 from tests.chains import chain_profile, small_cluster
 

@@ -28,7 +28,7 @@ from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.defaults import profiles_dir
 from planner.solve import plan
-from planner.solve.chain_dp import StageTable
+from planner.solve.prices import StageTable
 from tests.chains import small_cluster, solve_three_ways
 
 from planner.artifacts.cluster import PRESETS  # isort: skip

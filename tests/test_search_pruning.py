@@ -438,24 +438,24 @@ def test_recompute_curve_is_below_every_choice_of_levels() -> None:
 
 def test_forgetting_table_entries_changes_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stage tables' entries per in-flight count and cap are kept for the recently used ones
-    only (:class:`planner.solve.chain_dp.RecentEntries`): keeping one (so that nearly every entry
+    only (:class:`planner.solve.prices.RecentEntries`): keeping one (so that nearly every entry
     is worked out again when asked) gives the same plan, byte for byte with its Pareto front, as
     keeping all of them; and entries were forgotten and worked out again."""
     import planner.solve.candidates as candidates
     from planner.artifacts.plan import dumps_plan
-    from planner.solve import chain_dp
+    from planner.solve.prices import entries
 
     forgotten: list[tuple[int, float]] = []
-    real_forget = chain_dp._Entries.forget
+    real_forget = entries.Entries.forget
 
-    def forget(self: chain_dp._Entries, at: tuple[int, float]) -> None:
+    def forget(self: entries.Entries, at: tuple[int, float]) -> None:
         forgotten.append(at)
         real_forget(self, at)
 
-    monkeypatch.setattr(chain_dp._Entries, "forget", forget)
+    monkeypatch.setattr(entries.Entries, "forget", forget)
     plans = {}
     for keep in (10**9, 1):
-        monkeypatch.setattr(candidates, "RecentEntries", lambda keep=keep: chain_dp.RecentEntries(keep))
+        monkeypatch.setattr(candidates, "RecentEntries", lambda keep=keep: entries.RecentEntries(keep))
         forgotten.clear()
         plans[keep] = dumps_plan(_search("tensor-zero-interleaved", PRUNED))
         assert bool(forgotten) == (keep == 1)

@@ -20,7 +20,7 @@ from planner.cost import CostModel
 from planner.schedule import ActionKind, ScheduleError, build_schedule, inflight_counts, parse_action, validate_schedule
 from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
 from planner.solve import plan
-from planner.solve.chain_dp import StageTable
+from planner.solve.prices import StageTable
 from tests.chains import chain_profile, layer_dicts, small_cluster
 from tests.test_zero_bubble import assert_dp_is_bruteforce
 

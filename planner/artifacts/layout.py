@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.artifacts.caches import Cache
 from planner.artifacts.kinds import ChunkPlacement, ZeroStage
 
 #: the mesh dimensions of a uniform layout, outermost first
@@ -55,8 +56,8 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 #: Layout.stage_ranks by (layout, stage)
-_STAGE_RANKS: dict[tuple[Layout, int], tuple[int, ...]] = {}
-_STAGE_RANKS_KEPT = 1 << 10
+_STAGE_RANKS: Cache[tuple[Layout, int], tuple[int, ...]] = Cache(
+    "artifacts.layout.stage_ranks", key="(layout, stage index)", bound=1 << 10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,10 +221,8 @@ class Layout:
         key = (self, stage_idx)
         found = _STAGE_RANKS.get(key)
         if found is None:
-            if len(_STAGE_RANKS) >= _STAGE_RANKS_KEPT:
-                _STAGE_RANKS.clear()
-            found = _STAGE_RANKS[key] = self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)),
-                                                    range(self.cp_degree), range(self.tp_degree))
+            found = _STAGE_RANKS.put(key, self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)),
+                                                      range(self.cp_degree), range(self.tp_degree)))
         return found
 
     def dp_group(self, stage_idx: int, tp_index: int = 0, cp_index: int = 0) -> tuple[int, ...]:

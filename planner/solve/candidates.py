@@ -26,15 +26,10 @@ from planner.cost.fsdp import is_fsdp
 from planner.simulation import simulate_iteration_ms
 from planner.solve.arrays import distinct
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.chain_dp import (
-    ChainSolution,
-    RecentEntries,
-    StageTable,
-    could_partition,
-    least_largest,
-    solve_chain,
-)
+from planner.solve.chain import ChainSolution
+from planner.solve.chain_dp import could_partition, least_largest, solve_chain
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
+from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.recompute import choose_recompute
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms, fsdp_searched

@@ -15,7 +15,8 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.graph import merge_layers
 from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
-from planner.solve.chain_dp import ChainSolution, StageTable
+from planner.solve.chain import ChainSolution
+from planner.solve.prices import StageTable
 from planner.solve.replicated_search import solve_replicated_config
 from planner.solve.settings import SETTINGS, SearchSettings
 

@@ -18,7 +18,9 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.schedule import inflight_counts
-from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, least_largest, solve_chain
+from planner.solve.chain import ChainSolution
+from planner.solve.chain_dp import could_partition, least_largest, solve_chain
+from planner.solve.prices import StageTable
 from planner.solve.space import divisors, layout_of
 
 

@@ -9,8 +9,8 @@ from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.solve.candidates import Candidate, Scored, fits, fixed_split, simulated
-from planner.solve.chain_dp import StageTable
 from planner.solve.partitions import pipedream_split
+from planner.solve.prices import StageTable
 from planner.solve.replicated import replica_counts, solve_replicated
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, Config, layout_of, microbatch_sizes, searched_zero
