@@ -50,6 +50,8 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan
 from planner.schedule import Schedule, layout_schedule
 
@@ -76,19 +78,21 @@ def action_schedule(stages: Sequence[Any], plan: Plan, loss_fn: Callable[..., An
     except (AssertionError, ValueError) as exc:  # torch's validation and lowering raise these
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PlannerInputError(f"torch's action runtime refuses the plan's {plan.schedule.value} order: {first}") from None
-    check_lowering(order, sched.pipeline_order_with_comms, sched.stage_index_to_group_rank, plan)
+    check_lowering(order, sched.pipeline_order_with_comms, sched.stage_index_to_group_rank, plan.schedule, plan.layout)
     return sched
 
 
-def check_lowering(order: Schedule, lowered: dict[int, list[_Action]], stage_to_rank: dict[int, int], plan: Plan) -> None:
+def check_lowering(
+    order: Schedule, lowered: dict[int, list[_Action]], stage_to_rank: dict[int, int], kind: ScheduleKind, layout: Layout
+) -> None:
     """The lowered schedule against the plan (module docstring): the stage map, each rank's
     compute order, and torch's dry run of the lowered schedule with its messages."""
-    kind, lay = plan.schedule.value, plan.layout
+    lay = layout
     for stage_idx in range(lay.num_stages):
         want = lay.pipeline_rank(stage_idx)
         if stage_to_rank.get(stage_idx) != want:
             raise PlannerInputError(
-                f"torch places stage {stage_idx} of the plan's {kind} order on pipeline rank "
+                f"torch places stage {stage_idx} of the plan's {kind.value} order on pipeline rank "
                 f"{stage_to_rank.get(stage_idx)}, the plan's layout on rank {want}"
             )
     for rank, actions in enumerate(order):
@@ -99,7 +103,7 @@ def check_lowering(order: Schedule, lowered: dict[int, list[_Action]], stage_to_
             got = ran[step] if step < len(ran) else "nothing"
             raise PlannerInputError(
                 f"torch's action runtime would run {got} at compute step {step} of rank {rank}, "
-                f"the plan's {kind} order {planned[step] if step < len(planned) else 'nothing'}"
+                f"the plan's {kind.value} order {planned[step] if step < len(planned) else 'nothing'}"
             )
     messages = {r: [a for a in acts if a.computation_type.value not in _NO_MESSAGES] for r, acts in lowered.items()}
     printed = io.StringIO()
@@ -108,7 +112,7 @@ def check_lowering(order: Schedule, lowered: dict[int, list[_Action]], stage_to_
             _simulate_comms_compute(messages, lambda s: stage_to_rank[s], lay.num_stages)
     except ValueError as exc:
         stuck = "; ".join(line.strip() for line in printed.getvalue().splitlines() if line.startswith("rank="))
-        raise PlannerInputError(f"the plan's {kind} order with torch's messages does not finish: {exc} ({stuck})") from None
+        raise PlannerInputError(f"the plan's {kind.value} order with torch's messages does not finish: {exc} ({stuck})") from None
 
 
 class SendQueue:
