@@ -99,8 +99,11 @@ def test_the_order_is_dry_run_before_launch_naming_rank_and_step(monkeypatch: py
 
     stuck = (tuple(map(act, ["0F0", "0B0", "0F1", "0B1"])), tuple(map(act, ["1F0", "1F1", "1B0", "1B1"])))
     monkeypatch.setattr(check, "layout_schedule", lambda *_: stuck)
-    with pytest.raises(PlannerInputError, match=r"^p.json: rank 0, step 2: deadlock \(rank 0 waits at 0B0 for 1B0; "
-                                                r"rank 1 waits at 1F1 for 0F1\)$"):
+    with pytest.raises(
+        PlannerInputError,
+        match=r"^p.json: rank 0, step 2: deadlock \(rank 0 waits at 0B0 for 1B0; "
+        r"rank 1 waits at 1F1 for 0F1\)$",
+    ):
         check.check_schedule(plan, "p.json")
 
 
@@ -129,7 +132,7 @@ def _sender_and_receiver(rank: int, store_path: str, out: str) -> None:
         for i in range(n):
             tensor = torch.full((1000,), float(i))
             refs.append(weakref.ref(tensor))
-            queue.post(0, [dist.P2POp(dist.isend, tensor, 1)])
+            queue.post([dist.P2POp(dist.isend, tensor, 1)])
             del tensor
             alive.append([r() is not None for r in refs])
         queue.drain()

@@ -87,9 +87,8 @@ def check_lowering(
 ) -> None:
     """The lowered schedule against the plan (module docstring): the stage map, each rank's
     compute order, and torch's dry run of the lowered schedule with its messages."""
-    lay = layout
-    for stage_idx in range(lay.num_stages):
-        want = lay.pipeline_rank(stage_idx)
+    for stage_idx in range(layout.num_stages):
+        want = layout.pipeline_rank(stage_idx)
         if stage_to_rank.get(stage_idx) != want:
             raise PlannerInputError(
                 f"torch places stage {stage_idx} of the plan's {kind.value} order on pipeline rank "
@@ -109,27 +108,26 @@ def check_lowering(
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            _simulate_comms_compute(messages, lambda s: stage_to_rank[s], lay.num_stages)
+            _simulate_comms_compute(messages, lambda s: stage_to_rank[s], layout.num_stages)
     except ValueError as exc:
         stuck = "; ".join(line.strip() for line in printed.getvalue().splitlines() if line.startswith("rank="))
         raise PlannerInputError(f"the plan's {kind.value} order with torch's messages does not finish: {exc} ({stuck})") from None
 
 
 class SendQueue:
-    """One stage's unwaited sends per direction (0 forward, 1 backward): posting a send first
-    waits for the previous one of the same direction (module docstring); :meth:`drain` waits for
-    all, at the end of the step."""
+    """The unwaited sends of one stage in one direction (forward activations, or input
+    gradients): posting a send first waits for the previous one (module docstring); :meth:`drain`
+    waits for the last, at the end of the step."""
 
     def __init__(self) -> None:
-        self._pending: list[list[dist.Work]] = [[], []]
+        self._pending: list[dist.Work] = []
 
-    def post(self, direction: int, ops: list[dist.P2POp]) -> None:
+    def post(self, ops: list[dist.P2POp]) -> None:
         if not ops:
             return
-        _wait_batch_p2p(self._pending[direction])
-        self._pending[direction] = _batch_p2p(ops)
+        self.drain()
+        self._pending = _batch_p2p(ops)
 
     def drain(self) -> None:
-        for works in self._pending:
-            _wait_batch_p2p(works)
-        self._pending = [[], []]
+        _wait_batch_p2p(self._pending)
+        self._pending = []

@@ -41,7 +41,7 @@ ACTION_RUNTIME = ("_PipelineScheduleRuntime", "_Action", "_simulate_comms_comput
 
 def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", profile: Profile | None = None) -> None:
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
-    that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
+    whose schedule the runtime cannot run (:func:`check_schedule`), or
     whose tensor parallelism the model or the runtime cannot do
     (``planner.runtime.tensor.tensor_parallel_refusal``), or whose context parallelism
     (``planner.runtime.context.context_parallel_refusal``)."""

@@ -86,7 +86,8 @@ class TimedStage(PipelineStage):
     def __init__(self, *args: Any, timer: ChunkTimer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.timer = timer
-        self.sends = SendQueue()
+        self.fwd_sends = SendQueue()  # the copies of its outputs in flight
+        self.bwd_sends = SendQueue()  # its input gradients in flight
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -110,7 +111,7 @@ class TimedStage(PipelineStage):
         return out
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> Any:
-        """Post the sends of a forward's outputs, each of a copy, through :attr:`sends`; the
+        """Post the sends of a forward's outputs, each of a copy, through :attr:`fwd_sends`; the
         outputs freed (module docstring). Returns no ops: the runtime has nothing left to post."""
         ops = super().get_fwd_send_ops(fwd_chunk_id)
         if not ops:  # the last stage: its output goes to the loss
@@ -123,12 +124,12 @@ class TimedStage(PipelineStage):
             mine = not (isinstance(module, StageModule) and isinstance(out, torch.Tensor) and module.consumed(out))
             if mine and any(dst is not None for dst in self.act_send_info[idx]):
                 deallocate_output(out)
-        self.sends.post(0, ops)
+        self.fwd_sends.post(ops)
         return []
 
     def get_bwd_send_ops(self, bwd_chunk_id: int) -> Any:
-        """Post the sends of a backward's input gradients through :attr:`sends`; returns no ops."""
-        self.sends.post(1, super().get_bwd_send_ops(bwd_chunk_id))
+        """Post the sends of a backward's input gradients through :attr:`bwd_sends`; returns no ops."""
+        self.bwd_sends.post(super().get_bwd_send_ops(bwd_chunk_id))
         return []
 
 
@@ -185,5 +186,6 @@ class RankRunner(RankTrainer):
         else:
             self.schedule.step(return_outputs=False)
         for stage in self.pipe_stages:
-            stage.sends.drain()
+            stage.fwd_sends.drain()
+            stage.bwd_sends.drain()
         return float(sum(loss.detach().double() for loss in losses)) if losses else 0.0
