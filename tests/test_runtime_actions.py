@@ -107,6 +107,15 @@ def test_the_order_is_dry_run_before_launch_naming_rank_and_step(monkeypatch: py
         check.check_schedule(plan, "p.json")
 
 
+def test_the_launcher_finds_the_action_runtime_without_importing_it() -> None:
+    """What the runtime needs of torch's ``schedules.py`` (``check.ACTION_RUNTIME``), read off
+    its source by the preflight, is what importing it gives."""
+    from torch.distributed.pipelining import schedules
+
+    assert check.missing_action_runtime() == ""
+    assert all(hasattr(schedules, name) for name in check.ACTION_RUNTIME)
+
+
 def test_zb_h2_is_a_schedule_the_runtime_runs() -> None:
     plan = make_plan(("a", "b", "c", "d"), (1, 2, 3), num_microbatches=5, schedule=ScheduleKind.ZB_H2)
     check.check_schedule(plan, "h2.json")  # refused before: torch has no ZB-H2 class

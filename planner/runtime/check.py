@@ -13,6 +13,8 @@ Plans replicated per stage (``plan.layout.replicated_per_stage``) run on
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -37,6 +39,19 @@ SUPPORTED_SCHEDULES = (
 #: what of torch.distributed.pipelining.schedules the runtime runs every schedule on (``planner.runtime.actions``):
 #: the action-list runtime, its lowering to messages and its dry run (torch 2.13 has them all)
 ACTION_RUNTIME = ("_PipelineScheduleRuntime", "_Action", "_simulate_comms_compute", "_batch_p2p", "_wait_batch_p2p")
+
+
+def missing_action_runtime() -> str:
+    """The first of :data:`ACTION_RUNTIME` the installed torch's ``schedules.py`` does not define
+    ("" when it defines them all), read off its source: importing ``torch.distributed.pipelining``
+    takes seconds (it imports ``torch.distributed.tensor`` and FSDP), which the launcher's
+    preflight does not spend. An unreadable source names the file."""
+    path = Path(torch.__file__).parent / "distributed" / "pipelining" / "schedules.py"
+    try:
+        source = path.read_text()
+    except OSError:
+        return str(path)
+    return next((name for name in ACTION_RUNTIME if not re.search(rf"^(class|def) {name}\b", source, re.M)), "")
 
 
 def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", profile: Profile | None = None) -> None:
@@ -87,15 +102,12 @@ def check_schedule(plan: Plan, source: str = "plan") -> None:
             f"(supported: {', '.join(s.value for s in SUPPORTED_SCHEDULES)})"
         )
     lay = plan.layout
-    if not lay.replicated_per_stage:
-        from torch.distributed.pipelining import schedules
-
-        missing = [name for name in ACTION_RUNTIME if not hasattr(schedules, name)]
-        if missing:
-            raise PlannerInputError(
-                f"{source}: the runtime runs schedules through torch.distributed.pipelining's action-list runtime, "
-                f"and the installed torch {torch.__version__} lacks schedules.{missing[0]} (torch 2.13 has it)"
-            )
+    missing = "" if lay.replicated_per_stage else missing_action_runtime()
+    if missing:
+        raise PlannerInputError(
+            f"{source}: the runtime runs schedules through torch.distributed.pipelining's action-list runtime, "
+            f"and the installed torch {torch.__version__} lacks schedules.{missing} (torch 2.13 has it)"
+        )
     try:
         if lay.replicated_per_stage:
             check_replicated_rules(plan.schedule, lay.stage_replicas, plan.num_microbatches)
