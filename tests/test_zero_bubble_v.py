@@ -1,6 +1,6 @@
 """ZBV and ZB-H2 (Qi et al., ICLR 2024, sec. 6 and 3.2): the V placement, the orders against
-torch's, the dry run, in-flight counts, the simulator, the DP against brute force, the search
-and the runtime's refusal of ZB-H2."""
+torch's, the dry run, in-flight counts, the simulator, the DP against brute force and the search
+(the runtime runs both through the plan's action lists: tests/test_runtime_zero_bubble.py)."""
 
 from __future__ import annotations
 
@@ -257,23 +257,3 @@ def test_plan_refuses_a_placement_its_schedule_does_not_use():
     best = plan(prof, cluster, PlanRequest(global_batch=16, schedules=(ZBV,), num_stages=2, dp_degree=1))
     with pytest.raises(ValueError, match="schedule interleaved-1f1b places chunks loop, the layout v"):
         dataclasses.replace(best, schedule=ScheduleKind.INTERLEAVED_1F1B)
-
-
-def test_run_refuses_zb_h2_in_one_line(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    plan_cmd = [sys.executable, "-m", "planner", "plan", "--profile", str(root / "profiles" / "zoo-gpt-cpu.json"),
-                "--cluster", "local-cpu", "--devices", "2", "--global-batch", "8", "--schedules", "zb-h2",
-                "--stages", "2", "--out", "plan.json"]
-    done = subprocess.run(plan_cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-2000:]
-    run_cmd = [sys.executable, "-m", "planner", "run", "plan.json", "--model", "gpt", "--steps", "1"]
-    done = subprocess.run(run_cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode != 0
-    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and "schedule 'zb-h2' is not run" in lines[0] and "torch 2.13 has zb-h1 and zbv" in lines[0]
