@@ -19,7 +19,7 @@ from planner.solve import plan as solve
 from planner.solve.build import rebuild_plan
 from tests.chains import chain_profile, small_cluster
 from tests.golden_plans import GOLDEN
-from tests.plan_factory import make_plan
+from tests.plan_factory import make_plan, stage_terms
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
 
@@ -27,8 +27,7 @@ small_ms = st.integers(min_value=0, max_value=9).map(float)
 
 
 def low_level(kind, m, fwd, bwd, *, rc=None, sf=None, sb=None, ar=None, v=1):
-    z = [0.0] * len(fwd)
-    return simulate_iteration_ms(kind, m, fwd, bwd, rc or z, sf or z, sb or z, ar or z, virtual_stages_per_rank=v)
+    return simulate_iteration_ms(kind, m, stage_terms(fwd, bwd, rc, sf, sb, ar), virtual_stages_per_rank=v)
 
 
 @settings(max_examples=60, deadline=None)
@@ -152,7 +151,7 @@ def test_low_level_entry_agrees_with_the_timeline(kind, stages, extra):
         kind, m, cols[0], cols[1], recompute_ms=cols[2], send_fwd_ms=cols[3], send_bwd_ms=cols[4], allreduce_ms=cols[5]
     )
     timeline = simulate(plan)
-    assert simulate_iteration_ms(kind, m, *cols) == timeline.iteration_ms
+    assert simulate_iteration_ms(kind, m, stage_terms(*cols)) == timeline.iteration_ms
     assert timeline.iteration_ms == pytest.approx(timeline.compute_end_ms + timeline.exposed_allreduce_ms)
     for t in timeline.actions():  # per-rank order respected, no overlap on a rank
         assert t.end_ms >= t.start_ms
@@ -166,10 +165,12 @@ def test_simulate_is_deterministic():
 
 
 def test_bad_inputs_are_clear_errors():
-    with pytest.raises(PlannerInputError, match="bwd_ms has 1 entries, expected one per stage \\(2\\)"):
-        simulate_iteration_ms(GPIPE, 2, [1.0, 1.0], [1.0], [0.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2)
-    with pytest.raises(PlannerInputError, match="fwd_ms must be >= 0"):
-        simulate_iteration_ms(GPIPE, 2, [1.0, float("nan")], [1.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2)
+    with pytest.raises(PlannerInputError, match="at least one stage"):
+        simulate_iteration_ms(GPIPE, 2, [])
+    with pytest.raises(PlannerInputError, match="fwd_ms must be >= 0 \\(got nan\\)"):
+        simulate_iteration_ms(GPIPE, 2, stage_terms([1.0, float("nan")], [1.0] * 2))
+    with pytest.raises(PlannerInputError, match=r"stage 1: wgrad_ms must not exceed bwd_ms \(got 2\.0 > 1\.0\)"):
+        simulate_iteration_ms(ScheduleKind.ZB_H1, 2, stage_terms([1.0] * 2, [1.0] * 2, wgrad_ms=[0.5, 2.0]))
     with pytest.raises(PlannerInputError, match="M=2 < P=3"):
         simulate(make_plan(ONE_F_ONE_B, 2, [1.0] * 3, [1.0] * 3))
 
@@ -224,7 +225,7 @@ def test_predict_fills_the_plan_prediction():
 def test_integer_orders_match_the_schedule_builder():
     from planner.schedule import build_schedule
     from planner.schedule.actions import ActionKind
-    from planner.simulation.simulator import _encoded
+    from planner.simulation.replay import _encoded
 
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:

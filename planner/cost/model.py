@@ -88,22 +88,6 @@ from planner.graph import cut_bytes_per_sample
 
 
 @dataclass(frozen=True, slots=True)
-class StageCost:
-    """Per-micro-batch times (ms) and per-device memory of one stage."""
-
-    fwd_ms: float
-    bwd_ms: float
-    recompute_ms: float
-    send_fwd_ms: float
-    send_bwd_ms: float
-    allreduce_ms: float
-    activation_bytes_per_microbatch: int
-    memory: StageMemory
-    sync: SyncCost
-    optimizer_ms: float = 0.0  # one device's optimizer step per iteration (planner.cost.sharding)
-
-
-@dataclass(frozen=True, slots=True)
 class SyncCost:
     """One stage's gradient synchronisation per iteration, as the stack runs it (ms): the whole
     of it (``total_ms``: reduction, ZeRO all-gather and the tied gradients' exchange); how long
@@ -450,26 +434,6 @@ class CostModel(ShardedState):
             return SyncCost(reduce_ms + gather_ms + tied, early, gather_ms, bound)
         gather_ms = half * (per_byte * params * self.weight_bytes_per_param + fixed)
         return SyncCost(reduce_ms + gather_ms + tied, early)
-
-    def stage_cost(
-        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int, stage_idx: int,
-        layout: Layout, selective: Sequence[int] = (),
-    ) -> StageCost:
-        """Stage ``stage_idx`` of ``layout`` priced (``recompute`` full, ``selective`` selective)."""
-        sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
-        fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
-        return StageCost(
-            fwd_ms=fwd,
-            bwd_ms=bwd,
-            recompute_ms=self.recompute_ms(recompute, microbatch_size, selective),
-            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
-            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
-            allreduce_ms=sync.total_ms,
-            activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
-            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx), selective),
-            sync=sync,
-            optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx)),
-        )
 
     @cached_property
     def total_params(self) -> int:

@@ -9,6 +9,7 @@ exact overlap and the schedule's), so every candidate is replayed by the simulat
 from __future__ import annotations
 
 import copy
+import dataclasses
 import heapq
 import itertools
 import math
@@ -21,7 +22,7 @@ import numpy as np
 from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, ChunkPlacement, Objective, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
-from planner.cost import CostModel
+from planner.cost import CostModel, StageTerms, price_stages
 from planner.cost.fsdp import is_fsdp
 from planner.simulation import simulate_iteration_ms
 from planner.solve.arrays import distinct
@@ -783,29 +784,12 @@ def solve_candidates(
                         shared=shared, me_widen=me_widen).run()
 
 
-def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
-    """Per-stage times of a candidate, in the form the simulator's fast entry takes."""
+def stage_terms(cm: CostModel, cand: Candidate) -> tuple[StageTerms, ...]:
+    """Each stage of a candidate priced (:func:`planner.cost.stage.price_stages`): what the
+    simulator's fast entry replays, the records its plan's stages are built from alike."""
     c, sol = cand.config, cand.solution
-    stops = list(sol.boundaries[1:]) + [cm.num_layers]
-    b, lay = c.microbatch_size, c.layout
-    keys = ("fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms", "sync_early_ms",
-            "gather_ahead_ms", "gather_bound_ms", "wgrad_ms", "optimizer_ms")
-    out: dict[str, list[float]] = {k: [] for k in keys}
-    for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
-        fwd, bwd = cm.stage_times_ms(start, stop, b, s, lay)
-        out["fwd_ms"].append(fwd)
-        out["bwd_ms"].append(bwd)
-        out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b, sol.selective_of(s)))
-        out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, lay))
-        out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, lay))
-        sync = cm.stage_sync(start, stop, s, lay, sol.recompute[s], b, sol.selective_of(s))
-        out["allreduce_ms"].append(sync.total_ms)
-        out["sync_early_ms"].append(sync.early_ms)
-        out["gather_ahead_ms"].append(sync.gather_ahead_ms)
-        out["gather_bound_ms"].append(sync.gather_bound_ms)
-        out["wgrad_ms"].append(cm.stage_wgrad_ms(start, stop, b) if c.schedule.splits_backward else 0.0)
-        out["optimizer_ms"].append(cm.optimizer_step_ms(start, stop, c.sharding(s)))
-    return out
+    return price_stages(cm, c.layout, c.microbatch_size, sol.boundaries, sol.recompute, sol.selective,
+                        split_backward=c.schedule.splits_backward)
 
 
 def busiest_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> float:
@@ -851,16 +835,15 @@ def unrecomputed(cm: CostModel, cand: Candidate) -> float:
     """The candidate's simulated time were nothing recomputed (a memory rebalancing's best case
     on its partition)."""
     c = cand.config
-    arrays = stage_arrays(cm, cand)
-    arrays["recompute_ms"] = [0.0] * len(arrays["recompute_ms"])
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, **arrays,
+    terms = [dataclasses.replace(t, recompute_ms=0.0) for t in stage_terms(cm, cand)]
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, terms,
                                  virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
 
 
 def simulated(cm: CostModel, cand: Candidate) -> float:
     """The candidate's iteration time by the simulator's fast entry."""
     c = cand.config
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, **stage_arrays(cm, cand),
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, stage_terms(cm, cand),
                                  virtual_stages_per_rank=c.layout.virtual_stages_per_rank,
                                  replicas=c.layout.stage_replicas)
 
