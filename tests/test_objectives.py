@@ -181,13 +181,13 @@ def test_me_objective_pruned_chooses_the_unpruned_plan(seed: int) -> None:
 def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pruned ME search solves fewer configurations and builds fewer plans than its search
     without pruning, for the same plan."""
-    from planner.solve import candidates, select
+    from planner.solve import config_search, select
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _random_case
 
     profile, cluster, request = _random_case(14)
     request = dataclasses.replace(request, objective=Objective.ME)
     counts = {"built": 0, "solved": 0}
-    real_build, real_solve = select.build_plan, candidates.solve_config
+    real_build, real_solve = select.build_plan, config_search.solve_config
 
     def building(*args: object, **kwargs: object) -> Plan:
         counts["built"] += 1
@@ -198,7 +198,7 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
         return real_solve(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(select, "build_plan", building)
-    monkeypatch.setattr(candidates, "solve_config", solving)
+    monkeypatch.setattr(config_search, "solve_config", solving)
     runs, seen = [], []
     for settings in (EXHAUSTIVE, PRUNED):
         counts.update(built=0, solved=0)
@@ -250,7 +250,9 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
     peak memory, its largest stage's peak at most it, and its busiest rank's chunks' peaks
     summed at least it (the incumbent's product is never below a plan's)."""
     from planner.solve import select
-    from planner.solve.candidates import BYTES_SLACK, ConfigSearch, MeIncumbent, busiest_rank, stage_needs
+    from planner.solve.candidates import busiest_rank, stage_needs
+    from planner.solve.floors import ConfigFacts
+    from planner.solve.objectives import BYTES_SLACK
     from tests.test_search_pruning import EXHAUSTIVE
 
     profile, cluster, request = _me_case(seed)
@@ -272,8 +274,8 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
         needs = stage_needs(cm, c, cand.solution)  # type: ignore[arg-type, attr-defined]
         slack = 1 + BYTES_SLACK  # the parts of a stage's peak are each rounded to bytes
         assert max(needs) <= peak * slack and peak <= busiest_rank(c.layout, needs) * slack
-        search = ConfigSearch(cm, request, c.num_groups, 80 * 2**30, configs=[c], me=MeIncumbent())  # type: ignore[arg-type]
-        state, floor = search.state_floor_bytes(c), search.memory_floor_bytes(c)
+        facts = ConfigFacts(cm, request, 80 * 2**30)  # type: ignore[arg-type]
+        state, floor = facts.state_floor_bytes(c), facts.memory_floor_bytes(c)
         assert state <= peak and floor <= peak, (c, state, floor, peak)
         floored += floor > state
     assert floored > 0  # the stages' least bytes bound more than the state's share somewhere
