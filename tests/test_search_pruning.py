@@ -17,6 +17,7 @@ import pytest
 
 from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
@@ -137,7 +138,8 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
         profile, cluster, request = CASES[case]
         for tp in degrees:
-            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, tp, tp > 1, request.stack, 1)
+            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer,
+                                   DeviceGroup(tp_degree=tp, sequence_parallel=tp > 1), request.stack)
             cap = memory_cap_bytes(cm.cluster, request)
             facts = ConfigFacts(cm, request, cap)
             for c in all_configs(cm, request, n // tp):
@@ -212,7 +214,7 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     checked = 0
     for schedules in ((ScheduleKind.ZB_H1,), (ScheduleKind.ZB_H2,), (ScheduleKind.ZBV,)):
         request = PlanRequest(global_batch=16, schedules=schedules)
-        cm = device_cost_model(profile, base_cluster(cluster, 8), request.optimizer, 1, False, request.stack, 1)
+        cm = device_cost_model(profile, base_cluster(cluster, 8), request.optimizer, stack=request.stack)
         cap = memory_cap_bytes(cm.cluster, request)
         for c in all_configs(cm, request, 8):
             found = solved(cm, request, 8, cap, c)
@@ -287,7 +289,7 @@ def _memory_bound_gpt(n: int):
                           attention="materialised")
     request = PlanRequest(global_batch=64, num_devices=n)
     cluster = PRESETS["a100-80gb-x8"].with_devices(n)
-    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, 1, False, request.stack, 1)
+    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, stack=request.stack)
     cap = memory_cap_bytes(cm.cluster, request)
     return cm, request, cap, ConfigFacts(cm, request, cap)
 

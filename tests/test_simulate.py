@@ -279,3 +279,33 @@ def test_summary_is_the_timelines_figures_for_every_schedule(kind):
                                   recompute=[(1,), ()], microbatch_size=1, solver=SolverKind.GIVEN)
         for p in (copies, replicated):
             assert _figures(simulate_summary(p)) == _figures(simulate(p))
+
+
+@pytest.mark.parametrize("schedules", [None, (ScheduleKind.ZB_H1,), (ScheduleKind.INTERLEAVED_1F1B,)])
+def test_plan_stages_are_the_records_the_search_replays(schedules: tuple[ScheduleKind, ...] | None) -> None:
+    """A stage is priced by one function on both paths (:func:`planner.cost.price_stages`): a
+    chosen plan's stages, read back as :class:`StageTerms`, are its partition priced again under
+    its layout, and the solver's fast entry replays those records to the plan's own iteration
+    time (the Plan path's replay)."""
+    from pathlib import Path
+
+    from planner.artifacts.cluster import PRESETS
+    from planner.artifacts.profile import load_profile
+    from planner.cost import StageTerms, price_stages
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "gpt3-1.3b-a100.json")
+    cluster = PRESETS["a100-80gb-x8"]
+    request = PlanRequest(global_batch=64) if schedules is None else PlanRequest(global_batch=64, schedules=schedules)
+    plan = solve(profile, cluster, request)
+    cm = device_cost_model(profile, base_cluster(cluster, cluster.num_devices), request.optimizer, plan.layout.group,
+                           request.stack)
+    st = plan.stages
+    selective = [s.recompute_selective for s in st] if any(s.recompute_selective for s in st) else []
+    priced = price_stages(cm, plan.layout, plan.microbatch_size, [s.layer_start for s in st],
+                          [s.recompute for s in st], selective, split_backward=plan.schedule.splits_backward)
+    assert priced == tuple(StageTerms.of_plan_stage(s) for s in st)
+    fast = simulate_iteration_ms(plan.schedule, plan.num_microbatches, priced,
+                                 virtual_stages_per_rank=plan.layout.virtual_stages_per_rank,
+                                 replicas=plan.layout.stage_replicas)
+    assert fast == simulate(plan).iteration_ms == plan.predicted.iteration_ms

@@ -102,11 +102,25 @@ class DeviceGroup:
         """Whole groups in ``num_devices`` devices."""
         return num_devices // self.size
 
+    def layout(
+        self, *, num_stages: int, virtual_stages_per_rank: int = 1, dp_degree: int = 1,
+        stage_replicas: tuple[int, ...] = (), zero: ZeroStage = ZeroStage.NONE,
+        placement: ChunkPlacement = ChunkPlacement.LOOP,
+    ) -> Layout:
+        """The layout of stages spanning this group each (the other axes as given)."""
+        return Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
+                      stage_replicas=stage_replicas, tp_degree=self.tp_degree, cp_degree=self.cp_degree,
+                      sequence_parallel=self.sequence_parallel, zero=zero, placement=placement)
+
     def describe(self) -> str:
         """``tensor-parallel degree 2 (seq-par), context-parallel 4`` (progress notes)."""
         sp = " (seq-par)" if self.sequence_parallel else ""
         cp = f", context-parallel {self.cp_degree}" if self.cp_degree > 1 else ""
         return f"tensor-parallel degree {self.tp_degree}{sp}{cp}"
+
+
+#: the group of one device (no tensor or context parallelism)
+ONE_DEVICE = DeviceGroup()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -76,7 +76,7 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import OptimizerKind, ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import AttentionCore, Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
@@ -111,22 +111,22 @@ class CostModel(ShardedState):
 
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
-        tp_degree: int = 1, sequence_parallel: bool = False, stack: Stack = DEFAULT_STACK, cp_degree: int = 1,
-        gather_bytes_per_sample: float = 0.0,
+        group: DeviceGroup = ONE_DEVICE, stack: Stack = DEFAULT_STACK, gather_bytes_per_sample: float = 0.0,
     ):
-        """``profile`` is what one device runs: the model itself, or with ``tp_degree`` > 1 its
-        per-device view (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), which the
-        layouts this model prices then have as their tensor-parallel degree. ``stack``: what
-        the training stack overlaps (its tensor-parallel overlap is in the view's times). With
-        ``cp_degree`` > 1 the view is also context-parallel (:mod:`planner.cost.context`), and
-        ``gather_bytes_per_sample`` one layer's gathered keys and values (in the buffers)."""
+        """``profile`` is what one device of ``group`` runs (the devices a stage replica spans,
+        :attr:`Layout.group <planner.artifacts.layout.Layout.group>` of every layout this model
+        prices): the model itself, or with tensor parallelism its per-device view
+        (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), with context parallelism
+        also its context-parallel view (:mod:`planner.cost.context`), whose
+        ``gather_bytes_per_sample`` is one layer's gathered keys and values (in the buffers).
+        ``stack``: what the training stack overlaps (its tensor-parallel overlap is in the view's
+        times)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
         self.stack = stack
-        self.tp_degree = tp_degree
-        self.sequence_parallel = sequence_parallel
-        self.cp_degree, self.gather_bytes_per_sample = cp_degree, gather_bytes_per_sample
+        self.group = group
+        self.gather_bytes_per_sample = gather_bytes_per_sample
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         self.step_bytes_per_param = optimizer.step_bytes_per_param
         layers = profile.layers
@@ -318,6 +318,11 @@ class CostModel(ShardedState):
         core = max((float(self.core_per_sample[i] * microbatch_size + self.core_fixed[i]) for i in selective), default=0.0)
         return max(full, core)
 
+    def gathered_bytes(self, microbatch_size: int, num_layers: int = 1) -> float:
+        """Context parallelism's keys and values gathered by ``num_layers`` layers for one
+        micro-batch (one layer's is live on a device while that layer runs; 0 without)."""
+        return num_layers * self.gather_bytes_per_sample * microbatch_size
+
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one
         micro-batch; with context parallelism also one layer's gathered keys and values."""
@@ -387,8 +392,9 @@ class CostModel(ShardedState):
         return counts
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
-        """The all-reduce line of stage ``stage_idx``'s gradient group (:func:`grad_group_line`,
-        which keeps it per shape of the group)."""
+        """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
+        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
+        per shape of the group): the one place the solver prices that group."""
         return grad_group_line(self.cluster, layout, stage_idx)
 
     def stage_sync(

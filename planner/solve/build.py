@@ -175,8 +175,7 @@ def rebuild_plan(
     one device of ``layout``'s tensor-parallel group; ``recompute`` / ``selective`` the fully /
     selectively recomputed layers of each stage."""
     n = layout.world_size
-    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, layout.tp_degree,
-                           layout.sequence_parallel, request.stack, layout.cp_degree)
+    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, layout.group, request.stack)
     problem = Problem.of(profile, cluster, request, solver, request.num_devices or n)
     return build_plan(problem, cm, layout=layout, boundaries=boundaries, recompute=recompute,
                       microbatch_size=microbatch_size, schedule=schedule, selective=selective)

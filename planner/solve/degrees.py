@@ -54,11 +54,10 @@ def degree_models(problem: Problem, base: Cluster, groups: list[DeviceGroup]) ->
     request = problem.request
     views: dict[tuple[int, bool], Profile] = {}
     for group in groups:
-        cp, t, sp = group.cp_degree, group.tp_degree, group.sequence_parallel
+        t, sp = group.tp_degree, group.sequence_parallel
         if (t, sp) not in views:
             views[(t, sp)] = stack_tp_view(problem.profile, base, t, sp, request.stack)
-        yield device_cost_model(problem.profile, base, request.optimizer, t, sp, request.stack, cp,
-                                tp_view=views[(t, sp)])
+        yield device_cost_model(problem.profile, base, request.optimizer, group, request.stack, tp_view=views[(t, sp)])
 
 
 def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> float:

@@ -232,7 +232,7 @@ class ConfigFacts:
         ks = c.inflight()
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
-        floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
+        floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
         if floor > P * cap:
             out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
         return max(out, self.ranks_bound(c, key))

@@ -120,7 +120,7 @@ class LayoutSearch:
         ``suggest``: a refusal comes with its suggestions (else they wait for
         :meth:`~planner.artifacts.errors.InfeasibleError.complete`, :func:`explain_infeasible`)."""
         policy, num_groups = self.policy, self.num_groups
-        rules = policy.builds(earlier_ms, self.cm.cp_degree, self.settings)
+        rules = policy.builds(earlier_ms, self.cm.group.cp_degree, self.settings)
         threshold = rules.pruning_ms
         pruning = threshold < float("inf")
         scored = self.configs.result()
