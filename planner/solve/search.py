@@ -157,7 +157,7 @@ def search_plan(
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
                               p.layout.tp_degree))
     best = select(plans, request)
-    return dataclasses.replace(best, pareto=merge_pareto(p for plan in plans for p in plan.pareto))
+    return dataclasses.replace(best, pareto=merge_pareto([p for plan in plans for p in plan.pareto]))
 
 
 def degree_by_degree(
