@@ -22,6 +22,7 @@ from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
 from planner.solve import plan
 from planner.solve.prices import StageTable
 from tests.chains import chain_profile, layer_dicts, small_cluster
+from tests.plan_factory import stage_terms
 from tests.test_zero_bubble import assert_dp_is_bruteforce
 
 ZBV, H1, H2 = ScheduleKind.ZBV, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2
@@ -144,9 +145,7 @@ def test_inflight_counts_are_the_orders(ranks, m):
 
 
 def _uniform(n, f, i, w):
-    z = [0.0] * n
-    return dict(fwd_ms=[f] * n, bwd_ms=[i + w] * n, recompute_ms=z, send_fwd_ms=z, send_bwd_ms=z, allreduce_ms=z,
-                wgrad_ms=[w] * n)
+    return stage_terms([f] * n, [i + w] * n, wgrad_ms=[w] * n)
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 16), (8, 32)])
@@ -155,9 +154,9 @@ def test_simulated_zbv_and_zb_h2_against_zb_h1(p, m):
     ZB-H1's; ZB-H2 ties ZB-H1 at F = I = W (the tail after the last I stays under a synchronous
     optimizer step, see planner.schedule.zero_bubble) and never beats it with I > W."""
     for f, i, w in ((1.0, 1.0, 1.0), (1.0, 1.3, 0.7), (1.0, 0.8, 1.2)):
-        h1 = simulate_iteration_ms(H1, m, **_uniform(p, f, i, w))
-        h2 = simulate_iteration_ms(H2, m, **_uniform(p, f, i, w))
-        zbv = simulate_iteration_ms(ZBV, m, **_uniform(2 * p, f / 2, i / 2, w / 2), virtual_stages_per_rank=2)
+        h1 = simulate_iteration_ms(H1, m, _uniform(p, f, i, w))
+        h2 = simulate_iteration_ms(H2, m, _uniform(p, f, i, w))
+        zbv = simulate_iteration_ms(ZBV, m, _uniform(2 * p, f / 2, i / 2, w / 2), virtual_stages_per_rank=2)
         ideal = m * (f + i + w)
         assert ideal - 1e-9 <= zbv < h1
         assert h2 >= h1 - 1e-9

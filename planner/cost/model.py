@@ -76,7 +76,7 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import OptimizerKind, ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
@@ -85,22 +85,6 @@ from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
-
-
-@dataclass(frozen=True, slots=True)
-class StageCost:
-    """Per-micro-batch times (ms) and per-device memory of one stage."""
-
-    fwd_ms: float
-    bwd_ms: float
-    recompute_ms: float
-    send_fwd_ms: float
-    send_bwd_ms: float
-    allreduce_ms: float
-    activation_bytes_per_microbatch: int
-    memory: StageMemory
-    sync: SyncCost
-    optimizer_ms: float = 0.0  # one device's optimizer step per iteration (planner.cost.sharding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,22 +111,22 @@ class CostModel(ShardedState):
 
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
-        tp_degree: int = 1, sequence_parallel: bool = False, stack: Stack = DEFAULT_STACK, cp_degree: int = 1,
-        gather_bytes_per_sample: float = 0.0,
+        group: DeviceGroup = ONE_DEVICE, stack: Stack = DEFAULT_STACK, gather_bytes_per_sample: float = 0.0,
     ):
-        """``profile`` is what one device runs: the model itself, or with ``tp_degree`` > 1 its
-        per-device view (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), which the
-        layouts this model prices then have as their tensor-parallel degree. ``stack``: what
-        the training stack overlaps (its tensor-parallel overlap is in the view's times). With
-        ``cp_degree`` > 1 the view is also context-parallel (:mod:`planner.cost.context`), and
-        ``gather_bytes_per_sample`` one layer's gathered keys and values (in the buffers)."""
+        """``profile`` is what one device of ``group`` runs (the devices a stage replica spans,
+        :attr:`Layout.group <planner.artifacts.layout.Layout.group>` of every layout this model
+        prices): the model itself, or with tensor parallelism its per-device view
+        (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), with context parallelism
+        also its context-parallel view (:mod:`planner.cost.context`), whose
+        ``gather_bytes_per_sample`` is one layer's gathered keys and values (in the buffers).
+        ``stack``: what the training stack overlaps (its tensor-parallel overlap is in the view's
+        times)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
         self.stack = stack
-        self.tp_degree = tp_degree
-        self.sequence_parallel = sequence_parallel
-        self.cp_degree, self.gather_bytes_per_sample = cp_degree, gather_bytes_per_sample
+        self.group = group
+        self.gather_bytes_per_sample = gather_bytes_per_sample
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         self.step_bytes_per_param = optimizer.step_bytes_per_param
         layers = profile.layers
@@ -242,6 +226,11 @@ class CostModel(ShardedState):
         core = max((float(self.core_per_sample[i] * microbatch_size + self.core_fixed[i]) for i in selective), default=0.0)
         return max(full, core)
 
+    def gathered_bytes(self, microbatch_size: int, num_layers: int = 1) -> float:
+        """Context parallelism's keys and values gathered by ``num_layers`` layers for one
+        micro-batch (one layer's is live on a device while that layer runs; 0 without)."""
+        return num_layers * self.gather_bytes_per_sample * microbatch_size
+
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one
         micro-batch; with context parallelism also one layer's gathered keys and values."""
@@ -311,8 +300,9 @@ class CostModel(ShardedState):
         return counts
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
-        """The all-reduce line of stage ``stage_idx``'s gradient group (:func:`grad_group_line`,
-        which keeps it per shape of the group)."""
+        """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
+        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
+        per shape of the group): the one place the solver prices that group."""
         return grad_group_line(self.cluster, layout, stage_idx)
 
     def stage_sync(
@@ -367,33 +357,13 @@ class CostModel(ShardedState):
         layers' before it, and when the stack overlaps the reduction also the stage's own (a
         proxy for what the pipeline cannot hide; the simulator prices the buckets). 0 under
         ZeRO 3, whose collectives are in the stage's times."""
-        per_byte, fixed = grad_group_line(self.cluster, layout, stage_idx)
+        per_byte, fixed = self.grad_line(layout, stage_idx)
         if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
             return 0.0
         _, bp = self.time_prefix(microbatch_size)
         sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
         hidden = float(bp[stop] if self.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
         return max(0.0, per_byte * sync + fixed - hidden)
-
-    def stage_cost(
-        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int, stage_idx: int,
-        layout: Layout, selective: Sequence[int] = (),
-    ) -> StageCost:
-        """Stage ``stage_idx`` of ``layout`` priced (``recompute`` full, ``selective`` selective)."""
-        sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
-        fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
-        return StageCost(
-            fwd_ms=fwd,
-            bwd_ms=bwd,
-            recompute_ms=self.recompute_ms(recompute, microbatch_size, selective),
-            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
-            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
-            allreduce_ms=sync.total_ms,
-            activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
-            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx), selective),
-            sync=sync,
-            optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx)),
-        )
 
     @cached_property
     def total_params(self) -> int:

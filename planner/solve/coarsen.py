@@ -23,8 +23,7 @@ from planner.solve.settings import SETTINGS, SearchSettings
 
 def merged_model(cm: CostModel, starts: list[int]) -> CostModel:
     """``cm`` over groups of layers starting at ``starts``."""
-    return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, tp_degree=cm.tp_degree,
-                     sequence_parallel=cm.sequence_parallel, stack=cm.stack, cp_degree=cm.cp_degree,
+    return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, group=cm.group, stack=cm.stack,
                      gather_bytes_per_sample=cm.gather_bytes_per_sample)
 
 

@@ -185,7 +185,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             f"{cm.profile.layer_names[sol.boundaries[s]]}..{cm.profile.layer_names[stops[s] - 1]}) "
             f"needs {mems[s] / gib:.2f} GiB."
         )
-    group = cm.tp_degree * cm.cp_degree  # devices per group: a layout's rank
+    group = cm.group.size  # devices per group: a layout's rank
     if need <= cap:
         counted = f"{num_devices} devices" if group == 1 else f"{num_devices} groups of {group} devices"
         return InfeasibleError(
@@ -221,7 +221,7 @@ def _suggestions(cm: CostModel, request: PlanRequest, num_devices: int, cap: flo
                  b: int) -> tuple[str, ...]:
     """What would make a layout needing ``need`` bytes per device (``lay``, micro-batch ``b``) fit ``cap``."""
     gib = 1024**3
-    P, group = lay.num_stages, cm.tp_degree * cm.cp_degree  # devices per group
+    P, group = lay.num_stages, cm.group.size  # devices per group
     suggestions = []
     for mult in (2, 4, 8, 16):
         more_need, more = least_need(cm, request, num_devices * mult, b, request.recompute)
