@@ -6,7 +6,7 @@
   blocks (``TensorParallel.recognised``). Profiles declare ``Layer.tp`` for the blocks, so
   ``planner plan --tp 2`` plans them.
 - A split that does not compute the layer (an attention that reshapes by a fixed head count)
-  is refused at profile time, naming the layer (``planner.models.tp_plans.check_split``).
+  is refused at profile time, naming the layer (``planner.models.tp_check.check_split``).
 - Runs of such plans equal one process: every model at t = 2 on 2 processes (sequence
   parallelism off and on) and on 4 processes (t = 2 with P = 2 and with D = 2), float64 losses,
   gradients and final parameters (split ones gathered) within 1e-12 relative (1e-10 on
@@ -29,7 +29,8 @@ from torch import nn
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.profile import load_profile
 from planner.models import load_workload
-from planner.models.tp_plans import check_split, recognised_plan
+from planner.models.tp_check import check_split
+from planner.models.tp_plans import recognised_plan
 from planner.models.workload import TensorParallel, Workload
 from planner.profiling.measured import profile_model
 from tests.runtime_launch import SharedLaunches
