@@ -9,7 +9,8 @@ layer's timing) and say the work is alive and where it is::
     planner: plan: searching tensor-parallel degree 2 (seq-par) (15 s)
 
 and, when any line was written, a last one with the total time. Work that ends within two
-seconds prints nothing. ``PLANNER_PROGRESS=0`` turns it off (as ``--no-progress`` does for
+seconds prints nothing. While an inner Progress runs (a command's phases around a library's
+own), only the inner one writes. ``PLANNER_PROGRESS=0`` turns it off (as ``--no-progress`` does for
 ``planner profile``). :func:`note` lets code deep in a step say what it is doing without
 holding the :class:`Progress` (a no-op when none is active).
 
@@ -115,7 +116,8 @@ class Progress:
     def _beat(self) -> None:
         wait = min(FIRST_AFTER_S, self.every_s)  # a shorter period asked for shortens the first wait too
         while not self._stop.wait(wait):
-            self._write(self.line())
+            if not _ACTIVE or _ACTIVE[-1] is self:  # an inner Progress speaks for the work while it lasts
+                self._write(self.line())
             wait = self.every_s
 
     def _write(self, text: str) -> None:
