@@ -64,10 +64,13 @@ before torchrun starts, in this process (one line, exit 2 on a refusal):
   --optimizer   a plan records the optimizer it priced: the run takes its family (sgd | adamw);
                 the other family runs with a warning (the report prices the runtime's optimizer)
   world size    --nproc must equal the plan's devices
-  model         layer count, names and fingerprint (names + parameter shapes) must match the plan's,
-                and the tensors crossing each stage boundary the plan's bytes per sample (a plan
-                profiled at another sequence length is refused); a factory that raises is
-                refused; a --profile must have the model's layers
+  model         layer count, names and fingerprint (names + parameter shapes + a Hugging Face
+                config's fields) must match the plan's, the difference named by parameter or
+                config field when the plan's profile is found; make_batch(global batch, 0) must
+                return that many samples (swapped arguments are named); the tensors crossing
+                each stage boundary the plan's bytes per sample (a plan profiled at another
+                sequence length is refused); a factory that raises is refused; a --profile
+                must have the model's layers
   outputs       --report writable (not a directory or device, its directory takes files), the
                 --checkpoint-dir writable, not used by another run (a lock), room for one checkpoint
   --resume      a checkpoint exists; its recorded lr, dtype, optimizer, seed and plan match this
