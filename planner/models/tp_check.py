@@ -143,14 +143,17 @@ def check_dtensor_split(layer: nn.Module, styles_of: Callable[[nn.Module, bool],
     it on ``x`` (no grad), with sequence parallelism off and on (``styles_of``: the workload's
     ``TensorParallel.styles``); a failure is refused in one line naming the module running and
     the line of code (see the module docstring). Skipped inside a process that already has a
-    default process group (a run's ranks: ``planner run`` checked before launching them)."""
+    default process group (a run's ranks), or where a one-process gloo group cannot start."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    if dist.is_initialized():
+    if not dist.is_available() or dist.is_initialized():
         return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    except (RuntimeError, ValueError):  # no gloo here (a build without it, no usable network device): left to the run
+        return
     try:
         mesh = DeviceMesh("cpu", [0])
         for sp in (False, True):
