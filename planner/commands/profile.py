@@ -184,7 +184,7 @@ def _measured(args: argparse.Namespace) -> Profile:
 
     from planner.artifacts.progress import Progress
 
-    with Progress(f"profile {args.model}", enabled=not args.no_progress) as progress:  # torch's import: seconds
+    with Progress("profile", enabled=not args.no_progress) as progress:  # torch's import and the model: seconds
         progress.detail = "importing torch, building the model"
         from planner.models import load_workload
         from planner.profiling.measured import profile_model
