@@ -66,6 +66,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = 0.0
+        self._handed_over = False
         self.lines = 0
 
     def __enter__(self) -> Progress:
@@ -90,8 +91,14 @@ class Progress:
             self._thread.join(timeout=1.0)
         if self._bar is not None:
             self._bar.close()
-        if self.lines and kind is None:
+        if self.lines and kind is None and not self._handed_over:
             self._write(f"planner: {self.what}: done ({self._elapsed()})")
+
+    def hand_over(self) -> None:
+        """Stop now, without the last line: the work goes on where another progress speaks for
+        it (``planner run``'s launch, once rank 0 of the workers has started its own)."""
+        self._handed_over = True
+        self.__exit__(None, None, None)
 
     def update(self, n: int = 1, detail: str | None = None) -> None:
         """``n`` more steps done; ``detail`` (if given) says where the work is now."""

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -152,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
             args.report = str(Path(tmp) / "report.json")
         cmd = [sys.executable, "-m", "planner.runtime.launch", "--standalone", "--nproc-per-node", str(nproc)]
         cmd += ["-m", "planner.runtime", *runtime_argv(args)]
-        if progress.enabled:  # the workers' rank 0 says how far it is from here on
-            print(f"planner: run {Path(args.plan).name}: starting {nproc} processes (torchrun)", file=sys.stderr, flush=True)
-        code = supervise(cmd, quiet=not args.verbose)
+        with Progress(f"run {Path(args.plan).name}") as launch:  # until rank 0 of the workers speaks for the run
+            launch.detail = f"starting {nproc} processes (torchrun)"
+            code = supervise(cmd, quiet=not args.verbose, started=(Path(tmp) / "started", launch.hand_over))
         if code == 0 and Path(args.report).exists():
             report = load_report(args.report)
             print(format_report(report))
@@ -169,13 +170,17 @@ def _torchrun_dies_with_us() -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
 
 
-def supervise(cmd: list[str], quiet: bool = False) -> int:
+def supervise(cmd: list[str], quiet: bool = False, started: tuple[Path, Callable[[], None]] | None = None) -> int:
     """Run torchrun and pass it the first stop signal (see the module docstring); its exit
     code, or 128 + the signal that stopped the run. ``quiet``: ``OMP_NUM_THREADS=1`` unless set,
-    which torchrun would set itself for several processes, printing four lines of warning."""
+    which torchrun would set itself for several processes, printing four lines of warning.
+    ``started``: (a path rank 0 creates once its own progress runs, ``PLANNER_RUN_STARTED``;
+    what to call then)."""
     env = dict(os.environ)
     if quiet:
         env.setdefault("OMP_NUM_THREADS", "1")
+    if started is not None:
+        env["PLANNER_RUN_STARTED"] = str(started[0])
     received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -187,6 +192,9 @@ def supervise(cmd: list[str], quiet: bool = False) -> int:
         proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_torchrun_dies_with_us, env=env)
         forwarded, deadline = 0, 0.0
         while proc.poll() is None:
+            if started is not None and started[0].exists():
+                started[1]()
+                started = None
             if received and not forwarded:
                 forwarded, deadline = received[0], time.monotonic() + STOP_WAIT_S
                 name = signal.Signals(forwarded).name

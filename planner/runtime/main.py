@@ -168,6 +168,8 @@ def _run(args: argparse.Namespace, rank: int, world_size: int, ctx: _Context) ->
         quiet_torch()
     with Progress(f"run {Path(args.plan).name}", enabled=rank == 0 and not args.no_progress) as progress:
         progress.detail = "loading the plan and the model"
+        if rank == 0 and os.environ.get("PLANNER_RUN_STARTED"):  # planner run's launch progress stops here
+            Path(os.environ["PLANNER_RUN_STARTED"]).touch()
         plan = load_plan(args.plan)
         options, warnings = options_from_args(args, plan)
         for line in warnings if rank == 0 else ():
