@@ -177,8 +177,10 @@ def supervise(cmd: list[str], quiet: bool = False, started: tuple[Path, Callable
     ``started``: (a path rank 0 creates once its own progress runs, ``PLANNER_RUN_STARTED``;
     what to call then)."""
     env = dict(os.environ)
-    if quiet:
+    if quiet:  # torchrun's own warnings: the OMP banner, "Sending process ... closing signal", "failed (exitcode: 1)"
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("LOGLEVEL", "CRITICAL")  # torch.distributed.elastic's get_logger level
+        env["PLANNER_QUIET_TORCHRUN"] = "1"  # planner.runtime.launch: the rest of torchrun's log
     if started is not None:
         env["PLANNER_RUN_STARTED"] = str(started[0])
     received: list[int] = []
