@@ -8,7 +8,8 @@ this busy 2-core machine (measured: a bare ``torchrun`` of a script that exits 1
 trailer, then took 3.7 and 5.2 s to end). That time counted against "the run ends within
 ``--timeout-s`` + 5 s". When a worker failed, torchrun's failure trailer (a ``ChildFailedError``
 traceback with each failure's summary) is one line of exit codes instead: every worker has said
-its cause in one line already (``PLANNER_DEBUG=1`` prints the trailer). With
+its cause in one line already (``PLANNER_DEBUG=1`` prints the trailer); a stop signal torchrun
+received (``SignalException``) prints no traceback: ``planner run`` and the workers say it. With
 ``PLANNER_QUIET_TORCHRUN`` (``planner run`` without ``--verbose``) torchrun's own log lines
 ("Sending process ... closing signal SIGTERM", "failed (exitcode: 1) local_rank: 0 ...") are
 silenced too.
@@ -24,6 +25,7 @@ import traceback
 
 
 def _run() -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
 
@@ -34,6 +36,10 @@ def _run() -> int:
         main()
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except SignalException:  # planner run forwarded a stop signal and says so itself; the workers said where they stopped
+        if os.environ.get("PLANNER_DEBUG"):
+            traceback.print_exc()
+        return 1
     except ChildFailedError as exc:  # each worker said why, in one line: the exit codes, not the trailer
         if os.environ.get("PLANNER_DEBUG"):
             traceback.print_exc()
