@@ -17,6 +17,7 @@ import pytest
 from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, cluster_to_json, load_cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.limits import MAX_INPUT_BYTES
 from planner.artifacts.plan import load_plan, plan_to_json
 from planner.artifacts.profile import load_profile, profile_to_json
 from planner.artifacts.request import PlanRequest
@@ -160,6 +161,6 @@ def test_bom_is_accepted(docs: dict[str, Path]) -> None:
 def test_oversized_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "big.json"
     with open(path, "wb") as fh:
-        fh.truncate(codec.MAX_INPUT_BYTES + 1)  # sparse: nothing is written
+        fh.truncate(MAX_INPUT_BYTES + 1)  # sparse: nothing is written
     with pytest.raises(PlannerInputError, match="larger than"):
         codec.read_json(path)

@@ -56,6 +56,7 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.json_schema import document_schema
 from planner.artifacts.kinds import DType, OptimizerKind, RecomputeLevel, ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.limits import (
@@ -395,7 +396,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 def plan_schema() -> dict[str, Any]:
     """The JSON Schema of a version-5 file (the layout's fields at the top level)."""
-    doc = codec.document_schema(Plan, SCHEMA, VERSION)
+    doc = document_schema(Plan, SCHEMA, VERSION)
     props = doc["properties"]
     layout = doc["$defs"].pop("Layout")
     for key in ("dtype", "optimizer"):

@@ -3,7 +3,7 @@ fields, the short option names, and the planner's own options (see :mod:`planner
 
 Everything that can be refused without building the model is refused here, before torch or
 transformers is imported (which takes seconds): a config file that is not a regular UTF-8 JSON
-file of bounded size (``planner.artifacts.codec.read_text``), a ``model_type`` the planner has
+file of bounded size (``planner.artifacts.reading.read_text``), a ``model_type`` the planner has
 no adapter for (:data:`SUPPORTED`; encoder-decoders other than t5 say why), and a size field
 (layers, hidden, heads, vocabulary, positions, ...) that is not a positive integer within
 :data:`SIZE_LIMITS`.
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.artifacts.codec import parse_text, read_text
+from planner.artifacts.codec import parse_text
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.reading import read_text
 
 __all__ = ["ALIASES", "PLANNER_OPTIONS", "SIZE_LIMITS", "SUPPORTED", "HFSpec", "check_config", "load_config_dict", "parse_spec"]
 

@@ -27,11 +27,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.artifacts.codec import read_text
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
 from planner.artifacts.limits import MAX_BYTES, MAX_MS
 from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
+from planner.artifacts.reading import read_text
 
 FP32_BYTES = 4
 # bytes per sample of an fp32 RGB image input at the sizes PipeDream's image models use
