@@ -28,6 +28,8 @@ def _dataclass_schema(tp: type, defs: dict[str, Any]) -> None:
         doc = f.metadata.get("doc") if f.metadata else None
         if doc:
             sub = {**sub, "description": doc}
+        if f.metadata and "max_items" in f.metadata:
+            sub = {**sub, "maxItems": f.metadata["max_items"]}
         props[f.name] = sub
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(f.name)

@@ -23,12 +23,14 @@ from collections.abc import Hashable, Iterable
 __all__ = [
     "MAX_BATCH",
     "MAX_BYTES",
+    "MAX_CHECKPOINT_FILE_BYTES",
     "MAX_COUNT",
     "MAX_DEVICES",
     "MAX_FLOPS",
     "MAX_FLOPS_PER_SAMPLE",
     "MAX_INPUT_BYTES",
     "MAX_LAYERS",
+    "MAX_LOSS",
     "MAX_MS",
     "MAX_NAME_CHARS",
     "MAX_RATE",
@@ -45,6 +47,10 @@ __all__ = [
 #: the largest input file read (JSON documents, PipeDream graphs, configs): parsing one takes
 #: well under 1 GB of memory and a few seconds
 MAX_INPUT_BYTES = 64 * 2**20
+#: the largest checkpoint tensor file read (``torch.load``): one stage's weights and optimizer
+#: state; 1 TiB is a stage of a model beyond any trained (a 1T-parameter model's whole Adam state
+#: is 16 TB, split over its stages' files)
+MAX_CHECKPOINT_FILE_BYTES = 2**40
 #: any time in milliseconds (a layer's, a stage's, an iteration's): ~31,700 years
 MAX_MS = 1e15
 #: any byte count (per sample, per device, a cap): 2^62, ~4.6 exabytes
@@ -55,6 +61,9 @@ MAX_COUNT = 2**53
 MAX_FLOPS = 1e30
 #: FLOPs of one training sample: 10^5 times GPT-3 175B's 2e15 at 2,048 tokens
 MAX_FLOPS_PER_SAMPLE = 1e20
+#: a training loss: at least 0 (every loss the runtime trains is a mean or sum of per-token or
+#: per-sample losses >= 0: cross-entropy, squared error), at most 1e15 (a run past it diverged)
+MAX_LOSS = 1e15
 #: samples per second a prediction may claim
 MAX_THROUGHPUT = 1e18
 #: devices of a cluster, a plan, a request: 2^20 (a million)

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
+from planner.artifacts.consistency import check_plan
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.json_schema import document_schema
 from planner.artifacts.kinds import DType, OptimizerKind, RecomputeLevel, ScheduleKind
@@ -328,10 +329,17 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
             data = _nested(data)
         except PlannerInputError as exc:
             raise PlannerInputError(f"{source}: {exc}") from None
+    stages = data.get("layout", {}).get("num_stages") if isinstance(data, dict) and isinstance(data.get("layout"), dict) else None
+    if isinstance(data, dict) and isinstance(data.get("stages"), list) and type(stages) is int and len(data["stages"]) != stages:
+        raise PlannerInputError(f"{source}: num_stages is {stages} but {len(data['stages']):,} stages are listed")
     try:
-        return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+        plan = codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+        check_plan(plan)
     except PlannerInputError as exc:
         raise PlannerInputError(_wire_path(str(exc))) from None
+    except ValueError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
+    return plan
 
 
 def _nested(data: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,8 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
+from planner.artifacts.consistency import check_profile
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind, DType
 from planner.artifacts.limits import (
     MAX_BATCH,
@@ -375,9 +377,15 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
+    """A profile document, decoded and cross-checked (``planner.artifacts.consistency``)."""
     if codec.is_version(data, SCHEMA, 1) or codec.is_version(data, SCHEMA, 2):
         data = dict(data, version=VERSION)  # v2 and v3 only added fields with defaults
-    return codec.decode_document(Profile, data, SCHEMA, VERSION, source)
+    profile = codec.decode_document(Profile, data, SCHEMA, VERSION, source)
+    try:
+        check_profile(profile)
+    except ValueError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
+    return profile
 
 
 def profile_to_json(profile: Profile) -> dict[str, Any]:
