@@ -79,6 +79,7 @@ from planner.models.common import generator, parse_dtype, seeded
 from planner.models.context import SequenceShard, context_of
 from planner.models.hf_spec import HFSpec, check_config, load_config_dict, parse_spec
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
+from planner.models.hf_values import check_activation_names
 from planner.models.selective import RECOMPUTE_ATTR, run_core
 from planner.models.workload import ContextParallel, TensorParallel, Workload
 
@@ -174,6 +175,7 @@ def make_config(spec: HFSpec, where: str) -> Any:
     SDPA attention. Unknown fields, encoder-decoders and unsupported types are refused."""
     check_config(spec.config, where)  # parse_spec did, before transformers was imported; a spec built by hand too
     transformers = _transformers()
+    check_activation_names(spec.config, where, transformers.activations.ACT2FN)
     fields = dict(spec.config)
     model_type = fields.pop("model_type")
     defaults = transformers.CONFIG_MAPPING[model_type]()
