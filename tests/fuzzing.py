@@ -99,7 +99,8 @@ class Mutant:
 
 def _report_doc(plan: Any) -> dict[str, Any]:
     stages = tuple(
-        StageRecord(stage_idx=s.stage_idx, ranks=s.ranks, compute_ms=1.0, idle_ms=0.5, compute_ms_predicted=1.0,
+        StageRecord(stage_idx=s.stage_idx, ranks=s.ranks, compute_ms=1.0, idle_ms=0.5,
+                    compute_ms_predicted=plan.num_microbatches // s.replicas * (s.fwd_ms + s.bwd_ms + s.recompute_ms),
                     compute_rel_error=0.0, saved_bytes_peak=100, activation_bytes_predicted=100, activation_rel_error=0.0)
         for s in plan.stages
     )

@@ -58,6 +58,8 @@ def _short(value: Any) -> str:
 _DECODE_FIELDS: dict[type, tuple[tuple[str, Any, bool, int | None], ...]] = {}
 #: per dataclass: the names of its init fields
 _FIELD_NAMES: dict[type, frozenset[str]] = {}
+#: per dataclass: its optional fields (null decodes to None) and its tuple[X, ...] fields ([] is ())
+_SHORTCUTS: dict[type, tuple[frozenset[str], frozenset[str]]] = {}
 #: per enum: its values -> members (a value matches only a value of the same JSON type)
 _ENUM_VALUES: dict[type, dict[Any, enum.Enum]] = {}
 
@@ -75,6 +77,11 @@ def _decode_fields(cls: type) -> tuple[tuple[str, Any, bool, int | None], ...]:
         )
         _DECODE_FIELDS[cls] = spec
         _FIELD_NAMES[cls] = frozenset(name for name, *_ in spec)
+        _SHORTCUTS[cls] = (
+            frozenset(name for name, hint, *_ in spec if type(None) in typing.get_args(hint)),
+            frozenset(name for name, hint, *_ in spec
+                      if typing.get_origin(hint) is tuple and typing.get_args(hint)[1:] == (Ellipsis,)),
+        )
     return spec
 
 
@@ -166,18 +173,30 @@ def _decode_dataclass(cls: type[T], value: Any, path: str) -> T:
         _fail(path, f"must be an object ({cls.__name__})", value)
     spec = _decode_fields(cls)
     names = _FIELD_NAMES[cls]
+    nullable, var_tuples = _SHORTCUTS[cls]
     unknown = [k for k in value if k not in names]
     if unknown:
         first = min(unknown)
         _fail(f"{path}.{_key(first)}" if path else _key(first), f"unknown field in {cls.__name__}")
     kwargs = {}
     for name, hint, required, max_items in spec:
-        sub = f"{path}.{name}" if path else name
         if name not in value:
             if required:
-                _fail(sub, "missing required field")
+                _fail(f"{path}.{name}" if path else name, "missing required field")
             continue
         item = value[name]
+        kind = type(item)
+        # the common cases inline (what decode() would return for them): a finite float, a
+        # 64-bit int, an ASCII string (no surrogate can hide in one); the rest through decode()
+        if (hint is float and kind is float and item - item == 0.0) or (
+                hint is int and kind is int and -(2**63) <= item < 2**63) or (
+                hint is str and kind is str and item.isascii()):
+            kwargs[name] = item
+            continue
+        if (item is None and name in nullable) or (kind is list and not item and name in var_tuples):
+            kwargs[name] = None if item is None else ()  # null of an optional field, [] of a tuple[X, ...]
+            continue
+        sub = f"{path}.{name}" if path else name
         if max_items is not None and isinstance(item, list) and len(item) > max_items:
             _fail(sub, f"lists {len(item):,} items, more than the {max_items} distinct values it may hold")
         kwargs[name] = decode(hint, item, sub)
