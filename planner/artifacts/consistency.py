@@ -14,8 +14,8 @@ Profiles (:func:`check_profile`):
 - a layer's (and a tied parameter's) ``param_bytes`` is its ``param_count`` x the profile's
   dtype size, within a factor of 2 either way (a bfloat16 model keeping some parameters in
   float32, or in float8) and 8 bytes (PipeDream's sizes rounded to whole parameters);
-- ``param_shapes``, when given (measured profiles), hold at most :data:`MAX_SHAPE_DIMS`
-  dimensions each and add up to ``param_count``;
+- ``param_shapes``, when given (measured profiles), add up to ``param_count`` (each holds at
+  most ``MAX_SHAPE_DIMS`` dimensions: ``Layer``'s own check);
 - ``fingerprint_sha256``, when set, is the fingerprint of the layer names and shapes listed
   (``planner.artifacts.profile.profile_fingerprint``): a profile whose names or shapes were
   edited is no longer the model it claims to be.
@@ -45,10 +45,8 @@ if TYPE_CHECKING:
     from planner.artifacts.profile import Profile
     from planner.artifacts.report import RunReport
 
-__all__ = ["MAX_SHAPE_DIMS", "check_plan", "check_profile", "check_report"]
+__all__ = ["check_plan", "check_profile", "check_report"]
 
-#: dimensions of one parameter's shape (torch allows more; no layer of a real model has them)
-MAX_SHAPE_DIMS = 32
 #: relative tolerance of figures the planner computes in floating point
 REL_TOL = 1e-6
 
@@ -84,11 +82,7 @@ def check_profile(profile: Profile) -> None:
 
 
 def _check_shapes(i: int, name: str, shapes: tuple[tuple[int, ...], ...], count: int) -> None:
-    total = 0
-    for j, shape in enumerate(shapes):
-        if len(shape) > MAX_SHAPE_DIMS:
-            raise ValueError(f"layers[{i}].param_shapes[{j}]: {len(shape):,} dimensions, at most {MAX_SHAPE_DIMS}")
-        total += math.prod(shape)
+    total = sum(math.prod(shape) for shape in shapes)  # each at most MAX_SHAPE_DIMS long (Layer's own check)
     if total != count:
         raise ValueError(f"layers[{i}] ({name!r}): param_shapes hold {total:,} parameters but param_count is {count:,}")
 

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_MS",
     "MAX_NAME_CHARS",
     "MAX_RATE",
+    "MAX_SHAPE_DIMS",
     "MAX_THROUGHPUT",
     "MIN_RATE",
     "check_count",
@@ -75,6 +76,8 @@ MAX_LAYERS = 100_000
 #: a rate that divides a quantity (GB/s, TFLOP/s, relative speed) is in [MIN_RATE, MAX_RATE]
 MIN_RATE = 1e-6
 MAX_RATE = 1e9
+#: dimensions of one parameter's shape (torch allows more; no layer of a real model has them)
+MAX_SHAPE_DIMS = 32
 #: a name (model, layer, cluster) printed in tables and messages
 MAX_NAME_CHARS = 1_000
 

@@ -352,7 +352,7 @@ def _nested(data: dict[str, Any]) -> dict[str, Any]:
         replicas = [st.get("replicas", 1) for st in stages]
         if any(r != 1 for r in replicas):
             layout["stage_replicas"] = replicas
-    if data.get("schedule") in {k.value for k in ScheduleKind}:
+    if isinstance(data.get("schedule"), str) and data["schedule"] in {k.value for k in ScheduleKind}:
         layout["placement"] = ScheduleKind(data["schedule"]).placement.value  # implied by the schedule
     out["layout"] = layout
     for key in ("dtype", "optimizer"):

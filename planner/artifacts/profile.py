@@ -53,6 +53,7 @@ from planner.artifacts.limits import (
     MAX_FLOPS_PER_SAMPLE,
     MAX_LAYERS,
     MAX_MS,
+    MAX_SHAPE_DIMS,
     check_count,
     check_name,
     check_nonneg,
@@ -177,6 +178,8 @@ class Layer:
                      input_bytes_per_sample=self.input_bytes_per_sample, output_bytes_per_sample=self.output_bytes_per_sample,
                      saved_bytes_fixed=self.saved_bytes_fixed)
         for i, shape in enumerate(self.param_shapes):
+            if len(shape) > MAX_SHAPE_DIMS:  # before its dimensions are checked one by one
+                raise ValueError(f"param_shapes[{i}]: {len(shape):,} dimensions, at most {MAX_SHAPE_DIMS}")
             for j, dim in enumerate(shape):
                 check_count(f"param_shapes[{i}][{j}]", dim)
         for fname in ("weight_grad_fraction", "weight_grad_saved_fraction"):

@@ -169,10 +169,12 @@ class StageRecord:
             check_range(name, getattr(self, name), 0, MAX_MS)
         for name in ("saved_bytes_peak", "activation_bytes_predicted", "cuda_peak_bytes", "memory_total_bytes_predicted",
                      "optimizer_state_bytes", "optimizer_state_bytes_predicted", "grad_bytes_after_sync",
-                     "grad_bytes_predicted"):
+                     "grad_bytes_predicted", "saved_bytes_per_microbatch", "activation_bytes_per_microbatch_predicted",
+                     "allocator_hook_bytes_per_microbatch"):
             check_count(name, getattr(self, name), 0, MAX_BYTES)
+        check_range("allocator_bytes_per_microbatch", self.allocator_bytes_per_microbatch, -1, MAX_BYTES)  # -1: not measured
         for name in ("compute_rel_error", "activation_rel_error", "memory_rel_error", "optimizer_state_rel_error",
-                     "grad_rel_error"):  # (measured - predicted) / predicted >= -1
+                     "grad_rel_error", "microbatch_rel_error", "allocator_rel_error"):  # (a - b) / b >= -1
             check_range(name, getattr(self, name), -1, MAX_MS)
         check_count("optimizer_shards", self.optimizer_shards, 1, MAX_DEVICES)
         check_range("overrun_fraction", self.overrun_fraction, 0, MAX_MS)

@@ -229,6 +229,12 @@ def read_manifest(root: Path, completed_steps: int) -> Manifest:
     ok = isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == VERSION
     if not ok or data.get("completed_steps") != completed_steps or not isinstance(data.get("files"), dict):
         raise CheckpointError(f"{path}: not a {SCHEMA} version {VERSION} manifest of step {completed_steps}")
+    bad = next((name for name, record in data["files"].items() if not (
+        isinstance(record, dict) and isinstance(record.get("sha256"), str) and type(record.get("bytes")) is int)), None)
+    if bad is not None:
+        raise CheckpointError(f"{path}: files.{bad[:60]}: not a {{\"sha256\": <hex>, \"bytes\": <size>}} record")
+    if not isinstance(data.get("settings", {}), dict):
+        raise CheckpointError(f"{path}: settings: not an object (got {str(data['settings'])[:40]!r})")
     return data
 
 
