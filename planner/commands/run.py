@@ -6,10 +6,12 @@ subprocess (this module does not import torch) and returns its exit code. N defa
 plan's device count; for several nodes, call torchrun yourself with ``-m planner.runtime`` and
 the same flags.
 
-Before torchrun starts, ``planner.runtime.preflight`` resolves the dtype and optimizer against
-the plan (refusing or warning on a mismatch), checks a ``--resume`` against the checkpoint's
-recorded settings, the world size and the model against the plan (torch is imported then, to
-build the model), and the outputs (report path, checkpoint directory: writable, room, lock).
+Before torchrun starts, every flag is read as the ranks will read it (:func:`check_flags`: their
+own parser and ``RuntimeOptions`` over the argv torchrun would pass them), and
+``planner.runtime.preflight`` resolves the dtype and optimizer against the plan (refusing or
+warning on a mismatch), checks a ``--resume`` against the checkpoint's recorded settings, the
+world size and the model against the plan (torch is imported then, to build the model), and the
+outputs (report path, checkpoint directory: writable, room, lock).
 
 Signals: torchrun runs in its own session, with ``PR_SET_PDEATHSIG`` = SIGTERM on Linux (if
 this process dies, even by SIGKILL, torchrun is asked to stop its workers cleanly). SIGTERM,
@@ -77,10 +79,15 @@ before torchrun starts, in this process (one line, exit 2 on a refusal):
   outputs       --report writable (not a directory or device, its directory takes files), the
                 --checkpoint-dir writable, not used by another run (a lock), room for one checkpoint
   --resume      a checkpoint exists; its recorded lr, dtype, optimizer, seed and plan match this
-                run's (lr may change with --allow-resume-change lr); --steps above the steps done
+                run's (lr may change with --allow-resume-change lr); --steps above the steps done;
+                a directory without manifests only with --trust-unverified-checkpoint
+  every flag    as the ranks will read it: numbers written as numbers (no nan, inf, 1_000; an
+                integer as digits) in range (--timeout-s 1 to 604800, --lr 1e-12 to 10, counts up
+                to 2^31 - 1), and their combinations (--checkpoint-every needs --checkpoint-dir)
 
 signals: SIGTERM / SIGINT stop the workers at the next step boundary, after a final checkpoint
-when --checkpoint-dir is set (exit 128 + signal); a second signal kills them at once
+when --checkpoint-dir is set (exit 128 + signal); a second signal kills them at once (a repeat
+within 1 s is the same request); killing planner run stops them the same way
 """
 
 
