@@ -38,12 +38,8 @@ give (to 1e-6).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from planner.artifacts.plan import Plan
-    from planner.artifacts.profile import Profile
-    from planner.artifacts.report import RunReport
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["check_plan", "check_profile", "check_report"]
 
@@ -55,10 +51,10 @@ def _bytes_per_param_ok(count: int, nbytes: int, itemsize: int) -> bool:
     return count * itemsize / 2 - 8 <= nbytes <= count * itemsize * 2 + 8
 
 
-def check_profile(profile: Profile) -> None:
-    """The cross-field checks of a profile (see the module docstring)."""
-    from planner.artifacts.profile import profile_fingerprint
-
+def check_profile(profile: Any, fingerprint: Callable[[tuple[str, ...], tuple[tuple[tuple[int, ...], ...], ...]], str]) -> None:
+    """The cross-field checks of a ``Profile`` (see the module docstring); ``fingerprint`` is
+    ``planner.artifacts.profile.profile_fingerprint``. (The documents are typed loosely here:
+    their modules import this one.)"""
     size = profile.dtype.itemsize
     for i, layer in enumerate(profile.layers):
         if not _bytes_per_param_ok(layer.param_count, layer.param_bytes, size):
@@ -74,7 +70,7 @@ def check_profile(profile: Profile) -> None:
                              f"{tie.param_count:,} x {size} bytes ({profile.dtype.value})")
     if profile.fingerprint_sha256:
         shapes = tuple(layer.param_shapes for layer in profile.layers)
-        if profile_fingerprint(profile.layer_names, shapes) != profile.fingerprint_sha256:
+        if fingerprint(profile.layer_names, shapes) != profile.fingerprint_sha256:
             raise ValueError(
                 f"fingerprint_sha256 {profile.fingerprint_sha256[:12]}... is not the fingerprint of the layer names and "
                 f"param_shapes listed: the profile was edited after it was made (re-profile the model)"
@@ -87,8 +83,8 @@ def _check_shapes(i: int, name: str, shapes: tuple[tuple[int, ...], ...], count:
         raise ValueError(f"layers[{i}] ({name!r}): param_shapes hold {total:,} parameters but param_count is {count:,}")
 
 
-def check_plan(plan: Plan) -> None:
-    """The cross-field checks of a plan (see the module docstring)."""
+def check_plan(plan: Any) -> None:
+    """The cross-field checks of a ``Plan`` (see the module docstring)."""
     for stage in plan.stages:
         if stage.memory_total_bytes != stage.memory.total_bytes:
             raise ValueError(f"stages[{stage.stage_idx}].memory_total_bytes {stage.memory_total_bytes:,} is not the sum of "
@@ -115,8 +111,8 @@ def check_plan(plan: Plan) -> None:
                          f"iteration_ms = {throughput:g}")
 
 
-def check_report(report: RunReport) -> None:
-    """The cross-field checks of a run report (see the module docstring)."""
+def check_report(report: Any) -> None:
+    """The cross-field checks of a ``RunReport`` (see the module docstring)."""
     if not report.steps:
         raise ValueError("steps: a run report holds at least one step")
     for prev, step in zip(report.steps, report.steps[1:]):

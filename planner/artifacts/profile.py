@@ -385,7 +385,7 @@ def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
         data = dict(data, version=VERSION)  # v2 and v3 only added fields with defaults
     profile = codec.decode_document(Profile, data, SCHEMA, VERSION, source)
     try:
-        check_profile(profile)
+        check_profile(profile, profile_fingerprint)
     except ValueError as exc:
         raise PlannerInputError(f"{source}: {exc}") from None
     return profile
