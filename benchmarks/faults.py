@@ -232,7 +232,7 @@ def trial_rank_fault(setup: Setup, rng: random.Random, trial: Trial, sig: signal
     how = "died at step" if sig is signal.SIGKILL else "stopped answering at step"
     trial.named = named == {str(rank)} and f"rank {rank} {how}" in run.launched.output
     if not trial.named:
-        trial.note += f" named {sorted(named)} for rank {rank}"
+        trial.note += f" named {sorted(named)} for rank {rank}: {run.tail(2)}"
     if list((out / "ckpt").rglob("*.tmp")):
         trial.note += " .tmp left"
         trial.lost = True

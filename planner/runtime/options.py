@@ -83,7 +83,8 @@ class RuntimeOptions:
             if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
                 raise ValueError(f"{flag} must be {'an integer' if integer else 'a number'} (got {value!r})")
             if not (math.isfinite(value) and lo <= value <= hi):
-                raise ValueError(f"{flag} must be in [{lo:g}, {hi:g}] (got {value!r})")
+                shown = f"[{lo:,}, {hi:,}]" if integer else f"[{lo:g}, {hi:g}]"
+                raise ValueError(f"{flag} must be in {shown} (got {value!r})")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every needs --checkpoint-dir")
         if self.resume and not self.checkpoint_dir:
