@@ -14,8 +14,15 @@ faults gives every step's loss. Classes, each trial drawn from ``random.Random(s
 - **stop**: SIGSTOP to a random rank, the same way.
 - **signal**: to the launcher, cycling SIGTERM and SIGINT to ``planner run``, SIGKILL to
   torchrun, SIGKILL to ``planner run`` (whose torchrun then gets its parent-death SIGTERM).
+- **sigkill-run** (issue 52): SIGKILL to ``planner run`` once step j is committed; every other
+  trial the stop then reaches each worker a second time 30 ms later (a SIGTERM straight to it,
+  as the issue measured the parent-death SIGTERM arriving twice). The workers must stop once,
+  after a final checkpoint at the step their line names.
 - **corrupt**: 1-8 bits flipped at random in a random file of the newest step of a finished
   6-step run, then ``--resume`` to 12 steps.
+- **nomanifest** (issue 52): the same flip with every manifest removed, then ``planner run
+  --resume``: refused in one line before torchrun (a directory without manifests cannot be
+  verified; ``--trust-unverified-checkpoint`` would load it), never trained on.
 - **truncated**: a random file of the newest step cut to a random length (every fourth: 0 bytes).
 - **fulldisk**: a full filesystem. ``unshare --user --map-root-user --mount`` gives a private
   tmpfs without privileges (it works here); the checkpoint directory on a tmpfs holding 1.3-3.5
@@ -38,7 +45,9 @@ trial alive after it ended; **silent corruption** -- a run that exits 0 with los
 from the reference (the resume after kill / stop / signal / full disk, and the resume past a
 corrupt or truncated checkpoint), or a damaged file loaded without a warning; **results
 lost** -- the last committed checkpoint not resumable, a stop signal without its final
-checkpoint, or a report neither written nor saved elsewhere.
+checkpoint, or a report neither written nor saved elsewhere; **tracebacks** -- a Python
+traceback in the run's output (torchrun's ``SignalException`` or ``ChildFailedError`` among them:
+every fault here has its cause named in one line, so none should show).
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,7 +82,7 @@ from planner.runtime.model import load_workload
 from planner.runtime.preflight import checkpoint_bytes
 from tests.runtime_launch import Launched, alive, descendants
 
-CLASSES = ("kill", "stop", "signal", "corrupt", "truncated", "fulldisk", "report")
+CLASSES = ("kill", "stop", "signal", "sigkill-run", "corrupt", "nomanifest", "truncated", "fulldisk", "report")
 STEPS = 12
 TORCHRUN = [sys.executable, "-m", "planner.runtime.launch", "--standalone"]  # torchrun, as `planner run` starts it
 
@@ -87,6 +97,7 @@ class Trial:
     orphans: int = 0
     corrupt: bool = False
     lost: bool = False
+    traceback: bool = False
     note: str = ""
 
 
@@ -148,10 +159,14 @@ class Setup:
 class Run:
     """A launch (:class:`tests.runtime_launch.Launched`) and its process tree."""
 
+    #: every launch so far, in order (a trial's tracebacks are those of the launches it made)
+    made: ClassVar[list[Run]] = []
+
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         self.launched = Launched(cmd, env=env)
         self.code: int | None = None
         self.tree: set[int] = set()
+        Run.made.append(self)
 
     def watch(self) -> None:
         self.tree |= set(descendants(self.launched.proc.pid))
@@ -217,7 +232,7 @@ def trial_rank_fault(setup: Setup, rng: random.Random, trial: Trial, sig: signal
     how = "died at step" if sig is signal.SIGKILL else "stopped answering at step"
     trial.named = named == {str(rank)} and f"rank {rank} {how}" in run.launched.output
     if not trial.named:
-        trial.note += f" named {sorted(named)} for rank {rank}"
+        trial.note += f" named {sorted(named)} for rank {rank}: {run.tail(2)}"
     if list((out / "ckpt").rglob("*.tmp")):
         trial.note += " .tmp left"
         trial.lost = True
@@ -408,23 +423,93 @@ def trial_report(setup: Setup, rng: random.Random, trial: Trial, out: Path, inde
     trial.orphans = run.orphans()
 
 
+def trial_sigkill_run(setup: Setup, rng: random.Random, trial: Trial, out: Path, index: int) -> None:
+    """SIGKILL to ``planner run``; every other trial the stop reaches the workers twice, 30 ms apart."""
+    twice = index % 2 == 1
+    trial.variant = "SIGKILL, then SIGTERM to each worker 30 ms later" if twice else "SIGKILL"
+    run = Run([sys.executable, "-m", "planner", "run", setup.plans[2], *setup.flags(2, out / "ckpt")])
+    if not run.wait_file(out / "ckpt" / f"step_{rng.randint(1, 8)}" / "manifest.json"):
+        raise RuntimeError(run.launched.output[-3000:])
+    time.sleep(rng.uniform(0, 0.3))
+    workers = [pid for pid in descendants(run.launched.proc.pid) if b"-m\0planner.runtime\0" in _cmdline(pid)
+               and b"planner.runtime.launch" not in _cmdline(pid)]
+    fault_at = time.monotonic()
+    run.launched.proc.kill()
+    if twice:
+        time.sleep(0.03)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    run.finish(120)
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in run.tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    trial.elapsed_s = max(run.launched.ended, time.monotonic()) - fault_at
+    trial.within = trial.elapsed_s <= setup.timeout_s + 5
+    trial.orphans = run.orphans()
+    line = next((ln for ln in run.launched.output.splitlines() if "stopped by SIGTERM after" in ln), "")
+    trial.named = bool(line)
+    if not line:
+        trial.lost = True
+        trial.note += f" no final checkpoint: {run.tail(2)}"
+    else:
+        done = int(line.split(" after ")[1].split()[0])
+        trial.lost = ckpt.complete_steps(out / "ckpt")[:1] != [done]
+    setup.resume_matches(2, out / "ckpt", trial)
+
+
+def trial_no_manifest(setup: Setup, rng: random.Random, trial: Trial, out: Path) -> None:
+    """Bits flipped in a directory whose manifests were removed: ``--resume`` refused, not trained on."""
+    root = out / "ckpt"
+    shutil.copytree(setup.base, root)
+    newest = ckpt.complete_steps(root)[0]
+    for manifest in root.glob("step_*/manifest.json"):
+        manifest.unlink()
+    victim = rng.choice(sorted((root / f"step_{newest}").glob("*.pt")))
+    data = bytearray(victim.read_bytes())
+    bits = rng.randint(1, 8)
+    for _ in range(bits):
+        pos = rng.randrange(len(data))
+        data[pos] ^= 1 << rng.randrange(8)
+    victim.write_bytes(bytes(data))
+    trial.variant = f"{bits} bits in {victim.name}, no manifest"
+    started = time.monotonic()
+    run = Run([sys.executable, "-m", "planner", "run", setup.plans[2], *setup.flags(2, root), "--resume",
+               "--report", str(out / "resumed.json")])
+    run.finish(120)
+    trial.elapsed_s = run.launched.ended - started
+    trial.within = trial.elapsed_s <= setup.timeout_s + 5
+    trial.orphans = run.orphans()
+    line = next((ln for _, ln in run.launched.lines if "planner run: error:" in ln), "")
+    trial.named = run.code == 2 and "--trust-unverified-checkpoint" in line and str(root) in line
+    trial.corrupt = run.code == 0 or (out / "resumed.json").exists()  # trained on unverified tensors
+    if not trial.named:
+        trial.note += f" exit {run.code}: {run.tail(1)}"
+
+
 def run_trial(setup: Setup, cls: str, index: int, seed: int, userns: bool) -> Trial:
     rng = random.Random(f"{seed}-{cls}-{index}")
     trial = Trial(cls=cls, variant="")
     out = Path(tempfile.mkdtemp(prefix=f"faults-{cls}-{index}-", dir=setup.work))
+    first_run = len(Run.made)
     try:
         if cls in ("kill", "stop"):
             trial_rank_fault(setup, rng, trial, signal.SIGKILL if cls == "kill" else signal.SIGSTOP, out)
         elif cls == "signal":
             trial_signal(setup, rng, trial, out, index)
+        elif cls == "sigkill-run":
+            trial_sigkill_run(setup, rng, trial, out, index)
         elif cls in ("corrupt", "truncated"):
             trial_damage(setup, rng, trial, out, cls, index)
+        elif cls == "nomanifest":
+            trial_no_manifest(setup, rng, trial, out)
         elif cls == "fulldisk":
             trial_fulldisk(setup, rng, trial, out, index, userns)
         else:
             trial_report(setup, rng, trial, out, index)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    trial.traceback = any("Traceback (most recent call last)" in r.launched.output for r in Run.made[first_run:])
     return trial
 
 
@@ -441,26 +526,28 @@ def main() -> None:
         setup = Setup(Path(tmp), args.timeout_s)
         userns = userns_available()
         print(f"full disk: {'a private tmpfs (unshare --user --mount): ENOSPC' if userns else 'RLIMIT_FSIZE: EFBIG'}")
-        print(f"{'class':<10} {'trial':>5}  {'named':>5} {'exit s':>7} {'orph':>4} {'corr':>4} {'lost':>4}  variant / note")
+        print(f"{'class':<11} {'trial':>5}  {'named':>5} {'exit s':>7} {'orph':>4} {'corr':>4} {'lost':>4} {'tb':>3}  variant / note")
         trials: list[Trial] = []
         for cls in classes:
             for i in range(args.trials):
                 t = run_trial(setup, cls, i, args.seed, userns)
                 trials.append(t)
-                print(f"{cls:<10} {i:>5}  {'yes' if t.named else 'NO':>5} {t.elapsed_s:>7.2f} {t.orphans:>4} "
-                      f"{int(t.corrupt):>4} {int(t.lost):>4}  {t.variant}{t.note}", flush=True)
+                print(f"{cls:<11} {i:>5}  {'yes' if t.named else 'NO':>5} {t.elapsed_s:>7.2f} {t.orphans:>4} "
+                      f"{int(t.corrupt):>4} {int(t.lost):>4} {int(t.traceback):>3}  {t.variant}{t.note}", flush=True)
     print()
-    print(f"{'class':<10} {'trials':>6} {'named':>6} {'in time':>7} {'max exit s':>10} {'orphans':>7} {'corrupt':>7} {'lost':>5}")
+    print(f"{'class':<11} {'trials':>6} {'named':>6} {'in time':>7} {'max exit s':>10} {'orphans':>7} {'corrupt':>7} "
+          f"{'lost':>5} {'tracebacks':>10}")
     for cls in classes:
         own = [t for t in trials if t.cls == cls]
-        print(f"{cls:<10} {len(own):>6} {sum(t.named for t in own):>6} {sum(t.within for t in own):>7} "
+        print(f"{cls:<11} {len(own):>6} {sum(t.named for t in own):>6} {sum(t.within for t in own):>7} "
               f"{max(t.elapsed_s for t in own):>10.2f} {sum(t.orphans for t in own):>7} {sum(t.corrupt for t in own):>7} "
-              f"{sum(t.lost for t in own):>5}")
+              f"{sum(t.lost for t in own):>5} {sum(t.traceback for t in own):>10}")
     total = len(trials)
     print(f"(wall time {time.monotonic() - started:.0f} s, --timeout-s {args.timeout_s:g})")
     print(f"faults: {total} trials, culprit named {sum(t.named for t in trials)}/{total}, "
           f"exit within timeout+5s {sum(t.within for t in trials)}/{total}, orphans {sum(t.orphans for t in trials)}, "
-          f"silent corruption {sum(t.corrupt for t in trials)}, results lost {sum(t.lost for t in trials)}")
+          f"silent corruption {sum(t.corrupt for t in trials)}, results lost {sum(t.lost for t in trials)}, "
+          f"tracebacks {sum(t.traceback for t in trials)}")
 
 
 if __name__ == "__main__":

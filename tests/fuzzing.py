@@ -14,7 +14,7 @@ document), as the CLI does. Mutation classes, each with its oracle:
   checked with ``jsonschema``, an independent reading of the format); ``huge`` (1e308, 2^70,
   1.8e308 or -1e9 for a value): refused wherever the document does not hold free-form data
   (``metadata``, ``versions``, ``sources``), -1e9 also where a negative number is meaningful
-  (a loss, a time fit's intercept, a relative error is bounded at -1 and refused);
+  (a time fit's intercept; a relative error is bounded at -1 and refused, a loss at 0);
 - text (PipeDream ``graph.txt``): ``truncate``, ``drop_line`` (either), ``non_utf8``, ``empty``,
   ``poison_number`` (nan, inf, 1e400, -1, 1e308 for a time or a size: refused), ``duplicate_node``
   (refused), ``bom`` (accepted);
@@ -47,7 +47,6 @@ from planner.artifacts.cluster import PRESETS, cluster_to_json, load_cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily
 from planner.artifacts.plan import load_plan, plan_schema, plan_to_json
-from planner.artifacts.profile import VERSION as PROFILE_VERSION
 from planner.artifacts.profile import load_profile, profile_to_json
 from planner.artifacts.report import VERSION as REPORT_VERSION
 from planner.artifacts.report import RunReport, StageRecord, StepRecord, load_report, report_to_json
@@ -59,7 +58,7 @@ HANG_S = 20.0
 #: keys whose values are free-form data, not fields of the format
 FREE_FORM = frozenset({"metadata", "versions", "sources"})
 #: fields where a negative number is meaningful (refused only out of range)
-NEGATIVE_OK = frozenset({"loss", "intercept_ms"})
+NEGATIVE_OK = frozenset({"intercept_ms"})
 #: numbers no field of any document accepts (negative ones: see NEGATIVE_OK)
 HUGE = (1e308, 2**100, 1.7976931348623157e308, -1e9)
 JUNK: tuple[Any, ...] = (None, True, "x", [], {}, 0, 1.5, [1, 2], {"a": 1}, "")
@@ -99,7 +98,8 @@ class Mutant:
 
 def _report_doc(plan: Any) -> dict[str, Any]:
     stages = tuple(
-        StageRecord(stage_idx=s.stage_idx, ranks=s.ranks, compute_ms=1.0, idle_ms=0.5, compute_ms_predicted=1.0,
+        StageRecord(stage_idx=s.stage_idx, ranks=s.ranks, compute_ms=1.0, idle_ms=0.5,
+                    compute_ms_predicted=plan.num_microbatches // s.replicas * (s.fwd_ms + s.bwd_ms + s.recompute_ms),
                     compute_rel_error=0.0, saved_bytes_peak=100, activation_bytes_predicted=100, activation_rel_error=0.0)
         for s in plan.stages
     )
@@ -108,7 +108,8 @@ def _report_doc(plan: Any) -> dict[str, Any]:
         dtype=DType.FLOAT32, optimizer=OptimizerFamily.SGD, emulate=False, layout=plan.layout,
         num_microbatches=plan.num_microbatches, microbatch_size=plan.microbatch_size, schedule=plan.schedule, warmup_steps=0,
         steps=(StepRecord(step_idx=0, loss=2.5, wall_ms=3.0),), stages=stages, iteration_ms=3.0,
-        iteration_ms_predicted=plan.predicted.iteration_ms, iteration_rel_error=0.1,
+        iteration_ms_predicted=plan.predicted.iteration_ms,
+        iteration_rel_error=(3.0 - plan.predicted.iteration_ms) / plan.predicted.iteration_ms,
     )
     return report_to_json(report)
 
@@ -134,9 +135,10 @@ def loaders() -> dict[str, Loader]:
     def dump(doc: dict[str, Any]) -> str:
         return json.dumps(doc, indent=1)
 
+    profile_doc = profile_to_json(prof)  # written at the oldest version that holds it (3: nothing of 4's used)
     return {
-        "profile": Loader(name="profile", text=dump(profile_to_json(prof)), load=load_profile,
-                          schema=_schema(f"profile.v{PROFILE_VERSION}.schema.json")),
+        "profile": Loader(name="profile", text=dump(profile_doc), load=load_profile,
+                          schema=_schema(f"profile.v{profile_doc['version']}.schema.json")),
         "cluster": Loader(name="cluster", text=dump(cluster_to_json(PRESETS["a100-80gb-2x8"])), load=load_cluster,
                           schema=_schema("cluster.v1.schema.json")),
         "plan": Loader(name="plan", text=dump(plan_to_json(pl)), load=load_plan, schema=plan_schema()),

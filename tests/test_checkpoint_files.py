@@ -32,6 +32,7 @@ from planner.artifacts.plan import Plan, save_plan
 from planner.commands.cli import main as planner_main
 from planner.runtime import checkpoint_files as files
 from planner.runtime.checkpoint import CheckpointSlot, choose_step, resume_chunks, save_chunks
+from planner.runtime.checkpoint_settings import compare_settings, run_settings_record
 from planner.runtime.emulate import ChunkTimer
 from planner.runtime.model import load_workload, workload_fingerprint
 from planner.runtime.options import RuntimeOptions
@@ -71,7 +72,7 @@ def _chunks(optimizer: OptimizerFamily = OptimizerFamily.SGD, dtype: torch.dtype
 
 def _settings(**kw: object) -> dict[str, object]:
     options = RuntimeOptions(plan_path="p", model_spec=MLP, dtype=DType.FLOAT64, lr=0.1, **kw)  # type: ignore[arg-type]
-    return files.run_settings_record(options, _plan())
+    return run_settings_record(options, _plan())
 
 
 def _save(root: Path, steps: list[int], keep_last: int = 0, **kw: object) -> list[Chunk]:
@@ -244,11 +245,11 @@ def test_every_setting_that_differs_on_resume_is_refused_in_one_line() -> None:
     }
     for name, (run, message) in cases.items():
         with pytest.raises(PlannerInputError) as info:
-            files.compare_settings(source, saved, run, (), 2, 5)
+            compare_settings(source, saved, run, (), 2, 5)
         assert message in str(info.value) and "\n" not in str(info.value), name
     with pytest.raises(PlannerInputError, match="has 2 completed steps and --steps is 2: nothing to train"):
-        files.compare_settings(source, saved, saved, (), 2, 2)
-    applied = files.compare_settings(source, saved, dict(saved, lr=0.5), ("lr",), 2, 5)
+        compare_settings(source, saved, saved, (), 2, 2)
+    applied = compare_settings(source, saved, dict(saved, lr=0.5), ("lr",), 2, 5)
     assert applied == [f"--resume: lr 0.1 in {source} -> 0.5 (--lr), applied to every optimizer"]
 
 
@@ -266,22 +267,129 @@ def test_an_allowed_lr_change_is_applied_to_the_optimizer(tmp_path: Path, group:
 
 
 def test_a_checkpoint_without_manifest_is_still_checked_for_dtype_and_optimizer(tmp_path: Path, group: None) -> None:
-    """Directories written before manifests load, unverified, with a warning; a float64 one
-    is not cast into a float32 run, and AdamW state does not go into SGD (was ``KeyError``)."""
+    """Directories written before manifests load, unverified, when the run says so
+    (``--trust-unverified-checkpoint``); a float64 one is not cast into a float32 run, and
+    AdamW state does not go into SGD (was ``KeyError``)."""
     root = tmp_path / "ckpt"
     _save(root, [1], optimizer=OptimizerFamily.ADAMW)
     (root / "step_1" / "manifest.json").unlink()
+    trusted = {"trust_unverified": True}
     with pytest.raises(PlannerInputError, match=r"stage_0.pt holds float64 tensors but this run trains in float32"):
-        resume_chunks(str(root), _chunks(OptimizerFamily.ADAMW, dtype=torch.float32), CheckpointSlot(), num_steps=5)
+        resume_chunks(str(root), _chunks(OptimizerFamily.ADAMW, dtype=torch.float32), CheckpointSlot(), num_steps=5, **trusted)
     with pytest.raises(PlannerInputError, match=r"stage_0.pt: its optimizer state does not fit this run's SGD"):
-        resume_chunks(str(root), _chunks(OptimizerFamily.SGD), CheckpointSlot(), num_steps=5)
+        resume_chunks(str(root), _chunks(OptimizerFamily.SGD), CheckpointSlot(), num_steps=5, **trusted)
     with pytest.raises(PlannerInputError, match="has 1 completed steps and --steps is 1"):
-        resume_chunks(str(root), _chunks(OptimizerFamily.ADAMW), CheckpointSlot(), num_steps=1)
+        resume_chunks(str(root), _chunks(OptimizerFamily.ADAMW), CheckpointSlot(), num_steps=1, **trusted)
+
+
+# ---------------------------------------------------------------- issue 52: nothing unverified, nothing blocking
+# On 8607f8e (before issue 52) a bit-flipped stage file in a directory whose manifests were removed
+# loaded and trained with only a warning; a FIFO named manifest.json or latest.json blocked the
+# resume for ever (json.loads(path.read_text())), and a link to /dev/zero grew without bound.
+
+
+def test_a_flipped_tensor_without_manifest_is_refused_unless_trusted(
+    tmp_path: Path, group: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ckpt"
+    _save(root, [1, 2])
+    for step in (1, 2):
+        (root / f"step_{step}" / "manifest.json").unlink()
+    data = bytearray(_stage_file(root, 2).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    _stage_file(root, 2).write_bytes(bytes(data))
+    fresh = _chunks()
+    before = {k: v.clone() for k, v in fresh[0].module.state_dict().items()}
+    with pytest.raises(PlannerInputError) as info:
+        resume_chunks(str(root), fresh, CheckpointSlot(), settings=_settings(), num_steps=5)
+    message = str(info.value)
+    assert "\n" not in message and "no step with a manifest.json" in message and "--trust-unverified-checkpoint" in message
+    assert all(torch.equal(fresh[0].module.state_dict()[k], v) for k, v in before.items())  # nothing was loaded
+    assert resume_chunks(str(root), fresh, CheckpointSlot(), num_steps=5, trust_unverified=True) == 2
+    assert "loading step 2 without verification (--trust-unverified-checkpoint)" in capsys.readouterr().err
+
+
+def test_the_verified_step_is_taken_over_a_newer_one_without_manifest(tmp_path: Path, group: None) -> None:
+    root = tmp_path / "ckpt"
+    _save(root, [1, 2])
+    (root / "step_2" / "manifest.json").unlink()
+    data = bytearray(_stage_file(root, 2).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    _stage_file(root, 2).write_bytes(bytes(data))
+    assert resume_chunks(str(root), _chunks(), CheckpointSlot(), settings=_settings(), num_steps=5) == 1
+
+
+def _special(path: Path, kind: str) -> None:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+def _cpu_bounded(fn: object) -> tuple[BaseException | None, float]:
+    """Run ``fn`` under a 10 s alarm; (its exception, CPU seconds). A blocked read fails here."""
+    import signal
+    import time
+
+    def fire(signum: int, frame: object) -> None:
+        raise TimeoutError("blocked for 10 s")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, 10.0)
+    cpu = time.process_time()
+    try:
+        fn()  # type: ignore[operator]
+        error: BaseException | None = None
+    except Exception as exc:
+        error = exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return error, time.process_time() - cpu
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+@pytest.mark.parametrize("target", ["manifest", "latest", "stage"])
+def test_a_special_file_in_a_checkpoint_directory_is_refused_in_one_line(
+    tmp_path: Path, group: None, kind: str, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ckpt"
+    _save(root, [1])
+    if target == "latest":  # only latest.json names a step: read when no step has a manifest
+        (root / "step_1" / "manifest.json").unlink()
+        bad = root / "latest.json"
+    else:
+        bad = root / "step_1" / ("manifest.json" if target == "manifest" else "stage_0.pt")
+    _special(bad, kind)
+    error, cpu = _cpu_bounded(lambda: resume_chunks(str(root), _chunks(), CheckpointSlot(), settings=_settings(),
+                                                    num_steps=5, trust_unverified=True))
+    assert isinstance(error, (PlannerInputError, files.CheckpointError)), repr(error)
+    assert str(bad) in str(error) and "\n" not in str(error) and cpu < 1.0, (str(error), cpu)
+    what = "a FIFO (named pipe)" if kind == "fifo" else "a character device"
+    assert what in str(error), str(error)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_planner_run_refuses_a_special_manifest_before_torchrun(tmp_path: Path, group: None, kind: str) -> None:
+    """The launcher's own reading of the directory (``--resume`` checked before torchrun)."""
+    root = tmp_path / "ckpt"
+    _save(root, [1])
+    _special(root / "step_1" / "manifest.json", kind)
+    plan_path = tmp_path / "plan.json"
+    save_plan(_plan(), plan_path)
+    argv = [sys.executable, "-m", "planner", "run", str(plan_path), "--model", MLP, "--checkpoint-dir", str(root),
+            "--resume", "--dtype", "float64", "--lr", "0.1", "--steps", "5"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert str(root / "step_1" / "manifest.json") in lines[0] and "no readable checkpoint manifest" in lines[0]
 
 
 def test_settings_record_names_the_plans_layout() -> None:
     plan = dataclasses.replace(_plan(), global_batch=_plan().global_batch)
-    record = files.run_settings_record(RuntimeOptions(plan_path="p", model_spec=MLP), plan)
+    record = run_settings_record(RuntimeOptions(plan_path="p", model_spec=MLP), plan)
     assert record["stages"] == [[0, 5]] and record["layout"] == plan.layout.describe()
 
 

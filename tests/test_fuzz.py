@@ -134,3 +134,65 @@ def test_loader_table_covers_every_loader() -> None:
     """The loaders fuzzed are every reader of a user's file."""
     assert set(LOADERS) == {"profile", "cluster", "plan", "runreport", "pipedream", "hf-config", "analytic-config"}
     assert all(isinstance(v, Loader) for v in LOADERS.values())
+
+
+# ---------------------------------------------------------------- issue 52: checkpoints, run flags, values, contradictions
+
+
+def test_hostile_checkpoint_directories_resume_exactly_or_are_refused_in_one_line(tmp_path: Path) -> None:
+    """tests/fuzzing_checkpoints.py: each class 10 times; no crash, hang, silent corruption or
+    unverified load (on 8607f8e a FIFO manifest hung, a flip without manifest loaded)."""
+    import torch.distributed as dist
+
+    from tests.fuzzing_checkpoints import CLASSES, make_base, run_dir_mutants
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        base = make_base(tmp_path)
+        problems = [f"{m.kind} ({m.variant}): {o.problem}" for m, o in run_dir_mutants(base, tmp_path, 10 * len(CLASSES), 5)
+                    if o.problem]
+    finally:
+        dist.destroy_process_group()
+    assert problems == []
+
+
+def test_hostile_run_flags_are_refused_in_the_launcher_and_valid_ones_kept(tmp_path: Path) -> None:
+    import random
+
+    from planner.artifacts.plan import save_plan
+    from tests.fuzzing_checkpoints import _plan
+    from tests.fuzzing_values import flag_cases, run_flag_case
+
+    plan = tmp_path / "plan.json"
+    save_plan(_plan(), plan)
+    outcomes = [(c, run_flag_case(c, str(plan), str(tmp_path / "ckpt"))) for c in flag_cases(random.Random(3), 240)]
+    assert [f"{c.flag}={c.text!r}: {o.problem}" for c, o in outcomes if o.problem] == []
+    assert sum(o.refused for _, o in outcomes) > 100 and sum(not o.refused for _, o in outcomes) > 20
+
+
+def test_hostile_hf_config_values_are_refused_by_family(tmp_path: Path) -> None:
+    import random
+
+    from tests.fuzzing_values import hf_value_loader, hf_value_mutants
+
+    loader, problems = hf_value_loader(), []
+    for i, mutant in enumerate(hf_value_mutants(random.Random(3), 160)):
+        path = tmp_path / f"config-{i}.json"
+        path.write_bytes(mutant.data)
+        outcome = run_one(loader, path, must_refuse=mutant.must_refuse)
+        if outcome.problem:
+            problems.append(f"{mutant.kind}: {outcome.problem}")
+    assert problems == []
+
+
+def test_every_cross_field_contradiction_is_refused(tmp_path: Path) -> None:
+    from tests.fuzzing_values import cross_field_cases
+
+    problems = []
+    for i, (loader, mutant) in enumerate(cross_field_cases()):
+        path = tmp_path / f"doc-{i}.json"
+        path.write_bytes(mutant.data)
+        outcome = run_one(loader, path, must_refuse=True)
+        if outcome.problem or outcome.cpu_s > 1.0:
+            problems.append(f"{mutant.kind}: {outcome.problem or f'{outcome.cpu_s:.2f} CPU-s'}")
+    assert problems == []

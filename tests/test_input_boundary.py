@@ -17,6 +17,7 @@ import pytest
 from planner.artifacts import codec
 from planner.artifacts.cluster import PRESETS, cluster_to_json, load_cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.limits import MAX_INPUT_BYTES
 from planner.artifacts.plan import load_plan, plan_to_json
 from planner.artifacts.profile import load_profile, profile_to_json
 from planner.artifacts.request import PlanRequest
@@ -119,6 +120,10 @@ def test_denormal_peak_is_refused_at_load(tmp_path: Path, capsys: pytest.Capture
         (["profile", "--analytic", "gpt", "--efficiency", "nan"], ("--efficiency",)),
         (["profile", "--model", "gpt", "--repeats", "0"], ("--repeats",)),
         (["simulate", "x.json", "--optimizer-ms", "-1"], ("--optimizer-ms",)),
+        # issue 52: 1e-30 GiB rounded to 0 bytes and planned with the default cap; the empty item was dropped
+        (["plan", "--memory-cap-gib", "1e-30"], ("--memory-cap-gib", "at least one byte", "1e-30")),
+        (["plan", "--microbatch-sizes", "1,,2"], ("--microbatch-sizes", "an empty item", "1,,2")),
+        (["plan", "--global-batch", "1_000"], ("--global-batch", "1_000")),
     ],
 )
 def test_flags_are_finite_and_in_range(argv: list[str], words: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
@@ -160,6 +165,25 @@ def test_bom_is_accepted(docs: dict[str, Path]) -> None:
 def test_oversized_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
     path = tmp_path / "big.json"
     with open(path, "wb") as fh:
-        fh.truncate(codec.MAX_INPUT_BYTES + 1)  # sparse: nothing is written
+        fh.truncate(MAX_INPUT_BYTES + 1)  # sparse: nothing is written
     with pytest.raises(PlannerInputError, match="larger than"):
         codec.read_json(path)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["plan", "--microbatch-sizes", "0"], "--microbatch-sizes"),
+    (["plan", "--zero", "5"], "--zero"),
+    (["plan", "--zero", "1,1"], "--zero"),
+    (["plan", "--tp", "0"], "--tp"),
+    (["plan", "--cp", "0"], "--cp"),
+    (["plan", "--fixed-boundaries", "0"], "--fixed-boundaries"),
+    (["plan", "--global-batch", "7", "--dp-degree", "2"], "--dp-degree"),
+    (["plan", "--stages", "9", "--max-stages", "2"], "--max-stages"),
+    (["plan", "--schedules", "1f1b,1f1b"], "--schedules"),
+])
+def test_request_refusals_name_the_flag_not_the_field(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 52: 16 refusals named PlanRequest's field (``microbatch_sizes``) rather than the flag."""
+    err = _one_line_exit_2(argv, capsys, flag)
+    for field in ("microbatch_sizes", "zero_stages", "tp_degrees", "cp_degrees", "fixed_boundaries", "dp_degree",
+                  "max_stages", "num_stages", "global_batch"):
+        assert field not in err, err

@@ -170,3 +170,27 @@ def test_plan_takes_a_graph_txt_as_its_profile(tmp_path: Path, capsys) -> None:
     bad.write_text(GOOD.replace("forward_compute_time=1.0", "forward_compute_time=abc"))
     assert main(["plan", "--profile", str(bad)]) == 2
     assert "graph.txt:4: forward_compute_time is not a number" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- issue 52: a graph that cannot be whole
+# On 8607f8e (before issue 52) each of these converted with exit 0 ("24 nodes, 0 edges -> 14 layers").
+
+
+@needs_reference
+@pytest.mark.parametrize("cut", ["edgeless", "truncated", "zero_times"])
+def test_a_cut_or_timeless_graph_is_refused(cut: str, tmp_path: Path, capsys) -> None:
+    lines = (REFERENCE / "alexnet" / "graph.txt").read_text().splitlines(keepends=True)
+    nodes = [ln for ln in lines if not ln.startswith("\t")]
+    edges = [ln for ln in lines if ln.startswith("\t")]
+    if cut == "edgeless":
+        text, words = "".join(nodes), "23 nodes but no edge lines"
+    elif cut == "truncated":  # the file cut in its edge lines: the later nodes lose their producers
+        text, words = "".join(nodes + edges[: len(edges) // 2]), "has no producer and is no Input"
+    else:
+        text = re.sub(r"(forward|backward)_compute_time=[0-9.e+-]+", r"\1_compute_time=0.0", "".join(lines))
+        words = "every node's forward_compute_time and backward_compute_time is 0"
+    path = tmp_path / "graph.txt"
+    path.write_text(text)
+    assert main(["import-pipedream", str(path), "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(path) in err and words in err, err

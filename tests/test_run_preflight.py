@@ -151,3 +151,56 @@ def test_swapped_make_batch_arguments_are_refused_with_their_cause(
     assert f"make_batch({plan.global_batch}, 0) returned inputs with 0 samples along dim 0" in err
     assert "are its arguments swapped?" in err
     assert "sections" not in err and "other shapes" not in err
+
+
+# ---------------------------------------------------------------- issue 52 item 4: every flag, before torchrun
+# On 8607f8e (before issue 52) each of these started torchrun: the ranks refused it 3-10 s later, each
+# with torchrun's ~35-line ChildFailedError traceback (--timeout-s 1e308: OverflowError, 5e-324: a c10d
+# "timed out after 0ms"); --lr 1e308, 1_000 and --warmup-steps 1e40 trained every step and failed after
+# training; --checkpoint-every -1 was accepted.
+BAD_RUN_FLAGS = [
+    *(["--timeout-s", v] for v in ("0", "-1", "nan", "inf", "1e400", "1e308", "5e-324", "1_000")),
+    *(["--lr", v] for v in ("0", "-1", "nan", "inf", "1e400", "1e40", "1e308", "1_000", "5e-324")),
+    *(["--warmup-steps", v] for v in ("-1", "1e40", "1_000", "1.5")),
+    *(["--checkpoint-every", v] for v in ("-1", "1e40", "1_000")),
+    *(["--steps", v] for v in ("0", "1e40", "1_000")),
+    *(["--seed", v] for v in ("-1", "1e40", "1_000")),
+    *(["--keep-last", v] for v in ("-1", "1_000")),
+    ["--nproc", "0"],
+]
+
+
+@pytest.mark.parametrize("flag", BAD_RUN_FLAGS, ids=lambda f: " ".join(f))
+def test_every_run_flag_is_refused_in_the_launcher(tmp_path: Path, flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", _saved(tmp_path, _plan()), "--model", MLP, "--checkpoint-dir", str(tmp_path / "ckpt"), *flag]
+    with pytest.raises(SystemExit) as info:
+        planner_main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"argument {flag[0]}:" in err and repr(flag[1]) in err, err
+
+
+def test_flags_only_a_rank_would_refuse_are_refused_in_the_launcher(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Combinations: the ranks' own parser and RuntimeOptions, run in the launcher (no torchrun)."""
+    plan = _saved(tmp_path, _plan())
+    cases = {
+        ("--checkpoint-every", "2"): "--checkpoint-every needs --checkpoint-dir",
+        ("--trust-unverified-checkpoint",): "--trust-unverified-checkpoint applies to --resume only",
+    }
+    for flags, words in cases.items():
+        started = time.monotonic()
+        assert planner_main(["run", plan, "--model", MLP, *flags]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and words in err, err
+        assert time.monotonic() - started < 5.0
+
+
+def test_the_launcher_and_the_ranks_read_a_flag_alike() -> None:
+    from planner.artifacts.kinds import DType, OptimizerFamily
+    from planner.runtime.main import build_parser, runtime_options
+
+    parsed = build_parser().parse_args(["--plan", "p", "--model", "m", "--lr", "0.5", "--timeout-s", "7"])
+    options = runtime_options(parsed, DType.FLOAT32, OptimizerFamily.SGD)
+    assert options.lr == 0.5 and options.timeout_s == 7.0
+    with pytest.raises(PlannerInputError, match=r"argument --lr: expected a number in \[1e-12, 10\], got '1_000'"):
+        build_parser().parse_args(["--plan", "p", "--model", "m", "--lr", "1_000"])

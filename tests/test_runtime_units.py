@@ -336,3 +336,35 @@ def test_quiet_torch_silences_the_profiler_and_torchs_future_warnings(monkeypatc
         warnings.warn_explicit("the user's own", FutureWarning, "model.py", 1, module="mymodel")
     assert os.environ["KINETO_LOG_LEVEL"] == "6"
     assert [str(w.message) for w in caught] == ["the user's own"]
+
+
+class _Left(Exception):
+    pass
+
+
+def test_a_stop_signal_repeated_within_a_second_is_one_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 52: the parent-death SIGTERM reached each worker twice ~30 ms apart, and the second
+    was taken as "stop now" (no final checkpoint). A repeat within REPEAT_WINDOW_S is the same
+    request; a later one still means stop now, and says which step --resume continues from."""
+    import signal as signals
+
+    from planner.runtime import lifecycle
+
+    left: list[tuple[int, str]] = []
+
+    def leave(code: int, line: str = "") -> None:
+        left.append((code, line))
+        raise _Left
+
+    monkeypatch.setattr(lifecycle, "leave", leave)
+    monkeypatch.setattr(lifecycle, "_state", lifecycle._State())
+    lifecycle.set_phase(lifecycle.Phase.TRAINING, 7)
+    lifecycle.set_committed(5)
+    lifecycle._on_signal(signals.SIGTERM)
+    lifecycle._on_signal(signals.SIGTERM)  # 30 ms later: the same request by a second path
+    assert lifecycle.stop_signal() == signals.SIGTERM and left == []
+    lifecycle._state.stop_at -= lifecycle.REPEAT_WINDOW_S + 0.1  # a real second signal
+    with pytest.raises(_Left):
+        lifecycle._on_signal(signals.SIGINT)
+    assert left == [(128 + signals.SIGINT, "planner.runtime: rank 0 stopped by SIGINT at step 7 (a second signal); "
+                                           "--resume continues from step 5")]

@@ -154,6 +154,16 @@ def test_csv_round_trip(tmp_path):
     assert read_schedule_csv(path) == schedule
 
 
+def test_a_schedule_csv_is_read_as_every_input_is(tmp_path):
+    """Issue 52: a FIFO named like a CSV is refused in one line (``open`` blocked on it before)."""
+    import os
+
+    fifo = tmp_path / "s.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(PlannerInputError, match=r"s\.csv: is a FIFO \(named pipe\), expected a schedule CSV"):
+        read_schedule_csv(fifo)
+
+
 @pytest.fixture
 def fake_process_group():
     """A 4-rank process group that needs no network (torch's fake backend)."""

@@ -2,8 +2,12 @@
 
 One source of truth: the dataclass type hints drive decoding (with validation that names
 the field path and the offending value), encoding, and the JSON Schema files shipped in
-``planner/schemas/``. Documents are versioned: every top-level document carries
-``"schema"`` and ``"version"`` and a reader refuses versions it does not know.
+``planner/schemas/`` (:mod:`planner.artifacts.json_schema`). Files are read through
+:mod:`planner.artifacts.reading` (regular files of bounded size only). A field's metadata may
+bound a list (``max_items``: e.g. a request's schedules, each at most once): a longer list is
+refused before any item is decoded, so the refusal costs nothing however long the list.
+Documents are versioned: every top-level document carries ``"schema"`` and ``"version"`` and
+a reader refuses versions it does not know.
 
 No pickle anywhere; floats are written with ``repr`` precision (``json`` default), so a
 round trip is exact and the same object always serialises to the same bytes.
@@ -16,16 +20,14 @@ import enum
 import hashlib
 import json
 import math
-import os
 import re
-import stat
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.limits import MAX_INPUT_BYTES
+from planner.artifacts.reading import read_text
 
 T = TypeVar("T")
 
@@ -52,16 +54,90 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+#: per dataclass: its init fields as (name, type hint, required?, max_items), in order
+_DECODE_FIELDS: dict[type, tuple[tuple[str, Any, bool, int | None], ...]] = {}
+#: per dataclass: the names of its init fields
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+#: per dataclass: its optional fields (null decodes to None) and its tuple[X, ...] fields ([] is ())
+_SHORTCUTS: dict[type, tuple[frozenset[str], frozenset[str]]] = {}
+#: per enum: its values -> members (a value matches only a value of the same JSON type)
+_ENUM_VALUES: dict[type, dict[Any, enum.Enum]] = {}
+
+
+def _decode_fields(cls: type) -> tuple[tuple[str, Any, bool, int | None], ...]:
+    """The fields :func:`decode` reads, computed once per class (``typing.get_type_hints`` was
+    70% of decoding a large document when called per object)."""
+    spec = _DECODE_FIELDS.get(cls)
+    if spec is None:
+        hints = typing.get_type_hints(cls)
+        spec = tuple(
+            (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+             f.metadata.get("max_items"))
+            for f in dataclasses.fields(cls) if f.init
+        )
+        _DECODE_FIELDS[cls] = spec
+        _FIELD_NAMES[cls] = frozenset(name for name, *_ in spec)
+        _SHORTCUTS[cls] = (
+            frozenset(name for name, hint, *_ in spec if type(None) in typing.get_args(hint)),
+            frozenset(name for name, hint, *_ in spec
+                      if typing.get_origin(hint) is tuple and typing.get_args(hint)[1:] == (Ellipsis,)),
+        )
+    return spec
+
+
+def _decode_enum(tp: type[enum.Enum], value: Any, path: str) -> Any:
+    table = _ENUM_VALUES.get(tp)
+    if table is None:
+        table = _ENUM_VALUES[tp] = {m.value: m for m in tp}
+    member = table.get(value) if isinstance(value, (str, int, float)) else None  # lists and objects are no value
+    if member is None or type(member.value) is not type(value):  # JSON's true is not the stage 1
+        _fail(path, f"must be one of {list(table)}", value)
+    return member
 
 
 def decode(tp: Any, value: Any, path: str = "") -> Any:
     """Convert plain JSON data ``value`` into type ``tp``, validating on the way."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, "must be a number", value)
+        if not math.isfinite(value):
+            _fail(path, "must be a finite number", value)
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, "must be an integer", value)
+        if not -(2**63) <= value < 2**63:
+            _fail(path, "must fit in 64 bits", value)
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, "must be a string", value)
+        _check_text(value, "", path)
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, "must be a boolean", value)
+        return value
     if tp is Any:
         return value
+    if isinstance(tp, type):
+        if tp in _DECODE_FIELDS or dataclasses.is_dataclass(tp):
+            return _decode_dataclass(tp, value, path)
+        if issubclass(tp, enum.Enum):
+            return _decode_enum(tp, value, path)
+    return _decode_generic(tp, value, path)
+
+
+#: per generic type hint: (origin, args), computed once
+_GENERIC: dict[Any, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _decode_generic(tp: Any, value: Any, path: str) -> Any:
+    """Unions, tuples and dicts."""
+    shape = _GENERIC.get(tp)
+    if shape is None:
+        shape = _GENERIC[tp] = (typing.get_origin(tp), typing.get_args(tp))
+    origin, args = shape
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -73,39 +149,12 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
             except PlannerInputError:
                 continue
         _fail(path, "does not match any allowed type", value)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_dataclass(tp, value, path)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        allowed = [m.value for m in tp]
-        if not any(type(value) is type(a) and value == a for a in allowed):  # JSON's true is not the stage 1
-            _fail(path, f"must be one of {allowed}", value)
-        return tp(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            _fail(path, "must be a boolean", value)
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _fail(path, "must be an integer", value)
-        if not -(2**63) <= value < 2**63:
-            _fail(path, "must fit in 64 bits", value)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(path, "must be a number", value)
-        if not math.isfinite(value):
-            _fail(path, "must be a finite number", value)
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            _fail(path, "must be a string", value)
-        _check_text(value, "", path)
-        return value
     if origin is tuple:
         if not isinstance(value, list):
             _fail(path, "must be a list", value)
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+            item = args[0]
+            return tuple(decode(item, v, f"{path}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             _fail(path, f"must be a list of {len(args)} items", value)
         return tuple(decode(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
@@ -122,19 +171,35 @@ def decode(tp: Any, value: Any, path: str = "") -> Any:
 def _decode_dataclass(cls: type[T], value: Any, path: str) -> T:
     if not isinstance(value, dict):
         _fail(path, f"must be an object ({cls.__name__})", value)
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    unknown = sorted(set(value) - set(fields))
+    spec = _decode_fields(cls)
+    names = _FIELD_NAMES[cls]
+    nullable, var_tuples = _SHORTCUTS[cls]
+    unknown = [k for k in value if k not in names]
     if unknown:
-        _fail(f"{path}.{_key(unknown[0])}" if path else _key(unknown[0]), f"unknown field in {cls.__name__}")
+        first = min(unknown)
+        _fail(f"{path}.{_key(first)}" if path else _key(first), f"unknown field in {cls.__name__}")
     kwargs = {}
-    for name, field in fields.items():
-        sub = f"{path}.{name}" if path else name
+    for name, hint, required, max_items in spec:
         if name not in value:
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                _fail(sub, "missing required field")
+            if required:
+                _fail(f"{path}.{name}" if path else name, "missing required field")
             continue
-        kwargs[name] = decode(hints[name], value[name], sub)
+        item = value[name]
+        kind = type(item)
+        # the common cases inline (what decode() would return for them): a finite float, a
+        # 64-bit int, an ASCII string (no surrogate can hide in one); the rest through decode()
+        if (hint is float and kind is float and item - item == 0.0) or (
+                hint is int and kind is int and -(2**63) <= item < 2**63) or (
+                hint is str and kind is str and item.isascii()):
+            kwargs[name] = item
+            continue
+        if (item is None and name in nullable) or (kind is list and not item and name in var_tuples):
+            kwargs[name] = None if item is None else ()  # null of an optional field, [] of a tuple[X, ...]
+            continue
+        sub = f"{path}.{name}" if path else name
+        if max_items is not None and isinstance(item, list) and len(item) > max_items:
+            _fail(sub, f"lists {len(item):,} items, more than the {max_items} distinct values it may hold")
+        kwargs[name] = decode(hint, item, sub)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:
@@ -286,7 +351,7 @@ def parse_text(text: str, source: str) -> Any:
     # fast path: a duplicate was seen while parsing, or the text escapes a surrogate alone (a
     # lone surrogate can enter only as an escape: raw ones are not UTF-8); only then is the
     # document walked, to name the path
-    if duplicates or _SURROGATE_ESCAPE.search(text):
+    if duplicates or (("\\ud" in text or "\\uD" in text) and _SURROGATE_ESCAPE.search(text)):
         _find_refused(json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_pairs),
                       source)
     return data
@@ -295,55 +360,6 @@ def parse_text(text: str, source: str) -> Any:
 def _one_line(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def read_input(path: str | Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of an input file: a regular file of at most ``limit`` bytes, else one line
-    (a FIFO, ``/dev/zero``, a directory or a socket is refused before anything is read, so
-    nothing blocks or fills memory). ``what`` names the file's role in messages."""
-    p = Path(path)
-    try:
-        mode = os.stat(p).st_mode
-    except FileNotFoundError:
-        raise PlannerInputError(f"{p}: no such file") from None
-    except OSError as exc:
-        raise PlannerInputError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(mode):
-        raise PlannerInputError(f"{p}: is {_kind(mode)}, expected a {what}")
-    try:  # O_NONBLOCK: a FIFO swapped in after the check still cannot block the open
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise PlannerInputError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise PlannerInputError(f"{p}: is {_kind(st.st_mode)}, expected a {what}")
-        if st.st_size > limit:
-            raise PlannerInputError(f"{p}: {st.st_size:,} bytes is larger than the {limit:,} bytes a {what} may have")
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise PlannerInputError(f"{p}: larger than the {limit:,} bytes a {what} may have")
-    return data
-
-
-def read_text(path: str | Path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> str:
-    """:func:`read_input` decoded as UTF-8 (a leading byte-order mark is dropped: RFC 8259
-    lets a parser ignore it); invalid bytes are refused naming their offset."""
-    raw = read_input(path, what, limit)
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PlannerInputError(
-            f"{path}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 4]!r}); save it as UTF-8"
-        ) from None
 
 
 def read_json(path: str | Path) -> Any:
@@ -385,85 +401,3 @@ def decode_document(cls: type[T], data: Any, schema: str, version: int, source: 
 
 def encode_document(obj: Any, schema: str, version: int) -> dict[str, Any]:
     return {"schema": schema, "version": version, **encode(obj)}
-
-
-# ---------------------------------------------------------------- JSON Schema generation
-
-
-def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) for a type, registering dataclasses under ``$defs``."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return {}
-    if origin in (Union, types.UnionType):
-        return {"anyOf": [json_schema(a, defs) for a in args]}
-    if tp is type(None):
-        return {"type": "null"}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        name = tp.__name__
-        if name not in defs:
-            defs[name] = {}  # placeholder against recursion
-            hints = _hints(tp)
-            props: dict[str, Any] = {}
-            required = []
-            for f in dataclasses.fields(tp):
-                if not f.init:
-                    continue
-                sub = json_schema(hints[f.name], defs)
-                doc = f.metadata.get("doc") if f.metadata else None
-                if doc:
-                    sub = {**sub, "description": doc}
-                props[f.name] = sub
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    required.append(f.name)
-            defs[name] = {
-                "type": "object",
-                "description": (tp.__doc__ or "").strip().split("\n")[0],
-                "properties": props,
-                "required": required,
-                "additionalProperties": False,
-            }
-        return {"$ref": f"#/$defs/{name}"}
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return {"enum": [m.value for m in tp]}
-    if tp is bool:
-        return {"type": "boolean"}
-    if tp is int:
-        return {"type": "integer"}
-    if tp is float:
-        return {"type": "number"}
-    if tp is str:
-        return {"type": "string"}
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return {"type": "array", "items": json_schema(args[0], defs)}
-        return {
-            "type": "array",
-            "prefixItems": [json_schema(a, defs) for a in args],
-            "minItems": len(args),
-            "maxItems": len(args),
-        }
-    if origin is dict:
-        return {"type": "object", "additionalProperties": json_schema(args[1], defs)}
-    raise TypeError(f"no JSON Schema for {tp!r}")
-
-
-def document_schema(cls: type, schema: str, version: int) -> dict[str, Any]:
-    defs: dict[str, Any] = {}
-    json_schema(cls, defs)
-    body = defs[cls.__name__]
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"{schema}.v{version}.json",
-        "title": schema,
-        "type": "object",
-        "properties": {
-            "schema": {"const": schema},
-            "version": {"const": version},
-            **body["properties"],
-        },
-        "required": ["schema", "version", *body["required"]],
-        "additionalProperties": False,
-        "$defs": {k: v for k, v in defs.items() if k != cls.__name__},
-    }

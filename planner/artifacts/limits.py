@@ -23,15 +23,18 @@ from collections.abc import Hashable, Iterable
 __all__ = [
     "MAX_BATCH",
     "MAX_BYTES",
+    "MAX_CHECKPOINT_FILE_BYTES",
     "MAX_COUNT",
     "MAX_DEVICES",
     "MAX_FLOPS",
     "MAX_FLOPS_PER_SAMPLE",
     "MAX_INPUT_BYTES",
     "MAX_LAYERS",
+    "MAX_LOSS",
     "MAX_MS",
     "MAX_NAME_CHARS",
     "MAX_RATE",
+    "MAX_SHAPE_DIMS",
     "MAX_THROUGHPUT",
     "MIN_RATE",
     "check_count",
@@ -45,6 +48,10 @@ __all__ = [
 #: the largest input file read (JSON documents, PipeDream graphs, configs): parsing one takes
 #: well under 1 GB of memory and a few seconds
 MAX_INPUT_BYTES = 64 * 2**20
+#: the largest checkpoint tensor file read (``torch.load``): one stage's weights and optimizer
+#: state; 1 TiB is a stage of a model beyond any trained (a 1T-parameter model's whole Adam state
+#: is 16 TB, split over its stages' files)
+MAX_CHECKPOINT_FILE_BYTES = 2**40
 #: any time in milliseconds (a layer's, a stage's, an iteration's): ~31,700 years
 MAX_MS = 1e15
 #: any byte count (per sample, per device, a cap): 2^62, ~4.6 exabytes
@@ -55,6 +62,9 @@ MAX_COUNT = 2**53
 MAX_FLOPS = 1e30
 #: FLOPs of one training sample: 10^5 times GPT-3 175B's 2e15 at 2,048 tokens
 MAX_FLOPS_PER_SAMPLE = 1e20
+#: a training loss: at least 0 (every loss the runtime trains is a mean or sum of per-token or
+#: per-sample losses >= 0: cross-entropy, squared error), at most 1e15 (a run past it diverged)
+MAX_LOSS = 1e15
 #: samples per second a prediction may claim
 MAX_THROUGHPUT = 1e18
 #: devices of a cluster, a plan, a request: 2^20 (a million)
@@ -66,6 +76,8 @@ MAX_LAYERS = 100_000
 #: a rate that divides a quantity (GB/s, TFLOP/s, relative speed) is in [MIN_RATE, MAX_RATE]
 MIN_RATE = 1e-6
 MAX_RATE = 1e9
+#: dimensions of one parameter's shape (torch allows more; no layer of a real model has them)
+MAX_SHAPE_DIMS = 32
 #: a name (model, layer, cluster) printed in tables and messages
 MAX_NAME_CHARS = 1_000
 

@@ -55,7 +55,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
+from planner.artifacts.consistency import check_plan
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.json_schema import document_schema
 from planner.artifacts.kinds import DType, OptimizerKind, RecomputeLevel, ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.limits import (
@@ -327,10 +329,17 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
             data = _nested(data)
         except PlannerInputError as exc:
             raise PlannerInputError(f"{source}: {exc}") from None
+    stages = data.get("layout", {}).get("num_stages") if isinstance(data, dict) and isinstance(data.get("layout"), dict) else None
+    if isinstance(data, dict) and isinstance(data.get("stages"), list) and type(stages) is int and len(data["stages"]) != stages:
+        raise PlannerInputError(f"{source}: num_stages is {stages} but {len(data['stages']):,} stages are listed")
     try:
-        return codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+        plan = codec.decode_document(Plan, data, SCHEMA, VERSION, source)
+        check_plan(plan)
     except PlannerInputError as exc:
         raise PlannerInputError(_wire_path(str(exc))) from None
+    except ValueError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
+    return plan
 
 
 def _nested(data: dict[str, Any]) -> dict[str, Any]:
@@ -343,7 +352,7 @@ def _nested(data: dict[str, Any]) -> dict[str, Any]:
         replicas = [st.get("replicas", 1) for st in stages]
         if any(r != 1 for r in replicas):
             layout["stage_replicas"] = replicas
-    if data.get("schedule") in {k.value for k in ScheduleKind}:
+    if isinstance(data.get("schedule"), str) and data["schedule"] in {k.value for k in ScheduleKind}:
         layout["placement"] = ScheduleKind(data["schedule"]).placement.value  # implied by the schedule
     out["layout"] = layout
     for key in ("dtype", "optimizer"):
@@ -395,7 +404,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 def plan_schema() -> dict[str, Any]:
     """The JSON Schema of a version-5 file (the layout's fields at the top level)."""
-    doc = codec.document_schema(Plan, SCHEMA, VERSION)
+    doc = document_schema(Plan, SCHEMA, VERSION)
     props = doc["properties"]
     layout = doc["$defs"].pop("Layout")
     for key in ("dtype", "optimizer"):

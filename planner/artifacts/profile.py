@@ -51,6 +51,8 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
+from planner.artifacts.consistency import check_profile
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind, DType, SequenceParallelRuntime
 from planner.artifacts.limits import (
     MAX_BATCH,
@@ -58,6 +60,7 @@ from planner.artifacts.limits import (
     MAX_FLOPS_PER_SAMPLE,
     MAX_LAYERS,
     MAX_MS,
+    MAX_SHAPE_DIMS,
     check_count,
     check_name,
     check_nonneg,
@@ -191,6 +194,8 @@ class Layer:
             raise ValueError(f"layer {self.name!r}: {len(self.param_names)} param_names for {len(self.param_shapes)} "
                              "param_shapes")
         for i, shape in enumerate(self.param_shapes):
+            if len(shape) > MAX_SHAPE_DIMS:  # before its dimensions are checked one by one
+                raise ValueError(f"param_shapes[{i}]: {len(shape):,} dimensions, at most {MAX_SHAPE_DIMS}")
             for j, dim in enumerate(shape):
                 check_count(f"param_shapes[{i}][{j}]", dim)
         for fname in ("weight_grad_fraction", "weight_grad_saved_fraction"):
@@ -408,9 +413,15 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
+    """A profile document, decoded and cross-checked (``planner.artifacts.consistency``)."""
     if any(codec.is_version(data, SCHEMA, v) for v in (1, 2, 3)):
         data = dict(data, version=VERSION)  # v2, v3 and v4 only added fields with defaults
-    return codec.decode_document(Profile, data, SCHEMA, VERSION, source)
+    profile = codec.decode_document(Profile, data, SCHEMA, VERSION, source)
+    try:
+        check_profile(profile, profile_fingerprint)
+    except ValueError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
+    return profile
 
 
 def profile_to_json(profile: Profile) -> dict[str, Any]:

@@ -48,10 +48,21 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
+from planner.artifacts.consistency import check_report
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.files import atomic_write_text
 from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
 from planner.artifacts.layout import Layout
-from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_FLOPS, MAX_MS, check_count, check_name, check_range
+from planner.artifacts.limits import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_LOSS,
+    MAX_MS,
+    check_count,
+    check_name,
+    check_range,
+)
 
 SCHEMA = "planner.runreport"
 VERSION = 3
@@ -89,7 +100,7 @@ class StepRecord:
 
     def __post_init__(self) -> None:
         check_count("step_idx", self.step_idx, 0, 2**40)
-        check_range("loss", self.loss, -MAX_FLOPS, MAX_FLOPS)
+        check_range("loss", self.loss, 0, MAX_LOSS)
         check_range("wall_ms", self.wall_ms, 0, MAX_MS)
 
 
@@ -158,10 +169,12 @@ class StageRecord:
             check_range(name, getattr(self, name), 0, MAX_MS)
         for name in ("saved_bytes_peak", "activation_bytes_predicted", "cuda_peak_bytes", "memory_total_bytes_predicted",
                      "optimizer_state_bytes", "optimizer_state_bytes_predicted", "grad_bytes_after_sync",
-                     "grad_bytes_predicted"):
+                     "grad_bytes_predicted", "saved_bytes_per_microbatch", "activation_bytes_per_microbatch_predicted",
+                     "allocator_hook_bytes_per_microbatch"):
             check_count(name, getattr(self, name), 0, MAX_BYTES)
+        check_range("allocator_bytes_per_microbatch", self.allocator_bytes_per_microbatch, -1, MAX_BYTES)  # -1: not measured
         for name in ("compute_rel_error", "activation_rel_error", "memory_rel_error", "optimizer_state_rel_error",
-                     "grad_rel_error"):  # (measured - predicted) / predicted >= -1
+                     "grad_rel_error", "microbatch_rel_error", "allocator_rel_error"):  # (a - b) / b >= -1
             check_range(name, getattr(self, name), -1, MAX_MS)
         check_count("optimizer_shards", self.optimizer_shards, 1, MAX_DEVICES)
         check_range("overrun_fraction", self.overrun_fraction, 0, MAX_MS)
@@ -235,7 +248,24 @@ def report_from_json(data: Any, source: str = "<runreport>") -> RunReport:
         data = _upgrade_v1(data)
     if isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == 2:
         data = dict(data, version=VERSION)  # v3 only added fields with defaults
-    return codec.decode_document(RunReport, data, SCHEMA, VERSION, source)
+    _check_counts(data, source)
+    report = codec.decode_document(RunReport, data, SCHEMA, VERSION, source)
+    try:
+        check_report(report)
+    except ValueError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
+    return report
+
+
+def _check_counts(data: Any, source: str) -> None:
+    """The stage records against the layout's stage count, before any record is decoded: a
+    report listing 20,000 records for 2 stages is refused at once (decoding them took 6 s)."""
+    if not isinstance(data, dict):
+        return
+    stages, layout = data.get("stages"), data.get("layout")
+    num = layout.get("num_stages") if isinstance(layout, dict) else None
+    if isinstance(stages, list) and type(num) is int and len(stages) != num:
+        raise PlannerInputError(f"{source}: stages: the layout has {num} stages but {len(stages):,} stage records are listed")
 
 
 _V1_LAYOUT_KEYS = ("num_stages", "dp_degree", "zero", "tp_degree", "sequence_parallel")

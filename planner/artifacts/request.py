@@ -14,7 +14,16 @@ from planner.artifacts.kinds import (
     SolverKind,
     ZeroStage,
 )
-from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_LAYERS, MAX_MS, check_count, check_range
+from planner.artifacts.limits import (
+    MAX_BATCH,
+    MAX_BYTES,
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_MS,
+    check_count,
+    check_range,
+    first_duplicate,
+)
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 
 __all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "ScheduleKind",
@@ -37,7 +46,7 @@ class PlanRequest:
                          "allow (planner.solve.settings.SearchSettings.interleave_factors), chosen by the search; "
                          "zb-h1, zb-h2 and zbv (zero bubble) only when named: they hold every micro-batch until its W, "
                          "zb-h2 about twice 1F1B's on the first stage, so they are asked for where memory allows "
-                         "(README, Zero bubble)"},
+                         "(README, Zero bubble)", "max_items": len(ScheduleKind)},
     )
     microbatch_sizes: tuple[int, ...] = field(
         default=(), metadata={"doc": "micro-batch sizes to consider; empty = every size that divides the batch"}
@@ -68,7 +77,8 @@ class PlanRequest:
     zero_stages: tuple[ZeroStage, ...] = field(
         default=tuple(ZeroStage),
         metadata={"doc": "ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                         "2 also its gradients, 3 also its parameters (FSDP; Rajbhandari et al. 2020)"},
+                         "2 also its gradients, 3 also its parameters (FSDP; Rajbhandari et al. 2020)",
+                 "max_items": len(ZeroStage)},
     )
     per_stage_replication: bool = field(
         default=True,
@@ -82,7 +92,8 @@ class PlanRequest:
     sequence_parallel: tuple[bool, ...] = field(
         default=(False, True),
         metadata={"doc": "with a tensor-parallel degree > 1: sequence parallelism off and/or on; with both, on is "
-                         "planned (under the cost model it is never slower nor larger, see planner.cost.tensor_parallel)"},
+                         "planned (under the cost model it is never slower nor larger, see planner.cost.tensor_parallel)",
+                 "max_items": 2},
     )
     stack: Stack = field(
         default=DEFAULT_STACK,
@@ -129,6 +140,11 @@ class PlanRequest:
             raise ValueError(f"cp_degrees must be >= 1 (got {list(self.cp_degrees)})")
         if not self.sequence_parallel:
             raise ValueError("sequence_parallel must allow off, on, or both")
+        for name in ("schedules", "microbatch_sizes", "zero_stages", "tp_degrees", "cp_degrees", "sequence_parallel",
+                     "fixed_boundaries"):
+            dup = first_duplicate(getattr(self, name))
+            if dup is not None:
+                raise ValueError(f"{name} lists {getattr(dup, 'value', dup)!r} twice (each value once)")
         check_count("global_batch", self.global_batch, 1, MAX_BATCH)
         for name in ("num_devices", "max_stages", "num_stages", "dp_degree"):
             check_count(name, getattr(self, name), 0, MAX_DEVICES)

@@ -1,104 +1,102 @@
 """Argument types shared by subcommands: they raise argparse errors (exit 2, one line).
 
-Every number a flag takes is finite and in a range (``planner.artifacts.limits``): a value
-such as ``--memory-cap-gib 1e308`` is refused here, naming the flag, instead of overflowing
-later. Output paths are checked before any work (:func:`check_output`).
+Every number a flag takes is finite and in a range (``planner.artifacts.limits``), written
+as a number (``planner.artifacts.flag_values``: no ``nan``, ``1_000``, ``1e3`` for an
+integer): a value such as ``--memory-cap-gib 1e308`` is refused here, naming the flag,
+instead of overflowing later. Output paths are checked before any work (:func:`check_output`).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.flag_values import parse_float, parse_int
 from planner.artifacts.limits import MAX_BATCH
+
+T = TypeVar("T")
 
 #: the largest integer a count flag takes unless it names a tighter bound
 MAX_FLAG_INT = 2**31 - 1
 
 
-def bounded_int(lo: int, hi: int) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[lo, hi]``."""
+def _typed(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse type of ``parse`` (``planner.artifacts.flag_values``): its ValueError is the
+    one line argparse prints after the flag's name."""
 
-    def parse(text: str) -> int:
+    def typed(text: str) -> T:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lo:,}, {hi:,}], got {text[:40]!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{lo:,}, {hi:,}], got {text[:40]!r}")
-        return value
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-    parse.__name__ = "integer"
-    return parse
+    typed.__name__ = name
+    return typed
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text[:40]!r}") from None
-    if not 1 <= value <= MAX_FLAG_INT:
-        raise argparse.ArgumentTypeError(f"expected a positive integer (at most {MAX_FLAG_INT:,}), got {text[:40]!r}")
-    return value
+def bounded_int(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[lo, hi]`` (ASCII digits: no ``1e3``, ``1_000``)."""
+    return _typed(lambda text: parse_int(text, lo, hi), "integer")
 
 
-def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+#: an argparse type: an integer in [1, MAX_FLAG_INT]
+positive_int = bounded_int(1, MAX_FLAG_INT)
+#: an argparse type: an integer in [0, MAX_FLAG_INT]
+nonneg_int = bounded_int(0, MAX_FLAG_INT)
 
 
-def int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text[:40]!r}") from None
-    if not values or min(values) < 0 or max(values) > MAX_BATCH:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated non-negative integers (at most {MAX_BATCH:,}), got {text[:40]!r}"
-        )
-    return values
+def _int_items(text: str) -> tuple[int, ...]:
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or "" in items:
+        where = "an empty item" if text.strip() else "nothing"
+        raise ValueError(f"expected comma-separated integers in [0, {MAX_BATCH:,}], got {where} in {text[:40]!r}")
+    return tuple(parse_int(t, 0, MAX_BATCH) for t in items)
 
 
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text[:40]!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text[:40]!r}")
-    return value
+#: an argparse type: comma-separated integers in [0, MAX_BATCH], none empty (``1,,2`` is refused)
+int_list = _typed(_int_items, "integers")
 
 
 def bounded_float(lo: float, hi: float, *, open_low: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number in ``[lo, hi]`` (``(lo, hi]`` with ``open_low``)."""
-    shown = f"{'(' if open_low else '['}{lo:g}, {hi:g}]"
+    return _typed(lambda text: parse_float(text, lo, hi, open_low=open_low), "number")
 
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number in {shown}, got {text[:40]!r}") from None
-        if not math.isfinite(value) or not lo <= value <= hi or (open_low and value == lo):
-            raise argparse.ArgumentTypeError(f"expected a number in {shown}, got {text[:40]!r}")
-        return value
 
-    parse.__name__ = "number"
-    return parse
+def _fraction(text: str) -> float:
+    try:
+        value = parse_float(text, 0.0, 1.0)
+    except ValueError:
+        value = 1.0
+    if value >= 1:
+        raise ValueError(f"expected a number in [0, 1), got {text[:40]!r}")
+    return value
+
+
+#: an argparse type: a number in [0, 1)
+fraction = _typed(_fraction, "number")
 
 
 def nonneg_float(text: str) -> float:
     """A finite number in [0, 1e15] (times in ms; see the flag for its unit)."""
     return bounded_float(0.0, 1e15)(text)
+
+
+def gib_amount(hi_gib: float) -> Callable[[str], float]:
+    """An argparse type: GiB, 0 (unset) or at least one byte (2^-30 GiB) up to ``hi_gib``: a
+    positive amount that rounds to 0 bytes would read as unset and silently use the default."""
+
+    def parse(text: str) -> float:
+        value = parse_float(text, 0.0, hi_gib)
+        if 0 < value * 2**30 < 1:
+            raise ValueError(f"expected 0 (unset) or at least one byte ({2**-30:.3g} GiB), got {text[:40]!r}")
+        return value
+
+    return _typed(parse, "GiB")
 
 
 def check_output(flag: str, path: str | os.PathLike[str] | None, *, directory: bool = False) -> None:

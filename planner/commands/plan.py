@@ -7,6 +7,7 @@ see ``planner.commands.cli``)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
@@ -18,7 +19,7 @@ from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, stack_named
-from planner.commands._args import bounded_float, bounded_int, check_output, fraction, int_list
+from planner.commands._args import bounded_float, bounded_int, check_output, fraction, gib_amount, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
 
 
@@ -53,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-stages", type=bounded_int(1, MAX_DEVICES), default=0, help="at most this many pipeline stages")
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
     p.add_argument("--memory-headroom", type=fraction, default=0.1, help="fraction of device memory kept free (default: %(default)s)")
-    p.add_argument("--memory-cap-gib", type=bounded_float(0.0, MAX_BYTES / 2**30), default=0.0,
+    p.add_argument("--memory-cap-gib", type=gib_amount(MAX_BYTES / 2**30), default=0.0,
                    help="per-device memory cap in GiB (overrides headroom)")
     p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind],
                    help="optimizer and precision (default: %(default)s)")
@@ -125,7 +126,23 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             stack=stack_named(args.stack),
         )
     except ValueError as exc:
-        raise PlannerInputError(str(exc)) from None
+        raise PlannerInputError(flag_names(str(exc))) from None
+
+
+#: PlanRequest's fields by the flags that set them: a refusal names what the user typed
+REQUEST_FLAGS = {
+    "global_batch": "--global-batch", "num_devices": "--devices", "objective": "--objective", "schedules": "--schedules",
+    "microbatch_sizes": "--microbatch-sizes", "max_stages": "--max-stages", "memory_headroom_fraction": "--memory-headroom",
+    "memory_cap_bytes": "--memory-cap-gib (in bytes)", "optimizer": "--optimizer", "time_budget_ms": "--time-budget-ms",
+    "fixed_boundaries": "--fixed-boundaries", "num_stages": "--stages", "dp_degree": "--dp-degree", "solver": "--solver",
+    "zero_stages": "--zero", "tp_degrees": "--tp", "cp_degrees": "--cp", "sequence_parallel": "--sequence-parallel",
+}
+_FIELD = re.compile(r"\b(" + "|".join(REQUEST_FLAGS) + r")\b")
+
+
+def flag_names(message: str) -> str:
+    """``message`` (a PlanRequest refusal) with each field name replaced by its flag."""
+    return _FIELD.sub(lambda m: REQUEST_FLAGS[m.group(1)], message)
 
 
 def cluster_for(name: str, devices: int) -> Cluster:

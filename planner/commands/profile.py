@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.flag_values import parse_int
 from planner.artifacts.profile import Profile, save_profile
 from planner.commands._args import bounded_int, check_output
 from planner.profiling.analytic.gemm import GemmModel
@@ -99,13 +100,11 @@ MAX_MEASURED_MICROBATCH = 65_536
 
 def parse_sizes(text: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> ``(1, 2, 4)``; anything else is an input error."""
-    try:
-        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    try:  # each item an integer written as digits, none empty ("1,,2" was read as 1,2)
+        return tuple(parse_int(part.strip(), 1, MAX_MEASURED_MICROBATCH) for part in text.split(","))
     except ValueError:
-        raise PlannerInputError(f"--microbatch-sizes must be integers like 1,2,4 (got {text[:40]!r})") from None
-    if not sizes or min(sizes) < 1 or max(sizes) > MAX_MEASURED_MICROBATCH:
-        raise PlannerInputError(f"--microbatch-sizes must be integers in [1, {MAX_MEASURED_MICROBATCH:,}] (got {text[:40]!r})")
-    return sizes
+        raise PlannerInputError(f"--microbatch-sizes must be integers in [1, {MAX_MEASURED_MICROBATCH:,}] like 1,2,4 "
+                                f"(got {text[:40]!r})") from None
 
 
 def parse_gemm(text: str) -> GemmModel | None:

@@ -6,10 +6,12 @@ subprocess (this module does not import torch) and returns its exit code. N defa
 plan's device count; for several nodes, call torchrun yourself with ``-m planner.runtime`` and
 the same flags.
 
-Before torchrun starts, ``planner.runtime.preflight`` resolves the dtype and optimizer against
-the plan (refusing or warning on a mismatch), checks a ``--resume`` against the checkpoint's
-recorded settings, the world size and the model against the plan (torch is imported then, to
-build the model), and the outputs (report path, checkpoint directory: writable, room, lock).
+Before torchrun starts, every flag is read as the ranks will read it (:func:`check_flags`: their
+own parser and ``RuntimeOptions`` over the argv torchrun would pass them), and
+``planner.runtime.preflight`` resolves the dtype and optimizer against the plan (refusing or
+warning on a mismatch), checks a ``--resume`` against the checkpoint's recorded settings, the
+world size and the model against the plan (torch is imported then, to build the model), and the
+outputs (report path, checkpoint directory: writable, room, lock).
 
 Signals: torchrun runs in its own session, with ``PR_SET_PDEATHSIG`` = SIGTERM on Linux (if
 this process dies, even by SIGKILL, torchrun is asked to stop its workers cleanly). SIGTERM,
@@ -35,14 +37,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily
+from planner.artifacts.limits import MAX_DEVICES
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.progress import Progress
-from planner.commands._args import nonneg_int, positive_int
-from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST
+from planner.commands._args import bounded_float, bounded_int
+from planner.runtime.checkpoint_files import DEFAULT_KEEP_LAST
+from planner.runtime.checkpoint_settings import CHANGEABLE
 from planner.runtime.lifecycle import STOP_GRACE_S
+from planner.runtime.options import RANGES
 from planner.runtime.preflight import (
     RUNTIME_DTYPES,
     RUNTIME_OPTIMIZERS,
@@ -75,10 +81,15 @@ before torchrun starts, in this process (one line, exit 2 on a refusal):
   outputs       --report writable (not a directory or device, its directory takes files), the
                 --checkpoint-dir writable, not used by another run (a lock), room for one checkpoint
   --resume      a checkpoint exists; its recorded lr, dtype, optimizer, seed and plan match this
-                run's (lr may change with --allow-resume-change lr); --steps above the steps done
+                run's (lr may change with --allow-resume-change lr); --steps above the steps done;
+                a directory without manifests only with --trust-unverified-checkpoint
+  every flag    as the ranks will read it: numbers written as numbers (no nan, inf, 1_000; an
+                integer as digits) in range (--timeout-s 1 to 604800, --lr 1e-12 to 10, counts up
+                to 2^31 - 1), and their combinations (--checkpoint-every needs --checkpoint-dir)
 
 signals: SIGTERM / SIGINT stop the workers at the next step boundary, after a final checkpoint
-when --checkpoint-dir is set (exit 128 + signal); a second signal kills them at once
+when --checkpoint-dir is set (exit 128 + signal); a second signal kills them at once (a repeat
+within 1 s is the same request); killing planner run stops them the same way
 
 failures: one line per rank with the root cause and the model's line of code it came from;
 PLANNER_DEBUG=1 also prints each rank's traceback
@@ -100,15 +111,35 @@ def runtime_argv(args: argparse.Namespace) -> list[str]:
     if args.profile:
         argv += ["--profile", args.profile]
     if args.checkpoint_dir:
-        argv += ["--checkpoint-dir", args.checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
-        argv += ["--keep-last", str(args.keep_last)]
+        argv += ["--checkpoint-dir", args.checkpoint_dir]
+    argv += ["--checkpoint-every", str(args.checkpoint_every), "--keep-last", str(args.keep_last)]
     if args.resume:
         argv.append("--resume")
+    if args.trust_unverified_checkpoint:
+        argv.append("--trust-unverified-checkpoint")
     for name in args.allow_resume_change:
         argv += ["--allow-resume-change", name]
     if args.verbose:
         argv.append("--verbose")
     return [*argv, "--no-summary"]  # this process prints the summary, from the report
+
+
+def _flag(name: str) -> Callable[[str], Any]:
+    """The argparse type of a run flag: its range is the rank's own (``RuntimeOptions.RANGES``)."""
+    _, lo, hi = RANGES[name]
+    return bounded_int(int(lo), int(hi)) if isinstance(lo, int) else bounded_float(lo, hi)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every flag as a rank will read it: the ranks' own parser and ``RuntimeOptions`` over the
+    argv torchrun would pass them, here, before anything starts (one line, exit 2)."""
+    from planner.runtime.main import build_parser, runtime_options
+
+    resolved = argparse.Namespace(**vars(args))  # the dtype and optimizer are resolved against the plan later
+    resolved.dtype = args.dtype or DType.FLOAT32.value
+    resolved.optimizer = args.optimizer or OptimizerFamily.SGD.value
+    runtime_options(build_parser().parse_args(runtime_argv(resolved)), DType(resolved.dtype),
+                    OptimizerFamily(resolved.optimizer))
 
 
 def _plan_profile(plan: Plan, given: str, plan_path: str) -> str:
@@ -126,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.artifacts.report import load_report, overrun_warning  # here, not at the top: see planner.commands.cli
     from planner.models.spec import check_spec
 
+    check_flags(args)
     check_spec(args.model)  # an hf: spec is refused before torch and transformers are imported
     plan = load_plan(args.plan)  # a bad plan file is refused here, before any process starts
     nproc = args.nproc or plan.num_devices
@@ -139,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.checkpoint_dir:
             raise PlannerInputError("--resume needs --checkpoint-dir")
         record = settings_of(plan, lr=args.lr, dtype=settings.dtype, optimizer=settings.optimizer, seed=args.seed)
-        check_resume(plan, args.checkpoint_dir, settings=record, num_steps=args.steps, allowed=tuple(args.allow_resume_change))
+        check_resume(plan, args.checkpoint_dir, settings=record, num_steps=args.steps, allowed=tuple(args.allow_resume_change),
+                     trust_unverified=args.trust_unverified_checkpoint)
     check_outputs(args.report, args.checkpoint_dir, 0)  # before torch is imported: a refusal comes at once
     with Progress(f"run {Path(args.plan).name} (before torchrun)") as progress:  # torch and the model: seconds
         progress.detail = "checking the model against the plan"
@@ -238,21 +271,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True,
                    help="the plan's model: a zoo name (gpt, bert, vgg, resnet, gpt2), hf:CONFIG[:key=value,...] "
                         "(a Hugging Face config, see planner profile --help), or package.module:callable (required)")
-    p.add_argument("--steps", type=positive_int, default=3, help="training steps (default: %(default)s)")
-    p.add_argument("--nproc", type=positive_int, default=0, help="processes (default: the plan's devices)")
+    p.add_argument("--steps", type=_flag("num_steps"), default=3, help="training steps (default: %(default)s)")
+    p.add_argument("--nproc", type=bounded_int(1, MAX_DEVICES), default=0, help="processes (default: the plan's devices)")
     p.add_argument("--report", default="", help="RunReport JSON to write (default: none, the table is printed)")
     p.add_argument("--emulate", action="store_true",
                    help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation (default: off)")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate (default: the plan's stage times)")
-    p.add_argument("--timeout-s", type=float, default=60.0,
+    p.add_argument("--timeout-s", type=_flag("timeout_s"), default=60.0,
                    help="seconds a collective may wait, and a rank may go without a heartbeat before it is named and "
-                        "killed; the run ends within this + 5 s of a rank stopping (default: %(default)s)")
+                        "killed; the run ends within this + 5 s of a rank stopping; 1 to 604800 (default: %(default)s)")
     p.add_argument("--checkpoint-dir", default="", help="write checkpoints here (default: none)")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (default: 0, never)")
-    p.add_argument("--keep-last", type=nonneg_int, default=DEFAULT_KEEP_LAST,
+    p.add_argument("--checkpoint-every", type=_flag("checkpoint_every"), default=0,
+                   help="steps between checkpoints (default: 0, never)")
+    p.add_argument("--keep-last", type=_flag("keep_last"), default=DEFAULT_KEEP_LAST,
                    help="complete checkpoints kept in --checkpoint-dir, older ones removed; 0 keeps all (default: %(default)s)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest intact checkpoint in --checkpoint-dir (default: off)")
+    p.add_argument("--trust-unverified-checkpoint", action="store_true",
+                   help="with --resume: load a checkpoint directory that has no manifest (written before manifests, "
+                        "or with them removed) without verifying its files; refused otherwise (default: off)")
     p.add_argument("--allow-resume-change", action="append", default=[], choices=list(CHANGEABLE),
                    help="a setting that may differ from the checkpoint's on --resume, applied explicitly (default: none)")
     p.add_argument("--dtype", default=None, choices=[d.value for d in RUNTIME_DTYPES],
@@ -260,11 +297,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default=None, choices=[o.value for o in RUNTIME_OPTIMIZERS],
                    help="runtime optimizer (default: the plan's family, sgd for sgd-fp32, adamw for adam-*; sgd when "
                         "unknown; the other warns)")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--lr", type=_flag("lr"), default=0.01, help="learning rate, 1e-12 to 10 (default: %(default)s)")
+    p.add_argument("--seed", type=_flag("seed"), default=0,
                    help="weights: torch.manual_seed(seed) before the factory; batches: step k trains on "
                         "make_batch(global batch, seed + k) (default: %(default)s)")
-    p.add_argument("--warmup-steps", type=int, default=1, help="first steps left out of the timing summary (default: %(default)s)")
+    p.add_argument("--warmup-steps", type=_flag("warmup_steps"), default=1,
+                   help="first steps left out of the timing summary (default: %(default)s)")
     p.add_argument("--verbose", action="store_true",
                    help="keep torch's own lines (torchrun's OMP_NUM_THREADS warning, the profiler's USDT lines, "
                         "FutureWarnings); default: silenced")

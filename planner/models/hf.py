@@ -85,6 +85,7 @@ from planner.models.hf_attention import ATTENTION, mark_attention_cores, registe
 from planner.models.hf_layers import Block, Embed, Head, Norm, batch_maker, token_loss
 from planner.models.hf_spec import HFSpec, check_config, load_config_dict, parse_spec
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
+from planner.models.hf_values import check_activation_names
 from planner.models.workload import ContextParallel, TensorParallel, Workload
 
 __all__ = ["ATTENTION", "FAMILIES", "HFSpec", "build", "load_config_dict", "mark_attention_cores", "parse_spec",
@@ -132,6 +133,7 @@ def make_config(spec: HFSpec, where: str) -> Any:
     SDPA attention. Unknown fields, encoder-decoders and unsupported types are refused."""
     check_config(spec.config, where)  # parse_spec did, before transformers was imported; a spec built by hand too
     transformers = _transformers()
+    check_activation_names(spec.config, where, transformers.activations.ACT2FN)
     fields = dict(spec.config)
     model_type = fields.pop("model_type")
     defaults = transformers.CONFIG_MAPPING[model_type]()

@@ -3,10 +3,11 @@ fields, the short option names, and the planner's own options (see :mod:`planner
 
 Everything that can be refused without building the model is refused here, before torch or
 transformers is imported (which takes seconds): a config file that is not a regular UTF-8 JSON
-file of bounded size (``planner.artifacts.codec.read_text``), a ``model_type`` the planner has
-no adapter for (:data:`SUPPORTED`; encoder-decoders other than t5 say why), and a size field
+file of bounded size (``planner.artifacts.reading.read_text``), a ``model_type`` the planner has
+no adapter for (:data:`SUPPORTED`; encoder-decoders other than t5 say why), a size field
 (layers, hidden, heads, vocabulary, positions, ...) that is not a positive integer within
-:data:`SIZE_LIMITS`.
+:data:`SIZE_LIMITS`, and any other value out of its family's range
+(``planner.models.hf_values``: probabilities, epsilons, activations, flags).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.artifacts.codec import parse_text, read_text
+from planner.artifacts.codec import parse_text
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.reading import read_text
+from planner.models.hf_values import check_values
 
 __all__ = ["ALIASES", "PLANNER_OPTIONS", "SIZE_LIMITS", "SUPPORTED", "HFSpec", "check_config", "load_config_dict", "parse_spec"]
 
@@ -125,6 +128,7 @@ def check_config(config: dict[str, Any], where: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
             raise PlannerInputError(f"{where}: {key} must be an integer in [1, {limit:,}] (got {str(value)[:40]!r})")
+    check_values(config, where)  # the other values: probabilities, epsilons, activations (planner.models.hf_values)
 
 
 def parse_spec(rest: str, spec: str, dtype: str | None = None) -> HFSpec:

@@ -300,6 +300,10 @@ def calibrate(
     if residual not in RESIDUALS:
         raise PlannerInputError(f"residual must be one of {', '.join(RESIDUALS)} (got {residual!r})")
     names = list(report_names) or [f"run report {k}" for k in range(len(reports))]
+    for name, report in zip(names, reports):
+        if report.iteration_ms <= 0:  # what the residual models fit (was max() of an empty sequence)
+            raise PlannerInputError(f"{name}: iteration_ms: {report.iteration_ms:g}: the run measured no iteration "
+                                    "time, so there is nothing to calibrate against")
     runs = _pair(plans, reports, names)
     for plan, _ in runs:
         if plan.num_layers != profile.num_layers:

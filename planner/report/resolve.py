@@ -19,9 +19,11 @@ Finding a plan's inputs (``plan.provenance`` records their sha256, not their pat
   plan had, ``planner plan --devices N``) when its sha256 matches ``provenance.cluster_sha256``.
 
 Matching a RunReport to a plan (a RunReport names the model's fingerprint, not the plan's
-sha): the plan's *signature* -- P, D, M, micro-batch size, schedule, the ranks of each stage,
-each stage's predicted compute ``M x (fwd + bwd + recompute)`` and the predicted iteration
-time -- must equal what the report copied from the plan it ran (floats to 1e-9 relative).
+sha): the same model (its name, unless both carry the same fingerprint: a run names its
+model by its spec, a plan by its profile's name), and the plan's *signature* -- P, D, M,
+micro-batch size, schedule, the ranks of each stage, each stage's predicted compute
+``M x (fwd + bwd + recompute)`` and the predicted iteration time -- must equal what the
+report copied from the plan it ran (floats to 1e-9 relative).
 Two plans with the same signature are the same plan for this purpose.
 """
 
@@ -188,6 +190,8 @@ def report_mismatch(plan: Plan, report: RunReport) -> str:
     fp = plan.provenance.fingerprint_sha256
     if fp and report.plan_fingerprint_sha256 and fp != report.plan_fingerprint_sha256:
         return "model fingerprint differs"
+    if report.model != plan.provenance.model and not (fp and fp == report.plan_fingerprint_sha256):
+        return f"model {report.model[:60]!r} is not the plan's {plan.provenance.model[:60]!r}"
     got = (report.layout.num_stages, report.layout.dp_degree, report.num_microbatches, report.microbatch_size,
            report.schedule.value)
     want = (plan.layout.num_stages, plan.layout.dp_degree, plan.num_microbatches, plan.microbatch_size, plan.schedule.value)

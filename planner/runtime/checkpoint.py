@@ -14,7 +14,8 @@ Layout under the checkpoint directory::
 How the files are written, verified, pruned (``--keep-last``) and locked, and what a resume
 must match, is ``planner.runtime.checkpoint_files``. A resume takes the newest step intact on
 every rank (:func:`choose_step`): a corrupt, truncated or missing file makes it fall back to
-the step before, with a warning naming the file.
+the step before, with a warning naming the file; a directory without manifests is refused
+unless the run passes ``--trust-unverified-checkpoint``.
 
 A rank running several stages (interleaved 1F1B) writes and reads one file per stage; each
 stage has its own optimizer (``{}`` when another stage of the rank owns all its parameters).
@@ -54,6 +55,7 @@ from torch.distributed.tensor import DTensor
 
 from planner.artifacts.errors import PlannerInputError
 from planner.runtime import checkpoint_files as files
+from planner.runtime.checkpoint_settings import compare_settings
 from planner.runtime.stage_helpers import Chunk
 from planner.runtime.tensor import local
 
@@ -204,16 +206,18 @@ def _all_min(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def choose_step(root: Path, needed: Callable[[int], list[Path]], device: torch.device) -> tuple[int, files.Manifest | None]:
+def choose_step(
+    root: Path, needed: Callable[[int], list[Path]], device: torch.device, trust_unverified: bool = False
+) -> tuple[int, files.Manifest | None]:
     """The newest step whose manifest reads and whose files (``needed(step)``) verify on every
     rank (collective: the ranks agree by ``all_reduce`` MIN); warnings name each skipped file.
-    Refuses when there is no checkpoint, or none intact."""
+    Refuses when there is no checkpoint, or none intact; a directory without manifests only
+    with ``trust_unverified`` (:func:`~planner.runtime.checkpoint_files.unverified_step`)."""
     steps = files.complete_steps(root)
     if not steps:
-        legacy = files.legacy_step(root)
-        if legacy is None:
-            raise PlannerInputError(f"--resume: no checkpoint in {root} (no step directory with a {files.MANIFEST})")
-        _warn(f"--resume: {root / files.LATEST} names step {legacy}, written without a manifest: its files are not verified")
+        legacy = files.unverified_step(root, trust_unverified)
+        _warn(f"--resume: loading step {legacy} without verification (--trust-unverified-checkpoint): "
+              f"{root} has no {files.MANIFEST}")
         return legacy, None
     problems: dict[int, str] = {}
     manifests: dict[int, files.Manifest] = {}
@@ -360,22 +364,23 @@ def resume_chunks(
     allowed: tuple[str, ...] = (),
     num_steps: int | None = None,
     lr: float | None = None,
+    trust_unverified: bool = False,
 ) -> int:
     """Load the newest checkpoint intact on every rank (:func:`choose_step`, collective) into
     every stage chunk of a rank (each ZeRO master shard taken again from the loaded
     parameters), after comparing its recorded settings with the run's ``settings``
-    (:func:`~planner.runtime.checkpoint_files.compare_settings`: a difference not in
+    (:func:`~planner.runtime.checkpoint_compare_settings`: a difference not in
     ``allowed`` is refused; an allowed learning rate ``lr`` is applied); return its completed
-    steps."""
+    steps. A directory without manifests is loaded only with ``trust_unverified``."""
     root = Path(directory)
     device = next((p.device for c in chunks for p in c.module.parameters()), torch.device("cpu"))
-    step, manifest = choose_step(root, lambda k: _stage_files(root, k, chunks, slot), device)
+    step, manifest = choose_step(root, lambda k: _stage_files(root, k, chunks, slot), device, trust_unverified)
     applied: list[str] = []
     if manifest is not None and settings is not None:
         source = str(files.step_dir(root, step) / files.MANIFEST)
-        applied = files.compare_settings(source, manifest.get("settings", {}), settings, allowed, step, num_steps or step + 1)
+        applied = compare_settings(source, manifest.get("settings", {}), settings, allowed, step, num_steps or step + 1)
     elif num_steps is not None and num_steps <= step:
-        files.compare_settings(str(root / files.LATEST), {}, {}, allowed, step, num_steps)
+        compare_settings(str(root / files.LATEST), {}, {}, allowed, step, num_steps)
     for c in chunks:
         load_checkpoint(
             directory, c.stage_idx, c.module, c.optimizer,

@@ -1,6 +1,6 @@
 """The files of a checkpoint directory: hashed atomic writes, the manifest that commits a
-step, verification on load, pruning, the directory lock, and the run settings a resume must
-match. ``planner.runtime.checkpoint`` says what goes into the files.
+step, verification on load, pruning and the directory lock. ``planner.runtime.checkpoint``
+says what goes into the files.
 
 Layout::
 
@@ -21,12 +21,23 @@ directory without a readable manifest is partial (a run died while writing it) a
 loaded. Before a step's files are rewritten (a resumed run reaching a step again) rank 0
 removes its manifest first.
 
-**Verification** (:func:`verify_file`): the file is listed, has the listed size and sha256;
-otherwise it is corrupt, truncated (a 0-byte file included) or missing, said in one line
-naming it. The step the ranks resume from is the newest one whose files verify on every
-rank (``planner.runtime.checkpoint.resume_chunks``); a skipped step is a warning naming its
-bad file. torch's own load errors (``PytorchStreamReader failed reading zip archive``, an
-``EOFError``, a refused unpickling) are translated into one line naming the file.
+**Reading**: every file of the directory -- manifests, ``latest.json``, the ``.pt`` files
+before ``torch.load(weights_only=True)`` -- is opened through ``planner.artifacts.reading``,
+the path every input of the planner takes: a regular file of bounded size
+(:data:`MAX_MANIFEST_BYTES`, :data:`MAX_POINTER_BYTES`,
+``planner.artifacts.limits.MAX_CHECKPOINT_FILE_BYTES``), never a FIFO or a device (a FIFO
+named ``manifest.json`` blocked a resume for ever; a link to ``/dev/zero`` grew without bound),
+refused in one line naming the file.
+
+**Verification** (:func:`verify_file`): the file is listed, is a regular file, has the listed
+size and sha256; otherwise it is corrupt, truncated (a 0-byte file included), missing or a
+special file, said in one line naming it. The step the ranks resume from is the newest one
+whose files verify on every rank (``planner.runtime.checkpoint.resume_chunks``); a skipped
+step is a warning naming its bad file. A directory with no manifest at all (written before
+manifests, or with them deleted) is not loaded unless the run says so explicitly
+(``--trust-unverified-checkpoint``): its files cannot be told from damaged ones. torch's own
+load errors (``PytorchStreamReader failed reading zip archive``, an ``EOFError``, a refused
+unpickling) are translated into one line naming the file.
 
 **Pruning** (``--keep-last K``, default :data:`DEFAULT_KEEP_LAST`; 0 keeps all): after a step
 is committed, rank 0 removes the older complete steps beyond the newest K, and partial step
@@ -39,11 +50,7 @@ pid, host and start are in the file for the refusal. On a filesystem without ``f
 across hosts (some NFS setups) the lock holds on one host only. Taking it also removes the
 ``.tmp`` files a killed run left.
 
-**Settings** (:func:`compare_settings`): on ``--resume`` every difference between the run and
-the checkpoint is refused with one line (exit 2): dtype, optimizer, seed, global batch,
-micro-batching, the layout and the stage boundaries; the learning rate too, unless
-``--allow-resume-change lr``, which applies the new one to every optimizer and says so; and
-``--steps`` at or below the steps already done.
+The run settings a resume must match are ``planner.runtime.checkpoint_settings``.
 """
 
 from __future__ import annotations
@@ -56,14 +63,18 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from planner.artifacts.codec import parse_text
 from planner.artifacts.errors import PlannerError, PlannerInputError
 from planner.artifacts.files import atomic_write_text, fsync_dir, os_error_text, temp_path
+from planner.artifacts.limits import MAX_CHECKPOINT_FILE_BYTES
+from planner.artifacts.reading import kind_of, open_input, read_text
 from planner.runtime import lifecycle
 
 __all__ = [
@@ -71,11 +82,11 @@ __all__ = [
     "CheckpointError",
     "DirectoryLock",
     "Manifest",
-    "compare_settings",
     "complete_steps",
     "load_verified",
     "prune",
     "read_manifest",
+    "unverified_step",
     "verify_file",
     "write_hashed",
     "write_manifest",
@@ -86,9 +97,11 @@ VERSION = 1
 MANIFEST = "manifest.json"
 LATEST = "latest.json"
 LOCK = ".lock"
+#: the largest manifest read (a manifest lists each file of a step in ~120 bytes)
+MAX_MANIFEST_BYTES = 16 * 2**20
+#: the largest ``latest.json`` read (it holds one number)
+MAX_POINTER_BYTES = 4096
 DEFAULT_KEEP_LAST = 3
-#: settings a resume may change when asked (--allow-resume-change)
-CHANGEABLE = ("lr",)
 
 
 class CheckpointError(PlannerError):
@@ -198,19 +211,30 @@ def uncommit(root: Path, completed_steps: int) -> None:
         fsync_dir(step_dir(root, completed_steps))
 
 
+def _read_json(path: Path, what: str, limit: int) -> Any:
+    """A small JSON file of the directory, read through ``planner.artifacts.reading`` (a FIFO,
+    a device or an oversized file refused at once); :class:`CheckpointError` naming it."""
+    try:
+        return parse_text(read_text(path, what, limit), str(path))
+    except PlannerInputError as exc:
+        raise CheckpointError(f"unreadable: {exc}" if str(exc).startswith(str(path)) else f"{path}: unreadable: {exc}") from None
+
+
 def read_manifest(root: Path, completed_steps: int) -> Manifest:
     """The step's manifest; :class:`CheckpointError` naming it when missing or unreadable."""
     path = step_dir(root, completed_steps) / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing (the step was not completely written)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        cause = os_error_text(exc) if isinstance(exc, OSError) else f"not valid JSON ({exc})"
-        raise CheckpointError(f"{path}: unreadable: {cause}") from None
+    if not os.path.lexists(path):
+        raise CheckpointError(f"{path}: missing (the step was not completely written)")
+    data = _read_json(path, "checkpoint manifest", MAX_MANIFEST_BYTES)
     ok = isinstance(data, dict) and data.get("schema") == SCHEMA and data.get("version") == VERSION
     if not ok or data.get("completed_steps") != completed_steps or not isinstance(data.get("files"), dict):
         raise CheckpointError(f"{path}: not a {SCHEMA} version {VERSION} manifest of step {completed_steps}")
+    bad = next((name for name, record in data["files"].items() if not (
+        isinstance(record, dict) and isinstance(record.get("sha256"), str) and type(record.get("bytes")) is int)), None)
+    if bad is not None:
+        raise CheckpointError(f"{path}: files.{bad[:60]}: not a {{\"sha256\": <hex>, \"bytes\": <size>}} record")
+    if not isinstance(data.get("settings", {}), dict):
+        raise CheckpointError(f"{path}: settings: not an object (got {str(data['settings'])[:40]!r})")
     return data
 
 
@@ -219,43 +243,72 @@ def complete_steps(root: Path) -> list[int]:
     steps = []
     for entry in root.glob("step_*"):
         suffix = entry.name[len("step_") :]
-        if suffix.isdigit() and (entry / MANIFEST).exists():
+        if suffix.isdigit() and os.path.lexists(entry / MANIFEST):
             steps.append(int(suffix))
     return sorted(steps, reverse=True)
 
 
 def legacy_step(root: Path) -> int | None:
-    """The step ``latest.json`` names in a directory written before manifests (None if none)."""
-    try:
-        return int(json.loads((root / LATEST).read_text())["completed_steps"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """The step ``latest.json`` names in a directory without manifests (None when there is no
+    ``latest.json``); :class:`CheckpointError` naming it when it cannot be read or names none."""
+    path = root / LATEST
+    if not os.path.lexists(path):
         return None
+    data = _read_json(path, "checkpoint pointer", MAX_POINTER_BYTES)
+    step = data.get("completed_steps") if isinstance(data, dict) else None
+    if type(step) is not int or step < 0:
+        raise CheckpointError(f"{path}: not {{\"completed_steps\": <steps>}} (got {str(data)[:60]!r})")
+    return step
 
 
-def _sha256(path: Path) -> str:
+def unverified_step(root: Path, trust_unverified: bool) -> int:
+    """The step a directory without any manifest resumes from: refused (one line) unless
+    ``trust_unverified`` (``--trust-unverified-checkpoint``), since no file of it can be told
+    from a damaged one; with it, ``latest.json``'s step, loaded with a warning."""
+    try:
+        legacy = legacy_step(root)
+    except CheckpointError as exc:
+        raise PlannerInputError(f"--resume: {exc}") from None
+    if legacy is None:
+        raise PlannerInputError(f"--resume: no checkpoint in {root} (no step directory with a {MANIFEST})")
+    if not trust_unverified:
+        raise PlannerInputError(
+            f"--resume: {root} has no step with a {MANIFEST} ({LATEST} names step {legacy}): its files "
+            f"cannot be verified, and a damaged one would train silently; pass --trust-unverified-checkpoint to load "
+            f"step {legacy} unverified"
+        )
+    return legacy
+
+
+def _sha256(fh: IO[bytes]) -> str:
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        sha.update(block)
     return sha.hexdigest()
 
 
 def verify_file(manifest: Manifest, path: Path) -> str:
-    """Why ``path`` does not match its manifest record ("" when it does)."""
+    """Why ``path`` does not match its manifest record ("" when it does); a special file (a
+    FIFO, a link to ``/dev/zero``) is named as such, never opened for reading."""
     record = manifest["files"].get(path.name)
     if record is None:
         return f"{path}: not in the step's manifest"
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         return f"{path}: missing"
     except OSError as exc:
         return f"{path}: unreadable: {os_error_text(exc)}"
-    if size != record.get("bytes"):
-        cause = "empty (0 bytes)" if size == 0 else f"{size} bytes"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path}: is {kind_of(st.st_mode)}, not a checkpoint file"
+    if st.st_size != record.get("bytes"):
+        cause = "empty (0 bytes)" if st.st_size == 0 else f"{st.st_size} bytes"
         return f"{path}: truncated or overwritten: {cause}, the manifest says {record.get('bytes')}"
     try:
-        digest = _sha256(path)
+        with open_input(path, "checkpoint file", st.st_size) as fh:
+            digest = _sha256(fh)
+    except PlannerInputError as exc:
+        return str(exc)
     except OSError as exc:
         return f"{path}: unreadable: {os_error_text(exc)}"
     if digest != record.get("sha256"):
@@ -264,15 +317,18 @@ def verify_file(manifest: Manifest, path: Path) -> str:
 
 
 def load_verified(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)``, its errors as one line naming the file."""
+    """``torch.load(weights_only=True)`` of a regular file of bounded size, opened through
+    ``planner.artifacts.reading``; its errors as one line naming the file."""
     import pickle
 
     import torch
 
     try:
-        with warnings.catch_warnings():
+        with open_input(path, "checkpoint file", MAX_CHECKPOINT_FILE_BYTES) as fh, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.load(path, weights_only=True, map_location="cpu")
+            return torch.load(fh, weights_only=True, map_location="cpu")
+    except PlannerInputError as exc:
+        raise CheckpointError(str(exc)) from None
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
     except OSError as exc:
@@ -373,54 +429,3 @@ class DirectoryLock:
         if self.fd is not None:
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
-
-
-# ---------------------------------------------------------------------- settings
-def run_settings_record(options: Any, plan: Any) -> dict[str, Any]:
-    """What a checkpoint records of the run (``options``: RuntimeOptions, ``plan``: Plan)."""
-    return {
-        "lr": options.lr,
-        "dtype": options.dtype.value,
-        "optimizer": options.optimizer.value,
-        "seed": options.seed,
-        "global_batch": plan.global_batch,
-        "num_microbatches": plan.num_microbatches,
-        "microbatch_size": plan.microbatch_size,
-        "layout": plan.layout.describe(),
-        "stages": [[s.layer_start, s.layer_stop] for s in plan.stages],
-        "model_fingerprint": plan.provenance.fingerprint_sha256,
-    }
-
-
-_FLAGS = {"lr": "--lr", "dtype": "--dtype", "optimizer": "--optimizer", "seed": "--seed"}
-
-
-def compare_settings(
-    source: str, saved: dict[str, Any], run: dict[str, Any], allowed: tuple[str, ...], completed_steps: int, num_steps: int
-) -> list[str]:
-    """Refuse (:class:`PlannerInputError`, one line) the first difference between the saved
-    settings and the run's that is not in ``allowed``, or ``num_steps`` <= ``completed_steps``;
-    return one line per allowed difference, which the caller applies."""
-    if num_steps <= completed_steps:
-        raise PlannerInputError(
-            f"--resume: {source} has {completed_steps} completed steps and --steps is {num_steps}: nothing to train "
-            f"(--steps counts from the start of the run; pass --steps > {completed_steps})"
-        )
-    applied = []
-    for key, value in run.items():
-        if key not in saved or saved[key] == value or (key == "model_fingerprint" and not (saved[key] and value)):
-            continue
-        flag = _FLAGS.get(key)
-        if key in allowed:
-            applied.append(f"--resume: {key} {saved[key]} in {source} -> {value} ({flag}), applied to every optimizer")
-            continue
-        if flag is None:
-            raise PlannerInputError(
-                f"--resume: {source} was written under another plan: {key} {saved[key]!r} there, {value!r} now"
-            )
-        hint = f", or --allow-resume-change {key} to train on with {value}" if key in CHANGEABLE else ""
-        raise PlannerInputError(
-            f"--resume: {source} was trained with {flag} {saved[key]} but this run has {flag} {value}; "
-            f"pass {flag} {saved[key]}{hint}"
-        )
-    return applied

@@ -18,7 +18,14 @@ daemon thread takes them with ``sigtimedwait``; whatever the main thread is doin
   one. torchrun sends SIGKILL 30 s after its own SIGTERM, so the grace is below that;
 - after training, the first signal is noted and the report is finished (its results are what
   the run was for);
-- before training, or a second signal: the rank leaves at once, with one line.
+- before training, or a second signal: the rank leaves at once, with one line. A repeat that
+  comes within :data:`REPEAT_WINDOW_S` of the first is the same request reaching the rank by a
+  second path (measured: the launcher's parent-death SIGTERM reached each worker twice, 30 ms
+  apart, and the workers, taking the second as "stop now", wrote no final checkpoint): it is
+  ignored. A person's second Ctrl-C is slower than that, and ``planner run`` answers it by
+  killing torchrun anyway;
+- a rank that leaves without its final checkpoint says which step ``--resume`` continues from
+  (:func:`committed`: the newest step this run wrote or resumed from).
 
 **Launcher death**: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` on Linux (the kernel kills the rank
 when its parent, the torchrun agent, dies, even by SIGKILL), and, on every platform, the
@@ -27,7 +34,10 @@ liveness thread leaves when the parent process changes or the agent's store stop
 
 **Leaving** (:func:`leave`): one line on stderr, the exit hooks (the liveness exit record),
 then ``os._exit``: every thread ends at once, whichever called it (the main thread, the
-signal thread, the liveness thread), and only one of them prints.
+signal thread, the liveness thread), and only one of them prints. Under torchrun a failing
+rank also writes its line to torchrun's error file (``TORCHELASTIC_ERROR_FILE``), so the
+launcher (``planner.runtime.launch``) can tell a failure the run has named in one line from
+an unknown one, and print torchrun's traceback only for the latter.
 
 SIGXFSZ is ignored, so a file-size limit (``ulimit -f``) makes a write fail with EFBIG, which
 names the file, instead of killing the rank silently.
@@ -38,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import json
 import os
 import signal
 import sys
@@ -51,10 +62,12 @@ __all__ = [
     "Phase",
     "StopRun",
     "at_exit",
+    "committed",
     "install",
     "leave",
     "named_at_fault",
     "phase",
+    "set_committed",
     "set_phase",
     "stop_signal",
     "stop_signal_everywhere",
@@ -62,6 +75,10 @@ __all__ = [
 
 #: seconds a rank asked to stop may take to reach a step boundary (torchrun kills at 30 s)
 STOP_GRACE_S = 20.0
+#: a second stop signal within this many seconds of the first is the same request (module docstring)
+REPEAT_WINDOW_S = 1.0
+#: what the error file of a rank that named its failure starts with (``planner.runtime.launch`` reads it)
+NAMED = "planner.runtime:"
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -90,6 +107,8 @@ class _State:
         self.step = -1
         self.stop_signal = 0
         self.stop_deadline = 0.0
+        self.stop_at = 0.0
+        self.committed = -1
         self.exit_lock = threading.Lock()
         self.hooks: list[Callable[[str], None]] = []
         self.installed = False
@@ -112,6 +131,30 @@ def stop_signal() -> int:
     return _state.stop_signal
 
 
+def set_committed(completed_steps: int) -> None:
+    """The newest checkpoint step this run wrote (or resumed from): where a resume continues."""
+    _state.committed = completed_steps
+
+
+def committed() -> int:
+    """:func:`set_committed`'s step (-1: none)."""
+    return _state.committed
+
+
+def _resume_note() -> str:
+    step = _state.committed
+    return f"; --resume continues from step {step}" if step >= 0 else "; no checkpoint was written"
+
+
+def _write_error_file(code: int, line: str) -> None:
+    """torchrun's error file for this worker (when under torchrun): the line that names the failure."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or code == 0 or not line:
+        return
+    with contextlib.suppress(OSError), open(path, "w") as fh:
+        json.dump({"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}, fh)
+
+
 def at_exit(hook: Callable[[str], None]) -> None:
     """Call ``hook(line)`` just before the process leaves through :func:`leave`."""
     _state.hooks.append(hook)
@@ -124,6 +167,7 @@ def leave(code: int, line: str = "") -> NoReturn:
     if line:
         with contextlib.suppress(Exception):  # stderr may be a closed pipe (its reader gone)
             print(line, file=sys.stderr, flush=True)
+        _write_error_file(code, line)
     for hook in _state.hooks:
         with contextlib.suppress(Exception):
             hook(line)
@@ -174,13 +218,17 @@ def _take_signals() -> None:
             leave(
                 128 + _state.stop_signal,
                 f"planner.runtime: rank {_state.rank} stopped by {name} at step {_state.step}: no step boundary "
-                f"reached within {STOP_GRACE_S:g} s, left without a final checkpoint",
+                f"reached within {STOP_GRACE_S:g} s, left without a final checkpoint{_resume_note()}",
             )
 
 
 def _on_signal(signum: int) -> None:
     name = signal.Signals(signum).name
     first = not _state.stop_signal
+    if not first and time.monotonic() - _state.stop_at < REPEAT_WINDOW_S:
+        return  # the same request by a second path (module docstring)
+    if first:
+        _state.stop_at = time.monotonic()
     if first and _state.phase is Phase.TRAINING:
         _state.stop_signal = signum
         _state.stop_deadline = time.monotonic() + STOP_GRACE_S
@@ -194,7 +242,8 @@ def _on_signal(signum: int) -> None:
         return
     where = f"at step {_state.step}" if _state.phase is Phase.TRAINING else _state.phase.value
     again = "" if first else " (a second signal)"
-    leave(128 + signum, f"planner.runtime: rank {_state.rank} stopped by {name} {where}{again}")
+    note = _resume_note() if _state.phase is Phase.TRAINING else ""
+    leave(128 + signum, f"planner.runtime: rank {_state.rank} stopped by {name} {where}{again}{note}")
 
 
 def stop_signal_everywhere(device: object, world_size: int) -> int:

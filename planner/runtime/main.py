@@ -37,21 +37,24 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from planner.artifacts.codec import dumps_canonical
 from planner.artifacts.errors import PlannerError, PlannerInputError
 from planner.artifacts.files import os_error_text
+from planner.artifacts.flag_values import parse_float, parse_int
 from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import note
 from planner.artifacts.report import RunReport, save_report
 from planner.runtime import lifecycle
-from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST, remove_temporaries_of
-from planner.runtime.options import FaultKind, RuntimeOptions
+from planner.runtime.checkpoint_files import DEFAULT_KEEP_LAST, remove_temporaries_of
+from planner.runtime.checkpoint_settings import CHANGEABLE
+from planner.runtime.options import RANGES, FaultKind, RuntimeOptions
 
 if TYPE_CHECKING:
     import torch
@@ -61,36 +64,59 @@ if TYPE_CHECKING:
     from planner.runtime.runner import Runner
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose refusals are one :class:`PlannerInputError` line (exit 2), not a usage
+    text and ``SystemExit``: ``planner run`` parses the ranks' argv with it before torchrun."""
+
+    def error(self, message: str) -> NoReturn:
+        raise PlannerInputError(message)
+
+
+def _ranged(name: str) -> Callable[[str], Any]:
+    """An argparse type reading :data:`RANGES` ``[name]`` strictly (``planner.artifacts.flag_values``)."""
+    _, lo, hi = RANGES[name]
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_int(text, int(lo), int(hi)) if isinstance(lo, int) else parse_float(text, lo, hi)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "integer" if isinstance(lo, int) else "number"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m planner.runtime", description="Run a plan (one rank, under torchrun).")
+    p = _Parser(prog="python -m planner.runtime", description="Run a plan (one rank, under torchrun).")
     p.add_argument("--plan", required=True, help="plan JSON")
     p.add_argument("--model", required=True, help="zoo name or package.module:callable")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=_ranged("num_steps"), default=3)
     p.add_argument("--report", default="", help="RunReport JSON to write (rank 0)")
     p.add_argument("--emulate", action="store_true",
                    help="each stage chunk takes its profiled time (sleeps); real tensors and communication")
     p.add_argument("--profile", default="", help="profile JSON with per-layer times for --emulate")
-    p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--timeout-s", type=_ranged("timeout_s"), default=60.0)
     p.add_argument("--checkpoint-dir", default="")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--keep-last", type=int, default=DEFAULT_KEEP_LAST)
+    p.add_argument("--checkpoint-every", type=_ranged("checkpoint_every"), default=0)
+    p.add_argument("--keep-last", type=_ranged("keep_last"), default=DEFAULT_KEEP_LAST)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--trust-unverified-checkpoint", action="store_true")
     p.add_argument("--allow-resume-change", action="append", default=[], choices=list(CHANGEABLE))
     p.add_argument("--dtype", default=None, choices=[d.value for d in RUNTIME_DTYPES],
                    help="training dtype (default: the plan's, as planner run takes it; another is refused)")
     p.add_argument("--optimizer", default=None, choices=[o.value for o in OptimizerFamily],
                    help="runtime optimizer (default: the plan's family, as planner run takes it: adamw for adam-*)")
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--lr", type=_ranged("lr"), default=0.01)
+    p.add_argument("--seed", type=_ranged("seed"), default=0)
+    p.add_argument("--warmup-steps", type=_ranged("warmup_steps"), default=1)
     p.add_argument("--verbose", action="store_true",
                    help="keep torch's own lines (the profiler's USDT lines, FutureWarnings); default: silenced")
     p.add_argument("--no-summary", action="store_true",
                    help="rank 0 prints no summary at the end (planner run prints it itself)")
     p.add_argument("--no-progress", action="store_true", help="rank 0 prints no progress lines")
     p.add_argument("--fault", default="none", choices=[f.value for f in FaultKind], help="testing: injected failure")
-    p.add_argument("--fault-rank", type=int, default=0)
-    p.add_argument("--fault-step", type=int, default=0)
+    p.add_argument("--fault-rank", type=_ranged("fault_rank"), default=0)
+    p.add_argument("--fault-step", type=_ranged("fault_step"), default=0)
     return p
 
 
@@ -101,6 +127,12 @@ def options_from_args(args: argparse.Namespace, plan: Plan) -> tuple[RuntimeOpti
 
     settings = run_settings(plan, DType(args.dtype) if args.dtype else None,
                             OptimizerFamily(args.optimizer) if args.optimizer else None, source=args.plan)
+    return runtime_options(args, settings.dtype, settings.optimizer), settings.warnings
+
+
+def runtime_options(args: argparse.Namespace, dtype: DType, optimizer: OptimizerFamily) -> RuntimeOptions:
+    """The rank's options from its parsed flags, with the dtype and optimizer given: what
+    ``planner run`` checks in the launcher before the plan is read (one line, exit 2)."""
     try:
         return RuntimeOptions(
             plan_path=args.plan,
@@ -114,16 +146,17 @@ def options_from_args(args: argparse.Namespace, plan: Plan) -> tuple[RuntimeOpti
             checkpoint_every=args.checkpoint_every,
             keep_last=args.keep_last,
             resume=args.resume,
+            trust_unverified_checkpoint=args.trust_unverified_checkpoint,
             allow_resume_change=tuple(args.allow_resume_change),
-            dtype=settings.dtype,
-            optimizer=settings.optimizer,
+            dtype=dtype,
+            optimizer=optimizer,
             lr=args.lr,
             seed=args.seed,
             warmup_steps=args.warmup_steps,
             fault=FaultKind(args.fault),
             fault_rank=args.fault_rank,
             fault_step=args.fault_step,
-        ), settings.warnings
+        )
     except ValueError as exc:
         raise PlannerInputError(str(exc)) from None
 

@@ -53,6 +53,7 @@ from planner.artifacts.files import check_output_path
 from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 from planner.artifacts.plan import Plan
 from planner.runtime import checkpoint_files as ckpt
+from planner.runtime.checkpoint_settings import compare_settings, run_settings_record
 
 __all__ = [
     "RUNTIME_DTYPES",
@@ -181,28 +182,35 @@ def check_outputs(report_path: str, checkpoint_dir: str, checkpoint_need: int, *
     return lock
 
 
-def check_resume(plan: Plan, checkpoint_dir: str, *, settings: dict[str, Any], num_steps: int, allowed: tuple[str, ...]) -> None:
+def check_resume(
+    plan: Plan, checkpoint_dir: str, *, settings: dict[str, Any], num_steps: int, allowed: tuple[str, ...],
+    trust_unverified: bool = False,
+) -> None:
     """With ``--resume``: a checkpoint exists and the newest readable manifest's settings match
-    the run's (``settings``: :func:`checkpoint_files.run_settings_record`)."""
+    the run's (``settings``: :func:`checkpoint_settings.run_settings_record`); a directory whose
+    manifests are all unreadable is refused naming the newest one's cause, and one without any
+    only with ``trust_unverified`` (:func:`checkpoint_files.unverified_step`)."""
     root = Path(checkpoint_dir)
+    problems = []
     for step in ckpt.complete_steps(root):
         try:
             manifest = ckpt.read_manifest(root, step)
-        except ckpt.CheckpointError:
+        except ckpt.CheckpointError as exc:
+            problems.append(str(exc))
             continue  # the ranks skip it too, with a warning naming it
         source = str(ckpt.step_dir(root, step) / ckpt.MANIFEST)
-        ckpt.compare_settings(source, manifest.get("settings", {}), settings, allowed, step, num_steps)
+        compare_settings(source, manifest.get("settings", {}), settings, allowed, step, num_steps)
         return
-    legacy = ckpt.legacy_step(root)
-    if legacy is None:
-        raise PlannerInputError(f"--resume: no checkpoint in {root} (no step directory with a {ckpt.MANIFEST})")
-    ckpt.compare_settings(str(root / ckpt.LATEST), {}, {}, allowed, legacy, num_steps)
+    if problems:
+        raise PlannerInputError(f"--resume: no readable checkpoint manifest in {root}: {problems[0]}")
+    legacy = ckpt.unverified_step(root, trust_unverified)
+    compare_settings(str(root / ckpt.LATEST), {}, {}, allowed, legacy, num_steps)
 
 
 def settings_of(plan: Plan, *, lr: float, dtype: DType, optimizer: OptimizerFamily, seed: int) -> dict[str, Any]:
     """The settings record of a run with these flags (what its checkpoints record)."""
     options = SimpleNamespace(lr=lr, dtype=dtype, optimizer=optimizer, seed=seed)
-    return ckpt.run_settings_record(options, plan)
+    return run_settings_record(options, plan)
 
 
 def check_launch(

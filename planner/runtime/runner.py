@@ -30,10 +30,13 @@ from typing import Protocol
 
 import torch
 
+from planner.artifacts.limits import MAX_LOSS
 from planner.artifacts.plan import Plan
 from planner.artifacts.progress import note
+from planner.runtime import lifecycle
 from planner.runtime.checkpoint import CheckpointSlot, resume_chunks, save_chunks
-from planner.runtime.checkpoint_files import CheckpointError, run_settings_record, step_dir
+from planner.runtime.checkpoint_files import CheckpointError, step_dir
+from planner.runtime.checkpoint_settings import run_settings_record
 from planner.runtime.emulate import reset_chunk_timer
 from planner.runtime.lifecycle import StopRun
 from planner.runtime.liveness import StepControl
@@ -73,11 +76,13 @@ def root_cause(exc: BaseException) -> str:
 
 
 class CheckpointFailure(RuntimeError):
-    """A checkpoint that could not be written after a step (the cause names the file)."""
+    """A checkpoint that could not be written after a step (the cause names the file), and the
+    step a resume continues from instead (``resumable``; -1: none written)."""
 
-    def __init__(self, completed_steps: int, cause: BaseException) -> None:
+    def __init__(self, completed_steps: int, cause: BaseException, resumable: int = -1) -> None:
         self.completed_steps = completed_steps
-        super().__init__(f"writing checkpoint step_{completed_steps} (after {completed_steps} completed steps): {cause}")
+        then = f"; --resume continues from step {resumable}" if resumable >= 0 else "; no checkpoint was written"
+        super().__init__(f"writing checkpoint step_{completed_steps} (after {completed_steps} completed steps): {cause}{then}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,7 +176,9 @@ def run_steps(runner: Runner, control: StepControl | None = None) -> RankMeasure
         start_step = resume_chunks(
             options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, settings=settings,
             allowed=options.allow_resume_change, num_steps=options.num_steps, lr=options.lr,
+            trust_unverified=options.trust_unverified_checkpoint,
         )
+        lifecycle.set_committed(start_step)
         if runner.rank == 0:
             print(f"planner.runtime: resumed from step {start_step} ({step_dir(Path(options.checkpoint_dir), start_step)}): "
                   f"training steps {start_step + 1} to {options.num_steps}", file=sys.stderr, flush=True)
@@ -199,6 +206,10 @@ def run_steps(runner: Runner, control: StepControl | None = None) -> RankMeasure
                 measure = runner.train_step(step_idx)
         except Exception as exc:
             raise StepFailure(step_idx, exc) from exc
+        if not 0 <= measure.loss <= MAX_LOSS:  # nan fails both: the run stops here, not after its last step
+            raise StepFailure(step_idx, FloatingPointError(
+                f"the loss is {measure.loss!r}, outside [0, {MAX_LOSS:g}]: training diverged (lower --lr)"
+                f"{'; --resume continues from step ' + str(lifecycle.committed()) if lifecycle.committed() >= 0 else ''}"))
         if metered:
             for c, mine in zip(chunks, records):
                 c.module.read_allocator()
@@ -218,7 +229,8 @@ def run_steps(runner: Runner, control: StepControl | None = None) -> RankMeasure
                 save_chunks(options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, done,
                             settings=settings, keep_last=options.keep_last)
             except CheckpointError as exc:
-                raise CheckpointFailure(done, exc) from exc
+                raise CheckpointFailure(done, exc, lifecycle.committed()) from exc
+            lifecycle.set_committed(done)
         if stop:
             raise StopRun(stop, done, str(step_dir(Path(options.checkpoint_dir), done)) if options.checkpoint_dir else "")
     return _rank_measure(runner, steps, compute_ms, wall_ms, peaks, overruns, records)

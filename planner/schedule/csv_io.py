@@ -5,9 +5,11 @@ action (``2F0``), as ``PipelineScheduleMulti._dump_csv`` writes and ``_load_csv`
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.reading import read_text
 from planner.schedule.actions import Schedule, parse_action
 
 __all__ = ["read_schedule_csv", "write_schedule_csv"]
@@ -21,11 +23,9 @@ def write_schedule_csv(schedule: Schedule, path: str | Path) -> None:
 
 
 def read_schedule_csv(path: str | Path) -> Schedule:
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as exc:
-        raise PlannerInputError(f"{path}: cannot read schedule CSV ({exc.strerror})") from exc
+    """A schedule CSV, read as every input is (``planner.artifacts.reading``: a regular UTF-8
+    file of bounded size; a FIFO or a device refused in one line)."""
+    rows = list(csv.reader(io.StringIO(read_text(path, "schedule CSV"), newline="")))
     try:
         return tuple(tuple(parse_action(cell) for cell in row if cell.strip()) for row in rows)
     except PlannerInputError as exc:

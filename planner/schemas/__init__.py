@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.artifacts import cluster, codec, plan, profile, report
+from planner.artifacts import cluster, plan, profile, report
+from planner.artifacts.json_schema import document_schema
 
 HERE = Path(__file__).parent
 
@@ -17,10 +18,10 @@ HERE = Path(__file__).parent
 def documents() -> dict[str, tuple[int, dict[str, Any]]]:
     """Document name -> (version, JSON Schema)."""
     return {
-        "profile": (profile.VERSION, codec.document_schema(profile.Profile, profile.SCHEMA, profile.VERSION)),
-        "cluster": (cluster.VERSION, codec.document_schema(cluster.Cluster, cluster.SCHEMA, cluster.VERSION)),
+        "profile": (profile.VERSION, document_schema(profile.Profile, profile.SCHEMA, profile.VERSION)),
+        "cluster": (cluster.VERSION, document_schema(cluster.Cluster, cluster.SCHEMA, cluster.VERSION)),
         "plan": (plan.VERSION, plan.plan_schema()),
-        "runreport": (report.VERSION, codec.document_schema(report.RunReport, report.SCHEMA, report.VERSION)),
+        "runreport": (report.VERSION, document_schema(report.RunReport, report.SCHEMA, report.VERSION)),
     }
 
 

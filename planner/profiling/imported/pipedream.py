@@ -27,11 +27,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.artifacts.codec import read_text
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
 from planner.artifacts.limits import MAX_BYTES, MAX_MS
 from planner.artifacts.profile import Edge, Layer, Profile, TimeFit, TimePoint, profile_fingerprint
+from planner.artifacts.reading import read_text
 
 FP32_BYTES = 4
 # bytes per sample of an fp32 RGB image input at the sizes PipeDream's image models use
@@ -146,7 +146,31 @@ def parse_graph(path: str | Path) -> PipeDreamGraph:
         nodes[node.node_id] = node
     if not nodes:
         raise PlannerInputError(f"{source}: no nodes")
-    return PipeDreamGraph(source=source, nodes=tuple(nodes.values()), edges=tuple(edges))
+    graph = PipeDreamGraph(source=source, nodes=tuple(nodes.values()), edges=tuple(edges))
+    _check_whole(graph)
+    return graph
+
+
+def _check_whole(graph: PipeDreamGraph) -> None:
+    """Refuse a graph that cannot be a whole profile: nodes but no edges (a file cut before its
+    edge lines: "24 nodes, 0 edges" converted to 14 unconnected layers), a node that computes
+    or emits something but has no producer and is no Input (its incoming edges cut off: the
+    profiles PipeDream wrote start only at Inputs, or at constants of no time and no size), or
+    no compute time in any node."""
+    source = graph.source
+    if len(graph.nodes) > 1 and not graph.edges:
+        raise PlannerInputError(f"{source}: {len(graph.nodes)} nodes but no edge lines ('\\tnodeA -- nodeB'): "
+                                f"the file is cut short or not a PipeDream graph.txt")
+    fed = {dst for _, dst in graph.edges}
+    for node in graph.nodes:
+        if node.node_id not in fed and not node.is_input and (node.fwd_ms or node.bwd_ms or node.activation_bytes):
+            raise PlannerInputError(
+                f"{source}: line {node.line}: node {node.node_id} ({node.description[:40]}) has no producer and is no "
+                f"Input: an edge into it is missing (is the file cut short?)"
+            )
+    if not any(node.fwd_ms or node.bwd_ms for node in graph.nodes):
+        raise PlannerInputError(f"{source}: every node's forward_compute_time and backward_compute_time is 0: "
+                                f"no time to plan with")
 
 
 def infer_batch_size(graph: PipeDreamGraph) -> int | None:
