@@ -200,8 +200,9 @@ def build_config(cls: type, options: dict[str, str], spec: str) -> Any:
         )
     values = {k: _convert(v, fields[k].type, f"model spec {spec!r}: option {k!r}") for k, v in options.items()}
     for key, value in values.items():
-        if isinstance(value, int) and value < 1 and key != "seed":
-            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be >= 1 (got {value})")
+        least = 0 if fields[key].default == 0 else 1  # a count whose default is 0 may be 0
+        if isinstance(value, int) and value < least and key != "seed":
+            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be >= {least} (got {value})")
     return cls(**values)
 
 
