@@ -216,8 +216,9 @@ def _tensor_parallel_mlp(x: torch.Tensor, per_expert: torch.Tensor, w1: torch.Te
     """Rows ``x`` (grouped by local expert, ``per_expert`` each) through the experts split over the
     etp group: all-gather every rank's rows, compute this rank's partial outputs (its ffn
     columns), reduce-scatter them back (each rank the sum for its own rows)."""
-    everyone = torch.empty((etp.degree, per_expert.numel()), dtype=per_expert.dtype)
+    everyone = torch.empty(etp.degree * per_expert.numel(), dtype=per_expert.dtype)
     dist.all_gather_into_tensor(everyone, per_expert.contiguous(), group=etp.group)
+    everyone = everyone.view(etp.degree, per_expert.numel())  # rows per (etp rank, local expert)
     rows = everyone.sum(dim=1).tolist()
     mine = x.size(0)
     gathered = _AllToAll.apply(torch.cat([x] * etp.degree), rows, [mine] * etp.degree, etp.group)
