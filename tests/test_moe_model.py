@@ -34,7 +34,7 @@ def test_spec_builds_dense_and_moe_blocks_with_a_tied_head() -> None:
     ("moe:dense=5", "dense (5) must be at most layers (4)"),
     ("moe:experts=0", "option 'experts' must be >= 1 (got 0)"),
     ("moe:dense=-1", "option 'dense' must be >= 0 (got -1)"),
-    ("moe:heads=3", "hidden (64) must be divisible by heads (3)"),
+    ("moe:heads=3", "hidden (128) must be divisible by heads (3)"),
 ])
 def test_bad_options_are_refused_in_one_line(spec: str, message: str) -> None:
     with pytest.raises(PlannerInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -129,3 +129,46 @@ def test_feed_forward_flattens_sequence_major() -> None:
     out = ff(x)
     assert out.shape == x.shape
     assert torch.allclose(out[1:2, 2:3], ff(x[1:2, 2:3]), atol=1e-14)  # position 2 alone, same experts
+
+
+def _saved_bytes(layer: torch.nn.Module, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Bytes ``layer(x)`` saves for backward (once per storage, parameters excluded), and its output."""
+    from planner.profiling.measured.memory import saved_span, union_bytes
+
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    spans: dict[int, list[tuple[int, int]]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        span = saved_span(t)
+        if span is not None and span[0] not in params:
+            spans.setdefault(span[0], []).append((span[1], span[2]))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    return sum(union_bytes(v) for v in spans.values()), out
+
+
+def test_selective_level_of_an_moe_block_recomputes_norms_and_expert_activations() -> None:
+    """An MoE block's selective level (Megatron's moe_act + layernorm, not the attention core):
+    both norms' outputs (b s h each) and the routed experts' GELU outputs (b s topk ffn) are not
+    kept, exactly; the gradients are the same."""
+    from planner.models.selective import cores, set_selective
+
+    w = load_workload(SMALL)  # float64: b 2, s 8, h 16, topk 2, ffn 24
+    block = w.layers[2]
+    assert cores(block) == [block]  # the block owns the switch; its attention core is never recomputed
+    x = torch.randn(2, 8, 16, dtype=torch.float64, requires_grad=True)
+    grads = []
+    saved = []
+    for on in (False, True):
+        set_selective(block, on)
+        block.zero_grad(set_to_none=True)
+        nbytes, out = _saved_bytes(block, x)
+        (out * out).sum().backward()
+        saved.append(nbytes)
+        grads.append([p.grad.clone() for p in block.parameters()] + [x.grad.clone()])
+        x.grad = None
+    set_selective(block, False)
+    assert saved[0] - saved[1] == 2 * (2 * 8 * 16 * 8) + 2 * 8 * 2 * 24 * 8
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -43,6 +43,7 @@ DTensors over the (ep, etp) mesh; :func:`local_weight` reads the local tensor).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from planner.models.dropped import recomputed
 
 __all__ = [
     "EXPERT_ATTR",
@@ -128,6 +131,7 @@ class RoutedExperts(nn.Module):
     def __init__(self, hidden: int, ffn: int, num_experts: int) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.shared_experts = 0  # experts beside these that every token visits (set by the layer: profiles record it)
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden, ffn))
         self.w2 = nn.Parameter(torch.empty(num_experts, ffn, hidden))
         with torch.no_grad():
@@ -135,11 +139,12 @@ class RoutedExperts(nn.Module):
             self.w2.uniform_(-1.0 / math.sqrt(ffn), 1.0 / math.sqrt(ffn))
         setattr(self, EXPERT_ATTR, None)
 
-    def forward(self, tokens: torch.Tensor, choices: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, choices: torch.Tensor, gates: torch.Tensor, recompute_act: bool = False) -> torch.Tensor:
         """``tokens`` (N, hidden), ``choices`` (N, topk) expert indices, ``gates`` (N, topk) ->
-        the gate-weighted sum of each token's experts' outputs (N, hidden)."""
+        the gate-weighted sum of each token's experts' outputs (N, hidden); ``recompute_act``:
+        the GELU's output recomputed in backward, not kept (Megatron's ``moe_act``)."""
         shard = getattr(self, EXPERT_ATTR, None)
-        return run_experts(tokens, choices, gates, local_weight(self.w1), local_weight(self.w2), shard)
+        return run_experts(tokens, choices, gates, local_weight(self.w1), local_weight(self.w2), shard, recompute_act)
 
 
 def expert_modules(layer: nn.Module) -> list[RoutedExperts]:
@@ -152,10 +157,10 @@ def expert_modules(layer: nn.Module) -> list[RoutedExperts]:
 
 def run_experts(
     tokens: torch.Tensor, choices: torch.Tensor, gates: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-    shard: ExpertShard | None,
+    shard: ExpertShard | None, recompute_act: bool = False,
 ) -> torch.Tensor:
     """Permute, dispatch, compute, combine (module docstring); ``w1``/``w2`` the rank's local
-    expert weights (all E of them without ``shard``)."""
+    expert weights (all E of them without ``shard``); ``recompute_act``: see :class:`RoutedExperts`."""
     num_tokens, topk = choices.shape
     flat = choices.reshape(-1)
     order = torch.sort(flat, stable=True).indices  # (token, choice) pairs grouped by expert
@@ -163,9 +168,9 @@ def run_experts(
     num_experts = w1.size(0) if shard is None else shard.num_experts
     counts = torch.bincount(flat, minlength=num_experts)
     if shard is None or (shard.ep.degree == 1 and shard.etp.degree == 1):
-        out = _grouped_mlp(permuted, counts.tolist(), w1, w2)
+        out = _grouped_mlp(permuted, counts.tolist(), w1, w2, recompute_act)
     else:
-        out = _dispatched(permuted, counts, w1, w2, shard)
+        out = _dispatched(permuted, counts, w1, w2, shard, recompute_act)
     unpermuted = out.index_select(0, _inverse(order))
     return (unpermuted.view(num_tokens, topk, -1) * gates.unsqueeze(-1)).sum(dim=1)
 
@@ -176,9 +181,17 @@ def _inverse(order: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-def _grouped_mlp(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """Rows of ``x`` in blocks of ``counts[e]`` through expert e's MLP (one GEMM pair each)."""
-    outs = [F.gelu(block @ w1[e]) @ w2[e] for e, block in enumerate(torch.split(x, counts))]
+def _grouped_mlp(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor, recompute_act: bool = False) -> torch.Tensor:
+    """Rows of ``x`` in blocks of ``counts[e]`` through expert e's MLP (one GEMM pair each);
+    ``recompute_act``: each GELU's output recomputed from its input (kept by the GELU) in
+    backward instead of kept by the second GEMM (:func:`planner.models.dropped.recomputed`)."""
+    outs = []
+    # unbind, not w1[e]: indexing's backward would fill a zero tensor of all E experts per expert
+    for block, up, down in zip(torch.split(x, counts), w1.unbind(0), w2.unbind(0)):
+        hidden = block @ up
+        act = F.gelu(hidden)
+        with recomputed(act, lambda hidden=hidden: F.gelu(hidden)) if recompute_act else contextlib.nullcontext():
+            outs.append(act @ down)
     return torch.cat(outs) if outs else x.new_zeros((0, w2.size(-1)))
 
 
@@ -190,7 +203,9 @@ def _regroup(rows_per_source: torch.Tensor) -> torch.Tensor:
     return torch.sort(expert_of_row, stable=True).indices
 
 
-def _dispatched(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, shard: ExpertShard) -> torch.Tensor:
+def _dispatched(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, shard: ExpertShard, recompute_act: bool,
+) -> torch.Tensor:
     """Steps 2 to 5 of the module docstring for rows ``x`` sorted by expert (``counts`` each)."""
     ep = shard.ep
     send = counts.view(ep.degree, shard.local_experts)  # rows for each destination's local experts
@@ -205,14 +220,16 @@ def _dispatched(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: tor
     grouped = received.index_select(0, order)
     per_expert = recv.sum(dim=0)
     if shard.etp.degree > 1:
-        out = _tensor_parallel_mlp(grouped, per_expert, w1, w2, shard.etp)
+        out = _tensor_parallel_mlp(grouped, per_expert, w1, w2, shard.etp, recompute_act)
     else:
-        out = _grouped_mlp(grouped, per_expert.tolist(), w1, w2)
+        out = _grouped_mlp(grouped, per_expert.tolist(), w1, w2, recompute_act)
     back = out.index_select(0, _inverse(order))
     return _AllToAll.apply(back, send_rows, recv_rows, ep.group) if ep.degree > 1 else back
 
 
-def _tensor_parallel_mlp(x: torch.Tensor, per_expert: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, etp: Split) -> torch.Tensor:
+def _tensor_parallel_mlp(
+    x: torch.Tensor, per_expert: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, etp: Split, recompute_act: bool,
+) -> torch.Tensor:
     """Rows ``x`` (grouped by local expert, ``per_expert`` each) through the experts split over the
     etp group: all-gather every rank's rows, compute this rank's partial outputs (its ffn
     columns), reduce-scatter them back (each rank the sum for its own rows)."""
@@ -223,7 +240,7 @@ def _tensor_parallel_mlp(x: torch.Tensor, per_expert: torch.Tensor, w1: torch.Te
     mine = x.size(0)
     gathered = _AllToAll.apply(torch.cat([x] * etp.degree), rows, [mine] * etp.degree, etp.group)
     order = _regroup(everyone)
-    partial = _grouped_mlp(gathered.index_select(0, order), everyone.sum(dim=0).tolist(), w1, w2)
+    partial = _grouped_mlp(gathered.index_select(0, order), everyone.sum(dim=0).tolist(), w1, w2, recompute_act)
     partial = partial.index_select(0, _inverse(order))
     pieces = _AllToAll.apply(partial, [mine] * etp.degree, rows, etp.group)
     return pieces.view(etp.degree, mine, -1).sum(dim=0)

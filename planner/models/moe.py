@@ -23,13 +23,16 @@ No auxiliary load-balancing loss and no capacity limit (dropless, Megatron-Core'
 ``--moe-token-dispatcher-type alltoall`` without ``--moe-expert-capacity-factor``): the loss is
 the language model's alone.
 
-Tokens are flattened sequence-major, (s, b) -> s b rows, so that under sequence parallelism a
-rank's rows are one contiguous block of the whole (its slice of the sequence for every sample),
-which the router's ``SequenceParallel`` style needs (:func:`moe_styles`).
+Tokens are flattened batch-major, (b, s) -> b s rows, a view of the norm's output (so that the
+norm's recomputation frees what the router saves). Under sequence parallelism a rank's rows are
+its slice of every sample: the router's ``SequenceParallel`` style (:func:`moe_styles`) treats
+them as a shard of dim 0, which only sums the gate's gradient over the ranks (the rows' order
+within the whole does not enter).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +41,10 @@ from torch import nn
 
 from planner.models.common import SelfAttention, generator, mean_cross_entropy, megatron_styles, parse_dtype, seeded
 from planner.models.context import context_of
+from planner.models.dropped import recomputed
 from planner.models.experts import EXPERT_ATTR, ExpertShard, RoutedExperts, gather_tokens, split_tokens
 from planner.models.gpt import Block, Embedding, GPTConfig, Head
+from planner.models.selective import RECOMPUTE_ATTR
 from planner.models.workload import ContextParallel, TensorParallel, Workload
 
 __all__ = ["MoEConfig", "MoEFeedForward", "Router", "build", "moe_model_flops_per_sample", "moe_styles"]
@@ -53,23 +58,23 @@ class MoEConfig:
 
     layers: int = 4
     """transformer blocks (dense and MoE)"""
-    hidden: int = 64
+    hidden: int = 128
     """model width"""
     heads: int = 4
     """attention heads (must divide hidden)"""
-    seq: int = 32
+    seq: int = 64
     """tokens per sample"""
-    vocab: int = 256
+    vocab: int = 512
     """vocabulary size"""
-    experts: int = 4
+    experts: int = 8
     """routed experts E per MoE block"""
     topk: int = 2
     """experts each token is routed to"""
-    ffn: int = 128
+    ffn: int = 256
     """hidden width of each expert (and of the shared expert)"""
     shared: int = 0
     """shared experts (0 or 1): an MLP of width ffn every token passes through"""
-    dense: int = 0
+    dense: int = 1
     """the first blocks that are dense (the GPT's 4x MLP)"""
     router: str = "topk"
     """``topk`` (learned top-k) or ``balanced`` (forced balance by position)"""
@@ -150,37 +155,54 @@ class MoEFeedForward(nn.Module):
         super().__init__()
         self.router = Router(cfg.hidden, cfg.experts, cfg.topk, cfg.router)
         self.experts = RoutedExperts(cfg.hidden, cfg.ffn, cfg.experts)
+        self.experts.shared_experts = cfg.shared
         self.shared = SharedExpert(cfg.hidden, cfg.ffn) if cfg.shared else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, recompute_act: bool = False) -> torch.Tensor:
+        """``recompute_act``: the experts' GELU outputs recomputed in backward (Megatron's ``moe_act``)."""
         batch, seq, hidden = x.shape
-        tokens = x.transpose(0, 1).reshape(seq * batch, hidden)  # sequence-major rows (module docstring)
-        token_positions = positions(self, seq, x.device).repeat_interleave(batch)
+        tokens = x.reshape(batch * seq, hidden)  # a view: rows batch-major (module docstring)
+        token_positions = positions(self, seq, x.device).repeat(batch)
         choices, gates = self.router(tokens, token_positions)
         shard: ExpertShard | None = getattr(self.experts, EXPERT_ATTR, None)
         if shard is None or shard.token_split.degree == 1:
-            routed = self.experts(tokens, choices, gates)
+            routed = self.experts(tokens, choices, gates, recompute_act)
         else:  # tokens replicated over tp ranks: each routes its share (planner.models.experts)
             split = shard.token_split
-            mine = self.experts(split_tokens(tokens, split), split_tokens(choices, split), split_tokens(gates, split))
+            mine = self.experts(split_tokens(tokens, split), split_tokens(choices, split), split_tokens(gates, split),
+                                recompute_act)
             routed = gather_tokens(mine, split, tokens.size(0))
-        out = routed.view(seq, batch, hidden).transpose(0, 1)
+        out = routed.view(batch, seq, hidden)
         return out + self.shared(x) if self.shared is not None else out
 
 
 class MoEBlock(nn.Module):
-    """Pre-LN decoder block with a mixture of experts: x + attn(ln1(x)), then x + moe(ln2(x))."""
+    """Pre-LN decoder block with a mixture of experts: x + attn(ln1(x)), then x + moe(ln2(x)).
+
+    Its selective recompute level is Megatron-Core's ``--recompute-modules moe_act layernorm``
+    (what the plan's ``recompute_selective`` means for a layer with routed experts,
+    ``planner.artifacts.moe``): the block, not its attention, owns the switch
+    (:data:`planner.models.selective.RECOMPUTE_ATTR`, set by ``set_selective``); when on, the
+    outputs of both norms and of the experts' GELUs are recomputed in backward instead of kept
+    (:func:`planner.models.dropped.recomputed`), and the attention core is kept."""
 
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.heads, causal=True)
+        delattr(self.attn, RECOMPUTE_ATTR)  # not an attention core selective recomputation re-runs here
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.moe = MoEFeedForward(cfg)
+        setattr(self, RECOMPUTE_ATTR, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.moe(self.ln2(x))
+        on = bool(getattr(self, RECOMPUTE_ATTR, False)) and torch.is_grad_enabled()
+        y = self.ln1(x)
+        with recomputed(y, lambda x=x: self.ln1(x)) if on else contextlib.nullcontext():
+            x = x + self.attn(y)
+        y = self.ln2(x)
+        with recomputed(y, lambda x=x: self.ln2(x)) if on else contextlib.nullcontext():
+            return x + self.moe(y, recompute_act=on)
 
 
 def moe_styles(layer: nn.Module, sequence_parallel: bool) -> dict[str, Any] | None:

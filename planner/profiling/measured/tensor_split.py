@@ -10,7 +10,8 @@ applied to the actual module structure rather than to the formula's idealised bl
 - ``split_time_fraction``: the FLOP share of the modules the plan splits (the attention and
   MLP, counted with ``torch.utils.flop_counter.FlopCounterMode`` in one forward): all of a
   transformer block's matmuls, so 1.0 for the zoo blocks -- the layer norms, residual adds
-  and GeLU count no FLOPs there, though they take time on a CPU;
+  and GeLU count no FLOPs there, though they take time on a CPU; of a mixture-of-experts layer,
+  the share of its FLOPs without its routed experts' (``Layer.moe`` prices those);
 - ``split_saved_bytes_per_sample``: of the bytes the layer saves for backward (counted as the
   profiler counts them: once per storage, parameters excluded, each storage in the part where
   it is first saved), those saved inside the split modules except the inputs of the
@@ -51,6 +52,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from planner.artifacts.tensor_split import TensorSplit
+from planner.models.experts import RoutedExperts
 from planner.models.tp_plans import check_split
 from planner.models.workload import Workload
 from planner.profiling.measured.memory import saved_span, union_bytes
@@ -68,6 +70,7 @@ class SplitCount:
         self.flops = 0
         self.split_flops = 0
         self.output_bytes = 0  # the layer's output (its first tensor when it returns a tuple)
+        self.expert_flops = 0  # of ``flops``, the routed experts' (laid out apart: ``Layer.moe``)
 
 
 def _styles_kinds(styles: dict[str, Any]) -> tuple[set[str], set[str], set[str]]:
@@ -142,6 +145,8 @@ def count_split(layer: torch.nn.Module, styles: dict[str, Any], x: Any) -> Split
     root = type(layer).__name__
     out.flops = flops.get_total_flops()
     out.split_flops = sum(sum(counts.get(f"{root}.{path}", {}).values()) for path in parents)
+    experts = [path for path, module in modules.items() if isinstance(module, RoutedExperts)]
+    out.expert_flops = sum(sum(counts.get(f"{root}.{path}", {}).values()) for path in experts)
     return out
 
 
@@ -184,10 +189,11 @@ def layer_split(
         check_split(layer, kinds, x, workload.layer_names[layer_idx])
         checked.add(key)
     count = count_split(layer, styles, x)
+    rest_flops = count.flops - count.expert_flops  # an MoE layer's split describes the layer without its routed experts
     _, rows, _ = _styles_kinds(styles)
     return TensorSplit(
         must_divide=tuple(spec.must_divide),
-        split_time_fraction=count.split_flops / count.flops if count.flops else 1.0,
+        split_time_fraction=count.split_flops / rest_flops if rest_flops else 1.0,
         split_param_count=split_param_count(layer, styles),
         split_saved_bytes_per_sample=count.split_saved_bytes / batch_size,
         # what the row splits all-reduce: the layer's (first) output tensor, not a mask carried beside it
