@@ -28,7 +28,7 @@ def test_spec_builds_dense_and_moe_blocks_with_a_tied_head() -> None:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("moe:topk=5", "model spec 'moe:topk=5': topk (5) must be at most experts (4)"),
+    ("moe:topk=9", "model spec 'moe:topk=9': topk (9) must be at most experts (8)"),
     ("moe:shared=2", "shared must be 0 or 1 (got 2)"),
     ("moe:router=sinkhorn", "router must be one of topk, balanced (got 'sinkhorn')"),
     ("moe:dense=5", "dense (5) must be at most layers (4)"),

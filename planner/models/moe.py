@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -55,6 +55,8 @@ ROUTERS = ("topk", "balanced")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MoEConfig:
     """Options of ``moe:...``."""
+
+    ZERO_ALLOWED: ClassVar[tuple[str, ...]] = ("shared", "dense")  # counts that may be 0 (planner.models.spec)
 
     layers: int = 4
     """transformer blocks (dense and MoE)"""

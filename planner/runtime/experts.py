@@ -62,6 +62,7 @@ __all__ = [
     "build_expert_groups",
     "expert_checkpoint_refusal",
     "expert_parallel_refusal",
+    "expert_lines",
     "experts_folded",
     "install_experts",
 ]
@@ -87,7 +88,7 @@ def expert_parallel_refusal(plan: Plan, workload: Workload) -> str:
             return f"ep_degree {ep} does not divide the model's {module.num_experts} experts per layer"
         if module.w1.size(-1) % etp:
             return f"etp_degree {etp} does not divide the experts' ffn width {module.w1.size(-1)}"
-    if experts_folded(layout, workload) and layout.zero is ZeroStage.ZERO_3:
+    if experts_folded(layout, workload) and layout.zero is ZeroStage.PARAMETERS:
         return (f"ZeRO 3 with experts folded (ep {ep} x etp {etp} x tp {layout.tp_degree}): the runtime shards "
                 "the experts' state over their edp group with ZeRO 1 and 2 only")
     return ""
@@ -124,6 +125,18 @@ def _own_group(rank_sets: list[tuple[int, ...]], rank: int, timeout_s: float) ->
     return mine
 
 
+def expert_lines(layout: Layout) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Every pipeline rank's ep, etp and edp groups (``Layout.ep_group``, ``etp_group``,
+    ``edp_group`` of its first stage), in the order every rank creates them."""
+    firsts = [layout.stage_indices(p)[0] for p in range(layout.pipeline_size)]
+    edp, ep, etp = layout.edp_degree, layout.ep_degree, layout.etp_degree
+    return (
+        [layout.ep_group(s, d, k) for s in firsts for d in range(edp) for k in range(etp)],
+        [layout.etp_group(s, d, e) for s in firsts for d in range(edp) for e in range(ep)],
+        [layout.edp_group(s, e, k) for s in firsts for e in range(ep) for k in range(etp)],
+    )
+
+
 def build_expert_groups(
     layout: Layout, rank: int, timeout_s: float, device: torch.device, tensor_group: dist.ProcessGroup | None,
 ) -> ExpertGroups:
@@ -131,11 +144,8 @@ def build_expert_groups(
     rank creates them all in the same order) and return this rank's; ``tensor_group``: its tp
     group (t > 1), over which replicated tokens are shared out."""
     _, edp_idx, ep_idx, etp_idx = layout.expert_coordinates(rank)
-    firsts = [layout.stage_indices(p)[0] for p in range(layout.pipeline_size)]
     edp, ep, etp = layout.edp_degree, layout.ep_degree, layout.etp_degree
-    ep_lines = [layout.ep_group(s, d, k) for s in firsts for d in range(edp) for k in range(etp)]
-    etp_lines = [layout.etp_group(s, d, e) for s in firsts for d in range(edp) for e in range(ep)]
-    edp_lines = [layout.edp_group(s, e, k) for s in firsts for e in range(ep) for k in range(etp)]
+    ep_lines, etp_lines, edp_lines = expert_lines(layout)
     ep_group = _own_group(ep_lines, rank, timeout_s) if ep > 1 else None
     etp_group = _own_group(etp_lines, rank, timeout_s) if etp > 1 else None
     edp_group = _own_group(edp_lines, rank, timeout_s) if edp > 1 else None
