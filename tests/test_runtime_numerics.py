@@ -279,9 +279,9 @@ def test_driver_configurations_share_launches_without_clashing() -> None:
     their names are unique across files, and a name given twice with other fields is refused."""
     from tests import (
         test_hf_runtime,
-        test_runtime_experts,
         test_hf_tensor_parallel,
         test_runtime_context,
+        test_runtime_experts,
         test_runtime_fsdp,
         test_runtime_survival,
         test_runtime_zero_bubble,

@@ -61,8 +61,8 @@ __all__ = [
     "ExpertSync",
     "build_expert_groups",
     "expert_checkpoint_refusal",
-    "expert_parallel_refusal",
     "expert_lines",
+    "expert_parallel_refusal",
     "experts_folded",
     "install_experts",
 ]
