@@ -89,6 +89,9 @@ def test_checkpoints_with_expert_parallelism_are_refused_in_one_line() -> None:
     plan = make_plan(workload.layer_names, (), dp_degree=2, ep_degree=2)
     assert "each ep/etp index holds its own experts" in expert_checkpoint_refusal(plan, workload)
     assert expert_checkpoint_refusal(make_plan(workload.layer_names, (), dp_degree=2), workload) == ""
+    assert expert_checkpoint_refusal(make_plan(workload.layer_names, (), tp_degree=2), workload) == ""  # whole experts
+    folded_zero = make_plan(workload.layer_names, (), tp_degree=2, dp_degree=2, zero=1)
+    assert "sharded over their own edp group" in expert_checkpoint_refusal(folded_zero, workload)
 
 
 def test_planner_run_refuses_checkpoints_with_experts_folded(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -33,8 +33,9 @@ otherwise the experts are parameters like any other, synchronised over the dp x 
 (the same ranks then). Refused before any compute (:func:`expert_parallel_refusal`): experts
 folded on a model without ``RoutedExperts``; ep not dividing E; etp not dividing the ffn
 width; ZeRO 3 with it (its per-chunk gather is one flat shard over the dp x cp group); and
-checkpoints (:func:`expert_checkpoint_refusal`: a stage's expert shards differ per ep and etp
-index, which the checkpoint files, per stage and tp index, do not name).
+checkpoints (:func:`expert_checkpoint_refusal`) where a stage's expert shards differ per ep and
+etp index, or their ZeRO shard is over the edp group: the checkpoint files, per stage, tp index
+and dp x cp shard, do not name those.
 """
 
 from __future__ import annotations
@@ -95,12 +96,20 @@ def expert_parallel_refusal(plan: Plan, workload: Workload) -> str:
 
 
 def expert_checkpoint_refusal(plan: Plan, workload: Workload) -> str:
-    """Why a run of ``plan`` cannot write checkpoints ("" when it can): expert shards per ep index."""
+    """Why a run of ``plan`` cannot write checkpoints ("" when it can): expert shards per ep or
+    etp index, or the experts' ZeRO shard over their edp group, neither of which the checkpoint
+    files (per stage, tp index and dp x cp shard) name."""
     lay = plan.layout
-    if lay.ep_degree * lay.etp_degree > 1 and any(expert_modules(layer) for layer in workload.layers):
+    if not experts_folded(lay, workload):
+        return ""
+    if lay.ep_degree * lay.etp_degree > 1:
         return (f"checkpoints with ep_degree {lay.ep_degree} x etp_degree {lay.etp_degree}: each ep/etp index holds "
                 "its own experts, which the checkpoint files (per stage and tp index) do not name; run without "
                 "--checkpoint-dir")
+    if lay.zero is not ZeroStage.NONE:
+        return (f"checkpoints with ZeRO {int(lay.zero)} and the experts folded over tp {lay.tp_degree}: their "
+                "optimizer state is sharded over their own edp group, which the checkpoint files do not name; run "
+                "without --checkpoint-dir")
     return ""
 
 
