@@ -29,9 +29,13 @@ experts', because that part is laid out (and its tokens moved) apart from the re
   level is this one (Megatron's ``moe_act`` + ``layernorm``), not its attention core (which under
   FlashAttention keeps only its log-sum-exp);
 - ``hidden`` (a token's width, elements: what dispatch and combine move per token and expert),
+  ``tokens_per_sample`` (the tokens of one sample: its sequence),
   ``expert_ffn_hidden`` (one expert's FFN width), ``top_k``, ``num_experts``,
   ``shared_experts``; ``max_nodes_per_token``: node-limited routing (DeepSeek-V3's at most 4
-  nodes per token; 0: unlimited).
+  nodes per token; 0: unlimited);
+- ``alltoall_fwd`` / ``alltoall_bwd``: zero in a profile (every expert local); in the per-device
+  view the cost model prices (:mod:`planner.cost.experts`), the dispatch and combine on the
+  critical path, part of the layer's times (and ``expert_param_count`` there the device's).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class MoeLayer:
     top_k: int = field(metadata={"doc": "routed experts each token visits k"})
     shared_experts: int = field(default=0, metadata={"doc": "experts every token visits (their cost is the layer's rest)"})
     hidden: int = field(metadata={"doc": "elements of one token's hidden state (what dispatch moves per token and expert)"})
+    tokens_per_sample: int = field(metadata={"doc": "tokens one sample routes through the layer (its sequence length)"})
     expert_ffn_hidden: int = field(metadata={"doc": "FFN width of one routed expert"})
     expert_param_count: int = field(metadata={"doc": "parameters of all routed experts (part of the layer's param_count)"})
     expert_fwd: TimeFit = field(metadata={"doc": "the routed experts' part of the layer's forward, every expert local, tokens even"})
@@ -71,12 +76,20 @@ class MoeLayer:
         default=2, metadata={"doc": "bytes of one element of a dispatched token (2: bf16)"})
     max_nodes_per_token: int = field(
         default=0, metadata={"doc": "node-limited routing: a token's experts on at most this many nodes (0: any)"})
+    alltoall_fwd: TimeFit = field(
+        default=TimeFit(intercept_ms=0.0, per_sample_ms=0.0),
+        metadata={"doc": "of the layer's forward, the dispatch and combine on one device of an expert-parallel group "
+                         "(a per-device view's; 0 in a profile: every expert local)", "omit_if_default": True})
+    alltoall_bwd: TimeFit = field(
+        default=TimeFit(intercept_ms=0.0, per_sample_ms=0.0),
+        metadata={"doc": "of the layer's backward, likewise", "omit_if_default": True})
 
     def __post_init__(self) -> None:
         check_count("moe.num_experts", self.num_experts, 1, MAX_COUNT)
         check_count("moe.top_k", self.top_k, 1, self.num_experts)
         check_count("moe.shared_experts", self.shared_experts, 0, MAX_COUNT)
         check_count("moe.hidden", self.hidden, 1, MAX_COUNT)
+        check_count("moe.tokens_per_sample", self.tokens_per_sample, 1, MAX_COUNT)
         check_count("moe.expert_ffn_hidden", self.expert_ffn_hidden, 1, MAX_COUNT)
         check_count("moe.expert_param_count", self.expert_param_count)
         check_count("moe.dispatch_bytes_per_element", self.dispatch_bytes_per_element, 1, 16)
