@@ -18,6 +18,13 @@ tests/test_runtime_numerics.py explains: the experts' gradients are summed in an
   t = 2 x D = 2; EP = 2 x ETP = 2; ZeRO 1 and 2 with AdamW (the experts' state sharded over
   edp, exactly 1/edp of it); interleaved 1F1B (P = 2 x v = 2) with EP = 2; EP = 4 over cp = 2 x
   D = 2.
+- ``planner plan``'s own EP = 2 plans of the shipped zoo MoE profile (profiles/zoo-moe-cpu.json;
+  2 processes: D = 2; 4: what it plans with --stages 2, interleaved P = 2 x v = 2, D = 2), run as
+  ``planner run`` runs them (the driver builds the runtime's report): one process's losses to
+  float32's rounding, and each stage's bytes saved by one micro-batch's forward within 1% of
+  the plan's activation bytes (the forced-balance router, as the profile's experts were timed
+  and counted; a top-k router on random tokens loads the ranks unevenly), the gradients held
+  after the sync exactly the plan's parameters on the rank.
 - Activation bytes (the runtime's saved-tensor hooks, one micro-batch's forward): with the
   forced-balance router an EP rank receives as many token copies as it sends, so it saves
   what the same rank saves without expert parallelism (D = 2, every expert local) plus the
@@ -27,6 +34,8 @@ tests/test_runtime_numerics.py explains: the experts' gradients are summed in an
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +53,7 @@ MOE = "moe:layers=2,hidden=16,heads=2,seq=8,vocab=32,experts=4,topk=2,ffn=24,den
 MOE3 = "moe:layers=3,hidden=16,heads=2,seq=8,vocab=32,experts=4,topk=2,ffn=24,dense=1,shared=1,dtype=float64"
 BALANCED = f"{MOE},router=balanced"
 MEM = "moe:layers=2,hidden=32,heads=2,seq=16,vocab=32,experts=4,topk=2,ffn=48,dense=0,router=balanced,dtype=float64"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_expert_groups_fold_over_each_pipeline_ranks_ranks() -> None:
@@ -196,4 +206,50 @@ def test_expert_parallel_runs_match_one_process(world: int, driven: SharedLaunch
         errors += _expert_state(results[cfg["name"]], cfg)
     else:
         errors += _check_memory(results)
+    assert not errors, "\n".join(errors)
+
+
+@functools.cache
+def _planned(devices: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A driver config of ``planner plan``'s own plan with EP = 2 of the zoo MoE profile on
+    ``devices`` local CPUs, run float32 SGD for 2 steps with the forced-balance router (the same
+    parameters: the profile's fingerprint). Planned once per session."""
+    from planner.artifacts.plan import plan_to_json
+    from planner.commands.cli import build_parser
+    from planner.commands.plan import plan_of_args
+
+    argv = ["plan", "--profile", str(ROOT / "profiles" / "zoo-moe-cpu.json"), "--cluster", "local-cpu",
+            "--devices", str(devices), "--global-batch", str(4 * devices), "--optimizer", "sgd-fp32",
+            "--no-stage-replication", "--ep", "2", *extra]
+    made = plan_of_args(build_parser("plan").parse_args(argv))
+    name = f"planned-moe-ep2-{devices}" + "".join(extra).replace("--", "-")
+    return {"name": name, "model": "moe:router=balanced", "plan": plan_to_json(made), "dtype": "float32",
+            "optimizer": "sgd", "steps": 2}
+
+
+def planned(world: int) -> list[dict[str, Any]]:
+    return [_planned(2)] if world == 2 else [_planned(4, ("--stages", "2"))]
+
+
+@pytest.mark.slow
+@pytest.mark.driver(configs=planned)
+@pytest.mark.parametrize("world", [2, 4])
+def test_planner_made_expert_parallel_plans_run_as_predicted(world: int, driven: SharedLaunches) -> None:
+    from planner.artifacts.plan import plan_from_json
+    from planner.artifacts.report import report_from_json
+
+    (cfg,) = planned(world)
+    (result,) = driven.results(world, [cfg])
+    plan, report = plan_from_json(cfg["plan"]), report_from_json(result["report"])
+    assert plan.layout.ep_degree == 2 and plan.num_devices == world
+    assert len(result["losses"]) == 2 and result["loss_rel_diff"] <= 1e-5, (result["losses"], result["ref_losses"])
+    errors = []
+    for stage, got in zip(plan.stages, report.stages, strict=True):
+        predicted = stage.activation_bytes_per_microbatch
+        if abs(got.saved_bytes_per_microbatch - predicted) > 0.01 * predicted:
+            errors.append(f"stage {stage.stage_idx}: saved {got.saved_bytes_per_microbatch} B a micro-batch, "
+                          f"the plan {predicted} B")
+        if got.grad_bytes_after_sync != got.grad_bytes_predicted:
+            errors.append(f"stage {stage.stage_idx}: {got.grad_bytes_after_sync} B of gradients, the plan "
+                          f"{got.grad_bytes_predicted} B")
     assert not errors, "\n".join(errors)

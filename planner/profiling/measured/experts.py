@@ -22,7 +22,8 @@ any model built on them), at each micro-batch size the profiler measures
   saved bytes and its selective saved bytes, :func:`planner.profiling.measured.memory.measure_model_bytes`);
 - ``recompute_fwd``: the forward time of what that level re-runs in backward: the experts' GELUs
   on their recorded inputs and the layer's norms on theirs;
-- the shapes: ``hidden``, ``expert_ffn_hidden``, ``num_experts``, ``top_k`` (the router's),
+- the shapes: ``hidden``, ``tokens_per_sample`` (the rows one sample hands the experts: its
+  sequence), ``expert_ffn_hidden``, ``num_experts``, ``top_k`` (the router's),
   ``shared_experts`` (``RoutedExperts.shared_experts``, set by the layer holding them),
   ``expert_param_count`` (``w1`` and ``w2`` of all E), and
   ``dispatch_bytes_per_element`` the element size of the profiled dtype (what a dispatched token
@@ -198,6 +199,7 @@ def _moe_layer(
         top_k=topk,
         shared_experts=module.shared_experts,
         hidden=int(tokens.size(1)),
+        tokens_per_sample=int(tokens.size(0)) // sizes[-1],
         expert_ffn_hidden=int(module.w1.size(-1)),
         expert_param_count=sum(p.numel() for m in experts for p in m.parameters()),
         expert_fwd=times[0],
