@@ -17,7 +17,8 @@ tests/test_runtime_numerics.py explains: the experts' gradients are summed in an
   EP = 2 with PP = 2 (GPipe, recomputation, a shared expert, a dense first block); EP = 4 over
   t = 2 x D = 2; EP = 2 x ETP = 2; ZeRO 1 and 2 with AdamW (the experts' state sharded over
   edp, exactly 1/edp of it); interleaved 1F1B (P = 2 x v = 2) with EP = 2; EP = 4 over cp = 2 x
-  D = 2.
+  D = 2; zero bubble with EP = 2 (ZB-H1 with the selective level and recomputation, ZBV: the
+  backward's input-gradient pass carries the all-to-alls, the weight pass none).
 - ``planner plan``'s own EP = 2 plans of the shipped zoo MoE profile (profiles/zoo-moe-cpu.json;
   2 processes: D = 2; 4: what it plans with --stages 2, interleaved P = 2 x v = 2, D = 2), run as
   ``planner run`` runs them (the driver builds the runtime's report): one process's losses to
@@ -161,6 +162,10 @@ def configs(world: int) -> list[dict[str, Any]]:
         _cfg("moe-il-P2v2-D2-ep2", MOE3, d=2, ep=2, boundaries=[1, 2, 3], schedule="interleaved-1f1b",
              virtual_stages_per_rank=2, num_microbatches=4),
         _cfg("moe-ep4-cp2-D2", BALANCED, d=2, ep=4, cp_degree=2),
+        _cfg("moe-zbh1-P2-D2-ep2-sel-rc", MOE3, d=2, ep=2, boundaries=[3], schedule="zb-h1", num_microbatches=4,
+             microbatch_size=1, recompute=True, selective=True),
+        _cfg("moe-zbv-P2-D2-ep2", MOE3, d=2, ep=2, boundaries=[1, 2, 4], schedule="zbv", virtual_stages_per_rank=2,
+             num_microbatches=4, microbatch_size=1),
     ]
 
 
