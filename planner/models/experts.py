@@ -199,7 +199,8 @@ def _regroup(rows_per_source: torch.Tensor) -> torch.Tensor:
     """Rows arriving source-major, expert-minor (``rows_per_source[j, e]`` of them from source j
     for local expert e) -> the stable order grouping them by expert."""
     num_sources, num_local = rows_per_source.shape
-    expert_of_row = torch.arange(num_local).repeat(num_sources).repeat_interleave(rows_per_source.reshape(-1))
+    experts = torch.arange(num_local, device=rows_per_source.device)
+    expert_of_row = experts.repeat(num_sources).repeat_interleave(rows_per_source.reshape(-1))
     return torch.sort(expert_of_row, stable=True).indices
 
 
@@ -233,7 +234,7 @@ def _tensor_parallel_mlp(
     """Rows ``x`` (grouped by local expert, ``per_expert`` each) through the experts split over the
     etp group: all-gather every rank's rows, compute this rank's partial outputs (its ffn
     columns), reduce-scatter them back (each rank the sum for its own rows)."""
-    everyone = torch.empty(etp.degree * per_expert.numel(), dtype=per_expert.dtype)
+    everyone = torch.empty(etp.degree * per_expert.numel(), dtype=per_expert.dtype, device=per_expert.device)
     dist.all_gather_into_tensor(everyone, per_expert.contiguous(), group=etp.group)
     everyone = everyone.view(etp.degree, per_expert.numel())  # rows per (etp rank, local expert)
     rows = everyone.sum(dim=1).tolist()
