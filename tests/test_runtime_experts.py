@@ -8,6 +8,10 @@ one process on the whole global batches (tests/runtime_driver.py), float64, 2 st
 gradients and final parameters within 1e-12 (SGD; AdamW parameters 1e-10, as
 tests/test_runtime_numerics.py explains: the experts' gradients are summed in another order).
 
+- Checkpoints: with the experts folded every rank writes its own file (its experts and their
+  optimizer state are its own); ZeRO 1 at EP 2 (2 processes) and ZeRO 2 at EP 2 x ETP 2 (4)
+  with AdamW resume from a checkpoint of their first step, and step 2's and 3's losses (which
+  depend on the reloaded AdamW state) are one process's.
 - 2 processes: EP = 2 over D = 2; EP = 2 over the tp ranks of t = 2 without sequence
   parallelism (each tp rank routes half of the replicated tokens) and with it (forced-balance
   router); the experts whole on each rank of t = 2 with sequence parallelism (edp = 2 spans
@@ -46,9 +50,9 @@ from planner.artifacts.layout import Layout
 from planner.models import load_workload
 from planner.models.experts import expert_modules
 from planner.runtime.check import check_plan
-from planner.runtime.experts import expert_checkpoint_refusal, expert_lines, experts_folded
+from planner.runtime.experts import expert_lines, experts_folded
 from tests.factories import make_plan
-from tests.runtime_launch import SharedLaunches
+from tests.runtime_launch import SharedLaunches, step_files
 
 MOE = "moe:layers=2,hidden=16,heads=2,seq=8,vocab=32,experts=4,topk=2,ffn=24,dense=0,dtype=float64"
 MOE3 = "moe:layers=3,hidden=16,heads=2,seq=8,vocab=32,experts=4,topk=2,ffn=24,dense=1,shared=1,dtype=float64"
@@ -95,30 +99,19 @@ def test_plans_the_runtime_cannot_fold_are_refused_before_compute(model: str, kw
         check_plan(plan, workload, plan.num_devices)
 
 
-def test_checkpoints_with_expert_parallelism_are_refused_in_one_line() -> None:
-    workload = load_workload(MOE)
-    plan = make_plan(workload.layer_names, (), dp_degree=2, ep_degree=2)
-    assert "each ep/etp index holds its own experts" in expert_checkpoint_refusal(plan, workload)
-    assert expert_checkpoint_refusal(make_plan(workload.layer_names, (), dp_degree=2), workload) == ""
-    assert expert_checkpoint_refusal(make_plan(workload.layer_names, (), tp_degree=2), workload) == ""  # whole experts
-    folded_zero = make_plan(workload.layer_names, (), tp_degree=2, dp_degree=2, zero=1)
-    assert "sharded over their own edp group" in expert_checkpoint_refusal(folded_zero, workload)
-
-
-def test_planner_run_refuses_checkpoints_with_experts_folded(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """exit 2 with one line, before torchrun starts."""
+def test_planner_run_refuses_zero3_with_experts_folded_in_one_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """exit 2 with one line, before torchrun starts (the launcher runs the ranks' own check)."""
     import json
 
     from planner.artifacts.plan import plan_to_json
     from planner.commands.cli import main
 
-    plan = make_plan(load_workload(MOE).layer_names, (), dp_degree=2, ep_degree=2)
+    plan = make_plan(load_workload(MOE).layer_names, (), dp_degree=2, ep_degree=2, zero=3)
     (tmp_path / "plan.json").write_text(json.dumps(plan_to_json(plan)))
     capsys.readouterr()
-    code = main(["run", str(tmp_path / "plan.json"), "--model", MOE, "--steps", "1",
-                 "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "1"])
+    code = main(["run", str(tmp_path / "plan.json"), "--model", MOE, "--steps", "1"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "run without --checkpoint-dir" in err, err
+    assert code == 2 and err.count("\n") == 1 and "ZeRO 3 with experts folded (ep 2 x etp 1 x tp 1)" in err, err
 
 
 # ---------------------------------------------------------------- launches against one process
@@ -149,6 +142,7 @@ def configs(world: int) -> list[dict[str, Any]]:
             _cfg("moe-ep2-cp2", BALANCED, ep=2, cp_degree=2),
             _cfg("moe-ep2-D2-selective-rc", MOE3, d=2, ep=2, boundaries=[], recompute=True, selective=True,
                  num_microbatches=1, microbatch_size=4),
+            _cfg("moe-ep2-D2-zero1-adamw-resumed", d=2, ep=2, zero=1, optimizer="adamw", steps=3, resume_at=1),
             *_memory(),
         ]
     return [
@@ -159,6 +153,8 @@ def configs(world: int) -> list[dict[str, Any]]:
         _cfg("moe-ep2-etp2-D4", BALANCED, d=4, ep=2, etp_degree=2),
         _cfg("moe-zero1-ep2-edp2-adamw", d=4, ep=2, zero=1, optimizer="adamw"),
         _cfg("moe-zero2-tp2-sp-ep2-adamw", d=2, ep=2, tp_degree=2, sequence_parallel=True, zero=2, optimizer="adamw"),
+        _cfg("moe-zero2-ep2-etp2-D4-adamw-resumed", d=4, ep=2, etp_degree=2, zero=2, optimizer="adamw", steps=3,
+             resume_at=1),
         _cfg("moe-il-P2v2-D2-ep2", MOE3, d=2, ep=2, boundaries=[1, 2, 3], schedule="interleaved-1f1b",
              virtual_stages_per_rank=2, num_microbatches=4),
         _cfg("moe-ep4-cp2-D2", BALANCED, d=2, ep=4, cp_degree=2),
@@ -212,6 +208,8 @@ def test_expert_parallel_runs_match_one_process(world: int, driven: SharedLaunch
     else:
         errors += _check_memory(results)
     assert not errors, "\n".join(errors)
+    resumed = next(r for r in results.values() if r["name"].endswith("-resumed"))  # each rank its own file
+    assert step_files(resumed) == ["manifest.json"] + [f"stage_0.rank_{r}.pt" for r in range(world)]
 
 
 @functools.cache

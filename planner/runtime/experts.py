@@ -32,10 +32,9 @@ edp group then spans tp ranks, each of which computed the experts for its share 
 otherwise the experts are parameters like any other, synchronised over the dp x cp group
 (the same ranks then). Refused before any compute (:func:`expert_parallel_refusal`): experts
 folded on a model without ``RoutedExperts``; ep not dividing E; etp not dividing the ffn
-width; ZeRO 3 with it (its per-chunk gather is one flat shard over the dp x cp group); and
-checkpoints (:func:`expert_checkpoint_refusal`) where a stage's expert shards differ per ep and
-etp index, or their ZeRO shard is over the edp group: the checkpoint files, per stage, tp index
-and dp x cp shard, do not name those.
+width; ZeRO 3 with it (its per-chunk gather is one flat shard over the dp x cp group).
+Checkpoints: a rank's expert shards and their optimizer state are its own, so with the experts
+folded every rank writes and reads its own file per stage (``planner.runtime.checkpoint``).
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ __all__ = [
     "ExpertGroups",
     "ExpertSync",
     "build_expert_groups",
-    "expert_checkpoint_refusal",
     "expert_lines",
     "expert_parallel_refusal",
     "experts_folded",
@@ -92,24 +90,6 @@ def expert_parallel_refusal(plan: Plan, workload: Workload) -> str:
     if experts_folded(layout, workload) and layout.zero is ZeroStage.PARAMETERS:
         return (f"ZeRO 3 with experts folded (ep {ep} x etp {etp} x tp {layout.tp_degree}): the runtime shards "
                 "the experts' state over their edp group with ZeRO 1 and 2 only")
-    return ""
-
-
-def expert_checkpoint_refusal(plan: Plan, workload: Workload) -> str:
-    """Why a run of ``plan`` cannot write checkpoints ("" when it can): expert shards per ep or
-    etp index, or the experts' ZeRO shard over their edp group, neither of which the checkpoint
-    files (per stage, tp index and dp x cp shard) name."""
-    lay = plan.layout
-    if not experts_folded(lay, workload):
-        return ""
-    if lay.ep_degree * lay.etp_degree > 1:
-        return (f"checkpoints with ep_degree {lay.ep_degree} x etp_degree {lay.etp_degree}: each ep/etp index holds "
-                "its own experts, which the checkpoint files (per stage and tp index) do not name; run without "
-                "--checkpoint-dir")
-    if lay.zero is not ZeroStage.NONE:
-        return (f"checkpoints with ZeRO {int(lay.zero)} and the experts folded over tp {lay.tp_degree}: their "
-                "optimizer state is sharded over their own edp group, which the checkpoint files do not name; run "
-                "without --checkpoint-dir")
     return ""
 
 

@@ -140,7 +140,6 @@ def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> 
 
     from planner.runtime.check import check_plan
     from planner.runtime.collect import build_report, gather_measures
-    from planner.runtime.experts import expert_checkpoint_refusal
     from planner.runtime.liveness import StepControl, open_liveness
     from planner.runtime.model import cast_workload, load_workload, workload_fingerprint
     from planner.runtime.preflight import check_outputs, checkpoint_bytes
@@ -149,9 +148,6 @@ def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> 
     plan = load_plan(options.plan_path)
     workload = load_workload(options.model_spec, options.seed, options.dtype)
     check_plan(plan, workload, world_size, source=options.plan_path)
-    why = expert_checkpoint_refusal(plan, workload) if options.checkpoint_dir else ""
-    if why:
-        raise PlannerInputError(f"{options.plan_path}: {why}")
     profile = load_profile(options.profile_path) if options.profile_path else None
     if profile is not None and profile.layer_names != workload.layer_names:
         raise PlannerInputError(f"{options.profile_path}: profile layers do not match model {workload.name!r}")

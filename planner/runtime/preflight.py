@@ -218,15 +218,11 @@ def check_launch(
 
         profile = load_profile(profile_path)
     from planner.runtime.check import check_plan
-    from planner.runtime.experts import expert_checkpoint_refusal
     from planner.runtime.model import load_workload
 
     workload = load_workload(model_spec, seed, dtype)  # as every rank builds it; dropped on return
 
     check_plan(plan, workload, nproc, source=source, profile=profile)
-    why = expert_checkpoint_refusal(plan, workload) if checkpoint_dir else ""
-    if why:
-        raise PlannerInputError(f"{source}: {why}")
     if profile is not None and profile.layer_names != workload.layer_names:
         raise PlannerInputError(f"{profile_path}: profile layers do not match model {workload.name!r}")
     check_outputs(report_path, checkpoint_dir, checkpoint_bytes(workload, dtype, optimizer))

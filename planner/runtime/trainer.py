@@ -116,8 +116,9 @@ class RankTrainer(abc.ABC):
         self.sync, states = build_sync(modules, options=options, layout=layout, groups=self.groups, tied=tied,
                                        stack=plan.stack, ready_at=ready_at, experts=self.experts)
         self.chunks: list[Chunk] = [
-            Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero)
-            for stage_idx, module, timer, (optimizer, zero) in zip(stages, modules, timers, states)
+            Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero,
+                  expert_zero=expert_zero)
+            for stage_idx, module, timer, (optimizer, zero, expert_zero) in zip(stages, modules, timers, states)
         ]
         self.loss_counts = LossCounts(plan.num_microbatches, layout.tp_degree)
         self.grad_bytes: tuple[int, ...] = (0,) * len(self.chunks)  # held after the sync, per chunk
@@ -201,12 +202,16 @@ class RankTrainer(abc.ABC):
 
     @property
     def checkpoint_slot(self) -> CheckpointSlot:
-        """Replica (or copy) 0 writes the model; each tp index checkpoints its own shards."""
+        """Replica (or copy) 0 writes the model; each tp index checkpoints its own shards; with the
+        experts folded every rank its own file (its experts and their optimizer state are its own)."""
+        layout = self.plan.layout
         return CheckpointSlot(
-            replica=self.position.replica * self.plan.layout.cp_degree + self.position.cp_index,  # in the gradient group
+            replica=self.position.replica * layout.cp_degree + self.position.cp_index,  # in the gradient group
             optimizer_shards=self.optimizer_shards,
             tp_index=self.position.tp_index,
-            tp_degree=self.plan.layout.tp_degree,
+            tp_degree=layout.tp_degree,
+            own_file=self.position.rank if self.experts is not None else -1,
+            experts=(layout.ep_degree, layout.etp_degree),
         )
 
     def run(self) -> RankMeasure:
