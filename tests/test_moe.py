@@ -79,9 +79,9 @@ def test_expert_ranks_fold_over_each_pipeline_rank(tp: int, cp: int, dp: int, ep
 
 
 def test_expert_layout_refusals_name_the_values() -> None:
-    with pytest.raises(ValueError, match="ep_degree 16 x etp_degree 1 must divide .* = 8 devices"):
+    with pytest.raises(ValueError, match=r"ep_degree 16 x etp_degree 1 must divide .* = 8 devices"):
         Layout(num_stages=1, dp_degree=4, tp_degree=2, ep_degree=16)
-    with pytest.raises(ValueError, match="per-stage replication .* needs ep_degree 1"):
+    with pytest.raises(ValueError, match=r"per-stage replication .* needs ep_degree 1"):
         Layout(num_stages=2, stage_replicas=(2, 2), ep_degree=2)
     group = DeviceGroup(tp_degree=2, ep_degree=32)
     assert group.dp_multiple == 16 and group.admits(16) and not group.admits(8)
