@@ -63,7 +63,8 @@ import math
 from dataclasses import dataclass, field
 
 from planner.artifacts.caches import Cache
-from planner.artifacts.expert_ranks import EXPERT_MESH_DIMS, ExpertRanks
+from planner.artifacts.expert_ranks import EXPERT_MESH_DIMS as EXPERT_MESH_DIMS  # the mesh dims, beside MESH_DIMS
+from planner.artifacts.expert_ranks import ExpertRanks
 from planner.artifacts.kinds import ChunkPlacement, ZeroStage
 
 #: the mesh dimensions of a uniform layout, outermost first

@@ -59,7 +59,7 @@ from planner.artifacts.limits import (
 )
 from planner.artifacts.moe import MoeLayer
 from planner.artifacts.tensor_split import TensorSplit
-from planner.artifacts.timefit import TimeFit
+from planner.artifacts.timefit import TimeFit as TimeFit  # re-exported: its home before the MoE fields
 
 #: W's share of a backward the profile does not split: a matmul's backward is two products of
 #: its forward's shape, dgrad (B) and wgrad (W) (Qi et al. 2024 sec. 2: T_B = T_W = T_F)

@@ -14,11 +14,11 @@ from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cl
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, ScheduleKind, SolverKind
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
+from planner.artifacts.moe import MoeBalance, MoeDispatcher
 from planner.artifacts.plan import Plan, dumps_plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
-from planner.artifacts.moe import MoeBalance, MoeDispatcher
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack, stack_named
 from planner.commands._args import bounded_float, bounded_int, check_output, fraction, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile

@@ -81,7 +81,7 @@ from planner.artifacts.profile import AttentionCore, Layer, Profile, TimeFit
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line
 from planner.profiling.analytic.gemm import GemmModel
-from planner.profiling.analytic.moe import FIT_SIZES, expert_gemm_ms, line_through
+from planner.profiling.analytic.grouped import FIT_SIZES, expert_gemm_ms, line_through
 
 __all__ = ["DEEPEP_NVLINK_FRACTION", "DEEPEP_RDMA_FRACTION", "ExpertLinks", "alltoall_ms", "candidate_expert_degrees",
            "expert_links", "expert_refusal", "expert_view", "has_experts", "remote_nodes", "strip_experts"]

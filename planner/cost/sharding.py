@@ -24,9 +24,8 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
-from planner.artifacts.layout import DeviceGroup
 from planner.cost.collectives import allreduce_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
 from planner.cost.prefix import PrefixSums

@@ -60,33 +60,10 @@ from planner.profiling.analytic.attention import attention_core_cost
 from planner.profiling.analytic.common import BYTES_PER_ACT, BYTES_PER_PARAM, DeviceRates, analytic_layer, device_rates, megatron_split
 from planner.profiling.analytic.gemm import Gemm, GemmModel
 from planner.profiling.analytic.gpt import attention_gemms
+from planner.profiling.analytic.grouped import FIT_SIZES, expert_gemm_ms, line_through
 from planner.profiling.analytic.moe_shapes import AttentionShape, MoeShape, moe_shape
 
-__all__ = ["expert_gemm_ms", "moe_model_flops_per_sample", "moe_profile"]
-
-#: micro-batch sizes the expert lines are fitted through (as every analytic layer's)
-FIT_SIZES = (1, 8)
-
-
-def expert_gemm_ms(model: GemmModel, peak_flops_per_ms: float, *, tokens_per_expert: float, experts: float, hidden: int,
-                   ffn: float, backward: bool = False) -> float:
-    """The routed experts' grouped GEMMs on one device: ``experts`` products ``m x h . h x 2F`` and
-    ``m x F . F x h`` over ``m = tokens_per_expert``, each at the GEMM model's efficiency for its
-    shape (backward: input and weight gradients, twice the forward)."""
-    if tokens_per_expert <= 0 or experts <= 0:
-        return 0.0
-    m, h, f = tokens_per_expert, float(hidden), ffn
-    up = 2.0 * m * 2.0 * f * h / model.efficiency(m, 2.0 * f, h)
-    down = 2.0 * m * h * f / model.efficiency(m, h, f)
-    return experts * (up + down) / peak_flops_per_ms * (2.0 if backward else 1.0)
-
-
-def line_through(ys: dict[int, float]) -> TimeFit:
-    """The line through the times at :data:`FIT_SIZES`."""
-    (b0, b1) = FIT_SIZES
-    slope = max(0.0, (ys[b1] - ys[b0]) / (b1 - b0))
-    return TimeFit(intercept_ms=max(ys[b0] - slope * b0, -slope), per_sample_ms=slope)
-
+__all__ = ["moe_model_flops_per_sample", "moe_profile"]
 
 @dataclass(frozen=True, slots=True)
 class Part:
@@ -104,6 +81,7 @@ class Part:
 def _attention(att: AttentionShape, s: int, h: int) -> tuple[Part, tuple[Gemm, ...], float]:
     """The attention's part, its core's GEMMs and the core's saved bytes (module docstring)."""
     a, g, d, dv = att.heads, att.kv_heads, att.qk_dim, att.v_dim
+    core: tuple[Gemm, ...]
     if att.window and att.window < s:  # each query against w keys: no causal half to skip
         core = (Gemm(name="flash_window", m=s, n=att.window, k=(d + dv) // 2, count=2 * a, batch="count", split="count",
                      fused=True, bwd_factor=2.5, weighted=False),)
