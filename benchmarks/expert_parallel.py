@@ -2,9 +2,9 @@
 zoo MoE profile at EP = 1, 2 and 4 on four CPU processes, run by ``planner run``, their
 predictions and measurements side by side in one run.
 
-Per EP degree: the layout the solver chose (``--ep K``, one stage per rank, global batch 16,
-SGD float32), its predicted iteration and all-to-all ms, the measured iteration ms (median of
-the timed steps), and per stage the bytes one micro-batch saves for backward (the runtime's
+Per EP degree: the layout the solver chose (``--ep K``, global batch 16, SGD float32, uniform
+layouts: ``--no-stage-replication``), its predicted iteration and all-to-all ms, the measured
+iteration ms (median of the timed steps), and per stage the bytes one micro-batch saves for backward (the runtime's
 hooks) and the gradient bytes a rank holds after the sync, each against the plan's. The model
 runs with the forced-balance router (``moe:router=balanced``: the profile's experts were timed
 and counted with the tokens spread evenly; same parameters, same fingerprint).
@@ -40,7 +40,8 @@ def measure(ep: int, devices: int, steps: int, folder: Path) -> list[str]:
     """Plan at ``--ep ep``, run it, and return the table's lines for it."""
     plan_path, report_path = folder / f"ep{ep}.json", folder / f"ep{ep}-report.json"
     _planner("plan", "--profile", str(PROFILE), "--cluster", "local-cpu", "--devices", str(devices), "--global-batch",
-             str(4 * devices), "--optimizer", "sgd-fp32", "--no-stage-replication", "--ep", str(ep), "--out", str(plan_path))
+             str(4 * devices), "--optimizer", "sgd-fp32", "--no-stage-replication", "--ep", str(ep),
+             "--out", str(plan_path))
     _planner("run", str(plan_path), "--model", MODEL, "--steps", str(steps), "--report", str(report_path))
     plan, report = load_plan(plan_path), load_report(report_path)
     a2a = sum(s.alltoall_ms for s in plan.stages)

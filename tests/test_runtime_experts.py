@@ -223,7 +223,7 @@ def _planned(devices: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
 
     argv = ["plan", "--profile", str(ROOT / "profiles" / "zoo-moe-cpu.json"), "--cluster", "local-cpu",
             "--devices", str(devices), "--global-batch", str(4 * devices), "--optimizer", "sgd-fp32",
-            "--no-stage-replication", "--ep", "2", *extra]
+            "--ep", "2", *extra]
     made = plan_of_args(build_parser("plan").parse_args(argv))
     name = f"planned-moe-ep2-{devices}" + "".join(extra).replace("--", "-")
     return {"name": name, "model": "moe:router=balanced", "plan": plan_to_json(made), "dtype": "float32",
