@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -173,6 +174,10 @@ def run_experts(
         out = _dispatched(permuted, counts, w1, w2, shard, recompute_act)
     unpermuted = out.index_select(0, _inverse(order))
     return (unpermuted.view(num_tokens, topk, -1) * gates.unsqueeze(-1)).sum(dim=1)
+
+
+# one node of a torch.fx graph (its routing is data-dependent): the profiler's operator graphs trace around it
+torch.fx.wrap("run_experts")
 
 
 def _inverse(order: torch.Tensor) -> torch.Tensor:

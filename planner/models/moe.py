@@ -162,7 +162,7 @@ class MoEFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, recompute_act: bool = False) -> torch.Tensor:
         """``recompute_act``: the experts' GELU outputs recomputed in backward (Megatron's ``moe_act``)."""
-        batch, seq, hidden = x.shape
+        batch, seq, hidden = x.size(0), x.size(1), x.size(2)  # not unpacked: torch.fx traces this
         tokens = x.reshape(batch * seq, hidden)  # a view: rows batch-major (module docstring)
         token_positions = positions(self, seq, x.device).repeat(batch)
         choices, gates = self.router(tokens, token_positions)
