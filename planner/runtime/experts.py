@@ -93,7 +93,7 @@ def expert_parallel_refusal(plan: Plan, workload: Workload) -> str:
     return ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExpertGroups:
     """One rank's expert groups: its place in the expert mesh and the groups along it."""
 
