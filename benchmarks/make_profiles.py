@@ -1,7 +1,7 @@
 """Regenerate the shipped profiles in ``profiles/``.
 
-- measured profiles of the zoo models (gpt, bert, vgg, resnet, and gpt2 when transformers is
-  installed) at their default (small) sizes:
+- measured profiles of the zoo models (gpt, bert, vgg, resnet, moe, and gpt2 when transformers
+  is installed) at their default (small) sizes (moe: its layers' routed experts in ``Layer.moe``):
   ``zoo-<model>-<device>.json`` (CPU by default; ``--device cuda`` on a GPU machine);
 - analytic GPT-3 1.3B / 13B / 175B on A100 and H100: ``gpt3-<size>-<a100|h100>.json``
   (planner.profiling.analytic.gpt, formulas cited there);
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from planner.artifacts.profile import save_profile
 
-ZOO_SPECS = ("gpt", "bert", "vgg", "resnet", "gpt2")  # gpt2 only when transformers is installed
+ZOO_SPECS = ("gpt", "bert", "vgg", "resnet", "moe", "gpt2")  # gpt2 only when transformers is installed
 GPT3 = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b")
 LLAMA3 = ("llama-3-8b", "llama-3-70b")  # configs/<name>.json
 PRESETS = {"a100": "a100-80gb", "h100": "h100-80gb"}

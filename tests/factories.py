@@ -322,6 +322,8 @@ def make_plan(
     zero: int = 0,
     stack: Stack = DEFAULT_STACK,
     cp_degree: int = 1,
+    ep_degree: int = 1,
+    etp_degree: int = 1,
 ) -> Plan:
     """A plan cutting ``layer_names`` before each index in ``boundaries``; with ``recompute``
     every stage but the last recomputes all its layers (the last recomputes its first); with
@@ -329,13 +331,14 @@ def make_plan(
     a no-op in layers without one). The
     stages' ranks are the Layout's (``Layout.stage_ranks``): with ``virtual_stages_per_rank`` = v
     (interleaved 1F1B) stage s runs on pipeline rank s mod P, P = num_stages / v; with
-    ``tp_degree`` = t (and ``cp_degree`` = c) each stage replica is t (x c) ranks. ``zero``: the ZeRO stage; ``stack``: the
+    ``tp_degree`` = t (and ``cp_degree`` = c) each stage replica is t (x c) ranks; ``ep_degree`` and
+    ``etp_degree`` fold the routed experts over them. ``zero``: the ZeRO stage; ``stack``: the
     training stack the plan is for (how the runtime buckets and overlaps the all-reduce)."""
     cuts = (0, *boundaries, len(layer_names))
     num_stages = len(cuts) - 1
     layout = Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
                     tp_degree=tp_degree, sequence_parallel=sequence_parallel, cp_degree=cp_degree,
-                    zero=ZeroStage(zero), placement=schedule.placement)
+                    zero=ZeroStage(zero), placement=schedule.placement, ep_degree=ep_degree, etp_degree=etp_degree)
     stages = []
     for s in range(num_stages):
         start, stop = cuts[s], cuts[s + 1]

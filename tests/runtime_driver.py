@@ -10,7 +10,8 @@ num_microbatches, microbatch_size, schedule, recompute, dtype, optimizer, steps,
 optionally selective (selective recomputation of the layers not fully recomputed),
 virtual_stages_per_rank (interleaved 1F1B), zero (ZeRO stage), tp_degree and
 sequence_parallel (tensor parallelism; split parameters are compared whole), cp_degree
-(context parallelism: each sequence split over the cp ranks), stack (the
+(context parallelism: each sequence split over the cp ranks), ep_degree and etp_degree (the
+routed experts folded over the ranks; expert shards are compared whole), stack (the
 fields of a planner.artifacts.stack.Stack: how the all-reduce is bucketed and overlapped), and checkpoint_dir
 with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes); or, instead
 of the layout's fields, plan (a plan as ``planner plan`` writes it) with model, dtype,
@@ -201,6 +202,8 @@ def _plan_of(cfg: dict[str, Any], layer_names: tuple[str, ...]) -> Plan:
         tp_degree=cfg.get("tp_degree", 1),
         sequence_parallel=cfg.get("sequence_parallel", False),
         cp_degree=cfg.get("cp_degree", 1),
+        ep_degree=cfg.get("ep_degree", 1),
+        etp_degree=cfg.get("etp_degree", 1),
         zero=cfg.get("zero", 0),
         stack=Stack(**cfg["stack"]) if "stack" in cfg else DEFAULT_STACK,
     )

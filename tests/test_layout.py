@@ -48,7 +48,8 @@ def test_every_device_has_one_place(layout: Layout) -> None:
             assert sorted(r for g in by_cp for r in g) == list(grads) == sorted(r for g in by_replica for r in g)
             assert all(len(g) == dp for g in by_cp) and all(len(g) == cp for g in by_replica)
         if layout.zero is not ZeroStage.NONE:
-            assert layout.sharding(s) == Sharding(layout.zero, dp * cp)
+            edp = dp * cp * layout.tp_degree  # the routed experts' group (ep = etp = 1): every rank of the stage
+            assert layout.sharding(s) == Sharding(layout.zero, dp * cp, edp if edp != dp * cp else 0)
     assert sorted(devices) == list(range(layout.world_size))
     assert all(len(p) == 1 for p in devices.values()), "a device runs chunks of one pipeline rank only"
     for rank in range(layout.world_size):
@@ -83,7 +84,7 @@ def test_cp_sits_between_dp_and_tp() -> None:
     assert lay.dp_group(0, tp_index=1, cp_index=1) == (3, 7)
     assert lay.grad_group(1, tp_index=0) == (8, 10, 12, 14)
     assert lay.data_parallel_size(0) == 2 and lay.grad_group_size(0) == 4
-    assert lay.sharding(1) == Sharding(ZeroStage.OPTIMIZER, 4)
+    assert lay.sharding(1) == Sharding(ZeroStage.OPTIMIZER, 4, 8)  # the routed experts: all 8 ranks of the stage
     assert lay.describe() == "T=2 x CP=2 x P=2 x D=2, ZeRO-1"
     assert Layout(num_stages=2, dp_degree=4, cp_degree=4, tp_degree=8).describe() == "T=8 x CP=4 x P=2 x D=4, no ZeRO"
     assert Layout(num_stages=1, cp_degree=2).describe() == "CP=2 x P=1 x D=1, no ZeRO"

@@ -281,6 +281,7 @@ def test_driver_configurations_share_launches_without_clashing() -> None:
         test_hf_runtime,
         test_hf_tensor_parallel,
         test_runtime_context,
+        test_runtime_experts,
         test_runtime_fsdp,
         test_runtime_survival,
         test_runtime_zero_bubble,
@@ -290,9 +291,11 @@ def test_driver_configurations_share_launches_without_clashing() -> None:
         1: configs(1) + test_hf_runtime.configs(1),
         2: configs(2) + test_hf_runtime.configs(2) + test_hf_tensor_parallel.configs(2) + test_runtime_fsdp.CONFIGS[2]
         + test_runtime_zero_bubble.configs(2) + test_runtime_zero_bubble.zbv_configs(2) + test_runtime_survival.undeclared_tie()
-        + test_runtime_context.zoo_gpt_configs() + test_runtime_context.hugging_face_configs(),
+        + test_runtime_context.zoo_gpt_configs() + test_runtime_context.hugging_face_configs()
+        + test_runtime_experts.configs(2) + test_runtime_experts.planned(2),
         4: configs(4) + test_hf_runtime.configs(4) + test_hf_tensor_parallel.configs(4) + test_runtime_fsdp.CONFIGS[4]
-        + test_runtime_zero_bubble.configs(4) + test_runtime_zero_bubble.zbv_configs(4) + test_runtime_context.combination_configs(),
+        + test_runtime_zero_bubble.configs(4) + test_runtime_zero_bubble.zbv_configs(4) + test_runtime_context.combination_configs()
+        + test_runtime_experts.configs(4) + test_runtime_experts.planned(4),
     }
     launches = SharedLaunches()
     for world, cfgs in by_world.items():

@@ -28,6 +28,19 @@ per-stage replication, Narayanan et al. 2019: stage ``s`` has its own ``R_s`` co
 pipeline, micro-batch ``m`` on copy ``m mod R_s``; with ``dp_degree`` 1, ``tp_degree`` 1, one
 chunk per rank).
 
+Experts (mixture-of-experts layers, "parallel folding": Liu et al. 2025, "MoE Parallel Folding",
+arXiv 2504.14960; Megatron-Core's ``--expert-model-parallel-size`` /
+``--expert-tensor-parallel-size``): the routed experts of every MoE layer are laid out apart from
+attention, over the same ranks. A pipeline rank's ``tp x cp x dp`` devices are, for the experts,
+``etp_degree`` (expert tensor parallelism: each expert's weights split, innermost) x
+``ep_degree`` (expert parallelism: the experts divided) x ``edp_degree`` (expert data
+parallelism, derived: ``tp x cp x dp / (ep x etp)``, over which the experts' gradients are
+synchronised and their ZeRO state sharded). The expert rank formula, Megatron-Core's expert
+``RankGenerator`` order "tp-ep-dp-pp": within pipeline rank ``p``'s block of ``n = dp x cp x tp``
+consecutive ranks, ``rank = p x n + (edp_index x ep + ep_index) x etp + etp_index`` (an expert
+mesh ("pp", "edp", "ep", "etp") of shape ``(pipeline_size, edp, ep, etp)``; ranks of the
+attention mesh and the expert mesh are the same devices, numbered alike).
+
 Gradients are synchronised, and ZeRO state sharded, over a stage's data-parallel and
 context-parallel ranks together (:meth:`Layout.grad_group`, as torchtitan's ``dp_shard_cp``):
 the cp ranks hold the same parameters and each computes gradients of its part of the sequence.
@@ -46,9 +59,12 @@ the solver's list of dimensions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner.artifacts.caches import Cache
+from planner.artifacts.expert_ranks import EXPERT_MESH_DIMS as EXPERT_MESH_DIMS  # the mesh dims, beside MESH_DIMS
+from planner.artifacts.expert_ranks import ExpertRanks
 from planner.artifacts.kinds import ChunkPlacement, ZeroStage
 
 #: the mesh dimensions of a uniform layout, outermost first
@@ -63,10 +79,18 @@ _STAGE_RANKS: Cache[tuple[Layout, int], tuple[int, ...]] = Cache(
 @dataclass(frozen=True, slots=True)
 class Sharding:
     """How one stage's model state is divided: ZeRO stage ``zero`` over ``ranks`` data-parallel
-    ranks (1 when nothing is sharded)."""
+    ranks (1 when nothing is sharded); the routed experts' state over ``expert_ranks`` (the
+    stage's expert data-parallel group, :attr:`Layout.edp_degree`; 0: the same as ``ranks``,
+    a layout without expert parallelism)."""
 
     zero: ZeroStage = ZeroStage.NONE
     ranks: int = 1
+    expert_ranks: int = 0
+
+    @property
+    def expert_shards(self) -> int:
+        """Ranks the routed experts' state is divided over (``ranks`` unless told)."""
+        return self.expert_ranks or self.ranks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +104,8 @@ class DeviceGroup:
     tp_degree: int = 1
     cp_degree: int = 1
     sequence_parallel: bool = False
+    ep_degree: int = 1
+    etp_degree: int = 1
 
     def __post_init__(self) -> None:
         if self.tp_degree < 1:
@@ -88,6 +114,24 @@ class DeviceGroup:
             raise ValueError(f"cp_degree must be >= 1 (got {self.cp_degree})")
         if self.sequence_parallel and self.tp_degree == 1:
             raise ValueError("sequence_parallel needs tp_degree > 1")
+        if self.ep_degree < 1 or self.etp_degree < 1:
+            raise ValueError(f"ep_degree and etp_degree must be >= 1 (got {self.ep_degree}, {self.etp_degree})")
+
+    @property
+    def experts_size(self) -> int:
+        """Devices one expert's copy is split over across its experts: ``ep x etp``."""
+        return self.ep_degree * self.etp_degree
+
+    @property
+    def dp_multiple(self) -> int:
+        """The data-parallel degrees a layout of this group may have are the multiples of this:
+        ``ep x etp`` must divide ``tp x cp x dp`` (the experts folded over a pipeline rank's
+        ranks, :attr:`Layout.edp_degree`)."""
+        return self.experts_size // math.gcd(self.experts_size, self.size)
+
+    def admits(self, dp_degree: int) -> bool:
+        """Whether a layout of this group may have ``dp_degree`` replicated pipelines."""
+        return dp_degree % self.dp_multiple == 0
 
     @property
     def size(self) -> int:
@@ -111,13 +155,17 @@ class DeviceGroup:
         """The layout of stages spanning this group each (the other axes as given)."""
         return Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
                       stage_replicas=stage_replicas, tp_degree=self.tp_degree, cp_degree=self.cp_degree,
-                      sequence_parallel=self.sequence_parallel, zero=zero, placement=placement)
+                      sequence_parallel=self.sequence_parallel, zero=zero, placement=placement,
+                      ep_degree=self.ep_degree, etp_degree=self.etp_degree)
 
     def describe(self) -> str:
-        """``tensor-parallel degree 2 (seq-par), context-parallel 4`` (progress notes)."""
+        """``tensor-parallel degree 2 (seq-par), context-parallel 4`` (progress notes); with
+        experts ``..., expert-parallel 8 (expert tensor-parallel 2)``."""
         sp = " (seq-par)" if self.sequence_parallel else ""
         cp = f", context-parallel {self.cp_degree}" if self.cp_degree > 1 else ""
-        return f"tensor-parallel degree {self.tp_degree}{sp}{cp}"
+        ep = f", expert-parallel {self.ep_degree}" if self.experts_size > 1 else ""
+        etp = f" (expert tensor-parallel {self.etp_degree})" if self.etp_degree > 1 else ""
+        return f"tensor-parallel degree {self.tp_degree}{sp}{cp}{ep}{etp}"
 
 
 #: the group of one device (no tensor or context parallelism)
@@ -125,7 +173,7 @@ ONE_DEVICE = DeviceGroup()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
+class Layout(ExpertRanks):
     """A plan's parallel dimensions (see the module docstring)."""
 
     num_stages: int = field(metadata={"doc": "model chunks (pipeline stages) in all"})
@@ -145,6 +193,16 @@ class Layout:
     placement: ChunkPlacement = field(
         default=ChunkPlacement.LOOP,
         metadata={"doc": "which chunks a rank holds: loop (p, p + P, ...) or v (p, 2P - 1 - p, ...; ZBV)"},
+    )
+    ep_degree: int = field(
+        default=1,
+        metadata={"doc": "expert-parallel devices: the routed experts of every MoE layer divided over them "
+                         "(absent from a plan file when 1)", "omit_if_default": True},
+    )
+    etp_degree: int = field(
+        default=1,
+        metadata={"doc": "expert tensor-parallel devices: each routed expert's weights split over them "
+                         "(absent from a plan file when 1)", "omit_if_default": True},
     )
 
     def __post_init__(self) -> None:
@@ -180,13 +238,31 @@ class Layout:
                 f"tp_degree {self.tp_degree}, cp_degree {self.cp_degree})"
             )
         object.__setattr__(self, "stage_replicas", reps)
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """The experts' layout folds over each pipeline rank's ranks (module docstring)."""
+        ep, etp = self.ep_degree, self.etp_degree
+        if ep < 1 or etp < 1:
+            raise ValueError(f"ep_degree and etp_degree must be >= 1 (got {ep}, {etp})")
+        if ep * etp == 1:
+            return
+        if self.stage_replicas:
+            raise ValueError(f"per-stage replication (replicas {list(self.stage_replicas)}) needs ep_degree 1 and "
+                             f"etp_degree 1 (got {ep}, {etp})")
+        ranks = self.tp_degree * self.cp_degree * self.dp_degree
+        if ranks % (ep * etp):
+            raise ValueError(f"ep_degree {ep} x etp_degree {etp} must divide a pipeline rank's tp_degree x cp_degree "
+                             f"x dp_degree = {self.tp_degree} x {self.cp_degree} x {self.dp_degree} = {ranks} devices")
 
     # ---------------------------------------------------------------- sizes
     @property
     def group(self) -> DeviceGroup:
-        """The devices one stage replica spans (tensor x context parallel)."""
+        """The devices one stage replica spans (tensor x context parallel), with the expert
+        degrees its cost model prices."""
         return DeviceGroup(tp_degree=self.tp_degree, cp_degree=self.cp_degree,
-                           sequence_parallel=self.sequence_parallel)
+                           sequence_parallel=self.sequence_parallel, ep_degree=self.ep_degree,
+                           etp_degree=self.etp_degree)
 
     @property
     def num_groups(self) -> int:
@@ -231,10 +307,12 @@ class Layout:
         return self.data_parallel_size(stage_idx) * self.cp_degree
 
     def sharding(self, stage_idx: int) -> Sharding:
-        """How stage ``stage_idx``'s model state is divided under ``zero``."""
+        """How stage ``stage_idx``'s model state is divided under ``zero`` (the experts' over
+        their expert data-parallel group, where the layout has expert parallelism)."""
         if self.zero is ZeroStage.NONE:
             return Sharding()
-        return Sharding(self.zero, self.grad_group_size(stage_idx))
+        ranks, experts = self.grad_group_size(stage_idx), self.expert_grad_group_size(stage_idx)
+        return Sharding(self.zero, ranks, experts if experts != ranks else 0)
 
     # ---------------------------------------------------------------- ranks
     def pipeline_rank(self, stage_idx: int) -> int:
@@ -347,4 +425,6 @@ class Layout:
             text = f"CP={self.cp_degree} x {text}"
         if self.tp_degree > 1:
             text = f"T={self.tp_degree}{' (seq-par)' if self.sequence_parallel else ''} x {text}"
+        if self.ep_degree * self.etp_degree > 1:
+            text = f"{text}, experts EP={self.ep_degree} x ETP={self.etp_degree} x EDP={self.edp_degree}"
         return f"{text}, {zero}"

@@ -25,7 +25,9 @@ unchanged by it. The layout's ``placement`` is not written: the schedule implies
 (:attr:`ScheduleKind.placement`: a V for ``zbv``, round-robin otherwise), and the plan checks
 that its layout's is the schedule's. ``cp_degree`` (context parallelism) is written only when
 > 1, so a file without it is a plan with cp 1 and every plan without context parallelism reads
-and writes the same bytes as before the field (no new version).
+and writes the same bytes as before the field (no new version); so are ``ep_degree`` and
+``etp_degree`` (the routed experts' layout, :class:`~planner.artifacts.layout.Layout`), and each
+stage's ``alltoall_ms`` (its mixture-of-experts dispatch and combine, part of its times).
 
 Times in ``PlanStage`` are per micro-batch except ``allreduce_ms`` (once per iteration).
 
@@ -165,6 +167,11 @@ class PlanStage:
         metadata={"doc": "of activation_bytes_per_microbatch, what one micro-batch keeps from the end of its input-gradient "
                          "pass until its W runs (its weight GEMMs' inputs); 0 unless the schedule splits the backward"},
     )
+    alltoall_ms: float = field(
+        default=0.0,
+        metadata={"doc": "of fwd_ms + bwd_ms, the mixture-of-experts token dispatch and combine (all-to-all) on the "
+                         "critical path, per micro-batch (absent when 0: no routed experts)", "omit_if_default": True},
+    )
 
     def __post_init__(self) -> None:
         check_count("stage_idx", self.stage_idx, 0, MAX_LAYERS)
@@ -178,7 +185,7 @@ class PlanStage:
         check_fields(self, 0, MAX_LAYERS, "layer_start", "layer_stop")
         check_count("inflight_microbatches", self.inflight_microbatches, 0, MAX_BATCH)
         check_fields(self, 0, MAX_MS, "fwd_ms", "bwd_ms", "recompute_ms", "send_fwd_ms", "send_bwd_ms", "allreduce_ms")
-        check_fields(self, 0, MAX_MS, "sync_early_ms", "gather_ahead_ms", "gather_bound_ms", "optimizer_ms")
+        check_fields(self, 0, MAX_MS, "sync_early_ms", "gather_ahead_ms", "gather_bound_ms", "optimizer_ms", "alltoall_ms")
         check_fields(self, 0, MAX_BYTES, "activation_bytes_per_microbatch", "memory_total_bytes", "memory_cap_bytes")
         for name in self.layer_names:
             check_name(f"stage {self.stage_idx}: layer name", name)
@@ -246,7 +253,8 @@ class Plan:
         lay = self.layout
         check_fields(self, 1, MAX_BATCH, "global_batch", "num_microbatches", "microbatch_size")
         check_count("devices_available", self.devices_available, 0, MAX_DEVICES)
-        check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "cp_degree", "virtual_stages_per_rank")
+        check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "cp_degree", "virtual_stages_per_rank",
+                     "ep_degree", "etp_degree")
         if len(self.stages) != lay.num_stages:
             raise ValueError(f"num_stages is {lay.num_stages} but {len(self.stages)} stages are listed")
         if lay.placement is not self.schedule.placement:
@@ -297,13 +305,15 @@ class Plan:
 
 
 #: the layout's fields as version 3 to 5 files hold them, at the top level (stage_replicas: in stages)
-_LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree")
+_LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree",
+                "ep_degree", "etp_degree")
 #: layout keys a version-3 to -5 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
 #: the top-level keys of a version-5 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
-    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "dtype", "optimizer",
+    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "dtype",
+    "optimizer",
     "devices_available", "stack", "stages", "predicted", "pareto",
 )
 

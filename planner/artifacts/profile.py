@@ -44,7 +44,6 @@ rule for tensor-parallel times); version 2 added
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +67,9 @@ from planner.artifacts.limits import (
     check_ranges,
     first_duplicate,
 )
+from planner.artifacts.moe import MoeLayer
 from planner.artifacts.tensor_split import TensorSplit
+from planner.artifacts.timefit import TimeFit as TimeFit  # re-exported: its home before the MoE fields
 
 #: W's share of a backward the profile does not split: a matmul's backward is two products of
 #: its forward's shape, dgrad (B) and wgrad (W) (Qi et al. 2024 sec. 2: T_B = T_W = T_F)
@@ -84,28 +85,6 @@ VERSION = 4
 
 def _check_bytes(**values: float) -> None:
     check_ranges(0, MAX_BYTES, **values)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TimeFit:
-    """A time as a line in the micro-batch size: ``intercept_ms + per_sample_ms * b``."""
-
-    intercept_ms: float
-    per_sample_ms: float
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.intercept_ms) and math.isfinite(self.per_sample_ms)):
-            raise ValueError("time fit must be finite")
-        if self.per_sample_ms < 0:
-            raise ValueError(f"per_sample_ms must be >= 0 (got {self.per_sample_ms!r})")
-        if self.intercept_ms + self.per_sample_ms < 0:
-            raise ValueError("time fit is negative at micro-batch size 1")
-        check_range("intercept_ms", self.intercept_ms, -MAX_MS, MAX_MS)
-        check_range("per_sample_ms", self.per_sample_ms, 0, MAX_MS)
-
-    def at(self, microbatch_size: int) -> float:
-        """Time in ms for one micro-batch of ``microbatch_size`` samples (never negative)."""
-        return max(0.0, self.intercept_ms + self.per_sample_ms * microbatch_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +160,9 @@ class Layer:
         "doc": "W's share of bwd (the rest is B; Qi et al. 2024); null = the default: 0.5 with parameters, 0 without"})
     weight_grad_saved_fraction: float | None = field(default=None, metadata={
         "doc": "share of the saved bytes W keeps from the end of B until it runs; null = 1 with parameters, 0 without"})
+    moe: MoeLayer | None = field(default=None, metadata={
+        "doc": "the layer's routed experts (a mixture-of-experts layer, planner.artifacts.moe); absent: none",
+        "omit_if_default": True})
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -206,6 +188,8 @@ class Layer:
             raise ValueError(f"layer {self.name!r}: attention_core.saved_bytes_per_sample exceeds saved_bytes_per_sample")
         if core is not None and core.saved_bytes_fixed > self.saved_bytes_fixed * (1 + 1e-9) + 1e-9:
             raise ValueError(f"layer {self.name!r}: attention_core.saved_bytes_fixed exceeds saved_bytes_fixed")
+        if self.moe is not None:
+            self._check_moe(self.moe)
         if self.tp is not None:
             if self.tp.split_param_count > self.param_count:
                 raise ValueError(f"layer {self.name!r}: tp.split_param_count exceeds param_count")
@@ -222,6 +206,16 @@ class Layer:
             input_bytes_per_sample=self.input_bytes_per_sample,
             output_bytes_per_sample=self.output_bytes_per_sample,
         )
+
+    def _check_moe(self, moe: MoeLayer) -> None:
+        """The routed experts are part of the layer: their parameters, saved bytes and times."""
+        if moe.expert_param_count > self.param_count:
+            raise ValueError(f"layer {self.name!r}: moe.expert_param_count exceeds param_count")
+        if moe.expert_saved_bytes_per_sample + moe.norm_saved_bytes_per_sample > self.saved_bytes_per_sample * (1 + 1e-9) + 1e-9:
+            raise ValueError(f"layer {self.name!r}: moe's saved bytes exceed saved_bytes_per_sample")
+        for name, part, whole in (("expert_fwd", moe.expert_fwd, self.fwd), ("expert_bwd", moe.expert_bwd, self.bwd)):
+            if part.at(1) > whole.at(1) * (1 + 1e-9) + 1e-12 or part.at(8) > whole.at(8) * (1 + 1e-9) + 1e-12:
+                raise ValueError(f"layer {self.name!r}: moe.{name} exceeds the layer's time")
 
     def fwd_ms(self, microbatch_size: int) -> float:
         return self.fwd.at(microbatch_size)

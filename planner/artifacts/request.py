@@ -106,6 +106,17 @@ class PlanRequest:
                          "sequence into 2 cp whole chunks and divides the devices (profiles that declare what scales "
                          "with the sequence: analytic GPT and Llama; else 1)", "omit_if_default": True},
     )
+    ep_degrees: tuple[int, ...] = field(
+        default=(),
+        metadata={"doc": "expert-parallel degrees to consider for profiles with routed experts; empty = every degree "
+                         "that divides the experts and folds over a pipeline rank's devices (1 without experts)",
+                  "omit_if_default": True},
+    )
+    etp_degrees: tuple[int, ...] = field(
+        default=(),
+        metadata={"doc": "expert tensor-parallel degrees to consider; empty = 1 and every divisor of the devices per "
+                         "node that splits the experts' FFN width (1 without experts)", "omit_if_default": True},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -138,6 +149,9 @@ class PlanRequest:
             raise ValueError(f"tp_degrees must be >= 1 (got {list(self.tp_degrees)})")
         if any(c < 1 for c in self.cp_degrees):
             raise ValueError(f"cp_degrees must be >= 1 (got {list(self.cp_degrees)})")
+        if any(c < 1 for c in self.ep_degrees + self.etp_degrees):
+            raise ValueError(f"ep_degrees and etp_degrees must be >= 1 (got {list(self.ep_degrees)}, "
+                             f"{list(self.etp_degrees)})")
         if not self.sequence_parallel:
             raise ValueError("sequence_parallel must allow off, on, or both")
         for name in ("schedules", "microbatch_sizes", "zero_stages", "tp_degrees", "cp_degrees", "sequence_parallel",
@@ -149,7 +163,8 @@ class PlanRequest:
         for name in ("num_devices", "max_stages", "num_stages", "dp_degree"):
             check_count(name, getattr(self, name), 0, MAX_DEVICES)
         for name, values, hi in (("microbatch_sizes", self.microbatch_sizes, MAX_BATCH), ("tp_degrees", self.tp_degrees, MAX_DEVICES),
-                                 ("cp_degrees", self.cp_degrees, MAX_DEVICES),
+                                 ("cp_degrees", self.cp_degrees, MAX_DEVICES), ("ep_degrees", self.ep_degrees, MAX_DEVICES),
+                                 ("etp_degrees", self.etp_degrees, MAX_DEVICES),
                                  ("fixed_boundaries", self.fixed_boundaries, MAX_LAYERS)):
             for i, value in enumerate(values):
                 check_count(f"{name}[{i}]", value, 1, hi)

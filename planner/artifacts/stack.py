@@ -27,7 +27,11 @@ plan, never assumed. Three overlaps are priced (:mod:`planner.cost.overlap`,
   hiding at most that GEMM's time;
 - ``tp_overlap_forward``: each forward tensor-parallel collective runs beside the column- and
   row-parallel GEMMs around it, pipelined in chunks (Transformer Engine's userbuffers behind
-  Megatron-Core ``--tp-comm-overlap``), hiding at most their time.
+  Megatron-Core ``--tp-comm-overlap``), hiding at most their time;
+- ``moe`` (:class:`~planner.artifacts.moe.MoeStack`): mixture-of-experts layers' token dispatcher
+  (NCCL all-to-all or DeepEP's fused kernels), whether dispatch and combine overlap another
+  micro-batch's compute, and how the tokens fall on the experts (forced balance, dropless with a
+  skew, a capacity factor).
 
 Presets (:data:`STACKS`): ``none`` (nothing of the above: what plans before version 4 were
 priced for), ``planner`` (this package's runtime, ``planner.runtime.grads``: the all-reduce in
@@ -44,6 +48,8 @@ only; Megatron-Core: all of them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from planner.artifacts.moe import MoeStack
 
 __all__ = ["DEFAULT_STACK", "STACKS", "Stack", "stack_named"]
 
@@ -82,6 +88,11 @@ class Stack:
         default=False,
         metadata={"doc": "forward tensor-parallel collectives beside the GEMMs around them (hiding at most their time)"},
     )
+    moe: MoeStack = field(
+        default=MoeStack(),
+        metadata={"doc": "what the stack does with a mixture-of-experts layer's tokens: dispatcher, all-to-all overlap, "
+                         "load balance (planner.artifacts.moe; absent: the default)", "omit_if_default": True},
+    )
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -105,6 +116,7 @@ class Stack:
             (self.tp_overlap_forward and self.tp_overlap_backward, "tensor-parallel collectives with GEMMs"),
             (self.tp_overlap_backward and not self.tp_overlap_forward, "backward tensor-parallel all-reduces with GEMMs"),
             (self.tp_overlap_forward and not self.tp_overlap_backward, "forward tensor-parallel collectives with GEMMs"),
+            (self.moe != MoeStack(), self.moe.describe()),
         ) if flag]
         return f"{self.name}: overlaps " + (", ".join(parts) if parts else "nothing beyond the pipeline")
 

@@ -7,6 +7,7 @@ see ``planner.commands.cli``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 
@@ -14,11 +15,12 @@ from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cl
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, ScheduleKind, SolverKind
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
+from planner.artifacts.moe import MoeBalance, MoeDispatcher
 from planner.artifacts.plan import Plan, dumps_plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
-from planner.artifacts.stack import DEFAULT_STACK, STACKS, stack_named
+from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack, stack_named
 from planner.commands._args import bounded_float, bounded_int, check_output, fraction, gib_amount, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
 
@@ -80,6 +82,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="context-parallel degrees to consider (default: 1 and every degree that cuts the sequence into "
                         "2 cp whole chunks and divides the devices, for profiles that declare what scales with the "
                         "sequence: analytic GPT and Llama; 1 = no context parallelism)")
+    p.add_argument("--ep", type=int_list, default=(),
+                   help="expert-parallel degrees to consider for a profile with routed experts (default: every power of "
+                        "two that divides the experts and the devices)")
+    p.add_argument("--etp", type=int_list, default=(),
+                   help="expert tensor-parallel degrees to consider (default: every power of two up to a node that "
+                        "divides the experts' FFN width)")
+    p.add_argument("--moe-dispatcher", choices=[d.value for d in MoeDispatcher], default=None,
+                   help="how tokens reach their experts: alltoall (NCCL all-to-all) or deepep (fused kernels; a token "
+                        "crosses the network once per node) (default: the stack's, alltoall)")
+    p.add_argument("--moe-overlap", action="store_true",
+                   help="dispatch and combine overlap another micro-batch's compute (Megatron-Core's 1F1B all-to-all "
+                        "overlap)")
+    p.add_argument("--moe-balance", default=None, metavar="forced|dropless:SKEW|capacity:FACTOR",
+                   help="how tokens fall on the experts: forced (even, as benchmarks run), dropless with the busiest "
+                        "rank at 1 + SKEW of the mean, or a capacity factor with drops (default: forced)")
     p.add_argument("--sequence-parallel", default="auto", choices=["auto", "on", "off"],
                    help="with tensor parallelism: search both (auto), or force sequence parallelism on/off (default: %(default)s)")
     p.add_argument("--stack", default=DEFAULT_STACK.name, choices=list(STACKS),
@@ -122,8 +139,10 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             per_stage_replication=not args.no_stage_replication,
             tp_degrees=args.tp,
             cp_degrees=args.cp,
+            ep_degrees=args.ep,
+            etp_degrees=args.etp,
             sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],
-            stack=stack_named(args.stack),
+            stack=moe_stack(stack_named(args.stack), args),
         )
     except ValueError as exc:
         raise PlannerInputError(flag_names(str(exc))) from None
@@ -136,6 +155,7 @@ REQUEST_FLAGS = {
     "memory_cap_bytes": "--memory-cap-gib (in bytes)", "optimizer": "--optimizer", "time_budget_ms": "--time-budget-ms",
     "fixed_boundaries": "--fixed-boundaries", "num_stages": "--stages", "dp_degree": "--dp-degree", "solver": "--solver",
     "zero_stages": "--zero", "tp_degrees": "--tp", "cp_degrees": "--cp", "sequence_parallel": "--sequence-parallel",
+    "ep_degrees": "--ep", "etp_degrees": "--etp",
 }
 _FIELD = re.compile(r"\b(" + "|".join(REQUEST_FLAGS) + r")\b")
 
@@ -143,6 +163,30 @@ _FIELD = re.compile(r"\b(" + "|".join(REQUEST_FLAGS) + r")\b")
 def flag_names(message: str) -> str:
     """``message`` (a PlanRequest refusal) with each field name replaced by its flag."""
     return _FIELD.sub(lambda m: REQUEST_FLAGS[m.group(1)], message)
+
+
+def moe_stack(stack: Stack, args: argparse.Namespace) -> Stack:
+    """``stack`` with the mixture-of-experts flags' choices (``--moe-*``)."""
+    moe = stack.moe
+    if args.moe_dispatcher:
+        moe = dataclasses.replace(moe, dispatcher=MoeDispatcher(args.moe_dispatcher))
+    if args.moe_overlap:
+        moe = dataclasses.replace(moe, a2a_overlap=True)
+    if args.moe_balance:
+        kind, _, value = args.moe_balance.partition(":")
+        try:
+            balance = MoeBalance(kind)
+            number = float(value) if value else None
+            if (balance is MoeBalance.FORCED) != (number is None):
+                raise ValueError
+            moe = dataclasses.replace(moe, balance=balance, **(
+                {"skew": number} if balance is MoeBalance.DROPLESS else
+                {"capacity_factor": number} if balance is MoeBalance.CAPACITY else {}))
+        except ValueError as exc:
+            detail = f": {exc}" if str(exc) else ""
+            raise PlannerInputError(f"--moe-balance {args.moe_balance!r}: expected forced, dropless:SKEW or "
+                                    f"capacity:FACTOR{detail}") from None
+    return dataclasses.replace(stack, moe=moe) if moe != stack.moe else stack
 
 
 def cluster_for(name: str, devices: int) -> Cluster:

@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--model", metavar="SPEC",
                       help="zoo model (gpt, bert, vgg, resnet, gpt2), hf:CONFIG, or package.module:callable (see below)")
     what.add_argument("--analytic", choices=["gpt", "hf"],
-                      help="analytic profile from cited formulas (no torch); hf: a Llama-style --config")
+                      help="analytic profile from cited formulas (no torch); hf: a Llama-style or mixture-of-experts "
+                           "(qwen3_moe, mixtral, gpt_oss, deepseek_v3) --config")
     parser.add_argument("--out", metavar="PATH", help="profile JSON to write (default: <model>.profile.json)")
     measured = parser.add_argument_group("measured (--model)")
     measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
@@ -151,9 +152,12 @@ def _analytic_gpt(args: argparse.Namespace) -> Profile:
 
 def analytic_hf_profile(config: str | None, *, seq: int | None = None, device_preset: str = "a100-80gb",
                         gemm: GemmModel | None = None) -> Profile:
-    """``planner profile --analytic hf --config CONFIG``: the Llama-style analytic profile of a
-    Hugging Face config file (or a directory holding one)."""
-    from planner.profiling.analytic.llama import llama_profile, read_config
+    """``planner profile --analytic hf --config CONFIG``: the analytic profile of a Hugging Face
+    config file (or a directory holding one): Llama-style, or a mixture-of-experts family
+    (``qwen3_moe``, ``mixtral``, ``gpt_oss``, ``deepseek_v3``: :mod:`planner.profiling.analytic.moe`)."""
+    from planner.profiling.analytic.llama import LLAMA_TYPES, llama_profile, read_config
+    from planner.profiling.analytic.moe import moe_profile
+    from planner.profiling.analytic.moe_shapes import MOE_TYPES
 
     if not config:
         raise PlannerInputError("--analytic hf needs --config PATH (a config.json or a directory holding one)")
@@ -161,8 +165,13 @@ def analytic_hf_profile(config: str | None, *, seq: int | None = None, device_pr
         raise PlannerInputError(f"--seq must be >= 1 (got {seq})")
     path = Path(config)
     try:
-        return llama_profile(
-            read_config(path),
+        data = read_config(path)
+        if data.get("model_type") not in LLAMA_TYPES + MOE_TYPES:
+            raise PlannerInputError(f"--config {config}: model_type {data.get('model_type')!r} has no analytic profile "
+                                    f"(Llama-style: {', '.join(LLAMA_TYPES)}; mixture of experts: {', '.join(MOE_TYPES)})")
+        build = moe_profile if data.get("model_type") in MOE_TYPES else llama_profile
+        return build(
+            data,
             seq=seq,
             device_preset=device_preset,
             gemm=gemm,

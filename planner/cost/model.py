@@ -64,6 +64,12 @@ is per device: with tensor parallelism, the per-device view of
   request and the plan): the synchronisation is split into its reduction (all-reduce, or
   ZeRO's reduce-scatter: half the all-reduce's line) and ZeRO's all-gather (the other half),
   and :meth:`CostModel.stage_sync` prices when each may run (:mod:`planner.cost.overlap`).
+- routed experts (:mod:`planner.cost.experts`; the profile's per-device view holds each MoE
+  layer's experts' parameters on this device in ``Layer.moe``): their model state is sharded,
+  and their gradients synchronised, over the stage's expert data-parallel group
+  (:meth:`Layout.edp_group`) instead of its data-parallel one: :mod:`planner.cost.sharding`'s
+  ``kappa_e`` and, in :meth:`CostModel.stage_sync`, a second synchronisation on that group's
+  line after the first (the same bucketed overlap with the last backward).
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
-from planner.cost.collectives import grad_group_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
@@ -133,6 +139,10 @@ class CostModel(ShardedState):
         self.num_layers = len(layers)
         self.cut_bytes_per_sample = cut_bytes_per_sample(profile)
         self.param_count = np.array([layer.param_count for layer in layers], dtype=np.int64)
+        self.expert_param_count = np.array([layer.moe.expert_param_count if layer.moe else 0 for layer in layers],
+                                           dtype=np.int64)
+        self.has_experts = bool(self.expert_param_count.any())
+        self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
         self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
         self.input_per_sample = np.array([layer.input_bytes_per_sample for layer in layers])
@@ -148,7 +158,7 @@ class CostModel(ShardedState):
         self._work: dict[int, float] = {}
         self._core_times: dict[int, np.ndarray] = {}
         self._shared: dict[int, np.ndarray] = {}
-        self._fsdp: dict[tuple[int, float, float], FsdpTerms] = {}
+        self._fsdp: dict[tuple[int, float, float, int], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
 
     @property
@@ -248,6 +258,12 @@ class CostModel(ShardedState):
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
         gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0
+        if self.has_experts:  # the routed experts' state over their own group
+            experts = self.stage_expert_param_count(start, stop)
+            we, ge, oe = self.expert_state_bytes_per_param(sharding)
+            params -= experts
+            w, g, o = (w * params + we * experts, g * params + ge * experts, o * params + oe * experts)
+            params = 1
         return StageMemory(
             param_bytes=int(params * w) + gathered * self.weight_bytes_per_param,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
@@ -299,6 +315,24 @@ class CostModel(ShardedState):
                 counts[i - start] -= tie.param_count
         return counts
 
+    def expert_grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
+        """The all-reduce line of stage ``stage_idx``'s routed experts' gradient group (its expert
+        data-parallel ranks, :meth:`Layout.edp_group`); (0, 0) without experts or with one rank."""
+        if not self.has_experts or layout.expert_grad_group_size(stage_idx) <= 1:
+            return 0.0, 0.0
+        key = (layout, stage_idx)
+        if key not in self._expert_lines:
+            self._expert_lines[key] = allreduce_line(self.cluster, layout.edp_group(stage_idx))
+        return self._expert_lines[key]
+
+    def stage_alltoall_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Of the stage's forward + backward per micro-batch, the routed experts' dispatch and
+        combine on the critical path (:mod:`planner.cost.experts`; 0 without experts)."""
+        if not self.has_experts:
+            return 0.0
+        return sum((layer.moe.alltoall_fwd.at(microbatch_size) + layer.moe.alltoall_bwd.at(microbatch_size))
+                   / self._speed for layer in self.profile.layers[start:stop] if layer.moe is not None)
+
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
         context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
@@ -316,38 +350,67 @@ class CostModel(ShardedState):
         (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
         ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
         tied = self.tied_exchange_ms(start, stop)
-        per_byte, fixed = self.grad_line(layout, stage_idx)
-        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+        if layout.zero is ZeroStage.PARAMETERS:
             return SyncCost(tied)  # ZeRO 3's collectives are in the stage's forward and backward
-        zero = layout.zero is not ZeroStage.NONE
-        half = 0.5 if zero else 1.0  # a reduce-scatter or an all-gather: half a ring all-reduce
-        stack = self.stack
         counts = self.layer_param_counts(start, stop)
+        if self.has_experts:
+            return self._expert_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
+        one = self._one_sync(start, stop, layout, counts, self.grad_line(layout, stage_idx), recompute, microbatch_size,
+                             selective)
+        return SyncCost(one.total_ms + tied, one.early_ms, one.gather_ahead_ms, one.gather_bound_ms)
+
+    def _expert_sync(
+        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int], microbatch_size: int,
+        selective: Sequence[int],
+    ) -> SyncCost:
+        """:meth:`stage_sync` of a stage with routed experts: the dense parameters' on their group,
+        then the experts' on theirs (each as :meth:`_one_sync` prices one; the two reductions one
+        after the other on one stream, each bucketed beside the last backward when the stack
+        overlaps: ``early`` the larger of the two), the tied exchange after."""
+        counts = self.layer_param_counts(start, stop)
+        experts = [float(x) for x in self.expert_param_count[start:stop]]
+        dense = [c - x for c, x in zip(counts, experts)]
+        parts = [self._one_sync(start, stop, layout, dense, self.grad_line(layout, stage_idx), recompute,
+                                microbatch_size, selective),
+                 self._one_sync(start, stop, layout, experts, self.expert_grad_line(layout, stage_idx), recompute,
+                                microbatch_size, selective)]
+        total = sum(p.total_ms for p in parts) + self.tied_exchange_ms(start, stop)
+        return SyncCost(total, max(p.early_ms for p in parts), sum(p.gather_ahead_ms for p in parts),
+                        max(p.gather_bound_ms for p in parts))
+
+    def _one_sync(
+        self, start: int, stop: int, layout: Layout, counts: list[float], line: tuple[float, float],
+        recompute: Sequence[int], microbatch_size: int, selective: Sequence[int],
+    ) -> SyncCost:
+        """One group's synchronisation of ``counts`` parameters per layer (the stage's, last first
+        in the backward) on ``line``: the reduction, and under ZeRO 1-2 the all-gather of the
+        updated weights, as :meth:`stage_sync` says; no tied exchange."""
+        per_byte, fixed = line
         params = sum(counts)
-        if params <= 0:
-            return SyncCost(tied)
+        if (per_byte == 0.0 and fixed == 0.0) or params <= 0:
+            return SyncCost(0.0)
+        zero = layout.zero is not ZeroStage.NONE
+        half = 0.5 if zero else 1.0
         early = 0.0
-        if stack.reduce_overlap(zero):
+        if self.stack.reduce_overlap(zero):
             fwd, bwd = self.layer_times(microbatch_size)
             rc, sel = set(recompute), set(selective)
             core = self.core_ms(microbatch_size) if sel else None
             durations = [float(bwd[i]) + (float(fwd[i]) if i in rc else 0.0) + (float(core[i]) if core is not None and i in sel else 0.0)
                          for i in range(stop - 1, start - 1, -1)]
             grads = [c * self.grad_bytes_per_param for c in reversed(counts)]
-            reduce_ms, early = overlapped_reduce(durations, grads, half * per_byte, half * fixed, stack.grad_bucket_bytes)
+            reduce_ms, early = overlapped_reduce(durations, grads, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
         else:
             reduce_ms = half * (per_byte * params * self.grad_bytes_per_param + fixed)
         if not zero:
-            return SyncCost(reduce_ms + tied, early)
-        if stack.param_gather_overlap:
+            return SyncCost(reduce_ms, early)
+        if self.stack.param_gather_overlap:
             fwd, _ = self.layer_times(microbatch_size)
             weights = [c * self.weight_bytes_per_param for c in counts]
             gather_ms, bound = overlapped_gather(
-                [float(f) for f in fwd[start:stop]], weights, half * per_byte, half * fixed, stack.grad_bucket_bytes
-            )
-            return SyncCost(reduce_ms + gather_ms + tied, early, gather_ms, bound)
-        gather_ms = half * (per_byte * params * self.weight_bytes_per_param + fixed)
-        return SyncCost(reduce_ms + gather_ms + tied, early)
+                [float(f) for f in fwd[start:stop]], weights, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
+            return SyncCost(reduce_ms + gather_ms, early, gather_ms, bound)
+        return SyncCost(reduce_ms + half * (per_byte * params * self.weight_bytes_per_param + fixed), early)
 
     def stage_exposed_sync_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, microbatch_size: int) -> float:
         """``X_s`` of the solver's objective (:mod:`planner.solve.chain_dp`): the part of stage
@@ -363,6 +426,10 @@ class CostModel(ShardedState):
         _, bp = self.time_prefix(microbatch_size)
         sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
         hidden = float(bp[stop] if self.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
+        if self.has_experts:  # the experts' on their own group's line (the dense part's without them)
+            experts = self.stage_expert_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
+            e_byte, e_fixed = self.expert_grad_line(layout, stage_idx)
+            return max(0.0, per_byte * (sync - experts) + fixed + e_byte * experts + (e_fixed if experts else 0.0) - hidden)
         return max(0.0, per_byte * sync + fixed - hidden)
 
     @cached_property

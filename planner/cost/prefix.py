@@ -31,6 +31,7 @@ class PrefixSums:
     cluster: Cluster
     num_layers: int
     param_count: np.ndarray
+    expert_param_count: np.ndarray  # of param_count, the routed experts' (planner.cost.experts)
     saved_per_sample: np.ndarray
     saved_fixed: np.ndarray
     core_per_sample: np.ndarray
@@ -53,6 +54,12 @@ class PrefixSums:
     def param_prefix(self) -> np.ndarray:
         """Parameters of layers ``0..l-1`` at ``[l]`` (integers; ties counted per layer)."""
         out: np.ndarray = np.concatenate([[0], np.cumsum(self.param_count)])
+        return out
+
+    @cached_property
+    def expert_prefix(self) -> np.ndarray:
+        """Routed experts' parameters of layers ``0..l-1`` at ``[l]`` (never tied)."""
+        out: np.ndarray = np.concatenate([[0], np.cumsum(self.expert_param_count)])
         return out
 
     @cached_property
@@ -154,7 +161,17 @@ class PrefixSums:
                 count -= (inside - 1) * tie.param_count
         return count
 
+    def stage_expert_param_count(self, start: int, stop: int) -> int:
+        """Of :meth:`stage_param_count`, the routed experts' (held on this device)."""
+        return int(self.expert_prefix[stop] - self.expert_prefix[start])
+
     # ---------------------------------------------------------------- every stage
+    def stage_expert_param_matrix(self) -> np.ndarray:
+        """:meth:`stage_expert_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats)."""
+        ep = self.expert_prefix
+        out: np.ndarray = (ep[None, :] - ep[:, None]).astype(float)
+        return out
+
     def stage_param_matrix(self) -> np.ndarray:
         """:meth:`stage_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
         worked out once per cost model)."""

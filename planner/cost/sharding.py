@@ -10,7 +10,13 @@ streaming :attr:`~planner.artifacts.kinds.OptimizerKind.step_bytes_per_param` pe
 (``Cluster.memory_bandwidth_gb_per_s``, the datasheet figure: a lower bound on the step, no
 fitted constant); ``params / n x bytes / bandwidth``. 0 where the cluster does not give its
 bandwidth. The simulator runs it on each rank after the rank's compute and gradient
-synchronisation (:mod:`planner.simulation.simulator`)."""
+synchronisation (:mod:`planner.simulation.simulator`).
+
+Routed experts (:mod:`planner.cost.experts`): their state is sharded over the stage's expert
+data-parallel group (``Sharding.expert_shards``), not its data-parallel one, so a stage's model
+state is ``kappa x dense + kappa_e x experts`` (:meth:`ShardedState.stage_state_bytes`), and
+under ZeRO 3 each layer's experts are gathered and reduce-scattered over that group (its ranks
+``ep x etp`` apart from the first of a pipeline rank's block, assumed to start a node)."""
 
 from __future__ import annotations
 
@@ -18,8 +24,9 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
+from planner.cost.collectives import allreduce_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
 from planner.cost.prefix import PrefixSums
 
@@ -29,11 +36,13 @@ class ShardedState(PrefixSums):
 
     cluster: Cluster
     stack: Stack
+    group: DeviceGroup
+    has_experts: bool
     weight_bytes_per_param: int
     grad_bytes_per_param: int
     optim_bytes_per_param: int
     step_bytes_per_param: int
-    _fsdp: dict[tuple[int, float, float], FsdpTerms]
+    _fsdp: dict[tuple[int, float, float, int], FsdpTerms]
     _fsdp_lines: dict[Layout, tuple[float, float]]
 
     def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding()) -> float:
@@ -43,7 +52,12 @@ class ShardedState(PrefixSums):
         if not bandwidth:
             return 0.0
         shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
-        return self.stage_param_count(start, stop) / shard * self.step_bytes_per_param / (bandwidth * 1e6)
+        if not self.has_experts:
+            return self.stage_param_count(start, stop) / shard * self.step_bytes_per_param / (bandwidth * 1e6)
+        experts = self.stage_expert_param_count(start, stop)
+        expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
+        params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
+        return params * self.step_bytes_per_param / (bandwidth * 1e6)
 
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
         """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
@@ -53,6 +67,38 @@ class ShardedState(PrefixSums):
             return w / sharding.ranks, g / sharding.ranks, o / sharding.ranks
         # gradients: whole at the peak under ZeRO 1 and 2 (see the module docstring on ZeRO 2)
         return float(w), float(g), o / sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else float(o)
+
+    def expert_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
+        """:meth:`state_bytes_per_param` of the routed experts' parameters (sharded over the
+        expert data-parallel group)."""
+        return self.state_bytes_per_param(Sharding(sharding.zero, sharding.expert_shards))
+
+    def state_bytes(self, sharding: Sharding = Sharding()) -> tuple[float, float]:
+        """(dense, expert) model-state bytes per parameter at the peak under ``sharding``."""
+        return sum(self.state_bytes_per_param(sharding)), sum(self.expert_state_bytes_per_param(sharding))
+
+    def stage_state_bytes(self, start: int, stop: int, sharding: Sharding = Sharding()) -> float:
+        """Model-state bytes (weights, gradients, optimizer state) of the stage's parameters on one
+        device at the peak: ``kappa`` per dense and ``kappa_e`` per expert parameter (module
+        docstring; ZeRO 3's gathered working set apart)."""
+        kappa, kappa_e = self.state_bytes(sharding)
+        state = self.stage_param_count(start, stop) * kappa
+        if self.has_experts:
+            state += self.stage_expert_param_count(start, stop) * (kappa_e - kappa)
+        return state
+
+    def stage_state_matrix(self, sharding: Sharding = Sharding()) -> np.ndarray:
+        """:meth:`stage_state_bytes` of every stage ``[i, j)`` at ``[i, j]``."""
+        kappa, kappa_e = self.state_bytes(sharding)
+        out: np.ndarray = self.stage_param_matrix() * kappa
+        if self.has_experts:
+            out = out + self.stage_expert_param_matrix() * (kappa_e - kappa)
+        return out
+
+    def least_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> float:
+        """The fewest model-state bytes any parameter takes under ``sharding`` (a floor's)."""
+        kappa, kappa_e = self.state_bytes(sharding)
+        return min(kappa, kappa_e) if self.has_experts else kappa
 
     def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
         """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
@@ -77,7 +123,7 @@ class ShardedState(PrefixSums):
         ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`)."""
         if not is_fsdp(layout.sharding(stage_idx)):
             return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
-        return self.fsdp_terms(microbatch_size, self.fsdp_line(layout)).stage(start, stop)
+        return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
 
     def fsdp_line(self, layout: Layout) -> tuple[float, float]:
         """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""
@@ -85,21 +131,43 @@ class ShardedState(PrefixSums):
             self._fsdp_lines[layout] = fsdp_line(self.cluster, layout)
         return self._fsdp_lines[layout]
 
-    def fsdp_terms(self, microbatch_size: int, line: tuple[float, float]) -> FsdpTerms:
-        """ZeRO 3's per-layer time terms at one micro-batch size and collective line (cached)."""
-        key = (microbatch_size, *line)
+    def fsdp_terms(self, microbatch_size: int, line: tuple[float, float], sharding: Sharding = Sharding()) -> FsdpTerms:
+        """ZeRO 3's per-layer time terms at one micro-batch size and collective line (cached);
+        the routed experts' on their expert data-parallel group's line (``sharding``'s)."""
+        key = (microbatch_size, *line, sharding.expert_shards if self.has_experts else 0)
         if key not in self._fsdp:
             fwd, bwd = self.layer_times(microbatch_size)
-            moved = self.param_count > 0
-            gather = np.where(moved, line[0] * self.param_count * self.weight_bytes_per_param + line[1], 0.0)
-            scatter = np.where(moved, line[0] * self.param_count * self.grad_bytes_per_param + line[1], 0.0)
+            if not self.has_experts:
+                moved = self.param_count > 0
+                gather = np.where(moved, line[0] * self.param_count * self.weight_bytes_per_param + line[1], 0.0)
+                scatter = np.where(moved, line[0] * self.param_count * self.grad_bytes_per_param + line[1], 0.0)
+            else:
+                gather, scatter = self._expert_fsdp(line, self.expert_fsdp_line(sharding))
             self._fsdp[key] = fsdp_terms(fwd, bwd, gather, scatter, self.stack.fsdp_prefetch)
         return self._fsdp[key]
 
-    def fsdp_comm_ms(self, microbatch_size: int, line: tuple[float, float]) -> float:
+    def _expert_fsdp(self, line: tuple[float, float], expert: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer the gather and reduce-scatter of its dense parameters on ``line`` and of its
+        experts' on ``expert`` (one stream: their sum)."""
+        dense = self.param_count - self.expert_param_count
+        out = []
+        for per_param in (self.weight_bytes_per_param, self.grad_bytes_per_param):
+            d = np.where(dense > 0, line[0] * dense * per_param + line[1], 0.0)
+            e = np.where(self.expert_param_count > 0, expert[0] * self.expert_param_count * per_param + expert[1], 0.0)
+            out.append(d + e)
+        return out[0], out[1]
+
+    def expert_fsdp_line(self, sharding: Sharding) -> tuple[float, float]:
+        """Half the all-reduce line of the expert data-parallel group ``sharding`` names
+        (``expert_shards`` ranks ``ep x etp`` apart: module docstring)."""
+        stride = self.group.ep_degree * self.group.etp_degree
+        per_byte, fixed = allreduce_line(self.cluster, range(0, sharding.expert_shards * stride, stride))
+        return 0.5 * per_byte, 0.5 * fixed
+
+    def fsdp_comm_ms(self, microbatch_size: int, line: tuple[float, float], sharding: Sharding = Sharding()) -> float:
         """ZeRO 3's communication per micro-batch over the whole model: two gathers and one
         reduce-scatter per layer (``sum_k 2 a_k + r_k``)."""
-        terms = self.fsdp_terms(microbatch_size, line)
+        terms = self.fsdp_terms(microbatch_size, line, sharding)
         return float(2.0 * terms.gather.sum() + terms.scatter.sum())
 
     def fsdp_working_params(self, start: int, stop: int) -> int:

@@ -83,7 +83,8 @@ from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line
-from planner.cost.context import context_parallel_view
+from planner.cost.context import ContextView, context_parallel_view
+from planner.cost.experts import expert_view, strip_experts
 from planner.cost.model import CostModel
 
 
@@ -268,25 +269,28 @@ def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
 
 def stack_tp_view(profile: Profile, cluster: Cluster, tp_degree: int, sequence_parallel: bool, stack: Stack) -> Profile:
     """:func:`tensor_parallel_view` with ``stack``'s tensor-parallel overlap (what
-    :func:`device_cost_model` prices)."""
+    :func:`device_cost_model` prices) of the profile without its routed experts
+    (:func:`planner.cost.experts.strip_experts`: they follow the expert layout, not ``t``)."""
     return tensor_parallel_view(
-        profile, cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
+        strip_experts(profile), cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
     )
 
 
 def device_cost_model(
     profile: Profile, cluster: Cluster, optimizer: OptimizerKind, group: DeviceGroup = ONE_DEVICE,
-    stack: Stack = DEFAULT_STACK, *, tp_view: Profile | None = None,
+    stack: Stack = DEFAULT_STACK, *, tp_view: Profile | None = None, cp_view: ContextView | None = None,
 ) -> CostModel:
     """The cost model of one device of ``group`` (a tensor-parallel group of ``tp_degree``
     devices, with sequence parallelism, inside a context-parallel group of ``cp_degree`` such
-    groups, :mod:`planner.cost.context`) on ``cluster``: the per-device view of ``profile``
+    groups, :mod:`planner.cost.context`; its routed experts laid out over ``ep_degree`` x
+    ``etp_degree`` devices, :mod:`planner.cost.experts`) on ``cluster``: the per-device view of ``profile``
     priced on the cluster's own links and ranks, for the training ``stack`` (its tensor-parallel
     overlap in the view, the rest in the model). ``tp_view``: :func:`stack_tp_view` of these
     arguments, when the caller has it already (a search builds it once for every
-    context-parallel degree)."""
+    context-parallel degree); ``cp_view``: :func:`context_parallel_view` of that, likewise (the
+    same for every expert layout of the group)."""
     t, sp = group.tp_degree, group.sequence_parallel
     view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, t, sp, stack)
-    ctx = context_parallel_view(view, cluster, group.cp_degree, t, stack)
-    return CostModel(ctx.profile, cluster, optimizer, group=group, stack=stack,
+    ctx = cp_view if cp_view is not None else context_parallel_view(view, cluster, group.cp_degree, t, stack)
+    return CostModel(expert_view(ctx.profile, profile, cluster, group, stack), cluster, optimizer, group=group, stack=stack,
                      gather_bytes_per_sample=ctx.gather_bytes_per_sample)

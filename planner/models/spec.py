@@ -191,7 +191,8 @@ def _convert(value: str, tp: Any, where: str) -> Any:
 
 
 def build_config(cls: type, options: dict[str, str], spec: str) -> Any:
-    """Instantiate the zoo config dataclass ``cls`` from string options, typed by its fields."""
+    """Instantiate the zoo config dataclass ``cls`` from string options, typed by its fields;
+    integers must be >= 1, but ``seed`` and the fields the class lists in ``ZERO_ALLOWED`` (>= 0)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - set(fields))
     if unknown:
@@ -200,8 +201,9 @@ def build_config(cls: type, options: dict[str, str], spec: str) -> Any:
         )
     values = {k: _convert(v, fields[k].type, f"model spec {spec!r}: option {k!r}") for k, v in options.items()}
     for key, value in values.items():
-        if isinstance(value, int) and value < 1 and key != "seed":
-            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be >= 1 (got {value})")
+        least = 0 if key in getattr(cls, "ZERO_ALLOWED", ()) else 1  # counts the config says may be 0
+        if isinstance(value, int) and value < least and key != "seed":
+            raise PlannerInputError(f"model spec {spec!r}: option {key!r} must be >= {least} (got {value})")
     return cls(**values)
 
 

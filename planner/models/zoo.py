@@ -10,6 +10,10 @@ Spec syntax (``planner profile --model SPEC``, :func:`load_workload`):
   - ``bert``: layers, hidden, heads, seq, vocab, classes (BERT-style encoder, pooled classifier)
   - ``vgg``: convs, width, pool_every, image, classes (VGG-style CNN)
   - ``resnet``: blocks, width, image, classes (ResNet-style CNN, skips span layers)
+  - ``moe``: layers, hidden, heads, seq, vocab, experts, topk, ffn, shared, dense, router (the
+    GPT decoder with mixture-of-experts MLPs: top-k of E routed experts of width ffn, an
+    optional shared expert, the first ``dense`` blocks dense; ``router=balanced`` forces an even
+    load; :mod:`planner.models.moe`)
   - ``gpt2``: layers, hidden, heads, seq, vocab (``transformers`` GPT-2 from a GPT2Config,
     random weights; needs the optional ``transformers``)
 
@@ -36,7 +40,7 @@ from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.profile import profile_fingerprint
-from planner.models import bert, gpt, hf, hf_gpt2, resnet, vgg
+from planner.models import bert, gpt, hf, hf_gpt2, moe, resnet, vgg
 from planner.models.spec import build_config, load_factory, split_options
 from planner.models.workload import Workload
 
@@ -49,6 +53,7 @@ ZOO: dict[str, tuple[type, Callable[[Any], Workload]]] = {
     "vgg": (vgg.VGGConfig, vgg.build),
     "resnet": (resnet.ResNetConfig, resnet.build),
     "gpt2": (hf_gpt2.GPT2Options, hf_gpt2.build),
+    "moe": (moe.MoEConfig, moe.build),
 }
 
 

@@ -70,21 +70,26 @@ def format_plan(plan: Plan) -> str:
     if fewer:
         head += "\n" + fewer
     sync = "sync ms" if plan.layout.zero else "allred ms"
-    headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", sync,
-               "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]
+    moe = any(s.alltoall_ms for s in plan.stages)
+    headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", *(["a2a ms"] if moe else []),
+               sync, "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]
     rows = []
     for s in plan.stages:
         m = s.memory
         rows.append([
             str(s.stage_idx), _layers(s), _ranks(s.ranks), recompute_text(s),
             f"{s.fwd_ms:.3f}", f"{s.bwd_ms:.3f}", f"{s.recompute_ms:.3f}", f"{s.send_fwd_ms:.3f}",
+            *([f"{s.alltoall_ms:.3f}"] if moe else []),
             f"{s.allreduce_ms:.3f}", _gib(m.param_bytes), _gib(m.grad_bytes), _gib(m.optimizer_bytes),
             _gib(m.activation_bytes), _gib(m.recompute_workspace_bytes + m.buffer_bytes), _gib(s.memory_total_bytes),
         ])
     table = format_table(headers, rows, right=set(range(3, len(headers))))
     if any(s.recompute_selective for s in plan.stages):
         table += ("\nrecompute: layers recomputed whole + layers whose attention core only is recomputed (sel, "
-                  "Korthikanti et al. 2022 selective recomputation)")
+                  "Korthikanti et al. 2022 selective recomputation" + ("; an MoE layer's sel: its experts' activation and "
+                  "its norms, Megatron-Core's --recompute-modules moe_act layernorm)" if moe else ")"))
+    if moe:
+        table += "\n" + alltoall_note(plan)
     cap = plan.stages[0].memory_cap_bytes
     exposed = f"exposed {sync_name(plan.layout.zero)}"
     tail = (
@@ -98,6 +103,21 @@ def format_plan(plan: Plan) -> str:
     if p.me_reference:
         tail += f"\nME index {p.me_index:.2f} against the {p.me_reference}"
     return f"{head}\n\n{table}\n\n{tail}"
+
+
+def alltoall_note(plan: Plan) -> str:
+    """The mixture-of-experts dispatch and combine of a plan: per micro-batch on each pipeline
+    rank (its chunks summed), the busiest rank's, and its share of that rank's compute."""
+    lay = plan.layout
+    per_rank = []
+    for rank in range(lay.pipeline_size if not lay.stage_replicas else lay.num_stages):
+        stages = [plan.stages[i] for i in (lay.stage_indices(rank) if not lay.stage_replicas else (rank,))]
+        a2a = sum(s.alltoall_ms for s in stages)
+        per_rank.append((a2a, a2a / max(1e-12, sum(s.fwd_ms + s.bwd_ms for s in stages))))
+    a2a, share = max(per_rank)
+    return (f"a2a ms: the experts' token dispatch and combine (all-to-all, {plan.stack.moe.dispatcher.value}) on the "
+            f"critical path, per micro-batch, part of fwd + bwd ms; busiest pipeline rank {a2a:.2f} ms per micro-batch "
+            f"({share:.0%} of its compute), {a2a * plan.num_microbatches / 1e3:.2f} s per iteration")
 
 
 def devices_note(plan: Plan) -> str:

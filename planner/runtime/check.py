@@ -28,6 +28,7 @@ from planner.models import layer_param_shapes
 from planner.models.workload import Workload
 from planner.profiling.measured.memory import layer_edges
 from planner.runtime.context import context_parallel_refusal
+from planner.runtime.expert_check import expert_parallel_refusal
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
 from planner.schedule.inflight import layout_schedule
@@ -60,8 +61,9 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     whose schedule the runtime cannot run (:func:`check_schedule`), or
     whose tensor parallelism the model or the runtime cannot do
     (``planner.runtime.tensor.tensor_parallel_refusal``), or whose context parallelism
-    (``planner.runtime.context.context_parallel_refusal``)."""
-    why = context_parallel_refusal(plan, workload)
+    (``planner.runtime.context.context_parallel_refusal``), or whose experts' layout
+    (``planner.runtime.expert_check.expert_parallel_refusal``)."""
+    why = context_parallel_refusal(plan, workload) or expert_parallel_refusal(plan, workload)
     if why:
         raise PlannerInputError(f"{source}: {why}")
     if plan.layout.tp_degree > 1:  # torch.distributed.tensor takes seconds to import: only for tensor parallelism

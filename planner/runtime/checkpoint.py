@@ -27,6 +27,12 @@ shard file (the file records ``shard_idx`` and ``num_shards``) and reads it back
 file then records ``optimizer_shards`` = n and no optimizer state. Resuming with another
 shard count (a different dp_degree or zero) is refused: shards do not re-split.
 
+Experts folded apart from attention (``planner.runtime.experts``: ep x etp > 1, or t > 1): a
+rank's routed-expert shards, and their optimizer state (ZeRO-sharded over their own edp group),
+are its own, so every rank writes and reads its own file per stage, ``stage_<s>.rank_<r>.pt``,
+holding its module's state and its whole optimizer state (no shard files); the file records
+the expert degrees and a resume with others is refused (as the layout in the settings is).
+
 Tensor parallelism (``tp`` = (index k, degree t), t > 1): each tp index holds its own shards,
 so the files are per index, ``stage_<s>.tp_<k>.pt`` and ``stage_<s>.tp_<k>.optimizer_shard_<r>.pt``
 (replica 0 of index k writes the stage file). DTensors are saved as their local tensors and
@@ -70,18 +76,22 @@ class CheckpointSlot:
     optimizer_shards: int = 1
     tp_index: int = 0
     tp_degree: int = 1
+    own_file: int = -1  # >= 0: this rank (experts folded) writes and reads its own file, named by this rank
+    experts: tuple[int, int] = (1, 1)  # the run's (ep_degree, etp_degree), recorded in its own files
 
     @property
     def tp(self) -> tuple[int, int]:
         return self.tp_index, self.tp_degree
 
 
-def _stage_name(stage_idx: int, tp: tuple[int, int]) -> str:
+def _stage_name(stage_idx: int, tp: tuple[int, int], own_file: int = -1) -> str:
+    if own_file >= 0:
+        return f"stage_{stage_idx}.rank_{own_file}"
     return f"stage_{stage_idx}" if tp[1] == 1 else f"stage_{stage_idx}.tp_{tp[0]}"
 
 
-def _stage_file(directory: Path, completed_steps: int, stage_idx: int, tp: tuple[int, int] = (0, 1)) -> Path:
-    return directory / f"step_{completed_steps}" / f"{_stage_name(stage_idx, tp)}.pt"
+def _stage_file(directory: Path, completed_steps: int, stage_idx: int, tp: tuple[int, int] = (0, 1), own_file: int = -1) -> Path:
+    return directory / f"step_{completed_steps}" / f"{_stage_name(stage_idx, tp, own_file)}.pt"
 
 
 def _shard_file(directory: Path, completed_steps: int, stage_idx: int, shard_idx: int, tp: tuple[int, int] = (0, 1)) -> Path:
@@ -133,8 +143,8 @@ def _stage_files(root: Path, completed_steps: int, chunks: Sequence[Chunk], slot
     """The files a rank reads to resume its chunks: each stage file, and with ZeRO its shard."""
     files = []
     for c in chunks:
-        files.append(_stage_file(root, completed_steps, c.stage_idx, slot.tp))
-        if c.optimizer is not None and slot.optimizer_shards > 1:
+        files.append(_stage_file(root, completed_steps, c.stage_idx, slot.tp, slot.own_file))
+        if c.optimizer is not None and slot.optimizer_shards > 1 and slot.own_file < 0:
             files.append(_shard_file(root, completed_steps, c.stage_idx, slot.replica, slot.tp))
     return files
 
@@ -158,11 +168,14 @@ def save_checkpoint(
     tp: tuple[int, int] = (0, 1),
     settings: dict[str, Any] | None = None,
     keep_last: int = files.DEFAULT_KEEP_LAST,
+    own_file: int = -1,
+    experts: tuple[int, int] = (1, 1),
 ) -> None:
     """Save this rank's stages, (stage index, module, optimizer) each (replica 0 only; with
-    ``optimizer_shards`` > 1 every replica also writes its optimizer shard), each file hashed
-    on its way out; then rank 0 gathers the files' records through the process group's store,
-    writes the step's manifest (with ``settings``) and ``latest.json``, and prunes to
+    ``optimizer_shards`` > 1 every replica also writes its optimizer shard; with ``own_file``
+    = this rank >= 0 every rank its own file, the optimizer inside: experts folded), each file
+    hashed on its way out; then rank 0 gathers the files' records through the process group's
+    store, writes the step's manifest (with ``settings``) and ``latest.json``, and prunes to
     ``keep_last`` steps (``planner.runtime.checkpoint_files``). Collective. ``tp``: this rank's
     (tp index, tp degree). A write that fails raises
     :class:`~planner.runtime.checkpoint_files.CheckpointError` naming the file and the cause."""
@@ -171,7 +184,7 @@ def save_checkpoint(
     if rank == 0:
         files.uncommit(root, completed_steps)  # a step written again is partial until its new manifest
     dist.barrier()
-    sharded = optimizer_shards > 1
+    sharded = optimizer_shards > 1 and own_file < 0
     records: dict[str, dict[str, Any]] = {}
     for stage_idx, module, optimizer in stages:
         opt_state = _local_state(optimizer.state_dict()) if optimizer is not None else {}
@@ -179,10 +192,10 @@ def save_checkpoint(
             shard = {"optimizer": opt_state, "shard_idx": replica, "num_shards": optimizer_shards}
             path = _shard_file(root, completed_steps, stage_idx, replica, tp)
             records[path.name] = files.write_hashed(path, lambda f, state=shard: torch.save(state, f))  # type: ignore[misc]
-        if replica == 0:
+        if replica == 0 or own_file >= 0:
             stage = {"model": _local_state(module.state_dict()), "optimizer": {} if sharded else opt_state}
-            stage.update(optimizer_shards=optimizer_shards, tp_degree=tp[1])
-            path = _stage_file(root, completed_steps, stage_idx, tp)
+            stage.update(optimizer_shards=optimizer_shards, tp_degree=tp[1], ep_degree=experts[0], etp_degree=experts[1])
+            path = _stage_file(root, completed_steps, stage_idx, tp, own_file)
             records[path.name] = files.write_hashed(path, lambda f, state=stage: torch.save(state, f))  # type: ignore[misc]
     store = _default_store()
     key = f"planner/checkpoint/{next(_SAVES)}"
@@ -273,12 +286,15 @@ def load_checkpoint(
     replica: int = 0,
     optimizer_shards: int = 1,
     tp: tuple[int, int] = (0, 1),
+    own_file: int = -1,
+    experts: tuple[int, int] = (1, 1),
 ) -> None:
     """Load step ``completed`` into ``module`` and ``optimizer`` (with ``optimizer_shards`` > 1,
-    replica ``replica``'s shard; with ``tp`` = (k, t), t > 1, tp index k's files); every refusal
-    names the file."""
+    replica ``replica``'s shard; with ``tp`` = (k, t), t > 1, tp index k's files; with
+    ``own_file`` >= 0 that rank's own file, written with the expert degrees ``experts``); every
+    refusal names the file."""
     root = Path(directory)
-    path = _stage_file(root, completed, stage_idx, tp)
+    path = _stage_file(root, completed, stage_idx, tp, own_file)
     if not path.exists():
         others = sorted(p.name for p in path.parent.glob(f"stage_{stage_idx}*.pt"))
         hint = f" (the checkpointed run's tensor parallelism differs: found {others[:2]})" if others else ""
@@ -293,6 +309,10 @@ def load_checkpoint(
     saved_tp = int(state.get("tp_degree", 1))
     if saved_tp != tp[1]:
         raise PlannerInputError(f"--resume: {path} was written with tp_degree {saved_tp} but this run uses {tp[1]}")
+    saved_experts = (int(state.get("ep_degree", 1)), int(state.get("etp_degree", 1)))
+    if saved_experts != experts:
+        raise PlannerInputError(f"--resume: {path} was written with (ep_degree, etp_degree) {saved_experts} but this run "
+                                f"uses {experts}")
     _check_dtype(path, state["model"], module)
     try:
         _load_module(module, state["model"])
@@ -300,7 +320,7 @@ def load_checkpoint(
         raise PlannerInputError(f"--resume: {path} does not fit stage {stage_idx}: {str(exc).splitlines()[0]}") from None
     if optimizer is not None:
         opt_state, source = state["optimizer"], path
-        if optimizer_shards > 1:
+        if optimizer_shards > 1 and own_file < 0:
             source = _shard_file(root, completed, stage_idx, replica, tp)
             shard = files.load_verified(source)
             if (shard["shard_idx"], shard["num_shards"]) != (replica, optimizer_shards):
@@ -352,6 +372,8 @@ def save_chunks(
         tp=slot.tp,
         settings=settings,
         keep_last=keep_last,
+        own_file=slot.own_file,
+        experts=slot.experts,
     )
 
 
@@ -367,9 +389,9 @@ def resume_chunks(
     trust_unverified: bool = False,
 ) -> int:
     """Load the newest checkpoint intact on every rank (:func:`choose_step`, collective) into
-    every stage chunk of a rank (each ZeRO master shard taken again from the loaded
-    parameters), after comparing its recorded settings with the run's ``settings``
-    (:func:`~planner.runtime.checkpoint_compare_settings`: a difference not in
+    every stage chunk of a rank (each ZeRO master shard, the experts' too, taken again from the
+    loaded parameters), after comparing its recorded settings with the run's ``settings``
+    (:func:`~planner.runtime.checkpoint_settings.compare_settings`: a difference not in
     ``allowed`` is refused; an allowed learning rate ``lr`` is applied); return its completed
     steps. A directory without manifests is loaded only with ``trust_unverified``."""
     root = Path(directory)
@@ -385,12 +407,14 @@ def resume_chunks(
         load_checkpoint(
             directory, c.stage_idx, c.module, c.optimizer,
             completed=step, replica=slot.replica, optimizer_shards=slot.optimizer_shards, tp=slot.tp,
+            own_file=slot.own_file, experts=slot.experts,
         )
         if c.optimizer is not None and lr is not None and applied:
             for group in c.optimizer.param_groups:
                 group["lr"] = lr
-        if c.zero is not None:
-            c.zero.reload_master()
+        for zero in (c.zero, c.expert_zero):
+            if zero is not None:
+                zero.reload_master()
     if applied and (not dist.is_initialized() or dist.get_rank() == 0):
         for line in applied:
             print(f"planner.runtime: {line}", file=sys.stderr, flush=True)

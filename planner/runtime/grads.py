@@ -36,7 +36,7 @@ the optimizer step, the ZeRO all-gathers of the weights.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -157,11 +157,22 @@ def sync_tied(params: list[torch.nn.Parameter | None], groups: list[dist.Process
         dist.all_reduce(param.grad, group=group)
 
 
+class IterationSync(Protocol):
+    """Gradients synchronised once per iteration: started before the schedule, finished after it
+    (:class:`DataParallelHooks`; the routed experts' over their own group, ``planner.runtime.experts``)."""
+
+    def start_iteration(self, num_microbatches: int) -> None: ...
+
+    def finish_iteration(self) -> None: ...
+
+
 class GradientSync:
     """One rank's gradient synchronisation: bucketed all-reduce hooks (or ZeRO shards, one per
     stage chunk that has parameters to shard), and the tied parameters' sums. ``divisor``
     divides the tied gradients (D: the mean over replicated pipelines; 1 over a stage's copies,
-    whose micro-batch losses add up to one process's)."""
+    whose micro-batch losses add up to one process's). ``experts``: the routed experts'
+    gradients, synchronised over their own group (``planner.runtime.experts``; their ZeRO shards
+    are among ``shards``)."""
 
     def __init__(
         self,
@@ -171,25 +182,29 @@ class GradientSync:
         tied_params: list[torch.nn.Parameter | None],
         tied_groups: list[dist.ProcessGroup | None],
         divisor: int,
+        experts: IterationSync | None = None,
     ) -> None:
         self.hooks = hooks
         self.shards = shards
         self._tied_params = tied_params
         self._tied_groups = tied_groups
         self._divisor = divisor
+        self.experts = experts
 
     def start_iteration(self, num_microbatches: int) -> None:
         """Before the schedule: each chunk of the rank runs ``num_microbatches`` micro-batches."""
-        if self.hooks is not None:
-            self.hooks.start_iteration(num_microbatches)
+        for hooks in (self.hooks, self.experts):
+            if hooks is not None:
+                hooks.start_iteration(num_microbatches)
         for shard in self.shards:
             shard.start_iteration()
 
     def synchronise(self) -> None:
         """After the schedule: finish the all-reduces, reduce-scatter every chunk's gradients and
         sum the tied ones meanwhile, then wait."""
-        if self.hooks is not None:
-            self.hooks.finish_iteration()
+        for hooks in (self.hooks, self.experts):
+            if hooks is not None:
+                hooks.finish_iteration()
         for shard in self.shards:
             shard.launch_sync()
         sync_tied(self._tied_params, self._tied_groups, self._divisor)

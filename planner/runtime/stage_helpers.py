@@ -30,6 +30,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.models.workload import Workload
 from planner.runtime.context import grad_divisor
 from planner.runtime.emulate import ChunkTimer
+from planner.runtime.experts import ExpertGroups, ExpertSync, expert_parameters
 from planner.runtime.grads import DataParallelHooks, GradientSync
 from planner.runtime.loss import LossCounts
 from planner.runtime.options import RuntimeOptions
@@ -64,6 +65,7 @@ class Chunk:
     timer: ChunkTimer
     optimizer: torch.optim.Optimizer | None  # None when another chunk of the rank owns all its parameters
     zero: ShardedState | None = None  # ZeRO >= 1: the optimizer steps this shard (and the tied parameters)
+    expert_zero: ShardedState | None = None  # ZeRO >= 1, experts folded: their shard over the edp group
 
     @property
     def stage_idx(self) -> int:
@@ -197,19 +199,23 @@ def build_sync(
     tied: list[torch.nn.Parameter | None],
     stack: Stack = DEFAULT_STACK,
     ready_at: Callable[[torch.Tensor], float] | None = None,
-) -> tuple[GradientSync, list[tuple[torch.optim.Optimizer | None, ShardedState | None]]]:
-    """The rank's gradient synchronisation, and per module (stage chunk) its optimizer and ZeRO
-    shard (see the module docstring). Gradients are divided by ``layout.dp_degree`` x
+    experts: ExpertGroups | None = None,
+) -> tuple[GradientSync, list[tuple[torch.optim.Optimizer | None, ShardedState | None, ShardedState | None]]]:
+    """The rank's gradient synchronisation, and per module (stage chunk) its optimizer, ZeRO
+    shard and its experts' ZeRO shard (see the module docstring). Gradients are divided by ``layout.dp_degree`` x
     ``layout.cp_degree`` before the sums: the mean over replicated pipelines and the ranks
     splitting their sequences (1 over a stage's copies). The all-reduce runs as
     the plan's ``stack`` says (its buckets, overlapped with the last backward or not);
-    ``ready_at``: see :class:`DataParallelHooks`."""
+    ``ready_at``: see :class:`DataParallelHooks`. ``experts`` (experts folded apart from attention,
+    ``planner.runtime.experts``): the routed experts' parameters are left out of the rest's
+    synchronisation and synchronised (or ZeRO-sharded) over their own edp group."""
     divisor = grad_divisor(layout)  # the mean over a stage's D x c ranks (1 over its copies)
     tied_ids = {id(p) for p in tied if p is not None}
+    expert_ids = {id(p) for p in expert_parameters(modules)} if experts is not None else set()
     shard_group = groups.data_parallel if layout.zero > ZeroStage.NONE else None
     seen: set[int] = set()
     uses: dict[int, int] = {}
-    states: list[tuple[torch.optim.Optimizer | None, ShardedState | None]] = []
+    states: list[tuple[torch.optim.Optimizer | None, ShardedState | None, ShardedState | None]] = []
     for module in modules:
         own = []
         for param in module.parameters():
@@ -217,26 +223,42 @@ def build_sync(
             if id(param) not in seen:  # a parameter two chunks share is stepped once
                 seen.add(id(param))
                 own.append(param)
-        sharded = [p for p in own if id(p) not in tied_ids and p.requires_grad]
+        sharded = [p for p in own if id(p) not in tied_ids and id(p) not in expert_ids and p.requires_grad]
         zero = None
         if shard_group is not None and sharded:
             zero = ShardedState(sharded, shard_group, zero=int(layout.zero), grad_divisor=divisor)
             zero.attach(module)  # ZeRO 3: gathers around the chunk's forward and backward
-            own = [zero.master] + [p for p in own if id(p) in tied_ids or not p.requires_grad]
-        states.append((make_optimizer(options, own) if own else None, zero))
+            own = [zero.master] + [p for p in own if id(p) in tied_ids or id(p) in expert_ids or not p.requires_grad]
+        own, expert_zero = _shard_experts(own, expert_ids, experts, layout.zero, divisor)
+        states.append((make_optimizer(options, own) if own else None, zero, expert_zero))
     hooks = None
     if groups.data_parallel is not None and shard_group is None:
-        synced = [p for opt, _ in states if opt is not None for p in opt.param_groups[0]["params"]
-                  if id(p) not in tied_ids and p.requires_grad]
+        synced = [p for opt, _, _ in states if opt is not None for p in opt.param_groups[0]["params"]
+                  if id(p) not in tied_ids and id(p) not in expert_ids and p.requires_grad]
         hooks = DataParallelHooks(
             synced, groups.data_parallel, divisor, stack.grad_bucket_bytes, uses=uses,
             overlap=stack.grad_reduce_overlap, ready_at=ready_at,
         ) if synced else None
+    whole_experts = [p for opt, _, _ in states if opt is not None for p in opt.param_groups[0]["params"] if id(p) in expert_ids]
     sync = GradientSync(
         hooks=hooks,
-        shards=[z for _, z in states if z is not None],
+        shards=[z for _, dense, experts_zero in states for z in (dense, experts_zero) if z is not None],
         tied_params=tied,
         tied_groups=list(groups.tied),
         divisor=divisor,
+        experts=None if experts is None else ExpertSync(
+            whole_experts, experts.edp, divisor, bucket_bytes=stack.grad_bucket_bytes, overlap=stack.grad_reduce_overlap),
     )
     return sync, states
+
+
+def _shard_experts(
+    own: list[torch.nn.Parameter], expert_ids: set[int], experts: ExpertGroups | None, zero: ZeroStage, divisor: int,
+) -> tuple[list[torch.nn.Parameter], ShardedState | None]:
+    """A chunk's optimizer parameters with its routed experts' replaced by their ZeRO shard over
+    the edp group, where there is one (``ExpertSync.shard``), and that shard."""
+    mine = [p for p in own if id(p) in expert_ids and p.requires_grad]
+    state = ExpertSync.shard(mine, experts.edp, zero, divisor) if experts is not None else None
+    if state is None:
+        return own, None
+    return [p for p in own if id(p) not in expert_ids or not p.requires_grad] + [state.master], state

@@ -44,6 +44,7 @@ from planner.models.workload import Workload
 from planner.runtime.checkpoint import CheckpointSlot
 from planner.runtime.context import grad_divisor, install, split_batch
 from planner.runtime.emulate import ChunkTimer, layer_bwd_offsets_ms, stage_chunk_ms
+from planner.runtime.experts import ExpertGroups, build_expert_groups, experts_folded, install_experts
 from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
 from planner.runtime.options import RuntimeOptions
@@ -90,6 +91,10 @@ class RankTrainer(abc.ABC):
         if layout.cp_degree > 1:  # before the examples: their forward runs on the rank's tokens
             self.shard = SequenceShard(degree=layout.cp_degree, index=self.position.cp_index, group=self.groups.context)
             install(workload.layers, self.shard)
+        self.experts: ExpertGroups | None = None  # experts folded apart from attention (planner.runtime.experts)
+        if experts_folded(layout, workload):
+            tensor_group = self.groups.tensor.get_group() if self.groups.tensor is not None else None
+            self.experts = build_expert_groups(layout, rank, options.timeout_s, device, tensor_group)
         first_mb = microbatch(self.batch(0)[0], 0, plan.microbatch_size)
         modules = []
         examples: list[tuple[Any, Any]] = []  # per chunk: its input and output for one micro-batch
@@ -99,6 +104,8 @@ class RankTrainer(abc.ABC):
             if self.groups.tensor is not None:  # split after the examples: they come from whole layers
                 layers = range(stage.layer_start, stage.layer_stop)
                 parallelize_layers(workload, layers, self.groups.tensor, layout.sequence_parallel)
+            if self.experts is not None:  # likewise: the experts sharded, dispatched over their groups
+                install_experts(workload.layers[stage.layer_start : stage.layer_stop], self.experts)
             modules.append(stage_module(workload, stage, device))
         tied = tied_params(plan, workload, self.position.stage_indices, holders)
         stages = self.position.stage_indices
@@ -107,10 +114,11 @@ class RankTrainer(abc.ABC):
         if options.emulate and profile is not None:  # gradients final at their layers' profiled ends
             ready_at = emulated_readiness(modules, [layer_bwd_offsets_ms(plan, s, profile) for s in stages], timers)
         self.sync, states = build_sync(modules, options=options, layout=layout, groups=self.groups, tied=tied,
-                                       stack=plan.stack, ready_at=ready_at)
+                                       stack=plan.stack, ready_at=ready_at, experts=self.experts)
         self.chunks: list[Chunk] = [
-            Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero)
-            for stage_idx, module, timer, (optimizer, zero) in zip(stages, modules, timers, states)
+            Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero,
+                  expert_zero=expert_zero)
+            for stage_idx, module, timer, (optimizer, zero, expert_zero) in zip(stages, modules, timers, states)
         ]
         self.loss_counts = LossCounts(plan.num_microbatches, layout.tp_degree)
         self.grad_bytes: tuple[int, ...] = (0,) * len(self.chunks)  # held after the sync, per chunk
@@ -194,12 +202,16 @@ class RankTrainer(abc.ABC):
 
     @property
     def checkpoint_slot(self) -> CheckpointSlot:
-        """Replica (or copy) 0 writes the model; each tp index checkpoints its own shards."""
+        """Replica (or copy) 0 writes the model; each tp index checkpoints its own shards; with the
+        experts folded every rank its own file (its experts and their optimizer state are its own)."""
+        layout = self.plan.layout
         return CheckpointSlot(
-            replica=self.position.replica * self.plan.layout.cp_degree + self.position.cp_index,  # in the gradient group
+            replica=self.position.replica * layout.cp_degree + self.position.cp_index,  # in the gradient group
             optimizer_shards=self.optimizer_shards,
             tp_index=self.position.tp_index,
-            tp_degree=self.plan.layout.tp_degree,
+            tp_degree=layout.tp_degree,
+            own_file=self.position.rank if self.experts is not None else -1,
+            experts=(layout.ep_degree, layout.etp_degree),
         )
 
     def run(self) -> RankMeasure:

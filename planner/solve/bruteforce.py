@@ -50,6 +50,13 @@ def stage_compute_ms(q: StageQuestion, start: int, stop: int, line: tuple[float,
     counts = cm.param_count[start:stop]
     gather = [line[0] * n * cm.weight_bytes_per_param + line[1] if n else 0.0 for n in counts]
     scatter = [line[0] * n * cm.grad_bytes_per_param + line[1] if n else 0.0 for n in counts]
+    if cm.has_experts:  # the routed experts' gathered and reduce-scattered over their own group's line
+        e_byte, e_fixed = cm.expert_fsdp_line(q.sharding)
+        experts = cm.expert_param_count[start:stop]
+        for per_param, out in ((cm.weight_bytes_per_param, gather), (cm.grad_bytes_per_param, scatter)):
+            for i, (n, x) in enumerate(zip(counts, experts)):
+                out[i] = ((line[0] * (n - x) * per_param + line[1] if n - x else 0.0)
+                          + (e_byte * x * per_param + e_fixed if x else 0.0))
     return sum(replay(fwd[start:stop].tolist(), bwd[start:stop].tolist(), gather, scatter, cm.stack.fsdp_prefetch))
 
 

@@ -123,6 +123,7 @@ def build_plan(
                 wgrad_ms=terms.wgrad_ms,
                 wgrad_bytes_per_microbatch=min(activation, int(round(
                     cm.wgrad_bytes(start, stop, microbatch_size)))) if split else 0,
+                alltoall_ms=cm.stage_alltoall_ms(start, stop, microbatch_size),
                 memory=memory,
                 memory_total_bytes=memory.total_bytes,
                 memory_cap_bytes=cap,

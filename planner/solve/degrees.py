@@ -1,9 +1,12 @@
 """The degrees the search spans: each tensor- x context-parallel group
-(:class:`~planner.artifacts.layout.DeviceGroup`) a request's layouts may have, its cost model,
-and the bounds below every configuration of it (:mod:`planner.solve.search` searches them)."""
+(:class:`~planner.artifacts.layout.DeviceGroup`) a request's layouts may have, with the expert
+layout of a profile with routed experts (expert-parallel x expert tensor-parallel degrees,
+:func:`planner.cost.experts.candidate_expert_degrees`), its cost model, and the bounds below
+every configuration of it (:mod:`planner.solve.search` searches them)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from planner.artifacts.cluster import Cluster
@@ -13,7 +16,8 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.context import candidate_cp_degrees
+from planner.cost.context import ContextView, candidate_cp_degrees, context_parallel_view
+from planner.cost.experts import candidate_expert_degrees
 from planner.cost.tensor_parallel import candidate_degrees, device_cost_model, stack_tp_view
 from planner.solve.build import Problem
 from planner.solve.space import microbatch_sizes
@@ -34,8 +38,11 @@ def device_groups(profile: Profile, base: Cluster, num_devices: int, request: Pl
     (the incumbent a cp > 1 search prunes against), else in the order of the tensor-parallel
     settings."""
     tensor = list(tensor_settings(profile, base, num_devices, request))
-    groups = sorted((DeviceGroup(tp_degree=t, cp_degree=cp, sequence_parallel=sp) for t, sp in tensor
-                     for cp in candidate_cp_degrees(profile, num_devices, t, request.cp_degrees)),
+    experts = {t: candidate_expert_degrees(profile, base, num_devices, request.ep_degrees, request.etp_degrees, t)
+               for t, _ in tensor}
+    groups = sorted((DeviceGroup(tp_degree=t, cp_degree=cp, sequence_parallel=sp, ep_degree=ep, etp_degree=etp)
+                     for t, sp in tensor for cp in candidate_cp_degrees(profile, num_devices, t, request.cp_degrees)
+                     for ep, etp in experts[t] if num_devices % (t * cp * ep * etp // math.gcd(t * cp, ep * etp)) == 0),
                     key=lambda g: g.cp_degree)
     if not groups:
         raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {num_devices} devices with a "
@@ -50,14 +57,19 @@ def note_group(group: DeviceGroup) -> None:
 
 def degree_models(problem: Problem, base: Cluster, groups: list[DeviceGroup]) -> Iterator[CostModel]:
     """Each group's cost model in order, built as it is asked for; the tensor-parallel view of
-    each ``(t, sp)`` built once for all its context-parallel degrees."""
+    each ``(t, sp)`` built once for all its context-parallel degrees, the context-parallel view of
+    each ``(t, sp, cp)`` once for all its expert layouts."""
     request = problem.request
     views: dict[tuple[int, bool], Profile] = {}
+    contexts: dict[tuple[int, bool, int], ContextView] = {}  # per (t, sp, cp): the same for every expert layout
     for group in groups:
-        t, sp = group.tp_degree, group.sequence_parallel
+        t, sp, cp = group.tp_degree, group.sequence_parallel, group.cp_degree
         if (t, sp) not in views:
             views[(t, sp)] = stack_tp_view(problem.profile, base, t, sp, request.stack)
-        yield device_cost_model(problem.profile, base, request.optimizer, group, request.stack, tp_view=views[(t, sp)])
+        if (t, sp, cp) not in contexts:
+            contexts[(t, sp, cp)] = context_parallel_view(views[(t, sp)], base, cp, t, request.stack)
+        yield device_cost_model(problem.profile, base, request.optimizer, group, request.stack, tp_view=views[(t, sp)],
+                                cp_view=contexts[(t, sp, cp)])
 
 
 def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> float:

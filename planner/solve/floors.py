@@ -225,7 +225,7 @@ class ConfigFacts:
         if (cm.profile.shared_saved or lay.stage_replicas
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
-        kappa = sum(cm.state_bytes_per_param(self.leanest(c).sharding()))
+        kappa = cm.least_state_bytes_per_param(self.leanest(c).sharding())  # experts' state may shard wider
         key = (b, kappa)
         work, saved_total, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0:
@@ -347,7 +347,7 @@ class ConfigFacts:
         lay = c.layout
         if lay.stage_replicas:
             return 0.0
-        kappa = sum(self.cm.state_bytes_per_param(self.leanest(c).sharding()))
+        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).sharding())
         return kappa * self.unique_params / lay.pipeline_size * (1 - 1e-9)
 
     def memory_floor_bytes(self, c: Config) -> float:

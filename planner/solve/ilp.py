@@ -42,6 +42,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.cost import grad_group_line, link_of, p2p_ms
@@ -261,6 +262,9 @@ def solve_chain_ilp(
     q = table.question
     cm, P, M, b = q.cost_model, layout.num_stages, num_microbatches, q.microbatch_size
     L = cm.num_layers
+    if cm.has_experts:
+        raise PlannerInputError("solver 'ilp' does not price routed experts (their state and gradients on their own "
+                                "group): plan mixture-of-experts profiles with --solver dp or brute-force")
     if P > L:
         return None
     model = _ChainModel(q, layout, inflight_counts(schedule, layout, M))

@@ -61,17 +61,19 @@ def lean_layouts(cm: CostModel, request: PlanRequest, num_groups: int) -> list[L
     """The layouts tried: ``num_groups`` pipeline stages (at most the layers, the request's
     limits honoured), and with ZeRO 3 allowed every P x D = ``num_groups`` with D > 1 dividing
     the global batch."""
-    P = min(num_groups // max(1, request.dp_degree), cm.num_layers)
+    least_d = cm.group.dp_multiple  # the fewest replicas an expert layout folds over (1 without experts)
+    P = min(num_groups // max(least_d, request.dp_degree), cm.num_layers)
     if request.max_stages:
         P = min(P, request.max_stages)
     if request.num_stages:
         P = request.num_stages
-    out = [layout_of(cm, max(P, 1))]
+    out = [layout_of(cm, max(P, 1), least_d)]
     if ZeroStage.PARAMETERS in request.zero_stages:
         for p in divisors(num_groups):
             d = num_groups // p
             if d < 2 or p > cm.num_layers or request.global_batch % d or (request.num_stages and p != request.num_stages) \
-                    or (request.dp_degree and d != request.dp_degree) or (request.max_stages and p > request.max_stages):
+                    or (request.dp_degree and d != request.dp_degree) or (request.max_stages and p > request.max_stages) \
+                    or not cm.group.admits(d):
                 continue
             out.append(layout_of(cm, p, d, 1, ZeroStage.PARAMETERS))
     return out

@@ -56,7 +56,7 @@ def replicated_candidates(
     sizes whose average-work bound cannot beat the best plan so far (or ``incumbent_ms``, the
     best of every degree searched) are skipped."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
-    if not request.per_stage_replication or cm.group.size > 1:
+    if not request.per_stage_replication or cm.group.size > 1 or cm.group.experts_size > 1:  # copies: one device each
         return []
     if not 2 <= num_devices <= settings.replicated_max_devices:
         return []

@@ -172,6 +172,8 @@ def all_configs(
     schedules = [s for s in request.schedules if s in DP_SCHEDULES or (split and s in SPLIT_SCHEDULES)]
     out: list[Config] = []
     for P, D in configurations(cm.num_layers, num_groups, request):
+        if not cm.group.admits(D):
+            continue  # the experts' layout does not fold over these ranks
         z = searched_zero(request, D)
         # one layout per chunk count, shared by every micro-batch size
         plain = layout_of(cm, P, D, 1, z)
@@ -213,7 +215,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals
-        comm = cm.fsdp_comm_ms(c.microbatch_size, cm.fsdp_line(c.layout))
+        comm = cm.fsdp_comm_ms(c.microbatch_size, cm.fsdp_line(c.layout), c.sharding())
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
         return max(c.num_microbatches * per / c.pipeline_size, crossing)
     return max(c.num_microbatches * work / c.pipeline_size, crossing)

@@ -6,7 +6,8 @@ steps cut at the layer boundaries (warm-up, then the median of repeats, see
 forward is what selective recomputation costs, :mod:`planner.profiling.measured.cores`); the
 bytes each layer saves for backward are counted exactly at every size, once per storage, with
 and without its attention cores recomputed, with the storages two layers share
-(:mod:`planner.profiling.measured.memory`); the layer DAG at the largest size. Times and saved
+(:mod:`planner.profiling.measured.memory`); the layer DAG at the largest size; the routed
+experts' share of a mixture-of-experts layer (``Layer.moe``, :mod:`planner.profiling.measured.experts`). Times and saved
 bytes are fitted as ``a + b x micro-batch`` per layer (saved bytes that do not grow with the
 micro-batch are an intercept); input and output bytes scale with it.
 """
@@ -24,6 +25,7 @@ import torch
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
+from planner.artifacts.moe import MoeLayer
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit, TimePoint
 from planner.artifacts.progress import Progress
 from planner.models import layer_param_names, layer_param_shapes, workload_fingerprint
@@ -31,6 +33,7 @@ from planner.models.common import DTYPES
 from planner.models.workload import Workload, split_loss
 from planner.profiling.measured.contract import check_activations, check_batch, check_layer_contract
 from planner.profiling.measured.cores import core_backend, record_cores, time_cores
+from planner.profiling.measured.experts import measure_experts
 from planner.profiling.measured.fit import fit_bytes, fit_time
 from planner.profiling.measured.memory import ModelBytes, layer_edges, measure_model_bytes
 from planner.profiling.measured.tensor_split import layer_splits
@@ -149,6 +152,11 @@ def profile_model(
                 core_ms[b] = time_cores(calls, clock, warmup=warmup, repeats=repeats)
                 by_size[b] = measure_model_bytes(work, *batch)
             attention, kernel = core_backend(calls, work, batch[0])
+            element_bytes = torch.empty(0, dtype=torch_dtype).element_size()
+            batches = {b: to_device(_batch(work, b), dev, torch_dtype)[0] for b in sizes}
+            layer_ms = {b: [(t.fwd_ms, t.bwd_ms) for t in times[b]] for b in sizes}
+            moe = measure_experts(work, batches, by_size, layer_ms, clock, warmup=warmup, repeats=repeats,
+                                  element_bytes=element_bytes)
             inputs, _ = to_device(_batch(work, sizes[-1]), dev, torch_dtype)
             layer_bytes = by_size[sizes[-1]].layers
             check_activations(work, layer_bytes)
@@ -182,7 +190,8 @@ def profile_model(
                 output_bytes_per_sample=layer_bytes[idx].output_bytes / per,
                 tp=splits[idx],
                 weight_grad_fraction=_wgrad_fraction(times[sizes[-1]][idx]),
-                attention_core=_core(sizes, by_size, core_ms, idx, (fixed, per_sample)),
+                attention_core=_core(sizes, by_size, core_ms, idx, (fixed, per_sample), moe[idx]),
+                moe=moe[idx],
             )
         )
     metadata: dict[str, Any] = {
@@ -223,20 +232,23 @@ def profile_model(
 
 def _core(
     sizes: list[int], by_size: dict[int, ModelBytes], core_ms: dict[int, list[float]], idx: int,
-    saved: tuple[float, float],
+    saved: tuple[float, float], moe: MoeLayer | None = None,
 ) -> AttentionCore | None:
     """The layer's attention core: the bytes its selective level frees (saved less saved with
-    the cores recomputed, fitted) and its cores' forward time (fitted); None without cores."""
+    the cores recomputed, fitted) and its cores' forward time (fitted); None without cores. A
+    layer with routed experts: its selective level is Megatron's ``moe_act`` + ``layernorm``
+    (``planner.models.moe.MoEBlock``), so the bytes are what that level frees and the time its
+    re-run (``moe.recompute_fwd``), not the attention's."""
     if by_size[sizes[0]].layers[idx].selective_saved_bytes < 0:
         return None
     freed = [by_size[b].layers[idx].saved_bytes - by_size[b].layers[idx].selective_saved_bytes for b in sizes]
     fixed, per_sample = fit_bytes(sizes, freed)
     times = [core_ms[b][idx] for b in sizes]
-    return AttentionCore(
-        saved_bytes_per_sample=min(per_sample, saved[1]),
-        saved_bytes_fixed=min(fixed, saved[0]),
-        fwd=fit_time(sizes, times) if any(times) else TimeFit(intercept_ms=0.0, per_sample_ms=0.0),
-    )
+    if moe is not None:
+        fwd = moe.recompute_fwd
+    else:
+        fwd = fit_time(sizes, times) if any(times) else TimeFit(intercept_ms=0.0, per_sample_ms=0.0)
+    return AttentionCore(saved_bytes_per_sample=min(per_sample, saved[1]), saved_bytes_fixed=min(fixed, saved[0]), fwd=fwd)
 
 
 def _shared(sizes: list[int], by_size: dict[int, ModelBytes]) -> tuple[SharedSaved, ...]:

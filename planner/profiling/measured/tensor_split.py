@@ -10,7 +10,8 @@ applied to the actual module structure rather than to the formula's idealised bl
 - ``split_time_fraction``: the FLOP share of the modules the plan splits (the attention and
   MLP, counted with ``torch.utils.flop_counter.FlopCounterMode`` in one forward): all of a
   transformer block's matmuls, so 1.0 for the zoo blocks -- the layer norms, residual adds
-  and GeLU count no FLOPs there, though they take time on a CPU;
+  and GeLU count no FLOPs there, though they take time on a CPU; of a mixture-of-experts layer,
+  the share of its FLOPs without its routed experts' (``Layer.moe`` prices those);
 - ``split_saved_bytes_per_sample``: of the bytes the layer saves for backward (counted as the
   profiler counts them: once per storage, parameters excluded), those that come from a column
   split's output -- each aten op's outputs inherit the lineage of its inputs (a
@@ -70,6 +71,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from planner.artifacts.kinds import SequenceParallelRuntime
 from planner.artifacts.tensor_split import SplitDegree, TensorSplit
+from planner.models.experts import RoutedExperts
 from planner.models.tp_check import check_dtensor_split, check_split, shard_copy
 from planner.models.workload import Workload
 from planner.profiling.measured.memory import saved_span, union_bytes
@@ -89,6 +91,7 @@ class SplitCount:
         self.flops = 0
         self.split_flops = 0
         self.output_bytes = 0  # the layer's output (its first tensor when it returns a tuple)
+        self.expert_flops = 0  # of ``flops``, the routed experts' (laid out apart: ``Layer.moe``)
 
 
 def _styles_kinds(styles: dict[str, Any]) -> tuple[set[str], set[str], set[str]]:
@@ -214,6 +217,8 @@ def count_split(layer: torch.nn.Module, styles: dict[str, Any], x: Any) -> Split
     root = type(layer).__name__
     out.flops = flops.get_total_flops()
     out.split_flops = sum(sum(counts.get(f"{root}.{path}", {}).values()) for path in parents)
+    experts = [path for path, module in layer.named_modules() if isinstance(module, RoutedExperts)]
+    out.expert_flops = sum(sum(counts.get(f"{root}.{path}", {}).values()) for path in experts)
     return out
 
 
@@ -257,6 +262,7 @@ def layer_split(
         check_dtensor_split(layer, spec.styles, x, workload.layer_names[layer_idx])
         checked.add(key)
     count = count_split(layer, styles, x)
+    rest_flops = count.flops - count.expert_flops  # an MoE layer's split describes the layer without its routed experts
     _, rows, _ = _styles_kinds(styles)
     degrees = tuple(
         SplitDegree(degree=t, time_scale=1.0, split_saved_bytes_per_sample=device_split_bytes(
@@ -265,7 +271,7 @@ def layer_split(
     )
     return TensorSplit(
         must_divide=tuple(spec.must_divide),
-        split_time_fraction=count.split_flops / count.flops if count.flops else 1.0,
+        split_time_fraction=count.split_flops / rest_flops if rest_flops else 1.0,
         split_param_count=split_param_count(layer, styles),
         split_saved_bytes_per_sample=count.split_saved_bytes / batch_size,
         sequence_runtime=SequenceParallelRuntime.DTENSOR,

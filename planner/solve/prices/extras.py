@@ -49,16 +49,18 @@ def _links(cluster: Cluster, layout: Layout) -> tuple[list[Line], list[Line | No
 
 
 def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
-    """``X_s(i, j)`` for every stage (:meth:`StageTable.exposure` of its gradient line; zeros
-    under ZeRO 3, whose collectives are in the stage times)."""
+    """``X_s(i, j)`` for every stage (:meth:`StageTable.exposure` of its gradient line, and of its
+    routed experts' group's; zeros under ZeRO 3, whose collectives are in the stage times)."""
     out = []
-    by_line: dict[Line, np.ndarray] = {}
-    for line in _links(table.cm.cluster, layout)[0]:
-        if line not in by_line:
-            m = np.zeros_like(table.sync_bytes) if layout.zero is ZeroStage.PARAMETERS else table.exposure(line)
+    by_line: dict[tuple[Line, Line], np.ndarray] = {}
+    cm = table.cm
+    for s, line in enumerate(_links(cm.cluster, layout)[0]):
+        expert = cm.expert_grad_line(layout, s) if cm.has_experts else (0.0, 0.0)
+        if (line, expert) not in by_line:
+            m = np.zeros_like(table.sync_bytes) if layout.zero is ZeroStage.PARAMETERS else table.exposure(line, expert)
             m.flags.writeable = False
-            by_line[line] = m
-        out.append(by_line[line])
+            by_line[(line, expert)] = m
+        out.append(by_line[(line, expert)])
     return out
 
 

@@ -65,7 +65,8 @@ class FixedPart:
     kappa: float  # model-state bytes per parameter at the peak
     sync_bytes_per_param: float  # synchronised after the last backward
     static: np.ndarray  # model state + buffers (+ ZeRO 3's gathered working set), bytes
-    sync_bytes: np.ndarray  # synchronised after the last backward, bytes
+    sync_bytes: np.ndarray  # synchronised after the last backward, bytes (the routed experts' included)
+    expert_sync_bytes: np.ndarray | None  # of sync_bytes, the routed experts' (on their own group's line); None: none
 
 
 #: per cost model, its fixed parts by (micro-batch size, sharding, ZeRO 3 line, fixed boundaries)
@@ -100,18 +101,20 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     fsdp = is_fsdp(sharding)
     compute = batch.compute
     if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
-        compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line).matrix(), INF)
+        compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line, sharding).matrix(), INF)
     kappa = sum(cm.state_bytes_per_param(sharding))
     sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
     sync_bytes = _SYNC.get(cm, sync_per_param)
     if sync_bytes is None:
         sync_bytes = _SYNC.put(cm, sync_per_param, _read_only(params * sync_per_param))
-    static = params * kappa + cm.stage_buffer_matrix(microbatch_size)
+    static = cm.stage_state_matrix(sharding) + cm.stage_buffer_matrix(microbatch_size)
     if fsdp:  # the gathered weights and gradients of the layers in flight
         static = static + working_set_matrix(
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
+    experts = _read_only(cm.stage_expert_param_matrix() * sync_per_param) if cm.has_experts else None
     return FixedPart(batch=batch, fsdp=fsdp, compute=_read_only(compute), kappa=kappa,
-                     sync_bytes_per_param=sync_per_param, static=_read_only(static), sync_bytes=_read_only(sync_bytes))
+                     sync_bytes_per_param=sync_per_param, static=_read_only(static), sync_bytes=_read_only(sync_bytes),
+                     expert_sync_bytes=experts)
 
 
 def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int, ...]) -> BatchPart:

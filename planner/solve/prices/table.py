@@ -39,12 +39,19 @@ class StageTable(StageFits):
     :meth:`least_bytes` / :meth:`longest` / :meth:`longest_within` / :meth:`recomputes`,
     :meth:`exposure`, :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
 
-    def exposure(self, line: tuple[float, float]) -> np.ndarray:
+    def exposure(self, line: tuple[float, float], expert_line: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
         """``X(i, j)`` of a stage whose gradient group's all-reduce line is ``line`` (ms per byte,
         ms): its bytes synchronised after its last backward on that line, less the backward work
         it overlaps (:meth:`hidden_backward`), at least 0 (zeros where the line is (0, 0): no
-        group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage."""
+        group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage. With
+        routed experts, theirs on ``expert_line`` (their expert data-parallel group's)."""
         per_byte, fixed = line
+        experts = self.expert_sync_bytes
+        if experts is not None:
+            e_byte, e_fixed = expert_line
+            out_e: np.ndarray = np.maximum(0.0, per_byte * (self.sync_bytes - experts) + fixed + e_byte * experts
+                                           + np.where(experts > 0, e_fixed, 0.0) - self.hidden_backward())
+            return out_e
         if per_byte == 0.0 and fixed == 0.0:
             return np.zeros_like(self.sync_bytes)
         out: np.ndarray = np.maximum(0.0, per_byte * self.sync_bytes + fixed - self.hidden_backward())
