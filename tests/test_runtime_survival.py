@@ -109,17 +109,18 @@ def test_sigkill_to_torchrun_leaves_no_worker_running(tmp_path: Path) -> None:
 def test_sigterm_to_planner_run_stops_the_workers_after_a_final_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     launched = Launched([sys.executable, "-m", "planner", "run", _plan(tmp_path, (2,)), "--model", MLP, "--steps", "100000",
-                         "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"])
-    deadline = time.monotonic() + 120
-    while not descendants(launched.proc.pid) or len(descendants(launched.proc.pid)) < 3:
-        assert time.monotonic() < deadline, launched.output[-3000:]
-        time.sleep(0.1)
-    time.sleep(8.0)  # let the ranks start training
+                         "--checkpoint-dir", str(ckpt), "--checkpoint-every", "20"])
+    # training: its first checkpoint written (8 s of sleep after the launch were not always
+    # enough at a load average of 10: the ranks were still starting, and left before training)
+    _wait_for_file(ckpt / "step_20" / "manifest.json", launched, 120)
     workers = descendants(launched.proc.pid)
+    assert len(workers) >= 3
     launched.proc.send_signal(signal.SIGTERM)
     code = launched.finish(60)
     assert code == 128 + signal.SIGTERM, launched.output[-3000:]
-    line = next(line for _, line in launched.lines if "stopped by SIGTERM after" in line)
+    stopped = [line for _, line in launched.lines if "stopped by SIGTERM after" in line]
+    assert stopped, launched.output[-3000:]
+    line = stopped[0]
     done = int(line.split(" after ")[1].split()[0])
     assert f"checkpoint {ckpt / f'step_{done}'}" in line
     assert json.loads((ckpt / "latest.json").read_text()) == {"completed_steps": done}
