@@ -7,6 +7,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MPLBACKEND", "Agg")
+# One torch thread in this process and in every process a test starts (torchrun launches and the
+# notebooks' kernels set it already), unless the caller chose: the models under test are tiny, and
+# on a two-core machine shared with other jobs two intra-op threads contend with them. Measured
+# at a load average of 6-11: tests/test_hf_models.py, test_profiling.py, test_memory_accuracy.py
+# and test_models.py 17-19 s wall, 9-10 s CPU with one thread, 48-94 s wall, 29-38 s CPU with
+# torch's default of two; `planner profile ... --repeats 40` (test_first_hour) 10.5 s against 45 s.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): its threads are set already
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 import importlib.util
