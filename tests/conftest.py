@@ -21,14 +21,18 @@ if "torch" in sys.modules:  # imported before this file (a plugin): its threads 
 import importlib.util
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 # Property tests draw the same examples on every run (seeded by a hash of each test), so that a
 # run's verdict is the code's, not the draw's: random draws found two float ties in oracles in
 # one session (benchmarks/RESULTS.md section 38), each of which would have failed a landing at
 # random. HYPOTHESIS_PROFILE=explore draws new examples on every run (to hunt for such cases).
-settings.register_profile("ci", derandomize=True, database=None)
-settings.register_profile("explore", derandomize=False)
+# No per-example deadline and no "too slow" health check by default: both time the examples in
+# wall seconds, which other jobs on a shared machine stretch (hypothesis's 200 ms deadline is a
+# load average away from failing any solver example); a test may still set its own.
+_UNTIMED = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", derandomize=True, database=None, **_UNTIMED)
+settings.register_profile("explore", derandomize=False, **_UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from tests.runtime_launch import SharedLaunches
