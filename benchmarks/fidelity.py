@@ -102,14 +102,14 @@ CONFIGS = (
     Config(2, 2, 8, G, True, stack="16k"),
     Config(1, 2, 4, F, False, stack="none"),
     Config(2, 2, 4, F, False, stack="none"),
-    # issue 21: ZB-H1 (torch's ScheduleInterleavedZeroBubble), the backward's I and W chunks
+    # issue 21: ZB-H1 (its action lists in torch's action-list runtime), the backward's I and W chunks
     # stretched to the plan's (bwd - wgrad, wgrad)
     Config(2, 1, 8, Z, False),
     Config(2, 1, 6, Z, True),
     Config(4, 1, 8, Z, False),
     Config(4, 1, 8, Z, True),
     Config(2, 2, 8, Z, False),
-    # issue 21: ZBV (torch's ScheduleZBVZeroBubble), P counting chunks: two per rank in a V
+    # issue 21: ZBV (its action lists in torch's action-list runtime), P counting chunks: two per rank in a V
     Config(4, 1, 8, V, False),
     Config(4, 1, 6, V, True),
     Config(8, 1, 8, V, False),

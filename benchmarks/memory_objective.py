@@ -6,7 +6,7 @@ within ``--time-budget-ms``). Two searches of the same request:
 
 - ``pruned``: the default: each degree's configurations, and its tighter-cap passes, pruned by
   the time objective's bounds against 1.1 x the fastest time found (or the budget), plans built
-  only for candidates within that (:class:`planner.solve.candidates.Budget`);
+  only for candidates within that (:class:`planner.solve.objectives.Budget`);
 - ``unpruned``: ``SearchSettings(prune_degrees=False, prune_configs=False)``: every
   configuration solved, every candidate built (the search before; the tests compare with it).
 
@@ -26,7 +26,7 @@ Cases:
 
 ``--objective me``: the same cases under the ME objective (the least iteration time x peak memory;
 ``pruned`` prunes every configuration whose time bound x memory floor exceeds the least product
-found, unless it could give the index's reference, :class:`planner.solve.candidates.MeIncumbent`);
+found, unless it could give the index's reference, :class:`planner.solve.objectives.MeIncumbent`);
 the ME index is printed too.
 
 Each search runs ``--repeats`` times per case (rotating: pruned, unpruned, pruned, ...); the

@@ -60,7 +60,7 @@ def main() -> None:
     rank = dist.get_rank()
     plan, profile = load_plan(plan_path), load_profile(profile_path)
     layout = plan.layout
-    if layout.replicated_per_stage or layout.mesh_shape != (layout.num_stages, 1, 1):
+    if layout.replicated_per_stage or layout.mesh_shape != (layout.num_stages, 1, 1, 1):
         raise SystemExit(f"plain_pipeline runs P x 1 plans of one stage per rank (got {layout.describe()})")
     torch.manual_seed(0)
     workload = load_workload(spec)

@@ -82,7 +82,7 @@ from published_rows import Metric, PublishedRun, Recompute, all_rows
 from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.errors import PlannerError
 from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
-from planner.artifacts.layout import Layout
+from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
@@ -249,8 +249,8 @@ def price(run: PublishedRun, gemm: GemmModel) -> Priced:
         return Priced(run.flops_per_iteration / secs / run.gpus / 1e12, plan, usable, notes=notes)
     if run.metric is Metric.ITERATION_S:
         return Priced(secs, plan, usable, notes=notes)
-    cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer, run.t,
-                           run.sequence_parallel, run.stack)
+    cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer,
+                           DeviceGroup(tp_degree=run.t, sequence_parallel=run.sequence_parallel), run.stack)
     fwd, bwd = cm.layer_times(run.microbatch)
     block = 1  # every block is the same
     rc = {Recompute.NONE: 0.0, Recompute.FULL: float(fwd[block]),

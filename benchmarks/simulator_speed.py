@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.artifacts.kinds import ScheduleKind
 from planner.simulation import simulate, simulate_iteration_ms
-from tests.plan_factory import make_plan
+from tests.plan_factory import make_plan, stage_terms
 
 
 def stage_arrays(p: int, seed: int = 0) -> list[list[float]]:
@@ -49,9 +49,9 @@ def main() -> None:
         (ScheduleKind.INTERLEAVED_1F1B, 16, 64, 2),
         (ScheduleKind.ONE_F_ONE_B, 64, 512, 1),
     ):
-        arrays = stage_arrays(p)
-        cold = best_of(lambda: simulate_iteration_ms(kind, m, *arrays, virtual_stages_per_rank=v), 1)
-        warm = best_of(lambda: simulate_iteration_ms(kind, m, *arrays, virtual_stages_per_rank=v), 20)
+        terms = stage_terms(*stage_arrays(p))
+        cold = best_of(lambda: simulate_iteration_ms(kind, m, terms, virtual_stages_per_rank=v), 1)
+        warm = best_of(lambda: simulate_iteration_ms(kind, m, terms, virtual_stages_per_rank=v), 20)
         name = f"simulate_iteration_ms {kind.value} P={p // v} v={v} M={m}"
         print(f"{name:44s} {cold * 1e3:8.2f}ms {warm * 1e3:8.2f}ms")
 

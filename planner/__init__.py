@@ -50,6 +50,9 @@ _LAZY = {
     "plot_stage_memory": "planner.report.figures_compare:plot_stage_memory",
     "plot_pareto": "planner.report.figures_compare:plot_pareto",
     "load_report": "planner.artifacts.report:load_report",
+    # a long-lived process (a notebook planning many requests)
+    "reset_caches": "planner.artifacts.caches:reset",
+    "cache_sizes": "planner.artifacts.caches:sizes",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -9,6 +9,27 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage, StageMemory
 from planner.artifacts.plan_summary import Prediction, Provenance
 from planner.artifacts.request import PlanRequest
+from planner.cost.stage import StageTerms
+
+
+def stage_terms(
+    fwd_ms: Sequence[float],
+    bwd_ms: Sequence[float],
+    recompute_ms: Sequence[float] | None = None,
+    send_fwd_ms: Sequence[float] | None = None,
+    send_bwd_ms: Sequence[float] | None = None,
+    allreduce_ms: Sequence[float] | None = None,
+    *,
+    wgrad_ms: Sequence[float] | None = None,
+) -> list[StageTerms]:
+    """One :class:`StageTerms` per stage from per-stage columns (None: zeros)."""
+    n = len(fwd_ms)
+    z = [0.0] * n
+    cols = [c if c is not None else z for c in (recompute_ms, send_fwd_ms, send_bwd_ms, allreduce_ms, wgrad_ms)]
+    if any(len(c) != n for c in [bwd_ms, *cols]):
+        raise ValueError(f"every column needs {n} entries (one per stage)")
+    return [StageTerms(fwd_ms=fwd_ms[s], bwd_ms=bwd_ms[s], recompute_ms=cols[0][s], send_fwd_ms=cols[1][s],
+                       send_bwd_ms=cols[2][s], allreduce_ms=cols[3][s], wgrad_ms=cols[4][s]) for s in range(n)]
 
 
 def make_plan(

@@ -17,7 +17,7 @@ from planner.simulation.bounds import partition_bounds as lower_bounds
 from planner.simulation.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
 from planner.simulation.predict import me_index
 from tests.chains import chain_profile, layer_dicts, small_cluster
-from tests.plan_factory import make_plan
+from tests.plan_factory import make_plan, stage_terms
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
 
@@ -65,7 +65,7 @@ def test_simulator_never_beats_the_lower_bounds(kind, stages, m_extra, v):
     if kind is INTERLEAVED and m % max(1, m // (len(stages) // v)):
         return
     cols = [list(c) for c in zip(*stages)]
-    it = simulate_iteration_ms(kind, m, *cols, virtual_stages_per_rank=v)
+    it = simulate_iteration_ms(kind, m, stage_terms(*cols), virtual_stages_per_rank=v)
     bound = lower_bounds_from_arrays(m, *cols, virtual_stages_per_rank=v).lower_bound_ms
     assert it >= bound - 1e-9 * max(1.0, bound)
 
@@ -175,6 +175,6 @@ def test_simulator_never_beats_the_zero_bubble_bounds(stages, fracs, m_extra):
         return
     cols = [list(c) for c in zip(*stages)]
     wgrad = [b * f for b, f in zip(cols[1], fracs)]
-    it = simulate_iteration_ms(ScheduleKind.ZB_H1, m, *cols, wgrad_ms=wgrad)
+    it = simulate_iteration_ms(ScheduleKind.ZB_H1, m, stage_terms(*cols, wgrad_ms=wgrad))
     bound = lower_bounds_from_arrays(m, *cols, wgrad_ms=wgrad).lower_bound_ms
     assert it >= bound - 1e-9 * max(1.0, bound)

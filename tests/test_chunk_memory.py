@@ -1,5 +1,5 @@
 """Interleaved chunks share their rank's memory (issue 19): the chain DP checks one stage at a
-time, first with cap / v each; :func:`planner.solve.candidates.rebalanced` re-solves with each
+time, first with cap / v each; :func:`planner.solve.proposals.rebalanced` re-solves with each
 chunk's share in proportion to its need, so a rank's first chunk (more micro-batches in flight)
 gets what its last leaves unused -- and every rank still fits."""
 
@@ -10,8 +10,10 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
-from planner.solve.candidates import Candidate, fits, rebalanced, simulated, solve_config, stage_needs
-from planner.solve.chain_dp import StageTable, solve_chain
+from planner.solve.candidates import Candidate, fits, simulated, solve_config, stage_needs
+from planner.solve.chain_dp import solve_chain
+from planner.solve.prices import StageTable
+from planner.solve.proposals import rebalanced
 from planner.solve.space import Config
 from tests.chains import chain_profile, small_cluster
 

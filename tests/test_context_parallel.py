@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import OptimizerKind, ScheduleKind, ZeroStage
-from planner.artifacts.layout import Layout
+from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.profile import load_profile
 from planner.artifacts.request import PlanRequest
@@ -28,7 +28,7 @@ from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.defaults import profiles_dir
 from planner.solve import plan
-from planner.solve.chain_dp import StageTable
+from planner.solve.prices import StageTable
 from tests.chains import small_cluster, solve_three_ways
 
 from planner.artifacts.cluster import PRESETS  # isort: skip
@@ -77,7 +77,7 @@ def test_view_splits_token_work_and_attention_and_adds_the_kv_collectives() -> N
     for exposed, overlapped in zip(view.layers[1:-1], hidden.layers[1:-1]):
         for b in (1, 8):
             assert overlapped.fwd_ms(b) < exposed.fwd_ms(b) and overlapped.bwd_ms(b) < exposed.bwd_ms(b)
-    cm = device_cost_model(prof, cluster, OptimizerKind.ADAM_MIXED, cp_degree=cp)
+    cm = device_cost_model(prof, cluster, OptimizerKind.ADAM_MIXED, DeviceGroup(cp_degree=cp))
     one = device_cost_model(prof, cluster, OptimizerKind.ADAM_MIXED)
     assert cm.buffer_bytes(1, 3, 2) - one.buffer_bytes(1, 3, 2) / cp == pytest.approx(2 * kv)
 
@@ -87,7 +87,7 @@ def test_gradients_sync_over_dp_x_cp() -> None:
     dp = 2 without cp (the ring is what matters), and ZeRO shards over both."""
     prof = _long()
     cluster = PRESETS["h100-80gb-x8"]
-    cm = device_cost_model(prof, cluster, OptimizerKind.ADAM_MIXED, cp_degree=2)
+    cm = device_cost_model(prof, cluster, OptimizerKind.ADAM_MIXED, DeviceGroup(cp_degree=2))
     with_cp = Layout(num_stages=1, dp_degree=2, cp_degree=2, zero=ZeroStage.OPTIMIZER)
     assert with_cp.grad_group(0) == (0, 1, 2, 3) and with_cp.sharding(0).ranks == 4
     sync = cm.stage_sync(0, cm.num_layers, 0, with_cp).total_ms
@@ -130,7 +130,7 @@ def test_dp_equals_brute_force_over_cp(cp, num_stages, num_microbatches, microba
     prof = gpt_profile(layers=4, hidden=512, heads=8, seq=8192, vocab=8000)
     # the "none" stack: CP-SAT's proxy X_s hides a stage's synchronisation behind earlier stages'
     # backward only, not its own as the DP's does under an overlapping stack (see the report)
-    cm = device_cost_model(prof, small_cluster(16), OptimizerKind.ADAM_MIXED, cp_degree=cp, stack=STACKS["none"])
+    cm = device_cost_model(prof, small_cluster(16), OptimizerKind.ADAM_MIXED, DeviceGroup(cp_degree=cp), STACKS["none"])
     layout = Layout(num_stages=num_stages, dp_degree=dp_degree, cp_degree=cp, zero=ZeroStage(zero))
     table = StageTable(cm, microbatch_size, cap_gb * 1e9, sharding=layout.sharding(0))
     dp = solve_three_ways(table, layout=layout, num_microbatches=num_microbatches, schedule=schedule)

@@ -21,8 +21,8 @@ from planner.cost import CostModel
 from planner.cost.fsdp import fsdp_terms, replay
 from planner.report.export import torchtitan_config
 from planner.solve import plan
-from planner.solve.chain_dp import StageTable
 from planner.solve.infeasible import explain_infeasible
+from planner.solve.prices import StageTable
 from tests.chains import chain_profile, layer_dicts, small_cluster, solve_three_ways
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

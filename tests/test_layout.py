@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.kinds import ZeroStage
-from planner.artifacts.layout import MESH_DIMS, Layout, Sharding
+from planner.artifacts.layout import MESH_DIMS, ONE_DEVICE, DeviceGroup, Layout, Sharding
 
 
 @st.composite
@@ -165,3 +165,39 @@ def test_gradient_group_line_without_listing_ranks(layout: Layout, per_node: int
     cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=nodes, devices_per_node=per_node)
     for s in range(layout.num_stages):
         assert grad_group_line(cluster, layout, s) == allreduce_line(cluster, layout.grad_group(s))
+
+
+@settings(max_examples=100, deadline=None)
+@given(layout=layouts())
+def test_device_group_is_the_layouts_inner_axes(layout: Layout) -> None:
+    """A layout's group (tensor x context parallel) gives the devices a stage replica spans: its
+    size divides the world into the layout's groups, its strides are the rank distances of the
+    rank formula along cp and tp, and the group builds the same layout back."""
+    group = layout.group
+    assert group == DeviceGroup(tp_degree=layout.tp_degree, cp_degree=layout.cp_degree,
+                                sequence_parallel=layout.sequence_parallel)
+    assert group.size * layout.num_groups == layout.world_size == group.size * group.groups_in(layout.world_size)
+    if not layout.stage_replicas:
+        cp_stride, tp_stride = group.strides
+        base = layout.rank_of(stage_idx=0)
+        if layout.cp_degree > 1:
+            assert layout.rank_of(stage_idx=0, cp_index=1) - base == cp_stride
+        if layout.tp_degree > 1:
+            assert layout.rank_of(stage_idx=0, tp_index=1) - base == tp_stride
+    again = group.layout(num_stages=layout.num_stages, virtual_stages_per_rank=layout.virtual_stages_per_rank,
+                         dp_degree=layout.dp_degree, stage_replicas=layout.stage_replicas, zero=layout.zero,
+                         placement=layout.placement)
+    assert again == layout
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tp_degree": 0}, "tp_degree must be >= 1 \\(got 0\\)"),
+    ({"cp_degree": 0}, "cp_degree must be >= 1 \\(got 0\\)"),
+    ({"sequence_parallel": True}, "sequence_parallel needs tp_degree > 1"),
+])
+def test_device_group_checks_name_the_value(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DeviceGroup(**kwargs)  # type: ignore[arg-type]
+    assert ONE_DEVICE.size == 1 and ONE_DEVICE.describe() == "tensor-parallel degree 1"
+    assert DeviceGroup(tp_degree=2, cp_degree=4, sequence_parallel=True).describe() == (
+        "tensor-parallel degree 2 (seq-par), context-parallel 4")

@@ -181,13 +181,13 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
     """The pruned ME search solves fewer configurations and builds fewer plans than its search
     without pruning, for the same plan, index, reference and best time on all the devices (drawn
     case 14: the check of test_me_objective_pruned_chooses_the_unpruned_plan on it)."""
-    from planner.solve import candidates, select
+    from planner.solve import config_search, select
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _random_case
 
     profile, cluster, request = _random_case(14)
     request = dataclasses.replace(request, objective=Objective.ME)
     counts = {"built": 0, "solved": 0}
-    real_build, real_solve = select.build_plan, candidates.solve_config
+    real_build, real_solve = select.build_plan, config_search.solve_config
 
     def building(*args: object, **kwargs: object) -> Plan:
         counts["built"] += 1
@@ -198,7 +198,7 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
         return real_solve(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(select, "build_plan", building)
-    monkeypatch.setattr(candidates, "solve_config", solving)
+    monkeypatch.setattr(config_search, "solve_config", solving)
     runs, seen = [], []
     for settings in (EXHAUSTIVE, PRUNED):
         counts.update(built=0, solved=0)
@@ -249,7 +249,9 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
     peak memory, its largest stage's peak at most it, and its busiest rank's chunks' peaks
     summed at least it (the incumbent's product is never below a plan's)."""
     from planner.solve import select
-    from planner.solve.candidates import BYTES_SLACK, ConfigSearch, MeIncumbent, busiest_rank, stage_needs
+    from planner.solve.candidates import busiest_rank, stage_needs
+    from planner.solve.floors import ConfigFacts
+    from planner.solve.objectives import BYTES_SLACK
     from tests.test_search_pruning import EXHAUSTIVE
 
     profile, cluster, request = _me_case(seed)
@@ -271,8 +273,46 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
         needs = stage_needs(cm, c, cand.solution)  # type: ignore[arg-type, attr-defined]
         slack = 1 + BYTES_SLACK  # the parts of a stage's peak are each rounded to bytes
         assert max(needs) <= peak * slack and peak <= busiest_rank(c.layout, needs) * slack
-        search = ConfigSearch(cm, request, c.num_groups, 80 * 2**30, configs=[c], me=MeIncumbent())  # type: ignore[arg-type]
-        state, floor = search.state_floor_bytes(c), search.memory_floor_bytes(c)
+        facts = ConfigFacts(cm, request, 80 * 2**30)  # type: ignore[arg-type]
+        state, floor = facts.state_floor_bytes(c), facts.memory_floor_bytes(c)
         assert state <= peak and floor <= peak, (c, state, floor, peak)
         floored += floor > state
     assert floored > 0  # the stages' least bytes bound more than the state's share somewhere
+
+
+def test_one_policy_per_objective() -> None:
+    """Each objective's policy owns its rules: what a configuration must beat, whether it keeps a
+    lean front (and rebalances at once), how it widens over groups of layers (sharing the
+    incumbent and the ME state it prunes against), and what a degree builds."""
+    from planner.solve.objectives import Budget, Incumbent, MemoryPolicy, MePolicy, TimePolicy, policy_for
+    from planner.solve.settings import SETTINGS
+
+    time, memory, me = (policy_for(PlanRequest(objective=o), SETTINGS) for o in Objective)
+    assert isinstance(time, TimePolicy) and isinstance(memory, MemoryPolicy) and isinstance(me, MePolicy)
+    assert not time.lean and memory.lean and me.lean
+    assert memory.budget == Budget.of_request(PlanRequest(objective=Objective.MEMORY)) and memory.budget.widened
+    assert all(p.prune for p in (time, memory, me)) and me.state is not None
+    exhaustive = dataclasses.replace(SETTINGS, prune_configs=False)
+    assert not any(policy_for(PlanRequest(objective=o), exhaustive).prune for o in Objective)
+    # over groups of layers: the budget and the ME figures widen, the shared state stays one
+    grouped = memory.for_groups(SETTINGS)
+    assert isinstance(grouped, MemoryPolicy) and grouped.incumbent is memory.incumbent
+    assert grouped.budget.factor == pytest.approx(memory.budget.factor * (1 + SETTINGS.budget_refine_slack))
+    grouped_me = me.for_groups(SETTINGS)
+    assert isinstance(grouped_me, MePolicy) and grouped_me.state is me.state and grouped_me.incumbent is me.incumbent
+    assert grouped_me.widen == 1 + SETTINGS.budget_refine_slack
+    assert time.for_groups(SETTINGS) is time
+    # what a degree builds: the time objective its few fastest (a cp > 1 degree only those faster
+    # than the plans before it), the others every candidate they could choose
+    assert time.builds(10.0, 1, SETTINGS).pruning_ms == float("inf")
+    assert time.builds(10.0, 2, SETTINGS).pruning_ms == 10.0
+    assert time.builds(10.0, 1, SETTINGS).rescore == SETTINGS.rescore_top
+    assert memory.builds(10.0, 2, SETTINGS).rescore is None and memory.builds(10.0, 2, SETTINGS).pruning_ms == float("inf")
+    # the limit: the best time found (on all the groups for a configuration on all of them),
+    # widened by the memory objective's budget
+    shared = Incumbent(best=100.0, best_all=120.0)
+    t, m = TimePolicy(incumbent=shared), MemoryPolicy(Budget(1.1, 0.0), incumbent=shared)
+    assert t.limit(None, None, None, on_all=False) == 100.0 and t.limit(None, None, None, on_all=True) == 120.0  # type: ignore[arg-type]
+    assert m.limit(None, None, None, on_all=True) == pytest.approx(132.0)  # type: ignore[arg-type]
+    # a policy of its own starts at the time given (only when pruning)
+    assert TimePolicy(start_ms=50.0).incumbent.best == 50.0 and TimePolicy(prune=False, start_ms=50.0).incumbent.best == float("inf")

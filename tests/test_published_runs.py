@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.artifacts.layout import DeviceGroup
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from published_rows import PublishedRun, Recompute, all_rows
@@ -80,8 +82,8 @@ def test_selective_rows_recompute_the_attention_core() -> None:
     gemm = DEVICE_GEMM[run.device]
     base = price(ROWS["K4 baseline"], gemm)
     got = price(run, gemm)
-    cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer, run.t, run.sequence_parallel,
-                           run.stack)
+    cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer,
+                           DeviceGroup(tp_degree=run.t, sequence_parallel=run.sequence_parallel), run.stack)
     core = float(cm.core_ms(run.microbatch)[1])
     assert core > 0
     assert got.fwd_ms == pytest.approx(base.fwd_ms)

@@ -12,6 +12,7 @@ import pytest
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind, OptimizerKind, RecomputeLevel
+from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.profile import profile_from_json, profile_to_json
 from planner.cost.tensor_parallel import device_cost_model
@@ -59,7 +60,7 @@ CASES = [(1, False), (2, False), (4, False), (8, False), (2, True), (4, True), (
 @pytest.mark.parametrize("level", list(RecomputeLevel))
 def test_materialised_block_saves_table_2_at_every_level(t, sp, level):
     prof = gpt_profile(layers=2, hidden=H, heads=A, seq=S, vocab=51200, attention="materialised")
-    cm = device_cost_model(prof, CLUSTER, OptimizerKind.ADAM_MIXED, t, sp)
+    cm = device_cost_model(prof, CLUSTER, OptimizerKind.ADAM_MIXED, DeviceGroup(tp_degree=t, sequence_parallel=sp))
     assert level_bytes(cm, 1, level) == pytest.approx(table2(level, t, sp), rel=1e-12)
 
 
@@ -70,7 +71,7 @@ def test_flash_block_saves_no_scores(t, sp, level):
     ``4 a s b`` (split like the heads) where nothing is recomputed; selective and full as Table 2."""
     prof = gpt_profile(layers=2, hidden=H, heads=A, seq=S, vocab=51200)
     assert prof.attention is AttentionKind.FLASH
-    cm = device_cost_model(prof, CLUSTER, OptimizerKind.ADAM_MIXED, t, sp)
+    cm = device_cost_model(prof, CLUSTER, OptimizerKind.ADAM_MIXED, DeviceGroup(tp_degree=t, sequence_parallel=sp))
     want = table2(RecomputeLevel.SELECTIVE, t, sp) + 4 * A * S * B / t if level is RecomputeLevel.NONE else table2(level, t, sp)
     assert level_bytes(cm, 1, level) == pytest.approx(want, rel=1e-12)
 

@@ -22,8 +22,8 @@ from planner.solve import plan
 from planner.solve.bruteforce import best_stage
 from planner.solve.build import rebuild_plan
 from planner.solve.candidates import stage_recompute
-from planner.solve.chain_dp import StageTable, exposed_allreduce_ms
 from planner.solve.partitions import pipedream_split
+from planner.solve.prices import StageTable
 from planner.solve.replicated import replica_counts, solve_replicated
 from tests.chains import chain_profile, layer_dicts, small_cluster
 
@@ -101,11 +101,11 @@ def _oracle(cm: CostModel, tables: dict[int, StageTable], n: int, m: int, kind: 
                 zero = next(iter(tables.values())).sharding.zero
                 layout = Layout(num_stages=p, stage_replicas=reps, zero=zero)
                 ks = inflight_counts(kind, layout, m)
-                stages = [best_stage(tables[d], a, z, k) for d, a, z, k in zip(reps, bounds, stops, ks)]
+                stages = [best_stage(tables[d].question, a, z, k) for d, a, z, k in zip(reps, bounds, stops, ks)]
                 if any(t == math.inf for t, _, _ in stages):
                     continue
                 comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops[:-1]))
-                exposed = sum(exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
+                exposed = sum(cm.stage_exposed_sync_ms(a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
                 times = [t for t, _, _ in stages]
                 value = sum(times) + comm + exposed + (m - 1) * max(t / d for t, d in zip(times, reps))
                 best = min(best, value)

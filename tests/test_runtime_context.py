@@ -50,7 +50,7 @@ import pytest
 import torch
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.layout import Layout
+from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.plan import plan_to_json
 from planner.models import load_workload
 from planner.models.context import SequenceShard, context_of, set_context
@@ -311,7 +311,7 @@ def cost_model_at_cp2(model: str, *, seq: int, hidden: int, heads: int) -> Any:
         **profile.metadata, "seq": seq, "hidden": hidden, "heads": heads,
         "gemm_max_efficiency": 0.5, "gemm_half_intensity_flop_per_byte": 10.0, "memory_efficiency": 1.0,
     })
-    return device_cost_model(declared, PRESETS["local-cpu"], OptimizerKind.SGD_FP32, cp_degree=2)
+    return device_cost_model(declared, PRESETS["local-cpu"], OptimizerKind.SGD_FP32, DeviceGroup(cp_degree=2))
 
 
 def _check_predicted(result: dict[str, Any], masks: int) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 
 from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
@@ -54,6 +55,15 @@ def _cases() -> dict[str, tuple[Profile, Cluster, PlanRequest]]:
 
 
 CASES = _cases()
+
+
+def solved(cm, request, num_groups, cap, c):
+    """Configuration ``c`` solved with nothing pruned (the time objective's rules): its candidates."""
+    from planner.solve.config_search import SearchPass, solve_candidates
+    from planner.solve.objectives import TimePolicy
+
+    return solve_candidates(cm, request, SearchPass(num_groups=num_groups, cap_bytes=cap, configs=[c]),
+                            TimePolicy(prune=False))
 
 
 def _search_now(case: str, settings: SearchSettings) -> Plan:
@@ -97,16 +107,16 @@ def test_cases_exercise_the_axes_pruned_across() -> None:
 
 def test_pruning_solves_fewer_configurations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The pruned search reaches the same plan with fewer chain solves than the exhaustive."""
-    import planner.solve.candidates as candidates
+    import planner.solve.config_search as config_search
 
     counts: list[int] = []
-    real = candidates.solve_config
+    real = config_search.solve_config
 
     def counting(*args: object, **kwargs: object) -> object:
         counts[-1] += 1
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(candidates, "solve_config", counting)
+    monkeypatch.setattr(config_search, "solve_config", counting)
     for settings in (EXHAUSTIVE, PRUNED):
         counts.append(0)
         _search_now("tensor-zero-interleaved", settings)
@@ -128,14 +138,8 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     interleaved fill bound are each the highest somewhere."""
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import (
-        ConfigSearch,
-        busiest_compute_ms,
-        chunk_fill_bound_ms,
-        solve_candidates,
-        unrecomputed,
-        unrecomputed_floor_ms,
-    )
+    from planner.solve.candidates import busiest_compute_ms, unrecomputed, unrecomputed_floor_ms
+    from planner.solve.floors import ConfigFacts, chunk_fill_bound_ms
     from planner.solve.space import all_configs, config_lower_bound_ms
 
     n = 8
@@ -143,25 +147,26 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
         profile, cluster, request = CASES[case]
         for tp in degrees:
-            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, tp, tp > 1, request.stack, 1)
+            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer,
+                                   DeviceGroup(tp_degree=tp, sequence_parallel=tp > 1), request.stack)
             cap = memory_cap_bytes(cm.cluster, request)
-            search = ConfigSearch(cm, request, n // tp, cap, shared=None, fill=True)
+            facts = ConfigFacts(cm, request, cap)
             for c in all_configs(cm, request, n // tp):
-                found = solve_candidates(cm, request, n // tp, cap, prune=False, configs=[c])
+                found = solved(cm, request, n // tp, cap, c)
                 if not found:
                     continue
                 fastest = min(t for t, _ in found)
-                assert search.bound(c) <= fastest * (1 + 1e-9), c
+                assert facts.bound(c, fill=True) <= fastest * (1 + 1e-9), c
                 for _, cand in found:  # the rebalancing gate's floor: below the candidate replayed unrecomputed
                     gate = unrecomputed_floor_ms(cm, cand.config, cand.solution)
                     assert gate <= unrecomputed(cm, cand) * (1 + 1e-9), cand.config
                     gated += gate > cand.config.num_microbatches * busiest_compute_ms(cm, cand.config, cand.solution) * 1.01
-                memory = search.memory_bound(c)
+                memory = facts.memory_bound(c)
                 assert memory <= fastest * (1 + 1e-9), c
-                bounded += memory > search.bound(c)
+                bounded += memory > facts.bound(c, fill=True)
                 # the rank floor: every candidate runs its busiest rank M times at least that
-                assert search.rank_floor_ms(c) <= fastest * (1 + 1e-9), c
-                floored += search.rank_floor_ms(c) > search.bound(c)
+                assert facts.rank_floor_ms(c, 1.0) <= fastest * (1 + 1e-9), c
+                floored += facts.rank_floor_ms(c, 1.0) > facts.bound(c, fill=True)
                 if c.schedule is ScheduleKind.INTERLEAVED_1F1B:
                     assert chunk_fill_bound_ms(cm, c) <= fastest * (1 + 1e-9), c
                     chunk_filled += chunk_fill_bound_ms(cm, c) > config_lower_bound_ms(cm, c)
@@ -180,7 +185,7 @@ def test_rank_floor_is_below_every_assignment_of_whole_layers() -> None:
 
     import numpy as np
 
-    from planner.solve.candidates import busiest_rank_floor_ms
+    from planner.solve.floors import busiest_rank_floor_ms
 
     rng = np.random.default_rng(11)
     tight = 0
@@ -211,7 +216,6 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     from planner.artifacts.profile import load_profile
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import solve_candidates
     from planner.solve.space import all_configs, config_lower_bound_ms
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "zoo-resnet-cpu.json")
@@ -219,10 +223,10 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     checked = 0
     for schedules in ((ScheduleKind.ZB_H1,), (ScheduleKind.ZB_H2,), (ScheduleKind.ZBV,)):
         request = PlanRequest(global_batch=16, schedules=schedules)
-        cm = device_cost_model(profile, base_cluster(cluster, 8), request.optimizer, 1, False, request.stack, 1)
+        cm = device_cost_model(profile, base_cluster(cluster, 8), request.optimizer, stack=request.stack)
         cap = memory_cap_bytes(cm.cluster, request)
         for c in all_configs(cm, request, 8):
-            found = solve_candidates(cm, request, 8, cap, prune=False, configs=[c])
+            found = solved(cm, request, 8, cap, c)
             if found:
                 assert config_lower_bound_ms(cm, c) <= min(t for t, _ in found) * (1 + 1e-9), c
                 checked += c.num_microbatches == 1 and c.pipeline_size > 1
@@ -264,7 +268,7 @@ def test_least_bytes_is_below_every_share_of_the_layers() -> None:
 
     import numpy as np
 
-    from planner.solve.candidates import least_bytes
+    from planner.solve.floors import least_bytes
 
     rng = np.random.default_rng(7)
     for _ in range(50):
@@ -285,18 +289,18 @@ def test_least_bytes_is_below_every_share_of_the_layers() -> None:
 
 def _memory_bound_gpt(n: int):
     """A memory-bound GPT with its embedding on ``n`` A100s at t = 1: its cost model, request, cap
-    and a configuration search with every bound."""
+    and what the search knows of its configurations (every bound)."""
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import ConfigSearch
+    from planner.solve.floors import ConfigFacts
 
     profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
                           attention="materialised")
     request = PlanRequest(global_batch=64, num_devices=n)
     cluster = PRESETS["a100-80gb-x8"].with_devices(n)
-    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, 1, False, request.stack, 1)
+    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, stack=request.stack)
     cap = memory_cap_bytes(cm.cluster, request)
-    return cm, request, cap, ConfigSearch(cm, request, n, cap, shared=None, fill=True)
+    return cm, request, cap, ConfigFacts(cm, request, cap)
 
 
 def test_memory_floor_rises_on_a_gpt_and_stays_below_its_plans() -> None:
@@ -304,16 +308,15 @@ def test_memory_floor_rises_on_a_gpt_and_stays_below_its_plans() -> None:
     takes each rank's share of the layers (one layer's ratio standing for all made it vanish on
     GPT-3 175B, RESULTS 27). On a memory-bound GPT with its embedding the floor rises above the
     average-work bound of some configurations, and stays below each one's best time."""
-    from planner.solve.candidates import solve_candidates
     from planner.solve.space import all_configs
 
-    cm, request, cap, search = _memory_bound_gpt(4)
+    cm, request, cap, facts = _memory_bound_gpt(4)
     raised = 0
     for c in all_configs(cm, request, 4):
-        floor = search.memory_bound(c)
-        if floor > search.bound(c) * (1 + 1e-9):
+        floor = facts.memory_bound(c)
+        if floor > facts.bound(c, fill=True) * (1 + 1e-9):
             raised += 1
-            found = solve_candidates(cm, request, 4, cap, prune=False, configs=[c])
+            found = solved(cm, request, 4, cap, c)
             assert all(floor <= t * (1 + 1e-9) for t, _ in found), c
     assert raised > 0
 
@@ -324,19 +327,19 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
     the floor is at least the interleaved fill bound of every interleaved configuration (the
     same water level without the memory), above both it and the average-work bound somewhere,
     and below every configuration's best simulated time."""
-    from planner.solve.candidates import chunk_fill_bound_ms, solve_candidates
+    from planner.solve.floors import chunk_fill_bound_ms
     from planner.solve.space import all_configs, config_lower_bound_ms
 
-    cm, request, cap, search = _memory_bound_gpt(8)
+    cm, request, cap, facts = _memory_bound_gpt(8)
     both = 0
     for c in all_configs(cm, request, 8):
         if c.schedule is not ScheduleKind.INTERLEAVED_1F1B or c.layout.stage_replicas:
             continue
-        floor, fill = search.memory_bound(c), chunk_fill_bound_ms(cm, c)
+        floor, fill = facts.memory_bound(c), chunk_fill_bound_ms(cm, c)
         assert floor >= fill * (1 - 1e-9), c
         if floor > max(fill, config_lower_bound_ms(cm, c)) * (1 + 1e-9):
             both += 1
-            found = solve_candidates(cm, request, 8, cap, prune=False, configs=[c])
+            found = solved(cm, request, 8, cap, c)
             assert all(floor <= t * (1 + 1e-9) for t, _ in found), c
     assert both > 0
 
@@ -425,7 +428,7 @@ def test_recompute_curve_is_below_every_choice_of_levels() -> None:
 
     import numpy as np
 
-    from planner.solve.candidates import recompute_curve, recompute_ms
+    from planner.solve.floors import recompute_curve, recompute_ms
 
     rng = np.random.default_rng(5)
     for _ in range(100):
@@ -447,24 +450,24 @@ def test_recompute_curve_is_below_every_choice_of_levels() -> None:
 
 def test_forgetting_table_entries_changes_no_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stage tables' entries per in-flight count and cap are kept for the recently used ones
-    only (:class:`planner.solve.chain_dp.RecentEntries`): keeping one (so that nearly every entry
+    only (:class:`planner.solve.prices.RecentEntries`): keeping one (so that nearly every entry
     is worked out again when asked) gives the same plan, byte for byte with its Pareto front, as
     keeping all of them; and entries were forgotten and worked out again."""
-    import planner.solve.candidates as candidates
+    import planner.solve.floors as floors
     from planner.artifacts.plan import dumps_plan
-    from planner.solve import chain_dp
+    from planner.solve.prices import entries
 
     forgotten: list[tuple[int, float]] = []
-    real_forget = chain_dp._Entries.forget
+    real_forget = entries.Entries.forget
 
-    def forget(self: chain_dp._Entries, at: tuple[int, float]) -> None:
+    def forget(self: entries.Entries, at: tuple[int, float]) -> None:
         forgotten.append(at)
         real_forget(self, at)
 
-    monkeypatch.setattr(chain_dp._Entries, "forget", forget)
+    monkeypatch.setattr(entries.Entries, "forget", forget)
     plans = {}
     for keep in (10**9, 1):
-        monkeypatch.setattr(candidates, "RecentEntries", lambda keep=keep: chain_dp.RecentEntries(keep))
+        monkeypatch.setattr(floors, "RecentEntries", lambda keep=keep: entries.RecentEntries(keep))
         forgotten.clear()
         plans[keep] = dumps_plan(_search_now("tensor-zero-interleaved", PRUNED))
         assert bool(forgotten) == (keep == 1)

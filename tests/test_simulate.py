@@ -19,7 +19,7 @@ from planner.solve import plan as solve
 from planner.solve.build import rebuild_plan
 from tests.chains import chain_profile, small_cluster
 from tests.golden_plans import GOLDEN
-from tests.plan_factory import make_plan
+from tests.plan_factory import make_plan, stage_terms
 
 GPIPE, ONE_F_ONE_B, INTERLEAVED = ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B
 
@@ -27,8 +27,7 @@ small_ms = st.integers(min_value=0, max_value=9).map(float)
 
 
 def low_level(kind, m, fwd, bwd, *, rc=None, sf=None, sb=None, ar=None, v=1):
-    z = [0.0] * len(fwd)
-    return simulate_iteration_ms(kind, m, fwd, bwd, rc or z, sf or z, sb or z, ar or z, virtual_stages_per_rank=v)
+    return simulate_iteration_ms(kind, m, stage_terms(fwd, bwd, rc, sf, sb, ar), virtual_stages_per_rank=v)
 
 
 @settings(max_examples=60, deadline=None)
@@ -152,7 +151,7 @@ def test_low_level_entry_agrees_with_the_timeline(kind, stages, extra):
         kind, m, cols[0], cols[1], recompute_ms=cols[2], send_fwd_ms=cols[3], send_bwd_ms=cols[4], allreduce_ms=cols[5]
     )
     timeline = simulate(plan)
-    assert simulate_iteration_ms(kind, m, *cols) == timeline.iteration_ms
+    assert simulate_iteration_ms(kind, m, stage_terms(*cols)) == timeline.iteration_ms
     assert timeline.iteration_ms == pytest.approx(timeline.compute_end_ms + timeline.exposed_allreduce_ms)
     for t in timeline.actions():  # per-rank order respected, no overlap on a rank
         assert t.end_ms >= t.start_ms
@@ -166,10 +165,12 @@ def test_simulate_is_deterministic():
 
 
 def test_bad_inputs_are_clear_errors():
-    with pytest.raises(PlannerInputError, match="bwd_ms has 1 entries, expected one per stage \\(2\\)"):
-        simulate_iteration_ms(GPIPE, 2, [1.0, 1.0], [1.0], [0.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2)
-    with pytest.raises(PlannerInputError, match="fwd_ms must be >= 0"):
-        simulate_iteration_ms(GPIPE, 2, [1.0, float("nan")], [1.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2, [0.0] * 2)
+    with pytest.raises(PlannerInputError, match="at least one stage"):
+        simulate_iteration_ms(GPIPE, 2, [])
+    with pytest.raises(PlannerInputError, match="fwd_ms must be >= 0 \\(got nan\\)"):
+        simulate_iteration_ms(GPIPE, 2, stage_terms([1.0, float("nan")], [1.0] * 2))
+    with pytest.raises(PlannerInputError, match=r"stage 1: wgrad_ms must not exceed bwd_ms \(got 2\.0 > 1\.0\)"):
+        simulate_iteration_ms(ScheduleKind.ZB_H1, 2, stage_terms([1.0] * 2, [1.0] * 2, wgrad_ms=[0.5, 2.0]))
     with pytest.raises(PlannerInputError, match="M=2 < P=3"):
         simulate(make_plan(ONE_F_ONE_B, 2, [1.0] * 3, [1.0] * 3))
 
@@ -224,7 +225,7 @@ def test_predict_fills_the_plan_prediction():
 def test_integer_orders_match_the_schedule_builder():
     from planner.schedule import build_schedule
     from planner.schedule.actions import ActionKind
-    from planner.simulation.simulator import _encoded
+    from planner.simulation.replay import _encoded
 
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:
@@ -278,3 +279,33 @@ def test_summary_is_the_timelines_figures_for_every_schedule(kind):
                                   recompute=[(1,), ()], microbatch_size=1, solver=SolverKind.GIVEN)
         for p in (copies, replicated):
             assert _figures(simulate_summary(p)) == _figures(simulate(p))
+
+
+@pytest.mark.parametrize("schedules", [None, (ScheduleKind.ZB_H1,), (ScheduleKind.INTERLEAVED_1F1B,)])
+def test_plan_stages_are_the_records_the_search_replays(schedules: tuple[ScheduleKind, ...] | None) -> None:
+    """A stage is priced by one function on both paths (:func:`planner.cost.price_stages`): a
+    chosen plan's stages, read back as :class:`StageTerms`, are its partition priced again under
+    its layout, and the solver's fast entry replays those records to the plan's own iteration
+    time (the Plan path's replay)."""
+    from pathlib import Path
+
+    from planner.artifacts.cluster import PRESETS
+    from planner.artifacts.profile import load_profile
+    from planner.cost import StageTerms, price_stages
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+
+    profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "gpt3-1.3b-a100.json")
+    cluster = PRESETS["a100-80gb-x8"]
+    request = PlanRequest(global_batch=64) if schedules is None else PlanRequest(global_batch=64, schedules=schedules)
+    plan = solve(profile, cluster, request)
+    cm = device_cost_model(profile, base_cluster(cluster, cluster.num_devices), request.optimizer, plan.layout.group,
+                           request.stack)
+    st = plan.stages
+    selective = [s.recompute_selective for s in st] if any(s.recompute_selective for s in st) else []
+    priced = price_stages(cm, plan.layout, plan.microbatch_size, [s.layer_start for s in st],
+                          [s.recompute for s in st], selective, split_backward=plan.schedule.splits_backward)
+    assert priced == tuple(StageTerms.of_plan_stage(s) for s in st)
+    fast = simulate_iteration_ms(plan.schedule, plan.num_microbatches, priced,
+                                 virtual_stages_per_rank=plan.layout.virtual_stages_per_rank,
+                                 replicas=plan.layout.stage_replicas)
+    assert fast == simulate(plan).iteration_ms == plan.predicted.iteration_ms

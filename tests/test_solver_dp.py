@@ -14,7 +14,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel
 from planner.solve import plan
-from planner.solve.chain_dp import StageTable
+from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute
 from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster, solve_three_ways
 
@@ -33,8 +33,8 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
     zero=st.sampled_from([0, 1, 2]),
 )
 def test_dp_equals_brute_force(layers, num_stages, num_microbatches, microbatch_size, schedule, cap_gb, dp_degree, zero):
-    """Also under ZeRO: the three solvers read the sharded memory and the reduce-scatter +
-    all-gather pricing from the same table."""
+    """Also under ZeRO: the DP reads the sharded memory and the reduce-scatter + all-gather
+    pricing from its table, the oracles from the cost model (given the table's question only)."""
     prof = chain_profile(layers)
     cm = CostModel(prof, small_cluster(8))
     layout = Layout(num_stages=num_stages, dp_degree=dp_degree, zero=ZeroStage(zero))

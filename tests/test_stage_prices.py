@@ -5,6 +5,7 @@ priced for many stages at once (:func:`level_covers` + :func:`level_cover_costs`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -15,10 +16,12 @@ from hypothesis import strategies as st
 from planner.artifacts.cluster import PRESETS
 from planner.cost import CostModel
 from planner.profiling.analytic.gpt import gpt3_profile
-from planner.solve import chain_dp
-from planner.solve.chain_dp import StageTable
-from planner.solve.recompute import choose_recompute, layer_options, level_cover_costs, level_covers
-from tests.chains import chain_profile, layer_dicts, small_cluster
+from planner.solve.prices import StageTable
+from planner.solve.prices import fits as prices_fits
+from planner.solve.prices import layers as prices_layers
+from planner.solve.prices.covers import level_cover_costs, level_covers
+from planner.solve.recompute import choose_recompute, layer_options
+from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -80,9 +83,9 @@ def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses
 )
 def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, excess):
     """Rows of very different sizes (full-layer counts 1-120, fronts of 1 to dozens of points)
-    priced in size classes (:func:`planner.solve.recompute._size_classes`, as a call with large
+    priced in size classes (:func:`planner.solve.prices.covers._size_classes`, as a call with large
     padded arrays is) cost what one padded block gives, bit for bit."""
-    from planner.solve import recompute
+    from planner.solve.prices import covers as prices_covers
 
     rows = []
     for runs in stages:
@@ -91,16 +94,16 @@ def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, ex
     if len(rows) < 2:
         return
     targets = np.array([excess * (1 + k % 3) + c.workspace_bytes for k, c in enumerate(rows)])
-    kept = recompute._CLASS_MIN_ELEMENTS
+    kept = prices_covers._CLASS_MIN_ELEMENTS
     try:
-        recompute._CLASS_MIN_ELEMENTS = 1 << 60  # one block, padded to the largest row
+        prices_covers._CLASS_MIN_ELEMENTS = 1 << 60  # one block, padded to the largest row
         whole = level_cover_costs(rows, targets)
-        recompute._CLASS_MIN_ELEMENTS = 0  # always by size class
-        assert len(recompute._size_classes(np.array([len(c.front_ms) for c in rows]),
+        prices_covers._CLASS_MIN_ELEMENTS = 0  # always by size class
+        assert len(prices_covers._size_classes(np.array([len(c.front_ms) for c in rows]),
                                            np.array([int(c.params[1]) + 1 for c in rows]))) >= 1
         by_class = level_cover_costs(rows, targets)
     finally:
-        recompute._CLASS_MIN_ELEMENTS = kept
+        prices_covers._CLASS_MIN_ELEMENTS = kept
     assert by_class.tolist() == whole.tolist()
 
 
@@ -145,14 +148,14 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
         layers.append({"fwd": f, "bwd": 2 * f, "params": 1000, "saved": saved, "inp": saved / 8, "out": saved / 8,
                        "core": saved * core_frac, "core_ms": f * core_ms})
     got = {}
-    kept = chain_dp.CONTENT_KINDS
+    kept = prices_layers.CONTENT_KINDS
     for limit in (kept, 0):
-        chain_dp._LAYERS.clear()
-        chain_dp.CONTENT_KINDS = limit
+        prices_layers._LAYERS.clear()
+        prices_layers.CONTENT_KINDS = limit
         try:  # a cost model of its own: tables share their layers' covers per cost model
             table = StageTable(CostModel(chain_profile(layers), small_cluster(8)), 1, cap_mb * 1e6)
         finally:
-            chain_dp.CONTENT_KINDS = kept
+            prices_layers.CONTENT_KINDS = kept
         got[limit] = (table.table(inflight).copy(), len(table._layers.rows), table._layers.by_content)
         excess = table.static + inflight * table.act - table.cap
         for i, j in zip(*np.nonzero(np.isfinite(got[limit][0]) & table.valid & (excess > 0))):
@@ -163,7 +166,7 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
                 excess_bytes=float(excess[i, j]), core_ms=table.core_ms[i:j].tolist(), core_bytes=table.core[i:j].tolist())
             assert got[limit][0][i, j] == table.compute[i, j] + want.time_ms
             assert (table.recompute_of(inflight, i, j), table.selective_of(inflight, i, j)) == (want.layers, want.selective)
-    chain_dp._LAYERS.clear()
+    prices_layers._LAYERS.clear()
     by_content, by_runs = got[kept], got[0]
     assert by_content[2] and not by_runs[2]
     assert np.array_equal(by_content[0], by_runs[0])
@@ -173,7 +176,7 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), scale=st.floats(0.3, 3.0))
 def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
-    """:class:`planner.solve.chain_dp._CapView`: a stage fits as it is with ``k`` micro-batches in
+    """:class:`planner.solve.prices.capview.CapView`: a stage fits as it is with ``k`` micro-batches in
     flight exactly where its bytes ``static + k act`` are within the cap, evaluated as before (bit
     for bit on the comparison, ties at the cap included), and might fit at its leanest wherever
     every layer at its leanest level would bring it within the cap (never the other way); the
@@ -193,8 +196,8 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
         leanest = table.valid & (inflight * table.gain >= table.static + inflight * table.act - cap)
         # the table's own cap (its view, here on any chain), and a cap it is asked besides (a
         # chunk's share: worked out alone)
-        kept = chain_dp.VIEW_MIN_LAYERS
-        chain_dp.VIEW_MIN_LAYERS = 0
+        kept = prices_fits.VIEW_MIN_LAYERS
+        prices_fits.VIEW_MIN_LAYERS = 0
         try:
             tables = (StageTable(cm, b, cap), StageTable(cm, b, 2 * cap + 1.0))
             assert tables[0]._view(cap) is not None and tables[1]._view(cap) is None
@@ -205,12 +208,12 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
                 assert t.longest(inflight, cap, recompute=False) == int(np.max(bytes_ok * lengths))
                 assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))
         finally:
-            chain_dp.VIEW_MIN_LAYERS = kept
+            prices_fits.VIEW_MIN_LAYERS = kept
 
 
 def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():
     """Tables of one cost model and micro-batch size share what the sharding does not change
-    (times, activation bytes, recompute choices: ``chain_dp._build_fixed``), each its own static
+    (times, activation bytes, recompute choices: ``planner.solve.prices.fixed``), each its own static
     bytes: a table built after others of other shardings prices every stage and chooses every
     recomputation as the same table built alone (a cost model of its own), ZeRO 3 included."""
     from planner.artifacts.kinds import ZeroStage
@@ -248,3 +251,128 @@ def test_distinct_is_numpys_unique(values, as_int, rows):
     a = a.reshape(rows, -1)
     got, want = distinct(a), np.unique(a)
     assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(8, levels=True), data=st.data(), b=st.sampled_from([1, 2, 3]))
+def test_cost_models_stage_matrices_are_its_per_stage_methods(layers, data, b):
+    """The cost model's vectorised per-stage sums (:class:`planner.cost.prefix.PrefixSums`, what
+    the stage tables are built from) equal its per-stage methods at every stage ``[i, j)``, bit
+    for bit: parameters (a tied tensor counted once), F + B, activation bytes without
+    recomputation (a shared storage counted once), buffers."""
+    from planner.artifacts.profile import TiedParams
+
+    later = [d["saved"] - (d.get("core") or 0.0) for d in layers]  # what a profile lets layers share
+    earlier = list(later)
+    shared = []
+    for a, z, v in data.draw(shared_pairs(len(layers))):
+        v = min(v, later[a], earlier[z])
+        later[a] -= v
+        earlier[z] -= v
+        shared.append((a, z, v))
+    prof = chain_profile(layers, shared=shared)
+    L = prof.num_layers
+    if L >= 3 and data.draw(st.booleans()):  # a tied tensor over two or three layers
+        tied = tuple(sorted(data.draw(st.sets(st.integers(0, L - 1), min_size=2, max_size=3))))
+        count = min(prof.layers[t].param_count for t in tied)
+        prof = dataclasses.replace(prof, tied=(TiedParams(name="tie", layers=tied, param_count=count, param_bytes=4 * count),))
+    cm = CostModel(prof, small_cluster(8), gather_bytes_per_sample=data.draw(st.sampled_from([0.0, 3e5])))
+    params, compute = cm.stage_param_matrix(), cm.stage_compute_matrix(b)
+    act, buffers = cm.stage_activation_matrix(b), cm.stage_buffer_matrix(b)
+    for i in range(L):
+        for j in range(i + 1, L + 1):
+            assert params[i, j] == cm.stage_param_count(i, j)
+            assert compute[i, j] == cm.stage_fwd_ms(i, j, b) + cm.stage_bwd_ms(i, j, b)
+            assert act[i, j] == cm.activation_bytes(i, j, (), b)
+            assert buffers[i, j] == cm.buffer_bytes(i, j, b)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(7), data=st.data(), b=st.sampled_from([1, 2]))
+def test_stage_extras_are_the_cost_models_per_stage_terms(layers, data, b):
+    """:func:`planner.solve.prices.stage_extras` (``c_s + X_s - Z_s`` per stage, the DP's terms
+    beside the stage times) against the cost model's per-stage methods the oracles read
+    (``boundary_transfer_ms``, ``stage_exposed_sync_ms``, ``stage_bubble_fill_ms``): equal to
+    within ``DP_REL_TOL`` (``Z_s`` is a prefix of products there and ``np.dot`` here), under
+    every ZeRO stage, with and without a split backward, a V placement's turn included."""
+    from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
+    from planner.artifacts.layout import Layout
+    from planner.solve.prices import stage_extras
+    from tests.chains import DP_REL_TOL
+
+    for d in layers:
+        d["wfrac"] = 0.4
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    L = cm.num_layers
+    P = data.draw(st.integers(1, min(4, L)))
+    zero = data.draw(st.sampled_from(list(ZeroStage)))
+    v = 2 if P % 2 == 0 and data.draw(st.booleans()) else 1
+    layout = Layout(num_stages=P, dp_degree=data.draw(st.sampled_from([1, 2])), zero=zero, virtual_stages_per_rank=v,
+                    placement=ChunkPlacement.V if v == 2 else ChunkPlacement.LOOP)
+    schedule = data.draw(st.sampled_from([ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1]))
+    table = StageTable(cm, b, 1e12, sharding=layout.sharding(0), fsdp_line=cm.fsdp_line(layout))
+    extras = stage_extras(table, layout, schedule)
+    for s in range(P):
+        for i in range(L):
+            for j in range(i + 1, L + 1):
+                want = 2.0 * cm.boundary_transfer_ms(j, b, s, layout) if s < P - 1 else 0.0
+                want += cm.stage_exposed_sync_ms(i, j, s, layout, b)
+                if schedule.splits_backward:
+                    want -= cm.stage_bubble_fill_ms(i, j, b)
+                assert math.isclose(extras[s][i, j], want, rel_tol=DP_REL_TOL, abs_tol=1e-9), (s, i, j)
+
+
+def test_the_oracles_import_nothing_from_the_dp_or_its_prices():
+    """The brute force and the CP-SAT model (and every planner module they import, followed
+    through) import nothing from :mod:`planner.solve.chain_dp` nor :mod:`planner.solve.prices`:
+    their stage costs come from the cost model, so that DP = brute force checks the prices."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+
+    def imports(module: str) -> set[str]:
+        path = root / Path(*module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("planner"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    is_module = (root / Path(*full.split("."))).with_suffix(".py").exists() or \
+                        (root / Path(*full.split(".")) / "__init__.py").exists()
+                    out.add(full if is_module else node.module)
+        return out
+
+    for oracle in ("planner.solve.bruteforce", "planner.solve.ilp"):
+        seen, todo = set(), [oracle]
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            todo.extend(imports(module))
+        bad = sorted(m for m in seen if m == "planner.solve.chain_dp" or m.startswith("planner.solve.prices"))
+        assert not bad, f"{oracle} reaches {bad}"
+        assert "planner.solve.chain" in seen and "planner.cost.model" in seen
+
+
+def test_a_table_carries_its_question_and_a_question_refuses_a_bad_batch():
+    """A stage table's question is what it was built for (the oracles read nothing else), and a
+    question with no sample per micro-batch is refused, naming the field and the value."""
+    import pytest
+
+    from planner.artifacts.kinds import ZeroStage
+    from planner.artifacts.layout import Sharding
+    from planner.solve.chain import StageQuestion
+
+    cm = CostModel(chain_profile([{"fwd": 1.0, "bwd": 2.0, "params": 10, "saved": 1e6, "inp": 1e5, "out": 1e5}] * 4),
+                   small_cluster(4))
+    table = StageTable(cm, 2, 5e8, (2,), allow_recompute=False, sharding=Sharding(ZeroStage.OPTIMIZER, 2))
+    assert table.question == StageQuestion(cost_model=cm, microbatch_size=2, cap_bytes=5e8, fixed_boundaries=(2,),
+                                           allow_recompute=False, sharding=Sharding(ZeroStage.OPTIMIZER, 2))
+    assert table.question.question is table.question
+    assert [(i, j) for i in range(5) for j in range(5) if table.valid[i, j]] == \
+        [(i, j) for i in range(5) for j in range(5) if table.question.stage_valid(i, j)]
+    with pytest.raises(ValueError, match=r"StageQuestion\.microbatch_size must be at least 1 \(got 0\)"):
+        StageQuestion(cost_model=cm, microbatch_size=0, cap_bytes=1.0)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.artifacts.caches import Cache
 from planner.artifacts.kinds import ChunkPlacement, ZeroStage
 
 #: the mesh dimensions of a uniform layout, outermost first
@@ -55,8 +56,8 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
 #: Layout.stage_ranks by (layout, stage)
-_STAGE_RANKS: dict[tuple[Layout, int], tuple[int, ...]] = {}
-_STAGE_RANKS_KEPT = 1 << 10
+_STAGE_RANKS: Cache[tuple[Layout, int], tuple[int, ...]] = Cache(
+    "artifacts.layout.stage_ranks", key="(layout, stage index)", bound=1 << 10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,61 @@ class Sharding:
 
     zero: ZeroStage = ZeroStage.NONE
     ranks: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceGroup:
+    """The devices one stage replica spans, the mesh's innermost axes: ``cp_degree`` context-
+    parallel groups of ``tp_degree`` tensor-parallel devices (with ``sequence_parallel``). The
+    solver searches one cost model per group (:meth:`Layout.group` of every layout it prices),
+    and counts layouts in groups (``devices // size``). Ranks: a tensor-parallel group is
+    consecutive ranks, its context-parallel neighbours ``tp_degree`` apart (:attr:`strides`)."""
+
+    tp_degree: int = 1
+    cp_degree: int = 1
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tp_degree < 1:
+            raise ValueError(f"tp_degree must be >= 1 (got {self.tp_degree})")
+        if self.cp_degree < 1:
+            raise ValueError(f"cp_degree must be >= 1 (got {self.cp_degree})")
+        if self.sequence_parallel and self.tp_degree == 1:
+            raise ValueError("sequence_parallel needs tp_degree > 1")
+
+    @property
+    def size(self) -> int:
+        """Devices in the group: ``tp_degree x cp_degree``."""
+        return self.tp_degree * self.cp_degree
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        """Rank distance between neighbours along (cp, tp) inside the group."""
+        return self.tp_degree, 1
+
+    def groups_in(self, num_devices: int) -> int:
+        """Whole groups in ``num_devices`` devices."""
+        return num_devices // self.size
+
+    def layout(
+        self, *, num_stages: int, virtual_stages_per_rank: int = 1, dp_degree: int = 1,
+        stage_replicas: tuple[int, ...] = (), zero: ZeroStage = ZeroStage.NONE,
+        placement: ChunkPlacement = ChunkPlacement.LOOP,
+    ) -> Layout:
+        """The layout of stages spanning this group each (the other axes as given)."""
+        return Layout(num_stages=num_stages, virtual_stages_per_rank=virtual_stages_per_rank, dp_degree=dp_degree,
+                      stage_replicas=stage_replicas, tp_degree=self.tp_degree, cp_degree=self.cp_degree,
+                      sequence_parallel=self.sequence_parallel, zero=zero, placement=placement)
+
+    def describe(self) -> str:
+        """``tensor-parallel degree 2 (seq-par), context-parallel 4`` (progress notes)."""
+        sp = " (seq-par)" if self.sequence_parallel else ""
+        cp = f", context-parallel {self.cp_degree}" if self.cp_degree > 1 else ""
+        return f"tensor-parallel degree {self.tp_degree}{sp}{cp}"
+
+
+#: the group of one device (no tensor or context parallelism)
+ONE_DEVICE = DeviceGroup()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +182,17 @@ class Layout:
         object.__setattr__(self, "stage_replicas", reps)
 
     # ---------------------------------------------------------------- sizes
+    @property
+    def group(self) -> DeviceGroup:
+        """The devices one stage replica spans (tensor x context parallel)."""
+        return DeviceGroup(tp_degree=self.tp_degree, cp_degree=self.cp_degree,
+                           sequence_parallel=self.sequence_parallel)
+
+    @property
+    def num_groups(self) -> int:
+        """Groups (:attr:`group`) the layout occupies: P x D, or the sum of the stages' copies."""
+        return self.world_size // (self.tp_degree * self.cp_degree)
+
     @property
     def pipeline_size(self) -> int:
         """Pipeline ranks per replica: ``num_stages / virtual_stages_per_rank``."""
@@ -220,10 +287,8 @@ class Layout:
         key = (self, stage_idx)
         found = _STAGE_RANKS.get(key)
         if found is None:
-            if len(_STAGE_RANKS) >= _STAGE_RANKS_KEPT:
-                _STAGE_RANKS.clear()
-            found = _STAGE_RANKS[key] = self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)),
-                                                    range(self.cp_degree), range(self.tp_degree))
+            found = _STAGE_RANKS.put(key, self._ranks(stage_idx, range(self.data_parallel_size(stage_idx)),
+                                                      range(self.cp_degree), range(self.tp_degree)))
         return found
 
     def dp_group(self, stage_idx: int, tp_index: int = 0, cp_index: int = 0) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from planner.artifacts.caches import Cache
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.layout import Layout
 
@@ -74,8 +75,8 @@ def allreduce_ms(cluster: Cluster, num_bytes: float, ranks: Sequence[int]) -> fl
 
 #: allreduce_line of arithmetic progressions of ranks, by (the links, the first rank's place in
 #: its node, stride, count): a search prices the gradient groups of thousands of layouts
-_PROGRESSIONS: dict[tuple[float | int, ...], tuple[float, float]] = {}
-_PROGRESSIONS_KEPT = 1 << 14
+_PROGRESSIONS: Cache[tuple[float | int, ...], tuple[float, float]] = Cache(
+    "cost.collectives.progressions", key="(links, first rank's place in its node, stride, count)", bound=1 << 14)
 
 
 def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int) -> tuple[float, float]:
@@ -92,8 +93,6 @@ def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int) -> tuple[f
            cluster.inter_node_latency_us, per_node, first % per_node, stride, n)
     found = _PROGRESSIONS.get(key)
     if found is None:
-        if len(_PROGRESSIONS) >= _PROGRESSIONS_KEPT:
-            _PROGRESSIONS.clear()
         offset = first % per_node
-        found = _PROGRESSIONS[key] = allreduce_line(cluster, range(offset, offset + n * stride, stride))
+        found = _PROGRESSIONS.put(key, allreduce_line(cluster, range(offset, offset + n * stride, stride)))
     return found

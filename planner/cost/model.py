@@ -76,31 +76,15 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import OptimizerKind, ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
-from planner.artifacts.profile import AttentionCore, Profile
+from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
-
-
-@dataclass(frozen=True, slots=True)
-class StageCost:
-    """Per-micro-batch times (ms) and per-device memory of one stage."""
-
-    fwd_ms: float
-    bwd_ms: float
-    recompute_ms: float
-    send_fwd_ms: float
-    send_bwd_ms: float
-    allreduce_ms: float
-    activation_bytes_per_microbatch: int
-    memory: StageMemory
-    sync: SyncCost
-    optimizer_ms: float = 0.0  # one device's optimizer step per iteration (planner.cost.sharding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,22 +111,22 @@ class CostModel(ShardedState):
 
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
-        tp_degree: int = 1, sequence_parallel: bool = False, stack: Stack = DEFAULT_STACK, cp_degree: int = 1,
-        gather_bytes_per_sample: float = 0.0,
+        group: DeviceGroup = ONE_DEVICE, stack: Stack = DEFAULT_STACK, gather_bytes_per_sample: float = 0.0,
     ):
-        """``profile`` is what one device runs: the model itself, or with ``tp_degree`` > 1 its
-        per-device view (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), which the
-        layouts this model prices then have as their tensor-parallel degree. ``stack``: what
-        the training stack overlaps (its tensor-parallel overlap is in the view's times). With
-        ``cp_degree`` > 1 the view is also context-parallel (:mod:`planner.cost.context`), and
-        ``gather_bytes_per_sample`` one layer's gathered keys and values (in the buffers)."""
+        """``profile`` is what one device of ``group`` runs (the devices a stage replica spans,
+        :attr:`Layout.group <planner.artifacts.layout.Layout.group>` of every layout this model
+        prices): the model itself, or with tensor parallelism its per-device view
+        (:func:`planner.cost.tensor_parallel.tensor_parallel_view`), with context parallelism
+        also its context-parallel view (:mod:`planner.cost.context`), whose
+        ``gather_bytes_per_sample`` is one layer's gathered keys and values (in the buffers).
+        ``stack``: what the training stack overlaps (its tensor-parallel overlap is in the view's
+        times)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
         self.stack = stack
-        self.tp_degree = tp_degree
-        self.sequence_parallel = sequence_parallel
-        self.cp_degree, self.gather_bytes_per_sample = cp_degree, gather_bytes_per_sample
+        self.group = group
+        self.gather_bytes_per_sample = gather_bytes_per_sample
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         self.step_bytes_per_param = optimizer.step_bytes_per_param
         layers = profile.layers
@@ -158,9 +142,6 @@ class CostModel(ShardedState):
         self.core_fixed = np.array([c.saved_bytes_fixed if c else 0.0 for c in self._cores()])
         #: layers with a selective recompute level (an attention core)
         self.has_core = np.array([c is not None for c in self._cores()], dtype=bool)
-        self._param_prefix = np.concatenate([[0], np.cumsum(self.param_count)])
-        self._saved_prefix = np.concatenate([[0.0], np.cumsum(self.saved_per_sample)])
-        self._fixed_prefix = np.concatenate([[0.0], np.cumsum(self.saved_fixed)])
         self._speed = cluster.relative_speed
         self._layer_times: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._time_prefix: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -170,76 +151,17 @@ class CostModel(ShardedState):
         self._fsdp: dict[tuple[int, float, float], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
 
-    def _cores(self) -> list[AttentionCore | None]:
-        return [layer.attention_core for layer in self.profile.layers]
-
     @property
     def selective(self) -> bool:
         """Some layer has a selective recompute level."""
         return bool(self.has_core.any())
 
     # ---------------------------------------------------------------- compute
-    def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
-        on the instance, so a cost model and its arrays are freed together)."""
-        if microbatch_size not in self._layer_times:
-            # Layer.fwd_ms / bwd_ms (TimeFit.at: the line, never negative) over every layer at once
-            (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-            fwd = np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed
-            bwd = np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed
-            self._layer_times[microbatch_size] = (fwd, bwd)
-        return self._layer_times[microbatch_size]
-
-    @cached_property
-    def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-        """(intercepts, ms per sample) of the layers' forward and backward lines."""
-        layers = self.profile.layers
-        return ((np.array([x.fwd.intercept_ms for x in layers]), np.array([x.fwd.per_sample_ms for x in layers])),
-                (np.array([x.bwd.intercept_ms for x in layers]), np.array([x.bwd.per_sample_ms for x in layers])))
-
-    def time_prefix(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        if microbatch_size not in self._time_prefix:
-            fwd, bwd = self.layer_times(microbatch_size)
-            self._time_prefix[microbatch_size] = (np.concatenate([[0.0], np.cumsum(fwd)]),
-                                                  np.concatenate([[0.0], np.cumsum(bwd)]))
-        return self._time_prefix[microbatch_size]
-
-    def work_ms(self, microbatch_size: int) -> float:
-        """Every layer's forward + backward of one micro-batch (cached: the bounds read it per
-        configuration)."""
-        found = self._work.get(microbatch_size)
-        if found is None:
-            fp, bp = self.time_prefix(microbatch_size)
-            found = self._work[microbatch_size] = float(fp[-1] + bp[-1])
-        return found
-
-    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        fp, _ = self.time_prefix(microbatch_size)
-        return float(fp[stop] - fp[start])
-
-    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        _, bp = self.time_prefix(microbatch_size)
-        return float(bp[stop] - bp[start])
-
-    def stage_wgrad_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (module docstring)."""
-        _, bwd = self.layer_times(microbatch_size)
-        return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
-
     def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """What one micro-batch keeps from the end of B until its W (module docstring; a
         recomputed layer's B recomputes what its W needs)."""
         saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
         return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
-
-    def core_ms(self, microbatch_size: int) -> np.ndarray:
-        """Per-layer forward ms of the attention core (0 where a layer has none): what the
-        selective level re-runs in every backward."""
-        if microbatch_size not in self._core_times:
-            self._core_times[microbatch_size] = np.array(
-                [c.fwd.at(microbatch_size) if c else 0.0 for c in self._cores()]
-            ) / self._speed
-        return self._core_times[microbatch_size]
 
     def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = ()) -> float:
         """Re-running the forward of the fully recomputed layers and the attention core of the
@@ -253,15 +175,6 @@ class CostModel(ShardedState):
         return total
 
     # ---------------------------------------------------------------- parameters
-    def stage_param_count(self, start: int, stop: int) -> int:
-        """Parameters held by a stage; a tied tensor whose layers share the stage counts once."""
-        count = int(self._param_prefix[stop] - self._param_prefix[start])
-        for tie in self.profile.tied:
-            inside = sum(1 for i in tie.layers if start <= i < stop)
-            if inside >= 2:
-                count -= (inside - 1) * tie.param_count
-        return count
-
     def tied_allreduce_bytes(self, start: int, stop: int) -> float:
         """Gradient bytes of tied tensors this stage shares with another stage (summed across them)."""
         total = 0.0
@@ -272,27 +185,6 @@ class CostModel(ShardedState):
         return total
 
     # ---------------------------------------------------------------- activations
-    def saved_bytes(self, microbatch_size: int) -> np.ndarray:
-        """Per-layer bytes saved for backward by one micro-batch (no recomputation)."""
-        out: np.ndarray = self.saved_per_sample * microbatch_size + self.saved_fixed
-        return out
-
-    def core_bytes(self, microbatch_size: int) -> np.ndarray:
-        """Per-layer bytes of the attention core for one micro-batch (what selective frees)."""
-        out: np.ndarray = self.core_per_sample * microbatch_size + self.core_fixed
-        return out
-
-    def shared_matrix(self, microbatch_size: int) -> np.ndarray:
-        """``S[i, j]``: bytes of storages two layers of the stage ``[i, j)`` both save, one
-        micro-batch (counted once there, see the module docstring)."""
-        if microbatch_size not in self._shared:
-            n = self.num_layers
-            out = np.zeros((n + 1, n + 1))
-            for pair in self.profile.shared_saved:
-                out[: pair.first + 1, pair.second + 1 :] += pair.at(microbatch_size)
-            self._shared[microbatch_size] = out
-        return self._shared[microbatch_size]
-
     def shared_out(self, start: int, stop: int, microbatch_size: int) -> np.ndarray:
         """Per layer ``p`` of the stage ``[start, stop)``: bytes of its saves that a later layer
         of the stage also saves (what recomputing ``p`` fully does not free), one micro-batch."""
@@ -310,8 +202,8 @@ class CostModel(ShardedState):
         attention core of the selectively recomputed ones (a core's tensors are its own: none of
         them is a storage another layer shares)."""
         full = tuple(recompute)
-        per_sample = float(self._saved_prefix[stop] - self._saved_prefix[start])
-        fixed = float(self._fixed_prefix[stop] - self._fixed_prefix[start])
+        per_sample = float(self.saved_prefix[stop] - self.saved_prefix[start])
+        fixed = float(self.saved_fixed_prefix[stop] - self.saved_fixed_prefix[start])
         for i in full:
             per_sample += self.input_per_sample[i] - self.saved_per_sample[i]
             fixed -= self.saved_fixed[i]
@@ -333,6 +225,11 @@ class CostModel(ShardedState):
         full = max((float(self.saved_per_sample[i] * microbatch_size + self.saved_fixed[i]) for i in recompute), default=0.0)
         core = max((float(self.core_per_sample[i] * microbatch_size + self.core_fixed[i]) for i in selective), default=0.0)
         return max(full, core)
+
+    def gathered_bytes(self, microbatch_size: int, num_layers: int = 1) -> float:
+        """Context parallelism's keys and values gathered by ``num_layers`` layers for one
+        micro-batch (one layer's is live on a device while that layer runs; 0 without)."""
+        return num_layers * self.gather_bytes_per_sample * microbatch_size
 
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one
@@ -403,8 +300,9 @@ class CostModel(ShardedState):
         return counts
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
-        """The all-reduce line of stage ``stage_idx``'s gradient group (:func:`grad_group_line`,
-        which keeps it per shape of the group)."""
+        """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
+        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
+        per shape of the group): the one place the solver prices that group."""
         return grad_group_line(self.cluster, layout, stage_idx)
 
     def stage_sync(
@@ -451,25 +349,21 @@ class CostModel(ShardedState):
         gather_ms = half * (per_byte * params * self.weight_bytes_per_param + fixed)
         return SyncCost(reduce_ms + gather_ms + tied, early)
 
-    def stage_cost(
-        self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int, stage_idx: int,
-        layout: Layout, selective: Sequence[int] = (),
-    ) -> StageCost:
-        """Stage ``stage_idx`` of ``layout`` priced (``recompute`` full, ``selective`` selective)."""
-        sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
-        fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
-        return StageCost(
-            fwd_ms=fwd,
-            bwd_ms=bwd,
-            recompute_ms=self.recompute_ms(recompute, microbatch_size, selective),
-            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
-            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
-            allreduce_ms=sync.total_ms,
-            activation_bytes_per_microbatch=int(round(self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
-            memory=self.stage_memory(start, stop, recompute, microbatch_size, inflight, layout.sharding(stage_idx), selective),
-            sync=sync,
-            optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx)),
-        )
+    def stage_exposed_sync_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, microbatch_size: int) -> float:
+        """``X_s`` of the solver's objective (:mod:`planner.solve.chain_dp`): the part of stage
+        ``stage_idx``'s gradient synchronisation that runs after its last backward (all-reduce,
+        or ZeRO's reduce-scatter + all-gather, or only the reduce-scatter when the stack gathers
+        ahead of the forward: a line in its bytes) less the backward work it can overlap: the
+        layers' before it, and when the stack overlaps the reduction also the stage's own (a
+        proxy for what the pipeline cannot hide; the simulator prices the buckets). 0 under
+        ZeRO 3, whose collectives are in the stage's times."""
+        per_byte, fixed = self.grad_line(layout, stage_idx)
+        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+            return 0.0
+        _, bp = self.time_prefix(microbatch_size)
+        sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
+        hidden = float(bp[stop] if self.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
+        return max(0.0, per_byte * sync + fixed - hidden)
 
     @cached_property
     def total_params(self) -> int:

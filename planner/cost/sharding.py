@@ -21,33 +21,20 @@ from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
+from planner.cost.prefix import PrefixSums
 
 
-class ShardedState:
+class ShardedState(PrefixSums):
     """ZeRO pricing over the attributes a :class:`~planner.cost.model.CostModel` sets."""
 
     cluster: Cluster
     stack: Stack
-    param_count: np.ndarray
     weight_bytes_per_param: int
     grad_bytes_per_param: int
     optim_bytes_per_param: int
+    step_bytes_per_param: int
     _fsdp: dict[tuple[int, float, float], FsdpTerms]
     _fsdp_lines: dict[Layout, tuple[float, float]]
-
-    def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
-
-    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        raise NotImplementedError
-
-    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        raise NotImplementedError
-
-    step_bytes_per_param: int
-
-    def stage_param_count(self, start: int, stop: int) -> int:
-        raise NotImplementedError
 
     def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding()) -> float:
         """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its

@@ -73,6 +73,7 @@ from collections.abc import Iterable
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import OptimizerKind
+from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line
@@ -263,16 +264,18 @@ def stack_tp_view(profile: Profile, cluster: Cluster, tp_degree: int, sequence_p
 
 
 def device_cost_model(
-    profile: Profile, cluster: Cluster, optimizer: OptimizerKind, tp_degree: int = 1, sequence_parallel: bool = False,
-    stack: Stack = DEFAULT_STACK, cp_degree: int = 1, *, tp_view: Profile | None = None,
+    profile: Profile, cluster: Cluster, optimizer: OptimizerKind, group: DeviceGroup = ONE_DEVICE,
+    stack: Stack = DEFAULT_STACK, *, tp_view: Profile | None = None,
 ) -> CostModel:
-    """The cost model of one device of a tensor-parallel group of ``tp_degree`` (inside a
-    context-parallel group of ``cp_degree`` such groups, :mod:`planner.cost.context`) on
-    ``cluster``: the per-device view of ``profile`` priced on the cluster's own links and ranks,
-    for the training ``stack`` (its tensor-parallel overlap in the view, the rest in the model).
-    ``tp_view``: :func:`stack_tp_view` of these arguments, when the caller has it already (a
-    search builds it once for every context-parallel degree)."""
-    view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, tp_degree, sequence_parallel, stack)
-    ctx = context_parallel_view(view, cluster, cp_degree, tp_degree, stack)
-    return CostModel(ctx.profile, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
-                     stack=stack, cp_degree=cp_degree, gather_bytes_per_sample=ctx.gather_bytes_per_sample)
+    """The cost model of one device of ``group`` (a tensor-parallel group of ``tp_degree``
+    devices, with sequence parallelism, inside a context-parallel group of ``cp_degree`` such
+    groups, :mod:`planner.cost.context`) on ``cluster``: the per-device view of ``profile``
+    priced on the cluster's own links and ranks, for the training ``stack`` (its tensor-parallel
+    overlap in the view, the rest in the model). ``tp_view``: :func:`stack_tp_view` of these
+    arguments, when the caller has it already (a search builds it once for every
+    context-parallel degree)."""
+    t, sp = group.tp_degree, group.sequence_parallel
+    view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, t, sp, stack)
+    ctx = context_parallel_view(view, cluster, group.cp_degree, t, stack)
+    return CostModel(ctx.profile, cluster, optimizer, group=group, stack=stack,
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample)

@@ -9,13 +9,16 @@ or ``planner run PLAN.json --model SPEC ...``, which launches torchrun for you.
 
 Decisions, checked with torch 2.13 and gloo on CPU:
 
-- ``torch.distributed.pipelining`` runs the schedules: ``PipelineStage`` in static mode (shapes
-  from a no-grad forward at start-up; no pickled metadata crosses ranks), ``ScheduleGPipe``,
-  ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``. Interleaved: ``num_stages = P x v``, stage
-  s runs on pipeline rank s mod P, so each rank builds v ``PipelineStage`` chunks (own module,
-  optimizer, timer, meter and checkpoint file each); the plan check refuses, with one line,
-  what torch cannot run (``planner.schedule.build.check_schedule_rules``, e.g. M not a
-  multiple of max(1, M // P)).
+- ``torch.distributed.pipelining`` runs the schedules as data: ``PipelineStage`` in static mode
+  (shapes from a no-grad forward at start-up; no pickled metadata crosses ranks) under torch's
+  action-list runtime ``_PipelineScheduleRuntime``, fed the plan's per-rank action lists
+  (``planner.schedule.layout_schedule``, the simulator's) for every schedule: GPipe, 1F1B,
+  interleaved 1F1B, ZB-H1, ZB-H2, ZBV (``actions``). Several stages per rank (interleaved:
+  ``num_stages = P x v``, stage s on pipeline rank s mod P; ZBV's V): each rank builds one
+  ``PipelineStage`` chunk per stage (own module, optimizer, timer, meter and checkpoint file
+  each); the plan check refuses, with one line, a shape the orders are not built for
+  (``planner.schedule.build.check_schedule_rules``, e.g. M not a multiple of max(1, M // P))
+  and dry-runs the orders (``planner.schedule.validate_schedule``).
 - Mean loss: each micro-batch's loss is divided by M inside the loss function and the
   schedule's ``scale_grads`` is off (its in-place scaling races with async all-reduces).
 - Data parallel: our own bucketed async all-reduce on post-accumulate-grad hooks over all of
@@ -62,7 +65,8 @@ gradients, the rank's whole sync), ``zero`` (sharded optimizer state and gradien
 ``stage_helpers`` (what both executors do to a stage:
 boundary examples, chunks, optimizers, tied parameters, the loss), ``runner`` (the ``Runner``
 protocol and the step loop), ``trainer`` (the training step, once), ``engine`` (the executor
-on ``torch.distributed.pipelining``), ``replicated`` (our executor for plans replicated per
+on ``torch.distributed.pipelining``), ``actions`` (the plan's action lists in torch's
+action-list runtime, checked against the plan; sends waited one at a time), ``replicated`` (our executor for plans replicated per
 stage), ``exchange`` (its messages and their dry run), ``checkpoint`` (what a rank saves and
 resumes), ``checkpoint_files`` (hashed atomic writes, manifests, verification, pruning, the
 directory lock, the settings a resume must match), ``collect`` (RunReport), ``main`` (a rank's

@@ -13,6 +13,8 @@ Plans replicated per stage (``plan.layout.replicated_per_stage``) run on
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -27,28 +29,34 @@ from planner.profiling.measured.memory import layer_edges
 from planner.runtime.context import context_parallel_refusal
 from planner.runtime.model import workload_fingerprint
 from planner.schedule.build import check_replicated_rules, check_schedule_rules
+from planner.schedule.inflight import layout_schedule
+from planner.schedule.validate import validate_schedule
 
 SUPPORTED_SCHEDULES = (
-    ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZBV,
+    ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2,
+    ScheduleKind.ZBV,
 )
-#: the torch.distributed.pipelining class each schedule needs beyond the ones every supported torch has
-TORCH_CLASS = {ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble", ScheduleKind.ZBV: "ScheduleZBVZeroBubble"}
-#: schedules the planner plans and simulates but the runtime does not run, and why (one line).
-#: ZB-H2: no torch release has a class for it (torch 2.13 ships ZB-H1's ScheduleInterleavedZeroBubble,
-#: ScheduleZBVZeroBubble and ScheduleDualPipeV). torch's generic action-list runtime
-#: (_PipelineScheduleRuntime, which loads a compute-only CSV) could replay our order, but it is a
-#: private class whose contract changes between releases, and the planner's ZB-H2 prices a
-#: synchronous optimizer step that the paper's ZB-H2 bypasses (its post-update validation): a run
-#: would measure a schedule no one ships. Decided: refused at `planner run` time.
-UNRUN_SCHEDULES = {
-    ScheduleKind.ZB_H2: "no torch.distributed.pipelining class runs zb-h2 (torch 2.13 has zb-h1 and zbv); "
-                        "plan with --schedules zb-h1 or zbv to run, or keep this plan for its simulated figures",
-}
+#: what of torch.distributed.pipelining.schedules the runtime runs every schedule on (``planner.runtime.actions``):
+#: the action-list runtime, its lowering to messages and its dry run (torch 2.13 has them all)
+ACTION_RUNTIME = ("_PipelineScheduleRuntime", "_Action", "_simulate_comms_compute", "_batch_p2p", "_wait_batch_p2p")
+
+
+def missing_action_runtime() -> str:
+    """The first of :data:`ACTION_RUNTIME` the installed torch's ``schedules.py`` does not define
+    ("" when it defines them all), read off its source: importing ``torch.distributed.pipelining``
+    takes seconds (it imports ``torch.distributed.tensor`` and FSDP), which the launcher's
+    preflight does not spend. An unreadable source names the file."""
+    path = Path(torch.__file__).parent / "distributed" / "pipelining" / "schedules.py"
+    try:
+        source = path.read_text()
+    except OSError:
+        return str(path)
+    return next((name for name in ACTION_RUNTIME if not re.search(rf"^(class|def) {name}\b", source, re.M)), "")
 
 
 def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "plan", profile: Profile | None = None) -> None:
     """Refuse a plan that does not match the model (layers, fingerprint) or the world size, or
-    that torch's schedule cannot run (``planner.schedule.build.check_schedule_rules``), or
+    whose schedule the runtime cannot run (:func:`check_schedule`), or
     whose tensor parallelism the model or the runtime cannot do
     (``planner.runtime.tensor.tensor_parallel_refusal``), or whose context parallelism
     (``planner.runtime.context.context_parallel_refusal``)."""
@@ -83,30 +91,30 @@ def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
 
 
 def check_schedule(plan: Plan, source: str = "plan") -> None:
-    """The plan's schedule is one the runtime runs, in a shape torch's schedule (or, replicated
-    per stage, the runtime's own executor) can run."""
-    if plan.schedule in UNRUN_SCHEDULES:
-        raise PlannerInputError(f"{source}: schedule {plan.schedule.value!r} is not run: {UNRUN_SCHEDULES[plan.schedule]}")
+    """The plan's schedule is one the runtime runs, in a shape its order is built for
+    (``planner.schedule.build.check_schedule_rules``; replicated per stage, the runtime's own
+    executor's rules), on a torch with the action-list runtime, and its per-rank action lists
+    pass the dry run (``planner.schedule.validate_schedule``: a deadlock or a misplaced action
+    named by rank and step)."""
     if plan.schedule not in SUPPORTED_SCHEDULES:
         raise PlannerInputError(
             f"{source}: schedule {plan.schedule.value!r} is not supported by the runtime "
             f"(supported: {', '.join(s.value for s in SUPPORTED_SCHEDULES)})"
         )
     lay = plan.layout
-    needed = TORCH_CLASS.get(plan.schedule)
-    if needed is not None and not lay.replicated_per_stage:
-        from torch.distributed.pipelining import schedules
-
-        if not hasattr(schedules, needed):
-            raise PlannerInputError(
-                f"{source}: schedule {plan.schedule.value!r} needs torch.distributed.pipelining.{needed}, which the "
-                f"installed torch {torch.__version__} lacks (torch 2.13 has it)"
-            )
+    missing = "" if lay.replicated_per_stage else missing_action_runtime()
+    if missing:
+        raise PlannerInputError(
+            f"{source}: the runtime runs schedules through torch.distributed.pipelining's action-list runtime, "
+            f"and the installed torch {torch.__version__} lacks schedules.{missing} (torch 2.13 has it)"
+        )
     try:
         if lay.replicated_per_stage:
             check_replicated_rules(plan.schedule, lay.stage_replicas, plan.num_microbatches)
         else:
             check_schedule_rules(plan.schedule, lay.num_stages, plan.num_microbatches, lay.virtual_stages_per_rank)
+        validate_schedule(layout_schedule(plan.schedule, lay, plan.num_microbatches), lay.num_stages,
+                          plan.num_microbatches, replicated=lay.replicated_per_stage)
     except PlannerInputError as exc:
         raise PlannerInputError(f"{source}: {exc}") from None
 

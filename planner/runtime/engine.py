@@ -7,78 +7,75 @@ Checked with gloo on CPU, torch 2.13:
   up front by a no-grad forward of the layers before and in the stage on one micro-batch
   (``planner.runtime.stage_helpers.boundary_examples``), so no metadata objects (pickles)
   cross ranks at run time.
-- ``ScheduleGPipe``, ``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` with
-  ``scale_grads=False`` and a loss of ``loss_fn / M`` (the mean over micro-batches; a
-  ``(sum, count)`` loss back-propagates its sum and the gradients are scaled by D / the step's
-  count after the sync, ``planner.runtime.loss``),
-  because the schedule's in-place gradient scaling would race with our async
-  data-parallel all-reduces (``planner.runtime.grads``).
-  In ``Schedule1F1B`` stage s runs min(P - s, M) warm-up forwards, so it holds at most
-  min(P - s, M) micro-batches of activations, as the cost model assumes.
-- Interleaved 1F1B: the rank builds one ``PipelineStage`` per stage it runs
-  (``Layout.stage_indices``: stages p, p + P, ..., ``num_stages = P x v``, torch's looped
-  placement) and hands them all to ``ScheduleInterleaved1F1B``. Each stage is a *chunk* with
-  its own module, meter, timer and optimizer (the optimizers step the rank's unique parameters
-  once each: a parameter two chunks share, a tie within the rank, belongs to the first chunk's
-  optimizer), so checkpoints and measurements stay per stage. With v = 1 the rank has one chunk.
+- The schedule is data: every schedule the runtime runs (GPipe, 1F1B, interleaved 1F1B,
+  ZB-H1, ZB-H2, ZBV) is the plan's per-rank action lists (``planner.schedule.layout_schedule``,
+  the order the simulator replays), run by torch's action-list runtime
+  ``_PipelineScheduleRuntime``, lowered and checked against the plan before the first step
+  (``planner.runtime.actions``). No schedule class is picked by name, and none is kept: the
+  action runtime runs every order the planner builds for a uniform layout (plans replicated
+  per stage run on ``planner.runtime.replicated``, because a ``PipelineStage`` has one fixed
+  peer per direction). With ``scale_grads=False`` and a loss of ``loss_fn / M`` (the mean over
+  micro-batches; a ``(sum, count)`` loss back-propagates its sum and the gradients are scaled by
+  D / the step's count after the sync, ``planner.runtime.loss``), because the schedule's
+  in-place gradient scaling would race with our async data-parallel all-reduces
+  (``planner.runtime.grads``). Under 1F1B stage s runs min(P - s, M) warm-up forwards, so it
+  holds at most min(P - s, M) micro-batches of activations, as the cost model assumes.
+- Several chunks per rank (interleaved 1F1B, ZBV): the rank builds one ``PipelineStage`` per
+  stage it runs (``Layout.stage_indices``: p, p + P, ... looped; p and 2P - 1 - p in a V). Each
+  stage is a *chunk* with its own module, meter, timer and optimizer (the optimizers step the
+  rank's unique parameters once each: a parameter two chunks share, a tie within the rank,
+  belongs to the first chunk's optimizer), so checkpoints and measurements stay per stage.
+- Where the waits are: a chunk's receive is posted where torch's lowering places it and waited
+  for just before the compute that needs it; a send first waits for the stage's previous send
+  in the same direction (``planner.runtime.actions.SendQueue``). Only the compute inside
+  :class:`TimedStage`'s chunk methods is timed, so a stage's compute ms are its F, B, I and W
+  passes and its idle ms the rest of the step, wherever the runtime waits.
 - A stage's outputs are freed once sent (Megatron-LM's ``deallocate_output_tensor``): the send
-  takes a copy, held until torch's schedule waits for the send (1F1B and interleaved: before
-  the next one; GPipe: after its last forward, so under GPipe the copies of its M forward
-  sends are held through its forward phase, M - 1 outputs more than the cost model counts),
-  and each output tensor keeps only its autograd node, its data a one-element stand-in of its
-  shape (``torch.autograd.backward`` checks only the shape; the node holds what backward
-  needs). Only an output nothing else holds is freed: not a view, not a stage input passed
-  through (no autograd node of this stage), not a tensor a layer of the stage also took as its
-  input (a skip handed on: a checkpointed layer keeps it to recompute), not a tensor an
-  autograd node saved (as an input:
-  the same tensor; as its own output: its storage) -- read off the reference counts of the
-  tensor and its storage; the memory of a saved output stays with its node anyway.
-- ZB-H1 (``zb-h1``, Qi et al. 2024): torch's ``ScheduleInterleavedZeroBubble`` over the rank's
-  one stage (its "ZB1P"), the backward run as an input-gradient chunk (``I``: torch's
-  ``stage_backward_input``, recomputation included) and a weight-gradient chunk (``W``:
-  ``stage_backward_weight``); its order is checked against the plan's before the first step.
-  torch keeps the I pass's graph (``retain_graph=True``) until W, so a micro-batch between its I
-  and its W holds what autograd saved for the weight gradients, which the profile's
-  ``weight_grad_saved_fraction`` prices.
-- ZBV (``zbv``, Qi et al. 2024 sec. 6): torch's ``ScheduleZBVZeroBubble`` over the rank's two
-  chunks, ``p`` and ``2P - 1 - p`` (``Layout.stage_indices`` under the V placement, torch's
-  "v" style); rank 0 holds the first and the last chunk. Its order is checked against the
-  plan's as for ZB-H1. ZB-H2 has no torch class: ``planner run`` refuses it
-  (``planner.runtime.check``).
+  takes a copy, held until the stage's next forward send (``SendQueue``; torch's runtime alone
+  would hold every copy to the end of the step), and each output tensor keeps only its autograd
+  node, its data a one-element stand-in of its shape (``torch.autograd.backward`` checks only
+  the shape; the node holds what backward needs). Only an output nothing else holds is freed:
+  not a view, not a stage input passed through (no autograd node of this stage), not a tensor
+  a layer of the stage also took as its input (a skip handed on: a checkpointed layer keeps it
+  to recompute), not a tensor an autograd node saved (as an input: the same tensor; as its own
+  output: its storage) -- read off the reference counts of the tensor and its storage; the
+  memory of a saved output stays with its node anyway. The turn of ZBV's V hands its output to
+  the rank's next chunk without a send, so it is not freed.
+- Zero bubble (Qi et al. 2024: ZB-H1 with one stage per rank; ZB-H2, its longer warm-up; ZBV,
+  two chunks per rank in a V, rank 0 holding the first and the last chunk): the backward runs
+  as an input-gradient chunk (``I``: torch's ``stage_backward_input``, recomputation included)
+  and a weight-gradient chunk (``W``: ``stage_backward_weight``). torch keeps the I pass's graph
+  (``retain_graph=True``) until W, so a micro-batch between its I and its W holds what autograd
+  saved for the weight gradients, which the profile's ``weight_grad_saved_fraction`` prices.
+  ZB-H2 has no torch class; its order runs like the others. The planner prices it with a
+  synchronous optimizer step (``planner.schedule.zero_bubble``), and the runtime steps
+  synchronously too, so a run measures the schedule the plan priced, not the paper's
+  post-update validation.
 - ZeRO 1 and 2 (``plan.layout.zero``, with D > 1): each chunk's data-parallel parameters get a
   ``planner.runtime.zero.ShardedState`` and the chunk's optimizer steps its master shard
   (plus any parameter tied across pipeline ranks, unsharded) instead of the parameters; the
   gradients are reduce-scattered after the schedule and the weights all-gathered after the
   step, in place of the bucketed all-reduce. ZeRO 3: the same shard, the weights gathered
   around each micro-batch's forward and backward of the chunk and its gradients
-  reduce-scattered after each backward (``planner.runtime.zero``, t = 1).
+  reduce-scattered after each backward (``planner.runtime.zero``, t = 1). torch's own
+  ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` actions are no-ops here: they act on FSDP modules only.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
+from torch.distributed.pipelining import PipelineStage
 
-from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import ScheduleKind
+from planner.runtime.actions import SendQueue, action_schedule
 from planner.runtime.emulate import ChunkTimer, finish_chunk
 from planner.runtime.stage import StageModule
 from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
-from planner.schedule import build_schedule
 
-__all__ = ["ZERO_BUBBLE_CLASS", "RankRunner", "TimedStage"]
-
-#: the torch.distributed.pipelining class that runs each zero-bubble schedule
-ZERO_BUBBLE_CLASS = {ScheduleKind.ZB_H1: "ScheduleInterleavedZeroBubble", ScheduleKind.ZBV: "ScheduleZBVZeroBubble"}
+__all__ = ["RankRunner", "TimedStage"]
 
 
 class TimedStage(PipelineStage):
@@ -89,6 +86,8 @@ class TimedStage(PipelineStage):
     def __init__(self, *args: Any, timer: ChunkTimer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.timer = timer
+        self.fwd_sends = SendQueue()  # the copies of its outputs in flight
+        self.bwd_sends = SendQueue()  # its input gradients in flight
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -112,7 +111,8 @@ class TimedStage(PipelineStage):
         return out
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> Any:
-        """The sends of a forward's outputs, each of a copy; the outputs freed (module docstring)."""
+        """Post the sends of a forward's outputs, each of a copy, through :attr:`fwd_sends`; the
+        outputs freed (module docstring). Returns no ops: the runtime has nothing left to post."""
         ops = super().get_fwd_send_ops(fwd_chunk_id)
         if not ops:  # the last stage: its output goes to the loss
             return ops
@@ -124,7 +124,13 @@ class TimedStage(PipelineStage):
             mine = not (isinstance(module, StageModule) and isinstance(out, torch.Tensor) and module.consumed(out))
             if mine and any(dst is not None for dst in self.act_send_info[idx]):
                 deallocate_output(out)
-        return ops
+        self.fwd_sends.post(ops)
+        return []
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> Any:
+        """Post the sends of a backward's input gradients through :attr:`bwd_sends`; returns no ops."""
+        self.bwd_sends.post(super().get_bwd_send_ops(bwd_chunk_id))
+        return []
 
 
 def deallocate_output(out: Any) -> bool:
@@ -141,8 +147,8 @@ def deallocate_output(out: Any) -> bool:
 
 
 class RankRunner(RankTrainer):
-    """One rank of a plan with one stage per pipeline rank or interleaved chunks: its
-    ``PipelineStage`` s and torch's schedule over them."""
+    """One rank of a plan with one stage per pipeline rank or several chunks: its
+    ``PipelineStage`` s and torch's action runtime over them, running the plan's action lists."""
 
     def prepare_schedule(self, examples: list[tuple[Any, Any]]) -> None:
         self.pipe_stages = [
@@ -160,49 +166,16 @@ class RankRunner(RankTrainer):
         ]
         self.is_first = any(s.is_first for s in self.pipe_stages)
         self.is_last = any(s.is_last for s in self.pipe_stages)
-        self.schedule = self._torch_schedule()
-
-    def _torch_schedule(self) -> Any:
-        """torch's schedule of the plan's kind over the rank's stages, the loss ``/ M`` (or the
-        sum of a ``(sum, count)`` loss) metered with the last stage's saved tensors."""
-        num_mb = self.plan.num_microbatches
         last = next((c.module for c, s in zip(self.chunks, self.pipe_stages) if s.is_last), self.chunks[-1].module)
 
         def loss_fn(out: Any, target: Any) -> torch.Tensor:
+            """The loss ``/ M`` (or the sum of a ``(sum, count)`` loss), metered with the last stage's saved tensors."""
             return micro_loss(self.workload, self.loss_counts, last, out, target)
 
-        if self.plan.schedule is ScheduleKind.INTERLEAVED_1F1B:
-            stages = cast("list[Any]", self.pipe_stages)  # torch types it as its private stage base class
-            return ScheduleInterleaved1F1B(stages, num_mb, loss_fn=loss_fn, scale_grads=False)
-        if self.plan.schedule in ZERO_BUBBLE_CLASS:
-            return self._zero_bubble(loss_fn)
-        schedule_cls = ScheduleGPipe if self.plan.schedule is ScheduleKind.GPIPE else Schedule1F1B
-        return schedule_cls(self.pipe_stages[0], num_mb, loss_fn=loss_fn, scale_grads=False)
-
-    def _zero_bubble(self, loss_fn: Any) -> Any:
-        """torch's zero-bubble schedule of the plan's kind over the rank's stages
-        (:data:`ZERO_BUBBLE_CLASS`), its compute order checked against the plan's
-        (``planner.schedule.build_schedule``): the simulator priced that order, so a torch that
-        orders differently is refused."""
-        from torch.distributed.pipelining import schedules
-
-        kind, lay = self.plan.schedule, self.plan.layout
-        name = ZERO_BUBBLE_CLASS[kind]
-        stages = cast("list[Any]", self.pipe_stages)
-        sched = getattr(schedules, name)(stages, self.plan.num_microbatches, loss_fn=loss_fn, scale_grads=False)
-        ours = build_schedule(kind, lay.num_stages, self.plan.num_microbatches, lay.virtual_stages_per_rank)
-        for rank, order in enumerate(ours):
-            theirs = [str(a) for a in sched.pipeline_order[rank] if a is not None]
-            if theirs != [str(a) for a in order]:
-                raise PlannerInputError(
-                    f"torch {torch.__version__}'s {name} orders rank {rank} as {' '.join(theirs)}, "
-                    f"not as the plan's {kind.value} ({' '.join(map(str, order))}): refusing to run an order the plan "
-                    "did not price"
-                )
-        return sched
+        self.schedule = action_schedule(self.pipe_stages, self.plan, loss_fn)
 
     def run_schedule(self, inputs: Any, targets: Any) -> float:
-        """One iteration of torch's schedule; returns this rank's summed micro-batch losses (0 off the last stage)."""
+        """One iteration of the plan's actions; returns this rank's summed micro-batch losses (0 off the last stage)."""
         losses: list[torch.Tensor] = []
         if self.is_first and self.is_last:
             self.schedule.step(*as_args(inputs), target=targets, losses=losses, return_outputs=False)
@@ -212,4 +185,7 @@ class RankRunner(RankTrainer):
             self.schedule.step(target=targets, losses=losses, return_outputs=False)
         else:
             self.schedule.step(return_outputs=False)
+        for stage in self.pipe_stages:
+            stage.fwd_sends.drain()
+            stage.bwd_sends.drain()
         return float(sum(loss.detach().double() for loss in losses)) if losses else 0.0

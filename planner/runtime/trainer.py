@@ -13,7 +13,7 @@ bookkeeping (``planner.runtime.loss``) -- and runs a step:
 2. barrier, then start the clock and the synchronisation (buckets count M micro-batches per
    chunk; M / R_s on a copy of a stage replicated per stage);
 3. **execute the schedule**: the one part that differs, :meth:`RankTrainer.run_schedule`
-   (``planner.runtime.engine.RankRunner``: torch's pipelining schedules;
+   (``planner.runtime.engine.RankRunner``: the plan's action lists in torch's action-list runtime;
    ``planner.runtime.replicated.ReplicatedRunner``: its own executor of the round-robin
    order); each micro-batch's loss is divided by M (or, a ``(sum, count)`` loss, is its sum);
 4. the step's count of a ``(sum, count)`` loss (one all-reduce), the gradient sync

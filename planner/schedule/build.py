@@ -36,6 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule
@@ -126,6 +127,9 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
         return tuple(zbv_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
     ranks = num_stages // v
     return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))
+
+
+register_function("schedule.build.build", _build, key="(schedule, stages, micro-batches, chunks per rank)")
 
 
 def _gpipe_rank(stage: int, m: int) -> tuple[Action, ...]:
@@ -235,6 +239,9 @@ def _build_replicated(kind: ScheduleKind, replicas: tuple[int, ...], m: int) -> 
     )
 
 
+register_function("schedule.build.build_replicated", _build_replicated, key="(schedule, replicas per stage, micro-batches)")
+
+
 @lru_cache(maxsize=256)
 def replicated_triples(kind: ScheduleKind, replicas: tuple[int, ...], m: int) -> tuple[tuple[tuple[int, bool, int], ...], ...]:
     """The replicated orders as (stage, is_backward, micro-batch) triples (the simulator's
@@ -254,3 +261,6 @@ def replicated_triples(kind: ScheduleKind, replicas: tuple[int, ...], m: int) ->
                         ops.append((s, False, mine[warmup + k]))
             out.append(tuple(ops))
     return tuple(out)
+
+
+register_function("schedule.build.replicated_triples", replicated_triples, key="(schedule, replicas per stage, micro-batches)")

@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.artifacts.caches import register_function
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.schedule.actions import ActionKind, Schedule
@@ -99,6 +100,9 @@ def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int)
             if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
                 peak[s] = now
     return tuple(peak)
+
+
+register_function("schedule.inflight.counted", _counted, key="(schedule, stages, micro-batches, chunks per rank)")
 
 
 def _interleaved_peaks(num_stages: int, num_microbatches: int, v: int) -> tuple[int, ...]:

@@ -21,8 +21,8 @@ ICLR 2024): each backward split into ``I`` (the input-gradient pass, on the crit
   one's tail. The planner prices a synchronous step, under which the tail after the last stage's
   last ``I`` (``(P - 1) T_I`` of upstream ``I`` passes) stays: simulated, ZB-H2 then ties ZB-H1
   with uniform ``F = I = W`` and never beats it on the shapes tried (tests/test_zero_bubble_v.py),
-  at more memory. It is planned and simulated when named, not run (see below).
-  torch has no ZB-H2 class; see :mod:`planner.runtime.check` for how the runtime runs it.
+  at more memory. torch has no ZB-H2 class: the runtime runs this order, as every other, through
+  torch's action-list runtime (:mod:`planner.runtime.actions`), with a synchronous step.
 - ZBV (sec. 6, "V-shape"; torch ``ScheduleZBVZeroBubble``): ``2P`` chunks, rank ``r`` holds
   chunk ``r`` and chunk ``2P - 1 - r`` (:class:`~planner.artifacts.kinds.ChunkPlacement` ``v``),
   so the forward goes down the ranks on the first chunks and back up on the second, and the

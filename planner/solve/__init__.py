@@ -13,12 +13,14 @@ The three exact solvers search the same space (every tensor-parallel degree and 
 :mod:`.space`) and differ only in the chain solver each configuration's partition comes from.
 
 Modules, in the order the search uses them: :mod:`.settings` (tuning constants), :mod:`.space`
-(configurations), :mod:`.chain_dp` / :mod:`.ilp` / :mod:`.bruteforce` (one configuration's
-optimum), :mod:`.recompute` (the per-stage knapsack), :mod:`.candidates` (solving and scoring
-configurations), :mod:`.replicated` / :mod:`.replicated_search` (per-stage replication),
-:mod:`.coarsen` (long profiles), :mod:`.build` (a Plan from a partition), :mod:`.select`
-(the chosen plan, the Pareto front), :mod:`.search` (all of it), :mod:`.infeasible` (why
-nothing fits).
+(configurations), :mod:`.chain` (one configuration's question and answer), :mod:`.prices` (the
+stage tables: what every stage costs and whether it fits), one configuration's optimum by
+:mod:`.chain_dp` (the DP's recurrence over the tables) or by the oracles :mod:`.ilp` /
+:mod:`.bruteforce` (priced from the cost model directly), :mod:`.recompute` (the per-stage
+knapsack), :mod:`.candidates` (solving and scoring configurations), :mod:`.replicated` /
+:mod:`.replicated_search` (per-stage replication), :mod:`.coarsen` (long profiles), :mod:`.build`
+(a Plan from a partition), :mod:`.select` (the chosen plan, the Pareto front), :mod:`.search`
+(all of it), :mod:`.infeasible` (why nothing fits).
 """
 
 from __future__ import annotations

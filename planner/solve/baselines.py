@@ -44,7 +44,7 @@ from planner.schedule import inflight_counts
 from planner.solve import pipedream_baseline
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
-from planner.solve.chain_dp import ChainSolution
+from planner.solve.chain import ChainSolution
 from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
 from planner.solve.select import build_best, select
 from planner.solve.settings import SETTINGS

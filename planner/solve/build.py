@@ -16,7 +16,7 @@ from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.plan_summary import Prediction, Provenance
 from planner.artifacts.profile import Profile, profile_to_json
 from planner.artifacts.request import PlanRequest
-from planner.cost import CostModel
+from planner.cost import CostModel, price_stage
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
 from planner.schedule import inflight_counts
 from planner.simulation.bounds import machine_bound_ms
@@ -90,10 +90,14 @@ def build_plan(
     stops = list(boundaries[1:]) + [cm.num_layers]
     cap = memory_cap_bytes(cm.cluster, request)
     stages = []
+    split = schedule.splits_backward
     for s, (start, stop) in enumerate(zip(boundaries, stops)):
         rc = tuple(sorted(recompute[s]))
         sel = tuple(sorted(selective[s])) if selective else ()
-        cost = cm.stage_cost(start, stop, rc, microbatch_size, ks[s], s, layout, sel)
+        terms = price_stage(cm, start, stop, microbatch_size, s, layout, recompute=rc, selective=sel,
+                            split_backward=split)
+        memory = cm.stage_memory(start, stop, rc, microbatch_size, ks[s], layout.sharding(s), sel)
+        activation = int(round(cm.activation_bytes(start, stop, rc, microbatch_size, sel)))
         stages.append(
             PlanStage(
                 stage_idx=s,
@@ -105,22 +109,22 @@ def build_plan(
                 recompute=rc,
                 recompute_selective=sel,
                 inflight_microbatches=ks[s],
-                activation_bytes_per_microbatch=cost.activation_bytes_per_microbatch,
-                fwd_ms=cost.fwd_ms,
-                bwd_ms=cost.bwd_ms,
-                recompute_ms=cost.recompute_ms,
-                send_fwd_ms=cost.send_fwd_ms,
-                send_bwd_ms=cost.send_bwd_ms,
-                allreduce_ms=cost.allreduce_ms,
-                sync_early_ms=cost.sync.early_ms,
-                gather_ahead_ms=cost.sync.gather_ahead_ms,
-                gather_bound_ms=cost.sync.gather_bound_ms,
-                optimizer_ms=cost.optimizer_ms,
-                wgrad_ms=cm.stage_wgrad_ms(start, stop, microbatch_size) if schedule.splits_backward else 0.0,
-                wgrad_bytes_per_microbatch=min(cost.activation_bytes_per_microbatch, int(round(
-                    cm.wgrad_bytes(start, stop, microbatch_size)))) if schedule.splits_backward else 0,
-                memory=cost.memory,
-                memory_total_bytes=cost.memory.total_bytes,
+                activation_bytes_per_microbatch=activation,
+                fwd_ms=terms.fwd_ms,
+                bwd_ms=terms.bwd_ms,
+                recompute_ms=terms.recompute_ms,
+                send_fwd_ms=terms.send_fwd_ms,
+                send_bwd_ms=terms.send_bwd_ms,
+                allreduce_ms=terms.allreduce_ms,
+                sync_early_ms=terms.sync_early_ms,
+                gather_ahead_ms=terms.gather_ahead_ms,
+                gather_bound_ms=terms.gather_bound_ms,
+                optimizer_ms=terms.optimizer_ms,
+                wgrad_ms=terms.wgrad_ms,
+                wgrad_bytes_per_microbatch=min(activation, int(round(
+                    cm.wgrad_bytes(start, stop, microbatch_size)))) if split else 0,
+                memory=memory,
+                memory_total_bytes=memory.total_bytes,
                 memory_cap_bytes=cap,
             )
         )
@@ -171,8 +175,7 @@ def rebuild_plan(
     one device of ``layout``'s tensor-parallel group; ``recompute`` / ``selective`` the fully /
     selectively recomputed layers of each stage."""
     n = layout.world_size
-    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, layout.tp_degree,
-                           layout.sequence_parallel, request.stack, layout.cp_degree)
+    cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, layout.group, request.stack)
     problem = Problem.of(profile, cluster, request, solver, request.num_devices or n)
     return build_plan(problem, cm, layout=layout, boundaries=boundaries, recompute=recompute,
                       microbatch_size=microbatch_size, schedule=schedule, selective=selective)

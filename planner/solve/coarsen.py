@@ -15,15 +15,15 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.graph import merge_layers
 from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
-from planner.solve.chain_dp import ChainSolution, StageTable
+from planner.solve.chain import ChainSolution
+from planner.solve.prices import StageTable
 from planner.solve.replicated_search import solve_replicated_config
 from planner.solve.settings import SETTINGS, SearchSettings
 
 
 def merged_model(cm: CostModel, starts: list[int]) -> CostModel:
     """``cm`` over groups of layers starting at ``starts``."""
-    return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, tp_degree=cm.tp_degree,
-                     sequence_parallel=cm.sequence_parallel, stack=cm.stack, cp_degree=cm.cp_degree,
+    return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, group=cm.group, stack=cm.stack,
                      gather_bytes_per_sample=cm.gather_bytes_per_sample)
 
 

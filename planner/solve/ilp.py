@@ -1,7 +1,11 @@
 """The chain problem as an OR-Tools CP-SAT model (``--solver ilp``).
 
 Same objective and constraints as :mod:`planner.solve.chain_dp`, for cross-checks and for
-side constraints the DP cannot express. Per configuration (P, D, b, M, schedule):
+side constraints the DP cannot express. It reads only the
+:class:`~planner.solve.chain.StageQuestion` it is handed and prices from the cost model's
+per-layer arrays and per-stage methods, never from the DP's stage tables (it imports nothing
+from :mod:`planner.solve.chain_dp` nor :mod:`planner.solve.prices`). Per configuration (P, D, b,
+M, schedule):
 
 - ``x[s, l]``: layer ``l`` on stage ``s`` (each layer on one stage; stage index
   non-decreasing by at most one per layer, so stages are contiguous and non-empty);
@@ -27,11 +31,13 @@ side constraints the DP cannot express. Per configuration (P, D, b, M, schedule)
 
 Times are rounded to nanoseconds and bytes to whole bytes, so the model's optimum can differ
 from the DP's float optimum only by that rounding; the returned objective is re-priced in
-floats from the model's partition.
+floats from the model's partition. The order in which variables and constraints are made is
+part of the model (one worker, seed 0: the same model gives the same solution).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ortools.sat.python import cp_model
@@ -39,173 +45,249 @@ from ortools.sat.python import cp_model
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.cost import grad_group_line, link_of, p2p_ms
-from planner.cost.fsdp import units_in_flight
+from planner.cost.fsdp import FsdpTerms, units_in_flight
 from planner.schedule import inflight_counts
-from planner.solve.chain_dp import ChainSolution, StageTable, exposed_allreduce_ms
+from planner.solve.chain import ChainSolution, PricedStages, StageQuestion
 
 NS_PER_MS = 1_000_000
 TIME_LIMIT_S = 60.0
 
 
-def solve_chain_ilp(
-    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
-) -> ChainSolution | None:
-    """The least J of one configuration as a CP-SAT model (one stage per rank: GPipe and 1F1B)."""
-    cm, L, P, M, b = table.cm, table.L, layout.num_stages, num_microbatches, table.b
-    if P > L:
-        return None
-    ks = inflight_counts(schedule, layout, M)
-    fwd, bwd = cm.layer_times(b)
-    saved = [float(v) for v in cm.saved_bytes(b)]
-    inp = [float(v) * b for v in cm.input_per_sample]
-    core, core_ms = [float(v) for v in cm.core_bytes(b)], cm.core_ms(b)
-    cut = [float(c) * b for c in cm.cut_bytes_per_sample]
-    # bytes of model state per parameter, ZeRO-sharded as the table says: a fraction with the
-    # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
-    scale = table.sharding.ranks if table.sharding.zero else 1
-    kappa = int(round(table.kappa * scale))
-    # OR-Tools' stubs type linear expressions more narrowly than its API accepts (sums of
-    # products with Python ints): the model is built untyped
-    m: Any = cp_model.CpModel()
-    x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
-    r = [m.new_bool_var(f"r{l}") for l in range(L)] if table.allow_recompute else None
-    q = ({l: m.new_bool_var(f"q{l}") for l in range(L) if cm.has_core[l] and core[l] > 0}
-         if table.allow_recompute else {})
-    if r is not None:
-        for l, ql in q.items():
-            m.add(r[l] + ql <= 1)
-    for l in range(L):
-        m.add_exactly_one(x[s][l] for s in range(P))
-    stage_of = [sum(s * x[s][l] for s in range(P)) for l in range(L)]
-    m.add(stage_of[0] == 0)
-    m.add(stage_of[L - 1] == P - 1)
-    for l in range(1, L):
-        m.add(stage_of[l] - stage_of[l - 1] >= 0)
-        m.add(stage_of[l] - stage_of[l - 1] <= 1)
-    for f in table_fixed(table):
-        m.add(stage_of[f] - stage_of[f - 1] == 1)
+def _ns(v: float) -> int:
+    return int(round(v * NS_PER_MS))
 
-    def both(a: Any, c: Any, name: str) -> Any:
-        v = m.new_bool_var(name)
-        m.add_bool_and([a, c]).only_enforce_if(v)
-        m.add_bool_or([a.Not(), c.Not()]).only_enforce_if(v.Not())
+
+class _ChainModel:
+    """The CP-SAT model of one configuration (module docstring), its variables and constraints
+    made in the order listed there. OR-Tools' stubs type linear expressions more narrowly than
+    its API accepts (sums of products with Python ints): the model is built untyped."""
+
+    def __init__(self, q: StageQuestion, layout: Layout, ks: Sequence[int]):
+        self.q, self.layout, self.ks = q, layout, ks
+        cm, b = q.cost_model, q.microbatch_size
+        self.L, self.P = cm.num_layers, layout.num_stages
+        self.fwd, self.bwd = cm.layer_times(b)
+        self.saved = [float(v) for v in cm.saved_bytes(b)]
+        self.inp = [float(v) * b for v in cm.input_per_sample]
+        self.core, self.core_ms = [float(v) for v in cm.core_bytes(b)], cm.core_ms(b)
+        self.cut = [float(c) * b for c in cm.cut_bytes_per_sample]
+        # bytes of model state per parameter, ZeRO-sharded as the question says: a fraction with the
+        # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
+        self.scale = q.sharding.ranks if q.sharding.zero else 1
+        self.kappa = int(round(sum(cm.state_bytes_per_param(q.sharding)) * self.scale))
+        self.m: Any = cp_model.CpModel()
+        self._placement()
+        self._ends()
+
+    def both(self, a: Any, c: Any, name: str) -> Any:
+        """A new bool equal to ``a and c``."""
+        v = self.m.new_bool_var(name)
+        self.m.add_bool_and([a, c]).only_enforce_if(v)
+        self.m.add_bool_or([a.Not(), c.Not()]).only_enforce_if(v.Not())
         return v
 
-    first: list[list[Any]] = [[x[s][l] if l == 0 else (both(x[s][l], x[s - 1][l - 1], f"f{s}_{l}") if s > 0 else None)
-              for l in range(L)] for s in range(P)]
-    last: list[list[Any]] = [[x[s][l] if l == L - 1 else (both(x[s][l], x[s + 1][l + 1], f"e{s}_{l}") if s < P - 1 else None)
+    def _placement(self) -> None:
+        """``x``, ``r``, ``q``: each layer on one stage, stages contiguous, non-empty and starting
+        at the fixed boundaries."""
+        m, L, P, cm = self.m, self.L, self.P, self.q.cost_model
+        recompute = self.q.allow_recompute
+        self.x = [[m.new_bool_var(f"x{s}_{l}") for l in range(L)] for s in range(P)]
+        self.r = [m.new_bool_var(f"r{l}") for l in range(L)] if recompute else None
+        self.qs = ({l: m.new_bool_var(f"q{l}") for l in range(L) if cm.has_core[l] and self.core[l] > 0}
+                   if recompute else {})
+        if self.r is not None:
+            for l, ql in self.qs.items():
+                m.add(self.r[l] + ql <= 1)
+        for l in range(L):
+            m.add_exactly_one(self.x[s][l] for s in range(P))
+        stage_of = [sum(s * self.x[s][l] for s in range(P)) for l in range(L)]
+        m.add(stage_of[0] == 0)
+        m.add(stage_of[L - 1] == P - 1)
+        for l in range(1, L):
+            m.add(stage_of[l] - stage_of[l - 1] >= 0)
+            m.add(stage_of[l] - stage_of[l - 1] <= 1)
+        for f in fixed_starts(self.q):
+            m.add(stage_of[f] - stage_of[f - 1] == 1)
+
+    def _ends(self) -> None:
+        """``first[s][l]`` / ``last[s][l]``: stage ``s`` starts / ends at layer ``l`` (None where it cannot)."""
+        x, L, P, both = self.x, self.L, self.P, self.both
+        self.first: list[list[Any]] = [
+            [x[s][l] if l == 0 else (both(x[s][l], x[s - 1][l - 1], f"f{s}_{l}") if s > 0 else None) for l in range(L)]
+            for s in range(P)]
+        self.last: list[list[Any]] = [
+            [x[s][l] if l == L - 1 else (both(x[s][l], x[s + 1][l + 1], f"e{s}_{l}") if s < P - 1 else None)
              for l in range(L)] for s in range(P)]
-    times, comms, exposures = [], [], []
-    _, bwd_prefix = cm.time_prefix(b)
-    overlap = cm.stack.reduce_overlap(table.sharding.zero is not ZeroStage.NONE)  # as StageTable.hidden_backward
-    t_max = m.new_int_var(0, 10**15, "tmax")
-    terms = cm.fsdp_terms(b, cm.fsdp_line(layout)) if table.fsdp else None
-    unit_bytes = units_in_flight(cm.stack.fsdp_prefetch) * (cm.weight_bytes_per_param + cm.grad_bytes_per_param)
 
-    def ns(v: float) -> int:
-        return int(round(v * NS_PER_MS))
-
-    for s in range(P):
-        z: list[Any] = [both(x[s][l], r[l], f"z{s}_{l}") for l in range(L)] if r is not None else [None] * L
-        y = {l: both(x[s][l], ql, f"y{s}_{l}") for l, ql in q.items()}
+    def stage_time(self, s: int, z: list[Any], y: dict[int, Any], terms: FsdpTerms | None) -> Any:
+        """``T_s`` in nanoseconds: compute (ZeRO 3's F' + B' where ``terms``) plus recomputation."""
+        x, L, first, last = self.x[s], self.L, self.first[s], self.last[s]
         if terms is None:
-            t = sum(int(round((fwd[l] + bwd[l]) * NS_PER_MS)) * x[s][l] for l in range(L))
+            t = sum(int(round((self.fwd[l] + self.bwd[l]) * NS_PER_MS)) * x[l] for l in range(L))
         else:
-            t = sum(ns(terms.base[l]) * x[s][l] for l in range(L))
-            t += sum(ns(terms.head[l]) * first[s][l] for l in range(L) if first[s][l] is not None)
-            t += sum(ns(terms.tail[l]) * last[s][l] for l in range(L) if last[s][l] is not None)
-            t += sum(ns(terms.solo[l]) * both(first[s][l], last[s][l], f"one{s}_{l}")
-                     for l in range(L) if first[s][l] is not None and last[s][l] is not None)
+            t = sum(_ns(terms.base[l]) * x[l] for l in range(L))
+            t += sum(_ns(terms.head[l]) * first[l] for l in range(L) if first[l] is not None)
+            t += sum(_ns(terms.tail[l]) * last[l] for l in range(L) if last[l] is not None)
+            t += sum(_ns(terms.solo[l]) * self.both(first[l], last[l], f"one{s}_{l}")
+                     for l in range(L) if first[l] is not None and last[l] is not None)
+        if self.r is not None:
+            t += sum(int(round(self.fwd[l] * NS_PER_MS)) * z[l] for l in range(L))
+            t += sum(int(round(self.core_ms[l] * NS_PER_MS)) * yl for l, yl in y.items())
+        return t
+
+    def tie_duplicates(self, s: int) -> list[tuple[int, Any]]:
+        """Per tied tensor, (its parameters, its copies on stage ``s`` beyond the first)."""
+        dup_terms = []
+        for i, tie in enumerate(self.q.cost_model.profile.tied):
+            inside = [self.x[s][l] for l in tie.layers]
+            # duplicates on this stage: (count inside - 1)^+ copies, linearised with a bool "any inside"
+            any_in = self.m.new_bool_var(f"tie{i}_{s}")
+            self.m.add_max_equality(any_in, inside)
+            dup_terms.append((tie.param_count, sum(inside) - any_in))
+        return dup_terms
+
+    def exposure(self, s: int, dup_terms: list[tuple[int, Any]]) -> Any | None:
+        """``X_s`` (None where the stage has no gradient group): ``X_s >= AR_s - (backward of the
+        layers before stage s, and of its own where the stack overlaps the reduction with it),
+        X_s >= 0`` (:meth:`planner.cost.CostModel.stage_exposed_sync_ms`)."""
+        cm, layout, L = self.q.cost_model, self.layout, self.L
+        per_byte, fixed = grad_group_line(cm.cluster, layout, s)
+        if not (per_byte or fixed):
+            return None
+        _, bwd_prefix = cm.time_prefix(self.q.microbatch_size)
+        overlap = cm.stack.reduce_overlap(self.q.sharding.zero is not ZeroStage.NONE)
+        ns_per_param = per_byte * cm.post_backward_sync_bytes_per_param(self.q.sharding.zero) * NS_PER_MS
+        ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * self.x[s][l] for l in range(L))
+        ar -= sum(int(round(c * ns_per_param)) * d for c, d in dup_terms)
+        hiding = s + 1 if overlap else s
+        before = sum(
+            int(round((bwd_prefix[l + 1] - bwd_prefix[l]) * NS_PER_MS)) * self.x[p][l] for p in range(hiding) for l in range(L)
+        )
+        e_s = self.m.new_int_var(0, 10**15, f"x_ar{s}")
+        self.m.add(e_s >= ar + int(round(fixed * NS_PER_MS)) - before)
+        return e_s
+
+    def buffers(self, s: int) -> Any:
+        """Stage ``s``'s buffers: context parallelism's gathered K/V, and the boundary tensors in and out."""
+        cm, b, L, first, last, cut = self.q.cost_model, self.q.microbatch_size, self.L, self.first[s], self.last[s], self.cut
+        mem = int(round(cm.gather_bytes_per_sample * b))  # context parallelism: one layer's gathered K/V
+        mem += sum(int(round(2 * cut[l])) * first[l] for l in range(L) if first[l] is not None)
+        mem += sum(int(round(2 * cut[l + 1])) * last[l] for l in range(L) if last[l] is not None)
+        return mem
+
+    def activations(self, s: int, z: list[Any], y: dict[int, Any]) -> Any:
+        """Stage ``s``'s activations with ``k_s`` micro-batches in flight, plus the recompute working set."""
+        cm, L, k, x, r = self.q.cost_model, self.L, self.ks[s], self.x[s], self.r
+        act = sum(int(round(k * self.saved[l])) * x[l] for l in range(L))
+        for i, pair in enumerate(cm.profile.shared_saved):  # a storage both layers save: once, unless the
+            on_both = self.both(x[pair.first], x[pair.second], f"sh{s}_{i}")  # first is fully recomputed
+            if r is not None:
+                on_both = self.both(on_both, r[pair.first].Not(), f"shk{s}_{i}")
+            act -= int(round(k * pair.at(self.q.microbatch_size))) * on_both
         if r is not None:
-            t += sum(int(round(fwd[l] * NS_PER_MS)) * z[l] for l in range(L))
-            t += sum(int(round(core_ms[l] * NS_PER_MS)) * yl for l, yl in y.items())
+            act -= sum(int(round(k * (self.saved[l] - self.inp[l]))) * z[l] for l in range(L))
+            act -= sum(int(round(k * self.core[l])) * yl for l, yl in y.items())
+            ws = self.m.new_int_var(0, int(max(self.saved, default=0)) + 1, f"ws{s}")
+            for l in range(L):
+                self.m.add(ws >= int(round(self.saved[l])) * z[l])
+            for l, yl in y.items():
+                self.m.add(ws >= int(round(self.core[l])) * yl)
+            act += ws
+        return act
+
+    def transfer(self, s: int) -> Any:
+        """``c_s``: the forward + backward transfer after stage ``s`` (not the last)."""
+        cm, layout = self.q.cost_model, self.layout
+        bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
+        return sum(
+            int(round(2 * p2p_ms(self.cut[l + 1], bandwidth_gb_per_s=bw, latency_us=lat) * NS_PER_MS)) * self.last[s][l]
+            for l in range(self.L - 1)
+        )
+
+    def stage(self, s: int, t_max: Any, terms: FsdpTerms | None, unit_bytes: float) -> tuple[Any, Any | None]:
+        """Stage ``s``'s time variable (bounding ``t_max``), its memory row, and its ``X_s``."""
+        m, L, x = self.m, self.L, self.x[s]
+        z: list[Any] = [self.both(x[l], self.r[l], f"z{s}_{l}") for l in range(L)] if self.r is not None else [None] * L
+        y = {l: self.both(x[l], ql, f"y{s}_{l}") for l, ql in self.qs.items()}
+        t = self.stage_time(s, z, y, terms)  # (its variables before t_s: the order is the model's)
         t_s = m.new_int_var(0, 10**15, f"t{s}")
         m.add(t_s == t)
         m.add(t_max >= t_s)
-        times.append(t_s)
-        params = sum(int(cm.param_count[l]) * x[s][l] for l in range(L))
-        dup_terms = []
-        for i, tie in enumerate(cm.profile.tied):
-            inside = [x[s][l] for l in tie.layers]
-            # duplicates on this stage: (count inside - 1)^+ copies, linearised with a bool "any inside"
-            any_in = m.new_bool_var(f"tie{i}_{s}")
-            m.add_max_equality(any_in, inside)
-            dup_terms.append((tie.param_count, sum(inside) - any_in))
-        state = params * kappa - sum(c * kappa * d for c, d in dup_terms)
+        params = sum(int(self.q.cost_model.param_count[l]) * x[l] for l in range(L))
+        dup_terms = self.tie_duplicates(s)
+        state = params * self.kappa - sum(c * self.kappa * d for c, d in dup_terms)
         mem = 0
         if terms is not None:
-            ws3 = m.new_int_var(0, int(unit_bytes * max(cm.param_count.max(), 0)) + 1, f"ws3_{s}")
+            ws3 = m.new_int_var(0, int(unit_bytes * max(self.q.cost_model.param_count.max(), 0)) + 1, f"ws3_{s}")
             for l in range(L):
-                m.add(ws3 >= int(unit_bytes * cm.param_count[l]) * x[s][l])
+                m.add(ws3 >= int(unit_bytes * self.q.cost_model.param_count[l]) * x[l])
             mem += ws3
-        # X_s >= AR_s - (backward of the layers before stage s, and of its own where the stack
-        # overlaps the reduction with it: StageTable.hidden_backward), X_s >= 0 (see chain_dp)
-        per_byte, fixed = grad_group_line(cm.cluster, layout, s)
-        if (per_byte or fixed) and terms is None:
-            ns_per_param = per_byte * table.sync_bytes_per_param * NS_PER_MS
-            ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * x[s][l] for l in range(L))
-            ar -= sum(int(round(c * ns_per_param)) * d for c, d in dup_terms)
-            hiding = s + 1 if overlap else s
-            before = sum(
-                int(round((bwd_prefix[l + 1] - bwd_prefix[l]) * NS_PER_MS)) * x[q][l] for q in range(hiding) for l in range(L)
-            )
-            e_s = m.new_int_var(0, 10**15, f"x_ar{s}")
-            m.add(e_s >= ar + int(round(fixed * NS_PER_MS)) - before)
-            exposures.append(e_s)
-        mem += int(round(cm.gather_bytes_per_sample * b))  # context parallelism: one layer's gathered K/V
-        mem += sum(int(round(2 * cut[l])) * first[s][l] for l in range(L) if first[s][l] is not None)
-        mem += sum(int(round(2 * cut[l + 1])) * last[s][l] for l in range(L) if last[s][l] is not None)
-        act = sum(int(round(ks[s] * saved[l])) * x[s][l] for l in range(L))
-        for i, pair in enumerate(cm.profile.shared_saved):  # a storage both layers save: once, unless the
-            on_both = both(x[s][pair.first], x[s][pair.second], f"sh{s}_{i}")  # first is fully recomputed
-            if r is not None:
-                on_both = both(on_both, r[pair.first].Not(), f"shk{s}_{i}")
-            act -= int(round(ks[s] * pair.at(b))) * on_both
-        if r is not None:
-            act -= sum(int(round(ks[s] * (saved[l] - inp[l]))) * z[l] for l in range(L))
-            act -= sum(int(round(ks[s] * core[l])) * yl for l, yl in y.items())
-            ws = m.new_int_var(0, int(max(saved, default=0)) + 1, f"ws{s}")
-            for l in range(L):
-                m.add(ws >= int(round(saved[l])) * z[l])
-            for l, yl in y.items():
-                m.add(ws >= int(round(core[l])) * yl)
-            act += ws
-        m.add(state + scale * (mem + act) <= int(table.cap) * scale)
-        if s < P - 1:
-            bw, lat = link_of(cm.cluster, layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=s + 1))
-            comms.append(
-                sum(
-                    int(round(2 * p2p_ms(cut[l + 1], bandwidth_gb_per_s=bw, latency_us=lat) * NS_PER_MS)) * last[s][l]
-                    for l in range(L - 1)
-                )
-            )
-    m.minimize(sum(times) + sum(comms) + sum(exposures) + (M - 1) * t_max)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1  # deterministic
-    solver.parameters.random_seed = 0
-    solver.parameters.max_time_in_seconds = TIME_LIMIT_S
-    status = solver.solve(m)
+        e_s = self.exposure(s, dup_terms) if terms is None else None
+        mem += self.buffers(s)
+        m.add(state + self.scale * (mem + self.activations(s, z, y)) <= int(self.q.cap_bytes) * self.scale)
+        return t_s, e_s
+
+    def build(self) -> None:
+        """Every stage's rows and the objective ``sum T_s + sum c_s + sum X_s + (M - 1) T_max``."""
+        cm, layout = self.q.cost_model, self.layout
+        t_max = self.m.new_int_var(0, 10**15, "tmax")
+        terms = cm.fsdp_terms(self.q.microbatch_size, cm.fsdp_line(layout)) if self.q.fsdp else None
+        unit_bytes = units_in_flight(cm.stack.fsdp_prefetch) * (cm.weight_bytes_per_param + cm.grad_bytes_per_param)
+        times, comms, exposures = [], [], []
+        for s in range(self.P):
+            t_s, e_s = self.stage(s, t_max, terms, unit_bytes)
+            times.append(t_s)
+            if e_s is not None:
+                exposures.append(e_s)
+            if s < self.P - 1:
+                comms.append(self.transfer(s))
+        self.t_max, self.times, self.comms, self.exposures = t_max, times, comms, exposures
+
+    def solve(self, num_microbatches: int) -> tuple[Any, Any]:
+        """(solver, status) of minimising J with ``num_microbatches`` micro-batches."""
+        self.m.minimize(sum(self.times) + sum(self.comms) + sum(self.exposures) + (num_microbatches - 1) * self.t_max)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1  # deterministic
+        solver.parameters.random_seed = 0
+        solver.parameters.max_time_in_seconds = TIME_LIMIT_S
+        return solver, solver.solve(self.m)
+
+
+def solve_chain_ilp(
+    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
+) -> ChainSolution | None:
+    """The least J of one configuration as a CP-SAT model (one stage per rank: GPipe and 1F1B).
+    Reads only ``table.question``."""
+    q = table.question
+    cm, P, M, b = q.cost_model, layout.num_stages, num_microbatches, q.microbatch_size
+    L = cm.num_layers
+    if P > L:
+        return None
+    model = _ChainModel(q, layout, inflight_counts(schedule, layout, M))
+    model.build()
+    solver, status = model.solve(M)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
+    x, r, qs = model.x, model.r, model.qs
     stages = [next(s for s in range(P) if solver.value(x[s][l])) for l in range(L)]
     bounds = tuple(l for l in range(L) if l == 0 or stages[l] != stages[l - 1])
     stops = list(bounds[1:]) + [L]
     recompute = tuple(
         tuple(l for l in range(a, z) if r is not None and solver.value(r[l])) for a, z in zip(bounds, stops)
     )
-    selective = tuple(tuple(l for l in range(a, z) if l in q and solver.value(q[l])) for a, z in zip(bounds, stops))
+    selective = tuple(tuple(l for l in range(a, z) if l in qs and solver.value(qs[l])) for a, z in zip(bounds, stops))
     t_float = [
         sum(cm.stage_times_ms(a, z, b, s, layout)) + cm.recompute_ms(recompute[s], b, selective[s])
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops))
-    exposed = sum(exposed_allreduce_ms(cm, a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
+    exposed = sum(cm.stage_exposed_sync_ms(a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
     objective = sum(t_float) + comm + exposed + (M - 1) * max(t_float)
     return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL,
                          selective if any(selective) else ())
 
 
-def table_fixed(table: StageTable) -> list[int]:
-    """Layer indices where a stage must start (from the table's validity mask)."""
-    L = table.L
-    return [f for f in range(1, L) if not table.valid[f - 1, f + 1]] if L > 1 else []
+def fixed_starts(q: StageQuestion) -> list[int]:
+    """Layer indices where a stage must start (the question's fixed boundaries inside the chain)."""
+    L = q.cost_model.num_layers
+    return [f for f in range(1, L) if not q.stage_valid(f - 1, f + 1)] if L > 1 else []

@@ -18,7 +18,9 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.schedule import inflight_counts
-from planner.solve.chain_dp import ChainSolution, StageTable, could_partition, least_largest, solve_chain
+from planner.solve.chain import ChainSolution
+from planner.solve.chain_dp import could_partition, least_largest, solve_chain
+from planner.solve.prices import StageTable
 from planner.solve.space import divisors, layout_of
 
 
@@ -183,7 +185,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
             f"{cm.profile.layer_names[sol.boundaries[s]]}..{cm.profile.layer_names[stops[s] - 1]}) "
             f"needs {mems[s] / gib:.2f} GiB."
         )
-    group = cm.tp_degree * cm.cp_degree  # devices per group: a layout's rank
+    group = cm.group.size  # devices per group: a layout's rank
     if need <= cap:
         counted = f"{num_devices} devices" if group == 1 else f"{num_devices} groups of {group} devices"
         return InfeasibleError(
@@ -219,7 +221,7 @@ def _suggestions(cm: CostModel, request: PlanRequest, num_devices: int, cap: flo
                  b: int) -> tuple[str, ...]:
     """What would make a layout needing ``need`` bytes per device (``lay``, micro-batch ``b``) fit ``cap``."""
     gib = 1024**3
-    P, group = lay.num_stages, cm.tp_degree * cm.cp_degree  # devices per group
+    P, group = lay.num_stages, cm.group.size  # devices per group
     suggestions = []
     for mult in (2, 4, 8, 16):
         more_need, more = least_need(cm, request, num_devices * mult, b, request.recompute)

@@ -76,8 +76,9 @@ def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
 def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
     fwd, bwd = cm.layer_times(b)
     compute = _prefix_weight(fwd + bwd)
-    # between the first devices of pipeline ranks 0 and 1 (D tensor-parallel groups apart)
-    bw, lat = link_of(cm.cluster, 0, D * cm.tp_degree * cm.cp_degree) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
+    # between the first devices of pipeline ranks 0 and 1 (D groups apart)
+    second = cm.group.layout(num_stages=P, dp_degree=D).rank_of(stage_idx=1) if P > 1 else 0
+    bw, lat = link_of(cm.cluster, 0, second) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
     comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cm.cut_bytes_per_sample])
     comm = comm_in[:, None] + comm_in[None, :]
     params = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param

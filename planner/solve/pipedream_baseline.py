@@ -77,7 +77,7 @@ def optimizer_args(cluster: Cluster, num_devices: int) -> OptimizerArgs:
 
 
 def applies(profile: Profile, request: PlanRequest, cm: CostModel) -> bool:
-    return (profile.source == "pipedream" and profile.num_layers >= 2 and cm.tp_degree == 1
+    return (profile.source == "pipedream" and profile.num_layers >= 2 and cm.group.tp_degree == 1
             and not (request.num_stages or request.dp_degree or request.max_stages or request.fixed_boundaries)
             and request.per_stage_replication and min(request.zero_stages) != ZeroStage.PARAMETERS)
 

@@ -42,7 +42,8 @@ import numpy as np
 from planner.artifacts.request import ScheduleKind
 from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
 from planner.solve.arrays import distinct
-from planner.solve.chain_dp import ChainSolution, StageTable
+from planner.solve.chain import ChainSolution
+from planner.solve.prices import StageTable
 from planner.solve.recompute import INF
 
 __all__ = ["ReplicatedSolution", "replica_counts", "solve_replicated"]
@@ -101,11 +102,7 @@ class _Pricing:
             bw, lat = link_of(cm.cluster, first, first + d)
             comm = np.array([2.0 * p2p_ms(c * self.b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
             comm[self.L] = 0.0
-        per_byte, fixed = allreduce_line(cm.cluster, range(first, first + d))
-        if per_byte == 0.0 and fixed == 0.0:
-            exposure = np.zeros_like(table.sync_bytes)
-        else:
-            exposure = np.maximum(0.0, per_byte * table.sync_bytes + fixed - table.hidden_backward())
+        exposure = table.exposure(allreduce_line(cm.cluster, range(first, first + d)))
         self._extra[key] = comm[None, :] + exposure
         return self._extra[key]
 

@@ -9,8 +9,8 @@ from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.solve.candidates import Candidate, Scored, fits, fixed_split, simulated
-from planner.solve.chain_dp import StageTable
 from planner.solve.partitions import pipedream_split
+from planner.solve.prices import StageTable
 from planner.solve.replicated import replica_counts, solve_replicated
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, Config, layout_of, microbatch_sizes, searched_zero
@@ -56,7 +56,7 @@ def replicated_candidates(
     sizes whose average-work bound cannot beat the best plan so far (or ``incumbent_ms``, the
     best of every degree searched) are skipped."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES]
-    if not request.per_stage_replication or cm.tp_degree > 1 or cm.cp_degree > 1:
+    if not request.per_stage_replication or cm.group.size > 1:
         return []
     if not 2 <= num_devices <= settings.replicated_max_devices:
         return []

@@ -30,7 +30,7 @@ class SearchSettings:
     rebalance_rounds: int = field(
         default=3,
         metadata={"doc": "re-solves of an interleaved configuration with each chunk's memory set from the last "
-                         "solution's need plus its rank's slack (planner.solve.candidates.rebalanced); each stops "
+                         "solution's need plus its rank's slack (planner.solve.proposals.rebalanced); each stops "
                          "early once the solution repeats"},
     )
     memory_cap_fractions: tuple[float, ...] = field(

@@ -62,7 +62,7 @@ class Config:
     def num_groups(self) -> int:
         """Tensor- (x context-) parallel groups the layout occupies: P x D, or the sum of the
         stages' copies."""
-        return self.layout.world_size // (self.layout.tp_degree * self.layout.cp_degree)
+        return self.layout.num_groups
 
     def inflight(self) -> tuple[int, ...]:
         """Micro-batches one device of each stage holds at its peak."""
@@ -88,19 +88,11 @@ def layout_of(
     cm: CostModel, pipeline_size: int, dp_degree: int = 1, virtual_stages: int = 1, zero: ZeroStage = ZeroStage.NONE,
     replicas: tuple[int, ...] = (), placement: ChunkPlacement = ChunkPlacement.LOOP,
 ) -> Layout:
-    """The layout of ``pipeline_size`` x ``dp_degree`` groups (or ``replicas`` copies per stage)
-    with ``cm``'s tensor-parallel degree."""
-    return Layout(
-        num_stages=len(replicas) if replicas else pipeline_size * virtual_stages,
-        virtual_stages_per_rank=virtual_stages,
-        dp_degree=dp_degree,
-        stage_replicas=tuple(replicas),
-        tp_degree=cm.tp_degree,
-        sequence_parallel=cm.sequence_parallel,
-        cp_degree=cm.cp_degree,
-        zero=zero,
-        placement=placement,
-    )
+    """The layout of ``pipeline_size`` x ``dp_degree`` groups (or ``replicas`` copies per stage),
+    each stage replica spanning ``cm``'s group."""
+    return cm.group.layout(num_stages=len(replicas) if replicas else pipeline_size * virtual_stages,
+                           virtual_stages_per_rank=virtual_stages, dp_degree=dp_degree, stage_replicas=tuple(replicas),
+                           zero=zero, placement=placement)
 
 
 def schedule_valid(schedule: ScheduleKind, num_stages: int, num_microbatches: int) -> bool:

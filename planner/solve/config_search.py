@@ -1,0 +1,238 @@
+"""The configuration search of one cost model: configurations visited by increasing lower bound
+(a heap), each solved unless its bound exceeds what its objective's policy says it must beat
+(:mod:`planner.solve.objectives`), its proposals simulated and the policy's keep kept.
+
+What is known of a configuration before it is solved (bounds, floors, tables, ZeRO variants)
+is :class:`~planner.solve.floors.ConfigFacts`'; what a solved configuration proposes is
+:mod:`planner.solve.candidates` and :mod:`planner.solve.proposals`. Across configurations the
+chain objective J alone is not comparable (it leaves out the data-parallel all-reduce's exact
+overlap and the schedule's), so every proposal is replayed by the simulator's fast entry
+(:func:`~planner.solve.candidates.simulated`) and candidates are compared by that time.
+
+Phases of a configuration's place in the heap: its first bound (``FRESH``); its memory floor
+worked in (``MEMORY``); its ZeRO 3 variant alone, its own stage found not to fit (``FSDP``); a
+solution's rebalancing (:func:`~planner.solve.proposals.rebalanced`), at the time the
+solution's partition simulates without recomputation (``REBALANCE``; the time objective's gate).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.cost.fsdp import is_fsdp
+from planner.solve.bruteforce import solve_chain_bruteforce
+from planner.solve.candidates import (
+    Candidate,
+    ChainSolver,
+    Scored,
+    busiest_rank,
+    score_key,
+    simulated,
+    solve_config,
+    unrecomputed,
+    unrecomputed_floor_ms,
+)
+from planner.solve.chain import ChainSolution
+from planner.solve.chain_dp import solve_chain
+from planner.solve.floors import ConfigFacts
+from planner.solve.objectives import Policy
+from planner.solve.proposals import alternatives, rebalanced, rebalances
+from planner.solve.settings import SETTINGS, SearchSettings
+from planner.solve.space import Config, all_configs, config_lower_bound_ms
+
+FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchPass:
+    """Where and how far one configuration search looks (its objective's rules are its
+    :class:`~planner.solve.objectives.Policy`)."""
+
+    num_groups: int  # tensor- x context-parallel groups available; configurations on all of them are pruned apart
+    cap_bytes: float  # per-device memory cap
+    chain_solver: ChainSolver = solve_chain  # the optimum of J per configuration
+    configs: Sequence[Config] | None = None  # the configurations visited (None: the whole space)
+    settings: SearchSettings = SETTINGS
+    fsdp: bool = True  # also solve the ZeRO 3 variants (ConfigFacts.variants)
+    # over groups of layers: a proposal is simulated unless its busiest rank exceeds what it must
+    # beat times this (a grouped profile's best candidates are refined, which can reorder them)
+    slack: float = 1.0
+
+
+class ConfigSearch:
+    """The configurations of one cost model visited by increasing lower bound, one step at a
+    time (:meth:`step`), so that several such searches can be interleaved in one order
+    (:func:`planner.solve.search.search_plan`); :meth:`run` runs one to the end. ``cm`` and
+    ``request`` are the searched ones (over groups of layers on a long profile)."""
+
+    def __init__(self, cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy) -> None:
+        self.cm, self.request, self.where, self.policy = cm, request, where, policy
+        self.num_groups, self.cap_bytes, self.settings = where.num_groups, where.cap_bytes, where.settings
+        self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp)
+        solver = where.chain_solver
+        interleaved_ok = solver is solve_chain  # the oracles price one stage per rank only
+        split_ok = solver in (solve_chain, solve_chain_bruteforce)  # the CP-SAT model: not ZB-H1's objective
+        configs = (list(where.configs) if where.configs is not None
+                   else all_configs(cm, request, where.num_groups, interleaved_ok, where.settings, split_ok))
+        self.configs = configs
+        # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
+        # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
+        # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP);
+        # the order is the bound times the policy's scale (the ME objective: the state's share of memory)
+        self.scales = [policy.order_scale(self.facts, c) for c in configs]
+        self.heap: list[tuple[float, tuple[object, ...], int, int, float]] = [
+            (lb * self.scales[i], c.sort_key(), i, FRESH, lb)
+            for i, (c, lb) in enumerate((c, self.facts.bound(c, policy.fill)) for c in configs)]
+        heapq.heapify(self.heap)
+        self.pruned = 0  # configurations skipped by their bound
+        self.incumbent = policy.incumbent
+        self.out: list[Scored] = []
+        # rebalancings waiting in the order (phase REBALANCE, by index): the configuration, its
+        # solution, and the place in ``out`` of the candidate kept for it (None: none was)
+        self.pending: list[tuple[Config, ChainSolution, int | None] | None] = []
+
+    def next_bound(self) -> float:
+        """The bound of the next configuration to visit (inf when all are visited)."""
+        return self.heap[0][0] if self.heap else float("inf")
+
+    @property
+    def done(self) -> bool:
+        return not self.heap
+
+    def limit(self, c: Config, lb: float | None = None) -> float:
+        """What ``c`` (at bound ``lb``) must beat, by the policy."""
+        return self.policy.limit(self.facts, c, lb, c.num_groups == self.num_groups)
+
+    def step(self) -> None:
+        """Visit the next configuration: skip it if its bound exceeds what it must beat, else
+        solve its variants and keep the policy's candidates (or run a rebalancing that waited)."""
+        facts, policy = self.facts, self.policy
+        _, key, i, phase, lb = heapq.heappop(self.heap)
+        if phase == REBALANCE:
+            self.rebalance(lb, i)
+            return
+        c0 = self.configs[i]
+        limit = self.limit(c0, lb)
+        if policy.prune and policy.tight and self.request.recompute and phase == FRESH and lb <= limit:
+            # the memory bound, worked out only for configurations the order reaches: higher, the
+            # configuration goes back in its place
+            mem = facts.memory_bound(c0)
+            if mem > lb:
+                heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
+                return
+        if policy.prune and (lb > limit or (policy.tight and facts.rank_floor_ms(c0, self.where.slack) > limit)):
+            # the rank floor only skips, not reorders: a configuration it skips would have given no
+            # candidate (keep), and one visited later can be kept against a tighter limit (the
+            # Pareto points are the best configurations', RESULTS 37)
+            self.pruned += 1
+            return
+        fitted = False  # this configuration at its searched stage
+        for c in [c0.with_zero(ZeroStage.PARAMETERS)] if phase == FSDP else facts.variants(c0):
+            if is_fsdp(c.sharding()) and phase != FSDP:
+                # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
+                # too; the memory floor already counts its sharding) is higher, back in the order
+                if fitted:
+                    continue
+                own = max(lb, config_lower_bound_ms(self.cm, c))
+                if policy.prune and own > lb:
+                    heapq.heappush(self.heap, (own * self.scales[i], key, i, FSDP, own))
+                    continue
+            sol = solve_config(self.where.chain_solver, facts.table_of(c), c)
+            if sol is None:
+                continue
+            fitted = True
+            self.propose(c, sol, key, limit)
+            limit = self.limit(c0, lb)
+
+    def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:
+        """Keep the policy's candidates among ``sol`` and its proposals: its memory rebalancings
+        (at once for a lean policy; else gated by the candidate without its recomputation, now
+        when nothing is pruned, or when the order reaches that time) and the baselines'
+        partitions. The gate is a heuristic, not a bound: a rebalancing re-solves the partition,
+        which can then simulate faster than this one unrecomputed (RESULTS 25, 33); always
+        rebalancing took 2x the CPU. The candidate without recomputation is no faster than M x
+        its busiest rank's compute, checked first (no simulation)."""
+        cm, request, settings, prune = self.cm, self.request, self.settings, self.policy.prune
+        proposals = [Candidate(c, sol)]
+        unrec = float("inf")
+        lean = self.policy.lean  # no gate: rebalanced now, pruned or not
+        rebalancing = rebalances(c, sol)
+        if not lean and rebalancing and unrecomputed_floor_ms(cm, c, sol) < limit:
+            unrec = unrecomputed(cm, proposals[0])
+        if (lean and rebalancing) or (unrec < limit and not prune):
+            proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
+                                    self.facts.table_of(c))
+        if self.where.chain_solver is solve_chain:
+            proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
+        kept = self.keep(c, proposals, limit)
+        if unrec < limit and prune and not lean:
+            # rebalanced when the order reaches that time, if it still could win then: no rebalancing
+            # of a configuration beaten meanwhile
+            heapq.heappush(self.heap, (unrec, key, len(self.pending), REBALANCE, unrec))
+            self.pending.append((c, sol, kept))
+
+    def keep(self, c: Config, proposals: list[Candidate], limit: float, slot: int | None = None) -> int | None:
+        """Simulate ``proposals`` of ``c`` and keep the policy's candidates among them (the
+        fastest, the first of equals, in place of the one at ``slot`` of :attr:`out` when faster
+        than it; or what :meth:`Policy.kept` says); the candidate's place in :attr:`out` (None:
+        none kept)."""
+        scored = []
+        for cand in proposals:
+            # the busiest rank does M x its stage's work (its chunks', interleaved): no faster than that
+            if self.policy.prune and c.num_microbatches * self.busiest_ms(c, cand.solution) > limit * self.where.slack:
+                continue
+            scored.append((simulated(self.cm, cand), cand))
+        if not scored:
+            return slot
+        fastest = min(scored, key=lambda tc: tc[0])
+        kept = self.policy.keep(self.cm, c, scored, fastest, c.num_groups == self.num_groups)
+        if kept is not None:
+            self.out += kept
+            return len(self.out) - 1
+        if slot is None:
+            self.out.append(fastest)
+            slot = len(self.out) - 1
+        elif fastest[0] < self.out[slot][0]:
+            self.out[slot] = fastest
+        return slot
+
+    def rebalance(self, unrec: float, index: int) -> None:
+        """Run the rebalancing waiting at ``index`` of :attr:`pending` if its solution without
+        recomputation (``unrec``) still beats what its configuration must beat."""
+        found = self.pending[index]
+        self.pending[index] = None
+        assert found is not None, "a rebalancing was visited twice"
+        c, sol, slot = found
+        limit = self.limit(c)
+        if not unrec < limit:
+            return
+        proposals = rebalanced(self.cm, self.request, c, sol, self.cap_bytes, self.settings.rebalance_rounds,
+                               self.facts.table_of(c))
+        self.keep(c, proposals, limit, slot)
+
+    def busiest_ms(self, c: Config, solution: ChainSolution) -> float:
+        """The most per-micro-batch work of one rank: its stage's (with the policy's ``tight``,
+        the sum of its chunks' when it holds several)."""
+        times = solution.stage_times_ms
+        return busiest_rank(c.layout, times) if self.policy.tight else max(times)
+
+    def run(self) -> list[Scored]:
+        """Visit every configuration left; the candidates found, fastest first."""
+        while not self.done:
+            self.step()
+        return self.result()
+
+    def result(self) -> list[Scored]:
+        return sorted(self.out, key=score_key)
+
+
+def solve_candidates(cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy) -> list[Scored]:
+    """Every configuration of ``where`` searched to the end under ``policy``: the candidates
+    found, fastest first (the J-optimum of each configuration solved, and the proposals the
+    policy keeps, with their simulated times)."""
+    return ConfigSearch(cm, request, where, policy).run()

@@ -1,0 +1,182 @@
+"""The search over layouts of one tensor- and context-parallel degree: its configurations
+searched (:class:`~planner.solve.config_search.ConfigSearch`, over groups of layers on a long
+profile), then its best candidates built as plans, as its objective's policy says
+(:mod:`planner.solve.objectives`). The degrees together: :mod:`planner.solve.search`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ScheduleKind, SolverKind
+from planner.artifacts.plan import Plan
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.graph import coarse_starts
+from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.candidates import ChainSolver, Scored, score_key, simulated
+from planner.solve.chain_dp import solve_chain
+from planner.solve.coarsen import merged_model, refine, to_layers
+from planner.solve.config_search import ConfigSearch, SearchPass, solve_candidates
+from planner.solve.infeasible import explain_infeasible
+from planner.solve.objectives import Builds, Policy
+from planner.solve.replicated_search import replicated_candidates
+from planner.solve.select import build_best, pareto_front, select
+from planner.solve.settings import SETTINGS, SearchSettings
+from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations, refuse_unmeetable
+
+
+def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings: SearchSettings) -> tuple[int, ...]:
+    """Chunks per rank the search tries (none unless it may interleave)."""
+    if chain_solver is not solve_chain or ScheduleKind.INTERLEAVED_1F1B not in request.schedules:
+        return ()
+    return settings.interleave_factors
+
+
+class LayoutSearch:
+    """The search over layouts of one tensor- and context-parallel degree (``cm``) on
+    ``num_groups`` groups, in two halves: the constructor prepares the configurations (and the
+    coarse chain) into :attr:`configs`, a :class:`~planner.solve.config_search.ConfigSearch`
+    that the caller steps (alone, or interleaved with other degrees' against one shared
+    incumbent); :meth:`finish` turns the candidates found into the degree's best plan, with its
+    Pareto points. What is pruned, kept and built is the objective's ``policy``'s.
+
+    Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
+    pipeline searched) are searched over at most that many groups of consecutive layers (cut
+    where the fewest bytes cross), then the best configurations are re-solved with single
+    layers around their chosen boundaries (:mod:`planner.solve.coarsen`)."""
+
+    def __init__(
+        self, problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, policy: Policy,
+        settings: SearchSettings = SETTINGS,
+    ) -> None:
+        request = problem.request
+        profile = cm.profile
+        self.problem, self.cm, self.num_groups, self.chain_solver, self.settings = (
+            problem, cm, num_groups, chain_solver, settings)
+        oracle = DP_SCHEDULES + (SPLIT_SCHEDULES if problem.solver is SolverKind.BRUTE_FORCE else ())
+        if chain_solver is not solve_chain and not any(s in oracle for s in request.schedules):
+            raise PlannerInputError(f"solver {problem.solver.value!r} plans the {', '.join(s.value for s in oracle)} "
+                                    f"schedules only (asked: {', '.join(s.value for s in request.schedules)})")
+        refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain,
+                          settings=settings)
+        self.cap = memory_cap_bytes(cm.cluster, request)
+        self.built: list[Plan] = []  # every plan :meth:`finish` built (the fastest candidates', the tighter caps')
+        self.starts: list[int] | None = None
+        self.cm_search, self.req_search = cm, request
+        # enough groups that the deepest pipeline searched still has two groups per stage, an
+        # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
+        # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
+        depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
+        max_stages = max(depths, default=1)
+        chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
+                  if P * v <= profile.num_layers]
+        chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
+        if profile.num_layers > chain_max:
+            self.starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
+            self.cm_search = merged_model(cm, self.starts)
+            self.req_search = dataclasses.replace(
+                request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
+        # over groups of layers the policy's figures are widened (Policy.for_groups: a heuristic, as
+        # the time objective's pruning of a grouped profile; see planner.solve.search), and a
+        # proposal is simulated unless its busiest rank exceeds what it must beat by refine_slack
+        self.policy = policy if self.starts is None else policy.for_groups(settings)
+        slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
+        where = SearchPass(num_groups=num_groups, cap_bytes=self.cap, chain_solver=chain_solver, settings=settings,
+                           slack=slack)
+        self.configs = ConfigSearch(self.cm_search, self.req_search, where, self.policy)
+
+    def fine(self, scored: list[Scored], keep: int, best_on_all: bool, *, refined: bool = True) -> list[Scored]:
+        """The ``keep`` best candidates over the layers themselves (re-solved around their
+        boundaries with ``refined``, else mapped), and with ``best_on_all`` the best on all the
+        groups too (which the plan table names)."""
+        cm, starts = self.cm, self.starts
+        top = scored[:keep]
+        on_all = [tc for tc in scored if tc[1].config.num_groups == self.num_groups]
+        if best_on_all and on_all and not any(tc is on_all[0] for tc in top):
+            top.append(on_all[0])
+        if starts is None:
+            return top
+        out = []
+        for _, cand in top:
+            if refined:
+                mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings)
+            else:
+                mapped = to_layers(cm, cand, starts, self.cap)
+            out.append((simulated(cm, mapped), mapped))
+        out.sort(key=score_key)
+        return out
+
+    def finish(self, earlier_ms: float = float("inf"), suggest: bool = True) -> Plan | None:
+        """The degree's best plan from the candidates its configuration search found, with the
+        Pareto points of its best configurations under tighter caps, None when there are none
+        (not a refusal: every configuration was pruned against other degrees' finds). The
+        policy says which candidates count: for the time objective, on a context-parallel degree,
+        only those faster than ``earlier_ms`` (the fastest plan of the degrees before; then no
+        tighter caps are searched) besides the best on all the groups, whose plan is built for
+        its time there (the chosen plan records the best time on all the devices when it uses
+        fewer); for the memory objective those within the budget of the fastest of every degree
+        (``earlier_ms`` the fastest before); for the ME objective those that could matter.
+        ``suggest``: a refusal comes with its suggestions (else they wait for
+        :meth:`~planner.artifacts.errors.InfeasibleError.complete`, :func:`explain_infeasible`)."""
+        policy, num_groups = self.policy, self.num_groups
+        rules = policy.builds(earlier_ms, self.cm.group.cp_degree, self.settings)
+        threshold = rules.pruning_ms
+        pruning = threshold < float("inf")
+        scored = self.configs.result()
+        # the best candidate on all the groups, built whatever its time: the chosen plan records the
+        # best time on all the devices when it uses fewer (select.note_devices)
+        on_all = next((tc for tc in scored if tc[1].config.num_groups == num_groups), None)
+        if pruning:
+            scored = [tc for tc in scored if tc[0] < threshold]
+            if not scored and on_all is None:
+                return None  # no configuration of these degrees beats the incumbent
+        if self.chain_solver is solve_chain and (scored or not pruning):
+            scored += replicated_candidates(self.cm_search, self.req_search, num_groups, self.cap, scored,
+                                            self.settings, incumbent_ms=rules.replicated_limit_ms)
+            scored.sort(key=score_key)
+        if pruning and on_all is not None and not any(tc is on_all for tc in scored):
+            scored.append(on_all)  # slower than the incumbent: built for its time on all the devices only
+        if not scored:
+            self.refuse(suggest)
+            return None  # every configuration pruned against another degree's plans
+        scored, within = policy.within(scored, earlier_ms, on_all)
+        if not scored:
+            return None  # a cp > 1 degree with nothing within the budget of the degrees before it
+        return self.build(policy.could_matter(self.cm_search, scored, num_groups), within, rules)
+
+    def refuse(self, suggest: bool) -> None:
+        """No candidate: nothing where configurations were pruned (against another degree's
+        plans), else the infeasibility explained (over the layers themselves unless the profile is
+        very long), raised."""
+        if self.configs.pruned or not self.configs.done:
+            return
+        request, cap = self.problem.request, self.cap
+        if self.cm.profile.num_layers <= self.settings.explain_max_layers:
+            raise explain_infeasible(self.cm, request, self.num_groups, cap, suggest=suggest)
+        raise explain_infeasible(self.cm_search, self.req_search, self.num_groups, cap, suggest=suggest)
+
+    def build(self, scored: list[Scored], within: float, rules: Builds) -> Plan | None:
+        """Plans for ``scored`` as ``rules`` say and, unless they prune by time, for the same
+        search under tighter caps (more points on the memory axis: the Pareto front, the memory
+        and ME objectives' choice), each pass as the policy says (:meth:`Policy.tighter`); the
+        objective's choice among them, with their front."""
+        problem, cm, policy, settings = self.problem, self.cm, self.policy, self.settings
+        keep = rules.rescore if rules.rescore is not None else len(scored)
+        plans = build_best(problem, cm, self.fine(scored, keep, rules.adds_best_on_all), keep + 1)
+        uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
+        pruning = rules.pruning_ms < float("inf")
+        for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
+            fastest = min(p.predicted.iteration_ms for p in plans) if plans else float("inf")
+            tighter = policy.tighter(uniform, settings, within, fastest)
+            where = SearchPass(num_groups=self.num_groups, cap_bytes=self.cap * frac, chain_solver=self.chain_solver,
+                               configs=tighter.configs, settings=settings, fsdp=tighter.fsdp)
+            found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy)
+            found = policy.could_matter(self.cm_search, [tc for tc in found if tc[0] <= tighter.within_ms],
+                                        self.num_groups)
+            k = tighter.builds if tighter.builds is not None else len(found)
+            plans += build_best(problem, cm, self.fine(found, k, False, refined=False), k)
+        if not plans:
+            return None  # the ME objective: nothing of these degrees could be its choice (nor its references)
+        self.built = plans
+        return dataclasses.replace(select(plans, problem.request), pareto=pareto_front(plans))

@@ -1,0 +1,435 @@
+"""One policy per objective: what a configuration search prunes against, which proposals it
+keeps, when it rebalances, how its figures widen over groups of layers, and which candidates it
+builds plans for.
+
+- :class:`TimePolicy` (the fastest plan): a configuration must beat the fastest simulated time
+  found (the fastest on all the devices for one on all of them); the fastest proposal of each
+  configuration is kept; a memory rebalancing waits in the order until the candidate without
+  its recomputation could still win (a heuristic gate, RESULTS 25, 33); plans are built for the
+  few fastest candidates.
+- :class:`MemoryPolicy` (the least memory within 10% of the fastest, or within a time budget):
+  a configuration must beat its :class:`Budget` of the fastest found; every proposal leaner
+  than each faster one is kept, every configuration whose solution recomputes is rebalanced at
+  once; plans are built for every candidate within the budget.
+- :class:`MePolicy` (the ME index): a configuration must be able to hold the least time x
+  memory found, a faster reference, the fastest while no reference is known, or the fastest on
+  all the devices (:class:`MeIncumbent`); kept and rebalanced as the memory objective; plans are
+  built for the candidates that could matter.
+
+Each policy holds the incumbent it prunes against (one shared by several searches, or its
+own), and whether it prunes at all (``SearchSettings.prune_configs``); :func:`policy_for` gives
+a request's. The search itself (the heap and its phases) is
+:class:`planner.solve.config_search.ConfigSearch`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective, ScheduleKind
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.solve.candidates import Candidate, Scored, busiest_rank, stage_needs
+from planner.solve.floors import ConfigFacts
+from planner.solve.settings import SearchSettings
+from planner.solve.space import Config
+
+INF = float("inf")
+
+
+@dataclass(slots=True)
+class Incumbent:
+    """The best simulated times found so far, shared by the searches of several degrees (one
+    per tensor- x context-parallel degree, :func:`planner.solve.search.search_plan`): ``best``
+    over every candidate, ``best_all`` over those on all the devices. Mutable on purpose: every
+    search prunes against what the others found."""
+
+    best: float = INF
+    best_all: float = INF
+
+    def note(self, time_ms: float, on_all: bool) -> None:
+        self.best = min(self.best, time_ms)
+        if on_all:
+            self.best_all = min(self.best_all, time_ms)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a search keeps beside the fastest: every candidate no slower than ``factor`` x the
+    fastest found, or than ``floor_ms`` where that is more (the memory objective: the least
+    memory within 10% of the fastest plan, or within its time budget). A configuration is
+    pruned only when its bound exceeds that, so every candidate the objective could choose is
+    still found; such a search rebalances every configuration whose solution recomputes, as the
+    search without pruning does (the time objective's gate, the candidate without its
+    recomputation against the incumbent, is a heuristic: RESULTS 25, 33)."""
+
+    factor: float = 1.0
+    floor_ms: float = 0.0
+
+    @property
+    def widened(self) -> bool:
+        return self.factor != 1.0 or self.floor_ms > 0.0
+
+    def of(self, fastest_ms: float) -> float:
+        """The slowest time kept when the fastest found is ``fastest_ms``."""
+        return max(self.floor_ms, fastest_ms * self.factor)
+
+    def widened_by(self, slack: float) -> Budget:
+        """This budget kept ``slack`` x wider (the same where it keeps only the fastest)."""
+        return Budget(self.factor * slack, self.floor_ms * slack) if self.widened else self
+
+    @classmethod
+    def of_request(cls, request: PlanRequest) -> Budget:
+        """The memory objective's budget (none for the other objectives)."""
+        if request.objective is not Objective.MEMORY:
+            return cls()
+        if request.time_budget_ms:
+            return cls(1.0, request.time_budget_ms)
+        return cls(MEMORY_OBJECTIVE_FACTOR, 0.0)
+
+
+def gives_reference(cand: Candidate) -> bool:
+    """The candidate's plan could be the ME index's reference: GPipe, nothing recomputed."""
+    sol = cand.solution
+    return cand.config.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective
+
+
+#: the ME objective's memory figures agree to this fraction: a stage's peak (its parts each rounded
+#: to bytes) against its plan's (rounded once), e.g. 1,073,456,098 against 1,073,456,096 bytes
+BYTES_SLACK = 1e-6
+
+
+@dataclass(slots=True)
+class MeIncumbent:
+    """The ME objective's pruning state, shared by every configuration search of one request
+    (every degree, every memory cap). The index is ``(ref time / t) / (m / ref memory)``, so the
+    plan it chooses has the least ``t x m`` (iteration time x peak memory) whatever the
+    reference: ``product`` is the least ``t x m`` of a candidate found so far, its memory each
+    rank's chunks' peaks summed (no less than its plan's peak, so the winner's product is at most
+    this); ``reference_ms`` the fastest GPipe candidate without recomputation so far (the index's
+    reference, :func:`planner.solve.select.select`). A configuration is solved only if it could
+    hold the winner (its time bound x its memory floor at most ``product``), a faster
+    reference (a GPipe one with a partition that fits without recomputation, its time bound at
+    most ``reference_ms``), the fastest candidate
+    (while no reference is known: the reference falls back to it) or the fastest on all the
+    devices (the plan records it): :meth:`limit_ms`, the time its bound must not exceed."""
+
+    product: float = math.inf
+    reference_ms: float = math.inf
+
+    def limit_ms(self, floor_bytes: float, reference: bool, inc: Incumbent, on_all: bool, widen: float = 1.0) -> float:
+        """The time bound above which a configuration cannot hold any of those, its plans' peak
+        memory at least ``floor_bytes``, ``reference``: it might give a reference (with a
+        relative 1e-9 to spare for rounding); ``widen``: every figure it must beat that much
+        wider (over groups of layers, whose candidates the refinement changes)."""
+        out = self.product * widen / floor_bytes if floor_bytes > 0 else math.inf
+        if reference:
+            out = max(out, self.reference_ms * widen)
+        if self.reference_ms == math.inf:
+            out = max(out, inc.best * widen)
+        if on_all:
+            out = max(out, inc.best_all * widen)
+        return out * (1 + 1e-9)
+
+    def note(self, cand: Candidate, time_ms: float, product: float) -> None:
+        """A candidate kept, simulated at ``time_ms``, ``product`` its time x its busiest rank's
+        memory (its chunks' peaks summed; with a relative 1e-6 to spare for the bytes each stage's
+        parts are rounded to)."""
+        self.product = min(self.product, product * (1 + BYTES_SLACK))
+        if gives_reference(cand):
+            self.reference_ms = min(self.reference_ms, time_ms)
+
+    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool, widen: float = 1.0) -> bool:
+        """The candidate could be the plan the objective chooses, its reference, the fastest
+        while no reference is known, or the fastest on all the devices (else no plan is built for
+        it): its memory at least its largest stage's peak; ``widen`` as :meth:`limit_ms`'s."""
+        t, cand = scored
+        c, sol = cand.config, cand.solution
+        slack = (1 + 1e-9) * widen
+        if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK) * widen:
+            return True
+        if gives_reference(cand) and t <= self.reference_ms * slack:
+            return True
+        return (self.reference_ms == math.inf and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Builds:
+    """Which of a degree's candidates its objective builds plans for: only those faster than
+    ``pruning_ms`` (inf: all; then no tighter caps are searched either), per-stage replication's
+    no slower than ``replicated_limit_ms``, the ``rescore`` best (None: every one), with the best
+    on all the groups besides where ``adds_best_on_all``."""
+
+    pruning_ms: float
+    replicated_limit_ms: float
+    rescore: int | None
+    adds_best_on_all: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tighter:
+    """A pass of the search under a tighter memory cap (more points on the memory axis):
+    its policy, the configurations it is restricted to (None: all), whether it solves the
+    ZeRO 3 variants, how many of its candidates are built, and the slowest time kept."""
+
+    policy: Policy
+    configs: tuple[Config, ...] | None
+    fsdp: bool
+    builds: int | None  # None: every candidate
+    within_ms: float = INF
+
+
+class Policy:
+    """What every objective's policy answers (the time objective's rules unless a subclass
+    says otherwise). ``prune``: configurations are skipped by their bound; ``incumbent``: the
+    incumbent pruned against and updated, shared with other searches (used only with
+    ``prune``), else one of the policy's own starting at ``start_ms``; ``fill``: the one-chunk
+    fill bound is used also without an outside incumbent."""
+
+    #: keeps every proposal leaner than each faster one, and rebalances at once (no gate)
+    lean = False
+
+    def __init__(self, *, prune: bool = True, incumbent: Incumbent | None = None, start_ms: float = INF,
+                 fill: bool = False) -> None:
+        self.prune = prune
+        self.shared, self.start_ms, self.fill_asked = incumbent, start_ms, fill  # as given (for_groups)
+        start = start_ms if prune else INF
+        self.incumbent = incumbent if incumbent is not None and prune else Incumbent(start, start)
+        #: every bound from the start: the memory floor, the busiest rank's floor and a rank's
+        #: chunks summed in :meth:`ConfigSearch.keep`'s check (else one stage's)
+        self.tight = fill or self.bounded
+        self.fill = self.tight or start_ms < INF  # the fill bound of :meth:`ConfigFacts.bound`
+
+    @property
+    def bounded(self) -> bool:
+        """The objective prunes with every bound from the start (a budget, the ME state)."""
+        return False
+
+    def limit(self, facts: ConfigFacts, c: Config, lb: float | None, on_all: bool) -> float:
+        """What ``c`` (at bound ``lb``, None when not known) must beat: the best on all the groups
+        for a configuration on all of them (so that the best plan on all of them is known), else
+        the best of any."""
+        inc = self.incumbent
+        return inc.best_all if on_all else inc.best
+
+    def order_scale(self, facts: ConfigFacts, c: Config) -> float:
+        """``c``'s bound is multiplied by this for its place in the visit (1: by bound)."""
+        return 1.0
+
+    def keep(self, cm: CostModel, c: Config, scored: list[Scored], fastest: Scored, on_all: bool) -> list[Scored] | None:
+        """Of a configuration's simulated proposals (``fastest`` the first of the fastest), those
+        kept as candidates (None: the fastest only, in place of an earlier candidate of the
+        configuration where faster), the incumbent noting the fastest (``on_all``: the
+        configuration is on all the groups)."""
+        self.incumbent.note(fastest[0], on_all)
+        return None
+
+    def for_groups(self, settings: SearchSettings) -> Policy:
+        """This policy over groups of layers (a long profile, whose candidates are refined
+        before the objective chooses): the same for the time objective (its proposals' check is
+        widened by ``refine_slack`` in the search)."""
+        return self
+
+    def for_degree(self, earlier_ms: float, cp_degree: int) -> Policy:
+        """The policy of one degree searched on its own after others whose fastest plan is
+        ``earlier_ms``: the time objective's own incumbent starts at :meth:`pruning_ms`."""
+        return TimePolicy(prune=self.prune, start_ms=self.pruning_ms(earlier_ms, cp_degree) if self.prune else INF)
+
+    # ---------------------------------------------------------------- what it builds
+    def pruning_ms(self, earlier_ms: float, cp_degree: int) -> float:
+        """Only candidates faster than this count (the fastest plan of the degrees before, for a
+        context-parallel degree: it keeps no candidate slower than the plans without)."""
+        return earlier_ms if cp_degree > 1 else INF
+
+    def builds(self, earlier_ms: float, cp_degree: int, settings: SearchSettings) -> Builds:
+        """The time objective builds the ``rescore_top`` fastest and the best on all the groups;
+        on a context-parallel degree only candidates faster than ``earlier_ms``; with the degrees
+        searched together, per-stage replication's no slower than the fastest of all."""
+        return Builds(pruning_ms=self.pruning_ms(earlier_ms, cp_degree),
+                      replicated_limit_ms=self.incumbent.best if self.shared is not None else INF,
+                      rescore=settings.rescore_top, adds_best_on_all=True)
+
+    def skips_degree(self, machine_bound_ms: float, earlier_ms: float, cp_degree: int) -> bool:
+        """A degree whose machine bound is this can be skipped: its work alone is no faster than
+        the plan it must beat (:meth:`pruning_ms`)."""
+        return self.prune and machine_bound_ms >= self.pruning_ms(earlier_ms, cp_degree)
+
+    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
+        """The candidates plans are built for, and the slowest time the objective can choose."""
+        return scored, INF
+
+    def could_matter(self, cm: CostModel, scored: list[Scored], num_groups: int) -> list[Scored]:
+        """The candidates that could be the objective's choice (or what it records)."""
+        return scored
+
+    def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
+        """The pass under a tighter cap: the time objective's, over its best configurations,
+        nothing pruned, two plans built, no ZeRO 3 variant."""
+        return Tighter(policy=TimePolicy(prune=False), configs=tuple(uniform[: settings.pareto_configs]), fsdp=False,
+                       builds=2)
+
+    @property
+    def chooses_among_degrees(self) -> bool:
+        """The objective chooses among every degree's plans (not each degree's best only)."""
+        return False
+
+
+class TimePolicy(Policy):
+    """The fastest plan (the base rules)."""
+
+
+class MemoryPolicy(Policy):
+    """The least memory within the :class:`Budget` of the fastest plan."""
+
+    lean = True
+
+    def __init__(self, budget: Budget, *, prune: bool = True, incumbent: Incumbent | None = None,
+                 start_ms: float = INF, fill: bool = False) -> None:
+        self.budget = budget
+        super().__init__(prune=prune, incumbent=incumbent, start_ms=start_ms, fill=fill)
+
+    @property
+    def bounded(self) -> bool:
+        return self.budget.widened
+
+    def limit(self, facts: ConfigFacts, c: Config, lb: float | None, on_all: bool) -> float:
+        inc = self.incumbent
+        return self.budget.of(inc.best_all if on_all else inc.best)
+
+    def keep(self, cm: CostModel, c: Config, scored: list[Scored], fastest: Scored, on_all: bool) -> list[Scored] | None:
+        """The fastest and every proposal leaner than each faster one (the proposals' time x
+        memory front, memory as the busiest rank's chunks' peaks summed; rebalanced at once, so a
+        kept candidate is never replaced); a rebalancing or another partition can be slower and
+        leaner (on a drawn case the ME objective's winner was such one, RESULTS 36)."""
+        mems = [busiest_rank(c.layout, stage_needs(cm, c, tc[1].solution)) for tc in scored]
+        first = next(j for j, tc in enumerate(scored) if tc[1] is fastest[1])
+        front, least = [first], mems[first]
+        for j in sorted(range(len(scored)), key=lambda j: (scored[j][0], mems[j])):
+            if mems[j] < least:
+                front.append(j)
+                least = mems[j]
+        self.noted([scored[j] for j in front], [mems[j] for j in front])
+        self.incumbent.note(fastest[0], on_all)
+        return [scored[j] for j in front]
+
+    def noted(self, kept: list[Scored], mems: list[float]) -> None:
+        """The kept candidates (their busiest ranks' memory ``mems``) noted where the objective
+        keeps a state of its own."""
+
+    def for_groups(self, settings: SearchSettings) -> Policy:
+        """The budget widened by ``budget_refine_slack`` (the refinement can speed a candidate
+        up: a heuristic, as the time objective's pruning of a grouped profile)."""
+        return MemoryPolicy(self.budget.widened_by(1.0 + settings.budget_refine_slack), prune=self.prune,
+                            incumbent=self.shared, start_ms=self.start_ms, fill=self.fill_asked)
+
+    def for_degree(self, earlier_ms: float, cp_degree: int) -> Policy:
+        """The same policy for every degree (one incumbent: what it keeps is within the budget of
+        the fastest of all of them)."""
+        return self
+
+    def builds(self, earlier_ms: float, cp_degree: int, settings: SearchSettings) -> Builds:
+        """Every candidate (those the budget can hold: :meth:`within`), none pruned by time."""
+        return Builds(pruning_ms=INF, replicated_limit_ms=INF, rescore=None, adds_best_on_all=False)
+
+    def skips_degree(self, machine_bound_ms: float, earlier_ms: float, cp_degree: int) -> bool:
+        return False
+
+    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
+        """No slower than the budget of the fastest found (the fastest of every degree is no
+        slower; a candidate's simulated time is its plan's), and the best on all the groups."""
+        if not (self.budget.widened and self.prune):
+            return scored, INF
+        within = self.budget.of(min(scored[0][0], earlier_ms)) * (1 + 1e-9)
+        kept = [tc for tc in scored if tc[0] <= within]
+        return (kept + [on_all] if on_all is not None and not any(tc is on_all for tc in kept) else kept), within
+
+    def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
+        """Every configuration, pruned to the budget (a tighter cap is never faster) where this
+        search was, every candidate within it built."""
+        bounded = within_ms < INF
+        return Tighter(policy=MemoryPolicy(self.budget, prune=bounded, start_ms=fastest_ms if bounded else INF),
+                       configs=None, fsdp=True, builds=None, within_ms=within_ms)
+
+    @property
+    def chooses_among_degrees(self) -> bool:
+        return True
+
+
+class MePolicy(MemoryPolicy):
+    """The best ME index: ``state`` (with ``prune``) the pruning state every search of the
+    request shares; ``widen``: its figures widened over groups of layers."""
+
+    def __init__(self, state: MeIncumbent | None, *, widen: float = 1.0, prune: bool = True,
+                 incumbent: Incumbent | None = None, fill: bool = False) -> None:
+        self.state = state if prune else None
+        self.widen = widen
+        super().__init__(Budget(), prune=prune, incumbent=incumbent, fill=fill)
+
+    @property
+    def bounded(self) -> bool:
+        return self.state is not None
+
+    def limit(self, facts: ConfigFacts, c: Config, lb: float | None, on_all: bool) -> float:
+        """:meth:`MeIncumbent.limit_ms` with ``c``'s memory floor: the state's share, and where
+        ``c``'s bound ``lb`` is within that, the stages' least bytes too (worked out once)."""
+        state, inc = self.state, self.incumbent
+        if state is None:
+            return super().limit(facts, c, lb, on_all)
+        reference = facts.could_reference(c)
+        floor = facts.known_floor_bytes(c)
+        if floor is None:
+            limit = state.limit_ms(facts.state_floor_bytes(c), reference, inc, on_all, self.widen)
+            if lb is None or lb > limit:
+                return limit
+            floor = facts.memory_floor_once(c)
+        return state.limit_ms(floor, reference, inc, on_all, self.widen)
+
+    def order_scale(self, facts: ConfigFacts, c: Config) -> float:
+        """The bound x the state's floor (a bound of the configuration's product): the leanest
+        first."""
+        return facts.state_floor_bytes(c) if self.state is not None else 1.0
+
+    def noted(self, kept: list[Scored], mems: list[float]) -> None:
+        if self.state is not None:
+            for (t, cand), mem in zip(kept, mems):
+                self.state.note(cand, t, t * mem)
+
+    def for_groups(self, settings: SearchSettings) -> Policy:
+        """Every figure a configuration must beat widened by ``budget_refine_slack`` (the
+        refinement changes a candidate's time and memory: a heuristic, as the memory
+        objective's)."""
+        return MePolicy(self.state, widen=1.0 + settings.budget_refine_slack, prune=self.prune, incumbent=self.shared,
+                        fill=self.fill_asked)
+
+    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
+        return scored, INF
+
+    def could_matter(self, cm: CostModel, scored: list[Scored], num_groups: int) -> list[Scored]:
+        """Only the candidates that could be its choice, its reference, the fastest (while no
+        reference is known) or the fastest on all the groups (:meth:`MeIncumbent.matters`)."""
+        state, inc = self.state, self.incumbent
+        if state is None:
+            return scored
+        return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups, self.widen)]
+
+    def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
+        """Every configuration, pruned by the same state (and incumbent) as this search."""
+        return Tighter(policy=MePolicy(self.state, widen=self.widen, prune=self.state is not None,
+                                       incumbent=self.incumbent if self.state is not None else None),
+                       configs=None, fsdp=True, builds=None)
+
+
+def policy_for(request: PlanRequest, settings: SearchSettings) -> Policy:
+    """The policy a request's degrees are searched with one by one
+    (:func:`planner.solve.search.degree_by_degree`, each degree's by :meth:`Policy.for_degree`):
+    the memory and ME objectives share one incumbent (and the ME state) over every degree; the
+    time objective's is per degree."""
+    prune = settings.prune_configs
+    if request.objective is Objective.MEMORY:
+        return MemoryPolicy(Budget.of_request(request), prune=prune, incumbent=Incumbent() if prune else None,
+                            fill=prune)
+    if request.objective is Objective.ME:
+        return MePolicy(MeIncumbent() if prune else None, prune=prune, incumbent=Incumbent() if prune else None,
+                        fill=prune)
+    return TimePolicy(prune=prune)

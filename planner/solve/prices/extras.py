@@ -1,0 +1,107 @@
+"""The objective's terms beside the stage times, per stage of a uniform layout, as matrices over
+the stages ``[i, j)`` the chain DP adds to its table (:mod:`planner.solve.chain_dp`):
+
+- ``c_s(j)``: the forward + backward transfer across the cut before layer ``j`` after stage
+  ``s`` (zero after the last stage and at the turn of a V, whose two chunks share a rank);
+- ``X_s(i, j)``: the part of stage ``s``'s gradient synchronisation the pipeline cannot hide
+  (:meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage; zero under ZeRO 3);
+- ``Z_s(i, j)``: ZB-H1's bubble fill (:meth:`planner.cost.CostModel.stage_bubble_fill_ms`),
+  subtracted with schedules that split the backward.
+
+Stages over the same link and gradient line share one read-only matrix. The rank arithmetic
+behind them (each stage's gradient line and the link to the next) is kept per layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.artifacts.caches import Cache
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.layout import Layout
+from planner.cost import CostModel, grad_group_line, link_of, p2p_ms
+from planner.solve.prices.table import StageTable
+
+__all__ = ["stage_extras"]
+
+Line = tuple[float, float]  # (ms per byte, ms) of a collective or a link's (GB/s, us)
+
+#: per layout (of one cluster object) its stages' gradient lines and boundary links: rank
+#: arithmetic the search would otherwise redo for every table a layout is solved on
+_LINKS: Cache[Layout, tuple[Cluster, list[Line], list[Line | None]]] = Cache(
+    "solve.prices.links", key="layout (the cluster object checked on a hit)", bound=4096)
+
+
+def _links(cluster: Cluster, layout: Layout) -> tuple[list[Line], list[Line | None]]:
+    """Per stage ``allreduce_line`` of its gradient group, and ``link_of`` to the next stage
+    (None for the last stage and the turn of a V, where nothing crosses a link)."""
+    found = _LINKS.get(layout)
+    if found is None or found[0] is not cluster:
+        lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
+        links: list[Line | None] = []
+        for s in range(layout.num_stages):
+            src = layout.rank_of(stage_idx=s)
+            dst = layout.rank_of(stage_idx=s + 1) if s + 1 < layout.num_stages else src
+            links.append(None if src == dst else link_of(cluster, src, dst))
+        found = _LINKS.put(layout, (cluster, lines, links))
+    return found[1], found[2]
+
+
+def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
+    """``X_s(i, j)`` for every stage (:meth:`StageTable.exposure` of its gradient line; zeros
+    under ZeRO 3, whose collectives are in the stage times)."""
+    out = []
+    by_line: dict[Line, np.ndarray] = {}
+    for line in _links(table.cm.cluster, layout)[0]:
+        if line not in by_line:
+            m = np.zeros_like(table.sync_bytes) if layout.zero is ZeroStage.PARAMETERS else table.exposure(line)
+            m.flags.writeable = False
+            by_line[line] = m
+        out.append(by_line[line])
+    return out
+
+
+def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
+    """``c_s(j)`` for every stage (module docstring), as a vector over ``j``."""
+    cut = cm.cut_bytes_per_sample
+    by_link: dict[Line | None, np.ndarray] = {}
+    out = []
+    for link in _links(cm.cluster, layout)[1]:
+        if link not in by_link:
+            if link is None:
+                vec = np.zeros(cm.num_layers + 1)
+            else:
+                bw, lat = link
+                vec = np.array([2.0 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
+            vec.flags.writeable = False
+            by_link[link] = vec
+        out.append(by_link[link])
+    return out
+
+
+def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
+    """``Z_s(i, j)`` for every stage (0 where the stage is not valid)."""
+    _, bwd = table.cm.layer_times(table.b)
+    wp = np.concatenate([[0.0], np.cumsum(bwd * table.cm.wgrad_fraction)])
+    fill = np.minimum(2.0 * (wp[None, :] - wp[:, None]), np.where(table.valid, table.compute, 0.0))
+    out: np.ndarray = np.where(table.valid, fill, 0.0)
+    return out
+
+
+def stage_extras(table: StageTable, layout: Layout, schedule: ScheduleKind) -> list[np.ndarray]:
+    """Per stage ``s`` of ``layout``, ``c_s + X_s`` (less ``Z_s`` when ``schedule`` splits the
+    backward) at ``[i, j]``: what the DP adds to a stage's time in the sum of its objective.
+    Stages over the same link and line share one matrix (the same object)."""
+    comm = _comm_vectors(table.cm, layout, table.b)
+    exposure = _exposure_matrices(table, layout)
+    fill = _bubble_fill_matrix(table) if schedule.splits_backward else None
+    by_parts: dict[tuple[int, int], np.ndarray] = {}
+    extra = []
+    for s in range(layout.num_stages):
+        key = (id(comm[s]), id(exposure[s]))
+        if key not in by_parts:
+            e = comm[s][None, :] + exposure[s]
+            by_parts[key] = e if fill is None else e - fill
+        extra.append(by_parts[key])
+    return extra

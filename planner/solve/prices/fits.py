@@ -1,0 +1,237 @@
+"""What fits: which stages of a chain fit a memory cap with a given number of micro-batches in
+flight, as they are or at their leanest recomputation (the base class of
+:class:`planner.solve.prices.table.StageTable`, which prices the recomputation).
+
+Every answer is an ``(L + 1) x (L + 1)`` matrix over the stages ``[i, j)`` (or read from one),
+worked out from the table's fixed part (:mod:`planner.solve.prices.fixed`) and kept per
+``(inflight, cap)`` in the table's entries (:mod:`planner.solve.prices.entries`), where a
+:class:`~planner.solve.prices.entries.RecentEntries` may bound how many are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.layout import Sharding
+from planner.cost import CostModel
+from planner.solve.arrays import distinct
+from planner.solve.chain import StageQuestion
+from planner.solve.prices.capview import CapView, cap_view, excess_bytes
+from planner.solve.prices.entries import Entries, RecentEntries
+from planner.solve.prices.fixed import fixed_part, lengths
+from planner.solve.recompute import INF
+
+__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "StageFits"]
+
+#: :meth:`StageFits.least_bytes` is worked out over at most this many distinct working sets
+LEAST_BYTES_WORKSPACES = 32
+
+#: tables of fewer layers work each count out alone: their matrices are small enough that numpy's
+#: fixed cost per operation, not their size, is what a view would save on (default-memory, 42
+#: layers: 4% slower with views)
+VIEW_MIN_LAYERS = 64
+
+
+class StageFits:
+    """The fit questions of a stage table for one micro-batch size, memory cap and division of
+    the model state (``sharding``), per in-flight count (module docstring). Its inputs are
+    :attr:`question`; the arrays it reads are public attributes (read-only), each per stage
+    ``[i, j)`` at ``[i, j]``: :attr:`compute` (F + B ms, inf where not a stage), :attr:`static`
+    (model state and buffers), :attr:`act` (bytes per micro-batch in flight), :attr:`gain` (the
+    most recomputation frees per micro-batch), :attr:`sync_bytes` (synchronised after the last
+    backward), :attr:`valid`; per layer :attr:`fwd`, :attr:`saved`, :attr:`inputs`, :attr:`core`,
+    :attr:`core_ms`. ``stage_caps`` may be reassigned on a shallow copy (a chunk's share of a
+    rank's memory per stage): the copy shares every entry worked out."""
+
+    def __init__(
+        self,
+        cm: CostModel,
+        microbatch_size: int,
+        cap_bytes: float,
+        fixed_boundaries: Sequence[int] = (),
+        allow_recompute: bool = True,
+        *,
+        sharding: Sharding = Sharding(),
+        fsdp_line: tuple[float, float] = (0.0, 0.0),
+        stage_caps: Sequence[float] = (),
+        recent: RecentEntries | None = None,
+    ):
+        """``fsdp_line``: under ZeRO 3 (``sharding``), the layout's per-layer all-gather /
+        reduce-scatter line (:meth:`CostModel.fsdp_line`), whose exposed time is in ``T``.
+        ``recent``: where the table's entries per in-flight count and cap are counted with
+        other tables' (those least recently used forgotten between solves), else all kept."""
+        self.question = StageQuestion(cost_model=cm, microbatch_size=microbatch_size, cap_bytes=cap_bytes,
+                                      sharding=sharding, fsdp_line=fsdp_line, fixed_boundaries=tuple(fixed_boundaries),
+                                      allow_recompute=allow_recompute)
+        self.cm = cm
+        self.allow_recompute = allow_recompute
+        self.sharding = sharding
+        self.b = microbatch_size
+        self.cap = cap_bytes
+        self.stage_caps = tuple(stage_caps)  # per stage (chunks of a rank share its memory), else cap each
+        self.L = cm.num_layers
+        fixed = fixed_part(cm, microbatch_size, sharding, fsdp_line, tuple(fixed_boundaries))
+        batch = fixed.batch
+        self.fsdp, self.compute, self.kappa = fixed.fsdp, fixed.compute, fixed.kappa
+        self.sync_bytes_per_param, self.static, self.sync_bytes = fixed.sync_bytes_per_param, fixed.static, fixed.sync_bytes
+        self.fwd, self.valid, self.bwd_prefix, self.act, self.shared = batch.fwd, batch.valid, batch.bwd_prefix, batch.act, batch.shared
+        self.saved, self.inputs, self.selective = batch.saved, batch.inputs, cm.selective
+        self.core, self.core_ms, self.gain = batch.core, batch.core_ms, batch.gain
+        self._cache = batch.choices  # a stage's recompute choice by its layers, in-flight count and excess
+        entries = self._entries = Entries()  # per (inflight, cap)
+        self._bases, self._tables, self._pending, self._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
+        self._choices, self._could, self._longest = entries.choices, entries.could, entries.longest
+        self._everywhere: dict[int, bool] = {}  # per in-flight count, fits_everywhere
+        self._recent = recent
+        self.all_exact = True
+        self._layers = batch.layers
+        self._kind = self._layers.kind
+        self._run = self._layers.run
+        self._levels = batch.levels
+
+    def hidden_backward(self) -> np.ndarray:
+        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
+        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
+        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
+        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
+        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
+
+    def fits_everywhere(self, inflight: int) -> bool:
+        """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
+        not constrain any partition (so sharding more could not make one faster)."""
+        found = self._everywhere.get(inflight)
+        if found is None:
+            found = self._everywhere[inflight] = bool(np.all(~self.valid | (self.static + inflight * self.act <= self.cap)))
+        return found
+
+    def cap_of(self, stage_idx: int) -> float:
+        """The memory stage ``stage_idx`` may use: its share (``stage_caps``), else the cap."""
+        return self.stage_caps[stage_idx] if self.stage_caps else self.cap
+
+    def base(self, inflight: int, cap: float | None = None) -> np.ndarray:
+        """``T_k`` without recomputation: compute time where the stage fits as it is (in ``cap``,
+        default the table's), else inf."""
+        key = (inflight, self.cap if cap is None else cap)
+        found = self._bases.get(key)
+        if found is None:
+            found = self._bases[key] = np.where(self.could_fit(*key, recompute=False), self.compute, INF)
+        elif self._recent is not None:
+            self._recent.touch(self._entries, key)
+        return found
+
+    def settle(self) -> None:
+        """Forget the entries least recently used beyond what ``recent`` keeps (between solves:
+        a solve reads its entries until it returns)."""
+        if self._recent is not None:
+            self._recent.trim()
+
+    def _view(self, cap: float) -> CapView | None:
+        """:class:`~planner.solve.prices.capview.CapView` of ``cap`` if it is the table's own (an entry at ``(-1, cap)``): the cap its
+        configurations ask at many in-flight counts (interleaved ones, one per chunk); None for
+        another (a chunk's share of a rank's memory), asked at few, each worked out alone, and
+        on chains of fewer than :data:`VIEW_MIN_LAYERS` layers."""
+        if cap != self.cap or self.L < VIEW_MIN_LAYERS:
+            return None
+        views = self._entries.views
+        found = views.get((-1, cap))
+        if found is None:
+            found = views[(-1, cap)] = cap_view(self.static, self.act, self.gain, self.valid, cap)
+        if self._recent is not None:
+            self._recent.touch(self._entries, (-1, cap))
+        return found
+
+    def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
+        count of ``at = (inflight, cap)`` (what recomputation must free)."""
+        return excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
+
+    def could_fit(self, inflight: int, cap: float | None = None, recompute: bool = True) -> np.ndarray:
+        """Stages that might fit ``cap`` (default the table's) with ``inflight`` micro-batches: as
+        they are, or (with ``recompute``, where the table allows it) with every layer at its
+        leanest level. Every finite entry of :meth:`StageTable.table` is one of these; without
+        ``recompute`` they are exactly the finite entries of :meth:`base`."""
+        recompute = recompute and self.allow_recompute
+        key = (inflight, self.cap if cap is None else cap, recompute)
+        if self._recent is not None:
+            self._recent.touch(self._entries, key[:2])
+        found = self._could.get(key)
+        if found is None:
+            view = self._view(key[1])
+            if view is not None:
+                found = (view.leanest if recompute else view.plain) >= inflight
+            else:
+                excess = excess_bytes(self.static, self.act, inflight, key[1])
+                found = self.valid & ((inflight * self.gain >= excess) if recompute else (excess <= 0))
+            self._could[key] = found
+        return found
+
+    def might_fit_all(self, ats: Sequence[tuple[int, float]], starts: Sequence[int], recompute: bool = True) -> bool:
+        """Stage ``s``, layers ``starts[s]`` to ``starts[s + 1]``, :meth:`could_fit` ``ats[s] =
+        (inflight, cap)``, for every ``s``: read from the table's own cap's view where there is one
+        (without a matrix per in-flight count), else from :meth:`could_fit`."""
+        view = self._view(self.cap)
+        own = [s for s, at in enumerate(ats) if at[1] == self.cap] if view is not None else []
+        if view is not None and own:
+            test = view.leanest if recompute and self.allow_recompute else view.plain
+            ks = np.array([ats[s][0] for s in own])
+            if not np.all(test[[starts[s] for s in own], [starts[s + 1] for s in own]] >= ks):
+                return False
+        done = set(own)
+        return all(bool(self.could_fit(*ats[s], recompute)[starts[s], starts[s + 1]])
+                   for s in range(len(ats)) if s not in done)
+
+    def least_bytes(self, inflight: int) -> np.ndarray | None:
+        """Per stage the fewest bytes it needs with ``inflight`` micro-batches, at its leanest
+        recomputation where the table allows it (inf where not a stage): at a cap of at least this
+        the stage fits (:func:`~planner.solve.recompute.choose_recompute` covers ``excess + W`` by the options whose working
+        set is at most ``W``, for some ``W``: it can iff every such option together frees that
+        much). None where this is not worked out (saved storages shared between layers, or more
+        than :data:`LEAST_BYTES_WORKSPACES` distinct working sets)."""
+        need = self.static + inflight * self.act
+        if self.allow_recompute:
+            if self.shared:
+                return None
+            full = np.maximum(self.saved - self.inputs, 0.0)
+            sel = self.core if self.selective else np.zeros_like(self.core)
+            sizes = distinct(np.concatenate([self.saved[full > 0], self.core[sel > 0]]))
+            if len(sizes) > LEAST_BYTES_WORKSPACES:
+                return None
+            freed = np.zeros_like(need)
+            for w in sizes.tolist():  # every option with a working set of at most w, its larger gain per layer
+                gain = np.maximum(np.where(self.saved <= w, full, 0.0), np.where(self.core <= w, sel, 0.0))
+                prefix = np.concatenate([[0.0], np.cumsum(gain)])
+                freed = np.maximum(freed, inflight * (prefix[None, :] - prefix[:, None]) - w)
+            need = need - freed
+        out: np.ndarray = np.where(self.valid, need, INF)
+        return out
+
+    def _needs(self, at: tuple[int, float]) -> np.ndarray:
+        """Stages that do not fit ``at = (inflight, cap)`` as they are but might with
+        recomputation (what :meth:`StageTable.tables` prices; the table allows recomputation)."""
+        out: np.ndarray = self.could_fit(*at) & ~self.could_fit(*at, recompute=False)
+        return out
+
+    def recomputes(self, bands: dict[tuple[int, float], np.ndarray]) -> bool:
+        """Some stage of ``bands`` (per ``(inflight, cap)``, a mask as :meth:`StageTable.tables` takes)
+        fits only with recomputation, which the table allows (:meth:`StageTable.tables` would price it)."""
+        return self.allow_recompute and any(bool(np.any(band & self._needs(at))) for at, band in bands.items())
+
+    def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
+        """The most layers of any stage that :meth:`could_fit` (0 if none)."""
+        recompute = recompute and self.allow_recompute
+        key = (inflight, self.cap if cap is None else cap, recompute)
+        view = self._view(key[1])
+        if view is not None:
+            fitting = np.flatnonzero((view.leanest_by_length if recompute else view.plain_by_length) >= inflight)
+            return int(fitting[-1]) if len(fitting) else 0
+        found = self._longest.get(key)
+        if found is None:
+            found = self._longest[key] = int(np.max(self.could_fit(*key) * lengths(self.L)))
+        return found
+
+    def longest_within(self, limit: float) -> int:
+        """The most layers of any stage whose compute time is at most ``limit`` (0 if none)."""
+        return int(np.max((self.compute <= limit) * lengths(self.L)))

@@ -1,0 +1,219 @@
+"""Stage times: the stage table the chain DP reads, ``T_k(i, j)`` = compute + the least
+recompute time that fits stage ``[i, j)`` in its cap with ``k`` micro-batches in flight (inf
+where nothing fits), and the recomputed layers behind each time.
+
+Recompute prices: where a layer has a selective level, the least recompute time of every stage
+a table call must price is worked out at once (:func:`planner.solve.prices.covers.level_covers`,
+the excess-free part, shared by every table with the same layers through
+:class:`~planner.solve.prices.layers.LayerKinds`; :meth:`planner.solve.prices.covers.CoverRows.costs`,
+the excess-dependent part, vectorised over the stages); the layers of a stage are chosen
+(:func:`~planner.solve.recompute.choose_recompute`, the same least time bit for bit, which an
+assertion holds) only when a plan asks for them. Without selective levels, or with shared
+saves, a stage at a time. Stages are priced only where a caller reads them (its bands) and
+only up to a time it can use (its limit): pruning only skips stages, it never changes a price.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from planner.solve.prices.fits import StageFits
+from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
+
+__all__ = ["StageTable"]
+
+
+class StageTable(StageFits):
+    """Stage times ``T_k(i, j)`` (inf where the stage cannot fit) for one micro-batch size,
+    memory cap and division of the model state (``sharding``), per in-flight count ``k``;
+    shared across P and schedules. What fits: :class:`~planner.solve.prices.fits.StageFits`;
+    the extra terms of the objective per stage (transfers, exposed synchronisation, ZB-H1's
+    bubble fill): :mod:`planner.solve.prices.extras`.
+
+    Public API (what the DP, the searches, the replicated solver and the infeasibility
+    explainer read): :meth:`table` / :meth:`tables` (stage times), :meth:`base` (without
+    recomputation), :meth:`choice_of` / :meth:`recompute_of` / :meth:`selective_of` (the layers
+    behind a time), :meth:`could_fit` / :meth:`might_fit_all` / :meth:`fits_everywhere` /
+    :meth:`least_bytes` / :meth:`longest` / :meth:`longest_within` / :meth:`recomputes`,
+    :meth:`exposure`, :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
+
+    def exposure(self, line: tuple[float, float]) -> np.ndarray:
+        """``X(i, j)`` of a stage whose gradient group's all-reduce line is ``line`` (ms per byte,
+        ms): its bytes synchronised after its last backward on that line, less the backward work
+        it overlaps (:meth:`hidden_backward`), at least 0 (zeros where the line is (0, 0): no
+        group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage."""
+        per_byte, fixed = line
+        if per_byte == 0.0 and fixed == 0.0:
+            return np.zeros_like(self.sync_bytes)
+        out: np.ndarray = np.maximum(0.0, per_byte * self.sync_bytes + fixed - self.hidden_backward())
+        return out
+
+
+    def table(self, inflight: int, limit: float = INF, cap: float | None = None) -> np.ndarray:
+        """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
+
+        Recompute choices are only worked out for stages whose compute time is at most
+        ``limit`` (others keep inf): callers pass a bound above which no stage can be part of
+        an optimal plan. Later calls with a larger limit fill in more.
+        """
+        at = (inflight, self.cap if cap is None else cap)
+        return self.tables([at], limit)[at]
+
+    def tables(self, ats: Sequence[tuple[int, float]], limit: float = INF,
+               bands: dict[tuple[int, float], np.ndarray] | None = None) -> dict[tuple[int, float], np.ndarray]:
+        """:meth:`table` of each ``(inflight, cap)`` of ``ats`` at one ``limit``, the stages of all
+        of them with selective levels priced together (:meth:`_price_levels`). ``bands``: per
+        ``(inflight, cap)``, the stages a caller reads (a boolean ``(L + 1) x (L + 1)`` mask):
+        only those are priced (the rest of the table is priced when a later call asks for it);
+        None: every stage."""
+        out: dict[tuple[int, float], np.ndarray] = {}
+        batches = []
+        for at in dict.fromkeys(ats):
+            inflight = at[0]
+            base = self.base(*at)
+            if not self.allow_recompute:
+                out[at] = base
+                continue
+            if at not in self._tables:
+                need = self._needs(at)
+                self._tables[at] = base.copy()
+                self._pending[at] = (need, np.zeros_like(need))
+            table = out[at] = self._tables[at]
+            need, priced = self._pending[at]
+            todo = need & ~priced & (self.compute <= limit)
+            if bands is not None:
+                todo &= bands[at]
+            if not todo.any():
+                continue
+            priced |= todo
+            if self._levels is not None:
+                batch = todo & self._levels
+                todo = todo & ~self._levels
+                if batch.any():
+                    batches.append((at, batch, table))
+                if not todo.any():
+                    continue
+            for i, j in zip(*np.nonzero(todo)):
+                i, j = int(i), int(j)
+                shared = self.cm.shared_out(i, j, self.b) if self.shared else None
+                choice = self._cached_choice(inflight, i, j, float(self.excess_at(at, i, j)), shared)
+                if choice.time_ms < INF:
+                    table[i, j] = self.compute[i, j] + choice.time_ms
+                    self._choices.setdefault(at, {})[(i, j)] = (i, choice)  # layers relative to i
+                    self.all_exact &= choice.exact
+        if batches:
+            self._price_levels(batches)
+        return out
+
+    def _cached_choice(self, inflight: int, i: int, j: int, excess: float,
+                       shared: np.ndarray | None = None) -> RecomputeChoice:
+        """:meth:`_choose`, shared by every stage with the same layers (times, bytes) and excess
+        (its layers are relative to the stage's first)."""
+        key: tuple[object, ...]
+        if j - i <= self._run[i] and shared is None:
+            key = (inflight, self._kind[i], j - i, excess)
+        else:
+            key = (inflight, self.fwd[i:j].tobytes(), self.saved[i:j].tobytes(), self.inputs[i:j].tobytes(),
+                   self.core[i:j].tobytes(), self.core_ms[i:j].tobytes(), excess,
+                   None if shared is None else shared.tobytes())
+        choice = self._cache.get(key)
+        if choice is None:
+            choice = self._cache[key] = self._choose(inflight, i, j, excess, shared)
+        return choice
+
+    def _choose(self, inflight: int, i: int, j: int, excess: float, shared: np.ndarray | None = None) -> RecomputeChoice:
+        """:func:`choose_recompute` for stage ``[i, j)`` (layers relative to ``i``)."""
+        return choose_recompute(
+            fwd_ms=self.fwd[i:j].tolist(),
+            saved_bytes=self.saved[i:j].tolist(),
+            input_bytes=self.inputs[i:j].tolist(),
+            first_layer=0,
+            inflight=inflight,
+            excess_bytes=excess,
+            core_ms=self.core_ms[i:j].tolist() if self.selective else None,
+            core_bytes=self.core[i:j].tolist() if self.selective else None,
+            shared_bytes=None if shared is None else shared.tolist(),
+        )
+
+    def _price_levels(self, batches: list[tuple[tuple[int, float], np.ndarray, np.ndarray]]) -> None:
+        """Least recompute times of the stages of each ``(at, batch, table)`` (selective
+        levels, no shared saves), all at once: stages with the same layers, in-flight count and
+        excess share one problem, and the problems' excess-free parts (:func:`level_covers`)
+        are shared by every table with these layers."""
+        parts = [np.nonzero(batch) for _, batch, _ in batches]
+        I = np.concatenate([i for i, _ in parts])
+        J = np.concatenate([j for _, j in parts])
+        sizes = [len(i) for i, _ in parts]
+        ks = np.repeat([at[0] for at, _, _ in batches], sizes)
+        ex = np.concatenate([self.excess_at(at, i, j) for (i, j), (at, _, _) in zip(parts, batches)])
+        seqs = self._layers.sequence_keys(I, J)
+        order = np.lexsort((ex, ks, *seqs.T[::-1]))
+        s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
+        starts = np.flatnonzero(first)
+        problem = np.cumsum(first) - 1  # per sorted pair, its problem
+        p_seq, p_k, p_ex, p_pair = s_seq[starts], s_k[starts], s_ex[starts], order[starts]
+        # problems with the same layers and in-flight count (consecutive) share their cover rows
+        new = np.ones(len(starts), dtype=bool)
+        new[1:] = np.any(p_seq[1:] != p_seq[:-1], axis=1) | (p_k[1:] != p_k[:-1])
+        heads = np.flatnonzero(new)
+        per_head = np.diff(np.append(heads, len(starts)))
+        spans = [self._layers.cover_rows(tuple(q), k) for q, k in zip(p_seq[heads].tolist(), p_k[heads].tolist())]
+        exact = np.repeat([span is not None for span in spans], per_head)
+        first_row = np.repeat([span[0] if span else 0 for span in spans], per_head)
+        n_rows = np.repeat([span[1] if span else 0 for span in spans], per_head)
+        costs = np.full(len(starts), INF)
+        for u in np.flatnonzero(~exact).tolist():  # not exact there: the greedy, one stage at a time
+            at_pair = int(p_pair[u])
+            choice = self._choose(int(p_k[u]), int(I[at_pair]), int(J[at_pair]), float(p_ex[u]))
+            self.all_exact &= choice.exact or not choice.time_ms < INF
+            costs[u] = choice.time_ms
+        owners = np.repeat(np.arange(len(starts)), n_rows)
+        if len(owners):  # every problem's cover rows, priced at its excess plus each row's workspace
+            rows = np.repeat(first_row, n_rows) + (np.arange(len(owners)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows))
+            held = self._layers.rows
+            np.minimum.at(costs, owners, held.costs(rows, p_ex[owners] + held.workspace_bytes(rows)))
+        pair_costs = np.empty(len(order))
+        pair_costs[order] = costs[problem]
+        lo = 0
+        for (at, batch, table), (i, j), n in zip(batches, parts, sizes):
+            cost = pair_costs[lo:lo + n]
+            lo += n
+            ok = cost < INF
+            table[i[ok], j[ok]] = self.compute[i[ok], j[ok]] + cost[ok]
+            lazy = self._lazy.setdefault(at, np.zeros_like(batch))
+            lazy[i[ok], j[ok]] = True
+
+    def _entry(self, inflight: int, i: int, j: int, cap: float | None) -> tuple[int, RecomputeChoice] | None:
+        """The recompute choice of stage ``[i, j)`` (layers relative to the first), None if
+        it was not priced or cannot fit; a stage priced by :meth:`_price_levels` gets its layers
+        here, from :func:`choose_recompute` (the same least time, bit for bit)."""
+        at = (inflight, self.cap if cap is None else cap)
+        chosen = self._choices.setdefault(at, {})
+        entry = chosen.get((i, j))
+        if entry is None and at in self._lazy and self._lazy[at][i, j]:
+            choice = self._cached_choice(inflight, i, j, float(self.excess_at(at, i, j)))
+            assert self.compute[i, j] + choice.time_ms == self._tables[at][i, j], "recompute choice differs from its price"
+            entry = chosen[(i, j)] = (i, choice)
+        return entry
+
+    def choice_of(self, inflight: int, i: int, j: int, cap: float | None = None
+                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The (fully, selectively) recomputed layers of stage ``[i, j)`` with ``inflight``
+        micro-batches (its choice looked up once for both)."""
+        entry = self._entry(inflight, i, j, cap)
+        if entry is None:
+            return (), ()
+        first, choice = entry
+        return tuple(first + l for l in choice.layers), tuple(first + l for l in choice.selective)
+
+    def recompute_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
+        """The fully recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
+        return self.choice_of(inflight, i, j, cap)[0]
+
+    def selective_of(self, inflight: int, i: int, j: int, cap: float | None = None) -> tuple[int, ...]:
+        """The selectively recomputed layers of stage ``[i, j)`` with ``inflight`` micro-batches."""
+        return self.choice_of(inflight, i, j, cap)[1]
