@@ -36,7 +36,10 @@ nodes per stage and objective, and ``agree`` (same stages, copies and objective)
 (different split, equal objectives within 1e-9 relative, the real split scoring the same under
 ours) or ``no``. Ours stops past ``--max-states`` antichain states and the real one is given
 ``--timeout-s`` (``--hopeless-timeout-s`` where ours stopped: PipeDream's README says its optimizer
-does not work on Inception or NASNets).
+does not work on Inception or NASNets). ``--record`` writes the real optimizer's choices to
+``tests/golden/pipedream_optimizer.json``, which ``tests/test_pipedream_optimizer.py`` checks our
+reimplementation against (the test needs no optimizer source); written by
+``--reproduce --models alexnet,vgg16,resnet50 --devices 4,8 --record``.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from planner.solve.partitions import pipedream_split
 from planner.solve.pipedream_baseline import MAX_STATES
 from planner.solve.pipedream_optimizer import TooManyStates
 from planner.solve.space import Config
-from tests.pipedream_reference import judge, ours_of, run_real
+from tests.pipedream_reference import RECORDED, RealChoice, judge, ours_of, run_real, write_recorded
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)
@@ -215,8 +218,9 @@ def _stages(copies: tuple[int, ...], nodes: tuple[frozenset[str], ...]) -> str:
     return " ".join(f"{len(n)}x{r}" for n, r in zip(nodes, copies))
 
 
-def reproduce_case(model: str, n: int, args: argparse.Namespace) -> str:
-    """One line: the real optimizer's choice, ours, the verdict (see ``--reproduce``)."""
+def reproduce_case(model: str, n: int, args: argparse.Namespace) -> tuple[str, RealChoice | None]:
+    """One line: the real optimizer's choice, ours, the verdict (see ``--reproduce``); and the
+    real choice (None where it did not finish)."""
     t0 = time.perf_counter()
     try:
         graph, opt_args, states, ours = ours_of(model, n, args.reference, args.max_states)
@@ -234,13 +238,13 @@ def reproduce_case(model: str, n: int, args: argparse.Namespace) -> str:
     head = f"{model:13s} {n:3d}"
     if hopeless:
         return (f"{head}  real: {real_text if real is None else _stages(real.replicas, real.stage_nodes)}"
-                f"  | ours: > {args.max_states} antichain states ({ours_s:.1f} s)  -> not run")
+                f"  | ours: > {args.max_states} antichain states ({ours_s:.1f} s)  -> not run"), real
     if real is None:
-        return f"{head}  real: {real_text}  | ours: {ours.replicas if ours else None}  -> not run"
+        return f"{head}  real: {real_text}  | ours: {ours.replicas if ours else None}  -> not run", real
     got = judge(graph, opt_args, states, ours, real)
     return (f"{head}  real: {_stages(real.replicas, real.stage_nodes):28s} {real.objective_s:.12g} s ({real_s:5.1f} s)"
             f"  | ours: {_stages(got.ours_replicas, got.ours_nodes):28s} {got.ours_objective_s:.12g} s ({ours_s:5.2f} s)"
-            f"  -> {got.verdict}")
+            f"  -> {got.verdict}"), real
 
 
 def reproduce(args: argparse.Namespace) -> int:
@@ -250,14 +254,20 @@ def reproduce(args: argparse.Namespace) -> int:
           f"planner.solve.pipedream_optimizer; stages as nodes x copies; objective = slowest stage, s per minibatch; "
           f"load average {os.getloadavg()[0]:.1f}")
     counts: dict[str, int] = {}
+    recorded: dict[tuple[str, int], RealChoice] = {}
     for model in models:
         for n in devices:
-            line = reproduce_case(model, n, args)
+            line, real = reproduce_case(model, n, args)
             print(line, flush=True)
             verdict_ = line.rsplit("-> ", 1)[1]
             counts[verdict_] = counts.get(verdict_, 0) + 1
+            if real is not None:
+                recorded[(model, n)] = real
     total = sum(counts.values())
     print(f"summary over {total} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if args.record is not None:
+        write_recorded(recorded, args.record)
+        print(f"recorded the real optimizer's {len(recorded)} choices in {args.record}")
     return 0
 
 
@@ -270,6 +280,9 @@ def main() -> int:
     ap.add_argument("--max-states", type=int, default=MAX_STATES)
     ap.add_argument("--timeout-s", type=float, default=900.0)
     ap.add_argument("--hopeless-timeout-s", type=float, default=30.0)
+    ap.add_argument("--record", type=Path, nargs="?", const=RECORDED, default=None,
+                    help=f"with --reproduce: write the real optimizer's choices (default {RECORDED.relative_to(REPO)}, "
+                         f"what tests/test_pipedream_optimizer.py checks ours against)")
     args = ap.parse_args()
     if args.reproduce:
         return reproduce(args)

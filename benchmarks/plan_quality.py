@@ -43,7 +43,7 @@ nothing), and over the cases where that solver finds a plan.
 Cases run one at a time in a process pool of one worker (the machine has 2 shared cores),
 each with a timeout (``--timeout-s``); a case that times out is reported as such.
 
-Run: ``python benchmarks/plan_quality.py [--quick] [--reference ../shared/reference/pipedream]
+Run: ``python benchmarks/plan_quality.py [--quick] [--reference profiles/pipedream]
 [--devices 4,8,16,32,64] [--profiles alexnet,gpt3-13b-a100,...] [--gpt3-batches 64,512,1536]
 [--timeout-s 240]``
 """
@@ -194,7 +194,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help=f"{len(QUICK_PROFILES)} profiles x N in {QUICK_DEVICES}, GPT-3 at G in {QUICK_GPT3_BATCHES}")
-    ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "pipedream")
+    ap.add_argument("--reference", type=Path, default=REPO / "profiles" / "pipedream", help="PipeDream's profiles")
     ap.add_argument("--devices", help="comma-separated device counts (default 4,8,16,32,64)")
     ap.add_argument("--profiles", help="comma-separated profile names (default: all)")
     ap.add_argument("--gpt3-batches", help="comma-separated global batches of the GPT-3 profiles (default 64,512,1536)")

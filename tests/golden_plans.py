@@ -11,7 +11,7 @@ in the commit:
     python -m tests.golden_plans --diff             # which fields of which cases differ
 
 Cases: the default request; every shipped profile on its device's preset at two or three device
-counts; PipeDream's published profiles (from ``../shared/reference/pipedream``) at 8 and 16
+counts; PipeDream's published profiles (shipped in ``profiles/pipedream``) at 8 and 16
 V100s; the ``--tp 1``, ``--zero 0`` and ``--no-stage-replication`` variants; replicated per
 stage and interleaved plans; the other solvers and objectives on small cases; refusals (exit 3
 text) are pinned as ``.txt``.
@@ -30,7 +30,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "plans"
-PIPEDREAM_DIR = REPO.parent / "shared" / "reference" / "pipedream"
+PIPEDREAM_DIR = REPO / "profiles" / "pipedream"  # PipeDream's graph.txt files, shipped with their licence
 
 PIPEDREAM = (
     "alexnet", "vgg16", "squeezenet1_0", "resnet18", "resnet50", "resnet101", "resnext50", "resnext101",
@@ -47,7 +47,7 @@ class Case:
     slow: bool = False  # over ~5 s of CPU: in the slow tier only
 
     @property
-    def needs_reference(self) -> bool:
+    def is_pipedream(self) -> bool:
         return self.profile.startswith("pipedream:")
 
 
@@ -132,7 +132,7 @@ def setting(case: Case) -> tuple[Any, Any, Any]:
     from planner.artifacts.profile import load_profile
     from planner.artifacts.request import PlanRequest
 
-    if case.needs_reference:
+    if case.is_pipedream:
         from planner.profiling.imported.pipedream import import_pipedream
 
         profile = import_pipedream(PIPEDREAM_DIR / case.profile.split(":", 1)[1] / "graph.txt")

@@ -1,8 +1,11 @@
 """Running PipeDream's own optimizer (``../shared/reference/pipedream/optimizer_src``, unmodified)
 and reading its choice back: which stage each node went to (its ``-o`` output, ``gpus=N.txt``),
 each stage's replication factor and its objective (the lines it prints). Used by
-``tests/test_pipedream_optimizer.py`` and ``benchmarks/pipedream_replication.py``; its command
-line and environment (:func:`optimizer_command`, :func:`optimizer_env`) also by the benchmarks
+``benchmarks/pipedream_replication.py --reproduce``, which runs it beside our reimplementation
+and records its choices (``--record``) in :data:`RECORDED`; ``tests/test_pipedream_optimizer.py``
+checks ours against that record (the optimizer's source is not shipped, its profiles are:
+``profiles/pipedream``, so the test needs nothing beside the clone). Its command line and
+environment (:func:`optimizer_command`, :func:`optimizer_env`) are also used by the benchmarks
 that time the optimizer (``benchmarks/pipedream_side_by_side.py`` and those built on it).
 
 Its ``graph`` module imports ``graphviz`` and ``-o`` renders a drawing with it; where the package
@@ -12,6 +15,7 @@ is missing, a module of that name whose ``Digraph`` draws nothing is put on its 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -22,7 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "pipedream"
+ROOT = Path(__file__).resolve().parents[1]
+#: PipeDream's optimizer source and its profiles, beside the clone (benchmarks only)
+REFERENCE = ROOT.parent / "shared" / "reference" / "pipedream"
+#: PipeDream's profiles (graph.txt), shipped in the repository with their licence
+PROFILES = ROOT / "profiles" / "pipedream"
+#: the real optimizer's choices at the side-by-side setting, recorded by
+#: ``benchmarks/pipedream_replication.py --reproduce --record`` (:func:`write_recorded`)
+RECORDED = ROOT / "tests" / "golden" / "pipedream_optimizer.json"
+RECORDED_FORMAT = "pipedream-optimizer-choices/1"
 # the side-by-side setting (benchmarks/pipedream_side_by_side.py): 10 GB/s, 16 GB per device
 BANDWIDTH_BYTES_PER_S = 10_000_000_000.0
 MEMORY_BYTES = 16_000_000_000.0
@@ -52,8 +64,7 @@ class RealChoice:
 
 
 def require_reference(reference: Path = REFERENCE) -> Path:
-    """The optimizer's folder, or a clear failure: these checks are not skipped (CI keeps
-    ``../shared/reference`` beside the clone)."""
+    """The optimizer's folder, or a clear failure (the benchmarks that run it)."""
     opt_dir = reference / "optimizer_src" / "optimizer"
     if not (opt_dir / "optimizer_graph_hierarchical.py").is_file():
         raise AssertionError(f"PipeDream's optimizer is not at {opt_dir}: this check runs it; "
@@ -115,6 +126,29 @@ def parse_choice(stdout: str, partitioned_graph: str) -> RealChoice:
     return RealChoice(tuple(frozenset(stages[s]) for s in range(len(replicas))), replicas, objective)
 
 
+def write_recorded(choices: dict[tuple[str, int], RealChoice], path: Path = RECORDED) -> None:
+    """Record the real optimizer's choices (by model and machine count) as versioned JSON: per
+    case its copies per stage, node ids per stage (sorted) and objective (s per minibatch)."""
+    cases = [{"model": model, "num_machines": n, "replicas": list(c.replicas), "objective_s": c.objective_s,
+              "stage_nodes": [sorted(stage) for stage in c.stage_nodes]}
+             for (model, n), c in sorted(choices.items())]
+    head = {"format": RECORDED_FORMAT,
+            "optimizer": "PipeDream optimizer_graph_hierarchical.py (msr-fiddle/pipedream 7db6a1c, unmodified)",
+            "flags": optimizer_command("MODEL", 0)[6:]}  # after -f graph.txt -n N
+    body = ",\n".join(f"  {json.dumps(c)}" for c in cases)  # one case a line
+    path.write_text(json.dumps(head)[:-1] + ',\n "cases": [\n' + body + "\n ]}\n")
+
+
+def read_recorded(path: Path = RECORDED) -> dict[tuple[str, int], RealChoice]:
+    """The recorded choices of :func:`write_recorded`, by (model, machine count)."""
+    doc = json.loads(path.read_text())
+    if doc.get("format") != RECORDED_FORMAT:
+        raise ValueError(f"{path}: format {doc.get('format')!r}, expected {RECORDED_FORMAT!r}")
+    return {(c["model"], c["num_machines"]): RealChoice(tuple(frozenset(s) for s in c["stage_nodes"]),
+                                                        tuple(c["replicas"]), float(c["objective_s"]))
+            for c in doc["cases"]}
+
+
 REL_TIE = 1e-9  # "a tie": equal objectives within 1e-9 relative
 
 
@@ -136,8 +170,9 @@ class Compared:
     real_under_ours_s: float
 
 
-def ours_of(model: str, num_machines: int, reference: Path = REFERENCE, max_states: int | None = None) -> tuple[Any, ...]:
-    """(graph, args, states, our choice) on ``model`` at the side-by-side setting."""
+def ours_of(model: str, num_machines: int, reference: Path = PROFILES, max_states: int | None = None) -> tuple[Any, ...]:
+    """(graph, args, states, our choice) on ``model`` (``reference/model/graph.txt``) at the
+    side-by-side setting."""
     from planner.profiling.imported.pipedream import import_pipedream
     from planner.solve.pipedream_optimizer import OptimizerArgs, antichain_states, nodes_of_profile, optimize
 

@@ -86,6 +86,14 @@ class Launched:
         return code
 
 
+def runtime_watched(nproc: int, args: list[str]) -> Launched:
+    """:func:`runtime`'s launch (torchrun ``-m planner.runtime ARGS``) as a :class:`Launched`,
+    so that a test can time what follows a line (a fault's) rather than the whole launch, whose
+    start (torchrun's and each rank's imports) slows with the machine's load."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone"]
+    return Launched([*cmd, "-m", "planner.runtime", *args])
+
+
 def runtime_launched(nproc: int, args: list[str]) -> Launched:
     """torchrun ``-m planner.runtime ARGS`` as ``planner run`` starts it (``python -m
     planner.runtime.launch``: torchrun, leaving through ``os._exit``), as a :class:`Launched`."""

@@ -14,9 +14,9 @@ from planner.commands.cli import main
 from planner.graph import cut_bytes_per_sample
 from planner.profiling.imported.pipedream import import_pipedream, infer_batch_size, parse_graph
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "pipedream"
-needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason=f"{REFERENCE} not present")
-# batch sizes stated in the reference README (gnmt's and nasnetalarge's are not stated there)
+#: PipeDream's graph.txt files, shipped in the repository with their licence (profiles/pipedream/README.md)
+PIPEDREAM = Path(__file__).resolve().parents[1] / "profiles" / "pipedream"
+# batch sizes stated in the folder's README (gnmt's and nasnetalarge's are not stated there)
 README_BATCH = {
     "alexnet": 256, "resnet18": 256, "squeezenet1_0": 256,
     "vgg16": 128, "resnet50": 128, "resnext50": 128, "inception_v3": 128, "nasnetamobile": 128,
@@ -25,21 +25,19 @@ README_BATCH = {
 
 
 def readme_table() -> dict[str, tuple[int, int]]:
-    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \|$", (REFERENCE / "README.md").read_text(), re.M)
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \|$", (PIPEDREAM / "README.md").read_text(), re.M)
     return {name: (int(n), int(e)) for name, n, e in rows}
 
 
-@needs_reference
 def test_readme_lists_fourteen_profiles() -> None:
     table = readme_table()
     assert len(table) == 14
-    assert sorted(table) == sorted(p.name for p in REFERENCE.iterdir() if (p / "graph.txt").is_file())
+    assert sorted(table) == sorted(p.name for p in PIPEDREAM.iterdir() if (p / "graph.txt").is_file())
 
 
-@needs_reference
-@pytest.mark.parametrize("model", sorted(readme_table()) if REFERENCE.is_dir() else [])
+@pytest.mark.parametrize("model", sorted(readme_table()))
 def test_import_matches_readme_and_round_trips(model: str, tmp_path: Path) -> None:
-    path = REFERENCE / model / "graph.txt"
+    path = PIPEDREAM / model / "graph.txt"
     graph = parse_graph(path)
     assert graph.counts() == readme_table()[model]
     profile = import_pipedream(path)
@@ -68,16 +66,15 @@ def test_import_matches_readme_and_round_trips(model: str, tmp_path: Path) -> No
     assert dumps_canonical(profile_to_json(import_pipedream(path))) == saved.read_text()  # deterministic
 
 
-@needs_reference
 def test_gnmt_tuples_and_getitem_sinks() -> None:
-    graph = parse_graph(REFERENCE / "gnmt" / "graph.txt")
+    graph = parse_graph(PIPEDREAM / "gnmt" / "graph.txt")
     lstm = next(n for n in graph.nodes if n.description.startswith("LSTM(2048"))
     assert lstm.activation_parts_bytes == (6291456.0, 131072.0, 131072.0)
     assert infer_batch_size(graph) == 32
-    profile = import_pipedream(REFERENCE / "gnmt" / "graph.txt")
+    profile = import_pipedream(PIPEDREAM / "gnmt" / "graph.txt")
     assert profile.metadata["merged_inputs"] == 3 and profile.metadata["dropped_getitem_sinks"] == 8
     assert profile.layers[profile.layer_names.index(lstm.node_id)].output_bytes_per_sample == 6553600.0 / 32
-    assert import_pipedream(REFERENCE / "gnmt" / "graph.txt", batch_size=64).layers[1].fwd.per_sample_ms == pytest.approx(
+    assert import_pipedream(PIPEDREAM / "gnmt" / "graph.txt", batch_size=64).layers[1].fwd.per_sample_ms == pytest.approx(
         profile.layers[1].fwd.per_sample_ms / 2
     )
 
@@ -135,11 +132,10 @@ def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
         import_pipedream(tmp_path / "nope.txt")
 
 
-@needs_reference
 @pytest.mark.parametrize("model", ["alexnet", "gnmt"])
 def test_imported_profile_plans(model: str, tmp_path: Path) -> None:
     profile_path, plan_path = tmp_path / "p.json", tmp_path / "plan.json"
-    assert main(["import-pipedream", str(REFERENCE / model / "graph.txt"), "--out", str(profile_path)]) == 0
+    assert main(["import-pipedream", str(PIPEDREAM / model / "graph.txt"), "--out", str(profile_path)]) == 0
     assert main(["plan", "--profile", str(profile_path), "--devices", "4", "--out", str(plan_path)]) == 0
     assert plan_path.exists()
 
@@ -157,10 +153,9 @@ def test_importer_and_cli_modules_do_not_import_torch() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@needs_reference
 def test_plan_takes_a_graph_txt_as_its_profile(tmp_path: Path, capsys) -> None:
     """``planner plan --profile graph.txt`` plans what import-pipedream's JSON plans, byte for byte."""
-    graph = REFERENCE / "alexnet" / "graph.txt"
+    graph = PIPEDREAM / "alexnet" / "graph.txt"
     common = ["--cluster", "v100-16gb-2x8", "--devices", "4", "--global-batch", "1024"]
     assert main(["import-pipedream", str(graph), "--out", str(tmp_path / "alexnet.json")]) == 0
     assert main(["plan", "--profile", str(tmp_path / "alexnet.json"), *common, "--out", str(tmp_path / "a.json")]) == 0

@@ -1,7 +1,9 @@
 """PipeDream's optimizer reimplemented (planner.solve.pipedream_optimizer): the antichain DAG and
-the DP by hand on a small graph, the same choices as the real optimizer on its own profiles (run
-as a subprocess; the reference must be there: CI keeps ../shared/reference beside the clone), and
-the ``pipedream`` baseline turning the choice into a plan (planner.solve.pipedream_baseline)."""
+the DP by hand on a small graph, the same choices as the real optimizer on its own profiles (its
+choices recorded by ``benchmarks/pipedream_replication.py --reproduce --record``, which runs it
+unmodified as a subprocess: ``tests/golden/pipedream_optimizer.json``; its profiles ship in
+``profiles/pipedream``, so nothing beside the clone is needed), and the ``pipedream`` baseline
+turning the choice into a plan (planner.solve.pipedream_baseline)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from planner.solve.pipedream_optimizer import (
     prefix_bounds,
     restricted,
 )
-from tests.pipedream_reference import REFERENCE, compare, require_reference
+from tests.pipedream_reference import PROFILES, RECORDED, judge, ours_of, read_recorded
 
 A, B, C, D, E = range(5)
 
@@ -113,13 +115,23 @@ def test_memory_constraint_and_transfers_by_hand() -> None:
     assert objective_of(graph, tight, [frozenset({A, B}), frozenset({C, D, E})], (1, 1)) == 6.0
 
 
-@pytest.mark.parametrize("model,num_machines", [(m, n) for m in ("alexnet", "vgg16", "resnet50") for n in (4, 8)])
+CASES = [(m, n) for m in ("alexnet", "vgg16", "resnet50") for n in (4, 8)]
+
+
+def test_the_record_holds_the_cases() -> None:
+    """The recorded choices are the real optimizer's on exactly these cases (a case added here is
+    recorded by the benchmark, not left out)."""
+    assert sorted(read_recorded()) == sorted(CASES), RECORDED
+
+
+@pytest.mark.parametrize("model,num_machines", CASES)
 def test_same_choice_as_the_real_optimizer(model: str, num_machines: int) -> None:
-    """The real optimizer (a subprocess, unmodified) and ours on its own profile: the same stages
-    and copies, or a tie (tests/pipedream_reference.py defines it: equal objectives within 1e-9
-    relative, the real split scoring ours's objective)."""
-    require_reference()
-    got = compare(model, num_machines)
+    """The real optimizer's recorded choice and ours on its own profile: the same stages and
+    copies, or a tie (tests/pipedream_reference.py defines it: equal objectives within 1e-9
+    relative, the real split scoring ours's objective). ``benchmarks/pipedream_replication.py
+    --reproduce`` runs the real one beside ours (14 profiles, 4-32 devices)."""
+    graph, args, states, ours = ours_of(model, num_machines)
+    got = judge(graph, args, states, ours, read_recorded()[(model, num_machines)])
     assert got.verdict in ("agree", "tie"), (
         f"{model} N={num_machines}: real {got.real.replicas} {[sorted(s) for s in got.real.stage_nodes]} "
         f"objective {got.real.objective_s!r}; ours {got.ours_replicas} {[sorted(s) for s in got.ours_nodes]} "
@@ -129,8 +141,7 @@ def test_same_choice_as_the_real_optimizer(model: str, num_machines: int) -> Non
 def test_pipedream_baseline_plans_the_optimizers_choice() -> None:
     """On alexnet at 8 V100s the baseline's plan has the optimizer's stages and copies (no longer
     pure data parallelism); where no micro-batch count suits the copies it refuses, saying so."""
-    require_reference()
-    prof = import_pipedream(REFERENCE / "alexnet" / "graph.txt")
+    prof = import_pipedream(PROFILES / "alexnet" / "graph.txt")
     cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
     cm = CostModel(prof, cluster)
     split = choose(prof, cluster, PlanRequest(), cm, 8)

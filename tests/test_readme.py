@@ -10,6 +10,11 @@ that write what they read. The set-up lines
 (``python3 -m venv``, ``pip``) and the multi-node torchrun line (``--master-addr HOST``) are the
 only ones left out, and the test says which. A plan's first output line (model, cluster,
 devices, solver) must be the README's.
+
+Nothing is run twice (:class:`Folder`): both tests work in one folder of the module, and a
+command identical to one already run there is not run again unless a command since wrote a file
+it names (the README repeats its worked example's ``planner plan``; the slow test finds the fast
+test's plans in place). Run alone, each test runs every command it needs.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -121,11 +126,44 @@ def slow_with_inputs(commands: list[Command]) -> list[Command]:
     return kept[::-1]
 
 
-def run_commands(commands: list[Command], folder: Path) -> list[str]:
-    """Run each command in ``folder``; the failures, in words."""
+@dataclass
+class Folder:
+    """A folder the README's commands run in, and what ran there: (what was run, the files it
+    wrote) of each command that exited as the README says, in order."""
+
+    path: Path
+    ran: list[tuple[tuple[str, int, str], set[str]]] = field(default_factory=list)
+
+    def already_ran(self, cmd: Command, variables: str) -> bool:
+        """Whether ``cmd`` (the same line, with these variables set, expecting the same) ran here
+        and no command since wrote a file it names (an input it reads or an output it wrote)."""
+        key = (variables + cmd.line, cmd.exit_code, cmd.first_output_line)
+        for i in range(len(self.ran) - 1, -1, -1):
+            if self.ran[i][0] == key:
+                names = set(shlex.split(cmd.line.replace("$M", "M")))
+                return not any(names & outs for _, outs in self.ran[i + 1:])
+        return False
+
+    def record(self, cmd: Command, variables: str) -> None:
+        key = (variables + cmd.line, cmd.exit_code, cmd.first_output_line)
+        self.ran.append((key, _writes(shlex.split(cmd.line.replace("$M", "M")))))
+
+
+def _writes(tokens: list[str]) -> set[str]:
+    """The files a command writes (its output flags'; ``--report`` of a run, either form)."""
+    outs = _outputs(tokens)
+    if "--report" in tokens[:-1] and "planner.runtime" in tokens:
+        outs.add(tokens[tokens.index("--report") + 1])
+    return outs
+
+
+def run_commands(commands: list[Command], folder: Path | Folder) -> list[str]:
+    """Run each command in ``folder`` (skipping what :meth:`Folder.already_ran`); the failures,
+    in words."""
+    where = folder if isinstance(folder, Folder) else Folder(folder)
     for name in ("profiles", "configs"):
-        if not (folder / name).exists():
-            (folder / name).symlink_to(ROOT / name)
+        if not (where.path / name).exists():
+            (where.path / name).symlink_to(ROOT / name)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANNER_PROGRESS": "0", "MPLBACKEND": "Agg"}
     prelude = f'planner() {{ "{sys.executable}" -m planner "$@"; }}\ntorchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\n'
     failures = []
@@ -134,7 +172,9 @@ def run_commands(commands: list[Command], folder: Path) -> list[str]:
         if re.match(r"^[A-Z]+=", cmd.line):
             variables += cmd.line + "\n"
             continue
-        proc = subprocess.run(["bash", "-c", prelude + variables + cmd.line], cwd=folder, env=env, capture_output=True,
+        if where.already_ran(cmd, variables):
+            continue
+        proc = subprocess.run(["bash", "-c", prelude + variables + cmd.line], cwd=where.path, env=env, capture_output=True,
                               text=True, timeout=900)
         if proc.returncode != cmd.exit_code:
             failures.append(f"{cmd.line}: exit {proc.returncode}, expected {cmd.exit_code}: {proc.stderr.strip()[-400:]}")
@@ -142,7 +182,31 @@ def run_commands(commands: list[Command], folder: Path) -> list[str]:
         shown = (proc.stdout if cmd.exit_code == 0 else proc.stderr).splitlines()
         if cmd.first_output_line and (not shown or shown[0] != cmd.first_output_line.removeprefix("$ ")):
             failures.append(f"{cmd.line}: first line {shown[:1]}, the README shows {cmd.first_output_line!r}")
+            continue
+        where.record(cmd, variables)
     return failures
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
+    """The module's one folder: the slow test finds there what the fast test wrote."""
+    return Folder(tmp_path_factory.mktemp("readme"))
+
+
+def test_a_command_is_run_again_only_when_a_file_it_names_was_rewritten(tmp_path: Path) -> None:
+    """What :class:`Folder` skips: the same command, variables and expectation, when no command
+    since wrote a file it reads or writes."""
+    plan = Command("planner plan --devices 2 --out a.json", 0, "")
+    run = Command("planner run a.json --model gpt --report r.json", 0, "")
+    where = Folder(tmp_path)
+    for cmd in (plan, run, Command("planner show a.json", 0, "")):
+        where.record(cmd, "")
+    assert where.already_ran(plan, "") and where.already_ran(run, "")
+    assert not where.already_ran(run, "M=x\n") and not where.already_ran(Command(run.line, 3, ""), "")
+    where.record(Command("torchrun -m planner.runtime --plan a.json --report r.json", 0, ""), "")
+    assert where.already_ran(plan, "") and not where.already_ran(run, "")  # r.json rewritten
+    where.record(Command("planner plan --devices 4 --out a.json", 0, ""), "")
+    assert not where.already_ran(plan, "")
 
 
 def test_readme_commands_are_found() -> None:
@@ -157,19 +221,20 @@ def test_readme_commands_are_found() -> None:
     assert len(left_out) == 4, left_out  # two set-ups, the suite, the two-node torchrun
 
 
-def test_readme_fast_commands_run_as_written(tmp_path: Path) -> None:
+def test_readme_fast_commands_run_as_written(folder: Folder) -> None:
     """Every README command that needs neither torchrun nor measuring (and reads only what such
     commands write) exits as the README says, in a fresh folder; ``--figures figs`` makes ``figs``."""
     fast, _ = split_fast(readme_commands()[0])
-    assert run_commands(fast, tmp_path) == []
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["memory.png", "pareto.png", "timelines.png"]
+    assert run_commands(fast, folder) == []
+    assert sorted(p.name for p in (folder.path / "figs").iterdir()) == ["memory.png", "pareto.png", "timelines.png"]
 
 
 @pytest.mark.slow
 @pytest.mark.hf
-def test_readme_every_command_runs_as_written(tmp_path: Path) -> None:
+def test_readme_every_command_runs_as_written(folder: Folder) -> None:
     """The rest: torchrun runs and the Hugging Face profile (minutes), with the fast commands
-    whose files they read (the fast test above runs every fast one)."""
+    whose files they read (the fast test above runs every fast one: those it ran in the module's
+    folder are not run again)."""
     commands = slow_with_inputs(readme_commands()[0])
     assert len(commands) < len(readme_commands()[0])
-    assert run_commands(commands, tmp_path) == []
+    assert run_commands(commands, folder) == []

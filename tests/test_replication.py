@@ -27,7 +27,7 @@ from planner.solve.prices import StageTable
 from planner.solve.replicated import replica_counts, solve_replicated
 from tests.chains import chain_profile, layer_dicts, small_cluster
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pipedream"
+PIPEDREAM = Path(__file__).resolve().parents[1] / "profiles" / "pipedream"  # shipped with their licence
 KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
@@ -140,13 +140,12 @@ def test_pipedream_split_on_a_chain_by_hand():
     assert pipedream_split(cm, 1, 4) == ((0, 1), (3, 1))
 
 
-@pytest.mark.skipif(not (REFERENCE / "alexnet" / "graph.txt").exists(), reason="needs ../shared/reference")
 def test_ours_at_least_as_fast_as_pipedreams_replicated_split_on_alexnet():
     """PipeDream's optimizer replicates alexnet's stages unequally on 8 V100s; priced by our
     simulator with the same micro-batches, our plan is no slower (and says which split it chose)."""
     from planner.profiling.imported.pipedream import import_pipedream
 
-    prof = import_pipedream(REFERENCE / "alexnet" / "graph.txt")
+    prof = import_pipedream(PIPEDREAM / "alexnet" / "graph.txt")
     b0, n = prof.microbatch_sizes[0], 8
     cluster = PRESETS["v100-16gb-2x8"].with_devices(n)
     req = PlanRequest(global_batch=b0 * 24, microbatch_sizes=(b0,))

@@ -397,35 +397,46 @@ def test_hugging_face_decoders_with_context_parallelism_match_one_process(driven
     assert not errors, "\n".join(errors)
 
 
+RUN_GPT = "gpt:layers=2,hidden=32,heads=4,seq=64,vocab=64"  # float32, as ``planner run`` trains it
+
+
+def _run_plan(**kw: int) -> Any:
+    return make_plan(load_workload(RUN_GPT).layer_names, (), num_microbatches=1, microbatch_size=2, **kw)
+
+
+def run_reference_configs(world: int = 2) -> list[dict[str, Any]]:
+    """The D = 2 run of the same micro-batch, in the session's 2-process launch (the runtime's
+    own report of it: ``RankRunner``, as each rank of ``planner run`` builds it)."""
+    return [{"name": "run-gpt-D2-float32", "model": RUN_GPT, "plan": plan_to_json(_run_plan(dp_degree=2)),
+             "dtype": "float32", "optimizer": "sgd", "steps": 1}]
+
+
 @pytest.mark.slow
-def test_planner_run_executes_a_context_parallel_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.driver(configs=run_reference_configs, world=2)
+def test_planner_run_executes_a_context_parallel_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      driven: SharedLaunches) -> None:
     """``planner run`` (launcher, preflight, the ranks' ``main``, the RunReport) of a cp = 2 plan of
     the zoo GPT on 2 gloo processes, float32: the header names the split, the report's layout
     holds it, and a rank's saved bytes of one micro-batch are those of the same micro-batch
-    unsplit (a D = 2 run of it) / 2, plus the float S/2 x S masks (the cores are kept: their
-    K/V re-gathered in backward, only the rank's half saved), to a scalar's bytes."""
-    from planner.artifacts.plan import plan_to_json
-    from planner.artifacts.report import load_report
+    unsplit (a D = 2 run of it, in the session's shared launch) / 2, plus the float S/2 x S masks
+    (the cores are kept: their K/V re-gathered in backward, only the rank's half saved), to a
+    scalar's bytes."""
+    from planner.artifacts.report import load_report, report_from_json
     from planner.commands.cli import main
-    from planner.models import load_workload
-    from tests.factories import make_plan
 
-    model = "gpt:layers=2,hidden=32,heads=4,seq=64,vocab=64"
-    names = load_workload(model).layer_names
-    saved, heads = {}, {}
-    for tag, kw in (("cp2", {"cp_degree": 2}), ("D2", {"dp_degree": 2})):
-        plan = make_plan(names, (), num_microbatches=1, microbatch_size=2, **kw)
-        (tmp_path / f"{tag}.json").write_text(json.dumps(plan_to_json(plan)))
-        capsys.readouterr()
-        code = main(["run", str(tmp_path / f"{tag}.json"), "--model", model, "--steps", "1",
-                     "--report", str(tmp_path / f"{tag}.report.json")])
-        out = capsys.readouterr().out
-        assert code == 0, out
-        heads[tag] = out.splitlines()[0]
-        report = load_report(tmp_path / f"{tag}.report.json")
-        assert report.layout.cp_degree == kw.get("cp_degree", 1) and report.world_size == 2
-        saved[tag] = report.stages[0].saved_bytes_per_microbatch
-    assert heads["cp2"].startswith("ran 1 stages x 1 replicas x 2 context-parallel, gpipe"), heads
+    (tmp_path / "cp2.json").write_text(json.dumps(plan_to_json(_run_plan(cp_degree=2))))
+    capsys.readouterr()
+    code = main(["run", str(tmp_path / "cp2.json"), "--model", RUN_GPT, "--steps", "1",
+                 "--report", str(tmp_path / "cp2.report.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[0].startswith("ran 1 stages x 1 replicas x 2 context-parallel, gpipe"), out
+    report = load_report(tmp_path / "cp2.report.json")
+    assert report.layout.cp_degree == 2 and report.world_size == 2
+    (whole,) = driven.results(2, run_reference_configs())
+    unsplit = report_from_json(whole["report"])
+    assert unsplit.layout.dp_degree == 2 and unsplit.world_size == 2
+    saved = {"cp2": report.stages[0].saved_bytes_per_microbatch, "D2": unsplit.stages[0].saved_bytes_per_microbatch}
     float32 = 4
     masks = 2 * (64 // 2) * 64 * float32
     # within one scalar's bytes (measured 2 B over: consistent with a scalar both runs save whole, halved here)

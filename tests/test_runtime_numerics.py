@@ -292,6 +292,7 @@ def test_driver_configurations_share_launches_without_clashing() -> None:
         2: configs(2) + test_hf_runtime.configs(2) + test_hf_tensor_parallel.configs(2) + test_runtime_fsdp.CONFIGS[2]
         + test_runtime_zero_bubble.configs(2) + test_runtime_zero_bubble.zbv_configs(2) + test_runtime_survival.undeclared_tie()
         + test_runtime_context.zoo_gpt_configs() + test_runtime_context.hugging_face_configs()
+        + test_runtime_context.run_reference_configs()
         + test_runtime_experts.configs(2) + test_runtime_experts.planned(2),
         4: configs(4) + test_hf_runtime.configs(4) + test_hf_tensor_parallel.configs(4) + test_runtime_fsdp.CONFIGS[4]
         + test_runtime_zero_bubble.configs(4) + test_runtime_zero_bubble.zbv_configs(4) + test_runtime_context.combination_configs()

@@ -115,10 +115,13 @@ def test_sigterm_to_planner_run_stops_the_workers_after_a_final_checkpoint(tmp_p
     _wait_for_file(ckpt / "step_20" / "manifest.json", launched, 120)
     time.sleep(0.5)
     workers = descendants(launched.proc.pid)
+    assert len(workers) >= 3
     launched.proc.send_signal(signal.SIGTERM)
     code = launched.finish(60)
     assert code == 128 + signal.SIGTERM, launched.output[-3000:]
-    line = next(line for _, line in launched.lines if "stopped by SIGTERM after" in line)
+    stopped = [line for _, line in launched.lines if "stopped by SIGTERM after" in line]
+    assert stopped, launched.output[-3000:]
+    line = stopped[0]
     done = int(line.split(" after ")[1].split()[0])
     assert f"checkpoint {ckpt / f'step_{done}'}" in line
     assert json.loads((ckpt / "latest.json").read_text()) == {"completed_steps": done}

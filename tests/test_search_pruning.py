@@ -12,6 +12,7 @@ plan: the same layout, boundaries, recomputation, schedule, micro-batch and pred
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -65,9 +66,17 @@ def solved(cm, request, num_groups, cap, c):
                             TimePolicy(prune=False))
 
 
-def _search(case: str, settings: SearchSettings) -> Plan:
+def _search_now(case: str, settings: SearchSettings) -> Plan:
     profile, cluster, request = CASES[case]
     return search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=settings)
+
+
+@functools.cache
+def _search(case: str, settings: SearchSettings) -> Plan:
+    """:func:`_search_now`, once per module run: a search is a pure function of its inputs (same
+    inputs, same plan), and three tests here read the same searches (a test that counts or
+    patches what a search does calls :func:`_search_now`)."""
+    return _search_now(case, settings)
 
 
 def _chosen(p: Plan) -> tuple[object, ...]:
@@ -110,7 +119,7 @@ def test_pruning_solves_fewer_configurations(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(config_search, "solve_config", counting)
     for settings in (EXHAUSTIVE, PRUNED):
         counts.append(0)
-        _search("tensor-zero-interleaved", settings)
+        _search_now("tensor-zero-interleaved", settings)
     assert 0 < counts[1] < counts[0]
 
 
@@ -460,7 +469,7 @@ def test_forgetting_table_entries_changes_no_plan(monkeypatch: pytest.MonkeyPatc
     for keep in (10**9, 1):
         monkeypatch.setattr(floors, "RecentEntries", lambda keep=keep: entries.RecentEntries(keep))
         forgotten.clear()
-        plans[keep] = dumps_plan(_search("tensor-zero-interleaved", PRUNED))
+        plans[keep] = dumps_plan(_search_now("tensor-zero-interleaved", PRUNED))
         assert bool(forgotten) == (keep == 1)
     assert plans[1] == plans[10**9]
     assert len(set(forgotten)) < len(forgotten)  # some worked out again after being forgotten
