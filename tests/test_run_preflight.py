@@ -8,6 +8,7 @@ import dataclasses
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
