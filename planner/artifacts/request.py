@@ -10,6 +10,7 @@ from planner.artifacts.kinds import (
     STATE_BYTES_PER_PARAM,
     Objective,
     OptimizerKind,
+    RecomputeMode,
     ScheduleKind,
     SolverKind,
     ZeroStage,
@@ -17,8 +18,8 @@ from planner.artifacts.kinds import (
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_LAYERS, MAX_MS, check_count, check_range
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 
-__all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "ScheduleKind",
-           "SolverKind", "Stack", "ZeroStage"]
+__all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "RecomputeMode",
+           "ScheduleKind", "SolverKind", "Stack", "ZeroStage"]
 
 #: the ZeRO stages a request may ask for
 ZERO_STAGES = tuple(ZeroStage)
@@ -89,6 +90,12 @@ class PlanRequest:
         metadata={"doc": "the training stack planned for: which communication it overlaps with computation "
                          "(planner.artifacts.stack; default: this package's runtime)"},
     )
+    recompute_mode: RecomputeMode = field(
+        default=RecomputeMode.AUTO,
+        metadata={"doc": "auto: each layer's recompute level chosen by the solver (none when recompute is false); "
+                         "none; selective: every transformer block's attention core; full: every transformer block "
+                         "(absent when auto)", "omit_if_default": True},
+    )
     cp_degrees: tuple[int, ...] = field(
         default=(),
         metadata={"doc": "context-parallel degrees to consider; empty = 1 and every degree that cuts the profile's "
@@ -144,6 +151,11 @@ class PlanRequest:
                 f"zero_stages must be a non-empty subset of {[int(z) for z in ZERO_STAGES]} (got {list(self.zero_stages)})"
             )
         object.__setattr__(self, "zero_stages", tuple(ZeroStage(z) for z in self.zero_stages))
+        object.__setattr__(self, "recompute_mode", RecomputeMode(self.recompute_mode))
+        if self.recompute_mode is RecomputeMode.NONE:
+            object.__setattr__(self, "recompute", False)
+        elif self.recompute_mode is not RecomputeMode.AUTO and not self.recompute:
+            raise ValueError(f"recompute_mode {self.recompute_mode.value} needs recompute (got recompute false)")
         known = [k.value for k in REQUESTABLE_SOLVERS]
         if getattr(self.solver, "value", self.solver) not in known:
             raise ValueError(f"unknown solver {self.solver!r} (known: {', '.join(known)})")

@@ -19,14 +19,15 @@ is per device: with tensor parallelism, the per-device view of
   all-gather in the node; as NCCL's tree/2D algorithms, Jia et al. 2018 "Highly Scalable Deep
   Learning Training System with Mixed-Precision").
 - ZeRO (Rajbhandari et al. 2020) over a stage's ``n`` ranks: stage 1 keeps 1/n of the optimizer
-  state per rank, stage 2 also 1/n of the gradients *between iterations*. At the peak it does
-  not: a pipeline accumulates its M micro-batches' gradients into the stage's whole gradient
-  buffer, and the one reduce-scatter per iteration priced below only shrinks it to 1/n after
-  the last backward (sharding it at the peak would take a reduce-scatter per micro-batch, M
-  times the traffic; DeepSpeed's pipeline engine refuses ZeRO 2 for this reason). So stage 2
-  is priced with full gradients at the peak, the same memory as stage 1. The gradient all-reduce becomes a
-  reduce-scatter of the gradients and, after each rank steps its shard, an all-gather of the
-  weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
+  state per rank; stage 2 also 1/n of the gradients, at the peak too: each micro-batch's
+  gradients are reduce-scattered as its backward produces them and each rank accumulates only
+  its shard (DeepSpeed's ZeRO-2, FSDP's ``reshard_after_forward=False``), at the price of a
+  reduce-scatter every micro-batch -- M times ZeRO 1's traffic (:meth:`stage_times_ms`: what of
+  it the micro-batch's own forward and backward cannot hide lengthens its backward; the last
+  micro-batch's is the synchronisation below). The gradient buckets in flight (the stack's
+  ``grad_bucket_bytes``, as under ZeRO 1 and plain data parallelism) are not counted. The
+  gradient all-reduce becomes a reduce-scatter of the gradients and, after each rank steps its
+  shard, an all-gather of the weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
   (Patarasuk & Yuan 2009), so the pair costs the all-reduce line at the mean of the two byte
   counts: ``(grad bytes + weight bytes) / 2`` per parameter (the same time for ``adam-mixed``).
   It is accounted like the all-reduce: it starts when the stage's last backward ends and
@@ -82,6 +83,7 @@ from planner.artifacts.profile import AttentionCore, Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
+from planner.cost.overheads import host_floor_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
@@ -181,14 +183,21 @@ class CostModel(ShardedState):
     # ---------------------------------------------------------------- compute
     def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
-        on the instance, so a cost model and its arrays are freed together)."""
+        on the instance, so a cost model and its arrays are freed together): the GPU's time, or
+        the host's time to issue the layer's kernels where that is longer
+        (:func:`planner.cost.overheads.host_floor_ms`, the stack's host time per kernel)."""
         if microbatch_size not in self._layer_times:
             # Layer.fwd_ms / bwd_ms (TimeFit.at: the line, never negative) over every layer at once
             (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-            fwd = np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed
-            bwd = np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed
+            host_f, host_b = self._host_floor
+            fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
+            bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
             self._layer_times[microbatch_size] = (fwd, bwd)
         return self._layer_times[microbatch_size]
+
+    @cached_property
+    def _host_floor(self) -> tuple[np.ndarray, np.ndarray]:
+        return host_floor_ms(self.profile, self.stack.host_us_per_kernel)
 
     @cached_property
     def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -346,8 +355,8 @@ class CostModel(ShardedState):
         sharding: Sharding = Sharding(), selective: Sequence[int] = (),
     ) -> StageMemory:
         """Memory of one device of the stage at its peak, its model state divided as ``sharding``
-        says (gradients stay whole at the peak, see the module docstring); ``recompute`` the
-        fully and ``selective`` the selectively recomputed layers."""
+        says (see the module docstring); ``recompute`` the fully and ``selective`` the selectively
+        recomputed layers."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
         gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0

@@ -78,6 +78,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line
 from planner.cost.context import context_parallel_view
 from planner.cost.model import CostModel
+from planner.cost.recompute_view import forced_view, forced_workspace_per_sample
 
 
 def splittable(profile: Profile) -> bool:
@@ -271,8 +272,10 @@ def device_cost_model(
     ``cluster``: the per-device view of ``profile`` priced on the cluster's own links and ranks,
     for the training ``stack`` (its tensor-parallel overlap in the view, the rest in the model).
     ``tp_view``: :func:`stack_tp_view` of these arguments, when the caller has it already (a
-    search builds it once for every context-parallel degree)."""
+    search builds it once for every context-parallel degree). A recompute level the profile
+    forces is folded into the device's view last (:mod:`planner.cost.recompute_view`)."""
     view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, tp_degree, sequence_parallel, stack)
     ctx = context_parallel_view(view, cluster, cp_degree, tp_degree, stack)
-    return CostModel(ctx.profile, cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
-                     stack=stack, cp_degree=cp_degree, gather_bytes_per_sample=ctx.gather_bytes_per_sample)
+    return CostModel(forced_view(ctx.profile), cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
+                     stack=stack, cp_degree=cp_degree,
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile))

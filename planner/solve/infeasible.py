@@ -57,14 +57,18 @@ def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: in
 
 def lean_layouts(cm: CostModel, request: PlanRequest, num_groups: int) -> list[Layout]:
     """The layouts tried: ``num_groups`` pipeline stages (at most the layers, the request's
-    limits honoured), and with ZeRO 3 allowed every P x D = ``num_groups`` with D > 1 dividing
-    the global batch."""
-    P = min(num_groups // max(1, request.dp_degree), cm.num_layers)
+    limits honoured) -- or, where the request asks for D replicas, ``num_groups / D`` stages of D
+    replicas at the deepest ZeRO stage below 3 it allows (the layout asked for, not another: issue
+    47) -- and with ZeRO 3 allowed every P x D = ``num_groups`` with D > 1 dividing the global batch."""
+    D = max(1, request.dp_degree)
+    P = min(num_groups // D, cm.num_layers)
     if request.max_stages:
         P = min(P, request.max_stages)
     if request.num_stages:
         P = request.num_stages
-    out = [layout_of(cm, max(P, 1))]
+    sharded = [z for z in request.zero_stages if z < ZeroStage.PARAMETERS]
+    zero = max(sharded) if D > 1 and sharded else ZeroStage.NONE
+    out = [layout_of(cm, max(P, 1), D, 1, zero)] if D == 1 or sharded else []
     if ZeroStage.PARAMETERS in request.zero_stages:
         for p in divisors(num_groups):
             d = num_groups // p

@@ -35,7 +35,7 @@ from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
 
-__all__ = ["DEVICE_GEMM", "Gemm", "GemmModel", "gemm_model_of", "gemms_ms", "wgrad_ms"]
+__all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "Gemm", "GemmModel", "gemm_model_of", "gemms_ms", "wgrad_ms"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +169,12 @@ DEVICE_GEMM: dict[str, GemmModel] = {
         fitted_on=("M 1.7B", "M 32B", "M 462B"),
     ),
 }
+
+
+#: each device's constants as fitted on every published source but one, one per source left out
+#: (``benchmarks/published_runs.py --fit``): the spread a prediction's band takes them over
+#: (:mod:`planner.cost.band`)
+DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {}
 
 
 def gemm_model_of(device_preset: str) -> GemmModel:
