@@ -34,8 +34,8 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import CollectiveModel
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import HOST_US_PER_KERNEL_RANGE, Stack
+from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
-from planner.profiling.analytic.rebuild import device_preset_of, rebuild_with
 
 __all__ = ["GPU_VARIATION_RANGE", "P2P_LATENCY_RANGE_US", "RUNTIME_RESERVE_BYTES", "BandSetting", "band_inputs",
            "combine", "memory_top_bytes", "with_setting"]
@@ -72,11 +72,18 @@ class BandInput:
     settings: tuple[BandSetting, ...]
 
 
+def _device_of(profile: Profile) -> str:
+    """The analytic device preset an analytic profile was priced on ("" if none)."""
+    if profile.source != "analytic":
+        return ""
+    return next((key for key, preset in DEVICE_PRESETS.items() if preset.name == profile.device), "")
+
+
 def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandInput]:
     """The uncertain inputs of a plan of ``profile`` on ``cluster`` under ``stack`` (module docstring)."""
     out = []
-    fits = DEVICE_GEMM_LOSO.get(device_preset_of(profile), ())
-    if fits and rebuild_with(profile, fits[0]) is not None:
+    fits = DEVICE_GEMM_LOSO.get(_device_of(profile), ())
+    if fits and _rebuild(profile, fits[0]) is not None:
         out.append(BandInput(name="GEMM constants", source="the device's leave-one-source-out fits "
                              "(planner.profiling.analytic.gemm.DEVICE_GEMM_LOSO)",
                              settings=tuple(BandSetting(gemm=g) for g in fits)))
@@ -98,7 +105,7 @@ def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandIn
 def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack: Stack) -> tuple[Profile, Cluster, Stack]:
     """The model, cluster and stack with ``setting`` applied."""
     if setting.gemm is not None:
-        profile = rebuild_with(profile, setting.gemm) or profile
+        profile = _rebuild(profile, setting.gemm) or profile
     changes = {k: getattr(setting, k) for k in ("gpu_speed_variation", "collective_model", "inter_node_p2p_latency_us")
                if getattr(setting, k) is not None}
     if changes:
@@ -120,3 +127,11 @@ def memory_top_bytes(peak_bytes: int, cluster: Cluster) -> int:
     """The peak memory at the band's top: with a CUDA device, what the process holds outside the
     allocator too (:data:`RUNTIME_RESERVE_BYTES`)."""
     return peak_bytes + (RUNTIME_RESERVE_BYTES if cluster.device_name.startswith("NVIDIA") else 0)
+
+
+def _rebuild(profile: Profile, gemm: GemmModel) -> Profile | None:
+    """:func:`planner.profiling.analytic.rebuild.rebuild_with`, imported when a band needs it (the
+    analytic generators are not loaded to plan a measured profile)."""
+    from planner.profiling.analytic.rebuild import rebuild_with
+
+    return rebuild_with(profile, gemm)
