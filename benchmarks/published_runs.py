@@ -14,9 +14,10 @@ converted by the source's own FLOP and token counts; Table 4's one layer forward
 
 Constants. The GEMM model (``planner.profiling.analytic.gemm``: the largest GEMMs' fraction of
 peak ``e_max``, the intensity at half of it ``I_half``, the achieved HBM fraction) is one set of
-three numbers for both devices: ``e_max`` and the HBM fraction are fractions of each device's
-datasheet, ``I_half`` is the A100's scaled to the H100 by the ratio of their ridge points (the
-roofline's knee moves with peak / HBM bandwidth). It is fitted (Nelder-Mead on the squared log
+three numbers for both devices: the A100's ``e_max``, the H100's that times the ratio of the two
+devices' largest measured matmuls (``MAMF_FRACTION``: 80.1% and 85.9% of peak); the HBM
+fraction a fraction of each datasheet's bandwidth; ``I_half`` the A100's, scaled to the H100 by
+the ratio of their ridge points (the roofline's knee moves with peak / HBM bandwidth). It is fitted (Nelder-Mead on the squared log
 time ratios) on the fit rows (``FIT_ROWS``: at most a third of each source's rows, marked ``*``).
 
 Leave-one-source-out (``--fit``): for each source, the constants are fitted on the fit rows of
@@ -85,7 +86,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost.band import RUNTIME_RESERVE_BYTES, combine
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.common import DEVICE_PRESETS
-from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, GemmModel
+from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, MAMF_FRACTION, GemmModel
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile
 from planner.simulation import simulate
@@ -377,9 +378,13 @@ def ridge(device: str) -> float:
 
 
 def models_of(e_max: float, half_a100: float, hbm: float, source: str, fitted_on: tuple[str, ...]) -> dict[str, GemmModel]:
-    """Both devices' GEMM models from the three shared constants (module docstring)."""
+    """Both devices' GEMM models from the three shared constants (module docstring): ``e_max`` the
+    A100's, the H100's that x the ratio of their largest measured matmuls' fractions of peak
+    (``MAMF_FRACTION``), ``I_half`` the A100's, the H100's scaled by the ridge points."""
     scale = ridge("h100-80gb") / ridge("a100-80gb")
-    return {device: GemmModel(max_efficiency=e_max, half_intensity=half_a100 * (scale if device == "h100-80gb" else 1.0),
+    mamf = MAMF_FRACTION["h100-80gb"] / MAMF_FRACTION["a100-80gb"]
+    return {device: GemmModel(max_efficiency=e_max * (mamf if device == "h100-80gb" else 1.0),
+                              half_intensity=half_a100 * (scale if device == "h100-80gb" else 1.0),
                               memory_efficiency=hbm, source=source, fitted_on=fitted_on) for device in DEVICES}
 
 
@@ -391,8 +396,9 @@ def fit(rows: list[PublishedRun], without: str = "") -> dict[str, GemmModel]:
     labels = tuple(r.label for r in rows)
     choice = {r.label: choice_of(price(r, DEVICE_GEMM[r.device]).plan) for r in rows}
     what = f"leave-one-source-out: without {without}; " if without else ""
-    source = (f"benchmarks/published_runs.py --fit: {what}e_max, I_half (A100; the H100's scaled by the ridge-point "
-              f"ratio) and the HBM fraction shared by both devices, fitted on {', '.join(labels)}")
+    source = (f"benchmarks/published_runs.py --fit: {what}e_max and I_half (the A100's; the H100's scaled by the "
+              f"ratio of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
+              f"fraction shared by both devices, fitted on the rows of fitted_on")
 
     def squash(v: float) -> float:
         return 1.0 / (1.0 + math.exp(-v))
@@ -440,13 +446,35 @@ def loso_model(run: PublishedRun, loso: dict[str, tuple[GemmModel, ...]]) -> Gem
 
 
 def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmModel]]) -> str:
-    """The fitted constants as ``planner/profiling/analytic/gemm.py`` holds them."""
-    def one(m: GemmModel) -> str:
-        return (f"GemmModel(max_efficiency={m.max_efficiency:.4f}, half_intensity={m.half_intensity:.2f}, "
-                f"memory_efficiency={m.memory_efficiency:.4f}, source={m.source!r}, fitted_on={m.fitted_on!r})")
-    lines = ["DEVICE_GEMM = {"] + [f"    {d!r}: {one(models[d])}," for d in DEVICES] + ["}", "DEVICE_GEMM_LOSO = {"]
+    """The fitted constants as ``planner/profiling/analytic/gemm.py`` holds them (lines of at most
+    about 120 characters)."""
+    def wrapped(text: str, indent: str) -> str:
+        words, parts, line = text.split(" "), [], ""
+        for w in words:
+            if len(line) + len(w) > 96:
+                parts.append(line)
+                line = ""
+            line += w + " "
+        parts.append(line.rstrip())
+        return ("\n" + indent).join(repr(p) for p in parts)
+
+    def one(m: GemmModel, indent: str) -> str:
+        inner = indent + "    "
+        rows, line = [], ""
+        for label in m.fitted_on:
+            if len(line) + len(label) > 90:
+                rows.append(line)
+                line = ""
+            line += repr(label) + ", "
+        rows.append(line)
+        labels = ("\n" + inner + "           ").join(r.rstrip() for r in rows if r)
+        return (f"GemmModel(\n{inner}max_efficiency={m.max_efficiency:.4f}, half_intensity={m.half_intensity:.2f}, "
+                f"memory_efficiency={m.memory_efficiency:.4f},\n{inner}source=({wrapped(m.source, inner + '        ')}),\n"
+                f"{inner}fitted_on=({labels}),\n{indent})")
+    lines = ["DEVICE_GEMM: dict[str, GemmModel] = {"] + [f"    {d!r}: {one(models[d], '    ')}," for d in DEVICES]
+    lines += ["}", "DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {"]
     for d in DEVICES:
-        lines.append(f"    {d!r}: (" + "".join(f"\n        {one(fits[d])}," for fits in loso.values()) + "\n    ),")
+        lines.append(f"    {d!r}: (" + "".join(f"\n        {one(fits[d], '        ')}," for fits in loso.values()) + "\n    ),")
     return "\n".join(lines + ["}"])
 
 

@@ -16,7 +16,9 @@ import pytest
 from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_json, predates_memory_correction
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import (
+    AttentionKernel,
     CollectiveModel,
+    OptimizerKind,
     OverheadKind,
     RecomputeMode,
     ScheduleKind,
@@ -29,15 +31,16 @@ from planner.artifacts.plan import dumps_plan, plan_from_json
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACK_ALIASES, STACKS, Stack, stack_named
 from planner.cost import CostModel
+from planner.cost.attention_kernels import efficiency_of
 from planner.cost.collectives import NCCL_NET_US, allreduce_line, link_of, nccl_line
 from planner.cost.context import context_parallel_view
 from planner.cost.overheads import KERNELS, host_floor_ms, straggler_fraction, z_max
+from planner.cost.tensor_parallel import device_cost_model
 from planner.models.flops import AttentionFlops, attention_fwd_flops, block_fwd_flops
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile
 from planner.simulation.simulator import simulate_summary
 from planner.solve import plan
-from planner.solve.account import with_accounts
 from planner.solve.build import rebuild_plan
 from planner.solve.relax import relax_recompute
 
@@ -120,8 +123,7 @@ def test_a_plan_is_its_replay_lengthened_by_the_straggler_share_and_names_its_ov
     assert terms[OverheadKind.STRAGGLER].ms == pytest.approx(p.predicted.iteration_ms * f / (1 + f))
     assert "Sinha" in terms[OverheadKind.STRAGGLER].source
     assert OverheadKind.HOST in terms and "Holistic Trace Analysis" in terms[OverheadKind.HOST].source
-    if p.num_devices > 8:
-        assert OverheadKind.DP_COLLECTIVES in terms and terms[OverheadKind.DP_COLLECTIVES].ms >= -1e-9
+    assert OverheadKind.NCCL_COLLECTIVES in terms and "tuning.cc" in terms[OverheadKind.NCCL_COLLECTIVES].source
     band = p.predicted.band
     assert band.iteration_low_ms <= p.predicted.iteration_ms <= band.iteration_high_ms
     assert band.peak_memory_high_bytes == p.predicted.peak_memory_bytes + GIB and band.fits
@@ -219,7 +221,7 @@ def test_cluster_files_written_before_the_memory_correction_are_refused() -> Non
     old = dataclasses.replace(A100, device_memory_bytes=80 * 10**9)
     why = predates_memory_correction(old)
     assert "predates the correction" in why and str(A100.device_memory_bytes) in why
-    with pytest.raises(PlannerInputError, match="old.json: device_memory_bytes 80000000000"):
+    with pytest.raises(PlannerInputError, match=r"old\.json: device_memory_bytes 80000000000"):
         cluster_from_json(cluster_to_json(old), "old.json")
     assert not predates_memory_correction(A100) and not predates_memory_correction(PRESETS["v100-16gb-2x8"])
     assert cluster_from_json(cluster_to_json(A100), "new.json") == A100
@@ -259,3 +261,23 @@ def test_torchtitans_op_level_checkpointing_keeps_less_than_none_and_recomputes_
     assert ops.attention_core.fwd.at(1) > 0
     assert ops.fwd == core.fwd and ops.saved_bytes_per_sample == core.saved_bytes_per_sample
     assert not math.isclose(ops.attention_core.saved_bytes_per_sample, core.attention_core.saved_bytes_per_sample)
+
+
+def test_the_stacks_attention_kernel_prices_the_attention_at_its_measured_efficiency() -> None:
+    """FlashAttention-2 reaches 29-35% of an H100's peak (Shah et al. 2024) where the GEMM model
+    gives the fused pair ~65%: a stack running it pays more for a long-sequence block than one
+    priced by the model, and Transformer Engine's cuDNN attention (50-75%) less than FA2; the
+    band spans the kernel's measured range."""
+    prof = gpt_profile(layers=2, hidden=2048, heads=16, seq=8192, vocab=32000, device_preset="h100-80gb")
+    times = {}
+    for kernel in AttentionKernel:
+        stack = dataclasses.replace(STACKS["none"], attention_kernel=kernel)
+        fwd, bwd = device_cost_model(prof, H100, OptimizerKind.ADAM_MIXED, stack=stack).layer_times(1)
+        times[kernel] = float(fwd.sum() + bwd.sum())
+    assert times[AttentionKernel.FLASH_ATTN_2] > times[AttentionKernel.TRANSFORMER_ENGINE] > 0
+    assert times[AttentionKernel.FLASH_ATTN_2] > times[AttentionKernel.MODEL]
+    fwd_eff, rate = efficiency_of(AttentionKernel.FLASH_ATTN_2, "h100-80gb")
+    assert fwd_eff == pytest.approx(math.sqrt(0.29 * 0.35)) and rate == pytest.approx(math.sqrt(0.66 * 0.86))
+    assert efficiency_of(AttentionKernel.FLASH_ATTN_2, "v100") is None
+    p = plan(prof, H100, PlanRequest(global_batch=8, stack=STACKS["megatron-core-0.8"], tp_degrees=(1,)))
+    assert any(i.name == "attention kernel" and i.low_ms < i.high_ms for i in p.predicted.band.inputs)

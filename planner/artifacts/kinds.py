@@ -12,7 +12,8 @@ and request files hold).
 - :class:`RecomputeLevel`: how much of a layer is recomputed in backward (none, selective, full);
 - :class:`CollectiveModel`: how a cluster's collectives across nodes are priced;
 - :class:`OverheadKind`: the overhead terms of a plan's breakdown;
-- :class:`SelectiveUnit`: what an analytic profile's selective recompute level re-runs.
+- :class:`SelectiveUnit`: what an analytic profile's selective recompute level re-runs;
+- :class:`AttentionKernel`: the fused attention kernel a training stack runs.
 """
 
 from __future__ import annotations
@@ -234,11 +235,11 @@ class CollectiveModel(enum.Enum):
 
 class OverheadKind(enum.Enum):
     """The overheads a plan's breakdown names, each priced from a cited measurement
-    (:mod:`planner.cost.overheads`): data-parallel collectives across nodes under NCCL's model,
+    (:mod:`planner.cost.overheads`): collectives under NCCL's model (across nodes above all),
     pipeline send/receive latency between nodes, the host's time to issue kernels, the slowest
     GPU of the job."""
 
-    DP_COLLECTIVES = "dp-collectives"
+    NCCL_COLLECTIVES = "nccl-collectives"
     P2P_LATENCY = "p2p-latency"
     HOST = "host"
     STRAGGLER = "straggler"
@@ -254,3 +255,15 @@ class SelectiveUnit(enum.Enum):
 
     ATTENTION_CORE = "attention-core"
     OPS = "ops"
+
+
+class AttentionKernel(enum.Enum):
+    """The fused attention kernel a stack runs, whose measured efficiency prices an analytic
+    FlashAttention profile's attention (:mod:`planner.cost.attention_kernels`): ``model``, the
+    GEMM model's own efficiency for the fused pair (as the profile prices it); ``flash-attn-2``
+    (Dao 2023; torch's SDPA flash backend); ``transformer-engine``, what Transformer Engine runs:
+    cuDNN's fused attention on Hopper, FlashAttention-2 on Ampere."""
+
+    MODEL = "model"
+    FLASH_ATTN_2 = "flash-attn-2"
+    TRANSFORMER_ENGINE = "transformer-engine"

@@ -75,6 +75,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.artifacts.kinds import AttentionKernel
+
 __all__ = ["DEFAULT_STACK", "STACKS", "STACK_ALIASES", "Stack", "stack_named"]
 
 
@@ -82,6 +84,7 @@ __all__ = ["DEFAULT_STACK", "STACKS", "STACK_ALIASES", "Stack", "stack_named"]
 EAGER_HOST_US_PER_KERNEL = 10.0
 #: the range it is known within (the band's spread)
 HOST_US_PER_KERNEL_RANGE = (5.0, 20.0)
+_SDPA = "torch's scaled_dot_product_attention, whose flash backend is FlashAttention-2 (Dao 2023)"
 _HTA = ("Holistic Trace Analysis (facebookresearch/HolisticTraceAnalysis, docs: cuda_kernel_launch_stats): 'the "
         "launch time on the CPU side is between 5-20 microseconds'; 10 us, their geometric mean")
 
@@ -131,6 +134,17 @@ class Stack:
         metadata={"doc": "CPU time to issue one kernel, us: a layer's pass takes at least its kernels x this "
                          "(planner.cost.overheads); 0 = not priced (absent when 0)", "omit_if_default": True},
     )
+    attention_kernel: AttentionKernel = field(
+        default=AttentionKernel.MODEL,
+        metadata={"doc": "the fused attention kernel the stack runs, priced at its measured efficiency "
+                         "(planner.cost.attention_kernels); model: the GEMM model's (absent when model)",
+                  "omit_if_default": True},
+    )
+    attention_efficiency: tuple[float, ...] = field(
+        default=(),
+        metadata={"doc": "(forward fraction of peak, backward / forward rate) of the attention kernel where not "
+                         "its nominal (a band's end); () = nominal (absent when ())", "omit_if_default": True},
+    )
     sources: tuple[tuple[str, str], ...] = field(
         default=(),
         metadata={"doc": "(field, where its setting or number comes from) for the preset's choices (absent when none)",
@@ -144,6 +158,11 @@ class Stack:
             raise ValueError(f"grad_bucket_bytes must be >= 1 (got {self.grad_bucket_bytes})")
         if not (0.0 <= self.host_us_per_kernel <= 1e6):
             raise ValueError(f"host_us_per_kernel must be in [0, 1e6] us (got {self.host_us_per_kernel!r})")
+        object.__setattr__(self, "attention_kernel", AttentionKernel(self.attention_kernel))
+        eff = tuple(self.attention_efficiency)
+        if eff and (len(eff) != 2 or not all(0.0 < v <= 1.0 for v in eff)):
+            raise ValueError(f"attention_efficiency must be () or two fractions in (0, 1] (got {list(eff)})")
+        object.__setattr__(self, "attention_efficiency", eff)
 
     def reduce_overlap(self, sharded: bool) -> bool:
         """Whether the reduction overlaps the last backward: ZeRO's reduce-scatter (``sharded``)
@@ -168,7 +187,8 @@ class Stack:
             (self.cp_overlap, "context-parallel K/V transfers with attention"),
         ) if flag]
         host = f"; {self.host_us_per_kernel:g} us of host time per kernel" if self.host_us_per_kernel else ""
-        return f"{self.name}: overlaps " + (", ".join(parts) if parts else "nothing beyond the pipeline") + host
+        kernel = f"; attention by {self.attention_kernel.value}" if self.attention_kernel is not AttentionKernel.MODEL else ""
+        return f"{self.name}: overlaps " + (", ".join(parts) if parts else "nothing beyond the pipeline") + host + kernel
 
 
 _MCORE_SOURCES = (
@@ -176,13 +196,17 @@ _MCORE_SOURCES = (
                  "--overlap-param-gather --tp-comm-overlap; ring attention (context parallelism) overlaps its transfers"),
     ("grad_bucket_bytes", "Megatron-Core DistributedDataParallelConfig.bucket_size default: 40,000,000 elements, bf16"),
     ("host_us_per_kernel", _HTA),
+    ("attention_kernel", "Transformer Engine's get_attention_backend: 'Disabling FlashAttention to give FusedAttention "
+                         "preference on Hopper+' (cuDNN's fused attention there; FlashAttention-2 on Ampere)"),
 )
 
 STACKS: dict[str, Stack] = {
     "none": Stack(name="none"),
     "planner": Stack(name="planner", grad_reduce_overlap=True, grad_bucket_bytes=25 << 20, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL,
+                     attention_kernel=AttentionKernel.FLASH_ATTN_2,
                      sources=(("overlaps", "planner.runtime.grads: gradient hooks start 25 MiB all-reduce buckets "
-                                           "during the last backward"), ("host_us_per_kernel", _HTA))),
+                                           "during the last backward"), ("host_us_per_kernel", _HTA),
+                              ("attention_kernel", _SDPA))),
     "megatron-lm-2021": Stack(name="megatron-lm-2021", host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, sources=(
         ("overlaps", "Narayanan et al. 2021 (SC'21) describe no overlap of data- or tensor-parallel communication"),
         ("host_us_per_kernel", _HTA))),
@@ -197,14 +221,16 @@ STACKS: dict[str, Stack] = {
     "megatron-core-0.8": Stack(
         name="megatron-core-0.8", grad_reduce_overlap=True, zero_reduce_overlap=True, grad_bucket_bytes=80_000_000,
         param_gather_overlap=True, fsdp_prefetch=True, tp_overlap_backward=True, tp_overlap_forward=True,
-        cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, sources=_MCORE_SOURCES,
+        cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, attention_kernel=AttentionKernel.TRANSFORMER_ENGINE,
+        sources=_MCORE_SOURCES,
     ),
     "torchtitan-2024": Stack(
         name="torchtitan-2024", grad_reduce_overlap=True, zero_reduce_overlap=True, param_gather_overlap=True,
-        fsdp_prefetch=True, cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, sources=(
+        fsdp_prefetch=True, cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL,
+        attention_kernel=AttentionKernel.FLASH_ATTN_2, sources=(
             ("overlaps", "torchtitan (2024): FSDP2 fully_shard per block with implicit forward / explicit backward "
                          "prefetching; ring attention for context parallelism; async tensor parallelism off by default"),
-            ("host_us_per_kernel", _HTA)),
+            ("host_us_per_kernel", _HTA), ("attention_kernel", _SDPA)),
     ),
 }
 #: the names the presets had before their years were added

@@ -12,6 +12,8 @@ nominal time in quadrature, as independent errors (:func:`combine`):
   measured profile's times are its own);
 - the host time per kernel (``Stack.host_us_per_kernel``): 5-20 us, the range Holistic Trace
   Analysis documents;
+- the stack's attention kernel's efficiency (:mod:`planner.cost.attention_kernels`): the ends of
+  its measured forward range, with the backward / forward rate's;
 - the GPUs' speed variation (``Cluster.gpu_speed_variation``): none to 22%, the largest spread
   Sinha et al. (SC'22) measured in a cluster;
 - collectives across nodes: NCCL's tuning model (nominal) or plain alpha-beta rings (the lower
@@ -31,9 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.kinds import CollectiveModel
+from planner.artifacts.kinds import AttentionKernel, CollectiveModel
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import HOST_US_PER_KERNEL_RANGE, Stack
+from planner.cost.attention_kernels import BWD_RATE, KERNELS
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
 
@@ -57,6 +60,7 @@ class BandSetting:
 
     gemm: GemmModel | None = None
     host_us_per_kernel: float | None = None
+    attention_efficiency: tuple[float, ...] | None = None
     gpu_speed_variation: float | None = None
     collective_model: CollectiveModel | None = None
     inter_node_p2p_latency_us: float | None = None
@@ -90,11 +94,15 @@ def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandIn
     if stack.host_us_per_kernel:
         out.append(BandInput(name="host time per kernel", source="Holistic Trace Analysis: 5-20 us",
                              settings=tuple(BandSetting(host_us_per_kernel=v) for v in HOST_US_PER_KERNEL_RANGE)))
+    kernel = KERNELS.get((stack.attention_kernel, _device_of(profile)))
+    if kernel is not None and stack.attention_kernel is not AttentionKernel.MODEL:
+        out.append(BandInput(name="attention kernel", source=kernel.source, settings=tuple(
+            BandSetting(attention_efficiency=(f, r)) for f, r in zip(kernel.forward, BWD_RATE))))
     if cluster.gpu_speed_variation:
         out.append(BandInput(name="GPU speed variation", source="Sinha et al. SC'22: up to 22%",
                              settings=tuple(BandSetting(gpu_speed_variation=v) for v in GPU_VARIATION_RANGE)))
-    if cluster.num_nodes > 1 and cluster.collective_model is CollectiveModel.NCCL:
-        out.append(BandInput(name="collectives across nodes", source="alpha-beta rings .. NCCL's tuning model",
+    if cluster.collective_model is CollectiveModel.NCCL:
+        out.append(BandInput(name="collective model", source="alpha-beta rings .. NCCL's tuning model",
                              settings=(BandSetting(collective_model=CollectiveModel.ALPHA_BETA),)))
     if cluster.num_nodes > 1 and cluster.inter_node_p2p_latency_us:
         out.append(BandInput(name="send/receive across nodes", source="nccl-tests: 30.7-34.2 us",
@@ -112,6 +120,8 @@ def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack
         cluster = dataclasses.replace(cluster, **changes)
     if setting.host_us_per_kernel is not None:
         stack = dataclasses.replace(stack, host_us_per_kernel=setting.host_us_per_kernel)
+    if setting.attention_efficiency is not None:
+        stack = dataclasses.replace(stack, attention_efficiency=setting.attention_efficiency)
     return profile, cluster, stack
 
 

@@ -5,8 +5,10 @@
   ranks span ``n`` nodes with ``k`` per node, hierarchical (reduce-scatter in the node, ring
   across nodes on 1/k of the data, all-gather in the node; as NCCL's tree/2D algorithms, Jia et
   al. 2018 "Highly Scalable Deep Learning Training System with Mixed-Precision").
-- with ``Cluster.collective_model`` ``nccl``, a collective whose ranks span nodes takes the fixed
-  time NCCL's own tuning model gives it (``src/graph/tuning.cc`` of NVIDIA/nccl at 5067397; the
+- with ``Cluster.collective_model`` ``nccl``, a collective takes the fixed time NCCL's own tuning
+  model gives it (inside a node: ``8.4 us + 2 (n - 1) x 3.4 us``, its ring's base and NVLink step
+  latencies, where the alpha-beta ring charges the cluster's small-message latency per step); one
+  whose ranks span nodes (``src/graph/tuning.cc`` of NVIDIA/nccl at 5067397; the
   Simple protocol, which NCCL uses for buffers of megabytes): a ring all-reduce over ``n``
   ranks on ``N`` nodes pays ``8.4 us`` (its base latency) ``+ 2 (n - N) x 3.4 us`` (NVLink
   steps) ``+ 2 (N - 1) x 14 us`` (network steps), times 1.4 (the "plateau effect of ring" it
@@ -87,7 +89,10 @@ def allreduce_line(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float
     intra = (cluster.intra_node_bandwidth_gb_per_s, cluster.intra_node_latency_us)
     inter = (cluster.inter_node_bandwidth_gb_per_s, cluster.inter_node_latency_us)
     if len(per_node) == 1:
-        return ring(len(ranks), *intra)
+        per_byte, fixed = ring(len(ranks), *intra)
+        if cluster.collective_model is CollectiveModel.NCCL:  # NCCL's ring over NVLink, Simple protocol
+            fixed = (NCCL_BASE_US + 2 * (len(ranks) - 1) * NCCL_RING_NVLINK_US) / 1e3
+        return per_byte, fixed
     k, n = max(per_node.values()), len(per_node)
     a1, b1 = ring(k, *intra)
     a2, b2 = ring(n, *inter, share=1.0 / k)

@@ -3,10 +3,13 @@ from a cited measurement, never a fitted factor (issue 47). Four named terms; a 
 :attr:`~planner.artifacts.plan_summary.Prediction.overheads` says how much each adds to its
 iteration (:func:`planner.solve.account.with_accounts` prices the plan with each one off):
 
-- :attr:`OverheadKind.DP_COLLECTIVES`: data-parallel collectives across nodes priced by NCCL's own
-  tuning model (its per-step network latency of rings, the tree it switches to past a few dozen
-  nodes at 92% or less of the bandwidth; :mod:`planner.cost.collectives`), where the cluster says
-  its collectives are NCCL's (``Cluster.collective_model``);
+- :attr:`OverheadKind.NCCL_COLLECTIVES`: collectives priced by NCCL's own tuning model where the
+  cluster says its collectives are NCCL's (``Cluster.collective_model``): data-parallel ones across
+  nodes pay its per-step network latency of rings, or the tree it switches to past a few dozen
+  nodes at 92% or less of the bandwidth; inside a node its NVLink step latency, below the
+  alpha-beta ring's per-step small-message latency (:mod:`planner.cost.collectives`). The term is
+  the iteration with NCCL's model less with alpha-beta rings: it can be negative where the plan's
+  collectives are mostly inside nodes;
 - :attr:`OverheadKind.P2P_LATENCY`: a pipeline send or receive between nodes takes NCCL's measured
   send/recv time for a small message (``Cluster.inter_node_p2p_latency_us``, 31 us on InfiniBand
   where the link's own latency is 5 us), every micro-batch and chunk boundary;

@@ -75,6 +75,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import OptimizerKind
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
+from planner.cost.attention_kernels import attention_view
 from planner.cost.collectives import allreduce_line
 from planner.cost.context import context_parallel_view
 from planner.cost.model import CostModel
@@ -272,10 +273,12 @@ def device_cost_model(
     ``cluster``: the per-device view of ``profile`` priced on the cluster's own links and ranks,
     for the training ``stack`` (its tensor-parallel overlap in the view, the rest in the model).
     ``tp_view``: :func:`stack_tp_view` of these arguments, when the caller has it already (a
-    search builds it once for every context-parallel degree). A recompute level the profile
-    forces is folded into the device's view last (:mod:`planner.cost.recompute_view`)."""
+    search builds it once for every context-parallel degree). The stack's attention kernel prices
+    the attention (:mod:`planner.cost.attention_kernels`), and a recompute level the profile forces
+    is folded into the device's view last (:mod:`planner.cost.recompute_view`)."""
     view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, tp_degree, sequence_parallel, stack)
     ctx = context_parallel_view(view, cluster, cp_degree, tp_degree, stack)
-    return CostModel(forced_view(ctx.profile), cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
+    device = attention_view(ctx.profile, stack.attention_kernel, stack.attention_efficiency)
+    return CostModel(forced_view(device), cluster, optimizer, tp_degree=tp_degree, sequence_parallel=sequence_parallel,
                      stack=stack, cp_degree=cp_degree,
                      gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile))

@@ -42,8 +42,8 @@ def reprice(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest
 def _overheads(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, nominal: float) -> list[OverheadTerm]:
     stack = plan.stack
     off: list[tuple[OverheadKind, Cluster, Stack, str]] = []
-    if cluster.num_nodes > 1 and cluster.collective_model is CollectiveModel.NCCL:
-        off.append((OverheadKind.DP_COLLECTIVES, dataclasses.replace(cluster, collective_model=CollectiveModel.ALPHA_BETA),
+    if cluster.collective_model is CollectiveModel.NCCL:
+        off.append((OverheadKind.NCCL_COLLECTIVES, dataclasses.replace(cluster, collective_model=CollectiveModel.ALPHA_BETA),
                     stack, cluster.sources.get("collective_model", "NCCL's tuning model")))
     if cluster.num_nodes > 1 and cluster.inter_node_p2p_latency_us:
         off.append((OverheadKind.P2P_LATENCY, dataclasses.replace(cluster, inter_node_p2p_latency_us=0.0), stack,
