@@ -122,6 +122,8 @@ class PublishedRun:
     embedding_stage: bool = False  # the embedding a pipeline slot of its own
     head_stage: bool = False  # the LM head a pipeline slot of its own
     published_mfu: float = 0.0  # the source's MFU where it gives one (checked against our FLOP count)
+    # recomputation levels the source leaves open (plausible values, priced in the band; () = as published)
+    recompute_options: tuple[Recompute, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -256,7 +258,8 @@ _M_ROWS = (
     ("314B", 128, 16384, 96, 8, 8, 48, 1536, 474.4),
     ("462B", 144, 18432, 112, 8, 16, 48, 3072, 459.9),
 )
-_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in its memory", "no recomputation",
+_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in its memory",
+              "recomputation not given: none (the band spans selective too, Megatron-Core's recommended level)",
               "distributed optimizer (ZeRO-1, fp32 gradients: 6 + 12/d B/param)",
               "sequence parallelism with t > 1",
               "schedule not given: the faster of 1F1B and interleaved with 2 chunks (where M is a multiple of p "
@@ -282,7 +285,7 @@ def megatron_rows() -> list[PublishedRun]:
             recompute=Recompute.NONE,
             sequence_parallel=t > 1, zero=1, stack=STACKS["megatron-core-0.8"], metric=Metric.TFLOPS, published=tflops,
             flops_per_iteration=eq3_flops(batch, l, h, 4096, 131072, False), assumed=_M_ASSUMED, flash_attention=True,
-            optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,
+            optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD, recompute_options=(Recompute.NONE, Recompute.SELECTIVE),
         )
         for size, a, h, l, t, p, d, batch, tflops in _M_ROWS
     ]

@@ -30,9 +30,10 @@ spread of those fits. ``--fit`` prints both for pasting.
 
 Band (``planner.cost.band``, ``planner.solve.account``): the configuration priced with each
 uncertain input at the ends of its range (the leave-one-source-out fits, the host time per
-kernel, the GPUs' speed variation, NCCL's model against plain rings, send/receive latency), and,
-for what the source leaves out (micro-batch, chunks per rank), every option that fits; deviations
-added in quadrature. A published figure is inside when its time lies in the band (of the
+kernel, the attention kernel's measured efficiency, the GPUs' speed variation, NCCL's model
+against plain rings, send/receive latency), and, for what the source leaves out (micro-batch,
+chunks per rank, recomputation: ``PublishedRun.recompute_options``), every option that fits;
+deviations added in quadrature. A published figure is inside when its time lies in the band (of the
 out-of-source prediction).
 
 ``fits``: the configuration's per-GPU peak (the simulator's, the largest over devices) at the
@@ -503,8 +504,12 @@ def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
         return (min(times), max(times)), ()
     plan = with_accounts(out.plan, profile_for(run, gemm), cluster_for(run), config_request(run))
     ranges = [(i.low_ms, i.high_ms) for i in plan.predicted.band.inputs]
-    if out.options:  # what the source leaves out: every option that fits
-        times = [p.predicted.iteration_ms for p in (out.plan, *out.options)]
+    times = [p.predicted.iteration_ms for p in (out.plan, *out.options)]
+    for level in run.recompute_options:  # a recomputation the source leaves open: its fitting options too
+        if level is not run.recompute:
+            alt = price(dataclasses.replace(run, recompute=level), gemm)
+            times += [p.predicted.iteration_ms for p in (alt.plan, *alt.options) if alt.fits or p is not alt.plan]
+    if len(times) > 1:  # what the source leaves out: every option that fits
         ranges.append((min(times), max(times)))
     low, high = combine(plan.predicted.iteration_ms, ranges)
     terms = tuple(f"{t.kind.value} {t.ms / 1e3:+.3g} s" for t in plan.predicted.overheads if abs(t.ms) >= 0.5e-3 * 1e3)

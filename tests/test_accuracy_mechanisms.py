@@ -145,11 +145,15 @@ def test_zero2_keeps_a_gradient_shard_at_the_peak_and_pays_a_reduce_scatter_ever
     fwd, bwd = cm.stage_fwd_ms(0, prof.num_layers, 1), cm.stage_bwd_ms(0, prof.num_layers, 1)
     r = cm.microbatch_reduce_ms(0, prof.num_layers, 0, lay)
     assert r > 0
-    assert cm.stage_times_ms(0, prof.num_layers, 1, 0, lay) == pytest.approx((fwd, bwd + r))  # not overlapped
+    cost = cm.stage_cost(0, prof.num_layers, (), 1, 1, 0, lay)
+    assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((fwd, bwd + r))  # not overlapped
     overlapped = CostModel(prof, A100, stack=STACKS["megatron-core-0.8"])  # the reduce-scatter beside the compute
     f_o, b_o = overlapped.stage_fwd_ms(0, prof.num_layers, 1), overlapped.stage_bwd_ms(0, prof.num_layers, 1)
     r_o = overlapped.microbatch_reduce_ms(0, prof.num_layers, 0, lay)
-    assert overlapped.stage_times_ms(0, prof.num_layers, 1, 0, lay) == pytest.approx((f_o, b_o + max(0.0, r_o - f_o - b_o)))
+    cost = overlapped.stage_cost(0, prof.num_layers, (), 1, 1, 0, lay)
+    assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((f_o, b_o + max(0.0, r_o - f_o - b_o)))
+    one_lay = dataclasses.replace(lay, zero=ZeroStage.OPTIMIZER)
+    assert cm.stage_cost(0, prof.num_layers, (), 1, 1, 0, one_lay).bwd_ms == pytest.approx(bwd)
 
 
 # ---------------------------------------------------------------- context parallelism

@@ -22,9 +22,9 @@ is per device: with tensor parallelism, the per-device view of
   state per rank; stage 2 also 1/n of the gradients, at the peak too: each micro-batch's
   gradients are reduce-scattered as its backward produces them and each rank accumulates only
   its shard (DeepSpeed's ZeRO-2, FSDP's ``reshard_after_forward=False``), at the price of a
-  reduce-scatter every micro-batch -- M times ZeRO 1's traffic (:meth:`stage_times_ms`: what of
-  it the micro-batch's own forward and backward cannot hide lengthens its backward; the last
-  micro-batch's is the synchronisation below). The gradient buckets in flight (the stack's
+  reduce-scatter every micro-batch -- M times ZeRO 1's traffic (what of it the micro-batch's own
+  forward and backward cannot hide lengthens its backward in the plan, :meth:`stage_cost`; the
+  last micro-batch's is the synchronisation below). The gradient buckets in flight (the stack's
   ``grad_bucket_bytes``, as under ZeRO 1 and plain data parallelism) are not counted. The
   gradient all-reduce becomes a reduce-scatter of the gradients and, after each rank steps its
   shard, an all-gather of the weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
@@ -467,6 +467,7 @@ class CostModel(ShardedState):
         """Stage ``stage_idx`` of ``layout`` priced (``recompute`` full, ``selective`` selective)."""
         sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
         fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
+        bwd += self.zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)
         return StageCost(
             fwd_ms=fwd,
             bwd_ms=bwd,

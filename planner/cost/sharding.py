@@ -101,21 +101,29 @@ class ShardedState:
 
     def stage_times_ms(self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout) -> tuple[float, float]:
         """(forward, backward) ms of one micro-batch on stage ``stage_idx`` of ``layout``: under
-        ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`),
-        under ZeRO 2 with what its reduce-scatter every micro-batch adds (module docstring)."""
-        sharding = layout.sharding(stage_idx)
-        if is_fsdp(sharding):
+        ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`).
+        (ZeRO 2's reduce-scatter every micro-batch is added to a plan's stage by
+        :meth:`zero2_exposed_ms`, not here: the chain solvers' tables price a stage as its layers.)"""
+        if is_fsdp(layout.sharding(stage_idx)):
             return self.fsdp_terms(microbatch_size, self.fsdp_line(layout)).stage(start, stop)
-        fwd, bwd = self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
-        if sharding.zero is ZeroStage.GRADIENTS and sharding.ranks > 1:
-            r = self.microbatch_reduce_ms(start, stop, stage_idx, layout)
-            bwd += max(0.0, r - fwd - bwd) if self.stack.zero_reduce_overlap else r
-        return fwd, bwd
+        return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
+
+    def zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float, bwd_ms: float) -> float:
+        """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
+        (module docstring): all of it, or with the stack's overlap what the micro-batch's own
+        ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
+        sharding = layout.sharding(stage_idx)
+        if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
+            return 0.0
+        r = self.microbatch_reduce_ms(start, stop, stage_idx, layout)
+        return max(0.0, r - fwd_ms - bwd_ms) if self.stack.zero_reduce_overlap else r
 
     def microbatch_reduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
         """ZeRO 2's reduce-scatter of one micro-batch's gradients of the stage (module docstring)."""
-        per_byte, fixed = self.grad_line(layout, stage_idx)
         nbytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param
+        if nbytes <= 0:
+            return 0.0
+        per_byte, fixed = self.grad_line(layout, stage_idx)
         buckets = max(1, -(-int(nbytes) // self.stack.grad_bucket_bytes))
         return 0.5 * (per_byte * nbytes + fixed * buckets)
 

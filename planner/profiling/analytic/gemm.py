@@ -162,21 +162,19 @@ MAMF_SOURCE = ("stas00/ml-engineering, 'Maximum Achievable Matmul FLOPS comparis
 # by the ridge-point ratio), fitted on at most a third of each source's rows
 DEVICE_GEMM: dict[str, GemmModel] = {
     'a100-80gb': GemmModel(
-        max_efficiency=0.6751, half_intensity=0.01, memory_efficiency=0.3677,
-        source=("benchmarks/published_runs.py --fit: e_max, I_half (A100; the H100's scaled by the ridge-point "
-                'ratio) and the HBM fraction shared by both devices, fitted on N1 1.7B, N6 76.1B, N9 529.6B, K4 '
-                'baseline, K4 seq-par, K5 175B full, K5 530B sp+sel, M 1.7B, M 32B, M 462B, T L3 8B b1 sel-layer, '
-                'T L2 13B b2 none, T L2 70B b2 full'),
+        max_efficiency=0.6957, half_intensity=0.01, memory_efficiency=0.3543,
+        source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
+                "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
+                'fraction shared by both devices, fitted on the rows of fitted_on'),
         fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                    'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none',
                    'T L2 70B b2 full',),
     ),
     'h100-80gb': GemmModel(
-        max_efficiency=0.6751, half_intensity=0.01, memory_efficiency=0.3677,
-        source=("benchmarks/published_runs.py --fit: e_max, I_half (A100; the H100's scaled by the ridge-point "
-                'ratio) and the HBM fraction shared by both devices, fitted on N1 1.7B, N6 76.1B, N9 529.6B, K4 '
-                'baseline, K4 seq-par, K5 175B full, K5 530B sp+sel, M 1.7B, M 32B, M 462B, T L3 8B b1 sel-layer, '
-                'T L2 13B b2 none, T L2 70B b2 full'),
+        max_efficiency=0.6489, half_intensity=0.02, memory_efficiency=0.3543,
+        source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
+                "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
+                'fraction shared by both devices, fitted on the rows of fitted_on'),
         fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                    'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none',
                    'T L2 70B b2 full',),
@@ -188,76 +186,76 @@ DEVICE_GEMM: dict[str, GemmModel] = {
 DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
     'a100-80gb': (
         GemmModel(
-            max_efficiency=0.6917, half_intensity=23.94, memory_efficiency=0.3008,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max, '
-                    "I_half (A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by both "
-                    'devices, fitted on K4 baseline, K4 seq-par, K5 175B full, K5 530B sp+sel, M 1.7B, M 32B, M 462B, '
-                    'T L3 8B b1 sel-layer, T L2 13B b2 none, T L2 70B b2 full'),
+            max_efficiency=0.7089, half_intensity=0.03, memory_efficiency=0.2849,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('K4 baseline', 'K4 seq-par', 'K5 175B full', 'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',
                        'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6667, half_intensity=4.21, memory_efficiency=0.3403,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; '
-                    "e_max, I_half (A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by "
-                    'both devices, fitted on N1 1.7B, N6 76.1B, N9 529.6B, M 1.7B, M 32B, M 462B, T L3 8B b1 '
-                    'sel-layer, T L2 13B b2 none, T L2 70B b2 full'),
+            max_efficiency=0.6919, half_intensity=0.01, memory_efficiency=0.3390,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer',
                        'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6798, half_intensity=0.05, memory_efficiency=0.4610,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max, '
-                    "I_half (A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by both "
-                    'devices, fitted on N1 1.7B, N6 76.1B, N9 529.6B, K4 baseline, K4 seq-par, K5 175B full, K5 530B '
-                    'sp+sel, T L3 8B b1 sel-layer, T L2 13B b2 none, T L2 70B b2 full'),
+            max_efficiency=0.6904, half_intensity=0.01, memory_efficiency=0.4246,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6873, half_intensity=3.41, memory_efficiency=0.3581,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max, I_half '
-                    "(A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by both devices, "
-                    'fitted on N1 1.7B, N6 76.1B, N9 529.6B, K4 baseline, K4 seq-par, K5 175B full, K5 530B sp+sel, M '
-                    '1.7B, M 32B, M 462B'),
+            max_efficiency=0.7016, half_intensity=0.01, memory_efficiency=0.3493,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',),
         ),
     ),
     'h100-80gb': (
         GemmModel(
-            max_efficiency=0.6917, half_intensity=46.19, memory_efficiency=0.3008,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max, '
-                    "I_half (A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by both "
-                    'devices, fitted on K4 baseline, K4 seq-par, K5 175B full, K5 530B sp+sel, M 1.7B, M 32B, M 462B, '
-                    'T L3 8B b1 sel-layer, T L2 13B b2 none, T L2 70B b2 full'),
+            max_efficiency=0.6612, half_intensity=0.05, memory_efficiency=0.2849,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('K4 baseline', 'K4 seq-par', 'K5 175B full', 'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',
                        'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6667, half_intensity=8.12, memory_efficiency=0.3403,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; '
-                    "e_max, I_half (A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by "
-                    'both devices, fitted on N1 1.7B, N6 76.1B, N9 529.6B, M 1.7B, M 32B, M 462B, T L3 8B b1 '
-                    'sel-layer, T L2 13B b2 none, T L2 70B b2 full'),
+            max_efficiency=0.6453, half_intensity=0.02, memory_efficiency=0.3390,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer',
                        'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6798, half_intensity=0.09, memory_efficiency=0.4610,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max, '
-                    "I_half (A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by both "
-                    'devices, fitted on N1 1.7B, N6 76.1B, N9 529.6B, K4 baseline, K4 seq-par, K5 175B full, K5 530B '
-                    'sp+sel, T L3 8B b1 sel-layer, T L2 13B b2 none, T L2 70B b2 full'),
+            max_efficiency=0.6439, half_intensity=0.02, memory_efficiency=0.4246,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6873, half_intensity=6.57, memory_efficiency=0.3581,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max, I_half '
-                    "(A100; the H100's scaled by the ridge-point ratio) and the HBM fraction shared by both devices, "
-                    'fitted on N1 1.7B, N6 76.1B, N9 529.6B, K4 baseline, K4 seq-par, K5 175B full, K5 530B sp+sel, M '
-                    '1.7B, M 32B, M 462B'),
+            max_efficiency=0.6544, half_intensity=0.02, memory_efficiency=0.3493,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',),
         ),
