@@ -794,7 +794,7 @@ def stage_arrays(cm: CostModel, cand: Candidate) -> dict[str, list[float]]:
     for s, (start, stop) in enumerate(zip(sol.boundaries, stops)):
         fwd, bwd = cm.stage_times_ms(start, stop, b, s, lay)
         out["fwd_ms"].append(fwd)
-        out["bwd_ms"].append(bwd)
+        out["bwd_ms"].append(bwd + cm.zero2_exposed_ms(start, stop, s, lay, fwd, bwd))  # as the plan's stage has it
         out["recompute_ms"].append(cm.recompute_ms(sol.recompute[s], b, sol.selective_of(s)))
         out["send_fwd_ms"].append(cm.boundary_transfer_ms(stop, b, s, lay))
         out["send_bwd_ms"].append(cm.boundary_transfer_ms(start, b, s - 1, lay))

@@ -55,7 +55,11 @@ rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
   input ``2 s h``; a selectively recomputed one (Korthikanti et al. 2022 sec. 4: the
   attention core re-run, ``4 s^2 a d`` FLOPs) frees only the log-sum-exp ``4 a s``. The head
   keeps its input (2 s h), the norm output (2 s h) and fp32 logits for the cross entropy
-  (4 s V); the embedding keeps its int64 token ids (8 s).
+  (4 s V); the embedding keeps its int64 token ids (8 s). The head's memory-bound bytes: the
+  final norm's, and torch's fp32 cross entropy counted kernel by kernel (``F.cross_entropy`` on
+  the logits cast to fp32, as torchtitan and Hugging Face train: the cast, 2 + 4 V bytes per
+  token, log-softmax's max, sum and write, 4 + 4 + 4 + 4, forward 22 V; backward, log-softmax's
+  gradient, 4 + 4, and the cast back, 4 + 2, 14 V: :data:`CE_FWD_BYTES`).
 
 The selective level (``selective``, :class:`~planner.artifacts.kinds.SelectiveUnit`): the
 attention core, as above; or torchtitan's op-level selective activation checkpointing
@@ -98,7 +102,10 @@ from planner.models.hf_spec import SIZE_LIMITS, read_config_file
 from planner.profiling.analytic.attention import attention_core_cost
 from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
 from planner.profiling.analytic.gemm import Gemm, GemmModel
-from planner.profiling.analytic.gpt import attention_gemms
+from planner.profiling.analytic.gpt import attention_gemms, head_moved
+
+#: memory-bound bytes per token and vocabulary entry of torch's fp32 cross entropy (module docstring)
+CE_FWD_BYTES, CE_BWD_BYTES = 22.0, 14.0
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
 
@@ -288,9 +295,11 @@ def llama_profile(
                            # W's inputs: q/kv's and gate_up's (the norms' outputs), o's, down's
                            wsaved=2.0 * s * (2 * h + shape.heads * shape.head_dim + shape.intermediate))
         )
+    moved, bwd_moved = head_moved(act, s, V, CE_FWD_BYTES, CE_BWD_BYTES)
     layers.append(
         analytic_layer("head", "RMSNorm+Linear", shape.head_gemms(), rates, split(V * h, 4.0 * s * V, 0, 1),
-                       param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0, wsaved=act)
+                       moved=moved, bwd_moved=bwd_moved, param_count=V * h + h, saved=2.0 * act + 4.0 * s * V,
+                       inp=act, out=4.0, wsaved=act)
     )
     ours, rule, ratio = flops_per_token(shape)
     return assemble(
