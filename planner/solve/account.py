@@ -66,6 +66,9 @@ def _band(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, 
     for entry in band_inputs(profile, cluster, plan.stack):
         times = []
         for setting in entry.settings:
+            if setting.scale is not None:  # the model's own error: no input to price again
+                times.append(t * setting.scale)
+                continue
             p, c, s = with_setting(setting, profile, cluster, plan.stack)
             times.append(t + reprice(plan, p, c, request, s).predicted.iteration_ms - nominal)
         inputs.append(BandInput(name=entry.name, low_ms=min(times + [t]), high_ms=max(times + [t]), source=entry.source))

@@ -162,7 +162,7 @@ MAMF_SOURCE = ("stas00/ml-engineering, 'Maximum Achievable Matmul FLOPS comparis
 # by the ridge-point ratio), fitted on at most a third of each source's rows
 DEVICE_GEMM: dict[str, GemmModel] = {
     'a100-80gb': GemmModel(
-        max_efficiency=0.6957, half_intensity=0.01, memory_efficiency=0.3543,
+        max_efficiency=0.6936, half_intensity=0.01, memory_efficiency=0.4067,
         source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
                 "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
                 'fraction shared by both devices, fitted on the rows of fitted_on'),
@@ -171,7 +171,7 @@ DEVICE_GEMM: dict[str, GemmModel] = {
                    'T L2 70B b2 full',),
     ),
     'h100-80gb': GemmModel(
-        max_efficiency=0.6489, half_intensity=0.02, memory_efficiency=0.3543,
+        max_efficiency=0.6470, half_intensity=0.02, memory_efficiency=0.4067,
         source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
                 "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
                 'fraction shared by both devices, fitted on the rows of fitted_on'),
@@ -186,7 +186,7 @@ DEVICE_GEMM: dict[str, GemmModel] = {
 DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
     'a100-80gb': (
         GemmModel(
-            max_efficiency=0.7089, half_intensity=0.03, memory_efficiency=0.2849,
+            max_efficiency=0.6949, half_intensity=0.01, memory_efficiency=0.3717,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
                     "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -195,7 +195,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
                        'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6919, half_intensity=0.01, memory_efficiency=0.3390,
+            max_efficiency=0.6904, half_intensity=0.01, memory_efficiency=0.4107,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
                     "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -204,7 +204,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
                        'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6904, half_intensity=0.01, memory_efficiency=0.4246,
+            max_efficiency=0.6890, half_intensity=0.01, memory_efficiency=0.4444,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
                     "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -213,7 +213,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
                        'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.7016, half_intensity=0.01, memory_efficiency=0.3493,
+            max_efficiency=0.7009, half_intensity=0.01, memory_efficiency=0.3986,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
                     "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -224,7 +224,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
     ),
     'h100-80gb': (
         GemmModel(
-            max_efficiency=0.6612, half_intensity=0.05, memory_efficiency=0.2849,
+            max_efficiency=0.6482, half_intensity=0.02, memory_efficiency=0.3717,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
                     "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -233,7 +233,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
                        'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6453, half_intensity=0.02, memory_efficiency=0.3390,
+            max_efficiency=0.6440, half_intensity=0.02, memory_efficiency=0.4107,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
                     "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -242,7 +242,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
                        'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6439, half_intensity=0.02, memory_efficiency=0.4246,
+            max_efficiency=0.6427, half_intensity=0.02, memory_efficiency=0.4444,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
                     "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
@@ -251,7 +251,7 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
                        'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
-            max_efficiency=0.6544, half_intensity=0.02, memory_efficiency=0.3493,
+            max_efficiency=0.6538, half_intensity=0.02, memory_efficiency=0.3986,
             source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
                     "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
                     'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
