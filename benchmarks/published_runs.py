@@ -151,12 +151,12 @@ def tightest(plan: Plan) -> str:
     """The tightest device of a plan (the pipeline rank with the largest simulated peak) and its
     memory terms, largest first (its chunks' terms, each at its own peak: they need not coincide)."""
     layout = plan.layout
-    peaks = simulate(plan).rank_peak_memory_bytes
-    rank = max(range(layout.pipeline_size), key=lambda r: peaks[layout.rank_of(stage_idx=layout.stage_indices(r)[0])])
+    peaks = simulate(plan).rank_peak_memory_bytes  # per pipeline rank of one replica
+    rank = max(range(layout.pipeline_size), key=lambda r: peaks[r])
     chunks = [plan.stages[i] for i in layout.stage_indices(rank)]
     ids = ", ".join(str(c.stage_idx) for c in chunks)
     where = f"stage {ids}" if len(chunks) == 1 else f"pipeline rank {rank} (chunks {ids})"
-    peak = peaks[layout.rank_of(stage_idx=chunks[0].stage_idx)]
+    peak = peaks[rank]
     return f"{where}, simulated peak {peak / GIB:.1f} GiB: " + memory_terms(chunks)
 
 

@@ -206,3 +206,16 @@ def test_own_plan_gets_the_memory_a_configuration_that_does_not_fit_takes() -> N
     ours = own_plan(run, gemm, got)
     assert usable_bytes(run) < ours.predicted.peak_memory_bytes <= got.peak_bytes
     assert ours.predicted.iteration_ms <= got.plan.predicted.iteration_ms * (1 + 1e-9)
+
+
+def test_the_tightest_device_is_named_with_its_simulated_peak() -> None:
+    """A configuration that does not fit names its tightest pipeline rank with the simulator's peak
+    for it (an interleaved rank's chunks peak at different times: their peaks summed are more)."""
+    one_t = dataclasses.replace(ROWS["K5 1T sp+sel"], recompute=Recompute.NONE)
+    got = price(one_t, DEVICE_GEMM[one_t.device])
+    reason = got.reason
+    peak = float(re.search(r"simulated peak ([\d.]+) GiB", reason).group(1))
+    assert peak == pytest.approx(got.peak_bytes / GIB, abs=0.06)
+    lay = got.plan.layout
+    summed = max(sum(got.plan.stages[i].memory_total_bytes for i in lay.stage_indices(r)) for r in range(lay.pipeline_size))
+    assert lay.virtual_stages_per_rank > 1 and summed / GIB > peak
