@@ -67,9 +67,12 @@ class PlanRequest:
     )
     solver: SolverKind = SolverKind.DP
     zero_stages: tuple[ZeroStage, ...] = field(
-        default=tuple(ZeroStage),
+        default=(ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS),
         metadata={"doc": "ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                         "2 also its gradients, 3 also its parameters (FSDP; Rajbhandari et al. 2020)"},
+                         "2 also its gradients (reduce-scattered every micro-batch), 3 also its parameters (FSDP; "
+                         "Rajbhandari et al. 2020). 2 only when asked for: the chain solver's tables do not price its "
+                         "reduce-scatter every micro-batch (the plan and the simulator do), so a search would rank it "
+                         "too well"},
     )
     per_stage_replication: bool = field(
         default=True,

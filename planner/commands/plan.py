@@ -71,9 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: searched)")
     p.add_argument("--dp-degree", type=bounded_int(1, MAX_DEVICES), default=0,
                    help="exactly this many replicated pipelines (no per-stage replication) (default: searched)")
-    p.add_argument("--zero", type=int_list, default=(0, 1, 2, 3),
+    p.add_argument("--zero", type=int_list, default=(0, 1, 3),
                    help="ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                        "2 also gradients, 3 also parameters (FSDP; searched where memory binds) (default: 0,1,2,3)")
+                        "2 also gradients (reduce-scattered every micro-batch: asked for only, the search's tables do "
+                        "not price that), 3 also parameters (FSDP; searched where memory binds) (default: 0,1,3)")
     p.add_argument("--no-stage-replication", action="store_true",
                    help="only plans whose stages all have the same replica count (no PipeDream-style per-stage replication)")
     p.add_argument("--tp", type=int_list, default=(),
