@@ -24,9 +24,8 @@ is per device: with tensor parallelism, the per-device view of
   its shard (DeepSpeed's ZeRO-2, FSDP's ``reshard_after_forward=False``), at the price of a
   reduce-scatter every micro-batch -- M times ZeRO 1's traffic (what of it the micro-batch's own
   forward and backward cannot hide lengthens its backward in the plan, :meth:`stage_cost`; the
-  last micro-batch's is the synchronisation below). The gradient buckets in flight (the stack's
-  ``grad_bucket_bytes``, as under ZeRO 1 and plain data parallelism) are not counted. The
-  gradient all-reduce becomes a reduce-scatter of the gradients and, after each rank steps its
+  last micro-batch's is the synchronisation below; buckets in flight not counted, as under ZeRO 1).
+  The gradient all-reduce becomes a reduce-scatter of the gradients and, after each rank steps its
   shard, an all-gather of the weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
   (Patarasuk & Yuan 2009), so the pair costs the all-reduce line at the mean of the two byte
   counts: ``(grad bytes + weight bytes) / 2`` per parameter (the same time for ``adam-mixed``).
@@ -183,21 +182,16 @@ class CostModel(ShardedState):
     # ---------------------------------------------------------------- compute
     def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
-        on the instance, so a cost model and its arrays are freed together): the GPU's time, or
-        the host's time to issue the layer's kernels where that is longer
-        (:func:`planner.cost.overheads.host_floor_ms`, the stack's host time per kernel)."""
+        on the instance): the GPU's time, or the host's to issue the layer's kernels where longer
+        (:func:`planner.cost.overheads.host_floor_ms`)."""
         if microbatch_size not in self._layer_times:
             # Layer.fwd_ms / bwd_ms (TimeFit.at: the line, never negative) over every layer at once
             (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-            host_f, host_b = self._host_floor
+            host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel)
             fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
             bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
             self._layer_times[microbatch_size] = (fwd, bwd)
         return self._layer_times[microbatch_size]
-
-    @cached_property
-    def _host_floor(self) -> tuple[np.ndarray, np.ndarray]:
-        return host_floor_ms(self.profile, self.stack.host_us_per_kernel)
 
     @cached_property
     def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
