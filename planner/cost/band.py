@@ -99,7 +99,7 @@ def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandIn
         out.append(BandInput(name="GEMM constants", source="the device's leave-one-source-out fits "
                              "(planner.profiling.analytic.gemm.DEVICE_GEMM_LOSO)",
                              settings=tuple(BandSetting(gemm=g) for g in fits)))
-    if stack.host_us_per_kernel:
+    if stack.host_us_per_kernel and profile.source == "analytic":
         out.append(BandInput(name="host time per kernel", source="Holistic Trace Analysis: 5-20 us",
                              settings=tuple(BandSetting(host_us_per_kernel=v) for v in HOST_US_PER_KERNEL_RANGE)))
     kernel = KERNELS.get((stack.attention_kernel, _device_of(profile)))
