@@ -17,44 +17,73 @@ either is not in the sources: assumed, and printed.
 
 Korthikanti et al. 2022 Table 3's four configurations are the "present work" rows of Table 5
 (``K5 ... sp+sel``): every Table 3 row has a published time, so none appears with its memory only.
+
+A row expresses any layout the cost model can price with it forced (issue 47): Llama-shaped
+blocks (``arch="llama"``: GQA, SwiGLU, RMSNorm, the analytic Llama profile), context parallelism
+(``cp``: ``gpus = t p d cp``), any chunks per pipeline rank (``chunks``), uneven first and last
+stages (``first_stage_layers`` / ``last_stage_layers``, Megatron's
+``--decoder-first/last-pipeline-num-layers``) and the embedding or the head as a pipeline slot of
+its own (``embedding_stage`` / ``head_stage``, Megatron's ``--pipeline-model-parallel-layout``),
+recomputation as published (:class:`Recompute`: none, selective, full, every second block,
+torchtitan's op-level policy), the stack it ran on (``planner.artifacts.stack``: what it overlaps
+and its host time per kernel) and the FLOP convention of its published figure
+(:class:`~planner.models.flops.AttentionFlops`). What the solver cannot price is not expressible
+here: a schedule it has no action lists for, expert parallelism, FP8.
+
+Sources (``publication``) are what leave-one-source-out holds out together: Narayanan et al. 2021
+(Table 1), Korthikanti et al. 2022 (Tables 4 and 5), the Megatron-LM README's H100 table, and
+torchtitan's 64-A100 FSDP table (including the configuration that ran out of memory, a row whose
+only claim is that: :attr:`Metric.OUT_OF_MEMORY`).
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from narayanan_table import ROWS as NARAYANAN_ROWS
 
 from planner.artifacts.kinds import OptimizerKind
 from planner.artifacts.stack import STACKS, Stack
+from planner.models.flops import AttentionFlops, attention_fwd_flops, palm_flops_per_token
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class Recompute(enum.Enum):
     NONE = "none"
     SELECTIVE = "selective"  # the attention core only (Korthikanti et al. 2022 sec. 5)
     FULL = "full"  # every transformer layer (Narayanan et al. 2021 sec. 3.5)
+    EVERY_OTHER = "every-2nd"  # every second block whole (torchtitan's "selective layer", ac_freq 2)
+    OPS = "op-sac"  # torchtitan's op-level selective checkpointing ("selective op")
 
 
 class Metric(enum.Enum):
     TFLOPS = "TFLOP/s per GPU"
     ITERATION_S = "iteration s"
     LAYER_MS = "one layer fwd+bwd ms"
+    TOKENS_PER_S = "tokens/s per GPU"
+    OUT_OF_MEMORY = "ran out of memory"  # no time published: the configuration must not fit
+
+    @property
+    def throughput(self) -> bool:
+        """A rate (more is faster), not a time."""
+        return self in (Metric.TFLOPS, Metric.TOKENS_PER_S)
 
 
-#: Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it: the backward
-#: tensor-parallel all-reduce beside the weight-gradient GEMM (Korthikanti et al. sec. 6.2);
-#: data-parallel gradients all-reduced after the backward (their sec. 6.3: "without overlapping
-#: gradient all-reduce with back-propagation"). Narayanan et al. 2021 describe no overlap of
-#: either: ``none``.
-MEGATRON_2022 = Stack(name="megatron-lm-2022", tp_overlap_backward=True)
+#: Megatron-LM as Korthikanti et al. 2022 ran it (planner.artifacts.stack)
+MEGATRON_2022 = STACKS["megatron-lm-2022"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PublishedRun:
     """One published figure and the configuration it was measured under."""
 
-    source: str
+    source: str  # the table
+    publication: str  # the source leave-one-source-out holds out
     label: str
     device: str  # analytic device preset
     layers: int
@@ -78,34 +107,71 @@ class PublishedRun:
     metric: Metric
     published: float
     flops_per_iteration: float = 0.0  # for TFLOP/s: the FLOP count the source divides by
+    flops_convention: AttentionFlops = AttentionFlops.FULL  # how that count takes attention
     assumed: tuple[str, ...] = ()
     published_fwd_ms: float = 0.0  # Table 4 rows: the forward and backward as published
     published_bwd_ms: float = 0.0
     flash_attention: bool = False
     optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED
+    arch: str = "gpt"  # "gpt" (4h GeLU MLP, learned positions, LayerNorm) or "llama" (GQA, SwiGLU, RMSNorm)
+    kv_heads: int = 0  # llama: key/value heads
+    ffn: int = 0  # llama: MLP width
+    cp: int = 1
+    first_stage_layers: int = 0  # blocks of the first / last pipeline stage when uneven (0: even split)
+    last_stage_layers: int = 0
+    embedding_stage: bool = False  # the embedding a pipeline slot of its own
+    head_stage: bool = False  # the LM head a pipeline slot of its own
+    published_mfu: float = 0.0  # the source's MFU where it gives one (checked against our FLOP count)
+    # recomputation levels the source leaves open (plausible values, priced in the band; () = as published)
+    recompute_options: tuple[Recompute, ...] = ()
 
     @property
     def gpus(self) -> int:
-        return self.t * self.p * self.d
+        return self.t * self.p * self.d * self.cp
 
     @property
     def preset(self) -> str:
         return "a100-80gb-x8" if self.device == "a100-80gb" else "h100-80gb-x8"
 
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.batch * self.seq
 
-def eq3_flops(batch: int, layers: int, hidden: int, seq: int, vocab: int, recompute: bool) -> float:
+    def llama_config(self) -> dict[str, Any]:
+        """The Hugging Face config of a Llama-shaped row (the analytic Llama profile reads it)."""
+        return {"model_type": "llama", "num_hidden_layers": self.layers, "hidden_size": self.hidden,
+                "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads or self.heads,
+                "intermediate_size": self.ffn, "vocab_size": self.vocab, "max_position_embeddings": self.seq}
+
+    def published_seconds(self) -> float:
+        """The published figure as an iteration time (s), where it is one or converts to one (0: a layer
+        time or no time)."""
+        if self.metric is Metric.ITERATION_S:
+            return self.published
+        if self.metric is Metric.TFLOPS:
+            return self.flops_per_iteration / (self.published * 1e12 * self.gpus)
+        if self.metric is Metric.TOKENS_PER_S:
+            return self.tokens_per_iteration / (self.published * self.gpus)
+        return 0.0
+
+
+def eq3_flops(batch: int, layers: int, hidden: int, seq: int, vocab: int, recompute: bool,
+              convention: AttentionFlops = AttentionFlops.FULL) -> float:
     """FLOPs per iteration: Narayanan et al. 2021 eq. 3 with the recomputation forward (96), or
     the model FLOPs without it (72; Korthikanti et al. 2022 appendix A eq. 7, Megatron-LM's
-    ``num_floating_point_operations``)."""
+    ``num_floating_point_operations``); attention's ``s x s`` products counted by ``convention``
+    (eq. 3 counts the whole square)."""
     B, l, h, s, V = batch, layers, hidden, seq, vocab
+    attention = attention_fwd_flops(s, h, convention) / (4.0 * s * s * h)  # the convention's share
     if recompute:
-        return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-    return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))
+        return 96.0 * B * s * l * h * h * (1 + attention * s / (6 * h) + V / (16 * l * h))
+    return 72.0 * B * s * l * h * h * (1 + attention * s / (6 * h) + V / (12 * h * l))
 
 
 _NARAYANAN_ASSUMED = ("micro-batch 1", "fp16 with fp16 gradients (adam-mixed, 16 B/param)",
                       "schedule: the faster of 1F1B and interleaved with 2 chunks (where M is a "
-                      "multiple of p) that fits in its memory", "even split of the layers", "no ZeRO", "stack none (no overlap described)")
+                      "multiple of p) that fits in its memory", "even split of the layers", "no ZeRO",
+                      "stack megatron-lm-2021 (no overlap described)")
 
 
 def narayanan_rows() -> list[PublishedRun]:
@@ -114,10 +180,11 @@ def narayanan_rows() -> list[PublishedRun]:
     out = []
     for i, r in enumerate(NARAYANAN_ROWS, 1):
         out.append(PublishedRun(
-            source="Narayanan 2021 T1", label=f"N{i} {r.params_b:g}B", device="a100-80gb", layers=r.layers,
+            source="Narayanan 2021 T1", publication="Narayanan et al. 2021", label=f"N{i} {r.params_b:g}B",
+            device="a100-80gb", layers=r.layers,
             hidden=r.hidden, heads=r.heads, seq=2048, vocab=51200, t=r.t, p=r.p, d=r.gpus // (r.t * r.p),
             batch=r.batch, microbatch=1, chunks=(1, 2), recompute=Recompute.FULL, sequence_parallel=False, zero=0,
-            stack=STACKS["none"], metric=Metric.TFLOPS, published=float(r.tflops_per_gpu),
+            stack=STACKS["megatron-lm-2021"], metric=Metric.TFLOPS, published=float(r.tflops_per_gpu),
             flops_per_iteration=eq3_flops(r.batch, r.layers, r.hidden, 2048, 51200, True), assumed=_NARAYANAN_ASSUMED,
         ))
     return out
@@ -144,7 +211,8 @@ def korthikanti_t5_rows() -> list[PublishedRun]:
         assumed += (["1T: chunks not given, the faster of 1 and 2 per rank that fits in its memory"] if size == "1T" else [])
         for present, secs in zip((False, True), _K_TABLE5[size]):
             out.append(PublishedRun(
-                source="Korthikanti 2022 T5", label=f"K5 {size} {'sp+sel' if present else 'full'}", device="a100-80gb",
+                source="Korthikanti 2022 T5", publication="Korthikanti et al. 2022",
+                label=f"K5 {size} {'sp+sel' if present else 'full'}", device="a100-80gb",
                 layers=l, hidden=h, heads=a, seq=2048, vocab=51200, t=t, p=p, d=1, batch=batch, microbatch=mb,
                 chunks=(v,) if v else (1, 2), recompute=Recompute.SELECTIVE if present else Recompute.FULL, sequence_parallel=present,
                 zero=0, stack=MEGATRON_2022, metric=Metric.ITERATION_S, published=secs, assumed=tuple(assumed),
@@ -168,7 +236,8 @@ def korthikanti_t4_rows() -> list[PublishedRun]:
     backward ms (the row's figure is their sum, "combined")."""
     return [
         PublishedRun(
-            source="Korthikanti 2022 T4", label=f"K4 {name}", device="a100-80gb", layers=48, hidden=6144, heads=64,
+            source="Korthikanti 2022 T4", publication="Korthikanti et al. 2022", label=f"K4 {name}", device="a100-80gb",
+            layers=48, hidden=6144, heads=64,
             seq=2048, vocab=51200, t=8, p=1, d=1, batch=4, microbatch=4, chunks=(1,), recompute=rc,
             sequence_parallel=sp, zero=0, stack=MEGATRON_2022, metric=Metric.LAYER_MS, published=combined,
             published_fwd_ms=fwd, published_bwd_ms=bwd, optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,
@@ -189,7 +258,8 @@ _M_ROWS = (
     ("314B", 128, 16384, 96, 8, 8, 48, 1536, 474.4),
     ("462B", 144, 18432, 112, 8, 16, 48, 3072, 459.9),
 )
-_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in its memory", "no recomputation",
+_M_ASSUMED = ("micro-batch not given: the faster of 1, 2 and 4 that fits in its memory",
+              "recomputation not given: none (the band spans selective too, Megatron-Core's recommended level)",
               "distributed optimizer (ZeRO-1, fp32 gradients: 6 + 12/d B/param)",
               "sequence parallelism with t > 1",
               "schedule not given: the faster of 1F1B and interleaved with 2 chunks (where M is a multiple of p "
@@ -209,16 +279,79 @@ def megatron_rows() -> list[PublishedRun]:
     the model FLOPs (72 count)."""
     return [
         PublishedRun(
-            source="Megatron-LM README", label=f"M {size}", device="h100-80gb", layers=l, hidden=h, heads=a, seq=4096,
+            source="Megatron-LM README", publication="Megatron-LM README", label=f"M {size}", device="h100-80gb",
+            layers=l, hidden=h, heads=a, seq=4096,
             vocab=131072, t=t, p=p, d=d, batch=batch, microbatch=1, microbatches=_M_MICROBATCHES, chunks=(1, 2) if p > 1 else (1,),
             recompute=Recompute.NONE,
-            sequence_parallel=t > 1, zero=1, stack=STACKS["megatron-core"], metric=Metric.TFLOPS, published=tflops,
+            sequence_parallel=t > 1, zero=1, stack=STACKS["megatron-core-0.8"], metric=Metric.TFLOPS, published=tflops,
             flops_per_iteration=eq3_flops(batch, l, h, 4096, 131072, False), assumed=_M_ASSUMED, flash_attention=True,
-            optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,
+            optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD, recompute_options=(Recompute.NONE, Recompute.SELECTIVE),
         )
         for size, a, h, l, t, p, d, batch, tflops in _M_ROWS
     ]
 
 
+# torchtitan docs/performance.md (2024), FSDP2 on 64 A100 80 GB: (model, local batch, recompute, WPS, MFU %);
+# WPS 0: the configuration that ran out of memory (the reason the table gives Llama 2 70B local batch 1 there)
+_T_ROWS = (
+    ("Llama 3 8B", 1, Recompute.EVERY_OTHER, 2904, 56.8),
+    ("Llama 3 8B", 1, Recompute.OPS, 2973, 58.2),
+    ("Llama 3 70B", 1, Recompute.FULL, 331, 51.7),
+    ("Llama 2 13B", 2, Recompute.NONE, 2162, 61.1),
+    ("Llama 2 13B", 2, Recompute.EVERY_OTHER, 1914, 54.1),
+    ("Llama 2 13B", 2, Recompute.OPS, 1904, 53.8),
+    ("Llama 2 70B", 1, Recompute.OPS, 355, 50.8),
+    ("Llama 2 70B", 2, Recompute.FULL, 353, 50.5),
+    ("Llama 2 70B", 2, Recompute.OPS, 0, 0.0),
+)
+#: (layers, hidden, heads, kv heads, MLP width, vocabulary, sequence): configs/llama-3-*.json (Dubey et al. 2024
+#: table 3) and Llama 2's (Touvron et al. 2023; meta-llama/Llama-2-13b-hf and -70b-hf config.json)
+_LLAMA_SHAPES = {
+    "Llama 3 8B": (32, 4096, 32, 8, 14336, 128256, 8192),
+    "Llama 3 70B": (80, 8192, 64, 8, 28672, 128256, 8192),
+    "Llama 2 13B": (40, 5120, 40, 40, 13824, 32000, 4096),
+    "Llama 2 70B": (80, 8192, 64, 8, 28672, 32000, 4096),
+}
+_T_ASSUMED = ("one FSDP2 group over the 64 GPUs (ZeRO 3, d = 64), no TP/PP, one micro-batch of the local batch",
+              "FSDP2 mixed precision: bf16 compute, fp32 gradient reduce-scatter and sharded fp32 state "
+              "(adam-mixed-fp32-grad, 18 B/param / 64)", "fabric: the a100 preset's (8 x 200 Gb/s HDR per node)",
+              "stack torchtitan-2024 (FSDP2 prefetching; eager, no torch.compile)",
+              "selective layer = every second block recomputed whole; selective op = torchtitan's op-level policy "
+              "(every other mm and the element-wise ops re-run)")
+
+
+def _config_params(layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int) -> int:
+    d = hidden // heads
+    block = hidden * heads * d * 2 + 2 * hidden * kv * d + 3 * hidden * ffn + 2 * hidden
+    return 2 * vocab * hidden + layers * block + hidden
+
+
+def torchtitan_rows() -> list[PublishedRun]:
+    """torchtitan's FSDP2 table on 64 A100 80 GB (reference README section 4): tokens per second per
+    GPU at each published configuration, and the Llama 2 70B configuration that ran out of memory."""
+    out = []
+    for model, local, rc, wps, mfu in _T_ROWS:
+        layers, hidden, heads, kv, ffn, vocab, seq = _LLAMA_SHAPES[model]
+        params = _config_params(layers, hidden, heads, kv, ffn, vocab)
+        rc_name = {Recompute.EVERY_OTHER: "sel-layer", Recompute.OPS: "sel-op"}.get(rc, rc.value)
+        out.append(PublishedRun(
+            source="torchtitan 2024 (64 A100)", publication="torchtitan 2024",
+            label=f"T {model.replace('Llama ', 'L')} b{local} {rc_name}", device="a100-80gb", layers=layers,
+            hidden=hidden, heads=heads, kv_heads=kv, ffn=ffn, seq=seq, vocab=vocab, arch="llama", t=1, p=1, d=64,
+            batch=64 * local, microbatch=local, chunks=(1,), recompute=rc, sequence_parallel=False, zero=3,
+            stack=STACKS["torchtitan-2024"], metric=Metric.TOKENS_PER_S if wps else Metric.OUT_OF_MEMORY,
+            published=float(wps), flash_attention=True, optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,
+            flops_per_iteration=palm_flops_per_token(params=params, layers=layers, heads=heads, head_dim=hidden // heads,
+                                                     seq=seq) * 64 * local * seq,
+            assumed=_T_ASSUMED, published_mfu=mfu / 100.0,
+        ))
+    return out
+
+
 def all_rows() -> list[PublishedRun]:
-    return narayanan_rows() + korthikanti_t4_rows() + korthikanti_t5_rows() + megatron_rows()
+    return narayanan_rows() + korthikanti_t4_rows() + korthikanti_t5_rows() + megatron_rows() + torchtitan_rows()
+
+
+def read_config(name: str) -> dict[str, Any]:
+    """A config of ``configs/`` (for checks against the rows' shapes)."""
+    return json.loads((REPO / "configs" / name).read_text())  # type: ignore[no-any-return]

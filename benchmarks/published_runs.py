@@ -1,60 +1,58 @@
-"""Published training runs priced by the cost model, and the planner's own plan beside each.
+"""Published training runs priced by the cost model, out of source, with a band, and the planner's
+own plan beside each.
 
-Every row of Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Tables 4 and 5 and the
-Megatron-LM README table (``benchmarks/published_rows.py``; the numbers and what each source
-leaves out: ``../shared/reference/published_runs/README.md``) is priced with its published
-configuration forced -- t, p, d, micro-batch, schedule and chunks, recomputation and sequence
-parallelism as published, and the stack it ran on (what it overlapped,
-``planner.artifacts.stack``); what the source leaves out is assumed and printed -- and compared
-with the published figure: TFLOP/s per GPU (the source's own FLOP count / our predicted
-iteration time / GPUs), iteration seconds, or one layer's forward + backward ms.
+Every row of ``benchmarks/published_rows.py`` (Narayanan et al. 2021 Table 1, Korthikanti et al.
+2022 Tables 4 and 5, the Megatron-LM README's H100 table, torchtitan's 64-A100 FSDP table; the
+numbers and what each source leaves out: ``../shared/reference/published_runs/README.md``) is
+priced with its published configuration forced -- t, p, d, cp, micro-batch, schedule and chunks,
+stage split, recomputation and sequence parallelism as published, the stack it ran on
+(``planner.artifacts.stack``: what it overlaps, its host time per kernel) and the cluster's
+overheads (``planner.cost.overheads``: NCCL's collective latencies across nodes, send/receive
+latency, the slowest GPU of the job); what the source leaves out is assumed and printed -- and
+compared with the published figure as an iteration time (TFLOP/s per GPU and tokens/s per GPU
+converted by the source's own FLOP and token counts; Table 4's one layer forward + backward).
 
-``fits`` (issue 18's memory check, folded in from the former ``published_memory.py``): the
-configuration's per-GPU peak (the simulator's, the largest over devices: weights, gradients and
-optimizer state as the run's optimizer keeps them, the activations of the micro-batches in
-flight, recompute workspace and send/receive buffers) within what the device's allocator can
-hand out (:func:`usable_bytes`: the memory the CUDA runtime reports, 79.14 GiB on an
-A100-SXM4-80GB and 79.11 GiB on an H100 80GB, less 1 GiB the process holds outside PyTorch's
-allocator), printed in GiB; a row that does not fit is named in its notes with the GiB over and the memory
-terms of its tightest device (its chunks summed). Korthikanti et al. 2022 Table 3's configurations are the
-Table 5 "present work" rows (sequence parallelism and selective recomputation of every block's
-attention core, materialised attention as their Table 2 counts it, 18 bytes per parameter);
-the Megatron-LM README rows run FlashAttention, no recomputation, the distributed optimizer
-(ZeRO-1 over d, fp32 gradients: 6 + 12 / d bytes per parameter) at the faster of micro-batches 1,
-2 and 4 and, with p > 1, of 1F1B and 2 chunks per rank that fits (the table gives neither; as the
-1T row's chunks per rank and the Narayanan rows' schedule), their tensor-parallel collectives
-hidden behind GEMMs at the cost the h100 preset's ``overlap_compute_loss`` says. Table 4's
-rows time one layer: their ``fits`` is the whole 22B model at that layout, which the source
-does not claim ran.
+Constants. The GEMM model (``planner.profiling.analytic.gemm``: the largest GEMMs' fraction of
+peak ``e_max``, the intensity at half of it ``I_half``, the achieved HBM fraction) is one set of
+three numbers for both devices: the A100's ``e_max``, the H100's that times the ratio of the two
+devices' largest measured matmuls (``MAMF_FRACTION``: 80.1% and 85.9% of peak); the HBM
+fraction a fraction of each datasheet's bandwidth; ``I_half`` the A100's, scaled to the H100 by
+the ratio of their ridge points (the roofline's knee moves with peak / HBM bandwidth). It is fitted (Nelder-Mead on the squared log
+time ratios) on the fit rows (``FIT_ROWS``: at most a third of each source's rows, marked ``*``).
 
-Constants: the GEMM model of each device (``planner.profiling.analytic.gemm``: at most three
-constants, its largest GEMMs' fraction of peak, the intensity at half of it, the achieved HBM
-fraction) is fitted on at most a third of that device's rows (``FIT_ROWS``, marked ``*``);
-every other row is out of sample. ``--fit`` refits them (Nelder-Mead on the squared log
-ratios of the fit rows) and prints them. The shipped H100 e_max and HBM fraction are the fit of
-its rows as priced here (each at its faster micro-batch and schedule, its hidden tensor-parallel
-collectives charged the preset's ``overlap_compute_loss``), its I_half the shipped A100's scaled
-by the ridge points (``benchmarks/RESULTS.md`` section 39). The shipped A100 constants are the fit
-of its rows as they were priced in section 10; ``--fit`` now moves them (to e_max 0.6874, I_half
-82.86, HBM fraction 0.6486 on 2026-12-06), not shipped: they would move every A100 profile and
-plan, and with them the H100's I_half.
+Leave-one-source-out (``--fit``): for each source, the constants are fitted on the fit rows of
+every other source and that source's rows are priced with them; the per-source error is printed.
+The shipped constants (``DEVICE_GEMM``) are the fit on every source's fit rows, the same
+procedure on all the data (that discipline chooses them: no constant is tuned per row or per
+source), and the leave-one-source-out fits are shipped beside them (``DEVICE_GEMM_LOSO``): every
+row's out-of-source prediction uses the fit that left its source out, and every band takes the
+spread of those fits. ``--fit`` prints both for pasting.
 
-Then, per row, the planner's own plan for the same GPUs, batch and stack (default request:
-t, p, d, ZeRO, micro-batch, schedule with chunks, partition and recomputation searched), held to
-the memory the published configuration is held to (:func:`own_plan`: the usable memory, or the
-configuration's own peak where that is more -- Table 4's one-layer rows, whose whole-model
-layout never ran -- not the default 10% headroom, which would compare a plan on 71 GiB with a
-run on 77): its predicted time against the published configuration's, both under the same
-model ("ours/theirs" <= 1: ours is no slower).
+Band (``planner.cost.band``, ``planner.solve.account``): the configuration priced with each
+uncertain input at the ends of its range (the leave-one-source-out fits, the host time per
+kernel, the attention kernel's measured efficiency, the GPUs' speed variation, NCCL's model
+against plain rings, send/receive latency), and, for what the source leaves out (micro-batch,
+chunks per rank, recomputation: ``PublishedRun.recompute_options``), every option that fits;
+deviations added in quadrature. A published figure is inside when its time lies in the band (of the
+out-of-source prediction).
 
-Recomputation as published (:func:`partition`): full, every transformer block recomputed;
-selective (Korthikanti et al.'s "present work" and Table 4's selective rows), every block's
-attention core (QK^T, softmax, dropout, attention over V) recomputed in its backward
-(``rebuild_plan(..., selective=...)``, ``PlanStage.recompute_selective``); Table 4's layer
-backward then includes the core's forward again (``CostModel.core_ms``).
+``fits``: the configuration's per-GPU peak (the simulator's, the largest over devices) at the
+band's top (the peak plus 1 GiB held outside PyTorch's allocator) within the memory CUDA reports
+(79.14 GiB on an A100-SXM4-80GB, 79.11 GiB on an H100 80GB). A row whose configuration trained
+must fit; the configuration torchtitan reports running out of memory must not; Table 4's rows time
+one layer and claim nothing of the whole model's memory (not counted). A row that does not fit
+is named with the GiB over and the terms of its tightest device (the simulator's peak of that
+pipeline rank, its chunks' terms beside it).
 
-Last line: ``published runs: N rows, median |error| X%, worst Y%, fits F/N, ours faster on K/N``
-("faster": no slower, within 1e-9).
+Then, per row, the planner's own plan for the same GPUs, batch and stack (default request), held
+to the memory the published configuration is held to (:func:`own_plan`), its predicted time
+against the published configuration's under the same model ("ours/theirs" <= 1: no slower).
+
+Last line: ``published runs: N rows from S sources, median |error| X%, worst Y%,
+leave-one-source-out median X'% worst Y'%, mean signed Z%, inside band B/N (median width W%),
+fits F/N', ours faster on K/N''`` -- errors of the iteration time (predicted / published - 1),
+the first pair with the shipped constants, the second and the signed mean (positive: predicted
+slower) out of source; N' the rows with a memory claim, N'' the rows with a plan.
 
 Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit] [--jobs N]``
 """
@@ -81,52 +79,57 @@ from published_rows import Metric, PublishedRun, Recompute, all_rows
 
 from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.errors import PlannerError
-from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.kinds import ScheduleKind, SelectiveUnit, SolverKind, ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
+from planner.cost.band import MODEL_ERROR, RUNTIME_RESERVE_BYTES, combine
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.common import DEVICE_PRESETS
-from planner.profiling.analytic.gemm import DEVICE_GEMM, GemmModel
+from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, MAMF_FRACTION, GemmModel
 from planner.profiling.analytic.gpt import gpt_profile
+from planner.profiling.analytic.llama import llama_profile
+from planner.simulation import simulate
 from planner.solve import plan as solve
+from planner.solve.account import with_accounts
 from planner.solve.build import rebuild_plan
 
-#: the rows each device's constants are fitted on (at most a third of the device's rows)
+#: the rows the constants are fitted on: at most a third of each source's rows
 FIT_ROWS: dict[str, tuple[str, ...]] = {
-    "a100-80gb": ("K4 baseline", "K4 seq-par", "N1 1.7B", "N10 1008B", "K5 175B full"),
-    "h100-80gb": ("M 1.7B", "M 32B", "M 462B"),
+    "Narayanan et al. 2021": ("N1 1.7B", "N6 76.1B", "N9 529.6B"),
+    "Korthikanti et al. 2022": ("K4 baseline", "K4 seq-par", "K5 175B full", "K5 530B sp+sel"),
+    "Megatron-LM README": ("M 1.7B", "M 32B", "M 462B"),
+    "torchtitan 2024": ("T L3 8B b1 sel-layer", "T L2 13B b2 none", "T L2 70B b2 full"),
 }
-
+FIT_LABELS = frozenset(itertools.chain.from_iterable(FIT_ROWS.values()))
+DEVICES = ("a100-80gb", "h100-80gb")
 GIB = 1024**3
-#: memory a training process holds outside PyTorch's caching allocator: the CUDA context, cuBLAS
-#: workspaces, NCCL's buffers. A public H100 out-of-memory report reads 79.11 GiB total, 77.78 allocated,
-#: 0.4 reserved but unallocated and ~0.15 free: ~0.8 GiB outside the allocator; 1 GiB assumed.
-RUNTIME_RESERVE_BYTES = GIB
 
 
 def usable_bytes(run: PublishedRun) -> int:
-    """What the row's tensors may take on one GPU: the device memory the CUDA runtime reports (the
-    cluster preset's, ``planner.artifacts.cluster``) less :data:`RUNTIME_RESERVE_BYTES`."""
+    """What the row's tensors may take on one GPU: the memory CUDA reports less what the process
+    holds outside PyTorch's allocator (the band's memory top, ``planner.cost.band``)."""
     return PRESETS[run.preset].device_memory_bytes - RUNTIME_RESERVE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
 class Priced:
-    """A row priced: the predicted figure in the row's metric, the configuration's plan (for
-    its time and memory), and Table 4's forward and backward."""
+    """A row priced: its predicted time (s; Table 4's rows one layer's ms) and figure in the row's
+    metric, the configuration's plan, the other options that fit (what the source leaves out),
+    Table 4's forward and backward."""
 
+    seconds: float
     predicted: float
     plan: Plan
-    usable_bytes: int = dataclasses.field(metadata={"doc": "what the tensors may take per GPU (:func:`usable_bytes`)"})
+    usable_bytes: int
+    options: tuple[Plan, ...] = ()
     fwd_ms: float = 0.0
     bwd_ms: float = 0.0
-    notes: tuple[str, ...] = ()  # faster schedule options that do not fit
+    notes: tuple[str, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
-        """Per-GPU peak memory of the published configuration (the simulator's)."""
         return self.plan.predicted.peak_memory_bytes
 
     @property
@@ -140,20 +143,21 @@ class Priced:
 
     @property
     def reason(self) -> str:
-        """Why it does not fit ("" when it does): the terms of the tightest stage."""
+        """Why it does not fit ("" when it does): the terms of the tightest device."""
         return "" if self.fits else tightest(self.plan)
 
 
 def tightest(plan: Plan) -> str:
-    """The tightest device of a plan (a pipeline rank: its chunks' memory summed, as the
-    simulator's per-GPU peak does) and its memory terms, largest first."""
+    """The tightest device of a plan (the pipeline rank with the largest simulated peak) and its
+    memory terms, largest first (its chunks' terms, each at its own peak: they need not coincide)."""
     layout = plan.layout
-    ranks = range(layout.pipeline_size)
-    rank = max(ranks, key=lambda r: sum(plan.stages[i].memory_total_bytes for i in layout.stage_indices(r)))
+    peaks = simulate(plan).rank_peak_memory_bytes  # per pipeline rank of one replica
+    rank = max(range(layout.pipeline_size), key=lambda r: peaks[r])
     chunks = [plan.stages[i] for i in layout.stage_indices(rank)]
     ids = ", ".join(str(c.stage_idx) for c in chunks)
     where = f"stage {ids}" if len(chunks) == 1 else f"pipeline rank {rank} (chunks {ids})"
-    return f"{where}: " + memory_terms(chunks)
+    peak = peaks[rank]
+    return f"{where}, simulated peak {peak / GIB:.1f} GiB: " + memory_terms(chunks)
 
 
 def memory_terms(chunks: list[PlanStage]) -> str:
@@ -175,25 +179,55 @@ def cluster_for(run: PublishedRun) -> Cluster:
     return dataclasses.replace(base, name=f"{base.name.rsplit('-x', 1)[0]}-x{run.gpus}").with_devices(run.gpus)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def profile_for(run: PublishedRun, gemm: GemmModel) -> Profile:
+    """The row's model on its device: the analytic GPT or Llama profile (torchtitan's op-level
+    recomputation as the blocks' selective unit where the row recomputes so)."""
+    name = f"{run.source}: {run.label}"
+    if run.arch == "llama":
+        unit = SelectiveUnit.OPS if run.recompute is Recompute.OPS else SelectiveUnit.ATTENTION_CORE
+        return llama_profile(run.llama_config(), seq=run.seq, device_preset=run.device, gemm=gemm, model=name,
+                             selective=unit)
     return gpt_profile(layers=run.layers, hidden=run.hidden, heads=run.heads, seq=run.seq, vocab=run.vocab,
                        device_preset=run.device, gemm=gemm, attention="flash" if run.flash_attention else "materialised",
-                       model=f"{run.source}: {run.label}")
+                       model=name)
+
+
+def stage_blocks(run: PublishedRun, chunks: int) -> list[int] | None:
+    """Transformer blocks per model chunk: the first and last as the row gives them (0 blocks with
+    the embedding / head a slot of its own), the rest evenly; None where they do not divide evenly
+    over more than one chunk per rank (Megatron's interleaved split needs them to)."""
+    fixed = {}
+    if run.embedding_stage or run.first_stage_layers:
+        fixed[0] = 0 if run.embedding_stage else run.first_stage_layers
+    if run.head_stage or run.last_stage_layers:
+        fixed[chunks - 1] = 0 if run.head_stage else run.last_stage_layers
+    free = [i for i in range(chunks) if i not in fixed]
+    rest = run.layers - sum(fixed.values())
+    if rest < 0 or (not free and rest):
+        return None
+    q, rem = divmod(rest, len(free)) if free else (0, 0)
+    if rem and chunks > run.p:
+        return None
+    extra = iter([1] * rem + [0] * len(free))
+    return [fixed[i] if i in fixed else q + next(extra) for i in range(chunks)]
 
 
 def partition(run: PublishedRun, chunks: int) -> tuple[list[int], list[list[int]], list[list[int]]]:
-    """The layers split evenly over ``chunks`` stages (embedding with the first, LM head with the
-    last: Megatron-LM's split): the stage start layers, and per stage its fully and its
-    selectively recomputed layers (every transformer block at the row's level, none else)."""
-    q, rem = divmod(run.layers, chunks)
-    sizes = [q + (1 if i < rem else 0) for i in range(chunks)]
+    """Stage start layers over ``chunks`` chunks (:func:`stage_blocks`; the embedding with the first,
+    the LM head with the last: Megatron-LM's split), and per stage its fully and its selectively
+    recomputed layers: every block at the row's level (every second block whole for torchtitan's
+    "selective layer", the blocks' selective unit for its op-level policy)."""
+    sizes = stage_blocks(run, chunks)
+    if sizes is None:
+        raise ValueError(f"{run.label}: {run.layers} blocks do not split over {chunks} chunks")
     starts = [0] + [1 + sum(sizes[:i]) for i in range(1, chunks)]
     stops = starts[1:] + [run.layers + 2]
     blocks = [[i for i in range(a, b) if 1 <= i <= run.layers] for a, b in zip(starts, stops)]
     none: list[list[int]] = [[] for _ in starts]
-    full = blocks if run.recompute is Recompute.FULL else none
-    selective = blocks if run.recompute is Recompute.SELECTIVE else none
+    full = {Recompute.FULL: blocks, Recompute.EVERY_OTHER: [[i for i in b if i % 2 == 0] for b in blocks]}.get(
+        run.recompute, none)
+    selective = blocks if run.recompute in (Recompute.SELECTIVE, Recompute.OPS) else none
     return starts, full, selective
 
 
@@ -202,33 +236,32 @@ def request_for(run: PublishedRun, **kw: object) -> PlanRequest:
                        stack=run.stack, **kw)  # type: ignore[arg-type]
 
 
-def config_plan(run: PublishedRun, gemm: GemmModel) -> Plan:
-    """The published configuration's plan (:func:`config_options`: the one priced)."""
-    return config_options(run, gemm)[0]
+def config_request(run: PublishedRun) -> PlanRequest:
+    return request_for(run, tp_degrees=(run.t,), zero_stages=(ZeroStage(run.zero),), cp_degrees=(run.cp,),
+                       sequence_parallel=(run.sequence_parallel,))
 
 
-def config_options(run: PublishedRun, gemm: GemmModel) -> list[Plan]:
-    """The published configuration priced by the cost model and the simulator, layers split
-    evenly (:func:`partition`). Where the source gives the chunks per rank and the micro-batch
-    (one option) that schedule; where it does not (several options: interleaved only where M is a
-    multiple of p, micro-batches that leave M >= p), the faster of those that fit (a run
-    that trained fit; the faster overall when none does, then reported as not fitting). The one
-    priced first, then the other options."""
-    prof, cluster = profile_for(run, gemm), cluster_for(run)
-    request = request_for(run, tp_degrees=(run.t,), zero_stages=(ZeroStage(run.zero),),
-                          sequence_parallel=(run.sequence_parallel,))
+def config_options(run: PublishedRun, gemm: GemmModel, only: tuple[int, int] | None = None) -> list[Plan]:
+    """The published configuration priced by the cost model and the simulator. Where the source
+    gives the chunks per rank and the micro-batch (one option) that schedule; where it does not
+    (several: interleaving only where M is a multiple of p and the blocks split evenly, micro-batches
+    that leave M >= p), the faster of those that fit (a run that trained fit; the faster overall
+    when none does). The one priced first, then the others. ``only``: just this (micro-batch,
+    chunks per rank) option (a fit prices the option chosen at its start)."""
+    prof, cluster, request = profile_for(run, gemm), cluster_for(run), config_request(run)
     out = []
     for b, v in itertools.product(run.microbatches or (run.microbatch,), run.chunks):
+        if only is not None and (b, v) != only:
+            continue
         m = run.batch // (run.d * b)
-        if run.batch % (run.d * b) or m < run.p or (v > 1 and (run.p == 1 or m % run.p or run.layers % (run.p * v))):
+        if run.batch % (run.d * b) or m < run.p or (v > 1 and (run.p == 1 or m % run.p)) or stage_blocks(run, run.p * v) is None:
             continue  # 1F1B keeps M >= P; interleaving where M is a multiple of p
         starts, full, selective = partition(run, run.p * v)
         layout = Layout(num_stages=run.p * v, virtual_stages_per_rank=v, dp_degree=run.d, tp_degree=run.t,
-                        sequence_parallel=run.sequence_parallel, zero=ZeroStage(run.zero))
+                        cp_degree=run.cp, sequence_parallel=run.sequence_parallel, zero=ZeroStage(run.zero))
         schedule = ScheduleKind.INTERLEAVED_1F1B if v > 1 else ScheduleKind.ONE_F_ONE_B
-        out.append(rebuild_plan(prof, cluster, request, layout=layout, boundaries=starts,
-                                recompute=full, selective=selective, microbatch_size=b,
-                                schedule=schedule, solver=SolverKind.GIVEN))
+        out.append(rebuild_plan(prof, cluster, request, layout=layout, boundaries=starts, recompute=full,
+                                selective=selective, microbatch_size=b, schedule=schedule, solver=SolverKind.GIVEN))
     if not out:
         raise ValueError(f"{run.label}: no valid schedule among chunks {run.chunks}")
     fitting = [p for p in out if p.predicted.peak_memory_bytes <= usable_bytes(run)]
@@ -236,26 +269,58 @@ def config_options(run: PublishedRun, gemm: GemmModel) -> list[Plan]:
     return [best] + [p for p in out if p is not best]
 
 
-def price(run: PublishedRun, gemm: GemmModel) -> Priced:
-    """The row's figure as the cost model predicts it for the published configuration."""
-    options = config_options(run, gemm)
-    plan = options[0]
-    notes = tuple(f"v={p.layout.virtual_stages_per_rank}{f' b={p.microbatch_size}' if run.microbatches else ''} would be "
-                  f"{p.predicted.iteration_ms / 1e3:.4g} s but needs "
-                  f"{p.predicted.peak_memory_bytes / GIB:.1f} GiB" for p in options[1:]
-                  if p.predicted.iteration_ms < plan.predicted.iteration_ms)
-    secs, usable = plan.predicted.iteration_ms / 1e3, usable_bytes(run)
-    if run.metric is Metric.TFLOPS:
-        return Priced(run.flops_per_iteration / secs / run.gpus / 1e12, plan, usable, notes=notes)
-    if run.metric is Metric.ITERATION_S:
-        return Priced(secs, plan, usable, notes=notes)
+def config_plan(run: PublishedRun, gemm: GemmModel) -> Plan:
+    """The published configuration's plan (:func:`config_options`: the one priced)."""
+    return config_options(run, gemm)[0]
+
+
+def layer_ms(run: PublishedRun, gemm: GemmModel) -> tuple[float, float]:
+    """Table 4's one layer: (forward, backward with the row's recomputation) ms."""
     cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer,
                            DeviceGroup(tp_degree=run.t, sequence_parallel=run.sequence_parallel), run.stack)
     fwd, bwd = cm.layer_times(run.microbatch)
     block = 1  # every block is the same
     rc = {Recompute.NONE: 0.0, Recompute.FULL: float(fwd[block]),
           Recompute.SELECTIVE: float(cm.core_ms(run.microbatch)[block])}[run.recompute]
-    return Priced(float(fwd[block] + bwd[block]) + rc, plan, usable, float(fwd[block]), float(bwd[block]) + rc)
+    return float(fwd[block]), float(bwd[block]) + rc
+
+
+def predicted_time(run: PublishedRun, gemm: GemmModel, only: tuple[int, int] | None = None) -> float:
+    """Just the row's predicted time (:attr:`Priced.seconds`), as a fit needs it: a layer row's without
+    pricing its whole model."""
+    if run.metric is Metric.LAYER_MS:
+        return sum(layer_ms(run, gemm))
+    return config_options(run, gemm, only)[0].predicted.iteration_ms / 1e3
+
+
+def price(run: PublishedRun, gemm: GemmModel, only: tuple[int, int] | None = None) -> Priced:
+    """The row's figure as the cost model predicts it for the published configuration (``only``:
+    :func:`config_options`)."""
+    options = config_options(run, gemm, only)
+    plan = options[0]
+    usable = usable_bytes(run)
+    fitting = tuple(p for p in options[1:] if p.predicted.peak_memory_bytes <= usable)
+    notes = tuple(f"v={p.layout.virtual_stages_per_rank}{f' b={p.microbatch_size}' if run.microbatches else ''} would be "
+                  f"{p.predicted.iteration_ms / 1e3:.4g} s but needs {p.predicted.peak_memory_bytes / GIB:.1f} GiB"
+                  for p in options[1:] if p.predicted.iteration_ms < plan.predicted.iteration_ms and p not in fitting)
+    secs = plan.predicted.iteration_ms / 1e3
+    if run.metric is not Metric.LAYER_MS:
+        figure = {Metric.TFLOPS: run.flops_per_iteration / secs / run.gpus / 1e12,
+                  Metric.TOKENS_PER_S: run.tokens_per_iteration / secs / run.gpus}.get(run.metric, secs)
+        return Priced(secs, figure, plan, usable, fitting, notes=notes)
+    fwd, bwd = layer_ms(run, gemm)
+    return Priced(fwd + bwd, fwd + bwd, plan, usable, fitting, fwd, bwd)
+
+
+def published_time(run: PublishedRun) -> float:
+    """The published figure as a time in the units of :attr:`Priced.seconds` (0: none)."""
+    return run.published if run.metric is Metric.LAYER_MS else run.published_seconds()
+
+
+def time_ratio(run: PublishedRun, priced: Priced) -> float:
+    """Predicted / published time (> 1: predicted slower); nan for a row with no time."""
+    pub = published_time(run)
+    return priced.seconds / pub if pub else math.nan
 
 
 def own_plan(run: PublishedRun, gemm: GemmModel, theirs: Priced) -> Plan:
@@ -266,9 +331,9 @@ def own_plan(run: PublishedRun, gemm: GemmModel, theirs: Priced) -> Plan:
     return solve(profile_for(run, gemm), cluster_for(run), request_for(run, memory_cap_bytes=cap))
 
 
-def ratio(run: PublishedRun, priced: Priced) -> float:
-    """Predicted / published, for time and throughput alike (> 1: the model predicts more)."""
-    return priced.predicted / run.published
+def choice_of(plan: Plan) -> tuple[int, int]:
+    """The (micro-batch, chunks per rank) option a configuration's plan is."""
+    return plan.microbatch_size, plan.layout.virtual_stages_per_rank
 
 
 # ---------------------------------------------------------------- fitting
@@ -302,7 +367,7 @@ def _nelder_mead(f, x0: list[float], steps: list[float], iters: int = 120) -> li
             else:
                 pts = [pts[0]] + [[(p[j] + pts[0][j]) / 2 for j in range(len(x0))] for p in pts[1:]]
                 vals = [vals[0]] + [f(p) for p in pts[1:]]
-        if max(vals) - min(vals) < 1e-7:
+        if max(vals) - min(vals) < 1e-6:
             break
     return pts[min(range(len(pts)), key=lambda i: vals[i])]
 
@@ -313,55 +378,160 @@ def ridge(device: str) -> float:
     return preset.peak_bf16_tflops * 1e12 / (preset.hbm_gb_per_s * 1e9)
 
 
-def fit(device: str, rows: list[PublishedRun], half_intensity: float | None = None, derived: str = "") -> GemmModel:
-    """The device's constants minimising the fit rows' squared log ratios (see module
-    docstring); with ``half_intensity`` given (``derived`` says whence) only the other two."""
-    start = DEVICE_GEMM[device]
+def models_of(e_max: float, half_a100: float, hbm: float, source: str, fitted_on: tuple[str, ...]) -> dict[str, GemmModel]:
+    """Both devices' GEMM models from the three shared constants (module docstring): ``e_max`` the
+    A100's, the H100's that x the ratio of their largest measured matmuls' fractions of peak
+    (``MAMF_FRACTION``), ``I_half`` the A100's, the H100's scaled by the ridge points."""
+    scale = ridge("h100-80gb") / ridge("a100-80gb")
+    mamf = MAMF_FRACTION["h100-80gb"] / MAMF_FRACTION["a100-80gb"]
+    return {device: GemmModel(max_efficiency=e_max * (mamf if device == "h100-80gb" else 1.0),
+                              half_intensity=half_a100 * (scale if device == "h100-80gb" else 1.0),
+                              memory_efficiency=hbm, source=source, fitted_on=fitted_on) for device in DEVICES}
 
-    def logit(v: float) -> float:
-        return math.log(v / (1.0 - v))
+
+def fit(rows: list[PublishedRun], without: str = "") -> dict[str, GemmModel]:
+    """The three shared constants minimising the fit rows' squared log time ratios, each row priced
+    at the option (micro-batch, chunks) the shipped constants choose for it; ``without``: the
+    source left out (recorded in the models' source)."""
+    start = DEVICE_GEMM["a100-80gb"]
+    labels = tuple(r.label for r in rows)
+    choice = {r.label: choice_of(price(r, DEVICE_GEMM[r.device]).plan) for r in rows}
+    what = f"leave-one-source-out: without {without}; " if without else ""
+    source = (f"benchmarks/published_runs.py --fit: {what}e_max and I_half (the A100's; the H100's scaled by the "
+              f"ratio of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
+              f"fraction shared by both devices, fitted on the rows of fitted_on")
 
     def squash(v: float) -> float:
         return 1.0 / (1.0 + math.exp(-v))
 
-    labels = ", ".join(r.label for r in rows)
-
-    def model(x: list[float]) -> GemmModel:
-        half = math.exp(x[2]) if half_intensity is None else half_intensity
-        fitted = "e_max and the HBM fraction" + (" and I_half" if half_intensity is None else f"; I_half {derived}")
-        return GemmModel(max_efficiency=squash(x[0]), half_intensity=half, memory_efficiency=squash(x[1]),
-                         source=f"benchmarks/published_runs.py --fit: {fitted}; fitted on {labels}",
-                         fitted_on=tuple(r.label for r in rows))
+    def model(x: list[float]) -> dict[str, GemmModel]:
+        return models_of(squash(x[0]), math.exp(x[2]), squash(x[1]), source, labels)
 
     def loss(x: list[float]) -> float:
         try:
-            gemm = model(x)
-            return sum(math.log(ratio(r, price(r, gemm))) ** 2 for r in rows)
+            models = model(x)
+            return sum(math.log(predicted_time(r, models[r.device], choice[r.label]) / published_time(r)) ** 2
+                       for r in rows)
         except (PlannerError, ValueError):
             return math.inf
 
+    def logit(v: float) -> float:
+        return math.log(v / (1.0 - v))
+
     x0 = [logit(start.max_efficiency), logit(start.memory_efficiency), math.log(start.half_intensity)]
-    steps = [0.3, 0.5, 0.5]
-    n = 3 if half_intensity is None else 2
-    return model(_nelder_mead(loss, x0[:n], steps[:n]))
+    return model(_nelder_mead(loss, x0, [0.3, 0.5, 0.5], iters=80))
 
 
-def fit_all(rows: list[PublishedRun]) -> dict[str, GemmModel]:
-    """Every device's constants: the A100's three on its fit rows; the H100's largest-GEMM
-    efficiency and HBM fraction on its fit rows, its half-saturation intensity the A100's scaled
-    by the ratio of the two devices' ridge points (the roofline's knee moves with peak / HBM;
-    three constants on the three H100 rows allowed would interpolate them exactly)."""
-    models = {}
-    for device in ("a100-80gb", "h100-80gb"):
-        fit_rows = [r for r in rows if r.label in FIT_ROWS[device]]
-        if device == "a100-80gb":
-            models[device] = fit(device, fit_rows)
-        else:
-            a100 = models["a100-80gb"]
-            scale = ridge(device) / ridge("a100-80gb")
-            models[device] = fit(device, fit_rows, a100.half_intensity * scale,
-                                 f"= the A100's {a100.half_intensity:.2f} x the ridge-point ratio {scale:.4f}")
-    return models
+def fit_rows(rows: list[PublishedRun], without: str = "") -> list[PublishedRun]:
+    return [r for r in rows if r.label in FIT_LABELS and r.publication != without]
+
+
+def fit_all(rows: list[PublishedRun], jobs: int = 1) -> tuple[dict[str, GemmModel], dict[str, dict[str, GemmModel]]]:
+    """The constants on every source's fit rows, and per source those fitted without it."""
+    sources = list(dict.fromkeys(r.publication for r in rows))
+    tasks = [("", fit_rows(rows))] + [(src, fit_rows(rows, src)) for src in sources]
+    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+        done = list(pool.map(_fit_task, tasks) if pool is not None else map(_fit_task, tasks))
+    return done[0], dict(zip(sources, done[1:]))
+
+
+def _fit_task(task: tuple[str, list[PublishedRun]]) -> dict[str, GemmModel]:
+    without, rows = task
+    return fit(rows, without)
+
+
+def loso_model(run: PublishedRun, loso: dict[str, tuple[GemmModel, ...]]) -> GemmModel | None:
+    """The leave-one-source-out fit (shipped, ``DEVICE_GEMM_LOSO``) that left the row's source out."""
+    mark = f"without {run.publication};"
+    return next((m for m in loso.get(run.device, ()) if mark in m.source), None)
+
+
+def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmModel]]) -> str:
+    """The fitted constants as ``planner/profiling/analytic/gemm.py`` holds them (lines of at most
+    about 120 characters)."""
+    def wrapped(text: str, indent: str) -> str:
+        words, parts, line = text.split(" "), [], ""
+        for w in words:
+            if len(line) + len(w) > 96:
+                parts.append(line)
+                line = ""
+            line += w + " "
+        parts.append(line.rstrip())
+        return ("\n" + indent).join(repr(p) for p in parts)
+
+    def one(m: GemmModel, indent: str) -> str:
+        inner = indent + "    "
+        rows, line = [], ""
+        for label in m.fitted_on:
+            if len(line) + len(label) > 90:
+                rows.append(line)
+                line = ""
+            line += repr(label) + ", "
+        rows.append(line)
+        labels = ("\n" + inner + "           ").join(r.rstrip() for r in rows if r)
+        return (f"GemmModel(\n{inner}max_efficiency={m.max_efficiency:.4f}, half_intensity={m.half_intensity:.2f}, "
+                f"memory_efficiency={m.memory_efficiency:.4f},\n{inner}source=({wrapped(m.source, inner + '        ')}),\n"
+                f"{inner}fitted_on=({labels}),\n{indent})")
+    lines = ["DEVICE_GEMM: dict[str, GemmModel] = {"] + [f"    {d!r}: {one(models[d], '    ')}," for d in DEVICES]
+    lines += ["}", "DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {"]
+    for d in DEVICES:
+        lines.append(f"    {d!r}: (" + "".join(f"\n        {one(fits[d], '        ')}," for fits in loso.values()) + "\n    ),")
+    return "\n".join(lines + ["}"])
+
+
+# ---------------------------------------------------------------- one row
+
+
+@dataclasses.dataclass(frozen=True)
+class RowResult:
+    """A row priced with the shipped constants and out of source (the fit that left its source out),
+    the out-of-source band (in :attr:`Priced.seconds`' units; (0, 0): none), the overhead terms of
+    the configuration, and the planner's own plan (or why there is none)."""
+
+    priced: Priced
+    out: Priced | None
+    band: tuple[float, float]
+    overheads: tuple[str, ...]
+    ours: Plan | str | None
+    seconds: float
+
+
+def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
+            loso: dict[str, tuple[GemmModel, ...]]) -> tuple[tuple[float, float], tuple[str, ...]]:
+    """The out-of-source prediction's band (module docstring) and its overhead terms, as text."""
+    if run.metric is Metric.LAYER_MS:  # the layer under each fit, and the model's own error
+        times = [price(run, m).seconds for m in loso.get(run.device, ())] + [out.seconds]
+        t = out.seconds
+        return combine(t, [(min(times), max(times)), (t * (1 - MODEL_ERROR), t * (1 + MODEL_ERROR))]), ()
+    plan = with_accounts(out.plan, profile_for(run, gemm), cluster_for(run), config_request(run))
+    ranges = [(i.low_ms, i.high_ms) for i in plan.predicted.band.inputs]
+    times = [p.predicted.iteration_ms for p in (out.plan, *out.options)]
+    for level in run.recompute_options:  # a recomputation the source leaves open: its fitting options too
+        if level is not run.recompute:
+            alt = price(dataclasses.replace(run, recompute=level), gemm)
+            times += [p.predicted.iteration_ms for p in (alt.plan, *alt.options) if alt.fits or p is not alt.plan]
+    if len(times) > 1:  # what the source leaves out: every option that fits
+        ranges.append((min(times), max(times)))
+    low, high = combine(plan.predicted.iteration_ms, ranges)
+    terms = tuple(f"{t.kind.value} {t.ms / 1e3:+.3g} s" for t in plan.predicted.overheads if abs(t.ms) >= 0.5e-3 * 1e3)
+    return (low / 1e3, high / 1e3), terms
+
+
+def price_row(run: PublishedRun, models: dict[str, GemmModel], loso: dict[str, tuple[GemmModel, ...]],
+              plans: bool) -> RowResult:
+    """One row (:class:`RowResult`)."""
+    t0 = time.perf_counter()
+    priced = price(run, models[run.device])
+    gemm = loso_model(run, loso)
+    out = price(run, gemm) if gemm is not None else None
+    band, terms = band_of(run, out, gemm, loso) if out is not None else ((0.0, 0.0), ())
+    ours: Plan | str | None = None
+    if plans and run.metric is not Metric.OUT_OF_MEMORY:
+        try:
+            ours = own_plan(run, models[run.device], priced)
+        except PlannerError as exc:
+            ours = str(exc).splitlines()[0]
+    return RowResult(priced, out, band, terms, ours, time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------- the table
@@ -374,106 +544,150 @@ def describe_plan(p: Plan) -> str:
             f"M={p.num_microbatches}, recompute {full} full + {sel} selective")
 
 
-def error_summary(errors: list[float]) -> str:
-    return f"median |error| {100 * statistics.median(errors):.1f}%, worst {100 * max(errors):.1f}%" if errors else "-"
+def pct(values: list[float]) -> str:
+    """Median and worst of |values| (ratios - 1), in percent."""
+    mags = [abs(v) for v in values]
+    return f"median |error| {100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%" if mags else "-"
 
 
+@dataclasses.dataclass
+class Tally:
+    """What the summary lines count."""
 
-def price_row(run: PublishedRun, models: dict[str, GemmModel], plans: bool) -> tuple[Priced, Plan | str | None, float]:
-    """One row priced, and the planner's own plan (or why there is none), and the seconds both took."""
-    t0 = time.perf_counter()
-    priced = price(run, models[run.device])
-    ours: Plan | str | None = None
-    if plans:
-        try:
-            ours = own_plan(run, models[run.device], priced)
-        except PlannerError as exc:
-            ours = str(exc).splitlines()[0]
-    return priced, ours, time.perf_counter() - t0
+    shipped: list[float] = dataclasses.field(default_factory=list)  # time ratio - 1, shipped constants
+    out: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per source, out of source
+    inside: int = 0
+    widths: list[float] = dataclasses.field(default_factory=list)
+    claims: int = 0
+    fits_as_claimed: int = 0
+    plans: int = 0
+    faster: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, run: PublishedRun, res: RowResult) -> None:
+        priced, out = res.priced, res.out
+        if run.metric is not Metric.LAYER_MS:
+            self.claims += 1
+            ran = run.metric is not Metric.OUT_OF_MEMORY
+            self.fits_as_claimed += priced.fits == ran
+            if priced.fits != ran:
+                self.notes.append(f"{run.label} {'does not fit' if ran else 'fits'} though it "
+                                  f"{'ran' if ran else 'ran out of memory'}")
+        pub = published_time(run)
+        if pub:
+            self.shipped.append(time_ratio(run, priced) - 1)
+            if out is not None:
+                self.out.setdefault(run.publication, []).append(time_ratio(run, out) - 1)
+                lo, hi = res.band
+                self.inside += lo <= pub <= hi
+                self.widths.append((hi - lo) / out.seconds)
+        if isinstance(res.ours, Plan):
+            self.plans += 1
+            rel = res.ours.predicted.iteration_ms / priced.plan.predicted.iteration_ms
+            self.faster += rel <= 1 + 1e-9
+
+    def summary(self, n_rows: int, n_sources: int) -> str:
+        out = [v for vs in self.out.values() for v in vs]
+        loso = (f"leave-one-source-out median {100 * statistics.median([abs(v) for v in out]):.1f}% worst "
+                f"{100 * max(abs(v) for v in out):.1f}%, mean signed {100 * statistics.fmean(out):+.1f}%" if out
+                else "leave-one-source-out -, mean signed -")
+        width = f"{100 * statistics.median(self.widths):.1f}%" if self.widths else "-"
+        timed = len(self.shipped)
+        return (f"published runs: {n_rows} rows from {n_sources} sources, {pct(self.shipped)}, {loso}, "
+                f"inside band {self.inside}/{timed} (median width {width}), fits {self.fits_as_claimed}/{self.claims}, "
+                f"ours faster on {self.faster if self.plans else '-'}/{self.plans or '-'}")
+
+
+def _line(run: PublishedRun, res: RowResult) -> str:
+    priced, out = res.priced, res.out
+    b, v = choice_of(priced.plan)
+    ratio = time_ratio(run, priced)
+    loso = f"{time_ratio(run, out):>6.3f}" if out is not None and published_time(run) else f"{'-':>6}"
+    pub = published_time(run)
+    band = f"{res.band[0] / pub:.3f}-{res.band[1] / pub:.3f}" if pub and res.band[1] else "-"
+    rc = run.recompute.value[:6]
+    mark = "*" if run.label in FIT_LABELS else " "
+    figure = f"{run.published:>9.4g}" if run.metric is not Metric.OUT_OF_MEMORY else f"{'OOM':>9}"
+    line = (f"{run.label + mark:<22} {run.t:>2} {run.p:>3} {run.d:>3} {run.cp:>2} {run.gpus:>5} {run.batch:>5} {b:>2} {v:>1} "
+            f"{rc:<6} {run.metric.value[:16]:<16} {figure} {priced.predicted:>9.4g} {ratio:>6.3f} {loso} "
+            f"{band:>11} {priced.peak_bytes / GIB:>5.1f} {'yes' if priced.fits else 'NO':>4} |")
+    if isinstance(res.ours, str):
+        line += f" {'-':>11}  no plan: {res.ours}"
+    elif res.ours is not None:
+        line += f" {res.ours.predicted.iteration_ms / priced.plan.predicted.iteration_ms:>11.3f}  {describe_plan(res.ours)}"
+    return line + f" ({res.seconds:.1f} s)"
+
+
+def _notes(run: PublishedRun, res: RowResult) -> str:
+    priced = res.priced
+    notes = list(priced.notes) + list(run.assumed)
+    if res.overheads:
+        notes.insert(0, "overheads: " + ", ".join(res.overheads))
+    if not priced.fits:
+        notes.insert(0, f"DOES NOT FIT: {priced.over_bytes / GIB:.2f} GiB over {priced.usable_bytes / GIB:.2f} GiB; "
+                        f"{priced.reason}")
+    if run.metric is Metric.LAYER_MS:
+        notes.insert(0, f"fwd {priced.fwd_ms:.2f} / {run.published_fwd_ms} ms, bwd {priced.bwd_ms:.2f} / "
+                        f"{run.published_bwd_ms} ms (predicted / published)")
+    return f"{'':<22} assumed/notes: {'; '.join(notes)}" if notes else ""
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="", help="comma-separated row labels (default: all)")
     ap.add_argument("--no-plan", action="store_true", help="skip the planner's own plans")
-    ap.add_argument("--fit", action="store_true", help="refit each device's constants on FIT_ROWS first")
+    ap.add_argument("--fit", action="store_true", help="fit the constants (on all sources, and leaving each out) first")
     ap.add_argument("--jobs", type=int, default=1, help="rows priced in this many processes at once (printed in order)")
     args = ap.parse_args()
     rows = all_rows()
     models = dict(DEVICE_GEMM)
     if args.fit:
         t0 = time.perf_counter()
-        models = fit_all(rows)
-        for device, m in models.items():
-            print(f"fitted {device}: GemmModel(max_efficiency={m.max_efficiency!r}, half_intensity={m.half_intensity!r}, "
-                  f"memory_efficiency={m.memory_efficiency!r}, source={m.source!r}, fitted_on={m.fitted_on!r})")
-        print(f"({time.perf_counter() - t0:.0f} s)")
+        models, by_source = fit_all(rows, args.jobs)
+        print(shipped_text(models, by_source))
+        DEVICE_GEMM.update(models)  # the table below is priced with the new fits, bands included
+        DEVICE_GEMM_LOSO.clear()
+        DEVICE_GEMM_LOSO.update({d: tuple(f[d] for f in by_source.values()) for d in DEVICES})
+        print(f"({time.perf_counter() - t0:.0f} s)\n")
+    loso = dict(DEVICE_GEMM_LOSO)
     if args.rows:
         wanted = {x.strip() for x in args.rows.split(",")}
         rows = [r for r in rows if r.label in wanted]
-    for device, m in models.items():
-        print(f"{device}: e_max {m.max_efficiency:.4f}, I_half {m.half_intensity:.2f} FLOP/byte, HBM fraction "
-              f"{m.memory_efficiency:.4f}; fitted on: {', '.join(m.fitted_on) or '(not fitted)'}")
-    usable = sorted({f"{d} {(PRESETS[r.preset].device_memory_bytes) / GIB:.2f} GiB" for r in rows for d in [r.device]})
-    print(f"fits: per-GPU peak <= device memory as CUDA reports it ({', '.join(usable)}) less "
-          f"{RUNTIME_RESERVE_BYTES / GIB:.0f} GiB outside the allocator; * = a fit row, the rest out of sample\n")
-    head = (f"{'row':<17} {'t':>2} {'p':>3} {'d':>3} {'N':>5} {'B':>5} {'b':>2} {'v':>1} {'rc':<5} {'metric':<16} "
-            f"{'published':>9} {'predicted':>9} {'ratio':>6} {'GiB':>5} {'fits':>4} | {'ours/theirs':>11}  our plan")
+    m = models["a100-80gb"]
+    print(f"constants (both devices; the H100's I_half the A100's x the ridge-point ratio {ridge('h100-80gb') / ridge('a100-80gb'):.4f}): "
+          f"e_max {m.max_efficiency:.4f}, I_half {m.half_intensity:.2f} FLOP/byte, HBM fraction {m.memory_efficiency:.4f}; "
+          f"fitted on: {', '.join(m.fitted_on) or '(not fitted)'}")
+    for fits in zip(*loso.values()) if loso else ():
+        f = fits[0]
+        print(f"  {f.source.split(';')[0].split(': ')[-1]}: e_max {f.max_efficiency:.4f}, I_half {f.half_intensity:.2f}, "
+              f"HBM fraction {f.memory_efficiency:.4f}")
+    print(f"fits: per-GPU peak + {RUNTIME_RESERVE_BYTES / GIB:.0f} GiB outside the allocator (the band's top) <= the memory "
+          f"CUDA reports; * = a fit row; time ratios predicted / published (> 1: predicted slower), 'loso' out of "
+          f"source, band its range\n")
+    head = (f"{'row':<22} {'t':>2} {'p':>3} {'d':>3} {'cp':>2} {'N':>5} {'B':>5} {'b':>2} {'v':>1} {'rc':<6} {'metric':<16} "
+            f"{'published':>9} {'predicted':>9} {'ratio':>6} {'loso':>6} {'band':>11} {'GiB':>5} {'fits':>4} | "
+            f"{'ours/theirs':>11}  our plan")
     print(head)
     print("-" * len(head))
-    ratios, fits, faster = [], 0, 0
-    fit_err: list[float] = []
-    out_err: list[float] = []
-    over: list[str] = []
-    slower: list[str] = []
-    priced_all: list[Priced] = []
-    work = partial(price_row, models=models, plans=not args.no_plan)
+    tally = Tally()
+    work = partial(price_row, models=models, loso=loso, plans=not args.no_plan)
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
         results = pool.map(work, rows) if pool is not None else map(work, rows)
-        for run, (priced, ours, seconds) in zip(rows, results):
-            priced_all.append(priced)
-            r = ratio(run, priced)
-            ratios.append(r)
-            fits += priced.fits
-            in_fit = run.label in models[run.device].fitted_on
-            (fit_err if in_fit else out_err).append(abs(r - 1))
-            if abs(r - 1) > 0.10:
-                over.append(f"{run.label} {100 * (r - 1):+.1f}%")
-            mark = "*" if in_fit else " "
-            v = priced.plan.layout.virtual_stages_per_rank
-            b = priced.plan.microbatch_size
-            line = (f"{run.label + mark:<17} {run.t:>2} {run.p:>3} {run.d:>3} {run.gpus:>5} {run.batch:>5} {b:>2} "
-                    f"{v:>1} {run.recompute.value[:5]:<5} {run.metric.value[:16]:<16} {run.published:>9.4g} "
-                    f"{priced.predicted:>9.4g} {r:>6.3f} {priced.peak_bytes / GIB:>5.1f} {'yes' if priced.fits else 'NO':>4} |")
-            if not args.no_plan:
-                if isinstance(ours, str):
-                    line += f" {'-':>11}  no plan: {ours}"
-                elif ours is not None:
-                    rel = ours.predicted.iteration_ms / priced.plan.predicted.iteration_ms
-                    faster += rel <= 1 + 1e-9
-                    if rel > 1 + 1e-9:
-                        slower.append(f"{run.label} {rel:.3f}")
-                    line += f" {rel:>11.3f}  {describe_plan(ours)}"
-            print(line + f" ({seconds:.1f} s)", flush=True)
-            notes = list(priced.notes) + list(run.assumed)
-            if not priced.fits:
-                notes.insert(0, f"DOES NOT FIT: {priced.over_bytes / GIB:.2f} GiB over {priced.usable_bytes / GIB:.2f} GiB; "
-                                f"{priced.reason}")
-            if run.metric is Metric.LAYER_MS:
-                notes.insert(0, f"fwd {priced.fwd_ms:.2f} / {run.published_fwd_ms} ms, bwd {priced.bwd_ms:.2f} / "
-                                f"{run.published_bwd_ms} ms (predicted / published)")
+        for run, res in zip(rows, results):
+            tally.add(run, res)
+            print(_line(run, res), flush=True)
+            notes = _notes(run, res)
             if notes:
-                print(f"{'':<17} assumed/notes: {'; '.join(notes)}")
-    errors = [abs(x - 1) for x in ratios]
-    n = len(rows)
-    print(f"\nfit rows ({len(fit_err)}): {error_summary(fit_err)}; out of sample ({len(out_err)}): {error_summary(out_err)}")
-    print(f"over 10%: {', '.join(over) or 'none'}")
-    print("do not fit: " + (", ".join(f"{run.label} by {p.over_bytes / GIB:.2f} GiB" for run, p in
-                                             zip(rows, priced_all) if not p.fits) or "none"))
-    if not args.no_plan:
-        print(f"ours slower (ours/theirs > 1): {', '.join(slower) or 'none'}")
-    print(f"\npublished runs: {n} rows, median |error| {100 * statistics.median(errors):.1f}%, "
-          f"worst {100 * max(errors):.1f}%, fits {fits}/{n}, ours faster on {faster if not args.no_plan else '-'}/{n}")
+                print(notes)
+    print()
+    for src, errs in tally.out.items():
+        print(f"leave-one-source-out, {src} ({len(errs)} rows): {pct(errs)}, mean signed {100 * statistics.fmean(errs):+.1f}%")
+    out_errors = [abs(v) for vs in tally.out.values() for v in vs]
+    if out_errors:
+        print(f"the model's error out of source for the band (planner.cost.band.MODEL_ERROR): "
+              f"{100 * statistics.median(out_errors):.1f}% measured here, {100 * MODEL_ERROR:.1f}% shipped")
+    print(f"memory claims not met: {'; '.join(tally.notes) or 'none'}")
+    print(f"\n{tally.summary(len(rows), len({r.publication for r in rows}))}")
     return 0
 
 

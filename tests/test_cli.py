@@ -73,9 +73,10 @@ def test_commands_import_only_what_they_use():
     assert "planner.solve.search" in plan_mods and "numpy" in plan_mods
     assert not plan_mods & (heavy - {"numpy"}), sorted(plan_mods & heavy)
     assert "numpy.ma" not in plan_mods  # np.unique imports it (planner.solve.arrays.distinct)
+    # (the analytic generators are loaded where a plan's band rebuilds an analytic profile with the
+    # leave-one-source-out fits of its device's constants: planner.cost.band)
     unused = {m for m in plan_mods if m.startswith(("planner.runtime", "planner.report.calibrate", "planner.report.export",
-                                                    "planner.solve.pipedream", "planner.solve.baselines",
-                                                    "planner.profiling.analytic.gpt"))}
+                                                    "planner.solve.pipedream", "planner.solve.baselines"))}
     assert not unused, sorted(unused)
 
 
@@ -191,3 +192,29 @@ def test_unwritable_output_is_refused_before_planning(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "folder does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_recompute_is_forced_from_the_command_line_and_the_band_printed(tmp_path, capsys):
+    """``--recompute full`` recomputes every transformer block; the table prints the iteration's
+    band, whether the plan fits at its top, and the overhead terms; ``--stack megatron-core``
+    still names the Megatron-Core 0.8 preset."""
+    out = tmp_path / "p.json"
+    assert main(["plan", "--global-batch", "64", "--recompute", "full", "--stack", "megatron-core", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"iteration \d+\.\d+ ms \(\d+\.\d+-\d+\.\d+\)", text), text
+    assert "memory at its top" in text and "fits the device's" in text and "overheads in the iteration: " in text
+    doc = json.loads(out.read_text())
+    blocks = [i for s in doc["stages"] for i in range(s["layer_start"], s["layer_stop"]) if 1 <= i <= 40]
+    assert sorted(i for s in doc["stages"] for i in s["recompute"]) == blocks
+    assert doc["provenance"]["request"]["recompute_mode"] == "full" and doc["stack"]["name"] == "megatron-core-0.8"
+    assert doc["predicted"]["band"]["iteration_low_ms"] <= doc["predicted"]["iteration_ms"]
+    assert {t["kind"] for t in doc["predicted"]["overheads"]} >= {"straggler"}
+
+
+def test_a_cluster_file_from_before_the_memory_correction_exits_2_naming_the_value(tmp_path, capsys):
+    cdoc = cluster_to_json(PRESETS["a100-80gb-x8"])
+    cdoc["device_memory_bytes"] = 80 * 10**9
+    rc = main(["plan", "--cluster", _write(tmp_path, "old.json", json.dumps(cdoc))])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "old.json" in err and "predates the correction" in err and str(PRESETS["a100-80gb-x8"].device_memory_bytes) in err

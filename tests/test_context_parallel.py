@@ -73,7 +73,7 @@ def test_view_splits_token_work_and_attention_and_adds_the_kv_collectives() -> N
         assert math.isclose(part.fwd.per_sample_ms, token + core.fwd.per_sample_ms / cp + gather, rel_tol=1e-9)
         assert math.isclose(part.fwd.intercept_ms, whole.fwd.intercept_ms - core.fwd.intercept_ms + 0.5 * fixed,
                             rel_tol=1e-9, abs_tol=1e-12)
-    hidden = context_parallel_view(prof, cluster, cp, stack=STACKS["megatron-core"]).profile
+    hidden = context_parallel_view(prof, cluster, cp, stack=STACKS["megatron-core-0.8"]).profile
     for exposed, overlapped in zip(view.layers[1:-1], hidden.layers[1:-1]):
         for b in (1, 8):
             assert overlapped.fwd_ms(b) < exposed.fwd_ms(b) and overlapped.bwd_ms(b) < exposed.bwd_ms(b)

@@ -82,7 +82,7 @@ def test_the_iteration_ends_with_the_slowest_ranks_step(layout: Layout) -> None:
 def test_plan_v5_carries_the_step_and_a_v4_file_reads_as_unpriced() -> None:
     plan = _plan(Layout(num_stages=1, dp_degree=2), 1000.0)
     data = json.loads(dumps_plan(plan))
-    assert data["version"] == 5 and data["stages"][0]["optimizer_ms"] == plan.stages[0].optimizer_ms > 0
+    assert data["version"] == 6 and data["stages"][0]["optimizer_ms"] == plan.stages[0].optimizer_ms > 0
     assert plan_from_json(parse_text(dumps_plan(plan), "plan")) == plan
     del data["stages"][0]["optimizer_ms"]
     old = plan_from_json(dict(data, version=4))

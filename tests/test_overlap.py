@@ -102,7 +102,7 @@ def test_one_stage_exposes_only_the_tail_of_an_overlapped_reduction() -> None:
 
 def test_megatron_core_gathers_weights_ahead_of_the_forward() -> None:
     lay = Layout(num_stages=2, dp_degree=2, zero=ZeroStage.OPTIMIZER)
-    plan = _plan(STACKS["megatron-core"], lay)
+    plan = _plan(STACKS["megatron-core-0.8"], lay)
     tl = simulate(plan)
     for s, stage in enumerate(plan.stages):
         assert 0 < stage.gather_ahead_ms < stage.allreduce_ms
@@ -115,12 +115,12 @@ def test_megatron_core_gathers_weights_ahead_of_the_forward() -> None:
             stage.allreduce_ms - stage.gather_ahead_ms)
 
 
-def test_plan_v5_round_trip_and_stack_recorded() -> None:
+def test_plan_v6_round_trip_and_stack_recorded() -> None:
     lay = Layout(num_stages=2, dp_degree=2, zero=ZeroStage.OPTIMIZER)
-    plan = _plan(STACKS["megatron-core"], lay)
+    plan = _plan(STACKS["megatron-core-0.8"], lay)
     again = plan_from_json(parse_text(dumps_plan(plan), "plan"))
-    assert again == plan and again.stack == STACKS["megatron-core"] == again.provenance.request.stack
-    assert json.loads(dumps_plan(plan))["version"] == 5
+    assert again == plan and again.stack == STACKS["megatron-core-0.8"] == again.provenance.request.stack
+    assert json.loads(dumps_plan(plan))["version"] == 6
     assert simulate(again).iteration_ms == pytest.approx(plan.predicted.iteration_ms)
 
 
@@ -143,7 +143,7 @@ def test_stack_presets_and_refusals() -> None:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(stack=st.sampled_from([STACKS["none"], DEFAULT_STACK, STACKS["megatron-core"],
+@given(stack=st.sampled_from([STACKS["none"], DEFAULT_STACK, STACKS["megatron-core-0.8"],
                               Stack(name="tiny", grad_reduce_overlap=True, zero_reduce_overlap=True,
                                     grad_bucket_bytes=50_000_000, param_gather_overlap=True)]),
        zero=st.sampled_from([ZeroStage.NONE, ZeroStage.OPTIMIZER]), p=st.sampled_from([1, 2]),

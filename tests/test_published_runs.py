@@ -1,11 +1,13 @@
-"""``benchmarks/published_runs.py``: the published runs of issues 18 and 19 priced with their
+"""``benchmarks/published_runs.py``: the published runs of issues 18, 19 and 47 priced with their
 published configuration forced. Memory (issue 18): Korthikanti et al. 2022 Table 3 (sequence
-parallelism + selective recomputation of every block's attention core) and the Megatron-LM
-README's H100 rows (FlashAttention, no recomputation, the distributed optimizer) fit in their
-80 GB GPUs under our memory model, as they did when they ran; without selective recomputation
-or with materialised attention they would not. Time: the selective level is priced as the
-planner runs it (the attention core's forward again in every backward), and the benchmark's
-last line has the issue's format."""
+parallelism + selective recomputation of every block's attention core), the Megatron-LM
+README's H100 rows (FlashAttention, no recomputation, the distributed optimizer) and
+torchtitan's FSDP rows fit in their 80 GB GPUs under our memory model, as they did when they
+ran, and torchtitan's Llama 2 70B at local batch 2 with op-level recomputation does not, as it
+did not; without selective recomputation or with materialised attention they would not. Time:
+the selective level is priced as the planner runs it (the attention core's forward again in
+every backward), and the benchmark's last line has issue 47's format. Layouts (issue 47): uneven
+first / last stages, the embedding or head as a slot of its own, context parallelism."""
 
 from __future__ import annotations
 
@@ -20,33 +22,89 @@ from planner.artifacts.layout import DeviceGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from published_rows import PublishedRun, Recompute, all_rows
+from published_rows import Metric, PublishedRun, Recompute, all_rows
 from published_runs import (
+    FIT_ROWS,
     GIB,
     cluster_for,
     config_options,
     config_plan,
+    loso_model,
     main,
     own_plan,
+    partition,
     price,
     profile_for,
+    stage_blocks,
     usable_bytes,
 )
 
 from planner.artifacts.cluster import PRESETS
+from planner.artifacts.kinds import ZeroStage
 from planner.cost.tensor_parallel import device_cost_model
-from planner.profiling.analytic.gemm import DEVICE_GEMM
+from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO
 
 ROWS = {r.label: r for r in all_rows()}
 #: Korthikanti et al. 2022 Table 3's configurations (Table 5's "present work") and the Megatron-LM
 #: README's H100 rows (issue 18 names 70B-462B; the smaller ones ran too)
 MEMORY_ROWS = [r for r in ROWS.values() if r.label.endswith("sp+sel") or r.source == "Megatron-LM README"]
+#: torchtitan's FSDP rows that ran (issue 47)
+TORCHTITAN_RAN = [r for r in ROWS.values() if r.publication == "torchtitan 2024" and r.metric is Metric.TOKENS_PER_S]
 
 
 def test_memory_rows_are_the_issue_rows() -> None:
     labels = {r.label for r in MEMORY_ROWS}
     assert {f"K5 {m} sp+sel" for m in ("22B", "175B", "530B", "1T")} <= labels
     assert {f"M {m}" for m in ("70B", "119B", "177B", "314B", "462B")} <= labels
+    assert len(TORCHTITAN_RAN) == 8
+
+
+def test_sources_and_fit_rows() -> None:
+    """Four sources; each source's fit rows are at most a third of its rows and are rows of it."""
+    by_source: dict[str, list[str]] = {}
+    for r in ROWS.values():
+        by_source.setdefault(r.publication, []).append(r.label)
+    assert set(by_source) == set(FIT_ROWS)
+    for src, labels in FIT_ROWS.items():
+        assert set(labels) <= set(by_source[src]) and 3 * len(labels) <= len(by_source[src]) + 2
+
+
+@pytest.mark.parametrize("run", TORCHTITAN_RAN, ids=[r.label for r in TORCHTITAN_RAN])
+def test_torchtitan_configurations_that_ran_fit(run: PublishedRun) -> None:
+    got = price(run, DEVICE_GEMM[run.device])
+    assert got.fits, f"{run.label}: {got.peak_bytes / GIB:.2f} GiB: {got.reason}"
+    assert got.plan.layout.zero is ZeroStage.PARAMETERS and got.plan.layout.dp_degree == 64
+
+
+def test_the_configuration_that_ran_out_of_memory_does_not_fit() -> None:
+    """Llama 2 70B at local batch 2 with torchtitan's op-level recomputation ran out of memory on 80
+    GB A100s; at local batch 1 it ran. Priced as the attention core (which FlashAttention saves
+    nothing of) instead of the op-level policy, the batch-1 row would not fit either."""
+    oom = ROWS["T L2 70B b2 sel-op"]
+    assert oom.metric is Metric.OUT_OF_MEMORY
+    got = price(oom, DEVICE_GEMM[oom.device])
+    assert not got.fits and "activations" in got.reason
+    ran = ROWS["T L2 70B b1 sel-op"]
+    assert price(ran, DEVICE_GEMM[ran.device]).fits
+    as_core = dataclasses.replace(ran, recompute=Recompute.SELECTIVE)
+    assert not price(as_core, DEVICE_GEMM[ran.device]).fits
+
+
+def test_layouts_a_row_can_express() -> None:
+    """Uneven first and last stages, the embedding and the head as slots of their own, and
+    context parallelism (gpus = t p d cp) are priced as given."""
+    run = dataclasses.replace(ROWS["K5 175B sp+sel"], p=8, chunks=(1,), first_stage_layers=11, last_stage_layers=11)
+    assert stage_blocks(run, 8) == [11, 13, 13, 12, 12, 12, 12, 11]
+    assert stage_blocks(dataclasses.replace(run, p=4), 8) is None  # interleaved: the rest must divide evenly
+    slots = dataclasses.replace(run, first_stage_layers=0, last_stage_layers=0, embedding_stage=True, head_stage=True)
+    starts, _, selective = partition(slots, 8)
+    assert starts[:2] == [0, 1] and starts[-1] == 97 and selective[0] == [] and selective[-1] == []
+    plan = config_plan(slots, DEVICE_GEMM[run.device])
+    assert plan.stages[0].layer_names == ("embed",) and plan.stages[-1].layer_names == ("head",)
+    cp = dataclasses.replace(ROWS["T L3 8B b1 sel-layer"], d=32, cp=2, batch=32)
+    assert cp.gpus == 64
+    priced = config_plan(cp, DEVICE_GEMM[cp.device])
+    assert priced.layout.cp_degree == 2 and priced.layout.world_size == 64
 
 
 @pytest.mark.parametrize("run", MEMORY_ROWS, ids=[r.label for r in MEMORY_ROWS])
@@ -98,8 +156,17 @@ def test_summary_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     monkeypatch.setattr(sys, "argv", ["published_runs.py", "--no-plan", "--rows", ",".join(rows)])
     assert main() == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert re.fullmatch(r"published runs: 3 rows, median \|error\| \d+\.\d%, worst \d+\.\d%, fits \d/3, ours faster on -/3",
-                        last), last
+    assert re.fullmatch(r"published runs: 3 rows from 3 sources, median \|error\| \d+\.\d%, worst \d+\.\d%, "
+                        r"leave-one-source-out (median \d+\.\d% worst \d+\.\d%, mean signed [+-]\d+\.\d%|-, mean signed -), "
+                        r"inside band \d/3 \(median width (\d+\.\d%|-)\), fits \d/2, ours faster on -/-", last), last
+
+
+def test_each_row_is_priced_out_of_source_with_the_fit_that_left_its_source_out() -> None:
+    assert DEVICE_GEMM_LOSO, "the leave-one-source-out fits are shipped beside the constants"
+    for run in (ROWS["N1 1.7B"], ROWS["M 462B"], ROWS["T L2 13B b2 none"]):
+        model = loso_model(run, DEVICE_GEMM_LOSO)
+        assert model is not None and f"without {run.publication};" in model.source
+        assert not set(model.fitted_on) & set(FIT_ROWS[run.publication])
 
 
 def test_a_micro_batch_the_source_leaves_out_is_the_faster_that_fits() -> None:
@@ -141,3 +208,16 @@ def test_own_plan_gets_the_memory_a_configuration_that_does_not_fit_takes() -> N
     ours = own_plan(run, gemm, got)
     assert usable_bytes(run) < ours.predicted.peak_memory_bytes <= got.peak_bytes
     assert ours.predicted.iteration_ms <= got.plan.predicted.iteration_ms * (1 + 1e-9)
+
+
+def test_the_tightest_device_is_named_with_its_simulated_peak() -> None:
+    """A configuration that does not fit names its tightest pipeline rank with the simulator's peak
+    for it (an interleaved rank's chunks peak at different times: their peaks summed are more)."""
+    one_t = dataclasses.replace(ROWS["K5 1T sp+sel"], recompute=Recompute.NONE)
+    got = price(one_t, DEVICE_GEMM[one_t.device])
+    reason = got.reason
+    peak = float(re.search(r"simulated peak ([\d.]+) GiB", reason).group(1))
+    assert peak == pytest.approx(got.peak_bytes / GIB, abs=0.06)
+    lay = got.plan.layout
+    summed = max(sum(got.plan.stages[i].memory_total_bytes for i in lay.stage_indices(r)) for r in range(lay.pipeline_size))
+    assert lay.virtual_stages_per_rank > 1 and summed / GIB > peak

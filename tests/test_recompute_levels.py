@@ -126,7 +126,7 @@ def test_version_2_profile_loads_without_levels():
 
 def test_version_3_plan_loads_without_selective_recomputation(small_plan):
     doc = json.loads(json.dumps(plan_to_json(small_plan)))
-    assert doc["version"] == 5
+    assert doc["version"] == 6
     doc["version"] = 3
     for stage in doc["stages"]:
         stage.pop("recompute_selective")

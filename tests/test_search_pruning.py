@@ -17,11 +17,13 @@ import functools
 import pytest
 
 from planner.artifacts.cluster import PRESETS, Cluster
-from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.kinds import CollectiveModel, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
+from planner.artifacts.stack import STACKS
+from planner.profiling.analytic.gemm import GemmModel
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.solve.chain_dp import solve_chain
 from planner.solve.search import search_plan
@@ -345,31 +347,35 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
 
 
 def test_best_time_on_all_the_devices_survives_a_context_parallel_winner() -> None:
-    """A plan on fewer devices than were available records the best time found on all of them
-    (``predicted.all_devices_ms``). A context-parallel degree is searched against the best plan
-    before it and keeps only candidates faster than that, which dropped its candidates on all
-    the devices too: here (a small GPT on 32 A100s, interleaved only, 8 GiB per device) the
-    winner is t = 2, cp = 2 on 16 devices, and the best plans on all 32 are context-parallel
-    ones (t = 2, cp = 4; t = 4, cp = 2), which the pruned search reported as none ("no plan found
-    on all 32") and the exhaustive search as the slower t = 8 plan. Both must record the same
-    time, no slower than the best plan the t = 4, cp = 2 degree alone finds on all 32 devices,
-    and faster than the t = 8 one."""
-    profile = gpt_profile(layers=8, hidden=1024, heads=8, seq=1024, vocab=32000, device_preset="a100-80gb")
-    cluster = PRESETS["a100-80gb-x8"].with_devices(32)
-    request = PlanRequest(global_batch=4, memory_cap_bytes=8 * GIB, schedules=(ScheduleKind.INTERLEAVED_1F1B,))
+    """A plan on fewer devices than were available
+    records the best time found on all of them (``predicted.all_devices_ms``). A context-parallel
+    degree is searched against the best plan before it and keeps only candidates faster than that,
+    which dropped its candidates on all the devices too: here (a small GPT on 32 A100s,
+    interleaved only, 8 GiB per device, two samples an iteration) the winner is context-parallel
+    on 16 devices and the best plans on all 32 are context-parallel too, which the pruned search
+    had reported as none ("no plan found on all 32") and the exhaustive search as the slower t =
+    8 plan. Both must record the same time, no slower than the best plan t = 4 with cp = 2 or 4
+    alone finds on all 32 devices."""
+    # priced as when the case was found (issue 24): the A100 constants of then, alpha-beta collectives,
+    # no overheads, the stack that prices no host time and the model's own attention (under today's
+    # constants and overheads t = 8 on all 32 wins outright, and the case does not arise)
+    then = GemmModel(max_efficiency=0.6925, half_intensity=96.70, memory_efficiency=0.6763)
+    profile = gpt_profile(layers=8, hidden=1024, heads=8, seq=1024, vocab=32000, device_preset="a100-80gb", gemm=then)
+    cluster = dataclasses.replace(PRESETS["a100-80gb-x8"].with_devices(32), collective_model=CollectiveModel.ALPHA_BETA,
+                                  gpu_speed_variation=0.0, inter_node_p2p_latency_us=0.0)
+    request = PlanRequest(global_batch=2, memory_cap_bytes=8 * GIB, schedules=(ScheduleKind.INTERLEAVED_1F1B,),
+                          stack=STACKS["none"])
     runs = [search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=s)
             for s in (PRUNED, EXHAUSTIVE)]
     for p in runs:
         assert p.num_devices < 32 and p.layout.cp_degree > 1
         assert p.predicted.all_devices_ms > p.predicted.iteration_ms
     assert runs[0].predicted.all_devices_ms == runs[1].predicted.all_devices_ms
-    alone = search_plan(profile, cluster, dataclasses.replace(request, tp_degrees=(4,), cp_degrees=(2,)),
+    alone = search_plan(profile, cluster, dataclasses.replace(request, tp_degrees=(4,), cp_degrees=(2, 4)),
                         solver=SolverKind.DP, chain_solver=solve_chain, settings=EXHAUSTIVE)
     on_all = alone.predicted.iteration_ms if alone.num_devices == 32 else alone.predicted.all_devices_ms
     assert 0 < runs[0].predicted.all_devices_ms <= on_all
-    tp8 = search_plan(profile, cluster, dataclasses.replace(request, tp_degrees=(8,)), solver=SolverKind.DP,
-                      chain_solver=solve_chain, settings=EXHAUSTIVE)
-    assert tp8.num_devices == 32 and runs[0].predicted.all_devices_ms < tp8.predicted.iteration_ms
+    # (t = 8, the plan the exhaustive search had reported on all 32, finds none there at this batch now)
 
 
 def _random_case(seed: int) -> tuple[Profile, Cluster, PlanRequest]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import CollectiveModel
 from planner.artifacts.limits import MAX_BYTES, MAX_DEVICES, MAX_MS, MAX_RATE, MIN_RATE, check_count, check_name, check_range
 
 SCHEMA = "planner.cluster"
@@ -51,6 +52,23 @@ class Cluster:
                          "hold): a tensor-parallel collective hidden behind GEMMs for c ms lengthens them by this x c; "
                          "0 = overlap is free"},
     )
+    collective_model: CollectiveModel = field(
+        default=CollectiveModel.ALPHA_BETA,
+        metadata={"doc": "how collectives across nodes are priced: alpha-beta rings, or NCCL's tuning model (its "
+                         "latencies and ring / tree choice; planner.cost.collectives) (absent when alpha-beta)",
+                  "omit_if_default": True},
+    )
+    inter_node_p2p_latency_us: float = field(
+        default=0.0,
+        metadata={"doc": "a pipeline send/receive between nodes, its fixed time (us) as NCCL's send/recv measures it "
+                         "for small messages; 0 = inter_node_latency_us (absent when 0)", "omit_if_default": True},
+    )
+    gpu_speed_variation: float = field(
+        default=0.0,
+        metadata={"doc": "spread of per-GPU speed over the cluster's GPUs of one model ((slowest - fastest) / median): "
+                         "a synchronous job waits for its slowest GPU (planner.cost.overheads); 0 = not priced "
+                         "(absent when 0)", "omit_if_default": True},
+    )
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,6 +98,10 @@ class Cluster:
             check_range(name, getattr(self, name), 0, MAX_MS)
         if not (math.isfinite(self.overlap_compute_loss) and 0 <= self.overlap_compute_loss < 1):
             raise ValueError(f"overlap_compute_loss must be in [0, 1) (got {self.overlap_compute_loss!r})")
+        if not (math.isfinite(self.gpu_speed_variation) and 0 <= self.gpu_speed_variation < 1):
+            raise ValueError(f"gpu_speed_variation must be in [0, 1) (got {self.gpu_speed_variation!r})")
+        check_range("inter_node_p2p_latency_us", self.inter_node_p2p_latency_us, 0, MAX_MS)
+        object.__setattr__(self, "collective_model", CollectiveModel(self.collective_model))
 
     @property
     def num_devices(self) -> int:
@@ -137,6 +159,17 @@ _V100 = "NVIDIA V100 datasheet (16 GB HBM2); PipeDream (SOSP'19) cluster B/C: 8 
 _NCCL_LAT = "NCCL tests: ~10 us intra-node NVLink small-message latency"
 _IB_HDR = "Mellanox HDR InfiniBand 200 Gb/s per NIC x 8 NICs (DGX A100) = 200 GB/s per node, ~25 GB/s per GPU; ~5 us latency"
 _IB_NDR = "ConnectX-7 NDR 400 Gb/s per GPU (DGX H100) = 50 GB/s per GPU"
+#: NCCL's send/recv between two nodes over InfiniBand for 256 B - 8 KiB messages: 30.7-34.2 us
+#: (nccl-tests sendrecv_perf, NVIDIA/nccl-tests issue #214, 2024)
+_NCCL_P2P_NET_US = 31.0
+_NCCL_P2P = ("nccl-tests sendrecv_perf between two nodes over InfiniBand, 256 B - 8 KiB: 30.7-34.2 us "
+             "(NVIDIA/nccl-tests issue #214, 2024): 31 us")
+_NCCL_MODEL = "NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc at 5067397): ring / tree latencies and choice"
+#: Sinha et al., "Not All GPUs Are Created Equal: Characterizing Variability in Large-Scale, Accelerator-Rich
+#: Systems" (SC'22): GPUs of one SKU in a cluster vary by 8% on average (max 22%) in performance
+_GPU_VARIATION = 0.08
+_SINHA = ("Sinha et al. SC'22 'Not All GPUs Are Created Equal': 8% average (max 22%) performance variation across "
+          "a cluster's GPUs of one SKU")
 
 
 def _preset(**kw: Any) -> Cluster:
@@ -157,7 +190,13 @@ PRESETS: dict[str, Cluster] = {
         peak_tflops=312.0,
         memory_bandwidth_gb_per_s=2039.0,
         overlap_compute_loss=_NCCL_BLOCKS / _A100_SMS,
+        collective_model=CollectiveModel.NCCL,
+        inter_node_p2p_latency_us=_NCCL_P2P_NET_US,
+        gpu_speed_variation=_GPU_VARIATION,
         sources={
+            "collective_model": _NCCL_MODEL,
+            "inter_node_p2p_latency_us": _NCCL_P2P,
+            "gpu_speed_variation": _SINHA,
             "peak_tflops": "NVIDIA A100 datasheet: 312 TFLOPS dense BF16 tensor core",
             "memory_bandwidth_gb_per_s": "NVIDIA A100 datasheet: 2,039 GB/s HBM2e (80GB SXM)",
             "device_memory_bytes": _A100_MEMORY,
@@ -181,7 +220,13 @@ PRESETS: dict[str, Cluster] = {
         peak_tflops=989.0,
         memory_bandwidth_gb_per_s=3350.0,
         overlap_compute_loss=_NCCL_BLOCKS / _H100_SMS,
+        collective_model=CollectiveModel.NCCL,
+        inter_node_p2p_latency_us=_NCCL_P2P_NET_US,
+        gpu_speed_variation=_GPU_VARIATION,
         sources={
+            "collective_model": _NCCL_MODEL,
+            "inter_node_p2p_latency_us": _NCCL_P2P,
+            "gpu_speed_variation": _SINHA,
             "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
             "memory_bandwidth_gb_per_s": "NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM5)",
             "device_memory_bytes": _H100_MEMORY,
@@ -255,7 +300,33 @@ def load_cluster(name_or_path: str | Path) -> Cluster:
 
 
 def cluster_from_json(data: Any, source: str = "<cluster>") -> Cluster:
-    return codec.decode_document(Cluster, data, SCHEMA, VERSION, source)
+    """A cluster document; one of an 80 GB A100 or H100 written before the presets held what
+    CUDA reports (:func:`predates_memory_correction`) is refused naming the value to write."""
+    cluster = codec.decode_document(Cluster, data, SCHEMA, VERSION, source)
+    why = predates_memory_correction(cluster)
+    if why:
+        raise PlannerInputError(f"{source}: {why}")
+    return cluster
+
+
+#: the device memory the A100 / H100 80 GB presets gave before they held what CUDA reports
+_PRE_CORRECTION_BYTES = 80 * 10**9
+
+
+def predates_memory_correction(cluster: Cluster) -> str:
+    """Why a cluster of 80 GB A100s or H100s with ``device_memory_bytes`` = 80e9 predates the
+    correction (the datasheet's "80 GB" read as decimal bytes, 74.51 GiB, where CUDA reports 79.14 /
+    79.11 GiB: benchmarks/RESULTS.md section 39); "" otherwise."""
+    name = cluster.device_name.upper().replace(" ", "")
+    if cluster.device_memory_bytes != _PRE_CORRECTION_BYTES or "80GB" not in name:
+        return ""
+    right = {"A100": _A100_80GB_CUDA_BYTES, "H100": _H100_80GB_CUDA_BYTES}
+    part = next((k for k in right if k in name), "")
+    if not part:
+        return ""
+    return (f"device_memory_bytes 80000000000 (74.51 GiB) on an {cluster.device_name} predates the correction to "
+            f"what CUDA reports ({right[part] / GIB:.2f} GiB): set it to {right[part]} (or to what "
+            f"torch.cuda.get_device_properties(0).total_memory reports on your GPUs)")
 
 
 def cluster_to_json(cluster: Cluster) -> dict[str, Any]:

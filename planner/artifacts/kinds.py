@@ -10,7 +10,11 @@ and request files hold).
 - :class:`ZeroStage`: how much model state is sharded over a stage's data-parallel ranks;
 - :class:`AttentionKind`: how a profile's attention keeps its scores (flash or materialised);
 - :class:`RecomputeLevel`: how much of a layer is recomputed in backward (none, selective, full);
-- :class:`SequenceParallelRuntime`: whose sequence parallelism a profile's tensor splits describe.
+- :class:`SequenceParallelRuntime`: whose sequence parallelism a profile's tensor splits describe;
+- :class:`CollectiveModel`: how a cluster's collectives across nodes are priced;
+- :class:`OverheadKind`: the overhead terms of a plan's breakdown;
+- :class:`SelectiveUnit`: what an analytic profile's selective recompute level re-runs;
+- :class:`AttentionKernel`: the fused attention kernel a training stack runs.
 """
 
 from __future__ import annotations
@@ -158,8 +162,8 @@ REQUESTABLE_SOLVERS: tuple[SolverKind, ...] = (SolverKind.DP, SolverKind.ILP, So
 
 class ZeroStage(enum.IntEnum):
     """ZeRO (Rajbhandari et al. 2020) over a stage's data-parallel ranks: 0 nothing sharded,
-    1 the optimizer state, 2 also the gradients (after the iteration's reduce-scatter; see
-    :mod:`planner.cost.model`), 3 also the parameters (FSDP: each layer's weights all-gathered
+    1 the optimizer state, 2 also the gradients (reduce-scattered every micro-batch, DeepSpeed's
+    ZeRO-2; see :mod:`planner.cost.sharding`), 3 also the parameters (FSDP: each layer's weights all-gathered
     before its forward and again before its backward, its gradients reduce-scattered after its
     backward, every micro-batch; see :mod:`planner.cost.fsdp`)."""
 
@@ -200,6 +204,19 @@ class RecomputeLevel(enum.Enum):
     FULL = "full"
 
 
+class RecomputeMode(enum.Enum):
+    """How a request has recomputation chosen: ``auto``, the solver picks each layer's level
+    (the least recompute time that fits); ``none``, nothing recomputed; ``selective``, every
+    transformer block's attention core (Megatron-LM's ``--recompute-granularity selective``);
+    ``full``, every transformer block whole (``--recompute-granularity full``; where no layer
+    has an attention core, every layer)."""
+
+    AUTO = "auto"
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
 #: ``planner calibrate``'s time scales (:mod:`planner.report.calibrate`): one overall, or one per stage
 CALIBRATION_GRANULARITIES: tuple[str, ...] = ("global", "stage")
 #: what explains the time a calibration's compute scale leaves: slower links, a per-layer
@@ -224,3 +241,49 @@ class SequenceParallelRuntime(enum.Enum):
 
     MEGATRON = "megatron-lm"
     DTENSOR = "torch-dtensor"
+class CollectiveModel(enum.Enum):
+    """How a cluster's data-parallel collectives across nodes are priced
+    (:mod:`planner.cost.collectives`): ``alpha-beta``, a ring's ``2 (n-1)`` steps at the link's
+    latency and bandwidth; ``nccl``, the latencies and the ring / tree choice of NCCL's own tuning
+    model (``src/graph/tuning.cc``), whose rings pay a network latency per step across nodes."""
+
+    ALPHA_BETA = "alpha-beta"
+    NCCL = "nccl"
+
+
+class OverheadKind(enum.Enum):
+    """The overheads a plan's breakdown names, each priced from a cited measurement
+    (:mod:`planner.cost.overheads`): collectives under NCCL's model (across nodes above all),
+    pipeline send/receive latency between nodes, the host's time to issue kernels, the slowest
+    GPU of the job."""
+
+    NCCL_COLLECTIVES = "nccl-collectives"
+    P2P_LATENCY = "p2p-latency"
+    HOST = "host"
+    STRAGGLER = "straggler"
+
+
+class SelectiveUnit(enum.Enum):
+    """What the selective recompute level of an analytic profile's blocks re-runs in backward
+    (``Layer.attention_core`` holds its bytes and time): ``attention-core``, the attention core
+    (Korthikanti et al. 2022 sec. 5, Megatron-LM's ``--recompute-granularity selective``);
+    ``ops``, torchtitan's op-level selective activation checkpointing (every element-wise op and
+    every second matmul of a block re-run, the attention kernel's and the other matmuls' outputs
+    kept: ``planner.profiling.analytic.llama``)."""
+
+    ATTENTION_CORE = "attention-core"
+    OPS = "ops"
+
+
+class AttentionKernel(enum.Enum):
+    """The fused attention kernel a stack runs, whose measured efficiency prices an analytic
+    FlashAttention profile's attention (:mod:`planner.cost.attention_kernels`): ``model``, the
+    GEMM model's own efficiency for the fused pair (as the profile prices it); ``flash-attn-2``
+    (Dao 2023; torch's SDPA flash backend); ``transformer-engine``, what Transformer Engine runs:
+    cuDNN's fused attention on Hopper, FlashAttention-2 on Ampere."""
+
+    MODEL = "model"
+    FLASH_ATTN_2 = "flash-attn-2"
+    TRANSFORMER_ENGINE = "transformer-engine"
+
+

@@ -11,8 +11,8 @@ replicated per stage runs micro-batch ``m`` on its copy ``m mod R_s`` (``num_mic
 is then global and a multiple of every R_s). A stage's gradients are synchronised over its
 D x R_s devices of each tensor-parallel shard: an all-reduce, or with ZeRO 1 and 2 a
 reduce-scatter of the gradients and an all-gather of the updated weights (``allreduce_ms``
-holds whichever the plan does; the peak memory of ZeRO 2 is that of ZeRO 1, see
-:mod:`planner.cost.model`).
+holds whichever the plan does; ZeRO 2 reduce-scatters every micro-batch's gradients and keeps
+1/n of them at the peak, see :mod:`planner.cost.sharding`).
 
 ``dtype`` and ``optimizer`` record what the plan's memory was priced for (the profile's dtype
 and the request's optimizer), so that a run with other settings can be told apart; None
@@ -39,7 +39,13 @@ pipeline), which is what they were, with those three 0. Version 4 also added eac
 ``recompute_selective`` (the layers whose attention core is recomputed, Korthikanti et al.
 2022 sec. 4, beside ``recompute``, the fully recomputed ones); older files are read with none.
 
-Version 5 (this one) added each stage's ``optimizer_ms``, the optimizer step of one of its
+Version 6 (this one) added to ``predicted`` the ``straggler_fraction`` (the share of the
+iteration the job's slowest GPU adds to the simulated replay), the ``overheads`` (the named
+overhead terms priced in the iteration, each with its source: :mod:`planner.cost.overheads`)
+and the ``band`` (the iteration's range from its inputs' uncertainty and the peak memory at its
+top: :mod:`planner.cost.band`). Version-5 files are read with none of them (what they were).
+
+Version 5 added each stage's ``optimizer_ms``, the optimizer step of one of its
 devices (:mod:`planner.cost.sharding`), which the simulator runs after the stage's gradient
 synchronisation; version-4 files are read with 0 (not priced, which is what they were).
 
@@ -77,7 +83,7 @@ from planner.artifacts.plan_summary import ParetoPoint, Prediction, Provenance
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack
 
 SCHEMA = "planner.plan"
-VERSION = 5
+VERSION = 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,12 +310,12 @@ class Plan:
         return self.stages[-1].layer_stop
 
 
-#: the layout's fields as version 3 to 5 files hold them, at the top level (stage_replicas: in stages)
+#: the layout's fields as version 3 to 6 files hold them, at the top level (stage_replicas: in stages)
 _LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree",
                 "ep_degree", "etp_degree")
-#: layout keys a version-3 to -5 file must have (the others have defaults)
+#: layout keys a version-3 to -6 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
-#: the top-level keys of a version-5 file, in order
+#: the top-level keys of a version-6 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
     "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "dtype",
@@ -330,7 +336,9 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
     if codec.is_version(data, SCHEMA, 3):
         data = _upgrade_v3(data)
     if codec.is_version(data, SCHEMA, 4):
-        data = dict(data, version=VERSION)  # v5 only added a field with a default
+        data = dict(data, version=5)  # v5 only added a field with a default
+    if codec.is_version(data, SCHEMA, 5):
+        data = dict(data, version=VERSION)  # v6 only added fields with defaults
     if codec.is_version(data, SCHEMA, VERSION):
         missing = [k for k in _REQUIRED_LAYOUT_KEYS if k not in data]
         if missing:
@@ -384,7 +392,7 @@ def _upgrade_v3(data: dict[str, Any]) -> dict[str, Any]:
     """A version-3 plan as version 5 (optimizer steps 0): priced for the ``none`` stack (nothing overlapped beyond
     the pipeline), in the plan and in its request."""
     none = codec.encode(STACKS["none"])
-    out = dict(data, version=VERSION, stack=none)
+    out = dict(data, version=5, stack=none)
     prov = out.get("provenance")
     if isinstance(prov, dict) and isinstance(prov.get("request"), dict):
         out["provenance"] = dict(prov, request=dict(prov["request"], stack=none))
@@ -403,7 +411,7 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
-    """The version-5 document: the layout's degrees at the top level (see the module docstring)."""
+    """The version-6 document: the layout's degrees at the top level (see the module docstring)."""
     body = codec.encode(plan)
     layout = body.pop("layout")
     body.update({k: layout[k] for k in _LAYOUT_KEYS if k in layout})  # placement: implied; cp_degree: if > 1
@@ -413,7 +421,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 
 def plan_schema() -> dict[str, Any]:
-    """The JSON Schema of a version-5 file (the layout's fields at the top level)."""
+    """The JSON Schema of a version-6 file (the layout's fields at the top level)."""
     doc = document_schema(Plan, SCHEMA, VERSION)
     props = doc["properties"]
     layout = doc["$defs"].pop("Layout")

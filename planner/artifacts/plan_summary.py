@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.kinds import OverheadKind, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.limits import (
     MAX_BATCH,
@@ -22,6 +22,64 @@ from planner.artifacts.limits import (
     check_range,
 )
 from planner.artifacts.request import PlanRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverheadTerm:
+    """One overhead of a plan's breakdown (:mod:`planner.cost.overheads`): how much longer its
+    iteration is with the term priced than without it, and where the term's number comes from."""
+
+    kind: OverheadKind
+    ms: float = field(metadata={"doc": "iteration time with the term less without it (>= 0 up to the simulator's rounding)"})
+    source: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OverheadKind(self.kind))
+        check_range("ms", self.ms, -MAX_MS, MAX_MS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandInput:
+    """One uncertain input of a prediction and the iteration time at the two ends of its range
+    (the others at their nominal values): :mod:`planner.cost.band`."""
+
+    name: str
+    low_ms: float
+    high_ms: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, 0, MAX_MS, "low_ms", "high_ms")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Band:
+    """The range a prediction's inputs leave it (:mod:`planner.cost.band`): its iteration time at
+    the low and high ends (each input's deviation from the nominal added in quadrature, as
+    independent errors), and its peak memory at the top (what "fits" is judged at). All 0: no band
+    worked out."""
+
+    iteration_low_ms: float = 0.0
+    iteration_high_ms: float = 0.0
+    peak_memory_high_bytes: int = 0
+    device_memory_bytes: int = field(default=0, metadata={"doc": "the device's memory, which fits is judged against"})
+    inputs: tuple[BandInput, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_fields(self, 0, MAX_MS, "iteration_low_ms", "iteration_high_ms")
+        check_count("peak_memory_high_bytes", self.peak_memory_high_bytes, 0, MAX_BYTES)
+        check_count("device_memory_bytes", self.device_memory_bytes, 0, MAX_BYTES)
+        if self.iteration_low_ms > self.iteration_high_ms:
+            raise ValueError(f"band: iteration_low_ms {self.iteration_low_ms} > iteration_high_ms {self.iteration_high_ms}")
+
+    @property
+    def known(self) -> bool:
+        return self.iteration_high_ms > 0
+
+    @property
+    def fits(self) -> bool:
+        """The peak at the band's top within the device's memory."""
+        return self.peak_memory_high_bytes <= self.device_memory_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +110,15 @@ class Prediction:
         metadata={"doc": "when the plan uses fewer devices than devices_available: the iteration time of the best "
                          "plan the solver found on all of them (0 = none fits on all, or the plan uses them all)"},
     )
+    straggler_fraction: float = field(
+        default=0.0,
+        metadata={"doc": "the share by which iteration_ms exceeds the simulated replay: the job's slowest GPU "
+                         "(planner.cost.overheads)"},
+    )
+    overheads: tuple[OverheadTerm, ...] = field(
+        default=(), metadata={"doc": "the overhead terms priced in iteration_ms, each with its source (() = not worked out)"}
+    )
+    band: Band = field(default=Band(), metadata={"doc": "the range the inputs' uncertainty leaves the prediction"})
 
     def __post_init__(self) -> None:
         check_fields(self, 0, MAX_MS, "iteration_ms", "exposed_allreduce_ms", "partition_bound_ms", "machine_bound_ms",
@@ -62,6 +129,7 @@ class Prediction:
         check_range("model_flops_per_iteration", self.model_flops_per_iteration, 0, MAX_FLOPS)
         check_fields(self, 0, MAX_RATE, "achieved_tflops_per_device", "device_peak_tflops")
         check_fields(self, 0, 1e15, "mfu", "me_index")  # ratios of bounded figures
+        check_range("straggler_fraction", self.straggler_fraction, 0, 1)
 
     @classmethod
     def unset(cls, peak_memory_bytes: int = 0) -> Prediction:

@@ -10,6 +10,7 @@ from planner.artifacts.kinds import (
     STATE_BYTES_PER_PARAM,
     Objective,
     OptimizerKind,
+    RecomputeMode,
     ScheduleKind,
     SolverKind,
     ZeroStage,
@@ -26,8 +27,8 @@ from planner.artifacts.limits import (
 )
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 
-__all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "ScheduleKind",
-           "SolverKind", "Stack", "ZeroStage"]
+__all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "RecomputeMode",
+           "ScheduleKind", "SolverKind", "Stack", "ZeroStage"]
 
 #: the ZeRO stages a request may ask for
 ZERO_STAGES = tuple(ZeroStage)
@@ -75,9 +76,12 @@ class PlanRequest:
     )
     solver: SolverKind = SolverKind.DP
     zero_stages: tuple[ZeroStage, ...] = field(
-        default=tuple(ZeroStage),
+        default=(ZeroStage.NONE, ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS),
         metadata={"doc": "ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                         "2 also its gradients, 3 also its parameters (FSDP; Rajbhandari et al. 2020)",
+                         "2 also its gradients (reduce-scattered every micro-batch), 3 also its parameters (FSDP; "
+                         "Rajbhandari et al. 2020). 2 only when asked for: the chain solver's tables do not price its "
+                         "reduce-scatter every micro-batch (the plan and the simulator do), so a search would rank it "
+                         "too well",
                  "max_items": len(ZeroStage)},
     )
     per_stage_replication: bool = field(
@@ -99,6 +103,12 @@ class PlanRequest:
         default=DEFAULT_STACK,
         metadata={"doc": "the training stack planned for: which communication it overlaps with computation "
                          "(planner.artifacts.stack; default: this package's runtime)"},
+    )
+    recompute_mode: RecomputeMode = field(
+        default=RecomputeMode.AUTO,
+        metadata={"doc": "auto: each layer's recompute level chosen by the solver (none when recompute is false); "
+                         "none; selective: every transformer block's attention core; full: every transformer block "
+                         "(absent when auto)", "omit_if_default": True},
     )
     cp_degrees: tuple[int, ...] = field(
         default=(),
@@ -175,6 +185,11 @@ class PlanRequest:
                 f"zero_stages must be a non-empty subset of {[int(z) for z in ZERO_STAGES]} (got {list(self.zero_stages)})"
             )
         object.__setattr__(self, "zero_stages", tuple(ZeroStage(z) for z in self.zero_stages))
+        object.__setattr__(self, "recompute_mode", RecomputeMode(self.recompute_mode))
+        if self.recompute_mode is RecomputeMode.NONE:
+            object.__setattr__(self, "recompute", False)
+        elif self.recompute_mode is not RecomputeMode.AUTO and not self.recompute:
+            raise ValueError(f"recompute_mode {self.recompute_mode.value} needs recompute (got recompute false)")
         known = [k.value for k in REQUESTABLE_SOLVERS]
         if getattr(self.solver, "value", self.solver) not in known:
             raise ValueError(f"unknown solver {self.solver!r} (known: {', '.join(known)})")

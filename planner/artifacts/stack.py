@@ -2,8 +2,8 @@
 
 Real stacks hide communication behind computation in ways a cost model cannot guess; each is
 therefore a stated capability of the stack being planned for, recorded in the request and the
-plan, never assumed. Three overlaps are priced (:mod:`planner.cost.overlap`,
-:mod:`planner.cost.tensor_parallel`):
+plan, never assumed. What it overlaps (:mod:`planner.cost.overlap`,
+:mod:`planner.cost.tensor_parallel`, :mod:`planner.cost.context`):
 
 - ``grad_reduce_overlap`` (the all-reduce of plain data parallelism) and
   ``zero_reduce_overlap`` (ZeRO's reduce-scatter): the data-parallel gradient reduction runs
@@ -31,32 +31,72 @@ plan, never assumed. Three overlaps are priced (:mod:`planner.cost.overlap`,
 - ``moe`` (:class:`~planner.artifacts.moe.MoeStack`): mixture-of-experts layers' token dispatcher
   (NCCL all-to-all or DeepEP's fused kernels), whether dispatch and combine overlap another
   micro-batch's compute, and how the tokens fall on the experts (forced balance, dropless with a
-  skew, a capacity factor).
+  skew, a capacity factor);
+- ``cp_overlap``: each context-parallel key/value all-gather (and its reduce-scatter in backward)
+  runs beside the attention core it feeds, as ring attention overlaps its transfers with the
+  attention blocks (Megatron-Core's and torchtitan's context parallelism), hiding at most the
+  core's time (:mod:`planner.cost.context`). Its own flag: a stack may overlap tensor-parallel
+  collectives and not context-parallel ones, or the reverse.
 
-Presets (:data:`STACKS`): ``none`` (nothing of the above: what plans before version 4 were
-priced for), ``planner`` (this package's runtime, ``planner.runtime.grads``: the all-reduce in
-25 MiB buckets started from gradient hooks during the last backward; its ZeRO reduce-scatter
-starts after the last backward; the default, since plans are run by it), ``megatron-core``
-(all of them, FSDP prefetching included, Megatron-Core's default bucket of 40,000,000 gradient
-elements in bf16), ``torchtitan`` (FSDP2 per transformer block with its prefetching, the
-gradient reduction during backward, ZeRO's gathers ahead of the forward; asynchronous tensor
-parallelism off, as by default). ``benchmarks/published_runs.py`` prices each
-published run with the stack it ran on (Megatron-LM 2021-22: tensor-parallel backward overlap
-only; Megatron-Core: all of them).
+What a stack measurably costs besides what it overlaps (its "efficiencies", each with the
+source of its number in :attr:`Stack.sources`):
+
+- ``host_us_per_kernel``: the CPU time to issue one kernel (Python, the framework's dispatcher,
+  ``cudaLaunchKernel``). A layer's pass cannot run faster than its kernels are issued: the cost
+  model prices a pass at the larger of its GPU time and its kernels x this
+  (:mod:`planner.cost.overheads`). Eager PyTorch stacks: 10 us, the middle (geometric mean) of the
+  5-20 us "launch time on the CPU side" Meta's Holistic Trace Analysis documents
+  (facebookresearch/HolisticTraceAnalysis, docs/source/features/cuda_kernel_launch_stats.rst); the
+  band (:mod:`planner.cost.band`) spans 5-20. 0: not priced (a measured profile's times include it).
+
+Presets (:data:`STACKS`), each named for the software and year whose runs it prices:
+
+- ``none``: nothing of the above (what plans before version 4 were priced for);
+- ``planner``: this package's runtime (``planner.runtime.grads``: the all-reduce in 25 MiB buckets
+  started from gradient hooks during the last backward; its ZeRO reduce-scatter after the last
+  backward), eager PyTorch. The default, since plans are run by it;
+- ``megatron-lm-2021``: Megatron-LM as Narayanan et al. 2021 (SC'21) ran it: no overlap of either
+  data- or tensor-parallel communication is described; eager PyTorch with fused kernels;
+- ``megatron-lm-2022``: Megatron-LM as Korthikanti et al. 2022 ran it: the backward
+  tensor-parallel all-reduce beside the weight-gradient GEMM (their sec. 6.2); data-parallel
+  gradients all-reduced after the backward (their sec. 6.3);
+- ``megatron-deepspeed-2021``: Megatron-DeepSpeed (DeepSpeed's pipeline engine with Megatron's
+  tensor parallelism, as MT-NLG and BLOOM trained): the pipeline engine reduces the gradients
+  after the last micro-batch's backward (``PipelineEngine._exec_reduce_grads``), ZeRO-1's
+  reduce-scatter and all-gather after it; no tensor-parallel overlap;
+- ``megatron-core-0.8``: Megatron-Core r0.8 (the Megatron-LM README's H100 table):
+  ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``, its bucket of 40,000,000
+  gradient elements in bf16, FSDP prefetching, ring attention's overlap for context parallelism;
+- ``torchtitan-2024``: torchtitan's 2024 releases: FSDP2 per transformer block with its
+  prefetching, the gradient reduction during backward, ZeRO's gathers ahead of the forward, ring
+  attention's overlap for context parallelism; asynchronous tensor parallelism off (its default).
+
+``megatron-core`` and ``torchtitan`` (the names before the years were added) name the same
+presets. ``benchmarks/published_runs.py`` prices each published run with the stack it ran on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.artifacts.kinds import AttentionKernel
 from planner.artifacts.moe import MoeStack
 
-__all__ = ["DEFAULT_STACK", "STACKS", "Stack", "stack_named"]
+__all__ = ["DEFAULT_STACK", "STACKS", "STACK_ALIASES", "Stack", "stack_named"]
+
+
+#: the host time to issue one kernel in eager PyTorch (us): the geometric mean of the 5-20 us range below
+EAGER_HOST_US_PER_KERNEL = 10.0
+#: the range it is known within (the band's spread)
+HOST_US_PER_KERNEL_RANGE = (5.0, 20.0)
+_SDPA = "torch's scaled_dot_product_attention, whose flash backend is FlashAttention-2 (Dao 2023)"
+_HTA = ("Holistic Trace Analysis (facebookresearch/HolisticTraceAnalysis, docs: cuda_kernel_launch_stats): 'the "
+        "launch time on the CPU side is between 5-20 microseconds'; 10 us, their geometric mean")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stack:
-    """What a training stack overlaps (see the module docstring)."""
+    """What a training stack overlaps and what it costs (see the module docstring)."""
 
     name: str = field(metadata={"doc": "the preset's name, or any label of a stack described here"})
     grad_reduce_overlap: bool = field(
@@ -88,6 +128,33 @@ class Stack:
         default=False,
         metadata={"doc": "forward tensor-parallel collectives beside the GEMMs around them (hiding at most their time)"},
     )
+    cp_overlap: bool = field(
+        default=False,
+        metadata={"doc": "context-parallel key/value all-gathers (and their gradients' reduce-scatters) beside the "
+                         "attention core (ring attention), hiding at most its time (absent when false)",
+                  "omit_if_default": True},
+    )
+    host_us_per_kernel: float = field(
+        default=0.0,
+        metadata={"doc": "CPU time to issue one kernel, us: a layer's pass takes at least its kernels x this "
+                         "(planner.cost.overheads); 0 = not priced (absent when 0)", "omit_if_default": True},
+    )
+    attention_kernel: AttentionKernel = field(
+        default=AttentionKernel.MODEL,
+        metadata={"doc": "the fused attention kernel the stack runs, priced at its measured efficiency "
+                         "(planner.cost.attention_kernels); model: the GEMM model's (absent when model)",
+                  "omit_if_default": True},
+    )
+    attention_efficiency: tuple[float, ...] = field(
+        default=(),
+        metadata={"doc": "(forward fraction of peak, backward / forward rate) of the attention kernel where not "
+                         "its nominal (a band's end); () = nominal (absent when ())", "omit_if_default": True},
+    )
+    sources: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata={"doc": "(field, where its setting or number comes from) for the preset's choices (absent when none)",
+                  "omit_if_default": True},
+    )
     moe: MoeStack = field(
         default=MoeStack(),
         metadata={"doc": "what the stack does with a mixture-of-experts layer's tokens: dispatcher, all-to-all overlap, "
@@ -99,14 +166,25 @@ class Stack:
             raise ValueError("a stack needs a name")
         if self.grad_bucket_bytes < 1:
             raise ValueError(f"grad_bucket_bytes must be >= 1 (got {self.grad_bucket_bytes})")
+        if not (0.0 <= self.host_us_per_kernel <= 1e6):
+            raise ValueError(f"host_us_per_kernel must be in [0, 1e6] us (got {self.host_us_per_kernel!r})")
+        object.__setattr__(self, "attention_kernel", AttentionKernel(self.attention_kernel))
+        eff = tuple(self.attention_efficiency)
+        if eff and (len(eff) != 2 or not all(0.0 < v <= 1.0 for v in eff)):
+            raise ValueError(f"attention_efficiency must be () or two fractions in (0, 1] (got {list(eff)})")
+        object.__setattr__(self, "attention_efficiency", eff)
 
     def reduce_overlap(self, sharded: bool) -> bool:
         """Whether the reduction overlaps the last backward: ZeRO's reduce-scatter (``sharded``)
         or the all-reduce."""
         return self.zero_reduce_overlap if sharded else self.grad_reduce_overlap
 
+    def source_of(self, name: str) -> str:
+        """Where the preset's ``name`` setting comes from ("" when not stated)."""
+        return dict(self.sources).get(name, "")
+
     def describe(self) -> str:
-        """One line: the name and what it overlaps."""
+        """One line: the name and what it overlaps (and its host time per kernel, when priced)."""
         reduce = {(True, True): "gradient reduction", (True, False): "gradient all-reduce",
                   (False, True): "ZeRO reduce-scatter"}.get((self.grad_reduce_overlap, self.zero_reduce_overlap), "")
         parts = [what for flag, what in (
@@ -117,30 +195,65 @@ class Stack:
             (self.tp_overlap_backward and not self.tp_overlap_forward, "backward tensor-parallel all-reduces with GEMMs"),
             (self.tp_overlap_forward and not self.tp_overlap_backward, "forward tensor-parallel collectives with GEMMs"),
             (self.moe != MoeStack(), self.moe.describe()),
+            (self.cp_overlap, "context-parallel K/V transfers with attention"),
         ) if flag]
-        return f"{self.name}: overlaps " + (", ".join(parts) if parts else "nothing beyond the pipeline")
+        host = f"; {self.host_us_per_kernel:g} us of host time per kernel" if self.host_us_per_kernel else ""
+        kernel = f"; attention by {self.attention_kernel.value}" if self.attention_kernel is not AttentionKernel.MODEL else ""
+        return f"{self.name}: overlaps " + (", ".join(parts) if parts else "nothing beyond the pipeline") + host + kernel
 
+
+_MCORE_SOURCES = (
+    ("overlaps", "Megatron-LM README (r0.8), 'Training Speed and Scalability': --overlap-grad-reduce "
+                 "--overlap-param-gather --tp-comm-overlap; ring attention (context parallelism) overlaps its transfers"),
+    ("grad_bucket_bytes", "Megatron-Core DistributedDataParallelConfig.bucket_size default: 40,000,000 elements, bf16"),
+    ("host_us_per_kernel", _HTA),
+    ("attention_kernel", "Transformer Engine's get_attention_backend: 'Disabling FlashAttention to give FusedAttention "
+                         "preference on Hopper+' (cuDNN's fused attention there; FlashAttention-2 on Ampere)"),
+)
 
 STACKS: dict[str, Stack] = {
     "none": Stack(name="none"),
-    "planner": Stack(name="planner", grad_reduce_overlap=True, grad_bucket_bytes=25 << 20),
-    "megatron-core": Stack(
-        name="megatron-core", grad_reduce_overlap=True, zero_reduce_overlap=True, grad_bucket_bytes=80_000_000,
-        param_gather_overlap=True, fsdp_prefetch=True,
-        tp_overlap_backward=True, tp_overlap_forward=True,
+    "planner": Stack(name="planner", grad_reduce_overlap=True, grad_bucket_bytes=25 << 20, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL,
+                     attention_kernel=AttentionKernel.FLASH_ATTN_2,
+                     sources=(("overlaps", "planner.runtime.grads: gradient hooks start 25 MiB all-reduce buckets "
+                                           "during the last backward"), ("host_us_per_kernel", _HTA),
+                              ("attention_kernel", _SDPA))),
+    "megatron-lm-2021": Stack(name="megatron-lm-2021", host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, sources=(
+        ("overlaps", "Narayanan et al. 2021 (SC'21) describe no overlap of data- or tensor-parallel communication"),
+        ("host_us_per_kernel", _HTA))),
+    "megatron-lm-2022": Stack(name="megatron-lm-2022", tp_overlap_backward=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, sources=(
+        ("overlaps", "Korthikanti et al. 2022 sec. 6.2 (backward tensor-parallel all-reduce beside the weight-gradient "
+                     "GEMM) and 6.3 (gradient all-reduce not overlapped with back-propagation)"),
+        ("host_us_per_kernel", _HTA))),
+    "megatron-deepspeed-2021": Stack(name="megatron-deepspeed-2021", host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, sources=(
+        ("overlaps", "DeepSpeed's PipelineEngine reduces gradients after the last micro-batch's backward "
+                     "(_exec_reduce_grads); Megatron's tensor parallelism without overlap"),
+        ("host_us_per_kernel", _HTA))),
+    "megatron-core-0.8": Stack(
+        name="megatron-core-0.8", grad_reduce_overlap=True, zero_reduce_overlap=True, grad_bucket_bytes=80_000_000,
+        param_gather_overlap=True, fsdp_prefetch=True, tp_overlap_backward=True, tp_overlap_forward=True,
+        cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, attention_kernel=AttentionKernel.TRANSFORMER_ENGINE,
+        sources=_MCORE_SOURCES,
     ),
-    "torchtitan": Stack(
-        name="torchtitan", grad_reduce_overlap=True, zero_reduce_overlap=True, param_gather_overlap=True,
-        fsdp_prefetch=True,
+    "torchtitan-2024": Stack(
+        name="torchtitan-2024", grad_reduce_overlap=True, zero_reduce_overlap=True, param_gather_overlap=True,
+        fsdp_prefetch=True, cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL,
+        attention_kernel=AttentionKernel.FLASH_ATTN_2, sources=(
+            ("overlaps", "torchtitan (2024): FSDP2 fully_shard per block with implicit forward / explicit backward "
+                         "prefetching; ring attention for context parallelism; async tensor parallelism off by default"),
+            ("host_us_per_kernel", _HTA), ("attention_kernel", _SDPA)),
     ),
 }
+#: the names the presets had before their years were added
+STACK_ALIASES: dict[str, str] = {"megatron-core": "megatron-core-0.8", "torchtitan": "torchtitan-2024"}
 
 #: what a request plans for unless it says otherwise: the bundled runtime that runs its plans
 DEFAULT_STACK = STACKS["planner"]
 
 
 def stack_named(name: str) -> Stack:
-    """A preset by name (ValueError naming the presets otherwise)."""
+    """A preset by name or former name (ValueError naming the presets otherwise)."""
+    name = STACK_ALIASES.get(name, name)
     if name not in STACKS:
-        raise ValueError(f"unknown stack {name!r} (known: {', '.join(STACKS)})")
+        raise ValueError(f"unknown stack {name!r} (known: {', '.join([*STACKS, *STACK_ALIASES])})")
     return STACKS[name]

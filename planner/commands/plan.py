@@ -13,14 +13,14 @@ import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, ScheduleKind, SolverKind
+from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, RecomputeMode, ScheduleKind, SolverKind
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 from planner.artifacts.moe import MoeBalance, MoeDispatcher
 from planner.artifacts.plan import Plan, dumps_plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
-from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack, stack_named
+from planner.artifacts.stack import DEFAULT_STACK, STACK_ALIASES, STACKS, Stack, stack_named
 from planner.commands._args import bounded_float, bounded_int, check_output, fraction, gib_amount, int_list
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
 
@@ -54,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: %(default)s)")
     p.add_argument("--microbatch-sizes", type=int_list, default=(), help="comma-separated micro-batch sizes (default: every divisor)")
     p.add_argument("--max-stages", type=bounded_int(1, MAX_DEVICES), default=0, help="at most this many pipeline stages")
-    p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    p.add_argument("--recompute", default=RecomputeMode.AUTO.value, choices=[m.value for m in RecomputeMode],
+                   help="auto: the solver picks each layer's level (the least recompute time that fits); none; "
+                        "selective: every transformer block's attention core; full: every transformer block "
+                        "(default: %(default)s)")
+    p.add_argument("--no-recompute", action="store_true", help="never recompute activations (= --recompute none)")
     p.add_argument("--memory-headroom", type=fraction, default=0.1, help="fraction of device memory kept free (default: %(default)s)")
     p.add_argument("--memory-cap-gib", type=gib_amount(MAX_BYTES / 2**30), default=0.0,
                    help="per-device memory cap in GiB (overrides headroom)")
@@ -70,9 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: searched)")
     p.add_argument("--dp-degree", type=bounded_int(1, MAX_DEVICES), default=0,
                    help="exactly this many replicated pipelines (no per-stage replication) (default: searched)")
-    p.add_argument("--zero", type=int_list, default=(0, 1, 2, 3),
+    p.add_argument("--zero", type=int_list, default=(0, 1, 3),
                    help="ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "
-                        "2 also gradients, 3 also parameters (FSDP; searched where memory binds) (default: 0,1,2,3)")
+                        "2 also gradients (reduce-scattered every micro-batch: asked for only, the search's tables do "
+                        "not price that), 3 also parameters (FSDP; searched where memory binds) (default: 0,1,3)")
     p.add_argument("--no-stage-replication", action="store_true",
                    help="only plans whose stages all have the same replica count (no PipeDream-style per-stage replication)")
     p.add_argument("--tp", type=int_list, default=(),
@@ -99,12 +104,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "rank at 1 + SKEW of the mean, or a capacity factor with drops (default: forced)")
     p.add_argument("--sequence-parallel", default="auto", choices=["auto", "on", "off"],
                    help="with tensor parallelism: search both (auto), or force sequence parallelism on/off (default: %(default)s)")
-    p.add_argument("--stack", default=DEFAULT_STACK.name, choices=list(STACKS),
-                   help="the training stack planned for, i.e. what it overlaps with computation: none; planner (this "
-                        "package's runtime: the gradient all-reduce in 25 MiB buckets during the last backward); "
-                        "megatron-core (also ZeRO's all-gather with the next forward and tensor-parallel collectives "
-                        "with GEMMs, FSDP gathers one layer ahead); torchtitan (FSDP2 prefetching, gradient reduction "
-                        "during backward, ZeRO gathers ahead of the forward) (default: %(default)s)")
+    p.add_argument("--stack", default=DEFAULT_STACK.name, choices=[*STACKS, *STACK_ALIASES],
+                   help="the training stack planned for: what it overlaps with computation and its host time per "
+                        "kernel (planner.artifacts.stack): none; planner (this package's runtime: the gradient "
+                        "all-reduce in 25 MiB buckets during the last backward); megatron-lm-2021 (no overlap); "
+                        "megatron-lm-2022 (backward tensor-parallel all-reduces with GEMMs); megatron-deepspeed-2021; "
+                        "megatron-core-0.8 (also ZeRO's all-gather with the next forward, tensor- and "
+                        "context-parallel collectives with compute, FSDP gathers one layer ahead); torchtitan-2024 "
+                        "(FSDP2 prefetching, gradient reduction during backward, ZeRO gathers ahead of the forward); "
+                        "megatron-core and torchtitan: the 0.8 and 2024 presets (default: %(default)s)")
     p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
@@ -126,7 +134,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             schedules=schedules,
             microbatch_sizes=args.microbatch_sizes,
             max_stages=args.max_stages,
-            recompute=not args.no_recompute,
+            recompute=not args.no_recompute and args.recompute != RecomputeMode.NONE.value,
+            recompute_mode=RecomputeMode.NONE if args.no_recompute else RecomputeMode(args.recompute),
             memory_headroom_fraction=args.memory_headroom,
             memory_cap_bytes=int(args.memory_cap_gib * 1024**3),
             optimizer=OptimizerKind(args.optimizer),

@@ -26,8 +26,9 @@ solvers, the simulator and the bounds price ``cp`` with no change. Per layer and
   reduce-scatter of their gradients. Each is half the all-reduce line of the cp group's ranks
   (:func:`planner.cost.collectives.allreduce_line`: intra- or inter-node as the layout places
   them: a cp group is ``cp`` ranks ``t`` apart). On the critical path unless the stack overlaps
-  a layer's collectives with its own compute (``Stack.tp_overlap_forward`` / ``_backward``,
-  Megatron-Core's ring attention overlaps its transfers with the attention blocks): then each
+  a layer's collectives with its own compute (``Stack.cp_overlap``: ring attention overlaps its
+  transfers with the attention blocks, Megatron-Core's and torchtitan's; a flag of its own,
+  apart from the tensor-parallel overlap): then each
   direction hides behind the attention core's time in that direction, at most that time
   (the time is then fitted as a line through micro-batch sizes 1 and 8);
 - memory: saved activations, a recomputed layer's input, the attention core's bytes and every
@@ -95,6 +96,8 @@ def _int(meta: Mapping[str, object], key: str, default: int = 0) -> int:
 def sequence_shape(profile: Profile) -> SequenceShape | None:
     """The sequence shape an analytic GPT or Llama profile records, or None (no declaration)."""
     meta = dict(profile.metadata)
+    if meta.get("selective_unit", "attention-core") != "attention-core":
+        return None  # its blocks' selective unit is not the attention core the view splits
     seq, hidden, heads = _int(meta, "seq"), _int(meta, "hidden"), _int(meta, "heads")
     if min(seq, hidden, heads) < 1 or not any(layer.attention_core for layer in profile.layers):
         return None
@@ -183,9 +186,9 @@ def _view_times(layer: Layer, cp: int, r: float, bwd_factor: float, kv: float, l
                      per_sample_ms=max(0.0, layer.bwd.per_sample_ms - c_bwd.per_sample_ms) * token)
     per_byte, fixed = line
     gather = (0.5 * fixed, 0.5 * per_byte * kv)  # an all-gather: half the all-reduce line
-    fwd = _with_collective(rest_f, _scaled(c_fwd, 1.0 / cp), gather, stack.tp_overlap_forward)
+    fwd = _with_collective(rest_f, _scaled(c_fwd, 1.0 / cp), gather, stack.cp_overlap)
     # backward: the keys and values gathered again, their gradients reduce-scattered
-    bwd = _with_collective(rest_b, _scaled(c_bwd, 1.0 / cp), (2 * gather[0], 2 * gather[1]), stack.tp_overlap_backward)
+    bwd = _with_collective(rest_b, _scaled(c_bwd, 1.0 / cp), (2 * gather[0], 2 * gather[1]), stack.cp_overlap)
     return fwd, bwd, AttentionCore(saved_bytes_per_sample=core.saved_bytes_per_sample / cp,
                                    saved_bytes_fixed=core.saved_bytes_fixed, fwd=_scaled(c_fwd, 1.0 / cp))
 

@@ -6,8 +6,7 @@ block): a stage's weights, gradients and optimizer state are sharded over its ``
 data-parallel ranks. Each micro-batch, layer ``k`` all-gathers its weights before its forward
 (``a_k``), frees them after it (``reshard_after_forward=True``), gathers them again before its
 backward (``a_k``) and reduce-scatters its gradients after its backward (``r_k``), so gradients
-are never whole at the peak (what ZeRO 2 cannot do under pipelining, see
-:mod:`planner.cost.model`): ``a_k = (d-1)/d x w N_k / beta + (d-1) alpha``, half the ring
+are never whole at the peak (as under ZeRO 2, :mod:`planner.cost.sharding`): ``a_k = (d-1)/d x w N_k / beta + (d-1) alpha``, half the ring
 all-reduce line of the data-parallel group (Patarasuk & Yuan 2009), ``r_k`` the same with the
 gradient bytes ``g N_k``; ``w``, ``g`` bytes per parameter of weights and gradients, ``N_k`` the
 layer's parameters (a layer without parameters moves nothing). One line for the whole layout:
@@ -40,11 +39,9 @@ its forward and after its backward, and its whole gradient after the reduce-scat
 ``u`` = 2 units in flight with prefetching (the one computing, the one gathered ahead; FSDP2
 prefetches one unit), 1 without, each bounded by the stage's largest layer.
 
-Not priced as ZeRO 3: weights kept gathered across a stage's micro-batches (torchtitan's
-``reshard_after_forward=False`` under pipelining, with torch pipelining deferring the gradient
-reduce-scatter to the last micro-batch): whole weights and gradients at the peak, one gather
-and one reduce-scatter per iteration -- the memory and traffic ZeRO 2 is priced with, so that
-choice is ZeRO 2 here, and ZeRO 3 is the resharding one.
+Not priced as ZeRO 3: weights kept gathered across a stage's micro-batches (FSDP's
+``reshard_after_forward=False``): whole weights, gradients reduce-scattered every micro-batch --
+ZeRO 2 here (:mod:`planner.cost.sharding`), and ZeRO 3 is the resharding one.
 """
 
 from __future__ import annotations

@@ -19,14 +19,14 @@ is per device: with tensor parallelism, the per-device view of
   all-gather in the node; as NCCL's tree/2D algorithms, Jia et al. 2018 "Highly Scalable Deep
   Learning Training System with Mixed-Precision").
 - ZeRO (Rajbhandari et al. 2020) over a stage's ``n`` ranks: stage 1 keeps 1/n of the optimizer
-  state per rank, stage 2 also 1/n of the gradients *between iterations*. At the peak it does
-  not: a pipeline accumulates its M micro-batches' gradients into the stage's whole gradient
-  buffer, and the one reduce-scatter per iteration priced below only shrinks it to 1/n after
-  the last backward (sharding it at the peak would take a reduce-scatter per micro-batch, M
-  times the traffic; DeepSpeed's pipeline engine refuses ZeRO 2 for this reason). So stage 2
-  is priced with full gradients at the peak, the same memory as stage 1. The gradient all-reduce becomes a
-  reduce-scatter of the gradients and, after each rank steps its shard, an all-gather of the
-  weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
+  state per rank; stage 2 also 1/n of the gradients, at the peak too: each micro-batch's
+  gradients are reduce-scattered as its backward produces them and each rank accumulates only
+  its shard (DeepSpeed's ZeRO-2, FSDP's ``reshard_after_forward=False``), at the price of a
+  reduce-scatter every micro-batch -- M times ZeRO 1's traffic (what of it the micro-batch's own
+  forward and backward cannot hide lengthens its backward in the plan, :func:`planner.cost.stage.price_stage`; the
+  last micro-batch's is the synchronisation below; buckets in flight not counted, as under ZeRO 1).
+  The gradient all-reduce becomes a reduce-scatter of the gradients and, after each rank steps its
+  shard, an all-gather of the weights. A ring all-reduce *is* a reduce-scatter then an all-gather of the same bytes
   (Patarasuk & Yuan 2009), so the pair costs the all-reduce line at the mean of the two byte
   counts: ``(grad bytes + weight bytes) / 2`` per parameter (the same time for ``adam-mixed``).
   It is accounted like the all-reduce: it starts when the stage's last backward ends and
@@ -253,8 +253,8 @@ class CostModel(ShardedState):
         sharding: Sharding = Sharding(), selective: Sequence[int] = (),
     ) -> StageMemory:
         """Memory of one device of the stage at its peak, its model state divided as ``sharding``
-        says (gradients stay whole at the peak, see the module docstring); ``recompute`` the
-        fully and ``selective`` the selectively recomputed layers."""
+        says (see the module docstring); ``recompute`` the fully and ``selective`` the selectively
+        recomputed layers."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
         gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0

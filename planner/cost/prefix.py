@@ -21,6 +21,8 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.profile import AttentionCore, Profile
+from planner.artifacts.stack import Stack
+from planner.cost.overheads import host_floor_ms
 
 
 class PrefixSums:
@@ -29,6 +31,7 @@ class PrefixSums:
 
     profile: Profile
     cluster: Cluster
+    stack: Stack
     num_layers: int
     param_count: np.ndarray
     expert_param_count: np.ndarray  # of param_count, the routed experts' (planner.cost.experts)
@@ -85,12 +88,15 @@ class PrefixSums:
     # ---------------------------------------------------------------- per layer
     def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
-        on the instance, so a cost model and its arrays are freed together)."""
+        on the instance, so a cost model and its arrays are freed together): the GPU's time, or
+        the host's to issue the layer's kernels where longer
+        (:func:`planner.cost.overheads.host_floor_ms`)."""
         if microbatch_size not in self._layer_times:
             # Layer.fwd_ms / bwd_ms (TimeFit.at: the line, never negative) over every layer at once
             (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-            fwd = np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed
-            bwd = np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed
+            host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel)
+            fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
+            bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
             self._layer_times[microbatch_size] = (fwd, bwd)
         return self._layer_times[microbatch_size]
 

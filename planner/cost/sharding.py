@@ -1,7 +1,16 @@
 """The ZeRO part of the cost model: model-state bytes per parameter under each sharding stage,
-the bytes the gradient synchronisation moves, ZeRO 3's per-layer collectives and working
-set (a base class of :class:`planner.cost.model.CostModel`; formulas in that module's and
-:mod:`planner.cost.fsdp`'s docstrings), and the optimizer step over a device's shard.
+the bytes the gradient synchronisation moves, ZeRO 2's reduce-scatter every micro-batch, ZeRO
+3's per-layer collectives and working set (a base class of :class:`planner.cost.model.CostModel`;
+formulas in that module's and :mod:`planner.cost.fsdp`'s docstrings), and the optimizer step
+over a device's shard.
+
+ZeRO 2 (DeepSpeed's ZeRO-2; FSDP with ``reshard_after_forward=False``): every micro-batch's
+gradients are reduce-scattered as its backward produces them, so a rank holds ``1/n`` of them at
+the peak. That reduce-scatter, ``r`` ms per micro-batch (half the gradient group's all-reduce
+line on the stage's gradient bytes, one latency per bucket of the stack), runs on the
+communication stream: with the stack's ``zero_reduce_overlap`` beside the micro-batch's own
+computation, so that only ``max(0, r - F - B)`` lengthens its backward (the stream has to carry
+``r`` per micro-batch while the device computes ``F + B``); without it, all of ``r``.
 
 Optimizer step: once per iteration each device updates the parameters whose optimizer state it
 holds (all of its stage's, or 1/n of them under ZeRO over n ranks), a memory-bound pass
@@ -45,6 +54,9 @@ class ShardedState(PrefixSums):
     _fsdp: dict[tuple[int, float, float, int], FsdpTerms]
     _fsdp_lines: dict[Layout, tuple[float, float]]
 
+    def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
+        raise NotImplementedError
+
     def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding()) -> float:
         """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
         parameters, divided by the ZeRO group when the optimizer state is sharded."""
@@ -63,10 +75,12 @@ class ShardedState(PrefixSums):
         """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
         of a stage whose state is divided as ``sharding`` says."""
         w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
+        n = sharding.ranks
         if is_fsdp(sharding):  # ZeRO 3: all of it (its gathered working set: fsdp_working_params)
-            return w / sharding.ranks, g / sharding.ranks, o / sharding.ranks
-        # gradients: whole at the peak under ZeRO 1 and 2 (see the module docstring on ZeRO 2)
-        return float(w), float(g), o / sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else float(o)
+            return w / n, g / n, o / n
+        # gradients: 1/n under ZeRO 2, reduce-scattered every micro-batch (module docstring)
+        return float(w), g / n if sharding.zero is ZeroStage.GRADIENTS else float(g), \
+            o / n if sharding.zero >= ZeroStage.OPTIMIZER else float(o)
 
     def expert_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
         """:meth:`state_bytes_per_param` of the routed experts' parameters (sharded over the
@@ -120,10 +134,31 @@ class ShardedState(PrefixSums):
 
     def stage_times_ms(self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout) -> tuple[float, float]:
         """(forward, backward) ms of one micro-batch on stage ``stage_idx`` of ``layout``: under
-        ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`)."""
-        if not is_fsdp(layout.sharding(stage_idx)):
-            return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
-        return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
+        ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`).
+        (ZeRO 2's reduce-scatter every micro-batch is added to a plan's stage by
+        :meth:`zero2_exposed_ms`, not here: the chain solvers' tables price a stage as its layers.)"""
+        if is_fsdp(layout.sharding(stage_idx)):
+            return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
+        return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
+
+    def zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float, bwd_ms: float) -> float:
+        """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
+        (module docstring): all of it, or with the stack's overlap what the micro-batch's own
+        ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
+        sharding = layout.sharding(stage_idx)
+        if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
+            return 0.0
+        r = self.microbatch_reduce_ms(start, stop, stage_idx, layout)
+        return max(0.0, r - fwd_ms - bwd_ms) if self.stack.zero_reduce_overlap else r
+
+    def microbatch_reduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
+        """ZeRO 2's reduce-scatter of one micro-batch's gradients of the stage (module docstring)."""
+        nbytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param
+        if nbytes <= 0:
+            return 0.0
+        per_byte, fixed = self.grad_line(layout, stage_idx)
+        buckets = max(1, -(-int(nbytes) // self.stack.grad_bucket_bytes))
+        return 0.5 * (per_byte * nbytes + fixed * buckets)
 
     def fsdp_line(self, layout: Layout) -> tuple[float, float]:
         """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""

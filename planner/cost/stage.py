@@ -71,6 +71,7 @@ def price_stage(
     ``microbatch_size`` with ``recompute`` (fully) and ``selective`` (selectively recomputed
     layers); ``split_backward``: the schedule runs W apart (its ``wgrad_ms``)."""
     fwd, bwd = cm.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
+    bwd += cm.zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)  # ZeRO 2's reduce-scatter every micro-batch
     sync = cm.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
     return StageTerms(
         fwd_ms=fwd,

@@ -82,10 +82,12 @@ from planner.artifacts.kinds import OptimizerKind, SequenceParallelRuntime
 from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
+from planner.cost.attention_kernels import attention_view
 from planner.cost.collectives import allreduce_line
 from planner.cost.context import ContextView, context_parallel_view
 from planner.cost.experts import expert_view, strip_experts
 from planner.cost.model import CostModel
+from planner.cost.recompute_view import forced_view, forced_workspace_per_sample
 
 
 def splittable(profile: Profile) -> bool:
@@ -288,9 +290,13 @@ def device_cost_model(
     overlap in the view, the rest in the model). ``tp_view``: :func:`stack_tp_view` of these
     arguments, when the caller has it already (a search builds it once for every
     context-parallel degree); ``cp_view``: :func:`context_parallel_view` of that, likewise (the
-    same for every expert layout of the group)."""
+    same for every expert layout of the group). The stack's attention kernel prices the attention
+    (:mod:`planner.cost.attention_kernels`), and a recompute level the profile forces is folded
+    into the device's view last (:mod:`planner.cost.recompute_view`)."""
     t, sp = group.tp_degree, group.sequence_parallel
     view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, t, sp, stack)
     ctx = cp_view if cp_view is not None else context_parallel_view(view, cluster, group.cp_degree, t, stack)
-    return CostModel(expert_view(ctx.profile, profile, cluster, group, stack), cluster, optimizer, group=group, stack=stack,
-                     gather_bytes_per_sample=ctx.gather_bytes_per_sample)
+    experts = expert_view(ctx.profile, profile, cluster, group, stack)
+    device = attention_view(experts, stack.attention_kernel, stack.attention_efficiency)
+    return CostModel(forced_view(device), cluster, optimizer, group=group, stack=stack,
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile))

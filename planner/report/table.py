@@ -92,10 +92,13 @@ def format_plan(plan: Plan) -> str:
         table += "\n" + alltoall_note(plan)
     cap = plan.stages[0].memory_cap_bytes
     exposed = f"exposed {sync_name(plan.layout.zero)}"
+    band = p.band
+    span = f" ({band.iteration_low_ms:.2f}-{band.iteration_high_ms:.2f})" if band.known else ""
     tail = (
-        f"iteration {p.iteration_ms:.2f} ms | throughput {p.throughput_samples_per_s:.1f} samples/s | "
+        f"iteration {p.iteration_ms:.2f} ms{span} | throughput {p.throughput_samples_per_s:.1f} samples/s | "
         f"peak memory {_gib(p.peak_memory_bytes)} GiB of {_gib(cap)} GiB cap\n"
-        f"bubble {max(0.0, p.bubble_fraction):.1%} | {exposed} {p.exposed_allreduce_ms:.2f} ms"
+        + band_text(p)
+        + f"bubble {max(0.0, p.bubble_fraction):.1%} | {exposed} {p.exposed_allreduce_ms:.2f} ms"
         + (f" | optimizer step {max(s.optimizer_ms for s in plan.stages):.2f} ms" if any(s.optimizer_ms for s in plan.stages) else "")
         + "\n"
         + format_bounds(p)
@@ -118,6 +121,22 @@ def alltoall_note(plan: Plan) -> str:
     return (f"a2a ms: the experts' token dispatch and combine (all-to-all, {plan.stack.moe.dispatcher.value}) on the "
             f"critical path, per micro-batch, part of fwd + bwd ms; busiest pipeline rank {a2a:.2f} ms per micro-batch "
             f"({share:.0%} of its compute), {a2a * plan.num_microbatches / 1e3:.2f} s per iteration")
+
+
+def band_text(p: Prediction) -> str:
+    """The band's inputs, whether the plan fits at its top, and the overhead terms, one line each
+    ("" when none was worked out)."""
+    lines = []
+    band = p.band
+    if band.known:
+        top, device = band.peak_memory_high_bytes, band.device_memory_bytes
+        fits = f"{'fits' if top <= device else 'does NOT fit'} the device's {_gib(device)} GiB" if device else ""
+        lines.append(f"band from: {', '.join(f'{i.name} {i.low_ms:.0f}-{i.high_ms:.0f} ms' for i in band.inputs) or 'none'}"
+                     f"; memory at its top {_gib(top)} GiB per device{': ' + fits if fits else ''}")
+    if p.overheads:
+        lines.append("overheads in the iteration: "
+                     + ", ".join(f"{o.kind.value} {o.ms:.2f} ms" for o in p.overheads) + " (sources: the plan JSON)")
+    return "".join(line + "\n" for line in lines)
 
 
 def devices_note(plan: Plan) -> str:

@@ -32,9 +32,10 @@ does not price; DeepSpeed's pipeline engine refuses ZeRO 2 for this reason). ZeR
 the buffer for the next iteration (as DDP keeps its buckets) and its shard's reduced
 gradient lives in it, so it holds the full gradients; ZeRO 2 frees the buffer after the
 reduce-scatter and keeps only the shard's gradient (S elements) through the optimizer step.
-Note the cost model divides ZeRO 2 gradients by n at the peak, which this runtime (and any
-pipeline accumulating M > 1 micro-batches with one reduce-scatter) reaches only after the
-sync. After the sync ``param.grad`` is ``None`` in both: the reduced gradient exists only
+Note the cost model prices ZeRO 2 as DeepSpeed runs it (every micro-batch's gradients
+reduce-scattered, 1/n of them at the peak: :mod:`planner.cost.sharding`), which this runtime,
+reduce-scattering once after the last micro-batch, reaches only after the sync: its ZeRO 2 peak
+is ZeRO 1's. After the sync ``param.grad`` is ``None`` in both: the reduced gradient exists only
 for the shard, as ``master.grad``.
 
 Why this design: ``torch.distributed.optim.ZeroRedundancyOptimizer`` assigns whole

@@ -15,15 +15,18 @@ def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None 
     """``plan.predicted`` from the simulator and :mod:`planner.simulation.bounds`. Left as in the plan: the
     ME index (it needs a reference plan, see :func:`planner.simulation.bounds.me_index`), the machine bound,
     the model FLOPs and the device peak (they need the profile and cluster: ``build_plan``
-    fills them in); the achieved TFLOP/s and MFU follow the new iteration time. Without a
-    ``timeline`` the replay's figures come from :func:`simulate_summary` (the same numbers,
-    without building the Timeline)."""
+    fills them in), and the straggler share, the overhead terms and the band; the iteration is
+    the replay's lengthened by the straggler share (:mod:`planner.cost.overheads`: the job waits
+    for its slowest GPU), and the achieved TFLOP/s and MFU follow it. Without a ``timeline`` the
+    replay's figures come from :func:`simulate_summary` (the same numbers, without building the
+    Timeline)."""
     t: Timeline | Summary = timeline if timeline is not None else simulate_summary(plan, optimizer_ms=optimizer_ms)
     old = plan.predicted
-    flops = flops_figures(old.model_flops_per_iteration, t.iteration_ms, plan.num_devices, old.device_peak_tflops)
+    iteration = t.iteration_ms * (1.0 + old.straggler_fraction)
+    flops = flops_figures(old.model_flops_per_iteration, iteration, plan.num_devices, old.device_peak_tflops)
     return Prediction(
-        iteration_ms=t.iteration_ms,
-        throughput_samples_per_s=plan.global_batch / t.iteration_ms * 1e3 if t.iteration_ms > 0 else 0.0,
+        iteration_ms=iteration,
+        throughput_samples_per_s=plan.global_batch / iteration * 1e3 if iteration > 0 else 0.0,
         peak_memory_bytes=t.peak_memory_bytes,
         bubble_fraction=t.bubble_fraction,
         exposed_allreduce_ms=t.exposed_allreduce_ms,
@@ -35,6 +38,9 @@ def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None 
         mfu=flops.mfu,
         me_index=old.me_index,
         me_reference=old.me_reference,
+        straggler_fraction=old.straggler_fraction,
+        overheads=old.overheads,
+        band=old.band,
     )
 
 

@@ -20,7 +20,9 @@ stage tables: what every stage costs and whether it fits), one configuration's o
 knapsack), :mod:`.candidates` (solving and scoring configurations), :mod:`.replicated` /
 :mod:`.replicated_search` (per-stage replication), :mod:`.coarsen` (long profiles), :mod:`.build`
 (a Plan from a partition), :mod:`.select` (the chosen plan, the Pareto front), :mod:`.search`
-(all of it), :mod:`.infeasible` (why nothing fits).
+(all of it), :mod:`.infeasible` (why nothing fits), :mod:`.forced` (recomputation forced on
+every block), :mod:`.relax` (less recomputation where the chosen plan has room), :mod:`.account`
+(the chosen plan's overhead terms and band).
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ import importlib
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, SolverKind
+from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, RecomputeMode, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
+from planner.solve.account import with_accounts
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
 from planner.solve.chain_dp import solve_chain
+from planner.solve.forced import plan_forced
+from planner.solve.relax import relax_recompute
 from planner.solve.search import search_plan
 
 __all__ = ["BASELINES", "SOLVERS", "plan"]
@@ -66,5 +71,12 @@ def plan(profile: Profile, cluster: Cluster | None = None, request: PlanRequest 
             raise PlannerInputError(f"solver {kind.value!r} is a baseline partition method: it plans --tp 1 only")
         from planner.solve.baselines import baseline_plan  # with PipeDream's optimizer: not imported for the search
 
-        return baseline_plan(profile, cluster, request, kind=kind)
-    return search_plan(profile, cluster, request, solver=kind, chain_solver=chain_solver_of(kind))
+        return with_accounts(baseline_plan(profile, cluster, request, kind=kind), profile, cluster, request)
+    def search(prof: Profile, clu: Cluster, req: PlanRequest) -> Plan:
+        return search_plan(prof, clu, req, solver=kind, chain_solver=chain_solver_of(kind))
+
+    if request.recompute_mode in (RecomputeMode.FULL, RecomputeMode.SELECTIVE):
+        chosen = plan_forced(profile, cluster, request, search)
+    else:
+        chosen = relax_recompute(search(profile, cluster, request), profile, cluster, request)
+    return with_accounts(chosen, profile, cluster, request)

@@ -17,6 +17,7 @@ from planner.artifacts.plan_summary import Prediction, Provenance
 from planner.artifacts.profile import Profile, profile_to_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, price_stage
+from planner.cost.overheads import straggler_fraction
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
 from planner.schedule import inflight_counts
 from planner.simulation.bounds import machine_bound_ms
@@ -161,6 +162,7 @@ def build_plan(
             machine_bound_ms=problem.machine_bound_ms(layout.world_size),
             model_flops_per_iteration=profile.model_flops_per_sample * request.global_batch,
             device_peak_tflops=cluster.peak_tflops,
+            straggler_fraction=straggler_fraction(cluster, layout.world_size),
         ),
     )
     return dataclasses.replace(draft, predicted=predict(draft))

@@ -59,15 +59,20 @@ def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: in
 
 def lean_layouts(cm: CostModel, request: PlanRequest, num_groups: int) -> list[Layout]:
     """The layouts tried: ``num_groups`` pipeline stages (at most the layers, the request's
-    limits honoured), and with ZeRO 3 allowed every P x D = ``num_groups`` with D > 1 dividing
-    the global batch."""
-    least_d = cm.group.dp_multiple  # the fewest replicas an expert layout folds over (1 without experts)
-    P = min(num_groups // max(least_d, request.dp_degree), cm.num_layers)
+    limits honoured) -- or, where the request asks for D replicas, ``num_groups / D`` stages of D
+    replicas at the deepest ZeRO stage below 3 it allows (the layout asked for, not another: issue
+    47) -- and with ZeRO 3 allowed every P x D = ``num_groups`` with D > 1 dividing the global batch.
+    An expert layout folds over at least ``cm.group.dp_multiple`` replicas (1 without experts)."""
+    D = max(1, cm.group.dp_multiple, request.dp_degree)
+    P = min(num_groups // D, cm.num_layers)
     if request.max_stages:
         P = min(P, request.max_stages)
     if request.num_stages:
         P = request.num_stages
-    out = [layout_of(cm, max(P, 1), least_d)]
+    sharded = [z for z in request.zero_stages if z < ZeroStage.PARAMETERS]
+    asked = request.dp_degree > 1  # the layout asked for: at the deepest ZeRO stage below 3 it allows
+    zero = max(sharded) if asked and sharded else ZeroStage.NONE
+    out = [layout_of(cm, max(P, 1), D, 1, zero)] if not asked or sharded else []
     if ZeroStage.PARAMETERS in request.zero_stages:
         for p in divisors(num_groups):
             d = num_groups // p

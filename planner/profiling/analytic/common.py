@@ -81,7 +81,8 @@ def _line(y: dict[int, float]) -> TimeFit:
 
 def analytic_layer(
     name: str, kind: str, gemms: Sequence[Gemm], rates: DeviceRates, tp: TensorSplit | None = None, *,
-    moved: tuple[float, float] | None = None, core: tuple[Sequence[Gemm], float] | None = None, **kw: float,
+    moved: tuple[float, float] | None = None, core: tuple[Sequence[Gemm], float] | None = None,
+    bwd_moved: float = 2.0, **kw: float,
 ) -> Layer:
     """One analytic layer: its forward GEMMs at the throughput of their shapes plus the
     memory-bound time of the bytes its element-wise kernels move, ``moved`` = (all, the part
@@ -104,7 +105,7 @@ def analytic_layer(
     mem, split_mem = moved if moved is not None else (saved, tp.split_saved_bytes_per_sample if tp else 0.0)
 
     def at(b: int, backward: bool) -> float:
-        return rates.gemms_ms(gemms, b, backward=backward) + (2.0 if backward else 1.0) * mem * b / rates.bytes_per_ms
+        return rates.gemms_ms(gemms, b, backward=backward) + (bwd_moved if backward else 1.0) * mem * b / rates.bytes_per_ms
 
     fwd = {b: at(b, False) for b in FIT_SIZES}
     big = FIT_SIZES[-1]
@@ -112,7 +113,7 @@ def analytic_layer(
     w_share = min(1.0, wgrad_ms(gemms, rates.gemm, rates.peak_flops_per_ms, big) / bwd_big) if bwd_big > 0 else 0.0
     w_saved = min(1.0, float(kw.get("wsaved", 0.0)) / saved) if saved > 0 else 0.0
     if tp is not None and fwd[1] > 0:
-        tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem)
+        tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem, bwd_moved)
     return Layer(
         name=name,
         kind=kind,
@@ -133,7 +134,8 @@ def analytic_layer(
     )
 
 
-def _split_degrees(tp: TensorSplit, gemms: Sequence[Gemm], rates: DeviceRates, fwd_1: float, split_mem: float) -> TensorSplit:
+def _split_degrees(tp: TensorSplit, gemms: Sequence[Gemm], rates: DeviceRates, fwd_1: float, split_mem: float,
+                   bwd_moved: float = 2.0) -> TensorSplit:
     """``tp`` with its time fraction and its per-degree entries (see :func:`analytic_layer`):
     ``time_scale`` = the split work's time on one of ``t`` devices x t / its time on one, and
     each collective's window = the GEMMs beside it / the split work's time (backward: their
@@ -142,7 +144,7 @@ def _split_degrees(tp: TensorSplit, gemms: Sequence[Gemm], rates: DeviceRates, f
 
     def split_ms(b: int, t: int, backward: bool = False) -> float:
         return (rates.gemms_ms(gemms, b, t, split=True, backward=backward)
-                + (2.0 if backward else 1.0) * split_mem * b / rates.bytes_per_ms / t)
+                + (bwd_moved if backward else 1.0) * split_mem * b / rates.bytes_per_ms / t)
 
     degrees = []
     for t in TP_DEGREES:

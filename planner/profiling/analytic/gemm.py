@@ -35,7 +35,8 @@ from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
 
-__all__ = ["DEVICE_GEMM", "Gemm", "GemmModel", "gemm_model_of", "gemms_ms", "wgrad_ms"]
+__all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel", "gemm_model_of",
+           "gemms_ms", "wgrad_ms"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,26 +148,117 @@ def gemms_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, 
     return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms if split is None or bool(g.split) == split)
 
 
-# Fitted by ``benchmarks/published_runs.py --fit`` (rounded to 4 digits; the table and the
-# out-of-sample rows: benchmarks/RESULTS.md, "Published runs").
+#: the largest BF16 matmul each device reaches, as a fraction of its datasheet peak: Stas Bekman's
+#: "Maximum Achievable Matmul FLOPS" table (stas00/ml-engineering, compute/accelerator/README.md;
+#: mamf-finder.py, CUDA 12.1): A100 SXM 267.9 of 312 TFLOPS, H100 SXM 792.1 of 989. The devices'
+#: e_max are one fitted fraction of these (the share of the best matmul a training run's GEMMs reach)
+MAMF_FRACTION: dict[str, float] = {"a100-80gb": 267.9 / 312.0, "h100-80gb": 792.1 / 989.0}
+MAMF_SOURCE = ("stas00/ml-engineering, 'Maximum Achievable Matmul FLOPS comparison table': A100 SXM 267.9 / 312, "
+               "H100 SXM 792.1 / 989 TFLOPS (BF16, CUDA 12.1)")
+
+# Fitted by ``benchmarks/published_runs.py --fit`` (4 digits; the table, the fits left out one
+# source each, and what chose them: benchmarks/RESULTS.md section 40): one set for both devices
+# (e_max and the HBM fraction are fractions of each datasheet; I_half the A100's, the H100's scaled
+# by the ridge-point ratio), fitted on at most a third of each source's rows
 DEVICE_GEMM: dict[str, GemmModel] = {
-    "a100-80gb": GemmModel(
-        max_efficiency=0.6925, half_intensity=96.70, memory_efficiency=0.6763,
-        source="benchmarks/published_runs.py --fit: all three on 5 of the 23 A100 rows (Korthikanti et al. 2022 "
-               "table 4's per-layer times without recomputation, with and without sequence parallelism; Narayanan et al. "
-               "2021 table 1's first and last rows; Korthikanti et al. 2022 table 5's 175B with full recomputation)",
-        fitted_on=("K4 baseline", "K4 seq-par", "N1 1.7B", "N10 1008B", "K5 175B full"),
+    'a100-80gb': GemmModel(
+        max_efficiency=0.6936, half_intensity=0.01, memory_efficiency=0.4067,
+        source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
+                "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
+                'fraction shared by both devices, fitted on the rows of fitted_on'),
+        fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
+                   'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none',
+                   'T L2 70B b2 full',),
     ),
-    "h100-80gb": GemmModel(
-        max_efficiency=0.7037, half_intensity=186.56, memory_efficiency=0.1796,
-        source="benchmarks/published_runs.py --fit: e_max and the HBM fraction on 3 of the 9 H100 rows (the Megatron-LM "
-               "README table's smallest, middle and largest models, each at the faster of micro-batches 1, 2 and 4 "
-               "and of 1F1B and 2 chunks per rank that fits: the table gives neither; their hidden "
-               "tensor-parallel collectives taking the h100 preset's overlap_compute_loss, 24/132, of the GEMMs "
-               "beside them); I_half = the A100's x the ratio of the devices' "
-               "ridge points (989/3350 over 312/2039 FLOP/byte: 1.9294), not fitted. The HBM fraction also carries "
-               "what those throughputs include and the model does not price (data loading, optimizer step, logging)",
-        fitted_on=("M 1.7B", "M 32B", "M 462B"),
+    'h100-80gb': GemmModel(
+        max_efficiency=0.6470, half_intensity=0.02, memory_efficiency=0.4067,
+        source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
+                "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
+                'fraction shared by both devices, fitted on the rows of fitted_on'),
+        fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
+                   'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none',
+                   'T L2 70B b2 full',),
+    ),
+}
+#: each device's constants as fitted on every published source but one, one per source left out:
+#: the spread a prediction's band takes them over (:mod:`planner.cost.band`), and each row's
+#: out-of-source prediction (``benchmarks/published_runs.py``)
+DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
+    'a100-80gb': (
+        GemmModel(
+            max_efficiency=0.6949, half_intensity=0.01, memory_efficiency=0.3717,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('K4 baseline', 'K4 seq-par', 'K5 175B full', 'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',
+                       'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
+        ),
+        GemmModel(
+            max_efficiency=0.6904, half_intensity=0.01, memory_efficiency=0.4107,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer',
+                       'T L2 13B b2 none', 'T L2 70B b2 full',),
+        ),
+        GemmModel(
+            max_efficiency=0.6890, half_intensity=0.01, memory_efficiency=0.4444,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
+                       'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
+        ),
+        GemmModel(
+            max_efficiency=0.7009, half_intensity=0.01, memory_efficiency=0.3986,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
+                       'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',),
+        ),
+    ),
+    'h100-80gb': (
+        GemmModel(
+            max_efficiency=0.6482, half_intensity=0.02, memory_efficiency=0.3717,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('K4 baseline', 'K4 seq-par', 'K5 175B full', 'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',
+                       'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
+        ),
+        GemmModel(
+            max_efficiency=0.6440, half_intensity=0.02, memory_efficiency=0.4107,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
+                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer',
+                       'T L2 13B b2 none', 'T L2 70B b2 full',),
+        ),
+        GemmModel(
+            max_efficiency=0.6427, half_intensity=0.02, memory_efficiency=0.4444,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
+                       'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
+        ),
+        GemmModel(
+            max_efficiency=0.6538, half_intensity=0.02, memory_efficiency=0.3986,
+            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
+                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
+                    'the rows of fitted_on'),
+            fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
+                       'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',),
+        ),
     ),
 }
 

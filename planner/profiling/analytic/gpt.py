@@ -90,6 +90,21 @@ GPT3_SIZES: dict[str, dict[str, int]] = {
     "gpt3-175b": dict(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257),
 }
 
+#: memory-bound bytes per token and vocabulary entry of the LM head's fp32 cross entropy, forward and
+#: backward, as Megatron-LM's vocabulary-parallel cross entropy runs it (module docstring)
+CE_FWD_BYTES, CE_BWD_BYTES = 38.0, 14.0
+
+
+def head_moved(act_bytes: float, seq: int, vocab: int, fwd_per_v: float, bwd_per_v: float) -> tuple[tuple[float, float], float]:
+    """The LM head's memory-bound bytes per sample as :func:`analytic_layer` takes them: (forward
+    (all, split by vocabulary parallelism), backward / forward): the final norm's input and output
+    (``act_bytes`` each way; its backward twice) and the cross entropy's ``fwd_per_v`` / ``bwd_per_v``
+    bytes per token per vocabulary entry."""
+    fwd = 2.0 * act_bytes + fwd_per_v * seq * vocab
+    bwd = 4.0 * act_bytes + bwd_per_v * seq * vocab
+    return (fwd, fwd_per_v * seq * vocab), bwd / fwd
+
+
 def attention_gemms(s: int, a: int, d: int, flash: bool) -> tuple[Gemm, ...]:
     """The attention core of ``a`` heads of width ``d``: the scores and values products, or
     with FlashAttention one fused causal pair (:class:`Gemm`: its intensity without the ``s x
@@ -172,10 +187,12 @@ def gpt_profile(
                 wsaved=14.0 * s * h,
             )
         )
+    moved, bwd_moved = head_moved(act_in, s, V, CE_FWD_BYTES, CE_BWD_BYTES)
     out.append(
         analytic_layer(
-            "head", "LayerNorm+Linear", head_gemms(s, h, V), rates, split(V * h, 4.0 * s * V, 0, 1),
-            param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0, wsaved=act_in,
+            "head", "LayerNorm+Linear", head_gemms(s, h, V), rates, split(V * h, 4.0 * s * V, 0, 1), moved=moved,
+            bwd_moved=bwd_moved, param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
+            wsaved=act_in,
         )
     )
     return assemble(

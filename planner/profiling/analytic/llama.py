@@ -55,7 +55,22 @@ rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
   input ``2 s h``; a selectively recomputed one (Korthikanti et al. 2022 sec. 4: the
   attention core re-run, ``4 s^2 a d`` FLOPs) frees only the log-sum-exp ``4 a s``. The head
   keeps its input (2 s h), the norm output (2 s h) and fp32 logits for the cross entropy
-  (4 s V); the embedding keeps its int64 token ids (8 s).
+  (4 s V); the embedding keeps its int64 token ids (8 s). The head's memory-bound bytes: the
+  final norm's, and torch's fp32 cross entropy counted kernel by kernel (``F.cross_entropy`` on
+  the logits cast to fp32, as torchtitan and Hugging Face train: the cast, 2 + 4 V bytes per
+  token, log-softmax's max, sum and write, 4 + 4 + 4 + 4, forward 22 V; backward, log-softmax's
+  gradient, 4 + 4, and the cast back, 4 + 2, 14 V: :data:`CE_FWD_BYTES`).
+
+The selective level (``selective``, :class:`~planner.artifacts.kinds.SelectiveUnit`): the
+attention core, as above; or torchtitan's op-level selective activation checkpointing
+(``ops``: its policy keeps the outputs of the attention kernel and of every other matmul of a
+block, ``mm`` calls 1, 3, 5, 7 -- Q, V, gate, down -- and re-runs the rest: the K, O and up
+projections and every element-wise op). A block so recomputed keeps its input ``2 s h``, Q's and
+V's outputs ``2 s a d + 2 s k d``, the attention output and its log-sum-exp ``2 s a d + 4 a s``,
+gate's output ``2 s I`` and down's ``2 s h``: it frees ``4 s h + 2 s k d + 6 s I`` of the
+bytes above, and its backward re-runs the three GEMMs (``2 s h k d + 2 s a d h + 2 s h I``
+FLOPs) and the element-wise work on the freed bytes. This unit is not the attention core:
+context parallelism is not priced for such a profile (:func:`planner.cost.context.sequence_shape`).
 
 Tensor parallelism (``Layer.tp``, Megatron-LM's split, Shoeybi et al. 2019): Q, K, V, gate
 and up split by columns (heads: ``t`` must divide ``a`` and ``k``), O and down by rows, so
@@ -79,14 +94,18 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import AttentionKind
+from planner.artifacts.kinds import AttentionKind, SelectiveUnit
 from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.tensor_split import TensorSplit
+from planner.models.flops import MODEL_FLOPS_CONVENTION, AttentionFlops, attention_fwd_flops
 from planner.models.hf_spec import SIZE_LIMITS, read_config_file
 from planner.profiling.analytic.attention import attention_core_cost
 from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
 from planner.profiling.analytic.gemm import Gemm, GemmModel
-from planner.profiling.analytic.gpt import attention_gemms
+from planner.profiling.analytic.gpt import attention_gemms, head_moved
+
+#: memory-bound bytes per token and vocabulary entry of torch's fp32 cross entropy (module docstring)
+CE_FWD_BYTES, CE_BWD_BYTES = 22.0, 14.0
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
 
@@ -129,9 +148,11 @@ class LlamaShape:
         v_h = self.vocab * self.hidden
         return v_h + self.layers * self.block_params()[0] + self.hidden + (0 if self.tied else v_h)
 
-    def block_fwd_flops(self) -> float:
+    def block_fwd_flops(self, convention: AttentionFlops = MODEL_FLOPS_CONVENTION) -> float:
+        """Forward FLOPs of a block per sample, attention counted by ``convention``
+        (:mod:`planner.models.flops`; the planner's own: the whole ``s x s`` square)."""
         s, h, q, kv = self.seq, self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return 4.0 * s * h * q + 4.0 * s * h * kv + 4.0 * s * s * q + 6.0 * s * h * self.intermediate
+        return 4.0 * s * h * q + 4.0 * s * h * kv + attention_fwd_flops(s, q, convention) + 6.0 * s * h * self.intermediate
 
     def head_fwd_flops(self) -> float:
         return 2.0 * self.seq * self.hidden * self.vocab
@@ -148,6 +169,15 @@ class LlamaShape:
             Gemm(name="down", m=s, n=h, k=i, split="k", window=1),
         )
 
+    def op_sac_unit(self) -> tuple[tuple[Gemm, ...], float]:
+        """torchtitan's op-level selective checkpointing of a block (module docstring): the GEMMs
+        it re-runs (K, O, up) and the bytes per sample it frees."""
+        s, h, kd, i = self.seq, self.hidden, self.kv_heads * self.head_dim, self.intermediate
+        gemms = {g.name: g for g in self.block_gemms()}
+        k = Gemm(name="k", m=s, n=kd, k=h, split="n")
+        up = Gemm(name="up", m=s, n=i, k=h, split="n")
+        return (k, gemms["o"], up), 4.0 * s * h + 2.0 * s * kd + 6.0 * s * i
+
     def head_gemms(self) -> tuple[Gemm, ...]:
         return (Gemm(name="logits", m=self.seq, n=self.vocab, k=self.hidden, split="n", bwd_window=0),)
 
@@ -157,9 +187,9 @@ class LlamaShape:
         split = 4.0 * s * q + 4.0 * s * kv + 4.0 * self.heads * s + 8.0 * s * self.intermediate
         return 8.0 * s * self.hidden + split, split
 
-    def model_flops_per_sample(self) -> float:
+    def model_flops_per_sample(self, convention: AttentionFlops = MODEL_FLOPS_CONVENTION) -> float:
         """Forward + backward FLOPs of one sample, no recomputation (MFU's model FLOPs)."""
-        return 3.0 * (self.layers * self.block_fwd_flops() + self.head_fwd_flops())
+        return 3.0 * (self.layers * self.block_fwd_flops(convention) + self.head_fwd_flops())
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -230,10 +260,12 @@ def llama_profile(
     gemm: GemmModel | None = None,
     model: str = "",
     source: str = "",
+    selective: SelectiveUnit = SelectiveUnit.ATTENTION_CORE,
 ) -> Profile:
     """An analytic Profile of a Llama-style config on a device preset (module docstring);
     ``source`` (the config's path) names it in refusals; ``gemm``: the device's GEMM model
-    (default: the preset's fitted constants)."""
+    (default: the preset's fitted constants); ``selective``: what the blocks' selective level
+    re-runs."""
     where = f"--config {source}" if source else "llama config"
     shape = llama_shape(config, seq, where)
     rates = device_rates(device_preset, gemm)
@@ -244,6 +276,8 @@ def llama_profile(
     block_saved, block_split = shape.block_saved_bytes()
     block = shape.block_gemms()
     core = attention_core_cost(AttentionKind.FLASH, seq=s, heads=shape.heads, head_dim=shape.head_dim)
+    unit = ((attention_gemms(s, shape.heads, shape.head_dim, flash=True), core.saved_bytes)
+            if selective is SelectiveUnit.ATTENTION_CORE else shape.op_sac_unit())
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
         return megatron_split(act, params, saved, fwd, bwd, divide)
@@ -256,14 +290,16 @@ def llama_profile(
         layers.append(
             analytic_layer(f"block_{i}", "LlamaDecoderLayer", block, rates,
                            split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)),
-                           core=(attention_gemms(s, shape.heads, shape.head_dim, flash=True), core.saved_bytes),
+                           core=unit,
                            param_count=block_params, saved=block_saved, inp=act, out=act,
                            # W's inputs: q/kv's and gate_up's (the norms' outputs), o's, down's
                            wsaved=2.0 * s * (2 * h + shape.heads * shape.head_dim + shape.intermediate))
         )
+    moved, bwd_moved = head_moved(act, s, V, CE_FWD_BYTES, CE_BWD_BYTES)
     layers.append(
         analytic_layer("head", "RMSNorm+Linear", shape.head_gemms(), rates, split(V * h, 4.0 * s * V, 0, 1),
-                       param_count=V * h + h, saved=2.0 * act + 4.0 * s * V, inp=act, out=4.0, wsaved=act)
+                       moved=moved, bwd_moved=bwd_moved, param_count=V * h + h, saved=2.0 * act + 4.0 * s * V,
+                       inp=act, out=4.0, wsaved=act)
     )
     ours, rule, ratio = flops_per_token(shape)
     return assemble(
@@ -276,6 +312,7 @@ def llama_profile(
         metadata={
             "architecture": "llama",
             "model_type": str(config.get("model_type")),
+            "selective_unit": selective.value,
             "config_source": source,
             **rates.gemm.metadata(),
             "peak_bf16_tflops": device.peak_bf16_tflops,

@@ -1,0 +1,159 @@
+"""The band of a prediction: the range its inputs' stated uncertainty leaves it (issue 47).
+
+A plan's iteration time is priced from inputs each known only within a range. The band prices
+the same plan (layout, partition, recomputation, schedule: nothing re-searched) with each input
+at the two ends of its range, the others nominal (:func:`band_inputs` lists them;
+:func:`planner.solve.account.with_accounts` prices them), and adds the deviations from the
+nominal time in quadrature, as independent errors (:func:`combine`):
+
+- the device's GEMM constants (:mod:`planner.profiling.analytic.gemm`): the spread of their
+  leave-one-source-out fits (``DEVICE_GEMM_LOSO``: each fitted on every published source but one,
+  ``benchmarks/published_runs.py``), the model rebuilt with each (analytic profiles only: a
+  measured profile's times are its own);
+- the host time per kernel (``Stack.host_us_per_kernel``): 5-20 us, the range Holistic Trace
+  Analysis documents;
+- the stack's attention kernel's efficiency (:mod:`planner.cost.attention_kernels`): the ends of
+  its measured forward range, with the backward / forward rate's;
+- the GPUs' speed variation (``Cluster.gpu_speed_variation``): none to 22%, the largest spread
+  Sinha et al. (SC'22) measured in a cluster;
+- collectives across nodes: NCCL's tuning model (nominal) or plain alpha-beta rings (the lower
+  end: the latencies NCCL charges are its model's, not measured on this fabric);
+- a pipeline send/receive between nodes: 30.7-34.2 us (nccl-tests, the range measured);
+- the model's own error out of source, which the inputs above do not capture (how the element-wise
+  work, the kernels and the fabric of a run differ from the model's): +-:data:`MODEL_ERROR`, the
+  median |error| of the leave-one-source-out predictions of the published runs
+  (``benchmarks/published_runs.py``), for analytic profiles (a measured one's times are its own).
+
+The memory at the band's top is the peak plus what a GPU process holds outside PyTorch's
+allocator (:data:`RUNTIME_RESERVE_BYTES`: the CUDA context, cuBLAS workspaces, NCCL's buffers),
+and "fits" is judged there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import AttentionKernel, CollectiveModel
+from planner.artifacts.profile import Profile
+from planner.artifacts.stack import HOST_US_PER_KERNEL_RANGE, Stack
+from planner.cost.attention_kernels import BWD_RATE, KERNELS
+from planner.profiling.analytic.common import DEVICE_PRESETS
+from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
+
+__all__ = ["GPU_VARIATION_RANGE", "MODEL_ERROR", "P2P_LATENCY_RANGE_US", "RUNTIME_RESERVE_BYTES", "BandSetting", "band_inputs",
+           "combine", "memory_top_bytes", "with_setting"]
+
+GIB = 1024**3
+#: memory a training process holds outside PyTorch's caching allocator: the CUDA context, cuBLAS
+#: workspaces, NCCL's buffers. A public H100 out-of-memory report reads 79.11 GiB total, 77.78 allocated,
+#: 0.4 reserved but unallocated and ~0.15 free: ~0.8 GiB outside the allocator; 1 GiB assumed.
+RUNTIME_RESERVE_BYTES = GIB
+#: the spread of GPU speeds within a cluster: none, to the largest Sinha et al. (SC'22) measured (22%)
+GPU_VARIATION_RANGE = (0.0, 0.22)
+#: NCCL send/recv between two nodes, 256 B - 8 KiB (nccl-tests, NVIDIA/nccl-tests issue #214)
+P2P_LATENCY_RANGE_US = (30.7, 34.2)
+#: the median |predicted / published - 1| of the leave-one-source-out predictions of the published runs
+#: (benchmarks/published_runs.py, 40 figures from 4 sources; benchmarks/RESULTS.md section 40)
+MODEL_ERROR = 0.043
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandSetting:
+    """One end of one input's range (None: the input as the plan has it)."""
+
+    gemm: GemmModel | None = None
+    host_us_per_kernel: float | None = None
+    attention_efficiency: tuple[float, ...] | None = None
+    gpu_speed_variation: float | None = None
+    collective_model: CollectiveModel | None = None
+    inter_node_p2p_latency_us: float | None = None
+    scale: float | None = None  # the model's own error: the iteration scaled by this
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandInput:
+    """An input's name, where its range comes from, and its two ends (or, for the GEMM constants,
+    every leave-one-source-out fit: the band takes their extremes)."""
+
+    name: str
+    source: str
+    settings: tuple[BandSetting, ...]
+
+
+def _device_of(profile: Profile) -> str:
+    """The analytic device preset an analytic profile was priced on ("" if none)."""
+    if profile.source != "analytic":
+        return ""
+    return next((key for key, preset in DEVICE_PRESETS.items() if preset.name == profile.device), "")
+
+
+def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandInput]:
+    """The uncertain inputs of a plan of ``profile`` on ``cluster`` under ``stack`` (module docstring)."""
+    out = []
+    fits = DEVICE_GEMM_LOSO.get(_device_of(profile), ())
+    if fits and _rebuild(profile, fits[0]) is not None:
+        out.append(BandInput(name="GEMM constants", source="the device's leave-one-source-out fits "
+                             "(planner.profiling.analytic.gemm.DEVICE_GEMM_LOSO)",
+                             settings=tuple(BandSetting(gemm=g) for g in fits)))
+    if stack.host_us_per_kernel and profile.source == "analytic":
+        out.append(BandInput(name="host time per kernel", source="Holistic Trace Analysis: 5-20 us",
+                             settings=tuple(BandSetting(host_us_per_kernel=v) for v in HOST_US_PER_KERNEL_RANGE)))
+    kernel = KERNELS.get((stack.attention_kernel, _device_of(profile)))
+    if kernel is not None and stack.attention_kernel is not AttentionKernel.MODEL:
+        out.append(BandInput(name="attention kernel", source=kernel.source, settings=tuple(
+            BandSetting(attention_efficiency=(f, r)) for f, r in zip(kernel.forward, BWD_RATE))))
+    if cluster.gpu_speed_variation:
+        out.append(BandInput(name="GPU speed variation", source="Sinha et al. SC'22: up to 22%",
+                             settings=tuple(BandSetting(gpu_speed_variation=v) for v in GPU_VARIATION_RANGE)))
+    if cluster.collective_model is CollectiveModel.NCCL:
+        out.append(BandInput(name="collective model", source="alpha-beta rings .. NCCL's tuning model",
+                             settings=(BandSetting(collective_model=CollectiveModel.ALPHA_BETA),)))
+    if profile.source == "analytic":
+        out.append(BandInput(name="model error out of source", source=f"median |error| of the leave-one-source-out "
+                             f"predictions of the published runs: {MODEL_ERROR:.1%}",
+                             settings=(BandSetting(scale=1.0 - MODEL_ERROR), BandSetting(scale=1.0 + MODEL_ERROR))))
+    if cluster.num_nodes > 1 and cluster.inter_node_p2p_latency_us:
+        out.append(BandInput(name="send/receive across nodes", source="nccl-tests: 30.7-34.2 us",
+                             settings=tuple(BandSetting(inter_node_p2p_latency_us=v) for v in P2P_LATENCY_RANGE_US)))
+    return out
+
+
+def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack: Stack) -> tuple[Profile, Cluster, Stack]:
+    """The model, cluster and stack with ``setting`` applied."""
+    if setting.gemm is not None:
+        profile = _rebuild(profile, setting.gemm) or profile
+    changes = {k: getattr(setting, k) for k in ("gpu_speed_variation", "collective_model", "inter_node_p2p_latency_us")
+               if getattr(setting, k) is not None}
+    if changes:
+        cluster = dataclasses.replace(cluster, **changes)
+    if setting.host_us_per_kernel is not None:
+        stack = dataclasses.replace(stack, host_us_per_kernel=setting.host_us_per_kernel)
+    if setting.attention_efficiency is not None:
+        stack = dataclasses.replace(stack, attention_efficiency=setting.attention_efficiency)
+    return profile, cluster, stack
+
+
+def combine(nominal_ms: float, ranges: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(low, high) of the iteration: each input's (low, high) deviation from ``nominal_ms`` added in
+    quadrature (independent errors)."""
+    below = math.sqrt(sum(max(0.0, nominal_ms - lo) ** 2 for lo, _ in ranges))
+    above = math.sqrt(sum(max(0.0, hi - nominal_ms) ** 2 for _, hi in ranges))
+    return max(0.0, nominal_ms - below), nominal_ms + above
+
+
+def memory_top_bytes(peak_bytes: int, cluster: Cluster) -> int:
+    """The peak memory at the band's top: with a CUDA device, what the process holds outside the
+    allocator too (:data:`RUNTIME_RESERVE_BYTES`)."""
+    return peak_bytes + (RUNTIME_RESERVE_BYTES if cluster.device_name.startswith("NVIDIA") else 0)
+
+
+def _rebuild(profile: Profile, gemm: GemmModel) -> Profile | None:
+    """:func:`planner.profiling.analytic.rebuild.rebuild_with`, imported when a band needs it (the
+    analytic generators are not loaded to plan a measured profile)."""
+    from planner.profiling.analytic.rebuild import rebuild_with
+
+    return rebuild_with(profile, gemm)

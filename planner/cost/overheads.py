@@ -1,0 +1,88 @@
+"""Overheads a training run pays besides its kernels and its modelled communication, each priced
+from a cited measurement, never a fitted factor (issue 47). Four named terms; a plan's
+:attr:`~planner.artifacts.plan_summary.Prediction.overheads` says how much each adds to its
+iteration (:func:`planner.solve.account.with_accounts` prices the plan with each one off):
+
+- :attr:`OverheadKind.NCCL_COLLECTIVES`: collectives priced by NCCL's own tuning model where the
+  cluster says its collectives are NCCL's (``Cluster.collective_model``): data-parallel ones across
+  nodes pay its per-step network latency of rings, or the tree it switches to past a few dozen
+  nodes at 92% or less of the bandwidth; inside a node its NVLink step latency, below the
+  alpha-beta ring's per-step small-message latency (:mod:`planner.cost.collectives`). The term is
+  the iteration with NCCL's model less with alpha-beta rings: it can be negative where the plan's
+  collectives are mostly inside nodes;
+- :attr:`OverheadKind.P2P_LATENCY`: a pipeline send or receive between nodes takes NCCL's measured
+  send/recv time for a small message (``Cluster.inter_node_p2p_latency_us``, 31 us on InfiniBand
+  where the link's own latency is 5 us), every micro-batch and chunk boundary;
+- :attr:`OverheadKind.HOST`: the CPU issues every kernel (Python, the framework's dispatcher, the
+  launch), ``Stack.host_us_per_kernel`` each; a layer's forward or backward pass cannot end before
+  its kernels are issued, so it takes ``max(GPU time, kernels x host time)``
+  (:func:`host_floor_ms`): small micro-batches and small layers become host-bound;
+- :attr:`OverheadKind.STRAGGLER`: a synchronous job runs at the pace of its slowest GPU. GPUs of one
+  model differ in speed (Sinha et al. SC'22: 8% average spread between a cluster's slowest and
+  fastest GPU, ``Cluster.gpu_speed_variation``); taken as normally distributed, the spread over
+  the ``K`` GPUs a study measured is about ``2 sigma z(K)`` and the slowest of a job's ``N`` GPUs is
+  ``sigma z(N)`` behind the median, ``z(N)`` the expected largest of ``N`` standard normal draws
+  (Blom's approximation, ``Phi^-1((N - 0.375) / (N + 0.25))``). So the iteration grows by the share
+  ``variation / 2 x z(N) / z(K)`` (:func:`straggler_fraction`): 1.4% on 8 GPUs, 2.4% on 64, 3.8%
+  on 16,384 (K = 27,648, Summit's GPUs, the largest cluster Sinha et al. measured).
+
+Kernels per layer pass (:data:`KERNELS`) are counted from the code each analytic layer stands for
+(one forward kernel per GEMM, norm, fused element-wise group and attention call; the backward
+twice as many: each GEMM's input and weight gradients): a Megatron GPT block (fused bias-GeLU,
+bias-dropout-add, fused softmax) 13 forward kernels with FlashAttention, a Llama block as
+torchtitan runs it eagerly (two RMSNorms of six kernels each, three projections, rotary on Q and K,
+SDPA, the output projection, SwiGLU's three GEMMs, SiLU, the product, two residual adds) 33.
+Only analytic profiles are priced so (a measured layer's time includes its host time).
+"""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import numpy as np
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import OverheadKind
+from planner.artifacts.profile import Profile
+
+__all__ = ["KERNELS", "OverheadKind", "host_floor_ms", "straggler_fraction", "z_max"]
+
+
+#: (forward, backward) kernels of one pass of an analytic layer, by its kind (module docstring)
+KERNELS: dict[str, tuple[int, int]] = {
+    "Embedding": (1, 2),
+    "TransformerBlock": (13, 26),
+    "LayerNorm+Linear": (5, 10),
+    "LlamaDecoderLayer": (33, 66),
+    "RMSNorm+Linear": (10, 20),
+}
+#: the GPUs of the cluster Sinha et al. 2022 measured the 8% spread over (Summit: 4,608 nodes x 6 V100s)
+SINHA_CLUSTER_GPUS = 27_648
+
+
+def host_floor_ms(profile: Profile, host_us_per_kernel: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the (forward, backward) host time of one pass, ms: its kernels x the host time
+    per kernel (0 for a layer of a measured profile or a kind not in :data:`KERNELS`)."""
+    n = len(profile.layers)
+    if not host_us_per_kernel or profile.source != "analytic":
+        return np.zeros(n), np.zeros(n)
+    counts = np.array([KERNELS.get(layer.kind, (0, 0)) for layer in profile.layers], dtype=float).reshape(n, 2)
+    floor = counts * host_us_per_kernel / 1e3
+    return floor[:, 0], floor[:, 1]
+
+
+def z_max(n: int) -> float:
+    """The expected largest of ``n`` standard normal draws (Blom's approximation; 0 for one)."""
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def straggler_fraction(cluster: Cluster, num_devices: int, variation: float | None = None) -> float:
+    """The share by which a synchronous job on ``num_devices`` GPUs of ``cluster`` runs slower than
+    its median GPU would (module docstring); ``variation``: the spread to use instead of the
+    cluster's."""
+    spread = cluster.gpu_speed_variation if variation is None else variation
+    if not spread or num_devices <= 1:
+        return 0.0
+    return spread / 2.0 * z_max(num_devices) / z_max(SINHA_CLUSTER_GPUS)

@@ -1,0 +1,87 @@
+"""A chosen plan's account: the overhead terms its iteration includes and the band its inputs
+leave it (issue 47), each worked out by pricing the same plan again -- its layout, partition,
+recomputation, micro-batch and schedule as they are, nothing re-searched:
+
+- each overhead term of :mod:`planner.cost.overheads` is the iteration with the term priced less
+  the iteration without it (the cluster's collectives as alpha-beta rings, its send/receive
+  latency across nodes the link's, the stack's host time per kernel 0); the straggler share is
+  the simulated replay's ``straggler_fraction`` (exactly additive);
+- the band (:mod:`planner.cost.band`): the plan priced with each uncertain input at the ends of
+  its range, deviations added in quadrature; its memory top is the peak plus what the process
+  holds outside the allocator.
+
+Run once per plan a user gets (:func:`planner.solve.plan`), not per candidate of a search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.kinds import CollectiveModel, OverheadKind
+from planner.artifacts.plan import Plan
+from planner.artifacts.plan_summary import Band, BandInput, OverheadTerm
+from planner.artifacts.profile import Profile
+from planner.artifacts.request import PlanRequest
+from planner.artifacts.stack import Stack
+from planner.cost.band import band_inputs, combine, memory_top_bytes, with_setting
+from planner.solve.build import rebuild_plan
+
+__all__ = ["reprice", "with_accounts"]
+
+
+def reprice(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, stack: Stack) -> Plan:
+    """``plan`` priced again from scratch on ``profile`` and ``cluster`` under ``stack``."""
+    stages = plan.stages
+    return rebuild_plan(profile, cluster, dataclasses.replace(request, stack=stack), layout=plan.layout,
+                        boundaries=[s.layer_start for s in stages], recompute=[s.recompute for s in stages],
+                        selective=[s.recompute_selective for s in stages], microbatch_size=plan.microbatch_size,
+                        schedule=plan.schedule, solver=plan.provenance.solver)
+
+
+def _overheads(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, nominal: float) -> list[OverheadTerm]:
+    stack = plan.stack
+    off: list[tuple[OverheadKind, Cluster, Stack, str]] = []
+    if cluster.collective_model is CollectiveModel.NCCL:
+        off.append((OverheadKind.NCCL_COLLECTIVES, dataclasses.replace(cluster, collective_model=CollectiveModel.ALPHA_BETA),
+                    stack, cluster.sources.get("collective_model", "NCCL's tuning model")))
+    if cluster.num_nodes > 1 and cluster.inter_node_p2p_latency_us:
+        off.append((OverheadKind.P2P_LATENCY, dataclasses.replace(cluster, inter_node_p2p_latency_us=0.0), stack,
+                    cluster.sources.get("inter_node_p2p_latency_us", "the cluster's send/receive latency")))
+    if stack.host_us_per_kernel and profile.source == "analytic":
+        off.append((OverheadKind.HOST, cluster, dataclasses.replace(stack, host_us_per_kernel=0.0),
+                    stack.source_of("host_us_per_kernel") or f"{stack.host_us_per_kernel:g} us per kernel"))
+    terms = [OverheadTerm(kind=kind, ms=nominal - reprice(plan, profile, c, request, s).predicted.iteration_ms,
+                          source=src) for kind, c, s, src in off]
+    f = plan.predicted.straggler_fraction
+    if f:
+        terms.append(OverheadTerm(kind=OverheadKind.STRAGGLER, ms=plan.predicted.iteration_ms * f / (1.0 + f),
+                                  source=cluster.sources.get("gpu_speed_variation", "the cluster's GPU speed variation")))
+    return terms
+
+
+def _band(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, nominal: float) -> Band:
+    t = plan.predicted.iteration_ms
+    inputs = []
+    for entry in band_inputs(profile, cluster, plan.stack):
+        times = []
+        for setting in entry.settings:
+            if setting.scale is not None:  # the model's own error: no input to price again
+                times.append(t * setting.scale)
+                continue
+            p, c, s = with_setting(setting, profile, cluster, plan.stack)
+            times.append(t + reprice(plan, p, c, request, s).predicted.iteration_ms - nominal)
+        inputs.append(BandInput(name=entry.name, low_ms=min(times + [t]), high_ms=max(times + [t]), source=entry.source))
+    low, high = combine(t, [(i.low_ms, i.high_ms) for i in inputs])
+    return Band(iteration_low_ms=low, iteration_high_ms=high,
+                peak_memory_high_bytes=memory_top_bytes(plan.predicted.peak_memory_bytes, cluster),
+                device_memory_bytes=cluster.device_memory_bytes, inputs=tuple(inputs))
+
+
+def with_accounts(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest | None = None) -> Plan:
+    """``plan`` with its overhead terms and band in its prediction (module docstring)."""
+    request = request or plan.provenance.request
+    nominal = reprice(plan, profile, cluster, request, plan.stack).predicted.iteration_ms
+    predicted = dataclasses.replace(plan.predicted, overheads=tuple(_overheads(plan, profile, cluster, request, nominal)),
+                                    band=_band(plan, profile, cluster, request, nominal))
+    return dataclasses.replace(plan, predicted=predicted)
