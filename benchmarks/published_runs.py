@@ -54,7 +54,8 @@ attention core (QK^T, softmax, dropout, attention over V) recomputed in its back
 backward then includes the core's forward again (``CostModel.core_ms``).
 
 Last line: ``published runs: N rows, median |error| X%, worst Y%, fits F/N, ours faster on K/N``
-("faster": no slower, within 1e-9).
+("faster": no slower, within 1e-9); then the mixture-of-experts rows' own table and line
+(``benchmarks/published_moe.py``).
 
 Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit] [--jobs N]``
 """
@@ -77,6 +78,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import published_moe
 from published_rows import Metric, PublishedRun, Recompute, all_rows
 
 from planner.artifacts.cluster import PRESETS, Cluster
@@ -474,6 +476,9 @@ def main() -> int:
         print(f"ours slower (ours/theirs > 1): {', '.join(slower) or 'none'}")
     print(f"\npublished runs: {n} rows, median |error| {100 * statistics.median(errors):.1f}%, "
           f"worst {100 * max(errors):.1f}%, fits {fits}/{n}, ours faster on {faster if not args.no_plan else '-'}/{n}")
+    if not args.rows:  # the mixture-of-experts rows: their own table (benchmarks/published_moe.py)
+        print()
+        published_moe.report(plans=not args.no_plan)
     return 0
 
 
