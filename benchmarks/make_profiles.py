@@ -13,6 +13,14 @@
 
 Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
        [--threads N] [--models gpt,bert,...] [--out-dir profiles]
+       python benchmarks/make_profiles.py --refresh-splits [--models gpt,bert]
+
+``--refresh-splits`` rewrites only what a shipped measured profile counts rather than times --
+each layer's tensor split (``Layer.tp``: the split and sequence-split saved bytes, the bytes one
+device saves at each degree) and the parameters' names -- from today's zoo model, keeping the
+timings as they were measured (so plans that do not use those figures stay the same). Used for
+profile version 4 (issue 51: sequence parallelism on torch's DTensor keeps the column splits'
+gathered inputs whole).
 """
 
 from __future__ import annotations
@@ -54,6 +62,30 @@ def make_measured(out_dir: Path, device: str, threads: int, sizes: tuple[int, ..
         path = out_dir / f"zoo-{spec}-{device}.json"
         save_profile(profile, path)
         print(f"{shown(path)}: {profile.num_layers} layers, {path.stat().st_size / 1e3:.0f} KB")
+
+
+def refresh_splits(out_dir: Path, models: tuple[str, ...]) -> None:
+    """Recount the tensor splits and parameter names of the shipped measured zoo profiles (see
+    the module docstring)."""
+    import dataclasses
+
+    from planner.artifacts.profile import load_profile
+    from planner.models import layer_param_names, load_workload
+    from planner.profiling.measured.profiler import BATCH_SEED
+    from planner.profiling.measured.tensor_split import layer_splits
+
+    for spec in models:
+        path = out_dir / f"zoo-{spec}-cpu.json"
+        old = load_profile(path)
+        work = load_workload(spec)
+        size = int(old.metadata["bytes_measured_at_microbatch_size"])
+        inputs, _ = work.make_batch(size, BATCH_SEED)
+        splits = layer_splits(work, inputs, size, [layer.output_bytes_per_sample for layer in old.layers])
+        names = layer_param_names(work)
+        layers = tuple(dataclasses.replace(layer, tp=split, param_names=names[i])
+                       for i, (layer, split) in enumerate(zip(old.layers, splits)))
+        save_profile(dataclasses.replace(old, layers=layers), path)
+        print(f"{shown(path)}: tensor splits and parameter names recounted, timings kept")
 
 
 def make_analytic(out_dir: Path) -> None:
@@ -106,9 +138,14 @@ def main() -> int:
     parser.add_argument("--microbatch-sizes", default="1,2,4,8")
     parser.add_argument("--models", default=",".join(ZOO_SPECS), help="zoo models to measure (default: all)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "profiles")
+    parser.add_argument("--refresh-splits", action="store_true",
+                        help="recount the tensor splits and parameter names of the shipped measured profiles only")
     args = parser.parse_args()
     args.out_dir = args.out_dir.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.refresh_splits:
+        refresh_splits(args.out_dir, tuple(args.models.split(",")))
+        return 0
     if args.only != "analytic":
         sizes = tuple(int(s) for s in args.microbatch_sizes.split(","))
         make_measured(args.out_dir, args.device, args.threads, sizes, tuple(args.models.split(",")))

@@ -7,6 +7,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MPLBACKEND", "Agg")
+# No progress lines in the suite (they would sit beside the one-line refusals the tests read, as
+# soon as a loaded machine makes a check last over two seconds); the tests of progress itself
+# (test_first_hour.py) turn it on for their own commands.
+os.environ.setdefault("PLANNER_PROGRESS", "0")
 
 
 import importlib.util

@@ -17,7 +17,7 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage, StageMemory
 from planner.artifacts.stack import DEFAULT_STACK, Stack
-from planner.models.workload import Workload
+from planner.models.workload import TensorParallel, Workload
 from tests.plan_factory import hand_plan
 
 WIDTH = 8
@@ -54,6 +54,66 @@ def mlp() -> Workload:
         layer_names=tuple(f"block{i}" for i in range(4)) + ("head",),
         make_batch=make_batch,
         loss_fn=_mse,
+    )
+
+
+def mlp_swapped_batch() -> Workload:
+    """:func:`mlp` whose ``make_batch`` takes ``(seed, batch_size)``: the same fingerprint, a
+    batch of ``seed`` samples (issue 51)."""
+    base = mlp()
+
+    def make_batch(seed: int, batch_size: int) -> tuple[Any, Any]:
+        return base.make_batch(batch_size, seed)
+
+    return dataclasses.replace(base, make_batch=make_batch)
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm, its weight a plain parameter: ``weight * x / rms(x)``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class GatedMLP(nn.Module):
+    """A Llama-style MLP block: RMSNorm, then ``down(silu(gate(x)) * up(x))``, plus the residual."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(width)
+        self.gate = nn.Linear(width, 2 * width, bias=False)
+        self.up = nn.Linear(width, 2 * width, bias=False)
+        self.down = nn.Linear(2 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def gated_mlp_declared() -> Workload:
+    """Two :class:`GatedMLP` blocks declared split by ``{"gate": "colwise", "up": "colwise",
+    "down": "rowwise"}``: the column splits' parent is the block itself, so its input becomes a
+    DTensor before the RMSNorm, whose weight stays a plain tensor (issue 51: refused at profile
+    time, naming the cause)."""
+    seq = 4
+    layers = (GatedMLP(WIDTH), GatedMLP(WIDTH), nn.Linear(WIDTH, 4))
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        g = _gen(seed)
+        return torch.randn(batch_size, seq, WIDTH, generator=g), torch.randn(batch_size, seq, 4, generator=g)
+
+    return Workload(
+        name="gated-mlp",
+        layers=layers,
+        layer_names=("mlp0", "mlp1", "head"),
+        make_batch=make_batch,
+        loss_fn=_mse,
+        tensor_parallel=TensorParallel.from_plan({"gate": "colwise", "up": "colwise", "down": "rowwise"},
+                                                 must_divide=(2 * WIDTH,), sequence_length=seq),
     )
 
 

@@ -6,6 +6,7 @@ the plan's is named by layer and parameter.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -13,16 +14,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
-from planner.models import load_workload
+from planner.artifacts.profile import save_profile
+from planner.models import layer_param_shapes, load_workload, workload_fingerprint
 from planner.models.spec import check_spec, load_factory
 from planner.profiling.measured import profile_model
-from planner.runtime.check import shape_difference
+from planner.runtime.check import model_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +129,7 @@ def test_a_model_that_differs_from_the_plan_is_named_by_layer_and_parameter(tmp_
     small = "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8"
     wide = "hf:llama:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=48,vocab=32,seq=8"
     profile = profile_model(load_workload(small), microbatch_sizes=(1,), warmup=0, repeats=1, progress=False, trace_ops=False)
-    assert shape_difference(profile, load_workload(wide)) == (
+    assert model_difference(profile, load_workload(wide)) == (
         "layer 'block_0' (layer 1) parameter 'block.mlp.gate_proj.weight' has shape [48, 16], the plan's profile [32, 16]")
     from planner.artifacts.profile import save_profile
 
@@ -143,5 +146,76 @@ def test_runtime_dtype_of_shape_difference_is_unaffected() -> None:
     """The shapes compared are the workload's own (any dtype)."""
     work = load_workload("tests.factories:mlp")
     profile = profile_model(work, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False, trace_ops=False)
-    assert shape_difference(profile, work) == ""
+    assert model_difference(profile, work) == ""
     assert DType.FLOAT32.value == "float32" and torch.get_default_dtype() == torch.float32
+
+
+QWEN2 = "hf:qwen2:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8"
+MISTRAL = "hf:mistral:layers=2,hidden=16,heads=4,kv_heads=2,intermediate=32,vocab=32,seq=8"
+
+
+def _quick_profile(spec: str) -> Any:
+    return profile_model(load_workload(spec), microbatch_sizes=(1,), warmup=0, repeats=1, progress=False, trace_ops=False)
+
+
+@pytest.mark.hf
+def test_a_qwen2_plan_run_with_mistral_names_the_biases() -> None:
+    """Issue 51: shapes compared by position blamed ``k_proj.weight [32, 64] vs [64]``; by name
+    the real difference is qwen2's q, k and v biases."""
+    assert model_difference(_quick_profile(QWEN2), load_workload(MISTRAL)) == (
+        "layer 'block_0' (layer 1) lacks parameters 'block.self_attn.q_proj.bias' [16], 'block.self_attn.k_proj.bias' "
+        "[8], 'block.self_attn.v_proj.bias' [8] of the plan's profile")
+    assert model_difference(_quick_profile(MISTRAL), load_workload(QWEN2)).endswith(
+        "has parameters 'block.self_attn.q_proj.bias' [16], 'block.self_attn.k_proj.bias' [8], "
+        "'block.self_attn.v_proj.bias' [8] that the plan's profile does not")
+
+
+@pytest.mark.hf
+def test_a_config_field_that_changes_no_shape_is_fingerprinted_and_named(tmp_path: Path) -> None:
+    """``sliding_window`` 16 for a plan made at 8: the same shapes, other losses; refused before
+    torchrun, naming the field (it ran silently)."""
+    eight, sixteen = f"{MISTRAL},sliding_window=8", f"{MISTRAL},sliding_window=16"
+    work8, work16 = load_workload(eight), load_workload(sixteen)
+    assert layer_param_shapes(work8) == layer_param_shapes(work16)
+    assert work8.model_config["sliding_window"] == "8" and workload_fingerprint(work8) != workload_fingerprint(work16)
+    profile = _quick_profile(eight)
+    assert profile.fingerprint_sha256 == workload_fingerprint(work8) and profile.model_config == work8.model_config
+    assert model_difference(profile, work16) == "config field 'sliding_window' is 16 in the model but 8 in the plan's profile"
+    save_profile(profile, tmp_path / "p.json")
+    code, err, _ = _planner(["plan", "--profile", str(tmp_path / "p.json"), "--cluster", "local-cpu", "--devices", "1",
+                             "--global-batch", "2", "--out", str(tmp_path / "plan.json")])
+    assert code == 0, err
+    code, err, _ = _planner(["run", str(tmp_path / "plan.json"), "--model", sixteen, "--steps", "1"], timeout_s=300)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "config field 'sliding_window' is 16 in the model but 8 in the plan's profile" in err, err
+
+
+def test_a_plan_fingerprinted_before_version_4_still_runs() -> None:
+    """A plan's fingerprint made of layer names and shapes only (before the configuration was
+    hashed) is accepted; any other is refused."""
+    from planner.runtime.check import check_layers, legacy_fingerprint
+    from tests.factories import make_plan
+
+    work = load_workload("tests.factories:mlp")
+    work = dataclasses.replace(work, model_config={"dropout": "0.0"})
+    assert legacy_fingerprint(work) != workload_fingerprint(work)
+    check_layers(make_plan(work.layer_names, (2,), fingerprint=legacy_fingerprint(work)), work)
+    check_layers(make_plan(work.layer_names, (2,), fingerprint=workload_fingerprint(work)), work)
+    with pytest.raises(PlannerInputError, match="a parameter shape or a config field differs"):
+        check_layers(make_plan(work.layer_names, (2,), fingerprint="0" * 64), work)
+
+
+def test_a_version_3_profile_loads_with_the_rules_it_was_priced_by() -> None:
+    """Version 3 files (no parameter names, no configuration, Megatron-LM's sequence parallelism)
+    load; a profile using none of version 4's fields is still written as version 3, its text
+    and so its sha256 (which plans record) unchanged."""
+    from planner.artifacts.kinds import SequenceParallelRuntime
+    from planner.artifacts.profile import load_profile, profile_to_json
+
+    v3 = load_profile(ROOT / "profiles" / "gpt3-13b-a100.json")
+    assert json.loads((ROOT / "profiles" / "gpt3-13b-a100.json").read_text())["version"] == 3
+    assert not v3.model_config and all(not layer.param_names for layer in v3.layers)
+    assert all(layer.tp.sequence_runtime is SequenceParallelRuntime.MEGATRON for layer in v3.layers if layer.tp)
+    assert profile_to_json(v3)["version"] == 3
+    measured = load_profile(ROOT / "profiles" / "zoo-gpt-cpu.json")
+    assert profile_to_json(measured)["version"] == 4 and measured.layers[1].param_names

@@ -160,7 +160,7 @@ def test_gpt2_from_transformers_matches_the_hf_model() -> None:
     torch.testing.assert_close(run(w, x), reference(input_ids=x).logits, rtol=0, atol=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        profile = profile_model(w, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False)
+        profile = profile_model(w, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False, verbose=True)
     untraced = [str(c.message) for c in caught if "cannot be traced" in str(c.message)]
     assert [m.split()[1] for m in untraced] == ["'h0'", "'h1'"]  # GPT2Block: module granularity
     assert profile.metadata["fx_untraced_layers"] == "h0,h1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ class Branchy(torch.nn.Module):
         return self.fc(x) if x.sum() > 0 else -self.fc(x)
 
 
-def test_untraceable_layer_warns_and_stays_a_module() -> None:
+def test_untraceable_layer_stays_a_module_and_warns_only_when_verbose() -> None:
     workload = Workload(
         name="branchy",
         layers=(torch.nn.Linear(4, 4), Branchy()),
@@ -157,8 +158,12 @@ def test_untraceable_layer_warns_and_stays_a_module() -> None:
         loss_fn=torch.nn.functional.cross_entropy,
     )
     with pytest.warns(UserWarning, match=r"layer 'branchy' \(Branchy\) cannot be traced"):
-        profile = profile_model(workload, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False)
+        profile = profile_model(workload, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False, verbose=True)
     assert profile.metadata["fx_untraced_layers"] == "branchy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # issue 51: no torch.fx line by default
+        quiet = profile_model(workload, microbatch_sizes=(1,), warmup=0, repeats=1, progress=False)
+    assert quiet.metadata["fx_untraced_layers"] == "branchy"
     assert profile.num_layers == 2
 
 

@@ -105,7 +105,7 @@ def test_mismatches_are_refused_or_warned_before_torchrun(tmp_path: Path, capsys
 def test_plan_and_model_are_checked_in_the_launcher(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = _saved(tmp_path, _plan())
     cases = {
-        "tests.factories:mlp_wide": "model fingerprint (layer names and parameter shapes)",  # same names, other shapes
+        "tests.factories:mlp_wide": "model fingerprint (layer names, parameter shapes",  # same names, other shapes
         "tests.factories:skip": "layer 0 is 'block0' in the plan but 'fork' in model 'skip'",
         "tests.factories:tiny_gpt": "layer 0 is 'block0' in the plan but 'embed'",
         "tests.contract_factories:raising": "factory raised RuntimeError: cannot build this model here",
@@ -136,3 +136,18 @@ def test_a_refusal_is_one_line_in_seconds_not_a_torchrun_traceback(tmp_path: Pat
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("planner run: error:") and proc.stdout == ""
     assert "fingerprint" in proc.stderr
     assert cpu_s < 5.0, f"the refusal took {cpu_s:.1f} s of CPU"
+
+
+@pytest.mark.parametrize("boundaries", [(), (2,)], ids=["one-stage", "two-stage"])
+def test_swapped_make_batch_arguments_are_refused_with_their_cause(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], boundaries: tuple[int, ...]) -> None:
+    """Issue 51: a ``make_batch(seed, batch_size)`` passes the fingerprint (same layers and
+    shapes); the one-stage plan died under torchrun with "number of sections must be larger than
+    0", the two-stage one was blamed on "other shapes (sequence length, width?)"."""
+    workload = load_workload(MLP, 0)
+    plan = make_plan(workload.layer_names, boundaries, fingerprint=workload_fingerprint(workload))
+    code, err, _ = _cli(["run", _saved(tmp_path, plan), "--model", "tests.factories:mlp_swapped_batch"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"make_batch({plan.global_batch}, 0) returned inputs with 0 samples along dim 0" in err
+    assert "are its arguments swapped?" in err
+    assert "sections" not in err and "other shapes" not in err

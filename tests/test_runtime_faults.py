@@ -97,6 +97,9 @@ def test_kill_and_resume_gives_identical_losses(tmp_path: Path) -> None:
     resumed_losses = [(s.step_idx, s.loss) for s in load_report(resumed_path).steps]
     assert [i for i, _ in resumed_losses] == [2, 3]
     assert resumed_losses == full_losses[2:]  # bit-identical floats
+    # issue 51: the resume says where it resumed (rank 0, once)
+    said = [line for line in resumed.stderr.splitlines() if "resumed from step" in line]
+    assert said == [f"planner.runtime: resumed from step 2 ({ckpt / 'step_2'}): training steps 3 to 4"], resumed.stderr[-2000:]
 
 
 def test_planner_run_refuses_a_bad_plan_file_without_launching(tmp_path: Path, capsys: object) -> None:

@@ -296,3 +296,43 @@ def test_sleep_until_survives_preemption_before_the_sleep(monkeypatch):
     monkeypatch.setattr(emulate.time, "perf_counter", fake_counter)
     sleeper = emulate._Sleeper()
     sleeper.until(1.0)  # raised "sleep length must be non-negative" before the fix
+
+
+def test_a_step_failure_says_its_root_cause_in_one_line() -> None:
+    """Issue 51: torch's pipelining wraps the model's error in ``[Stage 0] failed to run forward:
+    args: (...)`` (the tensors printed); the line names the innermost error and the model's line."""
+    from planner.runtime.runner import StepFailure
+
+    def model_code() -> None:
+        raise RuntimeError("aten.mul.Tensor got mixed torch.Tensor and DTensor, need to convert all torch.Tensor")
+
+    try:
+        try:
+            model_code()
+        except RuntimeError as exc:
+            raise RuntimeError("[Stage 0] failed to run forward:\nargs: ('tensor([[0.1, 0.2]])',)") from exc
+    except RuntimeError as outer:
+        failure = StepFailure(0, outer)
+    text = str(failure)
+    assert "\n" not in text and "args:" not in text
+    assert text.startswith("at step 0: RuntimeError: aten.mul.Tensor got mixed torch.Tensor and DTensor")
+    assert "(at test_runtime_units.py:" in text and "raise RuntimeError(\"aten.mul.Tensor" in text
+
+
+def test_quiet_torch_silences_the_profiler_and_torchs_future_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 51: libkineto's ``USDT: ... profiler_start`` lines (its log level above USDT's) and
+    torch.distributed's FutureWarnings on context-parallel runs, unless ``--verbose``."""
+    import warnings
+
+    from planner.runtime.main import quiet_torch
+
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "")  # restored (unset) after the test, whatever quiet_torch sets
+    monkeypatch.delenv("KINETO_LOG_LEVEL")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_torch()
+        warnings.warn_explicit("`all_gather_into_tensor` is deprecated", FutureWarning, "c10d_logger.py", 83,
+                               module="torch.distributed.c10d_logger")
+        warnings.warn_explicit("the user's own", FutureWarning, "model.py", 1, module="mymodel")
+    assert os.environ["KINETO_LOG_LEVEL"] == "6"
+    assert [str(w.message) for w in caught] == ["the user's own"]

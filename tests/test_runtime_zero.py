@@ -17,13 +17,13 @@ import torch.distributed as dist
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily, ZeroStage
 from planner.artifacts.plan import StageMemory
-from planner.commands.run import format_model_state
 from planner.models import load_workload
 from planner.runtime.checkpoint import load_checkpoint
 from planner.runtime.checkpoint_files import CheckpointError
 from planner.runtime.collect import build_report
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure, StepMeasure
+from planner.runtime.summary import format_model_state
 from planner.runtime.zero import (
     FlatLayout,
     ShardedState,

@@ -13,8 +13,10 @@ import pytest
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.codec import parse_text
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import SequenceParallelRuntime
 from planner.artifacts.plan import dumps_plan, plan_from_json
 from planner.artifacts.request import PlanRequest
+from planner.artifacts.tensor_split import SplitDegree
 from planner.cost import allreduce_ms
 from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
 from planner.profiling.analytic.gemm import GemmModel
@@ -69,6 +71,38 @@ def test_block_view_is_megatron_on_each_device(t):
     assert sp.layers[1].input_bytes_per_sample == block.input_bytes_per_sample / t
     assert sp.layers[1].fwd_ms(1) == pytest.approx(block.fwd_ms(1) / t + 2 * ar)
     assert sp.layers[1].fwd_ms(1) < vb.fwd_ms(1)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_torch_dtensor_split_keeps_the_gathered_inputs_whole(t):
+    """A measured (torch-dtensor) split: without sequence parallelism ``(saved - A) + A / t``; with
+    it the split and sequence bytes divide by t and the rest (the column splits' gathered inputs,
+    masks) stays whole, as do the fixed bytes; a degree the profile measured replaces ``A / t``,
+    and what it saves below ``A / t`` comes off the attention core (issue 51)."""
+    prof, cluster = small_gpt(), PRESETS["a100-80gb-x8"]
+    block = prof.layers[1]
+    saved, split = block.saved_bytes_per_sample, block.tp.split_saved_bytes_per_sample
+    seq = (saved - split) / 3  # a third of the rest from the stream, the rest gathered or built whole
+    dtensor = dataclasses.replace(block.tp, sequence_runtime=SequenceParallelRuntime.DTENSOR,
+                                  sequence_saved_bytes_per_sample=seq)
+    layers = list(prof.layers)
+    layers[1] = dataclasses.replace(block, tp=dtensor, saved_bytes_fixed=64.0)
+    measured = dataclasses.replace(prof, layers=tuple(layers))
+    off = tensor_parallel_view(measured, cluster, t, sp=False).layers[1]
+    on = tensor_parallel_view(measured, cluster, t, sp=True).layers[1]
+    assert off.saved_bytes_per_sample == pytest.approx(saved - split + split / t)
+    assert on.saved_bytes_per_sample == pytest.approx(saved - split - seq + (split + seq) / t)
+    assert on.saved_bytes_per_sample > saved / t  # what Megatron-LM's rule (the analytic profile) says
+    assert on.saved_bytes_fixed == 64.0 and off.saved_bytes_fixed == 64.0
+    megatron = tensor_parallel_view(prof, cluster, t, sp=True).layers[1]
+    assert megatron.saved_bytes_per_sample == pytest.approx(saved / t)
+    # a degree measured below A / t (grouped-query K/V kept as views)
+    fewer = 1000.0
+    degree = SplitDegree(degree=t, time_scale=1.0, split_saved_bytes_per_sample=split / t - fewer)
+    layers[1] = dataclasses.replace(block, tp=dataclasses.replace(dtensor, degrees=(degree,)))
+    gqa = tensor_parallel_view(dataclasses.replace(prof, layers=tuple(layers)), cluster, t, sp=True).layers[1]
+    assert gqa.saved_bytes_per_sample == pytest.approx(on.saved_bytes_per_sample - fewer)
+    assert gqa.attention_core.saved_bytes_per_sample == pytest.approx(block.attention_core.saved_bytes_per_sample / t - fewer)
 
 
 def test_degrees_and_refusals():

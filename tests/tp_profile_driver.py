@@ -26,11 +26,19 @@ from torch.distributed.device_mesh import init_device_mesh
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.models import load_workload
-from planner.profiling.measured.tensor_split import count_split, split_param_count
+from planner.profiling.measured.tensor_split import count_split, device_split_bytes, split_kinds, split_param_count
 from planner.runtime.memory import SavedBytesMeter
 from planner.runtime.tensor import local, parallelize_layers
 
 BATCH = 2
+
+
+def _fresh(x: Any) -> Any:
+    """A layer's input as the model hands it on: floating tensors needing grad, the rest
+    (a Hugging Face block's padding mask) as they are."""
+    if isinstance(x, tuple):
+        return tuple(_fresh(t) for t in x)
+    return x.detach().requires_grad_(x.is_floating_point())
 
 
 def measure(spec: str, t: int, mesh: Any) -> list[dict[str, Any]]:
@@ -42,19 +50,19 @@ def measure(spec: str, t: int, mesh: Any) -> list[dict[str, Any]]:
         for idx, (layer, name) in enumerate(zip(whole.layers, whole.layer_names)):
             styles = whole.tensor_parallel.styles(layer, False) if whole.tensor_parallel else None
             if styles:
-                inp = x.detach().requires_grad_()
-                count = count_split(layer, styles, inp)
+                count = count_split(layer, styles, _fresh(x))
+                device = device_split_bytes(layer, whole.tensor_parallel, split_kinds(styles), _fresh(x), t, name)
                 parallelize_layers(split, [idx], mesh, sp)
                 sharded = split.layers[idx]
                 meter = SavedBytesMeter(list(sharded.parameters()))
                 with meter.hooks():
-                    out = sharded(x.detach().requires_grad_())
+                    out = sharded(_fresh(x))
                 mine = torch.tensor(
                     [meter.live_bytes, sum(local(p).numel() for p in sharded.parameters())], dtype=torch.float64
                 )
                 every = [torch.zeros_like(mine) for _ in range(t)]
                 dist.all_gather(every, mine)
-                out.sum().backward()
+                (out[0] if isinstance(out, tuple) else out).sum().backward()
                 rows.append(
                     {
                         "spec": spec,
@@ -63,6 +71,8 @@ def measure(spec: str, t: int, mesh: Any) -> list[dict[str, Any]]:
                         "saved_bytes": count.saved_bytes,
                         "split_saved_bytes": count.split_saved_bytes,
                         "column_input_bytes": count.column_input_bytes,
+                        "sequence_saved_bytes": count.sequence_saved_bytes,
+                        "device_split_bytes": device,
                         "param_count": sum(p.numel() for p in layer.parameters()),
                         "split_param_count": split_param_count(layer, styles),
                         "measured_saved_bytes": [int(r[0]) for r in every],

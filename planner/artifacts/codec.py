@@ -149,9 +149,15 @@ _ENCODED_FIELDS: dict[type, tuple[tuple[str, bool, Any], ...] | None] = {}
 def _encoded_fields(cls: type) -> tuple[tuple[str, bool, Any], ...] | None:
     if cls not in _ENCODED_FIELDS:
         _ENCODED_FIELDS[cls] = tuple(
-            (f.name, bool(f.metadata.get("omit_if_default")), f.default) for f in dataclasses.fields(cls) if f.init
+            (f.name, bool(f.metadata.get("omit_if_default")), _default_of(f)) for f in dataclasses.fields(cls) if f.init
         ) if dataclasses.is_dataclass(cls) else None
     return _ENCODED_FIELDS[cls]
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    """A field's default value (made by its ``default_factory`` when it has one)."""
+    has_factory = f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING
+    return f.default_factory() if has_factory else f.default  # type: ignore[operator]
 
 
 def encode(obj: Any) -> Any:

@@ -9,7 +9,8 @@ and request files hold).
 - :class:`SolverKind`: the exact solvers and the peers' baseline partition methods;
 - :class:`ZeroStage`: how much model state is sharded over a stage's data-parallel ranks;
 - :class:`AttentionKind`: how a profile's attention keeps its scores (flash or materialised);
-- :class:`RecomputeLevel`: how much of a layer is recomputed in backward (none, selective, full).
+- :class:`RecomputeLevel`: how much of a layer is recomputed in backward (none, selective, full);
+- :class:`SequenceParallelRuntime`: whose sequence parallelism a profile's tensor splits describe.
 """
 
 from __future__ import annotations
@@ -204,3 +205,22 @@ CALIBRATION_GRANULARITIES: tuple[str, ...] = ("global", "stage")
 #: what explains the time a calibration's compute scale leaves: slower links, a per-layer
 #: overhead, the better fit of the two (``auto``), or nothing
 CALIBRATION_RESIDUALS: tuple[str, ...] = ("auto", "links", "overhead", "none")
+
+
+class SequenceParallelRuntime(enum.Enum):
+    """Whose sequence parallelism a layer's tensor split describes (``TensorSplit.sequence_runtime``):
+    the two keep different tensors whole.
+
+    - ``megatron-lm`` (Korthikanti et al. 2022 sec. 4.2.2, eq. 4): every saved activation is
+      split along the sequence; a column-parallel linear keeps its input's sequence shard and
+      all-gathers it again in backward. The analytic profiles, and every version-1 to -3 file
+      (what the cost model of those versions priced).
+    - ``torch-dtensor``: ``torch.distributed.tensor.parallel`` as this planner's runtime runs it
+      (``SequenceParallel`` norms, ``ColwiseParallel`` / ``RowwiseParallel``): the all-gathered
+      input of each column split is saved whole by it, and tensors that do not come from the
+      hidden stream (an attention mask, rotary tables built for the whole sequence) are whole
+      on every device. The measured profiles.
+    """
+
+    MEGATRON = "megatron-lm"
+    DTENSOR = "torch-dtensor"

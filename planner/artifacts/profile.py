@@ -28,6 +28,13 @@ files; measured ones time W, not its bytes): a layer with parameters spends half
 W (dgrad + wgrad of one shape) and W keeps all it saved (torch's ``stage_backward_input`` retains
 the graph until W); one without parameters has no W. Analytic profiles compute both.
 
+Version 4 added the parameters' names (``Layer.param_names``, beside ``param_shapes``, so a
+model that differs from a profile's is told apart by name: an extra bias, not a shifted list),
+the model's configuration (``Profile.model_config``: settings that change what the model
+computes but no shape, hashed into ``fingerprint_sha256``), and which runtime's sequence
+parallelism a tensor split describes (``TensorSplit.sequence_runtime`` and
+``sequence_saved_bytes_per_sample``; version-1 to -3 files load with no names, no
+configuration and Megatron-LM's rule, what their versions priced).
 Version 3 added ``saved_bytes_fixed``, ``attention_core``, ``Profile.attention``,
 ``Profile.shared_saved`` and ``TensorSplit.degrees`` (version-1 and -2 files load with none of
 them: no intercept, no selective level, attention ``unknown``, nothing shared, the ``1/t``
@@ -43,7 +50,7 @@ from typing import Any
 
 from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
-from planner.artifacts.kinds import AttentionKind, DType
+from planner.artifacts.kinds import AttentionKind, DType, SequenceParallelRuntime
 from planner.artifacts.limits import (
     MAX_BATCH,
     MAX_BYTES,
@@ -67,9 +74,10 @@ DEFAULT_WEIGHT_GRAD_FRACTION = 0.5
 
 SCHEMA = "planner.profile"
 #: version 2 added ``model_flops_per_sample``; version 3 the recompute levels, saved-byte
-#: intercepts, shared storages and ``TensorSplit.degrees`` (see the module docstring); older
-#: files load with defaults (``degrees`` none: the ``1/t`` rule)
-VERSION = 3
+#: intercepts, shared storages and ``TensorSplit.degrees``; version 4 parameter names, the
+#: model configuration and the sequence-parallel runtime (see the module docstring); older
+#: files load with defaults (``degrees`` none: the ``1/t`` rule; Megatron-LM's sequence parallelism)
+VERSION = 4
 
 
 def _check_bytes(**values: float) -> None:
@@ -125,6 +133,11 @@ class Layer:
     param_count: int
     param_bytes: int
     param_shapes: tuple[tuple[int, ...], ...] = ()
+    param_names: tuple[str, ...] = field(
+        default=(), metadata={"doc": "the parameters' names in param_shapes' order (named_parameters()); empty = "
+                                     "unknown (version 1-3 files, analytic and imported profiles)",
+                              "omit_if_default": True}
+    )
     saved_bytes_per_sample: float = field(metadata={"doc": "bytes saved for backward per sample (once per storage)"})
     saved_bytes_fixed: float = field(
         default=0.0, metadata={"doc": "bytes saved for backward whatever the micro-batch (the fit's intercept)"}
@@ -156,6 +169,9 @@ class Layer:
         _check_bytes(param_bytes=self.param_bytes, saved_bytes_per_sample=self.saved_bytes_per_sample,
                      input_bytes_per_sample=self.input_bytes_per_sample, output_bytes_per_sample=self.output_bytes_per_sample,
                      saved_bytes_fixed=self.saved_bytes_fixed)
+        if self.param_names and len(self.param_names) != len(self.param_shapes):
+            raise ValueError(f"layer {self.name!r}: {len(self.param_names)} param_names for {len(self.param_shapes)} "
+                             "param_shapes")
         for i, shape in enumerate(self.param_shapes):
             for j, dim in enumerate(shape):
                 check_count(f"param_shapes[{i}][{j}]", dim)
@@ -172,8 +188,10 @@ class Layer:
         if self.tp is not None:
             if self.tp.split_param_count > self.param_count:
                 raise ValueError(f"layer {self.name!r}: tp.split_param_count exceeds param_count")
-            if self.tp.split_saved_bytes_per_sample > self.saved_bytes_per_sample:
-                raise ValueError(f"layer {self.name!r}: tp.split_saved_bytes_per_sample exceeds saved_bytes_per_sample")
+            divided = self.tp.split_saved_bytes_per_sample + self.tp.sequence_saved_bytes_per_sample
+            if divided > self.saved_bytes_per_sample * (1 + 1e-9) + 1e-9:
+                raise ValueError(f"layer {self.name!r}: tp.split_saved_bytes_per_sample + sequence_saved_bytes_per_sample "
+                                 f"({divided:g}) exceeds saved_bytes_per_sample ({self.saved_bytes_per_sample:g})")
         check_nonneg(
             f"layer {self.name!r}",
             param_count=self.param_count,
@@ -284,6 +302,12 @@ class Profile:
     versions: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, JSONScalar] = field(default_factory=dict)
     fingerprint_sha256: str = ""
+    model_config: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"doc": "settings that change what the model computes but no parameter shape (a Hugging Face "
+                         "config's fields that differ from its type's defaults): field -> its value as JSON text; "
+                         "hashed into fingerprint_sha256", "omit_if_default": True},
+    )
     model_flops_per_sample: float = field(
         default=0.0,
         metadata={"doc": "FLOPs of one training sample's forward and backward without recomputation (the count MFU "
@@ -359,9 +383,18 @@ class Profile:
         return tuple(layer.name for layer in self.layers)
 
 
-def profile_fingerprint(layer_names: tuple[str, ...], param_shapes: tuple[tuple[tuple[int, ...], ...], ...]) -> str:
-    """sha256 over layer names and parameter shapes: what the runtime checks a model against."""
-    return codec.sha256_of({"layers": list(layer_names), "shapes": [[list(s) for s in shp] for shp in param_shapes]})
+def profile_fingerprint(
+    layer_names: tuple[str, ...], param_shapes: tuple[tuple[tuple[int, ...], ...], ...],
+    model_config: dict[str, str] | None = None,
+) -> str:
+    """sha256 over layer names, parameter shapes and (when it has any) the model's configuration
+    (``Profile.model_config``): what the runtime checks a model against. Parameter names are not
+    hashed (a fingerprint made before version 4 stays valid); the profile keeps them to name a
+    difference."""
+    data: dict[str, Any] = {"layers": list(layer_names), "shapes": [[list(s) for s in shp] for shp in param_shapes]}
+    if model_config:
+        data["config"] = dict(sorted(model_config.items()))
+    return codec.sha256_of(data)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -369,13 +402,33 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
-    if codec.is_version(data, SCHEMA, 1) or codec.is_version(data, SCHEMA, 2):
-        data = dict(data, version=VERSION)  # v2 and v3 only added fields with defaults
+    if any(codec.is_version(data, SCHEMA, v) for v in (1, 2, 3)):
+        data = dict(data, version=VERSION)  # v2, v3 and v4 only added fields with defaults
     return codec.decode_document(Profile, data, SCHEMA, VERSION, source)
 
 
 def profile_to_json(profile: Profile) -> dict[str, Any]:
-    return codec.encode_document(profile, SCHEMA, VERSION)
+    """The profile's document, at the lowest version that holds it: a profile that uses nothing
+    version 4 added (parameter names, a configuration, torch-dtensor sequence parallelism,
+    measured per-degree split bytes: those fields are left out at their defaults) is written as
+    version 3, as before -- the same text, so the same sha256, which plans record
+    (``provenance.profile_sha256``) and by which ``planner compare`` finds a plan's profile."""
+    data = codec.encode_document(profile, SCHEMA, VERSION)
+    if not _needs_version_4(profile):
+        data["version"] = 3
+    return data
+
+
+def _needs_version_4(profile: Profile) -> bool:
+    if profile.model_config:
+        return True
+    for layer in profile.layers:
+        split = layer.tp
+        if layer.param_names or (split is not None and (
+                split.sequence_runtime is not SequenceParallelRuntime.MEGATRON or split.sequence_saved_bytes_per_sample
+                or any(d.split_saved_bytes_per_sample is not None for d in split.degrees))):
+            return True
+    return False
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

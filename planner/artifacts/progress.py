@@ -9,7 +9,8 @@ layer's timing) and say the work is alive and where it is::
     planner: plan: searching tensor-parallel degree 2 (seq-par) (15 s)
 
 and, when any line was written, a last one with the total time. Work that ends within two
-seconds prints nothing. ``PLANNER_PROGRESS=0`` turns it off (as ``--no-progress`` does for
+seconds prints nothing. While an inner Progress runs (a command's phases around a library's
+own), only the inner one writes. ``PLANNER_PROGRESS=0`` turns it off (as ``--no-progress`` does for
 ``planner profile``). :func:`note` lets code deep in a step say what it is doing without
 holding the :class:`Progress` (a no-op when none is active).
 
@@ -65,6 +66,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = 0.0
+        self._handed_over = False
         self.lines = 0
 
     def __enter__(self) -> Progress:
@@ -89,8 +91,14 @@ class Progress:
             self._thread.join(timeout=1.0)
         if self._bar is not None:
             self._bar.close()
-        if self.lines and kind is None:
+        if self.lines and kind is None and not self._handed_over:
             self._write(f"planner: {self.what}: done ({self._elapsed()})")
+
+    def hand_over(self) -> None:
+        """Stop now, without the last line: the work goes on where another progress speaks for
+        it (``planner run``'s launch, once rank 0 of the workers has started its own)."""
+        self._handed_over = True
+        self.__exit__(None, None, None)
 
     def update(self, n: int = 1, detail: str | None = None) -> None:
         """``n`` more steps done; ``detail`` (if given) says where the work is now."""
@@ -115,7 +123,8 @@ class Progress:
     def _beat(self) -> None:
         wait = min(FIRST_AFTER_S, self.every_s)  # a shorter period asked for shortens the first wait too
         while not self._stop.wait(wait):
-            self._write(self.line())
+            if not _ACTIVE or _ACTIVE[-1] is self:  # an inner Progress speaks for the work while it lasts
+                self._write(self.line())
             wait = self.every_s
 
     def _write(self, text: str) -> None:

@@ -59,7 +59,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="planner",
         description="Pipeline + data + tensor parallel planner (with ZeRO, per-stage replication and recomputation): "
-        "profile a model, plan it for a cluster, compare plans, and run a plan under torchrun.",
+        "profile a model, plan it for a cluster, compare plans, and run a plan under torchrun. Profiles come from: "
+        "a measured torch model (planner profile --model: the zoo, hf:CONFIG for a Hugging Face config, or your "
+        "own package.module:callable), the analytic formulas (planner profile --analytic gpt for GPT, --analytic hf "
+        "--config for a Llama-style Hugging Face config), or PipeDream's profiles (planner import-pipedream).",
+        epilog="Errors are one line on stderr (exit 2 bad input, 3 infeasible); PLANNER_DEBUG=1 shows the traceback "
+               "behind one.",
     )
     from planner import __version__
 

@@ -146,18 +146,24 @@ def format_comparison(frame: pd.DataFrame, *, markdown: bool = False) -> str:
 def run(args: argparse.Namespace) -> int:
     check_output("--csv", args.csv)
     check_output("--figures", args.figures, directory=True)  # made (with its parents) when the figures are drawn
-    from planner.report.compare import compare_entries, gather_plans
+    from planner.artifacts.progress import Progress
 
-    entries = gather_plans(args.plans, baselines=args.baselines, profile=args.profile, cluster=args.cluster)
-    frame = compare_entries(entries, reference=args.reference, reports=_reports(args.report))
-    print(format_comparison(frame, markdown=args.markdown))
-    if args.csv:
-        frame.to_csv(args.csv, index=False)
-        print(f"\nCSV: {args.csv}")
-    if args.figures:
-        Path(args.figures).mkdir(parents=True, exist_ok=True)
-        for path in write_figures(entries, Path(args.figures)):
-            print(f"figure: {path}")
+    with Progress("compare") as progress:  # planning baselines and drawing figures: seconds (issue 51)
+        progress.detail = "loading the plans" + (" and planning the baselines" if args.baselines else "")
+        from planner.report.compare import compare_entries, gather_plans
+
+        entries = gather_plans(args.plans, baselines=args.baselines, profile=args.profile, cluster=args.cluster)
+        progress.detail = "building the table"
+        frame = compare_entries(entries, reference=args.reference, reports=_reports(args.report))
+        print(format_comparison(frame, markdown=args.markdown), flush=True)
+        if args.csv:
+            frame.to_csv(args.csv, index=False)
+            print(f"\nCSV: {args.csv}")
+        if args.figures:
+            progress.detail = "drawing the figures"
+            Path(args.figures).mkdir(parents=True, exist_ok=True)
+            for path in write_figures(entries, Path(args.figures)):
+                print(f"figure: {path}", flush=True)
     return 0
 
 

@@ -15,13 +15,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
         help="export a plan: per-stage module names (torchtitan), schedule CSV (torch.distributed.pipelining)",
-        description="Write a plan's per-stage layer names as a JSON list of lists and its per-rank schedule as CSV.",
+        description="Write a plan's per-stage layer names as a JSON list of lists, its per-rank schedule as CSV, "
+                    "or a torchtitan job config. With no flag, prints the stage names (a JSON list of lists of layer "
+                    "names, one list per stage) on stdout.",
     )
     p.add_argument("plan", help="plan JSON")
     p.add_argument("--stages-json", metavar="OUT", help="JSON list of lists of layer names, one list per stage")
     p.add_argument("--schedule-csv", metavar="OUT", help="compute-only schedule CSV, one row per rank")
     p.add_argument("--torchtitan", metavar="OUT",
-                   help="torchtitan job config TOML: parallelism degrees (tp, pp, dp), schedule, micro-batch, stage split")
+                   help="torchtitan job config TOML: parallelism degrees (tp, pp, dp, and cp when the plan has "
+                        "context parallelism), schedule, micro-batch, stage split")
     p.set_defaults(func=run)
 
 

@@ -38,10 +38,20 @@ examples:
 """
 
 
+#: the --analytic size flags and their help
+ANALYTIC_SIZES = {
+    "layers": "transformer blocks (--analytic gpt)",
+    "hidden": "hidden size h (--analytic gpt)",
+    "heads": "attention heads a (--analytic gpt)",
+    "seq": "tokens per sample s (--analytic gpt; --analytic hf: default the config's max_position_embeddings)",
+    "vocab": "vocabulary size (--analytic gpt)",
+}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
-        help="measure a model (or build an analytic GPT profile) into a profile JSON",
+        help="measure a torch model (zoo, hf:CONFIG, your own) or build an analytic GPT or Llama profile into a profile JSON",
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -55,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", metavar="PATH", help="profile JSON to write (default: <model>.profile.json)")
     measured = parser.add_argument_group("measured (--model)")
     measured.add_argument("--microbatch-sizes", default="1,2,4", metavar="B,B,...", help="sizes to measure (default 1,2,4)")
-    measured.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    measured.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                          help="where the layers are timed: cpu, or cuda (the first visible GPU; default cpu)")
     measured.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default=None, help="default: the model's own")
     measured.add_argument("--warmup", type=bounded_int(0, 1000), default=2, help="untimed runs per layer (default 2)")
     measured.add_argument("--repeats", type=bounded_int(1, 1000), default=5, help="timed runs per layer, median kept (default 5)")
@@ -63,9 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     measured.add_argument("--no-progress", action="store_true",
                           help="no progress (default: a bar on a terminal, else a line every PLANNER_PROGRESS_EVERY_S "
                                "seconds, default 5)")
+    measured.add_argument("--verbose", action="store_true",
+                          help="also warn of each layer torch.fx cannot trace (default: named in the profile's metadata "
+                               "only, fx_untraced_layers)")
     analytic = parser.add_argument_group("analytic (--analytic gpt | hf)")
-    for flag in ("layers", "hidden", "heads", "seq", "vocab"):
-        analytic.add_argument(f"--{flag}", type=bounded_int(1, 2**24))
+    for flag, what in ANALYTIC_SIZES.items():
+        analytic.add_argument(f"--{flag}", type=bounded_int(1, 2**24), help=what)
     analytic.add_argument("--config", metavar="PATH",
                           help="--analytic hf: a config.json or a directory holding one "
                                "(--seq default: its max_position_embeddings)")
@@ -177,10 +191,14 @@ def _measured(args: argparse.Namespace) -> Profile:
     sizes = parse_sizes(args.microbatch_sizes)
     check_spec(args.model, dtype=args.dtype)  # what can be refused before torch is imported (seconds) is refused here
 
-    from planner.models import load_workload
-    from planner.profiling.measured import profile_model
+    from planner.artifacts.progress import Progress
 
-    workload = load_workload(args.model)
+    with Progress("profile", enabled=not args.no_progress) as progress:  # torch's import and the model: seconds
+        progress.detail = "importing torch, building the model"
+        from planner.models import load_workload
+        from planner.profiling.measured import profile_model
+
+        workload = load_workload(args.model)
     return profile_model(
         workload,
         microbatch_sizes=sizes,
@@ -190,6 +208,7 @@ def _measured(args: argparse.Namespace) -> Profile:
         repeats=args.repeats,
         num_threads=args.threads,
         progress=not args.no_progress,
+        verbose=args.verbose,
     )
 
 

@@ -26,20 +26,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import DType, OptimizerFamily, ZeroStage
+from planner.artifacts.kinds import DType, OptimizerFamily
 from planner.artifacts.plan import Plan, load_plan
+from planner.artifacts.progress import Progress
 from planner.commands._args import nonneg_int, positive_int
-from planner.report.table import format_table
 from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST
 from planner.runtime.lifecycle import STOP_GRACE_S
 from planner.runtime.preflight import (
@@ -51,9 +52,7 @@ from planner.runtime.preflight import (
     run_settings,
     settings_of,
 )
-
-if TYPE_CHECKING:
-    from planner.artifacts.report import RunReport
+from planner.runtime.summary import format_report
 
 #: seconds torchrun may take to stop its workers after a forwarded signal (the workers' own
 #: grace to reach a step boundary, then torchrun's 30 s before SIGKILL is not waited for)
@@ -66,10 +65,13 @@ before torchrun starts, in this process (one line, exit 2 on a refusal):
   --optimizer   a plan records the optimizer it priced: the run takes its family (sgd | adamw);
                 the other family runs with a warning (the report prices the runtime's optimizer)
   world size    --nproc must equal the plan's devices
-  model         layer count, names and fingerprint (names + parameter shapes) must match the plan's,
-                and the tensors crossing each stage boundary the plan's bytes per sample (a plan
-                profiled at another sequence length is refused); a factory that raises is
-                refused; a --profile must have the model's layers
+  model         layer count, names and fingerprint (names + parameter shapes + a Hugging Face
+                config's fields) must match the plan's, the difference named by parameter or
+                config field when the plan's profile is found; make_batch(global batch, 0) must
+                return that many samples (swapped arguments are named); the tensors crossing
+                each stage boundary the plan's bytes per sample (a plan profiled at another
+                sequence length is refused); a factory that raises is refused; a --profile
+                must have the model's layers
   outputs       --report writable (not a directory or device, its directory takes files), the
                 --checkpoint-dir writable, not used by another run (a lock), room for one checkpoint
   --resume      a checkpoint exists; its recorded lr, dtype, optimizer, seed and plan match this
@@ -77,6 +79,12 @@ before torchrun starts, in this process (one line, exit 2 on a refusal):
 
 signals: SIGTERM / SIGINT stop the workers at the next step boundary, after a final checkpoint
 when --checkpoint-dir is set (exit 128 + signal); a second signal kills them at once
+
+failures: one line per rank with the root cause and the model's line of code it came from;
+PLANNER_DEBUG=1 also prints each rank's traceback
+
+the same run without this launcher (rank 0 prints the same progress and summary; the dtype and
+optimizer are the plan's): torchrun --nproc-per-node N -m planner.runtime --plan PLAN --model M
 """
 
 
@@ -98,91 +106,9 @@ def runtime_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--resume")
     for name in args.allow_resume_change:
         argv += ["--allow-resume-change", name]
-    return argv
-
-
-def format_report(report: RunReport) -> str:
-    """Measured beside predicted, per step and per stage."""
-    steps = ", ".join(f"{s.loss:.4f}" for s in report.steps)
-    lay = report.layout
-    if lay.replicated_per_stage:
-        copies = "+".join(str(lay.replicas_of(s)) for s in range(lay.num_stages))
-        layout = f"{lay.num_stages} stages replicated per stage ({copies} processes)"
-    else:
-        layout = f"{lay.num_stages} stages x {lay.dp_degree} replicas"
-    if lay.cp_degree > 1:
-        layout += f" x {lay.cp_degree} context-parallel"
-    if lay.tp_degree > 1:
-        layout += f" x {lay.tp_degree} tensor-parallel{' (sequence parallel)' if lay.sequence_parallel else ''}"
-    head = (
-        f"ran {layout}, {report.schedule.value}, "
-        f"M={report.num_microbatches} x {report.microbatch_size} on {report.world_size} {report.backend} processes"
-        f"{' (emulated compute)' if report.emulate else ''}\n"
-        f"losses per step: {steps}\n"
-        f"iteration: measured {report.iteration_ms:.1f} ms (median after {report.warmup_steps} warm-up), "
-        f"predicted {report.iteration_ms_predicted:.1f} ms, error {100 * report.iteration_rel_error:+.1f}%"
-    )
-    rows = [
-        [
-            str(s.stage_idx), f"{s.compute_ms:.1f}", f"{s.compute_ms_predicted:.1f}", f"{100 * s.compute_rel_error:+.1f}%",
-            f"{s.idle_ms:.1f}", str(s.saved_bytes_peak), str(s.activation_bytes_predicted),
-            f"{100 * s.activation_rel_error:+.2f}%",
-        ]
-        for s in report.stages
-    ]
-    headers = ["stage", "compute ms", "predicted", "err", "idle ms", "saved bytes", "predicted", "err"]
-    return (head + "\n\n" + format_table(headers, rows) + "\n\n" + format_microbatch_memory(report) + "\n\n"
-            + format_model_state(report))
-
-
-def format_microbatch_memory(report: RunReport) -> str:
-    """One micro-batch's activations per stage: the hooks' count against the plan, and the
-    allocator's own count against the hooks' count of the same storages."""
-    head = ("activations of one micro-batch per stage: saved = the saved-tensor hooks' count (once per storage), "
-            "predicted = the plan's; allocator = bytes a forward left allocated, its output excepted (torch.profiler "
-            "memory events on CPU, torch.cuda.memory_allocated on GPU), beside the hooks' count of those storages")
-    rows = [
-        [
-            str(s.stage_idx), str(s.saved_bytes_per_microbatch), str(s.activation_bytes_per_microbatch_predicted),
-            _err(s.microbatch_rel_error, s.activation_bytes_per_microbatch_predicted),
-            str(s.allocator_bytes_per_microbatch) if s.allocator_bytes_per_microbatch >= 0 else "-",
-            str(s.allocator_hook_bytes_per_microbatch),
-            _err(s.allocator_rel_error, max(0, s.allocator_bytes_per_microbatch)),
-        ]
-        for s in report.stages
-    ]
-    headers = ["stage", "saved bytes", "predicted", "err", "allocator bytes", "hooks", "err"]
-    return head + "\n\n" + format_table(headers, rows)
-
-
-def _err(rel_error: float, predicted: int) -> str:
-    return f"{100 * rel_error:+.1f}%" if predicted else "-"
-
-
-def format_model_state(report: RunReport) -> str:
-    """Optimizer state and gradient bytes per rank, measured beside predicted. The runtime
-    runs fp SGD or AdamW, not the plan's optimizer kind, so the prediction takes the plan's
-    parameter count with the runtime optimizer's bytes per parameter."""
-    per_param = report.optimizer_state_bytes_per_param
-    zero = report.layout.zero
-    sharding = {ZeroStage.NONE: "none", ZeroStage.OPTIMIZER: "optimizer state",
-                ZeroStage.GRADIENTS: "optimizer state and gradients",
-                ZeroStage.PARAMETERS: "optimizer state, gradients and parameters"}[zero]
-    head = (
-        f"model state per rank, ZeRO {int(zero)} (sharded: {sharding}); predicted = the plan's stage parameters "
-        f"/ shards x {per_param} B/param, the runtime's {report.optimizer.value} {report.dtype.value} optimizer state "
-        f"(not the plan's optimizer kind); gradients x element size, / shards with ZeRO 2"
-    )
-    rows = [
-        [
-            str(s.stage_idx), str(s.optimizer_shards), str(s.optimizer_state_bytes), str(s.optimizer_state_bytes_predicted),
-            _err(s.optimizer_state_rel_error, s.optimizer_state_bytes_predicted), str(s.grad_bytes_after_sync),
-            str(s.grad_bytes_predicted), _err(s.grad_rel_error, s.grad_bytes_predicted),
-        ]
-        for s in report.stages
-    ]
-    headers = ["stage", "shards", "optimizer bytes", "predicted", "err", "grad bytes after sync", "predicted", "err"]
-    return head + "\n\n" + format_table(headers, rows)
+    if args.verbose:
+        argv.append("--verbose")
+    return [*argv, "--no-summary"]  # this process prints the summary, from the report
 
 
 def _plan_profile(plan: Plan, given: str, plan_path: str) -> str:
@@ -215,17 +141,21 @@ def run(args: argparse.Namespace) -> int:
         record = settings_of(plan, lr=args.lr, dtype=settings.dtype, optimizer=settings.optimizer, seed=args.seed)
         check_resume(plan, args.checkpoint_dir, settings=record, num_steps=args.steps, allowed=tuple(args.allow_resume_change))
     check_outputs(args.report, args.checkpoint_dir, 0)  # before torch is imported: a refusal comes at once
-    check_launch(
-        plan, args.model, nproc, seed=args.seed, dtype=settings.dtype,
-        profile_path=_plan_profile(plan, args.profile, args.plan), source=args.plan,
-        optimizer=settings.optimizer, report_path=args.report, checkpoint_dir=args.checkpoint_dir,
-    )
+    with Progress(f"run {Path(args.plan).name} (before torchrun)") as progress:  # torch and the model: seconds
+        progress.detail = "checking the model against the plan"
+        check_launch(
+            plan, args.model, nproc, seed=args.seed, dtype=settings.dtype,
+            profile_path=_plan_profile(plan, args.profile, args.plan), source=args.plan,
+            optimizer=settings.optimizer, report_path=args.report, checkpoint_dir=args.checkpoint_dir,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         if not args.report:
             args.report = str(Path(tmp) / "report.json")
         cmd = [sys.executable, "-m", "planner.runtime.launch", "--standalone", "--nproc-per-node", str(nproc)]
         cmd += ["-m", "planner.runtime", *runtime_argv(args)]
-        code = supervise(cmd)
+        with Progress(f"run {Path(args.plan).name}") as launch:  # until rank 0 of the workers speaks for the run
+            launch.detail = f"starting {nproc} processes (torchrun)"
+            code = supervise(cmd, quiet=not args.verbose, started=(Path(tmp) / "started", launch.hand_over))
         if code == 0 and Path(args.report).exists():
             report = load_report(args.report)
             print(format_report(report))
@@ -240,9 +170,19 @@ def _torchrun_dies_with_us() -> None:
         ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
 
 
-def supervise(cmd: list[str]) -> int:
+def supervise(cmd: list[str], quiet: bool = False, started: tuple[Path, Callable[[], None]] | None = None) -> int:
     """Run torchrun and pass it the first stop signal (see the module docstring); its exit
-    code, or 128 + the signal that stopped the run."""
+    code, or 128 + the signal that stopped the run. ``quiet``: ``OMP_NUM_THREADS=1`` unless set,
+    which torchrun would set itself for several processes, printing four lines of warning.
+    ``started``: (a path rank 0 creates once its own progress runs, ``PLANNER_RUN_STARTED``;
+    what to call then)."""
+    env = dict(os.environ)
+    if quiet:  # torchrun's own warnings: the OMP banner, "Sending process ... closing signal", "failed (exitcode: 1)"
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("LOGLEVEL", "CRITICAL")  # torch.distributed.elastic's get_logger level
+        env["PLANNER_QUIET_TORCHRUN"] = "1"  # planner.runtime.launch: the rest of torchrun's log
+    if started is not None:
+        env["PLANNER_RUN_STARTED"] = str(started[0])
     received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -251,9 +191,12 @@ def supervise(cmd: list[str]) -> int:
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in handled}
     try:
-        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_torchrun_dies_with_us)
+        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_torchrun_dies_with_us, env=env)
         forwarded, deadline = 0, 0.0
         while proc.poll() is None:
+            if started is not None and started[0].exists():
+                started[1]()
+                started = None
             if received and not forwarded:
                 forwarded, deadline = received[0], time.monotonic() + STOP_WAIT_S
                 name = signal.Signals(forwarded).name
@@ -322,4 +265,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="weights: torch.manual_seed(seed) before the factory; batches: step k trains on "
                         "make_batch(global batch, seed + k) (default: %(default)s)")
     p.add_argument("--warmup-steps", type=int, default=1, help="first steps left out of the timing summary (default: %(default)s)")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep torch's own lines (torchrun's OMP_NUM_THREADS warning, the profiler's USDT lines, "
+                        "FutureWarnings); default: silenced")
     p.set_defaults(func=run)

@@ -34,14 +34,20 @@ bytes; with sequence parallelism ``f`` = 1 and everything saved is split):
   :mod:`planner.profiling.analytic.gemm`); the rest ``(1 - f) T`` whole, or ``/ t`` with
   sequence parallelism;
 - parameters ``P - S + ceil(S / t)``; saved activations ``(saved - A) + A / t`` (Korthikanti et
-  al. 2022 eq. 2), or ``saved / t`` with sequence parallelism (eq. 4); the input kept by a
-  recomputed layer is whole, or ``1 / t`` with sequence parallelism;
+  al. 2022 eq. 2), ``A / t`` being the degree's measured figure where the profile lists one
+  (``SplitDegree.split_saved_bytes_per_sample``; what it saves below ``A / t`` is taken off the
+  attention core); with sequence parallelism ``saved / t`` on Megatron-LM (eq. 4), or on torch's
+  DTensor split (``TensorSplit.sequence_runtime``) ``(saved - A - Q) + (A + Q) / t`` with ``Q``
+  the sequence-split bytes (``sequence_saved_bytes_per_sample``): the all-gathered input of
+  each column split, and masks, stay whole there; the input kept by a recomputed layer is
+  whole, or ``1 / t`` with sequence parallelism;
 - the recompute levels (Korthikanti et al. 2022 Table 2): the attention core runs per head,
   so its saved bytes and its forward time divide by ``t`` with or without sequence parallelism
   (its bytes are part of ``A``): the selective level keeps ``(saved - A) + (A - C) / t``, e.g.
   ``s b h (10 + 24 / t)`` for a GPT block, or ``(saved - C) / t`` with sequence parallelism
   (``34 s b h / t``); saved bytes that do not grow with the micro-batch (``saved_bytes_fixed``)
-  are whole, or ``1 / t`` with sequence parallelism; storages two layers share
+  are whole, or ``1 / t`` with Megatron-LM's sequence parallelism (torch's keeps them whole:
+  rotary tables and masks built for the whole sequence); storages two layers share
   (``Profile.shared_saved``) are counted ``1 / t`` (exact with sequence parallelism, and
   without it never more than a device holds).
 
@@ -72,7 +78,7 @@ from collections.abc import Iterable
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import OptimizerKind
+from planner.artifacts.kinds import OptimizerKind, SequenceParallelRuntime
 from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
@@ -131,13 +137,15 @@ def _line(fit: TimeFit, scale: float, collectives: int, fixed_ms: float, per_sam
     )
 
 
-def _core_view(core: AttentionCore | None, t: int, time_scale: float = 1.0) -> AttentionCore | None:
+def _core_view(core: AttentionCore | None, t: int, time_scale: float = 1.0, fewer: float = 0.0) -> AttentionCore | None:
     """The attention core on one of ``t`` devices: its heads, bytes and time divided by ``t``
-    (the time also scaled as the layer's split work is, ``SplitDegree.time_scale``)."""
+    (the time also scaled as the layer's split work is, ``SplitDegree.time_scale``), its bytes
+    less ``fewer``: what the layer's measured degree saves below ``1/t`` of its split bytes (the
+    grouped-query keys and values a device keeps as views, ``SplitDegree``)."""
     if core is None:
         return None
     return AttentionCore(
-        saved_bytes_per_sample=core.saved_bytes_per_sample / t,
+        saved_bytes_per_sample=max(0.0, core.saved_bytes_per_sample / t - fewer),
         saved_bytes_fixed=core.saved_bytes_fixed / t,
         fwd=TimeFit(intercept_ms=core.fwd.intercept_ms * time_scale / t, per_sample_ms=core.fwd.per_sample_ms * time_scale / t),
     )
@@ -181,9 +189,12 @@ def _layer_view(
     scale = rest + split_share
     per_sample = ms_per_byte * split.collective_bytes_per_sample
     params = layer.param_count - split.split_param_count + math.ceil(split.split_param_count / t)
-    saved = layer.saved_bytes_per_sample / t if sp else (
-        layer.saved_bytes_per_sample - split.split_saved_bytes_per_sample + split.split_saved_bytes_per_sample / t
-    )
+    divided = split.sp_divided_bytes_per_sample(layer.saved_bytes_per_sample) if sp else split.split_saved_bytes_per_sample
+    # the split bytes on one device: 1/t of them, or what the profile measured at this degree
+    heads = split.device_split_bytes_per_sample(t)
+    fewer = split.split_saved_bytes_per_sample / t - heads  # what a measured degree saves below 1/t (the core's K/V)
+    saved = layer.saved_bytes_per_sample - divided + (divided - split.split_saved_bytes_per_sample) / t + heads
+    fixed_divided = sp and split.sequence_runtime is SequenceParallelRuntime.MEGATRON
     if comm_overlap[0] and entry is not None and any(entry.fwd_overlap):
         fwd = _overlapped(layer.fwd, rest, split_share, split.collectives_fwd, fixed_ms, per_sample, entry.fwd_overlap,
                           loss)
@@ -202,11 +213,11 @@ def _layer_view(
         param_count=params,
         param_bytes=round(layer.param_bytes * params / layer.param_count) if layer.param_count else 0,
         saved_bytes_per_sample=saved,
-        saved_bytes_fixed=layer.saved_bytes_fixed / t if sp else layer.saved_bytes_fixed,
+        saved_bytes_fixed=layer.saved_bytes_fixed / t if fixed_divided else layer.saved_bytes_fixed,
         input_bytes_per_sample=layer.input_bytes_per_sample / t if sp else layer.input_bytes_per_sample,
         output_bytes_per_sample=layer.output_bytes_per_sample / t,
         tp=None,
-        attention_core=_core_view(layer.attention_core, t, entry.time_scale if entry is not None else 1.0),
+        attention_core=_core_view(layer.attention_core, t, entry.time_scale if entry is not None else 1.0, fewer),
     )
 
 

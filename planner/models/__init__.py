@@ -18,6 +18,7 @@ _LAZY = {
     "load_workload": "planner.models.zoo",
     "workload_fingerprint": "planner.models.zoo",
     "layer_param_shapes": "planner.models.zoo",
+    "layer_param_names": "planner.models.zoo",
 }
 
 __all__ = sorted(_LAZY)

@@ -18,7 +18,8 @@ planner's layers over its block list, found by architecture (:data:`FAMILIES`):
   ``decoder.block`` with their final norms, shared token embedding, ``lm_head`` (layers below).
 
 Layers ``embed``, ``block_0`` .. ``block_{L-1}``, ``norm`` (when the model has a final norm),
-``head``. What each layer does that the whole model's ``forward`` would have done:
+``head`` (:mod:`planner.models.hf_layers`; the attention: :mod:`planner.models.hf_attention`).
+What each layer does that the whole model's ``forward`` would have done:
 
 - inputs are ``(input_ids, attention_mask)`` (int64, ``b x s``; 1 = token, 0 = padding, right
   padded, so position ids are ``0 .. s-1`` for every real token); the padding mask travels
@@ -50,6 +51,12 @@ every position but the ~15% masked ones, at least one a sample, whose input id b
 tokens, returned as ``(sum, count)`` (the Workload contract's token-weighted form), so a step
 split into micro-batches with different numbers of real tokens has the loss of the whole batch.
 
+The model fingerprint (``Workload.model_config``, :func:`model_config`) holds, beside the layer
+names and parameter shapes, every config field that differs from the model type's defaults
+(bookkeeping such as ``transformers_version`` and the dtype left out): a field that changes no
+shape (``sliding_window``, ``rope_parameters``) still changes what the blocks compute, so a plan
+made at one value is refused at another, naming the field.
+
 Tensor parallelism (:func:`tensor_parallel`): the llama family's blocks split by their config's
 ``base_model_tp_plan``, GPT-2's and BERT's by their recognised standard blocks
 (:mod:`planner.models.tp_plans`); with sequence parallelism a block receives its device's slice of
@@ -66,71 +73,22 @@ saying why.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from planner.artifacts.errors import PlannerInputError
-from planner.models.common import generator, parse_dtype, seeded
-from planner.models.context import SequenceShard, context_of
+from planner.models.common import parse_dtype, seeded
+from planner.models.hf_attention import ATTENTION, mark_attention_cores, register_attention
+from planner.models.hf_layers import Block, Embed, Head, Norm, batch_maker, token_loss
 from planner.models.hf_spec import HFSpec, check_config, load_config_dict, parse_spec
 from planner.models.hf_t5 import t5_batch_maker, t5_layers
-from planner.models.selective import RECOMPUTE_ATTR, run_core
 from planner.models.workload import ContextParallel, TensorParallel, Workload
 
 __all__ = ["ATTENTION", "FAMILIES", "HFSpec", "build", "load_config_dict", "mark_attention_cores", "parse_spec",
            "register_attention"]
-
-MASK_FRACTION = 0.15  # masked-LM positions per sample (Devlin et al. 2019, section 3.1)
-IGNORE = -100
-ATTENTION = "planner_sdpa"  # transformers' SDPA attention, its core run by planner.models.selective
-
-
-def _planner_sdpa(module: nn.Module, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    shard = context_of(module)  # context parallelism: every rank's keys and values (the block built the mask)
-    if shard is None:
-        return run_core(module, sdpa_attention_forward, module, query, key, value, *args, **kwargs)
-    with shard.regathering():  # a kept core: its saved K/V re-gathered in backward
-        return run_core(module, shard.gathered(_context_sdpa, at=1), module, query, key, value, *args, **kwargs)
-
-
-def _context_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                  **_: Any) -> tuple[torch.Tensor, None]:
-    """The attention core under context parallelism: SDPA of the rank's queries over the gathered
-    keys and values under the block's boolean mask (``_context_mask``), as transformers'
-    ``sdpa_attention_forward`` computes it with a mask, but with grouped-query attention done by
-    the kernel (``enable_gqa``) where transformers copies K and V ``heads`` wide first
-    (``repeat_kv``, whenever a mask is given): the kernel then saves the gathered K and V
-    themselves, which :meth:`SequenceShard.regathering` re-gathers in backward, not a copy it
-    would keep (``planner.models.context``)."""
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-                                         enable_gqa=groups > 1)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def register_attention() -> None:
-    """``planner_sdpa`` in transformers' attention and mask registries (SDPA's own mask)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION, _planner_sdpa)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-
-
-def mark_attention_cores(model: nn.Module) -> None:
-    """The attention modules (innermost ``*Attention`` modules) own an attention core."""
-    for module in model.modules():
-        inner = any(type(c).__name__.endswith("Attention") for c in module.modules() if c is not module)
-        if type(module).__name__.endswith("Attention") and not inner:
-            setattr(module, RECOMPUTE_ATTR, False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,117 +160,27 @@ def make_config(spec: HFSpec, where: str) -> Any:
     return config
 
 
+#: config fields that change nothing the blocks compute (bookkeeping, or what the run sets itself)
+_NOT_FINGERPRINTED = frozenset({"transformers_version", "architectures", "torch_dtype", "dtype", "use_cache",
+                                "_name_or_path", "auto_map"})
+
+
+def model_config(config: Any) -> dict[str, str]:
+    """The config fields that differ from the model type's defaults, as JSON text (what the model
+    fingerprint holds beside the shapes; see the module docstring)."""
+    import json
+
+    defaults = _transformers().CONFIG_MAPPING[config.model_type]().to_dict()
+    out = {}
+    for key, value in sorted(config.to_dict().items()):
+        if key in _NOT_FINGERPRINTED or key.startswith("_") or defaults.get(key, object()) == value:
+            continue
+        out[key] = json.dumps(value, sort_keys=True, default=str)
+    return out
+
+
 def _get(model: nn.Module, path: str) -> Any:
     return model.get_submodule(path)
-
-
-def _hidden(out: Any) -> torch.Tensor:
-    """The hidden states of a block's return value (a tensor, a tuple, or a ``ModelOutput``)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    return out[0]
-
-
-class Embed(nn.Module):
-    """``(input_ids, attention_mask)`` -> ``(hidden, attention_mask)``."""
-
-    def __init__(self, model_type: str, embed: nn.Module, positions: nn.Module | None) -> None:
-        super().__init__()
-        self.model_type = model_type
-        self.embed = embed
-        self.positions = positions  # GPT-2's wpe
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = batch
-        x = self.embed(ids)
-        if self.positions is not None:
-            x = x + self.positions(torch.arange(ids.size(1), device=ids.device))
-        return _hidden(x), mask
-
-
-class Block(nn.Module):
-    """One transformer block of the model, called as the model's own forward calls it."""
-
-    def __init__(self, model_type: str, block: nn.Module, layer_idx: int, config: Any, rotary: nn.Module | None) -> None:
-        super().__init__()
-        self.model_type = model_type
-        self.block = block
-        self.layer_idx = layer_idx
-        self.rotary = rotary
-        object.__setattr__(self, "_config", config)  # not a submodule
-
-    def _mask(self, x: torch.Tensor, pad: torch.Tensor, positions: torch.Tensor) -> Any:
-        from transformers import masking_utils as mu
-
-        cfg: Any = self._config
-        # the whole sequence's mask: with sequence parallelism x holds this device's slice of the
-        # tokens (the attention all-gathers them), the padding mask all of them
-        x = x[:, :1].expand(x.size(0), pad.size(1), x.size(2))
-        if self.model_type == "bert":
-            return mu.create_bidirectional_mask(config=cfg, inputs_embeds=x, attention_mask=pad)
-        sliding = self.model_type == "mistral" and cfg.sliding_window is not None
-        if self.model_type == "qwen2":
-            sliding = cfg.layer_types[self.layer_idx] == "sliding_attention"
-        make = mu.create_sliding_window_causal_mask if sliding else mu.create_causal_mask
-        return make(config=cfg, inputs_embeds=x, attention_mask=pad, cache=None, position_ids=positions)
-
-    def _context_mask(self, shard: SequenceShard, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        """Context parallelism: the (b, 1, local queries, every key) boolean mask of this rank's
-        tokens over the gathered keys (``SequenceShard.key_positions``), from global positions: causal,
-        the sliding window where the model's layer has one, the keys' padding (``pad`` is whole)."""
-        cfg: Any = self._config
-        window = None
-        if self.model_type == "mistral" or (self.model_type == "qwen2" and cfg.layer_types[self.layer_idx] == "sliding_attention"):
-            window = cfg.sliding_window
-        keys = shard.key_positions(x.size(1), x.device)
-        visible = shard.causal_mask(shard.positions(x.size(1), x.device), keys, window)
-        return visible[None, None] & pad[:, keys].bool()[:, None, None, :]
-
-    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        x, pad = hx
-        shard = context_of(self)
-        if shard is not None:  # x holds this rank's chunks of the tokens, pad the whole padding mask
-            positions = shard.positions(x.size(1), x.device).unsqueeze(0)
-            mask = self._context_mask(shard, x, pad)
-        else:
-            positions = torch.arange(pad.size(1), device=x.device).unsqueeze(0)  # every token's (see _mask)
-            mask = self._mask(x, pad, positions)
-        if self.model_type == "bert":
-            out = self.block(x, mask)
-        elif self.model_type == "gpt2":
-            out = self.block(x, attention_mask=mask)
-        else:
-            assert self.rotary is not None
-            out = self.block(x, attention_mask=mask, position_ids=positions, position_embeddings=self.rotary(x, positions))
-        return _hidden(out), pad
-
-
-class Norm(nn.Module):
-    """The final norm; drops the padding mask (the head does not attend)."""
-
-    def __init__(self, norm: nn.Module) -> None:
-        super().__init__()
-        self.norm = norm
-
-    def forward(self, hx: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return self.norm(hx[0])
-
-
-class Head(nn.Module):
-    def __init__(self, head: nn.Module, takes_tuple: bool) -> None:
-        super().__init__()
-        self.head = head
-        self.takes_tuple = takes_tuple  # no final norm before it: it receives (hidden, mask)
-
-    def forward(self, x: Any) -> torch.Tensor:
-        return _hidden(self.head(x[0] if self.takes_tuple else x))
-
-
-def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(summed cross entropy of the labelled tokens, their number)``: HF's token-mean loss
-    in the Workload contract's ``(sum, count)`` form."""
-    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
-    return total, (labels != IGNORE).sum()
 
 
 def _tied_groups(layers: tuple[nn.Module, ...]) -> tuple[tuple[tuple[int, str], ...], ...]:
@@ -370,7 +238,7 @@ def build(spec: HFSpec, where: str) -> Workload:
         make_batch = t5_batch_maker(vocab, seq, spec.padding, pad_id, pad_id if start_id is None else start_id)
     else:
         layers, names = _single_stack(model, model_type, family, config, blocks)
-        make_batch = _batch_maker(family.task, vocab, seq, spec.padding, pad_id)
+        make_batch = batch_maker(family.task, vocab, seq, spec.padding, pad_id)
     options = {
         "model_type": model_type,
         "task": family.task,
@@ -401,6 +269,7 @@ def build(spec: HFSpec, where: str) -> Workload:
         tensor_parallel=tensor_parallel(model_type, config, seq),
         # the llama family's blocks take their shard of the tokens; the padding mask travels whole
         context_parallel=ContextParallel(sequence_length=seq, whole_inputs=(1,)) if family is LLAMA else None,
+        model_config=model_config(config),
     )
 
 
@@ -437,24 +306,3 @@ def _single_stack(model: nn.Module, model_type: str, family: Family, config: Any
     layers.append(Head(_get(model, family.head), takes_tuple=not family.norm))
     names.append("head")
     return layers, names
-
-
-def _batch_maker(task: str, vocab: int, seq: int, padding: bool, pad_id: int) -> Callable[[int, int], Any]:
-    def make_batch(batch_size: int, seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-        gen = generator(seed)
-        tokens = torch.randint(vocab, (batch_size, seq + 1), generator=gen)
-        lengths = torch.randint(seq // 2 + 1, seq + 1, (batch_size,), generator=gen) if padding else torch.full((batch_size,), seq)
-        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
-        if task == "causal-lm":
-            ids, labels = tokens[:, :-1].clone(), tokens[:, 1:].clone()
-        else:
-            ids = tokens[:, :-1].clone()
-            chosen = (torch.rand(batch_size, seq, generator=gen) < MASK_FRACTION) & mask.bool()
-            chosen[:, 0] |= ~chosen.any(dim=1)  # at least one masked token a sample
-            labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
-            ids = torch.where(chosen, torch.full_like(ids, vocab - 1), ids)
-        ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad_id))
-        labels = torch.where(mask.bool(), labels, torch.full_like(labels, IGNORE))
-        return (ids, mask), labels
-
-    return make_batch

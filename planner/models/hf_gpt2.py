@@ -18,7 +18,7 @@ from torch import nn
 from planner.artifacts.errors import PlannerInputError
 from planner.models.common import generator, mean_cross_entropy, parse_dtype, seeded
 from planner.models.flops import gpt_model_flops_per_sample
-from planner.models.hf import ATTENTION, mark_attention_cores, register_attention
+from planner.models.hf_attention import ATTENTION, mark_attention_cores, register_attention
 from planner.models.workload import Workload
 
 

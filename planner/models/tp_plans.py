@@ -21,10 +21,8 @@ count heads or widths divided, see :data:`LOCAL_ATTRS`); with sequence paralleli
 layer's norms run on sequence shards (``SequenceParallel``).
 
 :func:`recognised_plan` finds the standard blocks by the names of their projections
-(:data:`ATTENTION_NAMES`, :data:`MLP_NAMES`); :func:`check_split` (run by the profiler on every
-split layer) computes the split layer in one process with t = 2 emulated devices and refuses a
-plan whose output differs from the whole layer's -- e.g. an attention that reshapes by a fixed
-head count -- naming the module.
+(:data:`ATTENTION_NAMES`, :data:`MLP_NAMES`); :mod:`planner.models.tp_check` checks a split
+computes its layer (run by the profiler on every split layer).
 
 Decisions: only the kinds above (an embedding or LM head stays whole: their vocabulary split
 is priced by the analytic profiles, not run); a module kind other than ``nn.Linear`` and
@@ -34,7 +32,6 @@ is priced by the analytic profiles, not run); a module kind other than ``nn.Line
 from __future__ import annotations
 
 import fnmatch
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,7 +45,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from planner.artifacts.errors import PlannerInputError
 
-__all__ = ["KINDS", "ReplicateInput", "check_split", "plan_styles", "recognised_plan", "styles_for"]
+__all__ = ["KINDS", "LOCAL_ATTRS", "ReplicateInput", "is_conv1d", "plan_styles", "recognised_plan", "styles_for"]
 
 KINDS = ("colwise", "colwise_qkv", "rowwise")
 #: attributes of a module holding column splits that count its own heads or widths: divided by t
@@ -74,7 +71,7 @@ MLP_NAMES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
-def _is_conv1d(module: nn.Module) -> bool:
+def is_conv1d(module: nn.Module) -> bool:
     """transformers' ``Conv1D`` (GPT-2): a linear layer with a transposed ``(in, out)`` weight."""
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "weight")
 
@@ -205,16 +202,21 @@ class RowwiseConv1D(RowwiseParallel):
 def _col_style(module: nn.Module, kind: str, path: str) -> ParallelStyle:
     if isinstance(module, nn.Linear) and kind == "colwise":
         return ColwiseParallel()
-    if _is_conv1d(module):
+    if is_conv1d(module):
         return ColwiseConv1D(parts=3 if kind == "colwise_qkv" else 1)
-    raise PlannerInputError(f"tensor-parallel plan: {path!r} is a {type(module).__name__}; {kind} splits nn.Linear"
-                            + (" (colwise_qkv: a fused Conv1D)" if kind == "colwise_qkv" else " and transformers' Conv1D"))
+    if kind == "colwise_qkv":
+        raise PlannerInputError(
+            f"tensor-parallel plan: {path!r} is a {type(module).__name__}, but colwise_qkv splits only transformers' "
+            "fused Conv1D (GPT-2's c_attn); declare q, k and v as three nn.Linear modules split colwise, or leave "
+            f"{path!r} out of the plan")
+    raise PlannerInputError(f"tensor-parallel plan: {path!r} is a {type(module).__name__}; colwise splits nn.Linear "
+                            "and transformers' Conv1D only")
 
 
 def _row_style(module: nn.Module, stream: Any, path: str) -> ParallelStyle:
     if isinstance(module, nn.Linear):
         return RowwiseParallel(output_layouts=stream)
-    if _is_conv1d(module):
+    if is_conv1d(module):
         return RowwiseConv1D(stream)
     raise PlannerInputError(f"tensor-parallel plan: {path!r} is a {type(module).__name__}; rowwise splits nn.Linear "
                             "and transformers' Conv1D")
@@ -299,105 +301,3 @@ def _relative(prefix: str, row: str) -> str:
     base = prefix.rstrip(".").rpartition(".")[0]
     rest = row.removeprefix("../").replace("/", ".")
     return f"{base}.{rest}" if base else rest
-
-
-# ---------------------------------------------------------------- checking a split in one process
-
-
-def check_split(layer: nn.Module, kinds: Mapping[str, str], x: Any, name: str, t: int = 2) -> None:
-    """Compute ``layer(x)`` split over ``t`` emulated devices in one process -- each a copy of
-    the layer holding its shard of every split parameter, the row splits' partial outputs summed
-    across the copies (threads meeting at each row split), the column splits' parents with their
-    :data:`LOCAL_ATTRS` divided -- and refuse the plan when the result differs from the whole
-    layer's (``PlannerInputError`` naming the layer and the module)."""
-    import copy
-
-    copies = [copy.deepcopy(layer) for _ in range(t)]
-    parents = {_parent(p) for p, k in kinds.items() if k.startswith("colwise")}
-    for rank, twin in enumerate(copies):
-        modules = dict(twin.named_modules())
-        for path, kind in kinds.items():
-            _shard(modules[path], kind, rank, t, f"layer {name!r}: {path!r}")
-        for path in parents:
-            for attr in LOCAL_ATTRS:
-                if isinstance(getattr(modules[path], attr, None), int):
-                    setattr(modules[path], attr, getattr(modules[path], attr) // t)
-    rows = [p for p, k in kinds.items() if k == "rowwise"]
-    barrier = threading.Barrier(t)
-    slots: dict[tuple[str, int], torch.Tensor] = {}
-
-    def hook_for(path: str, rank: int) -> Callable[..., torch.Tensor]:
-        def hook(mod: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
-            slots[(path, rank)] = out
-            barrier.wait()
-            total = sum(slots[(path, r)] for r in range(t))
-            barrier.wait()
-            return total  # type: ignore[return-value]
-
-        return hook
-
-    results: list[Any] = [None] * t
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        modules = dict(copies[rank].named_modules())
-        handles = [modules[p].register_forward_hook(hook_for(p, rank)) for p in rows]
-        try:
-            with torch.no_grad():
-                results[rank] = copies[rank](x)
-        except BaseException as exc:  # reported below, one line
-            errors.append(exc)
-            barrier.abort()
-        finally:
-            for h in handles:
-                h.remove()
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(t)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    with torch.no_grad():
-        whole = layer(x)
-    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
-    if real:
-        raise PlannerInputError(
-            f"layer {name!r}: its tensor-parallel split fails when computed over {t} devices ({type(real[0]).__name__}: "
-            f"{' '.join(str(real[0]).split())[:200]}); a module that reshapes by a fixed head count cannot be split: "
-            "declare the layer's split (TensorParallel.from_plan) or none"
-        )
-    got, want = _first(results[0]), _first(whole)
-    scale = float(want.abs().max()) or 1.0
-    diff = float((got.double() - want.double()).abs().max()) if got.shape == want.shape else float("inf")
-    tol = 1e-9 if want.dtype == torch.float64 else 1e-4 if want.dtype == torch.float32 else 5e-2
-    if not diff <= tol * scale:
-        split = ", ".join(f"{p} {k}" for p, k in kinds.items())
-        raise PlannerInputError(
-            f"layer {name!r}: its tensor-parallel split ({split}) does not compute the layer: over {t} devices the "
-            f"output differs by {diff:.3g} (of {scale:.3g}); declare the layer's split (TensorParallel.from_plan) or none"
-        )
-
-
-def _first(value: Any) -> torch.Tensor:
-    return value[0] if isinstance(value, tuple) else value
-
-
-def _shard(module: nn.Module, kind: str, rank: int, t: int, where: str) -> None:
-    """Replace ``module``'s parameters with this rank's shard (in one process)."""
-    conv = _is_conv1d(module)
-    if not (isinstance(module, nn.Linear) or conv):
-        raise PlannerInputError(f"{where} is a {type(module).__name__}; tensor-parallel splits nn.Linear and Conv1D")
-    out_dim, in_dim = (1, 0) if conv else (0, 1)
-    with torch.no_grad():
-        if kind == "rowwise":
-            module.weight = nn.Parameter(module.weight.chunk(t, dim=in_dim)[rank].clone())
-            if getattr(module, "bias", None) is not None and rank:
-                module.bias = nn.Parameter(torch.zeros_like(module.bias))
-        else:
-            parts = 3 if kind == "colwise_qkv" else 1
-            module.weight = nn.Parameter(
-                torch.cat([c.chunk(t, dim=out_dim)[rank] for c in module.weight.chunk(parts, dim=out_dim)], dim=out_dim).clone())
-            if getattr(module, "bias", None) is not None:
-                module.bias = nn.Parameter(torch.cat([c.chunk(t)[rank] for c in module.bias.chunk(parts)]).clone())
-        if conv:
-            module.nf = module.weight.size(1)

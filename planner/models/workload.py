@@ -70,7 +70,7 @@ class TensorParallel:
         ``TensorParallel.from_plan({"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise",
         "attn.proj": "rowwise", "mlp.fc1": "colwise", "mlp.fc2": "rowwise"}, must_divide=(heads,))``.
         A layer with no row-split module stays whole. ``planner profile`` checks each split layer
-        computes the layer (:func:`planner.models.tp_plans.check_split`)."""
+        computes the layer (:func:`planner.models.tp_check.check_split`)."""
         from planner.models.tp_plans import plan_styles  # torch: only when a split is declared
 
         return cls(styles=plan_styles(plan), must_divide=must_divide, sequence_length=sequence_length)
@@ -153,6 +153,11 @@ class Workload:
     - ``context_parallel``: how its samples split along the sequence over context-parallel
       ranks (:class:`ContextParallel`), or None when the model does not run context parallel;
       default None.
+    - ``model_config``: settings that change what the model computes but no parameter shape
+      (a Hugging Face config's fields that differ from its type's defaults, such as
+      ``sliding_window``), field -> its value as JSON text; hashed into the model fingerprint
+      with the layer names and parameter shapes, so a plan made for one setting is refused for
+      another, naming the field; default empty.
     - ``model_flops_per_sample``: FLOPs of one training sample's forward and backward without
       recomputation (the count MFU uses), recorded in the profile; default 0 (unknown: the
       plan then shows no MFU).
@@ -168,6 +173,7 @@ class Workload:
     tensor_parallel: TensorParallel | None = None
     model_flops_per_sample: float = 0.0
     context_parallel: ContextParallel | None = None
+    model_config: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (self.model_flops_per_sample >= 0 and self.model_flops_per_sample < float("inf")):

@@ -40,7 +40,7 @@ from planner.models import bert, gpt, hf, hf_gpt2, resnet, vgg
 from planner.models.spec import build_config, load_factory, split_options
 from planner.models.workload import Workload
 
-__all__ = ["ZOO", "layer_param_shapes", "load_workload", "workload_fingerprint"]
+__all__ = ["ZOO", "layer_param_names", "layer_param_shapes", "load_workload", "workload_fingerprint"]
 
 # zoo name -> (config dataclass, builder)
 ZOO: dict[str, tuple[type, Callable[[Any], Workload]]] = {
@@ -86,6 +86,12 @@ def layer_param_shapes(workload: Workload) -> tuple[tuple[tuple[int, ...], ...],
     return tuple(tuple(tuple(p.shape) for _, p in layer.named_parameters()) for layer in workload.layers)
 
 
+def layer_param_names(workload: Workload) -> tuple[tuple[str, ...], ...]:
+    """Per layer, the names of its parameters in ``named_parameters()`` order."""
+    return tuple(tuple(name for name, _ in layer.named_parameters()) for layer in workload.layers)
+
+
 def workload_fingerprint(workload: Workload) -> str:
-    """The fingerprint a Profile of this workload carries (layer names + parameter shapes)."""
-    return profile_fingerprint(workload.layer_names, layer_param_shapes(workload))
+    """The fingerprint a Profile of this workload carries (layer names, parameter shapes and
+    the model's configuration, ``Workload.model_config``)."""
+    return profile_fingerprint(workload.layer_names, layer_param_shapes(workload), workload.model_config)

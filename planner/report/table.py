@@ -5,6 +5,7 @@ from __future__ import annotations
 from planner.artifacts.kinds import Objective, ZeroStage
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.plan_summary import ParetoPoint, Prediction
+from planner.artifacts.text_table import format_table
 
 GIB = 1024**3
 
@@ -52,16 +53,6 @@ def pareto_label(q: ParetoPoint) -> str:
     micro-batch size, schedule and recomputed layers, e.g. ``T=2 (seq-par) x P=1 x D=4, ZeRO-1,
     mb 1, 1f1b, rc 0``."""
     return f"{q.layout.describe()}, mb {q.microbatch_size}, {q.schedule.value}, rc {q.num_recomputed_layers}"
-
-
-def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
-    right = right if right is not None else set(range(1, len(headers)))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def format_plan(plan: Plan) -> str:
@@ -144,7 +135,9 @@ def devices_note(plan: Plan) -> str:
 
 
 def format_bounds(p: Prediction) -> str:
-    """The two bounds, each named for what it bounds, and the FLOP figures where known."""
+    """The two bounds, each named for what it bounds, and the FLOP figures where they mean
+    something: with the device's peak known (the MFU beside them), not on a CPU cluster, whose
+    preset states no peak (the line read "model 2.819e-06 PFLOP per iteration, 0.0 TFLOP/s")."""
     t = p.iteration_ms
     parts = []
     if p.machine_bound_ms > 0:
@@ -153,10 +146,10 @@ def format_bounds(p: Prediction) -> str:
     parts.append(f"partition bound {p.partition_bound_ms:.2f} ms (this plan's own stages; "
                  f"{p.partition_bound_ms / t if t else 0:.3f} of time)")
     line = " | ".join(parts)
-    if p.achieved_tflops_per_device > 0:
-        mfu = f", MFU {p.mfu:.1%} of {p.device_peak_tflops:.0f} TFLOP/s" if p.mfu > 0 else ""
+    if p.achieved_tflops_per_device > 0 and p.mfu > 0:
         line += (f"\nmodel {p.model_flops_per_iteration / 1e15:.4g} PFLOP per iteration, "
-                 f"{p.achieved_tflops_per_device:.1f} TFLOP/s per device{mfu}")
+                 f"{p.achieved_tflops_per_device:.1f} TFLOP/s per device, MFU {p.mfu:.1%} of "
+                 f"{p.device_peak_tflops:.0f} TFLOP/s")
     return line
 
 

@@ -22,8 +22,9 @@ import torch
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, ScheduleKind
 from planner.artifacts.plan import Plan
-from planner.artifacts.profile import Profile
+from planner.artifacts.profile import Profile, profile_fingerprint
 from planner.graph.cuts import cut_bytes_per_sample
+from planner.models import layer_param_shapes
 from planner.models.workload import Workload
 from planner.profiling.measured.memory import layer_edges
 from planner.runtime.context import context_parallel_refusal
@@ -72,7 +73,27 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     check_world_size(plan, world_size, source)
     check_schedule(plan, source)
     check_layers(plan, workload, source, profile)
+    check_plan_batch(plan, workload, source)
     check_boundaries(plan, workload, source)
+
+
+def check_plan_batch(plan: Plan, workload: Workload, source: str = "plan") -> None:
+    """``make_batch(global_batch, 0)`` returns the plan's global batch along dim 0
+    (:func:`planner.profiling.measured.contract.check_batch`: a factory whose ``make_batch`` takes
+    ``(seed, batch_size)`` is named as such), with the RNG state restored."""
+    from planner.profiling.measured.contract import check_batch
+
+    with torch.random.fork_rng(devices=[]):
+        try:
+            batch = workload.make_batch(plan.global_batch, 0)
+        except Exception as exc:  # a user's factory: one line, not a traceback per rank
+            detail = " ".join(str(exc).split())[:300]
+            raise PlannerInputError(f"{source}: model {workload.name!r}: make_batch({plan.global_batch}, 0) raised "
+                                    f"{type(exc).__name__}: {detail}") from None
+    try:
+        check_batch(workload, plan.global_batch, 0, batch)
+    except PlannerInputError as exc:
+        raise PlannerInputError(f"{source}: {exc}") from None
 
 
 def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
@@ -121,9 +142,10 @@ def check_schedule(plan: Plan, source: str = "plan") -> None:
 
 def check_layers(plan: Plan, workload: Workload, source: str = "plan", profile: Profile | None = None) -> None:
     """The plan's layer count, each stage's layer names, and the fingerprint (layer names and
-    parameter shapes), against the model. A plan holds only the fingerprint's hash; when the
-    plan's ``profile`` is given (it holds every layer's parameter shapes), a mismatch names the
-    first layer and parameter whose shape differs instead of two hashes."""
+    parameter shapes, and the configuration ``Workload.model_config``), against the model. A plan
+    holds only the fingerprint's hash; when the plan's ``profile`` is given (it holds every
+    layer's parameter names and shapes, and the configuration), a mismatch names the config field
+    or the parameter that differs instead of two hashes (:func:`model_difference`)."""
     num_layers = len(workload.layers)
     if plan.num_layers != num_layers:
         raise PlannerInputError(
@@ -138,36 +160,72 @@ def check_layers(plan: Plan, workload: Workload, source: str = "plan", profile: 
                 f"{stage.layer_names[bad]!r} in the plan but {names[bad]!r} in model {workload.name!r}"
             )
     expected = plan.provenance.fingerprint_sha256
-    if expected:
-        got = workload_fingerprint(workload)
-        if got != expected:
-            if profile is not None and profile.fingerprint_sha256 == expected:
-                where = shape_difference(profile, workload)
-                if where:
-                    raise PlannerInputError(f"{source}: model {workload.name!r} differs from the plan's: {where}")
-            raise PlannerInputError(
-                f"{source}: model fingerprint (layer names and parameter shapes) {got[:12]} "
-                f"does not match the plan's {expected[:12]} (model {workload.name!r}; the layer names match, so a "
-                "parameter shape differs: give the plan's profile with --profile to name it)"
-            )
+    if not expected:
+        return
+    got = workload_fingerprint(workload)
+    if got == expected or legacy_fingerprint(workload) == expected:
+        return
+    if profile is not None and profile.fingerprint_sha256 == expected:
+        where = model_difference(profile, workload)
+        if where:
+            raise PlannerInputError(f"{source}: model {workload.name!r} differs from the plan's: {where}")
+    raise PlannerInputError(
+        f"{source}: model fingerprint (layer names, parameter shapes, configuration) {got[:12]} "
+        f"does not match the plan's {expected[:12]} (model {workload.name!r}; the layer names match, so a "
+        "parameter shape or a config field differs: give the plan's profile with --profile to name it)"
+    )
 
 
-def shape_difference(profile: Profile, workload: Workload) -> str:
-    """The first layer and parameter whose shape differs between ``profile`` (what the plan was
-    made from) and ``workload``, in words ("" when none does or the profile has no shapes)."""
-    for idx, (name, layer, expected) in enumerate(zip(workload.layer_names, workload.layers, (lay.param_shapes for lay in profile.layers))):
+def legacy_fingerprint(workload: Workload) -> str:
+    """The fingerprint plans carried before profile version 4 (layer names and parameter shapes,
+    no configuration): such a plan still runs, though it cannot tell two configurations apart."""
+    return profile_fingerprint(workload.layer_names, layer_param_shapes(workload))
+
+
+def model_difference(profile: Profile, workload: Workload) -> str:
+    """What differs between ``profile`` (what the plan was made from) and ``workload``, in words
+    ("" when nothing it records does): the first layer with a parameter missing, extra or of
+    another shape -- by name when the profile has the names (version 4), else by position --,
+    else a config field (``Profile.model_config``)."""
+    for idx, (name, layer, recorded) in enumerate(zip(workload.layer_names, workload.layers, profile.layers)):
         got = [(pname, tuple(p.shape)) for pname, p in layer.named_parameters()]
+        expected = [tuple(e) for e in recorded.param_shapes]
         if not expected and got:
             return ""  # a profile without shapes (imported, analytic) cannot say
-        if [shape for _, shape in got] == [tuple(e) for e in expected]:
+        if [shape for _, shape in got] == expected and (not recorded.param_names or
+                                                       [n for n, _ in got] == list(recorded.param_names)):
             continue
+        where = f"layer {name!r} (layer {idx})"
+        if recorded.param_names:
+            return f"{where} {_named_difference(dict(got), dict(zip(recorded.param_names, expected)))}"
         for k, (pname, shape) in enumerate(got):
-            want = tuple(expected[k]) if k < len(expected) else None
+            want = expected[k] if k < len(expected) else None
             if shape != want:
                 shown = "absent" if want is None else list(want)
-                return f"layer {name!r} (layer {idx}) parameter {pname!r} has shape {list(shape)}, the plan's profile {shown}"
-        return f"layer {name!r} (layer {idx}) has {len(got)} parameters, the plan's profile {len(expected)}"
+                return f"{where} parameter {pname!r} has shape {list(shape)}, the plan's profile {shown}"
+        return f"{where} has {len(got)} parameters, the plan's profile {len(expected)}"
+    default = "the model type's default"
+    for key in sorted(set(profile.model_config) | set(workload.model_config)):
+        want, have = profile.model_config.get(key), workload.model_config.get(key)
+        if want != have:
+            return (f"config field {key!r} is {have if have is not None else default} in the model but "
+                    f"{want if want is not None else default} in the plan's profile")
     return ""
+
+
+def _named_difference(got: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> str:
+    """The parameters the plan's profile has and the model lacks, then the model's extra ones,
+    then the first whose shape differs."""
+    missing = [n for n in want if n not in got]
+    if missing:
+        shown = ", ".join(f"{n!r} {list(want[n])}" for n in missing[:4]) + (" ..." if len(missing) > 4 else "")
+        return f"lacks parameter{'s' if len(missing) > 1 else ''} {shown} of the plan's profile"
+    extra = [n for n in got if n not in want]
+    if extra:
+        shown = ", ".join(f"{n!r} {list(got[n])}" for n in extra[:4]) + (" ..." if len(extra) > 4 else "")
+        return f"has parameter{'s' if len(extra) > 1 else ''} {shown} that the plan's profile does not"
+    name = next((n for n in got if got[n] != want[n]), next(iter(got)))
+    return f"parameter {name!r} has shape {list(got[name])}, the plan's profile {list(want[name])}"
 
 
 def _model_cuts(workload: Workload, microbatch_size: int, itemsize: int) -> list[float]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -46,6 +47,7 @@ from planner.artifacts.files import os_error_text
 from planner.artifacts.kinds import RUNTIME_DTYPES, DType, OptimizerFamily
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.profile import Profile, load_profile
+from planner.artifacts.progress import note
 from planner.artifacts.report import RunReport, save_report
 from planner.runtime import lifecycle
 from planner.runtime.checkpoint_files import CHANGEABLE, DEFAULT_KEEP_LAST, remove_temporaries_of
@@ -74,18 +76,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=int, default=DEFAULT_KEEP_LAST)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--allow-resume-change", action="append", default=[], choices=list(CHANGEABLE))
-    p.add_argument("--dtype", default=DType.FLOAT32.value, choices=[d.value for d in RUNTIME_DTYPES])
-    p.add_argument("--optimizer", default=OptimizerFamily.SGD.value, choices=[o.value for o in OptimizerFamily])
+    p.add_argument("--dtype", default=None, choices=[d.value for d in RUNTIME_DTYPES],
+                   help="training dtype (default: the plan's, as planner run takes it; another is refused)")
+    p.add_argument("--optimizer", default=None, choices=[o.value for o in OptimizerFamily],
+                   help="runtime optimizer (default: the plan's family, as planner run takes it: adamw for adam-*)")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--verbose", action="store_true",
+                   help="keep torch's own lines (the profiler's USDT lines, FutureWarnings); default: silenced")
+    p.add_argument("--no-summary", action="store_true",
+                   help="rank 0 prints no summary at the end (planner run prints it itself)")
+    p.add_argument("--no-progress", action="store_true", help="rank 0 prints no progress lines")
     p.add_argument("--fault", default="none", choices=[f.value for f in FaultKind], help="testing: injected failure")
     p.add_argument("--fault-rank", type=int, default=0)
     p.add_argument("--fault-step", type=int, default=0)
     return p
 
 
-def options_from_args(args: argparse.Namespace) -> RuntimeOptions:
+def options_from_args(args: argparse.Namespace, plan: Plan) -> tuple[RuntimeOptions, tuple[str, ...]]:
+    """The rank's options, the dtype and optimizer resolved against the plan as ``planner run``
+    resolves them (``planner.runtime.preflight.run_settings``), and the warnings to print."""
+    from planner.runtime.preflight import run_settings
+
+    settings = run_settings(plan, DType(args.dtype) if args.dtype else None,
+                            OptimizerFamily(args.optimizer) if args.optimizer else None, source=args.plan)
     try:
         return RuntimeOptions(
             plan_path=args.plan,
@@ -100,15 +115,15 @@ def options_from_args(args: argparse.Namespace) -> RuntimeOptions:
             keep_last=args.keep_last,
             resume=args.resume,
             allow_resume_change=tuple(args.allow_resume_change),
-            dtype=DType(args.dtype),
-            optimizer=OptimizerFamily(args.optimizer),
+            dtype=settings.dtype,
+            optimizer=settings.optimizer,
             lr=args.lr,
             seed=args.seed,
             warmup_steps=args.warmup_steps,
             fault=FaultKind(args.fault),
             fault_rank=args.fault_rank,
             fault_step=args.fault_step,
-        )
+        ), settings.warnings
     except ValueError as exc:
         raise PlannerInputError(str(exc)) from None
 
@@ -134,7 +149,40 @@ class _Context:
     lock: object = None  # the checkpoint directory's lock, held for the process's life
 
 
-def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> None:
+def quiet_torch() -> None:
+    """Silence torch's own lines a run does not need (``--verbose`` keeps them): libkineto's
+    ``USDT: ... profiler_start/stop`` lines on stderr from every CPU profiling session (the
+    allocator probe, ``planner.runtime.memory``; its log level above USDT's 5, read when the
+    profiler first starts), and the FutureWarnings torch.distributed raises on the context- and
+    tensor-parallel paths."""
+    import warnings
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")
+
+
+def _run(args: argparse.Namespace, rank: int, world_size: int, ctx: _Context) -> None:
+    from planner.artifacts.progress import Progress
+
+    if not args.verbose:
+        quiet_torch()
+    with Progress(f"run {Path(args.plan).name}", enabled=rank == 0 and not args.no_progress) as progress:
+        progress.detail = "loading the plan and the model"
+        if rank == 0 and os.environ.get("PLANNER_RUN_STARTED"):  # planner run's launch progress stops here
+            Path(os.environ["PLANNER_RUN_STARTED"]).touch()
+        plan = load_plan(args.plan)
+        options, warnings = options_from_args(args, plan)
+        for line in warnings if rank == 0 else ():
+            print(f"planner.runtime: {line}", file=sys.stderr, flush=True)
+        report = _train(options, plan, rank, world_size, ctx)
+    if report is not None and not args.no_summary:
+        from planner.runtime.summary import format_report
+
+        print(format_report(report), flush=True)
+
+
+def _train(options: RuntimeOptions, plan: Plan, rank: int, world_size: int, ctx: _Context) -> RunReport | None:
+    """Check, join, train, gather; rank 0 writes the report (when asked) and returns it."""
     import torch
     import torch.distributed as dist
 
@@ -145,7 +193,6 @@ def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> 
     from planner.runtime.preflight import check_outputs, checkpoint_bytes
     from planner.runtime.runner import run_steps
 
-    plan = load_plan(options.plan_path)
     workload = load_workload(options.model_spec, options.seed, options.dtype)
     check_plan(plan, workload, world_size, source=options.plan_path)
     profile = load_profile(options.profile_path) if options.profile_path else None
@@ -165,16 +212,20 @@ def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> 
     ctx.liveness.on_peer_gone = lambda pid: _remove_temporaries_of(options, pid)
     ctx.liveness.start()
     backend = "nccl" if use_cuda else "gloo"
+    note(f"joining {world_size} processes ({backend})")
     dist.init_process_group(backend, timeout=timedelta(seconds=options.timeout_s))
     if use_cuda:
         for layer in workload.layers:
             layer.to(device)
+    note("building the stages")
     runner = make_runner(plan, workload, options, rank, device, profile)
     measure = run_steps(runner, StepControl(ctx.liveness, world_size, device))
     lifecycle.set_phase(lifecycle.Phase.AFTER)
+    note("gathering the measurements")
     rows = gather_measures(measure, world_size, device)
     problem = ""
-    if rank == 0 and options.report_path:
+    report = None
+    if rank == 0:
         report = build_report(
             plan,
             options,
@@ -185,12 +236,13 @@ def _run(options: RuntimeOptions, rank: int, world_size: int, ctx: _Context) -> 
             backend=backend,
             device=str(device) if not use_cuda else torch.cuda.get_device_name(device),
         )
-        problem = write_report(report, options)
+        problem = write_report(report, options) if options.report_path else ""
     dist.barrier()
     dist.destroy_process_group()
     ctx.liveness.finish()
     if problem:
         lifecycle.leave(1, f"planner.runtime: rank {rank} failed after training: {problem}")
+    return report
 
 
 def _remove_temporaries_of(options: RuntimeOptions, pid: int) -> None:
@@ -233,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     lifecycle.install(rank)
     ctx = _Context()
     try:
-        options = options_from_args(build_parser().parse_args(argv))
-        _run(options, rank, world_size, ctx)
+        _run(build_parser().parse_args(argv), rank, world_size, ctx)
     except lifecycle.StopRun as stop:
         name = signal.Signals(stop.signum).name
         saved = f"; checkpoint {stop.checkpoint} (continue with --resume)" if stop.checkpoint else "; no --checkpoint-dir, nothing saved"

@@ -22,6 +22,7 @@ import signal
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Protocol
 import torch
 
 from planner.artifacts.plan import Plan
+from planner.artifacts.progress import note
 from planner.runtime.checkpoint import CheckpointSlot, resume_chunks, save_chunks
 from planner.runtime.checkpoint_files import CheckpointError, run_settings_record, step_dir
 from planner.runtime.emulate import reset_chunk_timer
@@ -44,11 +46,30 @@ __all__ = ["CheckpointFailure", "RankMeasure", "Runner", "StepFailure", "StepMea
 
 
 class StepFailure(RuntimeError):
-    """An exception raised during a training step, tagged with the step index."""
+    """An exception raised during a training step, tagged with the step index, said in one line
+    by its root cause (:func:`root_cause`)."""
 
     def __init__(self, step_idx: int, cause: BaseException) -> None:
         self.step_idx = step_idx
-        super().__init__(f"at step {step_idx}: {type(cause).__name__}: {cause}")
+        super().__init__(f"at step {step_idx}: {root_cause(cause)}")
+
+
+def root_cause(exc: BaseException) -> str:
+    """One line for a failure: the innermost exception of its chain (torch's pipelining wraps the
+    model's own error in ``[Stage 0] failed to run forward: args: (...)``, the tensors printed),
+    with the last line of the model's code it passed through (not torch's, not the runtime's)."""
+    inner = exc
+    seen = {id(inner)}
+    while (nxt := inner.__cause__ or inner.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        inner = nxt
+    text = " ".join(str(inner).split())
+    line = f"{type(inner).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+    skipped = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+    frames = [f for f in traceback.extract_tb(inner.__traceback__) if not f.filename.startswith(skipped)]
+    if frames:
+        line += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}: {frames[-1].line})"
+    return line
 
 
 class CheckpointFailure(RuntimeError):
@@ -151,6 +172,9 @@ def run_steps(runner: Runner, control: StepControl | None = None) -> RankMeasure
             options.checkpoint_dir, runner.chunks, runner.checkpoint_slot, settings=settings,
             allowed=options.allow_resume_change, num_steps=options.num_steps, lr=options.lr,
         )
+        if runner.rank == 0:
+            print(f"planner.runtime: resumed from step {start_step} ({step_dir(Path(options.checkpoint_dir), start_step)}): "
+                  f"training steps {start_step + 1} to {options.num_steps}", file=sys.stderr, flush=True)
     steps: list[StepMeasure] = []
     compute_ms: list[list[float]] = []  # per timed step, per chunk
     wall_ms: list[float] = []
@@ -158,6 +182,7 @@ def run_steps(runner: Runner, control: StepControl | None = None) -> RankMeasure
     records: list[list[ForwardRecord]] = [[] for _ in chunks]
     overruns: list[list[tuple[float, float, float]]] = []  # per timed step, per chunk: (total, max, emulated) ms
     for step_idx in range(start_step, options.num_steps):
+        note(f"training: step {step_idx + 1} of {options.num_steps}")
         if control is not None:
             control.begin_step(step_idx)
         metered = step_idx == start_step  # peak saved bytes and the allocator: first step only

@@ -26,7 +26,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit, TimePoint
 from planner.artifacts.progress import Progress
-from planner.models import layer_param_shapes, workload_fingerprint
+from planner.models import layer_param_names, layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
 from planner.models.workload import Workload, split_loss
 from planner.profiling.measured.contract import check_activations, check_batch, check_layer_contract
@@ -106,6 +106,7 @@ def profile_model(
     num_threads: int | None = None,
     trace_ops: bool = True,
     progress: bool = True,
+    verbose: bool = False,
 ) -> Profile:
     """Measure ``workload`` into a Profile (``source="measured"``).
 
@@ -116,7 +117,8 @@ def profile_model(
     inputs; by default the workload's own parameter dtype is kept. ``num_threads`` fixes
     ``torch.set_num_threads`` for the CPU measurements (default: the
     current setting); it is restored afterwards and recorded in the metadata. ``trace_ops``
-    traces each layer with torch.fx and records operator counts (untraceable layers warn).
+    traces each layer with torch.fx and records operator counts (the untraceable layers are
+    named in the metadata; ``verbose`` warns of each too).
     """
     sizes = sorted(set(int(b) for b in microbatch_sizes))
     if not sizes or sizes[0] < 1:
@@ -152,12 +154,12 @@ def profile_model(
             check_activations(work, layer_bytes)
             splits = layer_splits(work, inputs, sizes[-1], [b.output_bytes / sizes[-1] for b in layer_bytes])
             edges = layer_edges(work, inputs)
-            bar.update(1)
-        op_counts = _op_counts(work) if trace_ops else {}
+            bar.update(1, detail="torch.fx operator counts" if trace_ops else None)
+            op_counts = _op_counts(work, verbose) if trace_ops else {}
     finally:
         torch.set_num_threads(threads_before)
     per = float(sizes[-1])
-    shapes = layer_param_shapes(work)
+    shapes, names = layer_param_shapes(work), layer_param_names(work)
     layers = []
     for idx, (name, module) in enumerate(zip(work.layer_names, work.layers)):
         points = tuple(TimePoint(microbatch_size=b, fwd_ms=times[b][idx].fwd_ms, bwd_ms=times[b][idx].bwd_ms) for b in sizes)
@@ -173,6 +175,7 @@ def profile_model(
                 param_count=sum(p.numel() for p in params),
                 param_bytes=sum(p.numel() * p.element_size() for p in params),
                 param_shapes=shapes[idx],
+                param_names=names[idx],
                 saved_bytes_per_sample=per_sample,
                 saved_bytes_fixed=fixed,
                 input_bytes_per_sample=layer_bytes[idx].input_bytes / per,
@@ -208,6 +211,7 @@ def profile_model(
         versions=_versions(),
         metadata=metadata,
         fingerprint_sha256=workload_fingerprint(work),
+        model_config=dict(work.model_config),
         model_flops_per_sample=work.model_flops_per_sample,
         attention=attention,
         layers=tuple(layers),
@@ -278,9 +282,10 @@ def _batch(work: Workload, size: int) -> Any:
     return batch
 
 
-def _op_counts(work: Workload) -> dict[str, Any]:
-    """torch.fx operator counts per layer; untraceable layers warn and count as one module."""
-    graphs = [op_graph(layer, name) for layer, name in zip(work.layers, work.layer_names)]
+def _op_counts(work: Workload, verbose: bool = False) -> dict[str, Any]:
+    """torch.fx operator counts per layer; untraceable layers count as one module (and warn
+    when ``verbose``)."""
+    graphs = [op_graph(layer, name, warn=verbose) for layer, name in zip(work.layers, work.layer_names)]
     untraced = [name for name, g in zip(work.layer_names, graphs) if g is None]
     return {
         "fx_traced_layers": sum(g is not None for g in graphs),

@@ -1,7 +1,9 @@
 """Finer, operator-level graphs of the layers with ``torch.fx`` (PyTorch docs, "torch.fx").
 
-A layer that ``torch.fx.symbolic_trace`` cannot trace (data-dependent control flow, say)
-stays at module granularity: it is one node, and a warning names it.
+A layer that ``torch.fx.symbolic_trace`` cannot trace (data-dependent control flow, say; every
+Hugging Face block, and :func:`planner.models.chain` layers) stays at module granularity: it is
+one node; the profile's metadata names it (``fx_untraced_layers``), and with ``warn`` (``planner
+profile --verbose``) a warning does too.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import torch.fx
 from torch import nn
 
 
-def op_graph(layer: nn.Module, name: str) -> nx.DiGraph | None:
+def op_graph(layer: nn.Module, name: str, warn: bool = False) -> nx.DiGraph | None:
     """The layer's operator DAG (nodes: fx node names with ``op`` and ``target``), or None
-    with a warning when the layer cannot be traced."""
+    when the layer cannot be traced (with a warning when ``warn``)."""
     try:
         traced = torch.fx.symbolic_trace(layer)
     except Exception as exc:
+        if not warn:
+            return None
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
         warnings.warn(
             f"layer {name!r} ({type(layer).__name__}) cannot be traced by torch.fx ({reason}); "
