@@ -326,3 +326,20 @@ def test_cli_expert_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     moe = doc["stack"]["moe"]
     assert doc["ep_degree"] == 4 and (moe["dispatcher"], moe["balance"], moe["skew"]) == ("deepep", "dropless", 0.25)
     assert "MoE deepep, dropless (skew 0.25)" in capsys.readouterr().out
+
+
+def test_published_moe_layouts_price_and_fit() -> None:
+    """Every published MoE layout of benchmarks/published_moe.py is expressible (EP, ETP, EDP,
+    VPP, FSDP over EDP, the dispatcher and the overlap), fits in an H100's memory as it ran, and
+    the overlap and DeepEP rows are priced faster than their plain counterpart."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import published_moe
+
+    plans = {run.label: published_moe.config_plan(run) for run in published_moe.ROWS}
+    for run in published_moe.ROWS:
+        p = plans[run.label]
+        assert (p.layout.ep_degree, p.layout.etp_degree, p.layout.edp_degree) == (run.ep, run.etp, run.edp)
+        assert p.predicted.peak_memory_bytes <= published_moe.usable_bytes(), run.label
+    assert (plans["Q DeepEP EP32 ovl"].predicted.iteration_ms < plans["Q DeepEP EP32 PP8"].predicted.iteration_ms)
