@@ -6,7 +6,10 @@
 - analytic GPT-3 1.3B / 13B / 175B on A100 and H100: ``gpt3-<size>-<a100|h100>.json``
   (planner.profiling.analytic.gpt, formulas cited there);
 - analytic Llama-3 8B / 70B from ``configs/llama-3-*.json`` on A100 and H100:
-  ``llama-3-<size>-<a100|h100>.json`` (planner.profiling.analytic.llama, formulas cited there).
+  ``llama-3-<size>-<a100|h100>.json`` (planner.profiling.analytic.llama, formulas cited there);
+- analytic Qwen3-235B-A22B (mixture of experts) from ``configs/qwen3-235b-a22b.json`` on H100 at
+  4,096 tokens per sample (the published Megatron runs' length): ``qwen3-235b-a22b-h100.json``
+  (planner.profiling.analytic.moe).
 
 Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
        [--threads N] [--models gpt,bert,...] [--out-dir profiles]
@@ -34,6 +37,7 @@ from planner.artifacts.profile import save_profile
 ZOO_SPECS = ("gpt", "bert", "vgg", "resnet", "moe", "gpt2")  # gpt2 only when transformers is installed
 GPT3 = ("gpt3-1.3b", "gpt3-13b", "gpt3-175b")
 LLAMA3 = ("llama-3-8b", "llama-3-70b")  # configs/<name>.json
+MOE = (("qwen3-235b-a22b", "h100", 4096),)  # configs/<name>.json, device, tokens per sample
 PRESETS = {"a100": "a100-80gb", "h100": "h100-80gb"}
 
 
@@ -99,6 +103,19 @@ def make_analytic(out_dir: Path) -> None:
             save_profile(profile, path)
             print(f"{shown(path)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
     make_analytic_llama(out_dir)
+    make_analytic_moe(out_dir)
+
+
+def make_analytic_moe(out_dir: Path) -> None:
+    from planner.profiling.analytic.llama import read_config
+    from planner.profiling.analytic.moe import moe_profile
+
+    for name, short, seq in MOE:
+        path = out_dir / f"{name}-{short}.json"
+        profile = moe_profile(read_config(REPO / "configs" / f"{name}.json"), seq=seq, device_preset=PRESETS[short],
+                              model=name, source=f"configs/{name}.json")
+        save_profile(profile, path)
+        print(f"{shown(path)}: analytic, {path.stat().st_size / 1e3:.0f} KB")
 
 
 def make_analytic_llama(out_dir: Path) -> None:

@@ -52,7 +52,8 @@ Last line: ``published runs: N rows from S sources, median |error| X%, worst Y%,
 leave-one-source-out median X'% worst Y'%, mean signed Z%, inside band B/N (median width W%),
 fits F/N', ours faster on K/N''`` -- errors of the iteration time (predicted / published - 1),
 the first pair with the shipped constants, the second and the signed mean (positive: predicted
-slower) out of source; N' the rows with a memory claim, N'' the rows with a plan.
+slower) out of source; N' the rows with a memory claim, N'' the rows with a plan. Then the mixture-of-experts rows' own table and
+line (``benchmarks/published_moe.py``).
 
 Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit] [--jobs N]``
 """
@@ -75,6 +76,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import published_moe
 from published_rows import Metric, PublishedRun, Recompute, all_rows
 
 from planner.artifacts.cluster import PRESETS, Cluster
@@ -688,6 +690,9 @@ def main() -> int:
               f"{100 * statistics.median(out_errors):.1f}% measured here, {100 * MODEL_ERROR:.1f}% shipped")
     print(f"memory claims not met: {'; '.join(tally.notes) or 'none'}")
     print(f"\n{tally.summary(len(rows), len({r.publication for r in rows}))}")
+    if not args.rows:  # the mixture-of-experts rows: their own table (benchmarks/published_moe.py)
+        print()
+        published_moe.report(plans=not args.no_plan)
     return 0
 
 

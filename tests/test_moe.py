@@ -303,3 +303,43 @@ def test_expert_degrees_asked_for_are_checked() -> None:
         candidate_expert_degrees(dense, cluster, 8, (2,))
     assert candidate_expert_degrees(dense, cluster, 8) == [(1, 1)]
     assert (8, 2) in candidate_expert_degrees(profile, cluster, 16, tp_degree=2)
+
+
+def test_cli_expert_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``planner plan``'s expert flags: a degree that cannot divide the experts is refused in one
+    line (exit 2), a balance that does not parse likewise; a plan with a skew and DeepEP records
+    them in its stack and its expert layout at the top level."""
+    from planner.artifacts.profile import save_profile
+    from planner.commands.cli import main
+
+    path = tmp_path / "tiny.json"
+    save_profile(moe_profile(tiny(), seq=256, device_preset="h100-80gb"), path)
+    base = ["plan", "--profile", str(path), "--cluster", "h100-80gb-x8", "--global-batch", "16", "--cp", "1"]
+    assert main([*base, "--ep", "3"]) == 2
+    assert "--ep 3: expert-parallel degree 3 does not divide the 8 routed experts" in capsys.readouterr().err
+    assert main([*base, "--moe-balance", "dropless"]) == 2
+    assert "--moe-balance 'dropless': expected forced, dropless:SKEW or capacity:FACTOR" in capsys.readouterr().err
+    out = tmp_path / "plan.json"
+    assert main([*base, "--ep", "4", "--etp", "1", "--moe-dispatcher", "deepep", "--moe-balance", "dropless:0.25",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    moe = doc["stack"]["moe"]
+    assert doc["ep_degree"] == 4 and (moe["dispatcher"], moe["balance"], moe["skew"]) == ("deepep", "dropless", 0.25)
+    assert "MoE deepep, dropless (skew 0.25)" in capsys.readouterr().out
+
+
+def test_published_moe_layouts_price_and_fit() -> None:
+    """Every published MoE layout of benchmarks/published_moe.py is expressible (EP, ETP, EDP,
+    VPP, FSDP over EDP, the dispatcher and the overlap), fits in an H100's memory as it ran, and
+    the overlap and DeepEP rows are priced faster than their plain counterpart."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import published_moe
+
+    plans = {run.label: published_moe.config_plan(run) for run in published_moe.ROWS}
+    for run in published_moe.ROWS:
+        p = plans[run.label]
+        assert (p.layout.ep_degree, p.layout.etp_degree, p.layout.edp_degree) == (run.ep, run.etp, run.edp)
+        assert p.predicted.peak_memory_bytes <= published_moe.usable_bytes(), run.label
+    assert (plans["Q DeepEP EP32 ovl"].predicted.iteration_ms < plans["Q DeepEP EP32 PP8"].predicted.iteration_ms)

@@ -23,6 +23,7 @@ def test_profiles_are_shipped():
         for gpu in ("a100", "h100"):
             assert f"llama-3-{size}-{gpu}.json" in names
     assert {"zoo-gpt-cpu.json", "zoo-bert-cpu.json", "zoo-vgg-cpu.json", "zoo-resnet-cpu.json"} <= names
+    assert "qwen3-235b-a22b-h100.json" in names
 
 
 @pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
@@ -37,9 +38,12 @@ def test_plan_every_shipped_profile(path, tmp_path, capsys):
         # 175B needs more than one node: 8 nodes of 8; Llama-3-70B 4 nodes, searched at t = 8 with sequence
         # parallelism and micro-batches of 1 only (test time)
         cluster_path = tmp_path / "cluster.json"
-        nodes = 8 if "175b" in path.name else 4 if "70b" in path.name else 1
+        nodes = 8 if "175b" in path.name else 4 if "70b" in path.name else 32 if "235b" in path.name else 1
         save_cluster(dataclasses.replace(base, num_nodes=nodes), cluster_path)
         cluster = str(cluster_path)
         extra = ["--tp", "8", "--sequence-parallel", "on", "--microbatch-sizes", "1"] if "70b" in path.name else []
+        if "235b" in path.name:  # Qwen3-235B-A22B: one expert layout and pipeline depth (test time)
+            extra = ["--tp", "2", "--cp", "1", "--ep", "32", "--etp", "1", "--stages", "8", "--microbatch-sizes", "1",
+                     "--schedules", "gpipe"]
     assert main(["plan", "--profile", str(path), "--cluster", cluster, "--global-batch", "64", *extra]) == 0
     assert "iteration" in capsys.readouterr().out

@@ -34,7 +34,8 @@ the model's configuration (``Profile.model_config``: settings that change what t
 computes but no shape, hashed into ``fingerprint_sha256``), and which runtime's sequence
 parallelism a tensor split describes (``TensorSplit.sequence_runtime`` and
 ``sequence_saved_bytes_per_sample``; version-1 to -3 files load with no names, no
-configuration and Megatron-LM's rule, what their versions priced).
+configuration and Megatron-LM's rule, what their versions priced), and a layer's routed experts
+(``Layer.moe``, :mod:`planner.artifacts.moe`; absent: a dense layer).
 Version 3 added ``saved_bytes_fixed``, ``attention_core``, ``Profile.attention``,
 ``Profile.shared_saved`` and ``TensorSplit.degrees`` (version-1 and -2 files load with none of
 them: no intercept, no selective level, attention ``unknown``, nothing shared, the ``1/t``
@@ -421,7 +422,7 @@ def profile_from_json(data: Any, source: str = "<profile>") -> Profile:
 def profile_to_json(profile: Profile) -> dict[str, Any]:
     """The profile's document, at the lowest version that holds it: a profile that uses nothing
     version 4 added (parameter names, a configuration, torch-dtensor sequence parallelism,
-    measured per-degree split bytes: those fields are left out at their defaults) is written as
+    measured per-degree split bytes, routed experts: those fields are left out at their defaults) is written as
     version 3, as before -- the same text, so the same sha256, which plans record
     (``provenance.profile_sha256``) and by which ``planner compare`` finds a plan's profile."""
     data = codec.encode_document(profile, SCHEMA, VERSION)
@@ -435,6 +436,8 @@ def _needs_version_4(profile: Profile) -> bool:
         return True
     for layer in profile.layers:
         split = layer.tp
+        if layer.moe is not None:  # routed experts (planner.artifacts.moe): a version-4 field
+            return True
         if layer.param_names or (split is not None and (
                 split.sequence_runtime is not SequenceParallelRuntime.MEGATRON or split.sequence_saved_bytes_per_sample
                 or any(d.split_saved_bytes_per_sample is not None for d in split.degrees))):

@@ -173,9 +173,15 @@ class PrefixSums:
 
     # ---------------------------------------------------------------- every stage
     def stage_expert_param_matrix(self) -> np.ndarray:
-        """:meth:`stage_expert_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats)."""
+        """:meth:`stage_expert_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
+        worked out once per cost model)."""
+        return self._expert_matrix
+
+    @cached_property
+    def _expert_matrix(self) -> np.ndarray:
         ep = self.expert_prefix
         out: np.ndarray = (ep[None, :] - ep[:, None]).astype(float)
+        out.flags.writeable = False
         return out
 
     def stage_param_matrix(self) -> np.ndarray:

@@ -77,7 +77,6 @@ class StageFits:
         batch = fixed.batch
         self.fsdp, self.compute, self.kappa = fixed.fsdp, fixed.compute, fixed.kappa
         self.sync_bytes_per_param, self.static, self.sync_bytes = fixed.sync_bytes_per_param, fixed.static, fixed.sync_bytes
-        self.expert_sync_bytes = fixed.expert_sync_bytes
         self.fwd, self.valid, self.bwd_prefix, self.act, self.shared = batch.fwd, batch.valid, batch.bwd_prefix, batch.act, batch.shared
         self.saved, self.inputs, self.selective = batch.saved, batch.inputs, cm.selective
         self.core, self.core_ms, self.gain = batch.core, batch.core_ms, batch.gain

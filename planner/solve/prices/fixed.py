@@ -66,7 +66,6 @@ class FixedPart:
     sync_bytes_per_param: float  # synchronised after the last backward
     static: np.ndarray  # model state + buffers (+ ZeRO 3's gathered working set), bytes
     sync_bytes: np.ndarray  # synchronised after the last backward, bytes (the routed experts' included)
-    expert_sync_bytes: np.ndarray | None  # of sync_bytes, the routed experts' (on their own group's line); None: none
 
 
 #: per cost model, its fixed parts by (micro-batch size, sharding, ZeRO 3 line, fixed boundaries)
@@ -111,10 +110,8 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     if fsdp:  # the gathered weights and gradients of the layers in flight
         static = static + working_set_matrix(
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
-    experts = _read_only(cm.stage_expert_param_matrix() * sync_per_param) if cm.has_experts else None
     return FixedPart(batch=batch, fsdp=fsdp, compute=_read_only(compute), kappa=kappa,
-                     sync_bytes_per_param=sync_per_param, static=_read_only(static), sync_bytes=_read_only(sync_bytes),
-                     expert_sync_bytes=experts)
+                     sync_bytes_per_param=sync_per_param, static=_read_only(static), sync_bytes=_read_only(sync_bytes))
 
 
 def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int, ...]) -> BatchPart:

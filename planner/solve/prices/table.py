@@ -46,8 +46,8 @@ class StageTable(StageFits):
         group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage. With
         routed experts, theirs on ``expert_line`` (their expert data-parallel group's)."""
         per_byte, fixed = line
-        experts = self.expert_sync_bytes
-        if experts is not None:
+        if self.cm.has_experts:  # of sync_bytes, the routed experts' (on their own group's line)
+            experts = self.cm.stage_expert_param_matrix() * self.sync_bytes_per_param
             e_byte, e_fixed = expert_line
             out_e: np.ndarray = np.maximum(0.0, per_byte * (self.sync_bytes - experts) + fixed + e_byte * experts
                                            + np.where(experts > 0, e_fixed, 0.0) - self.hidden_backward())
