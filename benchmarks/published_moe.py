@@ -151,7 +151,7 @@ def cluster_for(run: MoeRun) -> Cluster:
 
 
 def stack_for(run: MoeRun) -> Stack:
-    return dataclasses.replace(STACKS["megatron-core"], moe=MoeStack(dispatcher=run.dispatcher, a2a_overlap=run.overlap))
+    return dataclasses.replace(STACKS["megatron-core-0.8"], moe=MoeStack(dispatcher=run.dispatcher, a2a_overlap=run.overlap))
 
 
 def request_for(run: MoeRun, **kw: object) -> PlanRequest:

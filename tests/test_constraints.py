@@ -165,7 +165,7 @@ def test_cli_stages_and_dp_degree_force_the_layout_or_refuse(tmp_path, capsys):
     assert main(base + ["--stages", "3", "--dp-degree", "2"]) == 3
     assert "needs 6 devices; 4 are available" in capsys.readouterr().err
     assert main(base + ["--stages", "2", "--dp-degree", "3"]) == 2  # 3 does not divide the batch of 16
-    assert "dp_degree 3 does not divide global_batch 16" in capsys.readouterr().err
+    assert "--dp-degree 3 does not divide --global-batch 16" in capsys.readouterr().err
     assert main(base + ["--fixed-boundaries", "1,2,3", "--solver", "data-parallel"]) == 3
     assert "plans one stage" in capsys.readouterr().err
 

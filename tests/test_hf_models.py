@@ -238,7 +238,7 @@ def test_cli_analytic_hf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "llama-3-8b: 34 layers, 8,030,261,248 parameters" in capsys.readouterr().out
     (tmp_path / "gpt2.json").write_text(json.dumps({"model_type": "gpt2"}))
     assert main(["profile", "--analytic", "hf", "--config", str(tmp_path / "gpt2.json"), "--out", str(out)]) == 2
-    assert "Llama-style only" in capsys.readouterr().err
+    assert "has no analytic profile (Llama-style: llama" in capsys.readouterr().err
 
 
 def test_llama_flop_formulas_count_the_built_models_matmuls() -> None:

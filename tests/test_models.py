@@ -17,6 +17,7 @@ SMALL = {
     "bert": "bert:layers=2,hidden=32,heads=2,seq=8,vocab=64",
     "vgg": "vgg:convs=4,width=8,image=16",
     "resnet": "resnet:blocks=2,width=8,image=16",
+    "moe": "moe:layers=2,hidden=16,heads=2,seq=8,vocab=32,experts=4,topk=2,ffn=24",
 }
 SMALL["gpt2"] = "gpt2:layers=2,hidden=32,heads=2,seq=8,vocab=64"  # the optional GPT-2 (transformers)
 #: every zoo model, the one that needs transformers marked so

@@ -90,7 +90,7 @@ def test_expert_layout_refusals_name_the_values() -> None:
 def test_plan_file_keeps_expert_degrees_and_dense_files_are_unchanged() -> None:
     profile = moe_profile(tiny(), seq=256, device_preset="h100-80gb")
     cluster = H100.with_devices(8)
-    request = PlanRequest(global_batch=16, optimizer=ADAM, stack=STACKS["megatron-core"])
+    request = PlanRequest(global_batch=16, optimizer=ADAM, stack=STACKS["megatron-core-0.8"])
     lay = Layout(num_stages=2, dp_degree=2, tp_degree=2, sequence_parallel=True, ep_degree=4, zero=ZeroStage.OPTIMIZER)
     p = rebuild_plan(profile, cluster, request, layout=lay, boundaries=(0, 3), recompute=((), ()), microbatch_size=2,
                      schedule=ScheduleKind.ONE_F_ONE_B, solver=SolverKind.GIVEN)
@@ -169,7 +169,7 @@ def test_flops_count_each_active_expert() -> None:
 
 def _cm(group: DeviceGroup, nodes: int = 1, **moe: object):  # type: ignore[no-untyped-def]
     profile = moe_profile(config("qwen3-235b-a22b"), seq=4096, device_preset="h100-80gb")
-    stack = dataclasses.replace(STACKS["megatron-core"], moe=MoeStack(**moe))  # type: ignore[arg-type]
+    stack = dataclasses.replace(STACKS["megatron-core-0.8"], moe=MoeStack(**moe))  # type: ignore[arg-type]
     return device_cost_model(profile, dataclasses.replace(H100, num_nodes=nodes), ADAM, group, stack), profile
 
 
@@ -234,7 +234,7 @@ def test_expert_state_and_gradients_over_their_own_group() -> None:
     profile = moe_profile(tiny(), seq=256, device_preset="h100-80gb")
     cluster = H100.with_devices(8)
     group = DeviceGroup(tp_degree=2, sequence_parallel=True, ep_degree=8)
-    cm = device_cost_model(profile, cluster, ADAM, group, STACKS["megatron-core"])
+    cm = device_cost_model(profile, cluster, ADAM, group, STACKS["megatron-core-0.8"])
     lay = Layout(num_stages=1, dp_degree=4, tp_degree=2, sequence_parallel=True, ep_degree=8, zero=ZeroStage.OPTIMIZER)
     sharding = lay.sharding(0)
     assert (sharding.ranks, sharding.expert_shards) == (4, 1)
@@ -259,7 +259,7 @@ def test_dp_equals_brute_force_with_experts(zero: ZeroStage, ep: int) -> None:
     profile = moe_profile(tiny(num_hidden_layers=3), seq=256, device_preset="h100-80gb")
     cluster = H100.with_devices(8)
     group = DeviceGroup(ep_degree=ep)
-    cm = device_cost_model(profile, cluster, ADAM, group, STACKS["megatron-core"])
+    cm = device_cost_model(profile, cluster, ADAM, group, STACKS["megatron-core-0.8"])
     lay = group.layout(num_stages=2, dp_degree=4, zero=zero)
     full = cm.stage_memory(0, cm.num_layers, (), 2, 2, lay.sharding(0)).total_bytes
     solved = 0
@@ -282,7 +282,7 @@ def test_search_picks_an_expert_layout_and_prints_its_all_to_all(capsys: pytest.
 
     profile = moe_profile(tiny(num_experts=64, moe_intermediate_size=2048), seq=256, device_preset="h100-80gb")
     cluster = H100.with_devices(8)
-    request = PlanRequest(global_batch=32, memory_cap_bytes=int(1.0 * 2**30), stack=STACKS["megatron-core"],
+    request = PlanRequest(global_batch=32, memory_cap_bytes=int(1.0 * 2**30), stack=STACKS["megatron-core-0.8"],
                           schedules=(ScheduleKind.ONE_F_ONE_B,), cp_degrees=(1,))
     p = solve(profile, cluster, request)
     assert p.layout.ep_degree * p.layout.etp_degree > 1

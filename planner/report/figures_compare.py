@@ -74,7 +74,8 @@ def plot_timelines(
     )
     longest = max(t.iteration_ms for t in timelines)
     for ax, plan, tl, name in zip(axes[:, 0], plans, timelines, names):
-        title = (f"{name}: {_describe(plan)} -- iteration {_ms(tl.iteration_ms)} ms, "
+        title = (f"{name}: {_describe(plan)} -- schedule replay {_ms(tl.iteration_ms)} ms "
+                 f"(predicted iteration {_ms(plan.predicted.iteration_ms)} ms with the straggler share), "
                  f"bubble {tl.bubble_fraction:.1%}, exposed all-reduce {tl.exposed_allreduce_ms:.3g} ms")
         plot_timeline(tl, ax=ax, title=title, time_max_ms=longest)
         ax.set_xlabel("")
