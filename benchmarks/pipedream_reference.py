@@ -2,9 +2,9 @@
 and reading its choice back: which stage each node went to (its ``-o`` output, ``gpus=N.txt``),
 each stage's replication factor and its objective (the lines it prints). Used by
 ``benchmarks/pipedream_replication.py --reproduce``, which runs it beside our reimplementation
-and records its choices (``--record``) in :data:`RECORDED`; ``tests/test_pipedream_optimizer.py``
-checks ours against that record (the optimizer's source is not shipped, its profiles are:
-``profiles/pipedream``, so the test needs nothing beside the clone). Its command line and
+and records its choices (``--record``) in :data:`RECORDED`; ``benchmarks/pipedream_profiles.py``
+checks ours against that record on PipeDream's profiles (neither the optimizer's source nor its
+profiles are in the repository: both are read from ``../shared/reference/pipedream``). Its command line and
 environment (:func:`optimizer_command`, :func:`optimizer_env`) are also used by the benchmarks
 that time the optimizer (``benchmarks/pipedream_side_by_side.py`` and those built on it).
 
@@ -27,13 +27,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-#: PipeDream's optimizer source and its profiles, beside the clone (benchmarks only)
+#: PipeDream's optimizer source and its profiles (graph.txt), beside the clone (benchmarks only)
 REFERENCE = ROOT.parent / "shared" / "reference" / "pipedream"
-#: PipeDream's profiles (graph.txt), shipped in the repository with their licence
-PROFILES = ROOT / "profiles" / "pipedream"
 #: the real optimizer's choices at the side-by-side setting, recorded by
 #: ``benchmarks/pipedream_replication.py --reproduce --record`` (:func:`write_recorded`)
-RECORDED = ROOT / "tests" / "golden" / "pipedream_optimizer.json"
+RECORDED = ROOT / "benchmarks" / "pipedream_optimizer_choices.json"
 RECORDED_FORMAT = "pipedream-optimizer-choices/1"
 # the side-by-side setting (benchmarks/pipedream_side_by_side.py): 10 GB/s, 16 GB per device
 BANDWIDTH_BYTES_PER_S = 10_000_000_000.0
@@ -170,7 +168,15 @@ class Compared:
     real_under_ours_s: float
 
 
-def ours_of(model: str, num_machines: int, reference: Path = PROFILES, max_states: int | None = None) -> tuple[Any, ...]:
+def require_profiles(reference: Path = REFERENCE) -> Path:
+    """PipeDream's profiles folder, or a one-line exit: they are read from beside the clone."""
+    if not (reference / "alexnet" / "graph.txt").is_file():
+        raise SystemExit(f"PipeDream's profiles are not at {reference}: this benchmark reads them from "
+                         f"../shared/reference/pipedream beside the clone (or --reference DIR)")
+    return reference
+
+
+def ours_of(model: str, num_machines: int, reference: Path = REFERENCE, max_states: int | None = None) -> tuple[Any, ...]:
     """(graph, args, states, our choice) on ``model`` (``reference/model/graph.txt``) at the
     side-by-side setting."""
     from planner.profiling.imported.pipedream import import_pipedream
