@@ -38,16 +38,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.pipedream_reference import REFERENCE, judge, ours_of, read_recorded, require_profiles  # noqa: E402
-from planner.artifacts.cluster import PRESETS  # noqa: E402
-from planner.artifacts.codec import dumps_canonical  # noqa: E402
-from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, SolverKind  # noqa: E402
-from planner.artifacts.layout import Layout  # noqa: E402
-from planner.artifacts.profile import profile_to_json  # noqa: E402
-from planner.artifacts.request import PlanRequest  # noqa: E402
-from planner.cost import CostModel  # noqa: E402
-from planner.profiling.imported.pipedream import import_pipedream, infer_batch_size, parse_graph  # noqa: E402
-from planner.solve import plan  # noqa: E402
+from benchmarks.pipedream_reference import REFERENCE, judge, ours_of, read_recorded, require_profiles
+from planner.artifacts.cluster import PRESETS
+from planner.artifacts.codec import dumps_canonical
+from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, SolverKind
+from planner.artifacts.layout import Layout
+from planner.artifacts.profile import profile_to_json
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.profiling.imported.pipedream import import_pipedream, infer_batch_size, parse_graph
+from planner.solve import plan
 
 # batch sizes stated in the reference README (nasnetalarge's is not; gnmt's is its LSTM's h_n over 1024 x 4 bytes)
 README_BATCH = {

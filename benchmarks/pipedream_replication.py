@@ -56,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.pipedream_reference import RECORDED, RealChoice, judge, ours_of, run_real, write_recorded
 from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.errors import PlannerError
 from planner.artifacts.kinds import ScheduleKind, SolverKind
@@ -71,7 +72,6 @@ from planner.solve.partitions import pipedream_split
 from planner.solve.pipedream_baseline import MAX_STATES
 from planner.solve.pipedream_optimizer import TooManyStates
 from planner.solve.space import Config
-from benchmarks.pipedream_reference import RECORDED, RealChoice, judge, ours_of, run_real, write_recorded
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)

@@ -45,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.profiling.imported.pipedream import import_pipedream
 from benchmarks.pipedream_reference import optimizer_command, optimizer_env, require_reference
+from planner.profiling.imported.pipedream import import_pipedream
 
 MODELS = ("alexnet", "vgg16", "resnet50", "resnext101", "densenet121", "gnmt_large")
 TARGET_RATIO = 10.0
