@@ -13,7 +13,7 @@ Commands: ``--help``; ``plan`` (the embedded default: GPT-3 13B on one 8x A100 n
 job); ``plan --profile graph.txt`` on PipeDream's alexnet and vgg16 at 4 V100s, global batch
 ``b0 x 4`` (the setting of ``benchmarks/pipedream_side_by_side.py``). Floors: ``python -c pass``,
 ``python -c "import numpy"`` (the cost model computes with NumPy: no planning process is
-below it) and PipeDream's own optimizer on the same two profiles (``tests/pipedream_reference.py``'s
+below it) and PipeDream's own optimizer on the same two profiles (``benchmarks/pipedream_reference.py``'s
 command line).
 
 Run: ``python benchmarks/import_cost.py --base /work/wt-imports-base [--rounds 5]
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipedream_side_by_side import Run, timed
 
-from tests.pipedream_reference import optimizer_command, optimizer_env, require_reference
+from benchmarks.pipedream_reference import optimizer_command, optimizer_env, require_reference
 
 #: third-party packages worth naming when a command imports them (import cost of 0.1 s and up)
 HEAVY = ("numpy", "networkx", "ortools", "pandas", "matplotlib", "torch", "scipy", "jsonschema")

@@ -25,7 +25,7 @@ All times and memories are the planner's predictions (event simulator, memory mo
 measurements. Note: PipeDream's and the analytic profiles have time linear in the micro-batch
 size with no per-micro-batch overhead, so small micro-batches cost no compute efficiency here.
 
-Run: ``python benchmarks/memory_efficiency.py [--reference profiles/pipedream]``
+Run: ``python benchmarks/memory_efficiency.py [--reference ../shared/reference/pipedream]``
 """
 
 from __future__ import annotations
@@ -65,9 +65,10 @@ class Case:
 
 def _pipedream(model: str) -> Callable[[Path], Profile]:
     def load(reference: Path) -> Profile:
+        from benchmarks.pipedream_reference import require_profiles
         from planner.profiling.imported.pipedream import import_pipedream
 
-        return import_pipedream(reference / model / "graph.txt")
+        return import_pipedream(require_profiles(reference) / model / "graph.txt")
 
     return load
 
@@ -136,7 +137,7 @@ def run(case: Case, reference: Path) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", type=Path, default=REPO / "profiles" / "pipedream", help="PipeDream's profiles")
+    ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "pipedream", help="PipeDream's profiles")
     ap.add_argument("--cases", help="comma-separated case indices (default: all)")
     args = ap.parse_args()
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else list(CASES)

@@ -20,7 +20,7 @@ Cases:
 - ``gpt3-175b-64`` (only when named in ``--cases``): the shipped ``profiles/gpt3-175b-a100.json``
   (98 layers: searched over groups, then refined; pruned against the budget widened by
   ``budget_refine_slack``, a heuristic) on 64 A100s, global batch 1536;
-- ``alexnet-8``: PipeDream's alexnet profile (shipped in ``profiles/pipedream``) on 8 V100s, 8 GiB
+- ``alexnet-8``: PipeDream's alexnet profile (read from ``../shared/reference/pipedream``) on 8 V100s, 8 GiB
   per device, Adam with fp32 gradients, stages starting at layers 9 and 21 (the case
   ``tests/test_objectives.py`` draws).
 
@@ -75,7 +75,9 @@ def _case(name: str, objective: Any) -> tuple[Any, Any, Any] | str:
         return load_profile(ROOT / "profiles" / "gpt3-175b-a100.json"), PRESETS["a100-80gb-x8"].grown_to(64), \
             dataclasses.replace(memory, global_batch=1536)
     if name == "alexnet-8":
-        graph = ROOT / "profiles" / "pipedream" / "alexnet" / "graph.txt"
+        from benchmarks.pipedream_reference import require_profiles
+
+        graph = require_profiles() / "alexnet" / "graph.txt"
         from planner.profiling.imported.pipedream import import_pipedream
 
         request = PlanRequest(global_batch=4096, memory_cap_bytes=8 * 2**30, fixed_boundaries=(9, 21),

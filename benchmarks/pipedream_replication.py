@@ -37,8 +37,8 @@ nodes per stage and objective, and ``agree`` (same stages, copies and objective)
 ours) or ``no``. Ours stops past ``--max-states`` antichain states and the real one is given
 ``--timeout-s`` (``--hopeless-timeout-s`` where ours stopped: PipeDream's README says its optimizer
 does not work on Inception or NASNets). ``--record`` writes the real optimizer's choices to
-``tests/golden/pipedream_optimizer.json``, which ``tests/test_pipedream_optimizer.py`` checks our
-reimplementation against (the test needs no optimizer source); written by
+``benchmarks/pipedream_optimizer_choices.json``, which ``benchmarks/pipedream_profiles.py`` checks our
+reimplementation against (without running the optimizer); written by
 ``--reproduce --models alexnet,vgg16,resnet50 --devices 4,8 --record``.
 """
 
@@ -56,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.pipedream_reference import RECORDED, RealChoice, judge, ours_of, run_real, write_recorded
 from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.errors import PlannerError
 from planner.artifacts.kinds import ScheduleKind, SolverKind
@@ -71,7 +72,6 @@ from planner.solve.partitions import pipedream_split
 from planner.solve.pipedream_baseline import MAX_STATES
 from planner.solve.pipedream_optimizer import TooManyStates
 from planner.solve.space import Config
-from tests.pipedream_reference import RECORDED, RealChoice, judge, ours_of, run_real, write_recorded
 
 MODELS = ("vgg16", "alexnet")
 DEVICES = (8, 16)

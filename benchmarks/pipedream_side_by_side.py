@@ -17,7 +17,7 @@ replication) on V100-16GB nodes of 8 (``v100-16gb-2x8`` grown to N devices), glo
 PipeDream's side: ``python optimizer_graph_hierarchical.py -f graph.txt -n N -b 10000000000
 -s 16000000000 --activation_compression_ratio 1 --use_memory_constraint`` from its own folder
 (one level, 10 GB/s, 16 GB per device: the reference README's setting), the command line and
-environment ``tests/pipedream_reference.py`` runs it with (one definition). Its ``graph`` module
+environment ``benchmarks/pipedream_reference.py`` runs it with (one definition). Its ``graph`` module
 imports the ``graphviz`` package only to draw (``-o``, not used here); where that package is not
 installed a stand-in module of that name is put on PipeDream's path instead (PipeDream then skips
 the real package's import time: its figure is, if anything, a little low).
@@ -45,8 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.pipedream_reference import optimizer_command, optimizer_env, require_reference
 from planner.profiling.imported.pipedream import import_pipedream
-from tests.pipedream_reference import optimizer_command, optimizer_env, require_reference
 
 MODELS = ("alexnet", "vgg16", "resnet50", "resnext101", "densenet121", "gnmt_large")
 TARGET_RATIO = 10.0

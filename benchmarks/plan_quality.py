@@ -43,7 +43,7 @@ nothing), and over the cases where that solver finds a plan.
 Cases run one at a time in a process pool of one worker (the machine has 2 shared cores),
 each with a timeout (``--timeout-s``); a case that times out is reported as such.
 
-Run: ``python benchmarks/plan_quality.py [--quick] [--reference profiles/pipedream]
+Run: ``python benchmarks/plan_quality.py [--quick] [--reference ../shared/reference/pipedream]
 [--devices 4,8,16,32,64] [--profiles alexnet,gpt3-13b-a100,...] [--gpt3-batches 64,512,1536]
 [--timeout-s 240]``
 """
@@ -91,9 +91,10 @@ def batches_of(name: str, n: int, reference: Path, scaling: str, gpt3_batches: t
         return gpt3_batches
     per = n if scaling == "weak" else STRONG_DEVICES
     if name in PIPEDREAM:
+        from benchmarks.pipedream_reference import require_profiles
         from planner.profiling.imported.pipedream import import_pipedream
 
-        return (import_pipedream(reference / name / "graph.txt").microbatch_sizes[0] * per,)
+        return (import_pipedream(require_profiles(reference) / name / "graph.txt").microbatch_sizes[0] * per,)
     return (ZOO_BATCH_PER_DEVICE * per,)
 
 
@@ -105,9 +106,10 @@ def setting(name: str, n: int, reference: Path):
     from planner.artifacts.profile import load_profile
 
     if name in PIPEDREAM:
+        from benchmarks.pipedream_reference import require_profiles
         from planner.profiling.imported.pipedream import import_pipedream
 
-        profile, base = import_pipedream(reference / name / "graph.txt"), PRESETS["v100-16gb-2x8"]
+        profile, base = import_pipedream(require_profiles(reference) / name / "graph.txt"), PRESETS["v100-16gb-2x8"]
     else:
         profile = load_profile(REPO / "profiles" / f"{name}.json")
         if name.endswith("-cpu"):
@@ -194,7 +196,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help=f"{len(QUICK_PROFILES)} profiles x N in {QUICK_DEVICES}, GPT-3 at G in {QUICK_GPT3_BATCHES}")
-    ap.add_argument("--reference", type=Path, default=REPO / "profiles" / "pipedream", help="PipeDream's profiles")
+    ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "pipedream", help="PipeDream's profiles")
     ap.add_argument("--devices", help="comma-separated device counts (default 4,8,16,32,64)")
     ap.add_argument("--profiles", help="comma-separated profile names (default: all)")
     ap.add_argument("--gpt3-batches", help="comma-separated global batches of the GPT-3 profiles (default 64,512,1536)")

@@ -67,7 +67,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES),
                     help="profile:devices[:global batch], comma-separated (batch: plan_quality's for the profile)")
-    ap.add_argument("--reference", type=Path, default=REPO / "profiles" / "pipedream", help="PipeDream's profiles")
+    ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "pipedream", help="PipeDream's profiles")
     ap.add_argument("--fresh", action="store_true", help="analytic profiles built now, with their per-GEMM split")
     ap.add_argument("--only", action="store_true", help="also each zero-bubble schedule searched alone")
     args = ap.parse_args()

@@ -11,7 +11,8 @@ in the commit:
     python -m tests.golden_plans --diff             # which fields of which cases differ
 
 Cases: the default request; every shipped profile on its device's preset at two or three device
-counts; PipeDream's published profiles (shipped in ``profiles/pipedream``) at 8 and 16
+counts; the graph.txt profiles the project writes (``tests/graph_fixtures.py``: a CNN, a ResNet,
+an LSTM encoder-decoder; PipeDream's published ones are read by benchmarks only) at 8 and 16
 V100s; the ``--tp 1``, ``--zero 0`` and ``--no-stage-replication`` variants; replicated per
 stage and interleaved plans; the other solvers and objectives on small cases; refusals (exit 3
 text) are pinned as ``.txt``.
@@ -30,29 +31,24 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "plans"
-PIPEDREAM_DIR = REPO / "profiles" / "pipedream"  # PipeDream's graph.txt files, shipped with their licence
-
-PIPEDREAM = (
-    "alexnet", "vgg16", "squeezenet1_0", "resnet18", "resnet50", "resnet101", "resnext50", "resnext101",
-    "densenet121", "inception_v3", "nasnetamobile", "nasnetalarge", "gnmt", "gnmt_large",
-)
+GRAPHS = ("cnn", "resnet", "seq2seq")  # graph.txt fixtures (tests/graph_fixtures.py)
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
-    profile: str  # a shipped profile's stem, or "pipedream:<model>"
+    profile: str  # a shipped profile's stem, or "graph:<fixture>" (a graph.txt of tests/graph_fixtures.py)
     devices: int
     request: dict[str, Any]
     slow: bool = False  # over ~5 s of CPU: in the slow tier only
 
     @property
-    def is_pipedream(self) -> bool:
-        return self.profile.startswith("pipedream:")
+    def is_graph(self) -> bool:
+        return self.profile.startswith("graph:")
 
 
 def _preset_of(profile: str) -> str:
-    if profile.startswith("pipedream:"):
+    if profile.startswith("graph:"):
         return "v100-16gb-2x8"
     if profile.endswith("-cpu"):
         return "local-cpu"
@@ -72,10 +68,9 @@ def _cases() -> list[Case]:
     for prof in ("zoo-gpt-cpu", "zoo-gpt2-cpu", "zoo-bert-cpu", "zoo-vgg-cpu", "zoo-resnet-cpu"):
         for n in (2, 4, 8):
             out.append(Case(f"{prof}-n{n}", prof, n, {"global_batch": 64}))
-    for model in PIPEDREAM:
+    for model in GRAPHS:
         for n in (8, 16):
-            out.append(Case(f"pipedream-{model}-n{n}", f"pipedream:{model}", n, {"global_batch": 0},
-                            slow=model in ("gnmt_large", "nasnetalarge", "densenet121", "resnext101", "resnet101")))
+            out.append(Case(f"graph-{model}-n{n}", f"graph:{model}", n, {"global_batch": 0}))
     # variants of the default request
     out += [
         Case("default-tp1", "gpt3-13b-a100", 8, {"tp_degrees": [1]}),
@@ -103,9 +98,10 @@ def _cases() -> list[Case]:
         Case("zoo-gpt-cpu-n2-readme", "zoo-gpt-cpu", 2, {"global_batch": 8, "fixed_boundaries": [3]}),
         Case("zoo-gpt-cpu-n4-interleaved", "zoo-gpt-cpu", 4,
              {"global_batch": 16, "schedules": ["interleaved-1f1b"], "tp_degrees": [1]}),
-        Case("pipedream-vgg16-n16-zero0", "pipedream:vgg16", 16, {"global_batch": 0, "zero_stages": [0]}),
-        Case("pipedream-resnet50-n8-norepl", "pipedream:resnet50", 8,
-             {"global_batch": 0, "per_stage_replication": False}),
+        Case("graph-cnn-n16-zero0", "graph:cnn", 16, {"global_batch": 0, "zero_stages": [0]}),
+        Case("graph-resnet-n8-norepl", "graph:resnet", 8, {"global_batch": 0, "per_stage_replication": False}),
+        # PipeDream's optimizer as the baseline on a graph.txt profile (its copies: 14, 1, 1)
+        Case("graph-cnn-n16-pipedream", "graph:cnn", 16, {"global_batch": 3584, "solver": "pipedream"}),
     ]
     # the other solvers on small cases
     for solver in ("ilp", "brute-force", "uniform", "parameters", "time-balanced", "pipedream", "data-parallel"):
@@ -132,17 +128,18 @@ def setting(case: Case) -> tuple[Any, Any, Any]:
     from planner.artifacts.profile import load_profile
     from planner.artifacts.request import PlanRequest
 
-    if case.is_pipedream:
+    if case.is_graph:
         from planner.profiling.imported.pipedream import import_pipedream
+        from tests.graph_fixtures import graph_path
 
-        profile = import_pipedream(PIPEDREAM_DIR / case.profile.split(":", 1)[1] / "graph.txt")
+        profile = import_pipedream(graph_path(case.profile.split(":", 1)[1]))
     else:
         profile = load_profile(REPO / "profiles" / f"{case.profile}.json")
     base = PRESETS[_preset_of(case.profile)]
     nodes = max(base.num_nodes, -(-case.devices // base.devices_per_node))
     cluster = dataclasses.replace(base, num_nodes=nodes).with_devices(case.devices)
     fields = dict(case.request)
-    if fields.get("global_batch") == 0:  # PipeDream: one 8-GPU server's minibatch (plan_quality's G)
+    if fields.get("global_batch") == 0:  # graph.txt: one 8-GPU server's minibatch (plan_quality's G)
         fields["global_batch"] = profile.microbatch_sizes[0] * 8
     request = decode(PlanRequest, fields, "request")
     return profile, cluster, request

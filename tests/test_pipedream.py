@@ -1,4 +1,7 @@
-"""PipeDream graph.txt import: the 14 published profiles, and malformed files."""
+"""PipeDream graph.txt import: graphs in its format that the project writes (tests/graph_fixtures.py:
+a chain, a residual graph, an LSTM encoder-decoder with tuples and three inputs), and malformed
+files. PipeDream's 14 published profiles are read from ``../shared/reference/pipedream`` by
+``benchmarks/pipedream_profiles.py``, not by tests."""
 
 from __future__ import annotations
 
@@ -13,39 +16,30 @@ from planner.artifacts.profile import load_profile, profile_to_json
 from planner.commands.cli import main
 from planner.graph import cut_bytes_per_sample
 from planner.profiling.imported.pipedream import import_pipedream, infer_batch_size, parse_graph
+from tests.graph_fixtures import FP32, GRAPHS, HIDDEN, SEQ, graph_path, graph_text
 
-#: PipeDream's graph.txt files, shipped in the repository with their licence (profiles/pipedream/README.md)
-PIPEDREAM = Path(__file__).resolve().parents[1] / "profiles" / "pipedream"
-# batch sizes stated in the folder's README (gnmt's and nasnetalarge's are not stated there)
-README_BATCH = {
-    "alexnet": 256, "resnet18": 256, "squeezenet1_0": 256,
-    "vgg16": 128, "resnet50": 128, "resnext50": 128, "inception_v3": 128, "nasnetamobile": 128,
-    "densenet121": 64, "resnet101": 64, "resnext101": 64,
-}
+FIXTURES = tuple(GRAPHS)  # graph.txt files the project writes itself (tests/graph_fixtures.py)
 
 
-def readme_table() -> dict[str, tuple[int, int]]:
-    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \|$", (PIPEDREAM / "README.md").read_text(), re.M)
-    return {name: (int(n), int(e)) for name, n, e in rows}
+def test_fixtures_are_what_the_generator_writes() -> None:
+    """The committed graphs are tests/graph_fixtures.py's output (regenerate with ``python -m
+    tests.graph_fixtures --write``)."""
+    for name in FIXTURES:
+        assert graph_path(name).read_text() == graph_text(name), name
 
 
-def test_readme_lists_fourteen_profiles() -> None:
-    table = readme_table()
-    assert len(table) == 14
-    assert sorted(table) == sorted(p.name for p in PIPEDREAM.iterdir() if (p / "graph.txt").is_file())
-
-
-@pytest.mark.parametrize("model", sorted(readme_table()))
-def test_import_matches_readme_and_round_trips(model: str, tmp_path: Path) -> None:
-    path = PIPEDREAM / model / "graph.txt"
+@pytest.mark.parametrize("model", FIXTURES)
+def test_import_matches_the_written_graph_and_round_trips(model: str, tmp_path: Path) -> None:
+    path = graph_path(model)
+    written = GRAPHS[model][0]()
     graph = parse_graph(path)
-    assert graph.counts() == readme_table()[model]
+    assert graph.counts() == (len(written.nodes), len(written.edges))
     profile = import_pipedream(path)
     assert profile.model == model and profile.source == "pipedream"
-    assert (profile.metadata["raw_nodes"], profile.metadata["raw_edges"]) == readme_table()[model]
-    if model in README_BATCH:
-        assert infer_batch_size(graph) == README_BATCH[model]
+    assert (profile.metadata["raw_nodes"], profile.metadata["raw_edges"]) == graph.counts()
+    assert infer_batch_size(graph) == written.batch
     batch = profile.microbatch_sizes[0]
+    assert batch == written.batch
     # inputs merged into a zero-cost layer 0; every other node is one layer
     inputs = [n for n in graph.nodes if n.is_input]
     first = profile.layers[0]
@@ -58,23 +52,42 @@ def test_import_matches_readme_and_round_trips(model: str, tmp_path: Path) -> No
         assert layer.bwd_ms(batch) == pytest.approx(node.bwd_ms)
         assert layer.output_bytes_per_sample * batch == pytest.approx(node.activation_bytes)
         assert layer.param_bytes == round(node.param_bytes)
+    assert all(e.src < e.dst for e in profile.edges)  # a topological order (resnet's lines are reversed)
     cuts = cut_bytes_per_sample(profile)
-    assert (cuts[1:-1] > 0).all() or model.startswith("gnmt")
+    assert (cuts[1:-1] > 0).all() or model == "seq2seq"  # its inputs weigh nothing
     saved = tmp_path / f"{model}.json"
     assert main(["import-pipedream", str(path), "--out", str(saved)]) == 0
     assert load_profile(saved) == profile
     assert dumps_canonical(profile_to_json(import_pipedream(path))) == saved.read_text()  # deterministic
 
 
-def test_gnmt_tuples_and_getitem_sinks() -> None:
-    graph = parse_graph(PIPEDREAM / "gnmt" / "graph.txt")
-    lstm = next(n for n in graph.nodes if n.description.startswith("LSTM(2048"))
-    assert lstm.activation_parts_bytes == (6291456.0, 131072.0, 131072.0)
-    assert infer_batch_size(graph) == 32
-    profile = import_pipedream(PIPEDREAM / "gnmt" / "graph.txt")
-    assert profile.metadata["merged_inputs"] == 3 and profile.metadata["dropped_getitem_sinks"] == 8
-    assert profile.layers[profile.layer_names.index(lstm.node_id)].output_bytes_per_sample == 6553600.0 / 32
-    assert import_pipedream(PIPEDREAM / "gnmt" / "graph.txt", batch_size=64).layers[1].fwd.per_sample_ms == pytest.approx(
+def test_residual_joins_and_the_size_view_side_branch() -> None:
+    """resnet: every block's ``Add`` joins two producers, the skip edge jumping over the block;
+    cnn: a chain but for ``Size -> View``."""
+    resnet = import_pipedream(graph_path("resnet"))
+    kinds = {n.node_id: n.kind for n in parse_graph(graph_path("resnet")).nodes}
+    adds = [i for i, layer in enumerate(resnet.layers) if kinds.get(layer.name) == "Add"]
+    assert len(adds) == 8
+    for i in adds:
+        producers = sorted(e.src for e in resnet.edges if e.dst == i)
+        assert len(producers) == 2 and i - producers[0] > 2, producers
+    cnn = parse_graph(graph_path("cnn"))
+    fan_out = {src for src, _ in cnn.edges if sum(1 for s, _ in cnn.edges if s == src) > 1}
+    assert [n.kind for n in cnn.nodes if n.node_id in fan_out] == ["MaxPool2d"]
+
+
+def test_seq2seq_tuples_and_getitem_sinks() -> None:
+    """Three inputs of size 0 (batch from the first LSTM's h_n), LSTM outputs ``[out; h_n; c_n]``,
+    the unused ``__getitem__(1)`` of each of the 6 LSTMs dropped."""
+    graph = parse_graph(graph_path("seq2seq"))
+    lstm = next(n for n in graph.nodes if n.kind == "LSTM")
+    out, state = FP32 * SEQ * HIDDEN * 64, FP32 * HIDDEN * 64
+    assert lstm.activation_parts_bytes == (out, state, state)
+    assert infer_batch_size(graph) == 64
+    profile = import_pipedream(graph_path("seq2seq"))
+    assert profile.metadata["merged_inputs"] == 3 and profile.metadata["dropped_getitem_sinks"] == 6
+    assert profile.layers[profile.layer_names.index(lstm.node_id)].output_bytes_per_sample == (out + 2 * state) / 64
+    assert import_pipedream(graph_path("seq2seq"), batch_size=128).layers[1].fwd.per_sample_ms == pytest.approx(
         profile.layers[1].fwd.per_sample_ms / 2
     )
 
@@ -132,10 +145,10 @@ def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
         import_pipedream(tmp_path / "nope.txt")
 
 
-@pytest.mark.parametrize("model", ["alexnet", "gnmt"])
+@pytest.mark.parametrize("model", ["cnn", "seq2seq"])
 def test_imported_profile_plans(model: str, tmp_path: Path) -> None:
     profile_path, plan_path = tmp_path / "p.json", tmp_path / "plan.json"
-    assert main(["import-pipedream", str(PIPEDREAM / model / "graph.txt"), "--out", str(profile_path)]) == 0
+    assert main(["import-pipedream", str(graph_path(model)), "--out", str(profile_path)]) == 0
     assert main(["plan", "--profile", str(profile_path), "--devices", "4", "--out", str(plan_path)]) == 0
     assert plan_path.exists()
 
@@ -155,10 +168,10 @@ def test_importer_and_cli_modules_do_not_import_torch() -> None:
 
 def test_plan_takes_a_graph_txt_as_its_profile(tmp_path: Path, capsys) -> None:
     """``planner plan --profile graph.txt`` plans what import-pipedream's JSON plans, byte for byte."""
-    graph = PIPEDREAM / "alexnet" / "graph.txt"
+    graph = graph_path("cnn")
     common = ["--cluster", "v100-16gb-2x8", "--devices", "4", "--global-batch", "1024"]
-    assert main(["import-pipedream", str(graph), "--out", str(tmp_path / "alexnet.json")]) == 0
-    assert main(["plan", "--profile", str(tmp_path / "alexnet.json"), *common, "--out", str(tmp_path / "a.json")]) == 0
+    assert main(["import-pipedream", str(graph), "--out", str(tmp_path / "cnn.json")]) == 0
+    assert main(["plan", "--profile", str(tmp_path / "cnn.json"), *common, "--out", str(tmp_path / "a.json")]) == 0
     assert main(["plan", "--profile", str(graph), *common, "--out", str(tmp_path / "b.json")]) == 0
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
     bad = tmp_path / "graph.txt"
@@ -173,7 +186,7 @@ def test_plan_takes_a_graph_txt_as_its_profile(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.parametrize("cut", ["edgeless", "truncated", "zero_times"])
 def test_a_cut_or_timeless_graph_is_refused(cut: str, tmp_path: Path, capsys) -> None:
-    lines = (PIPEDREAM / "alexnet" / "graph.txt").read_text().splitlines(keepends=True)
+    lines = graph_path("cnn").read_text().splitlines(keepends=True)
     nodes = [ln for ln in lines if not ln.startswith("\t")]
     edges = [ln for ln in lines if ln.startswith("\t")]
     if cut == "edgeless":

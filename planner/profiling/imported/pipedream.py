@@ -1,6 +1,6 @@
 """Import PipeDream's ``graph.txt`` layer profiles (msr-fiddle/pipedream, ``profiler/*/profiles``).
 
-Format (see ``profiles/pipedream/README.md``): node lines
+Format (see ``../shared/reference/pipedream/README.md``; ``tests/graph_fixtures.py`` writes it): node lines
 ``id -- description -- forward_compute_time=F, backward_compute_time=B, activation_size=A,
 parameter_size=P`` (times in ms per minibatch, bytes per minibatch in fp32, a tuple output
 written ``[a; b; c]``), then tab-indented edge lines ``src -- dst``.
