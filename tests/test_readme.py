@@ -5,7 +5,7 @@ line by line (``planner`` is ``python -m planner``, ``python`` this interpreter)
 block (run as a script), the ``$ planner ...`` lines of a ``console`` or plain block, and the inline
 ``planner show`` / ``planner simulate`` commands, run in one fresh folder holding the repository's
 ``profiles/`` and ``configs/``, in order, so that later blocks find the files earlier ones wrote.
-A ``NAME=value`` line of a bash block holds for the rest of its file. The fast test runs every
+A ``NAME=value`` line of a bash block holds for the rest of its file (for the commands that use it). The fast test runs every
 command that needs no torchrun and no measuring and reads only what such commands write; the slow
 one (torchrun, a measured profile) runs the others, with the fast commands that write what they
 read. The set-up lines (``python3 -m venv``), the suite's own command and the multi-node torchrun
@@ -92,6 +92,11 @@ def _blocks(text: str) -> list[tuple[str, str, int]]:
     return [(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
 
 
+def _used(variables: str, line: str) -> str:
+    """The ``NAME=value`` lines of ``variables`` whose name ``line`` uses."""
+    return "".join(v + "\n" for v in variables.splitlines() if f"${v.split('=', 1)[0]}" in line)
+
+
 def _exit_code(output: str) -> int:
     return 3 if "error: no plan fits" in output else 2 if "error:" in output else 0
 
@@ -115,7 +120,7 @@ def parse(path: Path) -> tuple[list[Command], list[Example], list[str]]:
                 if ln.startswith("python3 -m venv"):
                     tail = ln.rsplit("&&", 1)[-1].strip()
                     if tail.startswith(".venv/bin/planner "):
-                        block.append(Command(tail.removeprefix(".venv/bin/"), 0, variables, at))
+                        block.append(Command(tail.removeprefix(".venv/bin/"), 0, _used(variables, tail), at))
                     left_out.append(f"{ln[:60]}... (set-up: a new virtual environment)")
                 elif ln.startswith(".venv/bin/python -m pytest"):
                     left_out.append(f"{ln} (the test suite itself)")
@@ -124,11 +129,11 @@ def parse(path: Path) -> tuple[list[Command], list[Example], list[str]]:
                 elif re.match(r"^[A-Z]+=\S+$", ln):
                     variables += ln + "\n"
                 else:
-                    block.append(Command(ln, 0, variables, at))
+                    block.append(Command(ln, 0, _used(variables, ln), at))
             commands += block
             last = block or last  # a block that runs nothing (the suite's) is passed over
         elif lang == "python":
-            last = [Command(f"python - <<'PY'\n{body}PY", 0, variables, at)]
+            last = [Command(f"python - <<'PY'\n{body}PY", 0, "", at)]
             commands += last
         elif lang == "output":
             assert last, f"{at}: an output block with no bash or python block above it"
@@ -138,12 +143,12 @@ def parse(path: Path) -> tuple[list[Command], list[Example], list[str]]:
             starts = [i for i, ln in enumerate(lines) if ln.startswith("$ planner ")]
             for j, i in enumerate(starts):
                 shown = lines[i + 1: starts[j + 1] if j + 1 < len(starts) else len(lines)]
-                cmd = Command(lines[i][2:], _exit_code("\n".join(shown)), variables, at)
+                cmd = Command(lines[i][2:], _exit_code("\n".join(shown)), _used(variables, lines[i]), at)
                 commands.append(cmd)
                 if shown:
                     examples.append(Example(at, (cmd,), tuple(shown)))
     for m in re.finditer(r"`(planner (?:show|simulate) [^`]+)`", text):
-        commands.append(Command(m.group(1), 0, variables, f"{doc} (inline)"))
+        commands.append(Command(m.group(1), 0, _used(variables, m.group(1)), f"{doc} (inline)"))
     return commands, examples, left_out
 
 
@@ -257,7 +262,7 @@ def run_commands(commands: list[Command], folder: Path | Folder) -> list[str]:
 def _normal(line: str, measured: bool) -> str:
     line = " ".join(line.split())
     if (measured and not MATTERS.match(line)) or TIMING.search(line):
-        line = NUMBER.sub("#", line)
+        line = re.sub(r"-{2,}", "--", NUMBER.sub("#", line))  # a table's rules follow its columns' widths
     return line
 
 
