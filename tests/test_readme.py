@@ -1,20 +1,33 @@
-"""The README's commands run as written.
+"""The README's and docs/'s commands run as written, and print what they show.
 
-Every ``bash`` block of README.md, line by line (``planner`` is ``python -m planner``, run in a
-fresh folder holding the repository's ``profiles/`` and ``configs/``, blocks in order, so that
-later blocks find the files earlier ones wrote), the ``$ planner ...`` lines of its output
-blocks, and its inline ``planner show`` / ``planner simulate`` commands. The fast test runs
-every command that needs no torchrun and no measuring and reads only what such commands
-write; the slow one (torchrun, a Hugging Face profile) runs the others, with the fast commands
-that write what they read. The set-up lines
-(``python3 -m venv``, ``pip``) and the multi-node torchrun line (``--master-addr HOST``) are the
-only ones left out, and the test says which. A plan's first output line (model, cluster,
-devices, solver) must be the README's.
+Every ``bash`` block of README.md and of each ``docs/*.md`` (README first, then the docs by name),
+line by line (``planner`` is ``python -m planner``, ``python`` this interpreter), every ``python``
+block (run as a script), the ``$ planner ...`` lines of a ``console`` or plain block, and the inline
+``planner show`` / ``planner simulate`` commands, run in one fresh folder holding the repository's
+``profiles/`` and ``configs/``, in order, so that later blocks find the files earlier ones wrote.
+A ``NAME=value`` line of a bash block holds for the rest of its file (for the commands that use it). The fast test runs every
+command that needs no torchrun and no measuring and reads only what such commands write; the slow
+one (torchrun, a measured profile) runs the others, with the fast commands that write what they
+read. The set-up lines (``python3 -m venv``), the suite's own command and the multi-node torchrun
+line (``--master-addr HOST``) are the only ones left out, and the test says which.
+
+**Outputs.** A block fenced as ``output`` is what the nearest ``bash`` or ``python`` block above it
+prints (its commands' stdout, in order; a command that exits non-zero, its stderr; a block none of
+whose lines runs, as the suite's, is passed over); the lines after
+a ``$ planner ...`` line, up to the next ``$``, are what that command prints. Each shown line must
+appear in what the commands printed, in the order shown (a line ``...`` or a shown line ending in
+``...`` marks an elision; runs of spaces count as one; blank lines are not compared). Lines are
+compared as they are, so a changed plan, layout or refusal fails the test; numbers are compared only
+where they are not measured: in an output of a block that measures (a run, a measured profile, or
+what reads their files) every number is read as ``#`` except on the lines that matter there (the
+plan's first lines, the run's layout and losses, refusals: :data:`MATTERS`), and CPU or wall times
+(:data:`TIMING`) are read as ``#`` everywhere.
 
 Nothing is run twice (:class:`Folder`): both tests work in one folder of the module, and a
 command identical to one already run there is not run again unless a command since wrote a file
-it names (the README repeats its worked example's ``planner plan``; the slow test finds the fast
-test's plans in place). Run alone, each test runs every command it needs.
+it names (the docs repeat the plans they start from; the slow test finds the fast test's plans in
+place); its output is kept for every block that shows it. Run alone, each test runs every command
+it needs.
 """
 
 from __future__ import annotations
@@ -30,64 +43,126 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+#: the files whose examples run: README first, then docs/ by name
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: a command needs minutes or torchrun when it contains one of these
 SLOW = ("planner run ", "torchrun ", "planner profile --model")
 #: the flags after which a token names a file the command writes
 OUTPUT_FLAGS = ("--out", "--cluster-out", "--csv", "--figures", "--timeline", "--memory")
+#: in a measured output, the lines compared with their numbers: a plan's header and layout, a run's
+#: layout and losses, refusals and what would fit
+MATTERS = re.compile(r"^(plan for |ran |losses per step|T=\d|CP=\d|P=\d|\d+ stages on |.*\berror: |- )")
+#: lines whose numbers are times this machine took
+TIMING = re.compile(r"\bCPU\b|\bwall\b|\btook\b")
+NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?%?")
 
 
 @dataclass(frozen=True)
 class Command:
-    line: str  # as in the README
+    line: str  # as in the file (a python block: a bash heredoc running it)
     exit_code: int  # expected
-    first_output_line: str  # the README's output's first line, when it shows one ("" otherwise)
+    variables: str = ""  # the NAME=value lines of its file before it
+    doc: str = ""  # where it is, for messages
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.variables + self.line, self.exit_code)
 
 
-def _blocks() -> list[tuple[str, str, str]]:
-    """(language, body, the text after the block up to the next block) of every fenced block."""
-    found = list(re.finditer(r"```(\w*)\n(.*?)```", README, re.S))
-    out = []
-    for i, m in enumerate(found):
-        after = README[m.end(): found[i + 1].start()] if i + 1 < len(found) else ""
-        nxt = found[i + 1] if i + 1 < len(found) and not after.strip() else None
-        out.append((m.group(1), m.group(2), nxt.group(2) if nxt and nxt.group(1) == "" else ""))
-    return out
+@dataclass(frozen=True)
+class Example:
+    """An output a file shows (``expected``) and the commands that print it."""
+
+    doc: str
+    commands: tuple[Command, ...]
+    expected: tuple[str, ...]
 
 
-def readme_commands() -> tuple[list[Command], list[str]]:
-    """(the commands to run, in order; the lines left out, with why)."""
+def _tokens(line: str) -> list[str]:
+    if line.startswith("python - <<"):  # a python block: its words, quotes kept
+        return line.split()
+    try:
+        return shlex.split(line.replace("$M", "M"))
+    except ValueError:  # a python block's quotes
+        return line.split()
+
+
+def _blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, body, line number) of every fenced block."""
+    return [(m.group(1), m.group(2), text[: m.start()].count("\n") + 1) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
+
+
+def _used(variables: str, line: str) -> str:
+    """The ``NAME=value`` lines of ``variables`` whose name ``line`` uses."""
+    return "".join(v + "\n" for v in variables.splitlines() if f"${v.split('=', 1)[0]}" in line)
+
+
+def _exit_code(output: str) -> int:
+    return 3 if "error: no plan fits" in output else 2 if "error:" in output else 0
+
+
+def parse(path: Path) -> tuple[list[Command], list[Example], list[str]]:
+    """(the commands to run, in order; the outputs shown; the lines left out, with why) of one file."""
+    text = path.read_text()
+    doc = str(path.relative_to(ROOT))
     commands: list[Command] = []
+    examples: list[Example] = []
     left_out: list[str] = []
-    for lang, body, output in _blocks():
+    variables = ""
+    last: list[Command] = []
+    for lang, body, where in _blocks(text):
+        at = f"{doc}:{where}"
         if lang == "bash":
-            lines = [ln.strip() for ln in body.splitlines() if ln.strip()]
-            for ln in lines:
+            block: list[Command] = []
+            for ln in (ln.strip() for ln in body.splitlines()):
+                if not ln:
+                    continue
                 if ln.startswith("python3 -m venv"):
                     tail = ln.rsplit("&&", 1)[-1].strip()
                     if tail.startswith(".venv/bin/planner "):
-                        commands.append(Command(tail.removeprefix(".venv/bin/"), 0, _first(output)))
+                        block.append(Command(tail.removeprefix(".venv/bin/"), 0, _used(variables, tail), at))
                     left_out.append(f"{ln[:60]}... (set-up: a new virtual environment)")
                 elif ln.startswith(".venv/bin/python -m pytest"):
                     left_out.append(f"{ln} (the test suite itself)")
                 elif "--master-addr HOST" in ln:
                     left_out.append(f"{ln[:60]}... (two nodes, placeholders)")
+                elif re.match(r"^[A-Z]+=\S+$", ln):
+                    variables += ln + "\n"
                 else:
-                    plan_line = _first(output) if ln.startswith("planner plan") and len(lines) <= 2 else ""
-                    commands.append(Command(ln, 0, plan_line))
-        elif lang == "":
+                    block.append(Command(ln, 0, _used(variables, ln), at))
+            commands += block
+            last = block or last  # a block that runs nothing (the suite's) is passed over
+        elif lang == "python":
+            last = [Command(f"python - <<'PY'\n{body}PY", 0, "", at)]
+            commands += last
+        elif lang == "output":
+            assert last, f"{at}: an output block with no bash or python block above it"
+            examples.append(Example(at, tuple(last), tuple(body.splitlines())))
+        elif lang in ("", "console"):
             lines = body.splitlines()
-            for i, ln in enumerate(lines):
-                if ln.startswith("$ planner "):
-                    commands.append(Command(ln[2:], 3 if "error: no plan fits" in body else 0, lines[i + 1] if i + 1 < len(lines) else ""))
-    for m in re.finditer(r"`(planner (?:show|simulate) [^`]+)`", README):
-        commands.append(Command(m.group(1), 0, ""))
-    return commands, left_out
+            starts = [i for i, ln in enumerate(lines) if ln.startswith("$ planner ")]
+            for j, i in enumerate(starts):
+                shown = lines[i + 1: starts[j + 1] if j + 1 < len(starts) else len(lines)]
+                cmd = Command(lines[i][2:], _exit_code("\n".join(shown)), _used(variables, lines[i]), at)
+                commands.append(cmd)
+                if shown:
+                    examples.append(Example(at, (cmd,), tuple(shown)))
+    for m in re.finditer(r"`(planner (?:show|simulate) [^`]+)`", text):
+        commands.append(Command(m.group(1), 0, _used(variables, m.group(1)), f"{doc} (inline)"))
+    return commands, examples, left_out
 
 
-def _first(output: str) -> str:
-    first = output.strip().splitlines()[0] if output.strip() else ""
-    return first if first.startswith("plan for ") else ""
+def doc_commands() -> tuple[list[Command], list[Example], list[str]]:
+    """Every file's commands, outputs and lines left out, README first."""
+    commands: list[Command] = []
+    examples: list[Example] = []
+    left_out: list[str] = []
+    for path in DOCS:
+        c, e, lo = parse(path)
+        commands += c
+        examples += e
+        left_out += lo
+    return commands, examples, left_out
 
 
 def split_fast(commands: list[Command]) -> tuple[list[Command], list[Command]]:
@@ -95,7 +170,7 @@ def split_fast(commands: list[Command]) -> tuple[list[Command], list[Command]]:
     slow_outputs: set[str] = set()
     fast, slow = [], []
     for cmd in commands:
-        tokens = shlex.split(cmd.line.replace("$M", "M"))
+        tokens = _tokens(cmd.line)
         is_slow = any(s in cmd.line + " " for s in SLOW) or any(t in slow_outputs for t in tokens)
         if is_slow:
             slow_outputs |= _outputs(tokens)
@@ -109,18 +184,20 @@ def _outputs(tokens: list[str]) -> set[str]:
     outs = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in OUTPUT_FLAGS}
     if tokens[:2] == ["planner", "run"] and "--report" in tokens:
         outs.add(tokens[tokens.index("--report") + 1])
+    if tokens[:2] == ["python", "-"]:  # a python block: the files it opens for writing
+        outs |= set(re.findall(r"open\(\"([^\"]+)\", \"w\"\)", " ".join(tokens)))
     return outs
 
 
 def slow_with_inputs(commands: list[Command]) -> list[Command]:
-    """The slow commands, in order, with the variables and the fast commands that write what a
-    kept command after them reads (the fast test runs every fast command)."""
+    """The slow commands, in order, with the fast commands that write what a kept command after
+    them reads (the fast test runs every fast command)."""
     _, slow = split_fast(commands)
     kept: list[Command] = []
     read: set[str] = set()
     for cmd in reversed(commands):
-        tokens = shlex.split(cmd.line.replace("$M", "M"))
-        if cmd in slow or re.match(r"^[A-Z]+=", cmd.line) or _outputs(tokens) & read:
+        tokens = _tokens(cmd.line)
+        if cmd in slow or _outputs(tokens) & read:
             kept.append(cmd)
             read |= set(tokens)
     return kept[::-1]
@@ -128,25 +205,26 @@ def slow_with_inputs(commands: list[Command]) -> list[Command]:
 
 @dataclass
 class Folder:
-    """A folder the README's commands run in, and what ran there: (what was run, the files it
-    wrote) of each command that exited as the README says, in order."""
+    """A folder the commands run in, and what ran there: (what was run, the files it wrote) of
+    each command that exited as its file says, in order, and what each printed."""
 
     path: Path
-    ran: list[tuple[tuple[str, int, str], set[str]]] = field(default_factory=list)
+    ran: list[tuple[tuple[str, int], set[str]]] = field(default_factory=list)
+    printed: dict[tuple[str, int], str] = field(default_factory=dict)
 
-    def already_ran(self, cmd: Command, variables: str) -> bool:
-        """Whether ``cmd`` (the same line, with these variables set, expecting the same) ran here
-        and no command since wrote a file it names (an input it reads or an output it wrote)."""
-        key = (variables + cmd.line, cmd.exit_code, cmd.first_output_line)
+    def already_ran(self, cmd: Command) -> bool:
+        """Whether ``cmd`` (the same line, with the same variables set, expecting the same exit)
+        ran here and no command since wrote a file it names (an input it reads or an output it
+        wrote)."""
         for i in range(len(self.ran) - 1, -1, -1):
-            if self.ran[i][0] == key:
-                names = set(shlex.split(cmd.line.replace("$M", "M")))
+            if self.ran[i][0] == cmd.key:
+                names = set(_tokens(cmd.line))
                 return not any(names & outs for _, outs in self.ran[i + 1:])
         return False
 
-    def record(self, cmd: Command, variables: str) -> None:
-        key = (variables + cmd.line, cmd.exit_code, cmd.first_output_line)
-        self.ran.append((key, _writes(shlex.split(cmd.line.replace("$M", "M")))))
+    def record(self, cmd: Command, printed: str = "") -> None:
+        self.ran.append((cmd.key, _writes(_tokens(cmd.line))))
+        self.printed[cmd.key] = printed
 
 
 def _writes(tokens: list[str]) -> set[str]:
@@ -165,25 +243,64 @@ def run_commands(commands: list[Command], folder: Path | Folder) -> list[str]:
         if not (where.path / name).exists():
             (where.path / name).symlink_to(ROOT / name)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANNER_PROGRESS": "0", "MPLBACKEND": "Agg"}
-    prelude = f'planner() {{ "{sys.executable}" -m planner "$@"; }}\ntorchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\n'
+    prelude = (f'planner() {{ "{sys.executable}" -m planner "$@"; }}\n'
+               f'torchrun() {{ "{sys.executable}" -m torch.distributed.run "$@"; }}\n'
+               f'python() {{ "{sys.executable}" "$@"; }}\n')
     failures = []
-    variables = ""
     for cmd in commands:
-        if re.match(r"^[A-Z]+=", cmd.line):
-            variables += cmd.line + "\n"
+        if where.already_ran(cmd):
             continue
-        if where.already_ran(cmd, variables):
-            continue
-        proc = subprocess.run(["bash", "-c", prelude + variables + cmd.line], cwd=where.path, env=env, capture_output=True,
+        proc = subprocess.run(["bash", "-c", prelude + cmd.variables + cmd.line], cwd=where.path, env=env, capture_output=True,
                               text=True, timeout=900)
         if proc.returncode != cmd.exit_code:
-            failures.append(f"{cmd.line}: exit {proc.returncode}, expected {cmd.exit_code}: {proc.stderr.strip()[-400:]}")
+            failures.append(f"{cmd.doc}: {cmd.line[:200]}: exit {proc.returncode}, expected {cmd.exit_code}: {proc.stderr.strip()[-400:]}")
             continue
-        shown = (proc.stdout if cmd.exit_code == 0 else proc.stderr).splitlines()
-        if cmd.first_output_line and (not shown or shown[0] != cmd.first_output_line.removeprefix("$ ")):
-            failures.append(f"{cmd.line}: first line {shown[:1]}, the README shows {cmd.first_output_line!r}")
+        where.record(cmd, proc.stdout if cmd.exit_code == 0 else proc.stderr)
+    return failures
+
+
+def _normal(line: str, measured: bool) -> str:
+    line = " ".join(line.split())
+    if (measured and not MATTERS.match(line)) or TIMING.search(line):
+        line = re.sub(r"-{2,}", "--", NUMBER.sub("#", line))  # a table's rules follow its columns' widths
+    return line
+
+
+def mismatch(example: Example, printed: str, measured: bool) -> str:
+    """'' when every line ``example`` shows is in ``printed`` in its order (see the module's
+    docstring); else the first line that is not, in words."""
+    actual = [_normal(ln, measured) for ln in printed.splitlines()]
+    at = 0
+    for shown in example.expected:
+        want = _normal(shown, measured)
+        if not want or want == "...":
             continue
-        where.record(cmd, variables)
+        prefix = want.endswith("...")
+        want = want.removesuffix("...").rstrip()
+        for i in range(at, len(actual)):
+            if actual[i] == want or (prefix and actual[i].startswith(want)):
+                at = i + 1
+                break
+        else:
+            near = [a for a in actual[at:] if a.split()[:1] == want.split()[:1]][:1] or actual[at: at + 1]
+            return f"{example.doc}: shows {shown.strip()!r}, not printed (in order) by {example.commands[-1].line[:120]!r}; nearest: {near}"
+    return ""
+
+
+def check_examples(examples: list[Example], where: Folder, measured_commands: list[Command], which: list[Command]) -> list[str]:
+    """The mismatches of the examples all of whose commands are in ``which`` and ran in ``where``."""
+    failures = []
+    for ex in examples:
+        if not all(c in which for c in ex.commands):
+            continue
+        missing = [c.line for c in ex.commands if c.key not in where.printed]
+        if missing:
+            failures.append(f"{ex.doc}: its command did not run: {missing[0][:120]}")
+            continue
+        printed = "\n".join(where.printed[c.key] for c in ex.commands)
+        problem = mismatch(ex, printed, any(c in measured_commands for c in ex.commands))
+        if problem:
+            failures.append(problem)
     return failures
 
 
@@ -196,21 +313,39 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
 def test_a_command_is_run_again_only_when_a_file_it_names_was_rewritten(tmp_path: Path) -> None:
     """What :class:`Folder` skips: the same command, variables and expectation, when no command
     since wrote a file it reads or writes."""
-    plan = Command("planner plan --devices 2 --out a.json", 0, "")
-    run = Command("planner run a.json --model gpt --report r.json", 0, "")
+    plan = Command("planner plan --devices 2 --out a.json", 0)
+    run = Command("planner run a.json --model gpt --report r.json", 0)
     where = Folder(tmp_path)
-    for cmd in (plan, run, Command("planner show a.json", 0, "")):
-        where.record(cmd, "")
-    assert where.already_ran(plan, "") and where.already_ran(run, "")
-    assert not where.already_ran(run, "M=x\n") and not where.already_ran(Command(run.line, 3, ""), "")
-    where.record(Command("torchrun -m planner.runtime --plan a.json --report r.json", 0, ""), "")
-    assert where.already_ran(plan, "") and not where.already_ran(run, "")  # r.json rewritten
-    where.record(Command("planner plan --devices 4 --out a.json", 0, ""), "")
-    assert not where.already_ran(plan, "")
+    for cmd in (plan, run, Command("planner show a.json", 0)):
+        where.record(cmd)
+    assert where.already_ran(plan) and where.already_ran(run)
+    assert not where.already_ran(Command(run.line, 0, "M=x\n")) and not where.already_ran(Command(run.line, 3))
+    where.record(Command("torchrun -m planner.runtime --plan a.json --report r.json", 0))
+    assert where.already_ran(plan) and not where.already_ran(run)  # r.json rewritten
+    where.record(Command("planner plan --devices 4 --out a.json", 0))
+    assert not where.already_ran(plan)
 
 
-def test_readme_commands_are_found() -> None:
-    commands, left_out = readme_commands()
+def test_an_output_that_differs_from_what_its_command_prints_is_found() -> None:
+    """A changed plan line fails; a measured time does not, except on the lines that matter; an
+    elision and runs of spaces are read as the docstring says."""
+    run = Command("planner run p.json --model gpt", 0)
+    printed = ("plan for gpt on local-cpu (2 devices) by solver 'dp'\nP=2 x D=1, no ZeRO, schedule gpipe, M=4 micro-batches of 2\n"
+               "ran 2 stages x 1 replicas, gpipe, M=4 x 2 on 2 gloo processes\niteration: measured 156.6 ms, error +219.4%\n"
+               "0            72.7       30.7  +136.4%")
+    shown = ["P=2 x D=1, no ZeRO, schedule gpipe, M=4 micro-batches of 2", "...", "iteration: measured 99.0 ms, error -3.0%",
+             "0  70.0  30.7  +1.4%"]
+    assert mismatch(Example("x", (run,), tuple(shown)), printed, measured=True) == ""
+    assert mismatch(Example("x", (run,), tuple(shown)), printed, measured=False) != ""  # a plan's numbers are compared
+    changed = ["P=2 x D=1, no ZeRO, schedule 1f1b, M=4 micro-batches of 2"]
+    assert "schedule 1f1b" in mismatch(Example("x", (run,), tuple(changed)), printed, measured=True)
+    assert mismatch(Example("x", (run,), ("ran 2 stages x 1 replicas, gpipe, M=8 x 1 on 2 gloo processes",)), printed, True) != ""
+    out_of_order = ["ran 2 stages x 1 replicas, gpipe, M=4 x 2 on 2 gloo processes", "plan for gpt on local-cpu (2 devices) by solver 'dp'"]
+    assert mismatch(Example("x", (run,), tuple(out_of_order)), printed, measured=False) != ""
+
+
+def test_doc_commands_are_found() -> None:
+    commands, examples, left_out = doc_commands()
     fast, slow = split_fast(commands)
     lines = [c.line for c in commands]
     assert "planner plan" in lines  # the first command of the README
@@ -218,23 +353,35 @@ def test_readme_commands_are_found() -> None:
     assert any(c.startswith("planner show") for c in lines) and any(c.startswith("planner simulate") for c in lines)
     assert any(c.exit_code == 3 for c in commands)  # the Llama-3-70B refusal
     assert len(fast) >= 8 and len(slow) >= 8
-    assert len(left_out) == 4, left_out  # two set-ups, the suite, the two-node torchrun
+    assert {d.name for d in DOCS} >= {"README.md", "index.md", "planning.md", "cost-model.md", "parallelism.md", "schedules.md",
+                                      "runtime.md", "faults.md", "profiles.md"}
+    assert len(examples) >= 20 and any(e.doc.startswith("README.md") for e in examples)
+    assert all(any(c in fast for c in e.commands) or any(c in slow for c in e.commands) for e in examples)
+    # the README's two set-ups (the second runs the suite), the suite's fast subset, the two-node torchrun
+    assert len(left_out) == 4, left_out
 
 
-def test_readme_fast_commands_run_as_written(folder: Folder) -> None:
-    """Every README command that needs neither torchrun nor measuring (and reads only what such
-    commands write) exits as the README says, in a fresh folder; ``--figures figs`` makes ``figs``."""
-    fast, _ = split_fast(readme_commands()[0])
+def test_doc_fast_commands_run_and_print_as_written(folder: Folder) -> None:
+    """Every command that needs neither torchrun nor measuring (and reads only what such commands
+    write) exits as its file says, in a fresh folder, and prints what its file shows;
+    ``--figures figs`` makes ``figs``."""
+    commands, examples, _ = doc_commands()
+    fast, slow = split_fast(commands)
     assert run_commands(fast, folder) == []
     assert sorted(p.name for p in (folder.path / "figs").iterdir()) == ["memory.png", "pareto.png", "timelines.png"]
+    assert check_examples(examples, folder, slow, fast) == []
 
 
 @pytest.mark.slow
 @pytest.mark.hf
-def test_readme_every_command_runs_as_written(folder: Folder) -> None:
-    """The rest: torchrun runs and the Hugging Face profile (minutes), with the fast commands
-    whose files they read (the fast test above runs every fast one: those it ran in the module's
-    folder are not run again)."""
-    commands = slow_with_inputs(readme_commands()[0])
-    assert len(commands) < len(readme_commands()[0])
+def test_doc_every_command_runs_and_prints_as_written(folder: Folder) -> None:
+    """The rest: torchrun runs and measured profiles (minutes), with the fast commands whose files
+    they read (the fast test above runs every fast one: those it ran in the module's folder are not
+    run again), and the outputs of the blocks that run them."""
+    all_commands, examples, _ = doc_commands()
+    commands = slow_with_inputs(all_commands)
+    _, slow = split_fast(all_commands)
+    assert len(commands) < len(all_commands)
     assert run_commands(commands, folder) == []
+    shown = [e for e in examples if any(c in slow for c in e.commands)]
+    assert check_examples(shown, folder, slow, commands) == []
