@@ -33,6 +33,9 @@ uncertain input at the ends of its range (the leave-one-source-out fits, the hos
 kernel, the attention kernel's measured efficiency, the GPUs' speed variation, NCCL's model
 against plain rings, send/receive latency), and, for what the source leaves out (micro-batch,
 chunks per rank, recomputation: ``PublishedRun.recompute_options``), every option that fits;
+and the model's own error out of source: the :data:`planner.cost.band.MODEL_ERROR_QUANTILE` quantile
+of the other sources' leave-one-source-out |errors| (a row's band never uses its own source's
+errors; the shipped :data:`~planner.cost.band.MODEL_ERROR` is that quantile over every source);
 deviations added in quadrature. A published figure is inside when its time lies in the band (of the
 out-of-source prediction).
 
@@ -86,7 +89,7 @@ from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.cost.band import MODEL_ERROR, RUNTIME_RESERVE_BYTES, combine
+from planner.cost.band import MODEL_ERROR, MODEL_ERROR_QUANTILE, MODEL_ERROR_SOURCE, RUNTIME_RESERVE_BYTES, combine
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, MAMF_FRACTION, GemmModel
@@ -487,26 +490,38 @@ def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmMod
 @dataclasses.dataclass(frozen=True)
 class RowResult:
     """A row priced with the shipped constants and out of source (the fit that left its source out),
-    the out-of-source band (in :attr:`Priced.seconds`' units; (0, 0): none), the overhead terms of
-    the configuration, and the planner's own plan (or why there is none)."""
+    the out-of-source prediction's input ranges (in :attr:`Priced.seconds`' units; the model's own
+    error is added by :meth:`with_model_error` once every source is priced) and its band ((0, 0):
+    none), the overhead terms of the configuration, and the planner's own plan (or why there is none)."""
 
     priced: Priced
     out: Priced | None
-    band: tuple[float, float]
+    ranges: tuple[tuple[float, float], ...]
+    overheads: tuple[str, ...]
+    ours: Plan | str | None
+    seconds: float
+    band: tuple[float, float] = (0.0, 0.0)
+
+    def with_model_error(self, error: float) -> RowResult:
+        """The band: the input ranges and +-``error`` of the out-of-source time, in quadrature."""
+        if self.out is None:
+            return self
+        t = self.out.seconds
+        return dataclasses.replace(self, band=combine(t, [*self.ranges, (t * (1 - error), t * (1 + error))]))
     overheads: tuple[str, ...]
     ours: Plan | str | None
     seconds: float
 
 
 def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
-            loso: dict[str, tuple[GemmModel, ...]]) -> tuple[tuple[float, float], tuple[str, ...]]:
-    """The out-of-source prediction's band (module docstring) and its overhead terms, as text."""
-    if run.metric is Metric.LAYER_MS:  # the layer under each fit, and the model's own error
+            loso: dict[str, tuple[GemmModel, ...]]) -> tuple[tuple[tuple[float, float], ...], tuple[str, ...]]:
+    """The out-of-source prediction's input ranges but the model's own error (module docstring),
+    and its overhead terms, as text."""
+    if run.metric is Metric.LAYER_MS:  # the layer under each fit
         times = [price(run, m).seconds for m in loso.get(run.device, ())] + [out.seconds]
-        t = out.seconds
-        return combine(t, [(min(times), max(times)), (t * (1 - MODEL_ERROR), t * (1 + MODEL_ERROR))]), ()
+        return ((min(times), max(times)),), ()
     plan = with_accounts(out.plan, profile_for(run, gemm), cluster_for(run), config_request(run))
-    ranges = [(i.low_ms, i.high_ms) for i in plan.predicted.band.inputs]
+    ranges = [(i.low_ms, i.high_ms) for i in plan.predicted.band.inputs if i.name != MODEL_ERROR_SOURCE]
     times = [p.predicted.iteration_ms for p in (out.plan, *out.options)]
     for level in run.recompute_options:  # a recomputation the source leaves open: its fitting options too
         if level is not run.recompute:
@@ -514,9 +529,8 @@ def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
             times += [p.predicted.iteration_ms for p in (alt.plan, *alt.options) if alt.fits or p is not alt.plan]
     if len(times) > 1:  # what the source leaves out: every option that fits
         ranges.append((min(times), max(times)))
-    low, high = combine(plan.predicted.iteration_ms, ranges)
     terms = tuple(f"{t.kind.value} {t.ms / 1e3:+.3g} s" for t in plan.predicted.overheads if abs(t.ms) >= 0.5e-3 * 1e3)
-    return (low / 1e3, high / 1e3), terms
+    return tuple((lo / 1e3, hi / 1e3) for lo, hi in ranges), terms
 
 
 def price_row(run: PublishedRun, models: dict[str, GemmModel], loso: dict[str, tuple[GemmModel, ...]],
@@ -526,14 +540,31 @@ def price_row(run: PublishedRun, models: dict[str, GemmModel], loso: dict[str, t
     priced = price(run, models[run.device])
     gemm = loso_model(run, loso)
     out = price(run, gemm) if gemm is not None else None
-    band, terms = band_of(run, out, gemm, loso) if out is not None else ((0.0, 0.0), ())
+    ranges, terms = band_of(run, out, gemm, loso) if out is not None else ((), ())
     ours: Plan | str | None = None
     if plans and run.metric is not Metric.OUT_OF_MEMORY:
         try:
             ours = own_plan(run, models[run.device], priced)
         except PlannerError as exc:
             ours = str(exc).splitlines()[0]
-    return RowResult(priced, out, band, terms, ours, time.perf_counter() - t0)
+    return RowResult(priced, out, ranges, terms, ours, time.perf_counter() - t0)
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, linearly interpolated (numpy's default)."""
+    xs = sorted(values)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+
+
+def model_errors(rows: list[PublishedRun], results: list[RowResult]) -> dict[str, float]:
+    """Per source, the model's error out of source for its rows' bands: the
+    :data:`MODEL_ERROR_QUANTILE` quantile of the other sources' out-of-source |errors|."""
+    errs = [(run.publication, abs(time_ratio(run, res.out) - 1)) for run, res in zip(rows, results)
+            if res.out is not None and published_time(run)]
+    others = {src: [e for s, e in errs if s != src] for src in {r.publication for r in rows}}
+    return {src: quantile(v, MODEL_ERROR_QUANTILE) if v else MODEL_ERROR for src, v in others.items()}
 
 
 # ---------------------------------------------------------------- the table
@@ -674,20 +705,27 @@ def main() -> int:
     tally = Tally()
     work = partial(price_row, models=models, loso=loso, plans=not args.no_plan)
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
-        results = pool.map(work, rows) if pool is not None else map(work, rows)
-        for run, res in zip(rows, results):
-            tally.add(run, res)
-            print(_line(run, res), flush=True)
-            notes = _notes(run, res)
-            if notes:
-                print(notes)
+        results = []
+        for i, res in enumerate(pool.map(work, rows) if pool is not None else map(work, rows)):
+            results.append(res)
+            print(f"priced {i + 1}/{len(rows)}: {rows[i].label}", file=sys.stderr, flush=True)
+    errors = model_errors(rows, results)  # every source priced: each row's band from the others' errors
+    for run, res in zip(rows, results):
+        res = res.with_model_error(errors[run.publication])
+        tally.add(run, res)
+        print(_line(run, res), flush=True)
+        notes = _notes(run, res)
+        if notes:
+            print(notes)
     print()
     for src, errs in tally.out.items():
         print(f"leave-one-source-out, {src} ({len(errs)} rows): {pct(errs)}, mean signed {100 * statistics.fmean(errs):+.1f}%")
     out_errors = [abs(v) for vs in tally.out.values() for v in vs]
     if out_errors:
-        print(f"the model's error out of source for the band (planner.cost.band.MODEL_ERROR): "
-              f"{100 * statistics.median(out_errors):.1f}% measured here, {100 * MODEL_ERROR:.1f}% shipped")
+        print(f"the model's error out of source for the band (planner.cost.band.MODEL_ERROR, the "
+              f"{MODEL_ERROR_QUANTILE:.0%} quantile of |error|): {100 * quantile(out_errors, MODEL_ERROR_QUANTILE):.1f}% "
+              f"measured here, {100 * MODEL_ERROR:.1f}% shipped; each source's rows use the other sources': "
+              + ", ".join(f"{src} {100 * e:.1f}%" for src, e in sorted(errors.items())))
     print(f"memory claims not met: {'; '.join(tally.notes) or 'none'}")
     print(f"\n{tally.summary(len(rows), len({r.publication for r in rows}))}")
     if not args.rows:  # the mixture-of-experts rows: their own table (benchmarks/published_moe.py)

@@ -21,8 +21,13 @@ nominal time in quadrature, as independent errors (:func:`combine`):
 - a pipeline send/receive between nodes: 30.7-34.2 us (nccl-tests, the range measured);
 - the model's own error out of source, which the inputs above do not capture (how the element-wise
   work, the kernels and the fabric of a run differ from the model's): +-:data:`MODEL_ERROR`, the
-  median |error| of the leave-one-source-out predictions of the published runs
-  (``benchmarks/published_runs.py``), for analytic profiles (a measured one's times are its own).
+  :data:`MODEL_ERROR_QUANTILE` (80%) quantile of the |error| of the leave-one-source-out predictions
+  of the published runs (``benchmarks/published_runs.py``), for analytic profiles (a measured
+  one's times are its own). The band is meant to hold about nine in ten out-of-source figures:
+  with the median |error| (4.3%) it held 28 of 40 published figures, as a band one error wide
+  would (about half of them beyond the model term alone, the inputs' spread taking some); with
+  the 80% quantile, judged out of source (each source's rows use the quantile of the other
+  sources' errors, never their own), 36 of 40, at a median width of 18% (2026-12-07).
 
 The memory at the band's top is the peak plus what a GPU process holds outside PyTorch's
 allocator (:data:`RUNTIME_RESERVE_BYTES`: the CUDA context, cuBLAS workspaces, NCCL's buffers),
@@ -44,7 +49,8 @@ from planner.cost.attention_kernels import BWD_RATE, KERNELS
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
 
-__all__ = ["GPU_VARIATION_RANGE", "MODEL_ERROR", "P2P_LATENCY_RANGE_US", "RUNTIME_RESERVE_BYTES", "BandSetting", "band_inputs",
+__all__ = ["GPU_VARIATION_RANGE", "MODEL_ERROR", "MODEL_ERROR_QUANTILE", "MODEL_ERROR_SOURCE",
+           "P2P_LATENCY_RANGE_US", "RUNTIME_RESERVE_BYTES", "BandSetting", "band_inputs",
            "combine", "memory_top_bytes", "with_setting"]
 
 GIB = 1024**3
@@ -56,9 +62,13 @@ RUNTIME_RESERVE_BYTES = GIB
 GPU_VARIATION_RANGE = (0.0, 0.22)
 #: NCCL send/recv between two nodes, 256 B - 8 KiB (nccl-tests, NVIDIA/nccl-tests issue #214)
 P2P_LATENCY_RANGE_US = (30.7, 34.2)
-#: the median |predicted / published - 1| of the leave-one-source-out predictions of the published runs
-#: (benchmarks/published_runs.py, 40 figures from 4 sources; benchmarks/RESULTS.md section 40)
-MODEL_ERROR = 0.043
+#: the quantile of the out-of-source |errors| the band's model term takes (module docstring)
+MODEL_ERROR_QUANTILE = 0.8
+#: that quantile of |predicted / published - 1| over the leave-one-source-out predictions of the published
+#: runs (benchmarks/published_runs.py, 40 figures from 4 sources, 2026-12-07: median 4.3%, 80% 7.6%)
+MODEL_ERROR = 0.076
+#: the band input's name
+MODEL_ERROR_SOURCE = "model error out of source"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,8 +123,8 @@ def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandIn
         out.append(BandInput(name="collective model", source="alpha-beta rings .. NCCL's tuning model",
                              settings=(BandSetting(collective_model=CollectiveModel.ALPHA_BETA),)))
     if profile.source == "analytic":
-        out.append(BandInput(name="model error out of source", source=f"median |error| of the leave-one-source-out "
-                             f"predictions of the published runs: {MODEL_ERROR:.1%}",
+        out.append(BandInput(name=MODEL_ERROR_SOURCE, source=f"{MODEL_ERROR_QUANTILE:.0%} quantile of the |error| of the "
+                             f"leave-one-source-out predictions of the published runs: {MODEL_ERROR:.1%}",
                              settings=(BandSetting(scale=1.0 - MODEL_ERROR), BandSetting(scale=1.0 + MODEL_ERROR))))
     if cluster.num_nodes > 1 and cluster.inter_node_p2p_latency_us:
         out.append(BandInput(name="send/receive across nodes", source="nccl-tests: 30.7-34.2 us",
