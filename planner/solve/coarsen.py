@@ -48,7 +48,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     b = c.microbatch_size
     recompute: list[tuple[int, ...]] = []
     selective: list[tuple[int, ...]] = []
-    for s, (a, z) in enumerate(zip(bounds, ends)):
+    for s in range(len(bounds)):
         recompute.append(tuple(layer for g in cand.solution.recompute[s] for layer in range(starts[g], stops_of[g])))
         # a group recomputed selectively: the attention cores of its layers that have one
         selective.append(tuple(layer for g in cand.solution.selective_of(s) for layer in range(starts[g], stops_of[g])
