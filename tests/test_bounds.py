@@ -9,13 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import SolverKind
+from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest, ScheduleKind
+from planner.cost import CostModel
 from planner.simulation import simulate, simulate_iteration_ms
-from planner.simulation.bounds import me_index_of
+from planner.simulation.bounds import machine_bound_ms, me_index_of
 from planner.simulation.bounds import partition_bound_ms as lower_bound_ms
 from planner.simulation.bounds import partition_bounds as lower_bounds
 from planner.simulation.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
 from planner.simulation.predict import me_index
+from planner.solve.build import Problem, build_plan
 from tests.chains import chain_profile, layer_dicts, small_cluster
 from tests.plan_factory import make_plan, stage_terms
 
@@ -178,3 +182,23 @@ def test_simulator_never_beats_the_zero_bubble_bounds(stages, fracs, m_extra):
     it = simulate_iteration_ms(ScheduleKind.ZB_H1, m, stage_terms(*cols, wgrad_ms=wgrad))
     bound = lower_bounds_from_arrays(m, *cols, wgrad_ms=wgrad).lower_bound_ms
     assert it >= bound - 1e-9 * max(1.0, bound)
+
+
+def test_a_plan_on_fewer_devices_records_the_machine_bound_of_all_of_them():
+    """zoo-resnet-cpu on 64 processes: the plan on 32 recorded ``machine_bound_ms`` 2.90, the bound
+    on its own 32, where no plan on the 64 available runs faster than 1.45 (what ``plan_quality``
+    compares with). The machine bound is over the devices available: ``limit/time`` is then the
+    share of the machine the plan uses (at most 1/2 on half of it)."""
+    profile = chain_profile([{"fwd": 1.0 + i, "bwd": 2.0, "params": 1000, "saved": 1000, "inp": 10, "out": 10}
+                             for i in range(4)])
+    cluster = small_cluster(4)
+    request = PlanRequest(global_batch=8)
+    cm = CostModel(profile, cluster)
+    for available in (2, 4):
+        problem = Problem.of(profile, cluster, request, SolverKind.DP, available)
+        plan = build_plan(problem, cm, layout=Layout(num_stages=2), boundaries=[0, 2], recompute=[(), ()],
+                          microbatch_size=1, schedule=ScheduleKind.ONE_F_ONE_B)
+        assert plan.num_devices == 2
+        assert plan.predicted.machine_bound_ms == pytest.approx(machine_bound_ms(profile, cluster, 8, available))
+        assert plan.predicted.machine_bound_ms <= plan.predicted.iteration_ms * (1 + 1e-9)
+    assert machine_bound_ms(profile, cluster, 8, 4) == pytest.approx(machine_bound_ms(profile, cluster, 8, 2) / 2)

@@ -5,15 +5,24 @@ gets what its last leaves unused -- and every rank still fits."""
 
 from __future__ import annotations
 
-from planner.artifacts.kinds import ScheduleKind
+import dataclasses
+
+import pytest
+
+from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.kinds import ScheduleKind, SolverKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
+from planner.solve.build import Problem
 from planner.solve.candidates import Candidate, fits, simulated, solve_config, stage_needs
+from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
+from planner.solve.coarsen import merged_model, to_layers
 from planner.solve.prices import StageTable
 from planner.solve.proposals import rebalanced
+from planner.solve.select import build_best
 from planner.solve.space import Config
 from tests.chains import chain_profile, small_cluster
 
@@ -57,3 +66,56 @@ def test_fits_sums_a_ranks_chunks() -> None:
     assert tight > max(need)  # a per-stage check would let a smaller cap through
     assert fits(cm, c, sol, tight) and not fits(cm, c, sol, tight - 1)
     assert rebalanced(cm, PlanRequest(global_batch=8), c, sol, cap, rounds=3) == []  # nothing recomputed: no share binds
+
+
+def _grouped() -> tuple[CostModel, CostModel, list[int], Config, float]:
+    """16 layers searched as 8 groups of 2 (a long profile's coarse chain), 4 chunks on 2 ranks,
+    under a cap where a rebalanced solution gives rank 0's first chunk more than half of it."""
+    layers = [{"fwd": 1.0, "bwd": 2.0, "params": 1_000_000, "saved": 100 * MB, "inp": 1 * MB, "out": 1 * MB}
+              for _ in range(16)]
+    cm = CostModel(chain_profile(layers), small_cluster(2), stack=STACKS["none"])
+    starts = list(range(0, 16, 2))
+    c = Config(Layout(num_stages=4, virtual_stages_per_rank=2), 1, 8, ScheduleKind.INTERLEAVED_1F1B)
+    ks = c.inflight()
+    need = [cm.stage_memory(4 * s, 4 * s + 4, (), 1, ks[s]).total_bytes for s in range(4)]
+    return cm, merged_model(cm, starts), starts, c, 0.7 * max(need[0] + need[2], need[1] + need[3])
+
+
+def test_a_rebalanced_candidate_mapped_to_layers_still_fits_its_ranks() -> None:
+    """Llama-3 70B on 16 A100s (issue fitfix 1) was planned at 73.04 GiB for a 71.23 GiB cap: its
+    interleaved candidate over groups was rebalanced (chunk 0 over half the cap, chunk 2 under),
+    and mapping it to layers chose chunk 2's recomputation in half the cap, taking what chunk 0
+    held. Each chunk's choice must stay within what the rank's other chunks leave."""
+    cm, merged, starts, c, cap = _grouped()
+    first = solve_config(solve_chain, StageTable(merged, 1, cap / 2), c)
+    assert first is not None
+    again = rebalanced(merged, PlanRequest(global_batch=8), c, first, cap, rounds=3)
+    over_half = [cand for cand in again if stage_needs(merged, c, cand.solution)[0] > cap / 2]
+    assert over_half, "no rebalanced candidate gives the first chunk more than half the cap"
+    for cand in [Candidate(c, first)] + again:
+        assert fits(merged, c, cand.solution, cap)
+        mapped = to_layers(cm, cand, starts, cap)
+        need = stage_needs(cm, c, mapped.solution)
+        assert need[0] + need[2] <= cap and need[1] + need[3] <= cap, (cand.solution, mapped.solution, need, cap)
+
+
+def test_build_best_never_returns_a_plan_over_the_cap() -> None:
+    """A candidate whose simulated peak is over the cap (the memory tables and the simulator
+    disagreeing) gives way to the next; with none left the search refuses in one line."""
+    cm, c, cap = _setup()
+    request = PlanRequest(global_batch=8, memory_cap_bytes=int(cap))
+    problem = Problem.of(cm.profile, cm.cluster, request, SolverKind.DP, 2)
+    bounds = (0, 2, 4, 6)
+    none = Candidate(c, ChainSolution(0.0, bounds, ((),) * 4, (3.0,) * 4, True))
+    lean = Candidate(c, ChainSolution(0.0, bounds, tuple((a, a + 1) for a in bounds), (4.0,) * 4, True))
+    assert not fits(cm, c, none.solution, cap / 2) and fits(cm, c, lean.solution, cap / 2)
+    half = Problem.of(cm.profile, cm.cluster, dataclasses.replace(request, memory_cap_bytes=int(cap / 2)),
+                      SolverKind.DP, 2)
+    plans = build_best(half, cm, [(1.0, none), (2.0, lean)], 1)
+    assert len(plans) == 1 and plans[0].predicted.peak_memory_bytes <= cap / 2
+    assert plans[0].stages[0].recompute == (0, 1)
+    with pytest.raises(InfeasibleError, match="disagree") as err:
+        build_best(half, cm, [(1.0, none)], 1)
+    assert "\n" not in str(err.value)
+    assert build_best(half, cm, [(1.0, none)], 1, refuse=False) == []
+    assert len(build_best(problem, cm, [(1.0, none)], 1)) == 1  # within the whole cap it fits

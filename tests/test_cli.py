@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -10,8 +11,12 @@ import sys
 import pytest
 
 from planner.artifacts.cluster import PRESETS, cluster_to_json
+from planner.artifacts.kinds import CollectiveModel, OverheadKind
+from planner.artifacts.plan_summary import OverheadTerm, Prediction
 from planner.artifacts.profile import profile_to_json, save_profile
 from planner.commands.cli import main
+from planner.cost.collectives import allreduce_line
+from planner.report.table import band_text
 from tests.chains import chain_profile
 
 
@@ -218,3 +223,24 @@ def test_a_cluster_file_from_before_the_memory_correction_exits_2_naming_the_val
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert "old.json" in err and "predates the correction" in err and str(PRESETS["a100-80gb-x8"].device_memory_bytes) in err
+
+
+def test_the_nccl_term_says_why_it_is_negative():
+    """Llama-3 70B at T = 8 on 16 A100s printed "nccl-collectives -9892.59 ms" unexplained: inside a
+    node NCCL's ring costs 8.4 us + 14 NVLink steps of 3.4 us, the alpha-beta ring 14 steps of the
+    link's 10 us small-message latency (planner/cost/overheads.py); the line says so."""
+    nccl = PRESETS["a100-80gb-x8"]
+    beta = dataclasses.replace(nccl, collective_model=CollectiveModel.ALPHA_BETA)
+    assert allreduce_line(nccl, range(8))[1] == pytest.approx(0.056)
+    assert allreduce_line(beta, range(8))[1] == pytest.approx(0.140)
+    assert allreduce_line(nccl, range(8))[0] == allreduce_line(beta, range(8))[0]  # the same bandwidth term
+
+    def line(ms: float) -> str:
+        terms = (OverheadTerm(kind=OverheadKind.NCCL_COLLECTIVES, ms=ms, source="s"),
+                 OverheadTerm(kind=OverheadKind.HOST, ms=1.0, source="s"))
+        return band_text(dataclasses.replace(Prediction.unset(1), overheads=terms))
+
+    assert ("nccl-collectives -9892.59 ms (NCCL's NVLink step latency below the alpha-beta ring's), host 1.00 ms"
+            in line(-9892.59))
+    assert "nccl-collectives 12.00 ms (NCCL's network step latency above the alpha-beta ring's)" in line(12.0)
+    assert "nccl-collectives 0.00 ms, host" in line(0.001)

@@ -94,8 +94,9 @@ class Prediction:
     )
     machine_bound_ms: float = field(
         default=0.0,
-        metadata={"doc": "no plan of any kind runs faster on these devices: global batch x the fastest per-sample "
-                         "forward + backward of the profile / devices (0 = unknown)"},
+        metadata={"doc": "no plan of any kind runs faster on the devices available (devices_available, all of them "
+                         "whether the plan uses them or not): global batch x the fastest per-sample forward + backward "
+                         "of the profile / devices (0 = unknown)"},
     )
     model_flops_per_iteration: float = field(
         default=0.0, metadata={"doc": "model FLOPs of one iteration (transformer profiles; 0 = unknown)"}

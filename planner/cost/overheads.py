@@ -9,7 +9,15 @@ iteration (:func:`planner.solve.account.with_accounts` prices the plan with each
   nodes at 92% or less of the bandwidth; inside a node its NVLink step latency, below the
   alpha-beta ring's per-step small-message latency (:mod:`planner.cost.collectives`). The term is
   the iteration with NCCL's model less with alpha-beta rings: it can be negative where the plan's
-  collectives are mostly inside nodes;
+  collectives are mostly inside nodes, and large on a tensor-parallel plan. There the alpha-beta
+  ring is the model that is off for NCCL, not NCCL's: it charges the link's small-message latency
+  (10 us on the A100 presets, nccl-tests' time of a whole small all-reduce on NVLink) at every one
+  of its ``2 (t - 1)`` steps, 140 us per all-reduce over 8 GPUs, as a ring of separate messages
+  (gloo's) pays it; NCCL runs the ring's steps in one kernel, pipelined, and its tuning model prices
+  them 8.4 us + 14 x 3.4 us = 56 us at the Simple protocol it uses for messages of megabytes (its
+  LL protocol, for small ones, 6.6 + 14 x 0.6 = 15 us: the nccl-tests figure). Llama-3 70B at T = 8
+  on 16 A100s (seq 8192, 128 MiB per collective, M = 512): ~119,000 tensor-parallel collectives on
+  the busiest rank x 84 us = -10.0 s, 1.2% of the iteration; the printed line names the cause;
 - :attr:`OverheadKind.P2P_LATENCY`: a pipeline send or receive between nodes takes NCCL's measured
   send/recv time for a small message (``Cluster.inter_node_p2p_latency_us``, 31 us on InfiniBand
   where the link's own latency is 5 us), every micro-batch and chunk boundary;

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from planner.artifacts.kinds import Objective, ZeroStage
+from planner.artifacts.kinds import Objective, OverheadKind, ZeroStage
 from planner.artifacts.plan import Plan, PlanStage
-from planner.artifacts.plan_summary import ParetoPoint, Prediction
+from planner.artifacts.plan_summary import OverheadTerm, ParetoPoint, Prediction
 from planner.artifacts.text_table import format_table
 
 GIB = 1024**3
@@ -135,8 +135,18 @@ def band_text(p: Prediction) -> str:
                      f"; memory at its top {_gib(top)} GiB per device{': ' + fits if fits else ''}")
     if p.overheads:
         lines.append("overheads in the iteration: "
-                     + ", ".join(f"{o.kind.value} {o.ms:.2f} ms" for o in p.overheads) + " (sources: the plan JSON)")
+                     + ", ".join(f"{o.kind.value} {o.ms:.2f} ms{_why(o)}" for o in p.overheads) + " (sources: the plan JSON)")
     return "".join(line + "\n" for line in lines)
+
+
+def _why(term: OverheadTerm) -> str:
+    """What the sign of the NCCL term means ("" for the other terms): NCCL's collectives inside a
+    node pay its NVLink step latency (3.4 us), the alpha-beta ring the link's small-message latency
+    per step; across nodes NCCL's network steps (14 us, x 1.4) cost more (:mod:`planner.cost.overheads`)."""
+    if term.kind is not OverheadKind.NCCL_COLLECTIVES or not round(term.ms, 2):
+        return ""
+    return (" (NCCL's NVLink step latency below the alpha-beta ring's)" if term.ms < 0
+            else " (NCCL's network step latency above the alpha-beta ring's)")
 
 
 def devices_note(plan: Plan) -> str:

@@ -35,11 +35,12 @@ from collections.abc import Sequence
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import SolverKind, ZeroStage
-from planner.artifacts.layout import Sharding
+from planner.artifacts.layout import ONE_DEVICE, Sharding
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
+from planner.cost.tensor_parallel import base_cluster, device_cost_model
 from planner.schedule import inflight_counts
 from planner.solve import pipedream_baseline
 from planner.solve.build import Problem, memory_cap_bytes
@@ -94,7 +95,10 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
             raise InfeasibleError(f"baseline 'data-parallel' plans one stage: it cannot honour "
                                   f"{'--stages ' + str(request.num_stages) if request.num_stages > 1 else '--fixed-boundaries'}")
     refuse_unmeetable(profile.num_layers, num_devices, request, interleaved=False)
-    cm = CostModel(profile, cluster, request.optimizer, stack=request.stack)
+    # the cost model ours prices with (planner.solve.search): one device's view of the profile under the
+    # stack (its attention kernel, a forced recompute level) on the devices used, so that a baseline's
+    # layout, which is in the search's space, prices as the search prices it
+    cm = device_cost_model(profile, base_cluster(cluster, num_devices), request.optimizer, ONE_DEVICE, request.stack)
     cap = memory_cap_bytes(cluster, request)
     pairs = list(configurations(cm.num_layers, num_devices, request))
     if kind is SolverKind.DATA_PARALLEL:

@@ -159,7 +159,9 @@ def build_plan(
         draft,
         predicted=dataclasses.replace(
             draft.predicted,
-            machine_bound_ms=problem.machine_bound_ms(layout.world_size),
+            # on every device available, not the plan's own: no plan on them runs faster (a plan on
+            # half of them is at most half the machine)
+            machine_bound_ms=problem.machine_bound_ms(max(problem.devices_available, layout.world_size)),
             model_flops_per_iteration=profile.model_flops_per_sample * request.global_batch,
             device_peak_tflops=cluster.peak_tflops,
             straggler_fraction=straggler_fraction(cluster, layout.world_size),

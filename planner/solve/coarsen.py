@@ -30,26 +30,44 @@ def merged_model(cm: CostModel, starts: list[int]) -> CostModel:
 def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:
     """A candidate over merged groups as one over the original layers: boundaries at the
     groups' first layers, and per stage the least-time recompute set over its own layers
-    (or the groups' recompute sets mapped to their layers, if that is cheaper)."""
+    (or the groups' recompute sets mapped to their layers, if that is cheaper).
+
+    The least-time set is sought within ``cap / v`` (each of a rank's ``v`` chunks its share, as
+    the chain DP checks them) and within what the rank's other chunks leave of ``cap`` as they
+    stand: a rebalanced candidate (:func:`planner.solve.proposals.rebalanced`) gives one chunk
+    more than ``cap / v`` and another less, so the second chunk's ``cap / v`` alone could take
+    memory the first one holds (the rank over ``cap``)."""
     L = cm.num_layers
     stops_of = starts[1:] + [L]
     bounds = tuple(starts[g] for g in cand.solution.boundaries)
     ends = list(bounds[1:]) + [L]
     c = cand.config
+    lay = c.layout
     ks = c.inflight()
-    cap = cap / c.layout.virtual_stages_per_rank
+    share = cap / lay.virtual_stages_per_rank
     b = c.microbatch_size
-    recompute, selective = [], []
-    for s, (a, z) in enumerate(zip(bounds, ends)):
-        mapped = tuple(layer for g in cand.solution.recompute[s] for layer in range(starts[g], stops_of[g]))
+    recompute: list[tuple[int, ...]] = []
+    selective: list[tuple[int, ...]] = []
+    for s in range(len(bounds)):
+        recompute.append(tuple(layer for g in cand.solution.recompute[s] for layer in range(starts[g], stops_of[g])))
         # a group recomputed selectively: the attention cores of its layers that have one
-        mapped_sel = tuple(layer for g in cand.solution.selective_of(s) for layer in range(starts[g], stops_of[g])
-                           if cm.has_core[layer])
-        chosen = stage_recompute(cm, a, z, b, ks[s], cap, c, s)
-        cheaper = chosen is not None and cm.recompute_ms(chosen[0], b, chosen[1]) <= cm.recompute_ms(mapped, b, mapped_sel)
-        full, sel = chosen if cheaper and chosen is not None else (mapped, mapped_sel)
-        recompute.append(full)
-        selective.append(sel)
+        selective.append(tuple(layer for g in cand.solution.selective_of(s) for layer in range(starts[g], stops_of[g])
+                               if cm.has_core[layer]))
+
+    def need(s: int) -> float:
+        return float(cm.stage_memory(bounds[s], ends[s], recompute[s], b, ks[s], c.sharding(s), selective[s]).total_bytes)
+
+    ranks = ([lay.stage_indices(r) for r in range(lay.pipeline_size)] if lay.virtual_stages_per_rank > 1
+             else [(s,) for s in range(len(bounds))])
+    for chunks in ranks:
+        held = {s: need(s) for s in chunks}
+        for s in chunks:
+            room = min(share, cap - sum(m for x, m in held.items() if x != s))
+            chosen = stage_recompute(cm, bounds[s], ends[s], b, ks[s], room, c, s)
+            if chosen is not None and cm.recompute_ms(chosen[0], b, chosen[1]) <= cm.recompute_ms(
+                    recompute[s], b, selective[s]):
+                recompute[s], selective[s] = chosen
+                held[s] = need(s)
     sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False,
                         tuple(selective) if any(selective) else ())
     return Candidate(c, sol)

@@ -175,7 +175,7 @@ class LayoutSearch:
             found = policy.could_matter(self.cm_search, [tc for tc in found if tc[0] <= tighter.within_ms],
                                         self.num_groups)
             k = tighter.builds if tighter.builds is not None else len(found)
-            plans += build_best(problem, cm, self.fine(found, k, False, refined=False), k)
+            plans += build_best(problem, cm, self.fine(found, k, False, refined=False), k, refuse=False)
         if not plans:
             return None  # the ME objective: nothing of these degrees could be its choice (nor its references)
         self.built = plans

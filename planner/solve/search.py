@@ -129,12 +129,12 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster
-from planner.solve.build import Problem
+from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import ChainSolver
 from planner.solve.degrees import degree_bound_ms, degree_models, device_groups, machine_bound_ms, note_group
 from planner.solve.layout_search import LayoutSearch
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
-from planner.solve.select import merge_pareto, select
+from planner.solve.select import merge_pareto, over_cap, select
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import num_devices_of
 
@@ -157,6 +157,9 @@ def search_plan(
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
                               p.layout.tp_degree))
     best = select(plans, request)
+    cap = memory_cap_bytes(cluster, request)
+    if best.predicted.peak_memory_bytes > cap:  # never returned (build_best drops such plans)
+        raise over_cap(best, cap)
     return dataclasses.replace(best, pareto=merge_pareto([p for plan in plans for p in plan.pareto]))
 
 
