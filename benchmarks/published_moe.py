@@ -61,6 +61,8 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS, Stack
+from planner.cost.overheads import host_floor_ms
+from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.moe import moe_profile
 from planner.solve import plan as solve
 from planner.solve.build import rebuild_plan
@@ -278,6 +280,32 @@ def fit_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
               f"median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
+def terms_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
+    """Per row, one MoE layer's pass on one device at the row's micro-batch (ms, forward / backward):
+    the rest of the block (attention, router, norms, tensor-parallel collectives), the routed
+    experts, the dispatch and combine on the critical path, the host floor, and what the layer
+    takes; beside it, the published step over the layer passes a pipeline rank runs (an upper
+    bound on a published layer pass, bubble and head included)."""
+    print(f"{'row':<19} {'b':>1} {'rest f/b':>11} {'experts f/b':>11} {'a2a f/b':>11} {'host f/b':>11} "
+          f"{'layer f+b':>9} | {'published s / passes':>20}")
+    for run in rows:
+        plan = config_plan(run)
+        b = plan.microbatch_size
+        cm = device_cost_model(profile_for(run.config, run.seq), cluster_for(run), run.optimizer, plan.layout.group,
+                               stack_for(run))
+        i = next(j for j, layer in enumerate(cm.profile.layers) if layer.moe is not None)
+        layer, moe = cm.profile.layers[i], cm.profile.layers[i].moe
+        assert moe is not None
+        host_f, host_b = host_floor_ms(cm.profile, cm.stack.host_us_per_kernel, cm.stack.moe.host_ms_per_layer)
+        f, bw = cm.layer_times(b)
+        ef, eb, af, ab = moe.expert_fwd.at(b), moe.expert_bwd.at(b), moe.alltoall_fwd.at(b), moe.alltoall_bwd.at(b)
+        rest = (layer.fwd.at(b) - ef - af, layer.bwd.at(b) - eb - ab)
+        blocks = sum(1 for x in cm.profile.layers if x.moe is not None) / (run.pp * run.vpp) * run.vpp
+        passes = blocks * plan.num_microbatches
+        print(f"{run.label:<19} {b:>1} {rest[0]:>5.2f}/{rest[1]:<5.2f} {ef:>5.2f}/{eb:<5.2f} {af:>5.2f}/{ab:<5.2f} "
+              f"{host_f[i]:>5.2f}/{host_b[i]:<5.2f} {f[i] + bw[i]:>9.2f} | {1e3 * run.published_s / passes:>20.2f}")
+
+
 def report(rows: tuple[MoeRun, ...] = ROWS, plans: bool = True) -> list[float]:
     """Print the table and its summary line; the |errors|."""
     head = (f"{'row':<19} {'TP':>2} {'EP':>2} {'ETP':>3} {'EDP':>3} {'PP':>2} {'VPP':>3} {'DP':>3} {'b':>1} {'rc':<8} "
@@ -330,6 +358,7 @@ def main() -> int:
     ap.add_argument("--rows", default="", help="comma-separated row labels (default: all)")
     ap.add_argument("--no-plan", action="store_true", help="skip the planner's own plans")
     ap.add_argument("--fit", action="store_true", help="refit the MoE layers' host time and print leave-one-source-out")
+    ap.add_argument("--terms", action="store_true", help="print one MoE layer's terms per row")
     args = ap.parse_args()
     rows = ROWS
     if args.rows:
@@ -339,6 +368,9 @@ def main() -> int:
     if args.fit:
         print()
         fit_report()
+    if args.terms:
+        print()
+        terms_report(rows)
     return 0
 
 
