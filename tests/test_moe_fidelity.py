@@ -1,5 +1,6 @@
-"""An MoE layer's host time (issue 48, "Done when" 1): its kernels counted per local expert, the
-stack's host time per MoE layer, and the floor they put under the layer's passes."""
+"""The published MoE rows' mechanisms (issue 48, "Done when" 1): an MoE layer's host time (its
+kernels counted per local expert, the stack's host time per MoE layer, the floor they put under
+the layer's passes) and ZeRO 3's gathers and reduce-scatters on NCCL's ring, never its tree."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import pytest
 
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.kinds import OptimizerKind
-from planner.artifacts.layout import DeviceGroup
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.moe import MoeStack
 from planner.artifacts.stack import MCORE_MOE_HOST_MS_PER_LAYER, STACKS
+from planner.cost.collectives import allreduce_line, gather_line
+from planner.cost.fsdp import fsdp_line
 from planner.cost.overheads import GEMMS_PER_LOCAL_EXPERT, KERNELS, host_floor_ms, moe_kernels
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.moe import moe_profile
@@ -88,3 +92,21 @@ def test_megatron_core_preset_carries_the_fitted_moe_host_time_with_its_source()
 def test_moe_host_time_is_checked(bad: float) -> None:
     with pytest.raises(ValueError, match="host_ms_per_layer"):
         MoeStack(host_ms_per_layer=bad)
+
+
+def test_zero3_gathers_take_the_ring_line_where_an_all_reduce_takes_the_tree() -> None:
+    """32 ranks, one per node: NCCL's all-reduce takes its tree there (lower latency, 0.92 x 0.8
+    of the bandwidth at a bucket's size); an all-gather or reduce-scatter has no tree, so it is
+    half the ring's line. Inside a node the two agree. ZeRO 3's line (dense and experts) is it."""
+    cluster = H100.with_devices(256)
+    ranks = range(0, 256, 8)
+    ring = allreduce_line(cluster, ranks, ring_only=True)
+    best = allreduce_line(cluster, ranks)
+    half = gather_line(cluster, ranks)
+    assert best[0] > ring[0] and best[1] < ring[1]  # the tree: slower per byte, less fixed time
+    assert half == pytest.approx((0.5 * ring[0], 0.5 * ring[1]))
+    assert 0.5 * ring[0] == pytest.approx(31 / 32 / 50e9 * 1e3)  # (d - 1) / d bytes over 50 GB/s, ms per byte
+    inside = range(8)
+    assert gather_line(cluster, inside) == pytest.approx(tuple(0.5 * x for x in allreduce_line(cluster, inside)))
+    layout = Layout(num_stages=1, dp_degree=256, zero=ZeroStage.PARAMETERS)
+    assert fsdp_line(cluster, layout)[0] == pytest.approx(gather_line(cluster, range(256))[0])
