@@ -142,6 +142,11 @@ class MoeStack:
     balance: MoeBalance = field(default=MoeBalance.FORCED, metadata={"doc": "forced | dropless | capacity"})
     skew: float = field(default=0.0, metadata={"doc": "dropless: the busiest rank's tokens over the mean, less 1"})
     capacity_factor: float = field(default=1.0, metadata={"doc": "capacity: an expert's tokens at most this x the mean"})
+    host_ms_per_layer: float = field(
+        default=0.0,
+        metadata={"doc": "host (CPU) ms of one MoE layer's forward + backward beyond issuing its kernels (an eager "
+                         "framework's router, dispatcher and expert code; a third in the forward): with the layer's "
+                         "kernels, the floor of its passes (planner.cost.overheads); 0 = none", "omit_if_default": True})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dispatcher", MoeDispatcher(self.dispatcher))
@@ -150,6 +155,8 @@ class MoeStack:
             raise ValueError(f"moe skew must be in [0, 1000] (got {self.skew!r})")
         if not (math.isfinite(self.capacity_factor) and 0.0 < self.capacity_factor <= 1e3):
             raise ValueError(f"moe capacity_factor must be in (0, 1000] (got {self.capacity_factor!r})")
+        if not (math.isfinite(self.host_ms_per_layer) and 0.0 <= self.host_ms_per_layer <= 1e4):
+            raise ValueError(f"moe host_ms_per_layer must be in [0, 10000] ms (got {self.host_ms_per_layer!r})")
 
     @property
     def load_factor(self) -> float:
@@ -166,4 +173,5 @@ class MoeStack:
         balance = {MoeBalance.FORCED: "forced balance", MoeBalance.DROPLESS: f"dropless (skew {self.skew:g})",
                    MoeBalance.CAPACITY: f"capacity factor {self.capacity_factor:g}"}[self.balance]
         overlap = ", all-to-all overlapped with compute" if self.a2a_overlap else ""
-        return f"MoE {self.dispatcher.value}{overlap}, {balance}"
+        host = f", {self.host_ms_per_layer:g} ms of host time per MoE layer" if self.host_ms_per_layer else ""
+        return f"MoE {self.dispatcher.value}{overlap}, {balance}{host}"

@@ -48,6 +48,11 @@ source of its number in :attr:`Stack.sources`):
   5-20 us "launch time on the CPU side" Meta's Holistic Trace Analysis documents
   (facebookresearch/HolisticTraceAnalysis, docs/source/features/cuda_kernel_launch_stats.rst); the
   band (:mod:`planner.cost.band`) spans 5-20. 0: not priced (a measured profile's times include it).
+- ``moe.host_ms_per_layer``: what an MoE layer's pass costs the host beyond issuing its kernels
+  (:attr:`~planner.artifacts.moe.MoeStack.host_ms_per_layer`), the floor of the layer's forward
+  (a third) and backward with its kernels' issue time. Eager Megatron-Core: 8.25 ms per layer's
+  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`, fitted on two published MoE rows, the
+  rest out of sample); 0 elsewhere (not priced).
 
 Presets (:data:`STACKS`), each named for the software and year whose runs it prices:
 
@@ -67,6 +72,7 @@ Presets (:data:`STACKS`), each named for the software and year whose runs it pri
 - ``megatron-core-0.8``: Megatron-Core r0.8 (the Megatron-LM README's H100 table):
   ``--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap``, its bucket of 40,000,000
   gradient elements in bf16, FSDP prefetching, ring attention's overlap for context parallelism;
+  its MoE layers' host time (above);
 - ``torchtitan-2024``: torchtitan's 2024 releases: FSDP2 per transformer block with its
   prefetching, the gradient reduction during backward, ZeRO's gathers ahead of the forward, ring
   attention's overlap for context parallelism; asynchronous tensor parallelism off (its default).
@@ -194,13 +200,27 @@ class Stack:
             (self.tp_overlap_forward and self.tp_overlap_backward, "tensor-parallel collectives with GEMMs"),
             (self.tp_overlap_backward and not self.tp_overlap_forward, "backward tensor-parallel all-reduces with GEMMs"),
             (self.tp_overlap_forward and not self.tp_overlap_backward, "forward tensor-parallel collectives with GEMMs"),
-            (self.moe != MoeStack(), self.moe.describe()),
+            (self.moe != MoeStack(host_ms_per_layer=self.moe.host_ms_per_layer), self.moe.describe()),
             (self.cp_overlap, "context-parallel K/V transfers with attention"),
         ) if flag]
         host = f"; {self.host_us_per_kernel:g} us of host time per kernel" if self.host_us_per_kernel else ""
         kernel = f"; attention by {self.attention_kernel.value}" if self.attention_kernel is not AttentionKernel.MODEL else ""
         return f"{self.name}: overlaps " + (", ".join(parts) if parts else "nothing beyond the pipeline") + host + kernel
 
+
+#: host ms of one MoE layer's forward + backward in eager Megatron-Core beyond issuing its kernels
+#: (its router, token dispatcher and experts' Python: permutation maps, split lists, the dispatch's
+#: host-device synchronisation that stops the host running ahead of the layer; Megatron-Core
+#: captures ``moe_router`` and ``moe_preprocess`` in CUDA graphs to remove it, and its MoE report
+#: (arXiv 2603.07685 sec. 4.3.6-4.3.7) names host overhead and the dispatch's synchronisation):
+#: fitted on two of the six published MoE rows (benchmarks/published_moe.py: Qwen3-235B's TP 4 EDP 4
+#: and all-to-all-overlapped rows, whose layers' GPU time is least and so where the floor binds),
+#: the other four out of sample
+MCORE_MOE_HOST_MS_PER_LAYER = 8.25
+_MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 2 of the 6 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
+                   "TP4 EDP4 and 1F1B-overlap), the others out of sample (benchmarks/published_moe.py); mechanism: "
+                   "eager Megatron-Core's MoE layers are host-bound (their CUDA-graph scopes moe_router, "
+                   "moe_preprocess; arXiv 2603.07685 sec. 4.3.6)")
 
 _MCORE_SOURCES = (
     ("overlaps", "Megatron-LM README (r0.8), 'Training Speed and Scalability': --overlap-grad-reduce "
@@ -233,7 +253,7 @@ STACKS: dict[str, Stack] = {
         name="megatron-core-0.8", grad_reduce_overlap=True, zero_reduce_overlap=True, grad_bucket_bytes=80_000_000,
         param_gather_overlap=True, fsdp_prefetch=True, tp_overlap_backward=True, tp_overlap_forward=True,
         cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, attention_kernel=AttentionKernel.TRANSFORMER_ENGINE,
-        sources=_MCORE_SOURCES,
+        sources=(*_MCORE_SOURCES, _MCORE_MOE_HOST), moe=MoeStack(host_ms_per_layer=MCORE_MOE_HOST_MS_PER_LAYER),
     ),
     "torchtitan-2024": Stack(
         name="torchtitan-2024", grad_reduce_overlap=True, zero_reduce_overlap=True, param_gather_overlap=True,

@@ -21,7 +21,8 @@
   at 92% (or less) of the bandwidth -- the bus bandwidth falling with node count that
   nccl-tests measure. The reduce-scatter and all-gather halves (ZeRO, FSDP, context
   parallelism) take half the all-reduce's line (NCCL runs them on rings, and on one GPU per
-  node on its logarithmic PAT algorithm).
+  node on its logarithmic PAT algorithm): ZeRO 3's per-layer gathers and reduce-scatters take
+  half the ring's line (:func:`gather_line`), never the tree's.
 """
 
 from __future__ import annotations
@@ -70,11 +71,13 @@ def link_of(cluster: Cluster, rank_a: int, rank_b: int) -> tuple[float, float]:
     return cluster.inter_node_bandwidth_gb_per_s, cluster.inter_node_p2p_latency_us or cluster.inter_node_latency_us
 
 
-def allreduce_line(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float]:
+def allreduce_line(cluster: Cluster, ranks: Sequence[int], ring_only: bool = False) -> tuple[float, float]:
     """The all-reduce over ``ranks`` as a line in the bytes: (ms per byte, fixed ms) for any
     positive byte count. Ring inside a node (Patarasuk & Yuan 2009); across nodes
     hierarchical: an intra-node ring all-reduce's cost (reduce-scatter + all-gather) plus a
-    ring all-reduce across the nodes on 1/k of the bytes (k ranks per node)."""
+    ring all-reduce across the nodes on 1/k of the bytes (k ranks per node). ``ring_only``: under
+    NCCL's model the ring's line even where its tree would be faster (what an all-gather's or a
+    reduce-scatter's half takes: :func:`gather_line`)."""
     if len(ranks) <= 1:
         return 0.0, 0.0
     per_node: dict[int, int] = {}
@@ -98,20 +101,32 @@ def allreduce_line(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float
     a1, b1 = ring(k, *intra)
     a2, b2 = ring(n, *inter, share=1.0 / k)
     if cluster.collective_model is CollectiveModel.NCCL:
-        return nccl_line(a1 + a2, len(ranks), n)
+        return nccl_line(a1 + a2, len(ranks), n, ring_only)
     return a1 + a2, b1 + b2
 
 
-def nccl_line(per_byte: float, num_ranks: int, num_nodes: int) -> tuple[float, float]:
+def gather_line(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float]:
+    """One all-gather or reduce-scatter over ``ranks`` as a line in the bytes of the whole
+    (gathered) buffer: half the ring all-reduce's line. NCCL runs these on rings (or, one rank
+    per node, on PAT, whose bandwidth term is the ring's): its tuning model has no tree
+    all-gather or reduce-scatter (``src/graph/tuning.cc``: the tree is an all-reduce algorithm
+    only), so the tree's line an all-reduce across many nodes takes is not theirs."""
+    per_byte, fixed = allreduce_line(cluster, ranks, ring_only=True)
+    return 0.5 * per_byte, 0.5 * fixed
+
+
+def nccl_line(per_byte: float, num_ranks: int, num_nodes: int, ring_only: bool = False) -> tuple[float, float]:
     """The (ms per byte, fixed ms) line of an all-reduce across ``num_nodes`` nodes under NCCL's
     tuning model (module docstring): the ring's or the tree's, whichever is faster at
-    :data:`REFERENCE_BYTES`; ``per_byte`` the ring's bandwidth term."""
+    :data:`REFERENCE_BYTES` (the ring's with ``ring_only``); ``per_byte`` the ring's bandwidth term."""
     ring_us = NCCL_RING_PLATEAU * (NCCL_BASE_US + 2 * (num_ranks - num_nodes) * NCCL_RING_NVLINK_US
                                    + 2 * (num_nodes - 1) * NCCL_NET_US)
     per_node = max(1, num_ranks // num_nodes)
     tree_us = NCCL_BASE_US + 2 * ((per_node - 1) * NCCL_TREE_NVLINK_US + int(math.log2(num_nodes)) * NCCL_NET_US)
     tree_per_byte = per_byte / (NCCL_TREE_BW * tree_correction(REFERENCE_BYTES))
     ring, tree = (per_byte, ring_us / 1e3), (tree_per_byte, tree_us / 1e3)
+    if ring_only:
+        return ring
     return min(ring, tree, key=lambda line: line[0] * REFERENCE_BYTES + line[1])
 
 
@@ -136,20 +151,21 @@ _PROGRESSIONS: Cache[tuple[float | int | str, ...], tuple[float, float]] = Cache
     bound=1 << 14)
 
 
-def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int) -> tuple[float, float]:
+def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int, ring_only: bool = False) -> tuple[float, float]:
     """:func:`allreduce_line` of stage ``stage_idx``'s gradient group (:meth:`Layout.grad_group`,
     tensor-parallel shard 0), without listing its ranks for a uniform layout: they are
     ``D x cp`` ranks from ``pipeline rank x D x cp x t`` in steps of ``t``, and the line depends
     only on how they fall into nodes, the same for every shift by whole nodes."""
     if layout.stage_replicas:
-        return allreduce_line(cluster, layout.grad_group(stage_idx))
+        return allreduce_line(cluster, layout.grad_group(stage_idx), ring_only)
     n = layout.dp_degree * layout.cp_degree
     stride, per_node = layout.tp_degree, cluster.devices_per_node
     first = layout.pipeline_rank(stage_idx) * n * stride
     key = (cluster.intra_node_bandwidth_gb_per_s, cluster.intra_node_latency_us, cluster.inter_node_bandwidth_gb_per_s,
-           cluster.inter_node_latency_us, cluster.collective_model.value, per_node, first % per_node, stride, n)
+           cluster.inter_node_latency_us, cluster.collective_model.value, per_node, first % per_node, stride, n,
+           int(ring_only))
     found = _PROGRESSIONS.get(key)
     if found is None:
         offset = first % per_node
-        found = _PROGRESSIONS.put(key, allreduce_line(cluster, range(offset, offset + n * stride, stride)))
+        found = _PROGRESSIONS.put(key, allreduce_line(cluster, range(offset, offset + n * stride, stride), ring_only))
     return found

@@ -66,8 +66,9 @@ def is_fsdp(sharding: Sharding) -> bool:
 def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
     """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
     group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
-    all-reduce line, of the layout's slowest group."""
-    lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
+    ring all-reduce's line (NCCL has no tree all-gather or reduce-scatter:
+    :func:`planner.cost.collectives.gather_line`), of the layout's slowest group."""
+    lines = [grad_group_line(cluster, layout, s, ring_only=True) for s in range(layout.num_stages)]
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
 

@@ -40,6 +40,21 @@ twice as many: each GEMM's input and weight gradients): a Megatron GPT block (fu
 bias-dropout-add, fused softmax) 13 forward kernels with FlashAttention, a Llama block as
 torchtitan runs it eagerly (two RMSNorms of six kernels each, three projections, rotary on Q and K,
 SDPA, the output projection, SwiGLU's three GEMMs, SiLU, the product, two residual adds) 33.
+A mixture-of-experts decoder layer as Megatron-Core runs it (``MoEDecoderLayer``; Transformer
+Engine, ``--moe-router-fusion``, ``--moe-permute-fusion``, ``--moe-grouped-gemm``) issues, besides
+the attention half (the fused norm + QKV GEMM, the query/key norms, rotary on Q and K, the
+attention kernel, the output projection, the residual add and the sequence-parallel all-gather and
+reduce-scatter: 11), the MoE half: its norm, the router GEMM, the fused top-k scoring, the fused
+auxiliary loss and its three reductions, the tokens-per-expert histogram, the dispatcher's three
+(DeepEP's layout, notify and dispatch; NCCL's two all-to-alls and the count exchange), the fused
+permutation's two, the activation, the un-permutation, the combine and the residual add: 17, so 28
+forward kernels; and per expert held on the device two GEMMs (Transformer Engine's
+``GroupedLinear`` issues one GEMM per local expert on Hopper, ``general_grouped_gemm``), so
+``28 + 2 E / ep`` forward and twice that backward (:func:`moe_kernels`): 60 forward kernels with
+16 experts per device, 284 with all 128 on one. A dense ``DecoderLayer`` of an MoE profile
+(DeepSeek-V3's first three) is the attention half and a fused SwiGLU MLP (norm, fc1, activation,
+fc2, residual add, two collectives): 18.
+
 Only analytic profiles are priced so (a measured layer's time includes its host time).
 """
 
@@ -53,7 +68,7 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import OverheadKind
 from planner.artifacts.profile import Profile
 
-__all__ = ["KERNELS", "OverheadKind", "host_floor_ms", "straggler_fraction", "z_max"]
+__all__ = ["GEMMS_PER_LOCAL_EXPERT", "KERNELS", "OverheadKind", "host_floor_ms", "moe_kernels", "straggler_fraction", "z_max"]
 
 
 #: (forward, backward) kernels of one pass of an analytic layer, by its kind (module docstring)
@@ -63,20 +78,45 @@ KERNELS: dict[str, tuple[int, int]] = {
     "LayerNorm+Linear": (5, 10),
     "LlamaDecoderLayer": (33, 66),
     "RMSNorm+Linear": (10, 20),
+    "DecoderLayer": (18, 36),
+    "MoEDecoderLayer": (28, 56),  # without its routed experts' GEMMs (moe_kernels)
 }
+#: (forward, backward) GEMM kernels per routed expert held on the device (fc1, fc2; backward each
+#: one's input and weight gradients): Transformer Engine's GroupedLinear, one GEMM per local expert
+GEMMS_PER_LOCAL_EXPERT = (2, 4)
 #: the GPUs of the cluster Sinha et al. 2022 measured the 8% spread over (Summit: 4,608 nodes x 6 V100s)
 SINHA_CLUSTER_GPUS = 27_648
 
 
-def host_floor_ms(profile: Profile, host_us_per_kernel: float) -> tuple[np.ndarray, np.ndarray]:
+def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe_host_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, the (forward, backward) host time of one pass, ms: its kernels x the host time
-    per kernel (0 for a layer of a measured profile or a kind not in :data:`KERNELS`)."""
+    per kernel (0 for a layer of a measured profile or a kind not in :data:`KERNELS`), an MoE
+    layer's plus ``moe_host_ms`` (:attr:`~planner.artifacts.moe.MoeStack.host_ms_per_layer`: a
+    third forward, two thirds backward)."""
     n = len(profile.layers)
-    if not host_us_per_kernel or profile.source != "analytic":
+    if not (host_us_per_kernel or moe_host_ms) or profile.source != "analytic":
         return np.zeros(n), np.zeros(n)
-    counts = np.array([KERNELS.get(layer.kind, (0, 0)) for layer in profile.layers], dtype=float).reshape(n, 2)
+    ep = profile.metadata.get("ep_degree", 1)
+    ep = ep if isinstance(ep, int) and ep >= 1 else 1
+    counts = np.array([moe_kernels(layer.kind, layer.moe.num_experts, ep) if layer.moe is not None
+                       else KERNELS.get(layer.kind, (0, 0)) for layer in profile.layers], dtype=float).reshape(n, 2)
     floor = counts * host_us_per_kernel / 1e3
+    if moe_host_ms:
+        moe = np.array([layer.moe is not None for layer in profile.layers], dtype=float)
+        floor[:, 0] += moe * moe_host_ms / 3.0
+        floor[:, 1] += moe * moe_host_ms * 2.0 / 3.0
     return floor[:, 0], floor[:, 1]
+
+
+def moe_kernels(kind: str, num_experts: int, ep: int) -> tuple[int, int]:
+    """(forward, backward) kernels of one pass of an MoE layer of ``kind`` whose ``num_experts``
+    routed experts are spread over ``ep`` devices (module docstring): the layer's own count plus
+    :data:`GEMMS_PER_LOCAL_EXPERT` per expert the device holds; (0, 0) for a kind not counted."""
+    if kind not in KERNELS:
+        return (0, 0)
+    local = max(1, num_experts // max(1, ep))
+    f, b = KERNELS[kind]
+    return f + GEMMS_PER_LOCAL_EXPERT[0] * local, b + GEMMS_PER_LOCAL_EXPERT[1] * local
 
 
 def z_max(n: int) -> float:

@@ -35,7 +35,7 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
-from planner.cost.collectives import allreduce_line
+from planner.cost.collectives import gather_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
 from planner.cost.prefix import PrefixSums
 
@@ -193,11 +193,10 @@ class ShardedState(PrefixSums):
         return out[0], out[1]
 
     def expert_fsdp_line(self, sharding: Sharding) -> tuple[float, float]:
-        """Half the all-reduce line of the expert data-parallel group ``sharding`` names
-        (``expert_shards`` ranks ``ep x etp`` apart: module docstring)."""
+        """One all-gather or reduce-scatter over the expert data-parallel group ``sharding`` names
+        (``expert_shards`` ranks ``ep x etp`` apart: module docstring): half the ring all-reduce's line."""
         stride = self.group.ep_degree * self.group.etp_degree
-        per_byte, fixed = allreduce_line(self.cluster, range(0, sharding.expert_shards * stride, stride))
-        return 0.5 * per_byte, 0.5 * fixed
+        return gather_line(self.cluster, range(0, sharding.expert_shards * stride, stride))
 
     def fsdp_comm_ms(self, microbatch_size: int, line: tuple[float, float], sharding: Sharding = Sharding()) -> float:
         """ZeRO 3's communication per micro-batch over the whole model: two gathers and one

@@ -1,0 +1,112 @@
+"""The published MoE rows' mechanisms (issue 48, "Done when" 1): an MoE layer's host time (its
+kernels counted per local expert, the stack's host time per MoE layer, the floor they put under
+the layer's passes) and ZeRO 3's gathers and reduce-scatters on NCCL's ring, never its tree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.artifacts.cluster import PRESETS
+from planner.artifacts.kinds import OptimizerKind
+from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.layout import DeviceGroup, Layout
+from planner.artifacts.moe import MoeStack
+from planner.artifacts.stack import MCORE_MOE_HOST_MS_PER_LAYER, STACKS
+from planner.cost.collectives import allreduce_line, gather_line
+from planner.cost.fsdp import fsdp_line
+from planner.cost.overheads import GEMMS_PER_LOCAL_EXPERT, KERNELS, host_floor_ms, moe_kernels
+from planner.cost.tensor_parallel import device_cost_model
+from planner.profiling.analytic.moe import moe_profile
+
+REPO = Path(__file__).resolve().parents[1]
+H100 = PRESETS["h100-80gb-x8"]
+QWEN = json.loads((REPO / "configs" / "qwen3-235b-a22b.json").read_text())
+
+
+def _cm(group: DeviceGroup, host_ms: float):  # type: ignore[no-untyped-def]
+    profile = moe_profile(QWEN, seq=4096, device_preset="h100-80gb")
+    base = STACKS["megatron-core-0.8"]
+    stack = dataclasses.replace(base, moe=dataclasses.replace(base.moe, host_ms_per_layer=host_ms))
+    return device_cost_model(profile, H100, OptimizerKind.ADAM_MIXED_FP32_GRAD, group, stack)
+
+
+def test_moe_layer_kernels_grow_with_the_experts_a_device_holds() -> None:
+    """Transformer Engine's GroupedLinear issues one GEMM per local expert: two forward, four
+    backward each, on top of the layer's own 28 / 56."""
+    base_f, base_b = KERNELS["MoEDecoderLayer"]
+    assert (base_f, base_b) == (28, 56)
+    assert moe_kernels("MoEDecoderLayer", 128, 8) == (28 + 2 * 16, 56 + 4 * 16)
+    assert moe_kernels("MoEDecoderLayer", 128, 128) == (28 + 2, 56 + 4)
+    assert moe_kernels("MoEDecoderLayer", 128, 1) == (28 + 2 * 128, 56 + 4 * 128)
+    assert GEMMS_PER_LOCAL_EXPERT == (2, 4)
+    assert moe_kernels("SomethingElse", 128, 8) == (0, 0)
+
+
+def test_host_floor_of_moe_layers_adds_the_stack_host_time_a_third_forward() -> None:
+    """The floor of an MoE layer: its kernels x the host time per kernel plus the stack's MoE host
+    time (a third forward, two thirds backward); other layers keep their kernels' floor."""
+    cm = _cm(DeviceGroup(tp_degree=2, sequence_parallel=True, ep_degree=8), 0.0)
+    view = cm.profile
+    f0, b0 = host_floor_ms(view, 10.0)
+    f9, b9 = host_floor_ms(view, 10.0, 9.0)
+    moe = np.array([layer.moe is not None for layer in view.layers])
+    assert moe.sum() == 94
+    i = int(np.argmax(moe))
+    assert f0[i] == pytest.approx((28 + 2 * 16) * 0.01) and b0[i] == pytest.approx((56 + 4 * 16) * 0.01)
+    assert np.allclose(f9 - f0, np.where(moe, 3.0, 0.0)) and np.allclose(b9 - b0, np.where(moe, 6.0, 0.0))
+    assert f0[0] == pytest.approx(KERNELS["Embedding"][0] * 0.01)  # the embedding: its own kernels, no MoE time
+    measured = dataclasses.replace(view, source="measured")
+    assert not host_floor_ms(measured, 10.0, 9.0)[0].any()
+
+
+def test_host_floor_binds_small_passes_and_not_large_ones() -> None:
+    """At TP 4 and one sample a layer's GPU time is under the floor, which then sets its pass; at 16
+    samples the GPU time is over it and the floor changes nothing (a fixed cost per pass, not
+    per token)."""
+    group = DeviceGroup(tp_degree=4, sequence_parallel=True, ep_degree=8)
+    free, hosted = _cm(group, 0.0), _cm(group, 8.25)
+    i = next(j for j, layer in enumerate(free.profile.layers) if layer.moe is not None)
+    (f1, b1), (g1, c1) = free.layer_times(1), hosted.layer_times(1)
+    floor_f, floor_b = host_floor_ms(hosted.profile, hosted.stack.host_us_per_kernel, 8.25)
+    assert f1[i] < floor_f[i] and g1[i] == pytest.approx(floor_f[i]) and c1[i] == pytest.approx(floor_b[i])
+    (f16, b16), (g16, c16) = free.layer_times(16), hosted.layer_times(16)
+    assert f16[i] > floor_f[i] and g16[i] == f16[i] and c16[i] == b16[i]
+
+
+def test_megatron_core_preset_carries_the_fitted_moe_host_time_with_its_source() -> None:
+    stack = STACKS["megatron-core-0.8"]
+    assert stack.moe.host_ms_per_layer == MCORE_MOE_HOST_MS_PER_LAYER > 0
+    assert "fitted on 2 of the 6" in stack.source_of("moe.host_ms_per_layer")
+    assert "MoE" not in stack.describe()  # a dense plan's stack line is unchanged
+    assert STACKS["planner"].moe.host_ms_per_layer == 0.0  # the bundled runtime's: not priced
+    assert "ms of host time per MoE layer" in MoeStack(host_ms_per_layer=2.0).describe()
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, 2e4])
+def test_moe_host_time_is_checked(bad: float) -> None:
+    with pytest.raises(ValueError, match="host_ms_per_layer"):
+        MoeStack(host_ms_per_layer=bad)
+
+
+def test_zero3_gathers_take_the_ring_line_where_an_all_reduce_takes_the_tree() -> None:
+    """32 ranks, one per node: NCCL's all-reduce takes its tree there (lower latency, 0.92 x 0.8
+    of the bandwidth at a bucket's size); an all-gather or reduce-scatter has no tree, so it is
+    half the ring's line. Inside a node the two agree. ZeRO 3's line (dense and experts) is it."""
+    cluster = H100.with_devices(256)
+    ranks = range(0, 256, 8)
+    ring = allreduce_line(cluster, ranks, ring_only=True)
+    best = allreduce_line(cluster, ranks)
+    half = gather_line(cluster, ranks)
+    assert best[0] > ring[0] and best[1] < ring[1]  # the tree: slower per byte, less fixed time
+    assert half == pytest.approx((0.5 * ring[0], 0.5 * ring[1]))
+    assert 0.5 * ring[0] == pytest.approx(31 / 32 / 50e9 * 1e3)  # (d - 1) / d bytes over 50 GB/s, ms per byte
+    inside = range(8)
+    assert gather_line(cluster, inside) == pytest.approx(tuple(0.5 * x for x in allreduce_line(cluster, inside)))
+    layout = Layout(num_stages=1, dp_degree=256, zero=ZeroStage.PARAMETERS)
+    assert fsdp_line(cluster, layout)[0] == pytest.approx(gather_line(cluster, range(256))[0])
