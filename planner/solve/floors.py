@@ -317,11 +317,18 @@ class ConfigFacts:
 
     def could_reference(self, c: Config) -> bool:
         """``c`` might give the ME index's reference: a GPipe configuration with some partition
-        that fits without recomputation (worked out once per configuration)."""
+        that fits without recomputation at ``c``'s own sharding or its ZeRO 3 variant's, whichever
+        is solved (worked out once per configuration). Both are asked, as in
+        :meth:`memory_floor_bytes`: ZeRO 3 gathers each layer's weights whole, so on the ``cnn``
+        fixture's fully connected layers a partition fits at ZeRO 2 and not at ZeRO 3 (asking ZeRO 3
+        alone pruned the reference, and the index changed). A necessary condition: every variant
+        solved (:meth:`variants`: the unsharded one only where it fits everywhere, so ``c`` fits
+        too) is one of the two, and a proposal without recomputation fits its variant's table."""
         found = self.references.get(c)
         if found is None:
-            found = self.references[c] = c.schedule is ScheduleKind.GPIPE and could_partition(
-                self.table_of(self.leanest(c)), c.inflight(), recompute=False)
+            found = self.references[c] = c.schedule is ScheduleKind.GPIPE and any(
+                could_partition(self.table_of(v), c.inflight(), recompute=False)
+                for v in dict.fromkeys([c, self.leanest(c)]))
         return found
 
     def memory_floor_once(self, c: Config) -> float:
