@@ -269,6 +269,24 @@ def test_me_objective_pruned_keeps_the_reference_on_a_grouped_profile() -> None:
         _me_found(plan_or_refusal(profile, cluster, request, PRUNED))
 
 
+@pytest.mark.xfail(strict=True, reason="found on the resnet fixture (mefix sweep, draw 17): over groups of layers the "
+                   "candidate of the unpruned plan (8 stages, 1F1B, b = 1) simulates at 81.92 ms, product 9.32e9 against "
+                   "the least found 6.93e9 x 1.2 (budget_refine_slack), so it is not built; refined it is 64.96 ms, "
+                   "93.9 MB (6.10e9): the pruned plan is 67.82 ms, 102.1 MB. The grouped figures' widening is a heuristic")
+def test_me_objective_pruned_chooses_the_unpruned_plan_on_a_grouped_profile() -> None:
+    """The ResNet-18-shaped fixture on 8 V100s with 2 GiB each, mixed-precision Adam, a stage
+    starting at layer 70, every pipeline schedule: the same plan pruned or not."""
+    from planner.artifacts.kinds import OptimizerKind
+    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, plan_or_refusal
+
+    profile, cluster, request = _resnet_me()
+    cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
+    request = dataclasses.replace(request, memory_cap_bytes=2 * 2**30, fixed_boundaries=(70,),
+                                  optimizer=OptimizerKind.ADAM_MIXED)
+    assert _me_found(plan_or_refusal(profile, cluster, request, EXHAUSTIVE)) == \
+        _me_found(plan_or_refusal(profile, cluster, request, PRUNED))
+
+
 @pytest.mark.parametrize("case", ("cnn", "resnet"))
 def test_me_index_counts_from_the_fastest_gpipe_plan(case: str) -> None:
     """The index's reference is the time objective's plan among GPipe plans without
