@@ -26,8 +26,9 @@ Cases:
 
 ``--objective me``: the same cases under the ME objective (the least iteration time x peak memory;
 ``pruned`` prunes every configuration whose time bound x memory floor exceeds the least product
-found, unless it could give the index's reference, :class:`planner.solve.objectives.MeIncumbent`);
-the ME index is printed too.
+found, unless it could be the fastest where the index has no reference plan,
+:class:`planner.solve.objectives.MeIncumbent`; both find the reference by their own GPipe-only time
+search first, :func:`planner.solve.search.me_reference`); the ME index is printed too.
 
 Each search runs ``--repeats`` times per case (rotating: pruned, unpruned, pruned, ...); the
 median CPU is printed with the plan's predicted time and peak memory, whether both searches

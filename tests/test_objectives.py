@@ -231,17 +231,77 @@ def _me_case(seed: int | str) -> tuple[Profile, Cluster, PlanRequest]:
     return profile, cluster, dataclasses.replace(request, objective=Objective.ME)
 
 
-@pytest.mark.xfail(strict=True, reason="found on the fixture (issue 51 item 1 work): the pruned ME search returns "
-                   "the unpruned plan (4 stages x 2 chunks, D = 2, 43.93 ms, 480.0 MB) with index 3.130 against "
-                   "3.374: its reference, the fastest GPipe plan without recomputation, differs (pruned away)")
 def test_me_objective_pruned_chooses_the_unpruned_plan_on_a_cnn() -> None:
     """:func:`_cnn_me`: on PipeDream's alexnet a memory floor taken at ZeRO 3 alone pruned the
-    winner (interleaved, ZeRO 2, 479.7 MB at its peak against a floor of 566.4 MB)."""
+    winner (interleaved, ZeRO 2, 479.7 MB at its peak against a floor of 566.4 MB). On the fixture
+    the reference differed: the ME search noted the GPipe candidates without recomputation it
+    kept, and the pruned one asked ZeRO 3 alone whether such a partition fits, so it lost the
+    unpruned one's (2 stages x D = 2, 66.28 ms at ZeRO 1): the same plan, index 3.130 against 3.374.
+    The reference is now searched on its own (:func:`test_me_index_counts_from_the_fastest_gpipe_plan`)."""
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, plan_or_refusal
 
     profile, cluster, request = _cnn_me()
     assert _me_found(plan_or_refusal(profile, cluster, request, EXHAUSTIVE)) == \
         _me_found(plan_or_refusal(profile, cluster, request, PRUNED))
+
+
+def _resnet_me() -> tuple[Profile, Cluster, PlanRequest]:
+    """The ResNet-18-shaped fixture (71 layers: searched over groups, then refined) on 4 V100s with
+    4 GiB each, SGD, a stage starting at layer 63, every pipeline schedule."""
+    from planner.artifacts.kinds import OptimizerKind, ScheduleKind
+    from planner.profiling.imported.pipedream import import_pipedream
+
+    return (import_pipedream(graph_path("resnet")), PRESETS["v100-16gb-2x8"].with_devices(4),
+            PlanRequest(global_batch=256, memory_cap_bytes=4 * 2**30, fixed_boundaries=(63,), objective=Objective.ME,
+                        optimizer=OptimizerKind.SGD_FP32,
+                        schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)))
+
+
+def test_me_objective_pruned_keeps_the_reference_on_a_grouped_profile() -> None:
+    """:func:`_resnet_me`: over groups of layers the pruned ME search noted a GPipe candidate
+    without recomputation (4 stages, b = 4, 145.9 ms) whose refinement recomputes, then built no
+    slower one (the unpruned reference, 180.9 ms, beyond 1.2 x it): the same plan (134.0 ms,
+    92.5 MB), index 3.145 against 62.265 (the fastest plan as its reference)."""
+    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, plan_or_refusal
+
+    profile, cluster, request = _resnet_me()
+    assert _me_found(plan_or_refusal(profile, cluster, request, EXHAUSTIVE)) == \
+        _me_found(plan_or_refusal(profile, cluster, request, PRUNED))
+
+
+@pytest.mark.xfail(strict=True, reason="found on the resnet fixture (mefix sweep, draw 17): over groups of layers the "
+                   "candidate of the unpruned plan (8 stages, 1F1B, b = 1) simulates at 81.92 ms, product 9.32e9 against "
+                   "the least found 6.93e9 x 1.2 (budget_refine_slack), so it is not built; refined it is 64.96 ms, "
+                   "93.9 MB (6.10e9): the pruned plan is 67.82 ms, 102.1 MB. The grouped figures' widening is a heuristic")
+def test_me_objective_pruned_chooses_the_unpruned_plan_on_a_grouped_profile() -> None:
+    """The ResNet-18-shaped fixture on 8 V100s with 2 GiB each, mixed-precision Adam, a stage
+    starting at layer 70, every pipeline schedule: the same plan pruned or not."""
+    from planner.artifacts.kinds import OptimizerKind
+    from tests.test_search_pruning import EXHAUSTIVE, PRUNED, plan_or_refusal
+
+    profile, cluster, request = _resnet_me()
+    cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
+    request = dataclasses.replace(request, memory_cap_bytes=2 * 2**30, fixed_boundaries=(70,),
+                                  optimizer=OptimizerKind.ADAM_MIXED)
+    assert _me_found(plan_or_refusal(profile, cluster, request, EXHAUSTIVE)) == \
+        _me_found(plan_or_refusal(profile, cluster, request, PRUNED))
+
+
+@pytest.mark.parametrize("case", ("cnn", "resnet"))
+def test_me_index_counts_from_the_fastest_gpipe_plan(case: str) -> None:
+    """The index's reference is the time objective's plan among GPipe plans without
+    recomputation (on the cnn 44.90 ms at 998.9 MB on 3 of the 4 devices: faster than any GPipe
+    candidate without recomputation the ME search itself keeps, 66.28 ms)."""
+    from planner.artifacts.kinds import RecomputeMode, ScheduleKind
+
+    profile, cluster, request = _cnn_me() if case == "cnn" else _resnet_me()
+    chosen = plan(profile, cluster, request).predicted
+    ref = plan(profile, cluster, dataclasses.replace(request, objective=Objective.TIME, schedules=(ScheduleKind.GPIPE,),
+                                                     recompute_mode=RecomputeMode.NONE))
+    assert ref.schedule is ScheduleKind.GPIPE and not any(s.recompute or s.recompute_selective for s in ref.stages)
+    r = ref.predicted
+    index = (r.iteration_ms / chosen.iteration_ms) / (chosen.peak_memory_bytes / r.peak_memory_bytes)
+    assert chosen.me_index == pytest.approx(index, rel=1e-12) and chosen.me_index != 1.0
 
 
 @pytest.mark.parametrize("seed", (3, 14, 22, "cnn"))

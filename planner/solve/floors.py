@@ -19,7 +19,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.solve.arrays import distinct
-from planner.solve.chain_dp import could_partition, least_largest
+from planner.solve.chain_dp import least_largest
 from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched
 
@@ -142,7 +142,6 @@ class ConfigFacts:
     def __init__(self, cm: CostModel, request: PlanRequest, cap_bytes: float, fsdp: bool = True) -> None:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
-        self.references: dict[Config, bool] = {}  # per configuration, whether it might give the ME reference
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
         self.per_size: dict[tuple[int, float], tuple[float, float, Curve, np.ndarray, np.ndarray, np.ndarray]] = {}
         # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
@@ -313,15 +312,6 @@ class ConfigFacts:
             w = distinct(np.concatenate([at_w, np.interp(xs[(xs > cap) & (xs < at_h[-1])], at_h, at_w)]))
             h = np.interp(w, at_w, at_h)
             found = self.inverses[(key, kmin)] = (w + recompute_ms(curve, np.maximum(0.0, h - cap) / kmin), w)
-        return found
-
-    def could_reference(self, c: Config) -> bool:
-        """``c`` might give the ME index's reference: a GPipe configuration with some partition
-        that fits without recomputation (worked out once per configuration)."""
-        found = self.references.get(c)
-        if found is None:
-            found = self.references[c] = c.schedule is ScheduleKind.GPIPE and could_partition(
-                self.table_of(self.leanest(c)), c.inflight(), recompute=False)
         return found
 
     def memory_floor_once(self, c: Config) -> float:

@@ -12,9 +12,9 @@ builds plans for.
   than each faster one is kept, every configuration whose solution recomputes is rebalanced at
   once; plans are built for every candidate within the budget.
 - :class:`MePolicy` (the ME index): a configuration must be able to hold the least time x
-  memory found, a faster reference, the fastest while no reference is known, or the fastest on
-  all the devices (:class:`MeIncumbent`); kept and rebalanced as the memory objective; plans are
-  built for the candidates that could matter.
+  memory found, the fastest where the request has no reference plan, or the fastest on all the
+  devices (:class:`MeIncumbent`); kept and rebalanced as the memory objective; plans are built
+  for the candidates that could matter.
 
 Each policy holds the incumbent it prunes against (one shared by several searches, or its
 own), and whether it prunes at all (``SearchSettings.prune_configs``); :func:`policy_for` gives
@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective, ScheduleKind
+from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.solve.candidates import Candidate, Scored, busiest_rank, stage_needs
+from planner.solve.candidates import Scored, busiest_rank, stage_needs
 from planner.solve.floors import ConfigFacts
 from planner.solve.settings import SearchSettings
 from planner.solve.space import Config
@@ -89,12 +89,6 @@ class Budget:
         return cls(MEMORY_OBJECTIVE_FACTOR, 0.0)
 
 
-def gives_reference(cand: Candidate) -> bool:
-    """The candidate's plan could be the ME index's reference: GPipe, nothing recomputed."""
-    sol = cand.solution
-    return cand.config.schedule is ScheduleKind.GPIPE and not any(sol.recompute) and not sol.selective
-
-
 #: the ME objective's memory figures agree to this fraction: a stage's peak (its parts each rounded
 #: to bytes) against its plan's (rounded once), e.g. 1,073,456,098 against 1,073,456,096 bytes
 BYTES_SLACK = 1e-6
@@ -107,51 +101,45 @@ class MeIncumbent:
     plan it chooses has the least ``t x m`` (iteration time x peak memory) whatever the
     reference: ``product`` is the least ``t x m`` of a candidate found so far, its memory each
     rank's chunks' peaks summed (no less than its plan's peak, so the winner's product is at most
-    this); ``reference_ms`` the fastest GPipe candidate without recomputation so far (the index's
-    reference, :func:`planner.solve.select.select`). A configuration is solved only if it could
-    hold the winner (its time bound x its memory floor at most ``product``), a faster
-    reference (a GPipe one with a partition that fits without recomputation, its time bound at
-    most ``reference_ms``), the fastest candidate
-    (while no reference is known: the reference falls back to it) or the fastest on all the
-    devices (the plan records it): :meth:`limit_ms`, the time its bound must not exceed."""
+    this); ``referenced``: the request has a reference plan, searched on its own before
+    (:func:`planner.solve.search.me_reference`: the same whatever this search prunes; noting the
+    GPipe candidates found here instead lost it where a bound asked ZeRO 3 alone whether a
+    partition fits, and over groups of layers, where a candidate without recomputation refines
+    into a plan with some). A configuration is solved only if it could hold the winner (its time
+    bound x its memory floor at most ``product``), the fastest candidate (with no reference plan:
+    the index counts from it) or the fastest on all the devices (the plan records it):
+    :meth:`limit_ms`, the time its bound must not exceed."""
 
     product: float = math.inf
-    reference_ms: float = math.inf
+    referenced: bool = False
 
-    def limit_ms(self, floor_bytes: float, reference: bool, inc: Incumbent, on_all: bool, widen: float = 1.0) -> float:
+    def limit_ms(self, floor_bytes: float, inc: Incumbent, on_all: bool, widen: float = 1.0) -> float:
         """The time bound above which a configuration cannot hold any of those, its plans' peak
-        memory at least ``floor_bytes``, ``reference``: it might give a reference (with a
-        relative 1e-9 to spare for rounding); ``widen``: every figure it must beat that much
-        wider (over groups of layers, whose candidates the refinement changes)."""
+        memory at least ``floor_bytes`` (with a relative 1e-9 to spare for rounding); ``widen``:
+        every figure it must beat that much wider (over groups of layers, whose candidates the
+        refinement changes)."""
         out = self.product * widen / floor_bytes if floor_bytes > 0 else math.inf
-        if reference:
-            out = max(out, self.reference_ms * widen)
-        if self.reference_ms == math.inf:
+        if not self.referenced:
             out = max(out, inc.best * widen)
         if on_all:
             out = max(out, inc.best_all * widen)
         return out * (1 + 1e-9)
 
-    def note(self, cand: Candidate, time_ms: float, product: float) -> None:
-        """A candidate kept, simulated at ``time_ms``, ``product`` its time x its busiest rank's
-        memory (its chunks' peaks summed; with a relative 1e-6 to spare for the bytes each stage's
-        parts are rounded to)."""
+    def note(self, product: float) -> None:
+        """A candidate kept, ``product`` its time x its busiest rank's memory (its chunks' peaks
+        summed; with a relative 1e-6 to spare for the bytes each stage's parts are rounded to)."""
         self.product = min(self.product, product * (1 + BYTES_SLACK))
-        if gives_reference(cand):
-            self.reference_ms = min(self.reference_ms, time_ms)
 
     def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool, widen: float = 1.0) -> bool:
-        """The candidate could be the plan the objective chooses, its reference, the fastest
-        while no reference is known, or the fastest on all the devices (else no plan is built for
-        it): its memory at least its largest stage's peak; ``widen`` as :meth:`limit_ms`'s."""
+        """The candidate could be the plan the objective chooses, the fastest with no reference
+        plan, or the fastest on all the devices (else no plan is built for it): its memory at
+        least its largest stage's peak; ``widen`` as :meth:`limit_ms`'s."""
         t, cand = scored
         c, sol = cand.config, cand.solution
         slack = (1 + 1e-9) * widen
         if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK) * widen:
             return True
-        if gives_reference(cand) and t <= self.reference_ms * slack:
-            return True
-        return (self.reference_ms == math.inf and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
+        return (not self.referenced and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -376,14 +364,13 @@ class MePolicy(MemoryPolicy):
         state, inc = self.state, self.incumbent
         if state is None:
             return super().limit(facts, c, lb, on_all)
-        reference = facts.could_reference(c)
         floor = facts.known_floor_bytes(c)
         if floor is None:
-            limit = state.limit_ms(facts.state_floor_bytes(c), reference, inc, on_all, self.widen)
+            limit = state.limit_ms(facts.state_floor_bytes(c), inc, on_all, self.widen)
             if lb is None or lb > limit:
                 return limit
             floor = facts.memory_floor_once(c)
-        return state.limit_ms(floor, reference, inc, on_all, self.widen)
+        return state.limit_ms(floor, inc, on_all, self.widen)
 
     def order_scale(self, facts: ConfigFacts, c: Config) -> float:
         """The bound x the state's floor (a bound of the configuration's product): the leanest
@@ -392,8 +379,8 @@ class MePolicy(MemoryPolicy):
 
     def noted(self, kept: list[Scored], mems: list[float]) -> None:
         if self.state is not None:
-            for (t, cand), mem in zip(kept, mems):
-                self.state.note(cand, t, t * mem)
+            for (t, _), mem in zip(kept, mems):
+                self.state.note(t * mem)
 
     def for_groups(self, settings: SearchSettings) -> Policy:
         """Every figure a configuration must beat widened by ``budget_refine_slack`` (the
@@ -406,8 +393,8 @@ class MePolicy(MemoryPolicy):
         return scored, INF
 
     def could_matter(self, cm: CostModel, scored: list[Scored], num_groups: int) -> list[Scored]:
-        """Only the candidates that could be its choice, its reference, the fastest (while no
-        reference is known) or the fastest on all the groups (:meth:`MeIncumbent.matters`)."""
+        """Only the candidates that could be its choice, the fastest (with no reference plan) or
+        the fastest on all the groups (:meth:`MeIncumbent.matters`)."""
         state, inc = self.state, self.incumbent
         if state is None:
             return scored
@@ -420,16 +407,16 @@ class MePolicy(MemoryPolicy):
                        configs=None, fsdp=True, builds=None)
 
 
-def policy_for(request: PlanRequest, settings: SearchSettings) -> Policy:
+def policy_for(request: PlanRequest, settings: SearchSettings, referenced: bool = False) -> Policy:
     """The policy a request's degrees are searched with one by one
     (:func:`planner.solve.search.degree_by_degree`, each degree's by :meth:`Policy.for_degree`):
     the memory and ME objectives share one incumbent (and the ME state) over every degree; the
-    time objective's is per degree."""
+    time objective's is per degree. ``referenced``: the ME index has its reference plan."""
     prune = settings.prune_configs
     if request.objective is Objective.MEMORY:
         return MemoryPolicy(Budget.of_request(request), prune=prune, incumbent=Incumbent() if prune else None,
                             fill=prune)
     if request.objective is Objective.ME:
-        return MePolicy(MeIncumbent() if prune else None, prune=prune, incumbent=Incumbent() if prune else None,
+        return MePolicy(MeIncumbent(referenced=referenced) if prune else None, prune=prune, incumbent=Incumbent() if prune else None,
                         fill=prune)
     return TimePolicy(prune=prune)

@@ -109,10 +109,12 @@ def merge_pareto(points: Iterable[ParetoPoint]) -> tuple[ParetoPoint, ...]:
     return tuple(front)
 
 
-def select(plans: list[Plan], request: PlanRequest) -> Plan:
+def select(plans: list[Plan], request: PlanRequest, reference: Plan | None = None) -> Plan:
     """The plan the request's objective prefers among ``plans``, noting the best plan on all
-    the devices when it uses fewer (:func:`note_devices`)."""
-    return note_devices(_select(plans, request), plans)
+    the devices when it uses fewer (:func:`note_devices`); ``reference``: the ME index's, searched
+    on its own (:func:`planner.solve.search.me_reference`; None: the fastest GPipe plan without
+    recomputation among ``plans``, else the fastest of them)."""
+    return note_devices(_select(plans, request, reference), plans)
 
 
 def note_devices(best: Plan, plans: list[Plan]) -> Plan:
@@ -130,7 +132,7 @@ def note_devices(best: Plan, plans: list[Plan]) -> Plan:
     return dataclasses.replace(best, predicted=dataclasses.replace(best.predicted, all_devices_ms=found))
 
 
-def _select(plans: list[Plan], request: PlanRequest) -> Plan:
+def _select(plans: list[Plan], request: PlanRequest, reference: Plan | None) -> Plan:
     fastest = min(plans, key=tie_key)
     if request.objective is Objective.TIME:
         return fastest
@@ -140,7 +142,7 @@ def _select(plans: list[Plan], request: PlanRequest) -> Plan:
         return min(within, key=lambda p: (p.predicted.peak_memory_bytes,) + tie_key(p))
     # ME index against the fastest GPipe plan without recomputation (the seed's baseline)
     refs = [p for p in plans if p.schedule is ScheduleKind.GPIPE and not any(s.recompute or s.recompute_selective for s in p.stages)]
-    ref = min(refs, key=tie_key) if refs else fastest
+    ref = reference or (min(refs, key=tie_key) if refs else fastest)
 
     def me(p: Plan) -> float:
         return (ref.predicted.iteration_ms / p.predicted.iteration_ms) / (
