@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from planner.artifacts.kinds import OptimizerFamily, ZeroStage
+from planner.runtime.lean_adamw import Bf16MomentsAdamW
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.stack import DEFAULT_STACK, Stack
@@ -134,9 +135,16 @@ def emulated_readiness(
 def make_optimizer(options: RuntimeOptions, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The run's optimizer (``--optimizer``, ``--lr``) over ``params`` (``foreach=False``: the
     ZeRO shard's update then equals the unsharded one bit for bit, ``planner.runtime.zero``)."""
-    if options.optimizer is OptimizerFamily.ADAMW:
-        return torch.optim.AdamW(params, lr=options.lr, foreach=False)
-    return torch.optim.SGD(params, lr=options.lr, foreach=False)
+    return optimizer_of(options.optimizer, params, options.lr)
+
+
+def optimizer_of(family: OptimizerFamily, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """SGD, AdamW, or AdamW with bf16 moments (:class:`planner.runtime.lean_adamw.Bf16MomentsAdamW`)."""
+    if family is OptimizerFamily.ADAMW_BF16_MOMENTS:
+        return Bf16MomentsAdamW(params, lr=lr)
+    if family is OptimizerFamily.ADAMW:
+        return torch.optim.AdamW(params, lr=lr, foreach=False)
+    return torch.optim.SGD(params, lr=lr, foreach=False)
 
 
 def held_grad_bytes(optimizer: torch.optim.Optimizer | None) -> int:
