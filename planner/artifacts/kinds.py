@@ -81,6 +81,25 @@ class OptimizerFamily(enum.Enum):
         return self.moments * (2 if self is OptimizerFamily.ADAMW_BF16_MOMENTS else element_size)
 
 
+class Precision(enum.Enum):
+    """The arithmetic of the transformer blocks' linear layers (issue 49 item 1;
+    ``planner.cost.precision`` prices each): bf16; FP8 with per-tensor current scaling
+    (Transformer Engine's ``Float8CurrentScaling``); FP8 with block scaling, 1 x 128 activation
+    tiles and 128 x 128 weight blocks (DeepSeek-V3 tech. report sec. 3.3.2; TE's
+    ``Float8BlockScaling``); MXFP8, blocks of 32 scaled in hardware (OCP MX v1.0; Blackwell only,
+    TE's ``MXFP8BlockScaling``). The attention core, the router, the embedding and the head stay
+    bf16."""
+
+    BF16 = "bf16"
+    FP8_CURRENT = "fp8-current"
+    FP8_BLOCK = "fp8-block"
+    MXFP8 = "mxfp8"
+
+    @property
+    def fp8(self) -> bool:
+        return self is not Precision.BF16
+
+
 class OptimizerKind(enum.Enum):
     """Optimizer and precision; fixes kappa, the bytes of model state per parameter."""
 

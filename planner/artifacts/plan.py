@@ -66,7 +66,7 @@ from planner.artifacts import codec
 from planner.artifacts.consistency import check_plan
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.json_schema import document_schema
-from planner.artifacts.kinds import DType, OptimizerKind, RecomputeLevel, ScheduleKind
+from planner.artifacts.kinds import DType, OptimizerKind, Precision, RecomputeLevel, ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.limits import (
     MAX_BATCH,
@@ -241,6 +241,11 @@ class Plan:
     optimizer: OptimizerKind | None = field(
         default=None, metadata={"doc": "the optimizer the plan's memory was priced for (None = unknown)"}
     )
+    precision: Precision = field(
+        default=Precision.BF16,
+        metadata={"doc": "the arithmetic of the blocks' linear layers the plan was priced for: bf16, fp8-current, "
+                         "fp8-block, mxfp8 (planner.cost.precision) (absent when bf16)", "omit_if_default": True},
+    )
     devices_available: int = field(
         default=0,
         metadata={"doc": "devices the solver had (0 = unknown: an older plan, or one priced outside a search); the "
@@ -319,7 +324,7 @@ _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
     "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "dtype",
-    "optimizer",
+    "optimizer", "precision",
     "devices_available", "stack", "stages", "predicted", "pareto",
 )
 

@@ -89,6 +89,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
+from planner.cost.precision import FP8_COPY_BYTES
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
 
@@ -142,6 +143,9 @@ class CostModel(ShardedState):
         self.expert_param_count = np.array([layer.moe.expert_param_count if layer.moe else 0 for layer in layers],
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
+        #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
+        self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and profile.precision.fp8 else 0
+                                         for layer in layers], dtype=np.int64)
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
         self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
@@ -264,8 +268,10 @@ class CostModel(ShardedState):
             params -= experts
             w, g, o = (w * params + we * experts, g * params + ge * experts, o * params + oe * experts)
             params = 1
+        # FP8 weight copies (row- and column-wise) beside the bf16 weights; under ZeRO 3 the gathered copy is FP8
+        fp8_copies = 0 if is_fsdp(sharding) else FP8_COPY_BYTES * int(self.fp8_param_count[start:stop].sum())
         return StageMemory(
-            param_bytes=int(params * w) + gathered * self.weight_bytes_per_param,
+            param_bytes=int(params * w) + gathered * self.weight_bytes_per_param + fp8_copies,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
             optimizer_bytes=int(params * o),
             activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size, selective))),

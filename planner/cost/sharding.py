@@ -37,6 +37,7 @@ from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
+from planner.cost.precision import FP8_COPY_BYTES
 from planner.cost.prefix import PrefixSums
 
 
@@ -48,6 +49,7 @@ class ShardedState(PrefixSums):
     group: DeviceGroup
     has_experts: bool
     weight_bytes_per_param: int
+    fp8_param_count: np.ndarray
     grad_bytes_per_param: int
     optim_bytes_per_param: int
     step_bytes_per_param: int
@@ -99,6 +101,8 @@ class ShardedState(PrefixSums):
         state = self.stage_param_count(start, stop) * kappa
         if self.has_experts:
             state += self.stage_expert_param_count(start, stop) * (kappa_e - kappa)
+        if self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 weight copies (planner.cost.precision)
+            state += FP8_COPY_BYTES * float(self.fp8_param_count[start:stop].sum())
         return state
 
     def stage_state_matrix(self, sharding: Sharding = Sharding()) -> np.ndarray:
@@ -107,6 +111,9 @@ class ShardedState(PrefixSums):
         out: np.ndarray = self.stage_param_matrix() * kappa
         if self.has_experts:
             out = out + self.stage_expert_param_matrix() * (kappa_e - kappa)
+        if self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 weight copies (planner.cost.precision)
+            pp = np.concatenate([[0], np.cumsum(self.fp8_param_count)]).astype(float)
+            out = out + FP8_COPY_BYTES * np.maximum(pp[None, :] - pp[:, None], 0.0)
         return out
 
     def least_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> float:
@@ -174,7 +181,9 @@ class ShardedState(PrefixSums):
             fwd, bwd = self.layer_times(microbatch_size)
             if not self.has_experts:
                 moved = self.param_count > 0
-                gather = np.where(moved, line[0] * self.param_count * self.weight_bytes_per_param + line[1], 0.0)
+                # FP8 parameters are gathered in FP8 (1 byte each: planner.cost.precision)
+                gathered = self.param_count * self.weight_bytes_per_param - self.fp8_param_count * (self.weight_bytes_per_param - 1)
+                gather = np.where(moved, line[0] * gathered + line[1], 0.0)
                 scatter = np.where(moved, line[0] * self.param_count * self.grad_bytes_per_param + line[1], 0.0)
             else:
                 gather, scatter = self._expert_fsdp(line, self.expert_fsdp_line(sharding))

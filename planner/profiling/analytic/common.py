@@ -15,6 +15,7 @@ from planner.artifacts.kinds import AttentionKind, DType
 from planner.artifacts.profile import (
     AttentionCore,
     Edge,
+    Fp8Gemms,
     Layer,
     Profile,
     TiedParams,
@@ -151,6 +152,7 @@ def analytic_layer(
     if tp is not None and fwd[1] > 0:
         tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem, bwd_moved)
     return Layer(
+        fp8=fp8_gemms(gemms, rates),
         name=name,
         kind=kind,
         fwd=_line(fwd),
@@ -167,6 +169,30 @@ def analytic_layer(
             saved_bytes_per_sample=core[1],
             fwd=_line({b: rates.gemms_ms(core[0], b) + core[1] * b / rates.bytes_per_ms for b in FIT_SIZES}),
         ),
+    )
+
+
+#: GEMMs that stay bf16 under every FP8 recipe (Megatron-Core / Transformer Engine defaults): the LM head
+#: (``logits``) and the MoE router; the attention core's products are not weighted (activations by
+#: activations) and never FP8 here; the embedding is a lookup
+BF16_GEMMS = frozenset({"logits", "router"})
+
+
+def fp8_gemms(gemms: Sequence[Gemm], rates: DeviceRates) -> Fp8Gemms | None:
+    """The layer's GEMMs an FP8 recipe runs in FP8 (:class:`Fp8Gemms`): the weighted products
+    but the head's and the router's. Distinct inputs: GEMMs reading one tensor (q, k, v of one
+    normalised input; gate and up) share their ``(k, split, window)``; each counted once. None
+    on a device without FP8 (its profiles stay as they were)."""
+    fp8 = [g for g in gemms if g.weighted and not g.fused and g.name not in BF16_GEMMS]
+    if not fp8 or not rates.device.peak_fp8_tflops:  # a device without FP8 tensor cores: no view
+        return None
+    inputs = {(g.k, g.split, g.window): float(g.m * g.k) for g in fp8}
+    return Fp8Gemms(
+        fwd=_line({b: rates.gemms_ms(fp8, b) for b in FIT_SIZES}),
+        bwd=_line({b: rates.gemms_ms(fp8, b, backward=True) for b in FIT_SIZES}),
+        input_bytes_per_sample=BYTES_PER_ACT * sum(inputs.values()),
+        grad_bytes_per_sample=BYTES_PER_ACT * sum(float(g.m * g.n * g.count) for g in fp8),
+        param_count=sum(g.k * g.n * g.count for g in fp8),
     )
 
 
