@@ -89,7 +89,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
-from planner.cost.precision import FP8_COPY_BYTES
+from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
 
@@ -268,8 +268,9 @@ class CostModel(ShardedState):
             params -= experts
             w, g, o = (w * params + we * experts, g * params + ge * experts, o * params + oe * experts)
             params = 1
-        # FP8 weight copies (row- and column-wise) beside the bf16 weights; under ZeRO 3 the gathered copy is FP8
-        fp8_copies = 0 if is_fsdp(sharding) else FP8_COPY_BYTES * int(self.fp8_param_count[start:stop].sum())
+        # FP8 weight copies beyond the weights' own bytes (planner.cost.precision); under ZeRO 3 gathered in FP8
+        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        fp8_copies = 0 if is_fsdp(sharding) else extra * int(self.fp8_param_count[start:stop].sum())
         return StageMemory(
             param_bytes=int(params * w) + gathered * self.weight_bytes_per_param + fp8_copies,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,

@@ -23,12 +23,17 @@ time replaced, and memory-bound quantisation passes added:
   per 32 elements): 2.02 x. The weights' casts run once per iteration (TE caches them across
   micro-batches: ``is_first_microbatch``) and are not priced.
 - Memory: the GEMMs' inputs are saved for the weight gradient in FP8 (TE's ``Linear`` saves
-  the quantised input): the layer's saved bytes lose half of the inputs' bf16 bytes. Each
-  FP8 weight is cached in FP8 twice (row- and column-wise) beside its bf16 copy (2 B per
-  parameter, :attr:`planner.cost.model.CostModel.fp8_param_count`), except under ZeRO 3,
-  where the shards are gathered in FP8 (Megatron's ``--fp8-param-gather``, torchao's
-  ``enable_fsdp_float8_all_gather``): 1 B per FP8 parameter on the wire, the working copy
-  as large as the bf16 one.
+  the quantised input): the layer's saved bytes lose half of the inputs' bf16 bytes. The FP8
+  weights are the compute copy (Megatron-Bridge's FP8 recipes set ``fp8_param_gather``:
+  ``megatron/bridge/training/mixed_precision.py``; torchao's ``enable_fsdp_float8_all_gather``
+  alike): row-wise and column-wise FP8 (2 B per parameter, :data:`FP8_WEIGHT_BYTES`) in place
+  of the 16-bit weights, so 16-bit kinds hold as many bytes as in bf16 and an fp32-weight kind
+  (``adam-fp32``) holds the 2 B beside its fp32 weights
+  (:attr:`planner.cost.model.CostModel.fp8_param_count`); parameters are gathered in FP8 under
+  ZeRO 3 (1 B per FP8 parameter on the wire).
+- Layers kept bf16: Megatron-Bridge's current-scaling recipe runs the first and the last
+  transformer block in bf16 (``first_last_layers_bf16``, one at each end:
+  :data:`BF16_EDGE_BLOCKS`); its block-scaling and MXFP8 recipes keep none.
 
 The attention core, the router, the embedding and the head stay bf16 (Megatron-Core's
 defaults; ``planner.profiling.analytic.common.BF16_GEMMS``). MXFP8 needs a device that scales
@@ -45,7 +50,7 @@ from planner.artifacts.kinds import Precision
 from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
-__all__ = ["FP8_COPY_BYTES", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "QUANTISE_BYTES", "at_precision", "check_precision"]
+__all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_WEIGHT_BYTES", "fp8_extra_weight_bytes", "FP8_GEMM_EFFICIENCY", "QUANTISE_BYTES", "at_precision", "check_precision"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {
@@ -54,16 +59,26 @@ QUANTISE_BYTES: dict[Precision, float] = {
     Precision.MXFP8: 2.0 + 1.0 / 64,
 }
 #: FP8 GEMMs' fraction of the FP8 peak relative to bf16 GEMMs' of the bf16 peak at the same shape:
-#: fitted by ``benchmarks/published_runs.py --fit-fp8`` on FP8_FIT_ROWS (fp8-current); the other
-#: recipes carry it (no published row of theirs is given)
+#: fitted by ``benchmarks/published_fp8.py --fit`` on FP8_FIT_ROWS (fp8-current); the other recipes
+#: carry it (no published row of theirs is given). Above 1 it is not a GEMM's physics (an H100's
+#: FP8 GEMMs reach a lower fraction of their peak than its bf16 ones): it also absorbs what the
+#: bf16-fitted model overprices beside the GEMMs in these FP8 runs (benchmarks/RESULTS.md, "FP8")
 FP8_GEMM_EFFICIENCY: dict[Precision, float] = {
-    Precision.FP8_CURRENT: 0.7634,
-    Precision.FP8_BLOCK: 0.7634,
-    Precision.MXFP8: 0.7634,
+    Precision.FP8_CURRENT: 1.2883,
+    Precision.FP8_BLOCK: 1.2883,
+    Precision.MXFP8: 1.2883,
 }
 FP8_FIT_ROWS = ("MB L3 70B fp8",)
-#: FP8 weight copies kept per FP8 parameter outside ZeRO 3 (row-wise and column-wise)
-FP8_COPY_BYTES = 2
+#: FP8 weight bytes per FP8 parameter (row-wise and column-wise copies)
+FP8_WEIGHT_BYTES = 2
+#: transformer blocks kept bf16 at each end of the model, per recipe (module docstring)
+BF16_EDGE_BLOCKS: dict[Precision, int] = {Precision.FP8_CURRENT: 1, Precision.FP8_BLOCK: 0, Precision.MXFP8: 0}
+
+
+def fp8_extra_weight_bytes(weight_bytes_per_param: int) -> int:
+    """Bytes an FP8 parameter holds beyond its weights' own: none where the FP8 copies replace
+    16-bit weights, :data:`FP8_WEIGHT_BYTES` beside fp32 weights (module docstring)."""
+    return FP8_WEIGHT_BYTES if weight_bytes_per_param > 2 else 0
 #: the achieved HBM fraction where a profile does not record one (the shipped H100 fit's)
 DEFAULT_HBM_FRACTION = 0.4067
 
@@ -109,5 +124,10 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision) -> Pr
     hbm = float(profile.metadata.get("memory_efficiency", DEFAULT_HBM_FRACTION) or DEFAULT_HBM_FRACTION)
     bandwidth = cluster.memory_bandwidth_gb_per_s or 1000.0
     ms_per_byte = 1.0 / (bandwidth * 1e9 * hbm / 1e3)
-    layers = tuple(_fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision]) for layer in profile.layers)
+    with_view = [i for i, layer in enumerate(profile.layers) if layer.fp8 is not None]
+    edge = BF16_EDGE_BLOCKS[precision]
+    kept = set(with_view[:edge] + with_view[len(with_view) - edge:]) if edge and len(with_view) > 2 * edge else set()
+    layers = tuple(dataclasses.replace(layer, fp8=None) if i in kept
+                   else _fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision])
+                   for i, layer in enumerate(profile.layers))
     return dataclasses.replace(profile, layers=layers, precision=precision)

@@ -37,7 +37,7 @@ from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
-from planner.cost.precision import FP8_COPY_BYTES
+from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
 
 
@@ -101,8 +101,9 @@ class ShardedState(PrefixSums):
         state = self.stage_param_count(start, stop) * kappa
         if self.has_experts:
             state += self.stage_expert_param_count(start, stop) * (kappa_e - kappa)
-        if self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 weight copies (planner.cost.precision)
-            state += FP8_COPY_BYTES * float(self.fp8_param_count[start:stop].sum())
+        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
+            state += extra * float(self.fp8_param_count[start:stop].sum())
         return state
 
     def stage_state_matrix(self, sharding: Sharding = Sharding()) -> np.ndarray:
@@ -111,9 +112,10 @@ class ShardedState(PrefixSums):
         out: np.ndarray = self.stage_param_matrix() * kappa
         if self.has_experts:
             out = out + self.stage_expert_param_matrix() * (kappa_e - kappa)
-        if self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 weight copies (planner.cost.precision)
+        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
             pp = np.concatenate([[0], np.cumsum(self.fp8_param_count)]).astype(float)
-            out = out + FP8_COPY_BYTES * np.maximum(pp[None, :] - pp[:, None], 0.0)
+            out = out + extra * np.maximum(pp[None, :] - pp[:, None], 0.0)
         return out
 
     def least_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> float:
