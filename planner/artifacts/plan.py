@@ -317,13 +317,14 @@ class Plan:
 
 #: the layout's fields as version 3 to 6 files hold them, at the top level (stage_replicas: in stages)
 _LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree",
-                "ep_degree", "etp_degree")
+                "ep_degree", "etp_degree", "shard_group_size")
 #: layout keys a version-3 to -6 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
 #: the top-level keys of a version-6 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
-    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "dtype",
+    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "shard_group_size",
+    "dtype",
     "optimizer", "precision",
     "devices_available", "stack", "stages", "predicted", "pareto",
 )

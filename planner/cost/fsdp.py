@@ -53,7 +53,7 @@ import numpy as np
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import grad_group_line
+from planner.cost.collectives import allreduce_line, grad_group_line
 
 __all__ = ["FsdpTerms", "fsdp_line", "fsdp_terms", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
 
@@ -66,8 +66,12 @@ def is_fsdp(sharding: Sharding) -> bool:
 def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
     """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
     group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
-    all-reduce line, of the layout's slowest group."""
-    lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
+    all-reduce line, of the layout's slowest group. HSDP (``Layout.shard_group_size``): over its
+    shard group, the consecutive ranks the state is sharded over (a node, by default)."""
+    if layout.shard_group_size:
+        lines = [allreduce_line(cluster, layout.shard_groups(s)[0]) for s in range(layout.num_stages)]
+    else:
+        lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
 

@@ -357,14 +357,24 @@ class CostModel(ShardedState):
         (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
         ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
         tied = self.tied_exchange_ms(start, stop)
-        if layout.zero is ZeroStage.PARAMETERS:
-            return SyncCost(tied)  # ZeRO 3's collectives are in the stage's forward and backward
+        if layout.zero is ZeroStage.PARAMETERS:  # ZeRO 3's collectives are in the stage's forward and backward
+            return SyncCost(tied + self.hsdp_allreduce_ms(start, stop, stage_idx, layout))
         counts = self.layer_param_counts(start, stop)
         if self.has_experts:
             return self._expert_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
         one = self._one_sync(start, stop, layout, counts, self.grad_line(layout, stage_idx), recompute, microbatch_size,
                              selective)
         return SyncCost(one.total_ms + tied, one.early_ms, one.gather_ahead_ms, one.gather_bound_ms)
+
+    def hsdp_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
+        """HSDP's all-reduce across the shard groups after the last backward: each rank's
+        gradient shard (1/``shard_group_size`` of the stage's gradients), among the ranks holding
+        the same shard, one per group (:meth:`Layout.shard_groups`); 0 without HSDP."""
+        if not layout.shard_group_size:
+            return 0.0
+        per_byte, fixed = allreduce_line(self.cluster, layout.shard_groups(stage_idx)[1])
+        nbytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param / layout.shard_group_size
+        return per_byte * nbytes + fixed
 
     def _expert_sync(
         self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int], microbatch_size: int,
@@ -428,7 +438,9 @@ class CostModel(ShardedState):
         proxy for what the pipeline cannot hide; the simulator prices the buckets). 0 under
         ZeRO 3, whose collectives are in the stage's times."""
         per_byte, fixed = self.grad_line(layout, stage_idx)
-        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+        if layout.zero is ZeroStage.PARAMETERS:
+            return self.hsdp_allreduce_ms(start, stop, stage_idx, layout)
+        if per_byte == 0.0 and fixed == 0.0:
             return 0.0
         _, bp = self.time_prefix(microbatch_size)
         sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)

@@ -131,12 +131,15 @@ class ShardedState(PrefixSums):
             return float(self.grad_bytes_per_param)
         return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
 
-    def post_backward_sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
+    def post_backward_sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE, hsdp_shards: int = 0) -> float:
         """Of :meth:`sync_bytes_per_param`, what runs after the stage's last backward: all of
         it, unless the stack gathers ZeRO's weights ahead of the next forward (then the
-        reduce-scatter's half); none under ZeRO 3 (its collectives run per layer and micro-batch)."""
+        reduce-scatter's half); none under ZeRO 3 (its collectives run per layer and micro-batch),
+        but HSDP's all-reduce of each shard's gradients across the groups (``hsdp_shards`` ranks
+        per shard group: 1/that of the gradients), priced on the stage's gradient-group line (its
+        inter-node part is the groups' own: one rank per node carries 1/k of the bytes)."""
         if zero is ZeroStage.PARAMETERS:
-            return 0.0
+            return self.grad_bytes_per_param / hsdp_shards if hsdp_shards else 0.0
         if zero is not ZeroStage.NONE and self.stack.param_gather_overlap:
             return self.grad_bytes_per_param / 2.0
         return self.sync_bytes_per_param(zero)

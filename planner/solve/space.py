@@ -74,6 +74,16 @@ class Config:
     def with_zero(self, zero: ZeroStage) -> Config:
         return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero))
 
+    def with_hsdp(self, devices_per_node: int) -> Config | None:
+        """This configuration under HSDP (ZeRO 3 sharded within a node's share of each gradient
+        group, replicated across nodes: :func:`hsdp_shard_size`), or None where that is plain
+        ZeRO 3 (the group fits in a node) or does not divide the group."""
+        g = hsdp_shard_size(self.layout, devices_per_node)
+        if not g:
+            return None
+        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=ZeroStage.PARAMETERS,
+                                                                    shard_group_size=g))
+
     def with_schedule(self, schedule: ScheduleKind) -> Config:
         return dataclasses.replace(self, schedule=schedule)
 
@@ -153,6 +163,14 @@ def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
     if dp_degree <= 1:
         return min(request.zero_stages)
     return max((z for z in request.zero_stages if z is not ZeroStage.PARAMETERS), default=ZeroStage.PARAMETERS)
+
+
+def hsdp_shard_size(layout: Layout, devices_per_node: int) -> int:
+    """HSDP's shard group on ``layout``: the members of a stage's gradient group (``D x cp`` ranks,
+    ``t`` apart) inside one node; 0 where that is the whole group, one rank, or does not divide it."""
+    whole = layout.dp_degree * layout.cp_degree
+    g = min(whole, max(1, devices_per_node // layout.tp_degree))
+    return g if 1 < g < whole and whole % g == 0 and not layout.stage_replicas else 0
 
 
 def fsdp_searched(request: PlanRequest, layout: Layout) -> bool:
