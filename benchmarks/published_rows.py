@@ -375,7 +375,7 @@ def megatron_bridge_rows() -> list[PublishedRun]:
     """Megatron-Bridge's DGX-H100 FP8 rows (reference README section 6): Llama 3 8B (FSDP), 70B and
     3.1 405B with FP8 current scaling, seq 8192, micro-batch 1; tokens per second per GPU."""
     out = []
-    for model, gpus, batch, t, p, cp, v, zero, first, last, rc, tokens, tflops in _MB_ROWS:
+    for model, gpus, batch, t, p, cp, v, zero, first, last, rc, tokens, _tflops in _MB_ROWS:
         layers, hidden, heads, kv, ffn, vocab, seq = _LLAMA_SHAPES[model]
         params = _config_params(layers, hidden, heads, kv, ffn, vocab)
         out.append(PublishedRun(

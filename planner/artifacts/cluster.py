@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
-from planner.artifacts.devices import newer_presets
+from planner.artifacts.devices import newer_preset_fields
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import CollectiveModel
 from planner.artifacts.limits import MAX_BYTES, MAX_DEVICES, MAX_MS, MAX_RATE, MIN_RATE, check_count, check_name, check_range
@@ -297,7 +297,8 @@ PRESETS: dict[str, Cluster] = {
 }
 
 PRESETS["a100-80gb-2x8"] = replace(PRESETS["a100-80gb-x8"], name="a100-80gb-2x8", num_nodes=2)
-PRESETS.update(newer_presets(PRESETS["h100-80gb-x8"]))
+for _name, _fields in newer_preset_fields(PRESETS["h100-80gb-x8"].sources).items():
+    PRESETS[_name] = replace(PRESETS["h100-80gb-x8"], **_fields)
 
 DEFAULT_CLUSTER = "a100-80gb-x8"
 

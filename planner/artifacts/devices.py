@@ -24,13 +24,9 @@ fitted one carried by the rule :func:`planner.profiling.analytic.gemm.carried_fr
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from planner.artifacts.cluster import Cluster
-
-__all__ = ["newer_presets"]
+__all__ = ["newer_preset_fields"]
 
 GIB = 1024**3
 _NCCL_BLOCKS = 24
@@ -52,42 +48,43 @@ def _overlap(sms: int) -> tuple[float, str]:
     return _NCCL_BLOCKS / sms, f"an NCCL collective's {_NCCL_BLOCKS} thread blocks of the device's {sms} SMs (as the H100's)"
 
 
-def _sources(h100: Cluster, **kw: str) -> dict[str, str]:
-    carried = {k: f"{v} ({_CARRIED})" for k, v in h100.sources.items()
+def _sources(h100_sources: dict[str, str], **kw: str) -> dict[str, str]:
+    carried = {k: f"{v} ({_CARRIED})" for k, v in h100_sources.items()
                if k in ("collective_model", "inter_node_p2p_latency_us", "gpu_speed_variation", "intra_node_latency_us")}
     return {**carried, **kw}
 
 
-def newer_presets(h100: Cluster) -> dict[str, Cluster]:
-    """The H200, B200 and GB200 NVL72 presets, from the H100 preset (what they carry from it)."""
+def newer_preset_fields(h100_sources: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The H200, B200 and GB200 NVL72 presets as the fields each replaces in the H100 preset (the
+    rest it carries: module docstring), by name; ``h100_sources`` the H100 preset's sources."""
     h200_loss, h200_why = _overlap(132)
     b_loss, b_why = _overlap(148)
-    h200 = replace(
-        h100, name="h200-141gb-x8", device_name="NVIDIA H200-SXM-141GB", device_memory_bytes=int(139.81 * GIB),
+    h200 = dict(
+        name="h200-141gb-x8", device_name="NVIDIA H200-SXM-141GB", device_memory_bytes=int(139.81 * GIB),
         peak_tflops=989.0, peak_fp8_tflops=1979.0, memory_bandwidth_gb_per_s=4800.0, intra_node_bandwidth_gb_per_s=450.0,
         inter_node_bandwidth_gb_per_s=50.0, overlap_compute_loss=h200_loss,
-        sources=_sources(h100, peak_tflops=_H200 + ": 989 dense BF16", peak_fp8_tflops=_H200 + ": 1,979 dense FP8",
+        sources=_sources(h100_sources, peak_tflops=_H200 + ": 989 dense BF16", peak_fp8_tflops=_H200 + ": 1,979 dense FP8",
                          memory_bandwidth_gb_per_s=_H200 + ": 4,800 GB/s",
                          device_memory_bytes="CUDA-reported total of an H200 (141 GB HBM3e): 139.81 GiB (PyTorch's "
                                              "out-of-memory message)",
                          intra_node_bandwidth_gb_per_s=_H200 + ": 450 GB/s per direction",
                          inter_node_bandwidth_gb_per_s=_CX7, inter_node_latency_us=_CX7, overlap_compute_loss=h200_why),
     )
-    b200 = replace(
-        h100, name="b200-x8", device_name="NVIDIA B200", device_memory_bytes=int(178.35 * GIB),
+    b200 = dict(
+        name="b200-x8", device_name="NVIDIA B200", device_memory_bytes=int(178.35 * GIB),
         peak_tflops=2250.0, peak_fp8_tflops=4500.0, mxfp8=True, memory_bandwidth_gb_per_s=8000.0,
         intra_node_bandwidth_gb_per_s=900.0, inter_node_bandwidth_gb_per_s=50.0, overlap_compute_loss=b_loss,
-        sources=_sources(h100, peak_tflops=_B200 + ": 2,250 dense BF16", peak_fp8_tflops=_B200 + ": 4,500 dense FP8",
+        sources=_sources(h100_sources, peak_tflops=_B200 + ": 2,250 dense BF16", peak_fp8_tflops=_B200 + ": 4,500 dense FP8",
                          mxfp8=_MX, memory_bandwidth_gb_per_s=_B200 + ": 8,000 GB/s",
                          device_memory_bytes="CUDA-reported total of a B200: 178.35 GiB (totalGlobalMem, "
                                              "pytorch/ao pull request #4002)",
                          intra_node_bandwidth_gb_per_s=_NVLINK5, inter_node_bandwidth_gb_per_s=_CX7,
                          inter_node_latency_us=_CX7, overlap_compute_loss=b_why),
     )
-    gb200 = replace(
+    gb200 = dict(
         b200, name="gb200-nvl72", device_name="NVIDIA GB200 (NVL72)", devices_per_node=72, num_nodes=1,
         device_memory_bytes=int((186 - 1.65) * GIB), peak_tflops=2500.0, peak_fp8_tflops=5000.0,
-        sources=_sources(h100, peak_tflops=_GB200 + ": 2,500 dense BF16 per GPU",
+        sources=_sources(h100_sources, peak_tflops=_GB200 + ": 2,500 dense BF16 per GPU",
                          peak_fp8_tflops=_GB200 + ": 5,000 dense FP8 per GPU", mxfp8=_MX,
                          memory_bandwidth_gb_per_s=_GB200 + ": 8,000 GB/s per GPU",
                          device_memory_bytes="186 GB per GPU (GB200 NVL72 datasheet) less the B200's 1.65 GiB "
@@ -97,4 +94,4 @@ def newer_presets(h100: Cluster) -> dict[str, Cluster]:
                          inter_node_bandwidth_gb_per_s=_CX7 + " (between NVL72 racks)", inter_node_latency_us=_CX7,
                          overlap_compute_loss=b_why),
     )
-    return {c.name: c for c in (h200, b200, gb200)}
+    return {str(c["name"]): c for c in (h200, b200, gb200)}

@@ -50,7 +50,8 @@ from planner.artifacts.kinds import Precision
 from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
-__all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_WEIGHT_BYTES", "fp8_extra_weight_bytes", "FP8_GEMM_EFFICIENCY", "QUANTISE_BYTES", "at_precision", "check_precision"]
+__all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES", "QUANTISE_BYTES", "at_precision",
+           "check_precision", "fp8_extra_weight_bytes"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {

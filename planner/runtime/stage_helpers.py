@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from planner.artifacts.kinds import OptimizerFamily, ZeroStage
-from planner.runtime.lean_adamw import Bf16MomentsAdamW
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.stack import DEFAULT_STACK, Stack
@@ -33,6 +32,7 @@ from planner.runtime.context import grad_divisor
 from planner.runtime.emulate import ChunkTimer
 from planner.runtime.experts import ExpertGroups, ExpertSync, expert_parameters
 from planner.runtime.grads import DataParallelHooks, GradientSync
+from planner.runtime.lean_adamw import Bf16MomentsAdamW
 from planner.runtime.loss import LossCounts
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.stage import StageModule

@@ -21,7 +21,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
