@@ -20,8 +20,8 @@ from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.collectives import allreduce_line
-from planner.cost.fsdp import fsdp_line
-from planner.cost.precision import QUANTISE_BYTES, at_precision
+from planner.cost.fsdp import fsdp_line, hsdp_groups
+from planner.cost.precision import QUANTISE_BYTES, at_precision, precision_of
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile
 from planner.solve import plan
@@ -100,7 +100,7 @@ def test_precision_refusals_name_the_device() -> None:
         at_precision(prof, PRESETS["a100-80gb-x8"], Precision.FP8_CURRENT)
     with pytest.raises(PlannerInputError, match="MXFP8 needs Blackwell"):
         at_precision(prof, PRESETS["h100-80gb-x8"], Precision.MXFP8)
-    assert at_precision(prof, PRESETS["b200-x8"], Precision.MXFP8).precision is Precision.MXFP8
+    assert precision_of(at_precision(prof, PRESETS["b200-x8"], Precision.MXFP8)) is Precision.MXFP8
 
 
 def test_a_plan_records_its_precision_and_any_picks_the_fastest() -> None:
@@ -133,7 +133,7 @@ def test_hsdp_gathers_inside_the_node_and_all_reduces_across_nodes() -> None:
     cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=4)
     full = Layout(num_stages=1, dp_degree=32, zero=ZeroStage.PARAMETERS)
     hsdp = dataclasses.replace(full, shard_group_size=8)
-    inside, across = hsdp.shard_groups(0)
+    inside, across = hsdp_groups(hsdp, 0)
     assert inside == tuple(range(8)) and across == (0, 8, 16, 24)
     assert {cluster.node_of(r) for r in inside} == {0} and len({cluster.node_of(r) for r in across}) == 4
     intra = allreduce_line(cluster, inside)

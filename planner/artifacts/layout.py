@@ -206,12 +206,10 @@ class Layout(ExpertRanks):
         metadata={"doc": "expert tensor-parallel devices: each routed expert's weights split over them "
                          "(absent from a plan file when 1)", "omit_if_default": True},
     )
-    shard_group_size: int = field(
-        default=0,
-        metadata={"doc": "HSDP under ZeRO 3: the state sharded over this many consecutive ranks of a stage's "
-                         "gradient group and replicated across the groups (gradients all-reduced across them "
-                         "after the last backward); 0 = over the whole group (absent when 0)", "omit_if_default": True},
-    )
+    shard_group_size: int = field(default=0, metadata={
+        "doc": "HSDP under ZeRO 3: the state sharded over this many consecutive ranks of a stage's gradient group, "
+               "replicated across the groups (planner.cost.fsdp.hsdp_groups); 0 = the whole group (absent when 0)",
+        "omit_if_default": True})
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -246,12 +244,10 @@ class Layout(ExpertRanks):
                 f"tp_degree {self.tp_degree}, cp_degree {self.cp_degree})"
             )
         object.__setattr__(self, "stage_replicas", reps)
-        g = self.shard_group_size
-        if g:
-            whole = self.dp_degree * self.cp_degree
-            if self.zero is not ZeroStage.PARAMETERS or reps or g < 1 or g >= whole or whole % g:
-                raise ValueError(f"shard_group_size {g} needs ZeRO 3, a uniform layout and a proper divisor of the "
-                                 f"gradient group's {whole} ranks (got zero {int(self.zero)})")
+        g, whole = self.shard_group_size, self.dp_degree * self.cp_degree
+        if g and (self.zero is not ZeroStage.PARAMETERS or reps or g < 1 or g >= whole or whole % g):
+            raise ValueError(f"shard_group_size {g} needs ZeRO 3, a uniform layout and a proper divisor of the "
+                             f"gradient group's {whole} ranks (got zero {int(self.zero)})")
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -326,18 +322,8 @@ class Layout(ExpertRanks):
         if self.zero is ZeroStage.NONE:
             return Sharding()
         ranks, experts = self.grad_group_size(stage_idx), self.expert_grad_group_size(stage_idx)
-        if self.shard_group_size:  # HSDP: sharded inside each group, replicated across them
-            g = self.shard_group_size
-            return Sharding(self.zero, g, experts if experts != ranks else 0, replicas=ranks // g)
-        return Sharding(self.zero, ranks, experts if experts != ranks else 0)
-
-    def shard_groups(self, stage_idx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """HSDP's two groups of stage ``stage_idx`` at tensor-parallel shard 0: the first shard group
-        (consecutive ranks of the gradient group: gathers and reduce-scatters run inside it) and the
-        ranks holding its first rank's shard in every group (the all-reduce across them)."""
-        ranks = self.grad_group(stage_idx)
-        g = self.shard_group_size or len(ranks)
-        return ranks[:g], ranks[::g]
+        g = self.shard_group_size or ranks  # HSDP: sharded inside each group of g, replicated across them
+        return Sharding(self.zero, g, experts if experts != ranks else 0, replicas=ranks // g)
 
     # ---------------------------------------------------------------- ranks
     def pipeline_rank(self, stage_idx: int) -> int:

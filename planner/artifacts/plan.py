@@ -241,11 +241,8 @@ class Plan:
     optimizer: OptimizerKind | None = field(
         default=None, metadata={"doc": "the optimizer the plan's memory was priced for (None = unknown)"}
     )
-    precision: Precision = field(
-        default=Precision.BF16,
-        metadata={"doc": "the arithmetic of the blocks' linear layers the plan was priced for: bf16, fp8-current, "
-                         "fp8-block, mxfp8 (planner.cost.precision) (absent when bf16)", "omit_if_default": True},
-    )
+    precision: Precision = field(default=Precision.BF16, metadata={"doc": "the blocks' linear layers' arithmetic "
+                                 "it was priced for (planner.cost.precision) (absent when bf16)", "omit_if_default": True})
     devices_available: int = field(
         default=0,
         metadata={"doc": "devices the solver had (0 = unknown: an older plan, or one priced outside a search); the "

@@ -39,8 +39,7 @@ configuration and Megatron-LM's rule, what their versions priced), and a layer's
 Version 3 added ``saved_bytes_fixed``, ``attention_core``, ``Profile.attention``,
 ``Profile.shared_saved`` and ``TensorSplit.degrees`` (version-1 and -2 files load with none of
 them: no intercept, no selective level, attention ``unknown``, nothing shared, the ``1/t``
-rule for tensor-parallel times); version 2 added
-``model_flops_per_sample``.
+rule for tensor-parallel times); version 2 added ``model_flops_per_sample``.
 """
 
 from __future__ import annotations
@@ -53,7 +52,8 @@ from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
 from planner.artifacts.consistency import check_profile
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import AttentionKind, DType, Precision, SequenceParallelRuntime
+from planner.artifacts.fp8 import Fp8Gemms
+from planner.artifacts.kinds import AttentionKind, DType, SequenceParallelRuntime
 from planner.artifacts.limits import (
     MAX_BATCH,
     MAX_BYTES,
@@ -101,26 +101,6 @@ class TimePoint:
             raise ValueError(f"microbatch_size must be >= 1 (got {self.microbatch_size})")
         check_count("microbatch_size", self.microbatch_size, 1, MAX_BATCH)
         check_ranges(0, MAX_MS, fwd_ms=self.fwd_ms, bwd_ms=self.bwd_ms)  # raw points too, though the fit is what plans use
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fp8Gemms:
-    """The linear layers of a layer that an FP8 recipe runs in FP8 (the weighted GEMMs of a
-    transformer block; ``planner.cost.precision``): their bf16 time inside the layer's, the
-    bytes of their distinct inputs (cast to FP8 in the forward, saved in FP8 for the weight
-    gradient) and of their outputs' gradients (cast in the backward), and their parameters (an
-    FP8 copy each). Bytes are of the bf16 tensors, per sample."""
-
-    fwd: TimeFit = field(metadata={"doc": "the FP8-able GEMMs' part of the layer's forward, in bf16"})
-    bwd: TimeFit = field(metadata={"doc": "their part of the backward (input and weight gradients), in bf16"})
-    input_bytes_per_sample: float = field(metadata={"doc": "bf16 bytes of their distinct inputs, per sample"})
-    grad_bytes_per_sample: float = field(metadata={"doc": "bf16 bytes of their outputs' gradients, per sample"})
-    param_count: int = field(metadata={"doc": "their weights' parameters"})
-
-    def __post_init__(self) -> None:
-        check_nonneg("Fp8Gemms", input_bytes_per_sample=self.input_bytes_per_sample,
-                      grad_bytes_per_sample=self.grad_bytes_per_sample)
-        check_count("Fp8Gemms.param_count", self.param_count)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,9 +164,7 @@ class Layer:
     moe: MoeLayer | None = field(default=None, metadata={
         "doc": "the layer's routed experts (a mixture-of-experts layer, planner.artifacts.moe); absent: none",
         "omit_if_default": True})
-    fp8: Fp8Gemms | None = field(default=None, metadata={
-        "doc": "the GEMMs an FP8 recipe runs in FP8 (planner.cost.precision); absent: the layer stays bf16",
-        "omit_if_default": True})
+    fp8: Fp8Gemms | None = field(default=None, metadata={"doc": "FP8-able GEMMs (planner.artifacts.fp8)", "omit_if_default": True})
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -352,10 +330,6 @@ class Profile:
     shared_saved: tuple[SharedSaved, ...] = field(
         default=(), metadata={"doc": "storages two layers both save (counted once on a stage holding both)"}
     )
-    precision: Precision = field(
-        default=Precision.BF16, metadata={"doc": "the precision its times and bytes are for: bf16 as profiled, or an "
-                                                 "FP8 recipe applied by planner.cost.precision (absent when bf16)",
-                                          "omit_if_default": True})
 
     def __post_init__(self) -> None:
         if not self.layers:

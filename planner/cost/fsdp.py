@@ -55,7 +55,7 @@ from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost.collectives import allreduce_line, grad_group_line
 
-__all__ = ["FsdpTerms", "fsdp_line", "fsdp_terms", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
+__all__ = ["FsdpTerms", "fsdp_line", "fsdp_terms", "hsdp_groups", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
 
 
 def is_fsdp(sharding: Sharding) -> bool:
@@ -69,11 +69,21 @@ def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
     all-reduce line, of the layout's slowest group. HSDP (``Layout.shard_group_size``): over its
     shard group, the consecutive ranks the state is sharded over (a node, by default)."""
     if layout.shard_group_size:
-        lines = [allreduce_line(cluster, layout.shard_groups(s)[0]) for s in range(layout.num_stages)]
+        lines = [allreduce_line(cluster, hsdp_groups(layout, s)[0]) for s in range(layout.num_stages)]
     else:
         lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
+
+
+def hsdp_groups(layout: Layout, stage_idx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """HSDP's two groups of stage ``stage_idx`` at tensor-parallel shard 0 (``Layout.shard_group_size``):
+    the first shard group (consecutive ranks of the gradient group: gathers and reduce-scatters
+    run inside it) and the ranks holding its first rank's shard in every group (the all-reduce
+    of the gradient shards across them)."""
+    ranks = layout.grad_group(stage_idx)
+    g = layout.shard_group_size or len(ranks)
+    return ranks[:g], ranks[::g]
 
 
 def units_in_flight(prefetch: bool) -> int:

@@ -89,7 +89,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
-from planner.cost.precision import fp8_extra_weight_bytes
+from planner.cost.precision import fp8_extra_weight_bytes, precision_of
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
 
@@ -144,7 +144,8 @@ class CostModel(ShardedState):
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
         #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
-        self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and profile.precision.fp8 else 0
+        fp8 = precision_of(profile).fp8
+        self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
                                          for layer in layers], dtype=np.int64)
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
@@ -365,16 +366,6 @@ class CostModel(ShardedState):
         one = self._one_sync(start, stop, layout, counts, self.grad_line(layout, stage_idx), recompute, microbatch_size,
                              selective)
         return SyncCost(one.total_ms + tied, one.early_ms, one.gather_ahead_ms, one.gather_bound_ms)
-
-    def hsdp_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
-        """HSDP's all-reduce across the shard groups after the last backward: each rank's
-        gradient shard (1/``shard_group_size`` of the stage's gradients), among the ranks holding
-        the same shard, one per group (:meth:`Layout.shard_groups`); 0 without HSDP."""
-        if not layout.shard_group_size:
-            return 0.0
-        per_byte, fixed = allreduce_line(self.cluster, layout.shard_groups(stage_idx)[1])
-        nbytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param / layout.shard_group_size
-        return per_byte * nbytes + fixed
 
     def _expert_sync(
         self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int], microbatch_size: int,

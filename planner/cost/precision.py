@@ -51,7 +51,7 @@ from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
 __all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES", "QUANTISE_BYTES", "at_precision",
-           "check_precision", "fp8_extra_weight_bytes"]
+           "check_precision", "fp8_extra_weight_bytes", "precision_of"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {
@@ -82,6 +82,15 @@ def fp8_extra_weight_bytes(weight_bytes_per_param: int) -> int:
     return FP8_WEIGHT_BYTES if weight_bytes_per_param > 2 else 0
 #: the achieved HBM fraction where a profile does not record one (the shipped H100 fit's)
 DEFAULT_HBM_FRACTION = 0.4067
+
+
+#: the profile metadata key naming the FP8 recipe its layers were priced at (absent: bf16, as profiled)
+PRECISION_KEY = "precision"
+
+
+def precision_of(profile: Profile) -> Precision:
+    """The precision ``profile``'s times and bytes are for (:func:`at_precision` records it)."""
+    return Precision(str(profile.metadata.get(PRECISION_KEY, Precision.BF16.value)))
 
 
 def check_precision(cluster: Cluster, precision: Precision) -> None:
@@ -116,10 +125,11 @@ def _fp8_layer(layer: Layer, speedup: float, ms_per_byte: float, bytes_factor: f
 def at_precision(profile: Profile, cluster: Cluster, precision: Precision) -> Profile:
     """``profile`` with its layers priced under ``precision`` on ``cluster``'s devices (module
     docstring); bf16: the profile itself. Refused where the devices cannot run it."""
-    if precision is Precision.BF16 or profile.precision is precision:
+    current = precision_of(profile)
+    if precision is current:
         return profile
-    if profile.precision is not Precision.BF16:
-        raise PlannerInputError(f"profile {profile.model!r} is already priced at {profile.precision.value}")
+    if current is not Precision.BF16:
+        raise PlannerInputError(f"profile {profile.model!r} is already priced at {current.value}")
     check_precision(cluster, precision)
     speedup = cluster.peak_fp8_tflops / (cluster.peak_tflops or cluster.peak_fp8_tflops) * FP8_GEMM_EFFICIENCY[precision]
     hbm = float(profile.metadata.get("memory_efficiency", DEFAULT_HBM_FRACTION) or DEFAULT_HBM_FRACTION)
@@ -131,4 +141,4 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision) -> Pr
     layers = tuple(dataclasses.replace(layer, fp8=None) if i in kept
                    else _fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision])
                    for i, layer in enumerate(profile.layers))
-    return dataclasses.replace(profile, layers=layers, precision=precision)
+    return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value})

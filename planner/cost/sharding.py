@@ -36,7 +36,7 @@ from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line
-from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
+from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp, units_in_flight
 from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
 
@@ -171,6 +171,16 @@ class ShardedState(PrefixSums):
         per_byte, fixed = self.grad_line(layout, stage_idx)
         buckets = max(1, -(-int(nbytes) // self.stack.grad_bucket_bytes))
         return 0.5 * (per_byte * nbytes + fixed * buckets)
+
+    def hsdp_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
+        """HSDP's all-reduce across the shard groups after the last backward: each rank's
+        gradient shard (1/``shard_group_size`` of the stage's gradients), among the ranks holding
+        the same shard, one per group (:func:`planner.cost.fsdp.hsdp_groups`); 0 without HSDP."""
+        if not layout.shard_group_size:
+            return 0.0
+        per_byte, fixed = allreduce_line(self.cluster, hsdp_groups(layout, stage_idx)[1])
+        nbytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param / layout.shard_group_size
+        return per_byte * nbytes + fixed
 
     def fsdp_line(self, layout: Layout) -> tuple[float, float]:
         """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""

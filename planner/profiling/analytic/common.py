@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.fp8 import Fp8Gemms
 from planner.artifacts.kinds import AttentionKind, DType
 from planner.artifacts.profile import (
     AttentionCore,
     Edge,
-    Fp8Gemms,
     Layer,
     Profile,
     TiedParams,
