@@ -46,7 +46,7 @@ from typing import Any
 
 from narayanan_table import ROWS as NARAYANAN_ROWS
 
-from planner.artifacts.kinds import OptimizerKind
+from planner.artifacts.kinds import OptimizerKind, Precision
 from planner.artifacts.stack import STACKS, Stack
 from planner.models.flops import AttentionFlops, attention_fwd_flops, palm_flops_per_token
 
@@ -124,6 +124,8 @@ class PublishedRun:
     published_mfu: float = 0.0  # the source's MFU where it gives one (checked against our FLOP count)
     # recomputation levels the source leaves open (plausible values, priced in the band; () = as published)
     recompute_options: tuple[Recompute, ...] = ()
+    precision: Precision = Precision.BF16  # the blocks' linear layers (planner.cost.precision)
+    recompute_layers: int = 0  # with FULL: only the first this many blocks of each stage (Megatron's block method)
 
     @property
     def gpus(self) -> int:
@@ -311,6 +313,7 @@ _LLAMA_SHAPES = {
     "Llama 3 70B": (80, 8192, 64, 8, 28672, 128256, 8192),
     "Llama 2 13B": (40, 5120, 40, 40, 13824, 32000, 4096),
     "Llama 2 70B": (80, 8192, 64, 8, 28672, 32000, 4096),
+    "Llama 3.1 405B": (126, 16384, 128, 8, 53248, 128256, 8192),  # Dubey et al. 2024 table 3
 }
 _T_ASSUMED = ("one FSDP2 group over the 64 GPUs (ZeRO 3, d = 64), no TP/PP, one micro-batch of the local batch",
               "FSDP2 mixed precision: bf16 compute, fp32 gradient reduce-scatter and sharded fp32 state "
@@ -348,8 +351,51 @@ def torchtitan_rows() -> list[PublishedRun]:
     return out
 
 
+# Megatron-Bridge performance summary, 25.11 container, DGX-H100 (reference README section 6), the dense FP8-CS rows:
+# (model, GPUs, batch, t, p, cp, chunks per rank, ZeRO, first / last stage blocks, blocks fully recomputed per stage,
+#  tokens/s per GPU, TFLOP/s per GPU); the recomputed blocks: Megatron-Bridge's perf preset
+#  LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (recompute_num_layers=5; scripts/performance/configs/llama)
+_MB_ROWS = (
+    ("Llama 3 8B", 8, 128, 1, 1, 1, 1, 3, 0, 0, 5, 14451, 744),
+    ("Llama 3 70B", 64, 128, 4, 8, 1, 5, 1, 0, 0, 0, 1602, 719),
+    ("Llama 3.1 405B", 1024, 512, 8, 8, 2, 8, 1, 1, 1, 0, 292, 737),
+)
+_MB_ASSUMED = ("FP8 with per-tensor current scaling (fp8-current) on the blocks' linear layers, the first and last block "
+               "bf16 (Megatron-Bridge's recipe); attention core, embedding and head bf16",
+               "recomputation: the 8B's 5 blocks (its perf preset), the others none (the band spans selective too)",
+               "distributed optimizer (ZeRO 1) with bf16 gradient reduction (adam-mixed: the perf scripts' "
+               "grad_reduce_in_fp32 False); the 8B row's FSDP as ZeRO 3",
+               "sequence parallelism with t > 1", "stack megatron-core-0.8 (the newest named; the row ran 25.11)",
+               "405B: 126 blocks over 64 chunks as Megatron's layout does it: the embedding and the head take the "
+               "first and last chunks' second slots (1 block each), the rest 2 per chunk",
+               "inter-node fabric: the h100 preset's 50 GB/s per GPU")
+
+
+def megatron_bridge_rows() -> list[PublishedRun]:
+    """Megatron-Bridge's DGX-H100 FP8 rows (reference README section 6): Llama 3 8B (FSDP), 70B and
+    3.1 405B with FP8 current scaling, seq 8192, micro-batch 1; tokens per second per GPU."""
+    out = []
+    for model, gpus, batch, t, p, cp, v, zero, first, last, rc, tokens, _tflops in _MB_ROWS:
+        layers, hidden, heads, kv, ffn, vocab, seq = _LLAMA_SHAPES[model]
+        params = _config_params(layers, hidden, heads, kv, ffn, vocab)
+        out.append(PublishedRun(
+            source="Megatron-Bridge 25.11 (H100)", publication="Megatron-Bridge 25.11",
+            label=f"MB {model.replace('Llama ', 'L').replace('3.1', '3')} fp8", device="h100-80gb", layers=layers,
+            hidden=hidden, heads=heads, kv_heads=kv, ffn=ffn, seq=seq, vocab=vocab, arch="llama", t=t, p=p, cp=cp,
+            d=gpus // (t * p * cp), batch=batch, microbatch=1, chunks=(v,), recompute=Recompute.FULL if rc else Recompute.NONE,
+            recompute_layers=rc, sequence_parallel=t > 1, zero=zero, stack=STACKS["megatron-core-0.8"],
+            metric=Metric.TOKENS_PER_S, published=float(tokens), flash_attention=True, optimizer=OptimizerKind.ADAM_MIXED,
+            first_stage_layers=first, last_stage_layers=last, precision=Precision.FP8_CURRENT,
+            flops_per_iteration=palm_flops_per_token(params=params, layers=layers, heads=heads, head_dim=hidden // heads,
+                                                     seq=seq) * batch * seq,
+            assumed=_MB_ASSUMED, recompute_options=() if rc else (Recompute.NONE, Recompute.SELECTIVE),
+        ))
+    return out
+
+
 def all_rows() -> list[PublishedRun]:
-    return narayanan_rows() + korthikanti_t4_rows() + korthikanti_t5_rows() + megatron_rows() + torchtitan_rows()
+    return (narayanan_rows() + korthikanti_t4_rows() + korthikanti_t5_rows() + megatron_rows() + torchtitan_rows()
+            + megatron_bridge_rows())
 
 
 def read_config(name: str) -> dict[str, Any]:

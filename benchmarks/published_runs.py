@@ -90,6 +90,7 @@ from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost.band import MODEL_ERROR, MODEL_ERROR_QUANTILE, MODEL_ERROR_SOURCE, RUNTIME_RESERVE_BYTES, combine
+from planner.cost.precision import at_precision
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, MAMF_FRACTION, GemmModel
@@ -191,8 +192,9 @@ def profile_for(run: PublishedRun, gemm: GemmModel) -> Profile:
     name = f"{run.source}: {run.label}"
     if run.arch == "llama":
         unit = SelectiveUnit.OPS if run.recompute is Recompute.OPS else SelectiveUnit.ATTENTION_CORE
-        return llama_profile(run.llama_config(), seq=run.seq, device_preset=run.device, gemm=gemm, model=name,
+        prof = llama_profile(run.llama_config(), seq=run.seq, device_preset=run.device, gemm=gemm, model=name,
                              selective=unit)
+        return at_precision(prof, cluster_for(run), run.precision)  # an FP8 row: planner.cost.precision
     return gpt_profile(layers=run.layers, hidden=run.hidden, heads=run.heads, seq=run.seq, vocab=run.vocab,
                        device_preset=run.device, gemm=gemm, attention="flash" if run.flash_attention else "materialised",
                        model=name)
@@ -230,8 +232,8 @@ def partition(run: PublishedRun, chunks: int) -> tuple[list[int], list[list[int]
     stops = starts[1:] + [run.layers + 2]
     blocks = [[i for i in range(a, b) if 1 <= i <= run.layers] for a, b in zip(starts, stops)]
     none: list[list[int]] = [[] for _ in starts]
-    full = {Recompute.FULL: blocks, Recompute.EVERY_OTHER: [[i for i in b if i % 2 == 0] for b in blocks]}.get(
-        run.recompute, none)
+    full = {Recompute.FULL: [b[:run.recompute_layers] if run.recompute_layers else b for b in blocks],
+            Recompute.EVERY_OTHER: [[i for i in b if i % 2 == 0] for b in blocks]}.get(run.recompute, none)
     selective = blocks if run.recompute in (Recompute.SELECTIVE, Recompute.OPS) else none
     return starts, full, selective
 
@@ -448,7 +450,11 @@ def _fit_task(task: tuple[str, list[PublishedRun]]) -> dict[str, GemmModel]:
 def loso_model(run: PublishedRun, loso: dict[str, tuple[GemmModel, ...]]) -> GemmModel | None:
     """The leave-one-source-out fit (shipped, ``DEVICE_GEMM_LOSO``) that left the row's source out."""
     mark = f"without {run.publication};"
-    return next((m for m in loso.get(run.device, ()) if mark in m.source), None)
+    left_out = next((m for m in loso.get(run.device, ()) if mark in m.source), None)
+    if left_out is None and run.label not in FIT_LABELS and not any(
+            r.publication == run.publication and r.label in FIT_LABELS for r in all_rows()):
+        return DEVICE_GEMM[run.device]  # a source no fit has seen (the FP8 rows): every fit is out of its source
+    return left_out
 
 
 def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmModel]]) -> str:

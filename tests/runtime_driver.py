@@ -49,6 +49,7 @@ from planner.runtime.collect import build_report, gather_measures
 from planner.runtime.engine import RankRunner
 from planner.runtime.model import cast_batch, cast_workload, load_workload, workload_fingerprint
 from planner.runtime.options import RuntimeOptions
+from planner.runtime.stage_helpers import optimizer_of
 from planner.runtime.tensor import full, local
 from planner.runtime.zero import flatten
 from tests.factories import make_plan
@@ -57,9 +58,7 @@ LR = 0.05
 
 
 def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    if OptimizerFamily(kind) is OptimizerFamily.ADAMW:
-        return torch.optim.AdamW(params, lr=LR, foreach=False)
-    return torch.optim.SGD(params, lr=LR, foreach=False)
+    return optimizer_of(OptimizerFamily(kind), params, LR)  # the runtime's own (bf16 moments included)
 
 
 def reference(

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from planner.artifacts.cluster import PRESETS
-from planner.artifacts.kinds import OptimizerKind
-from planner.artifacts.kinds import ZeroStage
+from planner.artifacts.kinds import OptimizerKind, ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.moe import MoeStack
 from planner.artifacts.stack import MCORE_MOE_HOST_MS_PER_LAYER, STACKS
@@ -72,7 +71,7 @@ def test_host_floor_binds_small_passes_and_not_large_ones() -> None:
     group = DeviceGroup(tp_degree=4, sequence_parallel=True, ep_degree=8)
     free, hosted = _cm(group, 0.0), _cm(group, 8.25)
     i = next(j for j, layer in enumerate(free.profile.layers) if layer.moe is not None)
-    (f1, b1), (g1, c1) = free.layer_times(1), hosted.layer_times(1)
+    (f1, _), (g1, c1) = free.layer_times(1), hosted.layer_times(1)
     floor_f, floor_b = host_floor_ms(hosted.profile, hosted.stack.host_us_per_kernel, 8.25)
     assert f1[i] < floor_f[i] and g1[i] == pytest.approx(floor_f[i]) and c1[i] == pytest.approx(floor_b[i])
     (f16, b16), (g16, c16) = free.layer_times(16), hosted.layer_times(16)

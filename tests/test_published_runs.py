@@ -41,6 +41,7 @@ from published_runs import (
 
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.kinds import ZeroStage
+from planner.cost.precision import FP8_FIT_ROWS
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO
 
@@ -60,11 +61,14 @@ def test_memory_rows_are_the_issue_rows() -> None:
 
 
 def test_sources_and_fit_rows() -> None:
-    """Four sources; each source's fit rows are at most a third of its rows and are rows of it."""
+    """Four bf16 sources and the FP8 one; each source's fit rows (the FP8 source's: the one FP8
+    constant's, planner.cost.precision.FP8_FIT_ROWS) are at most a third of its rows and rows of it."""
     by_source: dict[str, list[str]] = {}
     for r in ROWS.values():
         by_source.setdefault(r.publication, []).append(r.label)
-    assert set(by_source) == set(FIT_ROWS)
+    fp8 = {r.publication for r in ROWS.values() if r.precision.fp8}
+    assert fp8 == {"Megatron-Bridge 25.11"} and set(by_source) == set(FIT_ROWS) | fp8
+    assert set(FP8_FIT_ROWS) <= set(by_source["Megatron-Bridge 25.11"]) and 3 * len(FP8_FIT_ROWS) <= len(by_source["Megatron-Bridge 25.11"])
     for src, labels in FIT_ROWS.items():
         assert set(labels) <= set(by_source[src]) and 3 * len(labels) <= len(by_source[src]) + 2
 

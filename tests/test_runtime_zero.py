@@ -23,6 +23,7 @@ from planner.runtime.checkpoint_files import CheckpointError
 from planner.runtime.collect import build_report
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure, StepMeasure
+from planner.runtime.stage_helpers import optimizer_of
 from planner.runtime.summary import format_model_state
 from planner.runtime.zero import (
     FlatLayout,
@@ -78,8 +79,7 @@ def test_stepping_the_shards_equals_stepping_the_parameters_bit_for_bit(kind: Op
     grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(3)]
 
     def make(ps: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        cls = torch.optim.AdamW if kind is OptimizerFamily.ADAMW else torch.optim.SGD
-        return cls(ps, lr=0.05, foreach=False)
+        return optimizer_of(kind, ps, 0.05)  # the runtime's own (AdamW with bf16 moments included)
 
     layouts = [FlatLayout(numels=tuple(p.numel() for p in params), num_shards=3, shard_idx=i) for i in range(3)]
     flat = flatten(params, layouts[0])
@@ -98,7 +98,7 @@ def test_stepping_the_shards_equals_stepping_the_parameters_bit_for_bit(kind: Op
     assert torch.equal(gathered[layouts[0].total_numel :], torch.zeros(1, dtype=torch.float64))  # padding stays 0
     sharded_state = sum(optimizer_state_bytes(opt) for opt in shards)
     element_bytes = state_bytes_per_param(kind, 8) * layouts[0].padded_numel
-    assert sharded_state == element_bytes + (3 * 4 if kind is OptimizerFamily.ADAMW else 0)  # + a float32 step each
+    assert sharded_state == element_bytes + (3 * 4 if kind.moments else 0)  # + a float32 step each
 
 
 @pytest.fixture

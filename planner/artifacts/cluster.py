@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.artifacts import codec
+from planner.artifacts.devices import newer_preset_fields
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import CollectiveModel
 from planner.artifacts.limits import MAX_BYTES, MAX_DEVICES, MAX_MS, MAX_RATE, MIN_RATE, check_count, check_name, check_range
@@ -40,6 +41,15 @@ class Cluster:
     inter_node_latency_us: float
     peak_tflops: float = field(
         default=0.0, metadata={"doc": "peak dense 16-bit FLOP/s of one device, in 10^12 (for MFU); 0 = unknown"}
+    )
+    peak_fp8_tflops: float = field(
+        default=0.0, metadata={"doc": "peak dense FP8 FLOP/s of one device, in 10^12 (the FP8 precisions' GEMMs: "
+                                      "planner.cost.precision); 0 = no FP8 tensor cores (absent when 0)",
+                               "omit_if_default": True}
+    )
+    mxfp8: bool = field(
+        default=False, metadata={"doc": "the device's tensor cores scale FP8 blocks of 32 in hardware (MXFP8, "
+                                        "OCP Microscaling; Blackwell) (absent when false)", "omit_if_default": True}
     )
     memory_bandwidth_gb_per_s: float = field(
         default=0.0,
@@ -79,7 +89,8 @@ class Cluster:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be > 0 (got {value!r})")
-        for name in ("intra_node_latency_us", "inter_node_latency_us", "peak_tflops", "memory_bandwidth_gb_per_s"):
+        for name in ("intra_node_latency_us", "inter_node_latency_us", "peak_tflops", "peak_fp8_tflops",
+                     "memory_bandwidth_gb_per_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0 (got {value!r})")
@@ -91,7 +102,7 @@ class Cluster:
         # rates divide: a denormal one makes inf as surely as a huge time (limits.MIN_RATE)
         for name in ("relative_speed", "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
             check_range(name, getattr(self, name), MIN_RATE, MAX_RATE)
-        for name in ("peak_tflops", "memory_bandwidth_gb_per_s"):
+        for name in ("peak_tflops", "peak_fp8_tflops", "memory_bandwidth_gb_per_s"):
             if getattr(self, name):  # 0 = unknown
                 check_range(name, getattr(self, name), MIN_RATE, MAX_RATE)
         for name in ("intra_node_latency_us", "inter_node_latency_us"):
@@ -218,6 +229,7 @@ PRESETS: dict[str, Cluster] = {
         inter_node_bandwidth_gb_per_s=50.0,
         inter_node_latency_us=5.0,
         peak_tflops=989.0,
+        peak_fp8_tflops=1979.0,
         memory_bandwidth_gb_per_s=3350.0,
         overlap_compute_loss=_NCCL_BLOCKS / _H100_SMS,
         collective_model=CollectiveModel.NCCL,
@@ -228,6 +240,7 @@ PRESETS: dict[str, Cluster] = {
             "inter_node_p2p_latency_us": _NCCL_P2P,
             "gpu_speed_variation": _SINHA,
             "peak_tflops": "NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core (SXM5)",
+            "peak_fp8_tflops": "NVIDIA H100 datasheet: 1,979 TFLOPS dense FP8 tensor core (SXM5; 3,958 with sparsity)",
             "memory_bandwidth_gb_per_s": "NVIDIA H100 datasheet: 3.35 TB/s HBM3 (SXM5)",
             "device_memory_bytes": _H100_MEMORY,
             "overlap_compute_loss": _overlap_loss_source(_H100_SMS),
@@ -284,6 +297,8 @@ PRESETS: dict[str, Cluster] = {
 }
 
 PRESETS["a100-80gb-2x8"] = replace(PRESETS["a100-80gb-x8"], name="a100-80gb-2x8", num_nodes=2)
+for _name, _fields in newer_preset_fields(PRESETS["h100-80gb-x8"].sources).items():
+    PRESETS[_name] = replace(PRESETS["h100-80gb-x8"], **_fields)
 
 DEFAULT_CLUSTER = "a100-80gb-x8"
 

@@ -69,6 +69,35 @@ class OptimizerFamily(enum.Enum):
 
     SGD = "sgd"
     ADAMW = "adamw"
+    ADAMW_BF16_MOMENTS = "adamw-bf16-moments"  # AdamW keeping exp_avg and exp_avg_sq in bfloat16
+
+    @property
+    def moments(self) -> int:
+        """The per-parameter moment tensors it keeps (AdamW 2, SGD without momentum 0)."""
+        return 0 if self is OptimizerFamily.SGD else 2
+
+    def moment_bytes(self, element_size: int) -> int:
+        """Bytes of its moments per parameter, in a run of ``element_size``-byte parameters."""
+        return self.moments * (2 if self is OptimizerFamily.ADAMW_BF16_MOMENTS else element_size)
+
+
+class Precision(enum.Enum):
+    """The arithmetic of the transformer blocks' linear layers (issue 49 item 1;
+    ``planner.cost.precision`` prices each): bf16; FP8 with per-tensor current scaling
+    (Transformer Engine's ``Float8CurrentScaling``); FP8 with block scaling, 1 x 128 activation
+    tiles and 128 x 128 weight blocks (DeepSeek-V3 tech. report sec. 3.3.2; TE's
+    ``Float8BlockScaling``); MXFP8, blocks of 32 scaled in hardware (OCP MX v1.0; Blackwell only,
+    TE's ``MXFP8BlockScaling``). The attention core, the router, the embedding and the head stay
+    bf16."""
+
+    BF16 = "bf16"
+    FP8_CURRENT = "fp8-current"
+    FP8_BLOCK = "fp8-block"
+    MXFP8 = "mxfp8"
+
+    @property
+    def fp8(self) -> bool:
+        return self is not Precision.BF16
 
 
 class OptimizerKind(enum.Enum):
@@ -78,11 +107,29 @@ class OptimizerKind(enum.Enum):
     ADAM_FP32 = "adam-fp32"  # weights 4 + grads 4 + m 4 + v 4
     ADAM_MIXED = "adam-mixed"  # fp16 w 2 + fp16 g 2 + fp32 master 4 + m 4 + v 4 (ZeRO paper, Rajbhandari et al. 2020)
     ADAM_MIXED_FP32_GRAD = "adam-mixed-fp32-grad"  # as above + 2 for fp32 gradient accumulation
+    # the lean optimizer states (issue 49 item 2): moments in bf16 (as DeepSeek-V3 tech. report sec. 3.3.3 keeps
+    # AdamW's moments), and/or no fp32 master copy (the bf16 weights are the ones updated)
+    ADAM_MIXED_BF16_MOMENTS = "adam-mixed-bf16-moments"  # bf16 w 2 + g 2 + fp32 master 4 + bf16 m 2 + v 2
+    ADAM_BF16_FP32_MOMENTS = "adam-bf16-fp32-moments"  # bf16 w 2 (the master) + g 2 + fp32 m 4 + v 4
+    ADAM_BF16 = "adam-bf16"  # bf16 w 2 (the master) + g 2 + bf16 m 2 + v 2
 
     @property
     def family(self) -> OptimizerFamily:
-        """The runtime optimizer of this kind: SGD for ``sgd-fp32``, AdamW for the Adam kinds."""
-        return OptimizerFamily.SGD if self is OptimizerKind.SGD_FP32 else OptimizerFamily.ADAMW
+        """The runtime optimizer of this kind: SGD for ``sgd-fp32``, AdamW for the Adam kinds
+        (with bf16 moments where the kind keeps them so)."""
+        if self is OptimizerKind.SGD_FP32:
+            return OptimizerFamily.SGD
+        return OptimizerFamily.ADAMW_BF16_MOMENTS if self.moment_bytes == 2 else OptimizerFamily.ADAMW
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes of one moment (first or second) per parameter: 2 (bf16) or 4 (fp32)."""
+        return 2 if self in (OptimizerKind.ADAM_MIXED_BF16_MOMENTS, OptimizerKind.ADAM_BF16) else 4
+
+    @property
+    def master_weights(self) -> bool:
+        """Whether it keeps an fp32 master copy beside 16-bit weights (the mixed kinds)."""
+        return self in (OptimizerKind.ADAM_MIXED, OptimizerKind.ADAM_MIXED_FP32_GRAD, OptimizerKind.ADAM_MIXED_BF16_MOMENTS)
 
     @property
     def state_bytes_per_param(self) -> tuple[int, int, int]:
@@ -95,11 +142,13 @@ class OptimizerKind(enum.Enum):
         the optimizer state read and written (moments, and the fp32 master weights of the mixed
         kinds), the weights written (also read where they are the master copy: the fp32 kinds).
         Adam mixed: 2 + 2 x 12 + 2 = 28; with fp32 gradients 30; Adam fp32 4 + 2 x 8 + 2 x 4 =
-        28; SGD with momentum 4 + 2 x 4 + 2 x 4 = 20. The update itself, as a fused
+        28; SGD with momentum 4 + 2 x 4 + 2 x 4 = 20; bf16 moments with an fp32 master 2 + 2 x 8 + 2
+        = 20; bf16 weights as the master with fp32 moments 2 + 2 x 8 + 2 x 2 = 22, with bf16 moments
+        2 + 2 x 4 + 2 x 2 = 14. The update itself, as a fused
         (multi-tensor) kernel streams it once; a gradient-norm pass for clipping would add a
         gradient read."""
         w, g, o = self.state_bytes_per_param
-        master = self in (OptimizerKind.SGD_FP32, OptimizerKind.ADAM_FP32)
+        master = not self.master_weights  # the weights themselves are updated: read and written
         return g + 2 * o + (2 * w if master else w)
 
 
@@ -109,6 +158,9 @@ STATE_BYTES_PER_PARAM: dict[OptimizerKind, tuple[int, int, int]] = {
     OptimizerKind.ADAM_FP32: (4, 4, 8),
     OptimizerKind.ADAM_MIXED: (2, 2, 12),
     OptimizerKind.ADAM_MIXED_FP32_GRAD: (2, 4, 12),
+    OptimizerKind.ADAM_MIXED_BF16_MOMENTS: (2, 2, 8),
+    OptimizerKind.ADAM_BF16_FP32_MOMENTS: (2, 2, 8),
+    OptimizerKind.ADAM_BF16: (2, 2, 4),
 }
 
 

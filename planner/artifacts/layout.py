@@ -86,6 +86,8 @@ class Sharding:
     zero: ZeroStage = ZeroStage.NONE
     ranks: int = 1
     expert_ranks: int = 0
+    #: HSDP: the groups of ``ranks`` that each hold a whole copy of the sharded state (1: plain ZeRO)
+    replicas: int = 1
 
     @property
     def expert_shards(self) -> int:
@@ -204,6 +206,10 @@ class Layout(ExpertRanks):
         metadata={"doc": "expert tensor-parallel devices: each routed expert's weights split over them "
                          "(absent from a plan file when 1)", "omit_if_default": True},
     )
+    shard_group_size: int = field(default=0, metadata={
+        "doc": "HSDP under ZeRO 3: the state sharded over this many consecutive ranks of a stage's gradient group, "
+               "replicated across the groups (planner.cost.fsdp.hsdp_groups); 0 = the whole group (absent when 0)",
+        "omit_if_default": True})
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -238,6 +244,10 @@ class Layout(ExpertRanks):
                 f"tp_degree {self.tp_degree}, cp_degree {self.cp_degree})"
             )
         object.__setattr__(self, "stage_replicas", reps)
+        g, whole = self.shard_group_size, self.dp_degree * self.cp_degree
+        if g and (self.zero is not ZeroStage.PARAMETERS or reps or g < 1 or g >= whole or whole % g):
+            raise ValueError(f"shard_group_size {g} needs ZeRO 3, a uniform layout and a proper divisor of the "
+                             f"gradient group's {whole} ranks (got zero {int(self.zero)})")
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -312,7 +322,8 @@ class Layout(ExpertRanks):
         if self.zero is ZeroStage.NONE:
             return Sharding()
         ranks, experts = self.grad_group_size(stage_idx), self.expert_grad_group_size(stage_idx)
-        return Sharding(self.zero, ranks, experts if experts != ranks else 0)
+        g = self.shard_group_size or ranks  # HSDP: sharded inside each group of g, replicated across them
+        return Sharding(self.zero, g, experts if experts != ranks else 0, replicas=ranks // g)
 
     # ---------------------------------------------------------------- ranks
     def pipeline_rank(self, stage_idx: int) -> int:
@@ -413,6 +424,8 @@ class Layout(ExpertRanks):
         ``pipeline_ranks`` an interleaved layout names its ranks:
         ``8 stages on P=4 pipeline ranks (2 each) x D=1, no ZeRO``."""
         zero = "no ZeRO" if self.zero is ZeroStage.NONE else f"ZeRO-{int(self.zero)}"
+        if self.shard_group_size:
+            zero += f" HSDP (shards of {self.shard_group_size})"
         v = self.virtual_stages_per_rank
         if pipeline_ranks and v > 1:
             shape = ", in a V" if self.placement is ChunkPlacement.V else ""

@@ -66,7 +66,7 @@ from planner.artifacts import codec
 from planner.artifacts.consistency import check_plan
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.json_schema import document_schema
-from planner.artifacts.kinds import DType, OptimizerKind, RecomputeLevel, ScheduleKind
+from planner.artifacts.kinds import DType, OptimizerKind, Precision, RecomputeLevel, ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.limits import (
     MAX_BATCH,
@@ -241,6 +241,8 @@ class Plan:
     optimizer: OptimizerKind | None = field(
         default=None, metadata={"doc": "the optimizer the plan's memory was priced for (None = unknown)"}
     )
+    precision: Precision = field(default=Precision.BF16, metadata={"doc": "the blocks' linear layers' arithmetic "
+                                 "it was priced for (planner.cost.precision) (absent when bf16)", "omit_if_default": True})
     devices_available: int = field(
         default=0,
         metadata={"doc": "devices the solver had (0 = unknown: an older plan, or one priced outside a search); the "
@@ -312,14 +314,15 @@ class Plan:
 
 #: the layout's fields as version 3 to 6 files hold them, at the top level (stage_replicas: in stages)
 _LAYOUT_KEYS = ("num_stages", "dp_degree", "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree",
-                "ep_degree", "etp_degree")
+                "ep_degree", "etp_degree", "shard_group_size")
 #: layout keys a version-3 to -6 file must have (the others have defaults)
 _REQUIRED_LAYOUT_KEYS = ("num_stages", "dp_degree")
 #: the top-level keys of a version-6 file, in order
 _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
-    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "dtype",
-    "optimizer",
+    "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "shard_group_size",
+    "dtype",
+    "optimizer", "precision",
     "devices_available", "stack", "stages", "predicted", "pareto",
 )
 

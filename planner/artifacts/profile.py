@@ -39,8 +39,7 @@ configuration and Megatron-LM's rule, what their versions priced), and a layer's
 Version 3 added ``saved_bytes_fixed``, ``attention_core``, ``Profile.attention``,
 ``Profile.shared_saved`` and ``TensorSplit.degrees`` (version-1 and -2 files load with none of
 them: no intercept, no selective level, attention ``unknown``, nothing shared, the ``1/t``
-rule for tensor-parallel times); version 2 added
-``model_flops_per_sample``.
+rule for tensor-parallel times); version 2 added ``model_flops_per_sample``.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from planner.artifacts import codec
 from planner.artifacts.codec import JSONScalar
 from planner.artifacts.consistency import check_profile
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.fp8 import Fp8Gemms
 from planner.artifacts.kinds import AttentionKind, DType, SequenceParallelRuntime
 from planner.artifacts.limits import (
     MAX_BATCH,
@@ -164,6 +164,7 @@ class Layer:
     moe: MoeLayer | None = field(default=None, metadata={
         "doc": "the layer's routed experts (a mixture-of-experts layer, planner.artifacts.moe); absent: none",
         "omit_if_default": True})
+    fp8: Fp8Gemms | None = field(default=None, metadata={"doc": "FP8-able GEMMs (planner.artifacts.fp8)", "omit_if_default": True})
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -10,6 +10,7 @@ from planner.artifacts.kinds import (
     STATE_BYTES_PER_PARAM,
     Objective,
     OptimizerKind,
+    Precision,
     RecomputeMode,
     ScheduleKind,
     SolverKind,
@@ -127,6 +128,12 @@ class PlanRequest:
         metadata={"doc": "expert tensor-parallel degrees to consider; empty = 1 and every divisor of the devices per "
                          "node that splits the experts' FFN width (1 without experts)", "omit_if_default": True},
     )
+    precisions: tuple[Precision, ...] = field(
+        default=(Precision.BF16,),
+        metadata={"doc": "precisions of the blocks' linear layers to consider (planner.cost.precision): bf16, "
+                         "fp8-current, fp8-block, mxfp8; several: the best plan over them (absent when bf16 only)",
+                  "omit_if_default": True, "max_items": len(Precision)},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -164,8 +171,11 @@ class PlanRequest:
                              f"{list(self.etp_degrees)})")
         if not self.sequence_parallel:
             raise ValueError("sequence_parallel must allow off, on, or both")
+        if not self.precisions:
+            raise ValueError("precisions must name at least one precision")
+        object.__setattr__(self, "precisions", tuple(Precision(p) for p in self.precisions))
         for name in ("schedules", "microbatch_sizes", "zero_stages", "tp_degrees", "cp_degrees", "sequence_parallel",
-                     "fixed_boundaries"):
+                     "fixed_boundaries", "precisions"):
             dup = first_duplicate(getattr(self, name))
             if dup is not None:
                 raise ValueError(f"{name} lists {getattr(dup, 'value', dup)!r} twice (each value once)")

@@ -13,7 +13,15 @@ import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import REQUESTABLE_SOLVERS, Objective, OptimizerKind, RecomputeMode, ScheduleKind, SolverKind
+from planner.artifacts.kinds import (
+    REQUESTABLE_SOLVERS,
+    Objective,
+    OptimizerKind,
+    Precision,
+    RecomputeMode,
+    ScheduleKind,
+    SolverKind,
+)
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 from planner.artifacts.moe import MoeBalance, MoeDispatcher
 from planner.artifacts.plan import Plan, dumps_plan
@@ -64,6 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-device memory cap in GiB (overrides headroom)")
     p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind],
                    help="optimizer and precision (default: %(default)s)")
+    p.add_argument("--precision", default="bf16",
+                   help="arithmetic of the transformer blocks' linear layers (planner.cost.precision): bf16; fp8-current "
+                        "(per-tensor current scaling); fp8-block (1x128 / 128x128 blocks, DeepSeek-V3); mxfp8 (Blackwell "
+                        "only); a comma-separated list, or any (every one the devices run), plans each and keeps the "
+                        "best (default: %(default)s)")
     p.add_argument("--time-budget-ms", type=bounded_float(0.0, MAX_MS), default=0.0,
                    help="for --objective memory: slowest acceptable iteration")
     p.add_argument("--fixed-boundaries", type=int_list, default=(),
@@ -152,9 +165,32 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             etp_degrees=args.etp,
             sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],
             stack=moe_stack(stack_named(args.stack), args),
+            precisions=precisions_of(args.precision, load_cluster_quiet(args.cluster)),
         )
     except ValueError as exc:
         raise PlannerInputError(flag_names(str(exc))) from None
+
+
+def precisions_of(text: str, cluster: Cluster | None) -> tuple[Precision, ...]:
+    """``--precision``: names, or ``any`` (every precision ``cluster``'s devices run)."""
+    if text.strip() == "any":
+        if cluster is None:
+            return tuple(Precision)
+        return tuple(p for p in Precision if not (p.fp8 and not cluster.peak_fp8_tflops)
+                     and not (p is Precision.MXFP8 and not cluster.mxfp8))
+    try:
+        return tuple(Precision(p.strip()) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise PlannerInputError(f"--precision {text!r}: known precisions are {', '.join(p.value for p in Precision)}, "
+                                "or any") from None
+
+
+def load_cluster_quiet(name: str) -> Cluster | None:
+    """The cluster ``--cluster`` names (None if it does not load: ``plan_of_args`` reports that)."""
+    try:
+        return load_cluster(name)
+    except PlannerInputError:
+        return None
 
 
 #: PlanRequest's fields by the flags that set them: a refusal names what the user typed
@@ -164,7 +200,7 @@ REQUEST_FLAGS = {
     "memory_cap_bytes": "--memory-cap-gib (in bytes)", "optimizer": "--optimizer", "time_budget_ms": "--time-budget-ms",
     "fixed_boundaries": "--fixed-boundaries", "num_stages": "--stages", "dp_degree": "--dp-degree", "solver": "--solver",
     "zero_stages": "--zero", "tp_degrees": "--tp", "cp_degrees": "--cp", "sequence_parallel": "--sequence-parallel",
-    "ep_degrees": "--ep", "etp_degrees": "--etp",
+    "ep_degrees": "--ep", "etp_degrees": "--etp", "precisions": "--precision",
 }
 _FIELD = re.compile(r"\b(" + "|".join(REQUEST_FLAGS) + r")\b")
 

@@ -84,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analytic.add_argument("--config", metavar="PATH",
                           help="--analytic hf: a config.json or a directory holding one "
                                "(--seq default: its max_position_embeddings)")
-    analytic.add_argument("--device-preset", default="a100-80gb", help="a100-80gb | h100-80gb (default a100-80gb)")
+    analytic.add_argument("--device-preset", default="a100-80gb", help="a100-80gb | h100-80gb | h200-141gb | b200 | gb200 "
+                           "(default a100-80gb)")
     analytic.add_argument("--attention", choices=["flash", "materialised"], default="flash",
                           help="--analytic gpt: FlashAttention (no s x s tensor saved; default) or materialised "
                                "scores (Korthikanti et al. 2022 eq. 1)")

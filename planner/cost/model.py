@@ -89,6 +89,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
+from planner.cost.precision import fp8_extra_weight_bytes, precision_of
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
 
@@ -142,6 +143,10 @@ class CostModel(ShardedState):
         self.expert_param_count = np.array([layer.moe.expert_param_count if layer.moe else 0 for layer in layers],
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
+        #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
+        fp8 = precision_of(profile).fp8
+        self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
+                                         for layer in layers], dtype=np.int64)
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
         self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
@@ -264,8 +269,11 @@ class CostModel(ShardedState):
             params -= experts
             w, g, o = (w * params + we * experts, g * params + ge * experts, o * params + oe * experts)
             params = 1
+        # FP8 weight copies beyond the weights' own bytes (planner.cost.precision); under ZeRO 3 gathered in FP8
+        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        fp8_copies = 0 if is_fsdp(sharding) else extra * int(self.fp8_param_count[start:stop].sum())
         return StageMemory(
-            param_bytes=int(params * w) + gathered * self.weight_bytes_per_param,
+            param_bytes=int(params * w) + gathered * self.weight_bytes_per_param + fp8_copies,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
             optimizer_bytes=int(params * o),
             activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
@@ -350,8 +358,8 @@ class CostModel(ShardedState):
         (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
         ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
         tied = self.tied_exchange_ms(start, stop)
-        if layout.zero is ZeroStage.PARAMETERS:
-            return SyncCost(tied)  # ZeRO 3's collectives are in the stage's forward and backward
+        if layout.zero is ZeroStage.PARAMETERS:  # ZeRO 3's collectives are in the stage's forward and backward
+            return SyncCost(tied + self.hsdp_allreduce_ms(start, stop, stage_idx, layout))
         counts = self.layer_param_counts(start, stop)
         if self.has_experts:
             return self._expert_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
@@ -421,7 +429,9 @@ class CostModel(ShardedState):
         proxy for what the pipeline cannot hide; the simulator prices the buckets). 0 under
         ZeRO 3, whose collectives are in the stage's times."""
         per_byte, fixed = self.grad_line(layout, stage_idx)
-        if (per_byte == 0.0 and fixed == 0.0) or layout.zero is ZeroStage.PARAMETERS:
+        if layout.zero is ZeroStage.PARAMETERS:
+            return self.hsdp_allreduce_ms(start, stop, stage_idx, layout)
+        if per_byte == 0.0 and fixed == 0.0:
             return 0.0
         _, bp = self.time_prefix(microbatch_size)
         sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)

@@ -35,8 +35,9 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
-from planner.cost.collectives import gather_line
-from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, is_fsdp, units_in_flight
+from planner.cost.collectives import allreduce_line, gather_line
+from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp, units_in_flight
+from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
 
 
@@ -48,6 +49,7 @@ class ShardedState(PrefixSums):
     group: DeviceGroup
     has_experts: bool
     weight_bytes_per_param: int
+    fp8_param_count: np.ndarray
     grad_bytes_per_param: int
     optim_bytes_per_param: int
     step_bytes_per_param: int
@@ -99,6 +101,9 @@ class ShardedState(PrefixSums):
         state = self.stage_param_count(start, stop) * kappa
         if self.has_experts:
             state += self.stage_expert_param_count(start, stop) * (kappa_e - kappa)
+        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
+            state += extra * float(self.fp8_param_count[start:stop].sum())
         return state
 
     def stage_state_matrix(self, sharding: Sharding = Sharding()) -> np.ndarray:
@@ -107,6 +112,10 @@ class ShardedState(PrefixSums):
         out: np.ndarray = self.stage_param_matrix() * kappa
         if self.has_experts:
             out = out + self.stage_expert_param_matrix() * (kappa_e - kappa)
+        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
+            pp = np.concatenate([[0], np.cumsum(self.fp8_param_count)]).astype(float)
+            out = out + extra * np.maximum(pp[None, :] - pp[:, None], 0.0)
         return out
 
     def least_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> float:
@@ -122,12 +131,15 @@ class ShardedState(PrefixSums):
             return float(self.grad_bytes_per_param)
         return (self.grad_bytes_per_param + self.weight_bytes_per_param) / 2.0
 
-    def post_backward_sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
+    def post_backward_sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE, hsdp_shards: int = 0) -> float:
         """Of :meth:`sync_bytes_per_param`, what runs after the stage's last backward: all of
         it, unless the stack gathers ZeRO's weights ahead of the next forward (then the
-        reduce-scatter's half); none under ZeRO 3 (its collectives run per layer and micro-batch)."""
+        reduce-scatter's half); none under ZeRO 3 (its collectives run per layer and micro-batch),
+        but HSDP's all-reduce of each shard's gradients across the groups (``hsdp_shards`` ranks
+        per shard group: 1/that of the gradients), priced on the stage's gradient-group line (its
+        inter-node part is the groups' own: one rank per node carries 1/k of the bytes)."""
         if zero is ZeroStage.PARAMETERS:
-            return 0.0
+            return self.grad_bytes_per_param / hsdp_shards if hsdp_shards else 0.0
         if zero is not ZeroStage.NONE and self.stack.param_gather_overlap:
             return self.grad_bytes_per_param / 2.0
         return self.sync_bytes_per_param(zero)
@@ -160,6 +172,16 @@ class ShardedState(PrefixSums):
         buckets = max(1, -(-int(nbytes) // self.stack.grad_bucket_bytes))
         return 0.5 * (per_byte * nbytes + fixed * buckets)
 
+    def hsdp_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
+        """HSDP's all-reduce across the shard groups after the last backward: each rank's
+        gradient shard (1/``shard_group_size`` of the stage's gradients), among the ranks holding
+        the same shard, one per group (:func:`planner.cost.fsdp.hsdp_groups`); 0 without HSDP."""
+        if not layout.shard_group_size:
+            return 0.0
+        per_byte, fixed = allreduce_line(self.cluster, hsdp_groups(layout, stage_idx)[1])
+        nbytes = self.stage_param_count(start, stop) * self.grad_bytes_per_param / layout.shard_group_size
+        return per_byte * nbytes + fixed
+
     def fsdp_line(self, layout: Layout) -> tuple[float, float]:
         """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""
         if layout not in self._fsdp_lines:
@@ -174,7 +196,9 @@ class ShardedState(PrefixSums):
             fwd, bwd = self.layer_times(microbatch_size)
             if not self.has_experts:
                 moved = self.param_count > 0
-                gather = np.where(moved, line[0] * self.param_count * self.weight_bytes_per_param + line[1], 0.0)
+                # FP8 parameters are gathered in FP8 (1 byte each: planner.cost.precision)
+                gathered = self.param_count * self.weight_bytes_per_param - self.fp8_param_count * (self.weight_bytes_per_param - 1)
+                gather = np.where(moved, line[0] * gathered + line[1], 0.0)
                 scatter = np.where(moved, line[0] * self.param_count * self.grad_bytes_per_param + line[1], 0.0)
             else:
                 gather, scatter = self._expert_fsdp(line, self.expert_fsdp_line(sharding))

@@ -219,6 +219,7 @@ def _layer_view(
         input_bytes_per_sample=layer.input_bytes_per_sample / t if sp else layer.input_bytes_per_sample,
         output_bytes_per_sample=layer.output_bytes_per_sample / t,
         tp=None,
+        fp8=None if layer.fp8 is None else dataclasses.replace(layer.fp8, param_count=math.ceil(layer.fp8.param_count / t)),
         attention_core=_core_view(layer.attention_core, t, entry.time_scale if entry is not None else 1.0, fewer),
     )
 

@@ -63,7 +63,7 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     (``planner.runtime.tensor.tensor_parallel_refusal``), or whose context parallelism
     (``planner.runtime.context.context_parallel_refusal``), or whose experts' layout
     (``planner.runtime.expert_check.expert_parallel_refusal``)."""
-    why = context_parallel_refusal(plan, workload) or expert_parallel_refusal(plan, workload)
+    why = context_parallel_refusal(plan, workload) or expert_parallel_refusal(plan, workload) or precision_refusal(plan)
     if why:
         raise PlannerInputError(f"{source}: {why}")
     if plan.layout.tp_degree > 1:  # torch.distributed.tensor takes seconds to import: only for tensor parallelism
@@ -77,6 +77,18 @@ def check_plan(plan: Plan, workload: Workload, world_size: int, source: str = "p
     check_layers(plan, workload, source, profile)
     check_plan_batch(plan, workload, source)
     check_boundaries(plan, workload, source)
+
+
+def precision_refusal(plan: Plan) -> str:
+    """Why the runtime cannot run a plan's precision or HSDP sharding ("" if it can): FP8 and HSDP
+    are planned and priced (``planner.cost.precision``, ``Layout.shard_group_size``), not run here."""
+    if plan.precision.fp8:
+        return (f"precision {plan.precision.value}: FP8 needs an FP8 GPU and Transformer Engine; this runtime runs "
+                "bf16/float32 plans only (replan with --precision bf16)")
+    if plan.layout.shard_group_size:
+        return (f"HSDP (shard_group_size {plan.layout.shard_group_size}): this runtime shards ZeRO 3 over the whole "
+                "group only (replan with --zero 0,1)")
+    return ""
 
 
 def check_plan_batch(plan: Plan, workload: Workload, source: str = "plan") -> None:

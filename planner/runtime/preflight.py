@@ -156,8 +156,8 @@ def checkpoint_bytes(workload: Any, dtype: DType, optimizer: OptimizerFamily) ->
         for p in layer.parameters():
             params[id(p)] = p.numel()
         buffers += sum(b.numel() for b in layer.buffers())
-    states = 2 if optimizer is OptimizerFamily.ADAMW else 0
-    return (sum(params.values()) * (1 + states) + buffers) * dtype.itemsize + CHECKPOINT_OVERHEAD_BYTES
+    per_param = dtype.itemsize + optimizer.moment_bytes(dtype.itemsize)
+    return sum(params.values()) * per_param + buffers * dtype.itemsize + CHECKPOINT_OVERHEAD_BYTES
 
 
 def check_outputs(report_path: str, checkpoint_dir: str, checkpoint_need: int, *, hold_lock: bool = False) -> Any:

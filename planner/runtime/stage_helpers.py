@@ -32,6 +32,7 @@ from planner.runtime.context import grad_divisor
 from planner.runtime.emulate import ChunkTimer
 from planner.runtime.experts import ExpertGroups, ExpertSync, expert_parameters
 from planner.runtime.grads import DataParallelHooks, GradientSync
+from planner.runtime.lean_adamw import Bf16MomentsAdamW
 from planner.runtime.loss import LossCounts
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.stage import StageModule
@@ -134,9 +135,16 @@ def emulated_readiness(
 def make_optimizer(options: RuntimeOptions, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The run's optimizer (``--optimizer``, ``--lr``) over ``params`` (``foreach=False``: the
     ZeRO shard's update then equals the unsharded one bit for bit, ``planner.runtime.zero``)."""
-    if options.optimizer is OptimizerFamily.ADAMW:
-        return torch.optim.AdamW(params, lr=options.lr, foreach=False)
-    return torch.optim.SGD(params, lr=options.lr, foreach=False)
+    return optimizer_of(options.optimizer, params, options.lr)
+
+
+def optimizer_of(family: OptimizerFamily, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """SGD, AdamW, or AdamW with bf16 moments (:class:`planner.runtime.lean_adamw.Bf16MomentsAdamW`)."""
+    if family is OptimizerFamily.ADAMW_BF16_MOMENTS:
+        return Bf16MomentsAdamW(params, lr=lr)
+    if family is OptimizerFamily.ADAMW:
+        return torch.optim.AdamW(params, lr=lr, foreach=False)
+    return torch.optim.SGD(params, lr=lr, foreach=False)
 
 
 def held_grad_bytes(optimizer: torch.optim.Optimizer | None) -> int:

@@ -176,9 +176,10 @@ def _grad_view(param: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
 
 def state_bytes_per_param(optimizer: OptimizerFamily, element_size: int) -> int:
     """Optimizer state per parameter element in the runtime: AdamW keeps exp_avg and
-    exp_avg_sq (2 x the weights' element size; plus one scalar ``step`` per parameter tensor,
-    not counted here); SGD as the engine builds it (momentum 0) keeps none."""
-    return 2 * element_size if optimizer is OptimizerFamily.ADAMW else 0
+    exp_avg_sq (2 x the weights' element size, 2 x 2 bytes with bf16 moments; plus one scalar
+    ``step`` per parameter tensor, not counted here); SGD as the engine builds it (momentum 0)
+    keeps none."""
+    return optimizer.moment_bytes(element_size)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer | None) -> int:

@@ -27,14 +27,16 @@ every block), :mod:`.relax` (less recomputation where the chosen plan has room),
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, RecomputeMode, SolverKind
+from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, Objective, Precision, RecomputeMode, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
+from planner.cost.precision import at_precision, check_precision
 from planner.solve.account import with_accounts
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
@@ -62,9 +64,22 @@ def chain_solver_of(kind: SolverKind) -> ChainSolver:
 
 
 def plan(profile: Profile, cluster: Cluster | None = None, request: PlanRequest | None = None) -> Plan:
-    """The best plan for ``profile`` on ``cluster`` under ``request`` (see module docstring)."""
+    """The best plan for ``profile`` on ``cluster`` under ``request`` (see module docstring); with
+    several precisions asked, the best over them (each priced by :func:`planner.cost.precision.at_precision`)."""
     cluster = cluster or PRESETS[DEFAULT_CLUSTER]
     request = request or PlanRequest()
+    if request.precisions == (Precision.BF16,):
+        return _plan_at(profile, cluster, request)
+    for p in request.precisions:
+        check_precision(cluster, p)
+    plans = [dataclasses.replace(_plan_at(at_precision(profile, cluster, p), cluster, request), precision=p)
+             for p in request.precisions]
+    if request.objective is Objective.TIME:
+        return min(plans, key=lambda p: p.predicted.iteration_ms)
+    return min(plans, key=lambda p: (p.predicted.peak_memory_bytes, p.predicted.iteration_ms))
+
+
+def _plan_at(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
     kind = request.solver
     if kind.is_baseline:
         if any(t != 1 for t in request.tp_degrees):

@@ -21,7 +21,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
@@ -132,7 +131,7 @@ class ConfigSearch:
             self.pruned += 1
             return
         fitted = False  # this configuration at its searched stage
-        for c in [c0.with_zero(ZeroStage.PARAMETERS)] if phase == FSDP else facts.variants(c0):
+        for c in facts.fsdp_variants(c0) if phase == FSDP else facts.variants(c0):
             if is_fsdp(c.sharding()) and phase != FSDP:
                 # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
                 # too; the memory floor already counts its sharding) is higher, back in the order

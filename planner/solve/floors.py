@@ -326,6 +326,13 @@ class ConfigFacts:
         """The memory floor of ``c`` if :meth:`memory_floor_once` has worked it out."""
         return self.floors.get(c)
 
+    def fsdp_variants(self, c: Config) -> list[Config]:
+        """ZeRO 3's variants of ``c``: HSDP inside a node (where it differs from plain ZeRO 3,
+        :meth:`Config.with_hsdp`), then ZeRO 3 over the whole group (solved only where HSDP does
+        not fit: :class:`planner.solve.config_search.ConfigSearch`)."""
+        hsdp = c.with_hsdp(self.cm.cluster.devices_per_node)
+        return ([hsdp] if hsdp is not None else []) + [c.with_zero(ZeroStage.PARAMETERS)]
+
     def leanest(self, c: Config) -> Config:
         """``c`` at the deepest sharding any of its variants is solved at (:meth:`variants`)."""
         return c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, c.layout)) else c
@@ -390,6 +397,8 @@ class ConfigFacts:
         its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
         ZeRO 3 alone (``--zero 3``) solves it everywhere."""
         request, cm = self.request, self.cm
+        if c.layout.zero is ZeroStage.PARAMETERS and not c.layout.shard_group_size and fsdp_searched(request, c.layout):
+            return self.fsdp_variants(c)  # ZeRO 3 asked alone: HSDP first, the whole group where it does not fit
         fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
@@ -397,6 +406,6 @@ class ConfigFacts:
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
         if fsdp_too and not self.table_of(c).fits_everywhere(max(c.inflight())):
-            return [c, c.with_zero(ZeroStage.PARAMETERS)]
+            return [c, *self.fsdp_variants(c)]
         return [c]
 

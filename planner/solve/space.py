@@ -74,6 +74,16 @@ class Config:
     def with_zero(self, zero: ZeroStage) -> Config:
         return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero))
 
+    def with_hsdp(self, devices_per_node: int) -> Config | None:
+        """This configuration under HSDP (ZeRO 3 sharded within a node's share of each gradient
+        group, replicated across nodes: :func:`hsdp_shard_size`), or None where that is plain
+        ZeRO 3 (the group fits in a node) or does not divide the group."""
+        g = hsdp_shard_size(self.layout, devices_per_node)
+        if not g:
+            return None
+        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=ZeroStage.PARAMETERS,
+                                                                    shard_group_size=g))
+
     def with_schedule(self, schedule: ScheduleKind) -> Config:
         return dataclasses.replace(self, schedule=schedule)
 
@@ -155,6 +165,14 @@ def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
     return max((z for z in request.zero_stages if z is not ZeroStage.PARAMETERS), default=ZeroStage.PARAMETERS)
 
 
+def hsdp_shard_size(layout: Layout, devices_per_node: int) -> int:
+    """HSDP's shard group on ``layout``: the members of a stage's gradient group (``D x cp`` ranks,
+    ``t`` apart) inside one node; 0 where that is the whole group, one rank, or does not divide it."""
+    whole = layout.dp_degree * layout.cp_degree
+    g = min(whole, max(1, devices_per_node // layout.tp_degree))
+    return g if 1 < g < whole and whole % g == 0 and not layout.stage_replicas else 0
+
+
 def fsdp_searched(request: PlanRequest, layout: Layout) -> bool:
     """ZeRO 3 is searched beside the configuration's own stage (:func:`searched_zero`): the
     request allows it, there are replicas to shard over, and it is a uniform layout (per-stage
@@ -214,8 +232,14 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     if is_fsdp(c.sharding()):
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
-        # pipeline's sum of T is at least that of the totals
-        comm = cm.fsdp_comm_ms(c.microbatch_size, cm.fsdp_line(c.layout), c.sharding())
+        # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration
+        # also stands for its HSDP variant (Config.with_hsdp): the cheaper of the two lines
+        line = cm.fsdp_line(c.layout)
+        g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
+        if g:
+            other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
+            line = (min(line[0], other[0]), min(line[1], other[1]))
+        comm = cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
         return max(c.num_microbatches * per / c.pipeline_size, crossing)
     return max(c.num_microbatches * work / c.pipeline_size, crossing)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.fp8 import Fp8Gemms
 from planner.artifacts.kinds import AttentionKind, DType
 from planner.artifacts.profile import (
     AttentionCore,
@@ -22,7 +23,16 @@ from planner.artifacts.profile import (
     profile_fingerprint,
 )
 from planner.artifacts.tensor_split import SplitDegree, TensorSplit
-from planner.profiling.analytic.gemm import Gemm, GemmModel, gemm_model_of, gemms_ms, wgrad_ms
+from planner.profiling.analytic.gemm import (
+    DEVICE_GEMM,
+    DEVICE_GEMM_LOSO,
+    Gemm,
+    GemmModel,
+    carried_from_h100,
+    gemm_model_of,
+    gemms_ms,
+    wgrad_ms,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +41,8 @@ class DevicePreset:
     peak_bf16_tflops: float
     hbm_gb_per_s: float
     source: str
+    peak_fp8_tflops: float = 0.0  # 0: no FP8 tensor cores
+    mxfp8: bool = False  # FP8 blocks of 32 scaled in hardware (Blackwell)
 
 
 DEVICE_PRESETS: dict[str, DevicePreset] = {
@@ -45,8 +57,33 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
         peak_bf16_tflops=989.0,
         hbm_gb_per_s=3350.0,
         source="NVIDIA H100 datasheet: 989 TFLOPS dense BF16 tensor core, 3.35 TB/s HBM3 (SXM5)",
+        peak_fp8_tflops=1979.0,
     ),
+    # the newer devices: datasheet numbers as the cluster presets give them (planner.artifacts.devices), their
+    # GEMM constants the H100's carried by gemm.carried_from_h100's rule
+    "h200-141gb": DevicePreset(name="NVIDIA H200-SXM-141GB", peak_bf16_tflops=989.0, hbm_gb_per_s=4800.0,
+                               peak_fp8_tflops=1979.0, source="NVIDIA H200 datasheet (SXM): 989 / 1,979 TFLOPS dense "
+                               "BF16 / FP8, 4.8 TB/s HBM3e"),
+    "b200": DevicePreset(name="NVIDIA B200", peak_bf16_tflops=2250.0, hbm_gb_per_s=8000.0, peak_fp8_tflops=4500.0,
+                         mxfp8=True, source="NVIDIA HGX B200 datasheet (per GPU): 2,250 / 4,500 TFLOPS dense BF16 / "
+                         "FP8, 8 TB/s HBM3e"),
+    "gb200": DevicePreset(name="NVIDIA GB200 (NVL72)", peak_bf16_tflops=2500.0, hbm_gb_per_s=8000.0,
+                          peak_fp8_tflops=5000.0, mxfp8=True, source="NVIDIA GB200 NVL72 datasheet (per GPU): 2,500 / "
+                          "5,000 TFLOPS dense BF16 / FP8, 8 TB/s HBM3e"),
 }
+
+
+def ridge_point(preset: DevicePreset) -> float:
+    """The roofline's ridge point: peak BF16 FLOP/s / HBM bytes/s (FLOP/byte)."""
+    return preset.peak_bf16_tflops * 1e12 / (preset.hbm_gb_per_s * 1e9)
+
+
+#: the devices whose GEMM constants are the H100's carried over (no published run on them is given)
+CARRIED_FROM_H100 = ("h200-141gb", "b200", "gb200")
+for _key in CARRIED_FROM_H100:
+    _ratio = ridge_point(DEVICE_PRESETS[_key]) / ridge_point(DEVICE_PRESETS["h100-80gb"])
+    DEVICE_GEMM[_key] = carried_from_h100(DEVICE_GEMM["h100-80gb"], _ratio)
+    DEVICE_GEMM_LOSO[_key] = tuple(carried_from_h100(m, _ratio) for m in DEVICE_GEMM_LOSO["h100-80gb"])
 
 BYTES_PER_PARAM = 2  # bf16
 BYTES_PER_ACT = 2  # bf16 activations
@@ -115,6 +152,7 @@ def analytic_layer(
     if tp is not None and fwd[1] > 0:
         tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem, bwd_moved)
     return Layer(
+        fp8=fp8_gemms(gemms, rates),
         name=name,
         kind=kind,
         fwd=_line(fwd),
@@ -131,6 +169,30 @@ def analytic_layer(
             saved_bytes_per_sample=core[1],
             fwd=_line({b: rates.gemms_ms(core[0], b) + core[1] * b / rates.bytes_per_ms for b in FIT_SIZES}),
         ),
+    )
+
+
+#: GEMMs that stay bf16 under every FP8 recipe (Megatron-Core / Transformer Engine defaults): the LM head
+#: (``logits``) and the MoE router; the attention core's products are not weighted (activations by
+#: activations) and never FP8 here; the embedding is a lookup
+BF16_GEMMS = frozenset({"logits", "router"})
+
+
+def fp8_gemms(gemms: Sequence[Gemm], rates: DeviceRates) -> Fp8Gemms | None:
+    """The layer's GEMMs an FP8 recipe runs in FP8 (:class:`Fp8Gemms`): the weighted products
+    but the head's and the router's. Distinct inputs: GEMMs reading one tensor (q, k, v of one
+    normalised input; gate and up) share their ``(k, split, window)``; each counted once. None
+    on a device without FP8 (its profiles stay as they were)."""
+    fp8 = [g for g in gemms if g.weighted and not g.fused and g.name not in BF16_GEMMS]
+    if not fp8 or not rates.device.peak_fp8_tflops:  # a device without FP8 tensor cores: no view
+        return None
+    inputs = {(g.k, g.split, g.window): float(g.m * g.k) for g in fp8}
+    return Fp8Gemms(
+        fwd=_line({b: rates.gemms_ms(fp8, b) for b in FIT_SIZES}),
+        bwd=_line({b: rates.gemms_ms(fp8, b, backward=True) for b in FIT_SIZES}),
+        input_bytes_per_sample=BYTES_PER_ACT * sum(inputs.values()),
+        grad_bytes_per_sample=BYTES_PER_ACT * sum(float(g.m * g.n * g.count) for g in fp8),
+        param_count=sum(g.k * g.n * g.count for g in fp8),
     )
 
 

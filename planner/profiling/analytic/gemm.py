@@ -35,7 +35,8 @@ from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
 
-__all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel", "gemm_model_of",
+__all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel", "carried_from_h100",
+           "gemm_model_of",
            "gemms_ms", "wgrad_ms"]
 
 
@@ -261,6 +262,17 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
         ),
     ),
 }
+
+
+def carried_from_h100(h100: GemmModel, ridge_ratio: float) -> GemmModel:
+    """A newer device's constants from the H100's (no published run on it to fit): ``e_max`` and
+    the HBM fraction the H100's (the same fractions of the datasheet peak and bandwidth), ``I_half``
+    the H100's x the ratio of the two devices' ridge points (the roofline's knee moves with peak /
+    HBM bandwidth: the rule that carries the A100's ``I_half`` to the H100)."""
+    return GemmModel(max_efficiency=h100.max_efficiency, half_intensity=h100.half_intensity * ridge_ratio,
+                     memory_efficiency=h100.memory_efficiency,
+                     source=f"the H100's constants carried (I_half x ridge ratio {ridge_ratio:.3f}); {h100.source}",
+                     fitted_on=h100.fitted_on)
 
 
 def gemm_model_of(device_preset: str) -> GemmModel:

@@ -102,7 +102,7 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
         compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line, sharding).matrix(), INF)
     kappa = sum(cm.state_bytes_per_param(sharding))
-    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero)
+    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero, sharding.ranks if sharding.replicas > 1 else 0)
     sync_bytes = _SYNC.get(cm, sync_per_param)
     if sync_bytes is None:
         sync_bytes = _SYNC.put(cm, sync_per_param, _read_only(params * sync_per_param))

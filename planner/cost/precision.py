@@ -1,0 +1,144 @@
+"""Precision as a plan choice (issue 49 item 1): a profile's layers re-priced under an FP8 recipe.
+
+A layer with an :class:`~planner.artifacts.profile.Fp8Gemms` view (the analytic profiles give
+one for each transformer block on a device with FP8 tensor cores) has its FP8-able GEMMs'
+time replaced, and memory-bound quantisation passes added:
+
+- GEMMs: their bf16 time x ``peak_bf16 / peak_fp8`` (the cluster's datasheet peaks) / the
+  recipe's :data:`FP8_GEMM_EFFICIENCY`, the FP8 GEMMs' fraction of peak relative to the bf16
+  GEMMs' at the same shape. The GEMM model's efficiency curve carries over unchanged: an FP8
+  operand is half the bytes, so a product's intensity doubles in FLOP/byte exactly as the
+  ridge point doubles with the peak (``planner.profiling.analytic.gemm``). The relative
+  fraction is the one constant fitted per precision (``benchmarks/published_runs.py``, on
+  the row :data:`FP8_FIT_ROWS` names; the other FP8 rows out of sample); the recipes without a
+  published row carry fp8-current's.
+- Quantisation: each distinct GEMM input is cast in the forward and each output gradient in
+  the backward, memory-bound: bf16 bytes x the recipe's :data:`QUANTISE_BYTES` (bytes read and
+  written per bf16 byte) / the cluster's HBM bandwidth x the profile's achieved HBM fraction.
+  Transformer Engine's recipes (NVIDIA/TransformerEngine ``transformer_engine/common/recipe``):
+  current scaling computes a tensor's amax in one pass, then casts it (read 2 B, write 1 B
+  row-wise + 1 B column-wise for Hopper's transposed operand): 3 x the bf16 bytes; block
+  scaling (1 x 128 and 128 x 128) and MXFP8 (32-element blocks) find each block's scale
+  inside the casting kernel: one read and the two FP8 copies plus the scales (4 B per 128, 1 B
+  per 32 elements): 2.02 x. The weights' casts run once per iteration (TE caches them across
+  micro-batches: ``is_first_microbatch``) and are not priced.
+- Memory: the GEMMs' inputs are saved for the weight gradient in FP8 (TE's ``Linear`` saves
+  the quantised input): the layer's saved bytes lose half of the inputs' bf16 bytes. The FP8
+  weights are the compute copy (Megatron-Bridge's FP8 recipes set ``fp8_param_gather``:
+  ``megatron/bridge/training/mixed_precision.py``; torchao's ``enable_fsdp_float8_all_gather``
+  alike): row-wise and column-wise FP8 (2 B per parameter, :data:`FP8_WEIGHT_BYTES`) in place
+  of the 16-bit weights, so 16-bit kinds hold as many bytes as in bf16 and an fp32-weight kind
+  (``adam-fp32``) holds the 2 B beside its fp32 weights
+  (:attr:`planner.cost.model.CostModel.fp8_param_count`); parameters are gathered in FP8 under
+  ZeRO 3 (1 B per FP8 parameter on the wire).
+- Layers kept bf16: Megatron-Bridge's current-scaling recipe runs the first and the last
+  transformer block in bf16 (``first_last_layers_bf16``, one at each end:
+  :data:`BF16_EDGE_BLOCKS`); its block-scaling and MXFP8 recipes keep none.
+
+The attention core, the router, the embedding and the head stay bf16 (Megatron-Core's
+defaults; ``planner.profiling.analytic.common.BF16_GEMMS``). MXFP8 needs a device that scales
+its blocks in hardware (``Cluster.mxfp8``); every FP8 recipe a device with an FP8 peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from planner.artifacts.cluster import Cluster
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import Precision
+from planner.artifacts.profile import Layer, Profile
+from planner.artifacts.timefit import TimeFit
+
+__all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES", "QUANTISE_BYTES", "at_precision",
+           "check_precision", "fp8_extra_weight_bytes", "precision_of"]
+
+#: bytes moved per bf16 byte quantised (module docstring)
+QUANTISE_BYTES: dict[Precision, float] = {
+    Precision.FP8_CURRENT: 3.0,
+    Precision.FP8_BLOCK: 2.0 + 4.0 / 256,
+    Precision.MXFP8: 2.0 + 1.0 / 64,
+}
+#: FP8 GEMMs' fraction of the FP8 peak relative to bf16 GEMMs' of the bf16 peak at the same shape:
+#: fitted by ``benchmarks/published_fp8.py --fit`` on FP8_FIT_ROWS (fp8-current); the other recipes
+#: carry it (no published row of theirs is given). Above 1 it is not a GEMM's physics (an H100's
+#: FP8 GEMMs reach a lower fraction of their peak than its bf16 ones): it also absorbs what the
+#: bf16-fitted model overprices beside the GEMMs in these FP8 runs (benchmarks/RESULTS.md, "FP8")
+FP8_GEMM_EFFICIENCY: dict[Precision, float] = {
+    Precision.FP8_CURRENT: 1.2883,
+    Precision.FP8_BLOCK: 1.2883,
+    Precision.MXFP8: 1.2883,
+}
+FP8_FIT_ROWS = ("MB L3 70B fp8",)
+#: FP8 weight bytes per FP8 parameter (row-wise and column-wise copies)
+FP8_WEIGHT_BYTES = 2
+#: transformer blocks kept bf16 at each end of the model, per recipe (module docstring)
+BF16_EDGE_BLOCKS: dict[Precision, int] = {Precision.FP8_CURRENT: 1, Precision.FP8_BLOCK: 0, Precision.MXFP8: 0}
+
+
+def fp8_extra_weight_bytes(weight_bytes_per_param: int) -> int:
+    """Bytes an FP8 parameter holds beyond its weights' own: none where the FP8 copies replace
+    16-bit weights, :data:`FP8_WEIGHT_BYTES` beside fp32 weights (module docstring)."""
+    return FP8_WEIGHT_BYTES if weight_bytes_per_param > 2 else 0
+#: the achieved HBM fraction where a profile does not record one (the shipped H100 fit's)
+DEFAULT_HBM_FRACTION = 0.4067
+
+
+#: the profile metadata key naming the FP8 recipe its layers were priced at (absent: bf16, as profiled)
+PRECISION_KEY = "precision"
+
+
+def precision_of(profile: Profile) -> Precision:
+    """The precision ``profile``'s times and bytes are for (:func:`at_precision` records it)."""
+    return Precision(str(profile.metadata.get(PRECISION_KEY, Precision.BF16.value)))
+
+
+def check_precision(cluster: Cluster, precision: Precision) -> None:
+    """Refuse a precision the cluster's devices cannot run, naming the value."""
+    if precision.fp8 and not cluster.peak_fp8_tflops:
+        raise PlannerInputError(f"--precision {precision.value}: {cluster.device_name} ({cluster.name}) has no FP8 "
+                                "tensor cores (peak_fp8_tflops 0)")
+    if precision is Precision.MXFP8 and not cluster.mxfp8:
+        raise PlannerInputError(f"--precision mxfp8: {cluster.device_name} ({cluster.name}) does not scale FP8 blocks "
+                                "in hardware (MXFP8 needs Blackwell: b200-x8, gb200-nvl72)")
+
+
+def _scaled(fit: TimeFit, factor: float) -> TimeFit:
+    return TimeFit(intercept_ms=fit.intercept_ms * factor, per_sample_ms=fit.per_sample_ms * factor)
+
+
+def _fp8_layer(layer: Layer, speedup: float, ms_per_byte: float, bytes_factor: float) -> Layer:
+    view = layer.fp8
+    if view is None:
+        return layer
+    keep = 1.0 - 1.0 / speedup  # of the FP8-able GEMMs' bf16 time, what FP8 saves
+    quant_fwd = view.input_bytes_per_sample * bytes_factor * ms_per_byte
+    quant_bwd = view.grad_bytes_per_sample * bytes_factor * ms_per_byte
+    fwd = TimeFit(intercept_ms=layer.fwd.intercept_ms - keep * view.fwd.intercept_ms,
+                  per_sample_ms=max(0.0, layer.fwd.per_sample_ms - keep * view.fwd.per_sample_ms) + quant_fwd)
+    bwd = TimeFit(intercept_ms=layer.bwd.intercept_ms - keep * view.bwd.intercept_ms,
+                  per_sample_ms=max(0.0, layer.bwd.per_sample_ms - keep * view.bwd.per_sample_ms) + quant_bwd)
+    saved = max(layer.input_bytes_per_sample, layer.saved_bytes_per_sample - view.input_bytes_per_sample / 2)
+    return dataclasses.replace(layer, fwd=fwd, bwd=bwd, saved_bytes_per_sample=saved, measured=())
+
+
+def at_precision(profile: Profile, cluster: Cluster, precision: Precision) -> Profile:
+    """``profile`` with its layers priced under ``precision`` on ``cluster``'s devices (module
+    docstring); bf16: the profile itself. Refused where the devices cannot run it."""
+    current = precision_of(profile)
+    if precision is current:
+        return profile
+    if current is not Precision.BF16:
+        raise PlannerInputError(f"profile {profile.model!r} is already priced at {current.value}")
+    check_precision(cluster, precision)
+    speedup = cluster.peak_fp8_tflops / (cluster.peak_tflops or cluster.peak_fp8_tflops) * FP8_GEMM_EFFICIENCY[precision]
+    hbm = float(profile.metadata.get("memory_efficiency", DEFAULT_HBM_FRACTION) or DEFAULT_HBM_FRACTION)
+    bandwidth = cluster.memory_bandwidth_gb_per_s or 1000.0
+    ms_per_byte = 1.0 / (bandwidth * 1e9 * hbm / 1e3)
+    with_view = [i for i, layer in enumerate(profile.layers) if layer.fp8 is not None]
+    edge = BF16_EDGE_BLOCKS[precision]
+    kept = set(with_view[:edge] + with_view[len(with_view) - edge:]) if edge and len(with_view) > 2 * edge else set()
+    layers = tuple(dataclasses.replace(layer, fp8=None) if i in kept
+                   else _fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision])
+                   for i, layer in enumerate(profile.layers))
+    return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value})

@@ -1,0 +1,154 @@
+"""Issue 49: the newer device presets, precision as a plan choice (FP8 recipes priced by
+``planner.cost.precision``), the optimizer-state precisions' memory in plans, and HSDP priced on
+the links its groups span."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_json
+from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import OptimizerKind, Precision, ZeroStage
+from planner.artifacts.layout import Layout
+from planner.artifacts.plan import plan_from_json, plan_to_json
+from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
+from planner.cost.collectives import allreduce_line
+from planner.cost.fsdp import fsdp_line, hsdp_groups
+from planner.cost.precision import QUANTISE_BYTES, at_precision, precision_of
+from planner.profiling.analytic.gpt import gpt_profile
+from planner.profiling.analytic.llama import llama_profile
+from planner.solve import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = ("h200-141gb-x8", "b200-x8", "gb200-nvl72")
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_presets_carry_sources_and_round_trip(name: str) -> None:
+    c = PRESETS[name]
+    for field in ("peak_tflops", "peak_fp8_tflops", "memory_bandwidth_gb_per_s", "device_memory_bytes",
+                  "intra_node_bandwidth_gb_per_s", "inter_node_bandwidth_gb_per_s"):
+        assert c.sources.get(field), f"{name}: {field} has no source"
+    assert c.peak_fp8_tflops == pytest.approx(2 * c.peak_tflops, rel=1e-3)  # dense FP8 twice dense BF16 (1,979 / 989)
+    assert cluster_from_json(json.loads(json.dumps(cluster_to_json(c)))) == c
+    assert c.mxfp8 == (name != "h200-141gb-x8")
+    if name == "gb200-nvl72":  # one NVLink domain of 72 GPUs: one "node"
+        assert (c.num_nodes, c.devices_per_node) == (1, 72)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NEW)
+def test_planner_plan_on_each_new_preset(name: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", "--cluster", name, "--global-batch", "64"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "iteration" in out.stdout
+
+
+def _block_gemm_share(precision: Precision, hidden: int, seq: int) -> tuple[float, float]:
+    """(bf16, FP8) forward + backward ms of one block at micro-batch 1 on an H100 preset."""
+    prof = gpt_profile(layers=2, hidden=hidden, heads=max(1, hidden // 128), seq=seq, vocab=1000,
+                       device_preset="h100-80gb")
+    fp8 = at_precision(prof, PRESETS["h100-80gb-x8"], precision)
+    a, b = prof.layers[1], fp8.layers[1]
+    return a.fwd_ms(1) + a.bwd_ms(1), b.fwd_ms(1) + b.bwd_ms(1)
+
+
+@pytest.mark.parametrize("precision", [Precision.FP8_CURRENT, Precision.FP8_BLOCK])
+def test_fp8_is_faster_at_large_shapes_and_quantisation_dominates_tiny_ones(precision: Precision) -> None:
+    bf16, fp8 = _block_gemm_share(precision, hidden=8192, seq=4096)
+    assert fp8 < 0.8 * bf16  # the GEMMs' share runs at the FP8 peak
+    bf16, fp8 = _block_gemm_share(precision, hidden=128, seq=128)
+    assert fp8 > bf16  # memory-bound casts cost more than the tiny GEMMs save
+
+
+def test_current_scaling_quantises_with_more_bytes_than_block_scaling() -> None:
+    assert QUANTISE_BYTES[Precision.FP8_CURRENT] > QUANTISE_BYTES[Precision.FP8_BLOCK]
+    _, current = _block_gemm_share(Precision.FP8_CURRENT, hidden=1024, seq=1024)
+    _, block = _block_gemm_share(Precision.FP8_BLOCK, hidden=1024, seq=1024)
+    assert current > block
+
+
+def test_fp8_keeps_head_embedding_and_edge_blocks_bf16_and_saves_fp8_inputs() -> None:
+    config = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+              "num_key_value_heads": 8, "intermediate_size": 2816, "vocab_size": 1000, "max_position_embeddings": 512}
+    prof = llama_profile(config, seq=512, device_preset="h100-80gb")
+    cur = at_precision(prof, PRESETS["h100-80gb-x8"], Precision.FP8_CURRENT)
+    blk = at_precision(prof, PRESETS["h100-80gb-x8"], Precision.FP8_BLOCK)
+    for q in (cur, blk):
+        assert q.layers[0] == prof.layers[0] and q.layers[-1] == prof.layers[-1]  # embedding, head
+    # current scaling (Megatron-Bridge's recipe): the first and last block stay bf16
+    assert cur.layers[1].fwd == prof.layers[1].fwd and cur.layers[4].fwd == prof.layers[4].fwd
+    assert cur.layers[2].fwd != prof.layers[2].fwd
+    assert blk.layers[1].fwd != prof.layers[1].fwd
+    view = prof.layers[2].fp8
+    assert view is not None
+    assert blk.layers[2].saved_bytes_per_sample == pytest.approx(
+        prof.layers[2].saved_bytes_per_sample - view.input_bytes_per_sample / 2)
+
+
+def test_precision_refusals_name_the_device() -> None:
+    prof = gpt_profile(layers=2, hidden=256, heads=4, seq=128, vocab=100, device_preset="h100-80gb")
+    with pytest.raises(PlannerInputError, match="no FP8"):
+        at_precision(prof, PRESETS["a100-80gb-x8"], Precision.FP8_CURRENT)
+    with pytest.raises(PlannerInputError, match="MXFP8 needs Blackwell"):
+        at_precision(prof, PRESETS["h100-80gb-x8"], Precision.MXFP8)
+    assert precision_of(at_precision(prof, PRESETS["b200-x8"], Precision.MXFP8)) is Precision.MXFP8
+
+
+def test_a_plan_records_its_precision_and_any_picks_the_fastest() -> None:
+    prof = gpt_profile(layers=4, hidden=2048, heads=16, seq=2048, vocab=1000, device_preset="h100-80gb")
+    cluster = PRESETS["h100-80gb-x8"]
+    bf16 = plan(prof, cluster, PlanRequest(global_batch=16, tp_degrees=(1,)))
+    fp8 = plan(prof, cluster, PlanRequest(global_batch=16, tp_degrees=(1,), precisions=(Precision.FP8_CURRENT,)))
+    both = plan(prof, cluster, PlanRequest(global_batch=16, tp_degrees=(1,),
+                                           precisions=(Precision.BF16, Precision.FP8_CURRENT, Precision.FP8_BLOCK)))
+    assert bf16.precision is Precision.BF16 and "precision" not in plan_to_json(bf16)  # bf16 plans as before
+    assert fp8.precision is Precision.FP8_CURRENT
+    assert fp8.predicted.iteration_ms < bf16.predicted.iteration_ms
+    assert both.predicted.iteration_ms <= min(bf16.predicted.iteration_ms, fp8.predicted.iteration_ms) + 1e-9
+    assert plan_from_json(plan_to_json(fp8)) == fp8
+
+
+@pytest.mark.parametrize(("kind", "state_bytes"), [
+    (OptimizerKind.ADAM_MIXED, 16), (OptimizerKind.ADAM_MIXED_BF16_MOMENTS, 12), (OptimizerKind.ADAM_BF16, 8)])
+def test_plan_memory_follows_the_optimizer_state_precision(kind: OptimizerKind, state_bytes: int) -> None:
+    prof = gpt_profile(layers=2, hidden=1024, heads=8, seq=512, vocab=1000, device_preset="h100-80gb")
+    cm = CostModel(prof, PRESETS["h100-80gb-x8"], kind)
+    mem = cm.stage_memory(0, prof.num_layers, (), 1, 1)
+    params = cm.stage_param_count(0, prof.num_layers)
+    assert mem.param_bytes + mem.grad_bytes + mem.optimizer_bytes == params * state_bytes
+    assert cm.optimizer_step_ms(0, prof.num_layers) == pytest.approx(
+        params * kind.step_bytes_per_param / (PRESETS["h100-80gb-x8"].memory_bandwidth_gb_per_s * 1e6))
+
+
+def test_hsdp_gathers_inside_the_node_and_all_reduces_across_nodes() -> None:
+    cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=4)
+    full = Layout(num_stages=1, dp_degree=32, zero=ZeroStage.PARAMETERS)
+    hsdp = dataclasses.replace(full, shard_group_size=8)
+    inside, across = hsdp_groups(hsdp, 0)
+    assert inside == tuple(range(8)) and across == (0, 8, 16, 24)
+    assert {cluster.node_of(r) for r in inside} == {0} and len({cluster.node_of(r) for r in across}) == 4
+    intra = allreduce_line(cluster, inside)
+    assert fsdp_line(cluster, hsdp) == pytest.approx((intra[0] / 2, intra[1] / 2))  # NVLink only
+    assert fsdp_line(cluster, full)[0] > fsdp_line(cluster, hsdp)[0]  # the whole group crosses nodes
+    prof = gpt_profile(layers=2, hidden=1024, heads=8, seq=512, vocab=1000, device_preset="a100-80gb")
+    cm = CostModel(prof, cluster)
+    params = cm.stage_param_count(0, prof.num_layers)
+    per_byte, fixed = allreduce_line(cluster, across)
+    assert cm.hsdp_allreduce_ms(0, prof.num_layers, 0, hsdp) == pytest.approx(per_byte * params * 2 / 8 + fixed)
+    assert cm.hsdp_allreduce_ms(0, prof.num_layers, 0, full) == 0.0
+    sharded = cm.stage_memory(0, prof.num_layers, (), 1, 1, full.sharding(0))
+    grouped = cm.stage_memory(0, prof.num_layers, (), 1, 1, hsdp.sharding(0))
+    assert grouped.optimizer_bytes == pytest.approx(4 * sharded.optimizer_bytes, rel=1e-6)  # 1/8 of it, not 1/32
+    with pytest.raises(ValueError, match="shard_group_size"):
+        Layout(num_stages=1, dp_degree=32, zero=ZeroStage.OPTIMIZER, shard_group_size=8)
+    assert plan_from_json(plan_to_json(plan(prof, cluster, PlanRequest(global_batch=32, zero_stages=(3,), tp_degrees=(1,),
+                                                                       cp_degrees=(1,), max_stages=1)))).layout.zero is ZeroStage.PARAMETERS
