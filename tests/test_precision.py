@@ -103,6 +103,16 @@ def test_precision_refusals_name_the_device() -> None:
     assert precision_of(at_precision(prof, PRESETS["b200-x8"], Precision.MXFP8)) is Precision.MXFP8
 
 
+def test_a_profile_without_an_fp8_view_is_refused_not_priced_as_bf16() -> None:
+    """A profile whose layers carry no FP8 view (a measured one, or an analytic one written before
+    the view existed) cannot be priced in FP8: the plan would be the bf16 one under an FP8 label."""
+    prof = gpt_profile(layers=2, hidden=256, heads=4, seq=128, vocab=100, device_preset="h100-80gb")
+    bare = dataclasses.replace(prof, layers=tuple(dataclasses.replace(layer, fp8=None) for layer in prof.layers))
+    with pytest.raises(PlannerInputError, match="no FP8 view of its GEMMs"):
+        plan(bare, PRESETS["h100-80gb-x8"], PlanRequest(global_batch=16, precisions=(Precision.FP8_CURRENT,)))
+    assert plan(bare, PRESETS["h100-80gb-x8"], PlanRequest(global_batch=16)).precision is Precision.BF16
+
+
 def test_a_plan_records_its_precision_and_any_picks_the_fastest() -> None:
     prof = gpt_profile(layers=4, hidden=2048, heads=16, seq=2048, vocab=1000, device_preset="h100-80gb")
     cluster = PRESETS["h100-80gb-x8"]

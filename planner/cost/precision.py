@@ -51,7 +51,7 @@ from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
 __all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES", "QUANTISE_BYTES", "at_precision",
-           "check_precision", "fp8_extra_weight_bytes", "precision_of"]
+           "check_precision", "check_profile", "fp8_extra_weight_bytes", "precision_of"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {
@@ -101,6 +101,17 @@ def check_precision(cluster: Cluster, precision: Precision) -> None:
     if precision is Precision.MXFP8 and not cluster.mxfp8:
         raise PlannerInputError(f"--precision mxfp8: {cluster.device_name} ({cluster.name}) does not scale FP8 blocks "
                                 "in hardware (MXFP8 needs Blackwell: b200-x8, gb200-nvl72)")
+
+
+def check_profile(profile: Profile, precision: Precision) -> None:
+    """Refuse an FP8 precision for a profile that carries no FP8 view of its GEMMs (``Layer.fp8``:
+    analytic profiles built by this version have one; a measured profile's times are its own
+    precision's, and an analytic one built before FP8 was priced has none): priced anyway, the
+    plan would be the bf16 one under an FP8 label."""
+    if precision.fp8 and precision_of(profile) is Precision.BF16 and not any(layer.fp8 for layer in profile.layers):
+        raise PlannerInputError(
+            f"--precision {precision.value}: profile {profile.model!r} has no FP8 view of its GEMMs (Layer.fp8): "
+            "build it again with planner profile --analytic (a measured profile is priced at the precision it ran)")
 
 
 def _scaled(fit: TimeFit, factor: float) -> TimeFit:

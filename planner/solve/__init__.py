@@ -36,7 +36,7 @@ from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, Objective, P
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.cost.precision import at_precision, check_precision
+from planner.cost.precision import at_precision, check_precision, check_profile
 from planner.solve.account import with_accounts
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
@@ -72,6 +72,7 @@ def plan(profile: Profile, cluster: Cluster | None = None, request: PlanRequest 
         return _plan_at(profile, cluster, request)
     for p in request.precisions:
         check_precision(cluster, p)
+        check_profile(profile, p)
     plans = [dataclasses.replace(_plan_at(at_precision(profile, cluster, p), cluster, request), precision=p)
              for p in request.precisions]
     if request.objective is Objective.TIME:
