@@ -14,13 +14,16 @@ from planner.artifacts.errors import InfeasibleError
 from planner.artifacts.kinds import ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.request import PlanRequest
-from planner.cost.tensor_parallel import base_cluster
-from planner.graph import coarse_starts
 from planner.profiling.analytic.gpt import gpt_profile
-from planner.solve.build import Problem
-from planner.solve.ceiling import MATRICES_FIXED, MATRICES_PER_KEY, bound_chain, table_keys, working_set_bytes
+from planner.solve.ceiling import (
+    MATRICES_FIXED,
+    MATRICES_PER_KEY,
+    block_starts,
+    bound_chain,
+    table_keys,
+    working_set_bytes,
+)
 from planner.solve.chain_dp import solve_chain
-from planner.solve.degrees import degree_models, device_groups
 from planner.solve.search import search_plan
 from planner.solve.settings import SETTINGS
 
@@ -37,6 +40,14 @@ def test_table_keys_counted_by_hand() -> None:
     # D = 1, ZeRO 0, b in 1, 2, 4: 3 keys more
     inter = dataclasses.replace(request, schedules=(ScheduleKind.GPIPE, ScheduleKind.INTERLEAVED_1F1B))
     assert table_keys(4, (2,), inter, SETTINGS) == 7 + 3
+
+
+def test_block_starts_cut_every_k_layers() -> None:
+    assert block_starts(8, 8) == list(range(8))  # every layer fits: no blocks
+    assert block_starts(42, 10) == [0, 1, 6, 11, 16, 21, 26, 31, 36, 41]
+    assert block_starts(42, 10, (20,)) == [0, 1, 7, 13, 19, 20, 25, 31, 37]  # a fixed boundary kept, k = 6
+    with pytest.raises(ValueError):
+        block_starts(42, 2, (20,))
 
 
 def test_working_set_estimate_and_the_longest_chain_that_fits() -> None:
@@ -70,11 +81,9 @@ def test_a_search_over_the_ceiling_is_coarsened_into_blocks() -> None:
     coarse = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=low)
     (line,) = coarse.provenance.search_notes
     assert "\n" not in line and f"as {blocks} blocks" in line and "ceiling" in line
-    # the blocks: the searched degree's view of the profile (its layer times) cut into ``blocks``
-    base = base_cluster(cluster, 8)
-    (cm,) = degree_models(Problem.of(profile, cluster, request, SolverKind.DP, 8), base,
-                          device_groups(profile, base, 8, request))
-    starts = set(coarse_starts(cm.profile, blocks))
+    # the blocks: the first layer (the embedding) alone, then every k layers, k = 5 for 10 blocks of 42
+    starts = set(block_starts(L, blocks))
+    assert starts == {0, *range(1, L, 5)}
     stages = sorted(coarse.stages, key=lambda s: s.layer_start)
     assert len(stages) > 1  # cuts to check
     assert {s.layer_start for s in stages} <= starts, ([s.layer_start for s in stages], sorted(starts))

@@ -41,7 +41,8 @@ from planner.artifacts.request import PlanRequest
 from planner.solve.settings import SearchSettings
 from planner.solve.space import configurations, microbatch_sizes, searched_zero
 
-__all__ = ["MATRICES_FIXED", "MATRICES_PER_KEY", "ChainBound", "bound_chain", "table_keys", "working_set_bytes"]
+__all__ = ["MATRICES_FIXED", "MATRICES_PER_KEY", "ChainBound", "block_starts", "bound_chain", "table_keys",
+           "working_set_bytes"]
 
 #: bytes of one entry of a stage matrix (float64)
 ENTRY_BYTES = 8
@@ -50,6 +51,28 @@ MATRICES_PER_KEY = 0.5
 #: matrices held whatever the configurations: the cost models' prefix matrices, the cap views and
 #: entries the search keeps (:class:`planner.solve.prices.RecentEntries`, 32), the refinement's table
 MATRICES_FIXED = 64
+
+
+def block_starts(num_layers: int, max_chain: int, forced: tuple[int, ...] = ()) -> list[int]:
+    """At most ``max_chain`` group starts, cuts only every ``k`` layers: the first layer alone
+    (an embedding, in a transformer profile), then blocks of ``k`` consecutive layers, the
+    smallest ``k`` for which the groups (and the ``forced`` starts, a request's fixed boundaries)
+    number at most ``max_chain``. Blocks of equally many layers of one kind are one kind of
+    group: their stages share their recompute prices (:class:`planner.solve.prices.layers.LayerKinds`),
+    where cuts placed by work and bytes (:func:`planner.graph.coarse_starts`) make groups of
+    unequal lengths, each a problem of its own (2,000 Llama blocks as 449 such groups: 5.7 GB
+    to explain a refusal; as blocks of 5, module docstring's benchmark)."""
+    fixed = sorted(set(forced) - {0, 1})
+    if num_layers <= max_chain:
+        return list(range(num_layers))
+    if max_chain < 2 + len(fixed):
+        raise ValueError(f"max_chain {max_chain}: at least 2 groups and one per fixed boundary ({len(fixed)})")
+    k = 1
+    while True:
+        starts = sorted({0, *range(1, num_layers, k), *fixed})
+        if len(starts) <= max_chain:
+            return starts
+        k = max(k + 1, -(-(num_layers - 1) // max(1, max_chain - 1 - len(fixed))))
 
 
 def table_keys(num_layers: int, num_groups: tuple[int, ...], request: PlanRequest, settings: SearchSettings) -> int:
@@ -120,7 +143,7 @@ def bound_chain(num_layers: int, num_groups: tuple[int, ...], request: PlanReque
     longest = max(0, math.isqrt(int(ceiling // per_side)) - 1)
     while longest > 0 and working_set_bytes(longest, keys) > ceiling:  # isqrt's rounding
         longest -= 1
-    least = max(2, request.num_stages, len(set(request.fixed_boundaries)) + 1)
+    least = max(2, request.num_stages, len(set(request.fixed_boundaries) - {0, 1}) + 2)
     if longest < min(least, num_layers):
         raise InfeasibleError(
             f"the search's stage tables exceed the working-set ceiling: even {least} blocks of the {num_layers:,} "

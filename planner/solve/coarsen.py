@@ -5,7 +5,9 @@ A profile longer than :attr:`SearchSettings.chain_max` layers (or twice the deep
 searched) is merged into at most that many groups, cut where the fewest bytes cross
 (:func:`planner.graph.coarse_starts`); :func:`to_layers` maps a candidate over groups back to
 layers, :func:`refine` re-solves one configuration on a finer chain (single layers within
-:attr:`SearchSettings.refine_radius` of each boundary, groups elsewhere).
+:attr:`SearchSettings.refine_radius` of each boundary, groups elsewhere). Under the working-set
+ceiling (:mod:`planner.solve.ceiling`) the groups are at most its longest chain, and a refinement
+whose finer chain is longer is not solved.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
-from planner.solve.ceiling import ChainBound
 from planner.solve.candidates import ChainSolver, Scored, score_key, simulated
+from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
 from planner.solve.config_search import ConfigSearch, SearchPass, solve_candidates
@@ -83,11 +83,13 @@ class LayoutSearch:
         self.cm_search, self.req_search = cm, request
         chain_max = wanted_chain(profile.num_layers, num_groups, request, chain_solver, settings)
         self.max_refined = profile.num_layers  # the longest chain a refinement may solve over
-        if bound is not None and bound.limits(chain_max):
+        blocks = bound is not None and bound.limits(chain_max)
+        if bound is not None and blocks:
             note(bound.note(chain_max))
             chain_max = self.max_refined = bound.max_chain
         if profile.num_layers > chain_max:
-            self.starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
+            self.starts = (block_starts(profile.num_layers, chain_max, request.fixed_boundaries) if blocks
+                           else coarse_starts(profile, chain_max, request.fixed_boundaries))
             self.cm_search = merged_model(cm, self.starts)
             self.req_search = dataclasses.replace(
                 request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))

@@ -107,6 +107,10 @@ its Pareto front holds fewer points (those built). On a grouped profile every fi
 configuration must beat is widened by ``budget_refine_slack`` (the refinement changes a
 candidate's time and memory): a heuristic, as the memory objective's there.
 
+Memory: before any stage table is built, the working-set ceiling (:mod:`planner.solve.ceiling`)
+bounds the chain every degree searches over; a longer one is coarsened into blocks, and the
+chosen plan's ``provenance.search_notes`` says so in one line.
+
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
 start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
