@@ -60,7 +60,7 @@ def estimates(path: Path, devices: int) -> tuple[float, int, float, int]:
     from planner.artifacts.request import PlanRequest
     from planner.commands.plan import cluster_for
     from planner.cost.tensor_parallel import base_cluster
-    from planner.solve.ceiling import bound_chain, working_set_bytes
+    from planner.solve.ceiling import block_starts, bound_chain, working_set_bytes
     from planner.solve.chain_dp import solve_chain
     from planner.solve.degrees import device_groups
     from planner.solve.layout_search import wanted_chain
@@ -71,7 +71,7 @@ def estimates(path: Path, devices: int) -> tuple[float, int, float, int]:
     groups = tuple(g.groups_in(devices) for g in device_groups(profile, base, devices, request))
     bound = bound_chain(profile.num_layers, groups, request, SETTINGS)
     wanted = max(wanted_chain(profile.num_layers, n, request, solve_chain, SETTINGS) for n in groups)
-    used = min(wanted, bound.max_chain)
+    used = len(block_starts(profile.num_layers, bound.max_chain)) if bound.limits(wanted) else wanted
     return working_set_bytes(wanted, bound.keys) / 2**30, wanted, working_set_bytes(used, bound.keys) / 2**30, used
 
 

@@ -80,7 +80,7 @@ def test_a_search_over_the_ceiling_is_coarsened_into_blocks() -> None:
     low = dataclasses.replace(SETTINGS, working_set_bytes=int(working_set_bytes(blocks, keys)))
     coarse = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=low)
     (line,) = coarse.provenance.search_notes
-    assert "\n" not in line and f"as {blocks} blocks" in line and "ceiling" in line
+    assert "\n" not in line and f"as {blocks} blocks (the first layer, then every 5;" in line and "ceiling" in line
     # the blocks: the first layer (the embedding) alone, then every k layers, k = 5 for 10 blocks of 42
     starts = set(block_starts(L, blocks))
     assert starts == {0, *range(1, L, 5)}

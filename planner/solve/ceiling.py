@@ -125,11 +125,17 @@ class ChainBound:
 
     def note(self, wanted: int) -> str:
         """The one line a coarsened search says (stderr, the plan's provenance)."""
-        return (f"working-set ceiling: searched {self.num_layers:,} layers as {self.max_chain:,} blocks of about "
-                f"{self.num_layers / self.max_chain:.1f} (stages start at block starts; pipelines of at most "
-                f"{self.max_chain:,} stages): a chain of {wanted:,} would need about "
-                f"{working_set_bytes(wanted, self.keys) / 2**30:.1f} GiB of stage tables "
-                f"({self.keys:,} table keys), over the {self.ceiling_bytes / 2**30:.1f} GiB ceiling")
+        starts = block_starts(self.num_layers, self.max_chain)
+        k = starts[2] - starts[1] if len(starts) > 2 else self.num_layers - 1
+        return (f"working-set ceiling: searched {self.num_layers:,} layers as {len(starts):,} blocks (the first "
+                f"layer, then every {k}; stages start at block starts, pipelines of at most {len(starts):,} "
+                f"stages): a chain of {wanted:,} would need about "
+                f"{_size(working_set_bytes(wanted, self.keys))} of stage tables "
+                f"({self.keys:,} table keys), over the {_size(self.ceiling_bytes)} ceiling")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**28 else f"{nbytes / 2**20:.2f} MiB"
 
 
 def bound_chain(num_layers: int, num_groups: tuple[int, ...], request: PlanRequest,
@@ -147,7 +153,7 @@ def bound_chain(num_layers: int, num_groups: tuple[int, ...], request: PlanReque
     if longest < min(least, num_layers):
         raise InfeasibleError(
             f"the search's stage tables exceed the working-set ceiling: even {least} blocks of the {num_layers:,} "
-            f"layers need about {working_set_bytes(least, keys) / 2**30:.1f} GiB ({keys:,} table keys) over "
-            f"{ceiling / 2**30:.1f} GiB; coarsen the request: fewer --microbatch-sizes, --tp/--cp/--zero "
+            f"layers need about {_size(working_set_bytes(least, keys))} ({keys:,} table keys) over "
+            f"{_size(ceiling)}; coarsen the request: fewer --microbatch-sizes, --tp/--cp/--zero "
             f"degrees or --devices, or a profile of fewer, larger layers")
     return ChainBound(num_layers=num_layers, keys=keys, ceiling_bytes=ceiling, max_chain=min(num_layers, longest))
