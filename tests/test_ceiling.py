@@ -118,3 +118,29 @@ def test_planner_plan_turns_an_allocation_failure_into_one_line(monkeypatch: pyt
     assert main(["plan", "--global-batch", "8"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ran out of memory" in err[0] and "coarsen" in err[0]
+
+
+def test_planner_plan_says_so_on_stderr_and_in_the_plan(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the public API and the CLI at the default ceiling, the estimate raised (its fixed
+    matrices) so that a 42-layer search must be coarsened to 4 blocks: the note survives the
+    plan's rebuilding (recompute relaxed, accounts added) and is printed once on stderr."""
+    import planner.solve.ceiling as ceiling
+    from planner.artifacts.plan import load_plan
+    from planner.artifacts.profile import save_profile
+    from planner.commands.cli import main
+    from planner.solve import plan
+
+    monkeypatch.setattr(ceiling, "MATRICES_FIXED", 10**7)  # 8 x 25 x 1e7 bytes: 4 blocks fit 2 GiB, 5 do not
+    profile, cluster, request = _case()
+    chosen = plan(profile, cluster, request)
+    (line,) = chosen.provenance.search_notes
+    assert "as 4 blocks" in line
+    path, out = tmp_path / "gpt.json", tmp_path / "plan.json"
+    save_profile(profile, path)
+    rc = main(["plan", "--profile", str(path), "--cluster", "a100-80gb-x8", "--global-batch", "16", "--stages", "4",
+               "--tp", "1", "--cp", "1", "--schedules", "gpipe,1f1b", "--out", str(out)])
+    assert rc == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("planner plan: note:")]
+    assert notes == [f"planner plan: note: {line}"]
+    assert load_plan(out).provenance.search_notes == (line,)

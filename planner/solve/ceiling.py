@@ -15,8 +15,12 @@ The estimate, before any table is built (:func:`working_set_bytes`)::
 with ``K`` the table keys the request's configurations can ask for, counted from the
 configuration list alone (:func:`table_keys`: no cost model, no matrix). ``MATRICES_PER_KEY`` is
 a fit, not a derivation: pruning solves only some configurations, so the matrices held are a
-fraction of the keys (fit and out-of-sample figures: ``benchmarks/deep_profiles.py``,
-``benchmarks/RESULTS.md`` "Deep profiles").
+fraction of the keys. Fit on two runs (a 2,000-block Llama-3-8B shape, the search phase's resident
+peak sampled from ``/proc/self/statm`` over groups of about 4 layers, before this module): 64
+H100s, 2.2 GB above the process's start over 513^2-entry matrices, ~1,050 matrices for 2,512
+keys (0.42 a key); 1,024 H100s, ~2,370 for 6,192 (0.38); rounded up to 0.5. Out of sample (the
+10,000-block profiles, and every run's peak against its estimate): ``benchmarks/deep_profiles.py``,
+``benchmarks/RESULTS.md`` "Deep profiles".
 
 Decision: the ceiling is :attr:`SearchSettings.working_set_bytes`. The chain the search would
 use (every layer, or :mod:`planner.solve.coarsen`'s groups, as many as twice the deepest
