@@ -189,3 +189,9 @@ class Provenance:
     solver: SolverKind
     request: PlanRequest
     fingerprint_sha256: str = ""
+    search_notes: tuple[str, ...] = field(
+        default=(),
+        metadata={"doc": "what the search did differently from its default, one line each (e.g. a long profile "
+                         "coarsened under the working-set ceiling, planner.solve.ceiling; absent when none)",
+                  "omit_if_default": True},
+    )

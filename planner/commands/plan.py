@@ -12,7 +12,7 @@ import re
 import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
-from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import (
     REQUESTABLE_SOLVERS,
     Objective,
@@ -267,7 +267,13 @@ def plan_of_args(args: argparse.Namespace) -> Plan:
         if b >= profile.num_layers:
             raise PlannerInputError(f"--fixed-boundaries: layer {b} does not exist ({profile.num_layers} layers)")
     with Progress(f"plan {profile.model} on {cluster.name}"):  # a line every few seconds of a long search
-        return plan(profile, cluster, request)
+        try:
+            return plan(profile, cluster, request)
+        except MemoryError:  # the working-set ceiling's estimate fell short (planner.solve.ceiling): one line
+            raise InfeasibleError(
+                f"the search ran out of memory on {profile.num_layers:,} layers over {cluster.num_devices:,} devices; "
+                f"coarsen the request: fewer --microbatch-sizes, --tp/--cp/--zero degrees or --devices, or a "
+                f"profile of fewer, larger layers") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -275,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_output("--out", args.out)  # before planning, so that no work is lost to a typo in the path
     result = plan_of_args(args)
+    for line in result.provenance.search_notes:  # e.g. a search coarsened under the working-set ceiling
+        print(f"planner plan: note: {line}", file=sys.stderr)
     text = dumps_plan(result)
     if args.out:
         with open(args.out, "w") as fh:

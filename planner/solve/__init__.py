@@ -88,11 +88,18 @@ def _plan_at(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
         from planner.solve.baselines import baseline_plan  # with PipeDream's optimizer: not imported for the search
 
         return with_accounts(baseline_plan(profile, cluster, request, kind=kind), profile, cluster, request)
+    notes: list[str] = []  # what the searches noted (a coarsened chain), kept on the plan however it is rebuilt
+
     def search(prof: Profile, clu: Cluster, req: PlanRequest) -> Plan:
-        return search_plan(prof, clu, req, solver=kind, chain_solver=chain_solver_of(kind))
+        found = search_plan(prof, clu, req, solver=kind, chain_solver=chain_solver_of(kind))
+        notes.extend(n for n in found.provenance.search_notes if n not in notes)
+        return found
 
     if request.recompute_mode in (RecomputeMode.FULL, RecomputeMode.SELECTIVE):
         chosen = plan_forced(profile, cluster, request, search)
     else:
         chosen = relax_recompute(search(profile, cluster, request), profile, cluster, request)
-    return with_accounts(chosen, profile, cluster, request)
+    chosen = with_accounts(chosen, profile, cluster, request)
+    if tuple(notes) != chosen.provenance.search_notes:
+        chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(chosen.provenance, search_notes=tuple(notes)))
+    return chosen

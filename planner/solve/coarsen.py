@@ -5,7 +5,9 @@ A profile longer than :attr:`SearchSettings.chain_max` layers (or twice the deep
 searched) is merged into at most that many groups, cut where the fewest bytes cross
 (:func:`planner.graph.coarse_starts`); :func:`to_layers` maps a candidate over groups back to
 layers, :func:`refine` re-solves one configuration on a finer chain (single layers within
-:attr:`SearchSettings.refine_radius` of each boundary, groups elsewhere).
+:attr:`SearchSettings.refine_radius` of each boundary, groups elsewhere). Under the working-set
+ceiling (:mod:`planner.solve.ceiling`) the groups are at most its longest chain, and a refinement
+whose finer chain is longer is not solved.
 """
 
 from __future__ import annotations
@@ -75,10 +77,12 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
 
 def refine(
     cm: CostModel, starts: list[int], request: PlanRequest, cand: Candidate, cap: float, chain_solver: ChainSolver,
-    settings: SearchSettings = SETTINGS,
+    settings: SearchSettings = SETTINGS, max_chain: int | None = None,
 ) -> Candidate:
     """Re-solve one configuration over a finer chain: single layers within
-    :attr:`SearchSettings.refine_radius` of each boundary the coarse solution chose, groups elsewhere."""
+    :attr:`SearchSettings.refine_radius` of each boundary the coarse solution chose, groups elsewhere.
+    ``max_chain``: the working-set ceiling's longest chain (:mod:`planner.solve.ceiling`); a finer
+    chain longer than that is not solved (the coarse solution is kept, its stages on group starts)."""
     L = cm.num_layers
     coarse = to_layers(cm, cand, starts, cap)
     finer = set(starts)
@@ -86,6 +90,8 @@ def refine(
     for cut in coarse.solution.boundaries[1:]:
         finer.update(range(max(1, cut - radius), min(L - 1, cut + radius) + 1))
     finer_starts = sorted(finer)
+    if max_chain is not None and len(finer_starts) > max_chain:
+        return coarse
     merged = merged_model(cm, finer_starts)
     fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
     c = cand.config

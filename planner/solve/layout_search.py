@@ -10,11 +10,13 @@ import dataclasses
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind, SolverKind
 from planner.artifacts.plan import Plan
+from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import ChainSolver, Scored, score_key, simulated
+from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
 from planner.solve.config_search import ConfigSearch, SearchPass, solve_candidates
@@ -33,6 +35,19 @@ def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings
     return settings.interleave_factors
 
 
+def wanted_chain(num_layers: int, num_groups: int, request: PlanRequest, chain_solver: ChainSolver,
+                 settings: SearchSettings) -> int:
+    """The chain a search on ``num_groups`` groups uses without a working-set ceiling: every
+    layer, or enough groups that the deepest pipeline searched still has two groups per stage, an
+    interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
+    chunks are never solved; on exactly P v each is one group, however the cuts merged them),
+    and at least :attr:`SearchSettings.chain_max`."""
+    depths = [P for P, _ in configurations(num_layers, num_groups, request)]
+    chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings) if P * v <= num_layers]
+    wanted = max(settings.chain_max, 2 * max(depths, default=1), min(num_layers, 2 * max(chunks, default=1)))
+    return min(num_layers, wanted)
+
+
 class LayoutSearch:
     """The search over layouts of one tensor- and context-parallel degree (``cm``) on
     ``num_groups`` groups, in two halves: the constructor prepares the configurations (and the
@@ -44,11 +59,13 @@ class LayoutSearch:
     Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
     pipeline searched) are searched over at most that many groups of consecutive layers (cut
     where the fewest bytes cross), then the best configurations are re-solved with single
-    layers around their chosen boundaries (:mod:`planner.solve.coarsen`)."""
+    layers around their chosen boundaries (:mod:`planner.solve.coarsen`). ``bound``: the
+    working-set ceiling's longest chain (:mod:`planner.solve.ceiling`); a longer chain is
+    coarsened to it."""
 
     def __init__(
         self, problem: Problem, cm: CostModel, num_groups: int, chain_solver: ChainSolver, policy: Policy,
-        settings: SearchSettings = SETTINGS,
+        settings: SearchSettings = SETTINGS, bound: ChainBound | None = None,
     ) -> None:
         request = problem.request
         profile = cm.profile
@@ -64,16 +81,15 @@ class LayoutSearch:
         self.built: list[Plan] = []  # every plan :meth:`finish` built (the fastest candidates', the tighter caps')
         self.starts: list[int] | None = None
         self.cm_search, self.req_search = cm, request
-        # enough groups that the deepest pipeline searched still has two groups per stage, an
-        # interleaved one two per chunk where the layers allow (on fewer than P v groups its P v
-        # chunks are never solved; on exactly P v each is one group, however the cuts merged them)
-        depths = [P for P, _ in configurations(profile.num_layers, num_groups, request)]
-        max_stages = max(depths, default=1)
-        chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings)
-                  if P * v <= profile.num_layers]
-        chain_max = max(settings.chain_max, 2 * max_stages, min(profile.num_layers, 2 * max(chunks, default=1)))
+        chain_max = wanted_chain(profile.num_layers, num_groups, request, chain_solver, settings)
+        self.max_refined = profile.num_layers  # the longest chain a refinement may solve over
+        blocks = bound is not None and bound.limits(chain_max)
+        if bound is not None and blocks:
+            note(bound.note(chain_max))
+            chain_max = self.max_refined = bound.max_chain
         if profile.num_layers > chain_max:
-            self.starts = coarse_starts(profile, chain_max, request.fixed_boundaries)
+            self.starts = (block_starts(profile.num_layers, chain_max, request.fixed_boundaries) if blocks
+                           else coarse_starts(profile, chain_max, request.fixed_boundaries))
             self.cm_search = merged_model(cm, self.starts)
             self.req_search = dataclasses.replace(
                 request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
@@ -100,7 +116,8 @@ class LayoutSearch:
         out = []
         for _, cand in top:
             if refined:
-                mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings)
+                mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings,
+                                max_chain=self.max_refined)
             else:
                 mapped = to_layers(cm, cand, starts, self.cap)
             out.append((simulated(cm, mapped), mapped))

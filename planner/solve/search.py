@@ -110,6 +110,10 @@ its Pareto front holds fewer points (those built). On a grouped profile every fi
 configuration must beat is widened by ``budget_refine_slack`` (the refinement changes a
 candidate's time and memory): a heuristic, as the memory objective's there.
 
+Memory: before any stage table is built, the working-set ceiling (:mod:`planner.solve.ceiling`)
+bounds the chain every degree searches over; a longer one is coarsened into blocks, and the
+chosen plan's ``provenance.search_notes`` says so in one line.
+
 The request's layout constraints hold for every candidate, not only the DP's: ``num_stages``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
 start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
@@ -134,8 +138,9 @@ from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import ChainSolver
+from planner.solve.ceiling import ChainBound, bound_chain
 from planner.solve.degrees import degree_bound_ms, degree_models, device_groups, machine_bound_ms, note_group
-from planner.solve.layout_search import LayoutSearch
+from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
 from planner.solve.select import merge_pareto, over_cap, select
 from planner.solve.settings import SETTINGS, SearchSettings
@@ -152,10 +157,12 @@ def search_plan(
     problem = Problem.of(profile, cluster, request, solver, n)  # plans record the cluster as given
     reference = me_reference(profile, cluster, request, solver, chain_solver, settings)
     groups = device_groups(profile, base, n, request)
+    # the working-set ceiling, before any stage table is built (planner.solve.ceiling)
+    bound = bound_chain(profile.num_layers, tuple(g.groups_in(n) for g in groups), request, settings)
     if request.objective is Objective.TIME and settings.prune_degrees and settings.prune_configs:
-        plans = pruned_degrees(problem, base, groups, n, chain_solver, settings)
+        plans = pruned_degrees(problem, base, groups, n, chain_solver, settings, bound)
     else:
-        plans = degree_by_degree(problem, base, groups, n, chain_solver, settings, reference is not None)
+        plans = degree_by_degree(problem, base, groups, n, chain_solver, settings, bound, reference is not None)
     # equal times (sequence parallelism often costs no time): no context parallelism, the leaner
     # plan, then the smaller t
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
@@ -164,7 +171,13 @@ def search_plan(
     cap = memory_cap_bytes(cluster, request)
     if best.predicted.peak_memory_bytes > cap:  # never returned (build_best drops such plans)
         raise over_cap(best, cap)
-    return dataclasses.replace(best, pareto=merge_pareto([p for plan in plans for p in plan.pareto]))
+    best = dataclasses.replace(best, pareto=merge_pareto([p for plan in plans for p in plan.pareto]))
+    # a coarsened search says so on its plan, once (the longest chain any degree wanted)
+    wanted = max(wanted_chain(profile.num_layers, g.groups_in(n), request, chain_solver, settings) for g in groups)
+    if bound.limits(wanted):
+        best = dataclasses.replace(best, provenance=dataclasses.replace(
+            best.provenance, search_notes=best.provenance.search_notes + (bound.note(wanted),)))
+    return best
 
 
 def me_reference(
@@ -188,7 +201,7 @@ def me_reference(
 
 def degree_by_degree(
     problem: Problem, base: Cluster, groups: list[DeviceGroup], n: int, chain_solver: ChainSolver,
-    settings: SearchSettings, referenced: bool = False,
+    settings: SearchSettings, chain_bound: ChainBound | None = None, referenced: bool = False,
 ) -> list[Plan]:
     """Each degree searched on its own, in order (the search with ``prune_degrees`` off, and
     the memory and ME objectives'): every cp = 1 degree in full, each cp > 1 one against the
@@ -211,7 +224,7 @@ def degree_by_degree(
         if policy.skips_degree(machine_bound_ms(cm, request.global_batch, num_groups), earlier, group.cp_degree):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
-            search = LayoutSearch(problem, cm, num_groups, chain_solver, policy, settings)
+            search = LayoutSearch(problem, cm, num_groups, chain_solver, policy, settings, chain_bound)
             search.configs.run()
             found = search.finish(earlier, suggest=False)
         except InfeasibleError as exc:
@@ -231,7 +244,7 @@ def degree_by_degree(
 
 def pruned_degrees(
     problem: Problem, base: Cluster, groups: list[DeviceGroup], n: int, chain_solver: ChainSolver,
-    settings: SearchSettings,
+    settings: SearchSettings, chain_bound: ChainBound | None = None,
 ) -> list[Plan]:
     """Every degree's configurations visited in one order, by increasing lower bound, against
     one incumbent (the time objective; see the module docstring): a degree is opened (its cost
@@ -258,7 +271,8 @@ def pruned_degrees(
         if not opened:
             note_group(groups[i])
             try:
-                searches[i] = LayoutSearch(problem, models[i], groups[i].groups_in(n), chain_solver, policy, settings)
+                searches[i] = LayoutSearch(problem, models[i], groups[i].groups_in(n), chain_solver, policy, settings,
+                                           chain_bound)
             except InfeasibleError as exc:
                 infeasible[i] = exc
                 continue

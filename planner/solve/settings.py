@@ -80,6 +80,12 @@ class SearchSettings:
                          "O(L^2 x N x copy counts) per cap; on 1,024 devices that took ~80 s (GPT-3 175B), while the "
                          "clusters PipeDream's optimizer was built for (and evaluated on) have at most a few dozen"},
     )
+    working_set_bytes: int = field(
+        default=2 * 2**30,
+        metadata={"doc": "ceiling on the stage tables' estimated bytes (planner.solve.ceiling), checked before they "
+                         "are built: a longer chain is coarsened into blocks, or the request refused; 2 GiB keeps "
+                         "the process under about 3 GB (the profile, its views and the simulations besides)"},
+    )
 
 
 SETTINGS = SearchSettings()
