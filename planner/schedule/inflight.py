@@ -10,15 +10,22 @@ rank's order); replicated per stage, each copy's share: M / R_s for GPipe, its 1
 
 Zero-bubble schedules (backward split into I and W, Qi et al. 2024): a micro-batch is in flight
 from its forward until its W, so :func:`inflight_counts` is the peak of forwards done minus W
-passes done, counted on the rank's order. The planner prices each of them with all its
-activations (the paper's ``p M_B`` accounting, sec. 3.1: exact while the micro-batches at the
-peak have not run I, as on stage 0, an upper bound elsewhere, where some hold only what W
-needs); :func:`weight_pending_counts` says how many of them wait only for W, and the simulator's
-memory trace frees each micro-batch's activations but W's inputs at the end of its I.
+passes done, counted on the rank's order. Not all of them are whole at that peak: those past their
+I hold only what W needs (the weight GEMMs' inputs). :func:`held_counts` walks each stage's order
+and gives, at its peak, ``(whole, pending)``: micro-batches holding all their activations (after F,
+before I) and those past I waiting for W. On every order the planner builds (ZB-H1, ZB-H2, ZBV:
+a test walks them all for P <= 16, M <= 69) one point of the walk has both the most whole
+micro-batches and the most in flight, so with W keeping no more than the micro-batch saved that
+point is the stage's peak in bytes whatever the two sizes: ``whole x act + pending x keep``,
+exact (:func:`held_bytes`; the paper's ``p M_B`` accounting, every micro-batch priced whole, is an
+upper bound the planner no longer uses). The DP (:mod:`planner.solve.chain_dp`), the plan's
+stages (:mod:`planner.solve.build`), hence the simulator's stage memory and the runtime's check
+all read these counts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -64,6 +71,34 @@ def stage_inflight(
     if kind is ScheduleKind.ONE_F_ONE_B:
         return tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
     return tuple(x + y for x, y in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What one device of a stage holds at its peak: ``whole`` micro-batches with all their
+    activations, ``pending`` past their input-gradient pass holding only W's inputs."""
+
+    whole: int
+    pending: int = 0
+
+    @property
+    def inflight(self) -> int:
+        return self.whole + self.pending
+
+
+def held_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[Held, ...]:
+    """Per stage, :class:`Held` at its peak, walked on the schedule's own order (module docstring;
+    ``pending`` is 0 unless the schedule splits the backward)."""
+    if not kind.splits_backward or layout.stage_replicas:
+        return tuple(Held(k) for k in inflight_counts(kind, layout, num_microbatches))
+    return tuple(Held(w, p) for w, p in _counted(kind, layout.num_stages, num_microbatches,
+                                                   layout.virtual_stages_per_rank))
+
+
+def held_bytes(held: Held, act_bytes: float, keep_bytes: float) -> float:
+    """A stage's in-flight bytes at its peak: ``whole x act + pending x keep`` (``keep``: what a
+    micro-batch past its I keeps for its W, at most ``act``; module docstring)."""
+    return held.whole * act_bytes + held.pending * keep_bytes
 
 
 def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, price_stage
 from planner.cost.overheads import straggler_fraction
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
-from planner.schedule import inflight_counts
+from planner.schedule import held_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
 
@@ -87,7 +87,7 @@ def build_plan(
     stage (``()``: none anywhere)."""
     request = problem.request
     num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
-    ks = inflight_counts(schedule, layout, num_microbatches)
+    held = held_counts(schedule, layout, num_microbatches)
     stops = list(boundaries[1:]) + [cm.num_layers]
     cap = memory_cap_bytes(cm.cluster, request)
     stages = []
@@ -97,7 +97,8 @@ def build_plan(
         sel = tuple(sorted(selective[s])) if selective else ()
         terms = price_stage(cm, start, stop, microbatch_size, s, layout, recompute=rc, selective=sel,
                             split_backward=split)
-        memory = cm.stage_memory(start, stop, rc, microbatch_size, ks[s], layout.sharding(s), sel)
+        memory = cm.stage_memory(start, stop, rc, microbatch_size, held[s].whole, layout.sharding(s), sel,
+                                 held[s].pending)
         activation = int(round(cm.activation_bytes(start, stop, rc, microbatch_size, sel)))
         stages.append(
             PlanStage(
@@ -109,7 +110,7 @@ def build_plan(
                 replicas=layout.replicas_of(s),
                 recompute=rc,
                 recompute_selective=sel,
-                inflight_microbatches=ks[s],
+                inflight_microbatches=held[s].inflight,
                 activation_bytes_per_microbatch=activation,
                 fwd_ms=terms.fwd_ms,
                 bwd_ms=terms.bwd_ms,
@@ -122,8 +123,7 @@ def build_plan(
                 gather_bound_ms=terms.gather_bound_ms,
                 optimizer_ms=terms.optimizer_ms,
                 wgrad_ms=terms.wgrad_ms,
-                wgrad_bytes_per_microbatch=min(activation, int(round(
-                    cm.wgrad_bytes(start, stop, microbatch_size)))) if split else 0,
+                wgrad_bytes_per_microbatch=int(round(cm.keep_bytes(start, stop, microbatch_size))) if split else 0,
                 alltoall_ms=cm.stage_alltoall_ms(start, stop, microbatch_size),
                 memory=memory,
                 memory_total_bytes=memory.total_bytes,

@@ -17,6 +17,7 @@ from planner.artifacts.kinds import ChunkPlacement, Objective
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, StageTerms, price_stages
+from planner.schedule import held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
 from planner.solve.prices import StageTable
@@ -111,11 +112,11 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
 
 def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
     """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
-    recomputation, in-flight count and ZeRO sharding)."""
-    ks = c.inflight()
+    recomputation, micro-batches held (:func:`planner.schedule.held_counts`) and ZeRO sharding)."""
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    return [cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
-                            solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+    return [cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, held[s].whole, c.sharding(s),
+                            solution.selective_of(s), held[s].pending).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
 
 
 def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
