@@ -110,7 +110,7 @@ def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: 
     return tuple(y for _, y in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)  # per shape: a search over 1,024 devices asks for ~1,000
 def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[int, int], ...]:
     """Per stage, (micro-batches holding all their activations, micro-batches past I waiting
     for W) at the peak of their sum, the larger first count among peaks of equal sum."""

@@ -8,6 +8,8 @@ ask it, and nothing else, about a configuration."""
 
 from __future__ import annotations
 
+import bisect
+
 import itertools
 import math
 from collections import Counter
@@ -40,7 +42,56 @@ def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
     bound ``M W / P`` it adds about half the interleaved bubble when chunks are about a layer each
     (deep pipelines: e.g. +24% at P = 64, v = 2, M = 64)."""
     a = [float(x) for x in rank_fills_ms(cm, c)]  # ascending: layer work >= 0
-    need = c.num_microbatches * cm.work_ms(c.microbatch_size)
+    return shared_fill_ms(a, c.num_microbatches * cm.work_ms(c.microbatch_size))
+
+
+def split_fill_bound_ms(cm: CostModel, c: Config) -> float:
+    """No zero-bubble plan of ``c`` simulates faster, whatever its partition. Rank ``r``'s first
+    operation is a forward of its first chunk, chunk ``r``, behind the forwards of chunks
+    ``0 .. r - 1`` of that micro-batch (after its last input-gradient pass a rank can still run
+    weight-gradient passes, so nothing is owed at the end): ``T >= F_<r + M W_r``.
+
+    One chunk per rank (ZB-H1, ZB-H2), ``F_<r`` is the forward of every layer before rank
+    ``r``'s stage: with layers taken in fractions (a relaxation), given ``T`` each rank reaching
+    furthest is best (its stop ``x + (T - F(x)) / M`` grows with its start ``x``, a forward being
+    at most its layer's work), so ``T`` is bisected to the least at which ``P`` ranks cover the
+    work. On ``P`` equal stages of forward share ``f`` this is about ``M W / P + f W / 2``: half
+    of ZB-H1's fill on uniform stages, where 1F1B's bound counts a whole micro-batch (``W``).
+    ZBV (two chunks per rank, the second in the model's second half): only the first ``r``
+    layers' forward (a layer per chunk at least), :func:`shared_fill_ms`."""
+    fp, _ = cm.time_prefix(c.microbatch_size)
+    b, M, P = c.microbatch_size, c.num_microbatches, min(c.layout.pipeline_size, len(fp) - 1)
+    need = M * cm.work_ms(b)
+    if c.layout.virtual_stages_per_rank > 1:
+        return shared_fill_ms([float(x) for x in fp[:P]], need)
+    fwd, bwd = cm.layer_times(b)
+    work = [0.0, *np.cumsum(fwd + bwd).tolist()]  # F(x): the forward done by work x, interpolated
+    fwds = [float(x) for x in fp]
+    total = work[-1]
+
+    def forward_at(x: float) -> float:
+        i = min(bisect.bisect_right(work, x), len(work) - 1)
+        span = work[i] - work[i - 1]
+        return fwds[i - 1] + (fwds[i] - fwds[i - 1]) * ((x - work[i - 1]) / span if span > 0 else 1.0)
+
+    def covered(t: float) -> bool:
+        x = 0.0
+        for _ in range(P):
+            x += max(0.0, t - forward_at(x)) / M
+            if x >= total:
+                return True
+        return False
+
+    lo, hi = need / P, need / P + fwds[-1]  # F_<r <= the whole forward
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if covered(mid) else (mid, hi)
+    return lo * (1 - 1e-9)
+
+
+def shared_fill_ms(a: list[float], need: float) -> float:
+    """The least ``T`` with ``T >= a_r + w_r`` on every rank for works ``w_r >= 0`` summing to
+    ``need`` (``a`` ascending): the ``T`` at which ``sum_r max(0, T - a_r) = need``."""
     for k in range(len(a), 0, -1):  # the ranks whose a_r is below T share the work
         t = (need + sum(a[:k])) / k
         if t >= a[k - 1]:
@@ -149,6 +200,7 @@ class ConfigFacts:
         self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
+        self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
@@ -169,6 +221,17 @@ class ConfigFacts:
                 self.chunk_fills[key] = chunk_fill_bound_ms(cm, c)
             lb = max(lb, self.chunk_fills[key])
         return lb
+
+    def split_fill_ms(self, c: Config) -> float:
+        """:func:`split_fill_bound_ms` of a zero-bubble configuration (0 for any other), worked out
+        only for those the order reaches (as :meth:`memory_bound`), once per shape."""
+        if not c.schedule.splits_backward or c.layout.stage_replicas:
+            return 0.0
+        key = (c.microbatch_size, c.pipeline_size, c.num_microbatches, c.layout.virtual_stages_per_rank)
+        found = self.split_fills.get(key)
+        if found is None:
+            found = self.split_fills[key] = split_fill_bound_ms(self.cm, c)
+        return found
 
     def rank_floor_ms(self, c: Config, slack: float) -> float:
         """No proposal of ``c`` passes :meth:`keep`'s check when this exceeds what it must beat:

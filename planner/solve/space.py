@@ -170,6 +170,9 @@ def all_configs(
     """Every configuration of the space for ``cm`` (see the module docstring); ``split``: also
     the schedules that split the backward (:data:`SPLIT_SCHEDULES`)."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES or (split and s in SPLIT_SCHEDULES)]
+    # one stage has no bubble to fill: ZB-H1 / ZB-H2 there run 1F1B's order with each backward split
+    # in two, the same work, more held (its W's inputs); not solved beside a schedule without the split
+    one_stage_plain = any(s in DP_SCHEDULES for s in schedules)
     out: list[Config] = []
     for P, D in configurations(cm.num_layers, num_groups, request):
         if not cm.group.admits(D):
@@ -181,7 +184,8 @@ def all_configs(
         zbv = layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V) if 2 * P <= cm.num_layers else None
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
-            out.extend(Config(plain, b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+            out.extend(Config(plain, b, M, sch) for sch in schedules
+                       if schedule_valid(sch, P, M) and not (P == 1 and sch.splits_backward and one_stage_plain))
             if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
                 out.extend(
                     Config(lay, b, M, ScheduleKind.INTERLEAVED_1F1B)
