@@ -29,9 +29,9 @@ from planner.artifacts.report import (
     relative_error,
 )
 from planner.runtime.options import RuntimeOptions
-from planner.schedule import held_bytes, held_counts
 from planner.runtime.runner import RankMeasure
 from planner.runtime.zero import state_bytes_per_param
+from planner.schedule import held_bytes, held_counts
 
 #: compute ms, saved bytes, optimizer state bytes, gradient bytes, overrun ms, max overrun ms, emulated ms, and per
 #: micro-batch: saved bytes, the hooks' bytes of the allocator's storages, the allocator's bytes

@@ -17,12 +17,12 @@ from planner.schedule.validate import ScheduleError, format_grid, validate_sched
 __all__ = [
     "Action",
     "ActionKind",
+    "Held",
     "Schedule",
     "ScheduleError",
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
-    "Held",
     "format_grid",
     "held_bytes",
     "held_counts",

@@ -12,13 +12,13 @@ handed), so tests holding DP = CP-SAT = brute force check the tables' prices too
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.cost.fsdp import replay
-from planner.schedule import held_counts
+from planner.schedule import Held, held_counts
 from planner.solve.chain import ChainSolution, PricedStages, StageQuestion, objective_microbatches
 
 MAX_LAYERS = 12
@@ -94,7 +94,7 @@ def _extra_ms(q: StageQuestion, bounds: tuple[int, ...], stops: tuple[int, ...],
 
 
 def solve_chain_bruteforce(
-    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
+    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind, held: Sequence[Held] = (),
 ) -> ChainSolution | None:
     """The least J of one configuration over every cut set and recompute mask (GPipe, 1F1B,
     ZB-H1 and ZB-H2, whose objective subtracts each stage's bubble fill ``Z_s``; with several
@@ -108,7 +108,7 @@ def solve_chain_bruteforce(
         raise PlannerInputError(f"brute force handles at most {MAX_LAYERS} layers (profile has {L})")
     if P > L:
         return None
-    held = held_counts(schedule, layout, num_microbatches)  # the schedule's own micro-batches (not J's M)
+    held = held or held_counts(schedule, layout, num_microbatches)  # the schedule's own micro-batches (not J's M)
     line = cm.fsdp_line(layout) if q.fsdp else (0.0, 0.0)
     best: ChainSolution | None = None
     for cuts in itertools.combinations(range(1, L), P - 1):

@@ -22,6 +22,7 @@ from planner.cost.tensor_parallel import base_cluster, device_cost_model
 from planner.schedule import held_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
+from planner.solve.held import held_memory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +87,7 @@ def build_plan(
     ``recompute`` the fully and ``selective`` the selectively recomputed layer indices of each
     stage (``()``: none anywhere)."""
     request = problem.request
+    cm = cm.on_ranks(layout, boundaries)  # a tie inside one rank: one copy, no exchange
     num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
     held = held_counts(schedule, layout, num_microbatches)
     stops = list(boundaries[1:]) + [cm.num_layers]
@@ -97,8 +99,7 @@ def build_plan(
         sel = tuple(sorted(selective[s])) if selective else ()
         terms = price_stage(cm, start, stop, microbatch_size, s, layout, recompute=rc, selective=sel,
                             split_backward=split)
-        memory = cm.stage_memory(start, stop, rc, microbatch_size, held[s].whole, layout.sharding(s), sel,
-                                 held[s].pending)
+        memory = held_memory(cm, start, stop, rc, microbatch_size, held[s], layout.sharding(s), sel)
         activation = int(round(cm.activation_bytes(start, stop, rc, microbatch_size, sel)))
         stages.append(
             PlanStage(

@@ -46,7 +46,7 @@ import numpy as np
 
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
-from planner.schedule import held_counts
+from planner.schedule import Held, held_counts
 from planner.solve.arrays import distinct
 from planner.solve.chain import ChainSolution, objective_microbatches
 from planner.solve.prices import StageTable, stage_extras
@@ -354,7 +354,7 @@ def _useful_limit(tables: list[np.ndarray], extra: list[np.ndarray], starts: lis
 
 
 def solve_chain(
-    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
+    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind, held: Sequence[Held] = (),
 ) -> ChainSolution | None:
     """The exact minimum of J for one configuration, or None if nothing fits.
 
@@ -370,7 +370,7 @@ def solve_chain(
     if P > L:
         return None
     table.settle()
-    held = held_counts(schedule, layout, num_microbatches)
+    held = held or held_counts(schedule, layout, num_microbatches)  # (given: solve_config's conservative counts)
     ks = [h.whole for h in held]
     # each stage's table: its micro-batches past I held in its static bytes (StageFits.held)
     per = [table.held(h.pending) for h in held]

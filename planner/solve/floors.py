@@ -9,7 +9,6 @@ ask it, and nothing else, about a configuration."""
 from __future__ import annotations
 
 import bisect
-
 import itertools
 import math
 from collections import Counter
@@ -421,7 +420,7 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = c.inflight()
+        ks = c.whole()  # a zero-bubble stage's micro-batches past I only add
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])

@@ -34,7 +34,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import check_schedule_rules, inflight_counts
+from planner.schedule import check_schedule_rules, held_counts, inflight_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -67,6 +67,12 @@ class Config:
     def inflight(self) -> tuple[int, ...]:
         """Micro-batches one device of each stage holds at its peak."""
         return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+
+    def whole(self) -> tuple[int, ...]:
+        """Micro-batches one device of each stage holds whole at its peak
+        (:func:`planner.schedule.held_counts`: a zero-bubble stage's others, past their I, keep
+        W's inputs only, so these bound its activations from below; else :meth:`inflight`)."""
+        return tuple(h.whole for h in held_counts(self.schedule, self.layout, self.num_microbatches))
 
     def sharding(self, stage_idx: int = 0) -> Sharding:
         return self.layout.sharding(stage_idx)
