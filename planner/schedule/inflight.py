@@ -28,7 +28,7 @@ all read these counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -83,8 +83,9 @@ class Held:
 
     whole: int
     pending: int = 0
-    #: the walk's points no other exceeds in both counts, (whole, pending) each (empty: the above)
-    frontier: tuple[tuple[int, int], ...] = ()
+    #: the walk's points no other exceeds in both counts, (whole, pending) each (empty: the above;
+    #: derived from the same walk, so not compared)
+    frontier: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
     @property
     def inflight(self) -> int:
