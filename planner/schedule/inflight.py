@@ -129,6 +129,10 @@ def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: 
     return tuple(y for _, y, _ in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
 
 
+#: actions after which a stage can hold more of one kind (whole, or past I)
+_RAISING = (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT)
+
+
 @lru_cache(maxsize=4096)  # per shape: a search over 1,024 devices asks for ~1,000
 def _counted(
     kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int,
@@ -157,8 +161,8 @@ def _counted(
             now = (whole[s], pending[s])
             if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
                 peak[s] = now
-            front = fronts[s]
-            if not any(w >= now[0] and p >= now[1] for w, p in front):
+            front = fronts[s]  # (a W or a whole backward only lowers a count: the point before it is above)
+            if action.kind in _RAISING and not any(w >= now[0] and p >= now[1] for w, p in front):
                 front[:] = [(w, p) for w, p in front if not (now[0] >= w and now[1] >= p)] + [now]
     return tuple((w, p, tuple(sorted(f, reverse=True))) for (w, p), f in zip(peak, fronts))
 

@@ -34,8 +34,8 @@ def fits_every_state(
     recomputes so much that W keeps more than it saved)."""
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     for s, (a, e) in enumerate(zip(solution.boundaries, stops)):
-        if len(held[s].states) == 1:
-            continue
+        if len(held[s].states) == 1 or not (solution.recompute[s] or solution.selective_of(s)):
+            continue  # without recomputation W keeps at most what a micro-batch saved: the count's peak
         need = held_memory(cm, a, e, solution.recompute[s], microbatch_size, held[s], sharding_of[s],
                            solution.selective_of(s)).total_bytes
         if need > caps[s] * (1 + 1e-9):
