@@ -331,27 +331,6 @@ class CostModel(ShardedState):
                 counts[i - start] -= tie.param_count
         return counts
 
-    def on_ranks(self, layout: Layout, boundaries: Sequence[int]) -> CostModel:
-        """This model for the partition ``boundaries`` (stage starts) of ``layout``: the tied
-        tensors whose layers all sit on one pipeline rank, in several of its chunks (ZBV's V puts
-        the first and last chunk on rank 0, so a tied embedding and head), marked
-        :attr:`rank_local_ties` (one copy, no exchange); itself when there are none. The stage
-        tables price each chunk alone (a tie across chunks as two copies and an exchange: an
-        over-estimate); a plan's stages are priced by this."""
-        if not self.profile.tied or layout.stage_replicas or layout.virtual_stages_per_rank == 1:
-            return self
-        stops = list(boundaries[1:]) + [self.num_layers]
-        stage_of = [s for s, (a, z) in enumerate(zip(boundaries, stops)) for _ in range(a, z)]
-        local = frozenset(tie.name for tie in self.profile.tied
-                          if len({layout.pipeline_rank(stage_of[i]) for i in tie.layers}) == 1
-                          and len({stage_of[i] for i in tie.layers}) > 1)
-        if not local:
-            return self
-        out = CostModel(self.profile, self.cluster, self.optimizer, group=self.group, stack=self.stack,
-                        gather_bytes_per_sample=self.gather_bytes_per_sample)
-        out.rank_local_ties = local
-        return out
-
     def expert_grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         """The all-reduce line of stage ``stage_idx``'s routed experts' gradient group (its expert
         data-parallel ranks, :meth:`Layout.edp_group`); (0, 0) without experts or with one rank."""

@@ -50,7 +50,7 @@ class PrefixSums:
     _shared: dict[int, np.ndarray]
     #: tied tensors whose every layer is on one pipeline rank, in several of its chunks (a V's
     #: embedding and head on rank 0): one copy on that rank, held by the chunk of its first layer,
-    #: and no exchange of its gradients (:meth:`~planner.cost.model.CostModel.on_ranks`)
+    #: and no exchange of its gradients (:func:`planner.cost.ties.on_ranks`)
     rank_local_ties: frozenset[str] = frozenset()
 
     def _cores(self) -> list[AttentionCore | None]:

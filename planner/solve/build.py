@@ -19,6 +19,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, price_stage
 from planner.cost.overheads import straggler_fraction
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
+from planner.cost.ties import on_ranks
 from planner.schedule import held_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
@@ -87,7 +88,7 @@ def build_plan(
     ``recompute`` the fully and ``selective`` the selectively recomputed layer indices of each
     stage (``()``: none anywhere)."""
     request = problem.request
-    cm = cm.on_ranks(layout, boundaries)  # a tie inside one rank: one copy, no exchange
+    cm = on_ranks(cm, layout, boundaries)  # a tie inside one rank: one copy, no exchange
     num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
     held = held_counts(schedule, layout, num_microbatches)
     stops = list(boundaries[1:]) + [cm.num_layers]

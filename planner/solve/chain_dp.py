@@ -41,6 +41,7 @@ DP = brute force = CP-SAT (tests/test_solver_dp.py).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from planner.solve.prices.fixed import lengths
 from planner.solve.recompute import INF
 
 __all__ = ["could_partition", "least_largest", "solve_chain"]
+_Key = TypeVar("_Key", bound=Hashable)  # a stage's key in :func:`_stage_bands`
 
 
 # The DP table, for a bottleneck cap ``t`` (Alpa's stage construction, Zheng et al. 2022, sec. 5.2)::
@@ -73,8 +75,7 @@ __all__ = ["could_partition", "least_largest", "solve_chain"]
 # Pruning only skips: a bound (``limit``, ``longest``, the caps' range, the bands) leaves out
 # stages or caps that no optimum uses and never changes a price; ties resolve as without it
 # (tests/test_solver_dp.py: test_useful_limit_keeps_the_dps_solution, on integer times with many
-# ties, and test_band_priced_tables_solve_as_fully_priced_ones, bit for bit; the brute force
-# besides).
+# ties, and test_band_priced_tables_solve_as_fully_priced_ones, bit for bit; the brute force too).
 
 
 class _Bands:
@@ -300,12 +301,12 @@ def _minimize(
     return best
 
 
-def _stage_bands(at: Sequence[Hashable], L: int, longest: int) -> dict[Hashable, np.ndarray]:
+def _stage_bands(at: Sequence[_Key], L: int, longest: int) -> dict[_Key, np.ndarray]:
     """Per key (``(pending, (inflight, cap))``) of ``at`` (one per stage of ``len(at)``), the stages ``(i, j)`` the
     DP reads from its table (:class:`_Bands`): stage ``s`` starts in ``[s, s + w)`` and stops in
     ``[s + 1, s + w]`` (``w = L - P + 1``), at most ``longest`` layers long."""
     w = L - len(at) + 1
-    out: dict[Hashable, np.ndarray] = {}
+    out: dict[_Key, np.ndarray] = {}
     for s, a in enumerate(at):
         mask = out.get(a)
         if mask is None:
@@ -372,8 +373,7 @@ def solve_chain(
     table.settle()
     held = held or held_counts(schedule, layout, num_microbatches)  # (given: solve_config's conservative counts)
     ks = [h.whole for h in held]
-    # each stage's table: its micro-batches past I held in its static bytes (StageFits.held)
-    per = [table.held(h.pending) for h in held]
+    per = [table.held(h.pending) for h in held]  # its micro-batches past I in its static bytes (StageFits.held)
     if not could_partition(table, ks, tables=per):
         return None  # no partition fits even with every layer at its leanest level
     M = objective_microbatches(layout, num_microbatches)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import Self
 
 import numpy as np
 
@@ -93,9 +94,9 @@ class StageFits:
         self._run = self._layers.run
         self._levels = batch.levels
         self._keep: np.ndarray | None = None  # per stage, what a micro-batch past its I keeps (held)
-        self._held: dict[int, StageFits] = {}  # per pending count, the table with their bytes in static
+        self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
 
-    def held(self, pending: int) -> StageFits:
+    def held(self, pending: int) -> Self:
         """This table with ``pending`` micro-batches past their input-gradient pass on every
         stage, each keeping W's inputs (:meth:`CostModel.keep_bytes`, :func:`planner.schedule.held_counts`):
         their bytes join the stage's static ones, so its in-flight count is of whole micro-batches
