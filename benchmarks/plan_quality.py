@@ -153,11 +153,22 @@ def run_case(name: str, n: int, batch: int, reference: str) -> dict:
                 out["ours_machine_bound_ms"] = p.predicted.machine_bound_ms
                 out["mfu"] = p.predicted.mfu
                 out["ours"] = plan_text(p)
+                out["ours_schedule"] = p.schedule.value
         except PlannerError as exc:
             out["iteration_ms"][solver] = None
             if solver == "dp":
                 out["ours_error"] = str(exc).splitlines()[0][:90]
         out["seconds"][solver] = time.perf_counter() - t0
+    if name.startswith("gpt3-") and out["iteration_ms"]["dp"] is not None:
+        # the default plan's schedule against the default before zero bubble joined it (issue 50)
+        from planner.artifacts.kinds import ScheduleKind
+
+        try:
+            old = plan(profile, cluster, PlanRequest(global_batch=batch, schedules=(
+                ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)))
+            out["before"] = (old.schedule.value, old.predicted.iteration_ms)
+        except PlannerError:
+            out["before"] = None
     return out
 
 
@@ -222,6 +233,8 @@ def main() -> int:
     part_ratios: list[float] = []
     headline: float | None = None
     notes: list[str] = []
+    changes: list[tuple[str, str, str, float]] = []  # GPT-3: (case, before, after, before ms / after ms)
+    gpt3_cases = 0
     t_start = time.perf_counter()
     for name in profiles:
         for n in devices:
@@ -270,6 +283,11 @@ def main() -> int:
                                      f"{res['ours_machine_bound_ms']:.6g} != bound on N devices {bound:.6g}")
                 if (name, n, batch) == HEADLINE:
                     headline = ratios["dp"]
+                if res.get("before") and ours is not None:
+                    gpt3_cases += 1
+                    old_schedule, old_ms = res["before"]
+                    if old_schedule != res["ours_schedule"]:
+                        changes.append((f"{name} N={n} G={batch}", old_schedule, res["ours_schedule"], old_ms / ours))
                 print(row(name, n, batch, res, ratios, bool(bad)), flush=True)
     pool.close()
     pool.join()
@@ -298,6 +316,14 @@ def main() -> int:
           f"({100 * cases_ok / max(compared, 1):.0f}%, target 100%); median machine bound / ours {med:.3f} "
           f"(target >= {TARGET_MEDIAN}); median partition bound / ours {_median(part_ratios)}; "
           f"{len(skipped)} skipped as infeasible, {len(timeouts)} timed out; total {time.perf_counter() - t_start:.0f} s")
+    if gpt3_cases:
+        print(f"GPT-3 cases: {len(changes)} of {gpt3_cases} default plans changed schedule against the default "
+              f"before zero bubble joined it (GPipe, 1F1B, interleaved 1F1B); before ms / now ms:")
+        for case, old_schedule, new_schedule, speedup in changes:
+            print(f"  {case}: {old_schedule} -> {new_schedule}: {speedup:.4f}x")
+        if changes:
+            ups = [c[3] for c in changes]
+            print(f"  median {statistics.median(ups):.4f}x, min {min(ups):.4f}x, max {max(ups):.4f}x")
     if headline is not None:
         print(f"GPT-3 13B on 8x A100-80GB at global batch 512: machine bound / ours = {headline:.3f} "
               f"(target >= {TARGET_HEADLINE})")

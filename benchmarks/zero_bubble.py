@@ -1,7 +1,10 @@
-"""Zero bubble (issue 21): the best plan of the GPT-3 cases of ``benchmarks/plan_quality.py``
-whose best plan pipelines, before (the default schedules: GPipe, 1F1B, interleaved 1F1B) and
-after each zero-bubble schedule joins the search (``PlanRequest.schedules`` + ``zb-h1``, +
-``zbv``, + ``zb-h2``, and all three), priced by the simulator.
+"""Zero bubble (issues 21, 50): the best plan of the GPT-3 cases of ``benchmarks/plan_quality.py``
+whose best plan pipelines, with the schedules of the default request before zero bubble joined
+it (GPipe, 1F1B, interleaved 1F1B: ``before``), after each zero-bubble schedule joins those
+(``+zb-h1``, ``+zbv``, ``+zb-h2``), and the default request now (all six: ``default``), priced
+by the simulator. Each case ends with the line ``default / before``: the default plan's speed-up
+over the best GPipe / 1F1B / interleaved plan, both found in this run. ``--stages P`` fixes
+the pipeline depth (the issue's case: ``--cases gpt3-175b-a100:64:512 --stages 8``).
 
 Per case: the plans (``plan_quality.plan_text``; a ZBV plan prints its ``2P`` chunks as P),
 their simulated iteration times, bubble fractions (the simulator's: idle / (ranks x compute
@@ -17,7 +20,7 @@ the analytic profiles in memory with their per-GEMM split (``planner.profiling.a
 PipeDream's imported profiles (``--cases vgg16:16,...``, batch as in plan_quality) carry the
 default split too.
 
-Run: ``python benchmarks/zero_bubble.py [--cases gpt3-175b-a100:64:512,gnmt:32,...] [--fresh] [--only]``
+Run: ``python benchmarks/zero_bubble.py [--cases gpt3-175b-a100:64:512,gnmt:32,...] [--stages 8] [--fresh] [--only]``
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ def bubble_ms(p) -> float:
     return t.bubble_fraction * t.compute_end_ms
 
 
-#: the searches after: the default schedules plus these
+#: the default request's schedules before zero bubble joined it
+BEFORE = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
+#: the searches after: those plus these (``default``: the request's own, all of them)
 ADDED = (("+zb-h1", (ScheduleKind.ZB_H1,)), ("+zbv", (ScheduleKind.ZBV,)), ("+zb-h2", (ScheduleKind.ZB_H2,)),
-         ("+all three", (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.ZB_H2)))
+         ("default", ()))
 
 
 def row(label: str, p, base_bubble: float, base_ms: float, cpu_s: float) -> str:
@@ -70,6 +75,7 @@ def main() -> int:
     ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "pipedream", help="PipeDream's profiles")
     ap.add_argument("--fresh", action="store_true", help="analytic profiles built now, with their per-GEMM split")
     ap.add_argument("--only", action="store_true", help="also each zero-bubble schedule searched alone")
+    ap.add_argument("--stages", type=int, default=0, help="pipeline stages (PlanRequest.num_stages; 0: searched)")
     args = ap.parse_args()
     print(f"zero_bubble: {time.strftime('%Y-%m-%d %H:%M')}; load average {os.getloadavg()[0]:.1f}; "
           f"profiles {'built now (per-GEMM split)' if args.fresh else 'shipped (default split)'}")
@@ -87,21 +93,21 @@ def main() -> int:
 
             size, dev = name.rsplit("-", 1)
             profile = gpt3_profile(size, f"{dev}-80gb")
-        req = PlanRequest(global_batch=int(g))
+        req = PlanRequest(global_batch=int(g), num_stages=args.stages)
         t0 = time.process_time()
-        before = plan(profile, cluster, req)
+        before = plan(profile, cluster, dataclasses.replace(req, schedules=BEFORE))
         cpu = time.process_time() - t0
         if before.layout.pipeline_size == 1:
             print(f"{case}: {plan_text(before)}: one stage, skipped")
             continue
         print(f"{case}:")
         b0, ms0 = bubble_ms(before), before.predicted.iteration_ms
-        print(row("default", before, b0, ms0, cpu))
+        print(row("before", before, b0, ms0, cpu))
         searches = list(ADDED)
         if args.only:
             searches += [(f"{k.value} alone", (k,)) for k in (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.ZB_H2)]
         for label, added in searches:
-            schedules = req.schedules + added if label.startswith("+") else added
+            schedules = BEFORE + added if label.startswith("+") else added or req.schedules
             t0 = time.process_time()
             try:
                 after = plan(profile, cluster, dataclasses.replace(req, schedules=schedules))
@@ -109,6 +115,9 @@ def main() -> int:
                 print(f"  {label:12s} {type(exc).__name__}: {str(exc).splitlines()[0][:90]}")
                 continue
             print(row(label, after, b0, ms0, time.process_time() - t0), flush=True)
+            if label == "default":
+                print(f"  default / before: {after.schedule.value} {after.predicted.iteration_ms:.1f} ms against "
+                      f"{before.schedule.value} {ms0:.1f} ms: {ms0 / after.predicted.iteration_ms:.4f}x faster")
     return 0
 
 

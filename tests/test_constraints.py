@@ -150,7 +150,10 @@ def test_cli_stages_and_dp_degree_force_the_layout_or_refuse(tmp_path, capsys):
     prof = str(ROOT / "profiles" / "zoo-gpt-cpu.json")
     base = ["plan", "--profile", prof, "--cluster", "local-cpu", "--devices", "4", "--global-batch", "16"]
     out = tmp_path / "p.json"
-    assert main(base + ["--stages", "2", "--dp-degree", "2", "--fixed-boundaries", "3", "--json", "--out", str(out)]) == 0
+    # one chunk per rank (interleaved 1F1B and ZBV start more chunks than the fixed boundaries)
+    one = ["--schedules", "gpipe,1f1b,zb-h1,zb-h2"]
+    assert main(base + one + ["--stages", "2", "--dp-degree", "2", "--fixed-boundaries", "3", "--json", "--out",
+                              str(out)]) == 0
     from planner.artifacts.plan import load_plan
 
     got = load_plan(out)

@@ -21,7 +21,7 @@ import dataclasses
 import pytest
 
 from planner.artifacts.cluster import PRESETS, Cluster
-from planner.artifacts.kinds import Objective, SolverKind
+from planner.artifacts.kinds import Objective, ScheduleKind, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.request import PlanRequest
@@ -58,8 +58,10 @@ def test_memory_objective_counts_per_stage_replication_in_the_fastest() -> None:
 
     profile = import_pipedream(graph_path("cnn"))
     cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
+    # per-stage replication runs GPipe and 1F1B (a zero-bubble plan without it is faster here)
     request = PlanRequest(global_batch=4096, memory_cap_bytes=8 * 2**30, fixed_boundaries=(8, 17),
-                          optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD)
+                          optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,
+                          schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
     fastest = plan(profile, cluster, request)
     lean = plan(profile, cluster, dataclasses.replace(request, objective=Objective.MEMORY))
     assert fastest.layout.stage_replicas == (4, 2, 1, 1)  # the case is the one it claims
@@ -334,7 +336,9 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
         peak = p.predicted.peak_memory_bytes
         needs = stage_needs(cm, c, cand.solution)  # type: ignore[arg-type, attr-defined]
         slack = 1 + BYTES_SLACK  # the parts of a stage's peak are each rounded to bytes
-        assert max(needs) <= peak * slack and peak <= busiest_rank(c.layout, needs) * slack
+        # a zero-bubble stage's figure is the heaviest point of its walk with the recompute workspace
+        # counted (Held.states): above the simulated peak where that point runs no backward
+        assert (max(needs) <= peak * slack or c.schedule.splits_backward) and peak <= busiest_rank(c.layout, needs) * slack
         facts = ConfigFacts(cm, request, 80 * 2**30)  # type: ignore[arg-type]
         state, floor = facts.state_floor_bytes(c), facts.memory_floor_bytes(c)
         assert state <= peak and floor <= peak, (c, state, floor, peak)

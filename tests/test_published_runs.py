@@ -204,13 +204,14 @@ def test_the_1t_row_runs_interleaved_in_the_memory_cuda_reports() -> None:
 
 def test_own_plan_gets_the_memory_a_configuration_that_does_not_fit_takes() -> None:
     """Table 4's sequence-parallel row (one layer timed; the whole 22B model at that layout needs
-    86 GiB): the planner's plan may use as much, and is then no slower."""
+    86 GiB): the planner's plan may use as much, and is then no slower. (With zero bubble in the
+    default request its plan, ZBV, is faster in less than the usable memory.)"""
     run = ROWS["K4 seq-par"]
     gemm = DEVICE_GEMM[run.device]
     got = price(run, gemm)
-    assert not got.fits
+    assert not got.fits and usable_bytes(run) < got.peak_bytes
     ours = own_plan(run, gemm, got)
-    assert usable_bytes(run) < ours.predicted.peak_memory_bytes <= got.peak_bytes
+    assert ours.predicted.peak_memory_bytes <= got.peak_bytes
     assert ours.predicted.iteration_ms <= got.plan.predicted.iteration_ms * (1 + 1e-9)
 
 

@@ -134,7 +134,7 @@ def test_settings_switch_back_to_the_search_degree_by_degree() -> None:
 
 def test_every_bound_is_below_every_configurations_best_time() -> None:
     """The bounds the pruned search orders and prunes by (average work, one-chunk fill, the
-    interleaved fill, the memory floor) never exceed the simulated time of any candidate of the
+    interleaved fill, the zero-bubble fill, the memory floor) never exceed the simulated time of any candidate of the
     configuration (its ZeRO variants included), at every tensor-parallel degree of a case where
     memory binds (recomputation, ZeRO 3) and on one with room; the memory bound and the
     interleaved fill bound are each the highest somewhere."""
@@ -145,7 +145,7 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     from planner.solve.space import all_configs, config_lower_bound_ms
 
     n = 8
-    bounded = chunk_filled = floored = gated = 0
+    bounded = chunk_filled = floored = gated = split_filled = 0
     for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
         profile, cluster, request = CASES[case]
         for tp in degrees:
@@ -172,6 +172,10 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
                 if c.schedule is ScheduleKind.INTERLEAVED_1F1B:
                     assert chunk_fill_bound_ms(cm, c) <= fastest * (1 + 1e-9), c
                     chunk_filled += chunk_fill_bound_ms(cm, c) > config_lower_bound_ms(cm, c)
+                if c.schedule.splits_backward:  # the zero-bubble fill (ZB-H1, ZB-H2, ZBV)
+                    assert facts.split_fill_ms(c) <= fastest * (1 + 1e-9), c
+                    split_filled += facts.split_fill_ms(c) > config_lower_bound_ms(cm, c) * (1 + 1e-6)
+    assert split_filled > 0  # the zero-bubble fill bound is higher than the average work somewhere
     assert bounded > 0
     assert chunk_filled > 0  # the interleaved fill bound is higher than the average work somewhere
     assert floored > 0  # and the rank floor higher than both somewhere
@@ -251,8 +255,10 @@ def test_grouped_profile_keeps_the_candidates_refinement_reorders() -> None:
 
     profile = gpt_profile(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, device_preset="a100-80gb",
                           attention="materialised")
+    # the schedules of the default before zero bubble joined it: the refinement reorders interleaved plans
     request = PlanRequest(global_batch=64, num_devices=64, optimizer=OptimizerKind.ADAM_MIXED_FP32_GRAD,
-                          stack=Stack(name="megatron-lm-2022", tp_overlap_backward=True))
+                          stack=Stack(name="megatron-lm-2022", tp_overlap_backward=True),
+                          schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
     cluster = PRESETS["a100-80gb-x8"].with_devices(64)
     runs = {name: search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=s)
             for name, s in (("pruned", PRUNED), ("per-degree", dataclasses.replace(PRUNED, prune_degrees=False)),

@@ -243,7 +243,9 @@ def test_zero_priced_identically_by_dp_cpsat_and_bruteforce(zero):
          for i in range(6)]
     )
     cluster = small_cluster(4, memory_bytes=3 * 10**9)
-    req = PlanRequest(global_batch=8, zero_stages=(0, zero), per_stage_replication=False)
+    # the schedules the CP-SAT model prices (not the zero-bubble ones of the default)
+    req = PlanRequest(global_batch=8, zero_stages=(0, zero), per_stage_replication=False,
+                      schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
     a = plan(prof, cluster, req)
     b = plan(prof, cluster, dataclasses.replace(req, solver="brute-force"))
     c = plan(prof, cluster, dataclasses.replace(req, solver="ilp"))

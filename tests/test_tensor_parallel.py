@@ -13,7 +13,7 @@ import pytest
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.codec import parse_text
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import SequenceParallelRuntime
+from planner.artifacts.kinds import ScheduleKind, SequenceParallelRuntime
 from planner.artifacts.plan import dumps_plan, plan_from_json
 from planner.artifacts.plan_summary import Band
 from planner.artifacts.request import PlanRequest
@@ -145,7 +145,9 @@ def test_plan_with_tensor_parallelism_lays_out_real_ranks():
     prof, cluster = small_gpt(6), PRESETS["a100-80gb-x8"]
     # P and D forced: layers this small are host-bound (planner.cost.overheads), so a plan on fewer
     # devices is as fast and would be chosen
-    req = PlanRequest(global_batch=16, tp_degrees=(2,), per_stage_replication=False, num_stages=2, dp_degree=2)
+    # (one chunk per rank: stage s on pipeline rank s; ZBV's V, in the default schedules, puts two there)
+    req = PlanRequest(global_batch=16, tp_degrees=(2,), per_stage_replication=False, num_stages=2, dp_degree=2,
+                      schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2))
     p = plan(prof, cluster, req)
     t, D = p.layout.tp_degree, p.layout.dp_degree
     assert t == 2 and p.layout.num_stages * D * t == p.num_devices == 8

@@ -43,12 +43,13 @@ class PlanRequest:
     num_devices: int = field(default=0, metadata={"doc": "devices to plan for; 0 = every device of the cluster"})
     objective: Objective = Objective.TIME
     schedules: tuple[ScheduleKind, ...] = field(
-        default=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B),
+        default=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1,
+                 ScheduleKind.ZB_H2, ScheduleKind.ZBV),
         metadata={"doc": "schedules to consider; interleaved 1F1B with the chunks per rank the search settings "
                          "allow (planner.solve.settings.SearchSettings.interleave_factors), chosen by the search; "
-                         "zb-h1, zb-h2 and zbv (zero bubble) only when named: they hold every micro-batch until its W, "
-                         "zb-h2 about twice 1F1B's on the first stage, so they are asked for where memory allows "
-                         "(README, Zero bubble)", "max_items": len(ScheduleKind)},
+                         "the zero-bubble schedules zb-h1, zb-h2 and zbv priced with each stage's exact in-flight "
+                         "memory (docs/zero-bubble.md); the runtime runs every one through torch's action-list "
+                         "runtime", "max_items": len(ScheduleKind)},
     )
     microbatch_sizes: tuple[int, ...] = field(
         default=(), metadata={"doc": "micro-batch sizes to consider; empty = every size that divides the batch"}

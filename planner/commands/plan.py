@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--objective", default="time", choices=[o.value for o in Objective],
                    help="what to optimise: time; memory, the least peak memory within 10%% of the fastest plan (or "
                         "--time-budget-ms); me, the memory-efficiency index (default: %(default)s)")
-    p.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
+    p.add_argument("--schedules", default=",".join(s.value for s in PlanRequest().schedules),
                    help="comma-separated schedules to consider (gpipe, 1f1b, interleaved-1f1b: the chunks per pipeline "
                         "rank searched; zb-h1, zb-h2, zbv: zero bubble, backward split into input and weight gradients; "
                         "zbv runs two chunks per rank in a V) "

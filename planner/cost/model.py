@@ -178,6 +178,19 @@ class CostModel(ShardedState):
         saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
         return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
 
+    def keep_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
+        """What one micro-batch past its input-gradient pass keeps until its W: W's inputs
+        (:meth:`wgrad_bytes`), recomputed or not, at most what it saved without recomputation."""
+        return min(self.wgrad_bytes(start, stop, microbatch_size),
+                   self.activation_bytes(start, stop, (), microbatch_size))
+
+    def keep_matrix(self, microbatch_size: int) -> np.ndarray:
+        """:meth:`keep_bytes` of every stage ``[i, j)`` at ``[i, j]`` (0 below the diagonal)."""
+        saved = self.saved_per_sample * microbatch_size + self.saved_fixed
+        prefix = np.concatenate([[0.0], np.cumsum(saved * self.wgrad_saved_fraction)])
+        out: np.ndarray = np.maximum(prefix[None, :] - prefix[:, None], 0.0)
+        return out
+
     def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = ()) -> float:
         """Re-running the forward of the fully recomputed layers and the attention core of the
         selectively recomputed ones, per micro-batch."""
@@ -195,7 +208,7 @@ class CostModel(ShardedState):
         total = 0.0
         for tie in self.profile.tied:
             inside = sum(1 for i in tie.layers if start <= i < stop)
-            if 0 < inside < len(tie.layers):
+            if 0 < inside < len(tie.layers) and tie.name not in self.rank_local_ties:
                 total += tie.param_count * self.grad_bytes_per_param
         return total
 
@@ -255,11 +268,12 @@ class CostModel(ShardedState):
     # ---------------------------------------------------------------- assembled
     def stage_memory(
         self, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, inflight: int,
-        sharding: Sharding = Sharding(), selective: Sequence[int] = (),
+        sharding: Sharding = Sharding(), selective: Sequence[int] = (), pending: int = 0,
     ) -> StageMemory:
         """Memory of one device of the stage at its peak, its model state divided as ``sharding``
         says (see the module docstring); ``recompute`` the fully and ``selective`` the selectively
-        recomputed layers."""
+        recomputed layers; ``inflight`` micro-batches whole and ``pending`` past their
+        input-gradient pass holding :meth:`keep_bytes` (:func:`planner.schedule.held_counts`)."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
         gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0
@@ -276,7 +290,8 @@ class CostModel(ShardedState):
             param_bytes=int(params * w) + gathered * self.weight_bytes_per_param + fp8_copies,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
             optimizer_bytes=int(params * o),
-            activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size, selective))),
+            activation_bytes=int(round(inflight * self.activation_bytes(start, stop, recompute, microbatch_size, selective)
+                                       + (pending * self.keep_bytes(start, stop, microbatch_size) if pending else 0.0))),
             recompute_workspace_bytes=int(round(self.recompute_workspace_bytes(recompute, microbatch_size, selective))),
             buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
         )
@@ -319,7 +334,8 @@ class CostModel(ShardedState):
         counts = [float(c) for c in self.param_count[start:stop]]
         for tie in self.profile.tied:
             inside = sorted(i for i in tie.layers if start <= i < stop)
-            for i in inside[1:]:
+            local = tie.name in self.rank_local_ties and inside and inside[0] != min(tie.layers)
+            for i in inside if local else inside[1:]:  # a rank-local tie's copy: its first layer's chunk's
                 counts[i - start] -= tie.param_count
         return counts
 

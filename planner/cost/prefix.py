@@ -48,6 +48,10 @@ class PrefixSums:
     _work: dict[int, float]
     _core_times: dict[int, np.ndarray]
     _shared: dict[int, np.ndarray]
+    #: tied tensors whose every layer is on one pipeline rank, in several of its chunks (a V's
+    #: embedding and head on rank 0): one copy on that rank, held by the chunk of its first layer,
+    #: and no exchange of its gradients (:func:`planner.cost.ties.on_ranks`)
+    rank_local_ties: frozenset[str] = frozenset()
 
     def _cores(self) -> list[AttentionCore | None]:
         return [layer.attention_core for layer in self.profile.layers]
@@ -165,6 +169,8 @@ class PrefixSums:
             inside = sum(1 for i in tie.layers if start <= i < stop)
             if inside >= 2:
                 count -= (inside - 1) * tie.param_count
+            if inside and tie.name in self.rank_local_ties and not start <= min(tie.layers) < stop:
+                count -= tie.param_count  # the rank's copy is its first layer's chunk's
         return count
 
     def stage_expert_param_count(self, start: int, stop: int) -> int:
@@ -200,6 +206,10 @@ class PrefixSums:
             for layer in tie.layers:
                 inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
             out -= np.maximum(inside - 1, 0) * tie.param_count
+            if tie.name in self.rank_local_ties:
+                first = min(tie.layers)
+                holds_first = (idx[:, None] <= first) & (idx[None, :] > first)
+                out -= ((inside > 0) & ~holds_first) * tie.param_count
         out.flags.writeable = False
         return out
 

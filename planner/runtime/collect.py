@@ -31,6 +31,7 @@ from planner.artifacts.report import (
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure
 from planner.runtime.zero import state_bytes_per_param
+from planner.schedule import held_bytes, held_counts
 
 #: compute ms, saved bytes, optimizer state bytes, gradient bytes, overrun ms, max overrun ms, emulated ms, and per
 #: micro-batch: saved bytes, the hooks' bytes of the allocator's storages, the allocator's bytes
@@ -91,6 +92,7 @@ def build_report(
     layout = plan.layout
     element_size = options.dtype.itemsize
     optim_per_param = state_bytes_per_param(options.optimizer, element_size)
+    held = held_counts(plan.schedule, plan.layout, plan.num_microbatches)
     for stage in plan.stages:
         own = [rows[r] for r in stage.ranks]
         k = 2 + PER_STAGE * _chunk_index(plan, stage.stage_idx)  # this stage's chunk on its ranks
@@ -100,7 +102,8 @@ def build_report(
         cuda = int(max(r[1] for r in own))
         per_copy = plan.num_microbatches // layout.replicas_of(stage.stage_idx)  # a stage's copy runs M / R_s
         compute_pred = per_copy * (stage.fwd_ms + stage.bwd_ms + stage.recompute_ms)
-        act_pred = stage.activation_bytes_per_microbatch * stage.inflight_microbatches
+        # the peak the plan's schedule holds, walked on its order (whole micro-batches and those past I)
+        act_pred = int(held_bytes(held[stage.stage_idx], stage.activation_bytes_per_microbatch, stage.wgrad_bytes_per_microbatch))
         shards = len(stage.ranks) if layout.zero else 1
         params = _plan_param_count(plan, stage)
         optim, grads = int(max(r[k + 2] for r in own)), int(max(r[k + 3] for r in own))

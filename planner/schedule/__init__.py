@@ -11,18 +11,21 @@ from planner.schedule.build import (
     replicated_warmup,
 )
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
-from planner.schedule.inflight import inflight_counts, layout_schedule, stage_inflight, weight_pending_counts
+from planner.schedule.inflight import Held, held_bytes, held_counts, inflight_counts, layout_schedule, stage_inflight, weight_pending_counts
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
 __all__ = [
     "Action",
     "ActionKind",
+    "Held",
     "Schedule",
     "ScheduleError",
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
     "format_grid",
+    "held_bytes",
+    "held_counts",
     "inflight_counts",
     "layout_schedule",
     "parse_action",

@@ -10,15 +10,25 @@ rank's order); replicated per stage, each copy's share: M / R_s for GPipe, its 1
 
 Zero-bubble schedules (backward split into I and W, Qi et al. 2024): a micro-batch is in flight
 from its forward until its W, so :func:`inflight_counts` is the peak of forwards done minus W
-passes done, counted on the rank's order. The planner prices each of them with all its
-activations (the paper's ``p M_B`` accounting, sec. 3.1: exact while the micro-batches at the
-peak have not run I, as on stage 0, an upper bound elsewhere, where some hold only what W
-needs); :func:`weight_pending_counts` says how many of them wait only for W, and the simulator's
-memory trace frees each micro-batch's activations but W's inputs at the end of its I.
+passes done, counted on the rank's order. Not all of them are whole at that peak: those past their
+I hold only what W needs (the weight GEMMs' inputs). :func:`held_counts` walks each stage's order
+and gives, at its peak, ``(whole, pending)``: micro-batches holding all their activations (after F,
+before I) and those past I waiting for W. On every order the planner builds (ZB-H1, ZB-H2, ZBV:
+a test walks them all for P <= 16, M <= 69) one point of the walk has both the most whole
+micro-batches and the most in flight, so with W keeping no more than the micro-batch saved that
+point is the stage's peak in bytes whatever the two sizes: ``whole x act + pending x keep``,
+exact (:func:`held_bytes`; the paper's ``p M_B`` accounting, every micro-batch priced whole, is an
+upper bound the planner no longer uses). Where W keeps more than a micro-batch saved (a stage that
+recomputes: W's inputs come back in its I), a point with more micro-batches past I can hold more:
+:attr:`Held.states` are the walk's points no other exceeds in both counts, one of them the peak.
+The DP (:mod:`planner.solve.chain_dp`), the plan's
+stages (:mod:`planner.solve.build`), hence the simulator's stage memory and the runtime's check
+all read these counts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -63,7 +73,51 @@ def stage_inflight(
         return tuple(num_microbatches for _ in range(num_stages))
     if kind is ScheduleKind.ONE_F_ONE_B:
         return tuple(min(num_stages - s, num_microbatches) for s in range(num_stages))
-    return tuple(x + y for x, y in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
+    return tuple(x + y for x, y, _ in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What one device of a stage holds at its peak: ``whole`` micro-batches with all their
+    activations, ``pending`` past their input-gradient pass holding only W's inputs."""
+
+    whole: int
+    pending: int = 0
+    #: the walk's points no other exceeds in both counts, (whole, pending) each (empty: the above;
+    #: derived from the same walk, so not compared)
+    frontier: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+
+    @property
+    def inflight(self) -> int:
+        return self.whole + self.pending
+
+    @property
+    def states(self) -> tuple[tuple[int, int], ...]:
+        """(whole, pending) pairs one of which holds the stage's peak in bytes, whatever the two
+        sizes: the walk's points that no other exceeds in both counts. The peak of the count is
+        it where W keeps no more than a micro-batch saved; where W keeps more (a stage that
+        recomputes: W's inputs come back in its I and stay until its W), another can be."""
+        return self.frontier or ((self.whole, self.pending),)
+
+    def conservative(self) -> Held:
+        """``whole`` whole and the most past I of any point: one state above all :attr:`states`."""
+        most = max(p for _, p in self.states)
+        return Held(self.whole, most, ((self.whole, most),))
+
+
+def held_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[Held, ...]:
+    """Per stage, :class:`Held` at its peak, walked on the schedule's own order (module docstring;
+    ``pending`` is 0 unless the schedule splits the backward)."""
+    if not kind.splits_backward or layout.stage_replicas:
+        return tuple(Held(k) for k in inflight_counts(kind, layout, num_microbatches))
+    return tuple(Held(w, p, f) for w, p, f in _counted(kind, layout.num_stages, num_microbatches,
+                                                         layout.virtual_stages_per_rank))
+
+
+def held_bytes(held: Held, act_bytes: float, keep_bytes: float) -> float:
+    """A stage's in-flight bytes at its peak: ``whole x act + pending x keep`` (``keep``: what a
+    micro-batch past its I keeps for its W; module docstring), the larger of :attr:`Held.states`."""
+    return max(w * act_bytes + p * keep_bytes for w, p in held.states)
 
 
 def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[int, ...]:
@@ -72,17 +126,25 @@ def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: 
     splits the backward; see the module docstring)."""
     if not kind.splits_backward or layout.stage_replicas:
         return tuple(0 for _ in range(layout.num_stages))
-    return tuple(y for _, y in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
+    return tuple(y for _, y, _ in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
 
 
-@lru_cache(maxsize=256)
-def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -> tuple[tuple[int, int], ...]:
+#: actions after which a stage can hold more of one kind (whole, or past I)
+_RAISING = (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT)
+
+
+@lru_cache(maxsize=4096)  # per shape: a search over 1,024 devices asks for ~1,000
+def _counted(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int,
+) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
     """Per stage, (micro-batches holding all their activations, micro-batches past I waiting
-    for W) at the peak of their sum, the larger first count among peaks of equal sum."""
+    for W) at the peak of their sum, the larger first count among peaks of equal sum, and the
+    walk's points no other exceeds in both counts (:attr:`Held.states`)."""
     if kind is ScheduleKind.INTERLEAVED_1F1B:
-        return tuple((n, 0) for n in _interleaved_peaks(num_stages, num_microbatches, v))
+        return tuple((n, 0, ()) for n in _interleaved_peaks(num_stages, num_microbatches, v))
     whole = [0] * num_stages
     pending = [0] * num_stages
+    fronts: list[list[tuple[int, int]]] = [[] for _ in range(num_stages)]
     peak = [(0, 0)] * num_stages
     for order in build_schedule(kind, num_stages, num_microbatches, v):
         for action in order:
@@ -99,7 +161,10 @@ def _counted(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int)
             now = (whole[s], pending[s])
             if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
                 peak[s] = now
-    return tuple(peak)
+            front = fronts[s]  # (a W or a whole backward only lowers a count: the point before it is above)
+            if action.kind in _RAISING and not any(w >= now[0] and p >= now[1] for w, p in front):
+                front[:] = [(w, p) for w, p in front if not (now[0] >= w and now[1] >= p)] + [now]
+    return tuple((w, p, tuple(sorted(f, reverse=True))) for (w, p), f in zip(peak, fronts))
 
 
 register_function("schedule.inflight.counted", _counted, key="(schedule, stages, micro-batches, chunks per rank)")

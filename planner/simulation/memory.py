@@ -22,7 +22,7 @@ def _stage_bytes(stage: PlanStage, split: bool) -> tuple[int, int, int, int]:
     act = stage.activation_bytes_per_microbatch
     recomputes = stage.recompute or stage.recompute_selective or stage.recompute_ms > 0
     work = mem.recompute_workspace_bytes if recomputes else 0
-    keep = min(stage.wgrad_bytes_per_microbatch, act) if split else 0
+    keep = stage.wgrad_bytes_per_microbatch if split else 0  # W's inputs, recomputed or not
     return static, act, work, keep
 
 

@@ -12,13 +12,13 @@ handed), so tests holding DP = CP-SAT = brute force check the tables' prices too
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.cost.fsdp import replay
-from planner.schedule import inflight_counts
+from planner.schedule import Held, held_counts
 from planner.solve.chain import ChainSolution, PricedStages, StageQuestion, objective_microbatches
 
 MAX_LAYERS = 12
@@ -61,16 +61,18 @@ def stage_compute_ms(q: StageQuestion, start: int, stop: int, line: tuple[float,
 
 
 def best_stage(
-    table: PricedStages, start: int, stop: int, inflight: int, line: tuple[float, float] = (0.0, 0.0)
+    table: PricedStages, start: int, stop: int, inflight: int, line: tuple[float, float] = (0.0, 0.0),
+    pending: int = 0,
 ) -> tuple[float, tuple[int, ...], tuple[int, ...]]:
     """Least T = F + B + RC over every recompute assignment of one stage that fits (inf if
-    none): (T, fully recomputed layers, selectively recomputed layers)."""
+    none) with ``inflight`` micro-batches whole and ``pending`` past their I: (T, fully
+    recomputed layers, selectively recomputed layers)."""
     q = table.question
     cm, b = q.cost_model, q.microbatch_size
     compute = stage_compute_ms(q, start, stop, line)
     best: tuple[float, tuple[int, ...], tuple[int, ...]] = (INF, (), ())
     for full, sel in _masks(q, start, stop):
-        if cm.stage_memory(start, stop, full, b, inflight, q.sharding, sel).total_bytes > q.cap_bytes:
+        if cm.stage_memory(start, stop, full, b, inflight, q.sharding, sel, pending).total_bytes > q.cap_bytes:
             continue
         t = compute + cm.recompute_ms(full, b, sel)
         if t < best[0]:
@@ -92,7 +94,7 @@ def _extra_ms(q: StageQuestion, bounds: tuple[int, ...], stops: tuple[int, ...],
 
 
 def solve_chain_bruteforce(
-    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
+    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind, held: Sequence[Held] = (),
 ) -> ChainSolution | None:
     """The least J of one configuration over every cut set and recompute mask (GPipe, 1F1B,
     ZB-H1 and ZB-H2, whose objective subtracts each stage's bubble fill ``Z_s``; with several
@@ -106,7 +108,7 @@ def solve_chain_bruteforce(
         raise PlannerInputError(f"brute force handles at most {MAX_LAYERS} layers (profile has {L})")
     if P > L:
         return None
-    ks = inflight_counts(schedule, layout, num_microbatches)  # the schedule's own micro-batches (not J's M)
+    held = held or held_counts(schedule, layout, num_microbatches)  # the schedule's own micro-batches (not J's M)
     line = cm.fsdp_line(layout) if q.fsdp else (0.0, 0.0)
     best: ChainSolution | None = None
     for cuts in itertools.combinations(range(1, L), P - 1):
@@ -114,7 +116,7 @@ def solve_chain_bruteforce(
         stops = (*cuts, L)
         if not all(q.stage_valid(a, z) for a, z in zip(bounds, stops)):
             continue
-        stages = [best_stage(q, a, z, ks[s], line) for s, (a, z) in enumerate(zip(bounds, stops))]
+        stages = [best_stage(q, a, z, held[s].whole, line, held[s].pending) for s, (a, z) in enumerate(zip(bounds, stops))]
         if any(t == INF for t, _, _ in stages):
             continue
         times = [t for t, _, _ in stages]

@@ -21,9 +21,11 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, price_stage
 from planner.cost.overheads import straggler_fraction
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
-from planner.schedule import inflight_counts
+from planner.cost.ties import on_ranks
+from planner.schedule import held_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
+from planner.solve.held import held_memory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +105,9 @@ def build_plan(
     ``recompute`` the fully and ``selective`` the selectively recomputed layer indices of each
     stage (``()``: none anywhere)."""
     request = problem.request
+    cm = on_ranks(cm, layout, boundaries)  # a tie inside one rank: one copy, no exchange
     num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
-    ks = inflight_counts(schedule, layout, num_microbatches)
+    held = held_counts(schedule, layout, num_microbatches)
     stops = list(boundaries[1:]) + [cm.num_layers]
     cap = memory_cap_bytes(cm.cluster, request)
     stages = []
@@ -114,7 +117,7 @@ def build_plan(
         sel = tuple(sorted(selective[s])) if selective else ()
         terms = price_stage(cm, start, stop, microbatch_size, s, layout, recompute=rc, selective=sel,
                             split_backward=split)
-        memory = cm.stage_memory(start, stop, rc, microbatch_size, ks[s], layout.sharding(s), sel)
+        memory = held_memory(cm, start, stop, rc, microbatch_size, held[s], layout.sharding(s), sel)
         activation = int(round(cm.activation_bytes(start, stop, rc, microbatch_size, sel)))
         stages.append(
             PlanStage(
@@ -126,7 +129,7 @@ def build_plan(
                 replicas=layout.replicas_of(s),
                 recompute=rc,
                 recompute_selective=sel,
-                inflight_microbatches=ks[s],
+                inflight_microbatches=held[s].inflight,
                 activation_bytes_per_microbatch=activation,
                 fwd_ms=terms.fwd_ms,
                 bwd_ms=terms.bwd_ms,
@@ -139,8 +142,7 @@ def build_plan(
                 gather_bound_ms=terms.gather_bound_ms,
                 optimizer_ms=terms.optimizer_ms,
                 wgrad_ms=terms.wgrad_ms,
-                wgrad_bytes_per_microbatch=min(activation, int(round(
-                    cm.wgrad_bytes(start, stop, microbatch_size)))) if split else 0,
+                wgrad_bytes_per_microbatch=int(round(cm.keep_bytes(start, stop, microbatch_size))) if split else 0,
                 alltoall_ms=cm.stage_alltoall_ms(start, stop, microbatch_size),
                 memory=memory,
                 memory_total_bytes=memory.total_bytes,

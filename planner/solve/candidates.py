@@ -17,8 +17,10 @@ from planner.artifacts.kinds import ChunkPlacement, Objective
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, StageTerms, price_stages
+from planner.schedule import held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
+from planner.solve.held import fits_every_state, held_memory
 from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute
 from planner.solve.space import Config
@@ -42,7 +44,21 @@ def score_key(tc: Scored) -> tuple[object, ...]:
 
 
 def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> ChainSolution | None:
-    return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
+    """The chain solver's optimum of ``c``. A zero-bubble stage is priced at the peak of its
+    count of held micro-batches; where the optimum does not fit at another of its states
+    (:func:`planner.solve.held.fits_every_state`: a stage recomputing so much that W keeps more
+    than it saved), solved again with every stage's most micro-batches past I
+    (:meth:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
+    the first fits it is the optimum, else the second is a plan that fits."""
+    sol = chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
+    if sol is None or not c.schedule.splits_backward:
+        return sol
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
+    caps = [table.cap_of(s) for s in range(len(held))]
+    if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
+        return sol
+    return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
+                        held=tuple(h.conservative() for h in held))
 
 
 def stage_terms(cm: CostModel, cand: Candidate) -> tuple[StageTerms, ...]:
@@ -111,11 +127,11 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
 
 def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
     """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
-    recomputation, in-flight count and ZeRO sharding)."""
-    ks = c.inflight()
+    recomputation, micro-batches held (:func:`planner.schedule.held_counts`) and ZeRO sharding)."""
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    return [cm.stage_memory(a, e, solution.recompute[s], c.microbatch_size, ks[s], c.sharding(s),
-                            solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+    return [held_memory(cm, a, e, solution.recompute[s], c.microbatch_size, held[s], c.sharding(s),
+                        solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
 
 
 def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:

@@ -29,7 +29,9 @@ pass): each stage's W fills ``2 W_s`` of the fill and drain. So its objective is
 with ``W_s`` the stage's weight-gradient time (:meth:`CostModel.stage_wgrad_ms`); every term
 stays per stage, so the same table solves it exactly, and ``T_s - Z_s >= RC_s >= 0`` keeps the
 bound ``J >= (M - 1) max_s T_s`` that limits the useful stage times. ``k_s`` is the schedule's
-count (:func:`planner.schedule.inflight_counts`, every micro-batch until its W).
+count of whole micro-batches, those past I priced at W's inputs in the stage's static bytes
+(:func:`planner.schedule.held_counts`, :meth:`StageTable.held`: the exact peak, not the paper's
+``p M_B`` bound).
 
 The brute force (:mod:`planner.solve.bruteforce`) and the CP-SAT model (:mod:`planner.solve.ilp`)
 solve the same J pricing each stage from the cost model, not from the table; tests hold
@@ -38,13 +40,14 @@ DP = brute force = CP-SAT (tests/test_solver_dp.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
-from planner.schedule import inflight_counts
+from planner.schedule import Held, held_counts
 from planner.solve.arrays import distinct
 from planner.solve.chain import ChainSolution, objective_microbatches
 from planner.solve.prices import StageTable, stage_extras
@@ -52,6 +55,7 @@ from planner.solve.prices.fixed import lengths
 from planner.solve.recompute import INF
 
 __all__ = ["could_partition", "least_largest", "solve_chain"]
+_Key = TypeVar("_Key", bound=Hashable)  # a stage's key in :func:`_stage_bands`
 
 
 # The DP table, for a bottleneck cap ``t`` (Alpa's stage construction, Zheng et al. 2022, sec. 5.2)::
@@ -71,8 +75,7 @@ __all__ = ["could_partition", "least_largest", "solve_chain"]
 # Pruning only skips: a bound (``limit``, ``longest``, the caps' range, the bands) leaves out
 # stages or caps that no optimum uses and never changes a price; ties resolve as without it
 # (tests/test_solver_dp.py: test_useful_limit_keeps_the_dps_solution, on integer times with many
-# ties, and test_band_priced_tables_solve_as_fully_priced_ones, bit for bit; the brute force
-# besides).
+# ties, and test_band_priced_tables_solve_as_fully_priced_ones, bit for bit; the brute force too).
 
 
 class _Bands:
@@ -200,12 +203,18 @@ def _beyond(w: int, K: int) -> np.ndarray:
     return np.add.outer(np.arange(w), np.arange(K)) >= w
 
 
-def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool = True) -> bool:
+def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool = True,
+                    tables: Sequence[StageTable] = ()) -> bool:
     """Some partition into ``len(inflight)`` stages might fit (:meth:`StageTable.could_fit`,
     stage ``s`` with ``inflight[s]`` micro-batches and its share of the memory): when none does,
     the configuration has no plan, which this finds without pricing any recomputation. Without
-    ``recompute``: some partition fits with none (then :func:`solve_chain` finds a plan)."""
+    ``recompute``: some partition fits with none (then :func:`solve_chain` finds a plan).
+    ``tables``: each stage's own (:meth:`StageTable.held`), else ``table`` for all."""
     L, P = table.L, len(inflight)
+    if tables and any(t is not table for t in tables):
+        ats = [(inflight[s], table.cap_of(s)) for s in range(P)]
+        fits = [t.could_fit(*a, recompute) for t, a in zip(tables, ats)]
+        return _reaches(fits, L, P)
     w = L - P + 1  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w) (as _Bands)
     if w < 1:
         return False
@@ -214,7 +223,12 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     if table.might_fit_all(ats, cuts, recompute):
         return True
     found = {at: table.could_fit(*at, recompute) for at in dict.fromkeys(ats)}  # few distinct: one lookup each
-    fits = [found[at] for at in ats]
+    return _reaches([found[at] for at in ats], L, P)
+
+
+def _reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
+    """Some partition into ``P`` stages has stage ``s`` where ``fits[s]`` holds."""
+    w = L - P + 1
     reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest
     reach[-1] = True
     for s in range(P - 1, -1, -1):
@@ -287,12 +301,12 @@ def _minimize(
     return best
 
 
-def _stage_bands(at: Sequence[tuple[int, float]], L: int, longest: int) -> dict[tuple[int, float], np.ndarray]:
-    """Per ``(inflight, cap)`` of ``at`` (one per stage of ``len(at)``), the stages ``(i, j)`` the
+def _stage_bands(at: Sequence[_Key], L: int, longest: int) -> dict[_Key, np.ndarray]:
+    """Per key (``(pending, (inflight, cap))``) of ``at`` (one per stage of ``len(at)``), the stages ``(i, j)`` the
     DP reads from its table (:class:`_Bands`): stage ``s`` starts in ``[s, s + w)`` and stops in
     ``[s + 1, s + w]`` (``w = L - P + 1``), at most ``longest`` layers long."""
     w = L - len(at) + 1
-    out: dict[tuple[int, float], np.ndarray] = {}
+    out: dict[_Key, np.ndarray] = {}
     for s, a in enumerate(at):
         mask = out.get(a)
         if mask is None:
@@ -341,7 +355,7 @@ def _useful_limit(tables: list[np.ndarray], extra: list[np.ndarray], starts: lis
 
 
 def solve_chain(
-    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
+    table: StageTable, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind, held: Sequence[Held] = (),
 ) -> ChainSolution | None:
     """The exact minimum of J for one configuration, or None if nothing fits.
 
@@ -357,8 +371,10 @@ def solve_chain(
     if P > L:
         return None
     table.settle()
-    ks = inflight_counts(schedule, layout, num_microbatches)
-    if not could_partition(table, ks):
+    held = held or held_counts(schedule, layout, num_microbatches)  # (given: solve_config's conservative counts)
+    ks = [h.whole for h in held]
+    per = [table.held(h.pending) for h in held]  # its micro-batches past I in its static bytes (StageFits.held)
+    if not could_partition(table, ks, tables=per):
         return None  # no partition fits even with every layer at its leanest level
     M = objective_microbatches(layout, num_microbatches)
     extra = stage_extras(table, layout, schedule)  # stages over the same link and line share one
@@ -371,17 +387,20 @@ def solve_chain(
     least_extra = {id(e): min(0.0, float(np.min(e))) for e in extra}
     sum_lb = None if table.fsdp else float(np.sum(fwd + bwd)) * (1 - 1e-9) + sum(least_extra[id(e)] for e in extra)
     starts = _heuristic_starts(fwd + bwd, L, P)
+    # stages keyed by (their table, in-flight count, cap): a table per pending count
     at = [(k, table.cap_of(s)) for s, k in enumerate(ks)]
-    bases = {a: table.base(*a) for a in dict.fromkeys(at)}
-    longest = max(table.longest(*a) for a in bases)  # of any stage that might fit
-    plain_longest = max(table.longest(*a, recompute=False) for a in bases)  # of any that fits as it is
-    plain = [bases[a] for a in at]
-    bands = _stage_bands(at, L, longest)
+    keys = [(h.pending, a) for h, a in zip(held, at)]
+    tab = {key: per[s] for s, key in enumerate(keys)}
+    bases = {key: tab[key].base(*key[1]) for key in dict.fromkeys(keys)}
+    longest = max(tab[key].longest(*key[1]) for key in bases)  # of any stage that might fit
+    plain_longest = max(tab[key].longest(*key[1], recompute=False) for key in bases)  # of any that fits as it is
+    plain = [bases[key] for key in keys]
+    bands = _stage_bands(keys, L, longest)
     # the DP over the bases reads no stage longer than any whose compute is within what a
     # partition cutting at equal shares of the work bounds (:func:`_useful_limit`)
     plain_cap = _useful_limit(plain, extra, starts, L, M, sum_lb)
     plain_longest = min(plain_longest, table.longest_within(plain_cap)) if plain_cap < INF else plain_longest
-    if not table.recomputes(bands):
+    if not any(tab[key].recomputes({key[1]: band}) for key, band in bands.items()):  # (per table)
         # no stage the DP reads fits only with recomputation: its tables are the bases
         tables = plain
         found = _minimize(tables, extra, L, M, plain_cap, cap_lb, plain_longest)
@@ -390,10 +409,11 @@ def solve_chain(
         # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
         # (no stage longer than any that fits without recomputation is finite there)
         # (none where no partition fits without recomputation: found without building the bands)
-        first = _minimize(plain, extra, L, M, plain_cap, cap_lb, plain_longest) if could_partition(table, ks, False) else None
+        fits_plain = could_partition(table, ks, False, tables=per)
+        first = _minimize(plain, extra, L, M, plain_cap, cap_lb, plain_longest) if fits_plain else None
         # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
-        per = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
-        limit = INF if first is None else first[0] / per * (1 + 1e-9)
+        per_mb = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
+        limit = INF if first is None else first[0] / per_mb * (1 + 1e-9)
         if first is not None and M > 1:
             # tighter: J >= S + (M - 1) max_s T_s with S at least ``sum_lb`` (else the least sum
             # of compute and transfers of any partition: recomputation only adds), so a stage
@@ -404,14 +424,18 @@ def solve_chain(
         # count (the caps), and those compute within it (the bands' longer stages compute above it)
         if M > 1:
             longest = min(longest, table.longest_within(limit))
-        priced = table.tables(at, limit, bands)
-        tables = [priced[a] for a in at]
+        priced = {}
+        for pending in dict.fromkeys(key[0] for key in bands):  # one call per table: its stages priced together
+            mine = {key[1]: band for key, band in bands.items() if key[0] == pending}
+            got = tab[next(key for key in bands if key[0] == pending)].tables(list(mine), limit, mine)
+            priced.update({(pending, a): t for a, t in got.items()})
+        tables = [priced[key] for key in keys]
         found = _minimize(tables, extra, L, M, limit, cap_lb, longest)
     if found is None:
         return None
     bounds = found[2]
     stops = bounds[1:] + [L]
-    choices = [table.choice_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    choices = [per[s].choice_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
     recompute = [full for full, _ in choices]
     selective = [sel for _, sel in choices]
     objective, times = _objective(tables, extra, bounds, L, M)
@@ -420,6 +444,6 @@ def solve_chain(
         boundaries=tuple(bounds),
         recompute=tuple(recompute),
         stage_times_ms=tuple(times),
-        exact=table.all_exact,
+        exact=all(t.all_exact for t in per),
         selective=tuple(selective) if any(selective) else (),
     )

@@ -20,46 +20,12 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.solve.arrays import distinct
 from planner.solve.chain_dp import least_largest
+from planner.solve.fills import busiest_rank_floor_ms, chunk_fill_bound_ms, rank_fills_ms, split_fill_bound_ms
 from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
-
-
-def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
-    """No interleaved 1F1B plan of ``c`` simulates faster (whatever its partition). Pipeline rank
-    ``r`` runs chunks ``r, r + P, ...``; its first operation is a forward, which waits for the
-    forwards of chunks ``0 .. r - 1`` of that micro-batch, and after its last (a backward: every
-    forward is followed by its backward on the same rank) the backwards of chunks ``r - 1 .. 0``
-    of that micro-batch still run. Every chunk holds a layer, so those chunks hold at least the
-    first ``r`` layers: ``T >= a_r + M W_r``, ``a_r`` the first ``r`` layers' forward + backward,
-    ``W_r`` the rank's work per micro-batch. The ranks' works sum to at least the profile's
-    ``W``, so the busiest of these bounds is at least the ``T`` at which ``sum_r max(0, T - a_r)
-    = M W`` (recomputation, transfers and synchronisation only add). Against the average-work
-    bound ``M W / P`` it adds about half the interleaved bubble when chunks are about a layer each
-    (deep pipelines: e.g. +24% at P = 64, v = 2, M = 64)."""
-    a = [float(x) for x in rank_fills_ms(cm, c)]  # ascending: layer work >= 0
-    need = c.num_microbatches * cm.work_ms(c.microbatch_size)
-    for k in range(len(a), 0, -1):  # the ranks whose a_r is below T share the work
-        t = (need + sum(a[:k])) / k
-        if t >= a[k - 1]:
-            return t
-    return need
-
-
-def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
-    """No one of ``num_ranks`` ranks holding whole layers of ``work`` ms between them (in any
-    chunks, contiguous or not) has less than this: among the ``k`` layers of most work some rank
-    holds ``ceil(k / R)``, so at least the ``ceil(k / R)`` lightest of them (the classical bound
-    of scheduling on identical machines, over every ``k``). With layers of about equal work it
-    is ``ceil(L / R)`` layers where the average counts ``L / R``: 98 layers over 64 ranks, 2
-    against 1.53."""
-    desc = np.sort(np.asarray(work, dtype=float))[::-1]
-    prefix = np.concatenate([[0.0], np.cumsum(desc)])
-    k = np.arange(1, len(desc) + 1)
-    q = -(-k // num_ranks)
-    return float(np.max(prefix[k] - prefix[k - q], initial=0.0)) * (1 - 1e-9)
 
 
 #: breakpoints (bytes freed per micro-batch, ms) of recompute_curve
@@ -106,16 +72,6 @@ def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
     return out
 
 
-def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
-    """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
-    ``r`` waits at least before its first operation and after its last (the chunks before its
-    first hold a layer each)."""
-    fp, bp = cm.time_prefix(c.microbatch_size)
-    P = min(c.layout.pipeline_size, len(fp))
-    fills: np.ndarray = fp[:P] + bp[:P]
-    return fills
-
-
 def least_bytes(work: np.ndarray, nbytes: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
     """The least bytes any share of the layers with total work ``w`` holds, ``H(w)``, layer
     ``i`` holding ``nbytes[i]`` for its ``work[i] > 0`` and taken in any fraction (so the fewest
@@ -148,6 +104,7 @@ class ConfigFacts:
         self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
+        self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
@@ -168,6 +125,17 @@ class ConfigFacts:
                 self.chunk_fills[key] = chunk_fill_bound_ms(cm, c)
             lb = max(lb, self.chunk_fills[key])
         return lb
+
+    def split_fill_ms(self, c: Config) -> float:
+        """:func:`split_fill_bound_ms` of a zero-bubble configuration (0 for any other), worked out
+        only for those the order reaches (as :meth:`memory_bound`), once per shape."""
+        if not c.schedule.splits_backward or c.layout.stage_replicas:
+            return 0.0
+        key = (c.microbatch_size, c.pipeline_size, c.num_microbatches, c.layout.virtual_stages_per_rank)
+        found = self.split_fills.get(key)
+        if found is None:
+            found = self.split_fills[key] = split_fill_bound_ms(self.cm, c)
+        return found
 
     def rank_floor_ms(self, c: Config, slack: float) -> float:
         """No proposal of ``c`` passes :meth:`keep`'s check when this exceeds what it must beat:
@@ -355,7 +323,7 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = c.inflight()
+        ks = c.whole()  # a zero-bubble stage's micro-batches past I only add
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])

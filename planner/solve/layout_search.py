@@ -19,7 +19,7 @@ from planner.solve.candidates import ChainSolver, Scored, score_key, simulated
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
-from planner.solve.config_search import ConfigSearch, SearchPass, solve_candidates
+from planner.solve.config_search import SearchPass, config_search, over_layers, solve_candidates
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
 from planner.solve.replicated_search import replicated_candidates
@@ -100,7 +100,9 @@ class LayoutSearch:
         slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
         where = SearchPass(num_groups=num_groups, cap_bytes=self.cap, chain_solver=chain_solver, settings=settings,
                            slack=slack)
-        self.configs = ConfigSearch(self.cm_search, self.req_search, where, self.policy)
+        # zero-bubble configurations over the layers themselves (GrainedSearch)
+        self.layers = None if self.starts is None else (cm, request)
+        self.configs = config_search(self.cm_search, self.req_search, where, self.policy, self.layers)
 
     def fine(self, scored: list[Scored], keep: int, best_on_all: bool, *, refined: bool = True) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
@@ -114,7 +116,11 @@ class LayoutSearch:
         if starts is None:
             return top
         out = []
-        for _, cand in top:
+        for tc in top:
+            cand = tc[1]
+            if over_layers(cand.config):
+                out.append(tc)  # searched over the layers (GrainedSearch): its time is its plan's
+                continue
             if refined:
                 mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings,
                                 max_chain=self.max_refined)
@@ -160,7 +166,17 @@ class LayoutSearch:
         scored, within = policy.within(scored, earlier_ms, on_all)
         if not scored:
             return None  # a cp > 1 degree with nothing within the budget of the degrees before it
-        return self.build(policy.could_matter(self.cm_search, scored, num_groups), within, rules)
+        return self.build(self.could_matter(scored), within, rules)
+
+    def could_matter(self, scored: list[Scored]) -> list[Scored]:
+        """:meth:`Policy.could_matter` of ``scored``, each priced by the model it was searched over."""
+        if self.layers is None:
+            return self.policy.could_matter(self.cm_search, scored, self.num_groups)
+        fine = {id(tc) for tc in self.policy.could_matter(self.cm, [tc for tc in scored if over_layers(tc[1].config)],
+                                                          self.num_groups)}
+        coarse = {id(tc) for tc in self.policy.could_matter(
+            self.cm_search, [tc for tc in scored if not over_layers(tc[1].config)], self.num_groups)}
+        return [tc for tc in scored if id(tc) in fine or id(tc) in coarse]
 
     def refuse(self, suggest: bool) -> None:
         """No candidate: nothing where configurations were pruned (against another degree's
@@ -188,9 +204,8 @@ class LayoutSearch:
             tighter = policy.tighter(uniform, settings, within, fastest)
             where = SearchPass(num_groups=self.num_groups, cap_bytes=self.cap * frac, chain_solver=self.chain_solver,
                                configs=tighter.configs, settings=settings, fsdp=tighter.fsdp)
-            found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy)
-            found = policy.could_matter(self.cm_search, [tc for tc in found if tc[0] <= tighter.within_ms],
-                                        self.num_groups)
+            found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy, self.layers)
+            found = self.could_matter([tc for tc in found if tc[0] <= tighter.within_ms])
             k = tighter.builds if tighter.builds is not None else len(found)
             plans += build_best(problem, cm, self.fine(found, k, False, refined=False), k, refuse=False)
         if not plans:

@@ -34,7 +34,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import check_schedule_rules, inflight_counts
+from planner.schedule import check_schedule_rules, held_counts, inflight_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -67,6 +67,12 @@ class Config:
     def inflight(self) -> tuple[int, ...]:
         """Micro-batches one device of each stage holds at its peak."""
         return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+
+    def whole(self) -> tuple[int, ...]:
+        """Micro-batches one device of each stage holds whole at its peak
+        (:func:`planner.schedule.held_counts`: a zero-bubble stage's others, past their I, keep
+        W's inputs only, so these bound its activations from below; else :meth:`inflight`)."""
+        return tuple(h.whole for h in held_counts(self.schedule, self.layout, self.num_microbatches))
 
     def sharding(self, stage_idx: int = 0) -> Sharding:
         return self.layout.sharding(stage_idx)
@@ -188,6 +194,9 @@ def all_configs(
     """Every configuration of the space for ``cm`` (see the module docstring); ``split``: also
     the schedules that split the backward (:data:`SPLIT_SCHEDULES`)."""
     schedules = [s for s in request.schedules if s in DP_SCHEDULES or (split and s in SPLIT_SCHEDULES)]
+    # one stage has no bubble to fill: ZB-H1 / ZB-H2 there run 1F1B's order with each backward split
+    # in two, the same work, more held (its W's inputs); not solved beside a schedule without the split
+    one_stage_plain = any(s in DP_SCHEDULES for s in schedules)
     out: list[Config] = []
     for P, D in configurations(cm.num_layers, num_groups, request):
         if not cm.group.admits(D):
@@ -199,7 +208,8 @@ def all_configs(
         zbv = layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V) if 2 * P <= cm.num_layers else None
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
-            out.extend(Config(plain, b, M, sch) for sch in schedules if schedule_valid(sch, P, M))
+            out.extend(Config(plain, b, M, sch) for sch in schedules
+                       if schedule_valid(sch, P, M) and not (P == 1 and sch.splits_backward and one_stage_plain))
             if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
                 out.extend(
                     Config(lay, b, M, ScheduleKind.INTERLEAVED_1F1B)

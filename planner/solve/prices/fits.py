@@ -10,7 +10,9 @@ worked out from the table's fixed part (:mod:`planner.solve.prices.fixed`) and k
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from typing import Self
 
 import numpy as np
 
@@ -91,6 +93,29 @@ class StageFits:
         self._kind = self._layers.kind
         self._run = self._layers.run
         self._levels = batch.levels
+        self._keep: np.ndarray | None = None  # per stage, what a micro-batch past its I keeps (held)
+        self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
+
+    def held(self, pending: int) -> Self:
+        """This table with ``pending`` micro-batches past their input-gradient pass on every
+        stage, each keeping W's inputs (:meth:`CostModel.keep_bytes`, :func:`planner.schedule.held_counts`):
+        their bytes join the stage's static ones, so its in-flight count is of whole micro-batches
+        and every fit test and recompute price reads the exact peak. A shallow copy with entries
+        of its own (kept per pending count, shared by this table's copies); itself for 0."""
+        if pending == 0:
+            return self
+        found = self._held.get(pending)
+        if found is None:
+            if self._keep is None:
+                self._keep = np.minimum(self.cm.keep_matrix(self.b), self.act)
+            found = copy.copy(self)
+            found.static = self.static + pending * self._keep
+            entries = found._entries = Entries()
+            found._bases, found._tables, found._pending, found._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
+            found._choices, found._could, found._longest = entries.choices, entries.could, entries.longest
+            found._everywhere = {}
+            self._held[pending] = found
+        return found
 
     def hidden_backward(self) -> np.ndarray:
         """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's

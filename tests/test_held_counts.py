@@ -1,0 +1,85 @@
+"""Micro-batches each stage holds at its peak under the zero-bubble schedules, walked on the
+schedule's own order (:func:`planner.schedule.held_counts`): whole ones (after F, before I) and
+those past I holding only W's inputs, against counts walked by hand; and the peak point that
+makes ``whole x act + pending x keep`` exact (one point of each walk has both the most whole
+micro-batches and the most in flight)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.artifacts.kinds import ChunkPlacement, ScheduleKind
+from planner.artifacts.layout import Layout
+from planner.schedule import ActionKind, Held, build_schedule, held_bytes, held_counts
+
+H1, H2, ZBV = ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV
+
+
+def _layout(kind: ScheduleKind, ranks: int) -> Layout:
+    if kind is ZBV:
+        return Layout(num_stages=2 * ranks, virtual_stages_per_rank=2, placement=ChunkPlacement.V)
+    return Layout(num_stages=ranks)
+
+
+# By hand, ZB-H1 rank r (M >= P): P - 1 - r warm-up forwards, then per step k one F, one I and,
+# from step r on, one W. Just after step r's F it has run P - r + r forwards and r I's, no W:
+# P - r whole and r past I, (P - r, r); later steps hold no more of either.
+@pytest.mark.parametrize(("kind", "ranks", "m", "expected"), [
+    (H1, 2, 4, [(2, 0), (1, 1)]),
+    (H1, 2, 8, [(2, 0), (1, 1)]),
+    (H1, 4, 4, [(4, 0), (3, 1), (2, 2), (1, 3)]),
+    (H1, 4, 8, [(4, 0), (3, 1), (2, 2), (1, 3)]),
+    # ZB-H2 rank r warms up 2 (P - r) - 1 forwards: rank 1 of 2 holds 2 whole, then its W lags one step
+    (H2, 2, 4, [(4, 0), (2, 1)]),
+    (H2, 2, 8, [(4, 0), (2, 1)]),
+    (H2, 4, 8, [(8, 0), (6, 1), (4, 2), (2, 3)]),
+    # ZBV: every chunk runs its W right after its I at its peak: nothing pending there
+    (ZBV, 2, 4, [(4, 0), (3, 0), (2, 0), (1, 0)]),
+    (ZBV, 2, 8, [(4, 0), (3, 0), (2, 0), (1, 0)]),
+    (ZBV, 4, 8, [(8, 0), (7, 0), (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0)]),
+])
+def test_held_counts_by_hand(kind: ScheduleKind, ranks: int, m: int, expected: list[tuple[int, int]]) -> None:
+    assert held_counts(kind, _layout(kind, ranks), m) == tuple(Held(w, p) for w, p in expected)
+
+
+def _walk(kind: ScheduleKind, ranks: int, m: int) -> dict[int, list[tuple[int, int]]]:
+    """Per stage, (whole, pending) after every action of its rank's order."""
+    v = 2 if kind is ZBV else 1
+    out: dict[int, list[tuple[int, int]]] = {}
+    state: dict[int, tuple[int, int]] = {}
+    for order in build_schedule(kind, ranks * v, m, v):
+        for a in order:
+            w, p = state.get(a.stage_idx, (0, 0))
+            if a.kind is ActionKind.FORWARD:
+                w += 1
+            elif a.kind is ActionKind.BACKWARD_INPUT:
+                w, p = w - 1, p + 1
+            elif a.kind is ActionKind.BACKWARD_WEIGHT:
+                p -= 1
+            state[a.stage_idx] = (w, p)
+            out.setdefault(a.stage_idx, []).append((w, p))
+    return out
+
+
+@pytest.mark.parametrize("kind", [H1, H2, ZBV])
+def test_held_peak_is_the_byte_peak_of_every_walk(kind: ScheduleKind) -> None:
+    """For W keeping ``keep <= act``, no point of any stage's walk holds more bytes than
+    :func:`held_bytes` of :func:`held_counts` (P up to 8, M up to 24, several ratios), and the
+    held point is on the walk."""
+    for ranks in range(1, 9):
+        for m in range(1, 25):
+            try:
+                held = held_counts(kind, _layout(kind, ranks), m)
+            except Exception:  # the schedule's own rules refuse this shape
+                continue
+            for s, points in _walk(kind, ranks, m).items():
+                h = held[s]
+                assert (h.whole, h.pending) in points, (kind, ranks, m, s)
+                for act, keep in ((1.0, 1.0), (1.0, 0.41), (1.0, 0.0), (3.0, 2.9)):
+                    peak = max(w * act + p * keep for w, p in points)
+                    assert held_bytes(h, act, keep) == pytest.approx(peak), (kind, ranks, m, s, act, keep)
+
+
+def test_one_pass_schedules_hold_whole_micro_batches_only() -> None:
+    assert held_counts(ScheduleKind.ONE_F_ONE_B, Layout(num_stages=4), 8) == tuple(Held(k) for k in (4, 3, 2, 1))
+    assert held_counts(ScheduleKind.GPIPE, Layout(num_stages=2), 8) == (Held(8), Held(8))
