@@ -364,6 +364,8 @@ def test_one_policy_per_objective() -> None:
     grouped_me = me.for_groups(SETTINGS)
     assert isinstance(grouped_me, MePolicy) and grouped_me.state is me.state and grouped_me.incumbent is me.incumbent
     assert grouped_me.widen == 1 + SETTINGS.budget_refine_slack
+    # ... and decides its builds by bounds over the layers against the plans built (grouped_builds)
+    assert grouped_me.bounds_builds and not me.bounds_builds and not grouped.bounds_builds
     assert time.for_groups(SETTINGS) is time
     # what a degree builds: the time objective its few fastest (a cp > 1 degree only those faster
     # than the plans before it), the others every candidate they could choose

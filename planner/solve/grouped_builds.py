@@ -91,7 +91,9 @@ class LayerFloors:
     - memory: the model state's share of a rank and the least over partitions of the largest
       stage's fewest bytes at its leanest recomputation (:meth:`ConfigFacts.memory_floor_once`).
 
-    A plan under a tighter cap also fits ``cap_bytes``: the same floors hold for it."""
+    A plan under a tighter cap also fits ``cap_bytes``: the same floors hold for it. Per-stage
+    replication (a stage's copies sharing its micro-batches) is not bounded here: 0 both (its
+    candidates are always built, as without pruning)."""
 
     def __init__(self, cm: CostModel, request: PlanRequest, cap_bytes: float) -> None:
         self.facts = ConfigFacts(cm, request, cap_bytes)
@@ -99,6 +101,8 @@ class LayerFloors:
         self.times: dict[Config, float] = {}
 
     def time_ms(self, c: Config) -> float:
+        if c.layout.stage_replicas:
+            return 0.0
         found = self.times.get(c)
         if found is None:
             facts = self.facts

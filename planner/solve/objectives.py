@@ -130,16 +130,14 @@ class MeIncumbent:
         summed; with a relative 1e-6 to spare for the bytes each stage's parts are rounded to)."""
         self.product = min(self.product, product * (1 + BYTES_SLACK))
 
-    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool, widen: float = 1.0) -> bool:
-        """The candidate could be the plan the objective chooses, the fastest with no reference
-        plan, or the fastest on all the devices (else no plan is built for it): its memory at
-        least its largest stage's peak; ``widen`` as :meth:`limit_ms`'s."""
+    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool) -> bool:
+        """The candidate (over the layers themselves) could be the plan the objective chooses, the
+        fastest with no reference plan, or the fastest on all the devices (else no plan is built
+        for it): its memory at least its largest stage's peak."""
         t, cand = scored
-        c, sol = cand.config, cand.solution
-        slack = (1 + 1e-9) * widen
-        if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK) * widen:
+        if t * max(stage_needs(cm, cand.config, cand.solution)) <= self.product * (1 + BYTES_SLACK):
             return True
-        return (not self.referenced and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
+        return (not self.referenced and t <= inc.best * (1 + 1e-9)) or (on_all and t <= inc.best_all * (1 + 1e-9))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -413,7 +411,7 @@ class MePolicy(MemoryPolicy):
         state, inc = self.state, self.incumbent
         if state is None or self.grouped:
             return scored  # over groups: decided candidate by candidate as plans are built (could_build)
-        return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups, self.widen)]
+        return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
 
     @property
     def bounds_builds(self) -> bool:
@@ -421,8 +419,7 @@ class MePolicy(MemoryPolicy):
 
     def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
         """:meth:`Built.could_hold` against the plans built for the request."""
-        state = self.state
-        return state is None or state.built.could_hold(time_ms, memory_bytes, on_all, state.referenced)
+        return self.state is None or self.state.built.could_hold(time_ms, memory_bytes, on_all, self.state.referenced)
 
     def note_built(self, plans: list[Plan]) -> None:
         if self.state is not None:
