@@ -4,7 +4,7 @@ Every ``bash`` block of README.md and of each ``docs/*.md`` (README first, then 
 line by line (``planner`` is ``python -m planner``, ``python`` this interpreter), every ``python``
 block (run as a script), the ``$ planner ...`` lines of a ``console`` or plain block, and the inline
 ``planner show`` / ``planner simulate`` commands, run in one fresh folder holding the repository's
-``profiles/`` and ``configs/``, in order, so that later blocks find the files earlier ones wrote.
+``profiles/``, ``configs/`` and ``tests/``, in order, so that later blocks find the files earlier ones wrote.
 A ``NAME=value`` line of a bash block holds for the rest of its file (for the commands that use it). The fast test runs every
 command that needs no torchrun and no measuring and reads only what such commands write; the slow
 one (torchrun, a measured profile) runs the others, with the fast commands that write what they
@@ -245,7 +245,7 @@ def run_commands(commands: list[Command], folder: Path | Folder) -> list[str]:
     """Run each command in ``folder`` (skipping what :meth:`Folder.already_ran`); the failures,
     in words."""
     where = folder if isinstance(folder, Folder) else Folder(folder)
-    for name in ("profiles", "configs"):
+    for name in ("profiles", "configs", "tests"):  # tests/: the graph fixtures docs/me-index.md imports
         if not (where.path / name).exists():
             (where.path / name).symlink_to(ROOT / name)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANNER_PROGRESS": "0", "MPLBACKEND": "Agg"}

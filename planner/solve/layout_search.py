@@ -79,7 +79,8 @@ class LayoutSearch:
             self.req_search = dataclasses.replace(
                 request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
         # over groups of layers the policy's figures are widened (Policy.for_groups: a heuristic, as
-        # the time objective's pruning of a grouped profile; see planner.solve.search), and a
+        # the time objective's pruning of a grouped profile; see planner.solve.search; the ME
+        # objective's builds are bounded over the layers instead: build_bounded), and a
         # proposal is simulated unless its busiest rank exceeds what it must beat by refine_slack
         self.policy = policy if self.starts is None else policy.for_groups(settings)
         slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
