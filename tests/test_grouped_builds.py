@@ -13,8 +13,10 @@ from planner.artifacts.kinds import Objective, OptimizerKind, ScheduleKind, Solv
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
+from planner.cost import CostModel
 from planner.profiling.imported.pipedream import import_pipedream
-from planner.solve.build import memory_cap_bytes
+from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.candidates import Candidate
 from planner.solve.chain_dp import solve_chain
 from planner.solve.grouped_builds import Built, LayerFloors
 from planner.solve.search import search_plan
@@ -41,11 +43,11 @@ def test_layer_floors_are_below_every_plan_of_the_configuration(case: tuple[int,
     from planner.solve import select
 
     profile, cluster, request = _resnet(*case)
-    built: list[tuple[object, object, Plan]] = []
+    built: list[tuple[CostModel, Candidate, Plan]] = []
     real = select.plan_of
 
-    def capturing(problem: object, cm: object, cand: object) -> Plan:
-        p = real(problem, cm, cand)  # type: ignore[arg-type]
+    def capturing(problem: Problem, cm: CostModel, cand: Candidate) -> Plan:
+        p = real(problem, cm, cand)
         built.append((cm, cand, p))
         return p
 
@@ -55,11 +57,11 @@ def test_layer_floors_are_below_every_plan_of_the_configuration(case: tuple[int,
     floors: dict[tuple[int, int], LayerFloors] = {}
     tight = 0
     for cm, cand, p in built:
-        c = cand.config  # type: ignore[attr-defined]
+        c = cand.config
         ask = p.provenance.request
         key = (id(cm), id(ask))
         if key not in floors:
-            floors[key] = LayerFloors(cm, ask, memory_cap_bytes(cm.cluster, ask))  # type: ignore[attr-defined]
+            floors[key] = LayerFloors(cm, ask, memory_cap_bytes(cm.cluster, ask))
         f = floors[key]
         t_floor, m_floor = f.time_ms(c), f.memory_bytes(c)
         assert t_floor <= p.predicted.iteration_ms and m_floor <= p.predicted.peak_memory_bytes, (c, t_floor, m_floor)
