@@ -14,7 +14,7 @@ builds plans for.
 - :class:`MePolicy` (the ME index): a configuration must be able to hold the least time x
   memory found, the fastest where the request has no reference plan, or the fastest on all the
   devices (:class:`MeIncumbent`); kept and rebalanced as the memory objective; plans are built
-  for the candidates that could matter.
+  for the candidates that could matter (over groups of layers: :mod:`planner.solve.grouped_builds`).
 
 Each policy holds the incumbent it prunes against (one shared by several searches, or its
 own), and whether it prunes at all (``SearchSettings.prune_configs``); :func:`policy_for` gives
