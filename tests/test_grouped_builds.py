@@ -85,3 +85,18 @@ def test_built_holds_what_plans_reach() -> None:
     assert built.could_hold(t * 1.01, 2 * m, True, True)  # none on all the devices built yet
     built.note(dataclasses.replace(p, predicted=dataclasses.replace(p.predicted, iteration_ms=t / 2)), on_all=True)
     assert built.fastest_all_ms == t / 2 and not built.could_hold(t, 2 * m, True, True)
+
+
+def test_me_without_a_reference_plan_chooses_the_unpruned_plan_on_a_grouped_profile() -> None:
+    """Draw 17's case without GPipe among the schedules: no reference plan, so the index counts
+    from the fastest plan built, which the bounds must keep too (:meth:`Built.could_hold`'s
+    fastest). The pruned search chose 67.82 ms, 102.1 MB (index 5.18) when the groups' widened
+    figures decided the builds; now both choose 64.96 ms, 93.9 MB (index 5.88)."""
+    from tests.test_objectives import _me_found
+    from tests.test_search_pruning import PRUNED, plan_or_refusal
+
+    profile, cluster, request = _resnet(8, 2, 70, OptimizerKind.ADAM_MIXED)
+    request = dataclasses.replace(request, schedules=(ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
+    pruned = plan_or_refusal(profile, cluster, request, PRUNED)
+    assert _me_found(pruned) == _me_found(plan_or_refusal(profile, cluster, request, EXHAUSTIVE))
+    assert isinstance(pruned, Plan) and pruned.predicted.iteration_ms == pytest.approx(64.9575, abs=1e-3)
