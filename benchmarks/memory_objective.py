@@ -20,6 +20,10 @@ Cases:
 - ``gpt3-175b-64`` (only when named in ``--cases``): the shipped ``profiles/gpt3-175b-a100.json``
   (98 layers: searched over groups, then refined; pruned against the budget widened by
   ``budget_refine_slack``, a heuristic) on 64 A100s, global batch 1536;
+- ``resnet-8``: the ResNet-18-shaped graph fixture ``tests/data/graphs/resnet/graph.txt`` (71
+  layers: searched over groups, then refined) on 8 V100s, 2 GiB per device, mixed-precision Adam,
+  a stage starting at layer 70, GPipe, 1F1B and interleaved 1F1B (``tests/test_objectives.py``'s
+  draw 17: the ME objective's builds over groups, :mod:`planner.solve.grouped_builds`);
 - ``alexnet-8``: PipeDream's alexnet profile (read from ``../shared/reference/pipedream``) on 8 V100s, 8 GiB
   per device, Adam with fp32 gradients, stages starting at layers 9 and 21 (the case
   ``tests/test_objectives.py`` draws).
@@ -51,7 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CASES = ("default", "default-budget", "gpt3-13b-64", "alexnet-8")
+CASES = ("default", "default-budget", "gpt3-13b-64", "resnet-8", "alexnet-8")
 MORE = ("gpt3-175b-64",)  # run when named: its search without pruning takes minutes
 
 
@@ -75,6 +79,15 @@ def _case(name: str, objective: Any) -> tuple[Any, Any, Any] | str:
     if name == "gpt3-175b-64":
         return load_profile(ROOT / "profiles" / "gpt3-175b-a100.json"), PRESETS["a100-80gb-x8"].grown_to(64), \
             dataclasses.replace(memory, global_batch=1536)
+    if name == "resnet-8":
+        from planner.artifacts.kinds import ScheduleKind
+        from planner.profiling.imported.pipedream import import_pipedream
+
+        request = PlanRequest(global_batch=256, memory_cap_bytes=2 * 2**30, fixed_boundaries=(70,),
+                              optimizer=OptimizerKind.ADAM_MIXED, objective=objective,
+                              schedules=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B))
+        graph = ROOT / "tests" / "data" / "graphs" / "resnet" / "graph.txt"
+        return import_pipedream(graph), PRESETS["v100-16gb-2x8"].with_devices(8), request
     if name == "alexnet-8":
         from benchmarks.pipedream_reference import require_profiles
 

@@ -15,11 +15,12 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
 from planner.solve.build import Problem, memory_cap_bytes
-from planner.solve.candidates import ChainSolver, Scored, score_key, simulated
+from planner.solve.candidates import ChainSolver, Scored, busiest_rank, score_key, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
 from planner.solve.config_search import SearchPass, config_search, over_layers, solve_candidates
+from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
 from planner.solve.replicated_search import replicated_candidates
@@ -94,7 +95,8 @@ class LayoutSearch:
             self.req_search = dataclasses.replace(
                 request, fixed_boundaries=tuple(self.starts.index(f) for f in request.fixed_boundaries))
         # over groups of layers the policy's figures are widened (Policy.for_groups: a heuristic, as
-        # the time objective's pruning of a grouped profile; see planner.solve.search), and a
+        # the time objective's pruning of a grouped profile; see planner.solve.search; the ME
+        # objective's builds are bounded over the layers instead: build_bounded), and a
         # proposal is simulated unless its busiest rank exceeds what it must beat by refine_slack
         self.policy = policy if self.starts is None else policy.for_groups(settings)
         slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
@@ -103,6 +105,7 @@ class LayoutSearch:
         # zero-bubble configurations over the layers themselves (GrainedSearch)
         self.layers = None if self.starts is None else (cm, request)
         self.configs = config_search(self.cm_search, self.req_search, where, self.policy, self.layers)
+        self.floors: LayerFloors | None = None  # over the layers, for bounded builds (worked out when asked)
 
     def fine(self, scored: list[Scored], keep: int, best_on_all: bool, *, refined: bool = True) -> list[Scored]:
         """The ``keep`` best candidates over the layers themselves (re-solved around their
@@ -189,6 +192,45 @@ class LayoutSearch:
             raise explain_infeasible(self.cm, request, self.num_groups, cap, suggest=suggest)
         raise explain_infeasible(self.cm_search, self.req_search, self.num_groups, cap, suggest=suggest)
 
+    def build_bounded(self, scored: list[Scored], *, refined: bool) -> list[Plan]:
+        """Plans for those of ``scored`` (candidates over groups of layers) whose plans could
+        matter against the plans built so far (:meth:`Policy.could_build`, noted as they are
+        built), the most promising first (least time x busiest rank's memory over the groups):
+        with ``refined``, by ``c``'s floors over the layers (:class:`LayerFloors`) before it is
+        refined; else mapped to the layers first, by its time and its largest stage's peak
+        there. In the order :meth:`fine` gives; where every one built is over the cap (and
+        ``refined``), the refusal naming that (:func:`build_best`). See
+        :mod:`planner.solve.grouped_builds`."""
+        problem, cm, policy, starts = self.problem, self.cm, self.policy, self.starts
+        assert starts is not None, "bounded builds are for a search over groups of layers"
+        if self.floors is None:
+            self.floors = LayerFloors(cm, problem.request, self.cap)
+        floors = self.floors
+
+        def promise(tc: Scored) -> tuple[object, ...]:
+            c = tc[1].config
+            return (tc[0] * busiest_rank(c.layout, stage_needs(self.cm_search, c, tc[1].solution)),) + score_key(tc)
+
+        done: list[tuple[Scored, list[Plan]]] = []
+        for tc in sorted(scored, key=promise):
+            c = tc[1].config
+            on_all = c.num_groups == self.num_groups
+            if refined and not policy.could_build(floors.time_ms(c), floors.memory_bytes(c), on_all):
+                continue
+            mapped = (refine(cm, starts, problem.request, tc[1], self.cap, self.chain_solver, self.settings)
+                      if refined else to_layers(cm, tc[1], starts, self.cap))
+            t = simulated(cm, mapped)
+            if not refined and not policy.could_build(t, max(stage_needs(cm, c, mapped.solution)), on_all):
+                continue
+            plans = build_best(problem, cm, [(t, mapped)], 1, refuse=False)
+            policy.note_built(plans)
+            done.append(((t, mapped), plans))
+        done.sort(key=lambda d: score_key(d[0]))
+        plans = [p for _, built in done for p in built]
+        if refined and done and not plans:
+            build_best(problem, cm, [done[0][0]], 1)  # every plan over the cap: refused, naming the first
+        return plans
+
     def build(self, scored: list[Scored], within: float, rules: Builds) -> Plan | None:
         """Plans for ``scored`` as ``rules`` say and, unless they prune by time, for the same
         search under tighter caps (more points on the memory axis: the Pareto front, the memory
@@ -196,7 +238,11 @@ class LayoutSearch:
         objective's choice among them, with their front."""
         problem, cm, policy, settings = self.problem, self.cm, self.policy, self.settings
         keep = rules.rescore if rules.rescore is not None else len(scored)
-        plans = build_best(problem, cm, self.fine(scored, keep, rules.adds_best_on_all), keep + 1)
+        if policy.bounds_builds:
+            plans = self.build_bounded(scored, refined=True)
+        else:
+            plans = build_best(problem, cm, self.fine(scored, keep, rules.adds_best_on_all), keep + 1)
+            policy.note_built(plans)
         uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
         pruning = rules.pruning_ms < float("inf")
         for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
@@ -207,7 +253,12 @@ class LayoutSearch:
             found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy, self.layers)
             found = self.could_matter([tc for tc in found if tc[0] <= tighter.within_ms])
             k = tighter.builds if tighter.builds is not None else len(found)
-            plans += build_best(problem, cm, self.fine(found, k, False, refined=False), k, refuse=False)
+            if policy.bounds_builds:
+                plans += self.build_bounded(found, refined=False)
+                continue
+            built = build_best(problem, cm, self.fine(found, k, False, refined=False), k, refuse=False)
+            policy.note_built(built)
+            plans += built
         if not plans:
             return None  # the ME objective: nothing of these degrees could be its choice (nor its references)
         self.built = plans

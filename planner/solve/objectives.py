@@ -14,7 +14,7 @@ builds plans for.
 - :class:`MePolicy` (the ME index): a configuration must be able to hold the least time x
   memory found, the fastest where the request has no reference plan, or the fastest on all the
   devices (:class:`MeIncumbent`); kept and rebalanced as the memory objective; plans are built
-  for the candidates that could matter.
+  for the candidates that could matter (over groups of layers: :mod:`planner.solve.grouped_builds`).
 
 Each policy holds the incumbent it prunes against (one shared by several searches, or its
 own), and whether it prunes at all (``SearchSettings.prune_configs``); :func:`policy_for` gives
@@ -25,13 +25,15 @@ a request's. The search itself (the heap and its phases) is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective
+from planner.artifacts.plan import Plan
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.solve.candidates import Scored, busiest_rank, stage_needs
 from planner.solve.floors import ConfigFacts
+from planner.solve.grouped_builds import BYTES_SLACK, Built
 from planner.solve.settings import SearchSettings
 from planner.solve.space import Config
 
@@ -89,11 +91,6 @@ class Budget:
         return cls(MEMORY_OBJECTIVE_FACTOR, 0.0)
 
 
-#: the ME objective's memory figures agree to this fraction: a stage's peak (its parts each rounded
-#: to bytes) against its plan's (rounded once), e.g. 1,073,456,098 against 1,073,456,096 bytes
-BYTES_SLACK = 1e-6
-
-
 @dataclass(slots=True)
 class MeIncumbent:
     """The ME objective's pruning state, shared by every configuration search of one request
@@ -108,10 +105,13 @@ class MeIncumbent:
     into a plan with some). A configuration is solved only if it could hold the winner (its time
     bound x its memory floor at most ``product``), the fastest candidate (with no reference plan:
     the index counts from it) or the fastest on all the devices (the plan records it):
-    :meth:`limit_ms`, the time its bound must not exceed."""
+    :meth:`limit_ms`, the time its bound must not exceed. ``built``: what the plans built reach
+    (over groups of layers, where a candidate's figures are not its plan's, it decides which are
+    built: :mod:`planner.solve.grouped_builds`)."""
 
     product: float = math.inf
     referenced: bool = False
+    built: Built = field(default_factory=Built)
 
     def limit_ms(self, floor_bytes: float, inc: Incumbent, on_all: bool, widen: float = 1.0) -> float:
         """The time bound above which a configuration cannot hold any of those, its plans' peak
@@ -130,16 +130,14 @@ class MeIncumbent:
         summed; with a relative 1e-6 to spare for the bytes each stage's parts are rounded to)."""
         self.product = min(self.product, product * (1 + BYTES_SLACK))
 
-    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool, widen: float = 1.0) -> bool:
-        """The candidate could be the plan the objective chooses, the fastest with no reference
-        plan, or the fastest on all the devices (else no plan is built for it): its memory at
-        least its largest stage's peak; ``widen`` as :meth:`limit_ms`'s."""
+    def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool) -> bool:
+        """The candidate (over the layers themselves) could be the plan the objective chooses, the
+        fastest with no reference plan, or the fastest on all the devices (else no plan is built
+        for it): its memory at least its largest stage's peak."""
         t, cand = scored
-        c, sol = cand.config, cand.solution
-        slack = (1 + 1e-9) * widen
-        if t * max(stage_needs(cm, c, sol)) <= self.product * (1 + BYTES_SLACK) * widen:
+        if t * max(stage_needs(cm, cand.config, cand.solution)) <= self.product * (1 + BYTES_SLACK):
             return True
-        return (not self.referenced and t <= inc.best * slack) or (on_all and t <= inc.best_all * slack)
+        return (not self.referenced and t <= inc.best * (1 + 1e-9)) or (on_all and t <= inc.best_all * (1 + 1e-9))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +249,20 @@ class Policy:
         """The candidates that could be the objective's choice (or what it records)."""
         return scored
 
+    @property
+    def bounds_builds(self) -> bool:
+        """Over groups of layers, plans are built one by one where bounds over the layers could
+        still hold what the plans built reach (:mod:`planner.solve.grouped_builds`)."""
+        return False
+
+    def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
+        """A plan no faster than ``time_ms`` and peaking no lower than ``memory_bytes`` could
+        matter against the plans built (with :attr:`bounds_builds`)."""
+        return True
+
+    def note_built(self, plans: list[Plan]) -> None:
+        """Plans built for the objective (noted where it decides builds by them)."""
+
     def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
         """The pass under a tighter cap: the time objective's, over its best configurations,
         nothing pruned, two plans built, no ZeRO 3 variant."""
@@ -349,9 +361,9 @@ class MePolicy(MemoryPolicy):
     request shares; ``widen``: its figures widened over groups of layers."""
 
     def __init__(self, state: MeIncumbent | None, *, widen: float = 1.0, prune: bool = True,
-                 incumbent: Incumbent | None = None, fill: bool = False) -> None:
+                 incumbent: Incumbent | None = None, fill: bool = False, grouped: bool = False) -> None:
         self.state = state if prune else None
-        self.widen = widen
+        self.widen, self.grouped = widen, grouped
         super().__init__(Budget(), prune=prune, incumbent=incumbent, fill=fill)
 
     @property
@@ -385,9 +397,10 @@ class MePolicy(MemoryPolicy):
     def for_groups(self, settings: SearchSettings) -> Policy:
         """Every figure a configuration must beat widened by ``budget_refine_slack`` (the
         refinement changes a candidate's time and memory: a heuristic, as the memory
-        objective's)."""
+        objective's, for which configurations are solved); which candidates' plans are built is
+        decided by bounds over the layers instead (:mod:`planner.solve.grouped_builds`)."""
         return MePolicy(self.state, widen=1.0 + settings.budget_refine_slack, prune=self.prune, incumbent=self.shared,
-                        fill=self.fill_asked)
+                        fill=self.fill_asked, grouped=True)
 
     def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
         return scored, INF
@@ -396,9 +409,22 @@ class MePolicy(MemoryPolicy):
         """Only the candidates that could be its choice, the fastest (with no reference plan) or
         the fastest on all the groups (:meth:`MeIncumbent.matters`)."""
         state, inc = self.state, self.incumbent
-        if state is None:
-            return scored
-        return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups, self.widen)]
+        if state is None or self.grouped:
+            return scored  # over groups: decided candidate by candidate as plans are built (could_build)
+        return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
+
+    @property
+    def bounds_builds(self) -> bool:
+        return self.grouped and self.state is not None
+
+    def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
+        """:meth:`Built.could_hold` against the plans built for the request."""
+        return self.state is None or self.state.built.could_hold(time_ms, memory_bytes, on_all, self.state.referenced)
+
+    def note_built(self, plans: list[Plan]) -> None:
+        if self.state is not None:
+            for p in plans:
+                self.state.built.note(p, p.num_devices == p.devices_available)
 
     def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
         """Every configuration, pruned by the same state (and incumbent) as this search."""

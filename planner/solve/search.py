@@ -108,7 +108,11 @@ the reference, when it was the fastest GPipe candidate without recomputation the
 itself kept, differed on the cnn and resnet fixtures: tests/test_objectives.py);
 its Pareto front holds fewer points (those built). On a grouped profile every figure a
 configuration must beat is widened by ``budget_refine_slack`` (the refinement changes a
-candidate's time and memory): a heuristic, as the memory objective's there.
+candidate's time and memory): a heuristic, as the memory objective's there, for which
+configurations are solved; which of their candidates are refined and built is decided by bounds
+instead (:mod:`planner.solve.grouped_builds`: a candidate's configuration's time and memory floors
+over the layers themselves against what the plans already built reach), so among the candidates
+found over groups none whose plan could be the choice is left unbuilt.
 
 Memory: before any stage table is built, the working-set ceiling (:mod:`planner.solve.ceiling`)
 bounds the chain every degree searches over; a longer one is coarsened into blocks, and the

@@ -66,7 +66,8 @@ class SearchSettings:
                          "budget) is widened by this fraction for the candidates over groups of layers, which are "
                          "refined before it chooses: a heuristic (on a drawn ResNet-18 of 71 layers the leanest plan within "
                          "the budget was lost at 0.05 and kept at 0.1); the ME objective's figures (least time x memory, "
-                         "reference, fastest) are widened alike there"},
+                         "fastest) are widened alike there for which configurations are solved, while which of their "
+                         "candidates are built is decided by floors over the layers (planner.solve.grouped_builds)"},
     )
     refine_radius: int = field(
         default=4, metadata={"doc": "layers on each side of a coarse boundary that the refinement plans one by one"}
