@@ -27,9 +27,20 @@ forward or backward starts, its gradients final when its backward ends):
 Both are a sum over the stage's layers of one per-layer term plus terms at its first and last
 layer (and a correction for a one-layer stage): :class:`FsdpTerms` holds them, so the chain DP
 (prefix sums), the CP-SAT model (linear in its first/last indicators) and the brute force (via
-:func:`replay`, an event replay written separately) price the same. A recomputed layer re-runs
-its forward inside its backward with the weights gathered for that backward (no extra gather);
-its time is priced beside (``RC``), not as hiding communication (conservative).
+:func:`replay`, an event replay written separately) price the same.
+
+A recomputed layer re-runs its forward (or its selective level) inside its backward with the
+weights gathered for that backward (no extra gather; torch.utils.checkpoint, Megatron's
+``--recompute-granularity full``: the re-run precedes the layer's backward on the compute
+stream), so with prefetching it runs beside the same collectives as that backward: layer ``k``
+takes ``max(b_k + rc_k, a_{k-1} + r_{k+1})``, i.e. ``max(b_k, ...)`` plus what the slack
+``s_k = max(0, a_{k-1} + r_{k+1} - b_k)`` leaves of ``rc_k``: ``max(0, rc_k - s_k)``
+(:attr:`FsdpTerms.slack`; the price :meth:`CostModel.recompute_prices
+<planner.cost.sharding.ShardedState.recompute_prices>` gives every solver). Per layer, so additive
+as the solvers' recompute prices are; at a stage's first and last layer only one of the two
+collectives runs beside the backward, where the slack is taken as the interior's (at most one
+layer's gather or reduce-scatter per stage edge too little). Without prefetching nothing runs
+beside a backward: no slack.
 
 Memory per device of a stage of ``N`` parameters (FSDP2 frees a unit's gathered weights after
 its forward and after its backward, and its whole gradient after the reduce-scatter):
@@ -93,6 +104,7 @@ class FsdpTerms:
     bwd_solo: np.ndarray
     gather: np.ndarray  # a_k, per layer
     scatter: np.ndarray  # r_k, per layer
+    slack: np.ndarray  # s_k: the collectives beside layer k's backward beyond it (module docstring), per layer
 
     @property
     def base(self) -> np.ndarray:
@@ -146,7 +158,7 @@ def fsdp_terms(
     reduce-scatter times (module docstring)."""
     zero = np.zeros_like(fwd)
     if not prefetch:
-        return FsdpTerms(fwd + gather, zero, zero, zero, bwd + gather + scatter, zero, zero, zero, gather, scatter)
+        return FsdpTerms(fwd + gather, zero, zero, zero, bwd + gather + scatter, zero, zero, zero, gather, scatter, zero)
     nxt_a = np.concatenate([gather[1:], [0.0]])  # a_{k+1}
     prev_a = np.concatenate([[0.0], gather[:-1]])  # a_{k-1}
     nxt_r = np.concatenate([scatter[1:], [0.0]])  # r_{k+1}
@@ -158,7 +170,8 @@ def fsdp_terms(
     # one layer: a + f (forward) and a + b + r (backward), less what base + head + tail gave
     f_solo = (gather + fwd) - (mf + f_head + f_tail)
     b_solo = (gather + bwd + scatter) - (mb + b_head + b_tail)
-    return FsdpTerms(mf, f_head, f_tail, f_solo, mb, b_head, b_tail, b_solo, gather, scatter)
+    slack = np.maximum(0.0, prev_a + nxt_r - bwd)
+    return FsdpTerms(mf, f_head, f_tail, f_solo, mb, b_head, b_tail, b_solo, gather, scatter, slack)
 
 
 def replay(

@@ -76,7 +76,7 @@ def price_stage(
     return StageTerms(
         fwd_ms=fwd,
         bwd_ms=bwd,
-        recompute_ms=cm.recompute_ms(recompute, microbatch_size, selective),
+        recompute_ms=cm.recompute_ms(recompute, microbatch_size, selective, layout, stage_idx),
         wgrad_ms=cm.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0,
         send_fwd_ms=cm.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
         send_bwd_ms=cm.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
