@@ -56,7 +56,7 @@ from planner.artifacts.cluster import PRESETS, Cluster
 from planner.artifacts.errors import PlannerError
 from planner.artifacts.kinds import OptimizerKind, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import Layout
-from planner.artifacts.moe import MoeDispatcher, MoeStack
+from planner.artifacts.moe import MoeDispatcher
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
