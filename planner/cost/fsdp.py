@@ -27,9 +27,27 @@ forward or backward starts, its gradients final when its backward ends):
 Both are a sum over the stage's layers of one per-layer term plus terms at its first and last
 layer (and a correction for a one-layer stage): :class:`FsdpTerms` holds them, so the chain DP
 (prefix sums), the CP-SAT model (linear in its first/last indicators) and the brute force (via
-:func:`replay`, an event replay written separately) price the same. A recomputed layer re-runs
-its forward inside its backward with the weights gathered for that backward (no extra gather);
-its time is priced beside (``RC``), not as hiding communication (conservative).
+:func:`replay`, an event replay written separately) price the same.
+
+A recomputed layer re-runs its forward (or its selective level) inside its backward with the
+weights gathered for that backward (no extra gather; torch.utils.checkpoint, Megatron's
+``--recompute-granularity full``: the re-run precedes the layer's backward on the compute
+stream), so with prefetching it runs beside the same collectives as that backward: inside a
+stage layer ``k`` takes ``max(b_k + rc_k, a_{k-1} + r_{k+1})``, i.e. ``max(b_k, ...)`` plus what
+the backward's slack leaves of ``rc_k``. The price every solver reads
+(:meth:`CostModel.recompute_prices <planner.cost.sharding.ShardedState.recompute_prices>`) is
+``max(0, rc_k - s_k)`` with
+
+    s_k = max(0, min(a_{k-1}, r_k) + min(r_{k+1}, a_k) - b_k)     (:attr:`FsdpTerms.slack`),
+
+per layer, so additive as the solvers' recompute prices are. Where a layer's gather and
+reduce-scatter move the same bytes as its neighbours' (blocks alike, gradients in the weights'
+precision) this is the interior's slack exactly; otherwise less. The ``min`` keeps the price
+sound at a stage's edges, where one of the two collectives is not beside the backward: the
+first layer's own exposed reduce-scatter ``r_k`` and the last layer's own exposed gather
+``a_k`` stand in for the missing one, so a stage never costs less than its layers' compute and
+recomputation alone (what the search's floors assume). Without prefetching nothing runs beside
+a backward: no slack.
 
 Memory per device of a stage of ``N`` parameters (FSDP2 frees a unit's gathered weights after
 its forward and after its backward, and its whole gradient after the reduce-scatter):
@@ -108,6 +126,7 @@ class FsdpTerms:
     bwd_solo: np.ndarray
     gather: np.ndarray  # a_k, per layer
     scatter: np.ndarray  # r_k, per layer
+    slack: np.ndarray  # s_k: the collectives beside layer k's backward beyond it (module docstring), per layer
 
     @property
     def base(self) -> np.ndarray:
@@ -161,7 +180,7 @@ def fsdp_terms(
     reduce-scatter times (module docstring)."""
     zero = np.zeros_like(fwd)
     if not prefetch:
-        return FsdpTerms(fwd + gather, zero, zero, zero, bwd + gather + scatter, zero, zero, zero, gather, scatter)
+        return FsdpTerms(fwd + gather, zero, zero, zero, bwd + gather + scatter, zero, zero, zero, gather, scatter, zero)
     nxt_a = np.concatenate([gather[1:], [0.0]])  # a_{k+1}
     prev_a = np.concatenate([[0.0], gather[:-1]])  # a_{k-1}
     nxt_r = np.concatenate([scatter[1:], [0.0]])  # r_{k+1}
@@ -173,7 +192,9 @@ def fsdp_terms(
     # one layer: a + f (forward) and a + b + r (backward), less what base + head + tail gave
     f_solo = (gather + fwd) - (mf + f_head + f_tail)
     b_solo = (gather + bwd + scatter) - (mb + b_head + b_tail)
-    return FsdpTerms(mf, f_head, f_tail, f_solo, mb, b_head, b_tail, b_solo, gather, scatter)
+    own_a, own_r = gather, scatter
+    slack = np.maximum(0.0, np.minimum(prev_a, own_r) + np.minimum(nxt_r, own_a) - bwd)
+    return FsdpTerms(mf, f_head, f_tail, f_solo, mb, b_head, b_tail, b_solo, gather, scatter, slack)
 
 
 def replay(

@@ -191,16 +191,13 @@ class CostModel(ShardedState):
         out: np.ndarray = np.maximum(prefix[None, :] - prefix[:, None], 0.0)
         return out
 
-    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = ()) -> float:
-        """Re-running the forward of the fully recomputed layers and the attention core of the
-        selectively recomputed ones, per micro-batch."""
-        fwd, _ = self.layer_times(microbatch_size)
-        total = float(sum(fwd[i] for i in recompute))
-        sel = tuple(selective)
-        if sel:
-            core = self.core_ms(microbatch_size)
-            total += float(sum(core[i] for i in sel))
-        return total
+    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
+                     layout: Layout | None = None, stage_idx: int = 0) -> float:
+        """Re-running the forward of the fully recomputed layers and the selective level of the
+        selectively recomputed ones, per micro-batch, as stage ``stage_idx`` of ``layout`` prices
+        it (under ZeRO 3 less what runs beside its collectives: :meth:`recompute_prices`)."""
+        fwd, core = self.layout_recompute_prices(microbatch_size, layout, stage_idx)
+        return float(sum(fwd[i] for i in recompute)) + float(sum(core[i] for i in selective))
 
     # ---------------------------------------------------------------- parameters
     def tied_allreduce_bytes(self, start: int, stop: int) -> float:

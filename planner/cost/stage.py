@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import PlanStage
@@ -63,6 +64,13 @@ class StageTerms:
 _NAMES = tuple(f.name for f in fields(StageTerms))
 
 
+#: per cost model, its priced stages by (layers, micro-batch size, stage, layout, recomputation,
+#: split backward): a search re-scores partitions that share stages
+_PRICED: OwnedCache[CostModel, tuple[object, ...], StageTerms] = OwnedCache(
+    "cost.stage.priced", key="cost model -> (start, stop, micro-batch size, stage, layout, recompute, selective, split)",
+    bound=8192)
+
+
 def price_stage(
     cm: CostModel, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout, *,
     recompute: Sequence[int] = (), selective: Sequence[int] = (), split_backward: bool = False,
@@ -70,13 +78,26 @@ def price_stage(
     """Stage ``stage_idx`` of ``layout``, layers ``[start, stop)``, priced by ``cm`` at
     ``microbatch_size`` with ``recompute`` (fully) and ``selective`` (selectively recomputed
     layers); ``split_backward``: the schedule runs W apart (its ``wgrad_ms``)."""
+    key = (start, stop, microbatch_size, stage_idx, layout, tuple(recompute), tuple(selective), split_backward)
+    found = _PRICED.get(cm, key)
+    if found is None:
+        found = _PRICED.put(cm, key, _price_stage(cm, start, stop, microbatch_size, stage_idx, layout,
+                                                  key[5], key[6], split_backward))
+    return found
+
+
+def _price_stage(
+    cm: CostModel, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
+    recompute: Sequence[int], selective: Sequence[int], split_backward: bool,
+) -> StageTerms:
+    """:func:`price_stage`, uncached."""
     fwd, bwd = cm.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
     bwd += cm.zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)  # ZeRO 2's reduce-scatter every micro-batch
     sync = cm.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
     return StageTerms(
         fwd_ms=fwd,
         bwd_ms=bwd,
-        recompute_ms=cm.recompute_ms(recompute, microbatch_size, selective),
+        recompute_ms=cm.recompute_ms(recompute, microbatch_size, selective, layout, stage_idx),
         wgrad_ms=cm.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0,
         send_fwd_ms=cm.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
         send_bwd_ms=cm.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),

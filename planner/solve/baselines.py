@@ -167,7 +167,7 @@ def _solution(cm: CostModel, config: Config, bounds: Sequence[int], recompute: S
     b, M = config.microbatch_size, config.num_microbatches
     stops = list(bounds[1:]) + [cm.num_layers]
     times = [
-        sum(cm.stage_times_ms(a, z, b, s, config.layout)) + cm.recompute_ms(recompute[s], b)
+        sum(cm.stage_times_ms(a, z, b, s, config.layout)) + cm.recompute_ms(recompute[s], b, (), config.layout, s)
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, config.layout) for s, z in enumerate(stops))

@@ -71,10 +71,11 @@ def best_stage(
     cm, b = q.cost_model, q.microbatch_size
     compute = stage_compute_ms(q, start, stop, line)
     best: tuple[float, tuple[int, ...], tuple[int, ...]] = (INF, (), ())
+    rc_fwd, rc_core = cm.recompute_prices(b, q.sharding, line) if q.fsdp else cm.recompute_prices(b)
     for full, sel in _masks(q, start, stop):
         if cm.stage_memory(start, stop, full, b, inflight, q.sharding, sel, pending).total_bytes > q.cap_bytes:
             continue
-        t = compute + cm.recompute_ms(full, b, sel)
+        t = compute + float(sum(rc_fwd[i] for i in full)) + float(sum(rc_core[i] for i in sel))
         if t < best[0]:
             best = (t, full, sel)
     return best

@@ -164,7 +164,7 @@ def stage_recompute(
     selectively recomputed layers), or None if none do."""
     sharding = c.sharding(stage_idx)
     excess = cm.stage_memory(start, stop, (), b, inflight, sharding).total_bytes - cap
-    fwd, _ = cm.layer_times(b)
+    fwd, core = cm.layout_recompute_prices(b, c.layout, stage_idx)
     choice = choose_recompute(
         fwd_ms=fwd[start:stop].tolist(),
         saved_bytes=cm.saved_bytes(b)[start:stop].tolist(),
@@ -172,7 +172,7 @@ def stage_recompute(
         first_layer=start,
         inflight=inflight,
         excess_bytes=float(excess),
-        core_ms=cm.core_ms(b)[start:stop].tolist() if cm.selective else None,
+        core_ms=core[start:stop].tolist() if cm.selective else None,
         core_bytes=cm.core_bytes(b)[start:stop].tolist() if cm.selective else None,
         shared_bytes=cm.shared_out(start, stop, b).tolist() if cm.profile.shared_saved else None,
     )
@@ -200,7 +200,7 @@ def fixed_split(
         rc.append(chosen[0])
         sel.append(chosen[1])
     times = tuple(
-        sum(cm.stage_times_ms(a, z, b, s, c.layout)) + cm.recompute_ms(rc[s], b, sel[s])
+        sum(cm.stage_times_ms(a, z, b, s, c.layout)) + cm.recompute_ms(rc[s], b, sel[s], c.layout, s)
         for s, (a, z) in enumerate(zip(bounds, stops))
     )
     return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True, tuple(sel) if any(sel) else ()))

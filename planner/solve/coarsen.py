@@ -66,8 +66,8 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
         for s in chunks:
             room = min(share, cap - sum(m for x, m in held.items() if x != s))
             chosen = stage_recompute(cm, bounds[s], ends[s], b, ks[s], room, c, s)
-            if chosen is not None and cm.recompute_ms(chosen[0], b, chosen[1]) <= cm.recompute_ms(
-                    recompute[s], b, selective[s]):
+            if chosen is not None and cm.recompute_ms(chosen[0], b, chosen[1], lay, s) <= cm.recompute_ms(
+                    recompute[s], b, selective[s], lay, s):
                 recompute[s], selective[s] = chosen
                 held[s] = need(s)
     sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False,

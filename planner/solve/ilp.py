@@ -71,6 +71,8 @@ class _ChainModel:
         self.saved = [float(v) for v in cm.saved_bytes(b)]
         self.inp = [float(v) * b for v in cm.input_per_sample]
         self.core, self.core_ms = [float(v) for v in cm.core_bytes(b)], cm.core_ms(b)
+        # what recomputing a layer adds (under ZeRO 3 less what runs beside its collectives)
+        self.rc_prices = cm.layout_recompute_prices(b, layout, 0)
         self.cut = [float(c) * b for c in cm.cut_bytes_per_sample]
         # bytes of model state per parameter, ZeRO-sharded as the question says: a fraction with the
         # shard count as denominator, so the memory rows are multiplied by ``scale`` to stay integer
@@ -132,8 +134,9 @@ class _ChainModel:
             t += sum(_ns(terms.solo[l]) * self.both(first[l], last[l], f"one{s}_{l}")
                      for l in range(L) if first[l] is not None and last[l] is not None)
         if self.r is not None:
-            t += sum(int(round(self.fwd[l] * NS_PER_MS)) * z[l] for l in range(L))
-            t += sum(int(round(self.core_ms[l] * NS_PER_MS)) * yl for l, yl in y.items())
+            rc_fwd, rc_core = self.rc_prices
+            t += sum(int(round(rc_fwd[l] * NS_PER_MS)) * z[l] for l in range(L))
+            t += sum(int(round(rc_core[l] * NS_PER_MS)) * yl for l, yl in y.items())
         return t
 
     def tie_duplicates(self, s: int) -> list[tuple[int, Any]]:
@@ -281,7 +284,7 @@ def solve_chain_ilp(
     )
     selective = tuple(tuple(l for l in range(a, z) if l in qs and solver.value(qs[l])) for a, z in zip(bounds, stops))
     t_float = [
-        sum(cm.stage_times_ms(a, z, b, s, layout)) + cm.recompute_ms(recompute[s], b, selective[s])
+        sum(cm.stage_times_ms(a, z, b, s, layout)) + cm.recompute_ms(recompute[s], b, selective[s], layout, s)
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops))

@@ -17,6 +17,7 @@ parameter:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,6 +102,7 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     compute = batch.compute
     if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
         compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line, sharding).matrix(), INF)
+        batch = _fsdp_batch(cm, batch, microbatch_size, sharding, fsdp_line)
     kappa = sum(cm.state_bytes_per_param(sharding))
     sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero, sharding.ranks if sharding.replicas > 1 else 0)
     sync_bytes = _SYNC.get(cm, sync_per_param)
@@ -112,6 +114,18 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
     return FixedPart(batch=batch, fsdp=fsdp, compute=_read_only(compute), kappa=kappa,
                      sync_bytes_per_param=sync_per_param, static=_read_only(static), sync_bytes=_read_only(sync_bytes))
+
+
+def _fsdp_batch(cm: CostModel, batch: BatchPart, microbatch_size: int, sharding: Sharding,
+                fsdp_line: tuple[float, float]) -> BatchPart:
+    """``batch`` with its recompute prices as ZeRO 3 prices them (what runs beside a backward's
+    collectives hidden: :meth:`CostModel.recompute_prices`), its choices its own; ``batch``
+    itself where nothing is hidden."""
+    fwd, core_ms = cm.recompute_prices(microbatch_size, sharding, fsdp_line)
+    if fwd is batch.fwd or (np.array_equal(fwd, batch.fwd) and np.array_equal(core_ms, batch.core_ms)):
+        return batch
+    return dataclasses.replace(batch, fwd=_read_only(fwd), core_ms=_read_only(core_ms), choices={},
+                               layers=layers_of(fwd, batch.saved, batch.inputs, batch.core, core_ms))
 
 
 def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int, ...]) -> BatchPart:
