@@ -25,6 +25,7 @@ from planner.artifacts.limits import (
     check_range,
     first_duplicate,
 )
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 
 __all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "RecomputeMode",
@@ -127,6 +128,12 @@ class PlanRequest:
         metadata={"doc": "expert tensor-parallel degrees to consider; empty = 1 and every divisor of the devices per "
                          "node that splits the experts' FFN width (1 without experts)", "omit_if_default": True},
     )
+    offload: OffloadMode = field(
+        default=OffloadMode.NONE,
+        metadata={"doc": "what the plan keeps in host memory: none; optimizer (state and master weights, the step on "
+                         "the host); activations (per stage, where the search chooses it); both; auto (each searched, "
+                         "the objective choosing) (planner.cost.offload) (absent when none)", "omit_if_default": True},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -186,6 +193,7 @@ class PlanRequest:
             )
         object.__setattr__(self, "zero_stages", tuple(ZeroStage(z) for z in self.zero_stages))
         object.__setattr__(self, "recompute_mode", RecomputeMode(self.recompute_mode))
+        object.__setattr__(self, "offload", OffloadMode(self.offload))
         if self.recompute_mode is RecomputeMode.NONE:
             object.__setattr__(self, "recompute", False)
         elif self.recompute_mode is not RecomputeMode.AUTO and not self.recompute:

@@ -41,6 +41,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.models.context import SequenceShard
 from planner.models.workload import Workload
+from planner.runtime.offload import offloaded
 from planner.runtime.checkpoint import CheckpointSlot
 from planner.runtime.context import grad_divisor, install, split_batch
 from planner.runtime.emulate import ChunkTimer, layer_bwd_offsets_ms, stage_chunk_ms
@@ -115,6 +116,7 @@ class RankTrainer(abc.ABC):
             ready_at = emulated_readiness(modules, [layer_bwd_offsets_ms(plan, s, profile) for s in stages], timers)
         self.sync, states = build_sync(modules, options=options, layout=layout, groups=self.groups, tied=tied,
                                        stack=plan.stack, ready_at=ready_at, experts=self.experts)
+        states = [(offloaded(opt, plan.offload.optimizer), z, e) for opt, z, e in states]  # ZeRO-Offload
         self.chunks: list[Chunk] = [
             Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero,
                   expert_zero=expert_zero)

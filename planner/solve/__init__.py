@@ -31,6 +31,7 @@ import importlib
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, RecomputeMode, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
@@ -40,6 +41,7 @@ from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
 from planner.solve.chain_dp import solve_chain
 from planner.solve.forced import plan_forced
+from planner.solve.offload import plan_offload
 from planner.solve.relax import relax_recompute
 from planner.solve.search import search_plan
 
@@ -75,8 +77,13 @@ def plan(profile: Profile, cluster: Cluster | None = None, request: PlanRequest 
     def search(prof: Profile, clu: Cluster, req: PlanRequest) -> Plan:
         return search_plan(prof, clu, req, solver=kind, chain_solver=chain_solver_of(kind))
 
-    if request.recompute_mode in (RecomputeMode.FULL, RecomputeMode.SELECTIVE):
-        chosen = plan_forced(profile, cluster, request, search)
-    else:
-        chosen = relax_recompute(search(profile, cluster, request), profile, cluster, request)
-    return with_accounts(chosen, profile, cluster, request)
+    def plan_one(prof: Profile, req: PlanRequest) -> Plan:
+        if req.recompute_mode in (RecomputeMode.FULL, RecomputeMode.SELECTIVE):
+            chosen = plan_forced(prof, cluster, req, search)
+        else:
+            chosen = relax_recompute(search(prof, cluster, req), prof, cluster, req)
+        return with_accounts(chosen, prof, cluster, req)
+
+    if request.offload is OffloadMode.NONE:
+        return plan_one(profile, request)
+    return plan_offload(profile, cluster, request, plan_one)
