@@ -191,9 +191,12 @@ def _plan_of(cfg: dict[str, Any], layer_names: tuple[str, ...]) -> Plan:
     """The config's plan: ``planner plan``'s own (``plan``, its JSON), or one made of its fields."""
     if "plan" in cfg:
         return plan_from_json(cfg["plan"], source=cfg["name"])
-    if "offload" in cfg:  # the optimizer state on the host (planner.runtime.offload)
-        return dataclasses.replace(_plan_of({k: v for k, v in cfg.items() if k != "offload"}, layer_names),
-                                   offload=OffloadMode(cfg["offload"]))
+    if "offload" in cfg:  # host memory (planner.runtime.offload): activations of every layer, when offloaded
+        plain = _plan_of({k: v for k, v in cfg.items() if k != "offload"}, layer_names)
+        mode = OffloadMode(cfg["offload"])
+        stages = tuple(dataclasses.replace(s, offload_layers=tuple(range(s.layer_start, s.layer_stop)))
+                       for s in plain.stages) if mode.activations else plain.stages
+        return dataclasses.replace(plain, offload=mode, stages=stages)
     return make_plan(
         layer_names,
         tuple(cfg["boundaries"]),

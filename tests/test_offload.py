@@ -162,21 +162,32 @@ def test_host_optimizer_steps_as_the_plain_one() -> None:
 MLP = "tests.factories:mlp"
 
 
-def _cfg(name: str, boundaries: list[int], dp: int, zero: int) -> dict[str, Any]:
+def _cfg(name: str, boundaries: list[int], dp: int, zero: int, offload: str = "optimizer") -> dict[str, Any]:
     return {"name": name, "model": MLP, "boundaries": boundaries, "dp_degree": dp, "num_microbatches": 4,
             "microbatch_size": 2, "schedule": "1f1b", "recompute": False, "dtype": "float64", "optimizer": "adamw",
-            "steps": 3, "zero": zero, "offload": "optimizer"}
+            "steps": 3, "zero": zero, "offload": offload}
 
 
-CONFIGS = {2: [_cfg("offload-mlp-P2-D1-1f1b", [2], 1, 0), _cfg("offload-mlp-P1-D2-zero1", [], 2, 1)]}
+CONFIGS = {2: [_cfg("offload-mlp-P2-D1-1f1b", [2], 1, 0), _cfg("offload-mlp-P1-D2-zero1", [], 2, 1),
+               _cfg("offload-both-mlp-P2-D1-1f1b", [2], 1, 0, "both"),
+               _cfg("offload-none-mlp-P2-D1-1f1b", [2], 1, 0, "none")]}
 
 
 @pytest.mark.slow
 @pytest.mark.driver(configs=CONFIGS.__getitem__)
 @pytest.mark.parametrize("world", [2])
 def test_optimizer_offload_matches_one_process(world: int, driven: SharedLaunches) -> None:
-    """AdamW with its state on the host, P = 2 and D = 2 with ZeRO 1, float64: losses and final
-    parameters equal one process's (the same AdamW) to 1e-12."""
-    for r in driven.results(world, CONFIGS[world]):
+    """AdamW with its state on the host, P = 2 and D = 2 with ZeRO 1, and with every layer's
+    activations on the host too, float64: losses and final parameters equal one process's (the
+    same AdamW) to 1e-12; the device holds no optimizer state, and with activations offloaded none
+    of the layers' saves the plain run's meter counts (the last stage's loss keeps its own)."""
+    results = {r["name"]: r for r in driven.results(world, CONFIGS[world])}
+    for name, r in results.items():
         assert len(r["losses"]) == 3
         assert r["loss_abs_diff"] <= 1e-12 and r["param_abs_diff"] <= 1e-12, r
+        state = [chunk["optimizer_bytes"] for rank in r["model_state"] for chunk in rank]
+        assert all(b == 0 for b in state) if "none" not in name else all(b > 0 for b in state), (name, state)
+    plain, offloaded = results["offload-none-mlp-P2-D1-1f1b"], results["offload-both-mlp-P2-D1-1f1b"]
+    # per rank, its stage's largest: the first stage keeps none; the last only what the loss saves
+    kept, saved = offloaded["saved_bytes_per_microbatch"], plain["saved_bytes_per_microbatch"]
+    assert kept[0] == 0 < saved[0] and kept[1] < saved[1], (kept, saved)

@@ -179,17 +179,11 @@ class PlanStage:
         metadata={"doc": "of fwd_ms + bwd_ms, the mixture-of-experts token dispatch and combine (all-to-all) on the "
                          "critical path, per micro-batch (absent when 0: no routed experts)", "omit_if_default": True},
     )
-    offload_layers: tuple[int, ...] = field(
-        default=(),
-        metadata={"doc": "layer indices whose saved activations go to host memory after their forward and come back "
-                         "before their backward (planner.cost.offload; their exposed copies are in bwd_ms) (absent "
-                         "when none)", "omit_if_default": True},
-    )
-    host_memory_bytes: int = field(
-        default=0,
-        metadata={"doc": "host memory one device of the stage uses: offloaded optimizer state and master weights, "
-                         "offloaded activations of the micro-batches in flight (absent when 0)", "omit_if_default": True},
-    )
+    offload_layers: tuple[int, ...] = field(default=(), metadata={"omit_if_default": True, "doc": "layers whose saved "
+        "activations go to the host after their forward, back before their backward (planner.cost.offload; the copies' "
+        "exposed part in bwd_ms) (absent when none)"})
+    host_memory_bytes: int = field(default=0, metadata={"omit_if_default": True, "doc": "host memory of one device: "
+        "offloaded optimizer state, master weights and activations of its micro-batches in flight (absent when 0)"})
 
     def __post_init__(self) -> None:
         check_count("stage_idx", self.stage_idx, 0, MAX_LAYERS)
@@ -266,12 +260,8 @@ class Plan:
         default=DEFAULT_STACK,
         metadata={"doc": "the training stack the plan was priced for: what it overlaps (planner.artifacts.stack)"},
     )
-    offload: OffloadMode = field(
-        default=OffloadMode.NONE,
-        metadata={"doc": "what the plan keeps in host memory: optimizer (state and master weights, the step on the "
-                         "host), activations (the stages' offload_layers), both (planner.cost.offload) (absent when "
-                         "none)", "omit_if_default": True},
-    )
+    offload: OffloadMode = field(default=OffloadMode.NONE, metadata={"omit_if_default": True, "doc": "what the plan "
+        "keeps on the host: optimizer (state, master weights, step), activations (offload_layers), both (absent: none)"})
     stages: tuple[PlanStage, ...]
     predicted: Prediction
     pareto: tuple[ParetoPoint, ...] = ()
@@ -279,8 +269,7 @@ class Plan:
     def __post_init__(self) -> None:
         lay = self.layout
         check_fields(self, 1, MAX_BATCH, "global_batch", "num_microbatches", "microbatch_size")
-        object.__setattr__(self, "offload", OffloadMode(self.offload))
-        if self.offload is OffloadMode.AUTO:
+        if OffloadMode(self.offload) is OffloadMode.AUTO:
             raise ValueError("offload: a plan records what it offloads (none, optimizer, activations, both), not auto")
         check_count("devices_available", self.devices_available, 0, MAX_DEVICES)
         check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "cp_degree", "virtual_stages_per_rank",

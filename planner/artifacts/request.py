@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import (
     REQUESTABLE_SOLVERS,
     STATE_BYTES_PER_PARAM,
@@ -25,7 +26,6 @@ from planner.artifacts.limits import (
     check_range,
     first_duplicate,
 )
-from planner.artifacts.host import OffloadMode
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 
 __all__ = ["STATE_BYTES_PER_PARAM", "ZERO_STAGES", "Objective", "OptimizerKind", "PlanRequest", "RecomputeMode",

@@ -65,8 +65,8 @@ def with_offload(profile: Profile, *, optimizer: bool, layers: Iterable[int] = (
     if optimizer:
         meta[OPTIMIZER_KEY] = True
     chosen = sorted(set(layers))
-    if chosen:
-        meta[ACTIVATIONS_KEY] = chosen
+    if chosen:  # metadata holds scalars: the indices comma-separated
+        meta[ACTIVATIONS_KEY] = ",".join(map(str, chosen))
     return dataclasses.replace(profile, metadata=meta)
 
 
@@ -75,7 +75,8 @@ def optimizer_offloaded(profile: Profile) -> bool:
 
 
 def offloaded_layers(profile: Profile) -> tuple[int, ...]:
-    return tuple(int(i) for i in profile.metadata.get(ACTIVATIONS_KEY, ()) or ())  # type: ignore[union-attr]
+    value = str(profile.metadata.get(ACTIVATIONS_KEY, "") or "")
+    return tuple(int(i) for i in value.split(",")) if value else ()
 
 
 def offloadable_layers(profile: Profile) -> tuple[int, ...]:

@@ -41,13 +41,13 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.models.context import SequenceShard
 from planner.models.workload import Workload
-from planner.runtime.offload import offloaded
 from planner.runtime.checkpoint import CheckpointSlot
 from planner.runtime.context import grad_divisor, install, split_batch
 from planner.runtime.emulate import ChunkTimer, layer_bwd_offsets_ms, stage_chunk_ms
 from planner.runtime.experts import ExpertGroups, build_expert_groups, experts_folded, install_experts
 from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
+from planner.runtime.offload import offloaded
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure, StepMeasure, run_steps
 from planner.runtime.stage_helpers import (
