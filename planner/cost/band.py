@@ -46,6 +46,7 @@ from planner.artifacts.kinds import AttentionKernel, CollectiveModel
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import HOST_US_PER_KERNEL_RANGE, Stack
 from planner.cost.attention_kernels import BWD_RATE, KERNELS
+from planner.cost.offload import carry_offload
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
 
@@ -134,8 +135,8 @@ def band_inputs(profile: Profile, cluster: Cluster, stack: Stack) -> list[BandIn
 
 def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack: Stack) -> tuple[Profile, Cluster, Stack]:
     """The model, cluster and stack with ``setting`` applied."""
-    if setting.gemm is not None:
-        profile = _rebuild(profile, setting.gemm) or profile
+    if setting.gemm is not None:  # the offload choice carried over to the rebuilt profile
+        profile = carry_offload(profile, _rebuild(profile, setting.gemm) or profile)
     changes = {k: getattr(setting, k) for k in ("gpu_speed_variation", "collective_model", "inter_node_p2p_latency_us")
                if getattr(setting, k) is not None}
     if changes:

@@ -36,12 +36,26 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from planner.artifacts.host import host_link_gb_per_s
+from planner.artifacts.host import OffloadMode, host_link_gb_per_s
+from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit
 
-__all__ = ["ACTIVATIONS_KEY", "CPU_ADAM_PARAMS_PER_S", "OPTIMIZER_KEY", "WORKSPACE_LAYERS", "activation_offload_view",
-           "exposed_offload_ms", "offload_workspace_per_sample", "offloadable_layers", "offloaded_layers",
-           "offloaded_step_ms", "optimizer_offloaded", "with_offload"]
+__all__ = [
+    "ACTIVATIONS_KEY",
+    "CPU_ADAM_PARAMS_PER_S",
+    "OPTIMIZER_KEY",
+    "WORKSPACE_LAYERS",
+    "activation_offload_view",
+    "carry_offload",
+    "exposed_offload_ms",
+    "offload_workspace_per_sample",
+    "offloadable_layers",
+    "offloaded_layers",
+    "offloaded_step_ms",
+    "optimizer_offloaded",
+    "plan_profile",
+    "with_offload",
+]
 
 #: the profile metadata keys the levers travel in
 OPTIMIZER_KEY = "offload_optimizer"
@@ -68,6 +82,20 @@ def with_offload(profile: Profile, *, optimizer: bool, layers: Iterable[int] = (
     if chosen:  # metadata holds scalars: the indices comma-separated
         meta[ACTIVATIONS_KEY] = ",".join(map(str, chosen))
     return dataclasses.replace(profile, metadata=meta)
+
+
+def carry_offload(source: Profile, target: Profile) -> Profile:
+    """``target`` carrying ``source``'s offload choice (a profile rebuilt from its generator)."""
+    return with_offload(target, optimizer=optimizer_offloaded(source), layers=offloaded_layers(source))
+
+
+def plan_profile(plan: Plan, profile: Profile) -> Profile:
+    """``profile`` carrying what ``plan`` offloads (to price the plan again); ``profile`` itself for
+    a plan that records no offload."""
+    if plan.offload is OffloadMode.NONE:
+        return profile
+    layers = [i for s in plan.stages for i in s.offload_layers]
+    return with_offload(profile, optimizer=plan.offload.optimizer, layers=layers)
 
 
 def optimizer_offloaded(profile: Profile) -> bool:
