@@ -37,7 +37,8 @@ A100 = PRESETS["a100-80gb-x8"]
 def test_host_link_by_device_with_its_source() -> None:
     # device -> GB/s per direction: PCIe 4.0 x16 on A100, PCIe 5.0 x16 on H100, NVLink-C2C on Grace parts
     table = {"NVIDIA A100-SXM4-80GB": 25.0, "NVIDIA H100-SXM5-80GB": 50.0, "NVIDIA GB200": 450.0,
-             "NVIDIA GH200 480GB": 450.0, "NVIDIA V100-SXM2-16GB": 12.0}
+             "NVIDIA GH200 480GB": 450.0, "NVIDIA V100-SXM2-16GB": 12.0, "NVIDIA GB200 (NVL72)": 450.0,
+             "NVIDIA B200": 50.0, "NVIDIA H200-SXM-141GB": 50.0}
     for name, gbps in table.items():
         cluster = dataclasses.replace(A100, device_name=name)
         assert host_link_gb_per_s(cluster) == gbps
