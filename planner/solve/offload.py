@@ -15,9 +15,11 @@ budget of the fastest; me: the highest index), their Pareto fronts merged.
 
 Host memory: each stage records what one of its devices keeps on the host
 (``PlanStage.host_memory_bytes``: the optimizer state and master weights of its parameters, and
-the offloaded saves of its micro-batches in flight); a plan whose node needs more than the host
-has (:func:`planner.artifacts.host.host_memory_bytes`, devices per node x the largest stage's) is
-refused.
+the offloaded saves of its micro-batches in flight). Where a node needs more than its host has
+(:func:`planner.artifacts.host.host_memory_bytes`, devices per node x the largest stage's), the
+search runs again on fewer offloaded layers (:func:`spread` evenly over the model, their share
+cut by the excess), at most :data:`ROUNDS` times, then the mode is refused naming the bytes. The
+search itself does not see the host's memory: a greedy rerun, not an optimum under that bound.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from planner.solve.objectives import Budget
 __all__ = ["MODES", "plan_offload"]
 
 GIB = 1024**3
-#: the modes ``auto`` plans, in the order that breaks ties
 #: searches of one mode at most (host memory: :func:`_plan_mode`)
 ROUNDS = 4
+#: the modes ``auto`` plans, in the order that breaks ties
 MODES = (OffloadMode.NONE, OffloadMode.OPTIMIZER, OffloadMode.ACTIVATIONS, OffloadMode.BOTH)
 
 PlanOne = Callable[[Profile, PlanRequest], Plan]
