@@ -26,6 +26,7 @@ element and tensor counts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import DType, OptimizerFamily, ScheduleKind
 from planner.artifacts.plan import Plan, plan_from_json
 from planner.artifacts.report import report_to_json
@@ -188,6 +190,12 @@ def _plan_of(cfg: dict[str, Any], layer_names: tuple[str, ...]) -> Plan:
     """The config's plan: ``planner plan``'s own (``plan``, its JSON), or one made of its fields."""
     if "plan" in cfg:
         return plan_from_json(cfg["plan"], source=cfg["name"])
+    if "offload" in cfg:  # host memory (planner.runtime.offload): activations of every layer, when offloaded
+        plain = _plan_of({k: v for k, v in cfg.items() if k != "offload"}, layer_names)
+        mode = OffloadMode(cfg["offload"])
+        stages = tuple(dataclasses.replace(s, offload_layers=tuple(range(s.layer_start, s.layer_stop)))
+                       for s in plain.stages) if mode.activations else plain.stages
+        return dataclasses.replace(plain, offload=mode, stages=stages)
     return make_plan(
         layer_names,
         tuple(cfg["boundaries"]),

@@ -79,6 +79,17 @@ class Cluster:
                          "a synchronous job waits for its slowest GPU (planner.cost.overheads); 0 = not priced "
                          "(absent when 0)", "omit_if_default": True},
     )
+    host_link_gb_per_s: float = field(
+        default=0.0,
+        metadata={"doc": "one device's link to host memory, GB/s per direction (PCIe, or NVLink-C2C on Grace parts): "
+                         "prices offloading (planner.cost.offload); 0 = the device's datasheet figure "
+                         "(planner.artifacts.host) (absent when 0)", "omit_if_default": True},
+    )
+    host_memory_bytes: int = field(
+        default=0,
+        metadata={"doc": "host memory of one node that offloaded state may use; 0 = the device's node's datasheet "
+                         "figure (planner.artifacts.host) (absent when 0)", "omit_if_default": True},
+    )
     sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -112,6 +123,9 @@ class Cluster:
         if not (math.isfinite(self.gpu_speed_variation) and 0 <= self.gpu_speed_variation < 1):
             raise ValueError(f"gpu_speed_variation must be in [0, 1) (got {self.gpu_speed_variation!r})")
         check_range("inter_node_p2p_latency_us", self.inter_node_p2p_latency_us, 0, MAX_MS)
+        if self.host_link_gb_per_s:
+            check_range("host_link_gb_per_s", self.host_link_gb_per_s, MIN_RATE, MAX_RATE)
+        check_count("host_memory_bytes", self.host_memory_bytes, 0, MAX_BYTES)
         object.__setattr__(self, "collective_model", CollectiveModel(self.collective_model))
 
     @property

@@ -65,6 +65,7 @@ from typing import Any
 from planner.artifacts import codec
 from planner.artifacts.consistency import check_plan
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.json_schema import document_schema
 from planner.artifacts.kinds import DType, OptimizerKind, Precision, RecomputeLevel, ScheduleKind
 from planner.artifacts.layout import Layout
@@ -178,9 +179,17 @@ class PlanStage:
         metadata={"doc": "of fwd_ms + bwd_ms, the mixture-of-experts token dispatch and combine (all-to-all) on the "
                          "critical path, per micro-batch (absent when 0: no routed experts)", "omit_if_default": True},
     )
+    offload_layers: tuple[int, ...] = field(default=(), metadata={"omit_if_default": True, "doc": "layers whose saved "
+        "activations go to the host after their forward, back before their backward (planner.cost.offload; the copies' "
+        "exposed part in bwd_ms) (absent when none)"})
+    host_memory_bytes: int = field(default=0, metadata={"omit_if_default": True, "doc": "host memory of one device: "
+        "offloaded optimizer state, master weights and activations of its micro-batches in flight (absent when 0)"})
 
     def __post_init__(self) -> None:
         check_count("stage_idx", self.stage_idx, 0, MAX_LAYERS)
+        check_count("host_memory_bytes", self.host_memory_bytes, 0, MAX_BYTES)
+        if any(not self.layer_start <= i < self.layer_stop for i in self.offload_layers):
+            raise ValueError(f"stage {self.stage_idx}: offload_layers lists a layer outside the stage")
         check_fields(self, 0, MAX_MS, "wgrad_ms")
         check_fields(self, 0, MAX_BYTES, "wgrad_bytes_per_microbatch")
         if self.wgrad_ms > self.bwd_ms * (1 + 1e-9) + 1e-12:
@@ -253,6 +262,8 @@ class Plan:
         default=DEFAULT_STACK,
         metadata={"doc": "the training stack the plan was priced for: what it overlaps (planner.artifacts.stack)"},
     )
+    offload: OffloadMode = field(default=OffloadMode.NONE, metadata={"omit_if_default": True, "doc": "what the plan "
+        "keeps on the host: optimizer (state, master weights, step), activations (offload_layers), both (absent: none)"})
     stages: tuple[PlanStage, ...]
     predicted: Prediction
     pareto: tuple[ParetoPoint, ...] = ()
@@ -260,6 +271,8 @@ class Plan:
     def __post_init__(self) -> None:
         lay = self.layout
         check_fields(self, 1, MAX_BATCH, "global_batch", "num_microbatches", "microbatch_size")
+        if OffloadMode(self.offload) is OffloadMode.AUTO:
+            raise ValueError("offload: a plan records what it offloads (none, optimizer, activations, both), not auto")
         check_count("devices_available", self.devices_available, 0, MAX_DEVICES)
         check_fields(lay, 1, MAX_DEVICES, "num_stages", "dp_degree", "tp_degree", "cp_degree", "virtual_stages_per_rank",
                      "ep_degree", "etp_degree")
@@ -322,7 +335,7 @@ _WIRE_ORDER = (
     "provenance", "num_stages", "dp_degree", "num_microbatches", "microbatch_size", "global_batch", "schedule",
     "virtual_stages_per_rank", "zero", "tp_degree", "sequence_parallel", "cp_degree", "ep_degree", "etp_degree", "shard_group_size",
     "dtype",
-    "optimizer", "precision",
+    "optimizer", "precision", "offload",
     "devices_available", "stack", "stages", "predicted", "pareto",
 )
 

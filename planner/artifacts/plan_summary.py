@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import OverheadKind, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.limits import (
@@ -162,6 +163,9 @@ class ParetoPoint:
     tp_degree: int = 1
     sequence_parallel: bool = False
     cp_degree: int = field(default=1, metadata={"doc": "context-parallel degree (absent when 1)", "omit_if_default": True})
+    offload: OffloadMode = field(default=OffloadMode.NONE,
+                                 metadata={"doc": "what the point keeps in host memory (absent when none)",
+                                           "omit_if_default": True})
 
     def __post_init__(self) -> None:
         check_range("iteration_ms", self.iteration_ms, 0, MAX_MS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import (
     REQUESTABLE_SOLVERS,
     STATE_BYTES_PER_PARAM,
@@ -135,6 +136,12 @@ class PlanRequest:
                          "fp8-current, fp8-block, mxfp8; several: the best plan over them (absent when bf16 only)",
                   "omit_if_default": True, "max_items": len(Precision)},
     )
+    offload: OffloadMode = field(
+        default=OffloadMode.NONE,
+        metadata={"doc": "what the plan keeps in host memory: none; optimizer (state and master weights, the step on "
+                         "the host); activations (per stage, where the search chooses it); both; auto (each searched, "
+                         "the objective choosing) (planner.cost.offload) (absent when none)", "omit_if_default": True},
+    )
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -197,6 +204,7 @@ class PlanRequest:
             )
         object.__setattr__(self, "zero_stages", tuple(ZeroStage(z) for z in self.zero_stages))
         object.__setattr__(self, "recompute_mode", RecomputeMode(self.recompute_mode))
+        object.__setattr__(self, "offload", OffloadMode(self.offload))
         if self.recompute_mode is RecomputeMode.NONE:
             object.__setattr__(self, "recompute", False)
         elif self.recompute_mode is not RecomputeMode.AUTO and not self.recompute:

@@ -13,6 +13,7 @@ import sys
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster, load_cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import (
     REQUESTABLE_SOLVERS,
     Objective,
@@ -70,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-headroom", type=fraction, default=0.1, help="fraction of device memory kept free (default: %(default)s)")
     p.add_argument("--memory-cap-gib", type=gib_amount(MAX_BYTES / 2**30), default=0.0,
                    help="per-device memory cap in GiB (overrides headroom)")
+    p.add_argument("--offload", default=OffloadMode.NONE.value, choices=[m.value for m in OffloadMode],
+                   help="host memory: none; optimizer (state and master weights, the step on the host); activations "
+                        "(saved per layer, per stage where the search chooses); both; auto: each searched "
+                        "(default: %(default)s)")
     p.add_argument("--optimizer", default="adam-mixed", choices=[o.value for o in OptimizerKind],
                    help="optimizer and precision (default: %(default)s)")
     p.add_argument("--precision", default="bf16",
@@ -166,6 +171,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
             sequence_parallel={"auto": (False, True), "on": (True,), "off": (False,)}[args.sequence_parallel],
             stack=moe_stack(stack_named(args.stack), args),
             precisions=precisions_of(args.precision, load_cluster_quiet(args.cluster)),
+            offload=OffloadMode(args.offload),
         )
     except ValueError as exc:
         raise PlannerInputError(flag_names(str(exc))) from None

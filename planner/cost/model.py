@@ -88,6 +88,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp
+from planner.cost.offload import optimizer_offloaded
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.precision import fp8_extra_weight_bytes, precision_of
 from planner.cost.sharding import ShardedState
@@ -136,6 +137,10 @@ class CostModel(ShardedState):
         self.gather_bytes_per_sample = gather_bytes_per_sample
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         self.step_bytes_per_param = optimizer.step_bytes_per_param
+        #: optimizer state and master weights on the host (planner.cost.offload): none on the device
+        self.offload_optimizer = optimizer_offloaded(profile)
+        if self.offload_optimizer:
+            self.optim_bytes_per_param = 0
         layers = profile.layers
         self.num_layers = len(layers)
         self.cut_bytes_per_sample = cut_bytes_per_sample(profile)

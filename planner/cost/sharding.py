@@ -37,6 +37,7 @@ from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp, units_in_flight
+from planner.cost.offload import offloaded_step_ms
 from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
 
@@ -59,18 +60,23 @@ class ShardedState(PrefixSums):
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         raise NotImplementedError
 
-    def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding()) -> float:
+    def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding(), hidden_ms: float = 0.0) -> float:
         """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
-        parameters, divided by the ZeRO group when the optimizer state is sharded."""
+        parameters, divided by the ZeRO group when the optimizer state is sharded; with the
+        optimizer offloaded, on the host (:func:`planner.cost.offload.offloaded_step_ms`, its
+        gradients going down behind ``hidden_ms`` of the last backward)."""
+        shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
+        params = self.stage_param_count(start, stop) / shard
+        if self.has_experts:
+            experts = self.stage_expert_param_count(start, stop)
+            expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
+            params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
+        if getattr(self, "offload_optimizer", False):
+            return offloaded_step_ms(params, self.weight_bytes_per_param, self.grad_bytes_per_param, self.cluster,
+                                     hidden_ms)
         bandwidth = self.cluster.memory_bandwidth_gb_per_s
         if not bandwidth:
             return 0.0
-        shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
-        if not self.has_experts:
-            return self.stage_param_count(start, stop) / shard * self.step_bytes_per_param / (bandwidth * 1e6)
-        experts = self.stage_expert_param_count(start, stop)
-        expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
-        params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
         return params * self.step_bytes_per_param / (bandwidth * 1e6)
 
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:

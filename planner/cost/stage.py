@@ -105,7 +105,7 @@ def _price_stage(
         sync_early_ms=sync.early_ms,
         gather_ahead_ms=sync.gather_ahead_ms,
         gather_bound_ms=sync.gather_bound_ms,
-        optimizer_ms=cm.optimizer_step_ms(start, stop, layout.sharding(stage_idx)),
+        optimizer_ms=cm.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
     )
 
 

@@ -78,6 +78,7 @@ from collections.abc import Iterable
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.host import host_link_gb_per_s
 from planner.artifacts.kinds import OptimizerKind, SequenceParallelRuntime
 from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
@@ -87,6 +88,7 @@ from planner.cost.collectives import allreduce_line
 from planner.cost.context import ContextView, context_parallel_view
 from planner.cost.experts import expert_view, strip_experts
 from planner.cost.model import CostModel
+from planner.cost.offload import activation_offload_view, offload_workspace_per_sample
 from planner.cost.recompute_view import forced_view, forced_workspace_per_sample
 
 
@@ -298,6 +300,8 @@ def device_cost_model(
     view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, t, sp, stack)
     ctx = cp_view if cp_view is not None else context_parallel_view(view, cluster, group.cp_degree, t, stack)
     experts = expert_view(ctx.profile, profile, cluster, group, stack)
-    device = attention_view(experts, stack.attention_kernel, stack.attention_efficiency)
-    return CostModel(forced_view(device), cluster, optimizer, group=group, stack=stack,
-                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile))
+    device = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency))
+    offloading = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
+    return CostModel(offloading, cluster, optimizer, group=group, stack=stack,
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile)
+                     + offload_workspace_per_sample(device))

@@ -58,6 +58,7 @@ from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESID
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit, TimePoint, profile_to_json
 from planner.artifacts.report import RunReport, relative_error
+from planner.cost.offload import plan_profile
 from planner.cost.tensor_parallel import refusal
 from planner.report.resolve import match_report
 from planner.solve.build import rebuild_plan
@@ -178,7 +179,7 @@ def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
     if why:
         raise PlannerInputError(why)
     return rebuild_plan(
-        profile, cluster, plan.provenance.request, layout=plan.layout,
+        plan_profile(plan, profile), cluster, plan.provenance.request, layout=plan.layout,
         boundaries=[s.layer_start for s in plan.stages], recompute=[s.recompute for s in plan.stages],
         microbatch_size=plan.microbatch_size, schedule=plan.schedule, solver=plan.provenance.solver,
         selective=[s.recompute_selective for s in plan.stages],

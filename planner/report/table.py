@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import Objective, OverheadKind, ZeroStage
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.plan_summary import OverheadTerm, ParetoPoint, Prediction
@@ -71,19 +72,24 @@ def format_plan(plan: Plan) -> str:
         head += "\n" + fewer
     sync = "sync ms" if plan.layout.zero else "allred ms"
     moe = any(s.alltoall_ms for s in plan.stages)
-    headers = ["stage", "layers", "ranks", "recompute", "fwd ms", "bwd ms", "rc ms", "send ms", *(["a2a ms"] if moe else []),
-               sync, "params GiB", "grads GiB", "optim GiB", "activ GiB", "other GiB", "total GiB"]
+    off = plan.offload is not OffloadMode.NONE
+    headers = ["stage", "layers", "ranks", "recompute", *(["offload"] if off else []), "fwd ms", "bwd ms", "rc ms",
+               "send ms", *(["a2a ms"] if moe else []), sync, "params GiB", "grads GiB", "optim GiB", "activ GiB",
+               "other GiB", "total GiB", *(["host GiB"] if off else [])]
     rows = []
     for s in plan.stages:
         m = s.memory
         rows.append([
-            str(s.stage_idx), _layers(s), _ranks(s.ranks), recompute_text(s),
+            str(s.stage_idx), _layers(s), _ranks(s.ranks), recompute_text(s), *([str(len(s.offload_layers))] if off else []),
             f"{s.fwd_ms:.3f}", f"{s.bwd_ms:.3f}", f"{s.recompute_ms:.3f}", f"{s.send_fwd_ms:.3f}",
             *([f"{s.alltoall_ms:.3f}"] if moe else []),
             f"{s.allreduce_ms:.3f}", _gib(m.param_bytes), _gib(m.grad_bytes), _gib(m.optimizer_bytes),
             _gib(m.activation_bytes), _gib(m.recompute_workspace_bytes + m.buffer_bytes), _gib(s.memory_total_bytes),
+            *([_gib(s.host_memory_bytes)] if off else []),
         ])
     table = format_table(headers, rows, right=set(range(3, len(headers))))
+    if off:
+        table += "\n" + offload_note(plan)
     if any(s.recompute_selective for s in plan.stages):
         table += ("\nrecompute: layers recomputed whole + layers whose attention core only is recomputed (sel, "
                   "Korthikanti et al. 2022 selective recomputation" + ("; an MoE layer's sel: its experts' activation and "
@@ -106,6 +112,18 @@ def format_plan(plan: Plan) -> str:
     if p.me_reference:
         tail += f"\nME index {p.me_index:.2f} against the {p.me_reference}"
     return f"{head}\n\n{table}\n\n{tail}"
+
+
+def offload_note(plan: Plan) -> str:
+    """What the plan keeps in host memory (planner.cost.offload)."""
+    parts = []
+    if plan.offload.optimizer:
+        parts.append("optimizer state and master weights on the host, the step there (optimizer step: gradients "
+                     "down, CPU Adam, weights up)")
+    if plan.offload.activations:
+        parts.append("offload column: layers whose saved activations go to the host after their forward and come "
+                     "back before their backward (their copies' exposed part in bwd ms)")
+    return f"offload {plan.offload.value}: " + "; ".join(parts) + "; host GiB: host memory per device"
 
 
 def alltoall_note(plan: Plan) -> str:
@@ -183,13 +201,16 @@ def format_bounds(p: Prediction) -> str:
 
 
 def format_pareto(points: tuple[ParetoPoint, ...]) -> str:
-    headers = ["iteration ms", "peak GiB", "T", "P", "D", "mb", "schedule", "zero", "recomputed layers"]
+    off = any(q.offload is not OffloadMode.NONE for q in points)
+    headers = ["iteration ms", "peak GiB", "T", "P", "D", "mb", "schedule", "zero", "recomputed layers",
+               *(["offload"] if off else [])]
     rows = [
         [f"{q.iteration_ms:.2f}", _gib(q.peak_memory_bytes),
          f"{q.tp_degree}{'s' if q.sequence_parallel else ''}{f' cp{q.cp_degree}' if q.cp_degree > 1 else ''}",
          str(q.num_stages),
          "|".join(map(str, q.stage_replicas)) if q.stage_replicas else str(q.dp_degree),
-         str(q.microbatch_size), q.schedule.value, str(int(q.zero)), str(q.num_recomputed_layers)]
+         str(q.microbatch_size), q.schedule.value, str(int(q.zero)), str(q.num_recomputed_layers),
+         *([q.offload.value] if off else [])]
         for q in points
     ]
     return "Pareto front (iteration time vs peak memory):\n" + format_table(headers, rows, right={0, 1, 2, 3, 4, 5, 7})

@@ -6,6 +6,9 @@ the output of layer ``i - 1`` as one argument (a tensor or a tuple of tensors, a
 does); the stage's inputs arrive from ``torch.distributed.pipelining`` as ``*args``. The
 stage's outputs are made contiguous (they are sent to the next stage).
 
+Activation offload (the plan's ``stages[i].offload_layers``): an offloaded layer runs under
+host copies of its saved tensors (:meth:`StageModule._offloading`).
+
 Recompute levels (the plan's ``stages[i].recompute`` and ``recompute_selective``): a fully
 recomputed layer runs under non-reentrant ``torch.utils.checkpoint``; a selectively recomputed
 one has its attention cores switched to run under it (:mod:`planner.models.selective`: QK^T,
@@ -42,13 +45,15 @@ class StageModule(nn.Module):
         layers: Sequence[nn.Module],
         recompute: Sequence[bool],
         selective: Sequence[bool] = (),
+        offload: Sequence[bool] = (),
     ) -> None:
         super().__init__()
-        if len(recompute) != len(layers) or (selective and len(selective) != len(layers)):
-            raise ValueError("one recompute flag (and one selective flag) per layer")
+        if len(recompute) != len(layers) or any(flags and len(flags) != len(layers) for flags in (selective, offload)):
+            raise ValueError("one recompute flag (and one selective flag, one offload flag) per layer")
         self.layers = nn.ModuleList(layers)
         self.recompute = tuple(recompute)
         self.selective = tuple(selective) or (False,) * len(layers)
+        self.offload = tuple(offload) or (False,) * len(layers)
         for layer, on in zip(self.layers, self.selective):
             set_selective(layer, on)
         self.meter = SavedBytesMeter([*self.parameters(), *self.buffers()])
@@ -62,6 +67,33 @@ class StageModule(nn.Module):
         checkpointed layer may still need it, so it is not the executor's to free."""
         ref = self._consumed.get(id(tensor))
         return ref is not None and ref() is tensor
+
+    def _offloading(self, on: bool, x: Any) -> contextlib.AbstractContextManager[Any]:
+        """The layer's saved activations kept in host memory until its backward (the plan's
+        ``offload_layers``, Megatron-Core's fine-grained activation offloading): each saved
+        tensor copied into a host buffer when autograd saves it (pinned when the layer runs on a
+        GPU; a separate buffer on a CPU run) and copied back when its backward unpacks it; the
+        stage's parameters are not copied (they stay where they are). These hooks are the
+        innermost, so the saved-bytes meter counts none of the copies: what the device keeps."""
+        if not on:
+            return contextlib.nullcontext()
+        weights = {t.untyped_storage().data_ptr() for t in [*self.parameters(), *self.buffers()]}
+        pinned = any(t.is_cuda for t in flatten(x))
+
+        def pack(t: torch.Tensor) -> Any:
+            if t.untyped_storage().data_ptr() in weights:
+                return t
+            host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pinned)
+            host.copy_(t)
+            return (t.device, host)
+
+        def unpack(packed: Any) -> torch.Tensor:
+            if isinstance(packed, torch.Tensor):
+                return packed
+            device, host = packed
+            return host.to(device, non_blocking=pinned)
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
     def _run_layer(self, idx: int, x: Any) -> Any:
         return self.layers[idx](x)
@@ -79,10 +111,11 @@ class StageModule(nn.Module):
         for idx in range(len(self.layers)):
             if idx:
                 self._consumed.update((id(t), weakref.ref(t)) for t in flatten(x))
-            if self.recompute[idx] and torch.is_grad_enabled():
-                x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
-            else:
-                x = self._run_layer(idx, x)
+            with self._offloading(self.offload[idx] and torch.is_grad_enabled(), x):
+                if self.recompute[idx] and torch.is_grad_enabled():
+                    x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
+                else:
+                    x = self._run_layer(idx, x)
         return x
 
     @contextlib.contextmanager

@@ -106,11 +106,14 @@ def grad_examples(value: Any) -> tuple[Any, ...]:
 
 
 def stage_module(workload: Workload, stage: PlanStage, device: torch.device) -> StageModule:
-    """The stage's layers with the plan's recomputation (full and selective), on ``device``."""
+    """The stage's layers with the plan's recomputation (full and selective) and activation
+    offload, on ``device``."""
     layers = range(stage.layer_start, stage.layer_stop)
     recompute = [i in stage.recompute for i in layers]
     selective = [i in stage.recompute_selective for i in layers]
-    return StageModule(list(workload.layers[stage.layer_start : stage.layer_stop]), recompute, selective).to(device)
+    offload = [i in stage.offload_layers for i in layers]
+    return StageModule(list(workload.layers[stage.layer_start : stage.layer_stop]), recompute, selective,
+                       offload).to(device)
 
 
 def emulated_readiness(

@@ -47,6 +47,7 @@ from planner.runtime.emulate import ChunkTimer, layer_bwd_offsets_ms, stage_chun
 from planner.runtime.experts import ExpertGroups, build_expert_groups, experts_folded, install_experts
 from planner.runtime.loss import LossCounts, scale_grads
 from planner.runtime.model import cast_batch
+from planner.runtime.offload import offloaded
 from planner.runtime.options import RuntimeOptions
 from planner.runtime.runner import RankMeasure, StepMeasure, run_steps
 from planner.runtime.stage_helpers import (
@@ -115,6 +116,7 @@ class RankTrainer(abc.ABC):
             ready_at = emulated_readiness(modules, [layer_bwd_offsets_ms(plan, s, profile) for s in stages], timers)
         self.sync, states = build_sync(modules, options=options, layout=layout, groups=self.groups, tied=tied,
                                        stack=plan.stack, ready_at=ready_at, experts=self.experts)
+        states = [(offloaded(opt, plan.offload.optimizer), z, e) for opt, z, e in states]  # ZeRO-Offload
         self.chunks: list[Chunk] = [
             Chunk(stage_plan=plan.stages[stage_idx], module=module, timer=timer, optimizer=optimizer, zero=zero,
                   expert_zero=expert_zero)

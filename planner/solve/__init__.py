@@ -32,6 +32,7 @@ import importlib
 
 from planner.artifacts.cluster import DEFAULT_CLUSTER, PRESETS, Cluster
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.host import OffloadMode
 from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, Objective, Precision, RecomputeMode, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
@@ -42,6 +43,7 @@ from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
 from planner.solve.chain_dp import solve_chain
 from planner.solve.forced import plan_forced
+from planner.solve.offload import plan_offload
 from planner.solve.relax import relax_recompute
 from planner.solve.search import search_plan
 
@@ -95,11 +97,16 @@ def _plan_at(profile: Profile, cluster: Cluster, request: PlanRequest) -> Plan:
         notes.extend(n for n in found.provenance.search_notes if n not in notes)
         return found
 
-    if request.recompute_mode in (RecomputeMode.FULL, RecomputeMode.SELECTIVE):
-        chosen = plan_forced(profile, cluster, request, search)
-    else:
-        chosen = relax_recompute(search(profile, cluster, request), profile, cluster, request)
-    chosen = with_accounts(chosen, profile, cluster, request)
-    if tuple(notes) != chosen.provenance.search_notes:
-        chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(chosen.provenance, search_notes=tuple(notes)))
-    return chosen
+    def plan_one(prof: Profile, req: PlanRequest) -> Plan:
+        if req.recompute_mode in (RecomputeMode.FULL, RecomputeMode.SELECTIVE):
+            chosen = plan_forced(prof, cluster, req, search)
+        else:
+            chosen = relax_recompute(search(prof, cluster, req), prof, cluster, req)
+        chosen = with_accounts(chosen, prof, cluster, req)
+        if tuple(notes) != chosen.provenance.search_notes:
+            chosen = dataclasses.replace(chosen, provenance=dataclasses.replace(chosen.provenance, search_notes=tuple(notes)))
+        return chosen
+
+    if request.offload is OffloadMode.NONE:
+        return plan_one(profile, request)
+    return plan_offload(profile, cluster, request, plan_one)

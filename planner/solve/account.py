@@ -25,6 +25,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import Stack
 from planner.cost.band import band_inputs, combine, memory_top_bytes, with_setting
+from planner.cost.offload import plan_profile
 from planner.solve.build import rebuild_plan
 
 __all__ = ["reprice", "with_accounts"]
@@ -33,7 +34,7 @@ __all__ = ["reprice", "with_accounts"]
 def reprice(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, stack: Stack) -> Plan:
     """``plan`` priced again from scratch on ``profile`` and ``cluster`` under ``stack``."""
     stages = plan.stages
-    return rebuild_plan(profile, cluster, dataclasses.replace(request, stack=stack), layout=plan.layout,
+    return rebuild_plan(plan_profile(plan, profile), cluster, dataclasses.replace(request, stack=stack), layout=plan.layout,
                         boundaries=[s.layer_start for s in stages], recompute=[s.recompute for s in stages],
                         selective=[s.recompute_selective for s in stages], microbatch_size=plan.microbatch_size,
                         schedule=plan.schedule, solver=plan.provenance.solver)

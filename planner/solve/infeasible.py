@@ -253,4 +253,6 @@ def _suggestions(cm: CostModel, request: PlanRequest, num_devices: int, cap: flo
         suggestions.append(f"less memory headroom: --memory-headroom {room:.3f} fits {lay.describe()} "
                            f"(now {request.memory_headroom_fraction:.0%})")
     suggestions.append("a device with more memory, or an optimizer with less state (e.g. --optimizer sgd-fp32)")
+    if request.offload.value == "none":
+        suggestions.append("or host memory for the optimizer state or activations: try --offload auto")
     return tuple(suggestions)
