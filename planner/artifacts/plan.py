@@ -81,7 +81,8 @@ from planner.artifacts.limits import (
     first_duplicate,
 )
 from planner.artifacts.plan_summary import ParetoPoint, Prediction, Provenance
-from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack
+from planner.artifacts.plan_upgrade import upgrade_v1, upgrade_v3
+from planner.artifacts.stack import DEFAULT_STACK, Stack
 
 SCHEMA = "planner.plan"
 VERSION = 6
@@ -346,11 +347,11 @@ def load_plan(path: str | Path) -> Plan:
 
 def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
     if codec.is_version(data, SCHEMA, 1):
-        data = _upgrade_v1(data)
+        data = upgrade_v1(data)
     if codec.is_version(data, SCHEMA, 2):
         data = dict(data, version=3)  # v3 only added fields with defaults
     if codec.is_version(data, SCHEMA, 3):
-        data = _upgrade_v3(data)
+        data = upgrade_v3(data)
     if codec.is_version(data, SCHEMA, 4):
         data = dict(data, version=5)  # v5 only added a field with a default
     if codec.is_version(data, SCHEMA, 5):
@@ -402,28 +403,6 @@ def _wire_path(message: str) -> str:
     return message.replace(": layout.stage_replicas", ": stages[*].replicas").replace(": layout.", ": ").replace(
         ": layout: ", ": <document>: "
     )
-
-
-def _upgrade_v3(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-3 plan as version 5 (optimizer steps 0): priced for the ``none`` stack (nothing overlapped beyond
-    the pipeline), in the plan and in its request."""
-    none = codec.encode(STACKS["none"])
-    out = dict(data, version=5, stack=none)
-    prov = out.get("provenance")
-    if isinstance(prov, dict) and isinstance(prov.get("request"), dict):
-        out["provenance"] = dict(prov, request=dict(prov["request"], stack=none))
-    return out
-
-
-def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 plan as version 2: ``lower_bound_ms`` was the partition bound."""
-    out = dict(data, version=2)
-    pred = out.get("predicted")
-    if isinstance(pred, dict) and "lower_bound_ms" in pred:
-        pred = dict(pred)
-        pred["partition_bound_ms"] = pred.pop("lower_bound_ms")
-        out["predicted"] = pred
-    return out
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:

@@ -172,29 +172,14 @@ class CostModel(ShardedState):
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
 
     @property
-    def selective(self) -> bool:
-        """Some layer has a selective recompute level."""
+    def selective(self) -> bool:  # some layer has a selective recompute level
         return bool(self.has_core.any())
 
     # ---------------------------------------------------------------- compute
-    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
-        """What one micro-batch keeps from the end of B until its W (module docstring; a
-        recomputed layer's B recomputes what its W needs)."""
-        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
-        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
-
     def keep_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """What one micro-batch past its input-gradient pass keeps until its W: W's inputs
-        (:meth:`wgrad_bytes`), recomputed or not, at most what it saved without recomputation."""
-        return min(self.wgrad_bytes(start, stop, microbatch_size),
-                   self.activation_bytes(start, stop, (), microbatch_size))
-
-    def keep_matrix(self, microbatch_size: int) -> np.ndarray:
-        """:meth:`keep_bytes` of every stage ``[i, j)`` at ``[i, j]`` (0 below the diagonal)."""
-        saved = self.saved_per_sample * microbatch_size + self.saved_fixed
-        prefix = np.concatenate([[0.0], np.cumsum(saved * self.wgrad_saved_fraction)])
-        out: np.ndarray = np.maximum(prefix[None, :] - prefix[:, None], 0.0)
-        return out
+        (``wgrad_bytes``), recomputed or not, at most what it saved without recomputation."""
+        return min(self.wgrad_bytes(start, stop, microbatch_size), self.activation_bytes(start, stop, (), microbatch_size))
 
     def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
                      layout: Layout | None = None, stage_idx: int = 0) -> float:

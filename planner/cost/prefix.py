@@ -40,6 +40,7 @@ class PrefixSums:
     core_per_sample: np.ndarray
     core_fixed: np.ndarray
     wgrad_fraction: np.ndarray
+    wgrad_saved_fraction: np.ndarray
     cut_bytes_per_sample: np.ndarray
     gather_bytes_per_sample: float
     _speed: float
@@ -154,6 +155,19 @@ class PrefixSums:
         """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (:mod:`planner.cost.model`)."""
         _, bwd = self.layer_times(microbatch_size)
         return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
+
+    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
+        """What one micro-batch keeps from the end of B until its W (:mod:`planner.cost.model`; a
+        recomputed layer's B recomputes what its W needs)."""
+        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
+        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
+
+    def keep_matrix(self, microbatch_size: int) -> np.ndarray:
+        """:meth:`~planner.cost.model.CostModel.keep_bytes` of every stage ``[i, j)`` at ``[i, j]`` (0 below the diagonal)."""
+        saved = self.saved_per_sample * microbatch_size + self.saved_fixed
+        prefix = np.concatenate([[0.0], np.cumsum(saved * self.wgrad_saved_fraction)])
+        out: np.ndarray = np.maximum(prefix[None, :] - prefix[:, None], 0.0)
+        return out
 
     def stage_bubble_fill_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """``Z_s = min(2 W_s, F_s + B_s)`` of the stage ``[start, stop)``: what ZB-H1 (Qi et al.,
