@@ -152,8 +152,8 @@ def band_text(p: Prediction) -> str:
         lines.append(f"band from: {', '.join(f'{i.name} {i.low_ms:.0f}-{i.high_ms:.0f} ms' for i in band.inputs) or 'none'}"
                      f"; memory at its top {_gib(top)} GiB per device{': ' + fits if fits else ''}")
     if p.overheads:
-        lines.append("overheads in the iteration: "
-                     + ", ".join(f"{o.kind.value} {o.ms:.2f} ms{_why(o)}" for o in p.overheads) + " (sources: the plan JSON)")
+        terms = (f"{o.kind.value} {o.ms:.2f} ms{_why(o)}".replace(" -0.00 ms", " 0.00 ms") for o in p.overheads)  # no -0.00
+        lines.append("overheads in the iteration: " + ", ".join(terms) + " (sources: the plan JSON)")
     return "".join(line + "\n" for line in lines)
 
 
