@@ -93,7 +93,7 @@ from planner.cost.band import MODEL_ERROR, MODEL_ERROR_QUANTILE, MODEL_ERROR_SOU
 from planner.cost.precision import at_precision
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.common import DEVICE_PRESETS
-from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, MAMF_FRACTION, GemmModel
+from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO, MAMF_FRACTION, GemmModel, fit_source
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile
 from planner.simulation import simulate
@@ -403,10 +403,7 @@ def fit(rows: list[PublishedRun], without: str = "") -> dict[str, GemmModel]:
     start = DEVICE_GEMM["a100-80gb"]
     labels = tuple(r.label for r in rows)
     choice = {r.label: choice_of(price(r, DEVICE_GEMM[r.device]).plan) for r in rows}
-    what = f"leave-one-source-out: without {without}; " if without else ""
-    source = (f"benchmarks/published_runs.py --fit: {what}e_max and I_half (the A100's; the H100's scaled by the "
-              f"ratio of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
-              f"fraction shared by both devices, fitted on the rows of fitted_on")
+    source = fit_source(without)
 
     def squash(v: float) -> float:
         return 1.0 / (1.0 + math.exp(-v))
@@ -470,7 +467,12 @@ def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmMod
         parts.append(line.rstrip())
         return ("\n" + indent).join(repr(p) for p in parts)
 
-    def one(m: GemmModel, indent: str) -> str:
+    def source_text(m: GemmModel, indent: str, without: str) -> str:
+        if m.source == fit_source(without):
+            return f"fit_source({without!r})" if without else "fit_source()"
+        return f"({wrapped(m.source, indent + '        ')})"
+
+    def one(m: GemmModel, indent: str, without: str = "") -> str:
         inner = indent + "    "
         rows, line = [], ""
         for label in m.fitted_on:
@@ -481,12 +483,12 @@ def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmMod
         rows.append(line)
         labels = ("\n" + inner + "           ").join(r.rstrip() for r in rows if r)
         return (f"GemmModel(\n{inner}max_efficiency={m.max_efficiency:.4f}, half_intensity={m.half_intensity:.2f}, "
-                f"memory_efficiency={m.memory_efficiency:.4f},\n{inner}source=({wrapped(m.source, inner + '        ')}),\n"
+                f"memory_efficiency={m.memory_efficiency:.4f},\n{inner}source={source_text(m, inner, without)},\n"
                 f"{inner}fitted_on=({labels}),\n{indent})")
     lines = ["DEVICE_GEMM: dict[str, GemmModel] = {"] + [f"    {d!r}: {one(models[d], '    ')}," for d in DEVICES]
     lines += ["}", "DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {"]
     for d in DEVICES:
-        lines.append(f"    {d!r}: (" + "".join(f"\n        {one(fits[d], '        ')}," for fits in loso.values()) + "\n    ),")
+        lines.append(f"    {d!r}: (" + "".join(f"\n        {one(fits[d], '        ', src)}," for src, fits in loso.items()) + "\n    ),")
     return "\n".join(lines + ["}"])
 
 

@@ -35,9 +35,8 @@ from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
 
-__all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel", "carried_from_h100",
-           "gemm_model_of",
-           "gemms_ms", "wgrad_ms"]
+__all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "FIT_METHOD", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel",
+           "carried_from_h100", "fit_source", "gemm_model_of", "gemms_ms", "wgrad_ms"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +156,18 @@ MAMF_FRACTION: dict[str, float] = {"a100-80gb": 267.9 / 312.0, "h100-80gb": 792.
 MAMF_SOURCE = ("stas00/ml-engineering, 'Maximum Achievable Matmul FLOPS comparison table': A100 SXM 267.9 / 312, "
                "H100 SXM 792.1 / 989 TFLOPS (BF16, CUDA 12.1)")
 
+#: how the fitted constants were fitted (each model's ``source``, with the source a fit left out)
+FIT_METHOD = ("e_max and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
+              "MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on the "
+              "rows of fitted_on")
+
+
+def fit_source(without: str = "") -> str:
+    """A fitted model's ``source``: ``benchmarks/published_runs.py --fit``, the source it left out."""
+    what = f"leave-one-source-out: without {without}; " if without else ""
+    return f"benchmarks/published_runs.py --fit: {what}{FIT_METHOD}"
+
+
 # Fitted by ``benchmarks/published_runs.py --fit`` (4 digits; the table, the fits left out one
 # source each, and what chose them: benchmarks/RESULTS.md section 40): one set for both devices
 # (e_max and the HBM fraction are fractions of each datasheet; I_half the A100's, the H100's scaled
@@ -164,18 +175,14 @@ MAMF_SOURCE = ("stas00/ml-engineering, 'Maximum Achievable Matmul FLOPS comparis
 DEVICE_GEMM: dict[str, GemmModel] = {
     'a100-80gb': GemmModel(
         max_efficiency=0.6936, half_intensity=0.01, memory_efficiency=0.4067,
-        source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
-                "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
-                'fraction shared by both devices, fitted on the rows of fitted_on'),
+        source=fit_source(),
         fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                    'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none',
                    'T L2 70B b2 full',),
     ),
     'h100-80gb': GemmModel(
         max_efficiency=0.6470, half_intensity=0.02, memory_efficiency=0.4067,
-        source=("benchmarks/published_runs.py --fit: e_max and I_half (the A100's; the H100's scaled by the ratio "
-                "of the devices' measured largest matmuls, MAMF_FRACTION, and of their ridge points) and the HBM "
-                'fraction shared by both devices, fitted on the rows of fitted_on'),
+        source=fit_source(),
         fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                    'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none',
                    'T L2 70B b2 full',),
@@ -188,37 +195,25 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
     'a100-80gb': (
         GemmModel(
             max_efficiency=0.6949, half_intensity=0.01, memory_efficiency=0.3717,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
-                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('Narayanan et al. 2021'),
             fitted_on=('K4 baseline', 'K4 seq-par', 'K5 175B full', 'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',
                        'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
             max_efficiency=0.6904, half_intensity=0.01, memory_efficiency=0.4107,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
-                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('Korthikanti et al. 2022'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer',
                        'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
             max_efficiency=0.6890, half_intensity=0.01, memory_efficiency=0.4444,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
-                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('Megatron-LM README'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
             max_efficiency=0.7009, half_intensity=0.01, memory_efficiency=0.3986,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
-                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('torchtitan 2024'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',),
         ),
@@ -226,37 +221,25 @@ DEVICE_GEMM_LOSO: dict[str, tuple[GemmModel, ...]] = {
     'h100-80gb': (
         GemmModel(
             max_efficiency=0.6482, half_intensity=0.02, memory_efficiency=0.3717,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Narayanan et al. 2021; e_max '
-                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('Narayanan et al. 2021'),
             fitted_on=('K4 baseline', 'K4 seq-par', 'K5 175B full', 'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',
                        'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
             max_efficiency=0.6440, half_intensity=0.02, memory_efficiency=0.4107,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Korthikanti et al. 2022; e_max '
-                    "and I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('Korthikanti et al. 2022'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'M 1.7B', 'M 32B', 'M 462B', 'T L3 8B b1 sel-layer',
                        'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
             max_efficiency=0.6427, half_intensity=0.02, memory_efficiency=0.4444,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without Megatron-LM README; e_max and '
-                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('Megatron-LM README'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'T L3 8B b1 sel-layer', 'T L2 13B b2 none', 'T L2 70B b2 full',),
         ),
         GemmModel(
             max_efficiency=0.6538, half_intensity=0.02, memory_efficiency=0.3986,
-            source=('benchmarks/published_runs.py --fit: leave-one-source-out: without torchtitan 2024; e_max and '
-                    "I_half (the A100's; the H100's scaled by the ratio of the devices' measured largest matmuls, "
-                    'MAMF_FRACTION, and of their ridge points) and the HBM fraction shared by both devices, fitted on '
-                    'the rows of fitted_on'),
+            source=fit_source('torchtitan 2024'),
             fitted_on=('N1 1.7B', 'N6 76.1B', 'N9 529.6B', 'K4 baseline', 'K4 seq-par', 'K5 175B full',
                        'K5 530B sp+sel', 'M 1.7B', 'M 32B', 'M 462B',),
         ),
