@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -188,6 +189,21 @@ def _layer_options(
     return out
 
 
+Point = TypeVar("Point", bound=tuple[Any, ...])
+
+
+def cost_gain_front(points: list[Point]) -> list[Point]:
+    """The Pareto front of (cost ``p[0]``, gain ``p[1]``) points: by cost, each point whose gain
+    exceeds every cheaper one's (ties: the larger gain first)."""
+    front: list[Point] = []
+    top = -1.0
+    for point in sorted(points, key=lambda p: (p[0], -p[1])):
+        if point[1] > top:
+            front.append(point)
+            top = point[1]
+    return front
+
+
 @functools.lru_cache(maxsize=4096)
 def group_combos(opts: tuple[Option, ...], n: int) -> list[tuple[float, float, int, int]]:
     """The non-dominated ways to recompute ``n`` identical layers: (cost, gain, number full,
@@ -257,13 +273,8 @@ def _cover_levels(
     # the front over the other groups: (cost, gain, the combination picked in each)
     front: list[tuple[float, float, tuple[tuple[int, int, int], ...]]] = [(0.0, 0.0, ())]
     for g, options in combos.items():
-        grown = [(c + cc, gg + ga, (*picks, (g, kf, ks))) for c, gg, picks in front for cc, ga, kf, ks in options]
-        grown.sort(key=lambda p: (p[0], -p[1]))
-        front, top = [], -1.0
-        for point in grown:
-            if point[1] > top:
-                front.append(point)
-                top = point[1]
+        front = cost_gain_front([(c + cc, gg + ga, (*picks, (g, kf, ks))) for c, gg, picks in front
+                                 for cc, ga, kf, ks in options])
     opts, idxs = groups[big]
     costs, kfs, kss = _least_in_group(opts, len(idxs), np.array([p[1] for p in front]), target)
     totals = np.array([p[0] for p in front]) + costs

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.artifacts.caches import register_function
-from planner.solve.recompute import EXACT_MAX_GROUPS, EXACT_MAX_ITEMS, INF, Option, group_combos
+from planner.solve.recompute import EXACT_MAX_GROUPS, EXACT_MAX_ITEMS, INF, Option, cost_gain_front, group_combos
 
 __all__ = ["CoverRows", "LevelCover", "level_cover_costs", "level_covers"]
 
@@ -81,12 +81,7 @@ def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelC
             if g == big:
                 continue
             options = [(0.0, 0.0), *((c, gain) for c, gain, _, _ in group_combos(opts, count))]
-            grown = sorted(((c + cc, gg + ga) for c, gg in front for cc, ga in options), key=lambda p: (p[0], -p[1]))
-            front, top = [], -1.0
-            for point in grown:
-                if point[1] > top:
-                    front.append(point)
-                    top = point[1]
+            front = cost_gain_front([(c + cc, gg + ga) for c, gg in front for cc, ga in options])
         opts, count = groups[big]
         full, sel = _levels(opts)
         out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
