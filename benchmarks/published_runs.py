@@ -79,6 +79,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import numpy as np
 import published_moe
 from published_rows import Metric, PublishedRun, Recompute, all_rows
 
@@ -558,21 +559,13 @@ def price_row(run: PublishedRun, models: dict[str, GemmModel], loso: dict[str, t
     return RowResult(priced, out, ranges, terms, ours, time.perf_counter() - t0)
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values``, linearly interpolated (numpy's default)."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * q
-    lo = int(k)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
-
-
 def model_errors(rows: list[PublishedRun], results: list[RowResult]) -> dict[str, float]:
     """Per source, the model's error out of source for its rows' bands: the
     :data:`MODEL_ERROR_QUANTILE` quantile of the other sources' out-of-source |errors|."""
     errs = [(run.publication, abs(time_ratio(run, res.out) - 1)) for run, res in zip(rows, results)
             if res.out is not None and published_time(run)]
     others = {src: [e for s, e in errs if s != src] for src in {r.publication for r in rows}}
-    return {src: quantile(v, MODEL_ERROR_QUANTILE) if v else MODEL_ERROR for src, v in others.items()}
+    return {src: float(np.quantile(v, MODEL_ERROR_QUANTILE)) if v else MODEL_ERROR for src, v in others.items()}
 
 
 # ---------------------------------------------------------------- the table
@@ -731,7 +724,7 @@ def main() -> int:
     out_errors = [abs(v) for vs in tally.out.values() for v in vs]
     if out_errors:
         print(f"the model's error out of source for the band (planner.cost.band.MODEL_ERROR, the "
-              f"{MODEL_ERROR_QUANTILE:.0%} quantile of |error|): {100 * quantile(out_errors, MODEL_ERROR_QUANTILE):.1f}% "
+              f"{MODEL_ERROR_QUANTILE:.0%} quantile of |error|): {100 * float(np.quantile(out_errors, MODEL_ERROR_QUANTILE)):.1f}% "
               f"measured here, {100 * MODEL_ERROR:.1f}% shipped; each source's rows use the other sources': "
               + ", ".join(f"{src} {100 * e:.1f}%" for src, e in sorted(errors.items())))
     print(f"memory claims not met: {'; '.join(tally.notes) or 'none'}")

@@ -267,11 +267,14 @@ def run_commands(commands: list[Command], folder: Path | Folder) -> list[str]:
     return failures
 
 
+def _shape(line: str) -> str:
+    """``line`` with runs of spaces as one and its numbers as ``#`` (a table's rules follow its columns' widths)."""
+    return re.sub(r"-{2,}", "--", NUMBER.sub("#", " ".join(line.split())))
+
+
 def _normal(line: str, measured: bool) -> str:
     line = " ".join(line.split())
-    if (measured and not MATTERS.match(line)) or TIMING.search(line):
-        line = re.sub(r"-{2,}", "--", NUMBER.sub("#", line))  # a table's rules follow its columns' widths
-    return line
+    return _shape(line) if (measured and not MATTERS.match(line)) or TIMING.search(line) else line
 
 
 def mismatch(example: Example, printed: str, measured: bool) -> str:
@@ -293,10 +296,6 @@ def mismatch(example: Example, printed: str, measured: bool) -> str:
             near = [a for a in actual[at:] if a.split()[:1] == want.split()[:1]][:1] or actual[at: at + 1]
             return f"{example.doc}: shows {shown.strip()!r}, not printed (in order) by {example.commands[-1].line[:120]!r}; nearest: {near}"
     return ""
-
-
-def _shape(line: str) -> str:
-    return re.sub(r"-{2,}", "--", NUMBER.sub("#", " ".join(line.split())))
 
 
 def refreshed(example: Example, printed: str) -> tuple[str, ...]:
