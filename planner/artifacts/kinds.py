@@ -29,16 +29,19 @@ class ScheduleKind(enum.Enum):
     ZB_H1 = "zb-h1"  # zero bubble, backward split into input (I) and weight (W) gradients (Qi et al. 2024)
     ZB_H2 = "zb-h2"  # zero bubble with more warm-up forwards: ~no bubble, more memory (Qi et al. 2024 sec. 3.2)
     ZBV = "zbv"  # zero bubble on two chunks per rank placed in a V (Qi et al. 2024 sec. 6)
+    # DeepSeek-V3's DualPipe folded in a V (torch ScheduleDualPipeV): ZBV's chunks, a forward and a whole
+    # backward of other micro-batches paired in its steady phase (planner.schedule.dualpipe)
+    DUALPIPE_V = "dualpipe-v"
 
     @property
     def splits_backward(self) -> bool:
         """The schedule runs each backward as an input-gradient pass and a weight-gradient pass."""
-        return self in (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+        return self in (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V)
 
     @property
     def placement(self) -> ChunkPlacement:
-        """How the schedule places a rank's chunks: in a V for ZBV, round-robin otherwise."""
-        return ChunkPlacement.V if self is ScheduleKind.ZBV else ChunkPlacement.LOOP
+        """How the schedule places a rank's chunks: in a V for ZBV and DualPipe-V, round-robin otherwise."""
+        return ChunkPlacement.V if self in (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V) else ChunkPlacement.LOOP
 
 
 class ChunkPlacement(enum.Enum):
