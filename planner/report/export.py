@@ -45,6 +45,7 @@ __all__ = ["stage_module_names", "torchtitan_config", "write_plan_schedule_csv",
 _TITAN_SCHEDULES = {
     ScheduleKind.GPIPE: "GPipe", ScheduleKind.ONE_F_ONE_B: "1F1B", ScheduleKind.INTERLEAVED_1F1B: "Interleaved1F1B",
     ScheduleKind.ZB_H1: "InterleavedZeroBubble", ScheduleKind.ZBV: "ZBVZeroBubble",  # torch's class names less "Schedule"
+    ScheduleKind.DUALPIPE_V: "DualPipeV",
 }
 
 

@@ -36,7 +36,7 @@ from planner.schedule.validate import validate_schedule
 
 SUPPORTED_SCHEDULES = (
     ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2,
-    ScheduleKind.ZBV,
+    ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V,
 )
 #: what of torch.distributed.pipelining.schedules the runtime runs every schedule on (``planner.runtime.actions``):
 #: the action-list runtime, its lowering to messages and its dry run (torch 2.13 has them all)
