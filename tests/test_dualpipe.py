@@ -90,7 +90,7 @@ def test_holds_zbvs_counts(ranks):
 def test_simulator_runs_a_whole_backward_as_i_plus_w():
     """A B of a schedule that splits the others takes I's time plus W's, and every chunk's
     busy time is M (F + I + W) whatever the mix; the iteration is at least the busiest rank."""
-    p, m, f, i, w = 2, 6, 1.0, 1.5, 0.7
+    m, f, i, w = 6, 1.0, 1.5, 0.7  # P = 2: four chunks
     terms = stage_terms([f] * 4, [i + w] * 4, wgrad_ms=[w] * 4)
     t = simulate_iteration_ms(DPV, m, terms, virtual_stages_per_rank=2)
     assert t >= 2 * m * (f + i + w) - 1e-9
