@@ -148,3 +148,68 @@ def test_searched_by_name_and_by_default():
     from planner.report.export import torchtitan_config
 
     assert 'pipeline_parallel_schedule = "DualPipeV"' in torchtitan_config(only)
+
+
+# ---------------------------------------------------------------- DualPipe (two copies)
+
+DUAL = ScheduleKind.DUALPIPE
+
+
+def test_dualpipe_is_the_v_per_copy_with_a_turn_that_crosses():
+    """DualPipe on 4 devices (two copies, each device a stage of each) is priced as DualPipe-V's
+    order on each copy's 2 pipeline ranks, the copies a data-parallel pair, M per copy: the same
+    stages and orders as DualPipe-V at D = 2, but for the turn of the V, which crosses to the
+    other copy's device (the copies' link) where DualPipe-V's stays on one."""
+    prof, cluster = _profile(), small_cluster(4)
+    dual = plan(prof, cluster, PlanRequest(global_batch=16, schedules=(DUAL,), num_stages=2))
+    dpv = plan(prof, cluster, PlanRequest(global_batch=16, schedules=(DPV,), num_stages=2, dp_degree=2))
+    assert dual.schedule is DUAL and dual.layout.placement is ChunkPlacement.MIRROR
+    assert (dual.layout.dp_degree, dual.layout.pipeline_size, dual.num_devices) == (2, 2, 4)
+    assert dual.num_microbatches >= 4 and dual.layout.num_stages == 4
+    assert [s.layer_start for s in dual.stages] == [s.layer_start for s in dpv.stages]
+    assert dual.num_microbatches == dpv.num_microbatches
+    turn = dual.layout.pipeline_size - 1
+    for a, b in zip(dual.stages, dpv.stages, strict=True):
+        if a.stage_idx in (turn, turn + 1):
+            continue
+        assert (a.fwd_ms, a.bwd_ms, a.send_fwd_ms, a.send_bwd_ms, a.memory) == (b.fwd_ms, b.bwd_ms, b.send_fwd_ms,
+                                                                               b.send_bwd_ms, b.memory)
+    assert dpv.stages[turn].send_fwd_ms == 0.0 and dual.stages[turn].send_fwd_ms > 0.0
+    assert dual.stages[turn + 1].send_bwd_ms == dual.stages[turn].send_fwd_ms
+    assert dual.layout.downstream_rank(turn) == dual.layout.rank_of(stage_idx=turn, replica=1)
+    assert dual.predicted.iteration_ms > dpv.predicted.iteration_ms
+    # with the turn's transfer taken out, the replay is DualPipe-V's
+    from planner.cost.stage import StageTerms
+
+    terms = [StageTerms.of_plan_stage(s) for s in dual.stages]
+    assert math.isclose(simulate_iteration_ms(DUAL, dual.num_microbatches, terms, virtual_stages_per_rank=2),
+                        dual.predicted.iteration_ms)
+    terms[turn] = dataclasses.replace(terms[turn], send_fwd_ms=0.0)
+    terms[turn + 1] = dataclasses.replace(terms[turn + 1], send_bwd_ms=0.0)
+    assert simulate_iteration_ms(DUAL, dual.num_microbatches, terms, virtual_stages_per_rank=2) == pytest.approx(
+        simulate_iteration_ms(DPV, dual.num_microbatches, terms, virtual_stages_per_rank=2))
+    # two copies of the parameters: each device holds two chunks, as DualPipe-V at D = 2
+    assert dual.stages[0].memory.param_bytes == dpv.stages[0].memory.param_bytes > 0
+
+
+def test_dualpipe_needs_its_two_copies_and_is_refused_at_run():
+    with pytest.raises(ValueError, match="mirror placement needs .* even dp_degree"):
+        Layout(num_stages=4, virtual_stages_per_rank=2, placement=ChunkPlacement.MIRROR, dp_degree=1)
+    prof, cluster = _profile(), small_cluster(4)
+    assert DUAL not in PlanRequest().schedules  # searched when named
+    # on D = 1 it has no layout: nothing to plan
+    from planner.artifacts.errors import InfeasibleError
+
+    with pytest.raises((InfeasibleError, PlannerInputError)):
+        plan(prof, cluster, PlanRequest(global_batch=16, schedules=(DUAL,), num_stages=2, dp_degree=1))
+    dual = plan(prof, cluster, PlanRequest(global_batch=16, schedules=(DUAL,), num_stages=2))
+    from planner.runtime.check import check_schedule
+
+    with pytest.raises(PlannerInputError, match=r"^plan: schedule 'dualpipe' is not run: .*torch 2\.13 has no DualPipe"):
+        check_schedule(dual)
+    from planner.report.export import torchtitan_config, write_plan_schedule_csv
+
+    with pytest.raises(PlannerInputError, match="schedule dualpipe"):
+        write_plan_schedule_csv(dual, "unused.csv")
+    with pytest.raises(PlannerInputError, match="no class"):
+        torchtitan_config(dual)

@@ -22,7 +22,9 @@ rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved
   ``ScheduleZBVZeroBubble``), each backward split into ``I`` and ``W``: their orders and
   in-flight counts are in :mod:`planner.schedule.zero_bubble`. DualPipe-V (ZBV's chunks, a
   forward and a whole backward of other micro-batches paired in its steady phase; torch
-  ``ScheduleDualPipeV``, ``M >= 2P``): :mod:`planner.schedule.dualpipe`.
+  ``ScheduleDualPipeV``, ``M >= 2P``): :mod:`planner.schedule.dualpipe`, which also gives
+  DualPipe's (two copies of the parameters; per copy of ``N / 2`` pipeline ranks the same orders,
+  ``M`` per copy: :class:`~planner.artifacts.kinds.ChunkPlacement` ``mirror``).
 - Per-stage replication (PipeDream's round-robin, Narayanan et al. 2019, section 3.3; flushed
   as PipeDream-Flush): stage ``s`` has ``R_s`` copies, one rank each (ranks stage-major:
   stage 0's copies first), and micro-batch ``m`` (of ``M``, global) runs on copy
@@ -70,16 +72,17 @@ def check_schedule_rules(
         raise PlannerInputError(f"num_microbatches must be >= 1 (got {num_microbatches})")
     if virtual_stages_per_rank < 1:
         raise PlannerInputError(f"virtual_stages_per_rank must be >= 1 (got {virtual_stages_per_rank})")
-    v_class = {ScheduleKind.ZBV: "ScheduleZBVZeroBubble", ScheduleKind.DUALPIPE_V: "ScheduleDualPipeV"}
+    v_class = {ScheduleKind.ZBV: "torch's ScheduleZBVZeroBubble", ScheduleKind.DUALPIPE_V: "torch's ScheduleDualPipeV",
+               ScheduleKind.DUALPIPE: "DeepSeek's dualpipe.py per copy"}
     if kind in v_class and (virtual_stages_per_rank != 2 or num_stages % 2):
         raise PlannerInputError(
             f"{kind.value} runs two chunks per rank in a V: virtual_stages_per_rank must be 2 and num_stages even "
-            f"(got {num_stages} stages, {virtual_stages_per_rank} per rank), as torch's {v_class[kind]}"
+            f"(got {num_stages} stages, {virtual_stages_per_rank} per rank), as {v_class[kind]}"
         )
-    if kind is ScheduleKind.DUALPIPE_V and num_microbatches < num_stages:
+    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE) and num_microbatches < num_stages:
         raise PlannerInputError(
-            f"dualpipe-v needs num_microbatches >= num_stages (got M={num_microbatches} < {num_stages} chunks), "
-            "as torch's ScheduleDualPipeV"
+            f"{kind.value} needs num_microbatches >= num_stages (got M={num_microbatches} < {num_stages} chunks), "
+            f"as {v_class[kind]}"
         )
     if kind in _ONE_PER_RANK and virtual_stages_per_rank != 1:
         raise PlannerInputError(
@@ -134,7 +137,7 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
         return tuple(zb_h2_rank(s, num_stages, num_microbatches) for s in range(num_stages))
     if kind is ScheduleKind.ZBV:
         return tuple(zbv_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
-    if kind is ScheduleKind.DUALPIPE_V:
+    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # DualPipe: each copy's devices (ChunkPlacement.MIRROR)
         return tuple(dualpipe_v_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
     ranks = num_stages // v
     return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))

@@ -25,6 +25,19 @@ chunk's backwards mix whole ``B`` (in the overlapped steady phase) and split ``I
 warm-up's turn and in the cooldown): each micro-batch's backward is one or the other. torch
 requires ``M >= 2P`` (its number of stages).
 
+DualPipe itself (the report's Fig. 5: two copies of the parameters, ``N`` devices, device ``r``
+holding stage ``r`` of the first copy and stage ``N - 1 - r`` of the second, half the
+micro-batches fed to each end) runs on device ``r`` exactly this order of rank ``min(r, N - 1 -
+r)`` with ``P = N / 2`` and ``M`` the micro-batches per copy (DeepSeek's ``dualpipe/dualpipe.py``:
+its ``step`` is this function with ``half_rank``, ``num_half_ranks`` and ``num_chunks / 2``, and
+``phase ^ is_in_second_half`` naming the copy). So the planner writes a DualPipe plan as the V of
+``P`` ranks whose two copies are a data-parallel pair (:class:`~planner.artifacts.kinds.
+ChunkPlacement` ``mirror``: DeepSeek's ``rank_mapping`` that puts devices ``r`` and ``N - 1 - r``
+side by side), the same orders and held counts per device; what differs from DualPipe-V on that
+layout is the turn: it crosses from device ``P - 1`` to device ``P`` (the other copy's), priced as
+a transfer (:meth:`~planner.artifacts.layout.Layout.downstream_rank`), where DualPipe-V's two
+chunks share the device. torch has no DualPipe; ``planner run`` refuses it.
+
 An ``OVERLAP_F_B`` step runs its two sub-actions one after the other (torch's
 ``_PipelineScheduleRuntime`` calls ``_perform_action`` on each, forward first, on one stream), so
 the planner's order is the flat sequence of the steps' actions (:func:`dualpipe_v_rank`), the one
