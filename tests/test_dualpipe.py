@@ -193,7 +193,7 @@ def test_dualpipe_is_the_v_per_copy_with_a_turn_that_crosses():
 
 
 def test_dualpipe_needs_its_two_copies_and_is_refused_at_run():
-    with pytest.raises(ValueError, match="mirror placement needs .* even dp_degree"):
+    with pytest.raises(ValueError, match=r"mirror placement needs .* even dp_degree"):
         Layout(num_stages=4, virtual_stages_per_rank=2, placement=ChunkPlacement.MIRROR, dp_degree=1)
     prof, cluster = _profile(), small_cluster(4)
     assert DUAL not in PlanRequest().schedules  # searched when named
@@ -213,3 +213,28 @@ def test_dualpipe_needs_its_two_copies_and_is_refused_at_run():
         write_plan_schedule_csv(dual, "unused.csv")
     with pytest.raises(PlannerInputError, match="no class"):
         torchtitan_config(dual)
+
+
+@pytest.mark.parametrize(("p", "m"), [(1, 2), (2, 4), (2, 7), (3, 6), (3, 11), (4, 8), (4, 13)])
+def test_held_states_cover_every_point_of_the_walk(p, m):
+    """Every (whole, past I) point of each chunk's walk (a whole B frees its micro-batch at once)
+    is at most one of its Held.states, so ``held_bytes`` is the walk's byte peak for any
+    activation and keep sizes, a keep above the activations included."""
+    from planner.schedule import held_bytes
+
+    layout = v_layout(p)
+    held = held_counts(DPV, layout, m)
+    state = [(0, 0)] * layout.num_stages
+    walks: list[list[tuple[int, int]]] = [[] for _ in range(layout.num_stages)]
+    step = {ActionKind.FORWARD: (1, 0), ActionKind.BACKWARD_INPUT: (-1, 1), ActionKind.BACKWARD_WEIGHT: (0, -1),
+            ActionKind.BACKWARD: (-1, 0)}
+    for order in build_schedule(DPV, 2 * p, m, 2):
+        for a in order:
+            dw, dp = step[a.kind]
+            state[a.stage_idx] = (state[a.stage_idx][0] + dw, state[a.stage_idx][1] + dp)
+            walks[a.stage_idx].append(state[a.stage_idx])
+    for s, points in enumerate(walks):
+        assert min(min(pt) for pt in points) >= 0 and points[-1] == (0, 0)
+        assert all(any(w <= x and q <= y for x, y in held[s].states) for w, q in points), (s, held[s].states)
+        for act, keep in ((10.0, 3.0), (2.0, 9.0)):
+            assert held_bytes(held[s], act, keep) == max(w * act + q * keep for w, q in points)
