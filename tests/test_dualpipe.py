@@ -190,6 +190,10 @@ def test_dualpipe_is_the_v_per_copy_with_a_turn_that_crosses():
         simulate_iteration_ms(DPV, dual.num_microbatches, terms, virtual_stages_per_rank=2))
     # two copies of the parameters: each device holds two chunks, as DualPipe-V at D = 2
     assert dual.stages[0].memory.param_bytes == dpv.stages[0].memory.param_bytes > 0
+    # the file does not hold the placement: the schedule implies it, and it reads back equal
+    from planner.artifacts.plan import dumps_plan, plan_from_json
+
+    assert plan_from_json(__import__("json").loads(dumps_plan(dual))) == dual
 
 
 def test_dualpipe_needs_its_two_copies_and_is_refused_at_run():
