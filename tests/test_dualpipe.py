@@ -242,3 +242,31 @@ def test_held_states_cover_every_point_of_the_walk(p, m):
         assert all(any(w <= x and q <= y for x, y in held[s].states) for w, q in points), (s, held[s].states)
         for act, keep in ((10.0, 3.0), (2.0, 9.0)):
             assert held_bytes(held[s], act, keep) == max(w * act + q * keep for w, q in points)
+
+
+def test_zbv_and_dualpipe_v_share_one_chain_dp():
+    """The chain DP reads the split and the held counts only, equal for ZBV and DualPipe-V, so a
+    search solves their configuration once (planner.solve.chain_memo); the shared optimum is the
+    one DualPipe-V's own solve finds, and another count or layout is solved anew."""
+    from planner.cost import CostModel
+    from planner.solve.chain_dp import solve_chain
+    from planner.solve.chain_memo import shared_chain
+    from planner.solve.prices import StageTable
+
+    cm = CostModel(_profile(), small_cluster(4))
+    table = StageTable(cm, 1, 1e9)
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(kw["schedule"])
+        return solve_chain(*args, **kw)
+
+    solve = shared_chain(counted)
+    lay = v_layout(2)
+    zbv = solve(table, layout=lay, num_microbatches=8, schedule=ZBV)
+    dpv = solve(table, layout=lay, num_microbatches=8, schedule=DPV)
+    assert calls == [ZBV] and dpv is zbv
+    assert dpv == solve_chain(table, layout=lay, num_microbatches=8, schedule=DPV)
+    solve(table, layout=lay, num_microbatches=4, schedule=DPV)
+    solve(table, layout=v_layout(1), num_microbatches=8, schedule=DPV)
+    assert calls == [ZBV, DPV, DPV]
