@@ -2,7 +2,7 @@
 action-list runtime, the plan's per-rank action lists (``planner.runtime.actions``): the runtime
 trains exactly as one process would (float64 SGD, losses and gradients to 1e-12) at P = 2 (with
 and without recomputation, the zoo GPT whose tied embedding and head share rank 0) and P = 4
-(eight chunks of a six-block GPT); and the bytes saved for backward against the plan, for
+(eight chunks of a six-block GPT; and D = 2 with the all-reduce in buckets); and the bytes saved for backward against the plan, for
 ``planner plan``'s own DualPipe-V plans run by the runtime: equal on every chunk at P = 2 and 4."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from planner.artifacts.kinds import ChunkPlacement
 from tests.runtime_launch import SharedLaunches
-from tests.test_runtime_numerics import MLP, ZOO_GPT, _cfg, _check
+from tests.test_runtime_numerics import MLP, SMALL_BUCKETS, ZOO_GPT, _cfg, _check
 from tests.test_runtime_zero_bubble import GPT6, _plan_and_report, _planned
 
 DPV = "dualpipe-v"
@@ -27,7 +27,12 @@ def dpv_configs(world: int) -> list[dict]:
             _cfg("dpv-mlp-P2-D1-rc-M6", MLP, 4, 1, DPV, True, num_microbatches=6, **v2),
             _cfg("dpv-zoo-gpt-P2-D1-tied", ZOO_GPT, 4, 1, DPV, False, boundaries=[1, 2, 4], **v2),
         ]
-    return [_cfg("dpv-gpt6-P4-D1-rc", GPT6, 4, 1, DPV, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2)]
+    return [
+        _cfg("dpv-gpt6-P4-D1-rc", GPT6, 4, 1, DPV, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2),
+        # D = 2, the all-reduce in buckets started from the gradient hooks: they fire in the whole
+        # backwards of the steady phase and in the W passes of its ends
+        _cfg("dpv-mlp-P2-D2-buckets", MLP, 4, 2, DPV, True, stack=SMALL_BUCKETS, **v2),
+    ]
 
 
 @pytest.mark.slow
