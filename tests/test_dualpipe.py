@@ -270,3 +270,27 @@ def test_zbv_and_dualpipe_v_share_one_chain_dp():
     solve(table, layout=lay, num_microbatches=4, schedule=DPV)
     solve(table, layout=v_layout(1), num_microbatches=8, schedule=DPV)
     assert calls == [ZBV, DPV, DPV]
+
+
+@pytest.mark.parametrize(("ranks", "m"), [(2, 4), (2, 7), (4, 8), (4, 11)])
+def test_runtime_checks_the_plans_order_against_torchs_class(ranks, m):
+    """Before a run, ``planner.runtime.torch_order`` builds torch's own ``ScheduleDualPipeV`` over
+    the rank's stages (here stand-ins holding what its ``__init__`` reads: the group's size and
+    rank, the stage count, a module) and compares its ``pipeline_order``, overlapped pairs read as
+    their sub-actions, with the plan's: equal for DualPipe-V's, a ZBV order refused at its first
+    differing step."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from planner.runtime.torch_order import check_torch_order, torch_order
+
+    for rank in range(ranks):
+        stages = [SimpleNamespace(num_stages=2 * ranks, group_size=ranks, group_rank=rank, submod=torch.nn.Linear(1, 1))
+                  for _ in range(2)]
+        ours = build_schedule(DPV, 2 * ranks, m, 2)
+        assert torch_order(stages, DPV, m, torch.nn.functional.mse_loss) == [[str(a) for a in r] for r in ours]
+        check_torch_order(stages, DPV, ours, m, torch.nn.functional.mse_loss)
+        with pytest.raises(PlannerInputError, match=r"torch's ScheduleDualPipeV runs \w+ at compute step \d+ of rank 0"):
+            check_torch_order(stages, DPV, build_schedule(ZBV, 2 * ranks, m, 2), m, torch.nn.functional.mse_loss)
+    assert torch_order([], ZBV, m, torch.nn.functional.mse_loss) is None  # no class compared for ZBV here
