@@ -123,8 +123,8 @@ class ConfigSearch:
                 heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
                 return
         slack = self.where.slack
-        if policy.prune and (lb > limit or (policy.tight and (facts.rank_floor_ms(c0, slack) > limit
-                                                              or facts.memory_floor_ms(c0, slack) > limit))):
+        if policy.prune and (lb > limit or (policy.tight and (facts.rank_floor_ms(c0, slack) > limit or (
+                limit < float("inf") and facts.memory_floor_ms(c0, slack) > limit)))):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
             # tighter limit (the Pareto points are the best configurations', RESULTS 37)
