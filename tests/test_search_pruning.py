@@ -330,7 +330,7 @@ def test_least_bytes_is_below_every_share_of_the_layers() -> None:
 
     import numpy as np
 
-    from planner.solve.floors import least_bytes
+    from planner.solve.rank_memory import least_bytes
 
     rng = np.random.default_rng(7)
     for _ in range(50):

@@ -55,7 +55,6 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
-
 def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core_bytes: np.ndarray) -> Curve:
     """Breakpoints ``(x, R(x))`` of the least ms per micro-batch in which recomputation frees
     ``x`` bytes per micro-batch, each layer at most once and in any fraction: a layer frees
@@ -96,21 +95,6 @@ def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
     x = np.asarray(freed, dtype=float)
     out: np.ndarray = np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
     return out
-
-
-def least_bytes(work: np.ndarray, nbytes: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
-    """The least bytes any share of the layers with total work ``w`` holds, ``H(w)``, layer
-    ``i`` holding ``nbytes[i]`` for its ``work[i] > 0`` and taken in any fraction (so the fewest
-    bytes per ms first): breakpoints ``(w, H(w))`` of a convex piecewise-linear function from
-    ``(0, 0)`` to the whole profile, with the point where ``H`` reaches ``cap`` among them."""
-    order = np.argsort(nbytes / work, kind="stable")
-    w = np.concatenate([[0.0], np.cumsum(work[order])])
-    h = np.concatenate([[0.0], np.cumsum(nbytes[order])])
-    k = int(np.searchsorted(h, cap))
-    if 0 < k < len(h) and h[k] > cap > h[k - 1]:
-        at = w[k - 1] + (w[k] - w[k - 1]) * (cap - h[k - 1]) / (h[k] - h[k - 1])
-        w, h = np.insert(w, k, at), np.insert(h, k, cap)
-    return w, h
 
 
 class ConfigFacts:
@@ -204,7 +188,7 @@ class ConfigFacts:
           stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
           holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
           saved activations; fractions of layers allowed, so the lightest bytes per ms are
-          taken first: a convex piecewise-linear ``H``, :func:`least_bytes`). It takes ``g_r(w) =
+          taken first: a convex piecewise-linear ``H``, :func:`~planner.solve.rank_memory.least_bytes`). It takes ``g_r(w) =
           w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
           operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
           backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at

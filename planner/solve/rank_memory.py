@@ -5,7 +5,7 @@ fit), and the time at which the ranks' works reach the profile's. The memory flo
 :meth:`~planner.solve.floors.ConfigFacts.memory_floor_ms` (skipping) are built on it.
 
 ``g(w) = w + R(max(0, H(w) - cap) / k)``: ``H`` the least bytes any share of the layers with
-work ``w`` holds with ``k`` micro-batches in flight (:func:`planner.solve.floors.least_bytes`),
+work ``w`` holds with ``k`` micro-batches in flight (:func:`least_bytes`),
 ``R`` the least recomputation time freeing that much per micro-batch
 (:func:`planner.solve.floors.recompute_curve`); convex and piecewise linear, so its inverse is
 given by breakpoints ``(t, w)``, linear between.
@@ -14,6 +14,7 @@ given by breakpoints ``(t, w)``, linear between.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,15 +36,7 @@ def inverse_points(work: list[float], state: list[float], saved: list[float], km
     point where ``H`` reaches ``cap``) and where ``(H - cap) / kmin`` reaches the curve's, linear
     between. On Python floats: a handful of layer rows and curve points (equal layers summed in
     one row, collinear curve points dropped), where NumPy's calls cost more than the arithmetic."""
-    nbytes = [s + kmin * a for s, a in zip(state, saved)]
-    at_w, at_h = [0.0], [0.0]
-    for i in sorted(range(len(work)), key=lambda i: nbytes[i] / work[i]):
-        at_w.append(at_w[-1] + work[i])
-        at_h.append(at_h[-1] + nbytes[i])
-    k = bisect.bisect_left(at_h, cap)
-    if 0 < k < len(at_h) and at_h[k] > cap > at_h[k - 1]:
-        at_w.insert(k, at_w[k - 1] + (at_w[k] - at_w[k - 1]) * (cap - at_h[k - 1]) / (at_h[k] - at_h[k - 1]))
-        at_h.insert(k, cap)
+    at_w, at_h = least_bytes(work, [s + kmin * a for s, a in zip(state, saved)], cap)
     xs, ys = curve[0].tolist(), curve[1].tolist()
     reach = [cap + kmin * x for x in xs[1:]]
     ws = sorted(set(at_w + [interp(x, at_h, at_w) for x in reach if cap < x < at_h[-1]]))
@@ -53,6 +46,22 @@ def inverse_points(work: list[float], state: list[float], saved: list[float], km
         x = max(0.0, interp(w, at_w, at_h) - cap) / kmin
         ts.append(w + (interp(x, xs, ys) if x <= xs[-1] else ys[-1] + slope * (x - xs[-1])))
     return np.array(ts), np.array(ws)
+
+
+def least_bytes(work: Sequence[float], nbytes: Sequence[float], cap: float) -> tuple[list[float], list[float]]:
+    """The least bytes any share of the layers with total work ``w`` holds, ``H(w)``, layer
+    ``i`` holding ``nbytes[i]`` for its ``work[i] > 0`` and taken in any fraction (so the fewest
+    bytes per ms first): breakpoints ``(w, H(w))`` of a convex piecewise-linear function from
+    ``(0, 0)`` to the whole profile, with the point where ``H`` reaches ``cap`` among them."""
+    at_w, at_h = [0.0], [0.0]
+    for i in sorted(range(len(work)), key=lambda i: nbytes[i] / work[i]):
+        at_w.append(at_w[-1] + float(work[i]))
+        at_h.append(at_h[-1] + float(nbytes[i]))
+    k = bisect.bisect_left(at_h, cap)
+    if 0 < k < len(at_h) and at_h[k] > cap > at_h[k - 1]:
+        at_w.insert(k, at_w[k - 1] + (at_w[k] - at_w[k - 1]) * (cap - at_h[k - 1]) / (at_h[k] - at_h[k - 1]))
+        at_h.insert(k, cap)
+    return at_w, at_h
 
 
 def interp(x: float, xp: list[float], fp: list[float]) -> float:
