@@ -93,7 +93,7 @@ def test_one_pass_schedules_hold_whole_micro_batches_only() -> None:
     assert held_counts(ScheduleKind.GPIPE, Layout(num_stages=2), 8) == (Held(8), Held(8))
 
 
-@pytest.mark.parametrize("kind", [H1, H2, ZBV])
+@pytest.mark.parametrize("kind", [H1, H2, ZBV, DPV])
 def test_first_input_whole_is_the_most_whole_of_the_walk(kind: ScheduleKind) -> None:
     """:func:`first_input_whole` (the memory floor's counts, read off the orders without walking
     them) is at most the most whole micro-batches of any point of each stage's walk, and on
