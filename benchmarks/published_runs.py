@@ -286,10 +286,10 @@ def layer_ms(run: PublishedRun, gemm: GemmModel) -> tuple[float, float]:
     """Table 4's one layer: (forward, backward with the row's recomputation) ms."""
     cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer,
                            DeviceGroup(tp_degree=run.t, sequence_parallel=run.sequence_parallel), run.stack)
-    fwd, bwd = cm.layer_times(run.microbatch)
+    fwd, bwd = cm.at_batch(run.microbatch).times_ms
     block = 1  # every block is the same
     rc = {Recompute.NONE: 0.0, Recompute.FULL: float(fwd[block]),
-          Recompute.SELECTIVE: float(cm.core_ms(run.microbatch)[block])}[run.recompute]
+          Recompute.SELECTIVE: float(cm.at_batch(run.microbatch).core_ms[block])}[run.recompute]
     return float(fwd[block]), float(bwd[block]) + rc
 
 

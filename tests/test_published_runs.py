@@ -146,7 +146,7 @@ def test_selective_rows_recompute_the_attention_core() -> None:
     got = price(run, gemm)
     cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer,
                            DeviceGroup(tp_degree=run.t, sequence_parallel=run.sequence_parallel), run.stack)
-    core = float(cm.core_ms(run.microbatch)[1])
+    core = float(cm.at_batch(run.microbatch).core_ms[1])
     assert core > 0
     assert got.fwd_ms == pytest.approx(base.fwd_ms)
     assert got.bwd_ms == pytest.approx(base.bwd_ms + core)

@@ -277,14 +277,13 @@ def test_cost_models_stage_matrices_are_its_per_stage_methods(layers, data, b):
         count = min(prof.layers[t].param_count for t in tied)
         prof = dataclasses.replace(prof, tied=(TiedParams(name="tie", layers=tied, param_count=count, param_bytes=4 * count),))
     cm = CostModel(prof, small_cluster(8), gather_bytes_per_sample=data.draw(st.sampled_from([0.0, 3e5])))
-    params, compute = cm.stage_param_matrix(), cm.stage_compute_matrix(b)
-    act, buffers = cm.stage_activation_matrix(b), cm.stage_buffer_matrix(b)
+    params, sums = cm.stage_param_matrix(), cm.stage_sums(b)
     for i in range(L):
         for j in range(i + 1, L + 1):
             assert params[i, j] == cm.stage_param_count(i, j)
-            assert compute[i, j] == cm.stage_fwd_ms(i, j, b) + cm.stage_bwd_ms(i, j, b)
-            assert act[i, j] == cm.activation_bytes(i, j, (), b)
-            assert buffers[i, j] == cm.buffer_bytes(i, j, b)
+            assert sums.compute_ms[i, j] == cm.stage_fwd_ms(i, j, b) + cm.stage_bwd_ms(i, j, b)
+            assert sums.activation_bytes[i, j] == cm.activation_bytes(i, j, (), b)
+            assert sums.buffer_bytes[i, j] == cm.buffer_bytes(i, j, b)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

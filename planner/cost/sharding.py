@@ -157,7 +157,8 @@ class ShardedState(PrefixSums):
         :meth:`zero2_exposed_ms`, not here: the chain solvers' tables price a stage as its layers.)"""
         if is_fsdp(layout.sharding(stage_idx)):
             return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
-        return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
+        fp, bp = self.at_batch(microbatch_size).prefix_ms
+        return float(fp[stop] - fp[start]), float(bp[stop] - bp[start])
 
     def zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float, bwd_ms: float) -> float:
         """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
@@ -199,7 +200,7 @@ class ShardedState(PrefixSums):
         the routed experts' on their expert data-parallel group's line (``sharding``'s)."""
         key = (microbatch_size, *line, sharding.expert_shards if self.has_experts else 0)
         if key not in self._fsdp:
-            fwd, bwd = self.layer_times(microbatch_size)
+            fwd, bwd = self.at_batch(microbatch_size).times_ms
             if not self.has_experts:
                 moved = self.param_count > 0
                 # FP8 parameters are gathered in FP8 (1 byte each: planner.cost.precision)
@@ -217,8 +218,8 @@ class ShardedState(PrefixSums):
         selectively (its selective level's forward): those forwards, less under ZeRO 3 (``sharding``,
         its collectives on ``line``) the slack its backward leaves beside the gathers and
         reduce-scatters (:attr:`FsdpTerms.slack`, :mod:`planner.cost.fsdp`)."""
-        fwd, _ = self.layer_times(microbatch_size)
-        core = self.core_ms(microbatch_size)
+        fwd, _ = self.at_batch(microbatch_size).times_ms
+        core = self.at_batch(microbatch_size).core_ms
         if not is_fsdp(sharding):
             return fwd, core
         slack = self.fsdp_terms(microbatch_size, line, sharding).slack

@@ -167,13 +167,13 @@ def stage_recompute(
     fwd, core = cm.layout_recompute_prices(b, c.layout, stage_idx)
     choice = choose_recompute(
         fwd_ms=fwd[start:stop].tolist(),
-        saved_bytes=cm.saved_bytes(b)[start:stop].tolist(),
+        saved_bytes=cm.at_batch(b).saved_bytes[start:stop].tolist(),
         input_bytes=(cm.input_per_sample[start:stop] * b).tolist(),
         first_layer=start,
         inflight=inflight,
         excess_bytes=float(excess),
         core_ms=core[start:stop].tolist() if cm.selective else None,
-        core_bytes=cm.core_bytes(b)[start:stop].tolist() if cm.selective else None,
+        core_bytes=cm.at_batch(b).core_bytes[start:stop].tolist() if cm.selective else None,
         shared_bytes=cm.shared_out(start, stop, b).tolist() if cm.profile.shared_saved else None,
     )
     if choice.time_ms == float("inf") or cm.stage_memory(

@@ -80,7 +80,7 @@ def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> flo
     G = request.global_batch
     out = float("inf")
     for b in microbatch_sizes(request, G):
-        out = min(out, G * cm.work_ms(b) / (b * num_groups))
+        out = min(out, G * cm.at_batch(b).work_ms / (b * num_groups))
     return out
 
 

@@ -69,12 +69,12 @@ def _parameters(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
 
 
 def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     return _prefix_weight(fwd + bwd)
 
 
 def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     compute = _prefix_weight(fwd + bwd)
     # between the first devices of pipeline ranks 0 and 1 (D groups apart)
     second = cm.group.layout(num_stages=P, dp_degree=D).rank_of(stage_idx=1) if P > 1 else 0
@@ -113,7 +113,7 @@ def pipedream_split(
     (stage starts, copies per stage), or None if no split uses exactly ``num_devices``."""
     L, N = cm.num_layers, num_devices
     allowed = sorted(set(counts)) if counts is not None else list(range(1, N + 1))
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     compute = _prefix_weight(fwd + bwd)
     bw = cm.cluster.intra_node_bandwidth_gb_per_s
     comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=0.0) for c in cm.cut_bytes_per_sample])

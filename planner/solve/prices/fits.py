@@ -93,7 +93,7 @@ class StageFits:
         self._kind = self._layers.kind
         self._run = self._layers.run
         self._levels = batch.levels
-        self._keep: np.ndarray | None = None  # per stage, what a micro-batch past its I keeps (held)
+        self._keep = batch.keep  # per stage, what a micro-batch past its I keeps (held)
         self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
 
     def held(self, pending: int) -> Self:
@@ -106,8 +106,6 @@ class StageFits:
             return self
         found = self._held.get(pending)
         if found is None:
-            if self._keep is None:
-                self._keep = np.minimum(self.cm.keep_matrix(self.b), self.act)
             found = copy.copy(self)
             found.static = self.static + pending * self._keep
             entries = found._entries = Entries()
