@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.profile import Profile
-from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.context import ContextView, candidate_cp_degrees, context_parallel_view
@@ -50,13 +50,21 @@ def device_groups(profile: Profile, base: Cluster, num_devices: int, request: Pl
     return groups
 
 
-def note_group(group: DeviceGroup) -> None:
-    """The progress note of a group's search."""
-    note(f"searching {group.describe()}")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degree:
+    """One group searched: its cost model (the per-device tables), how many such groups the
+    devices hold, and the bounds below every plan of it (:func:`degree_bound_ms`,
+    :func:`machine_bound_ms`)."""
+
+    group: DeviceGroup
+    cost_model: CostModel
+    num_groups: int
+    bound_ms: float
+    machine_bound_ms: float
 
 
-def degree_models(problem: Problem, base: Cluster, groups: list[DeviceGroup]) -> Iterator[CostModel]:
-    """Each group's cost model in order, built as it is asked for; the tensor-parallel view of
+def degree_models(problem: Problem, base: Cluster, groups: list[DeviceGroup], num_devices: int) -> Iterator[Degree]:
+    """Each group's :class:`Degree` in order, built as it is asked for; the tensor-parallel view of
     each ``(t, sp)`` built once for all its context-parallel degrees, the context-parallel view of
     each ``(t, sp, cp)`` once for all its expert layouts."""
     request = problem.request
@@ -68,8 +76,11 @@ def degree_models(problem: Problem, base: Cluster, groups: list[DeviceGroup]) ->
             views[(t, sp)] = stack_tp_view(problem.profile, base, t, sp, request.stack)
         if (t, sp, cp) not in contexts:
             contexts[(t, sp, cp)] = context_parallel_view(views[(t, sp)], base, cp, t, request.stack)
-        yield device_cost_model(problem.profile, base, request.optimizer, group, request.stack, tp_view=views[(t, sp)],
-                                cp_view=contexts[(t, sp, cp)])
+        cm = device_cost_model(problem.profile, base, request.optimizer, group, request.stack, tp_view=views[(t, sp)],
+                               cp_view=contexts[(t, sp, cp)])
+        num_groups = group.groups_in(num_devices)
+        yield Degree(group=group, cost_model=cm, num_groups=num_groups, bound_ms=degree_bound_ms(cm, request, num_groups),
+                     machine_bound_ms=machine_bound_ms(cm, request.global_batch, num_groups))
 
 
 def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> float:
