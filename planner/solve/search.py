@@ -147,7 +147,7 @@ from planner.solve.ceiling import ChainBound, bound_chain
 from planner.solve.degrees import degree_models, device_groups
 from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
-from planner.solve.select import merge_pareto, over_cap, select
+from planner.solve.select import chosen, over_cap
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import num_devices_of
 
@@ -172,11 +172,10 @@ def search_plan(
     # plan, then the smaller t
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
                               p.layout.tp_degree))
-    best = select(plans, request, reference)
+    best = chosen(plans, request, reference, [p for plan in plans for p in plan.pareto])
     cap = memory_cap_bytes(cluster, request)
     if best.predicted.peak_memory_bytes > cap:  # never returned (build_best drops such plans)
         raise over_cap(best, cap)
-    best = dataclasses.replace(best, pareto=merge_pareto([p for plan in plans for p in plan.pareto]))
     # a coarsened search says so on its plan, once (the longest chain any degree wanted)
     wanted = max(wanted_chain(profile.num_layers, g.groups_in(n), request, chain_solver, settings) for g in groups)
     if bound.limits(wanted):
