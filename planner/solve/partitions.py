@@ -98,6 +98,15 @@ WEIGHTS: dict[SolverKind, WeightFn] = {
 }
 
 
+def partition_by(kind: SolverKind, cm: CostModel, microbatch_size: int, num_stages: int, dp_degree: int,
+                 fixed: Sequence[int] = ()) -> tuple[int, ...] | None:
+    """The baseline ``kind``'s partition (:data:`WEIGHTS`, :func:`minmax_partition`) into
+    ``num_stages`` stages, ``dp_degree`` copies each, starting a stage at every ``fixed``
+    boundary (:func:`honouring`); None where no partition has a finite weight."""
+    weight = honouring(WEIGHTS[kind](cm, microbatch_size, num_stages, dp_degree), fixed)
+    return minmax_partition(weight, num_stages)
+
+
 def pipedream_split(
     cm: CostModel, b: int, num_devices: int, counts: list[int] | None = None
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
