@@ -88,7 +88,7 @@ from planner.cost.collectives import allreduce_line
 from planner.cost.context import ContextView, context_parallel_view
 from planner.cost.experts import expert_view, strip_experts
 from planner.cost.model import CostModel
-from planner.cost.offload import activation_offload_view, offload_workspace_per_sample
+from planner.cost.offload import activation_offload_view
 from planner.cost.recompute_view import forced_view, forced_workspace_per_sample
 
 
@@ -301,7 +301,7 @@ def device_cost_model(
     ctx = cp_view if cp_view is not None else context_parallel_view(view, cluster, group.cp_degree, t, stack)
     experts = expert_view(ctx.profile, profile, cluster, group, stack)
     device = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency))
-    offloading = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
+    offloading, offload_workspace = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
     return CostModel(offloading, cluster, optimizer, group=group, stack=stack,
                      gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile)
-                     + offload_workspace_per_sample(device))
+                     + offload_workspace)
