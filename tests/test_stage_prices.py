@@ -19,7 +19,7 @@ from planner.profiling.analytic.gpt import gpt3_profile
 from planner.solve.prices import StageTable
 from planner.solve.prices import fits as prices_fits
 from planner.solve.prices import layers as prices_layers
-from planner.solve.prices.covers import level_cover_costs, level_covers
+from planner.solve.prices.layers import level_cover_costs, level_covers
 from planner.solve.recompute import choose_recompute, layer_options
 from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster
 
@@ -83,9 +83,9 @@ def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses
 )
 def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, excess):
     """Rows of very different sizes (full-layer counts 1-120, fronts of 1 to dozens of points)
-    priced in size classes (:func:`planner.solve.prices.covers._size_classes`, as a call with large
+    priced in size classes (:func:`planner.solve.prices.layers._size_classes`, as a call with large
     padded arrays is) cost what one padded block gives, bit for bit."""
-    from planner.solve.prices import covers as prices_covers
+    from planner.solve.prices import layers as prices_covers  # the covers live beside the layers
 
     rows = []
     for runs in stages:

@@ -7,8 +7,8 @@ One typed value is read: :class:`~planner.solve.prices.table.StageTable`, built 
 :class:`~planner.solve.chain.StageQuestion` (cost model, micro-batch size, memory cap,
 sharding, fixed boundaries, recomputation allowed). Its modules, in import order:
 
-- :mod:`.covers`: recompute prices of many stages at once (the selective levels' covers);
-- :mod:`.layers`: the chain's layers by kind, keying stages with the same recompute covers;
+- :mod:`.layers`: the chain's layers by kind, keying stages with the same recompute covers, and those
+  covers' recompute prices for many stages at once;
 - :mod:`.fixed`: what the cap does not change (every stage's compute, static and activation
   bytes), built from the cost model's vectorised per-stage sums and shared between tables;
 - :mod:`.capview`: per cap, how many micro-batches each stage holds;

@@ -3,9 +3,9 @@ recompute time that fits stage ``[i, j)`` in its cap with ``k`` micro-batches in
 where nothing fits), and the recomputed layers behind each time.
 
 Recompute prices: where a layer has a selective level, the least recompute time of every stage
-a table call must price is worked out at once (:func:`planner.solve.prices.covers.level_covers`,
+a table call must price is worked out at once (:func:`planner.solve.prices.layers.level_covers`,
 the excess-free part, shared by every table with the same layers through
-:class:`~planner.solve.prices.layers.LayerKinds`; :meth:`planner.solve.prices.covers.CoverRows.costs`,
+:class:`~planner.solve.prices.layers.LayerKinds`; :meth:`planner.solve.prices.layers.CoverRows.costs`,
 the excess-dependent part, vectorised over the stages); the layers of a stage are chosen
 (:func:`~planner.solve.recompute.choose_recompute`, the same least time bit for bit, which an
 assertion holds) only when a plan asks for them. Without selective levels, or with shared
