@@ -16,7 +16,6 @@ from typing import Self
 
 import numpy as np
 
-from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Sharding
 from planner.cost import CostModel
 from planner.solve.arrays import distinct
@@ -168,13 +167,6 @@ class StageFits:
             self._held[pending] = found
         return found
 
-    def hidden_backward(self) -> np.ndarray:
-        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
-        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
-        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
-        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
-        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
-
     def fits_everywhere(self, inflight: int) -> bool:
         """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
         not constrain any partition (so sharding more could not make one faster)."""
@@ -218,11 +210,6 @@ class StageFits:
         if self._recent is not None:
             self._recent.touch(self._entries, (-1, cap))
         return found
-
-    def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
-        """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
-        count of ``at = (inflight, cap)`` (what recomputation must free)."""
-        return excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
 
     def could_fit(self, inflight: int, cap: float | None = None, recompute: bool = True) -> np.ndarray:
         """Stages that might fit ``cap`` (default the table's) with ``inflight`` micro-batches: as
