@@ -154,21 +154,11 @@ class ShardedState(PrefixSums):
         """(forward, backward) ms of one micro-batch on stage ``stage_idx`` of ``layout``: under
         ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`).
         (ZeRO 2's reduce-scatter every micro-batch is added to a plan's stage by
-        :meth:`zero2_exposed_ms`, not here: the chain solvers' tables price a stage as its layers.)"""
+        :func:`planner.cost.stage.price_stage`, not here: the chain solvers' tables price a stage as its layers.)"""
         if is_fsdp(layout.sharding(stage_idx)):
             return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
         fp, bp = self.at_batch(microbatch_size).prefix_ms
         return float(fp[stop] - fp[start]), float(bp[stop] - bp[start])
-
-    def zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float, bwd_ms: float) -> float:
-        """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
-        (module docstring): all of it, or with the stack's overlap what the micro-batch's own
-        ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
-        sharding = layout.sharding(stage_idx)
-        if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
-            return 0.0
-        r = self.microbatch_reduce_ms(start, stop, stage_idx, layout)
-        return max(0.0, r - fwd_ms - bwd_ms) if self.stack.zero_reduce_overlap else r
 
     def microbatch_reduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
         """ZeRO 2's reduce-scatter of one micro-batch's gradients of the stage (module docstring)."""
