@@ -164,15 +164,12 @@ class CostModel(ShardedState):
         self.core_fixed = np.array([c.saved_bytes_fixed if c else 0.0 for c in cores])
         #: layers with a selective recompute level (an attention core)
         self.has_core = np.array([c is not None for c in cores], dtype=bool)
+        self.selective = bool(self.has_core.any())  # some layer has a selective recompute level
         self._speed = cluster.relative_speed
         self._batches: dict[int, BatchSums] = {}
         self._shared: dict[int, np.ndarray] = {}
         self._fsdp: dict[tuple[int, float, float, int], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
-
-    @property
-    def selective(self) -> bool:  # some layer has a selective recompute level
-        return bool(self.has_core.any())
 
     # ---------------------------------------------------------------- compute
     def keep_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
