@@ -87,7 +87,7 @@ from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
-from planner.cost.fsdp import FsdpTerms, is_fsdp
+from planner.cost.fsdp import FsdpTerms, is_fsdp, units_in_flight
 from planner.cost.offload import optimizer_offloaded
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.precision import fp8_extra_weight_bytes, precision_of
@@ -259,7 +259,8 @@ class CostModel(ShardedState):
         input-gradient pass holding :meth:`keep_bytes` (:func:`planner.schedule.held_counts`)."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
-        gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0
+        # ZeRO 3's gathered working set: the units in flight x the stage's largest layer
+        gathered = units_in_flight(self.stack.fsdp_prefetch) * int(self.param_count[start:stop].max()) if is_fsdp(sharding) else 0
         if self.has_experts:  # the routed experts' state over their own group
             experts = self.stage_expert_param_count(start, stop)
             we, ge, oe = self.expert_state_bytes_per_param(sharding)

@@ -36,7 +36,7 @@ from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line, gather_line
-from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp, units_in_flight
+from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
@@ -84,7 +84,7 @@ class ShardedState(PrefixSums):
         of a stage whose state is divided as ``sharding`` says."""
         w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
         n = sharding.ranks
-        if is_fsdp(sharding):  # ZeRO 3: all of it (its gathered working set: fsdp_working_params)
+        if is_fsdp(sharding):  # ZeRO 3: all of it (its gathered working set: CostModel.stage_memory's)
             return w / n, g / n, o / n
         # gradients: 1/n under ZeRO 2, reduce-scattered every micro-batch (module docstring)
         return float(w), g / n if sharding.zero is ZeroStage.GRADIENTS else float(g), \
@@ -246,8 +246,3 @@ class ShardedState(PrefixSums):
         reduce-scatter per layer (``sum_k 2 a_k + r_k``)."""
         terms = self.fsdp_terms(microbatch_size, line, sharding)
         return float(2.0 * terms.gather.sum() + terms.scatter.sum())
-
-    def fsdp_working_params(self, start: int, stop: int) -> int:
-        """Parameters gathered at once under ZeRO 3: the units in flight x the stage's largest layer."""
-        return units_in_flight(self.stack.fsdp_prefetch) * int(self.param_count[start:stop].max())
-
