@@ -117,6 +117,14 @@ def unrecomputed(cm: CostModel, cand: Candidate) -> float:
                                  virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
 
 
+def unrecomputed_below(cm: CostModel, cand: Candidate, limit: float) -> float:
+    """:func:`unrecomputed` where it could be below ``limit`` (its floor,
+    :func:`unrecomputed_floor_ms`, is: checked first, no simulation), else inf."""
+    if unrecomputed_floor_ms(cm, cand.config, cand.solution) >= limit:
+        return float("inf")
+    return unrecomputed(cm, cand)
+
+
 def simulated(cm: CostModel, cand: Candidate) -> float:
     """The candidate's iteration time by the simulator's fast entry."""
     c = cand.config
