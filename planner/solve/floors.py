@@ -51,7 +51,7 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     if g:
         other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
         line = (min(line[0], other[0]), min(line[1], other[1]))
-    work, comm = cm.work_ms(c.microbatch_size), cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
