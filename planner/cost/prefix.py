@@ -123,7 +123,8 @@ class PrefixSums:
         fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
         bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
         fp, bp = np.concatenate([[0.0], np.cumsum(fwd)]), np.concatenate([[0.0], np.cumsum(bwd)])
-        core_ms = np.array([c.fwd.at(microbatch_size) if c else 0.0 for c in self.attention_cores]) / self._speed
+        c_ic, c_ps = self._core_lines  # AttentionCore.fwd.at (never negative) over every layer; 0 without a core
+        core_ms = np.maximum(0.0, c_ic + c_ps * microbatch_size) / self._speed
         saved = self.saved_per_sample * microbatch_size + self.saved_fixed
         core = self.core_per_sample * microbatch_size + self.core_fixed
         for array in (fwd, bwd, fp, bp, core_ms, saved, core):
@@ -131,6 +132,13 @@ class PrefixSums:
         return BatchSums(microbatch_size=microbatch_size, times_ms=(fwd, bwd), prefix_ms=(fp, bp),
                          work_ms=float(fp[-1] + bp[-1]), wgrad_ms=float(np.dot(bwd, self.wgrad_fraction)),
                          saved_bytes=saved, core_bytes=core, core_ms=core_ms)
+
+    @cached_property
+    def _core_lines(self) -> tuple[np.ndarray, np.ndarray]:
+        """(intercepts, ms per sample) of the layers' attention cores' forward lines (0 without one)."""
+        cores = self.attention_cores
+        return (np.array([c.fwd.intercept_ms if c else 0.0 for c in cores]),
+                np.array([c.fwd.per_sample_ms if c else 0.0 for c in cores]))
 
     @cached_property
     def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
