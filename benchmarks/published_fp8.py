@@ -1,20 +1,21 @@
-"""The published FP8 rows priced, and the one FP8 constant fitted (issue 49 item 5).
+"""The published FP8 rows priced with a measured FP8 GEMM efficiency (issue 49 item 5).
 
 Megatron-Bridge's DGX-H100 table (``../shared/reference/published_runs/README.md`` section 6;
 the rows: ``benchmarks/published_rows.py``'s :func:`megatron_bridge_rows`): Llama 3 8B (FSDP),
 Llama 3 70B and Llama 3.1 405B trained with FP8 current scaling. Each is priced as
 ``benchmarks/published_runs.py`` prices every row (the published configuration forced, the
 shipped bf16 GEMM constants, which never saw these rows), its profile re-priced at
-``fp8-current`` by :func:`planner.cost.precision.at_precision`.
+``fp8-current`` by :func:`planner.cost.precision.at_precision` with the settings of
+Megatron-Bridge 25.11's performance scripts: every block in FP8 (``first_last_layers_bf16``
+off), Transformer Engine's fused cross entropy.
 
-One constant per precision: the FP8 GEMMs' fraction of the FP8 peak relative to the bf16 GEMMs'
-of the bf16 peak (``planner.cost.precision.FP8_GEMM_EFFICIENCY``), fitted (golden-section search
-on the squared log time ratio) on ``FP8_FIT_ROWS`` only -- the 70B row, the one of the three
-whose layout (Megatron TP + interleaved PP, no FSDP, no CP) is the bf16 fit rows' -- and the
-other rows priced with it out of sample. No other constant is touched.
+No constant is fitted: the FP8 GEMMs' fraction of the FP8 peak relative to the bf16 GEMMs' of
+the bf16 peak (``planner.cost.precision.FP8_GEMM_EFFICIENCY``) is the H100's measured maximum
+achievable matmul FLOPS in FP8 over that in BF16 (``FP8_EFFICIENCY_SOURCE``); every row is out
+of sample. ``--fit`` prints, for comparison only, the value a fit on all three rows would take
+(golden-section search on the squared log time ratio) and the rows at it; it ships nothing.
 
-Run: ``python benchmarks/published_fp8.py [--fit]`` (``--fit`` refits first and prints the value
-to ship).
+Run: ``python benchmarks/published_fp8.py [--fit]``
 """
 
 from __future__ import annotations
@@ -87,23 +88,26 @@ def table(rows: list[PublishedRun], efficiency: float) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="fit the FP8 constant on FP8_FIT_ROWS first")
+    ap.add_argument("--fit", action="store_true", help="also print what a fit on all rows would give (not shipped)")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
-    if args.fit:
-        fitted = fit([r for r in rows if r.label in precision.FP8_FIT_ROWS])
-        print(f"FP8_GEMM_EFFICIENCY[fp8-current] fitted on {', '.join(precision.FP8_FIT_ROWS)}: {fitted:.4f} "
-              f"(shipped {shipped:.4f})\n")
-        shipped = fitted
-    print(f"fp8-current: FP8 GEMMs at {shipped:.4f} x the bf16 GEMMs' fraction of peak, x {1979 / 989:.3f} the H100's "
-          f"bf16 peak; quantisation {precision.QUANTISE_BYTES[Precision.FP8_CURRENT]:.2f} bytes moved per bf16 byte; "
-          f"first and last block bf16\n")
+    edges = sorted({precision.BF16_EDGE_BLOCKS[r.precision] if r.bf16_edge_blocks is None else r.bf16_edge_blocks
+                    for r in rows})
+    print(f"fp8-current: FP8 GEMMs at {shipped:.4f} x the bf16 GEMMs' fraction of peak (measured: "
+          f"{precision.FP8_EFFICIENCY_SOURCE}), x {1979 / 989:.3f} the H100's bf16 peak; quantisation "
+          f"{precision.QUANTISE_BYTES[Precision.FP8_CURRENT]:.2f} bytes moved per bf16 byte; "
+          f"{'/'.join(map(str, edges))} block(s) bf16 at each end\n")
     errors = table(rows, shipped)
     mags = [abs(e) for e in errors]
     print(f"\nFP8 rows: {len(rows)}, fitted on {len(rows) - len(errors)}, out of sample median |error| "
           f"{100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%, mean signed "
           f"{100 * statistics.fmean(errors):+.1f}%")
+    if args.fit:
+        fitted = fit(rows)
+        print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on all {len(rows)} rows: {fitted:.4f}\n")
+        table(rows, fitted)
+        precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
     return 0
 
 

@@ -9,9 +9,9 @@ time replaced, and memory-bound quantisation passes added:
   GEMMs' at the same shape. The GEMM model's efficiency curve carries over unchanged: an FP8
   operand is half the bytes, so a product's intensity doubles in FLOP/byte exactly as the
   ridge point doubles with the peak (``planner.profiling.analytic.gemm``). The relative
-  fraction is the one constant fitted per precision (``benchmarks/published_runs.py``, on
-  the row :data:`FP8_FIT_ROWS` names; the other FP8 rows out of sample); the recipes without a
-  published row carry fp8-current's.
+  fraction is measured, not fitted: the maximum achievable matmul FLOPS of one H100 SXM in
+  FP8 and in BF16 by the same finder and software (:data:`FP8_EFFICIENCY_SOURCE`: 1,402.6 of
+  1,979 and 794.5 of 989 TFLOPS, 0.882); the recipes without a measurement of their own carry it.
 - Quantisation: each distinct GEMM input is cast in the forward and each output gradient in
   the backward, memory-bound: bf16 bytes x the recipe's :data:`QUANTISE_BYTES` (bytes read and
   written per bf16 byte) / the cluster's HBM bandwidth x the profile's achieved HBM fraction.
@@ -33,7 +33,9 @@ time replaced, and memory-bound quantisation passes added:
   ZeRO 3 (1 B per FP8 parameter on the wire).
 - Layers kept bf16: Megatron-Bridge's current-scaling recipe runs the first and the last
   transformer block in bf16 (``first_last_layers_bf16``, one at each end:
-  :data:`BF16_EDGE_BLOCKS`); its block-scaling and MXFP8 recipes keep none.
+  :data:`BF16_EDGE_BLOCKS`); its block-scaling and MXFP8 recipes keep none. A caller that knows
+  its run's setting passes it (``at_precision(..., bf16_edge_blocks=)``: Megatron-Bridge's
+  performance scripts turn the bf16 blocks off, ``scripts/performance/utils/precision.py``).
 
 The attention core, the router, the embedding and the head stay bf16 (Megatron-Core's
 defaults; ``planner.profiling.analytic.common.BF16_GEMMS``). MXFP8 needs a device that scales
@@ -50,8 +52,9 @@ from planner.artifacts.kinds import Precision
 from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
-__all__ = ["BF16_EDGE_BLOCKS", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES", "QUANTISE_BYTES", "at_precision",
-           "check_precision", "check_profile", "fp8_extra_weight_bytes", "precision_of"]
+__all__ = ["BF16_EDGE_BLOCKS", "FP8_EFFICIENCY_SOURCE", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES",
+           "QUANTISE_BYTES", "at_precision", "check_precision", "check_profile", "edge_blocks_of",
+           "fp8_extra_weight_bytes", "precision_of", "with_fp8_view"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {
@@ -59,17 +62,21 @@ QUANTISE_BYTES: dict[Precision, float] = {
     Precision.FP8_BLOCK: 2.0 + 4.0 / 256,
     Precision.MXFP8: 2.0 + 1.0 / 64,
 }
-#: FP8 GEMMs' fraction of the FP8 peak relative to bf16 GEMMs' of the bf16 peak at the same shape:
-#: fitted by ``benchmarks/published_fp8.py --fit`` on FP8_FIT_ROWS (fp8-current); the other recipes
-#: carry it (no published row of theirs is given). Above 1 it is not a GEMM's physics (an H100's
-#: FP8 GEMMs reach a lower fraction of their peak than its bf16 ones): it also absorbs what the
-#: bf16-fitted model overprices beside the GEMMs in these FP8 runs (benchmarks/RESULTS.md, "FP8")
+#: FP8 GEMMs' fraction of the FP8 peak relative to bf16 GEMMs' of the bf16 peak at the same shape, measured:
+#: the H100 SXM's maximum achievable matmul FLOPS in FP8 (float8_e4m3fn) over its FP8 peak, divided by the same
+#: in BF16 (FP8_EFFICIENCY_SOURCE); no FP8 row is fitted. The recipes without a measurement of their own carry it
+_H100_FP8_RELATIVE = (1402.6 / 1979.0) / (794.5 / 989.0)
 FP8_GEMM_EFFICIENCY: dict[Precision, float] = {
-    Precision.FP8_CURRENT: 1.2883,
-    Precision.FP8_BLOCK: 1.2883,
-    Precision.MXFP8: 1.2883,
+    Precision.FP8_CURRENT: _H100_FP8_RELATIVE,
+    Precision.FP8_BLOCK: _H100_FP8_RELATIVE,
+    Precision.MXFP8: _H100_FP8_RELATIVE,
 }
-FP8_FIT_ROWS = ("MB L3 70B fp8",)
+FP8_EFFICIENCY_SOURCE = ("stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS "
+                         "comparison table' (mamf-finder.py, torch 2.7.0+cu126 for both): NVIDIA H100 SXM BF16 794.5 of "
+                         "989 TFLOPS (80.3%), FP8 1,402.6 of 1,979 (70.9%): 0.882 of the BF16 fraction")
+#: the FP8 rows a constant is fitted on: none (the efficiency is measured; benchmarks/published_fp8.py --fit
+#: prints what a fit would give, for comparison)
+FP8_FIT_ROWS: tuple[str, ...] = ()
 #: FP8 weight bytes per FP8 parameter (row-wise and column-wise copies)
 FP8_WEIGHT_BYTES = 2
 #: transformer blocks kept bf16 at each end of the model, per recipe (module docstring)
@@ -86,6 +93,14 @@ DEFAULT_HBM_FRACTION = 0.4067
 
 #: the profile metadata key naming the FP8 recipe its layers were priced at (absent: bf16, as profiled)
 PRECISION_KEY = "precision"
+#: the profile metadata key of the blocks kept bf16 at each end where a caller chose them (absent: the recipe's)
+EDGE_KEY = "bf16_edge_blocks"
+
+
+def edge_blocks_of(profile: Profile) -> int | None:
+    """The bf16 edge blocks an FP8 profile was priced with where its caller chose them (None: the recipe's)."""
+    value = profile.metadata.get(EDGE_KEY)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def precision_of(profile: Profile) -> Precision:
@@ -111,7 +126,19 @@ def check_profile(profile: Profile, precision: Precision) -> None:
     if precision.fp8 and precision_of(profile) is Precision.BF16 and not any(layer.fp8 for layer in profile.layers):
         raise PlannerInputError(
             f"--precision {precision.value}: profile {profile.model!r} has no FP8 view of its GEMMs (Layer.fp8): "
-            "build it again with planner profile --analytic (a measured profile is priced at the precision it ran)")
+            "build it again with planner profile --analytic (a measured profile is priced at the precision it ran; an "
+            "analytic one is given the view at load time only where this version builds it again to the same layers)")
+
+
+def with_fp8_view(profile: Profile) -> Profile:
+    """``profile`` with the FP8 view of its GEMMs derived at load time where it is an analytic profile
+    written before the view existed (``planner.profiling.analytic.rebuild.with_fp8_views``: built again
+    from what it records, taken only where the rebuilt layers are its own); else ``profile`` itself."""
+    if precision_of(profile) is not Precision.BF16 or any(layer.fp8 for layer in profile.layers):
+        return profile
+    from planner.profiling.analytic.rebuild import with_fp8_views  # the analytic generators, loaded for this only
+
+    return with_fp8_views(profile)
 
 
 def _scaled(fit: TimeFit, factor: float) -> TimeFit:
@@ -133,9 +160,11 @@ def _fp8_layer(layer: Layer, speedup: float, ms_per_byte: float, bytes_factor: f
     return dataclasses.replace(layer, fwd=fwd, bwd=bwd, saved_bytes_per_sample=saved, measured=())
 
 
-def at_precision(profile: Profile, cluster: Cluster, precision: Precision) -> Profile:
+def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_edge_blocks: int | None = None) -> Profile:
     """``profile`` with its layers priced under ``precision`` on ``cluster``'s devices (module
-    docstring); bf16: the profile itself. Refused where the devices cannot run it."""
+    docstring); bf16: the profile itself. Refused where the devices cannot run it.
+    ``bf16_edge_blocks``: transformer blocks kept bf16 at each end (None: the recipe's,
+    :data:`BF16_EDGE_BLOCKS`)."""
     current = precision_of(profile)
     if precision is current:
         return profile
@@ -147,9 +176,10 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision) -> Pr
     bandwidth = cluster.memory_bandwidth_gb_per_s or 1000.0
     ms_per_byte = 1.0 / (bandwidth * 1e9 * hbm / 1e3)
     with_view = [i for i, layer in enumerate(profile.layers) if layer.fp8 is not None]
-    edge = BF16_EDGE_BLOCKS[precision]
+    edge = BF16_EDGE_BLOCKS[precision] if bf16_edge_blocks is None else bf16_edge_blocks
     kept = set(with_view[:edge] + with_view[len(with_view) - edge:]) if edge and len(with_view) > 2 * edge else set()
     layers = tuple(dataclasses.replace(layer, fp8=None) if i in kept
                    else _fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision])
                    for i, layer in enumerate(profile.layers))
-    return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value})
+    chosen = {} if bf16_edge_blocks is None else {EDGE_KEY: bf16_edge_blocks}
+    return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value, **chosen})
