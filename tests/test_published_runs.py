@@ -61,8 +61,8 @@ def test_memory_rows_are_the_issue_rows() -> None:
 
 
 def test_sources_and_fit_rows() -> None:
-    """Four bf16 sources and the FP8 one; each source's fit rows (the FP8 source's: the one FP8
-    constant's, planner.cost.precision.FP8_FIT_ROWS) are at most a third of its rows and rows of it."""
+    """Four bf16 sources and the FP8 one; each source's fit rows (the FP8 source's: planner.cost.precision.
+    FP8_FIT_ROWS, none since its constant is measured) are at most a third of its rows and rows of it."""
     by_source: dict[str, list[str]] = {}
     for r in ROWS.values():
         by_source.setdefault(r.publication, []).append(r.label)

@@ -126,8 +126,7 @@ def check_profile(profile: Profile, precision: Precision) -> None:
     if precision.fp8 and precision_of(profile) is Precision.BF16 and not any(layer.fp8 for layer in profile.layers):
         raise PlannerInputError(
             f"--precision {precision.value}: profile {profile.model!r} has no FP8 view of its GEMMs (Layer.fp8): "
-            "build it again with planner profile --analytic (a measured profile is priced at the precision it ran; an "
-            "analytic one is given the view at load time only where this version builds it again to the same layers)")
+            "build it again with planner profile --analytic (a measured profile is priced at the precision it ran)")
 
 
 def with_fp8_view(profile: Profile) -> Profile:

@@ -101,7 +101,7 @@ def with_fp8_views(profile: Profile) -> Profile:
         return profile
     gemm = _recorded_gemm(profile.metadata)
     rebuilt = rebuild_with(profile, gemm) if gemm is not None else None
-    if (rebuilt is None or len(rebuilt.layers) != len(profile.layers)
+    if (rebuilt is None or len(rebuilt.layers) != len(profile.layers) or all(b.fp8 is None for b in rebuilt.layers)
             or not all(_same_layer(a, b) for a, b in zip(profile.layers, rebuilt.layers))):
         return profile
     layers = tuple(dataclasses.replace(a, fp8=b.fp8) for a, b in zip(profile.layers, rebuilt.layers))
