@@ -248,3 +248,18 @@ def test_a_shipped_analytic_profile_gets_its_fp8_view_at_load_time(name: str) ->
     assert with_fp8_view(edited) is edited
     with pytest.raises(PlannerInputError, match="no FP8 view of its GEMMs"):
         plan(edited, PRESETS["h100-80gb-x8"], PlanRequest(global_batch=16, precisions=(Precision.FP8_CURRENT,)))
+
+
+def test_tensor_parallel_overlap_windows_shrink_with_the_fp8_gemms() -> None:
+    """A collective hides behind the GEMMs beside it: in FP8 they run 1 / speedup as long, so its window
+    (a fraction of the layer's re-priced split work) is the bf16 one x (bf16 / FP8 layer time) / speedup."""
+    prof = llama_profile(_SMALL_LLAMA, seq=512, device_preset="h100-80gb")
+    cluster = PRESETS["h100-80gb-x8"]
+    fp8 = at_precision(prof, cluster, Precision.FP8_BLOCK)
+    a, b = prof.layers[2], fp8.layers[2]
+    assert a.tp is not None and b.tp is not None and a.tp.degrees
+    speedup = cluster.peak_fp8_tflops / cluster.peak_tflops * FP8_GEMM_EFFICIENCY[Precision.FP8_BLOCK]
+    for da, db in zip(a.tp.degrees, b.tp.degrees):
+        assert db.fwd_overlap == pytest.approx([w * a.fwd_ms(1) / b.fwd_ms(1) / speedup for w in da.fwd_overlap])
+        assert db.bwd_overlap == pytest.approx([w * a.bwd_ms(1) / b.bwd_ms(1) / speedup for w in da.bwd_overlap])
+        assert all(x < y for x, y in zip(db.fwd_overlap, da.fwd_overlap))

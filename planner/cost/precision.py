@@ -156,7 +156,15 @@ def _fp8_layer(layer: Layer, speedup: float, ms_per_byte: float, bytes_factor: f
     bwd = TimeFit(intercept_ms=layer.bwd.intercept_ms - keep * view.bwd.intercept_ms,
                   per_sample_ms=max(0.0, layer.bwd.per_sample_ms - keep * view.bwd.per_sample_ms) + quant_bwd)
     saved = max(layer.input_bytes_per_sample, layer.saved_bytes_per_sample - view.input_bytes_per_sample / 2)
-    return dataclasses.replace(layer, fwd=fwd, bwd=bwd, saved_bytes_per_sample=saved, measured=())
+    tp = layer.tp
+    if tp is not None and tp.degrees:
+        # each tensor-parallel collective's window (the GEMMs beside it / the layer's split work) shrinks
+        # with them: the weighted GEMMs beside it run 1 / speedup as long, the work around them as re-priced
+        f, b = layer.fwd.at(1) / fwd.at(1) / speedup, layer.bwd.at(1) / bwd.at(1) / speedup
+        tp = dataclasses.replace(tp, degrees=tuple(
+            dataclasses.replace(d, fwd_overlap=tuple(min(1.0, w * f) for w in d.fwd_overlap),
+                                bwd_overlap=tuple(min(1.0, w * b) for w in d.bwd_overlap)) for d in tp.degrees))
+    return dataclasses.replace(layer, fwd=fwd, bwd=bwd, saved_bytes_per_sample=saved, tp=tp, measured=())
 
 
 def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_edge_blocks: int | None = None) -> Profile:
