@@ -15,6 +15,14 @@ achievable matmul FLOPS in FP8 over that in BF16 (``FP8_EFFICIENCY_SOURCE``); ev
 of sample. ``--fit`` prints, for comparison only, the value a fit on all three rows would take
 (golden-section search on the squared log time ratio) and the rows at it; it ships nothing.
 
+Then the section's two MoE FP8 rows (Qwen3 30B-A3B on 16 GPUs, Qwen3 235B-A22B on 256) priced as
+``benchmarks/published_moe.py`` prices its rows (the published layout forced, the stack preset's
+MoE host time, the H100 GEMM constants), the analytic MoE profile at ``fp8-current`` (the routed
+experts' grouped GEMMs too: ``planner.cost.precision``), with the settings of Megatron-Bridge
+25.11's Qwen3 perf scripts (``scripts/performance/configs/qwen``: no recomputation, the all-to-all
+overlapped with the other micro-batch, alltoall dispatch, bf16 gradient reduction, expert TP 1,
+every block in FP8); out of sample, like the rest.
+
 Run: ``python benchmarks/published_fp8.py [--fit]``
 """
 
@@ -30,11 +38,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import published_moe as pm
 import published_runs as pr
 from published_rows import PublishedRun, megatron_bridge_rows
 
-from planner.artifacts.kinds import Precision
+from planner.artifacts.kinds import OptimizerKind, Precision, ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.layout import Layout
+from planner.artifacts.moe import MoeDispatcher
+from planner.artifacts.plan import Plan
 from planner.cost import precision
+from planner.solve.build import rebuild_plan
 
 GIB = 1024**3
 
@@ -86,6 +99,54 @@ def table(rows: list[PublishedRun], efficiency: float, fitted_on: tuple[str, ...
     return out
 
 
+_MB_MOE = dict(source="Megatron-Bridge 25.11 (H100)", seq=4096, etp=1, fsdp=False, recompute="none",
+               dispatcher=MoeDispatcher.ALLTOALL, overlap=True, optimizer=OptimizerKind.ADAM_MIXED)
+_MB_MOE_ASSUMED = ("FP8 current scaling on every block's linear layers and the routed experts' grouped GEMMs "
+                   "(first_last_layers_bf16 off: scripts/performance/utils/precision.py); attention core, router, "
+                   "embedding and head bf16; tokens dispatched in bf16",
+                   "Megatron-Bridge's Qwen3 perf settings (scripts/performance/configs/qwen, 25.11): no recomputation, "
+                   "moe_a2a_overlap, alltoall dispatch (no flex backend on H100), bf16 gradient reduction, ETP 1",
+                   "distributed optimizer (ZeRO 1); layers split evenly, the embedding and head with the first and last")
+#: section 6's MoE FP8-CS rows: step seconds from tokens/s/GPU (GBS x seq / (tokens/s/GPU x GPUs))
+MOE_ROWS = (
+    pm.MoeRun(label="MB Qwen3 30B-A3B fp8", config="qwen3-30b-a3b", gpus=16, batch=512, microbatch=2, tp=1, ep=8, pp=2,
+              vpp=24, published_s=512 * 4096 / (5275 * 16), published_tflops=121,
+              assumed=_MB_MOE_ASSUMED + ("VP 24 and MBS 2 as the table gives them (the 25.11 perf preset "
+                                         "QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS says VP 12, MBS 1)",), **_MB_MOE),
+    pm.MoeRun(label="MB Qwen3 235B fp8", config="qwen3-235b-a22b", gpus=256, batch=2048, microbatch=1, tp=2, ep=32, pp=8,
+              vpp=4, published_s=2048 * 4096 / (1575 * 256), published_tflops=233,
+              assumed=_MB_MOE_ASSUMED + ("GBS 2,048 (the previous container's figure for the row)",), **_MB_MOE),
+)
+
+
+def moe_plan(run: pm.MoeRun) -> Plan:
+    """``run``'s published configuration priced at fp8-current (published_moe's pricing, its profile re-priced)."""
+    cluster = pm.cluster_for(run)
+    profile = precision.at_precision(pm.profile_for(run.config, run.seq), cluster, Precision.FP8_CURRENT, 0)
+    layout = Layout(num_stages=run.pp * run.vpp, virtual_stages_per_rank=run.vpp, dp_degree=run.dp, tp_degree=run.tp,
+                    sequence_parallel=run.tp > 1, zero=ZeroStage.OPTIMIZER, ep_degree=run.ep, etp_degree=run.etp)
+    starts, full, sel = pm.partition(run, profile)
+    request = pm.request_for(run, tp_degrees=(run.tp,), ep_degrees=(run.ep,), etp_degrees=(run.etp,))
+    return rebuild_plan(profile, cluster, request, layout=layout, boundaries=starts, recompute=full, selective=sel,
+                        microbatch_size=run.microbatch, schedule=ScheduleKind.INTERLEAVED_1F1B, solver=SolverKind.GIVEN)
+
+
+def moe_table() -> list[float]:
+    """Print the MoE FP8 rows; their time ratios - 1 (all out of sample)."""
+    print(f"\n{'row':<21} {'TP':>2} {'EP':>2} {'PP':>2} {'VPP':>3} {'DP':>3} {'b':>1} {'published s':>11} {'predicted':>9} "
+          f"{'ratio':>6} {'GiB':>5} {'fits':>4}  fit?")
+    out = []
+    for run in MOE_ROWS:
+        p = moe_plan(run)
+        secs = p.predicted.iteration_ms / 1e3
+        peak = p.predicted.peak_memory_bytes
+        out.append(secs / run.published_s - 1)
+        print(f"{run.label:<21} {run.tp:>2} {run.ep:>2} {run.pp:>2} {run.vpp:>3} {run.dp:>3} {run.microbatch:>1} "
+              f"{run.published_s:>11.3f} {secs:>9.3f} {secs / run.published_s:>6.3f} {peak / GIB:>5.1f} "
+              f"{'yes' if peak <= pm.usable_bytes() else 'NO':>4}  out of sample")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on all rows would give (not shipped)")
@@ -99,10 +160,13 @@ def main() -> int:
           f"{precision.QUANTISE_BYTES[Precision.FP8_CURRENT]:.2f} bytes moved per bf16 byte; "
           f"{'/'.join(map(str, edges))} block(s) bf16 at each end\n")
     errors = table(rows, shipped)
-    mags = [abs(e) for e in errors]
-    print(f"\nFP8 rows: {len(rows)}, fitted on {len(rows) - len(errors)}, out of sample median |error| "
-          f"{100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%, mean signed "
-          f"{100 * statistics.fmean(errors):+.1f}%")
+    moe = moe_table()
+    print()
+    for name, errs in (("dense FP8 rows", errors), ("all FP8 rows (with the MoE ones)", errors + moe)):
+        mags = [abs(e) for e in errs]
+        print(f"{name}: {len(errs)}, fitted on 0, out of sample median |error| "
+              f"{100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%, mean signed "
+              f"{100 * statistics.fmean(errs):+.1f}%")
     if args.fit:
         fitted = fit(rows)
         print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on all {len(rows)} rows: {fitted:.4f}\n")

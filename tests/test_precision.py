@@ -263,3 +263,31 @@ def test_tensor_parallel_overlap_windows_shrink_with_the_fp8_gemms() -> None:
         assert db.fwd_overlap == pytest.approx([w * a.fwd_ms(1) / b.fwd_ms(1) / speedup for w in da.fwd_overlap])
         assert db.bwd_overlap == pytest.approx([w * a.bwd_ms(1) / b.bwd_ms(1) / speedup for w in da.bwd_overlap])
         assert all(x < y for x, y in zip(db.fwd_overlap, da.fwd_overlap))
+
+
+def test_routed_experts_run_their_grouped_gemms_in_fp8() -> None:
+    """An MoE block's routed experts (Layer.moe, outside Layer.fp8): their grouped GEMMs' bf16 time x (1 -
+    1 / speedup) saved, the casts of their inputs (s k (h + F)) and output gradients (s k (2F + h)) added,
+    their inputs kept in FP8 (s k (h + F) bytes fewer); the dispatch stays bf16."""
+    from planner.profiling.analytic.grouped import expert_gemm_ms
+    from planner.profiling.analytic.moe import moe_profile
+
+    config = json.loads((ROOT / "configs" / "qwen3-30b-a3b.json").read_text())
+    prof = moe_profile(config, seq=4096, device_preset="h100-80gb", model="qwen3-30b-a3b")
+    cluster = PRESETS["h100-80gb-x8"]
+    fp8 = at_precision(prof, cluster, Precision.FP8_CURRENT, bf16_edge_blocks=0)
+    i = next(j for j, layer in enumerate(prof.layers) if layer.moe is not None)
+    a, b = prof.layers[i].moe, fp8.layers[i].moe
+    assert a is not None and b is not None
+    s, k, e, h, f = a.tokens_per_sample, a.top_k, a.num_experts, a.hidden, a.expert_ffn_hidden
+    speedup = cluster.peak_fp8_tflops / cluster.peak_tflops * FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
+    ms_per_byte = 1.0 / (cluster.memory_bandwidth_gb_per_s * 1e6 * float(prof.metadata["memory_efficiency"]))
+    gemm = expert_gemm_ms(DEVICE_GEMM["h100-80gb"], cluster.peak_tflops * 1e9, tokens_per_expert=8 * s * k / e, experts=e,
+                          hidden=h, ffn=f)
+    quant = 8 * 2.0 * s * k * (h + f) * QUANTISE_BYTES[Precision.FP8_CURRENT] * ms_per_byte
+    assert b.expert_fwd.at(8) == pytest.approx(a.expert_fwd.at(8) - (1 - 1 / speedup) * gemm + quant, rel=1e-6)
+    assert a.expert_saved_bytes_per_sample - b.expert_saved_bytes_per_sample == pytest.approx(s * k * (h + f))
+    assert b.dispatch_bytes_per_element == 2
+    # the layer's time moves by the experts' change plus its own FP8 view's (the attention's GEMMs)
+    assert prof.layers[i].fp8 is not None and fp8.layers[i].fwd.at(8) - b.expert_fwd.at(8) != pytest.approx(
+        prof.layers[i].fwd.at(8) - a.expert_fwd.at(8))

@@ -37,6 +37,13 @@ time replaced, and memory-bound quantisation passes added:
   its run's setting passes it (``at_precision(..., bf16_edge_blocks=)``: Megatron-Bridge's
   performance scripts turn the bf16 blocks off, ``scripts/performance/utils/precision.py``).
 
+Routed experts (``Layer.moe`` of an analytic MoE profile, its GEMMs not in ``Layer.fp8``): their
+grouped GEMMs (``planner.profiling.analytic.grouped.expert_gemm_ms`` at the GEMM constants the
+profile records) re-priced alike, Transformer Engine's FP8 ``GroupedLinear``: the dispatched tokens
+and the down projection's input cast in the forward (``s k (h + F)`` bf16 elements), the two
+outputs' gradients in the backward (``s k (2F + h)``), both inputs saved in FP8; the tokens are
+dispatched in bf16.
+
 The attention core, the router, the embedding and the head stay bf16 (Megatron-Core's
 defaults; ``planner.profiling.analytic.common.BF16_GEMMS``). MXFP8 needs a device that scales
 its blocks in hardware (``Cluster.mxfp8``); every FP8 recipe a device with an FP8 peak.
@@ -49,6 +56,7 @@ import dataclasses
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import Precision
+from planner.artifacts.moe import MoeLayer
 from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
@@ -167,6 +175,46 @@ def _fp8_layer(layer: Layer, speedup: float, ms_per_byte: float, bytes_factor: f
     return dataclasses.replace(layer, fwd=fwd, bwd=bwd, saved_bytes_per_sample=saved, tp=tp, measured=())
 
 
+def _expert_lines(profile: Profile, moe: MoeLayer, peak_flops_per_ms: float) -> tuple[TimeFit, TimeFit] | None:
+    """The routed experts' grouped GEMMs' bf16 (forward, backward) lines, at the GEMM constants the
+    profile records (None where it records none: a measured profile's experts stay as measured)."""
+    from planner.profiling.analytic.grouped import FIT_SIZES, expert_gemm_ms, line_through
+    from planner.profiling.analytic.rebuild import recorded_gemm
+
+    model = recorded_gemm(profile.metadata)
+    if model is None or profile.source != "analytic":
+        return None
+
+    def at(b: int, backward: bool) -> float:
+        return expert_gemm_ms(model, peak_flops_per_ms, tokens_per_expert=b * moe.tokens_per_sample * moe.top_k / moe.num_experts,
+                              experts=moe.num_experts, hidden=moe.hidden, ffn=moe.expert_ffn_hidden, backward=backward)
+
+    return line_through({b: at(b, False) for b in FIT_SIZES}), line_through({b: at(b, True) for b in FIT_SIZES})
+
+
+def _fp8_experts(layer: Layer, lines: tuple[TimeFit, TimeFit], speedup: float, ms_per_byte: float,
+                 bytes_factor: float) -> Layer:
+    """``layer`` with its routed experts' GEMMs in FP8 (module docstring)."""
+    moe = layer.moe
+    assert moe is not None
+    keep = 1.0 - 1.0 / speedup
+    copies = float(moe.tokens_per_sample * moe.top_k)
+    h, f = moe.hidden, moe.expert_ffn_hidden
+    inputs = 2.0 * copies * (h + f)  # bf16 bytes of the two GEMM inputs
+
+    def less(fit: TimeFit, gemm: TimeFit, quant_ms: float) -> TimeFit:
+        return TimeFit(intercept_ms=fit.intercept_ms - keep * gemm.intercept_ms,
+                       per_sample_ms=max(0.0, fit.per_sample_ms - keep * gemm.per_sample_ms) + quant_ms)
+
+    qf, qb = inputs * bytes_factor * ms_per_byte, 2.0 * copies * (2 * f + h) * bytes_factor * ms_per_byte
+    freed = min(inputs / 2, moe.expert_saved_bytes_per_sample - moe.act_saved_bytes_per_sample)
+    experts = dataclasses.replace(moe, expert_fwd=less(moe.expert_fwd, lines[0], qf),
+                                  expert_bwd=less(moe.expert_bwd, lines[1], qb),
+                                  expert_saved_bytes_per_sample=moe.expert_saved_bytes_per_sample - freed)
+    return dataclasses.replace(layer, fwd=less(layer.fwd, lines[0], qf), bwd=less(layer.bwd, lines[1], qb),
+                               saved_bytes_per_sample=layer.saved_bytes_per_sample - freed, moe=experts)
+
+
 def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_edge_blocks: int | None = None) -> Profile:
     """``profile`` with its layers priced under ``precision`` on ``cluster``'s devices (module
     docstring); bf16: the profile itself. Refused where the devices cannot run it.
@@ -188,5 +236,12 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_
     layers = tuple(dataclasses.replace(layer, fp8=None) if i in kept
                    else _fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision])
                    for i, layer in enumerate(profile.layers))
+    peak = (cluster.peak_tflops or cluster.peak_fp8_tflops) * 1e9  # FLOP per ms
+    moe = [i for i, layer in enumerate(layers) if layer.moe is not None and i not in kept]
+    lines = _expert_lines(profile, layers[moe[0]].moe, peak) if moe else None  # type: ignore[arg-type]
+    if lines is not None:
+        layers = tuple(_fp8_experts(layer, _expert_lines(profile, layer.moe, peak) or lines, speedup, ms_per_byte,
+                                    QUANTISE_BYTES[precision]) if i in moe else layer
+                       for i, layer in enumerate(layers))
     chosen = {} if bf16_edge_blocks is None else {EDGE_KEY: bf16_edge_blocks}
     return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value, **chosen})

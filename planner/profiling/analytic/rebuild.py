@@ -25,7 +25,7 @@ from planner.profiling.analytic.gemm import GemmModel
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile
 
-__all__ = ["device_preset_of", "rebuild_with", "with_fp8_views"]
+__all__ = ["device_preset_of", "rebuild_with", "recorded_gemm", "with_fp8_views"]
 
 
 def device_preset_of(profile: Profile) -> str:
@@ -70,7 +70,7 @@ def rebuild_with(profile: Profile, gemm: GemmModel) -> Profile | None:
     return gpt_profile(**shape, device_preset=device, gemm=gemm, model=profile.model, attention=str(meta["attention"]))
 
 
-def _recorded_gemm(meta: Mapping[str, object]) -> GemmModel | None:
+def recorded_gemm(meta: Mapping[str, object]) -> GemmModel | None:
     """The GEMM constants an analytic profile records (None where it records none)."""
     values = [meta.get(k) for k in ("gemm_max_efficiency", "gemm_half_intensity_flop_per_byte", "memory_efficiency")]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
@@ -99,7 +99,7 @@ def with_fp8_views(profile: Profile) -> Profile:
     docstring); else ``profile`` itself (a measured profile's times are its own precision's)."""
     if any(layer.fp8 is not None for layer in profile.layers):
         return profile
-    gemm = _recorded_gemm(profile.metadata)
+    gemm = recorded_gemm(profile.metadata)
     rebuilt = rebuild_with(profile, gemm) if gemm is not None else None
     if (rebuilt is None or len(rebuilt.layers) != len(profile.layers) or all(b.fp8 is None for b in rebuilt.layers)
             or not all(_same_layer(a, b) for a, b in zip(profile.layers, rebuilt.layers))):
