@@ -182,7 +182,7 @@ def _expert_lines(profile: Profile, moe: MoeLayer, peak_flops_per_ms: float) -> 
     from planner.profiling.analytic.rebuild import recorded_gemm
 
     model = recorded_gemm(profile.metadata)
-    if model is None or profile.source != "analytic":
+    if model is None or profile.source != "analytic" or peak_flops_per_ms <= 0:
         return None
 
     def at(b: int, backward: bool) -> float:
@@ -236,12 +236,10 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_
     layers = tuple(dataclasses.replace(layer, fp8=None) if i in kept
                    else _fp8_layer(layer, speedup, ms_per_byte, QUANTISE_BYTES[precision])
                    for i, layer in enumerate(profile.layers))
-    peak = (cluster.peak_tflops or cluster.peak_fp8_tflops) * 1e9  # FLOP per ms
-    moe = [i for i, layer in enumerate(layers) if layer.moe is not None and i not in kept]
-    lines = _expert_lines(profile, layers[moe[0]].moe, peak) if moe else None  # type: ignore[arg-type]
-    if lines is not None:
-        layers = tuple(_fp8_experts(layer, _expert_lines(profile, layer.moe, peak) or lines, speedup, ms_per_byte,
-                                    QUANTISE_BYTES[precision]) if i in moe else layer
-                       for i, layer in enumerate(layers))
+    # the routed experts, at the peak of the device their profile was priced on (FLOP per ms)
+    peak = float(profile.metadata.get("peak_bf16_tflops", 0.0) or cluster.peak_tflops or 0.0) * 1e9
+    layers = tuple(_fp8_experts(layer, lines, speedup, ms_per_byte, QUANTISE_BYTES[precision])
+                   if layer.moe is not None and i not in kept and (lines := _expert_lines(profile, layer.moe, peak))
+                   else layer for i, layer in enumerate(layers))
     chosen = {} if bf16_edge_blocks is None else {EDGE_KEY: bf16_edge_blocks}
     return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value, **chosen})
