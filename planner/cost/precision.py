@@ -16,7 +16,8 @@ time replaced, and memory-bound quantisation passes added:
   the backward, memory-bound: bf16 bytes x the recipe's :data:`QUANTISE_BYTES` (bytes read and
   written per bf16 byte) / the cluster's HBM bandwidth x the profile's achieved HBM fraction.
   Transformer Engine's recipes (NVIDIA/TransformerEngine ``transformer_engine/common/recipe``):
-  current scaling computes a tensor's amax in one pass, then casts it (read 2 B, write 1 B
+  current scaling computes a tensor's amax in one pass, then casts it (TE's 'FP8 Current Scaling'
+  guide: "the tensor needs to be read twice"; read 2 B, write 1 B
   row-wise + 1 B column-wise for Hopper's transposed operand): 3 x the bf16 bytes; block
   scaling (1 x 128 and 128 x 128) and MXFP8 (32-element blocks) find each block's scale
   inside the casting kernel: one read and the two FP8 copies plus the scales (4 B per 128, 1 B
