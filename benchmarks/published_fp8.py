@@ -149,7 +149,7 @@ def moe_table() -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="also print what a fit on all rows would give (not shipped)")
+    ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
