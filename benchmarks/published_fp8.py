@@ -23,12 +23,18 @@ experts' grouped GEMMs too: ``planner.cost.precision``), with the settings of Me
 overlapped with the other micro-batch, alltoall dispatch, bf16 gradient reduction, expert TP 1,
 every block in FP8); out of sample, like the rest.
 
-Run: ``python benchmarks/published_fp8.py [--fit]``
+``--terms``: per dense row, where its predicted time goes: a transformer block's forward at micro-batch
+1 on one GPU of TP 1 split into the FP8 GEMMs, their casts and the rest (attention core, element-wise
+bytes), their shares; the busiest pipeline rank's compute per micro-batch; the bubble and the exposed
+data-parallel synchronisation of the iteration.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms]``
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -147,9 +153,37 @@ def moe_table() -> list[float]:
     return out
 
 
+def terms(rows: list[PublishedRun]) -> None:
+    """Print where each row's predicted time goes (module docstring, ``--terms``)."""
+    print(f"\n{'row':<16} {'block fwd ms':>12} {'FP8 GEMMs':>9} {'casts':>6} {'rest':>6} {'non-GEMM':>8} | "
+          f"{'rank ms/mb':>10} {'x M':>4} {'bubble':>6} {'exposed DP ms':>13} {'iteration s':>11}")
+    for r in rows:
+        pr.profile_for.cache_clear()
+        bf16 = pr.profile_for(dataclasses.replace(r, precision=Precision.BF16), pr.DEVICE_GEMM[r.device])
+        fp8 = pr.profile_for(r, pr.DEVICE_GEMM[r.device])
+        blocks = [j for j, layer in enumerate(bf16.layers) if layer.fp8 is not None]
+        i = blocks[len(blocks) // 2]  # a block in the middle: FP8 under every recipe
+        view = bf16.layers[i].fp8
+        assert view is not None
+        speedup = 1979 / 989 * precision.FP8_GEMM_EFFICIENCY[r.precision]
+        whole, gemm = fp8.layers[i].fwd.at(1), view.fwd.at(1) / speedup
+        cast = view.input_bytes_per_sample * precision.QUANTISE_BYTES[r.precision] / (
+            3350e9 * float(fp8.metadata["memory_efficiency"]) / 1e3)
+        rest = whole - gemm - cast
+        plan = pr.price(r, pr.DEVICE_GEMM[r.device]).plan
+        lay = plan.layout
+        busiest = max(sum(plan.stages[k].fwd_ms + plan.stages[k].bwd_ms + plan.stages[k].recompute_ms
+                          for k in lay.stage_indices(rank)) for rank in range(lay.pipeline_size))
+        pred = plan.predicted
+        print(f"{r.label:<16} {whole:>12.2f} {gemm:>9.2f} {cast:>6.2f} {rest:>6.2f} {(cast + rest) / whole:>8.0%} | "
+              f"{busiest:>10.1f} {plan.num_microbatches:>4} {max(0.0, pred.bubble_fraction):>6.1%} {pred.exposed_allreduce_ms:>13.1f} "
+              f"{pred.iteration_ms / 1e3:>11.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
+    ap.add_argument("--terms", action="store_true", help="also print where each dense row's time goes")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -167,6 +201,8 @@ def main() -> int:
         print(f"{name}: {len(errs)}, fitted on 0, out of sample median |error| "
               f"{100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%, mean signed "
               f"{100 * statistics.fmean(errs):+.1f}%")
+    if args.terms:
+        terms(rows)
     if args.fit:
         fitted = fit(rows)
         print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on the {len(rows)} dense rows: {fitted:.4f}\n")
