@@ -226,3 +226,20 @@ def test_the_tightest_device_is_named_with_its_simulated_peak() -> None:
     lay = got.plan.layout
     summed = max(sum(got.plan.stages[i].memory_total_bytes for i in lay.stage_indices(r)) for r in range(lay.pipeline_size))
     assert lay.virtual_stages_per_rank > 1 and summed / GIB > peak
+
+
+def test_the_fp8_rows_fit_and_run_as_megatron_bridge_ran_them() -> None:
+    """Section 6's FP8 rows: every block in FP8 (the perf scripts turn the bf16 edge blocks off), the
+    fused cross entropy, each configuration within the memory CUDA reports; the MoE rows' experts in
+    FP8 too, and within memory."""
+    import published_fp8
+
+    for run in (r for r in ROWS.values() if r.precision.fp8):
+        assert run.bf16_edge_blocks == 0 and run.fused_cross_entropy
+        got = price(run, DEVICE_GEMM[run.device])
+        assert got.fits, f"{run.label}: {got.peak_bytes / GIB:.2f} GiB: {got.reason}"
+        assert got.plan.layout.tp_degree == run.t and got.plan.layout.cp_degree == run.cp
+    for moe in published_fp8.MOE_ROWS:
+        plan = published_fp8.moe_plan(moe)
+        assert plan.predicted.peak_memory_bytes <= published_fp8.pm.usable_bytes()
+        assert plan.layout.ep_degree == moe.ep and plan.layout.pipeline_size == moe.pp
