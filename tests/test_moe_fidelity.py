@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.kinds import OptimizerKind, ScheduleKind, ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout
-from planner.artifacts.moe import MoeStack
-from planner.artifacts.stack import MCORE_MOE_HOST_MS_PER_LAYER, STACKS
+from planner.artifacts.moe import MoeDispatcher, MoeStack
+from planner.artifacts.stack import MCORE_ALLTOALL_HOST_MS_PER_LAYER, MCORE_MOE_HOST_MS_PER_LAYER, STACKS
 from planner.cost import CostModel
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.fsdp import fsdp_line, fsdp_terms, replay
@@ -35,10 +35,12 @@ H100 = PRESETS["h100-80gb-x8"]
 QWEN = json.loads((REPO / "configs" / "qwen3-235b-a22b.json").read_text())
 
 
-def _cm(group: DeviceGroup, host_ms: float):  # type: ignore[no-untyped-def]
+def _cm(group: DeviceGroup, host_ms: float, a2a_ms: float = 0.0,  # type: ignore[no-untyped-def]
+        dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL):
     profile = moe_profile(QWEN, seq=4096, device_preset="h100-80gb")
     base = STACKS["megatron-core-0.8"]
-    stack = dataclasses.replace(base, moe=dataclasses.replace(base.moe, host_ms_per_layer=host_ms))
+    stack = dataclasses.replace(base, moe=dataclasses.replace(base.moe, host_ms_per_layer=host_ms, dispatcher=dispatcher,
+                                                              alltoall_host_ms_per_layer=a2a_ms))
     return device_cost_model(profile, H100, OptimizerKind.ADAM_MIXED_FP32_GRAD, group, stack)
 
 
@@ -98,6 +100,22 @@ def test_megatron_core_preset_carries_the_fitted_moe_host_time_with_its_source()
 def test_moe_host_time_is_checked(bad: float) -> None:
     with pytest.raises(ValueError, match="host_ms_per_layer"):
         MoeStack(host_ms_per_layer=bad)
+    with pytest.raises(ValueError, match="alltoall_host_ms_per_layer"):
+        MoeStack(alltoall_host_ms_per_layer=bad)
+
+
+def test_alltoall_dispatcher_adds_its_host_time_to_the_floor_and_deepep_does_not() -> None:
+    """The alltoall dispatcher's extra host time joins the layer's (a third forward); DeepEP's
+    layers keep the base floor; the megatron-core preset carries the fitted extra."""
+    group = DeviceGroup(tp_degree=4, sequence_parallel=True, ep_degree=8)
+    nccl, deepep = _cm(group, 8.0, 3.0), _cm(group, 8.0, 3.0, MoeDispatcher.DEEPEP)
+    assert nccl.stack.moe.layer_host_ms == 11.0 and deepep.stack.moe.layer_host_ms == 8.0
+    i = next(j for j, layer in enumerate(nccl.profile.layers) if layer.moe is not None)
+    (fn, bn), (fd, bd) = nccl.layer_times(1), deepep.layer_times(1)
+    assert fn[i] - fd[i] == pytest.approx(1.0) and bn[i] - bd[i] == pytest.approx(2.0)  # both at their floors
+    moe = STACKS["megatron-core-0.8"].moe
+    assert moe.alltoall_host_ms_per_layer == MCORE_ALLTOALL_HOST_MS_PER_LAYER > 0
+    assert "12" in MoeStack(host_ms_per_layer=9.0, alltoall_host_ms_per_layer=3.0).describe()
 
 
 def test_zero3_gathers_take_the_ring_line_where_an_all_reduce_takes_the_tree() -> None:
