@@ -13,13 +13,16 @@ assumed and printed. The profiles are analytic from the published Hugging Face c
 (``configs/qwen3-235b-a22b.json``, ``configs/gpt-oss-120b.json``; ``planner.profiling.analytic.moe``),
 the H100 GEMM model and the cluster's links as shipped.
 
-Constants: one MoE constant, the host time of an MoE layer's forward + backward in eager
-Megatron-Core beyond issuing its kernels (``MoeStack.host_ms_per_layer`` of the ``megatron-core``
-preset, ``planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER``; with the layer's kernels at the
-stack's host time per kernel, the floor of its passes, ``planner.cost.overheads``), fitted on two of
-the six rows (:data:`FIT_ROWS`: least squares in log ratio), the other four out of sample; ``--fit``
-refits it and prints leave-one-source-out (ModelZoo's rows at the constant fitted on Megatron-Bridge's
-row, and the reverse). The two DeepEP link fractions are DeepEP's published micro-benchmarks
+Constants: two MoE constants, each fitted on one row (:data:`FIT_ROWS`, a third of the six; least
+squares in log ratio), the other four out of sample: the host time of an MoE layer's forward +
+backward in eager Megatron-Core beyond issuing its kernels (``MoeStack.host_ms_per_layer`` of the
+``megatron-core`` preset, ``planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER``; with the layer's
+kernels at the stack's host time per kernel, the floor of its passes, ``planner.cost.overheads``),
+on the DeepEP row whose GPU time is least (TP 4), and what the alltoall dispatcher adds to it
+(``MoeStack.alltoall_host_ms_per_layer``, ``MCORE_ALLTOALL_HOST_MS_PER_LAYER``) on the ModelZoo's
+alltoall row; ``--fit`` refits them and prints leave-one-source-out (Megatron-Bridge's GPT-OSS row at
+the constants fitted on the ModelZoo's rows, and the ModelZoo's rows at one floor fitted on GPT-OSS).
+The two DeepEP link fractions are DeepEP's published micro-benchmarks
 (``planner.cost.experts``); everything else is the dense model's (the H100 GEMM model fitted on 3
 of the 9 Megatron-LM README rows, the cluster preset's datasheet links).
 
@@ -151,7 +154,7 @@ ROWS = (
 #: the rows the stack preset's MoE host times are fitted on (planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER
 #: on the DeepEP one, MCORE_ALLTOALL_HOST_MS_PER_LAYER on the NCCL all-to-all one): one of each dispatcher, the
 #: ModelZoo's; the Megatron-Bridge row (another source, model and layout) and the other three out of sample
-FIT_ROWS = ("Q DeepEP EP32 ovl", "Q A2A PP32")
+FIT_ROWS = ("Q DeepEP TP4 EDP4", "Q A2A PP32")
 
 
 def usable_bytes() -> int:
@@ -361,7 +364,7 @@ def report(rows: tuple[MoeRun, ...] = ROWS, plans: bool = True) -> list[float]:
         print(f"{'':<19} assumed: {'; '.join(run.assumed)}")
     n = len(rows)
     held = [e for r, e in zip(rows, errors) if r.label not in FIT_ROWS]
-    print(f"\nfitted on {', '.join(FIT_ROWS)} (the MoE layers' host time); out of sample ({len(held)} rows): "
+    print(f"\nfitted on {', '.join(FIT_ROWS)} (the MoE layers' host time, the alltoall dispatcher's); out of sample ({len(held)} rows): "
           + (f"median |error| {100 * statistics.median(held):.1f}%, worst {100 * max(held):.1f}%" if held else "none"))
     print(f"over 10%: {', '.join(f'{r.label} {100 * e:.1f}%' for r, e in zip(rows, errors) if e > 0.10) or 'none'}")
     if plans:

@@ -50,8 +50,8 @@ source of its number in :attr:`Stack.sources`):
   band (:mod:`planner.cost.band`) spans 5-20. 0: not priced (a measured profile's times include it).
 - ``moe.host_ms_per_layer``: what an MoE layer's pass costs the host beyond issuing its kernels
   (:attr:`~planner.artifacts.moe.MoeStack.host_ms_per_layer`), the floor of the layer's forward
-  (a third) and backward with its kernels' issue time. Eager Megatron-Core: 9.39 ms per layer's
-  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`), 3.63 ms more with the alltoall
+  (a third) and backward with its kernels' issue time. Eager Megatron-Core: 7.31 ms per layer's
+  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`), 5.71 ms more with the alltoall
   dispatcher (``moe.alltoall_host_ms_per_layer``, :data:`MCORE_ALLTOALL_HOST_MS_PER_LAYER`), each
   fitted on one published MoE row, the rest out of sample; 0 elsewhere (not priced).
 
@@ -216,18 +216,18 @@ class Stack:
 #: captures ``moe_router`` and ``moe_preprocess`` in CUDA graphs to remove it, and its MoE report
 #: (arXiv 2603.07685 sec. 4.3.6-4.3.7) names host overhead and the dispatch's synchronisation):
 #: fitted on one of the six published MoE rows (benchmarks/published_moe.py FIT_ROWS: Qwen3-235B's
-#: DeepEP all-to-all-overlapped row, whose layers' GPU time is least of the DeepEP rows with
-#: recomputation, so where the floor binds)
-MCORE_MOE_HOST_MS_PER_LAYER = 9.39
+#: DeepEP TP 4 EDP 4 row, whose layers' GPU time is least, about a third of its published pass, so
+#: where the floor binds whatever the GPU model's error)
+MCORE_MOE_HOST_MS_PER_LAYER = 7.31
 #: with the alltoall dispatcher (NCCL's all-to-all, Megatron-Core's MoEAlltoAllTokenDispatcher) the
 #: host's further ms per MoE layer's forward + backward: the token counts' all-gather over the expert
 #: group, their device-to-host copies and split lists, the probabilities' own all-to-all, the sorts of
 #: the received chunks by local expert and back (DeepEP's dispatch returns tokens already grouped):
 #: fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of sample on Megatron-Bridge's GPT-OSS
 #: 120B (another source, model and layout)
-MCORE_ALLTOALL_HOST_MS_PER_LAYER = 3.63
+MCORE_ALLTOALL_HOST_MS_PER_LAYER = 5.71
 _MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 2 of the 6 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
-                   "DeepEP 1F1B-overlap for the layer's host time, its alltoall PP32 row for the alltoall dispatcher's "
+                   "DeepEP TP4 EDP4 for the layer's host time, its alltoall PP32 row for the alltoall dispatcher's "
                    "extra), the others out of sample (benchmarks/published_moe.py); mechanism: eager Megatron-Core's "
                    "MoE layers are host-bound (their CUDA-graph scopes moe_router, moe_preprocess; arXiv 2603.07685 "
                    "sec. 4.3.6)")
