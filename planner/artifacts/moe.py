@@ -149,9 +149,9 @@ class MoeStack:
                          "kernels, the floor of its passes (planner.cost.overheads); 0 = none", "omit_if_default": True})
     alltoall_host_ms_per_layer: float = field(
         default=0.0,
-        metadata={"doc": "with the alltoall dispatcher (NCCL's all-to-all), host ms of one MoE layer's forward + "
-                         "backward beyond host_ms_per_layer (the dispatcher's count all-gather, split lists, the "
-                         "probabilities' own all-to-all, chunk sorts; Megatron-Core's MoEAlltoAllTokenDispatcher); "
+        metadata={"doc": "with the alltoall dispatcher (NCCL's all-to-all), the ms one MoE layer's forward + "
+                         "backward takes beyond host_ms_per_layer, joining its floor (what Megatron-Core's "
+                         "MoEAlltoAllTokenDispatcher costs beside DeepEP's dispatch; fitted, cause not isolated); "
                          "0 = none", "omit_if_default": True})
 
     def __post_init__(self) -> None:

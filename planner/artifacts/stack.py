@@ -220,11 +220,12 @@ class Stack:
 #: where the floor binds whatever the GPU model's error)
 MCORE_MOE_HOST_MS_PER_LAYER = 7.31
 #: with the alltoall dispatcher (NCCL's all-to-all, Megatron-Core's MoEAlltoAllTokenDispatcher) the
-#: host's further ms per MoE layer's forward + backward: the token counts' all-gather over the expert
-#: group, their device-to-host copies and split lists, the probabilities' own all-to-all, the sorts of
-#: the received chunks by local expert and back (DeepEP's dispatch returns tokens already grouped):
-#: fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of sample on Megatron-Bridge's GPT-OSS
-#: 120B (another source, model and layout)
+#: further ms per MoE layer's forward + backward, joining the floor: both published alltoall rows
+#: want it over the DeepEP rows' floor; its host path (the token counts' all-gather over the expert
+#: group and device-to-host copy, split lists, the probabilities' own all-to-all, the received
+#: chunks sorted by local expert and back) is the suspected cause, not isolated (its calls count to
+#: well under a millisecond). Fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of
+#: sample on Megatron-Bridge's GPT-OSS 120B (another source, model and layout)
 MCORE_ALLTOALL_HOST_MS_PER_LAYER = 5.71
 _MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 2 of the 6 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
                    "DeepEP TP4 EDP4 for the layer's host time, its alltoall PP32 row for the alltoall dispatcher's "
