@@ -204,8 +204,9 @@ def profile_for(run: PublishedRun, gemm: GemmModel) -> Profile:
     if run.arch == "llama":
         unit = SelectiveUnit.OPS if run.recompute is Recompute.OPS else SelectiveUnit.ATTENTION_CORE
         prof = llama_profile(run.llama_config(), seq=run.seq, device_preset=run.device, gemm=gemm, model=name,
-                             selective=unit)
-        return at_precision(prof, cluster_for(run), run.precision)  # an FP8 row: planner.cost.precision
+                             selective=unit, fused_cross_entropy=run.fused_cross_entropy)
+        # an FP8 row: planner.cost.precision
+        return at_precision(prof, cluster_for(run), run.precision, run.bf16_edge_blocks)
     return gpt_profile(layers=run.layers, hidden=run.hidden, heads=run.heads, seq=run.seq, vocab=run.vocab,
                        device_preset=run.device, gemm=gemm, attention="flash" if run.flash_attention else "materialised",
                        model=name)
