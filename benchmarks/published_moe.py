@@ -13,13 +13,16 @@ assumed and printed. The profiles are analytic from the published Hugging Face c
 (``configs/qwen3-235b-a22b.json``, ``configs/gpt-oss-120b.json``; ``planner.profiling.analytic.moe``),
 the H100 GEMM model and the cluster's links as shipped.
 
-Constants: one MoE constant, the host time of an MoE layer's forward + backward in eager
-Megatron-Core beyond issuing its kernels (``MoeStack.host_ms_per_layer`` of the ``megatron-core``
-preset, ``planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER``; with the layer's kernels at the
-stack's host time per kernel, the floor of its passes, ``planner.cost.overheads``), fitted on two of
-the six rows (:data:`FIT_ROWS`: least squares in log ratio), the other four out of sample; ``--fit``
-refits it and prints leave-one-source-out (ModelZoo's rows at the constant fitted on Megatron-Bridge's
-row, and the reverse). The two DeepEP link fractions are DeepEP's published micro-benchmarks
+Constants: two MoE constants, each fitted on one row (:data:`FIT_ROWS`, a third of the six; least
+squares in log ratio), the other four out of sample: the host time of an MoE layer's forward +
+backward in eager Megatron-Core beyond issuing its kernels (``MoeStack.host_ms_per_layer`` of the
+``megatron-core`` preset, ``planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER``; with the layer's
+kernels at the stack's host time per kernel, the floor of its passes, ``planner.cost.overheads``),
+on the DeepEP row whose GPU time is least (TP 4), and what the alltoall dispatcher adds to it
+(``MoeStack.alltoall_host_ms_per_layer``, ``MCORE_ALLTOALL_HOST_MS_PER_LAYER``) on the ModelZoo's
+alltoall row; ``--fit`` refits them and prints leave-one-source-out (Megatron-Bridge's GPT-OSS row at
+the constants fitted on the ModelZoo's rows, and the ModelZoo's rows at one floor fitted on GPT-OSS).
+The two DeepEP link fractions are DeepEP's published micro-benchmarks
 (``planner.cost.experts``); everything else is the dense model's (the H100 GEMM model fitted on 3
 of the 9 Megatron-LM README rows, the cluster preset's datasheet links).
 
@@ -46,6 +49,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -98,6 +102,7 @@ class MoeRun:
     published_tflops: float
     assumed: tuple[str, ...] = ()
     moe_host_ms: float | None = None  # the MoE layers' host time to price with (None: the stack preset's); the fit's
+    a2a_host_ms: float | None = None  # the alltoall dispatcher's extra host time (None: the stack preset's); the fit's
 
     @property
     def dp(self) -> int:
@@ -146,9 +151,10 @@ ROWS = (
 )
 
 
-#: the rows the stack preset's MoE host time is fitted on (planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER):
-#: the two whose layers' GPU time is least (TP 4; the all-to-all hidden), where the host floor binds
-FIT_ROWS = ("Q DeepEP TP4 EDP4", "Q DeepEP EP32 ovl")
+#: the rows the stack preset's MoE host times are fitted on (planner.artifacts.stack.MCORE_MOE_HOST_MS_PER_LAYER
+#: on the DeepEP one, MCORE_ALLTOALL_HOST_MS_PER_LAYER on the NCCL all-to-all one): one of each dispatcher, the
+#: ModelZoo's; the Megatron-Bridge row (another source, model and layout) and the other three out of sample
+FIT_ROWS = ("Q DeepEP TP4 EDP4", "Q A2A PP32")
 
 
 def usable_bytes() -> int:
@@ -170,8 +176,9 @@ def cluster_for(run: MoeRun) -> Cluster:
 def stack_for(run: MoeRun) -> Stack:
     base = STACKS["megatron-core-0.8"]
     host = base.moe.host_ms_per_layer if run.moe_host_ms is None else run.moe_host_ms
+    a2a = base.moe.alltoall_host_ms_per_layer if run.a2a_host_ms is None else run.a2a_host_ms
     return dataclasses.replace(base, moe=dataclasses.replace(base.moe, dispatcher=run.dispatcher, a2a_overlap=run.overlap,
-                                                             host_ms_per_layer=host))
+                                                             host_ms_per_layer=host, alltoall_host_ms_per_layer=a2a))
 
 
 def request_for(run: MoeRun, **kw: object) -> PlanRequest:
@@ -241,19 +248,17 @@ def alltoall_share(p: Plan) -> float:
     return sum(s.alltoall_ms for s in stages) / compute if compute else 0.0
 
 
-def ratio(run: MoeRun, host_ms: float | None = None) -> float:
-    """Predicted over published step time of ``run`` (its MoE layers' host time ``host_ms``, None:
-    the stack preset's)."""
-    priced = run if host_ms is None else dataclasses.replace(run, moe_host_ms=host_ms)
+def ratio(run: MoeRun, host_ms: float | None = None, a2a_ms: float | None = None) -> float:
+    """Predicted over published step time of ``run`` (its MoE layers' host time ``host_ms`` and the
+    alltoall dispatcher's extra ``a2a_ms``; None: the stack preset's)."""
+    priced = dataclasses.replace(run, moe_host_ms=host_ms if host_ms is not None else run.moe_host_ms,
+                                 a2a_host_ms=a2a_ms if a2a_ms is not None else run.a2a_host_ms)
     return config_plan(priced).predicted.iteration_ms / 1e3 / run.published_s
 
 
-def fit_host_ms(rows: tuple[MoeRun, ...], lo: float = 0.0, hi: float = 40.0) -> float:
-    """The MoE layers' host time (ms per layer's forward + backward) at which ``rows``' log ratios
-    sum to zero (least squares in log ratio where one value fits all; the ratios grow with it):
-    bisection to 0.01 ms; ``lo``/``hi`` when no value in between balances them."""
-    def total(h: float) -> float:
-        return sum(math.log(ratio(r, h)) for r in rows)
+def _balance(total: Callable[[float], float], lo: float = 0.0, hi: float = 40.0) -> float:
+    """The value in [lo, hi] where the increasing ``total`` crosses zero: bisection to 0.01 ms;
+    ``lo``/``hi`` when no value in between balances it."""
     if total(lo) >= 0:
         return lo
     if total(hi) <= 0:
@@ -264,20 +269,36 @@ def fit_host_ms(rows: tuple[MoeRun, ...], lo: float = 0.0, hi: float = 40.0) -> 
     return round((lo + hi) / 2, 2)
 
 
+def fit_host_ms(rows: tuple[MoeRun, ...]) -> tuple[float, float]:
+    """The MoE layers' host time and the alltoall dispatcher's extra (ms per layer's forward +
+    backward) at which ``rows``' log ratios sum to zero (least squares in log ratio where one value
+    fits): the first on the rows with DeepEP, the second then on those with NCCL's all-to-all (0
+    without any; with no DeepEP row, the first on all rows and no extra)."""
+    deepep = tuple(r for r in rows if r.dispatcher is MoeDispatcher.DEEPEP)
+    nccl = tuple(r for r in rows if r.dispatcher is MoeDispatcher.ALLTOALL)
+    if not deepep:
+        return _balance(lambda h: sum(math.log(ratio(r, h, 0.0)) for r in rows)), 0.0
+    h = _balance(lambda x: sum(math.log(ratio(r, x, 0.0)) for r in deepep))
+    a = _balance(lambda x: sum(math.log(ratio(r, h, x)) for r in nccl)) if nccl else 0.0
+    return h, a
+
+
 def fit_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
-    """The shipped constant refitted on :data:`FIT_ROWS`, and leave-one-source-out: for each
-    source, the constant fitted on the other sources' rows (at most two of them) and the left-out
-    source's errors at it."""
+    """The shipped constants refitted on :data:`FIT_ROWS`, and leave-one-source-out: for each
+    source, the constants fitted on the other sources' fitting rows (or, where none, its first two)
+    and the left-out source's errors at them."""
     fit = tuple(r for r in rows if r.label in FIT_ROWS)
-    print(f"fit on {', '.join(FIT_ROWS)}: moe host {fit_host_ms(fit):.2f} ms per layer "
-          f"(shipped: {STACKS['megatron-core-0.8'].moe.host_ms_per_layer:g})")
+    moe = STACKS["megatron-core-0.8"].moe
+    h, a = fit_host_ms(fit)
+    print(f"fit on {', '.join(FIT_ROWS)}: moe host {h:.2f} ms per layer, alltoall dispatcher +{a:.2f} ms "
+          f"(shipped: {moe.host_ms_per_layer:g}, +{moe.alltoall_host_ms_per_layer:g})")
     for source in sorted({r.source for r in rows}):
         others = tuple(r for r in rows if r.source != source)
         train = tuple(r for r in others if r.label in FIT_ROWS) or others[:2]
-        h = fit_host_ms(train)
-        errs = [abs(ratio(r, h) - 1) for r in rows if r.source == source]
-        print(f"leave out {source}: fitted on {', '.join(r.label for r in train)}: {h:.2f} ms; {source}'s rows "
-              f"median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}%")
+        h, a = fit_host_ms(train)
+        errs = [abs(ratio(r, h, a) - 1) for r in rows if r.source == source]
+        print(f"leave out {source}: fitted on {', '.join(r.label for r in train)}: {h:.2f} ms, +{a:.2f} ms; "
+              f"{source}'s rows median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
 def terms_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
@@ -296,7 +317,7 @@ def terms_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
         i = next(j for j, layer in enumerate(cm.profile.layers) if layer.moe is not None)
         layer, moe = cm.profile.layers[i], cm.profile.layers[i].moe
         assert moe is not None
-        host_f, host_b = host_floor_ms(cm.profile, cm.stack.host_us_per_kernel, cm.stack.moe.host_ms_per_layer)
+        host_f, host_b = host_floor_ms(cm.profile, cm.stack.host_us_per_kernel, cm.stack.moe.layer_host_ms)
         f, bw = cm.at_batch(b).times_ms
         ef, eb, af, ab = moe.expert_fwd.at(b), moe.expert_bwd.at(b), moe.alltoall_fwd.at(b), moe.alltoall_bwd.at(b)
         rest = (layer.fwd.at(b) - ef - af, layer.bwd.at(b) - eb - ab)
@@ -343,7 +364,7 @@ def report(rows: tuple[MoeRun, ...] = ROWS, plans: bool = True) -> list[float]:
         print(f"{'':<19} assumed: {'; '.join(run.assumed)}")
     n = len(rows)
     held = [e for r, e in zip(rows, errors) if r.label not in FIT_ROWS]
-    print(f"\nfitted on {', '.join(FIT_ROWS)} (the MoE layers' host time); out of sample ({len(held)} rows): "
+    print(f"\nfitted on {', '.join(FIT_ROWS)} (the MoE layers' host time, the alltoall dispatcher's); out of sample ({len(held)} rows): "
           + (f"median |error| {100 * statistics.median(held):.1f}%, worst {100 * max(held):.1f}%" if held else "none"))
     print(f"over 10%: {', '.join(f'{r.label} {100 * e:.1f}%' for r, e in zip(rows, errors) if e > 0.10) or 'none'}")
     if plans:

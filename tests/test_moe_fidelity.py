@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from planner.artifacts.cluster import PRESETS
 from planner.artifacts.kinds import OptimizerKind, ScheduleKind, ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout
-from planner.artifacts.moe import MoeStack
-from planner.artifacts.stack import MCORE_MOE_HOST_MS_PER_LAYER, STACKS
+from planner.artifacts.moe import MoeDispatcher, MoeStack
+from planner.artifacts.stack import MCORE_ALLTOALL_HOST_MS_PER_LAYER, MCORE_MOE_HOST_MS_PER_LAYER, STACKS
 from planner.cost import CostModel
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.fsdp import fsdp_line, fsdp_terms, replay
@@ -35,10 +35,12 @@ H100 = PRESETS["h100-80gb-x8"]
 QWEN = json.loads((REPO / "configs" / "qwen3-235b-a22b.json").read_text())
 
 
-def _cm(group: DeviceGroup, host_ms: float):  # type: ignore[no-untyped-def]
+def _cm(group: DeviceGroup, host_ms: float, a2a_ms: float = 0.0,  # type: ignore[no-untyped-def]
+        dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL):
     profile = moe_profile(QWEN, seq=4096, device_preset="h100-80gb")
     base = STACKS["megatron-core-0.8"]
-    stack = dataclasses.replace(base, moe=dataclasses.replace(base.moe, host_ms_per_layer=host_ms))
+    stack = dataclasses.replace(base, moe=dataclasses.replace(base.moe, host_ms_per_layer=host_ms, dispatcher=dispatcher,
+                                                              alltoall_host_ms_per_layer=a2a_ms))
     return device_cost_model(profile, H100, OptimizerKind.ADAM_MIXED_FP32_GRAD, group, stack)
 
 
@@ -98,6 +100,22 @@ def test_megatron_core_preset_carries_the_fitted_moe_host_time_with_its_source()
 def test_moe_host_time_is_checked(bad: float) -> None:
     with pytest.raises(ValueError, match="host_ms_per_layer"):
         MoeStack(host_ms_per_layer=bad)
+    with pytest.raises(ValueError, match="alltoall_host_ms_per_layer"):
+        MoeStack(alltoall_host_ms_per_layer=bad)
+
+
+def test_alltoall_dispatcher_adds_its_host_time_to_the_floor_and_deepep_does_not() -> None:
+    """The alltoall dispatcher's extra host time joins the layer's (a third forward); DeepEP's
+    layers keep the base floor; the megatron-core preset carries the fitted extra."""
+    group = DeviceGroup(tp_degree=4, sequence_parallel=True, ep_degree=8)
+    nccl, deepep = _cm(group, 8.0, 3.0), _cm(group, 8.0, 3.0, MoeDispatcher.DEEPEP)
+    assert nccl.stack.moe.layer_host_ms == 11.0 and deepep.stack.moe.layer_host_ms == 8.0
+    i = next(j for j, layer in enumerate(nccl.profile.layers) if layer.moe is not None)
+    (fn, bn), (fd, bd) = nccl.layer_times(1), deepep.layer_times(1)
+    assert fn[i] - fd[i] == pytest.approx(1.0) and bn[i] - bd[i] == pytest.approx(2.0)  # both at their floors
+    moe = STACKS["megatron-core-0.8"].moe
+    assert moe.alltoall_host_ms_per_layer == MCORE_ALLTOALL_HOST_MS_PER_LAYER > 0
+    assert "12" in MoeStack(host_ms_per_layer=9.0, alltoall_host_ms_per_layer=3.0).describe()
 
 
 def test_zero3_gathers_take_the_ring_line_where_an_all_reduce_takes_the_tree() -> None:
@@ -200,3 +218,24 @@ def test_zero3_recompute_with_slack_the_three_solvers_price_alike() -> None:
     whole = float(sum(fwd[i] for i in dp.recompute[0]))
     assert terms.recompute_ms == pytest.approx(float(sum(max(0.0, fwd[i] - slack[i]) for i in dp.recompute[0])))
     assert terms.recompute_ms < whole
+
+
+def test_shipped_moe_host_times_are_the_fit_on_a_third_of_the_rows_and_gpt_oss_holds_out_of_sample() -> None:
+    """The megatron-core preset's two MoE host times are benchmarks/published_moe.py's fit on its
+    FIT_ROWS (one DeepEP and one alltoall row, a third of the rows); Megatron-Bridge's GPT-OSS row,
+    another source, model and layout, is priced within 5% at them, and within 10% of neither
+    constant alone (the alltoall dispatcher's extra is what carries it)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import published_moe as pm
+
+    fit = tuple(r for r in pm.ROWS if r.label in pm.FIT_ROWS)
+    assert len(fit) == 2 and 3 * len(fit) <= len(pm.ROWS)
+    assert {r.dispatcher for r in fit} == {MoeDispatcher.DEEPEP, MoeDispatcher.ALLTOALL}
+    h, a = pm.fit_host_ms(fit)
+    assert h == pytest.approx(MCORE_MOE_HOST_MS_PER_LAYER, abs=0.02)
+    assert a == pytest.approx(MCORE_ALLTOALL_HOST_MS_PER_LAYER, abs=0.02)
+    gpt = next(r for r in pm.ROWS if r.source != fit[0].source)
+    assert abs(pm.ratio(gpt) - 1) < 0.05
+    assert abs(pm.ratio(gpt, a2a_ms=0.0) - 1) > 0.10

@@ -14,7 +14,7 @@ import pytest
 
 from planner.artifacts.cluster import PRESETS, cluster_from_json, cluster_to_json
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import OptimizerKind, Precision, ZeroStage
+from planner.artifacts.kinds import OptimizerKind, Precision, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.profile import load_profile
@@ -38,6 +38,7 @@ from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile
 from planner.profiling.analytic.rebuild import rebuild_with
 from planner.solve import plan
+from planner.solve.space import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ("h200-141gb-x8", "b200-x8", "gb200-nvl72")
@@ -175,6 +176,12 @@ def test_hsdp_gathers_inside_the_node_and_all_reduces_across_nodes() -> None:
     assert grouped.optimizer_bytes == pytest.approx(4 * sharded.optimizer_bytes, rel=1e-6)  # 1/8 of it, not 1/32
     with pytest.raises(ValueError, match="shard_group_size"):
         Layout(num_stages=1, dp_degree=32, zero=ZeroStage.OPTIMIZER, shard_group_size=8)
+    # the search's lower-ZeRO candidate of an HSDP configuration (least_zero) is plain ZeRO 1 over
+    # the group, not an invalid layout (GPT-OSS 120B's own plan once stopped with this ValueError)
+    c = Config(layout=hsdp, microbatch_size=1, num_microbatches=4, schedule=ScheduleKind.ONE_F_ONE_B)
+    assert c.with_zero(ZeroStage.OPTIMIZER).layout.shard_group_size == 0
+    assert c.with_zero(ZeroStage.OPTIMIZER).layout.zero is ZeroStage.OPTIMIZER
+    assert c.with_zero(ZeroStage.PARAMETERS).layout == hsdp
     assert plan_from_json(plan_to_json(plan(prof, cluster, PlanRequest(global_batch=32, zero_stages=(3,), tp_degrees=(1,),
                                                                        cp_degrees=(1,), max_stages=1)))).layout.zero is ZeroStage.PARAMETERS
 

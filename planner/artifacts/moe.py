@@ -147,6 +147,12 @@ class MoeStack:
         metadata={"doc": "host (CPU) ms of one MoE layer's forward + backward beyond issuing its kernels (an eager "
                          "framework's router, dispatcher and expert code; a third in the forward): with the layer's "
                          "kernels, the floor of its passes (planner.cost.overheads); 0 = none", "omit_if_default": True})
+    alltoall_host_ms_per_layer: float = field(
+        default=0.0,
+        metadata={"doc": "with the alltoall dispatcher (NCCL's all-to-all), the ms one MoE layer's forward + "
+                         "backward takes beyond host_ms_per_layer, joining its floor (what Megatron-Core's "
+                         "MoEAlltoAllTokenDispatcher costs beside DeepEP's dispatch; fitted, cause not isolated); "
+                         "0 = none", "omit_if_default": True})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dispatcher", MoeDispatcher(self.dispatcher))
@@ -157,6 +163,16 @@ class MoeStack:
             raise ValueError(f"moe capacity_factor must be in (0, 1000] (got {self.capacity_factor!r})")
         if not (math.isfinite(self.host_ms_per_layer) and 0.0 <= self.host_ms_per_layer <= 1e4):
             raise ValueError(f"moe host_ms_per_layer must be in [0, 10000] ms (got {self.host_ms_per_layer!r})")
+        if not (math.isfinite(self.alltoall_host_ms_per_layer) and 0.0 <= self.alltoall_host_ms_per_layer <= 1e4):
+            raise ValueError(f"moe alltoall_host_ms_per_layer must be in [0, 10000] ms "
+                             f"(got {self.alltoall_host_ms_per_layer!r})")
+
+    @property
+    def layer_host_ms(self) -> float:
+        """Host ms of one MoE layer's forward + backward beyond its kernels with this dispatcher:
+        ``host_ms_per_layer``, plus ``alltoall_host_ms_per_layer`` with NCCL's all-to-all."""
+        extra = self.alltoall_host_ms_per_layer if self.dispatcher is MoeDispatcher.ALLTOALL else 0.0
+        return self.host_ms_per_layer + extra
 
     @property
     def load_factor(self) -> float:
@@ -173,5 +189,5 @@ class MoeStack:
         balance = {MoeBalance.FORCED: "forced balance", MoeBalance.DROPLESS: f"dropless (skew {self.skew:g})",
                    MoeBalance.CAPACITY: f"capacity factor {self.capacity_factor:g}"}[self.balance]
         overlap = ", all-to-all overlapped with compute" if self.a2a_overlap else ""
-        host = f", {self.host_ms_per_layer:g} ms of host time per MoE layer" if self.host_ms_per_layer else ""
+        host = f", {self.layer_host_ms:g} ms of host time per MoE layer" if self.layer_host_ms else ""
         return f"MoE {self.dispatcher.value}{overlap}, {balance}{host}"

@@ -50,9 +50,10 @@ source of its number in :attr:`Stack.sources`):
   band (:mod:`planner.cost.band`) spans 5-20. 0: not priced (a measured profile's times include it).
 - ``moe.host_ms_per_layer``: what an MoE layer's pass costs the host beyond issuing its kernels
   (:attr:`~planner.artifacts.moe.MoeStack.host_ms_per_layer`), the floor of the layer's forward
-  (a third) and backward with its kernels' issue time. Eager Megatron-Core: 8.25 ms per layer's
-  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`, fitted on two published MoE rows, the
-  rest out of sample); 0 elsewhere (not priced).
+  (a third) and backward with its kernels' issue time. Eager Megatron-Core: 7.31 ms per layer's
+  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`), 5.71 ms more with the alltoall
+  dispatcher (``moe.alltoall_host_ms_per_layer``, :data:`MCORE_ALLTOALL_HOST_MS_PER_LAYER`), each
+  fitted on one published MoE row, the rest out of sample; 0 elsewhere (not priced).
 
 Presets (:data:`STACKS`), each named for the software and year whose runs it prices:
 
@@ -200,7 +201,8 @@ class Stack:
             (self.tp_overlap_forward and self.tp_overlap_backward, "tensor-parallel collectives with GEMMs"),
             (self.tp_overlap_backward and not self.tp_overlap_forward, "backward tensor-parallel all-reduces with GEMMs"),
             (self.tp_overlap_forward and not self.tp_overlap_backward, "forward tensor-parallel collectives with GEMMs"),
-            (self.moe != MoeStack(host_ms_per_layer=self.moe.host_ms_per_layer), self.moe.describe()),
+            (self.moe != MoeStack(host_ms_per_layer=self.moe.host_ms_per_layer,
+                                 alltoall_host_ms_per_layer=self.moe.alltoall_host_ms_per_layer), self.moe.describe()),
             (self.cp_overlap, "context-parallel K/V transfers with attention"),
         ) if flag]
         host = f"; {self.host_us_per_kernel:g} us of host time per kernel" if self.host_us_per_kernel else ""
@@ -213,14 +215,23 @@ class Stack:
 #: host-device synchronisation that stops the host running ahead of the layer; Megatron-Core
 #: captures ``moe_router`` and ``moe_preprocess`` in CUDA graphs to remove it, and its MoE report
 #: (arXiv 2603.07685 sec. 4.3.6-4.3.7) names host overhead and the dispatch's synchronisation):
-#: fitted on two of the six published MoE rows (benchmarks/published_moe.py: Qwen3-235B's TP 4 EDP 4
-#: and all-to-all-overlapped rows, whose layers' GPU time is least and so where the floor binds),
-#: the other four out of sample
-MCORE_MOE_HOST_MS_PER_LAYER = 8.25
+#: fitted on one of the six published MoE rows (benchmarks/published_moe.py FIT_ROWS: Qwen3-235B's
+#: DeepEP TP 4 EDP 4 row, whose layers' GPU time is least, about a third of its published pass, so
+#: where the floor binds whatever the GPU model's error)
+MCORE_MOE_HOST_MS_PER_LAYER = 7.31
+#: with the alltoall dispatcher (NCCL's all-to-all, Megatron-Core's MoEAlltoAllTokenDispatcher) the
+#: further ms per MoE layer's forward + backward, joining the floor: both published alltoall rows
+#: want it over the DeepEP rows' floor; its host path (the token counts' all-gather over the expert
+#: group and device-to-host copy, split lists, the probabilities' own all-to-all, the received
+#: chunks sorted by local expert and back) is the suspected cause, not isolated (its calls count to
+#: well under a millisecond). Fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of
+#: sample on Megatron-Bridge's GPT-OSS 120B (another source, model and layout)
+MCORE_ALLTOALL_HOST_MS_PER_LAYER = 5.71
 _MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 2 of the 6 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
-                   "TP4 EDP4 and 1F1B-overlap), the others out of sample (benchmarks/published_moe.py); mechanism: "
-                   "eager Megatron-Core's MoE layers are host-bound (their CUDA-graph scopes moe_router, "
-                   "moe_preprocess; arXiv 2603.07685 sec. 4.3.6)")
+                   "DeepEP TP4 EDP4 for the layer's host time, its alltoall PP32 row for the alltoall dispatcher's "
+                   "extra), the others out of sample (benchmarks/published_moe.py); mechanism: eager Megatron-Core's "
+                   "MoE layers are host-bound (their CUDA-graph scopes moe_router, moe_preprocess; arXiv 2603.07685 "
+                   "sec. 4.3.6)")
 
 _MCORE_SOURCES = (
     ("overlaps", "Megatron-LM README (r0.8), 'Training Speed and Scalability': --overlap-grad-reduce "
@@ -253,7 +264,8 @@ STACKS: dict[str, Stack] = {
         name="megatron-core-0.8", grad_reduce_overlap=True, zero_reduce_overlap=True, grad_bucket_bytes=80_000_000,
         param_gather_overlap=True, fsdp_prefetch=True, tp_overlap_backward=True, tp_overlap_forward=True,
         cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, attention_kernel=AttentionKernel.TRANSFORMER_ENGINE,
-        sources=(*_MCORE_SOURCES, _MCORE_MOE_HOST), moe=MoeStack(host_ms_per_layer=MCORE_MOE_HOST_MS_PER_LAYER),
+        sources=(*_MCORE_SOURCES, _MCORE_MOE_HOST), moe=MoeStack(host_ms_per_layer=MCORE_MOE_HOST_MS_PER_LAYER,
+                                                                 alltoall_host_ms_per_layer=MCORE_ALLTOALL_HOST_MS_PER_LAYER),
     ),
     "torchtitan-2024": Stack(
         name="torchtitan-2024", grad_reduce_overlap=True, zero_reduce_overlap=True, param_gather_overlap=True,
