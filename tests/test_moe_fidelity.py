@@ -111,7 +111,7 @@ def test_alltoall_dispatcher_adds_its_host_time_to_the_floor_and_deepep_does_not
     nccl, deepep = _cm(group, 8.0, 3.0), _cm(group, 8.0, 3.0, MoeDispatcher.DEEPEP)
     assert nccl.stack.moe.layer_host_ms == 11.0 and deepep.stack.moe.layer_host_ms == 8.0
     i = next(j for j, layer in enumerate(nccl.profile.layers) if layer.moe is not None)
-    (fn, bn), (fd, bd) = nccl.layer_times(1), deepep.layer_times(1)
+    (fn, bn), (fd, bd) = nccl.at_batch(1).times_ms, deepep.at_batch(1).times_ms
     assert fn[i] - fd[i] == pytest.approx(1.0) and bn[i] - bd[i] == pytest.approx(2.0)  # both at their floors
     moe = STACKS["megatron-core-0.8"].moe
     assert moe.alltoall_host_ms_per_layer == MCORE_ALLTOALL_HOST_MS_PER_LAYER > 0
