@@ -255,7 +255,8 @@ def test_run_refuses_a_zero_bubble_shape_torch_cannot_run_in_one_line():
 def test_measured_profile_times_the_input_gradient_pass_apart():
     """The profiler times each layer's input-gradient pass alone (autograd.grad w.r.t. its
     inputs): W's share is the rest of the backward; the first layer, whose input (the batch)
-    needs no gradient, is all W."""
+    needs no gradient, is all W. What W keeps is measured: 1 but for the last layer (its loss's
+    saves are freed by torch's I, its GEMM's input kept)."""
     from planner.models import load_workload
     from planner.profiling.measured import profile_model
 
@@ -264,4 +265,6 @@ def test_measured_profile_times_the_input_gradient_pass_apart():
     fractions = [layer.weight_grad_fraction for layer in prof.layers]
     assert all(f is not None and 0.0 <= f <= 1.0 for f in fractions)
     assert fractions[0] == 1.0
-    assert all(layer.weight_grad_saved_fraction is None for layer in prof.layers)  # not measured: the default
+    # what W keeps, measured (planner.profiling.measured.wgrad): all but the last layer, whose loss's saves I frees
+    kept = [layer.weight_grad_saved_fraction for layer in prof.layers]
+    assert kept[:-1] == [1.0] * (len(kept) - 1) and kept[-1] is not None and 0.0 < kept[-1] < 1.0, kept
