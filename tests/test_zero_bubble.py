@@ -268,3 +268,33 @@ def test_measured_profile_times_the_input_gradient_pass_apart():
     # what W keeps, measured (planner.profiling.measured.wgrad): all but the last layer, whose loss's saves I frees
     kept = [layer.weight_grad_saved_fraction for layer in prof.layers]
     assert kept[:-1] == [1.0] * (len(kept) - 1) and kept[-1] is not None and 0.0 < kept[-1] < 1.0, kept
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=layer_dicts(5),
+    fractions=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)), min_size=5, max_size=5),
+    schedule=st.sampled_from([ScheduleKind.ZB_H1, ScheduleKind.ZB_H2]),
+    num_stages=st.integers(2, 3),
+    num_microbatches=st.integers(2, 6),
+    cap_gb=st.floats(0.05, 1.0),
+)
+def test_zero_bubble_ilp_equals_the_dp(layers, fractions, schedule, num_stages, num_microbatches, cap_gb):
+    """CP-SAT prices a zero-bubble stage as the DP does: its memory at the schedule's held
+    counts (whole micro-batches and those past I keeping W's inputs, not every one in flight
+    whole) and its bubble fill ``Z_s``, so the two find plans for the same caps and the same
+    optimum (to the ILP's rounding to nanoseconds)."""
+    from planner.solve.ilp import solve_chain_ilp
+
+    layers = [dict(d, wfrac=w, wsaved=k) for d, (w, k) in zip(layers, fractions)]
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    try:
+        build_schedule(schedule, num_stages, num_microbatches)
+    except PlannerInputError:
+        return
+    table = StageTable(cm, 1, cap_gb * 1e9)
+    kw = dict(layout=Layout(num_stages=num_stages), num_microbatches=num_microbatches, schedule=schedule)
+    dp, ilp = solve_chain(table, **kw), solve_chain_ilp(table, **kw)
+    assert (dp is None) == (ilp is None), (dp, ilp)
+    if dp is not None:
+        assert math.isclose(dp.objective_ms, ilp.objective_ms, rel_tol=1e-6, abs_tol=1e-6), (dp, ilp)
