@@ -298,3 +298,36 @@ def test_zero_bubble_ilp_equals_the_dp(layers, fractions, schedule, num_stages, 
     assert (dp is None) == (ilp is None), (dp, ilp)
     if dp is not None:
         assert math.isclose(dp.objective_ms, ilp.objective_ms, rel_tol=1e-6, abs_tol=1e-6), (dp, ilp)
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+def test_refusal_prices_zero_bubble_as_the_plan_and_the_simulator(schedule):
+    """A request for a zero-bubble schedule alone that fits nowhere is explained with that
+    schedule's own held counts (whole micro-batches, and those past I keeping W's inputs), not
+    every micro-batch in flight whole, nor 1F1B: the least memory it names is the cap at which
+    the planner then plans, and the simulated peak of that plan's busiest stage equals it, as
+    does the tightest stage's figure."""
+    from planner.simulation import simulate
+    from planner.solve.infeasible import explain_infeasible
+
+    layers = [dict(fwd=1.0 + (i % 3), bwd=2.0 + (i % 2), params=200_000 * (1 + i % 2), saved=6e6 + 1e6 * (i % 4),
+                   inp=1e6, out=1e6, wfrac=0.5, wsaved=0.3) for i in range(8)]
+    prof = chain_profile(layers)
+    cluster = small_cluster(4, memory_bytes=4 * 10**9)
+    cm = CostModel(prof, cluster)
+    request = PlanRequest(global_batch=8, microbatch_sizes=(1,), num_stages=4, schedules=(ScheduleKind(schedule),),
+                          tp_degrees=(1,), recompute=False, memory_cap_bytes=10**6)
+    exc = explain_infeasible(cm, request, 4, float(request.memory_cap_bytes))
+    need = exc.need_bytes
+    assert f"{schedule}," in str(exc) and "not asked" not in str(exc), str(exc)
+    fitted = plan(prof, cluster, dataclasses.replace(request, memory_cap_bytes=math.ceil(need)))
+    timeline = simulate(fitted)
+    peaks = [st_.peak_memory_bytes for st_ in timeline.stages]
+    assert max(peaks) == pytest.approx(need, abs=2.0)
+    gib = 1024**3
+    tight = max(range(4), key=lambda s: peaks[s])
+    assert f"needs {peaks[tight] / gib:.2f} GiB." in str(exc)
+    # the old accounting (every micro-batch in flight whole) asks for more on a later stage
+    whole = max(st_.memory.total_bytes + (st_.inflight_microbatches * st_.activation_bytes_per_microbatch
+                                          - st_.memory.activation_bytes) for st_ in fitted.stages)
+    assert whole > need * 1.05
