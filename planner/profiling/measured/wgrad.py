@@ -104,10 +104,11 @@ def _layer_fraction(workload: Workload, idx: int, received: Any, targets: Any, l
     return min(1.0, kept / saved) if saved > 0 else 0.0
 
 
-def weight_grad_saved_fractions(workload: Workload, inputs: Any, targets: Any) -> list[float]:
+def weight_grad_saved_fractions(workload: Workload, inputs: Any, targets: Any) -> list[float | None]:
     """Per layer of ``workload``, the share of its saved bytes a stage keeps of it from its I
     until its W under torch's split backward, at the batch ``inputs``: 1 but for the last
-    layer, whose own is measured (module docstring)."""
+    layer, whose own is measured (module docstring). Where torch cannot split the last layer's
+    backward (its ``stage_backward_input`` raises), all are None: the profile's stated default."""
     received = []
     x = inputs
     for layer in workload.layers:  # each layer's input as training hands it on (requires_grad kept)
@@ -117,4 +118,8 @@ def weight_grad_saved_fractions(workload: Workload, inputs: Any, targets: Any) -
     del x
     last = len(workload.layers) - 1
     live = _Live(excluded_storages(workload))
-    return [1.0] * last + [_layer_fraction(workload, last, received[last], targets, live)]
+    try:
+        own = _layer_fraction(workload, last, received[last], targets, live)
+    except RuntimeError:
+        return [None] * (last + 1)
+    return [1.0] * last + [own]
