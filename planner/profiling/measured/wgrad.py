@@ -109,17 +109,13 @@ def weight_grad_saved_fractions(workload: Workload, inputs: Any, targets: Any) -
     until its W under torch's split backward, at the batch ``inputs``: 1 but for the last
     layer, whose own is measured (module docstring). Where torch cannot split the last layer's
     backward (its ``stage_backward_input`` raises), all are None: the profile's stated default."""
-    received = []
-    x = inputs
-    for layer in workload.layers:  # each layer's input as training hands it on (requires_grad kept)
-        x = fresh_like(x)
-        received.append(x)
-        x = layer(x)
-    del x
     last = len(workload.layers) - 1
+    x = inputs
+    for layer in workload.layers[:last]:  # the last layer's input as training hands it on (requires_grad kept;
+        x = layer(fresh_like(x))         # each layer's graph dropped with its output)
     live = _Live(excluded_storages(workload))
     try:
-        own = _layer_fraction(workload, last, received[last], targets, live)
+        own = _layer_fraction(workload, last, x, targets, live)
     except RuntimeError:
         return [None] * (last + 1)
     return [1.0] * last + [own]
