@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -331,3 +332,72 @@ def test_refusal_prices_zero_bubble_as_the_plan_and_the_simulator(schedule):
     whole = max(st_.memory.total_bytes + (st_.inflight_microbatches * st_.activation_bytes_per_microbatch
                                           - st_.memory.activation_bytes) for st_ in fitted.stages)
     assert whole > need * 1.05
+
+
+def _stage_kept_bytes(work, start: int, stop: int, inputs, targets) -> int:
+    """Bytes stage ``[start, stop)`` of ``work`` (``start`` > 0) still holds, once per storage,
+    between torch's split backward's input-gradient and weight-gradient passes (the runtime's
+    ``stage_backward_input`` / ``stage_backward_weight``), one micro-batch."""
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from planner.models.workload import split_loss
+    from planner.profiling.measured.memory import excluded_storages
+    from planner.profiling.measured.tensors import flatten, fresh_like
+    from planner.profiling.measured.wgrad import _Live
+
+    x = inputs
+    for layer in work.layers[:start]:
+        x = layer(fresh_like(x))
+    x = fresh_like(x)
+    received = [t for t in flatten(x) if t.requires_grad]
+    params = [p for layer in work.layers[start:stop] for p in layer.parameters()]
+    live = _Live(excluded_storages(work))
+    with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack):
+        for layer in work.layers[start:stop]:
+            x = layer(x)
+        if stop == len(work.layers):
+            x = split_loss(work.loss_fn(x, targets))[0]
+    outputs = [t for t in flatten(x) if t.requires_grad]
+    grads = None if stop == len(work.layers) else [torch.ones_like(t) for t in outputs]
+    del x
+    _, groups = stage_backward_input(outputs, grads, received, iter(params))
+    del outputs, grads
+    kept = live.bytes()
+    stage_backward_weight(iter(params), groups)
+    return kept
+
+
+@pytest.mark.parametrize("model", ["gpt", "vgg"])
+def test_every_stage_keeps_at_most_what_the_measured_profile_prices(model):
+    """What W keeps, measured per layer by the profiler (the last layer's own fraction, 1
+    elsewhere), against every stage ``[i, j)`` after the first run through torch's split
+    backward as one stage: never below what torch keeps (a stage's inner layers keep all they
+    saved: the next layer's intermediates hold them), equal on the zoo GPT (its blocks keep all
+    they saved as a stage's last too), above on the zoo VGG where a stage ends in a conv block
+    whose ReLU and pooling saves torch frees at I."""
+    import dataclasses
+
+    from planner.artifacts.cluster import load_cluster
+    from planner.artifacts.profile import load_profile
+    from planner.models import load_workload, workload_fingerprint
+    from planner.profiling.measured.wgrad import weight_grad_saved_fractions
+
+    work = load_workload(model)
+    prof = load_profile(Path(__file__).resolve().parents[1] / "profiles" / f"zoo-{model}-cpu.json")
+    assert workload_fingerprint(work) == prof.fingerprint_sha256
+    b = int(prof.metadata["bytes_measured_at_microbatch_size"])
+    inputs, targets = work.make_batch(b, 0)
+    kept = weight_grad_saved_fractions(work, inputs, targets)
+    prof = dataclasses.replace(prof, layers=tuple(dataclasses.replace(layer, weight_grad_saved_fraction=f)
+                                                  for layer, f in zip(prof.layers, kept)))
+    cm = CostModel(prof, load_cluster("local-cpu"))
+    L, above = prof.num_layers, 0
+    for i in range(1, L):
+        for j in range(i + 1, L + 1):
+            measured, priced = _stage_kept_bytes(work, i, j, inputs, targets), cm.keep_bytes(i, j, b)
+            assert measured <= priced * (1 + 1e-9) + 1, (i, j, measured, priced)
+            above += measured < priced * (1 - 1e-6)
+            if model == "gpt":
+                assert measured == pytest.approx(priced, abs=1), (i, j, measured, priced)
+    assert (above == 0) == (model == "gpt")
