@@ -13,8 +13,12 @@ Cases (each with the checkout's own default request, so the schedules it searche
 - ``gpt3-175b-1024``: ``gpt3_profile("gpt3-175b", "a100-80gb")`` on ``a100-80gb-x8`` grown to 128
   nodes (1,024 GPUs), global batch 1536 (as ``benchmarks/search_scale.py``).
 
+``--classic`` also runs the base with the zero-bubble schedules taken out of its request (the
+default before they joined it; the issue's target is here within 1.3x of that), alternating
+with the other two.
+
 Run: ``python benchmarks/zero_bubble_speed.py --base ../main [--cases default,gpt3-175b-64,gpt3-175b-1024]
-[--repeats 3]``
+[--repeats 3] [--classic]``
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ else:
     profile = gpt3_profile("gpt3-175b", "a100-80gb")
     cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=128)
     request = PlanRequest(global_batch=1536)
+if sys.argv[3] == "classic":  # the default request's schedules less the zero-bubble ones (the default before them)
+    request = dataclasses.replace(request, schedules=tuple(s for s in request.schedules if not s.splits_backward))
 c0 = time.process_time()
 p = plan(profile, cluster, request)
 cpu = time.process_time() - c0
@@ -61,12 +67,13 @@ print(json.dumps({"cpu_s": cpu, "ms": p.predicted.iteration_ms, "plan": f"T{lay.
 """
 
 
-def run_once(repo: Path, case: str, timeout_s: float) -> dict[str, object]:
+def run_once(repo: Path, case: str, timeout_s: float, classic: bool = False) -> dict[str, object]:
     python = repo / ".venv" / "bin" / "python"
     exe = str(python) if python.exists() else sys.executable
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
     try:
-        out = subprocess.run([exe, "-c", CHILD, str(repo), case], capture_output=True, text=True, env=env,
+        argv = [exe, "-c", CHILD, str(repo), case, "classic" if classic else "default"]
+        out = subprocess.run(argv, capture_output=True, text=True, env=env,
                              timeout=timeout_s, cwd=repo, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"over {timeout_s:.0f} s"}
@@ -81,29 +88,35 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--classic", action="store_true",
+                    help="also run the base with the zero-bubble schedules taken out of its request (the default "
+                         "before they joined it), the issue's 1.3x target's reference")
     args = ap.parse_args()
     base = args.base.resolve()
     print(f"zero_bubble_speed: {time.strftime('%Y-%m-%d %H:%M')}; load average {os.getloadavg()[0]:.1f}; "
           f"base {base}, here {REPO}; {args.repeats} runs each, alternating; child process CPU s")
     for case in args.cases.split(","):
-        runs: dict[str, list[dict[str, object]]] = {"base": [], "here": []}
+        labels = ("base", "here") + (("classic",) if args.classic else ())
+        runs: dict[str, list[dict[str, object]]] = {label: [] for label in labels}
         for i in range(args.repeats):
-            order = (("base", base), ("here", REPO)) if i % 2 == 0 else (("here", REPO), ("base", base))
-            for label, repo in order:
-                runs[label].append(run_once(repo, case, args.timeout_s))
+            order = labels if i % 2 == 0 else labels[::-1]
+            for label in order:
+                runs[label].append(run_once(REPO if label == "here" else base, case, args.timeout_s, label == "classic"))
         print(f"{case}:")
         med = {}
-        for label in ("base", "here"):
+        for label in labels:
             ok = [r for r in runs[label] if "cpu_s" in r]
             if not ok:
-                print(f"  {label:5s} {runs[label][0].get('error')}")
+                print(f"  {label:7s} {runs[label][0].get('error')}")
                 continue
             med[label] = statistics.median(float(r["cpu_s"]) for r in ok)  # type: ignore[arg-type]
-            cpus = " ".join(f"{float(r['cpu_s']):6.1f}" for r in ok)  # type: ignore[arg-type]
-            print(f"  {label:5s} cpu s {cpus} (median {med[label]:6.1f})  {ok[0]['plan']}  "
+            cpus = " ".join(f"{float(r['cpu_s']):6.2f}" for r in ok)  # type: ignore[arg-type]
+            print(f"  {label:7s} cpu s {cpus} (median {med[label]:6.2f})  {ok[0]['plan']}  "
                   f"{float(ok[0]['ms']):.1f} ms  schedules {','.join(ok[0]['schedules'])}")  # type: ignore[arg-type]
-        if len(med) == 2:
+        if "here" in med and "base" in med:
             print(f"  here / base CPU: {med['here'] / med['base']:.2f}x")
+        if "here" in med and "classic" in med:
+            print(f"  here / classic CPU (the 1.3x target): {med['here'] / med['classic']:.2f}x")
     return 0
 
 

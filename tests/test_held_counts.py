@@ -83,3 +83,25 @@ def test_held_peak_is_the_byte_peak_of_every_walk(kind: ScheduleKind) -> None:
 def test_one_pass_schedules_hold_whole_micro_batches_only() -> None:
     assert held_counts(ScheduleKind.ONE_F_ONE_B, Layout(num_stages=4), 8) == tuple(Held(k) for k in (4, 3, 2, 1))
     assert held_counts(ScheduleKind.GPIPE, Layout(num_stages=2), 8) == (Held(8), Held(8))
+
+
+@pytest.mark.parametrize("kind", [H1, H2, ZBV])
+def test_first_input_whole_is_the_most_whole_of_the_walk(kind: ScheduleKind) -> None:
+    """:func:`first_input_whole` (the memory floor's counts, read off the orders without walking
+    them) is at most the most whole micro-batches of any point of each stage's walk, and on
+    these orders equal to it (P <= 12, M <= 40)."""
+    from planner.artifacts.errors import PlannerInputError
+    from planner.schedule import first_input_whole
+
+    compared = 0
+    for ranks in range(1, 13):
+        for m in range(1, 41):
+            try:
+                walked = _walk(kind, ranks, m)
+            except PlannerInputError:
+                continue  # a shape the schedule's rules refuse
+            compared += 1
+            most = {s: max(w for w, _ in points) for s, points in walked.items()}
+            floor = first_input_whole(kind, _layout(kind, ranks).num_stages, m)
+            assert list(floor) == [most[s] for s in range(len(floor))], (ranks, m)
+    assert compared > 200

@@ -182,6 +182,60 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     assert gated > 0  # the gate's fill counts somewhere
 
 
+def _every_proposal(cm, request, num_groups, cap, c, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every candidate ``c``'s search proposes with nothing pruned (each simulated: its solution,
+    rebalancings, the baselines' partitions, its ZeRO 3 variants where it does not fit)."""
+    import planner.solve.config_search as config_search
+
+    seen: list[object] = []
+    real = config_search.simulated
+
+    def recording(cm_: object, cand: object) -> float:
+        seen.append(cand)
+        return real(cm_, cand)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(config_search, "simulated", recording)
+    solved(cm, request, num_groups, cap, c)
+    monkeypatch.setattr(config_search, "simulated", real)
+    return seen
+
+
+def test_memory_floor_is_below_every_proposals_busiest_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:meth:`ConfigFacts.memory_floor_ms` (the search skips a configuration whose floor exceeds
+    what it must beat, as the rank floor) never exceeds ``M x`` the busiest rank of any proposal
+    of the configuration (``keep``'s check), every schedule of the default request (the
+    zero-bubble ones with their counts before the first I, ZBV's chunks within half the cap
+    each), ZeRO 3 variants included, on cases where memory binds and drawn ones; and it is above
+    both the average-work bound and the rank floor somewhere, for a zero-bubble schedule too."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.candidates import busiest_rank
+    from planner.solve.floors import ConfigFacts
+    from planner.solve.space import all_configs
+
+    cases = [(*CASES[name], tps) for name, tps in (("tensor-zero-interleaved", (1, 2)), ("zero3", (1,)))]
+    cases += [(*_random_case(seed), (1,)) for seed in (1, 4, 9)]
+    checked, above, above_split = 0, 0, 0
+    for profile, cluster, request, degrees in cases:
+        n = cluster.num_devices
+        for tp in degrees:
+            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer,
+                                   DeviceGroup(tp_degree=tp, sequence_parallel=tp > 1), request.stack)
+            cap = memory_cap_bytes(cm.cluster, request)
+            facts = ConfigFacts(cm, request, cap)
+            for c in all_configs(cm, request, n // tp):
+                floor = facts.memory_floor_ms(c, 1.0)
+                for cand in _every_proposal(cm, request, n // tp, cap, c, monkeypatch):
+                    busiest = c.num_microbatches * busiest_rank(c.layout, cand.solution.stage_times_ms)  # type: ignore[attr-defined]
+                    assert floor <= busiest * (1 + 1e-9), (c, cand.config)  # type: ignore[attr-defined]
+                    checked += 1
+                higher = floor > max(facts.bound(c, fill=True), facts.rank_floor_ms(c, 1.0)) * (1 + 1e-6)
+                above += higher
+                above_split += higher and c.schedule.splits_backward
+    assert checked > 500
+    assert above > 0 and above_split > 0
+
+
 def test_rank_floor_is_below_every_assignment_of_whole_layers() -> None:
     """:func:`busiest_rank_floor_ms` never exceeds the busiest rank of any assignment of whole
     layers to the ranks (every one enumerated on small cases), equals it on equal layers
@@ -276,7 +330,7 @@ def test_least_bytes_is_below_every_share_of_the_layers() -> None:
 
     import numpy as np
 
-    from planner.solve.floors import least_bytes
+    from planner.solve.rank_memory import least_bytes
 
     rng = np.random.default_rng(7)
     for _ in range(50):

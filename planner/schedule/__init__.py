@@ -11,7 +11,16 @@ from planner.schedule.build import (
     replicated_warmup,
 )
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
-from planner.schedule.inflight import Held, held_bytes, held_counts, inflight_counts, layout_schedule, stage_inflight, weight_pending_counts
+from planner.schedule.inflight import (
+    Held,
+    first_input_whole,
+    held_bytes,
+    held_counts,
+    inflight_counts,
+    layout_schedule,
+    stage_inflight,
+    weight_pending_counts,
+)
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
 __all__ = [
@@ -23,6 +32,7 @@ __all__ = [
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
+    "first_input_whole",
     "format_grid",
     "held_bytes",
     "held_counts",

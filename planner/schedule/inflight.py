@@ -76,6 +76,22 @@ def stage_inflight(
     return tuple(x + y for x, y, _ in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
 
 
+def first_input_whole(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[int, ...]:
+    """Per stage of a zero-bubble schedule, the micro-batches it holds whole just before its first
+    ``I``, read off its rank's order (:mod:`planner.schedule.zero_bubble`) without walking it:
+    no more than the most it holds whole at any point (:attr:`Held.whole` on every order the
+    planner builds, tests/test_zero_bubble.py compares), so a floor of its activations. ZB-H1:
+    ``min(M, P - s)`` (its warm-up forwards and the first step's); ZB-H2: ``min(M, 2 (P - s))``;
+    ZBV (``2P`` chunks): ``min(M, 2P - s)``, the first chunk ``r`` after its ``2 (P - r) - 1``
+    warm-up and ``r + 1`` more forwards, the second ``2P - 1 - r`` after its ``r + 1``."""
+    n, M = num_stages, num_microbatches  # ZBV: n = 2P chunks
+    if kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
+        return tuple(min(M, n - s) for s in range(n))
+    if kind is ScheduleKind.ZB_H2:
+        return tuple(min(M, 2 * (n - s)) for s in range(n))
+    raise ValueError(f"{kind.value} does not split the backward")
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """What one device of a stage holds at its peak: ``whole`` micro-batches with all their

@@ -122,10 +122,12 @@ class ConfigSearch:
             if mem > lb:
                 heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
                 return
-        if policy.prune and (lb > limit or (policy.tight and facts.rank_floor_ms(c0, self.where.slack) > limit)):
-            # the rank floor only skips, not reorders: a configuration it skips would have given no
-            # candidate (keep), and one visited later can be kept against a tighter limit (the
-            # Pareto points are the best configurations', RESULTS 37)
+        slack = self.where.slack
+        if policy.prune and (lb > limit or (policy.tight and (facts.rank_floor_ms(c0, slack) > limit or (
+                limit < float("inf") and facts.memory_floor_ms(c0, slack) > limit)))):
+            # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
+            # would have given no candidate (keep), and one visited later can be kept against a
+            # tighter limit (the Pareto points are the best configurations', RESULTS 37)
             self.pruned += 1
             return
         fitted = False  # this configuration at its searched stage

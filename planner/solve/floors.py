@@ -8,6 +8,7 @@ ask it, and nothing else, about a configuration."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -18,18 +19,40 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.solve.arrays import distinct
 from planner.solve.chain_dp import least_largest
 from planner.solve.fills import busiest_rank_floor_ms, chunk_fill_bound_ms, rank_fills_ms, split_fill_bound_ms
 from planner.solve.prices import RecentEntries, StageTable
-from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched
+from planner.solve.rank_memory import (
+    Curve,
+    Inverse,
+    held_whole,
+    inverse_points,
+    merged_inverse,
+    rank_holds,
+    works_reach_ms,
+)
+from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
-#: breakpoints (bytes freed per micro-batch, ms) of recompute_curve
-Curve = tuple[np.ndarray, np.ndarray]
+#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole)
+MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+
+
+def fsdp_share_ms(cm: CostModel, c: Config) -> float:
+    """The busiest rank of a ZeRO 3 configuration ``c`` runs M x at least its share of the
+    pipeline's ``max(work, communication)`` per micro-batch with prefetching, their sum without
+    (:func:`config_lower_bound_ms`' argument; a whole-group ZeRO 3 configuration also stands for
+    its HSDP variant: the cheaper line)."""
+    line = cm.fsdp_line(c.layout)
+    g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
+    if g:
+        other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
+        line = (min(line[0], other[0]), min(line[1], other[1]))
+    work, comm = cm.work_ms(c.microbatch_size), cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+    return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
 def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core_bytes: np.ndarray) -> Curve:
@@ -52,8 +75,10 @@ def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core
                 hull[-1] = (x, y)
         segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)] * count
     segments.sort()
-    xs = np.concatenate([[0.0], np.cumsum([n for _, n in segments])])
-    ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in segments])])
+    # segments of one slope as one (equal layers': collinear points dropped, the same function)
+    merged = [(r, sum(n for _, n in group)) for r, group in itertools.groupby(segments, key=lambda seg: seg[0])]
+    xs = np.concatenate([[0.0], np.cumsum([n for _, n in merged])])
+    ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in merged])])
     return xs, ys
 
 
@@ -72,21 +97,6 @@ def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
     return out
 
 
-def least_bytes(work: np.ndarray, nbytes: np.ndarray, cap: float) -> tuple[np.ndarray, np.ndarray]:
-    """The least bytes any share of the layers with total work ``w`` holds, ``H(w)``, layer
-    ``i`` holding ``nbytes[i]`` for its ``work[i] > 0`` and taken in any fraction (so the fewest
-    bytes per ms first): breakpoints ``(w, H(w))`` of a convex piecewise-linear function from
-    ``(0, 0)`` to the whole profile, with the point where ``H`` reaches ``cap`` among them."""
-    order = np.argsort(nbytes / work, kind="stable")
-    w = np.concatenate([[0.0], np.cumsum(work[order])])
-    h = np.concatenate([[0.0], np.cumsum(nbytes[order])])
-    k = int(np.searchsorted(h, cap))
-    if 0 < k < len(h) and h[k] > cap > h[k - 1]:
-        at = w[k - 1] + (w[k] - w[k - 1]) * (cap - h[k - 1]) / (h[k] - h[k - 1])
-        w, h = np.insert(w, k, at), np.insert(h, k, cap)
-    return w, h
-
-
 class ConfigFacts:
     """Everything the search asks about a configuration before and beside solving it, for one
     cost model ``cm`` (the searched one: over groups of layers on a long profile), ``request``
@@ -99,13 +109,14 @@ class ConfigFacts:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
-        self.per_size: dict[tuple[int, float], tuple[float, float, Curve, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.per_size: dict[tuple[int, float], tuple[float, float, Curve, list[float], list[float], list[float]]] = {}
         # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
-        self.inverses: dict[tuple[tuple[int, float], int], tuple[np.ndarray, np.ndarray]] = {}
+        self.inverses: dict[tuple[object, ...], Inverse] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
+        self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
@@ -177,7 +188,7 @@ class ConfigFacts:
           stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
           holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
           saved activations; fractions of layers allowed, so the lightest bytes per ms are
-          taken first: a convex piecewise-linear ``H``, :func:`least_bytes`). It takes ``g_r(w) =
+          taken first: a convex piecewise-linear ``H``, :func:`~planner.solve.rank_memory.least_bytes`). It takes ``g_r(w) =
           w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
           operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
           backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at
@@ -205,9 +216,10 @@ class ConfigFacts:
             out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
         return max(out, self.ranks_bound(c, key))
 
-    def layer_arrays(self, key: tuple[int, float]) -> tuple[float, float, Curve, np.ndarray, np.ndarray, np.ndarray]:
+    def layer_arrays(self, key: tuple[int, float]) -> tuple[float, float, Curve, list[float], list[float], list[float]]:
         """Per (micro-batch size, state bytes per parameter): the profile's work and saved bytes,
-        the recomputation curve, and the busy layers' work, state and saved bytes."""
+        the recomputation curve, and the busy layers' work, state and saved bytes (equal layers
+        summed in one row)."""
         found = self.per_size.get(key)
         if found is None:
             cm, (b, kappa) = self.cm, key
@@ -222,65 +234,87 @@ class ConfigFacts:
             for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
                 params[list(tie.layers)] -= tie.param_count
             params = np.maximum(params, 0.0)
+            # equal layers as one row of their summed work and bytes (taken in fractions, any share
+            # of their work holds the same bytes): a GPT's 96 blocks, one row
+            rows = Counter(zip(layer_work[busy].tolist(), params[busy].tolist(), saved[busy].tolist()))
             found = self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), curve,
-                                          layer_work[busy], kappa * params[busy], saved[busy])
+                                          [w * n for (w, _, _), n in rows.items()],
+                                          [kappa * p * n for (_, p, _), n in rows.items()],
+                                          [a * n for (_, _, a), n in rows.items()])
         return found
 
-    def ranks_bound(self, c: Config, key: tuple[int, float]) -> float:
-        """:meth:`memory_bound`'s rank-by-rank relaxation: rank r waits a_r (the first r layers'
-        forward and backward, see :func:`chunk_fill_bound_ms`) besides M g_r(w_r); each distinct
-        k_min's breakpoints (t, w) of its g^-1, a piecewise-linear increasing function (w <= the
-        profile's work); the T at which the ranks' works reach the profile's."""
+    def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray | None = None) -> float:
+        """:meth:`memory_bound`'s rank-by-rank relaxation: rank r waits a_r (``fills``; by default
+        the first r layers' forward and backward, see :func:`chunk_fill_bound_ms`) besides
+        M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
+        piecewise-linear increasing function (w <= the profile's work); the T at which the
+        ranks' works reach the profile's (:func:`works_reach_ms`)."""
         work, _, _, _, _, _ = self.layer_arrays(key)
-        P, M = c.layout.pipeline_size, c.num_microbatches
-        fills = rank_fills_ms(self.cm, c)  # P of them: a stage holds a layer
-        ranks: dict[int, list[float]] = {}
-        # rank r holds chunks r, r + P, ... (GPipe, 1F1B, interleaved: the loop placement)
-        for r, kmin in enumerate(np.asarray(c.inflight()).reshape(-1, P).min(axis=0).tolist()):
-            ranks.setdefault(kmin, []).append(float(fills[r]))
-        inverses = [(*self.inverse(key, kmin), np.array(waits)) for kmin, waits in ranks.items()]
-        # works(T) = sum over ranks of g_r^-1((T - a_r) / M): piecewise linear between the ranks'
-        # breakpoints a_r + M t
-        Ts = distinct(np.concatenate([(a[:, None] + M * g[None, :]).ravel() for g, _, a in inverses]))
+        fills = rank_fills_ms(self.cm, c) if fills is None else fills  # P of them: a stage holds a layer
+        ranks: dict[tuple[int, ...], list[float]] = {}
+        for r, holds in enumerate(rank_holds(c)):
+            ranks.setdefault(holds, []).append(float(fills[r]))
+        inverses = [(*self.rank_inverse(key, holds), np.array(waits)) for holds, waits in ranks.items()]
+        return works_reach_ms(inverses, c.num_microbatches, work)
 
-        def works(at: np.ndarray) -> np.ndarray:  # works(T) at breakpoints Ts[at]
-            T = Ts[at]
-            total: np.ndarray = sum(np.interp((T[None, :] - a[:, None]) / M, g, w).sum(axis=0) for g, w, a in inverses)
-            return total
+    def rank_inverse(self, key: tuple[int, float], holds: tuple[int, ...]) -> Inverse:
+        """A rank's g^-1 (:func:`rank_holds`): one count, :meth:`inverse` within the cap; one per
+        chunk, each chunk's within its share of the cap, merged (:func:`merged_inverse`)."""
+        if len(holds) == 1:
+            return self.inverse(key, holds[0])
+        found = self.inverses.get((key, holds))
+        if found is None:
+            found = self.inverses[(key, holds)] = merged_inverse(
+                [self.inverse(key, k, self.cap_bytes / len(holds)) for k in holds])
+        return found
 
-        # the first breakpoint where the works reach the profile's: works(T) is increasing, so a
-        # search over at most 32 probes a round (a call per group of ranks a round, not per probe)
-        target, lo, hi = work * (1 - 1e-12), 0, len(Ts)
-        while lo < hi:
-            probes = distinct(np.linspace(lo, hi - 1, num=min(32, hi - lo)).astype(np.int64))
-            reached = np.flatnonzero(works(probes) >= target)
-            if not len(reached):
-                lo = int(probes[-1]) + 1
-            else:
-                j = int(reached[0])
-                lo, hi = (int(probes[j - 1]) + 1 if j else lo), int(probes[j])
-        k = lo
-        if k == 0:
-            return float(Ts[0])
-        if k >= len(Ts):  # unreachable: at the largest breakpoint some rank takes all the work
-            return 0.0
-        (w0, w1), T0, T1 = works(np.array([k - 1, k])), float(Ts[k - 1]), float(Ts[k])
-        return T0 + (T1 - T0) * (float(work) - float(w0)) / (float(w1) - float(w0))
-
-    def inverse(self, key: tuple[int, float], kmin: int) -> tuple[np.ndarray, np.ndarray]:
+    def inverse(self, key: tuple[int, float], kmin: int, cap: float | None = None) -> Inverse:
         """Breakpoints (t, w) of a rank's g^-1 holding at least ``kmin`` micro-batches in every
-        stage (:meth:`memory_bound`; per ``key`` and ``kmin``)."""
-        found = self.inverses.get((key, kmin))
+        stage within ``cap`` (the device's by default) (:meth:`memory_bound`; per ``key``,
+        ``kmin`` and ``cap``; :func:`inverse_points`)."""
+        cap = self.cap_bytes if cap is None else cap
+        found = self.inverses.get((key, kmin, cap))
         if found is None:
             _, _, curve, layer_work, state, saved = self.layer_arrays(key)
-            cap = self.cap_bytes
-            at_w, at_h = least_bytes(layer_work, state + kmin * saved, cap)
-            # g at H's breakpoints and where (H - cap) / k_min reaches the curve's: linear between
-            xs = cap + kmin * curve[0][1:]
-            w = distinct(np.concatenate([at_w, np.interp(xs[(xs > cap) & (xs < at_h[-1])], at_h, at_w)]))
-            h = np.interp(w, at_w, at_h)
-            found = self.inverses[(key, kmin)] = (w + recompute_ms(curve, np.maximum(0.0, h - cap) / kmin), w)
+            found = self.inverses[(key, kmin, cap)] = inverse_points(layer_work, state, saved, kmin, cap, curve)
         return found
+
+    def memory_floor_ms(self, c: Config, slack: float) -> float:
+        """No proposal of ``c`` (any variant, partition or recomputation) passes
+        :meth:`ConfigSearch.keep <planner.solve.config_search.ConfigSearch.keep>`'s check when this
+        exceeds what it must beat: the busiest rank runs M x its chunks' work and recomputation,
+        at least the T at which the ranks' works reach the profile's with no waits
+        (:meth:`ranks_bound` with ``a_r = 0``), each rank's chunks holding the micro-batches
+        :func:`held_whole` counts (the zero-bubble schedules' too; ZBV's two chunks each within
+        half the cap, as their tables price them); over groups of layers divided by the check's
+        ``slack``. Like :meth:`rank_floor_ms` it only skips, never reorders: a configuration it
+        skips would have given no candidate, so the search's candidates, and the Pareto points
+        solved from the best of them, are the same. Each variant at its own state: ``c``'s
+        sharding (ZeRO 0 holds more), and where ZeRO 3 is solved too the less of that and
+        ZeRO 3's, no lower than its collectives' share (:func:`fsdp_share_ms`). (At ZeRO 3's
+        state alone, as :meth:`memory_bound` counts, GPT-3 175B's ZBV on 1,024 A100s counted a
+        twentieth of the state its ZeRO 1 stages hold.) 0 where :meth:`memory_bound` does not
+        bound (shared saved storages, per-stage copies) and for schedules not in
+        :data:`MEMORY_FLOOR`."""
+        found = self.busiest_floors.get(c)
+        if found is None:
+            found = 0.0
+            if not (self.cm.profile.shared_saved or c.layout.stage_replicas or c.schedule not in MEMORY_FLOOR):
+                found = self.busiest_floor_ms(c, c)
+                lean = self.leanest(c)
+                if lean != c:
+                    fsdp = fsdp_share_ms(self.cm, lean)
+                    found = found if found <= fsdp else min(found, max(fsdp, self.busiest_floor_ms(c, lean)))
+            self.busiest_floors[c] = found
+        return found / slack
+
+    def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
+        """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply."""
+        key = (c.microbatch_size, self.cm.least_state_bytes_per_param(sharded.sharding()))
+        _, _, curve, _, _, _ = self.layer_arrays(key)
+        if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
+            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
+        return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
