@@ -33,11 +33,14 @@ uncertain input at the ends of its range (the leave-one-source-out fits, the hos
 kernel, the attention kernel's measured efficiency, the GPUs' speed variation, NCCL's model
 against plain rings, send/receive latency), and, for what the source leaves out (micro-batch,
 chunks per rank, recomputation: ``PublishedRun.recompute_options``), every option that fits;
-and the model's own error out of source: the :data:`planner.cost.band.MODEL_ERROR_QUANTILE` quantile
-of the other sources' leave-one-source-out |errors| (a row's band never uses its own source's
-errors; the shipped :data:`~planner.cost.band.MODEL_ERROR` is that quantile over every source);
-deviations added in quadrature. A published figure is inside when its time lies in the band (of the
-out-of-source prediction).
+and the model's own error out of source, all in quadrature. The model term is the nine-in-ten
+(:data:`planner.cost.band.BAND_COVERAGE`) conformal quantile of the other sources' rows' errors
+left after their own inputs' ranges (:func:`planner.cost.band.residual_score`: a row's band never
+uses its own source's errors, and an error the inputs already allow is not counted again); over
+every source it is the shipped :data:`~planner.cost.band.MODEL_ERROR` (printed, and by ``--fit``
+for pasting). A published figure is inside when its time lies in the band (of the out-of-source
+prediction); the rows outside are listed with the deviation, the band's sides and its largest
+terms.
 
 ``fits``: the configuration's per-GPU peak (the simulator's, the largest over devices) at the
 band's top (the peak plus 1 GiB held outside PyTorch's allocator) within the memory CUDA reports
@@ -79,7 +82,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import numpy as np
 import published_moe
 from published_rows import Metric, PublishedRun, Recompute, all_rows
 
@@ -90,7 +92,15 @@ from planner.artifacts.layout import DeviceGroup, Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.cost.band import MODEL_ERROR, MODEL_ERROR_QUANTILE, MODEL_ERROR_SOURCE, RUNTIME_RESERVE_BYTES, combine
+from planner.cost.band import (
+    BAND_COVERAGE,
+    MODEL_ERROR,
+    MODEL_ERROR_SOURCE,
+    RUNTIME_RESERVE_BYTES,
+    combine,
+    conformal_quantile,
+    residual_score,
+)
 from planner.cost.precision import at_precision
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.common import DEVICE_PRESETS
@@ -499,9 +509,10 @@ def shipped_text(models: dict[str, GemmModel], loso: dict[str, dict[str, GemmMod
 @dataclasses.dataclass(frozen=True)
 class RowResult:
     """A row priced with the shipped constants and out of source (the fit that left its source out),
-    the out-of-source prediction's input ranges (in :attr:`Priced.seconds`' units; the model's own
-    error is added by :meth:`with_model_error` once every source is priced) and its band ((0, 0):
-    none), the overhead terms of the configuration, and the planner's own plan (or why there is none)."""
+    the out-of-source prediction's input ranges (in :attr:`Priced.seconds`' units) and their names;
+    the model's own error, once every source is priced (:meth:`with_model_error`), and the band it
+    gives ((0, 0): none); the overhead terms of the configuration, and the planner's own plan (or
+    why there is none)."""
 
     priced: Priced
     out: Priced | None
@@ -509,28 +520,40 @@ class RowResult:
     overheads: tuple[str, ...]
     ours: Plan | str | None
     seconds: float
+    range_names: tuple[str, ...] = ()
+    model_error: float = 0.0
     band: tuple[float, float] = (0.0, 0.0)
+
+    def inputs_band(self) -> tuple[float, float]:
+        """The out-of-source time's band from its input ranges alone (no model term)."""
+        t = self.out.seconds if self.out is not None else 0.0
+        return combine(t, list(self.ranges))
 
     def with_model_error(self, error: float) -> RowResult:
         """The band: the input ranges and +-``error`` of the out-of-source time, in quadrature."""
         if self.out is None:
             return self
         t = self.out.seconds
-        return dataclasses.replace(self, band=combine(t, [*self.ranges, (t * (1 - error), t * (1 + error))]))
-    overheads: tuple[str, ...]
-    ours: Plan | str | None
-    seconds: float
+        return dataclasses.replace(self, model_error=error,
+                                   band=combine(t, [*self.ranges, (t * (1 - error), t * (1 + error))]))
+
+
+#: the band term of what the source leaves out (micro-batch, chunks per rank, recomputation)
+UNKNOWNS = "settings the source leaves out"
+
+Ranges = tuple[tuple[tuple[float, float], ...], tuple[str, ...]]
 
 
 def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
-            loso: dict[str, tuple[GemmModel, ...]]) -> tuple[tuple[tuple[float, float], ...], tuple[str, ...]]:
-    """The out-of-source prediction's input ranges but the model's own error (module docstring),
-    and its overhead terms, as text."""
+            loso: dict[str, tuple[GemmModel, ...]]) -> tuple[Ranges, tuple[str, ...]]:
+    """The out-of-source prediction's input ranges but the model's own error (module docstring)
+    and their names, and its overhead terms, as text."""
     if run.metric is Metric.LAYER_MS:  # the layer under each fit
         times = [price(run, m).seconds for m in loso.get(run.device, ())] + [out.seconds]
-        return ((min(times), max(times)),), ()
+        return (((min(times), max(times)),), ("GEMM constants",)), ()
     plan = with_accounts(out.plan, profile_for(run, gemm), cluster_for(run), config_request(run))
-    ranges = [(i.low_ms, i.high_ms) for i in plan.predicted.band.inputs if i.name != MODEL_ERROR_SOURCE]
+    inputs = [i for i in plan.predicted.band.inputs if i.name != MODEL_ERROR_SOURCE]
+    ranges, names = [(i.low_ms, i.high_ms) for i in inputs], [i.name for i in inputs]
     times = [p.predicted.iteration_ms for p in (out.plan, *out.options)]
     for level in run.recompute_options:  # a recomputation the source leaves open: its fitting options too
         if level is not run.recompute:
@@ -538,8 +561,9 @@ def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
             times += [p.predicted.iteration_ms for p in (alt.plan, *alt.options) if alt.fits or p is not alt.plan]
     if len(times) > 1:  # what the source leaves out: every option that fits
         ranges.append((min(times), max(times)))
+        names.append(UNKNOWNS)
     terms = tuple(f"{t.kind.value} {t.ms / 1e3:+.3g} s" for t in plan.predicted.overheads if abs(t.ms) >= 0.5e-3 * 1e3)
-    return tuple((lo / 1e3, hi / 1e3) for lo, hi in ranges), terms
+    return (tuple((lo / 1e3, hi / 1e3) for lo, hi in ranges), tuple(names)), terms
 
 
 def price_row(run: PublishedRun, models: dict[str, GemmModel], loso: dict[str, tuple[GemmModel, ...]],
@@ -549,23 +573,52 @@ def price_row(run: PublishedRun, models: dict[str, GemmModel], loso: dict[str, t
     priced = price(run, models[run.device])
     gemm = loso_model(run, loso)
     out = price(run, gemm) if gemm is not None else None
-    ranges, terms = band_of(run, out, gemm, loso) if out is not None else ((), ())
+    (ranges, names), terms = band_of(run, out, gemm, loso) if out is not None else (((), ()), ())
     ours: Plan | str | None = None
     if plans and run.metric is not Metric.OUT_OF_MEMORY:
         try:
             ours = own_plan(run, models[run.device], priced)
         except PlannerError as exc:
             ours = str(exc).splitlines()[0]
-    return RowResult(priced, out, ranges, terms, ours, time.perf_counter() - t0)
+    return RowResult(priced, out, ranges, terms, ours, time.perf_counter() - t0, names)
+
+
+def scores(rows: list[PublishedRun], results: list[RowResult]) -> list[tuple[str, float]]:
+    """Per row with a published time, its source and its out-of-source error left after its input
+    ranges (:func:`planner.cost.band.residual_score`)."""
+    out = []
+    for run, res in zip(rows, results):
+        pub = published_time(run)
+        if res.out is None or not pub:
+            continue
+        t = res.out.seconds
+        lo, hi = res.inputs_band()
+        out.append((run.publication, residual_score(pub / t - 1, (t - lo) / t, (hi - t) / t)))
+    return out
 
 
 def model_errors(rows: list[PublishedRun], results: list[RowResult]) -> dict[str, float]:
-    """Per source, the model's error out of source for its rows' bands: the
-    :data:`MODEL_ERROR_QUANTILE` quantile of the other sources' out-of-source |errors|."""
-    errs = [(run.publication, abs(time_ratio(run, res.out) - 1)) for run, res in zip(rows, results)
-            if res.out is not None and published_time(run)]
-    others = {src: [e for s, e in errs if s != src] for src in {r.publication for r in rows}}
-    return {src: float(np.quantile(v, MODEL_ERROR_QUANTILE)) if v else MODEL_ERROR for src, v in others.items()}
+    """Per source, the model's error out of source for its rows' bands: the :data:`BAND_COVERAGE`
+    conformal quantile of the other sources' rows' scores (:func:`scores`); :data:`MODEL_ERROR`
+    where no other source has a row."""
+    scored = scores(rows, results)
+    others = {src: [e for s, e in scored if s != src] for src in {r.publication for r in rows}}
+    return {src: conformal_quantile(v) if v else MODEL_ERROR for src, v in others.items()}
+
+
+def outside(run: PublishedRun, res: RowResult) -> str:
+    """Why a row's published figure lies outside its band ("" when inside): the published time's
+    deviation from the out-of-source prediction, the band's sides, and its largest terms."""
+    pub, (lo, hi) = published_time(run), res.band
+    if res.out is None or not pub or lo <= pub <= hi:
+        return ""
+    t = res.out.seconds
+    up = pub > t
+    side = [(n, (b - t) / t if up else (t - a) / t) for n, (a, b) in zip(res.range_names, res.ranges)]
+    side = sorted([*side, ("model term", res.model_error)], key=lambda kv: -kv[1])
+    terms = ", ".join(f"{n} {100 * v:.1f}%" for n, v in side[:3] if v > 5e-4)
+    return (f"{run.label}: published {100 * (pub / t - 1):+.1f}% from the prediction, band "
+            f"-{100 * (t - lo) / t:.1f}%/+{100 * (hi - t) / t:.1f}% ({'above' if up else 'below'}: {terms})")
 
 
 # ---------------------------------------------------------------- the table
@@ -711,6 +764,7 @@ def main() -> int:
             results.append(res)
             print(f"priced {i + 1}/{len(rows)}: {rows[i].label}", file=sys.stderr, flush=True)
     errors = model_errors(rows, results)  # every source priced: each row's band from the others' errors
+    misses = []
     for run, res in zip(rows, results):
         res = res.with_model_error(errors[run.publication])
         tally.add(run, res)
@@ -718,15 +772,20 @@ def main() -> int:
         notes = _notes(run, res)
         if notes:
             print(notes)
+        misses.append(outside(run, res))
     print()
     for src, errs in tally.out.items():
         print(f"leave-one-source-out, {src} ({len(errs)} rows): {pct(errs)}, mean signed {100 * statistics.fmean(errs):+.1f}%")
-    out_errors = [abs(v) for vs in tally.out.values() for v in vs]
-    if out_errors:
-        print(f"the model's error out of source for the band (planner.cost.band.MODEL_ERROR, the "
-              f"{MODEL_ERROR_QUANTILE:.0%} quantile of |error|): {100 * float(np.quantile(out_errors, MODEL_ERROR_QUANTILE)):.1f}% "
-              f"measured here, {100 * MODEL_ERROR:.1f}% shipped; each source's rows use the other sources': "
+    scored = [e for _, e in scores(rows, results)]
+    if scored:
+        measured = conformal_quantile(scored)
+        print(f"the band's model term (planner.cost.band.MODEL_ERROR: the {BAND_COVERAGE:.0%} conformal quantile of "
+              f"the errors left after each row's input ranges): {100 * measured:.1f}% over these {len(scored)} rows, "
+              f"{100 * MODEL_ERROR:.1f}% shipped; each source's rows take the other sources': "
               + ", ".join(f"{src} {100 * e:.1f}%" for src, e in sorted(errors.items())))
+        if args.fit and not args.rows:
+            print(f"MODEL_ERROR = {measured:.3f}  # planner/cost/band.py")
+    print(f"outside the band: {'; '.join(m for m in misses if m) or 'none'}")
     print(f"memory claims not met: {'; '.join(tally.notes) or 'none'}")
     print(f"\n{tally.summary(len(rows), len({r.publication for r in rows}))}")
     if not args.rows:  # the mixture-of-experts rows: their own table (benchmarks/published_moe.py)

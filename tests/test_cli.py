@@ -244,3 +244,20 @@ def test_the_nccl_term_says_why_it_is_negative():
             in line(-9892.59))
     assert "nccl-collectives 12.00 ms (NCCL's network step latency above the alpha-beta ring's)" in line(12.0)
     assert "nccl-collectives 0.00 ms, host" in line(0.001)
+
+
+def test_moe_plan_without_zero_bubble_schedules_has_no_traceback(tmp_path):
+    """Qwen3-30B-A3B on 16 H100s with the schedules named (no zero bubble): the search tries an
+    HSDP candidate at a lower ZeRO stage (``candidates.least_zero``), which raised a ValueError
+    (``shard_group_size 4 needs ZeRO 3``) until ``Config.with_zero`` dropped its shard groups;
+    now a plan, exit 0."""
+    prof = tmp_path / "q30.json"
+    made = run_cli("profile", "--analytic", "hf", "--config", "configs/qwen3-30b-a3b.json", "--seq", "4096",
+                   "--device-preset", "h100-80gb", "--out", str(prof))
+    assert made.returncode == 0, made.stderr
+    proc = run_cli("plan", "--profile", str(prof), "--cluster", "h100-80gb-x8", "--devices", "16", "--global-batch", "64",
+                   "--stack", "megatron-core", "--moe-dispatcher", "deepep", "--cp", "1",
+                   "--schedules", "gpipe,1f1b,interleaved-1f1b")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "plan for qwen3-30b-a3b" in proc.stdout

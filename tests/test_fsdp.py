@@ -197,3 +197,25 @@ def test_least_cap_is_where_the_solver_starts_to_fit(layers, stages, microbatche
     need = least_cap_bytes(cm, request, layout, 1, recompute)
     assert _fits(cm, request, need, layout, 1, recompute)
     assert not _fits(cm, request, need * (1 - 1e-6) - 1.0, layout, 1, recompute)
+
+
+def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -> None:
+    """The time objective tries a chosen ZeRO 3 candidate at the lower stages the request allows
+    (:func:`planner.solve.candidates.least_zero`); an HSDP candidate's shard groups go with ZeRO 3
+    (a layout keeps them only under it), as the full published-runs table needs for torchtitan's
+    Llama 2 70B on 64 A100s, which raised before."""
+    from planner.artifacts.cluster import PRESETS
+    from planner.profiling.analytic.gpt import gpt_profile
+    from planner.solve.candidates import Candidate, least_zero
+    from planner.solve.chain import ChainSolution
+    from planner.solve.space import Config
+
+    cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=4)
+    cm = CostModel(gpt_profile(layers=2, hidden=1024, heads=8, seq=512, vocab=1000, device_preset="a100-80gb"), cluster)
+    hsdp = Config(Layout(num_stages=1, dp_degree=32, zero=ZeroStage.PARAMETERS, shard_group_size=8), 1, 1,
+                  ScheduleKind.ONE_F_ONE_B)
+    assert hsdp.with_zero(ZeroStage.PARAMETERS).layout.shard_group_size == 8
+    assert hsdp.with_zero(ZeroStage.OPTIMIZER).layout.shard_group_size == 0
+    solution = ChainSolution(objective_ms=0.0, boundaries=(0,), recompute=((),), stage_times_ms=(0.0,), exact=True)
+    got = least_zero(cm, PlanRequest(global_batch=32, zero_stages=(0, 1, 2, 3)), Candidate(hsdp, solution), 1e15)
+    assert got.config.layout.zero < ZeroStage.PARAMETERS and got.config.layout.shard_group_size == 0

@@ -54,7 +54,7 @@ from planner.solve.prices import StageTable, stage_extras
 from planner.solve.prices.fixed import lengths
 from planner.solve.recompute import INF
 
-__all__ = ["could_partition", "least_largest", "solve_chain"]
+__all__ = ["could_partition", "least_largest", "reaches", "solve_chain"]
 _Key = TypeVar("_Key", bound=Hashable)  # a stage's key in :func:`_stage_bands`
 
 
@@ -214,7 +214,7 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     if tables and any(t is not table for t in tables):
         ats = [(inflight[s], table.cap_of(s)) for s in range(P)]
         fits = [t.could_fit(*a, recompute) for t, a in zip(tables, ats)]
-        return _reaches(fits, L, P)
+        return reaches(fits, L, P)
     w = L - P + 1  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w) (as _Bands)
     if w < 1:
         return False
@@ -223,10 +223,10 @@ def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool 
     if table.might_fit_all(ats, cuts, recompute):
         return True
     found = {at: table.could_fit(*at, recompute) for at in dict.fromkeys(ats)}  # few distinct: one lookup each
-    return _reaches([found[at] for at in ats], L, P)
+    return reaches([found[at] for at in ats], L, P)
 
 
-def _reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
+def reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
     """Some partition into ``P`` stages has stage ``s`` where ``fits[s]`` holds."""
     w = L - P + 1
     reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest

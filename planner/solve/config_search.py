@@ -130,12 +130,15 @@ class ConfigSearch:
             # tighter limit (the Pareto points are the best configurations', RESULTS 37)
             self.pruned += 1
             return
-        fitted = False  # this configuration at its searched stage
+        fitted = None  # this configuration at its searched stage: the variant that fitted, and its solution
         for c in facts.fsdp_variants(c0) if phase == FSDP else facts.variants(c0):
             if is_fsdp(c.sharding()) and phase != FSDP:
                 # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
-                # too; the memory floor already counts its sharding) is higher, back in the order
-                if fitted:
+                # too; the memory floor already counts its sharding) is higher, back in the order. The
+                # whole group's ZeRO 3 also where HSDP fitted only by recomputing: it holds 1/D of the
+                # state, not 1/node's, and may fit without (torchtitan's Llama 2 13B, 64 A100s, b=2)
+                if fitted is not None and not (fitted[0].layout.shard_group_size and _recomputes(fitted[1])
+                                               and not c.layout.shard_group_size):
                     continue
                 own = max(lb, config_lower_bound_ms(self.cm, c))
                 if policy.prune and own > lb:
@@ -144,7 +147,7 @@ class ConfigSearch:
             sol = solve_config(self.where.chain_solver, facts.table_of(c), c)
             if sol is None:
                 continue
-            fitted = True
+            fitted = (c, sol)
             self.propose(c, sol, key, limit)
             limit = self.limit(c0, lb)
 
@@ -310,3 +313,8 @@ def solve_candidates(
     found, fastest first (the J-optimum of each configuration solved, and the proposals the
     policy keeps, with their simulated times); ``layers`` as :func:`config_search`'s."""
     return config_search(cm, request, where, policy, layers).run()
+
+
+def _recomputes(sol: ChainSolution) -> bool:
+    """Whether ``sol`` recomputes any layer (fully or selectively)."""
+    return any(sol.recompute) or any(sol.selective)

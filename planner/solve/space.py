@@ -83,7 +83,10 @@ class Config:
         return self.layout.sharding(stage_idx)
 
     def with_zero(self, zero: ZeroStage) -> Config:
-        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero))
+        """This configuration at ZeRO stage ``zero``; below ZeRO 3 an HSDP layout's shard groups go
+        (ZeRO 1 or 2 shard over the whole gradient group: no layout holds them within a node)."""
+        group = self.layout.shard_group_size if zero is ZeroStage.PARAMETERS else 0
+        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero, shard_group_size=group))
 
     def with_hsdp(self, devices_per_node: int) -> Config | None:
         """This configuration under HSDP (ZeRO 3 sharded within a node's share of each gradient

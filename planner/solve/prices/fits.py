@@ -95,6 +95,7 @@ class StageFits:
         self._levels = batch.levels
         self._keep: np.ndarray | None = None  # per stage, what a micro-batch past its I keeps (held)
         self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
+        self._pending_held = 0  # micro-batches past I in static (a copy of held())
 
     def held(self, pending: int) -> Self:
         """This table with ``pending`` micro-batches past their input-gradient pass on every
@@ -110,6 +111,7 @@ class StageFits:
                 self._keep = np.minimum(self.cm.keep_matrix(self.b), self.act)
             found = copy.copy(self)
             found.static = self.static + pending * self._keep
+            found._pending_held = pending
             entries = found._entries = Entries()
             found._bases, found._tables, found._pending, found._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
             found._choices, found._could, found._longest = entries.choices, entries.could, entries.longest
@@ -158,7 +160,7 @@ class StageFits:
         configurations ask at many in-flight counts (interleaved ones, one per chunk); None for
         another (a chunk's share of a rank's memory), asked at few, each worked out alone, and
         on chains of fewer than :data:`VIEW_MIN_LAYERS` layers."""
-        if cap != self.cap or self.L < VIEW_MIN_LAYERS:
+        if cap != self.cap or self.L < VIEW_MIN_LAYERS or self._pending_held:
             return None
         views = self._entries.views
         found = views.get((-1, cap))

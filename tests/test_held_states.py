@@ -1,0 +1,82 @@
+"""planner.solve.held: :func:`could_fit_every_state`, the check
+:func:`planner.solve.candidates.solve_config` makes before solving a zero-bubble configuration,
+against the two solves it spares (the peak's optimum, checked at every held state, then the
+conservative counts'): where it says no partition might fit, neither solve has a plan; and
+``solve_config`` gives what the two solves give, on every zero-bubble configuration of cases
+where memory binds."""
+
+from __future__ import annotations
+
+import random
+
+from planner.artifacts.cluster import PRESETS
+from planner.artifacts.kinds import ScheduleKind
+from planner.artifacts.layout import DeviceGroup
+from planner.artifacts.request import PlanRequest
+from planner.profiling.analytic.gpt import gpt_profile
+from planner.schedule import held_counts
+
+GIB = 2**30
+SPLIT = (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+
+
+def _two_solves(table, c):
+    """``solve_config`` without the check: the peak's optimum where it fits every held state,
+    else the optimum at the conservative counts; and whether the peak had an optimum."""
+    from planner.solve.chain_dp import solve_chain
+    from planner.solve.held import fits_every_state
+
+    sol = solve_chain(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
+    if sol is None:
+        return None, False
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
+    caps = [table.cap_of(s) for s in range(len(held))]
+    if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
+        return sol, True
+    return solve_chain(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
+                       held=tuple(h.conservative() for h in held)), True
+
+
+def _cases():
+    """GPTs whose zero-bubble configurations recompute (caps of 2-8 GiB), one drawn per seed."""
+    rng = random.Random(7)
+    for _ in range(6):
+        hidden = rng.choice([1024, 2048])
+        profile = gpt_profile(layers=rng.randint(6, 16), hidden=hidden, heads=hidden // 128, seq=rng.choice([2048, 4096]),
+                              vocab=32000, device_preset="h100-80gb")
+        cluster = PRESETS["h100-80gb-x8"].with_devices(rng.choice([4, 8, 16]))
+        request = PlanRequest(global_batch=rng.choice([16, 32, 64]), memory_cap_bytes=rng.choice([2, 3, 4, 6, 8]) * GIB,
+                              schedules=SPLIT)
+        yield profile, cluster, request
+
+
+def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.candidates import solve_config
+    from planner.solve.chain_dp import solve_chain
+    from planner.solve.floors import ConfigFacts
+    from planner.solve.held import could_fit_every_state
+    from planner.solve.space import all_configs
+
+    checked = refused = spared = solved = 0
+    for profile, cluster, request in _cases():
+        n = cluster.num_devices
+        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, DeviceGroup(), request.stack)
+        facts = ConfigFacts(cm, request, memory_cap_bytes(cm.cluster, request))
+        for c0 in all_configs(cm, request, n):
+            for c in facts.variants(c0):
+                table = facts.table_of(c)
+                held = held_counts(c.schedule, c.layout, c.num_microbatches)
+                if not any(len(h.states) > 1 for h in held):
+                    continue
+                expected, peak = _two_solves(table, c)
+                if not could_fit_every_state(table, held):
+                    assert expected is None, c
+                    refused += 1
+                    spared += peak  # the peak's optimum fits at its peak only
+                got = solve_config(solve_chain, table, c)
+                assert got == expected, c
+                checked += 1
+                solved += got is not None
+    assert checked > 100 and spared > 5 and solved > 10, (checked, refused, spared, solved)
