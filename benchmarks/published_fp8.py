@@ -1,25 +1,40 @@
-"""The published FP8 rows priced, and the one FP8 constant fitted (issue 49 item 5).
+"""The published FP8 rows priced with a measured FP8 GEMM efficiency (issue 49 item 5).
 
 Megatron-Bridge's DGX-H100 table (``../shared/reference/published_runs/README.md`` section 6;
 the rows: ``benchmarks/published_rows.py``'s :func:`megatron_bridge_rows`): Llama 3 8B (FSDP),
 Llama 3 70B and Llama 3.1 405B trained with FP8 current scaling. Each is priced as
 ``benchmarks/published_runs.py`` prices every row (the published configuration forced, the
 shipped bf16 GEMM constants, which never saw these rows), its profile re-priced at
-``fp8-current`` by :func:`planner.cost.precision.at_precision`.
+``fp8-current`` by :func:`planner.cost.precision.at_precision` with the settings of
+Megatron-Bridge 25.11's performance scripts: every block in FP8 (``first_last_layers_bf16``
+off), Transformer Engine's fused cross entropy.
 
-One constant per precision: the FP8 GEMMs' fraction of the FP8 peak relative to the bf16 GEMMs'
-of the bf16 peak (``planner.cost.precision.FP8_GEMM_EFFICIENCY``), fitted (golden-section search
-on the squared log time ratio) on ``FP8_FIT_ROWS`` only -- the 70B row, the one of the three
-whose layout (Megatron TP + interleaved PP, no FSDP, no CP) is the bf16 fit rows' -- and the
-other rows priced with it out of sample. No other constant is touched.
+No constant is fitted: the FP8 GEMMs' fraction of the FP8 peak relative to the bf16 GEMMs' of
+the bf16 peak (``planner.cost.precision.FP8_GEMM_EFFICIENCY``) is the H100's measured maximum
+achievable matmul FLOPS in FP8 over that in BF16 (``FP8_EFFICIENCY_SOURCE``); every row is out
+of sample. ``--fit`` prints, for comparison only, the value a fit on all three rows would take
+(golden-section search on the squared log time ratio) and the rows at it; it ships nothing.
 
-Run: ``python benchmarks/published_fp8.py [--fit]`` (``--fit`` refits first and prints the value
-to ship).
+Then the section's two MoE FP8 rows (Qwen3 30B-A3B on 16 GPUs, Qwen3 235B-A22B on 256) priced as
+``benchmarks/published_moe.py`` prices its rows (the published layout forced, the stack preset's
+MoE host time, the H100 GEMM constants), the analytic MoE profile at ``fp8-current`` (the routed
+experts' grouped GEMMs too: ``planner.cost.precision``), with the settings of Megatron-Bridge
+25.11's Qwen3 perf scripts (``scripts/performance/configs/qwen``: no recomputation, the all-to-all
+overlapped with the other micro-batch, alltoall dispatch, bf16 gradient reduction, expert TP 1,
+every block in FP8); out of sample, like the rest.
+
+``--terms``: per dense row, where its predicted time goes: a transformer block's forward at micro-batch
+1 on one GPU of TP 1 split into the FP8 GEMMs, their casts and the rest (attention core, element-wise
+bytes), their shares; the busiest pipeline rank's compute per micro-batch; the bubble and the exposed
+data-parallel synchronisation of the iteration.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms]``
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -29,11 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import published_moe as pm
 import published_runs as pr
 from published_rows import PublishedRun, megatron_bridge_rows
 
-from planner.artifacts.kinds import Precision
+from planner.artifacts.kinds import OptimizerKind, Precision, ScheduleKind, SolverKind, ZeroStage
+from planner.artifacts.layout import Layout
+from planner.artifacts.moe import MoeDispatcher
+from planner.artifacts.plan import Plan
 from planner.cost import precision
+from planner.solve.build import rebuild_plan
 
 GIB = 1024**3
 
@@ -66,8 +86,8 @@ def fit(rows: list[PublishedRun], lo: float = 0.3, hi: float = 2.0, iters: int =
     return (a + b) / 2
 
 
-def table(rows: list[PublishedRun], efficiency: float) -> list[float]:
-    """Print every row at ``efficiency``; the time ratios - 1 of the rows out of sample."""
+def table(rows: list[PublishedRun], efficiency: float, fitted_on: tuple[str, ...] = precision.FP8_FIT_ROWS) -> list[float]:
+    """Print every row at ``efficiency``; the time ratios - 1 of the rows out of sample (not in ``fitted_on``)."""
     print(f"{'row':<18} {'t':>2} {'p':>2} {'v':>2} {'cp':>2} {'d':>3} {'ZeRO':>4} {'published':>10} {'predicted':>10} "
           f"{'ratio':>6} {'GiB':>5} {'fits':>4}  fit?")
     out = []
@@ -76,7 +96,7 @@ def table(rows: list[PublishedRun], efficiency: float) -> list[float]:
         pr.profile_for.cache_clear()
         p = pr.price(r, pr.DEVICE_GEMM[r.device])
         ratio = pr.time_ratio(r, p)
-        fitted = r.label in precision.FP8_FIT_ROWS
+        fitted = r.label in fitted_on
         if not fitted:
             out.append(ratio - 1)
         print(f"{r.label:<18} {r.t:>2} {r.p:>2} {r.chunks[0]:>2} {r.cp:>2} {r.d:>3} {r.zero:>4} {r.published:>10.5g} "
@@ -85,25 +105,109 @@ def table(rows: list[PublishedRun], efficiency: float) -> list[float]:
     return out
 
 
+_MB_MOE = dict(source="Megatron-Bridge 25.11 (H100)", seq=4096, etp=1, fsdp=False, recompute="none",
+               dispatcher=MoeDispatcher.ALLTOALL, overlap=True, optimizer=OptimizerKind.ADAM_MIXED)
+_MB_MOE_ASSUMED = ("FP8 current scaling on every block's linear layers and the routed experts' grouped GEMMs "
+                   "(first_last_layers_bf16 off: scripts/performance/utils/precision.py); attention core, router, "
+                   "embedding and head bf16; tokens dispatched in bf16",
+                   "Megatron-Bridge's Qwen3 perf settings (scripts/performance/configs/qwen, 25.11): no recomputation, "
+                   "moe_a2a_overlap, alltoall dispatch (no flex backend on H100), bf16 gradient reduction, ETP 1",
+                   "distributed optimizer (ZeRO 1); layers split evenly, the embedding and head with the first and last")
+#: section 6's MoE FP8-CS rows: step seconds from tokens/s/GPU (GBS x seq / (tokens/s/GPU x GPUs))
+MOE_ROWS = (
+    pm.MoeRun(label="MB Qwen3 30B-A3B fp8", config="qwen3-30b-a3b", gpus=16, batch=512, microbatch=2, tp=1, ep=8, pp=2,
+              vpp=24, published_s=512 * 4096 / (5275 * 16), published_tflops=121,
+              assumed=_MB_MOE_ASSUMED + ("VP 24 and MBS 2 as the table gives them (the 25.11 perf preset "
+                                         "QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS says VP 12, MBS 1)",), **_MB_MOE),
+    pm.MoeRun(label="MB Qwen3 235B fp8", config="qwen3-235b-a22b", gpus=256, batch=2048, microbatch=1, tp=2, ep=32, pp=8,
+              vpp=4, published_s=2048 * 4096 / (1575 * 256), published_tflops=233,
+              assumed=_MB_MOE_ASSUMED + ("GBS 2,048 (the previous container's figure for the row)",), **_MB_MOE),
+)
+
+
+def moe_plan(run: pm.MoeRun) -> Plan:
+    """``run``'s published configuration priced at fp8-current (published_moe's pricing, its profile re-priced)."""
+    cluster = pm.cluster_for(run)
+    profile = precision.at_precision(pm.profile_for(run.config, run.seq), cluster, Precision.FP8_CURRENT, 0)
+    layout = Layout(num_stages=run.pp * run.vpp, virtual_stages_per_rank=run.vpp, dp_degree=run.dp, tp_degree=run.tp,
+                    sequence_parallel=run.tp > 1, zero=ZeroStage.OPTIMIZER, ep_degree=run.ep, etp_degree=run.etp)
+    starts, full, sel = pm.partition(run, profile)
+    request = pm.request_for(run, tp_degrees=(run.tp,), ep_degrees=(run.ep,), etp_degrees=(run.etp,))
+    return rebuild_plan(profile, cluster, request, layout=layout, boundaries=starts, recompute=full, selective=sel,
+                        microbatch_size=run.microbatch, schedule=ScheduleKind.INTERLEAVED_1F1B, solver=SolverKind.GIVEN)
+
+
+def moe_table() -> list[float]:
+    """Print the MoE FP8 rows; their time ratios - 1 (all out of sample)."""
+    print(f"\n{'row':<21} {'TP':>2} {'EP':>2} {'PP':>2} {'VPP':>3} {'DP':>3} {'b':>1} {'published s':>11} {'predicted':>9} "
+          f"{'ratio':>6} {'GiB':>5} {'fits':>4}  fit?")
+    out = []
+    for run in MOE_ROWS:
+        p = moe_plan(run)
+        secs = p.predicted.iteration_ms / 1e3
+        peak = p.predicted.peak_memory_bytes
+        out.append(secs / run.published_s - 1)
+        print(f"{run.label:<21} {run.tp:>2} {run.ep:>2} {run.pp:>2} {run.vpp:>3} {run.dp:>3} {run.microbatch:>1} "
+              f"{run.published_s:>11.3f} {secs:>9.3f} {secs / run.published_s:>6.3f} {peak / GIB:>5.1f} "
+              f"{'yes' if peak <= pm.usable_bytes() else 'NO':>4}  out of sample")
+    return out
+
+
+def terms(rows: list[PublishedRun]) -> None:
+    """Print where each row's predicted time goes (module docstring, ``--terms``)."""
+    print(f"\n{'row':<16} {'block fwd ms':>12} {'FP8 GEMMs':>9} {'casts':>6} {'rest':>6} {'non-GEMM':>8} | "
+          f"{'rank ms/mb':>10} {'x M':>4} {'bubble':>6} {'exposed DP ms':>13} {'iteration s':>11}")
+    for r in rows:
+        pr.profile_for.cache_clear()
+        bf16 = pr.profile_for(dataclasses.replace(r, precision=Precision.BF16), pr.DEVICE_GEMM[r.device])
+        fp8 = pr.profile_for(r, pr.DEVICE_GEMM[r.device])
+        blocks = [j for j, layer in enumerate(bf16.layers) if layer.fp8 is not None]
+        i = blocks[len(blocks) // 2]  # a block in the middle: FP8 under every recipe
+        view = bf16.layers[i].fp8
+        assert view is not None
+        speedup = 1979 / 989 * precision.FP8_GEMM_EFFICIENCY[r.precision]
+        whole, gemm = fp8.layers[i].fwd.at(1), view.fwd.at(1) / speedup
+        cast = view.input_bytes_per_sample * precision.QUANTISE_BYTES[r.precision] / (
+            3350e9 * float(fp8.metadata["memory_efficiency"]) / 1e3)
+        rest = whole - gemm - cast
+        plan = pr.price(r, pr.DEVICE_GEMM[r.device]).plan
+        lay = plan.layout
+        busiest = max(sum(plan.stages[k].fwd_ms + plan.stages[k].bwd_ms + plan.stages[k].recompute_ms
+                          for k in lay.stage_indices(rank)) for rank in range(lay.pipeline_size))
+        pred = plan.predicted
+        print(f"{r.label:<16} {whole:>12.2f} {gemm:>9.2f} {cast:>6.2f} {rest:>6.2f} {(cast + rest) / whole:>8.0%} | "
+              f"{busiest:>10.1f} {plan.num_microbatches:>4} {max(0.0, pred.bubble_fraction):>6.1%} {pred.exposed_allreduce_ms:>13.1f} "
+              f"{pred.iteration_ms / 1e3:>11.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="fit the FP8 constant on FP8_FIT_ROWS first")
+    ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
+    ap.add_argument("--terms", action="store_true", help="also print where each dense row's time goes")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
-    if args.fit:
-        fitted = fit([r for r in rows if r.label in precision.FP8_FIT_ROWS])
-        print(f"FP8_GEMM_EFFICIENCY[fp8-current] fitted on {', '.join(precision.FP8_FIT_ROWS)}: {fitted:.4f} "
-              f"(shipped {shipped:.4f})\n")
-        shipped = fitted
-    print(f"fp8-current: FP8 GEMMs at {shipped:.4f} x the bf16 GEMMs' fraction of peak, x {1979 / 989:.3f} the H100's "
-          f"bf16 peak; quantisation {precision.QUANTISE_BYTES[Precision.FP8_CURRENT]:.2f} bytes moved per bf16 byte; "
-          f"first and last block bf16\n")
+    edges = sorted({precision.BF16_EDGE_BLOCKS[r.precision] if r.bf16_edge_blocks is None else r.bf16_edge_blocks
+                    for r in rows})
+    print(f"fp8-current: FP8 GEMMs at {shipped:.4f} x the bf16 GEMMs' fraction of peak (measured: "
+          f"{precision.FP8_EFFICIENCY_SOURCE}), x {1979 / 989:.3f} the H100's bf16 peak; quantisation "
+          f"{precision.QUANTISE_BYTES[Precision.FP8_CURRENT]:.2f} bytes moved per bf16 byte; "
+          f"{'/'.join(map(str, edges))} block(s) bf16 at each end\n")
     errors = table(rows, shipped)
-    mags = [abs(e) for e in errors]
-    print(f"\nFP8 rows: {len(rows)}, fitted on {len(rows) - len(errors)}, out of sample median |error| "
-          f"{100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%, mean signed "
-          f"{100 * statistics.fmean(errors):+.1f}%")
+    moe = moe_table()
+    print()
+    for name, errs in (("dense FP8 rows", errors), ("all FP8 rows (with the MoE ones)", errors + moe)):
+        mags = [abs(e) for e in errs]
+        print(f"{name}: {len(errs)}, fitted on 0, out of sample median |error| "
+              f"{100 * statistics.median(mags):.1f}%, worst {100 * max(mags):.1f}%, mean signed "
+              f"{100 * statistics.fmean(errs):+.1f}%")
+    if args.terms:
+        terms(rows)
+    if args.fit:
+        fitted = fit(rows)
+        print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on the {len(rows)} dense rows: {fitted:.4f}\n")
+        table(rows, fitted, tuple(r.label for r in rows))
+        precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
     return 0
 
 

@@ -297,7 +297,7 @@ def terms_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
         layer, moe = cm.profile.layers[i], cm.profile.layers[i].moe
         assert moe is not None
         host_f, host_b = host_floor_ms(cm.profile, cm.stack.host_us_per_kernel, cm.stack.moe.host_ms_per_layer)
-        f, bw = cm.layer_times(b)
+        f, bw = cm.at_batch(b).times_ms
         ef, eb, af, ab = moe.expert_fwd.at(b), moe.expert_bwd.at(b), moe.alltoall_fwd.at(b), moe.alltoall_bwd.at(b)
         rest = (layer.fwd.at(b) - ef - af, layer.bwd.at(b) - eb - ab)
         blocks = sum(1 for x in cm.profile.layers if x.moe is not None) / (run.pp * run.vpp) * run.vpp

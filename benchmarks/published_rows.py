@@ -125,6 +125,8 @@ class PublishedRun:
     # recomputation levels the source leaves open (plausible values, priced in the band; () = as published)
     recompute_options: tuple[Recompute, ...] = ()
     precision: Precision = Precision.BF16  # the blocks' linear layers (planner.cost.precision)
+    bf16_edge_blocks: int | None = None  # FP8: blocks kept bf16 at each end (None: the recipe's)
+    fused_cross_entropy: bool = False  # llama: Transformer Engine's cross entropy (planner.profiling.analytic.llama)
     recompute_layers: int = 0  # with FULL: only the first this many blocks of each stage (Megatron's block method)
 
     @property
@@ -360,8 +362,11 @@ _MB_ROWS = (
     ("Llama 3 70B", 64, 128, 4, 8, 1, 5, 1, 0, 0, 0, 1602, 719),
     ("Llama 3.1 405B", 1024, 512, 8, 8, 2, 8, 1, 1, 1, 0, 292, 737),
 )
-_MB_ASSUMED = ("FP8 with per-tensor current scaling (fp8-current) on the blocks' linear layers, the first and last block "
-               "bf16 (Megatron-Bridge's recipe); attention core, embedding and head bf16",
+_MB_ASSUMED = ("FP8 with per-tensor current scaling (fp8-current) on every block's linear layers (the perf scripts' "
+               "get_precision_config turns first_last_layers_bf16 off: scripts/performance/utils/precision.py, 25.11); "
+               "attention core, embedding and head bf16",
+               "cross entropy: Transformer Engine's fused kernel (the Llama recipes' cross_entropy_fusion_impl 'te': "
+               "src/megatron/bridge/recipes/llama/llama3.py)",
                "recomputation: the 8B's 5 blocks (its perf preset), the others none (the band spans selective too)",
                "distributed optimizer (ZeRO 1) with bf16 gradient reduction (adam-mixed: the perf scripts' "
                "grad_reduce_in_fp32 False); the 8B row's FSDP as ZeRO 3",
@@ -385,7 +390,8 @@ def megatron_bridge_rows() -> list[PublishedRun]:
             d=gpus // (t * p * cp), batch=batch, microbatch=1, chunks=(v,), recompute=Recompute.FULL if rc else Recompute.NONE,
             recompute_layers=rc, sequence_parallel=t > 1, zero=zero, stack=STACKS["megatron-core-0.8"],
             metric=Metric.TOKENS_PER_S, published=float(tokens), flash_attention=True, optimizer=OptimizerKind.ADAM_MIXED,
-            first_stage_layers=first, last_stage_layers=last, precision=Precision.FP8_CURRENT,
+            first_stage_layers=first, last_stage_layers=last, precision=Precision.FP8_CURRENT, bf16_edge_blocks=0,
+            fused_cross_entropy=True,
             flops_per_iteration=palm_flops_per_token(params=params, layers=layers, heads=heads, head_dim=hidden // heads,
                                                      seq=seq) * batch * seq,
             assumed=_MB_ASSUMED, recompute_options=() if rc else (Recompute.NONE, Recompute.SELECTIVE),

@@ -204,8 +204,9 @@ def profile_for(run: PublishedRun, gemm: GemmModel) -> Profile:
     if run.arch == "llama":
         unit = SelectiveUnit.OPS if run.recompute is Recompute.OPS else SelectiveUnit.ATTENTION_CORE
         prof = llama_profile(run.llama_config(), seq=run.seq, device_preset=run.device, gemm=gemm, model=name,
-                             selective=unit)
-        return at_precision(prof, cluster_for(run), run.precision)  # an FP8 row: planner.cost.precision
+                             selective=unit, fused_cross_entropy=run.fused_cross_entropy)
+        # an FP8 row: planner.cost.precision
+        return at_precision(prof, cluster_for(run), run.precision, run.bf16_edge_blocks)
     return gpt_profile(layers=run.layers, hidden=run.hidden, heads=run.heads, seq=run.seq, vocab=run.vocab,
                        device_preset=run.device, gemm=gemm, attention="flash" if run.flash_attention else "materialised",
                        model=name)
@@ -296,10 +297,10 @@ def layer_ms(run: PublishedRun, gemm: GemmModel) -> tuple[float, float]:
     """Table 4's one layer: (forward, backward with the row's recomputation) ms."""
     cm = device_cost_model(profile_for(run, gemm), cluster_for(run), run.optimizer,
                            DeviceGroup(tp_degree=run.t, sequence_parallel=run.sequence_parallel), run.stack)
-    fwd, bwd = cm.layer_times(run.microbatch)
+    fwd, bwd = cm.at_batch(run.microbatch).times_ms
     block = 1  # every block is the same
     rc = {Recompute.NONE: 0.0, Recompute.FULL: float(fwd[block]),
-          Recompute.SELECTIVE: float(cm.core_ms(run.microbatch)[block])}[run.recompute]
+          Recompute.SELECTIVE: float(cm.at_batch(run.microbatch).core_ms[block])}[run.recompute]
     return float(fwd[block]), float(bwd[block]) + rc
 
 

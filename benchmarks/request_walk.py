@@ -21,9 +21,11 @@ methods, and for the second figure the artifacts) are looked through: a function
 them counts as called by the nearest counted function below them.
 
 Printed per figure: the modules visited, the entries and returns, and the modules most often
-re-entered (their entries less one); ``--all`` lists every module with its entries.
+re-entered (their entries less one); ``--all`` lists every module with its entries; ``--why``
+names, under each re-entered module, the functions entered and the module that entered each (what
+to make one call, or a record read, to bring the figure down).
 
-Run: ``python benchmarks/request_walk.py [--top 10] [--all]``
+Run: ``python benchmarks/request_walk.py [--top 10] [--all] [--why]``
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Walk:
     read: set[types.CodeType] = field(default_factory=set)
     visited: dict[str, None] = field(default_factory=dict)  # in the order first entered
     entries: Counter[str] = field(default_factory=Counter)
+    #: per module, each function entered from another module and the module that entered it
+    entered: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     @property
     def num_entries(self) -> int:
@@ -100,6 +104,7 @@ class Walk:
         self.visited.setdefault(module, None)
         if caller is not None and caller != module:
             self.entries[module] += 1
+            self.entered.setdefault(module, []).append((code.co_qualname, caller))
 
 
 def walk(argv: list[str]) -> tuple[Walk, Walk]:
@@ -126,12 +131,15 @@ def walk(argv: list[str]) -> tuple[Walk, Walk]:
     return every, flow
 
 
-def report(name: str, state: Walk, top: int, everything: bool) -> None:
+def report(name: str, state: Walk, top: int, everything: bool, why: bool = False) -> None:
     print(f"{name}: {len(state.visited)} modules visited, {state.num_entries} entries, "
           f"{state.returns} returns to a module already left")
     print("  most re-entered (returns to the module):")
     for module, count in state.entries.most_common(top):
         print(f"    {count - 1:4d}  {module}")
+        if why:
+            for qualname, caller in state.entered[module]:
+                print(f"            {qualname}  <- {caller}")
     if everything:
         print("  every module visited, in the order first entered (entries):")
         for module in state.visited:
@@ -142,11 +150,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--top", type=int, default=8, help="re-entered modules listed per figure")
     ap.add_argument("--all", action="store_true", help="also list every module visited with its entries")
+    ap.add_argument("--why", action="store_true",
+                    help="under each re-entered module, the functions entered and the module entering each")
     args = ap.parse_args()
     every, flow = walk(["plan"])
     print(f"planner plan (no arguments), traced with sys.setprofile over {PACKAGE}")
-    report("every planner module", every, args.top, args.all)
-    report("the flow (planner/artifacts looked through)", flow, args.top, args.all)
+    report("every planner module", every, args.top, args.all, args.why)
+    report("the flow (planner/artifacts looked through)", flow, args.top, args.all, args.why)
     print(f"returns: {flow.returns} (flow), {every.returns} (every module)")
     return 0
 

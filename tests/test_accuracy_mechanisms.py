@@ -92,13 +92,13 @@ def test_a_small_layer_is_host_bound_a_large_one_is_not() -> None:
     stack without host time, or a measured profile, prices none."""
     small = gpt_profile(layers=2, hidden=256, heads=4, seq=32, vocab=512, device_preset="h100-80gb")
     cm = CostModel(small, H100, stack=STACKS["planner"])
-    fwd, bwd = cm.layer_times(1)
+    fwd, bwd = cm.at_batch(1).times_ms
     assert fwd[1] == pytest.approx(KERNELS["TransformerBlock"][0] * 10e-3)
     assert bwd[1] == pytest.approx(KERNELS["TransformerBlock"][1] * 10e-3)
-    assert CostModel(small, H100, stack=STACKS["none"]).layer_times(1)[0][1] < fwd[1]
+    assert CostModel(small, H100, stack=STACKS["none"]).at_batch(1).times_ms[0][1] < fwd[1]
     big = _gpt(layers=2, hidden=4096, heads=32, seq=2048)
-    f_big, _ = CostModel(big, A100, stack=STACKS["planner"]).layer_times(1)
-    assert f_big[1] == pytest.approx(CostModel(big, A100, stack=STACKS["none"]).layer_times(1)[0][1])
+    f_big, _ = CostModel(big, A100, stack=STACKS["planner"]).at_batch(1).times_ms
+    assert f_big[1] == pytest.approx(CostModel(big, A100, stack=STACKS["none"]).at_batch(1).times_ms[0][1])
     measured = dataclasses.replace(small, source="measured")
     assert not host_floor_ms(measured, 10.0)[0].any()
 
@@ -277,7 +277,7 @@ def test_the_stacks_attention_kernel_prices_the_attention_at_its_measured_effici
     times = {}
     for kernel in AttentionKernel:
         stack = dataclasses.replace(STACKS["none"], attention_kernel=kernel)
-        fwd, bwd = device_cost_model(prof, H100, OptimizerKind.ADAM_MIXED, stack=stack).layer_times(1)
+        fwd, bwd = device_cost_model(prof, H100, OptimizerKind.ADAM_MIXED, stack=stack).at_batch(1).times_ms
         times[kernel] = float(fwd.sum() + bwd.sum())
     assert times[AttentionKernel.FLASH_ATTN_2] > times[AttentionKernel.TRANSFORMER_ENGINE] > 0
     assert times[AttentionKernel.FLASH_ATTN_2] > times[AttentionKernel.MODEL]

@@ -78,10 +78,10 @@ def test_host_floor_binds_small_passes_and_not_large_ones() -> None:
     group = DeviceGroup(tp_degree=4, sequence_parallel=True, ep_degree=8)
     free, hosted = _cm(group, 0.0), _cm(group, 8.25)
     i = next(j for j, layer in enumerate(free.profile.layers) if layer.moe is not None)
-    (f1, _), (g1, c1) = free.layer_times(1), hosted.layer_times(1)
+    (f1, _), (g1, c1) = free.at_batch(1).times_ms, hosted.at_batch(1).times_ms
     floor_f, floor_b = host_floor_ms(hosted.profile, hosted.stack.host_us_per_kernel, 8.25)
     assert f1[i] < floor_f[i] and g1[i] == pytest.approx(floor_f[i]) and c1[i] == pytest.approx(floor_b[i])
-    (f16, b16), (g16, c16) = free.layer_times(16), hosted.layer_times(16)
+    (f16, b16), (g16, c16) = free.at_batch(16).times_ms, hosted.at_batch(16).times_ms
     assert f16[i] > floor_f[i] and g16[i] == f16[i] and c16[i] == b16[i]
 
 
@@ -171,7 +171,7 @@ def test_zero3_recompute_price_is_the_forward_less_the_slack_and_only_under_zero
                   ep_degree=8)
     zero1 = dataclasses.replace(fsdp, zero=ZeroStage.OPTIMIZER)
     blocks = [i for i, layer in enumerate(cm.profile.layers) if layer.moe is not None]
-    fwd, _ = cm.layer_times(4)
+    fwd, _ = cm.at_batch(4).times_ms
     whole = cm.recompute_ms(blocks, 4)
     assert whole == pytest.approx(float(sum(fwd[i] for i in blocks)))
     assert cm.recompute_ms(blocks, 4, (), zero1, 0) == whole
@@ -196,7 +196,7 @@ def test_zero3_recompute_with_slack_the_three_solvers_price_alike() -> None:
     dp = solve_three_ways(table, layout=layout, num_microbatches=4, schedule=ScheduleKind.ONE_F_ONE_B)
     assert dp is not None and dp.recompute[0]
     terms = price_stage(cm, 0, 4, 1, 0, layout, recompute=dp.recompute[0])
-    fwd, _ = cm.layer_times(1)
+    fwd, _ = cm.at_batch(1).times_ms
     whole = float(sum(fwd[i] for i in dp.recompute[0]))
     assert terms.recompute_ms == pytest.approx(float(sum(max(0.0, fwd[i] - slack[i]) for i in dp.recompute[0])))
     assert terms.recompute_ms < whole

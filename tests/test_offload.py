@@ -91,7 +91,7 @@ def test_cost_model_moves_state_and_activations_off_the_device() -> None:
     assert all(act.saved_per_sample[i] == 0 for i in blocks) and plain.saved_per_sample[blocks].min() > 0
     # a 2048-wide block saves ~34 s h bytes per sample against ~72 s h^2 FLOP: on PCIe 4 its copies
     # outlast its f + b, and what they do not hide is in its backward, layer by layer (the rule)
-    fwd, bwd = plain.layer_times(1)
+    fwd, bwd = plain.at_batch(1).times_ms
     saved = plain.saved_per_sample + plain.saved_fixed
     exposed = sum(exposed_offload_ms(saved[i], fwd[i], bwd[i], 25.0) for i in blocks)
     assert exposed > 0

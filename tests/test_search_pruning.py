@@ -521,7 +521,7 @@ def test_forgetting_table_entries_changes_no_plan(monkeypatch: pytest.MonkeyPatc
     keeping all of them; and entries were forgotten and worked out again."""
     import planner.solve.floors as floors
     from planner.artifacts.plan import dumps_plan
-    from planner.solve.prices import entries
+    from planner.solve.prices import fits as entries
 
     forgotten: list[tuple[int, float]] = []
     real_forget = entries.Entries.forget

@@ -19,7 +19,7 @@ from planner.profiling.analytic.gpt import gpt3_profile
 from planner.solve.prices import StageTable
 from planner.solve.prices import fits as prices_fits
 from planner.solve.prices import layers as prices_layers
-from planner.solve.prices.covers import level_cover_costs, level_covers
+from planner.solve.prices.layers import level_cover_costs, level_covers
 from planner.solve.recompute import choose_recompute, layer_options
 from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster
 
@@ -83,9 +83,9 @@ def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses
 )
 def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, excess):
     """Rows of very different sizes (full-layer counts 1-120, fronts of 1 to dozens of points)
-    priced in size classes (:func:`planner.solve.prices.covers._size_classes`, as a call with large
+    priced in size classes (:func:`planner.solve.prices.layers._size_classes`, as a call with large
     padded arrays is) cost what one padded block gives, bit for bit."""
-    from planner.solve.prices import covers as prices_covers
+    from planner.solve.prices import layers as prices_covers  # the covers live beside the layers
 
     rows = []
     for runs in stages:
@@ -277,14 +277,13 @@ def test_cost_models_stage_matrices_are_its_per_stage_methods(layers, data, b):
         count = min(prof.layers[t].param_count for t in tied)
         prof = dataclasses.replace(prof, tied=(TiedParams(name="tie", layers=tied, param_count=count, param_bytes=4 * count),))
     cm = CostModel(prof, small_cluster(8), gather_bytes_per_sample=data.draw(st.sampled_from([0.0, 3e5])))
-    params, compute = cm.stage_param_matrix(), cm.stage_compute_matrix(b)
-    act, buffers = cm.stage_activation_matrix(b), cm.stage_buffer_matrix(b)
+    params, sums = cm.stage_param_matrix(), cm.stage_sums(b)
     for i in range(L):
         for j in range(i + 1, L + 1):
             assert params[i, j] == cm.stage_param_count(i, j)
-            assert compute[i, j] == cm.stage_fwd_ms(i, j, b) + cm.stage_bwd_ms(i, j, b)
-            assert act[i, j] == cm.activation_bytes(i, j, (), b)
-            assert buffers[i, j] == cm.buffer_bytes(i, j, b)
+            assert sums.compute_ms[i, j] == cm.stage_fwd_ms(i, j, b) + cm.stage_bwd_ms(i, j, b)
+            assert sums.activation_bytes[i, j] == cm.activation_bytes(i, j, (), b)
+            assert sums.buffer_bytes[i, j] == cm.buffer_bytes(i, j, b)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

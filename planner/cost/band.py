@@ -54,17 +54,19 @@ from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import AttentionKernel, CollectiveModel
+from planner.artifacts.plan_summary import Band
+from planner.artifacts.plan_summary import BandInput as InputRange
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import HOST_US_PER_KERNEL_RANGE, Stack
 from planner.cost.attention_kernels import BWD_RATE, KERNELS
 from planner.cost.offload import carry_offload
-from planner.cost.precision import at_precision, precision_of
+from planner.cost.precision import at_precision, edge_blocks_of, precision_of
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
 
 __all__ = ["BAND_COVERAGE", "GPU_VARIATION_RANGE", "MODEL_ERROR", "MODEL_ERROR_SOURCE",
-           "P2P_LATENCY_RANGE_US", "RUNTIME_RESERVE_BYTES", "BandSetting", "band_inputs", "combine",
-           "conformal_quantile", "memory_top_bytes", "residual_score", "with_setting"]
+           "P2P_LATENCY_RANGE_US", "RUNTIME_RESERVE_BYTES", "BandEnd", "BandSetting", "band_ends", "band_inputs",
+           "band_of", "combine", "conformal_quantile", "memory_top_bytes", "residual_score", "with_setting"]
 
 GIB = 1024**3
 #: memory a training process holds outside PyTorch's caching allocator: the CUDA context, cuBLAS
@@ -152,7 +154,7 @@ def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack
         # rebuilt in bf16: priced again at the profile's precision (planner.cost.precision), the
         # offload choice carried over
         if rebuilt is not None:
-            profile = carry_offload(profile, at_precision(rebuilt, cluster, precision_of(profile)))
+            profile = carry_offload(profile, at_precision(rebuilt, cluster, precision_of(profile), edge_blocks_of(profile)))
     changes = {k: getattr(setting, k) for k in ("gpu_speed_variation", "collective_model", "inter_node_p2p_latency_us")
                if getattr(setting, k) is not None}
     if changes:
@@ -162,6 +164,32 @@ def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack
     if setting.attention_efficiency is not None:
         stack = dataclasses.replace(stack, attention_efficiency=setting.attention_efficiency)
     return profile, cluster, stack
+
+
+#: one end of an input's range as a plan is priced again there: the iteration's scale (the model's own
+#: error), or the model, cluster and stack to price it with
+BandEnd = float | tuple[Profile, Cluster, Stack]
+
+
+def band_ends(profile: Profile, cluster: Cluster, stack: Stack) -> list[tuple[BandInput, tuple[BandEnd, ...]]]:
+    """Each uncertain input of a plan (:func:`band_inputs`) with its ends to price the plan at
+    (:func:`with_setting` applied)."""
+    return [(entry, tuple(s.scale if s.scale is not None else with_setting(s, profile, cluster, stack)
+                          for s in entry.settings)) for entry in band_inputs(profile, cluster, stack)]
+
+
+def band_of(nominal_ms: float, priced: Sequence[tuple[BandInput, Sequence[float]]], peak_bytes: int,
+            cluster: Cluster) -> Band:
+    """The band of a plan of iteration ``nominal_ms`` and peak ``peak_bytes`` whose inputs, at
+    their ends, price it at ``priced``'s times: each input's range (the nominal time inside it),
+    their deviations added in quadrature (:func:`combine`), the memory top
+    (:func:`memory_top_bytes`)."""
+    t = nominal_ms
+    inputs = tuple(InputRange(name=entry.name, low_ms=min([*times, t]), high_ms=max([*times, t]), source=entry.source)
+                   for entry, times in priced)
+    low, high = combine(t, [(i.low_ms, i.high_ms) for i in inputs])
+    return Band(iteration_low_ms=low, iteration_high_ms=high, peak_memory_high_bytes=memory_top_bytes(peak_bytes, cluster),
+                device_memory_bytes=cluster.device_memory_bytes, inputs=inputs)
 
 
 def combine(nominal_ms: float, ranges: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -87,10 +87,11 @@ from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
-from planner.cost.fsdp import FsdpTerms, is_fsdp
+from planner.cost.fsdp import FsdpTerms, is_fsdp, units_in_flight
 from planner.cost.offload import optimizer_offloaded
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.precision import fp8_extra_weight_bytes, precision_of
+from planner.cost.prefix import BatchSums
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
 
@@ -143,6 +144,7 @@ class CostModel(ShardedState):
             self.optim_bytes_per_param = 0
         layers = profile.layers
         self.num_layers = len(layers)
+        cores = self.attention_cores = tuple(layer.attention_core for layer in layers)
         self.cut_bytes_per_sample = cut_bytes_per_sample(profile)
         self.param_count = np.array([layer.param_count for layer in layers], dtype=np.int64)
         self.expert_param_count = np.array([layer.moe.expert_param_count if layer.moe else 0 for layer in layers],
@@ -156,24 +158,18 @@ class CostModel(ShardedState):
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
         self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
         self.input_per_sample = np.array([layer.input_bytes_per_sample for layer in layers])
-        self.core_per_sample = np.array([c.saved_bytes_per_sample if c else 0.0 for c in self._cores()])
+        self.core_per_sample = np.array([c.saved_bytes_per_sample if c else 0.0 for c in cores])
         self.wgrad_fraction = np.array([layer.wgrad_fraction for layer in layers])
         self.wgrad_saved_fraction = np.array([layer.wgrad_saved_fraction for layer in layers])
-        self.core_fixed = np.array([c.saved_bytes_fixed if c else 0.0 for c in self._cores()])
+        self.core_fixed = np.array([c.saved_bytes_fixed if c else 0.0 for c in cores])
         #: layers with a selective recompute level (an attention core)
-        self.has_core = np.array([c is not None for c in self._cores()], dtype=bool)
+        self.has_core = np.array([c is not None for c in cores], dtype=bool)
+        self.selective = bool(self.has_core.any())  # some layer has a selective recompute level
         self._speed = cluster.relative_speed
-        self._layer_times: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._time_prefix: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._work: dict[int, float] = {}
-        self._core_times: dict[int, np.ndarray] = {}
+        self._batches: dict[int, BatchSums] = {}
         self._shared: dict[int, np.ndarray] = {}
         self._fsdp: dict[tuple[int, float, float, int], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
-
-    @property
-    def selective(self) -> bool:  # some layer has a selective recompute level
-        return bool(self.has_core.any())
 
     # ---------------------------------------------------------------- compute
     def keep_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
@@ -263,7 +259,8 @@ class CostModel(ShardedState):
         input-gradient pass holding :meth:`keep_bytes` (:func:`planner.schedule.held_counts`)."""
         params = self.stage_param_count(start, stop)
         w, g, o = self.state_bytes_per_param(sharding)
-        gathered = self.fsdp_working_params(start, stop) if is_fsdp(sharding) else 0
+        # ZeRO 3's gathered working set: the units in flight x the stage's largest layer
+        gathered = units_in_flight(self.stack.fsdp_prefetch) * int(self.param_count[start:stop].max()) if is_fsdp(sharding) else 0
         if self.has_experts:  # the routed experts' state over their own group
             experts = self.stage_expert_param_count(start, stop)
             we, ge, oe = self.expert_state_bytes_per_param(sharding)
@@ -404,9 +401,9 @@ class CostModel(ShardedState):
         half = 0.5 if zero else 1.0
         early = 0.0
         if self.stack.reduce_overlap(zero):
-            fwd, bwd = self.layer_times(microbatch_size)
+            fwd, bwd = self.at_batch(microbatch_size).times_ms
             rc, sel = set(recompute), set(selective)
-            core = self.core_ms(microbatch_size) if sel else None
+            core = self.at_batch(microbatch_size).core_ms if sel else None
             durations = [float(bwd[i]) + (float(fwd[i]) if i in rc else 0.0) + (float(core[i]) if core is not None and i in sel else 0.0)
                          for i in range(stop - 1, start - 1, -1)]
             grads = [c * self.grad_bytes_per_param for c in reversed(counts)]
@@ -416,7 +413,7 @@ class CostModel(ShardedState):
         if not zero:
             return SyncCost(reduce_ms, early)
         if self.stack.param_gather_overlap:
-            fwd, _ = self.layer_times(microbatch_size)
+            fwd, _ = self.at_batch(microbatch_size).times_ms
             weights = [c * self.weight_bytes_per_param for c in counts]
             gather_ms, bound = overlapped_gather(
                 [float(f) for f in fwd[start:stop]], weights, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
@@ -436,7 +433,7 @@ class CostModel(ShardedState):
             return self.hsdp_allreduce_ms(start, stop, stage_idx, layout)
         if per_byte == 0.0 and fixed == 0.0:
             return 0.0
-        _, bp = self.time_prefix(microbatch_size)
+        _, bp = self.at_batch(microbatch_size).prefix_ms
         sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
         hidden = float(bp[stop] if self.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
         if self.has_experts:  # the experts' on their own group's line (the dense part's without them)

@@ -48,7 +48,6 @@ __all__ = [
     "activation_offload_view",
     "carry_offload",
     "exposed_offload_ms",
-    "offload_workspace_per_sample",
     "offloadable_layers",
     "offloaded_layers",
     "offloaded_step_ms",
@@ -135,22 +134,23 @@ def _offloaded_layer(layer: Layer, ms_per_byte: float) -> Layer:
                                measured=(), tp=None)
 
 
-def activation_offload_view(profile: Profile, link_gb_per_s: float, relative_speed: float = 1.0) -> Profile:
+def activation_offload_view(profile: Profile, link_gb_per_s: float, relative_speed: float = 1.0) -> tuple[Profile, float]:
     """A device's view with its offloaded layers folded in (module docstring): no saves kept per
     micro-batch, the exposed copies in their backward (profile units: ``relative_speed`` x ms);
-    a storage two layers share is no longer shared once either is offloaded. ``profile`` itself
-    when it offloads none."""
+    a storage two layers share is no longer shared once either is offloaded (``profile`` itself
+    when it offloads none); with the bytes per sample of an offloading stage's working set
+    (:func:`_workspace_per_sample` of ``profile``)."""
     chosen = set(offloaded_layers(profile))
     if not chosen:
-        return profile
+        return profile, _workspace_per_sample(profile)
     ms_per_byte = relative_speed / (link_gb_per_s * 1e6)
     layers = tuple(_offloaded_layer(layer, ms_per_byte) if i in chosen else layer
                    for i, layer in enumerate(profile.layers))
     shared = tuple(p for p in profile.shared_saved if p.first not in chosen and p.second not in chosen)
-    return dataclasses.replace(profile, layers=layers, shared_saved=shared)
+    return dataclasses.replace(profile, layers=layers, shared_saved=shared), _workspace_per_sample(profile)
 
 
-def offload_workspace_per_sample(profile: Profile) -> float:
+def _workspace_per_sample(profile: Profile) -> float:
     """Bytes per sample of an offloading stage's working set: :data:`WORKSPACE_LAYERS` x the
     largest offloaded layer's saves (0 when none is offloaded). ``profile``: before the fold."""
     chosen = offloaded_layers(profile)

@@ -15,6 +15,7 @@ divided by ``Cluster.relative_speed``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -23,6 +24,33 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.profile import AttentionCore, Profile
 from planner.artifacts.stack import Stack
 from planner.cost.overheads import host_floor_ms
+
+__all__ = ["BatchSums", "PrefixSums", "StageSums"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchSums:
+    """A cost model's per-layer arrays at one micro-batch size and their sums, one micro-batch
+    (arrays read-only; :meth:`PrefixSums.at_batch`)."""
+
+    microbatch_size: int
+    times_ms: tuple[np.ndarray, np.ndarray]  # per layer (forward, backward) ms
+    prefix_ms: tuple[np.ndarray, np.ndarray]  # (forward, backward) ms of layers 0..l-1 at [l]
+    work_ms: float  # every layer's forward + backward
+    wgrad_ms: float  # of work_ms, every layer's weight-gradient pass W (planner.cost.model)
+    saved_bytes: np.ndarray  # per layer, saved for backward without recomputation
+    core_bytes: np.ndarray  # per layer, its attention core's (what the selective level frees; 0: none)
+    core_ms: np.ndarray  # per layer, its attention core's forward (what the selective level re-runs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSums:
+    """Every stage ``[i, j)``'s sums at ``[i, j]``, one micro-batch (:meth:`PrefixSums.stage_sums`)."""
+
+    compute_ms: np.ndarray  # forward + backward
+    activation_bytes: np.ndarray  # what an in-flight micro-batch keeps without recomputation
+    buffer_bytes: np.ndarray  # send and receive buffers, gathered keys and values
+    wgrad_bytes: np.ndarray  # what a micro-batch keeps from its B until its W
 
 
 class PrefixSums:
@@ -44,18 +72,13 @@ class PrefixSums:
     cut_bytes_per_sample: np.ndarray
     gather_bytes_per_sample: float
     _speed: float
-    _layer_times: dict[int, tuple[np.ndarray, np.ndarray]]
-    _time_prefix: dict[int, tuple[np.ndarray, np.ndarray]]
-    _work: dict[int, float]
-    _core_times: dict[int, np.ndarray]
+    attention_cores: tuple[AttentionCore | None, ...]  # per layer
+    _batches: dict[int, BatchSums]
     _shared: dict[int, np.ndarray]
     #: tied tensors whose every layer is on one pipeline rank, in several of its chunks (a V's
     #: embedding and head on rank 0): one copy on that rank, held by the chunk of its first layer,
     #: and no exchange of its gradients (:func:`planner.cost.ties.on_ranks`)
     rank_local_ties: frozenset[str] = frozenset()
-
-    def _cores(self) -> list[AttentionCore | None]:
-        return [layer.attention_core for layer in self.profile.layers]
 
     # ---------------------------------------------------------------- prefix sums
     @cached_property
@@ -82,28 +105,40 @@ class PrefixSums:
         out: np.ndarray = np.concatenate([[0.0], np.cumsum(self.saved_fixed)])
         return out
 
-    def time_prefix(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """(forward, backward) ms of layers ``0..l-1`` at ``[l]``, one micro-batch (cached)."""
-        if microbatch_size not in self._time_prefix:
-            fwd, bwd = self.layer_times(microbatch_size)
-            self._time_prefix[microbatch_size] = (np.concatenate([[0.0], np.cumsum(fwd)]),
-                                                  np.concatenate([[0.0], np.cumsum(bwd)]))
-        return self._time_prefix[microbatch_size]
+    def at_batch(self, microbatch_size: int) -> BatchSums:
+        """The per-layer arrays and sums at one micro-batch size (:class:`BatchSums`; cached on
+        the instance, so a cost model and its arrays are freed together): the one call the
+        solver's bounds and stage tables make for them."""
+        found = self._batches.get(microbatch_size)
+        if found is None:
+            found = self._batches[microbatch_size] = self._batch_sums(microbatch_size)
+        return found
 
-    # ---------------------------------------------------------------- per layer
-    def layer_times(self, microbatch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-layer (forward ms, backward ms) at one micro-batch size on this cluster (cached
-        on the instance, so a cost model and its arrays are freed together): the GPU's time, or
-        the host's to issue the layer's kernels where longer
-        (:func:`planner.cost.overheads.host_floor_ms`)."""
-        if microbatch_size not in self._layer_times:
-            # Layer.fwd_ms / bwd_ms (TimeFit.at: the line, never negative) over every layer at once
-            (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-            host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel, self.stack.moe.host_ms_per_layer)
-            fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
-            bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
-            self._layer_times[microbatch_size] = (fwd, bwd)
-        return self._layer_times[microbatch_size]
+    def _batch_sums(self, microbatch_size: int) -> BatchSums:
+        """:meth:`at_batch` worked out: a layer's time is the GPU's, or the host's to issue its
+        kernels where longer (:func:`planner.cost.overheads.host_floor_ms`); the Layer.fwd_ms /
+        bwd_ms lines (TimeFit.at: never negative) over every layer at once."""
+        (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
+        host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel, self.stack.moe.host_ms_per_layer)
+        fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
+        bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
+        fp, bp = np.concatenate([[0.0], np.cumsum(fwd)]), np.concatenate([[0.0], np.cumsum(bwd)])
+        c_ic, c_ps = self._core_lines  # AttentionCore.fwd.at (never negative) over every layer; 0 without a core
+        core_ms = np.maximum(0.0, c_ic + c_ps * microbatch_size) / self._speed
+        saved = self.saved_per_sample * microbatch_size + self.saved_fixed
+        core = self.core_per_sample * microbatch_size + self.core_fixed
+        for array in (fwd, bwd, fp, bp, core_ms, saved, core):
+            array.flags.writeable = False
+        return BatchSums(microbatch_size=microbatch_size, times_ms=(fwd, bwd), prefix_ms=(fp, bp),
+                         work_ms=float(fp[-1] + bp[-1]), wgrad_ms=float(np.dot(bwd, self.wgrad_fraction)),
+                         saved_bytes=saved, core_bytes=core, core_ms=core_ms)
+
+    @cached_property
+    def _core_lines(self) -> tuple[np.ndarray, np.ndarray]:
+        """(intercepts, ms per sample) of the layers' attention cores' forward lines (0 without one)."""
+        cores = self.attention_cores
+        return (np.array([c.fwd.intercept_ms if c else 0.0 for c in cores]),
+                np.array([c.fwd.per_sample_ms if c else 0.0 for c in cores]))
 
     @cached_property
     def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -112,48 +147,20 @@ class PrefixSums:
         return ((np.array([x.fwd.intercept_ms for x in layers]), np.array([x.fwd.per_sample_ms for x in layers])),
                 (np.array([x.bwd.intercept_ms for x in layers]), np.array([x.bwd.per_sample_ms for x in layers])))
 
-    def core_ms(self, microbatch_size: int) -> np.ndarray:
-        """Per-layer forward ms of the attention core (0 where a layer has none): what the
-        selective level re-runs in every backward."""
-        if microbatch_size not in self._core_times:
-            self._core_times[microbatch_size] = np.array(
-                [c.fwd.at(microbatch_size) if c else 0.0 for c in self._cores()]
-            ) / self._speed
-        return self._core_times[microbatch_size]
-
-    def saved_bytes(self, microbatch_size: int) -> np.ndarray:
-        """Per-layer bytes saved for backward by one micro-batch (no recomputation)."""
-        out: np.ndarray = self.saved_per_sample * microbatch_size + self.saved_fixed
-        return out
-
-    def core_bytes(self, microbatch_size: int) -> np.ndarray:
-        """Per-layer bytes of the attention core for one micro-batch (what selective frees)."""
-        out: np.ndarray = self.core_per_sample * microbatch_size + self.core_fixed
-        return out
-
     # ---------------------------------------------------------------- one stage
-    def work_ms(self, microbatch_size: int) -> float:
-        """Every layer's forward + backward of one micro-batch (cached: the bounds read it per
-        configuration)."""
-        found = self._work.get(microbatch_size)
-        if found is None:
-            fp, bp = self.time_prefix(microbatch_size)
-            found = self._work[microbatch_size] = float(fp[-1] + bp[-1])
-        return found
-
     def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """Forward ms of one micro-batch through the layers ``[start, stop)``."""
-        fp, _ = self.time_prefix(microbatch_size)
+        fp, _ = self.at_batch(microbatch_size).prefix_ms
         return float(fp[stop] - fp[start])
 
     def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """Backward ms of one micro-batch through the layers ``[start, stop)``."""
-        _, bp = self.time_prefix(microbatch_size)
+        _, bp = self.at_batch(microbatch_size).prefix_ms
         return float(bp[stop] - bp[start])
 
     def stage_wgrad_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (:mod:`planner.cost.model`)."""
-        _, bwd = self.layer_times(microbatch_size)
+        _, bwd = self.at_batch(microbatch_size).times_ms
         return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
 
     def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
@@ -161,13 +168,6 @@ class PrefixSums:
         recomputed layer's B recomputes what its W needs)."""
         saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
         return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
-
-    def keep_matrix(self, microbatch_size: int) -> np.ndarray:
-        """:meth:`~planner.cost.model.CostModel.keep_bytes` of every stage ``[i, j)`` at ``[i, j]`` (0 below the diagonal)."""
-        saved = self.saved_per_sample * microbatch_size + self.saved_fixed
-        prefix = np.concatenate([[0.0], np.cumsum(saved * self.wgrad_saved_fraction)])
-        out: np.ndarray = np.maximum(prefix[None, :] - prefix[:, None], 0.0)
-        return out
 
     def stage_bubble_fill_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """``Z_s = min(2 W_s, F_s + B_s)`` of the stage ``[start, stop)``: what ZB-H1 (Qi et al.,
@@ -227,27 +227,24 @@ class PrefixSums:
         out.flags.writeable = False
         return out
 
-    def stage_compute_matrix(self, microbatch_size: int) -> np.ndarray:
-        """:meth:`stage_fwd_ms` + :meth:`stage_bwd_ms` of every stage ``[i, j)`` at ``[i, j]``."""
-        fp, bp = self.time_prefix(microbatch_size)
-        out: np.ndarray = (fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None])
-        return out
-
-    def stage_activation_matrix(self, microbatch_size: int) -> np.ndarray:
-        """The bytes one in-flight micro-batch keeps on every stage ``[i, j)`` without
-        recomputation (``activation_bytes(i, j, (), b)`` of the cost model) at ``[i, j]``."""
+    def stage_sums(self, microbatch_size: int) -> StageSums:
+        """Every stage's sums at one micro-batch size (:class:`StageSums`; not cached: the solver's
+        batch parts keep them). Each entry ``[i, j]`` is, bit for bit, the scalar method's answer for
+        the stage ``[i, j)``: ``stage_fwd_ms + stage_bwd_ms``; ``activation_bytes(i, j, (), b)`` (one
+        in-flight micro-batch, no recomputation); ``buffer_bytes(i, j, b)`` (send and receive
+        buffers, context parallelism's gathered keys and values); ``keep_bytes``' W inputs
+        (``wgrad_bytes``, 0 below the diagonal)."""
+        b = microbatch_size
+        fp, bp = self.at_batch(b).prefix_ms
         sp, fxp = self.saved_prefix, self.saved_fixed_prefix
-        out: np.ndarray = (sp[None, :] - sp[:, None]) * microbatch_size + (fxp[None, :] - fxp[:, None])
+        act: np.ndarray = (sp[None, :] - sp[:, None]) * b + (fxp[None, :] - fxp[:, None])
         if self.profile.shared_saved:  # storages two layers of a stage both save: once
-            out = out - self.shared_matrix(microbatch_size)
-        return out
-
-    def stage_buffer_matrix(self, microbatch_size: int) -> np.ndarray:
-        """``buffer_bytes(i, j, b)`` of the cost model (send and receive buffers, context
-        parallelism's gathered keys and values) of every stage ``[i, j)`` at ``[i, j]``."""
+            act = act - self.shared_matrix(b)
         cut = self.cut_bytes_per_sample
-        out: np.ndarray = (2.0 * (cut[:, None] + cut[None, :]) + self.gather_bytes_per_sample) * microbatch_size
-        return out
+        wgrad = np.concatenate([[0.0], np.cumsum(self.at_batch(b).saved_bytes * self.wgrad_saved_fraction)])
+        return StageSums(compute_ms=(fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), activation_bytes=act,
+                         buffer_bytes=(2.0 * (cut[:, None] + cut[None, :]) + self.gather_bytes_per_sample) * b,
+                         wgrad_bytes=np.maximum(wgrad[None, :] - wgrad[:, None], 0.0))
 
     def shared_matrix(self, microbatch_size: int) -> np.ndarray:
         """``S[i, j]``: bytes of storages two layers of the stage ``[i, j)`` both save, one

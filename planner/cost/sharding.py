@@ -36,7 +36,7 @@ from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line, gather_line
-from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp, units_in_flight
+from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
@@ -84,7 +84,7 @@ class ShardedState(PrefixSums):
         of a stage whose state is divided as ``sharding`` says."""
         w, g, o = self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param
         n = sharding.ranks
-        if is_fsdp(sharding):  # ZeRO 3: all of it (its gathered working set: fsdp_working_params)
+        if is_fsdp(sharding):  # ZeRO 3: all of it (its gathered working set: CostModel.stage_memory's)
             return w / n, g / n, o / n
         # gradients: 1/n under ZeRO 2, reduce-scattered every micro-batch (module docstring)
         return float(w), g / n if sharding.zero is ZeroStage.GRADIENTS else float(g), \
@@ -154,20 +154,11 @@ class ShardedState(PrefixSums):
         """(forward, backward) ms of one micro-batch on stage ``stage_idx`` of ``layout``: under
         ZeRO 3 with what its per-layer gathers and reduce-scatters add (:mod:`planner.cost.fsdp`).
         (ZeRO 2's reduce-scatter every micro-batch is added to a plan's stage by
-        :meth:`zero2_exposed_ms`, not here: the chain solvers' tables price a stage as its layers.)"""
+        :func:`planner.cost.stage.price_stage`, not here: the chain solvers' tables price a stage as its layers.)"""
         if is_fsdp(layout.sharding(stage_idx)):
             return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
-        return self.stage_fwd_ms(start, stop, microbatch_size), self.stage_bwd_ms(start, stop, microbatch_size)
-
-    def zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float, bwd_ms: float) -> float:
-        """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
-        (module docstring): all of it, or with the stack's overlap what the micro-batch's own
-        ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
-        sharding = layout.sharding(stage_idx)
-        if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
-            return 0.0
-        r = self.microbatch_reduce_ms(start, stop, stage_idx, layout)
-        return max(0.0, r - fwd_ms - bwd_ms) if self.stack.zero_reduce_overlap else r
+        fp, bp = self.at_batch(microbatch_size).prefix_ms
+        return float(fp[stop] - fp[start]), float(bp[stop] - bp[start])
 
     def microbatch_reduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
         """ZeRO 2's reduce-scatter of one micro-batch's gradients of the stage (module docstring)."""
@@ -199,7 +190,7 @@ class ShardedState(PrefixSums):
         the routed experts' on their expert data-parallel group's line (``sharding``'s)."""
         key = (microbatch_size, *line, sharding.expert_shards if self.has_experts else 0)
         if key not in self._fsdp:
-            fwd, bwd = self.layer_times(microbatch_size)
+            fwd, bwd = self.at_batch(microbatch_size).times_ms
             if not self.has_experts:
                 moved = self.param_count > 0
                 # FP8 parameters are gathered in FP8 (1 byte each: planner.cost.precision)
@@ -217,8 +208,8 @@ class ShardedState(PrefixSums):
         selectively (its selective level's forward): those forwards, less under ZeRO 3 (``sharding``,
         its collectives on ``line``) the slack its backward leaves beside the gathers and
         reduce-scatters (:attr:`FsdpTerms.slack`, :mod:`planner.cost.fsdp`)."""
-        fwd, _ = self.layer_times(microbatch_size)
-        core = self.core_ms(microbatch_size)
+        fwd, _ = self.at_batch(microbatch_size).times_ms
+        core = self.at_batch(microbatch_size).core_ms
         if not is_fsdp(sharding):
             return fwd, core
         slack = self.fsdp_terms(microbatch_size, line, sharding).slack
@@ -255,8 +246,3 @@ class ShardedState(PrefixSums):
         reduce-scatter per layer (``sum_k 2 a_k + r_k``)."""
         terms = self.fsdp_terms(microbatch_size, line, sharding)
         return float(2.0 * terms.gather.sum() + terms.scatter.sum())
-
-    def fsdp_working_params(self, start: int, stop: int) -> int:
-        """Parameters gathered at once under ZeRO 3: the units in flight x the stage's largest layer."""
-        return units_in_flight(self.stack.fsdp_prefetch) * int(self.param_count[start:stop].max())
-

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 
 from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import PlanStage
 from planner.cost.model import CostModel
@@ -92,7 +93,7 @@ def _price_stage(
 ) -> StageTerms:
     """:func:`price_stage`, uncached."""
     fwd, bwd = cm.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
-    bwd += cm.zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)  # ZeRO 2's reduce-scatter every micro-batch
+    bwd += _zero2_exposed_ms(cm, start, stop, stage_idx, layout, fwd, bwd)
     sync = cm.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
     return StageTerms(
         fwd_ms=fwd,
@@ -107,6 +108,18 @@ def _price_stage(
         gather_bound_ms=sync.gather_bound_ms,
         optimizer_ms=cm.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
     )
+
+
+def _zero2_exposed_ms(cm: CostModel, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,
+                      bwd_ms: float) -> float:
+    """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
+    (:mod:`planner.cost.sharding`): all of it, or with the stack's overlap what the micro-batch's
+    own ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
+    sharding = layout.sharding(stage_idx)
+    if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
+        return 0.0
+    r = cm.microbatch_reduce_ms(start, stop, stage_idx, layout)
+    return max(0.0, r - fwd_ms - bwd_ms) if cm.stack.zero_reduce_overlap else r
 
 
 def price_stages(

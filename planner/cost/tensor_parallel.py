@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
@@ -82,13 +82,14 @@ from planner.artifacts.host import host_link_gb_per_s
 from planner.artifacts.kinds import OptimizerKind, SequenceParallelRuntime
 from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
+from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.attention_kernels import attention_view
 from planner.cost.collectives import allreduce_line
-from planner.cost.context import ContextView, context_parallel_view
-from planner.cost.experts import expert_view, strip_experts
+from planner.cost.context import ContextView, candidate_cp_degrees, context_parallel_view
+from planner.cost.experts import candidate_expert_degrees, expert_view, strip_experts
 from planner.cost.model import CostModel
-from planner.cost.offload import activation_offload_view, offload_workspace_per_sample
+from planner.cost.offload import activation_offload_view
 from planner.cost.recompute_view import forced_view, forced_workspace_per_sample
 
 
@@ -266,6 +267,33 @@ def tensor_parallel_view(
     )
 
 
+def tensor_settings(profile: Profile, cluster: Cluster, num_devices: int, request: PlanRequest) -> Iterator[tuple[int, bool]]:
+    """The (tensor-parallel degree, sequence parallelism) pairs searched: every degree the
+    request and the profile allow; sequence parallelism is never slower and never larger under
+    the cost model (same collective time, every split cost / t), so where both are allowed only
+    "on" is searched."""
+    for t in candidate_degrees(profile, cluster, num_devices, request.tp_degrees):
+        for sp in ([max(request.sequence_parallel)] if t > 1 else [False]):
+            yield t, sp
+
+
+def device_groups(profile: Profile, base: Cluster, num_devices: int, request: PlanRequest) -> list[DeviceGroup]:
+    """Every group searched on ``num_devices`` devices of ``base``, every cp = 1 group first
+    (the incumbent a cp > 1 search prunes against), else in the order of the tensor-parallel
+    settings."""
+    tensor = list(tensor_settings(profile, base, num_devices, request))
+    experts = {t: candidate_expert_degrees(profile, base, num_devices, request.ep_degrees, request.etp_degrees, t)
+               for t, _ in tensor}
+    groups = sorted((DeviceGroup(tp_degree=t, cp_degree=cp, sequence_parallel=sp, ep_degree=ep, etp_degree=etp)
+                     for t, sp in tensor for cp in candidate_cp_degrees(profile, num_devices, t, request.cp_degrees)
+                     for ep, etp in experts[t] if num_devices % (t * cp * ep * etp // math.gcd(t * cp, ep * etp)) == 0),
+                    key=lambda g: g.cp_degree)
+    if not groups:
+        raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {num_devices} devices with a "
+                                f"tensor-parallel degree searched")
+    return groups
+
+
 def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
     """The cluster a view of ``num_devices`` devices is taken of: part of one node when they fit
     in one, else the whole cluster."""
@@ -301,7 +329,24 @@ def device_cost_model(
     ctx = cp_view if cp_view is not None else context_parallel_view(view, cluster, group.cp_degree, t, stack)
     experts = expert_view(ctx.profile, profile, cluster, group, stack)
     device = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency))
-    offloading = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
+    offloading, offload_workspace = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
     return CostModel(offloading, cluster, optimizer, group=group, stack=stack,
                      gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile)
-                     + offload_workspace_per_sample(device))
+                     + offload_workspace)
+
+
+def device_cost_models(profile: Profile, base: Cluster, optimizer: OptimizerKind, groups: Sequence[DeviceGroup],
+                       stack: Stack) -> Iterator[CostModel]:
+    """:func:`device_cost_model` of each of ``groups`` in order, built as it is asked for: the
+    tensor-parallel view of each ``(t, sp)`` built once for all its context-parallel degrees,
+    the context-parallel view of each ``(t, sp, cp)`` once for all its expert layouts."""
+    views: dict[tuple[int, bool], Profile] = {}
+    contexts: dict[tuple[int, bool, int], ContextView] = {}  # per (t, sp, cp): the same for every expert layout
+    for group in groups:
+        t, sp, cp = group.tp_degree, group.sequence_parallel, group.cp_degree
+        if (t, sp) not in views:
+            views[(t, sp)] = stack_tp_view(profile, base, t, sp, stack)
+        if (t, sp, cp) not in contexts:
+            contexts[(t, sp, cp)] = context_parallel_view(views[(t, sp)], base, cp, t, stack)
+        yield device_cost_model(profile, base, optimizer, group, stack, tp_view=views[(t, sp)],
+                                cp_view=contexts[(t, sp, cp)])

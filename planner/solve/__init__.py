@@ -37,7 +37,7 @@ from planner.artifacts.kinds import BASELINES, REQUESTABLE_SOLVERS, Objective, P
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.cost.precision import at_precision, check_precision, check_profile
+from planner.cost.precision import at_precision, check_precision, check_profile, with_fp8_view
 from planner.solve.account import with_accounts
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import ChainSolver
@@ -72,6 +72,8 @@ def plan(profile: Profile, cluster: Cluster | None = None, request: PlanRequest 
     request = request or PlanRequest()
     if request.precisions == (Precision.BF16,):
         return _plan_at(profile, cluster, request)
+    if any(p.fp8 for p in request.precisions):
+        profile = with_fp8_view(profile)  # an analytic profile written before the FP8 view: derived at load time
     for p in request.precisions:
         check_precision(cluster, p)
         check_profile(profile, p)

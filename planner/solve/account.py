@@ -20,11 +20,11 @@ import dataclasses
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import CollectiveModel, OverheadKind
 from planner.artifacts.plan import Plan
-from planner.artifacts.plan_summary import Band, BandInput, OverheadTerm
+from planner.artifacts.plan_summary import Band, OverheadTerm
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import Stack
-from planner.cost.band import band_inputs, combine, memory_top_bytes, with_setting
+from planner.cost.band import band_ends, band_of
 from planner.cost.offload import plan_profile
 from planner.solve.build import rebuild_plan
 
@@ -66,20 +66,9 @@ def _overheads(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequ
 
 def _band(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest, nominal: float) -> Band:
     t = plan.predicted.iteration_ms
-    inputs = []
-    for entry in band_inputs(profile, cluster, plan.stack):
-        times = []
-        for setting in entry.settings:
-            if setting.scale is not None:  # the model's own error: no input to price again
-                times.append(t * setting.scale)
-                continue
-            p, c, s = with_setting(setting, profile, cluster, plan.stack)
-            times.append(t + reprice(plan, p, c, request, s).predicted.iteration_ms - nominal)
-        inputs.append(BandInput(name=entry.name, low_ms=min(times + [t]), high_ms=max(times + [t]), source=entry.source))
-    low, high = combine(t, [(i.low_ms, i.high_ms) for i in inputs])
-    return Band(iteration_low_ms=low, iteration_high_ms=high,
-                peak_memory_high_bytes=memory_top_bytes(plan.predicted.peak_memory_bytes, cluster),
-                device_memory_bytes=cluster.device_memory_bytes, inputs=tuple(inputs))
+    priced = [(entry, [t * end if isinstance(end, float) else t + reprice(plan, *end[:2], request, end[2]).predicted.iteration_ms - nominal
+                       for end in ends]) for entry, ends in band_ends(profile, cluster, plan.stack)]
+    return band_of(t, priced, plan.predicted.peak_memory_bytes, cluster)
 
 
 def with_accounts(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequest | None = None) -> Plan:

@@ -47,7 +47,7 @@ from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.held import held_memory
-from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
+from planner.solve.partitions import partition_by
 from planner.solve.select import build_best, select
 from planner.solve.settings import SETTINGS
 from planner.solve.space import (
@@ -117,7 +117,7 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
         layout = layout_of(cm, P, D, 1, zero)
         for b in microbatch_sizes(request, per_replica):
             M = per_replica // b
-            bounds = (0,) if P == 1 else minmax_partition(honouring(WEIGHTS[kind](cm, b, P, D), fixed), P)
+            bounds = (0,) if P == 1 else partition_by(kind, cm, b, P, D, fixed)
             if bounds is None or not set(fixed) <= set(bounds):
                 continue
             for schedule in schedules:

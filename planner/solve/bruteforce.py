@@ -46,7 +46,7 @@ def stage_compute_ms(q: StageQuestion, start: int, stop: int, line: tuple[float,
     cm, b = q.cost_model, q.microbatch_size
     if not q.fsdp:
         return cm.stage_fwd_ms(start, stop, b) + cm.stage_bwd_ms(start, stop, b)
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     counts = cm.param_count[start:stop]
     gather = [line[0] * n * cm.weight_bytes_per_param + line[1] if n else 0.0 for n in counts]
     scatter = [line[0] * n * cm.grad_bytes_per_param + line[1] if n else 0.0 for n in counts]

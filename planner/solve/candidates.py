@@ -121,6 +121,14 @@ def unrecomputed(cm: CostModel, cand: Candidate) -> float:
                                  virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
 
 
+def unrecomputed_below(cm: CostModel, cand: Candidate, limit: float) -> float:
+    """:func:`unrecomputed` where it could be below ``limit`` (its floor,
+    :func:`unrecomputed_floor_ms`, is: checked first, no simulation), else inf."""
+    if unrecomputed_floor_ms(cm, cand.config, cand.solution) >= limit:
+        return float("inf")
+    return unrecomputed(cm, cand)
+
+
 def simulated(cm: CostModel, cand: Candidate) -> float:
     """The candidate's iteration time by the simulator's fast entry."""
     c = cand.config
@@ -174,13 +182,13 @@ def stage_recompute(
     fwd, core = cm.layout_recompute_prices(b, c.layout, stage_idx)
     choice = choose_recompute(
         fwd_ms=fwd[start:stop].tolist(),
-        saved_bytes=cm.saved_bytes(b)[start:stop].tolist(),
+        saved_bytes=cm.at_batch(b).saved_bytes[start:stop].tolist(),
         input_bytes=(cm.input_per_sample[start:stop] * b).tolist(),
         first_layer=start,
         inflight=inflight,
         excess_bytes=float(excess),
         core_ms=core[start:stop].tolist() if cm.selective else None,
-        core_bytes=cm.core_bytes(b)[start:stop].tolist() if cm.selective else None,
+        core_bytes=cm.at_batch(b).core_bytes[start:stop].tolist() if cm.selective else None,
         shared_bytes=cm.shared_out(start, stop, b).tolist() if cm.profile.shared_saved else None,
     )
     if choice.time_ms == float("inf") or cm.stage_memory(

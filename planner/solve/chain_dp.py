@@ -378,7 +378,7 @@ def solve_chain(
         return None  # no partition fits even with every layer at its leanest level
     M = objective_microbatches(layout, num_microbatches)
     extra = stage_extras(table, layout, schedule)  # stages over the same link and line share one
-    fwd, bwd = table.cm.layer_times(table.b)
+    fwd, bwd = table.cm.at_batch(table.b).times_ms
     whole = float(table.compute[0, L])  # inf when fixed boundaries cut the model: then the layers' sum
     cap_lb = max(float(np.max(fwd + bwd)), (whole if whole < INF else float(np.sum(fwd + bwd))) / P)
     # a lower bound of any partition's sum of T_s + c_s + X_s (- Z_s): its compute is the layers'

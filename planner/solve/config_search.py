@@ -34,8 +34,7 @@ from planner.solve.candidates import (
     score_key,
     simulated,
     solve_config,
-    unrecomputed,
-    unrecomputed_floor_ms,
+    unrecomputed_below,
 )
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
@@ -164,8 +163,8 @@ class ConfigSearch:
         unrec = float("inf")
         lean = self.policy.lean  # no gate: rebalanced now, pruned or not
         rebalancing = rebalances(c, sol)
-        if not lean and rebalancing and unrecomputed_floor_ms(cm, c, sol) < limit:
-            unrec = unrecomputed(cm, proposals[0])
+        if not lean and rebalancing:
+            unrec = unrecomputed_below(cm, proposals[0], limit)
         if (lean and rebalancing) or (unrec < limit and not prune):
             proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                     self.facts.table_of(c))

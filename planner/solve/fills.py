@@ -29,7 +29,7 @@ def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
     bound ``M W / P`` it adds about half the interleaved bubble when chunks are about a layer each
     (deep pipelines: e.g. +24% at P = 64, v = 2, M = 64)."""
     a = [float(x) for x in rank_fills_ms(cm, c)]  # ascending: layer work >= 0
-    return shared_fill_ms(a, c.num_microbatches * cm.work_ms(c.microbatch_size))
+    return shared_fill_ms(a, c.num_microbatches * cm.at_batch(c.microbatch_size).work_ms)
 
 
 def split_fill_bound_ms(cm: CostModel, c: Config) -> float:
@@ -46,12 +46,12 @@ def split_fill_bound_ms(cm: CostModel, c: Config) -> float:
     of ZB-H1's fill on uniform stages, where 1F1B's bound counts a whole micro-batch (``W``).
     ZBV (two chunks per rank, the second in the model's second half): only the first ``r``
     layers' forward (a layer per chunk at least), :func:`shared_fill_ms`."""
-    fp, _ = cm.time_prefix(c.microbatch_size)
+    fp, _ = cm.at_batch(c.microbatch_size).prefix_ms
     b, M, P = c.microbatch_size, c.num_microbatches, min(c.layout.pipeline_size, len(fp) - 1)
-    need = M * cm.work_ms(b)
+    need = M * cm.at_batch(b).work_ms
     if c.layout.virtual_stages_per_rank > 1:
         return shared_fill_ms([float(x) for x in fp[:P]], need)
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     work = [0.0, *np.cumsum(fwd + bwd).tolist()]  # F(x): the forward done by work x, interpolated
     fwds = [float(x) for x in fp]
     total = work[-1]
@@ -104,7 +104,7 @@ def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
     """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
     ``r`` waits at least before its first operation and after its last (the chunks before its
     first hold a layer each)."""
-    fp, bp = cm.time_prefix(c.microbatch_size)
+    fp, bp = cm.at_batch(c.microbatch_size).prefix_ms
     P = min(c.layout.pipeline_size, len(fp))
     fills: np.ndarray = fp[:P] + bp[:P]
     return fills

@@ -51,7 +51,7 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     if g:
         other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
         line = (min(line[0], other[0]), min(line[1], other[1]))
-    work, comm = cm.work_ms(c.microbatch_size), cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
@@ -127,7 +127,7 @@ class ConfigFacts:
         cm = self.cm
         lb = config_lower_bound_ms(cm, c)
         if fill and c.schedule in FILL_BOUND and c.layout.virtual_stages_per_rank == 1:
-            work = cm.work_ms(c.microbatch_size)
+            work = cm.at_batch(c.microbatch_size).work_ms
             lb = max(lb, work + (c.num_microbatches - 1) * work / c.pipeline_size)
         elif fill and c.schedule is ScheduleKind.INTERLEAVED_1F1B and not c.layout.stage_replicas:
             # the same for every chunk count (and ZeRO stage): worked out once per (b, P, M)
@@ -158,7 +158,7 @@ class ConfigFacts:
             return 0.0
         key = (c.microbatch_size, c.pipeline_size)
         if key not in self.rank_floors:
-            fwd, bwd = self.cm.layer_times(c.microbatch_size)
+            fwd, bwd = self.cm.at_batch(c.microbatch_size).times_ms
             self.rank_floors[key] = busiest_rank_floor_ms(fwd + bwd, c.pipeline_size)
         return c.num_microbatches * self.rank_floors[key] / slack
 
@@ -223,10 +223,10 @@ class ConfigFacts:
         found = self.per_size.get(key)
         if found is None:
             cm, (b, kappa) = self.cm, key
-            fwd, bwd = cm.layer_times(b)
-            saved = cm.saved_bytes(b)
+            fwd, bwd = cm.at_batch(b).times_ms
+            saved = cm.at_batch(b).saved_bytes
             gain_full = saved - cm.input_per_sample * b
-            cores = (cm.core_ms(b), cm.core_bytes(b)) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
+            cores = (cm.at_batch(b).core_ms, cm.at_batch(b).core_bytes) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
             curve = recompute_curve(fwd, gain_full, *cores)
             layer_work = fwd + bwd
             busy = layer_work > 0

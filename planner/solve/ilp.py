@@ -73,11 +73,11 @@ class _ChainModel:
         self.ks = [h.whole for h in held]
         cm, b = q.cost_model, q.microbatch_size
         self.L, self.P = cm.num_layers, layout.num_stages
-        self.fwd, self.bwd = cm.layer_times(b)
-        self.saved = [float(v) for v in cm.saved_bytes(b)]
+        self.fwd, self.bwd = cm.at_batch(b).times_ms
+        self.saved = [float(v) for v in cm.at_batch(b).saved_bytes]
         self.keep = [v * float(f) for v, f in zip(self.saved, cm.wgrad_saved_fraction)]  # W's inputs per layer
         self.inp = [float(v) * b for v in cm.input_per_sample]
-        self.core, self.core_ms = [float(v) for v in cm.core_bytes(b)], cm.core_ms(b)
+        self.core, self.core_ms = [float(v) for v in cm.at_batch(b).core_bytes], cm.at_batch(b).core_ms
         # what recomputing a layer adds (under ZeRO 3 less what runs beside its collectives)
         self.rc_prices = cm.layout_recompute_prices(b, layout, 0)
         self.cut = [float(c) * b for c in cm.cut_bytes_per_sample]
@@ -165,7 +165,7 @@ class _ChainModel:
         per_byte, fixed = grad_group_line(cm.cluster, layout, s)
         if not (per_byte or fixed):
             return None
-        _, bwd_prefix = cm.time_prefix(self.q.microbatch_size)
+        _, bwd_prefix = cm.at_batch(self.q.microbatch_size).prefix_ms
         overlap = cm.stack.reduce_overlap(self.q.sharding.zero is not ZeroStage.NONE)
         ns_per_param = per_byte * cm.post_backward_sync_bytes_per_param(self.q.sharding.zero) * NS_PER_MS
         ar = sum(int(round(int(cm.param_count[l]) * ns_per_param)) * self.x[s][l] for l in range(L))

@@ -24,7 +24,7 @@ from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
 from planner.solve.replicated_search import replicated_candidates
-from planner.solve.select import build_best, pareto_front, select
+from planner.solve.select import build_best, chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations, refuse_unmeetable
 
@@ -262,4 +262,4 @@ class LayoutSearch:
         if not plans:
             return None  # the ME objective: nothing of these degrees could be its choice (nor its references)
         self.built = plans
-        return dataclasses.replace(select(plans, problem.request), pareto=pareto_front(plans))
+        return chosen(plans, problem.request)

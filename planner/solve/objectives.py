@@ -175,6 +175,11 @@ class Policy:
 
     #: keeps every proposal leaner than each faster one, and rebalances at once (no gate)
     lean = False
+    #: over groups of layers, plans are built one by one where bounds over the layers could still
+    #: hold what the plans built reach (:mod:`planner.solve.grouped_builds`)
+    bounds_builds = False
+    #: the objective chooses among every degree's plans (not each degree's best only)
+    chooses_among_degrees = False
 
     def __init__(self, *, prune: bool = True, incumbent: Incumbent | None = None, start_ms: float = INF,
                  fill: bool = False) -> None:
@@ -249,11 +254,6 @@ class Policy:
         """The candidates that could be the objective's choice (or what it records)."""
         return scored
 
-    @property
-    def bounds_builds(self) -> bool:
-        """Over groups of layers, plans are built one by one where bounds over the layers could
-        still hold what the plans built reach (:mod:`planner.solve.grouped_builds`)."""
-        return False
 
     def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
         """A plan no faster than ``time_ms`` and peaking no lower than ``memory_bytes`` could
@@ -269,10 +269,6 @@ class Policy:
         return Tighter(policy=TimePolicy(prune=False), configs=tuple(uniform[: settings.pareto_configs]), fsdp=False,
                        builds=2)
 
-    @property
-    def chooses_among_degrees(self) -> bool:
-        """The objective chooses among every degree's plans (not each degree's best only)."""
-        return False
 
 
 class TimePolicy(Policy):
@@ -283,6 +279,7 @@ class MemoryPolicy(Policy):
     """The least memory within the :class:`Budget` of the fastest plan."""
 
     lean = True
+    chooses_among_degrees = True
 
     def __init__(self, budget: Budget, *, prune: bool = True, incumbent: Incumbent | None = None,
                  start_ms: float = INF, fill: bool = False) -> None:
@@ -351,9 +348,6 @@ class MemoryPolicy(Policy):
         return Tighter(policy=MemoryPolicy(self.budget, prune=bounded, start_ms=fastest_ms if bounded else INF),
                        configs=None, fsdp=True, builds=None, within_ms=within_ms)
 
-    @property
-    def chooses_among_degrees(self) -> bool:
-        return True
 
 
 class MePolicy(MemoryPolicy):
@@ -364,6 +358,7 @@ class MePolicy(MemoryPolicy):
                  incumbent: Incumbent | None = None, fill: bool = False, grouped: bool = False) -> None:
         self.state = state if prune else None
         self.widen, self.grouped = widen, grouped
+        self.bounds_builds = grouped and self.state is not None
         super().__init__(Budget(), prune=prune, incumbent=incumbent, fill=fill)
 
     @property
@@ -413,9 +408,6 @@ class MePolicy(MemoryPolicy):
             return scored  # over groups: decided candidate by candidate as plans are built (could_build)
         return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
 
-    @property
-    def bounds_builds(self) -> bool:
-        return self.grouped and self.state is not None
 
     def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
         """:meth:`Built.could_hold` against the plans built for the request."""

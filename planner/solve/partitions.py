@@ -69,12 +69,12 @@ def _parameters(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
 
 
 def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     return _prefix_weight(fwd + bwd)
 
 
 def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     compute = _prefix_weight(fwd + bwd)
     # between the first devices of pipeline ranks 0 and 1 (D groups apart)
     second = cm.group.layout(num_stages=P, dp_degree=D).rank_of(stage_idx=1) if P > 1 else 0
@@ -98,6 +98,15 @@ WEIGHTS: dict[SolverKind, WeightFn] = {
 }
 
 
+def partition_by(kind: SolverKind, cm: CostModel, microbatch_size: int, num_stages: int, dp_degree: int,
+                 fixed: Sequence[int] = ()) -> tuple[int, ...] | None:
+    """The baseline ``kind``'s partition (:data:`WEIGHTS`, :func:`minmax_partition`) into
+    ``num_stages`` stages, ``dp_degree`` copies each, starting a stage at every ``fixed``
+    boundary (:func:`honouring`); None where no partition has a finite weight."""
+    weight = honouring(WEIGHTS[kind](cm, microbatch_size, num_stages, dp_degree), fixed)
+    return minmax_partition(weight, num_stages)
+
+
 def pipedream_split(
     cm: CostModel, b: int, num_devices: int, counts: list[int] | None = None
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -113,7 +122,7 @@ def pipedream_split(
     (stage starts, copies per stage), or None if no split uses exactly ``num_devices``."""
     L, N = cm.num_layers, num_devices
     allowed = sorted(set(counts)) if counts is not None else list(range(1, N + 1))
-    fwd, bwd = cm.layer_times(b)
+    fwd, bwd = cm.at_batch(b).times_ms
     compute = _prefix_weight(fwd + bwd)
     bw = cm.cluster.intra_node_bandwidth_gb_per_s
     comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=0.0) for c in cm.cut_bytes_per_sample])

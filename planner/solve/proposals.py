@@ -16,7 +16,7 @@ from planner.solve.candidates import Candidate, fixed_split, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.held import held_memory
-from planner.solve.partitions import WEIGHTS, honouring, minmax_partition
+from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config
@@ -91,8 +91,7 @@ def alternatives(
         return []
     out = []
     for kind in settings.alternative_partitions:
-        weight = honouring(WEIGHTS[kind](cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree), fixed)
-        bounds = minmax_partition(weight, lay.pipeline_size)
+        bounds = partition_by(kind, cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree, fixed)
         cand = None if bounds is None else fixed_split(cm, c, bounds, cap, allow_recompute)
         if cand is not None:
             out.append(cand)

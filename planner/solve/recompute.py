@@ -22,7 +22,7 @@ selective / none) adds one option; the workspace is enumerated over both levels'
 sets. Without selective options the 0/1 cover above runs, unchanged.
 
 The selective path's excess-free part, priced for many stages at once, is
-:mod:`planner.solve.prices.covers` (the stage tables' recompute prices, the same least time).
+:mod:`planner.solve.prices.layers` (the stage tables' recompute prices, the same least time).
 
 Above :data:`EXACT_MAX_ITEMS` candidate layers (with selective options: and more than
 :data:`EXACT_MAX_GROUPS` kinds of layer) the front can grow exponentially; there a greedy by ms

@@ -47,8 +47,8 @@ class _Step:
 def _steps(cm: CostModel, plan: Plan, rank: int) -> list[_Step]:
     """Rank ``rank``'s relaxation steps, best first (module docstring)."""
     b = plan.microbatch_size
-    fwd, _ = cm.layer_times(b)
-    core, saved, core_bytes = cm.core_ms(b), cm.saved_bytes(b), cm.core_bytes(b)
+    fwd, _ = cm.at_batch(b).times_ms
+    core, saved, core_bytes = cm.at_batch(b).core_ms, cm.at_batch(b).saved_bytes, cm.at_batch(b).core_bytes
     steps: list[tuple[float, int, _Step]] = []
     for s in plan.layout.stage_indices(rank):
         stage = plan.stages[s]

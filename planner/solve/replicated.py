@@ -175,7 +175,7 @@ def solve_replicated(
     L = pr.L
     if L < 1:
         return None
-    fwd, bwd = pr.cm.layer_times(pr.b)
+    fwd, bwd = pr.cm.at_batch(pr.b).times_ms
     cap_lb = max(float(np.max(fwd + bwd)) / max(counts), float(np.sum(fwd + bwd)) / N)
     parts = {}  # per (table, copies): its finite stage times over the copies (one table serves many n)
     for n in range(1, N + 1):

@@ -70,7 +70,7 @@ def replicated_candidates(
     out: list[Scored] = []
     for b in sizes or microbatch_sizes(request, request.global_batch):
         m = request.global_batch // b
-        fp, bp = cm.time_prefix(b)
+        fp, bp = cm.at_batch(b).prefix_ms
         work = float(fp[-1] + bp[-1])
         if m < 2 or max(m * work / num_devices, work) > best_ms:
             continue

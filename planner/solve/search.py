@@ -3,7 +3,7 @@ re-scored by the event simulator; the same search for every tensor-parallel degr
 
 Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one degree):
 
-- tensor-parallel degree t and sequence parallelism (:func:`planner.solve.degrees.tensor_settings`), and the
+- tensor-parallel degree t and sequence parallelism (:func:`planner.cost.tensor_parallel.tensor_settings`), and the
   context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
   model of one device of a t-device group, cp such groups splitting each sequence
   (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
@@ -37,7 +37,7 @@ configurations of every (t, cp) are visited in one order, by increasing lower bo
 one incumbent (:class:`planner.solve.objectives.Incumbent`: the fastest simulated time found in
 any degree, and the fastest on all the devices). A degree is opened (its cost model's
 configurations listed and bounded, the coarse chain built) only when its bound
-(:func:`planner.solve.degrees.degree_bound_ms`, below every configuration's) comes up in that order, and the
+(the bound of :class:`planner.solve.degrees.Degree`, below every configuration's) comes up in that order, and the
 visit stops when the next bound exceeds the best time on all the devices. A configuration is
 solved only if its bound does not exceed what it must beat (the best on all the devices for one
 on all of them, else the best of any: ties are solved, so equal-time plans still meet the
@@ -137,16 +137,17 @@ from planner.artifacts.kinds import Objective, RecomputeMode, ScheduleKind, Solv
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
+from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.tensor_parallel import base_cluster
+from planner.cost.tensor_parallel import base_cluster, device_groups
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import ChainSolver
 from planner.solve.ceiling import ChainBound, bound_chain
-from planner.solve.degrees import degree_bound_ms, degree_models, device_groups, machine_bound_ms, note_group
+from planner.solve.degrees import degree_models
 from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
-from planner.solve.select import merge_pareto, over_cap, select
+from planner.solve.select import chosen, over_cap
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import num_devices_of
 
@@ -171,11 +172,10 @@ def search_plan(
     # plan, then the smaller t
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
                               p.layout.tp_degree))
-    best = select(plans, request, reference)
+    best = chosen(plans, request, reference, [p for plan in plans for p in plan.pareto])
     cap = memory_cap_bytes(cluster, request)
     if best.predicted.peak_memory_bytes > cap:  # never returned (build_best drops such plans)
         raise over_cap(best, cap)
-    best = dataclasses.replace(best, pareto=merge_pareto([p for plan in plans for p in plan.pareto]))
     # a coarsened search says so on its plan, once (the longest chain any degree wanted)
     wanted = max(wanted_chain(profile.num_layers, g.groups_in(n), request, chain_solver, settings) for g in groups)
     if bound.limits(wanted):
@@ -220,12 +220,12 @@ def degree_by_degree(
     plans: list[Plan] = []
     infeasible: list[InfeasibleError] = []
     root = policy_for(request, settings, referenced)
-    for group, cm in zip(groups, degree_models(problem, base, groups)):
-        note_group(group)
+    for degree in degree_models(problem, base, groups, n):
+        group, cm, num_groups = degree.group, degree.cost_model, degree.num_groups
+        note(f"searching {group.describe()}")
         earlier = min((p.predicted.iteration_ms for p in plans), default=float("inf"))
         policy = root.for_degree(earlier, group.cp_degree)
-        num_groups = group.groups_in(n)
-        if policy.skips_degree(machine_bound_ms(cm, request.global_batch, num_groups), earlier, group.cp_degree):
+        if policy.skips_degree(degree.machine_bound_ms, earlier, group.cp_degree):
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
             search = LayoutSearch(problem, cm, num_groups, chain_solver, policy, settings, chain_bound)
@@ -256,16 +256,15 @@ def pruned_degrees(
     stops when the next bound exceeds the best time on all the devices (every configuration
     left is then pruned). Then each opened degree that found a candidate builds its plans, the
     cp = 1 ones first; a cp > 1 degree keeps only candidates faster than their best plan."""
-    request = problem.request
     shared = Incumbent()
     policy = TimePolicy(incumbent=shared, fill=True)
     # (bound, order, degree index): a degree's machine bound before it is opened, then the bound
     # of its next configuration
     heap: list[tuple[float, int, int]] = []
     models: dict[int, CostModel] = {}
-    for i, (group, cm) in enumerate(zip(groups, degree_models(problem, base, groups))):
-        models[i] = cm
-        heapq.heappush(heap, (degree_bound_ms(cm, request, group.groups_in(n)), 0, i))
+    for i, degree in enumerate(degree_models(problem, base, groups, n)):
+        models[i] = degree.cost_model
+        heapq.heappush(heap, (degree.bound_ms, 0, i))
     searches: dict[int, LayoutSearch] = {}
     infeasible: dict[int, InfeasibleError] = {}  # by degree, as degree_by_degree meets them
     while heap:
@@ -273,7 +272,7 @@ def pruned_degrees(
         if bound > shared.best_all:
             break  # every configuration left is bounded above the best on all the devices (>= the best)
         if not opened:
-            note_group(groups[i])
+            note(f"searching {groups[i].describe()}")
             try:
                 searches[i] = LayoutSearch(problem, models[i], groups[i].groups_in(n), chain_solver, policy, settings,
                                            chain_bound)

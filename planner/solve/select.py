@@ -117,6 +117,14 @@ def select(plans: list[Plan], request: PlanRequest, reference: Plan | None = Non
     return note_devices(_select(plans, request, reference), plans)
 
 
+def chosen(plans: list[Plan], request: PlanRequest, reference: Plan | None = None,
+           points: Iterable[ParetoPoint] | None = None) -> Plan:
+    """:func:`select`'s plan with its Pareto front: that of ``plans`` (:func:`pareto_front`), or
+    the one merged from ``points`` (:func:`merge_pareto`: several searches' fronts)."""
+    front = pareto_front(plans) if points is None else merge_pareto(points)
+    return dataclasses.replace(select(plans, request, reference), pareto=front)
+
+
 def note_devices(best: Plan, plans: list[Plan]) -> Plan:
     """``best`` with ``predicted.all_devices_ms``: when it occupies fewer devices than were
     available, the fastest of ``plans`` on all of them (or the best such that any of them

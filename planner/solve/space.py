@@ -245,8 +245,9 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     in sequence is its forwards and input-gradient passes only (its weight-gradient work is off
     that path: counting it overstated the bound, and the pruned search skipped a ZB-H1
     configuration that simulates 19% below it)."""
-    work = cm.work_ms(c.microbatch_size)
-    crossing = work - cm.stage_wgrad_ms(0, cm.num_layers, c.microbatch_size) if c.schedule.splits_backward else work
+    at = cm.at_batch(c.microbatch_size)
+    work = at.work_ms
+    crossing = work - at.wgrad_ms if c.schedule.splits_backward else work
     if is_fsdp(c.sharding()):
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the

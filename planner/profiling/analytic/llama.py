@@ -59,7 +59,12 @@ rotary positions (Su et al. 2021) and a SwiGLU MLP (Shazeer 2020:
   final norm's, and torch's fp32 cross entropy counted kernel by kernel (``F.cross_entropy`` on
   the logits cast to fp32, as torchtitan and Hugging Face train: the cast, 2 + 4 V bytes per
   token, log-softmax's max, sum and write, 4 + 4 + 4 + 4, forward 22 V; backward, log-softmax's
-  gradient, 4 + 4, and the cast back, 4 + 2, 14 V: :data:`CE_FWD_BYTES`).
+  gradient, 4 + 4, and the cast back, 4 + 2, 14 V: :data:`CE_FWD_BYTES`). With
+  ``fused_cross_entropy`` (Megatron-Bridge's Llama recipes set ``cross_entropy_fusion_impl =
+  "te"``: Transformer Engine's ``parallel_cross_entropy`` Triton kernel on the bf16 logits) the
+  forward reads the logits twice (the online max and sum, then the softmax gradient) and writes
+  that gradient in place, 2 + 2 + 2 = 6 V; the backward scales it in place, 2 + 2 = 4 V
+  (:data:`TE_CE_BYTES`); the head keeps the bf16 gradient buffer (2 s V) in place of fp32 logits.
 
 The selective level (``selective``, :class:`~planner.artifacts.kinds.SelectiveUnit`): the
 attention core, as above; or torchtitan's op-level selective activation checkpointing
@@ -106,6 +111,8 @@ from planner.profiling.analytic.gpt import attention_gemms, head_moved
 
 #: memory-bound bytes per token and vocabulary entry of torch's fp32 cross entropy (module docstring)
 CE_FWD_BYTES, CE_BWD_BYTES = 22.0, 14.0
+#: the same of Transformer Engine's fused cross entropy on bf16 logits, forward and backward (module docstring)
+TE_CE_BYTES = (6.0, 4.0)
 
 __all__ = ["LLAMA_TYPES", "LlamaShape", "flops_per_token", "llama_profile", "llama_shape", "read_config"]
 
@@ -261,11 +268,12 @@ def llama_profile(
     model: str = "",
     source: str = "",
     selective: SelectiveUnit = SelectiveUnit.ATTENTION_CORE,
+    fused_cross_entropy: bool = False,
 ) -> Profile:
     """An analytic Profile of a Llama-style config on a device preset (module docstring);
     ``source`` (the config's path) names it in refusals; ``gemm``: the device's GEMM model
     (default: the preset's fitted constants); ``selective``: what the blocks' selective level
-    re-runs."""
+    re-runs; ``fused_cross_entropy``: Transformer Engine's cross entropy in place of torch's fp32 one."""
     where = f"--config {source}" if source else "llama config"
     shape = llama_shape(config, seq, where)
     rates = device_rates(device_preset, gemm)
@@ -295,10 +303,12 @@ def llama_profile(
                            # W's inputs: q/kv's and gate_up's (the norms' outputs), o's, down's
                            wsaved=2.0 * s * (2 * h + shape.heads * shape.head_dim + shape.intermediate))
         )
-    moved, bwd_moved = head_moved(act, s, V, CE_FWD_BYTES, CE_BWD_BYTES)
+    ce_fwd, ce_bwd = TE_CE_BYTES if fused_cross_entropy else (CE_FWD_BYTES, CE_BWD_BYTES)
+    logits = (2.0 if fused_cross_entropy else 4.0) * s * V  # what the cross entropy keeps for backward
+    moved, bwd_moved = head_moved(act, s, V, ce_fwd, ce_bwd)
     layers.append(
-        analytic_layer("head", "RMSNorm+Linear", shape.head_gemms(), rates, split(V * h, 4.0 * s * V, 0, 1),
-                       moved=moved, bwd_moved=bwd_moved, param_count=V * h + h, saved=2.0 * act + 4.0 * s * V,
+        analytic_layer("head", "RMSNorm+Linear", shape.head_gemms(), rates, split(V * h, logits, 0, 1),
+                       moved=moved, bwd_moved=bwd_moved, param_count=V * h + h, saved=2.0 * act + logits,
                        inp=act, out=4.0, wsaved=act)
     )
     ours, rule, ratio = flops_per_token(shape)
@@ -313,6 +323,7 @@ def llama_profile(
             "architecture": "llama",
             "model_type": str(config.get("model_type")),
             "selective_unit": selective.value,
+            **({"cross_entropy": "te-fused"} if fused_cross_entropy else {}),
             "config_source": source,
             **rates.gemm.metadata(),
             "peak_bf16_tflops": device.peak_bf16_tflops,

@@ -7,13 +7,13 @@ One typed value is read: :class:`~planner.solve.prices.table.StageTable`, built 
 :class:`~planner.solve.chain.StageQuestion` (cost model, micro-batch size, memory cap,
 sharding, fixed boundaries, recomputation allowed). Its modules, in import order:
 
-- :mod:`.covers`: recompute prices of many stages at once (the selective levels' covers);
-- :mod:`.layers`: the chain's layers by kind, keying stages with the same recompute covers;
+- :mod:`.layers`: the chain's layers by kind, keying stages with the same recompute covers, and those
+  covers' recompute prices for many stages at once;
 - :mod:`.fixed`: what the cap does not change (every stage's compute, static and activation
   bytes), built from the cost model's vectorised per-stage sums and shared between tables;
 - :mod:`.capview`: per cap, how many micro-batches each stage holds;
-- :mod:`.entries`: a table's entries per in-flight count and cap, and the bound on those kept;
-- :mod:`.fits`: which stages fit (:class:`~planner.solve.prices.fits.StageFits`);
+- :mod:`.fits`: which stages fit (:class:`~planner.solve.prices.fits.StageFits`), its entries per in-flight
+  count and cap, and the bound on those a search keeps (:class:`~planner.solve.prices.fits.RecentEntries`);
 - :mod:`.table`: stage times with the least recomputation, and the layers behind them;
 - :mod:`.extras`: the objective's transfer, exposed-synchronisation and bubble-fill terms.
 
@@ -22,8 +22,8 @@ Its module-level caches are registered in :mod:`planner.artifacts.caches` (bound
 here: they price stages from the cost model directly, so that they check these tables.
 """
 
-from planner.solve.prices.entries import RecentEntries
 from planner.solve.prices.extras import stage_extras
+from planner.solve.prices.fits import RecentEntries
 from planner.solve.prices.table import StageTable
 
 __all__ = ["RecentEntries", "StageTable", "stage_extras"]

@@ -84,7 +84,7 @@ def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
 
 def _bubble_fill_matrix(table: StageTable) -> np.ndarray:
     """``Z_s(i, j)`` for every stage (0 where the stage is not valid)."""
-    _, bwd = table.cm.layer_times(table.b)
+    _, bwd = table.cm.at_batch(table.b).times_ms
     wp = np.concatenate([[0.0], np.cumsum(bwd * table.cm.wgrad_fraction)])
     fill = np.minimum(2.0 * (wp[None, :] - wp[:, None]), np.where(table.valid, table.compute, 0.0))
     out: np.ndarray = np.where(table.valid, fill, 0.0)

@@ -4,8 +4,8 @@ flight, as they are or at their leanest recomputation (the base class of
 
 Every answer is an ``(L + 1) x (L + 1)`` matrix over the stages ``[i, j)`` (or read from one),
 worked out from the table's fixed part (:mod:`planner.solve.prices.fixed`) and kept per
-``(inflight, cap)`` in the table's entries (:mod:`planner.solve.prices.entries`), where a
-:class:`~planner.solve.prices.entries.RecentEntries` may bound how many are kept.
+``(inflight, cap)`` in the table's entries (:class:`Entries`: bases, tables, fit masks, recompute
+choices, cap views), where a :class:`RecentEntries` may bound how many a search keeps.
 """
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ from typing import Self
 
 import numpy as np
 
-from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Sharding
 from planner.cost import CostModel
 from planner.solve.arrays import distinct
 from planner.solve.chain import StageQuestion
 from planner.solve.prices.capview import CapView, cap_view, excess_bytes
-from planner.solve.prices.entries import Entries, RecentEntries
 from planner.solve.prices.fixed import fixed_part, lengths
-from planner.solve.recompute import INF
+from planner.solve.recompute import INF, RecomputeChoice
 
-__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "StageFits"]
+__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "Entries", "RecentEntries", "StageFits"]
 
 #: :meth:`StageFits.least_bytes` is worked out over at most this many distinct working sets
 LEAST_BYTES_WORKSPACES = 32
@@ -35,6 +33,60 @@ LEAST_BYTES_WORKSPACES = 32
 #: fixed cost per operation, not their size, is what a view would save on (default-memory, 42
 #: layers: 4% slower with views)
 VIEW_MIN_LAYERS = 64
+
+
+class Entries:
+    """A :class:`~planner.solve.prices.table.StageTable`'s entries per ``(inflight, cap)`` (shared by its copies for a
+    rebalancing): bases, tables, the stages priced and pending, recompute choices, fit masks and
+    longest stages (these two per ``(inflight, cap, recompute)``), and its own cap's view at
+    ``(-1, cap)``."""
+
+    __slots__ = ("bases", "choices", "could", "lazy", "longest", "pending", "tables", "views")
+
+    def __init__(self) -> None:
+        self.bases: dict[tuple[int, float], np.ndarray] = {}
+        self.tables: dict[tuple[int, float], np.ndarray] = {}
+        # the stages that need recomputation to fit, and those of them priced so far
+        self.pending: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        self.lazy: dict[tuple[int, float], np.ndarray] = {}  # pairs priced there, their layers not yet chosen
+        self.choices: dict[tuple[int, float], dict[tuple[int, int], tuple[int, RecomputeChoice]]] = {}
+        self.could: dict[tuple[int, float, bool], np.ndarray] = {}
+        self.longest: dict[tuple[int, float, bool], int] = {}
+        self.views: dict[tuple[int, float], CapView] = {}  # at (-1, cap)
+
+    def forget(self, at: tuple[int, float]) -> None:
+        """Drop everything worked out for ``at`` (asked again, it is worked out again, the same)."""
+        for store in (self.bases, self.tables, self.pending, self.lazy, self.choices, self.views):
+            store.pop(at, None)
+        for recompute in (False, True):
+            self.could.pop((*at, recompute), None)
+            self.longest.pop((*at, recompute), None)
+
+
+class RecentEntries:
+    """The entries per ``(inflight, cap)`` of several stage tables (bases, tables, fit
+    masks, recompute choices, cap views: a few matrices each), least recently used first, of which
+    at most ``keep`` are kept: a search asks each count and cap a few times, close together (GPT-3
+    175B on 1,024 GPUs: 7 of 1,504 tables at a table's own cap asked again, 172 of 673 at a chunk's
+    share, each within the last 32 asked; 2 of 271 views worked out again), while keeping every one
+    held 420 MB of the search's 460 MB peak (resident; 184 MB with 32 kept, and 0.1 to 0.2 s less of
+    the kernel's page faults). Forgotten entries are worked out again when asked, the same.
+    Forgetting happens only between solves (:meth:`StageTable.settle`, at the start of
+    :func:`planner.solve.chain_dp.solve_chain`), since a solve reads its entries until it returns."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._order: dict[tuple[int, tuple[int, float]], Entries] = {}  # by (entries, at), oldest first
+
+    def touch(self, entries: Entries, at: tuple[int, float]) -> None:
+        key = (id(entries), at)
+        self._order.pop(key, None)
+        self._order[key] = entries
+
+    def trim(self) -> None:
+        while len(self._order) > self.keep:
+            key = next(iter(self._order))
+            self._order.pop(key).forget(key[1])
 
 
 class StageFits:
@@ -93,7 +145,7 @@ class StageFits:
         self._kind = self._layers.kind
         self._run = self._layers.run
         self._levels = batch.levels
-        self._keep: np.ndarray | None = None  # per stage, what a micro-batch past its I keeps (held)
+        self._keep = batch.keep  # per stage, what a micro-batch past its I keeps (held)
         self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
         self._pending_held = 0  # micro-batches past I in static (a copy of held())
 
@@ -107,8 +159,6 @@ class StageFits:
             return self
         found = self._held.get(pending)
         if found is None:
-            if self._keep is None:
-                self._keep = np.minimum(self.cm.keep_matrix(self.b), self.act)
             found = copy.copy(self)
             found.static = self.static + pending * self._keep
             found._pending_held = pending
@@ -118,13 +168,6 @@ class StageFits:
             found._everywhere = {}
             self._held[pending] = found
         return found
-
-    def hidden_backward(self) -> np.ndarray:
-        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
-        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
-        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
-        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
-        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
 
     def fits_everywhere(self, inflight: int) -> bool:
         """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
@@ -169,11 +212,6 @@ class StageFits:
         if self._recent is not None:
             self._recent.touch(self._entries, (-1, cap))
         return found
-
-    def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
-        """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
-        count of ``at = (inflight, cap)`` (what recomputation must free)."""
-        return excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
 
     def could_fit(self, inflight: int, cap: float | None = None, recompute: bool = True) -> np.ndarray:
         """Stages that might fit ``cap`` (default the table's) with ``inflight`` micro-batches: as

@@ -45,6 +45,8 @@ class BatchPart:
     compute: np.ndarray  # F + B, inf where not a stage
     bwd_prefix: np.ndarray  # backward ms of layers 0..l-1
     act: np.ndarray  # bytes one in-flight micro-batch keeps without recomputation
+    buffer: np.ndarray  # send and receive buffers (and context parallelism's gathered keys and values)
+    keep: np.ndarray  # bytes a micro-batch past its input-gradient pass keeps until its W (at most act)
     shared: bool  # some storage is saved by two layers (then recompute choices are made a stage at a time)
     saved: np.ndarray  # per layer, bytes saved for backward
     inputs: np.ndarray  # per layer, its input's bytes (what a fully recomputed layer keeps)
@@ -108,7 +110,7 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     sync_bytes = _SYNC.get(cm, sync_per_param)
     if sync_bytes is None:
         sync_bytes = _SYNC.put(cm, sync_per_param, _read_only(params * sync_per_param))
-    static = cm.stage_state_matrix(sharding) + cm.stage_buffer_matrix(microbatch_size)
+    static = cm.stage_state_matrix(sharding) + batch.buffer
     if fsdp:  # the gathered weights and gradients of the layers in flight
         static = static + working_set_matrix(
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
@@ -135,19 +137,21 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
     valid = idx[None, :] > idx[:, None]
     for f in fixed_boundaries:
         valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
-    fwd, _ = cm.layer_times(microbatch_size)
-    saved, inputs = cm.saved_bytes(microbatch_size), cm.input_per_sample * microbatch_size
-    core, core_ms = cm.core_bytes(microbatch_size), cm.core_ms(microbatch_size)
+    at = cm.at_batch(microbatch_size)
+    fwd, _ = at.times_ms
+    saved, inputs = at.saved_bytes, cm.input_per_sample * microbatch_size
+    core, core_ms = at.core_bytes, at.core_ms
     shared = bool(cm.profile.shared_saved)
     has_core = np.concatenate([[0], np.cumsum(core > 0)])
     levels = (has_core[None, :] - has_core[:, None] > 0) if cm.selective and not shared else None
     gains = np.maximum(np.maximum(saved - inputs, 0.0), core if cm.selective else 0.0)
     gp = np.concatenate([[0.0], np.cumsum(gains)])
+    sums = cm.stage_sums(microbatch_size)
     return BatchPart(
         fwd=_read_only(fwd), valid=_read_only(valid),
-        compute=_read_only(np.where(valid, cm.stage_compute_matrix(microbatch_size), INF)),
-        bwd_prefix=_read_only(cm.time_prefix(microbatch_size)[1]),
-        act=_read_only(cm.stage_activation_matrix(microbatch_size)), shared=shared,
+        compute=_read_only(np.where(valid, sums.compute_ms, INF)), bwd_prefix=_read_only(at.prefix_ms[1]),
+        act=_read_only(sums.activation_bytes), buffer=_read_only(sums.buffer_bytes),
+        keep=_read_only(np.minimum(sums.wgrad_bytes, sums.activation_bytes)), shared=shared,
         saved=_read_only(saved), inputs=_read_only(inputs), core=_read_only(core), core_ms=_read_only(core_ms),
         gain=_read_only(gp[None, :] - gp[:, None]), levels=None if levels is None else _read_only(levels),
         layers=layers_of(fwd, saved, inputs, core, core_ms), choices={},

@@ -4,20 +4,262 @@ their recompute covers, wherever they sit in the chain.
 A stage's least recompute time depends, besides its in-flight count and the bytes it is over its
 cap (the excess), only on its layers' times and bytes. :class:`LayerKinds` numbers the distinct
 layers (kinds), keys every stage by what its cover reads (:meth:`LayerKinds.sequence_keys`) and
-keeps each key's covers (:func:`planner.solve.prices.covers.level_covers`, the excess-free part)
-as rows priced for many stages at once (:class:`planner.solve.prices.covers.CoverRows`). One instance
-serves every table over the same layer arrays (:func:`layers_of`).
+keeps each key's covers (:func:`level_covers`, the excess-free part) as rows priced for many
+stages at once (:class:`CoverRows`). One instance serves every table over the same layer arrays
+(:func:`layers_of`).
+
+The covers are the stage tables' recompute prices for many stages at once: the excess-free part of
+:func:`planner.solve.recompute.choose_recompute`'s selective path (:func:`level_covers`, one
+:class:`LevelCover` per working set of a stage) worked out once per stage content, then priced
+at each stage's excess with array operations over every stage a table call asks for
+(:class:`CoverRows`). The price is :func:`~planner.solve.recompute.choose_recompute`'s least
+time, bit for bit (the same float operations; tests/test_stage_prices.py holds it); which
+layers reach it is left to that function, asked only for the stages a plan uses.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
-from planner.artifacts.caches import Cache
-from planner.solve.prices.covers import CoverRows, level_covers
-from planner.solve.recompute import Option, layer_options
+from planner.artifacts.caches import Cache, register_function
+from planner.solve.recompute import (
+    EXACT_MAX_GROUPS,
+    EXACT_MAX_ITEMS,
+    INF,
+    Option,
+    cost_gain_front,
+    group_combos,
+    layer_options,
+)
 
-__all__ = ["CONTENT_KINDS", "LayerKinds", "layers_of"]
+__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCover", "layers_of", "level_cover_costs", "level_covers"]
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCover:
+    """One workspace's cover of the selective path of
+    :func:`~planner.solve.recompute.choose_recompute` for one stage and in-flight count, with
+    everything that does not depend on the excess worked out: the front over the groups other
+    than the largest, and that group's options. :func:`level_cover_costs` prices it for many
+    targets at once with the same float operations as that path's cover (the same least cost,
+    bit for bit); which layers reach it is left to ``choose_recompute``."""
+
+    workspace_bytes: float
+    most_gain_bytes: float  # every layer's largest gain summed: above it nothing covers
+    front_ms: tuple[float, ...]  # the front over the other groups, cost ascending
+    front_gain_bytes: tuple[float, ...]
+    count: int  # layers in the largest group
+    full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
+    sel: tuple[float, float] | None  # the same for its selective level
+
+    @property
+    def params(self) -> tuple[float, ...]:
+        """(count, most full layers, full ms, full gain, has selective, selective ms, selective
+        gain (1 where none: never used), most gain): one row of :func:`level_cover_costs`."""
+        full, sel = self.full, self.sel
+        return (float(self.count), float(self.count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
+                1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, self.most_gain_bytes)
+
+
+def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelCover, ...] | None:
+    """The excess-free part of :func:`~planner.solve.recompute.choose_recompute`'s selective
+    path for a stage given as runs of identical layers in order, ``(options, count)``
+    (:func:`~planner.solve.recompute.layer_options`), one :class:`LevelCover` per workspace
+    (``()``: no layer can free anything; None: the cover is not exact there, the greedy runs, so
+    :func:`~planner.solve.recompute.choose_recompute` must be called)."""
+    members: dict[tuple[Option, ...], int] = {}  # layers per options, in order of first appearance
+    for opts, count in runs:
+        if opts:
+            members[opts] = members.get(opts, 0) + count
+    if not members:
+        return ()
+    if len(members) == 1:  # one kind of layer (a run of identical blocks): no front over other groups
+        ((opts, count),) = members.items()
+        return tuple(LevelCover(ws, count * most, (0.0,), (0.0,), count, full, sel)
+                     for ws, most, full, sel in _one_group_levels(opts))
+    if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
+        return None
+    out = []
+    for ws in sorted({o[2] for opts in members for o in opts}):
+        by_opts: dict[tuple[Option, ...], int] = {}
+        for opts, count in members.items():
+            allowed = tuple(o for o in opts if o[2] <= ws)
+            if allowed:
+                by_opts[allowed] = by_opts.get(allowed, 0) + count
+        groups = list(by_opts.items())
+        most = sum(count * max(o[1] for o in opts) for opts, count in groups)
+        big = max(range(len(groups)), key=lambda g: (groups[g][1], -g))
+        front = [(0.0, 0.0)]  # as _cover_levels builds it, without the picks
+        for g, (opts, count) in enumerate(groups):
+            if g == big:
+                continue
+            options = [(0.0, 0.0), *((c, gain) for c, gain, _, _ in group_combos(opts, count))]
+            front = cost_gain_front([(c + cc, gg + ga) for c, gg in front for cc, ga in options])
+        opts, count = groups[big]
+        full, sel = _levels(opts)
+        out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_group_levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float, tuple[float, float] | None,
+                                                            tuple[float, float] | None], ...]:
+    """Per workspace of ``opts`` (ascending), as :func:`level_covers` builds a stage of layers
+    all with ``opts``: the workspace, the largest gain of an option within it, and the (ms, gain)
+    of its full and selective levels within it (None: none)."""
+    out = []
+    for ws in sorted({o[2] for o in opts}):
+        allowed = tuple(o for o in opts if o[2] <= ws)
+        out.append((ws, max(o[1] for o in allowed), *_levels(allowed)))
+    return tuple(out)
+
+
+def _levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The (ms, gain) of the full and of the selective level among ``opts`` (None: none)."""
+    full = next(((o[0], o[1]) for o in opts if not o[3]), None)
+    sel = next(((o[0], o[1]) for o in opts if o[3]), None)
+    return full, sel
+
+
+#: elements per block of :func:`level_cover_costs` (rows x front x counts), to bound its memory
+_BLOCK_ELEMENTS = 1 << 20
+
+
+class CoverRows:
+    """:class:`LevelCover` rows held as arrays (row ``r``: its front padded with inf, its
+    :attr:`LevelCover.params`, its workspace), so that the covers of many stages are priced by
+    their row numbers (:meth:`costs`) without a pass over them in Python. Rows are only added."""
+
+    def __init__(self) -> None:
+        self._workspace = np.zeros(0)
+        self._params = np.zeros((0, 8))
+        self._lens = np.zeros(0, dtype=np.int64)
+        self._front_ms = np.full((0, 1), INF)
+        self._front_gain = np.zeros((0, 1))
+        self._pending: list[LevelCover] = []
+        self._n = 0  # rows held; the arrays have room for more (grown by doubling: no copy per flush)
+
+    def __len__(self) -> int:
+        return self._n + len(self._pending)
+
+    def add(self, covers: Sequence[LevelCover]) -> int:
+        """Add ``covers`` as consecutive rows; the first one's number."""
+        first = len(self)
+        self._pending.extend(covers)
+        return first
+
+    def _flush(self) -> None:
+        new = self._pending
+        if not new:
+            return
+        self._pending = []
+        lens = np.array([len(c.front_ms) for c in new], dtype=np.int64)
+        F = max(self._front_ms.shape[1], int(lens.max()))
+        fc = np.full((len(new), F), INF)
+        fg = np.zeros((len(new), F))
+        at_row = np.repeat(np.arange(len(new)), lens)
+        at_col = np.arange(len(at_row)) - np.repeat(np.cumsum(lens) - lens, lens)
+        fc[at_row, at_col] = list(itertools.chain.from_iterable(c.front_ms for c in new))
+        fg[at_row, at_col] = list(itertools.chain.from_iterable(c.front_gain_bytes for c in new))
+        n, m = self._n, self._n + len(new)
+        room = len(self._lens)
+        if m > room or F > self._front_ms.shape[1]:
+            room = max(m, 2 * room) if m > room else room
+            grown_ms, grown_gain = np.full((room, F), INF), np.zeros((room, F))
+            grown_ms[:n, :self._front_ms.shape[1]] = self._front_ms[:n]
+            grown_gain[:n, :self._front_gain.shape[1]] = self._front_gain[:n]
+            self._front_ms, self._front_gain = grown_ms, grown_gain
+            self._params = np.concatenate([self._params[:n], np.zeros((room - n, 8))])
+            self._lens = np.concatenate([self._lens[:n], np.zeros(room - n, dtype=np.int64)])
+            self._workspace = np.concatenate([self._workspace[:n], np.zeros(room - n)])
+        self._front_ms[n:m] = fc  # F columns, as wide as the arrays (grown to F above)
+        self._front_gain[n:m] = fg
+        self._params[n:m] = np.array([c.params for c in new])
+        self._lens[n:m] = lens
+        self._workspace[n:m] = [c.workspace_bytes for c in new]
+        self._n = m
+
+    def workspace_bytes(self, rows: np.ndarray) -> np.ndarray:
+        """:attr:`LevelCover.workspace_bytes` of each of ``rows``."""
+        self._flush()
+        out: np.ndarray = self._workspace[rows]
+        return out
+
+    def costs(self, rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Per entry the least cost of row ``rows[e]`` reaching ``targets[e]`` bytes (inf where
+        nothing does): the selective path's cover cost of
+        :func:`~planner.solve.recompute.choose_recompute`, with its operations on arrays padded
+        over the rows (padding costs inf, so it never wins)."""
+        self._flush()
+        out = np.full(len(rows), INF)
+        if not len(rows):
+            return out
+        params = self._params[rows]
+        lens = self._lens[rows]
+        counts = params[:, 1].astype(np.int64) + 1  # per row its most full layers + 1
+        for idx in _size_classes(lens, counts):
+            F, K = int(lens[idx].max()), int(counts[idx].max())
+            step = max(1, _BLOCK_ELEMENTS // (F * K))
+            for lo in range(0, len(idx), step):
+                at = idx[lo:lo + step]
+                r = rows[at]
+                out[at] = _cover_block(self._front_ms[r, :F], self._front_gain[r, :F], params[at], targets[at], K)
+        return out
+
+
+#: below this many padded elements (rows x front x counts) a call is priced in one size class
+_CLASS_MIN_ELEMENTS = 1 << 17
+
+
+def _size_classes(lens: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """The rows (positions) priced together: all at once when the padded arrays are small, else
+    by powers of two of their full-layer counts and front lengths, so that a long stage's row
+    (GPT-3 175B's 98 single layers: counts up to 97) does not pad every short one to its size
+    (each row's cost is the same whatever the padding: padded entries cost inf)."""
+    if len(lens) * int(lens.max()) * int(counts.max()) <= _CLASS_MIN_ELEMENTS:
+        return [np.arange(len(lens))]
+    key = np.ceil(np.log2(counts)).astype(np.int64) * 64 + np.ceil(np.log2(lens)).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    return np.split(order, cuts)
+
+
+def level_cover_costs(covers: Sequence[LevelCover], targets: np.ndarray) -> np.ndarray:
+    """Per row the least cost of ``covers[r]`` reaching ``targets[r]`` bytes (inf where nothing
+    does): :meth:`CoverRows.costs` of these covers."""
+    rows = CoverRows()
+    rows.add(covers)
+    return rows.costs(np.arange(len(covers)), targets)
+
+
+def _cover_block(fc: np.ndarray, fg: np.ndarray, params: np.ndarray, targets: np.ndarray, K: int) -> np.ndarray:
+    n, kf_max, full_ms, full_gain, has_sel, sel_ms, sel_gain, most = (col[:, None, None] for col in params.T)
+    has_sel = has_sel > 0
+    most = most[:, 0, 0]
+    target = targets[:, None, None]
+    kf = np.arange(K, dtype=float)[None, None, :]
+    got = fg[:, :, None] + kf * full_gain
+    cost = kf * full_ms
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        ks = np.maximum(0.0, np.ceil((target - got) / sel_gain) - 1.0)
+        for _ in range(2):  # the float sum decides, as _least_in_group
+            ks = ks + (got + ks * sel_gain < target)
+    ks = np.where(got >= target, 0.0, ks)
+    ok = np.where(has_sel, ks <= n - kf, got >= target) & (kf <= kf_max)
+    ks = np.where(has_sel, ks, 0.0)
+    total = np.where(ok, cost + ks * sel_ms, INF)
+    least = total.min(axis=2)
+    best = (fc + least).min(axis=1)
+    return np.where((most < targets) | ~(best < INF), INF, np.where(targets <= 0, 0.0, best))
+
+
+register_function("solve.prices.layers.one_group_levels", _one_group_levels, key="a layer's options")
+
 
 #: profiles with at most this many kinds of layer key a stage's recompute covers by what it holds
 #: (:attr:`LayerKinds.by_content`), else by its runs

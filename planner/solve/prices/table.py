@@ -3,9 +3,9 @@ recompute time that fits stage ``[i, j)`` in its cap with ``k`` micro-batches in
 where nothing fits), and the recomputed layers behind each time.
 
 Recompute prices: where a layer has a selective level, the least recompute time of every stage
-a table call must price is worked out at once (:func:`planner.solve.prices.covers.level_covers`,
+a table call must price is worked out at once (:func:`planner.solve.prices.layers.level_covers`,
 the excess-free part, shared by every table with the same layers through
-:class:`~planner.solve.prices.layers.LayerKinds`; :meth:`planner.solve.prices.covers.CoverRows.costs`,
+:class:`~planner.solve.prices.layers.LayerKinds`; :meth:`planner.solve.prices.layers.CoverRows.costs`,
 the excess-dependent part, vectorised over the stages); the layers of a stage are chosen
 (:func:`~planner.solve.recompute.choose_recompute`, the same least time bit for bit, which an
 assertion holds) only when a plan asks for them. Without selective levels, or with shared
@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from planner.artifacts.kinds import ZeroStage
+from planner.solve.prices.capview import excess_bytes
 from planner.solve.prices.fits import StageFits
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
 
@@ -38,6 +40,18 @@ class StageTable(StageFits):
     behind a time), :meth:`could_fit` / :meth:`might_fit_all` / :meth:`fits_everywhere` /
     :meth:`least_bytes` / :meth:`longest` / :meth:`longest_within` / :meth:`recomputes`,
     :meth:`exposure`, :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
+
+    def hidden_backward(self) -> np.ndarray:
+        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
+        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
+        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
+        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
+        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
+
+    def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
+        count of ``at = (inflight, cap)`` (what recomputation must free)."""
+        return excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
 
     def exposure(self, line: tuple[float, float], expert_line: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
         """``X(i, j)`` of a stage whose gradient group's all-reduce line is ``line`` (ms per byte,
