@@ -57,7 +57,7 @@ def bubble_ms(p) -> float:
 BEFORE = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B)
 #: the searches after: those plus these (``default``: the request's own, all of them)
 ADDED = (("+zb-h1", (ScheduleKind.ZB_H1,)), ("+zbv", (ScheduleKind.ZBV,)), ("+zb-h2", (ScheduleKind.ZB_H2,)),
-         ("default", ()))
+         ("+dualpipe-v", (ScheduleKind.DUALPIPE_V,)), ("+dualpipe", (ScheduleKind.DUALPIPE,)), ("default", ()))
 
 
 def row(label: str, p, base_bubble: float, base_ms: float, cpu_s: float) -> str:
@@ -105,7 +105,8 @@ def main() -> int:
         print(row("before", before, b0, ms0, cpu))
         searches = list(ADDED)
         if args.only:
-            searches += [(f"{k.value} alone", (k,)) for k in (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.ZB_H2)]
+            searches += [(f"{k.value} alone", (k,)) for k in (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.ZB_H2,
+                                                              ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE)]
         for label, added in searches:
             schedules = BEFORE + added if label.startswith("+") else added or req.schedules
             t0 = time.process_time()

@@ -12,11 +12,11 @@ from planner.artifacts.kinds import ChunkPlacement, ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.schedule import ActionKind, Held, build_schedule, held_bytes, held_counts
 
-H1, H2, ZBV = ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV
+H1, H2, ZBV, DPV = ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V
 
 
 def _layout(kind: ScheduleKind, ranks: int) -> Layout:
-    if kind is ZBV:
+    if kind in (ZBV, DPV):
         return Layout(num_stages=2 * ranks, virtual_stages_per_rank=2, placement=ChunkPlacement.V)
     return Layout(num_stages=ranks)
 
@@ -37,6 +37,12 @@ def _layout(kind: ScheduleKind, ranks: int) -> Layout:
     (ZBV, 2, 4, [(4, 0), (3, 0), (2, 0), (1, 0)]),
     (ZBV, 2, 8, [(4, 0), (3, 0), (2, 0), (1, 0)]),
     (ZBV, 4, 8, [(8, 0), (7, 0), (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0)]),
+    # DualPipe-V rank r: 2 (P - 1 - r) + r + 1 forwards of chunk r before its first backward, and
+    # chunk 2P - 1 - r's r + 1, then its I, W, F turns (P - 1 - r of them) keep that count: chunk s
+    # holds 2P - s whole at its peak, ZBV's counts; its steady phase's backwards are whole (B)
+    (DPV, 2, 4, [(4, 0), (3, 0), (2, 0), (1, 0)]),
+    (DPV, 2, 8, [(4, 0), (3, 0), (2, 0), (1, 0)]),
+    (DPV, 4, 8, [(8, 0), (7, 0), (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0)]),
 ])
 def test_held_counts_by_hand(kind: ScheduleKind, ranks: int, m: int, expected: list[tuple[int, int]]) -> None:
     assert held_counts(kind, _layout(kind, ranks), m) == tuple(Held(w, p) for w, p in expected)
@@ -44,7 +50,7 @@ def test_held_counts_by_hand(kind: ScheduleKind, ranks: int, m: int, expected: l
 
 def _walk(kind: ScheduleKind, ranks: int, m: int) -> dict[int, list[tuple[int, int]]]:
     """Per stage, (whole, pending) after every action of its rank's order."""
-    v = 2 if kind is ZBV else 1
+    v = 2 if kind in (ZBV, DPV) else 1
     out: dict[int, list[tuple[int, int]]] = {}
     state: dict[int, tuple[int, int]] = {}
     for order in build_schedule(kind, ranks * v, m, v):
@@ -56,12 +62,14 @@ def _walk(kind: ScheduleKind, ranks: int, m: int) -> dict[int, list[tuple[int, i
                 w, p = w - 1, p + 1
             elif a.kind is ActionKind.BACKWARD_WEIGHT:
                 p -= 1
+            else:  # a whole backward (DualPipe-V's steady phase)
+                w -= 1
             state[a.stage_idx] = (w, p)
             out.setdefault(a.stage_idx, []).append((w, p))
     return out
 
 
-@pytest.mark.parametrize("kind", [H1, H2, ZBV])
+@pytest.mark.parametrize("kind", [H1, H2, ZBV, DPV])
 def test_held_peak_is_the_byte_peak_of_every_walk(kind: ScheduleKind) -> None:
     """For W keeping ``keep <= act``, no point of any stage's walk holds more bytes than
     :func:`held_bytes` of :func:`held_counts` (P up to 8, M up to 24, several ratios), and the
@@ -85,7 +93,7 @@ def test_one_pass_schedules_hold_whole_micro_batches_only() -> None:
     assert held_counts(ScheduleKind.GPIPE, Layout(num_stages=2), 8) == (Held(8), Held(8))
 
 
-@pytest.mark.parametrize("kind", [H1, H2, ZBV])
+@pytest.mark.parametrize("kind", [H1, H2, ZBV, DPV])
 def test_first_input_whole_is_the_most_whole_of_the_walk(kind: ScheduleKind) -> None:
     """:func:`first_input_whole` (the memory floor's counts, read off the orders without walking
     them) is at most the most whole micro-batches of any point of each stage's walk, and on

@@ -30,7 +30,7 @@ def test_default_request_and_cli_search_zero_bubble() -> None:
     from planner.commands.cli import build_parser
     from planner.commands.plan import request_from_args
 
-    assert set(PlanRequest().schedules) == set(BEFORE + ZERO_BUBBLE)
+    assert set(PlanRequest().schedules) == set(BEFORE + ZERO_BUBBLE + (ScheduleKind.DUALPIPE_V,))
     args = build_parser().parse_args(["plan"])
     assert request_from_args(args).schedules == PlanRequest().schedules
 

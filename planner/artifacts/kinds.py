@@ -29,16 +29,26 @@ class ScheduleKind(enum.Enum):
     ZB_H1 = "zb-h1"  # zero bubble, backward split into input (I) and weight (W) gradients (Qi et al. 2024)
     ZB_H2 = "zb-h2"  # zero bubble with more warm-up forwards: ~no bubble, more memory (Qi et al. 2024 sec. 3.2)
     ZBV = "zbv"  # zero bubble on two chunks per rank placed in a V (Qi et al. 2024 sec. 6)
+    # DeepSeek-V3's DualPipe folded in a V (torch ScheduleDualPipeV): ZBV's chunks, a forward and a whole
+    # backward of other micro-batches paired in its steady phase (planner.schedule.dualpipe)
+    DUALPIPE_V = "dualpipe-v"
+    # DeepSeek-V3's DualPipe (tech. report sec. 3.2.1): two copies of the parameters, micro-batches fed from both
+    # ends; priced as its folded form's order on each device, the copies as a data-parallel pair (ChunkPlacement.MIRROR)
+    DUALPIPE = "dualpipe"
 
     @property
     def splits_backward(self) -> bool:
         """The schedule runs each backward as an input-gradient pass and a weight-gradient pass."""
-        return self in (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+        return self in (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V,
+                        ScheduleKind.DUALPIPE)
 
     @property
     def placement(self) -> ChunkPlacement:
-        """How the schedule places a rank's chunks: in a V for ZBV, round-robin otherwise."""
-        return ChunkPlacement.V if self is ScheduleKind.ZBV else ChunkPlacement.LOOP
+        """How the schedule places a rank's chunks: in a V for ZBV and DualPipe-V, mirrored for
+        DualPipe, round-robin otherwise."""
+        if self is ScheduleKind.DUALPIPE:
+            return ChunkPlacement.MIRROR
+        return ChunkPlacement.V if self in (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V) else ChunkPlacement.LOOP
 
 
 class ChunkPlacement(enum.Enum):
@@ -48,10 +58,19 @@ class ChunkPlacement(enum.Enum):
     down the ranks and back up: chunk ``s`` is on rank ``s mod P`` in an even round and
     ``P - 1 - s mod P`` in an odd one, so with two chunks rank ``p`` holds ``p`` and
     ``2P - 1 - p`` (ZBV, Qi et al. 2024 sec. 6: the last chunk ends on rank 0, where the
-    backward starts without a transfer)."""
+    backward starts without a transfer); ``mirror``, DualPipe's (DeepSeek-V3 tech. report sec.
+    3.2.1): ``N`` devices, each holding stage ``r`` of one copy of the model and stage
+    ``N - 1 - r`` of the other, micro-batches fed to both ends. Written as the V of ``N / 2``
+    pipeline ranks with the two copies as a data-parallel pair (``dp_degree`` even, replicas
+    ``2d`` and ``2d + 1`` the copies): every device runs DualPipe-V's order of rank
+    ``min(r, N - 1 - r)`` on half the micro-batches (DeepSeek's ``dualpipe.py`` runs exactly
+    that per device), so chunks and held counts are the V's; only the turn differs: it crosses
+    from device ``N / 2 - 1`` to device ``N / 2``, which holds the other copy
+    (:meth:`~planner.artifacts.layout.Layout.downstream_rank`)."""
 
     LOOP = "loop"
     V = "v"
+    MIRROR = "mirror"
 
 
 class Objective(enum.Enum):

@@ -194,7 +194,7 @@ class Layout(ExpertRanks):
     zero: ZeroStage = field(default=ZeroStage.NONE, metadata={"doc": "ZeRO stage over a stage's data-parallel ranks"})
     placement: ChunkPlacement = field(
         default=ChunkPlacement.LOOP,
-        metadata={"doc": "which chunks a rank holds: loop (p, p + P, ...) or v (p, 2P - 1 - p, ...; ZBV)"},
+        metadata={"doc": "which chunks a rank holds: loop (p, p + P, ...), v (p, 2P - 1 - p, ...; ZBV), mirror (DualPipe)"},
     )
     ep_degree: int = field(
         default=1,
@@ -227,8 +227,10 @@ class Layout(ExpertRanks):
             raise ValueError("sequence_parallel needs tp_degree > 1")
         object.__setattr__(self, "zero", ZeroStage(self.zero))
         object.__setattr__(self, "placement", ChunkPlacement(self.placement))
-        if self.placement is ChunkPlacement.V and v % 2:
-            raise ValueError(f"a V placement needs an even virtual_stages_per_rank (got {v})")
+        mirror = self.placement is ChunkPlacement.MIRROR and (v != 2 or self.dp_degree % 2)
+        if self.placement is not ChunkPlacement.LOOP and (v % 2 or mirror):
+            raise ValueError(f"a {self.placement.value} placement needs an even virtual_stages_per_rank "
+                             f"(mirror: 2, and an even dp_degree: its two copies; got {v}, D={self.dp_degree})")
         reps = tuple(self.stage_replicas)
         if reps:
             if len(reps) != self.num_stages:
@@ -330,9 +332,14 @@ class Layout(ExpertRanks):
         """The pipeline rank running chunk ``stage_idx``: round-robin when interleaved, going
         back up the ranks in odd rounds under a V placement (torch's "v" style)."""
         p = self.pipeline_size
-        if self.placement is ChunkPlacement.V and (stage_idx // p) % 2:
+        if self.placement is not ChunkPlacement.LOOP and (stage_idx // p) % 2:
             return p - 1 - stage_idx % p
         return stage_idx % p
+
+    def downstream_rank(self, stage_idx: int) -> int:
+        """Where stage ``stage_idx``'s first device sends its output: the next stage's (DualPipe's turn: the other copy's)."""
+        turn = self.placement is ChunkPlacement.MIRROR and stage_idx == self.pipeline_size - 1
+        return self.rank_of(stage_idx=stage_idx, replica=1) if turn else self.rank_of(stage_idx=stage_idx + 1)
 
     def stage_indices(self, pipeline_rank: int) -> tuple[int, ...]:
         """The chunks pipeline rank ``pipeline_rank`` runs, in order: p, p + pipeline_size, ...
@@ -428,7 +435,7 @@ class Layout(ExpertRanks):
             zero += f" HSDP (shards of {self.shard_group_size})"
         v = self.virtual_stages_per_rank
         if pipeline_ranks and v > 1:
-            shape = ", in a V" if self.placement is ChunkPlacement.V else ""
+            shape = {ChunkPlacement.V: ", in a V", ChunkPlacement.MIRROR: ", in a V, D counting DualPipe's copies"}.get(self.placement, "")
             text = f"{self.num_stages} stages on P={self.pipeline_size} pipeline ranks ({v} each{shape}) x D={self.dp_degree}"
         elif self.stage_replicas:
             text = f"P={self.num_stages} replicated {'+'.join(map(str, self.stage_replicas))}"

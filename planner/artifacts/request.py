@@ -45,11 +45,12 @@ class PlanRequest:
     objective: Objective = Objective.TIME
     schedules: tuple[ScheduleKind, ...] = field(
         default=(ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1,
-                 ScheduleKind.ZB_H2, ScheduleKind.ZBV),
+                 ScheduleKind.ZB_H2, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V),
         metadata={"doc": "schedules to consider; interleaved 1F1B with the chunks per rank the search settings "
                          "allow (planner.solve.settings.SearchSettings.interleave_factors), chosen by the search; "
-                         "the zero-bubble schedules zb-h1, zb-h2 and zbv priced with each stage's exact in-flight "
-                         "memory (docs/zero-bubble.md); the runtime runs every one through torch's action-list "
+                         "the zero-bubble schedules zb-h1, zb-h2, zbv and dualpipe-v (DeepSeek's DualPipe in a V, "
+                         "torch's ScheduleDualPipeV) priced with each stage's exact in-flight memory "
+                         "(docs/zero-bubble.md); the runtime runs every one through torch's action-list "
                          "runtime", "max_items": len(ScheduleKind)},
     )
     microbatch_sizes: tuple[int, ...] = field(

@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedules", default=",".join(s.value for s in PlanRequest().schedules),
                    help="comma-separated schedules to consider (gpipe, 1f1b, interleaved-1f1b: the chunks per pipeline "
                         "rank searched; zb-h1, zb-h2, zbv: zero bubble, backward split into input and weight gradients; "
-                        "zbv runs two chunks per rank in a V) "
+                        "zbv runs two chunks per rank in a V; dualpipe-v, DeepSeek's DualPipe in a V, pairs a forward "
+                        "and a backward of other micro-batches) "
                         "(default: %(default)s)")
     p.add_argument("--microbatch-sizes", type=int_list, default=(), help="comma-separated micro-batch sizes (default: every divisor)")
     p.add_argument("--max-stages", type=bounded_int(1, MAX_DEVICES), default=0, help="at most this many pipeline stages")

@@ -288,7 +288,7 @@ class CostModel(ShardedState):
             return 0.0
         nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
         src = layout.rank_of(stage_idx=upstream_stage_idx)
-        dst = layout.rank_of(stage_idx=upstream_stage_idx + 1)
+        dst = layout.downstream_rank(upstream_stage_idx)
         if src == dst:
             return 0.0  # the two chunks share the rank (the turn of a V placement): no transfer
         bw, lat = link_of(self.cluster, src, dst)

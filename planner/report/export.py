@@ -45,6 +45,7 @@ __all__ = ["stage_module_names", "torchtitan_config", "write_plan_schedule_csv",
 _TITAN_SCHEDULES = {
     ScheduleKind.GPIPE: "GPipe", ScheduleKind.ONE_F_ONE_B: "1F1B", ScheduleKind.INTERLEAVED_1F1B: "Interleaved1F1B",
     ScheduleKind.ZB_H1: "InterleavedZeroBubble", ScheduleKind.ZBV: "ZBVZeroBubble",  # torch's class names less "Schedule"
+    ScheduleKind.DUALPIPE_V: "DualPipeV",
 }
 
 
@@ -59,6 +60,9 @@ def write_stage_module_names(plan: Plan, path: str | Path) -> None:
 
 def write_plan_schedule_csv(plan: Plan, path: str | Path) -> None:
     lay = plan.layout
+    if plan.schedule is ScheduleKind.DUALPIPE:
+        raise PlannerInputError("schedule dualpipe: its devices hold a stage of each of two copies, which "
+                                "torch.distributed.pipelining's CSV schedules (one rank per stage) cannot say")
     if lay.replicated_per_stage:
         raise PlannerInputError(
             "the plan replicates stages per stage (copies "

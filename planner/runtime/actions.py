@@ -53,6 +53,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan
+from planner.runtime.torch_order import check_torch_order
 from planner.schedule import Schedule, layout_schedule
 
 __all__ = ["SendQueue", "action_schedule", "check_lowering", "torch_actions"]
@@ -71,6 +72,7 @@ def action_schedule(stages: Sequence[Any], plan: Plan, loss_fn: Callable[..., An
     per-rank action lists, ``scale_grads=False`` (the loss is already ``/ M``), lowered and
     checked against the plan (module docstring)."""
     order = layout_schedule(plan.schedule, plan.layout, plan.num_microbatches)
+    check_torch_order(stages, plan.schedule, order, plan.num_microbatches, loss_fn)  # DualPipe-V: torch's class's
     sched = _PipelineScheduleRuntime(list(stages), plan.num_microbatches, loss_fn=loss_fn, scale_grads=False)
     sched.pipeline_order = torch_actions(order)
     try:

@@ -36,7 +36,13 @@ from planner.schedule.validate import validate_schedule
 
 SUPPORTED_SCHEDULES = (
     ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2,
-    ScheduleKind.ZBV,
+    ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V,
+)
+#: why ``planner run`` refuses DualPipe (bidirectional, two copies of the parameters)
+DUALPIPE_REFUSAL = (
+    "schedule 'dualpipe' is not run: its devices hold a stage of each of two copies of the model, half the "
+    "micro-batches fed to each end, and torch 2.13 has no DualPipe schedule (its action runtime sends every "
+    "micro-batch through one chain of stages); plan with --schedules dualpipe-v, its folded form, which runs"
 )
 #: what of torch.distributed.pipelining.schedules the runtime runs every schedule on (``planner.runtime.actions``):
 #: the action-list runtime, its lowering to messages and its dry run (torch 2.13 has them all)
@@ -131,6 +137,8 @@ def check_schedule(plan: Plan, source: str = "plan") -> None:
     executor's rules), on a torch with the action-list runtime, and its per-rank action lists
     pass the dry run (``planner.schedule.validate_schedule``: a deadlock or a misplaced action
     named by rank and step)."""
+    if plan.schedule is ScheduleKind.DUALPIPE:
+        raise PlannerInputError(f"{source}: {DUALPIPE_REFUSAL}")
     if plan.schedule not in SUPPORTED_SCHEDULES:
         raise PlannerInputError(
             f"{source}: schedule {plan.schedule.value!r} is not supported by the runtime "

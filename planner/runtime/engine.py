@@ -8,7 +8,8 @@ Checked with gloo on CPU, torch 2.13:
   (``planner.runtime.stage_helpers.boundary_examples``), so no metadata objects (pickles)
   cross ranks at run time.
 - The schedule is data: every schedule the runtime runs (GPipe, 1F1B, interleaved 1F1B,
-  ZB-H1, ZB-H2, ZBV) is the plan's per-rank action lists (``planner.schedule.layout_schedule``,
+  ZB-H1, ZB-H2, ZBV, DualPipe-V: its overlapped pairs handed as their two actions in turn, as
+  torch runs an ``OVERLAP_F_B``'s) is the plan's per-rank action lists (``planner.schedule.layout_schedule``,
   the order the simulator replays), run by torch's action-list runtime
   ``_PipelineScheduleRuntime``, lowered and checked against the plan before the first step
   (``planner.runtime.actions``). No schedule class is picked by name, and none is kept: the

@@ -20,7 +20,11 @@ rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved
 - zero bubble (Qi et al., ICLR 2024): ZB-H1 (``ScheduleInterleavedZeroBubble``, one stage per
   rank), ZB-H2 (more warm-up, one stage per rank) and ZBV (two chunks per rank in a V,
   ``ScheduleZBVZeroBubble``), each backward split into ``I`` and ``W``: their orders and
-  in-flight counts are in :mod:`planner.schedule.zero_bubble`.
+  in-flight counts are in :mod:`planner.schedule.zero_bubble`. DualPipe-V (ZBV's chunks, a
+  forward and a whole backward of other micro-batches paired in its steady phase; torch
+  ``ScheduleDualPipeV``, ``M >= 2P``): :mod:`planner.schedule.dualpipe`, which also gives
+  DualPipe's (two copies of the parameters; per copy of ``N / 2`` pipeline ranks the same orders,
+  ``M`` per copy: :class:`~planner.artifacts.kinds.ChunkPlacement` ``mirror``).
 - Per-stage replication (PipeDream's round-robin, Narayanan et al. 2019, section 3.3; flushed
   as PipeDream-Flush): stage ``s`` has ``R_s`` copies, one rank each (ranks stage-major:
   stage 0's copies first), and micro-batch ``m`` (of ``M``, global) runs on copy
@@ -40,6 +44,7 @@ from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule
+from planner.schedule.dualpipe import dualpipe_v_rank
 from planner.schedule.zero_bubble import zb_h1_rank, zb_h2_rank, zbv_rank
 
 __all__ = [
@@ -67,10 +72,17 @@ def check_schedule_rules(
         raise PlannerInputError(f"num_microbatches must be >= 1 (got {num_microbatches})")
     if virtual_stages_per_rank < 1:
         raise PlannerInputError(f"virtual_stages_per_rank must be >= 1 (got {virtual_stages_per_rank})")
-    if kind is ScheduleKind.ZBV and (virtual_stages_per_rank != 2 or num_stages % 2):
+    v_class = {ScheduleKind.ZBV: "torch's ScheduleZBVZeroBubble", ScheduleKind.DUALPIPE_V: "torch's ScheduleDualPipeV",
+               ScheduleKind.DUALPIPE: "DeepSeek's dualpipe.py per copy"}
+    if kind in v_class and (virtual_stages_per_rank != 2 or num_stages % 2):
         raise PlannerInputError(
-            f"zbv runs two chunks per rank in a V: virtual_stages_per_rank must be 2 and num_stages even "
-            f"(got {num_stages} stages, {virtual_stages_per_rank} per rank), as torch's ScheduleZBVZeroBubble"
+            f"{kind.value} runs two chunks per rank in a V: virtual_stages_per_rank must be 2 and num_stages even "
+            f"(got {num_stages} stages, {virtual_stages_per_rank} per rank), as {v_class[kind]}"
+        )
+    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE) and num_microbatches < num_stages:
+        raise PlannerInputError(
+            f"{kind.value} needs num_microbatches >= num_stages (got M={num_microbatches} < {num_stages} chunks), "
+            f"as {v_class[kind]}"
         )
     if kind in _ONE_PER_RANK and virtual_stages_per_rank != 1:
         raise PlannerInputError(
@@ -125,6 +137,8 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
         return tuple(zb_h2_rank(s, num_stages, num_microbatches) for s in range(num_stages))
     if kind is ScheduleKind.ZBV:
         return tuple(zbv_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
+    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # DualPipe: each copy's devices (ChunkPlacement.MIRROR)
+        return tuple(dualpipe_v_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
     ranks = num_stages // v
     return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))
 

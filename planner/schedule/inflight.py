@@ -83,9 +83,12 @@ def first_input_whole(kind: ScheduleKind, num_stages: int, num_microbatches: int
     planner builds, tests/test_zero_bubble.py compares), so a floor of its activations. ZB-H1:
     ``min(M, P - s)`` (its warm-up forwards and the first step's); ZB-H2: ``min(M, 2 (P - s))``;
     ZBV (``2P`` chunks): ``min(M, 2P - s)``, the first chunk ``r`` after its ``2 (P - r) - 1``
-    warm-up and ``r + 1`` more forwards, the second ``2P - 1 - r`` after its ``r + 1``."""
+    warm-up and ``r + 1`` more forwards, the second ``2P - 1 - r`` after its ``r + 1``; DualPipe-V
+    and DualPipe (their first backward of a chunk a whole ``B`` or an ``I``, :mod:`planner.schedule.
+    dualpipe`) the same: the first chunk after its ``2P - 1 - r`` forwards of steps 1-2 and the
+    steady phase's first, the second after its ``r + 1``."""
     n, M = num_stages, num_microbatches  # ZBV: n = 2P chunks
-    if kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV):
+    if kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):
         return tuple(min(M, n - s) for s in range(n))
     if kind is ScheduleKind.ZB_H2:
         return tuple(min(M, 2 * (n - s)) for s in range(n))

@@ -9,7 +9,9 @@ next action if that action's inputs were produced at an earlier step:
   the gradient from ``(s+1)B m`` or ``(s+1)I m`` (the last stage's loss gradient is local);
 - ``sW m`` (the weight-gradient pass) needs ``sI m``, earlier on the same rank.
 
-A stage runs every micro-batch's backward either whole (``B``) or split (``I`` and ``W``).
+Each micro-batch's backward on a stage runs either whole (``B``) or split (``I`` and ``W``);
+a stage may mix the two over its micro-batches (DualPipe-V does: whole in its overlapped steady
+phase, split at the ends).
 
 A step at which no rank can move while actions remain is a deadlock. Errors name the rank
 and the step and carry a step x rank grid (``ScheduleError.grid``) in torch's format, with
@@ -93,18 +95,20 @@ def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int,
                     fail(f"weight gradient {a} runs before its input gradient {a.stage_idx}I{a.mb_idx}")
             elif (a.stage_idx, a.mb_idx) not in forwards_done:
                 fail(f"backward {a} runs before its forward {a.stage_idx}F{a.mb_idx}")
-    split = {s for s, k, _ in seen if k in (ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT)}
-    whole = {s for s, k, _ in seen if k is ActionKind.BACKWARD}
+    split = {(s, m) for s, k, m in seen if k in (ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT)}
+    whole = {(s, m) for s, k, m in seen if k is ActionKind.BACKWARD}
     if split & whole:
-        s = min(split & whole)
-        raise PlannerInputError(f"stage {s} mixes whole backwards (B) with split ones (I, W): use one or the other")
-    kinds = {s: (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT) if s in split
-             else (ActionKind.FORWARD, ActionKind.BACKWARD) for s in range(num_stages)}
+        s, m = min(split & whole)
+        raise PlannerInputError(
+            f"stage {s} runs micro-batch {m}'s backward both whole (B) and split (I, W): use one or the other"
+        )
+    kinds = {key: (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT) if key in split
+             else (ActionKind.FORWARD, ActionKind.BACKWARD)
+             for key in ((s, m) for s in range(num_stages) for m in range(num_microbatches))}
     missing = [
         f"{s}{k.value}{m}"
-        for s in range(num_stages)
-        for k in kinds[s]
-        for m in range(num_microbatches)
+        for (s, m), want in kinds.items()
+        for k in want
         if (s, k, m) not in seen
     ]
     if missing:
@@ -112,9 +116,9 @@ def _check_structure(schedule: Schedule, num_stages: int, num_microbatches: int,
         raise PlannerInputError(f"schedule is missing {len(missing)} action(s): {shown}")
 
 
-def _needs(a: Action, num_stages: int, grad_kind: dict[int, ActionKind]) -> tuple[Action, ...]:
-    """What ``a`` waits for; ``grad_kind[s]``: the pass of stage ``s`` that sends its input's
-    gradient (B, or I when the stage splits its backward)."""
+def _needs(a: Action, num_stages: int, grad_kind: dict[tuple[int, int], ActionKind]) -> tuple[Action, ...]:
+    """What ``a`` waits for; ``grad_kind[s, m]``: the pass of stage ``s`` that sends micro-batch
+    ``m``'s input gradient (B, or I where that backward is split)."""
     if a.kind is ActionKind.FORWARD:
         return () if a.stage_idx == 0 else (Action(stage_idx=a.stage_idx - 1, kind=ActionKind.FORWARD, mb_idx=a.mb_idx),)
     if a.kind is ActionKind.BACKWARD_WEIGHT:
@@ -123,7 +127,7 @@ def _needs(a: Action, num_stages: int, grad_kind: dict[int, ActionKind]) -> tupl
     if a.stage_idx == num_stages - 1:
         return (own,)
     nxt = a.stage_idx + 1
-    return (own, Action(stage_idx=nxt, kind=grad_kind.get(nxt, ActionKind.BACKWARD), mb_idx=a.mb_idx))
+    return (own, Action(stage_idx=nxt, kind=grad_kind.get((nxt, a.mb_idx), ActionKind.BACKWARD), mb_idx=a.mb_idx))
 
 
 def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int, *, replicated: bool = False) -> Grid:
@@ -134,7 +138,7 @@ def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int
     ``replicated``: a stage may run on several ranks (copies), each micro-batch on one of them.
     """
     _check_structure(schedule, num_stages, num_microbatches, replicated)
-    grad_kind = {a.stage_idx: a.kind for acts in schedule for a in acts if a.kind.sends_grad}
+    grad_kind = {(a.stage_idx, a.mb_idx): a.kind for acts in schedule for a in acts if a.kind.sends_grad}
     heads = [0] * len(schedule)
     done: set[Action] = set()
     rows: list[tuple[Action | None, ...]] = []

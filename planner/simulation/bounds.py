@@ -105,7 +105,8 @@ def partition_bounds_from_arrays(
     ranks = n // virtual_stages_per_rank
     work = [fwd_ms[s] + rc[s] + bwd_ms[s] for s in range(n)]
     rank_work = [0.0] * ranks
-    layout = Layout(num_stages=n, virtual_stages_per_rank=virtual_stages_per_rank, placement=placement)
+    layout = Layout(num_stages=n, virtual_stages_per_rank=virtual_stages_per_rank, placement=placement,
+                    dp_degree=2 if placement is ChunkPlacement.MIRROR else 1)  # (DualPipe's copies: a pair)
     for s in range(n):
         rank_work[layout.pipeline_rank(s)] += work[s]
     best, best_s = -1.0, 0

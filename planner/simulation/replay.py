@@ -84,12 +84,15 @@ def _encoded(
     if kind is ScheduleKind.INTERLEAVED_1F1B:
         return interleaved_schedule_triples(num_stages, m, v)
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
-    return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
+    code = _SPLIT_CODE if kind.splits_backward else _CODE
+    return tuple(tuple((a.stage_idx, code[a.kind], a.mb_idx) for a in acts) for acts in schedule)
 
 
 #: the tight loop's action codes: 0 forward, 1 the pass that sends the input's gradient (B or
-#: I), 2 the weight-gradient pass W
+#: I), 2 the weight-gradient pass W, 3 a whole backward (I and W in one) in a schedule that
+#: splits the others (DualPipe-V's steady phase)
 _CODE = {ActionKind.FORWARD: 0, ActionKind.BACKWARD: 1, ActionKind.BACKWARD_INPUT: 1, ActionKind.BACKWARD_WEIGHT: 2}
+_SPLIT_CODE = {**_CODE, ActionKind.BACKWARD: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +180,8 @@ def _replay(
     forward (a stage's first forward waiting for its weights' gather). An action starts when its
     rank is free and its input has arrived: ``sF m`` after ``(s-1)F m`` ends plus
     ``send_fwd[s - 1]``, ``sB m`` after ``(s+1)B m`` ends plus ``send_bwd[s + 1]`` (the last
-    stage after its own ``sF m``), ``sW m`` when its rank is free.
+    stage after its own ``sF m``), ``sW m`` when its rank is free. A whole backward in a split
+    schedule (code 3) waits as ``sI m`` and runs I's time plus W's, its W ending with it.
     """
     n = len(fwd)
     last = n - 1
@@ -212,6 +216,10 @@ def _replay(
                 t = d
             bstart[k] = t
             t += bwd[s]
+            if code == 3:  # whole: I and W in one pass, its gradients complete at its end
+                t += wtime[s]
+                wstart[k] = t
+                wend[k] = t
             bend[k] = t
         free[r] = t
     return fstart, fend, bstart, bend, wstart, wend, free

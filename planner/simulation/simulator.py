@@ -168,7 +168,7 @@ def simulate(
     orders, fwd, full_bwd, st = r.orders, r.fwd, r.full_bwd, plan.stages
     fstart, bstart, bend = r.fstart, r.bstart, r.bend
     wend = r.wend if r.split else None
-    by_code = ((r.fstart, r.fend), (r.bstart, r.bend), (r.wstart, r.wend))
+    by_code = ((r.fstart, r.fend), (r.bstart, r.bend), (r.wstart, r.wend), (r.bstart, r.bend))
     starts = tuple(tuple(by_code[c][0][s * m + mb] for s, c, mb in ops) for ops in orders)
     ends = tuple(tuple(by_code[c][1][s * m + mb] for s, c, mb in ops) for ops in orders)
     compute_end = r.compute_end

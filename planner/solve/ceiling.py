@@ -85,7 +85,8 @@ def table_keys(num_layers: int, num_groups: tuple[int, ...], request: PlanReques
     (micro-batch size, chunks per rank, ZeRO stage, data-parallel degree where ZeRO 3 gathers
     over it) of its configurations (:func:`planner.solve.space.configurations`), each with the
     stages its ZeRO variants are solved at (none, its own, ZeRO 3 where the request allows it)."""
-    interleaved = ScheduleKind.INTERLEAVED_1F1B in request.schedules or ScheduleKind.ZBV in request.schedules
+    interleaved = any(s in request.schedules for s in (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZBV,
+                                                       ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE))
     total = 0
     per_degree: dict[int, int] = {}  # degrees with as many groups have as many keys
     for n in num_groups:

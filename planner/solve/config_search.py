@@ -38,6 +38,7 @@ from planner.solve.candidates import (
 )
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
+from planner.solve.chain_memo import shared_chain
 from planner.solve.floors import ConfigFacts
 from planner.solve.objectives import Policy
 from planner.solve.proposals import alternatives, rebalanced, rebalances
@@ -73,6 +74,8 @@ class ConfigSearch:
         self.cm, self.request, self.where, self.policy = cm, request, where, policy
         self.num_groups, self.cap_bytes, self.settings = where.num_groups, where.cap_bytes, where.settings
         self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp)
+        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.chain_memo)
+        self.chain = shared_chain(solve_chain) if where.chain_solver is solve_chain else where.chain_solver
         self.configs = configs = searched_configs(cm, request, where)
         # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
         # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
@@ -143,7 +146,7 @@ class ConfigSearch:
                 if policy.prune and own > lb:
                     heapq.heappush(self.heap, (own * self.scales[i], key, i, FSDP, own))
                     continue
-            sol = solve_config(self.where.chain_solver, facts.table_of(c), c)
+            sol = solve_config(self.chain, facts.table_of(c), c)
             if sol is None:
                 continue
             fitted = (c, sol)

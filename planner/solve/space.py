@@ -17,6 +17,8 @@ groups occupies P x D x t devices.
   number of chunks is one more dimension of the search, chosen by simulated time; ZBV (when
   named) with its two chunks per rank in a V, priced like interleaving (the DP over the ``2P``
   chunks with their counted in-flight micro-batches and ZB-H1's bubble fill, then simulated);
+  DualPipe-V (``M >= 2P``) on the same V layout, the same way; DualPipe (when named, ``D`` even:
+  its two copies) on the V with the copies as a data-parallel pair (``ChunkPlacement.MIRROR``);
 - ZeRO: with D > 1 the deepest of stages 0-2 the request allows (:func:`searched_zero`) and,
   where memory binds, ZeRO 3 as a configuration of its own (:func:`fsdp_searched`).
 """
@@ -43,6 +45,8 @@ DP_SCHEDULES = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 #: per rank, backward split: ZB-H1, planner.solve.chain_dp); not in the default request (see
 #: planner.artifacts.request)
 SPLIT_SCHEDULES = (ScheduleKind.ZB_H1, ScheduleKind.ZB_H2)
+#: schedules of two chunks per rank in a V (ZBV; DualPipe-V, planner.schedule.dualpipe), priced like interleaving
+V_SCHEDULES = (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,8 @@ def schedule_valid(schedule: ScheduleKind, num_stages: int, num_microbatches: in
         return num_microbatches >= num_stages
     if schedule is ScheduleKind.ZB_H1:
         return num_microbatches % max(1, num_microbatches // num_stages) == 0
+    if schedule in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # num_stages: its 2P chunks (torch's ScheduleDualPipeV)
+        return num_microbatches >= num_stages
     return True
 
 
@@ -214,6 +220,9 @@ def all_configs(
         plain = layout_of(cm, P, D, 1, z)
         chunked = {v: layout_of(cm, P, D, v, z) for v in settings.interleave_factors if P * v <= cm.num_layers}
         zbv = layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V) if 2 * P <= cm.num_layers else None
+        # DualPipe: the V's chunks, its two copies a data-parallel pair (ChunkPlacement.MIRROR)
+        dual = (layout_of(cm, P, D, 2, z, placement=ChunkPlacement.MIRROR)
+                if ScheduleKind.DUALPIPE in request.schedules and zbv is not None and D % 2 == 0 else None)
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
             out.extend(Config(plain, b, M, sch) for sch in schedules
@@ -223,8 +232,11 @@ def all_configs(
                     Config(lay, b, M, ScheduleKind.INTERLEAVED_1F1B)
                     for v, lay in chunked.items() if interleaving_valid(P, M, v)
                 )
-            if interleaved and ScheduleKind.ZBV in request.schedules and P > 1 and zbv is not None:
-                out.append(Config(zbv, b, M, ScheduleKind.ZBV))
+            if interleaved and P > 1 and zbv is not None:
+                out.extend(Config(zbv, b, M, sch) for sch in V_SCHEDULES
+                           if sch in request.schedules and schedule_valid(sch, 2 * P, M))
+            if interleaved and P > 1 and dual is not None and schedule_valid(ScheduleKind.DUALPIPE, 2 * P, M):
+                out.append(Config(dual, b, M, ScheduleKind.DUALPIPE))
     return out
 
 
