@@ -70,6 +70,24 @@ def _plan(profile: Profile, *, global_batch: int, schedule: ScheduleKind, bounda
 # ---------------------------------------------------------------- in-process checks
 
 
+def test_repredict_prices_a_zbv_plan_as_the_search_did(profiles: tuple[Profile, Profile]) -> None:
+    """A ZBV plan (two chunks per rank in a V, the tied embedding and head on rank 0) is
+    re-predicted as the search priced it -- every stage's times and memory, the prediction --
+    and re-priced from what it is given: the wrong profile's times (x 0.7) predict a faster
+    iteration at the same memory (issue 50 item 5: ``repredict`` refused ZBV plans)."""
+    true, wrong = profiles
+    request = PlanRequest(global_batch=8, num_devices=2, num_stages=2, schedules=(ScheduleKind.ZBV,),
+                          microbatch_sizes=(2,), optimizer=OptimizerKind.SGD_FP32)
+    plan = planner.plan(true, CLUSTER, request)
+    assert plan.schedule is ScheduleKind.ZBV and plan.layout.num_stages == 4
+    again = repredict(plan, true, CLUSTER)
+    assert again.predicted == dataclasses.replace(plan.predicted, overheads=(), band=Band())
+    assert again.stages == plan.stages
+    faster = repredict(plan, wrong, CLUSTER)
+    assert faster.predicted.iteration_ms < 0.8 * plan.predicted.iteration_ms
+    assert [s.memory_total_bytes for s in faster.stages] == [s.memory_total_bytes for s in plan.stages]
+
+
 def _synthetic_report(plan: planner.Plan, stage_scales: list[float], iteration_ms: float) -> RunReport:
     stages = tuple(
         StageRecord(stage_idx=s.stage_idx, ranks=s.ranks, compute_ms=k * p, idle_ms=0.0, compute_ms_predicted=p,

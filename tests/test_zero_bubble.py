@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -258,7 +259,8 @@ def test_run_refuses_a_zero_bubble_shape_torch_cannot_run_in_one_line():
 def test_measured_profile_times_the_input_gradient_pass_apart():
     """The profiler times each layer's input-gradient pass alone (autograd.grad w.r.t. its
     inputs): W's share is the rest of the backward; the first layer, whose input (the batch)
-    needs no gradient, is all W."""
+    needs no gradient, is all W. What W keeps is measured: 1 but for the last layer (its loss's
+    saves are freed by torch's I, its GEMM's input kept)."""
     from planner.models import load_workload
     from planner.profiling.measured import profile_model
 
@@ -267,4 +269,138 @@ def test_measured_profile_times_the_input_gradient_pass_apart():
     fractions = [layer.weight_grad_fraction for layer in prof.layers]
     assert all(f is not None and 0.0 <= f <= 1.0 for f in fractions)
     assert fractions[0] == 1.0
-    assert all(layer.weight_grad_saved_fraction is None for layer in prof.layers)  # not measured: the default
+    # what W keeps, measured (planner.profiling.measured.wgrad): all but the last layer, whose loss's saves I frees
+    kept = [layer.weight_grad_saved_fraction for layer in prof.layers]
+    assert kept[:-1] == [1.0] * (len(kept) - 1) and kept[-1] is not None and 0.0 < kept[-1] < 1.0, kept
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=layer_dicts(5),
+    fractions=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)), min_size=5, max_size=5),
+    schedule=st.sampled_from([ScheduleKind.ZB_H1, ScheduleKind.ZB_H2]),
+    num_stages=st.integers(2, 3),
+    num_microbatches=st.integers(2, 6),
+    cap_gb=st.floats(0.05, 1.0),
+)
+def test_zero_bubble_ilp_equals_the_dp(layers, fractions, schedule, num_stages, num_microbatches, cap_gb):
+    """CP-SAT prices a zero-bubble stage as the DP does: its memory at the schedule's held
+    counts (whole micro-batches and those past I keeping W's inputs, not every one in flight
+    whole) and its bubble fill ``Z_s``, so the two find plans for the same caps and the same
+    optimum (to the ILP's rounding to nanoseconds)."""
+    from planner.solve.ilp import solve_chain_ilp
+
+    layers = [dict(d, wfrac=w, wsaved=k) for d, (w, k) in zip(layers, fractions)]
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    try:
+        build_schedule(schedule, num_stages, num_microbatches)
+    except PlannerInputError:
+        return
+    table = StageTable(cm, 1, cap_gb * 1e9)
+    kw = dict(layout=Layout(num_stages=num_stages), num_microbatches=num_microbatches, schedule=schedule)
+    dp, ilp = solve_chain(table, **kw), solve_chain_ilp(table, **kw)
+    assert (dp is None) == (ilp is None), (dp, ilp)
+    if dp is not None:
+        assert math.isclose(dp.objective_ms, ilp.objective_ms, rel_tol=1e-6, abs_tol=1e-6), (dp, ilp)
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-h2"])
+def test_refusal_prices_zero_bubble_as_the_plan_and_the_simulator(schedule):
+    """A request for a zero-bubble schedule alone that fits nowhere is explained with that
+    schedule's own held counts (whole micro-batches, and those past I keeping W's inputs), not
+    every micro-batch in flight whole, nor 1F1B: the least memory it names is the cap at which
+    the planner then plans, and the simulated peak of that plan's busiest stage equals it, as
+    does the tightest stage's figure."""
+    from planner.simulation import simulate
+    from planner.solve.infeasible import explain_infeasible
+
+    layers = [dict(fwd=1.0 + (i % 3), bwd=2.0 + (i % 2), params=200_000 * (1 + i % 2), saved=6e6 + 1e6 * (i % 4),
+                   inp=1e6, out=1e6, wfrac=0.5, wsaved=0.3) for i in range(8)]
+    prof = chain_profile(layers)
+    cluster = small_cluster(4, memory_bytes=4 * 10**9)
+    cm = CostModel(prof, cluster)
+    request = PlanRequest(global_batch=8, microbatch_sizes=(1,), num_stages=4, schedules=(ScheduleKind(schedule),),
+                          tp_degrees=(1,), recompute=False, memory_cap_bytes=10**6)
+    exc = explain_infeasible(cm, request, 4, float(request.memory_cap_bytes))
+    need = exc.need_bytes
+    assert f"{schedule}," in str(exc) and "not asked" not in str(exc), str(exc)
+    fitted = plan(prof, cluster, dataclasses.replace(request, memory_cap_bytes=math.ceil(need)))
+    timeline = simulate(fitted)
+    peaks = [st_.peak_memory_bytes for st_ in timeline.stages]
+    assert max(peaks) == pytest.approx(need, abs=2.0)
+    gib = 1024**3
+    tight = max(range(4), key=lambda s: peaks[s])
+    assert f"needs {peaks[tight] / gib:.2f} GiB." in str(exc)
+    # the old accounting (every micro-batch in flight whole) asks for more on a later stage
+    whole = max(st_.memory.total_bytes + (st_.inflight_microbatches * st_.activation_bytes_per_microbatch
+                                          - st_.memory.activation_bytes) for st_ in fitted.stages)
+    assert whole > need * 1.05
+
+
+def _stage_kept_bytes(work, start: int, stop: int, inputs, targets) -> int:
+    """Bytes stage ``[start, stop)`` of ``work`` (``start`` > 0) still holds, once per storage,
+    between torch's split backward's input-gradient and weight-gradient passes (the runtime's
+    ``stage_backward_input`` / ``stage_backward_weight``), one micro-batch."""
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from planner.models.workload import split_loss
+    from planner.profiling.measured.memory import excluded_storages
+    from planner.profiling.measured.tensors import flatten, fresh_like
+    from planner.profiling.measured.wgrad import _Live
+
+    x = inputs
+    for layer in work.layers[:start]:
+        x = layer(fresh_like(x))
+    x = fresh_like(x)
+    received = [t for t in flatten(x) if t.requires_grad]
+    params = [p for layer in work.layers[start:stop] for p in layer.parameters()]
+    live = _Live(excluded_storages(work))
+    with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack):
+        for layer in work.layers[start:stop]:
+            x = layer(x)
+        if stop == len(work.layers):
+            x = split_loss(work.loss_fn(x, targets))[0]
+    outputs = [t for t in flatten(x) if t.requires_grad]
+    grads = None if stop == len(work.layers) else [torch.ones_like(t) for t in outputs]
+    del x
+    _, groups = stage_backward_input(outputs, grads, received, iter(params))
+    del outputs, grads
+    kept = live.bytes()
+    stage_backward_weight(iter(params), groups)
+    return kept
+
+
+@pytest.mark.parametrize("model", ["gpt", "vgg"])
+def test_every_stage_keeps_at_most_what_the_measured_profile_prices(model):
+    """What W keeps, measured per layer by the profiler (the last layer's own fraction, 1
+    elsewhere), against every stage ``[i, j)`` after the first run through torch's split
+    backward as one stage: never below what torch keeps (a stage's inner layers keep all they
+    saved: the next layer's intermediates hold them), equal on the zoo GPT (its blocks keep all
+    they saved as a stage's last too), above on the zoo VGG where a stage ends in a conv block
+    whose ReLU and pooling saves torch frees at I."""
+    import dataclasses
+
+    from planner.artifacts.cluster import load_cluster
+    from planner.artifacts.profile import load_profile
+    from planner.models import load_workload, workload_fingerprint
+    from planner.profiling.measured.wgrad import weight_grad_saved_fractions
+
+    work = load_workload(model)
+    prof = load_profile(Path(__file__).resolve().parents[1] / "profiles" / f"zoo-{model}-cpu.json")
+    assert workload_fingerprint(work) == prof.fingerprint_sha256
+    b = int(prof.metadata["bytes_measured_at_microbatch_size"])
+    inputs, targets = work.make_batch(b, 0)
+    kept = weight_grad_saved_fractions(work, inputs, targets)
+    prof = dataclasses.replace(prof, layers=tuple(dataclasses.replace(layer, weight_grad_saved_fraction=f)
+                                                  for layer, f in zip(prof.layers, kept)))
+    cm = CostModel(prof, load_cluster("local-cpu"))
+    L, above = prof.num_layers, 0
+    for i in range(1, L):
+        for j in range(i + 1, L + 1):
+            measured, priced = _stage_kept_bytes(work, i, j, inputs, targets), cm.keep_bytes(i, j, b)
+            assert measured <= priced * (1 + 1e-9) + 1, (i, j, measured, priced)
+            above += measured < priced * (1 - 1e-6)
+            if model == "gpt":
+                assert measured == pytest.approx(priced, abs=1), (i, j, measured, priced)
+    assert (above == 0) == (model == "gpt")

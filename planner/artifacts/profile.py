@@ -24,9 +24,11 @@ re-runs its whole forward.
 Zero bubble (Qi et al., ICLR 2024) splits the backward into B (input gradient) and W (weight
 gradient): ``weight_grad_fraction`` is W's share of ``bwd``, ``weight_grad_saved_fraction`` the
 share of the saved bytes W keeps from the end of B until it runs. Unset (imported and older
-files; measured ones time W, not its bytes): a layer with parameters spends half its backward in
-W (dgrad + wgrad of one shape) and W keeps all it saved (torch's ``stage_backward_input`` retains
-the graph until W); one without parameters has no W. Analytic profiles compute both.
+files): a layer with parameters spends half its backward in W (dgrad + wgrad of one shape) and W
+keeps all it saved (torch's ``stage_backward_input`` retains the graph until W); one without
+parameters has no W. Analytic profiles compute both (W keeps its weight GEMMs' inputs); measured
+ones time W and measure what torch's split backward keeps
+(:mod:`planner.profiling.measured.wgrad`).
 
 Version 4 added the parameters' names (``Layer.param_names``, beside ``param_shapes``, so a
 model that differs from a profile's is told apart by name: an extra bias, not a shifted list),

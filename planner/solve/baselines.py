@@ -41,11 +41,12 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
-from planner.schedule import inflight_counts
+from planner.schedule import Held, held_counts
 from planner.solve import pipedream_baseline
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain import ChainSolution
+from planner.solve.held import held_memory
 from planner.solve.partitions import partition_by
 from planner.solve.select import build_best, select
 from planner.solve.settings import SETTINGS
@@ -62,20 +63,21 @@ from planner.solve.space import (
 
 
 def _recompute_if_needed(
-    cm: CostModel, bounds: Sequence[int], b: int, ks: Sequence[int], cap: float, allow: bool,
+    cm: CostModel, bounds: Sequence[int], b: int, held: Sequence[Held], cap: float, allow: bool,
     sharding: Sharding | Sequence[Sharding],
 ) -> list[tuple[int, ...]] | None:
     """Per stage no recomputation, or all of its layers, whichever fits first (``sharding``: one
-    for every stage, or each stage's own)."""
+    for every stage, or each stage's own), each stage at the heaviest of its held states
+    (:func:`planner.schedule.held_counts`, as the plan prices it)."""
     stops = list(bounds[1:]) + [cm.num_layers]
     out: list[tuple[int, ...]] = []
     for s, (start, stop) in enumerate(zip(bounds, stops)):
         sh = sharding if isinstance(sharding, Sharding) else sharding[s]
-        if cm.stage_memory(start, stop, (), b, ks[s], sh).total_bytes <= cap:
+        if held_memory(cm, start, stop, (), b, held[s], sh).total_bytes <= cap:
             out.append(())
             continue
         everything = tuple(range(start, stop))
-        if allow and cm.stage_memory(start, stop, everything, b, ks[s], sh).total_bytes <= cap:
+        if allow and held_memory(cm, start, stop, everything, b, held[s], sh).total_bytes <= cap:
             out.append(everything)
         else:
             return None
@@ -121,9 +123,9 @@ def baseline_plan(profile: Profile, cluster: Cluster, request: PlanRequest, *, k
             for schedule in schedules:
                 if not schedule_valid(schedule, P, M):
                     continue
-                ks = inflight_counts(schedule, layout, M)
+                held = held_counts(schedule, layout, M)
                 sharding = Sharding(zero, D) if zero else Sharding()
-                rc = _recompute_if_needed(cm, bounds, b, ks, cap, request.recompute, sharding)
+                rc = _recompute_if_needed(cm, bounds, b, held, cap, request.recompute, sharding)
                 if rc is None:
                     continue
                 config = Config(layout, b, M, schedule)
@@ -147,7 +149,7 @@ def _split_candidates(
     cands = []
     for config in pipedream_baseline.configs_of(split, cm, request, zero):
         shardings = [config.sharding(s) for s in range(config.layout.num_stages)]
-        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.inflight(), cap,
+        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.held(), cap,
                                   request.recompute, shardings)
         if rc is not None:
             cands.append(Candidate(config, _solution(cm, config, split.starts, rc)))

@@ -170,12 +170,15 @@ def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float)
 
 
 def stage_recompute(
-    cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, c: Config, stage_idx: int
+    cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, c: Config, stage_idx: int,
+    pending: int = 0,
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The least-time recompute levels that fit stage ``stage_idx`` of ``c`` in ``cap``: (fully,
-    selectively recomputed layers), or None if none do."""
+    selectively recomputed layers), or None if none do. ``inflight`` micro-batches whole and
+    ``pending`` past their I (:meth:`Config.held`): recomputation frees bytes of the whole ones
+    only (W's inputs are kept recomputed or not, :meth:`CostModel.keep_bytes`)."""
     sharding = c.sharding(stage_idx)
-    excess = cm.stage_memory(start, stop, (), b, inflight, sharding).total_bytes - cap
+    excess = cm.stage_memory(start, stop, (), b, inflight, sharding, (), pending).total_bytes - cap
     fwd, core = cm.layout_recompute_prices(b, c.layout, stage_idx)
     choice = choose_recompute(
         fwd_ms=fwd[start:stop].tolist(),
@@ -189,7 +192,7 @@ def stage_recompute(
         shared_bytes=cm.shared_out(start, stop, b).tolist() if cm.profile.shared_saved else None,
     )
     if choice.time_ms == float("inf") or cm.stage_memory(
-        start, stop, choice.layers, b, inflight, sharding, choice.selective
+        start, stop, choice.layers, b, inflight, sharding, choice.selective, pending
     ).total_bytes > cap:
         return None
     return choice.layers, choice.selective
@@ -201,12 +204,12 @@ def fixed_split(
     """A given partition under configuration ``c``, each stage with the least recomputation
     that fits ``cap`` (None if a stage cannot fit, or would need recomputation that is not
     allowed)."""
-    ks = c.inflight()
+    held = c.held()
     b = c.microbatch_size
     stops = list(bounds[1:]) + [cm.num_layers]
     rc, sel = [], []
     for s, (a, z) in enumerate(zip(bounds, stops)):
-        chosen = stage_recompute(cm, a, z, b, ks[s], cap, c, s)
+        chosen = stage_recompute(cm, a, z, b, held[s].whole, cap, c, s, held[s].pending)
         if chosen is None or ((chosen[0] or chosen[1]) and not allow_recompute):
             return None
         rc.append(chosen[0])

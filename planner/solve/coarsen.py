@@ -45,7 +45,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     ends = list(bounds[1:]) + [L]
     c = cand.config
     lay = c.layout
-    ks = c.inflight()
+    ks = c.held()  # whole and past I (Config.held)
     share = cap / lay.virtual_stages_per_rank
     b = c.microbatch_size
     recompute: list[tuple[int, ...]] = []
@@ -57,7 +57,8 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
                                if cm.has_core[layer]))
 
     def need(s: int) -> float:
-        return float(cm.stage_memory(bounds[s], ends[s], recompute[s], b, ks[s], c.sharding(s), selective[s]).total_bytes)
+        return float(cm.stage_memory(bounds[s], ends[s], recompute[s], b, ks[s].whole, c.sharding(s), selective[s],
+                                     ks[s].pending).total_bytes)
 
     ranks = ([lay.stage_indices(r) for r in range(lay.pipeline_size)] if lay.virtual_stages_per_rank > 1
              else [(s,) for s in range(len(bounds))])
@@ -65,7 +66,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
         held = {s: need(s) for s in chunks}
         for s in chunks:
             room = min(share, cap - sum(m for x, m in held.items() if x != s))
-            chosen = stage_recompute(cm, bounds[s], ends[s], b, ks[s], room, c, s)
+            chosen = stage_recompute(cm, bounds[s], ends[s], b, ks[s].whole, room, c, s, ks[s].pending)
             if chosen is not None and cm.recompute_ms(chosen[0], b, chosen[1], lay, s) <= cm.recompute_ms(
                     recompute[s], b, selective[s], lay, s):
                 recompute[s], selective[s] = chosen

@@ -24,6 +24,11 @@ M, schedule):
   ``D`` to keep integer coefficients;
 - ``T_s = sum x (f + b) + sum z f`` in integer nanoseconds, ``T_max >= T_s``;
 - minimise ``sum_s T_s + sum_s c_s + (M - 1) T_max``;
+- zero-bubble schedules (ZB-H1, ZB-H2): each stage's memory at the schedule's held counts
+  (:func:`planner.schedule.held_counts`): ``k_s`` whole micro-batches as above plus ``p_s``
+  past their I, each keeping W's inputs ``min(sum x keep, saved)`` (the min as a choice, the
+  second only where storages are shared); and ``Z_s = min(2 W_s, F_s + B_s)`` subtracted
+  (``z_s`` bounded by both, maximised), as the DP's extras (not under ZeRO 3);
 - under ZeRO 3 (:mod:`planner.cost.fsdp`): ``T_s`` is ``sum x base + sum first head + sum last
   tail + sum single solo + recompute`` (``single[s, l]``: stage ``s`` is layer ``l`` alone), the
   state row ``kappa = w + g + o`` (over ``D``, so times ``D``: integer) plus ``D ws3_s`` with
@@ -47,7 +52,7 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.cost import grad_group_line, link_of, p2p_ms
 from planner.cost.fsdp import FsdpTerms, units_in_flight
-from planner.schedule import inflight_counts
+from planner.schedule import Held, held_counts
 from planner.solve.chain import ChainSolution, PricedStages, StageQuestion
 
 NS_PER_MS = 1_000_000
@@ -63,12 +68,14 @@ class _ChainModel:
     made in the order listed there. OR-Tools' stubs type linear expressions more narrowly than
     its API accepts (sums of products with Python ints): the model is built untyped."""
 
-    def __init__(self, q: StageQuestion, layout: Layout, ks: Sequence[int]):
-        self.q, self.layout, self.ks = q, layout, ks
+    def __init__(self, q: StageQuestion, layout: Layout, held: Sequence[Held], split: bool = False):
+        self.q, self.layout, self.held, self.split = q, layout, held, split
+        self.ks = [h.whole for h in held]
         cm, b = q.cost_model, q.microbatch_size
         self.L, self.P = cm.num_layers, layout.num_stages
         self.fwd, self.bwd = cm.at_batch(b).times_ms
         self.saved = [float(v) for v in cm.at_batch(b).saved_bytes]
+        self.keep = [v * float(f) for v, f in zip(self.saved, cm.wgrad_saved_fraction)]  # W's inputs per layer
         self.inp = [float(v) * b for v in cm.input_per_sample]
         self.core, self.core_ms = [float(v) for v in cm.at_batch(b).core_bytes], cm.at_batch(b).core_ms
         # what recomputing a layer adds (under ZeRO 3 less what runs beside its collectives)
@@ -199,6 +206,36 @@ class _ChainModel:
             act += ws
         return act
 
+    def pending(self, s: int, pending: int) -> Any:
+        """``pending`` micro-batches past their I, each keeping W's inputs: ``min(sum x keep,
+        saved without recomputation)`` (:meth:`CostModel.keep_bytes`; the second only where a
+        storage is shared, else never the smaller), 0 without any."""
+        if not pending:
+            return 0
+        cm, L, x = self.q.cost_model, self.L, self.x[s]
+        keep = sum(int(round(pending * self.keep[l])) * x[l] for l in range(L))
+        if not cm.profile.shared_saved:
+            return keep
+        plain = sum(int(round(pending * self.saved[l])) * x[l] for l in range(L))
+        for i, pair in enumerate(cm.profile.shared_saved):
+            plain -= int(round(pending * pair.at(self.q.microbatch_size))) * self.both(x[pair.first], x[pair.second],
+                                                                                       f"pk{s}_{i}_{pending}")
+        low = self.m.new_int_var(0, int(pending * sum(self.saved)) + 1, f"keep{s}_{pending}")
+        smaller = self.m.new_bool_var(f"keepmin{s}_{pending}")  # the solver takes the smaller: memory only binds
+        self.m.add(low >= keep).only_enforce_if(smaller)
+        self.m.add(low >= plain).only_enforce_if(smaller.Not())
+        return low
+
+    def fill(self, s: int) -> Any:
+        """``Z_s = min(2 W_s, F_s + B_s)`` in nanoseconds, what a zero-bubble stage's W passes fill
+        of the pipeline's fill and drain (:meth:`CostModel.stage_bubble_fill_ms`): subtracted, so
+        the solver takes it at the smaller of the two."""
+        cm, L, x = self.q.cost_model, self.L, self.x[s]
+        z = self.m.new_int_var(0, 10**15, f"fill{s}")
+        self.m.add(z <= sum(int(round(2 * self.bwd[l] * cm.wgrad_fraction[l] * NS_PER_MS)) * x[l] for l in range(L)))
+        self.m.add(z <= sum(int(round((self.fwd[l] + self.bwd[l]) * NS_PER_MS)) * x[l] for l in range(L)))
+        return z
+
     def transfer(self, s: int) -> Any:
         """``c_s``: the forward + backward transfer after stage ``s`` (not the last)."""
         cm, layout = self.q.cost_model, self.layout
@@ -228,7 +265,8 @@ class _ChainModel:
             mem += ws3
         e_s = self.exposure(s, dup_terms) if terms is None else None
         mem += self.buffers(s)
-        m.add(state + self.scale * (mem + self.activations(s, z, y)) <= int(self.q.cap_bytes) * self.scale)
+        act = self.activations(s, z, y)
+        m.add(state + self.scale * (mem + act + self.pending(s, self.held[s].pending)) <= int(self.q.cap_bytes) * self.scale)
         return t_s, e_s
 
     def build(self) -> None:
@@ -243,6 +281,8 @@ class _ChainModel:
             times.append(t_s)
             if e_s is not None:
                 exposures.append(e_s)
+            if self.split and terms is None:
+                exposures.append(-self.fill(s))
             if s < self.P - 1:
                 comms.append(self.transfer(s))
         self.t_max, self.times, self.comms, self.exposures = t_max, times, comms, exposures
@@ -258,10 +298,12 @@ class _ChainModel:
 
 
 def solve_chain_ilp(
-    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind
+    table: PricedStages, *, layout: Layout, num_microbatches: int, schedule: ScheduleKind, held: Sequence[Held] = (),
 ) -> ChainSolution | None:
-    """The least J of one configuration as a CP-SAT model (one stage per rank: GPipe and 1F1B).
-    Reads only ``table.question``."""
+    """The least J of one configuration as a CP-SAT model (one stage per rank: GPipe and 1F1B;
+    a zero-bubble stage's memory at the schedule's held counts, whole and past I, as the DP
+    prices it: :func:`planner.schedule.held_counts`, or ``held`` where given). Reads only
+    ``table.question``."""
     q = table.question
     cm, P, M, b = q.cost_model, layout.num_stages, num_microbatches, q.microbatch_size
     L = cm.num_layers
@@ -270,7 +312,7 @@ def solve_chain_ilp(
                                 "group): plan mixture-of-experts profiles with --solver dp or brute-force")
     if P > L:
         return None
-    model = _ChainModel(q, layout, inflight_counts(schedule, layout, M))
+    model = _ChainModel(q, layout, held or held_counts(schedule, layout, M), schedule.splits_backward)
     model.build()
     solver, status = model.solve(M)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -289,7 +331,8 @@ def solve_chain_ilp(
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, layout) for s, z in enumerate(stops))
     exposed = sum(cm.stage_exposed_sync_ms(a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
-    objective = sum(t_float) + comm + exposed + (M - 1) * max(t_float)
+    fill = sum(cm.stage_bubble_fill_ms(a, z, b) for a, z in zip(bounds, stops)) if model.split and not q.fsdp else 0.0
+    objective = sum(t_float) + comm + exposed - fill + (M - 1) * max(t_float)
     return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL,
                          selective if any(selective) else ())
 

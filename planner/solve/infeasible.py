@@ -17,11 +17,12 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import inflight_counts
+from planner.schedule import Held, held_counts
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import could_partition, least_largest, solve_chain
+from planner.solve.held import held_memory
 from planner.solve.prices import StageTable
-from planner.solve.space import divisors, layout_of
+from planner.solve.space import divisors, layout_of, schedule_valid
 
 
 def _chain(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int,
@@ -36,7 +37,7 @@ def _chain(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: i
 def _priced(request: PlanRequest, layout: Layout, b: int) -> tuple[int, ScheduleKind]:
     """The micro-batch count and the (leanest) schedule ``layout`` is priced with."""
     M = max(1, request.global_batch // (layout.dp_degree * b))
-    return M, _leanest(layout.num_stages, M)
+    return M, _leanest(layout.num_stages, M, request.schedules)
 
 
 def _solve(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: int, recompute: bool) -> ChainSolution | None:
@@ -49,10 +50,11 @@ def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: in
     fits without any (the solver then finds a plan) or none fits even with every layer at its
     leanest level (it finds none); only the cases between are solved."""
     table, M, schedule = _chain(cm, request, cap, layout, b, recompute)
-    ks = inflight_counts(schedule, layout, M)
-    if not could_partition(table, ks):
+    held = held_counts(schedule, layout, M)  # the DP's own counts (a zero-bubble stage's past I keep W's inputs)
+    ks, per = [h.whole for h in held], [table.held(h.pending) for h in held]
+    if not could_partition(table, ks, tables=per):
         return False
-    if could_partition(table, ks, recompute=False):
+    if could_partition(table, ks, recompute=False, tables=per):
         return True
     return solve_chain(table, layout=layout, num_microbatches=M, schedule=schedule) is not None
 
@@ -90,8 +92,19 @@ def least_need(cm: CostModel, request: PlanRequest, num_groups: int, b: int, rec
                key=lambda nl: (nl[0], nl[1].dp_degree))
 
 
-def _leanest(P: int, M: int) -> ScheduleKind:
-    """The schedule holding the fewest micro-batches in flight that is valid for (P, M)."""
+#: one-chunk-per-rank schedules from the fewest micro-batches held to the most: each holds at
+#: least as many whole micro-batches as the one before, and at least as many past I
+#: (:func:`planner.schedule.held_counts`; GPipe holds all M whole)
+_LEANNESS = (ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.GPIPE)
+
+
+def _leanest(P: int, M: int, asked: tuple[ScheduleKind, ...] = ()) -> ScheduleKind:
+    """The schedule holding the fewest micro-batches that is valid for (P, M): the leanest of
+    those ``asked`` (a zero-bubble one priced with its exact held counts, as the DP prices it),
+    else 1F1B, or GPipe where M < P. ZB-H1 and ZB-H2 need P > 1 (one stage is 1F1B)."""
+    for kind in _LEANNESS:
+        if kind in asked and schedule_valid(kind, P, M) and (P > 1 or not kind.splits_backward):
+            return kind
     return ScheduleKind.ONE_F_ONE_B if M >= P else ScheduleKind.GPIPE
 
 
@@ -138,16 +151,16 @@ def _least_cap_direct(cm: CostModel, request: PlanRequest, layout: Layout, b: in
     """:func:`least_cap_bytes` as the min-max over partitions of the stages' fewest bytes (None
     where a stage's fewest bytes are not worked out)."""
     table, M, schedule = _chain(cm, request, 0.0, layout, b, recompute)
-    ks = inflight_counts(schedule, layout, M)
-    if len(ks) > cm.num_layers:
+    held = held_counts(schedule, layout, M)
+    if len(held) > cm.num_layers:
         return math.inf
-    needs: dict[int, np.ndarray] = {}
-    for k in dict.fromkeys(ks):
-        found = table.least_bytes(k)
+    needs: dict[Held, np.ndarray] = {}
+    for h in dict.fromkeys(held):  # past I: in the held table's static bytes (StageTable.held)
+        found = table.held(h.pending).least_bytes(h.whole)
         if found is None:
             return None
-        needs[k] = found
-    return max(least_largest([needs[k] for k in ks], cm.num_layers), 0.0)
+        needs[h] = found
+    return max(least_largest([needs[h] for h in held], cm.num_layers), 0.0)
 
 
 def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, cap: float,
@@ -181,9 +194,9 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
     tight = ""
     if sol is not None:
         stops = list(sol.boundaries[1:]) + [cm.num_layers]
-        k = inflight_counts(schedule, lay, M)
-        mems = [
-            cm.stage_memory(a, z, sol.recompute[s], b, k[s], lay.sharding(s), sol.selective_of(s)).total_bytes
+        held = held_counts(schedule, lay, M)
+        mems = [  # each stage at the heaviest of its held states, as the plan's stages are priced
+            held_memory(cm, a, z, sol.recompute[s], b, held[s], lay.sharding(s), sol.selective_of(s)).total_bytes
             for s, (a, z) in enumerate(zip(sol.boundaries, stops))
         ]
         s = max(range(P), key=lambda i: mems[i])

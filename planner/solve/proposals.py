@@ -15,6 +15,7 @@ from planner.cost.fsdp import is_fsdp
 from planner.solve.candidates import Candidate, fixed_split, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
+from planner.solve.held import held_memory
 from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
 from planner.solve.settings import SETTINGS, SearchSettings
@@ -35,7 +36,7 @@ def rebalanced(
     """An interleaved configuration re-solved with its chunks' memory rebalanced. The chain DP
     checks one stage at a time, so it first gives each of a rank's v chunks cap / v; but
     interleaved 1F1B keeps more micro-batches in flight on a rank's first chunk than on its last
-    (:func:`planner.schedule.inflight_counts`), so that split starves the first chunk (more
+    (:func:`planner.schedule.held_counts`), so that split starves the first chunk (more
     recomputation, or no plan) while the last leaves memory unused. Each round splits every
     rank's ``cap`` over its chunks in proportion to what each stage of the last solution needs
     at the cheapest level that recomputes no layer fully (selective where a layer has an
@@ -49,12 +50,12 @@ def rebalanced(
     if not rebalances(c, solution):
         return []  # nothing recomputed: no share binds
     line = cm.fsdp_line(lay) if is_fsdp(c.sharding()) else (0.0, 0.0)
-    ks = c.inflight()
+    held = c.held()  # whole and past I: the DP's counts
     out: list[Candidate] = []
     for _ in range(rounds):
         stops = list(solution.boundaries[1:]) + [cm.num_layers]
-        lean = [cm.stage_memory(a, e, (), c.microbatch_size, ks[s], c.sharding(s),
-                                [i for i in range(a, e) if cm.has_core[i]]).total_bytes
+        lean = [held_memory(cm, a, e, (), c.microbatch_size, held[s], c.sharding(s),
+                            [i for i in range(a, e) if cm.has_core[i]]).total_bytes
                 for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
         caps = [0.0] * len(lean)
         for r in range(lay.pipeline_size):

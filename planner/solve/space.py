@@ -36,7 +36,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import check_schedule_rules, held_counts, inflight_counts
+from planner.schedule import Held, check_schedule_rules, held_counts, inflight_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -71,6 +71,11 @@ class Config:
     def inflight(self) -> tuple[int, ...]:
         """Micro-batches one device of each stage holds at its peak."""
         return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+
+    def held(self) -> tuple[Held, ...]:
+        """Per stage, the micro-batches one device holds at its peak, whole and past their I
+        (:func:`planner.schedule.held_counts`: the counts the DP, the plan and the simulator read)."""
+        return held_counts(self.schedule, self.layout, self.num_microbatches)
 
     def whole(self) -> tuple[int, ...]:
         """Micro-batches one device of each stage holds whole at its peak

@@ -40,6 +40,7 @@ from planner.profiling.measured.tensor_split import layer_splits
 from planner.profiling.measured.tensors import to_device
 from planner.profiling.measured.timing import Clock, LayerTime, time_layers
 from planner.profiling.measured.trace import op_graph
+from planner.profiling.measured.wgrad import weight_grad_saved_fractions
 
 BATCH_SEED = 0
 
@@ -157,7 +158,8 @@ def profile_model(
             layer_ms = {b: [(t.fwd_ms, t.bwd_ms) for t in times[b]] for b in sizes}
             moe = measure_experts(work, batches, by_size, layer_ms, clock, warmup=warmup, repeats=repeats,
                                   element_bytes=element_bytes)
-            inputs, _ = to_device(_batch(work, sizes[-1]), dev, torch_dtype)
+            inputs, targets = to_device(_batch(work, sizes[-1]), dev, torch_dtype)
+            kept = weight_grad_saved_fractions(work, inputs, targets)  # what W keeps (torch's split backward)
             layer_bytes = by_size[sizes[-1]].layers
             check_activations(work, layer_bytes)
             splits = layer_splits(work, inputs, sizes[-1], [b.output_bytes / sizes[-1] for b in layer_bytes])
@@ -190,6 +192,7 @@ def profile_model(
                 output_bytes_per_sample=layer_bytes[idx].output_bytes / per,
                 tp=splits[idx],
                 weight_grad_fraction=_wgrad_fraction(times[sizes[-1]][idx]),
+                weight_grad_saved_fraction=kept[idx],
                 attention_core=_core(sizes, by_size, core_ms, idx, (fixed, per_sample), moe[idx]),
                 moe=moe[idx],
             )
@@ -266,8 +269,8 @@ def _shared(sizes: list[int], by_size: dict[int, ModelBytes]) -> tuple[SharedSav
 def _wgrad_fraction(t: LayerTime) -> float | None:
     """W's share of a layer's backward at the largest micro-batch measured: what the backward
     takes beyond its input-gradient pass alone (:func:`time_input_grads`), clamped to [0, 1]
-    (timing noise). What W keeps alive is not measured: the profile keeps the stated default
-    (everything the layer saved, as torch's ``stage_backward_input`` retains the graph)."""
+    (timing noise). What W keeps alive is measured apart
+    (:func:`planner.profiling.measured.wgrad.weight_grad_saved_fractions`)."""
     if t.bwd_input_ms is None or t.bwd_ms <= 0:
         return None
     return min(1.0, max(0.0, 1.0 - t.bwd_input_ms / t.bwd_ms))
