@@ -367,7 +367,9 @@ _MB_ASSUMED = ("FP8 with per-tensor current scaling (fp8-current) on every block
                "attention core, embedding and head bf16",
                "cross entropy: Transformer Engine's fused kernel (the Llama recipes' cross_entropy_fusion_impl 'te': "
                "src/megatron/bridge/recipes/llama/llama3.py)",
-               "recomputation: the 8B's 5 blocks (its perf preset), the others none (the band spans selective too)",
+               "recomputation: the perf presets' (LLAMA3_8B/70B/LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V1): the 8B's 5 "
+               "blocks (recompute_num_layers=5), none on the 70B and 405B (no recompute setting); not an unknown, "
+               "so the band does not span it",
                "distributed optimizer (ZeRO 1) with bf16 gradient reduction (adam-mixed: the perf scripts' "
                "grad_reduce_in_fp32 False); the 8B row's FSDP as ZeRO 3",
                "sequence parallelism with t > 1", "stack megatron-core-0.8 (the newest named; the row ran 25.11)",
@@ -394,7 +396,7 @@ def megatron_bridge_rows() -> list[PublishedRun]:
             fused_cross_entropy=True,
             flops_per_iteration=palm_flops_per_token(params=params, layers=layers, heads=heads, head_dim=hidden // heads,
                                                      seq=seq) * batch * seq,
-            assumed=_MB_ASSUMED, recompute_options=() if rc else (Recompute.NONE, Recompute.SELECTIVE),
+            assumed=_MB_ASSUMED, recompute_options=(),
         ))
     return out
 
