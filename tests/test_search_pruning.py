@@ -138,48 +138,58 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     configuration (its ZeRO variants included), at every tensor-parallel degree of a case where
     memory binds (recomputation, ZeRO 3) and on one with room; the memory bound and the
     interleaved fill bound are each the highest somewhere."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.candidates import busiest_compute_ms, unrecomputed, unrecomputed_floor_ms
-    from planner.solve.floors import ConfigFacts, chunk_fill_bound_ms
-    from planner.solve.space import all_configs, config_lower_bound_ms
+    from planner.solve.floors import chunk_fill_bound_ms
+    from planner.solve.space import config_lower_bound_ms
 
     n = 8
     bounded = chunk_filled = floored = gated = split_filled = 0
     for case, degrees in (("tensor-zero-interleaved", (1, 2, 4)), ("tensor-zero-interleaved-roomy", (1,))):
         profile, cluster, request = CASES[case]
-        for tp in degrees:
-            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer,
-                                   DeviceGroup(tp_degree=tp, sequence_parallel=tp > 1), request.stack)
-            cap = memory_cap_bytes(cm.cluster, request)
-            facts = ConfigFacts(cm, request, cap)
-            for c in all_configs(cm, request, n // tp):
-                found = solved(cm, request, n // tp, cap, c)
-                if not found:
-                    continue
-                fastest = min(t for t, _ in found)
-                assert facts.bound(c, fill=True) <= fastest * (1 + 1e-9), c
-                for _, cand in found:  # the rebalancing gate's floor: below the candidate replayed unrecomputed
-                    gate = unrecomputed_floor_ms(cm, cand.config, cand.solution)
-                    assert gate <= unrecomputed(cm, cand) * (1 + 1e-9), cand.config
-                    gated += gate > cand.config.num_microbatches * busiest_compute_ms(cm, cand.config, cand.solution) * 1.01
-                memory = facts.memory_bound(c)
-                assert memory <= fastest * (1 + 1e-9), c
-                bounded += memory > facts.bound(c, fill=True)
-                # the rank floor: every candidate runs its busiest rank M times at least that
-                assert facts.rank_floor_ms(c, 1.0) <= fastest * (1 + 1e-9), c
-                floored += facts.rank_floor_ms(c, 1.0) > facts.bound(c, fill=True)
-                if c.schedule is ScheduleKind.INTERLEAVED_1F1B:
-                    assert chunk_fill_bound_ms(cm, c) <= fastest * (1 + 1e-9), c
-                    chunk_filled += chunk_fill_bound_ms(cm, c) > config_lower_bound_ms(cm, c)
-                if c.schedule.splits_backward:  # the zero-bubble fill (ZB-H1, ZB-H2, ZBV)
-                    assert facts.split_fill_ms(c) <= fastest * (1 + 1e-9), c
-                    split_filled += facts.split_fill_ms(c) > config_lower_bound_ms(cm, c) * (1 + 1e-6)
+        for cm, cap, facts, tp, c in _configs(profile, cluster, request, n, degrees):
+            found = solved(cm, request, n // tp, cap, c)
+            if not found:
+                continue
+            fastest = min(t for t, _ in found)
+            assert facts.bound(c, fill=True) <= fastest * (1 + 1e-9), c
+            for _, cand in found:  # the rebalancing gate's floor: below the candidate replayed unrecomputed
+                gate = unrecomputed_floor_ms(cm, cand.config, cand.solution)
+                assert gate <= unrecomputed(cm, cand) * (1 + 1e-9), cand.config
+                gated += gate > cand.config.num_microbatches * busiest_compute_ms(cm, cand.config, cand.solution) * 1.01
+            memory = facts.memory_bound(c)
+            assert memory <= fastest * (1 + 1e-9), c
+            bounded += memory > facts.bound(c, fill=True)
+            # the rank floor: every candidate runs its busiest rank M times at least that
+            assert facts.rank_floor_ms(c, 1.0) <= fastest * (1 + 1e-9), c
+            floored += facts.rank_floor_ms(c, 1.0) > facts.bound(c, fill=True)
+            if c.schedule is ScheduleKind.INTERLEAVED_1F1B:
+                assert chunk_fill_bound_ms(cm, c) <= fastest * (1 + 1e-9), c
+                chunk_filled += chunk_fill_bound_ms(cm, c) > config_lower_bound_ms(cm, c)
+            if c.schedule.splits_backward:  # the zero-bubble fill (ZB-H1, ZB-H2, ZBV)
+                assert facts.split_fill_ms(c) <= fastest * (1 + 1e-9), c
+                split_filled += facts.split_fill_ms(c) > config_lower_bound_ms(cm, c) * (1 + 1e-6)
     assert split_filled > 0  # the zero-bubble fill bound is higher than the average work somewhere
     assert bounded > 0
     assert chunk_filled > 0  # the interleaved fill bound is higher than the average work somewhere
     assert floored > 0  # and the rank floor higher than both somewhere
     assert gated > 0  # the gate's fill counts somewhere
+
+
+def _configs(profile, cluster, request, n: int, degrees):  # type: ignore[no-untyped-def]
+    """Every configuration of a case at each tensor-parallel degree, with its cost model, memory cap
+    and the search's bound facts: ``(cm, cap, facts, tp, config)``."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.floors import ConfigFacts
+    from planner.solve.space import all_configs
+
+    for tp in degrees:
+        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer,
+                               DeviceGroup(tp_degree=tp, sequence_parallel=tp > 1), request.stack)
+        cap = memory_cap_bytes(cm.cluster, request)
+        facts = ConfigFacts(cm, request, cap)
+        for c in all_configs(cm, request, n // tp):
+            yield cm, cap, facts, tp, c
 
 
 def _every_proposal(cm, request, num_groups, cap, c, monkeypatch: pytest.MonkeyPatch) -> list[object]:
@@ -207,31 +217,22 @@ def test_memory_floor_is_below_every_proposals_busiest_rank(monkeypatch: pytest.
     zero-bubble ones with their counts before the first I, ZBV's chunks within half the cap
     each), ZeRO 3 variants included, on cases where memory binds and drawn ones; and it is above
     both the average-work bound and the rank floor somewhere, for a zero-bubble schedule too."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.candidates import busiest_rank
-    from planner.solve.floors import ConfigFacts
-    from planner.solve.space import all_configs
 
     cases = [(*CASES[name], tps) for name, tps in (("tensor-zero-interleaved", (1, 2)), ("zero3", (1,)))]
     cases += [(*_random_case(seed), (1,)) for seed in (1, 4, 9)]
     checked, above, above_split = 0, 0, 0
     for profile, cluster, request, degrees in cases:
         n = cluster.num_devices
-        for tp in degrees:
-            cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer,
-                                   DeviceGroup(tp_degree=tp, sequence_parallel=tp > 1), request.stack)
-            cap = memory_cap_bytes(cm.cluster, request)
-            facts = ConfigFacts(cm, request, cap)
-            for c in all_configs(cm, request, n // tp):
-                floor = facts.memory_floor_ms(c, 1.0)
-                for cand in _every_proposal(cm, request, n // tp, cap, c, monkeypatch):
-                    busiest = c.num_microbatches * busiest_rank(c.layout, cand.solution.stage_times_ms)  # type: ignore[attr-defined]
-                    assert floor <= busiest * (1 + 1e-9), (c, cand.config)  # type: ignore[attr-defined]
-                    checked += 1
-                higher = floor > max(facts.bound(c, fill=True), facts.rank_floor_ms(c, 1.0)) * (1 + 1e-6)
-                above += higher
-                above_split += higher and c.schedule.splits_backward
+        for cm, cap, facts, tp, c in _configs(profile, cluster, request, n, degrees):
+            floor = facts.memory_floor_ms(c, 1.0)
+            for cand in _every_proposal(cm, request, n // tp, cap, c, monkeypatch):
+                busiest = c.num_microbatches * busiest_rank(c.layout, cand.solution.stage_times_ms)  # type: ignore[attr-defined]
+                assert floor <= busiest * (1 + 1e-9), (c, cand.config)  # type: ignore[attr-defined]
+                checked += 1
+            higher = floor > max(facts.bound(c, fill=True), facts.rank_floor_ms(c, 1.0)) * (1 + 1e-6)
+            above += higher
+            above_split += higher and c.schedule.splits_backward
     assert checked > 500
     assert above > 0 and above_split > 0
 
