@@ -28,13 +28,13 @@ forward's inputs (received before it, not allocated in it), nor its outputs
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from planner.profiling.measured.memory import saved_span, union_bytes
+from planner.profiling.measured.memory import SavedBytesMeter, saved_span
 from planner.profiling.measured.tensors import flatten
 from planner.runtime.tensor import local
 
@@ -59,84 +59,6 @@ def storage_keys(value: Any) -> set[int]:
         if span is not None:
             out.add(span[0])
     return out
-
-
-class _Held:
-    """A saved tensor's handle; releasing it (node freed) gives its span back."""
-
-    __slots__ = ("key", "meter", "span", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, key: int, span: tuple[int, int], meter: SavedBytesMeter) -> None:
-        self.tensor = tensor
-        self.key = key
-        self.span = span
-        self.meter = meter
-        meter.hold(key, span)
-
-    def __del__(self) -> None:
-        self.meter.release(self.key, self.span)
-
-
-class SavedBytesMeter:
-    """Live and peak bytes saved for backward on one stage, once per storage."""
-
-    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
-        """``tensors``: the stage's parameters and buffers (never counted)."""
-        self._excluded = {span[0] for t in tensors if (span := saved_span(local(t))) is not None}
-        self._spans: dict[int, list[tuple[int, int]]] = {}
-        self._bytes: dict[int, int] = {}
-        self.live_bytes = 0
-        self.peak_bytes = 0
-
-    def hold(self, key: int, span: tuple[int, int]) -> None:
-        self._spans.setdefault(key, []).append(span)
-        self._update(key)
-
-    def release(self, key: int, span: tuple[int, int]) -> None:
-        spans = self._spans.get(key)
-        if spans is None:
-            return
-        spans.remove(span)
-        if not spans:
-            del self._spans[key]
-        self._update(key)
-
-    def _update(self, key: int) -> None:
-        now = union_bytes(self._spans[key]) if key in self._spans else 0
-        self.live_bytes += now - self._bytes.get(key, 0)
-        if now:
-            self._bytes[key] = now
-        else:
-            self._bytes.pop(key, None)
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-    def held(self) -> set[int]:
-        """The storages held now."""
-        return set(self._bytes)
-
-    def bytes_of(self, keys: Iterable[int]) -> int:
-        """Bytes held now of the storages ``keys``."""
-        return sum(self._bytes.get(k, 0) for k in keys)
-
-    def reset_peak(self) -> None:
-        self.peak_bytes = self.live_bytes
-
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        span = saved_span(local(tensor))
-        if span is None or span[0] in self._excluded:
-            return tensor
-        # an alias of its own: a stage output autograd saved stays intact when the executor
-        # frees the output's data after sending it (planner.runtime.engine.deallocate_output)
-        return _Held(tensor.detach(), span[0], (span[1], span[2]), self)
-
-    @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
-        return packed.tensor if isinstance(packed, _Held) else packed
-
-    @contextlib.contextmanager
-    def hooks(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield
 
 
 @dataclass(slots=True)

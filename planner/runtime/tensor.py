@@ -54,13 +54,9 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from planner.artifacts.plan import Plan
 from planner.models.workload import Workload
+from planner.profiling.measured.tensors import local
 
 __all__ = ["full", "local", "parallelize_layers", "split_layer_indices", "tensor_parallel_refusal"]
-
-
-def local(tensor: Any) -> Any:
-    """This rank's shard of a DTensor; any other value as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:

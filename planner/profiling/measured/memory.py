@@ -26,7 +26,7 @@ producer to every later layer that receives it and the cut sizes include it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch
 
 from planner.models.selective import cores, set_selective
 from planner.models.workload import Workload
-from planner.profiling.measured.tensors import flatten, tensor_bytes, tree_bytes
+from planner.profiling.measured.tensors import flatten, local, tensor_bytes, tree_bytes
 
 #: (storage key, first byte, end byte) of a saved tensor
 Span = tuple[int, int, int]
@@ -250,3 +250,81 @@ def layer_edges(
             producer.setdefault(id(t), idx)
         received = out
     return edges
+
+
+class _Held:
+    """A saved tensor's handle; releasing it (node freed) gives its span back."""
+
+    __slots__ = ("key", "meter", "span", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, key: int, span: tuple[int, int], meter: SavedBytesMeter) -> None:
+        self.tensor = tensor
+        self.key = key
+        self.span = span
+        self.meter = meter
+        meter.hold(key, span)
+
+    def __del__(self) -> None:
+        self.meter.release(self.key, self.span)
+
+
+class SavedBytesMeter:
+    """Live and peak bytes saved for backward on one stage, once per storage."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
+        """``tensors``: the stage's parameters and buffers (never counted)."""
+        self._excluded = {span[0] for t in tensors if (span := saved_span(local(t))) is not None}
+        self._spans: dict[int, list[tuple[int, int]]] = {}
+        self._bytes: dict[int, int] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    def hold(self, key: int, span: tuple[int, int]) -> None:
+        self._spans.setdefault(key, []).append(span)
+        self._update(key)
+
+    def release(self, key: int, span: tuple[int, int]) -> None:
+        spans = self._spans.get(key)
+        if spans is None:
+            return
+        spans.remove(span)
+        if not spans:
+            del self._spans[key]
+        self._update(key)
+
+    def _update(self, key: int) -> None:
+        now = union_bytes(self._spans[key]) if key in self._spans else 0
+        self.live_bytes += now - self._bytes.get(key, 0)
+        if now:
+            self._bytes[key] = now
+        else:
+            self._bytes.pop(key, None)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def held(self) -> set[int]:
+        """The storages held now."""
+        return set(self._bytes)
+
+    def bytes_of(self, keys: Iterable[int]) -> int:
+        """Bytes held now of the storages ``keys``."""
+        return sum(self._bytes.get(k, 0) for k in keys)
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        span = saved_span(local(tensor))
+        if span is None or span[0] in self._excluded:
+            return tensor
+        # an alias of its own: a stage output autograd saved stays intact when the executor
+        # frees the output's data after sending it (planner.runtime.engine.deallocate_output)
+        return _Held(tensor.detach(), span[0], (span[1], span[2]), self)
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Held) else packed
+
+    @contextlib.contextmanager
+    def hooks(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield

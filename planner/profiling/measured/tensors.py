@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 def flatten(value: Any) -> list[torch.Tensor]:
@@ -57,3 +58,8 @@ def to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> An
         return t.to(device=device)
 
     return tree_map(move, value)
+
+
+def local(tensor: Any) -> Any:
+    """This rank's shard of a DTensor; any other value as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -39,45 +39,11 @@ import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from planner.models.workload import Workload, split_loss
-from planner.profiling.measured.memory import excluded_storages, saved_span, union_bytes
+from planner.profiling.measured.memory import SavedBytesMeter
 from planner.profiling.measured.tensors import flatten, fresh_like
 
 
-class _Live:
-    """Bytes saved for backward and not yet freed, once per storage."""
-
-    def __init__(self, excluded: set[int]) -> None:
-        self.excluded = excluded
-        self.spans: dict[int, list[tuple[int, int]]] = {}
-
-    def bytes(self) -> int:
-        return sum(union_bytes(v) for v in self.spans.values() if v)
-
-    def pack(self, tensor: torch.Tensor) -> Any:
-        span = saved_span(tensor)
-        if span is None or span[0] in self.excluded:
-            return tensor
-        return _Held(tensor.detach(), span, self)  # an alias: the node's own output saved makes no cycle
-
-    @staticmethod
-    def unpack(packed: Any) -> torch.Tensor:
-        return packed.tensor if isinstance(packed, _Held) else packed
-
-
-class _Held:
-    """A saved tensor held by its autograd node; its span is given back when the node frees it."""
-
-    __slots__ = ("key", "live", "span", "tensor")
-
-    def __init__(self, tensor: torch.Tensor, span: tuple[int, int, int], live: _Live) -> None:
-        self.tensor, self.key, self.span, self.live = tensor, span[0], (span[1], span[2]), live
-        live.spans.setdefault(self.key, []).append(self.span)
-
-    def __del__(self) -> None:
-        self.live.spans[self.key].remove(self.span)
-
-
-def _layer_fraction(workload: Workload, idx: int, received: Any, targets: Any, live: _Live) -> float:
+def _layer_fraction(workload: Workload, idx: int, received: Any, targets: Any, live: SavedBytesMeter) -> float:
     """What layer ``idx`` keeps alone (module docstring), run on a fresh copy of its inputs ``received``."""
     layer = workload.layers[idx]
     params = [p for p in layer.parameters() if p.requires_grad]
@@ -85,18 +51,18 @@ def _layer_fraction(workload: Workload, idx: int, received: Any, targets: Any, l
     inputs = [t for t in flatten(x) if t.requires_grad]
     if not inputs:
         return 1.0 if params else 0.0  # no I: W runs the whole backward, everything kept until it
-    before = live.bytes()  # (0: each layer's saves are freed by its W)
-    with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack):
+    before = live.live_bytes  # (0: each layer's saves are freed by its W)
+    with live.hooks():
         out = layer(x)
         if idx == len(workload.layers) - 1:
             out = split_loss(workload.loss_fn(out, targets))[0]
-    saved = live.bytes() - before
+    saved = live.live_bytes - before
     outputs = [t for t in flatten(out) if t.requires_grad]
     grads = None if idx == len(workload.layers) - 1 else [torch.ones_like(t) for t in outputs]
     del out
     _, groups = stage_backward_input(outputs, grads, inputs, iter(params))
     del outputs, grads
-    kept = live.bytes() - before
+    kept = live.live_bytes - before
     stage_backward_weight(iter(params), groups)
     del groups
     for p in params:
@@ -113,7 +79,7 @@ def weight_grad_saved_fractions(workload: Workload, inputs: Any, targets: Any) -
     x = inputs
     for layer in workload.layers[:last]:  # the last layer's input as training hands it on (requires_grad kept;
         x = layer(fresh_like(x))         # each layer's graph dropped with its output)
-    live = _Live(excluded_storages(workload))
+    live = SavedBytesMeter(t for layer in workload.layers for t in (*layer.parameters(), *layer.buffers()))
     try:
         own = _layer_fraction(workload, last, x, targets, live)
     except RuntimeError:
