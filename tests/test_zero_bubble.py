@@ -345,9 +345,8 @@ def _stage_kept_bytes(work, start: int, stop: int, inputs, targets) -> int:
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     from planner.models.workload import split_loss
-    from planner.profiling.measured.memory import excluded_storages
+    from planner.profiling.measured.memory import SavedBytesMeter
     from planner.profiling.measured.tensors import flatten, fresh_like
-    from planner.profiling.measured.wgrad import _Live
 
     x = inputs
     for layer in work.layers[:start]:
@@ -355,8 +354,8 @@ def _stage_kept_bytes(work, start: int, stop: int, inputs, targets) -> int:
     x = fresh_like(x)
     received = [t for t in flatten(x) if t.requires_grad]
     params = [p for layer in work.layers[start:stop] for p in layer.parameters()]
-    live = _Live(excluded_storages(work))
-    with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack):
+    live = SavedBytesMeter(t for layer in work.layers for t in (*layer.parameters(), *layer.buffers()))
+    with live.hooks():
         for layer in work.layers[start:stop]:
             x = layer(x)
         if stop == len(work.layers):
@@ -366,7 +365,7 @@ def _stage_kept_bytes(work, start: int, stop: int, inputs, targets) -> int:
     del x
     _, groups = stage_backward_input(outputs, grads, received, iter(params))
     del outputs, grads
-    kept = live.bytes()
+    kept = live.live_bytes
     stage_backward_weight(iter(params), groups)
     return kept
 

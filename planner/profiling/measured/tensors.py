@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 
 def flatten(value: Any) -> list[torch.Tensor]:
@@ -61,5 +61,8 @@ def to_device(value: Any, device: torch.device, dtype: torch.dtype | None) -> An
 
 
 def local(tensor: Any) -> Any:
-    """This rank's shard of a DTensor; any other value as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    """This rank's shard of a DTensor; any other value as it is. ``torch.distributed.tensor`` is
+    not imported here (the runtime's checks stay without it, ``planner.runtime.preflight``): where
+    it was never imported, no value is a DTensor."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor.DTensor) else tensor
