@@ -102,7 +102,8 @@ class MoeRun:
     published_tflops: float
     assumed: tuple[str, ...] = ()
     moe_host_ms: float | None = None  # the MoE layers' host time to price with (None: the stack preset's); the fit's
-    a2a_host_ms: float | None = None  # the alltoall dispatcher's extra host time (None: the stack preset's); the fit's
+    a2a_host_ms: float | None = None  # the alltoall dispatcher's extra host ms per local expert (None: the preset's); the fit's
+    fp8_host_us: float | None = None  # the FP8 expert GEMMs' host us (None: the stack preset's); published_fp8's fit
 
     @property
     def dp(self) -> int:
@@ -176,9 +177,11 @@ def cluster_for(run: MoeRun) -> Cluster:
 def stack_for(run: MoeRun) -> Stack:
     base = STACKS["megatron-core-0.8"]
     host = base.moe.host_ms_per_layer if run.moe_host_ms is None else run.moe_host_ms
-    a2a = base.moe.alltoall_host_ms_per_layer if run.a2a_host_ms is None else run.a2a_host_ms
+    a2a = base.moe.alltoall_host_ms_per_local_expert if run.a2a_host_ms is None else run.a2a_host_ms
+    fp8 = base.moe.fp8_host_us_per_expert_gemm if run.fp8_host_us is None else run.fp8_host_us
     return dataclasses.replace(base, moe=dataclasses.replace(base.moe, dispatcher=run.dispatcher, a2a_overlap=run.overlap,
-                                                             host_ms_per_layer=host, alltoall_host_ms_per_layer=a2a))
+                                                             host_ms_per_layer=host, alltoall_host_ms_per_local_expert=a2a,
+                                                             fp8_host_us_per_expert_gemm=fp8))
 
 
 def request_for(run: MoeRun, **kw: object) -> PlanRequest:
@@ -256,22 +259,22 @@ def ratio(run: MoeRun, host_ms: float | None = None, a2a_ms: float | None = None
     return config_plan(priced).predicted.iteration_ms / 1e3 / run.published_s
 
 
-def _balance(total: Callable[[float], float], lo: float = 0.0, hi: float = 40.0) -> float:
-    """The value in [lo, hi] where the increasing ``total`` crosses zero: bisection to 0.01 ms;
+def _balance(total: Callable[[float], float], lo: float = 0.0, hi: float = 40.0, tol: float = 0.01) -> float:
+    """The value in [lo, hi] where the increasing ``total`` crosses zero: bisection to ``tol``;
     ``lo``/``hi`` when no value in between balances it."""
     if total(lo) >= 0:
         return lo
     if total(hi) <= 0:
         return hi
-    while hi - lo > 0.01:
+    while hi - lo > tol:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if total(mid) < 0 else (lo, mid)
-    return round((lo + hi) / 2, 2)
+    return round((lo + hi) / 2, max(0, -math.floor(math.log10(tol))))
 
 
 def fit_host_ms(rows: tuple[MoeRun, ...]) -> tuple[float, float]:
     """The MoE layers' host time and the alltoall dispatcher's extra (ms per layer's forward +
-    backward) at which ``rows``' log ratios sum to zero (least squares in log ratio where one value
+    backward; the extra per local expert) at which ``rows``' log ratios sum to zero (least squares in log ratio where one value
     fits): the first on the rows with DeepEP, the second then on those with NCCL's all-to-all (0
     without any; with no DeepEP row, the first on all rows and no extra)."""
     deepep = tuple(r for r in rows if r.dispatcher is MoeDispatcher.DEEPEP)
@@ -279,7 +282,7 @@ def fit_host_ms(rows: tuple[MoeRun, ...]) -> tuple[float, float]:
     if not deepep:
         return _balance(lambda h: sum(math.log(ratio(r, h, 0.0)) for r in rows)), 0.0
     h = _balance(lambda x: sum(math.log(ratio(r, x, 0.0)) for r in deepep))
-    a = _balance(lambda x: sum(math.log(ratio(r, h, x)) for r in nccl)) if nccl else 0.0
+    a = _balance(lambda x: sum(math.log(ratio(r, h, x)) for r in nccl), hi=4.0, tol=0.001) if nccl else 0.0
     return h, a
 
 
@@ -290,14 +293,14 @@ def fit_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
     fit = tuple(r for r in rows if r.label in FIT_ROWS)
     moe = STACKS["megatron-core-0.8"].moe
     h, a = fit_host_ms(fit)
-    print(f"fit on {', '.join(FIT_ROWS)}: moe host {h:.2f} ms per layer, alltoall dispatcher +{a:.2f} ms "
-          f"(shipped: {moe.host_ms_per_layer:g}, +{moe.alltoall_host_ms_per_layer:g})")
+    print(f"fit on {', '.join(FIT_ROWS)}: moe host {h:.2f} ms per layer, alltoall dispatcher +{a:.3f} ms per local expert "
+          f"(shipped: {moe.host_ms_per_layer:g}, +{moe.alltoall_host_ms_per_local_expert:g})")
     for source in sorted({r.source for r in rows}):
         others = tuple(r for r in rows if r.source != source)
         train = tuple(r for r in others if r.label in FIT_ROWS) or others[:2]
         h, a = fit_host_ms(train)
         errs = [abs(ratio(r, h, a) - 1) for r in rows if r.source == source]
-        print(f"leave out {source}: fitted on {', '.join(r.label for r in train)}: {h:.2f} ms, +{a:.2f} ms; "
+        print(f"leave out {source}: fitted on {', '.join(r.label for r in train)}: {h:.2f} ms, +{a:.3f} ms; "
               f"{source}'s rows median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
@@ -317,7 +320,7 @@ def terms_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
         i = next(j for j, layer in enumerate(cm.profile.layers) if layer.moe is not None)
         layer, moe = cm.profile.layers[i], cm.profile.layers[i].moe
         assert moe is not None
-        host_f, host_b = host_floor_ms(cm.profile, cm.stack.host_us_per_kernel, cm.stack.moe.layer_host_ms)
+        host_f, host_b = host_floor_ms(cm.profile, cm.stack.host_us_per_kernel, cm.stack.moe)
         f, bw = cm.at_batch(b).times_ms
         ef, eb, af, ab = moe.expert_fwd.at(b), moe.expert_bwd.at(b), moe.alltoall_fwd.at(b), moe.alltoall_bwd.at(b)
         rest = (layer.fwd.at(b) - ef - af, layer.bwd.at(b) - eb - ab)

@@ -147,12 +147,18 @@ class MoeStack:
         metadata={"doc": "host (CPU) ms of one MoE layer's forward + backward beyond issuing its kernels (an eager "
                          "framework's router, dispatcher and expert code; a third in the forward): with the layer's "
                          "kernels, the floor of its passes (planner.cost.overheads); 0 = none", "omit_if_default": True})
-    alltoall_host_ms_per_layer: float = field(
+    alltoall_host_ms_per_local_expert: float = field(
         default=0.0,
         metadata={"doc": "with the alltoall dispatcher (NCCL's all-to-all), the ms one MoE layer's forward + "
-                         "backward takes beyond host_ms_per_layer, joining its floor (what Megatron-Core's "
-                         "MoEAlltoAllTokenDispatcher costs beside DeepEP's dispatch; fitted, cause not isolated); "
-                         "0 = none", "omit_if_default": True})
+                         "backward takes beyond host_ms_per_layer per routed expert the device holds, joining its "
+                         "floor (what Megatron-Core's MoEAlltoAllTokenDispatcher costs beside DeepEP's dispatch; "
+                         "fitted, cause not isolated); 0 = none", "omit_if_default": True})
+    fp8_host_us_per_expert_gemm: float = field(
+        default=0.0,
+        metadata={"doc": "under an FP8 recipe, host us of each routed-expert GEMM call per local expert and pass "
+                         "direction beyond its kernels (Transformer Engine's GroupedLinear splits, quantises and "
+                         "wraps each local expert's operands on the host), joining the floor; 0 = none",
+                  "omit_if_default": True})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dispatcher", MoeDispatcher(self.dispatcher))
@@ -163,16 +169,27 @@ class MoeStack:
             raise ValueError(f"moe capacity_factor must be in (0, 1000] (got {self.capacity_factor!r})")
         if not (math.isfinite(self.host_ms_per_layer) and 0.0 <= self.host_ms_per_layer <= 1e4):
             raise ValueError(f"moe host_ms_per_layer must be in [0, 10000] ms (got {self.host_ms_per_layer!r})")
-        if not (math.isfinite(self.alltoall_host_ms_per_layer) and 0.0 <= self.alltoall_host_ms_per_layer <= 1e4):
-            raise ValueError(f"moe alltoall_host_ms_per_layer must be in [0, 10000] ms "
-                             f"(got {self.alltoall_host_ms_per_layer!r})")
+        for name in ("alltoall_host_ms_per_local_expert", "fp8_host_us_per_expert_gemm"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value <= 1e4):
+                raise ValueError(f"moe {name} must be in [0, 10000] (got {value!r})")
+
+    def layer_host_ms(self, local_experts: int) -> float:
+        """Host ms of one MoE layer's forward + backward beyond its kernels with this dispatcher and
+        ``local_experts`` routed experts on the device (bf16: FP8 adds ``fp8_host_us_per_expert_gemm``
+        per expert GEMM, :mod:`planner.cost.overheads`): ``host_ms_per_layer``, plus
+        ``alltoall_host_ms_per_local_expert`` per local expert with NCCL's all-to-all."""
+        return self.host_ms_per_layer + self.alltoall_ms_per_local_expert * max(1, local_experts)
 
     @property
-    def layer_host_ms(self) -> float:
-        """Host ms of one MoE layer's forward + backward beyond its kernels with this dispatcher:
-        ``host_ms_per_layer``, plus ``alltoall_host_ms_per_layer`` with NCCL's all-to-all."""
-        extra = self.alltoall_host_ms_per_layer if self.dispatcher is MoeDispatcher.ALLTOALL else 0.0
-        return self.host_ms_per_layer + extra
+    def alltoall_ms_per_local_expert(self) -> float:
+        """``alltoall_host_ms_per_local_expert`` where the dispatcher is NCCL's all-to-all, else 0."""
+        return self.alltoall_host_ms_per_local_expert if self.dispatcher is MoeDispatcher.ALLTOALL else 0.0
+
+    @property
+    def prices_host(self) -> bool:
+        """Whether any of the MoE layers' host times is priced."""
+        return bool(self.host_ms_per_layer or self.alltoall_ms_per_local_expert or self.fp8_host_us_per_expert_gemm)
 
     @property
     def load_factor(self) -> float:
@@ -189,5 +206,9 @@ class MoeStack:
         balance = {MoeBalance.FORCED: "forced balance", MoeBalance.DROPLESS: f"dropless (skew {self.skew:g})",
                    MoeBalance.CAPACITY: f"capacity factor {self.capacity_factor:g}"}[self.balance]
         overlap = ", all-to-all overlapped with compute" if self.a2a_overlap else ""
-        host = f", {self.layer_host_ms:g} ms of host time per MoE layer" if self.layer_host_ms else ""
+        host = f", {self.host_ms_per_layer:g} ms of host time per MoE layer" if self.host_ms_per_layer else ""
+        if self.alltoall_ms_per_local_expert:
+            host += f" + {self.alltoall_ms_per_local_expert:g} ms per local expert"
+        if self.fp8_host_us_per_expert_gemm:
+            host += f", {self.fp8_host_us_per_expert_gemm:g} us per FP8 expert GEMM"
         return f"MoE {self.dispatcher.value}{overlap}, {balance}{host}"

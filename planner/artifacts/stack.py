@@ -51,9 +51,11 @@ source of its number in :attr:`Stack.sources`):
 - ``moe.host_ms_per_layer``: what an MoE layer's pass costs the host beyond issuing its kernels
   (:attr:`~planner.artifacts.moe.MoeStack.host_ms_per_layer`), the floor of the layer's forward
   (a third) and backward with its kernels' issue time. Eager Megatron-Core: 7.31 ms per layer's
-  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`), 5.71 ms more with the alltoall
-  dispatcher (``moe.alltoall_host_ms_per_layer``, :data:`MCORE_ALLTOALL_HOST_MS_PER_LAYER`), each
-  fitted on one published MoE row, the rest out of sample; 0 elsewhere (not priced).
+  forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`), more per routed expert on the device
+  with the alltoall dispatcher (``moe.alltoall_host_ms_per_local_expert``,
+  :data:`MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT`) and per FP8 expert GEMM under an FP8 recipe
+  (``moe.fp8_host_us_per_expert_gemm``, :data:`MCORE_FP8_HOST_US_PER_EXPERT_GEMM`), each fitted on
+  one published MoE row, the rest out of sample; 0 elsewhere (not priced).
 
 Presets (:data:`STACKS`), each named for the software and year whose runs it prices:
 
@@ -202,7 +204,8 @@ class Stack:
             (self.tp_overlap_backward and not self.tp_overlap_forward, "backward tensor-parallel all-reduces with GEMMs"),
             (self.tp_overlap_forward and not self.tp_overlap_backward, "forward tensor-parallel collectives with GEMMs"),
             (self.moe != MoeStack(host_ms_per_layer=self.moe.host_ms_per_layer,
-                                 alltoall_host_ms_per_layer=self.moe.alltoall_host_ms_per_layer), self.moe.describe()),
+                                 alltoall_host_ms_per_local_expert=self.moe.alltoall_host_ms_per_local_expert,
+                                 fp8_host_us_per_expert_gemm=self.moe.fp8_host_us_per_expert_gemm), self.moe.describe()),
             (self.cp_overlap, "context-parallel K/V transfers with attention"),
         ) if flag]
         host = f"; {self.host_us_per_kernel:g} us of host time per kernel" if self.host_us_per_kernel else ""
@@ -220,18 +223,28 @@ class Stack:
 #: where the floor binds whatever the GPU model's error)
 MCORE_MOE_HOST_MS_PER_LAYER = 7.31
 #: with the alltoall dispatcher (NCCL's all-to-all, Megatron-Core's MoEAlltoAllTokenDispatcher) the
-#: further ms per MoE layer's forward + backward, joining the floor: both published alltoall rows
-#: want it over the DeepEP rows' floor; its host path (the token counts' all-gather over the expert
-#: group and device-to-host copy, split lists, the probabilities' own all-to-all, the received
-#: chunks sorted by local expert and back) is the suspected cause, not isolated (its calls count to
-#: well under a millisecond). Fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of
-#: sample on Megatron-Bridge's GPT-OSS 120B (another source, model and layout)
-MCORE_ALLTOALL_HOST_MS_PER_LAYER = 5.71
-_MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 2 of the 6 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
+#: further ms per MoE layer's forward + backward and routed expert on the device, joining the floor:
+#: both published bf16 alltoall rows (16 experts per device) want 5.7 ms over the DeepEP rows' floor;
+#: its host path (the token counts' all-gather over the expert group and device-to-host copy, split
+#: lists, the probabilities' own all-to-all, the received chunks sorted by local expert and back) is
+#: the suspected cause, not isolated. Per local expert: Megatron-Core's step time grows with the
+#: experts per device at a fixed token count (Qwen3-30B-A3B on 16 H800s, alltoall dispatch:
+#: 10.4 s at EP 8, 21.0 s for twice the batch at EP 4, alibaba/Pai-Megatron-Patch#643), and
+#: Megatron-Bridge's 235B-A22B FP8 row (4 experts per device) sits 9% under a flat 5.7 ms.
+#: Fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of sample on Megatron-Bridge's
+#: GPT-OSS 120B (another source, model and layout) and its Qwen3 FP8 rows
+MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT = 0.357
+#: under an FP8 recipe, host us per routed-expert GEMM call and pass direction beyond its kernels
+#: (Transformer Engine's GroupedLinear per-split Python, planner.cost.overheads): fitted on
+#: Megatron-Bridge's Qwen3 30B-A3B FP8 row (16 experts per device: its floor is three times its GPU
+#: time), out of sample on its 235B-A22B FP8 row (4 per device)
+MCORE_FP8_HOST_US_PER_EXPERT_GEMM = 208.3
+_MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 3 of the 8 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
                    "DeepEP TP4 EDP4 for the layer's host time, its alltoall PP32 row for the alltoall dispatcher's "
-                   "extra), the others out of sample (benchmarks/published_moe.py); mechanism: eager Megatron-Core's "
-                   "MoE layers are host-bound (their CUDA-graph scopes moe_router, moe_preprocess; arXiv 2603.07685 "
-                   "sec. 4.3.6)")
+                   "extra per local expert, Megatron-Bridge's Qwen3 30B-A3B FP8 row for the FP8 expert GEMMs'), the "
+                   "others out of sample (benchmarks/published_moe.py, published_fp8.py); mechanism: eager "
+                   "Megatron-Core's MoE layers are host-bound (their CUDA-graph scopes moe_router, moe_preprocess; "
+                   "arXiv 2603.07685 sec. 4.3.6)")
 
 _MCORE_SOURCES = (
     ("overlaps", "Megatron-LM README (r0.8), 'Training Speed and Scalability': --overlap-grad-reduce "
@@ -264,8 +277,9 @@ STACKS: dict[str, Stack] = {
         name="megatron-core-0.8", grad_reduce_overlap=True, zero_reduce_overlap=True, grad_bucket_bytes=80_000_000,
         param_gather_overlap=True, fsdp_prefetch=True, tp_overlap_backward=True, tp_overlap_forward=True,
         cp_overlap=True, host_us_per_kernel=EAGER_HOST_US_PER_KERNEL, attention_kernel=AttentionKernel.TRANSFORMER_ENGINE,
-        sources=(*_MCORE_SOURCES, _MCORE_MOE_HOST), moe=MoeStack(host_ms_per_layer=MCORE_MOE_HOST_MS_PER_LAYER,
-                                                                 alltoall_host_ms_per_layer=MCORE_ALLTOALL_HOST_MS_PER_LAYER),
+        sources=(*_MCORE_SOURCES, _MCORE_MOE_HOST), moe=MoeStack(
+            host_ms_per_layer=MCORE_MOE_HOST_MS_PER_LAYER, alltoall_host_ms_per_local_expert=MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT,
+            fp8_host_us_per_expert_gemm=MCORE_FP8_HOST_US_PER_EXPERT_GEMM),
     ),
     "torchtitan-2024": Stack(
         name="torchtitan-2024", grad_reduce_overlap=True, zero_reduce_overlap=True, param_gather_overlap=True,

@@ -55,6 +55,17 @@ forward kernels; and per expert held on the device two GEMMs (Transformer Engine
 (DeepSeek-V3's first three) is the attention half and a fused SwiGLU MLP (norm, fc1, activation,
 fc2, residual add, two collectives): 18.
 
+Under an FP8 recipe (the profile's precision, :func:`planner.cost.precision.precision_of`) each FP8
+GEMM module quantises its input in the forward and its output's gradient in the backward
+(:func:`fp8_gemms`: four per dense block, two per MoE layer's attention half and two per routed
+expert the device holds, since Transformer Engine's ``GroupedLinear`` quantises each local expert's
+split on its own, ``tex.split_quantize``), :data:`QUANTISE_KERNELS` kernels each. An FP8 expert GEMM
+also costs the host ``MoeStack.fp8_host_us_per_expert_gemm`` beyond its kernels each way: the
+per-split Python of ``GroupedLinear`` (``torch.split``, the output and FP8 buffers' ``torch.empty``
+per GEMM, TransformerEngine#1499) and the FP8 module's own (an FP8 ``te.Linear`` takes the host
+"more than 2x" a bf16 one, TransformerEngine#761). It grows with the experts per device: 30B-A3B's
+16 (Megatron-Bridge's FP8 row, on which it is fitted) against 235B-A22B's 4 at EP 32.
+
 Only analytic profiles are priced so (a measured layer's time includes its host time).
 """
 
@@ -65,10 +76,24 @@ from statistics import NormalDist
 import numpy as np
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.kinds import OverheadKind
-from planner.artifacts.profile import Profile
+from planner.artifacts.kinds import OverheadKind, Precision
+from planner.artifacts.moe import MoeStack
+from planner.artifacts.profile import Layer, Profile
+from planner.cost.precision import precision_of
 
-__all__ = ["GEMMS_PER_LOCAL_EXPERT", "KERNELS", "OverheadKind", "host_floor_ms", "moe_kernels", "straggler_fraction", "z_max"]
+__all__ = [
+    "FP8_GEMMS_PER_ATTENTION",
+    "FP8_GEMMS_PER_BLOCK",
+    "GEMMS_PER_LOCAL_EXPERT",
+    "KERNELS",
+    "QUANTISE_KERNELS",
+    "OverheadKind",
+    "fp8_gemms",
+    "host_floor_ms",
+    "moe_kernels",
+    "straggler_fraction",
+    "z_max",
+]
 
 
 #: (forward, backward) kernels of one pass of an analytic layer, by its kind (module docstring)
@@ -84,28 +109,59 @@ KERNELS: dict[str, tuple[int, int]] = {
 #: (forward, backward) GEMM kernels per routed expert held on the device (fc1, fc2; backward each
 #: one's input and weight gradients): Transformer Engine's GroupedLinear, one GEMM per local expert
 GEMMS_PER_LOCAL_EXPERT = (2, 4)
+#: kernels one FP8 quantisation of a tensor issues, by recipe: Transformer Engine's current scaling
+#: computes the amax, the scale from it and the cast in three launches
+#: (``Float8CurrentScalingQuantizer::quantize_impl``: ``nvte_compute_amax``,
+#: ``nvte_compute_scale_from_amax``, ``nvte_quantize_v2``); block scaling and MXFP8 find each block's
+#: scale inside the casting kernel: one
+QUANTISE_KERNELS: dict[Precision, int] = {Precision.FP8_CURRENT: 3, Precision.FP8_BLOCK: 1, Precision.MXFP8: 1}
+#: FP8 GEMM modules of a dense block (Megatron-Core's Transformer Engine layers: the fused QKV and
+#: norm, the output projection, the fused gate/up fc1 and norm, fc2), and of an MoE layer's attention half
+FP8_GEMMS_PER_BLOCK = 4
+FP8_GEMMS_PER_ATTENTION = 2
 #: the GPUs of the cluster Sinha et al. 2022 measured the 8% spread over (Summit: 4,608 nodes x 6 V100s)
 SINHA_CLUSTER_GPUS = 27_648
 
 
-def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe_host_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Per layer, the (forward, backward) host time of one pass, ms: its kernels x the host time
-    per kernel (0 for a layer of a measured profile or a kind not in :data:`KERNELS`), an MoE
-    layer's plus ``moe_host_ms`` (:attr:`~planner.artifacts.moe.MoeStack.host_ms_per_layer`: a
-    third forward, two thirds backward)."""
+def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe: MoeStack | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the (forward, backward) host time of one pass, ms (module docstring): its
+    kernels x the host time per kernel (0 for a layer of a measured profile or a kind not in
+    :data:`KERNELS`), an FP8 layer's quantisation kernels among them (:func:`fp8_gemms`); an MoE
+    layer's plus ``moe``'s host times (:meth:`~planner.artifacts.moe.MoeStack.layer_host_ms`: a third
+    forward, two thirds backward) and, under FP8, ``moe.fp8_host_us_per_expert_gemm`` per expert
+    GEMM each way."""
     n = len(profile.layers)
-    if not (host_us_per_kernel or moe_host_ms) or profile.source != "analytic":
+    moe = moe or MoeStack()
+    if not (host_us_per_kernel or moe.prices_host) or profile.source != "analytic":
         return np.zeros(n), np.zeros(n)
     ep = profile.metadata.get("ep_degree", 1)
     ep = ep if isinstance(ep, int) and ep >= 1 else 1
+    recipe = precision_of(profile)
     counts = np.array([moe_kernels(layer.kind, layer.moe.num_experts, ep) if layer.moe is not None
                        else KERNELS.get(layer.kind, (0, 0)) for layer in profile.layers], dtype=float).reshape(n, 2)
+    gemms = np.array([fp8_gemms(layer, ep) if recipe.fp8 else (0, 0) for layer in profile.layers], dtype=float)
+    counts += gemms[:, :1] * QUANTISE_KERNELS.get(recipe, 0)  # one quantisation per FP8 GEMM each way
     floor = counts * host_us_per_kernel / 1e3
-    if moe_host_ms:
-        moe = np.array([layer.moe is not None for layer in profile.layers], dtype=float)
-        floor[:, 0] += moe * moe_host_ms / 3.0
-        floor[:, 1] += moe * moe_host_ms * 2.0 / 3.0
+    floor += gemms[:, 1:] * moe.fp8_host_us_per_expert_gemm / 1e3
+    layer_ms = np.array([moe.layer_host_ms(max(1, layer.moe.num_experts // ep)) if layer.moe is not None else 0.0
+                         for layer in profile.layers])
+    floor[:, 0] += layer_ms / 3.0
+    floor[:, 1] += layer_ms * 2.0 / 3.0
     return floor[:, 0], floor[:, 1]
+
+
+def fp8_gemms(layer: Layer, ep: int) -> tuple[int, int]:
+    """(FP8 GEMM modules, of them routed-expert GEMMs) one pass of ``layer`` runs in each direction
+    under an FP8 recipe, each quantising its input in the forward and its output's gradient in the
+    backward (module docstring): a block with an FP8 view (``Layer.fp8``) :data:`FP8_GEMMS_PER_BLOCK`,
+    an MoE layer's attention half :data:`FP8_GEMMS_PER_ATTENTION` and two per routed expert the device
+    holds (``ep`` the expert-parallel degree); a layer kept bf16 none."""
+    if layer.fp8 is None:
+        return (0, 0)
+    if layer.moe is None:
+        return (FP8_GEMMS_PER_BLOCK, 0)
+    experts = GEMMS_PER_LOCAL_EXPERT[0] * max(1, layer.moe.num_experts // max(1, ep))
+    return (FP8_GEMMS_PER_ATTENTION + experts, experts)
 
 
 def moe_kernels(kind: str, num_experts: int, ep: int) -> tuple[int, int]:

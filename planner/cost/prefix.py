@@ -119,7 +119,7 @@ class PrefixSums:
         kernels where longer (:func:`planner.cost.overheads.host_floor_ms`); the Layer.fwd_ms /
         bwd_ms lines (TimeFit.at: never negative) over every layer at once."""
         (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-        host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel, self.stack.moe.layer_host_ms)
+        host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel, self.stack.moe)
         fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
         bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
         fp, bp = np.concatenate([[0.0], np.cumsum(fwd)]), np.concatenate([[0.0], np.cumsum(bwd)])

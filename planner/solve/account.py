@@ -49,12 +49,12 @@ def _overheads(plan: Plan, profile: Profile, cluster: Cluster, request: PlanRequ
     if cluster.num_nodes > 1 and cluster.inter_node_p2p_latency_us:
         off.append((OverheadKind.P2P_LATENCY, dataclasses.replace(cluster, inter_node_p2p_latency_us=0.0), stack,
                     cluster.sources.get("inter_node_p2p_latency_us", "the cluster's send/receive latency")))
-    if (stack.host_us_per_kernel or stack.moe.layer_host_ms) and profile.source == "analytic":
+    if (stack.host_us_per_kernel or stack.moe.prices_host) and profile.source == "analytic":
         src = stack.source_of("host_us_per_kernel") or f"{stack.host_us_per_kernel:g} us per kernel"
-        if stack.moe.layer_host_ms:
+        if stack.moe.prices_host:
             src += f"; {stack.source_of('moe.host_ms_per_layer') or 'the MoE layers host time'}"
         host_off = dataclasses.replace(stack, host_us_per_kernel=0.0, moe=dataclasses.replace(
-            stack.moe, host_ms_per_layer=0.0, alltoall_host_ms_per_layer=0.0))
+            stack.moe, host_ms_per_layer=0.0, alltoall_host_ms_per_local_expert=0.0, fp8_host_us_per_expert_gemm=0.0))
         off.append((OverheadKind.HOST, cluster, host_off, src))
     terms = [OverheadTerm(kind=kind, ms=nominal - reprice(plan, profile, c, request, s).predicted.iteration_ms,
                           source=src) for kind, c, s, src in off]
