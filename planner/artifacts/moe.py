@@ -207,8 +207,6 @@ class MoeStack:
                    MoeBalance.CAPACITY: f"capacity factor {self.capacity_factor:g}"}[self.balance]
         overlap = ", all-to-all overlapped with compute" if self.a2a_overlap else ""
         host = f", {self.host_ms_per_layer:g} ms of host time per MoE layer" if self.host_ms_per_layer else ""
-        if self.alltoall_ms_per_local_expert:
+        if self.alltoall_ms_per_local_expert:  # (an FP8 plan's expert GEMMs' host time: its overheads' HOST term)
             host += f" + {self.alltoall_ms_per_local_expert:g} ms per local expert"
-        if self.fp8_host_us_per_expert_gemm:
-            host += f", {self.fp8_host_us_per_expert_gemm:g} us per FP8 expert GEMM"
         return f"MoE {self.dispatcher.value}{overlap}, {balance}{host}"
