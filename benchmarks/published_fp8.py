@@ -52,6 +52,7 @@ from planner.artifacts.kinds import OptimizerKind, Precision, ScheduleKind, Solv
 from planner.artifacts.layout import Layout
 from planner.artifacts.moe import MoeDispatcher
 from planner.artifacts.plan import Plan
+from planner.artifacts.profile import Profile
 from planner.artifacts.stack import STACKS
 from planner.cost import precision
 from planner.solve.build import rebuild_plan
@@ -126,10 +127,15 @@ MOE_ROWS = (
 )
 
 
+def moe_profile(run: pm.MoeRun) -> Profile:
+    """``run``'s analytic MoE profile re-priced at fp8-current, every block in FP8."""
+    return precision.at_precision(pm.profile_for(run.config, run.seq), pm.cluster_for(run), Precision.FP8_CURRENT, 0)
+
+
 def moe_plan(run: pm.MoeRun) -> Plan:
     """``run``'s published configuration priced at fp8-current (published_moe's pricing, its profile re-priced)."""
     cluster = pm.cluster_for(run)
-    profile = precision.at_precision(pm.profile_for(run.config, run.seq), cluster, Precision.FP8_CURRENT, 0)
+    profile = moe_profile(run)
     layout = Layout(num_stages=run.pp * run.vpp, virtual_stages_per_rank=run.vpp, dp_degree=run.dp, tp_degree=run.tp,
                     sequence_parallel=run.tp > 1, zero=ZeroStage.OPTIMIZER, ep_degree=run.ep, etp_degree=run.etp)
     starts, full, sel = pm.partition(run, profile)
@@ -206,7 +212,7 @@ def terms(rows: list[PublishedRun]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
-    ap.add_argument("--terms", action="store_true", help="also print where each dense row's time goes")
+    ap.add_argument("--terms", action="store_true", help="also print where each row's time goes (the MoE rows: one layer)")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -226,6 +232,8 @@ def main() -> int:
               f"{100 * statistics.fmean(errs):+.1f}%")
     if args.terms:
         terms(rows)
+        print()
+        pm.terms_report(MOE_ROWS, plan_of=moe_plan, profile_of=moe_profile)
     if args.fit:
         moe = STACKS["megatron-core-0.8"].moe
         fit_rows = tuple(r for r in MOE_ROWS if r.label == FP8_MOE_FIT_ROW)

@@ -304,19 +304,21 @@ def fit_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
               f"{source}'s rows median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
-def terms_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
+def terms_report(rows: tuple[MoeRun, ...] = ROWS, plan_of: Callable[[MoeRun], Plan] = config_plan,
+                 profile_of: Callable[[MoeRun], Profile] | None = None) -> None:
     """Per row, one MoE layer's pass on one device at the row's micro-batch (ms, forward / backward):
     the rest of the block (attention, router, norms, tensor-parallel collectives), the routed
     experts, the dispatch and combine on the critical path, the host floor, and what the layer
     takes; beside it, the published step over the layer passes a pipeline rank runs (an upper
-    bound on a published layer pass, bubble and head included)."""
+    bound on a published layer pass, bubble and head included). ``plan_of`` and ``profile_of``: how
+    a row is planned and profiled (published_fp8's FP8 rows: at their precision)."""
     print(f"{'row':<19} {'b':>1} {'rest f/b':>11} {'experts f/b':>11} {'a2a f/b':>11} {'host f/b':>11} "
           f"{'layer f+b':>9} | {'published s / passes':>20}")
     for run in rows:
-        plan = config_plan(run)
+        plan = plan_of(run)
         b = plan.microbatch_size
-        cm = device_cost_model(profile_for(run.config, run.seq), cluster_for(run), run.optimizer, plan.layout.group,
-                               stack_for(run))
+        profile = profile_of(run) if profile_of else profile_for(run.config, run.seq)
+        cm = device_cost_model(profile, cluster_for(run), run.optimizer, plan.layout.group, stack_for(run))
         i = next(j for j, layer in enumerate(cm.profile.layers) if layer.moe is not None)
         layer, moe = cm.profile.layers[i], cm.profile.layers[i].moe
         assert moe is not None
