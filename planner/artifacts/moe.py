@@ -155,9 +155,9 @@ class MoeStack:
                          "fitted, cause not isolated); 0 = none", "omit_if_default": True})
     fp8_host_us_per_expert_gemm: float = field(
         default=0.0,
-        metadata={"doc": "under an FP8 recipe, host us of each routed-expert GEMM call per local expert and pass "
-                         "direction beyond its kernels (Transformer Engine's GroupedLinear splits, quantises and "
-                         "wraps each local expert's operands on the host), joining the floor; 0 = none",
+        metadata={"doc": "under FP8 current scaling, host us of each routed-expert GEMM call per local expert and "
+                         "pass direction beyond its kernels (Transformer Engine's GroupedLinear allocates and "
+                         "quantises each local expert's split on its own on the host), joining the floor; 0 = none",
                   "omit_if_default": True})
 
     def __post_init__(self) -> None:

@@ -53,7 +53,7 @@ source of its number in :attr:`Stack.sources`):
   (a third) and backward with its kernels' issue time. Eager Megatron-Core: 7.31 ms per layer's
   forward + backward (:data:`MCORE_MOE_HOST_MS_PER_LAYER`), more per routed expert on the device
   with the alltoall dispatcher (``moe.alltoall_host_ms_per_local_expert``,
-  :data:`MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT`) and per FP8 expert GEMM under an FP8 recipe
+  :data:`MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT`) and per FP8 expert GEMM under FP8 current scaling
   (``moe.fp8_host_us_per_expert_gemm``, :data:`MCORE_FP8_HOST_US_PER_EXPERT_GEMM`), each fitted on
   one published MoE row, the rest out of sample; 0 elsewhere (not priced).
 
@@ -234,8 +234,9 @@ MCORE_MOE_HOST_MS_PER_LAYER = 7.31
 #: Fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of sample on Megatron-Bridge's
 #: GPT-OSS 120B (another source, model and layout) and its Qwen3 FP8 rows
 MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT = 0.357
-#: under an FP8 recipe, host us per routed-expert GEMM call and pass direction beyond its kernels
-#: (Transformer Engine's GroupedLinear per-split Python, planner.cost.overheads): fitted on
+#: under FP8 current scaling, host us per routed-expert GEMM call and pass direction beyond its
+#: kernels (Transformer Engine's GroupedLinear per-split allocation, quantisation and Python;
+#: block scaling and MXFP8 allocate their splits in bulk: planner.cost.overheads): fitted on
 #: Megatron-Bridge's Qwen3 30B-A3B FP8 row (16 experts per device: its floor is three times its GPU
 #: time), out of sample on its 235B-A22B FP8 row (4 per device)
 MCORE_FP8_HOST_US_PER_EXPERT_GEMM = 208.3

@@ -59,11 +59,13 @@ Under an FP8 recipe (the profile's precision, :func:`planner.cost.precision.prec
 GEMM module quantises its input in the forward and its output's gradient in the backward
 (:func:`fp8_gemms`: four per dense block, two per MoE layer's attention half and two per routed
 expert the device holds, since Transformer Engine's ``GroupedLinear`` quantises each local expert's
-split on its own, ``tex.split_quantize``), :data:`QUANTISE_KERNELS` kernels each. An FP8 expert GEMM
-also costs the host ``MoeStack.fp8_host_us_per_expert_gemm`` beyond its kernels each way: the
-per-split Python of ``GroupedLinear`` (``torch.split``, the output and FP8 buffers' ``torch.empty``
-per GEMM, TransformerEngine#1499) and the FP8 module's own (an FP8 ``te.Linear`` takes the host
-"more than 2x" a bf16 one, TransformerEngine#761). It grows with the experts per device: 30B-A3B's
+split on its own, ``tex.split_quantize``), :data:`QUANTISE_KERNELS` kernels each. Under current
+scaling (:data:`PER_SPLIT_RECIPES`) an FP8 expert GEMM also costs the host
+``MoeStack.fp8_host_us_per_expert_gemm`` beyond its kernels each way: ``split_quantize`` allocates
+and quantises each split on its own there (block scaling and MXFP8 in bulk), on top of
+``GroupedLinear``'s per-split Python (``torch.split``, the buffers' ``torch.empty`` per GEMM,
+TransformerEngine#1499) and the FP8 module's own (an FP8 ``te.Linear`` takes the host "more than
+2x" a bf16 one, TransformerEngine#761). It grows with the experts per device: 30B-A3B's
 16 (Megatron-Bridge's FP8 row, on which it is fitted) against 235B-A22B's 4 at EP 32.
 
 Only analytic profiles are priced so (a measured layer's time includes its host time).
@@ -119,6 +121,13 @@ QUANTISE_KERNELS: dict[Precision, int] = {Precision.FP8_CURRENT: 3, Precision.FP
 #: norm, the output projection, the fused gate/up fc1 and norm, fc2), and of an MoE layer's attention half
 FP8_GEMMS_PER_BLOCK = 4
 FP8_GEMMS_PER_ATTENTION = 2
+#: the recipes whose grouped GEMMs quantise each local expert's split on the host one at a time:
+#: Transformer Engine's ``split_quantize`` allocates block-scaling and MXFP8 splits in bulk
+#: (``BULK_FP8_BLOCKWISE``, ``BULK_MXFP8``) but current-scaling ones one by one, and quantises them
+#: one by one ("only have fused kernel for FP8 delayed scaling", ``multi_tensor_quantize_impl``);
+#: its grouped current-scaling quantisation came in 2026-06 (TransformerEngine#3114), after the
+#: runs the constant is fitted on
+PER_SPLIT_RECIPES = frozenset({Precision.FP8_CURRENT})
 #: the GPUs of the cluster Sinha et al. 2022 measured the 8% spread over (Summit: 4,608 nodes x 6 V100s)
 SINHA_CLUSTER_GPUS = 27_648
 
@@ -128,8 +137,8 @@ def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe: MoeStack | N
     kernels x the host time per kernel (0 for a layer of a measured profile or a kind not in
     :data:`KERNELS`), an FP8 layer's quantisation kernels among them (:func:`fp8_gemms`); an MoE
     layer's plus ``moe``'s host times (:meth:`~planner.artifacts.moe.MoeStack.layer_host_ms`: a third
-    forward, two thirds backward) and, under FP8, ``moe.fp8_host_us_per_expert_gemm`` per expert
-    GEMM each way."""
+    forward, two thirds backward) and, under a recipe of :data:`PER_SPLIT_RECIPES`,
+    ``moe.fp8_host_us_per_expert_gemm`` per expert GEMM each way."""
     n = len(profile.layers)
     moe = moe or MoeStack()
     if not (host_us_per_kernel or moe.prices_host) or profile.source != "analytic":
@@ -142,7 +151,8 @@ def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe: MoeStack | N
     gemms = np.array([fp8_gemms(layer, ep) if recipe.fp8 else (0, 0) for layer in profile.layers], dtype=float)
     counts += gemms[:, :1] * QUANTISE_KERNELS.get(recipe, 0)  # one quantisation per FP8 GEMM each way
     floor = counts * host_us_per_kernel / 1e3
-    floor += gemms[:, 1:] * moe.fp8_host_us_per_expert_gemm / 1e3
+    if recipe in PER_SPLIT_RECIPES:
+        floor += gemms[:, 1:] * moe.fp8_host_us_per_expert_gemm / 1e3
     layer_ms = np.array([moe.layer_host_ms(max(1, layer.moe.num_experts // ep)) if layer.moe is not None else 0.0
                          for layer in profile.layers])
     floor[:, 0] += layer_ms / 3.0
