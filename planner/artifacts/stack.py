@@ -233,13 +233,13 @@ MCORE_MOE_HOST_MS_PER_LAYER = 7.31
 #: Megatron-Bridge's 235B-A22B FP8 row (4 experts per device) sits 9% under a flat 5.7 ms.
 #: Fitted on the ModelZoo's alltoall row (Qwen3-235B PP 32), out of sample on Megatron-Bridge's
 #: GPT-OSS 120B (another source, model and layout) and its Qwen3 FP8 rows
-MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT = 0.357
+MCORE_ALLTOALL_HOST_MS_PER_LOCAL_EXPERT = 0.358
 #: under FP8 current scaling, host us per routed-expert GEMM call and pass direction beyond its
 #: kernels (Transformer Engine's GroupedLinear per-split allocation, quantisation and Python;
 #: block scaling and MXFP8 allocate their splits in bulk: planner.cost.overheads): fitted on
 #: Megatron-Bridge's Qwen3 30B-A3B FP8 row (16 experts per device: its floor is three times its GPU
 #: time), out of sample on its 235B-A22B FP8 row (4 per device)
-MCORE_FP8_HOST_US_PER_EXPERT_GEMM = 208.3
+MCORE_FP8_HOST_US_PER_EXPERT_GEMM = 208.0
 _MCORE_MOE_HOST = ("moe.host_ms_per_layer", "fitted on 3 of the 8 published MoE rows (Megatron-MoE-ModelZoo Qwen3-235B "
                    "DeepEP TP4 EDP4 for the layer's host time, its alltoall PP32 row for the alltoall dispatcher's "
                    "extra per local expert, Megatron-Bridge's Qwen3 30B-A3B FP8 row for the FP8 expert GEMMs'), the "

@@ -130,7 +130,7 @@ def attention_view(profile: Profile, kernel: AttentionKernel, point: tuple[float
         if core is None:  # not a block: no attention
             layers.append(layer)
             continue
-        if is_core:
+        if is_core and layer.moe is None:  # an MoE layer's selective level is its experts' (no attention in it)
             core = dataclasses.replace(core, fwd=_plus(core.fwd, d_fwd))
         layers.append(dataclasses.replace(layer, fwd=_plus(layer.fwd, d_fwd), bwd=_plus(layer.bwd, d_bwd),
                                           attention_core=core, measured=()))
