@@ -310,3 +310,19 @@ def test_shipped_fp8_expert_gemm_host_time_is_the_fit_on_one_fp8_row_and_235b_ho
     other = next(r for r in pf.MOE_ROWS if r.label != pf.FP8_MOE_FIT_ROW)
     assert abs(pf.moe_ratio(other) - 1) < 0.10
     assert pf.moe_ratio(fit[0], 0.0) < 0.6
+
+
+def test_fp8_moe_plan_on_megatron_core_prices_its_band_without_a_negative_selective_level() -> None:
+    """The attention kernel's correction applies to an attention core, not to an MoE layer's
+    selective level (its experts' activation and norms): under the band's slowest kernel it made
+    that level's forward negative, a traceback for any FP8 MoE plan on the megatron-core stack."""
+    from planner.artifacts.request import PlanRequest
+    from planner.solve import plan
+
+    profile = moe_profile(json.loads((REPO / "configs" / "qwen3-30b-a3b.json").read_text()), seq=4096,
+                          device_preset="h100-80gb")
+    request = PlanRequest(global_batch=64, num_devices=16, stack=STACKS["megatron-core-0.8"], optimizer=OptimizerKind.ADAM_MIXED,
+                          precisions=(Precision.FP8_CURRENT,), tp_degrees=(1,), cp_degrees=(1,), ep_degrees=(8,))
+    chosen = plan(profile, H100.with_devices(16), request)
+    low, high = chosen.predicted.band.iteration_low_ms, chosen.predicted.band.iteration_high_ms
+    assert chosen.precision is Precision.FP8_CURRENT and 0 < low <= chosen.predicted.iteration_ms <= high
