@@ -319,9 +319,9 @@ def test_fp8_moe_plan_on_megatron_core_prices_its_band_without_a_negative_select
     from planner.artifacts.request import PlanRequest
     from planner.solve import plan
 
-    profile = moe_profile(json.loads((REPO / "configs" / "qwen3-30b-a3b.json").read_text()), seq=4096,
-                          device_preset="h100-80gb")
-    request = PlanRequest(global_batch=64, num_devices=16, stack=STACKS["megatron-core-0.8"], optimizer=OptimizerKind.ADAM_MIXED,
+    profile = moe_profile(json.loads((REPO / "configs" / "qwen3-30b-a3b.json").read_text()), seq=40960,
+                          device_preset="h100-80gb")  # the config's max_position_embeddings, as `planner profile --analytic hf`
+    request = PlanRequest(global_batch=16, num_devices=16, stack=STACKS["megatron-core-0.8"], optimizer=OptimizerKind.ADAM_MIXED,
                           precisions=(Precision.FP8_CURRENT,), tp_degrees=(1,), cp_degrees=(1,), ep_degrees=(8,))
     chosen = plan(profile, H100.with_devices(16), request)
     low, high = chosen.predicted.band.iteration_low_ms, chosen.predicted.band.iteration_high_ms
