@@ -119,7 +119,7 @@ class PrefixSums:
         kernels where longer (:func:`planner.cost.overheads.host_floor_ms`); the Layer.fwd_ms /
         bwd_ms lines (TimeFit.at: never negative) over every layer at once."""
         (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
-        host_f, host_b = host_floor_ms(self.profile, self.stack.host_us_per_kernel, self.stack.moe)
+        host_f, host_b = self._host_floor
         fwd = np.maximum(np.maximum(0.0, f_ic + f_ps * microbatch_size) / self._speed, host_f)
         bwd = np.maximum(np.maximum(0.0, b_ic + b_ps * microbatch_size) / self._speed, host_b)
         fp, bp = np.concatenate([[0.0], np.cumsum(fwd)]), np.concatenate([[0.0], np.cumsum(bwd)])
@@ -139,6 +139,12 @@ class PrefixSums:
         cores = self.attention_cores
         return (np.array([c.fwd.intercept_ms if c else 0.0 for c in cores]),
                 np.array([c.fwd.per_sample_ms if c else 0.0 for c in cores]))
+
+    @cached_property
+    def _host_floor(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer, the (forward, backward) host time of one pass (:func:`host_floor_ms`): the same
+        at every micro-batch size."""
+        return host_floor_ms(self.profile, self.stack.host_us_per_kernel, self.stack.moe)
 
     @cached_property
     def _time_lines(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
