@@ -88,6 +88,7 @@ __all__ = [
     "FP8_GEMMS_PER_BLOCK",
     "GEMMS_PER_LOCAL_EXPERT",
     "KERNELS",
+    "PER_SPLIT_RECIPES",
     "QUANTISE_KERNELS",
     "OverheadKind",
     "fp8_gemms",
