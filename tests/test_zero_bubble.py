@@ -399,3 +399,57 @@ def test_every_stage_keeps_at_most_what_the_measured_profile_prices(model):
             if model == "gpt":
                 assert measured == pytest.approx(priced, abs=1), (i, j, measured, priced)
     assert (above == 0) == (model == "gpt")
+
+
+def test_torch_split_backward_recomputes_in_w_and_holds_nothing_recomputed_between():
+    """What the runtime does with a recomputed layer under a zero-bubble schedule (torch's
+    non-reentrant checkpoint, ``stage_backward_input`` then ``stage_backward_weight``, as
+    ``planner.runtime.engine`` runs them): I re-runs the forward and frees what it recomputed
+    once used, so between I and W none of the layer's intermediates is alive (only its checkpoint
+    inputs: the planner prices W's inputs held, above the run; docs/zero-bubble.md "Not exact");
+    and W re-runs the forward once per parameter group (one ``autograd.grad`` each), where the
+    plan prices one recomputation. Pins the facts the docs state, so a torch that changes them fails here."""
+    import gc
+    import weakref
+
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils.checkpoint import checkpoint
+
+    made: list[weakref.ref] = []
+    runs = [0]
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            runs[0] += 1
+            u = self.a(x)
+            g = torch.nn.functional.gelu(u)
+            made.extend((weakref.ref(u), weakref.ref(g)))
+            return self.b(g)
+
+    def alive() -> int:
+        gc.collect()
+        return sum(r() is not None for r in made)
+
+    block = Block()
+    x = torch.randn(4, 8, requires_grad=True)
+    params = list(block.parameters())
+    out = block(x)  # not recomputed: I keeps the intermediates for W
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], iter(params))
+    del out
+    assert alive() == 2
+    stage_backward_weight(iter(params), groups)
+    del groups
+    assert alive() == 0
+    made.clear()
+    runs[0] = 0
+    out = checkpoint(block, x, use_reentrant=False)
+    _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], iter(params))
+    del out
+    assert alive() == 0 and runs[0] == 2  # the forward and I's recomputation, nothing of it kept
+    stage_backward_weight(iter(params), groups)
+    assert runs[0] == 2 + len(groups) == 4  # one recomputation per parameter group (a's, b's)
