@@ -43,6 +43,7 @@ from planner.schedule.build import (
     check_schedule_rules,
     interleaved_ops,
     replicated_warmup,
+    split_ops,
 )
 
 
@@ -148,10 +149,6 @@ def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: 
     return tuple(y for _, y, _ in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
 
 
-#: actions after which a stage can hold more of one kind (whole, or past I)
-_RAISING = (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT)
-
-
 @lru_cache(maxsize=4096)  # per shape: a search over 1,024 devices asks for ~1,000
 def _counted(
     kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int,
@@ -161,27 +158,30 @@ def _counted(
     walk's points no other exceeds in both counts (:attr:`Held.states`)."""
     if kind is ScheduleKind.INTERLEAVED_1F1B:
         return tuple((n, 0, ()) for n in _interleaved_peaks(num_stages, num_microbatches, v))
+    check_schedule_rules(kind, num_stages, num_microbatches, v)
     whole = [0] * num_stages
     pending = [0] * num_stages
     fronts: list[list[tuple[int, int]]] = [[] for _ in range(num_stages)]
     peak = [(0, 0)] * num_stages
-    for order in build_schedule(kind, num_stages, num_microbatches, v):
-        for action in order:
-            s = action.stage_idx
-            if action.kind is ActionKind.FORWARD:
+    forward, b_input, b_weight = ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
+    for order in split_ops(kind, num_stages, num_microbatches):  # the orders as plain values: no Action made
+        for s, act, _ in order:
+            if act is forward:
                 whole[s] += 1
-            elif action.kind is ActionKind.BACKWARD_INPUT:
+            elif act is b_input:
                 whole[s] -= 1
                 pending[s] += 1
-            elif action.kind is ActionKind.BACKWARD_WEIGHT:
+            elif act is b_weight:
                 pending[s] -= 1
+                continue  # a W only lowers a count: neither a peak nor a point of the frontier
             else:
                 whole[s] -= 1
+                continue  # so does a whole backward
             now = (whole[s], pending[s])
             if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
                 peak[s] = now
-            front = fronts[s]  # (a W or a whole backward only lowers a count: the point before it is above)
-            if action.kind in _RAISING and not any(w >= now[0] and p >= now[1] for w, p in front):
+            front = fronts[s]  # (F and I raise a count: the points the frontier keeps)
+            if not any(w >= now[0] and p >= now[1] for w, p in front):
                 front[:] = [(w, p) for w, p in front if not (now[0] >= w and now[1] >= p)] + [now]
     return tuple((w, p, tuple(sorted(f, reverse=True))) for (w, p), f in zip(peak, fronts))
 
