@@ -37,8 +37,10 @@ from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hs
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
-#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole)
-MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole; DualPipe-V
+#: ZBV's chunks and counts, its DP ZBV's, planner.solve.chain_memo)
+MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV,
+                             ScheduleKind.DUALPIPE_V)
 
 
 def fsdp_share_ms(cm: CostModel, c: Config) -> float:
@@ -116,7 +118,8 @@ class ConfigFacts:
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
-        self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
+        # memory_floor_ms (before its slack) per (layout, micro-batch size and count, held_whole)
+        self.busiest_floors: dict[tuple[object, ...], float] = {}
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
@@ -296,16 +299,19 @@ class ConfigFacts:
         twentieth of the state its ZeRO 1 stages hold.) 0 where :meth:`memory_bound` does not
         bound (shared saved storages, per-stage copies) and for schedules not in
         :data:`MEMORY_FLOOR`."""
-        found = self.busiest_floors.get(c)
+        if self.cm.profile.shared_saved or c.layout.stage_replicas or c.schedule not in MEMORY_FLOOR:
+            return 0.0
+        # what the floor reads of c: its layout, micro-batches and held counts (DualPipe-V's are ZBV's on
+        # the same V layout: one floor for the two)
+        key = (c.layout, c.microbatch_size, c.num_microbatches, held_whole(c))
+        found = self.busiest_floors.get(key)
         if found is None:
-            found = 0.0
-            if not (self.cm.profile.shared_saved or c.layout.stage_replicas or c.schedule not in MEMORY_FLOOR):
-                found = self.busiest_floor_ms(c, c)
-                lean = self.leanest(c)
-                if lean != c:
-                    fsdp = fsdp_share_ms(self.cm, lean)
-                    found = found if found <= fsdp else min(found, max(fsdp, self.busiest_floor_ms(c, lean)))
-            self.busiest_floors[c] = found
+            found = self.busiest_floor_ms(c, c)
+            lean = self.leanest(c)
+            if lean != c:
+                fsdp = fsdp_share_ms(self.cm, lean)
+                found = found if found <= fsdp else min(found, max(fsdp, self.busiest_floor_ms(c, lean)))
+            self.busiest_floors[key] = found
         return found / slack
 
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
