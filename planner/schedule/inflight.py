@@ -161,8 +161,7 @@ def _counted(
     check_schedule_rules(kind, num_stages, num_microbatches, v)
     whole = [0] * num_stages
     pending = [0] * num_stages
-    fronts: list[list[tuple[int, int]]] = [[] for _ in range(num_stages)]
-    peak = [(0, 0)] * num_stages
+    points: list[set[tuple[int, int]]] = [set() for _ in range(num_stages)]  # after each F or I
     forward, b_input, b_weight = ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
     for order in split_ops(kind, num_stages, num_microbatches):  # the orders as plain values: no Action made
         for s, act, _ in order:
@@ -173,17 +172,25 @@ def _counted(
                 pending[s] += 1
             elif act is b_weight:
                 pending[s] -= 1
-                continue  # a W only lowers a count: neither a peak nor a point of the frontier
+                continue
             else:
                 whole[s] -= 1
-                continue  # so does a whole backward
-            now = (whole[s], pending[s])
-            if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
-                peak[s] = now
-            front = fronts[s]  # (F and I raise a count: the points the frontier keeps)
-            if not any(w >= now[0] and p >= now[1] for w, p in front):
-                front[:] = [(w, p) for w, p in front if not (now[0] >= w and now[1] >= p)] + [now]
-    return tuple((w, p, tuple(sorted(f, reverse=True))) for (w, p), f in zip(peak, fronts))
+                continue
+            points[s].add((whole[s], pending[s]))
+    # a W or a whole backward only lowers a count (the point before it is above it): the peak and
+    # the points no other exceeds in both counts are among those after an F or an I
+    return tuple(_peak_and_front(p) for p in points)
+
+
+def _peak_and_front(points: set[tuple[int, int]]) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """Of one stage's points: the peak of the count (the larger first count among equal sums; (0,
+    0) before any), and the points no other exceeds in both counts, the first count descending."""
+    w, p = max(points | {(0, 0)}, key=lambda pt: (pt[0] + pt[1], pt[0]))
+    front: list[tuple[int, int]] = []
+    for pt in sorted(points, reverse=True):  # first count descending, the second descending among equals
+        if not front or pt[1] > front[-1][1]:
+            front.append(pt)
+    return w, p, tuple(front)
 
 
 register_function("schedule.inflight.counted", _counted, key="(schedule, stages, micro-batches, chunks per rank)")
