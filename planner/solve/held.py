@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.artifacts.caches import register_function
 from planner.artifacts.layout import Sharding
 from planner.artifacts.plan import StageMemory
 from planner.cost import CostModel
@@ -38,6 +39,9 @@ def peak_states(states: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], .
             chain.pop()
         chain.append(c)
     return tuple(chain)
+
+
+register_function("solve.held.peak_states", peak_states, key="a stage's held states")
 
 
 def held_memory(
