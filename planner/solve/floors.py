@@ -38,7 +38,8 @@ FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
 #: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole)
-MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV,
+                              ScheduleKind.DUALPIPE_V)
 
 
 def fsdp_share_ms(cm: CostModel, c: Config) -> float:
