@@ -104,14 +104,14 @@ def test_search_skips_hopeless_configurations_and_keeps_its_plan(monkeypatch: py
     real = ConfigSearch.hopeless
     skipped: list[bool] = []
 
-    def counting(self: ConfigSearch, c: object, limit: float) -> bool:
-        found = real(self, c, limit)  # type: ignore[arg-type]
+    def counting(self: ConfigSearch, c: object, limit: float, read: bool = False) -> bool:
+        found = real(self, c, limit, read)  # type: ignore[arg-type]
         skipped.append(found)
         return found
 
     monkeypatch.setattr(ConfigSearch, "hopeless", counting)
     with_floor = _search_now("tensor-zero-interleaved", PRUNED)
     assert any(skipped)
-    monkeypatch.setattr(ConfigSearch, "hopeless", lambda self, c, limit: False)
+    monkeypatch.setattr(ConfigSearch, "hopeless", lambda self, c, limit, read=False: False)
     without = _search_now("tensor-zero-interleaved", PRUNED)
     assert dumps_plan(with_floor) == dumps_plan(without)

@@ -154,7 +154,7 @@ class ConfigSearch:
                 if policy.prune and own > lb:
                     heapq.heappush(self.heap, (own * self.scales[i], key, i, FSDP, own))
                     continue
-            if self.hopeless(c, limit):
+            if self.hopeless(c, limit, read=phase != FSDP and bool(c.layout.shard_group_size)):
                 fitted = (c, None)  # it fits, and whatever it proposes is slower than the limit
                 continue
             sol = solve_config(self.chain, facts.table_of(c), c)
@@ -164,17 +164,18 @@ class ConfigSearch:
             self.propose(c, sol, key, limit)
             limit = self.limit(c0, lb)
 
-    def hopeless(self, c: Config, limit: float) -> bool:
+    def hopeless(self, c: Config, limit: float, read: bool = False) -> bool:
         """``c`` (one chunk per rank) has a plan, and no proposal of it passes :meth:`keep`'s check
         against ``limit``: every partition has a stage slower than ``limit / M``
         (:func:`~planner.solve.stage_floor.busiest_stage_above`) and some partition surely fits
         (:func:`~planner.solve.stage_floor.surely_fits`, at a zero-bubble stage's conservative
         counts: then :func:`solve_config` returns a solution). Solving it would only tell the
-        variants after it that it fits (a sharded variant whose solution's recomputation decides
-        the next one's, and copies per stage, are solved as before)."""
+        variants after it that it fits (``read``: a variant after it reads its solution, whose
+        recomputation decides whether to solve that one; then, and for copies per stage, solved as
+        before)."""
         lay = c.layout
-        if (not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1 or lay.stage_replicas
-                or lay.shard_group_size or self.cm.profile.shared_saved):
+        if (read or not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1
+                or lay.stage_replicas or self.cm.profile.shared_saved):
             return False
         table = self.facts.table_of(c)
         curve = self.curves.get(id(table))
