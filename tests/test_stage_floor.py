@@ -115,3 +115,25 @@ def test_search_skips_hopeless_configurations_and_keeps_its_plan(monkeypatch: py
     monkeypatch.setattr(ConfigSearch, "hopeless", lambda self, c, limit, read=False: False)
     without = _search_now("tensor-zero-interleaved", PRUNED)
     assert dumps_plan(with_floor) == dumps_plan(without)
+
+
+def test_baseline_partitions_left_out_are_those_the_check_drops() -> None:
+    """:func:`~planner.solve.proposals.alternatives` given what the search's check lets through
+    leaves out exactly the partitions whose proposal the check would drop (``M x`` its busiest
+    stage above it), each before its recomputation is chosen; the others are the same proposals."""
+    from planner.solve.proposals import alternatives
+
+    left_out = kept = 0
+    for cm, request, _, cap, _, c in _one_chunk_configs():
+        every = alternatives(cm, c, cap, request.recompute)
+        if not every:
+            continue
+        busiest = sorted(c.num_microbatches * max(cand.solution.stage_times_ms) for cand in every)
+        for limit in (busiest[0] * 0.999, busiest[-1]):
+            some = alternatives(cm, c, cap, request.recompute, busiest_limit_ms=limit)
+            through = [cand for cand in every if c.num_microbatches * max(cand.solution.stage_times_ms) <= limit]
+            assert [cand.solution for cand in some if c.num_microbatches * max(cand.solution.stage_times_ms) <= limit] \
+                == [cand.solution for cand in through]
+            left_out += len(every) - len(some)
+            kept += len(some)
+    assert left_out > 0 and kept > 0

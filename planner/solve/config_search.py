@@ -209,7 +209,9 @@ class ConfigSearch:
             proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                     self.facts.table_of(c))
         if self.where.chain_solver is solve_chain:
-            proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
+            checked = limit * self.where.slack if prune else float("inf")  # keep's check, below
+            proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings,
+                                      checked)
         kept = self.keep(c, proposals, limit)
         if unrec < limit and prune and not lean:
             # rebalanced when the order reaches that time, if it still could win then: no rebalancing
