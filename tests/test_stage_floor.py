@@ -137,3 +137,29 @@ def test_baseline_partitions_left_out_are_those_the_check_drops() -> None:
             left_out += len(every) - len(some)
             kept += len(some)
     assert left_out > 0 and kept > 0
+
+
+def test_memory_floor_is_infinite_only_where_nothing_fits() -> None:
+    """Where the ranks cannot hold the profile's work at their leanest between them
+    (:func:`~planner.solve.rank_memory.stages_hold_work`, each stage at every held state), the
+    memory floor is infinite and the search skips the configuration: then none of its variants
+    (its own ZeRO stage, ZeRO 3 and HSDP) has a solution. Every schedule, small GPTs, drawn cases
+    and a small Qwen3-MoE; it is infinite somewhere for a zero-bubble schedule and another."""
+    from planner.solve.space import fsdp_searched
+
+    cases = [(*CASES[name], tps) for name, tps in (("tensor-zero-interleaved", (1, 2)), ("zero3", (1,)))]
+    cases += [(*_random_case(seed), (1,)) for seed in (1, 4, 9, 13)]
+    rows = [row for profile, cluster, request, degrees in cases
+            for row in _configs(profile, cluster, request, cluster.num_devices, degrees)]
+    rows += [row for _, _, row in _moe_configs()]
+    infinite, split, other = 0, 0, 0
+    for _, _, facts, _, c in rows:
+        if facts.memory_floor_ms(c, 1.0) < float("inf"):
+            continue
+        variants = facts.variants(c) + (facts.fsdp_variants(c) if fsdp_searched(facts.request, c.layout) else [])
+        for v in variants:
+            assert solve_config(solve_chain, facts.table_of(v), v) is None, v
+        infinite += 1
+        split += c.schedule.splits_backward
+        other += not c.schedule.splits_backward
+    assert infinite > 0 and split > 0 and other > 0

@@ -49,6 +49,7 @@ from planner.solve.space import Config, all_configs, config_lower_bound_ms
 from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
+INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,8 +136,10 @@ class ConfigSearch:
                 limit < float("inf") and facts.memory_floor_ms(c0, slack) > limit)))):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
-            # tighter limit (the Pareto points are the best configurations', RESULTS 37)
-            self.pruned += 1
+            # tighter limit (the Pareto points are the best configurations', RESULTS 37); an infinite
+            # memory floor is no bound but a configuration none of whose variants fits (not counted
+            # as pruned: solved, it would have given none)
+            self.pruned += lb > limit or facts.rank_floor_ms(c0, slack) > limit or facts.memory_floor_ms(c0, slack) < INF
             return
         # this configuration at its searched stage: the variant that fitted, and its solution (None:
         # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)

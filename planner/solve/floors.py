@@ -27,8 +27,10 @@ from planner.solve.rank_memory import (
     Inverse,
     held_whole,
     inverse_points,
+    lean_saved_rows,
     merged_inverse,
     rank_holds,
+    stages_hold_work,
     works_reach_ms,
 )
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
@@ -119,6 +121,8 @@ class ConfigFacts:
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.most: dict[tuple[object, ...], float] = {}  # most_work per (key, count, cap)
+        self.leans: dict[int, tuple[list[float], list[float]]] = {}  # lean_saved_rows per micro-batch size
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
     def bound(self, c: Config, fill: bool) -> float:
@@ -315,7 +319,18 @@ class ConfigFacts:
         _, _, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
+        if not self.ranks_hold_the_work(c, key):
+            return math.inf  # no partition fits, at any recomputation: no proposal at all
         return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
+
+    def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
+        """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
+        work worked out once per count and cap)."""
+        work, _, _, layer_work, state, _ = self.layer_arrays(key)
+        if key[0] not in self.leans:
+            self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
+        lean, keep = self.leans[key[0]]
+        return stages_hold_work(c, layer_work, state, lean, keep, self.cap_bytes, work, self.most)
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
