@@ -27,6 +27,7 @@ from planner.solve.rank_memory import (
     Inverse,
     held_whole,
     inverse_points,
+    layer_params,
     lean_saved_rows,
     merged_inverse,
     rank_holds,
@@ -121,8 +122,9 @@ class ConfigFacts:
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
-        self.most: dict[tuple[object, ...], float] = {}  # most_work per (key, count, cap)
-        self.leans: dict[int, tuple[list[float], list[float]]] = {}  # lean_saved_rows per micro-batch size
+        self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
+        self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
+        self.states: dict[tuple[int, float], np.ndarray] = {}  # per layer its state bytes, per (b, kappa)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
     def bound(self, c: Config, fill: bool) -> float:
@@ -325,12 +327,15 @@ class ConfigFacts:
 
     def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
         """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
-        work worked out once per count and cap)."""
+        work and layers worked out once per count and cap)."""
         work, _, _, layer_work, state, _ = self.layer_arrays(key)
         if key[0] not in self.leans:
             self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
-        lean, keep = self.leans[key[0]]
-        return stages_hold_work(c, layer_work, state, lean, keep, self.cap_bytes, work, self.most)
+        lean, keep, lean_l, keep_l = self.leans[key[0]]
+        if key not in self.states:
+            self.states[key] = key[1] * layer_params(self.cm)
+        return stages_hold_work(c, (layer_work, state, lean, keep), (self.states[key], lean_l, keep_l), self.cap_bytes,
+                                work, self.most)
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
