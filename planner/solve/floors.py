@@ -122,7 +122,7 @@ class ConfigFacts:
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
-        self.most: dict[tuple[object, ...], tuple[float, np.ndarray]] = {}  # stages_hold_work's per (key, counts, cap)
+        self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
         self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
         self.states: dict[tuple[int, float], np.ndarray] = {}  # per layer its state bytes, per (b, kappa)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept

@@ -152,59 +152,36 @@ def layer_params(cm: CostModel) -> np.ndarray:
 
 def stages_hold_work(c: Config, rows: tuple[list[float], list[float], list[float], list[float]],
                      layers: tuple[np.ndarray, np.ndarray, np.ndarray], cap: float, work: float,
-                     most: dict[tuple[object, ...], tuple[float, np.ndarray]]) -> bool:
+                     most: dict[tuple[object, ...], tuple[float, int]]) -> bool:
     """The stages of ``c`` can hold the profile between them, each within its table's share of the
     cap (``cap`` over the chunks per rank) at every one of its held states (:attr:`Held.states`:
     ``whole`` micro-batches with every layer at its leanest level, ``state + whole x lean``, and
     ``pending`` past I keeping W's inputs, ``pending x keep``, which no recomputation frees): its
     ``work`` with each stage its share of the layers in any fractions (at most :func:`most_work`
-    at each state), and its layers whole (:func:`most_layers`). Where either falls short, no
-    partition fits every state at any recomputation, and :func:`solve_config
-    <planner.solve.candidates.solve_config>` returns a solution only where one does (the first
-    solve's where it fits every state, else the re-solve's, above them all): ``c`` has none, nor
-    any proposal. ``rows``: the busy layers' rows (work, state, lean, keep, equal layers summed);
-    ``layers``: every layer's state, lean and keep bytes; ``most``: each count's and cap's most
-    work and layers, kept."""
+    at each state), and its layers whole (a stage holds at most as many as its fewest-byte layers
+    that fit). Where either falls short, no partition fits every state at any recomputation, and
+    :func:`solve_config <planner.solve.candidates.solve_config>` returns a solution only where one
+    does (the first solve's where it fits every state, else the re-solve's, above them all): ``c``
+    has none, nor any proposal. ``rows``: the busy layers' rows (work, state, lean, keep, equal
+    layers summed); ``layers``: every layer's state, lean and keep bytes; ``most``: each count's
+    and cap's most work and layers, kept."""
     share = cap / c.layout.virtual_stages_per_rank
     layer_work, state, lean, keep = rows
-    total, counts = 0.0, []
+    total, count = 0.0, 0
     for h in c.held():
-        least, fewest = math.inf, None
+        least, fewest = math.inf, len(layers[0])
         for whole, pending in h.states:
             key = (id(state), whole, pending, share)
             found = most.get(key)
             if found is None:
                 nbytes = [s + whole * a + pending * k for s, a, k in zip(state, lean, keep)]
-                found = most[key] = (most_work(layer_work, nbytes, share),
-                                     most_layers(layers[0] + whole * layers[1] + pending * layers[2], layers[0], share))
-            least = min(least, found[0])
-            fewest = found[1] if fewest is None else np.minimum(fewest, found[1])
+                each = np.sort(layers[0] + whole * layers[1] + pending * layers[2])
+                found = most[key] = (most_work(layer_work, nbytes, share), int(np.searchsorted(np.cumsum(each), share,
+                                                                                                side="right")))
+            least, fewest = min(least, found[0]), min(fewest, found[1])
         total += least
-        assert fewest is not None
-        counts.append(fewest)
-    if total < work * (1 - 1e-9):
-        return False
-    held = np.array(counts)  # per stage, the most layers it holds without the j smallest, per j
-    gains = np.sort(held[:, :1] - held, axis=0)[::-1]  # what holding some of them adds, most first
-    L = len(layers[0])
-    return all(held[:, j].sum() + gains[:j, j].sum() >= L for j in range(held.shape[1]))
-
-
-#: :func:`most_layers` also without this many of the layers of least state, each
-SMALL_LAYERS = 4
-
-
-def most_layers(nbytes: np.ndarray, state: np.ndarray, cap: float) -> np.ndarray:
-    """The most layers of ``nbytes`` whose bytes fit ``cap`` together (the fewest-byte ones), then
-    the same without the ``j`` layers of least ``state`` (one set of layers for every stage: a
-    stage holding none of them holds at most that many; at most ``j`` stages hold one of them), for
-    ``j = 0 ..`` :data:`SMALL_LAYERS`."""
-    order = np.argsort(state, kind="stable")
-    out = np.empty(min(SMALL_LAYERS, len(nbytes)) + 1, dtype=np.int64)
-    for j in range(len(out)):
-        rest = np.sort(nbytes[order[j:]])
-        out[j] = int(np.searchsorted(np.cumsum(rest), cap, side="right"))
-    return out
+        count += fewest
+    return total >= work * (1 - 1e-9) and count >= len(layers[0])
 
 
 def works_reach_ms(inverses: list[tuple[np.ndarray, np.ndarray, np.ndarray]], M: int, work: float) -> float:
