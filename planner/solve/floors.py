@@ -27,8 +27,11 @@ from planner.solve.rank_memory import (
     Inverse,
     held_whole,
     inverse_points,
+    layer_params,
+    lean_saved_rows,
     merged_inverse,
     rank_holds,
+    stages_hold_work,
     works_reach_ms,
 )
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
@@ -120,6 +123,9 @@ class ConfigFacts:
         # memory_floor_ms (before its slack) per (layout, micro-batch size and count, held_whole)
         self.busiest_floors: dict[tuple[object, ...], float] = {}
         self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
+        self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
+        self.states: dict[tuple[int, float], np.ndarray] = {}  # per layer its state bytes, per (b, kappa)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
     def bound(self, c: Config, fill: bool) -> float:
@@ -319,7 +325,21 @@ class ConfigFacts:
         _, _, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
+        if not self.ranks_hold_the_work(c, key):
+            return math.inf  # no partition fits, at any recomputation: no proposal at all
         return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
+
+    def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
+        """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
+        work and layers worked out once per count and cap)."""
+        work, _, _, layer_work, state, _ = self.layer_arrays(key)
+        if key[0] not in self.leans:
+            self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
+        lean, keep, lean_l, keep_l = self.leans[key[0]]
+        if key not in self.states:
+            self.states[key] = key[1] * layer_params(self.cm)
+        return stages_hold_work(c, (layer_work, state, lean, keep), (self.states[key], lean_l, keep_l), self.cap_bytes,
+                                work, self.most)
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
