@@ -120,8 +120,7 @@ class ConfigFacts:
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
-        # memory_floor_ms (before its slack) per (layout, micro-batch size and count, held_whole)
-        self.busiest_floors: dict[tuple[object, ...], float] = {}
+        self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
         self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
@@ -304,19 +303,16 @@ class ConfigFacts:
         twentieth of the state its ZeRO 1 stages hold.) 0 where :meth:`memory_bound` does not
         bound (shared saved storages, per-stage copies) and for schedules not in
         :data:`MEMORY_FLOOR`."""
-        if self.cm.profile.shared_saved or c.layout.stage_replicas or c.schedule not in MEMORY_FLOOR:
-            return 0.0
-        # what the floor reads of c: its layout, micro-batches and held counts (DualPipe-V's are ZBV's on
-        # the same V layout: one floor for the two)
-        key = (c.layout, c.microbatch_size, c.num_microbatches, held_whole(c))
-        found = self.busiest_floors.get(key)
+        found = self.busiest_floors.get(c)
         if found is None:
-            found = self.busiest_floor_ms(c, c)
-            lean = self.leanest(c)
-            if lean != c:
-                fsdp = fsdp_share_ms(self.cm, lean)
-                found = found if found <= fsdp else min(found, max(fsdp, self.busiest_floor_ms(c, lean)))
-            self.busiest_floors[key] = found
+            found = 0.0
+            if not (self.cm.profile.shared_saved or c.layout.stage_replicas or c.schedule not in MEMORY_FLOOR):
+                found = self.busiest_floor_ms(c, c)
+                lean = self.leanest(c)
+                if lean != c:
+                    fsdp = fsdp_share_ms(self.cm, lean)
+                    found = found if found <= fsdp else min(found, max(fsdp, self.busiest_floor_ms(c, lean)))
+            self.busiest_floors[c] = found
         return found / slack
 
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
