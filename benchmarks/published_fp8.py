@@ -28,7 +28,13 @@ every block in FP8); out of sample, like the rest.
 bytes), their shares; the busiest pipeline rank's compute per micro-batch; the bubble and the exposed
 data-parallel synchronisation of the iteration.
 
-Run: ``python benchmarks/published_fp8.py [--fit] [--terms]``
+``--bounds``: what no uniform FP8 pricing can do (issue 49/47, the dense rows): each row's ratio with the FP8 GEMMs at
+the H100's measured best FP8 matmul (MAMF: 1,402.6 of 1,979 TFLOPS, :data:`MAMF_FP8_TFLOPS`, over the shipped bf16
+``e_max``), then with that and the quantisation passes free. A uniform change of the FP8 GEMMs' or the casts' price
+moves every row the same way; the 8B row (predicted slow) and the 405B row (predicted fast) need opposite moves, so the
+lines bound what any such change can reach.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds]``
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ from planner.cost import precision
 from planner.solve.build import rebuild_plan
 
 GIB = 1024**3
+#: the H100 SXM's maximum achievable FP8 matmul (TFLOPS), the FP8 half of precision.FP8_EFFICIENCY_SOURCE
+MAMF_FP8_TFLOPS = 1402.6
 
 
 def priced_ratio(run: PublishedRun, efficiency: float) -> float:
@@ -156,7 +164,7 @@ def moe_table() -> list[float]:
 def terms(rows: list[PublishedRun]) -> None:
     """Print where each row's predicted time goes (module docstring, ``--terms``)."""
     print(f"\n{'row':<16} {'block fwd ms':>12} {'FP8 GEMMs':>9} {'casts':>6} {'rest':>6} {'non-GEMM':>8} | "
-          f"{'rank ms/mb':>10} {'x M':>4} {'bubble':>6} {'exposed DP ms':>13} {'iteration s':>11}")
+          f"{'rank ms/mb':>10} {'x M':>4} {'bubble':>6} {'exposed DP ms':>13} {'iteration s':>11} {'published s':>11}")
     for r in rows:
         pr.profile_for.cache_clear()
         bf16 = pr.profile_for(dataclasses.replace(r, precision=Precision.BF16), pr.DEVICE_GEMM[r.device])
@@ -177,13 +185,32 @@ def terms(rows: list[PublishedRun]) -> None:
         pred = plan.predicted
         print(f"{r.label:<16} {whole:>12.2f} {gemm:>9.2f} {cast:>6.2f} {rest:>6.2f} {(cast + rest) / whole:>8.0%} | "
               f"{busiest:>10.1f} {plan.num_microbatches:>4} {max(0.0, pred.bubble_fraction):>6.1%} {pred.exposed_allreduce_ms:>13.1f} "
-              f"{pred.iteration_ms / 1e3:>11.3f}")
+              f"{pred.iteration_ms / 1e3:>11.3f} {pr.published_time(r):>11.3f}")
+
+
+def bounds(rows: list[PublishedRun]) -> None:
+    """Print each dense row's time ratio at the two uniform limits of ``--bounds`` (module docstring)."""
+    shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
+    quantise = precision.QUANTISE_BYTES[Precision.FP8_CURRENT]
+    best = MAMF_FP8_TFLOPS / 1979 / pr.DEVICE_GEMM["h100-80gb"].max_efficiency  # FP8 GEMMs at the FP8 MAMF
+    print(f"\n{'predicted / published time':<44} " + " ".join(f"{r.label:>15}" for r in rows))
+    try:
+        for label, eff, q in ((f"shipped (relative efficiency {shipped:.3f})", shipped, quantise),
+                              (f"FP8 GEMMs at the FP8 MAMF ({best:.3f})", best, quantise),
+                              ("  and the quantisation passes free", best, 0.0)):
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = q
+            print(f"{label:<44} " + " ".join(f"{priced_ratio(r, eff):>15.3f}" for r in rows))
+    finally:
+        precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
+        pr.profile_for.cache_clear()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
     ap.add_argument("--terms", action="store_true", help="also print where each dense row's time goes")
+    ap.add_argument("--bounds", action="store_true", help="also print the dense rows at the uniform limits of FP8 pricing")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -203,6 +230,8 @@ def main() -> int:
               f"{100 * statistics.fmean(errs):+.1f}%")
     if args.terms:
         terms(rows)
+    if args.bounds:
+        bounds(rows)
     if args.fit:
         fitted = fit(rows)
         print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on the {len(rows)} dense rows: {fitted:.4f}\n")
