@@ -30,7 +30,8 @@ data-parallel synchronisation of the iteration.
 
 ``--bounds``: what no uniform FP8 pricing can do (issue 49/47, the dense rows): each row's ratio with the FP8 GEMMs at
 the H100's measured best FP8 matmul (MAMF: 1,402.6 of 1,979 TFLOPS, :data:`MAMF_FP8_TFLOPS`, over the shipped bf16
-``e_max``), then with that and the quantisation passes free. A uniform change of the FP8 GEMMs' or the casts' price
+``e_max``), then with that and the quantisation passes free; and the relative FP8 efficiency that would price each
+row exactly on its own (:func:`fit` on that row). A uniform change of the FP8 GEMMs' or the casts' price
 moves every row the same way; the 8B row (predicted slow) and the 405B row (predicted fast) need opposite moves, so the
 lines bound what any such change can reach.
 
@@ -200,6 +201,9 @@ def bounds(rows: list[PublishedRun]) -> None:
                               ("  and the quantisation passes free", best, 0.0)):
             precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = q
             print(f"{label:<44} " + " ".join(f"{priced_ratio(r, eff):>15.3f}" for r in rows))
+        precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        own = [fit([r], 0.3, 3.0) for r in rows]
+        print(f"{'relative efficiency each row alone needs':<44} " + " ".join(f"{e:>15.3f}" for e in own))
     finally:
         precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
         precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
