@@ -28,14 +28,22 @@ every block in FP8); out of sample, like the rest.
 bytes), their shares; the busiest pipeline rank's compute per micro-batch; the bubble and the exposed
 data-parallel synchronisation of the iteration.
 
-``--bounds``: what no uniform FP8 pricing can do (issue 49/47, the dense rows): each row's ratio with the FP8 GEMMs at
-the H100's measured best FP8 matmul (MAMF: 1,402.6 of 1,979 TFLOPS, :data:`MAMF_FP8_TFLOPS`, over the shipped bf16
-``e_max``), then with that and the quantisation passes free; and the relative FP8 efficiency that would price each
-row exactly on its own (:func:`fit` on that row). A uniform change of the FP8 GEMMs' or the casts' price
-moves every row the same way; the 8B row (predicted slow) and the 405B row (predicted fast) need opposite moves, so the
+``--bounds``: what no uniform FP8 pricing can do (issue 49/47, the dense rows): each row's ratio with the FP8 GEMMs
+at the H100's measured best FP8 matmul (MAMF: 1,402.6 of 1,979 TFLOPS, :data:`MAMF_FP8_TFLOPS`, over the shipped
+bf16 ``e_max``), then with that and the quantisation passes free; and the relative FP8 efficiency that would price
+each row exactly on its own (:func:`fit` on that row). A uniform change of the FP8 GEMMs' or the casts' price moves
+every row the same way; the 8B row (predicted slow) and the 405B row (predicted fast) need opposite moves, so the
 lines bound what any such change can reach.
 
-Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds]``
+``--breakdown``: per dense row, each term's share of the predicted iteration, found by pricing the row again with
+that term removed (its marginal seconds; the terms overlap, so they need not add up): the FP8 GEMMs (at a thousand
+times their efficiency), the quantisation passes, the collectives inside a node (tensor-parallel; the 8B's ZeRO-3
+gathers: NVLink a thousand times faster, no latency), those across nodes (data-parallel, pipeline, context-parallel:
+the network likewise), the straggler share (no GPU speed variation); then the bubble and the optimizer step as the
+plan reports them, and what is left (attention, element-wise work, the head, recomputation: the bf16-priced work),
+against the published time.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown]``
 """
 
 from __future__ import annotations
@@ -210,11 +218,61 @@ def bounds(rows: list[PublishedRun]) -> None:
         pr.profile_for.cache_clear()
 
 
+def _seconds(run: PublishedRun) -> float:
+    pr.profile_for.cache_clear()
+    return pr.price(run, pr.DEVICE_GEMM[run.device]).seconds
+
+
+def breakdown(rows: list[PublishedRun]) -> None:
+    """Print each dense row's terms as ``--breakdown`` finds them (module docstring)."""
+    shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
+    quantise = precision.QUANTISE_BYTES[Precision.FP8_CURRENT]
+    cluster_for = pr.cluster_for
+    fast = 1000.0
+
+    def with_cluster(run: PublishedRun, **fields: float) -> float:
+        pr.cluster_for = lambda r: dataclasses.replace(cluster_for(r), **fields)  # type: ignore[assignment]
+        try:
+            return _seconds(run)
+        finally:
+            pr.cluster_for = cluster_for
+
+    print(f"\n{'row':<16} {'predicted s':>11} {'FP8 GEMMs':>9} {'casts':>6} {'NVLink':>7} {'network':>7} "
+          f"{'straggler':>9} {'bubble':>6} {'optimizer':>9} {'rest':>6} | {'published s':>11}")
+    for r in rows:
+        whole = _seconds(r)
+        try:
+            precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped * fast
+            gemms = whole - _seconds(r)
+            precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = 0.0
+            casts = whole - _seconds(r)
+        finally:
+            precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        base = cluster_for(r)
+        tp = whole - with_cluster(r, intra_node_bandwidth_gb_per_s=base.intra_node_bandwidth_gb_per_s * fast,
+                                  intra_node_latency_us=0.0)
+        net = whole - with_cluster(r, inter_node_bandwidth_gb_per_s=base.inter_node_bandwidth_gb_per_s * fast,
+                                   inter_node_latency_us=0.0, inter_node_p2p_latency_us=0.0)
+        straggler = whole - with_cluster(r, gpu_speed_variation=0.0)
+        plan = pr.price(r, pr.DEVICE_GEMM[r.device]).plan
+        bubble = max(0.0, plan.predicted.bubble_fraction) * whole
+        lay = plan.layout
+        optimizer = max(sum(plan.stages[k].optimizer_ms for k in lay.stage_indices(rank))
+                        for rank in range(lay.pipeline_size)) / 1e3
+        rest = whole - gemms - casts - tp - net - straggler - bubble - optimizer
+        print(f"{r.label:<16} {whole:>11.3f} {gemms:>9.3f} {casts:>6.3f} {tp:>7.3f} {net:>7.3f} {straggler:>9.3f} "
+              f"{bubble:>6.3f} {optimizer:>9.3f} {rest:>6.3f} | {pr.published_time(r):>11.3f}")
+    pr.profile_for.cache_clear()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
     ap.add_argument("--terms", action="store_true", help="also print where each dense row's time goes")
     ap.add_argument("--bounds", action="store_true", help="also print the dense rows at the uniform limits of FP8 pricing")
+    ap.add_argument("--breakdown", action="store_true", help="also print each dense row's terms (marginal seconds)")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -236,6 +294,8 @@ def main() -> int:
         terms(rows)
     if args.bounds:
         bounds(rows)
+    if args.breakdown:
+        breakdown(rows)
     if args.fit:
         fitted = fit(rows)
         print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on the {len(rows)} dense rows: {fitted:.4f}\n")
