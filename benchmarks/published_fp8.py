@@ -43,7 +43,15 @@ the network likewise), the straggler share (no GPU speed variation); then the bu
 plan reports them, and what is left (attention, element-wise work, the head, recomputation: the bf16-priced work),
 against the published time.
 
-Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown]``
+``--shapes``: per dense row, the per-device shapes of a block's FP8 GEMMs (forward, input gradient, weight gradient;
+m tokens, n outputs, k the reduction) as Megatron-Core with Transformer Engine runs them: with TP overlap
+(Megatron-Bridge's userbuffers configurations) the ring-exchanged GEMMs (the four forward ones, proj's and fc2's input
+gradients) run in ``t`` chunks of ``s / (cp t)`` tokens, the bulk-overlapped ones (QKV's and fc1's input gradients) and
+the weight gradients whole; each GEMM's share of the block's FP8 FLOPs, the GEMM model's efficiency at the shape (flat:
+its fitted ``I_half``) and a wave-quantisation estimate, not measured and not used in any price: the fraction of full
+waves of :data:`WAVE_TILE` output tiles over :data:`H100_SMS` SMs.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown] [--shapes]``
 """
 
 from __future__ import annotations
@@ -73,6 +81,9 @@ from planner.solve.build import rebuild_plan
 GIB = 1024**3
 #: the H100 SXM's maximum achievable FP8 matmul (TFLOPS), the FP8 half of precision.FP8_EFFICIENCY_SOURCE
 MAMF_FP8_TFLOPS = 1402.6
+#: ``--shapes``' wave estimate: the H100 SXM's SMs and a representative cuBLAS output tile (mamf-finder.py's
+#: ``gemm_tile_hint`` for NVIDIA, stas00/ml-engineering compute/accelerator/benchmarks)
+H100_SMS, WAVE_TILE = 132, (128, 256)
 
 
 def priced_ratio(run: PublishedRun, efficiency: float) -> float:
@@ -267,12 +278,52 @@ def breakdown(rows: list[PublishedRun]) -> None:
     pr.profile_for.cache_clear()
 
 
+def wave_fraction(m: int, n: int) -> float:
+    """The fraction of full waves an ``m x n`` output keeps (``--shapes``): tiles / (waves x SMs)."""
+    tiles = math.ceil(m / WAVE_TILE[0]) * math.ceil(n / WAVE_TILE[1])
+    return tiles / (math.ceil(tiles / H100_SMS) * H100_SMS)
+
+
+def block_gemm_shapes(run: PublishedRun) -> list[tuple[str, int, int, int, int]]:
+    """(name, chunks, m, n, k) of a block's FP8 GEMMs on one device of ``run`` (``--shapes``)."""
+    t, cp, h, d = run.t, run.cp, run.hidden, run.hidden // run.heads
+    qkv, attn, ffn = (run.heads + 2 * run.kv_heads) * d // t, run.heads * d // t, run.ffn // t
+    tokens = run.seq * run.microbatch // cp
+    ring = t if t > 1 and run.stack.tp_overlap_forward else 1
+    return [("qkv fwd", ring, tokens, qkv, h), ("proj fwd", ring, tokens, h, attn),
+            ("fc1 fwd", ring, tokens, 2 * ffn, h), ("fc2 fwd", ring, tokens, h, ffn),
+            ("qkv dgrad", 1, tokens, h, qkv), ("proj dgrad", ring, tokens, attn, h),
+            ("fc1 dgrad", 1, tokens, h, 2 * ffn), ("fc2 dgrad", ring, tokens, ffn, h),
+            ("qkv wgrad", 1, h, qkv, tokens), ("proj wgrad", 1, attn, h, tokens),
+            ("fc1 wgrad", 1, h, 2 * ffn, tokens), ("fc2 wgrad", 1, ffn, h, tokens)]
+
+
+def shapes(rows: list[PublishedRun]) -> None:
+    """Print each dense row's block GEMM shapes (``--shapes``, module docstring)."""
+    for r in rows:
+        gemm = pr.DEVICE_GEMM[r.device]
+        parts = block_gemm_shapes(r)
+        total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
+        print(f"\n{r.label} (t {r.t}, cp {r.cp}): {'GEMM':<10} {'chunks':>6} {'m':>6} {'n':>6} {'k':>6} {'FLOPs':>6} "
+              f"{'model eff':>9} {'waves':>6}")
+        weighted = 0.0
+        for name, chunks, m, n, k in parts:
+            rows_each = m // chunks
+            share = 2.0 * m * n * k / total
+            waves = wave_fraction(rows_each, n)
+            weighted += share / waves
+            print(f"{'':<{len(r.label) + 19}}{name:<10} {chunks:>6} {rows_each:>6} {n:>6} {k:>6} {share:>6.1%} "
+                  f"{gemm.efficiency(rows_each, n, k):>9.3f} {waves:>6.2f}")
+        print(f"{'':<{len(r.label) + 19}}FLOP-weighted fraction of full waves: {1.0 / weighted:.3f} (estimate, not priced)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
     ap.add_argument("--terms", action="store_true", help="also print where each dense row's time goes")
     ap.add_argument("--bounds", action="store_true", help="also print the dense rows at the uniform limits of FP8 pricing")
     ap.add_argument("--breakdown", action="store_true", help="also print each dense row's terms (marginal seconds)")
+    ap.add_argument("--shapes", action="store_true", help="also print each dense row's per-device FP8 GEMM shapes")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -296,6 +347,8 @@ def main() -> int:
         bounds(rows)
     if args.breakdown:
         breakdown(rows)
+    if args.shapes:
+        shapes(rows)
     if args.fit:
         fitted = fit(rows)
         print(f"\nfor comparison, not shipped: FP8_GEMM_EFFICIENCY fitted on the {len(rows)} dense rows: {fitted:.4f}\n")
