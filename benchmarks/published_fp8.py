@@ -30,7 +30,8 @@ data-parallel synchronisation of the iteration.
 
 ``--bounds``: what no uniform FP8 pricing can do (issue 49/47, the dense rows): each row's ratio with the FP8 GEMMs
 at the H100's measured best FP8 matmul (MAMF: 1,402.6 of 1,979 TFLOPS, :data:`MAMF_FP8_TFLOPS`, over the shipped
-bf16 ``e_max``), then with that and the quantisation passes free; and the relative FP8 efficiency that would price
+bf16 ``e_max``), then with that and the quantisation passes free, then at the MAMF times the row's ``--shapes`` wave estimate (a
+what-if: no FP8 GEMM is priced by shape); and the relative FP8 efficiency that would price
 each row exactly on its own (:func:`fit` on that row). A uniform change of the FP8 GEMMs' or the casts' price moves
 every row the same way; the 8B row (predicted slow) and the 405B row (predicted fast) need opposite moves, so the
 lines bound what any such change can reach.
@@ -221,6 +222,11 @@ def bounds(rows: list[PublishedRun]) -> None:
             precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = q
             print(f"{label:<44} " + " ".join(f"{priced_ratio(r, eff):>15.3f}" for r in rows))
         precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        waves = [block_wave_fraction(r) for r in rows]
+        label = "FP8 GEMMs at the MAMF x each row's waves"
+        print(f"{label:<44} "
+              + " ".join(f"{priced_ratio(r, best * w):>15.3f}" for r, w in zip(rows, waves))
+              + "   (" + " / ".join(f"{w:.3f}" for w in waves) + ": --shapes' estimate, not priced)")
         own = [fit([r], 0.3, 3.0) for r in rows]
         print(f"{'relative efficiency each row alone needs':<44} " + " ".join(f"{e:>15.3f}" for e in own))
     finally:
@@ -298,6 +304,13 @@ def block_gemm_shapes(run: PublishedRun) -> list[tuple[str, int, int, int, int]]
             ("fc1 wgrad", 1, h, 2 * ffn, tokens), ("fc2 wgrad", 1, ffn, h, tokens)]
 
 
+def block_wave_fraction(run: PublishedRun) -> float:
+    """The FLOP-weighted fraction of full waves of a block's FP8 GEMMs on one device of ``run`` (``--shapes``)."""
+    parts = block_gemm_shapes(run)
+    total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
+    return 1.0 / sum(2.0 * m * n * k / total / wave_fraction(m // chunks, n) for _, chunks, m, n, k in parts)
+
+
 def shapes(rows: list[PublishedRun]) -> None:
     """Print each dense row's block GEMM shapes (``--shapes``, module docstring)."""
     for r in rows:
@@ -306,15 +319,13 @@ def shapes(rows: list[PublishedRun]) -> None:
         total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
         print(f"\n{r.label} (t {r.t}, cp {r.cp}): {'GEMM':<10} {'chunks':>6} {'m':>6} {'n':>6} {'k':>6} {'FLOPs':>6} "
               f"{'model eff':>9} {'waves':>6}")
-        weighted = 0.0
         for name, chunks, m, n, k in parts:
             rows_each = m // chunks
             share = 2.0 * m * n * k / total
             waves = wave_fraction(rows_each, n)
-            weighted += share / waves
             print(f"{'':<{len(r.label) + 19}}{name:<10} {chunks:>6} {rows_each:>6} {n:>6} {k:>6} {share:>6.1%} "
                   f"{gemm.efficiency(rows_each, n, k):>9.3f} {waves:>6.2f}")
-        print(f"{'':<{len(r.label) + 19}}FLOP-weighted fraction of full waves: {1.0 / weighted:.3f} (estimate, not priced)")
+        print(f"{'':<{len(r.label) + 19}}FLOP-weighted fraction of full waves: {block_wave_fraction(r):.3f} (estimate, not priced)")
 
 
 def main() -> int:
