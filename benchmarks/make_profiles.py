@@ -14,6 +14,7 @@
 Usage: python benchmarks/make_profiles.py [--only measured|analytic] [--device cpu|cuda]
        [--threads N] [--models gpt,bert,...] [--out-dir profiles]
        python benchmarks/make_profiles.py --refresh-splits [--models gpt,bert]
+       python benchmarks/make_profiles.py --refresh-keep [--models gpt,bert]
 
 ``--refresh-splits`` rewrites only what a shipped measured profile counts rather than times --
 each layer's tensor split (``Layer.tp``: the split and sequence-split saved bytes, the bytes one
@@ -21,6 +22,12 @@ device saves at each degree) and the parameters' names -- from today's zoo model
 timings as they were measured (so plans that do not use those figures stay the same). Used for
 profile version 4 (issue 51: sequence parallelism on torch's DTensor keeps the column splits'
 gathered inputs whole).
+
+``--refresh-keep`` likewise writes only what W keeps from a layer's I until its W
+(``Layer.weight_grad_saved_fraction``, :mod:`planner.profiling.measured.wgrad`, measured at the
+profile's byte-measuring micro-batch size) into the shipped measured zoo profiles, keeping their
+timings (W's share of the backward time, ``weight_grad_fraction``, stays unset: timing it means
+re-timing). Issue 50: zoo plans priced with what torch's split backward keeps.
 """
 
 from __future__ import annotations
@@ -88,6 +95,29 @@ def refresh_splits(out_dir: Path, models: tuple[str, ...]) -> None:
         print(f"{shown(path)}: tensor splits and parameter names recounted, timings kept")
 
 
+def refresh_keep(out_dir: Path, models: tuple[str, ...]) -> None:
+    """Measure what W keeps per layer into the shipped measured zoo profiles (see the module
+    docstring), every other field as it was."""
+    import dataclasses
+
+    from planner.artifacts.profile import load_profile
+    from planner.models import load_workload, workload_fingerprint
+    from planner.profiling.measured.profiler import BATCH_SEED
+    from planner.profiling.measured.wgrad import weight_grad_saved_fractions
+
+    for spec in models:
+        path = out_dir / f"zoo-{spec}-cpu.json"
+        old = load_profile(path)
+        work = load_workload(spec)
+        if workload_fingerprint(work) != old.fingerprint_sha256:
+            raise SystemExit(f"{shown(path)}: fingerprint_sha256 is not today's zoo {spec!r} model's; regenerate it")
+        inputs, targets = work.make_batch(int(old.metadata["bytes_measured_at_microbatch_size"]), BATCH_SEED)
+        kept = weight_grad_saved_fractions(work, inputs, targets)
+        layers = tuple(dataclasses.replace(layer, weight_grad_saved_fraction=f) for layer, f in zip(old.layers, kept))
+        save_profile(dataclasses.replace(old, layers=layers), path)
+        print(f"{shown(path)}: what W keeps measured (last layer {kept[-1]}), timings kept")
+
+
 def make_analytic(out_dir: Path) -> None:
     from planner.artifacts.errors import PlannerInputError
     from planner.profiling.analytic.gpt import gpt3_profile
@@ -140,11 +170,16 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=REPO / "profiles")
     parser.add_argument("--refresh-splits", action="store_true",
                         help="recount the tensor splits and parameter names of the shipped measured profiles only")
+    parser.add_argument("--refresh-keep", action="store_true",
+                        help="measure what W keeps (weight_grad_saved_fraction) into the shipped measured profiles only")
     args = parser.parse_args()
     args.out_dir = args.out_dir.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.refresh_splits:
         refresh_splits(args.out_dir, tuple(args.models.split(",")))
+        return 0
+    if args.refresh_keep:
+        refresh_keep(args.out_dir, tuple(args.models.split(",")))
         return 0
     if args.only != "analytic":
         sizes = tuple(int(s) for s in args.microbatch_sizes.split(","))

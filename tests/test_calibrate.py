@@ -70,20 +70,26 @@ def _plan(profile: Profile, *, global_batch: int, schedule: ScheduleKind, bounda
 # ---------------------------------------------------------------- in-process checks
 
 
-def test_repredict_prices_a_zbv_plan_as_the_search_did(profiles: tuple[Profile, Profile]) -> None:
-    """A ZBV plan (two chunks per rank in a V, the tied embedding and head on rank 0) is
-    re-predicted as the search priced it -- every stage's times and memory, the prediction --
-    and re-priced from what it is given: the wrong profile's times (x 0.7) predict a faster
-    iteration at the same memory (issue 50 item 5: ``repredict`` refused ZBV plans)."""
+@pytest.mark.parametrize("schedule, devices", [(ScheduleKind.ZBV, 2), (ScheduleKind.DUALPIPE_V, 2),
+                                               (ScheduleKind.INTERLEAVED_1F1B, 2), (ScheduleKind.DUALPIPE, 4)])
+def test_repredict_prices_a_chunked_plan_as_the_search_did(
+    profiles: tuple[Profile, Profile], schedule: ScheduleKind, devices: int
+) -> None:
+    """A plan with several chunks per rank (ZBV's and DualPipe-V's V, the tied embedding and head
+    on rank 0; interleaved 1F1B; DualPipe's two mirrored copies) is re-predicted as the search
+    priced it -- every stage's times and memory, the prediction -- and re-priced from what it is
+    given: the wrong profile's times (x 0.7) predict a faster iteration at the same memory
+    (issue 50 item 5: ``repredict`` refused ZBV plans, and every interleaved one until now)."""
     true, wrong = profiles
-    request = PlanRequest(global_batch=8, num_devices=2, num_stages=2, schedules=(ScheduleKind.ZBV,),
-                          microbatch_sizes=(2,), optimizer=OptimizerKind.SGD_FP32)
-    plan = planner.plan(true, CLUSTER, request)
-    assert plan.schedule is ScheduleKind.ZBV and plan.layout.num_stages == 4
-    again = repredict(plan, true, CLUSTER)
+    cluster = load_cluster("local-cpu").with_devices(devices)
+    request = PlanRequest(global_batch=4 * devices, num_devices=devices, num_stages=2, schedules=(schedule,),
+                          microbatch_sizes=(2,), optimizer=OptimizerKind.SGD_FP32, tp_degrees=(1,))
+    plan = planner.plan(true, cluster, request)
+    assert plan.schedule is schedule and plan.layout.num_stages == 4
+    again = repredict(plan, true, cluster)
     assert again.predicted == dataclasses.replace(plan.predicted, overheads=(), band=Band())
     assert again.stages == plan.stages
-    faster = repredict(plan, wrong, CLUSTER)
+    faster = repredict(plan, wrong, cluster)
     assert faster.predicted.iteration_ms < 0.8 * plan.predicted.iteration_ms
     assert [s.memory_total_bytes for s in faster.stages] == [s.memory_total_bytes for s in plan.stages]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 from planner.artifacts.cluster import PRESETS
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.request import PlanRequest
@@ -80,3 +81,68 @@ def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
                 checked += 1
                 solved += got is not None
     assert checked > 100 and spared > 5 and solved > 10, (checked, refused, spared, solved)
+
+
+def _every_state_masks(table, held):  # type: ignore[no-untyped-def]
+    """:func:`could_fit_every_state` over every one of each stage's states (not only its peak ones)."""
+    import numpy as np
+
+    from planner.solve.chain_dp import reaches
+
+    fits = [np.logical_and.reduce([table.held(p).could_fit(w, table.cap_of(s)) for w, p in h.states])
+            for s, h in enumerate(held)]
+    return len(held) <= table.L and reaches(fits, table.L, len(held))
+
+
+def test_peak_states_hold_the_heaviest_state() -> None:
+    """:func:`planner.solve.held.peak_states` keeps, of each stage's held states, one at least as
+    heavy as any, for any bytes per whole micro-batch (of either sign) and any keep >= 0, on every
+    order that splits the backward; and it drops some (a ZBV chunk's, a DualPipe-V chunk's)."""
+    from planner.artifacts.kinds import ChunkPlacement
+    from planner.artifacts.layout import Layout
+    from planner.solve.held import peak_states
+
+    rng = random.Random(3)
+    dropped = 0
+    for kind in (*SPLIT, ScheduleKind.DUALPIPE_V):
+        v = kind in (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V)
+        for P in range(1, 7):
+            layout = Layout(num_stages=2 * P, virtual_stages_per_rank=2, placement=ChunkPlacement.V) if v else Layout(num_stages=P)
+            for M in range(2 * P if v else 1, 25):
+                try:
+                    held = held_counts(kind, layout, M)
+                except PlannerInputError:  # a shape the schedule's rules refuse
+                    continue
+                for h in held:
+                    peaks = peak_states(h.states)
+                    assert set(peaks) <= set(h.states) and peaks[0] == h.states[0] and peaks[-1] == h.states[-1]
+                    dropped += len(peaks) < len(h.states)
+                    for _ in range(8):
+                        act, keep = rng.randint(-50, 1000), rng.randint(0, 1000)
+                        assert max(w * act + p * keep for w, p in peaks) == max(w * act + p * keep for w, p in h.states)
+    assert dropped > 50
+
+
+def test_the_check_over_peak_states_answers_as_over_every_state() -> None:
+    """:func:`could_fit_every_state` (over each stage's peak states) answers as the same check over
+    every held state, on every zero-bubble configuration of the drawn cases."""
+    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.solve.build import memory_cap_bytes
+    from planner.solve.floors import ConfigFacts
+    from planner.solve.held import could_fit_every_state
+    from planner.solve.space import all_configs
+
+    checked = refused = 0
+    for profile, cluster, request in _cases():
+        n = cluster.num_devices
+        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, DeviceGroup(), request.stack)
+        facts = ConfigFacts(cm, request, memory_cap_bytes(cm.cluster, request))
+        for c0 in all_configs(cm, request, n):
+            for c in facts.variants(c0):
+                table = facts.table_of(c)
+                held = held_counts(c.schedule, c.layout, c.num_microbatches)
+                got = could_fit_every_state(table, held)
+                assert got == _every_state_masks(table, held), c
+                checked += 1
+                refused += not got
+    assert checked > 100 and refused > 5, (checked, refused)

@@ -202,3 +202,16 @@ def test_device_group_checks_name_the_value(kwargs: dict[str, object], message: 
     assert ONE_DEVICE.size == 1 and ONE_DEVICE.describe() == "tensor-parallel degree 1"
     assert DeviceGroup(tp_degree=2, cp_degree=4, sequence_parallel=True).describe() == (
         "tensor-parallel degree 2 (seq-par), context-parallel 4")
+
+
+@pytest.mark.parametrize(("placement", "chunks", "dp"), [("loop", (1, 2, 3, 4), 1), ("v", (2, 4), 1), ("mirror", (2,), 2)])
+def test_stage_indices_are_the_chunks_pipeline_rank_places(placement: str, chunks: tuple[int, ...], dp: int) -> None:
+    """:meth:`Layout.stage_indices` (worked out round by round) lists, in order, the chunks
+    :meth:`Layout.pipeline_rank` puts on the rank, on every placement, 1-6 ranks."""
+    from planner.artifacts.kinds import ChunkPlacement
+
+    for p in range(1, 7):
+        for v in chunks:
+            lay = Layout(num_stages=p * v, virtual_stages_per_rank=v, dp_degree=dp, placement=ChunkPlacement(placement))
+            for r in range(p):
+                assert lay.stage_indices(r) == tuple(s for s in range(p * v) if lay.pipeline_rank(s) == r)

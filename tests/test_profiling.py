@@ -239,18 +239,27 @@ def test_layer_by_layer_backward_gives_whole_model_gradients(name: str) -> None:
         torch.testing.assert_close(got, p.grad, rtol=1e-10, atol=1e-12)
 
 
-SHIPPED = [*("gpt", "bert", "vgg", "resnet"), pytest.param("gpt2", marks=pytest.mark.hf)]
+SHIPPED = [*("gpt", "bert", "vgg", "resnet", "moe"), pytest.param("gpt2", marks=pytest.mark.hf)]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_zoo_profiles_match_the_zoo_and_plan(name: str, tmp_path: Path) -> None:
-    """profiles/zoo-<name>-cpu.json is a profile of today's default zoo model, and it plans."""
+    """profiles/zoo-<name>-cpu.json is a profile of today's default zoo model, it records what W
+    keeps as the profiler measures it today (``benchmarks/make_profiles.py --refresh-keep``), and
+    it plans."""
     from planner.artifacts.profile import load_profile
+    from planner.profiling.measured.profiler import BATCH_SEED
+    from planner.profiling.measured.wgrad import weight_grad_saved_fractions
 
     path = REPO / "profiles" / f"zoo-{name}-cpu.json"
     profile = load_profile(path)
     assert profile.source == "measured" and profile.device == "cpu"
-    assert profile.fingerprint_sha256 == workload_fingerprint(load_workload(name))
+    work = load_workload(name)
+    assert profile.fingerprint_sha256 == workload_fingerprint(work)
+    inputs, targets = work.make_batch(int(profile.metadata["bytes_measured_at_microbatch_size"]), BATCH_SEED)
+    kept = weight_grad_saved_fractions(work, inputs, targets)
+    assert [layer.weight_grad_saved_fraction for layer in profile.layers] == pytest.approx(kept, rel=1e-12), name
+    assert kept[-1] < 1.0  # the head's (and loss's) tail is freed at I
     assert {"torch_num_threads", "clock"} <= set(profile.metadata) and "torch" in profile.versions
     assert path.stat().st_size < 200_000
     args = ["plan", "--profile", str(path), "--cluster", "local-cpu", "--global-batch", "16", "--out", str(tmp_path / "p.json")]

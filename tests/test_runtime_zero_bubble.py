@@ -6,8 +6,8 @@ which fire in the W passes) and P = 4, on gloo. ZB-H2 (sec. 3.2, no torch class)
 P = 2 and 4 (M below P too). ZBV (sec. 6) two chunks per rank in a V, at P = 2 (with and without
 recomputation, the tied GPT whose embedding and head share rank 0, D = 2 in buckets) and P = 4
 (eight chunks of a six-block GPT); and the bytes saved for backward against the plan, for
-``planner plan``'s own ZB-H1 and ZBV plans run by the runtime (its report, in the same launches),
-and a ZB-H2 plan through ``planner run`` itself."""
+``planner plan``'s own ZB-H1, ZB-H2 and ZBV plans run by the runtime at P = 2 and 4 (its report,
+in the same launches), and a ZB-H2 plan through ``planner run`` itself."""
 
 from __future__ import annotations
 
@@ -105,64 +105,32 @@ def test_zb_h2_matches_one_process_training(world: int, driven: SharedLaunches) 
 
 
 @functools.cache
-def _planned(schedule: str, model: str, devices: int, extra: tuple[str, ...] = (), profile: str = "") -> dict[str, Any]:
-    """A driver config of ``planner plan``'s own ``schedule`` plan (one stage per rank) of the zoo
-    ``model``'s profile on ``devices`` local CPUs, float32 SGD for 2 steps, as ``planner run``
+def _planned(schedule: str, model: str, devices: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A driver config of ``planner plan``'s own ``schedule`` plan (one stage per rank) of the
+    shipped zoo ``model``'s profile (what W keeps measured: ``benchmarks/make_profiles.py
+    --refresh-keep``) on ``devices`` local CPUs, float32 SGD for 2 steps, as ``planner run``
     would run it (the driver returns the runtime's report). Planned once per session."""
     from planner.artifacts.plan import plan_to_json
     from planner.commands.cli import build_parser
     from planner.commands.plan import plan_of_args
 
-    argv = ["plan", "--profile", profile or str(ROOT / "profiles" / f"zoo-{model}-cpu.json"), "--cluster", "local-cpu",
+    argv = ["plan", "--profile", str(ROOT / "profiles" / f"zoo-{model}-cpu.json"), "--cluster", "local-cpu",
             "--devices", str(devices), "--global-batch", str(4 * devices), "--schedules", schedule,
             "--stages", str(devices), *extra]
     made = plan_of_args(build_parser("plan").parse_args(argv))
-    name = f"planned-{schedule}-{model}-P{devices}" + "".join(extra).replace("--", "-") + ("-kept" if profile else "")
+    name = f"planned-{schedule}-{model}-P{devices}" + "".join(extra).replace("--", "-")
     return {"name": name, "model": model, "plan": plan_to_json(made), "dtype": "float32", "optimizer": "sgd", "steps": 2}
 
 
-@functools.cache
-def _kept_profile(model: str) -> Path:
-    """The shipped zoo ``model`` CPU profile with what W keeps measured by the profiler's own
-    function (:func:`planner.profiling.measured.wgrad.weight_grad_saved_fractions`, at the
-    profile's byte-measuring micro-batch size; the shipped file predates it and keeps the
-    stated default, everything), written once per session to a temporary file."""
-    import dataclasses
-    import tempfile
-
-    from planner.artifacts.profile import load_profile, save_profile
-    from planner.models import load_workload, workload_fingerprint
-    from planner.profiling.measured.wgrad import weight_grad_saved_fractions
-
-    prof = load_profile(ROOT / "profiles" / f"zoo-{model}-cpu.json")
-    work = load_workload(model)
-    assert workload_fingerprint(work) == prof.fingerprint_sha256  # the model the profile measured
-    inputs, targets = work.make_batch(int(prof.metadata["bytes_measured_at_microbatch_size"]), 0)
-    kept = weight_grad_saved_fractions(work, inputs, targets)
-    layers = tuple(dataclasses.replace(layer, weight_grad_saved_fraction=f) for layer, f in zip(prof.layers, kept))
-    path = Path(tempfile.mkdtemp(prefix="zb-kept-")) / f"zoo-{model}-cpu-kept.json"
-    save_profile(dataclasses.replace(prof, layers=layers), path)
-    return path
-
-
-def planned_kept(world: int) -> list[dict[str, Any]]:
-    """``planner plan``'s ZB-H1 and ZB-H2 (P = 2 cut after layer 3, P = 4) and ZBV (P = 2) plans
-    of the zoo GPT priced with what W keeps measured (:func:`_kept_profile`; ZBV's 2P chunks need
-    more than the zoo GPT's 6 layers at P = 4)."""
-    path = str(_kept_profile("gpt"))
-    cut = ("--fixed-boundaries", "3")
+def planned_saved(world: int) -> list[dict[str, Any]]:
+    """``planner plan``'s ZB-H1 and ZB-H2 plans of the zoo GPT (P = 2 cut after layer 3, P = 4
+    as planned) and ZBV plans at M = 2P (micro-batches of 2: chunk ``s`` holds ``2P - s`` whole at
+    its peak): the zoo GPT at P = 2 (4 chunks of its 6 layers), the zoo ResNet at P = 4 (8
+    chunks of its 10 layers; the zoo GPT has too few)."""
+    cut, deep = ("--fixed-boundaries", "3"), ("--microbatch-sizes", "2")  # deep: ZBV at M = 2P, its full depth
     if world == 2:
-        return [_planned(ZB, "gpt", 2, cut, profile=path), _planned(ZB2, "gpt", 2, cut, profile=path),
-                _planned(ZBV, "gpt", 2, profile=path)]
-    return [_planned(ZB, "gpt", 4, profile=path), _planned(ZB2, "gpt", 4, profile=path)]
-
-
-def planned_zb_h1(world: int) -> list[dict[str, Any]]:
-    return [_planned(ZB, "gpt", 2, ("--fixed-boundaries", "3"))] if world == 2 else [_planned(ZB, "gpt", 4)]
-
-
-def planned_zbv(world: int) -> list[dict[str, Any]]:
-    return [_planned(ZBV, "gpt", 2)] if world == 2 else [_planned(ZBV, "resnet", 4)]
+        return [_planned(ZB, "gpt", 2, cut), _planned(ZB2, "gpt", 2, cut), _planned(ZBV, "gpt", 2, deep)]
+    return [_planned(ZB, "gpt", 4), _planned(ZB2, "gpt", 4), _planned(ZBV, "resnet", 4, deep)]
 
 
 def _plan_and_report(driven: SharedLaunches, world: int, cfg: dict[str, Any]) -> tuple[Plan, RunReport]:
@@ -174,91 +142,68 @@ def _plan_and_report(driven: SharedLaunches, world: int, cfg: dict[str, Any]) ->
     return plan_from_json(cfg["plan"]), report_from_json(result["report"])
 
 
-@pytest.mark.slow
-@pytest.mark.driver(configs=planned_zb_h1)
-@pytest.mark.parametrize("world", [2, 4])
-def test_zb_h1_saved_bytes_against_the_plan(world: int, driven: SharedLaunches) -> None:
-    """The bytes saved for backward, measured by the runtime's hooks over the step, against the
-    plan: equal on stage 0 (its peak holds whole micro-batches only), at most the plan's bound
-    on every stage (every micro-batch in flight whole), and at least the micro-batches the
-    schedule holds whole at that peak (``weight_pending_counts``: the rest keep part). P = 2
-    with the zoo GPT cut after layer 3, P = 4 as planned."""
-    from planner.schedule import weight_pending_counts
-
-    (cfg,) = planned_zb_h1(world)
-    plan, report = _plan_and_report(driven, world, cfg)
-    assert plan.schedule.value == ZB and report.schedule.value == ZB and plan.num_devices == world
-    pending = weight_pending_counts(plan.schedule, plan.layout, plan.num_microbatches)
-    for stage, got in zip(plan.stages, report.stages, strict=True):
-        predicted = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
-        assert got.activation_bytes_predicted == predicted
-        whole = (stage.inflight_microbatches - pending[stage.stage_idx]) * stage.activation_bytes_per_microbatch
-        assert whole <= got.saved_bytes_peak <= predicted, (stage.stage_idx, whole, got.saved_bytes_peak, predicted)
-        if stage.stage_idx == 0:
-            assert got.saved_bytes_peak == predicted
-
-
-@pytest.mark.slow
-@pytest.mark.driver(configs=planned_kept)
-@pytest.mark.parametrize("world", [2, 4])
-def test_saved_bytes_equal_the_plan_with_what_w_keeps_measured(world: int, driven: SharedLaunches) -> None:
-    """With what W keeps measured by the profiler (the head keeps its GEMM's inputs, its loss's
-    logits are freed by torch's I), the plan's per-stage activation peak (``held_bytes`` of the
-    schedule's own held counts) equals the bytes the runtime's hooks measured on every stage:
-    ZB-H1 and ZB-H2 (run by the action-list runtime, no torch class) at P = 2 and 4, ZBV at
-    P = 2, the zoo GPT. Equal to within the bytes the fraction
-    does not scale: the fraction is measured at one micro-batch size, and the loss's fixed
-    bytes (4, its scalar) are freed whole, so each micro-batch past I can be off by at most the
-    stage's fixed saved bytes."""
+def check_saved_bytes(plan: Plan, report: RunReport, model: str) -> list[tuple[int, int, int]]:
+    """Per stage ``(stage, measured, predicted)``: the bytes saved for backward the runtime's hooks
+    measured (once per storage, peak over the step) and the plan's activation peak
+    (``held_bytes`` of the schedule's own held counts, every point of the walk), asserting them
+    equal to within the bytes the fraction does not scale: W's fraction is measured at one
+    micro-batch size, and the loss's fixed bytes (4, its scalar) are freed whole, so each
+    micro-batch past I can be off by at most the stage's fixed saved bytes (and 1 for rounding)."""
     from planner.artifacts.profile import load_profile
     from planner.schedule import held_counts
+    from planner.schedule.inflight import held_bytes
 
-    prof = load_profile(_kept_profile("gpt"))
-    for cfg in planned_kept(world):
-        plan, report = _plan_and_report(driven, world, cfg)
-        held = held_counts(plan.schedule, plan.layout, plan.num_microbatches)
-        assert any(h.pending for h in held) or plan.schedule.value == ZBV
-        for stage, got in zip(plan.stages, report.stages, strict=True):
-            h = held[stage.stage_idx]
-            fixed = sum(layer.saved_bytes_fixed for layer in prof.layers[stage.layer_start:stage.layer_stop])
-            assert stage.wgrad_bytes_per_microbatch <= stage.activation_bytes_per_microbatch
-            assert abs(got.saved_bytes_peak - got.activation_bytes_predicted) <= h.pending * fixed + 1, (
-                cfg["name"], stage.stage_idx, got.saved_bytes_peak, got.activation_bytes_predicted)
-            if h.pending and stage.layer_stop == len(prof.layers):  # the head past I: below every micro-batch whole
-                whole = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
-                assert got.saved_bytes_peak < whole, (cfg["name"], got.saved_bytes_peak, whole)
+    prof = load_profile(ROOT / "profiles" / f"zoo-{model}-cpu.json")
+    held = held_counts(plan.schedule, plan.layout, plan.num_microbatches)
+    rows = []
+    for stage, got in zip(plan.stages, report.stages, strict=True):
+        h = held[stage.stage_idx]
+        fixed = sum(layer.saved_bytes_fixed for layer in prof.layers[stage.layer_start:stage.layer_stop])
+        assert stage.wgrad_bytes_per_microbatch <= stage.activation_bytes_per_microbatch
+        assert got.activation_bytes_predicted == int(held_bytes(h, stage.activation_bytes_per_microbatch,
+                                                                stage.wgrad_bytes_per_microbatch))
+        assert abs(got.saved_bytes_peak - got.activation_bytes_predicted) <= h.pending * fixed + 1, (
+            plan.schedule.value, stage.stage_idx, got.saved_bytes_peak, got.activation_bytes_predicted)
+        rows.append((stage.stage_idx, got.saved_bytes_peak, got.activation_bytes_predicted))
+    return rows
 
 
 @pytest.mark.slow
-@pytest.mark.driver(configs=planned_zbv)
+@pytest.mark.driver(configs=planned_saved)
 @pytest.mark.parametrize("world", [2, 4])
-def test_zbv_saved_bytes_against_the_plan(world: int, driven: SharedLaunches) -> None:
-    """ZBV's bytes saved for backward, measured by the runtime's hooks over the step, equal the
-    plan's on every chunk: at each chunk's peak no micro-batch waits only for its W
-    (``weight_pending_counts`` is 0), so the count of whole micro-batches is exact. P = 2 on the
-    zoo GPT (4 chunks of 6 layers), P = 4 on the zoo ResNet (8 chunks of 10)."""
+def test_saved_bytes_equal_the_plan(world: int, driven: SharedLaunches) -> None:
+    """The plan's per-stage activation peak equals the bytes the runtime's hooks measured on every
+    stage (:func:`check_saved_bytes`): ZB-H1 and ZB-H2 (the action-list runtime) at P = 2 and 4,
+    ZBV at P = 2 (zoo GPT) and 4 (zoo ResNet). ZB-H1 and ZB-H2 hold micro-batches past I at the
+    head's stage's peak, so it holds less than every micro-batch in flight whole (the old
+    bound); ZBV's chunks hold none past I at their peak (their walk's
+    heaviest point is all whole, whatever W keeps below a micro-batch), so theirs is the count of
+    whole micro-batches."""
     from planner.artifacts.kinds import ChunkPlacement
-    from planner.schedule import weight_pending_counts
+    from planner.schedule import held_counts
 
-    (cfg,) = planned_zbv(world)
-    plan, report = _plan_and_report(driven, world, cfg)
-    assert plan.schedule.value == ZBV and report.schedule.value == ZBV
-    assert plan.layout.placement is ChunkPlacement.V and plan.layout.num_stages == 2 * world
-    assert set(weight_pending_counts(plan.schedule, plan.layout, plan.num_microbatches)) == {0}
-    for stage, got in zip(plan.stages, report.stages, strict=True):
-        predicted = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
-        assert got.activation_bytes_predicted == predicted
-        assert got.saved_bytes_peak == predicted, (stage.stage_idx, got.saved_bytes_peak, predicted)
+    for cfg in planned_saved(world):
+        plan, report = _plan_and_report(driven, world, cfg)
+        assert report.schedule is plan.schedule and plan.num_devices == world
+        check_saved_bytes(plan, report, cfg["model"])
+        held = held_counts(plan.schedule, plan.layout, plan.num_microbatches)
+        if plan.schedule.value == ZBV:
+            assert plan.layout.placement is ChunkPlacement.V and plan.layout.num_stages == 2 * world
+            assert {h.pending for h in held} == {0}
+            for stage, got in zip(plan.stages, report.stages, strict=True):
+                assert got.saved_bytes_peak == stage.inflight_microbatches * stage.activation_bytes_per_microbatch
+            continue
+        assert held[-1].pending
+        head = plan.stages[-1]  # the head past I: below every micro-batch in flight whole
+        assert report.stages[-1].saved_bytes_peak < head.inflight_microbatches * head.activation_bytes_per_microbatch
 
 
 @pytest.mark.slow
 def test_planner_run_runs_zb_h2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``planner run`` of ``planner plan``'s own ZB-H2 plan (it refused the schedule before the
     action runtime: torch has no ZB-H2 class) trains 2 steps on 2 processes, and its report's
-    bytes saved for backward stand as ZB-H1's against the plan: equal on stage 0, within the
-    plan's bound and the whole micro-batches' count elsewhere."""
+    bytes saved for backward equal the plan's on every stage (:func:`check_saved_bytes`)."""
     from planner.commands.cli import main as planner_main
-    from planner.schedule import weight_pending_counts
 
     cfg = _planned(ZB2, "gpt", 2, ("--fixed-boundaries", "3"))
     plan = plan_from_json(cfg["plan"])
@@ -269,10 +214,4 @@ def test_planner_run_runs_zb_h2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert code == 0, capsys.readouterr().err[-3000:]
     report = load_report(tmp_path / "r.json")
     assert report.schedule.value == ZB2 and len(report.steps) == 2
-    pending = weight_pending_counts(plan.schedule, plan.layout, plan.num_microbatches)
-    for stage, got in zip(plan.stages, report.stages, strict=True):
-        predicted = stage.inflight_microbatches * stage.activation_bytes_per_microbatch
-        whole = (stage.inflight_microbatches - pending[stage.stage_idx]) * stage.activation_bytes_per_microbatch
-        assert whole <= got.saved_bytes_peak <= predicted, (stage.stage_idx, whole, got.saved_bytes_peak, predicted)
-        if stage.stage_idx == 0:
-            assert got.saved_bytes_peak == predicted
+    check_saved_bytes(plan, report, "gpt")

@@ -344,9 +344,8 @@ class Layout(ExpertRanks):
     def stage_indices(self, pipeline_rank: int) -> tuple[int, ...]:
         """The chunks pipeline rank ``pipeline_rank`` runs, in order: p, p + pipeline_size, ...
         (V placement: p, 2 pipeline_size - 1 - p, ...)."""
-        if self.placement is ChunkPlacement.LOOP:
-            return tuple(range(pipeline_rank, self.num_stages, self.pipeline_size))
-        return tuple(s for s in range(self.num_stages) if self.pipeline_rank(s) == pipeline_rank)
+        p, r, up = self.pipeline_size, pipeline_rank, self.placement is not ChunkPlacement.LOOP  # (V: odd rounds go back up)
+        return tuple(s for k in range(-(-self.num_stages // p)) if (s := k * p + (p - 1 - r if up and k % 2 else r)) < self.num_stages)
 
     def rank_of(self, *, stage_idx: int, replica: int = 0, cp_index: int = 0, tp_index: int = 0) -> int:
         """The rank of copy ``replica`` (replicated pipeline, or copy inside the pipeline when

@@ -435,17 +435,13 @@ def profile_to_json(profile: Profile) -> dict[str, Any]:
 
 
 def _needs_version_4(profile: Profile) -> bool:
-    if profile.model_config:
-        return True
-    for layer in profile.layers:
-        split = layer.tp
-        if layer.moe is not None:  # routed experts (planner.artifacts.moe): a version-4 field
-            return True
-        if layer.param_names or (split is not None and (
-                split.sequence_runtime is not SequenceParallelRuntime.MEGATRON or split.sequence_saved_bytes_per_sample
-                or any(d.split_saved_bytes_per_sample is not None for d in split.degrees))):
-            return True
-    return False
+    """Whether a field version 4 added is set (routed experts, :mod:`planner.artifacts.moe`, among them)."""
+    return bool(profile.model_config) or any(
+        layer.moe is not None or layer.param_names or (layer.tp is not None and (
+            layer.tp.sequence_runtime is not SequenceParallelRuntime.MEGATRON
+            or layer.tp.sequence_saved_bytes_per_sample
+            or any(d.split_saved_bytes_per_sample is not None for d in layer.tp.degrees)))
+        for layer in profile.layers)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

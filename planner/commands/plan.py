@@ -99,6 +99,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "not price that), 3 also parameters (FSDP; searched where memory binds) (default: 0,1,3)")
     p.add_argument("--no-stage-replication", action="store_true",
                    help="only plans whose stages all have the same replica count (no PipeDream-style per-stage replication)")
+    _add_parallelism_arguments(p)
+    p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
+    p.add_argument("--out", help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
+    p.set_defaults(func=run)
+
+
+def _add_parallelism_arguments(p: argparse.ArgumentParser) -> None:
+    """The degrees searched (tensor, context, expert), the MoE options, sequence parallelism and the stack."""
     p.add_argument("--tp", type=int_list, default=(),
                    help="tensor-parallel degrees to consider (default: every divisor of the devices per node that the "
                         "profile's layers allow; 1 = no tensor parallelism)")
@@ -132,10 +141,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "context-parallel collectives with compute, FSDP gathers one layer ahead); torchtitan-2024 "
                         "(FSDP2 prefetching, gradient reduction during backward, ZeRO gathers ahead of the forward); "
                         "megatron-core and torchtitan: the 0.8 and 2024 presets (default: %(default)s)")
-    p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
-    p.add_argument("--out", help="write the plan JSON here")
-    p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
-    p.set_defaults(func=run)
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:

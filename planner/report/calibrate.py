@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from planner.artifacts import codec
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESIDUALS, ChunkPlacement
+from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESIDUALS
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit, TimePoint, profile_to_json
 from planner.artifacts.report import RunReport, relative_error
@@ -169,10 +169,9 @@ def scale_profile_times(profile: Profile, scales: Sequence[float]) -> Profile:
 def repredict(plan: Plan, profile: Profile, cluster: Cluster) -> Plan:
     """``plan``'s layout (replication, tensor parallelism, ZeRO), partition, recomputation,
     micro-batching and schedule, priced again on ``profile`` and ``cluster`` and replayed by the
-    simulator (:func:`planner.solve.build.rebuild_plan`; the plan keeps its solver). ZBV's two
-    chunks per rank (the V) are priced as the search prices them; interleaved plans are refused."""
-    if plan.layout.virtual_stages_per_rank != 1 and plan.layout.placement is not ChunkPlacement.V:
-        raise PlannerInputError("re-predicting interleaved plans is not supported")
+    simulator (:func:`planner.solve.build.rebuild_plan`; the plan keeps its solver). A rank's
+    several chunks (interleaved 1F1B, ZBV's and DualPipe-V's V, DualPipe's mirrored copies) are
+    priced as the search prices them."""
     if profile.num_layers != plan.num_layers:
         raise PlannerInputError(f"the profile has {profile.num_layers} layers but the plan covers {plan.num_layers}")
     why = refusal(profile, cluster, plan.num_devices, plan.layout.tp_degree)

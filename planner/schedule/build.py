@@ -44,14 +44,15 @@ from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule
-from planner.schedule.dualpipe import dualpipe_v_rank
-from planner.schedule.zero_bubble import zb_h1_rank, zb_h2_rank, zbv_rank
+from planner.schedule.dualpipe import dualpipe_v_ops
+from planner.schedule.zero_bubble import Op, as_actions, zb_h1_ops, zb_h2_ops, zbv_ops
 
 __all__ = [
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
     "replicated_warmup",
+    "split_ops",
 ]
 
 F = ActionKind.FORWARD
@@ -131,19 +132,31 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
         return tuple(_gpipe_rank(s, num_microbatches) for s in range(num_stages))
     if kind is ScheduleKind.ONE_F_ONE_B:
         return tuple(_one_f_one_b_rank(s, num_stages, num_microbatches) for s in range(num_stages))
-    if kind is ScheduleKind.ZB_H1:
-        return tuple(zb_h1_rank(s, num_stages, num_microbatches) for s in range(num_stages))
-    if kind is ScheduleKind.ZB_H2:
-        return tuple(zb_h2_rank(s, num_stages, num_microbatches) for s in range(num_stages))
-    if kind is ScheduleKind.ZBV:
-        return tuple(zbv_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
-    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # DualPipe: each copy's devices (ChunkPlacement.MIRROR)
-        return tuple(dualpipe_v_rank(r, num_stages // 2, num_microbatches) for r in range(num_stages // 2))
+    if kind.splits_backward:
+        return tuple(as_actions(ops) for ops in split_ops(kind, num_stages, num_microbatches))
     ranks = num_stages // v
     return tuple(_interleaved_rank(p, ranks, v, num_microbatches) for p in range(ranks))
 
 
 register_function("schedule.build.build", _build, key="(schedule, stages, micro-batches, chunks per rank)")
+
+
+def split_ops(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[tuple[Op, ...], ...]:
+    """The per-rank orders of a schedule that splits the backward (ZB-H1, ZB-H2, ZBV, DualPipe-V,
+    DualPipe; ``num_stages``: ``2P`` for the V ones) as plain ``(stage, kind, micro-batch)``
+    values, the orders :func:`build_schedule` makes its actions of (the schedule's rules are
+    the caller's to check). Not cached: the in-flight counts and the simulator each keep what
+    they derive of it."""
+    m = num_microbatches
+    if kind is ScheduleKind.ZB_H1:
+        return tuple(zb_h1_ops(s, num_stages, m) for s in range(num_stages))
+    if kind is ScheduleKind.ZB_H2:
+        return tuple(zb_h2_ops(s, num_stages, m) for s in range(num_stages))
+    if kind is ScheduleKind.ZBV:
+        return tuple(zbv_ops(r, num_stages // 2, m) for r in range(num_stages // 2))
+    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # DualPipe: each copy's devices (ChunkPlacement.MIRROR)
+        return tuple(dualpipe_v_ops(r, num_stages // 2, m) for r in range(num_stages // 2))
+    raise ValueError(f"{kind.value} does not split the backward")
 
 
 def _gpipe_rank(stage: int, m: int) -> tuple[Action, ...]:

@@ -48,6 +48,7 @@ and a test checks both against torch's own ``pipeline_order``.
 from __future__ import annotations
 
 from planner.schedule.actions import Action, ActionKind
+from planner.schedule.zero_bubble import Op, as_actions
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD
@@ -60,18 +61,24 @@ Step = tuple[Action, ...]
 
 def dualpipe_v_steps(rank: int, p: int, m: int) -> tuple[Step, ...]:
     """Rank ``rank``'s DualPipe-V steps on ``p`` ranks and ``m >= 2p`` micro-batches (module docstring)."""
+    return tuple(as_actions(step) for step in dualpipe_v_step_ops(rank, p, m))
+
+
+def dualpipe_v_step_ops(rank: int, p: int, m: int) -> tuple[tuple[Op, ...], ...]:
+    """:func:`dualpipe_v_steps` as plain values, ``(stage, kind, micro-batch)`` per action."""
     first, second = rank, 2 * p - 1 - rank
-    steps: list[Step] = []
-    count: dict[tuple[int, ActionKind], int] = {}
+    steps: list[tuple[Op, ...]] = []
+    forwards: dict[int, int] = {}  # per chunk, forwards made; backwards (B or I) likewise
+    backwards: dict[int, int] = {}
     weights: list[tuple[int, int]] = []  # (chunk, micro-batch) of the I passes whose W waits
 
-    def act(stage: int, kind: ActionKind) -> Action:
-        key = (stage, I if kind is B else kind)
-        mb = count.get(key, 0)
-        count[key] = mb + 1
+    def act(stage: int, kind: ActionKind) -> Op:
+        count = forwards if kind is F else backwards
+        mb = count.get(stage, 0)
+        count[stage] = mb + 1
         if kind is I:
             weights.append((stage, mb))
-        return Action(stage_idx=stage, kind=kind, mb_idx=mb)
+        return (stage, kind, mb)
 
     def one(stage: int, kind: ActionKind) -> None:
         steps.append((act(stage, kind),))
@@ -82,7 +89,7 @@ def dualpipe_v_steps(rank: int, p: int, m: int) -> tuple[Step, ...]:
     def weight() -> None:
         if weights:
             stage, mb = weights.pop(0)
-            steps.append((Action(stage_idx=stage, kind=W, mb_idx=mb),))
+            steps.append(((stage, W, mb),))
 
     for _ in range(2 * (p - rank - 1)):
         one(first, F)
@@ -121,4 +128,9 @@ def dualpipe_v_steps(rank: int, p: int, m: int) -> tuple[Step, ...]:
 
 def dualpipe_v_rank(rank: int, p: int, m: int) -> tuple[Action, ...]:
     """Rank ``rank``'s order: its steps' actions in sequence (an overlapped pair forward first)."""
-    return tuple(a for step in dualpipe_v_steps(rank, p, m) for a in step)
+    return as_actions(dualpipe_v_ops(rank, p, m))
+
+
+def dualpipe_v_ops(rank: int, p: int, m: int) -> tuple[Op, ...]:
+    """:func:`dualpipe_v_rank` as plain values."""
+    return tuple(op for step in dualpipe_v_step_ops(rank, p, m) for op in step)

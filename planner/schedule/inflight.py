@@ -43,6 +43,7 @@ from planner.schedule.build import (
     check_schedule_rules,
     interleaved_ops,
     replicated_warmup,
+    split_ops,
 )
 
 
@@ -148,10 +149,6 @@ def weight_pending_counts(kind: ScheduleKind, layout: Layout, num_microbatches: 
     return tuple(y for _, y, _ in _counted(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank))
 
 
-#: actions after which a stage can hold more of one kind (whole, or past I)
-_RAISING = (ActionKind.FORWARD, ActionKind.BACKWARD_INPUT)
-
-
 @lru_cache(maxsize=4096)  # per shape: a search over 1,024 devices asks for ~1,000
 def _counted(
     kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int,
@@ -161,29 +158,39 @@ def _counted(
     walk's points no other exceeds in both counts (:attr:`Held.states`)."""
     if kind is ScheduleKind.INTERLEAVED_1F1B:
         return tuple((n, 0, ()) for n in _interleaved_peaks(num_stages, num_microbatches, v))
+    check_schedule_rules(kind, num_stages, num_microbatches, v)
     whole = [0] * num_stages
     pending = [0] * num_stages
-    fronts: list[list[tuple[int, int]]] = [[] for _ in range(num_stages)]
-    peak = [(0, 0)] * num_stages
-    for order in build_schedule(kind, num_stages, num_microbatches, v):
-        for action in order:
-            s = action.stage_idx
-            if action.kind is ActionKind.FORWARD:
+    points: list[set[tuple[int, int]]] = [set() for _ in range(num_stages)]  # after each F or I
+    forward, b_input, b_weight = ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
+    for order in split_ops(kind, num_stages, num_microbatches):  # the orders as plain values: no Action made
+        for s, act, _ in order:
+            if act is forward:
                 whole[s] += 1
-            elif action.kind is ActionKind.BACKWARD_INPUT:
+            elif act is b_input:
                 whole[s] -= 1
                 pending[s] += 1
-            elif action.kind is ActionKind.BACKWARD_WEIGHT:
+            elif act is b_weight:
                 pending[s] -= 1
+                continue
             else:
                 whole[s] -= 1
-            now = (whole[s], pending[s])
-            if (now[0] + now[1], now[0]) > (peak[s][0] + peak[s][1], peak[s][0]):
-                peak[s] = now
-            front = fronts[s]  # (a W or a whole backward only lowers a count: the point before it is above)
-            if action.kind in _RAISING and not any(w >= now[0] and p >= now[1] for w, p in front):
-                front[:] = [(w, p) for w, p in front if not (now[0] >= w and now[1] >= p)] + [now]
-    return tuple((w, p, tuple(sorted(f, reverse=True))) for (w, p), f in zip(peak, fronts))
+                continue
+            points[s].add((whole[s], pending[s]))
+    # a W or a whole backward only lowers a count (the point before it is above it): the peak and
+    # the points no other exceeds in both counts are among those after an F or an I
+    return tuple(_peak_and_front(p) for p in points)
+
+
+def _peak_and_front(points: set[tuple[int, int]]) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """Of one stage's points: the peak of the count (the larger first count among equal sums; (0,
+    0) before any), and the points no other exceeds in both counts, the first count descending."""
+    w, p = max(points | {(0, 0)}, key=lambda pt: (pt[0] + pt[1], pt[0]))
+    front: list[tuple[int, int]] = []
+    for pt in sorted(points, reverse=True):  # first count descending, the second descending among equals
+        if not front or pt[1] > front[-1][1]:
+            front.append(pt)
+    return w, p, tuple(front)
 
 
 register_function("schedule.inflight.counted", _counted, key="(schedule, stages, micro-batches, chunks per rank)")

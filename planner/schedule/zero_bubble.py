@@ -47,10 +47,25 @@ F = ActionKind.FORWARD
 I = ActionKind.BACKWARD_INPUT
 W = ActionKind.BACKWARD_WEIGHT
 
+#: one action as plain values, ``(stage, kind, micro-batch)``: what the orders are built of (an
+#: :class:`~planner.schedule.actions.Action` each for the schedule; walked as they are by the
+#: in-flight counts and the simulator, which need no objects)
+Op = tuple[int, ActionKind, int]
+
+
+def as_actions(ops: tuple[Op, ...] | list[Op]) -> tuple[Action, ...]:
+    """``ops`` as :class:`~planner.schedule.actions.Action` values."""
+    return tuple(Action(stage_idx=s, kind=k, mb_idx=i) for s, k, i in ops)
+
 
 def zb_h1_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
     """torch ``_get_1f1b_rank_ops`` with ``enable_zero_bubble=True``, one stage per rank
     (warm-up ``_get_warmup_ops(multiply_factor=1)``, ``num_1f1b_microbatches = rank``)."""
+    return as_actions(zb_h1_ops(stage, p, m))
+
+
+def zb_h1_ops(stage: int, p: int, m: int) -> tuple[Op, ...]:
+    """:func:`zb_h1_rank` as plain values."""
     return _split_1f1b(stage, min(p - 1 - stage, m), m)
 
 
@@ -61,62 +76,72 @@ def zb_h2_warmup(stage: int, p: int, m: int) -> int:
 
 def zb_h2_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:
     """Rank ``stage``'s ZB-H2 order: ZB-H1's steps after ZB-H2's longer warm-up."""
+    return as_actions(zb_h2_ops(stage, p, m))
+
+
+def zb_h2_ops(stage: int, p: int, m: int) -> tuple[Op, ...]:
+    """:func:`zb_h2_rank` as plain values."""
     return _split_1f1b(stage, zb_h2_warmup(stage, p, m), m)
 
 
-def _split_1f1b(stage: int, warmup: int, m: int) -> tuple[Action, ...]:
+def _split_1f1b(stage: int, warmup: int, m: int) -> tuple[Op, ...]:
     """``warmup`` forwards, then per step one forward (while any remain) and one ``I``, and from
     step ``stage`` on one ``W`` of the oldest pending micro-batch; then the remaining ``W``."""
-    ops = [Action(stage_idx=stage, kind=F, mb_idx=i) for i in range(warmup)]
+    ops = [(stage, F, i) for i in range(warmup)]
     next_w = 0
     for step in range(m):
         if warmup + step < m:
-            ops.append(Action(stage_idx=stage, kind=F, mb_idx=warmup + step))
-        ops.append(Action(stage_idx=stage, kind=I, mb_idx=step))
+            ops.append((stage, F, warmup + step))
+        ops.append((stage, I, step))
         if step >= stage:
-            ops.append(Action(stage_idx=stage, kind=W, mb_idx=next_w))
+            ops.append((stage, W, next_w))
             next_w += 1
-    ops.extend(Action(stage_idx=stage, kind=W, mb_idx=i) for i in range(next_w, m))
+    ops.extend((stage, W, i) for i in range(next_w, m))
     return tuple(ops)
 
 
 def zbv_rank(rank: int, p: int, m: int) -> tuple[Action, ...]:
     """Rank ``rank``'s ZBV order: torch ``ScheduleZBVZeroBubble._calculate_single_rank_operations``
     (module docstring), the actions of micro-batches ``>= M`` and the padding dropped."""
+    return as_actions(zbv_ops(rank, p, m))
+
+
+def zbv_ops(rank: int, p: int, m: int) -> tuple[Op, ...]:
+    """:func:`zbv_rank` as plain values."""
     n = max(2 * p - 1, m)
     first, second = rank, 2 * p - 1 - rank
-    ops: list[tuple[int, ActionKind, int]] = []
-    cnt = {(first, F): 0, (second, F): 0, (first, I): 0, (second, I): 0, (first, W): 0, (second, W): 0}
+    ops: list[Op] = []
+    fwd, inp, wgt = ({first: 0, second: 0} for _ in range(3))  # passes run per chunk, by kind
 
-    def run(stage: int, kind: ActionKind) -> None:
-        ops.append((stage, kind, cnt[stage, kind]))
-        cnt[stage, kind] += 1
+    def run(stage: int, kind: ActionKind, done: dict[int, int]) -> None:
+        ops.append((stage, kind, done[stage]))
+        done[stage] += 1
 
     for _ in range(2 * (p - rank) - 1):
-        run(first, F)
+        run(first, F, fwd)
     for _ in range(rank):
-        run(second, F)
-        run(first, F)
+        run(second, F, fwd)
+        run(first, F, fwd)
     for _ in range(p - rank):
-        run(second, F)
-        run(second, I)
-        run(second, W)
-    while cnt[second, F] < cnt[first, F] or cnt[first, F] < n:
-        if cnt[first, F] < n:
-            run(first, F)
-        run(first, I)
-        run(first, W)
-        run(second, F)
-        run(second, I)
-        run(second, W)
+        run(second, F, fwd)
+        run(second, I, inp)
+        run(second, W, wgt)
+    while fwd[second] < fwd[first] or fwd[first] < n:
+        if fwd[first] < n:
+            run(first, F, fwd)
+        run(first, I, inp)
+        run(first, W, wgt)
+        run(second, F, fwd)
+        run(second, I, inp)
+        run(second, W, wgt)
     for _ in range(rank):
-        run(first, I)
-        run(second, I)
+        run(first, I, inp)
+        run(second, I, inp)
     for _ in range(p - rank):
-        run(first, I)
-        run(first, W)
-    while cnt[second, W] < cnt[second, I]:
-        run(second, W)
-    while cnt[first, W] < cnt[first, I]:
-        run(first, W)
-    return tuple(Action(stage_idx=s, kind=k, mb_idx=i) for s, k, i in ops if i < m)
+        run(first, I, inp)
+        run(first, W, wgt)
+    while wgt[second] < inp[second]:
+        run(second, W, wgt)
+    while wgt[first] < inp[first]:
+        run(first, W, wgt)
+    return tuple(op for op in ops if op[2] < m)

@@ -48,7 +48,13 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.cost.stage import StageTerms
 from planner.schedule import ActionKind, build_schedule
-from planner.schedule.build import check_replicated_rules, interleaved_schedule_triples, replicated_triples
+from planner.schedule.build import (
+    check_replicated_rules,
+    check_schedule_rules,
+    interleaved_schedule_triples,
+    replicated_triples,
+    split_ops,
+)
 
 __all__ = ["CompiledSchedule", "compiled_schedule", "run_replay", "simulate_iteration_ms"]
 
@@ -61,7 +67,7 @@ def _encoded(
 
     GPipe and 1F1B are generated directly as integers (the same orders as
     :mod:`planner.schedule.build`, a test checks it), interleaved ones from the integers its
-    Actions are made of; zero-bubble orders go through the Actions."""
+    Actions are made of, zero-bubble ones from their plain values (:func:`~planner.schedule.build.split_ops`)."""
     m = num_microbatches
     if replicas:
         check_replicated_rules(kind, replicas, m)
@@ -83,9 +89,11 @@ def _encoded(
         return tuple(orders)
     if kind is ScheduleKind.INTERLEAVED_1F1B:
         return interleaved_schedule_triples(num_stages, m, v)
+    if kind.splits_backward:  # their orders as plain values (the ones their Actions are made of)
+        check_schedule_rules(kind, num_stages, m, v)
+        return tuple(tuple((s, _SPLIT_CODE[k], i) for s, k, i in ops) for ops in split_ops(kind, num_stages, m))
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
-    code = _SPLIT_CODE if kind.splits_backward else _CODE
-    return tuple(tuple((a.stage_idx, code[a.kind], a.mb_idx) for a in acts) for acts in schedule)
+    return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
 
 
 #: the tight loop's action codes: 0 forward, 1 the pass that sends the input's gradient (B or

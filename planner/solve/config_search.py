@@ -22,6 +22,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
@@ -44,8 +46,10 @@ from planner.solve.objectives import Policy
 from planner.solve.proposals import alternatives, rebalanced, rebalances
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms
+from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
+INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +91,9 @@ class ConfigSearch:
             for i, (c, lb) in enumerate((c, self.facts.bound(c, policy.fill)) for c in configs)]
         heapq.heapify(self.heap)
         self.pruned = 0  # configurations skipped by their bound
+        # per stage table (by id: the facts keep them), its recomputation curve and largest working sets
+        self.curves: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.workspaces: dict[int, np.ndarray] = {}
         self.incumbent = policy.incumbent
         self.out: list[Scored] = []
         # rebalancings waiting in the order (phase REBALANCE, by index): the configuration, its
@@ -129,10 +136,14 @@ class ConfigSearch:
                 limit < float("inf") and facts.memory_floor_ms(c0, slack) > limit)))):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
-            # tighter limit (the Pareto points are the best configurations', RESULTS 37)
-            self.pruned += 1
+            # tighter limit (the Pareto points are the best configurations', RESULTS 37); an infinite
+            # memory floor is no bound but a configuration none of whose variants fits (not counted
+            # as pruned: solved, it would have given none)
+            self.pruned += lb > limit or facts.rank_floor_ms(c0, slack) > limit or facts.memory_floor_ms(c0, slack) < INF
             return
-        fitted = None  # this configuration at its searched stage: the variant that fitted, and its solution
+        # this configuration at its searched stage: the variant that fitted, and its solution (None:
+        # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)
+        fitted: tuple[Config, ChainSolution | None] | None = None
         for c in facts.fsdp_variants(c0) if phase == FSDP else facts.variants(c0):
             if is_fsdp(c.sharding()) and phase != FSDP:
                 # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
@@ -146,12 +157,41 @@ class ConfigSearch:
                 if policy.prune and own > lb:
                     heapq.heappush(self.heap, (own * self.scales[i], key, i, FSDP, own))
                     continue
+            if self.hopeless(c, limit, read=phase != FSDP and bool(c.layout.shard_group_size)):
+                fitted = (c, None)  # it fits, and whatever it proposes is slower than the limit
+                continue
             sol = solve_config(self.chain, facts.table_of(c), c)
             if sol is None:
                 continue
             fitted = (c, sol)
             self.propose(c, sol, key, limit)
             limit = self.limit(c0, lb)
+
+    def hopeless(self, c: Config, limit: float, read: bool = False) -> bool:
+        """``c`` (one chunk per rank) has a plan, and no proposal of it passes :meth:`keep`'s check
+        against ``limit``: every partition has a stage slower than ``limit / M``
+        (:func:`~planner.solve.stage_floor.busiest_stage_above`) and some partition surely fits
+        (:func:`~planner.solve.stage_floor.surely_fits`, at a zero-bubble stage's conservative
+        counts: then :func:`solve_config` returns a solution). Solving it would only tell the
+        variants after it that it fits (``read``: a variant after it reads its solution, whose
+        recomputation decides whether to solve that one; then, and for copies per stage, solved as
+        before)."""
+        lay = c.layout
+        if (read or not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1
+                or lay.stage_replicas or self.cm.profile.shared_saved):
+            return False
+        table = self.facts.table_of(c)
+        curve = self.curves.get(id(table))
+        if curve is None:
+            curve = self.curves[id(table)] = table_curve(table)
+        held = c.held()
+        if not busiest_stage_above(table, curve, held, limit * self.where.slack / c.num_microbatches):
+            return False
+        workspace = self.workspaces.get(id(table))
+        if workspace is None:
+            workspace = self.workspaces[id(table)] = largest_workspace(table)
+        return surely_fits(table, tuple(h.conservative() for h in held) if c.schedule.splits_backward else held,
+                           workspace)
 
     def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:
         """Keep the policy's candidates among ``sol`` and its proposals: its memory rebalancings
@@ -172,7 +212,9 @@ class ConfigSearch:
             proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
                                     self.facts.table_of(c))
         if self.where.chain_solver is solve_chain:
-            proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings)
+            checked = limit * self.where.slack if prune else float("inf")  # keep's check, below
+            proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings,
+                                      checked)
         kept = self.keep(c, proposals, limit)
         if unrec < limit and prune and not lean:
             # rebalanced when the order reaches that time, if it still could win then: no rebalancing
@@ -317,6 +359,7 @@ def solve_candidates(
     return config_search(cm, request, where, policy, layers).run()
 
 
-def _recomputes(sol: ChainSolution) -> bool:
+def _recomputes(sol: ChainSolution | None) -> bool:
     """Whether ``sol`` recomputes any layer (fully or selectively)."""
+    assert sol is not None, "a configuration not solved (hopeless) decides no variant by its recomputation"
     return any(sol.recompute) or any(sol.selective)

@@ -56,15 +56,15 @@ def split_fill_bound_ms(cm: CostModel, c: Config) -> float:
     fwds = [float(x) for x in fp]
     total = work[-1]
 
-    def forward_at(x: float) -> float:
-        i = min(bisect.bisect_right(work, x), len(work) - 1)
-        span = work[i] - work[i - 1]
-        return fwds[i - 1] + (fwds[i] - fwds[i - 1]) * ((x - work[i - 1]) / span if span > 0 else 1.0)
+    last, find = len(work) - 1, bisect.bisect_right
 
     def covered(t: float) -> bool:
         x = 0.0
         for _ in range(P):
-            x += max(0.0, t - forward_at(x)) / M
+            i = min(find(work, x), last)  # F(x), inline (the bisection's hot loop)
+            span = work[i] - work[i - 1]
+            f = fwds[i - 1] + (fwds[i] - fwds[i - 1]) * ((x - work[i - 1]) / span if span > 0 else 1.0)
+            x += max(0.0, t - f) / M
             if x >= total:
                 return True
         return False

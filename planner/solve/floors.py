@@ -27,8 +27,11 @@ from planner.solve.rank_memory import (
     Inverse,
     held_whole,
     inverse_points,
+    layer_params,
+    lean_saved_rows,
     merged_inverse,
     rank_holds,
+    stages_hold_work,
     works_reach_ms,
 )
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
@@ -38,7 +41,8 @@ FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
 #: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole)
-MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV)
+MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV,
+                              ScheduleKind.DUALPIPE_V)
 
 
 def fsdp_share_ms(cm: CostModel, c: Config) -> float:
@@ -118,6 +122,9 @@ class ConfigFacts:
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
+        self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
+        self.states: dict[tuple[int, float], np.ndarray] = {}  # per layer its state bytes, per (b, kappa)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
     def bound(self, c: Config, fill: bool) -> float:
@@ -314,7 +321,21 @@ class ConfigFacts:
         _, _, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
+        if not self.ranks_hold_the_work(c, key):
+            return math.inf  # no partition fits, at any recomputation: no proposal at all
         return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
+
+    def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
+        """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
+        work and layers worked out once per count and cap)."""
+        work, _, _, layer_work, state, _ = self.layer_arrays(key)
+        if key[0] not in self.leans:
+            self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
+        lean, keep, lean_l, keep_l = self.leans[key[0]]
+        if key not in self.states:
+            self.states[key] = key[1] * layer_params(self.cm)
+        return stages_hold_work(c, (layer_work, state, lean, keep), (self.states[key], lean_l, keep_l), self.cap_bytes,
+                                work, self.most)
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept

@@ -8,9 +8,11 @@ and whether any partition might (:func:`could_fit_every_state`, checked before s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
+from planner.artifacts.caches import register_function
 from planner.artifacts.layout import Sharding
 from planner.artifacts.plan import StageMemory
 from planner.cost import CostModel
@@ -20,13 +22,36 @@ from planner.solve.chain_dp import reaches
 from planner.solve.prices import StageTable
 
 
+@lru_cache(maxsize=4096)
+def peak_states(states: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """Of a stage's :attr:`Held.states <planner.schedule.Held.states>` (the walk's points no other
+    exceeds in both counts: ``whole`` descending, ``pending`` ascending), those on or above the
+    chord of their neighbours (the frontier's upper concave chain, its two ends always among
+    them): a stage's bytes at ``(whole, pending)`` are ``whole x a + pending x k`` plus what does
+    not depend on them, with ``k >= 0`` (what a micro-batch past I keeps), so at every sizes the
+    heaviest state is one of these, and a point below a chord is strictly lighter than one of
+    its ends. A ZBV chunk's seven states (27, 0), (26, 1), (14, 2) ... (10, 6) leave three."""
+    chain: list[tuple[int, int]] = []
+    for c in states:
+        # (b - a) x (c - a) < 0: b strictly below the chord a c (integers: exact)
+        while len(chain) >= 2 and ((chain[-1][0] - chain[-2][0]) * (c[1] - chain[-2][1])
+                                   - (chain[-1][1] - chain[-2][1]) * (c[0] - chain[-2][0])) < 0:
+            chain.pop()
+        chain.append(c)
+    return tuple(chain)
+
+
+register_function("solve.held.peak_states", peak_states, key="a stage's held states")
+
+
 def held_memory(
     cm: CostModel, start: int, stop: int, recompute: Sequence[int], microbatch_size: int, held: Held,
     sharding: Sharding, selective: Sequence[int] = (),
 ) -> StageMemory:
-    """:meth:`CostModel.stage_memory` of the stage at the heaviest of ``held``'s states."""
+    """:meth:`CostModel.stage_memory` of the stage at the heaviest of ``held``'s states (one of
+    :func:`peak_states`)."""
     found = [cm.stage_memory(start, stop, recompute, microbatch_size, w, sharding, selective, p)
-             for w, p in held.states]
+             for w, p in peak_states(held.states)]
     return max(found, key=lambda m: m.total_bytes)
 
 
@@ -39,7 +64,7 @@ def fits_every_state(
     recomputes so much that W keeps more than it saved)."""
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     for s, (a, e) in enumerate(zip(solution.boundaries, stops)):
-        if len(held[s].states) == 1 or not (solution.recompute[s] or solution.selective_of(s)):
+        if len(peak_states(held[s].states)) == 1 or not (solution.recompute[s] or solution.selective_of(s)):
             continue  # without recomputation W keeps at most what a micro-batch saved: the count's peak
         need = held_memory(cm, a, e, solution.recompute[s], microbatch_size, held[s], sharding_of[s],
                            solution.selective_of(s)).total_bytes
@@ -50,7 +75,9 @@ def fits_every_state(
 
 def could_fit_every_state(table: StageTable, held: Sequence[Held]) -> bool:
     """Some partition into ``len(held)`` stages might fit every held state of each stage: stage
-    ``s`` fits its cap at each ``(whole, pending)`` of ``held[s].states``, each state at its own
+    ``s`` fits its cap at each ``(whole, pending)`` of ``held[s].states`` (each of its
+    :func:`peak_states`: at its leanest a state holds ``whole x (act - gain) + pending x keep`` over
+    what it holds at none, ``keep >= 0``, so one of those is the heaviest), each state at its own
     leanest recomputation (:meth:`StageFits.could_fit <planner.solve.prices.fits.StageFits.could_fit>`
     of the table with ``pending`` held, as the chain DP reads it). A relaxation of
     :func:`fits_every_state` over every partition and recomputation: where it fails, no solution
@@ -60,10 +87,10 @@ def could_fit_every_state(table: StageTable, held: Sequence[Held]) -> bool:
     masks: dict[tuple[tuple[tuple[int, int], ...], float], np.ndarray] = {}
     fits = []
     for s, h in enumerate(held):
-        key = (h.states, table.cap_of(s))
+        key = (peak_states(h.states), table.cap_of(s))
         found = masks.get(key)
         if found is None:
-            found = np.logical_and.reduce([table.held(p).could_fit(w, key[1]) for w, p in h.states])
+            found = np.logical_and.reduce([table.held(p).could_fit(w, key[1]) for w, p in key[0]])
             masks[key] = found
         fits.append(found)
     return len(held) <= table.L and reaches(fits, table.L, len(held))

@@ -80,19 +80,32 @@ def rebalanced(
 
 def alternatives(
     cm: CostModel, c: Config, cap: float, allow_recompute: bool = True, fixed: Sequence[int] = (),
-    settings: SearchSettings = SETTINGS,
+    settings: SearchSettings = SETTINGS, busiest_limit_ms: float = math.inf,
 ) -> list[Candidate]:
     """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
     with the least recompute that fits each stage: extra proposals for the simulator, which
     judges the all-reduce overlap more finely than the DP objective does. Stages start at the
-    ``fixed`` boundaries (the min-max over the partitions that honour them)."""
+    ``fixed`` boundaries (the min-max over the partitions that honour them). A partition whose
+    busiest stage computes more than ``busiest_limit_ms / M`` is left out before its
+    recomputation is chosen: its stage times (compute plus recomputation) put ``M x`` its busiest
+    above that, which the search's check (:meth:`ConfigSearch.keep
+    <planner.solve.config_search.ConfigSearch.keep>`) drops anyway."""
     lay = c.layout
     if lay.virtual_stages_per_rank > 1 or lay.num_stages == 1 or lay.stage_replicas:
         return []
     out = []
     for kind in settings.alternative_partitions:
         bounds = partition_by(kind, cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree, fixed)
-        cand = None if bounds is None else fixed_split(cm, c, bounds, cap, allow_recompute)
+        if bounds is None or c.num_microbatches * max(_computes(cm, c, bounds)) > busiest_limit_ms:
+            continue
+        cand = fixed_split(cm, c, bounds, cap, allow_recompute)
         if cand is not None:
             out.append(cand)
     return out
+
+
+def _computes(cm: CostModel, c: Config, bounds: Sequence[int]) -> list[float]:
+    """Per stage of the partition ``bounds``, its forward + backward as :func:`fixed_split` sums them
+    (its stage time less the recomputation)."""
+    stops = list(bounds[1:]) + [cm.num_layers]
+    return [sum(cm.stage_times_ms(a, z, c.microbatch_size, s, c.layout)) for s, (a, z) in enumerate(zip(bounds, stops))]

@@ -14,11 +14,13 @@ given by breakpoints ``(t, w)``, linear between.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from planner.artifacts.kinds import ChunkPlacement
+from planner.cost import CostModel
 from planner.schedule import first_input_whole
 from planner.solve.arrays import distinct
 from planner.solve.space import Config
@@ -64,6 +66,14 @@ def least_bytes(work: Sequence[float], nbytes: Sequence[float], cap: float) -> t
     return at_w, at_h
 
 
+def most_work(work: Sequence[float], nbytes: Sequence[float], cap: float) -> float:
+    """The most work any share of the layers holds within ``cap``, layer ``i`` holding
+    ``nbytes[i]`` for its ``work[i] > 0`` in any fraction (a fractional knapsack: the fewest bytes
+    per ms first, :func:`least_bytes`); the whole work where all of it fits."""
+    at_w, at_h = least_bytes(work, nbytes, cap)
+    return at_w[-1] if at_h[-1] <= cap else interp(cap, at_h, at_w)
+
+
 def interp(x: float, xp: list[float], fp: list[float]) -> float:
     """``np.interp`` of one value (``xp`` ascending)."""
     if x <= xp[0]:
@@ -107,6 +117,71 @@ def rank_holds(c: Config) -> list[tuple[int, ...]]:
     if lay.placement is ChunkPlacement.LOOP:
         return [(k,) for k in np.asarray(ks).reshape(-1, lay.pipeline_size).min(axis=0).tolist()]
     return [tuple(sorted((ks[s] for s in lay.stage_indices(r)), reverse=True)) for r in range(lay.pipeline_size)]
+
+
+def lean_saved_rows(cm: CostModel, microbatch_size: int) -> tuple[list[float], list[float], np.ndarray, np.ndarray]:
+    """Per row of :meth:`ConfigFacts.layer_arrays <planner.solve.floors.ConfigFacts.layer_arrays>`
+    (busy layers, equal ones summed, in its order), per micro-batch: their saved bytes less the
+    most recomputation frees of them (fully: saved less input; selectively: the attention core),
+    and what each keeps past its I for its W (:meth:`CostModel.keep_bytes` layer by layer: their
+    sum is at most any stage's); then the same two per layer, every layer."""
+    b = microbatch_size
+    fwd, bwd = cm.at_batch(b).times_ms
+    saved = cm.at_batch(b).saved_bytes
+    core = cm.at_batch(b).core_bytes if cm.selective else np.zeros_like(saved)
+    lean = np.maximum(saved - np.maximum(np.maximum(saved - cm.input_per_sample * b, 0.0), core), 0.0)
+    keep = np.array([cm.keep_bytes(i, i + 1, b) for i in range(cm.num_layers)])
+    busy = (fwd + bwd) > 0
+    params = layer_params(cm)
+    rows: dict[tuple[float, float, float], tuple[float, float]] = {}
+    for i in np.flatnonzero(busy).tolist():
+        row = (float(fwd[i] + bwd[i]), float(params[i]), float(saved[i]))
+        had = rows.get(row, (0.0, 0.0))
+        rows[row] = (had[0] + float(lean[i]), had[1] + float(keep[i]))
+    return [r[0] for r in rows.values()], [r[1] for r in rows.values()], lean, keep
+
+
+def layer_params(cm: CostModel) -> np.ndarray:
+    """Per layer its parameters, a tie's counted once (as a stage holding several of its layers does)."""
+    params = cm.param_count.astype(float)
+    for tie in cm.profile.tied:
+        params[list(tie.layers)] -= tie.param_count
+    out: np.ndarray = np.maximum(params, 0.0)
+    return out
+
+
+def stages_hold_work(c: Config, rows: tuple[list[float], list[float], list[float], list[float]],
+                     layers: tuple[np.ndarray, np.ndarray, np.ndarray], cap: float, work: float,
+                     most: dict[tuple[object, ...], tuple[float, int]]) -> bool:
+    """The stages of ``c`` can hold the profile between them, each within its table's share of the
+    cap (``cap`` over the chunks per rank) at every one of its held states (:attr:`Held.states`:
+    ``whole`` micro-batches with every layer at its leanest level, ``state + whole x lean``, and
+    ``pending`` past I keeping W's inputs, ``pending x keep``, which no recomputation frees): its
+    ``work`` with each stage its share of the layers in any fractions (at most :func:`most_work`
+    at each state), and its layers whole (a stage holds at most as many as its fewest-byte layers
+    that fit). Where either falls short, no partition fits every state at any recomputation, and
+    :func:`solve_config <planner.solve.candidates.solve_config>` returns a solution only where one
+    does (the first solve's where it fits every state, else the re-solve's, above them all): ``c``
+    has none, nor any proposal. ``rows``: the busy layers' rows (work, state, lean, keep, equal
+    layers summed); ``layers``: every layer's state, lean and keep bytes; ``most``: each count's
+    and cap's most work and layers, kept."""
+    share = cap / c.layout.virtual_stages_per_rank
+    layer_work, state, lean, keep = rows
+    total, count = 0.0, 0
+    for h in c.held():
+        least, fewest = math.inf, len(layers[0])
+        for whole, pending in h.states:
+            key = (id(state), whole, pending, share)
+            found = most.get(key)
+            if found is None:
+                nbytes = [s + whole * a + pending * k for s, a, k in zip(state, lean, keep)]
+                each = np.sort(layers[0] + whole * layers[1] + pending * layers[2])
+                found = most[key] = (most_work(layer_work, nbytes, share), int(np.searchsorted(np.cumsum(each), share,
+                                                                                                side="right")))
+            least, fewest = min(least, found[0]), min(fewest, found[1])
+        total += least
+        count += fewest
+    return total >= work * (1 - 1e-9) and count >= len(layers[0])
 
 
 def works_reach_ms(inverses: list[tuple[np.ndarray, np.ndarray, np.ndarray]], M: int, work: float) -> float:

@@ -46,7 +46,9 @@ tie-breaks). The bounds, each valid for every partition, recomputation and ZeRO 
 1F1B pipeline, and the memory floor (:meth:`planner.solve.floors.ConfigFacts.memory_bound`:
 the recomputation a rank must do to fit, at the cheapest ms per byte freed); a solved
 configuration's proposals are simulated only if its busiest rank's ``M x`` work (the sum of its
-chunks') does not exceed it. Then every opened degree with candidates builds its plans as before
+chunks') does not exceed it, and a configuration of one chunk per rank whose every partition has
+a stage slower than ``1 / M`` of it, and that surely fits, is not solved at all
+(:mod:`planner.solve.stage_floor`). Then every opened degree with candidates builds its plans as before
 (refinement of coarse candidates, re-scoring, the tighter memory caps over its best
 configurations), the cp = 1 degrees first; a cp > 1 degree keeps only candidates faster than the
 best plan before it and searches no tighter caps (as before issue 24), and builds its best

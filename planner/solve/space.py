@@ -260,7 +260,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     at = cm.at_batch(c.microbatch_size)
     work = at.work_ms
     crossing = work - at.wgrad_ms if c.schedule.splits_backward else work
-    if is_fsdp(c.sharding()):
+    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.sharding()):  # (its sharding made only where it can be)
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration

@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.kinds import DType
+from planner.artifacts.kinds import AttentionKind, DType
 from planner.artifacts.moe import MoeLayer
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit, TimePoint
 from planner.artifacts.progress import Progress
+from planner.artifacts.tensor_split import TensorSplit
 from planner.models import layer_param_names, layer_param_shapes, workload_fingerprint
 from planner.models.common import DTYPES
 from planner.models.workload import Workload, split_loss
@@ -133,48 +134,116 @@ def profile_model(
     if warmup < 0 or repeats < 1:
         raise PlannerInputError(f"need warmup >= 0 and repeats >= 1 (got {warmup}, {repeats})")
     dev = _device(device)
-    torch_dtype = DTYPES[dtype]
     threads_before = torch.get_num_threads()
     threads = num_threads or threads_before
     torch.set_num_threads(threads)
     try:
-        work = _placed(workload, dev, torch_dtype)
-        check_layer_contract(work, *to_device(_batch(work, sizes[0]), dev, torch_dtype))
-        clock = Clock(dev)
-        # a bar on a terminal, else a line every few seconds (planner.artifacts.progress)
-        bar = Progress(f"profile {work.name}", total=len(sizes) * len(work.layers) + 1, unit="layer timings", enabled=progress)
-        with bar:
-            times = {b: _time_layers(work, b, dev, torch_dtype, clock, warmup, repeats, bar) for b in sizes}
-            bar.detail = "attention cores and activation bytes"
-            core_ms, by_size = {}, {}
-            for b in sizes:
-                batch = to_device(_batch(work, b), dev, torch_dtype)
-                calls = record_cores(work, batch[0])
-                core_ms[b] = time_cores(calls, clock, warmup=warmup, repeats=repeats)
-                by_size[b] = measure_model_bytes(work, *batch)
-            attention, kernel = core_backend(calls, work, batch[0])
-            element_bytes = torch.empty(0, dtype=torch_dtype).element_size()
-            batches = {b: to_device(_batch(work, b), dev, torch_dtype)[0] for b in sizes}
-            layer_ms = {b: [(t.fwd_ms, t.bwd_ms) for t in times[b]] for b in sizes}
-            moe = measure_experts(work, batches, by_size, layer_ms, clock, warmup=warmup, repeats=repeats,
-                                  element_bytes=element_bytes)
-            inputs, targets = to_device(_batch(work, sizes[-1]), dev, torch_dtype)
-            kept = weight_grad_saved_fractions(work, inputs, targets)  # what W keeps (torch's split backward)
-            layer_bytes = by_size[sizes[-1]].layers
-            check_activations(work, layer_bytes)
-            splits = layer_splits(work, inputs, sizes[-1], [b.output_bytes / sizes[-1] for b in layer_bytes])
-            edges = layer_edges(work, inputs)
-            bar.update(1, detail="torch.fx operator counts" if trace_ops else None)
-            op_counts = _op_counts(work, verbose) if trace_ops else {}
+        work = _placed(workload, dev, DTYPES[dtype])
+        got = _measure(work, sizes, dev, DTYPES[dtype], warmup=warmup, repeats=repeats,
+                       trace_ops=trace_ops, progress=progress, verbose=verbose)
     finally:
         torch.set_num_threads(threads_before)
     per = float(sizes[-1])
+    metadata: dict[str, Any] = {
+        "clock": got.clock.name,
+        "torch_num_threads": threads,
+        "warmup": warmup,
+        "repeats": repeats,
+        "batch_seed": BATCH_SEED,
+        "bytes_measured_at_microbatch_size": sizes[-1],
+        "saved_bytes": "saved_tensors_hooks, once per storage (union of the spans saved), parameters and buffers "
+                       "excluded; fitted a + b x micro-batch over the measured sizes",
+        "sdpa_kernel": got.kernel,
+        "last_layer_includes_loss": True,
+        "processor": platform.processor() or platform.machine(),
+        **{f"option.{k}": v for k, v in work.options.items() if isinstance(v, (str, int, float, bool))},
+        **got.op_counts,
+    }
+    if dev.type == "cuda":
+        metadata["device_name"] = torch.cuda.get_device_name(dev)
+    return Profile(
+        model=work.name,
+        source="measured",
+        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        dtype=DType(dtype),
+        microbatch_sizes=tuple(sizes),
+        versions=_versions(),
+        metadata=metadata,
+        fingerprint_sha256=workload_fingerprint(work),
+        model_config=dict(work.model_config),
+        model_flops_per_sample=work.model_flops_per_sample,
+        attention=got.attention,
+        layers=_layers(work, sizes, got),
+        edges=tuple(Edge(src=s, dst=d, bytes_per_sample=b / per) for (s, d), b in sorted(got.edges.items())),
+        tied=detect_tied(work),
+        shared_saved=_shared(sizes, got.by_size),
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Measured:
+    """What :func:`_measure` took from the workload, per micro-batch size where it varies."""
+
+    clock: Clock
+    times: dict[int, list[LayerTime]]
+    core_ms: dict[int, list[float]]
+    by_size: dict[int, ModelBytes]
+    attention: AttentionKind
+    kernel: str
+    moe: list[MoeLayer | None]
+    kept: list[float | None]  # what W keeps (torch's split backward), per layer
+    splits: list[TensorSplit | None]
+    edges: dict[tuple[int, int], int]
+    op_counts: dict[str, Any]
+
+
+def _measure(work: Workload, sizes: list[int], dev: torch.device, torch_dtype: torch.dtype, *, warmup: int,
+             repeats: int, trace_ops: bool, progress: bool, verbose: bool) -> _Measured:
+    """Every measurement of ``work`` a profile is built from: the layer contract checked first,
+    then times, attention cores and saved bytes per size, the experts, what W keeps, tensor
+    splits, the layer DAG and (``trace_ops``) operator counts."""
+    check_layer_contract(work, *to_device(_batch(work, sizes[0]), dev, torch_dtype))
+    clock = Clock(dev)
+    # a bar on a terminal, else a line every few seconds (planner.artifacts.progress)
+    bar = Progress(f"profile {work.name}", total=len(sizes) * len(work.layers) + 1, unit="layer timings", enabled=progress)
+    with bar:
+        times = {b: _time_layers(work, b, dev, torch_dtype, clock, warmup, repeats, bar) for b in sizes}
+        bar.detail = "attention cores and activation bytes"
+        core_ms, by_size = {}, {}
+        for b in sizes:
+            batch = to_device(_batch(work, b), dev, torch_dtype)
+            calls = record_cores(work, batch[0])
+            core_ms[b] = time_cores(calls, clock, warmup=warmup, repeats=repeats)
+            by_size[b] = measure_model_bytes(work, *batch)
+        attention, kernel = core_backend(calls, work, batch[0])
+        element_bytes = torch.empty(0, dtype=torch_dtype).element_size()
+        batches = {b: to_device(_batch(work, b), dev, torch_dtype)[0] for b in sizes}
+        layer_ms = {b: [(t.fwd_ms, t.bwd_ms) for t in times[b]] for b in sizes}
+        moe = measure_experts(work, batches, by_size, layer_ms, clock, warmup=warmup, repeats=repeats,
+                              element_bytes=element_bytes)
+        inputs, targets = to_device(_batch(work, sizes[-1]), dev, torch_dtype)
+        kept = weight_grad_saved_fractions(work, inputs, targets)
+        layer_bytes = by_size[sizes[-1]].layers
+        check_activations(work, layer_bytes)
+        splits = layer_splits(work, inputs, sizes[-1], [b.output_bytes / sizes[-1] for b in layer_bytes])
+        edges = layer_edges(work, inputs)
+        bar.update(1, detail="torch.fx operator counts" if trace_ops else None)
+        op_counts = _op_counts(work, verbose) if trace_ops else {}
+    return _Measured(clock=clock, times=times, core_ms=core_ms, by_size=by_size, attention=attention, kernel=kernel,
+                     moe=list(moe), kept=list(kept), splits=list(splits), edges=edges, op_counts=op_counts)
+
+
+def _layers(work: Workload, sizes: list[int], got: _Measured) -> tuple[Layer, ...]:
+    """The profile's layers: times and saved bytes fitted over the sizes, the rest at the largest."""
+    per = float(sizes[-1])
+    layer_bytes = got.by_size[sizes[-1]].layers
     shapes, names = layer_param_shapes(work), layer_param_names(work)
     layers = []
     for idx, (name, module) in enumerate(zip(work.layer_names, work.layers)):
-        points = tuple(TimePoint(microbatch_size=b, fwd_ms=times[b][idx].fwd_ms, bwd_ms=times[b][idx].bwd_ms) for b in sizes)
+        points = tuple(TimePoint(microbatch_size=b, fwd_ms=got.times[b][idx].fwd_ms, bwd_ms=got.times[b][idx].bwd_ms)
+                       for b in sizes)
         params = list(module.parameters())
-        fixed, per_sample = fit_bytes(sizes, [by_size[b].layers[idx].saved_bytes for b in sizes])
+        fixed, per_sample = fit_bytes(sizes, [got.by_size[b].layers[idx].saved_bytes for b in sizes])
         layers.append(
             Layer(
                 name=name,
@@ -190,47 +259,14 @@ def profile_model(
                 saved_bytes_fixed=fixed,
                 input_bytes_per_sample=layer_bytes[idx].input_bytes / per,
                 output_bytes_per_sample=layer_bytes[idx].output_bytes / per,
-                tp=splits[idx],
-                weight_grad_fraction=_wgrad_fraction(times[sizes[-1]][idx]),
-                weight_grad_saved_fraction=kept[idx],
-                attention_core=_core(sizes, by_size, core_ms, idx, (fixed, per_sample), moe[idx]),
-                moe=moe[idx],
+                tp=got.splits[idx],
+                weight_grad_fraction=_wgrad_fraction(got.times[sizes[-1]][idx]),
+                weight_grad_saved_fraction=got.kept[idx],
+                attention_core=_core(sizes, got.by_size, got.core_ms, idx, (fixed, per_sample), got.moe[idx]),
+                moe=got.moe[idx],
             )
         )
-    metadata: dict[str, Any] = {
-        "clock": clock.name,
-        "torch_num_threads": threads,
-        "warmup": warmup,
-        "repeats": repeats,
-        "batch_seed": BATCH_SEED,
-        "bytes_measured_at_microbatch_size": sizes[-1],
-        "saved_bytes": "saved_tensors_hooks, once per storage (union of the spans saved), parameters and buffers "
-                       "excluded; fitted a + b x micro-batch over the measured sizes",
-        "sdpa_kernel": kernel,
-        "last_layer_includes_loss": True,
-        "processor": platform.processor() or platform.machine(),
-        **{f"option.{k}": v for k, v in work.options.items() if isinstance(v, (str, int, float, bool))},
-        **op_counts,
-    }
-    if dev.type == "cuda":
-        metadata["device_name"] = torch.cuda.get_device_name(dev)
-    return Profile(
-        model=work.name,
-        source="measured",
-        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        dtype=DType(dtype),
-        microbatch_sizes=tuple(sizes),
-        versions=_versions(),
-        metadata=metadata,
-        fingerprint_sha256=workload_fingerprint(work),
-        model_config=dict(work.model_config),
-        model_flops_per_sample=work.model_flops_per_sample,
-        attention=attention,
-        layers=tuple(layers),
-        edges=tuple(Edge(src=s, dst=d, bytes_per_sample=b / per) for (s, d), b in sorted(edges.items())),
-        tied=detect_tied(work),
-        shared_saved=_shared(sizes, by_size),
-    )
+    return tuple(layers)
 
 
 def _core(
