@@ -28,7 +28,31 @@ every block in FP8); out of sample, like the rest.
 bytes), their shares; the busiest pipeline rank's compute per micro-batch; the bubble and the exposed
 data-parallel synchronisation of the iteration.
 
-Run: ``python benchmarks/published_fp8.py [--fit] [--terms]``
+``--bounds``: what no uniform FP8 pricing can do (issue 49/47, the dense rows): each row's ratio with the FP8 GEMMs
+at the H100's measured best FP8 matmul (MAMF: 1,402.6 of 1,979 TFLOPS, :data:`MAMF_FP8_TFLOPS`, over the shipped
+bf16 ``e_max``), then with that and the quantisation passes free, then at the MAMF times the row's ``--shapes`` wave estimate (a
+what-if: no FP8 GEMM is priced by shape); and the relative FP8 efficiency that would price
+each row exactly on its own (:func:`fit` on that row). A uniform change of the FP8 GEMMs' or the casts' price moves
+every row the same way; the 8B row (predicted slow) and the 405B row (predicted fast) need opposite moves, so the
+lines bound what any such change can reach.
+
+``--breakdown``: per dense row, each term's share of the predicted iteration, found by pricing the row again with
+that term removed (its marginal seconds; the terms overlap, so they need not add up): the FP8 GEMMs (at a thousand
+times their efficiency), the quantisation passes, the collectives inside a node (tensor-parallel; the 8B's ZeRO-3
+gathers: NVLink a thousand times faster, no latency), those across nodes (data-parallel, pipeline, context-parallel:
+the network likewise), the straggler share (no GPU speed variation), the attention kernel (three times what it saves
+at 1.5 x its rate); then the bubble and the optimizer step as the plan reports them, and what is left (element-wise
+work, the head, the recomputed blocks' bf16 work), against the published time.
+
+``--shapes``: per dense row, the per-device shapes of a block's FP8 GEMMs (forward, input gradient, weight gradient;
+m tokens, n outputs, k the reduction) as Megatron-Core with Transformer Engine runs them: with TP overlap
+(Megatron-Bridge's userbuffers configurations) the ring-exchanged GEMMs (the four forward ones, proj's and fc2's input
+gradients) run in ``t`` chunks of ``s / (cp t)`` tokens, the bulk-overlapped ones (QKV's and fc1's input gradients) and
+the weight gradients whole; each GEMM's share of the block's FP8 FLOPs, the GEMM model's efficiency at the shape (flat:
+its fitted ``I_half``) and a wave-quantisation estimate, not measured and not used in any price: the fraction of full
+waves of :data:`WAVE_TILE` output tiles over :data:`H100_SMS` SMs.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown] [--shapes]``
 """
 
 from __future__ import annotations
@@ -55,9 +79,17 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import STACKS
 from planner.cost import precision
+from planner.cost.attention_kernels import efficiency_of
 from planner.solve.build import rebuild_plan
 
 GIB = 1024**3
+#: the H100 SXM's maximum achievable FP8 matmul (TFLOPS), the FP8 half of precision.FP8_EFFICIENCY_SOURCE
+MAMF_FP8_TFLOPS = 1402.6
+#: ``--shapes``' wave estimate: the H100 SXM's SMs and a representative cuBLAS output tile (mamf-finder.py's
+#: ``gemm_tile_hint`` for NVIDIA, stas00/ml-engineering compute/accelerator/benchmarks)
+H100_SMS, WAVE_TILE = 132, (128, 256)
+#: ``--breakdown``: the attention kernel's speed-up whose saving, x 3, is its time (a rate 1.5 x: a third off)
+ATTENTION_SPEEDUP = 1.5
 
 
 def priced_ratio(run: PublishedRun, efficiency: float) -> float:
@@ -185,7 +217,7 @@ def moe_table() -> list[float]:
 def terms(rows: list[PublishedRun]) -> None:
     """Print where each row's predicted time goes (module docstring, ``--terms``)."""
     print(f"\n{'row':<16} {'block fwd ms':>12} {'FP8 GEMMs':>9} {'casts':>6} {'rest':>6} {'non-GEMM':>8} | "
-          f"{'rank ms/mb':>10} {'x M':>4} {'bubble':>6} {'exposed DP ms':>13} {'iteration s':>11}")
+          f"{'rank ms/mb':>10} {'x M':>4} {'bubble':>6} {'exposed DP ms':>13} {'iteration s':>11} {'published s':>11}")
     for r in rows:
         pr.profile_for.cache_clear()
         bf16 = pr.profile_for(dataclasses.replace(r, precision=Precision.BF16), pr.DEVICE_GEMM[r.device])
@@ -206,13 +238,141 @@ def terms(rows: list[PublishedRun]) -> None:
         pred = plan.predicted
         print(f"{r.label:<16} {whole:>12.2f} {gemm:>9.2f} {cast:>6.2f} {rest:>6.2f} {(cast + rest) / whole:>8.0%} | "
               f"{busiest:>10.1f} {plan.num_microbatches:>4} {max(0.0, pred.bubble_fraction):>6.1%} {pred.exposed_allreduce_ms:>13.1f} "
-              f"{pred.iteration_ms / 1e3:>11.3f}")
+              f"{pred.iteration_ms / 1e3:>11.3f} {pr.published_time(r):>11.3f}")
+
+
+def bounds(rows: list[PublishedRun]) -> None:
+    """Print each dense row's time ratio at the two uniform limits of ``--bounds`` (module docstring)."""
+    shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
+    quantise = precision.QUANTISE_BYTES[Precision.FP8_CURRENT]
+    best = MAMF_FP8_TFLOPS / 1979 / pr.DEVICE_GEMM["h100-80gb"].max_efficiency  # FP8 GEMMs at the FP8 MAMF
+    print(f"\n{'predicted / published time':<44} " + " ".join(f"{r.label:>15}" for r in rows))
+    try:
+        for label, eff, q in ((f"shipped (relative efficiency {shipped:.3f})", shipped, quantise),
+                              (f"FP8 GEMMs at the FP8 MAMF ({best:.3f})", best, quantise),
+                              ("  and the quantisation passes free", best, 0.0)):
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = q
+            print(f"{label:<44} " + " ".join(f"{priced_ratio(r, eff):>15.3f}" for r in rows))
+        precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        waves = [block_wave_fraction(r) for r in rows]
+        label = "FP8 GEMMs at the MAMF x each row's waves"
+        print(f"{label:<44} "
+              + " ".join(f"{priced_ratio(r, best * w):>15.3f}" for r, w in zip(rows, waves))
+              + "   (" + " / ".join(f"{w:.3f}" for w in waves) + ": --shapes' estimate, not priced)")
+        own = [fit([r], 0.3, 3.0) for r in rows]
+        print(f"{'relative efficiency each row alone needs':<44} " + " ".join(f"{e:>15.3f}" for e in own))
+    finally:
+        precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
+        pr.profile_for.cache_clear()
+
+
+def _seconds(run: PublishedRun) -> float:
+    pr.profile_for.cache_clear()
+    return pr.price(run, pr.DEVICE_GEMM[run.device]).seconds
+
+
+def breakdown(rows: list[PublishedRun]) -> None:
+    """Print each dense row's terms as ``--breakdown`` finds them (module docstring)."""
+    shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
+    quantise = precision.QUANTISE_BYTES[Precision.FP8_CURRENT]
+    cluster_for = pr.cluster_for
+    fast = 1000.0
+
+    def with_cluster(run: PublishedRun, **fields: float) -> float:
+        pr.cluster_for = lambda r: dataclasses.replace(cluster_for(r), **fields)  # type: ignore[assignment]
+        try:
+            return _seconds(run)
+        finally:
+            pr.cluster_for = cluster_for
+
+    print(f"\n{'row':<16} {'predicted s':>11} {'FP8 GEMMs':>9} {'casts':>6} {'attention':>9} {'NVLink':>7} {'network':>7} "
+          f"{'straggler':>9} {'bubble':>6} {'optimizer':>9} {'rest':>6} | {'published s':>11}")
+    for r in rows:
+        whole = _seconds(r)
+        try:
+            precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped * fast
+            gemms = whole - _seconds(r)
+            precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = 0.0
+            casts = whole - _seconds(r)
+        finally:
+            precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT] = shipped
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        nominal = efficiency_of(r.stack.attention_kernel, r.device)
+        attention = 0.0
+        if nominal is not None:  # the attention kernel 1.5 x as fast takes a third of its time off
+            faster = dataclasses.replace(r, stack=dataclasses.replace(r.stack, attention_efficiency=(
+                nominal[0] * ATTENTION_SPEEDUP, nominal[1])))
+            attention = (whole - _seconds(faster)) * ATTENTION_SPEEDUP / (ATTENTION_SPEEDUP - 1.0)
+        base = cluster_for(r)
+        tp = whole - with_cluster(r, intra_node_bandwidth_gb_per_s=base.intra_node_bandwidth_gb_per_s * fast,
+                                  intra_node_latency_us=0.0)
+        net = whole - with_cluster(r, inter_node_bandwidth_gb_per_s=base.inter_node_bandwidth_gb_per_s * fast,
+                                   inter_node_latency_us=0.0, inter_node_p2p_latency_us=0.0)
+        straggler = whole - with_cluster(r, gpu_speed_variation=0.0)
+        plan = pr.price(r, pr.DEVICE_GEMM[r.device]).plan
+        bubble = max(0.0, plan.predicted.bubble_fraction) * whole
+        lay = plan.layout
+        optimizer = max(sum(plan.stages[k].optimizer_ms for k in lay.stage_indices(rank))
+                        for rank in range(lay.pipeline_size)) / 1e3
+        rest = whole - gemms - casts - attention - tp - net - straggler - bubble - optimizer
+        print(f"{r.label:<16} {whole:>11.3f} {gemms:>9.3f} {casts:>6.3f} {attention:>9.3f} {tp:>7.3f} {net:>7.3f} {straggler:>9.3f} "
+              f"{bubble:>6.3f} {optimizer:>9.3f} {rest:>6.3f} | {pr.published_time(r):>11.3f}")
+    pr.profile_for.cache_clear()
+
+
+def wave_fraction(m: int, n: int) -> float:
+    """The fraction of full waves an ``m x n`` output keeps (``--shapes``): tiles / (waves x SMs)."""
+    tiles = math.ceil(m / WAVE_TILE[0]) * math.ceil(n / WAVE_TILE[1])
+    return tiles / (math.ceil(tiles / H100_SMS) * H100_SMS)
+
+
+def block_gemm_shapes(run: PublishedRun) -> list[tuple[str, int, int, int, int]]:
+    """(name, chunks, m, n, k) of a block's FP8 GEMMs on one device of ``run`` (``--shapes``)."""
+    t, cp, h, d = run.t, run.cp, run.hidden, run.hidden // run.heads
+    qkv, attn, ffn = (run.heads + 2 * run.kv_heads) * d // t, run.heads * d // t, run.ffn // t
+    tokens = run.seq * run.microbatch // cp
+    ring = t if t > 1 and run.stack.tp_overlap_forward else 1
+    return [("qkv fwd", ring, tokens, qkv, h), ("proj fwd", ring, tokens, h, attn),
+            ("fc1 fwd", ring, tokens, 2 * ffn, h), ("fc2 fwd", ring, tokens, h, ffn),
+            ("qkv dgrad", 1, tokens, h, qkv), ("proj dgrad", ring, tokens, attn, h),
+            ("fc1 dgrad", 1, tokens, h, 2 * ffn), ("fc2 dgrad", ring, tokens, ffn, h),
+            ("qkv wgrad", 1, h, qkv, tokens), ("proj wgrad", 1, attn, h, tokens),
+            ("fc1 wgrad", 1, h, 2 * ffn, tokens), ("fc2 wgrad", 1, ffn, h, tokens)]
+
+
+def block_wave_fraction(run: PublishedRun) -> float:
+    """The FLOP-weighted fraction of full waves of a block's FP8 GEMMs on one device of ``run`` (``--shapes``)."""
+    parts = block_gemm_shapes(run)
+    total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
+    return 1.0 / sum(2.0 * m * n * k / total / wave_fraction(m // chunks, n) for _, chunks, m, n, k in parts)
+
+
+def shapes(rows: list[PublishedRun]) -> None:
+    """Print each dense row's block GEMM shapes (``--shapes``, module docstring)."""
+    for r in rows:
+        gemm = pr.DEVICE_GEMM[r.device]
+        parts = block_gemm_shapes(r)
+        total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
+        print(f"\n{r.label} (t {r.t}, cp {r.cp}): {'GEMM':<10} {'chunks':>6} {'m':>6} {'n':>6} {'k':>6} {'FLOPs':>6} "
+              f"{'model eff':>9} {'waves':>6}")
+        for name, chunks, m, n, k in parts:
+            rows_each = m // chunks
+            share = 2.0 * m * n * k / total
+            waves = wave_fraction(rows_each, n)
+            print(f"{'':<{len(r.label) + 19}}{name:<10} {chunks:>6} {rows_each:>6} {n:>6} {k:>6} {share:>6.1%} "
+                  f"{gemm.efficiency(rows_each, n, k):>9.3f} {waves:>6.2f}")
+        print(f"{'':<{len(r.label) + 19}}FLOP-weighted fraction of full waves: {block_wave_fraction(r):.3f} (estimate, not priced)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
     ap.add_argument("--terms", action="store_true", help="also print where each row's time goes (the MoE rows: one layer)")
+    ap.add_argument("--bounds", action="store_true", help="also print the dense rows at the uniform limits of FP8 pricing")
+    ap.add_argument("--breakdown", action="store_true", help="also print each dense row's terms (marginal seconds)")
+    ap.add_argument("--shapes", action="store_true", help="also print each dense row's per-device FP8 GEMM shapes")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -234,6 +394,12 @@ def main() -> int:
         terms(rows)
         print()
         pm.terms_report(MOE_ROWS, plan_of=moe_plan, profile_of=moe_profile)
+    if args.bounds:
+        bounds(rows)
+    if args.breakdown:
+        breakdown(rows)
+    if args.shapes:
+        shapes(rows)
     if args.fit:
         moe = STACKS["megatron-core-0.8"].moe
         fit_rows = tuple(r for r in MOE_ROWS if r.label == FP8_MOE_FIT_ROW)

@@ -256,3 +256,41 @@ def test_the_fp8_rows_fit_and_run_as_megatron_bridge_ran_them() -> None:
         plan = published_fp8.moe_plan(moe)
         assert plan.predicted.peak_memory_bytes <= published_fp8.pm.usable_bytes()
         assert plan.layout.ep_degree == moe.ep and plan.layout.pipeline_size == moe.pp
+
+
+def test_the_fp8_block_shapes_carry_a_blocks_linear_flops_on_one_device() -> None:
+    """``published_fp8 --shapes``: a block's FP8 GEMMs on one device of each dense FP8 row (forward,
+    input and weight gradients) add up to three times its weighted GEMMs' forward FLOPs / (t cp), and
+    only the tensor-parallel overlapped rows run them in chunks."""
+    import published_fp8
+
+    for run in (r for r in ROWS.values() if r.precision.fp8):
+        parts = published_fp8.block_gemm_shapes(run)
+        shape = profile_for(run, DEVICE_GEMM[run.device]).layers[1]
+        assert shape.fp8 is not None
+        weighted = 2.0 * shape.fp8.param_count * run.seq  # 2 FLOPs per weight and token, forward
+        assert sum(2.0 * m * n * k for _, _, m, n, k in parts) == pytest.approx(3 * weighted / (run.t * run.cp))
+        assert {part[1] for part in parts} == ({1, run.t} if run.t > 1 else {1})
+        assert all(0 < published_fp8.wave_fraction(m // chunks, n) <= 1 for _, chunks, m, n, _ in parts)
+
+
+def test_the_fp8_breakdown_leaves_the_pricing_as_it_found_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``published_fp8 --breakdown`` re-prices each dense row with one term removed at a time (module
+    globals and the cluster swapped in turn): every row printed, and the shipped constants, the
+    cluster and so each row's price the same afterwards."""
+    import published_fp8
+    import published_runs
+
+    from planner.artifacts.kinds import Precision
+    from planner.cost import precision
+
+    rows = [r for r in ROWS.values() if r.precision.fp8]
+    before = [price(r, DEVICE_GEMM[r.device]).seconds for r in rows]
+    efficiency, quantise = dict(precision.FP8_GEMM_EFFICIENCY), dict(precision.QUANTISE_BYTES)
+    published_fp8.breakdown(rows)
+    out = capsys.readouterr().out
+    assert all(r.label in out for r in rows)
+    assert precision.FP8_GEMM_EFFICIENCY == efficiency and precision.QUANTISE_BYTES == quantise
+    assert published_runs.cluster_for is cluster_for and Precision.FP8_CURRENT in precision.QUANTISE_BYTES
+    published_runs.profile_for.cache_clear()
+    assert [price(r, DEVICE_GEMM[r.device]).seconds for r in rows] == before
