@@ -51,35 +51,40 @@ def _cases():
         yield profile, cluster, request
 
 
-def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
+def _configs():
+    """Every configuration (each variant) of the drawn cases: its stage table, held counts and itself."""
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.candidates import solve_config
-    from planner.solve.chain_dp import solve_chain
     from planner.solve.floors import ConfigFacts
-    from planner.solve.held import could_fit_every_state
     from planner.solve.space import all_configs
 
-    checked = refused = spared = solved = 0
     for profile, cluster, request in _cases():
         n = cluster.num_devices
         cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, DeviceGroup(), request.stack)
         facts = ConfigFacts(cm, request, memory_cap_bytes(cm.cluster, request))
         for c0 in all_configs(cm, request, n):
             for c in facts.variants(c0):
-                table = facts.table_of(c)
-                held = held_counts(c.schedule, c.layout, c.num_microbatches)
-                if not any(len(h.states) > 1 for h in held):
-                    continue
-                expected, peak = _two_solves(table, c)
-                if not could_fit_every_state(table, held):
-                    assert expected is None, c
-                    refused += 1
-                    spared += peak  # the peak's optimum fits at its peak only
-                got = solve_config(solve_chain, table, c)
-                assert got == expected, c
-                checked += 1
-                solved += got is not None
+                yield facts.table_of(c), held_counts(c.schedule, c.layout, c.num_microbatches), c
+
+
+def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
+    from planner.solve.candidates import solve_config
+    from planner.solve.chain_dp import solve_chain
+    from planner.solve.held import could_fit_every_state
+
+    checked = refused = spared = solved = 0
+    for table, held, c in _configs():
+        if not any(len(h.states) > 1 for h in held):
+            continue
+        expected, peak = _two_solves(table, c)
+        if not could_fit_every_state(table, held):
+            assert expected is None, c
+            refused += 1
+            spared += peak  # the peak's optimum fits at its peak only
+        got = solve_config(solve_chain, table, c)
+        assert got == expected, c
+        checked += 1
+        solved += got is not None
     assert checked > 100 and spared > 5 and solved > 10, (checked, refused, spared, solved)
 
 
@@ -126,23 +131,12 @@ def test_peak_states_hold_the_heaviest_state() -> None:
 def test_the_check_over_peak_states_answers_as_over_every_state() -> None:
     """:func:`could_fit_every_state` (over each stage's peak states) answers as the same check over
     every held state, on every zero-bubble configuration of the drawn cases."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
-    from planner.solve.build import memory_cap_bytes
-    from planner.solve.floors import ConfigFacts
     from planner.solve.held import could_fit_every_state
-    from planner.solve.space import all_configs
 
     checked = refused = 0
-    for profile, cluster, request in _cases():
-        n = cluster.num_devices
-        cm = device_cost_model(profile, base_cluster(cluster, n), request.optimizer, DeviceGroup(), request.stack)
-        facts = ConfigFacts(cm, request, memory_cap_bytes(cm.cluster, request))
-        for c0 in all_configs(cm, request, n):
-            for c in facts.variants(c0):
-                table = facts.table_of(c)
-                held = held_counts(c.schedule, c.layout, c.num_microbatches)
-                got = could_fit_every_state(table, held)
-                assert got == _every_state_masks(table, held), c
-                checked += 1
-                refused += not got
+    for table, held, c in _configs():
+        got = could_fit_every_state(table, held)
+        assert got == _every_state_masks(table, held), c
+        checked += 1
+        refused += not got
     assert checked > 100 and refused > 5, (checked, refused)

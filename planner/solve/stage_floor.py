@@ -24,7 +24,7 @@ every layer at its leanest level and the largest working set of its layers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -64,17 +64,24 @@ def stage_fits_within(table: StageTable, curve: Curve, held: Sequence[Held], lim
     slack_ms = limit_ms * (1 + SLACK) - table.compute
     frees = freed_within(curve, np.where(table.valid, slack_ms, -1.0))
     frees = np.minimum(frees, table.gain * (1 + SLACK)) if table.allow_recompute else np.minimum(frees, 0.0)
+
+    def mask(h: Held, cap: float) -> np.ndarray:
+        per = table.held(h.pending)
+        return (frees >= 0) & (per.static + h.whole * per.act - cap * (1 + SLACK) <= h.whole * frees)
+
+    return _per_stage(table, held, mask)
+
+
+def _per_stage(table: StageTable, held: Sequence[Held], mask: Callable[[Held, float], np.ndarray]) -> list[np.ndarray]:
+    """``mask(held[s], cap of s)`` per stage, computed once per distinct (counts, cap)."""
     found: dict[tuple[int, int, float], np.ndarray] = {}
     out = []
     for s, h in enumerate(held):
         cap = table.cap_of(s)
         key = (h.whole, h.pending, cap)
-        mask = found.get(key)
-        if mask is None:
-            per = table.held(h.pending)
-            excess = per.static + h.whole * per.act - cap * (1 + SLACK)
-            mask = found[key] = (frees >= 0) & (excess <= h.whole * frees)
-        out.append(mask)
+        if key not in found:
+            found[key] = mask(h, cap)
+        out.append(found[key])
     return out
 
 
@@ -93,19 +100,13 @@ def surely_fits(table: StageTable, held: Sequence[Held], workspace: np.ndarray) 
     P = len(held)
     if P > table.L:
         return False
-    found: dict[tuple[int, int, float], np.ndarray] = {}
-    fits = []
-    for s, h in enumerate(held):
-        cap = table.cap_of(s)
-        key = (h.whole, h.pending, cap)
-        mask = found.get(key)
-        if mask is None:
-            per = table.held(h.pending)
-            leanest = h.whole * table.gain if table.allow_recompute else 0.0
-            need = per.static + h.whole * per.act + workspace - leanest
-            mask = found[key] = table.valid & (need * (1 + 1e-6) <= cap)
-        fits.append(mask)
-    return reaches(fits, table.L, P)
+
+    def mask(h: Held, cap: float) -> np.ndarray:
+        per = table.held(h.pending)
+        leanest = h.whole * table.gain if table.allow_recompute else 0.0
+        return table.valid & ((per.static + h.whole * per.act + workspace - leanest) * (1 + 1e-6) <= cap)
+
+    return reaches(_per_stage(table, held, mask), table.L, P)
 
 
 def largest_workspace(table: StageTable) -> np.ndarray:
