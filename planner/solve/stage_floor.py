@@ -67,7 +67,8 @@ def stage_fits_within(table: StageTable, curve: Curve, held: Sequence[Held], lim
 
     def mask(h: Held, cap: float) -> np.ndarray:
         per = table.held(h.pending)
-        return (frees >= 0) & (per.static + h.whole * per.act - cap * (1 + SLACK) <= h.whole * frees)
+        out: np.ndarray = (frees >= 0) & (per.static + h.whole * per.act - cap * (1 + SLACK) <= h.whole * frees)
+        return out
 
     return _per_stage(table, held, mask)
 
@@ -104,7 +105,8 @@ def surely_fits(table: StageTable, held: Sequence[Held], workspace: np.ndarray) 
     def mask(h: Held, cap: float) -> np.ndarray:
         per = table.held(h.pending)
         leanest = h.whole * table.gain if table.allow_recompute else 0.0
-        return table.valid & ((per.static + h.whole * per.act + workspace - leanest) * (1 + 1e-6) <= cap)
+        out: np.ndarray = table.valid & ((per.static + h.whole * per.act + workspace - leanest) * (1 + 1e-6) <= cap)
+        return out
 
     return reaches(_per_stage(table, held, mask), table.L, P)
 
