@@ -7,32 +7,20 @@ and without recomputation, the zoo GPT whose tied embedding and head share rank 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 
 from planner.artifacts.kinds import ChunkPlacement
 from tests.runtime_launch import SharedLaunches
-from tests.test_runtime_numerics import MLP, SMALL_BUCKETS, ZOO_GPT, _cfg, _check
-from tests.test_runtime_zero_bubble import GPT6, _plan_and_report, _planned
+from tests.test_runtime_numerics import _check
+from tests.test_runtime_zero_bubble import _plan_and_report, _planned, v_configs
 
 DPV = "dualpipe-v"
 
 
-def dpv_configs(world: int) -> list[dict]:
-    v2 = {"virtual_stages_per_rank": 2}
-    if world == 2:
-        return [
-            _cfg("dpv-mlp-P2-D1", MLP, 4, 1, DPV, False, **v2),
-            _cfg("dpv-mlp-P2-D1-rc-M6", MLP, 4, 1, DPV, True, num_microbatches=6, **v2),
-            _cfg("dpv-zoo-gpt-P2-D1-tied", ZOO_GPT, 4, 1, DPV, False, boundaries=[1, 2, 4], **v2),
-        ]
-    return [
-        _cfg("dpv-gpt6-P4-D1-rc", GPT6, 4, 1, DPV, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2),
-        # D = 2, the all-reduce in buckets started from the gradient hooks: they fire in the whole
-        # backwards of the steady phase and in the W passes of its ends
-        _cfg("dpv-mlp-P2-D2-buckets", MLP, 4, 2, DPV, True, stack=SMALL_BUCKETS, **v2),
-    ]
+dpv_configs = functools.partial(v_configs, DPV, "dpv")
 
 
 @pytest.mark.slow

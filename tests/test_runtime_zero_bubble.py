@@ -60,18 +60,25 @@ ZBV = "zbv"
 GPT6 = "gpt:layers=6,hidden=16,heads=2,seq=4,vocab=32"  # embed, 6 blocks, tied head: 8 chunks
 
 
-def zbv_configs(world: int) -> list[dict]:
+def v_configs(schedule: str, prefix: str, world: int) -> list[dict]:
+    """A V-shaped schedule's (ZBV, DualPipe-V: two chunks per rank) numerics cases, named
+    ``prefix-...``: at P = 2 the MLP with and without recomputation and the tied zoo GPT; on four
+    processes eight chunks of a six-block GPT, and D = 2 with the all-reduce in buckets started
+    from the gradient hooks."""
     v2 = {"virtual_stages_per_rank": 2}
     if world == 2:
         return [
-            _cfg("zbv-mlp-P2-D1", MLP, 4, 1, ZBV, False, **v2),
-            _cfg("zbv-mlp-P2-D1-rc", MLP, 4, 1, ZBV, True, num_microbatches=6, **v2),
-            _cfg("zbv-zoo-gpt-P2-D1-tied", ZOO_GPT, 4, 1, ZBV, False, boundaries=[1, 2, 4], **v2),
+            _cfg(f"{prefix}-mlp-P2-D1", MLP, 4, 1, schedule, False, **v2),
+            _cfg(f"{prefix}-mlp-P2-D1-rc-M6", MLP, 4, 1, schedule, True, num_microbatches=6, **v2),
+            _cfg(f"{prefix}-zoo-gpt-P2-D1-tied", ZOO_GPT, 4, 1, schedule, False, boundaries=[1, 2, 4], **v2),
         ]
     return [
-        _cfg("zbv-gpt6-P4-D1-rc", GPT6, 4, 1, ZBV, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2),
-        _cfg("zbv-mlp-P2-D2-buckets", MLP, 4, 2, ZBV, True, stack=SMALL_BUCKETS, **v2),
+        _cfg(f"{prefix}-gpt6-P4-D1-rc", GPT6, 4, 1, schedule, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2),
+        _cfg(f"{prefix}-mlp-P2-D2-buckets", MLP, 4, 2, schedule, True, stack=SMALL_BUCKETS, **v2),
     ]
+
+
+zbv_configs = functools.partial(v_configs, ZBV, "zbv")
 
 
 @pytest.mark.slow
