@@ -154,7 +154,7 @@ def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe: MoeStack | N
     floor = counts * host_us_per_kernel / 1e3
     if recipe in PER_SPLIT_RECIPES:
         floor += gemms[:, 1:] * moe.fp8_host_us_per_expert_gemm / 1e3
-    layer_ms = np.array([moe.layer_host_ms(max(1, layer.moe.num_experts // ep)) if layer.moe is not None else 0.0
+    layer_ms = np.array([moe.layer_host_ms(_local(layer.moe.num_experts, ep)) if layer.moe is not None else 0.0
                          for layer in profile.layers])
     floor[:, 0] += layer_ms / 3.0
     floor[:, 1] += layer_ms * 2.0 / 3.0
@@ -171,7 +171,7 @@ def fp8_gemms(layer: Layer, ep: int) -> tuple[int, int]:
         return (0, 0)
     if layer.moe is None:
         return (FP8_GEMMS_PER_BLOCK, 0)
-    experts = GEMMS_PER_LOCAL_EXPERT[0] * max(1, layer.moe.num_experts // max(1, ep))
+    experts = GEMMS_PER_LOCAL_EXPERT[0] * _local(layer.moe.num_experts, ep)
     return (FP8_GEMMS_PER_ATTENTION + experts, experts)
 
 
@@ -181,9 +181,14 @@ def moe_kernels(kind: str, num_experts: int, ep: int) -> tuple[int, int]:
     :data:`GEMMS_PER_LOCAL_EXPERT` per expert the device holds; (0, 0) for a kind not counted."""
     if kind not in KERNELS:
         return (0, 0)
-    local = max(1, num_experts // max(1, ep))
+    local = _local(num_experts, ep)
     f, b = KERNELS[kind]
     return f + GEMMS_PER_LOCAL_EXPERT[0] * local, b + GEMMS_PER_LOCAL_EXPERT[1] * local
+
+
+def _local(num_experts: int, ep: int) -> int:
+    """Routed experts one device holds with ``num_experts`` over ``ep`` devices (at least one)."""
+    return max(1, num_experts // max(1, ep))
 
 
 def z_max(n: int) -> float:
