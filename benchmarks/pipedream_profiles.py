@@ -110,7 +110,7 @@ def drawn_checks(reference: Path) -> dict[str, Callable[[], bool]]:
         config = Config(layout, b0, 24, ScheduleKind.ONE_F_ONE_B)
         stops = list(bounds[1:]) + [cm.num_layers]
         rc = [stage_recompute(cm, a, z, b0, k, 0.9 * cluster.device_memory_bytes, config, s)[0]
-              for s, (a, z, k) in enumerate(zip(bounds, stops, config.inflight()))]
+              for s, (a, z, k) in enumerate(zip(bounds, stops, tuple(h.inflight for h in config.held())))]
         theirs = rebuild_plan(alexnet, cluster, req, layout=layout, boundaries=bounds, recompute=rc, microbatch_size=b0,
                               schedule=ScheduleKind.ONE_F_ONE_B, solver=SolverKind.GIVEN)
         return len(set(reps)) > 1 and plan(alexnet, cluster, req).predicted.iteration_ms <= \

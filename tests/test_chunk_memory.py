@@ -34,7 +34,7 @@ def _setup() -> tuple[CostModel, Config, float]:
               for _ in range(8)]
     cm = CostModel(chain_profile(layers), small_cluster(2), stack=STACKS["none"])
     c = Config(Layout(num_stages=4, virtual_stages_per_rank=2), 1, 8, ScheduleKind.INTERLEAVED_1F1B)
-    ks = c.inflight()
+    ks = tuple(h.inflight for h in c.held())
     assert ks[0] > ks[2]  # rank 0's first chunk holds more micro-batches than its second
     need = [cm.stage_memory(2 * s, 2 * s + 2, (), 1, ks[s]).total_bytes for s in range(4)]
     # every rank fits without recomputation, with 2% to spare (the shares are rounded down to 1/256 of the cap)
@@ -76,7 +76,7 @@ def _grouped() -> tuple[CostModel, CostModel, list[int], Config, float]:
     cm = CostModel(chain_profile(layers), small_cluster(2), stack=STACKS["none"])
     starts = list(range(0, 16, 2))
     c = Config(Layout(num_stages=4, virtual_stages_per_rank=2), 1, 8, ScheduleKind.INTERLEAVED_1F1B)
-    ks = c.inflight()
+    ks = tuple(h.inflight for h in c.held())
     need = [cm.stage_memory(4 * s, 4 * s + 4, (), 1, ks[s]).total_bytes for s in range(4)]
     return cm, merged_model(cm, starts), starts, c, 0.7 * max(need[0] + need[2], need[1] + need[3])
 

@@ -32,7 +32,7 @@ def _two_solves(table, c):
         return None, False
     held = held_counts(c.schedule, c.layout, c.num_microbatches)
     caps = [table.cap_of(s) for s in range(len(held))]
-    if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
+    if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.layout.sharding(s) for s in range(len(held))], caps):
         return sol, True
     return solve_chain(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
                        held=tuple(h.conservative() for h in held)), True

@@ -159,7 +159,7 @@ def test_ours_at_least_as_fast_as_pipedreams_replicated_split_on_a_cnn():
     config = Config(layout, b0, 24, ScheduleKind.ONE_F_ONE_B)
     stops = list(bounds[1:]) + [cm.num_layers]
     chosen = [stage_recompute(cm, a, z, b0, k, 0.9 * cluster.device_memory_bytes, config, s)
-              for s, (a, z, k) in enumerate(zip(bounds, stops, config.inflight()))]
+              for s, (a, z, k) in enumerate(zip(bounds, stops, tuple(h.inflight for h in config.held())))]
     rc = [c[0] for c in chosen]  # graph.txt profiles have no attention core: no selective level
     theirs = rebuild_plan(prof, cluster, req, layout=layout, boundaries=bounds, recompute=rc, microbatch_size=b0,
                           schedule=ScheduleKind.ONE_F_ONE_B, solver=SolverKind.GIVEN)

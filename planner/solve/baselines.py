@@ -148,7 +148,7 @@ def _split_candidates(
     why, when none is left)."""
     cands = []
     for config in pipedream_baseline.configs_of(split, cm, request, zero):
-        shardings = [config.sharding(s) for s in range(config.layout.num_stages)]
+        shardings = [config.layout.sharding(s) for s in range(config.layout.num_stages)]
         rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.held(), cap,
                                   request.recompute, shardings)
         if rc is not None:

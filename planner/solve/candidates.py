@@ -17,7 +17,6 @@ from planner.artifacts.kinds import ChunkPlacement, Objective
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, StageTerms, price_stages
-from planner.schedule import held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
 from planner.solve.held import could_fit_every_state, fits_every_state, held_memory
@@ -40,7 +39,7 @@ Scored = tuple[float, Candidate]
 
 def score_key(tc: Scored) -> tuple[object, ...]:
     """Order of scored candidates: simulated time, then the configuration's tie-break."""
-    return (tc[0],) + tc[1].config.sort_key()
+    return (tc[0],) + tc[1].config.sort_key
 
 
 def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> ChainSolution | None:
@@ -52,14 +51,15 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     the first fits it is the optimum, else the second is a plan that fits. Where no partition
     might fit every state (:func:`planner.solve.held.could_fit_every_state`), neither does, and
     neither is solved."""
-    held = held_counts(c.schedule, c.layout, c.num_microbatches) if c.schedule.splits_backward else ()
+    held = c.held() if c.schedule.splits_backward else ()
     if any(len(h.states) > 1 for h in held) and not could_fit_every_state(table, held):
         return None
     sol = chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
     if sol is None or not c.schedule.splits_backward:
         return sol
     caps = [table.cap_of(s) for s in range(len(held))]
-    if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
+    shardings = [c.layout.sharding(s) for s in range(len(held))]
+    if fits_every_state(table.cm, held, sol, c.microbatch_size, shardings, caps):
         return sol
     return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
                         held=tuple(h.conservative() for h in held))
@@ -140,9 +140,9 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
 def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
     """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
     recomputation, micro-batches held (:func:`planner.schedule.held_counts`) and ZeRO sharding)."""
-    held = held_counts(c.schedule, c.layout, c.num_microbatches)
+    held = c.held()
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
-    return [held_memory(cm, a, e, solution.recompute[s], c.microbatch_size, held[s], c.sharding(s),
+    return [held_memory(cm, a, e, solution.recompute[s], c.microbatch_size, held[s], c.layout.sharding(s),
                         solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
 
 
@@ -177,7 +177,7 @@ def stage_recompute(
     selectively recomputed layers), or None if none do. ``inflight`` micro-batches whole and
     ``pending`` past their I (:meth:`Config.held`): recomputation frees bytes of the whole ones
     only (W's inputs are kept recomputed or not, :meth:`CostModel.keep_bytes`)."""
-    sharding = c.sharding(stage_idx)
+    sharding = c.layout.sharding(stage_idx)
     excess = cm.stage_memory(start, stop, (), b, inflight, sharding, (), pending).total_bytes - cap
     fwd, core = cm.layout_recompute_prices(b, c.layout, stage_idx)
     choice = choose_recompute(

@@ -13,7 +13,7 @@ The estimate, before any table is built (:func:`working_set_bytes`)::
     bytes(G) = 8 (G + 1)^2 x (MATRICES_PER_KEY x K + MATRICES_FIXED)
 
 with ``K`` the table keys the request's configurations can ask for, counted from the
-configuration list alone (:func:`table_keys`: no cost model, no matrix). ``MATRICES_PER_KEY`` is
+configuration list alone (:func:`planner.solve.space.table_keys`: no cost model, no matrix). ``MATRICES_PER_KEY`` is
 a fit, not a derivation: pruning solves only some configurations, so the matrices held are a
 fraction of the keys. Fit on two runs (a 2,000-block Llama-3-8B shape, the search phase's resident
 peak sampled from ``/proc/self/statm`` over groups of about 4 layers, before this module): 64
@@ -40,10 +40,9 @@ import math
 from dataclasses import dataclass
 
 from planner.artifacts.errors import InfeasibleError
-from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.solve.settings import SearchSettings
-from planner.solve.space import configurations, microbatch_sizes, searched_zero
+from planner.solve.space import table_keys
 
 __all__ = ["MATRICES_FIXED", "MATRICES_PER_KEY", "ChainBound", "block_starts", "bound_chain", "table_keys",
            "working_set_bytes"]
@@ -77,31 +76,6 @@ def block_starts(num_layers: int, max_chain: int, forced: tuple[int, ...] = ()) 
         if len(starts) <= max_chain:
             return starts
         k = max(k + 1, -(-(num_layers - 1) // max(1, max_chain - 1 - len(fixed))))
-
-
-def table_keys(num_layers: int, num_groups: tuple[int, ...], request: PlanRequest, settings: SearchSettings) -> int:
-    """The stage tables the configurations of ``num_groups`` (per tensor- x context-parallel
-    degree, the groups it has) on ``num_layers`` layers can ask for: per degree, the distinct
-    (micro-batch size, chunks per rank, ZeRO stage, data-parallel degree where ZeRO 3 gathers
-    over it) of its configurations (:func:`planner.solve.space.configurations`), each with the
-    stages its ZeRO variants are solved at (none, its own, ZeRO 3 where the request allows it)."""
-    interleaved = any(s in request.schedules for s in (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZBV,
-                                                       ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE))
-    total = 0
-    per_degree: dict[int, int] = {}  # degrees with as many groups have as many keys
-    for n in num_groups:
-        if n not in per_degree:
-            keys: set[tuple[int, int, ZeroStage, int]] = set()
-            for P, D in configurations(num_layers, n, request):
-                chunks = [1] + [v for v in settings.interleave_factors if interleaved and P > 1 and P * v <= num_layers]
-                stages = {searched_zero(request, D), ZeroStage.NONE}
-                if D > 1 and ZeroStage.PARAMETERS in request.zero_stages:
-                    stages.add(ZeroStage.PARAMETERS)
-                for b in microbatch_sizes(request, request.global_batch // D):
-                    keys.update((b, v, z, D if z is ZeroStage.PARAMETERS else 0) for v in chunks for z in stages)
-            per_degree[n] = len(keys)
-        total += per_degree[n]
-    return total
 
 
 def working_set_bytes(chain_length: int, keys: int) -> float:

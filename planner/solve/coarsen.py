@@ -57,7 +57,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
                                if cm.has_core[layer]))
 
     def need(s: int) -> float:
-        return float(cm.stage_memory(bounds[s], ends[s], recompute[s], b, ks[s].whole, c.sharding(s), selective[s],
+        return float(cm.stage_memory(bounds[s], ends[s], recompute[s], b, ks[s].whole, c.layout.sharding(s), selective[s],
                                      ks[s].pending).total_bytes)
 
     ranks = ([lay.stage_indices(r) for r in range(lay.pipeline_size)] if lay.virtual_stages_per_rank > 1
@@ -96,9 +96,9 @@ def refine(
     merged = merged_model(cm, finer_starts)
     fixed = tuple(finer_starts.index(f) for f in request.fixed_boundaries)
     c = cand.config
-    line = merged.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
+    line = merged.fsdp_line(c.layout) if is_fsdp(c.layout.sharding(0)) else (0.0, 0.0)
     table = StageTable(merged, c.microbatch_size, cap / c.layout.virtual_stages_per_rank, fixed,
-                       allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line)
+                       allow_recompute=request.recompute, sharding=c.layout.sharding(0), fsdp_line=line)
     if c.layout.stage_replicas:
         again = solve_replicated_config(merged, request, c.microbatch_size, c.schedule, c.layout.zero,
                                         c.layout.world_size, cap, fixed, simulated(cm, coarse))

@@ -87,7 +87,7 @@ class ConfigSearch:
         # the order is the bound times the policy's scale (the ME objective: the state's share of memory)
         self.scales = [policy.order_scale(self.facts, c) for c in configs]
         self.heap: list[tuple[float, tuple[object, ...], int, int, float]] = [
-            (lb * self.scales[i], c.sort_key(), i, FRESH, lb)
+            (lb * self.scales[i], c.sort_key, i, FRESH, lb)
             for i, (c, lb) in enumerate((c, self.facts.bound(c, policy.fill)) for c in configs)]
         heapq.heapify(self.heap)
         self.pruned = 0  # configurations skipped by their bound
@@ -145,7 +145,7 @@ class ConfigSearch:
         # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)
         fitted: tuple[Config, ChainSolution | None] | None = None
         for c in facts.fsdp_variants(c0) if phase == FSDP else facts.variants(c0):
-            if is_fsdp(c.sharding()) and phase != FSDP:
+            if is_fsdp(c.layout.sharding(0)) and phase != FSDP:
                 # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
                 # too; the memory floor already counts its sharding) is higher, back in the order. The
                 # whole group's ZeRO 3 also where HSDP fitted only by recomputing: it holds 1/D of the

@@ -55,7 +55,7 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     if g:
         other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
         line = (min(line[0], other[0]), min(line[1], other[1]))
-    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.layout.sharding(0))
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
@@ -210,12 +210,12 @@ class ConfigFacts:
         if (cm.profile.shared_saved or lay.stage_replicas
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
-        kappa = cm.least_state_bytes_per_param(self.leanest(c).sharding())  # experts' state may shard wider
+        kappa = cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))  # experts' state may shard wider
         key = (b, kappa)
         work, saved_total, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        ks = c.inflight()
+        ks = tuple(h.inflight for h in c.held())
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
         floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
@@ -317,7 +317,7 @@ class ConfigFacts:
 
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
         """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply."""
-        key = (c.microbatch_size, self.cm.least_state_bytes_per_param(sharded.sharding()))
+        key = (c.microbatch_size, self.cm.least_state_bytes_per_param(sharded.layout.sharding(0)))
         _, _, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
@@ -367,7 +367,7 @@ class ConfigFacts:
         lay = c.layout
         if lay.stage_replicas:
             return 0.0
-        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).sharding())
+        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
         return kappa * self.unique_params / lay.pipeline_size * (1 - 1e-9)
 
     def memory_floor_bytes(self, c: Config) -> float:
@@ -378,7 +378,7 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = c.whole()  # a zero-bubble stage's micro-batches past I only add
+        ks = tuple(h.whole for h in c.held())  # a zero-bubble stage's micro-batches past I only add
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])
@@ -400,13 +400,13 @@ class ConfigFacts:
     def table_of(self, c: Config) -> StageTable:
         cm, tables = self.cm, self.tables
         v = c.layout.virtual_stages_per_rank
-        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
-        key = (c.microbatch_size, v, c.sharding(), line)
+        line = cm.fsdp_line(c.layout) if is_fsdp(c.layout.sharding(0)) else (0.0, 0.0)
+        key = (c.microbatch_size, v, c.layout.sharding(0), line)
         if key not in tables:
             # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
             tables[key] = StageTable(
                 cm, c.microbatch_size, self.cap_bytes / v, self.request.fixed_boundaries,
-                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line, recent=self.recent,
+                allow_recompute=self.request.recompute, sharding=c.layout.sharding(0), fsdp_line=line, recent=self.recent,
             )
         return tables[key]
 
@@ -425,10 +425,10 @@ class ConfigFacts:
         fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
-            if self.table_of(plain).fits_everywhere(max(c.inflight())):
+            if self.table_of(plain).fits_everywhere(max(h.inflight for h in c.held())):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(max(c.inflight())):
+        if fsdp_too and not self.table_of(c).fits_everywhere(max(h.inflight for h in c.held())):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

@@ -49,12 +49,12 @@ def rebalanced(
     lay = c.layout
     if not rebalances(c, solution):
         return []  # nothing recomputed: no share binds
-    line = cm.fsdp_line(lay) if is_fsdp(c.sharding()) else (0.0, 0.0)
+    line = cm.fsdp_line(lay) if is_fsdp(c.layout.sharding(0)) else (0.0, 0.0)
     held = c.held()  # whole and past I: the DP's counts
     out: list[Candidate] = []
     for _ in range(rounds):
         stops = list(solution.boundaries[1:]) + [cm.num_layers]
-        lean = [held_memory(cm, a, e, (), c.microbatch_size, held[s], c.sharding(s),
+        lean = [held_memory(cm, a, e, (), c.microbatch_size, held[s], c.layout.sharding(s),
                             [i for i in range(a, e) if cm.has_core[i]]).total_bytes
                 for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
         caps = [0.0] * len(lean)
@@ -67,7 +67,7 @@ def rebalanced(
             table.stage_caps = tuple(caps)
         else:
             table = StageTable(cm, c.microbatch_size, cap / len(chunks), request.fixed_boundaries,
-                               allow_recompute=request.recompute, sharding=c.sharding(), fsdp_line=line,
+                               allow_recompute=request.recompute, sharding=c.layout.sharding(0), fsdp_line=line,
                                stage_caps=caps)
         again = solve_config(solve_chain, table, c)
         if again is None or (again.boundaries, again.recompute, again.selective) == (

@@ -104,7 +104,7 @@ def held_whole(c: Config) -> tuple[int, ...]:
     holds ``a - z g >= 0`` of a whole one."""
     if c.schedule.splits_backward:
         return first_input_whole(c.schedule, c.layout.num_stages, c.num_microbatches)
-    return c.inflight()
+    return tuple(h.inflight for h in c.held())
 
 
 def rank_holds(c: Config) -> list[tuple[int, ...]]:

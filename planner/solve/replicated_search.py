@@ -4,6 +4,8 @@ proposed beside the uniform layouts, which they beat only by simulated time."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
@@ -108,7 +110,7 @@ def same_split(cm: CostModel, cand: Candidate, schedule: ScheduleKind, cap: floa
     before) still fit; None otherwise."""
     if schedule is cand.config.schedule:
         return cand
-    other = Candidate(cand.config.with_schedule(schedule), cand.solution)
+    other = Candidate(dataclasses.replace(cand.config, schedule=schedule), cand.solution)
     return other if fits(cm, other.config, cand.solution, cap) else None
 
 

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import Held, check_schedule_rules, held_counts, inflight_counts
+from planner.schedule import Held, check_schedule_rules, held_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -51,40 +51,35 @@ V_SCHEDULES = (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V)
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """One point of the space: a layout, a micro-batch size and count, a schedule."""
+    """One point of the space: a layout, a micro-batch size and count, a schedule; with what the
+    search reads of it worked out once where it is built (:meth:`__post_init__`), as fields, but
+    the micro-batches its stages hold (:meth:`held`)."""
 
     layout: Layout
     microbatch_size: int
     num_microbatches: int
     schedule: ScheduleKind
+    #: pipeline ranks P (the layout's)
+    pipeline_size: int = field(init=False, compare=False, repr=False)
+    #: tensor- (x context-) parallel groups the layout occupies: P x D, or the sum of the stages' copies
+    num_groups: int = field(init=False, compare=False, repr=False)
+    #: ties broken towards fewer pipeline ranks, larger micro-batches, then by name
+    sort_key: tuple[int, int, str, int, int, tuple[int, ...]] = field(init=False, compare=False, repr=False)
 
-    @property
-    def pipeline_size(self) -> int:
-        return self.layout.pipeline_size
-
-    @property
-    def num_groups(self) -> int:
-        """Tensor- (x context-) parallel groups the layout occupies: P x D, or the sum of the
-        stages' copies."""
-        return self.layout.num_groups
-
-    def inflight(self) -> tuple[int, ...]:
-        """Micro-batches one device of each stage holds at its peak."""
-        return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+    def __post_init__(self) -> None:
+        lay, put = self.layout, object.__setattr__
+        put(self, "pipeline_size", lay.pipeline_size)
+        put(self, "num_groups", lay.num_groups)
+        put(self, "sort_key", (lay.pipeline_size, -self.microbatch_size, self.schedule.value,
+                               lay.virtual_stages_per_rank, int(lay.zero), lay.stage_replicas))
 
     def held(self) -> tuple[Held, ...]:
         """Per stage, the micro-batches one device holds at its peak, whole and past their I
-        (:func:`planner.schedule.held_counts`: the counts the DP, the plan and the simulator read)."""
+        (:func:`planner.schedule.held_counts`: the counts the DP, the plan and the simulator read).
+        Asked, not a field: walking an interleaved schedule's order costs, and most
+        configurations are pruned before anything asks (worked out for all 37,846 of GPT-3 175B on
+        1,024 A100s, the search took 2.6x its CPU)."""
         return held_counts(self.schedule, self.layout, self.num_microbatches)
-
-    def whole(self) -> tuple[int, ...]:
-        """Micro-batches one device of each stage holds whole at its peak
-        (:func:`planner.schedule.held_counts`: a zero-bubble stage's others, past their I, keep
-        W's inputs only, so these bound its activations from below; else :meth:`inflight`)."""
-        return tuple(h.whole for h in held_counts(self.schedule, self.layout, self.num_microbatches))
-
-    def sharding(self, stage_idx: int = 0) -> Sharding:
-        return self.layout.sharding(stage_idx)
 
     def with_zero(self, zero: ZeroStage) -> Config:
         """This configuration at ZeRO stage ``zero``; below ZeRO 3 an HSDP layout's shard groups go
@@ -101,15 +96,6 @@ class Config:
             return None
         return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=ZeroStage.PARAMETERS,
                                                                     shard_group_size=g))
-
-    def with_schedule(self, schedule: ScheduleKind) -> Config:
-        return dataclasses.replace(self, schedule=schedule)
-
-    def sort_key(self) -> tuple[int, int, str, int, int, tuple[int, ...]]:
-        """Ties broken towards fewer pipeline ranks, larger micro-batches, then by name."""
-        lay = self.layout
-        return (lay.pipeline_size, -self.microbatch_size, self.schedule.value, lay.virtual_stages_per_rank,
-                int(lay.zero), lay.stage_replicas)
 
 
 def layout_of(
@@ -183,6 +169,32 @@ def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
     if dp_degree <= 1:
         return min(request.zero_stages)
     return max((z for z in request.zero_stages if z is not ZeroStage.PARAMETERS), default=ZeroStage.PARAMETERS)
+
+
+def table_keys(num_layers: int, num_groups: tuple[int, ...], request: PlanRequest, settings: SearchSettings) -> int:
+    """The stage tables the configurations of ``num_groups`` (per tensor- x context-parallel
+    degree, the groups it has) on ``num_layers`` layers can ask for: per degree, the distinct
+    (micro-batch size, chunks per rank, ZeRO stage, data-parallel degree where ZeRO 3 gathers
+    over it) of its configurations (:func:`configurations`), each with the stages its ZeRO
+    variants are solved at (none, its own, ZeRO 3 where the request allows it). What the
+    working-set ceiling counts (:mod:`planner.solve.ceiling`), from the space alone."""
+    interleaved = any(s in request.schedules for s in (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZBV,
+                                                       ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE))
+    total = 0
+    per_degree: dict[int, int] = {}  # degrees with as many groups have as many keys
+    for n in num_groups:
+        if n not in per_degree:
+            keys: set[tuple[int, int, ZeroStage, int]] = set()
+            for P, D in configurations(num_layers, n, request):
+                chunks = [1] + [v for v in settings.interleave_factors if interleaved and P > 1 and P * v <= num_layers]
+                stages = {searched_zero(request, D), ZeroStage.NONE}
+                if D > 1 and ZeroStage.PARAMETERS in request.zero_stages:
+                    stages.add(ZeroStage.PARAMETERS)
+                for b in microbatch_sizes(request, request.global_batch // D):
+                    keys.update((b, v, z, D if z is ZeroStage.PARAMETERS else 0) for v in chunks for z in stages)
+            per_degree[n] = len(keys)
+        total += per_degree[n]
+    return total
 
 
 def hsdp_shard_size(layout: Layout, devices_per_node: int) -> int:
@@ -260,7 +272,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
     at = cm.at_batch(c.microbatch_size)
     work = at.work_ms
     crossing = work - at.wgrad_ms if c.schedule.splits_backward else work
-    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.sharding()):  # (its sharding made only where it can be)
+    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.layout.sharding(0)):  # (its sharding made only where it can be)
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration
@@ -270,7 +282,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
         if g:
             other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
             line = (min(line[0], other[0]), min(line[1], other[1]))
-        comm = cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+        comm = cm.fsdp_comm_ms(c.microbatch_size, line, c.layout.sharding(0))
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
         return max(c.num_microbatches * per / c.pipeline_size, crossing)
     return max(c.num_microbatches * work / c.pipeline_size, crossing)
