@@ -70,7 +70,7 @@ def estimates(path: Path, devices: int) -> tuple[float, int, float, int]:
     groups = tuple(g.groups_in(devices) for g in device_groups(profile, base, devices, request))
     bound = bound_chain(profile.num_layers, groups, request, SETTINGS)
     wanted = max(wanted_chain(profile.num_layers, n, request, solve_chain, SETTINGS) for n in groups)
-    used = len(block_starts(profile.num_layers, bound.max_chain)) if bound.limits(wanted) else wanted
+    used = len(block_starts(profile.num_layers, bound.max_chain)) if wanted > bound.max_chain else wanted
     return working_set_bytes(wanted, bound.keys) / 2**30, wanted, working_set_bytes(used, bound.keys) / 2**30, used
 
 

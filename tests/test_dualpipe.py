@@ -246,12 +246,13 @@ def test_held_states_cover_every_point_of_the_walk(p, m):
 
 def test_zbv_and_dualpipe_v_share_one_chain_dp():
     """The chain DP reads the split and the held counts only, equal for ZBV and DualPipe-V, so a
-    search solves their configuration once (planner.solve.chain_memo); the shared optimum is the
-    one DualPipe-V's own solve finds, and another count or layout is solved anew."""
+    search solves their configuration once (planner.solve.candidates.remembered); the shared optimum
+    is the one DualPipe-V's own solve finds, and another count or layout is solved anew."""
     from planner.cost import CostModel
+    from planner.solve.candidates import Solved, remembered
     from planner.solve.chain_dp import solve_chain
-    from planner.solve.chain_memo import shared_chain
     from planner.solve.prices import StageTable
+    from planner.solve.space import Config
 
     cm = CostModel(_profile(), small_cluster(4))
     table = StageTable(cm, 1, 1e9)
@@ -261,14 +262,18 @@ def test_zbv_and_dualpipe_v_share_one_chain_dp():
         calls.append(kw["schedule"])
         return solve_chain(*args, **kw)
 
-    solve = shared_chain(counted)
+    solved: Solved = {}
+
+    def solve(layout, num_microbatches, schedule):
+        return remembered(counted, table, Config(layout, 1, num_microbatches, schedule), (), solved)
+
     lay = v_layout(2)
-    zbv = solve(table, layout=lay, num_microbatches=8, schedule=ZBV)
-    dpv = solve(table, layout=lay, num_microbatches=8, schedule=DPV)
+    zbv = solve(lay, 8, ZBV)
+    dpv = solve(lay, 8, DPV)
     assert calls == [ZBV] and dpv is zbv
     assert dpv == solve_chain(table, layout=lay, num_microbatches=8, schedule=DPV)
-    solve(table, layout=lay, num_microbatches=4, schedule=DPV)
-    solve(table, layout=v_layout(1), num_microbatches=8, schedule=DPV)
+    solve(lay, 4, DPV)
+    solve(v_layout(1), 8, DPV)
     assert calls == [ZBV, DPV, DPV]
 
 

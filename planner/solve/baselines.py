@@ -47,6 +47,7 @@ from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.held import held_memory
+from planner.solve.layout_search import refuse_unmeetable
 from planner.solve.partitions import partition_by
 from planner.solve.select import build_best, select
 from planner.solve.settings import SETTINGS
@@ -57,7 +58,6 @@ from planner.solve.space import (
     layout_of,
     microbatch_sizes,
     num_devices_of,
-    refuse_unmeetable,
     schedule_valid,
 )
 

@@ -31,7 +31,8 @@ from planner.solve.held import held_memory
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Problem:
     """What plans are built for and record: the model and cluster as given (provenance, the
-    machine bound, model FLOPs), the request, the solver, and the devices it had."""
+    machine bound, model FLOPs), the request, the solver, the devices it had, and the memory a
+    device may use (:func:`memory_cap_bytes`, worked out once by :meth:`of`)."""
 
     profile: Profile
     cluster: Cluster
@@ -40,6 +41,7 @@ class Problem:
     devices_available: int
     profile_sha256: str
     cluster_sha256: str
+    cap_bytes: int
 
     @classmethod
     def of(
@@ -48,6 +50,7 @@ class Problem:
         return cls(
             profile=profile, cluster=cluster, request=request, solver=solver, devices_available=devices_available,
             profile_sha256=_digest(profile, profile_to_json), cluster_sha256=_digest(cluster, cluster_to_json),
+            cap_bytes=memory_cap_bytes(cluster, request),
         )
 
     def machine_bound_ms(self, num_devices: int) -> float:
@@ -109,7 +112,7 @@ def build_plan(
     num_microbatches = request.global_batch // (layout.dp_degree * microbatch_size)
     held = held_counts(schedule, layout, num_microbatches)
     stops = list(boundaries[1:]) + [cm.num_layers]
-    cap = memory_cap_bytes(cm.cluster, request)
+    cap = problem.cap_bytes
     stages = []
     split = schedule.splits_backward
     for s, (start, stop) in enumerate(zip(boundaries, stops)):

@@ -1,31 +1,36 @@
 """A candidate: a configuration with a partition and its recomputation (a chain solver's
 optimum, or another proposal), and what is worked out of one: its stages priced
 (:func:`stage_terms`) and replayed by the simulator's fast entry (:func:`simulated`), its
-memory per stage (:func:`stage_needs`), its busiest rank's work, the least ZeRO stage it keeps
-its time at (:func:`least_zero`), and a given partition's least recomputation that fits
-(:func:`fixed_split`)."""
+memory per stage (:func:`stage_needs`), its busiest rank's work, whether it fits (:func:`fits`),
+a given partition's least recomputation that fits (:func:`fixed_split`), and the baselines'
+partitions so (:func:`alternatives`: proposals beside a configuration's optimum)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.kinds import ChunkPlacement, Objective
+from planner.artifacts.kinds import ChunkPlacement
 from planner.artifacts.layout import Layout
-from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, StageTerms, price_stages
+from planner.schedule import Held
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
 from planner.solve.held import could_fit_every_state, fits_every_state, held_memory
+from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute
+from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config
 
 #: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
 ChainSolver = Callable[..., "ChainSolution | None"]
+#: one search's optima of the chain DP by what it reads (:func:`remembered`), each with its table
+Solved = dict[tuple[object, ...], tuple[StageTable, "ChainSolution | None"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +47,11 @@ def score_key(tc: Scored) -> tuple[object, ...]:
     return (tc[0],) + tc[1].config.sort_key
 
 
-def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> ChainSolution | None:
-    """The chain solver's optimum of ``c``. A zero-bubble stage is priced at the peak of its
-    count of held micro-batches; where the optimum does not fit at another of its states
+def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
+                 solved: Solved | None = None) -> ChainSolution | None:
+    """The chain solver's optimum of ``c`` (remembered in ``solved`` where given:
+    :func:`remembered`). A zero-bubble stage is priced at the peak of its count of held
+    micro-batches; where the optimum does not fit at another of its states
     (:func:`planner.solve.held.fits_every_state`: a stage recomputing so much that W keeps more
     than it saved), solved again with every stage's most micro-batches past I
     (:meth:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
@@ -54,15 +61,40 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     held = c.held() if c.schedule.splits_backward else ()
     if any(len(h.states) > 1 for h in held) and not could_fit_every_state(table, held):
         return None
-    sol = chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
+    sol = remembered(chain_solver, table, c, (), solved)
     if sol is None or not c.schedule.splits_backward:
         return sol
     caps = [table.cap_of(s) for s in range(len(held))]
     shardings = [c.layout.sharding(s) for s in range(len(held))]
     if fits_every_state(table.cm, held, sol, c.microbatch_size, shardings, caps):
         return sol
-    return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
-                        held=tuple(h.conservative() for h in held))
+    return remembered(chain_solver, table, c, tuple(h.conservative() for h in held), solved)
+
+
+def remembered(chain_solver: ChainSolver, table: StageTable, c: Config, held: tuple[Held, ...],
+               solved: Solved | None) -> ChainSolution | None:
+    """``chain_solver``'s optimum of ``c`` (``held``: the counts priced, () for the schedule's
+    own), remembered in ``solved`` (one search's; None: solved as asked) by what the chain DP
+    (:func:`planner.solve.chain_dp.solve_chain`) reads of the schedule: whether it splits the
+    backward (its bubble fill, its ``M - 1`` bound) and each stage's held counts. ZBV and
+    DualPipe-V (:mod:`planner.schedule.dualpipe`) are searched on the same V layout, micro-batch
+    size and count, and those are equal for the two (chunk ``s`` holds ``2P - s`` whole, none past
+    I), so the second schedule's configuration reuses the first's optimum instead of solving the
+    same DP again; each schedule's own states are still checked against it (:func:`solve_config`)
+    and its order still simulated. Each table is kept with its optima, so a key's table is the
+    one asked."""
+    if solved is None:
+        if held:
+            return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
+                                held=held)
+        return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
+    counts = tuple((h.whole, h.pending) for h in (held or c.held()))
+    key = (id(table), c.layout, c.num_microbatches, c.schedule.splits_backward, counts)
+    found = solved.get(key)
+    if found is None or found[0] is not table:
+        found = solved[key] = (table, chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches,
+                                                   schedule=c.schedule, held=held))
+    return found[1]
 
 
 def stage_terms(cm: CostModel, cand: Candidate) -> tuple[StageTerms, ...]:
@@ -152,23 +184,6 @@ def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
     return busiest_rank(c.layout, stage_needs(cm, c, solution)) <= cap
 
 
-def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
-    """``cand`` with the least ZeRO stage the request allows under which its partition and
-    recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
-    memory objectives keep the deepest sharding, which is what they minimise)."""
-    c = cand.config
-    if not c.layout.zero or request.objective is not Objective.TIME:
-        return cand
-    base = simulated(cm, cand)
-    for z in sorted(request.zero_stages):
-        if z >= c.layout.zero:
-            break
-        lower = Candidate(c.with_zero(z), cand.solution)
-        if fits(cm, lower.config, cand.solution, cap) and simulated(cm, lower) <= base * (1 + 1e-12):
-            return lower
-    return cand
-
-
 def stage_recompute(
     cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, c: Config, stage_idx: int,
     pending: int = 0,
@@ -219,3 +234,36 @@ def fixed_split(
         for s, (a, z) in enumerate(zip(bounds, stops))
     )
     return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True, tuple(sel) if any(sel) else ()))
+
+
+def alternatives(
+    cm: CostModel, c: Config, cap: float, allow_recompute: bool = True, fixed: Sequence[int] = (),
+    settings: SearchSettings = SETTINGS, busiest_limit_ms: float = math.inf,
+) -> list[Candidate]:
+    """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
+    with the least recompute that fits each stage: extra proposals for the simulator, which
+    judges the all-reduce overlap more finely than the DP objective does. Stages start at the
+    ``fixed`` boundaries (the min-max over the partitions that honour them). A partition whose
+    busiest stage computes more than ``busiest_limit_ms / M`` is left out before its
+    recomputation is chosen: its stage times (compute plus recomputation) put ``M x`` its busiest
+    above that, which the search's check (:meth:`ConfigSearch.keep
+    <planner.solve.config_search.ConfigSearch.keep>`) drops anyway."""
+    lay = c.layout
+    if lay.virtual_stages_per_rank > 1 or lay.num_stages == 1 or lay.stage_replicas:
+        return []
+    out = []
+    for kind in settings.alternative_partitions:
+        bounds = partition_by(kind, cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree, fixed)
+        if bounds is None or c.num_microbatches * max(_computes(cm, c, bounds)) > busiest_limit_ms:
+            continue
+        cand = fixed_split(cm, c, bounds, cap, allow_recompute)
+        if cand is not None:
+            out.append(cand)
+    return out
+
+
+def _computes(cm: CostModel, c: Config, bounds: Sequence[int]) -> list[float]:
+    """Per stage of the partition ``bounds``, its forward + backward as :func:`fixed_split` sums them
+    (its stage time less the recomputation)."""
+    stops = list(bounds[1:]) + [cm.num_layers]
+    return [sum(cm.stage_times_ms(a, z, c.microbatch_size, s, c.layout)) for s, (a, z) in enumerate(zip(bounds, stops))]

@@ -92,15 +92,11 @@ class ChainBound:
     num_layers: int  # the profile's
     keys: int  # table keys counted (table_keys)
     ceiling_bytes: float  # SearchSettings.working_set_bytes
-    max_chain: int  # the longest chain whose estimate fits (num_layers when every layer fits)
+    max_chain: int  # the longest chain whose estimate fits (num_layers when every layer fits): a longer one is coarsened
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_chain <= self.num_layers:
             raise ValueError(f"max_chain {self.max_chain}: expected 1..{self.num_layers}")
-
-    def limits(self, wanted: int) -> bool:
-        """A chain of ``wanted`` cut points is over the bound (so the search is coarsened)."""
-        return wanted > self.max_chain
 
     def note(self, wanted: int) -> str:
         """The one line a coarsened search says (stderr, the plan's provenance)."""

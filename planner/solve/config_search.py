@@ -32,6 +32,8 @@ from planner.solve.candidates import (
     Candidate,
     ChainSolver,
     Scored,
+    Solved,
+    alternatives,
     busiest_rank,
     score_key,
     simulated,
@@ -40,10 +42,9 @@ from planner.solve.candidates import (
 )
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
-from planner.solve.chain_memo import shared_chain
 from planner.solve.floors import ConfigFacts
 from planner.solve.objectives import Policy
-from planner.solve.proposals import alternatives, rebalanced, rebalances
+from planner.solve.proposals import rebalanced, rebalances
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms
 from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
@@ -72,24 +73,31 @@ class ConfigSearch:
     """The configurations of one cost model visited by increasing lower bound, one step at a
     time (:meth:`step`), so that several such searches can be interleaved in one order
     (:func:`planner.solve.search.search_plan`); :meth:`run` runs one to the end. ``cm`` and
-    ``request`` are the searched ones (over groups of layers on a long profile)."""
+    ``request`` are the searched ones (over groups of layers on a long profile). Between steps,
+    :attr:`next_ms` is the bound of the next configuration to visit (inf when every one is
+    visited) and :attr:`done` whether every one is."""
+
+    next_ms: float
+    done: bool
 
     def __init__(self, cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy) -> None:
         self.cm, self.request, self.where, self.policy = cm, request, where, policy
         self.num_groups, self.cap_bytes, self.settings = where.num_groups, where.cap_bytes, where.settings
         self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp)
-        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.chain_memo)
-        self.chain = shared_chain(solve_chain) if where.chain_solver is solve_chain else where.chain_solver
+        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.candidates.remembered)
+        self.chain = where.chain_solver
+        self.solved: Solved | None = {} if where.chain_solver is solve_chain else None
         self.configs = configs = searched_configs(cm, request, where)
         # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
         # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
         # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP);
-        # the order is the bound times the policy's scale (the ME objective: the state's share of memory)
-        self.scales = [policy.order_scale(self.facts, c) for c in configs]
+        # the order is the bound, times the state's share of memory where the policy orders so (the ME objective)
+        self.scales = [self.facts.state_floor_bytes(c) if policy.orders_by_state else 1.0 for c in configs]
         self.heap: list[tuple[float, tuple[object, ...], int, int, float]] = [
             (lb * self.scales[i], c.sort_key, i, FRESH, lb)
             for i, (c, lb) in enumerate((c, self.facts.bound(c, policy.fill)) for c in configs)]
         heapq.heapify(self.heap)
+        self.next_ms, self.done = self.next_bound(), not self.heap
         self.pruned = 0  # configurations skipped by their bound
         # per stage table (by id: the facts keep them), its recomputation curve and largest working sets
         self.curves: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -104,15 +112,16 @@ class ConfigSearch:
         """The bound of the next configuration to visit (inf when all are visited)."""
         return self.heap[0][0] if self.heap else float("inf")
 
-    @property
-    def done(self) -> bool:
-        return not self.heap
-
     def limit(self, c: Config, lb: float | None = None) -> float:
         """What ``c`` (at bound ``lb``) must beat, by the policy."""
         return self.policy.limit(self.facts, c, lb, c.num_groups == self.num_groups)
 
     def step(self) -> None:
+        """Visit the next configuration (:meth:`visit`); then :attr:`next_ms` and :attr:`done`."""
+        self.visit()
+        self.next_ms, self.done = self.next_bound(), not self.heap
+
+    def visit(self) -> None:
         """Visit the next configuration: skip it if its bound exceeds what it must beat, else
         solve its variants and keep the policy's candidates (or run a rebalancing that waited)."""
         facts, policy = self.facts, self.policy
@@ -160,7 +169,7 @@ class ConfigSearch:
             if self.hopeless(c, limit, read=phase != FSDP and bool(c.layout.shard_group_size)):
                 fitted = (c, None)  # it fits, and whatever it proposes is slower than the limit
                 continue
-            sol = solve_config(self.chain, facts.table_of(c), c)
+            sol = solve_config(self.chain, facts.table_of(c), c, self.solved)
             if sol is None:
                 continue
             fitted = (c, sol)
@@ -308,21 +317,17 @@ class GrainedSearch:
 
     def __init__(self, coarse: ConfigSearch, layers: ConfigSearch) -> None:
         self.parts = (coarse, layers)
-
-    def next_bound(self) -> float:
-        return min(part.next_bound() for part in self.parts)
-
-    @property
-    def done(self) -> bool:
-        return all(part.done for part in self.parts)
+        self.next_ms, self.done = min(coarse.next_ms, layers.next_ms), coarse.done and layers.done
 
     @property
     def pruned(self) -> int:
         return sum(part.pruned for part in self.parts)
 
     def step(self) -> None:
-        """Visit the next configuration of either search, the lower bound first."""
-        min(self.parts, key=lambda part: part.next_bound()).step()
+        """Visit the next configuration of either search, the lower bound first; then
+        :attr:`next_ms` and :attr:`done` as :class:`ConfigSearch`'s."""
+        min(self.parts, key=lambda part: part.next_ms).step()
+        self.next_ms, self.done = min(part.next_ms for part in self.parts), all(part.done for part in self.parts)
 
     def run(self) -> list[Scored]:
         while not self.done:

@@ -1,4 +1,5 @@
-"""The search over layouts of one tensor- and context-parallel degree: its configurations
+"""The search over layouts of one tensor- and context-parallel degree (a request none of whose
+layouts can meet its constraints refused first, :func:`refuse_unmeetable`): its configurations
 searched (:class:`~planner.solve.config_search.ConfigSearch`, over groups of layers on a long
 profile), then its best candidates built as plans, as its objective's policy says
 (:mod:`planner.solve.objectives`). The degrees together: :mod:`planner.solve.search`."""
@@ -7,14 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner.artifacts.errors import PlannerInputError
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import ScheduleKind, SolverKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
-from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.build import Problem
 from planner.solve.candidates import ChainSolver, Scored, busiest_rank, score_key, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
@@ -26,7 +27,7 @@ from planner.solve.objectives import Builds, Policy
 from planner.solve.replicated_search import replicated_candidates
 from planner.solve.select import build_best, chosen
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations, refuse_unmeetable
+from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations
 
 
 def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings: SearchSettings) -> tuple[int, ...]:
@@ -47,6 +48,48 @@ def wanted_chain(num_layers: int, num_groups: int, request: PlanRequest, chain_s
     chunks = [P * v for P in depths for v in interleave_factors(request, chain_solver, settings) if P * v <= num_layers]
     wanted = max(settings.chain_max, 2 * max(depths, default=1), min(num_layers, 2 * max(chunks, default=1)))
     return min(num_layers, wanted)
+
+
+def refuse_unmeetable(
+    num_layers: int, num_groups: int, request: PlanRequest, *, interleaved: bool = True, settings: SearchSettings = SETTINGS
+) -> None:
+    """Refuse, before searching, a request whose layout constraints (fixed boundaries, stage
+    count, data-parallel degree) no plan on ``num_layers`` layers and ``num_groups`` groups can
+    meet: :class:`InfeasibleError` naming the constraint and the limit it runs into
+    (:class:`PlannerInputError` for a boundary that is not a layer). ``interleaved``: the
+    solver may interleave stages (a rank holding several model chunks)."""
+    fixed = sorted(set(request.fixed_boundaries))
+    beyond = [f for f in fixed if f >= num_layers]
+    if beyond:
+        raise PlannerInputError(
+            f"fixed boundaries {beyond}: a stage can start at layers 1..{num_layers - 1} ({num_layers} layers)"
+        )
+    P, D = request.num_stages, request.dp_degree
+    if P > num_layers:
+        raise InfeasibleError(f"--stages {P}: the profile has {num_layers} layers (a stage holds at least one)")
+    if P * max(D, 1) > num_groups or D > num_groups:
+        asked = " x ".join(f"{flag} {v}" for flag, v in (("--stages", P), ("--dp-degree", D)) if v)
+        raise InfeasibleError(f"{asked} needs {max(P, 1) * max(D, 1)} devices; {num_groups} are available")
+    if not fixed:
+        return
+    limits = [(num_layers, f"the profile's {num_layers} layers")]
+    ranks = [(num_groups // max(D, 1), f"{num_groups} devices" + (f" at --dp-degree {D}" if D else ""))]
+    if P:
+        ranks.append((P, f"--stages {P}"))
+    if request.max_stages:
+        ranks.append((request.max_stages, f"--max-stages {request.max_stages}"))
+    r, why = min(ranks)
+    # interleaving gives a rank several stages, on pipelines of more than one rank
+    inter = interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and r > 1
+    v = max(settings.interleave_factors) if inter else 1
+    limits.append((r * v, why + (f" (x {v} interleaved stages per rank)" if v > 1 else "")))
+    most, why = min(limits)
+    if len(fixed) + 1 > most:
+        raise InfeasibleError(
+            f"--fixed-boundaries {','.join(map(str, fixed))} need at least {len(fixed) + 1} stages, "
+            f"but at most {most} are possible ({why})",
+            suggestions=("fewer fixed boundaries", "more stages (--stages, --max-stages) or more devices"),
+        )
 
 
 class LayoutSearch:
@@ -78,13 +121,13 @@ class LayoutSearch:
                                     f"schedules only (asked: {', '.join(s.value for s in request.schedules)})")
         refuse_unmeetable(profile.num_layers, num_groups, request, interleaved=chain_solver is solve_chain,
                           settings=settings)
-        self.cap = memory_cap_bytes(cm.cluster, request)
+        self.cap = problem.cap_bytes
         self.built: list[Plan] = []  # every plan :meth:`finish` built (the fastest candidates', the tighter caps')
         self.starts: list[int] | None = None
         self.cm_search, self.req_search = cm, request
         chain_max = wanted_chain(profile.num_layers, num_groups, request, chain_solver, settings)
         self.max_refined = profile.num_layers  # the longest chain a refinement may solve over
-        blocks = bound is not None and bound.limits(chain_max)
+        blocks = bound is not None and chain_max > bound.max_chain
         if bound is not None and blocks:
             note(bound.note(chain_max))
             chain_max = self.max_refined = bound.max_chain

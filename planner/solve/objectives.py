@@ -180,6 +180,10 @@ class Policy:
     bounds_builds = False
     #: the objective chooses among every degree's plans (not each degree's best only)
     chooses_among_degrees = False
+    #: configurations are visited by bound x their state's share of memory
+    #: (:meth:`~planner.solve.floors.ConfigFacts.state_floor_bytes`: a bound of their time x memory,
+    #: the leanest first), not by bound alone
+    orders_by_state = False
 
     def __init__(self, *, prune: bool = True, incumbent: Incumbent | None = None, start_ms: float = INF,
                  fill: bool = False) -> None:
@@ -203,10 +207,6 @@ class Policy:
         the best of any."""
         inc = self.incumbent
         return inc.best_all if on_all else inc.best
-
-    def order_scale(self, facts: ConfigFacts, c: Config) -> float:
-        """``c``'s bound is multiplied by this for its place in the visit (1: by bound)."""
-        return 1.0
 
     def keep(self, cm: CostModel, c: Config, scored: list[Scored], fastest: Scored, on_all: bool) -> list[Scored] | None:
         """Of a configuration's simulated proposals (``fastest`` the first of the fastest), those
@@ -359,6 +359,7 @@ class MePolicy(MemoryPolicy):
         self.state = state if prune else None
         self.widen, self.grouped = widen, grouped
         self.bounds_builds = grouped and self.state is not None
+        self.orders_by_state = self.state is not None
         super().__init__(Budget(), prune=prune, incumbent=incumbent, fill=fill)
 
     @property
@@ -378,11 +379,6 @@ class MePolicy(MemoryPolicy):
                 return limit
             floor = facts.memory_floor_once(c)
         return state.limit_ms(floor, inc, on_all, self.widen)
-
-    def order_scale(self, facts: ConfigFacts, c: Config) -> float:
-        """The bound x the state's floor (a bound of the configuration's product): the leanest
-        first."""
-        return facts.state_floor_bytes(c) if self.state is not None else 1.0
 
     def noted(self, kept: list[Scored], mems: list[float]) -> None:
         if self.state is not None:

@@ -1,24 +1,21 @@
-"""What a solved configuration proposes besides its J-optimum: its interleaved chunks' memory
-rebalanced (:func:`rebalanced`), and the baselines' partitions (:func:`alternatives`); the
-configuration search (:mod:`planner.solve.config_search`) simulates them all and its policy keeps
-the best."""
+"""What a solved interleaved configuration proposes besides its J-optimum: its chunks' memory
+rebalanced (:func:`rebalanced`; the baselines' partitions are
+:func:`planner.solve.candidates.alternatives`); the configuration search
+(:mod:`planner.solve.config_search`) simulates them all and its policy keeps the best."""
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.solve.candidates import Candidate, fixed_split, solve_config
+from planner.solve.candidates import Candidate, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.held import held_memory
-from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
-from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config
 
 
@@ -76,36 +73,3 @@ def rebalanced(
         out.append(Candidate(c, again))
         solution = again
     return out
-
-
-def alternatives(
-    cm: CostModel, c: Config, cap: float, allow_recompute: bool = True, fixed: Sequence[int] = (),
-    settings: SearchSettings = SETTINGS, busiest_limit_ms: float = math.inf,
-) -> list[Candidate]:
-    """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
-    with the least recompute that fits each stage: extra proposals for the simulator, which
-    judges the all-reduce overlap more finely than the DP objective does. Stages start at the
-    ``fixed`` boundaries (the min-max over the partitions that honour them). A partition whose
-    busiest stage computes more than ``busiest_limit_ms / M`` is left out before its
-    recomputation is chosen: its stage times (compute plus recomputation) put ``M x`` its busiest
-    above that, which the search's check (:meth:`ConfigSearch.keep
-    <planner.solve.config_search.ConfigSearch.keep>`) drops anyway."""
-    lay = c.layout
-    if lay.virtual_stages_per_rank > 1 or lay.num_stages == 1 or lay.stage_replicas:
-        return []
-    out = []
-    for kind in settings.alternative_partitions:
-        bounds = partition_by(kind, cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree, fixed)
-        if bounds is None or c.num_microbatches * max(_computes(cm, c, bounds)) > busiest_limit_ms:
-            continue
-        cand = fixed_split(cm, c, bounds, cap, allow_recompute)
-        if cand is not None:
-            out.append(cand)
-    return out
-
-
-def _computes(cm: CostModel, c: Config, bounds: Sequence[int]) -> list[float]:
-    """Per stage of the partition ``bounds``, its forward + backward as :func:`fixed_split` sums them
-    (its stage time less the recomputation)."""
-    stops = list(bounds[1:]) + [cm.num_layers]
-    return [sum(cm.stage_times_ms(a, z, c.microbatch_size, s, c.layout)) for s, (a, z) in enumerate(zip(bounds, stops))]

@@ -15,7 +15,7 @@ Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one de
 - ZeRO: every configuration with D > 1 is solved at the deepest stage the request allows
   (sharding frees memory and moves no more bytes, so that optimum is never slower), unless
   memory binds nowhere; the plan then keeps the least stage under which its partition still
-  fits at the same time (:func:`planner.solve.candidates.least_zero`);
+  fits at the same time (:func:`planner.solve.select.least_zero`);
 - per-stage replication (every objective: the memory objective's 10% counts from the fastest plan,
   replicated or not; t = 1, at most
   :attr:`SearchSettings.replicated_max_devices` devices): the exact DP over (layer, devices
@@ -124,7 +124,7 @@ The request's layout constraints hold for every candidate, not only the DP's: ``
 and ``dp_degree`` fix P and D (a forced D excludes per-stage replication), ``fixed_boundaries``
 start a stage (a model chunk, interleaved) at each of those layers in the DP's table, in the
 baseline partitions proposed beside it and in PipeDream's split; a request no plan can meet is
-refused before the search (:func:`planner.solve.space.refuse_unmeetable`) or by the
+refused before the search (:func:`planner.solve.layout_search.refuse_unmeetable`) or by the
 infeasibility explanation (:mod:`planner.solve.infeasible`).
 """
 
@@ -143,7 +143,7 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster, device_groups
-from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.build import Problem
 from planner.solve.candidates import ChainSolver
 from planner.solve.ceiling import ChainBound, bound_chain
 from planner.solve.degrees import degree_models
@@ -175,12 +175,12 @@ def search_plan(
     plans.sort(key=lambda p: (p.predicted.iteration_ms, p.layout.cp_degree, p.predicted.peak_memory_bytes,
                               p.layout.tp_degree))
     best = chosen(plans, request, reference, [p for plan in plans for p in plan.pareto])
-    cap = memory_cap_bytes(cluster, request)
+    cap = problem.cap_bytes
     if best.predicted.peak_memory_bytes > cap:  # never returned (build_best drops such plans)
         raise over_cap(best, cap)
     # a coarsened search says so on its plan, once (the longest chain any degree wanted)
     wanted = max(wanted_chain(profile.num_layers, g.groups_in(n), request, chain_solver, settings) for g in groups)
-    if bound.limits(wanted):
+    if wanted > bound.max_chain:
         best = dataclasses.replace(best, provenance=dataclasses.replace(
             best.provenance, search_notes=best.provenance.search_notes + (bound.note(wanted),)))
     return best
@@ -284,7 +284,7 @@ def pruned_degrees(
         else:
             searches[i].configs.step()
         if not searches[i].configs.done:
-            heapq.heappush(heap, (searches[i].configs.next_bound(), 1, i))
+            heapq.heappush(heap, (searches[i].configs.next_ms, 1, i))
     plans: list[Plan] = []
     for i in sorted(searches, key=lambda i: (groups[i].cp_degree > 1, i)):  # cp = 1 first: the incumbent of cp > 1
         earlier = min((p.predicted.iteration_ms for p in plans), default=float("inf"))

@@ -17,8 +17,8 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.plan_summary import ParetoPoint
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.solve.build import Problem, build_plan, memory_cap_bytes
-from planner.solve.candidates import Candidate, Scored, least_zero
+from planner.solve.build import Problem, build_plan
+from planner.solve.candidates import Candidate, Scored, fits, simulated
 
 GIB = 1024**3
 
@@ -37,7 +37,7 @@ def build_best(problem: Problem, cm: CostModel, scored: list[Scored], keep: int,
     the cap; a plan whose simulated peak is over it all the same (the tables and the simulator
     disagree) is never returned: the next candidate takes its place, and where none is left
     (with ``refuse``) the search refuses naming the disagreement (:func:`over_cap`)."""
-    cap = memory_cap_bytes(cm.cluster, problem.request)
+    cap = problem.cap_bytes
     plans: list[Plan] = []
     over: list[Plan] = []
     for _, cand in scored:
@@ -48,6 +48,23 @@ def build_best(problem: Problem, cm: CostModel, scored: list[Scored], keep: int,
     if over and not plans and refuse:
         raise over_cap(over[0], cap)
     return plans
+
+
+def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
+    """``cand`` with the least ZeRO stage the request allows under which its partition and
+    recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
+    memory objectives keep the deepest sharding, which is what they minimise)."""
+    c = cand.config
+    if not c.layout.zero or request.objective is not Objective.TIME:
+        return cand
+    base = simulated(cm, cand)
+    for z in sorted(request.zero_stages):
+        if z >= c.layout.zero:
+            break
+        lower = Candidate(c.with_zero(z), cand.solution)
+        if fits(cm, lower.config, cand.solution, cap) and simulated(cm, lower) <= base * (1 + 1e-12):
+            return lower
+    return cand
 
 
 def over_cap(plan: Plan, cap: float) -> InfeasibleError:

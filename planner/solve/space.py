@@ -1,4 +1,5 @@
-"""The space of configurations the search visits, and the requests it refuses before searching.
+"""The space of configurations the search visits (the requests it refuses before searching:
+:func:`planner.solve.layout_search.refuse_unmeetable`).
 
 A configuration is a :class:`~planner.artifacts.layout.Layout` (pipeline ranks P and chunks per
 rank v, replicated pipelines D or per-stage copies, the tensor-parallel degree of the cost model
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.errors import InfeasibleError, PlannerInputError
+from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
@@ -161,7 +162,7 @@ def configurations(num_layers: int, num_groups: int, request: PlanRequest) -> It
 def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
     """The ZeRO stage a configuration is solved at: the deepest of 0, 1 and 2 the request allows
     when there are replicas to shard over. Those only free memory and move no more bytes (see
-    planner.cost), so their optimum is never slower; :func:`planner.solve.candidates.least_zero`
+    planner.cost), so their optimum is never slower; :func:`planner.solve.select.least_zero`
     then keeps the least sharding under which the chosen plan still fits. ZeRO 3 moves more (its
     gathers every micro-batch), so it is a configuration of its own (:func:`fsdp_searched`), and
     this stage only when the request allows nothing else. With one rank per stage sharding
@@ -286,45 +287,3 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
         return max(c.num_microbatches * per / c.pipeline_size, crossing)
     return max(c.num_microbatches * work / c.pipeline_size, crossing)
-
-
-def refuse_unmeetable(
-    num_layers: int, num_groups: int, request: PlanRequest, *, interleaved: bool = True, settings: SearchSettings = SETTINGS
-) -> None:
-    """Refuse, before searching, a request whose layout constraints (fixed boundaries, stage
-    count, data-parallel degree) no plan on ``num_layers`` layers and ``num_groups`` groups can
-    meet: :class:`InfeasibleError` naming the constraint and the limit it runs into
-    (:class:`PlannerInputError` for a boundary that is not a layer). ``interleaved``: the
-    solver may interleave stages (a rank holding several model chunks)."""
-    fixed = sorted(set(request.fixed_boundaries))
-    beyond = [f for f in fixed if f >= num_layers]
-    if beyond:
-        raise PlannerInputError(
-            f"fixed boundaries {beyond}: a stage can start at layers 1..{num_layers - 1} ({num_layers} layers)"
-        )
-    P, D = request.num_stages, request.dp_degree
-    if P > num_layers:
-        raise InfeasibleError(f"--stages {P}: the profile has {num_layers} layers (a stage holds at least one)")
-    if P * max(D, 1) > num_groups or D > num_groups:
-        asked = " x ".join(f"{flag} {v}" for flag, v in (("--stages", P), ("--dp-degree", D)) if v)
-        raise InfeasibleError(f"{asked} needs {max(P, 1) * max(D, 1)} devices; {num_groups} are available")
-    if not fixed:
-        return
-    limits = [(num_layers, f"the profile's {num_layers} layers")]
-    ranks = [(num_groups // max(D, 1), f"{num_groups} devices" + (f" at --dp-degree {D}" if D else ""))]
-    if P:
-        ranks.append((P, f"--stages {P}"))
-    if request.max_stages:
-        ranks.append((request.max_stages, f"--max-stages {request.max_stages}"))
-    r, why = min(ranks)
-    # interleaving gives a rank several stages, on pipelines of more than one rank
-    inter = interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and r > 1
-    v = max(settings.interleave_factors) if inter else 1
-    limits.append((r * v, why + (f" (x {v} interleaved stages per rank)" if v > 1 else "")))
-    most, why = min(limits)
-    if len(fixed) + 1 > most:
-        raise InfeasibleError(
-            f"--fixed-boundaries {','.join(map(str, fixed))} need at least {len(fixed) + 1} stages, "
-            f"but at most {most} are possible ({why})",
-            suggestions=("fewer fixed boundaries", "more stages (--stages, --max-stages) or more devices"),
-        )
