@@ -42,11 +42,6 @@ class Candidate:
 Scored = tuple[float, Candidate]
 
 
-def score_key(tc: Scored) -> tuple[object, ...]:
-    """Order of scored candidates: simulated time, then the configuration's tie-break."""
-    return (tc[0],) + tc[1].config.sort_key
-
-
 def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
                  solved: Solved | None = None) -> ChainSolution | None:
     """The chain solver's optimum of ``c`` (remembered in ``solved`` where given:

@@ -35,7 +35,6 @@ from planner.solve.candidates import (
     Solved,
     alternatives,
     busiest_rank,
-    score_key,
     simulated,
     solve_config,
     unrecomputed_below,
@@ -51,6 +50,12 @@ from planner.solve.stage_floor import busiest_stage_above, largest_workspace, su
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
 INF = float("inf")
+
+
+def score_key(tc: Scored) -> tuple[object, ...]:
+    """The order of the candidates a search finds (:meth:`ConfigSearch.result`): simulated time,
+    then the configuration's tie-break (:attr:`Config.sort_key <planner.solve.space.Config.sort_key>`)."""
+    return (tc[0],) + tc[1].config.sort_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,11 +16,11 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
 from planner.solve.build import Problem
-from planner.solve.candidates import ChainSolver, Scored, busiest_rank, score_key, simulated, stage_needs
+from planner.solve.candidates import ChainSolver, Scored, busiest_rank, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
-from planner.solve.config_search import SearchPass, config_search, over_layers, solve_candidates
+from planner.solve.config_search import SearchPass, config_search, over_layers, score_key, solve_candidates
 from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
