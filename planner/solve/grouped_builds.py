@@ -64,6 +64,11 @@ class Built:
         if on_all:
             self.fastest_all_ms = min(self.fastest_all_ms, t)
 
+    def note_plans(self, plans: list[Plan]) -> None:
+        """Each of ``plans`` noted (:meth:`note`; on all the devices where it uses every one available)."""
+        for p in plans:
+            self.note(p, p.num_devices == p.devices_available)
+
     def could_hold(self, time_ms: float, memory_bytes: float, on_all: bool, referenced: bool) -> bool:
         """A plan no faster than ``time_ms`` and peaking no lower than ``memory_bytes`` could be
         the objective's choice (its product at most the least built: ties are built, so the

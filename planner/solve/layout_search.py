@@ -209,20 +209,28 @@ class LayoutSearch:
         if not scored:
             self.refuse(suggest)
             return None  # every configuration pruned against another degree's plans
-        scored, within = policy.within(scored, earlier_ms, on_all)
+        # only those within the objective's budget (Builds.budget: the memory objective's)
+        scored, within = rules.budget.within(scored, earlier_ms, on_all) if rules.budget is not None else (scored, float("inf"))
         if not scored:
             return None  # a cp > 1 degree with nothing within the budget of the degrees before it
-        return self.build(self.could_matter(scored), within, rules)
+        return self.build(self.could_matter(scored, rules), within, rules)
 
-    def could_matter(self, scored: list[Scored]) -> list[Scored]:
-        """:meth:`Policy.could_matter` of ``scored``, each priced by the model it was searched over."""
-        if self.layers is None:
-            return self.policy.could_matter(self.cm_search, scored, self.num_groups)
-        fine = {id(tc) for tc in self.policy.could_matter(self.cm, [tc for tc in scored if over_layers(tc[1].config)],
-                                                          self.num_groups)}
-        coarse = {id(tc) for tc in self.policy.could_matter(
-            self.cm_search, [tc for tc in scored if not over_layers(tc[1].config)], self.num_groups)}
-        return [tc for tc in scored if id(tc) in fine or id(tc) in coarse]
+    def could_matter(self, scored: list[Scored], rules: Builds) -> list[Scored]:
+        """Those of ``scored`` that could be the objective's choice (or what it records): where
+        ``rules`` name the ME state, :meth:`MeIncumbent.kept
+        <planner.solve.objectives.MeIncumbent.kept>` (over the layers themselves: a policy over
+        groups of layers names none, it decides build by build, :meth:`Policy.could_build`)."""
+        if rules.me_state is None or rules.incumbent is None:
+            return scored
+        assert self.layers is None, "over groups of layers the ME objective decides build by build"
+        return rules.me_state.kept(self.cm_search, scored, rules.incumbent, self.num_groups)
+
+    @staticmethod
+    def noted(rules: Builds, plans: list[Plan]) -> list[Plan]:
+        """``plans``, noted where ``rules`` say (:attr:`Builds.built <planner.solve.objectives.Builds.built>`)."""
+        if rules.built is not None:
+            rules.built.note_plans(plans)
+        return plans
 
     def refuse(self, suggest: bool) -> None:
         """No candidate: nothing where configurations were pruned (against another degree's
@@ -235,10 +243,10 @@ class LayoutSearch:
             raise explain_infeasible(self.cm, request, self.num_groups, cap, suggest=suggest)
         raise explain_infeasible(self.cm_search, self.req_search, self.num_groups, cap, suggest=suggest)
 
-    def build_bounded(self, scored: list[Scored], *, refined: bool) -> list[Plan]:
+    def build_bounded(self, scored: list[Scored], rules: Builds, *, refined: bool) -> list[Plan]:
         """Plans for those of ``scored`` (candidates over groups of layers) whose plans could
         matter against the plans built so far (:meth:`Policy.could_build`, noted as they are
-        built), the most promising first (least time x busiest rank's memory over the groups):
+        built, as ``rules`` say), the most promising first (least time x busiest rank's memory over the groups):
         with ``refined``, by ``c``'s floors over the layers (:class:`LayerFloors`) before it is
         refined; else mapped to the layers first, by its time and its largest stage's peak
         there. In the order :meth:`fine` gives; where every one built is over the cap (and
@@ -265,8 +273,7 @@ class LayoutSearch:
             t = simulated(cm, mapped)
             if not refined and not policy.could_build(t, max(stage_needs(cm, c, mapped.solution)), on_all):
                 continue
-            plans = build_best(problem, cm, [(t, mapped)], 1, refuse=False)
-            policy.note_built(plans)
+            plans = self.noted(rules, build_best(problem, cm, [(t, mapped)], 1, refuse=False))
             done.append(((t, mapped), plans))
         done.sort(key=lambda d: score_key(d[0]))
         plans = [p for _, built in done for p in built]
@@ -282,10 +289,9 @@ class LayoutSearch:
         problem, cm, policy, settings = self.problem, self.cm, self.policy, self.settings
         keep = rules.rescore if rules.rescore is not None else len(scored)
         if policy.bounds_builds:
-            plans = self.build_bounded(scored, refined=True)
+            plans = self.build_bounded(scored, rules, refined=True)
         else:
-            plans = build_best(problem, cm, self.fine(scored, keep, rules.adds_best_on_all), keep + 1)
-            policy.note_built(plans)
+            plans = self.noted(rules, build_best(problem, cm, self.fine(scored, keep, rules.adds_best_on_all), keep + 1))
         uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
         pruning = rules.pruning_ms < float("inf")
         for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
@@ -294,14 +300,12 @@ class LayoutSearch:
             where = SearchPass(num_groups=self.num_groups, cap_bytes=self.cap * frac, chain_solver=self.chain_solver,
                                configs=tighter.configs, settings=settings, fsdp=tighter.fsdp)
             found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy, self.layers)
-            found = self.could_matter([tc for tc in found if tc[0] <= tighter.within_ms])
+            found = self.could_matter([tc for tc in found if tc[0] <= tighter.within_ms], rules)
             k = tighter.builds if tighter.builds is not None else len(found)
             if policy.bounds_builds:
-                plans += self.build_bounded(found, refined=False)
+                plans += self.build_bounded(found, rules, refined=False)
                 continue
-            built = build_best(problem, cm, self.fine(found, k, False, refined=False), k, refuse=False)
-            policy.note_built(built)
-            plans += built
+            plans += self.noted(rules, build_best(problem, cm, self.fine(found, k, False, refined=False), k, refuse=False))
         if not plans:
             return None  # the ME objective: nothing of these degrees could be its choice (nor its references)
         self.built = plans

@@ -28,7 +28,6 @@ import math
 from dataclasses import dataclass, field
 
 from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective
-from planner.artifacts.plan import Plan
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.solve.candidates import Scored, busiest_rank, stage_needs
@@ -76,6 +75,14 @@ class Budget:
     def of(self, fastest_ms: float) -> float:
         """The slowest time kept when the fastest found is ``fastest_ms``."""
         return max(self.floor_ms, fastest_ms * self.factor)
+
+    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
+        """Of ``scored`` (fastest first), those no slower than this budget of the fastest found
+        (the fastest of the degrees before, ``earlier_ms``, is no slower; a candidate's simulated
+        time is its plan's), and the best on all the groups; with that slowest time."""
+        within = self.of(min(scored[0][0], earlier_ms)) * (1 + 1e-9)
+        kept = [tc for tc in scored if tc[0] <= within]
+        return (kept + [on_all] if on_all is not None and not any(tc is on_all for tc in kept) else kept), within
 
     def widened_by(self, slack: float) -> Budget:
         """This budget kept ``slack`` x wider (the same where it keeps only the fastest)."""
@@ -130,6 +137,12 @@ class MeIncumbent:
         summed; with a relative 1e-6 to spare for the bytes each stage's parts are rounded to)."""
         self.product = min(self.product, product * (1 + BYTES_SLACK))
 
+    def kept(self, cm: CostModel, scored: list[Scored], inc: Incumbent, num_groups: int) -> list[Scored]:
+        """Of ``scored`` (over the layers themselves), those that could be the objective's choice,
+        the fastest with no reference plan, or the fastest on all ``num_groups`` groups
+        (:meth:`matters`)."""
+        return [tc for tc in scored if self.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
+
     def matters(self, cm: CostModel, scored: Scored, inc: Incumbent, on_all: bool) -> bool:
         """The candidate (over the layers themselves) could be the plan the objective chooses, the
         fastest with no reference plan, or the fastest on all the devices (else no plan is built
@@ -142,15 +155,24 @@ class MeIncumbent:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Builds:
-    """Which of a degree's candidates its objective builds plans for: only those faster than
-    ``pruning_ms`` (inf: all; then no tighter caps are searched either), per-stage replication's
-    no slower than ``replicated_limit_ms``, the ``rescore`` best (None: every one), with the best
-    on all the groups besides where ``adds_best_on_all``."""
+    """Which of a degree's candidates its objective builds plans for, as values: only those
+    faster than ``pruning_ms`` (inf: all; then no tighter caps are searched either), per-stage
+    replication's no slower than ``replicated_limit_ms``, the ``rescore`` best (None: every
+    one), with the best on all the groups besides where ``adds_best_on_all``; only those within
+    ``budget`` of the fastest (:meth:`Budget.within`, the memory objective's; None: every one)
+    and, where ``me_state`` is given, only those that could be the ME objective's choice or
+    what it records (:meth:`MeIncumbent.kept` against ``incumbent``; None: every one). The plans
+    built are noted in ``built`` (:class:`~planner.solve.grouped_builds.Built`, the ME state's,
+    which decides builds over groups of layers; None: nowhere)."""
 
     pruning_ms: float
     replicated_limit_ms: float
     rescore: int | None
     adds_best_on_all: bool
+    budget: Budget | None = None
+    me_state: MeIncumbent | None = None
+    incumbent: Incumbent | None = None
+    built: Built | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,22 +268,10 @@ class Policy:
         the plan it must beat (:meth:`pruning_ms`)."""
         return self.prune and machine_bound_ms >= self.pruning_ms(earlier_ms, cp_degree)
 
-    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
-        """The candidates plans are built for, and the slowest time the objective can choose."""
-        return scored, INF
-
-    def could_matter(self, cm: CostModel, scored: list[Scored], num_groups: int) -> list[Scored]:
-        """The candidates that could be the objective's choice (or what it records)."""
-        return scored
-
-
     def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
         """A plan no faster than ``time_ms`` and peaking no lower than ``memory_bytes`` could
         matter against the plans built (with :attr:`bounds_builds`)."""
         return True
-
-    def note_built(self, plans: list[Plan]) -> None:
-        """Plans built for the objective (noted where it decides builds by them)."""
 
     def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
         """The pass under a tighter cap: the time objective's, over its best configurations,
@@ -326,20 +336,13 @@ class MemoryPolicy(Policy):
         return self
 
     def builds(self, earlier_ms: float, cp_degree: int, settings: SearchSettings) -> Builds:
-        """Every candidate (those the budget can hold: :meth:`within`), none pruned by time."""
-        return Builds(pruning_ms=INF, replicated_limit_ms=INF, rescore=None, adds_best_on_all=False)
+        """Every candidate the budget can hold (where it prunes: :meth:`Budget.within`), none
+        pruned by time."""
+        return Builds(pruning_ms=INF, replicated_limit_ms=INF, rescore=None, adds_best_on_all=False,
+                      budget=self.budget if self.budget.widened and self.prune else None)
 
     def skips_degree(self, machine_bound_ms: float, earlier_ms: float, cp_degree: int) -> bool:
         return False
-
-    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
-        """No slower than the budget of the fastest found (the fastest of every degree is no
-        slower; a candidate's simulated time is its plan's), and the best on all the groups."""
-        if not (self.budget.widened and self.prune):
-            return scored, INF
-        within = self.budget.of(min(scored[0][0], earlier_ms)) * (1 + 1e-9)
-        kept = [tc for tc in scored if tc[0] <= within]
-        return (kept + [on_all] if on_all is not None and not any(tc is on_all for tc in kept) else kept), within
 
     def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
         """Every configuration, pruned to the budget (a tighter cap is never faster) where this
@@ -393,26 +396,20 @@ class MePolicy(MemoryPolicy):
         return MePolicy(self.state, widen=1.0 + settings.budget_refine_slack, prune=self.prune, incumbent=self.shared,
                         fill=self.fill_asked, grouped=True)
 
-    def within(self, scored: list[Scored], earlier_ms: float, on_all: Scored | None) -> tuple[list[Scored], float]:
-        return scored, INF
-
-    def could_matter(self, cm: CostModel, scored: list[Scored], num_groups: int) -> list[Scored]:
-        """Only the candidates that could be its choice, the fastest (with no reference plan) or
-        the fastest on all the groups (:meth:`MeIncumbent.matters`)."""
-        state, inc = self.state, self.incumbent
-        if state is None or self.grouped:
-            return scored  # over groups: decided candidate by candidate as plans are built (could_build)
-        return [tc for tc in scored if state.matters(cm, tc, inc, tc[1].config.num_groups == num_groups)]
+    def builds(self, earlier_ms: float, cp_degree: int, settings: SearchSettings) -> Builds:
+        """Every candidate that could be its choice, the fastest (with no reference plan) or the
+        fastest on all the groups (:meth:`MeIncumbent.kept`; over groups of layers decided
+        candidate by candidate as plans are built instead, :meth:`could_build`), the plans built
+        noted in the state."""
+        state = self.state
+        return Builds(pruning_ms=INF, replicated_limit_ms=INF, rescore=None, adds_best_on_all=False,
+                      me_state=state if not self.grouped else None, incumbent=self.incumbent,
+                      built=state.built if state is not None else None)
 
 
     def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
         """:meth:`Built.could_hold` against the plans built for the request."""
         return self.state is None or self.state.built.could_hold(time_ms, memory_bytes, on_all, self.state.referenced)
-
-    def note_built(self, plans: list[Plan]) -> None:
-        if self.state is not None:
-            for p in plans:
-                self.state.built.note(p, p.num_devices == p.devices_available)
 
     def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
         """Every configuration, pruned by the same state (and incumbent) as this search."""
