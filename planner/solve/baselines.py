@@ -49,6 +49,7 @@ from planner.solve.chain import ChainSolution
 from planner.solve.held import held_memory
 from planner.solve.layout_search import refuse_unmeetable
 from planner.solve.partitions import partition_by
+from planner.solve.search import num_devices_of
 from planner.solve.select import build_best, select
 from planner.solve.settings import SETTINGS
 from planner.solve.space import (
@@ -57,7 +58,6 @@ from planner.solve.space import (
     configurations,
     layout_of,
     microbatch_sizes,
-    num_devices_of,
     schedule_valid,
 )
 

@@ -134,7 +134,7 @@ import dataclasses
 import heapq
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.errors import InfeasibleError, PlannerInputError
 from planner.artifacts.kinds import Objective, RecomputeMode, ScheduleKind, SolverKind
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.plan import Plan
@@ -151,7 +151,17 @@ from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
 from planner.solve.select import chosen, over_cap
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import num_devices_of
+
+
+def num_devices_of(cluster: Cluster, request: PlanRequest) -> int:
+    """The devices a request plans on (all the cluster's unless it names fewer), refused where it
+    names more than the cluster has."""
+    n = request.num_devices or cluster.num_devices
+    if n > cluster.num_devices:
+        raise PlannerInputError(
+            f"--devices {n} is more than cluster {cluster.name!r} has ({cluster.num_devices})"
+        )
+    return n
 
 
 def search_plan(

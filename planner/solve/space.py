@@ -30,7 +30,6 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
@@ -123,15 +122,6 @@ def schedule_valid(schedule: ScheduleKind, num_stages: int, num_microbatches: in
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def num_devices_of(cluster: Cluster, request: PlanRequest) -> int:
-    n = request.num_devices or cluster.num_devices
-    if n > cluster.num_devices:
-        raise PlannerInputError(
-            f"--devices {n} is more than cluster {cluster.name!r} has ({cluster.num_devices})"
-        )
-    return n
 
 
 def microbatch_sizes(request: PlanRequest, per_replica_batch: int) -> list[int]:
