@@ -145,7 +145,6 @@ def test_memory_floor_is_infinite_only_where_nothing_fits() -> None:
     memory floor is infinite and the search skips the configuration: then none of its variants
     (its own ZeRO stage, ZeRO 3 and HSDP) has a solution. Every schedule, small GPTs, drawn cases
     and a small Qwen3-MoE; it is infinite somewhere for a zero-bubble schedule and another."""
-    from planner.solve.space import fsdp_searched
 
     cases = [(*CASES[name], tps) for name, tps in (("tensor-zero-interleaved", (1, 2)), ("zero3", (1,)))]
     cases += [(*_random_case(seed), (1,)) for seed in (1, 4, 9, 13)]
@@ -156,7 +155,7 @@ def test_memory_floor_is_infinite_only_where_nothing_fits() -> None:
     for _, _, facts, _, c in rows:
         if facts.memory_floor_ms(c, 1.0) < float("inf"):
             continue
-        variants = facts.variants(c) + (facts.fsdp_variants(c) if fsdp_searched(facts.request, c.layout) else [])
+        variants = facts.variants(c) + (facts.fsdp_variants(c) if c.fsdp_searched else [])
         for v in variants:
             assert solve_config(solve_chain, facts.table_of(v), v) is None, v
         infinite += 1

@@ -34,7 +34,7 @@ from planner.solve.rank_memory import (
     stages_hold_work,
     works_reach_ms,
 )
-from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
+from planner.solve.space import Config, config_lower_bound_ms, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -358,7 +358,7 @@ class ConfigFacts:
 
     def leanest(self, c: Config) -> Config:
         """``c`` at the deepest sharding any of its variants is solved at (:meth:`variants`)."""
-        return c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and fsdp_searched(self.request, c.layout)) else c
+        return c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and c.fsdp_searched) else c
 
     def state_floor_bytes(self, c: Config) -> float:
         """No plan of ``c`` (any variant, partition, recomputation or cap) peaks below this on its
@@ -420,9 +420,9 @@ class ConfigFacts:
         its time on GPT-3 175B over 1,024 GPUs, no plan changed (RESULTS 13); a request for
         ZeRO 3 alone (``--zero 3``) solves it everywhere."""
         request, cm = self.request, self.cm
-        if c.layout.zero is ZeroStage.PARAMETERS and not c.layout.shard_group_size and fsdp_searched(request, c.layout):
+        if c.layout.zero is ZeroStage.PARAMETERS and not c.layout.shard_group_size and c.fsdp_searched:
             return self.fsdp_variants(c)  # ZeRO 3 asked alone: HSDP first, the whole group where it does not fit
-        fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
+        fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
             if self.table_of(plain).fits_everywhere(max(h.inflight for h in c.held())):

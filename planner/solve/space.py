@@ -59,6 +59,9 @@ class Config:
     microbatch_size: int
     num_microbatches: int
     schedule: ScheduleKind
+    #: the search solves ZeRO 3 beside the configuration's own stage (:func:`fsdp_searched`: set where
+    #: the space is listed, :func:`all_configs`; its ZeRO variants keep it)
+    fsdp_searched: bool = field(default=False, compare=False)
     #: pipeline ranks P (the layout's)
     pipeline_size: int = field(init=False, compare=False, repr=False)
     #: tensor- (x context-) parallel groups the layout occupies: P x D, or the sum of the stages' copies
@@ -219,8 +222,9 @@ def all_configs(
         if not cm.group.admits(D):
             continue  # the experts' layout does not fold over these ranks
         z = searched_zero(request, D)
-        # one layout per chunk count, shared by every micro-batch size
+        # one layout per chunk count, shared by every micro-batch size (each with D copies, no per-stage ones)
         plain = layout_of(cm, P, D, 1, z)
+        fsdp = fsdp_searched(request, plain)
         chunked = {v: layout_of(cm, P, D, v, z) for v in settings.interleave_factors if P * v <= cm.num_layers}
         zbv = layout_of(cm, P, D, 2, z, placement=ChunkPlacement.V) if 2 * P <= cm.num_layers else None
         # DualPipe: the V's chunks, its two copies a data-parallel pair (ChunkPlacement.MIRROR)
@@ -228,18 +232,18 @@ def all_configs(
                 if ScheduleKind.DUALPIPE in request.schedules and zbv is not None and D % 2 == 0 else None)
         for b in microbatch_sizes(request, request.global_batch // D):
             M = request.global_batch // (D * b)
-            out.extend(Config(plain, b, M, sch) for sch in schedules
+            out.extend(Config(plain, b, M, sch, fsdp) for sch in schedules
                        if schedule_valid(sch, P, M) and not (P == 1 and sch.splits_backward and one_stage_plain))
             if interleaved and ScheduleKind.INTERLEAVED_1F1B in request.schedules and P > 1:
                 out.extend(
-                    Config(lay, b, M, ScheduleKind.INTERLEAVED_1F1B)
+                    Config(lay, b, M, ScheduleKind.INTERLEAVED_1F1B, fsdp)
                     for v, lay in chunked.items() if interleaving_valid(P, M, v)
                 )
             if interleaved and P > 1 and zbv is not None:
-                out.extend(Config(zbv, b, M, sch) for sch in V_SCHEDULES
+                out.extend(Config(zbv, b, M, sch, fsdp) for sch in V_SCHEDULES
                            if sch in request.schedules and schedule_valid(sch, 2 * P, M))
             if interleaved and P > 1 and dual is not None and schedule_valid(ScheduleKind.DUALPIPE, 2 * P, M):
-                out.append(Config(dual, b, M, ScheduleKind.DUALPIPE))
+                out.append(Config(dual, b, M, ScheduleKind.DUALPIPE, fsdp))
     return out
 
 
