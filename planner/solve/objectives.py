@@ -18,7 +18,10 @@ builds plans for.
 
 Each policy holds the incumbent it prunes against (one shared by several searches, or its
 own), and whether it prunes at all (``SearchSettings.prune_configs``); :func:`policy_for` gives
-a request's. The search itself (the heap and its phases) is
+a request's. A search asks it two questions per configuration (:meth:`Policy.limit`,
+:meth:`Policy.keep`) and, per degree, which candidates to build as one value
+(:meth:`Policy.builds` -> :class:`Builds`) and each tighter cap's pass (:meth:`Policy.tighter`).
+The search itself (the heap and its phases) is
 :class:`planner.solve.config_search.ConfigSearch`.
 """
 
