@@ -220,3 +220,24 @@ def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -
     solution = ChainSolution(objective_ms=0.0, boundaries=(0,), recompute=((),), stage_times_ms=(0.0,), exact=True)
     got = least_zero(cm, PlanRequest(global_batch=32, zero_stages=(0, 1, 2, 3)), Candidate(hsdp, solution), 1e15)
     assert got.config.layout.zero < ZeroStage.PARAMETERS and got.config.layout.shard_group_size == 0
+
+
+def test_a_configurations_fields_are_its_own_and_its_variants() -> None:
+    """``Config``'s fields are worked out where it is built (``__post_init__``), so a ZeRO
+    variant's tie-break and figures are the variant's own (the heap's order and the plans' ties
+    read them), and whether ZeRO 3 is searched beside it, set where the space is listed
+    (``all_configs``: the request allows ZeRO 3 and there are replicas), is kept by its variants."""
+    from planner.solve.space import all_configs
+
+    cm = CostModel(chain_profile([dict(fwd=1.0, bwd=2.0, params=1000, saved=1e6, inp=1e5, out=1e5)] * 4), small_cluster(8))
+    request = PlanRequest(global_batch=8, zero_stages=(0, 1, 3))
+    configs = all_configs(cm, request, 8, interleaved=False)
+    assert configs and all(c.fsdp_searched == (c.layout.dp_degree > 1) for c in configs)
+    c = next(c for c in configs if c.layout.dp_degree > 1 and c.layout.zero is ZeroStage.OPTIMIZER)
+    for z in (ZeroStage.NONE, ZeroStage.PARAMETERS):
+        v = c.with_zero(z)
+        assert v.sort_key == c.sort_key[:4] + (int(z),) + c.sort_key[5:] and v.fsdp_searched
+        assert (v.pipeline_size, v.num_groups) == (c.layout.pipeline_size, c.layout.num_groups)
+    smaller = dataclasses.replace(c, microbatch_size=2 * c.microbatch_size)
+    assert smaller.sort_key[1] == -2 * c.microbatch_size and smaller.fsdp_searched
+    assert not all_configs(cm, dataclasses.replace(request, zero_stages=(0, 1)), 8, interleaved=False)[-1].fsdp_searched
