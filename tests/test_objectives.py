@@ -377,6 +377,19 @@ def test_one_policy_per_objective() -> None:
     assert time.builds(10.0, 2, SETTINGS).pruning_ms == 10.0
     assert time.builds(10.0, 1, SETTINGS).rescore == SETTINGS.rescore_top
     assert memory.builds(10.0, 2, SETTINGS).rescore is None and memory.builds(10.0, 2, SETTINGS).pruning_ms == float("inf")
+    # ... as values: the memory objective only those within its budget, the ME objective those that
+    # could be its choice (its state, noting the plans built; over groups of layers decided build by
+    # build instead), the time objective no such rule
+    rules = {name: p.builds(10.0, 1, SETTINGS) for name, p in (("time", time), ("memory", memory), ("me", me),
+                                                              ("grouped_me", grouped_me))}
+    assert (rules["time"].budget, rules["time"].me_state, rules["time"].built) == (None, None, None)
+    assert rules["memory"].budget == memory.budget and rules["memory"].me_state is None and rules["memory"].built is None
+    assert rules["me"].budget is None and rules["me"].me_state is me.state and rules["me"].incumbent is me.incumbent
+    assert me.state is not None and rules["me"].built is me.state.built is rules["grouped_me"].built
+    assert rules["grouped_me"].me_state is None
+    scored = [(t, None) for t in (10.0, 10.5, 11.5)]
+    kept, within = memory.budget.within(scored, float("inf"), None)  # type: ignore[arg-type]
+    assert [t for t, _ in kept] == [10.0, 10.5] and within == pytest.approx(11.0)
     # the limit: the best time found (on all the groups for a configuration on all of them),
     # widened by the memory objective's budget
     shared = Incumbent(best=100.0, best_all=120.0)
