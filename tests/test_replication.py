@@ -23,7 +23,8 @@ from planner.solve.build import rebuild_plan
 from planner.solve.candidates import stage_recompute
 from planner.solve.partitions import pipedream_split
 from planner.solve.prices import StageTable
-from planner.solve.replicated import replica_counts, solve_replicated
+from planner.solve.replicated import solve_replicated
+from planner.solve.replicated_search import replica_counts
 from tests.chains import chain_profile, layer_dicts, small_cluster
 
 KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)

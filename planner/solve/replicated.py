@@ -46,18 +46,13 @@ from planner.solve.chain import ChainSolution
 from planner.solve.prices import StageTable
 from planner.solve.recompute import INF
 
-__all__ = ["ReplicatedSolution", "replica_counts", "solve_replicated"]
+__all__ = ["ReplicatedSolution", "solve_replicated"]
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicatedSolution:
     solution: ChainSolution
     replicas: tuple[int, ...]
-
-
-def replica_counts(num_devices: int, num_microbatches: int) -> list[int]:
-    """Copies a stage may have: every R <= N dividing M (round-robin needs M a multiple of R)."""
-    return [d for d in range(1, num_devices + 1) if num_microbatches % d == 0]
 
 
 def _inflight(schedule: ScheduleKind, m: int, n: int, d: int) -> int:
@@ -159,14 +154,17 @@ def solve_replicated(
     spare: bool = False,
 ) -> ReplicatedSolution | None:
     """The exact minimum of J over partitions and per-stage copy counts (or None if nothing
-    fits). ``tables[R]`` prices one copy of a stage with R copies (its ZeRO shard count);
+    fits). ``tables[R]`` prices one copy of a stage with R copies (its ZeRO shard count), for
+    each copy count R the caller allows (each at most ``num_devices`` and dividing
+    ``num_microbatches``: :func:`planner.solve.replicated_search.replica_counts`);
     ``limit_ms`` bounds the iteration time worth finding (stages whose copies would alone
     take longer are not priced with recomputation). With ``spare``, the copies may use fewer
     than ``num_devices`` devices (the last ones stay idle); a 1F1B copy's in-flight count is
     then priced as if the idle devices carried stages (an upper bound: its memory is safe,
     and the plan built from it is priced exactly)."""
     m, N = num_microbatches, num_devices
-    counts = [d for d in replica_counts(N, m) if d in tables]
+    counts = sorted(tables)
+    assert all(1 <= d <= N and m % d == 0 for d in counts), f"copy counts {counts}: at most {N}, dividing {m}"
     if not counts:
         return None
     # the busiest copy does (M / R) T: stages with T > limit R / M cannot be in a better plan

@@ -13,9 +13,14 @@ from planner.cost import CostModel
 from planner.solve.candidates import Candidate, Scored, fits, fixed_split, simulated
 from planner.solve.partitions import pipedream_split
 from planner.solve.prices import StageTable
-from planner.solve.replicated import replica_counts, solve_replicated
+from planner.solve.replicated import solve_replicated
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, Config, layout_of, microbatch_sizes, searched_zero
+
+
+def replica_counts(num_devices: int, num_microbatches: int) -> list[int]:
+    """Copies a stage may have: every R <= N dividing M (round-robin needs M a multiple of R)."""
+    return [d for d in range(1, num_devices + 1) if num_microbatches % d == 0]
 
 
 def solve_replicated_config(
