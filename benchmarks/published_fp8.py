@@ -67,8 +67,17 @@ whether a wave term the FP8 rows would want is borne out by the bf16 rows it wou
 speedup the model prices against the one the published time implies over the bf16 price (the bf16 price holds the
 constants the bf16 rows fitted; the FP8 rows' spread is in what FP8 changes).
 
+``--torchao``: an external check of the FP8 pricing itself, by another stack's measurement (not a row of the
+table, nothing fitted on it): torchao's float8 README, "Training benchmarks" (pytorch/ao ``torchao/float8/README.md``:
+torchtitan, Llama3-8B on 8 H100, batch 1 per GPU, sequence 8,192, ``torch.compile``, FSDP2, per-op SAC; bf16 6,150
+tokens/s, tensorwise float8 with float8 all-gather 7,689.5, +25.03%). Priced as torchtitan's rows are (ZeRO 3 over the
+8 GPUs, torchtitan's op-level recomputation, the torchtitan-2024 stack, fp32 gradient reduction) on the H100, at bf16
+and at fp8-current (Transformer Engine's current scaling: the closest recipe; torchao's tensorwise dynamic scaling is
+the same per-tensor scaling, with the casts fused by ``torch.compile``): the FP8 speedup the model prices against the
+measured one.
+
 Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown] [--shapes] [--settings] [--waves]
-[--speedup]``
+[--speedup] [--torchao]``
 """
 
 from __future__ import annotations
@@ -86,7 +95,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import published_moe as pm
 import published_runs as pr
-from published_rows import PublishedRun, Recompute, all_rows, megatron_bridge_rows
+from published_rows import Metric, PublishedRun, Recompute, all_rows, megatron_bridge_rows, torchtitan_rows
 
 from planner.artifacts.kinds import OptimizerKind, Precision, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import Layout
@@ -441,6 +450,40 @@ def speedup(rows: list[PublishedRun]) -> None:
     pr.profile_for.cache_clear()
 
 
+#: torchao's float8 training benchmark on 8 H100 (``--torchao``): tokens/s per GPU... as the README gives them
+#: (median tokens/second of the run), bf16 and tensorwise float8 with float8 all-gather
+TORCHAO_TOKENS_PER_S = {Precision.BF16: 6150.0, Precision.FP8_CURRENT: 7689.5}
+
+
+def torchao_run(precision_: Precision) -> PublishedRun:
+    """torchao's Llama3-8B float8 benchmark (``--torchao``) as a :class:`PublishedRun` at ``precision_``: torchtitan's
+    op-level-SAC Llama 3 8B row moved to 8 H100s."""
+    base = next(r for r in torchtitan_rows() if r.label == "T L3 8B b1 sel-op")
+    return dataclasses.replace(base, source="torchao float8 README (8 H100)", publication="torchao float8 README",
+                               label=f"torchao L3 8B {precision_.value}", device="h100-80gb", d=8, batch=8,
+                               metric=Metric.TOKENS_PER_S, published=TORCHAO_TOKENS_PER_S[precision_],
+                               flops_per_iteration=base.flops_per_iteration * 8 / 64, precision=precision_,
+                               bf16_edge_blocks=0 if precision_.fp8 else None, published_mfu=0.0)
+
+
+def torchao_check() -> tuple[float, float]:
+    """Print the ``--torchao`` check; (priced FP8 speedup, measured FP8 speedup)."""
+    print(f"\n{'torchao Llama3-8B, 8 H100':<26} {'published tok/s':>15} {'predicted':>9} {'ratio':>6} {'GiB':>5}")
+    seconds = {}
+    for p in (Precision.BF16, Precision.FP8_CURRENT):
+        run = torchao_run(p)
+        pr.profile_for.cache_clear()
+        priced = pr.price(run, pr.DEVICE_GEMM[run.device])
+        seconds[p] = priced.seconds
+        print(f"{run.label:<26} {run.published:>15.1f} {priced.predicted:>9.1f} {pr.time_ratio(run, priced):>6.3f} "
+              f"{priced.peak_bytes / GIB:>5.1f}")
+    pr.profile_for.cache_clear()
+    ours = seconds[Precision.BF16] / seconds[Precision.FP8_CURRENT]
+    theirs = TORCHAO_TOKENS_PER_S[Precision.FP8_CURRENT] / TORCHAO_TOKENS_PER_S[Precision.BF16]
+    print(f"FP8 speedup over bf16: priced {ours:.3f}, measured {theirs:.3f} ({100 * (ours / theirs - 1):+.1f}%)")
+    return ours, theirs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
@@ -451,6 +494,7 @@ def main() -> int:
     ap.add_argument("--settings", action="store_true", help="also print the 8B row with each source setting undone")
     ap.add_argument("--waves", action="store_true", help="also print every H100 row's wave estimate beside its ratio")
     ap.add_argument("--speedup", action="store_true", help="also print each dense row's bf16 price beside its FP8 one")
+    ap.add_argument("--torchao", action="store_true", help="also check the priced FP8 speedup against torchao's measured one")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -484,6 +528,8 @@ def main() -> int:
         waves()
     if args.speedup:
         speedup(rows)
+    if args.torchao:
+        torchao_check()
     if args.fit:
         moe = STACKS["megatron-core-0.8"].moe
         fit_rows = tuple(r for r in MOE_ROWS if r.label == FP8_MOE_FIT_ROW)
