@@ -429,6 +429,7 @@ def gpt_block_shapes(run: PublishedRun) -> list[tuple[str, int, int, int, int]]:
 def waves(device: str = "h100-80gb") -> None:
     """Print every ``device`` row's wave estimate beside its predicted / published time (``--waves``)."""
     print(f"\n{'row':<22} {'t':>2} {'cp':>2} {'b':>2} {'precision':>12} {'waves':>6} {'ratio':>6}")
+    bf16: list[tuple[float, float]] = []
     for r in all_rows():
         if r.device != device:
             continue
@@ -440,7 +441,13 @@ def waves(device: str = "h100-80gb") -> None:
         total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
         fraction = 1.0 / sum(2.0 * m * n * k / total / wave_fraction(m // chunks, n) for _, chunks, m, n, k in parts)
         print(f"{r.label:<22} {r.t:>2} {r.cp:>2} {at.microbatch:>2} {r.precision.value:>12} {fraction:>6.3f} {ratio:>6.3f}")
+        if not r.precision.fp8:
+            bf16.append((fraction, ratio))
     pr.profile_for.cache_clear()
+    if len(bf16) > 2:
+        print(f"the bf16 rows' wave estimate against their ratio: Pearson r = "
+              f"{statistics.correlation(*zip(*bf16)):+.2f} over {len(bf16)} rows (an unpriced wave loss would make it "
+              "positive: the rows with fewer full waves predicted fast)")
 
 
 def speedup(rows: list[PublishedRun]) -> None:
