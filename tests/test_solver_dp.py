@@ -333,9 +333,10 @@ def test_stage_bands_are_the_stages_the_dp_reads(L, P, longest):
     reads for it: start ``s + a`` (``a < w``), ``l + 1`` layers (``l < K``), not past the stage's
     last stop (``a + l < w``); stages with the same (in-flight count, cap) share one mask."""
     from planner.solve.chain_dp import _stage_bands
+    from planner.solve.prices.fixed import lengths
 
     at = [(k % 2, 1.0) for k in range(P)]  # two tables, alternating stages
-    bands = _stage_bands(at, L, longest)
+    bands = _stage_bands(at, lengths(L), longest)
     w = L - P + 1
     K = max(1, min(w, longest))
     for key in set(at):

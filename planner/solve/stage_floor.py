@@ -10,7 +10,7 @@ stage's ``gain``. Any choice freeing ``x`` bytes per micro-batch takes at least 
 least time of any layers freeing ``x`` in fractions (:func:`~planner.solve.floors.recompute_curve`,
 convex). So ``T <= X`` only where ``e <= k min(gain, R^-1(X - C))``: :func:`stage_fits_within`,
 a mask per stage; where no partition into ``P`` stages is made of such stages
-(:func:`~planner.solve.chain_dp.reaches`), every partition has a stage over ``X``. The chain DP's
+(:func:`~planner.solve.prices.fits.reaches`), every partition has a stage over ``X``. The chain DP's
 optimum, its re-solve at a zero-bubble stage's conservative counts (more bytes: slower), and the
 baselines' partitions (:func:`~planner.solve.candidates.fixed_split`, the same least recomputation)
 then all have their busiest rank above ``X`` (one stage per rank): ``M X`` above what the
@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from planner.schedule import Held
-from planner.solve.chain_dp import reaches
 from planner.solve.floors import recompute_curve
 from planner.solve.prices import StageTable
+from planner.solve.prices.fits import reaches
 from planner.solve.rank_memory import Curve
 
 __all__ = ["busiest_stage_above", "stage_fits_within", "surely_fits", "table_curve"]

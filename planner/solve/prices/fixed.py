@@ -55,6 +55,7 @@ class BatchPart:
     gain: np.ndarray  # the most bytes recomputation can free from each stage per micro-batch in flight
     levels: np.ndarray | None  # stages whose choice is the selective cover, priced many at once (None: none)
     layers: LayerKinds
+    lengths: np.ndarray  # per stage its number of layers, j - i at [i, j] (:func:`lengths`)
     choices: Choices  # grows as tables ask (a memo, the same answer whichever table asks)
 
 
@@ -154,7 +155,7 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
         keep=_read_only(np.minimum(sums.wgrad_bytes, sums.activation_bytes)), shared=shared,
         saved=_read_only(saved), inputs=_read_only(inputs), core=_read_only(core), core_ms=_read_only(core_ms),
         gain=_read_only(gp[None, :] - gp[:, None]), levels=None if levels is None else _read_only(levels),
-        layers=layers_of(fwd, saved, inputs, core, core_ms), choices={},
+        layers=layers_of(fwd, saved, inputs, core, core_ms), lengths=lengths(L), choices={},
     )
 
 

@@ -37,7 +37,8 @@ from planner.solve.recompute import (
     layer_options,
 )
 
-__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCover", "layers_of", "level_cover_costs", "level_covers"]
+__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "LevelCover", "layers_of", "level_cover_costs",
+           "level_covers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +267,22 @@ register_function("solve.prices.layers.one_group_levels", _one_group_levels, key
 CONTENT_KINDS = 16
 
 
+@dataclass(frozen=True, slots=True)
+class LevelCosts:
+    """The least recompute times of many stages at once (:meth:`LayerKinds.level_costs`), by
+    problem: stages with the same layers, in-flight count and excess share one. Per problem its
+    cost (inf where nothing fits; inf too where the cover is not exact: ``inexact``, which the
+    caller prices with :func:`~planner.solve.recompute.choose_recompute`'s greedy), a stage of it
+    (``pair``), its in-flight count and excess; per stage its problem."""
+
+    costs: np.ndarray  # per problem, ms (writable: the caller fills in the inexact ones)
+    inexact: np.ndarray  # the problems whose cover is not exact
+    pair: np.ndarray  # per problem, one of its stages (a position in the stages asked)
+    inflight: np.ndarray  # per problem
+    excess: np.ndarray  # per problem, bytes
+    problem: np.ndarray  # per stage asked, its problem
+
+
 class LayerKinds:
     """What a stage's recompute choice depends on besides the in-flight count and the excess:
     its layers' times and bytes. Shared by every stage table with the same arrays (caps,
@@ -332,6 +349,37 @@ class LayerKinds:
             np.where(same, -1, b),
             np.where(same, -1, J - self.run_start[b]),
         ]).astype(np.int64)
+
+    def level_costs(self, I: np.ndarray, J: np.ndarray, ks: np.ndarray, ex: np.ndarray) -> LevelCosts:
+        """The least recompute time of each stage ``[I, J)`` with ``ks`` micro-batches in flight and
+        ``ex`` bytes over its cap, where its layers have selective levels and no shared saves: stages
+        with the same layers (:meth:`sequence_keys`), count and excess are one problem, and each
+        problem's cover rows (:meth:`cover_rows`) are priced at its excess plus each row's workspace."""
+        seqs = self.sequence_keys(I, J)
+        order = np.lexsort((ex, ks, *seqs.T[::-1]))
+        s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
+        starts = np.flatnonzero(first)
+        problem = np.empty(len(order), dtype=np.intp)
+        problem[order] = np.cumsum(first) - 1  # per pair, its problem
+        p_seq, p_k, p_ex, p_pair = s_seq[starts], s_k[starts], s_ex[starts], order[starts]
+        # problems with the same layers and in-flight count (consecutive) share their cover rows
+        new = np.ones(len(starts), dtype=bool)
+        new[1:] = np.any(p_seq[1:] != p_seq[:-1], axis=1) | (p_k[1:] != p_k[:-1])
+        heads = np.flatnonzero(new)
+        per_head = np.diff(np.append(heads, len(starts)))
+        spans = [self.cover_rows(tuple(q), k) for q, k in zip(p_seq[heads].tolist(), p_k[heads].tolist())]
+        exact = np.repeat([span is not None for span in spans], per_head)
+        first_row = np.repeat([span[0] if span else 0 for span in spans], per_head)
+        n_rows = np.repeat([span[1] if span else 0 for span in spans], per_head)
+        costs = np.full(len(starts), INF)
+        owners = np.repeat(np.arange(len(starts)), n_rows)
+        if len(owners):  # every problem's cover rows, priced at its excess plus each row's workspace
+            rows = np.repeat(first_row, n_rows) + (np.arange(len(owners)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows))
+            np.minimum.at(costs, owners, self.rows.costs(rows, p_ex[owners] + self.rows.workspace_bytes(rows)))
+        return LevelCosts(costs=costs, inexact=np.flatnonzero(~exact), pair=p_pair, inflight=p_k, excess=p_ex,
+                          problem=problem)
 
     def cover_rows(self, seq: tuple[int, ...], inflight: int) -> tuple[int, int] | None:
         """The rows of :attr:`rows` (first, count) holding :func:`level_covers` of the stage known
