@@ -46,7 +46,7 @@ from planner.solve.objectives import Policy
 from planner.solve.proposals import alternatives, rebalanced, rebalances
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms
-from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
+from planner.solve.stage_floor import skippable
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
 INF = float("inf")
@@ -180,18 +180,9 @@ class ConfigSearch:
         if (read or not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1
                 or lay.stage_replicas or self.cm.profile.shared_saved):
             return False
-        table = self.facts.table_of(c)
-        curve = self.curves.get(id(table))
-        if curve is None:
-            curve = self.curves[id(table)] = table_curve(table)
         held = c.held()
-        if not busiest_stage_above(table, curve, held, limit * self.where.slack / c.num_microbatches):
-            return False
-        workspace = self.workspaces.get(id(table))
-        if workspace is None:
-            workspace = self.workspaces[id(table)] = largest_workspace(table)
-        return surely_fits(table, tuple(h.conservative() for h in held) if c.schedule.splits_backward else held,
-                           workspace)
+        return skippable(self.facts.table_of(c), held, tuple(h.conservative() for h in held) if c.schedule.splits_backward
+                         else held, limit * self.where.slack / c.num_microbatches, self.curves, self.workspaces)
 
     def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:
         """Keep the policy's candidates among ``sol`` and its proposals: its memory rebalancings

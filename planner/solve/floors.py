@@ -9,9 +9,7 @@ ask it, and nothing else, about a configuration."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-from collections import Counter
 
 import numpy as np
 
@@ -20,27 +18,16 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.solve.chain_dp import least_largest
-from planner.solve.fills import busiest_rank_floor_ms, chunk_fill_bound_ms, rank_fills_ms, split_fill_bound_ms
+from planner.solve.fills import busiest_rank_floor_ms, chunk_fill_bound_ms, split_fill_bound_ms
 from planner.solve.prices import RecentEntries, StageTable
-from planner.solve.rank_memory import (
-    Curve,
-    Inverse,
-    held_whole,
-    inverse_points,
-    layer_params,
-    lean_saved_rows,
-    merged_inverse,
-    rank_holds,
-    stages_hold_work,
-    works_reach_ms,
-)
+from planner.solve.rank_memory import RankMemory
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
-#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole)
+#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: rank_memory.held_whole)
 MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV,
                               ScheduleKind.DUALPIPE_V)
 
@@ -59,48 +46,6 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
-def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core_bytes: np.ndarray) -> Curve:
-    """Breakpoints ``(x, R(x))`` of the least ms per micro-batch in which recomputation frees
-    ``x`` bytes per micro-batch, each layer at most once and in any fraction: a layer frees
-    ``gain`` at its forward's ``fwd`` ms (full), or ``core_bytes`` at ``core_ms`` (selective),
-    or nothing; its lower convex hull of those three points, every layer's segments taken
-    cheapest first (a convex piecewise-linear ``R`` from ``(0, 0)``; past the last point, where
-    nothing frees more, :func:`recompute_ms` goes on at the last slope)."""
-    segments: list[tuple[float, float]] = []  # (ms per byte, bytes)
-    layers = zip(fwd.tolist(), np.maximum(gain, 0.0).tolist(), core_ms.tolist(), core_bytes.tolist())
-    for (f, g, t, c), count in Counter(layers).items():  # equal layers: one hull, its segments that many times
-        hull = [(0.0, 0.0)]
-        for x, y in sorted(p for p in ((c, t), (g, f)) if p[0] > 0):
-            while len(hull) > 1 and _turn(hull[-2], hull[-1], (x, y)) <= 0:
-                hull.pop()  # the point before lies on or above the chord: not on the lower hull
-            if x > hull[-1][0]:
-                hull.append((x, y))
-            elif y < hull[-1][1]:
-                hull[-1] = (x, y)
-        segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)] * count
-    segments.sort()
-    # segments of one slope as one (equal layers': collinear points dropped, the same function)
-    merged = [(r, sum(n for _, n in group)) for r, group in itertools.groupby(segments, key=lambda seg: seg[0])]
-    xs = np.concatenate([[0.0], np.cumsum([n for _, n in merged])])
-    ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in merged])])
-    return xs, ys
-
-
-def _turn(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
-    """Positive when ``a -> b -> c`` turns left (``b`` below the chord ``a c``)."""
-    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
-
-
-def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
-    """``R(freed)`` of :func:`recompute_curve`, past its last point at its last slope (a floor:
-    nothing frees that much)."""
-    xs, ys = curve
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-    x = np.asarray(freed, dtype=float)
-    out: np.ndarray = np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
-    return out
-
-
 class ConfigFacts:
     """Everything the search asks about a configuration before and beside solving it, for one
     cost model ``cm`` (the searched one: over groups of layers on a long profile), ``request``
@@ -113,18 +58,13 @@ class ConfigFacts:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
-        self.per_size: dict[tuple[int, float], tuple[float, float, Curve, list[float], list[float], list[float]]] = {}
-        # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
-        self.inverses: dict[tuple[object, ...], Inverse] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
+        self.ranks = RankMemory(cm, cap_bytes, self.unique_params)  # the memory floors as time
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
-        self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
-        self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
-        self.states: dict[tuple[int, float], np.ndarray] = {}  # per layer its state bytes, per (b, kappa)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
     def bound(self, c: Config, fill: bool) -> float:
@@ -171,129 +111,26 @@ class ConfigFacts:
 
 
     def memory_bound(self, c: Config) -> float:
-        """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
-        saved storages, not bounded here). Devices short of memory recompute: a layer
-        recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
-        of its saved bytes ``a`` per micro-batch in flight (``g``: what that level frees), at
-        ``z f`` ms per micro-batch. Counting every layer's held bytes for ``k_min`` micro-batches,
-        no more than any stage of the devices holds, they still fit ``cap`` only if the
-        recomputation frees at least ``(H - cap) / k_min`` bytes per micro-batch (``H``: their
-        bytes counted so, without any), which takes at least ``R`` of it: the least time any
-        layers' recomputation freeing that much per micro-batch takes (:func:`recompute_curve`,
-        each layer once, fractions allowed; its first slope is the cheapest ms per byte of any
-        layer, the one figure this took before: GPT-3's head frees bytes at 28 ms / GB, its blocks
-        at 50, so past the head's 0.1 GB the old floor counted half). (Counted at ``k_min``, freeing is priced at
-        ``k_min`` too: pricing it at the largest count, as before, divided this floor by up to
-        ``k_max / k_min``, 16 on an interleaved rank.) Two relaxations, the larger counts:
-
-        - summed over the ranks: every rank fits ``cap``, so all recomputation together frees
-          at least what the stages would hold without any (the model state once, sharded as
-          the leanest variant solved, plus every layer's saved bytes for the fewest
-          micro-batches any stage holds) less ``P x cap``, over that fewest count; the busiest
-          rank does at least 1 / P of the pipeline's ``M x (work + recomputation)``;
-        - rank by rank: a rank given work ``w`` holding at least ``k_min`` micro-batches in every
-          stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
-          holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
-          saved activations; fractions of layers allowed, so the lightest bytes per ms are
-          taken first: a convex piecewise-linear ``H``, :func:`~planner.solve.rank_memory.least_bytes`). It takes ``g_r(w) =
-          w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
-          operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
-          backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at
-          least a layer each; one stage per rank alike), so ``T >= a_r + M g_r(w_r)``. The
-          ranks' works sum to the profile's, so ``T`` is at least the ``T`` at which the works
-          ``g_r^-1((T - a_r) / M)`` sum to it: both the fill and the memory floor of each rank
-          count (the deep ranks, whose last chunks hold few micro-batches and so bound little
-          memory, are the ones that wait). (Taking each layer's share at the least bytes per ms
-          of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
-          per ms, made the floor vanish.)"""
-        cm, b, lay = self.cm, c.microbatch_size, c.layout
+        """The memory floor as time (:meth:`RankMemory.memory_bound_ms
+        <planner.solve.rank_memory.RankMemory.memory_bound_ms>`, at the state of the leanest variant
+        solved) of GPipe, 1F1B and interleaved 1F1B configurations; 0 for others, for copies per
+        stage and for profiles with shared saved storages, not bounded there."""
+        cm, lay = self.cm, c.layout
         if (cm.profile.shared_saved or lay.stage_replicas
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
-        kappa = cm.least_state_bytes_per_param(self.leanest(c).sharding())  # experts' state may shard wider
-        key = (b, kappa)
-        work, saved_total, curve, _, _, _ = self.layer_arrays(key)
-        if curve[1][-1] <= 0:
-            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        ks = c.inflight()
-        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
-        out = 0.0
-        floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
-        if floor > P * cap:
-            out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
-        return max(out, self.ranks_bound(c, key))
-
-    def layer_arrays(self, key: tuple[int, float]) -> tuple[float, float, Curve, list[float], list[float], list[float]]:
-        """Per (micro-batch size, state bytes per parameter): the profile's work and saved bytes,
-        the recomputation curve, and the busy layers' work, state and saved bytes (equal layers
-        summed in one row)."""
-        found = self.per_size.get(key)
-        if found is None:
-            cm, (b, kappa) = self.cm, key
-            fwd, bwd = cm.at_batch(b).times_ms
-            saved = cm.at_batch(b).saved_bytes
-            gain_full = saved - cm.input_per_sample * b
-            cores = (cm.at_batch(b).core_ms, cm.at_batch(b).core_bytes) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
-            curve = recompute_curve(fwd, gain_full, *cores)
-            layer_work = fwd + bwd
-            busy = layer_work > 0
-            params = cm.param_count.astype(float)
-            for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
-                params[list(tie.layers)] -= tie.param_count
-            params = np.maximum(params, 0.0)
-            # equal layers as one row of their summed work and bytes (taken in fractions, any share
-            # of their work holds the same bytes): a GPT's 96 blocks, one row
-            rows = Counter(zip(layer_work[busy].tolist(), params[busy].tolist(), saved[busy].tolist()))
-            found = self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), curve,
-                                          [w * n for (w, _, _), n in rows.items()],
-                                          [kappa * p * n for (_, p, _), n in rows.items()],
-                                          [a * n for (_, _, a), n in rows.items()])
-        return found
-
-    def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray | None = None) -> float:
-        """:meth:`memory_bound`'s rank-by-rank relaxation: rank r waits a_r (``fills``; by default
-        the first r layers' forward and backward, see :func:`chunk_fill_bound_ms`) besides
-        M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
-        piecewise-linear increasing function (w <= the profile's work); the T at which the
-        ranks' works reach the profile's (:func:`works_reach_ms`)."""
-        work, _, _, _, _, _ = self.layer_arrays(key)
-        fills = rank_fills_ms(self.cm, c) if fills is None else fills  # P of them: a stage holds a layer
-        ranks: dict[tuple[int, ...], list[float]] = {}
-        for r, holds in enumerate(rank_holds(c)):
-            ranks.setdefault(holds, []).append(float(fills[r]))
-        inverses = [(*self.rank_inverse(key, holds), np.array(waits)) for holds, waits in ranks.items()]
-        return works_reach_ms(inverses, c.num_microbatches, work)
-
-    def rank_inverse(self, key: tuple[int, float], holds: tuple[int, ...]) -> Inverse:
-        """A rank's g^-1 (:func:`rank_holds`): one count, :meth:`inverse` within the cap; one per
-        chunk, each chunk's within its share of the cap, merged (:func:`merged_inverse`)."""
-        if len(holds) == 1:
-            return self.inverse(key, holds[0])
-        found = self.inverses.get((key, holds))
-        if found is None:
-            found = self.inverses[(key, holds)] = merged_inverse(
-                [self.inverse(key, k, self.cap_bytes / len(holds)) for k in holds])
-        return found
-
-    def inverse(self, key: tuple[int, float], kmin: int, cap: float | None = None) -> Inverse:
-        """Breakpoints (t, w) of a rank's g^-1 holding at least ``kmin`` micro-batches in every
-        stage within ``cap`` (the device's by default) (:meth:`memory_bound`; per ``key``,
-        ``kmin`` and ``cap``; :func:`inverse_points`)."""
-        cap = self.cap_bytes if cap is None else cap
-        found = self.inverses.get((key, kmin, cap))
-        if found is None:
-            _, _, curve, layer_work, state, saved = self.layer_arrays(key)
-            found = self.inverses[(key, kmin, cap)] = inverse_points(layer_work, state, saved, kmin, cap, curve)
-        return found
+        # (experts' state may shard wider)
+        return self.ranks.memory_bound_ms(c, cm.least_state_bytes_per_param(self.leanest(c).sharding()))
 
     def memory_floor_ms(self, c: Config, slack: float) -> float:
         """No proposal of ``c`` (any variant, partition or recomputation) passes
         :meth:`ConfigSearch.keep <planner.solve.config_search.ConfigSearch.keep>`'s check when this
         exceeds what it must beat: the busiest rank runs M x its chunks' work and recomputation,
         at least the T at which the ranks' works reach the profile's with no waits
-        (:meth:`ranks_bound` with ``a_r = 0``), each rank's chunks holding the micro-batches
-        :func:`held_whole` counts (the zero-bubble schedules' too; ZBV's two chunks each within
-        half the cap, as their tables price them); over groups of layers divided by the check's
+        (:meth:`RankMemory.floor_ms <planner.solve.rank_memory.RankMemory.floor_ms>`), each rank's
+        chunks holding the micro-batches :func:`~planner.solve.rank_memory.held_whole` counts (the
+        zero-bubble schedules' too; ZBV's two chunks each within half the cap, as their tables price
+        them); over groups of layers divided by the check's
         ``slack``. Like :meth:`rank_floor_ms` it only skips, never reorders: a configuration it
         skips would have given no candidate, so the search's candidates, and the Pareto points
         solved from the best of them, are the same. Each variant at its own state: ``c``'s
@@ -316,26 +153,9 @@ class ConfigFacts:
         return found / slack
 
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
-        """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply."""
-        key = (c.microbatch_size, self.cm.least_state_bytes_per_param(sharded.sharding()))
-        _, _, curve, _, _, _ = self.layer_arrays(key)
-        if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
-            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        if not self.ranks_hold_the_work(c, key):
-            return math.inf  # no partition fits, at any recomputation: no proposal at all
-        return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
-
-    def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
-        """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
-        work and layers worked out once per count and cap)."""
-        work, _, _, layer_work, state, _ = self.layer_arrays(key)
-        if key[0] not in self.leans:
-            self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
-        lean, keep, lean_l, keep_l = self.leans[key[0]]
-        if key not in self.states:
-            self.states[key] = key[1] * layer_params(self.cm)
-        return stages_hold_work(c, (layer_work, state, lean, keep), (self.states[key], lean_l, keep_l), self.cap_bytes,
-                                work, self.most)
+        """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply
+        (:meth:`RankMemory.floor_ms <planner.solve.rank_memory.RankMemory.floor_ms>`)."""
+        return self.ranks.floor_ms(c, self.cm.least_state_bytes_per_param(sharded.sharding()))
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Generic, Self, TypeVar
 
 import numpy as np
 
@@ -108,8 +108,11 @@ def reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
     return bool(reach[0])
 
 
+_Table = TypeVar("_Table", bound="StageFits")
+
+
 @dataclass(frozen=True, slots=True)
-class ChainFits:
+class ChainFits(Generic[_Table]):
     """What the chain DP reads of a table about one configuration's stages before it prices any
     recomputation (:meth:`StageFits.chain_fits`, once per solve): per stage its table (its
     micro-batches past I held, :meth:`StageFits.held`) and key; per distinct key the stage times
@@ -118,7 +121,7 @@ class ChainFits:
     without recomputation (:meth:`StageFits.longest`); and per number of layers the least
     compute time of any stage that long (inf where none: the DP's ``longest_within``)."""
 
-    tables: tuple[StageFits, ...]  # per stage
+    tables: tuple[_Table, ...]  # per stage
     keys: tuple[StageKey, ...]  # per stage
     bases: dict[StageKey, np.ndarray]
     needs: dict[StageKey, np.ndarray]  # empty where the table does not recompute
@@ -372,7 +375,7 @@ class StageFits:
             fits.append(found)
         return len(held) <= self.L and reaches(fits, self.L, len(held))
 
-    def chain_fits(self, held: Sequence[Held]) -> ChainFits | None:
+    def chain_fits(self, held: Sequence[Held]) -> ChainFits[Self] | None:
         """:class:`ChainFits` of a configuration whose stage ``s`` holds ``held[s]`` (its whole
         micro-batches in flight, those past I in its table's static bytes), after :meth:`settle`
         (the chain DP asks this first); None where no partition might fit even with every layer
