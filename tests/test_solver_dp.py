@@ -388,7 +388,7 @@ def test_useful_limit_keeps_the_dps_solution(data, L, P, M):
 def test_ilp_hides_the_reduction_behind_the_stages_own_backward_as_the_dp_does():
     """Found by ``test_dp_equals_brute_force``: under a stack that overlaps the gradient reduction
     with the backward (``small_cluster``'s), a stage's reduction hides behind its own backward
-    too (``StageTable.hidden_backward``); CP-SAT counted only the stages' before it, so it moved
+    too (``prices.extras.hidden_backward``); CP-SAT counted only the stages' before it, so it moved
     the layer with parameters off the first stage at the price of a larger transfer (10.19175
     against the optimum's 10.19163 ms)."""
     layer = {"fwd": 1.0, "bwd": 1.0, "params": 0, "saved": 0.0, "inp": 0.0, "out": 0.0}

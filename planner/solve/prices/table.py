@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planner.artifacts.kinds import ZeroStage
 from planner.solve.prices.capview import excess_bytes
 from planner.solve.prices.fits import StageFits
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
@@ -32,7 +31,7 @@ class StageTable(StageFits):
     memory cap and division of the model state (``sharding``), per in-flight count ``k``;
     shared across P and schedules. What fits: :class:`~planner.solve.prices.fits.StageFits`;
     the extra terms of the objective per stage (transfers, exposed synchronisation, ZB-H1's
-    bubble fill): :mod:`planner.solve.prices.extras`.
+    bubble fill): :mod:`planner.solve.prices.extras` (:func:`~planner.solve.prices.extras.exposure`).
 
     Public API (what the DP, the searches, the replicated solver and the infeasibility
     explainer read): :meth:`table` / :meth:`tables` (stage times), :meth:`base` (without
@@ -40,38 +39,12 @@ class StageTable(StageFits):
     behind a time), :meth:`chain_fits` (what the chain DP reads before pricing), :meth:`could_fit` /
     :meth:`could_partition` / :meth:`could_fit_every_state` / :meth:`fits_everywhere` /
     :meth:`least_bytes` / :meth:`longest`,
-    :meth:`exposure`, :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
-
-    def hidden_backward(self) -> np.ndarray:
-        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
-        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
-        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
-        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
-        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
+    :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
 
     def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
         """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
         count of ``at = (inflight, cap)`` (what recomputation must free)."""
         return excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
-
-    def exposure(self, line: tuple[float, float], expert_line: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
-        """``X(i, j)`` of a stage whose gradient group's all-reduce line is ``line`` (ms per byte,
-        ms): its bytes synchronised after its last backward on that line, less the backward work
-        it overlaps (:meth:`hidden_backward`), at least 0 (zeros where the line is (0, 0): no
-        group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage. With
-        routed experts, theirs on ``expert_line`` (their expert data-parallel group's)."""
-        per_byte, fixed = line
-        if self.cm.has_experts:  # of sync_bytes, the routed experts' (on their own group's line)
-            experts = self.cm.stage_expert_param_matrix() * self.sync_bytes_per_param
-            e_byte, e_fixed = expert_line
-            out_e: np.ndarray = np.maximum(0.0, per_byte * (self.sync_bytes - experts) + fixed + e_byte * experts
-                                           + np.where(experts > 0, e_fixed, 0.0) - self.hidden_backward())
-            return out_e
-        if per_byte == 0.0 and fixed == 0.0:
-            return np.zeros_like(self.sync_bytes)
-        out: np.ndarray = np.maximum(0.0, per_byte * self.sync_bytes + fixed - self.hidden_backward())
-        return out
-
 
     def table(self, inflight: int, limit: float = INF, cap: float | None = None) -> np.ndarray:
         """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
