@@ -1,5 +1,5 @@
 """The stage tables' vectorised recompute prices (issue 24): the least recompute time of a stage
-priced for many stages at once (:func:`level_covers` + :func:`level_cover_costs`) is the one
+priced for many stages at once (:func:`planner.solve.recompute.level_covers` + :func:`level_cover_costs`) is the one
 :func:`choose_recompute` finds, bit for bit, and the least over every choice of levels
 (brute force); a table's layers, chosen afterwards, reach that price."""
 
@@ -19,8 +19,8 @@ from planner.profiling.analytic.gpt import gpt3_profile
 from planner.solve.prices import StageTable
 from planner.solve.prices import fits as prices_fits
 from planner.solve.prices import layers as prices_layers
-from planner.solve.prices.layers import level_cover_costs, level_covers
-from planner.solve.recompute import choose_recompute, layer_options
+from planner.solve.prices.layers import level_cover_costs
+from planner.solve.recompute import choose_recompute, layer_options, level_covers
 from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,112 +19,16 @@ layers reach it is left to that function, asked only for the stages a plan uses.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.caches import Cache, register_function
-from planner.solve.recompute import (
-    EXACT_MAX_GROUPS,
-    EXACT_MAX_ITEMS,
-    INF,
-    Option,
-    cost_gain_front,
-    group_combos,
-    layer_options,
-)
+from planner.artifacts.caches import Cache
+from planner.solve.recompute import INF, LevelCover, Option, layer_options, level_covers
 
-__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "LevelCover", "layers_of", "level_cover_costs",
-           "level_covers"]
-
-
-@dataclass(frozen=True, slots=True)
-class LevelCover:
-    """One workspace's cover of the selective path of
-    :func:`~planner.solve.recompute.choose_recompute` for one stage and in-flight count, with
-    everything that does not depend on the excess worked out: the front over the groups other
-    than the largest, and that group's options. :func:`level_cover_costs` prices it for many
-    targets at once with the same float operations as that path's cover (the same least cost,
-    bit for bit); which layers reach it is left to ``choose_recompute``."""
-
-    workspace_bytes: float
-    most_gain_bytes: float  # every layer's largest gain summed: above it nothing covers
-    front_ms: tuple[float, ...]  # the front over the other groups, cost ascending
-    front_gain_bytes: tuple[float, ...]
-    count: int  # layers in the largest group
-    full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
-    sel: tuple[float, float] | None  # the same for its selective level
-
-    @property
-    def params(self) -> tuple[float, ...]:
-        """(count, most full layers, full ms, full gain, has selective, selective ms, selective
-        gain (1 where none: never used), most gain): one row of :func:`level_cover_costs`."""
-        full, sel = self.full, self.sel
-        return (float(self.count), float(self.count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
-                1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, self.most_gain_bytes)
-
-
-def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelCover, ...] | None:
-    """The excess-free part of :func:`~planner.solve.recompute.choose_recompute`'s selective
-    path for a stage given as runs of identical layers in order, ``(options, count)``
-    (:func:`~planner.solve.recompute.layer_options`), one :class:`LevelCover` per workspace
-    (``()``: no layer can free anything; None: the cover is not exact there, the greedy runs, so
-    :func:`~planner.solve.recompute.choose_recompute` must be called)."""
-    members: dict[tuple[Option, ...], int] = {}  # layers per options, in order of first appearance
-    for opts, count in runs:
-        if opts:
-            members[opts] = members.get(opts, 0) + count
-    if not members:
-        return ()
-    if len(members) == 1:  # one kind of layer (a run of identical blocks): no front over other groups
-        ((opts, count),) = members.items()
-        return tuple(LevelCover(ws, count * most, (0.0,), (0.0,), count, full, sel)
-                     for ws, most, full, sel in _one_group_levels(opts))
-    if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
-        return None
-    out = []
-    for ws in sorted({o[2] for opts in members for o in opts}):
-        by_opts: dict[tuple[Option, ...], int] = {}
-        for opts, count in members.items():
-            allowed = tuple(o for o in opts if o[2] <= ws)
-            if allowed:
-                by_opts[allowed] = by_opts.get(allowed, 0) + count
-        groups = list(by_opts.items())
-        most = sum(count * max(o[1] for o in opts) for opts, count in groups)
-        big = max(range(len(groups)), key=lambda g: (groups[g][1], -g))
-        front = [(0.0, 0.0)]  # as _cover_levels builds it, without the picks
-        for g, (opts, count) in enumerate(groups):
-            if g == big:
-                continue
-            options = [(0.0, 0.0), *((c, gain) for c, gain, _, _ in group_combos(opts, count))]
-            front = cost_gain_front([(c + cc, gg + ga) for c, gg in front for cc, ga in options])
-        opts, count = groups[big]
-        full, sel = _levels(opts)
-        out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def _one_group_levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float, tuple[float, float] | None,
-                                                            tuple[float, float] | None], ...]:
-    """Per workspace of ``opts`` (ascending), as :func:`level_covers` builds a stage of layers
-    all with ``opts``: the workspace, the largest gain of an option within it, and the (ms, gain)
-    of its full and selective levels within it (None: none)."""
-    out = []
-    for ws in sorted({o[2] for o in opts}):
-        allowed = tuple(o for o in opts if o[2] <= ws)
-        out.append((ws, max(o[1] for o in allowed), *_levels(allowed)))
-    return tuple(out)
-
-
-def _levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """The (ms, gain) of the full and of the selective level among ``opts`` (None: none)."""
-    full = next(((o[0], o[1]) for o in opts if not o[3]), None)
-    sel = next(((o[0], o[1]) for o in opts if o[3]), None)
-    return full, sel
+__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "layers_of", "level_cover_costs"]
 
 
 #: elements per block of :func:`level_cover_costs` (rows x front x counts), to bound its memory
@@ -257,9 +161,6 @@ def _cover_block(fc: np.ndarray, fg: np.ndarray, params: np.ndarray, targets: np
     least = total.min(axis=2)
     best = (fc + least).min(axis=1)
     return np.where((most < targets) | ~(best < INF), INF, np.where(targets <= 0, 0.0, best))
-
-
-register_function("solve.prices.layers.one_group_levels", _one_group_levels, key="a layer's options")
 
 
 #: profiles with at most this many kinds of layer key a stage's recompute covers by what it holds
