@@ -126,20 +126,18 @@ class ConfigSearch:
             # the memory bound (and a zero-bubble configuration's fill, ConfigFacts.split_fill_ms),
             # worked out only for configurations the order reaches: higher, the configuration goes
             # back in its place
-            mem = facts.memory_bound(c0) if policy.tight and self.request.recompute else 0.0
-            mem = max(mem, facts.split_fill_ms(c0) if policy.fill else 0.0)
+            mem = facts.reached_bound(c0, memory=policy.tight and self.request.recompute, fill=policy.fill)
             if mem > lb:
                 heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
                 return
-        slack = self.where.slack
-        if policy.prune and (lb > limit or (policy.tight and (facts.rank_floor_ms(c0, slack) > limit or (
-                limit < float("inf") and facts.memory_floor_ms(c0, slack) > limit)))):
+        busiest = facts.busiest_rank_ms(c0, self.where.slack, limit) if policy.prune and policy.tight and lb <= limit else -INF
+        if policy.prune and (lb > limit or busiest > limit):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
             # tighter limit (the Pareto points are the best configurations', RESULTS 37); an infinite
             # memory floor is no bound but a configuration none of whose variants fits (not counted
             # as pruned: solved, it would have given none)
-            self.pruned += lb > limit or facts.rank_floor_ms(c0, slack) > limit or facts.memory_floor_ms(c0, slack) < INF
+            self.pruned += lb > limit or busiest < INF
             return
         # this configuration at its searched stage: the variant that fitted, and its solution (None:
         # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)

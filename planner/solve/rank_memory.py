@@ -26,7 +26,6 @@ from planner.artifacts.kinds import ChunkPlacement
 from planner.cost import CostModel
 from planner.schedule import first_input_whole
 from planner.solve.arrays import distinct
-from planner.solve.fills import rank_fills_ms
 from planner.solve.space import Config
 
 #: breakpoints (bytes freed per micro-batch, ms) of :func:`recompute_curve`
@@ -139,6 +138,16 @@ def merged_inverse(parts: list[Inverse]) -> Inverse:
     dw = np.concatenate([np.diff(w) for _, w in parts])
     order = np.argsort(dt / dw, kind="stable")
     return np.concatenate([[0.0], np.cumsum(dt[order])]), np.concatenate([[0.0], np.cumsum(dw[order])])
+
+
+def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
+    """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
+    ``r`` waits at least before its first operation and after its last (the chunks before its
+    first hold a layer each)."""
+    fp, bp = cm.at_batch(c.microbatch_size).prefix_ms
+    P = min(c.layout.pipeline_size, len(fp))
+    fills: np.ndarray = fp[:P] + bp[:P]
+    return fills
 
 
 def held_whole(c: Config) -> tuple[int, ...]:
@@ -311,7 +320,7 @@ class RankMemory:
           taken first: a convex piecewise-linear ``H``, :func:`~planner.solve.rank_memory.least_bytes`). It takes ``g_r(w) =
           w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
           operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
-          backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at
+          backward (:func:`~planner.solve.floors.chunk_fill_bound_ms`'s argument: the chunks before its first hold at
           least a layer each; one stage per rank alike), so ``T >= a_r + M g_r(w_r)``. The
           ranks' works sum to the profile's, so ``T`` is at least the ``T`` at which the works
           ``g_r^-1((T - a_r) / M)`` sum to it: both the fill and the memory floor of each rank
@@ -358,7 +367,7 @@ class RankMemory:
 
     def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray | None = None) -> float:
         """:meth:`memory_bound`'s rank-by-rank relaxation: rank r waits a_r (``fills``; by default
-        the first r layers' forward and backward, see :func:`chunk_fill_bound_ms`) besides
+        the first r layers' forward and backward, see :func:`~planner.solve.floors.chunk_fill_bound_ms`) besides
         M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
         piecewise-linear increasing function (w <= the profile's work); the T at which the
         ranks' works reach the profile's (:func:`works_reach_ms`)."""
