@@ -23,7 +23,7 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.solve.chain_dp import least_largest
 from planner.solve.prices import RecentEntries, StageTable
-from planner.solve.rank_memory import RankMemory, rank_fills_ms
+from planner.solve.rank_memory import RankMemory
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
@@ -47,6 +47,16 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
         line = (min(line[0], other[0]), min(line[1], other[1]))
     work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
+
+
+def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
+    """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
+    ``r`` waits at least before its first operation and after its last (the chunks before its
+    first hold a layer each)."""
+    fp, bp = cm.at_batch(c.microbatch_size).prefix_ms
+    P = min(c.layout.pipeline_size, len(fp))
+    fills: np.ndarray = fp[:P] + bp[:P]
+    return fills
 
 
 def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
@@ -224,7 +234,8 @@ class ConfigFacts:
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
         # (experts' state may shard wider)
-        return self.ranks.memory_bound_ms(c, cm.least_state_bytes_per_param(self.leanest(c).sharding()))
+        kappa = cm.least_state_bytes_per_param(self.leanest(c).sharding())
+        return self.ranks.memory_bound_ms(c, kappa, rank_fills_ms(cm, c))
 
     def memory_floor_ms(self, c: Config, slack: float) -> float:
         """No proposal of ``c`` (any variant, partition or recomputation) passes

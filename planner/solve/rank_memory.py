@@ -140,16 +140,6 @@ def merged_inverse(parts: list[Inverse]) -> Inverse:
     return np.concatenate([[0.0], np.cumsum(dt[order])]), np.concatenate([[0.0], np.cumsum(dw[order])])
 
 
-def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
-    """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
-    ``r`` waits at least before its first operation and after its last (the chunks before its
-    first hold a layer each)."""
-    fp, bp = cm.at_batch(c.microbatch_size).prefix_ms
-    P = min(c.layout.pipeline_size, len(fp))
-    fills: np.ndarray = fp[:P] + bp[:P]
-    return fills
-
-
 def held_whole(c: Config) -> tuple[int, ...]:
     """Per stage, micro-batches it holds whole at least at some point: its in-flight count, or
     under a schedule that splits the backward those whole before its first I
@@ -292,7 +282,7 @@ class RankMemory:
     leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = field(default_factory=dict)
     states: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)  # per layer its state bytes, per (b, kappa)
 
-    def memory_bound_ms(self, c: Config, kappa: float) -> float:
+    def memory_bound_ms(self, c: Config, kappa: float, fills: np.ndarray) -> float:
         """The memory floor as time of ``c`` (GPipe, 1F1B, interleaved 1F1B: the caller's; its state
         at ``kappa`` bytes per parameter, the leanest variant solved). Devices short of memory recompute: a layer
         recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
@@ -327,7 +317,8 @@ class RankMemory:
           count (the deep ranks, whose last chunks hold few micro-batches and so bound little
           memory, are the ones that wait). (Taking each layer's share at the least bytes per ms
           of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
-          per ms, made the floor vanish.)"""
+          per ms, made the floor vanish.) ``fills``: per rank its ``a_r``
+          (:func:`~planner.solve.floors.rank_fills_ms`)."""
         cm, b, lay = self.cm, c.microbatch_size, c.layout
         key = (b, kappa)
         work, saved_total, curve, _, _, _ = self.layer_arrays(key)
@@ -339,7 +330,7 @@ class RankMemory:
         floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
         if floor > P * cap:
             out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
-        return max(out, self.ranks_bound(c, key))
+        return max(out, self.ranks_bound(c, key, fills))
 
     def layer_arrays(self, key: tuple[int, float]) -> tuple[float, float, Curve, list[float], list[float], list[float]]:
         """Per (micro-batch size, state bytes per parameter): the profile's work and saved bytes,
@@ -365,14 +356,14 @@ class RankMemory:
                                           [a * n for (_, _, a), n in rows.items()])
         return found
 
-    def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray | None = None) -> float:
-        """:meth:`memory_bound`'s rank-by-rank relaxation: rank r waits a_r (``fills``; by default
-        the first r layers' forward and backward, see :func:`~planner.solve.floors.chunk_fill_bound_ms`) besides
+    def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray) -> float:
+        """:meth:`memory_bound_ms`' rank-by-rank relaxation: rank r waits a_r (``fills``: the first r
+        layers' forward and backward, :func:`~planner.solve.floors.rank_fills_ms`; zeros for
+        :meth:`floor_ms`) besides
         M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
         piecewise-linear increasing function (w <= the profile's work); the T at which the
         ranks' works reach the profile's (:func:`works_reach_ms`)."""
         work, _, _, _, _, _ = self.layer_arrays(key)
-        fills = rank_fills_ms(self.cm, c) if fills is None else fills  # P of them: a stage holds a layer
         ranks: dict[tuple[int, ...], list[float]] = {}
         for r, holds in enumerate(rank_holds(c)):
             ranks.setdefault(holds, []).append(float(fills[r]))
