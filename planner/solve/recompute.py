@@ -173,6 +173,8 @@ def choose_recompute(
 
 #: one option of a layer: (cost ms, gain bytes, working set bytes, selective?)
 Option = tuple[float, float, float, bool]
+#: a layer's figures (forward ms, saved bytes, input bytes, attention core ms, attention core bytes)
+Layer = tuple[float, float, float, float, float]
 
 
 def _layer_options(
@@ -382,14 +384,15 @@ def _level_cover(workspace: float, most: float, front_ms: tuple[float, ...], fro
     return LevelCover(workspace, most, front_ms, front_gain, count, full, sel, params)
 
 
-def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelCover, ...] | None:
-    """The excess-free part of :func:`choose_recompute`'s selective
-    path for a stage given as runs of identical layers in order, ``(options, count)``
-    (:func:`layer_options`), one :class:`LevelCover` per workspace
-    (``()``: no layer can free anything; None: the cover is not exact there, the greedy runs, so
-    :func:`choose_recompute` must be called)."""
+def level_covers(runs: Sequence[tuple[Layer, int]], inflight: int) -> tuple[LevelCover, ...] | None:
+    """The excess-free part of :func:`choose_recompute`'s selective path for a stage with
+    ``inflight`` micro-batches, given as runs of identical layers in order, ``(layer, count)``
+    (a :data:`Layer`: its figures, whose options :func:`layer_options` makes), one
+    :class:`LevelCover` per workspace (``()``: no layer can free anything; None: the cover is not
+    exact there, the greedy runs, so :func:`choose_recompute` must be called)."""
     members: dict[tuple[Option, ...], int] = {}  # layers per options, in order of first appearance
-    for opts, count in runs:
+    for layer, count in runs:
+        opts = layer_options(*layer, inflight)
         if opts:
             members[opts] = members.get(opts, 0) + count
     if not members:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.artifacts.caches import Cache
-from planner.solve.recompute import INF, LevelCover, Option, layer_options, level_covers
+from planner.solve.recompute import INF, Layer, LevelCover, level_covers
 
 __all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "layers_of", "level_cover_costs"]
 
@@ -193,11 +193,12 @@ class LayerKinds:
 
     def __init__(self, fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray,
                  core_ms: np.ndarray):
-        self.arrays = (fwd, saved, inputs, core, core_ms)
         L = len(fwd)
-        kinds: dict[tuple[float, ...], int] = {}
+        kinds: dict[tuple[float, float, float, float, float], int] = {}
         self.kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
                      for f, a, b, c, cm_ in zip(fwd, saved, inputs, core, core_ms)]
+        #: per kind its layer's figures, as :func:`~planner.solve.recompute.level_covers` reads them
+        self.layers: list[Layer] = [(f, a, b, cm_, c) for f, a, b, c, cm_ in kinds]
         self.run = [1] * L  # identical layers from i on (i included)
         for i in range(L - 2, -1, -1):
             if self.kind[i] == self.kind[i + 1]:
@@ -222,7 +223,6 @@ class LayerKinds:
                 at = np.flatnonzero(self.kind_arr == k)
                 pos = np.searchsorted(at, np.arange(L + 1))
                 self.next_of[k] = np.where(pos < len(at), at[np.minimum(pos, len(at) - 1)], L)
-        self._options: dict[tuple[int, int], tuple[Option, ...]] = {}
         self.rows = CoverRows()  # every cover worked out, one row each
         self._row_spans: dict[tuple[tuple[int, ...], int], tuple[int, int] | None] = {}
 
@@ -287,32 +287,21 @@ class LayerKinds:
         by ``seq`` (:meth:`sequence_keys`), None where the cover is not exact."""
         key = (seq, inflight)
         if key not in self._row_spans:
-            runs: list[tuple[tuple[Option, ...], int]]
+            runs: list[tuple[Layer, int]]
             if self.by_content:
                 n = len(seq) // 2
                 present = sorted((seq[n + kind], kind) for kind in range(n) if seq[n + kind] >= 0)
-                runs = [(self.options(kind, inflight), seq[kind]) for _, kind in present]
+                runs = [(self.layers[kind], seq[kind]) for _, kind in present]
             elif seq[2] < 0:
-                runs = [(self.options(seq[0], inflight), seq[1])]
+                runs = [(self.layers[seq[0]], seq[1])]
             else:
                 a, b = seq[0], seq[2]
                 counts = [seq[1], *(int(self.run_stop[r] - self.run_start[r]) for r in range(a + 1, b)), seq[3]]
-                runs = [(self.options(self.kind[int(self.run_start[r])], inflight), n)
+                runs = [(self.layers[self.kind[int(self.run_start[r])]], n)
                         for r, n in zip(range(a, b + 1), counts)]
-            covers = level_covers(runs)
+            covers = level_covers(runs, inflight)
             self._row_spans[key] = None if covers is None else (self.rows.add(covers), len(covers))
         return self._row_spans[key]
-
-    def options(self, kind: int, inflight: int) -> tuple[Option, ...]:
-        """:func:`layer_options` of a layer of ``kind``."""
-        key = (kind, inflight)
-        found = self._options.get(key)
-        if found is None:
-            i = self.kind.index(kind)
-            fwd, saved, inputs, core, core_ms = self.arrays
-            found = self._options[key] = layer_options(float(fwd[i]), float(saved[i]), float(inputs[i]),
-                                                       float(core_ms[i]), float(core[i]), inflight)
-        return found
 
 
 #: :class:`LayerKinds` by the bytes of their arrays (a search builds tables for few micro-batch sizes)
