@@ -5,7 +5,11 @@ flight, as they are or at their leanest recomputation (the base class of
 Every answer is an ``(L + 1) x (L + 1)`` matrix over the stages ``[i, j)`` (or read from one),
 worked out from the table's fixed part (:mod:`planner.solve.prices.fixed`) and kept per
 ``(inflight, cap)`` in the table's entries (:class:`Entries`: bases, tables, fit masks, recompute
-choices, cap views), where a :class:`RecentEntries` may bound how many a search keeps.
+choices, cap views), where a :class:`RecentEntries` may bound how many a search keeps. Questions
+over a whole partition are the table's too: whether some partition might fit
+(:meth:`StageFits.could_partition`, :func:`reaches`; at every held state of a zero-bubble stage,
+:meth:`StageFits.could_fit_every_state`), and what the chain DP reads before it prices any
+recomputation, asked once per solve (:meth:`StageFits.chain_fits`, one :class:`ChainFits`).
 """
 
 from __future__ import annotations
@@ -77,8 +81,8 @@ class RecentEntries:
     share, each within the last 32 asked; 2 of 271 views worked out again), while keeping every one
     held 420 MB of the search's 460 MB peak (resident; 184 MB with 32 kept, and 0.1 to 0.2 s less of
     the kernel's page faults). Forgotten entries are worked out again when asked, the same.
-    Forgetting happens only between solves (:meth:`StageTable.settle`, at the start of
-    :func:`planner.solve.chain_dp.solve_chain`), since a solve reads its entries until it returns."""
+    Forgetting happens only between solves (:meth:`StageFits.settle`, at the start of each
+    :func:`planner.solve.chain_dp.solve_chain`: :meth:`StageFits.chain_fits`), since a solve reads its entries until it returns."""
 
     def __init__(self, keep: int = 32) -> None:
         self.keep = keep
@@ -119,7 +123,8 @@ class ChainFits(Generic[_Table]):
     without recomputation (:meth:`StageFits.base`) and the stages that fit only with it (none
     where the table does not recompute); the most layers of any stage that might fit, with and
     without recomputation (:meth:`StageFits.longest`); and per number of layers the least
-    compute time of any stage that long (inf where none: the DP's ``longest_within``)."""
+    compute time of any stage that long (inf where none: the most layers of a stage within a
+    time, :func:`planner.solve.chain_dp._longest_within`)."""
 
     tables: tuple[_Table, ...]  # per stage
     keys: tuple[StageKey, ...]  # per stage
