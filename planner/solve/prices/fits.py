@@ -347,11 +347,12 @@ class StageFits:
         ``recompute``: some partition fits with none (then the chain DP finds a plan).
         ``tables``: each stage's own (:meth:`held`), else this table for all."""
         L, P = self.L, len(inflight)
-        ats = [(inflight[s], self.cap_of(s)) for s in range(P)]
         if tables and any(t is not self for t in tables):
+            ats = [(inflight[s], self.cap_of(s)) for s in range(P)]
             return reaches([t.could_fit(*a, recompute) for t, a in zip(tables, ats)], L, P)
         if L - P + 1 < 1:  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w), w = L - P + 1
             return False
+        ats = [(inflight[s], self.cap_of(s)) for s in range(P)]
         cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
         if self.might_fit_all(ats, cuts, recompute):
             return True
