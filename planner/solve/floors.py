@@ -45,7 +45,7 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     if g:
         other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
         line = (min(line[0], other[0]), min(line[1], other[1]))
-    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.layout.sharding(0))
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
@@ -234,7 +234,7 @@ class ConfigFacts:
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
         # (experts' state may shard wider)
-        kappa = cm.least_state_bytes_per_param(self.leanest(c).sharding())
+        kappa = cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
         return self.ranks.memory_bound_ms(c, kappa, rank_fills_ms(cm, c))
 
     def memory_floor_ms(self, c: Config, slack: float) -> float:
@@ -270,7 +270,7 @@ class ConfigFacts:
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
         """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply
         (:meth:`RankMemory.floor_ms <planner.solve.rank_memory.RankMemory.floor_ms>`)."""
-        return self.ranks.floor_ms(c, self.cm.least_state_bytes_per_param(sharded.sharding()))
+        return self.ranks.floor_ms(c, self.cm.least_state_bytes_per_param(sharded.layout.sharding(0)))
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
@@ -302,7 +302,7 @@ class ConfigFacts:
         lay = c.layout
         if lay.stage_replicas:
             return 0.0
-        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).sharding())
+        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
         return kappa * self.unique_params / lay.pipeline_size * (1 - 1e-9)
 
     def memory_floor_bytes(self, c: Config) -> float:
@@ -313,7 +313,7 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = c.whole()  # a zero-bubble stage's micro-batches past I only add
+        ks = tuple(h.whole for h in c.held())  # a zero-bubble stage's micro-batches past I only add
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])
@@ -335,13 +335,13 @@ class ConfigFacts:
     def table_of(self, c: Config) -> StageTable:
         cm, tables = self.cm, self.tables
         v = c.layout.virtual_stages_per_rank
-        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
-        key = (c.microbatch_size, v, c.sharding(), line)
+        line = cm.fsdp_line(c.layout) if is_fsdp(c.layout.sharding(0)) else (0.0, 0.0)
+        key = (c.microbatch_size, v, c.layout.sharding(0), line)
         if key not in tables:
             # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
             tables[key] = StageTable(
                 cm, c.microbatch_size, self.cap_bytes / v, self.request.fixed_boundaries,
-                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line, recent=self.recent,
+                allow_recompute=self.request.recompute, sharding=c.layout.sharding(0), fsdp_line=line, recent=self.recent,
             )
         return tables[key]
 
@@ -360,10 +360,10 @@ class ConfigFacts:
         fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
-            if self.table_of(plain).fits_everywhere(max(c.inflight())):
+            if self.table_of(plain).fits_everywhere(max(h.inflight for h in c.held())):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(max(c.inflight())):
+        if fsdp_too and not self.table_of(c).fits_everywhere(max(h.inflight for h in c.held())):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

@@ -149,7 +149,7 @@ def held_whole(c: Config) -> tuple[int, ...]:
     holds ``a - z g >= 0`` of a whole one."""
     if c.schedule.splits_backward:
         return first_input_whole(c.schedule, c.layout.num_stages, c.num_microbatches)
-    return c.inflight()
+    return tuple(h.inflight for h in c.held())
 
 
 def rank_holds(c: Config) -> list[tuple[int, ...]]:
@@ -324,7 +324,7 @@ class RankMemory:
         work, saved_total, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        ks = c.inflight()
+        ks = tuple(h.inflight for h in c.held())
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
         floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
