@@ -90,7 +90,7 @@ from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p
 from planner.cost.fsdp import FsdpTerms, is_fsdp, units_in_flight
 from planner.cost.offload import optimizer_offloaded
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
-from planner.cost.precision import fp8_extra_weight_bytes, precision_of
+from planner.cost.precision import fp8_weights
 from planner.cost.prefix import BatchSums
 from planner.cost.sharding import ShardedState
 from planner.graph import cut_bytes_per_sample
@@ -151,7 +151,7 @@ class CostModel(ShardedState):
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
         #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
-        fp8 = precision_of(profile).fp8
+        fp8, self.fp8_extra_bytes_per_param = fp8_weights(profile, self.weight_bytes_per_param)
         self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
                                          for layer in layers], dtype=np.int64)
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
@@ -176,6 +176,12 @@ class CostModel(ShardedState):
         """What one micro-batch past its input-gradient pass keeps until its W: W's inputs
         (``wgrad_bytes``), recomputed or not, at most what it saved without recomputation."""
         return min(self.wgrad_bytes(start, stop, microbatch_size), self.activation_bytes(start, stop, (), microbatch_size))
+
+    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
+        """What one micro-batch keeps from the end of B until its W (:mod:`planner.cost.model`; a
+        recomputed layer's B recomputes what its W needs)."""
+        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
+        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
 
     def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
                      layout: Layout | None = None, stage_idx: int = 0) -> float:
@@ -268,8 +274,7 @@ class CostModel(ShardedState):
             w, g, o = (w * params + we * experts, g * params + ge * experts, o * params + oe * experts)
             params = 1
         # FP8 weight copies beyond the weights' own bytes (planner.cost.precision); under ZeRO 3 gathered in FP8
-        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
-        fp8_copies = 0 if is_fsdp(sharding) else extra * int(self.fp8_param_count[start:stop].sum())
+        fp8_copies = 0 if is_fsdp(sharding) else self.fp8_extra_bytes_per_param * int(self.fp8_param_count[start:stop].sum())
         return StageMemory(
             param_bytes=int(params * w) + gathered * self.weight_bytes_per_param + fp8_copies,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
@@ -293,12 +298,6 @@ class CostModel(ShardedState):
             return 0.0  # the two chunks share the rank (the turn of a V placement): no transfer
         bw, lat = link_of(self.cluster, src, dst)
         return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
-
-    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
-        """Gradient synchronisation across the stage's data-parallel group (all-reduce, or with
-        ZeRO reduce-scatter + all-gather), plus the exchange of tied gradients with the other
-        stage holding the tied tensor: :meth:`stage_sync`'s ``total_ms``."""
-        return self.stage_sync(start, stop, stage_idx, layout).total_ms
 
     def tied_exchange_ms(self, start: int, stop: int) -> float:
         """The exchange of tied gradients with the other stage holding the tied tensor (priced

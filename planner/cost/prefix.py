@@ -169,12 +169,6 @@ class PrefixSums:
         _, bwd = self.at_batch(microbatch_size).times_ms
         return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
 
-    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
-        """What one micro-batch keeps from the end of B until its W (:mod:`planner.cost.model`; a
-        recomputed layer's B recomputes what its W needs)."""
-        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
-        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
-
     def stage_bubble_fill_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """``Z_s = min(2 W_s, F_s + B_s)`` of the stage ``[start, stop)``: what ZB-H1 (Qi et al.,
         ICLR 2024, sec. 3.1) fills of the pipeline's fill and drain with the stage's W passes

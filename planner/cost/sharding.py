@@ -38,7 +38,6 @@ from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp
 from planner.cost.offload import offloaded_step_ms
-from planner.cost.precision import fp8_extra_weight_bytes
 from planner.cost.prefix import PrefixSums
 
 
@@ -51,6 +50,7 @@ class ShardedState(PrefixSums):
     has_experts: bool
     weight_bytes_per_param: int
     fp8_param_count: np.ndarray
+    fp8_extra_bytes_per_param: int  # an FP8 parameter's copies beyond its weights (planner.cost.precision)
     grad_bytes_per_param: int
     optim_bytes_per_param: int
     step_bytes_per_param: int
@@ -107,7 +107,7 @@ class ShardedState(PrefixSums):
         state = self.stage_param_count(start, stop) * kappa
         if self.has_experts:
             state += self.stage_expert_param_count(start, stop) * (kappa_e - kappa)
-        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        extra = self.fp8_extra_bytes_per_param
         if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
             state += extra * float(self.fp8_param_count[start:stop].sum())
         return state
@@ -118,7 +118,7 @@ class ShardedState(PrefixSums):
         out: np.ndarray = self.stage_param_matrix() * kappa
         if self.has_experts:
             out = out + self.stage_expert_param_matrix() * (kappa_e - kappa)
-        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        extra = self.fp8_extra_bytes_per_param
         if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
             pp = np.concatenate([[0], np.cumsum(self.fp8_param_count)]).astype(float)
             out = out + extra * np.maximum(pp[None, :] - pp[:, None], 0.0)
