@@ -29,6 +29,9 @@ under ZeRO 3 each layer's experts are gathered and reduce-scattered over that gr
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from planner.artifacts.cluster import Cluster
@@ -39,6 +42,17 @@ from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.prefix import PrefixSums
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateTables:
+    """What one sharding makes of every stage ``[i, j)``'s model state, at ``[i, j]`` (arrays
+    read-only where the cost model caches them; :meth:`ShardedState.state_tables`)."""
+
+    param_count: np.ndarray  # the stage's parameters, ties once (PrefixSums.stage_param_matrix)
+    state_bytes: np.ndarray  # its model state on one device at the peak (ShardedState.stage_state_matrix)
+    kappa: float  # model-state bytes per parameter at the peak (weights + gradients + optimizer state)
+    sync_bytes_per_param: float  # synchronised after the last backward (post_backward_sync_bytes_per_param)
 
 
 class ShardedState(PrefixSums):
@@ -128,6 +142,14 @@ class ShardedState(PrefixSums):
         """The fewest model-state bytes any parameter takes under ``sharding`` (a floor's)."""
         kappa, kappa_e = self.state_bytes(sharding)
         return min(kappa, kappa_e) if self.has_experts else kappa
+
+    def state_tables(self, sharding: Sharding) -> StateTables:
+        """The :class:`StateTables` of ``sharding``: the questions a stage table asks of it, in one
+        call (HSDP's all-reduce of the gradient shards where the sharding has replicas)."""
+        return StateTables(param_count=self.stage_param_matrix(), state_bytes=self.stage_state_matrix(sharding),
+                           kappa=sum(self.state_bytes_per_param(sharding)),
+                           sync_bytes_per_param=self.post_backward_sync_bytes_per_param(
+                               sharding.zero, sharding.ranks if sharding.replicas > 1 else 0))
 
     def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
         """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
@@ -240,6 +262,16 @@ class ShardedState(PrefixSums):
         (``expert_shards`` ranks ``ep x etp`` apart: module docstring): half the ring all-reduce's line."""
         stride = self.group.ep_degree * self.group.etp_degree
         return gather_line(self.cluster, range(0, sharding.expert_shards * stride, stride))
+
+    def least_fsdp_comm_ms(self, microbatch_size: int, layout: Layout, sharding: Sharding, hsdp_shards: int = 0) -> float:
+        """:meth:`fsdp_comm_ms` on the cheaper of ``layout``'s ZeRO 3 line and, where
+        ``hsdp_shards`` > 0, its HSDP variant's (shard groups of that many ranks): a bound's, a
+        whole-group ZeRO 3 configuration standing for that variant too."""
+        line = self.fsdp_line(layout)
+        if hsdp_shards:
+            other = self.fsdp_line(dataclasses.replace(layout, shard_group_size=hsdp_shards))
+            line = (min(line[0], other[0]), min(line[1], other[1]))
+        return self.fsdp_comm_ms(microbatch_size, line, sharding)
 
     def fsdp_comm_ms(self, microbatch_size: int, line: tuple[float, float], sharding: Sharding = Sharding()) -> float:
         """ZeRO 3's communication per micro-batch over the whole model: two gathers and one
