@@ -1,16 +1,22 @@
-"""A stage's priced terms: one record from the cost model to the simulator.
+"""A stage's time terms, and the record that carries them from the cost model to the simulator.
 
-:func:`price_stage` prices stage ``stage_idx`` of a layout (its layers, micro-batch size and
-recomputation) into a :class:`StageTerms`; the solver's re-scoring replays a candidate's records
-in the simulator's fast entry (:func:`planner.simulation.simulate_iteration_ms`), and a Plan's
-stages are built from the same records (:func:`planner.solve.build.build_plan`), so a stage is
-priced by one function whichever path it takes. What each term means is in
-:mod:`planner.cost.model` (times) and :mod:`planner.cost.overlap` (what the stack overlaps).
+:class:`StageCosts` (a base class of :class:`planner.cost.model.CostModel`, over
+:mod:`planner.cost.sharding` and :mod:`planner.cost.prefix`) prices what one stage of a layout
+costs in time beyond its layers' forward and backward: its transfers to the neighbouring stages,
+its gradient synchronisation as the stack runs it (:class:`SyncCost`, :mod:`planner.cost.overlap`),
+its recomputation, its routed experts' dispatch and combine, and the part of its synchronisation
+the solver's objective counts as exposed. :meth:`StageCosts.stage_terms` asks these together for
+one stage into a :class:`StageTerms`; :func:`price_stage` caches it per cost model. The solver's
+re-scoring replays a candidate's records in the simulator's fast entry
+(:func:`planner.simulation.simulate_iteration_ms`), and a Plan's stages are built from the same
+records (:func:`planner.solve.build.build_plan`), so a stage is priced by one function whichever
+path it takes. What each term means is in :mod:`planner.cost.model` (the formulas) and
+:mod:`planner.cost.overlap` (what the stack overlaps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from planner.artifacts.caches import OwnedCache
@@ -18,9 +24,26 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import PlanStage
-from planner.cost.model import CostModel
+from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.overlap import overlapped_gather, overlapped_reduce
+from planner.cost.sharding import ShardedState
 
-__all__ = ["StageTerms", "price_stage", "price_stages"]
+__all__ = ["StageCosts", "StageTerms", "SyncCost", "price_stage", "price_stages"]
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCost:
+    """One stage's gradient synchronisation per iteration, as the stack runs it (ms): the whole
+    of it (``total_ms``: reduction, ZeRO all-gather and the tied gradients' exchange); how long
+    before the stage's last backward ends the reduction may start (``early_ms``, its buckets
+    overlapping that backward); the part of ``total_ms`` that is the ZeRO all-gather run ahead
+    of the next iteration's forward (``gather_ahead_ms``), and the earliest end of the stage's
+    first forward after that gather starts (``gather_bound_ms``)."""
+
+    total_ms: float
+    early_ms: float = 0.0
+    gather_ahead_ms: float = 0.0
+    gather_bound_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,15 +88,234 @@ class StageTerms:
 _NAMES = tuple(f.name for f in fields(StageTerms))
 
 
+class StageCosts(ShardedState):
+    """A stage's time terms beyond its layers' (module docstring), over the attributes a
+    :class:`~planner.cost.model.CostModel` sets."""
+
+    _expert_lines: dict[tuple[Layout, int], tuple[float, float]]
+
+    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
+                     layout: Layout | None = None, stage_idx: int = 0) -> float:
+        """Re-running the forward of the fully recomputed layers and the selective level of the
+        selectively recomputed ones, per micro-batch, as stage ``stage_idx`` of ``layout`` prices
+        it (under ZeRO 3 less what runs beside its collectives: :meth:`recompute_prices`)."""
+        fwd, core = self.layout_recompute_prices(microbatch_size, layout, stage_idx)
+        return float(sum(fwd[i] for i in recompute)) + float(sum(core[i] for i in selective))
+
+
+    # ---------------------------------------------------------------- parameters
+    def tied_allreduce_bytes(self, start: int, stop: int) -> float:
+        """Gradient bytes of tied tensors this stage shares with another stage (summed across them)."""
+        total = 0.0
+        for tie in self.profile.tied:
+            inside = sum(1 for i in tie.layers if start <= i < stop)
+            if 0 < inside < len(tie.layers) and tie.name not in self.rank_local_ties:
+                total += tie.param_count * self.grad_bytes_per_param
+        return total
+
+
+    def boundary_transfer_ms(self, boundary: int, microbatch_size: int, upstream_stage_idx: int, layout: Layout) -> float:
+        """Transfer of the tensors crossing the cut before layer ``boundary`` between stage
+        ``upstream_stage_idx`` and the next one (activations forward, their gradients backward:
+        same bytes), on the link between the first devices of the two stages."""
+        if boundary <= 0 or boundary >= self.num_layers:
+            return 0.0
+        nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
+        src = layout.rank_of(stage_idx=upstream_stage_idx)
+        dst = layout.downstream_rank(upstream_stage_idx)
+        if src == dst:
+            return 0.0  # the two chunks share the rank (the turn of a V placement): no transfer
+        bw, lat = link_of(self.cluster, src, dst)
+        return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
+
+    def tied_exchange_ms(self, start: int, stop: int) -> float:
+        """The exchange of tied gradients with the other stage holding the tied tensor (priced
+        on the slowest link of the cluster, since the partner stage is not known here)."""
+        tied = self.tied_allreduce_bytes(start, stop)
+        if not tied:
+            return 0.0
+        if self.cluster.num_nodes > 1:
+            bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
+        else:
+            bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
+        return ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
+
+    def layer_param_counts(self, start: int, stop: int) -> list[float]:
+        """Parameters per layer of a stage, a tied tensor whose layers share the stage counted
+        once, on the first of them (whose backward finishes its gradient last)."""
+        counts = [float(c) for c in self.param_count[start:stop]]
+        for tie in self.profile.tied:
+            inside = sorted(i for i in tie.layers if start <= i < stop)
+            local = tie.name in self.rank_local_ties and inside and inside[0] != min(tie.layers)
+            for i in inside if local else inside[1:]:  # a rank-local tie's copy: its first layer's chunk's
+                counts[i - start] -= tie.param_count
+        return counts
+
+    def expert_grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
+        """The all-reduce line of stage ``stage_idx``'s routed experts' gradient group (its expert
+        data-parallel ranks, :meth:`Layout.edp_group`); (0, 0) without experts or with one rank."""
+        if not self.has_experts or layout.expert_grad_group_size(stage_idx) <= 1:
+            return 0.0, 0.0
+        key = (layout, stage_idx)
+        if key not in self._expert_lines:
+            self._expert_lines[key] = allreduce_line(self.cluster, layout.edp_group(stage_idx))
+        return self._expert_lines[key]
+
+    def stage_alltoall_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Of the stage's forward + backward per micro-batch, the routed experts' dispatch and
+        combine on the critical path (:mod:`planner.cost.experts`; 0 without experts)."""
+        if not self.has_experts:
+            return 0.0
+        return sum((layer.moe.alltoall_fwd.at(microbatch_size) + layer.moe.alltoall_bwd.at(microbatch_size))
+                   / self._speed for layer in self.profile.layers[start:stop] if layer.moe is not None)
+
+    def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
+        """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
+        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
+        per shape of the group): the one place the solver prices that group."""
+        return grad_group_line(self.cluster, layout, stage_idx)
+
+    def stage_sync(
+        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),
+        microbatch_size: int = 1, selective: Sequence[int] = (),
+    ) -> SyncCost:
+        """The stage's synchronisation as :attr:`stack` runs it (module docstrings of this
+        module and :mod:`planner.cost.overlap`): the reduction (ring all-reduce of the gradients,
+        or ZeRO's reduce-scatter, half of that line) and ZeRO's all-gather of the weights (the
+        other half), each one collective, or in buckets overlapped with the last backward
+        (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
+        ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
+        tied = self.tied_exchange_ms(start, stop)
+        if layout.zero is ZeroStage.PARAMETERS:  # ZeRO 3's collectives are in the stage's forward and backward
+            return SyncCost(tied + self.hsdp_allreduce_ms(start, stop, stage_idx, layout))
+        counts = self.layer_param_counts(start, stop)
+        if self.has_experts:
+            return self._expert_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
+        one = self._one_sync(start, stop, layout, counts, self.grad_line(layout, stage_idx), recompute, microbatch_size,
+                             selective)
+        return SyncCost(one.total_ms + tied, one.early_ms, one.gather_ahead_ms, one.gather_bound_ms)
+
+    def _expert_sync(
+        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int], microbatch_size: int,
+        selective: Sequence[int],
+    ) -> SyncCost:
+        """:meth:`stage_sync` of a stage with routed experts: the dense parameters' on their group,
+        then the experts' on theirs (each as :meth:`_one_sync` prices one; the two reductions one
+        after the other on one stream, each bucketed beside the last backward when the stack
+        overlaps: ``early`` the larger of the two), the tied exchange after."""
+        counts = self.layer_param_counts(start, stop)
+        experts = [float(x) for x in self.expert_param_count[start:stop]]
+        dense = [c - x for c, x in zip(counts, experts)]
+        parts = [self._one_sync(start, stop, layout, dense, self.grad_line(layout, stage_idx), recompute,
+                                microbatch_size, selective),
+                 self._one_sync(start, stop, layout, experts, self.expert_grad_line(layout, stage_idx), recompute,
+                                microbatch_size, selective)]
+        total = sum(p.total_ms for p in parts) + self.tied_exchange_ms(start, stop)
+        return SyncCost(total, max(p.early_ms for p in parts), sum(p.gather_ahead_ms for p in parts),
+                        max(p.gather_bound_ms for p in parts))
+
+    def _one_sync(
+        self, start: int, stop: int, layout: Layout, counts: list[float], line: tuple[float, float],
+        recompute: Sequence[int], microbatch_size: int, selective: Sequence[int],
+    ) -> SyncCost:
+        """One group's synchronisation of ``counts`` parameters per layer (the stage's, last first
+        in the backward) on ``line``: the reduction, and under ZeRO 1-2 the all-gather of the
+        updated weights, as :meth:`stage_sync` says; no tied exchange."""
+        per_byte, fixed = line
+        params = sum(counts)
+        if (per_byte == 0.0 and fixed == 0.0) or params <= 0:
+            return SyncCost(0.0)
+        zero = layout.zero is not ZeroStage.NONE
+        half = 0.5 if zero else 1.0
+        early = 0.0
+        if self.stack.reduce_overlap(zero):
+            fwd, bwd = self.at_batch(microbatch_size).times_ms
+            rc, sel = set(recompute), set(selective)
+            core = self.at_batch(microbatch_size).core_ms if sel else None
+            durations = [float(bwd[i]) + (float(fwd[i]) if i in rc else 0.0) + (float(core[i]) if core is not None and i in sel else 0.0)
+                         for i in range(stop - 1, start - 1, -1)]
+            grads = [c * self.grad_bytes_per_param for c in reversed(counts)]
+            reduce_ms, early = overlapped_reduce(durations, grads, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
+        else:
+            reduce_ms = half * (per_byte * params * self.grad_bytes_per_param + fixed)
+        if not zero:
+            return SyncCost(reduce_ms, early)
+        if self.stack.param_gather_overlap:
+            fwd, _ = self.at_batch(microbatch_size).times_ms
+            weights = [c * self.weight_bytes_per_param for c in counts]
+            gather_ms, bound = overlapped_gather(
+                [float(f) for f in fwd[start:stop]], weights, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
+            return SyncCost(reduce_ms + gather_ms, early, gather_ms, bound)
+        return SyncCost(reduce_ms + half * (per_byte * params * self.weight_bytes_per_param + fixed), early)
+
+    def stage_exposed_sync_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, microbatch_size: int) -> float:
+        """``X_s`` of the solver's objective (:mod:`planner.solve.chain_dp`): the part of stage
+        ``stage_idx``'s gradient synchronisation that runs after its last backward (all-reduce,
+        or ZeRO's reduce-scatter + all-gather, or only the reduce-scatter when the stack gathers
+        ahead of the forward: a line in its bytes) less the backward work it can overlap: the
+        layers' before it, and when the stack overlaps the reduction also the stage's own (a
+        proxy for what the pipeline cannot hide; the simulator prices the buckets). 0 under
+        ZeRO 3, whose collectives are in the stage's times."""
+        per_byte, fixed = self.grad_line(layout, stage_idx)
+        if layout.zero is ZeroStage.PARAMETERS:
+            return self.hsdp_allreduce_ms(start, stop, stage_idx, layout)
+        if per_byte == 0.0 and fixed == 0.0:
+            return 0.0
+        _, bp = self.at_batch(microbatch_size).prefix_ms
+        sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
+        hidden = float(bp[stop] if self.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
+        if self.has_experts:  # the experts' on their own group's line (the dense part's without them)
+            experts = self.stage_expert_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
+            e_byte, e_fixed = self.expert_grad_line(layout, stage_idx)
+            return max(0.0, per_byte * (sync - experts) + fixed + e_byte * experts + (e_fixed if experts else 0.0) - hidden)
+        return max(0.0, per_byte * sync + fixed - hidden)
+
+    def stage_terms(
+        self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
+        recompute: Sequence[int] = (), selective: Sequence[int] = (), split_backward: bool = False,
+    ) -> StageTerms:
+        """Stage ``stage_idx`` of ``layout``, layers ``[start, stop)``, at ``microbatch_size`` with
+        ``recompute`` (fully) and ``selective`` (selectively recomputed layers) as the simulator
+        replays it; ``split_backward``: the schedule runs W apart (its ``wgrad_ms``). Uncached:
+        :func:`price_stage` caches it."""
+        fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
+        bwd += self._zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)
+        sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
+        return StageTerms(
+            fwd_ms=fwd,
+            bwd_ms=bwd,
+            recompute_ms=self.recompute_ms(recompute, microbatch_size, selective, layout, stage_idx),
+            wgrad_ms=self.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0,
+            send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
+            send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
+            allreduce_ms=sync.total_ms,
+            sync_early_ms=sync.early_ms,
+            gather_ahead_ms=sync.gather_ahead_ms,
+            gather_bound_ms=sync.gather_bound_ms,
+            optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
+        )
+
+    def _zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,
+                          bwd_ms: float) -> float:
+        """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
+        (:mod:`planner.cost.sharding`): all of it, or with the stack's overlap what the micro-batch's
+        own ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
+        sharding = layout.sharding(stage_idx)
+        if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
+            return 0.0
+        r = self.microbatch_reduce_ms(start, stop, stage_idx, layout)
+        return max(0.0, r - fwd_ms - bwd_ms) if self.stack.zero_reduce_overlap else r
+
+
 #: per cost model, its priced stages by (layers, micro-batch size, stage, layout, recomputation,
 #: split backward): a search re-scores partitions that share stages
-_PRICED: OwnedCache[CostModel, tuple[object, ...], StageTerms] = OwnedCache(
+_PRICED: OwnedCache[StageCosts, tuple[object, ...], StageTerms] = OwnedCache(
     "cost.stage.priced", key="cost model -> (start, stop, micro-batch size, stage, layout, recompute, selective, split)",
     bound=8192)
 
 
 def price_stage(
-    cm: CostModel, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout, *,
+    cm: StageCosts, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout, *,
     recompute: Sequence[int] = (), selective: Sequence[int] = (), split_backward: bool = False,
 ) -> StageTerms:
     """Stage ``stage_idx`` of ``layout``, layers ``[start, stop)``, priced by ``cm`` at
@@ -82,48 +324,13 @@ def price_stage(
     key = (start, stop, microbatch_size, stage_idx, layout, tuple(recompute), tuple(selective), split_backward)
     found = _PRICED.get(cm, key)
     if found is None:
-        found = _PRICED.put(cm, key, _price_stage(cm, start, stop, microbatch_size, stage_idx, layout,
-                                                  key[5], key[6], split_backward))
+        found = _PRICED.put(cm, key, cm.stage_terms(start, stop, microbatch_size, stage_idx, layout, key[5], key[6],
+                                                    split_backward))
     return found
 
 
-def _price_stage(
-    cm: CostModel, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
-    recompute: Sequence[int], selective: Sequence[int], split_backward: bool,
-) -> StageTerms:
-    """:func:`price_stage`, uncached."""
-    fwd, bwd = cm.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
-    bwd += _zero2_exposed_ms(cm, start, stop, stage_idx, layout, fwd, bwd)
-    sync = cm.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
-    return StageTerms(
-        fwd_ms=fwd,
-        bwd_ms=bwd,
-        recompute_ms=cm.recompute_ms(recompute, microbatch_size, selective, layout, stage_idx),
-        wgrad_ms=cm.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0,
-        send_fwd_ms=cm.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
-        send_bwd_ms=cm.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
-        allreduce_ms=sync.total_ms,
-        sync_early_ms=sync.early_ms,
-        gather_ahead_ms=sync.gather_ahead_ms,
-        gather_bound_ms=sync.gather_bound_ms,
-        optimizer_ms=cm.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
-    )
-
-
-def _zero2_exposed_ms(cm: CostModel, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,
-                      bwd_ms: float) -> float:
-    """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
-    (:mod:`planner.cost.sharding`): all of it, or with the stack's overlap what the micro-batch's
-    own ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
-    sharding = layout.sharding(stage_idx)
-    if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:
-        return 0.0
-    r = cm.microbatch_reduce_ms(start, stop, stage_idx, layout)
-    return max(0.0, r - fwd_ms - bwd_ms) if cm.stack.zero_reduce_overlap else r
-
-
 def price_stages(
-    cm: CostModel, layout: Layout, microbatch_size: int, boundaries: Sequence[int],
+    cm: StageCosts, layout: Layout, microbatch_size: int, boundaries: Sequence[int],
     recompute: Sequence[Sequence[int]], selective: Sequence[Sequence[int]] = (), *, split_backward: bool = False,
 ) -> tuple[StageTerms, ...]:
     """Every stage of a partition (``boundaries``: the stage starts; ``recompute`` /
