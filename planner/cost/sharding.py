@@ -38,10 +38,26 @@ from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
-from planner.cost.collectives import allreduce_line, gather_line
-from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp
+from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
+from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups, is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.prefix import PrefixSums
+
+
+def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
+    """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
+    group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
+    ring all-reduce's line (NCCL has no tree all-gather or reduce-scatter:
+    :func:`planner.cost.collectives.gather_line`), of the layout's slowest group (one line for the
+    whole layout, so that every stage of a configuration is priced alike: :mod:`planner.cost.fsdp`). HSDP
+    (``Layout.shard_group_size``): over its shard group, the consecutive ranks the state is
+    sharded over (a node, by default)."""
+    if layout.shard_group_size:
+        lines = [allreduce_line(cluster, hsdp_groups(layout, s)[0], ring_only=True) for s in range(layout.num_stages)]
+    else:
+        lines = [grad_group_line(cluster, layout, s, ring_only=True) for s in range(layout.num_stages)]
+    per_byte, fixed = max(lines)
+    return 0.5 * per_byte, 0.5 * fixed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,7 +218,7 @@ class ShardedState(PrefixSums):
         return per_byte * nbytes + fixed
 
     def fsdp_line(self, layout: Layout) -> tuple[float, float]:
-        """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""
+        """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`fsdp_line`, cached)."""
         if layout not in self._fsdp_lines:
             self._fsdp_lines[layout] = fsdp_line(self.cluster, layout)
         return self._fsdp_lines[layout]

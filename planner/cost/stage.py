@@ -56,7 +56,9 @@ class StageTerms:
     ZeRO's all-gather and the tied exchange), how early that may start before its last backward
     ends (``sync_early_ms``), the part of it run ahead of the next forward (``gather_ahead_ms``)
     with the earliest end of the stage's first forward after that gather starts
-    (``gather_bound_ms``), and one device's optimizer step (``optimizer_ms``)."""
+    (``gather_bound_ms``), and one device's optimizer step (``optimizer_ms``). ``alltoall_ms``: of
+    its forward and backward, the routed experts' dispatch and combine (in those times, not
+    replayed apart; a plan's stage reports it)."""
 
     fwd_ms: float
     bwd_ms: float
@@ -69,6 +71,7 @@ class StageTerms:
     gather_ahead_ms: float = 0.0
     gather_bound_ms: float = 0.0
     optimizer_ms: float = 0.0
+    alltoall_ms: float = 0.0  # of fwd_ms + bwd_ms, the routed experts' dispatch and combine (a plan reports it)
 
     def __post_init__(self) -> None:
         for name in _NAMES:
@@ -82,7 +85,7 @@ class StageTerms:
         return cls(fwd_ms=stage.fwd_ms, bwd_ms=stage.bwd_ms, recompute_ms=stage.recompute_ms, wgrad_ms=stage.wgrad_ms,
                    send_fwd_ms=stage.send_fwd_ms, send_bwd_ms=stage.send_bwd_ms, allreduce_ms=stage.allreduce_ms,
                    sync_early_ms=stage.sync_early_ms, gather_ahead_ms=stage.gather_ahead_ms,
-                   gather_bound_ms=stage.gather_bound_ms, optimizer_ms=stage.optimizer_ms)
+                   gather_bound_ms=stage.gather_bound_ms, optimizer_ms=stage.optimizer_ms, alltoall_ms=stage.alltoall_ms)
 
 
 _NAMES = tuple(f.name for f in fields(StageTerms))
@@ -293,6 +296,7 @@ class StageCosts(ShardedState):
             gather_ahead_ms=sync.gather_ahead_ms,
             gather_bound_ms=sync.gather_bound_ms,
             optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
+            alltoall_ms=self.stage_alltoall_ms(start, stop, microbatch_size),
         )
 
     def _zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,

@@ -143,7 +143,7 @@ def build_plan(
                 optimizer_ms=terms.optimizer_ms,
                 wgrad_ms=terms.wgrad_ms,
                 wgrad_bytes_per_microbatch=int(round(cm.keep_bytes(start, stop, microbatch_size))) if split else 0,
-                alltoall_ms=cm.stage_alltoall_ms(start, stop, microbatch_size),
+                alltoall_ms=terms.alltoall_ms,
                 memory=memory,
                 memory_total_bytes=memory.total_bytes,
                 memory_cap_bytes=cap,

@@ -36,7 +36,7 @@ from typing import Literal
 from planner.artifacts.errors import PlannerInputError
 
 __all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "FIT_METHOD", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel",
-           "carried_from_h100", "fit_source", "gemm_model_of", "gemms_ms", "wgrad_ms"]
+           "carried_from_h100", "fit_source", "gemm_model_of", "gemms_ms"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,17 +135,14 @@ class Gemm:
         return fwd * self.bwd_factor if backward else fwd
 
 
-def wgrad_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1) -> float:
-    """Weight-gradient time W of ``gemms`` at micro-batch ``b``: one product of each weighted
-    GEMM's forward shape, as long as its forward (Qi et al. 2024 sec. 2)."""
-    return sum(g.ms(model, peak_flops_per_ms, b, t) for g in gemms if g.weighted)
-
-
 def gemms_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1,
-             split: bool | None = None, backward: bool = False) -> float:
+             split: bool | None = None, backward: bool = False, weighted: bool = False) -> float:
     """Forward (or backward) time of ``gemms`` (only the split ones with ``split`` True, the
-    others with False)."""
-    return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms if split is None or bool(g.split) == split)
+    others with False). ``weighted``: only the weighted GEMMs' forward products, which is the
+    weight-gradient time W (one product of each weighted GEMM's forward shape, as long as its
+    forward: Qi et al. 2024 sec. 2)."""
+    return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms
+               if (split is None or bool(g.split) == split) and (g.weighted or not weighted))
 
 
 #: the largest BF16 matmul each device reaches, as a fraction of its datasheet peak: Stas Bekman's
