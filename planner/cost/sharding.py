@@ -1,8 +1,7 @@
 """The ZeRO part of the cost model: model-state bytes per parameter under each sharding stage,
 the bytes the gradient synchronisation moves, ZeRO 2's reduce-scatter every micro-batch, ZeRO
 3's per-layer collectives and working set (a base class of :class:`planner.cost.model.CostModel`;
-formulas in that module's and :mod:`planner.cost.fsdp`'s docstrings), and the optimizer step
-over a device's shard.
+formulas in that module's and :mod:`planner.cost.fsdp`'s docstrings).
 
 ZeRO 2 (DeepSpeed's ZeRO-2; FSDP with ``reshard_after_forward=False``): every micro-batch's
 gradients are reduce-scattered as its backward produces them, so a rank holds ``1/n`` of them at
@@ -11,15 +10,6 @@ line on the stage's gradient bytes, one latency per bucket of the stack), runs o
 communication stream: with the stack's ``zero_reduce_overlap`` beside the micro-batch's own
 computation, so that only ``max(0, r - F - B)`` lengthens its backward (the stream has to carry
 ``r`` per micro-batch while the device computes ``F + B``); without it, all of ``r``.
-
-Optimizer step: once per iteration each device updates the parameters whose optimizer state it
-holds (all of its stage's, or 1/n of them under ZeRO over n ranks), a memory-bound pass
-streaming :attr:`~planner.artifacts.kinds.OptimizerKind.step_bytes_per_param` per parameter
-(gradient read, state read and written, weights written) at the device's memory bandwidth
-(``Cluster.memory_bandwidth_gb_per_s``, the datasheet figure: a lower bound on the step, no
-fitted constant); ``params / n x bytes / bandwidth``. 0 where the cluster does not give its
-bandwidth. The simulator runs it on each rank after the rank's compute and gradient
-synchronisation (:mod:`planner.simulation.simulator`).
 
 Routed experts (:mod:`planner.cost.experts`): their state is sharded over the stage's expert
 data-parallel group (``Sharding.expert_shards``), not its data-parallel one, so a stage's model
@@ -40,7 +30,6 @@ from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
 from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups, is_fsdp
-from planner.cost.offload import offloaded_step_ms
 from planner.cost.prefix import PrefixSums
 
 
@@ -89,25 +78,6 @@ class ShardedState(PrefixSums):
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         raise NotImplementedError
-
-    def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding(), hidden_ms: float = 0.0) -> float:
-        """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
-        parameters, divided by the ZeRO group when the optimizer state is sharded; with the
-        optimizer offloaded, on the host (:func:`planner.cost.offload.offloaded_step_ms`, its
-        gradients going down behind ``hidden_ms`` of the last backward)."""
-        shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
-        params = self.stage_param_count(start, stop) / shard
-        if self.has_experts:
-            experts = self.stage_expert_param_count(start, stop)
-            expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
-            params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
-        if getattr(self, "offload_optimizer", False):
-            return offloaded_step_ms(params, self.weight_bytes_per_param, self.grad_bytes_per_param, self.cluster,
-                                     hidden_ms)
-        bandwidth = self.cluster.memory_bandwidth_gb_per_s
-        if not bandwidth:
-            return 0.0
-        return params * self.step_bytes_per_param / (bandwidth * 1e6)
 
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
         """(weights, gradients, optimizer state) bytes per parameter at the peak on one device

@@ -12,6 +12,16 @@ re-scoring replays a candidate's records in the simulator's fast entry
 records (:func:`planner.solve.build.build_plan`), so a stage is priced by one function whichever
 path it takes. What each term means is in :mod:`planner.cost.model` (the formulas) and
 :mod:`planner.cost.overlap` (what the stack overlaps).
+
+Optimizer step: once per iteration each device updates the parameters whose optimizer state it
+holds (all of its stage's, or 1/n of them under ZeRO over n ranks), a memory-bound pass
+streaming :attr:`~planner.artifacts.kinds.OptimizerKind.step_bytes_per_param` per parameter
+(gradient read, state read and written, weights written) at the device's memory bandwidth
+(``Cluster.memory_bandwidth_gb_per_s``, the datasheet figure: a lower bound on the step, no
+fitted constant); ``params / n x bytes / bandwidth``. 0 where the cluster does not give its
+bandwidth. The simulator runs it on each rank after the rank's compute and gradient
+synchronisation (:mod:`planner.simulation.simulator`); over a device's shard under ZeRO 1-3
+(:mod:`planner.cost.sharding`), on the host with the optimizer offloaded (:mod:`planner.cost.offload`).
 """
 
 from __future__ import annotations
@@ -22,9 +32,10 @@ from dataclasses import dataclass, fields
 from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
-from planner.artifacts.layout import Layout
+from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.plan import PlanStage
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
 
@@ -272,6 +283,25 @@ class StageCosts(ShardedState):
             e_byte, e_fixed = self.expert_grad_line(layout, stage_idx)
             return max(0.0, per_byte * (sync - experts) + fixed + e_byte * experts + (e_fixed if experts else 0.0) - hidden)
         return max(0.0, per_byte * sync + fixed - hidden)
+
+    def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding(), hidden_ms: float = 0.0) -> float:
+        """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
+        parameters, divided by the ZeRO group when the optimizer state is sharded; with the
+        optimizer offloaded, on the host (:func:`planner.cost.offload.offloaded_step_ms`, its
+        gradients going down behind ``hidden_ms`` of the last backward)."""
+        shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
+        params = self.stage_param_count(start, stop) / shard
+        if self.has_experts:
+            experts = self.stage_expert_param_count(start, stop)
+            expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
+            params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
+        if getattr(self, "offload_optimizer", False):
+            return offloaded_step_ms(params, self.weight_bytes_per_param, self.grad_bytes_per_param, self.cluster,
+                                     hidden_ms)
+        bandwidth = self.cluster.memory_bandwidth_gb_per_s
+        if not bandwidth:
+            return 0.0
+        return params * self.step_bytes_per_param / (bandwidth * 1e6)
 
     def stage_terms(
         self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
