@@ -35,7 +35,7 @@ weights gathered for that backward (no extra gather; torch.utils.checkpoint, Meg
 stream), so with prefetching it runs beside the same collectives as that backward: inside a
 stage layer ``k`` takes ``max(b_k + rc_k, a_{k-1} + r_{k+1})``, i.e. ``max(b_k, ...)`` plus what
 the backward's slack leaves of ``rc_k``. The price every solver reads
-(:meth:`CostModel.recompute_prices <planner.cost.sharding.ShardedState.recompute_prices>`) is
+(:meth:`CostModel.recompute_prices <planner.cost.stage.StageCosts.recompute_prices>`) is
 ``max(0, rc_k - s_k)`` with
 
     s_k = max(0, min(a_{k-1}, r_k) + min(r_{k+1}, a_k) - b_k)     (:attr:`FsdpTerms.slack`),

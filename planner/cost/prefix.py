@@ -154,28 +154,6 @@ class PrefixSums:
                 (np.array([x.bwd.intercept_ms for x in layers]), np.array([x.bwd.per_sample_ms for x in layers])))
 
     # ---------------------------------------------------------------- one stage
-    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Forward ms of one micro-batch through the layers ``[start, stop)``."""
-        fp, _ = self.at_batch(microbatch_size).prefix_ms
-        return float(fp[stop] - fp[start])
-
-    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Backward ms of one micro-batch through the layers ``[start, stop)``."""
-        _, bp = self.at_batch(microbatch_size).prefix_ms
-        return float(bp[stop] - bp[start])
-
-    def stage_wgrad_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (:mod:`planner.cost.model`)."""
-        _, bwd = self.at_batch(microbatch_size).times_ms
-        return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
-
-    def stage_bubble_fill_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """``Z_s = min(2 W_s, F_s + B_s)`` of the stage ``[start, stop)``: what ZB-H1 (Qi et al.,
-        ICLR 2024, sec. 3.1) fills of the pipeline's fill and drain with the stage's W passes
-        (its bubble is ``(P - 1)(T_F + T_B - T_W)`` where 1F1B's is ``(P - 1)(T_F + T_B + T_W)``)."""
-        compute = self.stage_fwd_ms(start, stop, microbatch_size) + self.stage_bwd_ms(start, stop, microbatch_size)
-        return min(2.0 * self.stage_wgrad_ms(start, stop, microbatch_size), compute)
-
     def stage_param_count(self, start: int, stop: int) -> int:
         """Parameters held by a stage; a tied tensor whose layers share the stage counts once."""
         count = int(self.param_prefix[stop] - self.param_prefix[start])

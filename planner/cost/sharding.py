@@ -210,28 +210,6 @@ class ShardedState(PrefixSums):
             self._fsdp[key] = fsdp_terms(fwd, bwd, gather, scatter, self.stack.fsdp_prefetch)
         return self._fsdp[key]
 
-    def recompute_prices(self, microbatch_size: int, sharding: Sharding = Sharding(),
-                         line: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
-        """Per layer what recomputing it adds to a micro-batch, fully (its forward) and
-        selectively (its selective level's forward): those forwards, less under ZeRO 3 (``sharding``,
-        its collectives on ``line``) the slack its backward leaves beside the gathers and
-        reduce-scatters (:attr:`FsdpTerms.slack`, :mod:`planner.cost.fsdp`)."""
-        fwd, _ = self.at_batch(microbatch_size).times_ms
-        core = self.at_batch(microbatch_size).core_ms
-        if not is_fsdp(sharding):
-            return fwd, core
-        slack = self.fsdp_terms(microbatch_size, line, sharding).slack
-        if not slack.any():
-            return fwd, core
-        return np.maximum(0.0, fwd - slack), np.maximum(0.0, core - slack)
-
-    def layout_recompute_prices(self, microbatch_size: int, layout: Layout | None = None,
-                                stage_idx: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`recompute_prices` of stage ``stage_idx`` of ``layout`` (None: no sharding)."""
-        if layout is None or not is_fsdp(layout.sharding(stage_idx)):
-            return self.recompute_prices(microbatch_size)
-        return self.recompute_prices(microbatch_size, layout.sharding(stage_idx), self.fsdp_line(layout))
-
     def _expert_fsdp(self, line: tuple[float, float], expert: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
         """Per layer the gather and reduce-scatter of its dense parameters on ``line`` and of its
         experts' on ``expert`` (one stream: their sum)."""

@@ -2,10 +2,12 @@
 
 :class:`StageCosts` (a base class of :class:`planner.cost.model.CostModel`, over
 :mod:`planner.cost.sharding` and :mod:`planner.cost.prefix`) prices what one stage of a layout
-costs in time beyond its layers' forward and backward: its transfers to the neighbouring stages,
-its gradient synchronisation as the stack runs it (:class:`SyncCost`, :mod:`planner.cost.overlap`),
-its recomputation, its routed experts' dispatch and combine, and the part of its synchronisation
-the solver's objective counts as exposed. :meth:`StageCosts.stage_terms` asks these together for
+costs in time: its layers' forward, backward and weight-gradient passes per micro-batch (from
+the prefix sums) and what ZB-H1 fills of the bubble with them, its transfers to the neighbouring
+stages, its gradient synchronisation as the stack runs it (:class:`SyncCost`,
+:mod:`planner.cost.overlap`), its recomputation (under ZeRO 3 less what hides beside the backward's collectives), its routed
+experts' dispatch and combine, the part of its synchronisation the solver's objective counts as
+exposed, and one device's optimizer step. :meth:`StageCosts.stage_terms` asks these together for
 one stage into a :class:`StageTerms`; :func:`price_stage` caches it per cost model. The solver's
 re-scoring replays a candidate's records in the simulator's fast entry
 (:func:`planner.simulation.simulate_iteration_ms`), and a Plan's stages are built from the same
@@ -29,12 +31,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.plan import PlanStage
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.fsdp import is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import ShardedState
@@ -103,10 +108,32 @@ _NAMES = tuple(f.name for f in fields(StageTerms))
 
 
 class StageCosts(ShardedState):
-    """A stage's time terms beyond its layers' (module docstring), over the attributes a
+    """A stage's time terms (module docstring), over the attributes a
     :class:`~planner.cost.model.CostModel` sets."""
 
     _expert_lines: dict[tuple[Layout, int], tuple[float, float]]
+
+    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Forward ms of one micro-batch through the layers ``[start, stop)``."""
+        fp, _ = self.at_batch(microbatch_size).prefix_ms
+        return float(fp[stop] - fp[start])
+
+    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Backward ms of one micro-batch through the layers ``[start, stop)``."""
+        _, bp = self.at_batch(microbatch_size).prefix_ms
+        return float(bp[stop] - bp[start])
+
+    def stage_wgrad_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (:mod:`planner.cost.model`)."""
+        _, bwd = self.at_batch(microbatch_size).times_ms
+        return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
+
+    def stage_bubble_fill_ms(self, start: int, stop: int, microbatch_size: int) -> float:
+        """``Z_s = min(2 W_s, F_s + B_s)`` of the stage ``[start, stop)``: what ZB-H1 (Qi et al.,
+        ICLR 2024, sec. 3.1) fills of the pipeline's fill and drain with the stage's W passes
+        (its bubble is ``(P - 1)(T_F + T_B - T_W)`` where 1F1B's is ``(P - 1)(T_F + T_B + T_W)``)."""
+        compute = self.stage_fwd_ms(start, stop, microbatch_size) + self.stage_bwd_ms(start, stop, microbatch_size)
+        return min(2.0 * self.stage_wgrad_ms(start, stop, microbatch_size), compute)
 
     def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
                      layout: Layout | None = None, stage_idx: int = 0) -> float:
@@ -118,6 +145,28 @@ class StageCosts(ShardedState):
 
 
     # ---------------------------------------------------------------- parameters
+    def recompute_prices(self, microbatch_size: int, sharding: Sharding = Sharding(),
+                         line: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+        """Per layer what recomputing it adds to a micro-batch, fully (its forward) and
+        selectively (its selective level's forward): those forwards, less under ZeRO 3 (``sharding``,
+        its collectives on ``line``) the slack its backward leaves beside the gathers and
+        reduce-scatters (:attr:`FsdpTerms.slack`, :mod:`planner.cost.fsdp`)."""
+        fwd, _ = self.at_batch(microbatch_size).times_ms
+        core = self.at_batch(microbatch_size).core_ms
+        if not is_fsdp(sharding):
+            return fwd, core
+        slack = self.fsdp_terms(microbatch_size, line, sharding).slack
+        if not slack.any():
+            return fwd, core
+        return np.maximum(0.0, fwd - slack), np.maximum(0.0, core - slack)
+
+    def layout_recompute_prices(self, microbatch_size: int, layout: Layout | None = None,
+                                stage_idx: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`recompute_prices` of stage ``stage_idx`` of ``layout`` (None: no sharding)."""
+        if layout is None or not is_fsdp(layout.sharding(stage_idx)):
+            return self.recompute_prices(microbatch_size)
+        return self.recompute_prices(microbatch_size, layout.sharding(stage_idx), self.fsdp_line(layout))
+
     def tied_allreduce_bytes(self, start: int, stop: int) -> float:
         """Gradient bytes of tied tensors this stage shares with another stage (summed across them)."""
         total = 0.0
