@@ -1,4 +1,5 @@
-"""The ZeRO part of the cost model: model-state bytes per parameter under each sharding stage,
+"""The ZeRO part of the cost model: a stage's parameters (ties once, the same prefix sums as
+:mod:`planner.cost.prefix`'s), model-state bytes per parameter under each sharding stage,
 the bytes the gradient synchronisation moves, ZeRO 2's reduce-scatter every micro-batch, ZeRO
 3's per-layer collectives and working set (a base class of :class:`planner.cost.model.CostModel`;
 formulas in that module's and :mod:`planner.cost.fsdp`'s docstrings).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -54,7 +56,7 @@ class StateTables:
     """What one sharding makes of every stage ``[i, j)``'s model state, at ``[i, j]`` (arrays
     read-only where the cost model caches them; :meth:`ShardedState.state_tables`)."""
 
-    param_count: np.ndarray  # the stage's parameters, ties once (PrefixSums.stage_param_matrix)
+    param_count: np.ndarray  # the stage's parameters, ties once (ShardedState.stage_param_matrix)
     state_bytes: np.ndarray  # its model state on one device at the peak (ShardedState.stage_state_matrix)
     kappa: float  # model-state bytes per parameter at the peak (weights + gradients + optimizer state)
     sync_bytes_per_param: float  # synchronised after the last backward (post_backward_sync_bytes_per_param)
@@ -79,6 +81,70 @@ class ShardedState(PrefixSums):
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         raise NotImplementedError
 
+    # ---------------------------------------------------------------- parameters (ties once)
+    @cached_property
+    def param_prefix(self) -> np.ndarray:
+        """Parameters of layers ``0..l-1`` at ``[l]`` (integers; ties counted per layer)."""
+        out: np.ndarray = np.concatenate([[0], np.cumsum(self.param_count)])
+        return out
+
+    @cached_property
+    def expert_prefix(self) -> np.ndarray:
+        """Routed experts' parameters of layers ``0..l-1`` at ``[l]`` (never tied)."""
+        out: np.ndarray = np.concatenate([[0], np.cumsum(self.expert_param_count)])
+        return out
+
+    def stage_param_count(self, start: int, stop: int) -> int:
+        """Parameters held by a stage; a tied tensor whose layers share the stage counts once."""
+        count = int(self.param_prefix[stop] - self.param_prefix[start])
+        for tie in self.profile.tied:
+            inside = sum(1 for i in tie.layers if start <= i < stop)
+            if inside >= 2:
+                count -= (inside - 1) * tie.param_count
+            if inside and tie.name in self.rank_local_ties and not start <= min(tie.layers) < stop:
+                count -= tie.param_count  # the rank's copy is its first layer's chunk's
+        return count
+
+    def stage_expert_param_count(self, start: int, stop: int) -> int:
+        """Of :meth:`stage_param_count`, the routed experts' (held on this device)."""
+        return int(self.expert_prefix[stop] - self.expert_prefix[start])
+
+    def stage_expert_param_matrix(self) -> np.ndarray:
+        """:meth:`stage_expert_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
+        worked out once per cost model)."""
+        return self._expert_matrix
+
+    @cached_property
+    def _expert_matrix(self) -> np.ndarray:
+        ep = self.expert_prefix
+        out: np.ndarray = (ep[None, :] - ep[:, None]).astype(float)
+        out.flags.writeable = False
+        return out
+
+    def stage_param_matrix(self) -> np.ndarray:
+        """:meth:`stage_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
+        worked out once per cost model)."""
+        return self._param_matrix
+
+    @cached_property
+    def _param_matrix(self) -> np.ndarray:
+        L = self.num_layers
+        idx = np.arange(L + 1)
+        pp = self.param_prefix
+        out: np.ndarray = (pp[None, :] - pp[:, None]).astype(float)
+        for tie in self.profile.tied:
+            inside = np.zeros((L + 1, L + 1))
+            for layer in tie.layers:
+                inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
+            out -= np.maximum(inside - 1, 0) * tie.param_count
+            if tie.name in self.rank_local_ties:
+                first = min(tie.layers)
+                holds_first = (idx[:, None] <= first) & (idx[None, :] > first)
+                out -= ((inside > 0) & ~holds_first) * tie.param_count
+        out.flags.writeable = False
+        return out
+
+    # ---------------------------------------------------------------- model state
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
         """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
         of a stage whose state is divided as ``sharding`` says."""
