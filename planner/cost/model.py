@@ -153,7 +153,7 @@ class CostModel(StageCosts):
         self._fsdp: dict[tuple[int, float, float, int], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
 
-    # ---------------------------------------------------------------- compute
+    # ---------------------------------------------------------------- zero bubble: what a micro-batch keeps until its W
     def keep_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """What one micro-batch past its input-gradient pass keeps until its W: W's inputs
         (``wgrad_bytes``), recomputed or not, at most what it saved without recomputation."""

@@ -113,6 +113,7 @@ class StageCosts(ShardedState):
 
     _expert_lines: dict[tuple[Layout, int], tuple[float, float]]
 
+    # ---------------------------------------------------------------- compute
     def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
         """Forward ms of one micro-batch through the layers ``[start, stop)``."""
         fp, _ = self.at_batch(microbatch_size).prefix_ms
@@ -135,6 +136,7 @@ class StageCosts(ShardedState):
         compute = self.stage_fwd_ms(start, stop, microbatch_size) + self.stage_bwd_ms(start, stop, microbatch_size)
         return min(2.0 * self.stage_wgrad_ms(start, stop, microbatch_size), compute)
 
+    # ---------------------------------------------------------------- recomputation
     def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
                      layout: Layout | None = None, stage_idx: int = 0) -> float:
         """Re-running the forward of the fully recomputed layers and the selective level of the
@@ -144,7 +146,6 @@ class StageCosts(ShardedState):
         return float(sum(fwd[i] for i in recompute)) + float(sum(core[i] for i in selective))
 
 
-    # ---------------------------------------------------------------- parameters
     def recompute_prices(self, microbatch_size: int, sharding: Sharding = Sharding(),
                          line: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
         """Per layer what recomputing it adds to a micro-batch, fully (its forward) and
@@ -167,6 +168,7 @@ class StageCosts(ShardedState):
             return self.recompute_prices(microbatch_size)
         return self.recompute_prices(microbatch_size, layout.sharding(stage_idx), self.fsdp_line(layout))
 
+    # ---------------------------------------------------------------- transfers and synchronisation
     def tied_allreduce_bytes(self, start: int, stop: int) -> float:
         """Gradient bytes of tied tensors this stage shares with another stage (summed across them)."""
         total = 0.0
@@ -333,6 +335,7 @@ class StageCosts(ShardedState):
             return max(0.0, per_byte * (sync - experts) + fixed + e_byte * experts + (e_fixed if experts else 0.0) - hidden)
         return max(0.0, per_byte * sync + fixed - hidden)
 
+    # ---------------------------------------------------------------- optimizer step
     def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding(), hidden_ms: float = 0.0) -> float:
         """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
         parameters, divided by the ZeRO group when the optimizer state is sharded; with the
@@ -352,6 +355,7 @@ class StageCosts(ShardedState):
             return 0.0
         return params * self.step_bytes_per_param / (bandwidth * 1e6)
 
+    # ---------------------------------------------------------------- assembled
     def stage_terms(
         self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
         recompute: Sequence[int] = (), selective: Sequence[int] = (), split_backward: bool = False,
