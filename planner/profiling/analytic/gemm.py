@@ -29,7 +29,7 @@ with in its metadata.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +62,17 @@ class GemmModel:
         pair, intensity ``1 / (1/m + 1/n)``, see :class:`Gemm`)."""
         intensity = 1.0 / (1.0 / m + 1.0 / n + (0.0 if fused else 1.0 / k))
         return self.max_efficiency * intensity / (intensity + self.half_intensity)
+
+    @classmethod
+    def of_metadata(cls, meta: Mapping[str, object], memory_default: float | None = 1.0) -> GemmModel | None:
+        """The constants a profile's metadata records (:meth:`metadata`'s inverse); None where it
+        records none (a measured profile). ``memory_default``: the memory efficiency where none is
+        recorded (None: it must be recorded too)."""
+        e_max, half = meta.get("gemm_max_efficiency"), meta.get("gemm_half_intensity_flop_per_byte")
+        mem = meta.get("memory_efficiency", memory_default)
+        if not (isinstance(e_max, float) and isinstance(half, float) and isinstance(mem, float)):
+            return None
+        return cls(max_efficiency=e_max, half_intensity=half, memory_efficiency=mem)
 
     def metadata(self) -> dict[str, str | float]:
         """The constants as a profile's metadata records them."""
