@@ -58,7 +58,7 @@ class StateTables:
 
     param_count: np.ndarray  # the stage's parameters, ties once (ShardedState.stage_param_matrix)
     state_bytes: np.ndarray  # its model state on one device at the peak (ShardedState.stage_state_matrix)
-    kappa: float  # model-state bytes per parameter at the peak (weights + gradients + optimizer state)
+    state_bytes_per_param: float  # kappa: at the peak, weights + gradients + optimizer state
     sync_bytes_per_param: float  # synchronised after the last backward (post_backward_sync_bytes_per_param)
 
 
@@ -199,7 +199,7 @@ class ShardedState(PrefixSums):
         """The :class:`StateTables` of ``sharding``: the questions a stage table asks of it, in one
         call (HSDP's all-reduce of the gradient shards where the sharding has replicas)."""
         return StateTables(param_count=self.stage_param_matrix(), state_bytes=self.stage_state_matrix(sharding),
-                           kappa=sum(self.state_bytes_per_param(sharding)),
+                           state_bytes_per_param=sum(self.state_bytes_per_param(sharding)),
                            sync_bytes_per_param=self.post_backward_sync_bytes_per_param(
                                sharding.zero, sharding.ranks if sharding.replicas > 1 else 0))
 

@@ -106,7 +106,7 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
         compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line, sharding).matrix(), INF)
         batch = _fsdp_batch(cm, batch, microbatch_size, sharding, fsdp_line)
-    kappa = tables.kappa
+    kappa = tables.state_bytes_per_param
     sync_per_param = tables.sync_bytes_per_param
     sync_bytes = _SYNC.get(cm, sync_per_param)
     if sync_bytes is None:
