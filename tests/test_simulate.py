@@ -225,7 +225,7 @@ def test_predict_fills_the_plan_prediction():
 def test_integer_orders_match_the_schedule_builder():
     from planner.schedule import build_schedule
     from planner.schedule.actions import ActionKind
-    from planner.simulation.replay import _encoded
+    from planner.schedule.build import encoded_orders
 
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:
@@ -233,8 +233,8 @@ def test_integer_orders_match_the_schedule_builder():
                 tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts)
                 for acts in build_schedule(kind, p, m, 1)
             )
-            _encoded.cache_clear()
-            assert _encoded(kind, p, m, 1) == expected, (kind, p, m)
+            encoded_orders.cache_clear()
+            assert encoded_orders(kind, p, m, 1) == expected, (kind, p, m)
 
 
 def _figures(summary_or_timeline) -> tuple[float, int, float, float]:

@@ -43,8 +43,8 @@ from planner.schedule.build import (
     check_schedule_rules,
     interleaved_ops,
     replicated_warmup,
-    split_ops,
 )
+from planner.schedule.zero_bubble import split_ops
 
 
 def layout_schedule(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> Schedule:
@@ -99,39 +99,53 @@ def first_input_whole(kind: ScheduleKind, num_stages: int, num_microbatches: int
 @dataclass(frozen=True, slots=True)
 class Held:
     """What one device of a stage holds at its peak: ``whole`` micro-batches with all their
-    activations, ``pending`` past their input-gradient pass holding only W's inputs."""
+    activations, ``pending`` past their input-gradient pass holding only W's inputs. The fields
+    after ``frontier`` are derived from the first three when the record is built (read, not
+    asked: every stage's record is built once per schedule shape, :func:`held_counts`)."""
 
     whole: int
     pending: int = 0
     #: the walk's points no other exceeds in both counts, (whole, pending) each (empty: the above;
     #: derived from the same walk, so not compared)
     frontier: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    #: micro-batches in flight at the peak: ``whole + pending``
+    inflight: int = field(init=False, compare=False)
+    #: (whole, pending) pairs one of which holds the stage's peak in bytes, whatever the two
+    #: sizes: the walk's points that no other exceeds in both counts (``frontier``, or the peak
+    #: alone). The peak of the count is it where W keeps no more than a micro-batch saved; where
+    #: W keeps more (a stage that recomputes: W's inputs come back in its I and stay until its
+    #: W), another can be.
+    states: tuple[tuple[int, int], ...] = field(init=False, compare=False)
+    #: ``whole`` whole and the most past I of any point: one state above all :attr:`states`
+    #: (this record itself where that is its only state)
+    conservative: Held = field(init=False, repr=False, compare=False)
 
-    @property
-    def inflight(self) -> int:
-        return self.whole + self.pending
-
-    @property
-    def states(self) -> tuple[tuple[int, int], ...]:
-        """(whole, pending) pairs one of which holds the stage's peak in bytes, whatever the two
-        sizes: the walk's points that no other exceeds in both counts. The peak of the count is
-        it where W keeps no more than a micro-batch saved; where W keeps more (a stage that
-        recomputes: W's inputs come back in its I and stay until its W), another can be."""
-        return self.frontier or ((self.whole, self.pending),)
-
-    def conservative(self) -> Held:
-        """``whole`` whole and the most past I of any point: one state above all :attr:`states`."""
-        most = max(p for _, p in self.states)
-        return Held(self.whole, most, ((self.whole, most),))
+    def __post_init__(self) -> None:
+        states = self.frontier or ((self.whole, self.pending),)
+        object.__setattr__(self, "inflight", self.whole + self.pending)
+        object.__setattr__(self, "states", states)
+        most = max(p for _, p in states)
+        above = ((self.whole, most),)
+        object.__setattr__(self, "conservative", self if states == above else Held(self.whole, most, above))
 
 
 def held_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[Held, ...]:
     """Per stage, :class:`Held` at its peak, walked on the schedule's own order (module docstring;
-    ``pending`` is 0 unless the schedule splits the backward)."""
-    if not kind.splits_backward or layout.stage_replicas:
-        return tuple(Held(k) for k in inflight_counts(kind, layout, num_microbatches))
-    return tuple(Held(w, p, f) for w, p, f in _counted(kind, layout.num_stages, num_microbatches,
-                                                         layout.virtual_stages_per_rank))
+    ``pending`` is 0 unless the schedule splits the backward; :attr:`Held.inflight` is
+    :func:`inflight_counts`)."""
+    return _held(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank, layout.stage_replicas)
+
+
+@lru_cache(maxsize=4096)  # per shape, as _counted
+def _held(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int,
+          replicas: tuple[int, ...]) -> tuple[Held, ...]:
+    if not kind.splits_backward or replicas:
+        return tuple(Held(k) for k in stage_inflight(kind, num_stages, num_microbatches, v, replicas))
+    return tuple(Held(w, p, f) for w, p, f in _counted(kind, num_stages, num_microbatches, v))
+
+
+register_function("schedule.inflight.held", _held,
+                  key="(schedule, stages, micro-batches, chunks per rank, replicas per stage)")
 
 
 def held_bytes(held: Held, act_bytes: float, keep_bytes: float) -> float:
