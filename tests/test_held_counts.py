@@ -113,3 +113,27 @@ def test_first_input_whole_is_the_most_whole_of_the_walk(kind: ScheduleKind) -> 
             floor = first_input_whole(kind, _layout(kind, ranks).num_stages, m)
             assert list(floor) == [most[s] for s in range(len(floor))], (ranks, m)
     assert compared > 200
+
+
+@pytest.mark.parametrize("kind", [H1, H2, ZBV, DPV, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B])
+def test_held_fields_are_the_counts_read_off_the_walk(kind: ScheduleKind) -> None:
+    """:class:`Held`'s derived fields, built with the record: in flight ``whole + pending``, the
+    states the walk's frontier (or the peak alone), the conservative record ``whole`` whole and the
+    most past I of any state (its own conservative record itself); the interleaved counts equal
+    :func:`inflight_counts` too."""
+    from planner.schedule import inflight_counts
+
+    layout = (Layout(num_stages=8, virtual_stages_per_rank=2) if kind is ScheduleKind.INTERLEAVED_1F1B
+              else _layout(kind, 4))
+    held = held_counts(kind, layout, 12)
+    assert tuple(h.inflight for h in held) == inflight_counts(kind, layout, 12)
+    for h in held:
+        assert h.inflight == h.whole + h.pending
+        assert h.states == (h.frontier or ((h.whole, h.pending),))
+        most = max(p for _, p in h.states)
+        c = h.conservative
+        assert (c.whole, c.pending, c.states) == (h.whole, most, ((h.whole, most),))
+        assert c.conservative is c
+    assert held_counts(kind, layout, 12) is held  # built once per shape
+    recomputing = Held(3, 1, ((3, 1), (2, 4)))  # a stage whose W keeps more than it saved
+    assert recomputing.conservative == Held(3, 4) and recomputing.conservative is not recomputing
