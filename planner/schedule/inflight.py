@@ -117,7 +117,7 @@ class Held:
     #: W), another can be.
     states: tuple[tuple[int, int], ...] = field(init=False, compare=False)
     #: ``whole`` whole and the most past I of any point: one state above all :attr:`states`
-    #: (this record itself where that is its only state)
+    #: (this record itself where that is its only state, so ``dataclasses.asdict`` does not apply)
     conservative: Held = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
