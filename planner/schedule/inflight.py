@@ -77,25 +77,6 @@ def stage_inflight(
     return tuple(x + y for x, y, _ in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
 
 
-def first_input_whole(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[int, ...]:
-    """Per stage of a zero-bubble schedule, the micro-batches it holds whole just before its first
-    ``I``, read off its rank's order (:mod:`planner.schedule.zero_bubble`) without walking it:
-    no more than the most it holds whole at any point (:attr:`Held.whole` on every order the
-    planner builds, tests/test_zero_bubble.py compares), so a floor of its activations. ZB-H1:
-    ``min(M, P - s)`` (its warm-up forwards and the first step's); ZB-H2: ``min(M, 2 (P - s))``;
-    ZBV (``2P`` chunks): ``min(M, 2P - s)``, the first chunk ``r`` after its ``2 (P - r) - 1``
-    warm-up and ``r + 1`` more forwards, the second ``2P - 1 - r`` after its ``r + 1``; DualPipe-V
-    and DualPipe (their first backward of a chunk a whole ``B`` or an ``I``, :mod:`planner.schedule.
-    dualpipe`) the same: the first chunk after its ``2P - 1 - r`` forwards of steps 1-2 and the
-    steady phase's first, the second after its ``r + 1``."""
-    n, M = num_stages, num_microbatches  # ZBV: n = 2P chunks
-    if kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):
-        return tuple(min(M, n - s) for s in range(n))
-    if kind is ScheduleKind.ZB_H2:
-        return tuple(min(M, 2 * (n - s)) for s in range(n))
-    raise ValueError(f"{kind.value} does not split the backward")
-
-
 @dataclass(frozen=True, slots=True)
 class Held:
     """What one device of a stage holds at its peak: ``whole`` micro-batches with all their
@@ -110,6 +91,12 @@ class Held:
     frontier: tuple[tuple[int, int], ...] = field(default=(), compare=False)
     #: micro-batches in flight at the peak: ``whole + pending``
     inflight: int = field(init=False, compare=False)
+    #: the most micro-batches held whole at any point of the walk (of :attr:`states`): ``whole``
+    #: unless the schedule splits the backward; under ZB-H1, ZBV, DualPipe-V and DualPipe
+    #: ``min(M, n - s)`` on every order the planner builds (``n`` stages or chunks), under ZB-H2
+    #: ``min(M, 2 (n - s))``, those whole just before the stage's first I (tests/test_held_counts.py
+    #: compares): the memory floor's count (:func:`planner.solve.rank_memory.held_whole`)
+    most_whole: int = field(init=False, compare=False)
     #: (whole, pending) pairs one of which holds the stage's peak in bytes, whatever the two
     #: sizes: the walk's points that no other exceeds in both counts (``frontier``, or the peak
     #: alone). The peak of the count is it where W keeps no more than a micro-batch saved; where
@@ -124,6 +111,7 @@ class Held:
         states = self.frontier or ((self.whole, self.pending),)
         object.__setattr__(self, "inflight", self.whole + self.pending)
         object.__setattr__(self, "states", states)
+        object.__setattr__(self, "most_whole", max(w for w, _ in states))
         most = max(p for _, p in states)
         above = ((self.whole, most),)
         object.__setattr__(self, "conservative", self if states == above else Held(self.whole, most, above))
