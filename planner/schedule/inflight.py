@@ -108,13 +108,19 @@ class Held:
     conservative: Held = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        states = self.frontier or ((self.whole, self.pending),)
-        object.__setattr__(self, "inflight", self.whole + self.pending)
-        object.__setattr__(self, "states", states)
-        object.__setattr__(self, "most_whole", max(w for w, _ in states))
+        whole, pending, put = self.whole, self.pending, object.__setattr__
+        put(self, "inflight", whole + pending)
+        if not self.frontier:  # the peak its only state (every stage of a schedule not splitting the backward)
+            put(self, "states", ((whole, pending),))
+            put(self, "most_whole", whole)
+            put(self, "conservative", self)
+            return
+        states = self.frontier
+        put(self, "states", states)
+        put(self, "most_whole", max(w for w, _ in states))
         most = max(p for _, p in states)
-        above = ((self.whole, most),)
-        object.__setattr__(self, "conservative", self if states == above else Held(self.whole, most, above))
+        above = ((whole, most),)
+        put(self, "conservative", self if states == above else Held(whole, most, above))
 
 
 def held_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[Held, ...]:
