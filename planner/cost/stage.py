@@ -37,7 +37,6 @@ from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.artifacts.plan import PlanStage
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import is_fsdp
 from planner.cost.offload import offloaded_step_ms
@@ -94,14 +93,6 @@ class StageTerms:
             value = getattr(self, name)
             if not value >= 0.0:  # also rejects NaN
                 raise PlannerInputError(f"stage terms: {name} must be >= 0 (got {value})")
-
-    @classmethod
-    def of_plan_stage(cls, stage: PlanStage) -> StageTerms:
-        """The terms a Plan's stage records (which :class:`PlanStage` has checked)."""
-        return cls(fwd_ms=stage.fwd_ms, bwd_ms=stage.bwd_ms, recompute_ms=stage.recompute_ms, wgrad_ms=stage.wgrad_ms,
-                   send_fwd_ms=stage.send_fwd_ms, send_bwd_ms=stage.send_bwd_ms, allreduce_ms=stage.allreduce_ms,
-                   sync_early_ms=stage.sync_early_ms, gather_ahead_ms=stage.gather_ahead_ms,
-                   gather_bound_ms=stage.gather_bound_ms, optimizer_ms=stage.optimizer_ms, alltoall_ms=stage.alltoall_ms)
 
 
 _NAMES = tuple(f.name for f in fields(StageTerms))

@@ -190,7 +190,7 @@ class ConfigSearch:
         workspace = self.workspaces.get(id(table))
         if workspace is None:
             workspace = self.workspaces[id(table)] = largest_workspace(table)
-        return surely_fits(table, tuple(h.conservative() for h in held) if c.schedule.splits_backward else held,
+        return surely_fits(table, tuple(h.conservative for h in held) if c.schedule.splits_backward else held,
                            workspace)
 
     def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:

@@ -82,7 +82,7 @@ def could_fit_every_state(table: StageTable, held: Sequence[Held]) -> bool:
     of the table with ``pending`` held, as the chain DP reads it). A relaxation of
     :func:`fits_every_state` over every partition and recomputation: where it fails, no solution
     fits every state (the peak's optimum fails that check), nor does any fit the state above
-    them all (:meth:`Held.conservative`), so :func:`planner.solve.candidates.solve_config` has
+    them all (:attr:`Held.conservative`), so :func:`planner.solve.candidates.solve_config` has
     none without solving either."""
     masks: dict[tuple[tuple[tuple[int, int], ...], float], np.ndarray] = {}
     fits = []

@@ -36,7 +36,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import Held, check_schedule_rules, held_counts, inflight_counts
+from planner.schedule import Held, check_schedule_rules, held_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -69,8 +69,8 @@ class Config:
         return self.layout.num_groups
 
     def inflight(self) -> tuple[int, ...]:
-        """Micro-batches one device of each stage holds at its peak."""
-        return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+        """Micro-batches one device of each stage holds at its peak (:attr:`Held.inflight`)."""
+        return tuple(h.inflight for h in held_counts(self.schedule, self.layout, self.num_microbatches))
 
     def held(self) -> tuple[Held, ...]:
         """Per stage, the micro-batches one device holds at its peak, whole and past their I
