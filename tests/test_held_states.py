@@ -35,7 +35,7 @@ def _two_solves(table, c):
     if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
         return sol, True
     return solve_chain(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
-                       held=tuple(h.conservative() for h in held)), True
+                       held=tuple(h.conservative for h in held)), True
 
 
 def _cases():

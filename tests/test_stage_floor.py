@@ -84,7 +84,7 @@ def test_witness_of_a_plan_is_never_wrong() -> None:
         for v in facts.variants(c):
             table = facts.table_of(v)
             held = v.held()
-            counts = tuple(h.conservative() for h in held) if v.schedule.splits_backward else held
+            counts = tuple(h.conservative for h in held) if v.schedule.splits_backward else held
             sol = solve_config(solve_chain, table, v)
             solvable += sol is not None
             if surely_fits(table, counts, largest_workspace(table)):

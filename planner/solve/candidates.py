@@ -48,7 +48,7 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     count of held micro-batches; where the optimum does not fit at another of its states
     (:func:`planner.solve.held.fits_every_state`: a stage recomputing so much that W keeps more
     than it saved), solved again with every stage's most micro-batches past I
-    (:meth:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
+    (:attr:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
     the first fits it is the optimum, else the second is a plan that fits. Where no partition
     might fit every state (:meth:`StageTable.could_fit_every_state
     <planner.solve.prices.fits.StageFits.could_fit_every_state>`), neither does, and
@@ -63,7 +63,7 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
         return sol
     return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
-                        held=tuple(h.conservative() for h in held))
+                        held=tuple(h.conservative for h in held))
 
 
 def stage_terms(cm: CostModel, cand: Candidate) -> tuple[StageTerms, ...]:

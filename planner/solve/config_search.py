@@ -179,7 +179,7 @@ class ConfigSearch:
                 or lay.stage_replicas or self.cm.profile.shared_saved):
             return False
         held = c.held()
-        return skippable(self.facts.table_of(c), held, tuple(h.conservative() for h in held) if c.schedule.splits_backward
+        return skippable(self.facts.table_of(c), held, tuple(h.conservative for h in held) if c.schedule.splits_backward
                          else held, limit * self.where.slack / c.num_microbatches, self.curves, self.workspaces)
 
     def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:

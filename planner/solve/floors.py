@@ -12,7 +12,6 @@ ask it, and nothing else, about a configuration."""
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
 
 import numpy as np
@@ -40,12 +39,8 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     pipeline's ``max(work, communication)`` per micro-batch with prefetching, their sum without
     (:func:`config_lower_bound_ms`' argument; a whole-group ZeRO 3 configuration also stands for
     its HSDP variant: the cheaper line)."""
-    line = cm.fsdp_line(c.layout)
     g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
-    if g:
-        other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
-        line = (min(line[0], other[0]), min(line[1], other[1]))
-    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.layout.sharding(0))
+    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from planner.artifacts.kinds import ChunkPlacement
 from planner.cost import CostModel
-from planner.schedule import first_input_whole
 from planner.solve.arrays import distinct
 from planner.solve.space import Config
 
@@ -142,14 +141,12 @@ def merged_inverse(parts: list[Inverse]) -> Inverse:
 
 def held_whole(c: Config) -> tuple[int, ...]:
     """Per stage, micro-batches it holds whole at least at some point: its in-flight count, or
-    under a schedule that splits the backward those whole before its first I
-    (:func:`~planner.schedule.first_input_whole`, no walk of the order). Every point of a
+    under a schedule that splits the backward the most whole of its walk (:attr:`Held.most_whole
+    <planner.schedule.Held.most_whole>`: those whole just before its first I). Every point of a
     zero-bubble stage's walk fits its cap (:func:`planner.solve.held.fits_every_state`), and
     those past their I keep W's inputs, more bytes, never fewer: each recomputed layer still
     holds ``a - z g >= 0`` of a whole one."""
-    if c.schedule.splits_backward:
-        return first_input_whole(c.schedule, c.layout.num_stages, c.num_microbatches)
-    return tuple(h.inflight for h in c.held())
+    return tuple(h.most_whole for h in c.held())
 
 
 def rank_holds(c: Config) -> list[tuple[int, ...]]:

@@ -368,7 +368,7 @@ class StageFits:
         ``pending`` held, as the chain DP reads it). A relaxation of
         :func:`planner.solve.held.fits_every_state` over every partition and recomputation: where it
         fails, no solution fits every state (the peak's optimum fails that check), nor does any fit
-        the state above them all (:meth:`Held.conservative`), so
+        the state above them all (:attr:`Held.conservative`), so
         :func:`planner.solve.candidates.solve_config` has none without solving either."""
         masks: dict[tuple[tuple[tuple[int, int], ...], float], np.ndarray] = {}
         fits = []

@@ -100,18 +100,19 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     batch = _BATCHES.get(cm, (microbatch_size, fixed_boundaries))
     if batch is None:
         batch = _BATCHES.put(cm, (microbatch_size, fixed_boundaries), _batch_part(cm, microbatch_size, fixed_boundaries))
-    params = cm.stage_param_matrix()
+    tables = cm.state_tables(sharding)
+    params = tables.param_count
     fsdp = is_fsdp(sharding)
     compute = batch.compute
     if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
         compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line, sharding).matrix(), INF)
         batch = _fsdp_batch(cm, batch, microbatch_size, sharding, fsdp_line)
-    kappa = sum(cm.state_bytes_per_param(sharding))
-    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero, sharding.ranks if sharding.replicas > 1 else 0)
+    kappa = tables.state_bytes_per_param
+    sync_per_param = tables.sync_bytes_per_param
     sync_bytes = _SYNC.get(cm, sync_per_param)
     if sync_bytes is None:
         sync_bytes = _SYNC.put(cm, sync_per_param, _read_only(params * sync_per_param))
-    static = cm.stage_state_matrix(sharding) + batch.buffer
+    static = tables.state_bytes + batch.buffer
     if fsdp:  # the gathered weights and gradients of the layers in flight
         static = static + working_set_matrix(
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
