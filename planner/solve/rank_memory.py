@@ -65,11 +65,22 @@ def _turn(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]
     return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
 
 
+def last_slope(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> float:
+    """The slope of a curve's last segment of non-zero width (0.0 where none): a floor past its last
+    point (nothing frees more than the whole curve, so any slope >= 0 bounds from below). Bytes so
+    small that adding them does not move a float leave a last segment of no width (a saved size of
+    1.5e-200 bytes, drawn by tests/test_bounds.py), which divided by zero before."""
+    for i in range(len(xs) - 1, 0, -1):
+        if xs[i] > xs[i - 1]:
+            return float((ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]))
+    return 0.0
+
+
 def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
     """``R(freed)`` of :func:`recompute_curve`, past its last point at its last slope (a floor:
     nothing frees that much)."""
     xs, ys = curve
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    slope = last_slope(xs, ys)
     x = np.asarray(freed, dtype=float)
     out: np.ndarray = np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
     return out
@@ -86,7 +97,7 @@ def inverse_points(work: list[float], state: list[float], saved: list[float], km
     xs, ys = curve[0].tolist(), curve[1].tolist()
     reach = [cap + kmin * x for x in xs[1:]]
     ws = sorted(set(at_w + [interp(x, at_h, at_w) for x in reach if cap < x < at_h[-1]]))
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    slope = last_slope(xs, ys)
     ts = []
     for w in ws:
         x = max(0.0, interp(w, at_w, at_h) - cap) / kmin
