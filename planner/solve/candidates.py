@@ -20,7 +20,7 @@ from planner.cost import CostModel, StageTerms, price_stages
 from planner.schedule import Held
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
-from planner.solve.held import could_fit_every_state, fits_every_state, held_memory
+from planner.solve.held import fits_every_state, held_memory
 from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute
@@ -49,12 +49,13 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
     micro-batches; where the optimum does not fit at another of its states
     (:func:`planner.solve.held.fits_every_state`: a stage recomputing so much that W keeps more
     than it saved), solved again with every stage's most micro-batches past I
-    (:meth:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
+    (:attr:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
     the first fits it is the optimum, else the second is a plan that fits. Where no partition
-    might fit every state (:func:`planner.solve.held.could_fit_every_state`), neither does, and
+    might fit every state (:meth:`StageTable.could_fit_every_state
+    <planner.solve.prices.fits.StageFits.could_fit_every_state>`), neither does, and
     neither is solved."""
     held = c.held() if c.schedule.splits_backward else ()
-    if any(len(h.states) > 1 for h in held) and not could_fit_every_state(table, held):
+    if any(len(h.states) > 1 for h in held) and not table.could_fit_every_state(held):
         return None
     sol = remembered(chain_solver, table, c, (), solved)
     if sol is None or not c.schedule.splits_backward:
@@ -63,7 +64,7 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
     shardings = [c.layout.sharding(s) for s in range(len(held))]
     if fits_every_state(table.cm, held, sol, c.microbatch_size, shardings, caps):
         return sol
-    return remembered(chain_solver, table, c, tuple(h.conservative() for h in held), solved)
+    return remembered(chain_solver, table, c, tuple(h.conservative for h in held), solved)
 
 
 def remembered(chain_solver: ChainSolver, table: StageTable, c: Config, held: tuple[Held, ...],

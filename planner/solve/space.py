@@ -272,12 +272,8 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration
         # also stands for its HSDP variant (Config.with_hsdp): the cheaper of the two lines
-        line = cm.fsdp_line(c.layout)
         g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
-        if g:
-            other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
-            line = (min(line[0], other[0]), min(line[1], other[1]))
-        comm = cm.fsdp_comm_ms(c.microbatch_size, line, c.layout.sharding(0))
+        comm = cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
         return max(c.num_microbatches * per / c.pipeline_size, crossing)
     return max(c.num_microbatches * work / c.pipeline_size, crossing)
