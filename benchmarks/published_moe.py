@@ -23,11 +23,12 @@ on the DeepEP row whose GPU time is least (TP 4), and what the alltoall dispatch
 alltoall row; ``--fit`` refits them and prints leave-one-source-out (Megatron-Bridge's GPT-OSS row at
 the constants fitted on the ModelZoo's rows, and the ModelZoo's rows at one floor fitted on GPT-OSS).
 The two DeepEP link fractions are DeepEP's published micro-benchmarks, and DeepEP's internode
-notify before each forward dispatch (on the GPU's and the host's forward, where the expert group
-spans nodes: the two EP 32 rows) DeepSeek's published training profile's "about 1 ms"
-(``planner.cost.experts.DEEPEP_INTERNODE_NOTIFY_MS``, cited, not fitted; ``--fit`` prints what a
-fit on the row without the overlap would take and the overlapped row at it); everything else is the dense model's (the H100 GEMM model fitted on 3
-of the 9 Megatron-LM README rows, the cluster preset's datasheet links).
+notify before each forward dispatch (on the GPU's forward, hidden under the 1F1B overlap, and on
+the host's, where the expert group spans nodes: the two EP 32 rows) DeepSeek's published training
+profile's "about 1 ms" (``planner.cost.experts.DEEPEP_INTERNODE_NOTIFY_MS``, cited, not fitted;
+``--fit`` prints what a fit on the row without the overlap would take and the overlapped row at
+it); everything else is the dense model's (the H100 GEMM model fitted on 3 of the 9 Megatron-LM
+README rows, the cluster preset's datasheet links).
 
 Layer splits: Megatron places the embedding and the head with the first and last decoder layers
 unless told otherwise; the Qwen3 layouts divide the profile's 96 layers (embedding, 94 blocks,

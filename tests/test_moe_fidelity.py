@@ -396,3 +396,25 @@ def test_deepep_internode_notify_prices_both_ep32_rows_and_a_fit_on_one_holds_th
     for run in pm.ROWS:
         if run.label not in pm.NOTIFY_ROWS:
             assert pm.ratio_at_notify(run, 0.0) == pytest.approx(pm.ratio(run), rel=1e-12)
+
+
+def test_deepep_internode_notify_is_a_fixed_cost_at_every_micro_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notify adds its ms to each MoE layer's forward pass without the overlap, and between 0 and
+    its ms with it, at every micro-batch size: a time exposed at small micro-batches only must not
+    tilt the layer's line (a group of 32 ranks at T 4 x CP 8 whose experts are small at one sample:
+    it made the forward at 256 samples a sixth of its compute)."""
+    group = DeviceGroup(tp_degree=4, cp_degree=8, sequence_parallel=True, ep_degree=16)
+    sizes = (1, 8, 64, 256)
+    for overlap in (False, True):
+        times = []
+        for notify in (_CITED_NOTIFY_MS, 0.0):
+            monkeypatch.setattr(experts, "DEEPEP_INTERNODE_NOTIFY_MS", notify)
+            cm = _wide(group, MoeDispatcher.DEEPEP, overlap)
+            i = next(j for j, layer in enumerate(cm.profile.layers) if layer.moe is not None)
+            times.append([(cm.at_batch(b).times_ms[0][i], cm.at_batch(b).times_ms[1][i]) for b in sizes])
+        for (f1, b1), (f0, b0) in zip(*times):
+            assert b1 == pytest.approx(b0)
+            if overlap:
+                assert -1e-9 <= f1 - f0 <= _CITED_NOTIFY_MS + 1e-9
+            else:
+                assert f1 - f0 == pytest.approx(_CITED_NOTIFY_MS)

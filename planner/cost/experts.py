@@ -43,7 +43,8 @@ the capacity factor when padded to capacity):
     ``Buffer.internode_dispatch`` polls the counts on the CPU: "timeout (dispatch CPU)"):
     :data:`DEEPEP_INTERNODE_NOTIFY_MS` (deepseek-ai/DeepEP#94, "about 1ms" in DeepSeek's
     published training profile, deepseek-ai/profile-data: EP 64, 4K sequence, balanced routing),
-    on the forward's critical path before the dispatch and on the host's
+    on the forward's critical path before the dispatch (with the 1F1B overlap: hidden, below) and
+    on the host's
     (:func:`deepep_notify_ms`; the profile's ``moe_notify_ms``, read by
     :func:`planner.cost.overheads.host_floor_ms`); within a node the notify is a barrier over
     NVLink and is not priced;
@@ -59,7 +60,10 @@ the capacity factor when padded to capacity):
   forward's dispatch, the forward's experts beside the backward's dispatch, the backward's
   attention beside the forward's combine; each ms hidden costs ``Cluster.overlap_compute_loss`` of
   a ms of compute (the SMs the communication kernels hold); DeepEP's internode notify runs before
-  the forward's dispatch, beside the backward's experts, and still holds the host. Steady state only: the pipeline's
+  the forward's dispatch, beside the backward's experts, and is taken as hidden there (a fixed
+  cost, kept out of the phases' maxima: those are fitted as lines in the micro-batch size, and a
+  fixed time exposed at small micro-batches only would tilt them), but it still holds the host.
+  Steady state only: the pipeline's
   warm-up and cool-down passes, a few of its ``2 v M`` per rank, are priced as merged too;
 - memory: the experts' parameters ``/ (ep etp)``; their saved bytes ``L T / (b s)`` of the
   profile's, the token-wide part (``2 h + 4`` bytes per copy: the permuted input, the fp32
@@ -261,24 +265,21 @@ def _comm(cluster: Cluster, links: ExpertLinks, moe: MoeLayer, stack: MoeStack, 
 
 
 def _overlapped(rest: tuple[TimeFit, TimeFit], experts: tuple[TimeFit, TimeFit], comm: TimeFit,
-                loss: float, notify: float = 0.0) -> tuple[TimeFit, TimeFit, TimeFit, TimeFit]:
+                loss: float) -> tuple[TimeFit, TimeFit, TimeFit, TimeFit]:
     """(forward, backward, exposed forward comm, exposed backward comm) of a layer whose forward
     runs merged with another micro-batch's backward (module docstring): in four phases, each one
     computation beside one all-to-all ``a`` of the other pass (the forward's attention beside
     the backward's combine, the backward's experts beside the forward's dispatch, the forward's
     experts beside the backward's dispatch, the backward's attention beside the forward's
     combine), ``sum max(compute, a)``, plus ``loss`` x the communication hidden; the exposed
-    part split evenly between the two passes; ``notify`` (DeepEP's internode notify, ms) lengthens
-    the forward's dispatch, what it leaves exposed the forward's."""
+    part split evenly between the two passes."""
     fwd, bwd, xf, xb = {}, {}, {}, {}
     for b in FIT_SIZES:
         a = comm.at(b) / 2.0  # one dispatch or combine (with its share of the etp gather/scatter)
         parts = (rest[0].at(b), experts[1].at(b), experts[0].at(b), rest[1].at(b))
         exposed = sum(max(0.0, a - c) for c in parts)
         hidden = 4.0 * a - exposed
-        late = max(0.0, a + notify - parts[1]) - max(0.0, a - parts[1])  # the forward dispatch's notify, beside B's experts
-        xf[b] = exposed / 2.0 + late
-        xb[b] = exposed / 2.0
+        xf[b] = xb[b] = exposed / 2.0
         fwd[b] = parts[0] + parts[2] + xf[b] + loss * hidden / 2.0
         bwd[b] = parts[1] + parts[3] + xb[b] + loss * hidden / 2.0
     return line_through(fwd), line_through(bwd), line_through(xf), line_through(xb)
@@ -291,7 +292,7 @@ def _expert_fields(layer: Layer, moe: MoeLayer, dev: _Device, comm: TimeFit, sta
     e_fwd, e_bwd = _expert_times(moe, dev, gemm)
     compute = (_add(layer.fwd, e_fwd), _add(layer.bwd, e_bwd))
     if stack.moe.a2a_overlap:
-        fwd, bwd, a_fwd, a_bwd = _overlapped((layer.fwd, layer.bwd), (e_fwd, e_bwd), comm, loss, notify)
+        fwd, bwd, a_fwd, a_bwd = _overlapped((layer.fwd, layer.bwd), (e_fwd, e_bwd), comm, loss)  # notify: the host's
     else:
         a_fwd = _add(comm, TimeFit(intercept_ms=notify, per_sample_ms=0.0))
         fwd, bwd, a_bwd = _add(compute[0], a_fwd), _add(compute[1], comm), comm
