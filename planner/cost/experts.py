@@ -44,8 +44,7 @@ the capacity factor when padded to capacity):
     :data:`DEEPEP_INTERNODE_NOTIFY_MS` (deepseek-ai/DeepEP#94, "about 1ms" in DeepSeek's
     published training profile, deepseek-ai/profile-data: EP 64, 4K sequence, balanced routing),
     on the forward's critical path before the dispatch (with the 1F1B overlap: hidden, below) and
-    on the host's
-    (:func:`deepep_notify_ms`; the profile's ``moe_notify_ms``, read by
+    on the host's (:func:`deepep_notify_ms`; the profile's ``moe_notify_ms``, read by
     :func:`planner.cost.overheads.host_floor_ms`); within a node the notify is a barrier over
     NVLink and is not priced;
   * with ``etp`` > 1 the dispatched tokens are all-gathered over the expert tensor-parallel group

@@ -70,7 +70,8 @@ TransformerEngine#1499) and the FP8 module's own (an FP8 ``te.Linear`` takes the
 
 Where DeepEP's dispatch crosses nodes the host waits, once per MoE layer's forward, for its
 internode notify to return the token counts (:data:`planner.cost.experts.DEEPEP_INTERNODE_NOTIFY_MS`;
-the device view's ``moe_notify_ms``): it joins the forward's floor, as it joins the GPU's forward.
+the device view's ``moe_notify_ms``): it joins the forward's floor, as it joins the GPU's forward
+where no 1F1B all-to-all overlap hides it there.
 
 Only analytic profiles are priced so (a measured layer's time includes its host time).
 """
