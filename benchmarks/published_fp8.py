@@ -52,7 +52,32 @@ the weight gradients whole; each GEMM's share of the block's FP8 FLOPs, the GEMM
 its fitted ``I_half``) and a wave-quantisation estimate, not measured and not used in any price: the fraction of full
 waves of :data:`WAVE_TILE` output tiles over :data:`H100_SMS` SMs.
 
-Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown] [--shapes]``
+``--settings``: the 8B row with one of its source's settings undone at a time (Megatron-Bridge v0.2.1, the tag whose
+``docs/performance-summary.md`` holds the 25.11 table: ``scripts/performance/configs/llama3/workload_base_configs.py``'s
+``LLAMA3_8B_H100_FP8_CS_BASE_CONFIG`` sets ``recompute_num_layers=5``, which ``utils/helpers.py``'s
+``set_recompute_overrides`` runs as full recomputation of 5 blocks, method ``block``; the table's FSDP column is the run's
+``use_megatron_fsdp`` override, ``optim_grads_params`` sharding, ZeRO 3 here; ``set_common_perf_overrides`` sets
+``cross_entropy_fusion_impl = "te"``): whether a setting the row is priced with explains its error.
+
+``--waves``: the H100 rows of every source (bf16 and FP8) with ``--shapes``' FLOP-weighted wave estimate beside their
+predicted / published time (GPT blocks: QKV ``3h``, proj, fc1 ``4h``, fc2, split and ring-chunked as ``--shapes`` does):
+whether a wave term the FP8 rows would want is borne out by the bf16 rows it would also move.
+
+``--speedup``: each dense row priced in bf16 at the same layout beside its FP8 price and the published time: the FP8
+speedup the model prices against the one the published time implies over the bf16 price (the bf16 price holds the
+constants the bf16 rows fitted; the FP8 rows' spread is in what FP8 changes).
+
+``--torchao``: an external check of the FP8 pricing itself, by another stack's measurement (not a row of the
+table, nothing fitted on it): torchao's float8 README, "Training benchmarks" (pytorch/ao ``torchao/float8/README.md``:
+torchtitan, Llama3-8B on 8 H100, batch 1 per GPU, sequence 8,192, ``torch.compile``, FSDP2, per-op SAC; bf16 6,150
+tokens/s, tensorwise float8 with float8 all-gather 7,689.5, +25.03%). Priced as torchtitan's rows are (ZeRO 3 over the
+8 GPUs, torchtitan's op-level recomputation, the torchtitan-2024 stack, fp32 gradient reduction) on the H100, at bf16
+and at fp8-current (Transformer Engine's current scaling: the closest recipe; torchao's tensorwise dynamic scaling is
+the same per-tensor scaling, with the casts fused by ``torch.compile``): the FP8 speedup the model prices against the
+measured one.
+
+Run: ``python benchmarks/published_fp8.py [--fit] [--terms] [--bounds] [--breakdown] [--shapes] [--settings] [--waves]
+[--speedup] [--torchao]``
 """
 
 from __future__ import annotations
@@ -70,7 +95,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import published_moe as pm
 import published_runs as pr
-from published_rows import PublishedRun, megatron_bridge_rows
+from published_rows import Metric, PublishedRun, Recompute, all_rows, megatron_bridge_rows, torchtitan_rows
 
 from planner.artifacts.kinds import OptimizerKind, Precision, ScheduleKind, SolverKind, ZeroStage
 from planner.artifacts.layout import Layout
@@ -88,6 +113,10 @@ MAMF_FP8_TFLOPS = 1402.6
 #: ``--shapes``' wave estimate: the H100 SXM's SMs and a representative cuBLAS output tile (mamf-finder.py's
 #: ``gemm_tile_hint`` for NVIDIA, stas00/ml-engineering compute/accelerator/benchmarks)
 H100_SMS, WAVE_TILE = 132, (128, 256)
+#: ``--bounds``' what-if rate of the quantisation passes: TransformerEngine PR #998's multi-tensor cast-transpose on an
+#: H100 ("80% of peak memory bandwidth"; closed unmerged, and not the single-tensor kernel the activations' casts run:
+#: an upper end, not a measurement of the shipped kernel, whose PR #101 timing is 39-46%)
+CAST_HBM_FRACTION = 0.80
 #: ``--breakdown``: the attention kernel's speed-up whose saving, x 3, is its time (a rate 1.5 x: a third off)
 ATTENTION_SPEEDUP = 1.5
 
@@ -248,7 +277,10 @@ def bounds(rows: list[PublishedRun]) -> None:
     best = MAMF_FP8_TFLOPS / 1979 / pr.DEVICE_GEMM["h100-80gb"].max_efficiency  # FP8 GEMMs at the FP8 MAMF
     print(f"\n{'predicted / published time':<44} " + " ".join(f"{r.label:>15}" for r in rows))
     try:
+        hbm = float(pr.DEVICE_GEMM["h100-80gb"].memory_efficiency)
         for label, eff, q in ((f"shipped (relative efficiency {shipped:.3f})", shipped, quantise),
+                              (f"quantisation at {CAST_HBM_FRACTION:.0%} of HBM, not the fit's {hbm:.0%}", shipped,
+                               quantise * hbm / CAST_HBM_FRACTION),
                               (f"FP8 GEMMs at the FP8 MAMF ({best:.3f})", best, quantise),
                               ("  and the quantisation passes free", best, 0.0)):
             precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = q
@@ -366,6 +398,122 @@ def shapes(rows: list[PublishedRun]) -> None:
         print(f"{'':<{len(r.label) + 19}}FLOP-weighted fraction of full waves: {block_wave_fraction(r):.3f} (estimate, not priced)")
 
 
+def settings(rows: list[PublishedRun]) -> None:
+    """Print the 8B row with each of its source's settings undone in turn (``--settings``, module docstring)."""
+    run = next(r for r in rows if r.t == 1 and r.p == 1)
+    cases = (("as the source ran it (5 blocks recomputed, FSDP, TE cross entropy)", run),
+             ("no recomputation", dataclasses.replace(run, recompute=Recompute.NONE, recompute_layers=0)),
+             ("ZeRO 1 (distributed optimizer) in place of FSDP", dataclasses.replace(run, zero=1)),
+             ("torch's fp32 cross entropy in place of TE's fused one", dataclasses.replace(run, fused_cross_entropy=False)))
+    print(f"\n{run.label}: {'setting':<66} {'ratio':>6} {'GiB':>5}")
+    for label, case in cases:
+        pr.profile_for.cache_clear()
+        p = pr.price(case, pr.DEVICE_GEMM[case.device])
+        print(f"{'':<{len(run.label) + 2}}{label:<66} {pr.time_ratio(case, p):>6.3f} {p.peak_bytes / GIB:>5.1f}")
+    pr.profile_for.cache_clear()
+
+
+def gpt_block_shapes(run: PublishedRun) -> list[tuple[str, int, int, int, int]]:
+    """(name, chunks, m, n, k) of a GPT block's GEMMs on one device of ``run``, as :func:`block_gemm_shapes` splits them."""
+    t, h = run.t, run.hidden
+    tokens = run.seq * run.microbatch // run.cp
+    ring = t if t > 1 and run.stack.tp_overlap_forward else 1
+    return [("qkv fwd", ring, tokens, 3 * h // t, h), ("proj fwd", ring, tokens, h, h // t),
+            ("fc1 fwd", ring, tokens, 4 * h // t, h), ("fc2 fwd", ring, tokens, h, 4 * h // t),
+            ("qkv dgrad", 1, tokens, h, 3 * h // t), ("proj dgrad", ring, tokens, h // t, h),
+            ("fc1 dgrad", 1, tokens, h, 4 * h // t), ("fc2 dgrad", ring, tokens, 4 * h // t, h),
+            ("qkv wgrad", 1, h, 3 * h // t, tokens), ("proj wgrad", 1, h // t, h, tokens),
+            ("fc1 wgrad", 1, h, 4 * h // t, tokens), ("fc2 wgrad", 1, 4 * h // t, h, tokens)]
+
+
+def waves(device: str = "h100-80gb") -> None:
+    """Print every ``device`` row's wave estimate beside its predicted / published time (``--waves``)."""
+    print(f"\n{'row':<22} {'t':>2} {'cp':>2} {'b':>2} {'precision':>12} {'waves':>6} {'ratio':>6}")
+    bf16: list[tuple[float, float]] = []
+    for r in all_rows():
+        if r.device != device:
+            continue
+        pr.profile_for.cache_clear()
+        priced = pr.price(r, pr.DEVICE_GEMM[r.device])
+        ratio = pr.time_ratio(r, priced)
+        at = dataclasses.replace(r, microbatch=priced.plan.microbatch_size)  # the micro-batch the priced plan runs
+        parts = block_gemm_shapes(at) if r.arch == "llama" else gpt_block_shapes(at)
+        total = sum(2.0 * m * n * k for _, _, m, n, k in parts)
+        fraction = 1.0 / sum(2.0 * m * n * k / total / wave_fraction(m // chunks, n) for _, chunks, m, n, k in parts)
+        print(f"{r.label:<22} {r.t:>2} {r.cp:>2} {at.microbatch:>2} {r.precision.value:>12} {fraction:>6.3f} {ratio:>6.3f}")
+        if not r.precision.fp8:
+            bf16.append((fraction, ratio))
+    pr.profile_for.cache_clear()
+    if len(bf16) > 2:
+        print(f"the bf16 rows' wave estimate against their ratio: Pearson r = "
+              f"{statistics.correlation(*zip(*bf16)):+.2f} over {len(bf16)} rows (an unpriced wave loss would make it "
+              "positive: the rows with fewer full waves predicted fast)")
+
+
+def speedup(rows: list[PublishedRun]) -> None:
+    """Print each dense row's bf16 and FP8 prices at its layout and the published time (``--speedup``)."""
+    print(f"\n{'row':<16} {'bf16 priced s':>13} {'FP8 priced s':>12} {'published s':>11} {'priced speedup':>14} "
+          f"{'published / bf16 priced':>23}")
+    for r in rows:
+        pr.profile_for.cache_clear()
+        bf16 = pr.price(dataclasses.replace(r, precision=Precision.BF16), pr.DEVICE_GEMM[r.device]).seconds
+        pr.profile_for.cache_clear()
+        fp8 = pr.price(r, pr.DEVICE_GEMM[r.device]).seconds
+        published = pr.published_time(r)
+        print(f"{r.label:<16} {bf16:>13.3f} {fp8:>12.3f} {published:>11.3f} {bf16 / fp8:>14.3f} {bf16 / published:>23.3f}")
+    pr.profile_for.cache_clear()
+
+
+#: torchao's float8 training benchmark on 8 H100 (``--torchao``): tokens/s per GPU... as the README gives them
+#: (median tokens/second of the run), bf16 and tensorwise float8 with float8 all-gather
+TORCHAO_TOKENS_PER_S = {Precision.BF16: 6150.0, Precision.FP8_CURRENT: 7689.5}
+
+
+def torchao_run(precision_: Precision) -> PublishedRun:
+    """torchao's Llama3-8B float8 benchmark (``--torchao``) as a :class:`PublishedRun` at ``precision_``: torchtitan's
+    op-level-SAC Llama 3 8B row moved to 8 H100s."""
+    base = next(r for r in torchtitan_rows() if r.label == "T L3 8B b1 sel-op")
+    return dataclasses.replace(base, source="torchao float8 README (8 H100)", publication="torchao float8 README",
+                               label=f"torchao L3 8B {precision_.value}", device="h100-80gb", d=8, batch=8,
+                               metric=Metric.TOKENS_PER_S, published=TORCHAO_TOKENS_PER_S[precision_],
+                               flops_per_iteration=base.flops_per_iteration * 8 / 64, precision=precision_,
+                               bf16_edge_blocks=0 if precision_.fp8 else None, published_mfu=0.0)
+
+
+def _torchao_seconds(p: Precision) -> float:
+    run = torchao_run(p)
+    pr.profile_for.cache_clear()
+    return pr.price(run, pr.DEVICE_GEMM[run.device]).seconds
+
+
+def torchao_check() -> tuple[float, float]:
+    """Print the ``--torchao`` check; (priced FP8 speedup, measured FP8 speedup). Then, for comparison only, the
+    priced speedup with the quantisation passes' amax read fused away (2 bytes moved per bf16 byte, as
+    ``torch.compile`` fuses the amax into the producer) and with the passes free."""
+    print(f"\n{'torchao Llama3-8B, 8 H100':<26} {'published tok/s':>15} {'predicted':>9} {'ratio':>6} {'GiB':>5}")
+    seconds = {}
+    for p in (Precision.BF16, Precision.FP8_CURRENT):
+        run = torchao_run(p)
+        pr.profile_for.cache_clear()
+        priced = pr.price(run, pr.DEVICE_GEMM[run.device])
+        seconds[p] = priced.seconds
+        print(f"{run.label:<26} {run.published:>15.1f} {priced.predicted:>9.1f} {pr.time_ratio(run, priced):>6.3f} "
+              f"{priced.peak_bytes / GIB:>5.1f}")
+    ours = seconds[Precision.BF16] / seconds[Precision.FP8_CURRENT]
+    theirs = TORCHAO_TOKENS_PER_S[Precision.FP8_CURRENT] / TORCHAO_TOKENS_PER_S[Precision.BF16]
+    print(f"FP8 speedup over bf16: priced {ours:.3f}, measured {theirs:.3f} ({100 * (ours / theirs - 1):+.1f}%)")
+    quantise = precision.QUANTISE_BYTES[Precision.FP8_CURRENT]
+    try:
+        for label, q in (("the amax read fused (2.0 bytes per bf16 byte)", 2.0), ("the quantisation passes free", 0.0)):
+            precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = q
+            print(f"  for comparison, not shipped: with {label}: priced "
+                  f"{seconds[Precision.BF16] / _torchao_seconds(Precision.FP8_CURRENT):.3f}")
+    finally:
+        precision.QUANTISE_BYTES[Precision.FP8_CURRENT] = quantise
+        pr.profile_for.cache_clear()
+    return ours, theirs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also print what a fit on the dense rows would give (not shipped)")
@@ -373,6 +521,10 @@ def main() -> int:
     ap.add_argument("--bounds", action="store_true", help="also print the dense rows at the uniform limits of FP8 pricing")
     ap.add_argument("--breakdown", action="store_true", help="also print each dense row's terms (marginal seconds)")
     ap.add_argument("--shapes", action="store_true", help="also print each dense row's per-device FP8 GEMM shapes")
+    ap.add_argument("--settings", action="store_true", help="also print the 8B row with each source setting undone")
+    ap.add_argument("--waves", action="store_true", help="also print every H100 row's wave estimate beside its ratio")
+    ap.add_argument("--speedup", action="store_true", help="also print each dense row's bf16 price beside its FP8 one")
+    ap.add_argument("--torchao", action="store_true", help="also check the priced FP8 speedup against torchao's measured one")
     args = ap.parse_args()
     rows = megatron_bridge_rows()
     shipped = precision.FP8_GEMM_EFFICIENCY[Precision.FP8_CURRENT]
@@ -400,6 +552,14 @@ def main() -> int:
         breakdown(rows)
     if args.shapes:
         shapes(rows)
+    if args.settings:
+        settings(rows)
+    if args.waves:
+        waves()
+    if args.speedup:
+        speedup(rows)
+    if args.torchao:
+        torchao_check()
     if args.fit:
         moe = STACKS["megatron-core-0.8"].moe
         fit_rows = tuple(r for r in MOE_ROWS if r.label == FP8_MOE_FIT_ROW)

@@ -355,8 +355,10 @@ def torchtitan_rows() -> list[PublishedRun]:
 
 # Megatron-Bridge performance summary, 25.11 container, DGX-H100 (reference README section 6), the dense FP8-CS rows:
 # (model, GPUs, batch, t, p, cp, chunks per rank, ZeRO, first / last stage blocks, blocks fully recomputed per stage,
-#  tokens/s per GPU, TFLOP/s per GPU); the recomputed blocks: Megatron-Bridge's perf preset
-#  LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (recompute_num_layers=5; scripts/performance/configs/llama)
+#  tokens/s per GPU, TFLOP/s per GPU); the recomputed blocks: Megatron-Bridge's perf preset at v0.2.1, the first tag whose
+#  docs/performance-summary.md holds the 25.11 table: LLAMA3_8B_H100_FP8_CS_BASE_CONFIG (recompute_num_layers=5,
+#  scripts/performance/configs/llama3/workload_base_configs.py), run by utils/helpers.py's set_recompute_overrides as
+#  full recomputation of 5 blocks (recompute_method "block"); the 70B's and 405B's presets set none
 _MB_ROWS = (
     ("Llama 3 8B", 8, 128, 1, 1, 1, 1, 3, 0, 0, 5, 14451, 744),
     ("Llama 3 70B", 64, 128, 4, 8, 1, 5, 1, 0, 0, 0, 1602, 719),
@@ -367,11 +369,12 @@ _MB_ASSUMED = ("FP8 with per-tensor current scaling (fp8-current) on every block
                "attention core, embedding and head bf16",
                "cross entropy: Transformer Engine's fused kernel (the Llama recipes' cross_entropy_fusion_impl 'te': "
                "src/megatron/bridge/recipes/llama/llama3.py)",
-               "recomputation: the perf presets' (LLAMA3_8B/70B/LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V1): the 8B's 5 "
-               "blocks (recompute_num_layers=5), none on the 70B and 405B (no recompute setting); not an unknown, "
-               "so the band does not span it",
+               "recomputation: the perf presets' at v0.2.1, the tag of the 25.11 table (LLAMA3_8B/LLAMA3_70B/"
+               "LLAMA31_405B_H100_FP8_CS_BASE_CONFIG): the 8B's 5 blocks in full (recompute_num_layers=5, method "
+               "block), none on the 70B and 405B (no recompute setting); not an unknown, so the band does not span it",
                "distributed optimizer (ZeRO 1) with bf16 gradient reduction (adam-mixed: the perf scripts' "
-               "grad_reduce_in_fp32 False); the 8B row's FSDP as ZeRO 3",
+               "grad_reduce_in_fp32 False); the 8B row's FSDP (not in its preset: the run's use_megatron_fsdp override, "
+               "optim_grads_params sharding) as ZeRO 3",
                "sequence parallelism with t > 1", "stack megatron-core-0.8 (the newest named; the row ran 25.11)",
                "405B: 126 blocks over 64 chunks as Megatron's layout does it: the embedding and the head take the "
                "first and last chunks' second slots (1 block each), the rest 2 per chunk",

@@ -24,9 +24,11 @@ from tests.chains import chain_profile, small_cluster
 #: (registered when their modules are imported)
 PRICE_CACHES = ("solve.prices.layers", "solve.prices.fixed", "solve.prices.batches", "solve.prices.sync",
                 "solve.prices.lengths", "solve.prices.diagonals", "solve.prices.links",
-                "solve.prices.layers.one_group_levels", "solve.recompute.group_combos",
+                "solve.recompute.one_group_levels", "solve.recompute.group_combos",
                 "cost.collectives.progressions", "artifacts.layout.stage_ranks", "schedule.inflight.counted",
-                "schedule.build.build", "schedule.build.build_replicated", "schedule.build.replicated_triples")
+                "schedule.build.build", "schedule.build.build_replicated", "schedule.build.replicated_triples",
+                "schedule.build.encoded_orders", "simulation.replay.compiled_schedule", "schedule.inflight.held",
+                "solve.build.machine_bounds")
 
 
 def _request(rng: random.Random, k: int) -> tuple[object, object, PlanRequest]:

@@ -179,9 +179,9 @@ def test_dualpipe_is_the_v_per_copy_with_a_turn_that_crosses():
     assert dual.layout.downstream_rank(turn) == dual.layout.rank_of(stage_idx=turn, replica=1)
     assert dual.predicted.iteration_ms > dpv.predicted.iteration_ms
     # with the turn's transfer taken out, the replay is DualPipe-V's
-    from planner.cost.stage import StageTerms
+    from planner.simulation.simulator import stage_terms_of
 
-    terms = [StageTerms.of_plan_stage(s) for s in dual.stages]
+    terms = [stage_terms_of(s) for s in dual.stages]
     assert math.isclose(simulate_iteration_ms(DUAL, dual.num_microbatches, terms, virtual_stages_per_rank=2),
                         dual.predicted.iteration_ms)
     terms[turn] = dataclasses.replace(terms[turn], send_fwd_ms=0.0)

@@ -93,13 +93,25 @@ def test_one_pass_schedules_hold_whole_micro_batches_only() -> None:
     assert held_counts(ScheduleKind.GPIPE, Layout(num_stages=2), 8) == (Held(8), Held(8))
 
 
+def _first_input_whole(kind: ScheduleKind, n: int, m: int) -> tuple[int, ...]:
+    """Per stage (``n`` stages, or chunks for the V schedules), the micro-batches it holds whole
+    just before its first ``I``, read off its rank's order by hand: ZB-H1 ``min(M, P - s)`` (its
+    warm-up forwards and the first step's); ZB-H2 ``min(M, 2 (P - s))``; ZBV (``2P`` chunks)
+    ``min(M, 2P - s)``, the first chunk ``r`` after its ``2 (P - r) - 1`` warm-up and ``r + 1``
+    more forwards, the second ``2P - 1 - r`` after its ``r + 1``; DualPipe-V (its first backward
+    of a chunk a whole ``B`` or an ``I``) the same: the first chunk after its ``2P - 1 - r``
+    forwards of steps 1-2 and the steady phase's first, the second after its ``r + 1``."""
+    if kind is H2:
+        return tuple(min(m, 2 * (n - s)) for s in range(n))
+    return tuple(min(m, n - s) for s in range(n))
+
+
 @pytest.mark.parametrize("kind", [H1, H2, ZBV, DPV])
-def test_first_input_whole_is_the_most_whole_of_the_walk(kind: ScheduleKind) -> None:
-    """:func:`first_input_whole` (the memory floor's counts, read off the orders without walking
-    them) is at most the most whole micro-batches of any point of each stage's walk, and on
-    these orders equal to it (P <= 12, M <= 40)."""
+def test_most_whole_is_the_count_before_the_first_input_pass(kind: ScheduleKind) -> None:
+    """:attr:`Held.most_whole` (the memory floor's counts) is the most whole micro-batches of any
+    point of each stage's walk (walked here on the Actions), and on these orders those whole
+    just before the stage's first I, counted by hand (P <= 12, M <= 40)."""
     from planner.artifacts.errors import PlannerInputError
-    from planner.schedule import first_input_whole
 
     compared = 0
     for ranks in range(1, 13):
@@ -109,7 +121,33 @@ def test_first_input_whole_is_the_most_whole_of_the_walk(kind: ScheduleKind) -> 
             except PlannerInputError:
                 continue  # a shape the schedule's rules refuse
             compared += 1
-            most = {s: max(w for w, _ in points) for s, points in walked.items()}
-            floor = first_input_whole(kind, _layout(kind, ranks).num_stages, m)
-            assert list(floor) == [most[s] for s in range(len(floor))], (ranks, m)
+            most = [max(w for w, _ in walked[s]) for s in range(len(walked))]
+            layout = _layout(kind, ranks)
+            assert [h.most_whole for h in held_counts(kind, layout, m)] == most, (ranks, m)
+            assert list(_first_input_whole(kind, layout.num_stages, m)) == most, (ranks, m)
     assert compared > 200
+
+
+@pytest.mark.parametrize("kind", [H1, H2, ZBV, DPV, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED_1F1B])
+def test_held_fields_are_the_counts_read_off_the_walk(kind: ScheduleKind) -> None:
+    """:class:`Held`'s derived fields, built with the record: in flight ``whole + pending``, the
+    states the walk's frontier (or the peak alone), the conservative record ``whole`` whole and the
+    most past I of any state (its own conservative record itself); the interleaved counts equal
+    :func:`inflight_counts` too."""
+    from planner.schedule import inflight_counts
+
+    layout = (Layout(num_stages=8, virtual_stages_per_rank=2) if kind is ScheduleKind.INTERLEAVED_1F1B
+              else _layout(kind, 4))
+    held = held_counts(kind, layout, 12)
+    assert tuple(h.inflight for h in held) == inflight_counts(kind, layout, 12)
+    for h in held:
+        assert h.inflight == h.whole + h.pending
+        assert h.states == (h.frontier or ((h.whole, h.pending),))
+        assert h.most_whole == max(w for w, _ in h.states) >= h.whole
+        most = max(p for _, p in h.states)
+        c = h.conservative
+        assert (c.whole, c.pending, c.states) == (h.whole, most, ((h.whole, most),))
+        assert c.conservative is c
+    assert held_counts(kind, layout, 12) is held  # built once per shape
+    recomputing = Held(3, 1, ((3, 1), (2, 4)))  # a stage whose W keeps more than it saved
+    assert recomputing.conservative == Held(3, 4) and recomputing.conservative is not recomputing

@@ -1,4 +1,4 @@
-"""planner.solve.held: :func:`could_fit_every_state`, the check
+"""planner.solve.held and :meth:`StageFits.could_fit_every_state`, the check
 :func:`planner.solve.candidates.solve_config` makes before solving a zero-bubble configuration,
 against the two solves it spares (the peak's optimum, checked at every held state, then the
 conservative counts'): where it says no partition might fit, neither solve has a plan; and
@@ -35,7 +35,7 @@ def _two_solves(table, c):
     if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
         return sol, True
     return solve_chain(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
-                       held=tuple(h.conservative() for h in held)), True
+                       held=tuple(h.conservative for h in held)), True
 
 
 def _cases():
@@ -70,14 +70,13 @@ def _configs():
 def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
     from planner.solve.candidates import solve_config
     from planner.solve.chain_dp import solve_chain
-    from planner.solve.held import could_fit_every_state
 
     checked = refused = spared = solved = 0
     for table, held, c in _configs():
         if not any(len(h.states) > 1 for h in held):
             continue
         expected, peak = _two_solves(table, c)
-        if not could_fit_every_state(table, held):
+        if not table.could_fit_every_state(held):
             assert expected is None, c
             refused += 1
             spared += peak  # the peak's optimum fits at its peak only
@@ -89,10 +88,10 @@ def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
 
 
 def _every_state_masks(table, held):  # type: ignore[no-untyped-def]
-    """:func:`could_fit_every_state` over every one of each stage's states (not only its peak ones)."""
+    """:meth:`StageFits.could_fit_every_state` over every one of each stage's states (not only its peak ones)."""
     import numpy as np
 
-    from planner.solve.chain_dp import reaches
+    from planner.solve.prices.fits import reaches
 
     fits = [np.logical_and.reduce([table.held(p).could_fit(w, table.cap_of(s)) for w, p in h.states])
             for s, h in enumerate(held)]
@@ -129,13 +128,12 @@ def test_peak_states_hold_the_heaviest_state() -> None:
 
 
 def test_the_check_over_peak_states_answers_as_over_every_state() -> None:
-    """:func:`could_fit_every_state` (over each stage's peak states) answers as the same check over
+    """:meth:`StageFits.could_fit_every_state` (over each stage's peak states) answers as the same check over
     every held state, on every zero-bubble configuration of the drawn cases."""
-    from planner.solve.held import could_fit_every_state
 
     checked = refused = 0
     for table, held, c in _configs():
-        got = could_fit_every_state(table, held)
+        got = table.could_fit_every_state(held)
         assert got == _every_state_masks(table, held), c
         checked += 1
         refused += not got

@@ -28,7 +28,7 @@ from planner.artifacts.stack import (
 from planner.cost import CostModel, experts
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.experts import deepep_notify_ms, expert_links
-from planner.cost.fsdp import fsdp_line, fsdp_terms, replay
+from planner.cost.fsdp import fsdp_terms, replay
 from planner.cost.overheads import (
     GEMMS_PER_LOCAL_EXPERT,
     KERNELS,
@@ -39,6 +39,7 @@ from planner.cost.overheads import (
     moe_kernels,
 )
 from planner.cost.precision import at_precision
+from planner.cost.sharding import fsdp_line
 from planner.cost.stage import price_stage
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.moe import moe_profile

@@ -23,7 +23,7 @@ from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
 from planner.cost.band import BandSetting, with_setting
 from planner.cost.collectives import allreduce_line
-from planner.cost.fsdp import fsdp_line, hsdp_groups
+from planner.cost.fsdp import hsdp_groups
 from planner.cost.precision import (
     FP8_FIT_ROWS,
     FP8_GEMM_EFFICIENCY,
@@ -33,6 +33,7 @@ from planner.cost.precision import (
     precision_of,
     with_fp8_view,
 )
+from planner.cost.sharding import fsdp_line
 from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile

@@ -495,7 +495,7 @@ def test_recompute_curve_is_below_every_choice_of_levels() -> None:
 
     import numpy as np
 
-    from planner.solve.floors import recompute_curve, recompute_ms
+    from planner.solve.rank_memory import recompute_curve, recompute_ms
 
     rng = np.random.default_rng(5)
     for _ in range(100):

@@ -14,7 +14,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.plan import load_plan
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.simulation import SegmentKind, simulate, simulate_iteration_ms
-from planner.simulation.simulator import simulate_summary
+from planner.simulation.simulator import simulate_summary, stage_terms_of
 from planner.solve import plan as solve
 from planner.solve.build import rebuild_plan
 from tests.chains import chain_profile, small_cluster
@@ -225,7 +225,7 @@ def test_predict_fills_the_plan_prediction():
 def test_integer_orders_match_the_schedule_builder():
     from planner.schedule import build_schedule
     from planner.schedule.actions import ActionKind
-    from planner.simulation.replay import _encoded
+    from planner.schedule.build import encoded_orders
 
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         for p, m in [(1, 1), (2, 2), (3, 7), (4, 4), (5, 12)]:
@@ -233,8 +233,8 @@ def test_integer_orders_match_the_schedule_builder():
                 tuple((a.stage_idx, a.kind is ActionKind.BACKWARD, a.mb_idx) for a in acts)
                 for acts in build_schedule(kind, p, m, 1)
             )
-            _encoded.cache_clear()
-            assert _encoded(kind, p, m, 1) == expected, (kind, p, m)
+            encoded_orders.cache_clear()
+            assert encoded_orders(kind, p, m, 1) == expected, (kind, p, m)
 
 
 def _figures(summary_or_timeline) -> tuple[float, int, float, float]:
@@ -291,7 +291,7 @@ def test_plan_stages_are_the_records_the_search_replays(schedules: tuple[Schedul
 
     from planner.artifacts.cluster import PRESETS
     from planner.artifacts.profile import load_profile
-    from planner.cost import StageTerms, price_stages
+    from planner.cost import price_stages
     from planner.cost.tensor_parallel import base_cluster, device_cost_model
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "gpt3-1.3b-a100.json")
@@ -304,7 +304,7 @@ def test_plan_stages_are_the_records_the_search_replays(schedules: tuple[Schedul
     selective = [s.recompute_selective for s in st] if any(s.recompute_selective for s in st) else []
     priced = price_stages(cm, plan.layout, plan.microbatch_size, [s.layer_start for s in st],
                           [s.recompute for s in st], selective, split_backward=plan.schedule.splits_backward)
-    assert priced == tuple(StageTerms.of_plan_stage(s) for s in st)
+    assert priced == tuple(stage_terms_of(s) for s in st)
     fast = simulate_iteration_ms(plan.schedule, plan.num_microbatches, priced,
                                  virtual_stages_per_rank=plan.layout.virtual_stages_per_rank,
                                  replicas=plan.layout.stage_replicas)

@@ -333,9 +333,10 @@ def test_stage_bands_are_the_stages_the_dp_reads(L, P, longest):
     reads for it: start ``s + a`` (``a < w``), ``l + 1`` layers (``l < K``), not past the stage's
     last stop (``a + l < w``); stages with the same (in-flight count, cap) share one mask."""
     from planner.solve.chain_dp import _stage_bands
+    from planner.solve.prices.fixed import lengths
 
     at = [(k % 2, 1.0) for k in range(P)]  # two tables, alternating stages
-    bands = _stage_bands(at, L, longest)
+    bands = _stage_bands(at, lengths(L), longest)
     w = L - P + 1
     K = max(1, min(w, longest))
     for key in set(at):
@@ -387,7 +388,7 @@ def test_useful_limit_keeps_the_dps_solution(data, L, P, M):
 def test_ilp_hides_the_reduction_behind_the_stages_own_backward_as_the_dp_does():
     """Found by ``test_dp_equals_brute_force``: under a stack that overlaps the gradient reduction
     with the backward (``small_cluster``'s), a stage's reduction hides behind its own backward
-    too (``StageTable.hidden_backward``); CP-SAT counted only the stages' before it, so it moved
+    too (``prices.extras.hidden_backward``); CP-SAT counted only the stages' before it, so it moved
     the layer with parameters off the first stage at the price of a larger transfer (10.19175
     against the optimum's 10.19163 ms)."""
     layer = {"fwd": 1.0, "bwd": 1.0, "params": 0, "saved": 0.0, "inp": 0.0, "out": 0.0}

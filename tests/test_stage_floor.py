@@ -84,7 +84,7 @@ def test_witness_of_a_plan_is_never_wrong() -> None:
         for v in facts.variants(c):
             table = facts.table_of(v)
             held = v.held()
-            counts = tuple(h.conservative() for h in held) if v.schedule.splits_backward else held
+            counts = tuple(h.conservative for h in held) if v.schedule.splits_backward else held
             sol = solve_config(solve_chain, table, v)
             solvable += sol is not None
             if surely_fits(table, counts, largest_workspace(table)):
@@ -163,3 +163,17 @@ def test_memory_floor_is_infinite_only_where_nothing_fits() -> None:
         split += c.schedule.splits_backward
         other += not c.schedule.splits_backward
     assert infinite > 0 and split > 0 and other > 0
+
+
+def test_a_curve_whose_last_segment_has_no_width_extends_at_the_one_before() -> None:
+    """Bytes too small to move a float (1.5e-200 after 1.0) leave a last segment of no width: the
+    curve extends at the slope of the last segment that has one (it divided by zero before)."""
+    import numpy as np
+
+    from planner.solve.rank_memory import last_slope, recompute_ms
+
+    xs, ys = np.array([0.0, 1.0, 1.0 + 1.5e-200]), np.array([0.0, 2.0, 2.0 + 3e-200])
+    assert xs[-1] == xs[-2]
+    assert last_slope(xs, ys) == 2.0
+    assert float(recompute_ms((xs, ys), 3.0)) == 6.0
+    assert last_slope(np.array([0.0]), np.array([0.0])) == 0.0

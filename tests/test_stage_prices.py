@@ -1,5 +1,5 @@
 """The stage tables' vectorised recompute prices (issue 24): the least recompute time of a stage
-priced for many stages at once (:func:`level_covers` + :func:`level_cover_costs`) is the one
+priced for many stages at once (:func:`planner.solve.recompute.level_covers` + :func:`level_cover_costs`) is the one
 :func:`choose_recompute` finds, bit for bit, and the least over every choice of levels
 (brute force); a table's layers, chosen afterwards, reach that price."""
 
@@ -19,8 +19,8 @@ from planner.profiling.analytic.gpt import gpt3_profile
 from planner.solve.prices import StageTable
 from planner.solve.prices import fits as prices_fits
 from planner.solve.prices import layers as prices_layers
-from planner.solve.prices.layers import level_cover_costs, level_covers
-from planner.solve.recompute import choose_recompute, layer_options
+from planner.solve.prices.layers import level_cover_costs
+from planner.solve.recompute import choose_recompute, level_covers
 from tests.chains import chain_profile, layer_dicts, shared_pairs, small_cluster
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -59,7 +59,7 @@ def test_vectorised_price_is_choose_recompute_and_least(runs, inflight, excesses
     layers = [kind for kind, count in runs for _ in range(count)]
     if not any(kind[4] > 0 for kind in layers):
         return  # without a selective level the 0/1 cover runs, one stage at a time
-    covers = level_covers([(layer_options(*kind[:3], kind[3], kind[4], inflight), count) for kind, count in runs])
+    covers = level_covers(runs, inflight)  # kinds: (fwd ms, saved, input, core ms, core bytes)
     assert covers is not None  # a handful of kinds: exact
     rows = [c for _ in excesses for c in covers]
     targets = np.array([e + c.workspace_bytes for e in excesses for c in covers])
@@ -89,7 +89,7 @@ def test_rows_priced_by_size_class_cost_what_one_block_does(stages, inflight, ex
 
     rows = []
     for runs in stages:
-        covers = level_covers([(layer_options(*kind[:3], kind[3], kind[4], inflight), count) for kind, count in runs])
+        covers = level_covers(runs, inflight)  # kinds: (fwd ms, saved, input, core ms, core bytes)
         rows += list(covers or ())
     if len(rows) < 2:
         return

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.flag_values import parse_float, parse_int
-from planner.artifacts.limits import MAX_BATCH
+from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 
 T = TypeVar("T")
 
@@ -97,6 +97,17 @@ def gib_amount(hi_gib: float) -> Callable[[str], float]:
         return value
 
     return _typed(parse, "GiB")
+
+
+#: an argparse type: a count of devices (or of what they are split into: stages, pipelines,
+#: processes), in [1, MAX_DEVICES]
+device_count = bounded_int(1, MAX_DEVICES)
+#: an argparse type: a batch in samples, in [1, MAX_BATCH]
+batch_size = bounded_int(1, MAX_BATCH)
+#: an argparse type: a device's memory in GiB, 0 (unset) or at least one byte, up to MAX_BYTES
+memory_gib = gib_amount(MAX_BYTES / 2**30)
+#: an argparse type: a time in ms, in [0, MAX_MS]
+duration_ms = bounded_float(0.0, MAX_MS)
 
 
 def check_output(flag: str, path: str | os.PathLike[str] | None, *, directory: bool = False) -> None:

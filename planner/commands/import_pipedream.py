@@ -6,9 +6,8 @@ import argparse
 from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.limits import MAX_BATCH
 from planner.artifacts.profile import save_profile
-from planner.commands._args import bounded_int, check_output
+from planner.commands._args import batch_size, check_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("graph", metavar="GRAPH.txt", help="PipeDream graph.txt")
-    parser.add_argument("--batch-size", type=bounded_int(1, MAX_BATCH), default=None,
+    parser.add_argument("--batch-size", type=batch_size, default=None,
                         help="minibatch size of the profile (default: inferred)")
     parser.add_argument("--name", default=None, help="model name (default: the folder holding GRAPH.txt)")
     parser.add_argument("--out", required=True, metavar="PATH", help="profile JSON to write")

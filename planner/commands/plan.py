@@ -23,14 +23,13 @@ from planner.artifacts.kinds import (
     ScheduleKind,
     SolverKind,
 )
-from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 from planner.artifacts.moe import MoeBalance, MoeDispatcher
 from planner.artifacts.plan import Plan, dumps_plan
 from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACK_ALIASES, STACKS, Stack, stack_named
-from planner.commands._args import bounded_float, bounded_int, check_output, fraction, gib_amount, int_list
+from planner.commands._args import batch_size, check_output, device_count, duration_ms, fraction, int_list, memory_gib
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
 
 
@@ -45,11 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="profile JSON, or a PipeDream graph.txt (converted as import-pipedream does, "
                    "batch size inferred) (default: the embedded GPT-3 13B A100 profile)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset ({', '.join(PRESETS)}) or cluster JSON (default: %(default)s)")
-    p.add_argument("--devices", type=bounded_int(1, MAX_DEVICES), default=0,
+    p.add_argument("--devices", type=device_count, default=0,
                    help="devices available (default: all of the cluster; more than a preset has adds its nodes, "
                         "e.g. --devices 64 with h100-80gb-x8 plans on 8 nodes); the plan uses fewer only when that is "
                         "faster, and its table says so")
-    p.add_argument("--global-batch", type=bounded_int(1, MAX_BATCH), default=DEFAULT_GLOBAL_BATCH,
+    p.add_argument("--global-batch", type=batch_size, default=DEFAULT_GLOBAL_BATCH,
                    help="samples per iteration (default: %(default)s)")
     p.add_argument("--solver", default=SolverKind.DP.value, choices=[k.value for k in REQUESTABLE_SOLVERS],
                    help="solver or baseline (default: %(default)s)")
@@ -63,14 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and a backward of other micro-batches) "
                         "(default: %(default)s)")
     p.add_argument("--microbatch-sizes", type=int_list, default=(), help="comma-separated micro-batch sizes (default: every divisor)")
-    p.add_argument("--max-stages", type=bounded_int(1, MAX_DEVICES), default=0, help="at most this many pipeline stages")
+    p.add_argument("--max-stages", type=device_count, default=0, help="at most this many pipeline stages")
     p.add_argument("--recompute", default=RecomputeMode.AUTO.value, choices=[m.value for m in RecomputeMode],
                    help="auto: the solver picks each layer's level (the least recompute time that fits); none; "
                         "selective: every transformer block's attention core; full: every transformer block "
                         "(default: %(default)s)")
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations (= --recompute none)")
     p.add_argument("--memory-headroom", type=fraction, default=0.1, help="fraction of device memory kept free (default: %(default)s)")
-    p.add_argument("--memory-cap-gib", type=gib_amount(MAX_BYTES / 2**30), default=0.0,
+    p.add_argument("--memory-cap-gib", type=memory_gib, default=0.0,
                    help="per-device memory cap in GiB (overrides headroom)")
     p.add_argument("--offload", default=OffloadMode.NONE.value, choices=[m.value for m in OffloadMode],
                    help="host memory: none; optimizer (state and master weights, the step on the host); activations "
@@ -83,15 +82,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(per-tensor current scaling); fp8-block (1x128 / 128x128 blocks, DeepSeek-V3); mxfp8 (Blackwell "
                         "only); a comma-separated list, or any (every one the devices run), plans each and keeps the "
                         "best (default: %(default)s)")
-    p.add_argument("--time-budget-ms", type=bounded_float(0.0, MAX_MS), default=0.0,
+    p.add_argument("--time-budget-ms", type=duration_ms, default=0.0,
                    help="for --objective memory: slowest acceptable iteration")
     p.add_argument("--fixed-boundaries", type=int_list, default=(),
                    help="comma-separated layer indices where a stage must start (stages may also start elsewhere; "
                         "with --stages one more than their count, only there); refused (exit 3) if no plan can")
-    p.add_argument("--stages", type=bounded_int(1, MAX_DEVICES), default=0,
+    p.add_argument("--stages", type=device_count, default=0,
                    help="exactly this many pipeline stages (with an interleaved schedule: pipeline ranks) "
                         "(default: searched)")
-    p.add_argument("--dp-degree", type=bounded_int(1, MAX_DEVICES), default=0,
+    p.add_argument("--dp-degree", type=device_count, default=0,
                    help="exactly this many replicated pipelines (no per-stage replication) (default: searched)")
     p.add_argument("--zero", type=int_list, default=(0, 1, 3),
                    help="ZeRO stages to consider: 0 none, 1 optimizer state sharded over a stage's replicas, "

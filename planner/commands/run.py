@@ -41,10 +41,9 @@ from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily
-from planner.artifacts.limits import MAX_DEVICES
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.progress import Progress
-from planner.commands._args import bounded_float, bounded_int
+from planner.commands._args import bounded_float, bounded_int, device_count
 from planner.runtime.checkpoint_files import DEFAULT_KEEP_LAST
 from planner.runtime.checkpoint_settings import CHANGEABLE
 from planner.runtime.lifecycle import STOP_GRACE_S
@@ -272,7 +271,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the plan's model: a zoo name (gpt, bert, vgg, resnet, gpt2), hf:CONFIG[:key=value,...] "
                         "(a Hugging Face config, see planner profile --help), or package.module:callable (required)")
     p.add_argument("--steps", type=_flag("num_steps"), default=3, help="training steps (default: %(default)s)")
-    p.add_argument("--nproc", type=bounded_int(1, MAX_DEVICES), default=0, help="processes (default: the plan's devices)")
+    p.add_argument("--nproc", type=device_count, default=0, help="processes (default: the plan's devices)")
     p.add_argument("--report", default="", help="RunReport JSON to write (default: none, the table is printed)")
     p.add_argument("--emulate", action="store_true",
                    help="each stage chunk takes its profiled time (sleeps): schedule and cost-model validation (default: off)")

@@ -89,18 +89,19 @@ def _attention_shape(profile: Profile) -> tuple[float, float, float] | None:
     ms, the GEMM model's efficiency for the fused pair) from an analytic profile's metadata (None:
     not recorded)."""
     meta = profile.metadata
-    e, half, mem = (meta.get(k) for k in ("gemm_max_efficiency", "gemm_half_intensity_flop_per_byte", "memory_efficiency"))
     seq, heads, hidden, peak = meta.get("seq"), meta.get("heads"), meta.get("hidden"), meta.get("peak_bf16_tflops")
     if not (isinstance(seq, int) and isinstance(heads, int) and isinstance(hidden, int) and heads > 0):
         return None
     head_dim = meta.get("head_dim") or hidden // heads
-    if not all(isinstance(v, float) for v in (e, half, mem, peak)) or not isinstance(head_dim, int):
+    if not isinstance(peak, float) or not isinstance(head_dim, int):
+        return None
+    model = GemmModel.of_metadata(meta, memory_default=None)
+    if model is None:
         return None
     t, cp = meta.get("tp_degree", 1), meta.get("cp_degree", 1)
     parts = max(1, t if isinstance(t, int) else 1) * max(1, cp if isinstance(cp, int) else 1)
     flops = 4.0 * seq * seq * heads * head_dim * 0.5 / parts  # a causal kernel runs half the square
-    model = GemmModel(max_efficiency=float(e), half_intensity=float(half), memory_efficiency=float(mem))  # type: ignore[arg-type]
-    return flops, float(peak) * 1e9, model.efficiency(float(seq), float(seq), float(head_dim), fused=True)  # type: ignore[arg-type]
+    return flops, peak * 1e9, model.efficiency(float(seq), float(seq), float(head_dim), fused=True)
 
 
 def _plus(fit: TimeFit, per_sample_ms: float) -> TimeFit:

@@ -60,7 +60,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.stack import HOST_US_PER_KERNEL_RANGE, Stack
 from planner.cost.attention_kernels import BWD_RATE, KERNELS
 from planner.cost.offload import carry_offload
-from planner.cost.precision import at_precision, edge_blocks_of, precision_of
+from planner.cost.precision import like_precision
 from planner.profiling.analytic.common import DEVICE_PRESETS
 from planner.profiling.analytic.gemm import DEVICE_GEMM_LOSO, GemmModel
 
@@ -154,7 +154,7 @@ def with_setting(setting: BandSetting, profile: Profile, cluster: Cluster, stack
         # rebuilt in bf16: priced again at the profile's precision (planner.cost.precision), the
         # offload choice carried over
         if rebuilt is not None:
-            profile = carry_offload(profile, at_precision(rebuilt, cluster, precision_of(profile), edge_blocks_of(profile)))
+            profile = carry_offload(profile, like_precision(rebuilt, cluster, profile))
     changes = {k: getattr(setting, k) for k in ("gpu_speed_variation", "collective_model", "inter_node_p2p_latency_us")
                if getattr(setting, k) is not None}
     if changes:

@@ -103,11 +103,9 @@ def sequence_shape(profile: Profile) -> SequenceShape | None:
         return None
     if profile.attention not in CORE_BWD_FACTOR:
         return None
-    e_max, half = meta.get("gemm_max_efficiency"), meta.get("gemm_half_intensity_flop_per_byte")
-    mem = meta.get("memory_efficiency", 1.0)
-    if not (isinstance(e_max, float) and isinstance(half, float) and isinstance(mem, float)):
+    gemm = GemmModel.of_metadata(meta)
+    if gemm is None:
         return None
-    gemm = GemmModel(max_efficiency=e_max, half_intensity=half, memory_efficiency=mem)
     kv_heads = _int(meta, "kv_heads", heads) or heads
     head_dim = _int(meta, "head_dim", hidden // heads) or hidden // heads
     return SequenceShape(seq=seq, hidden=hidden, kv_heads=kv_heads, head_dim=head_dim, gemm=gemm)

@@ -209,12 +209,11 @@ def alltoall_ms(cluster: Cluster, links: ExpertLinks, moe: MoeLayer, stack: MoeS
 
 def _gemm_model(meta: Mapping[str, object]) -> tuple[GemmModel, float] | None:
     """The GEMM model and peak FLOPs per ms an analytic profile records (None: a measured one)."""
-    e_max, half, mem, peak = (meta.get("gemm_max_efficiency"), meta.get("gemm_half_intensity_flop_per_byte"),
-                              meta.get("memory_efficiency", 1.0), meta.get("peak_bf16_tflops"))
-    if not all(isinstance(x, float) for x in (e_max, half, mem, peak)):
+    peak = meta.get("peak_bf16_tflops")
+    if not isinstance(peak, float):
         return None
-    assert isinstance(e_max, float) and isinstance(half, float) and isinstance(mem, float) and isinstance(peak, float)
-    return GemmModel(max_efficiency=e_max, half_intensity=half, memory_efficiency=mem), peak * 1e9
+    model = GemmModel.of_metadata(meta)
+    return None if model is None else (model, peak * 1e9)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ weights gathered for that backward (no extra gather; torch.utils.checkpoint, Meg
 stream), so with prefetching it runs beside the same collectives as that backward: inside a
 stage layer ``k`` takes ``max(b_k + rc_k, a_{k-1} + r_{k+1})``, i.e. ``max(b_k, ...)`` plus what
 the backward's slack leaves of ``rc_k``. The price every solver reads
-(:meth:`CostModel.recompute_prices <planner.cost.sharding.ShardedState.recompute_prices>`) is
+(:meth:`CostModel.recompute_prices <planner.cost.stage.StageCosts.recompute_prices>`) is
 ``max(0, rc_k - s_k)`` with
 
     s_k = max(0, min(a_{k-1}, r_k) + min(r_{k+1}, a_k) - b_k)     (:attr:`FsdpTerms.slack`),
@@ -68,32 +68,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line, grad_group_line
 
-__all__ = ["FsdpTerms", "fsdp_line", "fsdp_terms", "hsdp_groups", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
+__all__ = ["FsdpTerms", "fsdp_terms", "hsdp_groups", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
 
 
 def is_fsdp(sharding: Sharding) -> bool:
     """ZeRO 3 over more than one rank (one rank shards nothing)."""
     return sharding.zero is ZeroStage.PARAMETERS and sharding.ranks > 1
-
-
-def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
-    """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
-    group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
-    ring all-reduce's line (NCCL has no tree all-gather or reduce-scatter:
-    :func:`planner.cost.collectives.gather_line`), of the layout's slowest group. HSDP
-    (``Layout.shard_group_size``): over its shard group, the consecutive ranks the state is
-    sharded over (a node, by default)."""
-    if layout.shard_group_size:
-        lines = [allreduce_line(cluster, hsdp_groups(layout, s)[0], ring_only=True) for s in range(layout.num_stages)]
-    else:
-        lines = [grad_group_line(cluster, layout, s, ring_only=True) for s in range(layout.num_stages)]
-    per_byte, fixed = max(lines)
-    return 0.5 * per_byte, 0.5 * fixed
 
 
 def hsdp_groups(layout: Layout, stage_idx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

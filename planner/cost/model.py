@@ -75,43 +75,25 @@ is per device: with tensor parallelism, the per-device view of
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.kinds import OptimizerKind, ZeroStage
+from planner.artifacts.kinds import OptimizerKind
 from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
-from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
 from planner.cost.fsdp import FsdpTerms, is_fsdp, units_in_flight
 from planner.cost.offload import optimizer_offloaded
-from planner.cost.overlap import overlapped_gather, overlapped_reduce
-from planner.cost.precision import fp8_extra_weight_bytes, precision_of
+from planner.cost.precision import fp8_weights
 from planner.cost.prefix import BatchSums
-from planner.cost.sharding import ShardedState
+from planner.cost.stage import StageCosts
 from planner.graph import cut_bytes_per_sample
 
 
-@dataclass(frozen=True, slots=True)
-class SyncCost:
-    """One stage's gradient synchronisation per iteration, as the stack runs it (ms): the whole
-    of it (``total_ms``: reduction, ZeRO all-gather and the tied gradients' exchange); how long
-    before the stage's last backward ends the reduction may start (``early_ms``, its buckets
-    overlapping that backward); the part of ``total_ms`` that is the ZeRO all-gather run ahead
-    of the next iteration's forward (``gather_ahead_ms``), and the earliest end of the stage's
-    first forward after that gather starts (``gather_bound_ms``)."""
-
-    total_ms: float
-    early_ms: float = 0.0
-    gather_ahead_ms: float = 0.0
-    gather_bound_ms: float = 0.0
-
-
-class CostModel(ShardedState):
+class CostModel(StageCosts):
     """Prefix sums over a profile, so that any stage's cost is O(1) (plus its recompute set).
 
     One instance per (per-device profile, cluster, optimizer); per micro-batch size arrays are
@@ -151,7 +133,7 @@ class CostModel(ShardedState):
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
         #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
-        fp8 = precision_of(profile).fp8
+        fp8, self.fp8_extra_bytes_per_param = fp8_weights(profile, self.weight_bytes_per_param)
         self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
                                          for layer in layers], dtype=np.int64)
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
@@ -171,29 +153,17 @@ class CostModel(ShardedState):
         self._fsdp: dict[tuple[int, float, float, int], FsdpTerms] = {}
         self._fsdp_lines: dict[Layout, tuple[float, float]] = {}
 
-    # ---------------------------------------------------------------- compute
+    # ---------------------------------------------------------------- zero bubble: what a micro-batch keeps until its W
     def keep_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """What one micro-batch past its input-gradient pass keeps until its W: W's inputs
         (``wgrad_bytes``), recomputed or not, at most what it saved without recomputation."""
         return min(self.wgrad_bytes(start, stop, microbatch_size), self.activation_bytes(start, stop, (), microbatch_size))
 
-    def recompute_ms(self, recompute: Iterable[int], microbatch_size: int, selective: Iterable[int] = (),
-                     layout: Layout | None = None, stage_idx: int = 0) -> float:
-        """Re-running the forward of the fully recomputed layers and the selective level of the
-        selectively recomputed ones, per micro-batch, as stage ``stage_idx`` of ``layout`` prices
-        it (under ZeRO 3 less what runs beside its collectives: :meth:`recompute_prices`)."""
-        fwd, core = self.layout_recompute_prices(microbatch_size, layout, stage_idx)
-        return float(sum(fwd[i] for i in recompute)) + float(sum(core[i] for i in selective))
-
-    # ---------------------------------------------------------------- parameters
-    def tied_allreduce_bytes(self, start: int, stop: int) -> float:
-        """Gradient bytes of tied tensors this stage shares with another stage (summed across them)."""
-        total = 0.0
-        for tie in self.profile.tied:
-            inside = sum(1 for i in tie.layers if start <= i < stop)
-            if 0 < inside < len(tie.layers) and tie.name not in self.rank_local_ties:
-                total += tie.param_count * self.grad_bytes_per_param
-        return total
+    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
+        """What one micro-batch keeps from the end of B until its W (:mod:`planner.cost.model`; a
+        recomputed layer's B recomputes what its W needs)."""
+        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
+        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
 
     # ---------------------------------------------------------------- activations
     def shared_out(self, start: int, stop: int, microbatch_size: int) -> np.ndarray:
@@ -268,8 +238,7 @@ class CostModel(ShardedState):
             w, g, o = (w * params + we * experts, g * params + ge * experts, o * params + oe * experts)
             params = 1
         # FP8 weight copies beyond the weights' own bytes (planner.cost.precision); under ZeRO 3 gathered in FP8
-        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
-        fp8_copies = 0 if is_fsdp(sharding) else extra * int(self.fp8_param_count[start:stop].sum())
+        fp8_copies = 0 if is_fsdp(sharding) else self.fp8_extra_bytes_per_param * int(self.fp8_param_count[start:stop].sum())
         return StageMemory(
             param_bytes=int(params * w) + gathered * self.weight_bytes_per_param + fp8_copies,
             grad_bytes=int(params * g) + gathered * self.grad_bytes_per_param,
@@ -279,168 +248,6 @@ class CostModel(ShardedState):
             recompute_workspace_bytes=int(round(self.recompute_workspace_bytes(recompute, microbatch_size, selective))),
             buffer_bytes=int(round(self.buffer_bytes(start, stop, microbatch_size))),
         )
-
-    def boundary_transfer_ms(self, boundary: int, microbatch_size: int, upstream_stage_idx: int, layout: Layout) -> float:
-        """Transfer of the tensors crossing the cut before layer ``boundary`` between stage
-        ``upstream_stage_idx`` and the next one (activations forward, their gradients backward:
-        same bytes), on the link between the first devices of the two stages."""
-        if boundary <= 0 or boundary >= self.num_layers:
-            return 0.0
-        nbytes = float(self.cut_bytes_per_sample[boundary]) * microbatch_size
-        src = layout.rank_of(stage_idx=upstream_stage_idx)
-        dst = layout.downstream_rank(upstream_stage_idx)
-        if src == dst:
-            return 0.0  # the two chunks share the rank (the turn of a V placement): no transfer
-        bw, lat = link_of(self.cluster, src, dst)
-        return p2p_ms(nbytes, bandwidth_gb_per_s=bw, latency_us=lat)
-
-    def stage_allreduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
-        """Gradient synchronisation across the stage's data-parallel group (all-reduce, or with
-        ZeRO reduce-scatter + all-gather), plus the exchange of tied gradients with the other
-        stage holding the tied tensor: :meth:`stage_sync`'s ``total_ms``."""
-        return self.stage_sync(start, stop, stage_idx, layout).total_ms
-
-    def tied_exchange_ms(self, start: int, stop: int) -> float:
-        """The exchange of tied gradients with the other stage holding the tied tensor (priced
-        on the slowest link of the cluster, since the partner stage is not known here)."""
-        tied = self.tied_allreduce_bytes(start, stop)
-        if not tied:
-            return 0.0
-        if self.cluster.num_nodes > 1:
-            bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
-        else:
-            bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
-        return ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
-
-    def layer_param_counts(self, start: int, stop: int) -> list[float]:
-        """Parameters per layer of a stage, a tied tensor whose layers share the stage counted
-        once, on the first of them (whose backward finishes its gradient last)."""
-        counts = [float(c) for c in self.param_count[start:stop]]
-        for tie in self.profile.tied:
-            inside = sorted(i for i in tie.layers if start <= i < stop)
-            local = tie.name in self.rank_local_ties and inside and inside[0] != min(tie.layers)
-            for i in inside if local else inside[1:]:  # a rank-local tie's copy: its first layer's chunk's
-                counts[i - start] -= tie.param_count
-        return counts
-
-    def expert_grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
-        """The all-reduce line of stage ``stage_idx``'s routed experts' gradient group (its expert
-        data-parallel ranks, :meth:`Layout.edp_group`); (0, 0) without experts or with one rank."""
-        if not self.has_experts or layout.expert_grad_group_size(stage_idx) <= 1:
-            return 0.0, 0.0
-        key = (layout, stage_idx)
-        if key not in self._expert_lines:
-            self._expert_lines[key] = allreduce_line(self.cluster, layout.edp_group(stage_idx))
-        return self._expert_lines[key]
-
-    def stage_alltoall_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Of the stage's forward + backward per micro-batch, the routed experts' dispatch and
-        combine on the critical path (:mod:`planner.cost.experts`; 0 without experts)."""
-        if not self.has_experts:
-            return 0.0
-        return sum((layer.moe.alltoall_fwd.at(microbatch_size) + layer.moe.alltoall_bwd.at(microbatch_size))
-                   / self._speed for layer in self.profile.layers[start:stop] if layer.moe is not None)
-
-    def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
-        """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
-        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
-        per shape of the group): the one place the solver prices that group."""
-        return grad_group_line(self.cluster, layout, stage_idx)
-
-    def stage_sync(
-        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),
-        microbatch_size: int = 1, selective: Sequence[int] = (),
-    ) -> SyncCost:
-        """The stage's synchronisation as :attr:`stack` runs it (module docstrings of this
-        module and :mod:`planner.cost.overlap`): the reduction (ring all-reduce of the gradients,
-        or ZeRO's reduce-scatter, half of that line) and ZeRO's all-gather of the weights (the
-        other half), each one collective, or in buckets overlapped with the last backward
-        (reduction) and the next forward (gather); the tied exchange after them. ``recompute``,
-        ``selective`` and ``microbatch_size`` give the last backward's per-layer times."""
-        tied = self.tied_exchange_ms(start, stop)
-        if layout.zero is ZeroStage.PARAMETERS:  # ZeRO 3's collectives are in the stage's forward and backward
-            return SyncCost(tied + self.hsdp_allreduce_ms(start, stop, stage_idx, layout))
-        counts = self.layer_param_counts(start, stop)
-        if self.has_experts:
-            return self._expert_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
-        one = self._one_sync(start, stop, layout, counts, self.grad_line(layout, stage_idx), recompute, microbatch_size,
-                             selective)
-        return SyncCost(one.total_ms + tied, one.early_ms, one.gather_ahead_ms, one.gather_bound_ms)
-
-    def _expert_sync(
-        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int], microbatch_size: int,
-        selective: Sequence[int],
-    ) -> SyncCost:
-        """:meth:`stage_sync` of a stage with routed experts: the dense parameters' on their group,
-        then the experts' on theirs (each as :meth:`_one_sync` prices one; the two reductions one
-        after the other on one stream, each bucketed beside the last backward when the stack
-        overlaps: ``early`` the larger of the two), the tied exchange after."""
-        counts = self.layer_param_counts(start, stop)
-        experts = [float(x) for x in self.expert_param_count[start:stop]]
-        dense = [c - x for c, x in zip(counts, experts)]
-        parts = [self._one_sync(start, stop, layout, dense, self.grad_line(layout, stage_idx), recompute,
-                                microbatch_size, selective),
-                 self._one_sync(start, stop, layout, experts, self.expert_grad_line(layout, stage_idx), recompute,
-                                microbatch_size, selective)]
-        total = sum(p.total_ms for p in parts) + self.tied_exchange_ms(start, stop)
-        return SyncCost(total, max(p.early_ms for p in parts), sum(p.gather_ahead_ms for p in parts),
-                        max(p.gather_bound_ms for p in parts))
-
-    def _one_sync(
-        self, start: int, stop: int, layout: Layout, counts: list[float], line: tuple[float, float],
-        recompute: Sequence[int], microbatch_size: int, selective: Sequence[int],
-    ) -> SyncCost:
-        """One group's synchronisation of ``counts`` parameters per layer (the stage's, last first
-        in the backward) on ``line``: the reduction, and under ZeRO 1-2 the all-gather of the
-        updated weights, as :meth:`stage_sync` says; no tied exchange."""
-        per_byte, fixed = line
-        params = sum(counts)
-        if (per_byte == 0.0 and fixed == 0.0) or params <= 0:
-            return SyncCost(0.0)
-        zero = layout.zero is not ZeroStage.NONE
-        half = 0.5 if zero else 1.0
-        early = 0.0
-        if self.stack.reduce_overlap(zero):
-            fwd, bwd = self.at_batch(microbatch_size).times_ms
-            rc, sel = set(recompute), set(selective)
-            core = self.at_batch(microbatch_size).core_ms if sel else None
-            durations = [float(bwd[i]) + (float(fwd[i]) if i in rc else 0.0) + (float(core[i]) if core is not None and i in sel else 0.0)
-                         for i in range(stop - 1, start - 1, -1)]
-            grads = [c * self.grad_bytes_per_param for c in reversed(counts)]
-            reduce_ms, early = overlapped_reduce(durations, grads, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
-        else:
-            reduce_ms = half * (per_byte * params * self.grad_bytes_per_param + fixed)
-        if not zero:
-            return SyncCost(reduce_ms, early)
-        if self.stack.param_gather_overlap:
-            fwd, _ = self.at_batch(microbatch_size).times_ms
-            weights = [c * self.weight_bytes_per_param for c in counts]
-            gather_ms, bound = overlapped_gather(
-                [float(f) for f in fwd[start:stop]], weights, half * per_byte, half * fixed, self.stack.grad_bucket_bytes)
-            return SyncCost(reduce_ms + gather_ms, early, gather_ms, bound)
-        return SyncCost(reduce_ms + half * (per_byte * params * self.weight_bytes_per_param + fixed), early)
-
-    def stage_exposed_sync_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, microbatch_size: int) -> float:
-        """``X_s`` of the solver's objective (:mod:`planner.solve.chain_dp`): the part of stage
-        ``stage_idx``'s gradient synchronisation that runs after its last backward (all-reduce,
-        or ZeRO's reduce-scatter + all-gather, or only the reduce-scatter when the stack gathers
-        ahead of the forward: a line in its bytes) less the backward work it can overlap: the
-        layers' before it, and when the stack overlaps the reduction also the stage's own (a
-        proxy for what the pipeline cannot hide; the simulator prices the buckets). 0 under
-        ZeRO 3, whose collectives are in the stage's times."""
-        per_byte, fixed = self.grad_line(layout, stage_idx)
-        if layout.zero is ZeroStage.PARAMETERS:
-            return self.hsdp_allreduce_ms(start, stop, stage_idx, layout)
-        if per_byte == 0.0 and fixed == 0.0:
-            return 0.0
-        _, bp = self.at_batch(microbatch_size).prefix_ms
-        sync = self.stage_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
-        hidden = float(bp[stop] if self.stack.reduce_overlap(layout.zero is not ZeroStage.NONE) else bp[start])
-        if self.has_experts:  # the experts' on their own group's line (the dense part's without them)
-            experts = self.stage_expert_param_count(start, stop) * self.post_backward_sync_bytes_per_param(layout.zero)
-            e_byte, e_fixed = self.expert_grad_line(layout, stage_idx)
-            return max(0.0, per_byte * (sync - experts) + fixed + e_byte * experts + (e_fixed if experts else 0.0) - hidden)
-        return max(0.0, per_byte * sync + fixed - hidden)
 
     @cached_property
     def total_params(self) -> int:

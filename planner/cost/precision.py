@@ -66,7 +66,7 @@ from planner.artifacts.timefit import TimeFit
 
 __all__ = ["BF16_EDGE_BLOCKS", "FP8_EFFICIENCY_SOURCE", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES",
            "QUANTISE_BYTES", "at_precision", "check_precision", "check_profile", "edge_blocks_of",
-           "fp8_extra_weight_bytes", "precision_of", "with_fp8_view"]
+           "fp8_extra_weight_bytes", "fp8_weights", "like_precision", "precision_of", "with_fp8_view"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {
@@ -247,3 +247,16 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_
                    else layer for i, layer in enumerate(layers))
     chosen = {} if bf16_edge_blocks is None else {EDGE_KEY: bf16_edge_blocks}
     return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value, **chosen})
+
+
+def fp8_weights(profile: Profile, weight_bytes_per_param: int) -> tuple[bool, int]:
+    """What a device's cost model takes from the precision, asked once where it is built: whether
+    ``profile`` is priced at an FP8 precision (its FP8 GEMMs' parameters then hold FP8 copies), and
+    the bytes each such parameter holds beyond its weights' own (:func:`fp8_extra_weight_bytes`)."""
+    return precision_of(profile).fp8, fp8_extra_weight_bytes(weight_bytes_per_param)
+
+
+def like_precision(profile: Profile, cluster: Cluster, like: Profile) -> Profile:
+    """``profile`` (bf16) priced at the precision ``like`` was priced at, with the bf16 edge blocks
+    its caller chose (:func:`at_precision`)."""
+    return at_precision(profile, cluster, precision_of(like), edge_blocks_of(like))

@@ -82,18 +82,6 @@ class PrefixSums:
 
     # ---------------------------------------------------------------- prefix sums
     @cached_property
-    def param_prefix(self) -> np.ndarray:
-        """Parameters of layers ``0..l-1`` at ``[l]`` (integers; ties counted per layer)."""
-        out: np.ndarray = np.concatenate([[0], np.cumsum(self.param_count)])
-        return out
-
-    @cached_property
-    def expert_prefix(self) -> np.ndarray:
-        """Routed experts' parameters of layers ``0..l-1`` at ``[l]`` (never tied)."""
-        out: np.ndarray = np.concatenate([[0], np.cumsum(self.expert_param_count)])
-        return out
-
-    @cached_property
     def saved_prefix(self) -> np.ndarray:
         """Bytes per sample saved for backward by layers ``0..l-1`` at ``[l]``."""
         out: np.ndarray = np.concatenate([[0.0], np.cumsum(self.saved_per_sample)])
@@ -152,86 +140,6 @@ class PrefixSums:
         layers = self.profile.layers
         return ((np.array([x.fwd.intercept_ms for x in layers]), np.array([x.fwd.per_sample_ms for x in layers])),
                 (np.array([x.bwd.intercept_ms for x in layers]), np.array([x.bwd.per_sample_ms for x in layers])))
-
-    # ---------------------------------------------------------------- one stage
-    def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Forward ms of one micro-batch through the layers ``[start, stop)``."""
-        fp, _ = self.at_batch(microbatch_size).prefix_ms
-        return float(fp[stop] - fp[start])
-
-    def stage_bwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Backward ms of one micro-batch through the layers ``[start, stop)``."""
-        _, bp = self.at_batch(microbatch_size).prefix_ms
-        return float(bp[stop] - bp[start])
-
-    def stage_wgrad_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """Of :meth:`stage_bwd_ms`, the weight-gradient pass W (:mod:`planner.cost.model`)."""
-        _, bwd = self.at_batch(microbatch_size).times_ms
-        return float(np.dot(bwd[start:stop], self.wgrad_fraction[start:stop]))
-
-    def wgrad_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
-        """What one micro-batch keeps from the end of B until its W (:mod:`planner.cost.model`; a
-        recomputed layer's B recomputes what its W needs)."""
-        saved = self.saved_per_sample[start:stop] * microbatch_size + self.saved_fixed[start:stop]
-        return float(np.dot(saved, self.wgrad_saved_fraction[start:stop]))
-
-    def stage_bubble_fill_ms(self, start: int, stop: int, microbatch_size: int) -> float:
-        """``Z_s = min(2 W_s, F_s + B_s)`` of the stage ``[start, stop)``: what ZB-H1 (Qi et al.,
-        ICLR 2024, sec. 3.1) fills of the pipeline's fill and drain with the stage's W passes
-        (its bubble is ``(P - 1)(T_F + T_B - T_W)`` where 1F1B's is ``(P - 1)(T_F + T_B + T_W)``)."""
-        compute = self.stage_fwd_ms(start, stop, microbatch_size) + self.stage_bwd_ms(start, stop, microbatch_size)
-        return min(2.0 * self.stage_wgrad_ms(start, stop, microbatch_size), compute)
-
-    def stage_param_count(self, start: int, stop: int) -> int:
-        """Parameters held by a stage; a tied tensor whose layers share the stage counts once."""
-        count = int(self.param_prefix[stop] - self.param_prefix[start])
-        for tie in self.profile.tied:
-            inside = sum(1 for i in tie.layers if start <= i < stop)
-            if inside >= 2:
-                count -= (inside - 1) * tie.param_count
-            if inside and tie.name in self.rank_local_ties and not start <= min(tie.layers) < stop:
-                count -= tie.param_count  # the rank's copy is its first layer's chunk's
-        return count
-
-    def stage_expert_param_count(self, start: int, stop: int) -> int:
-        """Of :meth:`stage_param_count`, the routed experts' (held on this device)."""
-        return int(self.expert_prefix[stop] - self.expert_prefix[start])
-
-    # ---------------------------------------------------------------- every stage
-    def stage_expert_param_matrix(self) -> np.ndarray:
-        """:meth:`stage_expert_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
-        worked out once per cost model)."""
-        return self._expert_matrix
-
-    @cached_property
-    def _expert_matrix(self) -> np.ndarray:
-        ep = self.expert_prefix
-        out: np.ndarray = (ep[None, :] - ep[:, None]).astype(float)
-        out.flags.writeable = False
-        return out
-
-    def stage_param_matrix(self) -> np.ndarray:
-        """:meth:`stage_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
-        worked out once per cost model)."""
-        return self._param_matrix
-
-    @cached_property
-    def _param_matrix(self) -> np.ndarray:
-        L = self.num_layers
-        idx = np.arange(L + 1)
-        pp = self.param_prefix
-        out: np.ndarray = (pp[None, :] - pp[:, None]).astype(float)
-        for tie in self.profile.tied:
-            inside = np.zeros((L + 1, L + 1))
-            for layer in tie.layers:
-                inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
-            out -= np.maximum(inside - 1, 0) * tie.param_count
-            if tie.name in self.rank_local_ties:
-                first = min(tie.layers)
-                holds_first = (idx[:, None] <= first) & (idx[None, :] > first)
-                out -= ((inside > 0) & ~holds_first) * tie.param_count
-        out.flags.writeable = False
-        return out
 
     def stage_sums(self, microbatch_size: int) -> StageSums:
         """Every stage's sums at one micro-batch size (:class:`StageSums`; not cached: the solver's

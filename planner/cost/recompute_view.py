@@ -67,18 +67,21 @@ def _forced_layer(layer: Layer, mode: RecomputeMode) -> Layer:
                                bwd=_plus(layer.bwd, core.fwd), attention_core=None, measured=(), tp=None)
 
 
-def forced_view(profile: Profile) -> Profile:
-    """A device's view with the level its metadata forces folded in (module docstring); ``profile``
-    itself when it forces none."""
+def forced_view(profile: Profile, workspace_of: Profile | None = None) -> tuple[Profile, float]:
+    """A device's view with the level its metadata forces folded in (module docstring;
+    ``profile`` itself when it forces none), and the forced working set per sample
+    (:func:`forced_workspace_per_sample`) of ``workspace_of`` (``profile`` when None): the two
+    things a device's cost model takes from the forced level."""
+    workspace = forced_workspace_per_sample(profile if workspace_of is None else workspace_of)
     value = profile.metadata.get(FORCED_KEY)
     if not value:
-        return profile
+        return profile, workspace
     mode = RecomputeMode(str(value))
     chosen = set(forced_layers(profile, mode))
     layers = tuple(_forced_layer(layer, mode) if i in chosen else layer for i, layer in enumerate(profile.layers))
     shared = profile.shared_saved if mode is RecomputeMode.SELECTIVE else tuple(
         p for p in profile.shared_saved if p.first not in chosen)
-    return dataclasses.replace(profile, layers=layers, shared_saved=shared)
+    return dataclasses.replace(profile, layers=layers, shared_saved=shared), workspace
 
 
 def forced_workspace_per_sample(profile: Profile) -> float:

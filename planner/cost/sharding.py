@@ -1,8 +1,8 @@
-"""The ZeRO part of the cost model: model-state bytes per parameter under each sharding stage,
+"""The ZeRO part of the cost model: a stage's parameters (ties once, the same prefix sums as
+:mod:`planner.cost.prefix`'s), model-state bytes per parameter under each sharding stage,
 the bytes the gradient synchronisation moves, ZeRO 2's reduce-scatter every micro-batch, ZeRO
 3's per-layer collectives and working set (a base class of :class:`planner.cost.model.CostModel`;
-formulas in that module's and :mod:`planner.cost.fsdp`'s docstrings), and the optimizer step
-over a device's shard.
+formulas in that module's and :mod:`planner.cost.fsdp`'s docstrings).
 
 ZeRO 2 (DeepSpeed's ZeRO-2; FSDP with ``reshard_after_forward=False``): every micro-batch's
 gradients are reduce-scattered as its backward produces them, so a rank holds ``1/n`` of them at
@@ -12,15 +12,6 @@ communication stream: with the stack's ``zero_reduce_overlap`` beside the micro-
 computation, so that only ``max(0, r - F - B)`` lengthens its backward (the stream has to carry
 ``r`` per micro-batch while the device computes ``F + B``); without it, all of ``r``.
 
-Optimizer step: once per iteration each device updates the parameters whose optimizer state it
-holds (all of its stage's, or 1/n of them under ZeRO over n ranks), a memory-bound pass
-streaming :attr:`~planner.artifacts.kinds.OptimizerKind.step_bytes_per_param` per parameter
-(gradient read, state read and written, weights written) at the device's memory bandwidth
-(``Cluster.memory_bandwidth_gb_per_s``, the datasheet figure: a lower bound on the step, no
-fitted constant); ``params / n x bytes / bandwidth``. 0 where the cluster does not give its
-bandwidth. The simulator runs it on each rank after the rank's compute and gradient
-synchronisation (:mod:`planner.simulation.simulator`).
-
 Routed experts (:mod:`planner.cost.experts`): their state is sharded over the stage's expert
 data-parallel group (``Sharding.expert_shards``), not its data-parallel one, so a stage's model
 state is ``kappa x dense + kappa_e x experts`` (:meth:`ShardedState.stage_state_bytes`), and
@@ -29,17 +20,46 @@ under ZeRO 3 each layer's experts are gathered and reduce-scattered over that gr
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+
 import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
-from planner.cost.collectives import allreduce_line, gather_line
-from planner.cost.fsdp import FsdpTerms, fsdp_line, fsdp_terms, hsdp_groups, is_fsdp
-from planner.cost.offload import offloaded_step_ms
-from planner.cost.precision import fp8_extra_weight_bytes
+from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
+from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups, is_fsdp
 from planner.cost.prefix import PrefixSums
+
+
+def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
+    """(ms per byte, fixed ms) of one all-gather or reduce-scatter over a stage's gradient
+    group (its data-parallel x context-parallel ranks, :meth:`Layout.grad_group`): half the
+    ring all-reduce's line (NCCL has no tree all-gather or reduce-scatter:
+    :func:`planner.cost.collectives.gather_line`), of the layout's slowest group (one line for the
+    whole layout, so that every stage of a configuration is priced alike: :mod:`planner.cost.fsdp`). HSDP
+    (``Layout.shard_group_size``): over its shard group, the consecutive ranks the state is
+    sharded over (a node, by default)."""
+    if layout.shard_group_size:
+        lines = [allreduce_line(cluster, hsdp_groups(layout, s)[0], ring_only=True) for s in range(layout.num_stages)]
+    else:
+        lines = [grad_group_line(cluster, layout, s, ring_only=True) for s in range(layout.num_stages)]
+    per_byte, fixed = max(lines)
+    return 0.5 * per_byte, 0.5 * fixed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateTables:
+    """What one sharding makes of every stage ``[i, j)``'s model state, at ``[i, j]`` (arrays
+    read-only where the cost model caches them; :meth:`ShardedState.state_tables`)."""
+
+    param_count: np.ndarray  # the stage's parameters, ties once (ShardedState.stage_param_matrix)
+    state_bytes: np.ndarray  # its model state on one device at the peak (ShardedState.stage_state_matrix)
+    state_bytes_per_param: float  # kappa: at the peak, weights + gradients + optimizer state
+    sync_bytes_per_param: float  # synchronised after the last backward (post_backward_sync_bytes_per_param)
 
 
 class ShardedState(PrefixSums):
@@ -51,6 +71,7 @@ class ShardedState(PrefixSums):
     has_experts: bool
     weight_bytes_per_param: int
     fp8_param_count: np.ndarray
+    fp8_extra_bytes_per_param: int  # an FP8 parameter's copies beyond its weights (planner.cost.precision)
     grad_bytes_per_param: int
     optim_bytes_per_param: int
     step_bytes_per_param: int
@@ -60,25 +81,70 @@ class ShardedState(PrefixSums):
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         raise NotImplementedError
 
-    def optimizer_step_ms(self, start: int, stop: int, sharding: Sharding = Sharding(), hidden_ms: float = 0.0) -> float:
-        """One device's optimizer step for the stage ``[start, stop)`` (module docstring): its
-        parameters, divided by the ZeRO group when the optimizer state is sharded; with the
-        optimizer offloaded, on the host (:func:`planner.cost.offload.offloaded_step_ms`, its
-        gradients going down behind ``hidden_ms`` of the last backward)."""
-        shard = sharding.ranks if sharding.zero >= ZeroStage.OPTIMIZER else 1
-        params = self.stage_param_count(start, stop) / shard
-        if self.has_experts:
-            experts = self.stage_expert_param_count(start, stop)
-            expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
-            params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
-        if getattr(self, "offload_optimizer", False):
-            return offloaded_step_ms(params, self.weight_bytes_per_param, self.grad_bytes_per_param, self.cluster,
-                                     hidden_ms)
-        bandwidth = self.cluster.memory_bandwidth_gb_per_s
-        if not bandwidth:
-            return 0.0
-        return params * self.step_bytes_per_param / (bandwidth * 1e6)
+    # ---------------------------------------------------------------- parameters (ties once)
+    @cached_property
+    def param_prefix(self) -> np.ndarray:
+        """Parameters of layers ``0..l-1`` at ``[l]`` (integers; ties counted per layer)."""
+        out: np.ndarray = np.concatenate([[0], np.cumsum(self.param_count)])
+        return out
 
+    @cached_property
+    def expert_prefix(self) -> np.ndarray:
+        """Routed experts' parameters of layers ``0..l-1`` at ``[l]`` (never tied)."""
+        out: np.ndarray = np.concatenate([[0], np.cumsum(self.expert_param_count)])
+        return out
+
+    def stage_param_count(self, start: int, stop: int) -> int:
+        """Parameters held by a stage; a tied tensor whose layers share the stage counts once."""
+        count = int(self.param_prefix[stop] - self.param_prefix[start])
+        for tie in self.profile.tied:
+            inside = sum(1 for i in tie.layers if start <= i < stop)
+            if inside >= 2:
+                count -= (inside - 1) * tie.param_count
+            if inside and tie.name in self.rank_local_ties and not start <= min(tie.layers) < stop:
+                count -= tie.param_count  # the rank's copy is its first layer's chunk's
+        return count
+
+    def stage_expert_param_count(self, start: int, stop: int) -> int:
+        """Of :meth:`stage_param_count`, the routed experts' (held on this device)."""
+        return int(self.expert_prefix[stop] - self.expert_prefix[start])
+
+    def stage_expert_param_matrix(self) -> np.ndarray:
+        """:meth:`stage_expert_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
+        worked out once per cost model)."""
+        return self._expert_matrix
+
+    @cached_property
+    def _expert_matrix(self) -> np.ndarray:
+        ep = self.expert_prefix
+        out: np.ndarray = (ep[None, :] - ep[:, None]).astype(float)
+        out.flags.writeable = False
+        return out
+
+    def stage_param_matrix(self) -> np.ndarray:
+        """:meth:`stage_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
+        worked out once per cost model)."""
+        return self._param_matrix
+
+    @cached_property
+    def _param_matrix(self) -> np.ndarray:
+        L = self.num_layers
+        idx = np.arange(L + 1)
+        pp = self.param_prefix
+        out: np.ndarray = (pp[None, :] - pp[:, None]).astype(float)
+        for tie in self.profile.tied:
+            inside = np.zeros((L + 1, L + 1))
+            for layer in tie.layers:
+                inside += (idx[:, None] <= layer) & (idx[None, :] > layer)
+            out -= np.maximum(inside - 1, 0) * tie.param_count
+            if tie.name in self.rank_local_ties:
+                first = min(tie.layers)
+                holds_first = (idx[:, None] <= first) & (idx[None, :] > first)
+                out -= ((inside > 0) & ~holds_first) * tie.param_count
+        out.flags.writeable = False
+        return out
+
+    # ---------------------------------------------------------------- model state
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
         """(weights, gradients, optimizer state) bytes per parameter at the peak on one device
         of a stage whose state is divided as ``sharding`` says."""
@@ -107,7 +173,7 @@ class ShardedState(PrefixSums):
         state = self.stage_param_count(start, stop) * kappa
         if self.has_experts:
             state += self.stage_expert_param_count(start, stop) * (kappa_e - kappa)
-        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        extra = self.fp8_extra_bytes_per_param
         if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
             state += extra * float(self.fp8_param_count[start:stop].sum())
         return state
@@ -118,7 +184,7 @@ class ShardedState(PrefixSums):
         out: np.ndarray = self.stage_param_matrix() * kappa
         if self.has_experts:
             out = out + self.stage_expert_param_matrix() * (kappa_e - kappa)
-        extra = fp8_extra_weight_bytes(self.weight_bytes_per_param)
+        extra = self.fp8_extra_bytes_per_param
         if extra and self.fp8_param_count.any() and not is_fsdp(sharding):  # FP8 copies (planner.cost.precision)
             pp = np.concatenate([[0], np.cumsum(self.fp8_param_count)]).astype(float)
             out = out + extra * np.maximum(pp[None, :] - pp[:, None], 0.0)
@@ -128,6 +194,14 @@ class ShardedState(PrefixSums):
         """The fewest model-state bytes any parameter takes under ``sharding`` (a floor's)."""
         kappa, kappa_e = self.state_bytes(sharding)
         return min(kappa, kappa_e) if self.has_experts else kappa
+
+    def state_tables(self, sharding: Sharding) -> StateTables:
+        """The :class:`StateTables` of ``sharding``: the questions a stage table asks of it, in one
+        call (HSDP's all-reduce of the gradient shards where the sharding has replicas)."""
+        return StateTables(param_count=self.stage_param_matrix(), state_bytes=self.stage_state_matrix(sharding),
+                           state_bytes_per_param=sum(self.state_bytes_per_param(sharding)),
+                           sync_bytes_per_param=self.post_backward_sync_bytes_per_param(
+                               sharding.zero, sharding.ranks if sharding.replicas > 1 else 0))
 
     def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
         """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:
@@ -180,7 +254,7 @@ class ShardedState(PrefixSums):
         return per_byte * nbytes + fixed
 
     def fsdp_line(self, layout: Layout) -> tuple[float, float]:
-        """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`planner.cost.fsdp.fsdp_line`)."""
+        """ZeRO 3's all-gather / reduce-scatter line for ``layout`` (:func:`fsdp_line`, cached)."""
         if layout not in self._fsdp_lines:
             self._fsdp_lines[layout] = fsdp_line(self.cluster, layout)
         return self._fsdp_lines[layout]
@@ -202,28 +276,6 @@ class ShardedState(PrefixSums):
             self._fsdp[key] = fsdp_terms(fwd, bwd, gather, scatter, self.stack.fsdp_prefetch)
         return self._fsdp[key]
 
-    def recompute_prices(self, microbatch_size: int, sharding: Sharding = Sharding(),
-                         line: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
-        """Per layer what recomputing it adds to a micro-batch, fully (its forward) and
-        selectively (its selective level's forward): those forwards, less under ZeRO 3 (``sharding``,
-        its collectives on ``line``) the slack its backward leaves beside the gathers and
-        reduce-scatters (:attr:`FsdpTerms.slack`, :mod:`planner.cost.fsdp`)."""
-        fwd, _ = self.at_batch(microbatch_size).times_ms
-        core = self.at_batch(microbatch_size).core_ms
-        if not is_fsdp(sharding):
-            return fwd, core
-        slack = self.fsdp_terms(microbatch_size, line, sharding).slack
-        if not slack.any():
-            return fwd, core
-        return np.maximum(0.0, fwd - slack), np.maximum(0.0, core - slack)
-
-    def layout_recompute_prices(self, microbatch_size: int, layout: Layout | None = None,
-                                stage_idx: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`recompute_prices` of stage ``stage_idx`` of ``layout`` (None: no sharding)."""
-        if layout is None or not is_fsdp(layout.sharding(stage_idx)):
-            return self.recompute_prices(microbatch_size)
-        return self.recompute_prices(microbatch_size, layout.sharding(stage_idx), self.fsdp_line(layout))
-
     def _expert_fsdp(self, line: tuple[float, float], expert: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
         """Per layer the gather and reduce-scatter of its dense parameters on ``line`` and of its
         experts' on ``expert`` (one stream: their sum)."""
@@ -240,6 +292,16 @@ class ShardedState(PrefixSums):
         (``expert_shards`` ranks ``ep x etp`` apart: module docstring): half the ring all-reduce's line."""
         stride = self.group.ep_degree * self.group.etp_degree
         return gather_line(self.cluster, range(0, sharding.expert_shards * stride, stride))
+
+    def least_fsdp_comm_ms(self, microbatch_size: int, layout: Layout, sharding: Sharding, hsdp_shards: int = 0) -> float:
+        """:meth:`fsdp_comm_ms` on the cheaper of ``layout``'s ZeRO 3 line and, where
+        ``hsdp_shards`` > 0, its HSDP variant's (shard groups of that many ranks): a bound's, a
+        whole-group ZeRO 3 configuration standing for that variant too."""
+        line = self.fsdp_line(layout)
+        if hsdp_shards:
+            other = self.fsdp_line(dataclasses.replace(layout, shard_group_size=hsdp_shards))
+            line = (min(line[0], other[0]), min(line[1], other[1]))
+        return self.fsdp_comm_ms(microbatch_size, line, sharding)
 
     def fsdp_comm_ms(self, microbatch_size: int, line: tuple[float, float], sharding: Sharding = Sharding()) -> float:
         """ZeRO 3's communication per micro-batch over the whole model: two gathers and one

@@ -90,7 +90,7 @@ from planner.cost.context import ContextView, candidate_cp_degrees, context_para
 from planner.cost.experts import candidate_expert_degrees, expert_view, strip_experts
 from planner.cost.model import CostModel
 from planner.cost.offload import activation_offload_view
-from planner.cost.recompute_view import forced_view, forced_workspace_per_sample
+from planner.cost.recompute_view import forced_view
 
 
 def splittable(profile: Profile) -> bool:
@@ -277,10 +277,13 @@ def tensor_settings(profile: Profile, cluster: Cluster, num_devices: int, reques
             yield t, sp
 
 
-def device_groups(profile: Profile, base: Cluster, num_devices: int, request: PlanRequest) -> list[DeviceGroup]:
-    """Every group searched on ``num_devices`` devices of ``base``, every cp = 1 group first
+def device_groups(profile: Profile, cluster: Cluster, num_devices: int,
+                  request: PlanRequest) -> tuple[Cluster, list[DeviceGroup]]:
+    """The cluster the device views of a search over ``num_devices`` devices of ``cluster`` are
+    taken of (:func:`base_cluster`), and every group searched on them, every cp = 1 group first
     (the incumbent a cp > 1 search prunes against), else in the order of the tensor-parallel
     settings."""
+    base = base_cluster(cluster, num_devices)
     tensor = list(tensor_settings(profile, base, num_devices, request))
     experts = {t: candidate_expert_degrees(profile, base, num_devices, request.ep_degrees, request.etp_degrees, t)
                for t, _ in tensor}
@@ -291,7 +294,7 @@ def device_groups(profile: Profile, base: Cluster, num_devices: int, request: Pl
     if not groups:
         raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {num_devices} devices with a "
                                 f"tensor-parallel degree searched")
-    return groups
+    return base, groups
 
 
 def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
@@ -328,11 +331,11 @@ def device_cost_model(
     view = tp_view if tp_view is not None else stack_tp_view(profile, cluster, t, sp, stack)
     ctx = cp_view if cp_view is not None else context_parallel_view(view, cluster, group.cp_degree, t, stack)
     experts = expert_view(ctx.profile, profile, cluster, group, stack)
-    device = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency))
+    device, forced_workspace = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency),
+                                           ctx.profile)
     offloading, offload_workspace = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
     return CostModel(offloading, cluster, optimizer, group=group, stack=stack,
-                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace_per_sample(ctx.profile)
-                     + offload_workspace)
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace + offload_workspace)
 
 
 def device_cost_models(profile: Profile, base: Cluster, optimizer: OptimizerKind, groups: Sequence[DeviceGroup],

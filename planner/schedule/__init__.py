@@ -13,7 +13,6 @@ from planner.schedule.build import (
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
 from planner.schedule.inflight import (
     Held,
-    first_input_whole,
     held_bytes,
     held_counts,
     inflight_counts,
@@ -32,7 +31,6 @@ __all__ = [
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
-    "first_input_whole",
     "format_grid",
     "held_bytes",
     "held_counts",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from planner.artifacts.errors import PlannerInputError
 
-__all__ = ["Action", "ActionKind", "Schedule", "parse_action"]
+__all__ = ["Action", "ActionKind", "Op", "Schedule", "as_actions", "parse_action"]
 
 
 class ActionKind(enum.Enum):
@@ -71,3 +71,14 @@ def parse_action(text: str) -> Action:
 
 # One ordered tuple of actions per pipeline rank.
 Schedule = tuple[tuple[Action, ...], ...]
+
+
+#: one action as plain values, ``(stage, kind, micro-batch)``: what the orders are built of (an
+#: :class:`Action` each for the schedule; walked as they are by the in-flight counts and the
+#: simulator, which need no objects)
+Op = tuple[int, ActionKind, int]
+
+
+def as_actions(ops: tuple[Op, ...] | list[Op]) -> tuple[Action, ...]:
+    """``ops`` as :class:`Action` values."""
+    return tuple(Action(stage_idx=s, kind=k, mb_idx=i) for s, k, i in ops)

@@ -43,16 +43,15 @@ import numpy as np
 from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
-from planner.schedule.actions import Action, ActionKind, Schedule
-from planner.schedule.dualpipe import dualpipe_v_ops
-from planner.schedule.zero_bubble import Op, as_actions, zb_h1_ops, zb_h2_ops, zbv_ops
+from planner.schedule.actions import Action, ActionKind, Schedule, as_actions
+from planner.schedule.zero_bubble import split_ops
 
 __all__ = [
     "build_replicated_schedule",
     "build_schedule",
     "check_schedule_rules",
+    "encoded_orders",
     "replicated_warmup",
-    "split_ops",
 ]
 
 F = ActionKind.FORWARD
@@ -139,24 +138,6 @@ def _build(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int) -
 
 
 register_function("schedule.build.build", _build, key="(schedule, stages, micro-batches, chunks per rank)")
-
-
-def split_ops(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[tuple[Op, ...], ...]:
-    """The per-rank orders of a schedule that splits the backward (ZB-H1, ZB-H2, ZBV, DualPipe-V,
-    DualPipe; ``num_stages``: ``2P`` for the V ones) as plain ``(stage, kind, micro-batch)``
-    values, the orders :func:`build_schedule` makes its actions of (the schedule's rules are
-    the caller's to check). Not cached: the in-flight counts and the simulator each keep what
-    they derive of it."""
-    m = num_microbatches
-    if kind is ScheduleKind.ZB_H1:
-        return tuple(zb_h1_ops(s, num_stages, m) for s in range(num_stages))
-    if kind is ScheduleKind.ZB_H2:
-        return tuple(zb_h2_ops(s, num_stages, m) for s in range(num_stages))
-    if kind is ScheduleKind.ZBV:
-        return tuple(zbv_ops(r, num_stages // 2, m) for r in range(num_stages // 2))
-    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # DualPipe: each copy's devices (ChunkPlacement.MIRROR)
-        return tuple(dualpipe_v_ops(r, num_stages // 2, m) for r in range(num_stages // 2))
-    raise ValueError(f"{kind.value} does not split the backward")
 
 
 def _gpipe_rank(stage: int, m: int) -> tuple[Action, ...]:
@@ -291,3 +272,54 @@ def replicated_triples(kind: ScheduleKind, replicas: tuple[int, ...], m: int) ->
 
 
 register_function("schedule.build.replicated_triples", replicated_triples, key="(schedule, replicas per stage, micro-batches)")
+
+
+#: the encoded orders' action codes: 0 forward, 1 the pass that sends the input's gradient (B or
+#: I), 2 the weight-gradient pass W, 3 a whole backward (I and W in one) in a schedule that
+#: splits the others (DualPipe-V's steady phase)
+_CODE = {F: 0, B: 1, ActionKind.BACKWARD_INPUT: 1, ActionKind.BACKWARD_WEIGHT: 2}
+_SPLIT_CODE = {**_CODE, B: 3}
+
+
+@lru_cache(maxsize=256)
+def encoded_orders(
+    kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...] = ()
+) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Each rank's order as (stage, action code, micro-batch) integer triples (codes: ``_CODE``,
+    ``_SPLIT_CODE``), after the schedule's rules: the form the simulator's replay walks
+    (:mod:`planner.simulation.replay`). ``replicas``: each stage's copies (a rank per copy, as
+    :func:`build_replicated_schedule`), or () for one.
+
+    GPipe and 1F1B are generated directly as integers (the same orders as their Actions, a test
+    checks it), interleaved ones from the integers its Actions are made of, zero-bubble ones from
+    their plain values (:func:`~planner.schedule.zero_bubble.split_ops`)."""
+    m = num_microbatches
+    if replicas:
+        check_replicated_rules(kind, replicas, m)
+        return replicated_triples(kind, replicas, m)
+    if kind is ScheduleKind.GPIPE and v == 1:
+        return tuple(
+            tuple((s, False, i) for i in range(m)) + tuple((s, True, i) for i in range(m)) for s in range(num_stages)
+        )
+    if kind is ScheduleKind.ONE_F_ONE_B and v == 1 and m >= num_stages:
+        orders = []
+        for s in range(num_stages):
+            warmup = min(m, num_stages - s)
+            ops = [(s, False, i) for i in range(warmup)]
+            for i in range(m):
+                ops.append((s, True, i))
+                if warmup + i < m:
+                    ops.append((s, False, warmup + i))
+            orders.append(tuple(ops))
+        return tuple(orders)
+    if kind is ScheduleKind.INTERLEAVED_1F1B:
+        return interleaved_schedule_triples(num_stages, m, v)
+    if kind.splits_backward:  # their orders as plain values (the ones their Actions are made of)
+        check_schedule_rules(kind, num_stages, m, v)
+        return tuple(tuple((s, _SPLIT_CODE[k], i) for s, k, i in ops) for ops in split_ops(kind, num_stages, m))
+    schedule = build_schedule(kind, num_stages, num_microbatches, v)
+    return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
+
+
+register_function("schedule.build.encoded_orders", encoded_orders,
+                  key="(schedule, stages, micro-batches, chunks per rank, replicas per stage)")

@@ -47,8 +47,7 @@ and a test checks both against torch's own ``pipeline_order``.
 
 from __future__ import annotations
 
-from planner.schedule.actions import Action, ActionKind
-from planner.schedule.zero_bubble import Op, as_actions
+from planner.schedule.actions import Action, ActionKind, Op, as_actions
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD

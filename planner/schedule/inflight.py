@@ -43,8 +43,8 @@ from planner.schedule.build import (
     check_schedule_rules,
     interleaved_ops,
     replicated_warmup,
-    split_ops,
 )
+from planner.schedule.zero_bubble import split_ops
 
 
 def layout_schedule(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> Schedule:
@@ -77,61 +77,69 @@ def stage_inflight(
     return tuple(x + y for x, y, _ in _counted(kind, num_stages, num_microbatches, virtual_stages_per_rank))
 
 
-def first_input_whole(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[int, ...]:
-    """Per stage of a zero-bubble schedule, the micro-batches it holds whole just before its first
-    ``I``, read off its rank's order (:mod:`planner.schedule.zero_bubble`) without walking it:
-    no more than the most it holds whole at any point (:attr:`Held.whole` on every order the
-    planner builds, tests/test_zero_bubble.py compares), so a floor of its activations. ZB-H1:
-    ``min(M, P - s)`` (its warm-up forwards and the first step's); ZB-H2: ``min(M, 2 (P - s))``;
-    ZBV (``2P`` chunks): ``min(M, 2P - s)``, the first chunk ``r`` after its ``2 (P - r) - 1``
-    warm-up and ``r + 1`` more forwards, the second ``2P - 1 - r`` after its ``r + 1``; DualPipe-V
-    and DualPipe (their first backward of a chunk a whole ``B`` or an ``I``, :mod:`planner.schedule.
-    dualpipe`) the same: the first chunk after its ``2P - 1 - r`` forwards of steps 1-2 and the
-    steady phase's first, the second after its ``r + 1``."""
-    n, M = num_stages, num_microbatches  # ZBV: n = 2P chunks
-    if kind in (ScheduleKind.ZB_H1, ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):
-        return tuple(min(M, n - s) for s in range(n))
-    if kind is ScheduleKind.ZB_H2:
-        return tuple(min(M, 2 * (n - s)) for s in range(n))
-    raise ValueError(f"{kind.value} does not split the backward")
-
-
 @dataclass(frozen=True, slots=True)
 class Held:
     """What one device of a stage holds at its peak: ``whole`` micro-batches with all their
-    activations, ``pending`` past their input-gradient pass holding only W's inputs."""
+    activations, ``pending`` past their input-gradient pass holding only W's inputs. The fields
+    after ``frontier`` are derived from the first three when the record is built (read, not
+    asked: every stage's record is built once per schedule shape, :func:`held_counts`)."""
 
     whole: int
     pending: int = 0
     #: the walk's points no other exceeds in both counts, (whole, pending) each (empty: the above;
     #: derived from the same walk, so not compared)
     frontier: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    #: micro-batches in flight at the peak: ``whole + pending``
+    inflight: int = field(init=False, compare=False)
+    #: the most micro-batches held whole at any point of the walk (of :attr:`states`): ``whole``
+    #: unless the schedule splits the backward; under ZB-H1, ZBV, DualPipe-V and DualPipe
+    #: ``min(M, n - s)`` on every order the planner builds (``n`` stages or chunks), under ZB-H2
+    #: ``min(M, 2 (n - s))``, those whole just before the stage's first I (tests/test_held_counts.py
+    #: compares): the memory floor's count (:func:`planner.solve.rank_memory.held_whole`)
+    most_whole: int = field(init=False, compare=False)
+    #: (whole, pending) pairs one of which holds the stage's peak in bytes, whatever the two
+    #: sizes: the walk's points that no other exceeds in both counts (``frontier``, or the peak
+    #: alone). The peak of the count is it where W keeps no more than a micro-batch saved; where
+    #: W keeps more (a stage that recomputes: W's inputs come back in its I and stay until its
+    #: W), another can be.
+    states: tuple[tuple[int, int], ...] = field(init=False, compare=False)
+    #: ``whole`` whole and the most past I of any point: one state above all :attr:`states`
+    #: (this record itself where that is its only state, so ``dataclasses.asdict`` does not apply)
+    conservative: Held = field(init=False, repr=False, compare=False)
 
-    @property
-    def inflight(self) -> int:
-        return self.whole + self.pending
-
-    @property
-    def states(self) -> tuple[tuple[int, int], ...]:
-        """(whole, pending) pairs one of which holds the stage's peak in bytes, whatever the two
-        sizes: the walk's points that no other exceeds in both counts. The peak of the count is
-        it where W keeps no more than a micro-batch saved; where W keeps more (a stage that
-        recomputes: W's inputs come back in its I and stay until its W), another can be."""
-        return self.frontier or ((self.whole, self.pending),)
-
-    def conservative(self) -> Held:
-        """``whole`` whole and the most past I of any point: one state above all :attr:`states`."""
-        most = max(p for _, p in self.states)
-        return Held(self.whole, most, ((self.whole, most),))
+    def __post_init__(self) -> None:
+        whole, pending, put = self.whole, self.pending, object.__setattr__
+        put(self, "inflight", whole + pending)
+        if not self.frontier:  # the peak its only state (every stage of a schedule not splitting the backward)
+            put(self, "states", ((whole, pending),))
+            put(self, "most_whole", whole)
+            put(self, "conservative", self)
+            return
+        states = self.frontier
+        put(self, "states", states)
+        put(self, "most_whole", max(w for w, _ in states))
+        most = max(p for _, p in states)
+        above = ((whole, most),)
+        put(self, "conservative", self if states == above else Held(whole, most, above))
 
 
 def held_counts(kind: ScheduleKind, layout: Layout, num_microbatches: int) -> tuple[Held, ...]:
     """Per stage, :class:`Held` at its peak, walked on the schedule's own order (module docstring;
-    ``pending`` is 0 unless the schedule splits the backward)."""
-    if not kind.splits_backward or layout.stage_replicas:
-        return tuple(Held(k) for k in inflight_counts(kind, layout, num_microbatches))
-    return tuple(Held(w, p, f) for w, p, f in _counted(kind, layout.num_stages, num_microbatches,
-                                                         layout.virtual_stages_per_rank))
+    ``pending`` is 0 unless the schedule splits the backward; :attr:`Held.inflight` is
+    :func:`inflight_counts`)."""
+    return _held(kind, layout.num_stages, num_microbatches, layout.virtual_stages_per_rank, layout.stage_replicas)
+
+
+@lru_cache(maxsize=4096)  # per shape, as _counted
+def _held(kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int,
+          replicas: tuple[int, ...]) -> tuple[Held, ...]:
+    if not kind.splits_backward or replicas:
+        return tuple(Held(k) for k in stage_inflight(kind, num_stages, num_microbatches, v, replicas))
+    return tuple(Held(w, p, f) for w, p, f in _counted(kind, num_stages, num_microbatches, v))
+
+
+register_function("schedule.inflight.held", _held,
+                  key="(schedule, stages, micro-batches, chunks per rank, replicas per stage)")
 
 
 def held_bytes(held: Held, act_bytes: float, keep_bytes: float) -> float:

@@ -41,21 +41,33 @@ ICLR 2024): each backward split into ``I`` (the input-gradient pass, on the crit
 
 from __future__ import annotations
 
-from planner.schedule.actions import Action, ActionKind
+from planner.artifacts.kinds import ScheduleKind
+from planner.schedule.actions import Action, ActionKind, Op, as_actions
+from planner.schedule.dualpipe import dualpipe_v_ops
+
+__all__ = ["split_ops", "zb_h1_ops", "zb_h1_rank", "zb_h2_ops", "zb_h2_rank", "zb_h2_warmup", "zbv_ops", "zbv_rank"]
 
 F = ActionKind.FORWARD
 I = ActionKind.BACKWARD_INPUT
 W = ActionKind.BACKWARD_WEIGHT
 
-#: one action as plain values, ``(stage, kind, micro-batch)``: what the orders are built of (an
-#: :class:`~planner.schedule.actions.Action` each for the schedule; walked as they are by the
-#: in-flight counts and the simulator, which need no objects)
-Op = tuple[int, ActionKind, int]
 
-
-def as_actions(ops: tuple[Op, ...] | list[Op]) -> tuple[Action, ...]:
-    """``ops`` as :class:`~planner.schedule.actions.Action` values."""
-    return tuple(Action(stage_idx=s, kind=k, mb_idx=i) for s, k, i in ops)
+def split_ops(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[tuple[Op, ...], ...]:
+    """The per-rank orders of a schedule that splits the backward (ZB-H1, ZB-H2, ZBV, DualPipe-V,
+    DualPipe; ``num_stages``: ``2P`` for the V ones) as plain ``(stage, kind, micro-batch)``
+    values, the orders :func:`planner.schedule.build.build_schedule` makes its actions of (the
+    schedule's rules are the caller's to check). Not cached: the in-flight counts and the
+    simulator each keep what they derive of it."""
+    m = num_microbatches
+    if kind is ScheduleKind.ZB_H1:
+        return tuple(zb_h1_ops(s, num_stages, m) for s in range(num_stages))
+    if kind is ScheduleKind.ZB_H2:
+        return tuple(zb_h2_ops(s, num_stages, m) for s in range(num_stages))
+    if kind is ScheduleKind.ZBV:
+        return tuple(zbv_ops(r, num_stages // 2, m) for r in range(num_stages // 2))
+    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE):  # DualPipe: each copy's devices (ChunkPlacement.MIRROR)
+        return tuple(dualpipe_v_ops(r, num_stages // 2, m) for r in range(num_stages // 2))
+    raise ValueError(f"{kind.value} does not split the backward")
 
 
 def zb_h1_rank(stage: int, p: int, m: int) -> tuple[Action, ...]:

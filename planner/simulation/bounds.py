@@ -1,4 +1,5 @@
-"""Lower bounds on iteration time, model FLOPs utilisation, and the memory-efficiency (ME) index.
+"""Lower bounds on iteration time, and the memory-efficiency (ME) index (a plan's model FLOPs
+utilisation is :mod:`planner.simulation.predict`'s).
 
 Two bounds, named for what they bound:
 
@@ -54,7 +55,6 @@ from planner.artifacts.profile import Profile
 
 __all__ = [
     "LowerBounds",
-    "flops_figures",
     "machine_bound_ms",
     "me_index_of",
     "partition_bound_ms",
@@ -184,30 +184,6 @@ def machine_bound_ms(profile: Profile, cluster: Cluster, global_batch: int, num_
         sum(layer.fwd_ms(b) + layer.bwd_ms(b) for layer in profile.layers) / b for b in sorted(sizes)
     )
     return global_batch * per_sample / cluster.relative_speed / num_devices
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FlopsFigures:
-    model_flops_per_iteration: float
-    achieved_tflops_per_device: float
-    mfu: float
-
-
-def flops_figures(
-    model_flops_per_iteration: float, iteration_ms: float, num_devices: int, peak_tflops: float
-) -> FlopsFigures:
-    """Achieved model TFLOP/s per device (model FLOPs / time / devices, recomputation not
-    counted) and MFU = achieved / peak (Chowdhery et al. 2022); zeros where unknown."""
-    achieved = (
-        model_flops_per_iteration / (iteration_ms / 1e3) / num_devices / 1e12
-        if model_flops_per_iteration > 0 and iteration_ms > 0 and num_devices > 0
-        else 0.0
-    )
-    return FlopsFigures(
-        model_flops_per_iteration=model_flops_per_iteration,
-        achieved_tflops_per_device=achieved,
-        mfu=achieved / peak_tflops if peak_tflops > 0 else 0.0,
-    )
 
 
 def me_index_of(

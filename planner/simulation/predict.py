@@ -1,14 +1,17 @@
-"""A plan's predictions: the simulator's replay with the bounds beside it, and the ME index."""
+"""A plan's predictions: the simulator's replay with the bounds beside it, the achieved model
+FLOP/s and MFU, and the ME index."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.artifacts.plan import Plan
 from planner.artifacts.plan_summary import Prediction
-from planner.simulation.bounds import flops_figures, me_index_of, partition_bound_ms
+from planner.simulation.bounds import me_index_of, partition_bound_ms
 from planner.simulation.simulator import Summary, simulate, simulate_summary
 from planner.simulation.timeline import Timeline
 
-__all__ = ["me_index", "predict"]
+__all__ = ["FlopsFigures", "flops_figures", "me_index", "predict"]
 
 
 def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None = None) -> Prediction:
@@ -41,6 +44,30 @@ def predict(plan: Plan, *, optimizer_ms: float = 0.0, timeline: Timeline | None 
         straggler_fraction=old.straggler_fraction,
         overheads=old.overheads,
         band=old.band,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlopsFigures:
+    model_flops_per_iteration: float
+    achieved_tflops_per_device: float
+    mfu: float
+
+
+def flops_figures(
+    model_flops_per_iteration: float, iteration_ms: float, num_devices: int, peak_tflops: float
+) -> FlopsFigures:
+    """Achieved model TFLOP/s per device (model FLOPs / time / devices, recomputation not
+    counted) and MFU = achieved / peak (Chowdhery et al. 2022); zeros where unknown."""
+    achieved = (
+        model_flops_per_iteration / (iteration_ms / 1e3) / num_devices / 1e12
+        if model_flops_per_iteration > 0 and iteration_ms > 0 and num_devices > 0
+        else 0.0
+    )
+    return FlopsFigures(
+        model_flops_per_iteration=model_flops_per_iteration,
+        achieved_tflops_per_device=achieved,
+        mfu=achieved / peak_tflops if peak_tflops > 0 else 0.0,
     )
 
 

@@ -44,70 +44,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.cost.stage import StageTerms
-from planner.schedule import ActionKind, build_schedule
-from planner.schedule.build import (
-    check_replicated_rules,
-    check_schedule_rules,
-    interleaved_schedule_triples,
-    replicated_triples,
-    split_ops,
-)
+from planner.schedule.build import encoded_orders
 
 __all__ = ["CompiledSchedule", "compiled_schedule", "run_replay", "simulate_iteration_ms"]
 
 
-@lru_cache(maxsize=256)
-def _encoded(
-    kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...] = ()
-) -> tuple[tuple[tuple[int, int, int], ...], ...]:
-    """The schedule as (stage, is_backward, mb) integer triples, for the tight loop.
-
-    GPipe and 1F1B are generated directly as integers (the same orders as
-    :mod:`planner.schedule.build`, a test checks it), interleaved ones from the integers its
-    Actions are made of, zero-bubble ones from their plain values (:func:`~planner.schedule.build.split_ops`)."""
-    m = num_microbatches
-    if replicas:
-        check_replicated_rules(kind, replicas, m)
-        return replicated_triples(kind, replicas, m)
-    if kind is ScheduleKind.GPIPE and v == 1:
-        return tuple(
-            tuple((s, False, i) for i in range(m)) + tuple((s, True, i) for i in range(m)) for s in range(num_stages)
-        )
-    if kind is ScheduleKind.ONE_F_ONE_B and v == 1 and m >= num_stages:
-        orders = []
-        for s in range(num_stages):
-            warmup = min(m, num_stages - s)
-            ops = [(s, False, i) for i in range(warmup)]
-            for i in range(m):
-                ops.append((s, True, i))
-                if warmup + i < m:
-                    ops.append((s, False, warmup + i))
-            orders.append(tuple(ops))
-        return tuple(orders)
-    if kind is ScheduleKind.INTERLEAVED_1F1B:
-        return interleaved_schedule_triples(num_stages, m, v)
-    if kind.splits_backward:  # their orders as plain values (the ones their Actions are made of)
-        check_schedule_rules(kind, num_stages, m, v)
-        return tuple(tuple((s, _SPLIT_CODE[k], i) for s, k, i in ops) for ops in split_ops(kind, num_stages, m))
-    schedule = build_schedule(kind, num_stages, num_microbatches, v)
-    return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
-
-
-#: the tight loop's action codes: 0 forward, 1 the pass that sends the input's gradient (B or
-#: I), 2 the weight-gradient pass W, 3 a whole backward (I and W in one) in a schedule that
-#: splits the others (DualPipe-V's steady phase)
-_CODE = {ActionKind.FORWARD: 0, ActionKind.BACKWARD: 1, ActionKind.BACKWARD_INPUT: 1, ActionKind.BACKWARD_WEIGHT: 2}
-_SPLIT_CODE = {**_CODE, ActionKind.BACKWARD: 3}
-
-
 @dataclass(frozen=True, slots=True)
 class CompiledSchedule:
-    """A schedule as the replay walks it: each rank's orders (:func:`_encoded`), every action
-    in one order the replay can follow (:func:`_flat_order`), and each stage's first rank (the
-    ranks holding a copy: the first, whose stream runs its synchronisation)."""
+    """A schedule as the replay walks it: each rank's orders
+    (:func:`~planner.schedule.build.encoded_orders`), every action in one order the replay can
+    follow (:func:`_flat_order`), and each stage's first rank (the ranks holding a copy: the
+    first, whose stream runs its synchronisation)."""
 
     orders: tuple[tuple[tuple[int, int, int], ...], ...]
     flat: tuple[tuple[int, int, int, int], ...]
@@ -118,13 +69,17 @@ class CompiledSchedule:
 def compiled_schedule(
     kind: ScheduleKind, num_stages: int, num_microbatches: int, v: int, replicas: tuple[int, ...] = ()
 ) -> CompiledSchedule:
-    orders = _encoded(kind, num_stages, num_microbatches, v, replicas)
+    orders = encoded_orders(kind, num_stages, num_microbatches, v, replicas)
     first_rank = [-1] * num_stages
     for r, ops in enumerate(orders):
         for s, _, _ in ops:
             if first_rank[s] < 0:
                 first_rank[s] = r
     return CompiledSchedule(orders, _flat_order(orders, num_stages, num_microbatches), tuple(first_rank))
+
+
+register_function("simulation.replay.compiled_schedule", compiled_schedule,
+                  key="(schedule, stages, micro-batches, chunks per rank, replicas per stage)")
 
 
 def _flat_order(

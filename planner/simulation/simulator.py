@@ -25,7 +25,7 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
-from planner.artifacts.plan import Plan
+from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.cost.stage import StageTerms
 from planner.schedule import layout_schedule, validate_schedule
@@ -47,6 +47,7 @@ __all__ = [
     "replay_plan",
     "simulate",
     "simulate_summary",
+    "stage_terms_of",
 ]
 
 
@@ -98,6 +99,16 @@ class Replayed:
         return max(0.0, max(self.ar_end) - self.compute_end)
 
 
+def stage_terms_of(stage: PlanStage) -> StageTerms:
+    """The terms a Plan's stage records (which :class:`PlanStage` has checked), as the replay reads
+    them (the records the plan's stages were built from: :func:`planner.cost.stage.price_stage`)."""
+    return StageTerms(fwd_ms=stage.fwd_ms, bwd_ms=stage.bwd_ms, recompute_ms=stage.recompute_ms,
+                      wgrad_ms=stage.wgrad_ms, send_fwd_ms=stage.send_fwd_ms, send_bwd_ms=stage.send_bwd_ms,
+                      allreduce_ms=stage.allreduce_ms, sync_early_ms=stage.sync_early_ms,
+                      gather_ahead_ms=stage.gather_ahead_ms, gather_bound_ms=stage.gather_bound_ms,
+                      optimizer_ms=stage.optimizer_ms, alltoall_ms=stage.alltoall_ms)
+
+
 def replay_plan(plan: Plan, optimizer_ms: float = 0.0) -> Replayed:
     """Replay ``plan``'s schedule (its rules checked as :func:`simulate` checks them)."""
     kind, n, m, v = plan.schedule, plan.layout.num_stages, plan.num_microbatches, plan.layout.virtual_stages_per_rank
@@ -108,7 +119,7 @@ def replay_plan(plan: Plan, optimizer_ms: float = 0.0) -> Replayed:
     orders = schedule.orders
     if len(plan.stages) != n:
         raise PlannerInputError(f"the plan has {len(plan.stages)} stages, its layout {n}")
-    terms = [StageTerms.of_plan_stage(s) for s in plan.stages]
+    terms = [stage_terms_of(s) for s in plan.stages]
     fwd = [t.fwd_ms for t in terms]
     full_bwd = [t.bwd_ms + t.recompute_ms for t in terms]
     opt_stage = [t.optimizer_ms + optimizer_ms / v for t in terms]

@@ -56,14 +56,11 @@ class Problem:
         key = (self.profile_sha256, self.cluster_sha256, self.request.global_batch, num_devices)
         found = _MACHINE_BOUNDS.get(key)
         if found is None:
-            if len(_MACHINE_BOUNDS) >= 256:
-                _MACHINE_BOUNDS.clear()
-            found = _MACHINE_BOUNDS[key] = machine_bound_ms(self.profile, self.cluster, self.request.global_batch,
-                                                            num_devices)
+            found = _MACHINE_BOUNDS.put(key, machine_bound_ms(self.profile, self.cluster, self.request.global_batch,
+                                                              num_devices))
         return found
 
 
-#: :meth:`Problem.machine_bound_ms` by (profile, cluster, global batch, devices)
 #: the sha256 of a document's canonical JSON by the object's identity (the object kept beside it, so
 #: an id is never reused while its entry lives): a search rebuilds plans of one profile many times,
 #: and a 96-layer profile's JSON takes ~80 ms to write
@@ -79,7 +76,9 @@ def _digest(document: object, to_json: Callable[[Any], object]) -> str:
     return _DIGESTS.put(id(document), (document, codec.sha256_of(to_json(document))))[1]
 
 
-_MACHINE_BOUNDS: dict[tuple[str, str, int, int], float] = {}
+#: :meth:`Problem.machine_bound_ms` by (profile, cluster, global batch, devices)
+_MACHINE_BOUNDS: Cache[tuple[str, str, int, int], float] = Cache(
+    "solve.build.machine_bounds", key="(profile sha256, cluster sha256, global batch, devices)", bound=256)
 
 
 def memory_cap_bytes(cluster: Cluster, request: PlanRequest) -> int:
@@ -143,7 +142,7 @@ def build_plan(
                 optimizer_ms=terms.optimizer_ms,
                 wgrad_ms=terms.wgrad_ms,
                 wgrad_bytes_per_microbatch=int(round(cm.keep_bytes(start, stop, microbatch_size))) if split else 0,
-                alltoall_ms=cm.stage_alltoall_ms(start, stop, microbatch_size),
+                alltoall_ms=terms.alltoall_ms,
                 memory=memory,
                 memory_total_bytes=memory.total_bytes,
                 memory_cap_bytes=cap,

@@ -20,7 +20,7 @@ from planner.cost import CostModel, StageTerms, price_stages
 from planner.schedule import held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
-from planner.solve.held import could_fit_every_state, fits_every_state, held_memory
+from planner.solve.held import fits_every_state, held_memory
 from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute
 from planner.solve.space import Config
@@ -48,12 +48,13 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     count of held micro-batches; where the optimum does not fit at another of its states
     (:func:`planner.solve.held.fits_every_state`: a stage recomputing so much that W keeps more
     than it saved), solved again with every stage's most micro-batches past I
-    (:meth:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
+    (:attr:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
     the first fits it is the optimum, else the second is a plan that fits. Where no partition
-    might fit every state (:func:`planner.solve.held.could_fit_every_state`), neither does, and
+    might fit every state (:meth:`StageTable.could_fit_every_state
+    <planner.solve.prices.fits.StageFits.could_fit_every_state>`), neither does, and
     neither is solved."""
     held = held_counts(c.schedule, c.layout, c.num_microbatches) if c.schedule.splits_backward else ()
-    if any(len(h.states) > 1 for h in held) and not could_fit_every_state(table, held):
+    if any(len(h.states) > 1 for h in held) and not table.could_fit_every_state(held):
         return None
     sol = chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
     if sol is None or not c.schedule.splits_backward:
@@ -62,7 +63,7 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config) -> Cha
     if fits_every_state(table.cm, held, sol, c.microbatch_size, [c.sharding(s) for s in range(len(held))], caps):
         return sol
     return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
-                        held=tuple(h.conservative() for h in held))
+                        held=tuple(h.conservative for h in held))
 
 
 def stage_terms(cm: CostModel, cand: Candidate) -> tuple[StageTerms, ...]:

@@ -51,10 +51,9 @@ from planner.schedule import Held, held_counts
 from planner.solve.arrays import distinct
 from planner.solve.chain import ChainSolution, objective_microbatches
 from planner.solve.prices import StageTable, stage_extras
-from planner.solve.prices.fixed import lengths
 from planner.solve.recompute import INF
 
-__all__ = ["could_partition", "least_largest", "reaches", "solve_chain"]
+__all__ = ["least_largest", "solve_chain"]
 _Key = TypeVar("_Key", bound=Hashable)  # a stage's key in :func:`_stage_bands`
 
 
@@ -203,42 +202,6 @@ def _beyond(w: int, K: int) -> np.ndarray:
     return np.add.outer(np.arange(w), np.arange(K)) >= w
 
 
-def could_partition(table: StageTable, inflight: Sequence[int], recompute: bool = True,
-                    tables: Sequence[StageTable] = ()) -> bool:
-    """Some partition into ``len(inflight)`` stages might fit (:meth:`StageTable.could_fit`,
-    stage ``s`` with ``inflight[s]`` micro-batches and its share of the memory): when none does,
-    the configuration has no plan, which this finds without pricing any recomputation. Without
-    ``recompute``: some partition fits with none (then :func:`solve_chain` finds a plan).
-    ``tables``: each stage's own (:meth:`StageTable.held`), else ``table`` for all."""
-    L, P = table.L, len(inflight)
-    if tables and any(t is not table for t in tables):
-        ats = [(inflight[s], table.cap_of(s)) for s in range(P)]
-        fits = [t.could_fit(*a, recompute) for t, a in zip(tables, ats)]
-        return reaches(fits, L, P)
-    w = L - P + 1  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w) (as _Bands)
-    if w < 1:
-        return False
-    ats = [(inflight[s], table.cap_of(s)) for s in range(P)]
-    cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
-    if table.might_fit_all(ats, cuts, recompute):
-        return True
-    found = {at: table.could_fit(*at, recompute) for at in dict.fromkeys(ats)}  # few distinct: one lookup each
-    return reaches([found[at] for at in ats], L, P)
-
-
-def reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
-    """Some partition into ``P`` stages has stage ``s`` where ``fits[s]`` holds."""
-    w = L - P + 1
-    reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest
-    reach[-1] = True
-    for s in range(P - 1, -1, -1):
-        fit = fits[s][s:s + w, s + 1:s + 1 + w]
-        reach = np.any(fit & reach[None, :], axis=1)
-        if not reach.any():
-            return False
-    return bool(reach[0])
-
-
 def _minimize(
     tables: list[np.ndarray], extra: list[np.ndarray], L: int, M: int, cap_max: float, cap_lb: float,
     longest: int | None = None,
@@ -301,10 +264,12 @@ def _minimize(
     return best
 
 
-def _stage_bands(at: Sequence[_Key], L: int, longest: int) -> dict[_Key, np.ndarray]:
+def _stage_bands(at: Sequence[_Key], layers: np.ndarray, longest: int) -> dict[_Key, np.ndarray]:
     """Per key (``(pending, (inflight, cap))``) of ``at`` (one per stage of ``len(at)``), the stages ``(i, j)`` the
     DP reads from its table (:class:`_Bands`): stage ``s`` starts in ``[s, s + w)`` and stops in
-    ``[s + 1, s + w]`` (``w = L - P + 1``), at most ``longest`` layers long."""
+    ``[s + 1, s + w]`` (``w = L - P + 1``), at most ``longest`` layers long (``layers``: each
+    stage's, ``j - i`` at ``[i, j]``)."""
+    L = len(layers) - 1
     w = L - len(at) + 1
     out: dict[_Key, np.ndarray] = {}
     for s, a in enumerate(at):
@@ -312,11 +277,17 @@ def _stage_bands(at: Sequence[_Key], L: int, longest: int) -> dict[_Key, np.ndar
         if mask is None:
             mask = out[a] = np.zeros((L + 1, L + 1), dtype=bool)
         mask[s:s + w, s + 1:s + w + 1] = True
-    layers = lengths(L)
     short = (layers >= 1) & (layers <= max(1, longest))
     for mask in out.values():
         mask &= short
     return out
+
+
+def _longest_within(fastest_by_length: np.ndarray, limit: float) -> int:
+    """The most layers of any stage whose compute time is at most ``limit`` (0 if none), from
+    :attr:`ChainFits.fastest_by_length <planner.solve.prices.fits.ChainFits.fastest_by_length>`."""
+    within = np.flatnonzero(fastest_by_length <= limit)
+    return int(within[-1]) if len(within) else 0
 
 
 def _heuristic_starts(work: np.ndarray, L: int, P: int) -> list[list[int]]:
@@ -370,12 +341,11 @@ def solve_chain(
     L, P = table.L, layout.num_stages
     if P > L:
         return None
-    table.settle()
     held = held or held_counts(schedule, layout, num_microbatches)  # (given: solve_config's conservative counts)
-    ks = [h.whole for h in held]
-    per = [table.held(h.pending) for h in held]  # its micro-batches past I in its static bytes (StageFits.held)
-    if not could_partition(table, ks, tables=per):
+    fits = table.chain_fits(held)  # (settles the table's entries first)
+    if fits is None:
         return None  # no partition fits even with every layer at its leanest level
+    ks, per, keys = [h.whole for h in held], fits.tables, fits.keys
     M = objective_microbatches(layout, num_microbatches)
     extra = stage_extras(table, layout, schedule)  # stages over the same link and line share one
     fwd, bwd = table.cm.at_batch(table.b).times_ms
@@ -388,19 +358,16 @@ def solve_chain(
     sum_lb = None if table.fsdp else float(np.sum(fwd + bwd)) * (1 - 1e-9) + sum(least_extra[id(e)] for e in extra)
     starts = _heuristic_starts(fwd + bwd, L, P)
     # stages keyed by (their table, in-flight count, cap): a table per pending count
-    at = [(k, table.cap_of(s)) for s, k in enumerate(ks)]
-    keys = [(h.pending, a) for h, a in zip(held, at)]
     tab = {key: per[s] for s, key in enumerate(keys)}
-    bases = {key: tab[key].base(*key[1]) for key in dict.fromkeys(keys)}
-    longest = max(tab[key].longest(*key[1]) for key in bases)  # of any stage that might fit
-    plain_longest = max(tab[key].longest(*key[1], recompute=False) for key in bases)  # of any that fits as it is
-    plain = [bases[key] for key in keys]
-    bands = _stage_bands(keys, L, longest)
+    longest = fits.longest  # of any stage that might fit
+    plain = [fits.bases[key] for key in keys]
+    bands = _stage_bands(keys, table.lengths, longest)
     # the DP over the bases reads no stage longer than any whose compute is within what a
     # partition cutting at equal shares of the work bounds (:func:`_useful_limit`)
     plain_cap = _useful_limit(plain, extra, starts, L, M, sum_lb)
-    plain_longest = min(plain_longest, table.longest_within(plain_cap)) if plain_cap < INF else plain_longest
-    if not any(tab[key].recomputes({key[1]: band}) for key, band in bands.items()):  # (per table)
+    plain_longest = (min(fits.plain_longest, _longest_within(fits.fastest_by_length, plain_cap)) if plain_cap < INF
+                     else fits.plain_longest)
+    if not any(bool(np.any(band & fits.needs[key])) for key, band in bands.items() if key in fits.needs):
         # no stage the DP reads fits only with recomputation: its tables are the bases
         tables = plain
         found = _minimize(tables, extra, L, M, plain_cap, cap_lb, plain_longest)
@@ -409,7 +376,7 @@ def solve_chain(
         # J >= M max_s T_s, so no stage slower than J_ub / M (J_ub when M = 1) can be optimal
         # (no stage longer than any that fits without recomputation is finite there)
         # (none where no partition fits without recomputation: found without building the bands)
-        fits_plain = could_partition(table, ks, False, tables=per)
+        fits_plain = table.could_partition(ks, False, tables=per)
         first = _minimize(plain, extra, L, M, plain_cap, cap_lb, plain_longest) if fits_plain else None
         # (with a relative slack of 1e-9 so that float rounding never drops the bound's own stages)
         per_mb = (M - 1 if schedule.splits_backward else M) if M > 1 else 1
@@ -423,7 +390,7 @@ def solve_chain(
         # a finite entry might fit with recomputation; with M > 1 only entries at most the limit
         # count (the caps), and those compute within it (the bands' longer stages compute above it)
         if M > 1:
-            longest = min(longest, table.longest_within(limit))
+            longest = min(longest, _longest_within(fits.fastest_by_length, limit))
         priced = {}
         for pending in dict.fromkeys(key[0] for key in bands):  # one call per table: its stages priced together
             mine = {key[1]: band for key, band in bands.items() if key[0] == pending}
@@ -435,7 +402,7 @@ def solve_chain(
         return None
     bounds = found[2]
     stops = bounds[1:] + [L]
-    choices = [per[s].choice_of(ks[s], i, j, table.cap_of(s)) for s, (i, j) in enumerate(zip(bounds, stops))]
+    choices = [per[s].choice_of(keys[s][1][0], i, j, keys[s][1][1]) for s, (i, j) in enumerate(zip(bounds, stops))]
     recompute = [full for full, _ in choices]
     selective = [sel for _, sel in choices]
     objective, times = _objective(tables, extra, bounds, L, M)

@@ -46,7 +46,7 @@ from planner.solve.objectives import Policy
 from planner.solve.proposals import alternatives, rebalanced, rebalances
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms
-from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
+from planner.solve.stage_floor import skippable
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
 INF = float("inf")
@@ -126,20 +126,18 @@ class ConfigSearch:
             # the memory bound (and a zero-bubble configuration's fill, ConfigFacts.split_fill_ms),
             # worked out only for configurations the order reaches: higher, the configuration goes
             # back in its place
-            mem = facts.memory_bound(c0) if policy.tight and self.request.recompute else 0.0
-            mem = max(mem, facts.split_fill_ms(c0) if policy.fill else 0.0)
+            mem = facts.reached_bound(c0, memory=policy.tight and self.request.recompute, fill=policy.fill)
             if mem > lb:
                 heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
                 return
-        slack = self.where.slack
-        if policy.prune and (lb > limit or (policy.tight and (facts.rank_floor_ms(c0, slack) > limit or (
-                limit < float("inf") and facts.memory_floor_ms(c0, slack) > limit)))):
+        busiest = facts.busiest_rank_ms(c0, self.where.slack, limit) if policy.prune and policy.tight and lb <= limit else -INF
+        if policy.prune and (lb > limit or busiest > limit):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
             # tighter limit (the Pareto points are the best configurations', RESULTS 37); an infinite
             # memory floor is no bound but a configuration none of whose variants fits (not counted
             # as pruned: solved, it would have given none)
-            self.pruned += lb > limit or facts.rank_floor_ms(c0, slack) > limit or facts.memory_floor_ms(c0, slack) < INF
+            self.pruned += lb > limit or busiest < INF
             return
         # this configuration at its searched stage: the variant that fitted, and its solution (None:
         # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)
@@ -180,18 +178,9 @@ class ConfigSearch:
         if (read or not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1
                 or lay.stage_replicas or self.cm.profile.shared_saved):
             return False
-        table = self.facts.table_of(c)
-        curve = self.curves.get(id(table))
-        if curve is None:
-            curve = self.curves[id(table)] = table_curve(table)
         held = c.held()
-        if not busiest_stage_above(table, curve, held, limit * self.where.slack / c.num_microbatches):
-            return False
-        workspace = self.workspaces.get(id(table))
-        if workspace is None:
-            workspace = self.workspaces[id(table)] = largest_workspace(table)
-        return surely_fits(table, tuple(h.conservative() for h in held) if c.schedule.splits_backward else held,
-                           workspace)
+        return skippable(self.facts.table_of(c), held, tuple(h.conservative for h in held) if c.schedule.splits_backward
+                         else held, limit * self.where.slack / c.num_microbatches, self.curves, self.workspaces)
 
     def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:
         """Keep the policy's candidates among ``sol`` and its proposals: its memory rebalancings

@@ -1,17 +1,18 @@
 """What is known of a configuration before it is solved: its lower bounds on time (the average
 work, the fill of its pipeline, the memory floor as time, its busiest rank's floor) and on memory
 (its state's share, its stages' fewest bytes), its stage tables, and the ZeRO variants it is
-solved at. :class:`ConfigFacts` works them out for one cost model, request and cap, each once
-per configuration (or per shape they depend on); the configuration search
+solved at. The fill bounds and the busiest rank's floor of whole layers are each a bound over
+every partition, recomputation and ZeRO variant of the configuration
+(``tests/test_search_pruning.py`` checks each below every candidate's simulated time).
+:class:`ConfigFacts` works them out for one cost model, request and cap, each once per
+configuration (or per shape they depend on); the configuration search
 (:mod:`planner.solve.config_search`) and its objective's policy (:mod:`planner.solve.objectives`)
 ask it, and nothing else, about a configuration."""
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
+import bisect
 import math
-from collections import Counter
 
 import numpy as np
 
@@ -20,27 +21,15 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.solve.chain_dp import least_largest
-from planner.solve.fills import busiest_rank_floor_ms, chunk_fill_bound_ms, rank_fills_ms, split_fill_bound_ms
 from planner.solve.prices import RecentEntries, StageTable
-from planner.solve.rank_memory import (
-    Curve,
-    Inverse,
-    held_whole,
-    inverse_points,
-    layer_params,
-    lean_saved_rows,
-    merged_inverse,
-    rank_holds,
-    stages_hold_work,
-    works_reach_ms,
-)
+from planner.solve.rank_memory import RankMemory
 from planner.solve.space import Config, config_lower_bound_ms, fsdp_searched, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
 
 
-#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: held_whole)
+#: schedules :meth:`ConfigFacts.memory_floor_ms` bounds (their held micro-batches: rank_memory.held_whole)
 MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2, ScheduleKind.ZBV,
                               ScheduleKind.DUALPIPE_V)
 
@@ -50,55 +39,103 @@ def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     pipeline's ``max(work, communication)`` per micro-batch with prefetching, their sum without
     (:func:`config_lower_bound_ms`' argument; a whole-group ZeRO 3 configuration also stands for
     its HSDP variant: the cheaper line)."""
-    line = cm.fsdp_line(c.layout)
     g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
-    if g:
-        other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
-        line = (min(line[0], other[0]), min(line[1], other[1]))
-    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+    work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
 
 
-def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core_bytes: np.ndarray) -> Curve:
-    """Breakpoints ``(x, R(x))`` of the least ms per micro-batch in which recomputation frees
-    ``x`` bytes per micro-batch, each layer at most once and in any fraction: a layer frees
-    ``gain`` at its forward's ``fwd`` ms (full), or ``core_bytes`` at ``core_ms`` (selective),
-    or nothing; its lower convex hull of those three points, every layer's segments taken
-    cheapest first (a convex piecewise-linear ``R`` from ``(0, 0)``; past the last point, where
-    nothing frees more, :func:`recompute_ms` goes on at the last slope)."""
-    segments: list[tuple[float, float]] = []  # (ms per byte, bytes)
-    layers = zip(fwd.tolist(), np.maximum(gain, 0.0).tolist(), core_ms.tolist(), core_bytes.tolist())
-    for (f, g, t, c), count in Counter(layers).items():  # equal layers: one hull, its segments that many times
-        hull = [(0.0, 0.0)]
-        for x, y in sorted(p for p in ((c, t), (g, f)) if p[0] > 0):
-            while len(hull) > 1 and _turn(hull[-2], hull[-1], (x, y)) <= 0:
-                hull.pop()  # the point before lies on or above the chord: not on the lower hull
-            if x > hull[-1][0]:
-                hull.append((x, y))
-            elif y < hull[-1][1]:
-                hull[-1] = (x, y)
-        segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)] * count
-    segments.sort()
-    # segments of one slope as one (equal layers': collinear points dropped, the same function)
-    merged = [(r, sum(n for _, n in group)) for r, group in itertools.groupby(segments, key=lambda seg: seg[0])]
-    xs = np.concatenate([[0.0], np.cumsum([n for _, n in merged])])
-    ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in merged])])
-    return xs, ys
+def rank_fills_ms(cm: CostModel, c: Config) -> np.ndarray:
+    """Per pipeline rank ``r``, ``a_r``: the first ``r`` layers' forward + backward, what rank
+    ``r`` waits at least before its first operation and after its last (the chunks before its
+    first hold a layer each)."""
+    fp, bp = cm.at_batch(c.microbatch_size).prefix_ms
+    P = min(c.layout.pipeline_size, len(fp))
+    fills: np.ndarray = fp[:P] + bp[:P]
+    return fills
 
 
-def _turn(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
-    """Positive when ``a -> b -> c`` turns left (``b`` below the chord ``a c``)."""
-    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+def chunk_fill_bound_ms(cm: CostModel, c: Config) -> float:
+    """No interleaved 1F1B plan of ``c`` simulates faster (whatever its partition). Pipeline rank
+    ``r`` runs chunks ``r, r + P, ...``; its first operation is a forward, which waits for the
+    forwards of chunks ``0 .. r - 1`` of that micro-batch, and after its last (a backward: every
+    forward is followed by its backward on the same rank) the backwards of chunks ``r - 1 .. 0``
+    of that micro-batch still run. Every chunk holds a layer, so those chunks hold at least the
+    first ``r`` layers: ``T >= a_r + M W_r``, ``a_r`` the first ``r`` layers' forward + backward,
+    ``W_r`` the rank's work per micro-batch. The ranks' works sum to at least the profile's
+    ``W``, so the busiest of these bounds is at least the ``T`` at which ``sum_r max(0, T - a_r)
+    = M W`` (recomputation, transfers and synchronisation only add). Against the average-work
+    bound ``M W / P`` it adds about half the interleaved bubble when chunks are about a layer each
+    (deep pipelines: e.g. +24% at P = 64, v = 2, M = 64)."""
+    a = [float(x) for x in rank_fills_ms(cm, c)]  # ascending: layer work >= 0
+    return shared_fill_ms(a, c.num_microbatches * cm.at_batch(c.microbatch_size).work_ms)
 
 
-def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
-    """``R(freed)`` of :func:`recompute_curve`, past its last point at its last slope (a floor:
-    nothing frees that much)."""
-    xs, ys = curve
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-    x = np.asarray(freed, dtype=float)
-    out: np.ndarray = np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
-    return out
+def split_fill_bound_ms(cm: CostModel, c: Config) -> float:
+    """No zero-bubble plan of ``c`` simulates faster, whatever its partition. Rank ``r``'s first
+    operation is a forward of its first chunk, chunk ``r``, behind the forwards of chunks
+    ``0 .. r - 1`` of that micro-batch (after its last input-gradient pass a rank can still run
+    weight-gradient passes, so nothing is owed at the end): ``T >= F_<r + M W_r``.
+
+    One chunk per rank (ZB-H1, ZB-H2), ``F_<r`` is the forward of every layer before rank
+    ``r``'s stage: with layers taken in fractions (a relaxation), given ``T`` each rank reaching
+    furthest is best (its stop ``x + (T - F(x)) / M`` grows with its start ``x``, a forward being
+    at most its layer's work), so ``T`` is bisected to the least at which ``P`` ranks cover the
+    work. On ``P`` equal stages of forward share ``f`` this is about ``M W / P + f W / 2``: half
+    of ZB-H1's fill on uniform stages, where 1F1B's bound counts a whole micro-batch (``W``).
+    ZBV (two chunks per rank, the second in the model's second half): only the first ``r``
+    layers' forward (a layer per chunk at least), :func:`shared_fill_ms`."""
+    fp, _ = cm.at_batch(c.microbatch_size).prefix_ms
+    b, M, P = c.microbatch_size, c.num_microbatches, min(c.layout.pipeline_size, len(fp) - 1)
+    need = M * cm.at_batch(b).work_ms
+    if c.layout.virtual_stages_per_rank > 1:
+        return shared_fill_ms([float(x) for x in fp[:P]], need)
+    fwd, bwd = cm.at_batch(b).times_ms
+    work = [0.0, *np.cumsum(fwd + bwd).tolist()]  # F(x): the forward done by work x, interpolated
+    fwds = [float(x) for x in fp]
+    total = work[-1]
+
+    last, find = len(work) - 1, bisect.bisect_right
+
+    def covered(t: float) -> bool:
+        x = 0.0
+        for _ in range(P):
+            i = min(find(work, x), last)  # F(x), inline (the bisection's hot loop)
+            span = work[i] - work[i - 1]
+            f = fwds[i - 1] + (fwds[i] - fwds[i - 1]) * ((x - work[i - 1]) / span if span > 0 else 1.0)
+            x += max(0.0, t - f) / M
+            if x >= total:
+                return True
+        return False
+
+    lo, hi = need / P, need / P + fwds[-1]  # F_<r <= the whole forward
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if covered(mid) else (mid, hi)
+    return lo * (1 - 1e-9)
+
+
+def shared_fill_ms(a: list[float], need: float) -> float:
+    """The least ``T`` with ``T >= a_r + w_r`` on every rank for works ``w_r >= 0`` summing to
+    ``need`` (``a`` ascending): the ``T`` at which ``sum_r max(0, T - a_r) = need``."""
+    for k in range(len(a), 0, -1):  # the ranks whose a_r is below T share the work
+        t = (need + sum(a[:k])) / k
+        if t >= a[k - 1]:
+            return t
+    return need
+
+
+def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
+    """No one of ``num_ranks`` ranks holding whole layers of ``work`` ms between them (in any
+    chunks, contiguous or not) has less than this: among the ``k`` layers of most work some rank
+    holds ``ceil(k / R)``, so at least the ``ceil(k / R)`` lightest of them (the classical bound
+    of scheduling on identical machines, over every ``k``). With layers of about equal work it
+    is ``ceil(L / R)`` layers where the average counts ``L / R``: 98 layers over 64 ranks, 2
+    against 1.53."""
+    desc = np.sort(np.asarray(work, dtype=float))[::-1]
+    prefix = np.concatenate([[0.0], np.cumsum(desc)])
+    k = np.arange(1, len(desc) + 1)
+    q = -(-k // num_ranks)
+    return float(np.max(prefix[k] - prefix[k - q], initial=0.0)) * (1 - 1e-9)
 
 
 class ConfigFacts:
@@ -113,18 +150,13 @@ class ConfigFacts:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
-        self.per_size: dict[tuple[int, float], tuple[float, float, Curve, list[float], list[float], list[float]]] = {}
-        # breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min)
-        self.inverses: dict[tuple[object, ...], Inverse] = {}
         self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
+        self.ranks = RankMemory(cm, cap_bytes, self.unique_params)  # the memory floors as time
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
-        self.most: dict[tuple[object, ...], tuple[float, int]] = {}  # stages_hold_work's per (key, counts, cap)
-        self.leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = {}  # lean_saved_rows per b
-        self.states: dict[tuple[int, float], np.ndarray] = {}  # per layer its state bytes, per (b, kappa)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
 
     def bound(self, c: Config, fill: bool) -> float:
@@ -155,6 +187,23 @@ class ConfigFacts:
             found = self.split_fills[key] = split_fill_bound_ms(self.cm, c)
         return found
 
+    def reached_bound(self, c: Config, memory: bool, fill: bool) -> float:
+        """What the search's order learns of ``c`` once it reaches it (0 for neither): with
+        ``memory`` its memory bound (:meth:`memory_bound`), with ``fill`` a zero-bubble
+        configuration's fill (:meth:`split_fill_ms`), the larger; each worked out only then."""
+        mem = self.memory_bound(c) if memory else 0.0
+        return max(mem, self.split_fill_ms(c) if fill else 0.0)
+
+    def busiest_rank_ms(self, c: Config, slack: float, limit: float) -> float:
+        """The busiest rank's floor of ``c`` as the search's skipping compares it with ``limit``: its
+        whole layers' (:meth:`rank_floor_ms`), and where that does not exceed a finite ``limit`` the
+        larger of it and its memory's (:meth:`memory_floor_ms`, worked out only then; inf where no
+        variant fits at all). Both only skip, never reorder (their docstrings)."""
+        floor = self.rank_floor_ms(c, slack)
+        if floor > limit or limit == math.inf:
+            return floor
+        return max(floor, self.memory_floor_ms(c, slack))
+
     def rank_floor_ms(self, c: Config, slack: float) -> float:
         """No proposal of ``c`` passes :meth:`keep`'s check when this exceeds what it must beat:
         its busiest rank runs its layers M times, whichever whole layers it holds
@@ -171,129 +220,27 @@ class ConfigFacts:
 
 
     def memory_bound(self, c: Config) -> float:
-        """The memory floor as time (GPipe, 1F1B, interleaved 1F1B; 0 for profiles with shared
-        saved storages, not bounded here). Devices short of memory recompute: a layer
-        recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
-        of its saved bytes ``a`` per micro-batch in flight (``g``: what that level frees), at
-        ``z f`` ms per micro-batch. Counting every layer's held bytes for ``k_min`` micro-batches,
-        no more than any stage of the devices holds, they still fit ``cap`` only if the
-        recomputation frees at least ``(H - cap) / k_min`` bytes per micro-batch (``H``: their
-        bytes counted so, without any), which takes at least ``R`` of it: the least time any
-        layers' recomputation freeing that much per micro-batch takes (:func:`recompute_curve`,
-        each layer once, fractions allowed; its first slope is the cheapest ms per byte of any
-        layer, the one figure this took before: GPT-3's head frees bytes at 28 ms / GB, its blocks
-        at 50, so past the head's 0.1 GB the old floor counted half). (Counted at ``k_min``, freeing is priced at
-        ``k_min`` too: pricing it at the largest count, as before, divided this floor by up to
-        ``k_max / k_min``, 16 on an interleaved rank.) Two relaxations, the larger counts:
-
-        - summed over the ranks: every rank fits ``cap``, so all recomputation together frees
-          at least what the stages would hold without any (the model state once, sharded as
-          the leanest variant solved, plus every layer's saved bytes for the fewest
-          micro-batches any stage holds) less ``P x cap``, over that fewest count; the busiest
-          rank does at least 1 / P of the pipeline's ``M x (work + recomputation)``;
-        - rank by rank: a rank given work ``w`` holding at least ``k_min`` micro-batches in every
-          stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
-          holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
-          saved activations; fractions of layers allowed, so the lightest bytes per ms are
-          taken first: a convex piecewise-linear ``H``, :func:`~planner.solve.rank_memory.least_bytes`). It takes ``g_r(w) =
-          w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
-          operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
-          backward (:func:`chunk_fill_bound_ms`'s argument: the chunks before its first hold at
-          least a layer each; one stage per rank alike), so ``T >= a_r + M g_r(w_r)``. The
-          ranks' works sum to the profile's, so ``T`` is at least the ``T`` at which the works
-          ``g_r^-1((T - a_r) / M)`` sum to it: both the fill and the memory floor of each rank
-          count (the deep ranks, whose last chunks hold few micro-batches and so bound little
-          memory, are the ones that wait). (Taking each layer's share at the least bytes per ms
-          of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
-          per ms, made the floor vanish.)"""
-        cm, b, lay = self.cm, c.microbatch_size, c.layout
+        """The memory floor as time (:meth:`RankMemory.memory_bound_ms
+        <planner.solve.rank_memory.RankMemory.memory_bound_ms>`, at the state of the leanest variant
+        solved) of GPipe, 1F1B and interleaved 1F1B configurations; 0 for others, for copies per
+        stage and for profiles with shared saved storages, not bounded there."""
+        cm, lay = self.cm, c.layout
         if (cm.profile.shared_saved or lay.stage_replicas
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
-        kappa = cm.least_state_bytes_per_param(self.leanest(c).sharding())  # experts' state may shard wider
-        key = (b, kappa)
-        work, saved_total, curve, _, _, _ = self.layer_arrays(key)
-        if curve[1][-1] <= 0:
-            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        ks = c.inflight()
-        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
-        out = 0.0
-        floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
-        if floor > P * cap:
-            out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
-        return max(out, self.ranks_bound(c, key))
-
-    def layer_arrays(self, key: tuple[int, float]) -> tuple[float, float, Curve, list[float], list[float], list[float]]:
-        """Per (micro-batch size, state bytes per parameter): the profile's work and saved bytes,
-        the recomputation curve, and the busy layers' work, state and saved bytes (equal layers
-        summed in one row)."""
-        found = self.per_size.get(key)
-        if found is None:
-            cm, (b, kappa) = self.cm, key
-            fwd, bwd = cm.at_batch(b).times_ms
-            saved = cm.at_batch(b).saved_bytes
-            gain_full = saved - cm.input_per_sample * b
-            cores = (cm.at_batch(b).core_ms, cm.at_batch(b).core_bytes) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
-            curve = recompute_curve(fwd, gain_full, *cores)
-            layer_work = fwd + bwd
-            busy = layer_work > 0
-            params = cm.param_count.astype(float)
-            for tie in cm.profile.tied:  # a stage holding several of a tie's layers counts it once
-                params[list(tie.layers)] -= tie.param_count
-            params = np.maximum(params, 0.0)
-            # equal layers as one row of their summed work and bytes (taken in fractions, any share
-            # of their work holds the same bytes): a GPT's 96 blocks, one row
-            rows = Counter(zip(layer_work[busy].tolist(), params[busy].tolist(), saved[busy].tolist()))
-            found = self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), curve,
-                                          [w * n for (w, _, _), n in rows.items()],
-                                          [kappa * p * n for (_, p, _), n in rows.items()],
-                                          [a * n for (_, _, a), n in rows.items()])
-        return found
-
-    def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray | None = None) -> float:
-        """:meth:`memory_bound`'s rank-by-rank relaxation: rank r waits a_r (``fills``; by default
-        the first r layers' forward and backward, see :func:`chunk_fill_bound_ms`) besides
-        M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
-        piecewise-linear increasing function (w <= the profile's work); the T at which the
-        ranks' works reach the profile's (:func:`works_reach_ms`)."""
-        work, _, _, _, _, _ = self.layer_arrays(key)
-        fills = rank_fills_ms(self.cm, c) if fills is None else fills  # P of them: a stage holds a layer
-        ranks: dict[tuple[int, ...], list[float]] = {}
-        for r, holds in enumerate(rank_holds(c)):
-            ranks.setdefault(holds, []).append(float(fills[r]))
-        inverses = [(*self.rank_inverse(key, holds), np.array(waits)) for holds, waits in ranks.items()]
-        return works_reach_ms(inverses, c.num_microbatches, work)
-
-    def rank_inverse(self, key: tuple[int, float], holds: tuple[int, ...]) -> Inverse:
-        """A rank's g^-1 (:func:`rank_holds`): one count, :meth:`inverse` within the cap; one per
-        chunk, each chunk's within its share of the cap, merged (:func:`merged_inverse`)."""
-        if len(holds) == 1:
-            return self.inverse(key, holds[0])
-        found = self.inverses.get((key, holds))
-        if found is None:
-            found = self.inverses[(key, holds)] = merged_inverse(
-                [self.inverse(key, k, self.cap_bytes / len(holds)) for k in holds])
-        return found
-
-    def inverse(self, key: tuple[int, float], kmin: int, cap: float | None = None) -> Inverse:
-        """Breakpoints (t, w) of a rank's g^-1 holding at least ``kmin`` micro-batches in every
-        stage within ``cap`` (the device's by default) (:meth:`memory_bound`; per ``key``,
-        ``kmin`` and ``cap``; :func:`inverse_points`)."""
-        cap = self.cap_bytes if cap is None else cap
-        found = self.inverses.get((key, kmin, cap))
-        if found is None:
-            _, _, curve, layer_work, state, saved = self.layer_arrays(key)
-            found = self.inverses[(key, kmin, cap)] = inverse_points(layer_work, state, saved, kmin, cap, curve)
-        return found
+        # (experts' state may shard wider)
+        kappa = cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
+        return self.ranks.memory_bound_ms(c, kappa, rank_fills_ms(cm, c))
 
     def memory_floor_ms(self, c: Config, slack: float) -> float:
         """No proposal of ``c`` (any variant, partition or recomputation) passes
         :meth:`ConfigSearch.keep <planner.solve.config_search.ConfigSearch.keep>`'s check when this
         exceeds what it must beat: the busiest rank runs M x its chunks' work and recomputation,
         at least the T at which the ranks' works reach the profile's with no waits
-        (:meth:`ranks_bound` with ``a_r = 0``), each rank's chunks holding the micro-batches
-        :func:`held_whole` counts (the zero-bubble schedules' too; ZBV's two chunks each within
-        half the cap, as their tables price them); over groups of layers divided by the check's
+        (:meth:`RankMemory.floor_ms <planner.solve.rank_memory.RankMemory.floor_ms>`), each rank's
+        chunks holding the micro-batches :func:`~planner.solve.rank_memory.held_whole` counts (the
+        zero-bubble schedules' too; ZBV's two chunks each within half the cap, as their tables price
+        them); over groups of layers divided by the check's
         ``slack``. Like :meth:`rank_floor_ms` it only skips, never reorders: a configuration it
         skips would have given no candidate, so the search's candidates, and the Pareto points
         solved from the best of them, are the same. Each variant at its own state: ``c``'s
@@ -316,26 +263,9 @@ class ConfigFacts:
         return found / slack
 
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
-        """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply."""
-        key = (c.microbatch_size, self.cm.least_state_bytes_per_param(sharded.sharding()))
-        _, _, curve, _, _, _ = self.layer_arrays(key)
-        if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
-            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        if not self.ranks_hold_the_work(c, key):
-            return math.inf  # no partition fits, at any recomputation: no proposal at all
-        return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
-
-    def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
-        """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
-        work and layers worked out once per count and cap)."""
-        work, _, _, layer_work, state, _ = self.layer_arrays(key)
-        if key[0] not in self.leans:
-            self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
-        lean, keep, lean_l, keep_l = self.leans[key[0]]
-        if key not in self.states:
-            self.states[key] = key[1] * layer_params(self.cm)
-        return stages_hold_work(c, (layer_work, state, lean, keep), (self.states[key], lean_l, keep_l), self.cap_bytes,
-                                work, self.most)
+        """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply
+        (:meth:`RankMemory.floor_ms <planner.solve.rank_memory.RankMemory.floor_ms>`)."""
+        return self.ranks.floor_ms(c, self.cm.least_state_bytes_per_param(sharded.layout.sharding(0)))
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
@@ -367,7 +297,7 @@ class ConfigFacts:
         lay = c.layout
         if lay.stage_replicas:
             return 0.0
-        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).sharding())
+        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
         return kappa * self.unique_params / lay.pipeline_size * (1 - 1e-9)
 
     def memory_floor_bytes(self, c: Config) -> float:
@@ -378,7 +308,7 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = c.whole()  # a zero-bubble stage's micro-batches past I only add
+        ks = tuple(h.whole for h in c.held())  # a zero-bubble stage's micro-batches past I only add
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])
@@ -400,13 +330,13 @@ class ConfigFacts:
     def table_of(self, c: Config) -> StageTable:
         cm, tables = self.cm, self.tables
         v = c.layout.virtual_stages_per_rank
-        line = cm.fsdp_line(c.layout) if is_fsdp(c.sharding()) else (0.0, 0.0)
-        key = (c.microbatch_size, v, c.sharding(), line)
+        line = cm.fsdp_line(c.layout) if is_fsdp(c.layout.sharding(0)) else (0.0, 0.0)
+        key = (c.microbatch_size, v, c.layout.sharding(0), line)
         if key not in tables:
             # a rank holding v chunks gives each cap / v (the sum of their peaks fits)
             tables[key] = StageTable(
                 cm, c.microbatch_size, self.cap_bytes / v, self.request.fixed_boundaries,
-                allow_recompute=self.request.recompute, sharding=c.sharding(), fsdp_line=line, recent=self.recent,
+                allow_recompute=self.request.recompute, sharding=c.layout.sharding(0), fsdp_line=line, recent=self.recent,
             )
         return tables[key]
 
@@ -425,10 +355,10 @@ class ConfigFacts:
         fsdp_too = self.fsdp and fsdp_searched(request, c.layout) and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
-            if self.table_of(plain).fits_everywhere(max(c.inflight())):
+            if self.table_of(plain).fits_everywhere(max(h.inflight for h in c.held())):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(max(c.inflight())):
+        if fsdp_too and not self.table_of(c).fits_everywhere(max(h.inflight for h in c.held())):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

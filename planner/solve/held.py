@@ -2,15 +2,14 @@
 (:func:`planner.schedule.held_counts`): the larger of its :attr:`~planner.schedule.Held.states`
 (a zero-bubble stage that recomputes can peak where more micro-batches are past their I, each
 keeping W's inputs, than at the peak of the count), and whether a chain solution's stages all
-fit so (:func:`fits_every_state`, which :func:`planner.solve.candidates.solve_config` checks),
-and whether any partition might (:func:`could_fit_every_state`, checked before solving)."""
+fit so (:func:`fits_every_state`, which :func:`planner.solve.candidates.solve_config` checks;
+whether any partition might, checked before solving, is a question of the stage table:
+:meth:`StageFits.could_fit_every_state <planner.solve.prices.fits.StageFits.could_fit_every_state>`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-
-import numpy as np
 
 from planner.artifacts.caches import register_function
 from planner.artifacts.layout import Sharding
@@ -18,8 +17,6 @@ from planner.artifacts.plan import StageMemory
 from planner.cost import CostModel
 from planner.schedule import Held
 from planner.solve.chain import ChainSolution
-from planner.solve.chain_dp import reaches
-from planner.solve.prices import StageTable
 
 
 @lru_cache(maxsize=4096)
@@ -71,26 +68,3 @@ def fits_every_state(
         if need > caps[s] * (1 + 1e-9):
             return False
     return True
-
-
-def could_fit_every_state(table: StageTable, held: Sequence[Held]) -> bool:
-    """Some partition into ``len(held)`` stages might fit every held state of each stage: stage
-    ``s`` fits its cap at each ``(whole, pending)`` of ``held[s].states`` (each of its
-    :func:`peak_states`: at its leanest a state holds ``whole x (act - gain) + pending x keep`` over
-    what it holds at none, ``keep >= 0``, so one of those is the heaviest), each state at its own
-    leanest recomputation (:meth:`StageFits.could_fit <planner.solve.prices.fits.StageFits.could_fit>`
-    of the table with ``pending`` held, as the chain DP reads it). A relaxation of
-    :func:`fits_every_state` over every partition and recomputation: where it fails, no solution
-    fits every state (the peak's optimum fails that check), nor does any fit the state above
-    them all (:meth:`Held.conservative`), so :func:`planner.solve.candidates.solve_config` has
-    none without solving either."""
-    masks: dict[tuple[tuple[tuple[int, int], ...], float], np.ndarray] = {}
-    fits = []
-    for s, h in enumerate(held):
-        key = (peak_states(h.states), table.cap_of(s))
-        found = masks.get(key)
-        if found is None:
-            found = np.logical_and.reduce([table.held(p).could_fit(w, key[1]) for w, p in key[0]])
-            masks[key] = found
-        fits.append(found)
-    return len(held) <= table.L and reaches(fits, table.L, len(held))

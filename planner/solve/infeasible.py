@@ -19,7 +19,7 @@ from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.schedule import Held, held_counts
 from planner.solve.chain import ChainSolution
-from planner.solve.chain_dp import could_partition, least_largest, solve_chain
+from planner.solve.chain_dp import least_largest, solve_chain
 from planner.solve.held import held_memory
 from planner.solve.prices import StageTable
 from planner.solve.space import divisors, layout_of, schedule_valid
@@ -52,9 +52,9 @@ def _fits(cm: CostModel, request: PlanRequest, cap: float, layout: Layout, b: in
     table, M, schedule = _chain(cm, request, cap, layout, b, recompute)
     held = held_counts(schedule, layout, M)  # the DP's own counts (a zero-bubble stage's past I keep W's inputs)
     ks, per = [h.whole for h in held], [table.held(h.pending) for h in held]
-    if not could_partition(table, ks, tables=per):
+    if not table.could_partition(ks, tables=per):
         return False
-    if could_partition(table, ks, recompute=False, tables=per):
+    if table.could_partition(ks, recompute=False, tables=per):
         return True
     return solve_chain(table, layout=layout, num_microbatches=M, schedule=schedule) is not None
 

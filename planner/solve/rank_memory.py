@@ -1,34 +1,89 @@
 """What a rank's memory makes it work at least: per pipeline rank, the inverse ``g^-1`` of the
 least time per micro-batch in which it does work ``w`` within its cap (recomputing what does not
 fit), and the time at which the ranks' works reach the profile's. The memory floor of
-:meth:`planner.solve.floors.ConfigFacts.memory_bound` (ordering) and
-:meth:`~planner.solve.floors.ConfigFacts.memory_floor_ms` (skipping) are built on it.
+:meth:`RankMemory.memory_bound_ms` (the search's order) and :meth:`RankMemory.floor_ms` (its
+skipping) are built on it, the recomputation curve ``R`` (:func:`recompute_curve`) too.
 
 ``g(w) = w + R(max(0, H(w) - cap) / k)``: ``H`` the least bytes any share of the layers with
 work ``w`` holds with ``k`` micro-batches in flight (:func:`least_bytes`),
 ``R`` the least recomputation time freeing that much per micro-batch
-(:func:`planner.solve.floors.recompute_curve`); convex and piecewise linear, so its inverse is
+(:func:`recompute_curve`); convex and piecewise linear, so its inverse is
 given by breakpoints ``(t, w)``, linear between.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.artifacts.kinds import ChunkPlacement
 from planner.cost import CostModel
-from planner.schedule import first_input_whole
 from planner.solve.arrays import distinct
 from planner.solve.space import Config
 
-#: breakpoints (bytes freed per micro-batch, ms) of planner.solve.floors.recompute_curve
+#: breakpoints (bytes freed per micro-batch, ms) of :func:`recompute_curve`
 Curve = tuple[np.ndarray, np.ndarray]
 #: breakpoints (t, w) of a g^-1
 Inverse = tuple[np.ndarray, np.ndarray]
+
+
+def recompute_curve(fwd: np.ndarray, gain: np.ndarray, core_ms: np.ndarray, core_bytes: np.ndarray) -> Curve:
+    """Breakpoints ``(x, R(x))`` of the least ms per micro-batch in which recomputation frees
+    ``x`` bytes per micro-batch, each layer at most once and in any fraction: a layer frees
+    ``gain`` at its forward's ``fwd`` ms (full), or ``core_bytes`` at ``core_ms`` (selective),
+    or nothing; its lower convex hull of those three points, every layer's segments taken
+    cheapest first (a convex piecewise-linear ``R`` from ``(0, 0)``; past the last point, where
+    nothing frees more, :func:`recompute_ms` goes on at the last slope)."""
+    segments: list[tuple[float, float]] = []  # (ms per byte, bytes)
+    layers = zip(fwd.tolist(), np.maximum(gain, 0.0).tolist(), core_ms.tolist(), core_bytes.tolist())
+    for (f, g, t, c), count in Counter(layers).items():  # equal layers: one hull, its segments that many times
+        hull = [(0.0, 0.0)]
+        for x, y in sorted(p for p in ((c, t), (g, f)) if p[0] > 0):
+            while len(hull) > 1 and _turn(hull[-2], hull[-1], (x, y)) <= 0:
+                hull.pop()  # the point before lies on or above the chord: not on the lower hull
+            if x > hull[-1][0]:
+                hull.append((x, y))
+            elif y < hull[-1][1]:
+                hull[-1] = (x, y)
+        segments += [((y1 - y0) / (x1 - x0), x1 - x0) for (x0, y0), (x1, y1) in itertools.pairwise(hull)] * count
+    segments.sort()
+    # segments of one slope as one (equal layers': collinear points dropped, the same function)
+    merged = [(r, sum(n for _, n in group)) for r, group in itertools.groupby(segments, key=lambda seg: seg[0])]
+    xs = np.concatenate([[0.0], np.cumsum([n for _, n in merged])])
+    ys = np.concatenate([[0.0], np.cumsum([r * n for r, n in merged])])
+    return xs, ys
+
+
+def _turn(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
+    """Positive when ``a -> b -> c`` turns left (``b`` below the chord ``a c``)."""
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+
+def last_slope(xs: Sequence[float] | np.ndarray, ys: Sequence[float] | np.ndarray) -> float:
+    """The slope of a curve's last segment of non-zero width (0.0 where none): a floor past its last
+    point (nothing frees more than the whole curve, so any slope >= 0 bounds from below). Bytes so
+    small that adding them does not move a float leave a last segment of no width (a saved size of
+    1.5e-200 bytes, drawn by tests/test_bounds.py), which divided by zero before."""
+    for i in range(len(xs) - 1, 0, -1):
+        if xs[i] > xs[i - 1]:
+            return float((ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]))
+    return 0.0
+
+
+def recompute_ms(curve: Curve, freed: np.ndarray | float) -> np.ndarray:
+    """``R(freed)`` of :func:`recompute_curve`, past its last point at its last slope (a floor:
+    nothing frees that much)."""
+    xs, ys = curve
+    slope = last_slope(xs, ys)
+    x = np.asarray(freed, dtype=float)
+    out: np.ndarray = np.where(x <= xs[-1], np.interp(x, xs, ys), ys[-1] + slope * (x - xs[-1]))
+    return out
 
 
 def inverse_points(work: list[float], state: list[float], saved: list[float], kmin: int, cap: float,
@@ -42,7 +97,7 @@ def inverse_points(work: list[float], state: list[float], saved: list[float], km
     xs, ys = curve[0].tolist(), curve[1].tolist()
     reach = [cap + kmin * x for x in xs[1:]]
     ws = sorted(set(at_w + [interp(x, at_h, at_w) for x in reach if cap < x < at_h[-1]]))
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    slope = last_slope(xs, ys)
     ts = []
     for w in ws:
         x = max(0.0, interp(w, at_w, at_h) - cap) / kmin
@@ -97,14 +152,12 @@ def merged_inverse(parts: list[Inverse]) -> Inverse:
 
 def held_whole(c: Config) -> tuple[int, ...]:
     """Per stage, micro-batches it holds whole at least at some point: its in-flight count, or
-    under a schedule that splits the backward those whole before its first I
-    (:func:`~planner.schedule.first_input_whole`, no walk of the order). Every point of a
+    under a schedule that splits the backward the most whole of its walk (:attr:`Held.most_whole
+    <planner.schedule.Held.most_whole>`: those whole just before its first I). Every point of a
     zero-bubble stage's walk fits its cap (:func:`planner.solve.held.fits_every_state`), and
     those past their I keep W's inputs, more bytes, never fewer: each recomputed layer still
     holds ``a - z g >= 0`` of a whole one."""
-    if c.schedule.splits_backward:
-        return first_input_whole(c.schedule, c.layout.num_stages, c.num_microbatches)
-    return c.inflight()
+    return tuple(h.most_whole for h in c.held())
 
 
 def rank_holds(c: Config) -> list[tuple[int, ...]]:
@@ -120,7 +173,7 @@ def rank_holds(c: Config) -> list[tuple[int, ...]]:
 
 
 def lean_saved_rows(cm: CostModel, microbatch_size: int) -> tuple[list[float], list[float], np.ndarray, np.ndarray]:
-    """Per row of :meth:`ConfigFacts.layer_arrays <planner.solve.floors.ConfigFacts.layer_arrays>`
+    """Per row of :meth:`RankMemory.layer_arrays`
     (busy layers, equal ones summed, in its order), per micro-batch: their saved bytes less the
     most recomputation frees of them (fully: saved less input; selectively: the attention core),
     and what each keeps past its I for its W (:meth:`CostModel.keep_bytes` layer by layer: their
@@ -214,3 +267,161 @@ def works_reach_ms(inverses: list[tuple[np.ndarray, np.ndarray, np.ndarray]], M:
         return 0.0
     (w0, w1), T0, T1 = works(np.array([k - 1, k])), float(Ts[k - 1]), float(Ts[k])
     return T0 + (T1 - T0) * (float(work) - float(w0)) / (float(w1) - float(w0))
+
+
+@dataclass(frozen=True, slots=True)
+class RankMemory:
+    """The memory floors of the configurations of one cost model ``cm`` (the searched one) within
+    a per-device ``cap_bytes`` (``unique_params``: the profile's parameters, a tie's counted
+    once): as time for the search's order (:meth:`memory_bound_ms`) and its skipping
+    (:meth:`floor_ms`), each figure they are built on worked out once per shape it depends on
+    (the dicts, filled as asked)."""
+
+    cm: CostModel
+    cap_bytes: float
+    unique_params: float
+    #: per (micro-batch size, state bytes per parameter), :meth:`layer_arrays`
+    per_size: dict[tuple[int, float], tuple[float, float, Curve, list[float], list[float], list[float]]] = field(
+        default_factory=dict)
+    #: breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min, cap)
+    inverses: dict[tuple[object, ...], Inverse] = field(default_factory=dict)
+    most: dict[tuple[object, ...], tuple[float, int]] = field(default_factory=dict)  # stages_hold_work's per (key, counts, cap)
+    #: lean_saved_rows per micro-batch size
+    leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = field(default_factory=dict)
+    states: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)  # per layer its state bytes, per (b, kappa)
+
+    def memory_bound_ms(self, c: Config, kappa: float, fills: np.ndarray) -> float:
+        """The memory floor as time of ``c`` (GPipe, 1F1B, interleaved 1F1B: the caller's; its state
+        at ``kappa`` bytes per parameter, the leanest variant solved). Devices short of memory recompute: a layer
+        recomputed (a fraction ``z`` of it, fully or selectively) still holds ``a - z g >= 0``
+        of its saved bytes ``a`` per micro-batch in flight (``g``: what that level frees), at
+        ``z f`` ms per micro-batch. Counting every layer's held bytes for ``k_min`` micro-batches,
+        no more than any stage of the devices holds, they still fit ``cap`` only if the
+        recomputation frees at least ``(H - cap) / k_min`` bytes per micro-batch (``H``: their
+        bytes counted so, without any), which takes at least ``R`` of it: the least time any
+        layers' recomputation freeing that much per micro-batch takes (:func:`recompute_curve`,
+        each layer once, fractions allowed; its first slope is the cheapest ms per byte of any
+        layer, the one figure this took before: GPT-3's head frees bytes at 28 ms / GB, its blocks
+        at 50, so past the head's 0.1 GB the old floor counted half). (Counted at ``k_min``, freeing is priced at
+        ``k_min`` too: pricing it at the largest count, as before, divided this floor by up to
+        ``k_max / k_min``, 16 on an interleaved rank.) Two relaxations, the larger counts:
+
+        - summed over the ranks: every rank fits ``cap``, so all recomputation together frees
+          at least what the stages would hold without any (the model state once, sharded as
+          the leanest variant solved, plus every layer's saved bytes for the fewest
+          micro-batches any stage holds) less ``P x cap``, over that fewest count; the busiest
+          rank does at least 1 / P of the pipeline's ``M x (work + recomputation)``;
+        - rank by rank: a rank given work ``w`` holding at least ``k_min`` micro-batches in every
+          stage holds at least ``H(w)`` bytes, the least any share of the layers with that work
+          holds (layer ``i``: ``kappa p_i + k_min a_i`` bytes for its work ``w_i``, state and
+          saved activations; fractions of layers allowed, so the lightest bytes per ms are
+          taken first: a convex piecewise-linear ``H``, :func:`~planner.solve.rank_memory.least_bytes`). It takes ``g_r(w) =
+          w + R(max(0, H(w) - cap) / k_min)`` per micro-batch (convex, increasing), ``M g_r(w)`` between its first
+          operation and its last, and waits ``a_r`` besides, the first ``r`` layers' forward and
+          backward (:func:`~planner.solve.floors.chunk_fill_bound_ms`'s argument: the chunks before its first hold at
+          least a layer each; one stage per rank alike), so ``T >= a_r + M g_r(w_r)``. The
+          ranks' works sum to the profile's, so ``T`` is at least the ``T`` at which the works
+          ``g_r^-1((T - a_r) / M)`` sum to it: both the fill and the memory floor of each rank
+          count (the deep ranks, whose last chunks hold few micro-batches and so bound little
+          memory, are the ones that wait). (Taking each layer's share at the least bytes per ms
+          of any layer instead, one atypical layer, a GPT's embedding with its few saved bytes
+          per ms, made the floor vanish.) ``fills``: per rank its ``a_r``
+          (:func:`~planner.solve.floors.rank_fills_ms`)."""
+        cm, b, lay = self.cm, c.microbatch_size, c.layout
+        key = (b, kappa)
+        work, saved_total, curve, _, _, _ = self.layer_arrays(key)
+        if curve[1][-1] <= 0:
+            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
+        ks = tuple(h.inflight for h in c.held())
+        P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
+        out = 0.0
+        floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
+        if floor > P * cap:
+            out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
+        return max(out, self.ranks_bound(c, key, fills))
+
+    def layer_arrays(self, key: tuple[int, float]) -> tuple[float, float, Curve, list[float], list[float], list[float]]:
+        """Per (micro-batch size, state bytes per parameter): the profile's work and saved bytes,
+        the recomputation curve, and the busy layers' work, state and saved bytes (equal layers
+        summed in one row)."""
+        found = self.per_size.get(key)
+        if found is None:
+            cm, (b, kappa) = self.cm, key
+            fwd, bwd = cm.at_batch(b).times_ms
+            saved = cm.at_batch(b).saved_bytes
+            gain_full = saved - cm.input_per_sample * b
+            cores = (cm.at_batch(b).core_ms, cm.at_batch(b).core_bytes) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
+            curve = recompute_curve(fwd, gain_full, *cores)
+            layer_work = fwd + bwd
+            busy = layer_work > 0
+            params = layer_params(cm)  # a stage holding several of a tie's layers counts it once
+            # equal layers as one row of their summed work and bytes (taken in fractions, any share
+            # of their work holds the same bytes): a GPT's 96 blocks, one row
+            rows = Counter(zip(layer_work[busy].tolist(), params[busy].tolist(), saved[busy].tolist()))
+            found = self.per_size[key] = (float(layer_work.sum()), float(saved.sum()), curve,
+                                          [w * n for (w, _, _), n in rows.items()],
+                                          [kappa * p * n for (_, p, _), n in rows.items()],
+                                          [a * n for (_, _, a), n in rows.items()])
+        return found
+
+    def ranks_bound(self, c: Config, key: tuple[int, float], fills: np.ndarray) -> float:
+        """:meth:`memory_bound_ms`' rank-by-rank relaxation: rank r waits a_r (``fills``: the first r
+        layers' forward and backward, :func:`~planner.solve.floors.rank_fills_ms`; zeros for
+        :meth:`floor_ms`) besides
+        M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
+        piecewise-linear increasing function (w <= the profile's work); the T at which the
+        ranks' works reach the profile's (:func:`works_reach_ms`)."""
+        work, _, _, _, _, _ = self.layer_arrays(key)
+        ranks: dict[tuple[int, ...], list[float]] = {}
+        for r, holds in enumerate(rank_holds(c)):
+            ranks.setdefault(holds, []).append(float(fills[r]))
+        inverses = [(*self.rank_inverse(key, holds), np.array(waits)) for holds, waits in ranks.items()]
+        return works_reach_ms(inverses, c.num_microbatches, work)
+
+    def rank_inverse(self, key: tuple[int, float], holds: tuple[int, ...]) -> Inverse:
+        """A rank's g^-1 (:func:`rank_holds`): one count, :meth:`inverse` within the cap; one per
+        chunk, each chunk's within its share of the cap, merged (:func:`merged_inverse`)."""
+        if len(holds) == 1:
+            return self.inverse(key, holds[0])
+        found = self.inverses.get((key, holds))
+        if found is None:
+            found = self.inverses[(key, holds)] = merged_inverse(
+                [self.inverse(key, k, self.cap_bytes / len(holds)) for k in holds])
+        return found
+
+    def inverse(self, key: tuple[int, float], kmin: int, cap: float | None = None) -> Inverse:
+        """Breakpoints (t, w) of a rank's g^-1 holding at least ``kmin`` micro-batches in every
+        stage within ``cap`` (the device's by default) (:meth:`memory_bound_ms`; per ``key``,
+        ``kmin`` and ``cap``; :func:`inverse_points`)."""
+        cap = self.cap_bytes if cap is None else cap
+        found = self.inverses.get((key, kmin, cap))
+        if found is None:
+            _, _, curve, layer_work, state, saved = self.layer_arrays(key)
+            found = self.inverses[(key, kmin, cap)] = inverse_points(layer_work, state, saved, kmin, cap, curve)
+        return found
+
+    def floor_ms(self, c: Config, kappa: float) -> float:
+        """The memory floor as time of ``c`` with no waits, each rank's chunks holding the
+        micro-batches :func:`held_whole` counts, its state at ``kappa`` bytes per parameter
+        (:meth:`ConfigFacts.memory_floor_ms <planner.solve.floors.ConfigFacts.memory_floor_ms>`):
+        :meth:`ranks_bound` with ``a_r = 0``; inf where the stages cannot hold the profile between
+        them (:meth:`ranks_hold_the_work`), 0 where recomputation frees nothing."""
+        key = (c.microbatch_size, kappa)
+        _, _, curve, _, _, _ = self.layer_arrays(key)
+        if curve[1][-1] <= 0 or min(held_whole(c)) < 1:
+            return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
+        if not self.ranks_hold_the_work(c, key):
+            return math.inf  # no partition fits, at any recomputation: no proposal at all
+        return self.ranks_bound(c, key, np.zeros(c.layout.pipeline_size))
+
+    def ranks_hold_the_work(self, c: Config, key: tuple[int, float]) -> bool:
+        """:func:`~planner.solve.rank_memory.stages_hold_work` of ``c`` at ``key`` (each stage's most
+        work and layers worked out once per count and cap)."""
+        work, _, _, layer_work, state, _ = self.layer_arrays(key)
+        if key[0] not in self.leans:
+            self.leans[key[0]] = lean_saved_rows(self.cm, key[0])
+        lean, keep, lean_l, keep_l = self.leans[key[0]]
+        if key not in self.states:
+            self.states[key] = key[1] * layer_params(self.cm)
+        return stages_hold_work(c, (layer_work, state, lean, keep), (self.states[key], lean_l, keep_l), self.cap_bytes,
+                                work, self.most)

@@ -21,8 +21,9 @@ full} per layer, Kellerer et al. 2004 ch. 11): the same Pareto front, over which
 selective / none) adds one option; the workspace is enumerated over both levels' working
 sets. Without selective options the 0/1 cover above runs, unchanged.
 
-The selective path's excess-free part, priced for many stages at once, is
-:mod:`planner.solve.prices.layers` (the stage tables' recompute prices, the same least time).
+The selective path's excess-free part (:func:`level_covers`, one :class:`LevelCover` per working
+set) is priced for many stages at once by :mod:`planner.solve.prices.layers` (the stage tables'
+recompute prices, the same least time).
 
 Above :data:`EXACT_MAX_ITEMS` candidate layers (with selective options: and more than
 :data:`EXACT_MAX_GROUPS` kinds of layer) the front can grow exponentially; there a greedy by ms
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -171,6 +173,8 @@ def choose_recompute(
 
 #: one option of a layer: (cost ms, gain bytes, working set bytes, selective?)
 Option = tuple[float, float, float, bool]
+#: a layer's figures (forward ms, saved bytes, input bytes, attention core ms, attention core bytes)
+Layer = tuple[float, float, float, float, float]
 
 
 def _layer_options(
@@ -349,3 +353,96 @@ def layer_options(fwd_ms: float, saved_bytes: float, input_bytes: float, core_ms
 
 
 register_function("solve.recompute.group_combos", group_combos, key="(a layer's options, number of identical layers)")
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCover:
+    """One workspace's cover of the selective path of
+    :func:`choose_recompute` for one stage and in-flight count, with
+    everything that does not depend on the excess worked out: the front over the groups other
+    than the largest, and that group's options. :func:`planner.solve.prices.layers.level_cover_costs` prices it for many
+    targets at once with the same float operations as that path's cover (the same least cost,
+    bit for bit); which layers reach it is left to ``choose_recompute``."""
+
+    workspace_bytes: float
+    most_gain_bytes: float  # every layer's largest gain summed: above it nothing covers
+    front_ms: tuple[float, ...]  # the front over the other groups, cost ascending
+    front_gain_bytes: tuple[float, ...]
+    count: int  # layers in the largest group
+    full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
+    sel: tuple[float, float] | None  # the same for its selective level
+    #: (count, most full layers, full ms, full gain, has selective, selective ms, selective gain
+    #: (1 where none: never used), most gain): one row of level_cover_costs (:func:`_level_cover`)
+    params: tuple[float, ...]
+
+
+def _level_cover(workspace: float, most: float, front_ms: tuple[float, ...], front_gain: tuple[float, ...], count: int,
+           full: tuple[float, float] | None, sel: tuple[float, float] | None) -> LevelCover:
+    """A :class:`LevelCover` with its row of parameters."""
+    params = (float(count), float(count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
+              1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, most)
+    return LevelCover(workspace, most, front_ms, front_gain, count, full, sel, params)
+
+
+def level_covers(runs: Sequence[tuple[Layer, int]], inflight: int) -> tuple[LevelCover, ...] | None:
+    """The excess-free part of :func:`choose_recompute`'s selective path for a stage with
+    ``inflight`` micro-batches, given as runs of identical layers in order, ``(layer, count)``
+    (a :data:`Layer`: its figures, whose options :func:`layer_options` makes), one
+    :class:`LevelCover` per workspace (``()``: no layer can free anything; None: the cover is not
+    exact there, the greedy runs, so :func:`choose_recompute` must be called)."""
+    members: dict[tuple[Option, ...], int] = {}  # layers per options, in order of first appearance
+    for layer, count in runs:
+        opts = layer_options(*layer, inflight)
+        if opts:
+            members[opts] = members.get(opts, 0) + count
+    if not members:
+        return ()
+    if len(members) == 1:  # one kind of layer (a run of identical blocks): no front over other groups
+        ((opts, count),) = members.items()
+        return tuple(_level_cover(ws, count * most, (0.0,), (0.0,), count, full, sel)
+                     for ws, most, full, sel in _one_group_levels(opts))
+    if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
+        return None
+    out = []
+    for ws in sorted({o[2] for opts in members for o in opts}):
+        by_opts: dict[tuple[Option, ...], int] = {}
+        for opts, count in members.items():
+            allowed = tuple(o for o in opts if o[2] <= ws)
+            if allowed:
+                by_opts[allowed] = by_opts.get(allowed, 0) + count
+        groups = list(by_opts.items())
+        most = sum(count * max(o[1] for o in opts) for opts, count in groups)
+        big = max(range(len(groups)), key=lambda g: (groups[g][1], -g))
+        front = [(0.0, 0.0)]  # as _cover_levels builds it, without the picks
+        for g, (opts, count) in enumerate(groups):
+            if g == big:
+                continue
+            options = [(0.0, 0.0), *((c, gain) for c, gain, _, _ in group_combos(opts, count))]
+            front = cost_gain_front([(c + cc, gg + ga) for c, gg in front for cc, ga in options])
+        opts, count = groups[big]
+        full, sel = _levels(opts)
+        out.append(_level_cover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_group_levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float, tuple[float, float] | None,
+                                                            tuple[float, float] | None], ...]:
+    """Per workspace of ``opts`` (ascending), as :func:`level_covers` builds a stage of layers
+    all with ``opts``: the workspace, the largest gain of an option within it, and the (ms, gain)
+    of its full and selective levels within it (None: none)."""
+    out = []
+    for ws in sorted({o[2] for o in opts}):
+        allowed = tuple(o for o in opts if o[2] <= ws)
+        out.append((ws, max(o[1] for o in allowed), *_levels(allowed)))
+    return tuple(out)
+
+
+def _levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """The (ms, gain) of the full and of the selective level among ``opts`` (None: none)."""
+    full = next(((o[0], o[1]) for o in opts if not o[3]), None)
+    sel = next(((o[0], o[1]) for o in opts if o[3]), None)
+    return full, sel
+
+
+register_function("solve.recompute.one_group_levels", _one_group_levels, key="a layer's options")

@@ -43,7 +43,7 @@ from planner.artifacts.request import ScheduleKind
 from planner.cost import CostModel, allreduce_line, link_of, p2p_ms
 from planner.solve.arrays import distinct
 from planner.solve.chain import ChainSolution
-from planner.solve.prices import StageTable
+from planner.solve.prices import StageTable, exposure
 from planner.solve.recompute import INF
 
 __all__ = ["ReplicatedSolution", "replica_counts", "solve_replicated"]
@@ -102,8 +102,7 @@ class _Pricing:
             bw, lat = link_of(cm.cluster, first, first + d)
             comm = np.array([2.0 * p2p_ms(c * self.b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cut])
             comm[self.L] = 0.0
-        exposure = table.exposure(allreduce_line(cm.cluster, range(first, first + d)))
-        self._extra[key] = comm[None, :] + exposure
+        self._extra[key] = comm[None, :] + exposure(table, allreduce_line(cm.cluster, range(first, first + d)))
         return self._extra[key]
 
 

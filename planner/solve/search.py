@@ -142,7 +142,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.tensor_parallel import base_cluster, device_groups
+from planner.cost.tensor_parallel import device_groups
 from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import ChainSolver
 from planner.solve.ceiling import ChainBound, bound_chain
@@ -160,10 +160,9 @@ def search_plan(
 ) -> Plan:
     """The best plan over every tensor-parallel degree (see the module docstring)."""
     n = num_devices_of(cluster, request)
-    base = base_cluster(cluster, n)  # part of one node when the devices fit in one
     problem = Problem.of(profile, cluster, request, solver, n)  # plans record the cluster as given
     reference = me_reference(profile, cluster, request, solver, chain_solver, settings)
-    groups = device_groups(profile, base, n, request)
+    base, groups = device_groups(profile, cluster, n, request)  # base: part of one node when the devices fit in one
     # the working-set ceiling, before any stage table is built (planner.solve.ceiling)
     bound = bound_chain(profile.num_layers, tuple(g.groups_in(n) for g in groups), request, settings)
     if request.objective is Objective.TIME and settings.prune_degrees and settings.prune_configs:

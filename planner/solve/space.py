@@ -36,7 +36,7 @@ from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import Held, check_schedule_rules, held_counts, inflight_counts
+from planner.schedule import Held, check_schedule_rules, held_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -69,8 +69,8 @@ class Config:
         return self.layout.num_groups
 
     def inflight(self) -> tuple[int, ...]:
-        """Micro-batches one device of each stage holds at its peak."""
-        return inflight_counts(self.schedule, self.layout, self.num_microbatches)
+        """Micro-batches one device of each stage holds at its peak (:attr:`Held.inflight`)."""
+        return tuple(h.inflight for h in held_counts(self.schedule, self.layout, self.num_microbatches))
 
     def held(self) -> tuple[Held, ...]:
         """Per stage, the micro-batches one device holds at its peak, whole and past their I
@@ -265,12 +265,8 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration
         # also stands for its HSDP variant (Config.with_hsdp): the cheaper of the two lines
-        line = cm.fsdp_line(c.layout)
         g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
-        if g:
-            other = cm.fsdp_line(dataclasses.replace(c.layout, shard_group_size=g))
-            line = (min(line[0], other[0]), min(line[1], other[1]))
-        comm = cm.fsdp_comm_ms(c.microbatch_size, line, c.sharding())
+        comm = cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.sharding(), g)
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
         return max(c.num_microbatches * per / c.pipeline_size, crossing)
     return max(c.num_microbatches * work / c.pipeline_size, crossing)

@@ -7,10 +7,10 @@ A stage ``[i, j)`` holding ``k`` micro-batches whole and ``p`` past their I with
 which frees at least ``e / k`` bytes per micro-batch, ``e = static + p keep + k act - cap`` (its
 bytes over the cap without any; W's inputs are kept recomputed or not), and no more than the
 stage's ``gain``. Any choice freeing ``x`` bytes per micro-batch takes at least ``R(x)``, the
-least time of any layers freeing ``x`` in fractions (:func:`~planner.solve.floors.recompute_curve`,
+least time of any layers freeing ``x`` in fractions (:func:`~planner.solve.rank_memory.recompute_curve`,
 convex). So ``T <= X`` only where ``e <= k min(gain, R^-1(X - C))``: :func:`stage_fits_within`,
 a mask per stage; where no partition into ``P`` stages is made of such stages
-(:func:`~planner.solve.chain_dp.reaches`), every partition has a stage over ``X``. The chain DP's
+(:func:`~planner.solve.prices.fits.reaches`), every partition has a stage over ``X``. The chain DP's
 optimum, its re-solve at a zero-bubble stage's conservative counts (more bytes: slower), and the
 baselines' partitions (:func:`~planner.solve.candidates.fixed_split`, the same least recomputation)
 then all have their busiest rank above ``X`` (one stage per rank): ``M X`` above what the
@@ -29,12 +29,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from planner.schedule import Held
-from planner.solve.chain_dp import reaches
-from planner.solve.floors import recompute_curve
 from planner.solve.prices import StageTable
-from planner.solve.rank_memory import Curve
+from planner.solve.prices.fits import reaches
+from planner.solve.rank_memory import Curve, recompute_curve
 
-__all__ = ["busiest_stage_above", "stage_fits_within", "surely_fits", "table_curve"]
+__all__ = ["busiest_stage_above", "skippable", "stage_fits_within", "surely_fits", "table_curve"]
 
 #: relative slack on times and bytes: the floor may only err towards "might fit" (float rounding)
 SLACK = 1e-9
@@ -122,3 +121,21 @@ def largest_workspace(table: StageTable) -> np.ndarray:
     for i in range(L):
         out[i, i + 1:] = np.maximum.accumulate(per_layer[i:])
     return out
+
+
+def skippable(table: StageTable, held: Sequence[Held], sure_held: Sequence[Held], limit_ms: float,
+              curves: dict[int, Curve], workspaces: dict[int, np.ndarray]) -> bool:
+    """Every partition into ``len(held)`` stages has a stage slower than ``limit_ms``
+    (:func:`busiest_stage_above`) and some partition surely fits at ``sure_held``
+    (:func:`surely_fits`): a configuration solving nothing a search can use. ``curves`` and
+    ``workspaces``: the caller's, per table (by id), its :func:`table_curve` and
+    :func:`largest_workspace`, worked out here once each."""
+    curve = curves.get(id(table))
+    if curve is None:
+        curve = curves[id(table)] = table_curve(table)
+    if not busiest_stage_above(table, curve, held, limit_ms):
+        return False
+    workspace = workspaces.get(id(table))
+    if workspace is None:
+        workspace = workspaces[id(table)] = largest_workspace(table)
+    return surely_fits(table, sure_held, workspace)

@@ -45,17 +45,20 @@ ANALYTIC_ATTENTION = (AttentionKind.FLASH, AttentionKind.MATERIALISED)
 class AttentionCoreCost:
     """One block's attention core per sample (see the module docstring)."""
 
+    kind: AttentionKind
     fwd_flops: float
     saved_bytes: float  # what the core saves beyond Q, K, V and its output: freed by selective recomputation
 
 
-def attention_core_cost(kind: AttentionKind, *, seq: int, heads: int, head_dim: int) -> AttentionCoreCost:
-    """The attention core of a block for ``kind`` (module docstring)."""
+def attention_core_cost(kind: AttentionKind | str, *, seq: int, heads: int, head_dim: int) -> AttentionCoreCost:
+    """The attention core of a block for ``kind`` (module docstring; a name is read by
+    :func:`parse_attention`)."""
+    kind = parse_attention(kind)
     s, a, q = float(seq), float(heads), float(heads * head_dim)
     if kind is AttentionKind.MATERIALISED:
-        return AttentionCoreCost(fwd_flops=4.0 * s * s * q, saved_bytes=5.0 * a * s * s)
+        return AttentionCoreCost(kind=kind, fwd_flops=4.0 * s * s * q, saved_bytes=5.0 * a * s * s)
     if kind is AttentionKind.FLASH:
-        return AttentionCoreCost(fwd_flops=4.0 * s * s * q, saved_bytes=4.0 * a * s)
+        return AttentionCoreCost(kind=kind, fwd_flops=4.0 * s * s * q, saved_bytes=4.0 * a * s)
     raise PlannerInputError(f"--attention must be one of {[k.value for k in ANALYTIC_ATTENTION]} (got {kind.value!r})")
 
 

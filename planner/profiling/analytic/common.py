@@ -31,7 +31,6 @@ from planner.profiling.analytic.gemm import (
     carried_from_h100,
     gemm_model_of,
     gemms_ms,
-    wgrad_ms,
 )
 
 
@@ -106,8 +105,9 @@ class DeviceRates:
     peak_flops_per_ms: float
     bytes_per_ms: float
 
-    def gemms_ms(self, gemms: Sequence[Gemm], b: int, t: int = 1, split: bool | None = None, backward: bool = False) -> float:
-        return gemms_ms(gemms, self.gemm, self.peak_flops_per_ms, b, t, split, backward)
+    def gemms_ms(self, gemms: Sequence[Gemm], b: int, t: int = 1, split: bool | None = None, backward: bool = False,
+                 weighted: bool = False) -> float:
+        return gemms_ms(gemms, self.gemm, self.peak_flops_per_ms, b, t, split, backward, weighted)
 
 
 def _line(y: dict[int, float]) -> TimeFit:
@@ -134,7 +134,7 @@ def analytic_layer(
     (:mod:`planner.profiling.analytic.attention`).
 
     Backward split (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 2): W is one
-    product per weighted GEMM, as long as its forward (:func:`wgrad_ms`); everything else (the
+    product per weighted GEMM, as long as its forward (``gemms_ms(weighted=True)``); everything else (the
     input-gradient products, attention's products, the element-wise bytes) is B. Its share of
     the backward is taken at the larger fit size; ``kw["wsaved"]`` (bytes per sample, default
     0) is what W keeps alive after B: the inputs of the weight GEMMs."""
@@ -147,7 +147,7 @@ def analytic_layer(
     fwd = {b: at(b, False) for b in FIT_SIZES}
     big = FIT_SIZES[-1]
     bwd_big = at(big, True)
-    w_share = min(1.0, wgrad_ms(gemms, rates.gemm, rates.peak_flops_per_ms, big) / bwd_big) if bwd_big > 0 else 0.0
+    w_share = min(1.0, rates.gemms_ms(gemms, big, weighted=True) / bwd_big) if bwd_big > 0 else 0.0
     w_saved = min(1.0, float(kw.get("wsaved", 0.0)) / saved) if saved > 0 else 0.0
     if tp is not None and fwd[1] > 0:
         tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem, bwd_moved)

@@ -29,14 +29,14 @@ with in its metadata.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
 
 __all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "FIT_METHOD", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel",
-           "carried_from_h100", "fit_source", "gemm_model_of", "gemms_ms", "wgrad_ms"]
+           "carried_from_h100", "fit_source", "gemm_model_of", "gemms_ms"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +62,17 @@ class GemmModel:
         pair, intensity ``1 / (1/m + 1/n)``, see :class:`Gemm`)."""
         intensity = 1.0 / (1.0 / m + 1.0 / n + (0.0 if fused else 1.0 / k))
         return self.max_efficiency * intensity / (intensity + self.half_intensity)
+
+    @classmethod
+    def of_metadata(cls, meta: Mapping[str, object], memory_default: float | None = 1.0) -> GemmModel | None:
+        """The constants a profile's metadata records (:meth:`metadata`'s inverse); None where it
+        records none (a measured profile). ``memory_default``: the memory efficiency where none is
+        recorded (None: it must be recorded too)."""
+        e_max, half = meta.get("gemm_max_efficiency"), meta.get("gemm_half_intensity_flop_per_byte")
+        mem = meta.get("memory_efficiency", memory_default)
+        if not (isinstance(e_max, float) and isinstance(half, float) and isinstance(mem, float)):
+            return None
+        return cls(max_efficiency=e_max, half_intensity=half, memory_efficiency=mem)
 
     def metadata(self) -> dict[str, str | float]:
         """The constants as a profile's metadata records them."""
@@ -135,17 +146,14 @@ class Gemm:
         return fwd * self.bwd_factor if backward else fwd
 
 
-def wgrad_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1) -> float:
-    """Weight-gradient time W of ``gemms`` at micro-batch ``b``: one product of each weighted
-    GEMM's forward shape, as long as its forward (Qi et al. 2024 sec. 2)."""
-    return sum(g.ms(model, peak_flops_per_ms, b, t) for g in gemms if g.weighted)
-
-
 def gemms_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1,
-             split: bool | None = None, backward: bool = False) -> float:
+             split: bool | None = None, backward: bool = False, weighted: bool = False) -> float:
     """Forward (or backward) time of ``gemms`` (only the split ones with ``split`` True, the
-    others with False)."""
-    return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms if split is None or bool(g.split) == split)
+    others with False). ``weighted``: only the weighted GEMMs' forward products, which is the
+    weight-gradient time W (one product of each weighted GEMM's forward shape, as long as its
+    forward: Qi et al. 2024 sec. 2)."""
+    return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms
+               if (split is None or bool(g.split) == split) and (g.weighted or not weighted))
 
 
 #: the largest BF16 matmul each device reaches, as a fraction of its datasheet peak: Stas Bekman's

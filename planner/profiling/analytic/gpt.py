@@ -70,7 +70,7 @@ from planner.artifacts.kinds import AttentionKind
 from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.tensor_split import TensorSplit
 from planner.models.flops import gpt_model_flops_per_sample
-from planner.profiling.analytic.attention import attention_core_cost, parse_attention
+from planner.profiling.analytic.attention import attention_core_cost
 from planner.profiling.analytic.common import (
     BYTES_PER_ACT,
     analytic_layer,
@@ -155,13 +155,13 @@ def gpt_profile(
         raise PlannerInputError("--layers, --hidden, --heads, --seq and --vocab must all be >= 1")
     if hidden % heads:
         raise PlannerInputError(f"--hidden {hidden} is not divisible by --heads {heads}")
-    kind = parse_attention(attention)
+    core = attention_core_cost(attention, seq=seq, heads=heads, head_dim=hidden // heads)
+    kind = core.kind
     flash = kind is AttentionKind.FLASH
     rates = device_rates(device_preset, gemm)
     device = rates.device
     s, h, a, V = seq, hidden, heads, vocab
     act_in = BYTES_PER_ACT * s * h
-    core = attention_core_cost(kind, seq=s, heads=a, head_dim=h // a)
 
     def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
         return megatron_split(act_in, params, saved, fwd, bwd, divide)

@@ -22,8 +22,8 @@ Its module-level caches are registered in :mod:`planner.artifacts.caches` (bound
 here: they price stages from the cost model directly, so that they check these tables.
 """
 
-from planner.solve.prices.extras import stage_extras
+from planner.solve.prices.extras import exposure, stage_extras
 from planner.solve.prices.fits import RecentEntries
 from planner.solve.prices.table import StageTable
 
-__all__ = ["RecentEntries", "StageTable", "stage_extras"]
+__all__ = ["RecentEntries", "StageTable", "exposure", "stage_extras"]

@@ -23,7 +23,7 @@ from planner.artifacts.layout import Layout
 from planner.cost import CostModel, grad_group_line, link_of, p2p_ms
 from planner.solve.prices.table import StageTable
 
-__all__ = ["stage_extras"]
+__all__ = ["exposure", "hidden_backward", "stage_extras"]
 
 Line = tuple[float, float]  # (ms per byte, ms) of a collective or a link's (GB/s, us)
 
@@ -48,8 +48,35 @@ def _links(cluster: Cluster, layout: Layout) -> tuple[list[Line], list[Line | No
     return found[1], found[2]
 
 
+def hidden_backward(table: StageTable) -> np.ndarray:
+    """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
+    proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
+    gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
+    overlap = table.cm.stack.reduce_overlap(table.sharding.zero is not ZeroStage.NONE)
+    return table.bwd_prefix[None, :] if overlap else table.bwd_prefix[:, None]
+
+
+def exposure(table: StageTable, line: Line, expert_line: Line = (0.0, 0.0)) -> np.ndarray:
+    """``X(i, j)`` of a stage of ``table`` whose gradient group's all-reduce line is ``line`` (ms
+    per byte, ms): its bytes synchronised after its last backward on that line, less the backward
+    work it overlaps (:func:`hidden_backward`), at least 0 (zeros where the line is (0, 0): no
+    group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage. With
+    routed experts, theirs on ``expert_line`` (their expert data-parallel group's)."""
+    per_byte, fixed = line
+    if table.cm.has_experts:  # of sync_bytes, the routed experts' (on their own group's line)
+        experts = table.cm.stage_expert_param_matrix() * table.sync_bytes_per_param
+        e_byte, e_fixed = expert_line
+        out_e: np.ndarray = np.maximum(0.0, per_byte * (table.sync_bytes - experts) + fixed + e_byte * experts
+                                       + np.where(experts > 0, e_fixed, 0.0) - hidden_backward(table))
+        return out_e
+    if per_byte == 0.0 and fixed == 0.0:
+        return np.zeros_like(table.sync_bytes)
+    out: np.ndarray = np.maximum(0.0, per_byte * table.sync_bytes + fixed - hidden_backward(table))
+    return out
+
+
 def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
-    """``X_s(i, j)`` for every stage (:meth:`StageTable.exposure` of its gradient line, and of its
+    """``X_s(i, j)`` for every stage (:func:`exposure` of its gradient line, and of its
     routed experts' group's; zeros under ZeRO 3, whose collectives are in the stage times)."""
     out = []
     by_line: dict[tuple[Line, Line], np.ndarray] = {}
@@ -57,7 +84,7 @@ def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
     for s, line in enumerate(_links(cm.cluster, layout)[0]):
         expert = cm.expert_grad_line(layout, s) if cm.has_experts else (0.0, 0.0)
         if (line, expert) not in by_line:
-            m = np.zeros_like(table.sync_bytes) if layout.zero is ZeroStage.PARAMETERS else table.exposure(line, expert)
+            m = np.zeros_like(table.sync_bytes) if layout.zero is ZeroStage.PARAMETERS else exposure(table, line, expert)
             m.flags.writeable = False
             by_line[(line, expert)] = m
         out.append(by_line[(line, expert)])

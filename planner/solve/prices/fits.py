@@ -5,26 +5,36 @@ flight, as they are or at their leanest recomputation (the base class of
 Every answer is an ``(L + 1) x (L + 1)`` matrix over the stages ``[i, j)`` (or read from one),
 worked out from the table's fixed part (:mod:`planner.solve.prices.fixed`) and kept per
 ``(inflight, cap)`` in the table's entries (:class:`Entries`: bases, tables, fit masks, recompute
-choices, cap views), where a :class:`RecentEntries` may bound how many a search keeps.
+choices, cap views), where a :class:`RecentEntries` may bound how many a search keeps. Questions
+over a whole partition are the table's too: whether some partition might fit
+(:meth:`StageFits.could_partition`, :func:`reaches`; at every held state of a zero-bubble stage,
+:meth:`StageFits.could_fit_every_state`), and what the chain DP reads before it prices any
+recomputation, asked once per solve (:meth:`StageFits.chain_fits`, one :class:`ChainFits`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Self
+from dataclasses import dataclass
+from typing import Generic, Self, TypeVar
 
 import numpy as np
 
 from planner.artifacts.layout import Sharding
 from planner.cost import CostModel
+from planner.schedule import Held
 from planner.solve.arrays import distinct
 from planner.solve.chain import StageQuestion
+from planner.solve.held import peak_states
 from planner.solve.prices.capview import CapView, cap_view, excess_bytes
-from planner.solve.prices.fixed import fixed_part, lengths
+from planner.solve.prices.fixed import fixed_part
 from planner.solve.recompute import INF, RecomputeChoice
 
-__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "Entries", "RecentEntries", "StageFits"]
+__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "ChainFits", "Entries", "RecentEntries", "StageFits", "reaches"]
+
+#: a stage's key in a :class:`ChainFits`: (micro-batches past I held in its static bytes, (in-flight count, cap))
+StageKey = tuple[int, tuple[int, float]]
 
 #: :meth:`StageFits.least_bytes` is worked out over at most this many distinct working sets
 LEAST_BYTES_WORKSPACES = 32
@@ -71,8 +81,8 @@ class RecentEntries:
     share, each within the last 32 asked; 2 of 271 views worked out again), while keeping every one
     held 420 MB of the search's 460 MB peak (resident; 184 MB with 32 kept, and 0.1 to 0.2 s less of
     the kernel's page faults). Forgotten entries are worked out again when asked, the same.
-    Forgetting happens only between solves (:meth:`StageTable.settle`, at the start of
-    :func:`planner.solve.chain_dp.solve_chain`), since a solve reads its entries until it returns."""
+    Forgetting happens only between solves (:meth:`StageFits.settle`, at the start of each
+    :func:`planner.solve.chain_dp.solve_chain`: :meth:`StageFits.chain_fits`), since a solve reads its entries until it returns."""
 
     def __init__(self, keep: int = 32) -> None:
         self.keep = keep
@@ -87,6 +97,42 @@ class RecentEntries:
         while len(self._order) > self.keep:
             key = next(iter(self._order))
             self._order.pop(key).forget(key[1])
+
+
+def reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
+    """Some partition into ``P`` stages has stage ``s`` where ``fits[s]`` holds."""
+    w = L - P + 1
+    reach = np.zeros(w, dtype=bool)  # over the stops of stage s: stage s + 1 onwards can cover the rest
+    reach[-1] = True
+    for s in range(P - 1, -1, -1):
+        fit = fits[s][s:s + w, s + 1:s + 1 + w]
+        reach = np.any(fit & reach[None, :], axis=1)
+        if not reach.any():
+            return False
+    return bool(reach[0])
+
+
+_Table = TypeVar("_Table", bound="StageFits")
+
+
+@dataclass(frozen=True, slots=True)
+class ChainFits(Generic[_Table]):
+    """What the chain DP reads of a table about one configuration's stages before it prices any
+    recomputation (:meth:`StageFits.chain_fits`, once per solve): per stage its table (its
+    micro-batches past I held, :meth:`StageFits.held`) and key; per distinct key the stage times
+    without recomputation (:meth:`StageFits.base`) and the stages that fit only with it (none
+    where the table does not recompute); the most layers of any stage that might fit, with and
+    without recomputation (:meth:`StageFits.longest`); and per number of layers the least
+    compute time of any stage that long (inf where none: the most layers of a stage within a
+    time, :func:`planner.solve.chain_dp._longest_within`)."""
+
+    tables: tuple[_Table, ...]  # per stage
+    keys: tuple[StageKey, ...]  # per stage
+    bases: dict[StageKey, np.ndarray]
+    needs: dict[StageKey, np.ndarray]  # empty where the table does not recompute
+    longest: int
+    plain_longest: int
+    fastest_by_length: np.ndarray  # [l]: the least compute ms of a stage of l layers
 
 
 class StageFits:
@@ -144,6 +190,8 @@ class StageFits:
         self._layers = batch.layers
         self._kind = self._layers.kind
         self._run = self._layers.run
+        self.lengths = batch.lengths  # j - i at [i, j]
+        self._fastest: np.ndarray | None = None  # per number of layers, the least compute (chain_fits)
         self._levels = batch.levels
         self._keep = batch.keep  # per stage, what a micro-batch past its I keeps (held)
         self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
@@ -279,11 +327,6 @@ class StageFits:
         out: np.ndarray = self.could_fit(*at) & ~self.could_fit(*at, recompute=False)
         return out
 
-    def recomputes(self, bands: dict[tuple[int, float], np.ndarray]) -> bool:
-        """Some stage of ``bands`` (per ``(inflight, cap)``, a mask as :meth:`StageTable.tables` takes)
-        fits only with recomputation, which the table allows (:meth:`StageTable.tables` would price it)."""
-        return self.allow_recompute and any(bool(np.any(band & self._needs(at))) for at, band in bands.items())
-
     def longest(self, inflight: int, cap: float | None = None, recompute: bool = True) -> int:
         """The most layers of any stage that :meth:`could_fit` (0 if none)."""
         recompute = recompute and self.allow_recompute
@@ -294,9 +337,71 @@ class StageFits:
             return int(fitting[-1]) if len(fitting) else 0
         found = self._longest.get(key)
         if found is None:
-            found = self._longest[key] = int(np.max(self.could_fit(*key) * lengths(self.L)))
+            found = self._longest[key] = int(np.max(self.could_fit(*key) * self.lengths))
         return found
 
-    def longest_within(self, limit: float) -> int:
-        """The most layers of any stage whose compute time is at most ``limit`` (0 if none)."""
-        return int(np.max((self.compute <= limit) * lengths(self.L)))
+    def could_partition(self, inflight: Sequence[int], recompute: bool = True, tables: Sequence[StageFits] = ()) -> bool:
+        """Some partition into ``len(inflight)`` stages might fit (:meth:`could_fit`, stage ``s``
+        with ``inflight[s]`` micro-batches and its share of the memory): when none does, the
+        configuration has no plan, which this finds without pricing any recomputation. Without
+        ``recompute``: some partition fits with none (then the chain DP finds a plan).
+        ``tables``: each stage's own (:meth:`held`), else this table for all."""
+        L, P = self.L, len(inflight)
+        if tables and any(t is not self for t in tables):
+            ats = [(inflight[s], self.cap_of(s)) for s in range(P)]
+            return reaches([t.could_fit(*a, recompute) for t, a in zip(tables, ats)], L, P)
+        if L - P + 1 < 1:  # stage s starts in [s, s + w) and stops in [s + 1, s + 1 + w), w = L - P + 1
+            return False
+        ats = [(inflight[s], self.cap_of(s)) for s in range(P)]
+        cuts = [s * L // P for s in range(P + 1)]  # a witness first: stages of about equal layers
+        if self.might_fit_all(ats, cuts, recompute):
+            return True
+        found = {at: self.could_fit(*at, recompute) for at in dict.fromkeys(ats)}  # few distinct: one lookup each
+        return reaches([found[at] for at in ats], L, P)
+
+    def could_fit_every_state(self, held: Sequence[Held]) -> bool:
+        """Some partition into ``len(held)`` stages might fit every held state of each stage: stage
+        ``s`` fits its cap at each ``(whole, pending)`` of ``held[s].states`` (each of its
+        :func:`~planner.solve.held.peak_states`: at its leanest a state holds ``whole x (act - gain)
+        + pending x keep`` over what it holds at none, ``keep >= 0``, so one of those is the
+        heaviest), each state at its own leanest recomputation (:meth:`could_fit` of the table with
+        ``pending`` held, as the chain DP reads it). A relaxation of
+        :func:`planner.solve.held.fits_every_state` over every partition and recomputation: where it
+        fails, no solution fits every state (the peak's optimum fails that check), nor does any fit
+        the state above them all (:attr:`Held.conservative`), so
+        :func:`planner.solve.candidates.solve_config` has none without solving either."""
+        masks: dict[tuple[tuple[tuple[int, int], ...], float], np.ndarray] = {}
+        fits = []
+        for s, h in enumerate(held):
+            key = (peak_states(h.states), self.cap_of(s))
+            found = masks.get(key)
+            if found is None:
+                found = np.logical_and.reduce([self.held(p).could_fit(w, key[1]) for w, p in key[0]])
+                masks[key] = found
+            fits.append(found)
+        return len(held) <= self.L and reaches(fits, self.L, len(held))
+
+    def chain_fits(self, held: Sequence[Held]) -> ChainFits[Self] | None:
+        """:class:`ChainFits` of a configuration whose stage ``s`` holds ``held[s]`` (its whole
+        micro-batches in flight, those past I in its table's static bytes), after :meth:`settle`
+        (the chain DP asks this first); None where no partition might fit even with every layer
+        at its leanest level (:meth:`could_partition`)."""
+        self.settle()
+        ks = [h.whole for h in held]
+        per = tuple(self.held(h.pending) for h in held)
+        if not self.could_partition(ks, tables=per):
+            return None
+        keys = tuple((h.pending, (k, self.cap_of(s))) for s, (h, k) in enumerate(zip(held, ks)))
+        tab = {key: per[s] for s, key in enumerate(keys)}
+        bases = {key: tab[key].base(*key[1]) for key in dict.fromkeys(keys)}
+        if self._fastest is None:
+            fastest = np.full(self.L + 1, INF)
+            np.minimum.at(fastest, np.maximum(self.lengths, 0).ravel(), self.compute.ravel())
+            fastest[0] = INF  # (no stage of no layers; below the diagonal compute is inf)
+            self._fastest = fastest
+        return ChainFits(
+            tables=per, keys=keys, bases=bases,
+            needs={key: tab[key]._needs(key[1]) for key in bases} if self.allow_recompute else {},
+            longest=max(tab[key].longest(*key[1]) for key in bases),  # of any stage that might fit
+            plain_longest=max(tab[key].longest(*key[1], recompute=False) for key in bases),  # that fits as it is
+            fastest_by_length=self._fastest)

@@ -55,6 +55,7 @@ class BatchPart:
     gain: np.ndarray  # the most bytes recomputation can free from each stage per micro-batch in flight
     levels: np.ndarray | None  # stages whose choice is the selective cover, priced many at once (None: none)
     layers: LayerKinds
+    lengths: np.ndarray  # per stage its number of layers, j - i at [i, j] (:func:`lengths`)
     choices: Choices  # grows as tables ask (a memo, the same answer whichever table asks)
 
 
@@ -99,18 +100,19 @@ def _build_fixed(cm: CostModel, microbatch_size: int, sharding: Sharding, fsdp_l
     batch = _BATCHES.get(cm, (microbatch_size, fixed_boundaries))
     if batch is None:
         batch = _BATCHES.put(cm, (microbatch_size, fixed_boundaries), _batch_part(cm, microbatch_size, fixed_boundaries))
-    params = cm.stage_param_matrix()
+    tables = cm.state_tables(sharding)
+    params = tables.param_count
     fsdp = is_fsdp(sharding)
     compute = batch.compute
     if fsdp:  # F' + B': ZeRO 3's gathers and reduce-scatters as the stack overlaps them
         compute = np.where(batch.valid, cm.fsdp_terms(microbatch_size, fsdp_line, sharding).matrix(), INF)
         batch = _fsdp_batch(cm, batch, microbatch_size, sharding, fsdp_line)
-    kappa = sum(cm.state_bytes_per_param(sharding))
-    sync_per_param = cm.post_backward_sync_bytes_per_param(sharding.zero, sharding.ranks if sharding.replicas > 1 else 0)
+    kappa = tables.state_bytes_per_param
+    sync_per_param = tables.sync_bytes_per_param
     sync_bytes = _SYNC.get(cm, sync_per_param)
     if sync_bytes is None:
         sync_bytes = _SYNC.put(cm, sync_per_param, _read_only(params * sync_per_param))
-    static = cm.stage_state_matrix(sharding) + batch.buffer
+    static = tables.state_bytes + batch.buffer
     if fsdp:  # the gathered weights and gradients of the layers in flight
         static = static + working_set_matrix(
             cm.param_count, cm.weight_bytes_per_param + cm.grad_bytes_per_param, cm.stack.fsdp_prefetch)
@@ -154,7 +156,7 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
         keep=_read_only(np.minimum(sums.wgrad_bytes, sums.activation_bytes)), shared=shared,
         saved=_read_only(saved), inputs=_read_only(inputs), core=_read_only(core), core_ms=_read_only(core_ms),
         gain=_read_only(gp[None, :] - gp[:, None]), levels=None if levels is None else _read_only(levels),
-        layers=layers_of(fwd, saved, inputs, core, core_ms), choices={},
+        layers=layers_of(fwd, saved, inputs, core, core_ms), lengths=lengths(L), choices={},
     )
 
 

@@ -19,111 +19,16 @@ layers reach it is left to that function, asked only for the stages a plan uses.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.caches import Cache, register_function
-from planner.solve.recompute import (
-    EXACT_MAX_GROUPS,
-    EXACT_MAX_ITEMS,
-    INF,
-    Option,
-    cost_gain_front,
-    group_combos,
-    layer_options,
-)
+from planner.artifacts.caches import Cache
+from planner.solve.recompute import INF, Layer, LevelCover, level_covers
 
-__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCover", "layers_of", "level_cover_costs", "level_covers"]
-
-
-@dataclass(frozen=True, slots=True)
-class LevelCover:
-    """One workspace's cover of the selective path of
-    :func:`~planner.solve.recompute.choose_recompute` for one stage and in-flight count, with
-    everything that does not depend on the excess worked out: the front over the groups other
-    than the largest, and that group's options. :func:`level_cover_costs` prices it for many
-    targets at once with the same float operations as that path's cover (the same least cost,
-    bit for bit); which layers reach it is left to ``choose_recompute``."""
-
-    workspace_bytes: float
-    most_gain_bytes: float  # every layer's largest gain summed: above it nothing covers
-    front_ms: tuple[float, ...]  # the front over the other groups, cost ascending
-    front_gain_bytes: tuple[float, ...]
-    count: int  # layers in the largest group
-    full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
-    sel: tuple[float, float] | None  # the same for its selective level
-
-    @property
-    def params(self) -> tuple[float, ...]:
-        """(count, most full layers, full ms, full gain, has selective, selective ms, selective
-        gain (1 where none: never used), most gain): one row of :func:`level_cover_costs`."""
-        full, sel = self.full, self.sel
-        return (float(self.count), float(self.count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
-                1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, self.most_gain_bytes)
-
-
-def level_covers(runs: Sequence[tuple[tuple[Option, ...], int]]) -> tuple[LevelCover, ...] | None:
-    """The excess-free part of :func:`~planner.solve.recompute.choose_recompute`'s selective
-    path for a stage given as runs of identical layers in order, ``(options, count)``
-    (:func:`~planner.solve.recompute.layer_options`), one :class:`LevelCover` per workspace
-    (``()``: no layer can free anything; None: the cover is not exact there, the greedy runs, so
-    :func:`~planner.solve.recompute.choose_recompute` must be called)."""
-    members: dict[tuple[Option, ...], int] = {}  # layers per options, in order of first appearance
-    for opts, count in runs:
-        if opts:
-            members[opts] = members.get(opts, 0) + count
-    if not members:
-        return ()
-    if len(members) == 1:  # one kind of layer (a run of identical blocks): no front over other groups
-        ((opts, count),) = members.items()
-        return tuple(LevelCover(ws, count * most, (0.0,), (0.0,), count, full, sel)
-                     for ws, most, full, sel in _one_group_levels(opts))
-    if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
-        return None
-    out = []
-    for ws in sorted({o[2] for opts in members for o in opts}):
-        by_opts: dict[tuple[Option, ...], int] = {}
-        for opts, count in members.items():
-            allowed = tuple(o for o in opts if o[2] <= ws)
-            if allowed:
-                by_opts[allowed] = by_opts.get(allowed, 0) + count
-        groups = list(by_opts.items())
-        most = sum(count * max(o[1] for o in opts) for opts, count in groups)
-        big = max(range(len(groups)), key=lambda g: (groups[g][1], -g))
-        front = [(0.0, 0.0)]  # as _cover_levels builds it, without the picks
-        for g, (opts, count) in enumerate(groups):
-            if g == big:
-                continue
-            options = [(0.0, 0.0), *((c, gain) for c, gain, _, _ in group_combos(opts, count))]
-            front = cost_gain_front([(c + cc, gg + ga) for c, gg in front for cc, ga in options])
-        opts, count = groups[big]
-        full, sel = _levels(opts)
-        out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def _one_group_levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float, tuple[float, float] | None,
-                                                            tuple[float, float] | None], ...]:
-    """Per workspace of ``opts`` (ascending), as :func:`level_covers` builds a stage of layers
-    all with ``opts``: the workspace, the largest gain of an option within it, and the (ms, gain)
-    of its full and selective levels within it (None: none)."""
-    out = []
-    for ws in sorted({o[2] for o in opts}):
-        allowed = tuple(o for o in opts if o[2] <= ws)
-        out.append((ws, max(o[1] for o in allowed), *_levels(allowed)))
-    return tuple(out)
-
-
-def _levels(opts: tuple[Option, ...]) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
-    """The (ms, gain) of the full and of the selective level among ``opts`` (None: none)."""
-    full = next(((o[0], o[1]) for o in opts if not o[3]), None)
-    sel = next(((o[0], o[1]) for o in opts if o[3]), None)
-    return full, sel
+__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "layers_of", "level_cover_costs"]
 
 
 #: elements per block of :func:`level_cover_costs` (rows x front x counts), to bound its memory
@@ -258,12 +163,25 @@ def _cover_block(fc: np.ndarray, fg: np.ndarray, params: np.ndarray, targets: np
     return np.where((most < targets) | ~(best < INF), INF, np.where(targets <= 0, 0.0, best))
 
 
-register_function("solve.prices.layers.one_group_levels", _one_group_levels, key="a layer's options")
-
-
 #: profiles with at most this many kinds of layer key a stage's recompute covers by what it holds
 #: (:attr:`LayerKinds.by_content`), else by its runs
 CONTENT_KINDS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class LevelCosts:
+    """The least recompute times of many stages at once (:meth:`LayerKinds.level_costs`), by
+    problem: stages with the same layers, in-flight count and excess share one. Per problem its
+    cost (inf where nothing fits; inf too where the cover is not exact: ``inexact``, which the
+    caller prices with :func:`~planner.solve.recompute.choose_recompute`'s greedy), a stage of it
+    (``pair``), its in-flight count and excess; per stage its problem."""
+
+    costs: np.ndarray  # per problem, ms (writable: the caller fills in the inexact ones)
+    inexact: np.ndarray  # the problems whose cover is not exact
+    pair: np.ndarray  # per problem, one of its stages (a position in the stages asked)
+    inflight: np.ndarray  # per problem
+    excess: np.ndarray  # per problem, bytes
+    problem: np.ndarray  # per stage asked, its problem
 
 
 class LayerKinds:
@@ -275,11 +193,12 @@ class LayerKinds:
 
     def __init__(self, fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray,
                  core_ms: np.ndarray):
-        self.arrays = (fwd, saved, inputs, core, core_ms)
         L = len(fwd)
-        kinds: dict[tuple[float, ...], int] = {}
+        kinds: dict[tuple[float, float, float, float, float], int] = {}
         self.kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
                      for f, a, b, c, cm_ in zip(fwd, saved, inputs, core, core_ms)]
+        #: per kind its layer's figures, as :func:`~planner.solve.recompute.level_covers` reads them
+        self.layers: list[Layer] = [(f, a, b, cm_, c) for f, a, b, c, cm_ in kinds]
         self.run = [1] * L  # identical layers from i on (i included)
         for i in range(L - 2, -1, -1):
             if self.kind[i] == self.kind[i + 1]:
@@ -304,7 +223,6 @@ class LayerKinds:
                 at = np.flatnonzero(self.kind_arr == k)
                 pos = np.searchsorted(at, np.arange(L + 1))
                 self.next_of[k] = np.where(pos < len(at), at[np.minimum(pos, len(at) - 1)], L)
-        self._options: dict[tuple[int, int], tuple[Option, ...]] = {}
         self.rows = CoverRows()  # every cover worked out, one row each
         self._row_spans: dict[tuple[tuple[int, ...], int], tuple[int, int] | None] = {}
 
@@ -333,37 +251,57 @@ class LayerKinds:
             np.where(same, -1, J - self.run_start[b]),
         ]).astype(np.int64)
 
+    def level_costs(self, I: np.ndarray, J: np.ndarray, ks: np.ndarray, ex: np.ndarray) -> LevelCosts:
+        """The least recompute time of each stage ``[I, J)`` with ``ks`` micro-batches in flight and
+        ``ex`` bytes over its cap, where its layers have selective levels and no shared saves: stages
+        with the same layers (:meth:`sequence_keys`), count and excess are one problem, and each
+        problem's cover rows (:meth:`cover_rows`) are priced at its excess plus each row's workspace."""
+        seqs = self.sequence_keys(I, J)
+        order = np.lexsort((ex, ks, *seqs.T[::-1]))
+        s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
+        starts = np.flatnonzero(first)
+        problem = np.empty(len(order), dtype=np.intp)
+        problem[order] = np.cumsum(first) - 1  # per pair, its problem
+        p_seq, p_k, p_ex, p_pair = s_seq[starts], s_k[starts], s_ex[starts], order[starts]
+        # problems with the same layers and in-flight count (consecutive) share their cover rows
+        new = np.ones(len(starts), dtype=bool)
+        new[1:] = np.any(p_seq[1:] != p_seq[:-1], axis=1) | (p_k[1:] != p_k[:-1])
+        heads = np.flatnonzero(new)
+        per_head = np.diff(np.append(heads, len(starts)))
+        spans = [self.cover_rows(tuple(q), k) for q, k in zip(p_seq[heads].tolist(), p_k[heads].tolist())]
+        exact = np.repeat([span is not None for span in spans], per_head)
+        first_row = np.repeat([span[0] if span else 0 for span in spans], per_head)
+        n_rows = np.repeat([span[1] if span else 0 for span in spans], per_head)
+        costs = np.full(len(starts), INF)
+        owners = np.repeat(np.arange(len(starts)), n_rows)
+        if len(owners):  # every problem's cover rows, priced at its excess plus each row's workspace
+            rows = np.repeat(first_row, n_rows) + (np.arange(len(owners)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows))
+            np.minimum.at(costs, owners, self.rows.costs(rows, p_ex[owners] + self.rows.workspace_bytes(rows)))
+        return LevelCosts(costs=costs, inexact=np.flatnonzero(~exact), pair=p_pair, inflight=p_k, excess=p_ex,
+                          problem=problem)
+
     def cover_rows(self, seq: tuple[int, ...], inflight: int) -> tuple[int, int] | None:
         """The rows of :attr:`rows` (first, count) holding :func:`level_covers` of the stage known
         by ``seq`` (:meth:`sequence_keys`), None where the cover is not exact."""
         key = (seq, inflight)
         if key not in self._row_spans:
-            runs: list[tuple[tuple[Option, ...], int]]
+            runs: list[tuple[Layer, int]]
             if self.by_content:
                 n = len(seq) // 2
                 present = sorted((seq[n + kind], kind) for kind in range(n) if seq[n + kind] >= 0)
-                runs = [(self.options(kind, inflight), seq[kind]) for _, kind in present]
+                runs = [(self.layers[kind], seq[kind]) for _, kind in present]
             elif seq[2] < 0:
-                runs = [(self.options(seq[0], inflight), seq[1])]
+                runs = [(self.layers[seq[0]], seq[1])]
             else:
                 a, b = seq[0], seq[2]
                 counts = [seq[1], *(int(self.run_stop[r] - self.run_start[r]) for r in range(a + 1, b)), seq[3]]
-                runs = [(self.options(self.kind[int(self.run_start[r])], inflight), n)
+                runs = [(self.layers[self.kind[int(self.run_start[r])]], n)
                         for r, n in zip(range(a, b + 1), counts)]
-            covers = level_covers(runs)
+            covers = level_covers(runs, inflight)
             self._row_spans[key] = None if covers is None else (self.rows.add(covers), len(covers))
         return self._row_spans[key]
-
-    def options(self, kind: int, inflight: int) -> tuple[Option, ...]:
-        """:func:`layer_options` of a layer of ``kind``."""
-        key = (kind, inflight)
-        found = self._options.get(key)
-        if found is None:
-            i = self.kind.index(kind)
-            fwd, saved, inputs, core, core_ms = self.arrays
-            found = self._options[key] = layer_options(float(fwd[i]), float(saved[i]), float(inputs[i]),
-                                                       float(core_ms[i]), float(core[i]), inflight)
-        return found
 
 
 #: :class:`LayerKinds` by the bytes of their arrays (a search builds tables for few micro-batch sizes)

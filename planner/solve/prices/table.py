@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planner.artifacts.kinds import ZeroStage
 from planner.solve.prices.capview import excess_bytes
 from planner.solve.prices.fits import StageFits
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
@@ -32,45 +31,20 @@ class StageTable(StageFits):
     memory cap and division of the model state (``sharding``), per in-flight count ``k``;
     shared across P and schedules. What fits: :class:`~planner.solve.prices.fits.StageFits`;
     the extra terms of the objective per stage (transfers, exposed synchronisation, ZB-H1's
-    bubble fill): :mod:`planner.solve.prices.extras`.
+    bubble fill): :mod:`planner.solve.prices.extras` (:func:`~planner.solve.prices.extras.exposure`).
 
     Public API (what the DP, the searches, the replicated solver and the infeasibility
     explainer read): :meth:`table` / :meth:`tables` (stage times), :meth:`base` (without
     recomputation), :meth:`choice_of` / :meth:`recompute_of` / :meth:`selective_of` (the layers
-    behind a time), :meth:`could_fit` / :meth:`might_fit_all` / :meth:`fits_everywhere` /
-    :meth:`least_bytes` / :meth:`longest` / :meth:`longest_within` / :meth:`recomputes`,
-    :meth:`exposure`, :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
-
-    def hidden_backward(self) -> np.ndarray:
-        """The backward work a stage ``(i, j)``'s synchronisation can overlap in the objective's
-        proxy ``X_s``: the layers' before it (``B_<i``), and with the stack's overlapped
-        gradient reduction also its own (``B_<j``); broadcastable to ``(L + 1) x (L + 1)``."""
-        overlap = self.cm.stack.reduce_overlap(self.sharding.zero is not ZeroStage.NONE)
-        return self.bwd_prefix[None, :] if overlap else self.bwd_prefix[:, None]
+    behind a time), :meth:`chain_fits` (what the chain DP reads before pricing), :meth:`could_fit` /
+    :meth:`could_partition` / :meth:`could_fit_every_state` / :meth:`fits_everywhere` /
+    :meth:`least_bytes` / :meth:`longest`,
+    :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
 
     def excess_at(self, at: tuple[int, float], i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
         """The bytes of stages ``(i, j)`` without recomputation over the cap with the in-flight
         count of ``at = (inflight, cap)`` (what recomputation must free)."""
         return excess_bytes(self.static[i, j], self.act[i, j], at[0], at[1])
-
-    def exposure(self, line: tuple[float, float], expert_line: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
-        """``X(i, j)`` of a stage whose gradient group's all-reduce line is ``line`` (ms per byte,
-        ms): its bytes synchronised after its last backward on that line, less the backward work
-        it overlaps (:meth:`hidden_backward`), at least 0 (zeros where the line is (0, 0): no
-        group); as :meth:`planner.cost.CostModel.stage_exposed_sync_ms` prices one stage. With
-        routed experts, theirs on ``expert_line`` (their expert data-parallel group's)."""
-        per_byte, fixed = line
-        if self.cm.has_experts:  # of sync_bytes, the routed experts' (on their own group's line)
-            experts = self.cm.stage_expert_param_matrix() * self.sync_bytes_per_param
-            e_byte, e_fixed = expert_line
-            out_e: np.ndarray = np.maximum(0.0, per_byte * (self.sync_bytes - experts) + fixed + e_byte * experts
-                                           + np.where(experts > 0, e_fixed, 0.0) - self.hidden_backward())
-            return out_e
-        if per_byte == 0.0 and fixed == 0.0:
-            return np.zeros_like(self.sync_bytes)
-        out: np.ndarray = np.maximum(0.0, per_byte * self.sync_bytes + fixed - self.hidden_backward())
-        return out
-
 
     def table(self, inflight: int, limit: float = INF, cap: float | None = None) -> np.ndarray:
         """``T_k`` for ``k = inflight``: compute + least recompute, inf where it cannot fit.
@@ -169,36 +143,14 @@ class StageTable(StageFits):
         sizes = [len(i) for i, _ in parts]
         ks = np.repeat([at[0] for at, _, _ in batches], sizes)
         ex = np.concatenate([self.excess_at(at, i, j) for (i, j), (at, _, _) in zip(parts, batches)])
-        seqs = self._layers.sequence_keys(I, J)
-        order = np.lexsort((ex, ks, *seqs.T[::-1]))
-        s_seq, s_k, s_ex = seqs[order], ks[order], ex[order]
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = np.any(s_seq[1:] != s_seq[:-1], axis=1) | (s_k[1:] != s_k[:-1]) | (s_ex[1:] != s_ex[:-1])
-        starts = np.flatnonzero(first)
-        problem = np.cumsum(first) - 1  # per sorted pair, its problem
-        p_seq, p_k, p_ex, p_pair = s_seq[starts], s_k[starts], s_ex[starts], order[starts]
-        # problems with the same layers and in-flight count (consecutive) share their cover rows
-        new = np.ones(len(starts), dtype=bool)
-        new[1:] = np.any(p_seq[1:] != p_seq[:-1], axis=1) | (p_k[1:] != p_k[:-1])
-        heads = np.flatnonzero(new)
-        per_head = np.diff(np.append(heads, len(starts)))
-        spans = [self._layers.cover_rows(tuple(q), k) for q, k in zip(p_seq[heads].tolist(), p_k[heads].tolist())]
-        exact = np.repeat([span is not None for span in spans], per_head)
-        first_row = np.repeat([span[0] if span else 0 for span in spans], per_head)
-        n_rows = np.repeat([span[1] if span else 0 for span in spans], per_head)
-        costs = np.full(len(starts), INF)
-        for u in np.flatnonzero(~exact).tolist():  # not exact there: the greedy, one stage at a time
-            at_pair = int(p_pair[u])
-            choice = self._choose(int(p_k[u]), int(I[at_pair]), int(J[at_pair]), float(p_ex[u]))
+        found = self._layers.level_costs(I, J, ks, ex)
+        costs = found.costs
+        for u in found.inexact.tolist():  # not exact there: the greedy, one stage at a time
+            at_pair = int(found.pair[u])
+            choice = self._choose(int(found.inflight[u]), int(I[at_pair]), int(J[at_pair]), float(found.excess[u]))
             self.all_exact &= choice.exact or not choice.time_ms < INF
             costs[u] = choice.time_ms
-        owners = np.repeat(np.arange(len(starts)), n_rows)
-        if len(owners):  # every problem's cover rows, priced at its excess plus each row's workspace
-            rows = np.repeat(first_row, n_rows) + (np.arange(len(owners)) - np.repeat(np.cumsum(n_rows) - n_rows, n_rows))
-            held = self._layers.rows
-            np.minimum.at(costs, owners, held.costs(rows, p_ex[owners] + held.workspace_bytes(rows)))
-        pair_costs = np.empty(len(order))
-        pair_costs[order] = costs[problem]
+        pair_costs = costs[found.problem]
         lo = 0
         for (at, batch, table), (i, j), n in zip(batches, parts, sizes):
             cost = pair_costs[lo:lo + n]
