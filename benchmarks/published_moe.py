@@ -22,9 +22,13 @@ on the DeepEP row whose GPU time is least (TP 4), and what the alltoall dispatch
 (``MoeStack.alltoall_host_ms_per_layer``, ``MCORE_ALLTOALL_HOST_MS_PER_LAYER``) on the ModelZoo's
 alltoall row; ``--fit`` refits them and prints leave-one-source-out (Megatron-Bridge's GPT-OSS row at
 the constants fitted on the ModelZoo's rows, and the ModelZoo's rows at one floor fitted on GPT-OSS).
-The two DeepEP link fractions are DeepEP's published micro-benchmarks
-(``planner.cost.experts``); everything else is the dense model's (the H100 GEMM model fitted on 3
-of the 9 Megatron-LM README rows, the cluster preset's datasheet links).
+The two DeepEP link fractions are DeepEP's published micro-benchmarks, and DeepEP's internode
+notify before each forward dispatch (on the GPU's forward, hidden under the 1F1B overlap, and on
+the host's, where the expert group spans nodes: the two EP 32 rows) DeepSeek's published training
+profile's "about 1 ms" (``planner.cost.experts.DEEPEP_INTERNODE_NOTIFY_MS``, cited, not fitted;
+``--fit`` prints what a fit on the row without the overlap would take and the overlapped row at
+it); everything else is the dense model's (the H100 GEMM model fitted on 3 of the 9 Megatron-LM
+README rows, the cluster preset's datasheet links).
 
 Layer splits: Megatron places the embedding and the head with the first and last decoder layers
 unless told otherwise; the Qwen3 layouts divide the profile's 96 layers (embedding, 94 blocks,
@@ -65,6 +69,7 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS, Stack
+from planner.cost import experts
 from planner.cost.overheads import host_floor_ms
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.moe import moe_profile
@@ -304,6 +309,33 @@ def fit_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
               f"{source}'s rows median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
+#: the rows DeepEP's internode notify prices (expert group over 4 nodes): the one whose notify is on the GPU's
+#: critical path (no overlap) and the one where the overlap hides it and only the host's wait remains
+NOTIFY_ROWS = ("Q DeepEP EP32 PP8", "Q DeepEP EP32 ovl")
+
+
+def ratio_at_notify(run: MoeRun, notify_ms: float) -> float:
+    """:func:`ratio` of ``run`` with DeepEP's internode notify at ``notify_ms`` instead of the cited value."""
+    cited = experts.DEEPEP_INTERNODE_NOTIFY_MS
+    experts.DEEPEP_INTERNODE_NOTIFY_MS = notify_ms
+    try:
+        return ratio(run)
+    finally:
+        experts.DEEPEP_INTERNODE_NOTIFY_MS = cited
+
+
+def notify_report(rows: tuple[MoeRun, ...] = ROWS) -> None:
+    """DeepEP's internode notify: the two EP 32 rows without it and at the cited value; the value at
+    which the row without the overlap is priced exactly (bisection on its log ratio) and the
+    overlapped row at it (out of sample: there the notify reaches the step through the host's wait)."""
+    plain, overlapped = (next(r for r in rows if r.label == label) for label in NOTIFY_ROWS)
+    cited = experts.DEEPEP_INTERNODE_NOTIFY_MS
+    fitted = _balance(lambda ms: math.log(ratio_at_notify(plain, ms)), hi=5.0, tol=0.01)
+    cells = "; ".join(f"{ms:g} ms: {plain.label} {ratio_at_notify(plain, ms):.3f}, {overlapped.label} "
+                      f"{ratio_at_notify(overlapped, ms):.3f}" for ms in (0.0, cited, fitted))
+    print(f"DeepEP internode notify (cited {cited:g} ms; fitted on {plain.label}: {fitted:g} ms): {cells}")
+
+
 def terms_report(rows: tuple[MoeRun, ...] = ROWS, plan_of: Callable[[MoeRun], Plan] = config_plan,
                  profile_of: Callable[[MoeRun], Profile] | None = None) -> None:
     """Per row, one MoE layer's pass on one device at the row's micro-batch (ms, forward / backward):
@@ -394,6 +426,7 @@ def main() -> int:
     if args.fit:
         print()
         fit_report()
+        notify_report()
     if args.terms:
         print()
         terms_report(rows)

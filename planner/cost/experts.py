@@ -35,7 +35,18 @@ the capacity factor when padded to capacity):
     routing, ``MoeLayer.max_nodes_per_token`` = M: its ``k`` experts within ``M`` nodes, the same
     count over ``M``), NVLink bytes ``(g - 1) / g`` of the copies; at the fractions of the links
     DeepEP's normal kernels reached on H800 (V1 README: 153 of ~160 GB/s NVLink, EP 8, and 43 of
-    ~50 GB/s RDMA, EP 16: :data:`DEEPEP_NVLINK_FRACTION`, :data:`DEEPEP_RDMA_FRACTION`);
+    ~50 GB/s RDMA, EP 16: :data:`DEEPEP_NVLINK_FRACTION`, :data:`DEEPEP_RDMA_FRACTION`); where
+    the group spans nodes, each forward dispatch (the one that is not cached: the backward's
+    reuse its layout) first runs the internode ``notify_dispatch``, three NVSHMEM barriers over
+    the group and the token counts' exchange, and the host waits for its result before it can
+    allocate the received tokens and issue the rest of the layer (DeepEP's
+    ``Buffer.internode_dispatch`` polls the counts on the CPU: "timeout (dispatch CPU)"):
+    :data:`DEEPEP_INTERNODE_NOTIFY_MS` (deepseek-ai/DeepEP#94, "about 1ms" in DeepSeek's
+    published training profile, deepseek-ai/profile-data: EP 64, 4K sequence, balanced routing),
+    on the forward's critical path before the dispatch (with the 1F1B overlap: hidden, below) and
+    on the host's (:func:`deepep_notify_ms`; the profile's ``moe_notify_ms``, read by
+    :func:`planner.cost.overheads.host_floor_ms`); within a node the notify is a barrier over
+    NVLink and is not priced;
   * with ``etp`` > 1 the dispatched tokens are all-gathered over the expert tensor-parallel group
     and the experts' outputs reduce-scattered (Megatron-Core's all-to-all dispatcher), each half
     that group's all-reduce line (:func:`planner.cost.collectives.allreduce_line`);
@@ -47,7 +58,11 @@ the capacity factor when padded to capacity):
   a)``: the forward's attention beside the backward's combine, the backward's experts beside the
   forward's dispatch, the forward's experts beside the backward's dispatch, the backward's
   attention beside the forward's combine; each ms hidden costs ``Cluster.overlap_compute_loss`` of
-  a ms of compute (the SMs the communication kernels hold). Steady state only: the pipeline's
+  a ms of compute (the SMs the communication kernels hold); DeepEP's internode notify runs before
+  the forward's dispatch, beside the backward's experts, and is taken as hidden there (a fixed
+  cost, kept out of the phases' maxima: those are fitted as lines in the micro-batch size, and a
+  fixed time exposed at small micro-batches only would tilt them), but it still holds the host.
+  Steady state only: the pipeline's
   warm-up and cool-down passes, a few of its ``2 v M`` per rank, are priced as merged too;
 - memory: the experts' parameters ``/ (ep etp)``; their saved bytes ``L T / (b s)`` of the
   profile's, the token-wide part (``2 h + 4`` bytes per copy: the permuted input, the fp32
@@ -83,8 +98,9 @@ from planner.cost.collectives import allreduce_line
 from planner.profiling.analytic.gemm import GemmModel
 from planner.profiling.analytic.grouped import FIT_SIZES, expert_gemm_ms, line_through
 
-__all__ = ["DEEPEP_NVLINK_FRACTION", "DEEPEP_RDMA_FRACTION", "ExpertLinks", "alltoall_ms", "candidate_expert_degrees",
-           "expert_links", "expert_refusal", "expert_view", "has_experts", "remote_nodes", "strip_experts"]
+__all__ = ["DEEPEP_INTERNODE_NOTIFY_MS", "DEEPEP_NVLINK_FRACTION", "DEEPEP_RDMA_FRACTION", "ExpertLinks", "alltoall_ms",
+           "candidate_expert_degrees", "deepep_notify_ms", "expert_links", "expert_refusal", "expert_view", "has_experts",
+           "remote_nodes", "strip_experts"]
 
 #: DeepEP's normal kernels' bottleneck bandwidth over the link's (V1 README, H800: intranode EP 8
 #: dispatch 153 GB/s of ~160 GB/s NVLink)
@@ -94,6 +110,11 @@ DEEPEP_NVLINK_FRACTION = 153.0 / 160.0
 DEEPEP_RDMA_FRACTION = 43.0 / 50.0
 #: bytes of the fp32 router probability each token copy carries
 PROB_BYTES = 4
+#: ms of DeepEP's internode ``notify_dispatch`` before each non-cached dispatch (three NVSHMEM global
+#: barriers over the group's ranks and the token counts' exchange; the host waits for its result):
+#: "about 1ms" in DeepSeek's published training profile (deepseek-ai/DeepEP#94 reading
+#: deepseek-ai/profile-data's train.json: H800, EP 64, TP 1, 4K sequence, balanced routing); cited, not fitted
+DEEPEP_INTERNODE_NOTIFY_MS = 1.0
 
 
 def has_experts(profile: Profile) -> bool:
@@ -263,15 +284,16 @@ def _overlapped(rest: tuple[TimeFit, TimeFit], experts: tuple[TimeFit, TimeFit],
 
 
 def _expert_fields(layer: Layer, moe: MoeLayer, dev: _Device, comm: TimeFit, stack: Stack, loss: float,
-                   gemm: tuple[GemmModel, float] | None) -> dict[str, object]:
+                   gemm: tuple[GemmModel, float] | None, notify: float = 0.0) -> dict[str, object]:
     """The fields of ``layer`` (the rest, as one device runs it) with its experts added (module
     docstring), for ``dataclasses.replace``."""
     e_fwd, e_bwd = _expert_times(moe, dev, gemm)
     compute = (_add(layer.fwd, e_fwd), _add(layer.bwd, e_bwd))
     if stack.moe.a2a_overlap:
-        fwd, bwd, a_fwd, a_bwd = _overlapped((layer.fwd, layer.bwd), (e_fwd, e_bwd), comm, loss)
+        fwd, bwd, a_fwd, a_bwd = _overlapped((layer.fwd, layer.bwd), (e_fwd, e_bwd), comm, loss)  # notify: the host's
     else:
-        fwd, bwd, a_fwd, a_bwd = _add(compute[0], comm), _add(compute[1], comm), comm, comm
+        a_fwd = _add(comm, TimeFit(intercept_ms=notify, per_sample_ms=0.0))
+        fwd, bwd, a_bwd = _add(compute[0], a_fwd), _add(compute[1], comm), comm
     scale = dev.share * dev.load
     copies = moe.tokens_per_sample * moe.top_k
     token_part = min(moe.expert_saved_bytes_per_sample, copies * (moe.token_bytes + PROB_BYTES))
@@ -305,6 +327,7 @@ def expert_view(view: Profile, profile: Profile, cluster: Cluster, group: Device
     t_tokens = group.tp_degree if group.sequence_parallel else 1
     dev = _Device(share=1.0 / (t_tokens * group.cp_degree), load=stack.moe.load_factor, etp=group.etp_degree,
                   ep=group.ep_degree)
+    notify = deepep_notify_ms(links, stack.moe)
     comms: dict[MoeLayer, TimeFit] = {}
     fields: dict[tuple[object, ...], dict[str, object]] = {}  # equal layers (but their names): worked out once
     layers = []
@@ -317,10 +340,22 @@ def expert_view(view: Profile, profile: Profile, cluster: Cluster, group: Device
             comms[moe] = _comm(cluster, links, moe, stack.moe, dev)
         key = (layer.fwd, layer.bwd, layer.param_count, layer.param_bytes, layer.saved_bytes_per_sample, moe)
         if key not in fields:
-            fields[key] = _expert_fields(layer, moe, dev, comms[moe], stack, cluster.overlap_compute_loss, gemm)
+            fields[key] = _expert_fields(layer, moe, dev, comms[moe], stack, cluster.overlap_compute_loss, gemm,
+                                         notify * cluster.relative_speed)
         layers.append(dataclasses.replace(layer, **fields[key]))  # type: ignore[arg-type]
-    return dataclasses.replace(view, layers=tuple(layers), metadata={**view.metadata, "ep_degree": group.ep_degree,
-                                                                     "etp_degree": group.etp_degree})
+    meta = {**view.metadata, "ep_degree": group.ep_degree, "etp_degree": group.etp_degree}
+    if notify:
+        meta["moe_notify_ms"] = notify  # the host waits for it too (planner.cost.overheads.host_floor_ms)
+    return dataclasses.replace(view, layers=tuple(layers), metadata=meta)
+
+
+def deepep_notify_ms(links: ExpertLinks, stack: MoeStack) -> float:
+    """The ms one MoE layer's forward spends in DeepEP's internode notify before its dispatch
+    (:data:`DEEPEP_INTERNODE_NOTIFY_MS`; module docstring): with DeepEP over an expert-parallel
+    group that spans nodes, else 0."""
+    if stack.dispatcher is not MoeDispatcher.DEEPEP or links.ep <= 1 or links.nodes <= 1:
+        return 0.0
+    return DEEPEP_INTERNODE_NOTIFY_MS
 
 
 def expert_refusal(profile: Profile, cluster: Cluster, num_devices: int, ep: int, etp: int) -> str:

@@ -68,6 +68,11 @@ TransformerEngine#1499) and the FP8 module's own (an FP8 ``te.Linear`` takes the
 2x" a bf16 one, TransformerEngine#761). It grows with the experts per device: 30B-A3B's
 16 (Megatron-Bridge's FP8 row, on which it is fitted) against 235B-A22B's 4 at EP 32.
 
+Where DeepEP's dispatch crosses nodes the host waits, once per MoE layer's forward, for its
+internode notify to return the token counts (:data:`planner.cost.experts.DEEPEP_INTERNODE_NOTIFY_MS`;
+the device view's ``moe_notify_ms``): it joins the forward's floor, as it joins the GPU's forward
+where no 1F1B all-to-all overlap hides it there.
+
 Only analytic profiles are priced so (a measured layer's time includes its host time).
 """
 
@@ -139,7 +144,8 @@ def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe: MoeStack | N
     :data:`KERNELS`), an FP8 layer's quantisation kernels among them (:func:`fp8_gemms`); an MoE
     layer's plus ``moe``'s host times (:meth:`~planner.artifacts.moe.MoeStack.layer_host_ms`: a third
     forward, two thirds backward) and, under a recipe of :data:`PER_SPLIT_RECIPES`,
-    ``moe.fp8_host_us_per_expert_gemm`` per expert GEMM each way."""
+    ``moe.fp8_host_us_per_expert_gemm`` per expert GEMM each way; an MoE layer's forward plus the
+    profile's ``moe_notify_ms`` (the host waits for DeepEP's internode notify: module docstring)."""
     n = len(profile.layers)
     moe = moe or MoeStack()
     if not (host_us_per_kernel or moe.prices_host) or profile.source != "analytic":
@@ -158,6 +164,9 @@ def host_floor_ms(profile: Profile, host_us_per_kernel: float, moe: MoeStack | N
                          for layer in profile.layers])
     floor[:, 0] += layer_ms / 3.0
     floor[:, 1] += layer_ms * 2.0 / 3.0
+    notify = profile.metadata.get("moe_notify_ms", 0.0)  # the host waits for DeepEP's internode notify (cost.experts)
+    if isinstance(notify, float) and notify > 0:
+        floor[:, 0] += notify * np.array([layer.moe is not None for layer in profile.layers])
     return floor[:, 0], floor[:, 1]
 
 
