@@ -71,10 +71,11 @@ class Config:
 
     def __post_init__(self) -> None:
         lay, put = self.layout, object.__setattr__
-        put(self, "pipeline_size", lay.pipeline_size)
+        P = lay.pipeline_size
+        put(self, "pipeline_size", P)
         put(self, "num_groups", lay.num_groups)
-        put(self, "sort_key", (lay.pipeline_size, -self.microbatch_size, self.schedule.value,
-                               lay.virtual_stages_per_rank, int(lay.zero), lay.stage_replicas))
+        put(self, "sort_key", (P, -self.microbatch_size, self.schedule.value, lay.virtual_stages_per_rank, int(lay.zero),
+                               lay.stage_replicas))
 
     def held(self) -> tuple[Held, ...]:
         """Per stage, the micro-batches one device holds at its peak, whole and past their I
