@@ -116,10 +116,7 @@ class ShardedState(PrefixSums):
 
     @cached_property
     def _expert_matrix(self) -> np.ndarray:
-        ep = self.expert_prefix
-        out: np.ndarray = (ep[None, :] - ep[:, None]).astype(float)
-        out.flags.writeable = False
-        return out
+        return _read_only(_stage_sums(self.expert_prefix))
 
     def stage_param_matrix(self) -> np.ndarray:
         """:meth:`stage_param_count` of every stage ``[i, j)`` at ``[i, j]`` (floats; read-only,
@@ -130,8 +127,7 @@ class ShardedState(PrefixSums):
     def _param_matrix(self) -> np.ndarray:
         L = self.num_layers
         idx = np.arange(L + 1)
-        pp = self.param_prefix
-        out: np.ndarray = (pp[None, :] - pp[:, None]).astype(float)
+        out = _stage_sums(self.param_prefix)
         for tie in self.profile.tied:
             inside = np.zeros((L + 1, L + 1))
             for layer in tie.layers:
@@ -141,8 +137,7 @@ class ShardedState(PrefixSums):
                 first = min(tie.layers)
                 holds_first = (idx[:, None] <= first) & (idx[None, :] > first)
                 out -= ((inside > 0) & ~holds_first) * tie.param_count
-        out.flags.writeable = False
-        return out
+        return _read_only(out)
 
     # ---------------------------------------------------------------- model state
     def state_bytes_per_param(self, sharding: Sharding = Sharding()) -> tuple[float, float, float]:
@@ -308,3 +303,14 @@ class ShardedState(PrefixSums):
         reduce-scatter per layer (``sum_k 2 a_k + r_k``)."""
         terms = self.fsdp_terms(microbatch_size, line, sharding)
         return float(2.0 * terms.gather.sum() + terms.scatter.sum())
+
+
+def _stage_sums(prefix: np.ndarray) -> np.ndarray:
+    """Every stage ``[i, j)``'s sum at ``[i, j]`` from prefix sums (floats; a new array)."""
+    out: np.ndarray = (prefix[None, :] - prefix[:, None]).astype(float)
+    return out
+
+
+def _read_only(out: np.ndarray) -> np.ndarray:
+    out.flags.writeable = False
+    return out
