@@ -84,12 +84,13 @@ def split_fill_bound_ms(cm: CostModel, c: Config) -> float:
     of ZB-H1's fill on uniform stages, where 1F1B's bound counts a whole micro-batch (``W``).
     ZBV (two chunks per rank, the second in the model's second half): only the first ``r``
     layers' forward (a layer per chunk at least), :func:`shared_fill_ms`."""
-    fp, _ = cm.at_batch(c.microbatch_size).prefix_ms
-    b, M, P = c.microbatch_size, c.num_microbatches, min(c.layout.pipeline_size, len(fp) - 1)
-    need = M * cm.at_batch(b).work_ms
+    at = cm.at_batch(c.microbatch_size)
+    fp, _ = at.prefix_ms
+    M, P = c.num_microbatches, min(c.layout.pipeline_size, len(fp) - 1)
+    need = M * at.work_ms
     if c.layout.virtual_stages_per_rank > 1:
         return shared_fill_ms([float(x) for x in fp[:P]], need)
-    fwd, bwd = cm.at_batch(b).times_ms
+    fwd, bwd = at.times_ms
     work = [0.0, *np.cumsum(fwd + bwd).tolist()]  # F(x): the forward done by work x, interpolated
     fwds = [float(x) for x in fp]
     total = work[-1]

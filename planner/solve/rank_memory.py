@@ -347,10 +347,11 @@ class RankMemory:
         found = self.per_size.get(key)
         if found is None:
             cm, (b, kappa) = self.cm, key
-            fwd, bwd = cm.at_batch(b).times_ms
-            saved = cm.at_batch(b).saved_bytes
+            at = cm.at_batch(b)
+            fwd, bwd = at.times_ms
+            saved = at.saved_bytes
             gain_full = saved - cm.input_per_sample * b
-            cores = (cm.at_batch(b).core_ms, cm.at_batch(b).core_bytes) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
+            cores = (at.core_ms, at.core_bytes) if cm.selective else (np.zeros_like(fwd), np.zeros_like(fwd))
             curve = recompute_curve(fwd, gain_full, *cores)
             layer_work = fwd + bwd
             busy = layer_work > 0

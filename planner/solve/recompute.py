@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -372,16 +372,14 @@ class LevelCover:
     full: tuple[float, float] | None  # (ms, gain bytes) of its full level, if any
     sel: tuple[float, float] | None  # the same for its selective level
     #: (count, most full layers, full ms, full gain, has selective, selective ms, selective gain
-    #: (1 where none: never used), most gain): one row of level_cover_costs (:func:`_level_cover`)
-    params: tuple[float, ...]
+    #: (1 where none: never used), most gain): one row of level_cover_costs, derived from the above
+    params: tuple[float, ...] = field(init=False, compare=False)
 
-
-def _level_cover(workspace: float, most: float, front_ms: tuple[float, ...], front_gain: tuple[float, ...], count: int,
-           full: tuple[float, float] | None, sel: tuple[float, float] | None) -> LevelCover:
-    """A :class:`LevelCover` with its row of parameters."""
-    params = (float(count), float(count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
-              1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, most)
-    return LevelCover(workspace, most, front_ms, front_gain, count, full, sel, params)
+    def __post_init__(self) -> None:
+        full, sel, count = self.full, self.sel, self.count
+        object.__setattr__(self, "params", (
+            float(count), float(count if full else 0), full[0] if full else 0.0, full[1] if full else 0.0,
+            1.0 if sel else 0.0, sel[0] if sel else 0.0, sel[1] if sel else 1.0, self.most_gain_bytes))
 
 
 def level_covers(runs: Sequence[tuple[Layer, int]], inflight: int) -> tuple[LevelCover, ...] | None:
@@ -399,7 +397,7 @@ def level_covers(runs: Sequence[tuple[Layer, int]], inflight: int) -> tuple[Leve
         return ()
     if len(members) == 1:  # one kind of layer (a run of identical blocks): no front over other groups
         ((opts, count),) = members.items()
-        return tuple(_level_cover(ws, count * most, (0.0,), (0.0,), count, full, sel)
+        return tuple(LevelCover(ws, count * most, (0.0,), (0.0,), count, full, sel)
                      for ws, most, full, sel in _one_group_levels(opts))
     if not (len(members) <= EXACT_MAX_GROUPS or sum(members.values()) <= EXACT_MAX_ITEMS):
         return None
@@ -421,7 +419,7 @@ def level_covers(runs: Sequence[tuple[Layer, int]], inflight: int) -> tuple[Leve
             front = cost_gain_front([(c + cc, gg + ga) for c, gg in front for cc, ga in options])
         opts, count = groups[big]
         full, sel = _levels(opts)
-        out.append(_level_cover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
+        out.append(LevelCover(ws, most, tuple(p[0] for p in front), tuple(p[1] for p in front), count, full, sel))
     return tuple(out)
 
 
