@@ -143,8 +143,8 @@ class StageCosts(ShardedState):
         selectively (its selective level's forward): those forwards, less under ZeRO 3 (``sharding``,
         its collectives on ``line``) the slack its backward leaves beside the gathers and
         reduce-scatters (:attr:`FsdpTerms.slack`, :mod:`planner.cost.fsdp`)."""
-        fwd, _ = self.at_batch(microbatch_size).times_ms
-        core = self.at_batch(microbatch_size).core_ms
+        at = self.at_batch(microbatch_size)
+        fwd, core = at.times_ms[0], at.core_ms
         if not is_fsdp(sharding):
             return fwd, core
         slack = self.fsdp_terms(microbatch_size, line, sharding).slack
@@ -246,27 +246,26 @@ class StageCosts(ShardedState):
             return SyncCost(tied + self.hsdp_allreduce_ms(start, stop, stage_idx, layout))
         counts = self.layer_param_counts(start, stop)
         if self.has_experts:
-            return self._expert_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
+            return self._expert_sync(start, stop, stage_idx, layout, counts, tied, recompute, microbatch_size, selective)
         one = self._one_sync(start, stop, layout, counts, self.grad_line(layout, stage_idx), recompute, microbatch_size,
                              selective)
         return SyncCost(one.total_ms + tied, one.early_ms, one.gather_ahead_ms, one.gather_bound_ms)
 
     def _expert_sync(
-        self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int], microbatch_size: int,
-        selective: Sequence[int],
+        self, start: int, stop: int, stage_idx: int, layout: Layout, counts: list[float], tied_ms: float,
+        recompute: Sequence[int], microbatch_size: int, selective: Sequence[int],
     ) -> SyncCost:
         """:meth:`stage_sync` of a stage with routed experts: the dense parameters' on their group,
         then the experts' on theirs (each as :meth:`_one_sync` prices one; the two reductions one
         after the other on one stream, each bucketed beside the last backward when the stack
         overlaps: ``early`` the larger of the two), the tied exchange after."""
-        counts = self.layer_param_counts(start, stop)
         experts = [float(x) for x in self.expert_param_count[start:stop]]
         dense = [c - x for c, x in zip(counts, experts)]
         parts = [self._one_sync(start, stop, layout, dense, self.grad_line(layout, stage_idx), recompute,
                                 microbatch_size, selective),
                  self._one_sync(start, stop, layout, experts, self.expert_grad_line(layout, stage_idx), recompute,
                                 microbatch_size, selective)]
-        total = sum(p.total_ms for p in parts) + self.tied_exchange_ms(start, stop)
+        total = sum(p.total_ms for p in parts) + tied_ms
         return SyncCost(total, max(p.early_ms for p in parts), sum(p.gather_ahead_ms for p in parts),
                         max(p.gather_bound_ms for p in parts))
 
@@ -285,9 +284,10 @@ class StageCosts(ShardedState):
         half = 0.5 if zero else 1.0
         early = 0.0
         if self.stack.reduce_overlap(zero):
-            fwd, bwd = self.at_batch(microbatch_size).times_ms
+            at = self.at_batch(microbatch_size)
+            fwd, bwd = at.times_ms
             rc, sel = set(recompute), set(selective)
-            core = self.at_batch(microbatch_size).core_ms if sel else None
+            core = at.core_ms if sel else None
             durations = [float(bwd[i]) + (float(fwd[i]) if i in rc else 0.0) + (float(core[i]) if core is not None and i in sel else 0.0)
                          for i in range(stop - 1, start - 1, -1)]
             grads = [c * self.grad_bytes_per_param for c in reversed(counts)]
