@@ -2,7 +2,7 @@
 
 PipeDream's optimizer (Narayanan et al., SOSP'19, sec. 3.1) gives each stage its own number
 of copies (micro-batches go round-robin over a stage's copies) and minimises the slowest
-stage. ``planner.solve.partitions.pipedream_split`` reimplements it on our cost model's
+stage. ``planner.solve.replicated_search.pipedream_split`` reimplements it on our cost model's
 chain. This benchmark takes its split on PipeDream's own vgg16 and alexnet profiles (read from
 ``--reference``, never copied into the repository) at 8 and 16 V100-16GB (the
 ``v100-16gb-2x8`` preset grown to N, 8 per server), with free copy counts, and:
@@ -68,9 +68,9 @@ from planner.profiling.imported.pipedream import import_pipedream
 from planner.solve import plan
 from planner.solve.build import Problem, build_plan, memory_cap_bytes
 from planner.solve.candidates import fixed_split
-from planner.solve.partitions import pipedream_split
 from planner.solve.pipedream_baseline import MAX_STATES
 from planner.solve.pipedream_optimizer import TooManyStates
+from planner.solve.replicated_search import pipedream_split
 from planner.solve.space import Config
 
 MODELS = ("vgg16", "alexnet")

@@ -149,7 +149,8 @@ def _split_candidates(
     cands = []
     for config in pipedream_baseline.configs_of(split, cm, request, zero):
         shardings = [config.layout.sharding(s) for s in range(config.layout.num_stages)]
-        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.held(), cap,
+        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size,
+                                  held_counts(config.schedule, config.layout, config.num_microbatches), cap,
                                   request.recompute, shardings)
         if rc is not None:
             cands.append(Candidate(config, _solution(cm, config, split.starts, rc)))

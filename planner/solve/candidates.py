@@ -17,7 +17,7 @@ import numpy as np
 from planner.artifacts.kinds import ChunkPlacement
 from planner.artifacts.layout import Layout
 from planner.cost import CostModel, StageTerms, price_stages
-from planner.schedule import Held
+from planner.schedule import Held, held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
 from planner.solve.held import fits_every_state, held_memory
@@ -54,7 +54,7 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
     might fit every state (:meth:`StageTable.could_fit_every_state
     <planner.solve.prices.fits.StageFits.could_fit_every_state>`), neither does, and
     neither is solved."""
-    held = c.held() if c.schedule.splits_backward else ()
+    held = held_counts(c.schedule, c.layout, c.num_microbatches) if c.schedule.splits_backward else ()
     if any(len(h.states) > 1 for h in held) and not table.could_fit_every_state(held):
         return None
     sol = remembered(chain_solver, table, c, (), solved)
@@ -84,7 +84,7 @@ def remembered(chain_solver: ChainSolver, table: StageTable, c: Config, held: tu
             return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
                                 held=held)
         return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
-    counts = tuple((h.whole, h.pending) for h in (held or c.held()))
+    counts = tuple((h.whole, h.pending) for h in (held or held_counts(c.schedule, c.layout, c.num_microbatches)))
     key = (id(table), c.layout, c.num_microbatches, c.schedule.splits_backward, counts)
     found = solved.get(key)
     if found is None or found[0] is not table:
@@ -168,7 +168,7 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
 def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
     """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
     recomputation, micro-batches held (:func:`planner.schedule.held_counts`) and ZeRO sharding)."""
-    held = c.held()
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     return [held_memory(cm, a, e, solution.recompute[s], c.microbatch_size, held[s], c.layout.sharding(s),
                         solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
@@ -215,7 +215,7 @@ def fixed_split(
     """A given partition under configuration ``c``, each stage with the least recomputation
     that fits ``cap`` (None if a stage cannot fit, or would need recomputation that is not
     allowed)."""
-    held = c.held()
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
     b = c.microbatch_size
     stops = list(bounds[1:]) + [cm.num_layers]
     rc, sel = [], []

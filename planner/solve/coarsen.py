@@ -16,6 +16,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.graph import merge_layers
+from planner.schedule import held_counts
 from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
 from planner.solve.chain import ChainSolution
 from planner.solve.prices import StageTable
@@ -45,7 +46,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     ends = list(bounds[1:]) + [L]
     c = cand.config
     lay = c.layout
-    ks = c.held()  # whole and past I (Config.held)
+    ks = held_counts(c.schedule, c.layout, c.num_microbatches)  # whole and past I
     share = cap / lay.virtual_stages_per_rank
     b = c.microbatch_size
     recompute: list[tuple[int, ...]] = []

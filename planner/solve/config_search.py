@@ -27,6 +27,7 @@ import numpy as np
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
+from planner.schedule import held_counts
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import (
     Candidate,
@@ -192,7 +193,7 @@ class ConfigSearch:
         if (read or not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1
                 or lay.stage_replicas or self.cm.profile.shared_saved):
             return False
-        held = c.held()
+        held = held_counts(c.schedule, c.layout, c.num_microbatches)
         return skippable(self.facts.table_of(c), held, tuple(h.conservative for h in held) if c.schedule.splits_backward
                          else held, limit * self.where.slack / c.num_microbatches, self.curves, self.workspaces)
 

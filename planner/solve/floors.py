@@ -20,6 +20,7 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
+from planner.schedule import held_counts
 from planner.solve.chain_dp import least_largest
 from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.rank_memory import RankMemory
@@ -309,7 +310,8 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = tuple(h.whole for h in c.held())  # a zero-bubble stage's micro-batches past I only add
+        # a zero-bubble stage's micro-batches past I only add
+        ks = tuple(h.whole for h in held_counts(c.schedule, c.layout, c.num_microbatches))
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])
@@ -356,10 +358,12 @@ class ConfigFacts:
         fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.with_zero(ZeroStage.NONE)
-            if self.table_of(plain).fits_everywhere(max(h.inflight for h in c.held())):
+            if self.table_of(plain).fits_everywhere(
+                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(max(h.inflight for h in c.held())):
+        if fsdp_too and not self.table_of(c).fits_everywhere(
+                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

@@ -11,6 +11,7 @@ import math
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
+from planner.schedule import held_counts
 from planner.solve.candidates import Candidate, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
@@ -47,7 +48,7 @@ def rebalanced(
     if not rebalances(c, solution):
         return []  # nothing recomputed: no share binds
     line = cm.fsdp_line(lay) if is_fsdp(c.layout.sharding(0)) else (0.0, 0.0)
-    held = c.held()  # whole and past I: the DP's counts
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)  # whole and past I: the DP's counts
     out: list[Candidate] = []
     for _ in range(rounds):
         stops = list(solution.boundaries[1:]) + [cm.num_layers]

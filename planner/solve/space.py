@@ -36,7 +36,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
-from planner.schedule import Held, check_schedule_rules, held_counts
+from planner.schedule import check_schedule_rules
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -52,8 +52,11 @@ V_SCHEDULES = (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V)
 @dataclass(frozen=True, slots=True)
 class Config:
     """One point of the space: a layout, a micro-batch size and count, a schedule; with what the
-    search reads of it worked out once where it is built (:meth:`__post_init__`), as fields, but
-    the micro-batches its stages hold (:meth:`held`)."""
+    search reads of it worked out once where it is built (:meth:`__post_init__`), as fields. The
+    micro-batches its stages hold are the schedule's (:func:`planner.schedule.held_counts` of its
+    schedule, layout and count, one cached call per shape): not a field, walking an interleaved
+    schedule's order costs and most configurations are pruned before anything asks (worked out
+    for all 37,846 of GPT-3 175B on 1,024 A100s, the search took 2.6x its CPU)."""
 
     layout: Layout
     microbatch_size: int
@@ -76,14 +79,6 @@ class Config:
         put(self, "num_groups", lay.num_groups)
         put(self, "sort_key", (P, -self.microbatch_size, self.schedule.value, lay.virtual_stages_per_rank, int(lay.zero),
                                lay.stage_replicas))
-
-    def held(self) -> tuple[Held, ...]:
-        """Per stage, the micro-batches one device holds at its peak, whole and past their I
-        (:func:`planner.schedule.held_counts`: the counts the DP, the plan and the simulator read).
-        Asked, not a field: walking an interleaved schedule's order costs, and most
-        configurations are pruned before anything asks (worked out for all 37,846 of GPT-3 175B on
-        1,024 A100s, the search took 2.6x its CPU)."""
-        return held_counts(self.schedule, self.layout, self.num_microbatches)
 
     def with_zero(self, zero: ZeroStage) -> Config:
         """This configuration at ZeRO stage ``zero``; below ZeRO 3 an HSDP layout's shard groups go
