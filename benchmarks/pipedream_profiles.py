@@ -91,9 +91,9 @@ def drawn_checks(reference: Path) -> dict[str, Callable[[], bool]]:
     """The drawn cases (module docstring), each a check returning whether it holds."""
     from planner.schedule import held_counts
     from planner.solve.build import rebuild_plan
-    from planner.solve.candidates import stage_recompute
     from planner.solve.chain_dp import solve_chain
     from planner.solve.pipedream_baseline import choose
+    from planner.solve.proposals import stage_recompute
     from planner.solve.replicated_search import pipedream_split
     from planner.solve.search import search_plan
     from planner.solve.space import Config

@@ -20,8 +20,8 @@ from planner.simulation import simulate
 from planner.solve import plan
 from planner.solve.bruteforce import best_stage
 from planner.solve.build import rebuild_plan
-from planner.solve.candidates import stage_recompute
 from planner.solve.prices import StageTable
+from planner.solve.proposals import stage_recompute
 from planner.solve.replicated import solve_replicated
 from planner.solve.replicated_search import pipedream_split, replica_counts
 from tests.chains import chain_profile, layer_dicts, small_cluster

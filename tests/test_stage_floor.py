@@ -120,10 +120,10 @@ def test_search_skips_hopeless_configurations_and_keeps_its_plan(monkeypatch: py
 
 
 def test_baseline_partitions_left_out_are_those_the_check_drops() -> None:
-    """:func:`~planner.solve.candidates.alternatives` given what the search's check lets through
+    """:func:`~planner.solve.proposals.alternatives` given what the search's check lets through
     leaves out exactly the partitions whose proposal the check would drop (``M x`` its busiest
     stage above it), each before its recomputation is chosen; the others are the same proposals."""
-    from planner.solve.candidates import alternatives
+    from planner.solve.proposals import alternatives
 
     left_out = kept = 0
     for cm, request, _, cap, _, c in _one_chunk_configs():

@@ -12,9 +12,10 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, p2p_ms
-from planner.solve.candidates import Candidate, Scored, fits, fixed_split, simulated
+from planner.solve.candidates import Candidate, Scored, fits, simulated
 from planner.solve.partitions import span_sums
 from planner.solve.prices import StageTable
+from planner.solve.proposals import fixed_split
 from planner.solve.replicated import solve_replicated
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, Config, layout_of, microbatch_sizes, searched_zero
@@ -127,7 +128,7 @@ def pipedream_proposal(
 ) -> list[Candidate]:
     """PipeDream's own replicated ``split`` (:func:`pipedream_split`,
     copy counts dividing M) with the least recomputation that fits each stage: one more
-    proposal for the simulator, as :func:`planner.solve.candidates.alternatives` does for the
+    proposal for the simulator, as :func:`planner.solve.proposals.alternatives` does for the
     uniform layouts."""
     if split is None or not all(f in split[0] for f in request.fixed_boundaries):
         return []
