@@ -215,8 +215,8 @@ def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -
     cm = CostModel(gpt_profile(layers=2, hidden=1024, heads=8, seq=512, vocab=1000, device_preset="a100-80gb"), cluster)
     hsdp = Config(Layout(num_stages=1, dp_degree=32, zero=ZeroStage.PARAMETERS, shard_group_size=8), 1, 1,
                   ScheduleKind.ONE_F_ONE_B)
-    assert hsdp.with_zero(ZeroStage.PARAMETERS).layout.shard_group_size == 8
-    assert hsdp.with_zero(ZeroStage.OPTIMIZER).layout.shard_group_size == 0
+    assert hsdp.zero_variants(8).by_stage[ZeroStage.PARAMETERS].layout.shard_group_size == 8
+    assert hsdp.zero_variants(8).by_stage[ZeroStage.OPTIMIZER].layout.shard_group_size == 0
     solution = ChainSolution(objective_ms=0.0, boundaries=(0,), recompute=((),), stage_times_ms=(0.0,), exact=True)
     got = least_zero(cm, PlanRequest(global_batch=32, zero_stages=(0, 1, 2, 3)), Candidate(hsdp, solution), 1e15)
     assert got.config.layout.zero < ZeroStage.PARAMETERS and got.config.layout.shard_group_size == 0
@@ -235,7 +235,7 @@ def test_a_configurations_fields_are_its_own_and_its_variants() -> None:
     assert configs and all(c.fsdp_searched == (c.layout.dp_degree > 1) for c in configs)
     c = next(c for c in configs if c.layout.dp_degree > 1 and c.layout.zero is ZeroStage.OPTIMIZER)
     for z in (ZeroStage.NONE, ZeroStage.PARAMETERS):
-        v = c.with_zero(z)
+        v = c.zero_variants(8).by_stage[z]
         assert v.sort_key == c.sort_key[:4] + (int(z),) + c.sort_key[5:] and v.fsdp_searched
         assert (v.pipeline_size, v.num_groups) == (c.layout.pipeline_size, c.layout.num_groups)
     smaller = dataclasses.replace(c, microbatch_size=2 * c.microbatch_size)

@@ -283,14 +283,16 @@ class ConfigFacts:
 
     def fsdp_variants(self, c: Config) -> list[Config]:
         """ZeRO 3's variants of ``c``: HSDP inside a node (where it differs from plain ZeRO 3,
-        :meth:`Config.with_hsdp`), then ZeRO 3 over the whole group (solved only where HSDP does
+        :attr:`ZeroVariants.hsdp <planner.solve.space.ZeroVariants.hsdp>`), then ZeRO 3 over the whole group (solved only where HSDP does
         not fit: :class:`planner.solve.config_search.ConfigSearch`)."""
-        hsdp = c.with_hsdp(self.cm.cluster.devices_per_node)
-        return ([hsdp] if hsdp is not None else []) + [c.with_zero(ZeroStage.PARAMETERS)]
+        at = c.zero_variants(self.cm.cluster.devices_per_node)
+        return ([at.hsdp] if at.hsdp is not None else []) + [at.by_stage[ZeroStage.PARAMETERS]]
 
     def leanest(self, c: Config) -> Config:
         """``c`` at the deepest sharding any of its variants is solved at (:meth:`variants`)."""
-        return c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and c.fsdp_searched) else c
+        if not (self.fsdp and c.fsdp_searched):
+            return c
+        return c.zero_variants(self.cm.cluster.devices_per_node).by_stage[ZeroStage.PARAMETERS]
 
     def state_floor_bytes(self, c: Config) -> float:
         """No plan of ``c`` (any variant, partition, recomputation or cap) peaks below this on its
@@ -357,7 +359,7 @@ class ConfigFacts:
             return self.fsdp_variants(c)  # ZeRO 3 asked alone: HSDP first, the whole group where it does not fit
         fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
-            plain = c.with_zero(ZeroStage.NONE)
+            plain = c.zero_variants(cm.cluster.devices_per_node).by_stage[ZeroStage.NONE]
             if self.table_of(plain).fits_everywhere(
                 max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)

@@ -61,7 +61,7 @@ def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float)
     for z in sorted(request.zero_stages):
         if z >= c.layout.zero:
             break
-        lower = Candidate(c.with_zero(z), cand.solution)
+        lower = Candidate(c.zero_variants(cm.cluster.devices_per_node).by_stage[z], cand.solution)
         if fits(cm, lower.config, cand.solution, cap) and simulated(cm, lower) <= base * (1 + 1e-12):
             return lower
     return cand
