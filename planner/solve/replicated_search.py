@@ -1,6 +1,7 @@
 """Replicated proposals: pipelines whose stages have their own copy counts (PipeDream's
 optimizer, Narayanan et al. 2019), searched exactly by :mod:`planner.solve.replicated` and
-proposed beside the uniform layouts, which they beat only by simulated time."""
+proposed beside the uniform layouts, which they beat only by simulated time, with PipeDream's
+own split of the chain (:func:`pipedream_split`) proposed beside them."""
 
 from __future__ import annotations
 
