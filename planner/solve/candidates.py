@@ -113,7 +113,7 @@ def stage_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> list[
 
 
 def unrecomputed_floor_ms(cm: CostModel, c: Config, solution: ChainSolution) -> float:
-    """No replay of ``solution`` without its recomputation (:func:`unrecomputed`) is faster, on
+    """No replay of ``solution`` without its recomputation (:func:`simulated`) is faster, on
     one chunk or several per rank in the loop placement: rank ``r`` runs its chunks' compute M
     times, after the forwards of chunks ``0 .. r - 1`` of the first micro-batch and before the
     backwards of chunks ``r - 1 .. 0`` of the last (:func:`chunk_fill_bound_ms`'s argument, on
@@ -136,27 +136,19 @@ def busiest_rank(layout: Layout, per_stage: Sequence[float]) -> float:
     return max(sum(per_stage[s] for s in layout.stage_indices(r)) for r in range(layout.pipeline_size))
 
 
-def unrecomputed(cm: CostModel, cand: Candidate) -> float:
-    """The candidate's simulated time were nothing recomputed (a memory rebalancing's best case
-    on its partition)."""
+def simulated(cm: CostModel, cand: Candidate, unrecomputed_below_ms: float | None = None) -> float:
+    """The candidate's iteration time by the simulator's fast entry; with ``unrecomputed_below_ms``,
+    its time were nothing recomputed (a memory rebalancing's best case on its partition) where that
+    could be below it (its floor, :func:`unrecomputed_floor_ms`, is: checked first, no
+    simulation), else inf."""
     c = cand.config
-    terms = [dataclasses.replace(t, recompute_ms=0.0) for t in stage_terms(cm, cand)]
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, terms,
-                                 virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
-
-
-def unrecomputed_below(cm: CostModel, cand: Candidate, limit: float) -> float:
-    """:func:`unrecomputed` where it could be below ``limit`` (its floor,
-    :func:`unrecomputed_floor_ms`, is: checked first, no simulation), else inf."""
-    if unrecomputed_floor_ms(cm, cand.config, cand.solution) >= limit:
+    if unrecomputed_below_ms is None:
+        terms = stage_terms(cm, cand)
+    elif unrecomputed_floor_ms(cm, c, cand.solution) >= unrecomputed_below_ms:
         return float("inf")
-    return unrecomputed(cm, cand)
-
-
-def simulated(cm: CostModel, cand: Candidate) -> float:
-    """The candidate's iteration time by the simulator's fast entry."""
-    c = cand.config
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, stage_terms(cm, cand),
+    else:
+        terms = tuple(dataclasses.replace(t, recompute_ms=0.0) for t in stage_terms(cm, cand))
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, terms,
                                  virtual_stages_per_rank=c.layout.virtual_stages_per_rank,
                                  replicas=c.layout.stage_replicas)
 

@@ -17,7 +17,7 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.schedule import held_counts
-from planner.solve.candidates import Candidate, solve_config, unrecomputed_below
+from planner.solve.candidates import Candidate, simulated, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.held import held_memory
@@ -45,8 +45,8 @@ def offer(
 ) -> Offer:
     """What ``solution`` of ``c`` (solved against ``table``, its own) proposes at a visit that must
     beat ``limit_ms``: its memory rebalancings (:func:`rebalanced`: at once for a ``lean`` policy;
-    else gated by the solution without its recomputation (:func:`unrecomputed_below
-    <planner.solve.candidates.unrecomputed_below>`): now when nothing is pruned, or waiting in the
+    else gated by the solution simulated without its recomputation (:func:`simulated
+    <planner.solve.candidates.simulated>`): now when nothing is pruned, or waiting in the
     order until that time when the search prunes) and, with ``alternatives_below_ms`` (the search's
     check; None: none proposed), the baselines' partitions (:func:`alternatives`). ``due``: the
     rebalancing that waited is due (its gate passed): the rebalancings alone. The gate is a
@@ -58,7 +58,7 @@ def offer(
     unrec = math.inf
     rebalancing = rebalances(c, solution)
     if not lean and rebalancing and not due:
-        unrec = unrecomputed_below(cm, Candidate(c, solution), limit_ms)
+        unrec = simulated(cm, Candidate(c, solution), unrecomputed_below_ms=limit_ms)
     if due or (lean and rebalancing) or (unrec < limit_ms and not prune):
         out += rebalanced(cm, request, c, solution, cap, settings.rebalance_rounds, table)
     if alternatives_below_ms is not None and not due:
