@@ -201,14 +201,14 @@ def test_least_cap_is_where_the_solver_starts_to_fit(layers, stages, microbatche
 
 def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -> None:
     """The time objective tries a chosen ZeRO 3 candidate at the lower stages the request allows
-    (:func:`planner.solve.select.least_zero`); an HSDP candidate's shard groups go with ZeRO 3
+    (:func:`planner.solve.build.least_zero`); an HSDP candidate's shard groups go with ZeRO 3
     (a layout keeps them only under it), as the full published-runs table needs for torchtitan's
     Llama 2 70B on 64 A100s, which raised before."""
     from planner.artifacts.cluster import PRESETS
     from planner.profiling.analytic.gpt import gpt_profile
+    from planner.solve.build import least_zero
     from planner.solve.candidates import Candidate
     from planner.solve.chain import ChainSolution
-    from planner.solve.select import least_zero
     from planner.solve.space import Config
 
     cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=4)

@@ -94,19 +94,19 @@ def test_memory_objective_pruned_to_its_budget_chooses_the_unpruned_plan(seed: i
 def test_memory_objective_with_a_time_budget_prunes_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a time budget the memory objective keeps what lies within it (or, with none within
     it, the fastest): the unpruned search's plan, from fewer plans built."""
-    from planner.solve import select
+    from planner.solve import build
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, _random_case
 
     profile, cluster, request = _random_case(18)
     fastest = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain)
     built = {"n": 0}
-    real = select.build_plan
+    real = build.build_plan
 
     def counting(*args: object, **kwargs: object) -> Plan:
         built["n"] += 1
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(select, "build_plan", counting)
+    monkeypatch.setattr(build, "build_plan", counting)
     for budget in (fastest.predicted.iteration_ms * 1.02, fastest.predicted.iteration_ms * 0.5):
         lean = dataclasses.replace(request, objective=Objective.MEMORY, time_budget_ms=budget)
         runs, counts = [], []
@@ -181,13 +181,13 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
     """The pruned ME search solves fewer configurations and builds fewer plans than its search
     without pruning, for the same plan, index, reference and best time on all the devices (drawn
     case 14: the check of test_me_objective_pruned_chooses_the_unpruned_plan on it)."""
-    from planner.solve import config_search, select
+    from planner.solve import build, config_search
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _random_case
 
     profile, cluster, request = _random_case(14)
     request = dataclasses.replace(request, objective=Objective.ME)
     counts = {"built": 0, "solved": 0}
-    real_build, real_solve = select.build_plan, config_search.solve_config
+    real_build, real_solve = build.build_plan, config_search.solve_config
 
     def building(*args: object, **kwargs: object) -> Plan:
         counts["built"] += 1
@@ -197,7 +197,7 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
         counts["solved"] += 1
         return real_solve(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(select, "build_plan", building)
+    monkeypatch.setattr(build, "build_plan", building)
     monkeypatch.setattr(config_search, "solve_config", solving)
     runs, seen = [], []
     for settings in (EXHAUSTIVE, PRUNED):
@@ -313,7 +313,7 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
     pruning builds: the configuration's state floor and memory floor are at most the plan's
     peak memory, its largest stage's peak at most it, and its busiest rank's chunks' peaks
     summed at least it (the incumbent's product is never below a plan's)."""
-    from planner.solve import select
+    from planner.solve import build
     from planner.solve.candidates import busiest_rank, stage_needs
     from planner.solve.floors import ConfigFacts
     from planner.solve.objectives import BYTES_SLACK
@@ -321,14 +321,14 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
 
     profile, cluster, request = _me_case(seed)
     built: list[tuple[object, object, Plan]] = []
-    real = select.plan_of
+    real = build.plan_of
 
     def capturing(problem: object, cm: object, cand: object) -> Plan:
         p = real(problem, cm, cand)  # type: ignore[arg-type]
         built.append((cm, cand, p))
         return p
 
-    monkeypatch.setattr(select, "plan_of", capturing)
+    monkeypatch.setattr(build, "plan_of", capturing)
     search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=EXHAUSTIVE)
     assert len(built) > 10
     floored = 0

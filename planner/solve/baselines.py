@@ -43,14 +43,14 @@ from planner.cost import CostModel
 from planner.cost.tensor_parallel import base_cluster, device_cost_model
 from planner.schedule import Held, held_counts
 from planner.solve import pipedream_baseline
-from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.build import Problem, build_best, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.held import held_memory
 from planner.solve.layout_search import refuse_unmeetable
 from planner.solve.partitions import partition_by
 from planner.solve.search import num_devices_of
-from planner.solve.select import build_best, select
+from planner.solve.select import select
 from planner.solve.settings import SETTINGS
 from planner.solve.space import (
     DP_SCHEDULES,

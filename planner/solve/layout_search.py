@@ -15,7 +15,7 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
-from planner.solve.build import Problem
+from planner.solve.build import Problem, build_best
 from planner.solve.candidates import ChainSolver, Scored, busiest_rank, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
@@ -25,7 +25,7 @@ from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
 from planner.solve.replicated_search import replicated_candidates
-from planner.solve.select import build_best, chosen
+from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations
 

@@ -174,7 +174,7 @@ def configurations(num_layers: int, num_groups: int, request: PlanRequest) -> It
 def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
     """The ZeRO stage a configuration is solved at: the deepest of 0, 1 and 2 the request allows
     when there are replicas to shard over. Those only free memory and move no more bytes (see
-    planner.cost), so their optimum is never slower; :func:`planner.solve.select.least_zero`
+    planner.cost), so their optimum is never slower; :func:`planner.solve.build.least_zero`
     then keeps the least sharding under which the chosen plan still fits. ZeRO 3 moves more (its
     gathers every micro-batch), so it is a configuration of its own (:func:`fsdp_searched`), and
     this stage only when the request allows nothing else. With one rank per stage sharding
