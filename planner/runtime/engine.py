@@ -64,6 +64,7 @@ Checked with gloo on CPU, torch 2.13:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -72,6 +73,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from planner.runtime.actions import SendQueue, action_schedule
 from planner.runtime.emulate import ChunkTimer, finish_chunk
+from planner.runtime.recompute import RecomputeLedger
 from planner.runtime.stage import StageModule
 from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
@@ -90,26 +92,45 @@ class TimedStage(PipelineStage):
         self.fwd_sends = SendQueue()  # the copies of its outputs in flight
         self.bwd_sends = SendQueue()  # its input gradients in flight
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        out = super().forward_one_chunk(*args, **kwargs)
+        ledger = self._ledger()
+        with ledger.forward_of(fwd_chunk_id) if ledger is not None else contextlib.nullcontext():
+            out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
         finish_chunk(self.timer, start, 0)
         return out
 
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         self.timer.bwd_start_s = start
-        out = super().backward_one_chunk(*args, **kwargs)
-        full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        ledger = self._ledger()
+        if ledger is None:
+            out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        else:  # the stage's recomputed layers: once here, kept to W (planner.runtime.recompute)
+            with ledger.backward_of(splitting=not full):
+                out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            if full:
+                ledger.release(bwd_chunk_id)
+            elif self.is_first:  # torch runs no I on the first stage: its recomputation runs here
+                ledger.rebuild(bwd_chunk_id)
         finish_chunk(self.timer, start, 1 if full else 2)
         return out
 
-    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        """A zero-bubble schedule's W pass (torch's ``BACKWARD_WEIGHT``)."""
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        """A zero-bubble schedule's W pass (torch's ``BACKWARD_WEIGHT``; on the first stage one
+        whole backward, on the graphs its I rebuilt)."""
         start = time.perf_counter()
-        out = super().backward_weight_one_chunk(*args, **kwargs)
+        out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        ledger = self._ledger()
+        if ledger is not None:
+            ledger.weight(bwd_chunk_id)
         finish_chunk(self.timer, start, 3)
         return out
+
+    def _ledger(self) -> RecomputeLedger | None:
+        module = self.submod
+        return module.ledger if isinstance(module, StageModule) else None
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> Any:
         """Post the sends of a forward's outputs, each of a copy, through :attr:`fwd_sends`; the
