@@ -57,11 +57,13 @@ class Recomputation:
         self.rng = _rng_state(flatten(value))
         self.inputs: list[torch.Tensor] = []  # the rebuilt graph's leaves, one per distinct input tensor
         self.order: list[int] = []
+        self.positions: list[int] = []  # which of the layer's output tensors the node stands for
         self.outputs: list[torch.Tensor] | None = None  # the rebuilt graph's outputs
         self.groups: list[dict[str, Any]] | None = None  # its parameter groups between I and W
 
-    def rebuild(self) -> None:
-        """Re-run the layer's forward with autograd from its kept inputs (once), metered."""
+    def rebuild(self, metered: bool = True) -> None:
+        """Re-run the layer's forward with autograd from its kept inputs (once); ``metered``: under
+        the stage's saved-bytes meter (what it rebuilds is held past the pass, to W)."""
         if self.outputs is not None:
             return
         flat = flatten(self.value)
@@ -71,12 +73,16 @@ class Recomputation:
         value = _replace(self.value, leaves)
         self.value = None
         self.ledger.forward_runs += 1
-        with torch.enable_grad(), self.ledger.hooks(), _restored_rng(self.rng):
-            self.outputs = flatten(self.layer(value))
+        hooks = self.ledger.hooks() if metered else contextlib.nullcontext()
+        with torch.enable_grad(), hooks, _restored_rng(self.rng):
+            flat = flatten(self.layer(value))
+            self.outputs = [flat[k] for k in self.positions]  # the node's outputs, rebuilt
 
     def backward(self, grads: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor | None]:
-        """The gradients of the layer's input tensors, in order (a tensor passed twice: once)."""
-        self.rebuild()
+        """The gradients of the layer's input tensors, in order (a tensor passed twice: once). In
+        a whole backward the recomputation is a workspace freed within it, as under torch's
+        checkpoint, not metered (the plan prices it apart: ``recompute_workspace_bytes``)."""
+        self.rebuild(metered=self.ledger.splitting)
         order = self.order
         per_leaf = self._leaf_grads(grads)
         return [per_leaf[k] if order.index(k) == i else None for i, k in enumerate(order)]
@@ -121,7 +127,7 @@ class _Recomputed(torch.autograd.Function):
         ctx.record = record
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*tensors)  # the meter counts the kept inputs here
-        flat = flatten(out())
+        flat = out()
         ctx.mark_non_differentiable(*(t for t in flat if not t.is_floating_point()))
         return tuple(flat)
 
@@ -146,22 +152,25 @@ class RecomputeLedger:
         self.forward_runs = 0  # recomputations run (the tests count them)
 
     def run(self, layer: nn.Module, value: Any) -> Any:
-        """The layer's output for ``value``, computed without autograd and recomputed later."""
+        """The layer's output for ``value``, computed without autograd and recomputed later. A
+        tensor it hands on unchanged (a skip in a tuple) stays the input itself, outside the node."""
         record = Recomputation(self, layer, value)
         if self.chunk is not None:
             self.records.setdefault(self.chunk, []).append(record)
         tensors = flatten(value)
-        structure: list[Any] = []
+        given = {id(t) for t in tensors}
+        result: list[Any] = []
 
-        def out() -> Any:
-            result = layer(value)
-            structure.append(result)
-            return result
+        def out() -> list[torch.Tensor]:
+            result.append(layer(value))
+            flat = flatten(result[0])
+            record.positions = [k for k, t in enumerate(flat) if id(t) not in given]
+            return [flat[k] for k in record.positions]
 
         if not any(t.requires_grad for t in tensors):  # keep the output in the graph
             tensors = [*tensors, torch.empty(0, device=_device(tensors), requires_grad=True)]
-        flat = _Recomputed.apply(record, out, *tensors)
-        return _rebuild_structure(structure[0], iter(flat))
+        made = iter(_Recomputed.apply(record, out, *tensors))
+        return _rebuild_structure(result[0], lambda t: t if id(t) in given else next(made))
 
     @contextlib.contextmanager
     def forward_of(self, chunk: int) -> Iterator[None]:
@@ -203,12 +212,12 @@ def _replace(value: Any, leaves: dict[int, torch.Tensor]) -> Any:
     return value
 
 
-def _rebuild_structure(value: Any, flat: Iterator[torch.Tensor]) -> Any:
-    """``value`` with each of its tensors replaced by the next of ``flat`` (the node's outputs)."""
+def _rebuild_structure(value: Any, swap: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with each of its tensors ``t`` replaced by ``swap(t)`` (in order)."""
     if isinstance(value, torch.Tensor):
-        return next(flat)
+        return swap(value)
     if isinstance(value, (tuple, list)):
-        return type(value)(_rebuild_structure(v, flat) for v in value)
+        return type(value)(_rebuild_structure(v, swap) for v in value)
     return value
 
 
