@@ -457,13 +457,14 @@ def test_torch_split_backward_recomputes_in_w_and_holds_nothing_recomputed_betwe
 
 
 
-def _split_stage(work, start: int, stop: int, recompute: bool, inputs, targets) -> tuple[int, int, int, list, object]:
+def _split_stage(work, start: int, stop: int, recompute: tuple[bool, ...], inputs, targets) -> tuple[int, int, int, list, list]:
     """Stage ``[start, stop)`` of ``work`` as the runtime builds it under a split backward
-    (``StageModule(split_backward=True)``, every layer recomputed or none), one micro-batch run
-    as ``planner.runtime.engine.TimedStage`` runs a zero-bubble schedule's F, I and W (the first
-    stage: torch runs no I, the stage rebuilds its recomputation there; its W is one whole
-    backward). Returns (forward runs of the stage's layers by the end of I, by the end of W,
-    saved bytes held between I and W, the parameters' gradients, the input's gradient)."""
+    (``StageModule(split_backward=True)``, ``recompute`` its flags), one micro-batch run
+    as ``planner.runtime.engine.TimedStage`` runs a zero-bubble schedule's F, I and W (I cut after
+    the last recomputed layer where layers or the loss follow it; the first stage: torch runs no
+    I, the stage rebuilds its recomputation there; its W is one whole backward). Returns (forward
+    runs of the stage's layers by the end of I, by the end of W, saved bytes held between I and W,
+    the parameters' gradients, the inputs' gradients)."""
     import gc
 
     import torch
@@ -471,14 +472,15 @@ def _split_stage(work, start: int, stop: int, recompute: bool, inputs, targets) 
 
     from planner.models.workload import split_loss
     from planner.profiling.measured.tensors import flatten
+    from planner.runtime.recompute import input_pass_in_two
     from planner.runtime.stage import StageModule
 
     layers = list(work.layers[start:stop])
     runs = [0]
     handles = [layer.register_forward_pre_hook(lambda *_: runs.__setitem__(0, runs[0] + 1)) for layer in layers]
-    module = StageModule(layers, [recompute] * len(layers), split_backward=True)
+    module = StageModule(layers, list(recompute), split_backward=True)
     ledger = module.ledger
-    assert (ledger is not None) == recompute
+    assert (ledger is not None) == any(recompute)
     params = list(module.parameters())
     for p in params:
         p.grad = None
@@ -494,9 +496,14 @@ def _split_stage(work, start: int, stop: int, recompute: bool, inputs, targets) 
         out = split_loss(work.loss_fn(out, targets))[0]
     out = [t for t in flatten(out) if t.requires_grad]
     grads = None if stop == len(work.layers) else [torch.ones_like(t) for t in out]
-    if start > 0:  # I, then W
+    if start > 0:  # I (cut after the last recomputed layer where something follows it), then W
+        cut = ledger.cuts.pop(0, None) if ledger is not None else None
         with ledger.backward_of(splitting=True) if ledger is not None else contextlib.nullcontext():
-            _, groups = stage_backward_input(out, grads, list(x), iter(params))
+            if cut is not None and (cut[2] or stop == len(work.layers)):
+                _, groups = input_pass_in_two(cut, out, grads, list(x), params)
+            else:
+                _, groups = stage_backward_input(out, grads, list(x), iter(params))
+        del cut  # the engine drops it after the pass likewise
         del out
         gc.collect()
         kept, by_i = module.meter.live_bytes, runs[0]
@@ -518,8 +525,8 @@ def _split_stage(work, start: int, stop: int, recompute: bool, inputs, targets) 
     return by_i, runs[0], kept, [p.grad.clone() for p in params], [t.grad for t in x]
 
 
-@pytest.mark.parametrize(("start", "stop"), [(1, 4), (0, 3), (3, 6)])
-def test_runtime_recomputes_once_in_i_and_keeps_w_inputs_until_w(start, stop):
+@pytest.mark.parametrize(("start", "stop", "last"), [(1, 4, True), (0, 3, True), (3, 6, True), (3, 6, False), (1, 4, False)])
+def test_runtime_recomputes_once_in_i_and_keeps_w_inputs_until_w(start, stop, last):
     """The runtime's recomputation under a split backward (``planner.runtime.recompute``): each
     recomputed zoo GPT layer runs its forward twice per micro-batch (its forward and one
     recomputation by the end of I; torch's checkpoint ran a block 10 times: 2 + once per each
@@ -527,7 +534,9 @@ def test_runtime_recomputes_once_in_i_and_keeps_w_inputs_until_w(start, stop):
     holds without recomputation (W's inputs, what the plan prices: ``CostModel.keep_bytes``),
     and its gradients are the non-recomputed stage's bit for bit. A stage after the first
     (torch's split), the first (I rebuilt by the stage, W one whole backward; its embedding
-    takes token ids) and the head's (with the loss)."""
+    takes token ids) and the head's (with the loss), its last layer recomputed or not (then its
+    I is cut after the last recomputed layer: the head's and the loss's tail is freed before the
+    blocks are rebuilt, where one torch pass would hold both)."""
     import torch
 
     from planner.models import load_workload
@@ -535,10 +544,11 @@ def test_runtime_recomputes_once_in_i_and_keeps_w_inputs_until_w(start, stop):
     work = load_workload("gpt")
     inputs, targets = work.make_batch(2, 0)
     n = stop - start
-    by_i, runs, kept, grads, dx = _split_stage(work, start, stop, True, inputs, targets)
-    plain_i, plain_runs, plain_kept, plain_grads, plain_dx = _split_stage(work, start, stop, False, inputs, targets)
+    flags = (True,) * (n - 1) + (last,)
+    by_i, runs, kept, grads, dx = _split_stage(work, start, stop, flags, inputs, targets)
+    plain_i, plain_runs, plain_kept, plain_grads, plain_dx = _split_stage(work, start, stop, (False,) * n, inputs, targets)
     assert (plain_i, plain_runs) == (n, n)
-    assert (by_i, runs) == (2 * n, 2 * n)
+    assert by_i == runs == n + sum(flags)
     assert kept == plain_kept > 0
     assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
     assert all((a is None) == (start == 0) and (a is None or torch.equal(a, b)) for a, b in zip(dx, plain_dx, strict=True))

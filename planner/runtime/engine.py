@@ -73,7 +73,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from planner.runtime.actions import SendQueue, action_schedule
 from planner.runtime.emulate import ChunkTimer, finish_chunk
-from planner.runtime.recompute import RecomputeLedger
+from planner.runtime.recompute import RecomputeLedger, input_pass_in_two
 from planner.runtime.stage import StageModule
 from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
@@ -91,6 +91,7 @@ class TimedStage(PipelineStage):
         self.timer = timer
         self.fwd_sends = SendQueue()  # the copies of its outputs in flight
         self.bwd_sends = SendQueue()  # its input gradients in flight
+        self._cut: Any = None  # the running input-gradient pass's cut (planner.runtime.recompute)
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -108,8 +109,12 @@ class TimedStage(PipelineStage):
         if ledger is None:
             out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
         else:  # the stage's recomputed layers: once here, kept to W (planner.runtime.recompute)
+            self._cut = None if full else ledger.cuts.pop(bwd_chunk_id, None)
+            if self._cut is not None and not (self._cut[2] or self.is_last):
+                self._cut = None  # nothing after the last recomputed layer: torch's one pass holds no tail
             with ledger.backward_of(splitting=not full):
                 out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            self._cut = None
             if full:
                 ledger.release(bwd_chunk_id)
             elif self.is_first:  # torch runs no I on the first stage: its recomputation runs here
@@ -127,6 +132,15 @@ class TimedStage(PipelineStage):
             ledger.weight(bwd_chunk_id)
         finish_chunk(self.timer, start, 3)
         return out
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict[str, Any], last_backward: bool = False) -> Any:
+        """torch's input-gradient pass, cut after the last recomputed layer where one follows
+        (``planner.runtime.recompute.input_pass_in_two``); every other pass torch's own."""
+        cut = self._cut
+        if backward_type != "input" or cut is None:
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=last_backward)
+        return input_pass_in_two(cut, bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                 bwd_kwargs["input_values"], list(self.submod.parameters()))
 
     def _ledger(self) -> RecomputeLedger | None:
         module = self.submod

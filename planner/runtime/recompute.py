@@ -43,7 +43,7 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 from planner.profiling.measured.tensors import flatten
 
-__all__ = ["Recomputation", "RecomputeLedger"]
+__all__ = ["Recomputation", "RecomputeLedger", "input_pass_in_two"]
 
 
 class Recomputation:
@@ -149,6 +149,10 @@ class RecomputeLedger:
         self.chunk: int | None = None  # the micro-batch whose forward runs now
         self.splitting = False
         self.records: dict[int, list[Recomputation]] = {}
+        #: per micro-batch: the outputs of the stage's last recomputed layer and the parameters of
+        #: the layers after it, where something follows it (:func:`input_pass_in_two`)
+        self.cuts: dict[int, tuple[list[torch.Tensor], list[nn.Parameter], bool]] = {}
+        self.last_made: list[torch.Tensor] = []  # the outputs of the last node :meth:`run` made
         self.forward_runs = 0  # recomputations run (the tests count them)
 
     def run(self, layer: nn.Module, value: Any) -> Any:
@@ -169,8 +173,19 @@ class RecomputeLedger:
 
         if not any(t.requires_grad for t in tensors):  # keep the output in the graph
             tensors = [*tensors, torch.empty(0, device=_device(tensors), requires_grad=True)]
-        made = iter(_Recomputed.apply(record, out, *tensors))
-        return _rebuild_structure(result[0], lambda t: t if id(t) in given else next(made))
+        made = list(_Recomputed.apply(record, out, *tensors))
+        self.last_made = made
+        fresh = iter(made)
+        return _rebuild_structure(result[0], lambda t: t if id(t) in given else next(fresh))
+
+    def cut_after(self, output: Any, after: list[nn.Parameter], follows: bool) -> None:
+        """Mark ``output``, the stage's last recomputed layer's (``follows``: layers of the stage
+        after it), as where the micro-batch's input-gradient pass is cut in two
+        (:func:`input_pass_in_two`), where that layer's node made every tensor of it."""
+        flat, made = flatten(output), self.last_made
+        self.last_made = []  # held no longer than the micro-batch's backward
+        if self.chunk is not None and flat and all(any(t is m for m in made) for t in flat):
+            self.cuts[self.chunk] = (flat, after, follows)
 
     @contextlib.contextmanager
     def forward_of(self, chunk: int) -> Iterator[None]:
@@ -195,13 +210,58 @@ class RecomputeLedger:
 
     def weight(self, chunk: int) -> None:
         """The micro-batch's ``W`` of its recomputed layers (after the stage's own)."""
+        self.cuts.pop(chunk, None)
         for record in self.records.pop(chunk, ()):
             record.weight()
 
     def release(self, chunk: int) -> None:
         """After a whole backward: the micro-batch's recomputations are done."""
+        self.cuts.pop(chunk, None)
         for record in self.records.pop(chunk, ()):
             record.release()
+
+
+def input_pass_in_two(
+    cut: tuple[list[torch.Tensor], list[nn.Parameter], bool], stage_output: Any, output_grads: Any, input_values: Any,
+    params: list[nn.Parameter],
+) -> tuple[tuple[torch.Tensor | None, ...], list[dict[str, Any]]]:
+    """A stage's input-gradient pass cut after its last recomputed layer (what torch's
+    ``stage_backward_input`` returns: the input gradients and the parameter groups for W). The
+    layers after it (and the loss) first, to the cut: torch's split frees their tail (what
+    follows their last weight GEMM, the loss's logits) as it ends; then the rest, where the
+    recomputed layers' graphs are rebuilt and kept. Torch's one pass over the stage would hold
+    that tail until the whole pass ends, over the recomputed layers' W inputs: above what the
+    plan prices for a micro-batch in its I (docs/zero-bubble.md)."""
+    import warnings
+
+    cut_at, after, _ = cut
+    mine = {id(p) for p in after}
+    before = [p for p in params if id(p) not in mine]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the cut's tensors are not leaves: their .grad is set and read
+        grads_cut, groups = stage_backward_input(list(stage_output), output_grads, cut_at, iter(after))
+        for t in cut_at:
+            t.grad = None
+    pairs = [(t, g) for t, g in zip(cut_at, grads_cut, strict=True) if g is not None]
+    if not pairs:
+        return tuple(None for _ in input_values), groups
+    # torch's pass detaches its outputs in place; the cut's tensors are saved by the layers after
+    # it (for W), so the second pass starts from aliases of them (sharing their storage)
+    aliases = [_Alias.apply(t) for t, _ in pairs]
+    dinputs, rest = stage_backward_input(aliases, [g for _, g in pairs], input_values, iter(before))
+    return dinputs, groups + rest
+
+
+class _Alias(torch.autograd.Function):
+    """The identity, its output a new tensor on the input's storage (not a view)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
 
 
 def _replace(value: Any, leaves: dict[int, torch.Tensor]) -> Any:

@@ -118,12 +118,17 @@ class StageModule(nn.Module):
 
     def _layers(self, x: Any) -> Any:
         self._consumed = {}
+        ledger = self.ledger if torch.is_grad_enabled() else None
+        last = max((i for i, on in enumerate(self.recompute) if on), default=-1)
         for idx in range(len(self.layers)):
             if idx:
                 self._consumed.update((id(t), weakref.ref(t)) for t in flatten(x))
             with self._offloading(self.offload[idx] and torch.is_grad_enabled(), x):
-                if self.recompute[idx] and torch.is_grad_enabled() and self.ledger is not None:
-                    x = self.ledger.run(self.layers[idx], x)
+                if self.recompute[idx] and ledger is not None:
+                    x = ledger.run(self.layers[idx], x)
+                    if idx == last:  # the stage's I is cut here (planner.runtime.recompute.input_pass_in_two)
+                        after = [p for layer in self.layers[idx + 1 :] for p in layer.parameters()]
+                        ledger.cut_after(x, after, follows=idx < len(self.layers) - 1)
                 elif self.recompute[idx] and torch.is_grad_enabled():
                     x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
                 else:
