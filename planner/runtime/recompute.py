@@ -23,7 +23,10 @@ behaviour). Here, as the plan prices it:
   the forward re-runs once and one backward computes the input and parameter gradients;
 - **the first stage's I**: torch runs none (its ``W`` is one whole backward); the stage
   rebuilds the recomputed graphs there (:meth:`RecomputeLedger.rebuild`), so its ``W`` runs on
-  them without re-running the forward and it holds between the two what every later stage holds.
+  them without re-running the forward and it holds between the two what every later stage holds;
+- **a stage's I cut in two** where layers or the loss follow its last recomputed layer
+  (:func:`input_pass_in_two`): what follows first, so its tail is freed before the recomputed
+  graphs are rebuilt (torch's one pass would hold both until it ends).
 
 The layer's parameters are not inputs of the node: their gradients never pass through the
 stage's own graph (no parameter group of the stage's split backward sees them). A layer whose
