@@ -44,8 +44,10 @@ Checked with gloo on CPU, torch 2.13:
   the rank's next chunk without a send, so it is not freed.
 - Zero bubble (Qi et al. 2024: ZB-H1 with one stage per rank; ZB-H2, its longer warm-up; ZBV,
   two chunks per rank in a V, rank 0 holding the first and the last chunk): the backward runs
-  as an input-gradient chunk (``I``: torch's ``stage_backward_input``, recomputation included)
-  and a weight-gradient chunk (``W``: ``stage_backward_weight``). torch keeps the I pass's graph
+  as an input-gradient chunk (``I``: torch's ``stage_backward_input``) and a weight-gradient
+  chunk (``W``: ``stage_backward_weight``). A recomputed layer is recomputed by the stage once in
+  ``I`` and kept to ``W`` (``planner.runtime.recompute``: not torch's checkpoint, which re-ran it
+  once per parameter group in ``W``), the stage's ``I`` cut after its last recomputed layer. torch keeps the I pass's graph
   (``retain_graph=True``) until W, so a micro-batch between its I and its W holds what autograd
   saved for the weight gradients, which the profile's ``weight_grad_saved_fraction`` prices.
   ZB-H2 has no torch class; its order runs like the others. The planner prices it with a
