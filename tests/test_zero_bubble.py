@@ -481,6 +481,8 @@ def _split_stage(work, start: int, stop: int, recompute: tuple[bool, ...], input
     module = StageModule(layers, list(recompute), split_backward=True)
     ledger = module.ledger
     assert (ledger is not None) == any(recompute)
+    if ledger is not None:
+        ledger.loss_follows = stop == len(work.layers)  # as the executor marks the last stage
     params = list(module.parameters())
     for p in params:
         p.grad = None
@@ -499,7 +501,7 @@ def _split_stage(work, start: int, stop: int, recompute: tuple[bool, ...], input
     if start > 0:  # I (cut after the last recomputed layer where something follows it), then W
         cut = ledger.cuts.pop(0, None) if ledger is not None else None
         with ledger.backward_of(splitting=True) if ledger is not None else contextlib.nullcontext():
-            if cut is not None and (cut[2] or stop == len(work.layers)):
+            if cut is not None:
                 _, groups = input_pass_in_two(cut, out, grads, list(x), params)
             else:
                 _, groups = stage_backward_input(out, grads, list(x), iter(params))

@@ -94,6 +94,9 @@ class TimedStage(PipelineStage):
         self.fwd_sends = SendQueue()  # the copies of its outputs in flight
         self.bwd_sends = SendQueue()  # its input gradients in flight
         self._cut: Any = None  # the running input-gradient pass's cut (planner.runtime.recompute)
+        ledger = self._ledger()
+        if ledger is not None:
+            ledger.loss_follows = self.is_last
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -112,8 +115,6 @@ class TimedStage(PipelineStage):
             out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
         else:  # the stage's recomputed layers: once here, kept to W (planner.runtime.recompute)
             self._cut = None if full else ledger.cuts.pop(bwd_chunk_id, None)
-            if self._cut is not None and not (self._cut[2] or self.is_last):
-                self._cut = None  # nothing after the last recomputed layer: torch's one pass holds no tail
             with ledger.backward_of(splitting=not full):
                 out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
             self._cut = None

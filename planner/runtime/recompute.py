@@ -156,6 +156,7 @@ class RecomputeLedger:
         #: the layers after it, where something follows it (:func:`input_pass_in_two`)
         self.cuts: dict[int, tuple[list[torch.Tensor], list[nn.Parameter], bool]] = {}
         self.last_made: list[torch.Tensor] = []  # the outputs of the last node :meth:`run` made
+        self.loss_follows = False  # the stage is the pipeline's last (set by its executor)
         self.forward_runs = 0  # recomputations run (the tests count them)
 
     def run(self, layer: nn.Module, value: Any) -> Any:
@@ -187,6 +188,8 @@ class RecomputeLedger:
         (:func:`input_pass_in_two`), where that layer's node made every tensor of it."""
         flat, made = flatten(output), self.last_made
         self.last_made = []  # held no longer than the micro-batch's backward
+        if not (follows or self.loss_follows):
+            return  # nothing after it: torch's one pass holds no tail (and a sent output stays freeable)
         if self.chunk is not None and flat and all(any(t is m for m in made) for t in flat):
             self.cuts[self.chunk] = (flat, after, follows)
 
