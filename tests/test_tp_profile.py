@@ -78,17 +78,36 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
         assert row["measured_saved_bytes"] == [expected] * T, row
 
 
-def _driven(tmp_path: Path, specs: list[str]) -> list[dict[str, Any]]:
+def _selected(session: pytest.Session, name: str) -> bool:
+    """Whether the session runs this module's test ``name`` (selected, not skipped)."""
+    return any(item.path == Path(__file__) and item.originalname == name and item.get_closest_marker("skip") is None
+               for item in session.items)
+
+
+@pytest.fixture(scope="module")
+def driven(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The rows of one launch of the driver over the specs of the tests the session runs (the zoo's
+    and, when the Hugging Face test runs, its blocks too): one torchrun of T processes, not one per
+    test (each is T + 1 interpreters importing torch; the rows of a spec do not depend on the
+    others run beside it, as the driver measures each spec's layers on fresh workloads)."""
+    specs = [*SPECS, *(HF_SPECS if _selected(request.session, "test_sharded_hugging_face_blocks_match_the_declaration") else [])]
+    tmp_path = tmp_path_factory.mktemp("tp_profile")
     (tmp_path / "specs.json").write_text(json.dumps(specs))
     proc = torchrun(T, ["tests/tp_profile_driver.py", str(tmp_path / "specs.json"), str(tmp_path / "out.json")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows: list[dict[str, Any]] = json.loads((tmp_path / "out.json").read_text())
+    assert {row["spec"] for row in rows} == set(specs)
     return rows
 
 
+def _driven(rows: list[dict[str, Any]], specs: list[str]) -> list[dict[str, Any]]:
+    """The launch's rows of ``specs``."""
+    return [row for row in rows if row["spec"] in specs]
+
+
 @pytest.mark.slow
-def test_sharded_blocks_match_the_declaration(tmp_path: Path) -> None:
-    rows = _driven(tmp_path, SPECS)
+def test_sharded_blocks_match_the_declaration(driven: list[dict[str, Any]]) -> None:
+    rows = _driven(driven, SPECS)
     assert len(rows) == 2 * 4  # (gpt block, bert block, gpt attn, gpt mlp) x (sp off, on)
     _check_rows(rows)
     assert all(r["device_split_bytes"] == r["split_saved_bytes"] // T for r in rows)
@@ -96,10 +115,10 @@ def test_sharded_blocks_match_the_declaration(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.hf
-def test_sharded_hugging_face_blocks_match_the_declaration(tmp_path: Path) -> None:
+def test_sharded_hugging_face_blocks_match_the_declaration(driven: list[dict[str, Any]]) -> None:
     """Issue 51: the old rule (everything saved / t with sequence parallelism) under-predicted
     these blocks' saves by 5.5-9.7% per stage; each is now exact per rank."""
-    rows = _driven(tmp_path, HF_SPECS)
+    rows = _driven(driven, HF_SPECS)
     assert len(rows) == 4 * 2
     _check_rows(rows)
     for row in rows:
