@@ -222,6 +222,22 @@ def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -
     assert got.config.layout.zero < ZeroStage.PARAMETERS and got.config.layout.shard_group_size == 0
 
 
+def test_a_configurations_zero_variants_are_one_record_kept_on_it() -> None:
+    """``Config.zero_variants``: the configuration at each ZeRO stage (below ZeRO 3 without shard
+    groups, ZeRO 3 keeping its own) and under HSDP (a node's share of each gradient group; None where
+    the group fits in a node), worked out once per node size and kept on the configuration."""
+    from planner.solve.space import Config
+
+    c = Config(Layout(num_stages=2, dp_degree=16, zero=ZeroStage.GRADIENTS), 1, 8, ScheduleKind.ONE_F_ONE_B)
+    at = c.zero_variants(8)
+    assert [v.layout.zero for v in at.by_stage] == list(ZeroStage) and at.by_stage[ZeroStage.GRADIENTS] is c
+    assert all(v.layout.shard_group_size == 0 and (v.layout.dp_degree, v.layout.num_stages) == (16, 2) for v in at.by_stage)
+    assert at.hsdp is not None and at.hsdp.layout.zero is ZeroStage.PARAMETERS and at.hsdp.layout.shard_group_size == 8
+    assert c.zero_variants(8) is at and c.zero_variants(32) is not at and c.zero_variants(32).hsdp is None
+    hsdp = at.hsdp.zero_variants(8)
+    assert hsdp.by_stage[ZeroStage.PARAMETERS] is at.hsdp and hsdp.by_stage[ZeroStage.OPTIMIZER].layout.shard_group_size == 0
+
+
 def test_a_configurations_fields_are_its_own_and_its_variants() -> None:
     """``Config``'s fields are worked out where it is built (``__post_init__``), so a ZeRO
     variant's tie-break and figures are the variant's own (the heap's order and the plans' ties

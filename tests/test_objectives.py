@@ -387,6 +387,24 @@ def test_one_policy_per_objective() -> None:
     assert rules["me"].budget is None and rules["me"].me_state is me.state and rules["me"].incumbent is me.incumbent
     assert me.state is not None and rules["me"].built is me.state.built is rules["grouped_me"].built
     assert rules["grouped_me"].me_state is None
+    # ... with the passes under tighter caps, one per cap fraction, each with a fresh policy of its
+    # own: the time objective's over its best configurations, nothing pruned, none on a degree that
+    # prunes by time; the memory objective's pruned to its budget from the fastest plan built (seeded);
+    # the ME objective's against the same state and incumbent
+    fractions = SETTINGS.memory_cap_fractions
+    assert not time.builds(10.0, 2, SETTINGS).tighter
+    for name in rules:
+        assert tuple(t.cap_fraction for t in rules[name].tighter) == fractions
+    passes = rules["time"].tighter
+    assert all(isinstance(t.policy, TimePolicy) and not t.policy.prune and not t.seeded and not t.fsdp
+               and t.config_limit == SETTINGS.pareto_configs and t.builds == 2 for t in passes)
+    assert passes[0].policy is not passes[1].policy and passes[0].policy.incumbent is not passes[1].policy.incumbent
+    assert all(isinstance(t.policy, MemoryPolicy) and t.policy.prune and t.seeded and t.policy.budget == memory.budget
+               and t.policy.incumbent.best == float("inf") and t.config_limit is None and t.fsdp for t in rules["memory"].tighter)
+    unpruned = MemoryPolicy(memory.budget, prune=False).builds(10.0, 1, SETTINGS).tighter
+    assert all(not t.seeded and not t.policy.prune for t in unpruned)
+    assert all(isinstance(t.policy, MePolicy) and t.policy.state is me.state and t.policy.incumbent is me.incumbent
+               and not t.seeded for t in rules["me"].tighter)
     scored = [(t, None) for t in (10.0, 10.5, 11.5)]
     kept, within = memory.budget.within(scored, float("inf"), None)  # type: ignore[arg-type]
     assert [t for t, _ in kept] == [10.0, 10.5] and within == pytest.approx(11.0)
