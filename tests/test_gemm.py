@@ -39,11 +39,18 @@ def test_block_gemms_count_the_published_flops() -> None:
     assert sum(g.flops for g in shape.block_gemms()) == pytest.approx(shape.block_fwd_flops())
 
 
-def test_gemm_shape_follows_micro_batch_and_degree() -> None:
+def test_gemm_time_is_at_its_shape_on_one_device_of_the_degree() -> None:
+    # micro-batch 4 grows the batch dimension, degree 8 divides the split one: the FLOPs and the
+    # efficiency are those of the per-device shape; backward twice the forward
+    rates = device_rates("a100-80gb", MODEL)
     qkv = Gemm(name="qkv", m=2048, n=3 * 6144, k=6144, split="n")
-    assert qkv.shape(4, 8) == (8192, 3 * 6144 / 8, 6144, 1)
+    m, n, k = 8192, 3 * 6144 / 8, 6144
+    want = 2 * m * n * k / (rates.peak_flops_per_ms * MODEL.efficiency(m, n, k))
+    assert rates.gemm_ms(qkv, 4, 8) == pytest.approx(want)
+    assert rates.gemm_ms(qkv, 4, 8, backward=True) == pytest.approx(2 * want)
     heads = Gemm(name="scores", m=2048, n=2048, k=96, count=64, batch="count", split="count")
-    assert heads.shape(4, 8) == (2048, 2048, 96, 32)
+    want = 2 * 2048 * 2048 * 96 * 32 / (rates.peak_flops_per_ms * MODEL.efficiency(2048, 2048, 96))
+    assert rates.gemm_ms(heads, 4, 8) == pytest.approx(want)
 
 
 def test_analytic_layer_is_its_gemms_and_bytes_at_the_fit_sizes() -> None:
