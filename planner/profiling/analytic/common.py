@@ -106,7 +106,7 @@ class DeviceRates:
     gemm: GemmModel
     peak_flops_per_ms: float
     bytes_per_ms: float
-    metadata: Mapping[str, str | float]
+    metadata: dict[str, str | float]
 
     def gemm_ms(self, g: Gemm, b: int, t: int = 1, backward: bool = False) -> float:
         """Forward (or backward) time of ``g`` at micro-batch ``b`` on one of ``t`` tensor-parallel

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
@@ -51,7 +50,7 @@ class GemmModel:
     memory_efficiency: float
     source: str = ""
     fitted_on: tuple[str, ...] = ()
-    metadata: Mapping[str, str | float] = field(init=False, compare=False, repr=False)
+    metadata: dict[str, str | float] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_efficiency <= 1:
@@ -60,7 +59,7 @@ class GemmModel:
             raise PlannerInputError(f"GEMM half_intensity must be >= 0 (got {self.half_intensity})")
         if not 0 < self.memory_efficiency <= 1:
             raise PlannerInputError(f"memory_efficiency must be in (0, 1] (got {self.memory_efficiency})")
-        object.__setattr__(self, "metadata", MappingProxyType({
+        object.__setattr__(self, "metadata", {
             "gemm_max_efficiency": self.max_efficiency,
             "gemm_half_intensity_flop_per_byte": self.half_intensity,
             "memory_efficiency": self.memory_efficiency,
@@ -68,7 +67,7 @@ class GemmModel:
                           "(planner.profiling.analytic.gemm)",
             "gemm_source": self.source,
             "gemm_fitted_on": "; ".join(self.fitted_on),
-        }))
+        })
 
     def efficiency(self, m: float, n: float, k: float, fused: bool = False) -> float:
         """Achieved fraction of peak of one ``m x k . k x n`` product (``fused``: FlashAttention's
