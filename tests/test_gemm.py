@@ -4,6 +4,9 @@ tensor-parallel collectives in the per-device view."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
 
 from planner.artifacts.cluster import PRESETS
@@ -141,3 +144,17 @@ def test_profiles_record_the_fitted_constants_and_round_trip() -> None:
         prof = gpt_profile(layers=2, hidden=512, heads=8, seq=256, vocab=100, device_preset=preset)
         assert prof.metadata["gemm_fitted_on"] == "; ".join(model.fitted_on)
         assert profile_from_json(profile_to_json(prof)) == prof
+
+
+def test_the_recorded_constants_read_back_and_travel_to_worker_processes() -> None:
+    # GemmModel.metadata is made with the model: of_metadata reads its constants back; a changed
+    # model records its own; a pickled one (published_runs.py --jobs) keeps it
+    for preset, model in DEVICE_GEMM.items():
+        back = GemmModel.of_metadata(model.metadata)
+        assert back is not None and back == GemmModel(max_efficiency=model.max_efficiency,
+                                                      half_intensity=model.half_intensity,
+                                                      memory_efficiency=model.memory_efficiency)
+        assert device_rates(preset).metadata["gemm_max_efficiency"] == model.max_efficiency
+        assert pickle.loads(pickle.dumps(model)).metadata == model.metadata
+    halved = dataclasses.replace(MODEL, max_efficiency=0.4)
+    assert halved.metadata["gemm_max_efficiency"] == 0.4 and MODEL.metadata["gemm_max_efficiency"] == 0.8
