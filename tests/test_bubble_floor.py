@@ -63,7 +63,7 @@ def test_floor_is_below_every_proposals_simulated_time(monkeypatch: pytest.Monke
 def test_floor_is_zero_for_other_schedules() -> None:
     """Only the zero-bubble schedules are bounded here."""
     seen = 0
-    for cm, cap, facts, tp, c in _configs(*CASES["tensor-zero-interleaved"], 8, (1,)):
+    for _cm, _cap, facts, _tp, c in _configs(*CASES["tensor-zero-interleaved"], 8, (1,)):
         if not c.schedule.splits_backward:
             assert zero_bubble_floor_ms(facts, c) == 0.0
             seen += 1
