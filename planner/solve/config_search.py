@@ -28,7 +28,6 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.fsdp import is_fsdp
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.bubble_floor import zero_bubble_floor_ms
 from planner.solve.candidates import (
     Candidate,
     ChainSolver,
@@ -146,8 +145,6 @@ class ConfigSearch:
                 heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
                 return
         busiest = facts.busiest_rank_ms(c0, self.where.slack, limit) if policy.prune and policy.tight and lb <= limit else -INF
-        if policy.prune and policy.tight and lb <= limit and busiest <= limit < INF:  # fill and memory: skip only
-            busiest = max(busiest, zero_bubble_floor_ms(facts, c0) / self.where.slack)
         if policy.prune and (lb > limit or busiest > limit):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
