@@ -85,10 +85,11 @@ from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
-from planner.cost.fsdp import FsdpTerms, is_fsdp, units_in_flight
+from planner.cost.fsdp import FsdpTerms, units_in_flight
 from planner.cost.offload import optimizer_offloaded
 from planner.cost.precision import fp8_weights
 from planner.cost.prefix import BatchSums
+from planner.cost.sharding import is_fsdp
 from planner.cost.stage import StageCosts
 from planner.graph import cut_bytes_per_sample
 
@@ -206,11 +207,6 @@ class CostModel(StageCosts):
         full = max((float(self.saved_per_sample[i] * microbatch_size + self.saved_fixed[i]) for i in recompute), default=0.0)
         core = max((float(self.core_per_sample[i] * microbatch_size + self.core_fixed[i]) for i in selective), default=0.0)
         return max(full, core)
-
-    def gathered_bytes(self, microbatch_size: int, num_layers: int = 1) -> float:
-        """Context parallelism's keys and values gathered by ``num_layers`` layers for one
-        micro-batch (one layer's is live on a device while that layer runs; 0 without)."""
-        return num_layers * self.gather_bytes_per_sample * microbatch_size
 
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one

@@ -31,8 +31,14 @@ from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import DeviceGroup, Layout, Sharding
 from planner.artifacts.stack import Stack
 from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
-from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups, is_fsdp
+from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups
 from planner.cost.prefix import PrefixSums
+
+
+def is_fsdp(sharding: Sharding) -> bool:
+    """ZeRO 3 over more than one rank (one rank shards nothing): the sharding whose weights are
+    gathered layer by layer (:mod:`planner.cost.fsdp` prices that communication)."""
+    return sharding.zero is ZeroStage.PARAMETERS and sharding.ranks > 1
 
 
 def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:

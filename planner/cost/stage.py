@@ -38,10 +38,9 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
-from planner.cost.fsdp import is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
-from planner.cost.sharding import ShardedState
+from planner.cost.sharding import ShardedState, is_fsdp
 
 __all__ = ["StageCosts", "StageTerms", "SyncCost", "price_stage", "price_stages"]
 

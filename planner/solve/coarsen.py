@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.graph import merge_layers
 from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
 from planner.solve.chain import ChainSolution
