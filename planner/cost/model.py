@@ -86,7 +86,6 @@ from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.fsdp import FsdpTerms, units_in_flight
-from planner.cost.offload import optimizer_offloaded
 from planner.cost.precision import fp8_weights
 from planner.cost.prefix import BatchSums
 from planner.cost.sharding import is_fsdp
@@ -104,6 +103,7 @@ class CostModel(StageCosts):
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
         group: DeviceGroup = ONE_DEVICE, stack: Stack = DEFAULT_STACK, gather_bytes_per_sample: float = 0.0,
+        offload_optimizer: bool = False,
     ):
         """``profile`` is what one device of ``group`` runs (the devices a stage replica spans,
         :attr:`Layout.group <planner.artifacts.layout.Layout.group>` of every layout this model
@@ -112,7 +112,8 @@ class CostModel(StageCosts):
         also its context-parallel view (:mod:`planner.cost.context`), whose
         ``gather_bytes_per_sample`` is one layer's gathered keys and values (in the buffers).
         ``stack``: what the training stack overlaps (its tensor-parallel overlap is in the view's
-        times)."""
+        times). ``offload_optimizer``: the optimizer state and master weights on the host (the
+        device's offload view, :func:`planner.cost.offload.offload_view`, as its folded layers)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
@@ -122,7 +123,7 @@ class CostModel(StageCosts):
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         self.step_bytes_per_param = optimizer.step_bytes_per_param
         #: optimizer state and master weights on the host (planner.cost.offload): none on the device
-        self.offload_optimizer = optimizer_offloaded(profile)
+        self.offload_optimizer = offload_optimizer
         if self.offload_optimizer:
             self.optim_bytes_per_param = 0
         layers = profile.layers

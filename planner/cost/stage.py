@@ -102,6 +102,7 @@ class StageCosts(ShardedState):
     :class:`~planner.cost.model.CostModel` sets."""
 
     _expert_lines: dict[tuple[Layout, int], tuple[float, float]]
+    offload_optimizer: bool  # the optimizer steps on the host (planner.cost.offload)
 
     # ---------------------------------------------------------------- compute
     def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
@@ -337,7 +338,7 @@ class StageCosts(ShardedState):
             experts = self.stage_expert_param_count(start, stop)
             expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
             params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
-        if getattr(self, "offload_optimizer", False):
+        if self.offload_optimizer:
             return offloaded_step_ms(params, self.weight_bytes_per_param, self.grad_bytes_per_param, self.cluster,
                                      hidden_ms)
         bandwidth = self.cluster.memory_bandwidth_gb_per_s

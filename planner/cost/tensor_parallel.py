@@ -89,7 +89,7 @@ from planner.cost.collectives import allreduce_line
 from planner.cost.context import ContextView, candidate_cp_degrees, context_parallel_view
 from planner.cost.experts import candidate_expert_degrees, expert_view, strip_experts
 from planner.cost.model import CostModel
-from planner.cost.offload import activation_offload_view
+from planner.cost.offload import offload_view
 from planner.cost.recompute_view import forced_view
 
 
@@ -333,9 +333,9 @@ def device_cost_model(
     experts = expert_view(ctx.profile, profile, cluster, group, stack)
     device, forced_workspace = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency),
                                            ctx.profile)
-    offloading, offload_workspace = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
-    return CostModel(offloading, cluster, optimizer, group=group, stack=stack,
-                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace + offload_workspace)
+    offloaded = offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
+    return CostModel(offloaded.profile, cluster, optimizer, group=group, stack=stack, offload_optimizer=offloaded.optimizer_on_host,
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace + offloaded.workspace_bytes_per_sample)
 
 
 def device_cost_models(profile: Profile, base: Cluster, optimizer: OptimizerKind, groups: Sequence[DeviceGroup],
