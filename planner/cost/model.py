@@ -86,7 +86,7 @@ from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.fsdp import FsdpTerms, units_in_flight
-from planner.cost.precision import fp8_weights
+from planner.cost.precision import fp8_copies
 from planner.cost.prefix import BatchSums
 from planner.cost.sharding import is_fsdp
 from planner.cost.stage import StageCosts
@@ -134,10 +134,11 @@ class CostModel(StageCosts):
         self.expert_param_count = np.array([layer.moe.expert_param_count if layer.moe else 0 for layer in layers],
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
-        #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
-        fp8, self.fp8_extra_bytes_per_param = fp8_weights(profile, self.weight_bytes_per_param)
-        self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
-                                         for layer in layers], dtype=np.int64)
+        #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision, and the
+        #: bytes each one's copy adds (planner.cost.precision)
+        copies = fp8_copies(profile, self.weight_bytes_per_param)
+        self.fp8_param_count = np.array(copies.param_count, dtype=np.int64)
+        self.fp8_extra_bytes_per_param = copies.extra_bytes_per_param
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
         self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
