@@ -29,7 +29,7 @@ from planner.cost import CostModel, experts
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.experts import deepep_notify_ms, expert_links
 from planner.cost.fsdp import fsdp_terms, replay
-from planner.cost.overheads import (
+from planner.cost.host import (
     GEMMS_PER_LOCAL_EXPERT,
     KERNELS,
     PER_SPLIT_RECIPES,
