@@ -39,9 +39,9 @@ from planner.cost.host import (
     moe_kernels,
 )
 from planner.cost.precision import at_precision
-from planner.cost.sharding import fsdp_line
 from planner.cost.stage import price_stage
 from planner.cost.tensor_parallel import device_cost_model
+from planner.cost.zero_comm import fsdp_line
 from planner.profiling.analytic.moe import moe_profile
 from planner.solve.prices import StageTable
 from tests.chains import chain_profile, small_cluster, solve_three_ways
