@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.schedule import held_counts
 from planner.solve.candidates import Candidate, simulated, solve_config
 from planner.solve.chain import ChainSolution
