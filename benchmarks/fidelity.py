@@ -13,9 +13,8 @@ runtime's stack with 16 KiB buckets (the all-reduce in several buckets overlappi
 backward, as the runtime runs it), ``none`` for a stack overlapping nothing (run as one
 all-reduce after the schedule); the others for the default stack (1 MiB buckets: one per stage
 of this toy model). ``zb-h1`` runs zero bubble (issue 21); its activation bytes are predicted from
-the schedule's held counts with what W keeps measured by the profiler (exact without
-recomputation; with it the plan prices W's inputs held from I to W, which torch's checkpoint
-frees and recomputes in W: the plan is above the run, docs/zero-bubble.md).
+the schedule's held counts with what W keeps measured by the profiler (with recomputation the
+runtime recomputes once in I and keeps W's inputs to W, as the plan prices: docs/zero-bubble.md).
 
 Usage: python benchmarks/fidelity.py [--steps 5] [--warmup 2] [--out results.json] [--only N] [--select 14,18]
 """

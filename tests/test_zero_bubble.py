@@ -3,6 +3,7 @@ and W (weight gradient) in profiles, schedules, the simulator and the solver."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -238,7 +239,7 @@ def test_analytic_split_per_gemm():
     rates = device_rates("a100-80gb")
     big = FIT_SIZES[-1]
     # W by its definition: each weighted GEMM's forward product, once
-    w = sum(g.ms(rates.gemm, rates.peak_flops_per_ms, big) for g in block_gemms(1024, 1024, 16, True) if g.weighted)
+    w = sum(rates.gemm_ms(g, big) for g in block_gemms(1024, 1024, 16, True) if g.weighted)
     assert 0.0 < block.weight_grad_fraction < 0.5
     assert math.isclose(block.weight_grad_fraction * block.bwd.at(big), w, rel_tol=1e-9)
     assert math.isclose(block.weight_grad_saved_fraction * block.saved_bytes_per_sample, 14.0 * 1024 * 1024)
@@ -402,13 +403,13 @@ def test_every_stage_keeps_at_most_what_the_measured_profile_prices(model):
 
 
 def test_torch_split_backward_recomputes_in_w_and_holds_nothing_recomputed_between():
-    """What the runtime does with a recomputed layer under a zero-bubble schedule (torch's
-    non-reentrant checkpoint, ``stage_backward_input`` then ``stage_backward_weight``, as
-    ``planner.runtime.engine`` runs them): I re-runs the forward and frees what it recomputed
-    once used, so between I and W none of the layer's intermediates is alive (only its checkpoint
-    inputs: the planner prices W's inputs held, above the run; docs/zero-bubble.md "Not exact");
-    and W re-runs the forward once per parameter group (one ``autograd.grad`` each), where the
-    plan prices one recomputation. Pins the facts the docs state, so a torch that changes them fails here."""
+    """What torch's non-reentrant checkpoint does under torch's split backward
+    (``stage_backward_input`` then ``stage_backward_weight``), which is why the runtime does not
+    recompute with it there (``planner.runtime.recompute``, tested below): I re-runs the forward
+    and frees what it recomputed once used, so between I and W none of the layer's
+    intermediates is alive (only its checkpoint inputs); and W re-runs the forward once per
+    parameter group (one ``autograd.grad`` each). Pins torch's facts the docs state
+    (docs/zero-bubble.md), so a torch that changes them fails here."""
     import gc
     import weakref
 
@@ -453,3 +454,103 @@ def test_torch_split_backward_recomputes_in_w_and_holds_nothing_recomputed_betwe
     assert alive() == 0 and runs[0] == 2  # the forward and I's recomputation, nothing of it kept
     stage_backward_weight(iter(params), groups)
     assert runs[0] == 2 + len(groups) == 4  # one recomputation per parameter group (a's, b's)
+
+
+
+def _split_stage(work, start: int, stop: int, recompute: tuple[bool, ...], inputs, targets) -> tuple[int, int, int, list, list]:
+    """Stage ``[start, stop)`` of ``work`` as the runtime builds it under a split backward
+    (``StageModule(split_backward=True)``, ``recompute`` its flags), one micro-batch run
+    as ``planner.runtime.engine.TimedStage`` runs a zero-bubble schedule's F, I and W (I cut after
+    the last recomputed layer where layers or the loss follow it; the first stage: torch runs no
+    I, the stage rebuilds its recomputation there; its W is one whole backward). Returns (forward
+    runs of the stage's layers by the end of I, by the end of W, saved bytes held between I and W,
+    the parameters' gradients, the inputs' gradients)."""
+    import gc
+
+    import torch
+    from torch.distributed.pipelining._backward import stage_backward, stage_backward_input, stage_backward_weight
+
+    from planner.models.workload import split_loss
+    from planner.profiling.measured.tensors import flatten
+    from planner.runtime.recompute import input_pass_in_two
+    from planner.runtime.stage import StageModule
+
+    layers = list(work.layers[start:stop])
+    runs = [0]
+    handles = [layer.register_forward_pre_hook(lambda *_: runs.__setitem__(0, runs[0] + 1)) for layer in layers]
+    module = StageModule(layers, list(recompute), split_backward=True)
+    ledger = module.ledger
+    assert (ledger is not None) == any(recompute)
+    if ledger is not None:
+        ledger.loss_follows = stop == len(work.layers)  # as the executor marks the last stage
+    params = list(module.parameters())
+    for p in params:
+        p.grad = None
+    x = inputs
+    with torch.no_grad():
+        for layer in work.layers[:start]:
+            x = layer(x)
+    x = tuple(t.detach().requires_grad_(start > 0 and t.is_floating_point()) for t in flatten(x))
+    runs[0] = 0
+    with ledger.forward_of(0) if ledger is not None else contextlib.nullcontext():
+        out = module(*x)
+    if stop == len(work.layers):
+        out = split_loss(work.loss_fn(out, targets))[0]
+    out = [t for t in flatten(out) if t.requires_grad]
+    grads = None if stop == len(work.layers) else [torch.ones_like(t) for t in out]
+    if start > 0:  # I (cut after the last recomputed layer where something follows it), then W
+        cut = ledger.cuts.pop(0, None) if ledger is not None else None
+        with ledger.backward_of(splitting=True) if ledger is not None else contextlib.nullcontext():
+            if cut is not None:
+                _, groups = input_pass_in_two(cut, out, grads, list(x), params)
+            else:
+                _, groups = stage_backward_input(out, grads, list(x), iter(params))
+        del cut  # the engine drops it after the pass likewise
+        del out
+        gc.collect()
+        kept, by_i = module.meter.live_bytes, runs[0]
+        stage_backward_weight(iter(params), groups)
+        if ledger is not None:
+            ledger.weight(0)
+    else:  # torch's first stage: no I (the ledger rebuilds), W one whole backward
+        if ledger is not None:
+            ledger.rebuild(0)
+        gc.collect()
+        kept, by_i = module.meter.live_bytes, runs[0]
+        stage_backward(out, grads or [torch.ones_like(t) for t in out], list(x))
+        if ledger is not None:
+            ledger.release(0)
+    for handle in handles:
+        handle.remove()
+    gc.collect()
+    assert module.meter.live_bytes == 0  # everything freed after W
+    return by_i, runs[0], kept, [p.grad.clone() for p in params], [t.grad for t in x]
+
+
+@pytest.mark.parametrize(("start", "stop", "last"), [(1, 4, True), (0, 3, True), (3, 6, True), (3, 6, False), (1, 4, False)])
+def test_runtime_recomputes_once_in_i_and_keeps_w_inputs_until_w(start, stop, last):
+    """The runtime's recomputation under a split backward (``planner.runtime.recompute``): each
+    recomputed zoo GPT layer runs its forward twice per micro-batch (its forward and one
+    recomputation by the end of I; torch's checkpoint ran a block 10 times: 2 + once per each
+    of its 8 parameter groups in W, above), holds between I and W exactly what the same stage
+    holds without recomputation (W's inputs, what the plan prices: ``CostModel.keep_bytes``),
+    and its gradients are the non-recomputed stage's bit for bit. A stage after the first
+    (torch's split), the first (I rebuilt by the stage, W one whole backward; its embedding
+    takes token ids) and the head's (with the loss), its last layer recomputed or not (then its
+    I is cut after the last recomputed layer: the head's and the loss's tail is freed before the
+    blocks are rebuilt, where one torch pass would hold both)."""
+    import torch
+
+    from planner.models import load_workload
+
+    work = load_workload("gpt")
+    inputs, targets = work.make_batch(2, 0)
+    n = stop - start
+    flags = (True,) * (n - 1) + (last,)
+    by_i, runs, kept, grads, dx = _split_stage(work, start, stop, flags, inputs, targets)
+    plain_i, plain_runs, plain_kept, plain_grads, plain_dx = _split_stage(work, start, stop, (False,) * n, inputs, targets)
+    assert (plain_i, plain_runs) == (n, n)
+    assert by_i == runs == n + sum(flags)
+    assert kept == plain_kept > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True))
+    assert all((a is None) == (start == 0) and (a is None or torch.equal(a, b)) for a, b in zip(dx, plain_dx, strict=True))

@@ -44,8 +44,10 @@ Checked with gloo on CPU, torch 2.13:
   the rank's next chunk without a send, so it is not freed.
 - Zero bubble (Qi et al. 2024: ZB-H1 with one stage per rank; ZB-H2, its longer warm-up; ZBV,
   two chunks per rank in a V, rank 0 holding the first and the last chunk): the backward runs
-  as an input-gradient chunk (``I``: torch's ``stage_backward_input``, recomputation included)
-  and a weight-gradient chunk (``W``: ``stage_backward_weight``). torch keeps the I pass's graph
+  as an input-gradient chunk (``I``: torch's ``stage_backward_input``) and a weight-gradient
+  chunk (``W``: ``stage_backward_weight``). A recomputed layer is recomputed by the stage once in
+  ``I`` and kept to ``W`` (``planner.runtime.recompute``: not torch's checkpoint, which re-ran it
+  once per parameter group in ``W``), the stage's ``I`` cut after its last recomputed layer. torch keeps the I pass's graph
   (``retain_graph=True``) until W, so a micro-batch between its I and its W holds what autograd
   saved for the weight gradients, which the profile's ``weight_grad_saved_fraction`` prices.
   ZB-H2 has no torch class; its order runs like the others. The planner prices it with a
@@ -64,6 +66,7 @@ Checked with gloo on CPU, torch 2.13:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -72,6 +75,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from planner.runtime.actions import SendQueue, action_schedule
 from planner.runtime.emulate import ChunkTimer, finish_chunk
+from planner.runtime.recompute import RecomputeLedger, input_pass_in_two
 from planner.runtime.stage import StageModule
 from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
@@ -89,27 +93,61 @@ class TimedStage(PipelineStage):
         self.timer = timer
         self.fwd_sends = SendQueue()  # the copies of its outputs in flight
         self.bwd_sends = SendQueue()  # its input gradients in flight
+        self._cut: Any = None  # the running input-gradient pass's cut (planner.runtime.recompute)
+        ledger = self._ledger()
+        if ledger is not None:
+            ledger.loss_follows = self.is_last
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        out = super().forward_one_chunk(*args, **kwargs)
+        ledger = self._ledger()
+        with ledger.forward_of(fwd_chunk_id) if ledger is not None else contextlib.nullcontext():
+            out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
         finish_chunk(self.timer, start, 0)
         return out
 
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         self.timer.bwd_start_s = start
-        out = super().backward_one_chunk(*args, **kwargs)
-        full = kwargs.get("full_backward", args[2] if len(args) > 2 else True)
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        ledger = self._ledger()
+        if ledger is None:
+            out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        else:  # the stage's recomputed layers: once here, kept to W (planner.runtime.recompute)
+            self._cut = None if full else ledger.cuts.pop(bwd_chunk_id, None)
+            with ledger.backward_of(splitting=not full):
+                out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+            self._cut = None
+            if full:
+                ledger.release(bwd_chunk_id)
+            elif self.is_first:  # torch runs no I on the first stage: its recomputation runs here
+                ledger.rebuild(bwd_chunk_id)
         finish_chunk(self.timer, start, 1 if full else 2)
         return out
 
-    def backward_weight_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        """A zero-bubble schedule's W pass (torch's ``BACKWARD_WEIGHT``)."""
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        """A zero-bubble schedule's W pass (torch's ``BACKWARD_WEIGHT``; on the first stage one
+        whole backward, on the graphs its I rebuilt)."""
         start = time.perf_counter()
-        out = super().backward_weight_one_chunk(*args, **kwargs)
+        out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        ledger = self._ledger()
+        if ledger is not None:
+            ledger.weight(bwd_chunk_id)
         finish_chunk(self.timer, start, 3)
         return out
+
+    def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict[str, Any], last_backward: bool = False) -> Any:
+        """torch's input-gradient pass, cut after the last recomputed layer where one follows
+        (``planner.runtime.recompute.input_pass_in_two``); every other pass torch's own."""
+        cut = self._cut
+        if backward_type != "input" or cut is None:
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=last_backward)
+        return input_pass_in_two(cut, bwd_kwargs["stage_output"], bwd_kwargs["output_grads"],
+                                 bwd_kwargs["input_values"], list(self.submod.parameters()))
+
+    def _ledger(self) -> RecomputeLedger | None:
+        module = self.submod
+        return module.ledger if isinstance(module, StageModule) else None
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> Any:
         """Post the sends of a forward's outputs, each of a copy, through :attr:`fwd_sends`; the

@@ -19,12 +19,10 @@ Settings (:func:`run_settings`), decided per case:
   ``--optimizer`` of the other family runs with a *warning*: the run report prices model
   state for the runtime's own optimizer, so no measured figure is compared with a wrong
   prediction, but the run does not train the way the plan was priced. Unknown: ``sgd``.
-- **recomputation under a split backward** (ZB-H1, ZB-H2, ZBV, DualPipe-V): the runtime
-  recomputes with torch's non-reentrant checkpoint, which re-runs a recomputed layer's forward
-  in the input-gradient pass and again once per parameter group in the weight-gradient pass,
-  and frees what ``I`` recomputed (docs/zero-bubble.md, "Not exact"): every stage past the
-  first that recomputes runs slower than the plan prices and holds less. Run with a *warning*
-  naming the stages.
+- **recomputation under a split backward** (ZB-H1, ZB-H2, ZBV, DualPipe-V): no warning any
+  more. The stage recomputes a layer once in ``I`` and keeps it to ``W``, as the plan prices
+  (``planner.runtime.recompute``; before, torch's checkpoint re-ran it once per parameter group in
+  ``W`` and ``planner run`` warned).
 
 Then (:func:`check_launch`): the world size (``--nproc``, default the plan's devices) against
 the plan, without torch; then the model, built as every rank builds it (on the CPU, seeded;
@@ -96,22 +94,8 @@ def run_settings(
     docstring); raises :class:`PlannerInputError` on a refused mismatch."""
     dtype, warning = _run_dtype(plan, dtype, source)
     optimizer, optimizer_warning = _run_optimizer(plan, optimizer, source)
-    found = (warning, optimizer_warning, _split_recompute_warning(plan, source))
+    found = (warning, optimizer_warning)
     return RunSettings(dtype=dtype, optimizer=optimizer, warnings=tuple(w for w in found if w))
-
-
-def _split_recompute_warning(plan: Plan, source: str) -> str:
-    """A warning ("" for none) where a split-backward schedule recomputes past the first stage
-    (the module docstring: torch's checkpoint re-runs the forward per parameter group in W)."""
-    if not plan.schedule.splits_backward:
-        return ""
-    stages = [s.stage_idx for s in plan.stages if s.stage_idx > 0 and (s.recompute or s.recompute_selective)]
-    if not stages:
-        return ""
-    return (f"warning: {source}: {plan.schedule.value} recomputes layers on stage(s) {', '.join(map(str, stages))}: "
-            f"torch's checkpoint re-runs their forward in I and once per parameter group in W, so those stages run "
-            f"slower than the plan prices and hold less (docs/zero-bubble.md, 'Not exact'); plan with --recompute "
-            f"none or a schedule without a split backward to run as priced")
 
 
 def _run_dtype(plan: Plan, dtype: DType | None, source: str) -> tuple[DType, str]:

@@ -10,7 +10,9 @@ Activation offload (the plan's ``stages[i].offload_layers``): an offloaded layer
 host copies of its saved tensors (:meth:`StageModule._offloading`).
 
 Recompute levels (the plan's ``stages[i].recompute`` and ``recompute_selective``): a fully
-recomputed layer runs under non-reentrant ``torch.utils.checkpoint``; a selectively recomputed
+recomputed layer runs under non-reentrant ``torch.utils.checkpoint``, except under a split
+backward (ZB-H1, ZB-H2, ZBV, DualPipe-V: ``split_backward``), where the stage recomputes it
+itself, once in ``I``, kept until ``W`` (:mod:`planner.runtime.recompute`); a selectively recomputed
 one has its attention cores switched to run under it (:mod:`planner.models.selective`: QK^T,
 softmax and attention over V re-run in backward, the rest kept, Korthikanti et al. 2022 sec. 4).
 
@@ -36,6 +38,7 @@ from planner.models.selective import set_selective
 from planner.profiling.measured.memory import saved_span, union_bytes
 from planner.profiling.measured.tensors import flatten
 from planner.runtime.memory import AllocatorProbe, ForwardRecord, SavedBytesMeter, storage_keys
+from planner.runtime.recompute import RecomputeLedger
 from planner.runtime.tensor import local
 
 
@@ -46,6 +49,7 @@ class StageModule(nn.Module):
         recompute: Sequence[bool],
         selective: Sequence[bool] = (),
         offload: Sequence[bool] = (),
+        split_backward: bool = False,
     ) -> None:
         super().__init__()
         if len(recompute) != len(layers) or any(flags and len(flags) != len(layers) for flags in (selective, offload)):
@@ -61,6 +65,12 @@ class StageModule(nn.Module):
         self.probe: AllocatorProbe | None = None  # set by the runner for the metered step
         self.records: list[ForwardRecord] = []
         self._consumed: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors a layer of the stage took as input
+        # under a split backward the stage recomputes its layers itself (planner.runtime.recompute)
+        self.ledger = RecomputeLedger(self._recompute_hooks) if split_backward and any(self.recompute) else None
+
+    def _recompute_hooks(self) -> contextlib.AbstractContextManager[Any]:
+        """The meter around a recomputation in backward (what it rebuilds is held until W)."""
+        return self.meter.hooks() if self.metering else contextlib.nullcontext()
 
     def consumed(self, tensor: torch.Tensor) -> bool:
         """``tensor`` was an input of one of the stage's layers (a skip it also hands on): a
@@ -108,11 +118,18 @@ class StageModule(nn.Module):
 
     def _layers(self, x: Any) -> Any:
         self._consumed = {}
+        ledger = self.ledger if torch.is_grad_enabled() else None
+        last = max((i for i, on in enumerate(self.recompute) if on), default=-1)
         for idx in range(len(self.layers)):
             if idx:
                 self._consumed.update((id(t), weakref.ref(t)) for t in flatten(x))
             with self._offloading(self.offload[idx] and torch.is_grad_enabled(), x):
-                if self.recompute[idx] and torch.is_grad_enabled():
+                if self.recompute[idx] and ledger is not None:
+                    x = ledger.run(self.layers[idx], x)
+                    if idx == last:  # the stage's I is cut here (planner.runtime.recompute.input_pass_in_two)
+                        after = [p for layer in self.layers[idx + 1 :] for p in layer.parameters()]
+                        ledger.cut_after(x, after, follows=idx < len(self.layers) - 1)
+                elif self.recompute[idx] and torch.is_grad_enabled():
                     x = checkpoint(self._run_layer, idx, x, use_reentrant=False)
                 else:
                     x = self._run_layer(idx, x)

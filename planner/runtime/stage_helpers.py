@@ -105,15 +105,15 @@ def grad_examples(value: Any) -> tuple[Any, ...]:
     return tuple(t.detach().contiguous().requires_grad_(t.is_floating_point()) for t in as_args(value))
 
 
-def stage_module(workload: Workload, stage: PlanStage, device: torch.device) -> StageModule:
-    """The stage's layers with the plan's recomputation (full and selective) and activation
-    offload, on ``device``."""
+def stage_module(workload: Workload, stage: PlanStage, device: torch.device, split_backward: bool = False) -> StageModule:
+    """The stage's layers with the plan's recomputation (full and selective; under a split
+    backward, ``split_backward``, recomputed by the stage itself) and activation offload, on ``device``."""
     layers = range(stage.layer_start, stage.layer_stop)
     recompute = [i in stage.recompute for i in layers]
     selective = [i in stage.recompute_selective for i in layers]
     offload = [i in stage.offload_layers for i in layers]
     return StageModule(list(workload.layers[stage.layer_start : stage.layer_stop]), recompute, selective,
-                       offload).to(device)
+                       offload, split_backward=split_backward).to(device)
 
 
 def emulated_readiness(

@@ -107,7 +107,7 @@ class RankTrainer(abc.ABC):
                 parallelize_layers(workload, layers, self.groups.tensor, layout.sequence_parallel)
             if self.experts is not None:  # likewise: the experts sharded, dispatched over their groups
                 install_experts(workload.layers[stage.layer_start : stage.layer_stop], self.experts)
-            modules.append(stage_module(workload, stage, device))
+            modules.append(stage_module(workload, stage, device, plan.schedule.splits_backward))
         tied = tied_params(plan, workload, self.position.stage_indices, holders)
         stages = self.position.stage_indices
         timers = [ChunkTimer(emulated_ms=stage_chunk_ms(plan, s, profile) if options.emulate else None) for s in stages]
