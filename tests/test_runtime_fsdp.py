@@ -1,6 +1,8 @@
 """ZeRO 3 in the runtime (``planner.runtime.zero``, ``zero=3``) against one-process training:
 float64, SGD, losses and gradients equal to <= 1e-12 at P = 1, D = 2 and P = 2, D = 2 (with
-recomputation, and the zoo GPT with its tied embedding kept unsharded), and the parameter bytes
+recomputation, and the zoo GPT with its tied embedding kept unsharded), under the split-backward
+schedules too (ZB-H1 with AdamW, and with recomputation on the zoo GPT; ZBV with recomputation
+and DualPipe-V, two chunks per rank, so a middle stage's I and W), and the parameter bytes
 each rank holds between its uses of a stage measured against the cost model's ``w N / d``."""
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ MLP = "tests.factories:mlp"
 ZOO_GPT = "gpt:layers=3,hidden=16,heads=2,seq=4,vocab=32"  # embed, 3 blocks, tied head
 
 
-def _cfg(name: str, model: str, boundaries: list[int], schedule: str, recompute: bool) -> dict[str, Any]:
+def _cfg(name: str, model: str, boundaries: list[int], schedule: str, recompute: bool, **kw: Any) -> dict[str, Any]:
     return {"name": name, "model": model, "boundaries": boundaries, "dp_degree": 2, "num_microbatches": 4,
             "microbatch_size": 2, "schedule": schedule, "recompute": recompute, "dtype": "float64",
-            "optimizer": "sgd", "steps": 2, "zero": 3}
+            "optimizer": "sgd", "steps": 2, "zero": 3, **kw}
 
 
+V2 = {"virtual_stages_per_rank": 2}
 CONFIGS = {
     2: [_cfg("zero3-mlp-P1-D2-1f1b", MLP, [], "1f1b", False), _cfg("zero3-zoo-gpt-P1-D2-gpipe", ZOO_GPT, [], "gpipe", False)],
     4: [_cfg("zero3-mlp-P2-D2-1f1b", MLP, [2], "1f1b", False), _cfg("zero3-mlp-P2-D2-gpipe-rc", MLP, [2], "gpipe", True),
-        _cfg("zero3-zoo-gpt-P2-D2-1f1b", ZOO_GPT, [2], "1f1b", False)],
+        _cfg("zero3-zoo-gpt-P2-D2-1f1b", ZOO_GPT, [2], "1f1b", False),
+        # a split backward (issue zbzero3: silently wrong on ZB-H1, stopped with recomputation and at
+        # ZBV's middle stages): each micro-batch's I and W apart, other micro-batches' passes between
+        _cfg("zero3-mlp-P2-D2-zb-h1", MLP, [2], "zb-h1", False, optimizer="adamw"),
+        _cfg("zero3-zoo-gpt-P2-D2-zb-h1-rc", ZOO_GPT, [2], "zb-h1", True),
+        _cfg("zero3-mlp-P2v2-D2-zbv-rc", MLP, [1, 2, 4], "zbv", True, **V2),
+        _cfg("zero3-mlp-P2v2-D2-dualpipe-v", MLP, [1, 2, 4], "dualpipe-v", False, **V2)],
 }
 
 

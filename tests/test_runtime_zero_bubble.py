@@ -75,6 +75,8 @@ def v_configs(schedule: str, prefix: str, world: int) -> list[dict]:
     return [
         _cfg(f"{prefix}-gpt6-P4-D1-rc", GPT6, 4, 1, schedule, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2),
         _cfg(f"{prefix}-mlp-P2-D2-buckets", MLP, 4, 2, schedule, True, stack=SMALL_BUCKETS, **v2),
+        # ZeRO 2 under a split backward: the gradients accumulate over every W into the flat buffer
+        _cfg(f"{prefix}-mlp-P2-D2-zero2-rc", MLP, 4, 2, schedule, True, optimizer="adamw", zero=2, **v2),
     ]
 
 

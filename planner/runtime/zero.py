@@ -66,17 +66,13 @@ again without a version bump. After the optimizer step the weights are gathered 
 ZeRO 1/2 (checkpoints, tied exchanges and reports read ordinary tensors), and freed again when
 the next schedule starts.
 
-Under a split backward (ZB-H1, ZB-H2, ZBV, DualPipe-V) a micro-batch's backward is two passes
-with other micro-batches' passes between them: ``I`` (input gradients) accumulates no parameter
-gradient, ``W`` (weight gradients) all of them. The hooks alone got this wrong (issue zbzero3:
-the backward pre-hook fired in ``I`` and made the buffer there, the next forward freed the
-weights, the next ``I`` replaced the buffer, and one ``W`` reduce-scattered another's
-gradients: losses 6% off, gradients 47%, with no error). So the engine runs each pass inside
-:meth:`ShardedState.input_pass` (weights gathered for it, freed after it, no buffer) or
-:meth:`ShardedState.weight_pass` (weights gathered and a fresh buffer made before it; the
-buffer reduce-scattered and freed, with the weights, when it ends, the stage's recomputed
-layers' ``W`` included): the gradients are whole only inside a ``W``, and the weights are
-gathered three times per micro-batch (F, I, W) instead of twice. Why our flat shard rather than torch's ``fully_shard``: FSDP2 does
+Under a split backward (ZB-H1, ZB-H2, ZBV, DualPipe-V) a micro-batch's ``I`` (no parameter
+gradient) and ``W`` (all of them) run apart, other micro-batches' passes between them; hooks
+alone cannot tell them apart (one ``W`` reduce-scattered another's gradients: issue zbzero3), so
+the engine runs each inside :meth:`ShardedState.input_pass` (weights gathered, freed after, no
+buffer) or :meth:`ShardedState.weight_pass` (weights gathered and a fresh buffer before it,
+reduce-scattered and freed when it ends, the recomputed layers' ``W`` included): three gathers
+per micro-batch (F, I, W) instead of two. Why our flat shard rather than torch's ``fully_shard``: FSDP2 does
 run on gloo (torch 2.13, CPU: checked with 2 processes, forward and backward of a
 ``fully_shard`` model), but it makes every parameter a DTensor and, under
 ``torch.distributed.pipelining``, defers the reduce-scatter to the last micro-batch (whole
