@@ -60,7 +60,8 @@ Checked with gloo on CPU, torch 2.13:
   gradients are reduce-scattered after the schedule and the weights all-gathered after the
   step, in place of the bucketed all-reduce. ZeRO 3: the same shard, the weights gathered
   around each micro-batch's forward and backward of the chunk and its gradients
-  reduce-scattered after each backward (``planner.runtime.zero``, t = 1). torch's own
+  reduce-scattered after each backward (``planner.runtime.zero``, t = 1); under a split backward
+  the chunk gathers them for each I and W and reduce-scatters each W's gradients when it ends. torch's own
   ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` actions are no-ops here: they act on FSDP modules only.
 """
 
