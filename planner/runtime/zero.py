@@ -95,7 +95,7 @@ into the local shards.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,6 +246,7 @@ class ShardedState:
         self._whole = True  # ZeRO 3: the parameters hold their weights
         self._ready = 0  # ZeRO 3: gradients accumulated in this backward
         self._pass: str | None = None  # ZeRO 3 under a split backward: "input" or "weight" while one runs
+        self._moved: Callable[[], None] | None = None  # ZeRO 3: told when the weights were gathered anew
         #: ZeRO 3: the most bytes the parameters and master shard held when a forward of the
         #: chunk started inside the schedule (what the rank keeps between its uses of them)
         self.between_bytes_peak = 0
@@ -255,6 +256,7 @@ class ShardedState:
         """ZeRO 3: gather the weights around the chunk's forward and backward (module docstring)."""
         if self.zero != 3:
             return
+        self._moved = getattr(module, "weights_moved", None)  # a StageModule's meter re-reads the new storage
         module.register_forward_pre_hook(lambda _m, _a: self._materialise())
         module.register_forward_hook(lambda _m, _a, out: self._after_forward(out) if torch.is_grad_enabled() else None)
         for param in self.params:
@@ -333,6 +335,8 @@ class ShardedState:
             storage.resize_(n * param.element_size())
             storage.copy_(flat[start : start + n].clone().untyped_storage())  # no version bump
         self._whole = True
+        if self._moved is not None:
+            self._moved()
 
     def _free_weights(self) -> None:
         if self.zero != 3 or self._sum is None:  # outside the schedule the weights stay whole
