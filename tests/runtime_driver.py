@@ -16,7 +16,8 @@ fields of a planner.artifacts.stack.Stack: how the all-reduce is bucketed and ov
 with resume_at = k (train k steps with a checkpoint, then a fresh runner resumes); or, instead
 of the layout's fields, plan (a plan as ``planner plan`` writes it) with model, dtype,
 optimizer and steps, whose result adds the runtime's run report (``planner run --report``'s
-JSON). Every config must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
+JSON); or tp_profile (a model spec: tests/tp_profile_driver.py's rows of its split layers, in the
+result's rows). Every config must use all N processes. Rank 0 writes OUT.json: per config, the losses of both runs, the
 max absolute and relative differences of losses, of every stage's final gradients (with
 ZeRO, of each rank's gradient shard) and of the final parameters, and per rank the bytes one
 forward of a micro-batch saved for backward (the saved-tensor hooks' count), the
@@ -217,6 +218,13 @@ def _plan_of(cfg: dict[str, Any], layer_names: tuple[str, ...]) -> Plan:
 
 
 def run_config(cfg: dict[str, Any], rank: int) -> dict[str, Any]:
+    if "tp_profile" in cfg:  # tests/tp_profile_driver.py's rows of one spec over every rank (tests/test_tp_profile.py)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from tests.tp_profile_driver import measure
+
+        t = dist.get_world_size()
+        return {"name": cfg["name"], "rows": measure(cfg["tp_profile"], t, init_device_mesh("cpu", (t,), mesh_dim_names=("tp",)))}
     workload = load_workload(cfg["model"], 0, DType(cfg["dtype"]))
     plan = _plan_of(cfg, workload.layer_names)
     if plan.num_devices != dist.get_world_size():

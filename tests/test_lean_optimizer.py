@@ -4,16 +4,13 @@ recipe in one process (tests/runtime_driver.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
 from planner.artifacts.kinds import OptimizerFamily, OptimizerKind
 from planner.runtime.lean_adamw import Bf16MomentsAdamW
 from planner.runtime.zero import optimizer_state_bytes, state_bytes_per_param
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import SharedLaunches
 
 MLP = "tests.factories:mlp"
 
@@ -58,18 +55,19 @@ def test_bf16_moments_track_fp32_adamw_and_differ_from_it() -> None:
     assert 0 < diff < 5e-3  # 20 steps of lr 1e-2: each parameter moved ~0.2
 
 
+_BASE = {"model": MLP, "boundaries": [], "dp_degree": 2, "num_microbatches": 2, "microbatch_size": 2,
+         "schedule": "1f1b", "recompute": False, "dtype": "float32", "optimizer": "adamw-bf16-moments", "steps": 3}
+#: D = 2, and ZeRO 1 (the moments sharded)
+CONFIGS = [dict(_BASE, name="bf16m-mlp-P1-D2"), dict(_BASE, name="bf16m-zero1-mlp-P1-D2", zero=1)]
+
+
 @pytest.mark.slow
-def test_bf16_moments_on_two_processes_match_one_process(tmp_path: Path) -> None:
-    """Data parallel D = 2 (and ZeRO 1: the moments sharded) against the same recipe in one process."""
-    base = {"model": MLP, "boundaries": [], "dp_degree": 2, "num_microbatches": 2, "microbatch_size": 2,
-            "schedule": "1f1b", "recompute": False, "dtype": "float32", "optimizer": "adamw-bf16-moments", "steps": 3}
-    cfgs = [dict(base, name="bf16m-mlp-P1-D2"), dict(base, name="bf16m-zero1-mlp-P1-D2", zero=1)]
-    (tmp_path / "cfgs.json").write_text(json.dumps(cfgs))
-    out = tmp_path / "out.json"
-    proc = torchrun(2, ["tests/runtime_driver.py", str(tmp_path / "cfgs.json"), str(out)], timeout_s=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(out.read_text())
-    for cfg, res in zip(cfgs, results, strict=True):
+@pytest.mark.driver(configs=lambda world: CONFIGS, world=2)
+def test_bf16_moments_on_two_processes_match_one_process(driven: SharedLaunches) -> None:
+    """Data parallel D = 2 (and ZeRO 1: the moments sharded) against the same recipe in one process
+    (in the session's one 2-process launch of tests/runtime_driver.py)."""
+    results = driven.results(2, CONFIGS)
+    for cfg, res in zip(CONFIGS, results, strict=True):
         assert len(res["losses"]) == 3
         # float32 data-parallel sums differ from one process's in the last bits; bf16 moments round
         # both runs' states alike, so the losses agree to float32's rounding, not bf16's

@@ -1,6 +1,7 @@
 """The profile side of tensor parallelism for measured transformers: ``Layer.tp`` is declared
 from the blocks' own modules (``planner.profiling.measured.tensor_split``) and agrees with the
-blocks run sharded over t = 2 gloo ranks (tests/tp_profile_driver.py): per-rank parameters and
+blocks run sharded over t = 2 gloo ranks (tests/tp_profile_driver.py's ``measure``, in the session's
+shared 2-process launch of tests/runtime_driver.py): per-rank parameters and
 saved bytes exactly as declared, with and without sequence parallelism, for the zoo GPT and BERT
 and Hugging Face BERT, GPT-2, Qwen2 and Mistral (issue 51: with sequence parallelism the runtime
 keeps the column splits' gathered inputs whole, and masks built for the whole sequence; with
@@ -8,8 +9,6 @@ grouped-query attention and one key/value head per device the keys and values ar
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import SequenceParallelRuntime
 from planner.models import load_workload
 from planner.profiling.measured.profiler import profile_model
-from tests.runtime_launch import torchrun
+from tests.runtime_launch import SharedLaunches
 
 SPECS = [
     "gpt:layers=1,hidden=32,heads=4,seq=8,vocab=64",
@@ -78,17 +77,21 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
         assert row["measured_saved_bytes"] == [expected] * T, row
 
 
-def _driven(tmp_path: Path, specs: list[str]) -> list[dict[str, Any]]:
-    (tmp_path / "specs.json").write_text(json.dumps(specs))
-    proc = torchrun(T, ["tests/tp_profile_driver.py", str(tmp_path / "specs.json"), str(tmp_path / "out.json")])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows: list[dict[str, Any]] = json.loads((tmp_path / "out.json").read_text())
-    return rows
+def _configs(specs: list[str]) -> list[dict[str, Any]]:
+    """tests/runtime_driver.py's configurations measuring ``specs`` as tests/tp_profile_driver.py
+    does (its ``measure``), run in the session's one launch of T processes."""
+    return [{"name": f"tp-profile-{spec}", "tp_profile": spec} for spec in specs]
+
+
+def _driven(driven: SharedLaunches, specs: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``specs`` from the session's launch of T processes."""
+    return [row for result in driven.results(T, _configs(specs)) for row in result["rows"]]
 
 
 @pytest.mark.slow
-def test_sharded_blocks_match_the_declaration(tmp_path: Path) -> None:
-    rows = _driven(tmp_path, SPECS)
+@pytest.mark.driver(configs=lambda world: _configs(SPECS), world=T)
+def test_sharded_blocks_match_the_declaration(driven: SharedLaunches) -> None:
+    rows = _driven(driven, SPECS)
     assert len(rows) == 2 * 4  # (gpt block, bert block, gpt attn, gpt mlp) x (sp off, on)
     _check_rows(rows)
     assert all(r["device_split_bytes"] == r["split_saved_bytes"] // T for r in rows)
@@ -96,10 +99,11 @@ def test_sharded_blocks_match_the_declaration(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.hf
-def test_sharded_hugging_face_blocks_match_the_declaration(tmp_path: Path) -> None:
+@pytest.mark.driver(configs=lambda world: _configs(HF_SPECS), world=T)
+def test_sharded_hugging_face_blocks_match_the_declaration(driven: SharedLaunches) -> None:
     """Issue 51: the old rule (everything saved / t with sequence parallelism) under-predicted
     these blocks' saves by 5.5-9.7% per stage; each is now exact per rank."""
-    rows = _driven(tmp_path, HF_SPECS)
+    rows = _driven(driven, HF_SPECS)
     assert len(rows) == 4 * 2
     _check_rows(rows)
     for row in rows:
