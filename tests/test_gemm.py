@@ -4,6 +4,9 @@ tensor-parallel collectives in the per-device view."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
 
 from planner.artifacts.cluster import PRESETS
@@ -39,11 +42,18 @@ def test_block_gemms_count_the_published_flops() -> None:
     assert sum(g.flops for g in shape.block_gemms()) == pytest.approx(shape.block_fwd_flops())
 
 
-def test_gemm_shape_follows_micro_batch_and_degree() -> None:
+def test_gemm_time_is_at_its_shape_on_one_device_of_the_degree() -> None:
+    # micro-batch 4 grows the batch dimension, degree 8 divides the split one: the FLOPs and the
+    # efficiency are those of the per-device shape; backward twice the forward
+    rates = device_rates("a100-80gb", MODEL)
     qkv = Gemm(name="qkv", m=2048, n=3 * 6144, k=6144, split="n")
-    assert qkv.shape(4, 8) == (8192, 3 * 6144 / 8, 6144, 1)
+    m, n, k = 8192, 3 * 6144 / 8, 6144
+    want = 2 * m * n * k / (rates.peak_flops_per_ms * MODEL.efficiency(m, n, k))
+    assert rates.gemm_ms(qkv, 4, 8) == pytest.approx(want)
+    assert rates.gemm_ms(qkv, 4, 8, backward=True) == pytest.approx(2 * want)
     heads = Gemm(name="scores", m=2048, n=2048, k=96, count=64, batch="count", split="count")
-    assert heads.shape(4, 8) == (2048, 2048, 96, 32)
+    want = 2 * 2048 * 2048 * 96 * 32 / (rates.peak_flops_per_ms * MODEL.efficiency(2048, 2048, 96))
+    assert rates.gemm_ms(heads, 4, 8) == pytest.approx(want)
 
 
 def test_analytic_layer_is_its_gemms_and_bytes_at_the_fit_sizes() -> None:
@@ -134,3 +144,17 @@ def test_profiles_record_the_fitted_constants_and_round_trip() -> None:
         prof = gpt_profile(layers=2, hidden=512, heads=8, seq=256, vocab=100, device_preset=preset)
         assert prof.metadata["gemm_fitted_on"] == "; ".join(model.fitted_on)
         assert profile_from_json(profile_to_json(prof)) == prof
+
+
+def test_the_recorded_constants_read_back_and_travel_to_worker_processes() -> None:
+    # GemmModel.metadata is made with the model: of_metadata reads its constants back; a changed
+    # model records its own; a pickled one (published_runs.py --jobs) keeps it
+    for preset, model in DEVICE_GEMM.items():
+        back = GemmModel.of_metadata(model.metadata)
+        assert back is not None and back == GemmModel(max_efficiency=model.max_efficiency,
+                                                      half_intensity=model.half_intensity,
+                                                      memory_efficiency=model.memory_efficiency)
+        assert device_rates(preset).metadata["gemm_max_efficiency"] == model.max_efficiency
+        assert pickle.loads(pickle.dumps(model)).metadata == model.metadata
+    halved = dataclasses.replace(MODEL, max_efficiency=0.4)
+    assert halved.metadata["gemm_max_efficiency"] == 0.4 and MODEL.metadata["gemm_max_efficiency"] == 0.8

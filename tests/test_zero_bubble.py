@@ -239,7 +239,7 @@ def test_analytic_split_per_gemm():
     rates = device_rates("a100-80gb")
     big = FIT_SIZES[-1]
     # W by its definition: each weighted GEMM's forward product, once
-    w = sum(g.ms(rates.gemm, rates.peak_flops_per_ms, big) for g in block_gemms(1024, 1024, 16, True) if g.weighted)
+    w = sum(rates.gemm_ms(g, big) for g in block_gemms(1024, 1024, 16, True) if g.weighted)
     assert 0.0 < block.weight_grad_fraction < 0.5
     assert math.isclose(block.weight_grad_fraction * block.bwd.at(big), w, rel_tol=1e-9)
     assert math.isclose(block.weight_grad_saved_fraction * block.saved_bytes_per_sample, 14.0 * 1024 * 1024)

@@ -1,12 +1,14 @@
-"""What the analytic profiles share: device presets, one analytic layer (its GEMMs at the
-throughput their shapes achieve, :mod:`planner.profiling.analytic.gemm`, plus the memory-bound
-work of its saved bytes), Megatron's tensor-parallel split with the layer's time on one device
-of each degree, and the chain profile they assemble (see :mod:`planner.profiling.analytic.gpt`
-for the formulas and their sources)."""
+"""What the analytic profiles share: device presets and their rates (:class:`DeviceRates`: a
+GEMM's time at the throughput its shape achieves, :mod:`planner.profiling.analytic.gemm`), one
+analytic layer priced from what a model's formulas say of it (:class:`LayerSpec`: its GEMMs plus
+the memory-bound work of the bytes it moves), Megatron's tensor-parallel split with the layer's
+time on one device of each degree, and the chain profile of such layers
+(:func:`analytic_profile`; see :mod:`planner.profiling.analytic.gpt` for the formulas and their
+sources)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,7 +32,6 @@ from planner.profiling.analytic.gemm import (
     GemmModel,
     carried_from_h100,
     gemm_model_of,
-    gemms_ms,
 )
 
 
@@ -98,16 +99,36 @@ FIT_SIZES = (1, 8)
 
 @dataclass(frozen=True, slots=True)
 class DeviceRates:
-    """A device preset with its GEMM model: peak FLOPs and achieved HBM bytes per ms."""
+    """A device preset with its GEMM model: peak FLOPs and achieved HBM bytes per ms, and what an
+    analytic profile's metadata records of both (the GEMM constants, the datasheet figures)."""
 
     device: DevicePreset
     gemm: GemmModel
     peak_flops_per_ms: float
     bytes_per_ms: float
+    metadata: dict[str, str | float]
+
+    def gemm_ms(self, g: Gemm, b: int, t: int = 1, backward: bool = False) -> float:
+        """Forward (or backward) time of ``g`` at micro-batch ``b`` on one of ``t`` tensor-parallel
+        devices: its FLOPs at the efficiency its per-device shape achieves (:class:`Gemm`)."""
+        dims = {"m": float(g.m), "n": float(g.n), "k": float(g.k), "count": float(g.count)}
+        if g.batch:
+            dims[g.batch] *= b
+        if g.split:
+            dims[g.split] /= t
+        m, n, k = dims["m"], dims["n"], dims["k"]
+        fwd = 2.0 * m * n * k * dims["count"] * g.work_fraction / (self.peak_flops_per_ms
+                                                                   * self.gemm.efficiency(m, n, k, g.fused))
+        return fwd * g.bwd_factor if backward else fwd
 
     def gemms_ms(self, gemms: Sequence[Gemm], b: int, t: int = 1, split: bool | None = None, backward: bool = False,
                  weighted: bool = False) -> float:
-        return gemms_ms(gemms, self.gemm, self.peak_flops_per_ms, b, t, split, backward, weighted)
+        """Forward (or backward) time of ``gemms`` (only the split ones with ``split`` True, the
+        others with False). ``weighted``: only the weighted GEMMs' forward products, which is the
+        weight-gradient time W (one product of each weighted GEMM's forward shape, as long as its
+        forward: Qi et al. 2024 sec. 2)."""
+        return sum(self.gemm_ms(g, b, t, backward) for g in gemms
+                   if (split is None or bool(g.split) == split) and (g.weighted or not weighted))
 
 
 def _line(y: dict[int, float]) -> TimeFit:
@@ -116,30 +137,69 @@ def _line(y: dict[int, float]) -> TimeFit:
     return TimeFit(intercept_ms=max(y0 - slope * b0, -slope), per_sample_ms=slope)
 
 
-def analytic_layer(
-    name: str, kind: str, gemms: Sequence[Gemm], rates: DeviceRates, tp: TensorSplit | None = None, *,
-    moved: tuple[float, float] | None = None, core: tuple[Sequence[Gemm], float] | None = None,
-    bwd_moved: float = 2.0, **kw: float,
-) -> Layer:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronSplit:
+    """Megatron's tensor-parallel split of an analytic layer as its formulas give it: every
+    counted FLOP divides; ``params`` parameters and ``saved_bytes_per_sample`` saved bytes split;
+    ``collectives_fwd`` / ``collectives_bwd`` collectives of the ``act_bytes_per_sample``
+    activation; the degrees must divide ``must_divide``. :func:`analytic_layer` prices it into the
+    layer's :class:`TensorSplit` (its time fraction and per-degree entries)."""
+
+    act_bytes_per_sample: float
+    params: int
+    saved_bytes_per_sample: float
+    collectives_fwd: int
+    collectives_bwd: int
+    must_divide: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSpec:
+    """One analytic layer as a model's formulas describe it, before it is priced on a device
+    (:func:`analytic_layer`): its forward GEMMs per sample, its tensor-parallel split, the bytes
+    its element-wise kernels move (``moved`` = (all, the part tensor parallelism splits) per
+    sample; None: its saved bytes and the split's saved bytes) and backward's multiple of them
+    (``bwd_moved``), its attention core (``core``: the core's GEMMs and saved bytes per sample),
+    parameters, saved / input / output bytes per sample, and ``wsaved_bytes_per_sample``: what
+    the weight-gradient pass keeps alive after B (the inputs of the weight GEMMs)."""
+
+    name: str
+    kind: str
+    gemms: tuple[Gemm, ...]
+    split: MegatronSplit | None
+    param_count: int
+    saved_bytes_per_sample: float
+    input_bytes_per_sample: float
+    output_bytes_per_sample: float
+    wsaved_bytes_per_sample: float = 0.0
+    moved: tuple[float, float] | None = None
+    bwd_moved: float = 2.0
+    core: tuple[tuple[Gemm, ...], float] | None = None
+
+
+def analytic_layer(spec: LayerSpec, rates: DeviceRates) -> Layer:
     """One analytic layer: its forward GEMMs at the throughput of their shapes plus the
-    memory-bound time of the bytes its element-wise kernels move, ``moved`` = (all, the part
-    tensor parallelism splits) per sample (default: its saved bytes ``kw["saved"]`` and the
-    split's saved bytes), at the achieved HBM rate (see the module docstring of
-    :mod:`planner.profiling.analytic.gpt`); backward: each GEMM's backward (twice its forward,
-    :class:`Gemm`) and twice the bytes (gradients as large). The time is the line through
-    :data:`FIT_SIZES`. A ``tp`` split gets its time fraction (the split GEMMs and bytes, at
-    micro-batch 1) and a :class:`SplitDegree` per degree of :data:`TP_DEGREES` that divides its
-    ``must_divide`` sizes. ``core``: the (GEMMs, saved bytes per sample) of its attention core,
-    its forward priced the same way: the selective recompute level
+    memory-bound time of the bytes its element-wise kernels move (:attr:`LayerSpec.moved`) at
+    the achieved HBM rate (see the module docstring of :mod:`planner.profiling.analytic.gpt`);
+    backward: each GEMM's backward (twice its forward, :class:`Gemm`) and ``bwd_moved`` times the
+    bytes (gradients as large). The time is the line through :data:`FIT_SIZES`. A split gets its
+    time fraction (the split GEMMs and bytes, at micro-batch 1) and a :class:`SplitDegree` per
+    degree of :data:`TP_DEGREES` that divides its ``must_divide`` sizes. The attention core's
+    forward is priced the same way: the selective recompute level
     (:mod:`planner.profiling.analytic.attention`).
 
     Backward split (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 2): W is one
     product per weighted GEMM, as long as its forward (``gemms_ms(weighted=True)``); everything else (the
     input-gradient products, attention's products, the element-wise bytes) is B. Its share of
-    the backward is taken at the larger fit size; ``kw["wsaved"]`` (bytes per sample, default
-    0) is what W keeps alive after B: the inputs of the weight GEMMs."""
-    saved = float(kw["saved"])
-    mem, split_mem = moved if moved is not None else (saved, tp.split_saved_bytes_per_sample if tp else 0.0)
+    the backward is taken at the larger fit size."""
+    gemms, saved, core, bwd_moved = spec.gemms, float(spec.saved_bytes_per_sample), spec.core, spec.bwd_moved
+    sp = spec.split
+    tp = None if sp is None else TensorSplit(
+        must_divide=sp.must_divide, split_time_fraction=1.0, split_param_count=sp.params,
+        split_saved_bytes_per_sample=sp.saved_bytes_per_sample, collective_bytes_per_sample=sp.act_bytes_per_sample,
+        collectives_fwd=sp.collectives_fwd, collectives_bwd=sp.collectives_bwd,
+    )
+    mem, split_mem = spec.moved if spec.moved is not None else (saved, tp.split_saved_bytes_per_sample if tp else 0.0)
 
     def at(b: int, backward: bool) -> float:
         return rates.gemms_ms(gemms, b, backward=backward) + (bwd_moved if backward else 1.0) * mem * b / rates.bytes_per_ms
@@ -148,20 +208,20 @@ def analytic_layer(
     big = FIT_SIZES[-1]
     bwd_big = at(big, True)
     w_share = min(1.0, rates.gemms_ms(gemms, big, weighted=True) / bwd_big) if bwd_big > 0 else 0.0
-    w_saved = min(1.0, float(kw.get("wsaved", 0.0)) / saved) if saved > 0 else 0.0
+    w_saved = min(1.0, float(spec.wsaved_bytes_per_sample) / saved) if saved > 0 else 0.0
     if tp is not None and fwd[1] > 0:
         tp = _split_degrees(tp, gemms, rates, fwd[1], split_mem, bwd_moved)
     return Layer(
         fp8=fp8_gemms(gemms, rates),
-        name=name,
-        kind=kind,
+        name=spec.name,
+        kind=spec.kind,
         fwd=_line(fwd),
         bwd=_line({b: at(b, True) for b in FIT_SIZES}),
-        param_count=int(kw["param_count"]),
-        param_bytes=int(kw["param_count"]) * BYTES_PER_PARAM,
+        param_count=int(spec.param_count),
+        param_bytes=int(spec.param_count) * BYTES_PER_PARAM,
         saved_bytes_per_sample=saved,
-        input_bytes_per_sample=float(kw["inp"]),
-        output_bytes_per_sample=float(kw["out"]),
+        input_bytes_per_sample=float(spec.input_bytes_per_sample),
+        output_bytes_per_sample=float(spec.output_bytes_per_sample),
         tp=tp,
         weight_grad_fraction=w_share,
         weight_grad_saved_fraction=w_saved,
@@ -217,7 +277,7 @@ def _split_degrees(tp: TensorSplit, gemms: Sequence[Gemm], rates: DeviceRates, f
         def window(i: int, backward: bool, t: int = t) -> float:
             fracs = []
             for b in FIT_SIZES:  # backward: the weight gradient, one GEMM as long as the forward
-                beside = sum(g.ms(rates.gemm, rates.peak_flops_per_ms, b, t) for g in gemms
+                beside = sum(rates.gemm_ms(g, b, t) for g in gemms
                              if (g.bwd_window if backward else g.window) == i)
                 whole = split_ms(b, t, backward)
                 fracs.append(beside / whole if whole else 0.0)
@@ -241,40 +301,36 @@ def device_rates(device_preset: str, gemm: GemmModel | None = None) -> DeviceRat
     return DeviceRates(
         device=device, gemm=model, peak_flops_per_ms=device.peak_bf16_tflops * 1e12 / 1e3,
         bytes_per_ms=device.hbm_gb_per_s * 1e9 / 1e3 * model.memory_efficiency,
+        metadata={**model.metadata, "peak_bf16_tflops": device.peak_bf16_tflops, "hbm_gb_per_s": device.hbm_gb_per_s,
+                  "peak_source": device.source},
     )
 
 
-def megatron_split(
-    act_bytes: float, params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()
-) -> TensorSplit:
-    """Megatron's split of an analytic layer: every counted FLOP divides (the time fraction is
-    refined by :func:`analytic_layer`), collectives of the ``act_bytes`` activation."""
-    return TensorSplit(
-        must_divide=divide, split_time_fraction=1.0, split_param_count=params, split_saved_bytes_per_sample=saved,
-        collective_bytes_per_sample=act_bytes, collectives_fwd=fwd, collectives_bwd=bwd,
-    )
-
-
-def assemble(
-    *, model: str, device: DevicePreset, layers: list[Layer], tied_params: int, metadata: dict[str, Any],
-    model_flops_per_sample: float, attention: AttentionKind = AttentionKind.UNKNOWN,
+def analytic_profile(
+    *, model: str, device_preset: str, gemm: GemmModel | None, layers: Sequence[LayerSpec], tied_params: int,
+    about: Mapping[str, Any], formulas: Mapping[str, Any], model_flops_per_sample: float,
+    attention: AttentionKind = AttentionKind.UNKNOWN,
 ) -> Profile:
-    """An analytic chain profile: consecutive layers joined by their outputs, the embedding
-    and head tying ``tied_params`` parameters (0: untied)."""
-    n = len(layers)
+    """An analytic chain profile of ``layers`` priced on a device preset (:func:`device_rates`,
+    :func:`analytic_layer`): consecutive layers joined by their outputs, the embedding and head
+    tying ``tied_params`` parameters (0: untied). Its metadata: ``about`` (what the model is),
+    the device's (:attr:`DeviceRates.metadata`), then ``formulas`` (their sources and the shape)."""
+    rates = device_rates(device_preset, gemm)
+    priced = [analytic_layer(spec, rates) for spec in layers]
+    n = len(priced)
     return Profile(
         model=model,
         source="analytic",
-        device=device.name,
+        device=rates.device.name,
         dtype=DType.BFLOAT16,
         microbatch_sizes=(1,),
         versions={},
-        metadata=metadata,
-        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in layers), tuple(() for _ in layers)),
+        metadata={**about, **rates.metadata, **formulas},
+        fingerprint_sha256=profile_fingerprint(tuple(layer.name for layer in priced), tuple(() for _ in priced)),
         model_flops_per_sample=model_flops_per_sample,
         attention=attention,
-        layers=tuple(layers),
-        edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=layers[i].output_bytes_per_sample) for i in range(n - 1)),
+        layers=tuple(priced),
+        edges=tuple(Edge(src=i, dst=i + 1, bytes_per_sample=priced[i].output_bytes_per_sample) for i in range(n - 1)),
         tied=(
             (TiedParams(name="embed.weight=head.weight", layers=(0, n - 1), param_count=tied_params,
                         param_bytes=tied_params * BYTES_PER_PARAM),)

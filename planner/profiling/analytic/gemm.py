@@ -29,25 +29,28 @@ with in its metadata.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from planner.artifacts.errors import PlannerInputError
 
 __all__ = ["DEVICE_GEMM", "DEVICE_GEMM_LOSO", "FIT_METHOD", "MAMF_FRACTION", "MAMF_SOURCE", "Gemm", "GemmModel",
-           "carried_from_h100", "fit_source", "gemm_model_of", "gemms_ms"]
+           "carried_from_h100", "fit_source", "gemm_model_of"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GemmModel:
-    """One device's achieved throughput model (module docstring)."""
+    """One device's achieved throughput model (module docstring). ``metadata``: the constants
+    as a profile's metadata records them (:meth:`of_metadata` reads them back), worked out
+    where the model is made (the analytic profiles copy it into theirs)."""
 
     max_efficiency: float
     half_intensity: float
     memory_efficiency: float
     source: str = ""
     fitted_on: tuple[str, ...] = ()
+    metadata: dict[str, str | float] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.max_efficiency <= 1:
@@ -56,6 +59,15 @@ class GemmModel:
             raise PlannerInputError(f"GEMM half_intensity must be >= 0 (got {self.half_intensity})")
         if not 0 < self.memory_efficiency <= 1:
             raise PlannerInputError(f"memory_efficiency must be in (0, 1] (got {self.memory_efficiency})")
+        object.__setattr__(self, "metadata", {
+            "gemm_max_efficiency": self.max_efficiency,
+            "gemm_half_intensity_flop_per_byte": self.half_intensity,
+            "memory_efficiency": self.memory_efficiency,
+            "gemm_model": "achieved = peak x e_max x I / (I + I_half), I = 1 / (1/m + 1/n + 1/k) "
+                          "(planner.profiling.analytic.gemm)",
+            "gemm_source": self.source,
+            "gemm_fitted_on": "; ".join(self.fitted_on),
+        })
 
     def efficiency(self, m: float, n: float, k: float, fused: bool = False) -> float:
         """Achieved fraction of peak of one ``m x k . k x n`` product (``fused``: FlashAttention's
@@ -65,7 +77,7 @@ class GemmModel:
 
     @classmethod
     def of_metadata(cls, meta: Mapping[str, object], memory_default: float | None = 1.0) -> GemmModel | None:
-        """The constants a profile's metadata records (:meth:`metadata`'s inverse); None where it
+        """The constants a profile's metadata records (:attr:`metadata`'s inverse); None where it
         records none (a measured profile). ``memory_default``: the memory efficiency where none is
         recorded (None: it must be recorded too)."""
         e_max, half = meta.get("gemm_max_efficiency"), meta.get("gemm_half_intensity_flop_per_byte")
@@ -73,18 +85,6 @@ class GemmModel:
         if not (isinstance(e_max, float) and isinstance(half, float) and isinstance(mem, float)):
             return None
         return cls(max_efficiency=e_max, half_intensity=half, memory_efficiency=mem)
-
-    def metadata(self) -> dict[str, str | float]:
-        """The constants as a profile's metadata records them."""
-        return {
-            "gemm_max_efficiency": self.max_efficiency,
-            "gemm_half_intensity_flop_per_byte": self.half_intensity,
-            "memory_efficiency": self.memory_efficiency,
-            "gemm_model": "achieved = peak x e_max x I / (I + I_half), I = 1 / (1/m + 1/n + 1/k) "
-                          "(planner.profiling.analytic.gemm)",
-            "gemm_source": self.source,
-            "gemm_fitted_on": "; ".join(self.fitted_on),
-        }
 
 
 #: how a dimension of a layer's GEMM follows the micro-batch size ``b`` and the tensor-parallel degree ``t``
@@ -129,31 +129,6 @@ class Gemm:
     def flops(self) -> float:
         """Forward FLOPs per sample at t = 1, as counted (the whole of every product)."""
         return 2.0 * self.m * self.n * self.k * self.count
-
-    def shape(self, b: int, t: int) -> tuple[float, float, float, float]:
-        """(m, n, k, count) at micro-batch ``b`` on one of ``t`` tensor-parallel devices."""
-        dims = {"m": float(self.m), "n": float(self.n), "k": float(self.k), "count": float(self.count)}
-        if self.batch:
-            dims[self.batch] *= b
-        if self.split:
-            dims[self.split] /= t
-        return dims["m"], dims["n"], dims["k"], dims["count"]
-
-    def ms(self, model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1, backward: bool = False) -> float:
-        """Forward (or backward) time at micro-batch ``b`` on one of ``t`` devices."""
-        m, n, k, count = self.shape(b, t)
-        fwd = 2.0 * m * n * k * count * self.work_fraction / (peak_flops_per_ms * model.efficiency(m, n, k, self.fused))
-        return fwd * self.bwd_factor if backward else fwd
-
-
-def gemms_ms(gemms: Sequence[Gemm], model: GemmModel, peak_flops_per_ms: float, b: int, t: int = 1,
-             split: bool | None = None, backward: bool = False, weighted: bool = False) -> float:
-    """Forward (or backward) time of ``gemms`` (only the split ones with ``split`` True, the
-    others with False). ``weighted``: only the weighted GEMMs' forward products, which is the
-    weight-gradient time W (one product of each weighted GEMM's forward shape, as long as its
-    forward: Qi et al. 2024 sec. 2)."""
-    return sum(g.ms(model, peak_flops_per_ms, b, t, backward) for g in gemms
-               if (split is None or bool(g.split) == split) and (g.weighted or not weighted))
 
 
 #: the largest BF16 matmul each device reaches, as a fraction of its datasheet peak: Stas Bekman's

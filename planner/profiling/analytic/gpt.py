@@ -67,17 +67,10 @@ from __future__ import annotations
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind
-from planner.artifacts.profile import Layer, Profile
-from planner.artifacts.tensor_split import TensorSplit
+from planner.artifacts.profile import Profile
 from planner.models.flops import gpt_model_flops_per_sample
 from planner.profiling.analytic.attention import attention_core_cost
-from planner.profiling.analytic.common import (
-    BYTES_PER_ACT,
-    analytic_layer,
-    assemble,
-    device_rates,
-    megatron_split,
-)
+from planner.profiling.analytic.common import BYTES_PER_ACT, LayerSpec, MegatronSplit, analytic_profile
 from planner.profiling.analytic.gemm import Gemm, GemmModel
 
 # GPT-3 family, Brown et al. 2020 ("Language Models are Few-Shot Learners"), table 2.1.
@@ -96,7 +89,7 @@ CE_FWD_BYTES, CE_BWD_BYTES = 38.0, 14.0
 
 
 def head_moved(act_bytes: float, seq: int, vocab: int, fwd_per_v: float, bwd_per_v: float) -> tuple[tuple[float, float], float]:
-    """The LM head's memory-bound bytes per sample as :func:`analytic_layer` takes them: (forward
+    """The LM head's memory-bound bytes per sample as :class:`LayerSpec` takes them: (forward
     (all, split by vocabulary parallelism), backward / forward): the final norm's input and output
     (``act_bytes`` each way; its backward twice) and the cross entropy's ``fwd_per_v`` / ``bwd_per_v``
     bytes per token per vocabulary entry."""
@@ -158,55 +151,52 @@ def gpt_profile(
     core = attention_core_cost(attention, seq=seq, heads=heads, head_dim=hidden // heads)
     kind = core.kind
     flash = kind is AttentionKind.FLASH
-    rates = device_rates(device_preset, gemm)
-    device = rates.device
     s, h, a, V = seq, hidden, heads, vocab
     act_in = BYTES_PER_ACT * s * h
 
-    def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
-        return megatron_split(act_in, params, saved, fwd, bwd, divide)
+    def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> MegatronSplit:
+        return MegatronSplit(act_bytes_per_sample=act_in, params=params, saved_bytes_per_sample=saved,
+                             collectives_fwd=fwd, collectives_bwd=bwd, must_divide=divide)
 
-    out: list[Layer] = [
-        analytic_layer(
-            "embed", "Embedding", (), rates, split(V * h, 0.0, 1, 0),
-            param_count=V * h + s * h, saved=8.0 * s, inp=8.0 * s, out=act_in,
-        )
+    out: list[LayerSpec] = [
+        LayerSpec(name="embed", kind="Embedding", gemms=(), split=split(V * h, 0.0, 1, 0), param_count=V * h + s * h,
+                  saved_bytes_per_sample=8.0 * s, input_bytes_per_sample=8.0 * s, output_bytes_per_sample=act_in)
     ]
     block = block_gemms(s, h, a, flash)
     # bytes the element-wise kernels move: the saved activations; FlashAttention moves no s x s ones
     moved = (34.0 * s * h, 24.0 * s * h) if flash else None
     for i in range(layers):
         out.append(
-            analytic_layer(
-                f"block_{i}", "TransformerBlock", block, rates,
-                split(12 * h * h + 7 * h, 24.0 * s * h + core.saved_bytes, 2, 2, (a,)), moved=moved,
+            LayerSpec(
+                name=f"block_{i}", kind="TransformerBlock", gemms=block,
+                split=split(12 * h * h + 7 * h, 24.0 * s * h + core.saved_bytes, 2, 2, (a,)), moved=moved,
                 core=(attention_gemms(s, a, h // a, flash), core.saved_bytes),
-                param_count=12 * h * h + 13 * h, saved=34.0 * s * h + core.saved_bytes, inp=act_in, out=act_in,
+                param_count=12 * h * h + 13 * h, saved_bytes_per_sample=34.0 * s * h + core.saved_bytes,
+                input_bytes_per_sample=act_in, output_bytes_per_sample=act_in,
                 # W's inputs (Korthikanti et al. 2022 sec. 4.1): QKV's and fc1's (the layer norms'
                 # outputs, 2sh each), the projection's (2sh) and fc2's (the GeLU's output, 8sh)
-                wsaved=14.0 * s * h,
+                wsaved_bytes_per_sample=14.0 * s * h,
             )
         )
-    moved, bwd_moved = head_moved(act_in, s, V, CE_FWD_BYTES, CE_BWD_BYTES)
+    head_bytes, bwd_moved = head_moved(act_in, s, V, CE_FWD_BYTES, CE_BWD_BYTES)
     out.append(
-        analytic_layer(
-            "head", "LayerNorm+Linear", head_gemms(s, h, V), rates, split(V * h, 4.0 * s * V, 0, 1), moved=moved,
-            bwd_moved=bwd_moved, param_count=V * h + 2 * h, saved=2.0 * act_in + 4.0 * s * V, inp=act_in, out=4.0,
-            wsaved=act_in,
+        LayerSpec(
+            name="head", kind="LayerNorm+Linear", gemms=head_gemms(s, h, V), split=split(V * h, 4.0 * s * V, 0, 1),
+            moved=head_bytes, bwd_moved=bwd_moved, param_count=V * h + 2 * h,
+            saved_bytes_per_sample=2.0 * act_in + 4.0 * s * V, input_bytes_per_sample=act_in,
+            output_bytes_per_sample=4.0, wsaved_bytes_per_sample=act_in,
         )
     )
-    return assemble(
+    return analytic_profile(
         model=model or f"gpt-l{layers}-h{hidden}-a{heads}-s{s}-v{V}",
-        device=device,
+        device_preset=device_preset,
+        gemm=gemm,
         layers=out,
         tied_params=V * h,
         model_flops_per_sample=gpt_model_flops_per_sample(layers=layers, hidden=hidden, seq=seq, vocab=vocab),
         attention=kind,
-        metadata={
-            **rates.gemm.metadata(),
-            "peak_bf16_tflops": device.peak_bf16_tflops,
-            "hbm_gb_per_s": device.hbm_gb_per_s,
-            "peak_source": device.source,
+        about={},
+        formulas={
             "flops_source": "Narayanan et al. 2021 (Megatron-LM), eq. 3",
             "activation_source": (
                 "Korthikanti et al. 2022, eq. 1 and Table 2"

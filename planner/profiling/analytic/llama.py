@@ -100,12 +100,11 @@ from typing import Any
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import AttentionKind, SelectiveUnit
-from planner.artifacts.profile import Layer, Profile
-from planner.artifacts.tensor_split import TensorSplit
+from planner.artifacts.profile import Profile
 from planner.models.flops import MODEL_FLOPS_CONVENTION, AttentionFlops, attention_fwd_flops
 from planner.models.hf_spec import SIZE_LIMITS, read_config_file
 from planner.profiling.analytic.attention import attention_core_cost
-from planner.profiling.analytic.common import BYTES_PER_ACT, analytic_layer, assemble, device_rates, megatron_split
+from planner.profiling.analytic.common import BYTES_PER_ACT, LayerSpec, MegatronSplit, analytic_profile
 from planner.profiling.analytic.gemm import Gemm, GemmModel
 from planner.profiling.analytic.gpt import attention_gemms, head_moved
 
@@ -276,8 +275,6 @@ def llama_profile(
     re-runs; ``fused_cross_entropy``: Transformer Engine's cross entropy in place of torch's fp32 one."""
     where = f"--config {source}" if source else "llama config"
     shape = llama_shape(config, seq, where)
-    rates = device_rates(device_preset, gemm)
-    device = rates.device
     s, h, V = shape.seq, shape.hidden, shape.vocab
     act = BYTES_PER_ACT * s * h
     block_params, block_matmul = shape.block_params()
@@ -287,48 +284,48 @@ def llama_profile(
     unit = ((attention_gemms(s, shape.heads, shape.head_dim, flash=True), core.saved_bytes)
             if selective is SelectiveUnit.ATTENTION_CORE else shape.op_sac_unit())
 
-    def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> TensorSplit:
-        return megatron_split(act, params, saved, fwd, bwd, divide)
+    def split(params: int, saved: float, fwd: int, bwd: int, divide: tuple[int, ...] = ()) -> MegatronSplit:
+        return MegatronSplit(act_bytes_per_sample=act, params=params, saved_bytes_per_sample=saved,
+                             collectives_fwd=fwd, collectives_bwd=bwd, must_divide=divide)
 
-    layers: list[Layer] = [
-        analytic_layer("embed", "Embedding", (), rates, split(V * h, 0.0, 1, 0),
-                       param_count=V * h, saved=8.0 * s, inp=8.0 * s, out=act)
+    layers: list[LayerSpec] = [
+        LayerSpec(name="embed", kind="Embedding", gemms=(), split=split(V * h, 0.0, 1, 0), param_count=V * h,
+                  saved_bytes_per_sample=8.0 * s, input_bytes_per_sample=8.0 * s, output_bytes_per_sample=act)
     ]
     for i in range(shape.layers):
         layers.append(
-            analytic_layer(f"block_{i}", "LlamaDecoderLayer", block, rates,
-                           split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)),
-                           core=unit,
-                           param_count=block_params, saved=block_saved, inp=act, out=act,
-                           # W's inputs: q/kv's and gate_up's (the norms' outputs), o's, down's
-                           wsaved=2.0 * s * (2 * h + shape.heads * shape.head_dim + shape.intermediate))
+            LayerSpec(name=f"block_{i}", kind="LlamaDecoderLayer", gemms=block,
+                      split=split(block_matmul, block_split, 2, 2, (shape.heads, shape.kv_heads)),
+                      core=unit, param_count=block_params, saved_bytes_per_sample=block_saved,
+                      input_bytes_per_sample=act, output_bytes_per_sample=act,
+                      # W's inputs: q/kv's and gate_up's (the norms' outputs), o's, down's
+                      wsaved_bytes_per_sample=2.0 * s * (2 * h + shape.heads * shape.head_dim + shape.intermediate))
         )
     ce_fwd, ce_bwd = TE_CE_BYTES if fused_cross_entropy else (CE_FWD_BYTES, CE_BWD_BYTES)
     logits = (2.0 if fused_cross_entropy else 4.0) * s * V  # what the cross entropy keeps for backward
     moved, bwd_moved = head_moved(act, s, V, ce_fwd, ce_bwd)
     layers.append(
-        analytic_layer("head", "RMSNorm+Linear", shape.head_gemms(), rates, split(V * h, logits, 0, 1),
-                       moved=moved, bwd_moved=bwd_moved, param_count=V * h + h, saved=2.0 * act + logits,
-                       inp=act, out=4.0, wsaved=act)
+        LayerSpec(name="head", kind="RMSNorm+Linear", gemms=shape.head_gemms(), split=split(V * h, logits, 0, 1),
+                  moved=moved, bwd_moved=bwd_moved, param_count=V * h + h, saved_bytes_per_sample=2.0 * act + logits,
+                  input_bytes_per_sample=act, output_bytes_per_sample=4.0, wsaved_bytes_per_sample=act)
     )
     ours, rule, ratio = flops_per_token(shape)
-    return assemble(
+    return analytic_profile(
         model=model or f"llama-l{shape.layers}-h{h}-a{shape.heads}-k{shape.kv_heads}-i{shape.intermediate}-s{s}-v{V}",
-        device=device,
+        device_preset=device_preset,
+        gemm=gemm,
         layers=layers,
         tied_params=V * h if shape.tied else 0,
         model_flops_per_sample=shape.model_flops_per_sample(),
         attention=AttentionKind.FLASH,
-        metadata={
+        about={
             "architecture": "llama",
             "model_type": str(config.get("model_type")),
             "selective_unit": selective.value,
             **({"cross_entropy": "te-fused"} if fused_cross_entropy else {}),
             "config_source": source,
-            **rates.gemm.metadata(),
-            "peak_bf16_tflops": device.peak_bf16_tflops,
-            "hbm_gb_per_s": device.hbm_gb_per_s,
-            "peak_source": device.source,
+        },
+        formulas={
             "flops_source": "Narayanan et al. 2021 eq. 3 counting, with GQA (Ainslie et al. 2023) and SwiGLU (Shazeer 2020)",
             "activation_source": "Korthikanti et al. 2022 sec. 4.1 counting with FlashAttention (Dao et al. 2022) and fused RMSNorm",
             "layers": shape.layers,

@@ -57,7 +57,15 @@ from planner.artifacts.kinds import AttentionKind, DType
 from planner.artifacts.moe import MoeLayer
 from planner.artifacts.profile import Edge, Layer, Profile, TiedParams, TimeFit, profile_fingerprint
 from planner.profiling.analytic.attention import attention_core_cost
-from planner.profiling.analytic.common import BYTES_PER_ACT, BYTES_PER_PARAM, DeviceRates, analytic_layer, device_rates, megatron_split
+from planner.profiling.analytic.common import (
+    BYTES_PER_ACT,
+    BYTES_PER_PARAM,
+    DeviceRates,
+    LayerSpec,
+    MegatronSplit,
+    analytic_layer,
+    device_rates,
+)
 from planner.profiling.analytic.gemm import Gemm, GemmModel
 from planner.profiling.analytic.gpt import attention_gemms
 from planner.profiling.analytic.grouped import FIT_SIZES, expert_gemm_ms, line_through
@@ -163,11 +171,14 @@ def _block(shape: MoeShape, i: int, rates: DeviceRates, name: str, extra: Part |
     att_shape = shape.attention[i]
     divide = (att_shape.heads,) if att_shape.latent else (att_shape.heads, att_shape.kv_heads)
     act = BYTES_PER_ACT * s * h
-    layer = analytic_layer(
-        name, "MoEDecoderLayer" if not dense else "DecoderLayer", gemms, rates,
-        megatron_split(act, sum(p.split_params for p in parts), split_saved, collectives, collectives, divide),
-        core=(core_gemms, core_saved), param_count=params, saved=saved, inp=act, out=act,
-        wsaved=2.0 * s * h * 2 + sum(p.wsaved for p in parts))
+    split = MegatronSplit(act_bytes_per_sample=act, params=sum(p.split_params for p in parts),
+                          saved_bytes_per_sample=split_saved, collectives_fwd=collectives, collectives_bwd=collectives,
+                          must_divide=divide)
+    layer = analytic_layer(LayerSpec(
+        name=name, kind="MoEDecoderLayer" if not dense else "DecoderLayer", gemms=gemms, split=split,
+        core=(core_gemms, core_saved), param_count=params, saved_bytes_per_sample=saved,
+        input_bytes_per_sample=act, output_bytes_per_sample=act,
+        wsaved_bytes_per_sample=2.0 * s * h * 2 + sum(p.wsaved for p in parts)), rates)
     return layer if dense else _with_experts(layer, shape, rates)
 
 
@@ -253,17 +264,21 @@ def moe_profile(config: dict[str, Any], *, seq: int | None = None, device_preset
     rates = device_rates(device_preset, gemm)
     s, h, V, heads = shape.seq, shape.hidden, shape.vocab, shape.attention[0].heads
     act = BYTES_PER_ACT * s * h
-    vocab_split = megatron_split(act, V * h, 0.0, 1, 0)
-    layers = [analytic_layer("embed", "Embedding", (), rates, vocab_split, param_count=V * h, saved=8.0 * s, inp=8.0 * s,
-                             out=act)]
+    vocab_split = MegatronSplit(act_bytes_per_sample=act, params=V * h, saved_bytes_per_sample=0.0, collectives_fwd=1,
+                                collectives_bwd=0)
+    layers = [analytic_layer(LayerSpec(name="embed", kind="Embedding", gemms=(), split=vocab_split, param_count=V * h,
+                                       saved_bytes_per_sample=8.0 * s, input_bytes_per_sample=8.0 * s,
+                                       output_bytes_per_sample=act), rates)]
     layers += [_block(shape, i, rates, f"block_{i}") for i in range(shape.layers)]
     layers += [_mtp(shape, j, rates) for j in range(shape.mtp_layers)]
     heads_out = 1 + shape.mtp_layers
     head_gemms = (Gemm(name="logits", m=s, n=V, k=h, count=heads_out, split="n", bwd_window=0),)
-    layers.append(analytic_layer("head", "RMSNorm+Linear", head_gemms, rates,
-                                 megatron_split(act, V * h, 4.0 * s * V * heads_out, 0, 1),
-                                 param_count=V * h + h, saved=heads_out * (2.0 * act + 4.0 * s * V), inp=act * heads_out,
-                                 out=4.0, wsaved=act * heads_out))
+    head_split = MegatronSplit(act_bytes_per_sample=act, params=V * h, saved_bytes_per_sample=4.0 * s * V * heads_out,
+                               collectives_fwd=0, collectives_bwd=1)
+    layers.append(analytic_layer(LayerSpec(
+        name="head", kind="RMSNorm+Linear", gemms=head_gemms, split=head_split, param_count=V * h + h,
+        saved_bytes_per_sample=heads_out * (2.0 * act + 4.0 * s * V), input_bytes_per_sample=act * heads_out,
+        output_bytes_per_sample=4.0, wsaved_bytes_per_sample=act * heads_out), rates))
     ties = [TiedParams(name=f"embed.weight=mtp_{j}.embed", layers=(0, 1 + shape.layers + j), param_count=V * h,
                        param_bytes=V * h * BYTES_PER_PARAM) for j in range(shape.mtp_layers)]
     if shape.tied:
@@ -284,8 +299,7 @@ def _assemble(shape: MoeShape, layers: Sequence[Layer], ties: list[TiedParams], 
     return Profile(
         model=name, source="analytic", device=device.name, dtype=DType.BFLOAT16, microbatch_sizes=(1,), versions={},
         metadata={
-            "architecture": "moe", "model_type": shape.model_type, "config_source": source, **rates.gemm.metadata(),
-            "peak_bf16_tflops": device.peak_bf16_tflops, "hbm_gb_per_s": device.hbm_gb_per_s, "peak_source": device.source,
+            "architecture": "moe", "model_type": shape.model_type, "config_source": source, **rates.metadata,
             "flops_source": "Narayanan et al. 2021 eq. 3 counting; routed experts per active expert (top-k x 6 h F per "
                             "token, Megatron-LM num_floating_point_operations' convention)",
             "activation_source": "Korthikanti et al. 2022 sec. 4.1 counting with FlashAttention and fused RMSNorm/SwiGLU",
