@@ -59,7 +59,7 @@ def estimates(path: Path, devices: int) -> tuple[float, int, float, int]:
     from planner.artifacts.profile import load_profile
     from planner.artifacts.request import PlanRequest
     from planner.commands.plan import cluster_for
-    from planner.cost.tensor_parallel import base_cluster, device_groups
+    from planner.cost.groups import base_cluster, device_groups
     from planner.solve.ceiling import block_starts, bound_chain, working_set_bytes
     from planner.solve.chain_dp import solve_chain
     from planner.solve.layout_search import wanted_chain

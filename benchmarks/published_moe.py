@@ -70,7 +70,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS, Stack
 from planner.cost import experts
-from planner.cost.overheads import host_floor_ms
+from planner.cost.host import host_floor_ms
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.moe import moe_profile
 from planner.solve import plan as solve

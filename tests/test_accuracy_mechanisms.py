@@ -34,7 +34,8 @@ from planner.cost import CostModel
 from planner.cost.attention_kernels import efficiency_of
 from planner.cost.collectives import NCCL_NET_US, allreduce_line, link_of, nccl_line
 from planner.cost.context import context_parallel_view
-from planner.cost.overheads import KERNELS, host_floor_ms, straggler_fraction, z_max
+from planner.cost.host import KERNELS, host_floor_ms
+from planner.cost.overheads import straggler_fraction, z_max
 from planner.cost.stage import price_stage
 from planner.cost.tensor_parallel import device_cost_model
 from planner.models.flops import AttentionFlops, attention_fwd_flops, block_fwd_flops

@@ -53,7 +53,8 @@ def _cases():
 
 def _configs():
     """Every configuration (each variant) of the drawn cases: its stage table, held counts and itself."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.cost.groups import base_cluster
+    from planner.cost.tensor_parallel import device_cost_model
     from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
     from planner.solve.space import all_configs

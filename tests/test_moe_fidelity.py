@@ -29,7 +29,7 @@ from planner.cost import CostModel, experts
 from planner.cost.collectives import allreduce_line, gather_line
 from planner.cost.experts import deepep_notify_ms, expert_links
 from planner.cost.fsdp import fsdp_terms, replay
-from planner.cost.overheads import (
+from planner.cost.host import (
     GEMMS_PER_LOCAL_EXPERT,
     KERNELS,
     PER_SPLIT_RECIPES,
@@ -39,9 +39,9 @@ from planner.cost.overheads import (
     moe_kernels,
 )
 from planner.cost.precision import at_precision
-from planner.cost.sharding import fsdp_line
 from planner.cost.stage import price_stage
 from planner.cost.tensor_parallel import device_cost_model
+from planner.cost.zero_comm import fsdp_line
 from planner.profiling.analytic.moe import moe_profile
 from planner.solve.prices import StageTable
 from tests.chains import chain_profile, small_cluster, solve_three_ways

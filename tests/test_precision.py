@@ -33,7 +33,7 @@ from planner.cost.precision import (
     precision_of,
     with_fp8_view,
 )
-from planner.cost.sharding import fsdp_line
+from planner.cost.zero_comm import fsdp_line
 from planner.profiling.analytic.gemm import DEVICE_GEMM, DEVICE_GEMM_LOSO
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.profiling.analytic.llama import llama_profile

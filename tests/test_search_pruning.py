@@ -178,7 +178,8 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
 def _configs(profile, cluster, request, n: int, degrees):  # type: ignore[no-untyped-def]
     """Every configuration of a case at each tensor-parallel degree, with its cost model, memory cap
     and the search's bound facts: ``(cm, cap, facts, tp, config)``."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.cost.groups import base_cluster
+    from planner.cost.tensor_parallel import device_cost_model
     from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
     from planner.solve.space import all_configs
@@ -275,7 +276,8 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     from pathlib import Path
 
     from planner.artifacts.profile import load_profile
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.cost.groups import base_cluster
+    from planner.cost.tensor_parallel import device_cost_model
     from planner.solve.build import memory_cap_bytes
     from planner.solve.space import all_configs, config_lower_bound_ms
 
@@ -353,7 +355,8 @@ def test_least_bytes_is_below_every_share_of_the_layers() -> None:
 def _memory_bound_gpt(n: int):
     """A memory-bound GPT with its embedding on ``n`` A100s at t = 1: its cost model, request, cap
     and what the search knows of its configurations (every bound)."""
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.cost.groups import base_cluster
+    from planner.cost.tensor_parallel import device_cost_model
     from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
 

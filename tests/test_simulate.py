@@ -292,7 +292,8 @@ def test_plan_stages_are_the_records_the_search_replays(schedules: tuple[Schedul
     from planner.artifacts.cluster import PRESETS
     from planner.artifacts.profile import load_profile
     from planner.cost import price_stages
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.cost.groups import base_cluster
+    from planner.cost.tensor_parallel import device_cost_model
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "gpt3-1.3b-a100.json")
     cluster = PRESETS["a100-80gb-x8"]

@@ -23,7 +23,8 @@ def _moe_configs():  # type: ignore[no-untyped-def]
     from planner.artifacts.cluster import PRESETS
     from planner.artifacts.layout import DeviceGroup
     from planner.artifacts.request import PlanRequest
-    from planner.cost.tensor_parallel import base_cluster, device_cost_model
+    from planner.cost.groups import base_cluster
+    from planner.cost.tensor_parallel import device_cost_model
     from planner.profiling.analytic.moe import moe_profile
     from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts

@@ -19,7 +19,8 @@ from planner.artifacts.plan_summary import Band
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.tensor_split import SplitDegree
 from planner.cost import allreduce_ms
-from planner.cost.tensor_parallel import candidate_degrees, tensor_parallel_view
+from planner.cost.groups import candidate_degrees
+from planner.cost.tensor_parallel import tensor_parallel_view
 from planner.profiling.analytic.gemm import GemmModel
 from planner.profiling.analytic.gpt import gpt_profile
 from planner.simulation import simulate

@@ -45,7 +45,7 @@ the capacity factor when padded to capacity):
     published training profile, deepseek-ai/profile-data: EP 64, 4K sequence, balanced routing),
     on the forward's critical path before the dispatch (with the 1F1B overlap: hidden, below) and
     on the host's (:func:`deepep_notify_ms`; the profile's ``moe_notify_ms``, read by
-    :func:`planner.cost.overheads.host_floor_ms`); within a node the notify is a barrier over
+    :func:`planner.cost.host.host_floor_ms`); within a node the notify is a barrier over
     NVLink and is not priced;
   * with ``etp`` > 1 the dispatched tokens are all-gathered over the expert tensor-parallel group
     and the experts' outputs reduce-scattered (Megatron-Core's all-to-all dispatcher), each half
@@ -345,7 +345,7 @@ def expert_view(view: Profile, profile: Profile, cluster: Cluster, group: Device
         layers.append(dataclasses.replace(layer, **fields[key]))  # type: ignore[arg-type]
     meta = {**view.metadata, "ep_degree": group.ep_degree, "etp_degree": group.etp_degree}
     if notify:
-        meta["moe_notify_ms"] = notify  # the host waits for it too (planner.cost.overheads.host_floor_ms)
+        meta["moe_notify_ms"] = notify  # the host waits for it too (planner.cost.host.host_floor_ms)
     return dataclasses.replace(view, layers=tuple(layers), metadata=meta)
 
 

@@ -68,15 +68,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.artifacts.kinds import ZeroStage
-from planner.artifacts.layout import Layout, Sharding
+from planner.artifacts.layout import Layout
 
-__all__ = ["FsdpTerms", "fsdp_terms", "hsdp_groups", "is_fsdp", "replay", "units_in_flight", "working_set_matrix"]
-
-
-def is_fsdp(sharding: Sharding) -> bool:
-    """ZeRO 3 over more than one rank (one rank shards nothing)."""
-    return sharding.zero is ZeroStage.PARAMETERS and sharding.ranks > 1
+__all__ = ["FsdpTerms", "fsdp_terms", "hsdp_groups", "replay", "units_in_flight", "working_set_matrix"]
 
 
 def hsdp_groups(layout: Layout, stage_idx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

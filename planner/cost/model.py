@@ -85,10 +85,10 @@ from planner.artifacts.layout import ONE_DEVICE, DeviceGroup, Layout, Sharding
 from planner.artifacts.plan import StageMemory
 from planner.artifacts.profile import Profile
 from planner.artifacts.stack import DEFAULT_STACK, Stack
-from planner.cost.fsdp import FsdpTerms, is_fsdp, units_in_flight
-from planner.cost.offload import optimizer_offloaded
-from planner.cost.precision import fp8_weights
+from planner.cost.fsdp import FsdpTerms, units_in_flight
+from planner.cost.precision import fp8_copies
 from planner.cost.prefix import BatchSums
+from planner.cost.sharding import is_fsdp
 from planner.cost.stage import StageCosts
 from planner.graph import cut_bytes_per_sample
 
@@ -103,6 +103,7 @@ class CostModel(StageCosts):
     def __init__(
         self, profile: Profile, cluster: Cluster, optimizer: OptimizerKind = OptimizerKind.ADAM_MIXED, *,
         group: DeviceGroup = ONE_DEVICE, stack: Stack = DEFAULT_STACK, gather_bytes_per_sample: float = 0.0,
+        offload_optimizer: bool = False,
     ):
         """``profile`` is what one device of ``group`` runs (the devices a stage replica spans,
         :attr:`Layout.group <planner.artifacts.layout.Layout.group>` of every layout this model
@@ -111,7 +112,8 @@ class CostModel(StageCosts):
         also its context-parallel view (:mod:`planner.cost.context`), whose
         ``gather_bytes_per_sample`` is one layer's gathered keys and values (in the buffers).
         ``stack``: what the training stack overlaps (its tensor-parallel overlap is in the view's
-        times)."""
+        times). ``offload_optimizer``: the optimizer state and master weights on the host (the
+        device's offload view, :func:`planner.cost.offload.offload_view`, as its folded layers)."""
         self.profile = profile
         self.cluster = cluster
         self.optimizer = optimizer
@@ -121,7 +123,7 @@ class CostModel(StageCosts):
         self.weight_bytes_per_param, self.grad_bytes_per_param, self.optim_bytes_per_param = optimizer.state_bytes_per_param
         self.step_bytes_per_param = optimizer.step_bytes_per_param
         #: optimizer state and master weights on the host (planner.cost.offload): none on the device
-        self.offload_optimizer = optimizer_offloaded(profile)
+        self.offload_optimizer = offload_optimizer
         if self.offload_optimizer:
             self.optim_bytes_per_param = 0
         layers = profile.layers
@@ -132,10 +134,11 @@ class CostModel(StageCosts):
         self.expert_param_count = np.array([layer.moe.expert_param_count if layer.moe else 0 for layer in layers],
                                            dtype=np.int64)
         self.has_experts = bool(self.expert_param_count.any())
-        #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision (planner.cost.precision)
-        fp8, self.fp8_extra_bytes_per_param = fp8_weights(profile, self.weight_bytes_per_param)
-        self.fp8_param_count = np.array([layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
-                                         for layer in layers], dtype=np.int64)
+        #: per layer its FP8 GEMMs' parameters when the profile is priced at an FP8 precision, and the
+        #: bytes each one's copy adds (planner.cost.precision)
+        copies = fp8_copies(profile, self.weight_bytes_per_param)
+        self.fp8_param_count = np.array(copies.param_count, dtype=np.int64)
+        self.fp8_extra_bytes_per_param = copies.extra_bytes_per_param
         self._expert_lines: dict[tuple[Layout, int], tuple[float, float]] = {}
         self.saved_per_sample = np.array([layer.saved_bytes_per_sample for layer in layers])
         self.saved_fixed = np.array([layer.saved_bytes_fixed for layer in layers])
@@ -206,11 +209,6 @@ class CostModel(StageCosts):
         full = max((float(self.saved_per_sample[i] * microbatch_size + self.saved_fixed[i]) for i in recompute), default=0.0)
         core = max((float(self.core_per_sample[i] * microbatch_size + self.core_fixed[i]) for i in selective), default=0.0)
         return max(full, core)
-
-    def gathered_bytes(self, microbatch_size: int, num_layers: int = 1) -> float:
-        """Context parallelism's keys and values gathered by ``num_layers`` layers for one
-        micro-batch (one layer's is live on a device while that layer runs; 0 without)."""
-        return num_layers * self.gather_bytes_per_sample * microbatch_size
 
     def buffer_bytes(self, start: int, stop: int, microbatch_size: int) -> float:
         """Receive and send buffers: boundary activations in/out and their gradients, one

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from planner.artifacts.host import OffloadMode, host_link_gb_per_s
 from planner.artifacts.plan import Plan
@@ -45,9 +46,10 @@ __all__ = [
     "CPU_ADAM_PARAMS_PER_S",
     "OPTIMIZER_KEY",
     "WORKSPACE_LAYERS",
-    "activation_offload_view",
+    "OffloadView",
     "carry_offload",
     "exposed_offload_ms",
+    "offload_view",
     "offloadable_layers",
     "offloaded_layers",
     "offloaded_step_ms",
@@ -134,20 +136,32 @@ def _offloaded_layer(layer: Layer, ms_per_byte: float) -> Layer:
                                measured=(), tp=None)
 
 
-def activation_offload_view(profile: Profile, link_gb_per_s: float, relative_speed: float = 1.0) -> tuple[Profile, float]:
-    """A device's view with its offloaded layers folded in (module docstring): no saves kept per
-    micro-batch, the exposed copies in their backward (profile units: ``relative_speed`` x ms);
-    a storage two layers share is no longer shared once either is offloaded (``profile`` itself
-    when it offloads none); with the bytes per sample of an offloading stage's working set
-    (:func:`_workspace_per_sample` of ``profile``)."""
+@dataclass(frozen=True, slots=True)
+class OffloadView:
+    """The offload choice as one device's cost model takes it (:func:`offload_view`): the profile
+    it prices, the bytes per sample of an offloading stage's working set, and whether the optimizer
+    state and master weights live on the host (``CostModel.offload_optimizer``)."""
+
+    profile: Profile
+    workspace_bytes_per_sample: float
+    optimizer_on_host: bool
+
+
+def offload_view(profile: Profile, link_gb_per_s: float, relative_speed: float = 1.0) -> OffloadView:
+    """A device's view with the offload choice ``profile`` carries applied (module docstring): its
+    offloaded layers folded in (no saves kept per micro-batch, the exposed copies in their backward,
+    in profile units: ``relative_speed`` x ms; a storage two layers share is no longer shared once
+    either is offloaded; ``profile`` itself when it offloads none), the working set of an offloading
+    stage (:func:`_workspace_per_sample` of ``profile``), and the optimizer's place."""
     chosen = set(offloaded_layers(profile))
+    workspace, on_host = _workspace_per_sample(profile), optimizer_offloaded(profile)
     if not chosen:
-        return profile, _workspace_per_sample(profile)
+        return OffloadView(profile, workspace, on_host)
     ms_per_byte = relative_speed / (link_gb_per_s * 1e6)
     layers = tuple(_offloaded_layer(layer, ms_per_byte) if i in chosen else layer
                    for i, layer in enumerate(profile.layers))
     shared = tuple(p for p in profile.shared_saved if p.first not in chosen and p.second not in chosen)
-    return dataclasses.replace(profile, layers=layers, shared_saved=shared), _workspace_per_sample(profile)
+    return OffloadView(dataclasses.replace(profile, layers=layers, shared_saved=shared), workspace, on_host)
 
 
 def _workspace_per_sample(profile: Profile) -> float:

@@ -56,6 +56,7 @@ its blocks in hardware (``Cluster.mxfp8``); every FP8 recipe a device with an FP
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
@@ -65,8 +66,8 @@ from planner.artifacts.profile import Layer, Profile
 from planner.artifacts.timefit import TimeFit
 
 __all__ = ["BF16_EDGE_BLOCKS", "FP8_EFFICIENCY_SOURCE", "FP8_FIT_ROWS", "FP8_GEMM_EFFICIENCY", "FP8_WEIGHT_BYTES",
-           "QUANTISE_BYTES", "at_precision", "check_precision", "check_profile", "edge_blocks_of",
-           "fp8_extra_weight_bytes", "fp8_weights", "like_precision", "precision_of", "with_fp8_view"]
+           "QUANTISE_BYTES", "Fp8Copies", "at_precision", "check_precision", "check_profile", "edge_blocks_of",
+           "fp8_copies", "fp8_extra_weight_bytes", "like_precision", "precision_of", "with_fp8_view"]
 
 #: bytes moved per bf16 byte quantised (module docstring)
 QUANTISE_BYTES: dict[Precision, float] = {
@@ -249,11 +250,24 @@ def at_precision(profile: Profile, cluster: Cluster, precision: Precision, bf16_
     return dataclasses.replace(profile, layers=layers, metadata={**profile.metadata, PRECISION_KEY: precision.value, **chosen})
 
 
-def fp8_weights(profile: Profile, weight_bytes_per_param: int) -> tuple[bool, int]:
-    """What a device's cost model takes from the precision, asked once where it is built: whether
-    ``profile`` is priced at an FP8 precision (its FP8 GEMMs' parameters then hold FP8 copies), and
-    the bytes each such parameter holds beyond its weights' own (:func:`fp8_extra_weight_bytes`)."""
-    return precision_of(profile).fp8, fp8_extra_weight_bytes(weight_bytes_per_param)
+@dataclass(frozen=True, slots=True)
+class Fp8Copies:
+    """The FP8 weight copies one device holds (module docstring), what its cost model takes from
+    the precision: per layer the parameters of its FP8 GEMMs that hold a copy (all 0 unless the
+    profile is priced at an FP8 precision), and the bytes each copy holds beyond its parameter's
+    weights (:func:`fp8_extra_weight_bytes`)."""
+
+    param_count: tuple[int, ...]
+    extra_bytes_per_param: int
+
+
+def fp8_copies(profile: Profile, weight_bytes_per_param: int) -> Fp8Copies:
+    """The :class:`Fp8Copies` of ``profile`` with ``weight_bytes_per_param`` bytes of weights per
+    parameter, asked once where a device's cost model is built."""
+    fp8 = precision_of(profile).fp8
+    return Fp8Copies(param_count=tuple(layer.fp8.param_count if layer.fp8 is not None and fp8 else 0
+                                       for layer in profile.layers),
+                     extra_bytes_per_param=fp8_extra_weight_bytes(weight_bytes_per_param))
 
 
 def like_precision(profile: Profile, cluster: Cluster, like: Profile) -> Profile:

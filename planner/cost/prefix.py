@@ -23,7 +23,7 @@ import numpy as np
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.profile import AttentionCore, Profile
 from planner.artifacts.stack import Stack
-from planner.cost.overheads import host_floor_ms
+from planner.cost.host import host_floor_ms
 
 __all__ = ["BatchSums", "PrefixSums", "StageSums"]
 
@@ -104,7 +104,7 @@ class PrefixSums:
 
     def _batch_sums(self, microbatch_size: int) -> BatchSums:
         """:meth:`at_batch` worked out: a layer's time is the GPU's, or the host's to issue its
-        kernels where longer (:func:`planner.cost.overheads.host_floor_ms`); the Layer.fwd_ms /
+        kernels where longer (:func:`planner.cost.host.host_floor_ms`); the Layer.fwd_ms /
         bwd_ms lines (TimeFit.at: never negative) over every layer at once."""
         (f_ic, f_ps), (b_ic, b_ps) = self._time_lines
         host_f, host_b = self._host_floor

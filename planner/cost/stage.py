@@ -1,7 +1,7 @@
 """A stage's time terms, and the record that carries them from the cost model to the simulator.
 
 :class:`StageCosts` (a base class of :class:`planner.cost.model.CostModel`, over
-:mod:`planner.cost.sharding` and :mod:`planner.cost.prefix`) prices what one stage of a layout
+:mod:`planner.cost.zero_comm`, :mod:`planner.cost.sharding` and :mod:`planner.cost.prefix`) prices what one stage of a layout
 costs in time: its layers' forward, backward and weight-gradient passes per micro-batch (from
 the prefix sums) and what ZB-H1 fills of the bubble with them, its transfers to the neighbouring
 stages, its gradient synchronisation as the stack runs it (:class:`SyncCost`,
@@ -38,10 +38,10 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
-from planner.cost.fsdp import is_fsdp
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
-from planner.cost.sharding import ShardedState
+from planner.cost.sharding import is_fsdp
+from planner.cost.zero_comm import ZeroComm
 
 __all__ = ["StageCosts", "StageTerms", "SyncCost", "price_stage", "price_stages"]
 
@@ -98,11 +98,12 @@ class StageTerms:
 _NAMES = tuple(f.name for f in fields(StageTerms))
 
 
-class StageCosts(ShardedState):
+class StageCosts(ZeroComm):
     """A stage's time terms (module docstring), over the attributes a
     :class:`~planner.cost.model.CostModel` sets."""
 
     _expert_lines: dict[tuple[Layout, int], tuple[float, float]]
+    offload_optimizer: bool  # the optimizer steps on the host (planner.cost.offload)
 
     # ---------------------------------------------------------------- compute
     def stage_fwd_ms(self, start: int, stop: int, microbatch_size: int) -> float:
@@ -338,7 +339,7 @@ class StageCosts(ShardedState):
             experts = self.stage_expert_param_count(start, stop)
             expert_shard = sharding.expert_shards if sharding.zero >= ZeroStage.OPTIMIZER else 1
             params = (self.stage_param_count(start, stop) - experts) / shard + experts / expert_shard
-        if getattr(self, "offload_optimizer", False):
+        if self.offload_optimizer:
             return offloaded_step_ms(params, self.weight_bytes_per_param, self.grad_bytes_per_param, self.cluster,
                                      hidden_ms)
         bandwidth = self.cluster.memory_bandwidth_gb_per_s
@@ -376,7 +377,7 @@ class StageCosts(ShardedState):
     def _zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,
                           bwd_ms: float) -> float:
         """What ZeRO 2's reduce-scatter of one micro-batch's gradients adds to the stage's backward
-        (:mod:`planner.cost.sharding`): all of it, or with the stack's overlap what the micro-batch's
+        (:mod:`planner.cost.zero_comm`): all of it, or with the stack's overlap what the micro-batch's
         own ``fwd_ms + bwd_ms`` cannot hide; 0 off ZeRO 2."""
         sharding = layout.sharding(stage_idx)
         if sharding.zero is not ZeroStage.GRADIENTS or sharding.ranks <= 1:

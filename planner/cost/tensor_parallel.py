@@ -65,16 +65,15 @@ the ``t`` gradient all-reduces of a tensor-parallel stage (one per shard, across
 data-parallel replicas, :meth:`Layout.dp_group`) run side by side, each on its own devices'
 links, at the cost priced for one.
 
-Decisions: ``t`` divides the devices per node (a tensor-parallel group never spans the slow
-inter-node link); it divides every ``must_divide`` size of every declared layer (attention
-heads, key/value heads); per-stage replication is not combined with ``t > 1``.
+Which ``t`` a search covers (it divides the devices per node and every head count a layer
+declares) and the groups it forms with the other axes are :mod:`planner.cost.groups`'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import PlannerInputError
@@ -82,57 +81,14 @@ from planner.artifacts.host import host_link_gb_per_s
 from planner.artifacts.kinds import OptimizerKind, SequenceParallelRuntime
 from planner.artifacts.layout import ONE_DEVICE, DeviceGroup
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TiedParams, TimeFit
-from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.attention_kernels import attention_view
 from planner.cost.collectives import allreduce_line
-from planner.cost.context import ContextView, candidate_cp_degrees, context_parallel_view
-from planner.cost.experts import candidate_expert_degrees, expert_view, strip_experts
+from planner.cost.context import ContextView, context_parallel_view
+from planner.cost.experts import expert_view, strip_experts
 from planner.cost.model import CostModel
-from planner.cost.offload import activation_offload_view
+from planner.cost.offload import offload_view
 from planner.cost.recompute_view import forced_view
-
-
-def splittable(profile: Profile) -> bool:
-    """True when at least one layer declares how it splits over tensor-parallel devices."""
-    return any(layer.tp is not None for layer in profile.layers)
-
-
-def refusal(profile: Profile, cluster: Cluster, num_devices: int, t: int) -> str:
-    """Why ``t`` cannot be used for ``profile`` on ``num_devices`` devices of ``cluster``
-    ("" when it can)."""
-    if t < 1:
-        return f"tensor-parallel degree {t} must be >= 1"
-    if t == 1:
-        return ""
-    if not splittable(profile):
-        return f"no layer of profile {profile.model!r} declares a tensor-parallel split (Layer.tp)"
-    per_node = min(cluster.devices_per_node, num_devices)
-    if per_node % t or num_devices % t:
-        return (
-            f"tensor-parallel degree {t} does not divide the {per_node} devices per node used "
-            f"(a tensor-parallel group stays inside one node)"
-        )
-    for layer in profile.layers:
-        if layer.tp is not None:
-            for size in layer.tp.must_divide:
-                if size % t:
-                    return f"tensor-parallel degree {t} does not divide {size} (layer {layer.name!r}: heads)"
-    return ""
-
-
-def candidate_degrees(profile: Profile, cluster: Cluster, num_devices: int, asked: Iterable[int] = ()) -> list[int]:
-    """The tensor-parallel degrees to search: ``asked`` (every one must be usable, else
-    :class:`PlannerInputError` says why), or every usable divisor of the devices per node."""
-    asked = sorted(set(asked))
-    if asked:
-        for t in asked:
-            why = refusal(profile, cluster, num_devices, t)
-            if why:
-                raise PlannerInputError(f"--tp {t}: {why}")
-        return asked
-    per_node = min(cluster.devices_per_node, num_devices)
-    return [t for t in range(1, per_node + 1) if not refusal(profile, cluster, num_devices, t)]
 
 
 def _line(fit: TimeFit, scale: float, collectives: int, fixed_ms: float, per_sample_ms: float) -> TimeFit:
@@ -267,42 +223,6 @@ def tensor_parallel_view(
     )
 
 
-def tensor_settings(profile: Profile, cluster: Cluster, num_devices: int, request: PlanRequest) -> Iterator[tuple[int, bool]]:
-    """The (tensor-parallel degree, sequence parallelism) pairs searched: every degree the
-    request and the profile allow; sequence parallelism is never slower and never larger under
-    the cost model (same collective time, every split cost / t), so where both are allowed only
-    "on" is searched."""
-    for t in candidate_degrees(profile, cluster, num_devices, request.tp_degrees):
-        for sp in ([max(request.sequence_parallel)] if t > 1 else [False]):
-            yield t, sp
-
-
-def device_groups(profile: Profile, cluster: Cluster, num_devices: int,
-                  request: PlanRequest) -> tuple[Cluster, list[DeviceGroup]]:
-    """The cluster the device views of a search over ``num_devices`` devices of ``cluster`` are
-    taken of (:func:`base_cluster`), and every group searched on them, every cp = 1 group first
-    (the incumbent a cp > 1 search prunes against), else in the order of the tensor-parallel
-    settings."""
-    base = base_cluster(cluster, num_devices)
-    tensor = list(tensor_settings(profile, base, num_devices, request))
-    experts = {t: candidate_expert_degrees(profile, base, num_devices, request.ep_degrees, request.etp_degrees, t)
-               for t, _ in tensor}
-    groups = sorted((DeviceGroup(tp_degree=t, cp_degree=cp, sequence_parallel=sp, ep_degree=ep, etp_degree=etp)
-                     for t, sp in tensor for cp in candidate_cp_degrees(profile, num_devices, t, request.cp_degrees)
-                     for ep, etp in experts[t] if num_devices % (t * cp * ep * etp // math.gcd(t * cp, ep * etp)) == 0),
-                    key=lambda g: g.cp_degree)
-    if not groups:
-        raise PlannerInputError(f"--cp {list(request.cp_degrees)}: no degree divides the {num_devices} devices with a "
-                                f"tensor-parallel degree searched")
-    return base, groups
-
-
-def base_cluster(cluster: Cluster, num_devices: int) -> Cluster:
-    """The cluster a view of ``num_devices`` devices is taken of: part of one node when they fit
-    in one, else the whole cluster."""
-    return cluster.with_devices(num_devices) if num_devices <= cluster.devices_per_node else cluster
-
-
 def stack_tp_view(profile: Profile, cluster: Cluster, tp_degree: int, sequence_parallel: bool, stack: Stack) -> Profile:
     """:func:`tensor_parallel_view` with ``stack``'s tensor-parallel overlap (what
     :func:`device_cost_model` prices) of the profile without its routed experts
@@ -333,9 +253,9 @@ def device_cost_model(
     experts = expert_view(ctx.profile, profile, cluster, group, stack)
     device, forced_workspace = forced_view(attention_view(experts, stack.attention_kernel, stack.attention_efficiency),
                                            ctx.profile)
-    offloading, offload_workspace = activation_offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
-    return CostModel(offloading, cluster, optimizer, group=group, stack=stack,
-                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace + offload_workspace)
+    offloaded = offload_view(device, host_link_gb_per_s(cluster), cluster.relative_speed)
+    return CostModel(offloaded.profile, cluster, optimizer, group=group, stack=stack, offload_optimizer=offloaded.optimizer_on_host,
+                     gather_bytes_per_sample=ctx.gather_bytes_per_sample + forced_workspace + offloaded.workspace_bytes_per_sample)
 
 
 def device_cost_models(profile: Profile, base: Cluster, optimizer: OptimizerKind, groups: Sequence[DeviceGroup],

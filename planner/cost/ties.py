@@ -29,6 +29,6 @@ def on_ranks(cm: CostModel, layout: Layout, boundaries: Sequence[int]) -> CostMo
     if not local:
         return cm
     out = CostModel(cm.profile, cm.cluster, cm.optimizer, group=cm.group, stack=cm.stack,
-                    gather_bytes_per_sample=cm.gather_bytes_per_sample)
+                    gather_bytes_per_sample=cm.gather_bytes_per_sample, offload_optimizer=cm.offload_optimizer)
     out.rank_local_ties = local
     return out

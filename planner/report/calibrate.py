@@ -58,8 +58,8 @@ from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESID
 from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Layer, Profile, TimeFit, TimePoint, profile_to_json
 from planner.artifacts.report import RunReport, relative_error
+from planner.cost.groups import refusal
 from planner.cost.offload import plan_profile
-from planner.cost.tensor_parallel import refusal
 from planner.report.resolve import match_report
 from planner.solve.build import rebuild_plan
 

@@ -40,7 +40,8 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.tensor_parallel import base_cluster, device_cost_model
+from planner.cost.groups import base_cluster
+from planner.cost.tensor_parallel import device_cost_model
 from planner.schedule import Held, held_counts
 from planner.solve import pipedream_baseline
 from planner.solve.build import Problem, memory_cap_bytes

@@ -19,8 +19,9 @@ from planner.artifacts.plan_summary import Prediction, Provenance
 from planner.artifacts.profile import Profile, profile_to_json
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, price_stage
+from planner.cost.groups import base_cluster
 from planner.cost.overheads import straggler_fraction
-from planner.cost.tensor_parallel import base_cluster, device_cost_model
+from planner.cost.tensor_parallel import device_cost_model
 from planner.cost.ties import on_ranks
 from planner.schedule import held_counts
 from planner.simulation.bounds import machine_bound_ms

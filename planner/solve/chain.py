@@ -17,7 +17,7 @@ from typing import Protocol
 
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 
 __all__ = ["ChainSolution", "PricedStages", "StageQuestion", "objective_microbatches"]
 
@@ -63,7 +63,7 @@ class StageQuestion:
 
     @property
     def fsdp(self) -> bool:
-        """ZeRO 3 over more than one rank (:func:`planner.cost.fsdp.is_fsdp`)."""
+        """ZeRO 3 over more than one rank (:func:`planner.cost.sharding.is_fsdp`)."""
         return is_fsdp(self.sharding)
 
     def stage_valid(self, start: int, stop: int) -> bool:

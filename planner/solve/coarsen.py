@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.graph import merge_layers
 from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
 from planner.solve.chain import ChainSolution
@@ -26,7 +26,7 @@ from planner.solve.settings import SETTINGS, SearchSettings
 def merged_model(cm: CostModel, starts: list[int]) -> CostModel:
     """``cm`` over groups of layers starting at ``starts``."""
     return CostModel(merge_layers(cm.profile, starts), cm.cluster, cm.optimizer, group=cm.group, stack=cm.stack,
-                     gather_bytes_per_sample=cm.gather_bytes_per_sample)
+                     gather_bytes_per_sample=cm.gather_bytes_per_sample, offload_optimizer=cm.offload_optimizer)
 
 
 def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> Candidate:

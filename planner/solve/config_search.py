@@ -26,7 +26,7 @@ import numpy as np
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import (
     Candidate,

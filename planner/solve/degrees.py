@@ -1,5 +1,5 @@
 """The degrees the search spans: each tensor- x context-parallel group a request's layouts may
-have (:func:`planner.cost.tensor_parallel.device_groups`, with the expert layout of a profile with
+have (:func:`planner.cost.groups.device_groups`, with the expert layout of a profile with
 routed experts) as a :class:`Degree`: its cost model and the bounds below every configuration of
 it (:mod:`planner.solve.search` searches them)."""
 

@@ -16,7 +16,7 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.schedule import Held, held_counts
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import least_largest, solve_chain

@@ -35,8 +35,9 @@ from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.plan_summary import ParetoPoint
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
+from planner.cost.groups import base_cluster
 from planner.cost.offload import offloadable_layers, offloaded_layers, optimizer_offloaded, with_offload
-from planner.cost.tensor_parallel import base_cluster, device_cost_model
+from planner.cost.tensor_parallel import device_cost_model
 from planner.solve.account import with_accounts
 from planner.solve.build import Problem, memory_cap_bytes, rebuild_plan
 from planner.solve.objectives import Budget

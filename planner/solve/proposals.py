@@ -10,7 +10,7 @@ import math
 
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.solve.candidates import Candidate, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain

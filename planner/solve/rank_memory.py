@@ -335,7 +335,8 @@ class RankMemory:
         ks = tuple(h.inflight for h in c.held())
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
-        floor = kappa * self.unique_params + cm.gathered_bytes(b, lay.num_stages) + min(ks) * saved_total
+        # context parallelism's gathered keys and values: one layer's per stage, live while it runs
+        floor = kappa * self.unique_params + lay.num_stages * cm.gather_bytes_per_sample * b + min(ks) * saved_total
         if floor > P * cap:
             out = M * (work + float(recompute_ms(curve, (floor - P * cap) / min(ks)))) / P
         return max(out, self.ranks_bound(c, key, fills))

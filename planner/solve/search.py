@@ -3,7 +3,7 @@ re-scored by the event simulator; the same search for every tensor-parallel degr
 
 Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one degree):
 
-- tensor-parallel degree t and sequence parallelism (:func:`planner.cost.tensor_parallel.tensor_settings`), and the
+- tensor-parallel degree t and sequence parallelism (:func:`planner.cost.groups.tensor_settings`), and the
   context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
   model of one device of a t-device group, cp such groups splitting each sequence
   (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
@@ -142,7 +142,7 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.tensor_parallel import device_groups
+from planner.cost.groups import device_groups
 from planner.solve.build import Problem
 from planner.solve.candidates import ChainSolver
 from planner.solve.ceiling import ChainBound, bound_chain

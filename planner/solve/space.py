@@ -35,7 +35,7 @@ from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp
+from planner.cost.sharding import is_fsdp
 from planner.schedule import Held, check_schedule_rules, held_counts
 from planner.solve.settings import SETTINGS, SearchSettings
 

@@ -25,7 +25,8 @@ import numpy as np
 from planner.artifacts.caches import Cache, OwnedCache
 from planner.artifacts.layout import Sharding
 from planner.cost import CostModel
-from planner.cost.fsdp import is_fsdp, working_set_matrix
+from planner.cost.fsdp import working_set_matrix
+from planner.cost.sharding import is_fsdp
 from planner.solve.prices.layers import LayerKinds, layers_of
 from planner.solve.recompute import INF, RecomputeChoice
 
