@@ -1,8 +1,9 @@
 """ZeRO in the runtime (planner.runtime.zero), in one process: the flat layout as a literal
 table, the shard update equal to the unsharded one bit for bit, ``ShardedState`` on a
-one-rank gloo group, the checkpoint's shard-count check, and the model-state figures of the
-RunReport. The multi-process numerics (D = 2) are in tests/test_runtime_numerics.py, the
-resume in tests/test_runtime_faults.py."""
+one-rank gloo group (ZeRO 3's I and W passes of a split backward too), the checkpoint's
+shard-count check, and the model-state figures of the RunReport. The multi-process numerics
+(D = 2) are in tests/test_runtime_numerics.py and tests/test_runtime_fsdp.py, the resume in
+tests/test_runtime_faults.py."""
 
 from __future__ import annotations
 
@@ -179,3 +180,39 @@ def test_report_predicts_model_state_from_the_plans_parameters() -> None:
     text = format_model_state(report)
     assert "ZeRO 2 (sharded: optimizer state and gradients)" in text and "x 16 B/param" in text
     assert "2596" in text and "2592" in text and "+0.2%" in text
+
+
+def test_zero3_split_backward_accumulates_each_w_apart(one_rank_group: dist.ProcessGroup) -> None:
+    """ZeRO 3 under a split backward (issue zbzero3), one rank: F0 F1 I0 I1 W1 W0 with torch's own
+    split (``stage_backward_input`` / ``stage_backward_weight``), each I inside ``input_pass`` and
+    each W inside ``weight_pass``; the weights are freed between the passes (and after the next
+    forward) and gathered back for each, and the reduced gradients equal one whole backward's."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+    plain = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    state = ShardedState(list(model.parameters()), one_rank_group, zero=3, grad_divisor=1)
+    state.attach(model)
+    xs = [torch.randn(2, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    state.start_iteration()
+    assert state.whole_param_bytes() == 0
+    outs = [model(x) for x in xs]
+    assert state.whole_param_bytes() == 0  # freed after each forward
+    groups = []
+    for x, out in zip(xs, outs):
+        with state.input_pass():
+            assert state.whole_param_bytes() > 0
+            _, kept = stage_backward_input([out], [torch.ones_like(out)], [x], iter(model.parameters()))
+            groups.append(kept)
+        assert state.whole_param_bytes() == 0 and all(p.grad is None for p in model.parameters())
+    for kept in reversed(groups):
+        with state.weight_pass():
+            stage_backward_weight(iter(model.parameters()), kept)
+        assert state.whole_param_bytes() == 0 and all(p.grad is None for p in model.parameters())
+    state.launch_sync()
+    state.wait_sync()
+    h = torch.tanh(torch.cat(xs).detach() @ plain[0].T + plain[1])
+    (h @ plain[2].T + plain[3]).sum().backward()
+    expected = flatten([p.grad for p in plain], state.layout)
+    assert state.master.grad is not None and torch.allclose(state.master.grad, expected, rtol=1e-12, atol=1e-15)

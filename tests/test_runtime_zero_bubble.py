@@ -5,7 +5,8 @@ the tied-embedding GPT, D = 2 with the all-reduce in buckets started from the gr
 which fire in the W passes) and P = 4, on gloo. ZB-H2 (sec. 3.2, no torch class) the same way at
 P = 2 and 4 (M below P too). ZBV (sec. 6) two chunks per rank in a V, at P = 2 (with and without
 recomputation, the tied GPT whose embedding and head share rank 0, D = 2 in buckets) and P = 4
-(eight chunks of a six-block GPT); and the bytes saved for backward against the plan, for
+(eight chunks of a six-block GPT), and ZeRO 2 with recomputation and AdamW at P = 2, D = 2 (ZeRO 3
+under these schedules: tests/test_runtime_fsdp.py); and the bytes saved for backward against the plan, for
 ``planner plan``'s own ZB-H1, ZB-H2 and ZBV plans run by the runtime at P = 2 and 4 (its report,
 in the same launches), and a ZB-H2 plan through ``planner run`` itself."""
 
@@ -75,6 +76,8 @@ def v_configs(schedule: str, prefix: str, world: int) -> list[dict]:
     return [
         _cfg(f"{prefix}-gpt6-P4-D1-rc", GPT6, 4, 1, schedule, True, boundaries=list(range(1, 8)), num_microbatches=8, **v2),
         _cfg(f"{prefix}-mlp-P2-D2-buckets", MLP, 4, 2, schedule, True, stack=SMALL_BUCKETS, **v2),
+        # ZeRO 2 under a split backward: the gradients accumulate over every W into the flat buffer
+        _cfg(f"{prefix}-mlp-P2-D2-zero2-rc", MLP, 4, 2, schedule, True, optimizer="adamw", zero=2, **v2),
     ]
 
 

@@ -411,6 +411,37 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
     assert both > 0
 
 
+def test_facts_built_for_a_search_hold_its_first_bounds_and_what_reaching_learns() -> None:
+    """:class:`ConfigFacts` built for a search's configurations holds each one's first bound (with
+    the fill or without) and the state share it is ordered by, as :meth:`ConfigFacts.bound` and
+    :meth:`ConfigFacts.state_floor_bytes` give them; :meth:`ConfigFacts.reached` is the memory bound
+    / zero-bubble fill where that rises above the bound a configuration was reached at (nothing
+    else worked out), else that bound with the busiest rank's floor against the limit (with
+    ``floors``). On a memory-bound GPT both happen."""
+    from planner.solve.floors import ConfigFacts, Reached
+    from planner.solve.space import all_configs
+
+    cm, request, cap, facts = _memory_bound_gpt(4)
+    configs = all_configs(cm, request, 4)
+    for fill in (False, True):
+        built = ConfigFacts(cm, request, cap, configs=configs, fill=fill, by_state=fill)
+        assert built.first_ms == [facts.bound(c, fill) for c in configs]
+        assert built.scales == ([facts.state_floor_bytes(c) for c in configs] if fill else [1.0] * len(configs))
+    rose = kept = 0
+    for c, lb in zip(configs, built.first_ms):
+        learned = facts.reached_bound(c, True, True)
+        for limit in (lb, 2 * lb, float("inf")):
+            got = facts.reached(c, lb, limit, 1.0, memory=True, fill=True, floors=True)
+            if learned > lb:
+                assert got == Reached(learned, -float("inf")), c
+                rose += 1
+            else:
+                assert got == Reached(lb, facts.busiest_rank_ms(c, 1.0, limit)), c
+                kept += 1
+            assert facts.reached(c, lb, limit, 1.0, memory=False, fill=False, floors=False) == Reached(lb, -float("inf"))
+    assert rose > 0 and kept > 0
+
+
 def test_best_time_on_all_the_devices_survives_a_context_parallel_winner() -> None:
     """A plan on fewer devices than were available
     records the best time found on all of them (``predicted.all_devices_ms``). A context-parallel

@@ -60,7 +60,8 @@ Checked with gloo on CPU, torch 2.13:
   gradients are reduce-scattered after the schedule and the weights all-gathered after the
   step, in place of the bucketed all-reduce. ZeRO 3: the same shard, the weights gathered
   around each micro-batch's forward and backward of the chunk and its gradients
-  reduce-scattered after each backward (``planner.runtime.zero``, t = 1). torch's own
+  reduce-scattered after each backward (``planner.runtime.zero``, t = 1); under a split backward
+  the chunk gathers them for each I and W and reduce-scatters each W's gradients when it ends. torch's own
   ``UNSHARD``/``RESHARD``/``REDUCE_GRAD`` actions are no-ops here: they act on FSDP modules only.
 """
 
@@ -79,6 +80,7 @@ from planner.runtime.recompute import RecomputeLedger, input_pass_in_two
 from planner.runtime.stage import StageModule
 from planner.runtime.stage_helpers import as_args, grad_examples, micro_loss
 from planner.runtime.trainer import RankTrainer
+from planner.runtime.zero import ShardedState
 
 __all__ = ["RankRunner", "TimedStage"]
 
@@ -88,9 +90,10 @@ class TimedStage(PipelineStage):
     ``timer``, and, when ``timer.emulated_ms`` is set, stretches each chunk to its profiled
     (fwd, bwd) time (see ``planner.runtime.emulate``)."""
 
-    def __init__(self, *args: Any, timer: ChunkTimer, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, timer: ChunkTimer, zero: ShardedState | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.timer = timer
+        self.zero = zero  # the chunk's ZeRO shard: ZeRO 3 gathers and scatters around each I and W
         self.fwd_sends = SendQueue()  # the copies of its outputs in flight
         self.bwd_sends = SendQueue()  # its input gradients in flight
         self._cut: Any = None  # the running input-gradient pass's cut (planner.runtime.recompute)
@@ -111,6 +114,14 @@ class TimedStage(PipelineStage):
         self.timer.bwd_start_s = start
         full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
         ledger = self._ledger()
+        # ZeRO 3, an I pass: the weights whole for it (the first stage's computes only to rebuild)
+        zero = None if full else self.zero
+        with zero.input_pass(not self.is_first or ledger is not None) if zero is not None else contextlib.nullcontext():
+            out = self._backward(bwd_chunk_id, full, ledger, *args, **kwargs)
+        finish_chunk(self.timer, start, 1 if full else 2)
+        return out
+
+    def _backward(self, bwd_chunk_id: int, full: bool, ledger: RecomputeLedger | None, *args: Any, **kwargs: Any) -> Any:
         if ledger is None:
             out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
         else:  # the stage's recomputed layers: once here, kept to W (planner.runtime.recompute)
@@ -122,17 +133,17 @@ class TimedStage(PipelineStage):
                 ledger.release(bwd_chunk_id)
             elif self.is_first:  # torch runs no I on the first stage: its recomputation runs here
                 ledger.rebuild(bwd_chunk_id)
-        finish_chunk(self.timer, start, 1 if full else 2)
         return out
 
     def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         """A zero-bubble schedule's W pass (torch's ``BACKWARD_WEIGHT``; on the first stage one
         whole backward, on the graphs its I rebuilt)."""
         start = time.perf_counter()
-        out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
         ledger = self._ledger()
-        if ledger is not None:
-            ledger.weight(bwd_chunk_id)
+        with self.zero.weight_pass() if self.zero is not None else contextlib.nullcontext():  # ZeRO 3: gathered, scattered
+            out = super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+            if ledger is not None:
+                ledger.weight(bwd_chunk_id)
         finish_chunk(self.timer, start, 3)
         return out
 
@@ -200,6 +211,7 @@ class RankRunner(RankTrainer):
                 output_args=grad_examples(example_out),
                 group=self.groups.pipeline,
                 timer=c.timer,
+                zero=c.zero,
             )
             for c, (example_in, example_out) in zip(self.chunks, examples, strict=True)
         ]

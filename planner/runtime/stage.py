@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.models.selective import set_selective
 from planner.profiling.measured.memory import saved_span, union_bytes
 from planner.profiling.measured.tensors import flatten
-from planner.runtime.memory import AllocatorProbe, ForwardRecord, SavedBytesMeter, storage_keys
+from planner.runtime.memory import AllocatorProbe, ForwardRecord, StageMeter, storage_keys
 from planner.runtime.recompute import RecomputeLedger
 from planner.runtime.tensor import local
 
@@ -60,7 +60,7 @@ class StageModule(nn.Module):
         self.offload = tuple(offload) or (False,) * len(layers)
         for layer, on in zip(self.layers, self.selective):
             set_selective(layer, on)
-        self.meter = SavedBytesMeter([*self.parameters(), *self.buffers()])
+        self.meter = StageMeter([*self.parameters(), *self.buffers()])
         self.metering = True  # saved-tensor hooks on; the engine turns them off after the first step
         self.probe: AllocatorProbe | None = None  # set by the runner for the metered step
         self.records: list[ForwardRecord] = []
@@ -71,6 +71,10 @@ class StageModule(nn.Module):
     def _recompute_hooks(self) -> contextlib.AbstractContextManager[Any]:
         """The meter around a recomputation in backward (what it rebuilds is held until W)."""
         return self.meter.hooks() if self.metering else contextlib.nullcontext()
+
+    def weights_moved(self) -> None:
+        """The parameters' storage was allocated anew (ZeRO 3 gathered them): the meter re-reads it."""
+        self.meter.weights_moved()
 
     def consumed(self, tensor: torch.Tensor) -> bool:
         """``tensor`` was an input of one of the stage's layers (a skip it also hands on): a

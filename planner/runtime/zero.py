@@ -55,7 +55,8 @@ sub-groups; so no all-reduce fallback is needed.
 ZeRO 3 (``zero=3``, :meth:`ShardedState.attach` to the chunk's module): the same flat shard
 and master, and during the schedule the parameters' storage is freed (``resize_(0)``, as FSDP
 frees its unsharded parameters) except while the chunk computes: a forward pre-hook all-gathers
-the weights into it, a forward hook frees it, a backward pre-hook gathers it again and gives
+the weights into it, a forward hook frees it, a hook on the chunk's outputs (when the backward
+reaches them) gathers it again and gives
 the parameters a fresh flat gradient buffer, and once every sharded parameter's gradient has
 been accumulated (post-accumulate-grad hooks) the buffer is reduce-scattered into the shard's
 gradient sum and freed, with the weights -- every micro-batch, so gradients and weights are
@@ -63,7 +64,15 @@ whole only inside the chunk's own forward or backward. The weights are copied in
 storage level, so the tensors autograd saved (the parameters, and views of them) see them
 again without a version bump. After the optimizer step the weights are gathered whole as in
 ZeRO 1/2 (checkpoints, tied exchanges and reports read ordinary tensors), and freed again when
-the next schedule starts. Why our flat shard rather than torch's ``fully_shard``: FSDP2 does
+the next schedule starts.
+
+Under a split backward (ZB-H1, ZB-H2, ZBV, DualPipe-V) a micro-batch's ``I`` (no parameter
+gradient) and ``W`` (all of them) run apart, other micro-batches' passes between them; hooks
+alone cannot tell them apart (one ``W`` reduce-scattered another's gradients: issue zbzero3), so
+the engine runs each inside :meth:`ShardedState.input_pass` (weights gathered, freed after, no
+buffer) or :meth:`ShardedState.weight_pass` (weights gathered and a fresh buffer before it,
+reduce-scattered and freed when it ends, the recomputed layers' ``W`` included): three gathers
+per micro-batch (F, I, W) instead of two. Why our flat shard rather than torch's ``fully_shard``: FSDP2 does
 run on gloo (torch 2.13, CPU: checked with 2 processes, forward and backward of a
 ``fully_shard`` model), but it makes every parameter a DTensor and, under
 ``torch.distributed.pipelining``, defers the reduce-scatter to the last micro-batch (whole
@@ -85,7 +94,8 @@ into the local shards.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +174,17 @@ def unflatten_into(flat: torch.Tensor, params: Sequence[torch.Tensor], layout: F
             shard.copy_(flat[start : start + n].view_as(shard))
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or tuples / lists / dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
 def _grad_view(param: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
     """``view`` as ``param``'s gradient: a DTensor of the parameter's placements for a
     tensor-parallel parameter (``view`` its local shard), else ``view`` itself."""
@@ -224,6 +245,8 @@ class ShardedState:
         self._sum: torch.Tensor | None = None  # ZeRO 3: the shard's reduced gradients, summed over micro-batches
         self._whole = True  # ZeRO 3: the parameters hold their weights
         self._ready = 0  # ZeRO 3: gradients accumulated in this backward
+        self._pass: str | None = None  # ZeRO 3 under a split backward: "input" or "weight" while one runs
+        self._moved: Callable[[], None] | None = None  # ZeRO 3: told when the weights were gathered anew
         #: ZeRO 3: the most bytes the parameters and master shard held when a forward of the
         #: chunk started inside the schedule (what the rank keeps between its uses of them)
         self.between_bytes_peak = 0
@@ -233,16 +256,76 @@ class ShardedState:
         """ZeRO 3: gather the weights around the chunk's forward and backward (module docstring)."""
         if self.zero != 3:
             return
+        self._moved = getattr(module, "weights_moved", None)  # a StageModule's meter re-reads the new storage
         module.register_forward_pre_hook(lambda _m, _a: self._materialise())
-        module.register_forward_hook(lambda _m, _a, _o: self._free_weights() if torch.is_grad_enabled() else None)
-        module.register_full_backward_pre_hook(lambda _m, _g: self._before_backward())
+        module.register_forward_hook(lambda _m, _a, out: self._after_forward(out) if torch.is_grad_enabled() else None)
         for param in self.params:
             param.register_post_accumulate_grad_hook(lambda _p: self._accumulated())
+
+    def _after_forward(self, output: Any) -> None:
+        """Free the weights; gather them again when the backward reaches the chunk's outputs: a
+        hook on each output tensor (its node's pre-hook, the first to fire once per backward).
+        Not ``register_full_backward_pre_hook``: that hands on its outputs as views of its own
+        node's, which torch's split backward cannot detach in place (``stage_backward_input``:
+        "Can't detach views in-place", a middle stage under ZBV or ZB-H1 at P > 2) and the engine
+        cannot free once sent (``planner.runtime.engine.deallocate_output``)."""
+        self._free_weights()
+        tensors = [t for t in _tensors(output) if t.requires_grad]
+        fired = [False]
+
+        def before(_grad: torch.Tensor) -> None:
+            if not fired[0]:
+                fired[0] = True
+                self._before_backward()
+
+        for t in tensors:
+            t.register_hook(before)
+
+    @contextlib.contextmanager
+    def input_pass(self, gather: bool = True) -> Iterator[None]:
+        """ZeRO 3 under a split backward: a micro-batch's input-gradient pass ``I`` (the engine's).
+        The weights are gathered for it (``gather``: the pass computes; the first stage's runs
+        nothing unless it rebuilds recomputed layers) and freed after it; no gradient buffer is
+        made (``I`` accumulates no parameter gradient: they come in the micro-batch's ``W``,
+        after other micro-batches' passes)."""
+        if self.zero != 3:
+            yield
+            return
+        if gather:
+            self._gather()
+        self._pass = "input"
+        try:
+            yield
+        finally:
+            self._pass = None
+            self._free_weights()
+
+    @contextlib.contextmanager
+    def weight_pass(self) -> Iterator[None]:
+        """ZeRO 3 under a split backward: a micro-batch's weight-gradient pass ``W`` (the
+        engine's; the stage's own W and its recomputed layers'). The weights are gathered and a
+        fresh flat gradient buffer given to the parameters before it; after it the buffer is
+        reduce-scattered into the shard's sum and freed, with the weights, as after a whole
+        backward."""
+        if self.zero != 3:
+            yield
+            return
+        self._pass = None
+        self._before_backward()
+        self._pass = "weight"
+        try:
+            yield
+        finally:
+            self._pass = None
+            self._scatter()
 
     def _materialise(self) -> None:
         if self._sum is not None and torch.is_grad_enabled():
             held = self.whole_param_bytes() + self.master.untyped_storage().nbytes()
             self.between_bytes_peak = max(self.between_bytes_peak, held)
+        self._gather()
+
+    def _gather(self) -> None:
         if self._whole:
             return
         flat = self._empty(self.layout.padded_numel)
@@ -252,6 +335,8 @@ class ShardedState:
             storage.resize_(n * param.element_size())
             storage.copy_(flat[start : start + n].clone().untyped_storage())  # no version bump
         self._whole = True
+        if self._moved is not None:
+            self._moved()
 
     def _free_weights(self) -> None:
         if self.zero != 3 or self._sum is None:  # outside the schedule the weights stay whole
@@ -261,6 +346,8 @@ class ShardedState:
         self._whole = False
 
     def _before_backward(self) -> None:
+        if self._pass is not None:  # a split backward's pass: the engine gathered for it (and made W's buffer)
+            return
         self._materialise()
         self._flat_grad = torch.zeros(self.layout.padded_numel, dtype=self.master.dtype, device=self.master.device)
         for param, start, n in zip(self.params, self.layout.offsets, self.layout.numels):
@@ -269,7 +356,7 @@ class ShardedState:
 
     def _accumulated(self) -> None:
         self._ready += 1
-        if self._ready == len(self.params):
+        if self._ready == len(self.params) and self._pass is None:  # a W pass is scattered when it ends
             self._scatter()
 
     def _scatter(self) -> None:

@@ -79,19 +79,18 @@ class ConfigSearch:
     def __init__(self, cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy) -> None:
         self.cm, self.request, self.where, self.policy = cm, request, where, policy
         self.num_groups, self.cap_bytes, self.settings = where.num_groups, where.cap_bytes, where.settings
-        self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp)
+        self.configs = configs = searched_configs(cm, request, where)
+        self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp, configs, policy.fill, policy.orders_by_state)
         # ZBV's and DualPipe-V's configurations share one DP (planner.solve.candidates.remembered)
         self.chain = where.chain_solver
         self.solved: Solved | None = {} if where.chain_solver is solve_chain else None
-        self.configs = configs = searched_configs(cm, request, where)
         # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
         # (worked out when the order reaches it) is higher goes back in (phase MEMORY), and so does
         # its ZeRO 3 variant when its own stage does not fit and ZeRO 3's bound is higher (phase FSDP);
         # the order is the bound, times the state's share of memory where the policy orders so (the ME objective)
-        self.scales = [self.facts.state_floor_bytes(c) if policy.orders_by_state else 1.0 for c in configs]
+        self.scales = self.facts.scales
         self.heap: list[tuple[float, tuple[object, ...], int, int, float]] = [
-            (lb * self.scales[i], c.sort_key, i, FRESH, lb)
-            for i, (c, lb) in enumerate((c, self.facts.bound(c, policy.fill)) for c in configs)]
+            (lb * self.scales[i], c.sort_key, i, FRESH, lb) for i, (c, lb) in enumerate(zip(configs, self.facts.first_ms))]
         heapq.heapify(self.heap)
         self.next_ms, self.done = self.next_bound(), not self.heap
         self.pruned = 0  # configurations skipped by their bound
@@ -127,15 +126,18 @@ class ConfigSearch:
             return
         c0 = self.configs[i]
         limit = self.limit(c0, lb)
-        if policy.prune and phase == FRESH and lb <= limit:
+        busiest = -INF
+        if policy.prune and lb <= limit:
             # the memory bound (and a zero-bubble configuration's fill, ConfigFacts.split_fill_ms),
-            # worked out only for configurations the order reaches: higher, the configuration goes
-            # back in its place
-            mem = facts.reached_bound(c0, memory=policy.tight and self.request.recompute, fill=policy.fill)
-            if mem > lb:
-                heapq.heappush(self.heap, (mem * self.scales[i], key, i, MEMORY, mem))
+            # worked out only for configurations the order reaches (when first reached): higher, the
+            # configuration goes back in its place; else its busiest rank's floor (with tight)
+            fresh = phase == FRESH
+            seen = facts.reached(c0, lb, limit, self.where.slack, memory=fresh and policy.tight and self.request.recompute,
+                                 fill=fresh and policy.fill, floors=policy.tight)
+            if seen.bound_ms > lb:
+                heapq.heappush(self.heap, (seen.bound_ms * self.scales[i], key, i, MEMORY, seen.bound_ms))
                 return
-        busiest = facts.busiest_rank_ms(c0, self.where.slack, limit) if policy.prune and policy.tight and lb <= limit else -INF
+            busiest = seen.busiest_ms
         if policy.prune and (lb > limit or busiest > limit):
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a

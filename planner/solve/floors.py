@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -140,15 +142,31 @@ def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
     return float(np.max(prefix[k] - prefix[k - q], initial=0.0)) * (1 - 1e-9)
 
 
+@dataclass(frozen=True, slots=True)
+class Reached:
+    """What the search's order learns of a configuration when it reaches it
+    (:meth:`ConfigFacts.reached`): its bound now, and, where that did not rise, its busiest rank's
+    floor (what it must beat decides whether it is skipped)."""
+
+    bound_ms: float  # the bound it was reached at, or its memory bound / zero-bubble fill where higher
+    busiest_ms: float  # ConfigFacts.busiest_rank_ms; -inf where not asked, or where the bound rose
+
+
 class ConfigFacts:
     """Everything the search asks about a configuration before and beside solving it, for one
     cost model ``cm`` (the searched one: over groups of layers on a long profile), ``request``
     and per-device ``cap_bytes``; ``fsdp``: the ZeRO 3 variants are solved too
     (:meth:`variants`). Each figure is worked out once (per configuration, or per shape it
     depends on); the stage tables are shared by every configuration with the same micro-batch
-    size, chunks per rank and sharding."""
+    size, chunks per rank and sharding.
 
-    def __init__(self, cm: CostModel, request: PlanRequest, cap_bytes: float, fsdp: bool = True) -> None:
+    ``configs``: the configurations a search visits, whose first bounds are worked out with the
+    facts (:attr:`first_ms`: :meth:`bound`, with ``fill``) and, with ``by_state``, the state's
+    share of memory each is ordered by (:attr:`scales`: :meth:`state_floor_bytes`; 1.0 each
+    without)."""
+
+    def __init__(self, cm: CostModel, request: PlanRequest, cap_bytes: float, fsdp: bool = True,
+                 configs: Sequence[Config] = (), fill: bool = False, by_state: bool = False) -> None:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
@@ -160,6 +178,8 @@ class ConfigFacts:
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
+        self.first_ms = [self.bound(c, fill) for c in configs]  # per configuration of ``configs``
+        self.scales = [self.state_floor_bytes(c) if by_state else 1.0 for c in configs]
 
     def bound(self, c: Config, fill: bool) -> float:
         """:func:`config_lower_bound_ms`; with ``fill`` also the fill of a one-chunk GPipe /
@@ -195,6 +215,17 @@ class ConfigFacts:
         configuration's fill (:meth:`split_fill_ms`), the larger; each worked out only then."""
         mem = self.memory_bound(c) if memory else 0.0
         return max(mem, self.split_fill_ms(c) if fill else 0.0)
+
+    def reached(self, c: Config, lb: float, limit: float, slack: float, *, memory: bool, fill: bool,
+                floors: bool) -> Reached:
+        """What the search's order learns of ``c``, reached at bound ``lb`` (at most ``limit``,
+        what it must beat): its :meth:`reached_bound` (``memory``, ``fill``) where higher than
+        ``lb`` (it goes back in the order), else, with ``floors``, its busiest rank's floor
+        against ``limit`` (:meth:`busiest_rank_ms`, with the check's ``slack``)."""
+        bound = self.reached_bound(c, memory, fill)
+        if bound > lb:
+            return Reached(bound, -math.inf)
+        return Reached(lb, self.busiest_rank_ms(c, slack, limit) if floors else -math.inf)
 
     def busiest_rank_ms(self, c: Config, slack: float, limit: float) -> float:
         """The busiest rank's floor of ``c`` as the search's skipping compares it with ``limit``: its

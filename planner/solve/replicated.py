@@ -81,7 +81,9 @@ class _Pricing:
     def times(self, n: int, d: int) -> np.ndarray:
         key = (n, d)
         if key not in self._t:
-            self._t[key] = self.tables[d].table(_inflight(self.schedule, self.m, n, d), self.limits[d])
+            table = self.tables[d]
+            at = (_inflight(self.schedule, self.m, n, d), table.cap)
+            self._t[key] = table.tables([at], self.limits[d])[at]
         return self._t[key]
 
     def extra(self, n: int, d: int) -> np.ndarray:

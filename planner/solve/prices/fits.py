@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Self, TypeVar
 
 import numpy as np
@@ -73,6 +73,7 @@ class Entries:
             self.longest.pop((*at, recompute), None)
 
 
+@dataclass(slots=True)
 class RecentEntries:
     """The entries per ``(inflight, cap)`` of several stage tables (bases, tables, fit
     masks, recompute choices, cap views: a few matrices each), least recently used first, of which
@@ -84,9 +85,9 @@ class RecentEntries:
     Forgetting happens only between solves (:meth:`StageFits.settle`, at the start of each
     :func:`planner.solve.chain_dp.solve_chain`: :meth:`StageFits.chain_fits`), since a solve reads its entries until it returns."""
 
-    def __init__(self, keep: int = 32) -> None:
-        self.keep = keep
-        self._order: dict[tuple[int, tuple[int, float]], Entries] = {}  # by (entries, at), oldest first
+    keep: int = 32
+    #: by (entries, at), oldest first
+    _order: dict[tuple[int, tuple[int, float]], Entries] = field(default_factory=dict)
 
     def touch(self, entries: Entries, at: tuple[int, float]) -> None:
         key = (id(entries), at)
