@@ -89,11 +89,12 @@ def check_import(model: str, reference: Path, counts: tuple[int, int]) -> str | 
 
 def drawn_checks(reference: Path) -> dict[str, Callable[[], bool]]:
     """The drawn cases (module docstring), each a check returning whether it holds."""
+    from planner.schedule import held_counts
     from planner.solve.build import rebuild_plan
-    from planner.solve.candidates import stage_recompute
     from planner.solve.chain_dp import solve_chain
-    from planner.solve.partitions import pipedream_split
     from planner.solve.pipedream_baseline import choose
+    from planner.solve.proposals import stage_recompute
+    from planner.solve.replicated_search import pipedream_split
     from planner.solve.search import search_plan
     from planner.solve.space import Config
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, plan_or_refusal
@@ -109,8 +110,9 @@ def drawn_checks(reference: Path) -> dict[str, Callable[[], bool]]:
         layout = Layout(num_stages=len(reps), stage_replicas=reps)
         config = Config(layout, b0, 24, ScheduleKind.ONE_F_ONE_B)
         stops = list(bounds[1:]) + [cm.num_layers]
+        held = held_counts(config.schedule, config.layout, config.num_microbatches)
         rc = [stage_recompute(cm, a, z, b0, k, 0.9 * cluster.device_memory_bytes, config, s)[0]
-              for s, (a, z, k) in enumerate(zip(bounds, stops, tuple(h.inflight for h in config.held())))]
+              for s, (a, z, k) in enumerate(zip(bounds, stops, tuple(h.inflight for h in held)))]
         theirs = rebuild_plan(alexnet, cluster, req, layout=layout, boundaries=bounds, recompute=rc, microbatch_size=b0,
                               schedule=ScheduleKind.ONE_F_ONE_B, solver=SolverKind.GIVEN)
         return len(set(reps)) > 1 and plan(alexnet, cluster, req).predicted.iteration_ms <= \

@@ -2,7 +2,7 @@
 
 PipeDream's optimizer (Narayanan et al., SOSP'19, sec. 3.1) gives each stage its own number
 of copies (micro-batches go round-robin over a stage's copies) and minimises the slowest
-stage. ``planner.solve.partitions.pipedream_split`` reimplements it on our cost model's
+stage. ``planner.solve.replicated_search.pipedream_split`` reimplements it on our cost model's
 chain. This benchmark takes its split on PipeDream's own vgg16 and alexnet profiles (read from
 ``--reference``, never copied into the repository) at 8 and 16 V100-16GB (the
 ``v100-16gb-2x8`` preset grown to N, 8 per server), with free copy counts, and:
@@ -12,7 +12,7 @@ chain. This benchmark takes its split on PipeDream's own vgg16 and alexnet profi
    that is >= N, so every stage's copies take the same number of micro-batches;
 2. prices PipeDream's split as a plan: micro-batch ``b0``, M micro-batches, 1F1B (PipeDream's
    own schedule), on each stage the least recomputation that fits under the memory cap
-   (``planner.solve.candidates.fixed_split`` at each stage's in-flight count), simulated by
+   (``planner.solve.proposals.fixed_split`` at each stage's in-flight count), simulated by
    ``planner.solve.build.build_plan``; where no recomputation makes a stage fit (PipeDream's
    own memory check ignores weights and optimizer state and is off by default), it and ours
    are priced with the memory cap lifted as well (like for like), and labelled so;
@@ -67,10 +67,10 @@ from planner.cost import CostModel
 from planner.profiling.imported.pipedream import import_pipedream
 from planner.solve import plan
 from planner.solve.build import Problem, build_plan, memory_cap_bytes
-from planner.solve.candidates import fixed_split
-from planner.solve.partitions import pipedream_split
 from planner.solve.pipedream_baseline import MAX_STATES
 from planner.solve.pipedream_optimizer import TooManyStates
+from planner.solve.proposals import fixed_split
+from planner.solve.replicated_search import pipedream_split
 from planner.solve.space import Config
 
 MODELS = ("vgg16", "alexnet")

@@ -15,14 +15,14 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
-from planner.solve.build import Problem
+from planner.schedule import held_counts
+from planner.solve.build import Problem, build_best
 from planner.solve.candidates import Candidate, fits, simulated, solve_config, stage_needs
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, to_layers
 from planner.solve.prices import StageTable
 from planner.solve.proposals import rebalanced
-from planner.solve.select import build_best
 from planner.solve.space import Config
 from tests.chains import chain_profile, small_cluster
 
@@ -34,7 +34,7 @@ def _setup() -> tuple[CostModel, Config, float]:
               for _ in range(8)]
     cm = CostModel(chain_profile(layers), small_cluster(2), stack=STACKS["none"])
     c = Config(Layout(num_stages=4, virtual_stages_per_rank=2), 1, 8, ScheduleKind.INTERLEAVED_1F1B)
-    ks = tuple(h.inflight for h in c.held())
+    ks = tuple(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))
     assert ks[0] > ks[2]  # rank 0's first chunk holds more micro-batches than its second
     need = [cm.stage_memory(2 * s, 2 * s + 2, (), 1, ks[s]).total_bytes for s in range(4)]
     # every rank fits without recomputation, with 2% to spare (the shares are rounded down to 1/256 of the cap)
@@ -76,7 +76,7 @@ def _grouped() -> tuple[CostModel, CostModel, list[int], Config, float]:
     cm = CostModel(chain_profile(layers), small_cluster(2), stack=STACKS["none"])
     starts = list(range(0, 16, 2))
     c = Config(Layout(num_stages=4, virtual_stages_per_rank=2), 1, 8, ScheduleKind.INTERLEAVED_1F1B)
-    ks = tuple(h.inflight for h in c.held())
+    ks = tuple(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))
     need = [cm.stage_memory(4 * s, 4 * s + 4, (), 1, ks[s]).total_bytes for s in range(4)]
     return cm, merged_model(cm, starts), starts, c, 0.7 * max(need[0] + need[2], need[1] + need[3])
 

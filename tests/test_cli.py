@@ -248,7 +248,7 @@ def test_the_nccl_term_says_why_it_is_negative():
 
 def test_moe_plan_without_zero_bubble_schedules_has_no_traceback(tmp_path):
     """Qwen3-30B-A3B on 16 H100s with the schedules named (no zero bubble): the search tries an
-    HSDP candidate at a lower ZeRO stage (``select.least_zero``), which raised a ValueError
+    HSDP candidate at a lower ZeRO stage (``build.least_zero``), which raised a ValueError
     (``shard_group_size 4 needs ZeRO 3``) until ``Config.with_zero`` dropped its shard groups;
     now a plan, exit 0."""
     prof = tmp_path / "q30.json"

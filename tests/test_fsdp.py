@@ -201,25 +201,41 @@ def test_least_cap_is_where_the_solver_starts_to_fit(layers, stages, microbatche
 
 def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -> None:
     """The time objective tries a chosen ZeRO 3 candidate at the lower stages the request allows
-    (:func:`planner.solve.select.least_zero`); an HSDP candidate's shard groups go with ZeRO 3
+    (:func:`planner.solve.build.least_zero`); an HSDP candidate's shard groups go with ZeRO 3
     (a layout keeps them only under it), as the full published-runs table needs for torchtitan's
     Llama 2 70B on 64 A100s, which raised before."""
     from planner.artifacts.cluster import PRESETS
     from planner.profiling.analytic.gpt import gpt_profile
+    from planner.solve.build import least_zero
     from planner.solve.candidates import Candidate
     from planner.solve.chain import ChainSolution
-    from planner.solve.select import least_zero
     from planner.solve.space import Config
 
     cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=4)
     cm = CostModel(gpt_profile(layers=2, hidden=1024, heads=8, seq=512, vocab=1000, device_preset="a100-80gb"), cluster)
     hsdp = Config(Layout(num_stages=1, dp_degree=32, zero=ZeroStage.PARAMETERS, shard_group_size=8), 1, 1,
                   ScheduleKind.ONE_F_ONE_B)
-    assert hsdp.with_zero(ZeroStage.PARAMETERS).layout.shard_group_size == 8
-    assert hsdp.with_zero(ZeroStage.OPTIMIZER).layout.shard_group_size == 0
+    assert hsdp.zero_variants(8).by_stage[ZeroStage.PARAMETERS].layout.shard_group_size == 8
+    assert hsdp.zero_variants(8).by_stage[ZeroStage.OPTIMIZER].layout.shard_group_size == 0
     solution = ChainSolution(objective_ms=0.0, boundaries=(0,), recompute=((),), stage_times_ms=(0.0,), exact=True)
     got = least_zero(cm, PlanRequest(global_batch=32, zero_stages=(0, 1, 2, 3)), Candidate(hsdp, solution), 1e15)
     assert got.config.layout.zero < ZeroStage.PARAMETERS and got.config.layout.shard_group_size == 0
+
+
+def test_a_configurations_zero_variants_are_one_record_kept_on_it() -> None:
+    """``Config.zero_variants``: the configuration at each ZeRO stage (below ZeRO 3 without shard
+    groups, ZeRO 3 keeping its own) and under HSDP (a node's share of each gradient group; None where
+    the group fits in a node), worked out once per node size and kept on the configuration."""
+    from planner.solve.space import Config
+
+    c = Config(Layout(num_stages=2, dp_degree=16, zero=ZeroStage.GRADIENTS), 1, 8, ScheduleKind.ONE_F_ONE_B)
+    at = c.zero_variants(8)
+    assert [v.layout.zero for v in at.by_stage] == list(ZeroStage) and at.by_stage[ZeroStage.GRADIENTS] is c
+    assert all(v.layout.shard_group_size == 0 and (v.layout.dp_degree, v.layout.num_stages) == (16, 2) for v in at.by_stage)
+    assert at.hsdp is not None and at.hsdp.layout.zero is ZeroStage.PARAMETERS and at.hsdp.layout.shard_group_size == 8
+    assert c.zero_variants(8) is at and c.zero_variants(32) is not at and c.zero_variants(32).hsdp is None
+    hsdp = at.hsdp.zero_variants(8)
+    assert hsdp.by_stage[ZeroStage.PARAMETERS] is at.hsdp and hsdp.by_stage[ZeroStage.OPTIMIZER].layout.shard_group_size == 0
 
 
 def test_a_configurations_fields_are_its_own_and_its_variants() -> None:
@@ -235,7 +251,7 @@ def test_a_configurations_fields_are_its_own_and_its_variants() -> None:
     assert configs and all(c.fsdp_searched == (c.layout.dp_degree > 1) for c in configs)
     c = next(c for c in configs if c.layout.dp_degree > 1 and c.layout.zero is ZeroStage.OPTIMIZER)
     for z in (ZeroStage.NONE, ZeroStage.PARAMETERS):
-        v = c.with_zero(z)
+        v = c.zero_variants(8).by_stage[z]
         assert v.sort_key == c.sort_key[:4] + (int(z),) + c.sort_key[5:] and v.fsdp_searched
         assert (v.pipeline_size, v.num_groups) == (c.layout.pipeline_size, c.layout.num_groups)
     smaller = dataclasses.replace(c, microbatch_size=2 * c.microbatch_size)

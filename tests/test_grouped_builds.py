@@ -40,18 +40,18 @@ def test_layer_floors_are_below_every_plan_of_the_configuration(case: tuple[int,
     over the layers and its peak at least its memory floor; on draw 17's case (8 V100s, 2 GiB,
     a stage at 70) the floors of the chosen plan's configuration are 49.34 ms and 66.0 MB
     against 64.96 ms and 93.9 MB."""
-    from planner.solve import select
+    from planner.solve import build
 
     profile, cluster, request = _resnet(*case)
     built: list[tuple[CostModel, Candidate, Plan]] = []
-    real = select.plan_of
+    real = build.plan_of
 
     def capturing(problem: Problem, cm: CostModel, cand: Candidate) -> Plan:
         p = real(problem, cm, cand)
         built.append((cm, cand, p))
         return p
 
-    monkeypatch.setattr(select, "plan_of", capturing)
+    monkeypatch.setattr(build, "plan_of", capturing)
     search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=EXHAUSTIVE)
     assert len(built) > 100
     floors: dict[tuple[int, int], LayerFloors] = {}

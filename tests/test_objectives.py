@@ -94,19 +94,19 @@ def test_memory_objective_pruned_to_its_budget_chooses_the_unpruned_plan(seed: i
 def test_memory_objective_with_a_time_budget_prunes_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a time budget the memory objective keeps what lies within it (or, with none within
     it, the fastest): the unpruned search's plan, from fewer plans built."""
-    from planner.solve import select
+    from planner.solve import build
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _chosen, _random_case
 
     profile, cluster, request = _random_case(18)
     fastest = search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain)
     built = {"n": 0}
-    real = select.build_plan
+    real = build.build_plan
 
     def counting(*args: object, **kwargs: object) -> Plan:
         built["n"] += 1
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(select, "build_plan", counting)
+    monkeypatch.setattr(build, "build_plan", counting)
     for budget in (fastest.predicted.iteration_ms * 1.02, fastest.predicted.iteration_ms * 0.5):
         lean = dataclasses.replace(request, objective=Objective.MEMORY, time_budget_ms=budget)
         runs, counts = [], []
@@ -181,13 +181,13 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
     """The pruned ME search solves fewer configurations and builds fewer plans than its search
     without pruning, for the same plan, index, reference and best time on all the devices (drawn
     case 14: the check of test_me_objective_pruned_chooses_the_unpruned_plan on it)."""
-    from planner.solve import config_search, select
+    from planner.solve import build, config_search
     from tests.test_search_pruning import EXHAUSTIVE, PRUNED, _random_case
 
     profile, cluster, request = _random_case(14)
     request = dataclasses.replace(request, objective=Objective.ME)
     counts = {"built": 0, "solved": 0}
-    real_build, real_solve = select.build_plan, config_search.solve_config
+    real_build, real_solve = build.build_plan, config_search.solve_config
 
     def building(*args: object, **kwargs: object) -> Plan:
         counts["built"] += 1
@@ -197,7 +197,7 @@ def test_me_objective_prunes_configurations_and_plans(monkeypatch: pytest.Monkey
         counts["solved"] += 1
         return real_solve(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(select, "build_plan", building)
+    monkeypatch.setattr(build, "build_plan", building)
     monkeypatch.setattr(config_search, "solve_config", solving)
     runs, seen = [], []
     for settings in (EXHAUSTIVE, PRUNED):
@@ -313,7 +313,7 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
     pruning builds: the configuration's state floor and memory floor are at most the plan's
     peak memory, its largest stage's peak at most it, and its busiest rank's chunks' peaks
     summed at least it (the incumbent's product is never below a plan's)."""
-    from planner.solve import select
+    from planner.solve import build
     from planner.solve.candidates import busiest_rank, stage_needs
     from planner.solve.floors import ConfigFacts
     from planner.solve.objectives import BYTES_SLACK
@@ -321,14 +321,14 @@ def test_me_memory_floors_are_below_every_plans_peak(seed: int | str, monkeypatc
 
     profile, cluster, request = _me_case(seed)
     built: list[tuple[object, object, Plan]] = []
-    real = select.plan_of
+    real = build.plan_of
 
     def capturing(problem: object, cm: object, cand: object) -> Plan:
         p = real(problem, cm, cand)  # type: ignore[arg-type]
         built.append((cm, cand, p))
         return p
 
-    monkeypatch.setattr(select, "plan_of", capturing)
+    monkeypatch.setattr(build, "plan_of", capturing)
     search_plan(profile, cluster, request, solver=SolverKind.DP, chain_solver=solve_chain, settings=EXHAUSTIVE)
     assert len(built) > 10
     floored = 0
@@ -387,6 +387,24 @@ def test_one_policy_per_objective() -> None:
     assert rules["me"].budget is None and rules["me"].me_state is me.state and rules["me"].incumbent is me.incumbent
     assert me.state is not None and rules["me"].built is me.state.built is rules["grouped_me"].built
     assert rules["grouped_me"].me_state is None
+    # ... with the passes under tighter caps, one per cap fraction, each with a fresh policy of its
+    # own: the time objective's over its best configurations, nothing pruned, none on a degree that
+    # prunes by time; the memory objective's pruned to its budget from the fastest plan built (seeded);
+    # the ME objective's against the same state and incumbent
+    fractions = SETTINGS.memory_cap_fractions
+    assert not time.builds(10.0, 2, SETTINGS).tighter
+    for name in rules:
+        assert tuple(t.cap_fraction for t in rules[name].tighter) == fractions
+    passes = rules["time"].tighter
+    assert all(isinstance(t.policy, TimePolicy) and not t.policy.prune and not t.seeded and not t.fsdp
+               and t.config_limit == SETTINGS.pareto_configs and t.builds == 2 for t in passes)
+    assert passes[0].policy is not passes[1].policy and passes[0].policy.incumbent is not passes[1].policy.incumbent
+    assert all(isinstance(t.policy, MemoryPolicy) and t.policy.prune and t.seeded and t.policy.budget == memory.budget
+               and t.policy.incumbent.best == float("inf") and t.config_limit is None and t.fsdp for t in rules["memory"].tighter)
+    unpruned = MemoryPolicy(memory.budget, prune=False).builds(10.0, 1, SETTINGS).tighter
+    assert all(not t.seeded and not t.policy.prune for t in unpruned)
+    assert all(isinstance(t.policy, MePolicy) and t.policy.state is me.state and t.policy.incumbent is me.incumbent
+               and not t.seeded for t in rules["me"].tighter)
     scored = [(t, None) for t in (10.0, 10.5, 11.5)]
     kept, within = memory.budget.within(scored, float("inf"), None)  # type: ignore[arg-type]
     assert [t for t, _ in kept] == [10.0, 10.5] and within == pytest.approx(11.0)

@@ -180,9 +180,9 @@ def test_hsdp_gathers_inside_the_node_and_all_reduces_across_nodes() -> None:
     # the search's lower-ZeRO candidate of an HSDP configuration (least_zero) is plain ZeRO 1 over
     # the group, not an invalid layout (GPT-OSS 120B's own plan once stopped with this ValueError)
     c = Config(layout=hsdp, microbatch_size=1, num_microbatches=4, schedule=ScheduleKind.ONE_F_ONE_B)
-    assert c.with_zero(ZeroStage.OPTIMIZER).layout.shard_group_size == 0
-    assert c.with_zero(ZeroStage.OPTIMIZER).layout.zero is ZeroStage.OPTIMIZER
-    assert c.with_zero(ZeroStage.PARAMETERS).layout == hsdp
+    assert c.zero_variants(8).by_stage[ZeroStage.OPTIMIZER].layout.shard_group_size == 0
+    assert c.zero_variants(8).by_stage[ZeroStage.OPTIMIZER].layout.zero is ZeroStage.OPTIMIZER
+    assert c.zero_variants(8).by_stage[ZeroStage.PARAMETERS].layout == hsdp
     assert plan_from_json(plan_to_json(plan(prof, cluster, PlanRequest(global_batch=32, zero_stages=(3,), tp_degrees=(1,),
                                                                        cp_degrees=(1,), max_stages=1)))).layout.zero is ZeroStage.PARAMETERS
 

@@ -15,16 +15,15 @@ from planner.artifacts.kinds import SolverKind, ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.artifacts.request import PlanRequest, ScheduleKind
 from planner.cost import CostModel
-from planner.schedule import build_replicated_schedule, inflight_counts, validate_schedule
+from planner.schedule import build_replicated_schedule, held_counts, inflight_counts, validate_schedule
 from planner.simulation import simulate
 from planner.solve import plan
 from planner.solve.bruteforce import best_stage
 from planner.solve.build import rebuild_plan
-from planner.solve.candidates import stage_recompute
-from planner.solve.partitions import pipedream_split
 from planner.solve.prices import StageTable
+from planner.solve.proposals import stage_recompute
 from planner.solve.replicated import solve_replicated
-from planner.solve.replicated_search import replica_counts
+from planner.solve.replicated_search import pipedream_split, replica_counts
 from tests.chains import chain_profile, layer_dicts, small_cluster
 
 KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -159,8 +158,9 @@ def test_ours_at_least_as_fast_as_pipedreams_replicated_split_on_a_cnn():
     layout = Layout(num_stages=len(reps), stage_replicas=reps)
     config = Config(layout, b0, 24, ScheduleKind.ONE_F_ONE_B)
     stops = list(bounds[1:]) + [cm.num_layers]
+    held = held_counts(config.schedule, config.layout, config.num_microbatches)
     chosen = [stage_recompute(cm, a, z, b0, k, 0.9 * cluster.device_memory_bytes, config, s)
-              for s, (a, z, k) in enumerate(zip(bounds, stops, tuple(h.inflight for h in config.held())))]
+              for s, (a, z, k) in enumerate(zip(bounds, stops, tuple(h.inflight for h in held)))]
     rc = [c[0] for c in chosen]  # graph.txt profiles have no attention core: no selective level
     theirs = rebuild_plan(prof, cluster, req, layout=layout, boundaries=bounds, recompute=rc, microbatch_size=b0,
                           schedule=ScheduleKind.ONE_F_ONE_B, solver=SolverKind.GIVEN)

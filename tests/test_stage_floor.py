@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from planner.artifacts.plan import dumps_plan
+from planner.schedule import held_counts
 from planner.solve.candidates import solve_config
 from planner.solve.chain_dp import solve_chain
 from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
@@ -66,10 +67,11 @@ def test_floor_is_below_every_proposals_busiest_stage(monkeypatch: pytest.Monkey
             if config.layout.virtual_stages_per_rank > 1:
                 continue
             table = facts.table_of(config)
+            held = held_counts(config.schedule, config.layout, config.num_microbatches)
             busiest = max(sol.stage_times_ms)
-            assert not busiest_stage_above(table, table_curve(table), config.held(), busiest), (config, sol)
+            assert not busiest_stage_above(table, table_curve(table), held, busiest), (config, sol)
             checked += 1
-            slower = busiest_stage_above(table, table_curve(table), config.held(), busiest * 0.9)
+            slower = busiest_stage_above(table, table_curve(table), held, busiest * 0.9)
             above += slower
             above_split += slower and config.schedule.splits_backward
     assert checked > 300
@@ -84,7 +86,7 @@ def test_witness_of_a_plan_is_never_wrong() -> None:
     for _, _, _, _, facts, c in _one_chunk_configs():
         for v in facts.variants(c):
             table = facts.table_of(v)
-            held = v.held()
+            held = held_counts(v.schedule, v.layout, v.num_microbatches)
             counts = tuple(h.conservative for h in held) if v.schedule.splits_backward else held
             sol = solve_config(solve_chain, table, v)
             solvable += sol is not None
@@ -119,10 +121,10 @@ def test_search_skips_hopeless_configurations_and_keeps_its_plan(monkeypatch: py
 
 
 def test_baseline_partitions_left_out_are_those_the_check_drops() -> None:
-    """:func:`~planner.solve.candidates.alternatives` given what the search's check lets through
+    """:func:`~planner.solve.proposals.alternatives` given what the search's check lets through
     leaves out exactly the partitions whose proposal the check would drop (``M x`` its busiest
     stage above it), each before its recomputation is chosen; the others are the same proposals."""
-    from planner.solve.candidates import alternatives
+    from planner.solve.proposals import alternatives
 
     left_out = kept = 0
     for cm, request, _, cap, _, c in _one_chunk_configs():

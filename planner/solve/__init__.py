@@ -17,9 +17,10 @@ Modules, in the order the search uses them: :mod:`.settings` (tuning constants),
 stage tables: what every stage costs and whether it fits), one configuration's optimum by
 :mod:`.chain_dp` (the DP's recurrence over the tables) or by the oracles :mod:`.ilp` /
 :mod:`.bruteforce` (priced from the cost model directly), :mod:`.recompute` (the per-stage
-knapsack), :mod:`.candidates` (solving and scoring configurations), :mod:`.replicated` /
-:mod:`.replicated_search` (per-stage replication), :mod:`.coarsen` (long profiles), :mod:`.build`
-(a Plan from a partition), :mod:`.select` (the chosen plan, the Pareto front), :mod:`.search`
+knapsack), :mod:`.candidates` (solving and scoring configurations), :mod:`.proposals` (what a solved
+configuration proposes beside its optimum), :mod:`.replicated` / :mod:`.replicated_search`
+(per-stage replication), :mod:`.coarsen` (long profiles), :mod:`.build` (a Plan from a
+partition; the best candidates' plans), :mod:`.select` (the chosen plan, the Pareto front), :mod:`.search`
 (all of it), :mod:`.infeasible` (why nothing fits), :mod:`.forced` (recomputation forced on
 every block), :mod:`.relax` (less recomputation where the chosen plan has room), :mod:`.account`
 (the chosen plan's overhead terms and band).

@@ -44,14 +44,14 @@ from planner.cost.groups import base_cluster
 from planner.cost.tensor_parallel import device_cost_model
 from planner.schedule import Held, held_counts
 from planner.solve import pipedream_baseline
-from planner.solve.build import Problem, memory_cap_bytes
+from planner.solve.build import Problem, build_best, memory_cap_bytes
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.held import held_memory
 from planner.solve.layout_search import refuse_unmeetable
 from planner.solve.partitions import partition_by
 from planner.solve.search import num_devices_of
-from planner.solve.select import build_best, select
+from planner.solve.select import select
 from planner.solve.settings import SETTINGS
 from planner.solve.space import (
     DP_SCHEDULES,
@@ -150,7 +150,8 @@ def _split_candidates(
     cands = []
     for config in pipedream_baseline.configs_of(split, cm, request, zero):
         shardings = [config.layout.sharding(s) for s in range(config.layout.num_stages)]
-        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size, config.held(), cap,
+        rc = _recompute_if_needed(cm, split.starts, config.microbatch_size,
+                                  held_counts(config.schedule, config.layout, config.num_microbatches), cap,
                                   request.recompute, shardings)
         if rc is not None:
             cands.append(Candidate(config, _solution(cm, config, split.starts, rc)))

@@ -1,5 +1,7 @@
 """Assemble a Plan from a partition under a layout: price every stage with the cost model,
-then replay the schedule in the event simulator for the plan's ``predicted`` figures."""
+then replay the schedule in the event simulator for the plan's ``predicted`` figures; the plans
+of a search's best candidates (:func:`build_best`), each at the least ZeRO stage that keeps its
+time (:func:`least_zero`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from planner import __version__
 from planner.artifacts import codec
 from planner.artifacts.caches import Cache
 from planner.artifacts.cluster import Cluster, cluster_to_json
-from planner.artifacts.kinds import ScheduleKind, SolverKind
+from planner.artifacts.errors import InfeasibleError
+from planner.artifacts.kinds import Objective, ScheduleKind, SolverKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.plan_summary import Prediction, Provenance
@@ -26,7 +29,10 @@ from planner.cost.ties import on_ranks
 from planner.schedule import held_counts
 from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
+from planner.solve.candidates import Candidate, Scored, fits, simulated
 from planner.solve.held import held_memory
+
+GIB = 1024**3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,3 +212,58 @@ def rebuild_plan(
     problem = Problem.of(profile, cluster, request, solver, request.num_devices or n)
     return build_plan(problem, cm, layout=layout, boundaries=boundaries, recompute=recompute,
                       microbatch_size=microbatch_size, schedule=schedule, selective=selective)
+
+
+def plan_of(problem: Problem, cm: CostModel, cand: Candidate) -> Plan:
+    """The Plan of a candidate."""
+    c = cand.config
+    return build_plan(problem, cm, layout=c.layout, boundaries=cand.solution.boundaries,
+                      recompute=cand.solution.recompute, microbatch_size=c.microbatch_size, schedule=c.schedule,
+                      selective=cand.solution.selective)
+
+
+def build_best(problem: Problem, cm: CostModel, scored: list[Scored], keep: int, refuse: bool = True) -> list[Plan]:
+    """Full Plans (Timeline-based predictions) for the ``keep`` fastest candidates, each with
+    the least ZeRO stage that keeps its time. The search's memory tables fit every candidate in
+    the cap; a plan whose simulated peak is over it all the same (the tables and the simulator
+    disagree) is never returned: the next candidate takes its place, and where none is left
+    (with ``refuse``) the search refuses naming the disagreement (:func:`over_cap`)."""
+    cap = problem.cap_bytes
+    plans: list[Plan] = []
+    over: list[Plan] = []
+    for _, cand in scored:
+        if len(plans) >= keep:
+            break
+        plan = plan_of(problem, cm, least_zero(cm, problem.request, cand, cap))
+        (over if plan.predicted.peak_memory_bytes > cap else plans).append(plan)
+    if over and not plans and refuse:
+        raise over_cap(over[0], cap)
+    return plans
+
+
+def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
+    """``cand`` with the least ZeRO stage the request allows under which its partition and
+    recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
+    memory objectives keep the deepest sharding, which is what they minimise)."""
+    c = cand.config
+    if not c.layout.zero or request.objective is not Objective.TIME:
+        return cand
+    base = simulated(cm, cand)
+    for z in sorted(request.zero_stages):
+        if z >= c.layout.zero:
+            break
+        lower = Candidate(c.zero_variants(cm.cluster.devices_per_node).by_stage[z], cand.solution)
+        if fits(cm, lower.config, cand.solution, cap) and simulated(cm, lower) <= base * (1 + 1e-12):
+            return lower
+    return cand
+
+
+def over_cap(plan: Plan, cap: float) -> InfeasibleError:
+    """The refusal of a plan the search's memory tables fit in ``cap`` and the simulator does not
+    (one line: the plan's layout, its simulated peak and the cap)."""
+    lay = plan.layout
+    return InfeasibleError(
+        f"the search's plan (T={lay.tp_degree} x {lay.num_stages} stages on P={lay.pipeline_size} x D={lay.dp_degree}, "
+        f"{plan.schedule.value}, M={plan.num_microbatches} x {plan.microbatch_size}) fits the cap of {cap / GIB:.2f} GiB "
+        f"by its memory tables but peaks at {plan.predicted.peak_memory_bytes / GIB:.2f} GiB by the simulator: "
+        f"the two disagree (a planner defect; please report it)", need_bytes=float(plan.predicted.peak_memory_bytes))

@@ -1,14 +1,13 @@
 """A candidate: a configuration with a partition and its recomputation (a chain solver's
 optimum, or another proposal), and what is worked out of one: its stages priced
 (:func:`stage_terms`) and replayed by the simulator's fast entry (:func:`simulated`), its
-memory per stage (:func:`stage_needs`), its busiest rank's work, whether it fits (:func:`fits`),
-a given partition's least recomputation that fits (:func:`fixed_split`), and the baselines'
-partitions so (:func:`alternatives`: proposals beside a configuration's optimum)."""
+memory per stage (:func:`stage_needs`), its busiest rank's work, whether it fits (:func:`fits`).
+What a solved configuration proposes beside its optimum (the baselines' partitions, its chunks'
+memory rebalanced) is :mod:`planner.solve.proposals`'."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,14 +16,11 @@ import numpy as np
 from planner.artifacts.kinds import ChunkPlacement
 from planner.artifacts.layout import Layout
 from planner.cost import CostModel, StageTerms, price_stages
-from planner.schedule import Held
+from planner.schedule import Held, held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
 from planner.solve.held import fits_every_state, held_memory
-from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
-from planner.solve.recompute import choose_recompute
-from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config
 
 #: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
@@ -54,7 +50,7 @@ def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
     might fit every state (:meth:`StageTable.could_fit_every_state
     <planner.solve.prices.fits.StageFits.could_fit_every_state>`), neither does, and
     neither is solved."""
-    held = c.held() if c.schedule.splits_backward else ()
+    held = held_counts(c.schedule, c.layout, c.num_microbatches) if c.schedule.splits_backward else ()
     if any(len(h.states) > 1 for h in held) and not table.could_fit_every_state(held):
         return None
     sol = remembered(chain_solver, table, c, (), solved)
@@ -84,7 +80,7 @@ def remembered(chain_solver: ChainSolver, table: StageTable, c: Config, held: tu
             return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
                                 held=held)
         return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
-    counts = tuple((h.whole, h.pending) for h in (held or c.held()))
+    counts = tuple((h.whole, h.pending) for h in (held or held_counts(c.schedule, c.layout, c.num_microbatches)))
     key = (id(table), c.layout, c.num_microbatches, c.schedule.splits_backward, counts)
     found = solved.get(key)
     if found is None or found[0] is not table:
@@ -117,7 +113,7 @@ def stage_compute_ms(cm: CostModel, c: Config, solution: ChainSolution) -> list[
 
 
 def unrecomputed_floor_ms(cm: CostModel, c: Config, solution: ChainSolution) -> float:
-    """No replay of ``solution`` without its recomputation (:func:`unrecomputed`) is faster, on
+    """No replay of ``solution`` without its recomputation (:func:`simulated`) is faster, on
     one chunk or several per rank in the loop placement: rank ``r`` runs its chunks' compute M
     times, after the forwards of chunks ``0 .. r - 1`` of the first micro-batch and before the
     backwards of chunks ``r - 1 .. 0`` of the last (:func:`chunk_fill_bound_ms`'s argument, on
@@ -140,27 +136,19 @@ def busiest_rank(layout: Layout, per_stage: Sequence[float]) -> float:
     return max(sum(per_stage[s] for s in layout.stage_indices(r)) for r in range(layout.pipeline_size))
 
 
-def unrecomputed(cm: CostModel, cand: Candidate) -> float:
-    """The candidate's simulated time were nothing recomputed (a memory rebalancing's best case
-    on its partition)."""
+def simulated(cm: CostModel, cand: Candidate, unrecomputed_below_ms: float | None = None) -> float:
+    """The candidate's iteration time by the simulator's fast entry; with ``unrecomputed_below_ms``,
+    its time were nothing recomputed (a memory rebalancing's best case on its partition) where that
+    could be below it (its floor, :func:`unrecomputed_floor_ms`, is: checked first, no
+    simulation), else inf."""
     c = cand.config
-    terms = [dataclasses.replace(t, recompute_ms=0.0) for t in stage_terms(cm, cand)]
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, terms,
-                                 virtual_stages_per_rank=c.layout.virtual_stages_per_rank, replicas=c.layout.stage_replicas)
-
-
-def unrecomputed_below(cm: CostModel, cand: Candidate, limit: float) -> float:
-    """:func:`unrecomputed` where it could be below ``limit`` (its floor,
-    :func:`unrecomputed_floor_ms`, is: checked first, no simulation), else inf."""
-    if unrecomputed_floor_ms(cm, cand.config, cand.solution) >= limit:
+    if unrecomputed_below_ms is None:
+        terms = stage_terms(cm, cand)
+    elif unrecomputed_floor_ms(cm, c, cand.solution) >= unrecomputed_below_ms:
         return float("inf")
-    return unrecomputed(cm, cand)
-
-
-def simulated(cm: CostModel, cand: Candidate) -> float:
-    """The candidate's iteration time by the simulator's fast entry."""
-    c = cand.config
-    return simulate_iteration_ms(c.schedule, c.num_microbatches, stage_terms(cm, cand),
+    else:
+        terms = tuple(dataclasses.replace(t, recompute_ms=0.0) for t in stage_terms(cm, cand))
+    return simulate_iteration_ms(c.schedule, c.num_microbatches, terms,
                                  virtual_stages_per_rank=c.layout.virtual_stages_per_rank,
                                  replicas=c.layout.stage_replicas)
 
@@ -168,7 +156,7 @@ def simulated(cm: CostModel, cand: Candidate) -> float:
 def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
     """Per stage of ``solution`` under ``c``, one device's memory at its peak (with its
     recomputation, micro-batches held (:func:`planner.schedule.held_counts`) and ZeRO sharding)."""
-    held = c.held()
+    held = held_counts(c.schedule, c.layout, c.num_microbatches)
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     return [held_memory(cm, a, e, solution.recompute[s], c.microbatch_size, held[s], c.layout.sharding(s),
                         solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
@@ -178,88 +166,3 @@ def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:
     """Every device of ``solution`` fits ``cap`` under ``c`` (a rank holding v chunks: their
     memory summed; a stage's copies: each)."""
     return busiest_rank(c.layout, stage_needs(cm, c, solution)) <= cap
-
-
-def stage_recompute(
-    cm: CostModel, start: int, stop: int, b: int, inflight: int, cap: float, c: Config, stage_idx: int,
-    pending: int = 0,
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The least-time recompute levels that fit stage ``stage_idx`` of ``c`` in ``cap``: (fully,
-    selectively recomputed layers), or None if none do. ``inflight`` micro-batches whole and
-    ``pending`` past their I (:meth:`Config.held`): recomputation frees bytes of the whole ones
-    only (W's inputs are kept recomputed or not, :meth:`CostModel.keep_bytes`)."""
-    sharding = c.layout.sharding(stage_idx)
-    excess = cm.stage_memory(start, stop, (), b, inflight, sharding, (), pending).total_bytes - cap
-    fwd, core = cm.layout_recompute_prices(b, c.layout, stage_idx)
-    choice = choose_recompute(
-        fwd_ms=fwd[start:stop].tolist(),
-        saved_bytes=cm.at_batch(b).saved_bytes[start:stop].tolist(),
-        input_bytes=(cm.input_per_sample[start:stop] * b).tolist(),
-        first_layer=start,
-        inflight=inflight,
-        excess_bytes=float(excess),
-        core_ms=core[start:stop].tolist() if cm.selective else None,
-        core_bytes=cm.at_batch(b).core_bytes[start:stop].tolist() if cm.selective else None,
-        shared_bytes=cm.shared_out(start, stop, b).tolist() if cm.profile.shared_saved else None,
-    )
-    if choice.time_ms == float("inf") or cm.stage_memory(
-        start, stop, choice.layers, b, inflight, sharding, choice.selective, pending
-    ).total_bytes > cap:
-        return None
-    return choice.layers, choice.selective
-
-
-def fixed_split(
-    cm: CostModel, c: Config, bounds: Sequence[int], cap: float, allow_recompute: bool = True
-) -> Candidate | None:
-    """A given partition under configuration ``c``, each stage with the least recomputation
-    that fits ``cap`` (None if a stage cannot fit, or would need recomputation that is not
-    allowed)."""
-    held = c.held()
-    b = c.microbatch_size
-    stops = list(bounds[1:]) + [cm.num_layers]
-    rc, sel = [], []
-    for s, (a, z) in enumerate(zip(bounds, stops)):
-        chosen = stage_recompute(cm, a, z, b, held[s].whole, cap, c, s, held[s].pending)
-        if chosen is None or ((chosen[0] or chosen[1]) and not allow_recompute):
-            return None
-        rc.append(chosen[0])
-        sel.append(chosen[1])
-    times = tuple(
-        sum(cm.stage_times_ms(a, z, b, s, c.layout)) + cm.recompute_ms(rc[s], b, sel[s], c.layout, s)
-        for s, (a, z) in enumerate(zip(bounds, stops))
-    )
-    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True, tuple(sel) if any(sel) else ()))
-
-
-def alternatives(
-    cm: CostModel, c: Config, cap: float, allow_recompute: bool = True, fixed: Sequence[int] = (),
-    settings: SearchSettings = SETTINGS, busiest_limit_ms: float = math.inf,
-) -> list[Candidate]:
-    """The baselines' partitions of one configuration (min-max by time, PipeDream's weight),
-    with the least recompute that fits each stage: extra proposals for the simulator, which
-    judges the all-reduce overlap more finely than the DP objective does. Stages start at the
-    ``fixed`` boundaries (the min-max over the partitions that honour them). A partition whose
-    busiest stage computes more than ``busiest_limit_ms / M`` is left out before its
-    recomputation is chosen: its stage times (compute plus recomputation) put ``M x`` its busiest
-    above that, which the search's check (:meth:`ConfigSearch.keep
-    <planner.solve.config_search.ConfigSearch.keep>`) drops anyway."""
-    lay = c.layout
-    if lay.virtual_stages_per_rank > 1 or lay.num_stages == 1 or lay.stage_replicas:
-        return []
-    out = []
-    for kind in settings.alternative_partitions:
-        bounds = partition_by(kind, cm, c.microbatch_size, lay.pipeline_size, lay.dp_degree, fixed)
-        if bounds is None or c.num_microbatches * max(_computes(cm, c, bounds)) > busiest_limit_ms:
-            continue
-        cand = fixed_split(cm, c, bounds, cap, allow_recompute)
-        if cand is not None:
-            out.append(cand)
-    return out
-
-
-def _computes(cm: CostModel, c: Config, bounds: Sequence[int]) -> list[float]:
-    """Per stage of the partition ``bounds``, its forward + backward as :func:`fixed_split` sums them
-    (its stage time less the recomputation)."""
-    stops = list(bounds[1:]) + [cm.num_layers]
-    return [sum(cm.stage_times_ms(a, z, c.microbatch_size, s, c.layout)) for s, (a, z) in enumerate(zip(bounds, stops))]

@@ -334,7 +334,7 @@ def solve_chain(
     same DP over the P v virtual stages with their counted in-flight micro-batches, and M
     replaced by ``v (M - P) + P``, for which J equals the schedule's ``(M v + P - 1) t`` on
     uniform chunks of time t; the simulator then judges it. The caller gives each chunk its
-    share of a rank's memory (``StageTable.stage_caps``; :func:`planner.solve.candidates.rebalanced`).
+    share of a rank's memory (``StageTable.stage_caps``; :func:`planner.solve.proposals.rebalanced`).
     ZBV (two chunks per rank in a V) is solved the same way, with ZB-H1's bubble fill; the turn
     of the V (chunks ``P - 1`` and ``P`` on one rank) has no transfer.
     """

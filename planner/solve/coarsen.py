@@ -16,9 +16,11 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
 from planner.graph import merge_layers
-from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config, stage_recompute
+from planner.schedule import held_counts
+from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.prices import StageTable
+from planner.solve.proposals import stage_recompute
 from planner.solve.replicated_search import solve_replicated_config
 from planner.solve.settings import SETTINGS, SearchSettings
 
@@ -45,7 +47,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     ends = list(bounds[1:]) + [L]
     c = cand.config
     lay = c.layout
-    ks = c.held()  # whole and past I (Config.held)
+    ks = held_counts(c.schedule, c.layout, c.num_microbatches)  # whole and past I
     share = cap / lay.virtual_stages_per_rank
     b = c.microbatch_size
     recompute: list[tuple[int, ...]] = []

@@ -4,14 +4,14 @@
 
 What is known of a configuration before it is solved (bounds, floors, tables, ZeRO variants)
 is :class:`~planner.solve.floors.ConfigFacts`'; what a solved configuration proposes is
-:mod:`planner.solve.candidates` and :mod:`planner.solve.proposals`. Across configurations the
+:mod:`planner.solve.proposals`' (one call per visit). Across configurations the
 chain objective J alone is not comparable (it leaves out the data-parallel all-reduce's exact
 overlap and the schedule's), so every proposal is replayed by the simulator's fast entry
 (:func:`~planner.solve.candidates.simulated`) and candidates are compared by that time.
 
 Phases of a configuration's place in the heap: its first bound (``FRESH``); its memory floor
 worked in (``MEMORY``); its ZeRO 3 variant alone, its own stage found not to fit (``FSDP``); a
-solution's rebalancing (:func:`~planner.solve.proposals.rebalanced`), at the time the
+solution's rebalancing (:func:`~planner.solve.proposals.offer`), at the time the
 solution's partition simulates without recomputation (``REBALANCE``; the time objective's gate).
 """
 
@@ -27,23 +27,14 @@ import numpy as np
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
+from planner.schedule import held_counts
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.candidates import (
-    Candidate,
-    ChainSolver,
-    Scored,
-    Solved,
-    alternatives,
-    busiest_rank,
-    simulated,
-    solve_config,
-    unrecomputed_below,
-)
+from planner.solve.candidates import Candidate, ChainSolver, Scored, Solved, busiest_rank, simulated, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.floors import ConfigFacts
 from planner.solve.objectives import Policy
-from planner.solve.proposals import rebalanced, rebalances
+from planner.solve.proposals import offer
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms
 from planner.solve.stage_floor import skippable
@@ -194,37 +185,27 @@ class ConfigSearch:
         if (read or not self.policy.prune or limit == float("inf") or lay.virtual_stages_per_rank > 1
                 or lay.stage_replicas or self.cm.profile.shared_saved):
             return False
-        held = c.held()
+        held = held_counts(c.schedule, c.layout, c.num_microbatches)
         return skippable(self.facts.table_of(c), held, tuple(h.conservative for h in held) if c.schedule.splits_backward
                          else held, limit * self.where.slack / c.num_microbatches, self.curves, self.workspaces)
 
     def propose(self, c: Config, sol: ChainSolution, key: tuple[object, ...], limit: float) -> None:
-        """Keep the policy's candidates among ``sol`` and its proposals: its memory rebalancings
-        (at once for a lean policy; else gated by the candidate without its recomputation, now
-        when nothing is pruned, or when the order reaches that time) and the baselines'
-        partitions. The gate is a heuristic, not a bound: a rebalancing re-solves the partition,
-        which can then simulate faster than this one unrecomputed (RESULTS 25, 33); always
-        rebalancing took 2x the CPU. The candidate without recomputation is no faster than M x
-        its busiest rank's compute, checked first (no simulation)."""
-        cm, request, settings, prune = self.cm, self.request, self.settings, self.policy.prune
-        proposals = [Candidate(c, sol)]
-        unrec = float("inf")
-        lean = self.policy.lean  # no gate: rebalanced now, pruned or not
-        rebalancing = rebalances(c, sol)
-        if not lean and rebalancing:
-            unrec = unrecomputed_below(cm, proposals[0], limit)
-        if (lean and rebalancing) or (unrec < limit and not prune):
-            proposals += rebalanced(cm, request, c, sol, self.cap_bytes, settings.rebalance_rounds,
-                                    self.facts.table_of(c))
+        """Keep the policy's candidates among ``sol`` and what it offers now
+        (:func:`~planner.solve.proposals.offer`: the baselines' partitions, where this search's chain
+        solver is the DP, and its memory rebalancings when due); a rebalancing gated by a later time
+        waits in the order (phase ``REBALANCE``)."""
+        policy = self.policy
+        checked = None
         if self.where.chain_solver is solve_chain:
-            checked = limit * self.where.slack if prune else float("inf")  # keep's check, below
-            proposals += alternatives(cm, c, self.cap_bytes, request.recompute, request.fixed_boundaries, settings,
-                                      checked)
-        kept = self.keep(c, proposals, limit)
-        if unrec < limit and prune and not lean:
+            checked = limit * self.where.slack if policy.prune else INF  # keep's check, below
+        offered = offer(self.cm, self.request, c, sol, self.facts.table_of(c), self.settings, cap=self.cap_bytes,
+                        limit_ms=limit, lean=policy.lean, prune=policy.prune, alternatives_below_ms=checked)
+        kept = self.keep(c, [Candidate(c, sol), *offered.candidates], limit)
+        if offered.rebalance_at_ms < INF:
             # rebalanced when the order reaches that time, if it still could win then: no rebalancing
             # of a configuration beaten meanwhile
-            heapq.heappush(self.heap, (unrec, key, len(self.pending), REBALANCE, unrec))
+            at = offered.rebalance_at_ms
+            heapq.heappush(self.heap, (at, key, len(self.pending), REBALANCE, at))
             self.pending.append((c, sol, kept))
 
     def keep(self, c: Config, proposals: list[Candidate], limit: float, slot: int | None = None) -> int | None:
@@ -262,9 +243,10 @@ class ConfigSearch:
         limit = self.limit(c)
         if not unrec < limit:
             return
-        proposals = rebalanced(self.cm, self.request, c, sol, self.cap_bytes, self.settings.rebalance_rounds,
-                               self.facts.table_of(c))
-        self.keep(c, proposals, limit, slot)
+        offered = offer(self.cm, self.request, c, sol, self.facts.table_of(c), self.settings, cap=self.cap_bytes,
+                        limit_ms=limit, lean=self.policy.lean, prune=self.policy.prune, alternatives_below_ms=None,
+                        due=True)
+        self.keep(c, list(offered.candidates), limit, slot)
 
     def busiest_ms(self, c: Config, solution: ChainSolution) -> float:
         """The most per-micro-batch work of one rank: its stage's (with the policy's ``tight``,

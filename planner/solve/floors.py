@@ -22,6 +22,7 @@ from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
+from planner.schedule import held_counts
 from planner.solve.chain_dp import least_largest
 from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.rank_memory import RankMemory
@@ -313,14 +314,16 @@ class ConfigFacts:
 
     def fsdp_variants(self, c: Config) -> list[Config]:
         """ZeRO 3's variants of ``c``: HSDP inside a node (where it differs from plain ZeRO 3,
-        :meth:`Config.with_hsdp`), then ZeRO 3 over the whole group (solved only where HSDP does
+        :attr:`ZeroVariants.hsdp <planner.solve.space.ZeroVariants.hsdp>`), then ZeRO 3 over the whole group (solved only where HSDP does
         not fit: :class:`planner.solve.config_search.ConfigSearch`)."""
-        hsdp = c.with_hsdp(self.cm.cluster.devices_per_node)
-        return ([hsdp] if hsdp is not None else []) + [c.with_zero(ZeroStage.PARAMETERS)]
+        at = c.zero_variants(self.cm.cluster.devices_per_node)
+        return ([at.hsdp] if at.hsdp is not None else []) + [at.by_stage[ZeroStage.PARAMETERS]]
 
     def leanest(self, c: Config) -> Config:
         """``c`` at the deepest sharding any of its variants is solved at (:meth:`variants`)."""
-        return c.with_zero(ZeroStage.PARAMETERS) if (self.fsdp and c.fsdp_searched) else c
+        if not (self.fsdp and c.fsdp_searched):
+            return c
+        return c.zero_variants(self.cm.cluster.devices_per_node).by_stage[ZeroStage.PARAMETERS]
 
     def state_floor_bytes(self, c: Config) -> float:
         """No plan of ``c`` (any variant, partition, recomputation or cap) peaks below this on its
@@ -340,7 +343,8 @@ class ConfigFacts:
         layer's weights whole: PipeDream's alexnet, its fully connected layers, peaks higher under
         it); 0 where those are not worked out."""
         lay, L = c.layout, self.cm.num_layers
-        ks = tuple(h.whole for h in c.held())  # a zero-bubble stage's micro-batches past I only add
+        # a zero-bubble stage's micro-batches past I only add
+        ks = tuple(h.whole for h in held_counts(c.schedule, c.layout, c.num_microbatches))
         if lay.stage_replicas or len(ks) > L:
             return 0.0
         variants = dict.fromkeys([c, self.leanest(c)])
@@ -386,11 +390,13 @@ class ConfigFacts:
             return self.fsdp_variants(c)  # ZeRO 3 asked alone: HSDP first, the whole group where it does not fit
         fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
-            plain = c.with_zero(ZeroStage.NONE)
-            if self.table_of(plain).fits_everywhere(max(h.inflight for h in c.held())):
+            plain = c.zero_variants(cm.cluster.devices_per_node).by_stage[ZeroStage.NONE]
+            if self.table_of(plain).fits_everywhere(
+                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(max(h.inflight for h in c.held())):
+        if fsdp_too and not self.table_of(c).fits_everywhere(
+                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

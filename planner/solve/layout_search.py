@@ -15,7 +15,7 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
-from planner.solve.build import Problem
+from planner.solve.build import Problem, build_best
 from planner.solve.candidates import ChainSolver, Scored, busiest_rank, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
@@ -25,7 +25,7 @@ from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
 from planner.solve.replicated_search import replicated_candidates
-from planner.solve.select import build_best, chosen
+from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations
 
@@ -284,7 +284,8 @@ class LayoutSearch:
     def build(self, scored: list[Scored], within: float, rules: Builds) -> Plan | None:
         """Plans for ``scored`` as ``rules`` say and, unless they prune by time, for the same
         search under tighter caps (more points on the memory axis: the Pareto front, the memory
-        and ME objectives' choice), each pass as the policy says (:meth:`Policy.tighter`); the
+        and ME objectives' choice), each pass as the policy says (:attr:`Builds.tighter
+        <planner.solve.objectives.Builds.tighter>`); the
         objective's choice among them, with their front."""
         problem, cm, policy, settings = self.problem, self.cm, self.policy, self.settings
         keep = rules.rescore if rules.rescore is not None else len(scored)
@@ -293,14 +294,15 @@ class LayoutSearch:
         else:
             plans = self.noted(rules, build_best(problem, cm, self.fine(scored, keep, rules.adds_best_on_all), keep + 1))
         uniform = [cand.config for _, cand in scored if not cand.config.layout.stage_replicas]
-        pruning = rules.pruning_ms < float("inf")
-        for frac in () if pruning else settings.memory_cap_fractions:  # a cp > 1 search: its own points only
-            fastest = min(p.predicted.iteration_ms for p in plans) if plans else float("inf")
-            tighter = policy.tighter(uniform, settings, within, fastest)
-            where = SearchPass(num_groups=self.num_groups, cap_bytes=self.cap * frac, chain_solver=self.chain_solver,
-                               configs=tighter.configs, settings=settings, fsdp=tighter.fsdp)
+        for tighter in rules.tighter:  # none on a cp > 1 search: its own points only
+            if tighter.seeded:  # its pruning starts from the fastest plan built
+                tighter.policy.incumbent.note(min((p.predicted.iteration_ms for p in plans), default=float("inf")), True)
+            limit = tighter.config_limit
+            where = SearchPass(num_groups=self.num_groups, cap_bytes=self.cap * tighter.cap_fraction,
+                               chain_solver=self.chain_solver, settings=settings, fsdp=tighter.fsdp,
+                               configs=tuple(uniform[:limit]) if limit is not None else None)
             found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy, self.layers)
-            found = self.could_matter([tc for tc in found if tc[0] <= tighter.within_ms], rules)
+            found = self.could_matter([tc for tc in found if tc[0] <= within], rules)
             k = tighter.builds if tighter.builds is not None else len(found)
             if policy.bounds_builds:
                 plans += self.build_bounded(found, rules, refined=False)

@@ -20,7 +20,7 @@ Each policy holds the incumbent it prunes against (one shared by several searche
 own), and whether it prunes at all (``SearchSettings.prune_configs``); :func:`policy_for` gives
 a request's. A search asks it two questions per configuration (:meth:`Policy.limit`,
 :meth:`Policy.keep`) and, per degree, which candidates to build as one value
-(:meth:`Policy.builds` -> :class:`Builds`) and each tighter cap's pass (:meth:`Policy.tighter`).
+(:meth:`Policy.builds` -> :class:`Builds`, with each tighter cap's pass, :class:`Tighter`).
 The search itself (the heap and its phases) is
 :class:`planner.solve.config_search.ConfigSearch`.
 """
@@ -166,7 +166,9 @@ class Builds:
     and, where ``me_state`` is given, only those that could be the ME objective's choice or
     what it records (:meth:`MeIncumbent.kept` against ``incumbent``; None: every one). The plans
     built are noted in ``built`` (:class:`~planner.solve.grouped_builds.Built`, the ME state's,
-    which decides builds over groups of layers; None: nowhere)."""
+    which decides builds over groups of layers; None: nowhere). ``tighter``: the passes under
+    tighter memory caps (more points on the memory axis), one per cap fraction in order (none
+    where only candidates faster than ``pruning_ms`` count)."""
 
     pruning_ms: float
     replicated_limit_ms: float
@@ -176,19 +178,24 @@ class Builds:
     me_state: MeIncumbent | None = None
     incumbent: Incumbent | None = None
     built: Built | None = None
+    tighter: tuple[Tighter, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tighter:
-    """A pass of the search under a tighter memory cap (more points on the memory axis):
-    its policy, the configurations it is restricted to (None: all), whether it solves the
-    ZeRO 3 variants, how many of its candidates are built, and the slowest time kept."""
+    """A pass of the search under a tighter memory cap, ``cap_fraction`` of the cap: its policy
+    (its own, fresh for the pass), the configurations it is restricted to (``config_limit``: the
+    first that many of the degree's uniform candidates' configurations, best first; None: every
+    one), whether it solves the ZeRO 3 variants, how many of its candidates are built (None:
+    every one), and whether its policy prunes from the fastest plan built before the pass
+    (``seeded``: the caller notes that time in :attr:`Policy.incumbent` before the pass)."""
 
+    cap_fraction: float
     policy: Policy
-    configs: tuple[Config, ...] | None
+    config_limit: int | None
     fsdp: bool
     builds: int | None  # None: every candidate
-    within_ms: float = INF
+    seeded: bool = False
 
 
 class Policy:
@@ -261,10 +268,15 @@ class Policy:
     def builds(self, earlier_ms: float, cp_degree: int, settings: SearchSettings) -> Builds:
         """The time objective builds the ``rescore_top`` fastest and the best on all the groups;
         on a context-parallel degree only candidates faster than ``earlier_ms``; with the degrees
-        searched together, per-stage replication's no slower than the fastest of all."""
-        return Builds(pruning_ms=self.pruning_ms(earlier_ms, cp_degree),
-                      replicated_limit_ms=self.incumbent.best if self.shared is not None else INF,
-                      rescore=settings.rescore_top, adds_best_on_all=True)
+        searched together, per-stage replication's no slower than the fastest of all; without
+        pruning by time, the passes under tighter caps over its best configurations, nothing
+        pruned, two plans built each, no ZeRO 3 variant."""
+        pruning = self.pruning_ms(earlier_ms, cp_degree)
+        passes = () if pruning < INF else tuple(
+            Tighter(cap_fraction=f, policy=TimePolicy(prune=False), config_limit=settings.pareto_configs, fsdp=False,
+                    builds=2) for f in settings.memory_cap_fractions)
+        return Builds(pruning_ms=pruning, replicated_limit_ms=self.incumbent.best if self.shared is not None else INF,
+                      rescore=settings.rescore_top, adds_best_on_all=True, tighter=passes)
 
     def skips_degree(self, machine_bound_ms: float, earlier_ms: float, cp_degree: int) -> bool:
         """A degree whose machine bound is this can be skipped: its work alone is no faster than
@@ -275,13 +287,6 @@ class Policy:
         """A plan no faster than ``time_ms`` and peaking no lower than ``memory_bytes`` could
         matter against the plans built (with :attr:`bounds_builds`)."""
         return True
-
-    def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
-        """The pass under a tighter cap: the time objective's, over its best configurations,
-        nothing pruned, two plans built, no ZeRO 3 variant."""
-        return Tighter(policy=TimePolicy(prune=False), configs=tuple(uniform[: settings.pareto_configs]), fsdp=False,
-                       builds=2)
-
 
 
 class TimePolicy(Policy):
@@ -340,20 +345,17 @@ class MemoryPolicy(Policy):
 
     def builds(self, earlier_ms: float, cp_degree: int, settings: SearchSettings) -> Builds:
         """Every candidate the budget can hold (where it prunes: :meth:`Budget.within`), none
-        pruned by time."""
+        pruned by time; the passes under tighter caps over every configuration, where this search
+        prunes pruned to the budget from the fastest plan built (a tighter cap is never faster),
+        every candidate within it built."""
+        bounded = self.budget.widened and self.prune
+        passes = tuple(Tighter(cap_fraction=f, policy=MemoryPolicy(self.budget, prune=bounded), config_limit=None,
+                               fsdp=True, builds=None, seeded=bounded) for f in settings.memory_cap_fractions)
         return Builds(pruning_ms=INF, replicated_limit_ms=INF, rescore=None, adds_best_on_all=False,
-                      budget=self.budget if self.budget.widened and self.prune else None)
+                      budget=self.budget if bounded else None, tighter=passes)
 
     def skips_degree(self, machine_bound_ms: float, earlier_ms: float, cp_degree: int) -> bool:
         return False
-
-    def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
-        """Every configuration, pruned to the budget (a tighter cap is never faster) where this
-        search was, every candidate within it built."""
-        bounded = within_ms < INF
-        return Tighter(policy=MemoryPolicy(self.budget, prune=bounded, start_ms=fastest_ms if bounded else INF),
-                       configs=None, fsdp=True, builds=None, within_ms=within_ms)
-
 
 
 class MePolicy(MemoryPolicy):
@@ -403,22 +405,20 @@ class MePolicy(MemoryPolicy):
         """Every candidate that could be its choice, the fastest (with no reference plan) or the
         fastest on all the groups (:meth:`MeIncumbent.kept`; over groups of layers decided
         candidate by candidate as plans are built instead, :meth:`could_build`), the plans built
-        noted in the state."""
+        noted in the state; the passes under tighter caps over every configuration, pruned by the
+        same state (and incumbent) as this search."""
         state = self.state
+        passes = tuple(Tighter(cap_fraction=f, policy=MePolicy(state, widen=self.widen, prune=state is not None,
+                                                               incumbent=self.incumbent if state is not None else None),
+                               config_limit=None, fsdp=True, builds=None) for f in settings.memory_cap_fractions)
         return Builds(pruning_ms=INF, replicated_limit_ms=INF, rescore=None, adds_best_on_all=False,
                       me_state=state if not self.grouped else None, incumbent=self.incumbent,
-                      built=state.built if state is not None else None)
+                      built=state.built if state is not None else None, tighter=passes)
 
 
     def could_build(self, time_ms: float, memory_bytes: float, on_all: bool) -> bool:
         """:meth:`Built.could_hold` against the plans built for the request."""
         return self.state is None or self.state.built.could_hold(time_ms, memory_bytes, on_all, self.state.referenced)
-
-    def tighter(self, uniform: list[Config], settings: SearchSettings, within_ms: float, fastest_ms: float) -> Tighter:
-        """Every configuration, pruned by the same state (and incumbent) as this search."""
-        return Tighter(policy=MePolicy(self.state, widen=self.widen, prune=self.state is not None,
-                                       incumbent=self.incumbent if self.state is not None else None),
-                       configs=None, fsdp=True, builds=None)
 
 
 def policy_for(request: PlanRequest, settings: SearchSettings, referenced: bool = False) -> Policy:

@@ -54,34 +54,35 @@ def honouring(weight: np.ndarray, fixed: Sequence[int]) -> np.ndarray:
     return np.where(spans, np.inf, weight)
 
 
-def _prefix_weight(values: np.ndarray) -> np.ndarray:
+def span_sums(values: np.ndarray) -> np.ndarray:
+    """``out[i, j]``: the sum of ``values[i:j]`` (a stage ``[i, j)``'s total; negative below the diagonal)."""
     p = np.concatenate([[0.0], np.cumsum(values)])
     out: np.ndarray = p[None, :] - p[:, None]
     return out
 
 
 def _uniform(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
-    return _prefix_weight(np.ones(cm.num_layers))
+    return span_sums(np.ones(cm.num_layers))
 
 
 def _parameters(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
-    return _prefix_weight(cm.param_count.astype(float))
+    return span_sums(cm.param_count.astype(float))
 
 
 def _time(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
     fwd, bwd = cm.at_batch(b).times_ms
-    return _prefix_weight(fwd + bwd)
+    return span_sums(fwd + bwd)
 
 
 def _pipedream(cm: CostModel, b: int, P: int, D: int) -> np.ndarray:
     fwd, bwd = cm.at_batch(b).times_ms
-    compute = _prefix_weight(fwd + bwd)
+    compute = span_sums(fwd + bwd)
     # between the first devices of pipeline ranks 0 and 1 (D groups apart)
     second = cm.group.layout(num_stages=P, dp_degree=D).rank_of(stage_idx=1) if P > 1 else 0
     bw, lat = link_of(cm.cluster, 0, second) if P > 1 else (cm.cluster.intra_node_bandwidth_gb_per_s, 0.0)
     comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=lat) for c in cm.cut_bytes_per_sample])
     comm = comm_in[:, None] + comm_in[None, :]
-    params = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param
+    params = span_sums(cm.param_count.astype(float)) * cm.grad_bytes_per_param
     if D > 1:
         sync = 4.0 * (D - 1) * params / (D * cm.cluster.intra_node_bandwidth_gb_per_s * 1e9) * 1e3
     else:
@@ -105,60 +106,3 @@ def partition_by(kind: SolverKind, cm: CostModel, microbatch_size: int, num_stag
     boundary (:func:`honouring`); None where no partition has a finite weight."""
     weight = honouring(WEIGHTS[kind](cm, microbatch_size, num_stages, dp_degree), fixed)
     return minmax_partition(weight, num_stages)
-
-
-def pipedream_split(
-    cm: CostModel, b: int, num_devices: int, counts: list[int] | None = None
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """PipeDream's optimizer with per-stage replication (Narayanan et al. SOSP'19, sec. 3.1;
-    one level of its ``optimizer_graph_hierarchical.py``) on the chain: stage boundaries and
-    copy counts minimising the slowest stage, where ``r`` copies of layers ``[i, j)`` take
-    ``max(compute / r, boundary transfer) + 4 (r - 1) |w| / (r B)`` (the same stage weight as
-    the ``pipedream`` baseline). Over prefixes ``[0, j)`` on ``m`` devices::
-
-        A[j][m] = min( T(0, j, m), min_{i < j, r < m} max(A[i][m - r], T(i, j, r)) )
-
-    ``counts`` restricts the copy counts (round-robin needs them to divide M); returns
-    (stage starts, copies per stage), or None if no split uses exactly ``num_devices``."""
-    L, N = cm.num_layers, num_devices
-    allowed = sorted(set(counts)) if counts is not None else list(range(1, N + 1))
-    fwd, bwd = cm.at_batch(b).times_ms
-    compute = _prefix_weight(fwd + bwd)
-    bw = cm.cluster.intra_node_bandwidth_gb_per_s
-    comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=0.0) for c in cm.cut_bytes_per_sample])
-    comm = comm_in[:, None] + comm_in[None, :]
-    weights = _prefix_weight(cm.param_count.astype(float)) * cm.grad_bytes_per_param
-
-    def stage(r: int) -> np.ndarray:
-        sync = 4.0 * (r - 1) * weights / (r * bw * 1e9) * 1e3
-        weight: np.ndarray = np.maximum(compute / r, comm) + sync
-        return weight
-
-    times = {r: stage(r) for r in allowed}
-    A = np.full((L + 1, N + 1), np.inf)
-    arg_i = np.zeros((L + 1, N + 1), dtype=np.int64)  # 0: one stage [0, j) replicated m times
-    arg_r = np.zeros((L + 1, N + 1), dtype=np.int64)
-    for j in range(1, L + 1):
-        for r in allowed:
-            if r <= N:
-                A[j, r], arg_r[j, r] = times[r][0, j], r
-        for r in allowed:
-            if r >= N or j < 2:
-                continue
-            # last stage [i, j) with r copies after a prefix [0, i) on m - r devices, all m > r at once
-            cand = np.maximum(A[1:j, 1 : N + 1 - r], times[r][1:j, j][:, None])  # rows i = 1..j-1, cols m = r+1..N
-            i = np.argmin(cand, axis=0)
-            val = cand[i, np.arange(cand.shape[1])]
-            better = val < A[j, r + 1 :]
-            A[j, r + 1 :] = np.where(better, val, A[j, r + 1 :])
-            arg_i[j, r + 1 :] = np.where(better, i + 1, arg_i[j, r + 1 :])
-            arg_r[j, r + 1 :] = np.where(better, r, arg_r[j, r + 1 :])
-    if not np.isfinite(A[L, N]):
-        return None
-    starts, copies, j, m = [], [], L, N
-    while j > 0:
-        i, r = int(arg_i[j, m]), int(arg_r[j, m])
-        starts.append(i)
-        copies.append(r)
-        j, m = i, m - r
-    return tuple(reversed(starts)), tuple(reversed(copies))

@@ -24,6 +24,7 @@ import numpy as np
 
 from planner.artifacts.kinds import ChunkPlacement
 from planner.cost import CostModel
+from planner.schedule import held_counts
 from planner.solve.arrays import distinct
 from planner.solve.space import Config
 
@@ -157,7 +158,7 @@ def held_whole(c: Config) -> tuple[int, ...]:
     zero-bubble stage's walk fits its cap (:func:`planner.solve.held.fits_every_state`), and
     those past their I keep W's inputs, more bytes, never fewer: each recomputed layer still
     holds ``a - z g >= 0`` of a whole one."""
-    return tuple(h.most_whole for h in c.held())
+    return tuple(h.most_whole for h in held_counts(c.schedule, c.layout, c.num_microbatches))
 
 
 def rank_holds(c: Config) -> list[tuple[int, ...]]:
@@ -221,7 +222,7 @@ def stages_hold_work(c: Config, rows: tuple[list[float], list[float], list[float
     share = cap / c.layout.virtual_stages_per_rank
     layer_work, state, lean, keep = rows
     total, count = 0.0, 0
-    for h in c.held():
+    for h in held_counts(c.schedule, c.layout, c.num_microbatches):
         least, fewest = math.inf, len(layers[0])
         for whole, pending in h.states:
             key = (id(state), whole, pending, share)
@@ -332,7 +333,7 @@ class RankMemory:
         work, saved_total, curve, _, _, _ = self.layer_arrays(key)
         if curve[1][-1] <= 0:
             return 0.0  # recomputation frees nothing, or costs nothing: not bounded here
-        ks = tuple(h.inflight for h in c.held())
+        ks = tuple(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))
         P, M, cap = lay.pipeline_size, c.num_microbatches, self.cap_bytes
         out = 0.0
         # context parallelism's gathered keys and values: one layer's per stage, live while it runs

@@ -1,18 +1,22 @@
 """Replicated proposals: pipelines whose stages have their own copy counts (PipeDream's
 optimizer, Narayanan et al. 2019), searched exactly by :mod:`planner.solve.replicated` and
-proposed beside the uniform layouts, which they beat only by simulated time."""
+proposed beside the uniform layouts, which they beat only by simulated time, with PipeDream's
+own split of the chain (:func:`pipedream_split`) proposed beside them."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
-from planner.cost import CostModel
-from planner.solve.candidates import Candidate, Scored, fits, fixed_split, simulated
-from planner.solve.partitions import pipedream_split
+from planner.cost import CostModel, p2p_ms
+from planner.solve.candidates import Candidate, Scored, fits, simulated
+from planner.solve.partitions import span_sums
 from planner.solve.prices import StageTable
+from planner.solve.proposals import fixed_split
 from planner.solve.replicated import solve_replicated
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, Config, layout_of, microbatch_sizes, searched_zero
@@ -123,9 +127,9 @@ def pipedream_proposal(
     cm: CostModel, request: PlanRequest, b: int, schedule: ScheduleKind, zero: ZeroStage, cap: float,
     split: tuple[tuple[int, ...], tuple[int, ...]] | None,
 ) -> list[Candidate]:
-    """PipeDream's own replicated ``split`` (:func:`planner.solve.partitions.pipedream_split`,
+    """PipeDream's own replicated ``split`` (:func:`pipedream_split`,
     copy counts dividing M) with the least recomputation that fits each stage: one more
-    proposal for the simulator, as :func:`planner.solve.candidates.alternatives` does for the
+    proposal for the simulator, as :func:`planner.solve.proposals.alternatives` does for the
     uniform layouts."""
     if split is None or not all(f in split[0] for f in request.fixed_boundaries):
         return []
@@ -133,3 +137,60 @@ def pipedream_proposal(
     config = Config(layout_of(cm, len(reps), zero=zero, replicas=reps), b, request.global_batch // b, schedule)
     cand = fixed_split(cm, config, bounds, cap, request.recompute)
     return [cand] if cand is not None else []
+
+
+def pipedream_split(
+    cm: CostModel, b: int, num_devices: int, counts: list[int] | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """PipeDream's optimizer with per-stage replication (Narayanan et al. SOSP'19, sec. 3.1;
+    one level of its ``optimizer_graph_hierarchical.py``) on the chain: stage boundaries and
+    copy counts minimising the slowest stage, where ``r`` copies of layers ``[i, j)`` take
+    ``max(compute / r, boundary transfer) + 4 (r - 1) |w| / (r B)`` (the same stage weight as
+    the ``pipedream`` baseline). Over prefixes ``[0, j)`` on ``m`` devices::
+
+        A[j][m] = min( T(0, j, m), min_{i < j, r < m} max(A[i][m - r], T(i, j, r)) )
+
+    ``counts`` restricts the copy counts (round-robin needs them to divide M); returns
+    (stage starts, copies per stage), or None if no split uses exactly ``num_devices``."""
+    L, N = cm.num_layers, num_devices
+    allowed = sorted(set(counts)) if counts is not None else list(range(1, N + 1))
+    fwd, bwd = cm.at_batch(b).times_ms
+    compute = span_sums(fwd + bwd)
+    bw = cm.cluster.intra_node_bandwidth_gb_per_s
+    comm_in = np.array([2 * p2p_ms(c * b, bandwidth_gb_per_s=bw, latency_us=0.0) for c in cm.cut_bytes_per_sample])
+    comm = comm_in[:, None] + comm_in[None, :]
+    weights = span_sums(cm.param_count.astype(float)) * cm.grad_bytes_per_param
+
+    def stage(r: int) -> np.ndarray:
+        sync = 4.0 * (r - 1) * weights / (r * bw * 1e9) * 1e3
+        weight: np.ndarray = np.maximum(compute / r, comm) + sync
+        return weight
+
+    times = {r: stage(r) for r in allowed}
+    A = np.full((L + 1, N + 1), np.inf)
+    arg_i = np.zeros((L + 1, N + 1), dtype=np.int64)  # 0: one stage [0, j) replicated m times
+    arg_r = np.zeros((L + 1, N + 1), dtype=np.int64)
+    for j in range(1, L + 1):
+        for r in allowed:
+            if r <= N:
+                A[j, r], arg_r[j, r] = times[r][0, j], r
+        for r in allowed:
+            if r >= N or j < 2:
+                continue
+            # last stage [i, j) with r copies after a prefix [0, i) on m - r devices, all m > r at once
+            cand = np.maximum(A[1:j, 1 : N + 1 - r], times[r][1:j, j][:, None])  # rows i = 1..j-1, cols m = r+1..N
+            i = np.argmin(cand, axis=0)
+            val = cand[i, np.arange(cand.shape[1])]
+            better = val < A[j, r + 1 :]
+            A[j, r + 1 :] = np.where(better, val, A[j, r + 1 :])
+            arg_i[j, r + 1 :] = np.where(better, i + 1, arg_i[j, r + 1 :])
+            arg_r[j, r + 1 :] = np.where(better, r, arg_r[j, r + 1 :])
+    if not np.isfinite(A[L, N]):
+        return None
+    starts, copies, j, m = [], [], L, N
+    while j > 0:
+        i, r = int(arg_i[j, m]), int(arg_r[j, m])
+        starts.append(i)
+        copies.append(r)
+        j, m = i, m - r
+    return tuple(reversed(starts)), tuple(reversed(copies))

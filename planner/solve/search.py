@@ -15,7 +15,7 @@ Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one de
 - ZeRO: every configuration with D > 1 is solved at the deepest stage the request allows
   (sharding frees memory and moves no more bytes, so that optimum is never slower), unless
   memory binds nowhere; the plan then keeps the least stage under which its partition still
-  fits at the same time (:func:`planner.solve.select.least_zero`);
+  fits at the same time (:func:`planner.solve.build.least_zero`);
 - per-stage replication (every objective: the memory objective's 10% counts from the fastest plan,
   replicated or not; t = 1, at most
   :attr:`SearchSettings.replicated_max_devices` devices): the exact DP over (layer, devices
@@ -143,13 +143,13 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.groups import device_groups
-from planner.solve.build import Problem
+from planner.solve.build import Problem, over_cap
 from planner.solve.candidates import ChainSolver
 from planner.solve.ceiling import ChainBound, bound_chain
 from planner.solve.degrees import degree_models
 from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
-from planner.solve.select import chosen, over_cap
+from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 
 

@@ -1,5 +1,5 @@
-"""Selection: full plans for the best candidates, the plan the objective prefers, and the
-(iteration time, peak memory) Pareto front found on the way.
+"""Selection: the plan the objective prefers among the plans built (:func:`planner.solve.build.build_best`),
+and the (iteration time, peak memory) Pareto front found on the way.
 
 A plan on fewer devices than were available wins only by simulated time (on equal time the one
 on more devices); the chosen plan records the best time found on all of them
@@ -11,71 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from planner.artifacts.errors import InfeasibleError
 from planner.artifacts.kinds import MEMORY_OBJECTIVE_FACTOR, Objective, ScheduleKind
 from planner.artifacts.plan import Plan
 from planner.artifacts.plan_summary import ParetoPoint
 from planner.artifacts.request import PlanRequest
-from planner.cost import CostModel
-from planner.solve.build import Problem, build_plan
-from planner.solve.candidates import Candidate, Scored, fits, simulated
-
-GIB = 1024**3
-
-
-def plan_of(problem: Problem, cm: CostModel, cand: Candidate) -> Plan:
-    """The Plan of a candidate."""
-    c = cand.config
-    return build_plan(problem, cm, layout=c.layout, boundaries=cand.solution.boundaries,
-                      recompute=cand.solution.recompute, microbatch_size=c.microbatch_size, schedule=c.schedule,
-                      selective=cand.solution.selective)
-
-
-def build_best(problem: Problem, cm: CostModel, scored: list[Scored], keep: int, refuse: bool = True) -> list[Plan]:
-    """Full Plans (Timeline-based predictions) for the ``keep`` fastest candidates, each with
-    the least ZeRO stage that keeps its time. The search's memory tables fit every candidate in
-    the cap; a plan whose simulated peak is over it all the same (the tables and the simulator
-    disagree) is never returned: the next candidate takes its place, and where none is left
-    (with ``refuse``) the search refuses naming the disagreement (:func:`over_cap`)."""
-    cap = problem.cap_bytes
-    plans: list[Plan] = []
-    over: list[Plan] = []
-    for _, cand in scored:
-        if len(plans) >= keep:
-            break
-        plan = plan_of(problem, cm, least_zero(cm, problem.request, cand, cap))
-        (over if plan.predicted.peak_memory_bytes > cap else plans).append(plan)
-    if over and not plans and refuse:
-        raise over_cap(over[0], cap)
-    return plans
-
-
-def least_zero(cm: CostModel, request: PlanRequest, cand: Candidate, cap: float) -> Candidate:
-    """``cand`` with the least ZeRO stage the request allows under which its partition and
-    recomputation still fit ``cap`` and it simulates no slower (for the time objective: the
-    memory objectives keep the deepest sharding, which is what they minimise)."""
-    c = cand.config
-    if not c.layout.zero or request.objective is not Objective.TIME:
-        return cand
-    base = simulated(cm, cand)
-    for z in sorted(request.zero_stages):
-        if z >= c.layout.zero:
-            break
-        lower = Candidate(c.with_zero(z), cand.solution)
-        if fits(cm, lower.config, cand.solution, cap) and simulated(cm, lower) <= base * (1 + 1e-12):
-            return lower
-    return cand
-
-
-def over_cap(plan: Plan, cap: float) -> InfeasibleError:
-    """The refusal of a plan the search's memory tables fit in ``cap`` and the simulator does not
-    (one line: the plan's layout, its simulated peak and the cap)."""
-    lay = plan.layout
-    return InfeasibleError(
-        f"the search's plan (T={lay.tp_degree} x {lay.num_stages} stages on P={lay.pipeline_size} x D={lay.dp_degree}, "
-        f"{plan.schedule.value}, M={plan.num_microbatches} x {plan.microbatch_size}) fits the cap of {cap / GIB:.2f} GiB "
-        f"by its memory tables but peaks at {plan.predicted.peak_memory_bytes / GIB:.2f} GiB by the simulator: "
-        f"the two disagree (a planner defect; please report it)", need_bytes=float(plan.predicted.peak_memory_bytes))
 
 
 def tie_key(plan: Plan) -> tuple[float, int, int, int, str]:

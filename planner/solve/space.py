@@ -36,7 +36,7 @@ from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
-from planner.schedule import Held, check_schedule_rules, held_counts
+from planner.schedule import check_schedule_rules
 from planner.solve.settings import SETTINGS, SearchSettings
 
 #: schedules the chain DP prices (interleaving changes the in-flight pattern: priced by counting)
@@ -52,8 +52,11 @@ V_SCHEDULES = (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V)
 @dataclass(frozen=True, slots=True)
 class Config:
     """One point of the space: a layout, a micro-batch size and count, a schedule; with what the
-    search reads of it worked out once where it is built (:meth:`__post_init__`), as fields, but
-    the micro-batches its stages hold (:meth:`held`)."""
+    search reads of it worked out once where it is built (:meth:`__post_init__`), as fields. The
+    micro-batches its stages hold are the schedule's (:func:`planner.schedule.held_counts` of its
+    schedule, layout and count, one cached call per shape): not a field, walking an interleaved
+    schedule's order costs and most configurations are pruned before anything asks (worked out
+    for all 37,846 of GPT-3 175B on 1,024 A100s, the search took 2.6x its CPU)."""
 
     layout: Layout
     microbatch_size: int
@@ -68,6 +71,8 @@ class Config:
     num_groups: int = field(init=False, compare=False, repr=False)
     #: ties broken towards fewer pipeline ranks, larger micro-batches, then by name
     sort_key: tuple[int, int, str, int, int, tuple[int, ...]] = field(init=False, compare=False, repr=False)
+    #: its ZeRO variants once asked (:meth:`zero_variants`; None before)
+    variants: ZeroVariants | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         lay, put = self.layout, object.__setattr__
@@ -77,29 +82,42 @@ class Config:
         put(self, "sort_key", (P, -self.microbatch_size, self.schedule.value, lay.virtual_stages_per_rank, int(lay.zero),
                                lay.stage_replicas))
 
-    def held(self) -> tuple[Held, ...]:
-        """Per stage, the micro-batches one device holds at its peak, whole and past their I
-        (:func:`planner.schedule.held_counts`: the counts the DP, the plan and the simulator read).
-        Asked, not a field: walking an interleaved schedule's order costs, and most
-        configurations are pruned before anything asks (worked out for all 37,846 of GPT-3 175B on
-        1,024 A100s, the search took 2.6x its CPU)."""
-        return held_counts(self.schedule, self.layout, self.num_microbatches)
+    def zero_variants(self, devices_per_node: int) -> ZeroVariants:
+        """This configuration at each ZeRO stage and under HSDP on nodes of ``devices_per_node``
+        devices (:class:`ZeroVariants`), worked out once (the search asks again for each of its
+        bounds and variants) and kept on the configuration."""
+        found = self.variants
+        if found is None or found.devices_per_node != devices_per_node:
+            found = ZeroVariants.of(self, devices_per_node)
+            object.__setattr__(self, "variants", found)
+        return found
 
-    def with_zero(self, zero: ZeroStage) -> Config:
-        """This configuration at ZeRO stage ``zero``; below ZeRO 3 an HSDP layout's shard groups go
-        (ZeRO 1 or 2 shard over the whole gradient group: no layout holds them within a node)."""
-        group = self.layout.shard_group_size if zero is ZeroStage.PARAMETERS else 0
-        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=zero, shard_group_size=group))
 
-    def with_hsdp(self, devices_per_node: int) -> Config | None:
-        """This configuration under HSDP (ZeRO 3 sharded within a node's share of each gradient
-        group, replicated across nodes: :func:`hsdp_shard_size`), or None where that is plain
-        ZeRO 3 (the group fits in a node) or does not divide the group."""
-        g = hsdp_shard_size(self.layout, devices_per_node)
-        if not g:
-            return None
-        return dataclasses.replace(self, layout=dataclasses.replace(self.layout, zero=ZeroStage.PARAMETERS,
-                                                                    shard_group_size=g))
+@dataclass(frozen=True, slots=True)
+class ZeroVariants:
+    """A configuration's ZeRO variants: at each stage (:attr:`by_stage`, indexed by the stage;
+    below ZeRO 3 an HSDP layout's shard groups go: ZeRO 1 or 2 shard over the whole gradient
+    group, no layout holds them within a node; ZeRO 3 keeps the layout's own shard group), and
+    under HSDP (:attr:`hsdp`: ZeRO 3 sharded within a node's share of each gradient group,
+    replicated across nodes, :func:`hsdp_shard_size`; None where that is plain ZeRO 3, the
+    group fitting in a node, or does not divide the group)."""
+
+    devices_per_node: int
+    by_stage: tuple[Config, ...]
+    hsdp: Config | None
+
+    @classmethod
+    def of(cls, c: Config, devices_per_node: int) -> ZeroVariants:
+        lay = c.layout
+
+        def at(zero: ZeroStage, group: int) -> Config:
+            if (zero, group) == (lay.zero, lay.shard_group_size):
+                return c
+            return dataclasses.replace(c, layout=dataclasses.replace(lay, zero=zero, shard_group_size=group))
+
+        g = hsdp_shard_size(lay, devices_per_node)
+        return cls(devices_per_node, tuple(at(z, lay.shard_group_size if z is ZeroStage.PARAMETERS else 0) for z in ZeroStage),
+                   at(ZeroStage.PARAMETERS, g) if g else None)
 
 
 def layout_of(
@@ -156,7 +174,7 @@ def configurations(num_layers: int, num_groups: int, request: PlanRequest) -> It
 def searched_zero(request: PlanRequest, dp_degree: int) -> ZeroStage:
     """The ZeRO stage a configuration is solved at: the deepest of 0, 1 and 2 the request allows
     when there are replicas to shard over. Those only free memory and move no more bytes (see
-    planner.cost), so their optimum is never slower; :func:`planner.solve.select.least_zero`
+    planner.cost), so their optimum is never slower; :func:`planner.solve.build.least_zero`
     then keeps the least sharding under which the chosen plan still fits. ZeRO 3 moves more (its
     gathers every micro-batch), so it is a configuration of its own (:func:`fsdp_searched`), and
     this stage only when the request allows nothing else. With one rank per stage sharding
@@ -272,7 +290,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
         # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
         # T >= max(compute, communication) with prefetching, their sum without, so the
         # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration
-        # also stands for its HSDP variant (Config.with_hsdp): the cheaper of the two lines
+        # also stands for its HSDP variant (ZeroVariants.hsdp): the cheaper of the two lines
         g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
         comm = cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
         per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm

@@ -12,7 +12,7 @@ convex). So ``T <= X`` only where ``e <= k min(gain, R^-1(X - C))``: :func:`stag
 a mask per stage; where no partition into ``P`` stages is made of such stages
 (:func:`~planner.solve.prices.fits.reaches`), every partition has a stage over ``X``. The chain DP's
 optimum, its re-solve at a zero-bubble stage's conservative counts (more bytes: slower), and the
-baselines' partitions (:func:`~planner.solve.candidates.fixed_split`, the same least recomputation)
+baselines' partitions (:func:`~planner.solve.proposals.fixed_split`, the same least recomputation)
 then all have their busiest rank above ``X`` (one stage per rank): ``M X`` above what the
 search's check lets through (:meth:`~planner.solve.config_search.ConfigSearch.keep`).
 
