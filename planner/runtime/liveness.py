@@ -29,8 +29,9 @@ failed nor left for two periods (at most :data:`ELIMINATION_S`) have **stopped m
 stuck in its own code while its peers time out waiting on it). Only if nothing points
 elsewhere does the rank name itself.
 
-The rank that declares a culprit on its own host kills it (SIGKILL; a stopped process cannot
-act on torchrun's SIGTERM): killed, not asked; and removes the temporary files it was writing
+The rank that declares a culprit on its own host publishes its verdict and then kills it
+(SIGKILL; a stopped process cannot act on torchrun's SIGTERM): killed, not asked, and named
+before any peer can find it gone and call it dead; and removes the temporary files it was writing
 (``on_peer_gone``: a process killed in a checkpoint write cannot remove its own). A rank on another host kills it when it reads
 the verdict. So a run ends within ``timeout_s`` + a few periods of a rank stopping, and at
 once (a connection closes) when one dies.
@@ -296,7 +297,8 @@ class Liveness:
         return now - last[1]
 
     def _declare(self, peer: int, how: str, age: float | None) -> str:
-        """The verdict naming ``peer``; kill it first if it is on this host and not gone."""
+        """The verdict naming ``peer``; where it is on this host and not gone, the verdict is
+        published and then the process killed (:meth:`_publish_and_kill`)."""
         proc = self._proc(peer)
         where = self._where(peer)
         heartbeat = f"no heartbeat for {age:.1f} s" if age is not None else "no heartbeat"
@@ -306,16 +308,23 @@ class Liveness:
                 self._gone(proc)
                 return f"rank {peer} died {where} (its process {proc.pid} is gone)"
             if state == "stopped":
-                self._kill(proc)
-                return f"rank {peer} stopped answering {where} (process {proc.pid} was stopped, {heartbeat}; killed it)"
+                return self._publish_and_kill(
+                    proc, f"rank {peer} stopped answering {where} (process {proc.pid} was stopped, {heartbeat}; killed it)")
             if how == "stuck":
                 return f"rank {peer} stopped making progress {where} (process {proc.pid} alive, its peers timed out waiting)"
-            self._kill(proc)
-            return f"rank {peer} stopped answering {where} ({heartbeat}; killed process {proc.pid})"
+            return self._publish_and_kill(proc, f"rank {peer} stopped answering {where} ({heartbeat}; killed process {proc.pid})")
         host = f" on {proc.host}" if proc is not None else ""
         if how == "stuck":
             return f"rank {peer} stopped making progress {where} (alive{host}, its peers timed out waiting)"
         return f"rank {peer} stopped answering {where} ({heartbeat}{host})"
+
+    def _publish_and_kill(self, proc: ProcessInfo, line: str) -> str:
+        """Publish ``line`` as the verdict, then kill its culprit; the verdict that won. In this
+        order, a peer that finds the killed process gone (and would call it dead) finds the
+        verdict first: the rank that saw it stopped names it, whatever the scheduling."""
+        winner = self._publish(line)
+        self._kill(proc)
+        return winner
 
     def _kill(self, proc: ProcessInfo) -> None:
         if proc.same_host(self.me) and proc.state() in ("stopped", "running") and proc.pid != os.getpid():
