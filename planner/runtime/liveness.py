@@ -29,12 +29,11 @@ failed nor left for two periods (at most :data:`ELIMINATION_S`) have **stopped m
 stuck in its own code while its peers time out waiting on it). Only if nothing points
 elsewhere does the rank name itself.
 
-The rank that declares a culprit on its own host publishes its verdict and then kills it
-(SIGKILL; a stopped process cannot act on torchrun's SIGTERM): killed, not asked, and named
-before any peer can find it gone and call it dead; and removes the temporary files it was writing
-(``on_peer_gone``: a process killed in a checkpoint write cannot remove its own). A rank on another host kills it when it reads
-the verdict. So a run ends within ``timeout_s`` + a few periods of a rank stopping, and at
-once (a connection closes) when one dies.
+The rank that declares a culprit on its own host publishes its verdict, then kills it (SIGKILL:
+a stopped process cannot act on torchrun's SIGTERM; no peer finds it gone, calls it dead first),
+and removes the temporary files it was writing (``on_peer_gone``: a process killed in a checkpoint
+write cannot remove its own). A rank on another host kills it when it reads the verdict. So a
+run ends within ``timeout_s`` + a few periods of a rank stopping, and at once when one dies.
 
 Without torchrun's store (``MASTER_ADDR`` unset: one process), liveness is off and a failing
 rank names itself.
@@ -297,8 +296,7 @@ class Liveness:
         return now - last[1]
 
     def _declare(self, peer: int, how: str, age: float | None) -> str:
-        """The verdict naming ``peer``; where it is on this host and not gone, the verdict is
-        published and then the process killed (:meth:`_publish_and_kill`)."""
+        """The verdict naming ``peer``; on this host and not gone: published, then killed."""
         proc = self._proc(peer)
         where = self._where(peer)
         heartbeat = f"no heartbeat for {age:.1f} s" if age is not None else "no heartbeat"
@@ -308,8 +306,8 @@ class Liveness:
                 self._gone(proc)
                 return f"rank {peer} died {where} (its process {proc.pid} is gone)"
             if state == "stopped":
-                return self._publish_and_kill(
-                    proc, f"rank {peer} stopped answering {where} (process {proc.pid} was stopped, {heartbeat}; killed it)")
+                line = f"rank {peer} stopped answering {where} (process {proc.pid} was stopped, {heartbeat}; killed it)"
+                return self._publish_and_kill(proc, line)
             if how == "stuck":
                 return f"rank {peer} stopped making progress {where} (process {proc.pid} alive, its peers timed out waiting)"
             return self._publish_and_kill(proc, f"rank {peer} stopped answering {where} ({heartbeat}; killed process {proc.pid})")
@@ -319,9 +317,7 @@ class Liveness:
         return f"rank {peer} stopped answering {where} ({heartbeat}{host})"
 
     def _publish_and_kill(self, proc: ProcessInfo, line: str) -> str:
-        """Publish ``line`` as the verdict, then kill its culprit; the verdict that won. In this
-        order, a peer that finds the killed process gone (and would call it dead) finds the
-        verdict first: the rank that saw it stopped names it, whatever the scheduling."""
+        """Publish ``line``, then kill its culprit (a peer finding it gone finds the verdict first)."""
         winner = self._publish(line)
         self._kill(proc)
         return winner
