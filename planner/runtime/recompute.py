@@ -37,6 +37,7 @@ stays in the graph. Plain schedules (no split backward) keep torch's checkpoint.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,7 +45,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from planner.profiling.measured.tensors import flatten
+from planner.profiling.measured.tensors import flatten, tree_map
 
 __all__ = ["Recomputation", "RecomputeLedger", "input_pass_in_two"]
 
@@ -73,7 +74,7 @@ class Recomputation:
         leaves = {id(t): t.detach().requires_grad_(t.requires_grad) for t in flat}
         self.inputs = list(leaves.values())
         self.order = [list(leaves).index(id(t)) for t in flat]  # each input tensor's leaf
-        value = _replace(self.value, leaves)
+        value = tree_map(lambda t: leaves[id(t)], self.value)
         self.value = None
         self.ledger.forward_runs += 1
         hooks = self.ledger.hooks() if metered else contextlib.nullcontext()
@@ -154,7 +155,7 @@ class RecomputeLedger:
         self.records: dict[int, list[Recomputation]] = {}
         #: per micro-batch: the outputs of the stage's last recomputed layer and the parameters of
         #: the layers after it, where something follows it (:func:`input_pass_in_two`)
-        self.cuts: dict[int, tuple[list[torch.Tensor], list[nn.Parameter], bool]] = {}
+        self.cuts: dict[int, tuple[list[torch.Tensor], list[nn.Parameter]]] = {}
         self.last_made: list[torch.Tensor] = []  # the outputs of the last node :meth:`run` made
         self.loss_follows = False  # the stage is the pipeline's last (set by its executor)
         self.forward_runs = 0  # recomputations run (the tests count them)
@@ -180,7 +181,7 @@ class RecomputeLedger:
         made = list(_Recomputed.apply(record, out, *tensors))
         self.last_made = made
         fresh = iter(made)
-        return _rebuild_structure(result[0], lambda t: t if id(t) in given else next(fresh))
+        return tree_map(lambda t: t if id(t) in given else next(fresh), result[0])
 
     def cut_after(self, output: Any, after: list[nn.Parameter], follows: bool) -> None:
         """Mark ``output``, the stage's last recomputed layer's (``follows``: layers of the stage
@@ -191,7 +192,7 @@ class RecomputeLedger:
         if not (follows or self.loss_follows):
             return  # nothing after it: torch's one pass holds no tail (and a sent output stays freeable)
         if self.chunk is not None and flat and all(any(t is m for m in made) for t in flat):
-            self.cuts[self.chunk] = (flat, after, follows)
+            self.cuts[self.chunk] = (flat, after)
 
     @contextlib.contextmanager
     def forward_of(self, chunk: int) -> Iterator[None]:
@@ -228,7 +229,7 @@ class RecomputeLedger:
 
 
 def input_pass_in_two(
-    cut: tuple[list[torch.Tensor], list[nn.Parameter], bool], stage_output: Any, output_grads: Any, input_values: Any,
+    cut: tuple[list[torch.Tensor], list[nn.Parameter]], stage_output: Any, output_grads: Any, input_values: Any,
     params: list[nn.Parameter],
 ) -> tuple[tuple[torch.Tensor | None, ...], list[dict[str, Any]]]:
     """A stage's input-gradient pass cut after its last recomputed layer (what torch's
@@ -238,9 +239,7 @@ def input_pass_in_two(
     recomputed layers' graphs are rebuilt and kept. Torch's one pass over the stage would hold
     that tail until the whole pass ends, over the recomputed layers' W inputs: above what the
     plan prices for a micro-batch in its I (docs/zero-bubble.md)."""
-    import warnings
-
-    cut_at, after, _ = cut
+    cut_at, after = cut
     mine = {id(p) for p in after}
     before = [p for p in params if id(p) not in mine]
     with warnings.catch_warnings():
@@ -268,23 +267,6 @@ class _Alias(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad
-
-
-def _replace(value: Any, leaves: dict[int, torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return leaves[id(value)]
-    if isinstance(value, (tuple, list)):
-        return type(value)(_replace(v, leaves) for v in value)
-    return value
-
-
-def _rebuild_structure(value: Any, swap: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` with each of its tensors ``t`` replaced by ``swap(t)`` (in order)."""
-    if isinstance(value, torch.Tensor):
-        return swap(value)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_rebuild_structure(v, swap) for v in value)
-    return value
 
 
 def _device(tensors: list[torch.Tensor]) -> torch.device:
