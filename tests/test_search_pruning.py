@@ -62,11 +62,15 @@ CASES = _cases()
 
 def solved(cm, request, num_groups, cap, c):
     """Configuration ``c`` solved with nothing pruned (the time objective's rules): its candidates."""
-    from planner.solve.config_search import SearchPass, solve_candidates
+    from planner.solve.config_search import Found, SearchPass, config_search
+    from planner.solve.layout_search import score_key
     from planner.solve.objectives import TimePolicy
 
-    return solve_candidates(cm, request, SearchPass(num_groups=num_groups, cap_bytes=cap, configs=[c]),
-                            TimePolicy(prune=False))
+    found = Found()
+    for _ in config_search(cm, request, SearchPass(num_groups=num_groups, cap_bytes=cap, configs=[c]),
+                           TimePolicy(prune=False), found):
+        pass
+    return sorted(found.candidates, key=score_key)
 
 
 def _search_now(case: str, settings: SearchSettings) -> Plan:
