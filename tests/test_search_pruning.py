@@ -185,8 +185,8 @@ def _configs(profile, cluster, request, n: int, degrees):  # type: ignore[no-unt
     and the search's bound facts: ``(cm, cap, facts, tp, config)``."""
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
+    from planner.solve.problem import memory_cap_bytes
     from planner.solve.space import all_configs
 
     for tp in degrees:
@@ -283,7 +283,7 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     from planner.artifacts.profile import load_profile
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
+    from planner.solve.problem import memory_cap_bytes
     from planner.solve.space import all_configs, config_lower_bound_ms
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "zoo-resnet-cpu.json")
@@ -362,8 +362,8 @@ def _memory_bound_gpt(n: int):
     and what the search knows of its configurations (every bound)."""
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
+    from planner.solve.problem import memory_cap_bytes
 
     profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
                           attention="materialised")

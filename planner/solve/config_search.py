@@ -31,11 +31,12 @@ from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
 from planner.schedule import held_counts
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.candidates import Candidate, ChainSolver, Scored, Solved, busiest_rank, simulated, solve_config
+from planner.solve.candidates import Candidate, Scored, busiest_rank, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.floors import ConfigFacts
 from planner.solve.objectives import Policy
+from planner.solve.optimum import ChainSolver, Solved, solve_config
 from planner.solve.proposals import offer
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs, config_lower_bound_ms
@@ -83,7 +84,7 @@ class ConfigSearch:
         self.num_groups, self.cap_bytes, self.settings = where.num_groups, where.cap_bytes, where.settings
         self.configs = configs = searched_configs(cm, request, where)
         self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp, configs, policy.fill, policy.orders_by_state)
-        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.candidates.remembered)
+        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.optimum.remembered)
         self.chain = where.chain_solver
         self.solved: Solved | None = {} if where.chain_solver is solve_chain else None
         # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound

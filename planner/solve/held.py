@@ -2,7 +2,7 @@
 (:func:`planner.schedule.held_counts`): the larger of its :attr:`~planner.schedule.Held.states`
 (a zero-bubble stage that recomputes can peak where more micro-batches are past their I, each
 keeping W's inputs, than at the peak of the count), and whether a chain solution's stages all
-fit so (:func:`fits_every_state`, which :func:`planner.solve.candidates.solve_config` checks;
+fit so (:func:`fits_every_state`, which :func:`planner.solve.optimum.solve_config` checks;
 whether any partition might, checked before solving, is a question of the stage table:
 :meth:`StageFits.could_fit_every_state <planner.solve.prices.fits.StageFits.could_fit_every_state>`)."""
 

@@ -15,8 +15,8 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
-from planner.solve.build import Problem, build_best
-from planner.solve.candidates import ChainSolver, Scored, busiest_rank, simulated, stage_needs
+from planner.solve.build import build_best
+from planner.solve.candidates import Scored, busiest_rank, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
@@ -24,6 +24,8 @@ from planner.solve.config_search import Found, SearchPass, config_search, over_l
 from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
+from planner.solve.optimum import ChainSolver
+from planner.solve.problem import Problem
 from planner.solve.replicated_search import replicated_candidates
 from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings

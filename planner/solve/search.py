@@ -143,12 +143,13 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.groups import device_groups
-from planner.solve.build import Problem, over_cap
-from planner.solve.candidates import ChainSolver
+from planner.solve.build import over_cap
 from planner.solve.ceiling import ChainBound, bound_chain
 from planner.solve.degrees import degree_models
 from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
+from planner.solve.optimum import ChainSolver
+from planner.solve.problem import Problem
 from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 
