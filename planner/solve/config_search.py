@@ -98,7 +98,6 @@ class ConfigSearch:
         # per stage table (by id: the facts keep them), its recomputation curve and largest working sets
         self.curves: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.workspaces: dict[int, np.ndarray] = {}
-        self.incumbent = policy.incumbent
         self.out = found.candidates  # (several searches may keep into one)
         # rebalancings waiting in the order (phase REBALANCE, by index): the configuration, its
         # solution, and the place in ``out`` of the candidate kept for it (None: none was)
