@@ -301,6 +301,28 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     assert checked > 0  # configurations where the one-micro-batch part of the bound is the larger
 
 
+def test_two_searches_in_one_order_visit_the_least_bound_first() -> None:
+    """A grouped profile's two configuration searches (the zero-bubble configurations over the
+    layers, the others over the groups) are driven as one: each step the search whose next bound
+    is the least visits it (the first search of equals), each keeps its own order, and the merged
+    iterator ends when both have visited everything."""
+    from collections.abc import Iterator
+
+    from planner.solve.config_search import in_one_order
+
+    visited: list[tuple[str, float]] = []
+
+    def part(name: str, bounds: list[float]) -> Iterator[float]:
+        for b in bounds:
+            yield b
+            visited.append((name, b))
+
+    merged = list(in_one_order([part("groups", [1.0, 3.0, 3.0]), part("layers", [2.0, 3.0, 5.0])]))
+    assert merged == [1.0, 2.0, 3.0, 3.0, 3.0, 5.0]
+    assert visited == [("groups", 1.0), ("layers", 2.0), ("groups", 3.0), ("groups", 3.0), ("layers", 3.0),
+                       ("layers", 5.0)]
+
+
 def test_grouped_profile_keeps_the_candidates_refinement_reorders() -> None:
     """A profile longer than ``chain_max`` is searched over groups of layers, and the best few
     candidates are refined layer by layer and replayed in full, which can reorder them: GPT-3
