@@ -631,10 +631,10 @@ def score_lines(rows: list[PublishedRun], results: list[RowResult]) -> list[str]
            for src, v in by_source.items()]
     every = sorted((x for v in by_source.values() for x, _ in v), reverse=True)
     if every:
-        rank = math.ceil((len(every) + 1) * BAND_COVERAGE)
+        rank = min(math.ceil((len(every) + 1) * BAND_COVERAGE), len(every))  # conformal_quantile's
         out.append(f"scores, every source: {', '.join(f'{100 * x:.1f}' for x in every)}; the {BAND_COVERAGE:.0%} conformal "
-                   f"quantile is the {rank}th smallest of {len(every)} (the {len(every) - min(rank, len(every)) + 1}th "
-                   f"largest), {100 * conformal_quantile(every):.1f}%")
+                   f"quantile: number {len(every) - rank + 1} of {len(every)} from the largest, "
+                   f"{100 * conformal_quantile(every):.1f}%")
     return out
 
 
