@@ -81,7 +81,7 @@ P2P_LATENCY_RANGE_US = (30.7, 34.2)
 BAND_COVERAGE = 0.9
 #: :func:`conformal_quantile` at :data:`BAND_COVERAGE` of the :func:`residual_score` of every published
 #: run priced out of source (benchmarks/published_runs.py, printed there; 43 figures from 5 sources, 2026-12-07)
-MODEL_ERROR = 0.095
+MODEL_ERROR = 0.096
 #: the band input's name
 MODEL_ERROR_SOURCE = "model error out of source"
 
