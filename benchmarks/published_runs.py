@@ -29,7 +29,9 @@ row's out-of-source prediction uses the fit that left its source out, and every 
 spread of those fits. ``--fit`` prints both for pasting.
 
 Band (``planner.cost.band``, ``planner.solve.account``): the configuration priced with each
-uncertain input at the ends of its range (the leave-one-source-out fits, the host time per
+uncertain input at the ends of its range (the leave-one-source-out fits that saw no row of the
+row's source -- :func:`unseen_fits`: for a source with fit rows none but its own prediction's,
+so no GEMM range; the FP8 rows every fit --, the host time per
 kernel, the attention kernel's measured efficiency, the GPUs' speed variation, NCCL's model
 against plain rings, send/receive latency), and, for what the source leaves out (micro-batch,
 chunks per rank, recomputation: ``PublishedRun.recompute_options``), every option that fits;
@@ -40,7 +42,8 @@ uses its own source's errors, and an error the inputs already allow is not count
 every source it is the shipped :data:`~planner.cost.band.MODEL_ERROR` (printed, and by ``--fit``
 for pasting). A published figure is inside when its time lies in the band (of the out-of-source
 prediction); the rows outside are listed with the deviation, the band's sides and its largest
-terms.
+terms; ``--scores`` prints every row's score by source, largest first (the rows that set the
+term).
 
 ``fits``: the configuration's per-GPU peak (the simulator's, the largest over devices) at the
 band's top (the peak plus 1 GiB held outside PyTorch's allocator) within the memory CUDA reports
