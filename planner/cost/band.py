@@ -11,7 +11,9 @@ nominal time in quadrature, as independent errors (:func:`combine`):
   ``benchmarks/published_runs.py``), the model rebuilt with each (analytic profiles only: a
   measured profile's times are its own). No fit saw a user's run; a published row's band, priced
   to measure the model term below, takes only the fits that saw no row of its source (for a source
-  with fit rows only its own prediction's, so no range: the others were fitted on its rows);
+  with fit rows only its own prediction's, so no range: the others were fitted on its rows). The
+  term then holds those rows' GEMM error, and a plan's band adds the spread again: wider, by at
+  most that spread (0-6% a side on the published rows);
 - the host time per kernel (``Stack.host_us_per_kernel``): 5-20 us, the range Holistic Trace
   Analysis documents;
 - the stack's attention kernel's efficiency (:mod:`planner.cost.attention_kernels`): the ends of
