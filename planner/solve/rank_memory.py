@@ -222,7 +222,10 @@ def stages_hold_work(c: Config, rows: tuple[list[float], list[float], list[float
     share = cap / c.layout.virtual_stages_per_rank
     layer_work, state, lean, keep = rows
     total, count = 0.0, 0
+    enough, num_layers = work * (1 - 1e-9), len(layers[0])
     for h in held_counts(c.schedule, c.layout, c.num_microbatches):
+        if total >= enough and count >= num_layers:
+            return True  # the stages after only add (each >= 0; a float sum of them never falls)
         least, fewest = math.inf, len(layers[0])
         for whole, pending in h.states:
             key = (id(state), whole, pending, share)
