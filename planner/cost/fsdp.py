@@ -84,8 +84,8 @@ import numpy as np
 
 from planner.artifacts.layout import Layout
 
-__all__ = ["FsdpTerms", "fsdp_terms", "hsdp_groups", "replay", "units_in_flight", "weight_pass_gather_ms",
-           "working_set_matrix"]
+__all__ = ["FsdpTerms", "fsdp_terms", "gathers_per_microbatch", "hsdp_groups", "replay", "units_in_flight",
+           "weight_pass_gather_ms", "working_set_matrix"]
 
 
 def hsdp_groups(layout: Layout, stage_idx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -231,6 +231,13 @@ def working_set_matrix(param_count: np.ndarray, bytes_per_param: float, prefetch
         out[i, i + 1:] = np.maximum.accumulate(counts[i:])
     result: np.ndarray = out * units_in_flight(prefetch) * bytes_per_param
     return result
+
+
+def gathers_per_microbatch(split_backward: bool, first_stage: bool, rebuilds: bool) -> int:
+    """Times a stage's weights are gathered per micro-batch: for its forward and its backward,
+    and under a split backward once more for ``W``, but on the first stage only where it
+    ``rebuilds`` recomputed layers at its ``I`` (module docstring)."""
+    return 2 + int(split_backward and (not first_stage or rebuilds))
 
 
 def weight_pass_gather_ms(wgrad: np.ndarray, gather: np.ndarray, prefetch: bool, start: int, stop: int) -> float:

@@ -25,7 +25,7 @@ import numpy as np
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
-from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups, weight_pass_gather_ms
+from planner.cost.fsdp import FsdpTerms, fsdp_terms, gathers_per_microbatch, hsdp_groups, weight_pass_gather_ms
 from planner.cost.sharding import ShardedState, is_fsdp
 
 __all__ = ["ZeroComm", "fsdp_line"]
@@ -73,7 +73,7 @@ class ZeroComm(ShardedState):
         it, ms per micro-batch (:func:`planner.cost.fsdp.weight_pass_gather_ms`); 0 off ZeRO 3 and
         on the first stage unless it ``rebuilds`` recomputed layers at its I (torch runs no I there)."""
         sharding = layout.sharding(stage_idx)
-        if not is_fsdp(sharding) or (stage_idx == 0 and not rebuilds):
+        if not is_fsdp(sharding) or gathers_per_microbatch(True, stage_idx == 0, rebuilds) < 3:
             return 0.0
         terms = self.fsdp_terms(microbatch_size, self.fsdp_line(layout), sharding)
         _, bwd = self.at_batch(microbatch_size).times_ms
