@@ -74,8 +74,8 @@ buffer) or :meth:`ShardedState.weight_pass` (weights gathered and a fresh buffer
 reduce-scattered and freed when it ends, the recomputed layers' ``W`` included): three gathers
 per micro-batch (F, I, W; the first stage, which torch runs no I on, two unless it rebuilds
 recomputed layers there), as :mod:`planner.cost.fsdp` prices them (why ``W`` needs the weights).
-Why our flat shard rather than torch's ``fully_shard``: FSDP2 does run on gloo (torch 2.13, CPU: checked with 2 processes, forward and backward of a
-``fully_shard`` model), but it makes every parameter a DTensor and, under
+Why our flat shard rather than torch's ``fully_shard``: FSDP2 does run on gloo (torch 2.13, CPU:
+checked with 2 processes, forward and backward of a ``fully_shard`` model), but it makes every parameter a DTensor and, under
 ``torch.distributed.pipelining``, defers the reduce-scatter to the last micro-batch (whole
 gradients at the peak, the ZeRO 2 memory) -- this path keeps the runtime's parameters,
 checkpoints, saved-bytes meter and numerics checks as they are and reduce-scatters every
