@@ -559,12 +559,13 @@ def test_runtime_recomputes_once_in_i_and_keeps_w_inputs_until_w(start, stop, la
 @pytest.mark.parametrize(("start", "stop"), [(0, 2), (2, 3), (4, 5), (7, 8)])
 def test_recomputed_resnet_blocks_hold_what_the_stage_holds_without(start, stop):
     """The zoo ResNet's recomputed blocks under the runtime's split backward hold between I and W
-    what the same stage holds without recomputation, gradients bit for bit: a block whose skip
-    input its own graph does not save (``block{k}.b``, the skip only added) lets it go at its I
-    (its record keeps the inputs, not the stage's retained node: 131,072 bytes over at
-    micro-batch 2 before), and the first stage's chain (stem, block0.a), rebuilt in order at its
-    I, shares one storage per boundary (the stem's ReLU output, held twice before: 131,072 bytes
-    over)."""
+    what the same stage holds without recomputation, gradients bit for bit: the first stage's
+    chain (stem, block0.a), rebuilt in order at its I, shares one storage per boundary (the
+    stem's ReLU output was held twice: 131,072 bytes over at micro-batch 2), and single blocks
+    (``block{k}.b`` takes a skip its graph only adds). This harness retains nothing of the
+    stage's graph past I; in the runtime, whose split retained the node to W, a ``block{k}.b``
+    also held its skip input there before its record kept the inputs instead (benchmarks/RESULTS.md,
+    chunk 1 of ZBV at P = 4: 131,072 bytes over before, equal now)."""
     import torch
 
     from planner.models import load_workload

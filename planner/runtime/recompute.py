@@ -10,8 +10,11 @@ the plan prices W's inputs held (docs/zero-bubble.md; ``tests/test_zero_bubble.p
 behaviour). Here, as the plan prices it:
 
 - **forward**: the layer runs without autograd (:class:`_Recomputed`, a custom
-  ``autograd.Function`` whose node stands for the layer); its node saves the layer's inputs
-  (the saved-bytes meter counts them, as it counted checkpoint's inputs) and the RNG state;
+  ``autograd.Function`` whose node stands for the layer); its record keeps the layer's inputs
+  through the ambient saved-tensor hooks (the saved-bytes meter counts them, as it counted
+  checkpoint's inputs; not ``save_for_backward``: the split retains the node until W, and an
+  input the layer's own graph does not save, a skip it only adds, would be held there) and the
+  RNG state;
 - **I** (the node's backward in an input-gradient pass): the layer's forward re-runs with
   autograd from those inputs, under the stage's meter, and torch's own split backward
   (``stage_backward_input``) runs on that graph: the input gradients go on, the layer's
@@ -22,8 +25,9 @@ behaviour). Here, as the plan prices it:
 - **a whole backward** (``B`` of a schedule that runs some whole, the first stage's ``W``):
   the forward re-runs once and one backward computes the input and parameter gradients;
 - **the first stage's I**: torch runs none (its ``W`` is one whole backward); the stage
-  rebuilds the recomputed graphs there (:meth:`RecomputeLedger.rebuild`), so its ``W`` runs on
-  them without re-running the forward and it holds between the two what every later stage holds;
+  rebuilds the recomputed graphs there (:meth:`RecomputeLedger.rebuild`), in order, each on the
+  previous one's rebuilt output (one storage per boundary, as without recomputation), so its
+  ``W`` runs on them without re-running the forward;
 - **a stage's I cut in two** where layers or the loss follow its last recomputed layer
   (:func:`input_pass_in_two`): what follows first, so its tail is freed before the recomputed
   graphs are rebuilt (torch's one pass would hold both until it ends).
