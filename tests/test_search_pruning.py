@@ -417,7 +417,9 @@ def test_facts_built_for_a_search_hold_its_first_bounds_and_what_reaching_learns
     :meth:`ConfigFacts.state_floor_bytes` give them; :meth:`ConfigFacts.reached` is the memory bound
     / zero-bubble fill where that rises above the bound a configuration was reached at (nothing
     else worked out), else that bound with the busiest rank's floor against the limit (with
-    ``floors``). On a memory-bound GPT both happen."""
+    ``floors``) and, unless the bound or that floor exceeds the limit, the configuration's
+    variants (:meth:`ConfigFacts.variants`; every time without pruning). On a memory-bound GPT
+    each happens."""
     from planner.solve.floors import ConfigFacts, Reached
     from planner.solve.space import all_configs
 
@@ -427,19 +429,27 @@ def test_facts_built_for_a_search_hold_its_first_bounds_and_what_reaching_learns
         built = ConfigFacts(cm, request, cap, configs=configs, fill=fill, by_state=fill)
         assert built.first_ms == [facts.bound(c, fill) for c in configs]
         assert built.scales == ([facts.state_floor_bytes(c) for c in configs] if fill else [1.0] * len(configs))
-    rose = kept = 0
+    rose = kept = skipped = 0
+    inf = float("inf")
     for c, lb in zip(configs, built.first_ms):
         learned = facts.reached_bound(c, True, True)
-        for limit in (lb, 2 * lb, float("inf")):
-            got = facts.reached(c, lb, limit, 1.0, memory=True, fill=True, floors=True)
+        variants = tuple(facts.variants(c))
+        for limit in (lb, 2 * lb, inf):
+            got = facts.reached(c, lb, limit, 1.0, prune=True, memory=True, fill=True, floors=True)
             if learned > lb:
-                assert got == Reached(learned, -float("inf")), c
+                assert got == Reached(learned, -inf), c
                 rose += 1
             else:
-                assert got == Reached(lb, facts.busiest_rank_ms(c, 1.0, limit)), c
-                kept += 1
-            assert facts.reached(c, lb, limit, 1.0, memory=False, fill=False, floors=False) == Reached(lb, -float("inf"))
-    assert rose > 0 and kept > 0
+                busiest = facts.busiest_rank_ms(c, 1.0, limit)
+                assert got == Reached(lb, busiest, () if busiest > limit else variants), c
+                kept += busiest <= limit
+                skipped += busiest > limit
+            assert facts.reached(c, lb, limit, 1.0, prune=True, memory=False, fill=False, floors=False) == Reached(
+                lb, -inf, variants)
+        assert facts.reached(c, lb, lb / 2, 1.0, prune=True, memory=True, fill=True, floors=True) == Reached(lb, -inf)
+        assert facts.reached(c, lb, lb / 2, 1.0, prune=False, memory=True, fill=True, floors=True) == Reached(
+            lb, -inf, variants)
+    assert rose > 0 and kept > 0 and skipped > 0, (rose, kept, skipped)
 
 
 def test_best_time_on_all_the_devices_survives_a_context_parallel_winner() -> None:

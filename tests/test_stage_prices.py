@@ -211,6 +211,29 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
             prices_fits.VIEW_MIN_LAYERS = kept
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), pending=st.integers(0, 3))
+def test_a_tables_count_everywhere_is_where_every_stage_fits_as_it_is(layers, data, inflight, pending):
+    """:attr:`StageTable.everywhere_inflight` (with ``pending`` micro-batches past I held, its
+    :meth:`~planner.solve.prices.fits.StageFits.held` copy's own): ``k`` micro-batches fit every
+    stage without recomputation exactly where ``k`` is at most it, by the stage bytes as the
+    variants' check read them per count before (``static + k act <= cap`` on every stage); caps
+    at the largest stage's bytes at ``inflight`` (the boundary), the float below, and one of
+    those tenfold."""
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    b = data.draw(st.sampled_from([1, 2, 3]))
+    probe = StageTable(cm, b, 1e9).held(pending)
+    most = float(np.max(np.where(probe.valid, probe.static + inflight * probe.act, -np.inf)))
+    below = float(np.nextafter(most, -np.inf))
+    for cap in (most, below, 10 * most):
+        t = StageTable(cm, b, cap).held(pending)
+        for k in (inflight - 1, inflight, inflight + 1, 2 * inflight):
+            everywhere = bool(np.all(~t.valid | (t.static + k * t.act <= cap)))
+            assert (k <= t.everywhere_inflight) == everywhere, (cap, k)
+    assert StageTable(cm, b, most).held(pending).everywhere_inflight >= inflight
+    assert StageTable(cm, b, below).held(pending).everywhere_inflight < inflight
+
+
 def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():
     """Tables of one cost model and micro-batch size share what the sharding does not change
     (times, activation bytes, recompute choices: ``planner.solve.prices.fixed``), each its own static
@@ -356,9 +379,9 @@ def test_the_oracles_import_nothing_from_the_dp_or_its_prices():
         assert "planner.solve.chain" in seen and "planner.cost.model" in seen
 
 
-def test_a_table_carries_its_question_and_a_question_refuses_a_bad_batch():
+def test_a_table_carries_its_question_and_refuses_a_bad_batch():
     """A stage table's question is what it was built for (the oracles read nothing else), and a
-    question with no sample per micro-batch is refused, naming the field and the value."""
+    table with no sample per micro-batch is refused, naming the field and the value."""
     import pytest
 
     from planner.artifacts.kinds import ZeroStage
@@ -373,5 +396,5 @@ def test_a_table_carries_its_question_and_a_question_refuses_a_bad_batch():
     assert table.question.question is table.question
     assert [(i, j) for i in range(5) for j in range(5) if table.valid[i, j]] == \
         [(i, j) for i in range(5) for j in range(5) if table.question.stage_valid(i, j)]
-    with pytest.raises(ValueError, match=r"StageQuestion\.microbatch_size must be at least 1 \(got 0\)"):
-        StageQuestion(cost_model=cm, microbatch_size=0, cap_bytes=1.0)
+    with pytest.raises(ValueError, match=r"StageTable\.microbatch_size must be at least 1 \(got 0\)"):
+        StageTable(cm, 0, 1.0)

@@ -144,12 +144,15 @@ def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Reached:
-    """What the search's order learns of a configuration when it reaches it
-    (:meth:`ConfigFacts.reached`): its bound now, and, where that did not rise, its busiest rank's
-    floor (what it must beat decides whether it is skipped)."""
+    """What the search learns of a configuration when its order reaches it
+    (:meth:`ConfigFacts.reached`): its bound now (higher than the one it was reached at: it goes
+    back in the order), where that did not rise its busiest rank's floor, and the variants to
+    solve (none where it goes back, or where its bound or that floor exceeds what it must beat:
+    it is skipped)."""
 
     bound_ms: float  # the bound it was reached at, or its memory bound / zero-bubble fill where higher
     busiest_ms: float  # ConfigFacts.busiest_rank_ms; -inf where not asked, or where the bound rose
+    variants: tuple[Config, ...] = ()  # solved in this order (ConfigFacts.variants); () where not solved now
 
 
 class ConfigFacts:
@@ -216,16 +219,24 @@ class ConfigFacts:
         mem = self.memory_bound(c) if memory else 0.0
         return max(mem, self.split_fill_ms(c) if fill else 0.0)
 
-    def reached(self, c: Config, lb: float, limit: float, slack: float, *, memory: bool, fill: bool,
-                floors: bool) -> Reached:
-        """What the search's order learns of ``c``, reached at bound ``lb`` (at most ``limit``,
-        what it must beat): its :meth:`reached_bound` (``memory``, ``fill``) where higher than
-        ``lb`` (it goes back in the order), else, with ``floors``, its busiest rank's floor
-        against ``limit`` (:meth:`busiest_rank_ms`, with the check's ``slack``)."""
-        bound = self.reached_bound(c, memory, fill)
-        if bound > lb:
-            return Reached(bound, -math.inf)
-        return Reached(lb, self.busiest_rank_ms(c, slack, limit) if floors else -math.inf)
+    def reached(self, c: Config, lb: float, limit: float, slack: float, *, prune: bool, memory: bool, fill: bool,
+                floors: bool, fsdp_only: bool = False) -> Reached:
+        """What the search learns of ``c``, reached at bound ``lb``, which must beat ``limit``. With
+        ``prune``, where ``lb`` is within the limit: its :meth:`reached_bound` (``memory``,
+        ``fill``) where higher than ``lb`` (it goes back in the order), else, with ``floors``, its
+        busiest rank's floor against ``limit`` (:meth:`busiest_rank_ms`, with the check's
+        ``slack``); then, unless ``prune`` skips it (``lb`` or that floor above the limit), its
+        :meth:`variants` (``fsdp_only``: ZeRO 3's alone, :meth:`fsdp_variants`: it came back for
+        them), worked out only then."""
+        busiest = -math.inf
+        if prune and lb <= limit:
+            bound = self.reached_bound(c, memory, fill)
+            if bound > lb:
+                return Reached(bound, busiest)
+            busiest = self.busiest_rank_ms(c, slack, limit) if floors else busiest
+        if prune and (lb > limit or busiest > limit):
+            return Reached(lb, busiest)
+        return Reached(lb, busiest, tuple(self.fsdp_variants(c) if fsdp_only else self.variants(c)))
 
     def busiest_rank_ms(self, c: Config, slack: float, limit: float) -> float:
         """The busiest rank's floor of ``c`` as the search's skipping compares it with ``limit``: its
@@ -391,12 +402,12 @@ class ConfigFacts:
         fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.zero_variants(cm.cluster.devices_per_node).by_stage[ZeroStage.NONE]
-            if self.table_of(plain).fits_everywhere(
-                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
+            if self.table_of(plain).everywhere_inflight >= max(
+                    h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(
-                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
+        if fsdp_too and self.table_of(c).everywhere_inflight < max(
+                h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

@@ -40,7 +40,7 @@ def solve_replicated_config(
         return StageTable(cm, b, cap, fixed, allow_recompute=request.recompute, sharding=sharding)
 
     plain = table(Sharding()) if not zero or ZeroStage.NONE in request.zero_stages else None
-    if zero and plain is not None and plain.fits_everywhere(m):
+    if zero and plain is not None and plain.everywhere_inflight >= m:
         zero = ZeroStage.NONE  # memory binds nowhere: sharding cannot help
     # without sharding a stage's copies all price as one table
     tables = {
