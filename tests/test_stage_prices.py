@@ -154,9 +154,11 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
         prices_layers.CONTENT_KINDS = limit
         try:  # a cost model of its own: tables share their layers' covers per cost model
             table = StageTable(CostModel(chain_profile(layers), small_cluster(8)), 1, cap_mb * 1e6)
+            priced = table.table(inflight).copy()  # (its layers' kinds built as it prices, at this limit)
+            kinds = prices_layers.layers_of(table.fwd, table.saved, table.inputs, table.core, table.core_ms)
         finally:
             prices_layers.CONTENT_KINDS = kept
-        got[limit] = (table.table(inflight).copy(), len(table._layers.rows), table._layers.by_content)
+        got[limit] = (priced, len(kinds.rows), kinds.by_content)
         excess = table.static + inflight * table.act - table.cap
         for i, j in zip(*np.nonzero(np.isfinite(got[limit][0]) & table.valid & (excess > 0))):
             i, j = int(i), int(j)

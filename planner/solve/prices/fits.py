@@ -218,9 +218,7 @@ class StageFits:
         self._choices, self._could, self._longest = entries.choices, entries.could, entries.longest
         self._recent = recent
         self.all_exact = True
-        self._layers = batch.layers
-        self._kind = self._layers.kind
-        self._run = self._layers.run
+        self._kind, self._run = batch.kind, batch.run  # what a choice within a run of identical layers is keyed by
         self.lengths = batch.lengths  # j - i at [i, j]
         self._fastest: np.ndarray | None = None  # per number of layers, the least compute (chain_fits)
         self._levels = batch.levels
