@@ -140,8 +140,7 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     memory binds (recomputation, ZeRO 3) and on one with room; the memory bound and the
     interleaved fill bound are each the highest somewhere."""
     from planner.solve.candidates import busiest_compute_ms, simulated, unrecomputed_floor_ms
-    from planner.solve.floors import chunk_fill_bound_ms
-    from planner.solve.space import config_lower_bound_ms
+    from planner.solve.floors import chunk_fill_bound_ms, config_lower_bound_ms
 
     n = 8
     bounded = chunk_filled = floored = gated = split_filled = 0
@@ -280,7 +279,8 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.space import all_configs, config_lower_bound_ms
+    from planner.solve.floors import config_lower_bound_ms
+    from planner.solve.space import all_configs
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "zoo-resnet-cpu.json")
     cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
@@ -394,8 +394,8 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
     the floor is at least the interleaved fill bound of every interleaved configuration (the
     same water level without the memory), above both it and the average-work bound somewhere,
     and below every configuration's best simulated time."""
-    from planner.solve.floors import chunk_fill_bound_ms
-    from planner.solve.space import all_configs, config_lower_bound_ms
+    from planner.solve.floors import chunk_fill_bound_ms, config_lower_bound_ms
+    from planner.solve.space import all_configs
 
     cm, request, cap, facts = _memory_bound_gpt(8)
     both = 0

@@ -32,11 +32,11 @@ from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import Candidate, ChainSolver, Scored, Solved, busiest_rank, simulated, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
-from planner.solve.floors import ConfigFacts
+from planner.solve.floors import ConfigFacts, config_lower_bound_ms
 from planner.solve.objectives import Policy
 from planner.solve.proposals import offer
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import Config, all_configs, config_lower_bound_ms
+from planner.solve.space import Config, all_configs
 from planner.solve.stage_floor import skippable
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3

@@ -26,7 +26,7 @@ from planner.schedule import held_counts
 from planner.solve.chain_dp import least_largest
 from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.rank_memory import RankMemory
-from planner.solve.space import Config, config_lower_bound_ms, hsdp_shard_size
+from planner.solve.space import Config, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -37,11 +37,30 @@ MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, 
                               ScheduleKind.DUALPIPE_V)
 
 
+def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
+    """No plan of this configuration simulates faster: every replica does M micro-batches of
+    at least the profile's forward + backward work, spread over P devices at best, and one
+    micro-batch crosses all of it in sequence (planner.simulation.bounds' average-work bound).
+    Where the schedule splits the backward (ZB-H1, ZB-H2, ZBV), a micro-batch's weight-gradient
+    passes run beside the input-gradient passes of the stages before theirs, so what it crosses
+    in sequence is its forwards and input-gradient passes only (its weight-gradient work is off
+    that path: counting it overstated the bound, and the pruned search skipped a ZB-H1
+    configuration that simulates 19% below it). Under ZeRO 3 a stage's micro-batch also waits
+    for its collectives: :func:`fsdp_share_ms`."""
+    at = cm.at_batch(c.microbatch_size)
+    work = at.work_ms
+    crossing = work - at.wgrad_ms if c.schedule.splits_backward else work
+    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.layout.sharding(0)):  # (its sharding made only where it can be)
+        return max(fsdp_share_ms(cm, c), crossing)
+    return max(c.num_microbatches * work / c.pipeline_size, crossing)
+
+
 def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     """The busiest rank of a ZeRO 3 configuration ``c`` runs M x at least its share of the
     pipeline's ``max(work, communication)`` per micro-batch with prefetching, their sum without
-    (:func:`config_lower_bound_ms`' argument; a whole-group ZeRO 3 configuration also stands for
-    its HSDP variant: the cheaper line)."""
+    (one stream: each stage's T is at least that, so the pipeline's sum of T is at least that of
+    the totals; a whole-group ZeRO 3 configuration also stands for its HSDP variant,
+    :attr:`ZeroVariants.hsdp <planner.solve.space.ZeroVariants.hsdp>`: the cheaper line)."""
     g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
     work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
