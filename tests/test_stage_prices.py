@@ -215,13 +215,14 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), pending=st.integers(0, 3))
-def test_a_tables_count_everywhere_is_where_every_stage_fits_as_it_is(layers, data, inflight, pending):
-    """:attr:`StageTable.everywhere_inflight` (with ``pending`` micro-batches past I held, its
-    :meth:`~planner.solve.prices.fits.StageFits.held` copy's own): ``k`` micro-batches fit every
-    stage without recomputation exactly where ``k`` is at most it, by the stage bytes as the
-    variants' check read them per count before (``static + k act <= cap`` on every stage); caps
-    at the largest stage's bytes at ``inflight`` (the boundary), the float below, and one of
-    those tenfold."""
+def test_memory_binds_nowhere_where_every_stage_fits_as_it_is(layers, data, inflight, pending):
+    """:func:`planner.solve.floors.binds_nowhere` (read from a table's arrays) says ``k``
+    micro-batches fit every stage without recomputation exactly where the table's own fit test
+    (:meth:`~planner.solve.prices.fits.StageFits.could_fit` without recomputation) holds on every
+    stage, held copies too; caps at the largest stage's bytes at ``inflight`` (the boundary), the
+    float below, and tenfold."""
+    from planner.solve.floors import binds_nowhere
+
     cm = CostModel(chain_profile(layers), small_cluster(8))
     b = data.draw(st.sampled_from([1, 2, 3]))
     probe = StageTable(cm, b, 1e9).held(pending)
@@ -230,10 +231,9 @@ def test_a_tables_count_everywhere_is_where_every_stage_fits_as_it_is(layers, da
     for cap in (most, below, 10 * most):
         t = StageTable(cm, b, cap).held(pending)
         for k in (inflight - 1, inflight, inflight + 1, 2 * inflight):
-            everywhere = bool(np.all(~t.valid | (t.static + k * t.act <= cap)))
-            assert (k <= t.everywhere_inflight) == everywhere, (cap, k)
-    assert StageTable(cm, b, most).held(pending).everywhere_inflight >= inflight
-    assert StageTable(cm, b, below).held(pending).everywhere_inflight < inflight
+            assert binds_nowhere(t, k) == bool(np.all(t.could_fit(k, recompute=False) | ~t.valid)), (cap, k)
+    assert binds_nowhere(StageTable(cm, b, most).held(pending), inflight)
+    assert not binds_nowhere(StageTable(cm, b, below).held(pending), inflight)
 
 
 def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():

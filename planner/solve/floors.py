@@ -147,6 +147,14 @@ def shared_fill_ms(a: list[float], need: float) -> float:
     return need
 
 
+def binds_nowhere(table: StageTable, inflight: int) -> bool:
+    """Every stage of ``table`` fits ``inflight`` micro-batches without recomputation (its static
+    bytes and that many micro-batches' activations within the table's cap, read from the table's
+    arrays): memory constrains no partition, so sharding the state more could not make one
+    faster (:meth:`ConfigFacts.variants`, the replicated search's ZeRO stage alike)."""
+    return bool(np.all(~table.valid | (table.static + inflight * table.act <= table.cap)))
+
+
 def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
     """No one of ``num_ranks`` ranks holding whole layers of ``work`` ms between them (in any
     chunks, contiguous or not) has less than this: among the ``k`` layers of most work some rank
@@ -199,6 +207,7 @@ class ConfigFacts:
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.nowhere: dict[tuple[int, int], bool] = {}  # binds_nowhere per (table, in-flight count)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
         self.first_ms = [self.bound(c, fill) for c in configs]  # per configuration of ``configs``
         self.scales = [self.state_floor_bytes(c) if by_state else 1.0 for c in configs]
@@ -406,6 +415,16 @@ class ConfigFacts:
             )
         return tables[key]
 
+    def binds_nowhere(self, c: Config) -> bool:
+        """:func:`binds_nowhere` of ``c``'s stage table at its most micro-batches in flight (kept
+        per table and count)."""
+        table = self.table_of(c)
+        key = (id(table), max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)))
+        found = self.nowhere.get(key)
+        if found is None:
+            found = self.nowhere[key] = binds_nowhere(table, key[1])
+        return found
+
     def variants(self, c: Config) -> list[Config]:
         """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
         prices the optimizer step, which sharding shortens) and, where memory
@@ -421,12 +440,10 @@ class ConfigFacts:
         fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.zero_variants(cm.cluster.devices_per_node).by_stage[ZeroStage.NONE]
-            if self.table_of(plain).everywhere_inflight >= max(
-                    h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)):
+            if self.binds_nowhere(plain):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and self.table_of(c).everywhere_inflight < max(
-                h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)):
+        if fsdp_too and not self.binds_nowhere(c):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from planner.artifacts.caches import Cache
 
-__all__ = ["CapView", "cap_view", "excess_bytes", "plain_counts"]
+__all__ = ["CapView", "cap_view", "excess_bytes"]
 
 #: the most micro-batches in flight a cap view counts (a stage that fits this many fits any count asked)
 MOST_INFLIGHT = float(2**40)
@@ -44,11 +44,9 @@ def excess_bytes(static: np.ndarray, act: np.ndarray, inflight: np.ndarray | int
     return out
 
 
-def plain_counts(static: np.ndarray, act: np.ndarray, cap: float) -> np.ndarray:
-    """Per stage the most micro-batches it holds within ``cap`` without recomputation:
-    ``static + k act - cap <= 0`` exactly as :func:`excess_bytes` evaluates it (monotone in ``k``,
-    ``act >= 0``), -1 where not even none fits, at most :data:`MOST_INFLIGHT` (element by element,
-    any shape)."""
+def cap_view(static: np.ndarray, act: np.ndarray, gain: np.ndarray, valid: np.ndarray, cap: float) -> CapView:
+    """The :class:`CapView` of ``cap`` for stages of ``static`` bytes, ``act`` bytes per
+    micro-batch in flight and at most ``gain`` bytes per micro-batch freed by recomputation."""
     def fits(k: np.ndarray, at: tuple[np.ndarray, ...] | slice = slice(None)) -> np.ndarray:
         out: np.ndarray = excess_bytes(static[at], act[at], k, cap) <= 0
         return out
@@ -67,7 +65,7 @@ def plain_counts(static: np.ndarray, act: np.ndarray, cap: float) -> np.ndarray:
                 kw = np.where(up, kw + 1, np.where((kw >= 0) & ~fits(kw, wrong), kw - 1, kw))
             k[wrong] = kw
             off = ((kw < MOST_INFLIGHT) & fits(kw + 1, wrong)) | ((kw >= 0) & ~fits(kw, wrong))
-            wrong = tuple(w[off] for w in wrong)
+            wrong = (wrong[0][off], wrong[1][off])
         if len(wrong[0]):
             lo, hi = np.full(len(wrong[0]), -1.0), np.full(len(wrong[0]), MOST_INFLIGHT + 1)
             while np.any(hi - lo > 1):
@@ -75,14 +73,6 @@ def plain_counts(static: np.ndarray, act: np.ndarray, cap: float) -> np.ndarray:
                 ok = fits(mid, wrong)
                 lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
             k[wrong] = lo
-    return k
-
-
-def cap_view(static: np.ndarray, act: np.ndarray, gain: np.ndarray, valid: np.ndarray, cap: float) -> CapView:
-    """The :class:`CapView` of ``cap`` for stages of ``static`` bytes, ``act`` bytes per
-    micro-batch in flight and at most ``gain`` bytes per micro-batch freed by recomputation."""
-    k = plain_counts(static, act, cap)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         spare = cap - static + 1e-9 * abs(cap)
         tight = act - gain
         leanest = np.where(tight > 0, spare / tight, np.where(spare >= 0, np.inf, -np.inf))

@@ -29,7 +29,7 @@ from planner.cost import CostModel
 from planner.schedule import Held
 from planner.solve.arrays import distinct
 from planner.solve.chain import StageQuestion
-from planner.solve.prices.capview import MOST_INFLIGHT, CapView, cap_view, excess_bytes, plain_counts
+from planner.solve.prices.capview import CapView, cap_view, excess_bytes
 from planner.solve.prices.fixed import fixed_part
 from planner.solve.recompute import INF, RecomputeChoice
 
@@ -169,10 +169,7 @@ class StageFits:
     (model state and buffers), :attr:`act` (bytes per micro-batch in flight), :attr:`gain` (the
     most recomputation frees per micro-batch), :attr:`sync_bytes` (synchronised after the last
     backward), :attr:`valid`; per layer :attr:`fwd`, :attr:`saved`, :attr:`inputs`, :attr:`core`,
-    :attr:`core_ms`; and :attr:`everywhere_inflight`, the most micro-batches in flight at which
-    every stage fits without recomputation (memory binds nowhere at that count or fewer, so
-    sharding more could not make a partition faster; -1 where some stage does not fit with
-    none). ``stage_caps`` may be reassigned on a shallow copy (a chunk's share of a
+    :attr:`core_ms`. ``stage_caps`` may be reassigned on a shallow copy (a chunk's share of a
     rank's memory per stage): the copy shares every entry worked out."""
 
     def __init__(
@@ -225,7 +222,6 @@ class StageFits:
         self._keep = batch.keep  # per stage, what a micro-batch past its I keeps (held)
         self._held: dict[int, Self] = {}  # per pending count, the table with their bytes in static
         self._pending_held = 0  # micro-batches past I in static (a copy of held())
-        self.everywhere_inflight = self._everywhere_inflight()
 
     def held(self, pending: int) -> Self:
         """This table with ``pending`` micro-batches past their input-gradient pass on every
@@ -243,15 +239,8 @@ class StageFits:
             entries = found._entries = Entries()
             found._bases, found._tables, found._pending, found._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
             found._choices, found._could, found._longest = entries.choices, entries.could, entries.longest
-            found.everywhere_inflight = found._everywhere_inflight()
             self._held[pending] = found
         return found
-
-    def _everywhere_inflight(self) -> float:
-        """:attr:`everywhere_inflight`: the least over the stages of the most micro-batches each
-        holds without recomputation (:func:`~planner.solve.prices.capview.plain_counts`)."""
-        counts = plain_counts(self.static[self.valid], self.act[self.valid], self.cap)
-        return float(np.min(counts, initial=MOST_INFLIGHT))
 
     def cap_of(self, stage_idx: int) -> float:
         """The memory stage ``stage_idx`` may use: its share (``stage_caps``), else the cap."""

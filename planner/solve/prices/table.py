@@ -39,7 +39,7 @@ class StageTable(StageFits):
     explainer read): :meth:`table` / :meth:`tables` (stage times), :meth:`base` (without
     recomputation), :meth:`choice_of` / :meth:`recompute_of` / :meth:`selective_of` (the layers
     behind a time), :meth:`chain_fits` (what the chain DP reads before pricing), :meth:`could_fit` /
-    :meth:`could_partition` / :meth:`could_fit_every_state` / :attr:`everywhere_inflight` /
+    :meth:`could_partition` / :meth:`could_fit_every_state` /
     :meth:`least_bytes` / :meth:`longest`,
     :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
 
