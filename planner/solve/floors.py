@@ -58,8 +58,7 @@ def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
 def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     """The busiest rank of a ZeRO 3 configuration ``c`` runs M x at least its share of the
     pipeline's ``max(work, communication)`` per micro-batch with prefetching, their sum without
-    (one stream: each stage's T is at least that, so the pipeline's sum of T is at least that of
-    the totals; a whole-group ZeRO 3 configuration also stands for its HSDP variant,
+    (one stream; a whole-group ZeRO 3 configuration also stands for its HSDP variant,
     :attr:`ZeroVariants.hsdp <planner.solve.space.ZeroVariants.hsdp>`: the cheaper line)."""
     g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
     work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
@@ -148,10 +147,9 @@ def shared_fill_ms(a: list[float], need: float) -> float:
 
 
 def binds_nowhere(table: StageTable, inflight: int) -> bool:
-    """Every stage of ``table`` fits ``inflight`` micro-batches without recomputation (its static
-    bytes and that many micro-batches' activations within the table's cap, read from the table's
-    arrays): memory constrains no partition, so sharding the state more could not make one
-    faster (:meth:`ConfigFacts.variants`, the replicated search's ZeRO stage alike)."""
+    """Every stage of ``table`` fits ``inflight`` micro-batches without recomputation (read from its
+    arrays): memory constrains no partition, so sharding more could not make one faster
+    (:meth:`ConfigFacts.variants`, the replicated search's ZeRO stage alike)."""
     return bool(np.all(~table.valid | (table.static + inflight * table.act <= table.cap)))
 
 
@@ -416,8 +414,7 @@ class ConfigFacts:
         return tables[key]
 
     def binds_nowhere(self, c: Config) -> bool:
-        """:func:`binds_nowhere` of ``c``'s stage table at its most micro-batches in flight (kept
-        per table and count)."""
+        """:func:`binds_nowhere` of ``c``'s table at its most micro-batches in flight (kept per table and count)."""
         table = self.table_of(c)
         key = (id(table), max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)))
         found = self.nowhere.get(key)
