@@ -52,11 +52,13 @@ bytes; with sequence parallelism ``f`` = 1 and everything saved is split):
   without it never more than a device holds).
 
 A layer without a declaration runs whole on every device of the group (replicated; same time,
-same parameters, no collective). Tensors crossing a stage boundary are sent ``1 / t`` by
-each of the group's devices over its own link (Narayanan et al. 2021 section 4.1, the
-scatter/gather optimisation); the all-gather after the receive, over NVLink, is not priced.
-A tied tensor whose every layer splits it (vocabulary-parallel embedding and head) is
-divided by ``t``.
+same parameters, no collective). An MoE layer's routed experts are taken out before the view
+(:func:`strip_experts`: they follow the expert layout, not ``t``) and added back as one device of
+the group runs them after the context-parallel view (:func:`planner.cost.experts.expert_view`).
+Tensors crossing a stage boundary are sent ``1 / t`` by each of the group's devices over its
+own link (Narayanan et al. 2021 section 4.1, the scatter/gather optimisation); the all-gather
+after the receive, over NVLink, is not priced. A tied tensor whose every layer splits it
+(vocabulary-parallel embedding and head) is divided by ``t``.
 
 Devices: a group is ``t`` consecutive ranks (inside a node). Per-device memory, link
 bandwidths and latencies are unchanged: every device of the group drives its own NVLink port
