@@ -19,6 +19,7 @@ from planner.profiling.analytic.sequence import sequence_shape
 
 __all__ = ["candidate_cp_degrees", "refusal"]
 
+
 def refusal(profile: Profile, num_devices: int, tp_degree: int, cp: int) -> str:
     """Why ``cp`` cannot be used for ``profile`` on ``num_devices`` devices with tensor-parallel
     degree ``tp_degree`` ("" when it can)."""
