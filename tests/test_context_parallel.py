@@ -17,15 +17,11 @@ from planner.artifacts.profile import load_profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost.collectives import allreduce_line
-from planner.cost.context import (
-    candidate_cp_degrees,
-    context_parallel_view,
-    gemm_ratio,
-    refusal,
-    sequence_shape,
-)
+from planner.cost.context import context_parallel_view, gemm_ratio
+from planner.cost.context_degrees import candidate_cp_degrees, refusal
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.gpt import gpt_profile
+from planner.profiling.analytic.sequence import sequence_shape
 from planner.profiling.defaults import profiles_dir
 from planner.solve import plan
 from planner.solve.prices import StageTable
@@ -139,7 +135,7 @@ def test_dp_equals_brute_force_over_cp(cp, num_stages, num_microbatches, microba
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
         k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
-        mem = cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, layout.sharding(s), dp.selective_of(s))
+        mem = cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, layout.sharding(s), dp.selective[s])
         assert mem.total_bytes <= table.cap
 
 

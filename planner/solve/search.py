@@ -4,7 +4,7 @@ re-scored by the event simulator; the same search for every tensor-parallel degr
 Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one degree):
 
 - tensor-parallel degree t and sequence parallelism (:func:`planner.cost.groups.tensor_settings`), and the
-  context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
+  context-parallel degree cp (:func:`planner.cost.context_degrees.candidate_cp_degrees`): for each, a cost
   model of one device of a t-device group, cp such groups splitting each sequence
   (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
   t x cp-device groups; the best over every (t, cp) is selected by the request's objective
@@ -42,7 +42,7 @@ visit stops when the next bound exceeds the best time on all the devices. A conf
 solved only if its bound does not exceed what it must beat (the best on all the devices for one
 on all of them, else the best of any: ties are solved, so equal-time plans still meet the
 tie-breaks). The bounds, each valid for every partition, recomputation and ZeRO variant solved:
-:func:`planner.solve.space.config_lower_bound_ms` (average work), the fill of a one-chunk GPipe /
+:func:`planner.solve.floors.config_lower_bound_ms` (average work), the fill of a one-chunk GPipe /
 1F1B pipeline, and the memory floor (:meth:`planner.solve.floors.ConfigFacts.memory_bound`:
 the recomputation a rank must do to fit, at the cheapest ms per byte freed); a solved
 configuration's proposals are simulated only if its busiest rank's ``M x`` work (the sum of its
