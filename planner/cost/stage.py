@@ -37,7 +37,7 @@ from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.collectives import allreduce_line, link_of, p2p_ms, ring_allreduce_ms, stage_links
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import is_fsdp
@@ -228,9 +228,9 @@ class StageCosts(ZeroComm):
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
-        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
-        per shape of the group): the one place the solver prices that group."""
-        return grad_group_line(self.cluster, layout, stage_idx)
+        context-parallel ranks, :meth:`Layout.grad_group`; the layout's
+        :class:`~planner.cost.collectives.StageLinks`): the one place the solver prices that group."""
+        return stage_links(self.cluster, layout).grad_lines[stage_idx]
 
     def stage_sync(
         self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),

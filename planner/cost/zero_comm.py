@@ -24,7 +24,7 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
+from planner.cost.collectives import allreduce_line, gather_line, stage_links
 from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups
 from planner.cost.sharding import ShardedState, is_fsdp
 
@@ -42,7 +42,7 @@ def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
     if layout.shard_group_size:
         lines = [allreduce_line(cluster, hsdp_groups(layout, s)[0], ring_only=True) for s in range(layout.num_stages)]
     else:
-        lines = [grad_group_line(cluster, layout, s, ring_only=True) for s in range(layout.num_stages)]
+        lines = list(stage_links(cluster, layout).ring_lines)
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
 
