@@ -63,14 +63,6 @@ def p2p_ms(num_bytes: float, *, bandwidth_gb_per_s: float, latency_us: float) ->
     return latency_us / 1e3 + num_bytes / (bandwidth_gb_per_s * 1e9) * 1e3
 
 
-def ring_allreduce_ms(num_bytes: float, num_ranks: int, *, bandwidth_gb_per_s: float, latency_us: float) -> float:
-    """Ring all-reduce: ``2 (d-1)/d x bytes/beta + 2 (d-1) alpha`` (Patarasuk & Yuan 2009)."""
-    if num_ranks <= 1 or num_bytes <= 0:
-        return 0.0
-    d = num_ranks
-    return 2 * (d - 1) / d * num_bytes / (bandwidth_gb_per_s * 1e9) * 1e3 + 2 * (d - 1) * latency_us / 1e3
-
-
 def link_of(cluster: Cluster, rank_a: int, rank_b: int) -> tuple[float, float]:
     """(bandwidth GB/s, latency us) of a point-to-point transfer between two ranks: across nodes
     the fixed time NCCL's send/recv takes (``Cluster.inter_node_p2p_latency_us``) where the

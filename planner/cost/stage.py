@@ -37,7 +37,7 @@ from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line, link_of, p2p_ms, ring_allreduce_ms, stage_links
+from planner.cost.collectives import allreduce_line, link_of, p2p_ms, stage_links
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import is_fsdp
@@ -187,7 +187,11 @@ class StageCosts(ZeroComm):
 
     def tied_exchange_ms(self, start: int, stop: int) -> float:
         """The exchange of tied gradients with the other stage holding the tied tensor (priced
-        on the slowest link of the cluster, since the partner stage is not known here)."""
+        on the slowest link of the cluster, since the partner stage is not known here): a ring
+        all-reduce over the two ranks (Patarasuk & Yuan 2009), ``2 (d-1)/d x bytes/beta + 2 (d-1)
+        alpha`` at ``d = 2``: the bytes once over the link and two steps' latency, one transfer
+        (:func:`~planner.cost.collectives.p2p_ms`) at twice the link's latency (the same figure
+        bit for bit: tests/test_accuracy_mechanisms.py)."""
         tied = self.tied_allreduce_bytes(start, stop)
         if not tied:
             return 0.0
@@ -195,7 +199,7 @@ class StageCosts(ZeroComm):
             bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
         else:
             bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
-        return ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
+        return p2p_ms(tied, bandwidth_gb_per_s=bw, latency_us=2 * lat)
 
     def layer_param_counts(self, start: int, stop: int) -> list[float]:
         """Parameters per layer of a stage, a tied tensor whose layers share the stage counted
