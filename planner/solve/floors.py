@@ -171,7 +171,7 @@ class ConfigFacts:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
-        self.unique_params = float(cm.state_tables(Sharding()).total_param_count)
+        self.unique_params = float(cm.state_tables(Sharding()).total_param_count)  # (every sharding's: ties once)
         self.ranks = RankMemory(cm, cap_bytes, self.unique_params)  # the memory floors as time
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
