@@ -172,7 +172,7 @@ def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int, ring_only:
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StageLinks:
     """What the stages of one layout communicate over on one cluster (:func:`stage_links`), per
     stage: its gradient group's all-reduce line (:func:`grad_group_line`), that group's ring line
