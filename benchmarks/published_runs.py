@@ -29,7 +29,9 @@ row's out-of-source prediction uses the fit that left its source out, and every 
 spread of those fits. ``--fit`` prints both for pasting.
 
 Band (``planner.cost.band``, ``planner.solve.account``): the configuration priced with each
-uncertain input at the ends of its range (the leave-one-source-out fits, the host time per
+uncertain input at the ends of its range (the leave-one-source-out fits that saw no row of the
+row's source -- :func:`unseen_fits`: for a source with fit rows none but its own prediction's,
+so no GEMM range; the FP8 rows every fit --, the host time per
 kernel, the attention kernel's measured efficiency, the GPUs' speed variation, NCCL's model
 against plain rings, send/receive latency), and, for what the source leaves out (micro-batch,
 chunks per rank, recomputation: ``PublishedRun.recompute_options``), every option that fits;
@@ -40,7 +42,8 @@ uses its own source's errors, and an error the inputs already allow is not count
 every source it is the shipped :data:`~planner.cost.band.MODEL_ERROR` (printed, and by ``--fit``
 for pasting). A published figure is inside when its time lies in the band (of the out-of-source
 prediction); the rows outside are listed with the deviation, the band's sides and its largest
-terms.
+terms; ``--scores`` prints every row's score by source, largest first (the rows that set the
+term).
 
 ``fits``: the configuration's per-GPU peak (the simulator's, the largest over devices) at the
 band's top (the peak plus 1 GiB held outside PyTorch's allocator) within the memory CUDA reports
@@ -61,7 +64,7 @@ the first pair with the shipped constants, the second and the signed mean (posit
 slower) out of source; N' the rows with a memory claim, N'' the rows with a plan. Then the mixture-of-experts rows' own table and
 line (``benchmarks/published_moe.py``).
 
-Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit] [--jobs N]``
+Run: ``python benchmarks/published_runs.py [--rows LABEL,...] [--no-plan] [--fit] [--jobs N] [--scores]``
 """
 
 from __future__ import annotations
@@ -541,6 +544,16 @@ class RowResult:
 
 #: the band term of what the source leaves out (micro-batch, chunks per rank, recomputation)
 UNKNOWNS = "settings the source leaves out"
+#: the band term of the GEMM constants' leave-one-source-out spread (planner.cost.band)
+GEMM_INPUT = "GEMM constants"
+
+
+def unseen_fits(run: PublishedRun, loso: dict[str, tuple[GemmModel, ...]]) -> tuple[GemmModel, ...]:
+    """The leave-one-source-out fits fitted on no row of ``run``'s source: for a source with fit
+    rows only the one that left it out (the out-of-source prediction's own), for one without
+    (the FP8 rows) every fit."""
+    mine = {r.label for r in all_rows() if r.publication == run.publication}
+    return tuple(m for m in loso.get(run.device, ()) if not mine.intersection(m.fitted_on))
 
 Ranges = tuple[tuple[tuple[float, float], ...], tuple[str, ...]]
 
@@ -549,12 +562,19 @@ def band_of(run: PublishedRun, out: Priced, gemm: GemmModel,
             loso: dict[str, tuple[GemmModel, ...]]) -> tuple[Ranges, tuple[str, ...]]:
     """The out-of-source prediction's input ranges but the model's own error (module docstring)
     and their names, and its overhead terms, as text."""
-    if run.metric is Metric.LAYER_MS:  # the layer under each fit
-        times = [price(run, m).seconds for m in loso.get(run.device, ())] + [out.seconds]
-        return (((min(times), max(times)),), ("GEMM constants",)), ()
+    fits, unseen = loso.get(run.device, ()), unseen_fits(run, loso)
+    if run.metric is Metric.LAYER_MS:  # the layer under each fit that never saw its source
+        times = [price(run, m).seconds for m in unseen] + [out.seconds]
+        return (((min(times), max(times)),), (GEMM_INPUT,)), ()
     plan = with_accounts(out.plan, profile_for(run, gemm), cluster_for(run), config_request(run))
-    inputs = [i for i in plan.predicted.band.inputs if i.name != MODEL_ERROR_SOURCE]
+    # the plan's band takes every fit; a row's band only those that never saw its source
+    inputs = [i for i in plan.predicted.band.inputs
+              if i.name != MODEL_ERROR_SOURCE and (i.name != GEMM_INPUT or len(unseen) == len(fits))]
     ranges, names = [(i.low_ms, i.high_ms) for i in inputs], [i.name for i in inputs]
+    if 1 < len(unseen) < len(fits):  # some fits saw its source: the others', priced again
+        times = [price(run, m).seconds * 1e3 for m in unseen] + [out.seconds * 1e3]
+        ranges.append((min(times), max(times)))
+        names.append(GEMM_INPUT)
     times = [p.predicted.iteration_ms for p in (out.plan, *out.options)]
     for level in run.recompute_options:  # a recomputation the source leaves open: its fitting options too
         if level is not run.recompute:
@@ -595,6 +615,29 @@ def scores(rows: list[PublishedRun], results: list[RowResult]) -> list[tuple[str
         t = res.out.seconds
         lo, hi = res.inputs_band()
         out.append((run.publication, residual_score(pub / t - 1, (t - lo) / t, (hi - t) / t)))
+    return out
+
+
+def score_lines(rows: list[PublishedRun], results: list[RowResult]) -> list[str]:
+    """``--scores``: per source, its rows' scores (:func:`scores`) largest first, each with the
+    out-of-source deviation (published / predicted - 1) and the input ranges' sides it is left
+    after; then the rank the :data:`BAND_COVERAGE` conformal quantile takes over every row."""
+    by_source: dict[str, list[tuple[float, str]]] = {}
+    timed = [(run, res) for run, res in zip(rows, results) if res.out is not None and published_time(run)]
+    for (run, res), (src, score) in zip(timed, scores(rows, results)):  # scores() skips the same rows
+        t = res.out.seconds if res.out is not None else 0.0
+        lo, hi = res.inputs_band()
+        by_source.setdefault(src, []).append(
+            (score, f"{run.label} {100 * score:.1f} ({100 * (published_time(run) / t - 1):+.1f}% vs -{100 * (t - lo) / t:.1f}"
+                    f"/+{100 * (hi - t) / t:.1f}%)"))
+    out = [f"scores, {src}: " + ", ".join(text for _, text in sorted(v, key=lambda kv: -kv[0]))
+           for src, v in by_source.items()]
+    every = sorted((x for v in by_source.values() for x, _ in v), reverse=True)
+    if every:
+        rank = min(math.ceil((len(every) + 1) * BAND_COVERAGE), len(every))  # conformal_quantile's
+        out.append(f"scores, every source: {', '.join(f'{100 * x:.1f}' for x in every)}; the {BAND_COVERAGE:.0%} conformal "
+                   f"quantile: number {len(every) - rank + 1} of {len(every)} from the largest, "
+                   f"{100 * conformal_quantile(every):.1f}%")
     return out
 
 
@@ -726,6 +769,7 @@ def main() -> int:
     ap.add_argument("--no-plan", action="store_true", help="skip the planner's own plans")
     ap.add_argument("--fit", action="store_true", help="fit the constants (on all sources, and leaving each out) first")
     ap.add_argument("--jobs", type=int, default=1, help="rows priced in this many processes at once (printed in order)")
+    ap.add_argument("--scores", action="store_true", help="print each row's score behind the band's model term, by source")
     args = ap.parse_args()
     rows = all_rows()
     models = dict(DEVICE_GEMM)
@@ -786,6 +830,8 @@ def main() -> int:
               + ", ".join(f"{src} {100 * e:.1f}%" for src, e in sorted(errors.items())))
         if args.fit and not args.rows:
             print(f"MODEL_ERROR = {measured:.3f}  # planner/cost/band.py")
+        if args.scores:
+            print("\n".join(score_lines(rows, results)))
     print(f"outside the band: {'; '.join(m for m in misses if m) or 'none'}")
     print(f"memory claims not met: {'; '.join(tally.notes) or 'none'}")
     print(f"\n{tally.summary(len(rows), len({r.publication for r in rows}))}")

@@ -86,3 +86,43 @@ def test_each_source_takes_the_model_term_of_the_other_sources_rows() -> None:
     held = results[k175].with_model_error(terms[rows[k175].publication])
     lo, hi = held.band
     assert lo <= published_time(rows[k175]) <= hi and outside(rows[k175], held) == ""
+
+
+def test_a_rows_band_takes_the_gemm_spread_only_from_fits_that_never_saw_its_source() -> None:
+    """Every leave-one-source-out fit but one was fitted on rows of a bf16 source: a row of that
+    source takes only the fit that left it out, its own prediction's, so no GEMM range (in-source
+    fits would pull its band toward its own published figure); the FP8 rows, a source no fit has
+    seen, take every fit's spread. The plan a user prices still takes every fit (none saw it)."""
+    from published_runs import GEMM_INPUT, unseen_fits
+
+    loso = dict(DEVICE_GEMM_LOSO)
+    rows = {r.label: r for r in all_rows() if r.label in ("N1 1.7B", "K4 baseline", "MB L3 8B fp8")}
+    for label in ("N1 1.7B", "K4 baseline"):
+        run = rows[label]
+        (fit,) = unseen_fits(run, loso)
+        assert f"without {run.publication};" in fit.source
+        res = price_row(run, dict(DEVICE_GEMM), loso, plans=False)
+        gemm = [r for n, r in zip(res.range_names, res.ranges) if n == GEMM_INPUT]
+        assert all(lo == hi == res.out.seconds for lo, hi in gemm)  # none, or the prediction itself
+    assert GEMM_INPUT not in price_row(rows["N1 1.7B"], dict(DEVICE_GEMM), loso, plans=False).range_names
+    fp8 = rows["MB L3 8B fp8"]
+    assert len(unseen_fits(fp8, loso)) == len(loso[fp8.device]) > 1
+    res = price_row(fp8, dict(DEVICE_GEMM), loso, plans=False)
+    lo, hi = dict(zip(res.range_names, res.ranges))[GEMM_INPUT]
+    assert lo < res.out.seconds < hi
+
+
+def test_scores_are_printed_by_source_largest_first_with_the_rank_the_quantile_takes() -> None:
+    from published_runs import score_lines
+
+    rows = [r for r in all_rows() if r.label in ("K4 baseline", "K4 seq-par", "K4 sel+sp", "N1 1.7B")]
+    results = [price_row(r, dict(DEVICE_GEMM), dict(DEVICE_GEMM_LOSO), plans=False) for r in rows]
+    lines = score_lines(rows, results)
+    assert [line.split(":")[0] for line in lines] == [
+        "scores, Narayanan et al. 2021", "scores, Korthikanti et al. 2022", "scores, every source"]
+    korthikanti = lines[1].split(": ", 1)[1]
+    shown = [float(part.split(" (")[0].rsplit(" ", 1)[1]) for part in korthikanti.split("), ")]
+    assert len(shown) == 3 and shown == sorted(shown, reverse=True)
+    every = sorted((s for _, s in scores(rows, results)), reverse=True)
+    # fewer than nine scores: the quantile is the largest
+    assert lines[-1].endswith(f"number 1 of 4 from the largest, {100 * every[0]:.1f}%")
