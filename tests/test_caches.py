@@ -25,7 +25,7 @@ from tests.chains import chain_profile, small_cluster
 PRICE_CACHES = ("solve.prices.layers", "solve.prices.fixed", "solve.prices.batches", "solve.prices.sync",
                 "solve.prices.lengths", "solve.prices.diagonals", "cost.collectives.stage_links",
                 "solve.recompute.one_group_levels", "solve.recompute.group_combos",
-                "cost.collectives.progressions", "artifacts.layout.stage_ranks", "schedule.inflight.counted",
+                "cost.collectives.progressions", "artifacts.layout.stage_ranks", "schedule.inflight.counted", "schedule.inflight.walked",
                 "schedule.build.build", "schedule.build.build_replicated", "schedule.build.replicated_triples",
                 "schedule.build.encoded_orders", "simulation.replay.compiled_schedule", "schedule.inflight.held",
                 "solve.build.machine_bounds")

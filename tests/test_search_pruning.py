@@ -411,6 +411,34 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
     assert both > 0
 
 
+def test_rank_bound_remembered_is_the_bound_worked_out_afresh() -> None:
+    """:meth:`RankMemory.ranks_bound` keeps each bound by what it reads of a configuration (its
+    ranks' counts, micro-batches and waits): every configuration's floor and memory bound on a
+    memory-bound GPT equal those of a fresh :class:`RankMemory` with nothing kept, and ZBV and
+    DualPipe-V on one layout (the same whole micro-batches per chunk) share one bound."""
+    from planner.solve.floors import rank_fills_ms
+    from planner.solve.rank_memory import RankMemory
+    from planner.solve.space import all_configs
+
+    cm, request, cap, facts = _memory_bound_gpt(8)
+    kept = facts.ranks
+    v_shapes: dict[tuple[object, ...], dict[ScheduleKind, float]] = {}
+    for c in all_configs(cm, request, 8):
+        if c.layout.stage_replicas:
+            continue
+        fresh = RankMemory(cm, cap, kept.unique_params)
+        for kappa in (2.0, 16.0):
+            assert kept.floor_ms(c, kappa) == fresh.floor_ms(c, kappa), c
+            fills = rank_fills_ms(cm, c)
+            got = kept.ranks_bound(c, (c.microbatch_size, kappa), fills)
+            assert got == RankMemory(cm, cap, kept.unique_params).ranks_bound(c, (c.microbatch_size, kappa), fills), c
+            if c.schedule in (ScheduleKind.ZBV, ScheduleKind.DUALPIPE_V) and c.layout.zero is ZeroStage.OPTIMIZER:
+                shape = (c.layout.pipeline_size, c.microbatch_size, c.num_microbatches, kappa)
+                v_shapes.setdefault(shape, {})[c.schedule] = got
+    both = [got for got in v_shapes.values() if len(got) == 2]
+    assert both and all(got[ScheduleKind.ZBV] == got[ScheduleKind.DUALPIPE_V] for got in both)
+
+
 def test_facts_built_for_a_search_hold_its_first_bounds_and_what_reaching_learns() -> None:
     """:class:`ConfigFacts` built for a search's configurations holds each one's first bound (with
     the fill or without) and the state share it is ordered by, as :meth:`ConfigFacts.bound` and

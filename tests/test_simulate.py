@@ -237,6 +237,22 @@ def test_integer_orders_match_the_schedule_builder():
             assert encoded_orders(kind, p, m, 1) == expected, (kind, p, m)
 
 
+def test_split_integer_orders_are_the_actions_codes():
+    """The zero-bubble and V orders' integer triples (codes by identity, not the dict) are the
+    Actions' with ``_SPLIT_CODE``: F 0, I 1, W 2, a whole B 3 (DualPipe-V's steady phase)."""
+    from planner.schedule import build_schedule
+    from planner.schedule.build import _SPLIT_CODE, encoded_orders
+
+    for kind, v in ((ScheduleKind.ZB_H1, 1), (ScheduleKind.ZB_H2, 1), (ScheduleKind.ZBV, 2),
+                    (ScheduleKind.DUALPIPE_V, 2)):
+        for ranks, m in [(1, 2), (2, 4), (3, 6), (4, 8), (4, 12)]:
+            n = ranks * v
+            expected = tuple(tuple((a.stage_idx, _SPLIT_CODE[a.kind], a.mb_idx) for a in acts)
+                             for acts in build_schedule(kind, n, m, v))
+            encoded_orders.cache_clear()
+            assert encoded_orders(kind, n, m, v) == expected, (kind, ranks, m)
+
+
 def _figures(summary_or_timeline) -> tuple[float, int, float, float]:
     t = summary_or_timeline
     return t.iteration_ms, t.peak_memory_bytes, t.bubble_fraction, t.exposed_allreduce_ms

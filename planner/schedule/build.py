@@ -316,7 +316,10 @@ def encoded_orders(
         return interleaved_schedule_triples(num_stages, m, v)
     if kind.splits_backward:  # their orders as plain values (the ones their Actions are made of)
         check_schedule_rules(kind, num_stages, m, v)
-        return tuple(tuple((s, _SPLIT_CODE[k], i) for s, k, i in ops) for ops in split_ops(kind, num_stages, m))
+        # _SPLIT_CODE by identity (an enum member's hash is a Python call, one per action)
+        f, i_, w = ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
+        return tuple(tuple((s, 0 if k is f else 1 if k is i_ else 2 if k is w else 3, i) for s, k, i in ops)
+                     for ops in split_ops(kind, num_stages, m))
     schedule = build_schedule(kind, num_stages, num_microbatches, v)
     return tuple(tuple((a.stage_idx, _CODE[a.kind], a.mb_idx) for a in acts) for acts in schedule)
 

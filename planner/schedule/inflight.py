@@ -167,6 +167,17 @@ def _counted(
     if kind is ScheduleKind.INTERLEAVED_1F1B:
         return tuple((n, 0, ()) for n in _interleaved_peaks(num_stages, num_microbatches, v))
     check_schedule_rules(kind, num_stages, num_microbatches, v)
+    return _walked(kind, num_stages, min(num_microbatches, 2 * num_stages))
+
+
+@lru_cache(maxsize=1024)  # per shape walked: every M past 2n shares one
+def _walked(kind: ScheduleKind, num_stages: int, num_microbatches: int) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
+    """:func:`_counted` of a split schedule, on its order walked. :func:`_counted` walks at most
+    ``2n`` micro-batches (``n`` stages or chunks): past those each order's steady phase only
+    repeats its step, whose points are walked already, and its warm-up and cool-down are the
+    same, so the points, hence the peak and the front, are those of ``2n`` (ZB-H1 from ``n``,
+    ZB-H2 and the V schedules from ``2P``; tests/test_held_counts.py compares every stage, kind,
+    ``P`` to 32 and ``M`` past ``2n`` with the walk of ``M``; a walk of ``M`` costs ``M``)."""
     whole = [0] * num_stages
     pending = [0] * num_stages
     points: list[set[tuple[int, int]]] = [set() for _ in range(num_stages)]  # after each F or I
@@ -201,6 +212,7 @@ def _peak_and_front(points: set[tuple[int, int]]) -> tuple[int, int, tuple[tuple
     return w, p, tuple(front)
 
 
+register_function("schedule.inflight.walked", _walked, key="(schedule, stages, micro-batches walked)")
 register_function("schedule.inflight.counted", _counted, key="(schedule, stages, micro-batches, chunks per rank)")
 
 

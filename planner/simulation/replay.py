@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 
 from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
@@ -72,7 +73,7 @@ def compiled_schedule(
     orders = encoded_orders(kind, num_stages, num_microbatches, v, replicas)
     first_rank = [-1] * num_stages
     for r, ops in enumerate(orders):
-        for s, _, _ in ops:
+        for s in set(map(itemgetter(0), ops)):  # the stages the rank runs (one pass in C, not per action)
             if first_rank[s] < 0:
                 first_rank[s] = r
     return CompiledSchedule(orders, _flat_order(orders, num_stages, num_microbatches), tuple(first_rank))

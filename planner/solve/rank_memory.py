@@ -222,7 +222,10 @@ def stages_hold_work(c: Config, rows: tuple[list[float], list[float], list[float
     share = cap / c.layout.virtual_stages_per_rank
     layer_work, state, lean, keep = rows
     total, count = 0.0, 0
+    enough, num_layers = work * (1 - 1e-9), len(layers[0])
     for h in held_counts(c.schedule, c.layout, c.num_microbatches):
+        if total >= enough and count >= num_layers:
+            return True  # the stages after only add (each >= 0; a float sum of them never falls)
         least, fewest = math.inf, len(layers[0])
         for whole, pending in h.states:
             key = (id(state), whole, pending, share)
@@ -287,6 +290,8 @@ class RankMemory:
     #: breakpoints (t, w) of a rank's g^-1 per (micro-batch size, state bytes per parameter, k_min, cap)
     inverses: dict[tuple[object, ...], Inverse] = field(default_factory=dict)
     most: dict[tuple[object, ...], tuple[float, int]] = field(default_factory=dict)  # stages_hold_work's per (key, counts, cap)
+    #: ranks_bound per (key, each rank's counts, micro-batches, waits): what it reads of a configuration
+    bounds: dict[tuple[object, ...], float] = field(default_factory=dict)
     #: lean_saved_rows per micro-batch size
     leans: dict[int, tuple[list[float], list[float], np.ndarray, np.ndarray]] = field(default_factory=dict)
     states: dict[tuple[int, float], np.ndarray] = field(default_factory=dict)  # per layer its state bytes, per (b, kappa)
@@ -373,13 +378,19 @@ class RankMemory:
         :meth:`floor_ms`) besides
         M g_r(w_r); each distinct count's (:func:`rank_holds`) breakpoints (t, w) of its g^-1, a
         piecewise-linear increasing function (w <= the profile's work); the T at which the
-        ranks' works reach the profile's (:func:`works_reach_ms`)."""
-        work, _, _, _, _, _ = self.layer_arrays(key)
-        ranks: dict[tuple[int, ...], list[float]] = {}
-        for r, holds in enumerate(rank_holds(c)):
-            ranks.setdefault(holds, []).append(float(fills[r]))
-        inverses = [(*self.rank_inverse(key, holds), np.array(waits)) for holds, waits in ranks.items()]
-        return works_reach_ms(inverses, c.num_microbatches, work)
+        ranks' works reach the profile's (:func:`works_reach_ms`); once per what it reads of ``c``
+        (ZBV and DualPipe-V hold the same whole micro-batches: one bound)."""
+        per_rank = rank_holds(c)
+        asked = (key, tuple(per_rank), c.num_microbatches, fills.tobytes())  # ZBV's and DualPipe-V's alike
+        found = self.bounds.get(asked)
+        if found is None:
+            work, _, _, _, _, _ = self.layer_arrays(key)
+            ranks: dict[tuple[int, ...], list[float]] = {}
+            for r, holds in enumerate(per_rank):
+                ranks.setdefault(holds, []).append(float(fills[r]))
+            inverses = [(*self.rank_inverse(key, holds), np.array(waits)) for holds, waits in ranks.items()]
+            found = self.bounds[asked] = works_reach_ms(inverses, c.num_microbatches, work)
+        return found
 
     def rank_inverse(self, key: tuple[int, float], holds: tuple[int, ...]) -> Inverse:
         """A rank's g^-1 (:func:`rank_holds`): one count, :meth:`inverse` within the cap; one per
