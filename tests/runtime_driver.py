@@ -131,7 +131,7 @@ def compare(runner: RankRunner, ref_grads: list[list[torch.Tensor]], ref_params:
     return out
 
 
-STATE_KEYS = ("optimizer_bytes", "grad_bytes", "numel", "tensors", "param_bytes_between")
+STATE_KEYS = ("optimizer_bytes", "grad_bytes", "numel", "tensors", "param_bytes_between", "stage_idx", "gathers")
 
 
 def model_state(runner: RankRunner, measure: Any) -> list[float]:
@@ -139,14 +139,17 @@ def model_state(runner: RankRunner, measure: Any) -> list[float]:
     the elements and tensors of the parameters its optimizer steps (for ZeRO: the
     parameters behind the shard), and under ZeRO 3 the most bytes its sharded parameters held
     while the chunk was not computing (the master shard plus any whole weights, measured when
-    each forward starts; 0 otherwise)."""
+    each forward starts; 0 otherwise), the chunk's stage and its ZeRO 3 weight gathers inside
+    the schedules."""
     out: list[float] = []
     for chunk, optim, grads in zip(runner.chunks, measure.stage_optimizer_state_bytes, measure.stage_grad_bytes):
         params = [] if chunk.optimizer is None else list(chunk.optimizer.param_groups[0]["params"])
         if chunk.zero is not None:
             params = [p for p in params if p is not chunk.zero.master] + chunk.zero.params
         between = float(chunk.zero.between_bytes_peak) if chunk.zero is not None else 0.0
-        out += [float(optim), float(grads), float(sum(local(p).numel() for p in params)), float(len(params)), between]
+        gathers = float(chunk.zero.gathers) if chunk.zero is not None else 0.0
+        out += [float(optim), float(grads), float(sum(local(p).numel() for p in params)), float(len(params)), between,
+                float(chunk.stage_idx), gathers]
     return out
 
 

@@ -257,3 +257,60 @@ def test_a_configurations_fields_are_its_own_and_its_variants() -> None:
     smaller = dataclasses.replace(c, microbatch_size=2 * c.microbatch_size)
     assert smaller.sort_key[1] == -2 * c.microbatch_size and smaller.fsdp_searched
     assert not all_configs(cm, dataclasses.replace(request, zero_stages=(0, 1)), 8, interleaved=False)[-1].fsdp_searched
+
+
+@pytest.mark.parametrize("stack", ["planner", "megatron-core-0.8"])
+def test_a_split_backward_gathers_the_weights_again_for_w(stack):
+    """ZeRO 3 under a split backward prices a third gather per micro-batch, W's (``planner.cost.fsdp``,
+    what the runtime does: ``tests/test_runtime_fsdp.py`` counts its gathers): on every stage but
+    the first (torch runs no I there) unless the first rebuilds recomputed layers at its I; W's
+    own time carries it; nothing changes off ZeRO 3 or without the split. Without prefetching it
+    is the stage's gathers, ``sum a_k``; with it, never more."""
+    from planner.cost.fsdp import gathers_per_microbatch
+    from planner.cost.stage import price_stage
+
+    prof = chain_profile([dict(fwd=1.0, bwd=2.0, params=p, saved=1e7, inp=1e6, out=1e6, wfrac=0.4)
+                          for p in (10_000_000, 30_000_000, 20_000_000, 40_000_000)])
+    cm = CostModel(prof, small_cluster(8), stack=STACKS[stack])
+    lay = Layout(num_stages=2, dp_degree=4, zero=ZeroStage.PARAMETERS)
+    terms = cm.fsdp_terms(1, cm.fsdp_line(lay), lay.sharding(1))
+    for idx, (start, stop) in enumerate([(0, 2), (2, 4)]):
+        for rc in ((), (start,)):
+            plain = price_stage(cm, start, stop, 1, idx, lay, recompute=rc)
+            split = price_stage(cm, start, stop, 1, idx, lay, recompute=rc, split_backward=True)
+            again = split.bwd_ms - plain.bwd_ms
+            assert split.wgrad_ms == pytest.approx(cm.stage_wgrad_ms(start, stop, 1) + again)
+            assert split.fwd_ms == plain.fwd_ms
+            if gathers_per_microbatch(True, idx == 0, bool(rc)) == 2:
+                assert again == 0.0 and idx == 0 and not rc
+            elif cm.stack.fsdp_prefetch:
+                assert 0.0 < again <= terms.gather[start:stop].sum() + 1e-12
+            else:
+                assert again == pytest.approx(terms.gather[start:stop].sum())
+    flat = Layout(num_stages=2, dp_degree=4, zero=ZeroStage.OPTIMIZER)
+    assert price_stage(cm, 2, 4, 1, 1, flat, split_backward=True).bwd_ms == price_stage(cm, 2, 4, 1, 1, flat).bwd_ms
+
+
+def test_w_reads_the_saved_weight_so_zero3_gathers_it():
+    """Why W gathers the weights (``planner.cost.fsdp``): with a LayerNorm's weight freed as ZeRO 3
+    frees it (storage resized to 0), torch's weight-only pass (``stage_backward_weight``) fails --
+    the CPU kernel takes the weight's data pointer though dW needs only the saved input and the
+    output gradient -- while a Linear's W runs without it. (Should torch stop reading it, the
+    runtime could gather twice under a split backward.)"""
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    for module, fails in ((nn.Linear(8, 8), False), (nn.LayerNorm(8), True), (nn.GroupNorm(2, 8), True)):
+        x = torch.randn(4, 8, requires_grad=True)
+        params = list(module.parameters())
+        loss = (module(x * 1.0) ** 2).sum()
+        _, groups = stage_backward_input([loss], None, [x], iter(params))
+        for p in params:
+            p.untyped_storage().resize_(0)
+        if fails:
+            with pytest.raises(RuntimeError, match="data is not allocated"):
+                stage_backward_weight(iter(params), groups)
+        else:
+            stage_backward_weight(iter(params), groups)
+            assert all(p.grad is not None for p in params)

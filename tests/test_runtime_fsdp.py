@@ -2,7 +2,8 @@
 float64, SGD, losses and gradients equal to <= 1e-12 at P = 1, D = 2 and P = 2, D = 2 (with
 recomputation, and the zoo GPT with its tied embedding kept unsharded), under the split-backward
 schedules too (ZB-H1 with AdamW, and with recomputation on the zoo GPT; ZBV with recomputation
-and DualPipe-V, two chunks per rank, so a middle stage's I and W), the bytes a forward saves for
+and DualPipe-V, two chunks per rank, so a middle stage's I and W) with the weights all-gathered as
+often per micro-batch as the cost model prices (three under a split backward), the bytes a forward saves for
 backward equal to the same stages' without ZeRO (the weights, gathered anew, not counted), and
 the parameter bytes
 each rank holds between its uses of a stage measured against the cost model's ``w N / d``."""
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from planner.cost.fsdp import gathers_per_microbatch
 from tests.runtime_launch import SharedLaunches
 
 MLP = "tests.factories:mlp"
@@ -56,8 +58,18 @@ def test_zero3_matches_one_process_training(world: int, driven: SharedLaunches) 
             # (ZeRO 3 gathers them into a new allocation each time: the meter re-reads its address)
             plain = next(p for p, c in zip(results, CONFIGS[world]) if c["zero"] == 0)
             assert r["saved_bytes_per_microbatch"] == plain["saved_bytes_per_microbatch"], (r["name"], r, plain)
+        split = cfg["schedule"] in ("zb-h1", "zbv", "dualpipe-v")
         for chunks in r["model_state"]:
             for got in chunks:
+                # the weights' all-gathers per micro-batch are the cost model's (planner.cost.fsdp):
+                # F and B, and W's under a split backward (two on the first stage, three where it
+                # rebuilds recomputed layers at its I); DualPipe-V runs some backwards whole (two)
+                priced = gathers_per_microbatch(split, got["stage_idx"] == 0, cfg["recompute"])
+                runs = cfg["steps"] * cfg["num_microbatches"]
+                if cfg["schedule"] == "dualpipe-v":
+                    assert 2 * runs <= got["gathers"] <= priced * runs, (r["name"], got)
+                else:
+                    assert got["gathers"] == priced * runs, (r["name"], got, priced)
                 # between its uses a rank keeps only its shard: w N / d (the cost model's ZeRO 3
                 # weights, w = 8 bytes in float64), up to the padding of the last shard, less the
                 # tied embedding the zoo GPT keeps whole outside the shard

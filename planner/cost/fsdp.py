@@ -57,6 +57,20 @@ its forward and after its backward, and its whole gradient after the reduce-scat
 ``u`` = 2 units in flight with prefetching (the one computing, the one gathered ahead; FSDP2
 prefetches one unit), 1 without, each bounded by the stage's largest layer.
 
+Under a split backward (ZB-H1, ZB-H2, ZBV, DualPipe-V: the input-gradient pass ``I`` and the
+weight-gradient pass ``W`` of a micro-batch run apart, other micro-batches' passes between them)
+the weights are gathered a third time, for ``W`` (:func:`weight_pass_gather_ms`): ``W`` computes
+``dW`` from the saved inputs and output gradients, but torch's autograd nodes read the saved
+weight there too -- the CPU kernels of LayerNorm, GroupNorm and BatchNorm take its data pointer
+in a backward asked for the weight's gradient alone, a weight that enters nonlinearly needs its
+value, and torch's own action runtime asserts the stage unsharded before ``BACKWARD_WEIGHT``
+(``_assert_unsharded``). ``W``'s gathers are priced as a forward's are against its compute
+(``w_k`` = ``b_k`` x the layer's weight-gradient share): ``sum_k a_k`` without prefetching,
+``a_{j-1} + sum max(w_k, a_{k-1}) - sum w_k`` with it. The first stage runs no ``I`` in torch (its
+``W`` is one whole backward, with ``I``'s gather) unless it rebuilds recomputed layers there
+(``planner.runtime.recompute``): two gathers there, three where it recomputes. The chain
+solvers' tables price two gathers (the plan's stages and the simulator three).
+
 Not priced as ZeRO 3: weights kept gathered across a stage's micro-batches (FSDP's
 ``reshard_after_forward=False``): whole weights, gradients reduce-scattered every micro-batch --
 ZeRO 2 here (:mod:`planner.cost.sharding`), and ZeRO 3 is the resharding one.
@@ -70,7 +84,8 @@ import numpy as np
 
 from planner.artifacts.layout import Layout
 
-__all__ = ["FsdpTerms", "fsdp_terms", "hsdp_groups", "replay", "units_in_flight", "working_set_matrix"]
+__all__ = ["FsdpTerms", "fsdp_terms", "gathers_per_microbatch", "hsdp_groups", "replay", "units_in_flight",
+           "weight_pass_gather_ms", "working_set_matrix"]
 
 
 def hsdp_groups(layout: Layout, stage_idx: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -216,3 +231,19 @@ def working_set_matrix(param_count: np.ndarray, bytes_per_param: float, prefetch
         out[i, i + 1:] = np.maximum.accumulate(counts[i:])
     result: np.ndarray = out * units_in_flight(prefetch) * bytes_per_param
     return result
+
+
+def gathers_per_microbatch(split_backward: bool, first_stage: bool, rebuilds: bool) -> int:
+    """Times a stage's weights are gathered per micro-batch: for its forward and its backward,
+    and under a split backward once more for ``W``, but on the first stage only where it
+    ``rebuilds`` recomputed layers at its ``I`` (module docstring)."""
+    return 2 + int(split_backward and (not first_stage or rebuilds))
+
+
+def weight_pass_gather_ms(wgrad: np.ndarray, gather: np.ndarray, prefetch: bool, start: int, stop: int) -> float:
+    """What the third gather of a split backward (module docstring) adds to the W pass of the
+    stage ``[start, stop)``, ms per micro-batch: its gathers against its per-layer compute
+    ``wgrad`` as a forward's (``F'`` less the compute)."""
+    zero = np.zeros_like(wgrad)
+    with_gathers, _ = fsdp_terms(wgrad, zero, gather, zero, prefetch).stage(start, stop)
+    return max(0.0, with_gathers - float(wgrad[start:stop].sum()))

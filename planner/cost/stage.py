@@ -362,12 +362,16 @@ class StageCosts(ZeroComm):
         :func:`price_stage` caches it."""
         fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
         bwd += self._zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)
+        wgrad = self.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0
+        if split_backward:  # ZeRO 3: W gathers the weights again (planner.cost.fsdp)
+            again = self.weight_pass_gather_ms(start, stop, microbatch_size, stage_idx, layout, bool(recompute))
+            bwd, wgrad = bwd + again, wgrad + again
         sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
         return StageTerms(
             fwd_ms=fwd,
             bwd_ms=bwd,
             recompute_ms=self.recompute_ms(recompute, microbatch_size, selective, layout, stage_idx),
-            wgrad_ms=self.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0,
+            wgrad_ms=wgrad,
             send_fwd_ms=self.boundary_transfer_ms(stop, microbatch_size, stage_idx, layout),
             send_bwd_ms=self.boundary_transfer_ms(start, microbatch_size, stage_idx - 1, layout),
             allreduce_ms=sync.total_ms,

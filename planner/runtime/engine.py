@@ -167,7 +167,7 @@ class TimedStage(PipelineStage):
         if not ops:  # the last stage: its output goes to the loss
             return ops
         for op in ops:
-            op.tensor = op.tensor.clone()
+            op.tensor = op.tensor.detach().clone()  # the copy sends data: no graph (it would hold the forward's to the next send)
         outputs, _ = self.fwd_cache[fwd_chunk_id]
         module = self.submod
         for idx, out in enumerate(outputs):

@@ -10,8 +10,11 @@ the plan prices W's inputs held (docs/zero-bubble.md; ``tests/test_zero_bubble.p
 behaviour). Here, as the plan prices it:
 
 - **forward**: the layer runs without autograd (:class:`_Recomputed`, a custom
-  ``autograd.Function`` whose node stands for the layer); its node saves the layer's inputs
-  (the saved-bytes meter counts them, as it counted checkpoint's inputs) and the RNG state;
+  ``autograd.Function`` whose node stands for the layer); its record keeps the layer's inputs
+  through the ambient saved-tensor hooks (the saved-bytes meter counts them, as it counted
+  checkpoint's inputs; not ``save_for_backward``: the split retains the node until W, and an
+  input the layer's own graph does not save, a skip it only adds, would be held there) and the
+  RNG state;
 - **I** (the node's backward in an input-gradient pass): the layer's forward re-runs with
   autograd from those inputs, under the stage's meter, and torch's own split backward
   (``stage_backward_input``) runs on that graph: the input gradients go on, the layer's
@@ -22,8 +25,9 @@ behaviour). Here, as the plan prices it:
 - **a whole backward** (``B`` of a schedule that runs some whole, the first stage's ``W``):
   the forward re-runs once and one backward computes the input and parameter gradients;
 - **the first stage's I**: torch runs none (its ``W`` is one whole backward); the stage
-  rebuilds the recomputed graphs there (:meth:`RecomputeLedger.rebuild`), so its ``W`` runs on
-  them without re-running the forward and it holds between the two what every later stage holds;
+  rebuilds the recomputed graphs there (:meth:`RecomputeLedger.rebuild`), in order, each on the
+  previous one's rebuilt output (one storage per boundary, as without recomputation), so its
+  ``W`` runs on them without re-running the forward;
 - **a stage's I cut in two** where layers or the loss follow its last recomputed layer
   (:func:`input_pass_in_two`): what follows first, so its tail is freed before the recomputed
   graphs are rebuilt (torch's one pass would hold both until it ends).
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,8 +62,15 @@ class Recomputation:
     def __init__(self, ledger: RecomputeLedger, layer: nn.Module, value: Any) -> None:
         self.ledger = ledger
         self.layer = layer
-        self.value = value  # the layer's input as it came (a tensor or a tuple), until rebuilt
+        self.value = value  # the layer's input as it came (a tensor or a tuple), until the node keeps it
         self.rng = _rng_state(flatten(value))
+        #: the node's inputs as the ambient saved-tensor hooks packed them (:meth:`keep`), until rebuilt
+        self.kept: list[Any] = []
+        self.unpack: Callable[[Any], torch.Tensor] | None = None
+        self.needs_grad: list[bool] = []
+        #: per kept input: the earlier recomputed layer of the micro-batch whose node made it, and
+        #: which of that node's outputs it is (a chain rebuilt in order shares the rebuilt tensor)
+        self.sources: list[tuple[Recomputation, int] | None] = []
         self.inputs: list[torch.Tensor] = []  # the rebuilt graph's leaves, one per distinct input tensor
         self.order: list[int] = []
         self.positions: list[int] = []  # which of the layer's output tensors the node stands for
@@ -70,11 +82,17 @@ class Recomputation:
         the stage's saved-bytes meter (what it rebuilds is held past the pass, to W)."""
         if self.outputs is not None:
             return
-        flat = flatten(self.value)
-        leaves = {id(t): t.detach().requires_grad_(t.requires_grad) for t in flat}
-        self.inputs = list(leaves.values())
-        self.order = [list(leaves).index(id(t)) for t in flat]  # each input tensor's leaf
-        value = tree_map(lambda t: leaves[id(t)], self.value)
+        unpack = self.unpack or (lambda t: t)
+        # the node's inputs as kept (the skeleton holds their indices); one an earlier layer made,
+        # rebuilt already (the first stage rebuilds its chain in order), is that layer's rebuilt
+        # output: one storage for both graphs, as without recomputation, not two equal ones
+        given = [_rebuilt(source, unpack, k) for k, source in zip(self.kept, self._sources(), strict=True)]
+        self.kept, self.unpack = [], None  # the rebuilt graph saves what it needs of them (metered here)
+        leaves = [t.detach().requires_grad_(g) for t, g in zip(given, self.needs_grad, strict=True)]
+        del given
+        self.inputs = leaves
+        value = tree_map(lambda t: leaves[int(t.item())], self.value)
+        self.order = [int(t.item()) for t in flatten(self.value)]  # each input tensor's leaf
         self.value = None
         self.ledger.forward_runs += 1
         hooks = self.ledger.hooks() if metered else contextlib.nullcontext()
@@ -100,9 +118,10 @@ class Recomputation:
         if self.ledger.splitting and any(t.requires_grad for t in self.inputs):
             with torch.enable_grad():  # torch's split reads the leaves' grad accumulators through views
                 dinputs, self.groups = stage_backward_input(outputs, out_grads, self.inputs, iter(self._params()))
-            for t in self.inputs:
-                t.grad = None  # the gradient goes on as the node's; the leaf need not hold it to W
-            self.outputs = []  # detached by stage_backward_input: what W needs is in the groups
+            # the gradients go on as the node's; what W needs is in the groups (the outputs were
+            # detached by stage_backward_input): the inputs are held from here only where the
+            # layer's own graph saved them, as without recomputation (a skip it only adds is freed)
+            self.inputs, self.outputs = [], []
             return list(dinputs)
         if outputs:
             torch.autograd.backward(outputs, out_grads)
@@ -116,8 +135,27 @@ class Recomputation:
             stage_backward_weight(iter(self._params()), self.groups)
         self.release()
 
+    def _sources(self) -> list[tuple[Recomputation, int] | None]:
+        return self.sources or [None] * len(self.kept)
+
+    def keep(self, tensors: list[torch.Tensor]) -> None:
+        """Keep the node's distinct input tensors through the ambient saved-tensor hooks (the
+        stage's saved-bytes meter counts them, an offloading layer's copies them to the host), as
+        ``save_for_backward`` would, but held by the record, so that an input-gradient pass can
+        let them go (:meth:`rebuild`) though the stage's graph is retained until W; the layer's
+        input becomes a skeleton of their indices."""
+        distinct = list({id(t): t for t in tensors}.values())
+        index = {id(t): k for k, t in enumerate(distinct)}
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        pack, self.unpack = hooks if hooks is not None else (None, None)
+        self.kept = [pack(t) if pack is not None else t for t in distinct]
+        self.needs_grad = [t.requires_grad for t in distinct]
+        self.sources = [self.ledger.made_by(t) for t in distinct]
+        self.value = tree_map(lambda t: torch.tensor(index[id(t)]), self.value)
+
     def release(self) -> None:
-        self.value, self.inputs, self.outputs, self.groups = None, [], [], None
+        self.value, self.inputs, self.outputs, self.groups, self.kept, self.unpack = None, [], [], None, [], None
+        self.sources = []
 
     def _params(self) -> list[nn.Parameter]:
         return [p for p in self.layer.parameters() if p.requires_grad]
@@ -130,8 +168,8 @@ class _Recomputed(torch.autograd.Function):
     def forward(ctx: Any, record: Recomputation, out: Callable[[], Any], *tensors: torch.Tensor) -> Any:
         ctx.record = record
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*tensors)  # the meter counts the kept inputs here
         flat = out()
+        record.keep(flatten(record.value))  # the meter counts the kept inputs here (the anchor: none)
         ctx.mark_non_differentiable(*(t for t in flat if not t.is_floating_point()))
         return tuple(flat)
 
@@ -157,6 +195,8 @@ class RecomputeLedger:
         #: the layers after it, where something follows it (:func:`input_pass_in_two`)
         self.cuts: dict[int, tuple[list[torch.Tensor], list[nn.Parameter]]] = {}
         self.last_made: list[torch.Tensor] = []  # the outputs of the last node :meth:`run` made
+        #: the running forward's node outputs: by id, the tensor (weakly), its node's record, which output
+        self._made: dict[int, tuple[weakref.ref[torch.Tensor], Recomputation, int]] = {}
         self.loss_follows = False  # the stage is the pipeline's last (set by its executor)
         self.forward_runs = 0  # recomputations run (the tests count them)
 
@@ -180,6 +220,8 @@ class RecomputeLedger:
             tensors = [*tensors, torch.empty(0, device=_device(tensors), requires_grad=True)]
         made = list(_Recomputed.apply(record, out, *tensors))
         self.last_made = made
+        if self.chunk is not None:
+            self._made.update((id(t), (weakref.ref(t), record, m)) for m, t in enumerate(made))
         fresh = iter(made)
         return tree_map(lambda t: t if id(t) in given else next(fresh), result[0])
 
@@ -194,6 +236,12 @@ class RecomputeLedger:
         if self.chunk is not None and flat and all(any(t is m for m in made) for t in flat):
             self.cuts[self.chunk] = (flat, after)
 
+    def made_by(self, tensor: torch.Tensor) -> tuple[Recomputation, int] | None:
+        """The record of the running forward's recomputed layer whose node made ``tensor``, and
+        which of its outputs it is (None: not a recomputed layer's output)."""
+        found = self._made.get(id(tensor))
+        return (found[1], found[2]) if found is not None and found[0]() is tensor else None
+
     @contextlib.contextmanager
     def forward_of(self, chunk: int) -> Iterator[None]:
         self.chunk = chunk
@@ -201,6 +249,7 @@ class RecomputeLedger:
             yield
         finally:
             self.chunk = None
+            self._made = {}
 
     @contextlib.contextmanager
     def backward_of(self, splitting: bool) -> Iterator[None]:
@@ -267,6 +316,14 @@ class _Alias(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad
+
+
+def _rebuilt(source: tuple[Recomputation, int] | None, unpack: Callable[[Any], torch.Tensor], kept: Any) -> torch.Tensor:
+    """A kept input: the earlier layer's rebuilt output ``source`` names where that layer is
+    rebuilt and not yet split, else the input as kept."""
+    if source is None or not source[0].outputs:
+        return unpack(kept)
+    return source[0].outputs[source[1]]
 
 
 def _device(tensors: list[torch.Tensor]) -> torch.device:

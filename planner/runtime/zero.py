@@ -72,9 +72,10 @@ alone cannot tell them apart (one ``W`` reduce-scattered another's gradients: is
 the engine runs each inside :meth:`ShardedState.input_pass` (weights gathered, freed after, no
 buffer) or :meth:`ShardedState.weight_pass` (weights gathered and a fresh buffer before it,
 reduce-scattered and freed when it ends, the recomputed layers' ``W`` included): three gathers
-per micro-batch (F, I, W) instead of two. Why our flat shard rather than torch's ``fully_shard``: FSDP2 does
-run on gloo (torch 2.13, CPU: checked with 2 processes, forward and backward of a
-``fully_shard`` model), but it makes every parameter a DTensor and, under
+per micro-batch (F, I, W; the first stage, which torch runs no I on, two unless it rebuilds
+recomputed layers there), as :mod:`planner.cost.fsdp` prices them (why ``W`` needs the weights).
+Why our flat shard rather than torch's ``fully_shard``: FSDP2 does run on gloo (torch 2.13, CPU:
+checked with 2 processes, forward and backward of a ``fully_shard`` model), but it makes every parameter a DTensor and, under
 ``torch.distributed.pipelining``, defers the reduce-scatter to the last micro-batch (whole
 gradients at the peak, the ZeRO 2 memory) -- this path keeps the runtime's parameters,
 checkpoints, saved-bytes meter and numerics checks as they are and reduce-scatters every
@@ -247,6 +248,7 @@ class ShardedState:
         self._ready = 0  # ZeRO 3: gradients accumulated in this backward
         self._pass: str | None = None  # ZeRO 3 under a split backward: "input" or "weight" while one runs
         self._moved: Callable[[], None] | None = None  # ZeRO 3: told when the weights were gathered anew
+        self.gathers = 0  # ZeRO 3: the weights' all-gathers inside the schedules (the tests count them)
         #: ZeRO 3: the most bytes the parameters and master shard held when a forward of the
         #: chunk started inside the schedule (what the rank keeps between its uses of them)
         self.between_bytes_peak = 0
@@ -330,6 +332,7 @@ class ShardedState:
             return
         flat = self._empty(self.layout.padded_numel)
         dist.all_gather_single(flat, self.master.detach(), group=self._group)
+        self.gathers += self._sum is not None
         for param, start, n in zip(self.params, self.layout.offsets, self.layout.numels):
             storage = param.untyped_storage()
             storage.resize_(n * param.element_size())
