@@ -38,6 +38,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
 from planner.cost.collectives import allreduce_line, link_of, p2p_ms, stage_links
+from planner.cost.fsdp import gathers_per_microbatch, weight_pass_gather_ms
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import is_fsdp
@@ -364,7 +365,7 @@ class StageCosts(ZeroComm):
         bwd += self._zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)
         wgrad = self.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0
         if split_backward:  # ZeRO 3: W gathers the weights again (planner.cost.fsdp)
-            again = self.weight_pass_gather_ms(start, stop, microbatch_size, stage_idx, layout, bool(recompute))
+            again = self._weight_pass_gather_ms(start, stop, microbatch_size, stage_idx, layout, bool(recompute))
             bwd, wgrad = bwd + again, wgrad + again
         sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
         return StageTerms(
@@ -381,6 +382,18 @@ class StageCosts(ZeroComm):
             optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
             alltoall_ms=self.stage_alltoall_ms(start, stop, microbatch_size),
         )
+
+    def _weight_pass_gather_ms(self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
+                               rebuilds: bool) -> float:
+        """ZeRO 3 under a split backward: what gathering the weights for the stage's W pass adds to
+        it, ms per micro-batch (:func:`planner.cost.fsdp.weight_pass_gather_ms`); 0 off ZeRO 3 and
+        on the first stage unless it ``rebuilds`` recomputed layers at its I (torch runs no I there)."""
+        sharding = layout.sharding(stage_idx)
+        if not is_fsdp(sharding) or gathers_per_microbatch(True, stage_idx == 0, rebuilds) < 3:
+            return 0.0
+        terms = self.fsdp_terms(microbatch_size, self.fsdp_line(layout), sharding)
+        _, bwd = self.at_batch(microbatch_size).times_ms
+        return weight_pass_gather_ms(bwd * self.wgrad_fraction, terms.gather, self.stack.fsdp_prefetch, start, stop)
 
     def _zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,
                           bwd_ms: float) -> float:
