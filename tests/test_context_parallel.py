@@ -17,15 +17,11 @@ from planner.artifacts.profile import load_profile
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost.collectives import allreduce_line
-from planner.cost.context import (
-    candidate_cp_degrees,
-    context_parallel_view,
-    gemm_ratio,
-    refusal,
-    sequence_shape,
-)
+from planner.cost.context import context_parallel_view, gemm_ratio
+from planner.cost.context_degrees import candidate_cp_degrees, refusal
 from planner.cost.tensor_parallel import device_cost_model
 from planner.profiling.analytic.gpt import gpt_profile
+from planner.profiling.analytic.sequence import sequence_shape
 from planner.profiling.defaults import profiles_dir
 from planner.solve import plan
 from planner.solve.prices import StageTable

@@ -20,8 +20,9 @@ from planner.artifacts.plan import plan_from_json, plan_to_json
 from planner.artifacts.profile import profile_from_json, profile_to_json
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
-from planner.cost.experts import alltoall_ms, candidate_expert_degrees, expert_links, remote_nodes, strip_experts
-from planner.cost.tensor_parallel import device_cost_model
+from planner.cost.expert_degrees import candidate_expert_degrees
+from planner.cost.experts import alltoall_ms, expert_links, remote_nodes
+from planner.cost.tensor_parallel import device_cost_model, strip_experts
 from planner.profiling.analytic.moe import moe_profile
 from planner.solve import plan as solve
 from planner.solve.bruteforce import solve_chain_bruteforce

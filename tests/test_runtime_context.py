@@ -287,7 +287,7 @@ def test_zoo_gpt_with_context_parallelism_matches_one_process(driven: SharedLaun
 def cost_model_at_cp2(model: str, *, seq: int, hidden: int, heads: int) -> Any:
     """The cost model of one rank at cp = 2 for ``model``: its measured profile (micro-batch 1
     and 2, saved bytes by the runtime's hooks) declared to scale with the sequence as the
-    analytic profiles declare it (``planner.cost.context.sequence_shape``), viewed at cp = 2.
+    analytic profiles declare it (``planner.profiling.analytic.sequence.sequence_shape``), viewed at cp = 2.
     Bytes only: the times are set to fixed positive lines (one timing repeat on a loaded machine
     can fit a negative intercept, which the view's scaling would refuse), the GEMM constants
     are placeholders."""
@@ -326,7 +326,7 @@ def _check_predicted(result: dict[str, Any], masks: int) -> list[str]:
     (2) the peak of the K/V re-gathered in backward against the one layer's gathered K/V the
     cost model adds to the buffers (``gather_bytes_per_sample`` x b, there at 2 bytes a value,
     here at 8)."""
-    from planner.cost.context import KV_BYTES_PER_VALUE
+    from planner.profiling.analytic.sequence import KV_BYTES_PER_VALUE
 
     b = 2
     cm = cost_model_at_cp2(MEM_GPT, seq=64, hidden=32, heads=4)

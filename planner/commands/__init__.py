@@ -1,1 +1,1 @@
-"""One module per ``planner`` subcommand; each exposes ``register(subparsers)``."""
+"""One module per ``planner`` subcommand; each is a value there, ``COMMAND`` (:class:`planner.commands._args.Subcommand`)."""

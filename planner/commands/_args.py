@@ -1,4 +1,5 @@
-"""Argument types shared by subcommands: they raise argparse errors (exit 2, one line).
+"""What the subcommands share: the record each one is (:class:`Subcommand`), and argument types
+that raise argparse errors (exit 2, one line).
 
 Every number a flag takes is finite and in a range (``planner.artifacts.limits``), written
 as a number (``planner.artifacts.flag_values``: no ``nan``, ``1_000``, ``1e3`` for an
@@ -12,6 +13,7 @@ import argparse
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,6 +22,19 @@ from planner.artifacts.flag_values import parse_float, parse_int
 from planner.artifacts.limits import MAX_BATCH, MAX_BYTES, MAX_DEVICES, MAX_MS
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    """A subcommand as data, what ``planner`` reads of each ``planner/commands/<name>.py``
+    (its ``COMMAND``): the name typed, the line ``planner --help`` lists, the parser of its
+    arguments (``add_help=False``; its description, epilog and formatter are the subcommand's
+    ``--help``), and the function that runs the parsed arguments, returning the exit code."""
+
+    name: str
+    help: str
+    parser: argparse.ArgumentParser
+    run: Callable[[argparse.Namespace], int]
 
 #: the largest integer a count flag takes unless it names a tighter bound
 MAX_FLAG_INT = 2**31 - 1

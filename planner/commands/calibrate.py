@@ -16,16 +16,16 @@ from planner.artifacts.cluster import save_cluster
 from planner.artifacts.kinds import CALIBRATION_GRANULARITIES, CALIBRATION_RESIDUALS
 from planner.artifacts.plan import load_plan
 from planner.artifacts.profile import load_profile, save_profile
-from planner.commands._args import check_output
+from planner.commands._args import Subcommand, check_output
 
 if TYPE_CHECKING:
     from planner.report.calibrate import CalibrationResult
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate",
-        help="refit a profile's layer times (and a cluster's links) to measured runs",
+def _parser() -> argparse.ArgumentParser:
+    """``planner calibrate``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
         description="Scale the profile's layer times (least squares of measured vs predicted stage compute) and the "
         "cluster's communication so that the measured plans, re-predicted, match their runs.",
     )
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--residual", default="auto", choices=CALIBRATION_RESIDUALS,
                    help="what explains the time left after the compute scale: slower links, a per-layer overhead, "
                    "the better fit of the two (auto), or nothing (default: %(default)s)")
-    p.set_defaults(func=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,3 +82,7 @@ def format_calibration(result: CalibrationResult, names: list[str]) -> str:
             f"{plan.predicted.iteration_ms:15.2f}  {after:+6.1%}"
         )
     return "\n".join(lines)
+
+
+COMMAND = Subcommand(name="calibrate", parser=_parser(), run=run,
+                     help="refit a profile's layer times (and a cluster's links) to measured runs")

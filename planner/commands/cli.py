@@ -1,5 +1,6 @@
 """The ``planner`` command line. Each subcommand lives in ``planner/commands/<name>.py``
-and exposes ``register(subparsers)``, which adds its parser and sets ``func``.
+and is a value there, ``COMMAND`` (:class:`~planner.commands._args.Subcommand`: its name, help
+line, parser and run function), which :func:`build_parser` adds under ``planner``.
 
 Exit codes: 0 success, 2 invalid input, 3 infeasible request, 1 anything else the planner
 reports deliberately. Errors are one line on stderr, never a traceback (set
@@ -26,6 +27,7 @@ import os
 import sys
 
 from planner.artifacts.errors import PlannerError
+from planner.commands._args import Subcommand
 
 # Subcommand modules, in the order ``planner --help`` lists them.
 COMMANDS = (
@@ -71,7 +73,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS if only is None else (only,):
-        importlib.import_module(f"planner.commands.{name}").register(sub)
+        command: Subcommand = importlib.import_module(f"planner.commands.{name}").COMMAND
+        own = command.parser
+        p = sub.add_parser(command.name, help=command.help, parents=[own], description=own.description,
+                           epilog=own.epilog, formatter_class=own.formatter_class)
+        p.set_defaults(func=command.run)
     return parser
 
 

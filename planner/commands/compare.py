@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from planner.artifacts.errors import PlannerInputError
-from planner.commands._args import check_output
+from planner.commands._args import Subcommand, check_output
 from planner.report.table import format_table
 
 if TYPE_CHECKING:  # pandas and the comparison load when the command runs, not with the CLI
@@ -55,10 +55,10 @@ _SHOWN_MEASURED = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="compare plans (and baselines, and measured runs) side by side",
+def _parser() -> argparse.ArgumentParser:
+    """``planner compare``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
         description="One row per plan: configuration, predicted time, memory by kind, bubble, bound, ME index; "
         "with --report, measured figures beside the predictions.",
     )
@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     p.add_argument("--figures", metavar="DIR",
                    help="write timelines.png, memory.png and pareto.png here (the folder is made if it does not exist)")
-    p.set_defaults(func=run)
+    return p
 
 
 def _reports(items: list[str]) -> list[str] | dict[str | int, list[str]] | None:
@@ -179,3 +179,7 @@ def write_figures(entries: list[PlanEntry], out: Path) -> list[Path]:
     plot_stage_memory(plans, labels, paths[1])
     plot_pareto(plans[0], paths[2], others=dict(zip(labels[1:], plans[1:])))
     return paths
+
+
+COMMAND = Subcommand(name="compare", parser=_parser(), run=run,
+                     help="compare plans (and baselines, and measured runs) side by side")

@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 from planner.artifacts.plan import load_plan
-from planner.commands._args import check_output
+from planner.commands._args import Subcommand, check_output
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "export",
-        help="export a plan: per-stage module names (torchtitan), schedule CSV (torch.distributed.pipelining)",
+def _parser() -> argparse.ArgumentParser:
+    """``planner export``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
         description="Write a plan's per-stage layer names as a JSON list of lists, its per-rank schedule as CSV, "
                     "or a torchtitan job config. With no flag, prints the stage names (a JSON list of lists of layer "
                     "names, one list per stage) on stdout.",
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torchtitan", metavar="OUT",
                    help="torchtitan job config TOML: parallelism degrees (tp, pp, dp, and cp when the plan has "
                         "context parallelism), schedule, micro-batch, stage split")
-    p.set_defaults(func=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,3 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if not (args.stages_json or args.schedule_csv or args.torchtitan):
         print(json.dumps(stage_module_names(plan)))
     return 0
+
+
+COMMAND = Subcommand(name="export", parser=_parser(), run=run,
+                     help="export a plan: per-stage module names (torchtitan), schedule CSV (torch.distributed.pipelining)")

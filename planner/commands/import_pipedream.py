@@ -7,13 +7,13 @@ from pathlib import Path
 
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.profile import save_profile
-from planner.commands._args import batch_size, check_output
+from planner.commands._args import Subcommand, batch_size, check_output
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "import-pipedream",
-        help="convert a PipeDream graph.txt profile into a profile JSON",
+def _parser() -> argparse.ArgumentParser:
+    """``planner import-pipedream``'s arguments (:data:`COMMAND`)."""
+    parser = argparse.ArgumentParser(
+        add_help=False,
         description=(
             "Convert PipeDream's graph.txt (per-minibatch layer times and fp32 sizes) into a "
             "planner profile: per-sample costs, inputs merged into a zero-cost first layer, "
@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="minibatch size of the profile (default: inferred)")
     parser.add_argument("--name", default=None, help="model name (default: the folder holding GRAPH.txt)")
     parser.add_argument("--out", required=True, metavar="PATH", help="profile JSON to write")
-    parser.set_defaults(func=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,3 +45,7 @@ def run(args: argparse.Namespace) -> int:
         f"batch size {meta['batch_size']} -> {out}"
     )
     return 0
+
+
+COMMAND = Subcommand(name="import-pipedream", parser=_parser(), run=run,
+                     help="convert a PipeDream graph.txt profile into a profile JSON")

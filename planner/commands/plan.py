@@ -29,14 +29,14 @@ from planner.artifacts.profile import Profile, load_profile
 from planner.artifacts.progress import Progress
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACK_ALIASES, STACKS, Stack, stack_named
-from planner.commands._args import batch_size, check_output, device_count, duration_ms, fraction, int_list, memory_gib
+from planner.commands._args import Subcommand, batch_size, check_output, device_count, duration_ms, fraction, int_list, memory_gib
 from planner.profiling.defaults import DEFAULT_GLOBAL_BATCH, default_profile
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "plan",
-        help="plan a profile for a cluster",
+def _parser() -> argparse.ArgumentParser:
+    """``planner plan``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
         description="Find the fastest (or leanest) pipeline + data + tensor parallel plan (with ZeRO, per-stage "
         "replication and recomputation) for a profiled model on a cluster. "
         "With no arguments, plans the embedded default profile (GPT-3 13B, analytic, A100) on an 8x A100-80GB node.",
@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pareto", action="store_true", help="also print the Pareto front of iteration time vs peak memory")
     p.add_argument("--out", help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON instead of the table")
-    p.set_defaults(func=run)
+    return p
 
 
 def _add_parallelism_arguments(p: argparse.ArgumentParser) -> None:
@@ -308,3 +308,6 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"\nplan written to {args.out}")
     return 0
+
+
+COMMAND = Subcommand(name="plan", help="plan a profile for a cluster", parser=_parser(), run=run)

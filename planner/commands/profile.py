@@ -13,7 +13,7 @@ from pathlib import Path
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.flag_values import parse_int
 from planner.artifacts.profile import Profile, save_profile
-from planner.commands._args import bounded_int, check_output
+from planner.commands._args import Subcommand, bounded_int, check_output
 from planner.profiling.analytic.gemm import GemmModel
 
 EPILOG = """\
@@ -49,10 +49,10 @@ ANALYTIC_SIZES = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "profile",
-        help="measure a torch model (zoo, hf:CONFIG, your own) or build an analytic GPT or Llama profile into a profile JSON",
+def _parser() -> argparse.ArgumentParser:
+    """``planner profile``'s arguments (:data:`COMMAND`)."""
+    parser = argparse.ArgumentParser(
+        add_help=False,
         description=__doc__.split("\n\n")[0],
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="the device's GEMM model: the largest GEMMs' fraction of peak, the arithmetic intensity "
                                "(FLOP/byte) at half of that, and the achieved fraction of HBM bandwidth "
                                "(planner.profiling.analytic.gemm; default: the preset's constants fitted on published runs)")
-    parser.set_defaults(func=run)
+    return parser
 
 
 #: the largest micro-batch measured (a batch of it is built in memory)
@@ -231,3 +231,7 @@ def run(args: argparse.Namespace) -> int:
         f"attention {profile.attention.value} ({selective} layers with a selective level) -> {out}"
     )
     return 0
+
+
+COMMAND = Subcommand(name="profile", parser=_parser(), run=run,
+                     help="measure a torch model (zoo, hf:CONFIG, your own) or build an analytic GPT or Llama profile into a profile JSON")

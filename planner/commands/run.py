@@ -43,7 +43,7 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import DType, OptimizerFamily
 from planner.artifacts.plan import Plan, load_plan
 from planner.artifacts.progress import Progress
-from planner.commands._args import bounded_float, bounded_int, device_count
+from planner.commands._args import Subcommand, bounded_float, bounded_int, device_count
 from planner.runtime.checkpoint_files import DEFAULT_KEEP_LAST
 from planner.runtime.checkpoint_settings import CHANGEABLE
 from planner.runtime.lifecycle import STOP_GRACE_S
@@ -258,10 +258,10 @@ def supervise(cmd: list[str], quiet: bool = False, started: tuple[Path, Callable
     return proc.returncode
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run",
-        help="execute a plan under torchrun",
+def _parser() -> argparse.ArgumentParser:
+    """``planner run``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
         description="Train with a plan on this machine (gloo on CPU, NCCL on GPU) and write a RunReport.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -305,4 +305,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verbose", action="store_true",
                    help="keep torch's own lines (torchrun's OMP_NUM_THREADS warning, the profiler's USDT lines, "
                         "FutureWarnings); default: silenced")
-    p.set_defaults(func=run)
+    return p
+
+
+COMMAND = Subcommand(name="run", help="execute a plan under torchrun", parser=_parser(), run=run)

@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 
 from planner.artifacts.plan import load_plan
+from planner.commands._args import Subcommand
 from planner.report.table import format_pareto, format_plan
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("show", help="print a saved plan as a table", description="Print a saved plan JSON as a table.")
+def _parser() -> argparse.ArgumentParser:
+    """``planner show``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
+        description="Print a saved plan JSON as a table.",
+    )
     p.add_argument("plan", help="plan JSON written by 'planner plan --out'")
     p.add_argument("--pareto", action="store_true", help="also print the plan's Pareto front")
-    p.set_defaults(func=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,3 +27,6 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(format_pareto(plan.pareto))
     return 0
+
+
+COMMAND = Subcommand(name="show", help="print a saved plan as a table", parser=_parser(), run=run)

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from planner.artifacts.plan import Plan, load_plan
-from planner.commands._args import check_output, nonneg_float
+from planner.commands._args import Subcommand, check_output, nonneg_float
 from planner.report.table import sync_name
 
 if TYPE_CHECKING:
@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 MIB = 1024**2
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "simulate",
-        help="replay a plan's schedule: times, bubble, memory; timeline and memory figures",
+def _parser() -> argparse.ArgumentParser:
+    """``planner simulate``'s arguments (:data:`COMMAND`)."""
+    p = argparse.ArgumentParser(
+        add_help=False,
         description="Replay a plan's per-rank schedule with the event simulator and print the summary.",
     )
     p.add_argument("plan", help="plan JSON written by 'planner plan --out'")
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", metavar="PNG", help="write memory over time per stage")
     p.add_argument("--csv", metavar="CSV", help="write the compute-only schedule torch.distributed.pipelining loads")
     p.add_argument("--optimizer-ms", type=nonneg_float, default=0.0, help="optimizer step per rank (default 0)")
-    p.set_defaults(func=run)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,3 +112,7 @@ def format_summary(plan: Plan, timeline: Timeline) -> str:
     lines.append("  ".join(h.rjust(w) for h, w in zip(header, widths)))
     lines.extend("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
     return "\n".join(lines)
+
+
+COMMAND = Subcommand(name="simulate", parser=_parser(), run=run,
+                     help="replay a plan's schedule: times, bubble, memory; timeline and memory figures")

@@ -44,15 +44,15 @@ solvers, the simulator and the bounds price ``cp`` with no change. Per layer and
 What scales with the sequence must be declared: the analytic GPT and Llama profiles
 (:mod:`planner.profiling.analytic`) record their generator's parameters in their metadata
 (``seq``, ``hidden``, ``heads``, for Llama ``kv_heads`` and ``head_dim``, and the GEMM model's
-constants), from which :func:`sequence_shape` reads them. A measured or imported profile does
-not say which of its time is token-wise and which is attention, nor its key/value bytes:
-context parallelism is not searched for it (:func:`refusal`).
+constants), from which :func:`planner.profiling.analytic.sequence.sequence_shape` reads them. A
+measured or imported profile does not say which of its time is token-wise and which is
+attention, nor its key/value bytes: context parallelism is not searched for it (the degrees a
+search covers are :mod:`planner.cost.context_degrees`').
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
@@ -61,86 +61,16 @@ from planner.artifacts.kinds import AttentionKind
 from planner.artifacts.profile import AttentionCore, Edge, Layer, Profile, SharedSaved, TimeFit
 from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.collectives import allreduce_line
-from planner.profiling.analytic.gemm import GemmModel
+from planner.cost.context_degrees import refusal
+from planner.profiling.analytic.sequence import SequenceShape, sequence_shape
 
-__all__ = ["ContextView", "SequenceShape", "candidate_cp_degrees", "context_parallel_view", "refusal", "sequence_shape"]
+__all__ = ["ContextView", "context_parallel_view", "gemm_ratio"]
 
 #: the attention core's backward over its forward: FlashAttention recomputes the scores (2.5,
 #: Dao et al. 2022 as :mod:`planner.profiling.analytic.attention` counts it), materialised 2
 CORE_BWD_FACTOR = {AttentionKind.FLASH: 2.5, AttentionKind.MATERIALISED: 2.0}
 #: micro-batch sizes through which a time with hidden collectives (not a line in ``b``) is fitted
 FIT_SIZES = (1, 8)
-KV_BYTES_PER_VALUE = 2  # 16-bit keys and values, as the analytic profiles' activations
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceShape:
-    """What an analytic profile says scales with its sequence (module docstring)."""
-
-    seq: int
-    hidden: int
-    kv_heads: int
-    head_dim: int
-    gemm: GemmModel
-
-    def kv_bytes_per_sample(self, tp_degree: int = 1) -> float:
-        """One layer's keys and values for one sample, on one of ``tp_degree`` devices."""
-        return 2.0 * self.seq * self.kv_heads * self.head_dim * KV_BYTES_PER_VALUE / tp_degree
-
-
-def _int(meta: Mapping[str, object], key: str, default: int = 0) -> int:
-    value = meta.get(key, default)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def sequence_shape(profile: Profile) -> SequenceShape | None:
-    """The sequence shape an analytic GPT or Llama profile records, or None (no declaration)."""
-    meta = dict(profile.metadata)
-    if meta.get("selective_unit", "attention-core") != "attention-core":
-        return None  # its blocks' selective unit is not the attention core the view splits
-    seq, hidden, heads = _int(meta, "seq"), _int(meta, "hidden"), _int(meta, "heads")
-    if min(seq, hidden, heads) < 1 or not any(layer.attention_core for layer in profile.layers):
-        return None
-    if profile.attention not in CORE_BWD_FACTOR:
-        return None
-    gemm = GemmModel.of_metadata(meta)
-    if gemm is None:
-        return None
-    kv_heads = _int(meta, "kv_heads", heads) or heads
-    head_dim = _int(meta, "head_dim", hidden // heads) or hidden // heads
-    return SequenceShape(seq=seq, hidden=hidden, kv_heads=kv_heads, head_dim=head_dim, gemm=gemm)
-
-
-def refusal(profile: Profile, num_devices: int, tp_degree: int, cp: int) -> str:
-    """Why ``cp`` cannot be used for ``profile`` on ``num_devices`` devices with tensor-parallel
-    degree ``tp_degree`` ("" when it can)."""
-    if cp < 1:
-        return f"context-parallel degree {cp} must be >= 1"
-    if cp == 1:
-        return ""
-    shape = sequence_shape(profile)
-    if shape is None:
-        return (f"profile {profile.model!r} does not declare what scales with the sequence (only analytic GPT and "
-                f"Llama profiles do: planner profile --analytic); context parallelism is not searched for it")
-    if shape.seq % (2 * cp):
-        return (f"context-parallel degree {cp} does not cut the {shape.seq}-token sequence into {2 * cp} whole "
-                f"load-balanced chunks")
-    if num_devices % (cp * tp_degree):
-        return f"context-parallel degree {cp} x tensor-parallel degree {tp_degree} does not divide the {num_devices} devices"
-    return ""
-
-
-def candidate_cp_degrees(profile: Profile, num_devices: int, tp_degree: int, asked: Iterable[int] = ()) -> list[int]:
-    """The context-parallel degrees searched with ``tp_degree``: those of ``asked`` that divide
-    the devices with it (one unusable with any, ``tp_degree`` 1, is refused naming why), else 1
-    and every degree :func:`refusal` allows."""
-    asked = sorted(set(asked))
-    for cp in asked:
-        why = refusal(profile, num_devices, 1, cp)
-        if why:
-            raise PlannerInputError(f"--cp {cp}: {why}")
-    candidates = asked or range(1, num_devices // tp_degree + 1)
-    return [cp for cp in candidates if not refusal(profile, num_devices, tp_degree, cp)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +153,7 @@ def context_parallel_view(profile: Profile, cluster: Cluster, cp: int, tp_degree
                                 f"devices of cluster {cluster.name!r}")
     per_byte, fixed = allreduce_line(cluster, ranks)
     speed = cluster.relative_speed  # collective times are on this cluster; layer times are divided by speed later
-    kv = shape.kv_bytes_per_sample(tp_degree)
+    kv = shape.kv_bytes_per_sample / tp_degree
     r = gemm_ratio(shape, cp, tp_degree)
     factor = CORE_BWD_FACTOR[profile.attention]
     times: dict[tuple[object, ...], tuple[TimeFit, TimeFit, AttentionCore | None]] = {}  # equal layers: worked out once

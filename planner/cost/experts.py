@@ -3,10 +3,12 @@
 A plan's MoE layers have their experts laid out apart from attention over the same ranks
 (:class:`~planner.artifacts.layout.Layout`: ``ep`` x ``etp`` x ``edp``, "parallel folding").
 The per-device profile a :class:`~planner.cost.model.CostModel` prices is built in three steps
-(:func:`planner.cost.tensor_parallel.device_cost_model`): :func:`strip_experts` takes each MoE
-layer's routed experts out (their times, parameters and saved bytes, ``Layer.moe``); the
-tensor- and context-parallel views price the rest; :func:`expert_view` adds the experts back as
-one device of the group runs them. Per MoE layer and micro-batch of ``b`` samples, on one device
+(:func:`planner.cost.tensor_parallel.device_cost_model`): the tensor-parallel view takes each MoE
+layer's routed experts out (their times, parameters and saved bytes, ``Layer.moe``:
+:func:`planner.cost.tensor_parallel.strip_experts`) and prices the rest, as the context-parallel
+view does after it; :func:`expert_view` adds the experts back as one device of the group runs
+them. The expert layouts a search covers are :mod:`planner.cost.expert_degrees`'. Per MoE layer
+and micro-batch of ``b`` samples, on one device
 (``s`` tokens per sample, ``k`` of ``E`` experts per token, width ``h``, expert FFN width ``F``;
 tokens per device ``T = b s / (t cp)`` with sequence parallelism, ``b s / cp`` without, since
 then every tensor-parallel rank routes all of them; ``L`` the busiest rank's load over the mean,
@@ -89,7 +91,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from planner.artifacts.cluster import Cluster
-from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.moe import MoeDispatcher, MoeLayer, MoeStack
 from planner.artifacts.profile import AttentionCore, Layer, Profile, TimeFit
@@ -99,8 +100,7 @@ from planner.profiling.analytic.gemm import GemmModel
 from planner.profiling.analytic.grouped import FIT_SIZES, expert_gemm_ms, line_through
 
 __all__ = ["DEEPEP_INTERNODE_NOTIFY_MS", "DEEPEP_NVLINK_FRACTION", "DEEPEP_RDMA_FRACTION", "ExpertLinks", "alltoall_ms",
-           "candidate_expert_degrees", "deepep_notify_ms", "expert_links", "expert_refusal", "expert_view", "has_experts",
-           "remote_nodes", "strip_experts"]
+           "deepep_notify_ms", "expert_links", "expert_view", "remote_nodes"]
 
 #: DeepEP's normal kernels' bottleneck bandwidth over the link's (V1 README, H800: intranode EP 8
 #: dispatch 153 GB/s of ~160 GB/s NVLink)
@@ -117,37 +117,8 @@ PROB_BYTES = 4
 DEEPEP_INTERNODE_NOTIFY_MS = 1.0
 
 
-def has_experts(profile: Profile) -> bool:
-    """Some layer of ``profile`` has routed experts."""
-    return any(layer.moe is not None for layer in profile.layers)
-
-
-def _sub(a: TimeFit, b: TimeFit) -> TimeFit:
-    intercept, slope = a.intercept_ms - b.intercept_ms, max(0.0, a.per_sample_ms - b.per_sample_ms)
-    return TimeFit(intercept_ms=max(intercept, -slope), per_sample_ms=slope)
-
-
 def _add(a: TimeFit, b: TimeFit) -> TimeFit:
     return TimeFit(intercept_ms=a.intercept_ms + b.intercept_ms, per_sample_ms=a.per_sample_ms + b.per_sample_ms)
-
-
-def strip_experts(profile: Profile) -> Profile:
-    """``profile`` with each MoE layer's routed experts taken out (its times, parameters and saved
-    bytes less theirs, no ``moe``): what the tensor- and context-parallel views price."""
-    if not has_experts(profile):
-        return profile
-    layers = []
-    for layer in profile.layers:
-        moe = layer.moe
-        if moe is None:
-            layers.append(layer)
-            continue
-        params = layer.param_count - moe.expert_param_count
-        layers.append(dataclasses.replace(
-            layer, fwd=_sub(layer.fwd, moe.expert_fwd), bwd=_sub(layer.bwd, moe.expert_bwd), measured=(),
-            param_count=params, param_bytes=round(layer.param_bytes * params / layer.param_count) if layer.param_count else 0,
-            saved_bytes_per_sample=layer.saved_bytes_per_sample - moe.expert_saved_bytes_per_sample, moe=None))
-    return dataclasses.replace(profile, layers=tuple(layers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,10 +288,10 @@ def _expert_fields(layer: Layer, moe: MoeLayer, dev: _Device, comm: TimeFit, sta
 
 
 def expert_view(view: Profile, profile: Profile, cluster: Cluster, group: DeviceGroup, stack: Stack) -> Profile:
-    """``view`` (:func:`strip_experts` of ``profile`` through the tensor- and context-parallel
+    """``view`` (:func:`~planner.cost.tensor_parallel.strip_experts` of ``profile`` through the tensor- and context-parallel
     views of ``group``) with ``profile``'s routed experts added as one device of ``group`` runs
     them (module docstring); ``view`` itself without experts."""
-    if not has_experts(profile):
+    if all(layer.moe is None for layer in profile.layers):
         return view
     links = expert_links(cluster, group)
     gemm = _gemm_model(profile.metadata)
@@ -356,58 +327,3 @@ def deepep_notify_ms(links: ExpertLinks, stack: MoeStack) -> float:
     if stack.dispatcher is not MoeDispatcher.DEEPEP or links.ep <= 1 or links.nodes <= 1:
         return 0.0
     return DEEPEP_INTERNODE_NOTIFY_MS
-
-
-def expert_refusal(profile: Profile, cluster: Cluster, num_devices: int, ep: int, etp: int) -> str:
-    """Why experts cannot be laid out over ``ep`` x ``etp`` devices for ``profile`` on
-    ``num_devices`` of ``cluster`` ("" when they can): ``ep`` divides every MoE layer's experts,
-    ``etp`` their FFN width and a node's devices, ``ep x etp`` the devices."""
-    if ep < 1 or etp < 1:
-        return f"expert degrees must be >= 1 (got ep {ep}, etp {etp})"
-    if ep * etp == 1:
-        return ""
-    moes = [layer.moe for layer in profile.layers if layer.moe is not None]
-    if not moes:
-        return f"profile {profile.model!r} has no routed experts (Layer.moe)"
-    for moe in moes:
-        if moe.num_experts % ep:
-            return f"expert-parallel degree {ep} does not divide the {moe.num_experts} routed experts"
-        if moe.expert_ffn_hidden % etp:
-            return f"expert tensor-parallel degree {etp} does not divide the experts' FFN width {moe.expert_ffn_hidden}"
-    if min(cluster.devices_per_node, num_devices) % etp:
-        return f"expert tensor-parallel degree {etp} does not divide the devices per node (its group stays in one node)"
-    if num_devices % (ep * etp):
-        return f"expert-parallel degree {ep} x expert tensor-parallel degree {etp} does not divide the {num_devices} devices"
-    return ""
-
-
-def candidate_expert_degrees(profile: Profile, cluster: Cluster, num_devices: int, asked_ep: tuple[int, ...] = (),
-                             asked_etp: tuple[int, ...] = (), tp_degree: int = 1) -> list[tuple[int, int]]:
-    """The (ep, etp) pairs searched with tensor-parallel degree ``tp_degree``: of ``asked_ep`` x
-    ``asked_etp`` (each value usable with some other, else :class:`PlannerInputError` says why),
-    or every usable (:func:`expert_refusal`) pair of a power of two ``ep`` and ``etp`` 1 or
-    ``tp_degree`` (Megatron-Core's two settings: experts whole on each device, "parallel folding"'s
-    recommendation, Liu et al. 2025 sec. 5; or split like the attention, its default before
-    folding; others with ``--etp``); (1, 1) alone for a profile without experts."""
-    if not has_experts(profile):
-        bad = [d for d in asked_ep + asked_etp if d != 1]
-        if bad:
-            raise PlannerInputError(f"--ep/--etp {bad[0]}: profile {profile.model!r} has no routed experts (Layer.moe)")
-        return [(1, 1)]
-    eps = sorted(set(asked_ep)) or [d for d in _powers(num_devices)]
-    etps = sorted(set(asked_etp)) or sorted({1, tp_degree})
-    for flag, values, fixed in (("--ep", asked_ep, 1), ("--etp", asked_etp, 1)):
-        for d in values:
-            why = expert_refusal(profile, cluster, num_devices, d if flag == "--ep" else fixed, d if flag == "--etp" else fixed)
-            if why:
-                raise PlannerInputError(f"{flag} {d}: {why}")
-    return [(ep, etp) for ep in eps for etp in etps if not expert_refusal(profile, cluster, num_devices, ep, etp)]
-
-
-def _powers(limit: int) -> list[int]:
-    """1, 2, 4, ... up to ``limit``."""
-    out, d = [], 1
-    while d <= limit:
-        out.append(d)
-        d *= 2
-    return out

@@ -3,8 +3,8 @@ sequence parallelism), context-parallel degree ``cp`` and expert layout ``ep x e
 and profile allow, as :class:`~planner.artifacts.layout.DeviceGroup` values, and the cluster their
 device views are taken of. Each group's cost model (the per-device view of the profile) is
 :func:`planner.cost.tensor_parallel.device_cost_model`'s; the degrees of context parallelism and of
-the experts are their modules' (:func:`planner.cost.context.candidate_cp_degrees`,
-:func:`planner.cost.experts.candidate_expert_degrees`: each needs its axis's facts of the profile).
+the experts are their modules' (:func:`planner.cost.context_degrees.candidate_cp_degrees`,
+:func:`planner.cost.expert_degrees.candidate_expert_degrees`: each needs its axis's facts of the profile).
 
 Tensor parallelism's decisions (Shoeybi et al. 2019): ``t`` divides the devices per node (a
 tensor-parallel group never spans the slow inter-node link); it divides every ``must_divide`` size
@@ -22,8 +22,8 @@ from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
-from planner.cost.context import candidate_cp_degrees
-from planner.cost.experts import candidate_expert_degrees
+from planner.cost.context_degrees import candidate_cp_degrees
+from planner.cost.expert_degrees import candidate_expert_degrees
 
 __all__ = ["base_cluster", "candidate_degrees", "device_groups", "refusal", "splittable", "tensor_settings"]
 

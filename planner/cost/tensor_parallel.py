@@ -52,11 +52,13 @@ bytes; with sequence parallelism ``f`` = 1 and everything saved is split):
   without it never more than a device holds).
 
 A layer without a declaration runs whole on every device of the group (replicated; same time,
-same parameters, no collective). Tensors crossing a stage boundary are sent ``1 / t`` by
-each of the group's devices over its own link (Narayanan et al. 2021 section 4.1, the
-scatter/gather optimisation); the all-gather after the receive, over NVLink, is not priced.
-A tied tensor whose every layer splits it (vocabulary-parallel embedding and head) is
-divided by ``t``.
+same parameters, no collective). An MoE layer's routed experts are taken out before the view
+(:func:`strip_experts`: they follow the expert layout, not ``t``) and added back as one device of
+the group runs them after the context-parallel view (:func:`planner.cost.experts.expert_view`).
+Tensors crossing a stage boundary are sent ``1 / t`` by each of the group's devices over its
+own link (Narayanan et al. 2021 section 4.1, the scatter/gather optimisation); the all-gather
+after the receive, over NVLink, is not priced. A tied tensor whose every layer splits it
+(vocabulary-parallel embedding and head) is divided by ``t``.
 
 Devices: a group is ``t`` consecutive ranks (inside a node). Per-device memory, link
 bandwidths and latencies are unchanged: every device of the group drives its own NVLink port
@@ -85,7 +87,7 @@ from planner.artifacts.stack import DEFAULT_STACK, Stack
 from planner.cost.attention_kernels import attention_view
 from planner.cost.collectives import allreduce_line
 from planner.cost.context import ContextView, context_parallel_view
-from planner.cost.experts import expert_view, strip_experts
+from planner.cost.experts import expert_view
 from planner.cost.model import CostModel
 from planner.cost.offload import offload_view
 from planner.cost.recompute_view import forced_view
@@ -223,10 +225,36 @@ def tensor_parallel_view(
     )
 
 
+def _minus(a: TimeFit, b: TimeFit) -> TimeFit:
+    """``a - b``, its slope at least 0 (an expert's time taken out of its layer's)."""
+    intercept, slope = a.intercept_ms - b.intercept_ms, max(0.0, a.per_sample_ms - b.per_sample_ms)
+    return TimeFit(intercept_ms=max(intercept, -slope), per_sample_ms=slope)
+
+
+def strip_experts(profile: Profile) -> Profile:
+    """``profile`` with each MoE layer's routed experts taken out (its times, parameters and saved
+    bytes less theirs, no ``moe``): what the tensor- and context-parallel views price (the experts
+    follow the expert layout, not ``t``: :func:`planner.cost.experts.expert_view` adds them back)."""
+    if all(layer.moe is None for layer in profile.layers):
+        return profile
+    layers = []
+    for layer in profile.layers:
+        moe = layer.moe
+        if moe is None:
+            layers.append(layer)
+            continue
+        params = layer.param_count - moe.expert_param_count
+        layers.append(dataclasses.replace(
+            layer, fwd=_minus(layer.fwd, moe.expert_fwd), bwd=_minus(layer.bwd, moe.expert_bwd), measured=(),
+            param_count=params, param_bytes=round(layer.param_bytes * params / layer.param_count) if layer.param_count else 0,
+            saved_bytes_per_sample=layer.saved_bytes_per_sample - moe.expert_saved_bytes_per_sample, moe=None))
+    return dataclasses.replace(profile, layers=tuple(layers))
+
+
 def stack_tp_view(profile: Profile, cluster: Cluster, tp_degree: int, sequence_parallel: bool, stack: Stack) -> Profile:
     """:func:`tensor_parallel_view` with ``stack``'s tensor-parallel overlap (what
     :func:`device_cost_model` prices) of the profile without its routed experts
-    (:func:`planner.cost.experts.strip_experts`: they follow the expert layout, not ``t``)."""
+    (:func:`strip_experts`: they follow the expert layout, not ``t``)."""
     return tensor_parallel_view(
         strip_experts(profile), cluster, tp_degree, sequence_parallel, (stack.tp_overlap_forward, stack.tp_overlap_backward)
     )

@@ -17,7 +17,7 @@ Decisions, checked with torch 2.13 and gloo on CPU:
   ``num_stages = P x v``, stage s on pipeline rank s mod P; ZBV's V): each rank builds one
   ``PipelineStage`` chunk per stage (own module, optimizer, timer, meter and checkpoint file
   each); the plan check refuses, with one line, a shape the orders are not built for
-  (``planner.schedule.build.check_schedule_rules``, e.g. M not a multiple of max(1, M // P))
+  (``planner.schedule.rules.check_schedule_rules``, e.g. M not a multiple of max(1, M // P))
   and dry-runs the orders (``planner.schedule.validate_schedule``).
 - Mean loss: each micro-batch's loss is divided by M inside the loss function and the
   schedule's ``scale_grads`` is off (its in-place scaling races with async all-reduces).

@@ -8,7 +8,8 @@ tp_degree 1) -- is checked when the plan is built or loaded (``Plan.__post_init_
 
 Plans replicated per stage (``plan.layout.replicated_per_stage``) run on
 ``planner.runtime.replicated``: world size = ``plan.num_devices`` and GPipe or 1F1B
-(``check_replicated_rules``); ZeRO shards over a stage's copies.
+(``planner.schedule.rules.check_schedule_rules`` with its copies per stage); ZeRO shards over a
+stage's copies.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from planner.profiling.measured.memory import layer_edges
 from planner.runtime.context import context_parallel_refusal
 from planner.runtime.expert_check import expert_parallel_refusal
 from planner.runtime.model import workload_fingerprint
-from planner.schedule.build import check_replicated_rules, check_schedule_rules
 from planner.schedule.inflight import layout_schedule
+from planner.schedule.rules import check_schedule_rules
 from planner.schedule.validate import validate_schedule
 
 SUPPORTED_SCHEDULES = (
@@ -133,7 +134,7 @@ def check_world_size(plan: Plan, world_size: int, source: str = "plan") -> None:
 
 def check_schedule(plan: Plan, source: str = "plan") -> None:
     """The plan's schedule is one the runtime runs, in a shape its order is built for
-    (``planner.schedule.build.check_schedule_rules``; replicated per stage, the runtime's own
+    (``planner.schedule.rules.check_schedule_rules``; replicated per stage, the runtime's own
     executor's rules), on a torch with the action-list runtime, and its per-rank action lists
     pass the dry run (``planner.schedule.validate_schedule``: a deadlock or a misplaced action
     named by rank and step)."""
@@ -152,10 +153,8 @@ def check_schedule(plan: Plan, source: str = "plan") -> None:
             f"and the installed torch {torch.__version__} lacks schedules.{missing} (torch 2.13 has it)"
         )
     try:
-        if lay.replicated_per_stage:
-            check_replicated_rules(plan.schedule, lay.stage_replicas, plan.num_microbatches)
-        else:
-            check_schedule_rules(plan.schedule, lay.num_stages, plan.num_microbatches, lay.virtual_stages_per_rank)
+        check_schedule_rules(plan.schedule, lay.num_stages, plan.num_microbatches, lay.virtual_stages_per_rank,
+                             lay.stage_replicas)
         validate_schedule(layout_schedule(plan.schedule, lay, plan.num_microbatches), lay.num_stages,
                           plan.num_microbatches, replicated=lay.replicated_per_stage)
     except PlannerInputError as exc:

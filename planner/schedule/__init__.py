@@ -4,12 +4,7 @@ No torch here; ``torch.distributed.pipelining`` can load what :func:`write_sched
 """
 
 from planner.schedule.actions import Action, ActionKind, Schedule, parse_action
-from planner.schedule.build import (
-    build_replicated_schedule,
-    build_schedule,
-    check_schedule_rules,
-    replicated_warmup,
-)
+from planner.schedule.build import build_replicated_schedule, build_schedule, replicated_warmup
 from planner.schedule.csv_io import read_schedule_csv, write_schedule_csv
 from planner.schedule.inflight import (
     Held,
@@ -20,6 +15,7 @@ from planner.schedule.inflight import (
     stage_inflight,
     weight_pending_counts,
 )
+from planner.schedule.rules import check_schedule_rules
 from planner.schedule.validate import ScheduleError, format_grid, validate_schedule
 
 __all__ = [

@@ -1,5 +1,5 @@
-"""Per-rank action orders for GPipe, 1F1B, interleaved 1F1B and the zero-bubble schedules, and
-each schedule's rules.
+"""Per-rank action orders for GPipe, 1F1B, interleaved 1F1B and the zero-bubble schedules (each
+schedule's rules, which shapes it runs, are :mod:`planner.schedule.rules`').
 
 Placement: with ``P`` pipeline ranks and ``v`` virtual stages per rank (``num_stages = P x v``),
 rank ``p`` holds stages ``p, p + P, p + 2P, ...`` (torch's ``ScheduleInterleaved1F1B``; for
@@ -44,77 +44,18 @@ from planner.artifacts.caches import register_function
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ScheduleKind
 from planner.schedule.actions import Action, ActionKind, Schedule, as_actions
+from planner.schedule.rules import check_schedule_rules
 from planner.schedule.zero_bubble import split_ops
 
 __all__ = [
     "build_replicated_schedule",
     "build_schedule",
-    "check_schedule_rules",
     "encoded_orders",
     "replicated_warmup",
 ]
 
 F = ActionKind.FORWARD
 B = ActionKind.BACKWARD
-
-
-#: the schedules that run one stage per rank
-_ONE_PER_RANK = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1, ScheduleKind.ZB_H2)
-
-
-def check_schedule_rules(
-    kind: ScheduleKind, num_stages: int, num_microbatches: int, virtual_stages_per_rank: int = 1
-) -> None:
-    """Raise :class:`PlannerInputError` naming the values if ``kind`` cannot run this shape."""
-    if num_stages < 1:
-        raise PlannerInputError(f"num_stages must be >= 1 (got {num_stages})")
-    if num_microbatches < 1:
-        raise PlannerInputError(f"num_microbatches must be >= 1 (got {num_microbatches})")
-    if virtual_stages_per_rank < 1:
-        raise PlannerInputError(f"virtual_stages_per_rank must be >= 1 (got {virtual_stages_per_rank})")
-    v_class = {ScheduleKind.ZBV: "torch's ScheduleZBVZeroBubble", ScheduleKind.DUALPIPE_V: "torch's ScheduleDualPipeV",
-               ScheduleKind.DUALPIPE: "DeepSeek's dualpipe.py per copy"}
-    if kind in v_class and (virtual_stages_per_rank != 2 or num_stages % 2):
-        raise PlannerInputError(
-            f"{kind.value} runs two chunks per rank in a V: virtual_stages_per_rank must be 2 and num_stages even "
-            f"(got {num_stages} stages, {virtual_stages_per_rank} per rank), as {v_class[kind]}"
-        )
-    if kind in (ScheduleKind.DUALPIPE_V, ScheduleKind.DUALPIPE) and num_microbatches < num_stages:
-        raise PlannerInputError(
-            f"{kind.value} needs num_microbatches >= num_stages (got M={num_microbatches} < {num_stages} chunks), "
-            f"as {v_class[kind]}"
-        )
-    if kind in _ONE_PER_RANK and virtual_stages_per_rank != 1:
-        raise PlannerInputError(
-            f"{kind.value} runs one stage per rank: virtual_stages_per_rank must be 1 "
-            f"(got {virtual_stages_per_rank}); use {ScheduleKind.INTERLEAVED_1F1B.value}"
-        )
-    if kind is ScheduleKind.ONE_F_ONE_B and num_microbatches < num_stages:
-        raise PlannerInputError(
-            f"1f1b needs num_microbatches >= num_stages (got M={num_microbatches} < P={num_stages}), "
-            "as torch's Schedule1F1B; use gpipe or more micro-batches"
-        )
-    if kind is ScheduleKind.ZB_H1:
-        rounds = max(1, num_microbatches // num_stages)
-        if num_microbatches % rounds:
-            raise PlannerInputError(
-                f"zb-h1 needs num_microbatches a multiple of the number of rounds max(1, M // P) = {rounds} "
-                f"(got M={num_microbatches}, P={num_stages}), as torch's ScheduleInterleavedZeroBubble"
-            )
-    if kind is ScheduleKind.INTERLEAVED_1F1B:
-        if num_stages % virtual_stages_per_rank:
-            raise PlannerInputError(
-                f"interleaved-1f1b needs num_stages divisible by virtual_stages_per_rank "
-                f"(got {num_stages} stages, {virtual_stages_per_rank} per rank)"
-            )
-        ranks = num_stages // virtual_stages_per_rank
-        rounds = max(1, num_microbatches // ranks)
-        if num_microbatches % rounds:
-            raise PlannerInputError(
-                f"interleaved-1f1b needs num_microbatches a multiple of the number of rounds "
-                f"max(1, M // P) = {rounds} (got M={num_microbatches}, P={ranks} ranks), "
-                "as torch's ScheduleInterleaved1F1B"
-            )
 
 
 def build_schedule(
@@ -210,20 +151,6 @@ def _interleaved_rank(rank: int, p: int, v: int, m: int) -> tuple[Action, ...]:
     return tuple(Action(stage_idx=s, kind=B if b else F, mb_idx=i) for s, b, i in interleaved_triples(rank, p, v, m))
 
 
-def check_replicated_rules(kind: ScheduleKind, replicas: tuple[int, ...], num_microbatches: int) -> None:
-    """Raise :class:`PlannerInputError` naming the values if the replicated shape cannot run."""
-    if not replicas or min(replicas) < 1:
-        raise PlannerInputError(f"replicas must be >= 1 per stage (got {list(replicas)})")
-    if kind not in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
-        raise PlannerInputError(f"per-stage replication runs gpipe or 1f1b (one stage per rank), not {kind.value}")
-    bad = [d for d in replicas if num_microbatches % d]
-    if num_microbatches < 1 or bad:
-        raise PlannerInputError(
-            f"per-stage replication needs num_microbatches a multiple of every stage's replicas "
-            f"(got M={num_microbatches}, replicas {list(replicas)})"
-        )
-
-
 def replicated_warmup(replicas: tuple[int, ...], stage_idx: int, num_microbatches: int) -> int:
     """1F1B warm-up forwards of each copy of stage ``stage_idx`` (see the module docstring);
     also the micro-batches of activations a copy holds at its peak."""
@@ -235,7 +162,9 @@ def replicated_warmup(replicas: tuple[int, ...], stage_idx: int, num_microbatche
 def build_replicated_schedule(kind: ScheduleKind, replicas: tuple[int, ...], num_microbatches: int) -> Schedule:
     """One ordered tuple of actions per rank (stage-major: stage 0's copies first) of a
     pipeline replicated per stage; micro-batch indices are global."""
-    check_replicated_rules(kind, tuple(replicas), num_microbatches)
+    if not replicas:
+        raise PlannerInputError("replicas must be >= 1 per stage (got [])")
+    check_schedule_rules(kind, len(replicas), num_microbatches, replicas=tuple(replicas))
     return _build_replicated(kind, tuple(replicas), num_microbatches)
 
 
@@ -295,7 +224,7 @@ def encoded_orders(
     their plain values (:func:`~planner.schedule.zero_bubble.split_ops`)."""
     m = num_microbatches
     if replicas:
-        check_replicated_rules(kind, replicas, m)
+        check_schedule_rules(kind, num_stages, m, v, replicas)
         return replicated_triples(kind, replicas, m)
     if kind is ScheduleKind.GPIPE and v == 1:
         return tuple(

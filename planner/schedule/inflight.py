@@ -37,13 +37,8 @@ from planner.artifacts.caches import register_function
 from planner.artifacts.kinds import ScheduleKind
 from planner.artifacts.layout import Layout
 from planner.schedule.actions import ActionKind, Schedule
-from planner.schedule.build import (
-    build_replicated_schedule,
-    build_schedule,
-    check_schedule_rules,
-    interleaved_ops,
-    replicated_warmup,
-)
+from planner.schedule.build import build_replicated_schedule, build_schedule, interleaved_ops, replicated_warmup
+from planner.schedule.rules import check_schedule_rules
 from planner.schedule.zero_bubble import split_ops
 
 

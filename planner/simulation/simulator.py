@@ -29,7 +29,7 @@ from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.profile import Profile
 from planner.cost.stage import StageTerms
 from planner.schedule import layout_schedule, validate_schedule
-from planner.schedule.build import check_schedule_rules
+from planner.schedule.rules import check_schedule_rules
 from planner.simulation.memory import memory_trace, rank_peak, summed_peak
 from planner.simulation.replay import compiled_schedule, run_replay
 from planner.simulation.timeline import ActionTiming, MemoryTrace, Segment, SegmentKind, StageTimeline, Timeline

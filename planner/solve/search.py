@@ -4,7 +4,7 @@ re-scored by the event simulator; the same search for every tensor-parallel degr
 Dimensions searched (:mod:`planner.solve.space` enumerates the layouts of one degree):
 
 - tensor-parallel degree t and sequence parallelism (:func:`planner.cost.groups.tensor_settings`), and the
-  context-parallel degree cp (:func:`planner.cost.context.candidate_cp_degrees`): for each, a cost
+  context-parallel degree cp (:func:`planner.cost.context_degrees.candidate_cp_degrees`): for each, a cost
   model of one device of a t-device group, cp such groups splitting each sequence
   (:func:`planner.cost.tensor_parallel.device_cost_model`), and the search below over layouts of
   t x cp-device groups; the best over every (t, cp) is selected by the request's objective

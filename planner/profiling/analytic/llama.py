@@ -75,7 +75,7 @@ V's outputs ``2 s a d + 2 s k d``, the attention output and its log-sum-exp ``2 
 gate's output ``2 s I`` and down's ``2 s h``: it frees ``4 s h + 2 s k d + 6 s I`` of the
 bytes above, and its backward re-runs the three GEMMs (``2 s h k d + 2 s a d h + 2 s h I``
 FLOPs) and the element-wise work on the freed bytes. This unit is not the attention core:
-context parallelism is not priced for such a profile (:func:`planner.cost.context.sequence_shape`).
+context parallelism is not priced for such a profile (:func:`planner.profiling.analytic.sequence.sequence_shape`).
 
 Tensor parallelism (``Layer.tp``, Megatron-LM's split, Shoeybi et al. 2019): Q, K, V, gate
 and up split by columns (heads: ``t`` must divide ``a`` and ``k``), O and down by rows, so
