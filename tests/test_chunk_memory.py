@@ -106,8 +106,8 @@ def test_build_best_never_returns_a_plan_over_the_cap() -> None:
     request = PlanRequest(global_batch=8, memory_cap_bytes=int(cap))
     problem = Problem.of(cm.profile, cm.cluster, request, SolverKind.DP, 2)
     bounds = (0, 2, 4, 6)
-    none = Candidate(c, ChainSolution(0.0, bounds, ((),) * 4, (3.0,) * 4, True))
-    lean = Candidate(c, ChainSolution(0.0, bounds, tuple((a, a + 1) for a in bounds), (4.0,) * 4, True))
+    none = Candidate(c, ChainSolution(0.0, bounds, ((),) * 4, (3.0,) * 4, True, ((),) * 4))
+    lean = Candidate(c, ChainSolution(0.0, bounds, tuple((a, a + 1) for a in bounds), (4.0,) * 4, True, ((),) * 4))
     assert not fits(cm, c, none.solution, cap / 2) and fits(cm, c, lean.solution, cap / 2)
     half = Problem.of(cm.profile, cm.cluster, dataclasses.replace(request, memory_cap_bytes=int(cap / 2)),
                       SolverKind.DP, 2)

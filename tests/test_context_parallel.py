@@ -135,7 +135,7 @@ def test_dp_equals_brute_force_over_cp(cp, num_stages, num_microbatches, microba
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
         k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
-        mem = cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, layout.sharding(s), dp.selective_of(s))
+        mem = cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, layout.sharding(s), dp.selective[s])
         assert mem.total_bytes <= table.cap
 
 

@@ -217,7 +217,8 @@ def test_a_lower_zero_stage_of_an_hsdp_candidate_shards_over_the_whole_group() -
                   ScheduleKind.ONE_F_ONE_B)
     assert hsdp.zero_variants(8).by_stage[ZeroStage.PARAMETERS].layout.shard_group_size == 8
     assert hsdp.zero_variants(8).by_stage[ZeroStage.OPTIMIZER].layout.shard_group_size == 0
-    solution = ChainSolution(objective_ms=0.0, boundaries=(0,), recompute=((),), stage_times_ms=(0.0,), exact=True)
+    solution = ChainSolution(objective_ms=0.0, boundaries=(0,), recompute=((),), stage_times_ms=(0.0,), exact=True,
+                             selective=((),))
     got = least_zero(cm, PlanRequest(global_batch=32, zero_stages=(0, 1, 2, 3)), Candidate(hsdp, solution), 1e15)
     assert got.config.layout.zero < ZeroStage.PARAMETERS and got.config.layout.shard_group_size == 0
 

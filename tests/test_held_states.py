@@ -100,12 +100,12 @@ def _every_state_masks(table, held):  # type: ignore[no-untyped-def]
 
 
 def test_peak_states_hold_the_heaviest_state() -> None:
-    """:func:`planner.solve.held.peak_states` keeps, of each stage's held states, one at least as
+    """:func:`planner.solve.prices.fits.peak_states` keeps, of each stage's held states, one at least as
     heavy as any, for any bytes per whole micro-batch (of either sign) and any keep >= 0, on every
     order that splits the backward; and it drops some (a ZBV chunk's, a DualPipe-V chunk's)."""
     from planner.artifacts.kinds import ChunkPlacement
     from planner.artifacts.layout import Layout
-    from planner.solve.held import peak_states
+    from planner.solve.prices.fits import peak_states
 
     rng = random.Random(3)
     dropped = 0

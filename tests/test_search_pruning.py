@@ -140,8 +140,7 @@ def test_every_bound_is_below_every_configurations_best_time() -> None:
     memory binds (recomputation, ZeRO 3) and on one with room; the memory bound and the
     interleaved fill bound are each the highest somewhere."""
     from planner.solve.candidates import busiest_compute_ms, simulated, unrecomputed_floor_ms
-    from planner.solve.floors import chunk_fill_bound_ms
-    from planner.solve.space import config_lower_bound_ms
+    from planner.solve.floors import chunk_fill_bound_ms, config_lower_bound_ms
 
     n = 8
     bounded = chunk_filled = floored = gated = split_filled = 0
@@ -280,7 +279,8 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
     from planner.solve.build import memory_cap_bytes
-    from planner.solve.space import all_configs, config_lower_bound_ms
+    from planner.solve.floors import config_lower_bound_ms
+    from planner.solve.space import all_configs
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "zoo-resnet-cpu.json")
     cluster = PRESETS["v100-16gb-2x8"].with_devices(8)
@@ -394,8 +394,8 @@ def test_memory_floor_counts_each_ranks_fill() -> None:
     the floor is at least the interleaved fill bound of every interleaved configuration (the
     same water level without the memory), above both it and the average-work bound somewhere,
     and below every configuration's best simulated time."""
-    from planner.solve.floors import chunk_fill_bound_ms
-    from planner.solve.space import all_configs, config_lower_bound_ms
+    from planner.solve.floors import chunk_fill_bound_ms, config_lower_bound_ms
+    from planner.solve.space import all_configs
 
     cm, request, cap, facts = _memory_bound_gpt(8)
     both = 0
@@ -445,7 +445,9 @@ def test_facts_built_for_a_search_hold_its_first_bounds_and_what_reaching_learns
     :meth:`ConfigFacts.state_floor_bytes` give them; :meth:`ConfigFacts.reached` is the memory bound
     / zero-bubble fill where that rises above the bound a configuration was reached at (nothing
     else worked out), else that bound with the busiest rank's floor against the limit (with
-    ``floors``). On a memory-bound GPT both happen."""
+    ``floors``) and, unless the bound or that floor exceeds the limit, the configuration's
+    variants (:meth:`ConfigFacts.variants`; every time without pruning). On a memory-bound GPT
+    each happens."""
     from planner.solve.floors import ConfigFacts, Reached
     from planner.solve.space import all_configs
 
@@ -455,19 +457,27 @@ def test_facts_built_for_a_search_hold_its_first_bounds_and_what_reaching_learns
         built = ConfigFacts(cm, request, cap, configs=configs, fill=fill, by_state=fill)
         assert built.first_ms == [facts.bound(c, fill) for c in configs]
         assert built.scales == ([facts.state_floor_bytes(c) for c in configs] if fill else [1.0] * len(configs))
-    rose = kept = 0
+    rose = kept = skipped = 0
+    inf = float("inf")
     for c, lb in zip(configs, built.first_ms):
         learned = facts.reached_bound(c, True, True)
-        for limit in (lb, 2 * lb, float("inf")):
-            got = facts.reached(c, lb, limit, 1.0, memory=True, fill=True, floors=True)
+        variants = tuple(facts.variants(c))
+        for limit in (lb, 2 * lb, inf):
+            got = facts.reached(c, lb, limit, 1.0, prune=True, memory=True, fill=True, floors=True)
             if learned > lb:
-                assert got == Reached(learned, -float("inf")), c
+                assert got == Reached(learned, -inf), c
                 rose += 1
             else:
-                assert got == Reached(lb, facts.busiest_rank_ms(c, 1.0, limit)), c
-                kept += 1
-            assert facts.reached(c, lb, limit, 1.0, memory=False, fill=False, floors=False) == Reached(lb, -float("inf"))
-    assert rose > 0 and kept > 0
+                busiest = facts.busiest_rank_ms(c, 1.0, limit)
+                assert got == Reached(lb, busiest, () if busiest > limit else variants), c
+                kept += busiest <= limit
+                skipped += busiest > limit
+            assert facts.reached(c, lb, limit, 1.0, prune=True, memory=False, fill=False, floors=False) == Reached(
+                lb, -inf, variants)
+        assert facts.reached(c, lb, lb / 2, 1.0, prune=True, memory=True, fill=True, floors=True) == Reached(lb, -inf)
+        assert facts.reached(c, lb, lb / 2, 1.0, prune=False, memory=True, fill=True, floors=True) == Reached(
+            lb, -inf, variants)
+    assert rose > 0 and kept > 0 and skipped > 0, (rose, kept, skipped)
 
 
 def test_best_time_on_all_the_devices_survives_a_context_parallel_winner() -> None:

@@ -151,7 +151,7 @@ def test_dp_equals_brute_force_with_recompute_levels(
     stops = list(dp.boundaries[1:]) + [cm.num_layers]
     for s, (a, z) in enumerate(zip(dp.boundaries, stops)):
         k = num_microbatches if schedule is ScheduleKind.GPIPE else min(num_stages - s, num_microbatches)
-        sel = dp.selective_of(s)
+        sel = dp.selective[s]
         assert not set(sel) & set(dp.recompute[s]) and all(cm.has_core[i] for i in sel)
         assert cm.stage_memory(a, z, dp.recompute[s], microbatch_size, k, selective=sel).total_bytes <= table.cap
         t = cm.stage_fwd_ms(a, z, microbatch_size) + cm.stage_bwd_ms(a, z, microbatch_size)

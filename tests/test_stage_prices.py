@@ -154,9 +154,11 @@ def test_stages_known_by_content_price_as_stages_known_by_runs(kinds_drawn, orde
         prices_layers.CONTENT_KINDS = limit
         try:  # a cost model of its own: tables share their layers' covers per cost model
             table = StageTable(CostModel(chain_profile(layers), small_cluster(8)), 1, cap_mb * 1e6)
+            priced = table.table(inflight).copy()  # (its layers' kinds built as it prices, at this limit)
+            kinds = prices_layers.layers_of(table.fwd, table.saved, table.inputs, table.core, table.core_ms)
         finally:
             prices_layers.CONTENT_KINDS = kept
-        got[limit] = (table.table(inflight).copy(), len(table._layers.rows), table._layers.by_content)
+        got[limit] = (priced, len(kinds.rows), kinds.by_content)
         excess = table.static + inflight * table.act - table.cap
         for i, j in zip(*np.nonzero(np.isfinite(got[limit][0]) & table.valid & (excess > 0))):
             i, j = int(i), int(j)
@@ -209,6 +211,29 @@ def test_cap_views_say_what_the_stage_bytes_say(layers, data, inflight, scale):
                 assert t.longest(inflight, cap) >= int(np.max(leanest * lengths))
         finally:
             prices_fits.VIEW_MIN_LAYERS = kept
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=layer_dicts(7, levels=True), data=st.data(), inflight=st.integers(1, 70), pending=st.integers(0, 3))
+def test_memory_binds_nowhere_where_every_stage_fits_as_it_is(layers, data, inflight, pending):
+    """:func:`planner.solve.floors.binds_nowhere` (read from a table's arrays) says ``k``
+    micro-batches fit every stage without recomputation exactly where the table's own fit test
+    (:meth:`~planner.solve.prices.fits.StageFits.could_fit` without recomputation) holds on every
+    stage, held copies too; caps at the largest stage's bytes at ``inflight`` (the boundary), the
+    float below, and tenfold."""
+    from planner.solve.floors import binds_nowhere
+
+    cm = CostModel(chain_profile(layers), small_cluster(8))
+    b = data.draw(st.sampled_from([1, 2, 3]))
+    probe = StageTable(cm, b, 1e9).held(pending)
+    most = float(np.max(np.where(probe.valid, probe.static + inflight * probe.act, -np.inf)))
+    below = float(np.nextafter(most, -np.inf))
+    for cap in (most, below, 10 * most):
+        t = StageTable(cm, b, cap).held(pending)
+        for k in (inflight - 1, inflight, inflight + 1, 2 * inflight):
+            assert binds_nowhere(t, k) == bool(np.all(t.could_fit(k, recompute=False) | ~t.valid)), (cap, k)
+    assert binds_nowhere(StageTable(cm, b, most).held(pending), inflight)
+    assert not binds_nowhere(StageTable(cm, b, below).held(pending), inflight)
 
 
 def test_tables_sharing_their_layers_parts_price_as_tables_built_alone():
@@ -357,9 +382,9 @@ def test_the_oracles_import_nothing_from_the_dp_or_its_prices():
         assert "planner.solve.chain" in seen and "planner.cost.model" in seen
 
 
-def test_a_table_carries_its_question_and_a_question_refuses_a_bad_batch():
+def test_a_table_carries_its_question_and_refuses_a_bad_batch():
     """A stage table's question is what it was built for (the oracles read nothing else), and a
-    question with no sample per micro-batch is refused, naming the field and the value."""
+    table with no sample per micro-batch is refused, naming the field and the value."""
     import pytest
 
     from planner.artifacts.kinds import ZeroStage
@@ -374,5 +399,5 @@ def test_a_table_carries_its_question_and_a_question_refuses_a_bad_batch():
     assert table.question.question is table.question
     assert [(i, j) for i in range(5) for j in range(5) if table.valid[i, j]] == \
         [(i, j) for i in range(5) for j in range(5) if table.question.stage_valid(i, j)]
-    with pytest.raises(ValueError, match=r"StageQuestion\.microbatch_size must be at least 1 \(got 0\)"):
-        StageQuestion(cost_model=cm, microbatch_size=0, cap_bytes=1.0)
+    with pytest.raises(ValueError, match=r"StageTable\.microbatch_size must be at least 1 \(got 0\)"):
+        StageTable(cm, 0, 1.0)

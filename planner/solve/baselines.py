@@ -175,4 +175,5 @@ def _solution(cm: CostModel, config: Config, bounds: Sequence[int], recompute: S
         for s, (a, z) in enumerate(zip(bounds, stops))
     ]
     comm = sum(2 * cm.boundary_transfer_ms(z, b, s, config.layout) for s, z in enumerate(stops))
-    return ChainSolution(sum(times) + comm + (M - 1) * max(times), tuple(bounds), tuple(recompute), tuple(times), True)
+    return ChainSolution(sum(times) + comm + (M - 1) * max(times), tuple(bounds), tuple(recompute), tuple(times), True,
+                         ((),) * len(bounds))

@@ -124,7 +124,6 @@ def solve_chain_bruteforce(
         comm, exposed, fill = _extra_ms(q, bounds, stops, layout, schedule)
         value = sum(times) + comm + exposed - fill + (M - 1) * max(times)
         if best is None or value < best.objective_ms:
-            selective = tuple(sel for _, _, sel in stages)
             best = ChainSolution(value, bounds, tuple(full for _, full, _ in stages), tuple(times), True,
-                                 selective if any(selective) else ())
+                                 tuple(sel for _, _, sel in stages))
     return best

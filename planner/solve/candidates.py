@@ -159,7 +159,7 @@ def stage_needs(cm: CostModel, c: Config, solution: ChainSolution) -> list[int]:
     held = held_counts(c.schedule, c.layout, c.num_microbatches)
     stops = list(solution.boundaries[1:]) + [cm.num_layers]
     return [held_memory(cm, a, e, solution.recompute[s], c.microbatch_size, held[s], c.layout.sharding(s),
-                        solution.selective_of(s)).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
+                        solution.selective[s]).total_bytes for s, (a, e) in enumerate(zip(solution.boundaries, stops))]
 
 
 def fits(cm: CostModel, c: Config, solution: ChainSolution, cap: float) -> bool:

@@ -24,25 +24,23 @@ __all__ = ["ChainSolution", "PricedStages", "StageQuestion", "objective_microbat
 
 @dataclass(frozen=True, slots=True)
 class ChainSolution:
-    """One configuration's partition: stage starts, per stage its recomputed layers and time
-    ``T_s`` (ms per micro-batch), and the objective ``J`` it reaches (:mod:`planner.solve.chain_dp`)."""
+    """One configuration's partition: stage starts, per stage its recomputed layers (fully and
+    selectively) and time ``T_s`` (ms per micro-batch), and the objective ``J`` it reaches
+    (:mod:`planner.solve.chain_dp`)."""
 
     objective_ms: float
     boundaries: tuple[int, ...]  # stage starts, first is 0
     recompute: tuple[tuple[int, ...], ...]  # per stage, the fully recomputed layers
     stage_times_ms: tuple[float, ...]
     exact: bool
-    selective: tuple[tuple[int, ...], ...] = ()  # per stage, the selectively recomputed layers (() = none anywhere)
-
-    def selective_of(self, stage_idx: int) -> tuple[int, ...]:
-        """The selectively recomputed layers of stage ``stage_idx``."""
-        return self.selective[stage_idx] if self.selective else ()
+    selective: tuple[tuple[int, ...], ...]  # per stage, the selectively recomputed layers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageQuestion:
     """What every stage of one configuration is priced under, less the layout, micro-batch count
-    and schedule a chain solver is given beside it."""
+    and schedule a chain solver is given beside it (a record: the table built for it refuses a
+    micro-batch of no samples, :class:`~planner.solve.prices.fits.StageFits`, as a request does)."""
 
     cost_model: CostModel
     microbatch_size: int
@@ -51,10 +49,6 @@ class StageQuestion:
     fsdp_line: tuple[float, float] = (0.0, 0.0)  # under ZeRO 3, the per-layer collectives' line (ms/byte, ms)
     fixed_boundaries: tuple[int, ...] = ()  # layers where a stage must start (one at or past the last layer: none)
     allow_recompute: bool = True
-
-    def __post_init__(self) -> None:
-        if self.microbatch_size < 1:
-            raise ValueError(f"StageQuestion.microbatch_size must be at least 1 (got {self.microbatch_size})")
 
     @property
     def question(self) -> StageQuestion:

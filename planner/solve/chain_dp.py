@@ -412,5 +412,5 @@ def solve_chain(
         recompute=tuple(recompute),
         stage_times_ms=tuple(times),
         exact=all(t.all_exact for t in per),
-        selective=tuple(selective) if any(selective) else (),
+        selective=tuple(selective),
     )

@@ -55,7 +55,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
     for s in range(len(bounds)):
         recompute.append(tuple(layer for g in cand.solution.recompute[s] for layer in range(starts[g], stops_of[g])))
         # a group recomputed selectively: the attention cores of its layers that have one
-        selective.append(tuple(layer for g in cand.solution.selective_of(s) for layer in range(starts[g], stops_of[g])
+        selective.append(tuple(layer for g in cand.solution.selective[s] for layer in range(starts[g], stops_of[g])
                                if cm.has_core[layer]))
 
     def need(s: int) -> float:
@@ -74,7 +74,7 @@ def to_layers(cm: CostModel, cand: Candidate, starts: list[int], cap: float) -> 
                 recompute[s], selective[s] = chosen
                 held[s] = need(s)
     sol = ChainSolution(cand.solution.objective_ms, bounds, tuple(recompute), cand.solution.stage_times_ms, False,
-                        tuple(selective) if any(selective) else ())
+                        tuple(selective))
     return Candidate(c, sol)
 
 

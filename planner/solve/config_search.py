@@ -32,11 +32,11 @@ from planner.solve.bruteforce import solve_chain_bruteforce
 from planner.solve.candidates import Candidate, ChainSolver, Scored, Solved, busiest_rank, simulated, solve_config
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
-from planner.solve.floors import ConfigFacts
+from planner.solve.floors import ConfigFacts, config_lower_bound_ms
 from planner.solve.objectives import Policy
 from planner.solve.proposals import offer
 from planner.solve.settings import SETTINGS, SearchSettings
-from planner.solve.space import Config, all_configs, config_lower_bound_ms
+from planner.solve.space import Config, all_configs
 from planner.solve.stage_floor import skippable
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
@@ -126,30 +126,28 @@ class ConfigSearch:
             return
         c0 = self.configs[i]
         limit = self.limit(c0, lb)
-        busiest = -INF
-        if policy.prune and lb <= limit:
-            # the memory bound (and a zero-bubble configuration's fill, ConfigFacts.split_fill_ms),
-            # worked out only for configurations the order reaches (when first reached): higher, the
-            # configuration goes back in its place; else its busiest rank's floor (with tight)
-            fresh = phase == FRESH
-            seen = facts.reached(c0, lb, limit, self.where.slack, memory=fresh and policy.tight and self.request.recompute,
-                                 fill=fresh and policy.fill, floors=policy.tight)
-            if seen.bound_ms > lb:
-                heapq.heappush(self.heap, (seen.bound_ms * self.scales[i], key, i, MEMORY, seen.bound_ms))
-                return
-            busiest = seen.busiest_ms
-        if policy.prune and (lb > limit or busiest > limit):
+        # the memory bound (and a zero-bubble configuration's fill, ConfigFacts.split_fill_ms),
+        # worked out only for configurations the order reaches (when first reached): higher, the
+        # configuration goes back in its place; else its busiest rank's floor (with tight)
+        fresh = phase == FRESH
+        seen = facts.reached(c0, lb, limit, self.where.slack, prune=policy.prune, fsdp_only=phase == FSDP,
+                             memory=fresh and policy.tight and self.request.recompute, fill=fresh and policy.fill,
+                             floors=policy.tight)
+        if seen.bound_ms > lb:
+            heapq.heappush(self.heap, (seen.bound_ms * self.scales[i], key, i, MEMORY, seen.bound_ms))
+            return
+        if not seen.variants:
             # the rank floors (whole layers; memory) only skip, not reorder: a configuration they skip
             # would have given no candidate (keep), and one visited later can be kept against a
             # tighter limit (the Pareto points are the best configurations', RESULTS 37); an infinite
             # memory floor is no bound but a configuration none of whose variants fits (not counted
             # as pruned: solved, it would have given none)
-            self.pruned += lb > limit or busiest < INF
+            self.pruned += lb > limit or seen.busiest_ms < INF
             return
         # this configuration at its searched stage: the variant that fitted, and its solution (None:
         # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)
         fitted: tuple[Config, ChainSolution | None] | None = None
-        for c in facts.fsdp_variants(c0) if phase == FSDP else facts.variants(c0):
+        for c in seen.variants:
             if is_fsdp(c.layout.sharding(0)) and phase != FSDP:
                 # ZeRO 3 where nothing else fits (see variants); where its own bound (its collectives
                 # too; the memory floor already counts its sharding) is higher, back in the order. The

@@ -43,7 +43,7 @@ def degree_models(problem: Problem, base: Cluster, groups: list[DeviceGroup], nu
 
 def degree_bound_ms(cm: CostModel, request: PlanRequest, num_groups: int) -> float:
     """No configuration of ``cm`` on at most ``num_groups`` groups has a lower bound below this
-    (:func:`planner.solve.space.config_lower_bound_ms`, which the other bounds only raise): its
+    (:func:`planner.solve.floors.config_lower_bound_ms`, which the other bounds only raise): its
     ``M x work / P`` is ``G x work(b) / (b x P x D)`` with ``P x D <= num_groups``, at its
     micro-batch size ``b``, one of those dividing the global batch ``G``."""
     G = request.global_batch

@@ -27,7 +27,7 @@ from planner.schedule import held_counts
 from planner.solve.chain_dp import least_largest
 from planner.solve.prices import RecentEntries, StageTable
 from planner.solve.rank_memory import RankMemory
-from planner.solve.space import Config, config_lower_bound_ms, hsdp_shard_size
+from planner.solve.space import Config, hsdp_shard_size
 
 #: schedules whose iteration is at least a full micro-batch plus M - 1 of the busiest stage's
 FILL_BOUND = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B)
@@ -38,11 +38,29 @@ MEMORY_FLOOR = FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B, ScheduleKind.ZB_H1, 
                               ScheduleKind.DUALPIPE_V)
 
 
+def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
+    """No plan of this configuration simulates faster: every replica does M micro-batches of
+    at least the profile's forward + backward work, spread over P devices at best, and one
+    micro-batch crosses all of it in sequence (planner.simulation.bounds' average-work bound).
+    Where the schedule splits the backward (ZB-H1, ZB-H2, ZBV), a micro-batch's weight-gradient
+    passes run beside the input-gradient passes of the stages before theirs, so what it crosses
+    in sequence is its forwards and input-gradient passes only (its weight-gradient work is off
+    that path: counting it overstated the bound, and the pruned search skipped a ZB-H1
+    configuration that simulates 19% below it). Under ZeRO 3 a stage's micro-batch also waits
+    for its collectives: :func:`fsdp_share_ms`."""
+    at = cm.at_batch(c.microbatch_size)
+    work = at.work_ms
+    crossing = work - at.wgrad_ms if c.schedule.splits_backward else work
+    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.layout.sharding(0)):  # (its sharding made only where it can be)
+        return max(fsdp_share_ms(cm, c), crossing)
+    return max(c.num_microbatches * work / c.pipeline_size, crossing)
+
+
 def fsdp_share_ms(cm: CostModel, c: Config) -> float:
     """The busiest rank of a ZeRO 3 configuration ``c`` runs M x at least its share of the
     pipeline's ``max(work, communication)`` per micro-batch with prefetching, their sum without
-    (:func:`config_lower_bound_ms`' argument; a whole-group ZeRO 3 configuration also stands for
-    its HSDP variant: the cheaper line)."""
+    (one stream; a whole-group ZeRO 3 configuration also stands for its HSDP variant,
+    :attr:`ZeroVariants.hsdp <planner.solve.space.ZeroVariants.hsdp>`: the cheaper line)."""
     g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
     work, comm = cm.at_batch(c.microbatch_size).work_ms, cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
     return c.num_microbatches * (max(work, comm) if cm.stack.fsdp_prefetch else work + comm) / c.pipeline_size
@@ -129,6 +147,13 @@ def shared_fill_ms(a: list[float], need: float) -> float:
     return need
 
 
+def binds_nowhere(table: StageTable, inflight: int) -> bool:
+    """Every stage of ``table`` fits ``inflight`` micro-batches without recomputation (read from its
+    arrays): memory constrains no partition, so sharding more could not make one faster
+    (:meth:`ConfigFacts.variants`, the replicated search's ZeRO stage alike)."""
+    return bool(np.all(~table.valid | (table.static + inflight * table.act <= table.cap)))
+
+
 def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
     """No one of ``num_ranks`` ranks holding whole layers of ``work`` ms between them (in any
     chunks, contiguous or not) has less than this: among the ``k`` layers of most work some rank
@@ -145,12 +170,15 @@ def busiest_rank_floor_ms(work: np.ndarray, num_ranks: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Reached:
-    """What the search's order learns of a configuration when it reaches it
-    (:meth:`ConfigFacts.reached`): its bound now, and, where that did not rise, its busiest rank's
-    floor (what it must beat decides whether it is skipped)."""
+    """What the search learns of a configuration when its order reaches it
+    (:meth:`ConfigFacts.reached`): its bound now (higher than the one it was reached at: it goes
+    back in the order), where that did not rise its busiest rank's floor, and the variants to
+    solve (none where it goes back, or where its bound or that floor exceeds what it must beat:
+    it is skipped)."""
 
     bound_ms: float  # the bound it was reached at, or its memory bound / zero-bubble fill where higher
     busiest_ms: float  # ConfigFacts.busiest_rank_ms; -inf where not asked, or where the bound rose
+    variants: tuple[Config, ...] = ()  # solved in this order (ConfigFacts.variants); () where not solved now
 
 
 class ConfigFacts:
@@ -178,6 +206,7 @@ class ConfigFacts:
         self.rank_floors: dict[tuple[int, int], float] = {}  # busiest_rank_floor_ms per (micro-batch size, P)
         self.busiest_floors: dict[Config, float] = {}  # memory_floor_ms per configuration (before its slack)
         self.tables: dict[tuple[object, ...], StageTable] = {}
+        self.nowhere: dict[tuple[int, int], bool] = {}  # binds_nowhere per (table, in-flight count)
         self.recent = RecentEntries()  # the tables' entries per in-flight count and cap, the recent ones kept
         self.first_ms = [self.bound(c, fill) for c in configs]  # per configuration of ``configs``
         self.scales = [self.state_floor_bytes(c) if by_state else 1.0 for c in configs]
@@ -217,16 +246,24 @@ class ConfigFacts:
         mem = self.memory_bound(c) if memory else 0.0
         return max(mem, self.split_fill_ms(c) if fill else 0.0)
 
-    def reached(self, c: Config, lb: float, limit: float, slack: float, *, memory: bool, fill: bool,
-                floors: bool) -> Reached:
-        """What the search's order learns of ``c``, reached at bound ``lb`` (at most ``limit``,
-        what it must beat): its :meth:`reached_bound` (``memory``, ``fill``) where higher than
-        ``lb`` (it goes back in the order), else, with ``floors``, its busiest rank's floor
-        against ``limit`` (:meth:`busiest_rank_ms`, with the check's ``slack``)."""
-        bound = self.reached_bound(c, memory, fill)
-        if bound > lb:
-            return Reached(bound, -math.inf)
-        return Reached(lb, self.busiest_rank_ms(c, slack, limit) if floors else -math.inf)
+    def reached(self, c: Config, lb: float, limit: float, slack: float, *, prune: bool, memory: bool, fill: bool,
+                floors: bool, fsdp_only: bool = False) -> Reached:
+        """What the search learns of ``c``, reached at bound ``lb``, which must beat ``limit``. With
+        ``prune``, where ``lb`` is within the limit: its :meth:`reached_bound` (``memory``,
+        ``fill``) where higher than ``lb`` (it goes back in the order), else, with ``floors``, its
+        busiest rank's floor against ``limit`` (:meth:`busiest_rank_ms`, with the check's
+        ``slack``); then, unless ``prune`` skips it (``lb`` or that floor above the limit), its
+        :meth:`variants` (``fsdp_only``: ZeRO 3's alone, :meth:`fsdp_variants`: it came back for
+        them), worked out only then."""
+        busiest = -math.inf
+        if prune and lb <= limit:
+            bound = self.reached_bound(c, memory, fill)
+            if bound > lb:
+                return Reached(bound, busiest)
+            busiest = self.busiest_rank_ms(c, slack, limit) if floors else busiest
+        if prune and (lb > limit or busiest > limit):
+            return Reached(lb, busiest)
+        return Reached(lb, busiest, tuple(self.fsdp_variants(c) if fsdp_only else self.variants(c)))
 
     def busiest_rank_ms(self, c: Config, slack: float, limit: float) -> float:
         """The busiest rank's floor of ``c`` as the search's skipping compares it with ``limit``: its
@@ -377,6 +414,15 @@ class ConfigFacts:
             )
         return tables[key]
 
+    def binds_nowhere(self, c: Config) -> bool:
+        """:func:`binds_nowhere` of ``c``'s table at its most micro-batches in flight (kept per table and count)."""
+        table = self.table_of(c)
+        key = (id(table), max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches)))
+        found = self.nowhere.get(key)
+        if found is None:
+            found = self.nowhere[key] = binds_nowhere(table, key[1])
+        return found
+
     def variants(self, c: Config) -> list[Config]:
         """``c`` at its searched ZeRO stage (none where memory binds nowhere, or both where the cluster
         prices the optimizer step, which sharding shortens) and, where memory
@@ -392,12 +438,10 @@ class ConfigFacts:
         fsdp_too = self.fsdp and c.fsdp_searched and c.layout.zero is not ZeroStage.PARAMETERS
         if (c.layout.zero or fsdp_too) and ZeroStage.NONE in request.zero_stages:
             plain = c.zero_variants(cm.cluster.devices_per_node).by_stage[ZeroStage.NONE]
-            if self.table_of(plain).fits_everywhere(
-                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
+            if self.binds_nowhere(plain):
                 # memory binds nowhere: sharding can only shorten the optimizer step (where priced)
                 return [plain, c] if c.layout.zero and cm.cluster.memory_bandwidth_gb_per_s else [plain]
-        if fsdp_too and not self.table_of(c).fits_everywhere(
-                max(h.inflight for h in held_counts(c.schedule, c.layout, c.num_microbatches))):
+        if fsdp_too and not self.binds_nowhere(c):
             return [c, *self.fsdp_variants(c)]
         return [c]
 

@@ -333,8 +333,7 @@ def solve_chain_ilp(
     exposed = sum(cm.stage_exposed_sync_ms(a, z, s, layout, b) for s, (a, z) in enumerate(zip(bounds, stops)))
     fill = sum(cm.stage_bubble_fill_ms(a, z, b) for a, z in zip(bounds, stops)) if model.split and not q.fsdp else 0.0
     objective = sum(t_float) + comm + exposed - fill + (M - 1) * max(t_float)
-    return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL,
-                         selective if any(selective) else ())
+    return ChainSolution(objective, bounds, recompute, tuple(t_float), status == cp_model.OPTIMAL, selective)
 
 
 def fixed_starts(q: StageQuestion) -> list[int]:

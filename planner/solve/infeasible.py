@@ -196,7 +196,7 @@ def explain_infeasible(cm: CostModel, request: PlanRequest, num_devices: int, ca
         stops = list(sol.boundaries[1:]) + [cm.num_layers]
         held = held_counts(schedule, lay, M)
         mems = [  # each stage at the heaviest of its held states, as the plan's stages are priced
-            held_memory(cm, a, z, sol.recompute[s], b, held[s], lay.sharding(s), sol.selective_of(s)).total_bytes
+            held_memory(cm, a, z, sol.recompute[s], b, held[s], lay.sharding(s), sol.selective[s]).total_bytes
             for s, (a, z) in enumerate(zip(sol.boundaries, stops))
         ]
         s = max(range(P), key=lambda i: mems[i])

@@ -71,7 +71,7 @@ def rebalances(c: Config, solution: ChainSolution) -> bool:
     """:func:`rebalanced` has something to re-solve: an interleaved configuration (not replicated
     per stage) whose solution recomputes something (else no chunk's share of memory binds)."""
     lay = c.layout
-    return lay.virtual_stages_per_rank > 1 and not lay.stage_replicas and bool(any(solution.recompute) or solution.selective)
+    return lay.virtual_stages_per_rank > 1 and not lay.stage_replicas and bool(any(solution.recompute) or any(solution.selective))
 
 
 def rebalanced(
@@ -172,7 +172,7 @@ def fixed_split(
         sum(cm.stage_times_ms(a, z, b, s, c.layout)) + cm.recompute_ms(rc[s], b, sel[s], c.layout, s)
         for s, (a, z) in enumerate(zip(bounds, stops))
     )
-    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True, tuple(sel) if any(sel) else ()))
+    return Candidate(c, ChainSolution(0.0, tuple(bounds), tuple(rc), times, True, tuple(sel)))
 
 
 def alternatives(

@@ -217,5 +217,4 @@ def solve_replicated(
     recompute = tuple(full for full, _ in choices)
     selective = tuple(sel for _, sel in choices)
     exact = all(t.all_exact for t in tables.values())
-    return ReplicatedSolution(ChainSolution(best[0], bounds, recompute, times, exact,
-                                            selective if any(selective) else ()), replicas)
+    return ReplicatedSolution(ChainSolution(best[0], bounds, recompute, times, exact, selective), replicas)

@@ -14,6 +14,7 @@ from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, p2p_ms
 from planner.solve.candidates import Candidate, Scored, fits, simulated
+from planner.solve.floors import binds_nowhere
 from planner.solve.partitions import span_sums
 from planner.solve.prices import StageTable
 from planner.solve.proposals import fixed_split
@@ -40,7 +41,7 @@ def solve_replicated_config(
         return StageTable(cm, b, cap, fixed, allow_recompute=request.recompute, sharding=sharding)
 
     plain = table(Sharding()) if not zero or ZeroStage.NONE in request.zero_stages else None
-    if zero and plain is not None and plain.fits_everywhere(m):
+    if zero and plain is not None and binds_nowhere(plain, m):
         zero = ZeroStage.NONE  # memory binds nowhere: sharding cannot help
     # without sharding a stage's copies all price as one table
     tables = {

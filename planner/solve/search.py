@@ -42,7 +42,7 @@ visit stops when the next bound exceeds the best time on all the devices. A conf
 solved only if its bound does not exceed what it must beat (the best on all the devices for one
 on all of them, else the best of any: ties are solved, so equal-time plans still meet the
 tie-breaks). The bounds, each valid for every partition, recomputation and ZeRO variant solved:
-:func:`planner.solve.space.config_lower_bound_ms` (average work), the fill of a one-chunk GPipe /
+:func:`planner.solve.floors.config_lower_bound_ms` (average work), the fill of a one-chunk GPipe /
 1F1B pipeline, and the memory floor (:meth:`planner.solve.floors.ConfigFacts.memory_bound`:
 the recomputation a rank must do to fit, at the cheapest ms per byte freed); a solved
 configuration's proposals are simulated only if its busiest rank's ``M x`` work (the sum of its

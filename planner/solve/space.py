@@ -35,7 +35,6 @@ from planner.artifacts.kinds import ChunkPlacement, ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
-from planner.cost.sharding import is_fsdp
 from planner.schedule import check_schedule_rules
 from planner.solve.settings import SETTINGS, SearchSettings
 
@@ -272,27 +271,3 @@ def interleaving_valid(num_ranks: int, num_microbatches: int, v: int) -> bool:
     except PlannerInputError:
         return False
     return num_microbatches >= num_ranks
-
-
-def config_lower_bound_ms(cm: CostModel, c: Config) -> float:
-    """No plan of this configuration simulates faster: every replica does M micro-batches of
-    at least the profile's forward + backward work, spread over P devices at best, and one
-    micro-batch crosses all of it in sequence (planner.simulation.bounds' average-work bound).
-    Where the schedule splits the backward (ZB-H1, ZB-H2, ZBV), a micro-batch's weight-gradient
-    passes run beside the input-gradient passes of the stages before theirs, so what it crosses
-    in sequence is its forwards and input-gradient passes only (its weight-gradient work is off
-    that path: counting it overstated the bound, and the pruned search skipped a ZB-H1
-    configuration that simulates 19% below it)."""
-    at = cm.at_batch(c.microbatch_size)
-    work = at.work_ms
-    crossing = work - at.wgrad_ms if c.schedule.splits_backward else work
-    if c.layout.zero is ZeroStage.PARAMETERS and is_fsdp(c.layout.sharding(0)):  # (its sharding made only where it can be)
-        # ZeRO 3: a stage's micro-batch also waits for its collectives (one stream): each stage's
-        # T >= max(compute, communication) with prefetching, their sum without, so the
-        # pipeline's sum of T is at least that of the totals. A whole-group ZeRO 3 configuration
-        # also stands for its HSDP variant (ZeroVariants.hsdp): the cheaper of the two lines
-        g = 0 if c.layout.shard_group_size else hsdp_shard_size(c.layout, cm.cluster.devices_per_node)
-        comm = cm.least_fsdp_comm_ms(c.microbatch_size, c.layout, c.layout.sharding(0), g)
-        per = max(work, comm) if cm.stack.fsdp_prefetch else work + comm
-        return max(c.num_microbatches * per / c.pipeline_size, crossing)
-    return max(c.num_microbatches * work / c.pipeline_size, crossing)

@@ -7,10 +7,11 @@ One typed value is read: :class:`~planner.solve.prices.table.StageTable`, built 
 :class:`~planner.solve.chain.StageQuestion` (cost model, micro-batch size, memory cap,
 sharding, fixed boundaries, recomputation allowed). Its modules, in import order:
 
-- :mod:`.layers`: the chain's layers by kind, keying stages with the same recompute covers, and those
-  covers' recompute prices for many stages at once;
 - :mod:`.fixed`: what the cap does not change (every stage's compute, static and activation
-  bytes), built from the cost model's vectorised per-stage sums and shared between tables;
+  bytes, the layers' kinds), built from the cost model's vectorised per-stage sums and shared
+  between tables;
+- :mod:`.layers`: the chain's layers by kind, keying stages with the same recompute covers, and those
+  covers' recompute prices for many stages at once (one call, :func:`~planner.solve.prices.layers.level_costs`);
 - :mod:`.capview`: per cap, how many micro-batches each stage holds;
 - :mod:`.fits`: which stages fit (:class:`~planner.solve.prices.fits.StageFits`), its entries per in-flight
   count and cap, and the bound on those a search keeps (:class:`~planner.solve.prices.fits.RecentEntries`);

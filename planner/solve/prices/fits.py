@@ -8,7 +8,8 @@ worked out from the table's fixed part (:mod:`planner.solve.prices.fixed`) and k
 choices, cap views), where a :class:`RecentEntries` may bound how many a search keeps. Questions
 over a whole partition are the table's too: whether some partition might fit
 (:meth:`StageFits.could_partition`, :func:`reaches`; at every held state of a zero-bubble stage,
-:meth:`StageFits.could_fit_every_state`), and what the chain DP reads before it prices any
+:meth:`StageFits.could_fit_every_state`, over the states that can be its heaviest,
+:func:`peak_states`), and what the chain DP reads before it prices any
 recomputation, asked once per solve (:meth:`StageFits.chain_fits`, one :class:`ChainFits`).
 """
 
@@ -17,21 +18,23 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Generic, Self, TypeVar
 
 import numpy as np
 
+from planner.artifacts.caches import register_function
 from planner.artifacts.layout import Sharding
 from planner.cost import CostModel
 from planner.schedule import Held
 from planner.solve.arrays import distinct
 from planner.solve.chain import StageQuestion
-from planner.solve.held import peak_states
 from planner.solve.prices.capview import CapView, cap_view, excess_bytes
 from planner.solve.prices.fixed import fixed_part
 from planner.solve.recompute import INF, RecomputeChoice
 
-__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "ChainFits", "Entries", "RecentEntries", "StageFits", "reaches"]
+__all__ = ["LEAST_BYTES_WORKSPACES", "VIEW_MIN_LAYERS", "ChainFits", "Entries", "RecentEntries", "StageFits", "peak_states",
+           "reaches"]
 
 #: a stage's key in a :class:`ChainFits`: (micro-batches past I held in its static bytes, (in-flight count, cap))
 StageKey = tuple[int, tuple[int, float]]
@@ -113,6 +116,28 @@ def reaches(fits: Sequence[np.ndarray], L: int, P: int) -> bool:
     return bool(reach[0])
 
 
+@lru_cache(maxsize=4096)
+def peak_states(states: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """Of a stage's :attr:`Held.states <planner.schedule.Held.states>` (the walk's points no other
+    exceeds in both counts: ``whole`` descending, ``pending`` ascending), those on or above the
+    chord of their neighbours (the frontier's upper concave chain, its two ends always among
+    them): a stage's bytes at ``(whole, pending)`` are ``whole x a + pending x k`` plus what does
+    not depend on them, with ``k >= 0`` (what a micro-batch past I keeps), so at every sizes the
+    heaviest state is one of these, and a point below a chord is strictly lighter than one of
+    its ends. A ZBV chunk's seven states (27, 0), (26, 1), (14, 2) ... (10, 6) leave three."""
+    chain: list[tuple[int, int]] = []
+    for c in states:
+        # (b - a) x (c - a) < 0: b strictly below the chord a c (integers: exact)
+        while len(chain) >= 2 and ((chain[-1][0] - chain[-2][0]) * (c[1] - chain[-2][1])
+                                   - (chain[-1][1] - chain[-2][1]) * (c[0] - chain[-2][0])) < 0:
+            chain.pop()
+        chain.append(c)
+    return tuple(chain)
+
+
+register_function("solve.prices.fits.peak_states", peak_states, key="a stage's held states")
+
+
 _Table = TypeVar("_Table", bound="StageFits")
 
 
@@ -163,7 +188,10 @@ class StageFits:
         """``fsdp_line``: under ZeRO 3 (``sharding``), the layout's per-layer all-gather /
         reduce-scatter line (:meth:`CostModel.fsdp_line`), whose exposed time is in ``T``.
         ``recent``: where the table's entries per in-flight count and cap are counted with
-        other tables' (those least recently used forgotten between solves), else all kept."""
+        other tables' (those least recently used forgotten between solves), else all kept. A
+        micro-batch of no samples is refused (ValueError naming the field and the value)."""
+        if microbatch_size < 1:
+            raise ValueError(f"StageTable.microbatch_size must be at least 1 (got {microbatch_size})")
         self.question = StageQuestion(cost_model=cm, microbatch_size=microbatch_size, cap_bytes=cap_bytes,
                                       sharding=sharding, fsdp_line=fsdp_line, fixed_boundaries=tuple(fixed_boundaries),
                                       allow_recompute=allow_recompute)
@@ -185,12 +213,9 @@ class StageFits:
         entries = self._entries = Entries()  # per (inflight, cap)
         self._bases, self._tables, self._pending, self._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
         self._choices, self._could, self._longest = entries.choices, entries.could, entries.longest
-        self._everywhere: dict[int, bool] = {}  # per in-flight count, fits_everywhere
         self._recent = recent
         self.all_exact = True
-        self._layers = batch.layers
-        self._kind = self._layers.kind
-        self._run = self._layers.run
+        self._kind, self._run = batch.kind, batch.run  # what a choice within a run of identical layers is keyed by
         self.lengths = batch.lengths  # j - i at [i, j]
         self._fastest: np.ndarray | None = None  # per number of layers, the least compute (chain_fits)
         self._levels = batch.levels
@@ -214,16 +239,7 @@ class StageFits:
             entries = found._entries = Entries()
             found._bases, found._tables, found._pending, found._lazy = entries.bases, entries.tables, entries.pending, entries.lazy
             found._choices, found._could, found._longest = entries.choices, entries.could, entries.longest
-            found._everywhere = {}
             self._held[pending] = found
-        return found
-
-    def fits_everywhere(self, inflight: int) -> bool:
-        """Every stage fits with ``inflight`` micro-batches and no recomputation: memory does
-        not constrain any partition (so sharding more could not make one faster)."""
-        found = self._everywhere.get(inflight)
-        if found is None:
-            found = self._everywhere[inflight] = bool(np.all(~self.valid | (self.static + inflight * self.act <= self.cap)))
         return found
 
     def cap_of(self, stage_idx: int) -> float:
@@ -363,7 +379,7 @@ class StageFits:
     def could_fit_every_state(self, held: Sequence[Held]) -> bool:
         """Some partition into ``len(held)`` stages might fit every held state of each stage: stage
         ``s`` fits its cap at each ``(whole, pending)`` of ``held[s].states`` (each of its
-        :func:`~planner.solve.held.peak_states`: at its leanest a state holds ``whole x (act - gain)
+        :func:`peak_states`: at its leanest a state holds ``whole x (act - gain)
         + pending x keep`` over what it holds at none, ``keep >= 0``, so one of those is the
         heaviest), each state at its own leanest recomputation (:meth:`could_fit` of the table with
         ``pending`` held, as the chain DP reads it). A relaxation of

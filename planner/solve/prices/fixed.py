@@ -8,8 +8,9 @@ model (weakly: freed with it), as are every stage's synchronised bytes per shard
 parameter:
 
 - :class:`BatchPart`: what the micro-batch size and fixed boundaries decide (times, activation
-  bytes, the layers' recompute kinds, the recompute choices worked out so far, which read a
-  stage's layers, in-flight count and excess only), shared by every sharding;
+  bytes, the layers' kinds and runs of identical layers (:func:`layer_kinds`), the recompute
+  choices worked out so far, which read a stage's layers, in-flight count and excess only),
+  shared by every sharding;
 - :class:`FixedPart`: a batch part with what the sharding and ZeRO 3 line decide (static bytes,
   synchronised bytes, ZeRO 3's compute), shared by every cap (a search's tighter caps, the
   layouts a refusal measures). GPT-3 175B on 1,024 GPUs: 120 fixed parts, 25 batch parts.
@@ -27,10 +28,9 @@ from planner.artifacts.layout import Sharding
 from planner.cost import CostModel
 from planner.cost.fsdp import working_set_matrix
 from planner.cost.sharding import is_fsdp
-from planner.solve.prices.layers import LayerKinds, layers_of
 from planner.solve.recompute import INF, RecomputeChoice
 
-__all__ = ["BatchPart", "FixedPart", "fixed_part", "lengths"]
+__all__ = ["BatchPart", "FixedPart", "fixed_part", "layer_kinds", "layer_runs", "lengths"]
 
 #: a stage's recompute choice by what it reads (its layers, in-flight count and excess)
 Choices = dict[tuple[object, ...], RecomputeChoice]
@@ -55,7 +55,8 @@ class BatchPart:
     core_ms: np.ndarray  # per layer, its attention core's forward ms
     gain: np.ndarray  # the most bytes recomputation can free from each stage per micro-batch in flight
     levels: np.ndarray | None  # stages whose choice is the selective cover, priced many at once (None: none)
-    layers: LayerKinds
+    kind: tuple[int, ...]  # per layer its kind: layers of the same times and bytes share one (layer_kinds)
+    run: tuple[int, ...]  # per layer i, the identical layers from i on, i included (layer_runs)
     lengths: np.ndarray  # per stage its number of layers, j - i at [i, j] (:func:`lengths`)
     choices: Choices  # grows as tables ask (a memo, the same answer whichever table asks)
 
@@ -129,8 +130,9 @@ def _fsdp_batch(cm: CostModel, batch: BatchPart, microbatch_size: int, sharding:
     fwd, core_ms = cm.recompute_prices(microbatch_size, sharding, fsdp_line)
     if fwd is batch.fwd or (np.array_equal(fwd, batch.fwd) and np.array_equal(core_ms, batch.core_ms)):
         return batch
+    kind, _ = layer_kinds(fwd, batch.saved, batch.inputs, batch.core, core_ms)
     return dataclasses.replace(batch, fwd=_read_only(fwd), core_ms=_read_only(core_ms), choices={},
-                               layers=layers_of(fwd, batch.saved, batch.inputs, batch.core, core_ms))
+                               kind=tuple(kind), run=tuple(layer_runs(kind)))
 
 
 def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int, ...]) -> BatchPart:
@@ -151,6 +153,7 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
     gp = np.concatenate([[0.0], np.cumsum(gains)])
     sums = at.stages
     assert sums is not None  # asked for above
+    kind, _ = layer_kinds(fwd, saved, inputs, core, core_ms)
     return BatchPart(
         fwd=_read_only(fwd), valid=_read_only(valid),
         compute=_read_only(np.where(valid, sums.compute_ms, INF)), bwd_prefix=_read_only(at.prefix_ms[1]),
@@ -158,8 +161,32 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
         keep=_read_only(np.minimum(sums.wgrad_bytes, sums.activation_bytes)), shared=shared,
         saved=_read_only(saved), inputs=_read_only(inputs), core=_read_only(core), core_ms=_read_only(core_ms),
         gain=_read_only(gp[None, :] - gp[:, None]), levels=None if levels is None else _read_only(levels),
-        layers=layers_of(fwd, saved, inputs, core, core_ms), lengths=lengths(L), choices={},
+        kind=tuple(kind), run=tuple(layer_runs(kind)), lengths=lengths(L), choices={},
     )
+
+
+#: a kind of layer's figures: (forward ms, saved bytes, input bytes, core bytes, core ms)
+Figures = tuple[float, float, float, float, float]
+
+
+def layer_kinds(fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray, core_ms: np.ndarray
+                ) -> tuple[list[int], list[Figures]]:
+    """The distinct layers of these per-layer arrays (what a stage's recompute choice reads of
+    its layers): per layer its kind, numbered in the order the kinds first appear, and per kind
+    its figures."""
+    kinds: dict[Figures, int] = {}
+    kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
+            for f, a, b, c, cm_ in zip(fwd, saved, inputs, core, core_ms)]
+    return kind, list(kinds)
+
+
+def layer_runs(kind: list[int]) -> list[int]:
+    """Per layer ``i``, how many identical layers (of ``kind``) follow from ``i`` on, ``i`` included."""
+    run = [1] * len(kind)
+    for i in range(len(kind) - 2, -1, -1):
+        if kind[i] == kind[i + 1]:
+            run[i] = run[i + 1] + 1
+    return run
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -3,10 +3,11 @@ their recompute covers, wherever they sit in the chain.
 
 A stage's least recompute time depends, besides its in-flight count and the bytes it is over its
 cap (the excess), only on its layers' times and bytes. :class:`LayerKinds` numbers the distinct
-layers (kinds), keys every stage by what its cover reads (:meth:`LayerKinds.sequence_keys`) and
+layers (kinds, :func:`~planner.solve.prices.fixed.layer_kinds`, as the tables' batch parts
+number them), keys every stage by what its cover reads (:meth:`LayerKinds.sequence_keys`) and
 keeps each key's covers (:func:`level_covers`, the excess-free part) as rows priced for many
 stages at once (:class:`CoverRows`). One instance serves every table over the same layer arrays
-(:func:`layers_of`).
+(:func:`layers_of`); a table asks for its stages' prices by its arrays (:func:`level_costs`).
 
 The covers are the stage tables' recompute prices for many stages at once: the excess-free part of
 :func:`planner.solve.recompute.choose_recompute`'s selective path (:func:`level_covers`, one
@@ -26,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.artifacts.caches import Cache
+from planner.solve.prices.fixed import layer_kinds, layer_runs
 from planner.solve.recompute import INF, Layer, LevelCover, level_covers
 
-__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "layers_of", "level_cover_costs"]
+__all__ = ["CONTENT_KINDS", "CoverRows", "LayerKinds", "LevelCosts", "layers_of", "level_costs", "level_cover_costs"]
 
 
 #: elements per block of :func:`level_cover_costs` (rows x front x counts), to bound its memory
@@ -170,7 +172,7 @@ CONTENT_KINDS = 16
 
 @dataclass(frozen=True, slots=True)
 class LevelCosts:
-    """The least recompute times of many stages at once (:meth:`LayerKinds.level_costs`), by
+    """The least recompute times of many stages at once (:func:`level_costs`), by
     problem: stages with the same layers, in-flight count and excess share one. Per problem its
     cost (inf where nothing fits; inf too where the cover is not exact: ``inexact``, which the
     caller prices with :func:`~planner.solve.recompute.choose_recompute`'s greedy), a stage of it
@@ -194,15 +196,10 @@ class LayerKinds:
     def __init__(self, fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray,
                  core_ms: np.ndarray):
         L = len(fwd)
-        kinds: dict[tuple[float, float, float, float, float], int] = {}
-        self.kind = [kinds.setdefault((float(f), float(a), float(b), float(c), float(cm_)), len(kinds))
-                     for f, a, b, c, cm_ in zip(fwd, saved, inputs, core, core_ms)]
+        self.kind, kinds = layer_kinds(fwd, saved, inputs, core, core_ms)
         #: per kind its layer's figures, as :func:`~planner.solve.recompute.level_covers` reads them
         self.layers: list[Layer] = [(f, a, b, cm_, c) for f, a, b, c, cm_ in kinds]
-        self.run = [1] * L  # identical layers from i on (i included)
-        for i in range(L - 2, -1, -1):
-            if self.kind[i] == self.kind[i + 1]:
-                self.run[i] = self.run[i + 1] + 1
+        self.run = layer_runs(self.kind)  # identical layers from i on (i included)
         # maximal runs of identical layers: each layer's run, and each run's first and last + 1
         new = np.concatenate([[True], np.diff(np.array(self.kind, dtype=np.int64)) != 0]) if L else np.zeros(0, bool)
         self.run_of = np.cumsum(new) - 1
@@ -251,7 +248,7 @@ class LayerKinds:
             np.where(same, -1, J - self.run_start[b]),
         ]).astype(np.int64)
 
-    def level_costs(self, I: np.ndarray, J: np.ndarray, ks: np.ndarray, ex: np.ndarray) -> LevelCosts:
+    def costs(self, I: np.ndarray, J: np.ndarray, ks: np.ndarray, ex: np.ndarray) -> LevelCosts:
         """The least recompute time of each stage ``[I, J)`` with ``ks`` micro-batches in flight and
         ``ex`` bytes over its cap, where its layers have selective levels and no shared saves: stages
         with the same layers (:meth:`sequence_keys`), count and excess are one problem, and each
@@ -317,3 +314,13 @@ def layers_of(fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.n
     if found is None:
         found = _LAYERS.put(key, LayerKinds(fwd, saved, inputs, core, core_ms))
     return found
+
+
+def level_costs(fwd: np.ndarray, saved: np.ndarray, inputs: np.ndarray, core: np.ndarray, core_ms: np.ndarray,
+                I: np.ndarray, J: np.ndarray, ks: np.ndarray, ex: np.ndarray) -> LevelCosts:
+    """The least recompute times of the stages ``[I, J)`` of the chain of these per-layer arrays
+    (one micro-batch's) with ``ks`` micro-batches in flight and ``ex`` bytes over their caps, where
+    their layers have selective levels and no shared saves: :meth:`LayerKinds.costs` of the
+    arrays' :class:`LayerKinds` (:func:`layers_of`: every table over the same layers shares its
+    covers)."""
+    return layers_of(fwd, saved, inputs, core, core_ms).costs(I, J, ks, ex)

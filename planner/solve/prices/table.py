@@ -3,7 +3,8 @@ recompute time that fits stage ``[i, j)`` in its cap with ``k`` micro-batches in
 where nothing fits), and the recomputed layers behind each time.
 
 Recompute prices: where a layer has a selective level, the least recompute time of every stage
-a table call must price is worked out at once (:func:`planner.solve.prices.layers.level_covers`,
+a table call must price is worked out at once, one call asked of the table's layers
+(:func:`planner.solve.prices.layers.level_costs`: :func:`planner.solve.recompute.level_covers`,
 the excess-free part, shared by every table with the same layers through
 :class:`~planner.solve.prices.layers.LayerKinds`; :meth:`planner.solve.prices.layers.CoverRows.costs`,
 the excess-dependent part, vectorised over the stages); the layers of a stage are chosen
@@ -21,6 +22,7 @@ import numpy as np
 
 from planner.solve.prices.capview import excess_bytes
 from planner.solve.prices.fits import StageFits
+from planner.solve.prices.layers import level_costs
 from planner.solve.recompute import INF, RecomputeChoice, choose_recompute
 
 __all__ = ["StageTable"]
@@ -37,7 +39,7 @@ class StageTable(StageFits):
     explainer read): :meth:`table` / :meth:`tables` (stage times), :meth:`base` (without
     recomputation), :meth:`choice_of` / :meth:`recompute_of` / :meth:`selective_of` (the layers
     behind a time), :meth:`chain_fits` (what the chain DP reads before pricing), :meth:`could_fit` /
-    :meth:`could_partition` / :meth:`could_fit_every_state` / :meth:`fits_everywhere` /
+    :meth:`could_partition` / :meth:`could_fit_every_state` /
     :meth:`least_bytes` / :meth:`longest`,
     :meth:`cap_of`, :meth:`settle`, :attr:`all_exact`, :attr:`question`."""
 
@@ -143,7 +145,7 @@ class StageTable(StageFits):
         sizes = [len(i) for i, _ in parts]
         ks = np.repeat([at[0] for at, _, _ in batches], sizes)
         ex = np.concatenate([self.excess_at(at, i, j) for (i, j), (at, _, _) in zip(parts, batches)])
-        found = self._layers.level_costs(I, J, ks, ex)
+        found = level_costs(self.fwd, self.saved, self.inputs, self.core, self.core_ms, I, J, ks, ex)
         costs = found.costs
         for u in found.inexact.tolist():  # not exact there: the greedy, one stage at a time
             at_pair = int(found.pair[u])
