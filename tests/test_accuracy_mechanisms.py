@@ -84,6 +84,23 @@ def test_sends_between_nodes_take_nccls_measured_send_recv_time() -> None:
     assert link_of(off, 7, 8)[1] == cluster.inter_node_latency_us == 5.0
 
 
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_the_tied_exchange_is_a_ring_allreduce_over_two_ranks(nodes: int) -> None:
+    """A stage holding one end of the tied embedding exchanges its gradients with the other end's
+    stage: a ring all-reduce over the two ranks on the cluster's slowest link, ``2 (d-1)/d x
+    bytes/beta + 2 (d-1) alpha`` at d = 2 (Patarasuk & Yuan 2009, written out here), bit for bit."""
+    cluster = A100.grown_to(8 * nodes)
+    cm = CostModel(_gpt(layers=4), cluster)
+    assert cm.profile.tied
+    tied = cm.tied_allreduce_bytes(0, 2)
+    bw, lat = ((cluster.inter_node_bandwidth_gb_per_s, cluster.inter_node_latency_us) if nodes > 1
+               else (cluster.intra_node_bandwidth_gb_per_s, cluster.intra_node_latency_us))
+    d = 2
+    assert tied > 0
+    assert cm.tied_exchange_ms(0, 2) == 2 * (d - 1) / d * tied / (bw * 1e9) * 1e3 + 2 * (d - 1) * lat / 1e3
+    assert cm.tied_exchange_ms(1, 3) == 0.0  # no end of the tie in layers 1-2
+
+
 # ---------------------------------------------------------------- host, straggler
 
 

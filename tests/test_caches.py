@@ -23,7 +23,7 @@ from tests.chains import chain_profile, small_cluster
 #: caches of the stage prices, the recompute knapsack, the rank arithmetic and the schedules
 #: (registered when their modules are imported)
 PRICE_CACHES = ("solve.prices.layers", "solve.prices.fixed", "solve.prices.batches", "solve.prices.sync",
-                "solve.prices.lengths", "solve.prices.diagonals", "solve.prices.links",
+                "solve.prices.lengths", "solve.prices.diagonals", "cost.collectives.stage_links",
                 "solve.recompute.one_group_levels", "solve.recompute.group_combos",
                 "cost.collectives.progressions", "artifacts.layout.stage_ranks", "schedule.inflight.counted", "schedule.inflight.walked",
                 "schedule.build.build", "schedule.build.build_replicated", "schedule.build.replicated_triples",
@@ -68,7 +68,7 @@ def test_a_hundred_requests_keep_every_cache_within_its_bound(monkeypatch: pytes
     registered = {size.name for size in caches.sizes()}
     assert set(PRICE_CACHES) <= registered, sorted(set(PRICE_CACHES) - registered)
     small = {"solve.prices.layers": 3, "solve.prices.lengths": 2, "solve.prices.diagonals": 2,
-             "solve.prices.links": 8, "cost.collectives.progressions": 3, "artifacts.layout.stage_ranks": 8,
+             "cost.collectives.stage_links": 8, "cost.collectives.progressions": 3, "artifacts.layout.stage_ranks": 8,
              "solve.prices.fixed": 2, "solve.prices.batches": 2}
     for name, bound in small.items():
         monkeypatch.setattr(caches._REGISTRY[name], "bound", bound)

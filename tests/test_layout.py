@@ -157,15 +157,23 @@ def test_plan_file_writes_cp_only_when_above_one() -> None:
 def test_gradient_group_line_without_listing_ranks(layout: Layout, per_node: int, nodes: int) -> None:
     """The cost model's line of a stage's gradient group (worked out from where the group's
     arithmetic progression of ranks falls in the nodes, cached per shape) is the all-reduce line
-    over the group's ranks themselves, on clusters whose nodes the groups fill in any way."""
+    over the group's ranks themselves, on clusters whose nodes the groups fill in any way; the
+    layout's StageLinks hold it, the group's ring line and the link to the next stage's rank."""
     import dataclasses
 
     from planner.artifacts.cluster import PRESETS
-    from planner.cost.collectives import allreduce_line, grad_group_line
+    from planner.artifacts.kinds import CollectiveModel
+    from planner.cost.collectives import allreduce_line, grad_group_line, link_of, stage_links
 
-    cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=nodes, devices_per_node=per_node)
-    for s in range(layout.num_stages):
-        assert grad_group_line(cluster, layout, s) == allreduce_line(cluster, layout.grad_group(s))
+    for model in CollectiveModel:
+        cluster = dataclasses.replace(PRESETS["a100-80gb-x8"], num_nodes=nodes, devices_per_node=per_node,
+                                      collective_model=model)
+        links = stage_links(cluster, layout)
+        for s in range(layout.num_stages):
+            assert grad_group_line(cluster, layout, s) == allreduce_line(cluster, layout.grad_group(s)) == links.grad_lines[s]
+            assert links.ring_lines[s] == allreduce_line(cluster, layout.grad_group(s), ring_only=True)
+            src, dst = layout.rank_of(stage_idx=s), layout.rank_of(stage_idx=min(s + 1, layout.num_stages - 1))
+            assert links.next_links[s] == (None if src == dst else link_of(cluster, src, dst))
 
 
 @settings(max_examples=100, deadline=None)

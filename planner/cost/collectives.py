@@ -23,12 +23,18 @@
   parallelism) take half the all-reduce's line (NCCL runs them on rings, and on one GPU per
   node on its logarithmic PAT algorithm): ZeRO 3's per-layer gathers and reduce-scatters take
   half the ring's line (:func:`gather_line`), never the tree's.
+
+A layout's stages ask the same questions of the cluster's links wherever they are priced (the
+stage tables' transfers and exposed synchronisation, ZeRO 3's line, a plan's stages): each
+stage's gradient group's line and the link to the next stage are one :class:`StageLinks`,
+worked out once per layout by :func:`stage_links`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from planner.artifacts.caches import Cache
 from planner.artifacts.cluster import Cluster
@@ -46,20 +52,15 @@ NCCL_TREE_CORRECTION = (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, 
 #: the message size at which a group's algorithm is chosen: a gradient bucket (see the module docstring)
 REFERENCE_BYTES = 64 << 20
 
+Line = tuple[float, float]  # (ms per byte, fixed ms) of a collective, for any positive byte count
+Link = tuple[float, float]  # (bandwidth GB/s, latency us) of a point-to-point transfer (link_of)
+
 
 def p2p_ms(num_bytes: float, *, bandwidth_gb_per_s: float, latency_us: float) -> float:
     """Time of one point-to-point transfer: ``alpha + bytes / beta`` (0 for 0 bytes)."""
     if num_bytes <= 0:
         return 0.0
     return latency_us / 1e3 + num_bytes / (bandwidth_gb_per_s * 1e9) * 1e3
-
-
-def ring_allreduce_ms(num_bytes: float, num_ranks: int, *, bandwidth_gb_per_s: float, latency_us: float) -> float:
-    """Ring all-reduce: ``2 (d-1)/d x bytes/beta + 2 (d-1) alpha`` (Patarasuk & Yuan 2009)."""
-    if num_ranks <= 1 or num_bytes <= 0:
-        return 0.0
-    d = num_ranks
-    return 2 * (d - 1) / d * num_bytes / (bandwidth_gb_per_s * 1e9) * 1e3 + 2 * (d - 1) * latency_us / 1e3
 
 
 def link_of(cluster: Cluster, rank_a: int, rank_b: int) -> tuple[float, float]:
@@ -169,3 +170,39 @@ def grad_group_line(cluster: Cluster, layout: Layout, stage_idx: int, ring_only:
         offset = first % per_node
         found = _PROGRESSIONS.put(key, allreduce_line(cluster, range(offset, offset + n * stride, stride), ring_only))
     return found
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageLinks:
+    """What the stages of one layout communicate over on one cluster (:func:`stage_links`), per
+    stage: its gradient group's all-reduce line (:func:`grad_group_line`), that group's ring line
+    (``ring_only``: what ZeRO 3's all-gathers and reduce-scatters take half of), and the link its
+    activations cross to the next stage (:func:`link_of`; None for the last stage and at the turn
+    of a V, whose two chunks share a rank)."""
+
+    grad_lines: tuple[Line, ...]
+    ring_lines: tuple[Line, ...]
+    next_links: tuple[Link | None, ...]
+
+
+#: per layout (of one cluster object) its StageLinks: rank arithmetic a search would otherwise redo
+#: for every table, bound and stage a layout is priced in
+_STAGE_LINKS: Cache[Layout, tuple[Cluster, StageLinks]] = Cache(
+    "cost.collectives.stage_links", key="layout (the cluster object checked on a hit)", bound=4096)
+
+
+def stage_links(cluster: Cluster, layout: Layout) -> StageLinks:
+    """The :class:`StageLinks` of ``layout``'s stages on ``cluster`` (kept per layout)."""
+    found = _STAGE_LINKS.get(layout)
+    if found is None or found[0] is not cluster:
+        stages = range(layout.num_stages)
+        links: list[Link | None] = []
+        for s in stages:
+            src = layout.rank_of(stage_idx=s)
+            dst = layout.rank_of(stage_idx=s + 1) if s + 1 < layout.num_stages else src
+            links.append(None if src == dst else link_of(cluster, src, dst))
+        found = _STAGE_LINKS.put(layout, (cluster, StageLinks(
+            grad_lines=tuple(grad_group_line(cluster, layout, s) for s in stages),
+            ring_lines=tuple(grad_group_line(cluster, layout, s, ring_only=True) for s in stages),
+            next_links=tuple(links))))
+    return found[1]

@@ -15,6 +15,7 @@ divided by ``Cluster.relative_speed``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,9 +30,20 @@ __all__ = ["BatchSums", "PrefixSums", "StageSums"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageSums:
+    """Every stage ``[i, j)``'s sums at ``[i, j]``, one micro-batch (:attr:`BatchSums.stages`)."""
+
+    compute_ms: np.ndarray  # forward + backward
+    activation_bytes: np.ndarray  # what an in-flight micro-batch keeps without recomputation
+    buffer_bytes: np.ndarray  # send and receive buffers, gathered keys and values
+    wgrad_bytes: np.ndarray  # what a micro-batch keeps from its B until its W
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BatchSums:
     """A cost model's per-layer arrays at one micro-batch size and their sums, one micro-batch
-    (arrays read-only; :meth:`PrefixSums.at_batch`)."""
+    (arrays read-only; :meth:`PrefixSums.at_batch`); ``stages``: every stage's sums, where the
+    caller asked for them (the stage tables)."""
 
     microbatch_size: int
     times_ms: tuple[np.ndarray, np.ndarray]  # per layer (forward, backward) ms
@@ -41,16 +53,7 @@ class BatchSums:
     saved_bytes: np.ndarray  # per layer, saved for backward without recomputation
     core_bytes: np.ndarray  # per layer, its attention core's (what the selective level frees; 0: none)
     core_ms: np.ndarray  # per layer, its attention core's forward (what the selective level re-runs)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageSums:
-    """Every stage ``[i, j)``'s sums at ``[i, j]``, one micro-batch (:meth:`PrefixSums.stage_sums`)."""
-
-    compute_ms: np.ndarray  # forward + backward
-    activation_bytes: np.ndarray  # what an in-flight micro-batch keeps without recomputation
-    buffer_bytes: np.ndarray  # send and receive buffers, gathered keys and values
-    wgrad_bytes: np.ndarray  # what a micro-batch keeps from its B until its W
+    stages: StageSums | None = None  # every stage's sums (PrefixSums.at_batch with stages=True), else None
 
 
 class PrefixSums:
@@ -93,13 +96,18 @@ class PrefixSums:
         out: np.ndarray = np.concatenate([[0.0], np.cumsum(self.saved_fixed)])
         return out
 
-    def at_batch(self, microbatch_size: int) -> BatchSums:
+    def at_batch(self, microbatch_size: int, stages: bool = False) -> BatchSums:
         """The per-layer arrays and sums at one micro-batch size (:class:`BatchSums`; cached on
         the instance, so a cost model and its arrays are freed together): the one call the
-        solver's bounds and stage tables make for them."""
+        solver's bounds and stage tables make for them. With ``stages`` also every stage's sums
+        (:attr:`BatchSums.stages`, :meth:`_stage_sums`): worked out on each such call and not kept
+        (the stage tables keep theirs; GPT-3 175B on 1,024 A100s asks them at 34 of the 793
+        micro-batch sizes its cost models are asked at)."""
         found = self._batches.get(microbatch_size)
         if found is None:
             found = self._batches[microbatch_size] = self._batch_sums(microbatch_size)
+        if stages:
+            return dataclasses.replace(found, stages=self._stage_sums(found))
         return found
 
     def _batch_sums(self, microbatch_size: int) -> BatchSums:
@@ -141,21 +149,20 @@ class PrefixSums:
         return ((np.array([x.fwd.intercept_ms for x in layers]), np.array([x.fwd.per_sample_ms for x in layers])),
                 (np.array([x.bwd.intercept_ms for x in layers]), np.array([x.bwd.per_sample_ms for x in layers])))
 
-    def stage_sums(self, microbatch_size: int) -> StageSums:
-        """Every stage's sums at one micro-batch size (:class:`StageSums`; not cached: the solver's
-        batch parts keep them). Each entry ``[i, j]`` is, bit for bit, the scalar method's answer for
-        the stage ``[i, j)``: ``stage_fwd_ms + stage_bwd_ms``; ``activation_bytes(i, j, (), b)`` (one
-        in-flight micro-batch, no recomputation); ``buffer_bytes(i, j, b)`` (send and receive
-        buffers, context parallelism's gathered keys and values); ``keep_bytes``' W inputs
-        (``wgrad_bytes``, 0 below the diagonal)."""
-        b = microbatch_size
-        fp, bp = self.at_batch(b).prefix_ms
+    def _stage_sums(self, at: BatchSums) -> StageSums:
+        """Every stage's sums at ``at``'s micro-batch size (:class:`StageSums`). Each entry ``[i, j]``
+        is, bit for bit, the scalar method's answer for the stage ``[i, j)``: ``stage_fwd_ms +
+        stage_bwd_ms``; ``activation_bytes(i, j, (), b)`` (one in-flight micro-batch, no
+        recomputation); ``buffer_bytes(i, j, b)`` (send and receive buffers, context parallelism's
+        gathered keys and values); ``keep_bytes``' W inputs (``wgrad_bytes``, 0 below the diagonal)."""
+        b = at.microbatch_size
+        fp, bp = at.prefix_ms
         sp, fxp = self.saved_prefix, self.saved_fixed_prefix
         act: np.ndarray = (sp[None, :] - sp[:, None]) * b + (fxp[None, :] - fxp[:, None])
         if self.profile.shared_saved:  # storages two layers of a stage both save: once
             act = act - self.shared_matrix(b)
         cut = self.cut_bytes_per_sample
-        wgrad = np.concatenate([[0.0], np.cumsum(self.at_batch(b).saved_bytes * self.wgrad_saved_fraction)])
+        wgrad = np.concatenate([[0.0], np.cumsum(at.saved_bytes * self.wgrad_saved_fraction)])
         return StageSums(compute_ms=(fp[None, :] - fp[:, None]) + (bp[None, :] - bp[:, None]), activation_bytes=act,
                          buffer_bytes=(2.0 * (cut[:, None] + cut[None, :]) + self.gather_bytes_per_sample) * b,
                          wgrad_bytes=np.maximum(wgrad[None, :] - wgrad[:, None], 0.0))

@@ -39,8 +39,10 @@ class StateTables:
     read-only where the cost model caches them; :meth:`ShardedState.state_tables`)."""
 
     param_count: np.ndarray  # the stage's parameters, ties once (ShardedState.stage_param_matrix)
+    total_param_count: int  # the whole model's, ties once (ShardedState.total_params)
     state_bytes: np.ndarray  # its model state on one device at the peak (ShardedState.stage_state_matrix)
     state_bytes_per_param: float  # kappa: at the peak, weights + gradients + optimizer state
+    least_state_bytes_per_param: float  # the fewest any parameter takes (kappa, or the routed experts' if fewer)
     sync_bytes_per_param: float  # synchronised after the last backward (post_backward_sync_bytes_per_param)
 
 
@@ -57,6 +59,7 @@ class ShardedState(PrefixSums):
     grad_bytes_per_param: int
     optim_bytes_per_param: int
     step_bytes_per_param: int
+    _state_tables: dict[Sharding, StateTables]
 
     # ---------------------------------------------------------------- parameters (ties once)
     @cached_property
@@ -81,6 +84,11 @@ class ShardedState(PrefixSums):
             if inside and tie.name in self.rank_local_ties and not start <= min(tie.layers) < stop:
                 count -= tie.param_count  # the rank's copy is its first layer's chunk's
         return count
+
+    @cached_property
+    def total_params(self) -> int:
+        """The whole model's parameters (:meth:`stage_param_count` of every layer)."""
+        return self.stage_param_count(0, self.num_layers)
 
     def stage_expert_param_count(self, start: int, stop: int) -> int:
         """Of :meth:`stage_param_count`, the routed experts' (held on this device)."""
@@ -162,18 +170,20 @@ class ShardedState(PrefixSums):
             out = out + extra * np.maximum(pp[None, :] - pp[:, None], 0.0)
         return out
 
-    def least_state_bytes_per_param(self, sharding: Sharding = Sharding()) -> float:
-        """The fewest model-state bytes any parameter takes under ``sharding`` (a floor's)."""
-        kappa, kappa_e = self.state_bytes(sharding)
-        return min(kappa, kappa_e) if self.has_experts else kappa
-
     def state_tables(self, sharding: Sharding) -> StateTables:
-        """The :class:`StateTables` of ``sharding``: the questions a stage table asks of it, in one
-        call (HSDP's all-reduce of the gradient shards where the sharding has replicas)."""
-        return StateTables(param_count=self.stage_param_matrix(), state_bytes=self.stage_state_matrix(sharding),
-                           state_bytes_per_param=sum(self.state_bytes_per_param(sharding)),
-                           sync_bytes_per_param=self.post_backward_sync_bytes_per_param(
-                               sharding.zero, sharding.ranks if sharding.replicas > 1 else 0))
+        """The :class:`StateTables` of ``sharding``: the questions the stage tables and the memory
+        floors ask of it, in one call (HSDP's all-reduce of the gradient shards where the sharding
+        has replicas); worked out once per sharding."""
+        found = self._state_tables.get(sharding)
+        if found is None:
+            kappa, kappa_e = self.state_bytes(sharding)
+            found = self._state_tables[sharding] = StateTables(
+                param_count=self.stage_param_matrix(), total_param_count=self.total_params,
+                state_bytes=_read_only(self.stage_state_matrix(sharding)), state_bytes_per_param=kappa,
+                least_state_bytes_per_param=min(kappa, kappa_e) if self.has_experts else kappa,
+                sync_bytes_per_param=self.post_backward_sync_bytes_per_param(
+                    sharding.zero, sharding.ranks if sharding.replicas > 1 else 0))
+        return found
 
     def sync_bytes_per_param(self, zero: ZeroStage = ZeroStage.NONE) -> float:
         """Bytes per parameter the gradient synchronisation moves, priced on the all-reduce line:

@@ -37,7 +37,8 @@ from planner.artifacts.caches import OwnedCache
 from planner.artifacts.errors import PlannerInputError
 from planner.artifacts.kinds import ZeroStage
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line, grad_group_line, link_of, p2p_ms, ring_allreduce_ms
+from planner.cost.collectives import allreduce_line, link_of, p2p_ms, stage_links
+from planner.cost.fsdp import gathers_per_microbatch, weight_pass_gather_ms
 from planner.cost.offload import offloaded_step_ms
 from planner.cost.overlap import overlapped_gather, overlapped_reduce
 from planner.cost.sharding import is_fsdp
@@ -187,7 +188,11 @@ class StageCosts(ZeroComm):
 
     def tied_exchange_ms(self, start: int, stop: int) -> float:
         """The exchange of tied gradients with the other stage holding the tied tensor (priced
-        on the slowest link of the cluster, since the partner stage is not known here)."""
+        on the slowest link of the cluster, since the partner stage is not known here): a ring
+        all-reduce over the two ranks (Patarasuk & Yuan 2009), ``2 (d-1)/d x bytes/beta + 2 (d-1)
+        alpha`` at ``d = 2``: the bytes once over the link and two steps' latency, one transfer
+        (:func:`~planner.cost.collectives.p2p_ms`) at twice the link's latency (the same figure
+        bit for bit: tests/test_accuracy_mechanisms.py)."""
         tied = self.tied_allreduce_bytes(start, stop)
         if not tied:
             return 0.0
@@ -195,7 +200,7 @@ class StageCosts(ZeroComm):
             bw, lat = self.cluster.inter_node_bandwidth_gb_per_s, self.cluster.inter_node_latency_us
         else:
             bw, lat = self.cluster.intra_node_bandwidth_gb_per_s, self.cluster.intra_node_latency_us
-        return ring_allreduce_ms(tied, 2, bandwidth_gb_per_s=bw, latency_us=lat)
+        return p2p_ms(tied, bandwidth_gb_per_s=bw, latency_us=2 * lat)
 
     def layer_param_counts(self, start: int, stop: int) -> list[float]:
         """Parameters per layer of a stage, a tied tensor whose layers share the stage counted
@@ -228,9 +233,9 @@ class StageCosts(ZeroComm):
 
     def grad_line(self, layout: Layout, stage_idx: int) -> tuple[float, float]:
         """The all-reduce line of stage ``stage_idx``'s gradient group (its data- x
-        context-parallel ranks, :meth:`Layout.grad_group`; :func:`grad_group_line`, which keeps it
-        per shape of the group): the one place the solver prices that group."""
-        return grad_group_line(self.cluster, layout, stage_idx)
+        context-parallel ranks, :meth:`Layout.grad_group`; the layout's
+        :class:`~planner.cost.collectives.StageLinks`): the one place the solver prices that group."""
+        return stage_links(self.cluster, layout).grad_lines[stage_idx]
 
     def stage_sync(
         self, start: int, stop: int, stage_idx: int, layout: Layout, recompute: Sequence[int] = (),
@@ -360,7 +365,7 @@ class StageCosts(ZeroComm):
         bwd += self._zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)
         wgrad = self.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0
         if split_backward:  # ZeRO 3: W gathers the weights again (planner.cost.fsdp)
-            again = self.weight_pass_gather_ms(start, stop, microbatch_size, stage_idx, layout, bool(recompute))
+            again = self._weight_pass_gather_ms(start, stop, microbatch_size, stage_idx, layout, bool(recompute))
             bwd, wgrad = bwd + again, wgrad + again
         sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
         return StageTerms(
@@ -377,6 +382,18 @@ class StageCosts(ZeroComm):
             optimizer_ms=self.optimizer_step_ms(start, stop, layout.sharding(stage_idx), bwd),
             alltoall_ms=self.stage_alltoall_ms(start, stop, microbatch_size),
         )
+
+    def _weight_pass_gather_ms(self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
+                               rebuilds: bool) -> float:
+        """ZeRO 3 under a split backward: what gathering the weights for the stage's W pass adds to
+        it, ms per micro-batch (:func:`planner.cost.fsdp.weight_pass_gather_ms`); 0 off ZeRO 3 and
+        on the first stage unless it ``rebuilds`` recomputed layers at its I (torch runs no I there)."""
+        sharding = layout.sharding(stage_idx)
+        if not is_fsdp(sharding) or gathers_per_microbatch(True, stage_idx == 0, rebuilds) < 3:
+            return 0.0
+        terms = self.fsdp_terms(microbatch_size, self.fsdp_line(layout), sharding)
+        _, bwd = self.at_batch(microbatch_size).times_ms
+        return weight_pass_gather_ms(bwd * self.wgrad_fraction, terms.gather, self.stack.fsdp_prefetch, start, stop)
 
     def _zero2_exposed_ms(self, start: int, stop: int, stage_idx: int, layout: Layout, fwd_ms: float,
                           bwd_ms: float) -> float:

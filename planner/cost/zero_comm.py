@@ -24,8 +24,8 @@ import numpy as np
 
 from planner.artifacts.cluster import Cluster
 from planner.artifacts.layout import Layout, Sharding
-from planner.cost.collectives import allreduce_line, gather_line, grad_group_line
-from planner.cost.fsdp import FsdpTerms, fsdp_terms, gathers_per_microbatch, hsdp_groups, weight_pass_gather_ms
+from planner.cost.collectives import allreduce_line, gather_line, stage_links
+from planner.cost.fsdp import FsdpTerms, fsdp_terms, hsdp_groups
 from planner.cost.sharding import ShardedState, is_fsdp
 
 __all__ = ["ZeroComm", "fsdp_line"]
@@ -42,7 +42,7 @@ def fsdp_line(cluster: Cluster, layout: Layout) -> tuple[float, float]:
     if layout.shard_group_size:
         lines = [allreduce_line(cluster, hsdp_groups(layout, s)[0], ring_only=True) for s in range(layout.num_stages)]
     else:
-        lines = [grad_group_line(cluster, layout, s, ring_only=True) for s in range(layout.num_stages)]
+        lines = list(stage_links(cluster, layout).ring_lines)
     per_byte, fixed = max(lines)
     return 0.5 * per_byte, 0.5 * fixed
 
@@ -66,18 +66,6 @@ class ZeroComm(ShardedState):
             return self.fsdp_terms(microbatch_size, self.fsdp_line(layout), layout.sharding(stage_idx)).stage(start, stop)
         fp, bp = self.at_batch(microbatch_size).prefix_ms
         return float(fp[stop] - fp[start]), float(bp[stop] - bp[start])
-
-    def weight_pass_gather_ms(self, start: int, stop: int, microbatch_size: int, stage_idx: int, layout: Layout,
-                              rebuilds: bool) -> float:
-        """ZeRO 3 under a split backward: what gathering the weights for the stage's W pass adds to
-        it, ms per micro-batch (:func:`planner.cost.fsdp.weight_pass_gather_ms`); 0 off ZeRO 3 and
-        on the first stage unless it ``rebuilds`` recomputed layers at its I (torch runs no I there)."""
-        sharding = layout.sharding(stage_idx)
-        if not is_fsdp(sharding) or gathers_per_microbatch(True, stage_idx == 0, rebuilds) < 3:
-            return 0.0
-        terms = self.fsdp_terms(microbatch_size, self.fsdp_line(layout), sharding)
-        _, bwd = self.at_batch(microbatch_size).times_ms
-        return weight_pass_gather_ms(bwd * self.wgrad_fraction, terms.gather, self.stack.fsdp_prefetch, start, stop)
 
     def microbatch_reduce_ms(self, start: int, stop: int, stage_idx: int, layout: Layout) -> float:
         """ZeRO 2's reduce-scatter of one micro-batch's gradients of the stage (module docstring)."""

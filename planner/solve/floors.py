@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
+from planner.artifacts.layout import Sharding
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
@@ -198,7 +199,7 @@ class ConfigFacts:
         self.cm, self.request, self.cap_bytes, self.fsdp = cm, request, cap_bytes, fsdp
         self.floors: dict[Config, float] = {}  # per configuration, its memory floor (memory_floor_bytes)
         self.least: dict[tuple[int, int], np.ndarray | None] = {}  # StageTable.least_bytes per (table, count)
-        self.unique_params = float(cm.stage_param_count(0, cm.num_layers))
+        self.unique_params = float(cm.state_tables(Sharding()).total_param_count)  # (every sharding's: ties once)
         self.ranks = RankMemory(cm, cap_bytes, self.unique_params)  # the memory floors as time
         self.chunk_fills: dict[tuple[int, int, int], float] = {}  # chunk_fill_bound_ms per (b, P, M)
         self.split_fills: dict[tuple[int, int, int, int], float] = {}  # split_fill_bound_ms per (b, P, M, v)
@@ -299,7 +300,7 @@ class ConfigFacts:
                 or c.schedule not in FILL_BOUND + (ScheduleKind.INTERLEAVED_1F1B,)):
             return 0.0
         # (experts' state may shard wider)
-        kappa = cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
+        kappa = cm.state_tables(self.leanest(c).layout.sharding(0)).least_state_bytes_per_param
         return self.ranks.memory_bound_ms(c, kappa, rank_fills_ms(cm, c))
 
     def memory_floor_ms(self, c: Config, slack: float) -> float:
@@ -335,7 +336,7 @@ class ConfigFacts:
     def busiest_floor_ms(self, c: Config, sharded: Config) -> float:
         """:meth:`memory_floor_ms` of ``c``'s variants sharded as ``sharded`` or less deeply
         (:meth:`RankMemory.floor_ms <planner.solve.rank_memory.RankMemory.floor_ms>`)."""
-        return self.ranks.floor_ms(c, self.cm.least_state_bytes_per_param(sharded.layout.sharding(0)))
+        return self.ranks.floor_ms(c, self.cm.state_tables(sharded.layout.sharding(0)).least_state_bytes_per_param)
 
     def memory_floor_once(self, c: Config) -> float:
         """:meth:`memory_floor_bytes` with the state's share (:meth:`state_floor_bytes`), kept
@@ -369,7 +370,7 @@ class ConfigFacts:
         lay = c.layout
         if lay.stage_replicas:
             return 0.0
-        kappa = self.cm.least_state_bytes_per_param(self.leanest(c).layout.sharding(0))
+        kappa = self.cm.state_tables(self.leanest(c).layout.sharding(0)).least_state_bytes_per_param
         return kappa * self.unique_params / lay.pipeline_size * (1 - 1e-9)
 
     def memory_floor_bytes(self, c: Config) -> float:

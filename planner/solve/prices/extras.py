@@ -9,43 +9,22 @@ the stages ``[i, j)`` the chain DP adds to its table (:mod:`planner.solve.chain_
   subtracted with schedules that split the backward.
 
 Stages over the same link and gradient line share one read-only matrix. The rank arithmetic
-behind them (each stage's gradient line and the link to the next) is kept per layout.
+behind them (each stage's gradient line and the link to the next) is the layout's
+:class:`planner.cost.collectives.StageLinks`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from planner.artifacts.caches import Cache
-from planner.artifacts.cluster import Cluster
 from planner.artifacts.kinds import ScheduleKind, ZeroStage
 from planner.artifacts.layout import Layout
-from planner.cost import CostModel, grad_group_line, link_of, p2p_ms
+from planner.cost import CostModel, p2p_ms, stage_links
 from planner.solve.prices.table import StageTable
 
 __all__ = ["exposure", "hidden_backward", "stage_extras"]
 
 Line = tuple[float, float]  # (ms per byte, ms) of a collective or a link's (GB/s, us)
-
-#: per layout (of one cluster object) its stages' gradient lines and boundary links: rank
-#: arithmetic the search would otherwise redo for every table a layout is solved on
-_LINKS: Cache[Layout, tuple[Cluster, list[Line], list[Line | None]]] = Cache(
-    "solve.prices.links", key="layout (the cluster object checked on a hit)", bound=4096)
-
-
-def _links(cluster: Cluster, layout: Layout) -> tuple[list[Line], list[Line | None]]:
-    """Per stage ``allreduce_line`` of its gradient group, and ``link_of`` to the next stage
-    (None for the last stage and the turn of a V, where nothing crosses a link)."""
-    found = _LINKS.get(layout)
-    if found is None or found[0] is not cluster:
-        lines = [grad_group_line(cluster, layout, s) for s in range(layout.num_stages)]
-        links: list[Line | None] = []
-        for s in range(layout.num_stages):
-            src = layout.rank_of(stage_idx=s)
-            dst = layout.rank_of(stage_idx=s + 1) if s + 1 < layout.num_stages else src
-            links.append(None if src == dst else link_of(cluster, src, dst))
-        found = _LINKS.put(layout, (cluster, lines, links))
-    return found[1], found[2]
 
 
 def hidden_backward(table: StageTable) -> np.ndarray:
@@ -81,7 +60,7 @@ def _exposure_matrices(table: StageTable, layout: Layout) -> list[np.ndarray]:
     out = []
     by_line: dict[tuple[Line, Line], np.ndarray] = {}
     cm = table.cm
-    for s, line in enumerate(_links(cm.cluster, layout)[0]):
+    for s, line in enumerate(stage_links(cm.cluster, layout).grad_lines):
         expert = cm.expert_grad_line(layout, s) if cm.has_experts else (0.0, 0.0)
         if (line, expert) not in by_line:
             m = np.zeros_like(table.sync_bytes) if layout.zero is ZeroStage.PARAMETERS else exposure(table, line, expert)
@@ -96,7 +75,7 @@ def _comm_vectors(cm: CostModel, layout: Layout, b: int) -> list[np.ndarray]:
     cut = cm.cut_bytes_per_sample
     by_link: dict[Line | None, np.ndarray] = {}
     out = []
-    for link in _links(cm.cluster, layout)[1]:
+    for link in stage_links(cm.cluster, layout).next_links:
         if link not in by_link:
             if link is None:
                 vec = np.zeros(cm.num_layers + 1)

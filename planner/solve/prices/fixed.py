@@ -142,7 +142,7 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
     valid = idx[None, :] > idx[:, None]
     for f in fixed_boundaries:
         valid &= ~((idx[:, None] < f) & (idx[None, :] > f))
-    at = cm.at_batch(microbatch_size)
+    at = cm.at_batch(microbatch_size, stages=True)
     fwd, _ = at.times_ms
     saved, inputs = at.saved_bytes, cm.input_per_sample * microbatch_size
     core, core_ms = at.core_bytes, at.core_ms
@@ -151,7 +151,8 @@ def _batch_part(cm: CostModel, microbatch_size: int, fixed_boundaries: tuple[int
     levels = (has_core[None, :] - has_core[:, None] > 0) if cm.selective and not shared else None
     gains = np.maximum(np.maximum(saved - inputs, 0.0), core if cm.selective else 0.0)
     gp = np.concatenate([[0.0], np.cumsum(gains)])
-    sums = cm.stage_sums(microbatch_size)
+    sums = at.stages
+    assert sums is not None  # asked for above
     kind, _ = layer_kinds(fwd, saved, inputs, core, core_ms)
     return BatchPart(
         fwd=_read_only(fwd), valid=_read_only(valid),
