@@ -20,7 +20,8 @@ from planner.artifacts.profile import Profile, TimeFit
 from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import DEFAULT_STACK, STACKS, Stack
 from planner.cost import CostModel
-from planner.solve.build import Problem, build_plan
+from planner.solve.build import build_plan
+from planner.solve.problem import Problem
 
 MODEL_SPEC = "gpt:layers=6,hidden=16,heads=2,seq=8,vocab=64"  # embed, block0..5, head
 LAYER_FWD_MS = (2.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0, 4.0)

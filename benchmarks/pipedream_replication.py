@@ -66,9 +66,10 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.profiling.imported.pipedream import import_pipedream
 from planner.solve import plan
-from planner.solve.build import Problem, build_plan, memory_cap_bytes
+from planner.solve.build import build_plan
 from planner.solve.pipedream_baseline import MAX_STATES
 from planner.solve.pipedream_optimizer import TooManyStates
+from planner.solve.problem import Problem, memory_cap_bytes
 from planner.solve.proposals import fixed_split
 from planner.solve.replicated_search import pipedream_split
 from planner.solve.space import Config

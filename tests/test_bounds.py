@@ -19,7 +19,8 @@ from planner.simulation.bounds import partition_bound_ms as lower_bound_ms
 from planner.simulation.bounds import partition_bounds as lower_bounds
 from planner.simulation.bounds import partition_bounds_from_arrays as lower_bounds_from_arrays
 from planner.simulation.predict import me_index
-from planner.solve.build import Problem, build_plan
+from planner.solve.build import build_plan
+from planner.solve.problem import Problem
 from tests.chains import chain_profile, layer_dicts, small_cluster
 from tests.plan_factory import make_plan, stage_terms
 

@@ -16,12 +16,14 @@ from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
 from planner.schedule import held_counts
-from planner.solve.build import Problem, build_best
-from planner.solve.candidates import Candidate, fits, simulated, solve_config, stage_needs
+from planner.solve.build import build_best
+from planner.solve.candidates import Candidate, fits, simulated, stage_needs
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, to_layers
+from planner.solve.optimum import solve_config
 from planner.solve.prices import StageTable
+from planner.solve.problem import Problem
 from planner.solve.proposals import rebalanced
 from planner.solve.space import Config
 from tests.chains import chain_profile, small_cluster

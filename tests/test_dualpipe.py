@@ -246,11 +246,11 @@ def test_held_states_cover_every_point_of_the_walk(p, m):
 
 def test_zbv_and_dualpipe_v_share_one_chain_dp():
     """The chain DP reads the split and the held counts only, equal for ZBV and DualPipe-V, so a
-    search solves their configuration once (planner.solve.candidates.remembered); the shared optimum
+    search solves their configuration once (planner.solve.optimum.remembered); the shared optimum
     is the one DualPipe-V's own solve finds, and another count or layout is solved anew."""
     from planner.cost import CostModel
-    from planner.solve.candidates import Solved, remembered
     from planner.solve.chain_dp import solve_chain
+    from planner.solve.optimum import Solved, remembered
     from planner.solve.prices import StageTable
     from planner.solve.space import Config
 

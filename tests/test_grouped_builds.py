@@ -15,10 +15,10 @@ from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.profiling.imported.pipedream import import_pipedream
-from planner.solve.build import Problem, memory_cap_bytes
 from planner.solve.candidates import Candidate
 from planner.solve.chain_dp import solve_chain
 from planner.solve.grouped_builds import Built, LayerFloors
+from planner.solve.problem import Problem, memory_cap_bytes
 from planner.solve.search import search_plan
 from tests.graph_fixtures import graph_path
 from tests.test_search_pruning import EXHAUSTIVE

@@ -1,5 +1,5 @@
 """planner.solve.held and :meth:`StageFits.could_fit_every_state`, the check
-:func:`planner.solve.candidates.solve_config` makes before solving a zero-bubble configuration,
+:func:`planner.solve.optimum.solve_config` makes before solving a zero-bubble configuration,
 against the two solves it spares (the peak's optimum, checked at every held state, then the
 conservative counts'): where it says no partition might fit, neither solve has a plan; and
 ``solve_config`` gives what the two solves give, on every zero-bubble configuration of cases
@@ -55,8 +55,8 @@ def _configs():
     """Every configuration (each variant) of the drawn cases: its stage table, held counts and itself."""
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
+    from planner.solve.problem import memory_cap_bytes
     from planner.solve.space import all_configs
 
     for profile, cluster, request in _cases():
@@ -69,8 +69,8 @@ def _configs():
 
 
 def test_no_partition_fits_every_state_where_the_check_says_so() -> None:
-    from planner.solve.candidates import solve_config
     from planner.solve.chain_dp import solve_chain
+    from planner.solve.optimum import solve_config
 
     checked = refused = spared = solved = 0
     for table, held, c in _configs():

@@ -19,7 +19,8 @@ from planner.artifacts.request import PlanRequest
 from planner.artifacts.stack import STACKS
 from planner.cost import CostModel
 from planner.simulation import simulate
-from planner.solve.build import Problem, build_plan
+from planner.solve.build import build_plan
+from planner.solve.problem import Problem
 from tests.chains import chain_profile, small_cluster
 
 LAYERS = [{"fwd": 1.0, "bwd": 2.0, "params": 50_000_000, "saved": 1e6, "inp": 1e5, "out": 1e5} for _ in range(6)]

@@ -22,7 +22,8 @@ from planner.cost import CostModel, allreduce_line
 from planner.cost.overlap import buckets, overlapped_gather, overlapped_reduce
 from planner.simulation import simulate
 from planner.simulation.bounds import partition_bound_ms
-from planner.solve.build import Problem, build_plan
+from planner.solve.build import build_plan
+from planner.solve.problem import Problem
 from tests.chains import chain_profile, small_cluster
 
 V3 = Path(__file__).parent / "golden" / "v3"

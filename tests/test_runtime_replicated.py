@@ -49,7 +49,8 @@ from planner.runtime.exchange import (
 )
 from planner.runtime.model import load_workload
 from planner.schedule import build_replicated_schedule, parse_action
-from planner.solve.build import Problem, build_plan
+from planner.solve.build import build_plan
+from planner.solve.problem import Problem
 from tests.runtime_launch import runtime, torchrun
 
 MLP = "tests.factories:mlp"  # block0..3, head

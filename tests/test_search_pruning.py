@@ -62,11 +62,15 @@ CASES = _cases()
 
 def solved(cm, request, num_groups, cap, c):
     """Configuration ``c`` solved with nothing pruned (the time objective's rules): its candidates."""
-    from planner.solve.config_search import SearchPass, solve_candidates
+    from planner.solve.config_search import Found, SearchPass, config_search
+    from planner.solve.layout_search import score_key
     from planner.solve.objectives import TimePolicy
 
-    return solve_candidates(cm, request, SearchPass(num_groups=num_groups, cap_bytes=cap, configs=[c]),
-                            TimePolicy(prune=False))
+    found = Found()
+    for _ in config_search(cm, request, SearchPass(num_groups=num_groups, cap_bytes=cap, configs=[c]),
+                           TimePolicy(prune=False), found):
+        pass
+    return sorted(found.candidates, key=score_key)
 
 
 def _search_now(case: str, settings: SearchSettings) -> Plan:
@@ -180,8 +184,8 @@ def _configs(profile, cluster, request, n: int, degrees):  # type: ignore[no-unt
     and the search's bound facts: ``(cm, cap, facts, tp, config)``."""
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
+    from planner.solve.problem import memory_cap_bytes
     from planner.solve.space import all_configs
 
     for tp in degrees:
@@ -278,8 +282,8 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
     from planner.artifacts.profile import load_profile
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import config_lower_bound_ms
+    from planner.solve.problem import memory_cap_bytes
     from planner.solve.space import all_configs
 
     profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" / "zoo-resnet-cpu.json")
@@ -295,6 +299,28 @@ def test_average_work_bound_is_below_every_zero_bubble_configurations_time() -> 
                 assert config_lower_bound_ms(cm, c) <= min(t for t, _ in found) * (1 + 1e-9), c
                 checked += c.num_microbatches == 1 and c.pipeline_size > 1
     assert checked > 0  # configurations where the one-micro-batch part of the bound is the larger
+
+
+def test_two_searches_in_one_order_visit_the_least_bound_first() -> None:
+    """A grouped profile's two configuration searches (the zero-bubble configurations over the
+    layers, the others over the groups) are driven as one: each step the search whose next bound
+    is the least visits it (the first search of equals), each keeps its own order, and the merged
+    iterator ends when both have visited everything."""
+    from collections.abc import Iterator
+
+    from planner.solve.config_search import in_one_order
+
+    visited: list[tuple[str, float]] = []
+
+    def part(name: str, bounds: list[float]) -> Iterator[float]:
+        for b in bounds:
+            yield b
+            visited.append((name, b))
+
+    merged = list(in_one_order([part("groups", [1.0, 3.0, 3.0]), part("layers", [2.0, 3.0, 5.0])]))
+    assert merged == [1.0, 2.0, 3.0, 3.0, 3.0, 5.0]
+    assert visited == [("groups", 1.0), ("layers", 2.0), ("groups", 3.0), ("groups", 3.0), ("layers", 3.0),
+                       ("layers", 5.0)]
 
 
 def test_grouped_profile_keeps_the_candidates_refinement_reorders() -> None:
@@ -358,8 +384,8 @@ def _memory_bound_gpt(n: int):
     and what the search knows of its configurations (every bound)."""
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
+    from planner.solve.problem import memory_cap_bytes
 
     profile = gpt_profile(layers=24, hidden=4096, heads=32, seq=2048, vocab=51200, device_preset="a100-80gb",
                           attention="materialised")

@@ -12,8 +12,8 @@ import pytest
 
 from planner.artifacts.plan import dumps_plan
 from planner.schedule import held_counts
-from planner.solve.candidates import solve_config
 from planner.solve.chain_dp import solve_chain
+from planner.solve.optimum import solve_config
 from planner.solve.stage_floor import busiest_stage_above, largest_workspace, surely_fits, table_curve
 from tests.test_search_pruning import CASES, PRUNED, _configs, _every_proposal, _random_case, _search_now
 
@@ -27,8 +27,8 @@ def _moe_configs():  # type: ignore[no-untyped-def]
     from planner.cost.groups import base_cluster
     from planner.cost.tensor_parallel import device_cost_model
     from planner.profiling.analytic.moe import moe_profile
-    from planner.solve.build import memory_cap_bytes
     from planner.solve.floors import ConfigFacts
+    from planner.solve.problem import memory_cap_bytes
     from planner.solve.space import all_configs
     from tests.test_moe import tiny
 

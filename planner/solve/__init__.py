@@ -12,17 +12,18 @@
 The three exact solvers search the same space (every tensor-parallel degree and layout,
 :mod:`.space`) and differ only in the chain solver each configuration's partition comes from.
 
-Modules, in the order the search uses them: :mod:`.settings` (tuning constants), :mod:`.space`
-(configurations), :mod:`.chain` (one configuration's question and answer), :mod:`.prices` (the
-stage tables: what every stage costs and whether it fits), one configuration's optimum by
-:mod:`.chain_dp` (the DP's recurrence over the tables) or by the oracles :mod:`.ilp` /
-:mod:`.bruteforce` (priced from the cost model directly), :mod:`.recompute` (the per-stage
-knapsack), :mod:`.candidates` (solving and scoring configurations), :mod:`.proposals` (what a solved
-configuration proposes beside its optimum), :mod:`.replicated` / :mod:`.replicated_search`
-(per-stage replication), :mod:`.coarsen` (long profiles), :mod:`.build` (a Plan from a
-partition; the best candidates' plans), :mod:`.select` (the chosen plan, the Pareto front), :mod:`.search`
-(all of it), :mod:`.infeasible` (why nothing fits), :mod:`.forced` (recomputation forced on
-every block), :mod:`.relax` (less recomputation where the chosen plan has room), :mod:`.account`
+Modules, in the order the search uses them: :mod:`.settings` (tuning constants), :mod:`.problem`
+(what a search is asked), :mod:`.space` (configurations), :mod:`.chain` (one configuration's
+question and answer), :mod:`.prices` (the stage tables: what every stage costs and whether it
+fits), one configuration's optimum (:mod:`.optimum`) by :mod:`.chain_dp` (the DP's recurrence
+over the tables) or by the oracles :mod:`.ilp` / :mod:`.bruteforce` (priced from the cost model
+directly), :mod:`.recompute` (the per-stage knapsack), :mod:`.candidates` (scoring a solution:
+its simulated time and memory), :mod:`.proposals` (what a solved configuration proposes beside
+its optimum), :mod:`.replicated` / :mod:`.replicated_search` (per-stage replication),
+:mod:`.coarsen` (long profiles), :mod:`.build` (a Plan from a partition; the best candidates'
+plans), :mod:`.select` (the chosen plan, the Pareto front), :mod:`.search` (all of it),
+:mod:`.infeasible` (why nothing fits), :mod:`.forced` (recomputation forced on every block),
+:mod:`.relax` (less recomputation where the chosen plan has room), :mod:`.account`
 (the chosen plan's overhead terms and band).
 """
 
@@ -41,10 +42,10 @@ from planner.artifacts.request import PlanRequest
 from planner.cost.precision import at_precision, check_precision, check_profile, with_fp8_view
 from planner.solve.account import with_accounts
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.candidates import ChainSolver
 from planner.solve.chain_dp import solve_chain
 from planner.solve.forced import plan_forced
 from planner.solve.offload import plan_offload
+from planner.solve.optimum import ChainSolver
 from planner.solve.relax import relax_recompute
 from planner.solve.search import search_plan
 

@@ -44,12 +44,13 @@ from planner.cost.groups import base_cluster
 from planner.cost.tensor_parallel import device_cost_model
 from planner.schedule import Held, held_counts
 from planner.solve import pipedream_baseline
-from planner.solve.build import Problem, build_best, memory_cap_bytes
+from planner.solve.build import build_best
 from planner.solve.candidates import Candidate, Scored, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.held import held_memory
 from planner.solve.layout_search import refuse_unmeetable
 from planner.solve.partitions import partition_by
+from planner.solve.problem import Problem, memory_cap_bytes
 from planner.solve.search import num_devices_of
 from planner.solve.select import select
 from planner.solve.settings import SETTINGS

@@ -1,25 +1,22 @@
-"""Assemble a Plan from a partition under a layout: price every stage with the cost model,
-then replay the schedule in the event simulator for the plan's ``predicted`` figures; the plans
-of a search's best candidates (:func:`build_best`), each at the least ZeRO stage that keeps its
-time (:func:`least_zero`)."""
+"""Assemble a Plan from a partition under a layout (for a :class:`~planner.solve.problem.Problem`):
+price every stage with the cost model, then replay the schedule in the event simulator for the
+plan's ``predicted`` figures; the plans of a search's best candidates (:func:`build_best`), each
+at the least ZeRO stage that keeps its time (:func:`least_zero`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from planner import __version__
-from planner.artifacts import codec
 from planner.artifacts.caches import Cache
-from planner.artifacts.cluster import Cluster, cluster_to_json
+from planner.artifacts.cluster import Cluster
 from planner.artifacts.errors import InfeasibleError
 from planner.artifacts.kinds import Objective, ScheduleKind, SolverKind
 from planner.artifacts.layout import Layout
 from planner.artifacts.plan import Plan, PlanStage
 from planner.artifacts.plan_summary import Prediction, Provenance
-from planner.artifacts.profile import Profile, profile_to_json
+from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel, price_stage
 from planner.cost.groups import base_cluster
@@ -31,71 +28,25 @@ from planner.simulation.bounds import machine_bound_ms
 from planner.simulation.predict import predict
 from planner.solve.candidates import Candidate, Scored, fits, simulated
 from planner.solve.held import held_memory
+from planner.solve.problem import Problem
 
 GIB = 1024**3
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Problem:
-    """What plans are built for and record: the model and cluster as given (provenance, the
-    machine bound, model FLOPs), the request, the solver, the devices it had, and the memory a
-    device may use (:func:`memory_cap_bytes`, worked out once by :meth:`of`)."""
-
-    profile: Profile
-    cluster: Cluster
-    request: PlanRequest
-    solver: SolverKind
-    devices_available: int
-    profile_sha256: str
-    cluster_sha256: str
-    cap_bytes: int
-
-    @classmethod
-    def of(
-        cls, profile: Profile, cluster: Cluster, request: PlanRequest, solver: SolverKind, devices_available: int
-    ) -> Problem:
-        return cls(
-            profile=profile, cluster=cluster, request=request, solver=solver, devices_available=devices_available,
-            profile_sha256=_digest(profile, profile_to_json), cluster_sha256=_digest(cluster, cluster_to_json),
-            cap_bytes=memory_cap_bytes(cluster, request),
-        )
-
-    def machine_bound_ms(self, num_devices: int) -> float:
-        """:func:`planner.simulation.bounds.machine_bound_ms` of the model, cluster and global
-        batch on ``num_devices`` (worked out once per problem and count: every plan built)."""
-        key = (self.profile_sha256, self.cluster_sha256, self.request.global_batch, num_devices)
-        found = _MACHINE_BOUNDS.get(key)
-        if found is None:
-            found = _MACHINE_BOUNDS.put(key, machine_bound_ms(self.profile, self.cluster, self.request.global_batch,
-                                                              num_devices))
-        return found
-
-
-#: the sha256 of a document's canonical JSON by the object's identity (the object kept beside it, so
-#: an id is never reused while its entry lives): a search rebuilds plans of one profile many times,
-#: and a 96-layer profile's JSON takes ~80 ms to write
-_DIGESTS: Cache[int, tuple[object, str]] = Cache("solve.build.digests", key="id of a profile or cluster object",
-                                                 bound=16)
-
-
-def _digest(document: object, to_json: Callable[[Any], object]) -> str:
-    """``codec.sha256_of(to_json(document))``, once per object."""
-    found = _DIGESTS.get(id(document))
-    if found is not None and found[0] is document:
-        return found[1]
-    return _DIGESTS.put(id(document), (document, codec.sha256_of(to_json(document))))[1]
-
-
-#: :meth:`Problem.machine_bound_ms` by (profile, cluster, global batch, devices)
+#: :func:`machine_bound_of` by (profile, cluster, global batch, devices)
 _MACHINE_BOUNDS: Cache[tuple[str, str, int, int], float] = Cache(
     "solve.build.machine_bounds", key="(profile sha256, cluster sha256, global batch, devices)", bound=256)
 
 
-def memory_cap_bytes(cluster: Cluster, request: PlanRequest) -> int:
-    """The per-device memory the plan may use: an explicit cap, or device memory less headroom."""
-    if request.memory_cap_bytes:
-        return request.memory_cap_bytes
-    return int(cluster.device_memory_bytes * (1.0 - request.memory_headroom_fraction))
+def machine_bound_of(problem: Problem, num_devices: int) -> float:
+    """:func:`planner.simulation.bounds.machine_bound_ms` of the problem's model, cluster and
+    global batch on ``num_devices`` (worked out once per problem and count: every plan built)."""
+    key = (problem.profile_sha256, problem.cluster_sha256, problem.request.global_batch, num_devices)
+    found = _MACHINE_BOUNDS.get(key)
+    if found is None:
+        found = _MACHINE_BOUNDS.put(key, machine_bound_ms(problem.profile, problem.cluster,
+                                                          problem.request.global_batch, num_devices))
+    return found
 
 
 def build_plan(
@@ -189,7 +140,7 @@ def build_plan(
             draft.predicted,
             # on every device available, not the plan's own: no plan on them runs faster (a plan on
             # half of them is at most half the machine)
-            machine_bound_ms=problem.machine_bound_ms(max(problem.devices_available, layout.world_size)),
+            machine_bound_ms=machine_bound_of(problem, max(problem.devices_available, layout.world_size)),
             model_flops_per_iteration=profile.model_flops_per_sample * request.global_batch,
             device_peak_tflops=cluster.peak_tflops,
             straggler_fraction=straggler_fraction(cluster, layout.world_size),

@@ -1,14 +1,14 @@
 """A candidate: a configuration with a partition and its recomputation (a chain solver's
-optimum, or another proposal), and what is worked out of one: its stages priced
-(:func:`stage_terms`) and replayed by the simulator's fast entry (:func:`simulated`), its
-memory per stage (:func:`stage_needs`), its busiest rank's work, whether it fits (:func:`fits`).
-What a solved configuration proposes beside its optimum (the baselines' partitions, its chunks'
-memory rebalanced) is :mod:`planner.solve.proposals`'."""
+optimum, :mod:`planner.solve.optimum`, or another proposal), and what is worked out of one: its
+stages priced (:func:`stage_terms`) and replayed by the simulator's fast entry
+(:func:`simulated`), its memory per stage (:func:`stage_needs`), its busiest rank's work,
+whether it fits (:func:`fits`). What a solved configuration proposes beside its optimum (the
+baselines' partitions, its chunks' memory rebalanced) is :mod:`planner.solve.proposals`'."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,17 +16,11 @@ import numpy as np
 from planner.artifacts.kinds import ChunkPlacement
 from planner.artifacts.layout import Layout
 from planner.cost import CostModel, StageTerms, price_stages
-from planner.schedule import Held, held_counts
+from planner.schedule import held_counts
 from planner.simulation import simulate_iteration_ms
 from planner.solve.chain import ChainSolution
-from planner.solve.held import fits_every_state, held_memory
-from planner.solve.prices import StageTable
+from planner.solve.held import held_memory
 from planner.solve.space import Config
-
-#: a chain solver: (stage table, layout, micro-batches, schedule) -> the optimum of J, or None
-ChainSolver = Callable[..., "ChainSolution | None"]
-#: one search's optima of the chain DP by what it reads (:func:`remembered`), each with its table
-Solved = dict[tuple[object, ...], tuple[StageTable, "ChainSolution | None"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,57 +30,6 @@ class Candidate:
 
 
 Scored = tuple[float, Candidate]
-
-
-def solve_config(chain_solver: ChainSolver, table: StageTable, c: Config,
-                 solved: Solved | None = None) -> ChainSolution | None:
-    """The chain solver's optimum of ``c`` (remembered in ``solved`` where given:
-    :func:`remembered`). A zero-bubble stage is priced at the peak of its count of held
-    micro-batches; where the optimum does not fit at another of its states
-    (:func:`planner.solve.held.fits_every_state`: a stage recomputing so much that W keeps more
-    than it saved), solved again with every stage's most micro-batches past I
-    (:attr:`Held.conservative <planner.schedule.Held.conservative>`, above every state): where
-    the first fits it is the optimum, else the second is a plan that fits. Where no partition
-    might fit every state (:meth:`StageTable.could_fit_every_state
-    <planner.solve.prices.fits.StageFits.could_fit_every_state>`), neither does, and
-    neither is solved."""
-    held = held_counts(c.schedule, c.layout, c.num_microbatches) if c.schedule.splits_backward else ()
-    if any(len(h.states) > 1 for h in held) and not table.could_fit_every_state(held):
-        return None
-    sol = remembered(chain_solver, table, c, (), solved)
-    if sol is None or not c.schedule.splits_backward:
-        return sol
-    caps = [table.cap_of(s) for s in range(len(held))]
-    shardings = [c.layout.sharding(s) for s in range(len(held))]
-    if fits_every_state(table.cm, held, sol, c.microbatch_size, shardings, caps):
-        return sol
-    return remembered(chain_solver, table, c, tuple(h.conservative for h in held), solved)
-
-
-def remembered(chain_solver: ChainSolver, table: StageTable, c: Config, held: tuple[Held, ...],
-               solved: Solved | None) -> ChainSolution | None:
-    """``chain_solver``'s optimum of ``c`` (``held``: the counts priced, () for the schedule's
-    own), remembered in ``solved`` (one search's; None: solved as asked) by what the chain DP
-    (:func:`planner.solve.chain_dp.solve_chain`) reads of the schedule: whether it splits the
-    backward (its bubble fill, its ``M - 1`` bound) and each stage's held counts. ZBV and
-    DualPipe-V (:mod:`planner.schedule.dualpipe`) are searched on the same V layout, micro-batch
-    size and count, and those are equal for the two (chunk ``s`` holds ``2P - s`` whole, none past
-    I), so the second schedule's configuration reuses the first's optimum instead of solving the
-    same DP again; each schedule's own states are still checked against it (:func:`solve_config`)
-    and its order still simulated. Each table is kept with its optima, so a key's table is the
-    one asked."""
-    if solved is None:
-        if held:
-            return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule,
-                                held=held)
-        return chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches, schedule=c.schedule)
-    counts = tuple((h.whole, h.pending) for h in (held or held_counts(c.schedule, c.layout, c.num_microbatches)))
-    key = (id(table), c.layout, c.num_microbatches, c.schedule.splits_backward, counts)
-    found = solved.get(key)
-    if found is None or found[0] is not table:
-        found = solved[key] = (table, chain_solver(table, layout=c.layout, num_microbatches=c.num_microbatches,
-                                                   schedule=c.schedule, held=held))
-    return found[1]
 
 
 def stage_terms(cm: CostModel, cand: Candidate) -> tuple[StageTerms, ...]:

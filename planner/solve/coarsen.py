@@ -17,8 +17,9 @@ from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
 from planner.graph import merge_layers
 from planner.schedule import held_counts
-from planner.solve.candidates import Candidate, ChainSolver, simulated, solve_config
+from planner.solve.candidates import Candidate, simulated
 from planner.solve.chain import ChainSolution
+from planner.solve.optimum import ChainSolver, solve_config
 from planner.solve.prices import StageTable
 from planner.solve.proposals import stage_recompute
 from planner.solve.replicated_search import solve_replicated_config

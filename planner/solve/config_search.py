@@ -1,6 +1,8 @@
 """The configuration search of one cost model: configurations visited by increasing lower bound
 (a heap), each solved unless its bound exceeds what its objective's policy says it must beat
-(:mod:`planner.solve.objectives`), its proposals simulated and the policy's keep kept.
+(:mod:`planner.solve.objectives`), its proposals simulated and the policy's keep kept. Its caller
+drives it (:func:`config_search`, an iterator that yields each configuration's bound before
+visiting it) and reads what it found as it goes (:class:`Found`).
 
 What is known of a configuration before it is solved (bounds, floors, tables, ZeRO variants)
 is :class:`~planner.solve.floors.ConfigFacts`'; what a solved configuration proposes is
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,11 +31,12 @@ from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
 from planner.schedule import held_counts
 from planner.solve.bruteforce import solve_chain_bruteforce
-from planner.solve.candidates import Candidate, ChainSolver, Scored, Solved, busiest_rank, simulated, solve_config
+from planner.solve.candidates import Candidate, Scored, busiest_rank, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.floors import ConfigFacts, config_lower_bound_ms
 from planner.solve.objectives import Policy
+from planner.solve.optimum import ChainSolver, Solved, solve_config
 from planner.solve.proposals import offer
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import Config, all_configs
@@ -41,12 +44,6 @@ from planner.solve.stage_floor import skippable
 
 FRESH, MEMORY, FSDP, REBALANCE = 0, 1, 2, 3
 INF = float("inf")
-
-
-def score_key(tc: Scored) -> tuple[object, ...]:
-    """The order of the candidates a search finds (:meth:`ConfigSearch.result`): simulated time,
-    then the configuration's tie-break (:attr:`Config.sort_key <planner.solve.space.Config.sort_key>`)."""
-    return (tc[0],) + tc[1].config.sort_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,23 +62,29 @@ class SearchPass:
     slack: float = 1.0
 
 
+@dataclass(slots=True)
+class Found:
+    """What a configuration search has found so far, filled as it goes (its caller may stop it
+    at any point and read this): the candidates kept, in the order kept (each with its simulated
+    time; the caller orders them), the configurations skipped by their bound, and whether every
+    configuration was visited."""
+
+    candidates: list[Scored] = field(default_factory=list)
+    pruned: int = 0
+    done: bool = False
+
+
 class ConfigSearch:
-    """The configurations of one cost model visited by increasing lower bound, one step at a
-    time (:meth:`step`), so that several such searches can be interleaved in one order
-    (:func:`planner.solve.search.search_plan`); :meth:`run` runs one to the end. ``cm`` and
-    ``request`` are the searched ones (over groups of layers on a long profile). Between steps,
-    :attr:`next_ms` is the bound of the next configuration to visit (inf when every one is
-    visited) and :attr:`done` whether every one is."""
+    """The configurations of one cost model visited by increasing lower bound (:meth:`visits`),
+    what is kept going into ``found``. ``cm`` and ``request`` are the searched ones (over groups
+    of layers on a long profile)."""
 
-    next_ms: float
-    done: bool
-
-    def __init__(self, cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy) -> None:
-        self.cm, self.request, self.where, self.policy = cm, request, where, policy
+    def __init__(self, cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy, found: Found) -> None:
+        self.cm, self.request, self.where, self.policy, self.found = cm, request, where, policy, found
         self.num_groups, self.cap_bytes, self.settings = where.num_groups, where.cap_bytes, where.settings
         self.configs = configs = searched_configs(cm, request, where)
         self.facts = ConfigFacts(cm, request, where.cap_bytes, where.fsdp, configs, policy.fill, policy.orders_by_state)
-        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.candidates.remembered)
+        # ZBV's and DualPipe-V's configurations share one DP (planner.solve.optimum.remembered)
         self.chain = where.chain_solver
         self.solved: Solved | None = {} if where.chain_solver is solve_chain else None
         # (order, tie-break, index, phase, bound): a heap, so that a configuration whose memory bound
@@ -92,29 +95,24 @@ class ConfigSearch:
         self.heap: list[tuple[float, tuple[object, ...], int, int, float]] = [
             (lb * self.scales[i], c.sort_key, i, FRESH, lb) for i, (c, lb) in enumerate(zip(configs, self.facts.first_ms))]
         heapq.heapify(self.heap)
-        self.next_ms, self.done = self.next_bound(), not self.heap
-        self.pruned = 0  # configurations skipped by their bound
         # per stage table (by id: the facts keep them), its recomputation curve and largest working sets
         self.curves: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.workspaces: dict[int, np.ndarray] = {}
-        self.incumbent = policy.incumbent
-        self.out: list[Scored] = []
+        self.out = found.candidates  # (several searches may keep into one)
         # rebalancings waiting in the order (phase REBALANCE, by index): the configuration, its
         # solution, and the place in ``out`` of the candidate kept for it (None: none was)
         self.pending: list[tuple[Config, ChainSolution, int | None] | None] = []
 
-    def next_bound(self) -> float:
-        """The bound of the next configuration to visit (inf when all are visited)."""
-        return self.heap[0][0] if self.heap else float("inf")
+    def visits(self) -> Iterator[float]:
+        """Every configuration in the order of its bound, the bound yielded before each is visited
+        (:meth:`visit`: the caller may stop there)."""
+        while self.heap:
+            yield self.heap[0][0]
+            self.visit()
 
     def limit(self, c: Config, lb: float | None = None) -> float:
         """What ``c`` (at bound ``lb``) must beat, by the policy."""
         return self.policy.limit(self.facts, c, lb, c.num_groups == self.num_groups)
-
-    def step(self) -> None:
-        """Visit the next configuration (:meth:`visit`); then :attr:`next_ms` and :attr:`done`."""
-        self.visit()
-        self.next_ms, self.done = self.next_bound(), not self.heap
 
     def visit(self) -> None:
         """Visit the next configuration: skip it if its bound exceeds what it must beat, else
@@ -142,7 +140,7 @@ class ConfigSearch:
             # tighter limit (the Pareto points are the best configurations', RESULTS 37); an infinite
             # memory floor is no bound but a configuration none of whose variants fits (not counted
             # as pruned: solved, it would have given none)
-            self.pruned += lb > limit or seen.busiest_ms < INF
+            self.found.pruned += lb > limit or seen.busiest_ms < INF
             return
         # this configuration at its searched stage: the variant that fitted, and its solution (None:
         # not solved, no proposal of it could pass keep's check: :meth:`hopeless`)
@@ -252,15 +250,6 @@ class ConfigSearch:
         times = solution.stage_times_ms
         return busiest_rank(c.layout, times) if self.policy.tight else max(times)
 
-    def run(self) -> list[Scored]:
-        """Visit every configuration left; the candidates found, fastest first."""
-        while not self.done:
-            self.step()
-        return self.result()
-
-    def result(self) -> list[Scored]:
-        return sorted(self.out, key=score_key)
-
 
 def searched_configs(cm: CostModel, request: PlanRequest, where: SearchPass) -> list[Config]:
     """The configurations ``where`` visits: its own list, else the whole space its chain solver
@@ -273,71 +262,55 @@ def searched_configs(cm: CostModel, request: PlanRequest, where: SearchPass) -> 
 
 
 def over_layers(c: Config) -> bool:
-    """On a grouped profile, ``c`` is searched over the layers themselves (:class:`GrainedSearch`):
+    """On a grouped profile, ``c`` is searched over the layers themselves (:func:`config_search`):
     the zero-bubble schedules (their backward split into I and W)."""
     return c.schedule.splits_backward
 
 
-class GrainedSearch:
-    """A grouped profile's configurations in two searches visited in one order of bound, against
-    one policy (and incumbent): the zero-bubble ones (:func:`over_layers`) over the layers
-    themselves, the others over the groups (refined afterwards, :mod:`planner.solve.coarsen`).
-
-    Why: over groups a stage's length moves in steps of whole groups, and a zero-bubble stage
-    holds more than 1F1B's (its micro-batches past I), so the grid can force it to recompute
-    where a layer more or less would fit: GPT-3 175B on 64 A100s (T4 x P8 x D2) simulated
-    106.9 s for ZB-H1 over its 64 groups, 90.3 s over its 98 layers, and 1F1B 99.0 s over the
-    groups: its candidate was never refined. Over the layers its time is the plan's, so the
-    pruning's bounds (each a bound over every partition) hold for it as they are, without the
-    refinement's slack. Its DP over 98 layers cost about what it did over 64 groups."""
-
-    def __init__(self, coarse: ConfigSearch, layers: ConfigSearch) -> None:
-        self.parts = (coarse, layers)
-        self.next_ms, self.done = min(coarse.next_ms, layers.next_ms), coarse.done and layers.done
-
-    @property
-    def pruned(self) -> int:
-        return sum(part.pruned for part in self.parts)
-
-    def step(self) -> None:
-        """Visit the next configuration of either search, the lower bound first; then
-        :attr:`next_ms` and :attr:`done` as :class:`ConfigSearch`'s."""
-        min(self.parts, key=lambda part: part.next_ms).step()
-        self.next_ms, self.done = min(part.next_ms for part in self.parts), all(part.done for part in self.parts)
-
-    def run(self) -> list[Scored]:
-        while not self.done:
-            self.step()
-        return self.result()
-
-    def result(self) -> list[Scored]:
-        return sorted((tc for part in self.parts for tc in part.out), key=score_key)
-
-
 def config_search(
-    cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy,
+    cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy, found: Found,
     layers: tuple[CostModel, PlanRequest] | None = None,
-) -> ConfigSearch | GrainedSearch:
-    """The search of ``where``'s configurations under ``policy``; with ``layers`` (the model and
-    request over single layers, ``cm`` and ``request`` being over groups) the zero-bubble ones
-    over those (:class:`GrainedSearch`)."""
+) -> Iterator[float]:
+    """The search of ``where``'s configurations under ``policy``, driven by its caller: the
+    iterator yields the bound of the next configuration before visiting it, so that a caller can
+    stop where that exceeds what it needs (every configuration left is bounded at least as high)
+    or interleave several searches in one order (:func:`planner.solve.search.pruned_degrees`);
+    what is kept goes into ``found`` (``found.done`` once every configuration is visited).
+
+    With ``layers`` (the model and request over single layers, ``cm`` and ``request`` being over
+    groups of layers) the zero-bubble configurations (:func:`over_layers`) are searched over the
+    layers themselves, the others over the groups (refined afterwards, :mod:`planner.solve.coarsen`),
+    the two searches visited in one order of bound against one policy (and incumbent). Why: over
+    groups a stage's length moves in steps of whole groups, and a zero-bubble stage holds more
+    than 1F1B's (its micro-batches past I), so the grid can force it to recompute where a layer
+    more or less would fit: GPT-3 175B on 64 A100s (T4 x P8 x D2) simulated 106.9 s for ZB-H1
+    over its 64 groups, 90.3 s over its 98 layers, and 1F1B 99.0 s over the groups: its
+    candidate was never refined. Over the layers its time is the plan's, so the pruning's bounds
+    (each a bound over every partition) hold for it as they are, without the refinement's slack.
+    Its DP over 98 layers cost about what it did over 64 groups."""
     configs = searched_configs(cm, request, where)
     split = [c for c in configs if over_layers(c)]
     if layers is None or not split:
-        return ConfigSearch(cm, request, dataclasses.replace(where, configs=configs), policy)
-    coarse = ConfigSearch(cm, request, dataclasses.replace(where, configs=[c for c in configs if not over_layers(c)]),
-                          policy)
-    return GrainedSearch(coarse, ConfigSearch(*layers, dataclasses.replace(where, configs=split, slack=1.0), policy))
+        yield from ConfigSearch(cm, request, dataclasses.replace(where, configs=configs), policy, found).visits()
+    else:
+        coarse = ConfigSearch(cm, request, dataclasses.replace(where, configs=[c for c in configs if not over_layers(c)]),
+                              policy, found)
+        fine = ConfigSearch(*layers, dataclasses.replace(where, configs=split, slack=1.0), policy, found)
+        yield from in_one_order([coarse.visits(), fine.visits()])
+    found.done = True
 
 
-def solve_candidates(
-    cm: CostModel, request: PlanRequest, where: SearchPass, policy: Policy,
-    layers: tuple[CostModel, PlanRequest] | None = None,
-) -> list[Scored]:
-    """Every configuration of ``where`` searched to the end under ``policy``: the candidates
-    found, fastest first (the J-optimum of each configuration solved, and the proposals the
-    policy keeps, with their simulated times); ``layers`` as :func:`config_search`'s."""
-    return config_search(cm, request, where, policy, layers).run()
+def in_one_order(parts: list[Iterator[float]]) -> Iterator[float]:
+    """Several searches' visits in one order: each step the search whose next bound is the least
+    (the first of equals) visits its next configuration."""
+    heads: list[float | None] = [next(part, None) for part in parts]
+    while True:
+        live = [(bound, i) for i, bound in enumerate(heads) if bound is not None]
+        if not live:
+            return
+        bound, i = min(live)
+        yield bound
+        heads[i] = next(parts[i], None)
 
 
 def _recomputes(sol: ChainSolution | None) -> bool:

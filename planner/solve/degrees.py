@@ -13,7 +13,7 @@ from planner.artifacts.layout import DeviceGroup
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.tensor_parallel import device_cost_models
-from planner.solve.build import Problem
+from planner.solve.problem import Problem
 from planner.solve.space import microbatch_sizes
 
 

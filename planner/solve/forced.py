@@ -21,7 +21,8 @@ from planner.artifacts.plan import Plan
 from planner.artifacts.profile import Profile
 from planner.artifacts.request import PlanRequest
 from planner.cost.recompute_view import forced_layers, with_forced
-from planner.solve.build import memory_cap_bytes, rebuild_plan
+from planner.solve.build import rebuild_plan
+from planner.solve.problem import memory_cap_bytes
 
 __all__ = ["ROUNDS", "plan_forced"]
 

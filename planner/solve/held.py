@@ -3,7 +3,7 @@
 (a zero-bubble stage that recomputes can peak where more micro-batches are past their I, each
 keeping W's inputs, than at the peak of the count; of those, the ones that can be the heaviest:
 :func:`~planner.solve.prices.fits.peak_states`), and whether a chain solution's stages all
-fit so (:func:`fits_every_state`, which :func:`planner.solve.candidates.solve_config` checks;
+fit so (:func:`fits_every_state`, which :func:`planner.solve.optimum.solve_config` checks;
 whether any partition might, checked before solving, is a question of the stage table:
 :meth:`StageFits.could_fit_every_state <planner.solve.prices.fits.StageFits.could_fit_every_state>`,
 over the same peak states)."""

@@ -15,19 +15,27 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.graph import coarse_starts
-from planner.solve.build import Problem, build_best
-from planner.solve.candidates import ChainSolver, Scored, busiest_rank, simulated, stage_needs
+from planner.solve.build import build_best
+from planner.solve.candidates import Scored, busiest_rank, simulated, stage_needs
 from planner.solve.ceiling import ChainBound, block_starts
 from planner.solve.chain_dp import solve_chain
 from planner.solve.coarsen import merged_model, refine, to_layers
-from planner.solve.config_search import SearchPass, config_search, over_layers, score_key, solve_candidates
+from planner.solve.config_search import Found, SearchPass, config_search, over_layers
 from planner.solve.grouped_builds import LayerFloors
 from planner.solve.infeasible import explain_infeasible
 from planner.solve.objectives import Builds, Policy
+from planner.solve.optimum import ChainSolver
+from planner.solve.problem import Problem
 from planner.solve.replicated_search import replicated_candidates
 from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 from planner.solve.space import DP_SCHEDULES, SPLIT_SCHEDULES, configurations
+
+
+def score_key(tc: Scored) -> tuple[object, ...]:
+    """The order of the candidates a search finds: simulated time, then the configuration's
+    tie-break (:attr:`Config.sort_key <planner.solve.space.Config.sort_key>`)."""
+    return (tc[0],) + tc[1].config.sort_key
 
 
 def interleave_factors(request: PlanRequest, chain_solver: ChainSolver, settings: SearchSettings) -> tuple[int, ...]:
@@ -95,9 +103,10 @@ def refuse_unmeetable(
 class LayoutSearch:
     """The search over layouts of one tensor- and context-parallel degree (``cm``) on
     ``num_groups`` groups, in two halves: the constructor prepares the configurations (and the
-    coarse chain) into :attr:`configs`, a :class:`~planner.solve.config_search.ConfigSearch`
-    that the caller steps (alone, or interleaved with other degrees' against one shared
-    incumbent); :meth:`finish` turns the candidates found into the degree's best plan, with its
+    coarse chain) into :attr:`visits`, the configuration search
+    (:func:`~planner.solve.config_search.config_search`) that the caller drives (alone, or
+    interleaved with other degrees' against one shared incumbent), what it keeps going into
+    :attr:`found`; :meth:`finish` turns those candidates into the degree's best plan, with its
     Pareto points. What is pruned, kept and built is the objective's ``policy``'s.
 
     Profiles with more than :attr:`SearchSettings.chain_max` layers (or twice the deepest
@@ -145,9 +154,10 @@ class LayoutSearch:
         slack = 1.0 if self.starts is None else 1.0 + settings.refine_slack
         where = SearchPass(num_groups=num_groups, cap_bytes=self.cap, chain_solver=chain_solver, settings=settings,
                            slack=slack)
-        # zero-bubble configurations over the layers themselves (GrainedSearch)
+        # zero-bubble configurations over the layers themselves (config_search)
         self.layers = None if self.starts is None else (cm, request)
-        self.configs = config_search(self.cm_search, self.req_search, where, self.policy, self.layers)
+        self.found = Found()
+        self.visits = config_search(self.cm_search, self.req_search, where, self.policy, self.found, self.layers)
         self.floors: LayerFloors | None = None  # over the layers, for bounded builds (worked out when asked)
 
     def fine(self, scored: list[Scored], keep: int, best_on_all: bool, *, refined: bool = True) -> list[Scored]:
@@ -165,7 +175,7 @@ class LayoutSearch:
         for tc in top:
             cand = tc[1]
             if over_layers(cand.config):
-                out.append(tc)  # searched over the layers (GrainedSearch): its time is its plan's
+                out.append(tc)  # searched over the layers (config_search): its time is its plan's
                 continue
             if refined:
                 mapped = refine(cm, starts, self.problem.request, cand, self.cap, self.chain_solver, self.settings,
@@ -192,7 +202,7 @@ class LayoutSearch:
         rules = policy.builds(earlier_ms, self.cm.group.cp_degree, self.settings)
         threshold = rules.pruning_ms
         pruning = threshold < float("inf")
-        scored = self.configs.result()
+        scored = sorted(self.found.candidates, key=score_key)
         # the best candidate on all the groups, built whatever its time: the chosen plan records the
         # best time on all the devices when it uses fewer (select.note_devices)
         on_all = next((tc for tc in scored if tc[1].config.num_groups == num_groups), None)
@@ -215,6 +225,13 @@ class LayoutSearch:
             return None  # a cp > 1 degree with nothing within the budget of the degrees before it
         return self.build(self.could_matter(scored, rules), within, rules)
 
+    def searched(self, where: SearchPass, policy: Policy) -> list[Scored]:
+        """Every configuration of ``where`` visited under ``policy``: the candidates found, best first."""
+        found = Found()
+        for _ in config_search(self.cm_search, self.req_search, where, policy, found, self.layers):
+            pass  # (each step visits one configuration)
+        return sorted(found.candidates, key=score_key)
+
     def could_matter(self, scored: list[Scored], rules: Builds) -> list[Scored]:
         """Those of ``scored`` that could be the objective's choice (or what it records): where
         ``rules`` name the ME state, :meth:`MeIncumbent.kept
@@ -236,7 +253,7 @@ class LayoutSearch:
         """No candidate: nothing where configurations were pruned (against another degree's
         plans), else the infeasibility explained (over the layers themselves unless the profile is
         very long), raised."""
-        if self.configs.pruned or not self.configs.done:
+        if self.found.pruned or not self.found.done:
             return
         request, cap = self.problem.request, self.cap
         if self.cm.profile.num_layers <= self.settings.explain_max_layers:
@@ -301,8 +318,7 @@ class LayoutSearch:
             where = SearchPass(num_groups=self.num_groups, cap_bytes=self.cap * tighter.cap_fraction,
                                chain_solver=self.chain_solver, settings=settings, fsdp=tighter.fsdp,
                                configs=tuple(uniform[:limit]) if limit is not None else None)
-            found = solve_candidates(self.cm_search, self.req_search, where, tighter.policy, self.layers)
-            found = self.could_matter([tc for tc in found if tc[0] <= within], rules)
+            found = self.could_matter([tc for tc in self.searched(where, tighter.policy) if tc[0] <= within], rules)
             k = tighter.builds if tighter.builds is not None else len(found)
             if policy.bounds_builds:
                 plans += self.build_bounded(found, rules, refined=False)

@@ -39,8 +39,9 @@ from planner.cost.groups import base_cluster
 from planner.cost.offload import offloadable_layers, offloaded_layers, optimizer_offloaded, with_offload
 from planner.cost.tensor_parallel import device_cost_model
 from planner.solve.account import with_accounts
-from planner.solve.build import Problem, memory_cap_bytes, rebuild_plan
+from planner.solve.build import rebuild_plan
 from planner.solve.objectives import Budget
+from planner.solve.problem import Problem, memory_cap_bytes
 
 __all__ = ["MODES", "plan_offload"]
 

@@ -17,10 +17,11 @@ from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.sharding import is_fsdp
 from planner.schedule import held_counts
-from planner.solve.candidates import Candidate, simulated, solve_config
+from planner.solve.candidates import Candidate, simulated
 from planner.solve.chain import ChainSolution
 from planner.solve.chain_dp import solve_chain
 from planner.solve.held import held_memory
+from planner.solve.optimum import solve_config
 from planner.solve.partitions import partition_by
 from planner.solve.prices import StageTable
 from planner.solve.recompute import choose_recompute

@@ -214,7 +214,7 @@ def stages_hold_work(c: Config, rows: tuple[list[float], list[float], list[float
     ``work`` with each stage its share of the layers in any fractions (at most :func:`most_work`
     at each state), and its layers whole (a stage holds at most as many as its fewest-byte layers
     that fit). Where either falls short, no partition fits every state at any recomputation, and
-    :func:`solve_config <planner.solve.candidates.solve_config>` returns a solution only where one
+    :func:`solve_config <planner.solve.optimum.solve_config>` returns a solution only where one
     does (the first solve's where it fits every state, else the re-solve's, above them all): ``c``
     has none, nor any proposal. ``rows``: the busy layers' rows (work, state, lean, keep, equal
     layers summed); ``layers``: every layer's state, lean and keep bytes; ``most``: each count's

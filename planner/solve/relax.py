@@ -32,7 +32,8 @@ from planner.cost import CostModel
 from planner.cost.groups import base_cluster
 from planner.cost.tensor_parallel import device_cost_model
 from planner.simulation import simulate
-from planner.solve.build import memory_cap_bytes, rebuild_plan
+from planner.solve.build import rebuild_plan
+from planner.solve.problem import memory_cap_bytes
 
 __all__ = ["relax_recompute"]
 

@@ -143,12 +143,13 @@ from planner.artifacts.progress import note
 from planner.artifacts.request import PlanRequest
 from planner.cost import CostModel
 from planner.cost.groups import device_groups
-from planner.solve.build import Problem, over_cap
-from planner.solve.candidates import ChainSolver
+from planner.solve.build import over_cap
 from planner.solve.ceiling import ChainBound, bound_chain
 from planner.solve.degrees import degree_models
 from planner.solve.layout_search import LayoutSearch, wanted_chain
 from planner.solve.objectives import Incumbent, TimePolicy, policy_for
+from planner.solve.optimum import ChainSolver
+from planner.solve.problem import Problem
 from planner.solve.select import chosen
 from planner.solve.settings import SETTINGS, SearchSettings
 
@@ -240,7 +241,8 @@ def degree_by_degree(
             continue  # no plan of these degrees can beat the incumbent (this view's work alone is slower)
         try:
             search = LayoutSearch(problem, cm, num_groups, chain_solver, policy, settings, chain_bound)
-            search.configs.run()
+            for _ in search.visits:
+                pass  # (each step visits one configuration)
             found = search.finish(earlier, suggest=False)
         except InfeasibleError as exc:
             infeasible.append(exc)
@@ -287,13 +289,14 @@ def pruned_degrees(
             try:
                 searches[i] = LayoutSearch(problem, models[i], groups[i].groups_in(n), chain_solver, policy, settings,
                                            chain_bound)
+                following = next(searches[i].visits, None)  # its first configuration's bound
             except InfeasibleError as exc:
                 infeasible[i] = exc
                 continue
         else:
-            searches[i].configs.step()
-        if not searches[i].configs.done:
-            heapq.heappush(heap, (searches[i].configs.next_ms, 1, i))
+            following = next(searches[i].visits, None)  # visits the configuration at ``bound``: the next one's
+        if following is not None:  # (None: every configuration visited)
+            heapq.heappush(heap, (following, 1, i))
     plans: list[Plan] = []
     for i in sorted(searches, key=lambda i: (groups[i].cp_degree > 1, i)):  # cp = 1 first: the incumbent of cp > 1
         earlier = min((p.predicted.iteration_ms for p in plans), default=float("inf"))

@@ -386,7 +386,7 @@ class StageFits:
         :func:`planner.solve.held.fits_every_state` over every partition and recomputation: where it
         fails, no solution fits every state (the peak's optimum fails that check), nor does any fit
         the state above them all (:attr:`Held.conservative`), so
-        :func:`planner.solve.candidates.solve_config` has none without solving either."""
+        :func:`planner.solve.optimum.solve_config` has none without solving either."""
         masks: dict[tuple[tuple[tuple[int, int], ...], float], np.ndarray] = {}
         fits = []
         for s, h in enumerate(held):
