@@ -363,10 +363,10 @@ class StageCosts(ZeroComm):
         :func:`price_stage` caches it."""
         fwd, bwd = self.stage_times_ms(start, stop, microbatch_size, stage_idx, layout)
         bwd += self._zero2_exposed_ms(start, stop, stage_idx, layout, fwd, bwd)
-        wgrad = self.stage_wgrad_ms(start, stop, microbatch_size) if split_backward else 0.0
-        if split_backward:  # ZeRO 3: W gathers the weights again (planner.cost.fsdp)
+        wgrad = 0.0
+        if split_backward:  # W's own compute, and under ZeRO 3 its gathers again (planner.cost.fsdp)
             again = self._weight_pass_gather_ms(start, stop, microbatch_size, stage_idx, layout, bool(recompute))
-            bwd, wgrad = bwd + again, wgrad + again
+            bwd, wgrad = bwd + again, self.stage_wgrad_ms(start, stop, microbatch_size) + again
         sync = self.stage_sync(start, stop, stage_idx, layout, recompute, microbatch_size, selective)
         return StageTerms(
             fwd_ms=fwd,
